@@ -1,0 +1,592 @@
+// The caching allocator (allocator.h). Constants and statistics are explained in docs/memory.md.
+#include "core/allocator.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <sstream>
+#include <unordered_map>
+
+#include "core/error.h"
+
+namespace regen {
+
+struct Segment {
+  uint64_t id = 0;
+  uintptr_t base = 0;
+  uint64_t size = 0;
+  bool small = false;
+  Category category = Category::other;  // category of the request that mapped it
+  Block* head = nullptr;
+};
+
+void* Block::ptr() const { return reinterpret_cast<void*>(segment->base + offset); }
+
+// ---- Categories, scopes, tags ---------------------------------------------------------------
+
+const char* category_name(Category c) {
+  switch (c) {
+    case Category::parameter: return "parameter";
+    case Category::gradient: return "gradient";
+    case Category::optimizer_state: return "optimizer_state";
+    case Category::activation: return "activation";
+    case Category::workspace: return "workspace";
+    case Category::input: return "input";
+    case Category::other: return "other";
+  }
+  return "?";
+}
+
+Category parse_category(const std::string& name) {
+  for (int i = 0; i < kNumCategories; ++i) {
+    if (name == category_name(static_cast<Category>(i))) return static_cast<Category>(i);
+  }
+  REGEN_FAIL("unknown memory category '", name,
+             "': expected parameter, gradient, optimizer_state, activation, workspace, input or "
+             "other");
+}
+
+namespace {
+thread_local Category tl_category = Category::other;
+thread_local uint32_t tl_tag = 0;
+
+struct TagTable {
+  std::mutex mutex;
+  std::vector<std::string> names{""};
+  std::unordered_map<std::string, uint32_t> ids{{"", 0}};
+};
+TagTable& tag_table() {
+  static TagTable* table = new TagTable();  // never destroyed: tags outlive static tensors
+  return *table;
+}
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+std::string json_escape(const std::string& s) {
+  std::string out;
+  out.reserve(s.size());
+  for (char ch : s) {
+    const unsigned char c = static_cast<unsigned char>(ch);
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += ch;
+    } else if (c < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\u%04x", c);
+      out += buf;
+    } else {
+      out += ch;
+    }
+  }
+  return out;
+}
+}  // namespace
+
+Category current_category() { return tl_category; }
+uint32_t current_tag() { return tl_tag; }
+
+CategoryScope::CategoryScope(Category c) : saved_(tl_category) { tl_category = c; }
+CategoryScope::~CategoryScope() { tl_category = saved_; }
+TagScope::TagScope(std::string_view tag) : saved_(tl_tag) { tl_tag = intern_tag(tag); }
+TagScope::TagScope(uint32_t tag_id) : saved_(tl_tag) { tl_tag = tag_id; }
+TagScope::~TagScope() { tl_tag = saved_; }
+
+uint32_t intern_tag(std::string_view tag) {
+  TagTable& t = tag_table();
+  std::lock_guard<std::mutex> lock(t.mutex);
+  auto it = t.ids.find(std::string(tag));
+  if (it != t.ids.end()) return it->second;
+  const uint32_t id = static_cast<uint32_t>(t.names.size());
+  t.names.emplace_back(tag);
+  t.ids.emplace(std::string(tag), id);
+  return id;
+}
+
+std::string tag_name(uint32_t id) {
+  TagTable& t = tag_table();
+  std::lock_guard<std::mutex> lock(t.mutex);
+  return id < t.names.size() ? t.names[id] : std::string("<bad tag>");
+}
+
+const char* memory_event_name(MemoryEventKind k) {
+  switch (k) {
+    case MemoryEventKind::alloc: return "alloc";
+    case MemoryEventKind::free: return "free";
+    case MemoryEventKind::segment_map: return "segment_map";
+    case MemoryEventKind::segment_unmap: return "segment_unmap";
+  }
+  return "?";
+}
+
+// ---- Arenas -----------------------------------------------------------------------------------
+
+namespace {
+class CpuArena final : public Arena {
+ public:
+  void* map(size_t bytes) override {
+    void* p = nullptr;
+    // 4 KiB alignment: page-aligned segments; blocks inside sit at multiples of 512 bytes.
+    if (posix_memalign(&p, 4096, bytes) != 0) return nullptr;
+    return p;
+  }
+  void unmap(void* base, size_t) override { std::free(base); }
+  Device device() const override { return Device::cpu(); }
+  std::string name() const override { return "cpu"; }
+};
+
+class NullArena final : public Arena {
+ public:
+  explicit NullArena(Device d) : device_(d) {}
+  void* map(size_t bytes) override {
+    const uintptr_t base = next_;
+    const uintptr_t align = CachingAllocator::kRoundLarge;
+    next_ += (bytes + align - 1) / align * align;
+    return reinterpret_cast<void*>(base);
+  }
+  void unmap(void*, size_t) override {}
+  Device device() const override { return device_; }
+  std::string name() const override { return "null(" + device_.str() + ")"; }
+  bool touches_memory() const override { return false; }
+
+ private:
+  Device device_;
+  uintptr_t next_ = uintptr_t{1} << 44;
+};
+}  // namespace
+
+std::unique_ptr<Arena> make_cpu_arena() { return std::make_unique<CpuArena>(); }
+std::unique_ptr<Arena> make_null_arena(Device device) {
+  return std::make_unique<NullArena>(device);
+}
+
+// ---- CachingAllocator -------------------------------------------------------------------------
+
+bool CachingAllocator::BlockOrder::operator()(const Block* a, const Block* b) const {
+  // Best fit by size; ties broken by segment number and offset, never by address, so that every
+  // arena makes the same choice.
+  if (a->size != b->size) return a->size < b->size;
+  if (a->segment->id != b->segment->id) return a->segment->id < b->segment->id;
+  return a->offset < b->offset;
+}
+
+uint64_t CachingAllocator::round_size(uint64_t bytes) {
+  if (bytes < kMinBlockSize) return kMinBlockSize;
+  return (bytes + kMinBlockSize - 1) / kMinBlockSize * kMinBlockSize;
+}
+
+uint64_t CachingAllocator::segment_size(uint64_t rounded) {
+  if (rounded <= kSmallSize) return kSmallBuffer;
+  if (rounded < kMinLargeAlloc) return kLargeBuffer;
+  return (rounded + kRoundLarge - 1) / kRoundLarge * kRoundLarge;
+}
+
+CachingAllocator::CachingAllocator(std::unique_ptr<Arena> arena) : arena_(std::move(arena)) {
+  REGEN_CHECK(arena_ != nullptr, "CachingAllocator needs an arena");
+}
+
+CachingAllocator::~CachingAllocator() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (stats_.live_blocks > 0) {
+    std::fprintf(stderr, "regen: allocator for %s destroyed with %lld live blocks (%s)\n",
+                 arena_->name().c_str(), static_cast<long long>(stats_.live_blocks),
+                 format_bytes(stats_.allocated.current).c_str());
+  }
+  for (auto& s : segments_) {
+    // Delete the block list; only fully free segments go back to the arena (a live block's
+    // owner may still write to it).
+    bool all_free = true;
+    for (Block* b = s->head; b; b = b->next) all_free = all_free && !b->allocated;
+    Block* b = s->head;
+    while (b) {
+      Block* n = b->next;
+      delete b;
+      b = n;
+    }
+    if (all_free) arena_->unmap(reinterpret_cast<void*>(s->base), s->size);
+  }
+}
+
+void CachingAllocator::add_stat_locked(Stat& s, int64_t delta) {
+  s.current += delta;
+  if (s.current > s.peak) s.peak = s.current;
+}
+
+void CachingAllocator::record_locked(MemoryEventKind kind, int64_t bytes, int64_t requested,
+                                     Category c, uint32_t tag, uint64_t block_id,
+                                     uint64_t segment_id) {
+  if (!log_enabled_) return;
+  MemoryEvent e;
+  e.seq = next_seq_++;
+  e.kind = kind;
+  e.bytes = bytes;
+  e.requested = requested;
+  e.category = c;
+  e.tag = tag;
+  e.block_id = block_id;
+  e.segment_id = segment_id;
+  e.time_ns = now_ns() - log_t0_ns_;
+  e.allocated_after = stats_.allocated.current;
+  e.reserved_after = stats_.reserved.current;
+  events_.push_back(e);
+}
+
+Block* CachingAllocator::allocate(uint64_t bytes) {
+  return allocate(bytes, current_category(), current_tag());
+}
+
+Block* CachingAllocator::try_allocate_locked(uint64_t rounded, bool small) {
+  Pool& p = pool(small);
+  Block key;
+  Segment key_segment;
+  key.segment = &key_segment;
+  key.size = rounded;
+  auto it = p.lower_bound(&key);
+  if (it == p.end()) return nullptr;
+  Block* b = *it;
+  p.erase(it);
+  return b;
+}
+
+Segment* CachingAllocator::map_segment_locked(uint64_t size, bool small, Category category,
+                                              uint32_t tag) {
+  if (limit_ > 0 && stats_.reserved.current + static_cast<int64_t>(size) > limit_) return nullptr;
+  void* base = arena_->map(size);
+  if (!base) return nullptr;
+  auto seg = std::make_unique<Segment>();
+  seg->id = next_segment_id_++;
+  seg->base = reinterpret_cast<uintptr_t>(base);
+  seg->size = size;
+  seg->small = small;
+  seg->category = category;
+  Block* b = new Block();
+  b->segment = seg.get();
+  b->size = size;
+  seg->head = b;
+  Segment* raw = seg.get();
+  segments_.push_back(std::move(seg));
+  add_stat_locked(stats_.reserved, static_cast<int64_t>(size));
+  add_stat_locked(stats_.reserved_by[static_cast<int>(category)], static_cast<int64_t>(size));
+  stats_.num_segment_maps++;
+  record_locked(MemoryEventKind::segment_map, static_cast<int64_t>(size), 0, category, tag, 0,
+                raw->id);
+  return raw;
+}
+
+void CachingAllocator::unmap_segment_locked(Segment* s) {
+  REGEN_ASSERT(s->head && !s->head->allocated && !s->head->next);
+  pool(s->small).erase(s->head);
+  arena_->unmap(reinterpret_cast<void*>(s->base), s->size);
+  stats_.reserved.current -= static_cast<int64_t>(s->size);
+  stats_.reserved_by[static_cast<int>(s->category)].current -= static_cast<int64_t>(s->size);
+  stats_.num_segment_unmaps++;
+  record_locked(MemoryEventKind::segment_unmap, static_cast<int64_t>(s->size), 0, s->category, 0,
+                0, s->id);
+  delete s->head;
+  s->head = nullptr;
+}
+
+void CachingAllocator::release_cached_locked() {
+  // Segment order (by id) keeps this deterministic.
+  std::vector<std::unique_ptr<Segment>> kept;
+  kept.reserve(segments_.size());
+  for (auto& s : segments_) {
+    if (s->head && !s->head->allocated && !s->head->next) {
+      unmap_segment_locked(s.get());
+    } else {
+      kept.push_back(std::move(s));
+    }
+  }
+  segments_.swap(kept);
+}
+
+Block* CachingAllocator::allocate(uint64_t bytes, Category category, uint32_t tag) {
+  REGEN_CHECK(bytes > 0, "allocator (", arena_->name(), "): a request must be at least 1 byte");
+  std::lock_guard<std::mutex> lock(mutex_);
+  const uint64_t rounded = round_size(bytes);
+  const bool small = rounded <= kSmallSize;
+  Block* b = try_allocate_locked(rounded, small);
+  if (!b) {
+    const uint64_t seg_bytes = segment_size(rounded);
+    Segment* seg = map_segment_locked(seg_bytes, small, category, tag);
+    if (!seg) {
+      // Like PyTorch: give every cached free segment back and try once more.
+      release_cached_locked();
+      stats_.num_cache_flushes++;
+      seg = map_segment_locked(seg_bytes, small, category, tag);
+    }
+    if (!seg) {
+      const bool over_limit =
+          limit_ > 0 && stats_.reserved.current + static_cast<int64_t>(seg_bytes) > limit_;
+      throw_oom_locked(bytes, rounded, category, tag,
+                       over_limit ? "would pass the limit" : "the arena has no more memory");
+    }
+    b = seg->head;
+  }
+  // Split when the remainder is worth keeping as a free block of its own.
+  const uint64_t remaining = b->size - rounded;
+  const bool split = small ? remaining >= kMinBlockSize : remaining > kSmallSize;
+  if (split) {
+    Block* rest = new Block();
+    rest->segment = b->segment;
+    rest->offset = b->offset + rounded;
+    rest->size = remaining;
+    rest->prev = b;
+    rest->next = b->next;
+    if (b->next) b->next->prev = rest;
+    b->next = rest;
+    b->size = rounded;
+    pool(small).insert(rest);
+  }
+  b->allocated = true;
+  b->requested = bytes;
+  b->category = category;
+  b->tag = tag;
+  b->alloc_id = next_alloc_id_++;
+  const int ci = static_cast<int>(category);
+  add_stat_locked(stats_.requested, static_cast<int64_t>(bytes));
+  add_stat_locked(stats_.requested_by[ci], static_cast<int64_t>(bytes));
+  add_stat_locked(stats_.allocated_by[ci], static_cast<int64_t>(b->size));
+  const int64_t before_peak = stats_.allocated.peak;
+  add_stat_locked(stats_.allocated, static_cast<int64_t>(b->size));
+  if (stats_.allocated.peak > before_peak) {
+    for (int i = 0; i < kNumCategories; ++i) {
+      stats_.allocated_by_at_peak[i] = stats_.allocated_by[i].current;
+    }
+  }
+  stats_.num_allocs++;
+  stats_.live_blocks++;
+  record_locked(MemoryEventKind::alloc, static_cast<int64_t>(b->size), static_cast<int64_t>(bytes),
+                category, tag, b->alloc_id, b->segment->id);
+  return b;
+}
+
+void CachingAllocator::free(Block* b) {
+  if (!b) return;
+  std::lock_guard<std::mutex> lock(mutex_);
+  REGEN_CHECK(b->allocated, "allocator (", arena_->name(), "): double free of block ", b->alloc_id);
+  const int ci = static_cast<int>(b->category);
+  stats_.requested.current -= static_cast<int64_t>(b->requested);
+  stats_.requested_by[ci].current -= static_cast<int64_t>(b->requested);
+  stats_.allocated.current -= static_cast<int64_t>(b->size);
+  stats_.allocated_by[ci].current -= static_cast<int64_t>(b->size);
+  stats_.num_frees++;
+  stats_.live_blocks--;
+  b->allocated = false;
+  record_locked(MemoryEventKind::free, static_cast<int64_t>(b->size),
+                static_cast<int64_t>(b->requested), b->category, b->tag, b->alloc_id,
+                b->segment->id);
+  const bool small = b->segment->small;
+  Pool& p = pool(small);
+  // Coalesce with free neighbours in the same segment.
+  if (b->prev && !b->prev->allocated) {
+    Block* prev = b->prev;
+    p.erase(prev);
+    prev->size += b->size;
+    prev->next = b->next;
+    if (b->next) b->next->prev = prev;
+    delete b;
+    b = prev;
+  }
+  if (b->next && !b->next->allocated) {
+    Block* next = b->next;
+    p.erase(next);
+    b->size += next->size;
+    b->next = next->next;
+    if (next->next) next->next->prev = b;
+    delete next;
+  }
+  b->requested = 0;
+  b->alloc_id = 0;
+  b->tag = 0;
+  p.insert(b);
+}
+
+void CachingAllocator::throw_oom_locked(uint64_t bytes, uint64_t rounded, Category c, uint32_t tag,
+                                        const char* why) {
+  std::ostringstream os;
+  os << "out of memory on " << arena_->name() << ": a request of " << format_bytes(bytes)
+     << " (rounded to " << format_bytes(rounded) << ", category " << category_name(c);
+  if (tag) os << ", tag '" << tag_name(tag) << "'";
+  os << ") needs a new segment of " << format_bytes(segment_size(rounded)) << ", which " << why;
+  if (limit_ > 0) os << "; limit " << format_bytes(limit_);
+  os << ". Allocated " << format_bytes(stats_.allocated.current) << ", reserved "
+     << format_bytes(stats_.reserved.current) << ".\n  allocated by category:";
+  for (int i = 0; i < kNumCategories; ++i) {
+    if (stats_.allocated_by[i].current) {
+      os << " " << category_name(static_cast<Category>(i)) << " "
+         << format_bytes(stats_.allocated_by[i].current) << ";";
+    }
+  }
+  os << "\n  reserved by category:";
+  for (int i = 0; i < kNumCategories; ++i) {
+    if (stats_.reserved_by[i].current) {
+      os << " " << category_name(static_cast<Category>(i)) << " "
+         << format_bytes(stats_.reserved_by[i].current) << ";";
+    }
+  }
+  std::vector<const Block*> live;
+  for (auto& s : segments_) {
+    for (Block* b = s->head; b; b = b->next) {
+      if (b->allocated) live.push_back(b);
+    }
+  }
+  std::stable_sort(live.begin(), live.end(),
+                   [](const Block* a, const Block* b) { return a->size > b->size; });
+  os << "\n  largest live blocks:";
+  if (live.empty()) os << " none";
+  for (size_t i = 0; i < live.size() && i < 8; ++i) {
+    os << "\n    " << format_bytes(live[i]->size) << " " << category_name(live[i]->category)
+       << " '" << (live[i]->tag ? tag_name(live[i]->tag) : std::string("untagged")) << "'";
+  }
+  detail::throw_oom(__FILE__, __LINE__, os.str());
+}
+
+MemoryStats CachingAllocator::stats() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return stats_;
+}
+
+void CachingAllocator::reset_peak() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto reset = [](Stat& s) { s.peak = s.current; };
+  reset(stats_.requested);
+  reset(stats_.allocated);
+  reset(stats_.reserved);
+  for (int i = 0; i < kNumCategories; ++i) {
+    reset(stats_.requested_by[i]);
+    reset(stats_.allocated_by[i]);
+    reset(stats_.reserved_by[i]);
+    stats_.allocated_by_at_peak[i] = stats_.allocated_by[i].current;
+  }
+}
+
+void CachingAllocator::empty_cache() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  release_cached_locked();
+}
+
+void CachingAllocator::set_limit(int64_t bytes) {
+  REGEN_CHECK(bytes >= 0, "allocator limit must be non-negative, got ", bytes);
+  std::lock_guard<std::mutex> lock(mutex_);
+  limit_ = bytes;
+}
+
+int64_t CachingAllocator::limit() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return limit_;
+}
+
+void CachingAllocator::set_event_log(bool enabled) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (enabled && !log_enabled_) log_t0_ns_ = now_ns();
+  log_enabled_ = enabled;
+}
+
+bool CachingAllocator::event_log_enabled() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return log_enabled_;
+}
+
+std::vector<MemoryEvent> CachingAllocator::events() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return events_;
+}
+
+void CachingAllocator::clear_events() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  events_.clear();
+  next_seq_ = 0;
+  log_t0_ns_ = now_ns();
+}
+
+std::vector<BlockInfo> CachingAllocator::snapshot() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<BlockInfo> out;
+  for (auto& s : segments_) {
+    for (Block* b = s->head; b; b = b->next) {
+      out.push_back({s->id, b->offset, b->size, b->requested, b->allocated, s->small, b->category,
+                     b->tag, b->alloc_id, s->base + b->offset});
+    }
+  }
+  return out;
+}
+
+Device CachingAllocator::device() const { return arena_->device(); }
+
+std::string CachingAllocator::chrome_trace(bool use_sequence_time) const {
+  std::vector<MemoryEvent> evs = events();
+  const std::string dev = arena_->name();
+  std::string out = "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n";
+  out += "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":1,\"args\":{\"name\":\"regen allocator " +
+         json_escape(dev) + "\"}}";
+  std::array<int64_t, kNumCategories> by{};
+  char buf[512];
+  for (const MemoryEvent& e : evs) {
+    const double ts = use_sequence_time ? static_cast<double>(e.seq) : e.time_ns / 1000.0;
+    const int ci = static_cast<int>(e.category);
+    if (e.kind == MemoryEventKind::alloc) by[ci] += e.bytes;
+    if (e.kind == MemoryEventKind::free) by[ci] -= e.bytes;
+    if (e.kind == MemoryEventKind::alloc || e.kind == MemoryEventKind::free) {
+      out += ",\n{\"name\":\"allocated by category\",\"ph\":\"C\",\"pid\":1,\"tid\":1,";
+      std::snprintf(buf, sizeof buf, "\"ts\":%.3f,\"args\":{", ts);
+      out += buf;
+      for (int i = 0; i < kNumCategories; ++i) {
+        std::snprintf(buf, sizeof buf, "%s\"%s\":%lld", i ? "," : "",
+                      category_name(static_cast<Category>(i)), static_cast<long long>(by[i]));
+        out += buf;
+      }
+      out += "}}";
+    }
+    std::snprintf(buf, sizeof buf,
+                  ",\n{\"name\":\"reserved\",\"ph\":\"C\",\"pid\":1,\"tid\":1,\"ts\":%.3f,"
+                  "\"args\":{\"reserved\":%lld}}",
+                  ts, static_cast<long long>(e.reserved_after));
+    out += buf;
+    std::snprintf(buf, sizeof buf,
+                  ",\n{\"name\":\"%s\",\"ph\":\"i\",\"s\":\"t\",\"pid\":1,\"tid\":2,\"ts\":%.3f,"
+                  "\"args\":{\"bytes\":%lld,\"requested\":%lld,\"category\":\"%s\",\"block\":%llu,"
+                  "\"segment\":%llu,\"seq\":%llu,\"tag\":\"",
+                  memory_event_name(e.kind), ts, static_cast<long long>(e.bytes),
+                  static_cast<long long>(e.requested), category_name(e.category),
+                  static_cast<unsigned long long>(e.block_id),
+                  static_cast<unsigned long long>(e.segment_id),
+                  static_cast<unsigned long long>(e.seq));
+    out += buf;
+    out += json_escape(tag_name(e.tag));
+    out += "\"}}";
+  }
+  out += "\n]}\n";
+  return out;
+}
+
+// ---- Process-wide allocators ------------------------------------------------------------------
+
+CachingAllocator& allocator_for(Device device) {
+  if (device.is_cpu()) {
+    // Never destroyed: tensors in static storage may be released after main() returns.
+    static CachingAllocator* cpu = new CachingAllocator(make_cpu_arena());
+    return *cpu;
+  }
+#ifdef REGEN_WITH_CUDA
+  static std::mutex mutex;
+  static auto* per_device = new std::vector<CachingAllocator*>();
+  std::lock_guard<std::mutex> lock(mutex);
+  REGEN_CHECK(device.index >= 0 && device.index < 64, "bad CUDA device index ", device.index);
+  if (static_cast<int>(per_device->size()) <= device.index) {
+    per_device->resize(device.index + 1, nullptr);
+  }
+  CachingAllocator*& a = (*per_device)[device.index];
+  if (!a) a = new CachingAllocator(make_cuda_arena(device.index));
+  return *a;
+#else
+  REGEN_FAIL("device ", device.str(),
+             " is not available: regen was built without CUDA support (REGEN_CUDA=OFF or no nvcc)");
+#endif
+}
+
+}  // namespace regen

@@ -1,0 +1,251 @@
+// The caching allocator: one algorithm over three backing arenas (CPU host memory, CUDA
+// cudaMalloc segments, and Null, which touches no memory). Design and constants: docs/memory.md.
+// Tests: tests/test_allocator.cpp (CPU and Null), tests/cuda/test_cuda_allocator.cpp (CUDA).
+//
+// The algorithm follows the spirit of PyTorch's CUDA caching allocator: requests are rounded,
+// served best-fit from a small or a large pool of cached free blocks, split when the remainder is
+// worth keeping, and coalesced with free neighbours on release. Segments obtained from the arena
+// are cached until empty_cache() or until a request cannot otherwise be served.
+//
+// Determinism: every decision depends only on the sequence of requests (sizes and which block is
+// freed), never on the numeric value of an address, so the same sequence yields the same
+// decisions and the same statistics on every arena. The remat simulator relies on this.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/types.h"
+
+namespace regen {
+
+enum class Category : uint8_t {
+  parameter,
+  gradient,
+  optimizer_state,
+  activation,
+  workspace,
+  input,
+  other,
+};
+constexpr int kNumCategories = 7;
+const char* category_name(Category c);
+// Parses a category name as printed by category_name(); throws regen::Error otherwise.
+Category parse_category(const std::string& name);
+
+// ---- Allocation scopes ----------------------------------------------------------------------
+// The category and tag of an allocation come from the innermost RAII scope on the calling thread
+// (default: Category::other, no tag).
+Category current_category();
+uint32_t current_tag();
+
+class CategoryScope {
+ public:
+  explicit CategoryScope(Category c);
+  ~CategoryScope();
+  CategoryScope(const CategoryScope&) = delete;
+  CategoryScope& operator=(const CategoryScope&) = delete;
+
+ private:
+  Category saved_;
+};
+
+class TagScope {
+ public:
+  explicit TagScope(std::string_view tag);
+  explicit TagScope(uint32_t tag_id);
+  ~TagScope();
+  TagScope(const TagScope&) = delete;
+  TagScope& operator=(const TagScope&) = delete;
+
+ private:
+  uint32_t saved_;
+};
+
+// Tags are interned once: allocation records carry a 32-bit id. Id 0 is the empty tag.
+uint32_t intern_tag(std::string_view tag);
+std::string tag_name(uint32_t id);
+
+// ---- Arenas ---------------------------------------------------------------------------------
+class Arena {
+ public:
+  virtual ~Arena() = default;
+  // A new segment of exactly `bytes`, or nullptr when the backing memory is exhausted.
+  virtual void* map(size_t bytes) = 0;
+  virtual void unmap(void* base, size_t bytes) = 0;
+  virtual Device device() const = 0;
+  virtual std::string name() const = 0;
+  // False for the Null arena: its pointers must never be dereferenced.
+  virtual bool touches_memory() const { return true; }
+};
+
+std::unique_ptr<Arena> make_cpu_arena();
+// Synthetic, never-reused, 2 MiB-aligned addresses; no memory is touched. `device` is what the
+// arena reports (a simulation of cuda:0 still says cuda:0).
+std::unique_ptr<Arena> make_null_arena(Device device = Device::cpu());
+
+// ---- Statistics -----------------------------------------------------------------------------
+struct Stat {
+  int64_t current = 0;
+  int64_t peak = 0;
+};
+
+// requested: bytes callers asked for. allocated: bytes of the blocks handed out (rounded, plus
+// any unsplit remainder). reserved: bytes of segments obtained from the arena. Definitions and
+// examples: docs/memory.md.
+struct MemoryStats {
+  Stat requested, allocated, reserved;
+  std::array<Stat, kNumCategories> requested_by{}, allocated_by{}, reserved_by{};
+  // Per-category allocated bytes at the moment allocated.peak was last raised.
+  std::array<int64_t, kNumCategories> allocated_by_at_peak{};
+  int64_t num_allocs = 0, num_frees = 0;
+  int64_t num_segment_maps = 0, num_segment_unmaps = 0;
+  int64_t num_cache_flushes = 0;  // times a request emptied the cache to retry
+  int64_t live_blocks = 0;
+};
+
+// ---- Event log ------------------------------------------------------------------------------
+enum class MemoryEventKind : uint8_t { alloc, free, segment_map, segment_unmap };
+const char* memory_event_name(MemoryEventKind k);
+
+struct MemoryEvent {
+  uint64_t seq;           // position in this allocator's event sequence
+  MemoryEventKind kind;
+  int64_t bytes;          // block size (alloc/free) or segment size
+  int64_t requested;      // alloc/free: requested bytes
+  Category category;
+  uint32_t tag;
+  uint64_t block_id;      // alloc/free: allocation id; 0 for segment events
+  uint64_t segment_id;
+  int64_t time_ns;        // steady clock since the log was enabled
+  int64_t allocated_after;
+  int64_t reserved_after;
+};
+
+// One block of a segment, as reported by snapshot().
+struct BlockInfo {
+  uint64_t segment_id;
+  uint64_t offset;
+  uint64_t size;
+  uint64_t requested;
+  bool allocated;
+  bool small_pool;
+  Category category;
+  uint32_t tag;
+  uint64_t id;
+  uintptr_t address;
+};
+
+struct Segment;
+
+// A block of a segment. Callers treat it as an opaque handle: ptr() is the memory, id() the
+// allocation's unique, monotonically increasing number.
+struct Block {
+  Segment* segment = nullptr;
+  uint64_t offset = 0;
+  uint64_t size = 0;
+  uint64_t requested = 0;
+  Block* prev = nullptr;  // neighbours within the segment
+  Block* next = nullptr;
+  bool allocated = false;
+  Category category = Category::other;
+  uint32_t tag = 0;
+  uint64_t alloc_id = 0;
+  void* ptr() const;
+  uint64_t id() const { return alloc_id; }
+};
+
+class CachingAllocator {
+ public:
+  // Constants; docs/memory.md says why each has its value.
+  static constexpr uint64_t kMinBlockSize = 512;          // every request rounds up to this
+  static constexpr uint64_t kSmallSize = 1ull << 20;      // <= this goes to the small pool
+  static constexpr uint64_t kSmallBuffer = 2ull << 20;    // small pool segment size
+  static constexpr uint64_t kMinLargeAlloc = 10ull << 20; // large requests below this share...
+  static constexpr uint64_t kLargeBuffer = 20ull << 20;   // ...segments of this size
+  static constexpr uint64_t kRoundLarge = 2ull << 20;     // bigger segments round to this
+
+  explicit CachingAllocator(std::unique_ptr<Arena> arena);
+  ~CachingAllocator();
+  CachingAllocator(const CachingAllocator&) = delete;
+  CachingAllocator& operator=(const CachingAllocator&) = delete;
+
+  // Category and tag from the current scopes.
+  Block* allocate(uint64_t bytes);
+  Block* allocate(uint64_t bytes, Category category, uint32_t tag);
+  void free(Block* block);
+
+  MemoryStats stats() const;
+  void reset_peak();
+  // Returns every cached, wholly free segment to the arena.
+  void empty_cache();
+
+  // Hard limit on reserved bytes (0 = none). A request that would need the reserve to pass it,
+  // even after emptying the cache, throws regen::OutOfMemory.
+  void set_limit(int64_t bytes);
+  int64_t limit() const;
+
+  void set_event_log(bool enabled);
+  bool event_log_enabled() const;
+  std::vector<MemoryEvent> events() const;
+  void clear_events();
+  // Chrome trace-event JSON (opens in Perfetto / chrome://tracing): counter tracks of allocated
+  // bytes per category and of reserved bytes. With use_sequence_time the x axis is the event
+  // number (1 us per event), which is what a Null-arena simulation has.
+  std::string chrome_trace(bool use_sequence_time = false) const;
+
+  std::vector<BlockInfo> snapshot() const;
+  Device device() const;
+  const Arena& arena() const { return *arena_; }
+
+  static uint64_t round_size(uint64_t bytes);
+  static uint64_t segment_size(uint64_t rounded);
+
+ private:
+  struct BlockOrder {
+    bool operator()(const Block* a, const Block* b) const;
+  };
+  using Pool = std::set<Block*, BlockOrder>;
+
+  Block* try_allocate_locked(uint64_t rounded, bool small);
+  Segment* map_segment_locked(uint64_t size, bool small, Category category, uint32_t tag);
+  void release_cached_locked();
+  void unmap_segment_locked(Segment* s);
+  void record_locked(MemoryEventKind kind, int64_t bytes, int64_t requested, Category c,
+                     uint32_t tag, uint64_t block_id, uint64_t segment_id);
+  void add_stat_locked(Stat& s, int64_t delta);
+  [[noreturn]] void throw_oom_locked(uint64_t bytes, uint64_t rounded, Category c, uint32_t tag,
+                                     const char* why);
+  Pool& pool(bool small) { return small ? small_pool_ : large_pool_; }
+
+  std::unique_ptr<Arena> arena_;
+  mutable std::mutex mutex_;
+  Pool small_pool_, large_pool_;
+  std::vector<std::unique_ptr<Segment>> segments_;  // ordered by id
+  uint64_t next_segment_id_ = 1;
+  uint64_t next_alloc_id_ = 1;
+  MemoryStats stats_;
+  int64_t limit_ = 0;
+  bool log_enabled_ = false;
+  int64_t log_t0_ns_ = 0;
+  uint64_t next_seq_ = 0;
+  std::vector<MemoryEvent> events_;
+};
+
+// The process-wide allocator of a device. cpu: host memory; cuda:N: the CUDA arena (only in a
+// CUDA build; otherwise a regen::Error says regen was built without CUDA).
+CachingAllocator& allocator_for(Device device);
+#ifdef REGEN_WITH_CUDA
+// cudaMalloc segments on one device (core/cuda/cuda_arena.cpp); map() returns nullptr when
+// cudaMalloc reports out-of-memory.
+std::unique_ptr<Arena> make_cuda_arena(int device_index);
+#endif
+
+}  // namespace regen

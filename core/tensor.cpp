@@ -1,0 +1,349 @@
+// Tensor, Storage and creation functions (tensor.h).
+#include "core/tensor.h"
+
+#include <cmath>
+
+#include "core/philox.h"
+#ifdef REGEN_WITH_CUDA
+#include "core/cuda/runtime.h"
+#endif
+
+namespace regen {
+
+// ---- Storage ----------------------------------------------------------------------------------
+
+Storage::Storage(Device device, uint64_t bytes)
+    : device_(device), bytes_(bytes), allocator_(&allocator_for(device)) {
+  if (bytes_ > 0) block_ = allocator_->allocate(bytes_);
+}
+
+Storage::~Storage() {
+  if (block_) allocator_->free(block_);
+}
+
+// ---- Copies -----------------------------------------------------------------------------------
+
+void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device,
+                uint64_t nbytes) {
+  if (nbytes == 0) return;
+  if (dst_device.is_cpu() && src_device.is_cpu()) {
+    std::memcpy(dst, src, nbytes);
+    return;
+  }
+#ifdef REGEN_WITH_CUDA
+  cudaMemcpyKind kind = cudaMemcpyDeviceToDevice;
+  if (dst_device.is_cpu()) kind = cudaMemcpyDeviceToHost;
+  else if (src_device.is_cpu()) kind = cudaMemcpyHostToDevice;
+  cuda::set_device(dst_device.is_cuda() ? dst_device.index : src_device.index);
+  cuda::memcpy(dst, src, nbytes, kind);
+#else
+  REGEN_FAIL("copy between ", src_device.str(), " and ", dst_device.str(),
+             ": regen was built without CUDA support");
+#endif
+}
+
+// ---- Tensor -------------------------------------------------------------------------------------
+
+int64_t Tensor::size(int64_t d) const {
+  const int64_t n = dim();
+  REGEN_CHECK(d >= -n && d < n, "size(", d, ") out of range for tensor ", str());
+  return shape()[d < 0 ? d + n : d];
+}
+
+std::string Tensor::str() const {
+  if (!defined()) return "<undefined>";
+  return std::string(dtype_name(impl_->dtype)) + shape_str(impl_->shape) + " on " +
+         impl_->device.str();
+}
+
+void* Tensor::raw_data() const {
+  const TensorImpl* t = checked();
+  if (!t->storage) {
+    REGEN_CHECK(numel() == 0, "tensor ", str(),
+                " has no storage: it was evicted by the remat runtime or released by the tape");
+    return nullptr;
+  }
+  return static_cast<char*>(t->storage->data()) + t->offset_bytes;
+}
+
+Tensor Tensor::reshape(const Shape& new_shape) const {
+  const TensorImpl* t = checked();
+  Shape s = new_shape;
+  int infer = -1;
+  int64_t known = 1;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == -1) {
+      REGEN_CHECK(infer < 0, "reshape of ", str(), " to ", sh(new_shape),
+                  ": only one dimension may be -1");
+      infer = static_cast<int>(i);
+    } else {
+      REGEN_CHECK(s[i] >= 0, "reshape of ", str(), " to ", sh(new_shape),
+                  ": negative dimension");
+      known *= s[i];
+    }
+  }
+  if (infer >= 0) {
+    REGEN_CHECK(known > 0 && numel() % known == 0, "reshape of ", str(), " to ", sh(new_shape),
+                ": cannot infer the -1 dimension");
+    s[infer] = numel() / known;
+  }
+  REGEN_CHECK(shape_numel(s) == numel(), "reshape of ", str(), " to ", sh(new_shape), ": ",
+              numel(), " elements cannot take shape ", sh(s));
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = t->storage;
+  impl->offset_bytes = t->offset_bytes;
+  impl->shape = std::move(s);
+  impl->dtype = t->dtype;
+  impl->device = t->device;
+  return Tensor(std::move(impl));
+}
+
+Tensor Tensor::narrow0(int64_t start, int64_t length) const {
+  const TensorImpl* t = checked();
+  REGEN_CHECK(dim() >= 1, "narrow0 of a 0-d tensor ", str());
+  REGEN_CHECK(start >= 0 && length >= 0 && start + length <= shape()[0], "narrow0(", start, ", ",
+              length, ") out of range for ", str());
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = t->storage;
+  impl->shape = t->shape;
+  impl->shape[0] = length;
+  const uint64_t row_bytes = static_cast<uint64_t>(numel() / std::max<int64_t>(shape()[0], 1)) *
+                             dtype_size(t->dtype);
+  impl->offset_bytes = t->offset_bytes + static_cast<uint64_t>(start) * row_bytes;
+  impl->dtype = t->dtype;
+  impl->device = t->device;
+  return Tensor(std::move(impl));
+}
+
+Tensor Tensor::clone() const { return to(device()); }
+
+Tensor Tensor::to(Device target) const {
+  Tensor out = empty(shape(), dtype(), target);
+  out.copy_from(*this);
+  return out;
+}
+
+void Tensor::copy_from(const Tensor& src) {
+  REGEN_CHECK(shape() == src.shape() && dtype() == src.dtype(), "copy_from: destination ", str(),
+              " and source ", src.str(), " differ in shape or dtype");
+  REGEN_CHECK(src.has_storage(), "copy_from: source ", src.str(), " has no storage");
+  copy_bytes(raw_data(), device(), src.raw_data(), src.device(), nbytes());
+}
+
+namespace {
+template <class D, class S>
+void convert(D* dst, const S* src, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<D>(src[i]);
+}
+
+template <class D>
+void convert_from(D* dst, const void* src, DType st, int64_t n) {
+  switch (st) {
+    case DType::f32: convert(dst, static_cast<const float*>(src), n); break;
+    case DType::f64: convert(dst, static_cast<const double*>(src), n); break;
+    case DType::i32: convert(dst, static_cast<const int32_t*>(src), n); break;
+    case DType::i64: convert(dst, static_cast<const int64_t*>(src), n); break;
+  }
+}
+
+void convert_any(void* dst, DType dt, const void* src, DType st, int64_t n) {
+  switch (dt) {
+    case DType::f32: convert_from(static_cast<float*>(dst), src, st, n); break;
+    case DType::f64: convert_from(static_cast<double*>(dst), src, st, n); break;
+    case DType::i32: convert_from(static_cast<int32_t*>(dst), src, st, n); break;
+    case DType::i64: convert_from(static_cast<int64_t*>(dst), src, st, n); break;
+  }
+}
+
+// Runs `fill_host` into a host buffer, then moves it to `device` (a no-op copy on the CPU).
+template <class F>
+Tensor make_on_host(const Shape& shape, DType dtype, Device device, F fill_host) {
+  if (device.is_cpu()) {
+    Tensor t = empty(shape, dtype, device);
+    fill_host(t.raw_data());
+    return t;
+  }
+  Tensor host = empty(shape, dtype, Device::cpu());
+  fill_host(host.raw_data());
+  return host.to(device);
+}
+
+template <class T>
+void fill_typed(T* p, int64_t n, double v) {
+  const T value = static_cast<T>(v);
+  for (int64_t i = 0; i < n; ++i) p[i] = value;
+}
+
+void fill_host(void* p, DType dt, int64_t n, double v) {
+  switch (dt) {
+    case DType::f32: fill_typed(static_cast<float*>(p), n, v); break;
+    case DType::f64: fill_typed(static_cast<double*>(p), n, v); break;
+    case DType::i32: fill_typed(static_cast<int32_t*>(p), n, v); break;
+    case DType::i64: fill_typed(static_cast<int64_t*>(p), n, v); break;
+  }
+}
+
+void check_shape(const Shape& shape, const char* fn) {
+  for (int64_t d : shape) {
+    REGEN_CHECK(d >= 0, fn, ": negative dimension in shape ", sh(shape));
+  }
+}
+}  // namespace
+
+Tensor Tensor::to(DType target) const {
+  REGEN_CHECK(has_storage(), "to(", dtype_name(target), "): tensor ", str(), " has no storage");
+  if (target == dtype()) return clone();
+  const Tensor src_host = device().is_cpu() ? *this : to(Device::cpu());
+  return make_on_host(shape(), target, device(), [&](void* dst) {
+    convert_any(dst, target, src_host.raw_data(), dtype(), numel());
+  });
+}
+
+Tensor& Tensor::set_requires_grad(bool on) {
+  REGEN_CHECK(!on || is_floating(dtype()), "requires_grad on integer tensor ", str());
+  checked()->requires_grad = on;
+  return *this;
+}
+
+Tensor Tensor::grad() const { return Tensor(checked()->grad); }
+
+// ---- Creation -----------------------------------------------------------------------------------
+
+Tensor empty(const Shape& shape, DType dtype, Device device) {
+  check_shape(shape, "empty");
+  auto impl = std::make_shared<TensorImpl>();
+  impl->shape = shape;
+  impl->dtype = dtype;
+  impl->device = device;
+  impl->storage = std::make_shared<Storage>(device, shape_numel(shape) * dtype_size(dtype));
+  return Tensor(std::move(impl));
+}
+
+void fill_(const Tensor& t, double value) {
+  if (t.numel() == 0) return;
+  if (t.device().is_cpu()) {
+    fill_host(t.raw_data(), t.dtype(), t.numel(), value);
+    return;
+  }
+#ifdef REGEN_WITH_CUDA
+  if (value == 0.0) {
+    cuda::set_device(t.device().index);
+    cuda::memset_zero(t.raw_data(), t.nbytes());
+    return;
+  }
+#endif
+  Tensor host = full(t.shape(), value, t.dtype(), Device::cpu());
+  const_cast<Tensor&>(t).copy_from(host);
+}
+
+void zero_(const Tensor& t) { fill_(t, 0.0); }
+
+Tensor zeros(const Shape& shape, DType dtype, Device device) {
+  Tensor t = empty(shape, dtype, device);
+  zero_(t);
+  return t;
+}
+
+Tensor ones(const Shape& shape, DType dtype, Device device) {
+  return full(shape, 1.0, dtype, device);
+}
+
+Tensor full(const Shape& shape, double value, DType dtype, Device device) {
+  check_shape(shape, "full");
+  return make_on_host(shape, dtype, device, [&](void* p) {
+    fill_host(p, dtype, shape_numel(shape), value);
+  });
+}
+
+Tensor arange(int64_t n, DType dtype, Device device) {
+  REGEN_CHECK(n >= 0, "arange(", n, "): n must be non-negative");
+  return arange(0.0, static_cast<double>(n), 1.0, dtype, device);
+}
+
+Tensor arange(double start, double end, double step, DType dtype, Device device) {
+  REGEN_CHECK(step != 0.0 && std::isfinite(step), "arange: step must be finite and non-zero, got ",
+              step);
+  const double span = (end - start) / step;
+  const int64_t n = span > 0 ? static_cast<int64_t>(std::ceil(span)) : 0;
+  return make_on_host({n}, dtype, device, [&](void* p) {
+    std::vector<double> v(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) v[i] = start + step * static_cast<double>(i);
+    convert_any(p, dtype, v.data(), DType::f64, n);
+  });
+}
+
+Tensor uniform(const Shape& shape, double low, double high, Generator& gen, DType dtype,
+               Device device) {
+  check_shape(shape, "uniform");
+  REGEN_CHECK(is_floating(dtype), "uniform: dtype must be f32 or f64, got ", dtype_name(dtype));
+  REGEN_CHECK(low <= high, "uniform: low ", low, " > high ", high);
+  const int64_t n = shape_numel(shape);
+  const uint64_t seed = gen.seed, base = gen.offset;
+  const uint64_t words = dtype == DType::f32 ? static_cast<uint64_t>(n) : 2 * static_cast<uint64_t>(n);
+  gen.offset += words;
+  return make_on_host(shape, dtype, device, [&](void* p) {
+    if (dtype == DType::f32) {
+      float* out = static_cast<float*>(p);
+      const float lo = static_cast<float>(low), width = static_cast<float>(high - low);
+      for (int64_t i = 0; i < n; ++i) {
+        const float u = philox_uniform01(philox_word(seed, 0, base + i));
+        out[i] = std::fma(u, width, lo);
+      }
+    } else {
+      double* out = static_cast<double*>(p);
+      for (int64_t i = 0; i < n; ++i) {
+        const double u = philox_uniform01_f64(philox_word(seed, 0, base + 2 * i),
+                                              philox_word(seed, 0, base + 2 * i + 1));
+        out[i] = std::fma(u, high - low, low);
+      }
+    }
+  });
+}
+
+Tensor normal(const Shape& shape, double mean, double stddev, Generator& gen, DType dtype,
+              Device device) {
+  check_shape(shape, "normal");
+  REGEN_CHECK(is_floating(dtype), "normal: dtype must be f32 or f64, got ", dtype_name(dtype));
+  REGEN_CHECK(stddev >= 0, "normal: stddev must be non-negative, got ", stddev);
+  const int64_t n = shape_numel(shape);
+  const uint64_t seed = gen.seed, base = gen.offset;
+  // Box-Muller on pairs, in double on the host for every device: two words per element pair of
+  // uniforms, so the stream position advances by 2 * ceil(n / 2) * 2 words.
+  const int64_t pairs = (n + 1) / 2;
+  gen.offset += static_cast<uint64_t>(pairs) * 4;
+  return make_on_host(shape, dtype, device, [&](void* p) {
+    std::vector<double> v(static_cast<size_t>(2 * pairs));
+    for (int64_t k = 0; k < pairs; ++k) {
+      const uint64_t w = base + 4 * static_cast<uint64_t>(k);
+      double u1 = philox_uniform01_f64(philox_word(seed, 0, w), philox_word(seed, 0, w + 1));
+      const double u2 = philox_uniform01_f64(philox_word(seed, 0, w + 2),
+                                             philox_word(seed, 0, w + 3));
+      if (u1 < 1e-300) u1 = 1e-300;
+      const double r = std::sqrt(-2.0 * std::log(u1));
+      const double theta = 2.0 * M_PI * u2;
+      v[2 * k] = mean + stddev * r * std::cos(theta);
+      v[2 * k + 1] = mean + stddev * r * std::sin(theta);
+    }
+    convert_any(p, dtype, v.data(), DType::f64, n);
+  });
+}
+
+Tensor randint(const Shape& shape, int64_t n, Generator& gen, DType dtype, Device device) {
+  check_shape(shape, "randint");
+  REGEN_CHECK(n > 0, "randint: upper bound must be positive, got ", n);
+  REGEN_CHECK(dtype == DType::i32 || dtype == DType::i64, "randint: dtype must be i32 or i64");
+  const int64_t count = shape_numel(shape);
+  const uint64_t seed = gen.seed, base = gen.offset;
+  gen.offset += 2 * static_cast<uint64_t>(count);
+  return make_on_host(shape, dtype, device, [&](void* p) {
+    std::vector<int64_t> v(static_cast<size_t>(count));
+    for (int64_t i = 0; i < count; ++i) {
+      const uint64_t r = (static_cast<uint64_t>(philox_word(seed, 0, base + 2 * i)) << 32) |
+                         philox_word(seed, 0, base + 2 * i + 1);
+      v[i] = static_cast<int64_t>(r % static_cast<uint64_t>(n));
+    }
+    convert_any(p, dtype, v.data(), DType::i64, count);
+  });
+}
+
+}  // namespace regen

@@ -1,0 +1,105 @@
+// DType, Device and Shape helpers (types.h).
+#include "core/types.h"
+
+#include <cctype>
+#include <cmath>
+#include <cstdio>
+#include <sstream>
+
+#include "core/error.h"
+
+namespace regen {
+
+const char* dtype_name(DType t) {
+  switch (t) {
+    case DType::f32: return "f32";
+    case DType::f64: return "f64";
+    case DType::i32: return "i32";
+    case DType::i64: return "i64";
+  }
+  return "?";
+}
+
+std::ostream& operator<<(std::ostream& os, DType t) { return os << dtype_name(t); }
+
+Device Device::parse(const std::string& text) {
+  if (text == "cpu") return cpu();
+  if (text == "cuda") return cuda(0);
+  if (text.rfind("cuda:", 0) == 0 && text.size() > 5) {
+    const std::string idx = text.substr(5);
+    bool digits = !idx.empty() && idx.size() < 4;
+    for (char c : idx) digits = digits && std::isdigit(static_cast<unsigned char>(c));
+    if (digits) return cuda(std::stoi(idx));
+  }
+  REGEN_FAIL("unknown device '", text, "': expected cpu, cuda or cuda:N");
+}
+
+std::string Device::str() const {
+  return is_cpu() ? std::string("cpu") : "cuda:" + std::to_string(index);
+}
+
+std::ostream& operator<<(std::ostream& os, const Device& d) { return os << d.str(); }
+
+int64_t shape_numel(const Shape& s) {
+  int64_t n = 1;
+  for (int64_t d : s) n *= d;
+  return n;
+}
+
+std::string shape_str(const Shape& s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (i) out += ", ";
+    out += std::to_string(s[i]);
+  }
+  return out + "]";
+}
+
+std::ostream& operator<<(std::ostream& os, const ShapePrinter& p) { return os << shape_str(p.s); }
+
+std::string format_bytes(int64_t bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(bytes);
+  int u = 0;
+  while (std::fabs(v) >= 1024.0 && u < 4) {
+    v /= 1024.0;
+    ++u;
+  }
+  char buf[64];
+  if (u == 0) {
+    std::snprintf(buf, sizeof buf, "%lld B", static_cast<long long>(bytes));
+  } else {
+    std::snprintf(buf, sizeof buf, "%.2f %s", v, units[u]);
+  }
+  return buf;
+}
+
+int64_t parse_bytes(const std::string& text) {
+  size_t pos = 0;
+  double value = 0;
+  try {
+    value = std::stod(text, &pos);
+  } catch (const std::exception&) {
+    REGEN_FAIL("cannot read a byte count from '", text, "': expected e.g. 2GiB, 512MiB or 1048576");
+  }
+  std::string unit = text.substr(pos);
+  while (!unit.empty() && unit.front() == ' ') unit.erase(unit.begin());
+  std::string u;
+  for (char c : unit) u += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  double mult = 0;
+  if (u.empty() || u == "b") mult = 1;
+  else if (u == "kib" || u == "k") mult = 1024.0;
+  else if (u == "mib" || u == "m") mult = 1024.0 * 1024;
+  else if (u == "gib" || u == "g") mult = 1024.0 * 1024 * 1024;
+  else if (u == "tib" || u == "t") mult = 1024.0 * 1024 * 1024 * 1024;
+  else if (u == "kb") mult = 1e3;
+  else if (u == "mb") mult = 1e6;
+  else if (u == "gb") mult = 1e9;
+  else if (u == "tb") mult = 1e12;
+  REGEN_CHECK(mult > 0, "unknown byte unit '", unit, "' in '", text,
+              "': use B, KiB, MiB, GiB, TiB (or KB, MB, GB, TB)");
+  REGEN_CHECK(value >= 0 && std::isfinite(value), "byte count '", text, "' must be non-negative");
+  return static_cast<int64_t>(std::llround(value * mult));
+}
+
+}  // namespace regen

@@ -1,0 +1,69 @@
+// Element types, devices and shapes: the small value types every layer passes around.
+#pragma once
+
+#include <cstdint>
+#include <ostream>
+#include <string>
+#include <vector>
+
+namespace regen {
+
+enum class DType : uint8_t { f32, f64, i32, i64 };
+
+inline size_t dtype_size(DType t) {
+  switch (t) {
+    case DType::f32: return 4;
+    case DType::f64: return 8;
+    case DType::i32: return 4;
+    case DType::i64: return 8;
+  }
+  return 0;
+}
+const char* dtype_name(DType t);
+inline bool is_floating(DType t) { return t == DType::f32 || t == DType::f64; }
+std::ostream& operator<<(std::ostream& os, DType t);
+
+// Compile-time mapping from C++ scalar type to DType.
+template <class T> struct dtype_of;
+template <> struct dtype_of<float> { static constexpr DType value = DType::f32; };
+template <> struct dtype_of<double> { static constexpr DType value = DType::f64; };
+template <> struct dtype_of<int32_t> { static constexpr DType value = DType::i32; };
+template <> struct dtype_of<int64_t> { static constexpr DType value = DType::i64; };
+
+enum class DeviceType : uint8_t { cpu, cuda };
+
+struct Device {
+  DeviceType type = DeviceType::cpu;
+  int index = 0;
+
+  static Device cpu() { return {DeviceType::cpu, 0}; }
+  static Device cuda(int index = 0) { return {DeviceType::cuda, index}; }
+  // Parses "cpu", "cuda", "cuda:N". Throws regen::Error naming the bad string.
+  static Device parse(const std::string& text);
+
+  bool is_cpu() const { return type == DeviceType::cpu; }
+  bool is_cuda() const { return type == DeviceType::cuda; }
+  std::string str() const;
+  bool operator==(const Device& o) const { return type == o.type && index == o.index; }
+  bool operator!=(const Device& o) const { return !(*this == o); }
+};
+std::ostream& operator<<(std::ostream& os, const Device& d);
+
+using Shape = std::vector<int64_t>;
+
+int64_t shape_numel(const Shape& s);
+std::string shape_str(const Shape& s);
+
+// Printing a Shape inside REGEN_CHECK messages: "[2, 3, 4]".
+struct ShapePrinter {
+  const Shape& s;
+};
+inline ShapePrinter sh(const Shape& s) { return {s}; }
+std::ostream& operator<<(std::ostream& os, const ShapePrinter& p);
+
+// Human-readable byte counts: "1.50 GiB", "512 B".
+std::string format_bytes(int64_t bytes);
+// Parses "2GiB", "512MiB", "1.5GB", "1048576" (bytes). Throws regen::Error on bad text.
+int64_t parse_bytes(const std::string& text);
+
+}  // namespace regen

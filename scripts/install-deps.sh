@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Installs the Debian 12 packages regen builds against, only those that are missing.
+# Uses sudo when not root. The CUDA toolkit is optional and never installed here:
+# CMake builds the CUDA backend only when it finds nvcc (REGEN_CUDA=AUTO).
+set -euo pipefail
+
+packages=(cmake make g++ libeigen3-dev doctest-dev nlohmann-json3-dev libcli11-dev)
+if [ "${REGEN_WITH_PLOTS:-0}" = "1" ]; then
+  packages+=(python3 python3-matplotlib)
+fi
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if [ "${#missing[@]}" -eq 0 ]; then
+  exit 0
+fi
+
+echo "install-deps: installing ${missing[*]}"
+sudo_cmd=()
+if [ "$(id -u)" -ne 0 ]; then
+  if ! command -v sudo >/dev/null 2>&1; then
+    echo "install-deps: need root or sudo to install: ${missing[*]}" >&2
+    exit 1
+  fi
+  sudo_cmd=(sudo)
+fi
+export DEBIAN_FRONTEND=noninteractive
+"${sudo_cmd[@]}" apt-get update -qq
+"${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
