@@ -17,8 +17,28 @@ Storage::Storage(Device device, uint64_t bytes)
   if (bytes_ > 0) block_ = allocator_->allocate(bytes_);
 }
 
+Storage::Storage(Device device, uint64_t bytes, Category category)
+    : device_(device), bytes_(bytes), allocator_(&allocator_for(device)) {
+  if (bytes_ > 0) block_ = allocator_->allocate(bytes_, category, current_tag());
+}
+
 Storage::~Storage() {
   if (block_) allocator_->free(block_);
+}
+
+void Storage::evict() {
+  if (block_) allocator_->free(block_);
+  block_ = nullptr;
+}
+
+void Storage::adopt(Storage& fresh) {
+  REGEN_CHECK(fresh.bytes_ == bytes_ && fresh.device_ == device_, "storage adopt: ",
+              format_bytes(fresh.bytes_), " on ", fresh.device_.str(), " cannot replace ",
+              format_bytes(bytes_), " on ", device_.str());
+  REGEN_CHECK(block_ == nullptr, "storage adopt: storage still holds its bytes");
+  block_ = fresh.block_;
+  allocator_ = fresh.allocator_;
+  fresh.block_ = nullptr;
 }
 
 // ---- Copies -----------------------------------------------------------------------------------
@@ -59,10 +79,11 @@ std::string Tensor::str() const {
 void* Tensor::raw_data() const {
   const TensorImpl* t = checked();
   if (!t->storage) {
-    REGEN_CHECK(numel() == 0, "tensor ", str(),
-                " has no storage: it was evicted by the remat runtime or released by the tape");
+    REGEN_CHECK(numel() == 0, "tensor ", str(), " has no storage");
     return nullptr;
   }
+  REGEN_CHECK(t->storage->resident(), "tensor ", str(),
+              " was evicted by the remat runtime and has not been regenerated");
   return static_cast<char*>(t->storage->data()) + t->offset_bytes;
 }
 

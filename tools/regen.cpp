@@ -1,24 +1,56 @@
-// The regen command line. Subcommands are added by later layers; `demo` shows the allocator.
-#include <CLI/CLI.hpp>
-
+// The regen command line: builds the CLI11 tree from the registered subcommands (command.h) and
+// turns every regen::Error into a message on stderr and exit status 1.
 #include <cstdio>
+#include <algorithm>
+#include <map>
 
-#include "core/tensor.h"
+#include "core/error.h"
+#include "tools/command.h"
+
+namespace regen::tool {
+std::vector<Command>& commands() {
+  static std::vector<Command> list;
+  return list;
+}
+}  // namespace regen::tool
 
 int main(int argc, char** argv) {
-  CLI::App app{"regen: training with built-in rematerialization"};
+  using namespace regen::tool;
+  CLI::App app{"regen: deep-learning training with built-in rematerialization"};
   app.require_subcommand(1);
-  auto* demo = app.add_subcommand("demo", "allocate tensors and print allocator statistics");
-  demo->callback([] {
-    using namespace regen;
-    CachingAllocator& a = allocator_for(Device::cpu());
-    Generator g(0);
-    CategoryScope scope(Category::activation);
-    Tensor x = uniform({256, 1024}, -1, 1, g);
-    MemoryStats s = a.stats();
-    std::printf("allocated %s reserved %s\n", format_bytes(s.allocated.current).c_str(),
-                format_bytes(s.reserved.current).c_str());
-  });
-  CLI11_PARSE(app, argc, argv);
+  app.set_help_all_flag("--help-all", "show help for every subcommand");
+  std::map<std::string, CLI::App*> groups;
+  std::vector<Command> list = commands();
+  std::sort(list.begin(), list.end(),
+            [](const Command& a, const Command& b) { return a.path < b.path; });
+  for (const Command& c : list) {
+    CLI::App* parent = &app;
+    std::string name = c.path;
+    const auto space = c.path.find(' ');
+    if (space != std::string::npos) {
+      const std::string group = c.path.substr(0, space);
+      name = c.path.substr(space + 1);
+      auto it = groups.find(group);
+      if (it == groups.end()) {
+        CLI::App* g = app.add_subcommand(group, group + " subcommands");
+        g->require_subcommand(1);
+        it = groups.emplace(group, g).first;
+      }
+      parent = it->second;
+    }
+    CLI::App* sub = parent->add_subcommand(name, c.description);
+    c.setup(*sub);
+  }
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const regen::Error& e) {
+    std::fprintf(stderr, "regen: error: %s\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "regen: error: %s\n", e.what());
+    return 1;
+  }
   return 0;
 }

@@ -1,0 +1,137 @@
+// The differentiable ops. Each records a Node (when grad mode is on and an input requires grad)
+// and runs its kernel through the dispatch point of kernels/kernels.h. Every op has a
+// finite-difference gradient check in tests/test_gradcheck*.cpp.
+//
+// Saved tensors (what backward reads) are listed beside each op; STYLE.md: save only what
+// backward needs. All tensors are contiguous; views (reshape, flatten) share storage.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "autograd/tape.h"
+
+namespace regen {
+
+// ---- Attribute records (trivially copyable; stored in Node::attrs) --------------------------
+
+struct ShapeAttr {
+  int32_t ndim = 0;
+  int64_t dims[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  static ShapeAttr of(const Shape& s);
+  Shape shape() const { return Shape(dims, dims + ndim); }
+};
+
+struct LinearAttrs {
+  bool has_bias = false;
+};
+struct BmmAttrs {
+  bool trans_a = false, trans_b = false;
+};
+struct Conv2dAttrs {
+  int64_t stride_h = 1, stride_w = 1, pad_h = 0, pad_w = 0;
+  bool has_bias = false;
+};
+struct BatchNormAttrs {
+  bool training = true;
+  double momentum = 0.1;
+  double eps = 1e-5;
+};
+struct ScaleAttrs {
+  double alpha = 1.0;
+};
+struct Pool2dAttrs {
+  int64_t kh = 1, kw = 1, stride_h = 1, stride_w = 1, pad_h = 0, pad_w = 0;
+};
+struct PermuteAttrs {
+  int32_t ndim = 0;
+  int64_t perm[6] = {0, 0, 0, 0, 0, 0};
+};
+struct LayerNormAttrs {
+  double eps = 1e-5;
+};
+struct AttentionAttrs {
+  int64_t num_heads = 1;
+  bool causal = false;
+  bool has_mask = false;
+  float dropout_p = 0.0f;
+  uint64_t seed = 0, stream = 0;  // drawn at record time; a replay reuses them
+};
+struct DropoutAttrs {
+  float p = 0.0f;
+  uint64_t seed = 0, stream = 0;  // drawn at record time; a replay reuses them
+};
+struct CrossEntropyAttrs {
+  int64_t ignore_index = -100;
+};
+
+// ---- Ops ------------------------------------------------------------------------------------
+
+// x: (..., in), weight: (out, in), bias: (out) or undefined -> (..., out). Saves x, weight.
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
+// a: (M, K), b: (K, N) -> (M, N). Saves a, b.
+Tensor matmul(const Tensor& a, const Tensor& b);
+// a: (B, M, K) (or (B, K, M) with trans_a), b: (B, K, N) (or (B, N, K)) -> (B, M, N). Saves a, b.
+Tensor bmm(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false);
+
+// x: (N, C, H, W), weight: (K, C, R, S), bias: (K) or undefined -> (N, K, P, Q). Saves x, weight.
+Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor(),
+              int64_t stride = 1, int64_t padding = 0);
+Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, int64_t stride_h,
+              int64_t stride_w, int64_t pad_h, int64_t pad_w);
+
+// x: (N, C, H, W); gamma, beta, running_mean, running_var: (C). Training uses batch statistics
+// and updates the running ones (unbiased variance, momentum); eval uses the running ones.
+// Training saves x and the batch mean and 1/std (hidden outputs); eval saves x.
+Tensor batchnorm2d(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                   const Tensor& running_mean, const Tensor& running_var, bool training,
+                   double momentum = 0.1, double eps = 1e-5);
+
+Tensor relu(const Tensor& x);   // saves its output
+Tensor gelu(const Tensor& x);   // exact (erf) GELU; saves its input
+// a + b, where b has a's shape or a suffix of it (broadcast over leading dims). Saves nothing.
+Tensor add(const Tensor& a, const Tensor& b);
+// a * b, where b has a's shape or a suffix of it. Saves a and b.
+Tensor mul(const Tensor& a, const Tensor& b);
+Tensor scale(const Tensor& x, double alpha);  // alpha * x; saves nothing
+
+// x: (N, C, H, W). max saves the argmax indices (a hidden i32 output); avg saves nothing.
+Tensor max_pool2d(const Tensor& x, int64_t kernel, int64_t stride, int64_t padding = 0);
+Tensor avg_pool2d(const Tensor& x, int64_t kernel, int64_t stride, int64_t padding = 0);
+// (N, C, H, W) -> (N, C, 1, 1), the mean over H and W. Saves nothing.
+Tensor global_avg_pool(const Tensor& x);
+
+// Views sharing storage (one -1 allowed). Save nothing.
+Tensor reshape(const Tensor& x, const Shape& shape);
+Tensor flatten(const Tensor& x, int64_t start_dim = 1);  // dims start_dim.. merged
+// Copies. Save nothing.
+Tensor transpose(const Tensor& x, int64_t dim0, int64_t dim1);
+Tensor permute(const Tensor& x, const std::vector<int64_t>& dims);
+
+// ids: (...) i64 in [0, V), weight: (V, D) -> (..., D). Saves ids.
+Tensor embedding(const Tensor& ids, const Tensor& weight);
+// Over the last dimension; gamma, beta: (D). Saves x, gamma and the row mean and 1/std (hidden).
+Tensor layernorm(const Tensor& x, const Tensor& gamma, const Tensor& beta, double eps = 1e-5);
+// Over the last dimension. Saves its output.
+Tensor softmax(const Tensor& x);
+
+// Fused multi-head self-attention on a packed projection.
+// qkv: (B, S, 3*D) laid out [q | k | v] (torch.nn.MultiheadAttention's in_proj), D = heads * Dh;
+// key_padding_mask: (B, S) i32, nonzero = padded key, or undefined -> (B, S, D), heads merged.
+// Scores are scaled by 1/sqrt(Dh); dropout_p applies to the attention probabilities.
+// Saves qkv, the output and the row logsumexp (B, heads, S) (a hidden output), never S x S.
+Tensor attention(const Tensor& qkv, int64_t num_heads, const Tensor& key_padding_mask = Tensor(),
+                 bool causal = false, float dropout_p = 0.0f);
+
+// Inverted dropout; identity when !training or p == 0 (no node is recorded then). The mask comes
+// from the Philox stream (seed, stream) stored in the node: nothing is saved.
+Tensor dropout(const Tensor& x, float p, bool training = true);
+
+// logits: (M, V), targets: (M) i64 -> scalar mean over targets != ignore_index.
+// Saves logits, targets and the row logsumexp (hidden output).
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index = -100);
+
+Tensor sum(const Tensor& x);   // -> scalar (shape {}); saves nothing
+Tensor mean(const Tensor& x);  // -> scalar; saves nothing
+
+}  // namespace regen

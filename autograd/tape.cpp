@@ -1,0 +1,550 @@
+// The tape and the backward engine (tape.h). docs/architecture.md walks through one recording.
+#include "autograd/tape.h"
+
+#include <algorithm>
+#include <atomic>
+
+#include "kernels/kernels.h"
+
+namespace regen {
+
+// ---- Gradient accumulation --------------------------------------------------------------------
+
+namespace {
+template <class T>
+void add_inplace_typed(const Tensor& dst, const Tensor& src) {
+  REGEN_LAUNCH(dst.device(), T, add_inplace, dst.data<T>(), src.data<T>(), dst.numel());
+}
+}  // namespace
+
+void accumulate_into(const Tensor& dst, const Tensor& src) {
+  REGEN_CHECK(dst.shape() == src.shape() && dst.dtype() == src.dtype() &&
+                  dst.device() == src.device(),
+              "gradient accumulation: ", dst.str(), " += ", src.str(), " do not match");
+  REGEN_FLOATING(dst.dtype(), "gradient accumulation", add_inplace_typed, dst, src);
+}
+
+// ---- Op registry ----------------------------------------------------------------------------
+
+namespace {
+std::array<const OpDef*, kNumOpKinds>& registry() {
+  static std::array<const OpDef*, kNumOpKinds> table{};
+  return table;
+}
+const char* const kOpNames[kNumOpKinds] = {
+    "linear",  "matmul",         "bmm",       "conv2d",    "batchnorm2d",   "relu",
+    "gelu",    "add",            "mul",       "scale",     "max_pool2d",    "avg_pool2d",
+    "global_avg_pool", "reshape", "transpose", "permute",  "embedding",     "layernorm",
+    "softmax", "attention",      "dropout",   "cross_entropy", "sum",       "mean"};
+}  // namespace
+
+bool register_op(OpKind kind, const OpDef* def) {
+  registry()[static_cast<size_t>(kind)] = def;
+  return true;
+}
+
+const OpDef& op_def(OpKind kind) {
+  const OpDef* d = registry().at(static_cast<size_t>(kind));
+  REGEN_CHECK(d != nullptr, "op ", op_name(kind), " is not registered (its object file was not linked)");
+  return *d;
+}
+
+const char* op_name(OpKind kind) {
+  const size_t i = static_cast<size_t>(kind);
+  return i < static_cast<size_t>(kNumOpKinds) ? kOpNames[i] : "?";
+}
+
+const char* saved_state_name(SavedState s) {
+  switch (s) {
+    case SavedState::resident: return "resident";
+    case SavedState::evicted: return "evicted";
+    case SavedState::released: return "released";
+  }
+  return "?";
+}
+
+// ---- Modes, scopes, RNG -----------------------------------------------------------------------
+
+namespace {
+thread_local bool tl_grad_mode = true;
+thread_local std::string tl_module_path;
+std::atomic<uint64_t> g_epoch{1};
+std::atomic<uint64_t> g_seed{0};
+std::atomic<uint64_t> g_stream{1};
+}  // namespace
+
+bool grad_mode_enabled() { return tl_grad_mode; }
+NoGradScope::NoGradScope() : saved_(tl_grad_mode) { tl_grad_mode = false; }
+NoGradScope::~NoGradScope() { tl_grad_mode = saved_; }
+
+ModuleScope::ModuleScope(const std::string& name) : saved_size_(tl_module_path.size()) {
+  if (!name.empty()) {
+    if (!tl_module_path.empty()) tl_module_path += '.';
+    tl_module_path += name;
+  }
+}
+ModuleScope::~ModuleScope() { tl_module_path.resize(saved_size_); }
+const std::string& ModuleScope::current_path() { return tl_module_path; }
+
+BlockScope::BlockScope(const std::string& name) {
+  std::string full = ModuleScope::current_path();
+  if (!name.empty()) full += (full.empty() ? "" : ".") + name;
+  block_ = Tape::current().begin_block(intern_tag(full));
+}
+BlockScope::~BlockScope() { Tape::current().end_block(block_); }
+
+void manual_seed(uint64_t seed) {
+  g_seed = seed;
+  g_stream = 1;
+}
+uint64_t rng_seed() { return g_seed; }
+uint64_t next_rng_stream() { return g_stream++; }
+
+// ---- BackwardContext ----------------------------------------------------------------------------
+
+BackwardContext::BackwardContext(Tape& tape, const Node& node, std::vector<Tensor> grad_outputs)
+    : tape_(tape), node_(node), grad_outputs_(std::move(grad_outputs)) {
+  grad_inputs_.resize(node.inputs.size());
+}
+
+Tensor BackwardContext::saved(int i) const {
+  REGEN_CHECK(i >= 0 && i < static_cast<int>(node_.saved.size()), op_name(node_.kind),
+              " backward: saved tensor ", i, " out of ", node_.saved.size());
+  const int64_t v = node_.saved[i];
+  const Value& val = tape_.value(v);
+  tape_.ensure_resident(tape_.value(val.root).saved);
+  return tape_.value_tensor(v);
+}
+
+Tensor BackwardContext::grad_output_or_zeros(int j) const {
+  if (grad_outputs_[j].defined()) return grad_outputs_[j];
+  const Value& v = tape_.value(node_.outputs[j]);
+  Device dev = Device::cpu();
+  for (int64_t in : node_.inputs) {
+    if (in >= 0) {
+      dev = tape_.value_tensor_device(in);
+      break;
+    }
+  }
+  return zeros(v.shape, v.dtype, dev);
+}
+
+bool BackwardContext::needs_grad(int input) const {
+  const int64_t v = node_.inputs.at(static_cast<size_t>(input));
+  return v >= 0 && tape_.value(v).requires_grad;
+}
+
+void BackwardContext::set_grad_input(int input, Tensor g) {
+  REGEN_CHECK(input >= 0 && input < static_cast<int>(grad_inputs_.size()), op_name(node_.kind),
+              " backward: input ", input, " out of range");
+  const int64_t v = node_.inputs[input];
+  if (v < 0 || !g.defined()) return;
+  const Value& val = tape_.value(v);
+  REGEN_CHECK(g.shape() == val.shape, op_name(node_.kind), " backward: gradient of input ", input,
+              " has shape ", sh(g.shape()), ", expected ", sh(val.shape));
+  grad_inputs_[input] = std::move(g);
+}
+
+// ---- Tape -------------------------------------------------------------------------------------
+
+Tape::Tape() : epoch_(g_epoch++) {}
+
+Tape& Tape::current() {
+  thread_local Tape tape;
+  return tape;
+}
+
+void Tape::add_hooks(TapeHooks* hooks) {
+  REGEN_CHECK(hooks != nullptr, "add_hooks: null hooks");
+  hooks_.push_back(hooks);
+}
+
+void Tape::remove_hooks(TapeHooks* hooks) {
+  hooks_.erase(std::remove(hooks_.begin(), hooks_.end(), hooks), hooks_.end());
+}
+
+int32_t Tape::begin_block(uint32_t name) {
+  BlockInfoRec b;
+  b.index = static_cast<int32_t>(blocks_.size());
+  b.name = name;
+  blocks_.push_back(b);
+  block_stack_.push_back(b.index);
+  return b.index;
+}
+
+void Tape::end_block(int32_t block) {
+  if (!block_stack_.empty() && block_stack_.back() == block) block_stack_.pop_back();
+}
+
+int64_t Tape::register_input(const Tensor& t) {
+  TensorImpl* impl = t.impl().get();
+  if (impl->tape_epoch == epoch_ && impl->tape_value >= 0) return impl->tape_value;
+  REGEN_CHECK(!impl->produced || impl->tape_epoch == epoch_, "tensor ", t.str(),
+              " was produced by a tape that backward() already released; detach it (clone "
+              "under NoGradScope) before using it again");
+  Value v;
+  v.id = static_cast<int64_t>(values_.size());
+  v.root = v.id;
+  v.shape = impl->shape;
+  v.dtype = impl->dtype;
+  v.offset_bytes = impl->offset_bytes;
+  v.bytes = t.nbytes();
+  v.requires_grad = impl->requires_grad;
+  v.leaf = t.impl();
+  impl->tape_value = v.id;
+  impl->tape_epoch = epoch_;
+  values_.push_back(std::move(v));
+  return values_.back().id;
+}
+
+std::vector<Tensor> Tape::apply(OpKind kind, const AttrBlob& attrs, std::vector<Tensor> inputs) {
+  const OpDef& def = op_def(kind);
+  // Inputs: all on one device, all with their bytes.
+  const Tensor* first = nullptr;
+  for (const Tensor& t : inputs) {
+    if (!t.defined()) continue;
+    if (!first) first = &t;
+    REGEN_CHECK(t.device() == first->device(), def.name, ": inputs on different devices: ",
+                first->str(), " and ", t.str());
+    REGEN_CHECK(t.has_storage(), def.name, ": input ", t.str(),
+                " has no bytes (evicted and not regenerated)");
+  }
+  REGEN_CHECK(first != nullptr, def.name, ": no input tensors");
+  bool record = grad_mode_enabled();
+  if (record) {
+    record = false;
+    for (const Tensor& t : inputs) record = record || (t.defined() && t.requires_grad());
+  }
+  REGEN_CHECK(!(record && in_backward_), def.name,
+              ": ops cannot be recorded during backward (higher-order gradients are unsupported)");
+
+  OpContext ctx{attrs, inputs, {}, false};
+  if (!record) {
+    CategoryScope cat(Category::activation);
+    def.forward(ctx);
+    REGEN_ASSERT(static_cast<int>(ctx.outputs.size()) == def.num_outputs);
+    ctx.outputs.resize(static_cast<size_t>(def.num_visible_outputs));
+    return std::move(ctx.outputs);
+  }
+
+  const int32_t index = static_cast<int32_t>(nodes_.size());
+  {
+    Node n;
+    n.index = index;
+    n.kind = kind;
+    n.attrs = attrs;
+    n.num_visible_outputs = def.num_visible_outputs;
+    const std::string& path = ModuleScope::current_path();
+    n.scope = intern_tag(path);
+    n.block = block_stack_.empty() ? -1 : block_stack_.back();
+    n.tag = intern_tag(path + (path.empty() ? "" : "/") + def.name + "#" + std::to_string(index));
+    for (const Tensor& t : inputs) n.inputs.push_back(t.defined() ? register_input(t) : -1);
+    nodes_.push_back(std::move(n));
+  }
+  if (nodes_.back().block >= 0) {
+    BlockInfoRec& b = blocks_[static_cast<size_t>(nodes_.back().block)];
+    if (b.first_node < 0) b.first_node = index;
+    b.last_node = index;
+  }
+  for (TapeHooks* h : hooks_) h->on_forward_begin(*this, index);
+  {
+    CategoryScope cat(Category::activation);
+    TagScope tag(nodes_.back().tag);
+    def.forward(ctx);
+  }
+  REGEN_CHECK(static_cast<int>(ctx.outputs.size()) == def.num_outputs, def.name, " produced ",
+              ctx.outputs.size(), " outputs, expected ", def.num_outputs);
+  Node& node = nodes_.back();
+  for (int k = 0; k < def.num_outputs; ++k) {
+    Tensor& out = ctx.outputs[static_cast<size_t>(k)];
+    REGEN_ASSERT(out.defined());
+    Value v;
+    v.id = static_cast<int64_t>(values_.size());
+    v.producer = index;
+    v.slot = k;
+    v.root = (def.is_view && k == 0) ? values_[static_cast<size_t>(node.inputs[0])].root : v.id;
+    v.shape = out.shape();
+    v.dtype = out.dtype();
+    v.offset_bytes = out.impl()->offset_bytes;
+    v.bytes = out.nbytes();
+    v.requires_grad = k < def.num_visible_outputs && is_floating(out.dtype());
+    TensorImpl* impl = out.impl().get();
+    impl->tape_value = v.id;
+    impl->tape_epoch = epoch_;
+    impl->produced = true;
+    impl->requires_grad = v.requires_grad;
+    node.outputs.push_back(v.id);
+    values_.push_back(std::move(v));
+  }
+  for (int64_t in : node.inputs) {
+    if (in >= 0) values_[static_cast<size_t>(in)].consumers.push_back(index);
+  }
+  // What backward reads: one SavedTensor per storage root.
+  std::vector<SaveRef> refs;
+  def.saves(attrs, refs);
+  for (const SaveRef& r : refs) {
+    const int64_t vid = r.output ? node.outputs.at(static_cast<size_t>(r.index))
+                                 : node.inputs.at(static_cast<size_t>(r.index));
+    REGEN_CHECK(vid >= 0, def.name, ": saves an absent input ", r.index);
+    node.saved.push_back(vid);
+    Value& root = values_[static_cast<size_t>(values_[static_cast<size_t>(vid)].root)];
+    if (root.saved < 0) {
+      const Tensor& t = r.output ? ctx.outputs[static_cast<size_t>(r.index)]
+                                 : inputs[static_cast<size_t>(r.index)];
+      SavedTensor s;
+      s.value = root.id;
+      s.producer = root.producer;
+      s.slot = root.slot;
+      s.storage = t.impl()->storage;
+      s.bytes = s.storage ? s.storage->bytes() : 0;
+      s.category = s.storage ? s.storage->category() : Category::other;
+      root.saved = static_cast<int32_t>(saved_.size());
+      saved_.push_back(std::move(s));
+    }
+    std::vector<int32_t>& readers = saved_[static_cast<size_t>(root.saved)].readers;
+    if (readers.empty() || readers.back() != index) readers.push_back(index);
+  }
+  for (TapeHooks* h : hooks_) h->on_forward_end(*this, index);
+  ctx.outputs.resize(static_cast<size_t>(def.num_visible_outputs));
+  return std::move(ctx.outputs);
+}
+
+Tensor Tape::value_tensor(int64_t id) const {
+  const Value& v = value(id);
+  if (v.producer < 0 && v.leaf) return Tensor(v.leaf);
+  const Value& root = value(v.root);
+  REGEN_CHECK(root.saved >= 0, "value ", id, " (", sh(v.shape),
+              ") is not held by the tape: only saved values and leaves can be read back");
+  const SavedTensor& s = saved_tensor(root.saved);
+  REGEN_CHECK(s.storage && s.storage->resident(), "value ", id, " (", sh(v.shape), ") is ",
+              saved_state_name(s.state));
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = s.storage;
+  impl->offset_bytes = v.offset_bytes;
+  impl->shape = v.shape;
+  impl->dtype = v.dtype;
+  impl->device = s.storage->device();
+  return Tensor(std::move(impl));
+}
+
+Device Tape::value_tensor_device(int64_t id) const {
+  const Value& v = value(id);
+  if (v.leaf) return v.leaf->device;
+  const Value& root = value(v.root);
+  if (root.saved >= 0 && saved_tensor(root.saved).storage) {
+    return saved_tensor(root.saved).storage->device();
+  }
+  if (root.leaf) return root.leaf->device;
+  return Device::cpu();
+}
+
+bool Tape::value_resident(int64_t id) const {
+  const Value& v = value(id);
+  if (v.leaf) return true;
+  const Value& root = value(v.root);
+  if (root.leaf) return true;
+  if (root.saved < 0) return false;
+  const SavedTensor& s = saved_tensor(root.saved);
+  return s.storage && s.storage->resident();
+}
+
+std::vector<Tensor> Tape::replay(int32_t i, const std::vector<Tensor>& inputs) {
+  const Node& n = node(i);
+  const OpDef& def = op_def(n.kind);
+  REGEN_CHECK(inputs.size() == n.inputs.size(), "replay of node ", i, " (", def.name, "): ",
+              inputs.size(), " inputs given, expected ", n.inputs.size());
+  NoGradScope no_grad;
+  OpContext ctx{n.attrs, inputs, {}, true};
+  {
+    CategoryScope cat(Category::activation);
+    TagScope tag(n.tag);
+    def.forward(ctx);
+  }
+  REGEN_ASSERT(static_cast<int>(ctx.outputs.size()) == def.num_outputs);
+  return std::move(ctx.outputs);
+}
+
+void Tape::evict(int32_t saved) {
+  SavedTensor& s = saved_.at(static_cast<size_t>(saved));
+  REGEN_CHECK(!s.is_leaf(), "evict: saved tensor ", saved, " is a leaf (parameter or input)");
+  REGEN_CHECK(s.state == SavedState::resident && s.storage, "evict: saved tensor ", saved, " is ",
+              saved_state_name(s.state));
+  s.storage->evict();
+  s.state = SavedState::evicted;
+}
+
+void Tape::restore(int32_t saved, const Tensor& fresh) {
+  SavedTensor& s = saved_.at(static_cast<size_t>(saved));
+  REGEN_CHECK(s.state == SavedState::evicted && s.storage, "restore: saved tensor ", saved,
+              " is ", saved_state_name(s.state));
+  REGEN_CHECK(fresh.impl()->storage && fresh.impl()->offset_bytes == 0, "restore: saved tensor ",
+              saved, " needs a freshly computed root tensor");
+  s.storage->adopt(*fresh.impl()->storage);
+  s.state = SavedState::resident;
+}
+
+void Tape::ensure_resident(int32_t saved) {
+  if (saved < 0) return;
+  SavedTensor& s = saved_.at(static_cast<size_t>(saved));
+  if (s.state == SavedState::resident) return;
+  REGEN_CHECK(s.state != SavedState::released, "saved tensor ", saved, " (value ", s.value,
+              ") was already released: backward read it after its last use");
+  for (TapeHooks* h : hooks_) {
+    if (h->regenerate(*this, saved) && s.state == SavedState::resident) return;
+  }
+  REGEN_FAIL("saved tensor ", saved, " (value ", s.value, ", ", format_bytes(s.bytes),
+             ") is evicted and no remat runtime regenerated it");
+}
+
+void Tape::release_saved(int32_t saved) {
+  SavedTensor& s = saved_.at(static_cast<size_t>(saved));
+  s.storage.reset();
+  s.state = SavedState::released;
+}
+
+void Tape::accumulate_grad(int64_t id, Tensor g, std::vector<Tensor>& grads) {
+  const Value& v = value(id);
+  if (!v.requires_grad) return;
+  REGEN_CHECK(g.shape() == v.shape, "backward: gradient of shape ", sh(g.shape()),
+              " for a value of shape ", sh(v.shape));
+  if (v.producer < 0) {
+    // A leaf (parameter): gradients accumulate (+=) in the gradient category.
+    TensorImpl* leaf = v.leaf.get();
+    if (!leaf || !leaf->requires_grad) return;
+    if (!leaf->grad) {
+      CategoryScope cat(Category::gradient);
+      TagScope tag(leaf->name.empty() ? std::string("leaf.grad") : leaf->name + ".grad");
+      leaf->grad = g.clone().impl();
+    } else {
+      accumulate_into(Tensor(leaf->grad), g);
+    }
+    return;
+  }
+  Tensor& slot = grads[static_cast<size_t>(id)];
+  if (!slot.defined()) {
+    slot = std::move(g);
+    return;
+  }
+  // Add in place when we own the buffer alone; otherwise (shared with another gradient) make a
+  // new one. Both choices depend only on the graph, so memory stays deterministic.
+  const bool exclusive = slot.impl().use_count() == 1 && slot.impl()->storage &&
+                         slot.impl()->storage.use_count() == 1;
+  if (!exclusive) {
+    CategoryScope cat(Category::gradient);
+    slot = slot.clone();
+  }
+  accumulate_into(slot, g);
+}
+
+void Tape::backward(const Tensor& loss, const Tensor& grad) {
+  REGEN_CHECK(loss.defined(), "backward: undefined loss tensor");
+  const TensorImpl* li = loss.impl().get();
+  REGEN_CHECK(li->tape_epoch == epoch_ || !li->produced,
+              "backward: the tape that produced ", loss.str(),
+              " was already released by an earlier backward() (backward twice over one graph)");
+  REGEN_CHECK(li->produced && li->tape_epoch == epoch_ && li->tape_value >= 0 && !nodes_.empty(),
+              "backward: ", loss.str(), " was not produced by a recorded op (does it depend on a "
+              "tensor that requires grad?)");
+  REGEN_CHECK(!in_backward_, "backward: already running");
+  Tensor seed = grad;
+  if (!seed.defined()) {
+    REGEN_CHECK(loss.numel() == 1, "backward: loss ", loss.str(),
+                " is not a scalar; pass a gradient of its shape");
+    CategoryScope cat(Category::gradient);
+    seed = ones(loss.shape(), loss.dtype(), loss.device());
+  }
+  REGEN_CHECK(seed.shape() == loss.shape() && seed.dtype() == loss.dtype(), "backward: gradient ",
+              seed.str(), " does not match loss ", loss.str());
+
+  struct Finish {
+    Tape& t;
+    ~Finish() {
+      t.in_backward_ = false;
+      t.clear();
+    }
+  } finish{*this};
+  in_backward_ = true;
+  NoGradScope no_grad;
+
+  // Which nodes run: a reverse sweep from the loss over values that require grad.
+  std::vector<char> need(values_.size(), 0);
+  need[static_cast<size_t>(li->tape_value)] = 1;
+  backward_order_.clear();
+  for (int32_t i = static_cast<int32_t>(nodes_.size()) - 1; i >= 0; --i) {
+    const Node& n = nodes_[static_cast<size_t>(i)];
+    bool active = false;
+    for (int k = 0; k < n.num_visible_outputs; ++k) active = active || need[n.outputs[k]];
+    if (!active) continue;
+    backward_order_.push_back(i);
+    for (int64_t in : n.inputs) {
+      if (in >= 0 && values_[static_cast<size_t>(in)].requires_grad) need[in] = 1;
+    }
+  }
+  std::vector<char> active(nodes_.size(), 0);
+  for (int32_t i : backward_order_) active[static_cast<size_t>(i)] = 1;
+  for (size_t s = 0; s < saved_.size(); ++s) {
+    int uses = 0;
+    for (int32_t r : saved_[s].readers) uses += active[static_cast<size_t>(r)];
+    saved_[s].backward_uses_left = uses;
+  }
+  for (size_t s = 0; s < saved_.size(); ++s) {
+    if (saved_[s].backward_uses_left == 0) release_saved(static_cast<int32_t>(s));
+  }
+  for (TapeHooks* h : hooks_) h->on_backward_start(*this);
+
+  std::vector<Tensor> grads(values_.size());
+  grads[static_cast<size_t>(li->tape_value)] = seed;
+  seed = Tensor();
+  for (int32_t i : backward_order_) {
+    for (TapeHooks* h : hooks_) h->on_backward_begin(*this, i);
+    const Node& n = nodes_[static_cast<size_t>(i)];
+    const OpDef& def = op_def(n.kind);
+    std::vector<Tensor> gout(static_cast<size_t>(n.num_visible_outputs));
+    for (int k = 0; k < n.num_visible_outputs; ++k) {
+      gout[static_cast<size_t>(k)] = std::move(grads[static_cast<size_t>(n.outputs[k])]);
+    }
+    {
+      BackwardContext ctx(*this, n, std::move(gout));
+      {
+        CategoryScope cat(Category::gradient);
+        TagScope tag(n.tag);
+        def.backward(ctx);
+      }
+      for (size_t k = 0; k < n.inputs.size(); ++k) {
+        Tensor& g = ctx.grad_inputs()[k];
+        if (g.defined()) accumulate_grad(n.inputs[k], std::move(g), grads);
+      }
+    }  // the gradients of this node's outputs are freed here
+    // Release each saved storage after its last backward use (once per node).
+    std::vector<int32_t> seen;
+    for (int64_t sv : n.saved) {
+      const int32_t s = values_[static_cast<size_t>(values_[static_cast<size_t>(sv)].root)].saved;
+      if (std::find(seen.begin(), seen.end(), s) != seen.end()) continue;
+      seen.push_back(s);
+      if (--saved_[static_cast<size_t>(s)].backward_uses_left == 0) release_saved(s);
+    }
+    for (TapeHooks* h : hooks_) h->on_backward_end(*this, i);
+  }
+  grads.clear();
+  for (TapeHooks* h : hooks_) h->on_backward_finish(*this);
+}
+
+void Tape::clear() {
+  nodes_.clear();
+  values_.clear();
+  saved_.clear();
+  blocks_.clear();
+  block_stack_.clear();
+  backward_order_.clear();
+  epoch_ = g_epoch++;
+}
+
+void backward(const Tensor& loss) { Tape::current().backward(loss); }
+
+void zero_grad(const std::vector<Tensor>& params) {
+  for (const Tensor& p : params) {
+    if (p.impl()->grad) zero_(Tensor(p.impl()->grad));
+  }
+}
+
+}  // namespace regen

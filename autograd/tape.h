@@ -1,0 +1,337 @@
+// The tape-based autograd engine. docs/architecture.md ("autograd") explains the data structures;
+// tests: tests/test_autograd.cpp, tests/test_gradcheck.cpp.
+//
+// When grad mode is on and an op has an input that requires grad, the op appends a Node to the
+// thread's Tape: its kind, attributes (a trivially copyable struct: no tensors can hide there),
+// input and output Values, and the Values its backward reads. Backward reads forward data only
+// through SavedTensor records, one per saved storage, which the tape owns. A SavedTensor knows
+// its producer node and output slot, its bytes, category and state (resident, evicted, released);
+// the remat runtime (remat/) evicts and regenerates them through TapeHooks.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace regen {
+
+enum class OpKind : uint16_t {
+  linear,
+  matmul,
+  bmm,
+  conv2d,
+  batchnorm2d,
+  relu,
+  gelu,
+  add,
+  mul,
+  scale,
+  max_pool2d,
+  avg_pool2d,
+  global_avg_pool,
+  reshape,
+  transpose,
+  permute,
+  embedding,
+  layernorm,
+  softmax,
+  attention,
+  dropout,
+  cross_entropy,
+  sum,
+  mean,
+  count_,
+};
+constexpr int kNumOpKinds = static_cast<int>(OpKind::count_);
+
+// Attributes travel as a fixed-size, trivially copyable blob: a Node can be replayed from its
+// attributes and input values alone, and no tensor can be hidden inside.
+struct AttrBlob {
+  static constexpr size_t kBytes = 96;
+  alignas(8) std::array<unsigned char, kBytes> bytes{};
+  size_t size = 0;
+
+  template <class A>
+  static AttrBlob of(const A& a) {
+    static_assert(std::is_trivially_copyable<A>::value, "op attributes must be trivially copyable");
+    static_assert(sizeof(A) <= kBytes, "op attributes too large for AttrBlob");
+    AttrBlob b;
+    std::memcpy(b.bytes.data(), &a, sizeof(A));
+    b.size = sizeof(A);
+    return b;
+  }
+  template <class A>
+  const A& as() const {
+    static_assert(std::is_trivially_copyable<A>::value, "op attributes must be trivially copyable");
+    return *reinterpret_cast<const A*>(bytes.data());
+  }
+};
+struct NoAttrs {};
+
+// ---- Values, saved tensors, nodes ----------------------------------------------------------
+
+// Every tensor an op reads or writes while recording is a Value: leaves (parameters, inputs,
+// buffers) and node outputs alike. Views (reshape) share their root's storage.
+struct Value {
+  int64_t id = -1;
+  int32_t producer = -1;  // node index; -1 for a leaf
+  int32_t slot = 0;       // output slot of the producer
+  int64_t root = -1;      // the value that owns the storage (itself unless a view)
+  Shape shape;
+  DType dtype = DType::f32;
+  uint64_t offset_bytes = 0;  // into the root's storage
+  uint64_t bytes = 0;         // of this value's elements
+  bool requires_grad = false;
+  std::shared_ptr<TensorImpl> leaf;  // strong reference for leaves only
+  std::vector<int32_t> consumers;    // nodes that read it as an input, in order
+  int32_t saved = -1;                // index into Tape::saved() of its root, when saved
+};
+
+enum class SavedState : uint8_t { resident, evicted, released };
+const char* saved_state_name(SavedState s);
+
+// One per saved storage (saved views of the same storage share one record).
+struct SavedTensor {
+  int64_t value = -1;     // the root value
+  int32_t producer = -1;  // producer node of the root (-1: a leaf, e.g. a parameter)
+  int32_t slot = 0;
+  uint64_t bytes = 0;     // storage bytes
+  Category category = Category::other;
+  SavedState state = SavedState::resident;
+  std::shared_ptr<Storage> storage;  // the tape's reference; null once released
+  std::vector<int32_t> readers;      // nodes whose backward reads it, in forward order
+  int32_t backward_uses_left = 0;    // set when backward starts
+  bool is_leaf() const { return producer < 0; }
+};
+
+struct Node {
+  int32_t index = -1;
+  OpKind kind = OpKind::count_;
+  AttrBlob attrs;
+  std::vector<int64_t> inputs;   // value ids (-1 for an absent optional input)
+  std::vector<int64_t> outputs;  // value ids, all slots (hidden ones included)
+  int num_visible_outputs = 0;
+  std::vector<int64_t> saved;    // value ids backward reads, in the op's order
+  uint32_t scope = 0;            // interned module path, e.g. "layer1.0.conv1"
+  int32_t block = -1;            // enclosing block (residual or encoder layer), -1 if none
+  uint32_t tag = 0;              // interned allocation tag: "<scope>/<op>#<index>"
+  bool needs_input_grad_any = false;
+  template <class A>
+  const A& attr() const { return attrs.as<A>(); }
+};
+
+// A checkpointable block, marked by models with BlockScope: residual blocks, encoder layers.
+struct BlockInfoRec {
+  int32_t index = -1;
+  uint32_t name = 0;  // interned
+  int32_t first_node = -1, last_node = -1;
+};
+
+class Tape;
+
+// Observers of recording and backward. The profiler (timing, memory events) and the remat
+// executor (evict after the last forward use, regenerate before the first backward use) use
+// these; several may be installed at once and are called in installation order.
+class TapeHooks {
+ public:
+  virtual ~TapeHooks() = default;
+  virtual void on_forward_begin(Tape&, int32_t /*node*/) {}
+  virtual void on_forward_end(Tape&, int32_t /*node*/) {}
+  virtual void on_backward_start(Tape&) {}
+  virtual void on_backward_begin(Tape&, int32_t /*node*/) {}
+  virtual void on_backward_end(Tape&, int32_t /*node*/) {}
+  virtual void on_backward_finish(Tape&) {}
+  // Backward is about to read saved tensor `saved` while it is evicted. Return true after making
+  // it resident; false lets the next hook try (and finally the engine throws).
+  virtual bool regenerate(Tape&, int32_t /*saved*/) { return false; }
+};
+
+// ---- Forward / backward contexts the ops implement against ----------------------------------
+
+struct OpContext {
+  const AttrBlob& attrs;
+  const std::vector<Tensor>& inputs;  // undefined entries for absent optional inputs
+  std::vector<Tensor> outputs;        // the op fills every slot, hidden ones included
+  bool replay = false;  // re-run by the remat runtime: no side effects (running stats...)
+  template <class A>
+  const A& attr() const { return attrs.as<A>(); }
+};
+
+class BackwardContext {
+ public:
+  BackwardContext(Tape& tape, const Node& node, std::vector<Tensor> grad_outputs);
+  // The node's i-th saved tensor (in the order of OpDef::saves), resident.
+  Tensor saved(int i) const;
+  // Gradient flowing into visible output j; undefined when none flowed.
+  const Tensor& grad_output(int j) const { return grad_outputs_[j]; }
+  // Gradient of output j, or zeros of its shape when none flowed.
+  Tensor grad_output_or_zeros(int j) const;
+  bool needs_grad(int input) const;
+  // Writes (=, not +=) the gradient of input i; the engine accumulates across consumers.
+  void set_grad_input(int input, Tensor g);
+  const Node& node() const { return node_; }
+  Tape& tape() const { return tape_; }
+  template <class A>
+  const A& attr() const { return node_.attrs.as<A>(); }
+  std::vector<Tensor>& grad_inputs() { return grad_inputs_; }
+
+ private:
+  Tape& tape_;
+  const Node& node_;
+  std::vector<Tensor> grad_outputs_;
+  std::vector<Tensor> grad_inputs_;
+};
+
+// What backward reads: an input or an output slot.
+struct SaveRef {
+  bool output;
+  int index;
+};
+
+struct OpDef {
+  const char* name;
+  int num_outputs;          // all slots
+  int num_visible_outputs;  // returned to the caller; the rest are backward-only (e.g. BN stats)
+  bool is_view;             // output 0 shares input 0's storage (reshape)
+  void (*forward)(OpContext&);
+  void (*backward)(BackwardContext&);
+  // Which inputs/outputs backward reads, in order (may depend on attributes).
+  void (*saves)(const AttrBlob&, std::vector<SaveRef>&);
+};
+const OpDef& op_def(OpKind kind);
+const char* op_name(OpKind kind);
+// Each op file registers its OpDef at static initialization (linked whenever the op is used).
+bool register_op(OpKind kind, const OpDef* def);
+
+// ---- The tape ---------------------------------------------------------------------------------
+
+class Tape {
+ public:
+  Tape();
+  // The calling thread's tape.
+  static Tape& current();
+
+  const std::vector<Node>& nodes() const { return nodes_; }
+  const std::vector<Value>& values() const { return values_; }
+  const std::vector<SavedTensor>& saved() const { return saved_; }
+  const std::vector<BlockInfoRec>& blocks() const { return blocks_; }
+  const Node& node(int32_t i) const { return nodes_.at(static_cast<size_t>(i)); }
+  const Value& value(int64_t id) const { return values_.at(static_cast<size_t>(id)); }
+  const SavedTensor& saved_tensor(int32_t i) const { return saved_.at(static_cast<size_t>(i)); }
+  uint64_t epoch() const { return epoch_; }
+  bool empty() const { return nodes_.empty(); }
+  // Backward-active nodes in the order backward runs them (valid from on_backward_start).
+  const std::vector<int32_t>& backward_order() const { return backward_order_; }
+
+  // Records (when grad mode is on and an input requires grad) and runs an op.
+  std::vector<Tensor> apply(OpKind kind, const AttrBlob& attrs, std::vector<Tensor> inputs);
+
+  // Runs backward from a scalar (or from `grad` of the loss's shape), accumulates parameter
+  // gradients, then releases the tape. Throws if the tape was already released.
+  void backward(const Tensor& loss, const Tensor& grad = Tensor());
+  // Drops everything recorded (e.g. after a forward-only evaluation with grad mode on).
+  void clear();
+
+  // ---- For the remat runtime (remat/executor.cpp) ----
+  // A tensor for value `id` built on its root's storage (which must be resident or be a leaf).
+  Tensor value_tensor(int64_t id) const;
+  // Whether value `id`'s bytes are available right now.
+  bool value_resident(int64_t id) const;
+  Device value_tensor_device(int64_t id) const;
+  // Re-runs node `i`'s forward on `inputs` without recording, in replay mode; returns all slots.
+  std::vector<Tensor> replay(int32_t i, const std::vector<Tensor>& inputs);
+  // Frees a saved storage's bytes (all views of it see them go) / re-attaches freshly computed
+  // bytes from `fresh`, which must be the regenerated root tensor.
+  void evict(int32_t saved);
+  void restore(int32_t saved, const Tensor& fresh);
+
+  void add_hooks(TapeHooks* hooks);
+  void remove_hooks(TapeHooks* hooks);
+
+  // Block scopes (models mark residual blocks and encoder layers).
+  int32_t begin_block(uint32_t name);
+  void end_block(int32_t block);
+
+ private:
+  friend class BackwardContext;
+  int64_t register_input(const Tensor& t);
+  void ensure_resident(int32_t saved);
+  void release_saved(int32_t saved);
+  void accumulate_grad(int64_t value, Tensor g, std::vector<Tensor>& grads);
+
+  std::vector<Node> nodes_;
+  std::vector<Value> values_;
+  std::vector<SavedTensor> saved_;
+  std::vector<BlockInfoRec> blocks_;
+  std::vector<int32_t> block_stack_;
+  std::vector<int32_t> backward_order_;
+  std::vector<TapeHooks*> hooks_;
+  uint64_t epoch_;
+  bool in_backward_ = false;
+};
+
+// ---- Modes and scopes -------------------------------------------------------------------------
+
+bool grad_mode_enabled();
+class NoGradScope {
+ public:
+  NoGradScope();
+  ~NoGradScope();
+  NoGradScope(const NoGradScope&) = delete;
+  NoGradScope& operator=(const NoGradScope&) = delete;
+
+ private:
+  bool saved_;
+};
+
+// The module path nodes are recorded under ("layer1.0.conv1"); models push one per module.
+class ModuleScope {
+ public:
+  explicit ModuleScope(const std::string& name);
+  ~ModuleScope();
+  ModuleScope(const ModuleScope&) = delete;
+  ModuleScope& operator=(const ModuleScope&) = delete;
+  static const std::string& current_path();
+
+ private:
+  size_t saved_size_;
+};
+
+// Marks a checkpointable block (the unit of the `blocks` and `sqrt` planners).
+class BlockScope {
+ public:
+  explicit BlockScope(const std::string& name);
+  ~BlockScope();
+  BlockScope(const BlockScope&) = delete;
+  BlockScope& operator=(const BlockScope&) = delete;
+
+ private:
+  int32_t block_;
+};
+
+// Convenience: records and runs an op with typed attributes.
+template <class A>
+std::vector<Tensor> apply_op(OpKind kind, const A& attrs, std::vector<Tensor> inputs) {
+  return Tape::current().apply(kind, AttrBlob::of(attrs), std::move(inputs));
+}
+
+// dst += src (same shape, dtype and device), on any device.
+void accumulate_into(const Tensor& dst, const Tensor& src);
+
+// backward(loss) on the current tape; zero_grad on a set of parameters (keeps their memory).
+void backward(const Tensor& loss);
+void zero_grad(const std::vector<Tensor>& params);
+
+// Global RNG state for ops that draw random numbers (dropout). Each call to next_rng_stream()
+// returns a fresh Philox subsequence, stored in the node's attributes so a replay reuses it.
+void manual_seed(uint64_t seed);
+uint64_t rng_seed();
+uint64_t next_rng_stream();
+
+}  // namespace regen

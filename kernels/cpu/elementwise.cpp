@@ -1,0 +1,216 @@
+// CPU element-wise kernels and reductions (declared in kernels/kernels.h). Reductions are summed
+// in fixed chunks and then in order, so results do not depend on the thread count.
+// Tests: tests/test_kernels_cpu.cpp; the CUDA versions are in kernels/cuda/elementwise.cu.
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "core/philox.h"
+#include "kernels/kernels.h"
+
+namespace regen::cpu {
+namespace {
+constexpr int64_t kParallelMin = 1 << 15;  // below this, threads cost more than they save
+constexpr int64_t kChunk = 4096;           // reduction chunk (fixed: thread-count independent)
+
+uint64_t dropout_threshold(float p) {
+  // keep iff word >= p * 2^32; p >= 1 drops everything (threshold above any word).
+  if (p <= 0.0f) return 0;
+  if (p >= 1.0f) return uint64_t{1} << 32;
+  return static_cast<uint64_t>(static_cast<double>(p) * 4294967296.0);
+}
+}  // namespace
+
+template <class T>
+void fill(T* y, int64_t n, T value) {
+#pragma omp parallel for schedule(static) if (n > kParallelMin)
+  for (int64_t i = 0; i < n; ++i) y[i] = value;
+}
+
+template <class T>
+void copy(const T* x, T* y, int64_t n) {
+#pragma omp parallel for schedule(static) if (n > kParallelMin)
+  for (int64_t i = 0; i < n; ++i) y[i] = x[i];
+}
+
+template <class T>
+void add(const T* a, const T* b, T* y, int64_t n, int64_t nb) {
+  if (nb == n) {
+#pragma omp parallel for schedule(static) if (n > kParallelMin)
+    for (int64_t i = 0; i < n; ++i) y[i] = a[i] + b[i];
+    return;
+  }
+  const int64_t rows = n / nb;
+#pragma omp parallel for schedule(static) if (n > kParallelMin)
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* ar = a + r * nb;
+    T* yr = y + r * nb;
+    for (int64_t j = 0; j < nb; ++j) yr[j] = ar[j] + b[j];
+  }
+}
+
+template <class T>
+void add_inplace(T* y, const T* x, int64_t n) {
+#pragma omp parallel for schedule(static) if (n > kParallelMin)
+  for (int64_t i = 0; i < n; ++i) y[i] += x[i];
+}
+
+template <class T>
+void mul(const T* a, const T* b, T* y, int64_t n, int64_t nb) {
+  if (nb == n) {
+#pragma omp parallel for schedule(static) if (n > kParallelMin)
+    for (int64_t i = 0; i < n; ++i) y[i] = a[i] * b[i];
+    return;
+  }
+  const int64_t rows = n / nb;
+#pragma omp parallel for schedule(static) if (n > kParallelMin)
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* ar = a + r * nb;
+    T* yr = y + r * nb;
+    for (int64_t j = 0; j < nb; ++j) yr[j] = ar[j] * b[j];
+  }
+}
+
+template <class T>
+void scale(const T* x, T* y, int64_t n, T alpha) {
+#pragma omp parallel for schedule(static) if (n > kParallelMin)
+  for (int64_t i = 0; i < n; ++i) y[i] = alpha * x[i];
+}
+
+template <class T>
+void fill_from_scalar(const T* s, T* y, int64_t n, T alpha) {
+  fill<T>(y, n, alpha * s[0]);
+}
+
+template <class T>
+void relu_forward(const T* x, T* y, int64_t n) {
+#pragma omp parallel for schedule(static) if (n > kParallelMin)
+  for (int64_t i = 0; i < n; ++i) y[i] = x[i] > T(0) ? x[i] : T(0);
+}
+
+template <class T>
+void relu_backward(const T* dy, const T* y, T* dx, int64_t n) {
+#pragma omp parallel for schedule(static) if (n > kParallelMin)
+  for (int64_t i = 0; i < n; ++i) dx[i] = y[i] > T(0) ? dy[i] : T(0);
+}
+
+template <class T>
+void gelu_forward(const T* x, T* y, int64_t n) {
+  const T inv_sqrt2 = T(0.70710678118654752440);
+#pragma omp parallel for schedule(static) if (n > kParallelMin)
+  for (int64_t i = 0; i < n; ++i) y[i] = T(0.5) * x[i] * (T(1) + std::erf(x[i] * inv_sqrt2));
+}
+
+template <class T>
+void gelu_backward(const T* dy, const T* x, T* dx, int64_t n) {
+  const T inv_sqrt2 = T(0.70710678118654752440);
+  const T inv_sqrt_2pi = T(0.39894228040143267794);
+#pragma omp parallel for schedule(static) if (n > kParallelMin)
+  for (int64_t i = 0; i < n; ++i) {
+    const T cdf = T(0.5) * (T(1) + std::erf(x[i] * inv_sqrt2));
+    const T pdf = inv_sqrt_2pi * std::exp(T(-0.5) * x[i] * x[i]);
+    dx[i] = dy[i] * (cdf + x[i] * pdf);
+  }
+}
+
+template <class T>
+void sum_rows(const T* x, T* y, int64_t rows, int64_t cols) {
+  // Each column is summed over rows in order by one thread: deterministic for any thread count.
+  const int64_t blocks = (cols + 63) / 64;
+#pragma omp parallel for schedule(static) if (rows * cols > kParallelMin)
+  for (int64_t b = 0; b < blocks; ++b) {
+    const int64_t c0 = b * 64, c1 = std::min(cols, c0 + 64);
+    double acc[64] = {0};
+    for (int64_t r = 0; r < rows; ++r) {
+      const T* row = x + r * cols;
+      for (int64_t c = c0; c < c1; ++c) acc[c - c0] += static_cast<double>(row[c]);
+    }
+    for (int64_t c = c0; c < c1; ++c) y[c] = static_cast<T>(acc[c - c0]);
+  }
+}
+
+template <class T>
+void sum_all(const T* x, T* y, int64_t n) {
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+  std::vector<double> partial(static_cast<size_t>(std::max<int64_t>(chunks, 1)), 0.0);
+#pragma omp parallel for schedule(static) if (n > kParallelMin)
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t lo = c * kChunk, hi = std::min(n, lo + kChunk);
+    double acc = 0;
+    for (int64_t i = lo; i < hi; ++i) acc += static_cast<double>(x[i]);
+    partial[c] = acc;
+  }
+  double total = 0;
+  for (double p : partial) total += p;
+  y[0] = static_cast<T>(total);
+}
+
+template <class T>
+void dropout_forward(const T* x, T* y, int64_t n, float p, uint64_t seed, uint64_t stream) {
+  const uint64_t threshold = dropout_threshold(p);
+  const T keep_scale = p < 1.0f ? T(1) / (T(1) - static_cast<T>(p)) : T(0);
+#pragma omp parallel for schedule(static) if (n > kParallelMin)
+  for (int64_t i = 0; i < n; ++i) {
+    const bool keep = philox_word(seed, stream, static_cast<uint64_t>(i)) >= threshold;
+    y[i] = keep ? x[i] * keep_scale : T(0);
+  }
+}
+
+template <class T>
+void dropout_backward(const T* dy, T* dx, int64_t n, float p, uint64_t seed, uint64_t stream) {
+  dropout_forward<T>(dy, dx, n, p, seed, stream);  // the same mask and scale
+}
+
+template <class T>
+void permute(const T* x, T* y, const PermuteShape& s) {
+  const int nd = s.ndim;
+  int64_t in_stride[6], out_shape[6], src_stride[6];
+  int64_t acc = 1;
+  for (int d = nd - 1; d >= 0; --d) {
+    in_stride[d] = acc;
+    acc *= s.shape[d];
+  }
+  const int64_t n = acc;
+  for (int d = 0; d < nd; ++d) {
+    out_shape[d] = s.shape[s.perm[d]];
+    src_stride[d] = in_stride[s.perm[d]];
+  }
+  const int64_t inner = nd > 0 ? out_shape[nd - 1] : 1;
+  const int64_t inner_stride = nd > 0 ? src_stride[nd - 1] : 1;
+  const int64_t outer = inner > 0 ? n / inner : 0;
+#pragma omp parallel for schedule(static) if (n > kParallelMin)
+  for (int64_t o = 0; o < outer; ++o) {
+    int64_t rem = o, off = 0;
+    for (int d = nd - 2; d >= 0; --d) {
+      off += (rem % out_shape[d]) * src_stride[d];
+      rem /= out_shape[d];
+    }
+    T* dst = y + o * inner;
+    for (int64_t j = 0; j < inner; ++j) dst[j] = x[off + j * inner_stride];
+  }
+}
+
+#define REGEN_INSTANTIATE(T)                                                              \
+  template void fill<T>(T*, int64_t, T);                                                  \
+  template void copy<T>(const T*, T*, int64_t);                                           \
+  template void add<T>(const T*, const T*, T*, int64_t, int64_t);                         \
+  template void add_inplace<T>(T*, const T*, int64_t);                                    \
+  template void mul<T>(const T*, const T*, T*, int64_t, int64_t);                         \
+  template void scale<T>(const T*, T*, int64_t, T);                                       \
+  template void fill_from_scalar<T>(const T*, T*, int64_t, T);                            \
+  template void relu_forward<T>(const T*, T*, int64_t);                                   \
+  template void relu_backward<T>(const T*, const T*, T*, int64_t);                        \
+  template void gelu_forward<T>(const T*, T*, int64_t);                                   \
+  template void gelu_backward<T>(const T*, const T*, T*, int64_t);                        \
+  template void sum_rows<T>(const T*, T*, int64_t, int64_t);                              \
+  template void sum_all<T>(const T*, T*, int64_t);                                        \
+  template void dropout_forward<T>(const T*, T*, int64_t, float, uint64_t, uint64_t);     \
+  template void dropout_backward<T>(const T*, T*, int64_t, float, uint64_t, uint64_t);    \
+  template void permute<T>(const T*, T*, const PermuteShape&);
+REGEN_INSTANTIATE(float)
+REGEN_INSTANTIATE(double)
+#undef REGEN_INSTANTIATE
+
+}  // namespace regen::cpu

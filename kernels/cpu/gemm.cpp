@@ -1,0 +1,145 @@
+// CPU GEMM: Eigen's packed GEBP kernels on raw row-major buffers, parallelized with OpenMP here
+// (Eigen's own threading is not used). Eigen's blocking buffers come from regen's allocator
+// (Workspace, category workspace) instead of Eigen's internal heap, so every byte is accounted.
+// Reference for tests: plain loops in tests/test_kernels_cpu.cpp.
+#include <omp.h>
+
+#include <Eigen/Core>
+#include <algorithm>
+#include <vector>
+
+#include "core/tensor.h"
+#include "kernels/kernels.h"
+
+namespace regen::cpu {
+namespace {
+
+// Blocking sizes and buffers chosen by us; Eigen's GEMM uses the buffers when non-null.
+template <class Lhs, class Rhs>
+class RegenBlocking : public Eigen::internal::level3_blocking<Lhs, Rhs> {
+ public:
+  RegenBlocking(Eigen::Index kc, Eigen::Index mc, Eigen::Index nc, Lhs* a, Rhs* b) {
+    this->m_kc = kc;
+    this->m_mc = mc;
+    this->m_nc = nc;
+    this->m_blockA = a;
+    this->m_blockB = b;
+  }
+};
+
+struct Plan {
+  Eigen::Index kc, mc, nc;  // for the problem Eigen runs (column-major, rows = N, cols = M_t)
+  size_t floats_a, floats_b;
+};
+
+template <class T>
+Plan plan_blocking(int64_t internal_rows, int64_t internal_cols, int64_t depth) {
+  Eigen::Index k = depth, m = internal_rows, n = internal_cols;
+  Eigen::internal::computeProductBlockingSizes<T, T, 1, Eigen::Index>(k, m, n, 1);
+  Plan p{k, m, n, 0, 0};
+  // Pad each buffer to 64 bytes so every thread's slice stays aligned for AVX-512 loads.
+  const size_t per_line = 64 / sizeof(T);
+  p.floats_a = (static_cast<size_t>(k * m) + per_line - 1) / per_line * per_line;
+  p.floats_b = (static_cast<size_t>(k * n) + per_line - 1) / per_line * per_line;
+  return p;
+}
+
+// C[0:M, 0:N] += alpha * op(A) * op(B), one thread, row-major C with row stride ldc.
+template <class T, int LhsOrder, int RhsOrder>
+void run_one(int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda, const T* B,
+             int64_t ldb, T* C, int64_t ldc, const Plan& plan, T* block_a, T* block_b) {
+  using Gemm = Eigen::internal::general_matrix_matrix_product<Eigen::Index, T, LhsOrder, false, T,
+                                                              RhsOrder, false, Eigen::RowMajor, 1>;
+  RegenBlocking<T, T> blocking(plan.kc, plan.mc, plan.nc, block_a, block_b);
+  Gemm::run(M, N, K, A, lda, B, ldb, C, 1, ldc, alpha, blocking, nullptr);
+}
+
+template <class T, int LhsOrder, int RhsOrder>
+void gemm_impl(int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda, const T* B,
+               int64_t ldb, T* C, int64_t ldc) {
+  // Eigen runs a row-major product as the column-major product of the transposes, with rows = N.
+  const double flops = 2.0 * static_cast<double>(M) * N * K;
+  int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
+  if (flops < 2e6) threads = 1;
+  // Split the larger of M and N across threads: each thread owns a block of C.
+  const bool split_m = M >= N;
+  const int64_t extent = split_m ? M : N;
+  threads = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(threads, extent / 16)));
+  const int64_t chunk = (extent + threads - 1) / threads;
+  const int64_t part_m = split_m ? chunk : M, part_n = split_m ? N : chunk;
+  const Plan plan = plan_blocking<T>(part_n, part_m, K);
+  Workspace ws(Device::cpu(), static_cast<uint64_t>(threads) * (plan.floats_a + plan.floats_b) *
+                                  sizeof(T));
+  T* base = ws.as<T>();
+#pragma omp parallel for num_threads(threads) schedule(static, 1) if (threads > 1)
+  for (int t = 0; t < threads; ++t) {
+    const int64_t lo = t * chunk, hi = std::min(extent, lo + chunk);
+    if (lo >= hi) continue;
+    T* block_a = base + static_cast<size_t>(t) * (plan.floats_a + plan.floats_b);
+    T* block_b = block_a + plan.floats_a;
+    if (split_m) {
+      // Rows lo..hi of op(A): A + lo*lda when A is row-major (M, K), A + lo when stored (K, M).
+      const T* a = LhsOrder == Eigen::RowMajor ? A + lo * lda : A + lo;
+      run_one<T, LhsOrder, RhsOrder>(hi - lo, N, K, alpha, a, lda, B, ldb, C + lo * ldc, ldc,
+                                     plan, block_a, block_b);
+    } else {
+      // Columns lo..hi of op(B): B + lo when B is row-major (K, N), B + lo*ldb when stored (N, K).
+      const T* b = RhsOrder == Eigen::RowMajor ? B + lo : B + lo * ldb;
+      run_one<T, LhsOrder, RhsOrder>(M, hi - lo, K, alpha, A, lda, b, ldb, C + lo, ldc, plan,
+                                     block_a, block_b);
+    }
+  }
+}
+
+template <class T>
+void scale_c(int64_t M, int64_t N, T beta, T* C, int64_t ldc) {
+  if (beta == T(1)) return;
+  for (int64_t i = 0; i < M; ++i) {
+    T* row = C + i * ldc;
+    if (beta == T(0)) {
+      std::fill(row, row + N, T(0));  // beta = 0 ignores C, NaNs included
+    } else {
+      for (int64_t j = 0; j < N; ++j) row[j] *= beta;
+    }
+  }
+}
+
+}  // namespace
+
+template <class T>
+void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A,
+          int64_t lda, const T* B, int64_t ldb, T beta, T* C, int64_t ldc) {
+  REGEN_CHECK(M >= 0 && N >= 0 && K >= 0, "gemm: negative size M=", M, " N=", N, " K=", K);
+  if (M == 0 || N == 0) return;
+  scale_c(M, N, beta, C, ldc);
+  if (K == 0 || alpha == T(0)) return;
+  constexpr int R = Eigen::RowMajor, Cm = Eigen::ColMajor;
+  if (!trans_a && !trans_b) gemm_impl<T, R, R>(M, N, K, alpha, A, lda, B, ldb, C, ldc);
+  else if (!trans_a && trans_b) gemm_impl<T, R, Cm>(M, N, K, alpha, A, lda, B, ldb, C, ldc);
+  else if (trans_a && !trans_b) gemm_impl<T, Cm, R>(M, N, K, alpha, A, lda, B, ldb, C, ldc);
+  else gemm_impl<T, Cm, Cm>(M, N, K, alpha, A, lda, B, ldb, C, ldc);
+}
+
+template <class T>
+void gemm_batched(bool trans_a, bool trans_b, int64_t batch, int64_t M, int64_t N, int64_t K,
+                  T alpha, const T* A, int64_t lda, int64_t stride_a, const T* B, int64_t ldb,
+                  int64_t stride_b, T beta, T* C, int64_t ldc, int64_t stride_c) {
+  REGEN_CHECK(batch >= 0, "gemm_batched: negative batch ", batch);
+  for (int64_t i = 0; i < batch; ++i) {
+    gemm<T>(trans_a, trans_b, M, N, K, alpha, A + i * stride_a, lda, B + i * stride_b, ldb, beta,
+            C + i * stride_c, ldc);
+  }
+}
+
+template void gemm<float>(bool, bool, int64_t, int64_t, int64_t, float, const float*, int64_t,
+                          const float*, int64_t, float, float*, int64_t);
+template void gemm<double>(bool, bool, int64_t, int64_t, int64_t, double, const double*, int64_t,
+                           const double*, int64_t, double, double*, int64_t);
+template void gemm_batched<float>(bool, bool, int64_t, int64_t, int64_t, int64_t, float,
+                                  const float*, int64_t, int64_t, const float*, int64_t, int64_t,
+                                  float, float*, int64_t, int64_t);
+template void gemm_batched<double>(bool, bool, int64_t, int64_t, int64_t, int64_t, double,
+                                   const double*, int64_t, int64_t, const double*, int64_t,
+                                   int64_t, double, double*, int64_t, int64_t);
+
+}  // namespace regen::cpu

@@ -1,0 +1,121 @@
+// CUDA launchers: the same names and arguments as the CPU launchers in kernels/kernels.h (shapes
+// are documented there), for float. Implemented in kernels/cuda/*.cu; each is tested against its
+// CPU reference by tests/cuda/test_cuda_ops.cpp. Every launcher runs on regen::cuda::stream() and
+// takes its scratch memory from the caching allocator (Workspace, category workspace).
+#pragma once
+
+#ifdef REGEN_WITH_CUDA
+#include <cstdint>
+
+#include "kernels/shapes.h"
+
+namespace regen::cuda {
+
+// GEMM through cuBLAS (FP32, or TF32 when enabled).
+void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+          const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
+          int64_t ldc);
+void gemm_batched(bool trans_a, bool trans_b, int64_t batch, int64_t M, int64_t N, int64_t K,
+                  float alpha, const float* A, int64_t lda, int64_t stride_a, const float* B,
+                  int64_t ldb, int64_t stride_b, float beta, float* C, int64_t ldc,
+                  int64_t stride_c);
+
+// Element-wise and reductions (kernels/cuda/elementwise.cu; reductions through CUB).
+void fill(float* y, int64_t n, float value);
+void copy(const float* x, float* y, int64_t n);
+void add(const float* a, const float* b, float* y, int64_t n, int64_t nb);
+void add_inplace(float* y, const float* x, int64_t n);
+void mul(const float* a, const float* b, float* y, int64_t n, int64_t nb);
+void scale(const float* x, float* y, int64_t n, float alpha);
+void fill_from_scalar(const float* s, float* y, int64_t n, float alpha);
+void relu_forward(const float* x, float* y, int64_t n);
+void relu_backward(const float* dy, const float* y, float* dx, int64_t n);
+void gelu_forward(const float* x, float* y, int64_t n);
+void gelu_backward(const float* dy, const float* x, float* dx, int64_t n);
+void sum_rows(const float* x, float* y, int64_t rows, int64_t cols);
+void sum_all(const float* x, float* y, int64_t n);
+void dropout_forward(const float* x, float* y, int64_t n, float p, uint64_t seed, uint64_t stream);
+void dropout_backward(const float* dy, float* dx, int64_t n, float p, uint64_t seed,
+                      uint64_t stream);
+void permute(const float* x, float* y, const PermuteShape& s);
+
+// Convolution: native implicit GEMM (kernels/cuda/conv2d.cu) or cuDNN (kernels/cuda/conv2d_cudnn.cu).
+void conv2d_forward(const float* x, const float* w, const float* bias, float* y,
+                    const ConvShape& s);
+void conv2d_backward_data(const float* dy, const float* w, float* dx, const ConvShape& s);
+void conv2d_backward_filter(const float* x, const float* dy, float* dw, float* dbias,
+                            const ConvShape& s);
+
+// Batch normalization.
+void batchnorm_forward_train(const float* x, const float* gamma, const float* beta, float* y,
+                             float* mean, float* invstd, float* running_mean, float* running_var,
+                             int64_t N, int64_t C, int64_t HW, double momentum, double eps);
+void batchnorm_forward_eval(const float* x, const float* gamma, const float* beta,
+                            const float* running_mean, const float* running_var, float* y,
+                            int64_t N, int64_t C, int64_t HW, double eps);
+void batchnorm_backward(const float* dy, const float* x, const float* gamma, const float* mean,
+                        const float* invstd, float* dx, float* dgamma, float* dbeta, int64_t N,
+                        int64_t C, int64_t HW);
+void batchnorm_backward_eval(const float* dy, const float* x, const float* gamma,
+                             const float* running_mean, const float* running_var, float* dx,
+                             float* dgamma, float* dbeta, int64_t N, int64_t C, int64_t HW,
+                             double eps);
+
+// Pooling.
+void maxpool2d_forward(const float* x, float* y, int32_t* argmax, const PoolShape& s);
+void maxpool2d_backward(const float* dy, const int32_t* argmax, float* dx, const PoolShape& s);
+void avgpool2d_forward(const float* x, float* y, const PoolShape& s);
+void avgpool2d_backward(const float* dy, float* dx, const PoolShape& s);
+void global_avgpool_forward(const float* x, float* y, int64_t NC, int64_t HW);
+void global_avgpool_backward(const float* dy, float* dx, int64_t NC, int64_t HW);
+
+// Embedding (backward is deterministic: no floating-point atomics).
+void embedding_forward(const float* weight, const int64_t* ids, float* y, int64_t n, int64_t V,
+                       int64_t D);
+void embedding_backward(const float* dy, const int64_t* ids, float* dweight, int64_t n, int64_t V,
+                        int64_t D);
+
+// Layer normalization (kernels/cuda/layernorm.cu).
+void layernorm_forward(const float* x, const float* gamma, const float* beta, float* y,
+                       float* mean, float* rstd, int64_t M, int64_t N, double eps);
+void layernorm_backward(const float* dy, const float* x, const float* gamma, const float* mean,
+                        const float* rstd, float* dx, float* dgamma, float* dbeta, int64_t M,
+                        int64_t N);
+
+// Softmax.
+void softmax_forward(const float* x, float* y, int64_t M, int64_t N);
+void softmax_backward(const float* dy, const float* y, float* dx, int64_t M, int64_t N);
+
+// Flash-style fused attention (kernels/cuda/attention.cu).
+void attention_forward(const float* qkv, const int32_t* key_pad, float* out, float* lse,
+                       const AttentionShape& s);
+void attention_backward(const float* dout, const float* qkv, const float* out, const float* lse,
+                        const int32_t* key_pad, float* dqkv, const AttentionShape& s);
+
+// Cross-entropy.
+void cross_entropy_forward(const float* logits, const int64_t* targets, float* loss, float* lse,
+                           int64_t M, int64_t V, int64_t ignore_index);
+void cross_entropy_backward(const float* dloss, const float* logits, const int64_t* targets,
+                            const float* lse, float* dlogits, int64_t M, int64_t V,
+                            int64_t ignore_index);
+
+// Fused optimizer updates.
+void sgd_step(float* param, const float* grad, float* momentum_buf, int64_t n, double lr,
+              double momentum, double dampening, double weight_decay, bool nesterov,
+              bool first_step);
+void adamw_step(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, int64_t n,
+                double lr, double beta1, double beta2, double eps, double weight_decay,
+                int64_t step);
+
+// ---- Settings ----------------------------------------------------------------------------------
+enum class ConvAlgo { native, cudnn };
+// Which convolution the conv2d launchers run (default native). cudnn in a build without cuDNN is
+// a regen::Error.
+void set_conv_algo(ConvAlgo algo);
+ConvAlgo conv_algo();
+// cuBLAS GEMMs in plain FP32 (default) or with TF32 tensor cores.
+void set_tf32(bool enabled);
+bool tf32_enabled();
+
+}  // namespace regen::cuda
+#endif

@@ -1,0 +1,28 @@
+// The dispatch helpers of kernels/kernels.h.
+#include "core/error.h"
+#include "kernels/kernels.h"
+#ifdef REGEN_WITH_CUDA
+#include "core/cuda/runtime.h"
+#endif
+
+namespace regen::kernels {
+
+void unsupported(const char* launcher, Device device, DType dtype) {
+#ifdef REGEN_WITH_CUDA
+  REGEN_FAIL("kernel ", launcher, " has no ", device.str(), " implementation for ",
+             dtype_name(dtype), " (CUDA kernels are float32 only)");
+#else
+  REGEN_FAIL("kernel ", launcher, " cannot run on ", device.str(), " (", dtype_name(dtype),
+             "): regen was built without CUDA support");
+#endif
+}
+
+void use_device(Device device) {
+#ifdef REGEN_WITH_CUDA
+  if (device.is_cuda()) cuda::set_device(device.index);
+#else
+  (void)device;
+#endif
+}
+
+}  // namespace regen::kernels
