@@ -304,7 +304,7 @@ std::vector<Tensor> Tape::apply(OpKind kind, const AttrBlob& attrs, std::vector<
     std::vector<int32_t>& readers = saved_[static_cast<size_t>(root.saved)].readers;
     if (readers.empty() || readers.back() != index) readers.push_back(index);
   }
-  for (TapeHooks* h : hooks_) h->on_forward_end(*this, index);
+  for (TapeHooks* h : hooks_) h->on_forward_end(*this, index, ctx.outputs);
   ctx.outputs.resize(static_cast<size_t>(def.num_visible_outputs));
   return std::move(ctx.outputs);
 }

@@ -142,7 +142,8 @@ class TapeHooks {
  public:
   virtual ~TapeHooks() = default;
   virtual void on_forward_begin(Tape&, int32_t /*node*/) {}
-  virtual void on_forward_end(Tape&, int32_t /*node*/) {}
+  // `outputs` holds every output slot of the node (hidden ones included).
+  virtual void on_forward_end(Tape&, int32_t /*node*/, const std::vector<Tensor>& /*outputs*/) {}
   virtual void on_backward_start(Tape&) {}
   virtual void on_backward_begin(Tape&, int32_t /*node*/) {}
   virtual void on_backward_end(Tape&, int32_t /*node*/) {}

@@ -347,6 +347,7 @@ Block* CachingAllocator::allocate(uint64_t bytes, Category category, uint32_t ta
   b->category = category;
   b->tag = tag;
   b->alloc_id = next_alloc_id_++;
+  live_by_id_[b->alloc_id] = b;
   const int ci = static_cast<int>(category);
   add_stat_locked(stats_.requested, static_cast<int64_t>(bytes));
   add_stat_locked(stats_.requested_by[ci], static_cast<int64_t>(bytes));
@@ -376,6 +377,7 @@ void CachingAllocator::free(Block* b) {
   stats_.allocated_by[ci].current -= static_cast<int64_t>(b->size);
   stats_.num_frees++;
   stats_.live_blocks--;
+  live_by_id_.erase(b->alloc_id);
   b->allocated = false;
   record_locked(MemoryEventKind::free, static_cast<int64_t>(b->size),
                 static_cast<int64_t>(b->requested), b->category, b->tag, b->alloc_id,
@@ -497,6 +499,11 @@ std::vector<MemoryEvent> CachingAllocator::events() const {
   return events_;
 }
 
+uint64_t CachingAllocator::event_count() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return events_.size();
+}
+
 void CachingAllocator::clear_events() {
   std::lock_guard<std::mutex> lock(mutex_);
   events_.clear();
@@ -514,6 +521,97 @@ std::vector<BlockInfo> CachingAllocator::snapshot() const {
     }
   }
   return out;
+}
+
+AllocatorState CachingAllocator::snapshot_state() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  AllocatorState st;
+  st.next_segment_id = next_segment_id_;
+  st.next_alloc_id = next_alloc_id_;
+  for (auto& s : segments_) {
+    AllocatorState::SegmentRec rec;
+    rec.id = s->id;
+    rec.size = s->size;
+    rec.small = s->small;
+    rec.category = s->category;
+    for (Block* b = s->head; b; b = b->next) {
+      rec.blocks.push_back({s->id, b->offset, b->size, b->requested, b->allocated, s->small,
+                            b->category, b->tag, b->alloc_id, s->base + b->offset});
+    }
+    st.segments.push_back(std::move(rec));
+  }
+  return st;
+}
+
+void CachingAllocator::restore_state(const AllocatorState& st) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  REGEN_CHECK(segments_.empty(), "restore_state: the allocator already holds segments");
+  for (const AllocatorState::SegmentRec& rec : st.segments) {
+    REGEN_CHECK(rec.id > 0 && rec.size > 0 && !rec.blocks.empty(),
+                "restore_state: malformed segment ", rec.id);
+    void* base = arena_->map(rec.size);
+    REGEN_CHECK(base != nullptr, "restore_state: the arena cannot map ", format_bytes(rec.size));
+    auto seg = std::make_unique<Segment>();
+    seg->id = rec.id;
+    seg->base = reinterpret_cast<uintptr_t>(base);
+    seg->size = rec.size;
+    seg->small = rec.small;
+    seg->category = rec.category;
+    Block* prev = nullptr;
+    uint64_t expect = 0;
+    for (const BlockInfo& bi : rec.blocks) {
+      REGEN_CHECK(bi.offset == expect, "restore_state: blocks of segment ", rec.id,
+                  " do not tile it");
+      expect += bi.size;
+      Block* b = new Block();
+      b->segment = seg.get();
+      b->offset = bi.offset;
+      b->size = bi.size;
+      b->requested = bi.requested;
+      b->allocated = bi.allocated;
+      b->category = bi.category;
+      b->tag = bi.tag;
+      b->alloc_id = bi.id;
+      b->prev = prev;
+      if (prev) prev->next = b;
+      else seg->head = b;
+      prev = b;
+      const int ci = static_cast<int>(b->category);
+      if (b->allocated) {
+        stats_.requested.current += static_cast<int64_t>(b->requested);
+        stats_.requested_by[ci].current += static_cast<int64_t>(b->requested);
+        stats_.allocated.current += static_cast<int64_t>(b->size);
+        stats_.allocated_by[ci].current += static_cast<int64_t>(b->size);
+        stats_.live_blocks++;
+        live_by_id_[b->alloc_id] = b;
+      } else {
+        pool(seg->small).insert(b);
+      }
+    }
+    REGEN_CHECK(expect == rec.size, "restore_state: blocks of segment ", rec.id,
+                " do not tile it");
+    stats_.reserved.current += static_cast<int64_t>(rec.size);
+    stats_.reserved_by[static_cast<int>(rec.category)].current += static_cast<int64_t>(rec.size);
+    segments_.push_back(std::move(seg));
+  }
+  next_segment_id_ = st.next_segment_id;
+  next_alloc_id_ = st.next_alloc_id;
+  auto reset = [](Stat& x) { x.peak = x.current; };
+  reset(stats_.requested);
+  reset(stats_.allocated);
+  reset(stats_.reserved);
+  for (int i = 0; i < kNumCategories; ++i) {
+    reset(stats_.requested_by[i]);
+    reset(stats_.allocated_by[i]);
+    reset(stats_.reserved_by[i]);
+    stats_.allocated_by_at_peak[i] = stats_.allocated_by[i].current;
+  }
+}
+
+Block* CachingAllocator::block_by_id(uint64_t id) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = live_by_id_.find(id);
+  return it == live_by_id_.end() ? nullptr : it->second;
 }
 
 Device CachingAllocator::device() const { return arena_->device(); }

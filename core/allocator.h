@@ -20,6 +20,7 @@
 #include <set>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "core/types.h"
@@ -145,6 +146,22 @@ struct BlockInfo {
 
 struct Segment;
 
+// The allocator's layout at one moment: every segment and the blocks that tile it, plus the id
+// counters. snapshot_state() takes it; restore_state() rebuilds it in an empty allocator (the
+// simulator starts from the state a measured iteration started from).
+struct AllocatorState {
+  struct SegmentRec {
+    uint64_t id = 0;
+    uint64_t size = 0;
+    bool small = false;
+    Category category = Category::other;
+    std::vector<BlockInfo> blocks;  // in offset order
+  };
+  std::vector<SegmentRec> segments;  // in id order
+  uint64_t next_segment_id = 1;
+  uint64_t next_alloc_id = 1;
+};
+
 // A block of a segment. Callers treat it as an opaque handle: ptr() is the memory, id() the
 // allocation's unique, monotonically increasing number.
 struct Block {
@@ -195,6 +212,8 @@ class CachingAllocator {
   void set_event_log(bool enabled);
   bool event_log_enabled() const;
   std::vector<MemoryEvent> events() const;
+  // Number of events logged so far (cheap; markers use it as a position).
+  uint64_t event_count() const;
   void clear_events();
   // Chrome trace-event JSON (opens in Perfetto / chrome://tracing): counter tracks of allocated
   // bytes per category and of reserved bytes. With use_sequence_time the x axis is the event
@@ -202,6 +221,13 @@ class CachingAllocator {
   std::string chrome_trace(bool use_sequence_time = false) const;
 
   std::vector<BlockInfo> snapshot() const;
+  AllocatorState snapshot_state() const;
+  // Rebuilds `state` in this allocator, which must hold no segments. Current statistics become
+  // the sums over the restored blocks; peaks start at the current values; the event log is not
+  // touched. Allocated blocks are reachable through block_by_id() for later frees.
+  void restore_state(const AllocatorState& state);
+  // A live block by allocation id (nullptr if none); restored blocks keep their original ids.
+  Block* block_by_id(uint64_t id) const;
   Device device() const;
   const Arena& arena() const { return *arena_; }
 
@@ -237,6 +263,7 @@ class CachingAllocator {
   int64_t log_t0_ns_ = 0;
   uint64_t next_seq_ = 0;
   std::vector<MemoryEvent> events_;
+  std::unordered_map<uint64_t, Block*> live_by_id_;
 };
 
 // The process-wide allocator of a device. cpu: host memory; cuda:N: the CUDA arena (only in a

@@ -1,0 +1,160 @@
+// safetensors reading and writing (safetensors.h).
+#include "core/safetensors.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cstring>
+#include <set>
+
+#include "core/io.h"
+
+namespace regen {
+namespace {
+
+const char* st_dtype(DType t) {
+  switch (t) {
+    case DType::f32: return "F32";
+    case DType::f64: return "F64";
+    case DType::i32: return "I32";
+    case DType::i64: return "I64";
+  }
+  return "?";
+}
+
+bool parse_st_dtype(const std::string& s, DType& out) {
+  if (s == "F32") out = DType::f32;
+  else if (s == "F64") out = DType::f64;
+  else if (s == "I32") out = DType::i32;
+  else if (s == "I64") out = DType::i64;
+  else return false;
+  return true;
+}
+
+}  // namespace
+
+const Tensor* SafetensorsFile::find(const std::string& name) const {
+  for (const auto& kv : tensors) {
+    if (kv.first == name) return &kv.second;
+  }
+  return nullptr;
+}
+
+void save_safetensors(const std::string& path,
+                      const std::vector<std::pair<std::string, Tensor>>& tensors,
+                      const std::map<std::string, std::string>& metadata) {
+  nlohmann::ordered_json header;
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  std::set<std::string> names;
+  uint64_t offset = 0;
+  for (const auto& kv : tensors) {
+    REGEN_CHECK(!kv.first.empty() && kv.first != "__metadata__",
+                "safetensors '", path, "': bad tensor name '", kv.first, "'");
+    REGEN_CHECK(names.insert(kv.first).second, "safetensors '", path, "': tensor name '", kv.first,
+                "' appears twice");
+    REGEN_CHECK(kv.second.defined() && kv.second.has_storage(), "safetensors '", path,
+                "': tensor '", kv.first, "' has no data");
+    const uint64_t n = kv.second.nbytes();
+    header[kv.first] = {{"dtype", st_dtype(kv.second.dtype())},
+                        {"shape", kv.second.shape()},
+                        {"data_offsets", {offset, offset + n}}};
+    offset += n;
+  }
+  std::string json = header.dump();
+  while ((json.size() + 8) % 8 != 0) json += ' ';  // keep the data section 8-byte aligned
+  std::string out;
+  out.reserve(8 + json.size() + offset);
+  const uint64_t hlen = json.size();
+  for (int i = 0; i < 8; ++i) out += static_cast<char>((hlen >> (8 * i)) & 0xff);
+  out += json;
+  for (const auto& kv : tensors) {
+    const Tensor host = kv.second.device().is_cpu() ? kv.second : kv.second.to(Device::cpu());
+    out.append(static_cast<const char*>(host.raw_data()), host.nbytes());
+  }
+  write_file_atomic(path, out);
+}
+
+SafetensorsFile load_safetensors(const std::string& path) {
+  const std::string bytes = read_file(path);
+  REGEN_CHECK(bytes.size() >= 8, "safetensors '", path, "': file is ", bytes.size(),
+              " bytes, too short for a header (truncated?)");
+  uint64_t hlen = 0;
+  for (int i = 0; i < 8; ++i) hlen |= static_cast<uint64_t>(static_cast<unsigned char>(bytes[i])) << (8 * i);
+  REGEN_CHECK(hlen <= bytes.size() - 8, "safetensors '", path, "': header length ", hlen,
+              " exceeds the file size ", bytes.size(), " (truncated or not a safetensors file)");
+  nlohmann::json header;
+  try {
+    header = nlohmann::json::parse(bytes.begin() + 8, bytes.begin() + 8 + static_cast<long>(hlen));
+  } catch (const std::exception& e) {
+    REGEN_FAIL("safetensors '", path, "': header is not valid JSON: ", e.what());
+  }
+  REGEN_CHECK(header.is_object(), "safetensors '", path, "': header is not a JSON object");
+  const uint64_t data_size = bytes.size() - 8 - hlen;
+  const char* data = bytes.data() + 8 + hlen;
+
+  struct Entry {
+    std::string name;
+    DType dtype;
+    Shape shape;
+    uint64_t begin, end;
+  };
+  std::vector<Entry> entries;
+  SafetensorsFile file;
+  for (auto it = header.begin(); it != header.end(); ++it) {
+    if (it.key() == "__metadata__") {
+      REGEN_CHECK(it.value().is_object(), "safetensors '", path, "': __metadata__ is not an object");
+      for (auto m = it.value().begin(); m != it.value().end(); ++m) {
+        REGEN_CHECK(m.value().is_string(), "safetensors '", path, "': metadata '", m.key(),
+                    "' is not a string");
+        file.metadata[m.key()] = m.value().get<std::string>();
+      }
+      continue;
+    }
+    const auto& v = it.value();
+    const std::string where = "safetensors '" + path + "': tensor '" + it.key() + "'";
+    REGEN_CHECK(v.is_object() && v.contains("dtype") && v.contains("shape") &&
+                    v.contains("data_offsets"),
+                where, " lacks dtype, shape or data_offsets");
+    Entry e;
+    e.name = it.key();
+    REGEN_CHECK(v["dtype"].is_string() && parse_st_dtype(v["dtype"].get<std::string>(), e.dtype),
+                where, " has unsupported dtype ", v["dtype"].dump(), " (F32, F64, I32, I64 only)");
+    REGEN_CHECK(v["shape"].is_array(), where, " has a non-array shape");
+    for (const auto& d : v["shape"]) {
+      REGEN_CHECK(d.is_number_integer() && d.get<int64_t>() >= 0, where, " has a bad dimension ",
+                  d.dump());
+      e.shape.push_back(d.get<int64_t>());
+    }
+    const auto& off = v["data_offsets"];
+    REGEN_CHECK(off.is_array() && off.size() == 2 && off[0].is_number_unsigned() &&
+                    off[1].is_number_unsigned(),
+                where, " has bad data_offsets ", off.dump());
+    e.begin = off[0].get<uint64_t>();
+    e.end = off[1].get<uint64_t>();
+    REGEN_CHECK(e.begin <= e.end && e.end <= data_size, where, " bytes [", e.begin, ", ", e.end,
+                ") lie outside the ", data_size, "-byte data section (truncated file?)");
+    const uint64_t want = static_cast<uint64_t>(shape_numel(e.shape)) * dtype_size(e.dtype);
+    REGEN_CHECK(e.end - e.begin == want, where, " has ", e.end - e.begin, " bytes but shape ",
+                sh(e.shape), " of ", dtype_name(e.dtype), " needs ", want);
+    entries.push_back(std::move(e));
+  }
+  // Byte ranges must not overlap.
+  std::vector<const Entry*> sorted;
+  for (const Entry& e : entries) sorted.push_back(&e);
+  std::sort(sorted.begin(), sorted.end(),
+            [](const Entry* a, const Entry* b) { return a->begin < b->begin; });
+  for (size_t i = 1; i < sorted.size(); ++i) {
+    REGEN_CHECK(sorted[i - 1]->end <= sorted[i]->begin || sorted[i - 1]->begin == sorted[i - 1]->end,
+                "safetensors '", path, "': tensors '", sorted[i - 1]->name, "' and '",
+                sorted[i]->name, "' overlap");
+  }
+  // Keep file order (by offset), as written.
+  for (const Entry* e : sorted) {
+    Tensor t = empty(e->shape, e->dtype, Device::cpu());
+    if (t.nbytes()) std::memcpy(t.raw_data(), data + e->begin, t.nbytes());
+    file.tensors.emplace_back(e->name, std::move(t));
+  }
+  return file;
+}
+
+}  // namespace regen

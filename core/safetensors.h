@@ -1,0 +1,29 @@
+// The safetensors format (8-byte little-endian header length, a JSON header naming each tensor's
+// dtype, shape and byte range, then the raw little-endian data), read and written with full
+// validation: a truncated or corrupted file is a regen::Error naming the file and what is wrong.
+// Tests: tests/test_safetensors.cpp.
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace regen {
+
+struct SafetensorsFile {
+  std::vector<std::pair<std::string, Tensor>> tensors;  // in file order (CPU tensors)
+  std::map<std::string, std::string> metadata;           // "__metadata__", string to string
+  const Tensor* find(const std::string& name) const;
+};
+
+// Tensors may live on any device; they are copied to the host for writing. Names must be unique
+// and non-empty. The write is atomic.
+void save_safetensors(const std::string& path,
+                      const std::vector<std::pair<std::string, Tensor>>& tensors,
+                      const std::map<std::string, std::string>& metadata = {});
+// Loads every tensor onto the CPU (F32, F64, I32, I64; anything else is an error).
+SafetensorsFile load_safetensors(const std::string& path);
+
+}  // namespace regen

@@ -1,0 +1,62 @@
+// The built-in models behind one interface, their presets, and the factory the command line
+// uses. ResNet: resnet.h; Transformer: transformer.h. Tests: tests/test_models.cpp and the
+// PyTorch parity tests in tests/test_parity.cpp.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "models/module.h"
+
+namespace regen {
+
+// One training example batch: images (N, 3, H, W) f32 with labels (N) i64, or tokens (B, S) i64
+// with next-token targets (B, S) i64.
+struct Batch {
+  Tensor input;
+  Tensor target;
+};
+
+enum class ModelFamily { resnet, transformer };
+
+struct ModelConfig {
+  std::string name;  // a preset name (see model_presets())
+  ModelFamily family = ModelFamily::resnet;
+  // ResNet
+  std::vector<int64_t> blocks;  // per stage, e.g. {3, 8, 36, 3}
+  bool bottleneck = true;
+  int64_t base_width = 64;      // stem channels; stage i has base_width * 2^i planes
+  int64_t num_classes = 1000;
+  int64_t image_size = 224;
+  // Transformer
+  int64_t vocab = 30000, seq_len = 128, d_model = 512, layers = 6, heads = 8, ff = 2048;
+  float dropout = 0.1f;
+  bool causal = true;  // next-token objective: each position sees only earlier ones
+  bool gelu = false;   // activation (torch's TransformerEncoderLayer default is relu)
+  uint64_t seed = 0;   // parameter initialization
+};
+
+// Known names: resnet18, resnet34, resnet50, resnet101, resnet152, resnet-tiny, transformer,
+// bert-base, transformer-tiny. Throws regen::Error listing them for an unknown name.
+ModelConfig model_preset(const std::string& name);
+std::vector<std::string> model_preset_names();
+
+class Model : public Module {
+ public:
+  explicit Model(ModelConfig config) : Module(""), config_(std::move(config)) {}
+  const ModelConfig& config() const { return config_; }
+  // Logits: (N, classes) for ResNet, (B, S, vocab) for the Transformer.
+  virtual Tensor forward(const Tensor& input) = 0;
+  // Mean cross-entropy of the logits against the batch targets.
+  virtual Tensor loss(const Tensor& logits, const Tensor& target) const = 0;
+  // Checks a batch's shapes and dtypes against the model; throws regen::Error naming them.
+  virtual void check_batch(const Batch& b) const = 0;
+
+ protected:
+  ModelConfig config_;
+};
+
+std::unique_ptr<Model> make_model(const ModelConfig& config, Device device = Device::cpu());
+
+}  // namespace regen

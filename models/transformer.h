@@ -1,0 +1,30 @@
+// The Transformer language model of the seed experiments: token embedding plus learned
+// positions, dropout, a stack of post-norm torch.nn.TransformerEncoderLayer-style layers (causal
+// self-attention for the next-token objective), and a linear head over the vocabulary.
+// Parameter names: tok_emb.weight, pos_emb.weight, encoder.layers.<i>.{self_attn.in_proj_weight,
+// self_attn.in_proj_bias, self_attn.out_proj.*, linear1.*, linear2.*, norm1.*, norm2.*},
+// lm_head.{weight,bias} (tools/make_reference.py builds the same model in PyTorch).
+#pragma once
+
+#include "models/layers.h"
+#include "models/model.h"
+
+namespace regen {
+
+class TransformerLM : public Model {
+ public:
+  TransformerLM(const ModelConfig& config, Device device);
+  // tokens: (B, S) i64 with S <= seq_len -> logits (B, S, vocab).
+  Tensor forward(const Tensor& tokens) override;
+  Tensor loss(const Tensor& logits, const Tensor& target) const override;
+  void check_batch(const Batch& b) const override;
+
+ private:
+  Embedding *tok_emb_, *pos_emb_;
+  Dropout* drop_;
+  std::vector<TransformerEncoderLayer*> layers_;
+  Linear* lm_head_;
+  Tensor positions_;  // arange(S), cached per length and device
+};
+
+}  // namespace regen

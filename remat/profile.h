@@ -1,0 +1,131 @@
+// Stage 1 data: one profiled training iteration (forward, backward, optimizer step).
+// The Profile holds the tape's graph (nodes, values, saved tensors), the allocator's exact event
+// sequence for the iteration with node markers, the allocator layout the iteration started from,
+// and timings (medians over several instrumented iterations). The simulator replays it; the
+// planners read it; profile.json stores it. docs/remat.md describes every field.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "autograd/tape.h"
+#include "core/allocator.h"
+
+namespace regen {
+
+struct ProfileNode {
+  int32_t index = -1;
+  std::string op;         // op name (op_name(kind))
+  OpKind kind = OpKind::count_;
+  std::string name;       // allocation tag: "<module path>/<op>#<index>"
+  std::string scope;      // module path
+  int32_t block = -1;     // enclosing block index, -1 if none
+  bool is_view = false;
+  int num_visible_outputs = 0;
+  std::vector<int64_t> inputs, outputs, saved;  // value ids
+  double fwd_ms = 0, bwd_ms = 0;                // medians (bwd_ms = 0 when it has no backward)
+  int64_t fwd_alloc_bytes = 0, fwd_free_bytes = 0, bwd_alloc_bytes = 0, bwd_free_bytes = 0;
+  int32_t bwd_rank = -1;  // position in the backward order, -1 if backward does not run it
+};
+
+struct ProfileValue {
+  int64_t id = -1;
+  int32_t producer = -1, slot = 0;
+  int64_t root = -1;
+  Shape shape;
+  DType dtype = DType::f32;
+  uint64_t bytes = 0;
+  bool leaf = false;
+  uint64_t alloc_id = 0;  // the allocation of its root storage in the profiled iteration (0: leaf
+                          // or storage allocated before the iteration)
+  std::vector<int32_t> consumers;
+  int32_t saved = -1;
+};
+
+struct ProfileSaved {
+  int32_t index = -1;
+  int64_t value = -1;  // root value
+  int32_t producer = -1;
+  uint64_t bytes = 0;  // storage bytes
+  Category category = Category::other;
+  std::vector<int32_t> readers;    // nodes whose backward reads it (forward order)
+  int32_t last_fwd_use = -1;       // last forward node reading it (or its producer)
+  int32_t first_bw_rank = -1, last_bw_rank = -1;  // positions in the backward order (-1: unused)
+  double recompute_ms = 0;         // replaying its producers from retained tensors
+  bool candidate = false;          // may be evicted and recomputed
+  std::string name;                // "<producer tag>:<slot>"
+};
+
+enum class MarkerKind : uint8_t {
+  iteration_begin,  // after the canonical start (cache emptied, peaks reset), before the batch
+  fwd_begin,
+  fwd_end,
+  backward_start,
+  bwd_begin,
+  bwd_end,
+  backward_finish,
+  optimizer_begin,
+  optimizer_end,
+  iteration_end,
+};
+const char* marker_name(MarkerKind k);
+
+struct Marker {
+  MarkerKind kind;
+  int32_t node = -1;
+  uint64_t position = 0;  // number of allocator events recorded before it
+  double time_ms = 0;     // since iteration_begin (first instrumented iteration)
+};
+
+struct ProfileEvent {
+  MemoryEventKind kind;
+  uint64_t block_id = 0;
+  int64_t bytes = 0;      // block size (alloc/free) or segment size
+  int64_t requested = 0;  // alloc: requested bytes
+  Category category = Category::other;
+  std::string tag;
+  double time_ms = 0;
+};
+
+struct Profile {
+  // What was profiled.
+  std::string model;
+  int64_t batch = 0;
+  std::string device;
+  int threads = 1;
+  std::string date;
+  int iterations = 0;  // instrumented iterations the timings are medians of
+  // The graph.
+  std::vector<ProfileNode> nodes;
+  std::vector<ProfileValue> values;
+  std::vector<ProfileSaved> saved;
+  std::vector<int32_t> backward_order;
+  std::vector<std::string> blocks;  // block names, by index
+  // Memory: the layout the iteration started from and its exact event sequence.
+  AllocatorState start_state;
+  std::vector<ProfileEvent> events;
+  std::vector<Marker> markers;
+  // Measured on the profiled iterations (medians for times).
+  int64_t peak_allocated = 0, peak_reserved = 0;
+  std::array<int64_t, kNumCategories> allocated_by_at_peak{};
+  std::array<int64_t, kNumCategories> persistent_by{};  // allocated at iteration start
+  double iteration_ms = 0, forward_ms = 0, backward_ms = 0, optimizer_ms = 0;
+
+  int32_t num_forward_nodes() const { return static_cast<int32_t>(nodes.size()); }
+  const ProfileSaved* saved_of_value(int64_t value) const;
+};
+
+// JSON (profile.json). save is atomic; load validates structure and cross-references and throws
+// regen::Error naming the file and the first problem.
+void save_profile(const Profile& p, const std::string& path);
+Profile load_profile(const std::string& path);
+std::string profile_to_json(const Profile& p);
+Profile profile_from_json(const std::string& text, const std::string& origin);
+
+// Fills derived fields (saved-tensor lifetimes, candidates, recompute times, node byte counts,
+// names) from the graph, markers and events. Called by the profiler and after loading.
+void finalize_profile(Profile& p);
+// Checks cross-references; throws regen::Error(origin + first problem).
+void validate_profile(const Profile& p, const std::string& origin);
+
+}  // namespace regen

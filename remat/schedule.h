@@ -1,0 +1,58 @@
+// A plan's decisions turned into the exact sequence of evictions and regenerations of one
+// iteration. The simulator (simulator.h) and the executor (executor.h) both consume this one
+// Schedule, so the allocations they make come in the same order: that is what makes the
+// predicted peak equal the measured one. docs/remat.md ("Schedule") walks through an example.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "remat/profile.h"
+
+namespace regen {
+
+enum class Decision : uint8_t { retain, recompute };
+const char* decision_name(Decision d);
+
+// One node replayed during a regeneration.
+struct ReplayStep {
+  enum class Fate : uint8_t { drop, keep, restore };
+  struct Output {
+    Fate fate = Fate::drop;
+    int32_t saved = -1;  // restore: the saved tensor that adopts this output's bytes
+  };
+  int32_t node = -1;
+  std::vector<int64_t> inputs;          // value ids in the node's input order (-1: absent)
+  std::vector<Output> outputs;          // one per output slot
+  std::vector<int64_t> release_after;   // kept values dropped after this step (ascending)
+};
+
+// Run just before a backward node: regenerates every saved tensor it reads that is evicted.
+struct RegenProgram {
+  int32_t backward_node = -1;
+  std::vector<int32_t> targets;  // saved indices the node needs
+  std::vector<ReplayStep> steps;
+  double time_ms = 0;            // sum of the replayed nodes' forward medians
+};
+
+struct Schedule {
+  std::vector<std::vector<int32_t>> evict_after;  // per forward node: saved indices to evict
+  std::vector<RegenProgram> programs;             // in backward order
+  std::vector<int32_t> program_of_node;           // node index -> program index, or -1
+  std::vector<int32_t> restores;                  // per saved tensor: times it was regenerated
+  int64_t replays = 0;
+  double recompute_ms = 0;
+};
+
+// Builds the schedule of `decisions` (one per saved tensor; only candidates may be recompute).
+// keep_chain: a saved tensor regenerated on the way to another is kept when backward still
+// needs it (what torch.utils.checkpoint does for a block), instead of being recomputed again.
+Schedule build_schedule(const Profile& p, const std::vector<Decision>& decisions,
+                        bool keep_chain = true);
+
+// Forward time of regenerating saved tensor `s` from retained tensors when every other saved
+// tensor is resident (the per-activation recompute time of the profile).
+double standalone_recompute_ms(const Profile& p, int32_t s);
+
+}  // namespace regen

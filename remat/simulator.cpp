@@ -1,0 +1,208 @@
+// The simulator (simulator.h).
+#include "remat/simulator.h"
+
+#include <algorithm>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "core/error.h"
+
+namespace regen {
+
+Simulator::Simulator(const Profile& p) : p_(p) {
+  tags_.reserve(p.events.size());
+  std::unordered_map<std::string, uint32_t> cache;
+  for (const ProfileEvent& e : p.events) {
+    auto it = cache.find(e.tag);
+    if (it == cache.end()) it = cache.emplace(e.tag, intern_tag(e.tag)).first;
+    tags_.push_back(it->second);
+  }
+  markers_at_.assign(p.events.size() + 1, {});
+  for (size_t m = 0; m < p.markers.size(); ++m) {
+    REGEN_CHECK(p.markers[m].position <= p.events.size(), "profile: marker ", m,
+                " points past the event log");
+    markers_at_[p.markers[m].position].push_back(m);
+  }
+  // Each node's forward window: allocations made between its fwd_begin and fwd_end markers,
+  // and frees of those allocations inside the window (workspace).
+  windows_.assign(p.nodes.size(), {});
+  std::vector<uint64_t> begin(p.nodes.size(), UINT64_MAX), end(p.nodes.size(), UINT64_MAX);
+  for (const Marker& m : p.markers) {
+    if (m.kind == MarkerKind::fwd_begin) begin[static_cast<size_t>(m.node)] = m.position;
+    if (m.kind == MarkerKind::fwd_end) end[static_cast<size_t>(m.node)] = m.position;
+  }
+  for (size_t n = 0; n < p.nodes.size(); ++n) {
+    REGEN_CHECK(begin[n] != UINT64_MAX && end[n] != UINT64_MAX && begin[n] <= end[n],
+                "profile: node ", n, " has no forward markers");
+    std::unordered_set<uint64_t> mine;
+    for (uint64_t i = begin[n]; i < end[n]; ++i) {
+      const ProfileEvent& e = p.events[i];
+      if (e.kind == MemoryEventKind::alloc) {
+        mine.insert(e.block_id);
+        windows_[n].push_back({true, e.block_id, e.requested, e.category, tags_[i]});
+      } else if (e.kind == MemoryEventKind::free) {
+        REGEN_CHECK(mine.count(e.block_id), "profile: node ", n, " (", p.nodes[n].name,
+                    ") frees block ", e.block_id, " it did not allocate during its forward");
+        windows_[n].push_back({false, e.block_id, 0, e.category, 0});
+      }
+    }
+  }
+}
+
+SimResult Simulator::run(const Schedule& s, const SimOptions& opt) const {
+  const Profile& p = p_;
+  CachingAllocator sim(make_null_arena(Device::cpu()));
+  sim.restore_state(p.start_state);
+  std::unordered_map<uint64_t, Block*> live;  // base allocation id -> simulated block
+  for (const AllocatorState::SegmentRec& seg : p.start_state.segments) {
+    for (const BlockInfo& b : seg.blocks) {
+      if (b.allocated) live[b.id] = sim.block_by_id(b.id);
+    }
+  }
+  std::vector<uint64_t> saved_base(p.saved.size(), 0);
+  for (size_t i = 0; i < p.saved.size(); ++i) {
+    saved_base[i] = p.values[static_cast<size_t>(p.saved[i].value)].alloc_id;
+  }
+  SimResult res;
+  int64_t best = sim.stats().allocated.current;
+  std::vector<LiveBlockRec> best_live;
+  // With top_live, the live set is listed each time the running maximum rises (costly; reports
+  // only).
+  auto after_change = [&]() {
+    if (!opt.top_live) return;
+    const int64_t cur = sim.stats().allocated.current;
+    if (cur > best) {
+      best = cur;
+      best_live.clear();
+      for (const BlockInfo& b : sim.snapshot()) {
+        if (b.allocated) best_live.push_back({tag_name(b.tag), b.category, static_cast<int64_t>(b.size)});
+      }
+    }
+  };
+
+  auto run_program = [&](const RegenProgram& prog) {
+    struct Entry {
+      Block* block;
+      bool transient;
+    };
+    std::unordered_map<int64_t, Entry> values;  // program-local values
+    std::unordered_map<Block*, int> refs;       // transient blocks
+    auto drop_ref = [&](Block* b) {
+      auto it = refs.find(b);
+      if (it == refs.end()) return;
+      if (--it->second == 0) {
+        refs.erase(it);
+        sim.free(b);
+      }
+    };
+    auto block_of_input = [&](int64_t v) -> Entry {
+      auto it = values.find(v);
+      if (it != values.end()) return it->second;
+      return {nullptr, false};  // leaf or resident saved tensor: not program memory
+    };
+    for (const ReplayStep& st : prog.steps) {
+      const ProfileNode& n = p.nodes[static_cast<size_t>(st.node)];
+      std::unordered_map<uint64_t, Block*> local;
+      for (const WindowEvent& w : windows_[static_cast<size_t>(st.node)]) {
+        if (w.alloc) {
+          local[w.block_id] = sim.allocate(static_cast<uint64_t>(w.requested), w.category, w.tag);
+          after_change();
+        } else {
+          sim.free(local.at(w.block_id));
+          local.erase(w.block_id);
+        }
+      }
+      for (size_t k = 0; k < n.outputs.size(); ++k) {
+        const int64_t v = n.outputs[k];
+        const ProfileValue& val = p.values[static_cast<size_t>(v)];
+        Entry e{nullptr, false};
+        if (n.is_view && k == 0) {
+          e = block_of_input(n.inputs[0]);
+          if (e.transient) refs[e.block]++;
+        } else {
+          e = {local.at(val.alloc_id), true};
+          refs[e.block] = 1;
+        }
+        const ReplayStep::Output& out = st.outputs[k];
+        if (out.fate == ReplayStep::Fate::restore) {
+          REGEN_ASSERT(e.transient && refs[e.block] == 1);
+          refs.erase(e.block);
+          live[saved_base[static_cast<size_t>(out.saved)]] = e.block;
+          values[v] = {e.block, false};
+        } else if (out.fate == ReplayStep::Fate::keep) {
+          values[v] = e;
+        } else if (e.transient) {
+          drop_ref(e.block);
+        }
+      }
+      for (int64_t v : st.release_after) {
+        auto it = values.find(v);
+        REGEN_ASSERT(it != values.end());
+        if (it->second.transient) drop_ref(it->second.block);
+        values.erase(it);
+      }
+    }
+    REGEN_ASSERT(refs.empty());
+  };
+
+  auto on_marker = [&](const Marker& m) {
+    if (m.kind == MarkerKind::fwd_end) {
+      for (int32_t sv : s.evict_after[static_cast<size_t>(m.node)]) {
+        auto it = live.find(saved_base[static_cast<size_t>(sv)]);
+        REGEN_CHECK(it != live.end() && it->second, "simulator: saved tensor ", sv,
+                    " is not live when its eviction is scheduled");
+        sim.free(it->second);
+        it->second = nullptr;  // its base free, if any, no longer frees anything
+      }
+    } else if (m.kind == MarkerKind::bwd_begin) {
+      const int32_t pi = s.program_of_node[static_cast<size_t>(m.node)];
+      if (pi >= 0) run_program(s.programs[static_cast<size_t>(pi)]);
+    }
+    if (opt.timeline) {
+      TimelinePoint tp;
+      tp.time_ms = m.time_ms;
+      tp.label = std::string(marker_name(m.kind)) +
+                 (m.node >= 0 ? " " + p.nodes[static_cast<size_t>(m.node)].name : "");
+      MemoryStats st = sim.stats();
+      for (int i = 0; i < kNumCategories; ++i) tp.allocated_by[i] = st.allocated_by[i].current;
+      tp.reserved = st.reserved.current;
+      res.timeline.push_back(std::move(tp));
+    }
+  };
+
+  for (size_t i = 0; i <= p.events.size(); ++i) {
+    for (size_t m : markers_at_[i]) on_marker(p.markers[m]);
+    if (i == p.events.size()) break;
+    const ProfileEvent& e = p.events[i];
+    if (e.kind == MemoryEventKind::alloc) {
+      live[e.block_id] = sim.allocate(static_cast<uint64_t>(e.requested), e.category, tags_[i]);
+      after_change();
+    } else if (e.kind == MemoryEventKind::free) {
+      auto it = live.find(e.block_id);
+      REGEN_CHECK(it != live.end(), "simulator: the profile frees block ", e.block_id,
+                  " that was never allocated");
+      if (it->second) sim.free(it->second);
+      live.erase(it);
+    }
+    // Segment events follow from the allocations; the simulated allocator makes its own.
+  }
+
+  const MemoryStats st = sim.stats();
+  res.peak_allocated = st.allocated.peak;
+  res.peak_reserved = st.reserved.peak;
+  res.peak_requested = st.requested.peak;
+  res.allocated_by_at_peak = st.allocated_by_at_peak;
+  for (int i = 0; i < kNumCategories; ++i) res.peak_by[i] = st.allocated_by[i].peak;
+  std::stable_sort(best_live.begin(), best_live.end(),
+                   [](const LiveBlockRec& a, const LiveBlockRec& b) { return a.bytes > b.bytes; });
+  if (opt.top_live > 0 && static_cast<int>(best_live.size()) > opt.top_live) {
+    best_live.resize(static_cast<size_t>(opt.top_live));
+  }
+  res.live_at_peak = std::move(best_live);
+  res.recompute_ms = s.recompute_ms;
+  res.replays = s.replays;
+  res.time_ms = p.iteration_ms + s.recompute_ms;
+  return res;
+}
+
+}  // namespace regen

@@ -1,0 +1,67 @@
+// The exact memory simulator. It replays one profiled iteration's allocation and free sequence
+// through a CachingAllocator on the Null arena, starting from the allocator layout the
+// iteration started from, with a Schedule's evictions and regenerations inserted where the
+// executor performs them. Same requests, same allocator algorithm: the predicted peaks equal the
+// measured ones to the byte (tests/test_remat.cpp checks it for every planner).
+#pragma once
+
+#include <array>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "remat/schedule.h"
+
+namespace regen {
+
+struct LiveBlockRec {
+  std::string tag;
+  Category category;
+  int64_t bytes;
+};
+
+struct TimelinePoint {
+  double time_ms;   // profiled time of the marker (recomputation not included)
+  std::string label;
+  std::array<int64_t, kNumCategories> allocated_by{};
+  int64_t reserved = 0;
+};
+
+struct SimResult {
+  int64_t peak_allocated = 0, peak_reserved = 0, peak_requested = 0;
+  std::array<int64_t, kNumCategories> allocated_by_at_peak{};
+  std::array<int64_t, kNumCategories> peak_by{};  // each category's own peak
+  std::vector<LiveBlockRec> live_at_peak;          // largest first (with top_live)
+  double time_ms = 0;        // profiled iteration time + recomputation
+  double recompute_ms = 0;
+  int64_t replays = 0;
+  std::vector<TimelinePoint> timeline;
+};
+
+struct SimOptions {
+  bool timeline = false;  // a point per marker
+  int top_live = 0;       // list this many largest live blocks at the peak (second pass)
+};
+
+// Per-profile index (windows of each node's forward, tag ids); build once, simulate many times.
+class Simulator {
+ public:
+  explicit Simulator(const Profile& p);
+  SimResult run(const Schedule& s, const SimOptions& opt = {}) const;
+  const Profile& profile() const { return p_; }
+
+ private:
+  struct WindowEvent {
+    bool alloc;
+    uint64_t block_id;
+    int64_t requested;
+    Category category;
+    uint32_t tag;
+  };
+  const Profile& p_;
+  std::vector<uint32_t> tags_;                      // per event
+  std::vector<std::vector<WindowEvent>> windows_;   // per node: its forward allocations/frees
+  std::vector<std::vector<size_t>> markers_at_;     // per event position: marker indices
+};
+
+}  // namespace regen
