@@ -25,4 +25,15 @@ void use_device(Device device) {
 #endif
 }
 
+void synchronize(Device device) {
+#ifdef REGEN_WITH_CUDA
+  if (device.is_cuda()) {
+    cuda::set_device(device.index);
+    cuda::synchronize();
+  }
+#else
+  (void)device;
+#endif
+}
+
 }  // namespace regen::kernels

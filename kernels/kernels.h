@@ -163,6 +163,8 @@ namespace kernels {
 [[noreturn]] void unsupported(const char* launcher, Device device, DType dtype);
 // Makes the tensor's CUDA device current (no-op on CPU builds).
 void use_device(Device device);
+// Waits for the device's queued work (no-op on the CPU).
+void synchronize(Device device);
 }  // namespace kernels
 
 }  // namespace regen

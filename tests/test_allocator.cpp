@@ -118,3 +118,59 @@ TEST_CASE("allocator: the process-wide cpu allocator holds no live bytes after t
   CHECK(a.stats().allocated.current == before);
   CHECK(a.stats().live_blocks == 0);
 }
+
+TEST_CASE("allocator: a snapshot restored on the null arena continues with identical decisions") {
+  const std::vector<Op> ops = random_sequence(2024, 3000);
+  CachingAllocator real(make_cpu_arena());
+  std::vector<Block*> live;
+  const size_t half = ops.size() / 2;
+  for (size_t i = 0; i < half; ++i) {
+    if (ops[i].is_alloc) {
+      live.push_back(real.allocate(ops[i].bytes, ops[i].category, 0));
+    } else {
+      real.free(live[ops[i].victim]);
+      live.erase(live.begin() + static_cast<long>(ops[i].victim));
+    }
+  }
+  real.reset_peak();
+  const AllocatorState state = real.snapshot_state();
+  CachingAllocator sim(make_null_arena());
+  sim.restore_state(state);
+  CHECK(sim.stats().allocated.current == real.stats().allocated.current);
+  CHECK(sim.stats().reserved.current == real.stats().reserved.current);
+  CHECK(sim.stats().live_blocks == real.stats().live_blocks);
+  check_invariants(sim);
+  // Continue on both: frees of blocks allocated before the snapshot go through their ids.
+  std::vector<uint64_t> ids;
+  for (Block* b : live) ids.push_back(b->id());
+  real.set_event_log(true);
+  sim.set_event_log(true);
+  for (size_t i = half; i < ops.size(); ++i) {
+    if (ops[i].is_alloc) {
+      Block* a = real.allocate(ops[i].bytes, ops[i].category, 0);
+      Block* b = sim.allocate(ops[i].bytes, ops[i].category, 0);
+      REQUIRE(a->id() == b->id());
+      ids.push_back(a->id());
+    } else {
+      const uint64_t id = ids[ops[i].victim];
+      real.free(real.block_by_id(id));
+      sim.free(sim.block_by_id(id));
+      ids.erase(ids.begin() + static_cast<long>(ops[i].victim));
+    }
+  }
+  const std::vector<MemoryEvent> er = real.events(), es = sim.events();
+  REQUIRE(er.size() == es.size());
+  for (size_t i = 0; i < er.size(); ++i) {
+    REQUIRE(er[i].kind == es[i].kind);
+    REQUIRE(er[i].segment_id == es[i].segment_id);
+    REQUIRE(er[i].allocated_after == es[i].allocated_after);
+    REQUIRE(er[i].reserved_after == es[i].reserved_after);
+  }
+  CHECK(sim.stats().allocated.peak == real.stats().allocated.peak);
+  CHECK(sim.stats().reserved.peak == real.stats().reserved.peak);
+  for (uint64_t id : ids) {
+    real.free(real.block_by_id(id));
+    sim.free(sim.block_by_id(id));
+  }
+  CHECK_THROWS_AS(sim.restore_state(state), Error);  // only into an empty allocator
+}

@@ -1,0 +1,108 @@
+// The remat executor (executor.h).
+#include "remat/executor.h"
+
+#include <chrono>
+#include <map>
+
+#include "kernels/kernels.h"
+
+namespace regen {
+
+RematExecutor::RematExecutor(const Profile& profile, Schedule schedule)
+    : p_(profile), schedule_(std::move(schedule)) {
+  REGEN_CHECK(schedule_.evict_after.size() == p_.nodes.size(), "executor: the schedule has ",
+              schedule_.evict_after.size(), " forward nodes, the profile ", p_.nodes.size());
+}
+
+void RematExecutor::check_node(const Tape& tape, int32_t node,
+                               const std::vector<Tensor>& outputs) const {
+  REGEN_CHECK(node < static_cast<int32_t>(p_.nodes.size()), "remat: the iteration records more ",
+              "ops than the profiled one (", p_.nodes.size(), "): the model or batch changed since ",
+              "profiling; profile again");
+  const ProfileNode& want = p_.nodes[static_cast<size_t>(node)];
+  const Node& got = tape.node(node);
+  bool same = got.kind == want.kind && outputs.size() == want.outputs.size();
+  for (size_t k = 0; same && k < outputs.size(); ++k) {
+    same = outputs[k].shape() == p_.values[static_cast<size_t>(want.outputs[k])].shape;
+  }
+  REGEN_CHECK(same, "remat: op ", node, " is ", op_name(got.kind), " '", tag_name(got.tag),
+              "' but the profile has ", want.op, " '", want.name,
+              "' with other shapes: the model, batch or input size changed since profiling; "
+              "profile again");
+}
+
+void RematExecutor::on_forward_end(Tape& tape, int32_t node, const std::vector<Tensor>& outputs) {
+  check_node(tape, node, outputs);
+  for (int32_t s : schedule_.evict_after[static_cast<size_t>(node)]) {
+    REGEN_CHECK(s < static_cast<int32_t>(tape.saved().size()) &&
+                    tape.saved_tensor(s).value == p_.saved[static_cast<size_t>(s)].value,
+                "remat: saved tensor ", s, " does not match the profile's '",
+                p_.saved[static_cast<size_t>(s)].name, "'");
+    tape.evict(s);
+    ++cur_evictions_;
+  }
+}
+
+void RematExecutor::on_backward_start(Tape& tape) {
+  REGEN_CHECK(tape.nodes().size() == p_.nodes.size() && tape.backward_order() == p_.backward_order,
+              "remat: backward runs ", tape.backward_order().size(), " of ", tape.nodes().size(),
+              " ops where the profile ran ", p_.backward_order.size(), " of ", p_.nodes.size(),
+              ": the loss or model changed since profiling");
+}
+
+void RematExecutor::run_program(Tape& tape, const RegenProgram& prog) {
+  const auto t0 = std::chrono::steady_clock::now();
+  std::map<int64_t, Tensor> values;  // program-local (kept) values
+  for (const ReplayStep& st : prog.steps) {
+    const ProfileNode& n = p_.nodes[static_cast<size_t>(st.node)];
+    std::vector<Tensor> outputs;
+    {
+      std::vector<Tensor> inputs;
+      inputs.reserve(st.inputs.size());
+      for (int64_t v : st.inputs) {
+        if (v < 0) {
+          inputs.emplace_back();
+          continue;
+        }
+        auto it = values.find(v);
+        inputs.push_back(it != values.end() ? it->second : tape.value_tensor(v));
+      }
+      outputs = tape.replay(st.node, inputs);
+    }  // inputs released before any output or kept value is dropped
+    for (size_t k = 0; k < outputs.size(); ++k) {
+      const ReplayStep::Output& out = st.outputs[k];
+      if (out.fate == ReplayStep::Fate::restore) {
+        tape.restore(out.saved, outputs[k]);
+      } else if (out.fate == ReplayStep::Fate::keep) {
+        values[n.outputs[k]] = outputs[k];
+      }
+      outputs[k] = Tensor();
+    }
+    for (int64_t v : st.release_after) values.erase(v);
+    ++cur_replays_;
+  }
+  kernels::synchronize(tape.value_tensor_device(p_.saved[static_cast<size_t>(prog.targets[0])].value));
+  cur_regen_ms_ +=
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+void RematExecutor::on_backward_begin(Tape& tape, int32_t node) {
+  const int32_t pi = schedule_.program_of_node[static_cast<size_t>(node)];
+  if (pi >= 0) run_program(tape, schedule_.programs[static_cast<size_t>(pi)]);
+}
+
+void RematExecutor::on_backward_finish(Tape&) {
+  evictions_ = cur_evictions_;
+  replays_ = cur_replays_;
+  regen_ms_ = cur_regen_ms_;
+  cur_evictions_ = cur_replays_ = 0;
+  cur_regen_ms_ = 0;
+}
+
+bool RematExecutor::regenerate(Tape&, int32_t saved) {
+  REGEN_FAIL("remat: backward read saved tensor ", saved, " ('",
+             p_.saved[static_cast<size_t>(saved)].name,
+             "') while it was evicted and its schedule had no regeneration for it");
+}
+
+}  // namespace regen

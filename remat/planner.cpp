@@ -1,0 +1,456 @@
+// Planners (planner.h).
+#include "remat/planner.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <functional>
+#include <set>
+
+#include "core/io.h"
+
+namespace regen {
+
+// ---- Budget -------------------------------------------------------------------------------------
+
+Budget Budget::parse(const std::string& text) {
+  Budget b;
+  if (text.empty() || text == "none") return b;
+  if (text.back() == '%') {
+    double v = 0;
+    size_t used = 0;
+    try {
+      v = std::stod(text.substr(0, text.size() - 1), &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    REGEN_CHECK(used == text.size() - 1 && v > 0 && v <= 100, "bad budget '", text,
+                "': a percentage must be in (0, 100]");
+    b.kind = Kind::fraction;
+    b.value = v / 100.0;
+    return b;
+  }
+  const int64_t bytes = parse_bytes(text);
+  REGEN_CHECK(bytes > 0, "bad budget '", text, "': must be positive");
+  b.kind = Kind::bytes;
+  b.value = static_cast<double>(bytes);
+  return b;
+}
+
+std::string Budget::str() const {
+  switch (kind) {
+    case Kind::none: return "none";
+    case Kind::bytes: return format_bytes(static_cast<int64_t>(value));
+    case Kind::fraction: {
+      char buf[32];
+      std::snprintf(buf, sizeof buf, "%g%%", value * 100.0);
+      return buf;
+    }
+  }
+  return "?";
+}
+
+int64_t Budget::resolve(int64_t no_remat_peak) const {
+  switch (kind) {
+    case Kind::none: return 0;
+    case Kind::bytes: return static_cast<int64_t>(value);
+    case Kind::fraction: return static_cast<int64_t>(std::floor(value * no_remat_peak));
+  }
+  return 0;
+}
+
+int64_t Plan::recomputed() const {
+  return std::count(decisions.begin(), decisions.end(), Decision::recompute);
+}
+
+int64_t Plan::recomputed_bytes(const Profile& p) const {
+  int64_t b = 0;
+  for (size_t i = 0; i < decisions.size(); ++i) {
+    if (decisions[i] == Decision::recompute) b += static_cast<int64_t>(p.saved[i].bytes);
+  }
+  return b;
+}
+
+std::vector<std::string> policy_names() { return {"none", "blocks", "sqrt", "mutwo"}; }
+
+// ---- Lower bound ------------------------------------------------------------------------------
+
+int64_t memory_lower_bound(const Profile& p) {
+  int64_t persistent = 0;
+  for (const AllocatorState::SegmentRec& s : p.start_state.segments) {
+    for (const BlockInfo& b : s.blocks) persistent += b.allocated ? static_cast<int64_t>(b.size) : 0;
+  }
+  int64_t inputs = 0;
+  for (const ProfileEvent& e : p.events) {
+    if (e.kind == MemoryEventKind::alloc && e.category == Category::input) inputs += e.bytes;
+  }
+  // Each node's own peak allocation inside its forward or backward window.
+  std::vector<int64_t> fb(p.nodes.size(), -1), fe(p.nodes.size(), -1), bb(p.nodes.size(), -1),
+      be(p.nodes.size(), -1);
+  for (const Marker& m : p.markers) {
+    if (m.node < 0) continue;
+    const size_t n = static_cast<size_t>(m.node);
+    if (m.kind == MarkerKind::fwd_begin) fb[n] = static_cast<int64_t>(m.position);
+    if (m.kind == MarkerKind::fwd_end) fe[n] = static_cast<int64_t>(m.position);
+    if (m.kind == MarkerKind::bwd_begin) bb[n] = static_cast<int64_t>(m.position);
+    if (m.kind == MarkerKind::bwd_end) be[n] = static_cast<int64_t>(m.position);
+  }
+  auto window_peak = [&](int64_t b, int64_t e) {
+    int64_t cur = 0, peak = 0;
+    for (int64_t i = b; b >= 0 && i < e; ++i) {
+      const ProfileEvent& ev = p.events[static_cast<size_t>(i)];
+      if (ev.kind == MemoryEventKind::alloc) cur += ev.bytes;
+      if (ev.kind == MemoryEventKind::free) cur -= ev.bytes;
+      peak = std::max(peak, cur);
+    }
+    return peak;
+  };
+  auto root_bytes = [&](int64_t v, std::set<int64_t>& seen) -> int64_t {
+    if (v < 0) return 0;
+    const ProfileValue& root = p.values[static_cast<size_t>(p.values[static_cast<size_t>(v)].root)];
+    if (root.leaf || root.alloc_id == 0 || !seen.insert(root.id).second) return 0;
+    return static_cast<int64_t>(CachingAllocator::round_size(root.bytes));
+  };
+  int64_t working = 0;
+  for (const ProfileNode& n : p.nodes) {
+    std::set<int64_t> seen;
+    int64_t fwd = window_peak(fb[n.index], fe[n.index]);
+    for (int64_t in : n.inputs) fwd += root_bytes(in, seen);
+    working = std::max(working, fwd);
+    if (n.bwd_rank < 0) continue;
+    std::set<int64_t> seen_b;
+    int64_t bwd = window_peak(bb[n.index], be[n.index]);
+    for (int64_t v : n.saved) bwd += root_bytes(v, seen_b);
+    for (int k = 0; k < n.num_visible_outputs; ++k) {
+      bwd += static_cast<int64_t>(
+          CachingAllocator::round_size(p.values[static_cast<size_t>(n.outputs[k])].bytes));
+    }
+    working = std::max(working, bwd);
+  }
+  return persistent + inputs + working;
+}
+
+// ---- Policies -----------------------------------------------------------------------------------
+
+namespace {
+
+using Decisions = std::vector<Decision>;
+
+// Whether saved tensor s lives entirely inside the node set `inside` (its producer and every
+// reader of any value sharing its storage).
+bool contained(const Profile& p, const ProfileSaved& s, const std::function<bool(int32_t)>& inside) {
+  if (!inside(s.producer)) return false;
+  for (const ProfileValue& v : p.values) {
+    if (v.root != s.value) continue;
+    for (int32_t c : v.consumers) {
+      if (!inside(c)) return false;
+    }
+  }
+  return true;
+}
+
+Decisions blocks_prefix(const Profile& p, size_t k) {
+  Decisions d(p.saved.size(), Decision::retain);
+  for (const ProfileSaved& s : p.saved) {
+    if (!s.candidate) continue;
+    const int32_t b = p.nodes[static_cast<size_t>(s.producer)].block;
+    if (b < 0 || static_cast<size_t>(b) >= k) continue;
+    if (contained(p, s, [&](int32_t n) { return p.nodes[static_cast<size_t>(n)].block == b; })) {
+      d[static_cast<size_t>(s.index)] = Decision::recompute;
+    }
+  }
+  return d;
+}
+
+Decisions sqrt_segments(const Profile& p) {
+  Decisions d(p.saved.size(), Decision::retain);
+  const size_t n = p.blocks.size();
+  if (n == 0) return d;
+  const size_t k = static_cast<size_t>(std::ceil(std::sqrt(static_cast<double>(n))));
+  auto segment = [&](int32_t node) -> int64_t {
+    const int32_t b = p.nodes[static_cast<size_t>(node)].block;
+    return b < 0 ? -1 : static_cast<int64_t>(static_cast<size_t>(b) / k);
+  };
+  for (const ProfileSaved& s : p.saved) {
+    if (!s.candidate) continue;
+    const int64_t g = segment(s.producer);
+    if (g < 0) continue;
+    if (contained(p, s, [&](int32_t node) { return segment(node) == g; })) {
+      d[static_cast<size_t>(s.index)] = Decision::recompute;
+    }
+  }
+  return d;
+}
+
+// mu-TWO's greedy (after Capuchin). Returns the full pick order.
+std::vector<int32_t> mutwo_order(const Profile& p) {
+  struct Cand {
+    std::vector<int32_t> srcs;  // saved tensors its recomputation reads (sorted)
+    double rp_ms = 0;           // one recomputation from srcs
+    double count = 1;           // times it will be recomputed
+    bool chosen = false, alive = false;
+  };
+  std::vector<Cand> c(p.saved.size());
+  // Initial sources: the saved tensors met walking back from t's producer, all retained.
+  for (const ProfileSaved& s : p.saved) {
+    if (!s.candidate) continue;
+    Cand& x = c[static_cast<size_t>(s.index)];
+    x.alive = true;
+    x.rp_ms = s.recompute_ms;
+    std::set<int32_t> srcs, seen_nodes;
+    std::function<void(int64_t)> walk = [&](int64_t v) {
+      if (v < 0) return;
+      const ProfileValue& val = p.values[static_cast<size_t>(v)];
+      const ProfileValue& root = p.values[static_cast<size_t>(val.root)];
+      if (val.leaf || root.leaf) return;
+      if (root.saved >= 0 && root.saved != s.index) {
+        srcs.insert(root.saved);
+        return;
+      }
+      if (!seen_nodes.insert(val.producer).second) return;
+      for (int64_t in : p.nodes[static_cast<size_t>(val.producer)].inputs) walk(in);
+    };
+    for (int64_t in : p.nodes[static_cast<size_t>(s.producer)].inputs) walk(in);
+    x.srcs.assign(srcs.begin(), srcs.end());
+  }
+  auto has = [](const std::vector<int32_t>& v, int32_t x) {
+    return std::binary_search(v.begin(), v.end(), x);
+  };
+  auto replace = [](std::vector<int32_t>& v, int32_t x, const std::vector<int32_t>& with) {
+    std::set<int32_t> s(v.begin(), v.end());
+    s.erase(x);
+    s.insert(with.begin(), with.end());
+    v.assign(s.begin(), s.end());
+  };
+  std::vector<int32_t> order;
+  std::vector<int32_t> chosen;
+  while (true) {
+    int32_t best = -1;
+    double best_ratio = -1;
+    for (size_t i = 0; i < c.size(); ++i) {
+      if (!c[i].alive || c[i].chosen) continue;
+      const double total = c[i].rp_ms * c[i].count;
+      const double ratio = total > 0 ? static_cast<double>(p.saved[i].bytes) / total
+                                     : std::numeric_limits<double>::infinity();
+      if (ratio > best_ratio) {
+        best_ratio = ratio;
+        best = static_cast<int32_t>(i);
+      }
+    }
+    if (best < 0) break;
+    Cand& t = c[static_cast<size_t>(best)];
+    t.chosen = true;
+    order.push_back(best);
+    // Earlier picks that read t now recompute it too: their sources and times grow, and t will
+    // be recomputed once more for each of their recomputations.
+    for (int32_t r : chosen) {
+      Cand& rp = c[static_cast<size_t>(r)];
+      if (!has(rp.srcs, best)) continue;
+      replace(rp.srcs, best, t.srcs);
+      rp.rp_ms += t.rp_ms;
+      t.count += rp.count;
+    }
+    // Remaining candidates that read t: same source and time update.
+    for (size_t i = 0; i < c.size(); ++i) {
+      Cand& x = c[i];
+      if (!x.alive || x.chosen || !has(x.srcs, best)) continue;
+      replace(x.srcs, best, t.srcs);
+      x.rp_ms += t.rp_ms;
+    }
+    // Remaining candidates t reads: if picked later, each of t's recomputations recomputes them.
+    for (int32_t src : t.srcs) {
+      Cand& x = c[static_cast<size_t>(src)];
+      if (x.alive && !x.chosen) x.count += t.count;
+    }
+    chosen.push_back(best);
+  }
+  return order;
+}
+
+Decisions prefix_of(const Profile& p, const std::vector<int32_t>& order, size_t k) {
+  Decisions d(p.saved.size(), Decision::retain);
+  for (size_t i = 0; i < k && i < order.size(); ++i) d[static_cast<size_t>(order[i])] = Decision::recompute;
+  return d;
+}
+
+struct Evaluated {
+  size_t k;
+  Decisions d;
+  SimResult r;
+};
+
+// Smallest k in [0, n] whose plan fits the budget, by bisection over `make(k)` (the peak falls
+// as k grows, up to regeneration spikes, so the search also remembers the lowest peak seen).
+Evaluated search_prefix(const Simulator& sim, size_t n, int64_t budget,
+                        const std::function<Decisions(size_t)>& make, int64_t& lowest) {
+  auto eval = [&](size_t k) {
+    Evaluated e{k, make(k), {}};
+    e.r = sim.run(build_schedule(sim.profile(), e.d));
+    lowest = std::min(lowest, e.r.peak_allocated);
+    return e;
+  };
+  Evaluated hi = eval(n);
+  if (hi.r.peak_allocated > budget) return hi;  // even everything does not fit
+  Evaluated lo = eval(0);
+  if (lo.r.peak_allocated <= budget) return lo;
+  size_t a = 0, b = n;  // a does not fit, b fits
+  while (b - a > 1) {
+    const size_t mid = a + (b - a) / 2;
+    Evaluated m = eval(mid);
+    if (m.r.peak_allocated <= budget) {
+      b = mid;
+      hi = std::move(m);
+    } else {
+      a = mid;
+    }
+  }
+  return hi;
+}
+
+}  // namespace
+
+Plan make_plan(const Simulator& sim, const std::string& policy, const Budget& budget) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const Profile& p = sim.profile();
+  const std::vector<std::string> names = policy_names();
+  if (std::find(names.begin(), names.end(), policy) == names.end()) {
+    std::string known;
+    for (const std::string& n : names) known += (known.empty() ? "" : ", ") + n;
+    REGEN_FAIL("unknown policy '", policy, "': known policies are ", known);
+  }
+  Plan plan;
+  plan.policy = policy;
+  plan.budget_text = budget.str();
+  const Decisions all_retain(p.saved.size(), Decision::retain);
+  const SimResult none = sim.run(build_schedule(p, all_retain));
+  plan.no_remat_peak = none.peak_allocated;
+  plan.budget_bytes = budget.resolve(none.peak_allocated);
+  plan.lower_bound = memory_lower_bound(p);
+  const int64_t target = plan.budget_bytes > 0 ? plan.budget_bytes : INT64_MAX;
+  int64_t lowest = none.peak_allocated;
+
+  if (policy == "none") {
+    plan.decisions = all_retain;
+    plan.predicted = none;
+  } else if (policy == "sqrt") {
+    plan.decisions = sqrt_segments(p);
+    plan.predicted = sim.run(build_schedule(p, plan.decisions));
+    lowest = std::min(lowest, plan.predicted.peak_allocated);
+    plan.note = std::to_string(p.blocks.size()) + " blocks in segments of " +
+                std::to_string(static_cast<int>(std::ceil(std::sqrt(double(p.blocks.size())))));
+  } else {
+    size_t n = 0;
+    std::function<Decisions(size_t)> make;
+    std::vector<int32_t> order;
+    if (policy == "blocks") {
+      n = p.blocks.size();
+      make = [&](size_t k) { return blocks_prefix(p, k); };
+    } else {
+      order = mutwo_order(p);
+      n = order.size();
+      make = [&](size_t k) { return prefix_of(p, order, k); };
+    }
+    if (plan.budget_bytes == 0) {
+      plan.decisions = make(n);
+      plan.predicted = sim.run(build_schedule(p, plan.decisions));
+      lowest = std::min(lowest, plan.predicted.peak_allocated);
+    } else {
+      Evaluated e = search_prefix(sim, n, target, make, lowest);
+      plan.decisions = std::move(e.d);
+      plan.predicted = std::move(e.r);
+      plan.note = std::string(policy == "blocks" ? "checkpointed the first " : "recomputes the first ") +
+                  std::to_string(e.k) + " of " + std::to_string(n) +
+                  (policy == "blocks" ? " blocks" : " greedy picks");
+    }
+  }
+  plan.lowest_peak = std::min(lowest, plan.predicted.peak_allocated);
+  plan.feasible = plan.budget_bytes == 0 || plan.predicted.peak_allocated <= plan.budget_bytes;
+  if (!plan.feasible) {
+    plan.note = "budget " + format_bytes(plan.budget_bytes) + " cannot be met by " + policy +
+                ": lowest peak reached " + format_bytes(plan.lowest_peak) + ", lower bound " +
+                format_bytes(plan.lower_bound) + " (persistent memory, the batch and the largest "
+                "single-op working set)";
+  }
+  plan.planning_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  return plan;
+}
+
+// ---- Plan files ---------------------------------------------------------------------------------
+
+void save_plan(const Plan& plan, const Profile& p, const std::string& path) {
+  nlohmann::json j;
+  j["format"] = "regen-plan-1";
+  j["model"] = p.model;
+  j["batch"] = p.batch;
+  j["device"] = p.device;
+  j["policy"] = plan.policy;
+  j["budget"] = plan.budget_text;
+  j["budget_bytes"] = plan.budget_bytes;
+  j["keep_chain"] = plan.keep_chain;
+  j["feasible"] = plan.feasible;
+  j["note"] = plan.note;
+  j["predicted"] = {{"peak_allocated", plan.predicted.peak_allocated},
+                    {"peak_reserved", plan.predicted.peak_reserved},
+                    {"time_ms", plan.predicted.time_ms},
+                    {"recompute_ms", plan.predicted.recompute_ms}};
+  j["no_remat_peak"] = plan.no_remat_peak;
+  j["lowest_peak"] = plan.lowest_peak;
+  j["lower_bound"] = plan.lower_bound;
+  nlohmann::json d = nlohmann::json::array();
+  for (size_t i = 0; i < plan.decisions.size(); ++i) {
+    d.push_back({{"saved", i}, {"name", p.saved[i].name},
+                 {"decision", decision_name(plan.decisions[i])}});
+  }
+  j["decisions"] = std::move(d);
+  write_file_atomic(path, j.dump(1));
+}
+
+Plan load_plan(const std::string& path, const Profile& p) {
+  const std::string origin = "plan '" + path + "'";
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(read_file(path));
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    REGEN_FAIL(origin, ": not valid JSON: ", e.what());
+  }
+  Plan plan;
+  try {
+    REGEN_CHECK(j.is_object() && j.value("format", "") == "regen-plan-1", origin,
+                ": not a regen plan (expected \"format\": \"regen-plan-1\")");
+    REGEN_CHECK(j.at("model").get<std::string>() == p.model && j.at("batch").get<int64_t>() == p.batch,
+                origin, ": made for ", j.at("model").get<std::string>(), " batch ",
+                j.at("batch").get<int64_t>(), ", not ", p.model, " batch ", p.batch);
+    plan.policy = j.at("policy").get<std::string>();
+    plan.budget_text = j.at("budget").get<std::string>();
+    plan.budget_bytes = j.at("budget_bytes").get<int64_t>();
+    plan.keep_chain = j.at("keep_chain").get<bool>();
+    plan.note = j.value("note", "");
+    plan.decisions.assign(p.saved.size(), Decision::retain);
+    const auto& d = j.at("decisions");
+    REGEN_CHECK(d.is_array() && d.size() == p.saved.size(), origin, ": has ", d.size(),
+                " decisions, the profile has ", p.saved.size(), " saved tensors");
+    for (const auto& e : d) {
+      const size_t i = e.at("saved").get<size_t>();
+      REGEN_CHECK(i < p.saved.size() && e.at("name").get<std::string>() == p.saved[i].name, origin,
+                  ": decision for saved tensor ", i, " names '", e.at("name").get<std::string>(),
+                  "', which does not match the profile");
+      const std::string v = e.at("decision").get<std::string>();
+      REGEN_CHECK(v == "RETAINED" || v == "RECOMPUTE", origin, ": bad decision '", v, "'");
+      plan.decisions[i] = v == "RECOMPUTE" ? Decision::recompute : Decision::retain;
+      REGEN_CHECK(plan.decisions[i] == Decision::retain || p.saved[i].candidate, origin,
+                  ": saved tensor '", p.saved[i].name, "' cannot be recomputed");
+    }
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    REGEN_FAIL(origin, ": malformed plan: ", e.what());
+  }
+  return plan;
+}
+
+}  // namespace regen

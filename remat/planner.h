@@ -1,0 +1,61 @@
+// Stage 2: planners behind one interface. Each returns a Plan: a RETAIN/RECOMPUTE decision per
+// saved tensor, checked against the budget with the exact simulator.
+//   none    retain everything
+//   blocks  torch.utils.checkpoint per residual block / encoder layer: keep each block's input,
+//           recompute its inside; with a budget, blocks are checkpointed in forward order until
+//           the simulated peak fits
+//   sqrt    Chen et al.: sqrt(n) segments over the chain of blocks, segment inputs kept
+//   mutwo   the recomputation branch of mu-TWO's Algorithm B (after Capuchin): greedy by recompute
+//           ratio = bytes / total recompute time, with sources, times and counts updated after
+//           every pick; stops at the first prefix of picks whose simulated peak fits
+// docs/remat.md describes each one on the real data structures.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "remat/simulator.h"
+
+namespace regen {
+
+// "2GiB", "1.5GB", "123456" (bytes) or "60%" (of the no-remat peak); "" or "none" for none.
+struct Budget {
+  enum class Kind { none, bytes, fraction } kind = Kind::none;
+  double value = 0;
+  static Budget parse(const std::string& text);
+  std::string str() const;
+  // Bytes for a given no-remat peak (0 for none).
+  int64_t resolve(int64_t no_remat_peak) const;
+};
+
+struct Plan {
+  std::string policy;
+  std::string budget_text;
+  int64_t budget_bytes = 0;  // 0: no budget
+  std::vector<Decision> decisions;
+  bool keep_chain = true;
+  bool feasible = true;      // predicted peak <= budget (always true without a budget)
+  SimResult predicted;       // exact simulation of this plan
+  int64_t no_remat_peak = 0;
+  int64_t lowest_peak = 0;   // lowest peak any plan the planner tried reached
+  int64_t lower_bound = 0;   // persistent memory + the largest single-op working set
+  double planning_ms = 0;
+  std::string note;          // why infeasible, or what was chosen
+  int64_t recomputed() const;
+  int64_t recomputed_bytes(const Profile& p) const;
+};
+
+std::vector<std::string> policy_names();
+// Throws regen::Error listing the policies for an unknown name.
+Plan make_plan(const Simulator& sim, const std::string& policy, const Budget& budget);
+
+// Persistent bytes at iteration start + the batch + the largest single-op working set (inputs
+// and saved operands plus the op's own peak allocation): a floor no rematerialization plan of the
+// profiled iteration can go below.
+int64_t memory_lower_bound(const Profile& p);
+
+// plan.json (atomic write); load checks it against the profile it is used with.
+void save_plan(const Plan& plan, const Profile& p, const std::string& path);
+Plan load_plan(const std::string& path, const Profile& p);
+
+}  // namespace regen

@@ -1,0 +1,438 @@
+// Profile: JSON, derived fields and validation (profile.h).
+#include "remat/profile.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <map>
+
+#include "core/io.h"
+#include "remat/schedule.h"
+
+namespace regen {
+
+using nlohmann::json;
+
+const char* marker_name(MarkerKind k) {
+  switch (k) {
+    case MarkerKind::iteration_begin: return "iteration_begin";
+    case MarkerKind::fwd_begin: return "fwd_begin";
+    case MarkerKind::fwd_end: return "fwd_end";
+    case MarkerKind::backward_start: return "backward_start";
+    case MarkerKind::bwd_begin: return "bwd_begin";
+    case MarkerKind::bwd_end: return "bwd_end";
+    case MarkerKind::backward_finish: return "backward_finish";
+    case MarkerKind::optimizer_begin: return "optimizer_begin";
+    case MarkerKind::optimizer_end: return "optimizer_end";
+    case MarkerKind::iteration_end: return "iteration_end";
+  }
+  return "?";
+}
+
+const ProfileSaved* Profile::saved_of_value(int64_t value) const {
+  if (value < 0 || value >= static_cast<int64_t>(values.size())) return nullptr;
+  const int32_t s = values[static_cast<size_t>(values[static_cast<size_t>(value)].root)].saved;
+  return s >= 0 ? &saved[static_cast<size_t>(s)] : nullptr;
+}
+
+namespace {
+
+json category_map(const std::array<int64_t, kNumCategories>& a) {
+  json j = json::object();
+  for (int i = 0; i < kNumCategories; ++i) j[category_name(static_cast<Category>(i))] = a[i];
+  return j;
+}
+
+std::array<int64_t, kNumCategories> category_array(const json& j, const std::string& origin) {
+  std::array<int64_t, kNumCategories> a{};
+  REGEN_CHECK(j.is_object(), origin, ": expected an object of bytes by category");
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    a[static_cast<int>(parse_category(it.key()))] = it.value().get<int64_t>();
+  }
+  return a;
+}
+
+MarkerKind parse_marker(const std::string& s, const std::string& origin) {
+  for (int i = 0; i <= static_cast<int>(MarkerKind::iteration_end); ++i) {
+    if (s == marker_name(static_cast<MarkerKind>(i))) return static_cast<MarkerKind>(i);
+  }
+  REGEN_FAIL(origin, ": unknown marker kind '", s, "'");
+}
+
+MemoryEventKind parse_event_kind(const std::string& s, const std::string& origin) {
+  for (int i = 0; i <= static_cast<int>(MemoryEventKind::segment_unmap); ++i) {
+    if (s == memory_event_name(static_cast<MemoryEventKind>(i))) {
+      return static_cast<MemoryEventKind>(i);
+    }
+  }
+  REGEN_FAIL(origin, ": unknown event kind '", s, "'");
+}
+
+OpKind parse_op(const std::string& s, const std::string& origin) {
+  for (int i = 0; i < kNumOpKinds; ++i) {
+    if (s == op_name(static_cast<OpKind>(i))) return static_cast<OpKind>(i);
+  }
+  REGEN_FAIL(origin, ": unknown op '", s, "'");
+}
+
+DType parse_dtype(const std::string& s, const std::string& origin) {
+  for (DType t : {DType::f32, DType::f64, DType::i32, DType::i64}) {
+    if (s == dtype_name(t)) return t;
+  }
+  REGEN_FAIL(origin, ": unknown dtype '", s, "'");
+}
+
+}  // namespace
+
+std::string profile_to_json(const Profile& p) {
+  json j;
+  j["format"] = "regen-profile-1";
+  j["model"] = p.model;
+  j["batch"] = p.batch;
+  j["device"] = p.device;
+  j["threads"] = p.threads;
+  j["date"] = p.date;
+  j["iterations"] = p.iterations;
+  j["measured"] = {{"peak_allocated", p.peak_allocated},
+                   {"peak_reserved", p.peak_reserved},
+                   {"allocated_by_at_peak", category_map(p.allocated_by_at_peak)},
+                   {"persistent_by", category_map(p.persistent_by)},
+                   {"iteration_ms", p.iteration_ms},
+                   {"forward_ms", p.forward_ms},
+                   {"backward_ms", p.backward_ms},
+                   {"optimizer_ms", p.optimizer_ms}};
+  json nodes = json::array();
+  for (const ProfileNode& n : p.nodes) {
+    nodes.push_back({{"index", n.index}, {"op", n.op}, {"name", n.name}, {"scope", n.scope},
+                     {"block", n.block}, {"is_view", n.is_view},
+                     {"visible_outputs", n.num_visible_outputs}, {"inputs", n.inputs},
+                     {"outputs", n.outputs}, {"saved", n.saved}, {"fwd_ms", n.fwd_ms},
+                     {"bwd_ms", n.bwd_ms}});
+  }
+  j["nodes"] = std::move(nodes);
+  json values = json::array();
+  for (const ProfileValue& v : p.values) {
+    values.push_back({{"id", v.id}, {"producer", v.producer}, {"slot", v.slot}, {"root", v.root},
+                      {"shape", v.shape}, {"dtype", dtype_name(v.dtype)}, {"bytes", v.bytes},
+                      {"leaf", v.leaf}, {"alloc_id", v.alloc_id}});
+  }
+  j["values"] = std::move(values);
+  json saved = json::array();
+  for (const ProfileSaved& s : p.saved) {
+    saved.push_back({{"value", s.value}, {"bytes", s.bytes},
+                     {"category", category_name(s.category)}});
+  }
+  j["saved"] = std::move(saved);
+  j["backward_order"] = p.backward_order;
+  j["blocks"] = p.blocks;
+  json segs = json::array();
+  for (const AllocatorState::SegmentRec& s : p.start_state.segments) {
+    json blocks = json::array();
+    for (const BlockInfo& b : s.blocks) {
+      blocks.push_back({b.offset, b.size, b.requested, b.allocated, category_name(b.category),
+                        tag_name(b.tag), b.id});
+    }
+    segs.push_back({{"id", s.id}, {"size", s.size}, {"small", s.small},
+                    {"category", category_name(s.category)}, {"blocks", std::move(blocks)}});
+  }
+  j["start_state"] = {{"next_segment_id", p.start_state.next_segment_id},
+                      {"next_alloc_id", p.start_state.next_alloc_id},
+                      {"segments", std::move(segs)}};
+  // Events as compact rows with a tag table.
+  std::map<std::string, size_t> tag_index;
+  json tags = json::array();
+  json events = json::array();
+  for (const ProfileEvent& e : p.events) {
+    auto it = tag_index.find(e.tag);
+    if (it == tag_index.end()) {
+      it = tag_index.emplace(e.tag, tags.size()).first;
+      tags.push_back(e.tag);
+    }
+    events.push_back({memory_event_name(e.kind), e.block_id, e.bytes, e.requested,
+                      category_name(e.category), it->second, e.time_ms});
+  }
+  j["tags"] = std::move(tags);
+  j["events"] = std::move(events);
+  json markers = json::array();
+  for (const Marker& m : p.markers) {
+    markers.push_back({marker_name(m.kind), m.node, m.position, m.time_ms});
+  }
+  j["markers"] = std::move(markers);
+  return j.dump(1);
+}
+
+Profile profile_from_json(const std::string& text, const std::string& origin) {
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const std::exception& e) {
+    REGEN_FAIL(origin, ": not valid JSON: ", e.what());
+  }
+  Profile p;
+  try {
+    REGEN_CHECK(j.is_object() && j.value("format", "") == "regen-profile-1", origin,
+                ": not a regen profile (expected \"format\": \"regen-profile-1\")");
+    p.model = j.at("model").get<std::string>();
+    p.batch = j.at("batch").get<int64_t>();
+    p.device = j.at("device").get<std::string>();
+    p.threads = j.at("threads").get<int>();
+    p.date = j.at("date").get<std::string>();
+    p.iterations = j.at("iterations").get<int>();
+    const json& m = j.at("measured");
+    p.peak_allocated = m.at("peak_allocated").get<int64_t>();
+    p.peak_reserved = m.at("peak_reserved").get<int64_t>();
+    p.allocated_by_at_peak = category_array(m.at("allocated_by_at_peak"), origin);
+    p.persistent_by = category_array(m.at("persistent_by"), origin);
+    p.iteration_ms = m.at("iteration_ms").get<double>();
+    p.forward_ms = m.at("forward_ms").get<double>();
+    p.backward_ms = m.at("backward_ms").get<double>();
+    p.optimizer_ms = m.at("optimizer_ms").get<double>();
+    for (const json& n : j.at("nodes")) {
+      ProfileNode node;
+      node.index = n.at("index").get<int32_t>();
+      node.op = n.at("op").get<std::string>();
+      node.kind = parse_op(node.op, origin);
+      node.name = n.at("name").get<std::string>();
+      node.scope = n.at("scope").get<std::string>();
+      node.block = n.at("block").get<int32_t>();
+      node.is_view = n.at("is_view").get<bool>();
+      node.num_visible_outputs = n.at("visible_outputs").get<int>();
+      node.inputs = n.at("inputs").get<std::vector<int64_t>>();
+      node.outputs = n.at("outputs").get<std::vector<int64_t>>();
+      node.saved = n.at("saved").get<std::vector<int64_t>>();
+      node.fwd_ms = n.at("fwd_ms").get<double>();
+      node.bwd_ms = n.at("bwd_ms").get<double>();
+      p.nodes.push_back(std::move(node));
+    }
+    for (const json& v : j.at("values")) {
+      ProfileValue val;
+      val.id = v.at("id").get<int64_t>();
+      val.producer = v.at("producer").get<int32_t>();
+      val.slot = v.at("slot").get<int32_t>();
+      val.root = v.at("root").get<int64_t>();
+      val.shape = v.at("shape").get<Shape>();
+      val.dtype = parse_dtype(v.at("dtype").get<std::string>(), origin);
+      val.bytes = v.at("bytes").get<uint64_t>();
+      val.leaf = v.at("leaf").get<bool>();
+      val.alloc_id = v.at("alloc_id").get<uint64_t>();
+      p.values.push_back(std::move(val));
+    }
+    for (const json& s : j.at("saved")) {
+      ProfileSaved sv;
+      sv.index = static_cast<int32_t>(p.saved.size());
+      sv.value = s.at("value").get<int64_t>();
+      sv.bytes = s.at("bytes").get<uint64_t>();
+      sv.category = parse_category(s.at("category").get<std::string>());
+      p.saved.push_back(std::move(sv));
+    }
+    p.backward_order = j.at("backward_order").get<std::vector<int32_t>>();
+    p.blocks = j.at("blocks").get<std::vector<std::string>>();
+    const json& st = j.at("start_state");
+    p.start_state.next_segment_id = st.at("next_segment_id").get<uint64_t>();
+    p.start_state.next_alloc_id = st.at("next_alloc_id").get<uint64_t>();
+    for (const json& s : st.at("segments")) {
+      AllocatorState::SegmentRec rec;
+      rec.id = s.at("id").get<uint64_t>();
+      rec.size = s.at("size").get<uint64_t>();
+      rec.small = s.at("small").get<bool>();
+      rec.category = parse_category(s.at("category").get<std::string>());
+      for (const json& b : s.at("blocks")) {
+        REGEN_CHECK(b.is_array() && b.size() == 7, origin, ": malformed block in segment ", rec.id);
+        BlockInfo bi{};
+        bi.segment_id = rec.id;
+        bi.offset = b[0].get<uint64_t>();
+        bi.size = b[1].get<uint64_t>();
+        bi.requested = b[2].get<uint64_t>();
+        bi.allocated = b[3].get<bool>();
+        bi.small_pool = rec.small;
+        bi.category = parse_category(b[4].get<std::string>());
+        bi.tag = intern_tag(b[5].get<std::string>());
+        bi.id = b[6].get<uint64_t>();
+        rec.blocks.push_back(bi);
+      }
+      p.start_state.segments.push_back(std::move(rec));
+    }
+    const std::vector<std::string> tags = j.at("tags").get<std::vector<std::string>>();
+    for (const json& e : j.at("events")) {
+      REGEN_CHECK(e.is_array() && e.size() == 7, origin, ": malformed event ", p.events.size());
+      ProfileEvent ev;
+      ev.kind = parse_event_kind(e[0].get<std::string>(), origin);
+      ev.block_id = e[1].get<uint64_t>();
+      ev.bytes = e[2].get<int64_t>();
+      ev.requested = e[3].get<int64_t>();
+      ev.category = parse_category(e[4].get<std::string>());
+      const size_t t = e[5].get<size_t>();
+      REGEN_CHECK(t < tags.size(), origin, ": event ", p.events.size(), " has tag index ", t,
+                  " beyond the ", tags.size(), " tags");
+      ev.tag = tags[t];
+      ev.time_ms = e[6].get<double>();
+      p.events.push_back(std::move(ev));
+    }
+    for (const json& mk : j.at("markers")) {
+      REGEN_CHECK(mk.is_array() && mk.size() == 4, origin, ": malformed marker ",
+                  p.markers.size());
+      Marker marker;
+      marker.kind = parse_marker(mk[0].get<std::string>(), origin);
+      marker.node = mk[1].get<int32_t>();
+      marker.position = mk[2].get<uint64_t>();
+      marker.time_ms = mk[3].get<double>();
+      p.markers.push_back(marker);
+    }
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    REGEN_FAIL(origin, ": malformed profile: ", e.what());
+  }
+  validate_profile(p, origin);
+  finalize_profile(p);
+  return p;
+}
+
+void validate_profile(const Profile& p, const std::string& origin) {
+  const int64_t nv = static_cast<int64_t>(p.values.size());
+  const int32_t nn = static_cast<int32_t>(p.nodes.size());
+  auto value_ok = [&](int64_t v) { return v >= 0 && v < nv; };
+  for (int64_t i = 0; i < nv; ++i) {
+    const ProfileValue& v = p.values[static_cast<size_t>(i)];
+    REGEN_CHECK(v.id == i, origin, ": value ", i, " has id ", v.id);
+    REGEN_CHECK(value_ok(v.root), origin, ": value ", i, " has root ", v.root, " out of range");
+    REGEN_CHECK(v.leaf == (v.producer < 0), origin, ": value ", i, " leaf flag disagrees with ",
+                "its producer ", v.producer);
+    if (!v.leaf) {
+      REGEN_CHECK(v.producer < nn, origin, ": value ", i, " has producer ", v.producer,
+                  " out of range");
+      const ProfileNode& n = p.nodes[static_cast<size_t>(v.producer)];
+      REGEN_CHECK(v.slot >= 0 && v.slot < static_cast<int32_t>(n.outputs.size()) &&
+                      n.outputs[static_cast<size_t>(v.slot)] == i,
+                  origin, ": value ", i, " is not output ", v.slot, " of node ", v.producer);
+    }
+    REGEN_CHECK(static_cast<uint64_t>(shape_numel(v.shape)) * dtype_size(v.dtype) == v.bytes,
+                origin, ": value ", i, " has ", v.bytes, " bytes for shape ", sh(v.shape));
+  }
+  for (int32_t i = 0; i < nn; ++i) {
+    const ProfileNode& n = p.nodes[static_cast<size_t>(i)];
+    REGEN_CHECK(n.index == i, origin, ": node ", i, " has index ", n.index);
+    for (int64_t v : n.inputs) {
+      REGEN_CHECK(v == -1 || value_ok(v), origin, ": node ", i, " input ", v, " out of range");
+    }
+    for (int64_t v : n.outputs) {
+      REGEN_CHECK(value_ok(v) && p.values[static_cast<size_t>(v)].producer == i, origin,
+                  ": node ", i, " output ", v, " is not produced by it");
+    }
+    for (int64_t v : n.saved) REGEN_CHECK(value_ok(v), origin, ": node ", i, " saves ", v, "?");
+    REGEN_CHECK(n.num_visible_outputs >= 0 && n.num_visible_outputs <= static_cast<int>(n.outputs.size()),
+                origin, ": node ", i, " has ", n.num_visible_outputs, " visible outputs");
+    REGEN_CHECK(n.block >= -1 && n.block < static_cast<int32_t>(p.blocks.size()), origin,
+                ": node ", i, " is in block ", n.block, " of ", p.blocks.size());
+  }
+  for (size_t s = 0; s < p.saved.size(); ++s) {
+    const ProfileSaved& sv = p.saved[s];
+    REGEN_CHECK(value_ok(sv.value) && p.values[static_cast<size_t>(sv.value)].root == sv.value,
+                origin, ": saved tensor ", s, " refers to value ", sv.value,
+                " which is not a storage root");
+  }
+  for (int32_t n : p.backward_order) {
+    REGEN_CHECK(n >= 0 && n < nn, origin, ": backward order names node ", n, " out of range");
+  }
+  uint64_t last = 0;
+  for (size_t m = 0; m < p.markers.size(); ++m) {
+    const Marker& mk = p.markers[m];
+    REGEN_CHECK(mk.position >= last && mk.position <= p.events.size(), origin, ": marker ", m,
+                " at event ", mk.position, " is out of order or past the ", p.events.size(),
+                " events");
+    last = mk.position;
+    REGEN_CHECK(mk.node >= -1 && mk.node < nn, origin, ": marker ", m, " names node ", mk.node);
+  }
+  REGEN_CHECK(p.batch > 0, origin, ": batch must be positive, got ", p.batch);
+}
+
+void finalize_profile(Profile& p) {
+  // Saved-tensor indices on root values, consumers.
+  for (ProfileValue& v : p.values) {
+    v.consumers.clear();
+    v.saved = -1;
+  }
+  for (size_t s = 0; s < p.saved.size(); ++s) {
+    p.saved[s].index = static_cast<int32_t>(s);
+    p.values[static_cast<size_t>(p.saved[s].value)].saved = static_cast<int32_t>(s);
+  }
+  for (const ProfileNode& n : p.nodes) {
+    for (int64_t in : n.inputs) {
+      if (in >= 0) p.values[static_cast<size_t>(in)].consumers.push_back(n.index);
+    }
+  }
+  for (ProfileNode& n : p.nodes) n.bwd_rank = -1;
+  for (size_t r = 0; r < p.backward_order.size(); ++r) {
+    p.nodes[static_cast<size_t>(p.backward_order[r])].bwd_rank = static_cast<int32_t>(r);
+  }
+  const int32_t last_forward = static_cast<int32_t>(p.nodes.size()) - 1;
+  for (ProfileSaved& s : p.saved) {
+    const ProfileValue& root = p.values[static_cast<size_t>(s.value)];
+    s.producer = root.producer;
+    s.readers.clear();
+    s.first_bw_rank = s.last_bw_rank = -1;
+    // Last forward use: the latest node reading the storage through any value sharing it.
+    s.last_fwd_use = root.producer;
+    for (const ProfileValue& v : p.values) {
+      if (v.root != s.value) continue;
+      for (int32_t c : v.consumers) s.last_fwd_use = std::max(s.last_fwd_use, c);
+    }
+    s.name = root.leaf ? "leaf#" + std::to_string(root.id)
+                       : p.nodes[static_cast<size_t>(root.producer)].name + ":" +
+                             std::to_string(root.slot);
+  }
+  for (const ProfileNode& n : p.nodes) {
+    for (int64_t v : n.saved) {
+      const int32_t s = p.values[static_cast<size_t>(p.values[static_cast<size_t>(v)].root)].saved;
+      if (s < 0) continue;
+      ProfileSaved& sv = p.saved[static_cast<size_t>(s)];
+      if (sv.readers.empty() || sv.readers.back() != n.index) sv.readers.push_back(n.index);
+      if (n.bwd_rank >= 0) {
+        sv.first_bw_rank = sv.first_bw_rank < 0 ? n.bwd_rank : std::min(sv.first_bw_rank, n.bwd_rank);
+        sv.last_bw_rank = std::max(sv.last_bw_rank, n.bwd_rank);
+      }
+    }
+  }
+  for (ProfileSaved& s : p.saved) {
+    const ProfileValue& root = p.values[static_cast<size_t>(s.value)];
+    s.candidate = !root.leaf && root.alloc_id != 0 && s.bytes > 0 && s.first_bw_rank >= 0 &&
+                  s.last_fwd_use < last_forward;
+  }
+  for (ProfileSaved& s : p.saved) {
+    s.recompute_ms = s.candidate ? standalone_recompute_ms(p, s.index) : 0.0;
+  }
+  // Per-node bytes allocated and freed in its forward and backward windows.
+  std::vector<int64_t> fb(p.nodes.size(), -1), fe(p.nodes.size(), -1), bb(p.nodes.size(), -1),
+      be(p.nodes.size(), -1);
+  for (const Marker& m : p.markers) {
+    if (m.node < 0) continue;
+    const size_t n = static_cast<size_t>(m.node);
+    if (m.kind == MarkerKind::fwd_begin) fb[n] = static_cast<int64_t>(m.position);
+    if (m.kind == MarkerKind::fwd_end) fe[n] = static_cast<int64_t>(m.position);
+    if (m.kind == MarkerKind::bwd_begin) bb[n] = static_cast<int64_t>(m.position);
+    if (m.kind == MarkerKind::bwd_end) be[n] = static_cast<int64_t>(m.position);
+  }
+  auto tally = [&](int64_t b, int64_t e, int64_t& alloc, int64_t& freed) {
+    alloc = freed = 0;
+    if (b < 0 || e < b) return;
+    for (int64_t i = b; i < e; ++i) {
+      const ProfileEvent& ev = p.events[static_cast<size_t>(i)];
+      if (ev.kind == MemoryEventKind::alloc) alloc += ev.bytes;
+      if (ev.kind == MemoryEventKind::free) freed += ev.bytes;
+    }
+  };
+  for (size_t n = 0; n < p.nodes.size(); ++n) {
+    tally(fb[n], fe[n], p.nodes[n].fwd_alloc_bytes, p.nodes[n].fwd_free_bytes);
+    tally(bb[n], be[n], p.nodes[n].bwd_alloc_bytes, p.nodes[n].bwd_free_bytes);
+  }
+}
+
+void save_profile(const Profile& p, const std::string& path) {
+  write_file_atomic(path, profile_to_json(p));
+}
+
+Profile load_profile(const std::string& path) {
+  return profile_from_json(read_file(path), "profile '" + path + "'");
+}
+
+}  // namespace regen
