@@ -1,13 +1,14 @@
 // Forward values of layernorm, softmax, attention and cross_entropy against plain loops (f32 and
 // f64); dropout masks (statistics, reproducibility, remat replay); SGD and AdamW against a plain
 // double-precision transcription of torch's formulas and against numbers produced by PyTorch;
-// optimizer state accounting; and the error messages of every check these ops and optimizers add.
+// optimizer state accounting; results that do not depend on the thread count; and the error
+// messages of every check these ops and optimizers add. The block that trains end to end is
+// tests/test_train_block.cpp.
 #include <doctest/doctest.h>
 #include <omp.h>
 
 #include <cmath>
 #include <functional>
-#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -249,6 +250,28 @@ TEST_CASE_TEMPLATE("attention: dropout keeps exactly the Philox elements of kern
   check_close(as_double<T>(out), ref.out, atol_for<T>() * 10, 1e-5, "attention dropout out");
   // lse is that of the probabilities before dropout.
   check_close(as_double<T>(lse), ref.lse, atol_for<T>() * 10, 1e-5, "attention dropout lse");
+}
+
+TEST_CASE("attention: a batch whose keys are all padded gives zero output and zero gradient") {
+  // gradcheck cannot see a NaN (a NaN error compares false), so this checks finiteness directly.
+  const int64_t B = 2, S = 5, H = 2, D = 8;
+  Tensor qkv = rand_t<double>({B, S, 3 * D}, 14, -2, 2).set_requires_grad(true);
+  const Tensor mask = from_vector<int32_t>({0, 0, 1, 0, 0, /**/ 1, 1, 1, 1, 1}, {B, S});
+  Tensor out = attention(qkv, H, mask, false, 0.2f);
+  const std::vector<double> ov = out.to_vector<double>();
+  backward(sum(mul(out, rand_t<double>({B, S, D}, 15))));
+  const std::vector<double> gv = qkv.grad().to_vector<double>();
+  int nonfinite = 0, nonzero_padded = 0;
+  for (size_t i = 0; i < gv.size(); ++i) {
+    nonfinite += !std::isfinite(gv[i]);
+    nonzero_padded += i >= gv.size() / 2 && gv[i] != 0.0;  // batch 1
+  }
+  for (size_t i = ov.size() / 2; i < ov.size(); ++i) nonzero_padded += ov[i] != 0.0;
+  CHECK(nonfinite == 0);
+  CHECK(nonzero_padded == 0);
+  double batch0 = 0;  // batch 0 still trains
+  for (size_t i = 0; i < gv.size() / 2; ++i) batch0 += std::fabs(gv[i]);
+  CHECK(batch0 > 0.1);
 }
 
 TEST_CASE("attention: backward saves qkv, output, lse and mask, nothing S x S") {
