@@ -37,7 +37,8 @@ class Optimizer {
   const std::vector<Tensor>& params() const { return params_; }
   const std::vector<std::string>& names() const { return names_; }
   // State `key` ("momentum_buffer", "exp_avg", "exp_avg_sq") of parameter `name`; undefined until
-  // the first step that updated it. Throws when the parameter or key is unknown.
+  // the first step that updated it and for keys this optimizer does not keep (SGD without
+  // momentum has no buffer). Throws when no parameter has that name.
   Tensor state(const std::string& name, const std::string& key) const;
   // Number of updates parameter `name` has received.
   int64_t step_count(const std::string& name) const;
