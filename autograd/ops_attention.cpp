@@ -1,0 +1,101 @@
+// attention: fused multi-head self-attention on a packed qkv projection (kernels/cpu/attention.cpp
+// and the flash-style CUDA kernels). Backward reads qkv, the output, the row logsumexp (a hidden
+// output) and the key-padding mask when there is one; it recomputes the probabilities, so nothing
+// of size S x S is saved. Dropout draws its Philox stream when the op is called, so a remat replay
+// sees the same mask. Gradient check: tests/test_gradcheck_nlp.cpp; values: tests/test_ops_nlp.cpp.
+#include <cmath>
+
+#include "autograd/op_util.h"
+
+namespace regen {
+using namespace detail;
+
+namespace {
+AttentionShape attention_shape(const Shape& qkv, const AttentionAttrs& a) {
+  AttentionShape s;
+  s.B = qkv[0];
+  s.S = qkv[1];
+  s.H = a.num_heads;
+  s.Dh = qkv[2] / 3 / a.num_heads;
+  s.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(s.Dh)));
+  s.causal = a.causal;
+  s.dropout_p = a.dropout_p;
+  s.seed = a.seed;
+  s.stream = a.stream;
+  return s;
+}
+
+template <class T>
+void attention_fwd(OpContext& c) {
+  const AttentionAttrs& a = c.attr<AttentionAttrs>();
+  const Tensor& qkv = c.inputs[0];
+  const AttentionShape s = attention_shape(qkv.shape(), a);
+  Tensor out = empty({s.B, s.S, s.H * s.Dh}, qkv.dtype(), qkv.device());
+  Tensor lse = empty({s.B, s.H, s.S}, qkv.dtype(), qkv.device());
+  const int32_t* pad = a.has_mask ? c.inputs[1].data<int32_t>() : nullptr;
+  REGEN_LAUNCH(qkv.device(), T, attention_forward, qkv.data<T>(), pad, out.data<T>(), lse.data<T>(),
+               s);
+  c.outputs = {out, lse};
+}
+void attention_forward_op(OpContext& c) {
+  REGEN_FLOATING(c.inputs[0].dtype(), "attention", attention_fwd, c);
+}
+
+template <class T>
+void attention_bwd(BackwardContext& c) {
+  const AttentionAttrs& a = c.attr<AttentionAttrs>();
+  const Tensor qkv = c.saved(0), out = c.saved(1), lse = c.saved(2);
+  const Tensor mask = a.has_mask ? c.saved(3) : Tensor();
+  const Tensor& dout = c.grad_output(0);
+  const AttentionShape s = attention_shape(qkv.shape(), a);
+  Tensor dqkv = empty_like(qkv);
+  REGEN_LAUNCH(dout.device(), T, attention_backward, dout.data<T>(), qkv.data<T>(), out.data<T>(),
+               lse.data<T>(), mask.defined() ? mask.data<int32_t>() : nullptr, dqkv.data<T>(), s);
+  c.set_grad_input(0, dqkv);
+}
+void attention_backward_op(BackwardContext& c) {
+  REGEN_FLOATING(c.grad_output(0).dtype(), "attention backward", attention_bwd, c);
+}
+void attention_saves(const AttrBlob& attrs, std::vector<SaveRef>& s) {
+  s = {{false, 0}, {true, 0}, {true, 1}};
+  if (attrs.as<AttentionAttrs>().has_mask) s.push_back({false, 1});
+}
+const OpDef kAttention{"attention",    2, 1, false, attention_forward_op, attention_backward_op,
+                       attention_saves};
+REGEN_REGISTER_OP(attention, kAttention);
+}  // namespace
+
+Tensor attention(const Tensor& qkv, int64_t num_heads, const Tensor& key_padding_mask, bool causal,
+                 float dropout_p) {
+  check_defined("attention", qkv, "qkv");
+  check_floating("attention", qkv);
+  REGEN_CHECK(qkv.dim() == 3, "attention: qkv ", sh(qkv.shape()),
+              " must have 3 dimensions (batch, sequence, 3 * d_model)");
+  REGEN_CHECK(num_heads > 0, "attention: num_heads ", num_heads, " must be positive");
+  const int64_t width = qkv.size(2);
+  REGEN_CHECK(width > 0 && width % 3 == 0 && (width / 3) % num_heads == 0, "attention: qkv ",
+              sh(qkv.shape()),
+              " last dimension must be 3 * d_model with d_model divisible by "
+              "num_heads ",
+              num_heads);
+  REGEN_CHECK(dropout_p >= 0.0f && dropout_p < 1.0f, "attention: dropout_p ", dropout_p,
+              " must be in [0, 1)");
+  const Shape mask_shape{qkv.size(0), qkv.size(1)};
+  if (key_padding_mask.defined()) {
+    REGEN_CHECK(key_padding_mask.dtype() == DType::i32 && key_padding_mask.shape() == mask_shape,
+                "attention: key_padding_mask ", key_padding_mask.str(), " must be i32 of shape ",
+                sh(mask_shape), " (batch, sequence) for qkv ", sh(qkv.shape()));
+  }
+  AttentionAttrs a;
+  a.num_heads = num_heads;
+  a.causal = causal;
+  a.has_mask = key_padding_mask.defined();
+  a.dropout_p = dropout_p;
+  if (dropout_p > 0.0f) {
+    a.seed = rng_seed();
+    a.stream = next_rng_stream();
+  }
+  return apply_op(OpKind::attention, a, {qkv, key_padding_mask})[0];
+}
+
+}  // namespace regen

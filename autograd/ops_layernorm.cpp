@@ -1,0 +1,69 @@
+// layernorm over the last dimension, with the row mean and 1/std as hidden outputs that backward
+// reads (kernels/cpu/layernorm.cpp). Gradient check: tests/test_gradcheck_nlp.cpp; values:
+// tests/test_ops_nlp.cpp.
+#include "autograd/op_util.h"
+
+namespace regen {
+using namespace detail;
+
+namespace {
+template <class T>
+void layernorm_fwd(OpContext& c) {
+  const Tensor &x = c.inputs[0], &gamma = c.inputs[1], &beta = c.inputs[2];
+  const int64_t N = x.size(-1), M = x.numel() / N;
+  const Shape rows(x.shape().begin(), x.shape().end() - 1);
+  Tensor y = empty_like(x);
+  Tensor mean = empty(rows, x.dtype(), x.device());
+  Tensor rstd = empty(rows, x.dtype(), x.device());
+  REGEN_LAUNCH(x.device(), T, layernorm_forward, x.data<T>(), gamma.data<T>(), beta.data<T>(),
+               y.data<T>(), mean.data<T>(), rstd.data<T>(), M, N, c.attr<LayerNormAttrs>().eps);
+  c.outputs = {y, mean, rstd};
+}
+void layernorm_forward_op(OpContext& c) {
+  REGEN_FLOATING(c.inputs[0].dtype(), "layernorm", layernorm_fwd, c);
+}
+
+template <class T>
+void layernorm_bwd(BackwardContext& c) {
+  const Tensor x = c.saved(0), gamma = c.saved(1), mean = c.saved(2), rstd = c.saved(3);
+  const Tensor& dy = c.grad_output(0);
+  const int64_t N = x.size(-1), M = x.numel() / N;
+  // The launcher always writes dx; dgamma and dbeta only when asked for.
+  Tensor dx = empty_like(x);
+  Tensor dgamma = c.needs_grad(1) ? empty_like(gamma) : Tensor();
+  Tensor dbeta = c.needs_grad(2) ? empty_like(gamma) : Tensor();
+  REGEN_LAUNCH(dy.device(), T, layernorm_backward, dy.data<T>(), x.data<T>(), gamma.data<T>(),
+               mean.data<T>(), rstd.data<T>(), dx.data<T>(),
+               dgamma.defined() ? dgamma.data<T>() : nullptr,
+               dbeta.defined() ? dbeta.data<T>() : nullptr, M, N);
+  if (c.needs_grad(0)) c.set_grad_input(0, dx);
+  c.set_grad_input(1, dgamma);
+  c.set_grad_input(2, dbeta);
+}
+void layernorm_backward_op(BackwardContext& c) {
+  REGEN_FLOATING(c.grad_output(0).dtype(), "layernorm backward", layernorm_bwd, c);
+}
+void layernorm_saves(const AttrBlob&, std::vector<SaveRef>& s) {
+  s = {{false, 0}, {false, 1}, {true, 1}, {true, 2}};
+}
+const OpDef kLayerNorm{"layernorm",    3, 1, false, layernorm_forward_op, layernorm_backward_op,
+                       layernorm_saves};
+REGEN_REGISTER_OP(layernorm, kLayerNorm);
+}  // namespace
+
+Tensor layernorm(const Tensor& x, const Tensor& gamma, const Tensor& beta, double eps) {
+  check_defined("layernorm", x, "input");
+  check_defined("layernorm", gamma, "gamma");
+  check_defined("layernorm", beta, "beta");
+  check_floating("layernorm", x);
+  check_same_dtype("layernorm", x, gamma);
+  check_same_dtype("layernorm", x, beta);
+  REGEN_CHECK(x.dim() >= 1 && x.size(-1) > 0 && gamma.shape() == Shape{x.size(-1)} &&
+                  beta.shape() == gamma.shape(),
+              "layernorm: input ", sh(x.shape()), ", gamma ", sh(gamma.shape()), " and beta ",
+              sh(beta.shape()), " do not match (expected (..., D), (D) and (D) with D > 0)");
+  REGEN_CHECK(eps > 0, "layernorm: eps ", eps, " must be positive");
+  return apply_op(OpKind::layernorm, LayerNormAttrs{eps}, {x, gamma, beta})[0];
+}
+
+}  // namespace regen

@@ -1,0 +1,218 @@
+// CPU reference of fused multi-head self-attention on the packed qkv layout of kernels/shapes.h
+// (declared in kernels/kernels.h); the CUDA flash-style kernels are checked against it.
+//
+// Per (batch, head): scores = scale * q k^T by cpu::gemm on strided views of qkv (row stride
+// 3*D), key-padding and causal masks, a stable softmax whose row logsumexp is stored in lse,
+// dropout on the probabilities from Philox, then out = P v written with heads merged. Backward
+// recomputes P from q, k and lse (nothing S x S lives between forward and backward).
+//
+// Threads: the (batch, head) loop runs on the calling thread and the row-wise work (softmax,
+// masks, dropout, dS) is split over rows with OpenMP. cpu::gemm takes its packing buffers from
+// the allocator on every call, so calling it from several threads at once would make the
+// allocator's request order depend on thread timing, and the remat simulator relies on that
+// order being reproducible. gemm threads itself when a product is large enough. The scratch is
+// one S x S buffer (two in backward), independent of the thread count.
+//
+// Tests: tests/test_ops_nlp.cpp (values vs plain loops, masks, dropout bits),
+// tests/test_gradcheck_nlp.cpp (gradients).
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/philox.h"
+#include "core/tensor.h"
+#include "kernels/kernels.h"
+
+namespace regen::cpu {
+namespace {
+constexpr int64_t kParallelMin = 1 << 12;  // S*S elements below which rows stay on one thread
+
+// The dropout rule of kernels/kernels.h (shared with dropout_forward): keep element i iff
+// philox_word(seed, stream, i) >= p * 2^32, then scale by 1 / (1 - p).
+uint64_t keep_threshold(float p) {
+  if (p <= 0.0f) return 0;
+  if (p >= 1.0f) return uint64_t{1} << 32;
+  return static_cast<uint64_t>(static_cast<double>(p) * 4294967296.0);
+}
+
+// philox_word(seed, stream, i) for increasing i, computing each four-word block once.
+class PhiloxWords {
+ public:
+  PhiloxWords(uint64_t seed, uint64_t stream)
+      : key_{static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32)},
+        stream_lo_(static_cast<uint32_t>(stream)),
+        stream_hi_(static_cast<uint32_t>(stream >> 32)) {}
+  uint32_t operator()(uint64_t element) {
+    const uint64_t block = element >> 2;
+    if (block != block_) {
+      philox4x32_10({static_cast<uint32_t>(block), static_cast<uint32_t>(block >> 32), stream_lo_,
+                     stream_hi_},
+                    key_, words_);
+      block_ = block;
+    }
+    return words_[element & 3];
+  }
+
+ private:
+  PhiloxKey key_;
+  uint32_t stream_lo_, stream_hi_;
+  uint64_t block_ = ~uint64_t{0};
+  uint32_t words_[4] = {0, 0, 0, 0};
+};
+
+struct HeadView {
+  int64_t D, ld_qkv;       // model width and qkv row stride (3*D)
+  int64_t qkv_offset;      // first element of this head's q row 0 in qkv
+  int64_t out_offset;      // first element of this head's row 0 in out / dout
+  const int32_t* key_pad;  // this batch's (S) row, or null
+  uint64_t dropout_base;   // Philox element index of score (0, 0)
+};
+
+HeadView head_view(const AttentionShape& s, int64_t b, int64_t h, const int32_t* key_pad) {
+  const int64_t D = s.H * s.Dh;
+  HeadView v;
+  v.D = D;
+  v.ld_qkv = 3 * D;
+  v.qkv_offset = b * s.S * 3 * D + h * s.Dh;
+  v.out_offset = b * s.S * D + h * s.Dh;
+  v.key_pad = key_pad ? key_pad + b * s.S : nullptr;
+  v.dropout_base = static_cast<uint64_t>((b * s.H + h) * s.S) * static_cast<uint64_t>(s.S);
+  return v;
+}
+
+inline bool masked(const HeadView& v, bool causal, int64_t i, int64_t j) {
+  return (v.key_pad && v.key_pad[j] != 0) || (causal && j > i);
+}
+
+}  // namespace
+
+template <class T>
+void attention_forward(const T* qkv, const int32_t* key_pad, T* out, T* lse,
+                       const AttentionShape& s) {
+  const int64_t S = s.S, Dh = s.Dh;
+  const uint64_t threshold = keep_threshold(s.dropout_p);
+  const bool dropout = threshold > 0;
+  const T keep_scale = s.dropout_p < 1.0f ? T(1) / (T(1) - static_cast<T>(s.dropout_p)) : T(0);
+  Workspace ws(Device::cpu(), static_cast<uint64_t>(S * S) * sizeof(T));
+  T* P = ws.as<T>();
+  for (int64_t b = 0; b < s.B; ++b) {
+    for (int64_t h = 0; h < s.H; ++h) {
+      const HeadView v = head_view(s, b, h, key_pad);
+      const T* q = qkv + v.qkv_offset;
+      const T* k = q + v.D;
+      const T* val = q + 2 * v.D;
+      T* lse_bh = lse + (b * s.H + h) * S;
+      gemm<T>(false, true, S, S, Dh, static_cast<T>(s.scale), q, v.ld_qkv, k, v.ld_qkv, T(0), P, S);
+#pragma omp parallel for schedule(static) if (S * S > kParallelMin)
+      for (int64_t i = 0; i < S; ++i) {
+        T* row = P + i * S;
+        T mx = -INFINITY;
+        for (int64_t j = 0; j < S; ++j) {
+          if (masked(v, s.causal, i, j)) row[j] = -INFINITY;
+          mx = std::max(mx, row[j]);
+        }
+        if (mx == -INFINITY) {  // no visible key: output 0, and backward sees P = 0
+          lse_bh[i] = -INFINITY;
+          std::fill(row, row + S, T(0));
+          continue;
+        }
+        double sum = 0;
+        for (int64_t j = 0; j < S; ++j) {
+          row[j] = std::exp(row[j] - mx);  // a masked score gives exp(-inf) = 0
+          sum += static_cast<double>(row[j]);
+        }
+        lse_bh[i] = static_cast<T>(static_cast<double>(mx) + std::log(sum));
+        const T inv = static_cast<T>(1.0 / sum);
+        if (!dropout) {
+          for (int64_t j = 0; j < S; ++j) row[j] *= inv;
+        } else {
+          PhiloxWords words(s.seed, s.stream);
+          const uint64_t base = v.dropout_base + static_cast<uint64_t>(i * S);
+          const T kept = inv * keep_scale;
+          for (int64_t j = 0; j < S; ++j) {
+            row[j] = words(base + static_cast<uint64_t>(j)) >= threshold ? row[j] * kept : T(0);
+          }
+        }
+      }
+      gemm<T>(false, false, S, Dh, S, T(1), P, S, val, v.ld_qkv, T(0), out + v.out_offset, v.D);
+    }
+  }
+}
+
+template <class T>
+void attention_backward(const T* dout, const T* qkv, const T* out, const T* lse,
+                        const int32_t* key_pad, T* dqkv, const AttentionShape& s) {
+  const int64_t S = s.S, Dh = s.Dh;
+  const uint64_t threshold = keep_threshold(s.dropout_p);
+  const bool dropout = threshold > 0;
+  const T keep_scale = s.dropout_p < 1.0f ? T(1) / (T(1) - static_cast<T>(s.dropout_p)) : T(0);
+  const T scale = static_cast<T>(s.scale);
+  // A: scores, then P, then the dropped-out Pd that dV needs. B: dPd = dout v^T, then dS.
+  Workspace ws(Device::cpu(), 2 * static_cast<uint64_t>(S * S) * sizeof(T));
+  T* A = ws.as<T>();
+  T* Bm = A + S * S;
+  for (int64_t b = 0; b < s.B; ++b) {
+    for (int64_t h = 0; h < s.H; ++h) {
+      const HeadView v = head_view(s, b, h, key_pad);
+      const T* q = qkv + v.qkv_offset;
+      const T* k = q + v.D;
+      const T* val = q + 2 * v.D;
+      const T* dO = dout + v.out_offset;
+      const T* O = out + v.out_offset;
+      T* dq = dqkv + v.qkv_offset;
+      T* dk = dq + v.D;
+      T* dv = dq + 2 * v.D;
+      const T* lse_bh = lse + (b * s.H + h) * S;
+      gemm<T>(false, true, S, S, Dh, scale, q, v.ld_qkv, k, v.ld_qkv, T(0), A, S);
+      gemm<T>(false, true, S, S, Dh, T(1), dO, v.D, val, v.ld_qkv, T(0), Bm, S);
+#pragma omp parallel for schedule(static) if (S * S > kParallelMin)
+      for (int64_t i = 0; i < S; ++i) {
+        T* a = A + i * S;
+        T* bm = Bm + i * S;
+        const T l = lse_bh[i];
+        if (l == -INFINITY) {  // a row with no visible key contributes nothing
+          std::fill(a, a + S, T(0));
+          std::fill(bm, bm + S, T(0));
+          continue;
+        }
+        // <dO_i, O_i> = sum_j P_ij dP_ij, the softmax-backward row term (dropout included).
+        double dot = 0;
+        for (int64_t d = 0; d < Dh; ++d) {
+          dot += static_cast<double>(dO[i * v.D + d]) * static_cast<double>(O[i * v.D + d]);
+        }
+        const T row_term = static_cast<T>(dot);
+        if (!dropout) {
+          for (int64_t j = 0; j < S; ++j) {
+            const T p = masked(v, s.causal, i, j) ? T(0) : std::exp(a[j] - l);
+            a[j] = p;
+            bm[j] = p * (bm[j] - row_term) * scale;
+          }
+        } else {
+          PhiloxWords words(s.seed, s.stream);
+          const uint64_t base = v.dropout_base + static_cast<uint64_t>(i * S);
+          for (int64_t j = 0; j < S; ++j) {
+            const T p = masked(v, s.causal, i, j) ? T(0) : std::exp(a[j] - l);
+            const T m = words(base + static_cast<uint64_t>(j)) >= threshold ? keep_scale : T(0);
+            a[j] = p * m;                                // Pd, for dV
+            bm[j] = p * (bm[j] * m - row_term) * scale;  // dS, scale folded in for dQ and dK
+          }
+        }
+      }
+      gemm<T>(true, false, S, Dh, S, T(1), A, S, dO, v.D, T(0), dv, v.ld_qkv);        // Pd^T dO
+      gemm<T>(false, false, S, Dh, S, T(1), Bm, S, k, v.ld_qkv, T(0), dq, v.ld_qkv);  // dS k
+      gemm<T>(true, false, S, Dh, S, T(1), Bm, S, q, v.ld_qkv, T(0), dk, v.ld_qkv);   // dS^T q
+    }
+  }
+}
+
+template void attention_forward<float>(const float*, const int32_t*, float*, float*,
+                                       const AttentionShape&);
+template void attention_forward<double>(const double*, const int32_t*, double*, double*,
+                                        const AttentionShape&);
+template void attention_backward<float>(const float*, const float*, const float*, const float*,
+                                        const int32_t*, float*, const AttentionShape&);
+template void attention_backward<double>(const double*, const double*, const double*, const double*,
+                                         const int32_t*, double*, const AttentionShape&);
+
+}  // namespace regen::cpu

@@ -1,0 +1,83 @@
+// CPU cross-entropy fused with log-softmax (declared in kernels/kernels.h), as
+// torch.nn.functional.cross_entropy with reduction='mean' and ignore_index, except that a batch
+// whose targets are all ignored gives 0 rather than NaN. Targets are validated before any thread
+// starts; row losses are summed in row order in double, independent of the thread count.
+// Tests: tests/test_ops_nlp.cpp (values, errors), tests/test_gradcheck_nlp.cpp.
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/tensor.h"
+#include "kernels/kernels.h"
+
+namespace regen::cpu {
+namespace {
+constexpr int64_t kParallelMin = 1 << 14;  // elements below which one thread is faster
+
+// Number of rows that count towards the mean; throws on a target that is neither in [0, V) nor
+// ignore_index.
+int64_t check_targets(const int64_t* targets, int64_t M, int64_t V, int64_t ignore_index) {
+  int64_t counted = 0;
+  for (int64_t r = 0; r < M; ++r) {
+    if (targets[r] == ignore_index) continue;
+    REGEN_CHECK(targets[r] >= 0 && targets[r] < V, "cross_entropy: target ", targets[r], " of row ",
+                r, " is out of range for V = ", V, " classes (ignore_index is ", ignore_index, ")");
+    ++counted;
+  }
+  return counted;
+}
+}  // namespace
+
+template <class T>
+void cross_entropy_forward(const T* logits, const int64_t* targets, T* loss, T* lse, int64_t M,
+                           int64_t V, int64_t ignore_index) {
+  const int64_t counted = check_targets(targets, M, V, ignore_index);
+  Workspace ws(Device::cpu(), static_cast<uint64_t>(M) * sizeof(double));
+  double* row_loss = ws.as<double>();
+#pragma omp parallel for schedule(static) if (M * V > kParallelMin)
+  for (int64_t r = 0; r < M; ++r) {
+    const T* x = logits + r * V;
+    T mx = -INFINITY;
+    for (int64_t j = 0; j < V; ++j) mx = std::max(mx, x[j]);
+    double sum = 0;
+    for (int64_t j = 0; j < V; ++j) sum += static_cast<double>(std::exp(x[j] - mx));
+    const double l = static_cast<double>(mx) + std::log(sum);
+    lse[r] = static_cast<T>(l);
+    row_loss[r] = targets[r] == ignore_index ? 0.0 : l - static_cast<double>(x[targets[r]]);
+  }
+  double total = 0;
+  for (int64_t r = 0; r < M; ++r) total += row_loss[r];
+  loss[0] = counted > 0 ? static_cast<T>(total / static_cast<double>(counted)) : T(0);
+}
+
+template <class T>
+void cross_entropy_backward(const T* dloss, const T* logits, const int64_t* targets, const T* lse,
+                            T* dlogits, int64_t M, int64_t V, int64_t ignore_index) {
+  const int64_t counted = check_targets(targets, M, V, ignore_index);
+  // d mean / d logit[r, j] = (softmax[r, j] - [j == target]) / counted for counted rows.
+  const T g = counted > 0 ? static_cast<T>(static_cast<double>(dloss[0]) / counted) : T(0);
+#pragma omp parallel for schedule(static) if (M * V > kParallelMin)
+  for (int64_t r = 0; r < M; ++r) {
+    const T* x = logits + r * V;
+    T* dx = dlogits + r * V;
+    if (targets[r] == ignore_index) {
+      std::fill(dx, dx + V, T(0));
+      continue;
+    }
+    const T l = lse[r];
+    for (int64_t j = 0; j < V; ++j) dx[j] = g * std::exp(x[j] - l);
+    dx[targets[r]] -= g;
+  }
+}
+
+template void cross_entropy_forward<float>(const float*, const int64_t*, float*, float*, int64_t,
+                                           int64_t, int64_t);
+template void cross_entropy_forward<double>(const double*, const int64_t*, double*, double*,
+                                            int64_t, int64_t, int64_t);
+template void cross_entropy_backward<float>(const float*, const float*, const int64_t*,
+                                            const float*, float*, int64_t, int64_t, int64_t);
+template void cross_entropy_backward<double>(const double*, const double*, const int64_t*,
+                                             const double*, double*, int64_t, int64_t, int64_t);
+
+}  // namespace regen::cpu

@@ -1,0 +1,54 @@
+// CPU softmax over the last dimension (declared in kernels/kernels.h). The row maximum is
+// subtracted before exponentiating, and row sums accumulate in double. Rows are independent, so
+// results do not depend on the thread count. Tests: tests/test_ops_nlp.cpp (values, including
+// large logits), tests/test_gradcheck_nlp.cpp.
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/kernels.h"
+
+namespace regen::cpu {
+namespace {
+constexpr int64_t kParallelMin = 1 << 14;  // elements below which one thread is faster
+}  // namespace
+
+template <class T>
+void softmax_forward(const T* x, T* y, int64_t M, int64_t N) {
+#pragma omp parallel for schedule(static) if (M * N > kParallelMin)
+  for (int64_t r = 0; r < M; ++r) {
+    const T* xr = x + r * N;
+    T* yr = y + r * N;
+    T mx = -INFINITY;
+    for (int64_t j = 0; j < N; ++j) mx = std::max(mx, xr[j]);
+    double sum = 0;
+    for (int64_t j = 0; j < N; ++j) {
+      yr[j] = std::exp(xr[j] - mx);
+      sum += static_cast<double>(yr[j]);
+    }
+    const T inv = static_cast<T>(1.0 / sum);
+    for (int64_t j = 0; j < N; ++j) yr[j] *= inv;
+  }
+}
+
+template <class T>
+void softmax_backward(const T* dy, const T* y, T* dx, int64_t M, int64_t N) {
+  // dx = y * (dy - <dy, y>) per row.
+#pragma omp parallel for schedule(static) if (M * N > kParallelMin)
+  for (int64_t r = 0; r < M; ++r) {
+    const T *yr = y + r * N, *dyr = dy + r * N;
+    T* dxr = dx + r * N;
+    double dot = 0;
+    for (int64_t j = 0; j < N; ++j) dot += static_cast<double>(dyr[j]) * static_cast<double>(yr[j]);
+    const T d = static_cast<T>(dot);
+    for (int64_t j = 0; j < N; ++j) dxr[j] = yr[j] * (dyr[j] - d);
+  }
+}
+
+template void softmax_forward<float>(const float*, float*, int64_t, int64_t);
+template void softmax_forward<double>(const double*, double*, int64_t, int64_t);
+template void softmax_backward<float>(const float*, const float*, float*, int64_t, int64_t);
+template void softmax_backward<double>(const double*, const double*, double*, int64_t, int64_t);
+
+}  // namespace regen::cpu

@@ -1,0 +1,107 @@
+// Optimizers: SGD and AdamW with the semantics of torch.optim.SGD and torch.optim.AdamW, running
+// the fused update launchers of kernels/kernels.h on the parameters' device. State tensors are
+// created at the first step that sees a parameter's gradient, in the optimizer_state category and
+// tagged "<parameter name>.<state>", so memory reports show them by name.
+// Tests: tests/test_ops_nlp.cpp (against a plain transcription of torch's formulas),
+// tests/test_train_block.cpp (a Transformer-style block that learns).
+#pragma once
+
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace regen {
+
+class Optimizer {
+ public:
+  // Parameters are named by Tensor::name() (the state tags and state() keys); names must be
+  // unique, and an unnamed tensor is called "param<i>" after its position. `kind` names the
+  // optimizer in messages.
+  Optimizer(const char* kind, std::vector<Tensor> params, double lr);
+  virtual ~Optimizer() = default;
+  Optimizer(const Optimizer&) = delete;
+  Optimizer& operator=(const Optimizer&) = delete;
+
+  // One update of every parameter that has a gradient; parameters without one are skipped and
+  // their state does not advance (as in torch).
+  void step();
+  // Zeroes every existing gradient in place, keeping its memory.
+  void zero_grad();
+
+  double lr() const { return lr_; }
+  void set_lr(double lr);  // for learning-rate schedules
+
+  const std::vector<Tensor>& params() const { return params_; }
+  const std::vector<std::string>& names() const { return names_; }
+  // State `key` ("momentum_buffer", "exp_avg", "exp_avg_sq") of parameter `name`; undefined until
+  // the first step that updated it and for keys this optimizer does not keep (SGD without
+  // momentum has no buffer). Throws when no parameter has that name.
+  Tensor state(const std::string& name, const std::string& key) const;
+  // Number of updates parameter `name` has received.
+  int64_t step_count(const std::string& name) const;
+  // Every state tensor as "<name>.<key>" (for checkpoints and memory reports).
+  std::map<std::string, Tensor> named_state() const;
+
+ protected:
+  struct ParamState {
+    int64_t steps = 0;
+    std::map<std::string, Tensor> tensors;
+  };
+  // Updates parameter i with its gradient `grad`; state.steps has already been incremented.
+  virtual void update(size_t i, const Tensor& grad, ParamState& state) = 0;
+  // A state tensor of parameter i's shape, dtype and device, created in the optimizer_state
+  // category and tagged "<name>.<key>", zero-filled when `zero` is set.
+  Tensor make_state(size_t i, const std::string& key, bool zero) const;
+  size_t index_of(const std::string& name) const;
+
+  const char* kind_;
+  std::vector<Tensor> params_;
+  std::vector<std::string> names_;
+  std::vector<ParamState> states_;
+  double lr_;
+};
+
+struct SGDOptions {
+  double lr = 0.01;
+  double momentum = 0.0;
+  double dampening = 0.0;
+  double weight_decay = 0.0;
+  bool nesterov = false;
+};
+
+// torch.optim.SGD: d = g + weight_decay * p; with momentum, buf = d at the first step and
+// buf = momentum * buf + (1 - dampening) * d after; d = nesterov ? d + momentum * buf : buf;
+// p -= lr * d. State: "momentum_buffer" (only with momentum).
+class SGD : public Optimizer {
+ public:
+  SGD(std::vector<Tensor> params, const SGDOptions& options);
+  const SGDOptions& options() const { return options_; }
+
+ private:
+  void update(size_t i, const Tensor& grad, ParamState& state) override;
+  SGDOptions options_;
+};
+
+struct AdamWOptions {
+  double lr = 1e-3;
+  double beta1 = 0.9, beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 1e-2;
+};
+
+// torch.optim.AdamW: p *= 1 - lr * weight_decay; Adam moments with bias correction.
+// State: "exp_avg", "exp_avg_sq".
+class AdamW : public Optimizer {
+ public:
+  AdamW(std::vector<Tensor> params, const AdamWOptions& options);
+  const AdamWOptions& options() const { return options_; }
+
+ private:
+  void update(size_t i, const Tensor& grad, ParamState& state) override;
+  AdamWOptions options_;
+};
+
+}  // namespace regen
