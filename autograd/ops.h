@@ -119,7 +119,8 @@ Tensor softmax(const Tensor& x);
 // qkv: (B, S, 3*D) laid out [q | k | v] (torch.nn.MultiheadAttention's in_proj), D = heads * Dh;
 // key_padding_mask: (B, S) i32, nonzero = padded key, or undefined -> (B, S, D), heads merged.
 // Scores are scaled by 1/sqrt(Dh); dropout_p applies to the attention probabilities.
-// Saves qkv, the output and the row logsumexp (B, heads, S) (a hidden output), never S x S.
+// Saves qkv, the output, the row logsumexp (B, heads, S) (a hidden output) and the mask when
+// given; never an S x S matrix.
 Tensor attention(const Tensor& qkv, int64_t num_heads, const Tensor& key_padding_mask = Tensor(),
                  bool causal = false, float dropout_p = 0.0f);
 

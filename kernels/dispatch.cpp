@@ -36,4 +36,15 @@ void synchronize(Device device) {
 #endif
 }
 
+void prepare_device(Device device) {
+#ifdef REGEN_WITH_CUDA
+  if (device.is_cuda()) {
+    cuda::set_device(device.index);
+    cuda::stream();
+  }
+#else
+  (void)device;
+#endif
+}
+
 }  // namespace regen::kernels

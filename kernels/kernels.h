@@ -165,6 +165,9 @@ namespace kernels {
 void use_device(Device device);
 // Waits for the device's queued work (no-op on the CPU).
 void synchronize(Device device);
+// Creates what a device keeps for the whole run (CUDA: stream, library handles and their
+// workspaces), so it is allocated before the first training step.
+void prepare_device(Device device);
 }  // namespace kernels
 
 }  // namespace regen

@@ -52,6 +52,9 @@ class Model : public Module {
   virtual Tensor loss(const Tensor& logits, const Tensor& target) const = 0;
   // Checks a batch's shapes and dtypes against the model; throws regen::Error naming them.
   virtual void check_batch(const Batch& b) const = 0;
+  // Creates inputs the model keeps across steps (e.g. position ids) before the first step, so
+  // they never land between one step's activations.
+  virtual void prepare_inputs(Device /*device*/) {}
 
  protected:
   ModelConfig config_;

@@ -52,6 +52,10 @@ void Optimizer::zero_grad() {
   regen::zero_grad(params_);
 }
 
+void Optimizer::initialize_state() {
+  for (size_t i = 0; i < params_.size(); ++i) create_state(i, states_[i]);
+}
+
 size_t Optimizer::index_of(const std::string& name) const {
   for (size_t i = 0; i < names_.size(); ++i) {
     if (names_[i] == name) return i;
@@ -113,15 +117,19 @@ SGD::SGD(std::vector<Tensor> params, const SGDOptions& options)
               options.momentum, ", dampening ", options.dampening, ")");
 }
 
+void SGD::create_state(size_t i, ParamState& state) {
+  if (options_.momentum == 0.0) return;
+  Tensor& slot = state.tensors["momentum_buffer"];
+  if (!slot.defined()) slot = make_state(i, "momentum_buffer", true);
+}
+
 void SGD::update(size_t i, const Tensor& grad, ParamState& state) {
   Tensor buf;
-  bool first_step = false;
+  // torch sets the buffer from the gradient at a parameter's first momentum update.
+  const bool first_step = state.steps == 1;
   if (options_.momentum != 0.0) {
     Tensor& slot = state.tensors["momentum_buffer"];
-    if (!slot.defined()) {
-      slot = make_state(i, "momentum_buffer", false);  // the first step writes all of it
-      first_step = true;
-    }
+    if (!slot.defined()) slot = make_state(i, "momentum_buffer", false);  // written in full below
     buf = slot;
   }
   REGEN_FLOATING(params_[i].dtype(), "SGD step", sgd_launch, params_[i], grad, buf, options_, lr_,
@@ -138,6 +146,13 @@ AdamW::AdamW(std::vector<Tensor> params, const AdamWOptions& options)
   REGEN_CHECK(options.eps >= 0.0, "AdamW: eps ", options.eps, " must be >= 0");
   REGEN_CHECK(options.weight_decay >= 0.0, "AdamW: weight_decay ", options.weight_decay,
               " must be >= 0");
+}
+
+void AdamW::create_state(size_t i, ParamState& state) {
+  Tensor& m = state.tensors["exp_avg"];
+  Tensor& v = state.tensors["exp_avg_sq"];
+  if (!m.defined()) m = make_state(i, "exp_avg", true);
+  if (!v.defined()) v = make_state(i, "exp_avg_sq", true);
 }
 
 void AdamW::update(size_t i, const Tensor& grad, ParamState& state) {

@@ -30,6 +30,10 @@ class Optimizer {
   void step();
   // Zeroes every existing gradient in place, keeping its memory.
   void zero_grad();
+  // Creates every state tensor now (zeroed) instead of at the first step, so it is allocated
+  // before any training step (the trainer's canonical start). Semantics are unchanged: the first
+  // step still initializes momentum buffers from the gradient.
+  void initialize_state();
 
   double lr() const { return lr_; }
   void set_lr(double lr);  // for learning-rate schedules
@@ -52,6 +56,8 @@ class Optimizer {
   };
   // Updates parameter i with its gradient `grad`; state.steps has already been incremented.
   virtual void update(size_t i, const Tensor& grad, ParamState& state) = 0;
+  // Creates parameter i's missing state tensors.
+  virtual void create_state(size_t i, ParamState& state) = 0;
   // A state tensor of parameter i's shape, dtype and device, created in the optimizer_state
   // category and tagged "<name>.<key>", zero-filled when `zero` is set.
   Tensor make_state(size_t i, const std::string& key, bool zero) const;
@@ -82,6 +88,7 @@ class SGD : public Optimizer {
 
  private:
   void update(size_t i, const Tensor& grad, ParamState& state) override;
+  void create_state(size_t i, ParamState& state) override;
   SGDOptions options_;
 };
 
@@ -101,6 +108,7 @@ class AdamW : public Optimizer {
 
  private:
   void update(size_t i, const Tensor& grad, ParamState& state) override;
+  void create_state(size_t i, ParamState& state) override;
   AdamWOptions options_;
 };
 

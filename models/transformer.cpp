@@ -48,12 +48,8 @@ Tensor TransformerLM::forward(const Tensor& tokens) {
   const int64_t S = tokens.size(1);
   REGEN_CHECK(S >= 1 && S <= config_.seq_len, config_.name, ": sequence length ", S,
               " is outside [1, ", config_.seq_len, "]");
-  if (!positions_.defined() || positions_.size(0) != S || positions_.device() != tokens.device()) {
-    CategoryScope cat(Category::input);
-    TagScope tag("positions");
-    positions_ = arange(S, DType::i64, tokens.device());
-  }
-  Tensor h = add(tok_emb_->forward(tokens), pos_emb_->forward(positions_));
+  prepare_inputs(tokens.device());
+  Tensor h = add(tok_emb_->forward(tokens), pos_emb_->forward(positions_.narrow0(0, S)));
   h = drop_->forward(h);
   {
     ModuleScope enc("encoder");
@@ -61,6 +57,13 @@ Tensor TransformerLM::forward(const Tensor& tokens) {
     for (TransformerEncoderLayer* layer : layers_) h = layer->forward(h, Tensor(), config_.causal);
   }
   return lm_head_->forward(h);
+}
+
+void TransformerLM::prepare_inputs(Device device) {
+  if (positions_.defined() && positions_.device() == device) return;
+  CategoryScope cat(Category::input);
+  TagScope tag("positions");
+  positions_ = arange(config_.seq_len, DType::i64, device);
 }
 
 Tensor TransformerLM::loss(const Tensor& logits, const Tensor& target) const {

@@ -18,13 +18,14 @@ class TransformerLM : public Model {
   Tensor forward(const Tensor& tokens) override;
   Tensor loss(const Tensor& logits, const Tensor& target) const override;
   void check_batch(const Batch& b) const override;
+  void prepare_inputs(Device device) override;
 
  private:
   Embedding *tok_emb_, *pos_emb_;
   Dropout* drop_;
   std::vector<TransformerEncoderLayer*> layers_;
   Linear* lm_head_;
-  Tensor positions_;  // arange(S), cached per length and device
+  Tensor positions_;  // arange(seq_len) on the model's device, created before the first step
 };
 
 }  // namespace regen

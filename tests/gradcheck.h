@@ -78,7 +78,7 @@ inline int gradcheck(const std::string& name, const TensorFn& f, std::vector<Ten
       const double numeric = (fp - fm) / (2 * opt.eps);
       const double err = std::fabs(ag[j] - numeric);
       const double tol = opt.atol + opt.rtol * std::fabs(numeric);
-      if (err > tol) {
+      if (!(err <= tol)) {  // NaN counts as a failure
         ++failures;
         if (printed++ < 5) {
           std::printf("%s: input %d element %lld: analytic %.10g numeric %.10g (err %.3g > %.3g)\n",

@@ -1,0 +1,67 @@
+// The training step with a canonical start (train.h).
+#include "models/train.h"
+
+#include <chrono>
+
+#include "kernels/kernels.h"
+#include "models/optim.h"
+
+namespace regen {
+
+Trainer::Trainer(Model& model, Optimizer& optimizer, DataSource& data, int64_t batch_size,
+                 Device device)
+    : model_(model), optimizer_(optimizer), data_(data), batch_size_(batch_size), device_(device) {
+  REGEN_CHECK(batch_size > 0, "batch size must be positive, got ", batch_size);
+  REGEN_CHECK(model.device() == device, "trainer: the model is on ", model.device().str(),
+              " but training was asked on ", device.str());
+}
+
+void Trainer::prepare() {
+  if (prepared_) return;
+  kernels::prepare_device(device_);
+  for (auto& kv : model_.named_parameters()) {
+    TensorImpl* impl = kv.second.impl().get();
+    if (impl->grad) continue;
+    CategoryScope cat(Category::gradient);
+    TagScope tag(kv.first + ".grad");
+    impl->grad = zeros(kv.second.shape(), kv.second.dtype(), device_).impl();
+  }
+  optimizer_.initialize_state();
+  model_.prepare_inputs(device_);
+  kernels::synchronize(device_);
+  prepared_ = true;
+}
+
+StepResult Trainer::step(StepObserver* observer) {
+  prepare();
+  CachingAllocator& alloc = allocator();
+  kernels::synchronize(device_);
+  alloc.empty_cache();
+  alloc.reset_peak();
+  const auto t0 = std::chrono::steady_clock::now();
+  if (observer) observer->on_iteration_begin(alloc);
+  StepResult r;
+  {
+    Batch batch = data_.next(batch_size_, device_);
+    model_.check_batch(batch);
+    optimizer_.zero_grad();
+    Tensor loss;
+    {
+      Tensor logits = model_.forward(batch.input);
+      loss = model_.loss(logits, batch.target);
+    }
+    r.loss = loss.dtype() == DType::f64 ? loss.item<double>() : loss.item<float>();
+    backward(loss);
+    loss = Tensor();
+    if (observer) observer->on_optimizer_begin(alloc);
+    optimizer_.step();
+    kernels::synchronize(device_);
+    if (observer) observer->on_optimizer_end(alloc);
+    r.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    if (observer) observer->on_iteration_end(alloc);
+  }
+  r.memory = alloc.stats();
+  return r;
+}
+
+}  // namespace regen

@@ -1,0 +1,58 @@
+// One training iteration with a canonical start. Before the first step, gradients, optimizer
+// state and model inputs that persist are created, so they take the same place in the allocator
+// every time; every step then drops the previous step's tensors, empties the allocator cache and
+// resets its peaks before touching anything. Every step therefore starts from the same allocator
+// layout, which is what lets a profiled iteration predict later ones to the byte.
+// Tests: tests/test_train.cpp; used by `regen train`, `profile`, `sweep`, `bench train`.
+#pragma once
+
+#include <vector>
+
+#include "models/data.h"
+#include "models/model.h"
+
+namespace regen {
+
+class Optimizer;
+
+// Observers of a step's phases (the profiler is one).
+class StepObserver {
+ public:
+  virtual ~StepObserver() = default;
+  // After the canonical start (cache emptied, peaks reset), before the batch is created.
+  virtual void on_iteration_begin(CachingAllocator&) {}
+  virtual void on_optimizer_begin(CachingAllocator&) {}
+  virtual void on_optimizer_end(CachingAllocator&) {}
+  // After the optimizer step, with the device synchronized; the batch is still alive.
+  virtual void on_iteration_end(CachingAllocator&) {}
+};
+
+struct StepResult {
+  double loss = 0;
+  double ms = 0;                  // wall time of the iteration (device synchronized)
+  MemoryStats memory;             // allocator statistics, peaks over this iteration
+};
+
+class Trainer {
+ public:
+  Trainer(Model& model, Optimizer& optimizer, DataSource& data, int64_t batch_size,
+          Device device);
+  // Creates gradients (zeros) and optimizer state before the first step; step() calls it once.
+  void prepare();
+  StepResult step(StepObserver* observer = nullptr);
+  CachingAllocator& allocator() const { return allocator_for(device_); }
+  Model& model() { return model_; }
+  Optimizer& optimizer() { return optimizer_; }
+  Device device() const { return device_; }
+  int64_t batch_size() const { return batch_size_; }
+
+ private:
+  Model& model_;
+  Optimizer& optimizer_;
+  DataSource& data_;
+  int64_t batch_size_;
+  Device device_;
+  bool prepared_ = false;
+};
+
+}  // namespace regen

@@ -1,0 +1,24 @@
+// Stage 1: the profiler. It runs warm-up steps, then instrumented steps with the allocator's
+// event log on and tape hooks marking every node's forward and backward, and builds a Profile:
+// the graph, the exact allocation sequence with markers, the layout the iteration started from,
+// and median timings. `regen profile` writes it as profile.json, a table and a Chrome trace.
+#pragma once
+
+#include <string>
+
+#include "models/train.h"
+#include "remat/profile.h"
+
+namespace regen {
+
+struct ProfileOptions {
+  int warmup = 1;      // plain steps first (caches, first-touch costs)
+  int iterations = 3;  // instrumented steps; timings are medians over them
+  std::string model_name;
+};
+
+// Extra hooks (e.g. a remat executor) may be installed on the tape while profiling; the
+// profile then describes the iteration as executed with them.
+Profile profile_training(Trainer& trainer, const ProfileOptions& options);
+
+}  // namespace regen
