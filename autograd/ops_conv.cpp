@@ -1,0 +1,94 @@
+// conv2d: the op over the kernels of kernels/cpu/conv2d.cpp (and their CUDA counterparts).
+// Gradient checks: tests/test_gradcheck_vision.cpp; forward values and errors:
+// tests/test_ops_vision.cpp.
+#include "autograd/op_util.h"
+
+namespace regen {
+using namespace detail;
+
+namespace {
+ConvShape conv_shape(const Shape& x, const Shape& w, const Conv2dAttrs& a) {
+  return make_conv_shape(x[0], x[1], x[2], x[3], w[0], w[2], w[3], a.stride_h, a.stride_w, a.pad_h,
+                         a.pad_w);
+}
+
+template <class T>
+void conv_fwd(OpContext& c) {
+  const Tensor &x = c.inputs[0], &w = c.inputs[1], &b = c.inputs[2];
+  const ConvShape s = conv_shape(x.shape(), w.shape(), c.attr<Conv2dAttrs>());
+  Tensor y = empty({s.N, s.K, s.P, s.Q}, x.dtype(), x.device());
+  REGEN_LAUNCH(x.device(), T, conv2d_forward, x.data<T>(), w.data<T>(),
+               b.defined() ? b.data<T>() : nullptr, y.data<T>(), s);
+  c.outputs = {y};
+}
+void conv_forward(OpContext& c) {
+  REGEN_FLOATING(c.inputs[0].dtype(), "conv2d", conv_fwd, c);
+}
+
+template <class T>
+void conv_bwd(BackwardContext& c) {
+  const Tensor x = c.saved(0), w = c.saved(1);
+  const Tensor& dy = c.grad_output(0);
+  const ConvShape s = conv_shape(x.shape(), w.shape(), c.attr<Conv2dAttrs>());
+  const Device dev = dy.device();
+  if (c.needs_grad(0)) {
+    Tensor dx = empty_like(x);
+    REGEN_LAUNCH(dev, T, conv2d_backward_data, dy.data<T>(), w.data<T>(), dx.data<T>(), s);
+    c.set_grad_input(0, dx);
+  }
+  const bool need_bias = c.attr<Conv2dAttrs>().has_bias && c.needs_grad(2);
+  if (c.needs_grad(1) || need_bias) {
+    // The launcher always writes dw; a bias-only gradient still needs a buffer for it.
+    Tensor dw = empty_like(w);
+    Tensor db = need_bias ? empty({s.K}, dy.dtype(), dev) : Tensor();
+    REGEN_LAUNCH(dev, T, conv2d_backward_filter, x.data<T>(), dy.data<T>(), dw.data<T>(),
+                 need_bias ? db.data<T>() : nullptr, s);
+    if (c.needs_grad(1)) c.set_grad_input(1, dw);
+    if (need_bias) c.set_grad_input(2, db);
+  }
+}
+void conv_backward(BackwardContext& c) {
+  REGEN_FLOATING(c.grad_output(0).dtype(), "conv2d backward", conv_bwd, c);
+}
+void conv_saves(const AttrBlob&, std::vector<SaveRef>& s) {
+  s = {{false, 0}, {false, 1}};
+}
+const OpDef kConv2d{"conv2d", 1, 1, false, conv_forward, conv_backward, conv_saves};
+REGEN_REGISTER_OP(conv2d, kConv2d);
+}  // namespace
+
+Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, int64_t stride,
+              int64_t padding) {
+  return conv2d(x, weight, bias, stride, stride, padding, padding);
+}
+
+Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, int64_t stride_h,
+              int64_t stride_w, int64_t pad_h, int64_t pad_w) {
+  check_defined("conv2d", x, "input");
+  check_defined("conv2d", weight, "weight");
+  check_floating("conv2d", x);
+  check_same_dtype("conv2d", x, weight);
+  REGEN_CHECK(x.dim() == 4, "conv2d: input ", sh(x.shape()), " must be 4-D (N, C, H, W)");
+  REGEN_CHECK(weight.dim() == 4, "conv2d: weight ", sh(weight.shape()),
+              " must be 4-D (K, C, R, S)");
+  REGEN_CHECK(x.size(1) == weight.size(1), "conv2d: input ", sh(x.shape()), " has ", x.size(1),
+              " channels but weight ", sh(weight.shape()), " expects ", weight.size(1));
+  if (bias.defined()) {
+    check_same_dtype("conv2d", x, bias);
+    REGEN_CHECK(bias.shape() == Shape{weight.size(0)}, "conv2d: bias ", sh(bias.shape()),
+                " does not match weight ", sh(weight.shape()), " (expected [", weight.size(0),
+                "])");
+  }
+  REGEN_CHECK(stride_h > 0 && stride_w > 0, "conv2d: stride ", stride_h, "x", stride_w,
+              " must be positive (input ", sh(x.shape()), ", weight ", sh(weight.shape()), ")");
+  REGEN_CHECK(pad_h >= 0 && pad_w >= 0, "conv2d: padding ", pad_h, "x", pad_w,
+              " must be non-negative (input ", sh(x.shape()), ", weight ", sh(weight.shape()), ")");
+  REGEN_CHECK(x.size(2) + 2 * pad_h >= weight.size(2) && x.size(3) + 2 * pad_w >= weight.size(3),
+              "conv2d: kernel ", weight.size(2), "x", weight.size(3), " of weight ",
+              sh(weight.shape()), " is larger than input ", sh(x.shape()), " padded by ", pad_h,
+              "x", pad_w);
+  const Conv2dAttrs a{stride_h, stride_w, pad_h, pad_w, bias.defined()};
+  return apply_op(OpKind::conv2d, a, {x, weight, bias})[0];
+}
+
+}  // namespace regen

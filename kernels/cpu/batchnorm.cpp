@@ -1,0 +1,164 @@
+// CPU batch normalization over (N, C, HW) (declared in kernels/kernels.h): training forward with
+// batch statistics and PyTorch's running-stat update, eval forward, and both backwards.
+// Every per-channel reduction is summed by one thread, image by image, in double: the result
+// does not depend on the thread count. Tests: tests/test_ops_vision.cpp (running stats, replay),
+// tests/test_gradcheck_vision.cpp (gradients).
+#include <omp.h>
+
+#include <cmath>
+
+#include "kernels/kernels.h"
+
+namespace regen::cpu {
+namespace {
+constexpr int64_t kParallelMin = 1 << 14;  // elements; below this one thread is faster
+
+// Sum over channel c of x (N, C, HW) of (x - center)^power, power 1 or 2.
+template <class T, int power>
+double channel_sum(const T* x, int64_t N, int64_t C, int64_t HW, int64_t c, double center) {
+  double acc = 0;
+  for (int64_t n = 0; n < N; ++n) {
+    const T* p = x + (n * C + c) * HW;
+    for (int64_t i = 0; i < HW; ++i) {
+      const double d = static_cast<double>(p[i]) - center;
+      acc += power == 1 ? d : d * d;
+    }
+  }
+  return acc;
+}
+
+// y = x * a[c] + b[c] over channel c.
+template <class T>
+void channel_affine(const T* x, T* y, int64_t N, int64_t C, int64_t HW, int64_t c, T a, T b) {
+  for (int64_t n = 0; n < N; ++n) {
+    const T* p = x + (n * C + c) * HW;
+    T* q = y + (n * C + c) * HW;
+    for (int64_t i = 0; i < HW; ++i) q[i] = p[i] * a + b;
+  }
+}
+}  // namespace
+
+template <class T>
+void batchnorm_forward_train(const T* x, const T* gamma, const T* beta, T* y, T* mean, T* invstd,
+                             T* running_mean, T* running_var, int64_t N, int64_t C, int64_t HW,
+                             double momentum, double eps) {
+  const int64_t M = N * HW;
+#pragma omp parallel for schedule(static) if (M * C > kParallelMin)
+  for (int64_t c = 0; c < C; ++c) {
+    const double mu = M > 0 ? channel_sum<T, 1>(x, N, C, HW, c, 0.0) / M : 0.0;
+    // A second pass around the mean: no cancellation for channels with a large offset.
+    const double sq = channel_sum<T, 2>(x, N, C, HW, c, mu);
+    const double var = M > 0 ? sq / static_cast<double>(M) : 0.0;
+    const double is = 1.0 / std::sqrt(var + eps);
+    mean[c] = static_cast<T>(mu);
+    invstd[c] = static_cast<T>(is);
+    const double a = static_cast<double>(gamma[c]) * is;
+    channel_affine(x, y, N, C, HW, c, static_cast<T>(a),
+                   static_cast<T>(static_cast<double>(beta[c]) - mu * a));
+    if (running_mean && running_var) {
+      const double unbiased = M > 1 ? sq / static_cast<double>(M - 1) : var;
+      running_mean[c] = static_cast<T>((1.0 - momentum) * running_mean[c] + momentum * mu);
+      running_var[c] = static_cast<T>((1.0 - momentum) * running_var[c] + momentum * unbiased);
+    }
+  }
+}
+
+template <class T>
+void batchnorm_forward_eval(const T* x, const T* gamma, const T* beta, const T* running_mean,
+                            const T* running_var, T* y, int64_t N, int64_t C, int64_t HW,
+                            double eps) {
+#pragma omp parallel for schedule(static) if (N * HW * C > kParallelMin)
+  for (int64_t c = 0; c < C; ++c) {
+    const double is = 1.0 / std::sqrt(static_cast<double>(running_var[c]) + eps);
+    const double a = static_cast<double>(gamma[c]) * is;
+    const double b = static_cast<double>(beta[c]) - static_cast<double>(running_mean[c]) * a;
+    channel_affine(x, y, N, C, HW, c, static_cast<T>(a), static_cast<T>(b));
+  }
+}
+
+// With xhat = (x - mean) * invstd and M = N*HW elements per channel:
+//   dbeta = sum dy, dgamma = sum dy * xhat,
+//   dx = gamma * invstd * (dy - dbeta / M - xhat * dgamma / M).
+template <class T>
+void batchnorm_backward(const T* dy, const T* x, const T* gamma, const T* mean, const T* invstd,
+                        T* dx, T* dgamma, T* dbeta, int64_t N, int64_t C, int64_t HW) {
+  const int64_t M = N * HW;
+#pragma omp parallel for schedule(static) if (M * C > kParallelMin)
+  for (int64_t c = 0; c < C; ++c) {
+    const double mu = static_cast<double>(mean[c]), is = static_cast<double>(invstd[c]);
+    double sum_dy = 0, sum_dy_xhat = 0;
+    for (int64_t n = 0; n < N; ++n) {
+      const T* g = dy + (n * C + c) * HW;
+      const T* p = x + (n * C + c) * HW;
+      for (int64_t i = 0; i < HW; ++i) {
+        sum_dy += static_cast<double>(g[i]);
+        sum_dy_xhat += static_cast<double>(g[i]) * (static_cast<double>(p[i]) - mu);
+      }
+    }
+    sum_dy_xhat *= is;
+    if (dbeta) dbeta[c] = static_cast<T>(sum_dy);
+    if (dgamma) dgamma[c] = static_cast<T>(sum_dy_xhat);
+    if (!dx || M == 0) continue;
+    // dx = k * dy + k_x * x + k_0, folded per channel.
+    const double k = static_cast<double>(gamma[c]) * is;
+    const double mean_dy = sum_dy / static_cast<double>(M);
+    const double kx = -k * is * sum_dy_xhat / static_cast<double>(M);
+    const double k0 = -k * mean_dy - kx * mu;
+    for (int64_t n = 0; n < N; ++n) {
+      const T* g = dy + (n * C + c) * HW;
+      const T* p = x + (n * C + c) * HW;
+      T* q = dx + (n * C + c) * HW;
+      for (int64_t i = 0; i < HW; ++i) {
+        q[i] = static_cast<T>(k * static_cast<double>(g[i]) + kx * static_cast<double>(p[i]) + k0);
+      }
+    }
+  }
+}
+
+// Eval mode normalizes with constants: dx = dy * gamma / sqrt(running_var + eps).
+template <class T>
+void batchnorm_backward_eval(const T* dy, const T* x, const T* gamma, const T* running_mean,
+                             const T* running_var, T* dx, T* dgamma, T* dbeta, int64_t N, int64_t C,
+                             int64_t HW, double eps) {
+#pragma omp parallel for schedule(static) if (N * HW * C > kParallelMin)
+  for (int64_t c = 0; c < C; ++c) {
+    const double is = 1.0 / std::sqrt(static_cast<double>(running_var[c]) + eps);
+    const double mu = static_cast<double>(running_mean[c]);
+    if (dgamma || dbeta) {
+      double sum_dy = 0, sum_dy_xhat = 0;
+      for (int64_t n = 0; n < N; ++n) {
+        const T* g = dy + (n * C + c) * HW;
+        const T* p = x + (n * C + c) * HW;
+        for (int64_t i = 0; i < HW; ++i) {
+          sum_dy += static_cast<double>(g[i]);
+          sum_dy_xhat += static_cast<double>(g[i]) * (static_cast<double>(p[i]) - mu);
+        }
+      }
+      if (dbeta) dbeta[c] = static_cast<T>(sum_dy);
+      if (dgamma) dgamma[c] = static_cast<T>(sum_dy_xhat * is);
+    }
+    if (dx) {
+      const T k = static_cast<T>(static_cast<double>(gamma[c]) * is);
+      for (int64_t n = 0; n < N; ++n) {
+        const T* g = dy + (n * C + c) * HW;
+        T* q = dx + (n * C + c) * HW;
+        for (int64_t i = 0; i < HW; ++i) q[i] = g[i] * k;
+      }
+    }
+  }
+}
+
+#define REGEN_INSTANTIATE(T)                                                                     \
+  template void batchnorm_forward_train<T>(const T*, const T*, const T*, T*, T*, T*, T*, T*,     \
+                                           int64_t, int64_t, int64_t, double, double);           \
+  template void batchnorm_forward_eval<T>(const T*, const T*, const T*, const T*, const T*, T*,  \
+                                          int64_t, int64_t, int64_t, double);                    \
+  template void batchnorm_backward<T>(const T*, const T*, const T*, const T*, const T*, T*, T*,  \
+                                      T*, int64_t, int64_t, int64_t);                            \
+  template void batchnorm_backward_eval<T>(const T*, const T*, const T*, const T*, const T*, T*, \
+                                           T*, T*, int64_t, int64_t, int64_t, double);
+REGEN_INSTANTIATE(float)
+REGEN_INSTANTIATE(double)
+#undef REGEN_INSTANTIATE
+
+}  // namespace regen::cpu

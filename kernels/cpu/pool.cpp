@@ -1,0 +1,150 @@
+// CPU pooling (declared in kernels/kernels.h): max pooling with an argmax index per output,
+// average pooling with count_include_pad=True, and global average pooling; forward and backward.
+// Work is split over (image, channel) planes and every plane is written by one thread, so the
+// backward scatters need no atomics and sum in a fixed order.
+// Tests: tests/test_ops_vision.cpp (against nested loops), tests/test_gradcheck_vision.cpp.
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/kernels.h"
+
+namespace regen::cpu {
+namespace {
+constexpr int64_t kParallelMin = 1 << 14;  // elements; below this one thread is faster
+
+// Rows [lo, hi) of the input that output row p's window covers, padding excluded.
+inline void window(int64_t p, int64_t stride, int64_t pad, int64_t k, int64_t extent, int64_t& lo,
+                   int64_t& hi) {
+  const int64_t start = p * stride - pad;
+  lo = std::max<int64_t>(start, 0);
+  hi = std::min<int64_t>(start + k, extent);
+}
+}  // namespace
+
+template <class T>
+void maxpool2d_forward(const T* x, T* y, int32_t* argmax, const PoolShape& s) {
+  const int64_t planes = s.N * s.C, hw = s.H * s.W, pq = s.P * s.Q;
+#pragma omp parallel for schedule(static) if (planes * pq * s.kh * s.kw > kParallelMin)
+  for (int64_t i = 0; i < planes; ++i) {
+    const T* in = x + i * hw;
+    for (int64_t p = 0; p < s.P; ++p) {
+      int64_t h0, h1;
+      window(p, s.stride_h, s.pad_h, s.kh, s.H, h0, h1);
+      for (int64_t q = 0; q < s.Q; ++q) {
+        int64_t w0, w1;
+        window(q, s.stride_w, s.pad_w, s.kw, s.W, w0, w1);
+        // Padding never competes; the first maximum in row-major window order wins ties, and a
+        // NaN, once seen, is kept (as PyTorch propagates it).
+        int64_t best_at = h0 * s.W + w0;
+        T best = in[best_at];
+        for (int64_t h = h0; h < h1; ++h) {
+          for (int64_t w = w0; w < w1; ++w) {
+            const T v = in[h * s.W + w];
+            if (v > best || (std::isnan(v) && !std::isnan(best))) {
+              best = v;
+              best_at = h * s.W + w;
+            }
+          }
+        }
+        y[i * pq + p * s.Q + q] = best;
+        argmax[i * pq + p * s.Q + q] = static_cast<int32_t>(best_at);
+      }
+    }
+  }
+}
+
+template <class T>
+void maxpool2d_backward(const T* dy, const int32_t* argmax, T* dx, const PoolShape& s) {
+  const int64_t planes = s.N * s.C, hw = s.H * s.W, pq = s.P * s.Q;
+#pragma omp parallel for schedule(static) if (planes * (pq + hw) > kParallelMin)
+  for (int64_t i = 0; i < planes; ++i) {
+    T* out = dx + i * hw;
+    std::fill(out, out + hw, T(0));
+    // Overlapping windows can pick the same element: add in output order.
+    for (int64_t j = 0; j < pq; ++j) out[argmax[i * pq + j]] += dy[i * pq + j];
+  }
+}
+
+template <class T>
+void avgpool2d_forward(const T* x, T* y, const PoolShape& s) {
+  const int64_t planes = s.N * s.C, hw = s.H * s.W, pq = s.P * s.Q;
+  // count_include_pad: padded positions count in the divisor (always kh*kw, as no window runs
+  // past the padded input).
+  const double inv = 1.0 / static_cast<double>(s.kh * s.kw);
+#pragma omp parallel for schedule(static) if (planes * pq * s.kh * s.kw > kParallelMin)
+  for (int64_t i = 0; i < planes; ++i) {
+    const T* in = x + i * hw;
+    for (int64_t p = 0; p < s.P; ++p) {
+      int64_t h0, h1;
+      window(p, s.stride_h, s.pad_h, s.kh, s.H, h0, h1);
+      for (int64_t q = 0; q < s.Q; ++q) {
+        int64_t w0, w1;
+        window(q, s.stride_w, s.pad_w, s.kw, s.W, w0, w1);
+        double acc = 0;
+        for (int64_t h = h0; h < h1; ++h) {
+          for (int64_t w = w0; w < w1; ++w) acc += static_cast<double>(in[h * s.W + w]);
+        }
+        y[i * pq + p * s.Q + q] = static_cast<T>(acc * inv);
+      }
+    }
+  }
+}
+
+template <class T>
+void avgpool2d_backward(const T* dy, T* dx, const PoolShape& s) {
+  const int64_t planes = s.N * s.C, hw = s.H * s.W, pq = s.P * s.Q;
+  const T inv = static_cast<T>(1.0 / static_cast<double>(s.kh * s.kw));
+#pragma omp parallel for schedule(static) if (planes * pq * s.kh * s.kw > kParallelMin)
+  for (int64_t i = 0; i < planes; ++i) {
+    T* out = dx + i * hw;
+    std::fill(out, out + hw, T(0));
+    for (int64_t p = 0; p < s.P; ++p) {
+      int64_t h0, h1;
+      window(p, s.stride_h, s.pad_h, s.kh, s.H, h0, h1);
+      for (int64_t q = 0; q < s.Q; ++q) {
+        int64_t w0, w1;
+        window(q, s.stride_w, s.pad_w, s.kw, s.W, w0, w1);
+        const T g = dy[i * pq + p * s.Q + q] * inv;
+        for (int64_t h = h0; h < h1; ++h) {
+          for (int64_t w = w0; w < w1; ++w) out[h * s.W + w] += g;
+        }
+      }
+    }
+  }
+}
+
+template <class T>
+void global_avgpool_forward(const T* x, T* y, int64_t NC, int64_t HW) {
+#pragma omp parallel for schedule(static) if (NC * HW > kParallelMin)
+  for (int64_t i = 0; i < NC; ++i) {
+    const T* in = x + i * HW;
+    double acc = 0;
+    for (int64_t j = 0; j < HW; ++j) acc += static_cast<double>(in[j]);
+    y[i] = static_cast<T>(HW > 0 ? acc / static_cast<double>(HW) : 0.0);
+  }
+}
+
+template <class T>
+void global_avgpool_backward(const T* dy, T* dx, int64_t NC, int64_t HW) {
+  const double inv = HW > 0 ? 1.0 / static_cast<double>(HW) : 0.0;
+#pragma omp parallel for schedule(static) if (NC * HW > kParallelMin)
+  for (int64_t i = 0; i < NC; ++i) {
+    const T g = static_cast<T>(static_cast<double>(dy[i]) * inv);
+    std::fill(dx + i * HW, dx + (i + 1) * HW, g);
+  }
+}
+
+#define REGEN_INSTANTIATE(T)                                                           \
+  template void maxpool2d_forward<T>(const T*, T*, int32_t*, const PoolShape&);        \
+  template void maxpool2d_backward<T>(const T*, const int32_t*, T*, const PoolShape&); \
+  template void avgpool2d_forward<T>(const T*, T*, const PoolShape&);                  \
+  template void avgpool2d_backward<T>(const T*, T*, const PoolShape&);                 \
+  template void global_avgpool_forward<T>(const T*, T*, int64_t, int64_t);             \
+  template void global_avgpool_backward<T>(const T*, T*, int64_t, int64_t);
+REGEN_INSTANTIATE(float)
+REGEN_INSTANTIATE(double)
+#undef REGEN_INSTANTIATE
+
+}  // namespace regen::cpu

@@ -1,0 +1,541 @@
+// Forward values of conv2d (and its two backward launchers) and of max/avg/global pooling against
+// plain nested loops, in f32 and f64; batchnorm2d running statistics and replay; transpose and
+// permute values; determinism; and the error messages of every vision op. Gradients are checked
+// by finite differences in tests/test_gradcheck_vision.cpp.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "autograd/ops.h"
+#include "kernels/kernels.h"
+
+using namespace regen;
+
+namespace {
+
+template <class T>
+Tensor rand_t(const Shape& s, uint64_t seed, double lo = -1, double hi = 1) {
+  Generator g(seed);
+  return uniform(s, lo, hi, g, dtype_of<T>::value);
+}
+
+// |got - want| <= atol + rtol*|want| everywhere; prints the first mismatches and the worst one.
+template <class T>
+void expect_close(const std::string& what, const std::vector<T>& got, const std::vector<T>& want,
+                  double atol, double rtol) {
+  REQUIRE_MESSAGE(got.size() == want.size(), what, ": sizes differ");
+  int bad = 0;
+  double worst = 0;
+  size_t worst_at = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double err = std::fabs(static_cast<double>(got[i]) - static_cast<double>(want[i]));
+    const double tol = atol + rtol * std::fabs(static_cast<double>(want[i]));
+    if (err > tol && bad++ < 5) {
+      MESSAGE(what, ": element ", i, " got ", got[i], " want ", want[i]);
+    }
+    if (err > worst) {
+      worst = err;
+      worst_at = i;
+    }
+  }
+  CHECK_MESSAGE(bad == 0, what, ": ", bad, " of ", got.size(), " elements out of tolerance, worst ",
+                worst, " at ", worst_at);
+}
+
+template <class T>
+double atol_for() {
+  return std::is_same<T, float>::value ? 2e-4 : 1e-11;
+}
+template <class T>
+double rtol_for() {
+  return std::is_same<T, float>::value ? 1e-4 : 1e-11;
+}
+
+// ---- Plain-loop references (double accumulation) ------------------------------------------------
+
+template <class T>
+std::vector<T> ref_conv_forward(const std::vector<T>& x, const std::vector<T>& w, const T* bias,
+                                const ConvShape& s) {
+  std::vector<T> y(static_cast<size_t>(s.N * s.K * s.P * s.Q));
+  for (int64_t n = 0; n < s.N; ++n)
+    for (int64_t k = 0; k < s.K; ++k)
+      for (int64_t p = 0; p < s.P; ++p)
+        for (int64_t q = 0; q < s.Q; ++q) {
+          double acc = bias ? static_cast<double>(bias[k]) : 0.0;
+          for (int64_t c = 0; c < s.C; ++c)
+            for (int64_t r = 0; r < s.R; ++r)
+              for (int64_t t = 0; t < s.S; ++t) {
+                const int64_t h = p * s.stride_h - s.pad_h + r, v = q * s.stride_w - s.pad_w + t;
+                if (h < 0 || h >= s.H || v < 0 || v >= s.W) continue;
+                acc += static_cast<double>(x[((n * s.C + c) * s.H + h) * s.W + v]) *
+                       static_cast<double>(w[((k * s.C + c) * s.R + r) * s.S + t]);
+              }
+          y[((n * s.K + k) * s.P + p) * s.Q + q] = static_cast<T>(acc);
+        }
+  return y;
+}
+
+// dx and dw by the same loops, scattering instead of gathering.
+template <class T>
+void ref_conv_backward(const std::vector<T>& x, const std::vector<T>& w, const std::vector<T>& dy,
+                       const ConvShape& s, std::vector<T>& dx, std::vector<T>& dw) {
+  std::vector<double> gx(x.size(), 0.0), gw(w.size(), 0.0);
+  for (int64_t n = 0; n < s.N; ++n)
+    for (int64_t k = 0; k < s.K; ++k)
+      for (int64_t p = 0; p < s.P; ++p)
+        for (int64_t q = 0; q < s.Q; ++q) {
+          const double g = static_cast<double>(dy[((n * s.K + k) * s.P + p) * s.Q + q]);
+          for (int64_t c = 0; c < s.C; ++c)
+            for (int64_t r = 0; r < s.R; ++r)
+              for (int64_t t = 0; t < s.S; ++t) {
+                const int64_t h = p * s.stride_h - s.pad_h + r, v = q * s.stride_w - s.pad_w + t;
+                if (h < 0 || h >= s.H || v < 0 || v >= s.W) continue;
+                const size_t xi = static_cast<size_t>(((n * s.C + c) * s.H + h) * s.W + v);
+                const size_t wi = static_cast<size_t>(((k * s.C + c) * s.R + r) * s.S + t);
+                gx[xi] += g * static_cast<double>(w[wi]);
+                gw[wi] += g * static_cast<double>(x[xi]);
+              }
+        }
+  dx.assign(gx.begin(), gx.end());
+  dw.assign(gw.begin(), gw.end());
+}
+
+struct ConvCase {
+  int64_t N, C, H, W, K, R, S, sh, sw, ph, pw;
+};
+
+// Forward through the op (with and without bias) and both backward launchers against the loops.
+template <class T>
+void check_conv(const ConvCase& c, uint64_t seed) {
+  const ConvShape s = make_conv_shape(c.N, c.C, c.H, c.W, c.K, c.R, c.S, c.sh, c.sw, c.ph, c.pw);
+  const std::string name =
+      std::string(dtype_name(dtype_of<T>::value)) + " conv x[" + std::to_string(c.N) + "," +
+      std::to_string(c.C) + "," + std::to_string(c.H) + "," + std::to_string(c.W) + "] k" +
+      std::to_string(c.R) + "x" + std::to_string(c.S) + " s" + std::to_string(c.sh) + "x" +
+      std::to_string(c.sw) + " p" + std::to_string(c.ph) + "x" + std::to_string(c.pw);
+  Tensor x = rand_t<T>({c.N, c.C, c.H, c.W}, seed), w = rand_t<T>({c.K, c.C, c.R, c.S}, seed + 1);
+  Tensor b = rand_t<T>({c.K}, seed + 2), dy = rand_t<T>({s.N, s.K, s.P, s.Q}, seed + 3);
+  const std::vector<T> xv = x.to_vector<T>(), wv = w.to_vector<T>(), bv = b.to_vector<T>();
+  const double atol = atol_for<T>(), rtol = rtol_for<T>();
+  Tensor y = conv2d(x, w, b, c.sh, c.sw, c.ph, c.pw);
+  CHECK(y.shape() == Shape{s.N, s.K, s.P, s.Q});
+  expect_close(name + " forward+bias", y.to_vector<T>(), ref_conv_forward(xv, wv, bv.data(), s),
+               atol, rtol);
+  Tensor y0 = conv2d(x, w, Tensor(), c.sh, c.sw, c.ph, c.pw);
+  expect_close(name + " forward", y0.to_vector<T>(), ref_conv_forward<T>(xv, wv, nullptr, s), atol,
+               rtol);
+
+  std::vector<T> want_dx, want_dw;
+  ref_conv_backward(xv, wv, dy.to_vector<T>(), s, want_dx, want_dw);
+  Tensor dx = full(x.shape(), 123.0, x.dtype());  // stale values must be overwritten
+  cpu::conv2d_backward_data<T>(dy.data<T>(), w.data<T>(), dx.data<T>(), s);
+  expect_close(name + " backward-data", dx.to_vector<T>(), want_dx, atol, rtol);
+  Tensor dw = full(w.shape(), 123.0, w.dtype()), db = full({c.K}, 123.0, w.dtype());
+  cpu::conv2d_backward_filter<T>(x.data<T>(), dy.data<T>(), dw.data<T>(), db.data<T>(), s);
+  expect_close(name + " backward-filter", dw.to_vector<T>(), want_dw, atol, rtol);
+  std::vector<T> want_db(static_cast<size_t>(c.K), T(0));
+  const std::vector<T> dyv = dy.to_vector<T>();
+  for (int64_t n = 0; n < s.N; ++n)
+    for (int64_t k = 0; k < s.K; ++k)
+      for (int64_t i = 0; i < s.P * s.Q; ++i) want_db[k] += dyv[(n * s.K + k) * s.P * s.Q + i];
+  expect_close(name + " dbias", db.to_vector<T>(), want_db, atol, rtol);
+}
+
+template <class T>
+std::vector<T> ref_pool(const std::vector<T>& x, const PoolShape& s, bool max,
+                        std::vector<int32_t>* argmax = nullptr) {
+  std::vector<T> y(static_cast<size_t>(s.N * s.C * s.P * s.Q));
+  if (argmax) argmax->assign(y.size(), -1);
+  for (int64_t i = 0; i < s.N * s.C; ++i)
+    for (int64_t p = 0; p < s.P; ++p)
+      for (int64_t q = 0; q < s.Q; ++q) {
+        double acc = 0, best = -INFINITY;
+        int32_t best_at = -1;
+        for (int64_t r = 0; r < s.kh; ++r)
+          for (int64_t t = 0; t < s.kw; ++t) {
+            const int64_t h = p * s.stride_h - s.pad_h + r, v = q * s.stride_w - s.pad_w + t;
+            if (h < 0 || h >= s.H || v < 0 || v >= s.W) continue;  // padding: 0 in the sum
+            const double val = static_cast<double>(x[(i * s.H + h) * s.W + v]);
+            acc += val;
+            if (val > best) {
+              best = val;
+              best_at = static_cast<int32_t>(h * s.W + v);
+            }
+          }
+        const size_t o = static_cast<size_t>((i * s.P + p) * s.Q + q);
+        y[o] = static_cast<T>(max ? best : acc / static_cast<double>(s.kh * s.kw));
+        if (argmax) (*argmax)[o] = best_at;
+      }
+  return y;
+}
+
+template <class T>
+void check_pools(const Shape& xs, int64_t k, int64_t stride, int64_t pad, uint64_t seed) {
+  // All-negative input: a padded zero must never win the max.
+  Tensor x = rand_t<T>(xs, seed, -2.0, -0.5);
+  const PoolShape s = make_pool_shape(xs[0], xs[1], xs[2], xs[3], k, k, stride, stride, pad, pad);
+  const std::string name = std::string(dtype_name(dtype_of<T>::value)) + " pool " + shape_str(xs) +
+                           " k" + std::to_string(k) + " s" + std::to_string(stride) + " p" +
+                           std::to_string(pad);
+  const std::vector<T> xv = x.to_vector<T>();
+  std::vector<int32_t> want_arg;
+  const std::vector<T> want_max = ref_pool(xv, s, true, &want_arg);
+  Tensor y = max_pool2d(x, k, stride, pad);
+  CHECK(y.shape() == Shape{s.N, s.C, s.P, s.Q});
+  CHECK_MESSAGE(y.to_vector<T>() == want_max, name, " max");  // a max is exact
+  std::vector<int32_t> arg(want_arg.size());
+  std::vector<T> ybuf(want_max.size());
+  cpu::maxpool2d_forward<T>(xv.data(), ybuf.data(), arg.data(), s);
+  CHECK_MESSAGE(arg == want_arg, name, " argmax");
+  expect_close(name + " avg", avg_pool2d(x, k, stride, pad).to_vector<T>(), ref_pool(xv, s, false),
+               atol_for<T>(), rtol_for<T>());
+}
+
+// Runs fn, expects a regen::Error whose message contains every piece.
+void expect_error(const std::function<void()>& fn, const std::vector<std::string>& pieces) {
+  bool thrown = false;
+  try {
+    fn();
+  } catch (const Error& e) {
+    thrown = true;
+    for (const std::string& p : pieces) {
+      CHECK_MESSAGE(e.message().find(p) != std::string::npos, "message \"", e.message(),
+                    "\" lacks \"", p, "\"");
+    }
+  }
+  CHECK_MESSAGE(thrown, "no regen::Error thrown; expected one containing \"", pieces.at(0), "\"");
+}
+
+}  // namespace
+
+// ---- conv2d
+// ---------------------------------------------------------------------------------------
+
+TEST_CASE_TEMPLATE("conv2d forward, backward-data and backward-filter match nested loops", T, float,
+                   double) {
+  const ConvCase cases[] = {
+      {2, 3, 9, 7, 5, 3, 3, 1, 1, 1, 1},    // 3x3 same padding, odd sizes
+      {3, 4, 8, 8, 6, 3, 3, 2, 2, 1, 1},    // 3x3 stride 2
+      {2, 5, 7, 9, 4, 1, 1, 1, 1, 0, 0},    // 1x1 stride 1 (batched images: small planes)
+      {1, 6, 33, 35, 3, 1, 1, 1, 1, 0, 0},  // 1x1 stride 1, one image: GEMM directly on x
+      {2, 5, 9, 8, 7, 1, 1, 2, 2, 0, 0},    // 1x1 stride 2
+      {2, 3, 23, 21, 4, 7, 7, 2, 2, 3, 3},  // 7x7 stride 2 pad 3
+      {1, 2, 5, 6, 3, 5, 6, 1, 1, 0, 0},    // kernel as large as the input
+      {2, 3, 6, 5, 2, 2, 3, 3, 1, 2, 0},    // asymmetric everything
+      {5, 2, 20, 20, 3, 3, 3, 1, 1, 1, 1},  // 400 pixels: groups of 3 then 2 images
+      {2, 2, 40, 36, 3, 3, 3, 1, 1, 1, 1},  // >= 1024 pixels: one image at a time
+  };
+  uint64_t seed = 100;
+  for (const ConvCase& c : cases) check_conv<T>(c, seed += 10);
+}
+
+TEST_CASE("conv2d cuts an image whose column matrix passes the 64 MiB workspace into row bands") {
+  // 16 channels x 7x7 taps x 150x150 outputs x 4 bytes = 70.6 MB of columns for one image.
+  check_conv<float>({1, 16, 150, 150, 2, 7, 7, 1, 1, 3, 3}, 7);
+}
+
+TEST_CASE("conv2d results are identical across two runs (forward and both backwards)") {
+  auto run = [] {
+    Tensor x = rand_t<float>({4, 8, 14, 14}, 1).set_requires_grad(true);
+    Tensor w = rand_t<float>({16, 8, 3, 3}, 2).set_requires_grad(true);
+    Tensor b = rand_t<float>({16}, 3).set_requires_grad(true);
+    Tensor y = conv2d(x, w, b, 1, 1);
+    backward(sum(mul(y, y)));
+    std::vector<std::vector<float>> out = {y.to_vector<float>(), x.grad().to_vector<float>(),
+                                           w.grad().to_vector<float>(),
+                                           b.grad().to_vector<float>()};
+    return out;
+  };
+  CHECK(run() == run());
+}
+
+// ---- pooling
+// --------------------------------------------------------------------------------------
+
+TEST_CASE_TEMPLATE("max_pool2d and avg_pool2d match nested loops; padding never wins", T, float,
+                   double) {
+  check_pools<T>({2, 3, 8, 8}, 2, 2, 0, 1);
+  check_pools<T>({1, 2, 7, 9}, 3, 2, 1, 2);  // ResNet's stem pool on odd sizes
+  check_pools<T>({2, 2, 5, 6}, 3, 1, 1, 3);
+  check_pools<T>({1, 1, 6, 7}, 4, 3, 2, 4);
+  check_pools<T>({3, 2, 4, 4}, 4, 4, 0, 5);  // one window per plane
+}
+
+TEST_CASE("max_pool2d: ties go to the first maximum in window order, and backward routes there") {
+  Tensor x = ones({1, 1, 4, 4}, DType::f64).set_requires_grad(true);
+  Tensor y = max_pool2d(x, 2, 2, 0);
+  backward(sum(y));
+  const std::vector<double> g = x.grad().to_vector<double>();
+  const std::vector<double> want = {1, 0, 1, 0, 0, 0, 0, 0, 1, 0, 1, 0, 0, 0, 0, 0};
+  CHECK(g == want);
+  // Overlapping windows that pick the same element add up there.
+  Tensor z = from_vector<double>({0, 0, 0, 0, 5, 0, 0, 0, 0}, {1, 1, 3, 3});
+  z.set_requires_grad(true);
+  backward(sum(max_pool2d(z, 2, 1, 0)));
+  CHECK(z.grad().to_vector<double>() == std::vector<double>{0, 0, 0, 0, 4, 0, 0, 0, 0});
+}
+
+TEST_CASE_TEMPLATE("global_avg_pool matches the plane means", T, float, double) {
+  Tensor x = rand_t<T>({3, 5, 7, 6}, 9);
+  Tensor y = global_avg_pool(x);
+  CHECK(y.shape() == Shape{3, 5, 1, 1});
+  const std::vector<T> xv = x.to_vector<T>();
+  std::vector<T> want(15);
+  for (size_t i = 0; i < 15; ++i) {
+    double acc = 0;
+    for (size_t j = 0; j < 42; ++j) acc += static_cast<double>(xv[i * 42 + j]);
+    want[i] = static_cast<T>(acc / 42);
+  }
+  expect_close("global_avg_pool", y.to_vector<T>(), want, atol_for<T>(), rtol_for<T>());
+}
+
+// ---- batchnorm2d
+// ----------------------------------------------------------------------------------
+
+TEST_CASE_TEMPLATE("batchnorm2d: one training step updates the running stats by the formula", T,
+                   float, double) {
+  const int64_t N = 3, C = 4, H = 5, W = 2, M = N * H * W;
+  Tensor x = rand_t<T>({N, C, H, W}, 11, -1, 3);
+  Tensor gamma = rand_t<T>({C}, 12, 0.5, 1.5), beta = rand_t<T>({C}, 13);
+  Tensor rm = rand_t<T>({C}, 14), rv = rand_t<T>({C}, 15, 0.5, 2);
+  const std::vector<T> xv = x.to_vector<T>(), rm0 = rm.to_vector<T>(), rv0 = rv.to_vector<T>();
+  const std::vector<T> gv = gamma.to_vector<T>(), bv = beta.to_vector<T>();
+  const double momentum = 0.3, eps = 1e-3;
+  Tensor y = batchnorm2d(x, gamma, beta, rm, rv, true, momentum, eps);
+  std::vector<T> want_rm(C), want_rv(C), want_y(xv.size());
+  for (int64_t c = 0; c < C; ++c) {
+    double s = 0, sq = 0;
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t i = 0; i < H * W; ++i) s += xv[(n * C + c) * H * W + i];
+    const double mean = s / M;
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t i = 0; i < H * W; ++i) {
+        const double d = xv[(n * C + c) * H * W + i] - mean;
+        sq += d * d;
+      }
+    want_rm[c] = static_cast<T>((1 - momentum) * rm0[c] + momentum * mean);
+    want_rv[c] = static_cast<T>((1 - momentum) * rv0[c] + momentum * sq / (M - 1));  // unbiased
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t i = 0; i < H * W; ++i) {
+        const size_t j = static_cast<size_t>((n * C + c) * H * W + i);
+        want_y[j] = static_cast<T>((xv[j] - mean) / std::sqrt(sq / M + eps) * gv[c] + bv[c]);
+      }
+  }
+  expect_close("running_mean", rm.to_vector<T>(), want_rm, atol_for<T>(), rtol_for<T>());
+  expect_close("running_var", rv.to_vector<T>(), want_rv, atol_for<T>(), rtol_for<T>());
+  expect_close("train output", y.to_vector<T>(), want_y, atol_for<T>(), rtol_for<T>());
+
+  // Eval uses the running statistics and leaves them alone.
+  const std::vector<T> rm1 = rm.to_vector<T>(), rv1 = rv.to_vector<T>();
+  Tensor ye = batchnorm2d(x, gamma, beta, rm, rv, false, momentum, eps);
+  for (int64_t c = 0; c < C; ++c)
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t i = 0; i < H * W; ++i) {
+        const size_t j = static_cast<size_t>((n * C + c) * H * W + i);
+        want_y[j] = static_cast<T>((xv[j] - rm1[c]) / std::sqrt(rv1[c] + eps) * gv[c] + bv[c]);
+      }
+  expect_close("eval output", ye.to_vector<T>(), want_y, atol_for<T>(), rtol_for<T>());
+  CHECK(rm.to_vector<T>() == rm1);
+  CHECK(rv.to_vector<T>() == rv1);
+}
+
+TEST_CASE("batchnorm2d: a replayed training node leaves running stats alone, same bits out") {
+  Tape& tape = Tape::current();
+  tape.clear();
+  Tensor x = rand_t<float>({2, 3, 4, 4}, 21).set_requires_grad(true);
+  Tensor gamma = rand_t<float>({3}, 22, 0.5, 1.5), beta = rand_t<float>({3}, 23);
+  Tensor rm = zeros({3}), rv = ones({3});
+  Tensor y = batchnorm2d(x, gamma, beta, rm, rv, true);
+  const std::vector<float> rm1 = rm.to_vector<float>(), rv1 = rv.to_vector<float>();
+  CHECK(rm1 != std::vector<float>(3, 0.0f));  // the recorded forward did update them
+  REQUIRE(tape.nodes().size() == 1);
+  REQUIRE(tape.node(0).kind == OpKind::batchnorm2d);
+  const std::vector<Tensor> out = tape.replay(0, {x, gamma, beta, rm, rv});
+  REQUIRE(out.size() == 3);
+  CHECK(out[0].to_vector<float>() == y.to_vector<float>());
+  CHECK(out[1].shape() == Shape{3});
+  CHECK(out[2].shape() == Shape{3});
+  CHECK(rm.to_vector<float>() == rm1);
+  CHECK(rv.to_vector<float>() == rv1);
+  // The recorded hidden outputs (saved for backward) equal the replayed ones bit for bit.
+  const Tensor mean = tape.value_tensor(tape.node(0).outputs[1]);
+  const Tensor invstd = tape.value_tensor(tape.node(0).outputs[2]);
+  CHECK(out[1].to_vector<float>() == mean.to_vector<float>());
+  CHECK(out[2].to_vector<float>() == invstd.to_vector<float>());
+  tape.clear();
+}
+
+TEST_CASE("batchnorm2d forward and backward are identical across two runs") {
+  auto run = [] {
+    Tensor x = rand_t<float>({4, 16, 9, 9}, 31, -1, 2).set_requires_grad(true);
+    Tensor gamma = rand_t<float>({16}, 32).set_requires_grad(true);
+    Tensor beta = rand_t<float>({16}, 33).set_requires_grad(true);
+    Tensor rm = zeros({16}), rv = ones({16});
+    Tensor y = batchnorm2d(x, gamma, beta, rm, rv, true);
+    backward(sum(mul(y, y)));
+    std::vector<std::vector<float>> out = {y.to_vector<float>(),
+                                           x.grad().to_vector<float>(),
+                                           gamma.grad().to_vector<float>(),
+                                           beta.grad().to_vector<float>(),
+                                           rm.to_vector<float>(),
+                                           rv.to_vector<float>()};
+    return out;
+  };
+  CHECK(run() == run());
+}
+
+// ---- transpose / permute
+// --------------------------------------------------------------------------
+
+TEST_CASE("transpose and permute move elements where the index maps say") {
+  Tensor x = arange(24, DType::f32).reshape({2, 3, 4});
+  Tensor t = transpose(x, 0, 2);
+  CHECK(t.shape() == Shape{4, 3, 2});
+  Tensor p = permute(x, {1, 2, 0});
+  CHECK(p.shape() == Shape{3, 4, 2});
+  const std::vector<float> tv = t.to_vector<float>(), pv = p.to_vector<float>();
+  for (int64_t a = 0; a < 2; ++a)
+    for (int64_t b = 0; b < 3; ++b)
+      for (int64_t c = 0; c < 4; ++c) {
+        const float v = static_cast<float>((a * 3 + b) * 4 + c);
+        CHECK(tv[(c * 3 + b) * 2 + a] == v);
+        CHECK(pv[(b * 4 + c) * 2 + a] == v);
+      }
+  Tensor d = transpose(arange(6, DType::f64).reshape({2, 3}), -2, -1);
+  CHECK(d.to_vector<double>() == std::vector<double>{0, 3, 1, 4, 2, 5});
+}
+
+// ---- errors
+// ---------------------------------------------------------------------------------------
+
+TEST_CASE("conv2d rejects bad input with messages naming the op and the shapes") {
+  Tensor x = zeros({2, 3, 8, 8}), w = zeros({4, 5, 3, 3});
+  expect_error([&] { conv2d(x, w); }, {"conv2d: input [2, 3, 8, 8] has 3 channels but weight "
+                                       "[4, 5, 3, 3] expects 5"});
+  Tensor w3 = zeros({4, 3, 3, 3});
+  expect_error([&] { conv2d(x, w3.to(DType::f64)); }, {"conv2d", "dtype mismatch", "f64"});
+  expect_error(
+      [&] {
+        conv2d(zeros({1, 3, 2, 2}), w3);
+      },
+      {"conv2d: kernel 3x3 of weight [4, 3, 3, 3] is larger than input [1, 3, 2, 2]"});
+  expect_error([&] { conv2d(x, w3, Tensor(), -1, 1, 0, 0); },
+               {"conv2d: stride -1x1 must be positive", "[2, 3, 8, 8]", "[4, 3, 3, 3]"});
+  expect_error([&] { conv2d(x, w3, Tensor(), 1, 1, 0, -2); },
+               {"conv2d: padding 0x-2 must be non-negative", "[2, 3, 8, 8]"});
+  expect_error([&] { conv2d(zeros({3, 8, 8}), w3); }, {"conv2d: input [3, 8, 8] must be 4-D"});
+  expect_error([&] { conv2d(x, zeros({4, 3, 3})); }, {"conv2d: weight [4, 3, 3] must be 4-D"});
+  expect_error([&] { conv2d(x, w3, zeros({5})); },
+               {"conv2d: bias [5] does not match weight [4, 3, 3, 3]"});
+  expect_error([&] { conv2d(x, w3, zeros({4}, DType::f64)); }, {"conv2d", "dtype mismatch"});
+  expect_error(
+      [&] {
+        conv2d(zeros({2, 3, 8, 8}, DType::i32), w3);
+      },
+      {"conv2d: expected a floating-point tensor"});
+  expect_error([&] { conv2d(Tensor(), w3); }, {"conv2d: input is undefined"});
+}
+
+TEST_CASE("batchnorm2d rejects bad input with messages naming the op and the shapes") {
+  Tensor x = zeros({2, 3, 4, 4}), c3 = ones({3});
+  expect_error([&] { batchnorm2d(x, ones({4}), c3, c3, c3, true); },
+               {"batchnorm2d: gamma [4] does not match the 3 channels of input [2, 3, 4, 4]"});
+  expect_error([&] { batchnorm2d(x, c3, c3, c3, zeros({2}), true); },
+               {"batchnorm2d: running_var [2]", "[2, 3, 4, 4]"});
+  expect_error([&] { batchnorm2d(x, c3, c3.to(DType::f64), c3, c3, true); },
+               {"batchnorm2d", "dtype mismatch"});
+  expect_error(
+      [&] {
+        batchnorm2d(zeros({2, 3, 4}), c3, c3, c3, c3, true);
+      },
+      {"batchnorm2d: input [2, 3, 4] must be 4-D"});
+  expect_error(
+      [&] {
+        batchnorm2d(zeros({1, 3, 1, 1}), c3, c3, c3, c3, true);
+      },
+      {"batchnorm2d: training needs more than one value per channel, input [1, 3, 1, 1]"});
+  expect_error([&] { batchnorm2d(x, c3, c3, c3, c3, true, 0.1, 0.0); },
+               {"batchnorm2d: eps 0 must be positive"});
+  expect_error([&] { batchnorm2d(x, c3, c3, c3, c3, true, 1.5); },
+               {"batchnorm2d", "momentum 1.5 in [0, 1]"});
+  Tensor rm = zeros({3});
+  rm.set_requires_grad(true);
+  expect_error([&] { batchnorm2d(x, c3, c3, rm, c3, true); },
+               {"batchnorm2d: running_mean and running_var are buffers"});
+  expect_error([&] { batchnorm2d(x, Tensor(), c3, c3, c3, true); },
+               {"batchnorm2d: gamma is undefined"});
+  expect_error(
+      [&] {
+        batchnorm2d(zeros({2, 3, 4, 4}, DType::i64), c3, c3, c3, c3, false);
+      },
+      {"batchnorm2d: expected a floating-point tensor"});
+}
+
+TEST_CASE("pooling ops reject bad input with messages naming the op and the shapes") {
+  Tensor x = zeros({1, 2, 5, 5});
+  expect_error([&] { max_pool2d(x, 7, 1, 0); },
+               {"max_pool2d: kernel 7x7 is larger than input [1, 2, 5, 5]"});
+  expect_error([&] { avg_pool2d(x, 6, 1, 0); },
+               {"avg_pool2d: kernel 6x6 is larger than input [1, 2, 5, 5]"});
+  expect_error([&] { max_pool2d(x, 3, -1, 0); },
+               {"max_pool2d: kernel 3 and stride -1 must be positive (input [1, 2, 5, 5])"});
+  expect_error([&] { avg_pool2d(x, 3, 1, 2); },
+               {"avg_pool2d: padding 2 must be between 0 and half the kernel 3"});
+  expect_error(
+      [&] {
+        max_pool2d(zeros({2, 5, 5}), 2, 2, 0);
+      },
+      {"max_pool2d: input [2, 5, 5] must be 4-D"});
+  expect_error(
+      [&] {
+        max_pool2d(zeros({1, 1, 4, 4}, DType::i32), 2, 2, 0);
+      },
+      {"max_pool2d: expected a floating-point tensor"});
+  expect_error(
+      [&] {
+        global_avg_pool(zeros({2, 3}));
+      },
+      {"global_avg_pool: input [2, 3] must be 4-D"});
+  expect_error(
+      [&] {
+        global_avg_pool(zeros({2, 3, 0, 4}));
+      },
+      {"global_avg_pool: input [2, 3, 0, 4] has an empty plane"});
+  // Argmax indices are i32. A shape-only tensor (no bytes) is enough to reach the check.
+  auto impl = std::make_shared<TensorImpl>();
+  impl->shape = {1, 1, 65536, 32769};
+  expect_error([&] { max_pool2d(Tensor(impl), 2, 2, 0); },
+               {"max_pool2d: input plane of [1, 1, 65536, 32769] is too large"});
+}
+
+TEST_CASE("transpose and permute reject bad dims with messages naming the op and the shapes") {
+  Tensor x = zeros({2, 3, 4});
+  expect_error(
+      [&] {
+        permute(x, {0, 1});
+      },
+      {"permute: dims (0, 1) do not match input [2, 3, 4] of 3 dimensions"});
+  expect_error(
+      [&] {
+        permute(x, {0, 1, 1});
+      },
+      {"permute: dims (0, 1, 1) are not a permutation", "[2, 3, 4]"});
+  expect_error([&] { permute(x, {0, 1, 3}); }, {"permute: dims (0, 1, 3) are not a permutation"});
+  expect_error([&] { transpose(x, 0, 3); },
+               {"transpose: dims 0 and 3 out of range for input [2, 3, 4]"});
+  Tensor seven = zeros({1, 1, 1, 1, 1, 1, 2});
+  expect_error(
+      [&] {
+        permute(seven, {0, 1, 2, 3, 4, 5, 6});
+      },
+      {"permute: input [1, 1, 1, 1, 1, 1, 2] has 7 dimensions; at most 6"});
+  expect_error([&] { transpose(seven, 0, 1); }, {"transpose: input [1, 1, 1, 1, 1, 1, 2] has 7"});
+  expect_error(
+      [&] {
+        transpose(zeros({2, 2}, DType::i64), 0, 1);
+      },
+      {"transpose: expected a floating-point tensor"});
+}

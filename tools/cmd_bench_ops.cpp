@@ -1,0 +1,194 @@
+// `regen bench ops`: times GEMM and the three conv2d launchers (forward, backward-data,
+// backward-filter) on the convolution shapes of ResNet-152 at batch 4, 224x224, f32, and prints
+// the median time, GFLOP/s and the thread count. With --json it also writes the rows, which
+// tools/bench_ops_torch.py reads to print PyTorch's figures beside them (docs/results.md).
+// Timings are never asserted anywhere; this is a measuring tool.
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+#include "kernels/kernels.h"
+#include "tools/command.h"
+#ifdef REGEN_WITH_CUDA
+#include "core/cuda/runtime.h"
+#endif
+
+namespace {
+using namespace regen;
+
+// Every distinct convolution of torchvision's ResNet-152 (stride on the 3x3, "v1.5") at batch 4
+// and how many times one forward pass runs it. Keep in sync with tools/bench_ops_torch.py.
+struct ConvCase {
+  const char* name;
+  int count;
+  int64_t N, C, H, W, K, R, S, stride, pad;
+};
+const ConvCase kConvShapes[] = {
+    {"stem 7x7/2", 1, 4, 3, 224, 224, 64, 7, 7, 2, 3},
+    {"s1 1x1 64>64", 1, 4, 64, 56, 56, 64, 1, 1, 1, 0},
+    {"s1 3x3 64", 3, 4, 64, 56, 56, 64, 3, 3, 1, 1},
+    {"s1 1x1 64>256", 4, 4, 64, 56, 56, 256, 1, 1, 1, 0},
+    {"s1 1x1 256>64", 2, 4, 256, 56, 56, 64, 1, 1, 1, 0},
+    {"s2 1x1 256>128 @56", 1, 4, 256, 56, 56, 128, 1, 1, 1, 0},
+    {"s2 3x3/2 128", 1, 4, 128, 56, 56, 128, 3, 3, 2, 1},
+    {"s2 1x1/2 256>512 ds", 1, 4, 256, 56, 56, 512, 1, 1, 2, 0},
+    {"s2 1x1 128>512", 8, 4, 128, 28, 28, 512, 1, 1, 1, 0},
+    {"s2 1x1 512>128", 7, 4, 512, 28, 28, 128, 1, 1, 1, 0},
+    {"s2 3x3 128", 7, 4, 128, 28, 28, 128, 3, 3, 1, 1},
+    {"s3 1x1 512>256 @28", 1, 4, 512, 28, 28, 256, 1, 1, 1, 0},
+    {"s3 3x3/2 256", 1, 4, 256, 28, 28, 256, 3, 3, 2, 1},
+    {"s3 1x1/2 512>1024 ds", 1, 4, 512, 28, 28, 1024, 1, 1, 2, 0},
+    {"s3 1x1 256>1024", 36, 4, 256, 14, 14, 1024, 1, 1, 1, 0},
+    {"s3 1x1 1024>256", 35, 4, 1024, 14, 14, 256, 1, 1, 1, 0},
+    {"s3 3x3 256", 35, 4, 256, 14, 14, 256, 3, 3, 1, 1},
+    {"s4 1x1 1024>512 @14", 1, 4, 1024, 14, 14, 512, 1, 1, 1, 0},
+    {"s4 3x3/2 512", 1, 4, 512, 14, 14, 512, 3, 3, 2, 1},
+    {"s4 1x1/2 1024>2048 ds", 1, 4, 1024, 14, 14, 2048, 1, 1, 2, 0},
+    {"s4 1x1 512>2048", 3, 4, 512, 7, 7, 2048, 1, 1, 1, 0},
+    {"s4 1x1 2048>512", 2, 4, 2048, 7, 7, 512, 1, 1, 1, 0},
+    {"s4 3x3 512", 2, 4, 512, 7, 7, 512, 3, 3, 1, 1},
+};
+// (M, N, K): square references and the GEMMs behind a few of the convolutions above.
+const int64_t kGemmShapes[][3] = {
+    {1024, 1024, 1024}, {2048, 2048, 2048}, {256, 3136, 64}, {1024, 196, 256}, {512, 49, 4608}};
+
+struct Row {
+  std::string kind, name;
+  int count;
+  double seconds, gflops;
+};
+
+void sync(Device d) {
+#ifdef REGEN_WITH_CUDA
+  if (d.is_cuda()) cuda::synchronize();
+#else
+  (void)d;
+#endif
+}
+
+// Median wall time of `repeats` runs after one warm-up run.
+template <class F>
+double median_seconds(Device d, int repeats, F&& fn) {
+  fn();
+  sync(d);
+  std::vector<double> t;
+  for (int i = 0; i < repeats; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    fn();
+    sync(d);
+    t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::sort(t.begin(), t.end());
+  return t.size() % 2 ? t[t.size() / 2] : 0.5 * (t[t.size() / 2 - 1] + t[t.size() / 2]);
+}
+
+void run(const std::string& device_text, int threads, int repeats, const std::string& json_path,
+         const std::string& only) {
+  const Device dev = Device::parse(device_text);
+  REGEN_CHECK(repeats > 0, "bench ops: --repeats must be positive, got ", repeats);
+  if (threads > 0) omp_set_num_threads(threads);
+  threads = omp_get_max_threads();
+  std::printf("# regen bench ops: device %s, %d CPU threads, f32, median of %d runs\n",
+              dev.str().c_str(), threads, repeats);
+  std::printf("%-16s %-24s %5s %10s %10s\n", "pass", "shape", "count", "ms", "GFLOP/s");
+  std::vector<Row> rows;
+  auto report = [&](const char* kind, const std::string& name, int count, double sec,
+                    double flops) {
+    rows.push_back({kind, name, count, sec, flops / sec / 1e9});
+    std::printf("%-16s %-24s %5d %10.3f %10.1f\n", kind, name.c_str(), count, sec * 1e3,
+                rows.back().gflops);
+    std::fflush(stdout);
+  };
+  Generator gen(1);
+  for (const auto& g : kGemmShapes) {
+    const int64_t M = g[0], N = g[1], K = g[2];
+    const std::string name =
+        "gemm " + std::to_string(M) + "x" + std::to_string(N) + "x" + std::to_string(K);
+    if (!only.empty() && name.find(only) == std::string::npos) continue;
+    Tensor a = uniform({M, K}, -1, 1, gen, DType::f32, dev);
+    Tensor b = uniform({K, N}, -1, 1, gen, DType::f32, dev);
+    Tensor c = empty({M, N}, DType::f32, dev);
+    const double sec = median_seconds(dev, repeats, [&] {
+      REGEN_LAUNCH(dev, float, gemm, false, false, M, N, K, 1.0f, a.data<float>(), K,
+                   b.data<float>(), N, 0.0f, c.data<float>(), N);
+    });
+    report("gemm", name, 1, sec, 2.0 * M * N * K);
+  }
+  double total = 0;
+  for (const ConvCase& cc : kConvShapes) {
+    if (!only.empty() && std::string(cc.name).find(only) == std::string::npos) continue;
+    const ConvShape s = make_conv_shape(cc.N, cc.C, cc.H, cc.W, cc.K, cc.R, cc.S, cc.stride,
+                                        cc.stride, cc.pad, cc.pad);
+    Tensor x = uniform({s.N, s.C, s.H, s.W}, -1, 1, gen, DType::f32, dev);
+    Tensor w = uniform({s.K, s.C, s.R, s.S}, -0.1, 0.1, gen, DType::f32, dev);
+    Tensor dy = uniform({s.N, s.K, s.P, s.Q}, -1, 1, gen, DType::f32, dev);
+    Tensor y = empty(dy.shape(), DType::f32, dev), dx = empty(x.shape(), DType::f32, dev);
+    Tensor dw = empty(w.shape(), DType::f32, dev);
+    const double flops = 2.0 * s.N * s.K * s.P * s.Q * s.C * s.R * s.S;
+    const double fwd = median_seconds(dev, repeats, [&] {
+      REGEN_LAUNCH(dev, float, conv2d_forward, x.data<float>(), w.data<float>(), nullptr,
+                   y.data<float>(), s);
+    });
+    report("forward", cc.name, cc.count, fwd, flops);
+    const double bwd_data = median_seconds(dev, repeats, [&] {
+      REGEN_LAUNCH(dev, float, conv2d_backward_data, dy.data<float>(), w.data<float>(),
+                   dx.data<float>(), s);
+    });
+    report("backward_data", cc.name, cc.count, bwd_data, flops);
+    const double bwd_filter = median_seconds(dev, repeats, [&] {
+      REGEN_LAUNCH(dev, float, conv2d_backward_filter, x.data<float>(), dy.data<float>(),
+                   dw.data<float>(), nullptr, s);
+    });
+    report("backward_filter", cc.name, cc.count, bwd_filter, flops);
+    // A training step never needs the gradient of the network's input (the stem's dx).
+    const bool needs_dx = std::string(cc.name).rfind("stem", 0) != 0;
+    total += cc.count * (fwd + (needs_dx ? bwd_data : 0.0) + bwd_filter);
+  }
+  if (only.empty()) {
+    std::printf(
+        "# all ResNet-152 convolutions of one training step at batch 4 (each shape times "
+        "its count): %.3f s\n",
+        total);
+  }
+  if (!json_path.empty()) {
+    nlohmann::json j;
+    j["device"] = dev.str();
+    j["threads"] = threads;
+    j["repeats"] = repeats;
+    j["conv_step_seconds"] = total;
+    for (const Row& r : rows) {
+      j["rows"].push_back({{"kind", r.kind},
+                           {"name", r.name},
+                           {"count", r.count},
+                           {"seconds", r.seconds},
+                           {"gflops", r.gflops}});
+    }
+    std::ofstream f(json_path);
+    REGEN_CHECK(f.good(), "bench ops: cannot write ", json_path);
+    f << j.dump(1) << "\n";
+  }
+}
+
+void setup(CLI::App& app) {
+  struct Options {
+    std::string device = "cpu", json, only;
+    int threads = 0, repeats = 5;
+  };
+  auto opt = std::make_shared<Options>();
+  app.add_option("--device", opt->device, "cpu or cuda[:N]")->capture_default_str();
+  app.add_option("--threads", opt->threads, "OpenMP threads (default: OpenMP's choice)");
+  app.add_option("--repeats", opt->repeats, "timed runs per case (median)")->capture_default_str();
+  app.add_option("--json", opt->json, "also write the rows as JSON (for bench_ops_torch.py)");
+  app.add_option("--only", opt->only, "only cases whose name contains this text");
+  app.callback([opt] { run(opt->device, opt->threads, opt->repeats, opt->json, opt->only); });
+}
+REGEN_COMMAND("bench ops", "time GEMM and conv2d on ResNet-152 shapes", setup);
+
+}  // namespace
