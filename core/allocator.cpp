@@ -191,7 +191,7 @@ CachingAllocator::CachingAllocator(std::unique_ptr<Arena> arena) : arena_(std::m
 
 CachingAllocator::~CachingAllocator() {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (stats_.live_blocks > 0) {
+  if (stats_.live_blocks > 0 && arena_->touches_memory()) {
     std::fprintf(stderr, "regen: allocator for %s destroyed with %lld live blocks (%s)\n",
                  arena_->name().c_str(), static_cast<long long>(stats_.live_blocks),
                  format_bytes(stats_.allocated.current).c_str());

@@ -3,6 +3,7 @@
 // and transformer.h. Tests: tests/test_models.cpp.
 #pragma once
 
+#include <deque>
 #include <map>
 #include <memory>
 #include <string>
@@ -70,8 +71,9 @@ class Module {
   void collect(const std::string& prefix, NamedTensors* params, NamedTensors* buffers,
                NamedTensors* extra) const;
   std::string name_;
-  std::vector<std::pair<std::string, Tensor>> params_;
-  std::vector<std::pair<std::string, Tensor>> buffers_;
+  // deques: register_* hands out references that must survive later registrations.
+  std::deque<std::pair<std::string, Tensor>> params_;
+  std::deque<std::pair<std::string, Tensor>> buffers_;
   std::vector<std::pair<std::string, std::unique_ptr<Module>>> children_;
   bool training_ = true;
   Device device_ = Device::cpu();

@@ -281,32 +281,50 @@ struct Evaluated {
   SimResult r;
 };
 
-// Smallest k in [0, n] whose plan fits the budget, by bisection over `make(k)` (the peak falls
-// as k grows, up to regeneration spikes, so the search also remembers the lowest peak seen).
-Evaluated search_prefix(const Simulator& sim, size_t n, int64_t budget,
+// The smallest k in [0, n] whose plan `make(k)` fits the budget. The peak usually falls as k
+// grows but not always (long regeneration chains can raise it again), so the search first scans
+// up to kCoarse evenly spaced k, then bisects between the last point that did not fit and the
+// first that did. Every evaluation is an exact simulation; `lowest` tracks the lowest peak seen.
+Evaluated search_prefix(const Simulator& sim, size_t n, int64_t budget, bool keep_chain,
                         const std::function<Decisions(size_t)>& make, int64_t& lowest) {
   auto eval = [&](size_t k) {
     Evaluated e{k, make(k), {}};
-    e.r = sim.run(build_schedule(sim.profile(), e.d));
+    e.r = sim.run(build_schedule(sim.profile(), e.d, keep_chain));
     lowest = std::min(lowest, e.r.peak_allocated);
     return e;
   };
-  Evaluated hi = eval(n);
-  if (hi.r.peak_allocated > budget) return hi;  // even everything does not fit
-  Evaluated lo = eval(0);
-  if (lo.r.peak_allocated <= budget) return lo;
-  size_t a = 0, b = n;  // a does not fit, b fits
-  while (b - a > 1) {
-    const size_t mid = a + (b - a) / 2;
-    Evaluated m = eval(mid);
-    if (m.r.peak_allocated <= budget) {
-      b = mid;
-      hi = std::move(m);
-    } else {
-      a = mid;
+  constexpr size_t kCoarse = 32;
+  std::vector<size_t> points;
+  for (size_t i = 0; i <= kCoarse; ++i) points.push_back(n * i / kCoarse);
+  points.erase(std::unique(points.begin(), points.end()), points.end());
+  Evaluated best{0, {}, {}};
+  bool have_best = false;
+  size_t prev_k = 0;
+  for (size_t k : points) {
+    Evaluated e = eval(k);
+    if (e.r.peak_allocated <= budget) {
+      // Bisect (prev_k, k]: prev_k did not fit.
+      size_t a = prev_k, b = k;
+      Evaluated fit = std::move(e);
+      while (b - a > 1) {
+        const size_t mid = a + (b - a) / 2;
+        Evaluated m = eval(mid);
+        if (m.r.peak_allocated <= budget) {
+          b = mid;
+          fit = std::move(m);
+        } else {
+          a = mid;
+        }
+      }
+      return fit;
     }
+    if (!have_best || e.r.peak_allocated < best.r.peak_allocated) {
+      best = std::move(e);
+      have_best = true;
+    }
+    prev_k = k;
   }
-  return hi;
+  return best;  // nothing fits: the lowest-peak plan evaluated
 }
 
 }  // namespace
@@ -323,6 +341,9 @@ Plan make_plan(const Simulator& sim, const std::string& policy, const Budget& bu
   Plan plan;
   plan.policy = policy;
   plan.budget_text = budget.str();
+  // blocks and sqrt keep what a regeneration recomputes on the way (torch.utils.checkpoint reruns
+  // a block once); mutwo regenerates each target from retained tensors only (Capuchin, mu-TWO).
+  plan.keep_chain = policy != "mutwo";
   const Decisions all_retain(p.saved.size(), Decision::retain);
   const SimResult none = sim.run(build_schedule(p, all_retain));
   plan.no_remat_peak = none.peak_allocated;
@@ -336,7 +357,7 @@ Plan make_plan(const Simulator& sim, const std::string& policy, const Budget& bu
     plan.predicted = none;
   } else if (policy == "sqrt") {
     plan.decisions = sqrt_segments(p);
-    plan.predicted = sim.run(build_schedule(p, plan.decisions));
+    plan.predicted = sim.run(build_schedule(p, plan.decisions, plan.keep_chain));
     lowest = std::min(lowest, plan.predicted.peak_allocated);
     plan.note = std::to_string(p.blocks.size()) + " blocks in segments of " +
                 std::to_string(static_cast<int>(std::ceil(std::sqrt(double(p.blocks.size())))));
@@ -354,10 +375,10 @@ Plan make_plan(const Simulator& sim, const std::string& policy, const Budget& bu
     }
     if (plan.budget_bytes == 0) {
       plan.decisions = make(n);
-      plan.predicted = sim.run(build_schedule(p, plan.decisions));
+      plan.predicted = sim.run(build_schedule(p, plan.decisions, plan.keep_chain));
       lowest = std::min(lowest, plan.predicted.peak_allocated);
     } else {
-      Evaluated e = search_prefix(sim, n, target, make, lowest);
+      Evaluated e = search_prefix(sim, n, target, plan.keep_chain, make, lowest);
       plan.decisions = std::move(e.d);
       plan.predicted = std::move(e.r);
       plan.note = std::string(policy == "blocks" ? "checkpointed the first " : "recomputes the first ") +

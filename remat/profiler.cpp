@@ -63,9 +63,12 @@ class Recorder final : public TapeHooks, public StepObserver {
   }
   void on_backward_start(Tape& tape) override {
     mark(MarkerKind::backward_start, -1);
+    // Copies without the tape's references: the profile must not keep tensors alive.
     graph_nodes_ = tape.nodes();
     graph_values_ = tape.values();
+    for (Value& v : graph_values_) v.leaf.reset();
     graph_saved_ = tape.saved();
+    for (SavedTensor& s : graph_saved_) s.storage.reset();
     backward_order_ = tape.backward_order();
     blocks_.clear();
     for (const BlockInfoRec& b : tape.blocks()) blocks_.push_back(tag_name(b.name));
