@@ -137,3 +137,15 @@ void adamw_step(float*, const float*, float*, float*, int64_t, double, double, d
 }
 
 }  // namespace regen::cuda
+
+// TRANSITIONAL settings until kernels/cuda lands them.
+namespace regen::cuda {
+namespace {
+ConvAlgo g_conv_algo = ConvAlgo::native;
+bool g_tf32 = false;
+}  // namespace
+void set_conv_algo(ConvAlgo algo) { g_conv_algo = algo; }
+ConvAlgo conv_algo() { return g_conv_algo; }
+void set_tf32(bool enabled) { g_tf32 = enabled; }
+bool tf32_enabled() { return g_tf32; }
+}  // namespace regen::cuda

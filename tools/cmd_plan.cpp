@@ -1,0 +1,68 @@
+// `regen plan`: stage 2. Plans a profile under a budget with one policy and writes plan.json and
+// decisions.csv; the prediction comes from the exact simulator.
+#include <cstdio>
+
+#include "core/io.h"
+#include "remat/planner.h"
+#include "remat/report.h"
+#include "tools/command.h"
+
+namespace regen::tool {
+namespace {
+
+struct Flags {
+  std::string profile = "profile.json";
+  std::string policy = "mutwo";
+  std::string budget;
+  std::string out = "plan.json";
+  std::string decisions = "decisions.csv";
+};
+
+void setup(CLI::App& app) {
+  auto f = std::make_shared<Flags>();
+  app.add_option("--profile", f->profile, "profile.json from `regen profile`")->capture_default_str();
+  app.add_option("--policy", f->policy, "none, blocks, sqrt or mutwo")
+      ->check(CLI::IsMember(policy_names()))
+      ->capture_default_str();
+  app.add_option("--budget", f->budget, "bytes (2GiB, 1.5GB) or a % of the no-remat peak (60%)");
+  app.add_option("--out", f->out, "where to write the plan")->capture_default_str();
+  app.add_option("--decisions", f->decisions, "where to write decisions.csv")->capture_default_str();
+  app.callback([f] {
+    const Profile p = load_profile(f->profile);
+    const Simulator sim(p);
+    const Plan plan = make_plan(sim, f->policy, Budget::parse(f->budget));
+    save_plan(plan, p, f->out);
+    write_file_atomic(f->decisions, decisions_csv(p, plan));
+    std::printf("plan %s for %s batch %d on %s, budget %s (%s)\n", plan.policy.c_str(),
+                p.model.c_str(), static_cast<int>(p.batch), p.device.c_str(),
+                plan.budget_text.c_str(),
+                plan.budget_bytes ? format_bytes(plan.budget_bytes).c_str() : "none");
+    std::printf("  %s\n", plan.feasible ? "feasible" : plan.note.c_str());
+    if (plan.feasible && !plan.note.empty()) std::printf("  %s\n", plan.note.c_str());
+    std::printf("  recompute %lld of %zu saved tensors (%s of %s)\n",
+                static_cast<long long>(plan.recomputed()), p.saved.size(),
+                format_bytes(plan.recomputed_bytes(p)).c_str(),
+                format_bytes([&] {
+                  int64_t b = 0;
+                  for (const ProfileSaved& s : p.saved) b += s.candidate ? static_cast<int64_t>(s.bytes) : 0;
+                  return b;
+                }()).c_str());
+    std::printf("  predicted peak allocated %s (no remat %s), reserved %s; lower bound %s\n",
+                format_bytes(plan.predicted.peak_allocated).c_str(),
+                format_bytes(plan.no_remat_peak).c_str(),
+                format_bytes(plan.predicted.peak_reserved).c_str(),
+                format_bytes(plan.lower_bound).c_str());
+    std::printf("  predicted step %.3f s (profiled %.3f s + %.3f s of recomputation in %lld op "
+                "replays); planned in %.1f ms\n",
+                plan.predicted.time_ms / 1000, p.iteration_ms / 1000,
+                plan.predicted.recompute_ms / 1000, static_cast<long long>(plan.predicted.replays),
+                plan.planning_ms);
+    std::printf("wrote %s and %s\n", f->out.c_str(), f->decisions.c_str());
+  });
+}
+REGEN_COMMAND("plan", "decide which activations to recompute under a budget (writes plan.json "
+                      "and decisions.csv)",
+              setup);
+
+}  // namespace
+}  // namespace regen::tool

@@ -1,0 +1,60 @@
+// `regen profile`: stage 1. Profiles training iterations of a model and writes profile.json, a
+// readable table (profile.txt) and a Chrome trace (trace.json).
+#include <cstdio>
+#include <sys/stat.h>
+
+#include "core/io.h"
+#include "remat/profiler.h"
+#include "remat/report.h"
+#include "tools/common.h"
+#include "tools/command.h"
+
+namespace regen::tool {
+namespace {
+
+struct Flags {
+  ModelFlags m;
+  int warmup = 1;
+  int iterations = 3;
+  std::string out = ".";
+  bool full = false;
+};
+
+void setup(CLI::App& app) {
+  auto f = std::make_shared<Flags>();
+  add_model_flags(app, f->m);
+  app.add_option("--warmup", f->warmup, "plain steps before profiling")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("--iterations", f->iterations, "instrumented steps (timings are their medians)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--out", f->out, "folder for profile.json, profile.txt and trace.json")
+      ->capture_default_str();
+  app.add_flag("--full", f->full, "print every op and activation, not only the largest");
+  app.callback([f] {
+    struct stat st;
+    REGEN_CHECK(::stat(f->out.c_str(), &st) == 0 && S_ISDIR(st.st_mode), "--out '", f->out,
+                "' is not an existing folder");
+    auto s = make_session(f->m, f->m.batch);
+    ProfileOptions po;
+    po.warmup = f->warmup;
+    po.iterations = f->iterations;
+    po.model_name = f->m.model;
+    const Profile p = profile_training(*s->trainer, po);
+    const std::string table = profile_table(p, true);
+    save_profile(p, f->out + "/profile.json");
+    write_file_atomic(f->out + "/profile.txt", table);
+    write_file_atomic(f->out + "/trace.json", profile_trace(p));
+    std::printf("%s", f->full ? table.c_str() : profile_table(p, false).c_str());
+    std::printf("\nwrote %s/profile.json, %s/profile.txt (every op and activation) and "
+                "%s/trace.json (open in https://ui.perfetto.dev)\n",
+                f->out.c_str(), f->out.c_str(), f->out.c_str());
+  });
+}
+REGEN_COMMAND("profile", "profile training iterations: per-op time and memory, activation "
+                         "lifetimes (writes profile.json, profile.txt, trace.json)",
+              setup);
+
+}  // namespace
+}  // namespace regen::tool

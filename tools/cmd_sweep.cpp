@@ -1,0 +1,259 @@
+// `regen sweep`: the seed experiments. For each batch size it profiles the model, measures
+// training without rematerialization, then plans and trains with each policy and budget, and
+// writes the seed-format summary table, decisions.csv per run, a CSV of every figure and the
+// memory timelines; with --plot it draws the PNGs through tools/plot.py.
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <sstream>
+
+#include "core/io.h"
+#include "remat/executor.h"
+#include "remat/profiler.h"
+#include "remat/report.h"
+#include "tools/common.h"
+#include "tools/command.h"
+
+namespace regen::tool {
+namespace {
+
+struct Flags {
+  ModelFlags m;
+  std::string batches = "4,8";
+  std::string policies = "mutwo";
+  std::string budgets = "50%";
+  int steps = 3;
+  std::string out = "sweep";
+  bool plot = false;
+};
+
+std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    if (!item.empty()) out.push_back(item);
+  }
+  return out;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
+struct Measured {
+  double ms = 0;
+  int64_t peak = 0, reserved = 0;
+  double regen_ms = 0;
+  int64_t replays = 0;
+};
+
+// A fresh model on an empty allocator, `steps` steps with the hooks installed.
+Measured measure(const ModelFlags& m, int64_t batch, int steps, RematExecutor* exec) {
+  allocator_for(resolve_device(m.device)).empty_cache();
+  auto s = make_session(m, batch);
+  if (exec) Tape::current().add_hooks(exec);
+  std::vector<double> ms;
+  Measured r;
+  try {
+    for (int i = 0; i < steps; ++i) {
+      const StepResult st = s->trainer->step();
+      ms.push_back(st.ms);
+      r.peak = std::max(r.peak, st.memory.allocated.peak);
+      r.reserved = std::max(r.reserved, st.memory.reserved.peak);
+    }
+  } catch (...) {
+    if (exec) Tape::current().remove_hooks(exec);
+    throw;
+  }
+  if (exec) {
+    Tape::current().remove_hooks(exec);
+    r.regen_ms = exec->regen_ms();
+    r.replays = exec->replays();
+  }
+  // The first step pays first-touch costs; the median of the rest is the step time.
+  if (ms.size() > 1) ms.erase(ms.begin());
+  r.ms = median(ms);
+  return r;
+}
+
+std::string timeline_csv(const Profile& p, const SimResult& r, const std::string& variant) {
+  std::ostringstream os;
+  for (const TimelinePoint& t : r.timeline) {
+    os << variant << "," << t.time_ms << ",\"" << t.label << "\"";
+    for (int c = 0; c < kNumCategories; ++c) os << "," << t.allocated_by[c];
+    os << "," << t.reserved << "\n";
+  }
+  (void)p;
+  return os.str();
+}
+
+void run(const Flags& f) {
+  struct stat st;
+  if (::stat(f.out.c_str(), &st) != 0) {
+    REGEN_CHECK(::mkdir(f.out.c_str(), 0755) == 0, "cannot create --out folder '", f.out, "'");
+  } else {
+    REGEN_CHECK(S_ISDIR(st.st_mode), "--out '", f.out, "' is not a folder");
+  }
+  std::vector<int64_t> batches;
+  for (const std::string& b : split(f.batches)) {
+    int64_t v = 0;
+    try {
+      v = std::stoll(b);
+    } catch (const std::exception&) {
+      v = 0;
+    }
+    REGEN_CHECK(v > 0, "--batches '", f.batches, "': '", b, "' is not a positive integer");
+    batches.push_back(v);
+  }
+  REGEN_CHECK(!batches.empty(), "--batches is empty");
+  const std::vector<std::string> policies = split(f.policies);
+  const std::vector<std::string> budgets = split(f.budgets);
+  const std::vector<std::string> known = policy_names();
+  for (const std::string& p : policies) {
+    REGEN_CHECK(std::count(known.begin(), known.end(), p) && p != "none",
+                "--policies: unknown or plain policy '", p, "' (use blocks, sqrt, mutwo)");
+  }
+  for (const std::string& b : budgets) {
+    if (b != "lowest") Budget::parse(b);  // fails early on a bad budget
+  }
+  std::vector<SweepRow> rows;
+  std::string tables;
+  std::string timelines = "variant,time_ms,label";
+  for (int c = 0; c < kNumCategories; ++c) timelines += std::string(",") + category_name(static_cast<Category>(c));
+  timelines += ",reserved\n";
+  const std::string stem = f.out + "/" + f.m.model;
+  for (int64_t batch : batches) {
+    std::printf("== %s batch %lld: profiling\n", f.m.model.c_str(), static_cast<long long>(batch));
+    std::fflush(stdout);
+    Profile profile;
+    {
+      allocator_for(resolve_device(f.m.device)).empty_cache();
+      auto s = make_session(f.m, batch);
+      ProfileOptions po;
+      po.warmup = 1;
+      po.iterations = 2;
+      po.model_name = f.m.model;
+      profile = profile_training(*s->trainer, po);
+    }
+    save_profile(profile, stem + "_b" + std::to_string(batch) + "_profile.json");
+    const Simulator sim(profile);
+    const Measured base = measure(f.m, batch, f.steps, nullptr);
+    std::printf("   no remat: peak %s, step %.3f s\n", format_bytes(base.peak).c_str(), base.ms / 1000);
+    if (batch == batches.front()) {
+      SimOptions so;
+      so.timeline = true;
+      timelines += timeline_csv(profile, sim.run(build_schedule(profile, std::vector<Decision>(profile.saved.size(), Decision::retain)), so), "none");
+    }
+    for (const std::string& policy : policies) {
+      for (const std::string& btext : budgets) {
+        Plan plan;
+        if (btext == "lowest") {
+          const Plan probe = make_plan(sim, policy, Budget::parse("1"));
+          Budget b;
+          b.kind = Budget::Kind::bytes;
+          b.value = static_cast<double>(probe.lowest_peak);
+          plan = make_plan(sim, policy, b);
+          plan.budget_text = "lowest";
+        } else {
+          plan = make_plan(sim, policy, Budget::parse(btext));
+        }
+        RematExecutor exec(profile, build_schedule(profile, plan.decisions, plan.keep_chain));
+        const Measured got = measure(f.m, batch, f.steps, &exec);
+        SweepRow row;
+        row.batch = batch;
+        row.policy = policy;
+        row.budget = plan.budget_text;
+        row.budget_gb = static_cast<double>(plan.budget_bytes) / (1ull << 30);
+        row.feasible = plan.feasible;
+        row.initial_peak_gb = static_cast<double>(base.peak) / (1ull << 30);
+        row.final_peak_gb = static_cast<double>(got.peak) / (1ull << 30);
+        row.predicted_peak_gb = static_cast<double>(plan.predicted.peak_allocated) / (1ull << 30);
+        row.initial_time_s = base.ms / 1000;
+        row.final_time_s = got.ms / 1000;
+        row.predicted_time_s = plan.predicted.time_ms / 1000;
+        row.recompute_s = got.regen_ms / 1000;
+        for (const ProfileSaved& s : profile.saved) {
+          if (!is_activation(profile, s)) continue;
+          const bool rc = plan.decisions[static_cast<size_t>(s.index)] == Decision::recompute;
+          (rc ? row.recomputed : row.retained) += 1;
+          (rc ? row.saved_gb : row.retained_gb) += static_cast<double>(s.bytes) / (1ull << 30);
+        }
+        rows.push_back(row);
+        const std::string tag = "_b" + std::to_string(batch) + "_" + policy + "_" +
+                                (btext == "lowest" ? "lowest" : btext.back() == '%' ? btext.substr(0, btext.size() - 1) + "pct" : btext);
+        write_file_atomic(stem + tag + "_decisions.csv", decisions_csv(profile, plan));
+        std::printf("   %s @ %s: peak %s (predicted %s%s), step %.3f s, recompute %.3f s, %lld of "
+                    "%lld activations recomputed%s\n",
+                    policy.c_str(), plan.budget_text.c_str(), format_bytes(got.peak).c_str(),
+                    format_bytes(plan.predicted.peak_allocated).c_str(),
+                    got.peak == plan.predicted.peak_allocated ? ", exact" : ", DIFFERS",
+                    got.ms / 1000, got.regen_ms / 1000, static_cast<long long>(row.recomputed),
+                    static_cast<long long>(row.recomputed + row.retained),
+                    plan.feasible ? "" : " (budget not met: lowest this policy reaches)");
+        std::fflush(stdout);
+        if (batch == batches.front() && policy == policies.front() && btext == budgets.front()) {
+          SimOptions so;
+          so.timeline = true;
+          timelines += timeline_csv(profile, sim.run(build_schedule(profile, plan.decisions, plan.keep_chain), so),
+                                    policy + "@" + plan.budget_text);
+        }
+      }
+    }
+  }
+  for (const std::string& policy : policies) {
+    for (const std::string& btext : budgets) {
+      std::vector<SweepRow> sel;
+      for (const SweepRow& r : rows) {
+        if (r.policy == policy && (r.budget == btext || (btext != "lowest" && r.budget == Budget::parse(btext).str()))) sel.push_back(r);
+      }
+      std::string upper = f.m.model;
+      std::transform(upper.begin(), upper.end(), upper.begin(), ::toupper);
+      tables += summary_table(upper + " ACTIVATION CHECKPOINTING SUMMARY (" + policy + ", budget " +
+                                  btext + ", GB = 2^30 bytes)",
+                              sel) +
+                "\n";
+    }
+  }
+  write_file_atomic(stem + "_summary.txt", tables);
+  write_file_atomic(stem + "_summary.csv", summary_csv(rows));
+  write_file_atomic(stem + "_timeline.csv", timelines);
+  std::printf("\n%s", tables.c_str());
+  std::printf("wrote %s_summary.txt, %s_summary.csv, %s_timeline.csv, per-run decisions CSVs and "
+              "profiles in %s/\n",
+              stem.c_str(), stem.c_str(), stem.c_str(), f.out.c_str());
+  if (f.plot) {
+    const std::string cmd = "python3 tools/plot.py --summary " + stem + "_summary.csv --timeline " +
+                            stem + "_timeline.csv --model " + f.m.model + " --out " + f.out;
+    std::printf("plotting: %s\n", cmd.c_str());
+    REGEN_CHECK(std::system(cmd.c_str()) == 0, "plotting failed (is python3-matplotlib installed? "
+                                               "run: REGEN_WITH_PLOTS=1 bash scripts/install-deps.sh)");
+  }
+}
+
+void setup(CLI::App& app) {
+  auto f = std::make_shared<Flags>();
+  add_model_flags(app, f->m, false);
+  app.add_option("--batches", f->batches, "comma-separated batch sizes")->capture_default_str();
+  app.add_option("--policy,--policies", f->policies, "comma-separated: blocks, sqrt, mutwo")
+      ->capture_default_str();
+  app.add_option("--budget,--budgets", f->budgets,
+                 "comma-separated budgets: bytes, % of the no-remat peak, or lowest (the lowest "
+                 "feasible for the policy)")
+      ->capture_default_str();
+  app.add_option("--steps", f->steps, "measured steps per run (the first is not timed)")
+      ->check(CLI::Range(2, 1000))
+      ->capture_default_str();
+  app.add_option("--out", f->out, "output folder (created if missing)")->capture_default_str();
+  app.add_flag("--plot", f->plot, "draw PNG plots with tools/plot.py (matplotlib)");
+  app.callback([f] { run(*f); });
+}
+REGEN_COMMAND("sweep", "the seed experiments: batches x policies x budgets, with and without "
+                       "remat (tables, CSV, plots)",
+              setup);
+
+}  // namespace
+}  // namespace regen::tool

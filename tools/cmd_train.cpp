@@ -1,0 +1,207 @@
+// `regen train`: trains a built-in model from the command line, optionally under a memory budget
+// with a rematerialization policy (profile, plan, then train with the plan).
+#include <algorithm>
+#include <cstdio>
+#include <iostream>
+#include <omp.h>
+
+#include "core/safetensors.h"
+#include "remat/executor.h"
+#include "remat/profiler.h"
+#include "tools/common.h"
+#include "tools/command.h"
+
+namespace regen::tool {
+namespace {
+
+struct TrainFlags {
+  ModelFlags m;
+  int64_t steps = 20;
+  std::string save, load;
+  std::string policy = "none";
+  std::string budget;
+  std::string profile_file, plan_file;
+  int profile_steps = 2;
+  std::string progress = "auto";
+};
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
+void print_step(bool bar, int64_t step, int64_t steps, const StepResult& r, int64_t batch,
+                int64_t peak) {
+  const double sps = r.ms > 0 ? 1000.0 * batch / r.ms : 0;
+  if (bar) {
+    const int width = 24;
+    const int done = static_cast<int>(width * step / steps);
+    std::printf("\rstep %lld/%lld [%s%s] loss %.4f | %.3f s/step | %.1f samples/s | peak %s ",
+                static_cast<long long>(step), static_cast<long long>(steps),
+                std::string(static_cast<size_t>(done), '=').c_str(),
+                std::string(static_cast<size_t>(width - done), ' ').c_str(), r.loss, r.ms / 1000.0,
+                sps, format_bytes(peak).c_str());
+    if (step == steps) std::printf("\n");
+  } else {
+    std::printf("step %lld/%lld loss %.4f time %.3f s samples/s %.1f peak %s\n",
+                static_cast<long long>(step), static_cast<long long>(steps), r.loss, r.ms / 1000.0,
+                sps, format_bytes(peak).c_str());
+  }
+  std::fflush(stdout);
+}
+
+void run(const TrainFlags& f) {
+  REGEN_CHECK(f.steps > 0, "--steps must be positive, got ", f.steps);
+  auto s = make_session(f.m, f.m.batch);
+  const int threads = omp_get_max_threads();
+  if (!f.load.empty()) {
+    const SafetensorsFile file = load_safetensors(f.load);
+    s->model->load_state_dict(file.tensors);
+    std::printf("loaded %s (%zu tensors)\n", f.load.c_str(), file.tensors.size());
+  }
+  std::printf("training %s (%lld parameters) on %s, %d threads: batch %lld, %lld steps, %s lr %g; "
+              "data: %s\n",
+              f.m.model.c_str(), static_cast<long long>(s->model->num_parameters()),
+              s->device.str().c_str(), threads, static_cast<long long>(f.m.batch),
+              static_cast<long long>(f.steps), f.m.optimizer.c_str(), f.m.lr,
+              s->data->describe().c_str());
+
+  // Remat: a profile (measured now, or loaded), a plan, an executor.
+  std::unique_ptr<Profile> profile;
+  std::unique_ptr<RematExecutor> exec;
+  Plan plan;
+  int64_t done = 0;
+  std::vector<double> losses, times;
+  int64_t peak_alloc = 0, peak_reserved = 0;
+  MemoryStats peak_stats;
+  auto record = [&](const StepResult& r) {
+    losses.push_back(r.loss);
+    times.push_back(r.ms);
+    if (r.memory.allocated.peak > peak_alloc) peak_stats = r.memory;
+    peak_alloc = std::max(peak_alloc, r.memory.allocated.peak);
+    peak_reserved = std::max(peak_reserved, r.memory.reserved.peak);
+  };
+  if (f.policy != "none" || !f.plan_file.empty()) {
+    if (!f.profile_file.empty()) {
+      profile = std::make_unique<Profile>(load_profile(f.profile_file));
+      REGEN_CHECK(profile->model == f.m.model && profile->batch == f.m.batch &&
+                      profile->device == s->device.str(),
+                  "--profile ", f.profile_file, " is for ", profile->model, " batch ",
+                  profile->batch, " on ", profile->device, ", not ", f.m.model, " batch ",
+                  f.m.batch, " on ", s->device.str());
+    } else {
+      ProfileOptions po;
+      po.warmup = 0;
+      po.iterations = std::max(1, f.profile_steps);
+      po.model_name = f.m.model;
+      std::printf("profiling %d step(s) without remat...\n", po.iterations);
+      profile = std::make_unique<Profile>(profile_training(*s->trainer, po));
+      done = po.iterations;
+    }
+    const Simulator sim(*profile);
+    if (!f.plan_file.empty()) {
+      plan = load_plan(f.plan_file, *profile);
+      plan.predicted = sim.run(build_schedule(*profile, plan.decisions, plan.keep_chain));
+    } else {
+      plan = make_plan(sim, f.policy, Budget::parse(f.budget));
+    }
+    std::printf("plan %s, budget %s: recompute %lld of %zu saved tensors; predicted peak %s "
+                "(no remat %s), predicted step %.3f s%s\n",
+                plan.policy.c_str(), plan.budget_text.c_str(),
+                static_cast<long long>(plan.recomputed()), profile->saved.size(),
+                format_bytes(plan.predicted.peak_allocated).c_str(),
+                format_bytes(plan.no_remat_peak).c_str(),
+                plan.predicted.time_ms / 1000.0, plan.feasible ? "" : " -- INFEASIBLE");
+    if (!plan.feasible) std::printf("  %s\n", plan.note.c_str());
+    exec = std::make_unique<RematExecutor>(*profile,
+                                           build_schedule(*profile, plan.decisions, plan.keep_chain));
+    Tape::current().add_hooks(exec.get());
+  }
+
+  std::string mode = f.progress;
+  if (mode == "auto") mode = stdout_is_terminal() ? "bar" : "plain";
+  const int64_t every = f.steps <= 50 ? 1 : f.steps / 20;
+  for (int64_t i = done; i < f.steps; ++i) {
+    StepResult r = s->trainer->step();
+    record(r);
+    if (mode != "none" && ((i + 1) % every == 0 || i + 1 == f.steps)) {
+      print_step(mode == "bar", i + 1, f.steps, r, f.m.batch, r.memory.allocated.peak);
+    }
+  }
+  if (exec) Tape::current().remove_hooks(exec.get());
+
+  // Summary.
+  std::vector<double> steady(times.begin() + (times.size() > 1 ? 1 : 0), times.end());
+  const double med = median(steady);
+  std::printf("\nsummary: %s on %s, batch %lld, %lld steps\n", f.m.model.c_str(),
+              s->device.str().c_str(), static_cast<long long>(f.m.batch),
+              static_cast<long long>(f.steps));
+  if (!losses.empty()) {
+    std::printf("  loss %.4f -> %.4f\n", losses.front(), losses.back());
+    std::printf("  step time %.3f s (median of %zu after the first), %.1f samples/s\n", med / 1000,
+                steady.size(), med > 0 ? 1000.0 * f.m.batch / med : 0.0);
+    std::printf("  peak memory: allocated %s, reserved %s\n", format_bytes(peak_alloc).c_str(),
+                format_bytes(peak_reserved).c_str());
+    std::printf("  at the peak:");
+    for (int c = 0; c < kNumCategories; ++c) {
+      if (peak_stats.allocated_by_at_peak[c]) {
+        std::printf(" %s %s;", category_name(static_cast<Category>(c)),
+                    format_bytes(peak_stats.allocated_by_at_peak[c]).c_str());
+      }
+    }
+    std::printf("\n");
+  }
+  if (exec) {
+    std::printf("  remat %s: predicted peak %s, measured %s (%s); %lld evictions and %lld "
+                "replays per step, %.3f s of recomputation\n",
+                plan.policy.c_str(), format_bytes(plan.predicted.peak_allocated).c_str(),
+                format_bytes(peak_alloc).c_str(),
+                plan.predicted.peak_allocated == peak_alloc ? "exact" : "differs",
+                static_cast<long long>(exec->evictions()), static_cast<long long>(exec->replays()),
+                exec->regen_ms() / 1000.0);
+    if (done > 0) {
+      std::printf("  (the first %lld step(s) ran without remat to profile; pass --profile FILE from "
+                  "`regen profile` to plan from the start)\n",
+                  static_cast<long long>(done));
+    }
+  }
+  if (!f.save.empty()) {
+    save_safetensors(f.save, s->model->state_dict(),
+                     {{"model", f.m.model}, {"steps", std::to_string(f.steps)},
+                      {"format", "regen-checkpoint-1"}});
+    std::printf("  saved %s\n", f.save.c_str());
+  }
+}
+
+void setup(CLI::App& app) {
+  auto f = std::make_shared<TrainFlags>();
+  add_model_flags(app, f->m);
+  app.add_option("--steps", f->steps, "training steps")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--save", f->save, "write the model's parameters and buffers to FILE.safetensors "
+                                    "(torchvision / torch.nn names; atomic)");
+  app.add_option("--load", f->load, "start from FILE.safetensors");
+  app.add_option("--policy", f->policy, "rematerialization policy: none, blocks, sqrt, mutwo")
+      ->check(CLI::IsMember(policy_names()))
+      ->capture_default_str();
+  app.add_option("--budget", f->budget, "memory budget: bytes (2GiB, 1.5GB) or a % of the "
+                                        "no-remat peak (60%)");
+  app.add_option("--profile", f->profile_file, "plan from this profile.json (from `regen profile`) "
+                                               "instead of profiling the first steps");
+  app.add_option("--plan", f->plan_file, "apply this plan.json (from `regen plan`; needs --profile)");
+  app.add_option("--profile-steps", f->profile_steps, "steps profiled before planning")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--progress", f->progress, "auto, bar, plain or none")
+      ->check(CLI::IsMember({"auto", "bar", "plain", "none"}))
+      ->capture_default_str();
+  app.callback([f] {
+    REGEN_CHECK(f->plan_file.empty() || !f->profile_file.empty(), "--plan needs --profile");
+    REGEN_CHECK(f->policy == "none" || f->plan_file.empty(), "give either --policy or --plan");
+    run(*f);
+  });
+}
+REGEN_COMMAND("train", "train a built-in model (optionally with a rematerialization policy)", setup);
+
+}  // namespace
+}  // namespace regen::tool
