@@ -1,0 +1,128 @@
+#!/usr/bin/env python3
+"""Plots of a `regen sweep` (Debian's python3-matplotlib):
+  <model>_peak_memory.png   peak memory vs batch size, without and with remat (bars)
+  <model>_latency.png       iteration latency vs batch size, without and with remat
+  <model>_timeline.png      memory by category over one iteration (no remat and one plan)
+Usage: python3 tools/plot.py --summary DIR/M_summary.csv --timeline DIR/M_timeline.csv \
+         --model M --out DIR
+"""
+import argparse
+import csv
+import os
+import sys
+
+try:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+except ImportError:
+    sys.exit("plot.py needs matplotlib: apt-get install python3-matplotlib "
+             "(or REGEN_WITH_PLOTS=1 bash scripts/install-deps.sh)")
+
+CATEGORIES = ["parameter", "gradient", "optimizer_state", "activation", "workspace", "input",
+              "other"]
+
+
+def read_rows(path):
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def plot_summary(rows, model, out):
+    batches = sorted({int(r["batch"]) for r in rows})
+    variants = []
+    for r in rows:
+        key = (r["policy"], r["budget"])
+        if key not in variants:
+            variants.append(key)
+    base_peak = {}
+    base_time = {}
+    for r in rows:
+        base_peak[int(r["batch"])] = float(r["initial_peak_gb"])
+        base_time[int(r["batch"])] = float(r["initial_time_s"])
+
+    def value(b, key, field):
+        for r in rows:
+            if int(r["batch"]) == b and (r["policy"], r["budget"]) == key:
+                return float(r[field])
+        return float("nan")
+
+    width = 0.8 / (1 + len(variants))
+    xs = range(len(batches))
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    ax.bar([x - 0.4 + width / 2 for x in xs], [base_peak[b] for b in batches], width,
+           label="no remat")
+    for i, key in enumerate(variants):
+        ax.bar([x - 0.4 + width * (i + 1.5) for x in xs],
+               [value(b, key, "final_peak_gb") for b in batches], width,
+               label=f"{key[0]} @ {key[1]}")
+    ax.set_xticks(list(xs))
+    ax.set_xticklabels([str(b) for b in batches])
+    ax.set_xlabel("batch size")
+    ax.set_ylabel("peak memory allocated (GiB)")
+    ax.set_title(f"{model}: peak memory vs batch size")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, f"{model}_peak_memory.png"), dpi=120)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    ax.plot(batches, [base_time[b] for b in batches], marker="o", label="no remat")
+    for key in variants:
+        ax.plot(batches, [value(b, key, "final_time_s") for b in batches], marker="o",
+                label=f"{key[0]} @ {key[1]}")
+    ax.set_xlabel("batch size")
+    ax.set_ylabel("iteration latency (s)")
+    ax.set_title(f"{model}: iteration latency vs batch size")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, f"{model}_latency.png"), dpi=120)
+    plt.close(fig)
+
+
+def plot_timeline(path, model, out):
+    rows = read_rows(path)
+    variants = []
+    for r in rows:
+        if r["variant"] not in variants:
+            variants.append(r["variant"])
+    fig, axes = plt.subplots(len(variants), 1, figsize=(9, 3.2 * len(variants)), sharey=True,
+                             squeeze=False)
+    for ax, v in zip(axes[:, 0], variants):
+        sel = [r for r in rows if r["variant"] == v]
+        steps = list(range(len(sel)))
+        series = [[int(r[c]) / 2**20 for r in sel] for c in CATEGORIES]
+        ax.stackplot(steps, *series, labels=CATEGORIES)
+        ax.plot(steps, [int(r["reserved"]) / 2**20 for r in sel], color="black", linewidth=0.8,
+                label="reserved")
+        ax.set_title(f"{model}: memory by category over one iteration ({v})")
+        ax.set_xlabel("op boundary (forward, then backward, then optimizer)")
+        ax.set_ylabel("MiB")
+    axes[0, 0].legend(fontsize=7, loc="upper left")
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, f"{model}_timeline.png"), dpi=120)
+    plt.close(fig)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--summary", required=True)
+    ap.add_argument("--timeline")
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args()
+    for p in [a.summary] + ([a.timeline] if a.timeline else []):
+        if not os.path.isfile(p):
+            sys.exit(f"plot.py: no such file: {p}")
+    plot_summary(read_rows(a.summary), a.model, a.out)
+    if a.timeline:
+        plot_timeline(a.timeline, a.model, a.out)
+    print(f"wrote {a.out}/{a.model}_peak_memory.png, {a.model}_latency.png"
+          + (f", {a.model}_timeline.png" if a.timeline else ""))
+
+
+if __name__ == "__main__":
+    main()
