@@ -16,8 +16,10 @@
 #include "remat/executor.h"
 #include "remat/profiler.h"
 #include "remat/report.h"
+#include "tests/test_util.h"
 
 using namespace regen;
+using regen::testing::error_of;
 
 namespace {
 
@@ -173,14 +175,6 @@ TEST_CASE("remat: a budget below the lower bound is reported as infeasible") {
 TEST_CASE("remat: malformed profile and plan files give clear errors") {
   const std::string dir = "/tmp/regen_remat_" + std::to_string(::getpid());
   const Profile profile = profile_of("transformer-tiny", 2, 1);
-  auto error_of = [](const std::function<void()>& f) {
-    try {
-      f();
-    } catch (const Error& e) {
-      return std::string(e.what());
-    }
-    return std::string();
-  };
   const std::string path = dir + "_profile.json";
   write_file_atomic(path, "{\"format\": \"regen-profile-1\", \"model\": 3}");
   CHECK(error_of([&] { load_profile(path); }).find(path) != std::string::npos);

@@ -7,23 +7,16 @@
 #include <functional>
 #include <unistd.h>
 
+#include "tests/test_util.h"
 #include "core/io.h"
 #include "core/safetensors.h"
 
 using namespace regen;
+using regen::testing::error_of;
 
 namespace {
 std::string tmp_path(const std::string& name) {
   return "/tmp/regen_test_" + std::to_string(::getpid()) + "_" + name;
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
 }
 
 // A file with the given header JSON and data bytes.
