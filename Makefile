@@ -19,6 +19,7 @@ build: configure
 	@cmake --build $(BUILD) -j $(JOBS)
 
 run: build
+	@REGEN_WITH_PLOTS=1 bash scripts/install-deps.sh
 	@bash scripts/main-job.sh $(BUILD)
 
 test: build

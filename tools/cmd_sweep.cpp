@@ -226,8 +226,13 @@ void run(const Flags& f) {
               "profiles in %s/\n",
               stem.c_str(), stem.c_str(), stem.c_str(), f.out.c_str());
   if (f.plot) {
-    const std::string cmd = "python3 tools/plot.py --summary " + stem + "_summary.csv --timeline " +
-                            stem + "_timeline.csv --model " + f.m.model + " --out " + f.out;
+    // Debian's python3 (with python3-matplotlib) rather than whatever python3 is first on PATH.
+    const char* env = std::getenv("REGEN_PYTHON");
+    struct stat py;
+    const std::string python = env ? env : (::stat("/usr/bin/python3", &py) == 0 ? "/usr/bin/python3" : "python3");
+    const std::string cmd = python + " " REGEN_SOURCE_DIR "/tools/plot.py --summary " + stem +
+                            "_summary.csv --timeline " + stem + "_timeline.csv --model " +
+                            f.m.model + " --out " + f.out;
     std::printf("plotting: %s\n", cmd.c_str());
     REGEN_CHECK(std::system(cmd.c_str()) == 0, "plotting failed (is python3-matplotlib installed? "
                                                "run: REGEN_WITH_PLOTS=1 bash scripts/install-deps.sh)");
