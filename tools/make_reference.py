@@ -18,10 +18,12 @@ import argparse
 import json
 import os
 import struct
+import sys
 
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 DTYPES = {torch.float32: "F32", torch.float64: "F64", torch.int32: "I32", torch.int64: "I64"}
 
@@ -49,79 +51,7 @@ def save_safetensors(path, tensors, metadata):
     os.replace(tmp, path)
 
 
-# ---- ResNet with bottleneck blocks, torchvision's layout ------------------------------------
-
-class Bottleneck(nn.Module):
-    expansion = 4
-
-    def __init__(self, inplanes, planes, stride):
-        super().__init__()
-        self.conv1 = nn.Conv2d(inplanes, planes, 1, bias=False)
-        self.bn1 = nn.BatchNorm2d(planes)
-        self.conv2 = nn.Conv2d(planes, planes, 3, stride=stride, padding=1, bias=False)
-        self.bn2 = nn.BatchNorm2d(planes)
-        self.conv3 = nn.Conv2d(planes, planes * 4, 1, bias=False)
-        self.bn3 = nn.BatchNorm2d(planes * 4)
-        self.downsample = None
-        if stride != 1 or inplanes != planes * 4:
-            self.downsample = nn.Sequential(
-                nn.Conv2d(inplanes, planes * 4, 1, stride=stride, bias=False),
-                nn.BatchNorm2d(planes * 4))
-
-    def forward(self, x):
-        out = F.relu(self.bn1(self.conv1(x)))
-        out = F.relu(self.bn2(self.conv2(out)))
-        out = self.bn3(self.conv3(out))
-        identity = x if self.downsample is None else self.downsample(x)
-        return F.relu(out + identity)
-
-
-class ResNet(nn.Module):
-    def __init__(self, blocks, width, num_classes):
-        super().__init__()
-        self.conv1 = nn.Conv2d(3, width, 7, stride=2, padding=3, bias=False)
-        self.bn1 = nn.BatchNorm2d(width)
-        self.maxpool = nn.MaxPool2d(3, stride=2, padding=1)
-        inplanes = width
-        for i, n in enumerate(blocks):
-            planes = width << i
-            layer = []
-            for b in range(n):
-                stride = 2 if (b == 0 and i > 0) else 1
-                layer.append(Bottleneck(inplanes, planes, stride))
-                inplanes = planes * 4
-            setattr(self, f"layer{i + 1}", nn.Sequential(*layer))
-        self.avgpool = nn.AdaptiveAvgPool2d(1)
-        self.fc = nn.Linear(inplanes, num_classes)
-        for m in self.modules():
-            if isinstance(m, nn.Conv2d):
-                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
-
-    def forward(self, x):
-        x = self.maxpool(F.relu(self.bn1(self.conv1(x))))
-        for i in range(4):
-            x = getattr(self, f"layer{i + 1}")(x)
-        return self.fc(torch.flatten(self.avgpool(x), 1))
-
-
-# ---- The tiny Transformer language model (regen's transformer-tiny) -------------------------
-
-class TransformerLM(nn.Module):
-    def __init__(self, vocab, seq, d, layers, heads, ff):
-        super().__init__()
-        self.tok_emb = nn.Embedding(vocab, d)
-        self.pos_emb = nn.Embedding(seq, d)
-        self.drop = nn.Dropout(0.0)
-        layer = nn.TransformerEncoderLayer(d, heads, ff, dropout=0.0, batch_first=True)
-        self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
-        self.lm_head = nn.Linear(d, vocab)
-
-    def forward(self, tokens):
-        s = tokens.shape[1]
-        h = self.tok_emb(tokens) + self.pos_emb(torch.arange(s))
-        h = self.drop(h)
-        mask = torch.triu(torch.full((s, s), float("-inf")), diagonal=1)  # causal
-        return self.lm_head(self.encoder(h, mask=mask))
+from torch_models import ResNet, TransformerLM, lm_loss  # noqa: E402  (tools/torch_models.py)
 
 
 def state_with_grads(model, loss, extra):
@@ -189,11 +119,8 @@ def main():
                           weight_decay="0.0001"))
 
     # Transformer: vocab 101, sequence 16, d_model 32, 2 layers, 4 heads, ff 64, batch 4.
-    def lm_loss(logits, targets):
-        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
-
     torch.manual_seed(2)
-    lm = TransformerLM(101, 16, 32, 2, 4, 64).train()
+    lm = TransformerLM(101, 16, 32, 2, 4, 64, dropout=0.0).train()
     init = {k: v.clone() for k, v in lm.state_dict().items()}
     tokens = torch.randint(0, 101, (4, 16))
     targets = torch.randint(0, 101, (4, 16))
@@ -205,7 +132,7 @@ def main():
     save_safetensors(os.path.join(a.out, "transformer-tiny_reference.safetensors"), ref,
                      dict(meta, model="transformer-tiny"))
     torch.manual_seed(3)
-    lm = TransformerLM(101, 16, 32, 2, 4, 64).train()
+    lm = TransformerLM(101, 16, 32, 2, 4, 64, dropout=0.0).train()
     init = {k: v.clone() for k, v in lm.state_dict().items()}
     batches = [(torch.randint(0, 101, (4, 16)), torch.randint(0, 101, (4, 16))) for _ in range(5)]
     losses = sgd_run(lm, batches, lm_loss, lr=0.1, momentum=0.9, weight_decay=0.0)
