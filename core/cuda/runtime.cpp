@@ -21,10 +21,14 @@ int device_count() {
 }
 
 void set_device(int index) {
-  const int n = device_count();
+  // Every launch calls this: remember the visible count and this thread's current device.
+  static const int n = device_count();
+  thread_local int current = -1;
+  if (index == current) return;
   REGEN_CHECK(index >= 0 && index < n, "CUDA device ", index, " does not exist (", n,
               " device(s) visible)");
   REGEN_CUDA_CHECK(cudaSetDevice(index));
+  current = index;
 }
 
 int current_device() {
