@@ -455,6 +455,10 @@ MemoryStats CachingAllocator::stats() const {
 
 void CachingAllocator::reset_peak() {
   std::lock_guard<std::mutex> lock(mutex_);
+  reset_peaks_locked();
+}
+
+void CachingAllocator::reset_peaks_locked() {
   auto reset = [](Stat& s) { s.peak = s.current; };
   reset(stats_.requested);
   reset(stats_.allocated);
@@ -596,16 +600,7 @@ void CachingAllocator::restore_state(const AllocatorState& st) {
   }
   next_segment_id_ = st.next_segment_id;
   next_alloc_id_ = st.next_alloc_id;
-  auto reset = [](Stat& x) { x.peak = x.current; };
-  reset(stats_.requested);
-  reset(stats_.allocated);
-  reset(stats_.reserved);
-  for (int i = 0; i < kNumCategories; ++i) {
-    reset(stats_.requested_by[i]);
-    reset(stats_.allocated_by[i]);
-    reset(stats_.reserved_by[i]);
-    stats_.allocated_by_at_peak[i] = stats_.allocated_by[i].current;
-  }
+  reset_peaks_locked();
 }
 
 Block* CachingAllocator::block_by_id(uint64_t id) const {

@@ -247,6 +247,7 @@ class CachingAllocator {
   void record_locked(MemoryEventKind kind, int64_t bytes, int64_t requested, Category c,
                      uint32_t tag, uint64_t block_id, uint64_t segment_id);
   void add_stat_locked(Stat& s, int64_t delta);
+  void reset_peaks_locked();
   [[noreturn]] void throw_oom_locked(uint64_t bytes, uint64_t rounded, Category c, uint32_t tag,
                                      const char* why);
   Pool& pool(bool small) { return small ? small_pool_ : large_pool_; }

@@ -87,16 +87,7 @@ int64_t memory_lower_bound(const Profile& p) {
     if (e.kind == MemoryEventKind::alloc && e.category == Category::input) inputs += e.bytes;
   }
   // Each node's own peak allocation inside its forward or backward window.
-  std::vector<int64_t> fb(p.nodes.size(), -1), fe(p.nodes.size(), -1), bb(p.nodes.size(), -1),
-      be(p.nodes.size(), -1);
-  for (const Marker& m : p.markers) {
-    if (m.node < 0) continue;
-    const size_t n = static_cast<size_t>(m.node);
-    if (m.kind == MarkerKind::fwd_begin) fb[n] = static_cast<int64_t>(m.position);
-    if (m.kind == MarkerKind::fwd_end) fe[n] = static_cast<int64_t>(m.position);
-    if (m.kind == MarkerKind::bwd_begin) bb[n] = static_cast<int64_t>(m.position);
-    if (m.kind == MarkerKind::bwd_end) be[n] = static_cast<int64_t>(m.position);
-  }
+  const NodeWindows w = node_windows(p);
   auto window_peak = [&](int64_t b, int64_t e) {
     int64_t cur = 0, peak = 0;
     for (int64_t i = b; b >= 0 && i < e; ++i) {
@@ -116,12 +107,12 @@ int64_t memory_lower_bound(const Profile& p) {
   int64_t working = 0;
   for (const ProfileNode& n : p.nodes) {
     std::set<int64_t> seen;
-    int64_t fwd = window_peak(fb[n.index], fe[n.index]);
+    int64_t fwd = window_peak(w.fwd_begin[n.index], w.fwd_end[n.index]);
     for (int64_t in : n.inputs) fwd += root_bytes(in, seen);
     working = std::max(working, fwd);
     if (n.bwd_rank < 0) continue;
     std::set<int64_t> seen_b;
-    int64_t bwd = window_peak(bb[n.index], be[n.index]);
+    int64_t bwd = window_peak(w.bwd_begin[n.index], w.bwd_end[n.index]);
     for (int64_t v : n.saved) bwd += root_bytes(v, seen_b);
     for (int k = 0; k < n.num_visible_outputs; ++k) {
       bwd += static_cast<int64_t>(

@@ -346,6 +346,22 @@ void validate_profile(const Profile& p, const std::string& origin) {
   REGEN_CHECK(p.batch > 0, origin, ": batch must be positive, got ", p.batch);
 }
 
+NodeWindows node_windows(const Profile& p) {
+  const size_t n = p.nodes.size();
+  NodeWindows w{std::vector<int64_t>(n, -1), std::vector<int64_t>(n, -1),
+                std::vector<int64_t>(n, -1), std::vector<int64_t>(n, -1)};
+  for (const Marker& m : p.markers) {
+    if (m.node < 0 || static_cast<size_t>(m.node) >= n) continue;
+    const size_t i = static_cast<size_t>(m.node);
+    const int64_t pos = static_cast<int64_t>(m.position);
+    if (m.kind == MarkerKind::fwd_begin) w.fwd_begin[i] = pos;
+    if (m.kind == MarkerKind::fwd_end) w.fwd_end[i] = pos;
+    if (m.kind == MarkerKind::bwd_begin) w.bwd_begin[i] = pos;
+    if (m.kind == MarkerKind::bwd_end) w.bwd_end[i] = pos;
+  }
+  return w;
+}
+
 void finalize_profile(Profile& p) {
   // Saved-tensor indices on root values, consumers.
   for (ProfileValue& v : p.values) {
@@ -402,16 +418,7 @@ void finalize_profile(Profile& p) {
     s.recompute_ms = s.candidate ? standalone_recompute_ms(p, s.index) : 0.0;
   }
   // Per-node bytes allocated and freed in its forward and backward windows.
-  std::vector<int64_t> fb(p.nodes.size(), -1), fe(p.nodes.size(), -1), bb(p.nodes.size(), -1),
-      be(p.nodes.size(), -1);
-  for (const Marker& m : p.markers) {
-    if (m.node < 0) continue;
-    const size_t n = static_cast<size_t>(m.node);
-    if (m.kind == MarkerKind::fwd_begin) fb[n] = static_cast<int64_t>(m.position);
-    if (m.kind == MarkerKind::fwd_end) fe[n] = static_cast<int64_t>(m.position);
-    if (m.kind == MarkerKind::bwd_begin) bb[n] = static_cast<int64_t>(m.position);
-    if (m.kind == MarkerKind::bwd_end) be[n] = static_cast<int64_t>(m.position);
-  }
+  const NodeWindows w = node_windows(p);
   auto tally = [&](int64_t b, int64_t e, int64_t& alloc, int64_t& freed) {
     alloc = freed = 0;
     if (b < 0 || e < b) return;
@@ -422,8 +429,8 @@ void finalize_profile(Profile& p) {
     }
   };
   for (size_t n = 0; n < p.nodes.size(); ++n) {
-    tally(fb[n], fe[n], p.nodes[n].fwd_alloc_bytes, p.nodes[n].fwd_free_bytes);
-    tally(bb[n], be[n], p.nodes[n].bwd_alloc_bytes, p.nodes[n].bwd_free_bytes);
+    tally(w.fwd_begin[n], w.fwd_end[n], p.nodes[n].fwd_alloc_bytes, p.nodes[n].fwd_free_bytes);
+    tally(w.bwd_begin[n], w.bwd_end[n], p.nodes[n].bwd_alloc_bytes, p.nodes[n].bwd_free_bytes);
   }
 }
 

@@ -115,6 +115,12 @@ struct Profile {
   const ProfileSaved* saved_of_value(int64_t value) const;
 };
 
+// Event positions of each node's forward and backward markers (-1 where a node has none).
+struct NodeWindows {
+  std::vector<int64_t> fwd_begin, fwd_end, bwd_begin, bwd_end;
+};
+NodeWindows node_windows(const Profile& p);
+
 // JSON (profile.json). save is atomic; load validates structure and cross-references and throws
 // regen::Error naming the file and the first problem.
 void save_profile(const Profile& p, const std::string& path);

@@ -6,17 +6,11 @@
 #include <ctime>
 #include <omp.h>
 
+#include "core/numeric.h"
 #include "kernels/kernels.h"
 
 namespace regen {
 namespace {
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 std::string today() {
   std::time_t t = std::time(nullptr);

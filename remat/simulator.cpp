@@ -26,16 +26,12 @@ Simulator::Simulator(const Profile& p) : p_(p) {
   // Each node's forward window: allocations made between its fwd_begin and fwd_end markers,
   // and frees of those allocations inside the window (workspace).
   windows_.assign(p.nodes.size(), {});
-  std::vector<uint64_t> begin(p.nodes.size(), UINT64_MAX), end(p.nodes.size(), UINT64_MAX);
-  for (const Marker& m : p.markers) {
-    if (m.kind == MarkerKind::fwd_begin) begin[static_cast<size_t>(m.node)] = m.position;
-    if (m.kind == MarkerKind::fwd_end) end[static_cast<size_t>(m.node)] = m.position;
-  }
+  const NodeWindows w = node_windows(p);
   for (size_t n = 0; n < p.nodes.size(); ++n) {
-    REGEN_CHECK(begin[n] != UINT64_MAX && end[n] != UINT64_MAX && begin[n] <= end[n],
-                "profile: node ", n, " has no forward markers");
+    REGEN_CHECK(w.fwd_begin[n] >= 0 && w.fwd_end[n] >= w.fwd_begin[n], "profile: node ", n,
+                " has no forward markers");
     std::unordered_set<uint64_t> mine;
-    for (uint64_t i = begin[n]; i < end[n]; ++i) {
+    for (int64_t i = w.fwd_begin[n]; i < w.fwd_end[n]; ++i) {
       const ProfileEvent& e = p.events[i];
       if (e.kind == MemoryEventKind::alloc) {
         mine.insert(e.block_id);

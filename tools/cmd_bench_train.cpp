@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <omp.h>
 
+#include "core/numeric.h"
 #include "tools/common.h"
 #include "tools/command.h"
 
@@ -34,8 +35,7 @@ void setup(CLI::App& app) {
     }
     std::vector<double> sorted = ms;
     std::sort(sorted.begin(), sorted.end());
-    const double med = sorted.size() % 2 ? sorted[sorted.size() / 2]
-                                         : 0.5 * (sorted[sorted.size() / 2 - 1] + sorted[sorted.size() / 2]);
+    const double med = median(ms);
     std::printf("bench train: %s batch %lld on %s, %d threads: median step %.3f s over %d steps "
                 "(min %.3f, max %.3f; %d warm-up), %.2f samples/s, peak allocated %s\n",
                 f->m.model.c_str(), static_cast<long long>(f->m.batch), s->device.str().c_str(),

@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "core/io.h"
+#include "core/numeric.h"
 #include "remat/executor.h"
 #include "remat/profiler.h"
 #include "remat/report.h"
@@ -37,11 +38,6 @@ std::vector<std::string> split(const std::string& s) {
     if (!item.empty()) out.push_back(item);
   }
   return out;
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
 }
 
 struct Measured {

@@ -5,6 +5,7 @@
 #include <iostream>
 #include <omp.h>
 
+#include "core/numeric.h"
 #include "core/safetensors.h"
 #include "remat/executor.h"
 #include "remat/profiler.h"
@@ -24,12 +25,6 @@ struct TrainFlags {
   int profile_steps = 2;
   std::string progress = "auto";
 };
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-}
 
 void print_step(bool bar, int64_t step, int64_t steps, const StepResult& r, int64_t batch,
                 int64_t peak) {
