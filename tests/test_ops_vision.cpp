@@ -3,6 +3,7 @@
 // permute values; determinism; and the error messages of every vision op. Gradients are checked
 // by finite differences in tests/test_gradcheck_vision.cpp.
 #include <doctest/doctest.h>
+#include <omp.h>
 
 #include <cmath>
 #include <functional>
@@ -217,24 +218,49 @@ void expect_error(const std::function<void()>& fn, const std::vector<std::string
 TEST_CASE_TEMPLATE("conv2d forward, backward-data and backward-filter match nested loops", T, float,
                    double) {
   const ConvCase cases[] = {
-      {2, 3, 9, 7, 5, 3, 3, 1, 1, 1, 1},    // 3x3 same padding, odd sizes
-      {3, 4, 8, 8, 6, 3, 3, 2, 2, 1, 1},    // 3x3 stride 2
-      {2, 5, 7, 9, 4, 1, 1, 1, 1, 0, 0},    // 1x1 stride 1 (batched images: small planes)
-      {1, 6, 33, 35, 3, 1, 1, 1, 1, 0, 0},  // 1x1 stride 1, one image: GEMM directly on x
-      {2, 5, 9, 8, 7, 1, 1, 2, 2, 0, 0},    // 1x1 stride 2
-      {2, 3, 23, 21, 4, 7, 7, 2, 2, 3, 3},  // 7x7 stride 2 pad 3
-      {1, 2, 5, 6, 3, 5, 6, 1, 1, 0, 0},    // kernel as large as the input
-      {2, 3, 6, 5, 2, 2, 3, 3, 1, 2, 0},    // asymmetric everything
-      {5, 2, 20, 20, 3, 3, 3, 1, 1, 1, 1},  // 400 pixels: groups of 3 then 2 images
-      {2, 2, 40, 36, 3, 3, 3, 1, 1, 1, 1},  // >= 1024 pixels: one image at a time
+      {2, 3, 9, 7, 5, 3, 3, 1, 1, 1, 1},      // 3x3 same padding, odd sizes
+      {3, 4, 8, 8, 6, 3, 3, 2, 2, 1, 1},      // 3x3 stride 2
+      {2, 5, 7, 9, 4, 1, 1, 1, 1, 0, 0},      // 1x1 stride 1: backward-data writes dx directly
+      {1, 6, 33, 35, 3, 1, 1, 1, 1, 0, 0},    // the same, one image, many column panels
+      {2, 5, 9, 8, 7, 1, 1, 2, 2, 0, 0},      // 1x1 stride 2
+      {2, 3, 23, 21, 4, 7, 7, 2, 2, 3, 3},    // 7x7 stride 2 pad 3
+      {1, 2, 5, 6, 3, 5, 6, 1, 1, 0, 0},      // kernel as large as the input
+      {2, 3, 6, 5, 2, 2, 3, 3, 1, 2, 0},      // asymmetric everything
+      {5, 2, 20, 20, 3, 3, 3, 1, 1, 1, 1},    // 400-pixel planes: GEMM tiles straddle images
+      {10, 3, 4, 4, 9, 3, 3, 1, 1, 0, 0},     // 2x2 planes: more image ends per tile than runs
+      {2, 17, 40, 36, 20, 3, 3, 1, 1, 1, 1},  // M, N and K past one register tile and KC
   };
   uint64_t seed = 100;
   for (const ConvCase& c : cases) check_conv<T>(c, seed += 10);
 }
 
-TEST_CASE("conv2d cuts an image whose column matrix passes the 64 MiB workspace into row bands") {
-  // 16 channels x 7x7 taps x 150x150 outputs x 4 bytes = 70.6 MB of columns for one image.
+TEST_CASE("conv2d backward-data tiles: whole images per tile, or row bands of one image") {
+  // 16 channels x 7x7 taps x 150x150 outputs x 4 bytes = 70.6 MB of dcol for one image: more than
+  // the 64 MiB budget, so backward-data folds bands of output rows.
   check_conv<float>({1, 16, 150, 150, 2, 7, 7, 1, 1, 3, 3}, 7);
+  // 27.9 MB per image: two images per tile, then the remaining one.
+  check_conv<float>({3, 64, 110, 110, 2, 3, 3, 1, 1, 1, 1}, 8);
+}
+
+TEST_CASE("conv2d gives the same bits with 1 and 2 threads") {
+  const ConvShape s = make_conv_shape(3, 40, 20, 20, 48, 3, 3, 1, 1, 1, 1);
+  Tensor x = rand_t<float>({s.N, s.C, s.H, s.W}, 1), w = rand_t<float>({s.K, s.C, 3, 3}, 2);
+  Tensor b = rand_t<float>({s.K}, 3), dy = rand_t<float>({s.N, s.K, s.P, s.Q}, 4);
+  auto run = [&](int threads) {
+    const int saved = omp_get_max_threads();
+    omp_set_num_threads(threads);
+    Tensor y = empty(dy.shape()), dx = empty(x.shape()), dw = empty(w.shape()), db = empty({s.K});
+    cpu::conv2d_forward<float>(x.data<float>(), w.data<float>(), b.data<float>(), y.data<float>(),
+                               s);
+    cpu::conv2d_backward_data<float>(dy.data<float>(), w.data<float>(), dx.data<float>(), s);
+    cpu::conv2d_backward_filter<float>(x.data<float>(), dy.data<float>(), dw.data<float>(),
+                                       db.data<float>(), s);
+    omp_set_num_threads(saved);
+    std::vector<std::vector<float>> out = {y.to_vector<float>(), dx.to_vector<float>(),
+                                           dw.to_vector<float>(), db.to_vector<float>()};
+    return out;
+  };
+  CHECK(run(1) == run(2));
 }
 
 TEST_CASE("conv2d results are identical across two runs (forward and both backwards)") {

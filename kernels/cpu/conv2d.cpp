@@ -1,76 +1,40 @@
 // CPU 2-D convolution (declared in kernels/kernels.h): forward, backward-data and
-// backward-filter as GEMMs on cpu::gemm.
+// backward-filter as GEMMs on the packed GEMM of kernels/cpu/packed_gemm.h.
 //
-//   forward          y_n (K, PQ)    = w (K, CRS) * col_n (CRS, PQ)          (+ bias)
-//   backward-data    dcol_n (CRS, PQ) = w^T (CRS, K) * dy_n (K, PQ), then col2im into dx_n
-//   backward-filter  dw (K, CRS)   += dy_n (K, PQ) * col_n^T (PQ, CRS)       over all images
+// Columns are the output pixels of the whole batch, g = n*PQ + p*Q + q; rows of the unfolded
+// input ("im2col") are the taps (c, r, s):
+//   forward          y (K, cols)      = w (K, CRS) * col (CRS, cols)       (+ bias)
+//   backward-filter  dw (K, CRS)      = dy (K, cols) * col^T (cols, CRS)
+//   backward-data    dcol (CRS, cols) = w^T (CRS, K) * dy (K, cols), folded back by col2im
+// The column matrix is never built for forward and backward-filter: the GEMM's B packing reads
+// pixels straight from x (implicit im2col), so those two passes need no workspace beyond the
+// packed panels. Backward-data materializes dcol for a tile of whole images (or, when one image
+// alone would pass kWorkspaceBudget, a band of output rows) and folds it into dx; a 1x1, stride-1,
+// unpadded convolution writes dx directly. Tile sizes depend only on the shape, so the workspace
+// requested is the same on every run (the memory simulator relies on it).
 //
-// A 1x1, stride-1, unpadded convolution needs no column matrix: x_n is col_n. Everything else
-// unfolds the input (im2col) into a Workspace. Work is cut into tiles whose size depends only on
-// the shape (never on the thread count or on timing), so the workspace requested is the same on
-// every run and the memory simulator can predict it:
-//   - small output planes (ResNet's 14x14 and 7x7 stages) put several images side by side in one
-//     wide column matrix, so each GEMM has enough columns to run at full speed;
-//   - a single image whose column matrix would pass kWorkspaceBudget is cut into bands of output
-//     rows.
-// Sums run in a fixed order (GEMM accumulation over tiles in image order, col2im per channel by
-// one thread, bias gradients per output channel), so results are deterministic for a given thread
-// count. Tests: tests/test_ops_vision.cpp (against nested loops), tests/test_gradcheck_vision.cpp.
+// Determinism: the packed GEMM sums every element in a fixed order with fixed block sizes, col2im
+// sums each channel on one thread in a fixed order, and bias gradients are summed per channel in
+// image order: results are identical run to run, for any thread count.
+// Tests: tests/test_ops_vision.cpp (against nested loops), tests/test_gradcheck_vision.cpp.
 #include <omp.h>
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 
 #include "core/tensor.h"
+#include "kernels/cpu/packed_gemm.h"
 #include "kernels/kernels.h"
 
 namespace regen::cpu {
 namespace {
 
-constexpr uint64_t kWorkspaceBudget = 64ull << 20;  // column matrix (+ staging) bytes per call
-constexpr int64_t kTargetCols = 1024;      // below this many output pixels, batch images per GEMM
-constexpr int64_t kParallelMin = 1 << 14;  // elements; below this im2col runs on one thread
+constexpr uint64_t kWorkspaceBudget = 64ull << 20;  // bytes of dcol per backward-data tile
+constexpr int64_t kParallelMin = 1 << 14;           // elements; below this col2im uses one thread
 
 int64_t ceil_div(int64_t a, int64_t b) {
   return (a + b - 1) / b;
-}
-
-// How one launcher call walks the batch. A tile is `images` whole images, or (when images == 1)
-// output rows [p0, p0 + rows) of one image.
-struct Tiling {
-  int64_t images = 1;
-  int64_t rows = 0;
-  bool direct = false;      // 1x1/stride 1/no padding, one image per tile: GEMM on x, dx directly
-  int64_t col_elems = 0;    // workspace elements of the column matrix
-  int64_t stage_elems = 0;  // workspace elements of the (K, images*PQ) staging matrix
-};
-
-Tiling plan_tiles(const ConvShape& s, size_t elem) {
-  Tiling t;
-  const int64_t crs = s.C * s.R * s.S, pq = s.P * s.Q;
-  const bool pointwise =
-      s.R == 1 && s.S == 1 && s.stride_h == 1 && s.stride_w == 1 && s.pad_h == 0 && s.pad_w == 0;
-  if (pq < kTargetCols && s.N > 1) {
-    // As few groups as reach kTargetCols columns, then spread the images evenly over them so no
-    // group is left with a narrow remainder.
-    const int64_t want = std::min<int64_t>(s.N, ceil_div(kTargetCols, pq));
-    const int64_t per_image = static_cast<int64_t>(elem) * (crs + s.K) * pq;
-    const int64_t fit = std::max<int64_t>(1, static_cast<int64_t>(kWorkspaceBudget) / per_image);
-    const int64_t groups = ceil_div(s.N, std::min(want, fit));
-    t.images = ceil_div(s.N, groups);
-  }
-  t.rows = s.P;
-  if (t.images == 1) {
-    t.direct = pointwise;
-    const int64_t row_bytes = static_cast<int64_t>(elem) * crs * s.Q;
-    if (!t.direct) {
-      t.rows = std::clamp<int64_t>(
-          static_cast<int64_t>(kWorkspaceBudget) / std::max<int64_t>(row_bytes, 1), 1, s.P);
-    }
-  }
-  t.col_elems = t.direct ? 0 : crs * t.images * t.rows * s.Q;
-  t.stage_elems = t.images > 1 ? s.K * t.images * pq : 0;
-  return t;
 }
 
 // Valid q of kernel column `ks`: 0 <= q*stride_w - pad_w + ks < W.
@@ -82,35 +46,117 @@ void valid_q(const ConvShape& s, int64_t ks, int64_t& q_lo, int64_t& q_hi) {
   q_lo = std::min(q_lo, q_hi);
 }
 
-// col rows (c, r, ks), columns (p - p0, q) for output rows [p0, p1) of image x: (C, H, W).
-// Row i starts at col + i*ld. Padding reads as zero.
+// ---- Matrix sources: each copies `len` elements of one row, from column col0 on, to dst with
+// stride ds. The packing adapters below turn them into GEMM operands.
+
+// The unfolded input: row (c, r, s), column g = base + col: image g / PQ, pixel (p, q).
 template <class T>
-void im2col(const T* x, T* col, int64_t ld, int64_t p0, int64_t p1, const ConvShape& s) {
-  const int64_t rows = s.C * s.R * s.S, RS = s.R * s.S;
-#pragma omp parallel for schedule(static) if (rows * (p1 - p0) * s.Q > kParallelMin)
-  for (int64_t row = 0; row < rows; ++row) {
-    const int64_t c = row / RS, r = (row / s.S) % s.R, ks = row % s.S;
-    const T* plane = x + c * s.H * s.W;
-    T* out = col + row * ld;
+struct ColSource {
+  const T* x;
+  ConvShape s;
+  int64_t base;
+  void segment(int64_t row, int64_t col0, int64_t len, T* dst, int64_t ds) const {
+    const int64_t c = row / (s.R * s.S), r = (row / s.S) % s.R, ks = row % s.S;
+    const int64_t pq = s.P * s.Q;
     int64_t q_lo, q_hi;
     valid_q(s, ks, q_lo, q_hi);
-    for (int64_t p = p0; p < p1; ++p, out += s.Q) {
+    for (int64_t g = base + col0, end = g + len; g < end;) {
+      const int64_t img = g / pq, p = g % pq / s.Q, q = g % s.Q;
+      const int64_t run = std::min(s.Q - q, end - g);  // within one output row
       const int64_t ih = p * s.stride_h - s.pad_h + r;
-      if (ih < 0 || ih >= s.H) {
-        std::fill(out, out + s.Q, T(0));
-        continue;
-      }
-      const int64_t base = ih * s.W - s.pad_w + ks;  // input index of q = 0
-      std::fill(out, out + q_lo, T(0));
-      if (s.stride_w == 1) {
-        if (q_hi > q_lo) std::memcpy(out + q_lo, plane + base + q_lo, (q_hi - q_lo) * sizeof(T));
+      // Valid pixels of this run are [a, b); padding reads as zero.
+      const int64_t a = std::clamp(q_lo, q, q + run), b = std::clamp(q_hi, a, q + run);
+      const bool inside = ih >= 0 && ih < s.H && a < b;
+      if (!inside) {
+        for (int64_t t = 0; t < run; ++t) dst[t * ds] = T(0);
       } else {
-        for (int64_t q = q_lo; q < q_hi; ++q) out[q] = plane[base + q * s.stride_w];
+        const T* src = x + ((img * s.C + c) * s.H + ih) * s.W - s.pad_w + ks;  // src[q*sw]
+        for (int64_t t = q; t < a; ++t) dst[(t - q) * ds] = T(0);
+        if (ds == 1 && s.stride_w == 1) {
+          std::memcpy(dst + (a - q), src + a, static_cast<size_t>(b - a) * sizeof(T));
+        } else {
+          for (int64_t t = a; t < b; ++t) dst[(t - q) * ds] = src[t * s.stride_w];
+        }
+        for (int64_t t = b; t < q + run; ++t) dst[(t - q) * ds] = T(0);
       }
-      std::fill(out + q_hi, out + s.Q, T(0));
+      dst += run * ds;
+      g += run;
     }
   }
-}
+};
+
+// dy (N, K, PQ) as a (K, N*PQ) matrix, columns from `base` on.
+template <class T>
+struct DySource {
+  const T* dy;
+  int64_t K, pq, base;
+  void segment(int64_t row, int64_t col0, int64_t len, T* dst, int64_t ds) const {
+    for (int64_t g = base + col0, end = g + len; g < end;) {
+      const int64_t img = g / pq, off = g % pq, run = std::min(pq - off, end - g);
+      const T* src = dy + (img * K + row) * pq + off;
+      if (ds == 1) {
+        std::memcpy(dst, src, static_cast<size_t>(run) * sizeof(T));
+      } else {
+        for (int64_t t = 0; t < run; ++t) dst[t * ds] = src[t];
+      }
+      dst += run * ds;
+      g += run;
+    }
+  }
+};
+
+// A strided matrix: element (i, j) at p[i*rs + j*cs].
+template <class T>
+struct ViewSource {
+  const T* p;
+  int64_t rs, cs;
+  void segment(int64_t row, int64_t col0, int64_t len, T* dst, int64_t ds) const {
+    const T* src = p + row * rs + col0 * cs;
+    for (int64_t t = 0; t < len; ++t) dst[t * ds] = src[t * cs];
+  }
+};
+
+// Packing adapters (layouts in packed_gemm.h). Rows: operand(i, j) = source(i, j); Cols:
+// operand(i, j) = source(j, i).
+template <class T, class S>
+struct ARows {
+  S src;
+  void pack(int64_t m0, int64_t rows, int64_t k0, int64_t kc, T* dst) const {
+    for (int64_t i = 0; i < rows; ++i) src.segment(m0 + i, k0, kc, dst + i, packed::kMR);
+    for (int64_t i = rows; i < packed::kMR; ++i)
+      for (int64_t k = 0; k < kc; ++k) dst[k * packed::kMR + i] = T(0);
+  }
+};
+template <class T, class S>
+struct ACols {
+  S src;
+  void pack(int64_t m0, int64_t rows, int64_t k0, int64_t kc, T* dst) const {
+    for (int64_t k = 0; k < kc; ++k) {
+      T* d = dst + k * packed::kMR;
+      src.segment(k0 + k, m0, rows, d, 1);
+      std::fill(d + rows, d + packed::kMR, T(0));
+    }
+  }
+};
+template <class T, class S>
+struct BRows {
+  S src;
+  void pack(int64_t k0, int64_t kc, int64_t j0, int64_t cols, int64_t w, T* dst) const {
+    for (int64_t k = 0; k < kc; ++k) {
+      T* d = dst + k * w;
+      src.segment(k0 + k, j0, cols, d, 1);
+      std::fill(d + cols, d + w, T(0));
+    }
+  }
+};
+template <class T, class S>
+struct BCols {
+  S src;
+  void pack(int64_t k0, int64_t kc, int64_t j0, int64_t cols, int64_t w, T* dst) const {
+    for (int64_t j = 0; j < cols; ++j) src.segment(j0 + j, k0, kc, dst + j, w);
+    for (int64_t k = 0; k < kc; ++k) std::fill(dst + k * w + cols, dst + (k + 1) * w, T(0));
+  }
+};
 
 // dx (C, H, W) += the columns of output rows [p0, p1) folded back (the adjoint of im2col).
 // Each channel is summed by one thread in (r, ks, p, q) order: deterministic for any thread count.
@@ -139,108 +185,58 @@ void col2im(const T* col, int64_t ld, int64_t p0, int64_t p1, T* dx, const ConvS
   }
 }
 
-// Staging for a group of images: dst (K, n*PQ) <- src (n, K, PQ), or the reverse.
-template <class T>
-void gather_group(const T* src, T* dst, int64_t n, int64_t K, int64_t pq) {
-#pragma omp parallel for schedule(static) if (n * K * pq > kParallelMin)
-  for (int64_t k = 0; k < K; ++k) {
-    for (int64_t i = 0; i < n; ++i) {
-      std::memcpy(dst + (k * n + i) * pq, src + (i * K + k) * pq, pq * sizeof(T));
-    }
-  }
-}
-
-// y (n, K, PQ) <- stage (K, n*PQ) + bias[k].
-template <class T>
-void scatter_group(const T* stage, const T* bias, T* y, int64_t n, int64_t K, int64_t pq) {
-#pragma omp parallel for schedule(static) if (n * K * pq > kParallelMin)
-  for (int64_t k = 0; k < K; ++k) {
-    const T b = bias ? bias[k] : T(0);
-    for (int64_t i = 0; i < n; ++i) {
-      const T* in = stage + (k * n + i) * pq;
-      T* out = y + (i * K + k) * pq;
-      for (int64_t j = 0; j < pq; ++j) out[j] = in[j] + b;
-    }
-  }
-}
-
-// Output rows [p0, p1) of y_n (K, PQ) set to bias[k].
-template <class T>
-void fill_bias(T* y, const T* bias, int64_t p0, int64_t p1, const ConvShape& s) {
-  const int64_t pq = s.P * s.Q;
-#pragma omp parallel for schedule(static) if (s.K * (p1 - p0) * s.Q > kParallelMin)
-  for (int64_t k = 0; k < s.K; ++k) {
-    std::fill(y + k * pq + p0 * s.Q, y + k * pq + p1 * s.Q, bias[k]);
-  }
+bool is_pointwise(const ConvShape& s) {
+  return s.R == 1 && s.S == 1 && s.stride_h == 1 && s.stride_w == 1 && s.pad_h == 0 && s.pad_w == 0;
 }
 
 }  // namespace
 
 template <class T>
 void conv2d_forward(const T* x, const T* w, const T* bias, T* y, const ConvShape& s) {
-  const Tiling t = plan_tiles(s, sizeof(T));
+  const int64_t crs = s.C * s.R * s.S, pq = s.P * s.Q;
+  const ARows<T, ViewSource<T>> a{{w, crs, 1}};
+  const BRows<T, ColSource<T>> b{{x, s, 0}};
+  packed::gemm<T>(s.K, s.N * pq, crs, a, b, bias, false, {y, pq, pq, s.K * pq});
+}
+
+template <class T>
+void conv2d_backward_data(const T* dy, const T* w, T* dx, const ConvShape& s) {
   const int64_t crs = s.C * s.R * s.S, pq = s.P * s.Q, chw = s.C * s.H * s.W;
-  Workspace ws(Device::cpu(), static_cast<uint64_t>(t.col_elems + t.stage_elems) * sizeof(T));
+  if (is_pointwise(s)) {  // dx (C, cols) = w^T * dy, no folding needed
+    const ACols<T, ViewSource<T>> a{{w, s.C, 1}};
+    const BRows<T, DySource<T>> b{{dy, s.K, pq, 0}};
+    packed::gemm<T>(s.C, s.N * pq, s.K, a, b, nullptr, false, {dx, pq, pq, chw});
+    return;
+  }
+  fill<T>(dx, s.N * chw, T(0));  // col2im accumulates
+  // Tiles: as many whole images as fit the budget, else bands of output rows of one image.
+  const int64_t image_bytes = static_cast<int64_t>(sizeof(T)) * crs * pq;
+  const int64_t budget = static_cast<int64_t>(kWorkspaceBudget);
+  const int64_t images = std::clamp<int64_t>(budget / std::max<int64_t>(image_bytes, 1), 1, s.N);
+  const int64_t rows =
+      image_bytes <= budget
+          ? s.P
+          : std::clamp<int64_t>(budget / std::max<int64_t>(image_bytes / s.P, 1), 1, s.P);
+  Workspace ws(Device::cpu(), static_cast<uint64_t>(crs * images * rows * s.Q) * sizeof(T));
   T* col = ws.as<T>();
-  T* stage = col + t.col_elems;
-  for (int64_t n0 = 0; n0 < s.N; n0 += t.images) {
-    const int64_t ng = std::min(t.images, s.N - n0);
-    if (ng > 1) {
-      const int64_t ld = ng * pq;
-      for (int64_t i = 0; i < ng; ++i) im2col(x + (n0 + i) * chw, col + i * pq, ld, 0, s.P, s);
-      gemm<T>(false, false, s.K, ld, crs, T(1), w, crs, col, ld, T(0), stage, ld);
-      scatter_group(stage, bias, y + n0 * s.K * pq, ng, s.K, pq);
-      continue;
-    }
-    T* yn = y + n0 * s.K * pq;
-    for (int64_t p0 = 0; p0 < s.P; p0 += t.rows) {
-      const int64_t p1 = std::min(s.P, p0 + t.rows), cols = (p1 - p0) * s.Q;
-      if (bias) fill_bias(yn, bias, p0, p1, s);
-      const T beta = bias ? T(1) : T(0);
-      if (t.direct) {
-        gemm<T>(false, false, s.K, pq, crs, T(1), w, crs, x + n0 * chw, pq, beta, yn, pq);
-      } else {
-        im2col(x + n0 * chw, col, cols, p0, p1, s);
-        gemm<T>(false, false, s.K, cols, crs, T(1), w, crs, col, cols, beta, yn + p0 * s.Q, pq);
+  const ACols<T, ViewSource<T>> a{{w, crs, 1}};
+  const int64_t whole = std::numeric_limits<int64_t>::max();
+  for (int64_t n0 = 0; n0 < s.N; n0 += images) {
+    const int64_t ng = std::min(images, s.N - n0);
+    for (int64_t p0 = 0; p0 < s.P; p0 += rows) {
+      const int64_t p1 = std::min(s.P, p0 + rows), cols = ng * (p1 - p0) * s.Q;
+      const BRows<T, DySource<T>> b{{dy, s.K, pq, n0 * pq + p0 * s.Q}};
+      packed::gemm<T>(crs, cols, s.K, a, b, nullptr, false, {col, cols, whole, 0});
+      for (int64_t i = 0; i < ng; ++i) {
+        col2im(col + i * (p1 - p0) * s.Q, cols, p0, p1, dx + (n0 + i) * chw, s);
       }
     }
   }
 }
 
 template <class T>
-void conv2d_backward_data(const T* dy, const T* w, T* dx, const ConvShape& s) {
-  const Tiling t = plan_tiles(s, sizeof(T));
-  const int64_t crs = s.C * s.R * s.S, pq = s.P * s.Q, chw = s.C * s.H * s.W;
-  if (!t.direct) fill<T>(dx, s.N * chw, T(0));  // col2im accumulates
-  Workspace ws(Device::cpu(), static_cast<uint64_t>(t.col_elems + t.stage_elems) * sizeof(T));
-  T* col = ws.as<T>();
-  T* stage = col + t.col_elems;
-  for (int64_t n0 = 0; n0 < s.N; n0 += t.images) {
-    const int64_t ng = std::min(t.images, s.N - n0);
-    if (ng > 1) {
-      const int64_t ld = ng * pq;
-      gather_group(dy + n0 * s.K * pq, stage, ng, s.K, pq);
-      gemm<T>(true, false, crs, ld, s.K, T(1), w, crs, stage, ld, T(0), col, ld);
-      for (int64_t i = 0; i < ng; ++i) col2im(col + i * pq, ld, 0, s.P, dx + (n0 + i) * chw, s);
-      continue;
-    }
-    const T* dyn = dy + n0 * s.K * pq;
-    if (t.direct) {
-      gemm<T>(true, false, s.C, pq, s.K, T(1), w, s.C, dyn, pq, T(0), dx + n0 * chw, pq);
-      continue;
-    }
-    for (int64_t p0 = 0; p0 < s.P; p0 += t.rows) {
-      const int64_t p1 = std::min(s.P, p0 + t.rows), cols = (p1 - p0) * s.Q;
-      gemm<T>(true, false, crs, cols, s.K, T(1), w, crs, dyn + p0 * s.Q, pq, T(0), col, cols);
-      col2im(col, cols, p0, p1, dx + n0 * chw, s);
-    }
-  }
-}
-
-template <class T>
 void conv2d_backward_filter(const T* x, const T* dy, T* dw, T* dbias, const ConvShape& s) {
-  const Tiling t = plan_tiles(s, sizeof(T));
-  const int64_t crs = s.C * s.R * s.S, pq = s.P * s.Q, chw = s.C * s.H * s.W;
+  const int64_t crs = s.C * s.R * s.S, pq = s.P * s.Q;
   if (dbias) {
     // Per output channel, images in order, in double: deterministic and accurate.
 #pragma omp parallel for schedule(static) if (s.N * s.K * pq > kParallelMin)
@@ -253,37 +249,10 @@ void conv2d_backward_filter(const T* x, const T* dy, T* dw, T* dbias, const Conv
       dbias[k] = static_cast<T>(acc);
     }
   }
-  if (s.N == 0) {
-    fill<T>(dw, s.K * crs, T(0));
-    return;
-  }
-  Workspace ws(Device::cpu(), static_cast<uint64_t>(t.col_elems + t.stage_elems) * sizeof(T));
-  T* col = ws.as<T>();
-  T* stage = col + t.col_elems;
-  T beta = T(0);  // the first tile writes dw, later ones accumulate
-  for (int64_t n0 = 0; n0 < s.N; n0 += t.images) {
-    const int64_t ng = std::min(t.images, s.N - n0);
-    if (ng > 1) {
-      const int64_t ld = ng * pq;
-      for (int64_t i = 0; i < ng; ++i) im2col(x + (n0 + i) * chw, col + i * pq, ld, 0, s.P, s);
-      gather_group(dy + n0 * s.K * pq, stage, ng, s.K, pq);
-      gemm<T>(false, true, s.K, crs, ld, T(1), stage, ld, col, ld, beta, dw, crs);
-      beta = T(1);
-      continue;
-    }
-    const T* dyn = dy + n0 * s.K * pq;
-    if (t.direct) {
-      gemm<T>(false, true, s.K, crs, pq, T(1), dyn, pq, x + n0 * chw, pq, beta, dw, crs);
-      beta = T(1);
-      continue;
-    }
-    for (int64_t p0 = 0; p0 < s.P; p0 += t.rows) {
-      const int64_t p1 = std::min(s.P, p0 + t.rows), cols = (p1 - p0) * s.Q;
-      im2col(x + n0 * chw, col, cols, p0, p1, s);
-      gemm<T>(false, true, s.K, crs, cols, T(1), dyn + p0 * s.Q, pq, col, cols, beta, dw, crs);
-      beta = T(1);
-    }
-  }
+  const ARows<T, DySource<T>> a{{dy, s.K, pq, 0}};
+  const BCols<T, ColSource<T>> b{{x, s, 0}};
+  packed::gemm<T>(s.K, crs, s.N * pq, a, b, nullptr, false,
+                  {dw, crs, std::numeric_limits<int64_t>::max(), 0});
 }
 
 #define REGEN_INSTANTIATE(T)                                                           \
