@@ -229,17 +229,18 @@ TEST_CASE_TEMPLATE("conv2d forward, backward-data and backward-filter match nest
       {5, 2, 20, 20, 3, 3, 3, 1, 1, 1, 1},    // 400-pixel planes: GEMM tiles straddle images
       {10, 3, 4, 4, 9, 3, 3, 1, 1, 0, 0},     // 2x2 planes: more image ends per tile than runs
       {2, 17, 40, 36, 20, 3, 3, 1, 1, 1, 1},  // M, N and K past one register tile and KC
+      {2, 3, 5, 6, 4, 1, 1, 1, 1, 1, 1},      // 1x1 padded: dx by col2im, not as a convolution
   };
   uint64_t seed = 100;
   for (const ConvCase& c : cases) check_conv<T>(c, seed += 10);
 }
 
-TEST_CASE("conv2d backward-data tiles: whole images per tile, or row bands of one image") {
-  // 16 channels x 7x7 taps x 150x150 outputs x 4 bytes = 70.6 MB of dcol for one image: more than
+TEST_CASE("conv2d strided backward-data tiles: whole images per tile, or row bands of one image") {
+  // 16 channels x 7x7 taps x 148x148 outputs x 4 bytes = 68.7 MB of dcol for one image: more than
   // the 64 MiB budget, so backward-data folds bands of output rows.
-  check_conv<float>({1, 16, 150, 150, 2, 7, 7, 1, 1, 3, 3}, 7);
+  check_conv<float>({1, 16, 295, 295, 2, 7, 7, 2, 2, 3, 3}, 7);
   // 27.9 MB per image: two images per tile, then the remaining one.
-  check_conv<float>({3, 64, 110, 110, 2, 3, 3, 1, 1, 1, 1}, 8);
+  check_conv<float>({3, 64, 220, 220, 2, 3, 3, 2, 2, 1, 1}, 8);
 }
 
 TEST_CASE("conv2d gives the same bits with 1 and 2 threads") {

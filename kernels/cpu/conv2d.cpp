@@ -8,9 +8,10 @@
 //   backward-data    dcol (CRS, cols) = w^T (CRS, K) * dy (K, cols), folded back by col2im
 // The column matrix is never built for forward and backward-filter: the GEMM's B packing reads
 // pixels straight from x (implicit im2col), so those two passes need no workspace beyond the
-// packed panels. Backward-data materializes dcol for a tile of whole images (or, when one image
-// alone would pass kWorkspaceBudget, a band of output rows) and folds it into dx; a 1x1, stride-1,
-// unpadded convolution writes dx directly. Tile sizes depend only on the shape, so the workspace
+// packed panels. Backward-data of a stride-1 convolution is computed as a forward convolution of
+// dy with flipped weights (a 1x1 one as w^T * dy), writing dx directly. Strided ones materialize
+// dcol for a tile of whole images (or, when one image alone would pass kWorkspaceBudget, a band
+// of output rows) and fold it into dx. Tile sizes depend only on the shape, so the workspace
 // requested is the same on every run (the memory simulator relies on it).
 //
 // Determinism: the packed GEMM sums every element in a fixed order with fixed block sizes, col2im
@@ -46,8 +47,10 @@ void valid_q(const ConvShape& s, int64_t ks, int64_t& q_lo, int64_t& q_hi) {
   q_lo = std::min(q_lo, q_hi);
 }
 
-// ---- Matrix sources: each copies `len` elements of one row, from column col0 on, to dst with
-// stride ds. The packing adapters below turn them into GEMM operands.
+// ---- Matrix sources. block(r0, nr, c0, nc, dst, drs, ds) copies rows [r0, r0 + nr) x columns
+// [c0, c0 + nc) of the source to dst[(r - r0) * drs + (c - c0) * ds]. The packing adapters below
+// turn sources into GEMM operands. Index arithmetic (divisions) is done once per block, not per
+// element: packing must stay cheap next to the FMAs it feeds.
 
 // The unfolded input: row (c, r, s), column g = base + col: image g / PQ, pixel (p, q).
 template <class T>
@@ -55,32 +58,56 @@ struct ColSource {
   const T* x;
   ConvShape s;
   int64_t base;
-  void segment(int64_t row, int64_t col0, int64_t len, T* dst, int64_t ds) const {
-    const int64_t c = row / (s.R * s.S), r = (row / s.S) % s.R, ks = row % s.S;
-    const int64_t pq = s.P * s.Q;
-    int64_t q_lo, q_hi;
-    valid_q(s, ks, q_lo, q_hi);
-    for (int64_t g = base + col0, end = g + len; g < end;) {
-      const int64_t img = g / pq, p = g % pq / s.Q, q = g % s.Q;
-      const int64_t run = std::min(s.Q - q, end - g);  // within one output row
-      const int64_t ih = p * s.stride_h - s.pad_h + r;
-      // Valid pixels of this run are [a, b); padding reads as zero.
-      const int64_t a = std::clamp(q_lo, q, q + run), b = std::clamp(q_hi, a, q + run);
-      const bool inside = ih >= 0 && ih < s.H && a < b;
-      if (!inside) {
-        for (int64_t t = 0; t < run; ++t) dst[t * ds] = T(0);
-      } else {
-        const T* src = x + ((img * s.C + c) * s.H + ih) * s.W - s.pad_w + ks;  // src[q*sw]
-        for (int64_t t = q; t < a; ++t) dst[(t - q) * ds] = T(0);
-        if (ds == 1 && s.stride_w == 1) {
-          std::memcpy(dst + (a - q), src + a, static_cast<size_t>(b - a) * sizeof(T));
-        } else {
-          for (int64_t t = a; t < b; ++t) dst[(t - q) * ds] = src[t * s.stride_w];
-        }
-        for (int64_t t = b; t < q + run; ++t) dst[(t - q) * ds] = T(0);
+  static constexpr int64_t kMaxCols = std::max<int64_t>(packed::kKC, packed::kNR<float>);
+  // A run of columns within one output row.
+  struct Run {
+    int64_t img, ih0, q, len, t0;  // image, input row of r = 0, first q, length, first column
+  };
+  void block(int64_t r0, int64_t nr, int64_t c0, int64_t nc, T* dst, int64_t drs,
+             int64_t ds) const {
+    REGEN_ASSERT(nc <= kMaxCols);
+    Run runs[kMaxCols];
+    int64_t nruns = 0;
+    {
+      const int64_t pq = s.P * s.Q, g = base + c0;
+      int64_t img = g / pq, p = g % pq / s.Q, q = g % s.Q;
+      for (int64_t t = 0; t < nc;) {
+        const int64_t len = std::min(s.Q - q, nc - t);
+        runs[nruns++] = {img, p * s.stride_h - s.pad_h, q, len, t};
+        t += len;
+        q = 0;
+        if (++p == s.P) p = 0, ++img;
       }
-      dst += run * ds;
-      g += run;
+    }
+    int64_t c = r0 / (s.R * s.S), r = r0 / s.S % s.R, ks = r0 % s.S;
+    for (int64_t row = 0; row < nr; ++row) {
+      int64_t q_lo, q_hi;
+      valid_q(s, ks, q_lo, q_hi);
+      T* d = dst + row * drs;
+      for (int64_t i = 0; i < nruns; ++i) {
+        const Run& u = runs[i];
+        T* o = d + u.t0 * ds;  // column q of the run lands at o[(q - u.q) * ds]
+        const int64_t ih = u.ih0 + r;
+        // Valid pixels of the run are [lo, hi); padding reads as zero.
+        const int64_t lo = std::clamp(q_lo, u.q, u.q + u.len),
+                      hi = std::clamp(q_hi, lo, u.q + u.len);
+        if (ih < 0 || ih >= s.H || lo >= hi) {
+          for (int64_t t = 0; t < u.len; ++t) o[t * ds] = T(0);
+          continue;
+        }
+        const T* src = x + ((u.img * s.C + c) * s.H + ih) * s.W - s.pad_w + ks;  // src[q*sw]
+        for (int64_t t = u.q; t < lo; ++t) o[(t - u.q) * ds] = T(0);
+        if (ds == 1 && s.stride_w == 1) {
+          std::memcpy(o + (lo - u.q), src + lo, static_cast<size_t>(hi - lo) * sizeof(T));
+        } else {
+          for (int64_t t = lo; t < hi; ++t) o[(t - u.q) * ds] = src[t * s.stride_w];
+        }
+        for (int64_t t = hi; t < u.q + u.len; ++t) o[(t - u.q) * ds] = T(0);
+      }
+      if (++ks == s.S) {
+        ks = 0;
+        if (++r == s.R) r = 0, ++c;
+      }
     }
   }
 };
@@ -90,70 +117,75 @@ template <class T>
 struct DySource {
   const T* dy;
   int64_t K, pq, base;
-  void segment(int64_t row, int64_t col0, int64_t len, T* dst, int64_t ds) const {
-    for (int64_t g = base + col0, end = g + len; g < end;) {
-      const int64_t img = g / pq, off = g % pq, run = std::min(pq - off, end - g);
-      const T* src = dy + (img * K + row) * pq + off;
-      if (ds == 1) {
-        std::memcpy(dst, src, static_cast<size_t>(run) * sizeof(T));
-      } else {
-        for (int64_t t = 0; t < run; ++t) dst[t * ds] = src[t];
+  void block(int64_t r0, int64_t nr, int64_t c0, int64_t nc, T* dst, int64_t drs,
+             int64_t ds) const {
+    for (int64_t g = base + c0, end = g + nc, t = 0; g < end;) {  // runs within one image
+      const int64_t img = g / pq, off = g % pq, len = std::min(pq - off, end - g);
+      for (int64_t row = 0; row < nr; ++row) {
+        const T* src = dy + (img * K + r0 + row) * pq + off;
+        T* o = dst + row * drs + t * ds;
+        if (ds == 1) {
+          std::memcpy(o, src, static_cast<size_t>(len) * sizeof(T));
+        } else {
+          for (int64_t i = 0; i < len; ++i) o[i * ds] = src[i];
+        }
       }
-      dst += run * ds;
-      g += run;
+      g += len;
+      t += len;
     }
   }
 };
 
-// A strided matrix: element (i, j) at p[i*rs + j*cs].
+// A row-major matrix with row stride ld.
 template <class T>
 struct ViewSource {
   const T* p;
-  int64_t rs, cs;
-  void segment(int64_t row, int64_t col0, int64_t len, T* dst, int64_t ds) const {
-    const T* src = p + row * rs + col0 * cs;
-    for (int64_t t = 0; t < len; ++t) dst[t * ds] = src[t * cs];
+  int64_t ld;
+  void block(int64_t r0, int64_t nr, int64_t c0, int64_t nc, T* dst, int64_t drs,
+             int64_t ds) const {
+    if (drs == 1) {  // writes are contiguous along rows: walk columns outside
+      for (int64_t j = 0; j < nc; ++j)
+        for (int64_t i = 0; i < nr; ++i) dst[j * ds + i] = p[(r0 + i) * ld + c0 + j];
+    } else {
+      for (int64_t i = 0; i < nr; ++i)
+        for (int64_t j = 0; j < nc; ++j) dst[i * drs + j * ds] = p[(r0 + i) * ld + c0 + j];
+    }
   }
 };
 
 // Packing adapters (layouts in packed_gemm.h). Rows: operand(i, j) = source(i, j); Cols:
-// operand(i, j) = source(j, i).
+// operand(i, j) = source(j, i). Padding rows/columns of a panel are zero.
 template <class T, class S>
 struct ARows {
   S src;
   void pack(int64_t m0, int64_t rows, int64_t k0, int64_t kc, T* dst) const {
-    for (int64_t i = 0; i < rows; ++i) src.segment(m0 + i, k0, kc, dst + i, packed::kMR);
-    for (int64_t i = rows; i < packed::kMR; ++i)
-      for (int64_t k = 0; k < kc; ++k) dst[k * packed::kMR + i] = T(0);
+    src.block(m0, rows, k0, kc, dst, 1, packed::kMR);
+    for (int64_t k = 0; k < kc; ++k)
+      std::fill(dst + k * packed::kMR + rows, dst + (k + 1) * packed::kMR, T(0));
   }
 };
 template <class T, class S>
 struct ACols {
   S src;
   void pack(int64_t m0, int64_t rows, int64_t k0, int64_t kc, T* dst) const {
-    for (int64_t k = 0; k < kc; ++k) {
-      T* d = dst + k * packed::kMR;
-      src.segment(k0 + k, m0, rows, d, 1);
-      std::fill(d + rows, d + packed::kMR, T(0));
-    }
+    src.block(k0, kc, m0, rows, dst, packed::kMR, 1);
+    for (int64_t k = 0; k < kc; ++k)
+      std::fill(dst + k * packed::kMR + rows, dst + (k + 1) * packed::kMR, T(0));
   }
 };
 template <class T, class S>
 struct BRows {
   S src;
   void pack(int64_t k0, int64_t kc, int64_t j0, int64_t cols, int64_t w, T* dst) const {
-    for (int64_t k = 0; k < kc; ++k) {
-      T* d = dst + k * w;
-      src.segment(k0 + k, j0, cols, d, 1);
-      std::fill(d + cols, d + w, T(0));
-    }
+    src.block(k0, kc, j0, cols, dst, w, 1);
+    for (int64_t k = 0; k < kc; ++k) std::fill(dst + k * w + cols, dst + (k + 1) * w, T(0));
   }
 };
 template <class T, class S>
 struct BCols {
   S src;
   void pack(int64_t k0, int64_t kc, int64_t j0, int64_t cols, int64_t w, T* dst) const {
-    for (int64_t j = 0; j < cols; ++j) src.segment(j0 + j, k0, kc, dst + j, w);
+    src.block(j0, cols, k0, kc, dst, 1, w);
     for (int64_t k = 0; k < kc; ++k) std::fill(dst + k * w + cols, dst + (k + 1) * w, T(0));
   }
 };
@@ -194,7 +226,7 @@ bool is_pointwise(const ConvShape& s) {
 template <class T>
 void conv2d_forward(const T* x, const T* w, const T* bias, T* y, const ConvShape& s) {
   const int64_t crs = s.C * s.R * s.S, pq = s.P * s.Q;
-  const ARows<T, ViewSource<T>> a{{w, crs, 1}};
+  const ARows<T, ViewSource<T>> a{{w, crs}};
   const BRows<T, ColSource<T>> b{{x, s, 0}};
   packed::gemm<T>(s.K, s.N * pq, crs, a, b, bias, false, {y, pq, pq, s.K * pq});
 }
@@ -203,9 +235,32 @@ template <class T>
 void conv2d_backward_data(const T* dy, const T* w, T* dx, const ConvShape& s) {
   const int64_t crs = s.C * s.R * s.S, pq = s.P * s.Q, chw = s.C * s.H * s.W;
   if (is_pointwise(s)) {  // dx (C, cols) = w^T * dy, no folding needed
-    const ACols<T, ViewSource<T>> a{{w, s.C, 1}};
+    const ACols<T, ViewSource<T>> a{{w, s.C}};
     const BRows<T, DySource<T>> b{{dy, s.K, pq, 0}};
     packed::gemm<T>(s.C, s.N * pq, s.K, a, b, nullptr, false, {dx, pq, pq, chw});
+    return;
+  }
+  if (s.stride_h == 1 && s.stride_w == 1 && s.pad_h < s.R && s.pad_w < s.S) {
+    // With stride 1, dx is itself a convolution: of dy with the weights flipped in space and
+    // with K and C swapped, padded by R-1-pad. That needs no dcol and no col2im pass, only a
+    // flipped copy of the weights.
+    const ConvShape t = make_conv_shape(s.N, s.K, s.P, s.Q, s.C, s.R, s.S, 1, 1, s.R - 1 - s.pad_h,
+                                        s.S - 1 - s.pad_w);
+    const int64_t krs = s.K * s.R * s.S, rs = s.R * s.S;
+    Workspace ws(Device::cpu(), static_cast<uint64_t>(s.C * krs) * sizeof(T));
+    T* flipped = ws.as<T>();  // (C, K, R, S): flipped[c][k][r][s] = w[k][c][R-1-r][S-1-s]
+#pragma omp parallel for schedule(static) if (s.C * krs > kParallelMin)
+    for (int64_t c = 0; c < s.C; ++c) {
+      for (int64_t k = 0; k < s.K; ++k) {
+        const T* src = w + (k * s.C + c) * rs;
+        T* dst = flipped + (c * s.K + k) * rs;
+        for (int64_t i = 0; i < rs; ++i) dst[i] = src[rs - 1 - i];
+      }
+    }
+    const ARows<T, ViewSource<T>> a{{flipped, krs}};
+    const BRows<T, ColSource<T>> b{{dy, t, 0}};
+    packed::gemm<T>(s.C, s.N * s.H * s.W, krs, a, b, nullptr, false,
+                    {dx, s.H * s.W, s.H * s.W, chw});
     return;
   }
   fill<T>(dx, s.N * chw, T(0));  // col2im accumulates
@@ -219,7 +274,7 @@ void conv2d_backward_data(const T* dy, const T* w, T* dx, const ConvShape& s) {
           : std::clamp<int64_t>(budget / std::max<int64_t>(image_bytes / s.P, 1), 1, s.P);
   Workspace ws(Device::cpu(), static_cast<uint64_t>(crs * images * rows * s.Q) * sizeof(T));
   T* col = ws.as<T>();
-  const ACols<T, ViewSource<T>> a{{w, crs, 1}};
+  const ACols<T, ViewSource<T>> a{{w, crs}};
   const int64_t whole = std::numeric_limits<int64_t>::max();
   for (int64_t n0 = 0; n0 < s.N; n0 += images) {
     const int64_t ng = std::min(images, s.N - n0);

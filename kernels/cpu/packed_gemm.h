@@ -192,16 +192,18 @@ void gemm(int64_t M, int64_t N, int64_t K, const SrcA& a, const SrcB& b, const T
     return;
   }
   constexpr int L = kLanes<T>, NR = kNR<T>;
-  const int64_t row_panels = (M + kMR - 1) / kMR, col_panels = (N + NR - 1) / NR;
+  const int64_t row_panels = (M + kMR - 1) / kMR, col_vectors = (N + L - 1) / L;
   const bool small = 2.0 * M * N * K < 4e6;
-  const bool split_rows = row_panels * kMR >= col_panels * NR;
-  const int64_t extent = split_rows ? row_panels : col_panels;
+  // Split the larger dimension, so the operand packed twice is the smaller one. Columns are
+  // dealt in whole vectors, rows in whole panels.
+  const bool split_rows = M >= N;
+  const int64_t extent = split_rows ? row_panels : col_vectors;
   const int threads = small || omp_in_parallel()
                           ? 1
                           : static_cast<int>(std::min<int64_t>(omp_get_max_threads(), extent));
   const int64_t kc_max = std::min(K, kKC);
   const int64_t a_elems = std::min<int64_t>(kMCPanels, row_panels) * kMR * kc_max;
-  const int64_t b_elems = std::min<int64_t>((N + L - 1) / L * L, kNC) * kc_max;
+  const int64_t b_elems = std::min<int64_t>(col_vectors * L, kNC) * kc_max;
   Workspace ws(Device::cpu(), static_cast<uint64_t>(threads * (a_elems + b_elems)) * sizeof(T));
 #pragma omp parallel num_threads(threads)
   {
@@ -210,9 +212,9 @@ void gemm(int64_t M, int64_t N, int64_t K, const SrcA& a, const SrcB& b, const T
     T* pb = pa + a_elems;
     const int64_t lo = extent * t / nt, hi = extent * (t + 1) / nt;
     const int64_t r_lo = split_rows ? lo : 0, r_hi = split_rows ? hi : row_panels;
-    const int64_t c_lo = split_rows ? 0 : lo, c_hi = split_rows ? col_panels : hi;
-    for (int64_t jc = c_lo * NR; jc < std::min(N, c_hi * NR); jc += kNC) {
-      const int64_t nc = std::min({kNC, N - jc, c_hi * NR - jc});
+    const int64_t n_lo = split_rows ? 0 : lo * L, n_hi = split_rows ? N : std::min(N, hi * L);
+    for (int64_t jc = n_lo; jc < n_hi; jc += kNC) {
+      const int64_t nc = std::min(kNC, n_hi - jc);
       const int64_t panels = (nc + NR - 1) / NR;
       for (int64_t pc = 0; pc < K; pc += kKC) {
         const int64_t kc = std::min(kKC, K - pc);
