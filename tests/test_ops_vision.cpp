@@ -303,6 +303,19 @@ TEST_CASE("max_pool2d: ties go to the first maximum in window order, and backwar
   z.set_requires_grad(true);
   backward(sum(max_pool2d(z, 2, 1, 0)));
   CHECK(z.grad().to_vector<double>() == std::vector<double>{0, 0, 0, 0, 4, 0, 0, 0, 0});
+  // A NaN wins its window (and the first NaN stays), as in PyTorch.
+  const std::vector<float> nan_in = {1, NAN, 3, NAN, 5, 6, 7, 8, 9};
+  std::vector<float> out(4);
+  std::vector<int32_t> arg(4);
+  cpu::maxpool2d_forward<float>(nan_in.data(), out.data(), arg.data(),
+                                make_pool_shape(1, 1, 3, 3, 2, 2, 1, 1, 0, 0));
+  CHECK(std::isnan(out[0]));
+  CHECK(arg[0] == 1);
+  CHECK(std::isnan(out[1]));
+  CHECK(std::isnan(out[2]));
+  CHECK(arg[2] == 3);
+  CHECK(out[3] == 9.0f);
+  CHECK(arg[3] == 8);
 }
 
 TEST_CASE_TEMPLATE("global_avg_pool matches the plane means", T, float, double) {
@@ -367,6 +380,26 @@ TEST_CASE_TEMPLATE("batchnorm2d: one training step updates the running stats by 
   expect_close("eval output", ye.to_vector<T>(), want_y, atol_for<T>(), rtol_for<T>());
   CHECK(rm.to_vector<T>() == rm1);
   CHECK(rv.to_vector<T>() == rv1);
+}
+
+TEST_CASE("batchnorm2d statistics stay accurate for a channel far from zero") {
+  // Mean 1e4, variance ~1/3: a naive sum of squares would cancel most of its digits.
+  Tensor x = rand_t<double>({2, 2, 8, 8}, 41);
+  double* p = x.data<double>();
+  for (int64_t i = 0; i < x.numel(); ++i) p[i] += 1e4;
+  Tensor rm = zeros({2}, DType::f64), rv = zeros({2}, DType::f64);
+  batchnorm2d(x, ones({2}, DType::f64), zeros({2}, DType::f64), rm, rv, true, 1.0, 1e-5);
+  const std::vector<double> xv = x.to_vector<double>();
+  for (int64_t c = 0; c < 2; ++c) {
+    double s = 0, sq = 0;
+    for (int64_t n = 0; n < 2; ++n)
+      for (int64_t i = 0; i < 64; ++i) s += xv[(n * 2 + c) * 64 + i];
+    const double mean = s / 128;
+    for (int64_t n = 0; n < 2; ++n)
+      for (int64_t i = 0; i < 64; ++i) sq += std::pow(xv[(n * 2 + c) * 64 + i] - mean, 2);
+    CHECK(rm.to_vector<double>()[c] == doctest::Approx(mean).epsilon(1e-14));
+    CHECK(rv.to_vector<double>()[c] == doctest::Approx(sq / 127).epsilon(1e-10));
+  }
 }
 
 TEST_CASE("batchnorm2d: a replayed training node leaves running stats alone, same bits out") {

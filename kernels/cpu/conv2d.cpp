@@ -95,12 +95,13 @@ struct ColSource {
           for (int64_t t = 0; t < u.len; ++t) o[t * ds] = T(0);
           continue;
         }
-        const T* src = x + ((u.img * s.C + c) * s.H + ih) * s.W - s.pad_w + ks;  // src[q*sw]
+        const T* src = x + ((u.img * s.C + c) * s.H + ih) * s.W;  // q reads src[q*sw + shift]
+        const int64_t shift = ks - s.pad_w;
         for (int64_t t = u.q; t < lo; ++t) o[(t - u.q) * ds] = T(0);
         if (ds == 1 && s.stride_w == 1) {
-          std::memcpy(o + (lo - u.q), src + lo, static_cast<size_t>(hi - lo) * sizeof(T));
+          std::memcpy(o + (lo - u.q), src + lo + shift, static_cast<size_t>(hi - lo) * sizeof(T));
         } else {
-          for (int64_t t = lo; t < hi; ++t) o[(t - u.q) * ds] = src[t * s.stride_w];
+          for (int64_t t = lo; t < hi; ++t) o[(t - u.q) * ds] = src[t * s.stride_w + shift];
         }
         for (int64_t t = hi; t < u.q + u.len; ++t) o[(t - u.q) * ds] = T(0);
       }
@@ -205,12 +206,9 @@ void col2im(const T* col, int64_t ld, int64_t p0, int64_t p1, T* dx, const ConvS
         for (int64_t p = p0; p < p1; ++p, in += s.Q) {
           const int64_t ih = p * s.stride_h - s.pad_h + r;
           if (ih < 0 || ih >= s.H) continue;
-          T* dst = plane + ih * s.W - s.pad_w + ks;
-          if (s.stride_w == 1) {
-            for (int64_t q = q_lo; q < q_hi; ++q) dst[q] += in[q];
-          } else {
-            for (int64_t q = q_lo; q < q_hi; ++q) dst[q * s.stride_w] += in[q];
-          }
+          T* row = plane + ih * s.W;
+          const int64_t shift = ks - s.pad_w;  // q lands at row[q*sw + shift], in range for valid q
+          for (int64_t q = q_lo; q < q_hi; ++q) row[q * s.stride_w + shift] += in[q];
         }
       }
     }
