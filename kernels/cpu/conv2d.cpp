@@ -47,6 +47,32 @@ void valid_q(const ConvShape& s, int64_t ks, int64_t& q_lo, int64_t& q_hi) {
   q_lo = std::min(q_lo, q_hi);
 }
 
+// dst[t] = src[first + t] for t in [lo, hi), 0 for the rest of [0, len): one image row segment
+// with its padding. Runs are short (often a 7- or 14-pixel row), so on AVX-512 this is a few
+// masked loads, which also produce the zeros, instead of a memcpy call and two fill loops.
+template <class T>
+void copy_window(T* dst, const T* src, int64_t first, int64_t len, int64_t lo, int64_t hi) {
+#if 0
+  using W = packed::Vec<T>;
+  using Mask = typename W::Mask;
+  constexpr int64_t L = packed::kLanes<T>;
+  auto lanes = [&](int64_t a, int64_t b) {  // mask of lanes [a, b), clamped to [0, L)
+    a = std::clamp<int64_t>(a, 0, L);
+    b = std::clamp<int64_t>(b, a, L);
+    return static_cast<Mask>(((1ull << b) - 1) & ~((1ull << a) - 1));
+  };
+  for (int64_t t = 0; t < len; t += L) {
+    // Lanes outside [lo, hi) are neither read nor kept: maskz zeroes them.
+    const auto v = W::mask_load(lanes(lo - t, hi - t), src + first + t);
+    W::mask_store(dst + t, lanes(0, len - t), v);
+  }
+#else
+  for (int64_t t = 0; t < lo; ++t) dst[t] = T(0);
+  for (int64_t t = lo; t < hi; ++t) dst[t] = src[first + t];
+  for (int64_t t = hi; t < len; ++t) dst[t] = T(0);
+#endif
+}
+
 // ---- Matrix sources. block(r0, nr, c0, nc, dst, drs, ds) copies rows [r0, r0 + nr) x columns
 // [c0, c0 + nc) of the source to dst[(r - r0) * drs + (c - c0) * ds]. The packing adapters below
 // turn sources into GEMM operands. Index arithmetic (divisions) is done once per block, not per
@@ -97,12 +123,12 @@ struct ColSource {
         }
         const T* src = x + ((u.img * s.C + c) * s.H + ih) * s.W;  // q reads src[q*sw + shift]
         const int64_t shift = ks - s.pad_w;
-        for (int64_t t = u.q; t < lo; ++t) o[(t - u.q) * ds] = T(0);
         if (ds == 1 && s.stride_w == 1) {
-          std::memcpy(o + (lo - u.q), src + lo + shift, static_cast<size_t>(hi - lo) * sizeof(T));
-        } else {
-          for (int64_t t = lo; t < hi; ++t) o[(t - u.q) * ds] = src[t * s.stride_w + shift];
+          copy_window(o, src, u.q + shift, u.len, lo - u.q, hi - u.q);
+          continue;
         }
+        for (int64_t t = u.q; t < lo; ++t) o[(t - u.q) * ds] = T(0);
+        for (int64_t t = lo; t < hi; ++t) o[(t - u.q) * ds] = src[t * s.stride_w + shift];
         for (int64_t t = hi; t < u.q + u.len; ++t) o[(t - u.q) * ds] = T(0);
       }
       if (++ks == s.S) {

@@ -177,10 +177,10 @@ void run_tile(int nv, int64_t kc, const T* a, const T* b, const Run<T>* runs, in
 //   a.pack(m0, rows, k0, kc, dst)      b.pack(k0, kc, j0, cols, w, dst)
 // C = A * B (+ bias[m] when bias is non-null), or C += A * B when accumulate.
 //
-// Threads split the larger of M and N and each packs what its part needs into its own buffers:
-// the operand both need is packed twice, which costs far less than synchronizing threads on a
-// shared copy (a barrier per depth block stalls for a whole scheduler tick whenever another
-// process holds one of the cores).
+// Threads split the larger of M and N. Splitting columns, A is packed once for all threads up
+// front; splitting rows, each thread packs all of B into its own buffers. Either way the threads
+// meet at most once per call: a barrier per depth block would stall for a whole scheduler tick
+// whenever another process holds one of the cores.
 template <class T, class SrcA, class SrcB>
 void gemm(int64_t M, int64_t N, int64_t K, const SrcA& a, const SrcB& b, const T* bias,
           bool accumulate, const CView<T>& c) {
@@ -201,14 +201,30 @@ void gemm(int64_t M, int64_t N, int64_t K, const SrcA& a, const SrcB& b, const T
   const int threads = small || omp_in_parallel()
                           ? 1
                           : static_cast<int>(std::min<int64_t>(omp_get_max_threads(), extent));
+  // When threads split the columns, all of them need all of A: it is packed once, together,
+  // before the threads part (the one barrier of the call), instead of once per thread.
+  const bool shared_a = threads > 1 && !split_rows;
   const int64_t kc_max = std::min(K, kKC);
-  const int64_t a_elems = std::min<int64_t>(kMCPanels, row_panels) * kMR * kc_max;
+  const int64_t shared_elems = shared_a ? row_panels * kMR * K : 0;
+  const int64_t a_elems = shared_a ? 0 : std::min<int64_t>(kMCPanels, row_panels) * kMR * kc_max;
   const int64_t b_elems = std::min<int64_t>(col_vectors * L, kNC) * kc_max;
-  Workspace ws(Device::cpu(), static_cast<uint64_t>(threads * (a_elems + b_elems)) * sizeof(T));
+  Workspace ws(Device::cpu(),
+               static_cast<uint64_t>(shared_elems + threads * (a_elems + b_elems)) * sizeof(T));
+  T* const shared = ws.as<T>();  // block pc, panel ip at shared + row_panels*kMR*pc + ip*kMR*kc
 #pragma omp parallel num_threads(threads)
   {
     const int t = omp_get_thread_num(), nt = omp_get_num_threads();
-    T* pa = ws.as<T>() + t * (a_elems + b_elems);
+    if (shared_a) {
+      const int64_t blocks = (K + kKC - 1) / kKC;
+#pragma omp for schedule(static)
+      for (int64_t i = 0; i < blocks * row_panels; ++i) {
+        const int64_t pc = i / row_panels * kKC, ip = i % row_panels, m0 = ip * kMR;
+        const int64_t kc = std::min(kKC, K - pc);
+        a.pack(m0, std::min<int64_t>(kMR, M - m0), pc, kc,
+               shared + row_panels * kMR * pc + ip * kMR * kc);
+      }
+    }
+    T* pa = shared + shared_elems + t * (a_elems + b_elems);
     T* pb = pa + a_elems;
     const int64_t lo = extent * t / nt, hi = extent * (t + 1) / nt;
     const int64_t r_lo = split_rows ? lo : 0, r_hi = split_rows ? hi : row_panels;
@@ -226,7 +242,9 @@ void gemm(int64_t M, int64_t N, int64_t K, const SrcA& a, const SrcB& b, const T
         }
         for (int64_t ib = r_lo; ib < r_hi; ib += kMCPanels) {
           const int64_t ie = std::min(r_hi, ib + kMCPanels);
-          for (int64_t ip = ib; ip < ie; ++ip) {
+          // This block's A panels: from the shared copy, or packed here.
+          const T* a_block = shared_a ? shared + row_panels * kMR * pc + ib * kMR * kc : pa;
+          for (int64_t ip = ib; ip < ie && !shared_a; ++ip) {
             const int64_t m0 = ip * kMR;
             a.pack(m0, std::min<int64_t>(kMR, M - m0), pc, kc, pa + (ip - ib) * kMR * kc);
           }
@@ -247,7 +265,7 @@ void gemm(int64_t M, int64_t N, int64_t K, const SrcA& a, const SrcB& b, const T
             const bool fits = runs[nruns - 1].end == cols;
             for (int64_t ip = ib; ip < ie; ++ip) {
               const int64_t m0 = ip * kMR, rows = std::min<int64_t>(kMR, M - m0);
-              const T* ap = pa + (ip - ib) * kMR * kc;
+              const T* ap = a_block + (ip - ib) * kMR * kc;
               const T* bias_rows = first_bias ? first_bias + m0 : nullptr;
               if (fits) {
                 Run<T> at_rows[kMaxRuns];
