@@ -8,11 +8,11 @@
 //   backward-data    dcol (CRS, cols) = w^T (CRS, K) * dy (K, cols), folded back by col2im
 // The column matrix is never built for forward and backward-filter: the GEMM's B packing reads
 // pixels straight from x (implicit im2col), so those two passes need no workspace beyond the
-// packed panels. Backward-data of a stride-1 convolution is computed as a forward convolution of
-// dy with flipped weights (a 1x1 one as w^T * dy), writing dx directly. Strided ones materialize
-// dcol for a tile of whole images (or, when one image alone would pass kWorkspaceBudget, a band
-// of output rows) and fold it into dx. Tile sizes depend only on the shape, so the workspace
-// requested is the same on every run (the memory simulator relies on it).
+// packed panels. Backward-data of a stride-1 convolution with large planes is computed as a
+// forward convolution of dy with flipped weights (a 1x1 one as w^T * dy), writing dx directly.
+// The others materialize dcol for a tile of whole images (or, when one image alone would pass
+// kWorkspaceBudget, a band of output rows) and fold it into dx. Tile sizes depend only on the
+// shape, so the workspace requested is the same on every run (the memory simulator relies on it).
 //
 // Determinism: the packed GEMM sums every element in a fixed order with fixed block sizes, col2im
 // sums each channel on one thread in a fixed order, and bias gradients are summed per channel in
@@ -33,6 +33,7 @@ namespace {
 
 constexpr uint64_t kWorkspaceBudget = 64ull << 20;  // bytes of dcol per backward-data tile
 constexpr int64_t kParallelMin = 1 << 14;           // elements; below this col2im uses one thread
+constexpr int64_t kFlipMinPixels = 400;  // output plane size from which stride-1 dx is a conv
 
 int64_t ceil_div(int64_t a, int64_t b) {
   return (a + b - 1) / b;
@@ -48,29 +49,13 @@ void valid_q(const ConvShape& s, int64_t ks, int64_t& q_lo, int64_t& q_hi) {
 }
 
 // dst[t] = src[first + t] for t in [lo, hi), 0 for the rest of [0, len): one image row segment
-// with its padding. Runs are short (often a 7- or 14-pixel row), so on AVX-512 this is a few
-// masked loads, which also produce the zeros, instead of a memcpy call and two fill loops.
+// with its padding. (Measured on Zen 5: memcpy beats both plain loops and AVX-512 masked loads
+// here, even for 7-pixel rows.)
 template <class T>
 void copy_window(T* dst, const T* src, int64_t first, int64_t len, int64_t lo, int64_t hi) {
-#if 0
-  using W = packed::Vec<T>;
-  using Mask = typename W::Mask;
-  constexpr int64_t L = packed::kLanes<T>;
-  auto lanes = [&](int64_t a, int64_t b) {  // mask of lanes [a, b), clamped to [0, L)
-    a = std::clamp<int64_t>(a, 0, L);
-    b = std::clamp<int64_t>(b, a, L);
-    return static_cast<Mask>(((1ull << b) - 1) & ~((1ull << a) - 1));
-  };
-  for (int64_t t = 0; t < len; t += L) {
-    // Lanes outside [lo, hi) are neither read nor kept: maskz zeroes them.
-    const auto v = W::mask_load(lanes(lo - t, hi - t), src + first + t);
-    W::mask_store(dst + t, lanes(0, len - t), v);
-  }
-#else
   for (int64_t t = 0; t < lo; ++t) dst[t] = T(0);
-  for (int64_t t = lo; t < hi; ++t) dst[t] = src[first + t];
+  std::memcpy(dst + lo, src + first + lo, static_cast<size_t>(hi - lo) * sizeof(T));
   for (int64_t t = hi; t < len; ++t) dst[t] = T(0);
-#endif
 }
 
 // ---- Matrix sources. block(r0, nr, c0, nc, dst, drs, ds) copies rows [r0, r0 + nr) x columns
@@ -264,10 +249,12 @@ void conv2d_backward_data(const T* dy, const T* w, T* dx, const ConvShape& s) {
     packed::gemm<T>(s.C, s.N * pq, s.K, a, b, nullptr, false, {dx, pq, pq, chw});
     return;
   }
-  if (s.stride_h == 1 && s.stride_w == 1 && s.pad_h < s.R && s.pad_w < s.S) {
+  if (s.stride_h == 1 && s.stride_w == 1 && s.pad_h < s.R && s.pad_w < s.S &&
+      s.P * s.Q >= kFlipMinPixels) {
     // With stride 1, dx is itself a convolution: of dy with the weights flipped in space and
     // with K and C swapped, padded by R-1-pad. That needs no dcol and no col2im pass, only a
-    // flipped copy of the weights.
+    // flipped copy of the weights. On small planes the dcol route is faster: its GEMM packs
+    // only dy and w^T, both small there, while this one unfolds dy for every tap.
     const ConvShape t = make_conv_shape(s.N, s.K, s.P, s.Q, s.C, s.R, s.S, 1, 1, s.R - 1 - s.pad_h,
                                         s.S - 1 - s.pad_w);
     const int64_t krs = s.K * s.R * s.S, rs = s.R * s.S;
