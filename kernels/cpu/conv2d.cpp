@@ -171,9 +171,15 @@ template <class T, class S>
 struct ARows {
   S src;
   void pack(int64_t m0, int64_t rows, int64_t k0, int64_t kc, T* dst) const {
-    src.block(m0, rows, k0, kc, dst, 1, packed::kMR);
-    for (int64_t k = 0; k < kc; ++k)
-      std::fill(dst + k * packed::kMR + rows, dst + (k + 1) * packed::kMR, T(0));
+    // Rows are contiguous in the source and interleaved in the panel: copy them out row by row,
+    // then interleave from L1, instead of writing the panel with a stride.
+    T rows_buf[packed::kMR * packed::kKC];
+    src.block(m0, rows, k0, kc, rows_buf, kc, 1);
+    for (int64_t k = 0; k < kc; ++k) {
+      T* d = dst + k * packed::kMR;
+      for (int64_t i = 0; i < rows; ++i) d[i] = rows_buf[i * kc + k];
+      for (int64_t i = rows; i < packed::kMR; ++i) d[i] = T(0);
+    }
   }
 };
 template <class T, class S>
@@ -197,8 +203,14 @@ template <class T, class S>
 struct BCols {
   S src;
   void pack(int64_t k0, int64_t kc, int64_t j0, int64_t cols, int64_t w, T* dst) const {
-    src.block(j0, cols, k0, kc, dst, 1, w);
-    for (int64_t k = 0; k < kc; ++k) std::fill(dst + k * w + cols, dst + (k + 1) * w, T(0));
+    // As ARows: contiguous copies into an L1-sized buffer, then the transpose into the panel.
+    T rows_buf[packed::kNR<T> * packed::kKC];
+    src.block(j0, cols, k0, kc, rows_buf, kc, 1);
+    for (int64_t k = 0; k < kc; ++k) {
+      T* d = dst + k * w;
+      for (int64_t j = 0; j < cols; ++j) d[j] = rows_buf[j * kc + k];
+      for (int64_t j = cols; j < w; ++j) d[j] = T(0);
+    }
   }
 };
 
