@@ -124,14 +124,16 @@ def main():
         return
     with open(args.regen) as f:
         regen = {(r["kind"], r["name"]): r for r in json.load(f)["rows"]}
-    print("| pass | shape | regen ms | regen GFLOP/s | PyTorch ms | PyTorch GFLOP/s | ratio |")
-    print("|---|---|---:|---:|---:|---:|---:|")
+    print("| pass | shape | per step | regen ms | regen GFLOP/s | PyTorch ms | PyTorch GFLOP/s "
+          "| ratio |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
     total = {"regen": 0.0, "torch": 0.0}
     for r in rows:
         g = regen.get((r["kind"], r["name"]))
         if g is None:
             raise SystemExit(f"regen JSON has no row {r['kind']} {r['name']}")
-        print(f"| {r['kind']} | {r['name']} | {g['seconds'] * 1e3:.2f} | {g['gflops']:.0f} | "
+        print(f"| {r['kind']} | {r['name']} | {counts_of(r)} | {g['seconds'] * 1e3:.2f} | "
+              f"{g['gflops']:.0f} | "
               f"{r['seconds'] * 1e3:.2f} | {r['gflops']:.0f} | {g['gflops'] / r['gflops']:.2f} |")
         total["regen"] += counts_of(r) * g["seconds"]
         total["torch"] += counts_of(r) * r["seconds"]

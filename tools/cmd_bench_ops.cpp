@@ -177,7 +177,8 @@ void run(const std::string& device_text, int threads, int repeats, const std::st
                            {"name", r.name},
                            {"count", r.count},
                            {"seconds", r.seconds},
-                           {"gflops", r.gflops}});
+                           {"gflops", r.gflops},
+                           {"best_seconds", r.best_seconds}});
     }
     std::ofstream f(json_path);
     REGEN_CHECK(f.good(), "bench ops: cannot write ", json_path);
