@@ -63,6 +63,11 @@ void copy_window(T* dst, const T* src, int64_t first, int64_t len, int64_t lo, i
 // turn sources into GEMM operands. Index arithmetic (divisions) is done once per block, not per
 // element: packing must stay cheap next to the FMAs it feeds.
 
+// ColSource copies stride-1 rows in chunks of one vector; the buffers it writes into keep this
+// many elements of slack after their end (packed_gemm.h's kSlack).
+template <class T>
+constexpr int64_t kCopyChunk = packed::kSlack<T>;
+
 // The unfolded input: row (c, r, s), column g = base + col: image g / PQ, pixel (p, q).
 template <class T>
 struct ColSource {
@@ -91,6 +96,7 @@ struct ColSource {
       }
     }
     int64_t c = r0 / (s.R * s.S), r = r0 / s.S % s.R, ks = r0 % s.S;
+    if (ds == 1 && s.stride_w == 1 && block_by_lines(runs, nruns, c, r, ks, nr, dst, drs)) return;
     for (int64_t row = 0; row < nr; ++row) {
       int64_t q_lo, q_hi;
       valid_q(s, ks, q_lo, q_hi);
@@ -121,6 +127,57 @@ struct ColSource {
         if (++r == s.R) r = 0, ++c;
       }
     }
+  }
+
+  // Stride 1, contiguous rows: the S taps (c, r, 0..S-1) of a run read one input row at S
+  // shifts. Each (c, r) row of every run is copied once, with its padding, into a zero-bordered
+  // line; each tap is then a plain copy from the line at its shift, in whole vectors (no bounds
+  // logic, no memcpy call per run). Writes run up to kCopyChunk - 1 elements past a run's end:
+  // later runs and rows overwrite them, and the last row needs that much slack after dst.
+  // Returns false (nothing written) when the lines do not fit the local buffer.
+  bool block_by_lines(const Run* runs, int64_t nruns, int64_t c, int64_t r, int64_t ks, int64_t nr,
+                      T* dst, int64_t drs) const {
+    constexpr int64_t kLineBuf = 4 * kMaxCols + 64;
+    T lines[kLineBuf + kCopyChunk<T>];
+    int64_t offset[kMaxCols + 1];
+    offset[0] = 0;
+    for (int64_t i = 0; i < nruns; ++i) offset[i + 1] = offset[i] + runs[i].len + s.S - 1;
+    if (offset[nruns] > kLineBuf) return false;
+    std::fill(lines + offset[nruns], lines + offset[nruns] + kCopyChunk<T>, T(0));
+    bool stale = true;  // lines hold (c, r)?
+    for (int64_t row = 0; row < nr; ++row) {
+      if (stale) {
+        for (int64_t i = 0; i < nruns; ++i) {
+          const Run& u = runs[i];
+          T* line = lines + offset[i];  // line[t] is input column u.q - pad_w + t
+          const int64_t n = u.len + s.S - 1, ih = u.ih0 + r, iw0 = u.q - s.pad_w;
+          if (ih < 0 || ih >= s.H) {
+            std::fill(line, line + n, T(0));
+            continue;
+          }
+          const T* src = x + ((u.img * s.C + c) * s.H + ih) * s.W;
+          const int64_t lo = std::clamp<int64_t>(-iw0, 0, n), hi = std::clamp(s.W - iw0, lo, n);
+          std::fill(line, line + lo, T(0));
+          std::copy(src + iw0 + lo, src + iw0 + hi, line + lo);
+          std::fill(line + hi, line + n, T(0));
+        }
+        stale = false;
+      }
+      T* d = dst + row * drs;
+      for (int64_t i = 0; i < nruns; ++i) {
+        const T* from = lines + offset[i] + ks;
+        T* to = d + runs[i].t0;
+        for (int64_t t = 0; t < runs[i].len; t += kCopyChunk<T>) {
+          std::memcpy(to + t, from + t, kCopyChunk<T> * sizeof(T));
+        }
+      }
+      if (++ks == s.S) {
+        ks = 0;
+        stale = true;
+        if (++r == s.R) r = 0, ++c;
+      }
+    }
+    return true;
   }
 };
 
@@ -204,7 +261,7 @@ struct BCols {
   S src;
   void pack(int64_t k0, int64_t kc, int64_t j0, int64_t cols, int64_t w, T* dst) const {
     // As ARows: contiguous copies into an L1-sized buffer, then the transpose into the panel.
-    T rows_buf[packed::kNR<T> * packed::kKC];
+    T rows_buf[packed::kNR<T> * packed::kKC + packed::kSlack<T>];
     src.block(j0, cols, k0, kc, rows_buf, kc, 1);
     for (int64_t k = 0; k < kc; ++k) {
       T* d = dst + k * w;

@@ -36,6 +36,10 @@ constexpr int kNR = kMaxNV* kLanes<T>;
 constexpr int64_t kKC = 256;       // depth block: a KC x NR panel of B fits L1 beside A's MR x KC
 constexpr int64_t kNC = 3072;      // column block (a multiple of every NR)
 constexpr int64_t kMCPanels = 32;  // row panels per L2 block of A (256 rows)
+// Elements of slack after each packed B buffer: a B source may copy whole vectors past the end
+// of the panel it fills (later panels overwrite the excess).
+template <class T>
+constexpr int64_t kSlack = kLanes<T>;
 
 // Where C(m, n) lives. Columns may run over several images: column n belongs to image
 // n / cols_per_image and row m of that image starts `ld` elements after row m - 1.
@@ -207,7 +211,7 @@ void gemm(int64_t M, int64_t N, int64_t K, const SrcA& a, const SrcB& b, const T
   const int64_t kc_max = std::min(K, kKC);
   const int64_t shared_elems = shared_a ? row_panels * kMR * K : 0;
   const int64_t a_elems = shared_a ? 0 : std::min<int64_t>(kMCPanels, row_panels) * kMR * kc_max;
-  const int64_t b_elems = std::min<int64_t>(col_vectors * L, kNC) * kc_max;
+  const int64_t b_elems = std::min<int64_t>(col_vectors * L, kNC) * kc_max + kSlack<T>;
   Workspace ws(Device::cpu(),
                static_cast<uint64_t>(shared_elems + threads * (a_elems + b_elems)) * sizeof(T));
   T* const shared = ws.as<T>();  // block pc, panel ip at shared + row_panels*kMR*pc + ip*kMR*kc
