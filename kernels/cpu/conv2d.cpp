@@ -271,24 +271,33 @@ struct BCols {
   }
 };
 
-// dx (C, H, W) += the columns of output rows [p0, p1) folded back (the adjoint of im2col).
-// Each channel is summed by one thread in (r, ks, p, q) order: deterministic for any thread count.
+// dx (images, C, H, W) += the columns of output rows [p0, p1) of `images` images folded back
+// (the adjoint of im2col); image i's columns start at col + i*(p1 - p0)*Q, rows ld apart. Each
+// (image, channel) plane is summed by one thread in (r, ks, p, q) order: deterministic for any
+// thread count.
 template <class T>
-void col2im(const T* col, int64_t ld, int64_t p0, int64_t p1, T* dx, const ConvShape& s) {
-#pragma omp parallel for schedule(static) if (s.C * s.R * s.S * (p1 - p0) * s.Q > kParallelMin)
-  for (int64_t c = 0; c < s.C; ++c) {
-    T* plane = dx + c * s.H * s.W;
+void col2im(const T* col, int64_t ld, int64_t images, int64_t p0, int64_t p1, T* dx,
+            const ConvShape& s) {
+  const int64_t planes = images * s.C, cols = (p1 - p0) * s.Q;
+#pragma omp parallel for schedule(static) if (planes * s.R * s.S * cols > kParallelMin)
+  for (int64_t i = 0; i < planes; ++i) {
+    const int64_t img = i / s.C, c = i % s.C;
+    T* plane = dx + i * s.H * s.W;
     for (int64_t r = 0; r < s.R; ++r) {
       for (int64_t ks = 0; ks < s.S; ++ks) {
-        const T* in = col + ((c * s.R + r) * s.S + ks) * ld;
+        const T* in = col + ((c * s.R + r) * s.S + ks) * ld + img * cols;
         int64_t q_lo, q_hi;
         valid_q(s, ks, q_lo, q_hi);
+        const int64_t shift = ks - s.pad_w;  // q lands at row[q*sw + shift], in range for valid q
         for (int64_t p = p0; p < p1; ++p, in += s.Q) {
           const int64_t ih = p * s.stride_h - s.pad_h + r;
           if (ih < 0 || ih >= s.H) continue;
           T* row = plane + ih * s.W;
-          const int64_t shift = ks - s.pad_w;  // q lands at row[q*sw + shift], in range for valid q
-          for (int64_t q = q_lo; q < q_hi; ++q) row[q * s.stride_w + shift] += in[q];
+          if (s.stride_w == 1) {
+            for (int64_t q = q_lo; q < q_hi; ++q) row[q + shift] += in[q];
+          } else {
+            for (int64_t q = q_lo; q < q_hi; ++q) row[q * s.stride_w + shift] += in[q];
+          }
         }
       }
     }
@@ -362,9 +371,7 @@ void conv2d_backward_data(const T* dy, const T* w, T* dx, const ConvShape& s) {
       const int64_t p1 = std::min(s.P, p0 + rows), cols = ng * (p1 - p0) * s.Q;
       const BRows<T, DySource<T>> b{{dy, s.K, pq, n0 * pq + p0 * s.Q}};
       packed::gemm<T>(crs, cols, s.K, a, b, nullptr, false, {col, cols, whole, 0});
-      for (int64_t i = 0; i < ng; ++i) {
-        col2im(col + i * (p1 - p0) * s.Q, cols, p0, p1, dx + (n0 + i) * chw, s);
-      }
+      col2im(col, cols, ng, p0, p1, dx + n0 * chw, s);
     }
   }
 }
