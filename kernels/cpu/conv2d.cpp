@@ -33,7 +33,7 @@ namespace {
 
 constexpr uint64_t kWorkspaceBudget = 64ull << 20;  // bytes of dcol per backward-data tile
 constexpr int64_t kParallelMin = 1 << 14;           // elements; below this col2im uses one thread
-constexpr int64_t kFlipMinPixels = 400;  // output plane size from which stride-1 dx is a conv
+constexpr int64_t kFlipMinPixels = 100;  // output plane size from which stride-1 dx is a conv
 
 int64_t ceil_div(int64_t a, int64_t b) {
   return (a + b - 1) / b;
