@@ -96,7 +96,9 @@ struct ColSource {
       }
     }
     int64_t c = r0 / (s.R * s.S), r = r0 / s.S % s.R, ks = r0 % s.S;
-    if (ds == 1 && s.stride_w == 1 && block_by_lines(runs, nruns, c, r, ks, nr, dst, drs)) return;
+    if (ds == 1 && s.stride_w == 1 && s.S > 1 &&
+        block_by_lines(runs, nruns, c, r, ks, nr, dst, drs))
+      return;
     for (int64_t row = 0; row < nr; ++row) {
       int64_t q_lo, q_hi;
       valid_q(s, ks, q_lo, q_hi);
@@ -129,7 +131,7 @@ struct ColSource {
     }
   }
 
-  // Stride 1, contiguous rows: the S taps (c, r, 0..S-1) of a run read one input row at S
+  // Stride 1, S > 1, contiguous rows: the S taps (c, r, 0..S-1) of a run read one input row at S
   // shifts. Each (c, r) row of every run is copied once, with its padding, into a zero-bordered
   // line; each tap is then a plain copy from the line at its shift, in whole vectors (no bounds
   // logic, no memcpy call per run). Writes run up to kCopyChunk - 1 elements past a run's end:
