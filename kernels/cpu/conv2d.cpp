@@ -121,7 +121,11 @@ struct ColSource {
           continue;
         }
         for (int64_t t = u.q; t < lo; ++t) o[(t - u.q) * ds] = T(0);
-        for (int64_t t = lo; t < hi; ++t) o[(t - u.q) * ds] = src[t * s.stride_w + shift];
+        if (ds == 1 && s.stride_w == 2) {  // the strided convolutions: a constant stride vectorizes
+          for (int64_t t = lo; t < hi; ++t) o[t - u.q] = src[2 * t + shift];
+        } else {
+          for (int64_t t = lo; t < hi; ++t) o[(t - u.q) * ds] = src[t * s.stride_w + shift];
+        }
         for (int64_t t = hi; t < u.q + u.len; ++t) o[(t - u.q) * ds] = T(0);
       }
       if (++ks == s.S) {
