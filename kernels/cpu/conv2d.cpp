@@ -8,15 +8,16 @@
 //   backward-data    dcol (CRS, cols) = w^T (CRS, K) * dy (K, cols), folded back by col2im
 // The column matrix is never built for forward and backward-filter: the GEMM's B packing reads
 // pixels straight from x (implicit im2col), so those two passes need no workspace beyond the
-// packed panels. Backward-data of a stride-1 convolution with large planes is computed as a
-// forward convolution of dy with flipped weights (a 1x1 one as w^T * dy), writing dx directly.
-// The others materialize dcol for a tile of whole images (or, when one image alone would pass
-// kWorkspaceBudget, a band of output rows) and fold it into dx. Tile sizes depend only on the
-// shape, so the workspace requested is the same on every run (the memory simulator relies on it).
+// packed panels. Backward-data of a stride-1 convolution with planes of kFlipMinPixels or more is
+// computed as a forward convolution of dy with flipped weights (a 1x1 one as w^T * dy), writing
+// dx directly. The others materialize dcol for a tile of whole images (or, when one image alone
+// would pass kWorkspaceBudget, a band of output rows) and fold it into dx. Tile sizes depend only
+// on the shape (and the packed buffers on the shape and the thread count), so the workspace
+// requested is the same on every run: the memory simulator relies on it.
 //
 // Determinism: the packed GEMM sums every element in a fixed order with fixed block sizes, col2im
-// sums each channel on one thread in a fixed order, and bias gradients are summed per channel in
-// image order: results are identical run to run, for any thread count.
+// sums each (image, channel) plane on one thread in a fixed order, and bias gradients are summed
+// per channel in image order: results are identical run to run, for any thread count.
 // Tests: tests/test_ops_vision.cpp (against nested loops), tests/test_gradcheck_vision.cpp.
 #include <omp.h>
 
