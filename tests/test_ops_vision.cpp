@@ -599,3 +599,31 @@ TEST_CASE("transpose and permute reject bad dims with messages naming the op and
       },
       {"transpose: expected a floating-point tensor"});
 }
+
+TEST_CASE("vision ops name the op and the missing tensor when an input is undefined") {
+  Tensor x = zeros({1, 2, 4, 4}), w = zeros({3, 2, 3, 3}), c2 = ones({2});
+  expect_error([&] { conv2d(x, Tensor()); }, {"conv2d: weight is undefined"});
+  expect_error([&] { batchnorm2d(Tensor(), c2, c2, c2, c2, true); },
+               {"batchnorm2d: input is undefined"});
+  expect_error([&] { batchnorm2d(x, c2, Tensor(), c2, c2, true); },
+               {"batchnorm2d: beta is undefined"});
+  expect_error([&] { batchnorm2d(x, c2, c2, Tensor(), c2, true); },
+               {"batchnorm2d: running_mean is undefined"});
+  expect_error([&] { batchnorm2d(x, c2, c2, c2, Tensor(), true); },
+               {"batchnorm2d: running_var is undefined"});
+  expect_error([&] { max_pool2d(Tensor(), 2, 2, 0); }, {"max_pool2d: input is undefined"});
+  expect_error([&] { avg_pool2d(Tensor(), 2, 2, 0); }, {"avg_pool2d: input is undefined"});
+  expect_error([&] { global_avg_pool(Tensor()); }, {"global_avg_pool: input is undefined"});
+  expect_error(
+      [&] {
+        global_avg_pool(zeros({1, 2, 2, 2}, DType::i32));
+      },
+      {"global_avg_pool: expected a floating-point tensor"});
+  expect_error([&] { permute(Tensor(), {0}); }, {"permute: input is undefined"});
+  expect_error([&] { transpose(Tensor(), 0, 1); }, {"transpose: input is undefined"});
+  expect_error(
+      [&] {
+        permute(zeros({2, 2}, DType::i64), {1, 0});
+      },
+      {"permute: expected a floating-point tensor"});
+}
