@@ -3,6 +3,7 @@
 // permute values; determinism; and the error messages of every vision op. Gradients are checked
 // by finite differences in tests/test_gradcheck_vision.cpp.
 #include <doctest/doctest.h>
+#include <omp.h>
 
 #include <cmath>
 #include <functional>
@@ -217,24 +218,50 @@ void expect_error(const std::function<void()>& fn, const std::vector<std::string
 TEST_CASE_TEMPLATE("conv2d forward, backward-data and backward-filter match nested loops", T, float,
                    double) {
   const ConvCase cases[] = {
-      {2, 3, 9, 7, 5, 3, 3, 1, 1, 1, 1},    // 3x3 same padding, odd sizes
-      {3, 4, 8, 8, 6, 3, 3, 2, 2, 1, 1},    // 3x3 stride 2
-      {2, 5, 7, 9, 4, 1, 1, 1, 1, 0, 0},    // 1x1 stride 1 (batched images: small planes)
-      {1, 6, 33, 35, 3, 1, 1, 1, 1, 0, 0},  // 1x1 stride 1, one image: GEMM directly on x
-      {2, 5, 9, 8, 7, 1, 1, 2, 2, 0, 0},    // 1x1 stride 2
-      {2, 3, 23, 21, 4, 7, 7, 2, 2, 3, 3},  // 7x7 stride 2 pad 3
-      {1, 2, 5, 6, 3, 5, 6, 1, 1, 0, 0},    // kernel as large as the input
-      {2, 3, 6, 5, 2, 2, 3, 3, 1, 2, 0},    // asymmetric everything
-      {5, 2, 20, 20, 3, 3, 3, 1, 1, 1, 1},  // 400 pixels: groups of 3 then 2 images
-      {2, 2, 40, 36, 3, 3, 3, 1, 1, 1, 1},  // >= 1024 pixels: one image at a time
+      {2, 3, 9, 7, 5, 3, 3, 1, 1, 1, 1},      // 3x3 same padding, odd sizes
+      {3, 4, 8, 8, 6, 3, 3, 2, 2, 1, 1},      // 3x3 stride 2
+      {2, 5, 7, 9, 4, 1, 1, 1, 1, 0, 0},      // 1x1 stride 1: backward-data writes dx directly
+      {1, 6, 33, 35, 3, 1, 1, 1, 1, 0, 0},    // the same, one image, many column panels
+      {2, 5, 9, 8, 7, 1, 1, 2, 2, 0, 0},      // 1x1 stride 2
+      {2, 3, 23, 21, 4, 7, 7, 2, 2, 3, 3},    // 7x7 stride 2 pad 3
+      {1, 2, 5, 6, 3, 5, 6, 1, 1, 0, 0},      // kernel as large as the input
+      {2, 3, 6, 5, 2, 2, 3, 3, 1, 2, 0},      // asymmetric everything
+      {5, 2, 20, 20, 3, 3, 3, 1, 1, 1, 1},    // 400-pixel planes: GEMM tiles straddle images
+      {10, 3, 4, 4, 9, 3, 3, 1, 1, 0, 0},     // 2x2 planes: more image ends per tile than runs
+      {2, 17, 40, 36, 20, 3, 3, 1, 1, 1, 1},  // M, N and K past one register tile and KC
+      {2, 3, 5, 6, 4, 1, 1, 1, 1, 1, 1},      // 1x1 padded: dx by col2im, not as a convolution
   };
   uint64_t seed = 100;
   for (const ConvCase& c : cases) check_conv<T>(c, seed += 10);
 }
 
-TEST_CASE("conv2d cuts an image whose column matrix passes the 64 MiB workspace into row bands") {
-  // 16 channels x 7x7 taps x 150x150 outputs x 4 bytes = 70.6 MB of columns for one image.
-  check_conv<float>({1, 16, 150, 150, 2, 7, 7, 1, 1, 3, 3}, 7);
+TEST_CASE("conv2d strided backward-data tiles: whole images per tile, or row bands of one image") {
+  // 16 channels x 7x7 taps x 148x148 outputs x 4 bytes = 68.7 MB of dcol for one image: more than
+  // the 64 MiB budget, so backward-data folds bands of output rows.
+  check_conv<float>({1, 16, 295, 295, 2, 7, 7, 2, 2, 3, 3}, 7);
+  // 27.9 MB per image: two images per tile, then the remaining one.
+  check_conv<float>({3, 64, 220, 220, 2, 3, 3, 2, 2, 1, 1}, 8);
+}
+
+TEST_CASE("conv2d gives the same bits with 1 and 2 threads") {
+  const ConvShape s = make_conv_shape(3, 40, 20, 20, 48, 3, 3, 1, 1, 1, 1);
+  Tensor x = rand_t<float>({s.N, s.C, s.H, s.W}, 1), w = rand_t<float>({s.K, s.C, 3, 3}, 2);
+  Tensor b = rand_t<float>({s.K}, 3), dy = rand_t<float>({s.N, s.K, s.P, s.Q}, 4);
+  auto run = [&](int threads) {
+    const int saved = omp_get_max_threads();
+    omp_set_num_threads(threads);
+    Tensor y = empty(dy.shape()), dx = empty(x.shape()), dw = empty(w.shape()), db = empty({s.K});
+    cpu::conv2d_forward<float>(x.data<float>(), w.data<float>(), b.data<float>(), y.data<float>(),
+                               s);
+    cpu::conv2d_backward_data<float>(dy.data<float>(), w.data<float>(), dx.data<float>(), s);
+    cpu::conv2d_backward_filter<float>(x.data<float>(), dy.data<float>(), dw.data<float>(),
+                                       db.data<float>(), s);
+    omp_set_num_threads(saved);
+    std::vector<std::vector<float>> out = {y.to_vector<float>(), dx.to_vector<float>(),
+                                           dw.to_vector<float>(), db.to_vector<float>()};
+    return out;
+  };
+  CHECK(run(1) == run(2));
 }
 
 TEST_CASE("conv2d results are identical across two runs (forward and both backwards)") {
@@ -276,6 +303,19 @@ TEST_CASE("max_pool2d: ties go to the first maximum in window order, and backwar
   z.set_requires_grad(true);
   backward(sum(max_pool2d(z, 2, 1, 0)));
   CHECK(z.grad().to_vector<double>() == std::vector<double>{0, 0, 0, 0, 4, 0, 0, 0, 0});
+  // A NaN wins its window (and the first NaN stays), as in PyTorch.
+  const std::vector<float> nan_in = {1, NAN, 3, NAN, 5, 6, 7, 8, 9};
+  std::vector<float> out(4);
+  std::vector<int32_t> arg(4);
+  cpu::maxpool2d_forward<float>(nan_in.data(), out.data(), arg.data(),
+                                make_pool_shape(1, 1, 3, 3, 2, 2, 1, 1, 0, 0));
+  CHECK(std::isnan(out[0]));
+  CHECK(arg[0] == 1);
+  CHECK(std::isnan(out[1]));
+  CHECK(std::isnan(out[2]));
+  CHECK(arg[2] == 3);
+  CHECK(out[3] == 9.0f);
+  CHECK(arg[3] == 8);
 }
 
 TEST_CASE_TEMPLATE("global_avg_pool matches the plane means", T, float, double) {
@@ -340,6 +380,26 @@ TEST_CASE_TEMPLATE("batchnorm2d: one training step updates the running stats by 
   expect_close("eval output", ye.to_vector<T>(), want_y, atol_for<T>(), rtol_for<T>());
   CHECK(rm.to_vector<T>() == rm1);
   CHECK(rv.to_vector<T>() == rv1);
+}
+
+TEST_CASE("batchnorm2d statistics stay accurate for a channel far from zero") {
+  // Mean 1e4, variance ~1/3: a naive sum of squares would cancel most of its digits.
+  Tensor x = rand_t<double>({2, 2, 8, 8}, 41);
+  double* p = x.data<double>();
+  for (int64_t i = 0; i < x.numel(); ++i) p[i] += 1e4;
+  Tensor rm = zeros({2}, DType::f64), rv = zeros({2}, DType::f64);
+  batchnorm2d(x, ones({2}, DType::f64), zeros({2}, DType::f64), rm, rv, true, 1.0, 1e-5);
+  const std::vector<double> xv = x.to_vector<double>();
+  for (int64_t c = 0; c < 2; ++c) {
+    double s = 0, sq = 0;
+    for (int64_t n = 0; n < 2; ++n)
+      for (int64_t i = 0; i < 64; ++i) s += xv[(n * 2 + c) * 64 + i];
+    const double mean = s / 128;
+    for (int64_t n = 0; n < 2; ++n)
+      for (int64_t i = 0; i < 64; ++i) sq += std::pow(xv[(n * 2 + c) * 64 + i] - mean, 2);
+    CHECK(rm.to_vector<double>()[c] == doctest::Approx(mean).epsilon(1e-14));
+    CHECK(rv.to_vector<double>()[c] == doctest::Approx(sq / 127).epsilon(1e-10));
+  }
 }
 
 TEST_CASE("batchnorm2d: a replayed training node leaves running stats alone, same bits out") {
@@ -538,4 +598,32 @@ TEST_CASE("transpose and permute reject bad dims with messages naming the op and
         transpose(zeros({2, 2}, DType::i64), 0, 1);
       },
       {"transpose: expected a floating-point tensor"});
+}
+
+TEST_CASE("vision ops name the op and the missing tensor when an input is undefined") {
+  Tensor x = zeros({1, 2, 4, 4}), w = zeros({3, 2, 3, 3}), c2 = ones({2});
+  expect_error([&] { conv2d(x, Tensor()); }, {"conv2d: weight is undefined"});
+  expect_error([&] { batchnorm2d(Tensor(), c2, c2, c2, c2, true); },
+               {"batchnorm2d: input is undefined"});
+  expect_error([&] { batchnorm2d(x, c2, Tensor(), c2, c2, true); },
+               {"batchnorm2d: beta is undefined"});
+  expect_error([&] { batchnorm2d(x, c2, c2, Tensor(), c2, true); },
+               {"batchnorm2d: running_mean is undefined"});
+  expect_error([&] { batchnorm2d(x, c2, c2, c2, Tensor(), true); },
+               {"batchnorm2d: running_var is undefined"});
+  expect_error([&] { max_pool2d(Tensor(), 2, 2, 0); }, {"max_pool2d: input is undefined"});
+  expect_error([&] { avg_pool2d(Tensor(), 2, 2, 0); }, {"avg_pool2d: input is undefined"});
+  expect_error([&] { global_avg_pool(Tensor()); }, {"global_avg_pool: input is undefined"});
+  expect_error(
+      [&] {
+        global_avg_pool(zeros({1, 2, 2, 2}, DType::i32));
+      },
+      {"global_avg_pool: expected a floating-point tensor"});
+  expect_error([&] { permute(Tensor(), {0}); }, {"permute: input is undefined"});
+  expect_error([&] { transpose(Tensor(), 0, 1); }, {"transpose: input is undefined"});
+  expect_error(
+      [&] {
+        permute(zeros({2, 2}, DType::i64), {1, 0});
+      },
+      {"permute: expected a floating-point tensor"});
 }

@@ -82,42 +82,61 @@ def measure(repeats):
     return rows
 
 
+def counts_of(row):
+    """How often a row runs in one ResNet-152 training step (0: not part of the step)."""
+    if row["kind"] == "gemm":
+        return 0
+    if row["kind"] == "backward_data" and row["name"].startswith("stem"):
+        return 0  # a training step never computes the gradient of the input images
+    return {s[0]: s[1] for s in CONV_SHAPES}[row["name"]]
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--regen", help="JSON written by `regen bench ops --json`")
     ap.add_argument("--json", help="write PyTorch's rows here")
+    ap.add_argument("--load", help="compare rows written earlier with --json instead of measuring")
     args = ap.parse_args()
-    torch.set_num_threads(args.threads)
-    with torch.no_grad():
-        rows = measure(args.repeats)
-    print(f"# PyTorch {torch.__version__}, {torch.get_num_threads()} threads, f32, median of "
-          f"{args.repeats}")
-    if args.json:
+    if args.load:
+        with open(args.load) as f:
+            saved = json.load(f)
+        rows = saved["rows"]
+        print(f"# PyTorch {saved.get('version', '?')}, {saved['threads']} threads, f32, median of "
+              f"{saved.get('repeats', '?')} (loaded from {args.load})")
+    else:
+        torch.set_num_threads(args.threads)
+        with torch.no_grad():
+            rows = measure(args.repeats)
+        print(f"# PyTorch {torch.__version__}, {torch.get_num_threads()} threads, f32, median of "
+              f"{args.repeats}")
+    if args.json and not args.load:
         with open(args.json, "w") as f:
-            json.dump({"threads": torch.get_num_threads(), "rows": rows}, f, indent=1)
+            json.dump({"version": torch.__version__, "threads": torch.get_num_threads(),
+                       "repeats": args.repeats, "rows": rows}, f, indent=1)
     if not args.regen:
+        total = sum(counts_of(r) * r["seconds"] for r in rows)
         for r in rows:
             print(f"{r['kind']:16s} {r['name']:24s} {r['seconds'] * 1e3:9.3f} ms "
                   f"{r['gflops']:8.1f} GFLOP/s")
+        print(f"# all ResNet-152 convolutions of one training step: {total:.3f} s")
         return
     with open(args.regen) as f:
         regen = {(r["kind"], r["name"]): r for r in json.load(f)["rows"]}
-    counts = {s[0]: s[1] for s in CONV_SHAPES}
-    print("| pass | shape | regen ms | regen GFLOP/s | PyTorch ms | PyTorch GFLOP/s | ratio |")
-    print("|---|---|---:|---:|---:|---:|---:|")
+    print("| pass | shape | per step | regen ms | regen GFLOP/s | PyTorch ms | PyTorch GFLOP/s "
+          "| ratio |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
     total = {"regen": 0.0, "torch": 0.0}
     for r in rows:
         g = regen.get((r["kind"], r["name"]))
         if g is None:
             raise SystemExit(f"regen JSON has no row {r['kind']} {r['name']}")
-        print(f"| {r['kind']} | {r['name']} | {g['seconds'] * 1e3:.2f} | {g['gflops']:.0f} | "
+        print(f"| {r['kind']} | {r['name']} | {counts_of(r)} | {g['seconds'] * 1e3:.2f} | "
+              f"{g['gflops']:.0f} | "
               f"{r['seconds'] * 1e3:.2f} | {r['gflops']:.0f} | {g['gflops'] / r['gflops']:.2f} |")
-        # A training step never computes the stem's input gradient.
-        if r["kind"] != "gemm" and not (r["kind"] == "backward_data" and r["name"].startswith("stem")):
-            total["regen"] += counts[r["name"]] * g["seconds"]
-            total["torch"] += counts[r["name"]] * r["seconds"]
+        total["regen"] += counts_of(r) * g["seconds"]
+        total["torch"] += counts_of(r) * r["seconds"]
     print(f"\nAll ResNet-152 convolutions of one training step (shape counts as in the network): "
           f"regen {total['regen']:.3f} s, PyTorch {total['torch']:.3f} s, "
           f"ratio (PyTorch time / regen time) {total['torch'] / total['regen']:.2f}")

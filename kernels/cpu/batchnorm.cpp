@@ -1,10 +1,12 @@
 // CPU batch normalization over (N, C, HW) (declared in kernels/kernels.h): training forward with
 // batch statistics and PyTorch's running-stat update, eval forward, and both backwards.
-// Every per-channel reduction is summed by one thread, image by image, in double: the result
-// does not depend on the thread count. Tests: tests/test_ops_vision.cpp (running stats, replay),
-// tests/test_gradcheck_vision.cpp (gradients).
+// Every per-channel reduction is summed by one thread, image by image, in double, into a fixed
+// set of partial sums: the result is identical on every run and does not depend on the thread
+// count. Forward reads x twice (statistics, normalize), backward reads dy and x twice. Tests:
+// tests/test_ops_vision.cpp (running stats, replay), tests/test_gradcheck_vision.cpp (gradients).
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "kernels/kernels.h"
@@ -13,18 +15,67 @@ namespace regen::cpu {
 namespace {
 constexpr int64_t kParallelMin = 1 << 14;  // elements; below this one thread is faster
 
-// Sum over channel c of x (N, C, HW) of (x - center)^power, power 1 or 2.
-template <class T, int power>
-double channel_sum(const T* x, int64_t N, int64_t C, int64_t HW, int64_t c, double center) {
-  double acc = 0;
+constexpr int kLanes = 8;  // independent partial sums: lets the reductions vectorize
+
+// Over channel c of x (N, C, HW): s1 = sum (x - shift), s2 = sum (x - shift)^2, in double.
+// Each of kLanes partial sums runs over a fixed subset of the elements and they are combined in
+// a fixed order, so the result is the same on every run and for any thread count.
+template <class T>
+void channel_moments(const T* x, int64_t N, int64_t C, int64_t HW, int64_t c, double shift,
+                     double& s1, double& s2) {
+  double a[kLanes] = {}, b[kLanes] = {};
   for (int64_t n = 0; n < N; ++n) {
     const T* p = x + (n * C + c) * HW;
-    for (int64_t i = 0; i < HW; ++i) {
-      const double d = static_cast<double>(p[i]) - center;
-      acc += power == 1 ? d : d * d;
+    int64_t i = 0;
+    for (; i + kLanes <= HW; i += kLanes) {
+      for (int j = 0; j < kLanes; ++j) {
+        const double d = static_cast<double>(p[i + j]) - shift;
+        a[j] += d;
+        b[j] += d * d;
+      }
+    }
+    for (; i < HW; ++i) {
+      const double d = static_cast<double>(p[i]) - shift;
+      a[i % kLanes] += d;
+      b[i % kLanes] += d * d;
     }
   }
-  return acc;
+  s1 = 0;
+  s2 = 0;
+  for (int j = 0; j < kLanes; ++j) {
+    s1 += a[j];
+    s2 += b[j];
+  }
+}
+
+// Over channel c: sum dy and sum dy * (x - mean), in double, as channel_moments.
+template <class T>
+void channel_grad_sums(const T* dy, const T* x, int64_t N, int64_t C, int64_t HW, int64_t c,
+                       double mean, double& sum_dy, double& sum_dy_xmu) {
+  double a[kLanes] = {}, b[kLanes] = {};
+  for (int64_t n = 0; n < N; ++n) {
+    const T* g = dy + (n * C + c) * HW;
+    const T* p = x + (n * C + c) * HW;
+    int64_t i = 0;
+    for (; i + kLanes <= HW; i += kLanes) {
+      for (int j = 0; j < kLanes; ++j) {
+        const double d = static_cast<double>(g[i + j]);
+        a[j] += d;
+        b[j] += d * (static_cast<double>(p[i + j]) - mean);
+      }
+    }
+    for (; i < HW; ++i) {
+      const double d = static_cast<double>(g[i]);
+      a[i % kLanes] += d;
+      b[i % kLanes] += d * (static_cast<double>(p[i]) - mean);
+    }
+  }
+  sum_dy = 0;
+  sum_dy_xmu = 0;
+  for (int j = 0; j < kLanes; ++j) {
+    sum_dy += a[j];
+    sum_dy_xmu += b[j];
+  }
 }
 
 // y = x * a[c] + b[c] over channel c.
@@ -45,9 +96,14 @@ void batchnorm_forward_train(const T* x, const T* gamma, const T* beta, T* y, T*
   const int64_t M = N * HW;
 #pragma omp parallel for schedule(static) if (M * C > kParallelMin)
   for (int64_t c = 0; c < C; ++c) {
-    const double mu = M > 0 ? channel_sum<T, 1>(x, N, C, HW, c, 0.0) / M : 0.0;
-    // A second pass around the mean: no cancellation for channels with a large offset.
-    const double sq = channel_sum<T, 2>(x, N, C, HW, c, mu);
+    // One pass, shifted by the channel's first element: the shifted sums do not cancel even
+    // when a channel's mean is far from zero.
+    const double shift = M > 0 ? static_cast<double>(x[c * HW]) : 0.0;
+    double s1, s2;
+    channel_moments(x, N, C, HW, c, shift, s1, s2);
+    const double d = M > 0 ? s1 / static_cast<double>(M) : 0.0;
+    const double mu = shift + d;
+    const double sq = std::max(0.0, s2 - s1 * d);  // sum (x - mu)^2
     const double var = M > 0 ? sq / static_cast<double>(M) : 0.0;
     const double is = 1.0 / std::sqrt(var + eps);
     mean[c] = static_cast<T>(mu);
@@ -86,15 +142,8 @@ void batchnorm_backward(const T* dy, const T* x, const T* gamma, const T* mean, 
 #pragma omp parallel for schedule(static) if (M * C > kParallelMin)
   for (int64_t c = 0; c < C; ++c) {
     const double mu = static_cast<double>(mean[c]), is = static_cast<double>(invstd[c]);
-    double sum_dy = 0, sum_dy_xhat = 0;
-    for (int64_t n = 0; n < N; ++n) {
-      const T* g = dy + (n * C + c) * HW;
-      const T* p = x + (n * C + c) * HW;
-      for (int64_t i = 0; i < HW; ++i) {
-        sum_dy += static_cast<double>(g[i]);
-        sum_dy_xhat += static_cast<double>(g[i]) * (static_cast<double>(p[i]) - mu);
-      }
-    }
+    double sum_dy, sum_dy_xhat;
+    channel_grad_sums(dy, x, N, C, HW, c, mu, sum_dy, sum_dy_xhat);
     sum_dy_xhat *= is;
     if (dbeta) dbeta[c] = static_cast<T>(sum_dy);
     if (dgamma) dgamma[c] = static_cast<T>(sum_dy_xhat);
@@ -125,15 +174,8 @@ void batchnorm_backward_eval(const T* dy, const T* x, const T* gamma, const T* r
     const double is = 1.0 / std::sqrt(static_cast<double>(running_var[c]) + eps);
     const double mu = static_cast<double>(running_mean[c]);
     if (dgamma || dbeta) {
-      double sum_dy = 0, sum_dy_xhat = 0;
-      for (int64_t n = 0; n < N; ++n) {
-        const T* g = dy + (n * C + c) * HW;
-        const T* p = x + (n * C + c) * HW;
-        for (int64_t i = 0; i < HW; ++i) {
-          sum_dy += static_cast<double>(g[i]);
-          sum_dy_xhat += static_cast<double>(g[i]) * (static_cast<double>(p[i]) - mu);
-        }
-      }
+      double sum_dy, sum_dy_xhat;
+      channel_grad_sums(dy, x, N, C, HW, c, mu, sum_dy, sum_dy_xhat);
       if (dbeta) dbeta[c] = static_cast<T>(sum_dy);
       if (dgamma) dgamma[c] = static_cast<T>(sum_dy_xhat * is);
     }

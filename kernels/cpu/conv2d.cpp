@@ -1,76 +1,43 @@
 // CPU 2-D convolution (declared in kernels/kernels.h): forward, backward-data and
-// backward-filter as GEMMs on cpu::gemm.
+// backward-filter as GEMMs on the packed GEMM of kernels/cpu/packed_gemm.h.
 //
-//   forward          y_n (K, PQ)    = w (K, CRS) * col_n (CRS, PQ)          (+ bias)
-//   backward-data    dcol_n (CRS, PQ) = w^T (CRS, K) * dy_n (K, PQ), then col2im into dx_n
-//   backward-filter  dw (K, CRS)   += dy_n (K, PQ) * col_n^T (PQ, CRS)       over all images
+// Columns are the output pixels of the whole batch, g = n*PQ + p*Q + q; rows of the unfolded
+// input ("im2col") are the taps (c, r, s):
+//   forward          y (K, cols)      = w (K, CRS) * col (CRS, cols)       (+ bias)
+//   backward-filter  dw (K, CRS)      = dy (K, cols) * col^T (cols, CRS)
+//   backward-data    dcol (CRS, cols) = w^T (CRS, K) * dy (K, cols), folded back by col2im
+// The column matrix is never built for forward and backward-filter: the GEMM's B packing reads
+// pixels straight from x (implicit im2col), so those two passes need no workspace beyond the
+// packed panels. Backward-data of a stride-1 convolution with planes of kFlipMinPixels or more is
+// computed as a forward convolution of dy with flipped weights (a 1x1 one as w^T * dy), writing
+// dx directly. The others materialize dcol for a tile of whole images (or, when one image alone
+// would pass kWorkspaceBudget, a band of output rows) and fold it into dx. Tile sizes depend only
+// on the shape (and the packed buffers on the shape and the thread count), so the workspace
+// requested is the same on every run: the memory simulator relies on it.
 //
-// A 1x1, stride-1, unpadded convolution needs no column matrix: x_n is col_n. Everything else
-// unfolds the input (im2col) into a Workspace. Work is cut into tiles whose size depends only on
-// the shape (never on the thread count or on timing), so the workspace requested is the same on
-// every run and the memory simulator can predict it:
-//   - small output planes (ResNet's 14x14 and 7x7 stages) put several images side by side in one
-//     wide column matrix, so each GEMM has enough columns to run at full speed;
-//   - a single image whose column matrix would pass kWorkspaceBudget is cut into bands of output
-//     rows.
-// Sums run in a fixed order (GEMM accumulation over tiles in image order, col2im per channel by
-// one thread, bias gradients per output channel), so results are deterministic for a given thread
-// count. Tests: tests/test_ops_vision.cpp (against nested loops), tests/test_gradcheck_vision.cpp.
+// Determinism: the packed GEMM sums every element in a fixed order with fixed block sizes, col2im
+// sums each (image, channel) plane on one thread in a fixed order, and bias gradients are summed
+// per channel in image order: results are identical run to run, for any thread count.
+// Tests: tests/test_ops_vision.cpp (against nested loops), tests/test_gradcheck_vision.cpp.
 #include <omp.h>
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 
 #include "core/tensor.h"
+#include "kernels/cpu/packed_gemm.h"
 #include "kernels/kernels.h"
 
 namespace regen::cpu {
 namespace {
 
-constexpr uint64_t kWorkspaceBudget = 64ull << 20;  // column matrix (+ staging) bytes per call
-constexpr int64_t kTargetCols = 1024;      // below this many output pixels, batch images per GEMM
-constexpr int64_t kParallelMin = 1 << 14;  // elements; below this im2col runs on one thread
+constexpr uint64_t kWorkspaceBudget = 64ull << 20;  // bytes of dcol per backward-data tile
+constexpr int64_t kParallelMin = 1 << 14;           // elements; below this col2im uses one thread
+constexpr int64_t kFlipMinPixels = 100;  // output plane size from which stride-1 dx is a conv
 
 int64_t ceil_div(int64_t a, int64_t b) {
   return (a + b - 1) / b;
-}
-
-// How one launcher call walks the batch. A tile is `images` whole images, or (when images == 1)
-// output rows [p0, p0 + rows) of one image.
-struct Tiling {
-  int64_t images = 1;
-  int64_t rows = 0;
-  bool direct = false;      // 1x1/stride 1/no padding, one image per tile: GEMM on x, dx directly
-  int64_t col_elems = 0;    // workspace elements of the column matrix
-  int64_t stage_elems = 0;  // workspace elements of the (K, images*PQ) staging matrix
-};
-
-Tiling plan_tiles(const ConvShape& s, size_t elem) {
-  Tiling t;
-  const int64_t crs = s.C * s.R * s.S, pq = s.P * s.Q;
-  const bool pointwise =
-      s.R == 1 && s.S == 1 && s.stride_h == 1 && s.stride_w == 1 && s.pad_h == 0 && s.pad_w == 0;
-  if (pq < kTargetCols && s.N > 1) {
-    // As few groups as reach kTargetCols columns, then spread the images evenly over them so no
-    // group is left with a narrow remainder.
-    const int64_t want = std::min<int64_t>(s.N, ceil_div(kTargetCols, pq));
-    const int64_t per_image = static_cast<int64_t>(elem) * (crs + s.K) * pq;
-    const int64_t fit = std::max<int64_t>(1, static_cast<int64_t>(kWorkspaceBudget) / per_image);
-    const int64_t groups = ceil_div(s.N, std::min(want, fit));
-    t.images = ceil_div(s.N, groups);
-  }
-  t.rows = s.P;
-  if (t.images == 1) {
-    t.direct = pointwise;
-    const int64_t row_bytes = static_cast<int64_t>(elem) * crs * s.Q;
-    if (!t.direct) {
-      t.rows = std::clamp<int64_t>(
-          static_cast<int64_t>(kWorkspaceBudget) / std::max<int64_t>(row_bytes, 1), 1, s.P);
-    }
-  }
-  t.col_elems = t.direct ? 0 : crs * t.images * t.rows * s.Q;
-  t.stage_elems = t.images > 1 ? s.K * t.images * pq : 0;
-  return t;
 }
 
 // Valid q of kernel column `ks`: 0 <= q*stride_w - pad_w + ks < W.
@@ -82,56 +49,261 @@ void valid_q(const ConvShape& s, int64_t ks, int64_t& q_lo, int64_t& q_hi) {
   q_lo = std::min(q_lo, q_hi);
 }
 
-// col rows (c, r, ks), columns (p - p0, q) for output rows [p0, p1) of image x: (C, H, W).
-// Row i starts at col + i*ld. Padding reads as zero.
+// dst[t] = src[first + t] for t in [lo, hi), 0 for the rest of [0, len): one image row segment
+// with its padding. (Measured on Zen 5: memcpy beats both plain loops and AVX-512 masked loads
+// here, even for 7-pixel rows.)
 template <class T>
-void im2col(const T* x, T* col, int64_t ld, int64_t p0, int64_t p1, const ConvShape& s) {
-  const int64_t rows = s.C * s.R * s.S, RS = s.R * s.S;
-#pragma omp parallel for schedule(static) if (rows * (p1 - p0) * s.Q > kParallelMin)
-  for (int64_t row = 0; row < rows; ++row) {
-    const int64_t c = row / RS, r = (row / s.S) % s.R, ks = row % s.S;
-    const T* plane = x + c * s.H * s.W;
-    T* out = col + row * ld;
-    int64_t q_lo, q_hi;
-    valid_q(s, ks, q_lo, q_hi);
-    for (int64_t p = p0; p < p1; ++p, out += s.Q) {
-      const int64_t ih = p * s.stride_h - s.pad_h + r;
-      if (ih < 0 || ih >= s.H) {
-        std::fill(out, out + s.Q, T(0));
-        continue;
-      }
-      const int64_t base = ih * s.W - s.pad_w + ks;  // input index of q = 0
-      std::fill(out, out + q_lo, T(0));
-      if (s.stride_w == 1) {
-        if (q_hi > q_lo) std::memcpy(out + q_lo, plane + base + q_lo, (q_hi - q_lo) * sizeof(T));
-      } else {
-        for (int64_t q = q_lo; q < q_hi; ++q) out[q] = plane[base + q * s.stride_w];
-      }
-      std::fill(out + q_hi, out + s.Q, T(0));
-    }
-  }
+void copy_window(T* dst, const T* src, int64_t first, int64_t len, int64_t lo, int64_t hi) {
+  for (int64_t t = 0; t < lo; ++t) dst[t] = T(0);
+  std::memcpy(dst + lo, src + first + lo, static_cast<size_t>(hi - lo) * sizeof(T));
+  for (int64_t t = hi; t < len; ++t) dst[t] = T(0);
 }
 
-// dx (C, H, W) += the columns of output rows [p0, p1) folded back (the adjoint of im2col).
-// Each channel is summed by one thread in (r, ks, p, q) order: deterministic for any thread count.
+// ---- Matrix sources. block(r0, nr, c0, nc, dst, drs, ds) copies rows [r0, r0 + nr) x columns
+// [c0, c0 + nc) of the source to dst[(r - r0) * drs + (c - c0) * ds]. The packing adapters below
+// turn sources into GEMM operands. Index arithmetic (divisions) is done once per block, not per
+// element: packing must stay cheap next to the FMAs it feeds.
+
+// ColSource copies stride-1 rows in chunks of one vector; the buffers it writes into keep this
+// many elements of slack after their end (packed_gemm.h's kSlack).
 template <class T>
-void col2im(const T* col, int64_t ld, int64_t p0, int64_t p1, T* dx, const ConvShape& s) {
-#pragma omp parallel for schedule(static) if (s.C * s.R * s.S * (p1 - p0) * s.Q > kParallelMin)
-  for (int64_t c = 0; c < s.C; ++c) {
-    T* plane = dx + c * s.H * s.W;
+constexpr int64_t kCopyChunk = packed::kSlack<T>;
+
+// The unfolded input: row (c, r, s), column g = base + col: image g / PQ, pixel (p, q).
+template <class T>
+struct ColSource {
+  const T* x;
+  ConvShape s;
+  int64_t base;
+  static constexpr int64_t kMaxCols = std::max<int64_t>(packed::kKC, packed::kNR<float>);
+  // A run of columns within one output row.
+  struct Run {
+    int64_t img, ih0, q, len, t0;  // image, input row of r = 0, first q, length, first column
+  };
+  void block(int64_t r0, int64_t nr, int64_t c0, int64_t nc, T* dst, int64_t drs,
+             int64_t ds) const {
+    REGEN_ASSERT(nc <= kMaxCols);
+    Run runs[kMaxCols];
+    int64_t nruns = 0;
+    {
+      const int64_t pq = s.P * s.Q, g = base + c0;
+      int64_t img = g / pq, p = g % pq / s.Q, q = g % s.Q;
+      for (int64_t t = 0; t < nc;) {
+        const int64_t len = std::min(s.Q - q, nc - t);
+        runs[nruns++] = {img, p * s.stride_h - s.pad_h, q, len, t};
+        t += len;
+        q = 0;
+        if (++p == s.P) p = 0, ++img;
+      }
+    }
+    int64_t c = r0 / (s.R * s.S), r = r0 / s.S % s.R, ks = r0 % s.S;
+    if (ds == 1 && s.stride_w == 1 && s.S > 1 &&
+        block_by_lines(runs, nruns, c, r, ks, nr, dst, drs))
+      return;
+    for (int64_t row = 0; row < nr; ++row) {
+      int64_t q_lo, q_hi;
+      valid_q(s, ks, q_lo, q_hi);
+      T* d = dst + row * drs;
+      for (int64_t i = 0; i < nruns; ++i) {
+        const Run& u = runs[i];
+        T* o = d + u.t0 * ds;  // column q of the run lands at o[(q - u.q) * ds]
+        const int64_t ih = u.ih0 + r;
+        // Valid pixels of the run are [lo, hi); padding reads as zero.
+        const int64_t lo = std::clamp(q_lo, u.q, u.q + u.len),
+                      hi = std::clamp(q_hi, lo, u.q + u.len);
+        if (ih < 0 || ih >= s.H || lo >= hi) {
+          for (int64_t t = 0; t < u.len; ++t) o[t * ds] = T(0);
+          continue;
+        }
+        const T* src = x + ((u.img * s.C + c) * s.H + ih) * s.W;  // q reads src[q*sw + shift]
+        const int64_t shift = ks - s.pad_w;
+        if (ds == 1 && s.stride_w == 1) {
+          copy_window(o, src, u.q + shift, u.len, lo - u.q, hi - u.q);
+          continue;
+        }
+        for (int64_t t = u.q; t < lo; ++t) o[(t - u.q) * ds] = T(0);
+        if (ds == 1 && s.stride_w == 2) {  // the strided convolutions: a constant stride vectorizes
+          for (int64_t t = lo; t < hi; ++t) o[t - u.q] = src[2 * t + shift];
+        } else {
+          for (int64_t t = lo; t < hi; ++t) o[(t - u.q) * ds] = src[t * s.stride_w + shift];
+        }
+        for (int64_t t = hi; t < u.q + u.len; ++t) o[(t - u.q) * ds] = T(0);
+      }
+      if (++ks == s.S) {
+        ks = 0;
+        if (++r == s.R) r = 0, ++c;
+      }
+    }
+  }
+
+  // Stride 1, S > 1, contiguous rows: the S taps (c, r, 0..S-1) of a run read one input row at S
+  // shifts. Each (c, r) row of every run is copied once, with its padding, into a zero-bordered
+  // line; each tap is then a plain copy from the line at its shift, in whole vectors (no bounds
+  // logic, no memcpy call per run). Writes run up to kCopyChunk - 1 elements past a run's end:
+  // later runs and rows overwrite them, and the last row needs that much slack after dst.
+  // Returns false (nothing written) when the lines do not fit the local buffer.
+  bool block_by_lines(const Run* runs, int64_t nruns, int64_t c, int64_t r, int64_t ks, int64_t nr,
+                      T* dst, int64_t drs) const {
+    constexpr int64_t kLineBuf = 4 * kMaxCols + 64;
+    T lines[kLineBuf + kCopyChunk<T>];
+    int64_t offset[kMaxCols + 1];
+    offset[0] = 0;
+    for (int64_t i = 0; i < nruns; ++i) offset[i + 1] = offset[i] + runs[i].len + s.S - 1;
+    if (offset[nruns] > kLineBuf) return false;
+    std::fill(lines + offset[nruns], lines + offset[nruns] + kCopyChunk<T>, T(0));
+    bool stale = true;  // lines hold (c, r)?
+    for (int64_t row = 0; row < nr; ++row) {
+      if (stale) {
+        for (int64_t i = 0; i < nruns; ++i) {
+          const Run& u = runs[i];
+          T* line = lines + offset[i];  // line[t] is input column u.q - pad_w + t
+          const int64_t n = u.len + s.S - 1, ih = u.ih0 + r, iw0 = u.q - s.pad_w;
+          if (ih < 0 || ih >= s.H) {
+            std::fill(line, line + n, T(0));
+            continue;
+          }
+          const T* src = x + ((u.img * s.C + c) * s.H + ih) * s.W;
+          const int64_t lo = std::clamp<int64_t>(-iw0, 0, n), hi = std::clamp(s.W - iw0, lo, n);
+          std::fill(line, line + lo, T(0));
+          std::copy(src + iw0 + lo, src + iw0 + hi, line + lo);
+          std::fill(line + hi, line + n, T(0));
+        }
+        stale = false;
+      }
+      T* d = dst + row * drs;
+      for (int64_t i = 0; i < nruns; ++i) {
+        const T* from = lines + offset[i] + ks;
+        T* to = d + runs[i].t0;
+        for (int64_t t = 0; t < runs[i].len; t += kCopyChunk<T>) {
+          std::memcpy(to + t, from + t, kCopyChunk<T> * sizeof(T));
+        }
+      }
+      if (++ks == s.S) {
+        ks = 0;
+        stale = true;
+        if (++r == s.R) r = 0, ++c;
+      }
+    }
+    return true;
+  }
+};
+
+// dy (N, K, PQ) as a (K, N*PQ) matrix, columns from `base` on.
+template <class T>
+struct DySource {
+  const T* dy;
+  int64_t K, pq, base;
+  void block(int64_t r0, int64_t nr, int64_t c0, int64_t nc, T* dst, int64_t drs,
+             int64_t ds) const {
+    for (int64_t g = base + c0, end = g + nc, t = 0; g < end;) {  // runs within one image
+      const int64_t img = g / pq, off = g % pq, len = std::min(pq - off, end - g);
+      for (int64_t row = 0; row < nr; ++row) {
+        const T* src = dy + (img * K + r0 + row) * pq + off;
+        T* o = dst + row * drs + t * ds;
+        if (ds == 1) {
+          std::memcpy(o, src, static_cast<size_t>(len) * sizeof(T));
+        } else {
+          for (int64_t i = 0; i < len; ++i) o[i * ds] = src[i];
+        }
+      }
+      g += len;
+      t += len;
+    }
+  }
+};
+
+// A row-major matrix with row stride ld.
+template <class T>
+struct ViewSource {
+  const T* p;
+  int64_t ld;
+  void block(int64_t r0, int64_t nr, int64_t c0, int64_t nc, T* dst, int64_t drs,
+             int64_t ds) const {
+    if (drs == 1) {  // writes are contiguous along rows: walk columns outside
+      for (int64_t j = 0; j < nc; ++j)
+        for (int64_t i = 0; i < nr; ++i) dst[j * ds + i] = p[(r0 + i) * ld + c0 + j];
+    } else {
+      for (int64_t i = 0; i < nr; ++i)
+        for (int64_t j = 0; j < nc; ++j) dst[i * drs + j * ds] = p[(r0 + i) * ld + c0 + j];
+    }
+  }
+};
+
+// Packing adapters (layouts in packed_gemm.h). Rows: operand(i, j) = source(i, j); Cols:
+// operand(i, j) = source(j, i). Padding rows/columns of a panel are zero.
+template <class T, class S>
+struct ARows {
+  S src;
+  void pack(int64_t m0, int64_t rows, int64_t k0, int64_t kc, T* dst) const {
+    // Rows are contiguous in the source and interleaved in the panel: copy them out row by row,
+    // then interleave from L1, instead of writing the panel with a stride.
+    T rows_buf[packed::kMR * packed::kKC];
+    src.block(m0, rows, k0, kc, rows_buf, kc, 1);
+    for (int64_t k = 0; k < kc; ++k) {
+      T* d = dst + k * packed::kMR;
+      for (int64_t i = 0; i < rows; ++i) d[i] = rows_buf[i * kc + k];
+      for (int64_t i = rows; i < packed::kMR; ++i) d[i] = T(0);
+    }
+  }
+};
+template <class T, class S>
+struct ACols {
+  S src;
+  void pack(int64_t m0, int64_t rows, int64_t k0, int64_t kc, T* dst) const {
+    src.block(k0, kc, m0, rows, dst, packed::kMR, 1);
+    for (int64_t k = 0; k < kc; ++k)
+      std::fill(dst + k * packed::kMR + rows, dst + (k + 1) * packed::kMR, T(0));
+  }
+};
+template <class T, class S>
+struct BRows {
+  S src;
+  void pack(int64_t k0, int64_t kc, int64_t j0, int64_t cols, int64_t w, T* dst) const {
+    src.block(k0, kc, j0, cols, dst, w, 1);
+    for (int64_t k = 0; k < kc; ++k) std::fill(dst + k * w + cols, dst + (k + 1) * w, T(0));
+  }
+};
+template <class T, class S>
+struct BCols {
+  S src;
+  void pack(int64_t k0, int64_t kc, int64_t j0, int64_t cols, int64_t w, T* dst) const {
+    // As ARows: contiguous copies into an L1-sized buffer, then the transpose into the panel.
+    T rows_buf[packed::kNR<T> * packed::kKC + packed::kSlack<T>];
+    src.block(j0, cols, k0, kc, rows_buf, kc, 1);
+    for (int64_t k = 0; k < kc; ++k) {
+      T* d = dst + k * w;
+      for (int64_t j = 0; j < cols; ++j) d[j] = rows_buf[j * kc + k];
+      for (int64_t j = cols; j < w; ++j) d[j] = T(0);
+    }
+  }
+};
+
+// dx (images, C, H, W) += the columns of output rows [p0, p1) of `images` images folded back
+// (the adjoint of im2col); image i's columns start at col + i*(p1 - p0)*Q, rows ld apart. Each
+// (image, channel) plane is summed by one thread in (r, ks, p, q) order: deterministic for any
+// thread count.
+template <class T>
+void col2im(const T* col, int64_t ld, int64_t images, int64_t p0, int64_t p1, T* dx,
+            const ConvShape& s) {
+  const int64_t planes = images * s.C, cols = (p1 - p0) * s.Q;
+#pragma omp parallel for schedule(static) if (planes * s.R * s.S * cols > kParallelMin)
+  for (int64_t i = 0; i < planes; ++i) {
+    const int64_t img = i / s.C, c = i % s.C;
+    T* plane = dx + i * s.H * s.W;
     for (int64_t r = 0; r < s.R; ++r) {
       for (int64_t ks = 0; ks < s.S; ++ks) {
-        const T* in = col + ((c * s.R + r) * s.S + ks) * ld;
+        const T* in = col + ((c * s.R + r) * s.S + ks) * ld + img * cols;
         int64_t q_lo, q_hi;
         valid_q(s, ks, q_lo, q_hi);
+        const int64_t shift = ks - s.pad_w;  // q lands at row[q*sw + shift], in range for valid q
         for (int64_t p = p0; p < p1; ++p, in += s.Q) {
           const int64_t ih = p * s.stride_h - s.pad_h + r;
           if (ih < 0 || ih >= s.H) continue;
-          T* dst = plane + ih * s.W - s.pad_w + ks;
+          T* row = plane + ih * s.W;
           if (s.stride_w == 1) {
-            for (int64_t q = q_lo; q < q_hi; ++q) dst[q] += in[q];
+            for (int64_t q = q_lo; q < q_hi; ++q) row[q + shift] += in[q];
           } else {
-            for (int64_t q = q_lo; q < q_hi; ++q) dst[q * s.stride_w] += in[q];
+            for (int64_t q = q_lo; q < q_hi; ++q) row[q * s.stride_w + shift] += in[q];
           }
         }
       }
@@ -139,108 +311,81 @@ void col2im(const T* col, int64_t ld, int64_t p0, int64_t p1, T* dx, const ConvS
   }
 }
 
-// Staging for a group of images: dst (K, n*PQ) <- src (n, K, PQ), or the reverse.
-template <class T>
-void gather_group(const T* src, T* dst, int64_t n, int64_t K, int64_t pq) {
-#pragma omp parallel for schedule(static) if (n * K * pq > kParallelMin)
-  for (int64_t k = 0; k < K; ++k) {
-    for (int64_t i = 0; i < n; ++i) {
-      std::memcpy(dst + (k * n + i) * pq, src + (i * K + k) * pq, pq * sizeof(T));
-    }
-  }
-}
-
-// y (n, K, PQ) <- stage (K, n*PQ) + bias[k].
-template <class T>
-void scatter_group(const T* stage, const T* bias, T* y, int64_t n, int64_t K, int64_t pq) {
-#pragma omp parallel for schedule(static) if (n * K * pq > kParallelMin)
-  for (int64_t k = 0; k < K; ++k) {
-    const T b = bias ? bias[k] : T(0);
-    for (int64_t i = 0; i < n; ++i) {
-      const T* in = stage + (k * n + i) * pq;
-      T* out = y + (i * K + k) * pq;
-      for (int64_t j = 0; j < pq; ++j) out[j] = in[j] + b;
-    }
-  }
-}
-
-// Output rows [p0, p1) of y_n (K, PQ) set to bias[k].
-template <class T>
-void fill_bias(T* y, const T* bias, int64_t p0, int64_t p1, const ConvShape& s) {
-  const int64_t pq = s.P * s.Q;
-#pragma omp parallel for schedule(static) if (s.K * (p1 - p0) * s.Q > kParallelMin)
-  for (int64_t k = 0; k < s.K; ++k) {
-    std::fill(y + k * pq + p0 * s.Q, y + k * pq + p1 * s.Q, bias[k]);
-  }
+bool is_pointwise(const ConvShape& s) {
+  return s.R == 1 && s.S == 1 && s.stride_h == 1 && s.stride_w == 1 && s.pad_h == 0 && s.pad_w == 0;
 }
 
 }  // namespace
 
 template <class T>
 void conv2d_forward(const T* x, const T* w, const T* bias, T* y, const ConvShape& s) {
-  const Tiling t = plan_tiles(s, sizeof(T));
-  const int64_t crs = s.C * s.R * s.S, pq = s.P * s.Q, chw = s.C * s.H * s.W;
-  Workspace ws(Device::cpu(), static_cast<uint64_t>(t.col_elems + t.stage_elems) * sizeof(T));
-  T* col = ws.as<T>();
-  T* stage = col + t.col_elems;
-  for (int64_t n0 = 0; n0 < s.N; n0 += t.images) {
-    const int64_t ng = std::min(t.images, s.N - n0);
-    if (ng > 1) {
-      const int64_t ld = ng * pq;
-      for (int64_t i = 0; i < ng; ++i) im2col(x + (n0 + i) * chw, col + i * pq, ld, 0, s.P, s);
-      gemm<T>(false, false, s.K, ld, crs, T(1), w, crs, col, ld, T(0), stage, ld);
-      scatter_group(stage, bias, y + n0 * s.K * pq, ng, s.K, pq);
-      continue;
-    }
-    T* yn = y + n0 * s.K * pq;
-    for (int64_t p0 = 0; p0 < s.P; p0 += t.rows) {
-      const int64_t p1 = std::min(s.P, p0 + t.rows), cols = (p1 - p0) * s.Q;
-      if (bias) fill_bias(yn, bias, p0, p1, s);
-      const T beta = bias ? T(1) : T(0);
-      if (t.direct) {
-        gemm<T>(false, false, s.K, pq, crs, T(1), w, crs, x + n0 * chw, pq, beta, yn, pq);
-      } else {
-        im2col(x + n0 * chw, col, cols, p0, p1, s);
-        gemm<T>(false, false, s.K, cols, crs, T(1), w, crs, col, cols, beta, yn + p0 * s.Q, pq);
-      }
-    }
-  }
+  const int64_t crs = s.C * s.R * s.S, pq = s.P * s.Q;
+  const ARows<T, ViewSource<T>> a{{w, crs}};
+  const BRows<T, ColSource<T>> b{{x, s, 0}};
+  packed::gemm<T>(s.K, s.N * pq, crs, a, b, bias, false, {y, pq, pq, s.K * pq});
 }
 
 template <class T>
 void conv2d_backward_data(const T* dy, const T* w, T* dx, const ConvShape& s) {
-  const Tiling t = plan_tiles(s, sizeof(T));
   const int64_t crs = s.C * s.R * s.S, pq = s.P * s.Q, chw = s.C * s.H * s.W;
-  if (!t.direct) fill<T>(dx, s.N * chw, T(0));  // col2im accumulates
-  Workspace ws(Device::cpu(), static_cast<uint64_t>(t.col_elems + t.stage_elems) * sizeof(T));
+  if (is_pointwise(s)) {  // dx (C, cols) = w^T * dy, no folding needed
+    const ACols<T, ViewSource<T>> a{{w, s.C}};
+    const BRows<T, DySource<T>> b{{dy, s.K, pq, 0}};
+    packed::gemm<T>(s.C, s.N * pq, s.K, a, b, nullptr, false, {dx, pq, pq, chw});
+    return;
+  }
+  if (s.stride_h == 1 && s.stride_w == 1 && s.pad_h < s.R && s.pad_w < s.S &&
+      s.P * s.Q >= kFlipMinPixels) {
+    // With stride 1, dx is itself a convolution: of dy with the weights flipped in space and
+    // with K and C swapped, padded by R-1-pad. That needs no dcol and no col2im pass, only a
+    // flipped copy of the weights. On small planes the dcol route is faster: its GEMM packs
+    // only dy and w^T, both small there, while this one unfolds dy for every tap.
+    const ConvShape t = make_conv_shape(s.N, s.K, s.P, s.Q, s.C, s.R, s.S, 1, 1, s.R - 1 - s.pad_h,
+                                        s.S - 1 - s.pad_w);
+    const int64_t krs = s.K * s.R * s.S, rs = s.R * s.S;
+    Workspace ws(Device::cpu(), static_cast<uint64_t>(s.C * krs) * sizeof(T));
+    T* flipped = ws.as<T>();  // (C, K, R, S): flipped[c][k][r][s] = w[k][c][R-1-r][S-1-s]
+#pragma omp parallel for schedule(static) if (s.C * krs > kParallelMin)
+    for (int64_t c = 0; c < s.C; ++c) {
+      for (int64_t k = 0; k < s.K; ++k) {
+        const T* src = w + (k * s.C + c) * rs;
+        T* dst = flipped + (c * s.K + k) * rs;
+        for (int64_t i = 0; i < rs; ++i) dst[i] = src[rs - 1 - i];
+      }
+    }
+    const ARows<T, ViewSource<T>> a{{flipped, krs}};
+    const BRows<T, ColSource<T>> b{{dy, t, 0}};
+    packed::gemm<T>(s.C, s.N * s.H * s.W, krs, a, b, nullptr, false,
+                    {dx, s.H * s.W, s.H * s.W, chw});
+    return;
+  }
+  fill<T>(dx, s.N * chw, T(0));  // col2im accumulates
+  // Tiles: as many whole images as fit the budget, else bands of output rows of one image.
+  const int64_t image_bytes = static_cast<int64_t>(sizeof(T)) * crs * pq;
+  const int64_t budget = static_cast<int64_t>(kWorkspaceBudget);
+  const int64_t images = std::clamp<int64_t>(budget / std::max<int64_t>(image_bytes, 1), 1, s.N);
+  const int64_t rows =
+      image_bytes <= budget
+          ? s.P
+          : std::clamp<int64_t>(budget / std::max<int64_t>(image_bytes / s.P, 1), 1, s.P);
+  Workspace ws(Device::cpu(), static_cast<uint64_t>(crs * images * rows * s.Q) * sizeof(T));
   T* col = ws.as<T>();
-  T* stage = col + t.col_elems;
-  for (int64_t n0 = 0; n0 < s.N; n0 += t.images) {
-    const int64_t ng = std::min(t.images, s.N - n0);
-    if (ng > 1) {
-      const int64_t ld = ng * pq;
-      gather_group(dy + n0 * s.K * pq, stage, ng, s.K, pq);
-      gemm<T>(true, false, crs, ld, s.K, T(1), w, crs, stage, ld, T(0), col, ld);
-      for (int64_t i = 0; i < ng; ++i) col2im(col + i * pq, ld, 0, s.P, dx + (n0 + i) * chw, s);
-      continue;
-    }
-    const T* dyn = dy + n0 * s.K * pq;
-    if (t.direct) {
-      gemm<T>(true, false, s.C, pq, s.K, T(1), w, s.C, dyn, pq, T(0), dx + n0 * chw, pq);
-      continue;
-    }
-    for (int64_t p0 = 0; p0 < s.P; p0 += t.rows) {
-      const int64_t p1 = std::min(s.P, p0 + t.rows), cols = (p1 - p0) * s.Q;
-      gemm<T>(true, false, crs, cols, s.K, T(1), w, crs, dyn + p0 * s.Q, pq, T(0), col, cols);
-      col2im(col, cols, p0, p1, dx + n0 * chw, s);
+  const ACols<T, ViewSource<T>> a{{w, crs}};
+  const int64_t whole = std::numeric_limits<int64_t>::max();
+  for (int64_t n0 = 0; n0 < s.N; n0 += images) {
+    const int64_t ng = std::min(images, s.N - n0);
+    for (int64_t p0 = 0; p0 < s.P; p0 += rows) {
+      const int64_t p1 = std::min(s.P, p0 + rows), cols = ng * (p1 - p0) * s.Q;
+      const BRows<T, DySource<T>> b{{dy, s.K, pq, n0 * pq + p0 * s.Q}};
+      packed::gemm<T>(crs, cols, s.K, a, b, nullptr, false, {col, cols, whole, 0});
+      col2im(col, cols, ng, p0, p1, dx + n0 * chw, s);
     }
   }
 }
 
 template <class T>
 void conv2d_backward_filter(const T* x, const T* dy, T* dw, T* dbias, const ConvShape& s) {
-  const Tiling t = plan_tiles(s, sizeof(T));
-  const int64_t crs = s.C * s.R * s.S, pq = s.P * s.Q, chw = s.C * s.H * s.W;
+  const int64_t crs = s.C * s.R * s.S, pq = s.P * s.Q;
   if (dbias) {
     // Per output channel, images in order, in double: deterministic and accurate.
 #pragma omp parallel for schedule(static) if (s.N * s.K * pq > kParallelMin)
@@ -253,37 +398,10 @@ void conv2d_backward_filter(const T* x, const T* dy, T* dw, T* dbias, const Conv
       dbias[k] = static_cast<T>(acc);
     }
   }
-  if (s.N == 0) {
-    fill<T>(dw, s.K * crs, T(0));
-    return;
-  }
-  Workspace ws(Device::cpu(), static_cast<uint64_t>(t.col_elems + t.stage_elems) * sizeof(T));
-  T* col = ws.as<T>();
-  T* stage = col + t.col_elems;
-  T beta = T(0);  // the first tile writes dw, later ones accumulate
-  for (int64_t n0 = 0; n0 < s.N; n0 += t.images) {
-    const int64_t ng = std::min(t.images, s.N - n0);
-    if (ng > 1) {
-      const int64_t ld = ng * pq;
-      for (int64_t i = 0; i < ng; ++i) im2col(x + (n0 + i) * chw, col + i * pq, ld, 0, s.P, s);
-      gather_group(dy + n0 * s.K * pq, stage, ng, s.K, pq);
-      gemm<T>(false, true, s.K, crs, ld, T(1), stage, ld, col, ld, beta, dw, crs);
-      beta = T(1);
-      continue;
-    }
-    const T* dyn = dy + n0 * s.K * pq;
-    if (t.direct) {
-      gemm<T>(false, true, s.K, crs, pq, T(1), dyn, pq, x + n0 * chw, pq, beta, dw, crs);
-      beta = T(1);
-      continue;
-    }
-    for (int64_t p0 = 0; p0 < s.P; p0 += t.rows) {
-      const int64_t p1 = std::min(s.P, p0 + t.rows), cols = (p1 - p0) * s.Q;
-      im2col(x + n0 * chw, col, cols, p0, p1, s);
-      gemm<T>(false, true, s.K, crs, cols, T(1), dyn + p0 * s.Q, pq, col, cols, beta, dw, crs);
-      beta = T(1);
-    }
-  }
+  const ARows<T, DySource<T>> a{{dy, s.K, pq, 0}};
+  const BCols<T, ColSource<T>> b{{x, s, 0}};
+  packed::gemm<T>(s.K, crs, s.N * pq, a, b, nullptr, false,
+                  {dw, crs, std::numeric_limits<int64_t>::max(), 0});
 }
 
 #define REGEN_INSTANTIATE(T)                                                           \

@@ -30,26 +30,31 @@ void maxpool2d_forward(const T* x, T* y, int32_t* argmax, const PoolShape& s) {
   for (int64_t i = 0; i < planes; ++i) {
     const T* in = x + i * hw;
     for (int64_t p = 0; p < s.P; ++p) {
+      T* best = y + i * pq + p * s.Q;
+      int32_t* best_at = argmax + i * pq + p * s.Q;
+      std::fill(best_at, best_at + s.Q, -1);
+      std::fill(best, best + s.Q, T(0));
       int64_t h0, h1;
       window(p, s.stride_h, s.pad_h, s.kh, s.H, h0, h1);
-      for (int64_t q = 0; q < s.Q; ++q) {
-        int64_t w0, w1;
-        window(q, s.stride_w, s.pad_w, s.kw, s.W, w0, w1);
-        // Padding never competes; the first maximum in row-major window order wins ties, and a
-        // NaN, once seen, is kept (as PyTorch propagates it).
-        int64_t best_at = h0 * s.W + w0;
-        T best = in[best_at];
-        for (int64_t h = h0; h < h1; ++h) {
-          for (int64_t w = w0; w < w1; ++w) {
-            const T v = in[h * s.W + w];
-            if (v > best || (std::isnan(v) && !std::isnan(best))) {
-              best = v;
-              best_at = h * s.W + w;
-            }
+      // Window elements in row-major order, each for a whole row of outputs at once: the q
+      // iterations are independent, unlike a running max over one window. Padding never
+      // competes; the first maximum wins ties; a NaN, once seen, is kept (as PyTorch).
+      for (int64_t h = h0; h < h1; ++h) {
+        const T* row = in + h * s.W;
+        for (int64_t kw = 0; kw < s.kw; ++kw) {
+          const int64_t shift = kw - s.pad_w;  // q reads row[q*sw + shift]
+          const int64_t q_lo = shift >= 0 ? 0 : (-shift + s.stride_w - 1) / s.stride_w;
+          const int64_t last = s.W - 1 - shift;
+          const int64_t q_hi = last < 0 ? 0 : std::min<int64_t>(s.Q, last / s.stride_w + 1);
+          for (int64_t q = q_lo; q < q_hi; ++q) {
+            const int64_t at = q * s.stride_w + shift;
+            const T v = row[at];
+            const T b = best[q];
+            const bool take = best_at[q] < 0 || v > b || (v != v && b == b);
+            best[q] = take ? v : b;
+            best_at[q] = take ? static_cast<int32_t>(h * s.W + at) : best_at[q];
           }
         }
-        y[i * pq + p * s.Q + q] = best;
-        argmax[i * pq + p * s.Q + q] = static_cast<int32_t>(best_at);
       }
     }
   }
