@@ -6,8 +6,9 @@
 // double with a fixed block tree, and a per-channel kernel adds the chunks in order. No atomics.
 // Statistics use the sum and sum of squares of x - x[0, c, 0] (a per-channel shift) in double,
 // which does not cancel for realistic activations. The per-channel coefficients are computed in
-// double exactly as the CPU reference computes them, and the element-wise passes use
-// round-to-nearest intrinsics (no FMA contraction) to apply them as the CPU does.
+// double with the CPU reference's expressions, and the element-wise passes apply them with
+// round-to-nearest intrinsics (no FMA contraction) in the CPU's order; the remaining differences
+// come from the summation order of the statistics and from FMA contraction on the host.
 #include "core/tensor.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_kernels.h"
@@ -140,7 +141,7 @@ __global__ void bn_affine_kernel(const float* x, float* y, const float* a, const
 }
 
 // Training backward, one thread per channel: dgamma, dbeta and the dx coefficients
-// dx = k * dy + kx * x + k0 (doubles), exactly as the CPU forms them.
+// dx = k * dy + kx * x + k0 (doubles), with the CPU's expressions.
 __global__ void bn_backward_final_kernel(const double* partial, int64_t chunks, const float* gamma,
                                          const float* mean, const float* invstd, int64_t C,
                                          int64_t E, float* dgamma, float* dbeta, double* coef) {

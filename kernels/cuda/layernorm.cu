@@ -9,8 +9,9 @@
 // in warp order through shared memory, and a second kernel sums the per-block partials column by
 // column in block order. No atomics; the partition depends only on (M, N).
 // General path (any N): one block per row for y and dx, and a column-sum kernel for dgamma/dbeta.
-// y and dx use round-to-nearest intrinsics (no FMA contraction) so that, given the same mean and
-// rstd, each element is computed exactly as the CPU computes it.
+// y and dx use round-to-nearest intrinsics (no FMA contraction) in the CPU's evaluation order, so
+// given the same mean and rstd they differ from the CPU only where the host compiler contracts
+// a*b + c into an FMA (GCC does under -march=native).
 #include "core/tensor.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_kernels.h"

@@ -4,7 +4,9 @@
 // torch.optim.SGD and torch.optim.AdamW (single-tensor path), each element updated in double and
 // rounded once, as the CPU reference does. Every double operation is a round-to-nearest intrinsic
 // (no FMA contraction) in the CPU's evaluation order, and the step-dependent scalars are computed
-// on the host with the same expressions, so the results are bit-identical to the CPU's.
+// on the host with the same expressions. The results equal the CPU's bit for bit where the host
+// compiler evaluates the same expressions without contracting a*b + c into an FMA; GCC does
+// contract under -march=native, so the test allows a one-ulp difference (docs/kernels.md).
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_kernels.h"
 

@@ -3,7 +3,8 @@
 //
 // Forward kernels: one thread per output element. Backward kernels gather: one thread per input
 // element visits the outputs whose windows cover it, in increasing (p, q) order, so no atomics
-// are needed and the sum order equals the CPU's scatter order (bit-identical results).
+// are needed and the sum order equals the CPU's scatter order (maxpool backward is bit-identical
+// to the CPU; avgpool backward too unless the host compiler contracts dy * inv + acc).
 // maxpool: padding never competes, the first maximum in row-major window order wins ties, a NaN
 // once seen is kept; argmax is the index into the (H, W) plane. avgpool: count_include_pad (the
 // divisor is always kh*kw).
