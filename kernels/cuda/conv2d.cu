@@ -483,12 +483,13 @@ void check_conv(const char* name, const ConvShape& s) {
 }
 
 // Split-K: enough blocks to fill an H100 (two resident blocks per SM on 132 SMs), but at least
-// 256 reduction steps per split. Depends only on the shape.
+// 256 reduction steps per split. Depends only on the shape. The workspace is splits x output, and
+// splits x tiles stays near kTargetBlocks, so it is bounded by about 264 x 128 x 64 floats (9 MB).
 struct Split {
   int splits, kchunk;
 };
 Split choose_split(int64_t tiles, int64_t Kdim) {
-  constexpr int64_t kTargetBlocks = 264, kMinChunk = 256, kMaxSplits = 32;
+  constexpr int64_t kTargetBlocks = 264, kMinChunk = 256, kMaxSplits = 128;
   int64_t splits = detail::ceil_div(kTargetBlocks, tiles);
   const int64_t by_depth = detail::ceil_div(Kdim, kMinChunk);
   if (splits > by_depth) splits = by_depth;

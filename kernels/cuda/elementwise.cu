@@ -105,14 +105,14 @@ void launch_unary(const char* name, const float* x, float* y, int64_t n, Op op) 
   int64_t done = 0;
   if (detail::aligned16(x) && detail::aligned16(y) && n >= 4) {
     const int64_t n4 = n / 4;
-    unary_kernel4<<<grid_blocks(n4, kThreads), kThreads, 0, stream()>>>(
+    unary_kernel4<Op><<<grid_blocks(n4, kThreads), kThreads, 0, stream()>>>(
         reinterpret_cast<const float4*>(x), reinterpret_cast<float4*>(y), n4, op);
     REGEN_CUDA_LAUNCH_CHECK(name);
     done = n4 * 4;
   }
   if (done < n) {
-    unary_kernel<<<grid_blocks(n - done, kThreads), kThreads, 0, stream()>>>(x + done, y + done,
-                                                                             n - done, op);
+    unary_kernel<Op><<<grid_blocks(n - done, kThreads), kThreads, 0, stream()>>>(x + done, y + done,
+                                                                                 n - done, op);
     REGEN_CUDA_LAUNCH_CHECK(name);
   }
 }
@@ -124,14 +124,14 @@ void launch_binary(const char* name, const float* a, const float* b, float* y, i
   int64_t done = 0;
   if (detail::aligned16(a) && detail::aligned16(b) && detail::aligned16(y) && n >= 4) {
     const int64_t n4 = n / 4;
-    binary_kernel4<<<grid_blocks(n4, kThreads), kThreads, 0, stream()>>>(
+    binary_kernel4<Op><<<grid_blocks(n4, kThreads), kThreads, 0, stream()>>>(
         reinterpret_cast<const float4*>(a), reinterpret_cast<const float4*>(b),
         reinterpret_cast<float4*>(y), n4, op);
     REGEN_CUDA_LAUNCH_CHECK(name);
     done = n4 * 4;
   }
   if (done < n) {
-    binary_kernel<<<grid_blocks(n - done, kThreads), kThreads, 0, stream()>>>(
+    binary_kernel<Op><<<grid_blocks(n - done, kThreads), kThreads, 0, stream()>>>(
         a + done, b + done, y + done, n - done, op);
     REGEN_CUDA_LAUNCH_CHECK(name);
   }
@@ -146,7 +146,8 @@ void launch_broadcast(const char* name, const float* a, const float* b, float* y
   if (nb == n) return launch_binary(name, a, b, y, n, op);
   const int64_t rows = n / nb;
   if (nb < 128) {
-    broadcast_flat_kernel<<<grid_blocks(n, kThreads), kThreads, 0, stream()>>>(a, b, y, n, nb, op);
+    broadcast_flat_kernel<Op>
+        <<<grid_blocks(n, kThreads), kThreads, 0, stream()>>>(a, b, y, n, nb, op);
     REGEN_CUDA_LAUNCH_CHECK(name);
     return;
   }
@@ -155,7 +156,7 @@ void launch_broadcast(const char* name, const float* a, const float* b, float* y
   const int64_t want_y = detail::ceil_div(1024, gx);
   const unsigned gy =
       static_cast<unsigned>(rows < want_y ? rows : (want_y > 65535 ? 65535 : want_y));
-  broadcast_kernel<<<dim3(gx, gy), kThreads, 0, stream()>>>(a, b, y, rows, nb, op);
+  broadcast_kernel<Op><<<dim3(gx, gy), kThreads, 0, stream()>>>(a, b, y, rows, nb, op);
   REGEN_CUDA_LAUNCH_CHECK(name);
 }
 
