@@ -1,0 +1,196 @@
+// Convolution through cuDNN (legacy convolution API of cuDNN 9), the comparison path of the
+// native implicit-GEMM kernels (kernels/cuda/conv2d.cu). Compiled to nothing unless
+// REGEN_WITH_CUDNN. Test: tests/cuda/test_cuda_ops.cpp (cuDNN vs CPU); timing: `regen bench
+// kernels`.
+//
+// - One cuDNN handle per device, bound to regen::cuda::stream().
+// - Descriptors and algorithm choices are cached per (device, shape, TF32 setting).
+// - Algorithms come from cuDNN's heuristics (the *_v7 queries), keeping only those cuDNN reports
+//   as CUDNN_DETERMINISTIC, and, unless TF32 is enabled (set_tf32), only plain-FP32 ones
+//   (CUDNN_FMA_MATH), so the comparison with the FP32 native kernels is like for like.
+// - Workspaces come from regen's allocator per call (Workspace, category workspace), capped at
+//   kMaxWorkspace; cuDNN never allocates device memory for a convolution itself.
+#ifdef REGEN_WITH_CUDNN
+#include <cudnn.h>
+
+#include <array>
+#include <map>
+#include <mutex>
+#include <vector>
+
+#include "core/tensor.h"
+#include "kernels/cuda/check.h"
+#include "kernels/cuda/conv2d_cudnn.h"
+#include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/launch.h"
+
+namespace regen::cuda::cudnn_conv {
+namespace {
+
+constexpr size_t kMaxWorkspace = 1ull << 30;
+
+struct Plan {
+  cudnnTensorDescriptor_t x = nullptr, y = nullptr, bias = nullptr;
+  cudnnFilterDescriptor_t w = nullptr;
+  cudnnConvolutionDescriptor_t conv = nullptr;
+  cudnnConvolutionFwdAlgo_t fwd{};
+  cudnnConvolutionBwdDataAlgo_t bwd_data{};
+  cudnnConvolutionBwdFilterAlgo_t bwd_filter{};
+  size_t fwd_bytes = 0, bwd_data_bytes = 0, bwd_filter_bytes = 0;
+  bool have_fwd = false, have_bwd_data = false, have_bwd_filter = false;
+};
+
+using Key = std::array<int64_t, 14>;
+
+cudnnHandle_t handle() {
+  static std::mutex mutex;
+  static std::vector<cudnnHandle_t> handles;
+  const int d = current_device();
+  std::lock_guard<std::mutex> lock(mutex);
+  if (static_cast<int>(handles.size()) <= d) handles.resize(d + 1, nullptr);
+  if (!handles[d]) {
+    REGEN_CUDNN_CHECK(cudnnCreate(&handles[d]));
+    REGEN_CUDNN_CHECK(cudnnSetStream(handles[d], stream()));
+  }
+  return handles[d];
+}
+
+int i32(int64_t v) {
+  REGEN_CHECK(v >= 0 && v <= 0x7fffffff, "cuDNN convolution: dimension ", v,
+              " does not fit in int");
+  return static_cast<int>(v);
+}
+
+cudnnMathType_t wanted_math() {
+  return tf32_enabled() ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH;
+}
+
+// Picks the first heuristic result that succeeded, is deterministic, fits the workspace cap and
+// uses the wanted math.
+template <class Perf>
+bool pick(const Perf* perf, int count, decltype(Perf{}.algo) & algo) {
+  for (int i = 0; i < count; ++i) {
+    if (perf[i].status != CUDNN_STATUS_SUCCESS) continue;
+    if (perf[i].determinism != CUDNN_DETERMINISTIC) continue;
+    if (perf[i].memory > kMaxWorkspace) continue;
+    if (!tf32_enabled() && perf[i].mathType != CUDNN_FMA_MATH) continue;
+    algo = perf[i].algo;
+    return true;
+  }
+  return false;
+}
+
+Plan& plan_for(const ConvShape& s) {
+  static std::mutex mutex;
+  static std::map<Key, Plan> plans;
+  const Key key{current_device(),
+                s.N,
+                s.C,
+                s.H,
+                s.W,
+                s.K,
+                s.R,
+                s.S,
+                s.stride_h,
+                s.stride_w,
+                s.pad_h,
+                s.pad_w,
+                tf32_enabled() ? 1 : 0,
+                0};
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = plans.find(key);
+  if (it != plans.end()) return it->second;
+  Plan p;
+  cudnnHandle_t h = handle();
+  REGEN_CUDNN_CHECK(cudnnCreateTensorDescriptor(&p.x));
+  REGEN_CUDNN_CHECK(cudnnCreateTensorDescriptor(&p.y));
+  REGEN_CUDNN_CHECK(cudnnCreateTensorDescriptor(&p.bias));
+  REGEN_CUDNN_CHECK(cudnnCreateFilterDescriptor(&p.w));
+  REGEN_CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&p.conv));
+  REGEN_CUDNN_CHECK(cudnnSetTensor4dDescriptor(p.x, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, i32(s.N),
+                                               i32(s.C), i32(s.H), i32(s.W)));
+  REGEN_CUDNN_CHECK(cudnnSetTensor4dDescriptor(p.y, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, i32(s.N),
+                                               i32(s.K), i32(s.P), i32(s.Q)));
+  REGEN_CUDNN_CHECK(
+      cudnnSetTensor4dDescriptor(p.bias, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, 1, i32(s.K), 1, 1));
+  REGEN_CUDNN_CHECK(cudnnSetFilter4dDescriptor(p.w, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, i32(s.K),
+                                               i32(s.C), i32(s.R), i32(s.S)));
+  REGEN_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(p.conv, i32(s.pad_h), i32(s.pad_w),
+                                                    i32(s.stride_h), i32(s.stride_w), 1, 1,
+                                                    CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+  REGEN_CUDNN_CHECK(cudnnSetConvolutionMathType(p.conv, wanted_math()));
+  int n, P, Q, K;
+  REGEN_CUDNN_CHECK(cudnnGetConvolution2dForwardOutputDim(p.conv, p.x, p.w, &n, &K, &P, &Q));
+  REGEN_CHECK(n == s.N && K == s.K && P == s.P && Q == s.Q, "cuDNN convolution: output ", n, "x", K,
+              "x", P, "x", Q, " differs from regen's shape");
+
+  constexpr int kMaxAlgos = 16;
+  int count = 0;
+  cudnnConvolutionFwdAlgoPerf_t fwd[kMaxAlgos];
+  REGEN_CUDNN_CHECK(
+      cudnnGetConvolutionForwardAlgorithm_v7(h, p.x, p.w, p.conv, p.y, kMaxAlgos, &count, fwd));
+  p.have_fwd = pick(fwd, count, p.fwd);
+  if (p.have_fwd) {
+    REGEN_CUDNN_CHECK(
+        cudnnGetConvolutionForwardWorkspaceSize(h, p.x, p.w, p.conv, p.y, p.fwd, &p.fwd_bytes));
+  }
+  cudnnConvolutionBwdDataAlgoPerf_t bd[kMaxAlgos];
+  REGEN_CUDNN_CHECK(
+      cudnnGetConvolutionBackwardDataAlgorithm_v7(h, p.w, p.y, p.conv, p.x, kMaxAlgos, &count, bd));
+  p.have_bwd_data = pick(bd, count, p.bwd_data);
+  if (p.have_bwd_data) {
+    REGEN_CUDNN_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(h, p.w, p.y, p.conv, p.x,
+                                                                   p.bwd_data, &p.bwd_data_bytes));
+  }
+  cudnnConvolutionBwdFilterAlgoPerf_t bf[kMaxAlgos];
+  REGEN_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, p.x, p.y, p.conv, p.w,
+                                                                  kMaxAlgos, &count, bf));
+  p.have_bwd_filter = pick(bf, count, p.bwd_filter);
+  if (p.have_bwd_filter) {
+    REGEN_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterWorkspaceSize(
+        h, p.x, p.y, p.conv, p.w, p.bwd_filter, &p.bwd_filter_bytes));
+  }
+  return plans.emplace(key, p).first->second;
+}
+
+void no_algo(const char* pass, const ConvShape& s) {
+  REGEN_FAIL("cuDNN offers no deterministic ", tf32_enabled() ? "" : "FP32 (FMA) ", pass,
+             " algorithm for conv N=", s.N, " C=", s.C, " H=", s.H, " W=", s.W, " K=", s.K,
+             " R=", s.R, " S=", s.S, " stride ", s.stride_h, "x", s.stride_w, " pad ", s.pad_h, "x",
+             s.pad_w, "; use set_conv_algo(native)");
+}
+
+}  // namespace
+
+void forward(const float* x, const float* w, const float* bias, float* y, const ConvShape& s) {
+  Plan& p = plan_for(s);
+  if (!p.have_fwd) no_algo("forward", s);
+  Workspace ws(detail::device(), p.fwd_bytes);
+  const float one = 1.0f, zero = 0.0f;
+  REGEN_CUDNN_CHECK(cudnnConvolutionForward(handle(), &one, p.x, x, p.w, w, p.conv, p.fwd,
+                                            ws.data(), p.fwd_bytes, &zero, p.y, y));
+  if (bias) REGEN_CUDNN_CHECK(cudnnAddTensor(handle(), &one, p.bias, bias, &one, p.y, y));
+}
+
+void backward_data(const float* dy, const float* w, float* dx, const ConvShape& s) {
+  Plan& p = plan_for(s);
+  if (!p.have_bwd_data) no_algo("backward-data", s);
+  Workspace ws(detail::device(), p.bwd_data_bytes);
+  const float one = 1.0f, zero = 0.0f;
+  REGEN_CUDNN_CHECK(cudnnConvolutionBackwardData(handle(), &one, p.w, w, p.y, dy, p.conv,
+                                                 p.bwd_data, ws.data(), p.bwd_data_bytes, &zero,
+                                                 p.x, dx));
+}
+
+void backward_filter(const float* x, const float* dy, float* dw, const ConvShape& s) {
+  Plan& p = plan_for(s);
+  if (!p.have_bwd_filter) no_algo("backward-filter", s);
+  Workspace ws(detail::device(), p.bwd_filter_bytes);
+  const float one = 1.0f, zero = 0.0f;
+  REGEN_CUDNN_CHECK(cudnnConvolutionBackwardFilter(handle(), &one, p.x, x, p.y, dy, p.conv,
+                                                   p.bwd_filter, ws.data(), p.bwd_filter_bytes,
+                                                   &zero, p.w, dw));
+}
+
+}  // namespace regen::cuda::cudnn_conv
+#endif

@@ -1,0 +1,153 @@
+// CUDA embedding lookup and its deterministic dense gradient (declared in
+// kernels/cuda/cuda_kernels.h; CPU reference kernels/cpu/embedding.cpp; test
+// tests/cuda/test_cuda_ops.cpp).
+//
+// Backward without floating-point atomics: the token positions are sorted by id with CUB's radix
+// sort (stable, so equal ids keep increasing positions), dweight is zeroed, and the block at the
+// start of each run of equal ids sums that run's dy rows in position order. That is the CPU's
+// order (zeroed row, then every token's row added in token order), so the gradient is
+// bit-identical to the CPU's. A run is summed by one block; the loads of a few rows are issued
+// together to hide latency, the additions stay in order.
+// Out-of-range ids: the smallest bad position is recorded in a device word (integer atomicMin,
+// timing-independent), the bad id is not dereferenced, and the launcher reads the word back (one
+// synchronization per call) and throws regen::Error naming the position and the id.
+#include <cub/device/device_radix_sort.cuh>
+
+#include "core/tensor.h"
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/cuda_kernels.h"
+
+namespace regen::cuda {
+namespace {
+
+constexpr int kThreads = 128;
+constexpr unsigned long long kNone = ~0ull;
+
+// weight: (V, D), ids: (n) -> y: (n, D). One block per token.
+__global__ void __launch_bounds__(kThreads)
+    embedding_forward_kernel(const float* weight, const int64_t* ids, float* y, int64_t V,
+                             int64_t D, unsigned long long* bad) {
+  const int64_t i = blockIdx.x;
+  const int64_t id = ids[i];
+  float* out = y + i * D;
+  if (id < 0 || id >= V) {
+    if (threadIdx.x == 0) atomicMin(bad, static_cast<unsigned long long>(i));
+    for (int64_t c = threadIdx.x; c < D; c += kThreads) out[c] = 0.0f;
+    return;
+  }
+  const float* row = weight + id * D;
+  for (int64_t c = threadIdx.x; c < D; c += kThreads) out[c] = row[c];
+}
+
+// ids: (n) -> keys (ids as uint32; 0 for a bad id, which is reported), positions 0..n-1.
+__global__ void embedding_keys_kernel(const int64_t* ids, int64_t n, int64_t V, uint32_t* keys,
+                                      int32_t* positions, unsigned long long* bad) {
+  for (int64_t i = dev::global_thread(); i < n; i += dev::grid_stride()) {
+    const int64_t id = ids[i];
+    const bool ok = id >= 0 && id < V;
+    if (!ok) atomicMin(bad, static_cast<unsigned long long>(i));
+    keys[i] = ok ? static_cast<uint32_t>(id) : 0u;
+    positions[i] = static_cast<int32_t>(i);
+  }
+}
+
+// sorted_keys, sorted_pos: (n); dy: (n, D) -> dweight rows of the ids present (others stay 0).
+// Block k handles the run starting at sorted index k (other blocks exit at once).
+__global__ void __launch_bounds__(kThreads)
+    embedding_backward_kernel(const float* dy, const uint32_t* sorted_keys,
+                              const int32_t* sorted_pos, int64_t n, int64_t D, float* dweight) {
+  const int64_t k = blockIdx.x;
+  const uint32_t key = sorted_keys[k];
+  if (k > 0 && sorted_keys[k - 1] == key) return;
+  int64_t end = k + 1;
+  while (end < n && sorted_keys[end] == key) ++end;
+  float* out = dweight + static_cast<int64_t>(key) * D;
+  for (int64_t c = threadIdx.x; c < D; c += kThreads) {
+    float acc = 0.0f;
+    int64_t t = k;
+    for (; t + 4 <= end; t += 4) {  // four independent loads, then four ordered additions
+      const float a0 = dy[static_cast<int64_t>(sorted_pos[t]) * D + c];
+      const float a1 = dy[static_cast<int64_t>(sorted_pos[t + 1]) * D + c];
+      const float a2 = dy[static_cast<int64_t>(sorted_pos[t + 2]) * D + c];
+      const float a3 = dy[static_cast<int64_t>(sorted_pos[t + 3]) * D + c];
+      acc = __fadd_rn(acc, a0);
+      acc = __fadd_rn(acc, a1);
+      acc = __fadd_rn(acc, a2);
+      acc = __fadd_rn(acc, a3);
+    }
+    for (; t < end; ++t) acc = __fadd_rn(acc, dy[static_cast<int64_t>(sorted_pos[t]) * D + c]);
+    out[c] = acc;
+  }
+}
+
+void check_shape(const char* name, int64_t n, int64_t V, int64_t D) {
+  REGEN_CHECK(n >= 0 && V > 0 && D >= 0, name, ": bad shape n=", n, " V=", V, " D=", D);
+  REGEN_CHECK(n <= 0x7fffffff && V <= 0x7fffffff, name, ": n=", n, " or V=", V,
+              " is too large for the CUDA kernels (2^31 - 1)");
+}
+
+[[noreturn]] void report_bad_id(const char* name, unsigned long long position, const int64_t* ids,
+                                int64_t V) {
+  const int64_t id = detail::read_back(ids + position);
+  REGEN_FAIL(name, ": id ", id, " at position ", position,
+             " is out of range for a table of V = ", V, " rows");
+}
+
+}  // namespace
+
+// weight: (V, D), ids: (n) -> y: (n, D)
+void embedding_forward(const float* weight, const int64_t* ids, float* y, int64_t n, int64_t V,
+                       int64_t D) {
+  check_shape("embedding_forward", n, V, D);
+  if (n == 0) return;
+  Workspace ws(detail::device(), sizeof(unsigned long long));
+  auto* bad = ws.as<unsigned long long>();
+  REGEN_CUDA_CHECK(cudaMemsetAsync(bad, 0xff, sizeof(unsigned long long), stream()));
+  embedding_forward_kernel<<<static_cast<unsigned>(n), kThreads, 0, stream()>>>(weight, ids, y, V,
+                                                                                D, bad);
+  REGEN_CUDA_LAUNCH_CHECK("embedding_forward");
+  const unsigned long long first_bad = detail::read_back(bad);
+  if (first_bad != kNone) report_bad_id("embedding_forward", first_bad, ids, V);
+}
+
+// dy: (n, D), ids: (n) -> dweight: (V, D), written
+void embedding_backward(const float* dy, const int64_t* ids, float* dweight, int64_t n, int64_t V,
+                        int64_t D) {
+  const char* name = "embedding_backward";
+  check_shape(name, n, V, D);
+  if (D == 0) return;
+  REGEN_CUDA_CHECK(
+      cudaMemsetAsync(dweight, 0, static_cast<size_t>(V * D) * sizeof(float), stream()));
+  if (n == 0) return;
+  int end_bit = 1;
+  while (end_bit < 31 && (int64_t{1} << end_bit) < V) ++end_bit;  // ids < V fit in end_bit bits
+  size_t sort_bytes = 0;
+  REGEN_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(
+      nullptr, sort_bytes, static_cast<const uint32_t*>(nullptr), static_cast<uint32_t*>(nullptr),
+      static_cast<const int32_t*>(nullptr), static_cast<int32_t*>(nullptr), n, 0, end_bit,
+      stream()));
+  // [bad (8 B) | pad to 256 | keys | positions | sorted keys | sorted positions | CUB scratch],
+  // each array rounded up to 256 bytes.
+  const uint64_t array_bytes = static_cast<uint64_t>(detail::ceil_div(n * 4, 256) * 256);
+  Workspace ws(detail::device(), 256 + 4 * array_bytes + sort_bytes);
+  char* base = static_cast<char*>(ws.data());
+  auto* bad = reinterpret_cast<unsigned long long*>(base);
+  auto* keys = reinterpret_cast<uint32_t*>(base + 256);
+  auto* positions = reinterpret_cast<int32_t*>(base + 256 + array_bytes);
+  auto* sorted_keys = reinterpret_cast<uint32_t*>(base + 256 + 2 * array_bytes);
+  auto* sorted_pos = reinterpret_cast<int32_t*>(base + 256 + 3 * array_bytes);
+  void* sort_temp = base + 256 + 4 * array_bytes;
+  REGEN_CUDA_CHECK(cudaMemsetAsync(bad, 0xff, sizeof(unsigned long long), stream()));
+  embedding_keys_kernel<<<detail::grid_blocks(n, 256), 256, 0, stream()>>>(ids, n, V, keys,
+                                                                           positions, bad);
+  REGEN_CUDA_LAUNCH_CHECK(name);
+  REGEN_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(sort_temp, sort_bytes, keys, sorted_keys,
+                                                   positions, sorted_pos, n, 0, end_bit, stream()));
+  embedding_backward_kernel<<<static_cast<unsigned>(n), kThreads, 0, stream()>>>(
+      dy, sorted_keys, sorted_pos, n, D, dweight);
+  REGEN_CUDA_LAUNCH_CHECK(name);
+  const unsigned long long first_bad = detail::read_back(bad);
+  if (first_bad != kNone) report_bad_id(name, first_bad, ids, V);
+}
+
+}  // namespace regen::cuda

@@ -1,0 +1,46 @@
+// Host-side helpers shared by the CUDA launchers (kernels/cuda/*.cu, *.cpp): the current device,
+// grid sizing for grid-stride loops, and reading a small result back to the host.
+#pragma once
+
+#ifdef REGEN_WITH_CUDA
+#include <cstdint>
+
+#include "core/cuda/runtime.h"
+#include "core/types.h"
+
+namespace regen::cuda::detail {
+
+// The device REGEN_LAUNCH made current: where a launcher's Workspace must live.
+inline Device device() {
+  return Device::cuda(current_device());
+}
+
+inline int64_t ceil_div(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
+}
+
+// Blocks for a grid-stride loop over n items with `threads` per block. The cap keeps enough
+// blocks for every SM of an H100 many times over; element-wise kernels need no more.
+constexpr int64_t kMaxGridBlocks = 8192;
+inline unsigned grid_blocks(int64_t n, int threads) {
+  int64_t b = ceil_div(n, threads);
+  if (b < 1) b = 1;
+  if (b > kMaxGridBlocks) b = kMaxGridBlocks;
+  return static_cast<unsigned>(b);
+}
+
+// Copies one value from device memory to the host; synchronizes the compute stream, so use it
+// only where a launcher must report a data-dependent error (bad ids, bad targets).
+template <class T>
+T read_back(const T* device_ptr) {
+  T value{};
+  memcpy(&value, device_ptr, sizeof(T), cudaMemcpyDeviceToHost);
+  return value;
+}
+
+inline bool aligned16(const void* p) {
+  return (reinterpret_cast<uintptr_t>(p) & 15u) == 0;
+}
+
+}  // namespace regen::cuda::detail
+#endif

@@ -1,0 +1,226 @@
+// CUDA pooling (declared in kernels/cuda/cuda_kernels.h; CPU reference kernels/cpu/pool.cpp; test
+// tests/cuda/test_cuda_ops.cpp).
+//
+// Forward kernels: one thread per output element. Backward kernels gather: one thread per input
+// element visits the outputs whose windows cover it, in increasing (p, q) order, so no atomics
+// are needed and the sum order equals the CPU's scatter order (maxpool backward is bit-identical
+// to the CPU; avgpool backward too unless the host compiler contracts dy * inv + acc).
+// maxpool: padding never competes, the first maximum in row-major window order wins ties, a NaN
+// once seen is kept; argmax is the index into the (H, W) plane. avgpool: count_include_pad (the
+// divisor is always kh*kw).
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/cuda_kernels.h"
+
+namespace regen::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+struct PoolParams {
+  int64_t planes;  // N*C
+  int H, W, P, Q, kh, kw, sh, sw, ph, pw;
+};
+
+PoolParams params(const char* name, const PoolShape& s) {
+  REGEN_CHECK(s.N >= 0 && s.C >= 0 && s.H > 0 && s.W > 0 && s.P > 0 && s.Q > 0, name,
+              ": bad shape N=", s.N, " C=", s.C, " H=", s.H, " W=", s.W, " P=", s.P, " Q=", s.Q);
+  REGEN_CHECK(s.H * s.W <= 0x7fffffff && s.P * s.Q <= 0x7fffffff, name, ": planes of ", s.H, "x",
+              s.W, " are too large");
+  return {s.N * s.C,
+          static_cast<int>(s.H),
+          static_cast<int>(s.W),
+          static_cast<int>(s.P),
+          static_cast<int>(s.Q),
+          static_cast<int>(s.kh),
+          static_cast<int>(s.kw),
+          static_cast<int>(s.stride_h),
+          static_cast<int>(s.stride_w),
+          static_cast<int>(s.pad_h),
+          static_cast<int>(s.pad_w)};
+}
+
+// Input rows [lo, hi) covered by output row p (padding excluded).
+__device__ __forceinline__ void window(int p, int stride, int pad, int k, int extent, int& lo,
+                                       int& hi) {
+  const int start = p * stride - pad;
+  lo = start > 0 ? start : 0;
+  hi = start + k < extent ? start + k : extent;
+}
+// Output rows [lo, hi) whose window covers input row h.
+__device__ __forceinline__ void covering(int h, int stride, int pad, int k, int out_extent, int& lo,
+                                         int& hi) {
+  lo = h + pad < k ? 0 : (h + pad - k) / stride + 1;
+  const int last = (h + pad) / stride + 1;
+  hi = last < out_extent ? last : out_extent;
+}
+
+// x: (planes, H, W) -> y, argmax: (planes, P, Q)
+__global__ void maxpool_forward_kernel(const float* x, float* y, int32_t* argmax, PoolParams s) {
+  const int64_t total = s.planes * s.P * s.Q;
+  for (int64_t i = dev::global_thread(); i < total; i += dev::grid_stride()) {
+    const int64_t plane = i / (static_cast<int64_t>(s.P) * s.Q);
+    const int pq = static_cast<int>(i - plane * s.P * s.Q);
+    const int p = pq / s.Q, q = pq - p * s.Q;
+    int h0, h1, w0, w1;
+    window(p, s.sh, s.ph, s.kh, s.H, h0, h1);
+    window(q, s.sw, s.pw, s.kw, s.W, w0, w1);
+    const float* in = x + plane * s.H * s.W;
+    int best_at = h0 * s.W + w0;
+    float best = in[best_at];
+    for (int h = h0; h < h1; ++h) {
+      for (int w = w0; w < w1; ++w) {
+        const float v = in[h * s.W + w];
+        if (v > best || (isnan(v) && !isnan(best))) {
+          best = v;
+          best_at = h * s.W + w;
+        }
+      }
+    }
+    y[i] = best;
+    argmax[i] = best_at;
+  }
+}
+
+// dy, argmax: (planes, P, Q) -> dx: (planes, H, W), gathered.
+__global__ void maxpool_backward_kernel(const float* dy, const int32_t* argmax, float* dx,
+                                        PoolParams s) {
+  const int64_t total = s.planes * s.H * s.W;
+  for (int64_t i = dev::global_thread(); i < total; i += dev::grid_stride()) {
+    const int64_t plane = i / (static_cast<int64_t>(s.H) * s.W);
+    const int hw = static_cast<int>(i - plane * s.H * s.W);
+    const int h = hw / s.W, w = hw - h * s.W;
+    int p0, p1, q0, q1;
+    covering(h, s.sh, s.ph, s.kh, s.P, p0, p1);
+    covering(w, s.sw, s.pw, s.kw, s.Q, q0, q1);
+    const int64_t base = plane * s.P * s.Q;
+    float acc = 0.0f;
+    for (int p = p0; p < p1; ++p) {
+      for (int q = q0; q < q1; ++q) {
+        const int64_t o = base + p * s.Q + q;
+        if (argmax[o] == hw) acc += dy[o];
+      }
+    }
+    dx[i] = acc;
+  }
+}
+
+// x: (planes, H, W) -> y: (planes, P, Q); the window sum in double, times 1/(kh*kw).
+__global__ void avgpool_forward_kernel(const float* x, float* y, PoolParams s, double inv) {
+  const int64_t total = s.planes * s.P * s.Q;
+  for (int64_t i = dev::global_thread(); i < total; i += dev::grid_stride()) {
+    const int64_t plane = i / (static_cast<int64_t>(s.P) * s.Q);
+    const int pq = static_cast<int>(i - plane * s.P * s.Q);
+    const int p = pq / s.Q, q = pq - p * s.Q;
+    int h0, h1, w0, w1;
+    window(p, s.sh, s.ph, s.kh, s.H, h0, h1);
+    window(q, s.sw, s.pw, s.kw, s.W, w0, w1);
+    const float* in = x + plane * s.H * s.W;
+    double acc = 0.0;
+    for (int h = h0; h < h1; ++h) {
+      for (int w = w0; w < w1; ++w) acc += static_cast<double>(in[h * s.W + w]);
+    }
+    y[i] = static_cast<float>(__dmul_rn(acc, inv));
+  }
+}
+
+// dy: (planes, P, Q) -> dx: (planes, H, W), gathered: dx = sum over covering windows of dy * inv.
+__global__ void avgpool_backward_kernel(const float* dy, float* dx, PoolParams s, float inv) {
+  const int64_t total = s.planes * s.H * s.W;
+  for (int64_t i = dev::global_thread(); i < total; i += dev::grid_stride()) {
+    const int64_t plane = i / (static_cast<int64_t>(s.H) * s.W);
+    const int hw = static_cast<int>(i - plane * s.H * s.W);
+    const int h = hw / s.W, w = hw - h * s.W;
+    int p0, p1, q0, q1;
+    covering(h, s.sh, s.ph, s.kh, s.P, p0, p1);
+    covering(w, s.sw, s.pw, s.kw, s.Q, q0, q1);
+    const int64_t base = plane * s.P * s.Q;
+    float acc = 0.0f;
+    for (int p = p0; p < p1; ++p) {
+      for (int q = q0; q < q1; ++q) acc = __fadd_rn(acc, __fmul_rn(dy[base + p * s.Q + q], inv));
+    }
+    dx[i] = acc;
+  }
+}
+
+// x: (NC, HW) -> y: (NC); one warp per row, double sums.
+__global__ void global_avgpool_forward_kernel(const float* x, float* y, int64_t NC, int64_t HW) {
+  const int lane = threadIdx.x & 31;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + (threadIdx.x >> 5);
+  if (row >= NC) return;
+  const float* in = x + row * HW;
+  double acc = 0.0;
+  for (int64_t j = lane; j < HW; j += 32) acc += static_cast<double>(in[j]);
+  acc = dev::warp_sum(acc);
+  if (lane == 0) y[row] = static_cast<float>(HW > 0 ? acc / static_cast<double>(HW) : 0.0);
+}
+
+// dy: (NC) -> dx: (NC, HW), dx = dy / HW
+__global__ void global_avgpool_backward_kernel(const float* dy, float* dx, int64_t NC, int64_t HW,
+                                               double inv) {
+  const int64_t total = NC * HW;
+  for (int64_t i = dev::global_thread(); i < total; i += dev::grid_stride()) {
+    dx[i] = static_cast<float>(__dmul_rn(static_cast<double>(dy[i / HW]), inv));
+  }
+}
+
+}  // namespace
+
+void maxpool2d_forward(const float* x, float* y, int32_t* argmax, const PoolShape& s) {
+  const PoolParams p = params("maxpool2d_forward", s);
+  const int64_t total = p.planes * p.P * p.Q;
+  if (total == 0) return;
+  maxpool_forward_kernel<<<detail::grid_blocks(total, kThreads), kThreads, 0, stream()>>>(
+      x, y, argmax, p);
+  REGEN_CUDA_LAUNCH_CHECK("maxpool2d_forward");
+}
+
+void maxpool2d_backward(const float* dy, const int32_t* argmax, float* dx, const PoolShape& s) {
+  const PoolParams p = params("maxpool2d_backward", s);
+  const int64_t total = p.planes * p.H * p.W;
+  if (total == 0) return;
+  maxpool_backward_kernel<<<detail::grid_blocks(total, kThreads), kThreads, 0, stream()>>>(
+      dy, argmax, dx, p);
+  REGEN_CUDA_LAUNCH_CHECK("maxpool2d_backward");
+}
+
+void avgpool2d_forward(const float* x, float* y, const PoolShape& s) {
+  const PoolParams p = params("avgpool2d_forward", s);
+  const int64_t total = p.planes * p.P * p.Q;
+  if (total == 0) return;
+  const double inv = 1.0 / static_cast<double>(s.kh * s.kw);
+  avgpool_forward_kernel<<<detail::grid_blocks(total, kThreads), kThreads, 0, stream()>>>(x, y, p,
+                                                                                          inv);
+  REGEN_CUDA_LAUNCH_CHECK("avgpool2d_forward");
+}
+
+void avgpool2d_backward(const float* dy, float* dx, const PoolShape& s) {
+  const PoolParams p = params("avgpool2d_backward", s);
+  const int64_t total = p.planes * p.H * p.W;
+  if (total == 0) return;
+  const float inv = static_cast<float>(1.0 / static_cast<double>(s.kh * s.kw));
+  avgpool_backward_kernel<<<detail::grid_blocks(total, kThreads), kThreads, 0, stream()>>>(dy, dx,
+                                                                                           p, inv);
+  REGEN_CUDA_LAUNCH_CHECK("avgpool2d_backward");
+}
+
+void global_avgpool_forward(const float* x, float* y, int64_t NC, int64_t HW) {
+  REGEN_CHECK(NC >= 0 && HW >= 0, "global_avgpool_forward: negative shape (", NC, ", ", HW, ")");
+  if (NC == 0) return;
+  constexpr int kWarps = kThreads / 32;
+  REGEN_CHECK(detail::ceil_div(NC, kWarps) <= 0x7fffffff, "global_avgpool_forward: ", NC,
+              " rows are too many");
+  global_avgpool_forward_kernel<<<static_cast<unsigned>(detail::ceil_div(NC, kWarps)), kThreads, 0,
+                                  stream()>>>(x, y, NC, HW);
+  REGEN_CUDA_LAUNCH_CHECK("global_avgpool_forward");
+}
+
+void global_avgpool_backward(const float* dy, float* dx, int64_t NC, int64_t HW) {
+  REGEN_CHECK(NC >= 0 && HW >= 0, "global_avgpool_backward: negative shape (", NC, ", ", HW, ")");
+  if (NC == 0 || HW == 0) return;
+  const double inv = 1.0 / static_cast<double>(HW);
+  global_avgpool_backward_kernel<<<detail::grid_blocks(NC * HW, kThreads), kThreads, 0, stream()>>>(
+      dy, dx, NC, HW, inv);
+  REGEN_CUDA_LAUNCH_CHECK("global_avgpool_backward");
+}
+
+}  // namespace regen::cuda

@@ -1,0 +1,123 @@
+// The runtime side of the host emulation (scripts/cuda-emu): runs a grid block after block, one
+// OS thread per CUDA thread; stands in for the CUDA runtime calls regen makes and for
+// core/cuda/runtime.cpp; "device" memory is host memory from a host-backed CUDA arena.
+#include <cstdio>
+#include <cstdlib>
+#include "core/allocator.h"
+#include "core/cuda/runtime.h"
+#include "emu.h"
+
+thread_local uint3 threadIdx;
+thread_local uint3 blockIdx;
+dim3 gridDim, blockDim;
+
+namespace emu {
+Block* g_block = nullptr;
+std::vector<unsigned char> g_dyn_smem(256 << 10);
+std::mutex atomic_mutex;
+void run_grid(const Cfg& cfg, const std::function<void()>& body) {
+  gridDim = cfg.grid;
+  blockDim = cfg.block;
+  const unsigned nt = cfg.block.x * cfg.block.y * cfg.block.z;
+  if (nt > 1024) {
+    std::fprintf(stderr, "emu: block of %u threads\n", nt);
+    std::abort();
+  }
+  if (cfg.smem > g_dyn_smem.size()) {
+    std::fprintf(stderr, "emu: smem %zu\n", cfg.smem);
+    std::abort();
+  }
+  for (unsigned bz = 0; bz < cfg.grid.z; ++bz)
+    for (unsigned by = 0; by < cfg.grid.y; ++by)
+      for (unsigned bx = 0; bx < cfg.grid.x; ++bx) {
+        Block blk;
+        blk.bar = std::make_unique<std::barrier<>>(nt);
+        for (unsigned w = 0; w < (nt + 31) / 32; ++w)
+          blk.warp_bar.push_back(std::make_unique<std::barrier<>>(std::min(32u, nt - 32 * w)));
+        blk.slots.assign(nt, 0);
+        g_block = &blk;
+        // Poison dynamic shared memory so reads of unwritten smem show up.
+        std::memset(g_dyn_smem.data(), 0xFF, cfg.smem);
+        std::vector<std::thread> threads;
+        threads.reserve(nt);
+        for (unsigned t = 0; t < nt; ++t) {
+          threads.emplace_back([&, t] {
+            threadIdx = make_uint3(t % cfg.block.x, (t / cfg.block.x) % cfg.block.y,
+                                   t / (cfg.block.x * cfg.block.y));
+            blockIdx = make_uint3(bx, by, bz);
+            body();
+            blk.warp_bar[t / 32]->arrive_and_drop();
+            blk.bar->arrive_and_drop();
+          });
+        }
+        for (auto& th : threads) th.join();
+      }
+}
+}  // namespace emu
+
+// ---- CUDA runtime API stand-ins -----------------------------------------------------------------
+extern "C" {
+cudaError_t cudaGetLastError(void) {
+  return cudaSuccess;
+}
+const char* cudaGetErrorName(cudaError_t) {
+  return "emu";
+}
+const char* cudaGetErrorString(cudaError_t) {
+  return "emu";
+}
+cudaError_t cudaMemsetAsync(void* p, int v, size_t n, cudaStream_t) {
+  std::memset(p, v, n);
+  return cudaSuccess;
+}
+cudaError_t cudaMemcpyAsync(void* d, const void* s, size_t n, cudaMemcpyKind, cudaStream_t) {
+  std::memmove(d, s, n);
+  return cudaSuccess;
+}
+cudaError_t cudaFuncSetAttribute(const void*, cudaFuncAttribute, int) {
+  return cudaSuccess;
+}
+cudaError_t cudaStreamSynchronize(cudaStream_t) {
+  return cudaSuccess;
+}
+}
+
+namespace regen::cuda {
+int device_count() {
+  return 1;
+}
+void set_device(int) {}
+int current_device() {
+  return 0;
+}
+cudaStream_t stream() {
+  return nullptr;
+}
+void synchronize() {}
+void memcpy(void* d, const void* s, uint64_t n, cudaMemcpyKind) {
+  std::memmove(d, s, n);
+}
+void memset_zero(void* d, uint64_t n) {
+  std::memset(d, 0, n);
+}
+void mem_get_info(uint64_t& f, uint64_t& t) {
+  f = t = 1ull << 34;
+}
+}  // namespace regen::cuda
+
+namespace regen {
+namespace {
+class HostArena final : public Arena {
+ public:
+  void* map(size_t bytes) override {
+    return std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096);
+  }
+  void unmap(void* p, size_t) override { std::free(p); }
+  Device device() const override { return Device::cuda(0); }
+  std::string name() const override { return "emu-cuda:0"; }
+};
+}  // namespace
+std::unique_ptr<Arena> make_cuda_arena(int) {
+  return std::make_unique<HostArena>();
+}
+}  // namespace regen

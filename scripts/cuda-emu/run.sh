@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Builds regen's CUDA kernels for a host emulation of the CUDA execution model and runs the
+# CUDA-vs-CPU checks on small shapes (README.md). Not part of the CMake build or of CI: a
+# verification aid for machines without a GPU. Usage:
+#   scripts/cuda-emu/run.sh [ops|allocator|autograd|all] [doctest args, e.g. -tc="emu conv2d"]
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+HERE=$ROOT/scripts/cuda-emu
+B=${EMU_BUILD:-/tmp/regen-cuda-emu}
+JOBS=${JOBS:-2}
+CUDA_INC=${CUDA_INC:-/usr/local/cuda/include}
+what=${1:-ops}
+[ $# -gt 0 ] && shift
+mkdir -p "$B/gen" "$B/obj"
+export CXXCMD="${CXX:-g++} -std=c++20 -O1 -w -fopenmp -I$HERE -I$HERE/stand-ins -I$ROOT -I$CUDA_INC \
+  -I/usr/include/eigen3 -DREGEN_WITH_CUDA=1"
+defs=""
+for fam in conv2d batchnorm pool embedding layernorm softmax attention cross_entropy optim; do
+  up=$(echo "$fam" | tr a-z A-Z)
+  if [ -f "$ROOT/kernels/cpu/$fam.cpp" ]; then defs="$defs -DREGEN_HAVE_CPU_$up=1"; else defs="$defs -DREGEN_HAVE_CPU_$up=0"; fi
+done
+for f in "$ROOT"/kernels/cuda/*.cu; do python3 "$HERE/transform.py" "$f" "$B/gen/$(basename "$f" .cu).cpp" > /dev/null; done
+srcs=$(ls "$B"/gen/*.cpp "$ROOT"/kernels/cuda/*.cpp "$ROOT"/kernels/cpu/*.cpp "$ROOT"/kernels/dispatch.cpp \
+  "$ROOT"/autograd/*.cpp "$ROOT"/core/allocator.cpp "$ROOT"/core/tensor.cpp "$ROOT"/core/types.cpp \
+  "$ROOT"/core/error.cpp "$HERE"/emu_runtime.cpp)
+# One object per source, named after its folder and file; rebuilt when the source is newer.
+echo "$srcs" | xargs -P "$JOBS" -I{} sh -c '
+  src={}; obj='"$B"'/obj/$(basename $(dirname $src))_$(basename $src .cpp).o
+  if [ ! -f $obj ] || [ $src -nt $obj ]; then $CXXCMD -c $src -o $obj || exit 255; fi'
+objs=$(ls "$B"/obj/*.o)
+build_test() {  # name source
+  $CXXCMD $defs -c "$2" -o "$B/$1.o"
+  $CXXCMD -o "$B/$1" "$B/$1.o" $objs -lpthread
+}
+run() { echo "== $1"; OMP_NUM_THREADS=1 "$B/$1" "${@:2}"; }
+wrap() {  # a doctest main around a test file
+  printf '#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN\n#include <doctest/doctest.h>\n#include "%s"\n' "$1" > "$B/$2.cpp"
+  echo "$B/$2.cpp"
+}
+case $what in
+  ops) build_test emu_ops "$HERE/emu_ops.cpp"; run emu_ops "$@" ;;
+  allocator) build_test emu_allocator "$(wrap tests/cuda/test_cuda_allocator.cpp emu_allocator_main)"
+             run emu_allocator "$@" ;;
+  autograd) build_test emu_autograd "$(wrap tests/cuda/test_cuda_autograd.cpp emu_autograd_main)"
+            run emu_autograd -tce="*feed-forward*" "$@" ;;
+  all) "$0" ops "$@"; "$0" allocator; "$0" autograd ;;
+  *) echo "usage: $0 [ops|allocator|autograd|all] [doctest args]" >&2; exit 2 ;;
+esac

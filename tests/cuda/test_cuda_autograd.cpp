@@ -1,0 +1,125 @@
+// Ops through autograd on cuda:0 against the same graph on the CPU: forward values and gradients
+// within FP32 tolerance, and a second CUDA backward that must give the same gradient bits
+// (determinism). Covers the differentiable ops of autograd/ops_basic.cpp (linear, matmul, bmm,
+// relu, gelu, add/mul with broadcast, scale, reshape, sum, mean). Skipped (exit 77) without a GPU.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "autograd/ops.h"
+#include "core/cuda/runtime.h"
+#include "core/tensor.h"
+
+using namespace regen;
+
+namespace {
+
+using Graph = std::function<Tensor(const std::vector<Tensor>&)>;
+
+// Inputs drawn from one Philox stream: the same values on every device.
+std::vector<Tensor> make_inputs(const std::vector<Shape>& shapes, Device device) {
+  Generator g(2024);
+  std::vector<Tensor> in;
+  for (const Shape& s : shapes) {
+    Tensor t = uniform(s, -1.0, 1.0, g, DType::f32, device);
+    t.set_requires_grad(true);
+    in.push_back(t);
+  }
+  return in;
+}
+
+struct Run {
+  std::vector<float> value;
+  std::vector<std::vector<float>> grads;
+};
+
+Run run(const Graph& f, const std::vector<Shape>& shapes, Device device) {
+  std::vector<Tensor> in = make_inputs(shapes, device);
+  Tensor loss = f(in);
+  Run r;
+  r.value = loss.to_vector<float>();
+  backward(loss);
+  loss = Tensor();
+  for (const Tensor& t : in) {
+    REQUIRE_MESSAGE(t.grad().defined(), "an input received no gradient");
+    CHECK(t.grad().device() == device);
+    r.grads.push_back(t.grad().to_vector<float>());
+  }
+  return r;
+}
+
+// |got - ref| <= rtol * (|ref| + max |ref|): relative to the tensor's scale, since gradients of a
+// mean are tiny in absolute terms.
+void close(const std::string& what, const std::vector<float>& got, const std::vector<float>& ref,
+           double rtol) {
+  REQUIRE(got.size() == ref.size());
+  double scale = 0;
+  for (float r : ref) scale = std::max(scale, std::fabs(static_cast<double>(r)));
+  const double atol = rtol * scale;
+  size_t bad = 0;
+  double worst = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double d = std::fabs(static_cast<double>(got[i]) - ref[i]);
+    if (!std::isfinite(got[i]) || d > atol + rtol * std::fabs(ref[i])) ++bad;
+    worst = std::max(worst, d);
+  }
+  MESSAGE(what << ": n=" << got.size() << " max_abs=" << worst);
+  CHECK_MESSAGE(bad == 0, what << ": " << bad << " elements out of tolerance (rtol " << rtol
+                               << " of |ref| + max |ref|)");
+}
+
+void compare(const std::string& name, const Graph& f, const std::vector<Shape>& shapes) {
+  INFO("graph: " << name);
+  cuda::set_device(0);
+  const Run cpu = run(f, shapes, Device::cpu());
+  const Run gpu = run(f, shapes, Device::cuda(0));
+  close(name + " forward", gpu.value, cpu.value, 1e-4);
+  for (size_t i = 0; i < cpu.grads.size(); ++i)
+    close(name + " grad " + std::to_string(i), gpu.grads[i], cpu.grads[i], 1e-4);
+  const Run again = run(f, shapes, Device::cuda(0));
+  for (size_t i = 0; i < gpu.grads.size(); ++i) {
+    CHECK_MESSAGE(std::memcmp(again.grads[i].data(), gpu.grads[i].data(),
+                              gpu.grads[i].size() * sizeof(float)) == 0,
+                  name << ": gradient " << i << " differs between two CUDA runs");
+  }
+}
+
+}  // namespace
+
+TEST_CASE("cuda autograd: a two-layer MLP with broadcast ops") {
+  compare("mlp",
+          [](const std::vector<Tensor>& in) {
+            // x: (16, 32), w1: (64, 32), b1: (64), w2: (8, 64), b2: (8), c: (8)
+            const Tensor h = relu(linear(in[0], in[1], in[2]));
+            const Tensor o = gelu(linear(h, in[3], in[4]));
+            return mean(add(scale(mul(o, in[5]), 0.5), o));
+          },
+          {{16, 32}, {64, 32}, {64}, {8, 64}, {8}, {8}});
+}
+
+TEST_CASE("cuda autograd: matmul and bmm with transposes") {
+  compare("bmm",
+          [](const std::vector<Tensor>& in) {
+            const Tensor a =
+                bmm(in[0], in[1], false, true);           // (3, 5, 7) x (3, 6, 7)^T -> (3, 5, 6)
+            const Tensor b = bmm(in[2], a, true, false);  // (3, 5, 4)^T x (3, 5, 6) -> (3, 4, 6)
+            const Tensor m = matmul(reshape(b, {12, 6}), in[3]);  // (12, 6) x (6, 2)
+            return sum(mul(m, m));
+          },
+          {{3, 5, 7}, {3, 6, 7}, {3, 5, 4}, {6, 2}});
+}
+
+TEST_CASE("cuda autograd: a transformer-sized feed-forward block") {
+  compare("ffn",
+          [](const std::vector<Tensor>& in) {
+            // x: (2*128, 512) -> 2048 -> 512, residual
+            const Tensor h = gelu(linear(in[0], in[1], in[2]));
+            return mean(mul(add(linear(h, in[3], in[4]), in[0]), in[0]));
+          },
+          {{256, 512}, {2048, 512}, {2048}, {512, 2048}, {512}});
+}

@@ -1,0 +1,1216 @@
+// Every CUDA launcher (kernels/cuda/cuda_kernels.h) against its CPU reference
+// (regen::cpu::<name><float>, kernels/kernels.h), in the spirit of ggml's test-backend-ops: one
+// table of cases, each running an op on CUDA and on the CPU with the same random inputs.
+//
+// For each output: NaN/Inf first (outputs are pre-filled with a NaN pattern, so an element the
+// kernel never wrote shows up here), then |cuda - cpu| <= atol + rtol * |cpu| element-wise and the
+// normalized mean squared error, printing the first mismatches and the worst error. Every device
+// buffer has canary bytes before and after it (inputs and outputs), checked after each run, to
+// catch out-of-bounds writes. Every case runs twice on the GPU and the two runs must agree bit for
+// bit (determinism: the remat feature needs identical gradients with and without recomputation).
+// Tolerances are stated per case and summarized in docs/kernels.md.
+//
+// A family whose CPU reference is not in the tree (REGEN_HAVE_CPU_<FAMILY>=0, set by
+// tests/CMakeLists.txt) is compiled out and reported as a failure by "cpu references present".
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdarg>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/cuda/runtime.h"
+#include "core/error.h"
+#include "core/tensor.h"
+#include "kernels/kernels.h"
+
+#ifndef REGEN_HAVE_CPU_CONV2D
+#define REGEN_HAVE_CPU_CONV2D 0
+#endif
+#ifndef REGEN_HAVE_CPU_BATCHNORM
+#define REGEN_HAVE_CPU_BATCHNORM 0
+#endif
+#ifndef REGEN_HAVE_CPU_POOL
+#define REGEN_HAVE_CPU_POOL 0
+#endif
+#ifndef REGEN_HAVE_CPU_EMBEDDING
+#define REGEN_HAVE_CPU_EMBEDDING 0
+#endif
+#ifndef REGEN_HAVE_CPU_LAYERNORM
+#define REGEN_HAVE_CPU_LAYERNORM 0
+#endif
+#ifndef REGEN_HAVE_CPU_SOFTMAX
+#define REGEN_HAVE_CPU_SOFTMAX 0
+#endif
+#ifndef REGEN_HAVE_CPU_ATTENTION
+#define REGEN_HAVE_CPU_ATTENTION 0
+#endif
+#ifndef REGEN_HAVE_CPU_CROSS_ENTROPY
+#define REGEN_HAVE_CPU_CROSS_ENTROPY 0
+#endif
+#ifndef REGEN_HAVE_CPU_OPTIM
+#define REGEN_HAVE_CPU_OPTIM 0
+#endif
+
+namespace {
+
+using namespace regen;
+
+// ---- Device buffers with canaries -------------------------------------------------------------
+
+constexpr size_t kGuard = 64;            // elements of canary on each side
+constexpr unsigned char kCanary = 0xA5;  // every canary byte
+constexpr unsigned char kPoison = 0xFF;  // outputs start as all-ones bytes: a NaN for floats
+
+// A device array of n elements of T, with kGuard canary elements before and after it. With
+// `misalign` the data starts one element later, so 16-byte-aligned fast paths are not taken.
+template <class T>
+class DeviceArray {
+ public:
+  explicit DeviceArray(size_t n, bool misalign = false)
+      : n_(n), offset_(kGuard + (misalign ? 1 : 0)), total_(n + 2 * kGuard + 1) {
+    storage_ = std::make_shared<Storage>(Device::cuda(0), total_ * sizeof(T), Category::other);
+    std::vector<unsigned char> bytes(total_ * sizeof(T), kCanary);
+    cuda::memcpy(storage_->data(), bytes.data(), bytes.size(), cudaMemcpyHostToDevice);
+  }
+  DeviceArray(const std::vector<T>& values, bool misalign = false)
+      : DeviceArray(values.size(), misalign) {
+    upload(values);
+  }
+  T* ptr() const { return static_cast<T*>(storage_->data()) + offset_; }
+  size_t size() const { return n_; }
+  void upload(const std::vector<T>& values) {
+    REQUIRE(values.size() == n_);
+    cuda::memcpy(ptr(), values.data(), n_ * sizeof(T), cudaMemcpyHostToDevice);
+  }
+  void poison() {
+    std::vector<unsigned char> bytes(n_ * sizeof(T), kPoison);
+    cuda::memcpy(ptr(), bytes.data(), bytes.size(), cudaMemcpyHostToDevice);
+  }
+  std::vector<T> download() const {
+    std::vector<T> out(n_);
+    cuda::memcpy(out.data(), ptr(), n_ * sizeof(T), cudaMemcpyDeviceToHost);
+    return out;
+  }
+  // Number of canary bytes that changed.
+  size_t damaged_canaries() const {
+    std::vector<unsigned char> bytes(total_ * sizeof(T));
+    cuda::memcpy(bytes.data(), storage_->data(), bytes.size(), cudaMemcpyDeviceToHost);
+    size_t bad = 0;
+    const size_t lo = offset_ * sizeof(T), hi = (offset_ + n_) * sizeof(T);
+    for (size_t i = 0; i < bytes.size(); ++i) {
+      if ((i < lo || i >= hi) && bytes[i] != kCanary) ++bad;
+    }
+    return bad;
+  }
+
+ private:
+  size_t n_, offset_, total_;
+  std::shared_ptr<Storage> storage_;
+};
+
+// ---- Comparison ---------------------------------------------------------------------------------
+
+struct Tol {
+  double atol = 0, rtol = 0, nmse = 0;  // all zero: exact
+};
+const Tol kExact{0, 0, 0};
+// FP32 dot products of length K of O(1) inputs: both sides round differently; the difference grows
+// roughly linearly in K for sequential sums (K = 25088 for a batch-2 stem backward-filter).
+Tol dot_tol(int64_t K) {
+  return {1e-7 * static_cast<double>(K) + 1e-5, 1e-5, 1e-9};
+}
+
+template <class T>
+bool same_bits(const T& a, const T& b) {
+  return std::memcmp(&a, &b, sizeof(T)) == 0;
+}
+
+// Checks got against ref; prints a summary and the first mismatches.
+template <class T>
+void expect_close(const std::string& what, const std::vector<T>& got, const std::vector<T>& ref,
+                  Tol tol) {
+  REQUIRE(got.size() == ref.size());
+  size_t nonfinite = 0, mismatches = 0;
+  double worst_abs = 0, worst_rel = 0, err2 = 0, ref2 = 0;
+  size_t worst_at = 0;
+  std::string first;
+  int shown = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double g = static_cast<double>(got[i]), r = static_cast<double>(ref[i]);
+    bool bad = false;
+    if (!std::isfinite(r) || !std::isfinite(g)) {
+      // A non-finite reference (lse of a fully masked row is -inf) must be matched exactly.
+      const bool ok = (std::isnan(r) && std::isnan(g)) || (!std::isnan(r) && g == r);
+      if (!ok) {
+        ++nonfinite;
+        bad = true;
+      }
+    } else {
+      const double diff = std::fabs(g - r);
+      err2 += diff * diff;
+      ref2 += r * r;
+      if (diff > worst_abs) {
+        worst_abs = diff;
+        worst_at = i;
+      }
+      if (r != 0) worst_rel = std::max(worst_rel, diff / std::fabs(r));
+      if (diff > tol.atol + tol.rtol * std::fabs(r)) {
+        ++mismatches;
+        bad = true;
+      }
+    }
+    if (bad && shown < 5) {
+      char line[160];
+      std::snprintf(line, sizeof(line), "\n    [%zu] cuda %.9g cpu %.9g", i, g, r);
+      first += line;
+      ++shown;
+    }
+  }
+  const double nmse = ref2 > 0 ? err2 / ref2 : err2;
+  char summary[256];
+  std::snprintf(
+      summary, sizeof(summary),
+      "%s: n=%zu max_abs=%.3g (at %zu) max_rel=%.3g nmse=%.3g | atol=%.1g rtol=%.1g nmse<=%.1g",
+      what.c_str(), got.size(), worst_abs, worst_at, worst_rel, nmse, tol.atol, tol.rtol, tol.nmse);
+  MESSAGE(summary);
+  if (nonfinite || mismatches || nmse > tol.nmse) {
+    FAIL_CHECK(what << ": " << nonfinite << " non-finite and " << mismatches
+                    << " out-of-tolerance elements, nmse " << nmse << first);
+  }
+}
+
+// ---- The harness
+// ----------------------------------------------------------------------------------
+
+// Something a case checks after its launch: poisoned before each run, compared with the reference
+// and between the two runs, canaries checked.
+struct Checked {
+  virtual ~Checked() = default;
+  virtual void poison() = 0;
+  virtual std::vector<unsigned char> snapshot() const = 0;
+  virtual void compare(const std::string& op) const = 0;
+  virtual size_t damaged() const = 0;
+  virtual std::string name() const = 0;
+};
+
+template <class T>
+struct Output : Checked {
+  std::string label;
+  DeviceArray<T>* array;
+  std::vector<T> ref;
+  Tol tol;
+  bool poisoned;  // false for in-place outputs, which the reset function restores
+  Output(std::string l, DeviceArray<T>* a, std::vector<T> r, Tol t, bool p)
+      : label(std::move(l)), array(a), ref(std::move(r)), tol(t), poisoned(p) {}
+  void poison() override {
+    if (poisoned) array->poison();
+  }
+  std::vector<unsigned char> snapshot() const override {
+    const std::vector<T> v = array->download();
+    std::vector<unsigned char> bytes(v.size() * sizeof(T));
+    if (!v.empty()) std::memcpy(bytes.data(), v.data(), bytes.size());
+    return bytes;
+  }
+  void compare(const std::string& op) const override {
+    expect_close(op + " " + label, array->download(), ref, tol);
+  }
+  size_t damaged() const override { return array->damaged_canaries(); }
+  std::string name() const override { return label; }
+};
+
+struct Input {
+  std::function<size_t()> damaged;
+};
+
+// One case: inputs on the device, outputs with their references, the launch, and an optional
+// reset that restores in-place buffers before each run.
+class Case {
+ public:
+  explicit Case(std::string op) : op_(std::move(op)) {}
+
+  template <class T>
+  T* in(const std::vector<T>& values, bool misalign = false) {
+    auto a = std::make_shared<DeviceArray<T>>(values, misalign);
+    inputs_.push_back({[a] { return a->damaged_canaries(); }});
+    keep_.push_back(a);
+    return a->ptr();
+  }
+  // An output compared with ref; poisoned before each run.
+  template <class T>
+  T* out(const std::string& label, std::vector<T> ref, Tol tol, bool misalign = false) {
+    auto a = std::make_shared<DeviceArray<T>>(ref.size(), misalign);
+    outputs_.push_back(std::make_unique<Output<T>>(label, a.get(), std::move(ref), tol, true));
+    keep_.push_back(a);
+    return a->ptr();
+  }
+  // An in-place buffer: starts as `initial` (restored before each run), compared with ref after.
+  template <class T>
+  T* inout(const std::string& label, const std::vector<T>& initial, std::vector<T> ref, Tol tol) {
+    auto a = std::make_shared<DeviceArray<T>>(initial);
+    outputs_.push_back(std::make_unique<Output<T>>(label, a.get(), std::move(ref), tol, false));
+    resets_.push_back([a, initial] { a->upload(initial); });
+    keep_.push_back(a);
+    return a->ptr();
+  }
+
+  // Runs the launch twice; checks determinism, references and canaries.
+  void run(const std::function<void()>& launch) {
+    INFO("op: " << op_);
+    std::vector<std::vector<unsigned char>> first;
+    for (int rep = 0; rep < 2; ++rep) {
+      for (auto& r : resets_) r();
+      for (auto& o : outputs_) o->poison();
+      launch();
+      cuda::synchronize();
+      if (rep == 0) {
+        for (auto& o : outputs_) first.push_back(o->snapshot());
+      } else {
+        for (size_t k = 0; k < outputs_.size(); ++k) {
+          const bool same = outputs_[k]->snapshot() == first[k];
+          if (!same)
+            FAIL_CHECK(op_ << " " << outputs_[k]->name()
+                           << ": two runs differ (not deterministic)");
+        }
+      }
+    }
+    for (auto& o : outputs_) o->compare(op_);
+    for (auto& o : outputs_) {
+      const size_t bad = o->damaged();
+      if (bad) FAIL_CHECK(op_ << " " << o->name() << ": " << bad << " canary bytes overwritten");
+    }
+    for (auto& i : inputs_) {
+      const size_t bad = i.damaged();
+      if (bad) FAIL_CHECK(op_ << ": " << bad << " canary bytes of an input overwritten");
+    }
+  }
+
+ private:
+  std::string op_;
+  std::vector<Input> inputs_;
+  std::vector<std::unique_ptr<Checked>> outputs_;
+  std::vector<std::function<void()>> resets_;
+  std::vector<std::shared_ptr<void>> keep_;
+};
+
+// Deterministic random inputs.
+struct Rng {
+  std::mt19937_64 gen;
+  explicit Rng(uint64_t seed) : gen(seed) {}
+  std::vector<float> uniform(size_t n, float lo = -1.0f, float hi = 1.0f) {
+    std::uniform_real_distribution<float> d(lo, hi);
+    std::vector<float> v(n);
+    for (auto& x : v) x = d(gen);
+    return v;
+  }
+  // Values on a coarse grid (many exact ties): for max pooling's tie rule.
+  std::vector<float> coarse(size_t n) {
+    std::uniform_int_distribution<int> d(-4, 4);
+    std::vector<float> v(n);
+    for (auto& x : v) x = 0.5f * static_cast<float>(d(gen));
+    return v;
+  }
+  std::vector<int64_t> ints(size_t n, int64_t lo, int64_t hi) {  // [lo, hi]
+    std::uniform_int_distribution<int64_t> d(lo, hi);
+    std::vector<int64_t> v(n);
+    for (auto& x : v) x = d(gen);
+    return v;
+  }
+};
+
+std::string str(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+std::string str(const char* fmt, ...) {
+  char buf[256];
+  va_list args;
+  va_start(args, fmt);
+  std::vsnprintf(buf, sizeof(buf), fmt, args);
+  va_end(args);
+  return buf;
+}
+
+void use_gpu() {
+  cuda::set_device(0);
+}
+
+// ---- GEMM
+// -----------------------------------------------------------------------------------------
+
+void gemm_case(Rng& rng, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, float beta,
+               bool tf32) {
+  const int64_t lda = (ta ? M : K) + 3, ldb = (tb ? K : N) + 1, ldc = N + 2;  // padded strides
+  const auto A = rng.uniform(static_cast<size_t>((ta ? K : M) * lda));
+  const auto B = rng.uniform(static_cast<size_t>((tb ? N : K) * ldb));
+  const auto C0 = rng.uniform(static_cast<size_t>(M * ldc));
+  auto ref = C0;
+  cpu::gemm<float>(ta, tb, M, N, K, alpha, A.data(), lda, B.data(), ldb, beta, ref.data(), ldc);
+  Case c(str("gemm%s ta=%d tb=%d M=%lld N=%lld K=%lld alpha=%g beta=%g", tf32 ? "(tf32)" : "", ta,
+             tb, (long long)M, (long long)N, (long long)K, alpha, beta));
+  const float* a = c.in(A);
+  const float* b = c.in(B);
+  Tol tol = dot_tol(K);
+  if (tf32)
+    tol = {5e-3 * std::sqrt(static_cast<double>(K)) + 1e-3, 1e-2, 1e-5};  // 10-bit mantissas
+  // The padding columns of C must come back untouched: they are part of the compared output.
+  float* cc = c.inout("C", C0, ref, tol);
+  cuda::set_tf32(tf32);
+  c.run([&] { cuda::gemm(ta, tb, M, N, K, alpha, a, lda, b, ldb, beta, cc, ldc); });
+  cuda::set_tf32(false);
+}
+
+void gemm_batched_case(Rng& rng, bool ta, bool tb, int64_t batch, int64_t M, int64_t N, int64_t K) {
+  const int64_t lda = ta ? M : K, ldb = tb ? K : N, ldc = N;
+  const int64_t sa = (ta ? K : M) * lda + 5, sb = (tb ? N : K) * ldb + 7, sc = M * ldc + 3;
+  const auto A = rng.uniform(static_cast<size_t>(batch * sa));
+  const auto B = rng.uniform(static_cast<size_t>(batch * sb));
+  const auto C0 = rng.uniform(static_cast<size_t>(batch * sc));
+  auto ref = C0;
+  cpu::gemm_batched<float>(ta, tb, batch, M, N, K, 0.5f, A.data(), lda, sa, B.data(), ldb, sb, 0.0f,
+                           ref.data(), ldc, sc);
+  Case c(str("gemm_batched ta=%d tb=%d batch=%lld M=%lld N=%lld K=%lld", ta, tb, (long long)batch,
+             (long long)M, (long long)N, (long long)K));
+  const float* a = c.in(A);
+  const float* b = c.in(B);
+  float* cc = c.inout("C", C0, ref, dot_tol(K));
+  c.run([&] {
+    cuda::gemm_batched(ta, tb, batch, M, N, K, 0.5f, a, lda, sa, b, ldb, sb, 0.0f, cc, ldc, sc);
+  });
+}
+
+// ---- Element-wise and reductions ---------------------------------------------------------------
+
+void elementwise_cases(Rng& rng, int64_t n, bool misalign) {
+  const std::string tag = str(" n=%lld%s", (long long)n, misalign ? " (unaligned)" : "");
+  const size_t un = static_cast<size_t>(n);
+  const auto x = rng.uniform(un, -3, 3), z = rng.uniform(un, -3, 3), g = rng.uniform(un);
+  {
+    std::vector<float> ref(un);
+    cpu::fill<float>(ref.data(), n, 1.25f);
+    Case c("fill" + tag);
+    float* y = c.out("y", ref, kExact, misalign);
+    c.run([&] { cuda::fill(y, n, 1.25f); });
+  }
+  {
+    Case c("copy" + tag);
+    const float* dx = c.in(x, misalign);
+    float* y = c.out("y", x, kExact, misalign);
+    c.run([&] { cuda::copy(dx, y, n); });
+  }
+  {
+    std::vector<float> ref(un);
+    cpu::scale<float>(x.data(), ref.data(), n, -0.75f);
+    Case c("scale" + tag);
+    const float* dx = c.in(x, misalign);
+    float* y = c.out("y", ref, kExact, misalign);
+    c.run([&] { cuda::scale(dx, y, n, -0.75f); });
+  }
+  {
+    const std::vector<float> s{2.5f};
+    std::vector<float> ref(un);
+    cpu::fill_from_scalar<float>(s.data(), ref.data(), n, 0.5f);
+    Case c("fill_from_scalar" + tag);
+    const float* ds = c.in(s);
+    float* y = c.out("y", ref, kExact, misalign);
+    c.run([&] { cuda::fill_from_scalar(ds, y, n, 0.5f); });
+  }
+  {
+    auto ref = x;
+    cpu::add_inplace<float>(ref.data(), z.data(), n);
+    Case c("add_inplace" + tag);
+    const float* dz = c.in(z, misalign);
+    float* y = c.inout("y", x, ref, kExact);
+    c.run([&] { cuda::add_inplace(y, dz, n); });
+  }
+  {
+    std::vector<float> ref(un);
+    cpu::relu_forward<float>(x.data(), ref.data(), n);
+    Case c("relu_forward" + tag);
+    const float* dx = c.in(x, misalign);
+    float* y = c.out("y", ref, kExact, misalign);
+    c.run([&] { cuda::relu_forward(dx, y, n); });
+    std::vector<float> ref_dx(un);
+    cpu::relu_backward<float>(g.data(), ref.data(), ref_dx.data(), n);
+    Case b("relu_backward" + tag);
+    const float* dg = b.in(g, misalign);
+    const float* dy = b.in(ref, misalign);
+    float* ddx = b.out("dx", ref_dx, kExact, misalign);
+    b.run([&] { cuda::relu_backward(dg, dy, ddx, n); });
+  }
+  {
+    const Tol tol{1e-6, 1e-5, 1e-11};  // erff/expf against the host libm: a few ulps
+    std::vector<float> ref(un), ref_dx(un);
+    cpu::gelu_forward<float>(x.data(), ref.data(), n);
+    cpu::gelu_backward<float>(g.data(), x.data(), ref_dx.data(), n);
+    Case c("gelu_forward" + tag);
+    const float* dx = c.in(x, misalign);
+    float* y = c.out("y", ref, tol, misalign);
+    c.run([&] { cuda::gelu_forward(dx, y, n); });
+    Case b("gelu_backward" + tag);
+    const float* dg = b.in(g, misalign);
+    const float* dx2 = b.in(x, misalign);
+    float* ddx = b.out("dx", ref_dx, tol, misalign);
+    b.run([&] { cuda::gelu_backward(dg, dx2, ddx, n); });
+  }
+  for (float p : {0.0f, 0.1f, 0.5f, 1.0f}) {
+    // Same Philox words, threshold and float scale as the CPU: bit-identical.
+    std::vector<float> ref(un), ref_dx(un);
+    cpu::dropout_forward<float>(x.data(), ref.data(), n, p, 1234, 77);
+    cpu::dropout_backward<float>(g.data(), ref_dx.data(), n, p, 1234, 77);
+    Case c(str("dropout_forward p=%g", p) + tag);
+    const float* dx = c.in(x, misalign);
+    float* y = c.out("y", ref, kExact, misalign);
+    c.run([&] { cuda::dropout_forward(dx, y, n, p, 1234, 77); });
+    Case b(str("dropout_backward p=%g", p) + tag);
+    const float* dg = b.in(g, misalign);
+    float* ddx = b.out("dx", ref_dx, kExact, misalign);
+    b.run([&] { cuda::dropout_backward(dg, ddx, n, p, 1234, 77); });
+  }
+  {
+    // sum_all: double accumulation on both sides, different order.
+    std::vector<float> ref(1);
+    cpu::sum_all<float>(x.data(), ref.data(), n);
+    Case c("sum_all" + tag);
+    const float* dx = c.in(x, misalign);
+    float* y = c.out("y", ref, Tol{1e-6, 1e-6, 1e-12});
+    c.run([&] { cuda::sum_all(dx, y, n); });
+  }
+}
+
+void broadcast_case(Rng& rng, int64_t n, int64_t nb) {
+  const auto a = rng.uniform(static_cast<size_t>(n)), b = rng.uniform(static_cast<size_t>(nb));
+  std::vector<float> ref_add(static_cast<size_t>(n)), ref_mul(static_cast<size_t>(n));
+  cpu::add<float>(a.data(), b.data(), ref_add.data(), n, nb);
+  cpu::mul<float>(a.data(), b.data(), ref_mul.data(), n, nb);
+  {
+    Case c(str("add n=%lld nb=%lld", (long long)n, (long long)nb));
+    const float* da = c.in(a);
+    const float* db = c.in(b);
+    float* y = c.out("y", ref_add, kExact);
+    c.run([&] { cuda::add(da, db, y, n, nb); });
+  }
+  {
+    Case c(str("mul n=%lld nb=%lld", (long long)n, (long long)nb));
+    const float* da = c.in(a);
+    const float* db = c.in(b);
+    float* y = c.out("y", ref_mul, kExact);
+    c.run([&] { cuda::mul(da, db, y, n, nb); });
+  }
+  {
+    // In place, y == a, as autograd uses it for bias addition.
+    Case c(str("add in place n=%lld nb=%lld", (long long)n, (long long)nb));
+    const float* db = c.in(b);
+    float* y = c.inout("y", a, ref_add, kExact);
+    c.run([&] { cuda::add(y, db, y, n, nb); });
+  }
+}
+
+void sum_rows_case(Rng& rng, int64_t rows, int64_t cols) {
+  const auto x = rng.uniform(static_cast<size_t>(rows * cols));
+  std::vector<float> ref(static_cast<size_t>(cols));
+  cpu::sum_rows<float>(x.data(), ref.data(), rows, cols);
+  Case c(str("sum_rows rows=%lld cols=%lld", (long long)rows, (long long)cols));
+  const float* dx = c.in(x);
+  float* y = c.out("y", ref, Tol{1e-6, 1e-6, 1e-12});
+  c.run([&] { cuda::sum_rows(dx, y, rows, cols); });
+}
+
+void permute_case(Rng& rng, std::vector<int64_t> shape, std::vector<int64_t> perm) {
+  PermuteShape s;
+  s.ndim = static_cast<int>(shape.size());
+  int64_t n = 1;
+  std::string desc = "permute shape";
+  for (int d = 0; d < s.ndim; ++d) {
+    s.shape[d] = shape[d];
+    s.perm[d] = perm[d];
+    n *= shape[d];
+    desc += str(" %lld", (long long)shape[d]);
+  }
+  desc += " perm";
+  for (int64_t p : perm) desc += str(" %lld", (long long)p);
+  const auto x = rng.uniform(static_cast<size_t>(n));
+  std::vector<float> ref(static_cast<size_t>(n));
+  cpu::permute<float>(x.data(), ref.data(), s);
+  Case c(desc);
+  const float* dx = c.in(x);
+  float* y = c.out("y", ref, kExact);
+  c.run([&] { cuda::permute(dx, y, s); });
+}
+
+// ---- Convolution
+// ----------------------------------------------------------------------------------
+
+#if REGEN_HAVE_CPU_CONV2D
+void conv_case(Rng& rng, const ConvShape& s, bool bias, cuda::ConvAlgo algo) {
+  const size_t nx = static_cast<size_t>(s.N * s.C * s.H * s.W),
+               nw = static_cast<size_t>(s.K * s.C * s.R * s.S),
+               ny = static_cast<size_t>(s.N * s.K * s.P * s.Q);
+  const auto x = rng.uniform(nx), w = rng.uniform(nw), b = rng.uniform(static_cast<size_t>(s.K)),
+             dy = rng.uniform(ny);
+  std::vector<float> y(ny), dx(nx), dw(nw), db(static_cast<size_t>(s.K));
+  cpu::conv2d_forward<float>(x.data(), w.data(), bias ? b.data() : nullptr, y.data(), s);
+  cpu::conv2d_backward_data<float>(dy.data(), w.data(), dx.data(), s);
+  cpu::conv2d_backward_filter<float>(x.data(), dy.data(), dw.data(), bias ? db.data() : nullptr, s);
+  const bool cudnn = algo == cuda::ConvAlgo::cudnn;
+  const std::string tag =
+      str("%s N=%lld C=%lld H=%lld W=%lld K=%lld R=%lld S=%lld stride=%lldx%lld pad=%lldx%lld%s",
+          cudnn ? " cudnn" : " native", (long long)s.N, (long long)s.C, (long long)s.H,
+          (long long)s.W, (long long)s.K, (long long)s.R, (long long)s.S, (long long)s.stride_h,
+          (long long)s.stride_w, (long long)s.pad_h, (long long)s.pad_w, bias ? " bias" : "");
+  // cuDNN may pick FFT or Winograd algorithms, whose FP32 error is larger than a direct sum's.
+  auto tol = [&](int64_t K) {
+    Tol t = dot_tol(K);
+    if (cudnn) t = {t.atol * 10, 1e-4, 1e-8};
+    return t;
+  };
+  cuda::set_conv_algo(algo);
+  {
+    Case c("conv2d_forward" + tag);
+    const float* dx_ = c.in(x);
+    const float* dw_ = c.in(w);
+    const float* db_ = bias ? c.in(b) : nullptr;
+    float* dy_ = c.out("y", y, tol(s.C * s.R * s.S));
+    c.run([&] { cuda::conv2d_forward(dx_, dw_, db_, dy_, s); });
+  }
+  {
+    Case c("conv2d_backward_data" + tag);
+    const float* ddy = c.in(dy);
+    const float* dw_ = c.in(w);
+    float* ddx = c.out("dx", dx, tol(s.K * s.R * s.S));
+    c.run([&] { cuda::conv2d_backward_data(ddy, dw_, ddx, s); });
+  }
+  {
+    Case c("conv2d_backward_filter" + tag);
+    const float* dx_ = c.in(x);
+    const float* ddy = c.in(dy);
+    float* ddw = c.out("dw", dw, tol(s.N * s.P * s.Q));
+    float* ddb = bias ? c.out("dbias", db, Tol{1e-5, 1e-6, 1e-12}) : nullptr;
+    c.run([&] { cuda::conv2d_backward_filter(dx_, ddy, ddw, ddb, s); });
+  }
+  cuda::set_conv_algo(cuda::ConvAlgo::native);
+}
+
+// The distinct convolutions of ResNet-152 (v1.5: stride in the 3x3) at batch N.
+std::vector<ConvShape> resnet152_convs(int64_t N) {
+  std::vector<ConvShape> v;
+  v.push_back(make_conv_shape(N, 3, 224, 224, 64, 7, 7, 2, 2, 3, 3));  // stem
+  struct Stage {
+    int64_t in, width, out, hw;  // input channels, bottleneck width, output channels, input size
+  };
+  const Stage stages[] = {
+      {64, 64, 256, 56}, {256, 128, 512, 56}, {512, 256, 1024, 28}, {1024, 512, 2048, 14}};
+  for (int i = 0; i < 4; ++i) {
+    const Stage& st = stages[i];
+    const int64_t stride = i == 0 ? 1 : 2, out_hw = st.hw / stride;
+    v.push_back(make_conv_shape(N, st.in, st.hw, st.hw, st.width, 1, 1, 1, 1, 0, 0));  // first 1x1
+    v.push_back(make_conv_shape(N, st.width, st.hw, st.hw, st.width, 3, 3, stride, stride, 1, 1));
+    v.push_back(make_conv_shape(N, st.width, out_hw, out_hw, st.out, 1, 1, 1, 1, 0, 0));  // expand
+    v.push_back(
+        make_conv_shape(N, st.in, st.hw, st.hw, st.out, 1, 1, stride, stride, 0, 0));  // downsample
+    v.push_back(
+        make_conv_shape(N, st.out, out_hw, out_hw, st.width, 1, 1, 1, 1, 0, 0));  // later 1x1
+    if (stride != 1)
+      v.push_back(make_conv_shape(N, st.width, out_hw, out_hw, st.width, 3, 3, 1, 1, 1, 1));
+  }
+  return v;
+}
+
+std::vector<ConvShape> odd_convs() {
+  return {
+      make_conv_shape(1, 3, 7, 5, 5, 3, 3, 1, 1, 1, 1),
+      make_conv_shape(2, 5, 9, 9, 7, 1, 1, 2, 2, 0, 0),
+      make_conv_shape(1, 4, 11, 6, 3, 5, 3, 2, 1, 2, 1),
+      make_conv_shape(2, 3, 13, 11, 9, 7, 7, 2, 2, 3, 3),
+      make_conv_shape(1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0),
+      make_conv_shape(3, 130, 5, 4, 67, 3, 3, 1, 1, 0, 0),
+      make_conv_shape(1, 2, 8, 8, 129, 2, 2, 2, 2, 0, 0),
+      make_conv_shape(2, 17, 10, 12, 33, 3, 1, 3, 1, 1, 0),
+  };
+}
+#endif
+
+// ---- Batch normalization
+// ----------------------------------------------------------------------------
+
+#if REGEN_HAVE_CPU_BATCHNORM
+void batchnorm_case(Rng& rng, int64_t N, int64_t C, int64_t HW, bool with_stats) {
+  const size_t n = static_cast<size_t>(N * C * HW), c_ = static_cast<size_t>(C);
+  auto x = rng.uniform(n, -2, 3);
+  for (size_t i = 0; i < n; ++i) x[i] += 5.0f;  // an offset, so the variance must not cancel
+  const auto gamma = rng.uniform(c_, 0.5f, 1.5f), beta = rng.uniform(c_), dy = rng.uniform(n);
+  const auto rm0 = rng.uniform(c_), rv0 = rng.uniform(c_, 0.5f, 2.0f);
+  const double momentum = 0.1, eps = 1e-5;
+  const std::string tag = str(" N=%lld C=%lld HW=%lld", (long long)N, (long long)C, (long long)HW);
+  const Tol ytol{2e-5, 1e-5, 1e-10}, stat_tol{1e-6, 2e-6, 1e-12};
+  std::vector<float> y(n), mean(c_), invstd(c_), rm = rm0, rv = rv0;
+  cpu::batchnorm_forward_train<float>(x.data(), gamma.data(), beta.data(), y.data(), mean.data(),
+                                      invstd.data(), with_stats ? rm.data() : nullptr,
+                                      with_stats ? rv.data() : nullptr, N, C, HW, momentum, eps);
+  {
+    Case c("batchnorm_forward_train" + tag);
+    const float* dx = c.in(x);
+    const float* dg = c.in(gamma);
+    const float* db = c.in(beta);
+    float* dy_ = c.out("y", y, ytol);
+    float* dm = c.out("mean", mean, stat_tol);
+    float* di = c.out("invstd", invstd, stat_tol);
+    float* drm = with_stats ? c.inout("running_mean", rm0, rm, stat_tol) : nullptr;
+    float* drv = with_stats ? c.inout("running_var", rv0, rv, stat_tol) : nullptr;
+    c.run([&] {
+      cuda::batchnorm_forward_train(dx, dg, db, dy_, dm, di, drm, drv, N, C, HW, momentum, eps);
+    });
+  }
+  {
+    std::vector<float> ye(n);
+    cpu::batchnorm_forward_eval<float>(x.data(), gamma.data(), beta.data(), rm0.data(), rv0.data(),
+                                       ye.data(), N, C, HW, eps);
+    Case c("batchnorm_forward_eval" + tag);
+    const float* dx = c.in(x);
+    const float* dg = c.in(gamma);
+    const float* db = c.in(beta);
+    const float* drm = c.in(rm0);
+    const float* drv = c.in(rv0);
+    float* dy_ = c.out("y", ye, ytol);
+    c.run([&] { cuda::batchnorm_forward_eval(dx, dg, db, drm, drv, dy_, N, C, HW, eps); });
+  }
+  // dx combines three terms of similar size; dgamma/dbeta are sums over N*HW elements.
+  const Tol dx_tol{2e-5, 1e-4, 1e-9};
+  const Tol sum_tol{1e-6 * std::sqrt(static_cast<double>(N * HW)) + 1e-5, 1e-5, 1e-10};
+  {
+    std::vector<float> dx(n), dg(c_), db(c_);
+    cpu::batchnorm_backward<float>(dy.data(), x.data(), gamma.data(), mean.data(), invstd.data(),
+                                   dx.data(), dg.data(), db.data(), N, C, HW);
+    Case c("batchnorm_backward" + tag);
+    const float* ddy = c.in(dy);
+    const float* dx_in = c.in(x);
+    const float* dgm = c.in(gamma);
+    const float* dm = c.in(mean);
+    const float* di = c.in(invstd);
+    float* ddx = c.out("dx", dx, dx_tol);
+    float* ddg = c.out("dgamma", dg, sum_tol);
+    float* ddb = c.out("dbeta", db, sum_tol);
+    c.run([&] { cuda::batchnorm_backward(ddy, dx_in, dgm, dm, di, ddx, ddg, ddb, N, C, HW); });
+  }
+  {
+    std::vector<float> dx(n), dg(c_), db(c_);
+    cpu::batchnorm_backward_eval<float>(dy.data(), x.data(), gamma.data(), rm0.data(), rv0.data(),
+                                        dx.data(), dg.data(), db.data(), N, C, HW, eps);
+    Case c("batchnorm_backward_eval" + tag);
+    const float* ddy = c.in(dy);
+    const float* dx_in = c.in(x);
+    const float* dgm = c.in(gamma);
+    const float* drm = c.in(rm0);
+    const float* drv = c.in(rv0);
+    float* ddx = c.out("dx", dx, dx_tol);
+    float* ddg = c.out("dgamma", dg, sum_tol);
+    float* ddb = c.out("dbeta", db, sum_tol);
+    c.run([&] {
+      cuda::batchnorm_backward_eval(ddy, dx_in, dgm, drm, drv, ddx, ddg, ddb, N, C, HW, eps);
+    });
+  }
+}
+#endif
+
+// ---- Pooling
+// --------------------------------------------------------------------------------------
+
+#if REGEN_HAVE_CPU_POOL
+void pool_case(Rng& rng, const PoolShape& s) {
+  const size_t nx = static_cast<size_t>(s.N * s.C * s.H * s.W),
+               ny = static_cast<size_t>(s.N * s.C * s.P * s.Q);
+  const auto x = rng.coarse(nx);  // many ties: the first maximum must win on both sides
+  const auto dy = rng.uniform(ny);
+  const std::string tag =
+      str(" N=%lld C=%lld H=%lld W=%lld k=%lldx%lld stride=%lldx%lld pad=%lldx%lld", (long long)s.N,
+          (long long)s.C, (long long)s.H, (long long)s.W, (long long)s.kh, (long long)s.kw,
+          (long long)s.stride_h, (long long)s.stride_w, (long long)s.pad_h, (long long)s.pad_w);
+  std::vector<float> y(ny);
+  std::vector<int32_t> arg(ny);
+  cpu::maxpool2d_forward<float>(x.data(), y.data(), arg.data(), s);
+  {
+    Case c("maxpool2d_forward" + tag);
+    const float* dx = c.in(x);
+    float* dy_ = c.out("y", y, kExact);
+    int32_t* da = c.out("argmax", arg, kExact);
+    c.run([&] { cuda::maxpool2d_forward(dx, dy_, da, s); });
+  }
+  {
+    std::vector<float> dx(nx);
+    cpu::maxpool2d_backward<float>(dy.data(), arg.data(), dx.data(), s);
+    Case c("maxpool2d_backward" + tag);
+    const float* ddy = c.in(dy);
+    const int32_t* da = c.in(arg);
+    float* ddx = c.out("dx", dx, kExact);  // the same additions in the same order
+    c.run([&] { cuda::maxpool2d_backward(ddy, da, ddx, s); });
+  }
+  {
+    const auto xa = rng.uniform(nx);
+    std::vector<float> ya(ny), dx(nx);
+    cpu::avgpool2d_forward<float>(xa.data(), ya.data(), s);
+    cpu::avgpool2d_backward<float>(dy.data(), dx.data(), s);
+    Case c("avgpool2d_forward" + tag);
+    const float* dxa = c.in(xa);
+    float* dya = c.out("y", ya, kExact);  // double sums in the same order, one multiply
+    c.run([&] { cuda::avgpool2d_forward(dxa, dya, s); });
+    Case b("avgpool2d_backward" + tag);
+    const float* ddy = b.in(dy);
+    float* ddx = b.out("dx", dx, Tol{1e-7, 1e-6, 1e-13});  // exact unless the host contracts to FMA
+    b.run([&] { cuda::avgpool2d_backward(ddy, ddx, s); });
+  }
+}
+
+void global_pool_case(Rng& rng, int64_t NC, int64_t HW) {
+  const auto x = rng.uniform(static_cast<size_t>(NC * HW)),
+             dy = rng.uniform(static_cast<size_t>(NC));
+  std::vector<float> y(static_cast<size_t>(NC)), dx(static_cast<size_t>(NC * HW));
+  cpu::global_avgpool_forward<float>(x.data(), y.data(), NC, HW);
+  cpu::global_avgpool_backward<float>(dy.data(), dx.data(), NC, HW);
+  const std::string tag = str(" NC=%lld HW=%lld", (long long)NC, (long long)HW);
+  Case c("global_avgpool_forward" + tag);
+  const float* dx_ = c.in(x);
+  float* dy_ = c.out("y", y, Tol{1e-7, 1e-6, 1e-13});
+  c.run([&] { cuda::global_avgpool_forward(dx_, dy_, NC, HW); });
+  Case b("global_avgpool_backward" + tag);
+  const float* ddy = b.in(dy);
+  float* ddx = b.out("dx", dx, kExact);
+  b.run([&] { cuda::global_avgpool_backward(ddy, ddx, NC, HW); });
+}
+#endif
+
+// ---- Embedding
+// --------------------------------------------------------------------------------------
+
+#if REGEN_HAVE_CPU_EMBEDDING
+void embedding_case(Rng& rng, int64_t n, int64_t V, int64_t D) {
+  const auto w = rng.uniform(static_cast<size_t>(V * D)),
+             dy = rng.uniform(static_cast<size_t>(n * D));
+  // Ids with many repeats (a small hot set plus the whole range): runs of equal ids.
+  auto ids = rng.ints(static_cast<size_t>(n), 0, V - 1);
+  for (size_t i = 0; i < ids.size(); i += 3) ids[i] = static_cast<int64_t>(i % 7) % V;
+  std::vector<float> y(static_cast<size_t>(n * D)), dw(static_cast<size_t>(V * D));
+  cpu::embedding_forward<float>(w.data(), ids.data(), y.data(), n, V, D);
+  cpu::embedding_backward<float>(dy.data(), ids.data(), dw.data(), n, V, D);
+  const std::string tag = str(" n=%lld V=%lld D=%lld", (long long)n, (long long)V, (long long)D);
+  Case c("embedding_forward" + tag);
+  const float* dw_ = c.in(w);
+  const int64_t* di = c.in(ids);
+  float* dy_ = c.out("y", y, kExact);
+  c.run([&] { cuda::embedding_forward(dw_, di, dy_, n, V, D); });
+  Case b("embedding_backward" + tag);
+  const float* ddy = b.in(dy);
+  const int64_t* di2 = b.in(ids);
+  float* ddw = b.out("dweight", dw, kExact);  // the CPU's additions in the CPU's order
+  b.run([&] { cuda::embedding_backward(ddy, di2, ddw, n, V, D); });
+}
+#endif
+
+// ---- Layer normalization, softmax, cross-entropy
+// ----------------------------------------------------
+
+#if REGEN_HAVE_CPU_LAYERNORM
+void layernorm_case(Rng& rng, int64_t M, int64_t N, bool affine, bool misalign) {
+  const size_t n = static_cast<size_t>(M * N);
+  auto x = rng.uniform(n, -2, 2);
+  for (auto& v : x) v += 3.0f;
+  const auto gamma = rng.uniform(static_cast<size_t>(N), 0.5f, 1.5f),
+             beta = rng.uniform(static_cast<size_t>(N));
+  const auto dy = rng.uniform(n);
+  const double eps = 1e-5;
+  const float* g = affine ? gamma.data() : nullptr;
+  const float* b = affine ? beta.data() : nullptr;
+  std::vector<float> y(n), mean(static_cast<size_t>(M)), rstd(static_cast<size_t>(M));
+  cpu::layernorm_forward<float>(x.data(), g, b, y.data(), mean.data(), rstd.data(), M, N, eps);
+  std::vector<float> dx(n), dg(static_cast<size_t>(N)), db(static_cast<size_t>(N));
+  cpu::layernorm_backward<float>(dy.data(), x.data(), g, mean.data(), rstd.data(), dx.data(),
+                                 affine ? dg.data() : nullptr, affine ? db.data() : nullptr, M, N);
+  const std::string tag = str(" M=%lld N=%lld%s%s", (long long)M, (long long)N,
+                              affine ? "" : " (no affine)", misalign ? " (unaligned)" : "");
+  {
+    Case c("layernorm_forward" + tag);
+    const float* dx_ = c.in(x, misalign);
+    const float* dg_ = affine ? c.in(gamma) : nullptr;
+    const float* db_ = affine ? c.in(beta) : nullptr;
+    float* dy_ = c.out("y", y, Tol{1e-5, 1e-5, 1e-11}, misalign);
+    float* dm = c.out("mean", mean, Tol{1e-6, 1e-6, 1e-13});
+    float* dr = c.out("rstd", rstd, Tol{1e-6, 1e-6, 1e-13});
+    c.run([&] { cuda::layernorm_forward(dx_, dg_, db_, dy_, dm, dr, M, N, eps); });
+  }
+  {
+    Case c("layernorm_backward" + tag);
+    const float* ddy = c.in(dy, misalign);
+    const float* dx_ = c.in(x, misalign);
+    const float* dg_ = affine ? c.in(gamma) : nullptr;
+    const float* dm = c.in(mean);
+    const float* dr = c.in(rstd);
+    float* ddx = c.out("dx", dx, Tol{2e-5, 1e-4, 1e-9}, misalign);
+    // The fast path sums dgamma/dbeta partials in float within a block, the CPU in double.
+    const Tol sum_tol{1e-6 * static_cast<double>(M) + 1e-5, 1e-5, 1e-10};
+    float* ddg = affine ? c.out("dgamma", dg, sum_tol) : nullptr;
+    float* ddb = affine ? c.out("dbeta", db, sum_tol) : nullptr;
+    c.run([&] { cuda::layernorm_backward(ddy, dx_, dg_, dm, dr, ddx, ddg, ddb, M, N); });
+  }
+}
+#endif
+
+#if REGEN_HAVE_CPU_SOFTMAX
+void softmax_case(Rng& rng, int64_t M, int64_t N) {
+  const size_t n = static_cast<size_t>(M * N);
+  const auto x = rng.uniform(n, -8, 8), dy = rng.uniform(n);
+  std::vector<float> y(n), dx(n);
+  cpu::softmax_forward<float>(x.data(), y.data(), M, N);
+  cpu::softmax_backward<float>(dy.data(), y.data(), dx.data(), M, N);
+  const std::string tag = str(" M=%lld N=%lld", (long long)M, (long long)N);
+  Case c("softmax_forward" + tag);
+  const float* dx_ = c.in(x);
+  float* dy_ = c.out("y", y, Tol{1e-7, 1e-5, 1e-11});
+  c.run([&] { cuda::softmax_forward(dx_, dy_, M, N); });
+  Case b("softmax_backward" + tag);
+  const float* ddy = b.in(dy);
+  const float* dyv = b.in(y);
+  float* ddx = b.out("dx", dx, Tol{1e-7, 1e-4, 1e-10});
+  b.run([&] { cuda::softmax_backward(ddy, dyv, ddx, M, N); });
+}
+#endif
+
+#if REGEN_HAVE_CPU_CROSS_ENTROPY
+void cross_entropy_case(Rng& rng, int64_t M, int64_t V, int64_t ignored_every) {
+  const int64_t ignore_index = -100;
+  const auto logits = rng.uniform(static_cast<size_t>(M * V), -5, 5);
+  auto targets = rng.ints(static_cast<size_t>(M), 0, V - 1);
+  if (ignored_every > 0) {
+    for (size_t i = 0; i < targets.size(); i += static_cast<size_t>(ignored_every))
+      targets[i] = ignore_index;
+  }
+  const std::vector<float> dloss{1.5f};
+  std::vector<float> loss(1), lse(static_cast<size_t>(M)), dlogits(static_cast<size_t>(M * V));
+  cpu::cross_entropy_forward<float>(logits.data(), targets.data(), loss.data(), lse.data(), M, V,
+                                    ignore_index);
+  cpu::cross_entropy_backward<float>(dloss.data(), logits.data(), targets.data(), lse.data(),
+                                     dlogits.data(), M, V, ignore_index);
+  const std::string tag = str(" M=%lld V=%lld ignored every %lld", (long long)M, (long long)V,
+                              (long long)ignored_every);
+  Case c("cross_entropy_forward" + tag);
+  const float* dl = c.in(logits);
+  const int64_t* dt = c.in(targets);
+  float* dloss_ = c.out("loss", loss, Tol{1e-6, 1e-5, 1e-11});
+  float* dlse = c.out("lse", lse, Tol{1e-5, 1e-6, 1e-12});
+  c.run([&] { cuda::cross_entropy_forward(dl, dt, dloss_, dlse, M, V, ignore_index); });
+  Case b("cross_entropy_backward" + tag);
+  const float* dd = b.in(dloss);
+  const float* dl2 = b.in(logits);
+  const int64_t* dt2 = b.in(targets);
+  const float* dlse2 = b.in(lse);
+  float* dg = b.out("dlogits", dlogits, Tol{1e-10, 1e-4, 1e-10});
+  b.run([&] { cuda::cross_entropy_backward(dd, dl2, dt2, dlse2, dg, M, V, ignore_index); });
+}
+#endif
+
+// ---- Attention ----------------------------------------------------------------------------------
+
+#if REGEN_HAVE_CPU_ATTENTION
+void attention_case(Rng& rng, AttentionShape s, bool pad_mask) {
+  const int64_t D = s.H * s.Dh;
+  const size_t nqkv = static_cast<size_t>(s.B * s.S * 3 * D),
+               nout = static_cast<size_t>(s.B * s.S * D);
+  const auto qkv = rng.uniform(nqkv), dout = rng.uniform(nout);
+  std::vector<int32_t> key_pad(static_cast<size_t>(s.B * s.S), 0);
+  if (pad_mask) {
+    // Batch b pads its last b*S/4 keys, and key 0 of batch 0 (with causal: row 0 sees nothing).
+    for (int64_t b = 0; b < s.B; ++b) {
+      for (int64_t j = s.S - b * s.S / 4; j < s.S; ++j)
+        key_pad[static_cast<size_t>(b * s.S + j)] = 1;
+    }
+    key_pad[0] = 1;
+  }
+  const int32_t* kp = pad_mask ? key_pad.data() : nullptr;
+  std::vector<float> out(nout), lse(static_cast<size_t>(s.B * s.H * s.S)), dqkv(nqkv);
+  cpu::attention_forward<float>(qkv.data(), kp, out.data(), lse.data(), s);
+  cpu::attention_backward<float>(dout.data(), qkv.data(), out.data(), lse.data(), kp, dqkv.data(),
+                                 s);
+  const std::string tag = str(" B=%lld S=%lld H=%lld Dh=%lld%s%s dropout=%g", (long long)s.B,
+                              (long long)s.S, (long long)s.H, (long long)s.Dh,
+                              s.causal ? " causal" : "", pad_mask ? " key_pad" : "", s.dropout_p);
+  {
+    Case c("attention_forward" + tag);
+    const float* dq = c.in(qkv);
+    const int32_t* dk = pad_mask ? c.in(key_pad) : nullptr;
+    float* dout_ = c.out("out", out, Tol{2e-5, 1e-4, 1e-9});
+    float* dlse = c.out("lse", lse, Tol{1e-5, 1e-5, 1e-11});
+    c.run([&] { cuda::attention_forward(dq, dk, dout_, dlse, s); });
+  }
+  {
+    // The CPU's out and lse as inputs, so the backward is checked on its own.
+    Case c("attention_backward" + tag);
+    const float* ddo = c.in(dout);
+    const float* dq = c.in(qkv);
+    const float* dout_ = c.in(out);
+    const float* dlse = c.in(lse);
+    const int32_t* dk = pad_mask ? c.in(key_pad) : nullptr;
+    float* dg = c.out("dqkv", dqkv, Tol{1e-4, 1e-3, 1e-8});
+    c.run([&] { cuda::attention_backward(ddo, dq, dout_, dlse, dk, dg, s); });
+  }
+}
+
+AttentionShape attn(int64_t B, int64_t S, int64_t H, int64_t Dh, bool causal, float dropout) {
+  AttentionShape s;
+  s.B = B;
+  s.S = S;
+  s.H = H;
+  s.Dh = Dh;
+  s.scale = 1.0f / std::sqrt(static_cast<float>(Dh));
+  s.causal = causal;
+  s.dropout_p = dropout;
+  s.seed = 42;
+  s.stream = 9;
+  return s;
+}
+#endif
+
+// ---- Optimizers ---------------------------------------------------------------------------------
+
+#if REGEN_HAVE_CPU_OPTIM
+void optim_cases(Rng& rng, int64_t n) {
+  const size_t un = static_cast<size_t>(n);
+  const auto p0 = rng.uniform(un), g = rng.uniform(un), m0 = rng.uniform(un),
+             v0 = rng.uniform(un, 0, 1);
+  const Tol tol{1e-7, 3e-7, 1e-13};  // one float ulp: the same double expressions, FMA aside
+  struct Sgd {
+    double momentum, dampening, wd;
+    bool nesterov, first;
+  };
+  for (const Sgd& o : {Sgd{0, 0, 0, false, false}, Sgd{0.9, 0, 1e-4, false, true},
+                       Sgd{0.9, 0.1, 1e-4, false, false}, Sgd{0.9, 0, 5e-4, true, false}}) {
+    auto p = p0, m = m0;
+    cpu::sgd_step<float>(p.data(), g.data(), o.momentum != 0 ? m.data() : nullptr, n, 0.1,
+                         o.momentum, o.dampening, o.wd, o.nesterov, o.first);
+    Case c(str("sgd_step n=%lld momentum=%g dampening=%g wd=%g nesterov=%d first=%d", (long long)n,
+               o.momentum, o.dampening, o.wd, o.nesterov, o.first));
+    const float* dg = c.in(g);
+    float* dp = c.inout("param", p0, p, tol);
+    float* dm = o.momentum != 0 ? c.inout("momentum_buf", m0, m, tol) : nullptr;
+    c.run([&] {
+      cuda::sgd_step(dp, dg, dm, n, 0.1, o.momentum, o.dampening, o.wd, o.nesterov, o.first);
+    });
+  }
+  for (int64_t step : {int64_t{1}, int64_t{10}}) {
+    auto p = p0, m = m0, v = v0;
+    cpu::adamw_step<float>(p.data(), g.data(), m.data(), v.data(), n, 1e-3, 0.9, 0.999, 1e-8, 0.01,
+                           step);
+    Case c(str("adamw_step n=%lld step=%lld", (long long)n, (long long)step));
+    const float* dg = c.in(g);
+    float* dp = c.inout("param", p0, p, tol);
+    float* dm = c.inout("exp_avg", m0, m, tol);
+    float* dv = c.inout("exp_avg_sq", v0, v, tol);
+    c.run([&] { cuda::adamw_step(dp, dg, dm, dv, n, 1e-3, 0.9, 0.999, 1e-8, 0.01, step); });
+  }
+}
+#endif
+
+}  // namespace
+
+// ---- The table
+// -------------------------------------------------------------------------------------
+
+TEST_CASE("cpu references present") {
+  // Each family below is compiled into this suite only when kernels/cpu/<family>.cpp exists.
+  const struct {
+    const char* family;
+    bool present;
+  } refs[] = {
+      {"conv2d", REGEN_HAVE_CPU_CONV2D},       {"batchnorm", REGEN_HAVE_CPU_BATCHNORM},
+      {"pool", REGEN_HAVE_CPU_POOL},           {"embedding", REGEN_HAVE_CPU_EMBEDDING},
+      {"layernorm", REGEN_HAVE_CPU_LAYERNORM}, {"softmax", REGEN_HAVE_CPU_SOFTMAX},
+      {"attention", REGEN_HAVE_CPU_ATTENTION}, {"cross_entropy", REGEN_HAVE_CPU_CROSS_ENTROPY},
+      {"optim", REGEN_HAVE_CPU_OPTIM}};
+  for (const auto& r : refs) {
+    if (!r.present)
+      FAIL_CHECK("kernels/cpu/" << r.family
+                                << ".cpp was not in the tree: its CUDA kernels are untested");
+  }
+}
+
+TEST_CASE("gemm") {
+  use_gpu();
+  Rng rng(1);
+  for (bool ta : {false, true}) {
+    for (bool tb : {false, true}) {
+      gemm_case(rng, ta, tb, 1, 1, 1, 1.0f, 0.0f, false);
+      gemm_case(rng, ta, tb, 17, 33, 9, 0.5f, 1.0f, false);
+      gemm_case(rng, ta, tb, 130, 67, 200, 1.0f, -0.5f, false);
+      gemm_batched_case(rng, ta, tb, 5, 33, 17, 40);
+    }
+  }
+  // Transformer shapes: d_model 512, ff 2048, vocab 30000, batch*seq 256.
+  gemm_case(rng, false, true, 256, 2048, 512, 1.0f, 0.0f, false);
+  gemm_case(rng, false, false, 256, 512, 2048, 1.0f, 0.0f, false);
+  gemm_case(rng, true, false, 512, 2048, 256, 1.0f, 1.0f, false);
+  gemm_case(rng, false, true, 256, 30000, 512, 1.0f, 0.0f, false);
+  gemm_batched_case(rng, false, true, 16, 128, 128, 64);
+  gemm_case(rng, false, true, 256, 2048, 512, 1.0f, 0.0f, true);  // TF32
+  gemm_case(rng, false, false, 0, 5, 3, 1.0f, 0.0f, false);       // empty
+}
+
+TEST_CASE("elementwise") {
+  use_gpu();
+  Rng rng(2);
+  for (int64_t n : {int64_t{1}, int64_t{7}, int64_t{1000}, int64_t{(1 << 20) + 3}}) {
+    elementwise_cases(rng, n, false);
+    elementwise_cases(rng, n, true);
+  }
+  broadcast_case(rng, 1000, 1000);
+  broadcast_case(rng, 4096 * 3, 3);
+  broadcast_case(rng, 256 * 512, 512);
+  broadcast_case(rng, 7 * 130, 130);
+  sum_rows_case(rng, 1, 5);
+  sum_rows_case(rng, 1000, 3);
+  sum_rows_case(rng, 256, 2048);
+  sum_rows_case(rng, 256, 30000);
+  sum_rows_case(rng, 70000, 33);
+  sum_rows_case(rng, 3, 70000);
+  permute_case(rng, {2, 3, 4, 5}, {0, 2, 1, 3});
+  permute_case(rng, {2, 128, 8, 64}, {0, 2, 1, 3});
+  permute_case(rng, {2, 128, 3, 8, 64}, {2, 0, 3, 1, 4});
+  permute_case(rng, {2, 3, 1, 4, 5, 3}, {5, 4, 3, 2, 1, 0});
+  permute_case(rng, {7}, {0});
+}
+
+#if REGEN_HAVE_CPU_CONV2D
+TEST_CASE("conv2d native") {
+  use_gpu();
+  Rng rng(3);
+  for (const ConvShape& s : odd_convs()) {
+    conv_case(rng, s, false, cuda::ConvAlgo::native);
+    conv_case(rng, s, true, cuda::ConvAlgo::native);
+  }
+  for (const ConvShape& s : resnet152_convs(2)) conv_case(rng, s, false, cuda::ConvAlgo::native);
+}
+#ifdef REGEN_WITH_CUDNN
+TEST_CASE("conv2d cudnn") {
+  use_gpu();
+  Rng rng(4);
+  for (const ConvShape& s : odd_convs()) conv_case(rng, s, true, cuda::ConvAlgo::cudnn);
+  for (const ConvShape& s : resnet152_convs(2)) conv_case(rng, s, false, cuda::ConvAlgo::cudnn);
+}
+#endif
+#endif
+
+#if REGEN_HAVE_CPU_BATCHNORM
+TEST_CASE("batchnorm") {
+  use_gpu();
+  Rng rng(5);
+  batchnorm_case(rng, 2, 3, 5, true);
+  batchnorm_case(rng, 1, 7, 1, true);  // one value per channel: the unbiased variance falls back
+  batchnorm_case(rng, 2, 64, 112 * 112, true);
+  batchnorm_case(rng, 2, 2048, 49, false);
+  batchnorm_case(rng, 3, 17, 300, true);
+}
+#endif
+
+#if REGEN_HAVE_CPU_POOL
+TEST_CASE("pool") {
+  use_gpu();
+  Rng rng(6);
+  pool_case(rng, make_pool_shape(2, 64, 112, 112, 3, 3, 2, 2, 1, 1));  // ResNet stem max pool
+  pool_case(rng, make_pool_shape(1, 3, 7, 9, 3, 3, 1, 1, 1, 1));
+  pool_case(rng, make_pool_shape(2, 2, 9, 8, 2, 2, 2, 2, 0, 0));
+  pool_case(rng, make_pool_shape(1, 4, 10, 7, 4, 3, 3, 2, 2, 1));
+  global_pool_case(rng, 2 * 2048, 49);
+  global_pool_case(rng, 5, 1);
+  global_pool_case(rng, 3, 1000);
+}
+#endif
+
+#if REGEN_HAVE_CPU_EMBEDDING
+TEST_CASE("embedding") {
+  use_gpu();
+  Rng rng(7);
+  embedding_case(rng, 2 * 128, 30000, 512);
+  embedding_case(rng, 7, 5, 3);
+  embedding_case(rng, 1000, 3, 130);
+  // Out-of-range ids are regen::Errors, not crashes.
+  const std::vector<float> w(5 * 4, 1.0f), dy(3 * 4, 1.0f);
+  const std::vector<int64_t> ids{0, 5, 2};
+  DeviceArray<float> dw(w), ddy(dy), y(12), dweight(20);
+  DeviceArray<int64_t> dids(ids);
+  CHECK_THROWS_AS(cuda::embedding_forward(dw.ptr(), dids.ptr(), y.ptr(), 3, 5, 4), regen::Error);
+  CHECK_THROWS_AS(cuda::embedding_backward(ddy.ptr(), dids.ptr(), dweight.ptr(), 3, 5, 4),
+                  regen::Error);
+}
+#endif
+
+#if REGEN_HAVE_CPU_LAYERNORM
+TEST_CASE("layernorm") {
+  use_gpu();
+  Rng rng(8);
+  layernorm_case(rng, 2 * 128, 512, true, false);  // Transformer d_model 512
+  layernorm_case(rng, 2 * 128, 768, true, false);  // bert-base
+  layernorm_case(rng, 3000, 512, true, false);     // many blocks of partial sums
+  layernorm_case(rng, 5, 7, true, false);          // general path
+  layernorm_case(rng, 3, 2048, true, false);       // longer rows than the warp path
+  layernorm_case(rng, 17, 512, false, false);      // no gamma / beta
+  layernorm_case(rng, 9, 512, true, true);         // unaligned: general path
+}
+#endif
+
+#if REGEN_HAVE_CPU_SOFTMAX
+TEST_CASE("softmax") {
+  use_gpu();
+  Rng rng(9);
+  softmax_case(rng, 3, 1);
+  softmax_case(rng, 17, 100);
+  softmax_case(rng, 256, 128);
+  softmax_case(rng, 64, 1000);
+  softmax_case(rng, 4, 30000);
+}
+#endif
+
+#if REGEN_HAVE_CPU_CROSS_ENTROPY
+TEST_CASE("cross_entropy") {
+  use_gpu();
+  Rng rng(10);
+  cross_entropy_case(rng, 2 * 128, 30000, 5);
+  cross_entropy_case(rng, 5, 3, 0);
+  cross_entropy_case(rng, 4, 7, 1);  // every row ignored: loss 0
+  const std::vector<float> logits(2 * 3, 0.5f), dloss{1.0f}, lse(2, 0.0f);
+  const std::vector<int64_t> targets{1, 3};
+  DeviceArray<float> dl(logits), dd(dloss), dlse(lse), loss(1), lse_out(2), dg(6);
+  DeviceArray<int64_t> dt(targets);
+  CHECK_THROWS_AS(
+      cuda::cross_entropy_forward(dl.ptr(), dt.ptr(), loss.ptr(), lse_out.ptr(), 2, 3, -100),
+      regen::Error);
+  CHECK_THROWS_AS(
+      cuda::cross_entropy_backward(dd.ptr(), dl.ptr(), dt.ptr(), dlse.ptr(), dg.ptr(), 2, 3, -100),
+      regen::Error);
+}
+#endif
+
+#if REGEN_HAVE_CPU_ATTENTION
+TEST_CASE("attention") {
+  use_gpu();
+  Rng rng(11);
+  // Transformer shapes: d_model 512 = 8 heads x 64, seq 128.
+  attention_case(rng, attn(2, 128, 8, 64, false, 0.0f), false);
+  attention_case(rng, attn(2, 128, 8, 64, true, 0.0f), false);
+  attention_case(rng, attn(2, 128, 8, 64, false, 0.1f), true);
+  attention_case(rng, attn(2, 128, 8, 64, true, 0.1f), true);  // row 0 of batch 0 sees no key
+  // Odd sizes: partial tiles, head dims that are not multiples of 4, the 128 path.
+  attention_case(rng, attn(1, 77, 3, 5, true, 0.0f), true);
+  attention_case(rng, attn(2, 130, 2, 96, false, 0.2f), true);
+  attention_case(rng, attn(1, 64, 1, 128, true, 0.0f), false);
+  attention_case(rng, attn(3, 1, 2, 16, false, 0.0f), false);
+  attention_case(rng, attn(1, 200, 2, 64, false, 1.0f), false);  // everything dropped
+}
+#endif
+
+#if REGEN_HAVE_CPU_OPTIM
+TEST_CASE("optim") {
+  use_gpu();
+  Rng rng(12);
+  optim_cases(rng, 1);
+  optim_cases(rng, 100003);
+}
+#endif
