@@ -3,6 +3,7 @@
 #include "kernels/kernels.h"
 #ifdef REGEN_WITH_CUDA
 #include "core/cuda/runtime.h"
+#include "kernels/cuda/cuda_kernels.h"
 #endif
 
 namespace regen::kernels {
@@ -41,6 +42,7 @@ void prepare_device(Device device) {
   if (device.is_cuda()) {
     cuda::set_device(device.index);
     cuda::stream();
+    cuda::prepare_blas();
   }
 #else
   (void)device;

@@ -7,7 +7,8 @@
 //
 // One cuBLAS handle per device, bound to regen::cuda::stream(). Its workspace is one persistent
 // Storage per device (category workspace, tag "cublas.workspace", 32 MiB, NVIDIA's recommended
-// size on Hopper), created with the handle. Persistent rather than per call because cuBLAS keeps
+// size on Hopper), created with the handle by kernels::prepare_device (the trainer's canonical start)
+// or else by the first GEMM. Persistent rather than per call because cuBLAS keeps
 // the pointer between calls: a per-call buffer would have to be re-registered on every GEMM and
 // would put a 32 MiB alloc/free pair around each product in the memory trace. Without it cuBLAS
 // would cudaMalloc a workspace itself, outside the allocator.
@@ -84,6 +85,9 @@ void set_tf32(bool enabled) {
 }
 bool tf32_enabled() {
   return g_tf32;
+}
+void prepare_blas() {
+  blas_handle();
 }
 
 // C: (M, N) row stride ldc; op(A): (M, K); op(B): (K, N).

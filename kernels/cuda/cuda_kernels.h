@@ -116,6 +116,9 @@ ConvAlgo conv_algo();
 // cuBLAS GEMMs in plain FP32 (default) or with TF32 tensor cores.
 void set_tf32(bool enabled);
 bool tf32_enabled();
+// Creates the current device's cuBLAS handle and its persistent workspace now (otherwise the first
+// GEMM does), so the workspace is counted before a training step starts.
+void prepare_blas();
 
 }  // namespace regen::cuda
 #endif

@@ -153,13 +153,18 @@ TEST_CASE("cuda tensors: kernel scratch is allocator memory in the workspace cat
           before + (3 << 20));
   }
   CHECK(a.stats().allocated_by[static_cast<int>(Category::workspace)].current == before);
-  // cuBLAS gets its workspace from the allocator too: one persistent block, tagged.
+  // cuBLAS gets its workspace from the allocator too: one persistent block, tagged, created by
+  // prepare_device (the trainer's canonical start), so the GEMM below allocates nothing more.
+  kernels::prepare_device(Device::cuda(0));
+  const int64_t prepared = a.stats().allocated_by[static_cast<int>(Category::workspace)].current;
+  CHECK(prepared >= before);
   const Tensor x = ones({64, 64}, DType::f32, Device::cuda(0));
   Tensor y = empty({64, 64}, DType::f32, Device::cuda(0));
   cuda::set_device(0);
   cuda::gemm(false, false, 64, 64, 64, 1.0f, x.data<float>(), 64, x.data<float>(), 64, 0.0f,
              y.data<float>(), 64);
   CHECK(same_bits(y.to_vector<float>(), full({64, 64}, 64.0).to_vector<float>()));
+  CHECK(a.stats().allocated_by[static_cast<int>(Category::workspace)].current == prepared);
   bool found = false;
   for (const BlockInfo& b : a.snapshot()) {
     if (b.allocated && tag_name(b.tag) == "cublas.workspace") {
