@@ -8,6 +8,8 @@
 #include <sstream>
 #include <unordered_map>
 
+#include <sys/mman.h>
+
 #include "core/error.h"
 
 namespace regen {
@@ -128,15 +130,46 @@ const char* memory_event_name(MemoryEventKind k) {
 namespace {
 class CpuArena final : public Arena {
  public:
+  // Segments come straight from mmap, 2 MiB-aligned, with transparent huge pages requested
+  // (madvise; a no-op where THP is off). Every segment size is a multiple of 2 MiB (see the
+  // rounding constants above), so a segment is a whole number of huge pages. Why: the allocator
+  // returns its segments to the OS at empty_cache() (the trainer's canonical start of each step),
+  // and with 4 KiB pages refaulting ResNet-152's 1.3 GiB every step cost more system time than
+  // the step's convolutions; with 2 MiB pages the kernel takes 512x fewer faults. Smaller
+  // requests than 2 MiB (none from this allocator's segment sizes) fall back to posix_memalign.
   void* map(size_t bytes) override {
-    void* p = nullptr;
-    // 4 KiB alignment: page-aligned segments; blocks inside sit at multiples of 512 bytes.
-    if (posix_memalign(&p, 4096, bytes) != 0) return nullptr;
-    return p;
+    if (bytes % kHugePage != 0) {
+      void* p = nullptr;
+      if (posix_memalign(&p, 4096, bytes) != 0) return nullptr;
+      return p;
+    }
+    // Over-map by one huge page, then trim the unaligned head and the tail.
+    const size_t span = bytes + kHugePage;
+    void* raw = mmap(nullptr, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (raw == MAP_FAILED) return nullptr;
+    const uintptr_t start = reinterpret_cast<uintptr_t>(raw);
+    const uintptr_t aligned = (start + kHugePage - 1) & ~static_cast<uintptr_t>(kHugePage - 1);
+    if (aligned > start) munmap(raw, aligned - start);
+    const uintptr_t end = start + span, used_end = aligned + bytes;
+    if (end > used_end) munmap(reinterpret_cast<void*>(used_end), end - used_end);
+    void* base = reinterpret_cast<void*>(aligned);
+#ifdef MADV_HUGEPAGE
+    madvise(base, bytes, MADV_HUGEPAGE);
+#endif
+    return base;
   }
-  void unmap(void* base, size_t) override { std::free(base); }
+  void unmap(void* base, size_t bytes) override {
+    if (bytes % kHugePage != 0) {
+      std::free(base);
+    } else {
+      munmap(base, bytes);
+    }
+  }
   Device device() const override { return Device::cpu(); }
   std::string name() const override { return "cpu"; }
+
+ private:
+  static constexpr size_t kHugePage = size_t{2} << 20;
 };
 
 class NullArena final : public Arena {
