@@ -75,6 +75,27 @@ int64_t Plan::recomputed_bytes(const Profile& p) const {
 
 std::vector<std::string> policy_names() { return {"none", "blocks", "sqrt", "mutwo"}; }
 
+std::vector<std::string> chain_names() { return {"auto", "keep", "drop"}; }
+
+Chain parse_chain(const std::string& text) {
+  if (text == "auto") return Chain::automatic;
+  if (text == "keep") return Chain::keep;
+  if (text == "drop") return Chain::drop;
+  REGEN_FAIL("unknown chain mode '", text, "': known modes are auto, keep, drop");
+}
+
+PolicySpec parse_policy_spec(const std::string& text) {
+  PolicySpec spec;
+  spec.label = text;
+  const size_t colon = text.find(':');
+  spec.policy = text.substr(0, colon);
+  const std::vector<std::string> names = policy_names();
+  REGEN_CHECK(std::count(names.begin(), names.end(), spec.policy), "unknown policy '", spec.policy,
+              "' in '", text, "': known policies are none, blocks, sqrt, mutwo");
+  if (colon != std::string::npos) spec.chain = parse_chain(text.substr(colon + 1));
+  return spec;
+}
+
 // ---- Lower bound ------------------------------------------------------------------------------
 
 int64_t memory_lower_bound(const Profile& p) {
@@ -320,21 +341,16 @@ Evaluated search_prefix(const Simulator& sim, size_t n, int64_t budget, bool kee
 
 }  // namespace
 
-Plan make_plan(const Simulator& sim, const std::string& policy, const Budget& budget) {
-  const auto t0 = std::chrono::steady_clock::now();
+namespace {
+
+// One policy in one chain mode (the mutwo order is computed once by the caller).
+Plan plan_in_mode(const Simulator& sim, const std::string& policy, const Budget& budget,
+                  bool keep_chain, const std::vector<int32_t>& mutwo_picks) {
   const Profile& p = sim.profile();
-  const std::vector<std::string> names = policy_names();
-  if (std::find(names.begin(), names.end(), policy) == names.end()) {
-    std::string known;
-    for (const std::string& n : names) known += (known.empty() ? "" : ", ") + n;
-    REGEN_FAIL("unknown policy '", policy, "': known policies are ", known);
-  }
   Plan plan;
   plan.policy = policy;
   plan.budget_text = budget.str();
-  // blocks and sqrt keep what a regeneration recomputes on the way (torch.utils.checkpoint reruns
-  // a block once); mutwo regenerates each target from retained tensors only (Capuchin, mu-TWO).
-  plan.keep_chain = policy != "mutwo";
+  plan.keep_chain = keep_chain;
   const Decisions all_retain(p.saved.size(), Decision::retain);
   const SimResult none = sim.run(build_schedule(p, all_retain));
   plan.no_remat_peak = none.peak_allocated;
@@ -360,7 +376,7 @@ Plan make_plan(const Simulator& sim, const std::string& policy, const Budget& bu
       n = p.blocks.size();
       make = [&](size_t k) { return blocks_prefix(p, k); };
     } else {
-      order = mutwo_order(p);
+      order = mutwo_picks;
       n = order.size();
       make = [&](size_t k) { return prefix_of(p, order, k); };
     }
@@ -379,12 +395,56 @@ Plan make_plan(const Simulator& sim, const std::string& policy, const Budget& bu
   }
   plan.lowest_peak = std::min(lowest, plan.predicted.peak_allocated);
   plan.feasible = plan.budget_bytes == 0 || plan.predicted.peak_allocated <= plan.budget_bytes;
+  return plan;  // make_plan writes the note of an infeasible plan
+}
+
+// Whether plan a is the better answer to the budget than plan b.
+bool better(const Plan& a, const Plan& b) {
+  if (a.feasible != b.feasible) return a.feasible;
+  if (!a.feasible && a.predicted.peak_allocated != b.predicted.peak_allocated) {
+    return a.predicted.peak_allocated < b.predicted.peak_allocated;
+  }
+  return a.predicted.time_ms < b.predicted.time_ms;
+}
+
+}  // namespace
+
+Plan make_plan(const Simulator& sim, const std::string& policy, const Budget& budget, Chain chain) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::vector<std::string> names = policy_names();
+  if (std::find(names.begin(), names.end(), policy) == names.end()) {
+    std::string known;
+    for (const std::string& n : names) known += (known.empty() ? "" : ", ") + n;
+    REGEN_FAIL("unknown policy '", policy, "': known policies are ", known);
+  }
+  const std::vector<int32_t> picks =
+      policy == "mutwo" ? mutwo_order(sim.profile()) : std::vector<int32_t>{};
+  Plan plan;
+  std::string chain_note;
+  if (chain == Chain::automatic && policy == "mutwo") {
+    Plan keep = plan_in_mode(sim, policy, budget, true, picks);
+    Plan drop = plan_in_mode(sim, policy, budget, false, picks);
+    const bool take_keep = !better(drop, keep);
+    plan = take_keep ? std::move(keep) : std::move(drop);
+    const Plan& other = take_keep ? drop : keep;
+    plan.lowest_peak = std::min(plan.lowest_peak, other.lowest_peak);
+    char buf[200];
+    std::snprintf(buf, sizeof buf, "; chain %s chosen (chain %s: peak %s, step %.3f s%s)",
+                  take_keep ? "keep" : "drop", take_keep ? "drop" : "keep",
+                  format_bytes(other.predicted.peak_allocated).c_str(),
+                  other.predicted.time_ms / 1000.0, other.feasible ? "" : ", over budget");
+    chain_note = buf;
+  } else {
+    plan = plan_in_mode(sim, policy, budget, chain != Chain::drop, picks);
+  }
   if (!plan.feasible) {
+    // The note's lowest peak covers both chain modes.
     plan.note = "budget " + format_bytes(plan.budget_bytes) + " cannot be met by " + policy +
                 ": lowest peak reached " + format_bytes(plan.lowest_peak) + ", lower bound " +
                 format_bytes(plan.lower_bound) + " (persistent memory, the batch and the largest "
                 "single-op working set)";
   }
+  plan.note += chain_note;
   plan.planning_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   return plan;

@@ -8,6 +8,12 @@
 //   mutwo   the recomputation branch of mu-TWO's Algorithm B (after Capuchin): greedy by recompute
 //           ratio = bytes / total recompute time, with sources, times and counts updated after
 //           every pick; stops at the first prefix of picks whose simulated peak fits
+// Chain mode (how a regeneration treats evicted tensors it recomputes on the way to its target):
+//   keep    keep those that backward still needs (torch.utils.checkpoint reruns a block once)
+//   drop    keep only the targets; each evicted tensor is recomputed from retained ones every time
+//           it is needed (Capuchin's and mu-TWO's cost model)
+//   auto    blocks and sqrt: keep; mutwo: plan both and take the better one (fits the budget, then
+//           the lower predicted step time; when neither fits, the lower peak)
 // docs/remat.md describes each one on the real data structures.
 #pragma once
 
@@ -45,9 +51,25 @@ struct Plan {
   int64_t recomputed_bytes(const Profile& p) const;
 };
 
+enum class Chain { automatic, keep, drop };
+std::vector<std::string> chain_names();  // "auto", "keep", "drop"
+// Throws regen::Error naming the known modes for an unknown one.
+Chain parse_chain(const std::string& text);
+
 std::vector<std::string> policy_names();
+
+// "policy" or "policy:chain" (as `regen sweep --policies` takes them, e.g. mutwo:drop for
+// mu-TWO's own chain semantics). Throws regen::Error naming the bad part.
+struct PolicySpec {
+  std::string policy;
+  Chain chain = Chain::automatic;
+  std::string label;  // the text given
+};
+PolicySpec parse_policy_spec(const std::string& text);
+
 // Throws regen::Error listing the policies for an unknown name.
-Plan make_plan(const Simulator& sim, const std::string& policy, const Budget& budget);
+Plan make_plan(const Simulator& sim, const std::string& policy, const Budget& budget,
+               Chain chain = Chain::automatic);
 
 // Persistent bytes at iteration start + the batch + the largest single-op working set (inputs
 // and saved operands plus the op's own peak allocation): a floor no rematerialization plan of the

@@ -113,12 +113,29 @@ void check_model(const std::string& name, int64_t batch, const std::vector<std::
   }
 
   int recomputing_plans = 0;
-  for (const std::string& policy : policy_names()) {
+  // Every policy, and mutwo in both chain modes too (auto picks one of them per budget).
+  for (const char* label : {"none", "blocks", "sqrt", "mutwo", "mutwo:keep", "mutwo:drop"}) {
+    const PolicySpec spec = parse_policy_spec(label);
+    const std::string& policy = spec.policy;
     for (const std::string& btext : budgets) {
       CAPTURE(name);
-      CAPTURE(policy);
+      CAPTURE(label);
       CAPTURE(btext);
-      const Plan plan = make_plan(sim, policy, Budget::parse(btext));
+      const Plan plan = make_plan(sim, policy, Budget::parse(btext), spec.chain);
+      if (spec.chain == Chain::automatic && policy == "mutwo") {
+        // auto is the better of the two modes: never over budget when one fits, never slower
+        // than a mode that fits.
+        for (Chain c : {Chain::keep, Chain::drop}) {
+          const Plan other = make_plan(sim, policy, Budget::parse(btext), c);
+          if (other.feasible) {
+            CHECK(plan.feasible);
+            CHECK(plan.predicted.time_ms <= other.predicted.time_ms);
+          }
+          CHECK(plan.lowest_peak <= other.lowest_peak);
+        }
+      }
+      if (spec.chain == Chain::drop) CHECK_FALSE(plan.keep_chain);
+      if (spec.chain == Chain::keep) CHECK(plan.keep_chain);
       if (plan.recomputed() > 0) ++recomputing_plans;
       fresh_allocator();
       Run run = make_run(name, batch);
@@ -208,6 +225,9 @@ TEST_CASE("remat: malformed profile and plan files give clear errors") {
   CHECK_THROWS_AS(Budget::parse("150%"), Error);
   CHECK_THROWS_AS(Budget::parse("lots"), Error);
   CHECK_THROWS_AS(make_plan(sim, "magic", Budget()), Error);
+  CHECK(error_of([] { parse_policy_spec("mutwo:sometimes"); }).find("sometimes") != std::string::npos);
+  CHECK(error_of([] { parse_policy_spec("greedy"); }).find("greedy") != std::string::npos);
+  CHECK(error_of([] { parse_chain("maybe"); }).find("keep") != std::string::npos);
   std::remove(path.c_str());
   std::remove(plan_path.c_str());
 }

@@ -14,6 +14,7 @@ struct Flags {
   std::string profile = "profile.json";
   std::string policy = "mutwo";
   std::string budget;
+  std::string chain = "auto";
   std::string out = "plan.json";
   std::string decisions = "decisions.csv";
 };
@@ -25,12 +26,18 @@ void setup(CLI::App& app) {
       ->check(CLI::IsMember(policy_names()))
       ->capture_default_str();
   app.add_option("--budget", f->budget, "bytes (2GiB, 1.5GB) or a % of the no-remat peak (60%)");
+  app.add_option("--chain", f->chain,
+                 "what a regeneration keeps of the evicted tensors it recomputes on the way: keep "
+                 "(those backward still needs), drop (mu-TWO's and Capuchin's model) or auto "
+                 "(blocks, sqrt: keep; mutwo: the better of both)")
+      ->check(CLI::IsMember(chain_names()))
+      ->capture_default_str();
   app.add_option("--out", f->out, "where to write the plan")->capture_default_str();
   app.add_option("--decisions", f->decisions, "where to write decisions.csv")->capture_default_str();
   app.callback([f] {
     const Profile p = load_profile(f->profile);
     const Simulator sim(p);
-    const Plan plan = make_plan(sim, f->policy, Budget::parse(f->budget));
+    const Plan plan = make_plan(sim, f->policy, Budget::parse(f->budget), parse_chain(f->chain));
     save_plan(plan, p, f->out);
     write_file_atomic(f->decisions, decisions_csv(p, plan));
     std::printf("plan %s for %s batch %d on %s, budget %s (%s)\n", plan.policy.c_str(),

@@ -108,10 +108,10 @@ void run(const Flags& f) {
   REGEN_CHECK(!batches.empty(), "--batches is empty");
   const std::vector<std::string> policies = split(f.policies);
   const std::vector<std::string> budgets = split(f.budgets);
-  const std::vector<std::string> known = policy_names();
   for (const std::string& p : policies) {
-    REGEN_CHECK(std::count(known.begin(), known.end(), p) && p != "none",
-                "--policies: unknown or plain policy '", p, "' (use blocks, sqrt, mutwo)");
+    REGEN_CHECK(parse_policy_spec(p).policy != "none", "--policies: '", p,
+                "' is the baseline every batch runs anyway (use blocks, sqrt, mutwo, with an "
+                "optional :auto, :keep or :drop chain mode)");
   }
   for (const std::string& b : budgets) {
     if (b != "lowest") Budget::parse(b);  // fails early on a bad budget
@@ -145,17 +145,18 @@ void run(const Flags& f) {
       timelines += timeline_csv(profile, sim.run(build_schedule(profile, std::vector<Decision>(profile.saved.size(), Decision::retain)), so), "none");
     }
     for (const std::string& policy : policies) {
+      const PolicySpec spec = parse_policy_spec(policy);
       for (const std::string& btext : budgets) {
         Plan plan;
         if (btext == "lowest") {
-          const Plan probe = make_plan(sim, policy, Budget::parse("1"));
+          const Plan probe = make_plan(sim, spec.policy, Budget::parse("1"), spec.chain);
           Budget b;
           b.kind = Budget::Kind::bytes;
           b.value = static_cast<double>(probe.lowest_peak);
-          plan = make_plan(sim, policy, b);
+          plan = make_plan(sim, spec.policy, b, spec.chain);
           plan.budget_text = "lowest";
         } else {
-          plan = make_plan(sim, policy, Budget::parse(btext));
+          plan = make_plan(sim, spec.policy, Budget::parse(btext), spec.chain);
         }
         RematExecutor exec(profile, build_schedule(profile, plan.decisions, plan.keep_chain));
         const Measured got = measure(f.m, batch, f.steps, &exec);
@@ -179,7 +180,9 @@ void run(const Flags& f) {
           (rc ? row.saved_gb : row.retained_gb) += static_cast<double>(s.bytes) / (1ull << 30);
         }
         rows.push_back(row);
-        const std::string tag = "_b" + std::to_string(batch) + "_" + policy + "_" +
+        std::string file_policy = policy;
+        std::replace(file_policy.begin(), file_policy.end(), ':', '-');
+        const std::string tag = "_b" + std::to_string(batch) + "_" + file_policy + "_" +
                                 (btext == "lowest" ? "lowest" : btext.back() == '%' ? btext.substr(0, btext.size() - 1) + "pct" : btext);
         write_file_atomic(stem + tag + "_decisions.csv", decisions_csv(profile, plan));
         std::printf("   %s @ %s: peak %s (predicted %s%s), step %.3f s, recompute %.3f s, %lld of "
@@ -239,7 +242,9 @@ void setup(CLI::App& app) {
   auto f = std::make_shared<Flags>();
   add_model_flags(app, f->m, false);
   app.add_option("--batches", f->batches, "comma-separated batch sizes")->capture_default_str();
-  app.add_option("--policy,--policies", f->policies, "comma-separated: blocks, sqrt, mutwo")
+  app.add_option("--policy,--policies", f->policies,
+                 "comma-separated: blocks, sqrt, mutwo, each with an optional chain mode "
+                 "(mutwo:drop is mu-TWO's own: no regenerated tensor kept on the way; default auto)")
       ->capture_default_str();
   app.add_option("--budget,--budgets", f->budgets,
                  "comma-separated budgets: bytes, % of the no-remat peak, or lowest (the lowest "

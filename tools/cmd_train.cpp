@@ -21,6 +21,7 @@ struct TrainFlags {
   std::string save, load;
   std::string policy = "none";
   std::string budget;
+  std::string chain = "auto";
   std::string profile_file, plan_file;
   int profile_steps = 2;
   std::string progress = "auto";
@@ -99,7 +100,7 @@ void run(const TrainFlags& f) {
       plan = load_plan(f.plan_file, *profile);
       plan.predicted = sim.run(build_schedule(*profile, plan.decisions, plan.keep_chain));
     } else {
-      plan = make_plan(sim, f.policy, Budget::parse(f.budget));
+      plan = make_plan(sim, f.policy, Budget::parse(f.budget), parse_chain(f.chain));
     }
     std::printf("plan %s, budget %s: recompute %lld of %zu saved tensors; predicted peak %s "
                 "(no remat %s), predicted step %.3f s%s\n",
@@ -181,6 +182,10 @@ void setup(CLI::App& app) {
       ->capture_default_str();
   app.add_option("--budget", f->budget, "memory budget: bytes (2GiB, 1.5GB) or a % of the "
                                         "no-remat peak (60%)");
+  app.add_option("--chain", f->chain,
+                 "regeneration chains: keep, drop (mu-TWO's model) or auto (see `regen plan`)")
+      ->check(CLI::IsMember(chain_names()))
+      ->capture_default_str();
   app.add_option("--profile", f->profile_file, "plan from this profile.json (from `regen profile`) "
                                                "instead of profiling the first steps");
   app.add_option("--plan", f->plan_file, "apply this plan.json (from `regen plan`; needs --profile)");
