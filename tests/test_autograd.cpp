@@ -62,7 +62,7 @@ TEST_CASE("tape: nodes, values and saved tensors are recorded, then released by 
   CHECK(w.grad().defined());
 }
 
-TEST_CASE("backward: parameter gradients accumulate; activation memory is gone afterwards") {
+TEST_CASE("backward: parameter gradients accumulate and activation memory is gone afterwards") {
   Generator g(2);
   Tensor w = uniform({8, 8}, -1, 1, g).set_requires_grad(true);
   Tensor x = uniform({16, 8}, -1, 1, g);

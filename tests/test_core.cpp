@@ -33,7 +33,7 @@ TEST_CASE("philox4x32-10 matches the published known-answer vectors") {
   CHECK(philox_word(42, 7, 7) == o[3]);
 }
 
-TEST_CASE("random tensors: same (seed, offset) gives the same numbers; streams advance") {
+TEST_CASE("random tensors: same (seed, offset) gives the same numbers, and streams advance") {
   Generator g1(5), g2(5);
   Tensor a = uniform({1000}, -1.0, 1.0, g1);
   Tensor b = uniform({1000}, -1.0, 1.0, g2);
@@ -91,7 +91,7 @@ TEST_CASE("tensor creation, shapes and read-back") {
   CHECK(e.to_vector<float>().empty());
 }
 
-TEST_CASE("reshape and narrow0 share storage; clone does not") {
+TEST_CASE("reshape and narrow0 share storage but clone does not") {
   Tensor a = arange(12);
   Tensor b = a.reshape({3, -1});
   CHECK(b.shape() == Shape{3, 4});
@@ -139,7 +139,7 @@ TEST_CASE("bad input throws regen::Error naming shapes, dtypes and devices") {
   CHECK_THROWS_AS(from_vector<float>({1, 2, 3}, {2, 2}), Error);
 }
 
-TEST_CASE("devices parse and report; cuda without a GPU build or device is a clear error") {
+TEST_CASE("devices parse and report, and cuda without a GPU build or device is a clear error") {
   CHECK(Device::parse("cpu") == Device::cpu());
   CHECK(Device::parse("cuda") == Device::cuda(0));
   CHECK(Device::parse("cuda:3") == Device::cuda(3));

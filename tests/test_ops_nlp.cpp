@@ -462,7 +462,7 @@ TEST_CASE("kernels: layernorm, softmax, embedding and cross_entropy do not depen
   CHECK(one_thread == two_threads);
 }
 
-TEST_CASE("attention: threaded rows match one thread; repeated runs are bit-identical") {
+TEST_CASE("attention: threaded rows match one thread and repeated runs are bit-identical") {
   // S * S above the row-parallel threshold, with padding, causal mask and dropout.
   const int64_t B = 2, S = 70, H = 2, Dh = 8, D = H * Dh;
   const Tensor qkv = rand_t<float>({B, S, 3 * D}, 7, -2, 2), dout = rand_t<float>({B, S, D}, 8);
@@ -700,7 +700,7 @@ TEST_CASE("optimizers: state lands in optimizer_state, tagged by parameter name"
   CHECK(alloc.stats().requested_by[cat].current == before);  // freed with the optimizer
 }
 
-TEST_CASE("optimizers: zero_grad keeps gradient memory; lr is settable") {
+TEST_CASE("optimizers: zero_grad keeps gradient memory and lr is settable") {
   Tensor w = fixture_param<double>(4, "w");
   SGD opt({w}, sgd_options(0.5, 0, 0, 0, false));
   set_fixture_grad<double>(w, 0);

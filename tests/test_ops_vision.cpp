@@ -282,7 +282,7 @@ TEST_CASE("conv2d results are identical across two runs (forward and both backwa
 // ---- pooling
 // --------------------------------------------------------------------------------------
 
-TEST_CASE_TEMPLATE("max_pool2d and avg_pool2d match nested loops; padding never wins", T, float,
+TEST_CASE_TEMPLATE("max_pool2d and avg_pool2d match nested loops and padding never wins", T, float,
                    double) {
   check_pools<T>({2, 3, 8, 8}, 2, 2, 0, 1);
   check_pools<T>({1, 2, 7, 9}, 3, 2, 1, 2);  // ResNet's stem pool on odd sizes
