@@ -196,8 +196,11 @@ Decisions sqrt_segments(const Profile& p) {
   return d;
 }
 
-// mu-TWO's greedy (after Capuchin). Returns the full pick order.
-std::vector<int32_t> mutwo_order(const Profile& p) {
+}  // namespace
+
+// mu-TWO's greedy (after Capuchin). Returns the full pick order with each pick's bookkeeping as
+// it stood when it was picked.
+std::vector<MutwoPick> mutwo_picks(const Profile& p) {
   struct Cand {
     std::vector<int32_t> srcs;  // saved tensors its recomputation reads (sorted)
     double rp_ms = 0;           // one recomputation from srcs
@@ -236,7 +239,7 @@ std::vector<int32_t> mutwo_order(const Profile& p) {
     s.insert(with.begin(), with.end());
     v.assign(s.begin(), s.end());
   };
-  std::vector<int32_t> order;
+  std::vector<MutwoPick> order;
   std::vector<int32_t> chosen;
   while (true) {
     int32_t best = -1;
@@ -254,15 +257,16 @@ std::vector<int32_t> mutwo_order(const Profile& p) {
     if (best < 0) break;
     Cand& t = c[static_cast<size_t>(best)];
     t.chosen = true;
-    order.push_back(best);
-    // Earlier picks that read t now recompute it too: their sources and times grow, and t will
-    // be recomputed once more for each of their recomputations.
+    order.push_back({best, t.count, t.rp_ms, best_ratio, t.srcs});
+    // Earlier picks that read t now recompute it on the way: their sources become t's sources
+    // and their recompute time grows by t's. t's count needs no update here: when each of them
+    // was picked, t was a remaining candidate among its sources and got its count then (the
+    // third loop below); adding it again would count those recomputations twice.
     for (int32_t r : chosen) {
       Cand& rp = c[static_cast<size_t>(r)];
       if (!has(rp.srcs, best)) continue;
       replace(rp.srcs, best, t.srcs);
       rp.rp_ms += t.rp_ms;
-      t.count += rp.count;
     }
     // Remaining candidates that read t: same source and time update.
     for (size_t i = 0; i < c.size(); ++i) {
@@ -281,10 +285,20 @@ std::vector<int32_t> mutwo_order(const Profile& p) {
   return order;
 }
 
+namespace {
+
 Decisions prefix_of(const Profile& p, const std::vector<int32_t>& order, size_t k) {
   Decisions d(p.saved.size(), Decision::retain);
   for (size_t i = 0; i < k && i < order.size(); ++i) d[static_cast<size_t>(order[i])] = Decision::recompute;
   return d;
+}
+
+// When no plan meets the budget, plans whose peak is within this fraction of the lowest peak
+// count as reaching it, and the fastest of them is chosen.
+constexpr double kNearLowest = 0.01;
+
+bool near_lowest(int64_t peak, int64_t lowest) {
+  return static_cast<double>(peak) <= static_cast<double>(lowest) * (1.0 + kNearLowest);
 }
 
 struct Evaluated {
@@ -309,8 +323,7 @@ Evaluated search_prefix(const Simulator& sim, size_t n, int64_t budget, bool kee
   std::vector<size_t> points;
   for (size_t i = 0; i <= kCoarse; ++i) points.push_back(n * i / kCoarse);
   points.erase(std::unique(points.begin(), points.end()), points.end());
-  Evaluated best{0, {}, {}};
-  bool have_best = false;
+  std::vector<Evaluated> misses;
   size_t prev_k = 0;
   for (size_t k : points) {
     Evaluated e = eval(k);
@@ -330,13 +343,20 @@ Evaluated search_prefix(const Simulator& sim, size_t n, int64_t budget, bool kee
       }
       return fit;
     }
-    if (!have_best || e.r.peak_allocated < best.r.peak_allocated) {
-      best = std::move(e);
-      have_best = true;
-    }
+    misses.push_back(std::move(e));
     prev_k = k;
   }
-  return best;  // nothing fits: the lowest-peak plan evaluated
+  // Nothing fits: the fastest of the plans that come within kNearLowest of the lowest peak seen
+  // (a plan that recomputes everything is often only a few MiB lower than a far cheaper one).
+  const int64_t floor_peak = lowest;
+  size_t pick = 0;
+  for (size_t i = 0; i < misses.size(); ++i) {
+    const SimResult& r = misses[i].r;
+    if (!near_lowest(r.peak_allocated, floor_peak)) continue;
+    const SimResult& b = misses[pick].r;
+    if (!near_lowest(b.peak_allocated, floor_peak) || r.time_ms < b.time_ms) pick = i;
+  }
+  return std::move(misses[pick]);
 }
 
 }  // namespace
@@ -356,7 +376,6 @@ Plan plan_in_mode(const Simulator& sim, const std::string& policy, const Budget&
   plan.no_remat_peak = none.peak_allocated;
   plan.budget_bytes = budget.resolve(none.peak_allocated);
   plan.lower_bound = memory_lower_bound(p);
-  const int64_t target = plan.budget_bytes > 0 ? plan.budget_bytes : INT64_MAX;
   int64_t lowest = none.peak_allocated;
 
   if (policy == "none") {
@@ -380,12 +399,17 @@ Plan plan_in_mode(const Simulator& sim, const std::string& policy, const Budget&
       n = order.size();
       make = [&](size_t k) { return prefix_of(p, order, k); };
     }
-    if (plan.budget_bytes == 0) {
+    if (plan.budget_bytes == 0 && policy == "blocks") {
+      // torch.utils.checkpoint on every block.
       plan.decisions = make(n);
       plan.predicted = sim.run(build_schedule(p, plan.decisions, plan.keep_chain));
       lowest = std::min(lowest, plan.predicted.peak_allocated);
+      plan.note = "checkpointed all " + std::to_string(n) + " blocks";
     } else {
-      Evaluated e = search_prefix(sim, n, target, plan.keep_chain, make, lowest);
+      // mutwo without a budget aims for the lowest peak: no prefix "fits" a target of -1, so the
+      // search returns the fastest plan near the lowest peak it saw.
+      const int64_t goal = plan.budget_bytes > 0 ? plan.budget_bytes : -1;
+      Evaluated e = search_prefix(sim, n, goal, plan.keep_chain, make, lowest);
       plan.decisions = std::move(e.d);
       plan.predicted = std::move(e.r);
       plan.note = std::string(policy == "blocks" ? "checkpointed the first " : "recomputes the first ") +
@@ -399,10 +423,15 @@ Plan plan_in_mode(const Simulator& sim, const std::string& policy, const Budget&
 }
 
 // Whether plan a is the better answer to the budget than plan b.
+// Both infeasible (or no budget): the lower peak, unless the two peaks are within kNearLowest
+// of each other, when the faster plan wins.
 bool better(const Plan& a, const Plan& b) {
   if (a.feasible != b.feasible) return a.feasible;
-  if (!a.feasible && a.predicted.peak_allocated != b.predicted.peak_allocated) {
-    return a.predicted.peak_allocated < b.predicted.peak_allocated;
+  const bool aim_low = !a.feasible || a.budget_bytes == 0;
+  if (aim_low) {
+    const int64_t pa = a.predicted.peak_allocated, pb = b.predicted.peak_allocated;
+    const int64_t low = std::min(pa, pb);
+    if (!near_lowest(pa, low) || !near_lowest(pb, low)) return pa < pb;
   }
   return a.predicted.time_ms < b.predicted.time_ms;
 }
@@ -417,8 +446,10 @@ Plan make_plan(const Simulator& sim, const std::string& policy, const Budget& bu
     for (const std::string& n : names) known += (known.empty() ? "" : ", ") + n;
     REGEN_FAIL("unknown policy '", policy, "': known policies are ", known);
   }
-  const std::vector<int32_t> picks =
-      policy == "mutwo" ? mutwo_order(sim.profile()) : std::vector<int32_t>{};
+  std::vector<int32_t> picks;
+  if (policy == "mutwo") {
+    for (const MutwoPick& m : mutwo_picks(sim.profile())) picks.push_back(m.saved);
+  }
   Plan plan;
   std::string chain_note;
   if (chain == Chain::automatic && policy == "mutwo") {
@@ -429,7 +460,7 @@ Plan make_plan(const Simulator& sim, const std::string& policy, const Budget& bu
     const Plan& other = take_keep ? drop : keep;
     plan.lowest_peak = std::min(plan.lowest_peak, other.lowest_peak);
     char buf[200];
-    std::snprintf(buf, sizeof buf, "; chain %s chosen (chain %s: peak %s, step %.3f s%s)",
+    std::snprintf(buf, sizeof buf, "chain %s chosen (chain %s: peak %s, step %.3f s%s)",
                   take_keep ? "keep" : "drop", take_keep ? "drop" : "keep",
                   format_bytes(other.predicted.peak_allocated).c_str(),
                   other.predicted.time_ms / 1000.0, other.feasible ? "" : ", over budget");
@@ -444,7 +475,7 @@ Plan make_plan(const Simulator& sim, const std::string& policy, const Budget& bu
                 format_bytes(plan.lower_bound) + " (persistent memory, the batch and the largest "
                 "single-op working set)";
   }
-  plan.note += chain_note;
+  if (!chain_note.empty()) plan.note += (plan.note.empty() ? "" : "; ") + chain_note;
   plan.planning_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   return plan;

@@ -67,6 +67,21 @@ struct PolicySpec {
 };
 PolicySpec parse_policy_spec(const std::string& text);
 
+// One pick of mu-TWO's greedy, with its bookkeeping at the moment it was picked: the saved
+// tensors its regeneration reads, the time of one regeneration from them, how many times it will
+// be regenerated (1 for its own backward use, plus one per regeneration of an earlier pick that
+// now passes through it), and the ranking key bytes / (rp_ms * count).
+struct MutwoPick {
+  int32_t saved = -1;
+  double count = 1;
+  double rp_ms = 0;
+  double ratio = 0;
+  std::vector<int32_t> srcs;
+};
+// The full greedy order over every candidate (make_plan then takes the shortest prefix whose
+// simulated peak fits the budget).
+std::vector<MutwoPick> mutwo_picks(const Profile& p);
+
 // Throws regen::Error listing the policies for an unknown name.
 Plan make_plan(const Simulator& sim, const std::string& policy, const Budget& budget,
                Chain chain = Chain::automatic);
