@@ -4,10 +4,12 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 
 #include "core/io.h"
 #include "remat/schedule.h"
+#include "remat/simulator.h"
 
 namespace regen {
 
@@ -107,7 +109,11 @@ std::string profile_to_json(const Profile& p) {
                      {"block", n.block}, {"is_view", n.is_view},
                      {"visible_outputs", n.num_visible_outputs}, {"inputs", n.inputs},
                      {"outputs", n.outputs}, {"saved", n.saved}, {"fwd_ms", n.fwd_ms},
-                     {"bwd_ms", n.bwd_ms}});
+                     {"bwd_ms", n.bwd_ms},
+                     // Derived (recomputed from the event log on load; here for readers).
+                     {"bwd_rank", n.bwd_rank}, {"fwd_alloc_bytes", n.fwd_alloc_bytes},
+                     {"fwd_free_bytes", n.fwd_free_bytes}, {"bwd_alloc_bytes", n.bwd_alloc_bytes},
+                     {"bwd_free_bytes", n.bwd_free_bytes}});
   }
   j["nodes"] = std::move(nodes);
   json values = json::array();
@@ -120,7 +126,13 @@ std::string profile_to_json(const Profile& p) {
   json saved = json::array();
   for (const ProfileSaved& s : p.saved) {
     saved.push_back({{"value", s.value}, {"bytes", s.bytes},
-                     {"category", category_name(s.category)}});
+                     {"category", category_name(s.category)},
+                     // Derived (recomputed on load; here for readers): the lifetime in forward
+                     // node indices (creation rank = producer) and backward-order positions.
+                     {"name", s.name}, {"creation_rank", s.producer},
+                     {"last_fwd_use", s.last_fwd_use}, {"first_bw_rank", s.first_bw_rank},
+                     {"last_bw_rank", s.last_bw_rank}, {"readers", s.readers},
+                     {"candidate", s.candidate}, {"recompute_ms", s.recompute_ms}});
   }
   j["saved"] = std::move(saved);
   j["backward_order"] = p.backward_order;
@@ -285,6 +297,16 @@ Profile profile_from_json(const std::string& text, const std::string& origin) {
   }
   validate_profile(p, origin);
   finalize_profile(p);
+  // The event log must replay to the peaks the file says were measured: a file edited by hand
+  // or damaged in a way the checks above miss would otherwise give plans whose predictions
+  // are silently wrong.
+  const SimResult replay = Simulator(p).run(
+      build_schedule(p, std::vector<Decision>(p.saved.size(), Decision::retain)));
+  REGEN_CHECK(replay.peak_allocated == p.peak_allocated && replay.peak_reserved == p.peak_reserved,
+              origin, ": its event log replays to a peak of ", replay.peak_allocated,
+              " allocated and ", replay.peak_reserved, " reserved bytes, but it records ",
+              p.peak_allocated, " and ", p.peak_reserved,
+              " as measured: the file was edited or is damaged; profile again");
   return p;
 }
 
@@ -331,8 +353,40 @@ void validate_profile(const Profile& p, const std::string& origin) {
                 origin, ": saved tensor ", s, " refers to value ", sv.value,
                 " which is not a storage root");
   }
+  std::vector<char> in_backward(static_cast<size_t>(nn), 0);
   for (int32_t n : p.backward_order) {
     REGEN_CHECK(n >= 0 && n < nn, origin, ": backward order names node ", n, " out of range");
+    REGEN_CHECK(!in_backward[static_cast<size_t>(n)], origin, ": backward order names node ", n,
+                " twice");
+    in_backward[static_cast<size_t>(n)] = 1;
+  }
+  auto time_ok = [](double t) { return std::isfinite(t) && t >= 0; };
+  for (const ProfileNode& n : p.nodes) {
+    REGEN_CHECK(time_ok(n.fwd_ms) && time_ok(n.bwd_ms), origin, ": node ", n.index,
+                " has times ", n.fwd_ms, " / ", n.bwd_ms, " ms (must be finite and >= 0)");
+  }
+  for (double t : {p.iteration_ms, p.forward_ms, p.backward_ms, p.optimizer_ms}) {
+    REGEN_CHECK(time_ok(t), origin, ": measured times must be finite and >= 0, got ", t, " ms");
+  }
+  REGEN_CHECK(p.peak_allocated >= 0 && p.peak_reserved >= p.peak_allocated, origin,
+              ": measured peaks are ", p.peak_allocated, " allocated and ", p.peak_reserved,
+              " reserved bytes");
+  for (size_t i = 0; i < p.events.size(); ++i) {
+    const ProfileEvent& e = p.events[i];
+    REGEN_CHECK(e.bytes > 0 && e.requested >= 0 && e.requested <= e.bytes, origin, ": event ", i,
+                " (", memory_event_name(e.kind), ") has ", e.bytes, " bytes for ", e.requested,
+                " requested");
+  }
+  for (const AllocatorState::SegmentRec& seg : p.start_state.segments) {
+    uint64_t expect = 0;
+    for (const BlockInfo& b : seg.blocks) {
+      REGEN_CHECK(b.offset == expect && b.size > 0 && b.requested <= b.size, origin,
+                  ": start_state segment ", seg.id, " has a block at offset ", b.offset,
+                  " of ", b.size, " bytes where one at ", expect, " was expected");
+      expect += b.size;
+    }
+    REGEN_CHECK(seg.id > 0 && expect == seg.size, origin, ": start_state segment ", seg.id,
+                " of ", seg.size, " bytes is tiled by ", expect, " bytes of blocks");
   }
   uint64_t last = 0;
   for (size_t m = 0; m < p.markers.size(); ++m) {

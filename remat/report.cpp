@@ -54,6 +54,20 @@ std::string profile_table(const Profile& p, bool full) {
     os << "  " << pad(category_name(static_cast<Category>(i)), 26) << pad(mib(p.persistent_by[i]), 12, true)
        << pad(mib(p.allocated_by_at_peak[i]), 15, true) << "\n";
   }
+  // What is live at the peak, from an exact replay of the iteration.
+  {
+    SimOptions so;
+    so.top_live = full ? 25 : 10;
+    const SimResult r = Simulator(p).run(
+        build_schedule(p, std::vector<Decision>(p.saved.size(), Decision::retain)), so);
+    os << "\nLive at the peak (" << format_bytes(r.peak_allocated) << ", reached after "
+       << (r.peak_at.empty() ? std::string("the start") : r.peak_at) << "), largest blocks:\n";
+    os << "  " << pad("allocation tag", 56) << pad("category", 17) << pad("MiB", 10, true) << "\n";
+    for (const LiveBlockRec& b : r.live_at_peak) {
+      os << "  " << pad(b.tag.empty() ? "(untagged)" : b.tag, 56) << pad(category_name(b.category), 17)
+         << pad(mib(b.bytes), 10, true) << "\n";
+    }
+  }
   // Saved tensors: activations and their lifetimes.
   std::vector<const ProfileSaved*> acts;
   int64_t act_bytes = 0;

@@ -62,6 +62,7 @@ SimResult Simulator::run(const Schedule& s, const SimOptions& opt) const {
   SimResult res;
   int64_t best = sim.stats().allocated.current;
   std::vector<LiveBlockRec> best_live;
+  int64_t last_marker = -1, best_marker = -1;
   // With top_live, the live set is listed each time the running maximum rises (costly; reports
   // only).
   auto after_change = [&]() {
@@ -69,6 +70,7 @@ SimResult Simulator::run(const Schedule& s, const SimOptions& opt) const {
     const int64_t cur = sim.stats().allocated.current;
     if (cur > best) {
       best = cur;
+      best_marker = last_marker;
       best_live.clear();
       for (const BlockInfo& b : sim.snapshot()) {
         if (b.allocated) best_live.push_back({tag_name(b.tag), b.category, static_cast<int64_t>(b.size)});
@@ -142,6 +144,7 @@ SimResult Simulator::run(const Schedule& s, const SimOptions& opt) const {
   };
 
   auto on_marker = [&](const Marker& m) {
+    last_marker = &m - p.markers.data();
     if (m.kind == MarkerKind::fwd_end) {
       for (int32_t sv : s.evict_after[static_cast<size_t>(m.node)]) {
         auto it = live.find(saved_base[static_cast<size_t>(sv)]);
@@ -195,6 +198,11 @@ SimResult Simulator::run(const Schedule& s, const SimOptions& opt) const {
     best_live.resize(static_cast<size_t>(opt.top_live));
   }
   res.live_at_peak = std::move(best_live);
+  if (best_marker >= 0) {
+    const Marker& m = p.markers[static_cast<size_t>(best_marker)];
+    res.peak_at = std::string(marker_name(m.kind)) +
+                  (m.node >= 0 ? " " + p.nodes[static_cast<size_t>(m.node)].name : "");
+  }
   res.recompute_ms = s.recompute_ms;
   res.replays = s.replays;
   res.time_ms = p.iteration_ms + s.recompute_ms;

@@ -32,6 +32,7 @@ struct SimResult {
   std::array<int64_t, kNumCategories> allocated_by_at_peak{};
   std::array<int64_t, kNumCategories> peak_by{};  // each category's own peak
   std::vector<LiveBlockRec> live_at_peak;          // largest first (with top_live)
+  std::string peak_at;  // with top_live: the last marker before the peak ("fwd_begin <op>", ...)
   double time_ms = 0;        // profiled iteration time + recomputation
   double recompute_ms = 0;
   int64_t replays = 0;

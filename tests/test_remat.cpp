@@ -10,6 +10,8 @@
 #include <functional>
 #include <unistd.h>
 
+#include <nlohmann/json.hpp>
+
 #include "core/io.h"
 #include "models/optim.h"
 #include "models/train.h"
@@ -323,6 +325,30 @@ TEST_CASE("remat: malformed profile and plan files give clear errors") {
   write_file_atomic(path, text);
   CHECK(error_of([&] { load_profile(path); }).find("out of range") != std::string::npos);
   CHECK(error_of([&] { load_profile(dir + "_missing.json"); }).find("cannot open") != std::string::npos);
+  // Damage the checks on structure alone would miss: each is named.
+  auto damaged = [&](const std::function<void(nlohmann::json&)>& edit) {
+    nlohmann::json j = nlohmann::json::parse(profile_to_json(profile));
+    edit(j);
+    write_file_atomic(path, j.dump());
+    return error_of([&] { load_profile(path); });
+  };
+  CHECK(damaged([](nlohmann::json& j) { j["measured"]["peak_allocated"] = j["measured"]["peak_allocated"].get<int64_t>() - 512; })
+            .find("replays to a peak") != std::string::npos);
+  CHECK(damaged([](nlohmann::json& j) { j["backward_order"].push_back(j["backward_order"][0]); })
+            .find("twice") != std::string::npos);
+  CHECK(damaged([](nlohmann::json& j) { j["events"][0][3] = -5; }).find("requested") != std::string::npos);
+  CHECK(damaged([](nlohmann::json& j) { j["nodes"][0]["fwd_ms"] = -1.0; }).find("finite and >= 0") != std::string::npos);
+  CHECK(damaged([](nlohmann::json& j) { j["start_state"]["segments"][0]["size"] = 12345; }).find("tiled") != std::string::npos);
+  CHECK(damaged([](nlohmann::json& j) { j["start_state"]["segments"] = nlohmann::json::array(); }).find(path) != std::string::npos);
+  // The derived fields are written for readers.
+  {
+    const nlohmann::json j = nlohmann::json::parse(profile_to_json(profile));
+    const nlohmann::json& s0 = j.at("saved").at(0);
+    CHECK(s0.at("name").get<std::string>() == profile.saved[0].name);
+    CHECK(s0.at("creation_rank").get<int32_t>() == profile.saved[0].producer);
+    CHECK(s0.at("first_bw_rank").get<int32_t>() == profile.saved[0].first_bw_rank);
+    CHECK(j.at("nodes").at(0).at("fwd_alloc_bytes").get<int64_t>() == profile.nodes[0].fwd_alloc_bytes);
+  }
 
   const Simulator sim(profile);
   const Plan plan = make_plan(sim, "mutwo", Budget::parse("60%"));
