@@ -1,0 +1,212 @@
+// The remat requirements, shared by the CPU suite (tests/test_remat.cpp) and the CUDA suite
+// (tests/cuda/test_cuda_remat.cpp): for a model, batch, device and list of planners,
+//  - the simulator's predicted peaks (allocated and reserved) equal the measured ones to the byte,
+//    every step;
+//  - training with each plan gives bitwise the same losses, gradients and parameters as without,
+//    dropout included;
+//  - the measured peak is at or under the budget whenever the planner said it was feasible, at
+//    budgets every planner can meet (its lowest peak and halfway to it) as well as 70% and 50%.
+#pragma once
+
+#include <doctest/doctest.h>
+
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "models/optim.h"
+#include "models/train.h"
+#include "remat/executor.h"
+#include "remat/profiler.h"
+
+namespace regen::testing {
+
+
+struct Run {
+  std::unique_ptr<Model> model;
+  std::unique_ptr<Optimizer> opt;
+  std::unique_ptr<DataSource> data;
+  std::unique_ptr<Trainer> trainer;
+};
+
+inline Run make_run(const ModelConfig& cfg, int64_t batch, Device device) {
+  manual_seed(1234);
+  Run r;
+  r.model = make_model(cfg, device);
+  SGDOptions so;
+  so.lr = 0.05;
+  so.momentum = 0.9;
+  r.opt = std::make_unique<SGD>(r.model->parameters(), so);
+  r.data = make_data_source("", cfg, 99);
+  r.trainer = std::make_unique<Trainer>(*r.model, *r.opt, *r.data, batch, device);
+  return r;
+}
+
+// resnet-tiny's own peak is the stem convolution's workspace at the start of the forward pass,
+// which no plan can lower; with ResNet-50's block counts at 1/8 width on 64x64 images (batch 8),
+// activations dominate and every planner has room to work.
+inline ModelConfig remat_resnet() {
+  ModelConfig cfg = model_preset("resnet-tiny");
+  cfg.blocks = {3, 4, 6, 3};
+  cfg.image_size = 64;
+  return cfg;
+}
+
+struct Trace {
+  std::vector<double> losses;
+  std::vector<std::vector<float>> params, grads;
+  std::vector<MemoryStats> memory;
+};
+
+inline Trace train(Run& r, int steps, TapeHooks* hooks) {
+  Trace t;
+  if (hooks) Tape::current().add_hooks(hooks);
+  for (int i = 0; i < steps; ++i) {
+    StepResult s = r.trainer->step();
+    t.losses.push_back(s.loss);
+    t.memory.push_back(s.memory);
+  }
+  if (hooks) Tape::current().remove_hooks(hooks);
+  for (const Tensor& p : r.model->parameters()) {
+    t.params.push_back(p.to_vector<float>());
+    t.grads.push_back(p.grad().to_vector<float>());
+  }
+  return t;
+}
+
+inline bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// Every run builds its model from an empty allocator, as a fresh process would: the canonical
+// step start then gives each run the same layout.
+inline void fresh_allocator(Device device) {
+  CachingAllocator& a = allocator_for(device);
+  a.empty_cache();
+  REQUIRE(a.stats().live_blocks == 0);
+}
+
+inline Profile profile_of(const ModelConfig& cfg, int64_t batch, int iterations,
+                          Device device = Device::cpu()) {
+  fresh_allocator(device);
+  Run base = make_run(cfg, batch, device);
+  ProfileOptions po;
+  po.warmup = 1;
+  po.iterations = iterations;
+  po.model_name = cfg.name;
+  return profile_training(*base.trainer, po);
+}
+
+// Budgets for one policy: no budget, 70% and 50% of the no-remat peak (feasible or not), and
+// two that the policy can meet by construction: the lowest peak it reaches, and halfway between
+// that and the no-remat peak. The last two make every planner's budget compliance a real check.
+inline std::vector<Budget> budgets_for(const Simulator& sim, const PolicySpec& spec) {
+  std::vector<Budget> out = {Budget(), Budget::parse("70%"), Budget::parse("50%")};
+  if (spec.policy == "none") return out;
+  const Plan probe = make_plan(sim, spec.policy, Budget::parse("1"), spec.chain);
+  CHECK_FALSE(probe.feasible);
+  const int64_t none_peak = probe.no_remat_peak;
+  if (probe.lowest_peak < none_peak) {
+    Budget lowest;
+    lowest.kind = Budget::Kind::bytes;
+    lowest.value = static_cast<double>(probe.lowest_peak);
+    Budget mid = lowest;
+    mid.value = static_cast<double>(probe.lowest_peak + (none_peak - probe.lowest_peak) / 2);
+    out.push_back(lowest);
+    out.push_back(mid);
+  }
+  return out;
+}
+
+inline void check_model(const ModelConfig& cfg, int64_t batch, const std::vector<std::string>& labels,
+                        Device device = Device::cpu()) {
+  const std::string& name = cfg.name;
+  const Profile profile = profile_of(cfg, batch, 2, device);
+  const Simulator sim(profile);
+  // The profiled iteration itself: the simulator reproduces it exactly.
+  const SimResult none = sim.run(build_schedule(profile, std::vector<Decision>(profile.saved.size(), Decision::retain)));
+  CHECK(none.peak_allocated == profile.peak_allocated);
+  CHECK(none.peak_reserved == profile.peak_reserved);
+  // The profile survives a JSON round trip.
+  const Profile again = profile_from_json(profile_to_json(profile), "round trip");
+  CHECK(Simulator(again).run(build_schedule(again, std::vector<Decision>(again.saved.size(), Decision::retain))).peak_allocated ==
+        profile.peak_allocated);
+
+  // Reference training without remat: every step, the first included, peaks where profiled.
+  Trace ref;
+  {
+    fresh_allocator(device);
+    Run ref_run = make_run(cfg, batch, device);
+    ref = train(ref_run, 3, nullptr);
+  }
+  for (const MemoryStats& m : ref.memory) {
+    CHECK(m.allocated.peak == profile.peak_allocated);
+    CHECK(m.reserved.peak == profile.peak_reserved);
+  }
+
+  int recomputing_plans = 0, budgets_checked = 0;
+  for (const std::string& label : labels) {
+    const PolicySpec spec = parse_policy_spec(label);
+    const std::string& policy = spec.policy;
+    const std::vector<Budget> budgets = budgets_for(sim, spec);
+    if (policy != "none") CHECK(budgets.size() == 5);  // every policy lowers this model's peak
+    for (const Budget& budget : budgets) {
+      const std::string btext = budget.str();
+      CAPTURE(name);
+      CAPTURE(label);
+      CAPTURE(btext);
+      const Plan plan = make_plan(sim, policy, budget, spec.chain);
+      if (budget.kind == Budget::Kind::bytes) CHECK(plan.feasible);  // budgets_for's own two
+      if (spec.chain == Chain::automatic && policy == "mutwo") {
+        // auto is the better of the two modes: it fits whenever one fits, and is then no slower
+        // than a mode that fits; without a budget (or when neither fits) it is within 1% of the
+        // lower peak and, if both are, no slower.
+        for (Chain c : {Chain::keep, Chain::drop}) {
+          const Plan other = make_plan(sim, policy, budget, c);
+          if (other.feasible && plan.budget_bytes > 0) {
+            CHECK(plan.feasible);
+            CHECK(plan.predicted.time_ms <= other.predicted.time_ms);
+          } else {
+            CHECK(static_cast<double>(plan.predicted.peak_allocated) <=
+                  1.01 * static_cast<double>(other.predicted.peak_allocated));
+          }
+          CHECK(plan.lowest_peak <= other.lowest_peak);
+        }
+      }
+      if (spec.chain == Chain::drop) CHECK_FALSE(plan.keep_chain);
+      if (spec.chain == Chain::keep) CHECK(plan.keep_chain);
+      if (plan.recomputed() > 0) ++recomputing_plans;
+      fresh_allocator(device);
+      Run run = make_run(cfg, batch, device);
+      RematExecutor exec(profile, build_schedule(profile, plan.decisions, plan.keep_chain));
+      const Trace got = train(run, 3, &exec);
+      // Bitwise identical training.
+      REQUIRE(got.losses.size() == ref.losses.size());
+      for (size_t i = 0; i < got.losses.size(); ++i) CHECK(got.losses[i] == ref.losses[i]);
+      bool same = true;
+      for (size_t i = 0; i < ref.params.size(); ++i) {
+        same = same && bitwise_equal(got.params[i], ref.params[i]) &&
+               bitwise_equal(got.grads[i], ref.grads[i]);
+      }
+      CHECK(same);
+      // Exact prediction, every step.
+      for (size_t i = 0; i < got.memory.size(); ++i) {
+        CHECK(got.memory[i].allocated.peak == plan.predicted.peak_allocated);
+        CHECK(got.memory[i].reserved.peak == plan.predicted.peak_reserved);
+      }
+      CHECK(exec.replays() == plan.predicted.replays);
+      if (plan.feasible && plan.budget_bytes > 0) {
+        ++budgets_checked;
+        for (const MemoryStats& m : got.memory) CHECK(m.allocated.peak <= plan.budget_bytes);
+      }
+      if (policy == "none") CHECK(plan.recomputed() == 0);
+    }
+  }
+  if (labels.size() > 1 || labels[0] != "none") {
+    CHECK(recomputing_plans > 0);
+    CHECK(budgets_checked >= 2);
+  }
+}
+
+}  // namespace regen::testing
