@@ -2,41 +2,60 @@
 #include "core/io.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
-#include <fstream>
-#include <sstream>
+#include <vector>
 
 #include "core/error.h"
 
 namespace regen {
+namespace {
+
+std::string folder_of(const std::string& path) {
+  const auto slash = path.find_last_of('/');
+  if (slash == std::string::npos) return ".";
+  if (slash == 0) return "/";
+  return path.substr(0, slash);
+}
+
+}  // namespace
 
 void write_file_atomic(const std::string& path, const std::string& content) {
   REGEN_CHECK(!path.empty(), "cannot write to an empty path");
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  // pid and a counter: unique across processes and across threads of this one (O_EXCL).
+  static std::atomic<unsigned> counter{0};
+  const std::string tmp =
+      path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter++);
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   REGEN_CHECK(fd >= 0, "cannot create '", tmp, "' to write '", path, "': ", std::strerror(errno));
+  // Every failure below closes the descriptor (once) and removes the temporary file.
+  auto fail = [&](int err, const std::string& what) {
+    if (fd >= 0) ::close(fd);
+    fd = -1;
+    ::unlink(tmp.c_str());
+    REGEN_FAIL("writing '", path, "' failed: ", what, ": ", std::strerror(err));
+  };
   size_t done = 0;
   while (done < content.size()) {
     const ssize_t n = ::write(fd, content.data() + done, content.size() - done);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
-      const int err = errno;
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      REGEN_FAIL("writing '", path, "' failed after ", done, " of ", content.size(),
-                 " bytes: ", std::strerror(err));
+      fail(n == 0 ? EIO : errno,
+           "wrote " + std::to_string(done) + " of " + std::to_string(content.size()) + " bytes");
     }
     done += static_cast<size_t>(n);
   }
-  if (::fsync(fd) != 0 || ::close(fd) != 0) {
-    const int err = errno;
-    ::unlink(tmp.c_str());
-    REGEN_FAIL("writing '", path, "' failed: ", std::strerror(err));
-  }
+  if (::fsync(fd) != 0) fail(errno, "fsync");
+  // close() releases the descriptor even when it reports an error; never retry it.
+  const int closed = ::close(fd);
+  fd = -1;
+  if (closed != 0) fail(errno, "close");
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
     const int err = errno;
     ::unlink(tmp.c_str());
@@ -45,12 +64,58 @@ void write_file_atomic(const std::string& path, const std::string& content) {
 }
 
 std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  REGEN_CHECK(in.good(), "cannot open '", path, "': ", std::strerror(errno));
-  std::ostringstream os;
-  os << in.rdbuf();
-  REGEN_CHECK(!in.bad(), "reading '", path, "' failed");
-  return os.str();
+  REGEN_CHECK(!path.empty(), "cannot read an empty path");
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  REGEN_CHECK(fd >= 0, "cannot open '", path, "': ", std::strerror(errno));
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
+    ::close(fd);
+    REGEN_FAIL("cannot stat '", path, "': ", std::strerror(err));
+  }
+  if (S_ISDIR(st.st_mode)) {
+    ::close(fd);
+    REGEN_FAIL("'", path, "' is a directory, not a regular file");
+  }
+  std::string out;
+  if (S_ISREG(st.st_mode)) out.reserve(static_cast<size_t>(st.st_size));
+  std::vector<char> buf(1 << 20);
+  for (;;) {
+    const ssize_t n = ::read(fd, buf.data(), buf.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int err = errno;
+      ::close(fd);
+      REGEN_FAIL("reading '", path, "' failed after ", out.size(), " bytes: ", std::strerror(err));
+    }
+    if (n == 0) break;
+    out.append(buf.data(), static_cast<size_t>(n));
+  }
+  ::close(fd);
+  return out;
+}
+
+std::string why_not_writable(const std::string& path) {
+  if (path.empty()) return "the path is empty";
+  if (path.back() == '/') return "'" + path + "' names a folder; give a file name";
+  struct stat st;
+  if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+    return "'" + path + "' is a directory; give a file name";
+  }
+  const std::string dir = folder_of(path);
+  if (::stat(dir.c_str(), &st) != 0) {
+    return "folder '" + dir + "' does not exist (" + std::strerror(errno) + ")";
+  }
+  if (!S_ISDIR(st.st_mode)) return "'" + dir + "' is not a folder";
+  // Try what write_file_atomic will do: create a file next to the target, then remove it.
+  std::string probe = (dir == "/" ? std::string() : dir) + "/.regen-write-check.XXXXXX";
+  std::vector<char> name(probe.begin(), probe.end());
+  name.push_back('\0');
+  const int fd = ::mkstemp(name.data());
+  if (fd < 0) return "cannot create files in folder '" + dir + "': " + std::strerror(errno);
+  ::close(fd);
+  ::unlink(name.data());
+  return "";
 }
 
 }  // namespace regen

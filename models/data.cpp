@@ -2,6 +2,7 @@
 #include "models/data.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <fstream>
 #include <sys/stat.h>
@@ -114,6 +115,11 @@ class Cifar10 final : public DataSource {
                 "model is set up for ", m.image_size, "x", m.image_size, " (use --image-size 32)");
     REGEN_CHECK(m.num_classes >= 10, "--data cifar10: needs at least 10 classes, model '", m.name,
                 "' has ", m.num_classes);
+    struct stat st;
+    REGEN_CHECK(::stat(dir.c_str(), &st) == 0, "--data cifar10:", dir, ": cannot open '", dir,
+                "': ", std::strerror(errno));
+    REGEN_CHECK(S_ISDIR(st.st_mode), "--data cifar10:", dir, ": '", dir,
+                "' is not a directory (expected the folder of data_batch_1.bin .. data_batch_5.bin)");
     for (int i = 1; i <= 5; ++i) {
       const std::string f = dir + "/data_batch_" + std::to_string(i) + ".bin";
       if (!file_exists(f)) continue;
@@ -199,9 +205,15 @@ class TextBytes final : public DataSource {
       : path_(path), seq_(m.seq_len), seed_(seed) {
     REGEN_CHECK(m.family == ModelFamily::transformer, "--data text:", path,
                 " is token data; model '", m.name, "' is a ResNet (use cifar10:DIR)");
-    REGEN_CHECK(m.vocab >= 256, "--data text:", path, ": byte tokens need a vocabulary of at least ",
-                "256, model '", m.name, "' has ", m.vocab);
+    REGEN_CHECK(m.vocab >= 256, "--data text:", path, " feeds byte tokens (0..255), but model '",
+                m.name, "' has a vocabulary of ", m.vocab, ": pass --vocab 256");
+    struct stat st;
+    REGEN_CHECK(::stat(path.c_str(), &st) == 0, "--data text:", path, ": cannot open '", path,
+                "': ", std::strerror(errno));
+    REGEN_CHECK(S_ISREG(st.st_mode), "--data text:", path, ": '", path, "' is ",
+                S_ISDIR(st.st_mode) ? "a directory, " : "", "not a regular file");
     text_ = read_file(path);
+    REGEN_CHECK(!text_.empty(), "--data text:", path, ": the file is empty");
     REGEN_CHECK(static_cast<int64_t>(text_.size()) > seq_, "text file '", path, "' has ",
                 text_.size(), " bytes; it needs more than the sequence length ", seq_);
     const int64_t bad = first_invalid_utf8(text_);

@@ -1,6 +1,7 @@
 // Training data: synthetic batches from a fixed seed (the default), CIFAR-10 binary batches
 // (`cifar10:DIR`) for ResNet and a UTF-8 text file as byte tokens (`text:FILE`) for the
-// Transformer. Every batch is created in the input memory category. Tests: tests/test_data.cpp.
+// Transformer. Every batch is created in the input memory category. Tests: tests/test_models.cpp
+// (batches), tests/test_cli.cpp (bad specs and files).
 #pragma once
 
 #include <memory>

@@ -72,56 +72,75 @@ NamedTensors Module::state_dict() const {
 void Module::load_state_dict(const NamedTensors& state, bool strict) {
   std::map<std::string, const Tensor*> given;
   for (const auto& kv : state) given[kv.first] = &kv.second;
-  std::set<std::string> used;
-  std::vector<std::string> missing;
+  // Every entry the model holds, by full name: a tensor to copy into, or host state that a
+  // module loads itself.
+  struct Target {
+    std::string name;
+    Tensor* tensor;  // nullptr: extra state of `owner`
+    Module* owner;
+    std::string local;
+  };
+  std::vector<Target> targets;
   std::function<void(Module&, const std::string&)> walk = [&](Module& m,
                                                               const std::string& prefix) {
-    auto copy_into = [&](const std::string& full, Tensor& dst) {
-      auto it = given.find(full);
-      if (it == given.end()) {
-        missing.push_back(full);
-        return;
-      }
-      const Tensor& src = *it->second;
-      REGEN_CHECK(src.shape() == dst.shape(), "load_state_dict: '", full, "' has shape ",
-                  sh(src.shape()), " but the model expects ", sh(dst.shape()));
-      REGEN_CHECK(src.dtype() == dst.dtype(), "load_state_dict: '", full, "' is ",
-                  dtype_name(src.dtype()), " but the model expects ", dtype_name(dst.dtype()));
-      dst.copy_from(src);
-      used.insert(full);
-    };
-    for (auto& kv : m.params_) copy_into(prefix + kv.first, kv.second);
-    for (auto& kv : m.buffers_) copy_into(prefix + kv.first, kv.second);
+    for (auto& kv : m.params_) targets.push_back({prefix + kv.first, &kv.second, &m, kv.first});
+    for (auto& kv : m.buffers_) targets.push_back({prefix + kv.first, &kv.second, &m, kv.first});
     NamedTensors extra;
     m.extra_state(extra, prefix);
     for (auto& kv : extra) {
-      auto it = given.find(kv.first);
-      if (it == given.end()) {
-        missing.push_back(kv.first);
-        continue;
-      }
-      REGEN_CHECK(m.load_extra_state(kv.first.substr(prefix.size()), *it->second),
-                  "load_state_dict: cannot load '", kv.first, "'");
-      used.insert(kv.first);
+      targets.push_back({kv.first, nullptr, &m, kv.first.substr(prefix.size())});
     }
     for (auto& kv : m.children_) walk(*kv.second, prefix + kv.first + ".");
   };
   walk(*this, "");
-  if (!strict) return;
+
+  // Names first (a checkpoint of another model reads as such), then shapes and dtypes, and only
+  // then any copy: a failed load leaves the model as it was.
+  std::set<std::string> used;
+  std::vector<std::string> missing;
+  for (const Target& t : targets) {
+    if (given.count(t.name)) used.insert(t.name);
+    else missing.push_back(t.name);
+  }
   std::vector<std::string> unexpected;
   for (const auto& kv : state) {
     if (!used.count(kv.first)) unexpected.push_back(kv.first);
   }
-  auto list = [](const std::vector<std::string>& v) {
-    std::string s;
-    for (size_t i = 0; i < v.size() && i < 8; ++i) s += (i ? ", " : "") + v[i];
-    if (v.size() > 8) s += ", ... (" + std::to_string(v.size()) + " in all)";
-    return s;
-  };
-  REGEN_CHECK(missing.empty(), "load_state_dict: missing ", missing.size(), " entries: ",
-              list(missing));
-  REGEN_CHECK(unexpected.empty(), "load_state_dict: ", unexpected.size(),
-              " unexpected entries: ", list(unexpected));
+  if (strict && (!missing.empty() || !unexpected.empty())) {
+    auto list = [](const std::vector<std::string>& v) {
+      std::string s;
+      for (size_t i = 0; i < v.size() && i < 8; ++i) s += (i ? ", " : "") + v[i];
+      if (v.size() > 8) s += ", ... (" + std::to_string(v.size()) + " in all)";
+      return s;
+    };
+    auto entries = [](size_t n) { return std::to_string(n) + (n == 1 ? " entry" : " entries"); };
+    std::string msg = "load_state_dict: " + std::to_string(used.size()) + " of the model's " +
+                      std::to_string(targets.size()) + " names match (the state dict has " +
+                      std::to_string(state.size()) + ")";
+    if (!missing.empty()) msg += "; missing " + entries(missing.size()) + ": " + list(missing);
+    if (!unexpected.empty()) {
+      msg += "; " + entries(unexpected.size()) + " unexpected: " + list(unexpected);
+    }
+    REGEN_FAIL(msg);
+  }
+  for (const Target& t : targets) {
+    if (!t.tensor || !used.count(t.name)) continue;
+    const Tensor& src = *given[t.name];
+    REGEN_CHECK(src.shape() == t.tensor->shape(), "load_state_dict: '", t.name, "' has shape ",
+                sh(src.shape()), " but the model expects ", sh(t.tensor->shape()));
+    REGEN_CHECK(src.dtype() == t.tensor->dtype(), "load_state_dict: '", t.name, "' is ",
+                dtype_name(src.dtype()), " but the model expects ", dtype_name(t.tensor->dtype()));
+  }
+  for (const Target& t : targets) {
+    if (!used.count(t.name)) continue;
+    const Tensor& src = *given[t.name];
+    if (t.tensor) {
+      t.tensor->copy_from(src);
+    } else {
+      REGEN_CHECK(t.owner->load_extra_state(t.local, src), "load_state_dict: cannot load '",
+                  t.name, "'");
+    }
+  }
 }
 
 int64_t Module::num_parameters() const {

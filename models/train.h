@@ -3,7 +3,8 @@
 // every time; every step then drops the previous step's tensors, empties the allocator cache and
 // resets its peaks before touching anything. Every step therefore starts from the same allocator
 // layout, which is what lets a profiled iteration predict later ones to the byte.
-// Tests: tests/test_train.cpp; used by `regen train`, `profile`, `sweep`, `bench train`.
+// Tests: tests/test_models.cpp (canonical start), tests/test_remat.cpp; used by `regen train`,
+// `profile`, `sweep`, `bench train`.
 #pragma once
 
 #include <vector>

@@ -131,11 +131,11 @@ TEST_CASE("parity: loading a state dict with wrong names or shapes is a clear er
     model->load_state_dict(missing);
     FAIL("no throw");
   } catch (const Error& e) {
-    CHECK(std::string(e.what()).find("missing 1 entries: " + state.front().first) != std::string::npos);
+    CHECK(std::string(e.what()).find("missing 1 entry: " + state.front().first) != std::string::npos);
   }
   NamedTensors extra = state;
   extra.emplace_back("layer9.weight", zeros({1}));
-  CHECK_THROWS_WITH_AS(model->load_state_dict(extra), doctest::Contains("unexpected entries: layer9.weight"), Error);
+  CHECK_THROWS_WITH_AS(model->load_state_dict(extra), doctest::Contains("1 entry unexpected: layer9.weight"), Error);
   auto transformer = build("transformer-tiny");
   CHECK_THROWS_AS(transformer->load_state_dict(state), Error);
   NamedTensors bad_shape = state;

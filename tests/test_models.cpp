@@ -1,0 +1,385 @@
+// The built-in models (models/model.h, module.h): torchvision's ResNet state-dict names, shapes
+// and parameter counts, the Transformer presets' names and counts, train/eval behaviour of batch
+// norm and dropout, state-dict round trips through safetensors, load_state_dict's messages, the
+// data sources' batches and the Trainer's canonical start (models/train.h).
+// Reference counts: len(torchvision.models.resnetN().state_dict()) and sum(p.numel()) of its
+// parameters (torchvision 0.14); the Transformer's from torch.nn.TransformerEncoderLayer's
+// 3,152,384 parameters at d_model 512, feed-forward 2048.
+// The large models are only built (their parameters allocated and initialized), never run.
+#include <doctest/doctest.h>
+
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+#include "core/io.h"
+#include "core/safetensors.h"
+#include "models/data.h"
+#include "models/model.h"
+#include "models/optim.h"
+#include "models/train.h"
+#include "tests/test_util.h"
+
+using namespace regen;
+using regen::testing::error_of;
+
+namespace {
+
+std::map<std::string, Shape> shapes_of(const NamedTensors& named) {
+  std::map<std::string, Shape> out;
+  for (const auto& kv : named) out[kv.first] = kv.second.shape();
+  return out;
+}
+
+// A folder of its own under the working directory (the build tree), removed at the end.
+struct TempDir {
+  std::string path;
+  TempDir() {
+    char name[] = "./models-XXXXXX";
+    REQUIRE(::mkdtemp(name) != nullptr);
+    path = name;
+  }
+  ~TempDir() { std::filesystem::remove_all(path); }
+  std::string file(const std::string& name) const { return path + "/" + name; }
+};
+
+std::vector<float> values(const Tensor& t) {
+  return t.to_vector<float>();
+}
+
+Tensor image_batch(int64_t n, int64_t size, uint64_t seed) {
+  Generator g(seed);
+  return normal({n, 3, size, size}, 0.0, 1.0, g);
+}
+
+Tensor token_batch(int64_t n, int64_t seq, int64_t vocab, uint64_t seed) {
+  Generator g(seed);
+  return randint({n, seq}, vocab, g);
+}
+
+ModelConfig preset_with_seed(const std::string& name, uint64_t seed) {
+  ModelConfig c = model_preset(name);
+  c.seed = seed;
+  return c;
+}
+
+// One ResNet against torchvision: entry count, parameter count (0: not checked), names, shapes.
+void check_resnet(const std::string& name, size_t entries, int64_t params) {
+  auto model = make_model(model_preset(name));
+  const NamedTensors state = model->state_dict();
+  CHECK(state.size() == entries);
+  if (params) CHECK(model->num_parameters() == params);
+  // torch order: the stem first, the classifier last.
+  REQUIRE(!state.empty());
+  CHECK(state.front().first == "conv1.weight");
+  CHECK(state.back().first == "fc.bias");
+  const auto shapes = shapes_of(state);
+  CHECK(shapes.at("conv1.weight") == Shape{64, 3, 7, 7});
+  CHECK(shapes.at("bn1.running_var") == Shape{64});
+  CHECK(shapes.at("bn1.num_batches_tracked") == Shape{});
+  const bool bottleneck = name != "resnet18" && name != "resnet34";
+  CHECK(shapes.at("fc.weight") == Shape{1000, bottleneck ? 2048 : 512});
+  CHECK(shapes.at("fc.bias") == Shape{1000});
+  if (bottleneck) {
+    CHECK(shapes.at("layer1.0.downsample.0.weight") == Shape{256, 64, 1, 1});
+    CHECK(shapes.at("layer1.0.downsample.1.running_mean") == Shape{256});
+    CHECK(shapes.at("layer1.0.conv3.weight") == Shape{256, 64, 1, 1});
+    CHECK(shapes.at("layer4.0.conv2.weight") == Shape{512, 512, 3, 3});
+  } else {
+    CHECK(shapes.count("layer1.0.downsample.0.weight") == 0);  // 64 -> 64, stride 1
+    CHECK(shapes.at("layer2.0.downsample.0.weight") == Shape{128, 64, 1, 1});
+    CHECK(shapes.at("layer4.1.conv2.weight") == Shape{512, 512, 3, 3});
+  }
+  // Parameters carry their full names (memory tags, optimizer state).
+  for (const auto& kv : model->named_parameters()) CHECK(kv.second.name() == kv.first);
+}
+
+}  // namespace
+
+// Separate cases so that ctest -j builds the large models in parallel.
+TEST_CASE("models: resnet18 matches torchvision's state dict") {
+  check_resnet("resnet18", 122, 11689512);
+}
+TEST_CASE("models: resnet34 matches torchvision's state dict") {
+  check_resnet("resnet34", 218, 0);
+}
+TEST_CASE("models: resnet50 matches torchvision's state dict") {
+  check_resnet("resnet50", 320, 25557032);
+}
+TEST_CASE("models: resnet101 matches torchvision's state dict") {
+  check_resnet("resnet101", 626, 0);
+}
+TEST_CASE("models: resnet152 matches torchvision's state dict") {
+  check_resnet("resnet152", 932, 60192808);
+}
+
+TEST_CASE("models: --num-classes changes only fc, and resnet-tiny is the parity tests' model") {
+  ModelConfig c = model_preset("resnet18");
+  c.num_classes = 10;
+  auto model = make_model(c);
+  const auto shapes = shapes_of(model->state_dict());
+  CHECK(shapes.at("fc.weight") == Shape{10, 512});
+  CHECK(model->num_parameters() == 11689512 - 990 * 513);
+
+  auto tiny = make_model(model_preset("resnet-tiny"));
+  const auto t = shapes_of(tiny->state_dict());
+  CHECK(t.at("conv1.weight") == Shape{8, 3, 7, 7});
+  CHECK(t.at("fc.weight") == Shape{10, 256});
+}
+
+TEST_CASE("models: Transformer presets have torch.nn names and parameter counts") {
+  // transformer: embeddings 30000x512 + 128x512, 6 x 3,152,384 per encoder layer, head 512->30000.
+  auto model = make_model(model_preset("transformer"));
+  CHECK(model->num_parameters() == 30000 * 512 + 128 * 512 + 6 * 3152384 + 512 * 30000 + 30000);
+  CHECK(model->num_parameters() == 49729840);
+  const NamedTensors state = model->state_dict();
+  CHECK(state.size() == 2 + 6 * 12 + 2);
+  const auto shapes = shapes_of(state);
+  CHECK(state.front().first == "tok_emb.weight");
+  CHECK(shapes.at("tok_emb.weight") == Shape{30000, 512});
+  CHECK(shapes.at("pos_emb.weight") == Shape{128, 512});
+  for (int i = 0; i < 6; ++i) {
+    const std::string p = "encoder.layers." + std::to_string(i) + ".";
+    CAPTURE(p);
+    CHECK(shapes.at(p + "self_attn.in_proj_weight") == Shape{1536, 512});
+    CHECK(shapes.at(p + "self_attn.in_proj_bias") == Shape{1536});
+    CHECK(shapes.at(p + "self_attn.out_proj.weight") == Shape{512, 512});
+    CHECK(shapes.at(p + "self_attn.out_proj.bias") == Shape{512});
+    CHECK(shapes.at(p + "linear1.weight") == Shape{2048, 512});
+    CHECK(shapes.at(p + "linear1.bias") == Shape{2048});
+    CHECK(shapes.at(p + "linear2.weight") == Shape{512, 2048});
+    CHECK(shapes.at(p + "linear2.bias") == Shape{512});
+    CHECK(shapes.at(p + "norm1.weight") == Shape{512});
+    CHECK(shapes.at(p + "norm2.bias") == Shape{512});
+  }
+  CHECK(shapes.count("encoder.layers.6.linear1.weight") == 0);
+  CHECK(shapes.at("lm_head.weight") == Shape{30000, 512});
+  CHECK(state.back().first == "lm_head.bias");
+
+  // The tiny preset: vocabulary 101 (the parity fixtures' model), 2 layers of width 32.
+  const ModelConfig tiny = model_preset("transformer-tiny");
+  CHECK(tiny.vocab == 101);
+  CHECK(tiny.seq_len == 16);
+  auto t = make_model(tiny);
+  CHECK(t->num_parameters() == 101 * 32 + 16 * 32 + 2 * 8544 + 32 * 101 + 101);
+  CHECK(t->state_dict().size() == 2 + 2 * 12 + 2);
+
+  // A larger vocabulary (--vocab) changes the embedding and the head only.
+  ModelConfig big = tiny;
+  big.vocab = 256;
+  auto b = make_model(big);
+  CHECK(b->num_parameters() - t->num_parameters() == (256 - 101) * (32 + 32 + 1));
+  CHECK(shapes_of(b->state_dict()).at("lm_head.weight") == Shape{256, 32});
+}
+
+TEST_CASE("models: preset names and unknown names") {
+  const auto names = model_preset_names();
+  CHECK(names.size() == 9);
+  for (const std::string& n : names) CHECK(model_preset(n).name == n);
+  const std::string msg = error_of([] { model_preset("resnet7"); });
+  CHECK(msg.find("unknown model 'resnet7'") != std::string::npos);
+  CHECK(msg.find("transformer-tiny") != std::string::npos);
+}
+
+TEST_CASE("models: batch norm uses batch statistics in training and running statistics in eval") {
+  manual_seed(0);
+  auto model = make_model(model_preset("resnet-tiny"));
+  const Tensor x = image_batch(4, 32, 7);
+  auto running = [&] {
+    for (const auto& kv : model->state_dict()) {
+      if (kv.first == "bn1.running_mean") return values(kv.second);
+    }
+    FAIL("no bn1.running_mean");
+    return std::vector<float>();
+  };
+  auto tracked = [&] {
+    for (const auto& kv : model->state_dict()) {
+      if (kv.first == "bn1.num_batches_tracked") return kv.second.item<int64_t>();
+    }
+    return int64_t{-1};
+  };
+  const std::vector<float> mean0 = running();
+  CHECK(tracked() == 0);
+  REQUIRE(model->is_training());
+  std::vector<float> train_out;
+  {
+    NoGradScope ng;
+    train_out = values(model->forward(x));
+  }
+  const std::vector<float> mean1 = running();
+  CHECK(mean1 != mean0);  // the batch statistics moved the running mean
+  CHECK(tracked() == 1);
+
+  model->eval();
+  CHECK(!model->is_training());
+  std::vector<float> eval_a, eval_b;
+  {
+    NoGradScope ng;
+    eval_a = values(model->forward(x));
+    eval_b = values(model->forward(x));
+  }
+  CHECK(eval_a == eval_b);    // running statistics: the same answer every time
+  CHECK(running() == mean1);  // and they are not updated
+  CHECK(tracked() == 1);
+  CHECK(eval_a != train_out);  // batch statistics differ from the running ones
+
+  model->train();
+  CHECK(model->is_training());
+}
+
+TEST_CASE("models: dropout is active in training and the identity in eval") {
+  const ModelConfig with = model_preset("transformer-tiny");  // dropout 0.1
+  REQUIRE(with.dropout > 0.0f);
+  ModelConfig without = with;
+  without.dropout = 0.0f;
+  manual_seed(3);
+  auto a = make_model(with);
+  auto b = make_model(without);  // same seed: the same parameters
+  b->eval();
+  const Tensor tokens = token_batch(2, 16, with.vocab, 5);
+  NoGradScope ng;
+  const std::vector<float> train1 = values(a->forward(tokens));
+  const std::vector<float> train2 = values(a->forward(tokens));
+  CHECK(train1 != train2);  // fresh masks each forward
+  a->eval();
+  const std::vector<float> eval1 = values(a->forward(tokens));
+  const std::vector<float> eval2 = values(a->forward(tokens));
+  CHECK(eval1 == eval2);
+  CHECK(eval1 == values(b->forward(tokens)));  // eval ignores p
+  CHECK(eval1 != train1);
+}
+
+TEST_CASE("models: state_dict saved and loaded gives identical outputs") {
+  TempDir dir;
+  for (const std::string name : {"resnet-tiny", "transformer-tiny"}) {
+    CAPTURE(name);
+    manual_seed(11);
+    auto src = make_model(preset_with_seed(name, 1));
+    auto dst = make_model(preset_with_seed(name, 2));  // different initial weights
+    const bool resnet = src->config().family == ModelFamily::resnet;
+    const Tensor input = resnet ? image_batch(2, 32, 9) : token_batch(2, 16, 101, 9);
+    {
+      NoGradScope ng;
+      src->forward(input);  // moves batch-norm running statistics away from their start
+    }
+    const std::string path = dir.file(name + ".safetensors");
+    save_safetensors(path, src->state_dict(), {{"model", name}});
+    const SafetensorsFile file = load_safetensors(path);
+    CHECK(file.tensors.size() == src->state_dict().size());
+    CHECK(file.metadata.at("model") == name);
+    src->eval();
+    dst->eval();
+    NoGradScope ng;
+    const std::vector<float> before = values(dst->forward(input));
+    const std::vector<float> want = values(src->forward(input));
+    CHECK(before != want);
+    dst->load_state_dict(file.tensors);
+    CHECK(values(dst->forward(input)) == want);  // bitwise
+    const NamedTensors a = src->state_dict(), b = dst->state_dict();
+    REQUIRE(a.size() == b.size());
+    for (size_t i = 0; i < a.size(); ++i) {
+      CHECK(a[i].first == b[i].first);
+      if (a[i].second.dtype() == DType::f32)
+        CHECK(values(a[i].second) == values(b[i].second));
+      else
+        CHECK(a[i].second.item<int64_t>() == b[i].second.item<int64_t>());
+    }
+  }
+}
+
+TEST_CASE("models: load_state_dict leads with the matched count and changes nothing on failure") {
+  auto resnet = make_model(model_preset("resnet-tiny"));
+  auto transformer = make_model(model_preset("transformer-tiny"));
+  const size_t n = transformer->state_dict().size();
+  const std::string msg = error_of([&] { transformer->load_state_dict(resnet->state_dict()); });
+  CHECK(msg.find("0 of the model's " + std::to_string(n) + " names match") != std::string::npos);
+  CHECK(msg.find("missing " + std::to_string(n) + " entries: tok_emb.weight") != std::string::npos);
+  CHECK(msg.find("unexpected: conv1.weight") != std::string::npos);
+
+  // One wrong shape: nothing is copied, not even the entries before it.
+  auto other = make_model(preset_with_seed("transformer-tiny", 5));
+  NamedTensors state;
+  for (const auto& kv : other->state_dict()) state.emplace_back(kv.first, kv.second.clone());
+  state.back().second = zeros({3});  // lm_head.bias
+  const std::vector<float> tok_before = values(transformer->state_dict().front().second);
+  const std::string shape_msg = error_of([&] { transformer->load_state_dict(state); });
+  CHECK(shape_msg.find("'lm_head.bias' has shape [3] but the model expects [101]") !=
+        std::string::npos);
+  CHECK(values(transformer->state_dict().front().second) == tok_before);
+
+  // Non-strict loading takes what matches and ignores the rest.
+  NamedTensors partial(state.begin(), state.begin() + 1);
+  partial.emplace_back("not.a.parameter", zeros({1}));
+  transformer->load_state_dict(partial, false);
+  CHECK(values(transformer->state_dict().front().second) == values(state.front().second));
+}
+
+TEST_CASE("data: synthetic and text batches have the model's shapes, and bad specs are clear") {
+  TempDir dir;
+  const ModelConfig resnet = model_preset("resnet-tiny");
+  auto images = make_data_source("", resnet, 0);
+  const Batch b = images->next(3, Device::cpu());
+  CHECK(b.input.shape() == Shape{3, 3, 32, 32});
+  CHECK(b.target.shape() == Shape{3});
+  for (int64_t label : b.target.to_vector<int64_t>()) CHECK((label >= 0 && label < 10));
+
+  ModelConfig lm = model_preset("transformer-tiny");
+  auto tokens = make_data_source("synthetic", lm, 0);
+  const Batch t = tokens->next(2, Device::cpu());
+  CHECK(t.input.shape() == Shape{2, 16});
+  CHECK(t.target.shape() == Shape{2, 16});
+
+  // Text as bytes: targets are the inputs shifted by one.
+  const std::string path = dir.file("text.txt");
+  write_file_atomic(path,
+                    "the quick brown fox jumps over the lazy dog, twice: the quick brown fox");
+  CHECK(error_of([&] { make_data_source("text:" + path, lm, 0); }).find("--vocab 256") !=
+        std::string::npos);
+  lm.vocab = 256;
+  auto text = make_data_source("text:" + path, lm, 0);
+  const Batch tb = text->next(2, Device::cpu());
+  const std::vector<int64_t> in = tb.input.to_vector<int64_t>(),
+                             out = tb.target.to_vector<int64_t>();
+  for (size_t i = 0; i + 1 < 16; ++i) CHECK(out[i] == in[i + 1]);
+
+  CHECK(error_of([&] {
+          make_data_source("text:" + dir.path, lm, 0);
+        }).find("is a directory, not a regular file") != std::string::npos);
+  write_file_atomic(dir.file("empty.txt"), "");
+  CHECK(error_of([&] {
+          make_data_source("text:" + dir.file("empty.txt"), lm, 0);
+        }).find("the file is empty") != std::string::npos);
+  CHECK(error_of([&] {
+          make_data_source("cifar10:" + dir.file("none"), resnet, 0);
+        }).find("cannot open") != std::string::npos);
+  CHECK(error_of([&] {
+          make_data_source("cifar10:" + path, resnet, 0);
+        }).find("is not a directory") != std::string::npos);
+  CHECK(error_of([&] { make_data_source("text:" + path, resnet, 0); }).find("is a ResNet") !=
+        std::string::npos);
+  CHECK(error_of([&] { make_data_source("imagenet:x", resnet, 0); }).find("bad --data") !=
+        std::string::npos);
+}
+
+TEST_CASE("train: every step starts from the same allocator layout (same peak every step)") {
+  manual_seed(0);
+  const ModelConfig c = model_preset("transformer-tiny");
+  auto model = make_model(c);
+  SGDOptions o;
+  o.lr = 0.1;
+  o.momentum = 0.9;
+  SGD opt(model->parameters(), o);
+  auto data = make_data_source("", c, 0);
+  Trainer trainer(*model, opt, *data, 2, Device::cpu());
+  std::vector<StepResult> steps;
+  for (int i = 0; i < 4; ++i) steps.push_back(trainer.step());
+  for (const StepResult& r : steps) CHECK(std::isfinite(r.loss));
+  // Gradients and optimizer state exist from the first step on: every step's peak is the same.
+  for (int i = 1; i < 4; ++i) {
+    CHECK(steps[i].memory.allocated.peak == steps[0].memory.allocated.peak);
+  }
+}
