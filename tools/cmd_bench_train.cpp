@@ -1,11 +1,16 @@
-// `regen bench train`: times training steps (warm-up, then the median of the timed steps).
+// `regen bench train`: times training steps (warm-up, then the median of the timed steps) and
+// prints what it measured beside the command that measures PyTorch on the same model, batch and
+// threads (tools/torch_baseline.py). --json writes the figures for docs tables; --torch-csv
+// reads torch_baseline.py's CSV and prints the ratio regen / PyTorch.
+#include <omp.h>
 #include <algorithm>
 #include <cstdio>
-#include <omp.h>
+#include <sstream>
 
+#include "core/io.h"
 #include "core/numeric.h"
-#include "tools/common.h"
 #include "tools/command.h"
+#include "tools/common.h"
 
 namespace regen::tool {
 namespace {
@@ -14,35 +19,186 @@ struct Flags {
   ModelFlags m;
   int warmup = 2;
   int steps = 5;
+  std::string json;
+  std::string torch_csv;
 };
+
+// The eager step time (s) of `model` at `batch` in torch_baseline.py's CSV (columns model,
+// batch, mode, math, step_s, peak_bytes, error), or 0 when the file has no such row.
+double torch_step_seconds(const std::string& path, const std::string& model, int64_t batch,
+                          const std::string& math) {
+  std::istringstream in(read_file(path));
+  std::string line;
+  std::getline(in, line);
+  REGEN_CHECK(line.rfind("model,batch,mode,math,step_s", 0) == 0, "--torch-csv ", path,
+              ": expected the header of tools/torch_baseline.py --csv, got '", line, "'");
+  while (std::getline(in, line)) {
+    std::vector<std::string> cells;
+    std::istringstream row(line);
+    std::string cell;
+    while (std::getline(row, cell, ',')) cells.push_back(cell);
+    if (cells.size() < 5 || cells[0] != model || cells[1] != std::to_string(batch) ||
+        cells[2] != "eager" || cells[3] != math || cells[4].empty()) {
+      continue;
+    }
+    return std::stod(cells[4]);
+  }
+  return 0;
+}
+
+// The tools/torch_baseline.py command that runs the same training step in PyTorch, or "" when
+// it has no equivalent (it builds the presets with their default classes and vocabulary and
+// trains with SGD, momentum 0.9).
+std::string torch_baseline_command(const Flags& f, const ModelConfig& c, Device device, int threads,
+                                   const std::string& math) {
+  const bool resnet = c.family == ModelFamily::resnet;
+  const bool known =
+      resnet ? c.name.rfind("resnet", 0) == 0 && c.name != "resnet-tiny" && c.num_classes == 1000
+             : (c.name == "transformer" || c.name == "bert-base") && c.vocab == 30000;
+  if (!known || f.m.optimizer != "sgd" || f.m.momentum != 0.9 || f.m.weight_decay != 0) return "";
+  char dropout[48] = "";
+  if (!resnet) {
+    std::snprintf(dropout, sizeof dropout, " --dropout %g", static_cast<double>(c.dropout));
+  }
+  char buf[512];
+  std::snprintf(buf, sizeof buf,
+                "python3 tools/torch_baseline.py --device %s --threads %d --model %s --batches "
+                "%lld %s %d%s --lr %g --modes eager --math %s --warmup %d --steps %d --csv "
+                "torch.csv",
+                device.is_cpu() ? "cpu" : "cuda", threads, c.name.c_str(),
+                static_cast<long long>(f.m.batch), resnet ? "--image-size" : "--seq-len",
+                static_cast<int>(resnet ? c.image_size : c.seq_len), dropout, f.m.lr, math.c_str(),
+                f.warmup, f.steps);
+  return buf;
+}
+
+std::string json_string(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') out += '\\';
+    out += c;
+  }
+  return out + "\"";
+}
+
+void run(const Flags& f) {
+  if (!f.json.empty()) check_output_path("--json", f.json);
+  auto s = make_session(f.m, f.m.batch);
+  const ModelConfig& c = s->config;
+  const int threads = omp_get_max_threads();
+  const std::string math = f.m.tf32 ? "tf32" : "fp32";
+  const bool resnet = c.family == ModelFamily::resnet;
+  for (int i = 0; i < f.warmup; ++i) {
+    const StepResult r = s->trainer->step();
+    check_finite_loss(r.loss, i + 1, f.m.lr);
+  }
+  std::vector<double> ms;
+  int64_t peak = 0, peak_reserved = 0;
+  for (int i = 0; i < f.steps; ++i) {
+    const StepResult r = s->trainer->step();
+    check_finite_loss(r.loss, f.warmup + i + 1, f.m.lr);
+    ms.push_back(r.ms);
+    peak = std::max(peak, r.memory.allocated.peak);
+    peak_reserved = std::max(peak_reserved, r.memory.reserved.peak);
+  }
+  const double med = median(ms);
+  const double lo = *std::min_element(ms.begin(), ms.end());
+  const double hi = *std::max_element(ms.begin(), ms.end());
+  const double sps = med > 0 ? 1000.0 * f.m.batch / med : 0.0;
+  const std::string shape =
+      resnet ? "image " + std::to_string(c.image_size) + "x" + std::to_string(c.image_size)
+             : "sequence " + std::to_string(c.seq_len) + ", vocabulary " + std::to_string(c.vocab);
+  std::printf("bench train: %s batch %lld, %s, on %s, %d threads, %s (regen, %s lr %g)\n",
+              c.name.c_str(), static_cast<long long>(f.m.batch), shape.c_str(),
+              s->device.str().c_str(), threads, math.c_str(), f.m.optimizer.c_str(), f.m.lr);
+  std::printf("  step time: median %s, min %s, max %s over %d timed steps after %d warm-up\n",
+              format_ms(med).c_str(), format_ms(lo).c_str(), format_ms(hi).c_str(), f.steps,
+              f.warmup);
+  std::printf("  %.2f samples/s; peak allocated %s, reserved %s\n", sps, format_bytes(peak).c_str(),
+              format_bytes(peak_reserved).c_str());
+
+  double torch_s = 0;
+  if (!f.torch_csv.empty()) {
+    torch_s = torch_step_seconds(f.torch_csv, c.name, f.m.batch, math);
+    if (torch_s > 0) {
+      std::printf("  PyTorch (%s): median step %s; regen / PyTorch = %.2f\n", f.torch_csv.c_str(),
+                  format_ms(torch_s * 1000).c_str(), med / 1000 / torch_s);
+    } else {
+      std::printf("  PyTorch: %s has no eager %s row for %s batch %lld\n", f.torch_csv.c_str(),
+                  math.c_str(), c.name.c_str(), static_cast<long long>(f.m.batch));
+    }
+  } else {
+    const std::string peer = torch_baseline_command(f, c, s->device, threads, math);
+    if (!peer.empty()) {
+      std::printf(
+          "  PyTorch on the same model, batch and threads: %s (then --torch-csv torch.csv "
+          "here for the ratio)\n",
+          peer.c_str());
+    } else {
+      std::printf(
+          "  PyTorch: tools/torch_baseline.py has no peer for this configuration (it "
+          "runs resnet18..152 with 1000 classes and transformer / bert-base with a "
+          "30000 vocabulary, SGD with momentum 0.9)\n");
+    }
+  }
+
+  if (!f.json.empty()) {
+    std::ostringstream j;
+    char num[64];
+    auto seconds = [&](double v_ms) {
+      std::snprintf(num, sizeof num, "%.9f", v_ms / 1000);
+      return std::string(num);
+    };
+    j << "{\n  \"tool\": \"regen bench train\",\n  \"model\": " << json_string(c.name)
+      << ",\n  \"batch\": " << f.m.batch << ",\n  \"math\": \"" << math
+      << "\",\n  \"device\": " << json_string(s->device.str()) << ",\n  \"threads\": " << threads
+      << ",\n";
+    if (resnet) {
+      j << "  \"image_size\": " << c.image_size << ",\n  \"num_classes\": " << c.num_classes
+        << ",\n";
+    } else {
+      j << "  \"seq_len\": " << c.seq_len << ",\n  \"vocab\": " << c.vocab << ",\n";
+    }
+    j << "  \"optimizer\": " << json_string(f.m.optimizer) << ",\n  \"warmup\": " << f.warmup
+      << ",\n  \"steps\": " << f.steps << ",\n  \"step_s\": " << seconds(med)
+      << ",\n  \"step_min_s\": " << seconds(lo) << ",\n  \"step_max_s\": " << seconds(hi)
+      << ",\n  \"step_ms\": [";
+    for (size_t i = 0; i < ms.size(); ++i) {
+      std::snprintf(num, sizeof num, "%.4f", ms[i]);
+      j << (i ? ", " : "") << num;
+    }
+    std::snprintf(num, sizeof num, "%.4f", sps);
+    j << "],\n  \"samples_per_s\": " << num << ",\n  \"peak_bytes\": " << peak
+      << ",\n  \"peak_reserved_bytes\": " << peak_reserved;
+    if (torch_s > 0) {
+      std::snprintf(num, sizeof num, "%.9f", torch_s);
+      j << ",\n  \"torch_step_s\": " << num;
+      std::snprintf(num, sizeof num, "%.4f", med / 1000 / torch_s);
+      j << ",\n  \"ratio_regen_over_torch\": " << num;
+    }
+    j << "\n}\n";
+    write_file_atomic(f.json, j.str());
+    std::printf("  wrote %s\n", f.json.c_str());
+  }
+}
 
 void setup(CLI::App& app) {
   auto f = std::make_shared<Flags>();
   add_model_flags(app, f->m);
   app.add_option("--warmup", f->warmup, "untimed steps first")
-      ->check(CLI::NonNegativeNumber)
+      ->check(non_negative_integer(kIntMax))
       ->capture_default_str();
-  app.add_option("--steps", f->steps, "timed steps")->check(CLI::PositiveNumber)->capture_default_str();
-  app.callback([f] {
-    auto s = make_session(f->m, f->m.batch);
-    for (int i = 0; i < f->warmup; ++i) s->trainer->step();
-    std::vector<double> ms;
-    int64_t peak = 0;
-    for (int i = 0; i < f->steps; ++i) {
-      const StepResult r = s->trainer->step();
-      ms.push_back(r.ms);
-      peak = std::max(peak, r.memory.allocated.peak);
-    }
-    std::vector<double> sorted = ms;
-    std::sort(sorted.begin(), sorted.end());
-    const double med = median(ms);
-    std::printf("bench train: %s batch %lld on %s, %d threads: median step %.3f s over %d steps "
-                "(min %.3f, max %.3f; %d warm-up), %.2f samples/s, peak allocated %s\n",
-                f->m.model.c_str(), static_cast<long long>(f->m.batch), s->device.str().c_str(),
-                omp_get_max_threads(), med / 1000, f->steps, sorted.front() / 1000,
-                sorted.back() / 1000, f->warmup, 1000.0 * f->m.batch / med,
-                format_bytes(peak).c_str());
-  });
+  app.add_option("--steps", f->steps, "timed steps")
+      ->check(positive_integer(kIntMax))
+      ->capture_default_str();
+  app.add_option("--json", f->json,
+                 "also write the figures to FILE (atomic): model, batch, math, device, threads, "
+                 "image_size or seq_len, step_s (median), step_min_s, step_max_s, step_ms, "
+                 "samples_per_s, peak_bytes");
+  app.add_option("--torch-csv", f->torch_csv,
+                 "CSV from tools/torch_baseline.py --csv (same model, batch, device and threads): "
+                 "print the ratio regen / PyTorch");
+  app.callback([f] { run(*f); });
 }
 REGEN_COMMAND("bench train", "time training steps of a model (median after warm-up)", setup);
 

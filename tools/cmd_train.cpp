@@ -1,12 +1,12 @@
 // `regen train`: trains a built-in model from the command line, optionally under a memory budget
 // with a rematerialization policy (profile, plan, then train with the plan).
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <iostream>
 #include <omp.h>
 
 #include "core/numeric.h"
-#include "core/safetensors.h"
 #include "remat/executor.h"
 #include "remat/profiler.h"
 #include "tools/common.h"
@@ -33,28 +33,29 @@ void print_step(bool bar, int64_t step, int64_t steps, const StepResult& r, int6
   if (bar) {
     const int width = 24;
     const int done = static_cast<int>(width * step / steps);
-    std::printf("\rstep %lld/%lld [%s%s] loss %.4f | %.3f s/step | %.1f samples/s | peak %s ",
+    std::printf("\rstep %lld/%lld [%s%s] loss %.4f | %s/step | %.1f samples/s | peak %s ",
                 static_cast<long long>(step), static_cast<long long>(steps),
                 std::string(static_cast<size_t>(done), '=').c_str(),
-                std::string(static_cast<size_t>(width - done), ' ').c_str(), r.loss, r.ms / 1000.0,
-                sps, format_bytes(peak).c_str());
+                std::string(static_cast<size_t>(width - done), ' ').c_str(), r.loss,
+                format_ms(r.ms).c_str(), sps, format_bytes(peak).c_str());
     if (step == steps) std::printf("\n");
   } else {
-    std::printf("step %lld/%lld loss %.4f time %.3f s samples/s %.1f peak %s\n",
-                static_cast<long long>(step), static_cast<long long>(steps), r.loss, r.ms / 1000.0,
-                sps, format_bytes(peak).c_str());
+    std::printf("step %lld/%lld loss %.4f time %s samples/s %.1f peak %s\n",
+                static_cast<long long>(step), static_cast<long long>(steps), r.loss,
+                format_ms(r.ms).c_str(), sps, format_bytes(peak).c_str());
   }
   std::fflush(stdout);
 }
 
 void run(const TrainFlags& f) {
-  REGEN_CHECK(f.steps > 0, "--steps must be positive, got ", f.steps);
+  REGEN_CHECK(f.steps > 0, "--steps must be a positive integer, got ", f.steps);
+  // Mistakes in the outputs fail now, not after the last step.
+  if (!f.save.empty()) check_output_path("--save", f.save);
   auto s = make_session(f.m, f.m.batch);
   const int threads = omp_get_max_threads();
   if (!f.load.empty()) {
-    const SafetensorsFile file = load_safetensors(f.load);
-    s->model->load_state_dict(file.tensors);
-    std::printf("loaded %s (%zu tensors)\n", f.load.c_str(), file.tensors.size());
+    const size_t n = load_checkpoint(*s, f.load);
+    std::printf("loaded %s (%zu tensors)\n", f.load.c_str(), n);
   }
   std::printf("training %s (%lld parameters) on %s, %d threads: batch %lld, %lld steps, %s lr %g; "
               "data: %s\n",
@@ -120,6 +121,11 @@ void run(const TrainFlags& f) {
   const int64_t every = f.steps <= 50 ? 1 : f.steps / 20;
   for (int64_t i = done; i < f.steps; ++i) {
     StepResult r = s->trainer->step();
+    if (!std::isfinite(r.loss)) {
+      if (mode == "bar") std::printf("\n");
+      std::fflush(stdout);
+      check_finite_loss(r.loss, i + 1, f.m.lr);
+    }
     record(r);
     if (mode != "none" && ((i + 1) % every == 0 || i + 1 == f.steps)) {
       print_step(mode == "bar", i + 1, f.steps, r, f.m.batch, r.memory.allocated.peak);
@@ -127,16 +133,27 @@ void run(const TrainFlags& f) {
   }
   if (exec) Tape::current().remove_hooks(exec.get());
 
-  // Summary.
-  std::vector<double> steady(times.begin() + (times.size() > 1 ? 1 : 0), times.end());
-  const double med = median(steady);
+  // Summary. The first timed step warms caches and the allocator: the median leaves it out
+  // when there are later steps.
   std::printf("\nsummary: %s on %s, batch %lld, %lld steps\n", f.m.model.c_str(),
               s->device.str().c_str(), static_cast<long long>(f.m.batch),
               static_cast<long long>(f.steps));
   if (!losses.empty()) {
     std::printf("  loss %.4f -> %.4f\n", losses.front(), losses.back());
-    std::printf("  step time %.3f s (median of %zu after the first), %.1f samples/s\n", med / 1000,
-                steady.size(), med > 0 ? 1000.0 * f.m.batch / med : 0.0);
+    if (times.size() == 1) {
+      std::printf("  step time %s (a single step, warm-up included: no later steps to take a "
+                  "median over), %.1f samples/s\n",
+                  format_ms(times[0]).c_str(), times[0] > 0 ? 1000.0 * f.m.batch / times[0] : 0.0);
+    } else {
+      const std::vector<double> steady(times.begin() + 1, times.end());
+      const double med = median(steady);
+      const std::string which =
+          steady.size() == 1 ? "the second step; the first is left out as warm-up"
+                             : "median of the " + std::to_string(steady.size()) +
+                                   " steps after the first";
+      std::printf("  step time %s (%s), %.1f samples/s\n", format_ms(med).c_str(), which.c_str(),
+                  med > 0 ? 1000.0 * f.m.batch / med : 0.0);
+    }
     std::printf("  peak memory: allocated %s, reserved %s\n", format_bytes(peak_alloc).c_str(),
                 format_bytes(peak_reserved).c_str());
     std::printf("  at the peak:");
@@ -163,9 +180,7 @@ void run(const TrainFlags& f) {
     }
   }
   if (!f.save.empty()) {
-    save_safetensors(f.save, s->model->state_dict(),
-                     {{"model", f.m.model}, {"steps", std::to_string(f.steps)},
-                      {"format", "regen-checkpoint-1"}});
+    save_checkpoint(*s, f.save, f.steps);
     std::printf("  saved %s\n", f.save.c_str());
   }
 }
@@ -173,7 +188,9 @@ void run(const TrainFlags& f) {
 void setup(CLI::App& app) {
   auto f = std::make_shared<TrainFlags>();
   add_model_flags(app, f->m);
-  app.add_option("--steps", f->steps, "training steps")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--steps", f->steps, "training steps")
+      ->check(positive_integer())
+      ->capture_default_str();
   app.add_option("--save", f->save, "write the model's parameters and buffers to FILE.safetensors "
                                     "(torchvision / torch.nn names; atomic)");
   app.add_option("--load", f->load, "start from FILE.safetensors");
@@ -190,7 +207,7 @@ void setup(CLI::App& app) {
                                                "instead of profiling the first steps");
   app.add_option("--plan", f->plan_file, "apply this plan.json (from `regen plan`; needs --profile)");
   app.add_option("--profile-steps", f->profile_steps, "steps profiled before planning")
-      ->check(CLI::PositiveNumber)
+      ->check(positive_integer(kIntMax))
       ->capture_default_str();
   app.add_option("--progress", f->progress, "auto, bar, plain or none")
       ->check(CLI::IsMember({"auto", "bar", "plain", "none"}))

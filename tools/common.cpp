@@ -4,7 +4,15 @@
 #include <omp.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cctype>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <map>
+
+#include "core/io.h"
+#include "core/safetensors.h"
 
 #ifdef REGEN_WITH_CUDA
 #include "core/cuda/runtime.h"
@@ -13,37 +21,164 @@
 
 namespace regen::tool {
 
+// ---------------------------------------------------------------------------------------------
+// Validators
+
+namespace {
+
+enum class IntParse { ok, not_integer, too_large };
+
+// A decimal integer: optional sign, then digits only (no hex, octal, exponent or spaces).
+IntParse parse_integer(const std::string& s, bool& negative, uint64_t& magnitude) {
+  size_t i = 0;
+  negative = false;
+  magnitude = 0;
+  if (i < s.size() && (s[i] == '+' || s[i] == '-')) negative = s[i++] == '-';
+  if (i == s.size()) return IntParse::not_integer;
+  bool overflow = false;
+  for (; i < s.size(); ++i) {
+    if (!std::isdigit(static_cast<unsigned char>(s[i]))) return IntParse::not_integer;
+    const uint64_t d = static_cast<uint64_t>(s[i] - '0');
+    if (magnitude > (std::numeric_limits<uint64_t>::max() - d) / 10) overflow = true;
+    magnitude = magnitude * 10 + d;
+  }
+  return overflow ? IntParse::too_large : IntParse::ok;
+}
+
+std::string number_text(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
+}
+
+// Integers in [lo, hi]; `requirement` completes "must be ...".
+CLI::Validator integer_validator(int64_t lo, uint64_t hi, const std::string& requirement,
+                                 const std::string& description) {
+  return CLI::Validator(
+      [lo, hi, requirement](const std::string& s) -> std::string {
+        bool negative = false;
+        uint64_t mag = 0;
+        const IntParse r = parse_integer(s, negative, mag);
+        if (r == IntParse::not_integer) {
+          return "must be " + requirement + ", got '" + s + "' (not an integer)";
+        }
+        // CLI11 converts with base 0, which would read "010" as octal 8.
+        const size_t first_digit = (s[0] == '+' || s[0] == '-') ? 1 : 0;
+        if (s.size() > first_digit + 1 && s[first_digit] == '0') {
+          return "must be " + requirement + ", got '" + s + "' (write it without leading zeros)";
+        }
+        if (negative && mag != 0) {
+          // -mag >= lo  <=>  mag <= -lo (for lo < 0)
+          const bool fits = lo < 0 && mag <= static_cast<uint64_t>(-(lo + 1)) + 1;
+          if (!fits) return "must be " + requirement + ", got " + s;
+          return "";
+        }
+        if (lo > 0 && mag < static_cast<uint64_t>(lo))
+          return "must be " + requirement + ", got " + s;
+        if (r == IntParse::too_large || mag > hi) {
+          return "must be at most " + std::to_string(hi) + ", got " + s;
+        }
+        return "";
+      },
+      description);
+}
+
+CLI::Validator number_validator(double lo, double hi, const std::string& requirement,
+                                const std::string& description) {
+  return CLI::Validator(
+      [lo, hi, requirement](const std::string& s) -> std::string {
+        const char* begin = s.c_str();
+        char* end = nullptr;
+        const double v = s.empty() ? 0.0 : std::strtod(begin, &end);
+        if (s.empty() || end != begin + s.size() ||
+            std::isspace(static_cast<unsigned char>(s[0]))) {
+          return "must be " + requirement + ", got '" + s + "' (not a number)";
+        }
+        if (!std::isfinite(v) || v < lo || v > hi) return "must be " + requirement + ", got " + s;
+        return "";
+      },
+      description);
+}
+
+}  // namespace
+
+CLI::Validator positive_integer(int64_t max) {
+  return integer_validator(1, static_cast<uint64_t>(max), "a positive integer", "POSITIVE");
+}
+
+CLI::Validator non_negative_integer(uint64_t max) {
+  return integer_validator(0, max, "a non-negative integer", "NON-NEGATIVE");
+}
+
+CLI::Validator integer_in(int64_t lo, int64_t hi) {
+  const std::string range = std::to_string(lo) + " to " + std::to_string(hi);
+  return integer_validator(lo, hi < 0 ? 0 : static_cast<uint64_t>(hi), "an integer from " + range,
+                           range);
+}
+
+CLI::Validator non_negative_number() {
+  return number_validator(0.0, std::numeric_limits<double>::max(), "a finite number >= 0",
+                          "NON-NEGATIVE");
+}
+
+CLI::Validator number_in(double lo, double hi) {
+  const std::string range = number_text(lo) + " to " + number_text(hi);
+  return number_validator(lo, hi, "a number from " + range, range);
+}
+
+std::string cli_failure_message(const CLI::App* /*app*/, const CLI::Error& e) {
+  std::string msg = e.what();
+  if (e.get_name() == "ValidationError") {
+    // CLI11 writes "--batch: must be ..."; read it as one sentence.
+    const auto colon = msg.find(": must be ");
+    if (colon != std::string::npos && msg.find(' ') > colon) msg.erase(colon, 1);
+  }
+  return "regen: error: " + msg + "\nRun with --help for the flags of a command.\n";
+}
+
+// ---------------------------------------------------------------------------------------------
+// Model flags
+
 void add_model_flags(CLI::App& app, ModelFlags& f, bool with_batch) {
   std::string names;
   for (const std::string& n : model_preset_names()) names += (names.empty() ? "" : ", ") + n;
   app.add_option("--model", f.model, "model preset: " + names)->capture_default_str();
   if (with_batch) {
     app.add_option("--batch", f.batch, "batch size (images or sequences)")
-        ->check(CLI::PositiveNumber)
+        ->check(positive_integer())
         ->capture_default_str();
   }
   app.add_option("--device", f.device, "auto, cpu, cuda or cuda:N (auto picks cuda when present)")
       ->capture_default_str();
-  app.add_option("--image-size", f.image_size, "ResNet input height and width (default: preset)")
-      ->check(CLI::PositiveNumber);
+  app.add_option("--image-size", f.image_size,
+                 "ResNet input height and width, at least 32 (default: preset)")
+      ->check(positive_integer());
   app.add_option("--num-classes", f.num_classes, "ResNet classes (default: preset)")
-      ->check(CLI::PositiveNumber);
+      ->check(positive_integer());
   app.add_option("--seq-len", f.seq_len, "Transformer sequence length (default: preset)")
-      ->check(CLI::PositiveNumber);
+      ->check(positive_integer());
+  app.add_option("--vocab", f.vocab,
+                 "Transformer vocabulary size (default: preset; --data text: needs at least 256)")
+      ->check(positive_integer());
   app.add_option("--dropout", f.dropout, "Transformer dropout probability (default: preset)")
-      ->check(CLI::Range(0.0, 0.99));
+      ->check(number_in(0.0, 0.99));
   app.add_option("--optimizer", f.optimizer, "sgd or adamw")
       ->check(CLI::IsMember({"sgd", "adamw"}))
       ->capture_default_str();
-  app.add_option("--lr", f.lr, "learning rate")->check(CLI::NonNegativeNumber)->capture_default_str();
+  app.add_option("--lr", f.lr, "learning rate")
+      ->check(non_negative_number())
+      ->capture_default_str();
   app.add_option("--momentum", f.momentum, "SGD momentum")
-      ->check(CLI::Range(0.0, 1.0))
+      ->check(number_in(0.0, 1.0))
       ->capture_default_str();
   app.add_option("--weight-decay", f.weight_decay, "weight decay")
-      ->check(CLI::NonNegativeNumber)
+      ->check(non_negative_number())
       ->capture_default_str();
-  app.add_option("--seed", f.seed, "seed of initialization, data and dropout")->capture_default_str();
-  app.add_option("--threads", f.threads, "CPU threads (default: OpenMP's)")->check(CLI::PositiveNumber);
+  app.add_option("--seed", f.seed, "seed of initialization, data and dropout")
+      ->check(non_negative_integer(std::numeric_limits<uint64_t>::max()))
+      ->capture_default_str();
+  app.add_option("--threads", f.threads, "CPU threads (default: OpenMP's)")
+      ->check(positive_integer(kIntMax));
   app.add_option("--data", f.data,
                  "synthetic (default), cifar10:DIR (CIFAR-10 binary batches) or text:FILE "
                  "(UTF-8 text as byte tokens)");
@@ -51,6 +186,64 @@ void add_model_flags(CLI::App& app, ModelFlags& f, bool with_batch) {
       ->check(CLI::IsMember({"native", "cudnn"}))
       ->capture_default_str();
   app.add_flag("--tf32", f.tf32, "CUDA GEMMs with TF32 tensor cores (default FP32)");
+}
+
+void check_model_flags(const ModelFlags& f) {
+  REGEN_CHECK(f.image_size >= 0, "--image-size must be a positive integer, got ", f.image_size);
+  REGEN_CHECK(f.num_classes >= 0, "--num-classes must be a positive integer, got ", f.num_classes);
+  REGEN_CHECK(f.seq_len >= 0, "--seq-len must be a positive integer, got ", f.seq_len);
+  REGEN_CHECK(f.vocab >= 0, "--vocab must be a positive integer, got ", f.vocab);
+  // Written so that nan fails each test (every comparison with nan is false).
+  REGEN_CHECK(f.dropout < 0 || (f.dropout >= 0 && f.dropout <= 0.99),
+              "--dropout must be a number from 0 to 0.99, got ", f.dropout);
+  REGEN_CHECK(std::isfinite(f.lr) && f.lr >= 0, "--lr must be a finite number >= 0, got ", f.lr);
+  REGEN_CHECK(f.momentum >= 0 && f.momentum <= 1, "--momentum must be a number from 0 to 1, got ",
+              f.momentum);
+  REGEN_CHECK(std::isfinite(f.weight_decay) && f.weight_decay >= 0,
+              "--weight-decay must be a finite number >= 0, got ", f.weight_decay);
+  REGEN_CHECK(f.threads >= 0, "--threads must be a positive integer, got ", f.threads);
+  REGEN_CHECK(f.optimizer == "sgd" || f.optimizer == "adamw",
+              "--optimizer must be sgd or adamw, got '", f.optimizer, "'");
+}
+
+ModelConfig model_config(const ModelFlags& flags) {
+  check_model_flags(flags);
+  ModelConfig c = model_preset(flags.model);
+  if (flags.image_size > 0) {
+    REGEN_CHECK(c.family == ModelFamily::resnet, "--image-size applies to ResNet models, not '",
+                flags.model, "'");
+    REGEN_CHECK(flags.image_size >= 32, "--image-size ", flags.image_size,
+                " is too small for ResNet's five downsamplings (at least 32)");
+    c.image_size = flags.image_size;
+  }
+  if (flags.num_classes > 0) {
+    REGEN_CHECK(c.family == ModelFamily::resnet, "--num-classes applies to ResNet models, not '",
+                flags.model, "'");
+    c.num_classes = flags.num_classes;
+  }
+  if (flags.seq_len > 0) {
+    REGEN_CHECK(c.family == ModelFamily::transformer,
+                "--seq-len applies to Transformer models, not '", flags.model, "'");
+    c.seq_len = flags.seq_len;
+  }
+  if (flags.vocab > 0) {
+    REGEN_CHECK(c.family == ModelFamily::transformer,
+                "--vocab applies to Transformer models, not '", flags.model, "'");
+    c.vocab = flags.vocab;
+  }
+  if (flags.dropout >= 0) {
+    REGEN_CHECK(c.family == ModelFamily::transformer,
+                "--dropout applies to Transformer models, not '", flags.model, "'");
+    c.dropout = static_cast<float>(flags.dropout);
+  }
+  if (flags.data.rfind("text:", 0) == 0 && c.family == ModelFamily::transformer) {
+    // Byte tokens take the values 0..255: the embedding and the head need 256 rows.
+    REGEN_CHECK(c.vocab >= 256, "--data ", flags.data, " feeds byte tokens (0..255), but model '",
+                flags.model, "' has a vocabulary of ", c.vocab,
+                flags.vocab > 0 ? ": pass --vocab 256 or more" : " by default: pass --vocab 256");
+  }
+  c.seed = flags.seed;
+  return c;
 }
 
 Device resolve_device(const std::string& text) {
@@ -72,6 +265,54 @@ Device resolve_device(const std::string& text) {
   return d;
 }
 
+namespace {
+
+// Bytes of memory on the device: physical RAM for the CPU, the GPU's total for CUDA.
+double device_memory_bytes(Device device) {
+#ifdef REGEN_WITH_CUDA
+  if (device.is_cuda()) {
+    uint64_t free_bytes = 0, total_bytes = 0;
+    cuda::mem_get_info(free_bytes, total_bytes);
+    return static_cast<double>(total_bytes);
+  }
+#else
+  (void)device;
+#endif
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+  if (pages <= 0 || page <= 0) return 0;
+  return static_cast<double>(pages) * static_cast<double>(page);
+}
+
+std::string bytes_text(double bytes) {
+  if (bytes >= 9e18) return ">8 EiB";
+  return format_bytes(static_cast<int64_t>(bytes));
+}
+
+}  // namespace
+
+void check_batch_fits(const ModelConfig& c, int64_t batch, Device device) {
+  const double n = static_cast<double>(batch);
+  double need = 0;
+  if (c.family == ModelFamily::resnet) {
+    // Images and labels for the whole step; then either the stem's output (ceil(H/2) squared)
+    // or the logits: remat may drop the first before the second exists.
+    const double h = static_cast<double>(c.image_size), half = std::ceil(h / 2);
+    need = n * (3 * h * h * 4 + 8 +
+                std::max(static_cast<double>(c.base_width) * half * half * 4,
+                         static_cast<double>(c.num_classes) * 4));
+  } else {
+    // Tokens and targets (i64), the head's input (B, S, D) and the logits (B, S, V) in f32:
+    // all four are alive when the head runs.
+    need = n * static_cast<double>(c.seq_len) *
+           (16 + 4 * static_cast<double>(c.d_model) + 4 * static_cast<double>(c.vocab));
+  }
+  const double have = device_memory_bytes(device);
+  REGEN_CHECK(have <= 0 || need <= have, "--batch ", batch, " is too large for memory: one ",
+              c.name, " step needs at least ", bytes_text(need),
+              " (inputs, first activations and logits alone), but ", device.str(), " has ",
+              bytes_text(have), "; use a smaller --batch");
+}
+
 int apply_runtime_flags(const ModelFlags& f) {
   if (f.threads > 0) omp_set_num_threads(f.threads);
 #ifdef REGEN_WITH_CUDA
@@ -84,33 +325,17 @@ int apply_runtime_flags(const ModelFlags& f) {
 }
 
 std::unique_ptr<Session> make_session(const ModelFlags& flags, int64_t batch) {
-  REGEN_CHECK(batch > 0, "batch size must be positive, got ", batch);
+  REGEN_CHECK(batch > 0, "--batch must be a positive integer, got ", batch);
+  check_model_flags(flags);
   auto s = std::make_unique<Session>();
   s->flags = flags;
   s->device = resolve_device(flags.device);
   apply_runtime_flags(flags);
-  s->config = model_preset(flags.model);
-  ModelConfig& c = s->config;
-  if (flags.image_size > 0) {
-    REGEN_CHECK(c.family == ModelFamily::resnet, "--image-size applies to ResNet models, not '",
-                flags.model, "'");
-    REGEN_CHECK(flags.image_size >= 32, "--image-size ", flags.image_size,
-                " is too small for ResNet's five downsamplings (at least 32)");
-    c.image_size = flags.image_size;
-  }
-  if (flags.num_classes > 0) {
-    REGEN_CHECK(c.family == ModelFamily::resnet, "--num-classes applies to ResNet models");
-    c.num_classes = flags.num_classes;
-  }
-  if (flags.seq_len > 0) {
-    REGEN_CHECK(c.family == ModelFamily::transformer, "--seq-len applies to Transformer models");
-    c.seq_len = flags.seq_len;
-  }
-  if (flags.dropout >= 0) {
-    REGEN_CHECK(c.family == ModelFamily::transformer, "--dropout applies to Transformer models");
-    c.dropout = static_cast<float>(flags.dropout);
-  }
-  c.seed = flags.seed;
+  s->config = model_config(flags);
+  const ModelConfig& c = s->config;
+  check_batch_fits(c, batch, s->device);
+  // The data before the model: a wrong file fails before a large model is built.
+  s->data = make_data_source(flags.data, c, flags.seed);
   manual_seed(flags.seed);
   s->model = make_model(c, s->device);
   if (flags.optimizer == "sgd") {
@@ -125,9 +350,65 @@ std::unique_ptr<Session> make_session(const ModelFlags& flags, int64_t batch) {
     o.weight_decay = flags.weight_decay;
     s->optimizer = std::make_unique<AdamW>(s->model->parameters(), o);
   }
-  s->data = make_data_source(flags.data, c, flags.seed);
   s->trainer = std::make_unique<Trainer>(*s->model, *s->optimizer, *s->data, batch, s->device);
   return s;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Outputs, losses, checkpoints
+
+void check_output_path(const std::string& flag, const std::string& path) {
+  const std::string why = why_not_writable(path);
+  REGEN_CHECK(why.empty(), flag, " ", path, ": cannot write there: ", why);
+}
+
+void check_finite_loss(double loss, int64_t step, double lr) {
+  REGEN_CHECK(std::isfinite(loss), "training diverged: the loss of step ", step, " is ", loss,
+              " (not finite); try a lower --lr (this run used ", lr, ")");
+}
+
+void save_checkpoint(const Session& s, const std::string& path, int64_t steps) {
+  const ModelConfig& c = s.config;
+  std::map<std::string, std::string> meta = {
+      {"format", "regen-checkpoint-1"}, {"model", c.name}, {"steps", std::to_string(steps)}};
+  // The sizes a flag can change that shape parameters (load_checkpoint compares them).
+  if (c.family == ModelFamily::transformer) {
+    meta["vocab"] = std::to_string(c.vocab);
+    meta["seq_len"] = std::to_string(c.seq_len);
+  } else {
+    meta["num_classes"] = std::to_string(c.num_classes);
+  }
+  save_safetensors(path, s.model->state_dict(), meta);
+}
+
+size_t load_checkpoint(Session& s, const std::string& path) {
+  const SafetensorsFile file = load_safetensors(path);
+  const ModelConfig& c = s.config;
+  const auto& meta = file.metadata;
+  const auto model = meta.find("model");
+  if (model != meta.end()) {
+    REGEN_CHECK(model->second == c.name, "checkpoint ", path, " was saved from model ",
+                model->second, ", not ", c.name, " (pass --model ", model->second, ")");
+    auto same_size = [&](const char* key, const char* flag, int64_t value) {
+      const auto it = meta.find(key);
+      REGEN_CHECK(it == meta.end() || it->second == std::to_string(value), "checkpoint ", path,
+                  " was saved from ", c.name, " with ", flag, " ", it->second,
+                  ", but this run's model has ", value, " (pass ", flag, " ", it->second, ")");
+    };
+    if (c.family == ModelFamily::transformer) {
+      same_size("vocab", "--vocab", c.vocab);
+      same_size("seq_len", "--seq-len", c.seq_len);
+    } else {
+      same_size("num_classes", "--num-classes", c.num_classes);
+    }
+  }
+  try {
+    s.model->load_state_dict(file.tensors);
+  } catch (const Error& e) {
+    REGEN_FAIL("checkpoint ", path, " does not fit model ", c.name,
+               model == meta.end() ? " (it names no model)" : "", ": ", e.message());
+  }
+  return file.tensors.size();
 }
 
 std::string gib(int64_t bytes) {
@@ -136,6 +417,14 @@ std::string gib(int64_t bytes) {
   return buf;
 }
 
-bool stdout_is_terminal() { return ::isatty(STDOUT_FILENO) == 1; }
+std::string format_ms(double ms) {
+  char buf[48];
+  std::snprintf(buf, sizeof buf, ms < 100 ? "%.3f ms" : "%.1f ms", ms);
+  return buf;
+}
+
+bool stdout_is_terminal() {
+  return ::isatty(STDOUT_FILENO) == 1;
+}
 
 }  // namespace regen::tool

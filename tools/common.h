@@ -1,9 +1,12 @@
-// Setup shared by the regen subcommands: model/optimizer/data flags, device choice, threads,
-// and the objects a training run needs.
+// Setup shared by the regen subcommands: model/optimizer/data flags and their validators, device
+// choice, threads, the objects a training run needs, checkpoints, and the checks that make a
+// mistake fail before a long run rather than after it. Tests: tests/test_cli.cpp.
 #pragma once
 
 #include <CLI/CLI.hpp>
 
+#include <cstdint>
+#include <limits>
 #include <memory>
 #include <string>
 
@@ -13,21 +16,40 @@
 
 namespace regen::tool {
 
+// CLI11 validators with messages a user can act on. CLI11 puts the flag's name in front, and
+// regen's failure message joins them: "--batch must be a positive integer, got 0",
+// "--lr must be a finite number >= 0, got 'abc' (not a number)". The integer validators take
+// plain decimal only: CLI11 converts with base 0, so "010" would be octal 8 and "0x10" 16.
+// Use them instead of CLI::PositiveNumber / NonNegativeNumber / Range, whose messages print
+// DBL_MAX in full and which let nan through.
+CLI::Validator positive_integer(int64_t max = std::numeric_limits<int64_t>::max());
+CLI::Validator non_negative_integer(uint64_t max = std::numeric_limits<int64_t>::max());
+CLI::Validator integer_in(int64_t lo, int64_t hi);
+CLI::Validator non_negative_number();            // finite and >= 0
+CLI::Validator number_in(double lo, double hi);  // finite and lo <= x <= hi
+// For options bound to an `int`.
+constexpr int64_t kIntMax = std::numeric_limits<int>::max();
+
+// Rewrites a CLI11 error for the terminal: "regen: error: --batch must be ..." plus a pointer to
+// --help. Installed on the top-level app by tools/regen.cpp.
+std::string cli_failure_message(const CLI::App* app, const CLI::Error& e);
+
 struct ModelFlags {
   std::string model = "resnet-tiny";
   int64_t batch = 4;
   std::string device = "auto";
-  int64_t image_size = 0;   // 0: the preset's
+  int64_t image_size = 0;  // 0: the preset's
   int64_t num_classes = 0;
   int64_t seq_len = 0;
-  double dropout = -1;      // < 0: the preset's
+  int64_t vocab = 0;    // 0: the preset's (Transformer)
+  double dropout = -1;  // < 0: the preset's
   std::string optimizer = "sgd";
   double lr = 0.1;
   double momentum = 0.9;
   double weight_decay = 0.0;
   uint64_t seed = 0;
-  int threads = 0;          // 0: OpenMP's default
-  std::string data;         // "", synthetic, cifar10:DIR, text:FILE
+  int threads = 0;              // 0: OpenMP's default
+  std::string data;             // "", synthetic, cifar10:DIR, text:FILE
   std::string conv = "native";  // CUDA convolution: native or cudnn
   bool tf32 = false;
 };
@@ -35,8 +57,20 @@ struct ModelFlags {
 // Adds the flags above to `app` (`with_batch` false for commands that take --batches).
 void add_model_flags(CLI::App& app, ModelFlags& f, bool with_batch = true);
 
+// Checks the flags' values and how they combine, without building anything (make_session calls
+// it; it also guards callers that fill ModelFlags in code). Throws regen::Error naming the flag.
+void check_model_flags(const ModelFlags& f);
+
+// The preset named by --model with --image-size, --num-classes, --seq-len, --vocab, --dropout
+// and --seed applied. Throws regen::Error for a flag that does not fit the model.
+ModelConfig model_config(const ModelFlags& f);
+
 // "auto": cuda:0 when regen was built with CUDA and a GPU is visible, else cpu.
 Device resolve_device(const std::string& text);
+
+// Refuses a batch whose inputs, first activations and logits alone exceed the device's memory
+// (a cheap lower bound on one step), naming the batch and both sizes.
+void check_batch_fits(const ModelConfig& c, int64_t batch, Device device);
 
 // Everything one training run needs, built from the flags on a fresh allocator state.
 struct Session {
@@ -53,7 +87,23 @@ std::unique_ptr<Session> make_session(const ModelFlags& flags, int64_t batch);
 // Applies --threads and the CUDA settings; returns the thread count in use.
 int apply_runtime_flags(const ModelFlags& f);
 
+// Throws regen::Error naming the flag when `path` cannot be written (io.h why_not_writable):
+// call before a long run for every output it will write at the end.
+void check_output_path(const std::string& flag, const std::string& path);
+
+// A training step's loss that is nan or inf: throws regen::Error naming the step, the value and
+// the learning rate, suggesting a lower --lr.
+void check_finite_loss(double loss, int64_t step, double lr);
+
+// Checkpoints: the state dict with metadata naming the model and the sizes that shape its
+// parameters; loading compares that metadata with the session's model before the names.
+void save_checkpoint(const Session& s, const std::string& path, int64_t steps);
+// Returns the number of tensors loaded.
+size_t load_checkpoint(Session& s, const std::string& path);
+
 std::string gib(int64_t bytes);  // "1.234" (GiB, 2^30 bytes)
+// "12.345 ms" below 100 ms, "1234.5 ms" above: enough digits for tiny and large models.
+std::string format_ms(double ms);
 bool stdout_is_terminal();
 
 }  // namespace regen::tool

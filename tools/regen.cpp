@@ -1,11 +1,14 @@
 // The regen command line: builds the CLI11 tree from the registered subcommands (command.h) and
-// turns every regen::Error into a message on stderr and exit status 1.
+// turns every error into one message on stderr and a non-zero exit status: CLI11's own (bad
+// flags; its exit codes), regen::Error (1), running out of host memory (1).
 #include <cstdio>
 #include <algorithm>
 #include <map>
+#include <new>
 
 #include "core/error.h"
 #include "tools/command.h"
+#include "tools/common.h"
 
 namespace regen::tool {
 std::vector<Command>& commands() {
@@ -17,6 +20,8 @@ std::vector<Command>& commands() {
 int main(int argc, char** argv) {
   using namespace regen::tool;
   CLI::App app{"regen: deep-learning training with built-in rematerialization"};
+  // Before the subcommands are added: they copy their parent's failure message.
+  app.failure_message(cli_failure_message);
   app.require_subcommand(1);
   app.set_help_all_flag("--help-all", "show help for every subcommand");
   std::map<std::string, CLI::App*> groups;
@@ -46,9 +51,17 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   } catch (const regen::Error& e) {
+    std::fflush(stdout);
     std::fprintf(stderr, "regen: error: %s\n", e.what());
     return 1;
+  } catch (const std::bad_alloc&) {
+    std::fflush(stdout);
+    std::fprintf(stderr,
+                 "regen: error: out of host memory (std::bad_alloc): the batch or the model is too "
+                 "large for this machine's memory; try a smaller --batch\n");
+    return 1;
   } catch (const std::exception& e) {
+    std::fflush(stdout);
     std::fprintf(stderr, "regen: error: %s\n", e.what());
     return 1;
   }

@@ -1,0 +1,410 @@
+// The regen command line (tools/), run as a user would: the built binary (REGEN_BINARY) on bad
+// inputs must exit non-zero with a message on stderr that names the mistake; good runs exit 0
+// and print their summary; --save / --load round-trip. Also the validators of tools/common.h
+// (compiled into this test) and the file helpers behind --save (core/io.h).
+// Every run is short (transformer-tiny, a few steps) and writes only under a temporary folder in
+// the build tree, removed at the end.
+#include <doctest/doctest.h>
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <csignal>
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "core/io.h"
+#include "core/safetensors.h"
+#include "tests/test_util.h"
+#include "tools/common.h"
+
+using namespace regen;
+using regen::testing::error_of;
+
+namespace {
+
+struct TempDir {
+  std::string path;
+  TempDir() {
+    char name[] = "./cli-XXXXXX";
+    REQUIRE(::mkdtemp(name) != nullptr);
+    path = std::filesystem::absolute(name).string();
+  }
+  ~TempDir() { std::filesystem::remove_all(path); }
+  std::string file(const std::string& name) const { return path + "/" + name; }
+  std::vector<std::string> entries() const {
+    std::vector<std::string> out;
+    for (const auto& e : std::filesystem::directory_iterator(path)) {
+      out.push_back(e.path().filename().string());
+    }
+    return out;
+  }
+};
+
+struct Result {
+  int status = -1;  // exit status, or -1 when the process did not exit normally
+  std::string out, err;
+};
+
+std::string quote(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+// Runs `regen ARGS` with stdout captured through a pipe and stderr through a file.
+Result regen_run(const TempDir& dir, const std::vector<std::string>& args) {
+  const std::string err_file = dir.file("stderr.txt");
+  std::string cmd = quote(REGEN_BINARY);
+  for (const std::string& a : args) cmd += " " + quote(a);
+  cmd += " 2>" + quote(err_file);
+  Result r;
+  FILE* p = ::popen(cmd.c_str(), "r");
+  REQUIRE(p != nullptr);
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
+  const int st = ::pclose(p);
+  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  r.err = read_file(err_file);
+  std::remove(err_file.c_str());
+  return r;
+}
+
+bool has(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+// A failed run: non-zero exit, every part on stderr, no training output on stdout.
+void expect_failure(const TempDir& dir, const std::vector<std::string>& args,
+                    const std::vector<std::string>& parts) {
+  std::string line;
+  for (const auto& a : args) line += a + " ";
+  CAPTURE(line);
+  const Result r = regen_run(dir, args);
+  CAPTURE(r.err);
+  CAPTURE(r.out);
+  CHECK(r.status != 0);
+  CHECK(r.status != -1);  // an error message, not a crash
+  for (const std::string& part : parts) CHECK_MESSAGE(has(r.err, part), "stderr lacks: ", part);
+  CHECK(!has(r.out, "summary:"));
+}
+
+const std::vector<std::string> kTiny = {"train", "--model", "transformer-tiny", "--progress",
+                                        "plain"};
+
+std::vector<std::string> tiny(std::vector<std::string> more) {
+  std::vector<std::string> args = kTiny;
+  args.insert(args.end(), more.begin(), more.end());
+  return args;
+}
+
+int open_fds() {
+  int n = 0;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) {
+    (void)e;
+    ++n;
+  }
+  return n;
+}
+
+std::string validate(const CLI::Validator& v, std::string value) {
+  return v(value);
+}
+
+}  // namespace
+
+TEST_CASE("cli: mistakes in flags give one clear line and a non-zero exit") {
+  TempDir dir;
+  expect_failure(dir, {"train", "--model", "resnet7"}, {"unknown model 'resnet7'", "resnet152"});
+  expect_failure(dir, tiny({"--batch", "0"}), {"--batch must be a positive integer, got 0"});
+  expect_failure(dir, tiny({"--batch", "-3"}), {"--batch must be a positive integer, got -3"});
+  expect_failure(dir, tiny({"--batch", "two"}), {"--batch", "'two' (not an integer)"});
+  expect_failure(dir, tiny({"--steps", "-1"}), {"--steps must be a positive integer, got -1"});
+  expect_failure(dir, tiny({"--lr", "nan"}), {"--lr must be a finite number >= 0, got nan"});
+  expect_failure(dir, tiny({"--lr", "abc"}), {"--lr", "'abc' (not a number)"});
+  expect_failure(dir, tiny({"--lr", "inf"}), {"--lr must be a finite number"});
+  expect_failure(dir, tiny({"--dropout", "nan"}), {"--dropout must be a number from 0 to 0.99"});
+  expect_failure(dir, tiny({"--momentum", "1.5"}), {"--momentum must be a number from 0 to 1"});
+  expect_failure(dir, tiny({"--weight-decay", "-1"}), {"--weight-decay must be a finite number"});
+  expect_failure(dir, tiny({"--seed", "-1"}), {"--seed must be a non-negative integer, got -1"});
+  expect_failure(dir, tiny({"--threads", "0"}), {"--threads must be a positive integer"});
+  expect_failure(dir, tiny({"--vocab", "0"}), {"--vocab must be a positive integer"});
+  expect_failure(dir, tiny({"--device", "tpu"}), {"unknown device 'tpu'"});
+  expect_failure(dir, {"train", "--model", "resnet-tiny", "--image-size", "8"},
+                 {"--image-size 8 is too small"});
+  expect_failure(dir, tiny({"--image-size", "64"}), {"--image-size applies to ResNet models"});
+  expect_failure(dir, {"train", "--model", "resnet-tiny", "--vocab", "256"},
+                 {"--vocab applies to Transformer models"});
+  expect_failure(dir, tiny({"--no-such-flag"}), {"--no-such-flag"});
+  // Too large for memory: refused up front with the requested size.
+  expect_failure(dir, tiny({"--batch", "100000000000"}),
+                 {"--batch 100000000000 is too large for memory"});
+}
+
+TEST_CASE("cli: bad data paths and files") {
+  TempDir dir;
+  expect_failure(dir, {"train", "--model", "resnet-tiny", "--data", "cifar10:/nonexistent"},
+                 {"cifar10:/nonexistent", "cannot open"});
+  write_file_atomic(dir.file("empty.txt"), "");
+  expect_failure(dir, tiny({"--vocab", "256", "--data", "text:" + dir.file("empty.txt")}),
+                 {"empty"});
+  expect_failure(dir, tiny({"--vocab", "256", "--data", "text:" + dir.path}),
+                 {"is a directory, not a regular file"});
+  expect_failure(dir, tiny({"--vocab", "256", "--data", "text:" + dir.file("none.txt")}),
+                 {"none.txt", "cannot open"});
+  // Byte tokens need 256 vocabulary entries; the tiny preset has 101.
+  write_file_atomic(dir.file("text.txt"), std::string(200, 'a') + " some text to read.\n");
+  expect_failure(dir, tiny({"--data", "text:" + dir.file("text.txt")}),
+                 {"vocabulary of 101", "--vocab 256"});
+  expect_failure(dir, tiny({"--vocab", "100", "--data", "text:" + dir.file("text.txt")}),
+                 {"vocabulary of 100", "--vocab 256 or more"});
+  const Result ok = regen_run(dir, tiny({"--vocab", "256", "--data", "text:" + dir.file("text.txt"),
+                                         "--steps", "2", "--batch", "2"}));
+  CAPTURE(ok.err);
+  CHECK(ok.status == 0);
+  CHECK(has(ok.out, "bytes as byte tokens"));
+  CHECK(has(ok.out, "summary:"));
+}
+
+TEST_CASE("cli: a good run exits 0 and prints the summary, and one step says so") {
+  TempDir dir;
+  const Result r = regen_run(dir, tiny({"--steps", "2", "--batch", "2"}));
+  CAPTURE(r.err);
+  CHECK(r.status == 0);
+  CHECK(r.err.empty());
+  CHECK(has(r.out, "training transformer-tiny"));
+  CHECK(has(r.out, "step 2/2 loss"));
+  CHECK(has(r.out, "summary: transformer-tiny on cpu, batch 2, 2 steps"));
+  CHECK(has(r.out, "step time"));
+  CHECK(has(r.out, " ms (the second step"));
+  CHECK(has(r.out, "peak memory"));
+
+  const Result one = regen_run(dir, tiny({"--steps", "1", "--batch", "2"}));
+  CHECK(one.status == 0);
+  CHECK(has(one.out, "a single step"));
+  CHECK(has(one.out, "no later steps to take a median over"));
+  CHECK(!has(one.out, "median of 1"));
+}
+
+TEST_CASE("cli: a diverging loss stops with the step, the value and a hint") {
+  TempDir dir;
+  const Result r = regen_run(dir, tiny({"--lr", "1e30", "--steps", "5", "--batch", "2", "--save",
+                                        dir.file("never.safetensors")}));
+  CAPTURE(r.out);
+  CHECK(r.status == 1);
+  CHECK(has(r.err, "the loss of step 2 is"));
+  CHECK(has(r.err, "nan"));
+  CHECK(has(r.err, "lower --lr"));
+  CHECK(!has(r.out, "summary:"));
+  CHECK(!std::filesystem::exists(dir.file("never.safetensors")));  // a diverged model is not saved
+}
+
+TEST_CASE("cli: --save is checked before training, and --save then --load round-trips") {
+  TempDir dir;
+  // A typo in the folder fails at once, before any step.
+  const Result bad = regen_run(dir, tiny({"--save", dir.file("no/such/dir/m.safetensors")}));
+  CHECK(bad.status == 1);
+  CHECK(has(bad.err, "--save"));
+  CHECK(has(bad.err, "does not exist"));
+  CHECK(!has(bad.out, "step 1"));
+  expect_failure(dir, tiny({"--save", dir.path}), {"is a directory"});
+
+  const std::string ckpt = dir.file("tiny.safetensors");
+  const Result save = regen_run(dir, tiny({"--steps", "2", "--batch", "2", "--save", ckpt}));
+  CAPTURE(save.err);
+  REQUIRE(save.status == 0);
+  CHECK(has(save.out, "saved " + ckpt));
+  const SafetensorsFile f = load_safetensors(ckpt);
+  CHECK(f.metadata.at("model") == "transformer-tiny");
+  CHECK(f.metadata.at("format") == "regen-checkpoint-1");
+  CHECK(f.metadata.at("vocab") == "101");
+  // Only the checkpoint (and no temporary file) is left beside it.
+  CHECK(dir.entries() == std::vector<std::string>{"tiny.safetensors"});
+
+  const Result load = regen_run(dir, tiny({"--steps", "1", "--batch", "2", "--load", ckpt}));
+  CAPTURE(load.err);
+  CHECK(load.status == 0);
+  CHECK(has(load.out, "loaded " + ckpt + " (" + std::to_string(f.tensors.size()) + " tensors)"));
+  CHECK(has(load.out, "summary:"));
+
+  // Another model's checkpoint names both models; another --vocab names the flag.
+  expect_failure(
+      dir, {"train", "--model", "resnet-tiny", "--load", ckpt},
+      {"checkpoint " + ckpt + " was saved from model transformer-tiny, not resnet-tiny"});
+  expect_failure(dir, tiny({"--vocab", "300", "--load", ckpt}),
+                 {"with --vocab 101", "has 300", "pass --vocab 101"});
+
+  // A checkpoint without metadata: the name listing, led by the count of matches.
+  const std::string bare = dir.file("bare.safetensors");
+  save_safetensors(bare, {{"conv1.weight", zeros({8, 3, 7, 7})}});
+  expect_failure(dir, tiny({"--load", bare}),
+                 {"names no model", "0 of the model's 28 names match", "missing 28 entries",
+                  "1 entry unexpected: conv1.weight"});
+
+  // A truncated checkpoint.
+  const std::string raw = read_file(ckpt);
+  const std::string cut = dir.file("cut.safetensors");
+  write_file_atomic(cut, raw.substr(0, raw.size() / 2));
+  expect_failure(dir, tiny({"--load", cut}), {"cut.safetensors", "truncated"});
+  expect_failure(dir, tiny({"--load", dir.file("missing.safetensors")}), {"missing.safetensors"});
+}
+
+TEST_CASE("cli: --help lists every flag") {
+  TempDir dir;
+  const Result r = regen_run(dir, {"train", "--help"});
+  CHECK(r.status == 0);
+  for (const char* flag :
+       {"--model",         "--batch",        "--device",  "--image-size", "--num-classes",
+        "--seq-len",       "--vocab",        "--dropout", "--optimizer",  "--lr",
+        "--momentum",      "--weight-decay", "--seed",    "--threads",    "--data",
+        "--conv",          "--tf32",         "--steps",   "--save",       "--load",
+        "--policy",        "--budget",       "--chain",   "--profile",    "--plan",
+        "--profile-steps", "--progress"}) {
+    CHECK_MESSAGE(has(r.out, flag), "train --help lacks ", flag);
+  }
+  const Result b = regen_run(dir, {"bench", "train", "--help"});
+  CHECK(b.status == 0);
+  for (const char* flag : {"--model", "--batch", "--vocab", "--warmup", "--steps", "--json",
+                           "--torch-csv", "--threads"}) {
+    CHECK_MESSAGE(has(b.out, flag), "bench train --help lacks ", flag);
+  }
+  const Result all = regen_run(dir, {"--help-all"});
+  CHECK(all.status == 0);
+  for (const char* cmd : {"train", "profile", "plan", "sweep", "bench"}) CHECK(has(all.out, cmd));
+}
+
+TEST_CASE("cli: bench train prints what it measured and writes --json atomically") {
+  TempDir dir;
+  const std::string json = dir.file("bench.json");
+  const Result r =
+      regen_run(dir, {"bench", "train", "--model", "transformer-tiny", "--batch", "2", "--warmup",
+                      "1", "--steps", "3", "--threads", "1", "--json", json});
+  CAPTURE(r.err);
+  REQUIRE(r.status == 0);
+  CHECK(has(r.out, "transformer-tiny batch 2"));
+  CHECK(has(r.out, "on cpu, 1 threads"));
+  CHECK(has(r.out, "sequence 16"));
+  CHECK(has(r.out, "median"));
+  CHECK(has(r.out, " ms, min "));
+  CHECK(has(r.out, "samples/s"));
+  CHECK(has(r.out, "peak allocated"));
+  CHECK(has(r.out, "tools/torch_baseline.py has no peer"));  // it has no tiny presets
+  const std::string j = read_file(json);
+  for (const char* key : {"\"model\": \"transformer-tiny\"", "\"batch\": 2", "\"device\": \"cpu\"",
+                          "\"threads\": 1", "\"seq_len\": 16", "\"step_s\": ", "\"step_min_s\": ",
+                          "\"samples_per_s\": ", "\"peak_bytes\": ", "\"math\": \"fp32\""}) {
+    CHECK_MESSAGE(has(j, key), "json lacks ", key);
+  }
+  CHECK(dir.entries() == std::vector<std::string>{"bench.json"});
+
+  // The ratio against tools/torch_baseline.py's CSV.
+  const std::string csv = dir.file("torch.csv");
+  write_file_atomic(csv,
+                    "model,batch,mode,math,step_s,peak_bytes,error\n"
+                    "transformer-tiny,2,eager,fp32,0.001000,,\n");
+  const Result c = regen_run(dir, {"bench", "train", "--model", "transformer-tiny", "--batch", "2",
+                                   "--warmup", "0", "--steps", "1", "--torch-csv", csv});
+  CHECK(c.status == 0);
+  CHECK(has(c.out, "regen / PyTorch = "));
+  expect_failure(dir, {"bench", "train", "--json", dir.file("no/dir.json")}, {"--json"});
+
+  // For a preset tools/torch_baseline.py knows, the command that measures PyTorch alike.
+  const Result peer = regen_run(dir, {"bench", "train", "--model", "transformer", "--seq-len", "4",
+                                      "--batch", "1", "--warmup", "0", "--steps", "1", "--threads",
+                                      "2"});
+  CAPTURE(peer.err);
+  CHECK(peer.status == 0);
+  CHECK(has(peer.out, "python3 tools/torch_baseline.py --device cpu --threads 2 --model "
+                      "transformer --batches 1 --seq-len 4 --dropout 0.1 --lr 0.1 --modes eager "
+                      "--math fp32 --warmup 0 --steps 1 --csv torch.csv"));
+}
+
+TEST_CASE("cli validators: messages name the requirement and the value") {
+  using namespace regen::tool;
+  CHECK(validate(positive_integer(), "5") == "");
+  CHECK(validate(positive_integer(), "0") == "must be a positive integer, got 0");
+  CHECK(validate(positive_integer(), "-2") == "must be a positive integer, got -2");
+  CHECK(validate(positive_integer(), "2.5") ==
+        "must be a positive integer, got '2.5' (not an integer)");
+  CHECK(validate(positive_integer(), "0x10").find("not an integer") != std::string::npos);
+  CHECK(validate(positive_integer(), "010").find("without leading zeros") != std::string::npos);
+  CHECK(validate(positive_integer(kIntMax), "3000000000") ==
+        "must be at most 2147483647, got 3000000000");
+  CHECK(validate(positive_integer(), "99999999999999999999999").find("must be at most") == 0);
+  CHECK(validate(non_negative_integer(), "0") == "");
+  CHECK(validate(non_negative_integer(), "-1") == "must be a non-negative integer, got -1");
+  CHECK(validate(non_negative_integer(UINT64_MAX), "18446744073709551615") == "");
+  CHECK(validate(integer_in(2, 1000), "1") == "must be an integer from 2 to 1000, got 1");
+  CHECK(validate(integer_in(-5, 5), "-5") == "");
+  CHECK(validate(integer_in(-5, 5), "-6") == "must be an integer from -5 to 5, got -6");
+  CHECK(validate(non_negative_number(), "0.5") == "");
+  CHECK(validate(non_negative_number(), "1e-3") == "");
+  CHECK(validate(non_negative_number(), "nan") == "must be a finite number >= 0, got nan");
+  CHECK(validate(non_negative_number(), "-inf") == "must be a finite number >= 0, got -inf");
+  CHECK(validate(non_negative_number(), "abc") ==
+        "must be a finite number >= 0, got 'abc' (not a number)");
+  CHECK(validate(number_in(0, 0.99), "0.99") == "");
+  CHECK(validate(number_in(0, 0.99), "1") == "must be a number from 0 to 0.99, got 1");
+  CHECK(validate(number_in(0, 1), "NaN") == "must be a number from 0 to 1, got NaN");
+
+  // The flag checks behind make_session refuse what the validators refuse.
+  ModelFlags f;
+  f.dropout = std::nan("");
+  CHECK(has(error_of([&] { check_model_flags(f); }), "--dropout must be a number from 0 to 0.99"));
+  f = ModelFlags();
+  f.lr = HUGE_VAL;
+  CHECK(has(error_of([&] { check_model_flags(f); }), "--lr must be a finite number"));
+  f = ModelFlags();
+  f.model = "transformer-tiny";
+  f.data = "text:x.txt";
+  CHECK(has(error_of([&] { model_config(f); }), "pass --vocab 256"));
+  f.vocab = 256;
+  CHECK(model_config(f).vocab == 256);
+}
+
+TEST_CASE("io: failed writes close the file and leave no temporary behind") {
+  TempDir dir;
+  const int fds = open_fds();
+  // rename() onto a directory fails after the data was written and synced.
+  const std::string folder = dir.file("taken");
+  std::filesystem::create_directory(folder);
+  CHECK(has(error_of([&] { write_file_atomic(folder, "data"); }), "cannot move"));
+  // write() fails: a file-size limit below the content (SIGXFSZ ignored, so write sets EFBIG).
+  {
+    struct rlimit old;
+    REQUIRE(::getrlimit(RLIMIT_FSIZE, &old) == 0);
+    auto old_handler = std::signal(SIGXFSZ, SIG_IGN);
+    struct rlimit small = old;
+    small.rlim_cur = 1024;
+    REQUIRE(::setrlimit(RLIMIT_FSIZE, &small) == 0);
+    const std::string msg =
+        error_of([&] { write_file_atomic(dir.file("big"), std::string(4096, 'x')); });
+    ::setrlimit(RLIMIT_FSIZE, &old);
+    std::signal(SIGXFSZ, old_handler);
+    CHECK(has(msg, "writing '" + dir.file("big") + "' failed"));
+  }
+  CHECK(has(error_of([&] { write_file_atomic(dir.file("no/such/file"), "x"); }), "cannot create"));
+  CHECK(open_fds() == fds);
+  CHECK(dir.entries() == std::vector<std::string>{"taken"});
+
+  // why_not_writable: the reason, or "" and nothing left behind.
+  CHECK(why_not_writable(dir.file("ok.bin")) == "");
+  CHECK(has(why_not_writable(dir.file("none/ok.bin")), "does not exist"));
+  CHECK(has(why_not_writable(folder), "is a directory"));
+  CHECK(has(why_not_writable(dir.path + "/"), "names a folder"));
+  CHECK(dir.entries() == std::vector<std::string>{"taken"});
+
+  // read_file names a directory as such.
+  CHECK(has(error_of([&] { read_file(folder); }), "is a directory, not a regular file"));
+  write_file_atomic(dir.file("a.txt"), "hello");
+  CHECK(read_file(dir.file("a.txt")) == "hello");
+  CHECK(open_fds() == fds);
+}
