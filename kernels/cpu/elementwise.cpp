@@ -5,9 +5,9 @@
 
 #include <algorithm>
 #include <cmath>
-#include <vector>
 
 #include "core/philox.h"
+#include "core/tensor.h"
 #include "kernels/kernels.h"
 
 namespace regen::cpu {
@@ -133,8 +133,17 @@ void sum_rows(const T* x, T* y, int64_t rows, int64_t cols) {
 
 template <class T>
 void sum_all(const T* x, T* y, int64_t n) {
+  if (n <= kChunk) {  // one chunk: no scratch
+    double acc = 0;
+    for (int64_t i = 0; i < n; ++i) acc += static_cast<double>(x[i]);
+    y[0] = static_cast<T>(acc);
+    return;
+  }
+  // One partial sum per chunk, in workspace from the allocator (taken before the parallel region,
+  // so the allocator sees the same request order for any thread count).
   const int64_t chunks = (n + kChunk - 1) / kChunk;
-  std::vector<double> partial(static_cast<size_t>(std::max<int64_t>(chunks, 1)), 0.0);
+  Workspace ws(Device::cpu(), static_cast<uint64_t>(chunks) * sizeof(double));
+  double* partial = ws.as<double>();
 #pragma omp parallel for schedule(static) if (n > kParallelMin)
   for (int64_t c = 0; c < chunks; ++c) {
     const int64_t lo = c * kChunk, hi = std::min(n, lo + kChunk);
@@ -143,18 +152,32 @@ void sum_all(const T* x, T* y, int64_t n) {
     partial[c] = acc;
   }
   double total = 0;
-  for (double p : partial) total += p;
+  for (int64_t c = 0; c < chunks; ++c) total += partial[c];
   y[0] = static_cast<T>(total);
 }
 
+// Element i is kept iff philox_word(seed, stream, i) >= threshold. philox_word(.., i) is word i%4
+// of Philox block i/4, so each block is computed once and serves four consecutive elements
+// (the CUDA kernel does the same, one block per thread: masks agree bit for bit).
 template <class T>
 void dropout_forward(const T* x, T* y, int64_t n, float p, uint64_t seed, uint64_t stream) {
   const uint64_t threshold = dropout_threshold(p);
   const T keep_scale = p < 1.0f ? T(1) / (T(1) - static_cast<T>(p)) : T(0);
+  const PhiloxKey key{static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32)};
+  const uint32_t stream_lo = static_cast<uint32_t>(stream);
+  const uint32_t stream_hi = static_cast<uint32_t>(stream >> 32);
+  const int64_t blocks = (n + 3) / 4;
 #pragma omp parallel for schedule(static) if (n > kParallelMin)
-  for (int64_t i = 0; i < n; ++i) {
-    const bool keep = philox_word(seed, stream, static_cast<uint64_t>(i)) >= threshold;
-    y[i] = keep ? x[i] * keep_scale : T(0);
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint64_t block = static_cast<uint64_t>(b);
+    uint32_t words[4];
+    philox4x32_10(
+        {static_cast<uint32_t>(block), static_cast<uint32_t>(block >> 32), stream_lo, stream_hi},
+        key, words);
+    const int64_t i0 = 4 * b, count = std::min<int64_t>(4, n - i0);
+    for (int64_t e = 0; e < count; ++e) {
+      y[i0 + e] = words[e] >= threshold ? x[i0 + e] * keep_scale : T(0);
+    }
   }
 }
 

@@ -1,0 +1,409 @@
+// The CPU launchers of kernels/cpu/gemm.cpp and kernels/cpu/elementwise.cpp against plain loops:
+// GEMM over every transpose combination with padded leading dimensions, alpha and beta, below and
+// above the multithreading threshold (2e6 flops) at 1 and 2 OpenMP threads, against a triple loop
+// in long double; the element-wise launchers and reductions against loops, their scratch memory
+// (from the allocator, category workspace), their thread-count independence, and the dropout mask
+// against the rule of kernels/kernels.h. Compared with |got - ref| <= atol + rtol * |ref|, printing
+// the first mismatches and the worst error.
+#include <doctest/doctest.h>
+#include <omp.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "core/philox.h"
+#include "core/tensor.h"
+#include "kernels/kernels.h"
+
+using namespace regen;
+
+namespace {
+
+template <class T>
+const char* type_name() {
+  return sizeof(T) == 4 ? "f32" : "f64";
+}
+
+// Counts elements outside atol + rtol * |ref| (NaN counts), printing the first few and the worst.
+template <class T, class R>
+int count_mismatches(const std::string& what, const std::vector<T>& got, const std::vector<R>& ref,
+                     double atol, double rtol) {
+  REQUIRE(got.size() == ref.size());
+  int bad = 0;
+  double worst = 0;
+  size_t worst_at = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double r = static_cast<double>(ref[i]);
+    const double err = std::fabs(static_cast<double>(got[i]) - r);
+    const double tol = atol + rtol * std::fabs(r);
+    if (!(err <= tol)) {
+      if (bad < 5) {
+        std::printf("%s: element %zu: got %.9g expected %.9g (err %.3g > %.3g)\n", what.c_str(), i,
+                    static_cast<double>(got[i]), r, err, tol);
+      }
+      ++bad;
+    }
+    if (err > worst) {
+      worst = err;
+      worst_at = i;
+    }
+  }
+  if (bad > 0)
+    std::printf("%s: %d mismatches, worst error %.3g at %zu\n", what.c_str(), bad, worst, worst_at);
+  return bad;
+}
+
+std::vector<double> random_values(size_t n, uint64_t seed, double lo = -1.0, double hi = 1.0) {
+  std::vector<double> v(n);
+  for (size_t i = 0; i < n; ++i) {
+    v[i] = lo + (hi - lo) * philox_uniform01(philox_word(seed, 7, i));
+  }
+  return v;
+}
+
+template <class T>
+std::vector<T> cast(const std::vector<double>& v) {
+  return std::vector<T>(v.begin(), v.end());
+}
+
+int64_t workspace_stat(bool peak) {
+  const Stat s =
+      allocator_for(Device::cpu()).stats().requested_by[static_cast<int>(Category::workspace)];
+  return peak ? s.peak : s.current;
+}
+
+// Runs `f` with `threads` OpenMP threads, then restores the previous setting.
+template <class F>
+void with_threads(int threads, F&& f) {
+  const int before = omp_get_max_threads();
+  omp_set_num_threads(threads);
+  f();
+  omp_set_num_threads(before);
+}
+
+// ---- GEMM ---------------------------------------------------------------------------------------
+
+struct GemmCase {
+  int64_t M, N, K;
+  double alpha, beta;
+};
+
+// op(A) (M, K) from A stored (M, K) or, transposed, (K, M), with row stride lda (> the row length:
+// the padding must be skipped); likewise B; C (M, N) with row stride ldc, whose padding must stay
+// untouched.
+template <class T>
+void check_gemm(const GemmCase& c, bool ta, bool tb, int threads, uint64_t seed) {
+  const int64_t a_rows = ta ? c.K : c.M, a_cols = ta ? c.M : c.K;
+  const int64_t b_rows = tb ? c.N : c.K, b_cols = tb ? c.K : c.N;
+  const int64_t lda = a_cols + 3, ldb = b_cols + 5, ldc = c.N + 2;
+  const std::vector<T> A = cast<T>(random_values(static_cast<size_t>(a_rows * lda), seed));
+  const std::vector<T> B = cast<T>(random_values(static_cast<size_t>(b_rows * ldb), seed + 1));
+  std::vector<T> C = cast<T>(random_values(static_cast<size_t>(c.M * ldc), seed + 2));
+  const T sentinel = T(12345.0);
+  for (int64_t i = 0; i < c.M; ++i) {
+    for (int64_t j = c.N; j < ldc; ++j) C[static_cast<size_t>(i * ldc + j)] = sentinel;
+  }
+  // beta = 0 must ignore C entirely, NaN included.
+  if (c.beta == 0.0) {
+    for (int64_t i = 0; i < c.M; ++i)
+      C[static_cast<size_t>(i * ldc)] = std::numeric_limits<T>::quiet_NaN();
+  }
+  auto a_at = [&](int64_t i, int64_t k) {
+    return A[static_cast<size_t>(ta ? k * lda + i : i * lda + k)];
+  };
+  auto b_at = [&](int64_t k, int64_t j) {
+    return B[static_cast<size_t>(tb ? j * ldb + k : k * ldb + j)];
+  };
+  std::vector<long double> ref(static_cast<size_t>(c.M * c.N));
+  std::vector<double> bound(ref.size());  // error bound: K * u * (|alpha| sum |a b| + |beta c|)
+  for (int64_t i = 0; i < c.M; ++i) {
+    for (int64_t j = 0; j < c.N; ++j) {
+      long double acc = 0, mag = 0;
+      for (int64_t k = 0; k < c.K; ++k) {
+        const long double p = static_cast<long double>(a_at(i, k)) * b_at(k, j);
+        acc += p;
+        mag += std::fabs(p);
+      }
+      const long double c0 =
+          c.beta == 0.0 ? 0.0L : static_cast<long double>(C[static_cast<size_t>(i * ldc + j)]);
+      ref[static_cast<size_t>(i * c.N + j)] = c.alpha * acc + c.beta * c0;
+      bound[static_cast<size_t>(i * c.N + j)] =
+          2.0 * static_cast<double>(c.K + 2) * std::numeric_limits<T>::epsilon() *
+          static_cast<double>(std::fabs(c.alpha) * mag + std::fabs(c.beta * c0));
+    }
+  }
+  const int64_t ws_before = workspace_stat(false);
+  with_threads(threads, [&] {
+    cpu::gemm<T>(ta, tb, c.M, c.N, c.K, static_cast<T>(c.alpha), A.data(), lda, B.data(), ldb,
+                 static_cast<T>(c.beta), C.data(), ldc);
+  });
+  CHECK(workspace_stat(false) == ws_before);  // scratch returned to the allocator
+  const std::string what = std::string("gemm<") + type_name<T>() + "> ta=" + std::to_string(ta) +
+                           " tb=" + std::to_string(tb) + " M=" + std::to_string(c.M) +
+                           " N=" + std::to_string(c.N) + " K=" + std::to_string(c.K) +
+                           " alpha=" + std::to_string(c.alpha) + " beta=" + std::to_string(c.beta) +
+                           " threads=" + std::to_string(threads);
+  int bad = 0, padding_touched = 0;
+  double worst = 0;
+  for (int64_t i = 0; i < c.M; ++i) {
+    for (int64_t j = 0; j < c.N; ++j) {
+      const size_t r = static_cast<size_t>(i * c.N + j);
+      const double got = static_cast<double>(C[static_cast<size_t>(i * ldc + j)]);
+      const double err = std::fabs(got - static_cast<double>(ref[r]));
+      const double tol = bound[r] + 1e-30;
+      worst = std::max(worst, err);
+      if (!(err <= tol)) {
+        if (bad < 5) {
+          std::printf("%s: C[%lld, %lld] = %.12g, expected %.12g (err %.3g > %.3g)\n", what.c_str(),
+                      static_cast<long long>(i), static_cast<long long>(j), got,
+                      static_cast<double>(ref[r]), err, tol);
+        }
+        ++bad;
+      }
+    }
+    for (int64_t j = c.N; j < ldc; ++j)
+      padding_touched += C[static_cast<size_t>(i * ldc + j)] != sentinel;
+  }
+  CHECK_MESSAGE(bad == 0, what, ": ", bad, " elements out of tolerance (worst error ", worst, ")");
+  CHECK_MESSAGE(padding_touched == 0, what, ": wrote ", padding_touched, " padding elements of C");
+}
+
+template <class T>
+void gemm_suite() {
+  const GemmCase cases[] = {
+      {5, 7, 3, 1.0, 0.0},         // tiny: one thread whatever the setting
+      {1, 9, 4, 1.0, 1.0},         // a single row, accumulate into C
+      {17, 1, 33, -0.5, 0.25},     // a single column
+      {131, 97, 83, 1.5, 0.0},     // 2.1e6 flops, M >= N: rows split across threads
+      {70, 160, 100, 0.75, -1.0},  // 2.2e6 flops, N > M: columns split across threads
+      {64, 300, 129, 1.0, 1.0},    // 5e6 flops, K not a multiple of any block
+  };
+  uint64_t seed = 100;
+  for (const GemmCase& c : cases) {
+    for (int ta = 0; ta < 2; ++ta) {
+      for (int tb = 0; tb < 2; ++tb) {
+        for (int threads : {1, 2}) check_gemm<T>(c, ta != 0, tb != 0, threads, seed);
+        seed += 3;
+      }
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("cpu gemm: all transposes, padded strides, alpha and beta, 1 and 2 threads") {
+  gemm_suite<float>();
+  gemm_suite<double>();
+}
+
+TEST_CASE("cpu gemm: K = 0 scales C by beta, M or N = 0 touches nothing") {
+  std::vector<float> C = {1, 2, 3, 4, 5, 6};
+  const float unused = 0;
+  cpu::gemm<float>(false, false, 2, 3, 0, 2.0f, &unused, 1, &unused, 3, 0.5f, C.data(), 3);
+  CHECK(C == std::vector<float>({0.5f, 1, 1.5f, 2, 2.5f, 3}));
+  cpu::gemm<float>(false, false, 0, 3, 4, 1.0f, &unused, 4, &unused, 3, 0.0f, C.data(), 3);
+  cpu::gemm<float>(false, false, 2, 0, 4, 1.0f, &unused, 4, &unused, 1, 0.0f, C.data(), 3);
+  CHECK(C == std::vector<float>({0.5f, 1, 1.5f, 2, 2.5f, 3}));
+}
+
+TEST_CASE("cpu gemm_batched: strided batches against one gemm per matrix") {
+  const int64_t batch = 3, M = 40, N = 50, K = 30;
+  for (int ta = 0; ta < 2; ++ta) {
+    for (int tb = 0; tb < 2; ++tb) {
+      const int64_t lda = ta ? M : K, ldb = tb ? K : N;
+      const int64_t sa = M * K + 7, sb = K * N + 3, sc = M * N + 5;
+      const std::vector<double> A = random_values(static_cast<size_t>(batch * sa), 1 + ta);
+      const std::vector<double> B = random_values(static_cast<size_t>(batch * sb), 3 + tb);
+      std::vector<double> C(static_cast<size_t>(batch * sc), 0.5), expect = C;
+      cpu::gemm_batched<double>(ta, tb, batch, M, N, K, 2.0, A.data(), lda, sa, B.data(), ldb, sb,
+                                1.0, C.data(), N, sc);
+      for (int64_t i = 0; i < batch; ++i) {
+        cpu::gemm<double>(ta, tb, M, N, K, 2.0, A.data() + i * sa, lda, B.data() + i * sb, ldb, 1.0,
+                          expect.data() + i * sc, N);
+      }
+      CHECK(C == expect);  // the same launcher per matrix: bitwise
+    }
+  }
+}
+
+// ---- Element-wise -------------------------------------------------------------------------------
+
+namespace {
+constexpr int64_t kBig = 40003;  // above elementwise.cpp's parallel threshold, not a multiple of 4
+
+template <class T>
+double tol_of() {
+  return sizeof(T) == 4 ? 2e-6 : 1e-14;
+}
+
+template <class T>
+void elementwise_suite() {
+  const double rt = tol_of<T>();
+  const std::string tn = type_name<T>();
+  for (int64_t n : {int64_t{7}, kBig}) {
+    const std::string sz = " n=" + std::to_string(n);
+    const std::vector<T> x = cast<T>(random_values(static_cast<size_t>(n), 11, -3, 3));
+    const std::vector<T> dy = cast<T>(random_values(static_cast<size_t>(n), 12));
+    std::vector<T> y(static_cast<size_t>(n)), ref(static_cast<size_t>(n));
+
+    cpu::relu_forward<T>(x.data(), y.data(), n);
+    for (int64_t i = 0; i < n; ++i) ref[i] = x[i] > 0 ? x[i] : T(0);
+    CHECK(y == ref);
+    std::vector<T> dx(static_cast<size_t>(n));
+    cpu::relu_backward<T>(dy.data(), y.data(), dx.data(), n);
+    for (int64_t i = 0; i < n; ++i) ref[i] = y[i] > 0 ? dy[i] : T(0);
+    CHECK(dx == ref);
+
+    std::vector<double> gref(static_cast<size_t>(n)), dgref(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) {
+      const double v = static_cast<double>(x[i]);
+      const double cdf = 0.5 * (1.0 + std::erf(v / std::sqrt(2.0)));
+      gref[i] = v * cdf;
+      dgref[i] =
+          static_cast<double>(dy[i]) * (cdf + v * std::exp(-0.5 * v * v) / std::sqrt(2.0 * M_PI));
+    }
+    cpu::gelu_forward<T>(x.data(), y.data(), n);
+    CHECK(count_mismatches("gelu_forward<" + tn + ">" + sz, y, gref, rt, 4 * rt) == 0);
+    cpu::gelu_backward<T>(dy.data(), x.data(), dx.data(), n);
+    CHECK(count_mismatches("gelu_backward<" + tn + ">" + sz, dx, dgref, rt, 4 * rt) == 0);
+
+    cpu::scale<T>(x.data(), y.data(), n, T(-2.5));
+    for (int64_t i = 0; i < n; ++i) ref[i] = T(-2.5) * x[i];
+    CHECK(y == ref);
+    cpu::fill<T>(y.data(), n, T(0.25));
+    CHECK(y == std::vector<T>(static_cast<size_t>(n), T(0.25)));
+    cpu::copy<T>(x.data(), y.data(), n);
+    CHECK(y == x);
+    const T s = T(3);
+    cpu::fill_from_scalar<T>(&s, y.data(), n, T(0.5));
+    CHECK(y == std::vector<T>(static_cast<size_t>(n), T(1.5)));
+    y = x;
+    cpu::add_inplace<T>(y.data(), dy.data(), n);
+    for (int64_t i = 0; i < n; ++i) ref[i] = x[i] + dy[i];
+    CHECK(y == ref);
+  }
+
+  // add and mul, same shape and with b broadcast over leading dimensions (b: the last nb).
+  for (int64_t nb : {int64_t{1}, int64_t{14}, int64_t{6 * 7 * 1000}}) {
+    const int64_t n = 6 * 7 * 1000;  // above the parallel threshold
+    REQUIRE(n % nb == 0);
+    const std::vector<T> a = cast<T>(random_values(static_cast<size_t>(n), 21));
+    const std::vector<T> b = cast<T>(random_values(static_cast<size_t>(nb), 22));
+    std::vector<T> y(static_cast<size_t>(n)), ref(static_cast<size_t>(n));
+    cpu::add<T>(a.data(), b.data(), y.data(), n, nb);
+    for (int64_t i = 0; i < n; ++i) ref[i] = a[i] + b[i % nb];
+    CHECK_MESSAGE(y == ref, "add<", tn, "> nb=", nb);
+    cpu::mul<T>(a.data(), b.data(), y.data(), n, nb);
+    for (int64_t i = 0; i < n; ++i) ref[i] = a[i] * b[i % nb];
+    CHECK_MESSAGE(y == ref, "mul<", tn, "> nb=", nb);
+  }
+
+  // sum_rows: column sums, small and parallel (rows * cols above the threshold, > 64 columns).
+  for (auto rc : {std::pair<int64_t, int64_t>{3, 5}, {300, 130}}) {
+    const int64_t rows = rc.first, cols = rc.second;
+    const std::vector<T> x = cast<T>(random_values(static_cast<size_t>(rows * cols), 31));
+    std::vector<T> y(static_cast<size_t>(cols));
+    std::vector<double> ref(static_cast<size_t>(cols), 0.0);
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = 0; c < cols; ++c) ref[c] += static_cast<double>(x[r * cols + c]);
+    }
+    cpu::sum_rows<T>(x.data(), y.data(), rows, cols);
+    CHECK(count_mismatches("sum_rows<" + tn + ">", y, ref, rt, rt) == 0);
+  }
+}
+}  // namespace
+
+TEST_CASE("cpu element-wise: unary maps, fills, add and mul with broadcast, sum_rows") {
+  elementwise_suite<float>();
+  elementwise_suite<double>();
+}
+
+TEST_CASE("cpu sum_all: against a loop, same bits at 1 and 2 threads, allocator scratch") {
+  CachingAllocator& alloc = allocator_for(Device::cpu());
+  for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{4096}, int64_t{4097}, int64_t{100003},
+                    int64_t{(1 << 17) + 5}}) {
+    const std::vector<float> x = cast<float>(random_values(static_cast<size_t>(n), 41, 0, 2));
+    double ref = 0;
+    for (float v : x) ref += static_cast<double>(v);
+    float one = -1, two = -2;
+    alloc.reset_peak();
+    const int64_t ws_before = workspace_stat(false);
+    with_threads(1, [&] { cpu::sum_all<float>(x.data(), &one, n); });
+    with_threads(2, [&] { cpu::sum_all<float>(x.data(), &two, n); });
+    CHECK(one == static_cast<float>(ref));
+    CHECK(std::memcmp(&one, &two, sizeof(float)) == 0);
+    // One double per 4096-element chunk, from the allocator (category workspace), returned after.
+    const int64_t chunks = n > 4096 ? (n + 4095) / 4096 : 0;
+    CHECK_MESSAGE(workspace_stat(true) - ws_before == chunks * static_cast<int64_t>(sizeof(double)),
+                  "n=", n);
+    CHECK(workspace_stat(false) == ws_before);
+  }
+  std::vector<double> xd = random_values(50000, 42);
+  double got = 0, ref = 0;
+  for (double v : xd) ref += v;
+  cpu::sum_all<double>(xd.data(), &got, 50000);
+  CHECK(std::fabs(got - ref) <= 1e-12 * 50000);
+}
+
+TEST_CASE("cpu dropout: keep iff philox_word(seed, stream, i) >= p * 2^32, scale 1 / (1 - p)") {
+  for (int64_t n : {int64_t{1}, int64_t{6}, kBig}) {
+    const std::vector<float> x = cast<float>(random_values(static_cast<size_t>(n), 51));
+    const uint64_t seed = 0x123456789abcdefull, stream = (uint64_t{3} << 32) + 17;
+    for (float p : {0.0f, 0.3f, 1.0f}) {
+      const uint64_t threshold = p <= 0.0f ? 0
+                                 : p >= 1.0f
+                                     ? (uint64_t{1} << 32)
+                                     : static_cast<uint64_t>(static_cast<double>(p) * 4294967296.0);
+      const float keep_scale = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f;
+      std::vector<float> ref(static_cast<size_t>(n)), y(static_cast<size_t>(n)), dx(y.size());
+      int64_t kept = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        const bool keep = philox_word(seed, stream, static_cast<uint64_t>(i)) >= threshold;
+        kept += keep;
+        ref[i] = keep ? x[i] * keep_scale : 0.0f;
+      }
+      with_threads(2, [&] { cpu::dropout_forward<float>(x.data(), y.data(), n, p, seed, stream); });
+      CHECK_MESSAGE(std::memcmp(y.data(), ref.data(), y.size() * sizeof(float)) == 0, "n=", n,
+                    " p=", p);
+      cpu::dropout_backward<float>(x.data(), dx.data(), n, p, seed, stream);  // the same mask
+      CHECK(std::memcmp(dx.data(), ref.data(), dx.size() * sizeof(float)) == 0);
+      if (n == kBig && p == 0.3f) {
+        CHECK(std::fabs(static_cast<double>(kept) / n - 0.7) < 0.01);
+      }
+    }
+  }
+}
+
+TEST_CASE("cpu permute: a 4-d permutation against index arithmetic") {
+  const int64_t d[4] = {3, 4, 5, 6};
+  const int perm[4] = {2, 0, 3, 1};
+  const std::vector<double> x = random_values(3 * 4 * 5 * 6, 61);
+  PermuteShape s{};
+  s.ndim = 4;
+  for (int i = 0; i < 4; ++i) {
+    s.shape[i] = d[i];
+    s.perm[i] = perm[i];
+  }
+  std::vector<double> y(x.size());
+  cpu::permute<double>(x.data(), y.data(), s);
+  int64_t at = 0;
+  int bad = 0;
+  int64_t idx[4];
+  for (idx[0] = 0; idx[0] < d[perm[0]]; ++idx[0]) {
+    for (idx[1] = 0; idx[1] < d[perm[1]]; ++idx[1]) {
+      for (idx[2] = 0; idx[2] < d[perm[2]]; ++idx[2]) {
+        for (idx[3] = 0; idx[3] < d[perm[3]]; ++idx[3]) {
+          int64_t src[4];
+          for (int k = 0; k < 4; ++k) src[perm[k]] = idx[k];
+          const int64_t off = ((src[0] * d[1] + src[1]) * d[2] + src[2]) * d[3] + src[3];
+          bad += y[static_cast<size_t>(at++)] != x[static_cast<size_t>(off)];
+        }
+      }
+    }
+  }
+  CHECK(bad == 0);
+}
