@@ -91,11 +91,13 @@ Tensor attention(const Tensor& qkv, int64_t num_heads, const Tensor& key_padding
   a.causal = causal;
   a.has_mask = key_padding_mask.defined();
   a.dropout_p = dropout_p;
-  if (dropout_p > 0.0f) {
-    a.seed = rng_seed();
-    a.stream = next_rng_stream();
-  }
-  return apply_op(OpKind::attention, a, {qkv, key_padding_mask})[0];
+  if (dropout_p == 0.0f) return apply_op(OpKind::attention, a, {qkv, key_padding_mask})[0];
+  a.seed = rng_seed();
+  RngStreamDraw draw;  // given back if the op throws
+  a.stream = draw.stream();
+  Tensor out = apply_op(OpKind::attention, a, {qkv, key_padding_mask})[0];
+  draw.commit();
+  return out;
 }
 
 }  // namespace regen

@@ -25,6 +25,26 @@ void conv_forward(OpContext& c) {
   REGEN_FLOATING(c.inputs[0].dtype(), "conv2d", conv_fwd, c);
 }
 
+// The bias gradient alone (the weight needs none, e.g. a frozen weight): dbias[k] is the sum of
+// dy over images and pixels, as plane sums dy (N*K, PQ) * ones (PQ) and then a column sum over
+// images, instead of running the filter-gradient GEMM for a dw nobody reads. The plane sums run
+// in T (the filter-gradient launcher sums in double), so the two paths agree to rounding.
+template <class T>
+Tensor conv_bias_grad(const Tensor& dy, const ConvShape& s) {
+  const Device dev = dy.device();
+  const int64_t pq = s.P * s.Q;
+  Workspace ones(dev, static_cast<uint64_t>(pq) * sizeof(T));
+  Workspace plane_sums(dev, static_cast<uint64_t>(s.N * s.K) * sizeof(T));
+  REGEN_LAUNCH(dev, T, fill, ones.as<T>(), pq, T(1));
+  // plane_sums: (N*K, 1) = dy: (N*K, PQ) * ones: (PQ, 1)
+  REGEN_LAUNCH(dev, T, gemm, false, false, s.N * s.K, int64_t{1}, pq, T(1), dy.data<T>(), pq,
+               ones.as<T>(), int64_t{1}, T(0), plane_sums.as<T>(), int64_t{1});
+  Tensor db = empty({s.K}, dy.dtype(), dev);
+  // db: (K) = column sums of plane_sums viewed as (N, K)
+  REGEN_LAUNCH(dev, T, sum_rows, plane_sums.as<T>(), db.data<T>(), s.N, s.K);
+  return db;
+}
+
 template <class T>
 void conv_bwd(BackwardContext& c) {
   const Tensor x = c.saved(0), w = c.saved(1);
@@ -37,14 +57,15 @@ void conv_bwd(BackwardContext& c) {
     c.set_grad_input(0, dx);
   }
   const bool need_bias = c.attr<Conv2dAttrs>().has_bias && c.needs_grad(2);
-  if (c.needs_grad(1) || need_bias) {
-    // The launcher always writes dw; a bias-only gradient still needs a buffer for it.
+  if (c.needs_grad(1)) {
     Tensor dw = empty_like(w);
     Tensor db = need_bias ? empty({s.K}, dy.dtype(), dev) : Tensor();
     REGEN_LAUNCH(dev, T, conv2d_backward_filter, x.data<T>(), dy.data<T>(), dw.data<T>(),
                  need_bias ? db.data<T>() : nullptr, s);
-    if (c.needs_grad(1)) c.set_grad_input(1, dw);
+    c.set_grad_input(1, dw);
     if (need_bias) c.set_grad_input(2, db);
+  } else if (need_bias) {
+    c.set_grad_input(2, conv_bias_grad<T>(dy, s));
   }
 }
 void conv_backward(BackwardContext& c) {

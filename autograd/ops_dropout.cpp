@@ -44,8 +44,11 @@ Tensor dropout(const Tensor& x, float p, bool training) {
   DropoutAttrs a;
   a.p = p;
   a.seed = rng_seed();
-  a.stream = next_rng_stream();
-  return apply_op(OpKind::dropout, a, {x})[0];
+  RngStreamDraw draw;  // given back if the op throws
+  a.stream = draw.stream();
+  Tensor y = apply_op(OpKind::dropout, a, {x})[0];
+  draw.commit();
+  return y;
 }
 
 }  // namespace regen

@@ -100,6 +100,12 @@ void manual_seed(uint64_t seed) {
 uint64_t rng_seed() { return g_seed; }
 uint64_t next_rng_stream() { return g_stream++; }
 
+RngStreamDraw::~RngStreamDraw() {
+  // Undo the draw only if nothing drew after it (a later draw keeps its stream).
+  uint64_t expected = stream_ + 1;
+  if (!committed_) g_stream.compare_exchange_strong(expected, stream_);
+}
+
 // ---- BackwardContext ----------------------------------------------------------------------------
 
 BackwardContext::BackwardContext(Tape& tape, const Node& node, std::vector<Tensor> grad_outputs)
@@ -190,7 +196,9 @@ int64_t Tape::register_input(const Tensor& t) {
   v.offset_bytes = impl->offset_bytes;
   v.bytes = t.nbytes();
   v.requires_grad = impl->requires_grad;
-  v.leaf = t.impl();
+  v.device = impl->device;
+  if (impl->requires_grad) v.leaf = t.impl();  // see Value: only gradient targets are pinned
+  v.leaf_storage = impl->storage;
   impl->tape_value = v.id;
   impl->tape_epoch = epoch_;
   values_.push_back(std::move(v));
@@ -210,16 +218,16 @@ std::vector<Tensor> Tape::apply(OpKind kind, const AttrBlob& attrs, std::vector<
                 " has no bytes (evicted and not regenerated)");
   }
   REGEN_CHECK(first != nullptr, def.name, ": no input tensors");
-  bool record = grad_mode_enabled();
-  if (record) {
-    record = false;
-    for (const Tensor& t : inputs) record = record || (t.defined() && t.requires_grad());
+  bool recording = grad_mode_enabled();
+  if (recording) {
+    recording = false;
+    for (const Tensor& t : inputs) recording = recording || (t.defined() && t.requires_grad());
   }
-  REGEN_CHECK(!(record && in_backward_), def.name,
+  REGEN_CHECK(!(recording && in_backward_), def.name,
               ": ops cannot be recorded during backward (higher-order gradients are unsupported)");
 
   OpContext ctx{attrs, inputs, {}, false};
-  if (!record) {
+  if (!recording) {
     CategoryScope cat(Category::activation);
     def.forward(ctx);
     REGEN_ASSERT(static_cast<int>(ctx.outputs.size()) == def.num_outputs);
@@ -227,7 +235,58 @@ std::vector<Tensor> Tape::apply(OpKind kind, const AttrBlob& attrs, std::vector<
     return std::move(ctx.outputs);
   }
 
+  // Recording. Everything this call changes is undone if the op or a hook throws, so no
+  // half-built node (one without outputs) is ever left for backward to trip over.
   const int32_t index = static_cast<int32_t>(nodes_.size());
+  const size_t values_before = values_.size(), saved_before = saved_.size();
+  std::vector<std::pair<int64_t, uint64_t>> input_marks;  // inputs' (tape_value, tape_epoch)
+  input_marks.reserve(inputs.size());
+  for (const Tensor& t : inputs) {
+    input_marks.emplace_back(t.defined() ? t.impl()->tape_value : -1,
+                             t.defined() ? t.impl()->tape_epoch : 0);
+  }
+  const int32_t block = block_stack_.empty() ? -1 : block_stack_.back();
+  const BlockInfoRec block_before =
+      block >= 0 ? blocks_[static_cast<size_t>(block)] : BlockInfoRec{};
+  size_t hooks_begun = 0;
+  try {
+    return record(def, kind, attrs, inputs, ctx, index, block, hooks_begun);
+  } catch (...) {
+    for (size_t h = 0; h < hooks_begun && h < hooks_.size(); ++h) {
+      try {
+        hooks_[h]->on_forward_abort(*this, index);
+      } catch (...) {  // a hook must not mask the op's error
+      }
+    }
+    // Saved records: drop this node as a reader, then the records it created.
+    for (size_t s = 0; s < saved_before; ++s) {
+      std::vector<int32_t>& readers = saved_[s].readers;
+      if (!readers.empty() && readers.back() == index) readers.pop_back();
+    }
+    for (size_t s = saved_before; s < saved_.size(); ++s) {
+      const size_t root = static_cast<size_t>(saved_[s].value);
+      if (root < values_before) values_[root].saved = -1;
+    }
+    saved_.resize(saved_before);
+    for (size_t v = 0; v < values_before; ++v) {
+      std::vector<int32_t>& consumers = values_[v].consumers;
+      while (!consumers.empty() && consumers.back() == index) consumers.pop_back();
+    }
+    values_.erase(values_.begin() + static_cast<std::ptrdiff_t>(values_before), values_.end());
+    for (size_t k = 0; k < inputs.size(); ++k) {
+      if (!inputs[k].defined()) continue;
+      inputs[k].impl()->tape_value = input_marks[k].first;
+      inputs[k].impl()->tape_epoch = input_marks[k].second;
+    }
+    if (nodes_.size() > static_cast<size_t>(index)) nodes_.resize(static_cast<size_t>(index));
+    if (block >= 0) blocks_[static_cast<size_t>(block)] = block_before;
+    throw;
+  }
+}
+
+std::vector<Tensor> Tape::record(const OpDef& def, OpKind kind, const AttrBlob& attrs,
+                                 const std::vector<Tensor>& inputs, OpContext& ctx, int32_t index,
+                                 int32_t block, size_t& hooks_begun) {
   {
     Node n;
     n.index = index;
@@ -236,17 +295,23 @@ std::vector<Tensor> Tape::apply(OpKind kind, const AttrBlob& attrs, std::vector<
     n.num_visible_outputs = def.num_visible_outputs;
     const std::string& path = ModuleScope::current_path();
     n.scope = intern_tag(path);
-    n.block = block_stack_.empty() ? -1 : block_stack_.back();
+    n.block = block;
     n.tag = intern_tag(path + (path.empty() ? "" : "/") + def.name + "#" + std::to_string(index));
-    for (const Tensor& t : inputs) n.inputs.push_back(t.defined() ? register_input(t) : -1);
     nodes_.push_back(std::move(n));
+    // Registered after the push, so a throw here is undone like any other.
+    for (const Tensor& t : inputs) {
+      nodes_.back().inputs.push_back(t.defined() ? register_input(t) : -1);
+    }
   }
-  if (nodes_.back().block >= 0) {
-    BlockInfoRec& b = blocks_[static_cast<size_t>(nodes_.back().block)];
+  if (block >= 0) {
+    BlockInfoRec& b = blocks_[static_cast<size_t>(block)];
     if (b.first_node < 0) b.first_node = index;
     b.last_node = index;
   }
-  for (TapeHooks* h : hooks_) h->on_forward_begin(*this, index);
+  for (TapeHooks* h : hooks_) {
+    ++hooks_begun;
+    h->on_forward_begin(*this, index);
+  }
   {
     CategoryScope cat(Category::activation);
     TagScope tag(nodes_.back().tag);
@@ -254,10 +319,12 @@ std::vector<Tensor> Tape::apply(OpKind kind, const AttrBlob& attrs, std::vector<
   }
   REGEN_CHECK(static_cast<int>(ctx.outputs.size()) == def.num_outputs, def.name, " produced ",
               ctx.outputs.size(), " outputs, expected ", def.num_outputs);
+  for (const Tensor& out : ctx.outputs) {
+    REGEN_CHECK(out.defined(), def.name, " left an output slot undefined");
+  }
   Node& node = nodes_.back();
   for (int k = 0; k < def.num_outputs; ++k) {
-    Tensor& out = ctx.outputs[static_cast<size_t>(k)];
-    REGEN_ASSERT(out.defined());
+    const Tensor& out = ctx.outputs[static_cast<size_t>(k)];
     Value v;
     v.id = static_cast<int64_t>(values_.size());
     v.producer = index;
@@ -265,14 +332,10 @@ std::vector<Tensor> Tape::apply(OpKind kind, const AttrBlob& attrs, std::vector<
     v.root = (def.is_view && k == 0) ? values_[static_cast<size_t>(node.inputs[0])].root : v.id;
     v.shape = out.shape();
     v.dtype = out.dtype();
+    v.device = out.device();
     v.offset_bytes = out.impl()->offset_bytes;
     v.bytes = out.nbytes();
     v.requires_grad = k < def.num_visible_outputs && is_floating(out.dtype());
-    TensorImpl* impl = out.impl().get();
-    impl->tape_value = v.id;
-    impl->tape_epoch = epoch_;
-    impl->produced = true;
-    impl->requires_grad = v.requires_grad;
     node.outputs.push_back(v.id);
     values_.push_back(std::move(v));
   }
@@ -298,11 +361,20 @@ std::vector<Tensor> Tape::apply(OpKind kind, const AttrBlob& attrs, std::vector<
       s.storage = t.impl()->storage;
       s.bytes = s.storage ? s.storage->bytes() : 0;
       s.category = s.storage ? s.storage->category() : Category::other;
-      root.saved = static_cast<int32_t>(saved_.size());
       saved_.push_back(std::move(s));
+      root.saved = static_cast<int32_t>(saved_.size() - 1);
     }
     std::vector<int32_t>& readers = saved_[static_cast<size_t>(root.saved)].readers;
     if (readers.empty() || readers.back() != index) readers.push_back(index);
+  }
+  // The outputs belong to this tape now (if a hook throws below, they are dropped unseen).
+  for (int k = 0; k < def.num_outputs; ++k) {
+    TensorImpl* impl = ctx.outputs[static_cast<size_t>(k)].impl().get();
+    const Value& v = values_[static_cast<size_t>(node.outputs[static_cast<size_t>(k)])];
+    impl->tape_value = v.id;
+    impl->tape_epoch = epoch_;
+    impl->produced = true;
+    impl->requires_grad = v.requires_grad;
   }
   for (TapeHooks* h : hooks_) h->on_forward_end(*this, index, ctx.outputs);
   ctx.outputs.resize(static_cast<size_t>(def.num_visible_outputs));
@@ -313,36 +385,40 @@ Tensor Tape::value_tensor(int64_t id) const {
   const Value& v = value(id);
   if (v.producer < 0 && v.leaf) return Tensor(v.leaf);
   const Value& root = value(v.root);
-  REGEN_CHECK(root.saved >= 0, "value ", id, " (", sh(v.shape),
-              ") is not held by the tape: only saved values and leaves can be read back");
-  const SavedTensor& s = saved_tensor(root.saved);
-  REGEN_CHECK(s.storage && s.storage->resident(), "value ", id, " (", sh(v.shape), ") is ",
-              saved_state_name(s.state));
+  std::shared_ptr<Storage> storage;
+  if (root.producer < 0) {
+    // A leaf (or a view of one): its own bytes while anyone holds them. A saved leaf is never
+    // evicted, and after its last backward use its owner may still hold it (a remat replay of a
+    // later op can read it then).
+    storage = root.leaf ? root.leaf->storage : root.leaf_storage.lock();
+    REGEN_CHECK(storage || v.bytes == 0, "value ", id, " (", dtype_name(v.dtype), sh(v.shape),
+                ") is a leaf that the tape no longer holds (it does not require grad and no "
+                "unreleased saved tensor keeps it) and its owner has released it");
+  } else if (root.saved >= 0) {
+    const SavedTensor& s = saved_tensor(root.saved);
+    REGEN_CHECK(s.storage && s.storage->resident(), "value ", id, " (", sh(v.shape), ") is ",
+                saved_state_name(s.state));
+    storage = s.storage;
+  } else {
+    REGEN_FAIL("value ", id, " (", sh(v.shape),
+               ") is not held by the tape: only saved values and leaves can be read back");
+  }
   auto impl = std::make_shared<TensorImpl>();
-  impl->storage = s.storage;
+  impl->storage = std::move(storage);
   impl->offset_bytes = v.offset_bytes;
   impl->shape = v.shape;
   impl->dtype = v.dtype;
-  impl->device = s.storage->device();
+  impl->device = v.device;
   return Tensor(std::move(impl));
 }
 
 Device Tape::value_tensor_device(int64_t id) const {
-  const Value& v = value(id);
-  if (v.leaf) return v.leaf->device;
-  const Value& root = value(v.root);
-  if (root.saved >= 0 && saved_tensor(root.saved).storage) {
-    return saved_tensor(root.saved).storage->device();
-  }
-  if (root.leaf) return root.leaf->device;
-  return Device::cpu();
+  return value(id).device;
 }
 
 bool Tape::value_resident(int64_t id) const {
-  const Value& v = value(id);
-  if (v.leaf) return true;
-  const Value& root = value(v.root);
-  if (root.leaf) return true;
+  const Value& root = value(value(id).root);
+  if (root.producer < 0) return root.leaf || root.bytes == 0 || !root.leaf_storage.expired();
   if (root.saved < 0) return false;
   const SavedTensor& s = saved_tensor(root.saved);
   return s.storage && s.storage->resident();
@@ -412,9 +488,22 @@ void Tape::accumulate_grad(int64_t id, Tensor g, std::vector<Tensor>& grads) {
     TensorImpl* leaf = v.leaf.get();
     if (!leaf || !leaf->requires_grad) return;
     if (!leaf->grad) {
-      CategoryScope cat(Category::gradient);
-      TagScope tag(leaf->name.empty() ? std::string("leaf.grad") : leaf->name + ".grad");
-      leaf->grad = g.clone().impl();
+      // The first gradient becomes the parameter's buffer. Take it over when nothing else can
+      // see it (a gradient-category buffer of exactly its size, referenced only here); copy it
+      // when it is shared (add passes one gradient to both inputs; a view shares its source).
+      const TensorImpl* gi = g.impl().get();
+      const bool exclusive = g.impl().use_count() == 1 && gi->storage &&
+                             gi->storage.use_count() == 1 && gi->offset_bytes == 0 &&
+                             gi->storage->bytes() == g.nbytes() &&
+                             gi->storage->category() == Category::gradient && gi->grad == nullptr &&
+                             !gi->requires_grad && gi->tape_value < 0;
+      if (exclusive) {
+        leaf->grad = g.impl();
+      } else {
+        CategoryScope cat(Category::gradient);
+        TagScope tag(leaf->name.empty() ? std::string("leaf.grad") : leaf->name + ".grad");
+        leaf->grad = g.clone().impl();
+      }
     } else {
       accumulate_into(Tensor(leaf->grad), g);
     }

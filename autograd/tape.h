@@ -88,7 +88,14 @@ struct Value {
   uint64_t offset_bytes = 0;  // into the root's storage
   uint64_t bytes = 0;         // of this value's elements
   bool requires_grad = false;
-  std::shared_ptr<TensorImpl> leaf;  // strong reference for leaves only
+  Device device;  // where its bytes live
+  // Leaves only. The tape pins a leaf only where it must: `leaf` is a strong reference kept for
+  // leaves that require grad (their gradient accumulates into leaf->grad). Every other leaf is
+  // held weakly through `leaf_storage`: an input no op saves (add's operands, an activation
+  // computed under no-grad) is freed when its owner drops it, as the allocator and the remat
+  // planner see. A saved leaf is held by its SavedTensor, like any saved value.
+  std::shared_ptr<TensorImpl> leaf;
+  std::weak_ptr<Storage> leaf_storage;
   std::vector<int32_t> consumers;    // nodes that read it as an input, in order
   int32_t saved = -1;                // index into Tape::saved() of its root, when saved
 };
@@ -142,6 +149,9 @@ class TapeHooks {
  public:
   virtual ~TapeHooks() = default;
   virtual void on_forward_begin(Tape&, int32_t /*node*/) {}
+  // The op of `node` threw after on_forward_begin (its forward, or a hook's on_forward_end): the
+  // tape has removed the node, and index `node` will be reused by the next op. Must not throw.
+  virtual void on_forward_abort(Tape&, int32_t /*node*/) {}
   // `outputs` holds every output slot of the node (hidden ones included).
   virtual void on_forward_end(Tape&, int32_t /*node*/, const std::vector<Tensor>& /*outputs*/) {}
   virtual void on_backward_start(Tape&) {}
@@ -230,7 +240,9 @@ class Tape {
   // Backward-active nodes in the order backward runs them (valid from on_backward_start).
   const std::vector<int32_t>& backward_order() const { return backward_order_; }
 
-  // Records (when grad mode is on and an input requires grad) and runs an op.
+  // Records (when grad mode is on and an input requires grad) and runs an op. Strong exception
+  // guarantee: if the op throws (bad input found by a kernel, OutOfMemory, ...), the tape, its
+  // blocks, values and saved tensors and the inputs' tape fields are as they were before the call.
   std::vector<Tensor> apply(OpKind kind, const AttrBlob& attrs, std::vector<Tensor> inputs);
 
   // Runs backward from a scalar (or from `grad` of the loss's shape), accumulates parameter
@@ -240,7 +252,9 @@ class Tape {
   void clear();
 
   // ---- For the remat runtime (remat/executor.cpp) ----
-  // A tensor for value `id` built on its root's storage (which must be resident or be a leaf).
+  // A tensor for value `id`: a leaf that requires grad is returned itself; anything else is
+  // built on its root's storage, which must be a resident saved tensor or a leaf that is still
+  // alive (a leaf the tape holds only weakly fails with an error once its owner released it).
   Tensor value_tensor(int64_t id) const;
   // Whether value `id`'s bytes are available right now.
   bool value_resident(int64_t id) const;
@@ -262,6 +276,11 @@ class Tape {
  private:
   friend class BackwardContext;
   int64_t register_input(const Tensor& t);
+  // apply's recording path; apply undoes what it did if it throws. `hooks_begun` counts the
+  // hooks whose on_forward_begin was called (they get on_forward_abort).
+  std::vector<Tensor> record(const OpDef& def, OpKind kind, const AttrBlob& attrs,
+                             const std::vector<Tensor>& inputs, OpContext& ctx, int32_t index,
+                             int32_t block, size_t& hooks_begun);
   void ensure_resident(int32_t saved);
   void release_saved(int32_t saved);
   void accumulate_grad(int64_t value, Tensor g, std::vector<Tensor>& grads);
@@ -334,5 +353,23 @@ void zero_grad(const std::vector<Tensor>& params);
 void manual_seed(uint64_t seed);
 uint64_t rng_seed();
 uint64_t next_rng_stream();
+
+// Draws a stream for one op call and gives it back if the call does not complete: an op that
+// throws must not shift the streams of every later op (a run with a failed call then draws the
+// same masks as a run without it). Usage: RngStreamDraw d; a.stream = d.stream(); apply...;
+// d.commit();
+class RngStreamDraw {
+ public:
+  RngStreamDraw() : stream_(next_rng_stream()) {}
+  ~RngStreamDraw();
+  RngStreamDraw(const RngStreamDraw&) = delete;
+  RngStreamDraw& operator=(const RngStreamDraw&) = delete;
+  uint64_t stream() const { return stream_; }
+  void commit() { committed_ = true; }
+
+ private:
+  uint64_t stream_;
+  bool committed_ = false;
+};
 
 }  // namespace regen
