@@ -1,5 +1,6 @@
 // Finite-difference gradient checks (f64, CPU) for embedding, layernorm, softmax, attention,
-// dropout and cross_entropy, alone and chained. The harness is tests/gradcheck.h. Random ops
+// dropout and cross_entropy, alone and chained. The harness and the per-op tolerances are in
+// tests/gradcheck.h. Random ops
 // reseed inside the checked function, so every evaluation sees the same dropout mask.
 #include "tests/gradcheck.h"
 
@@ -18,101 +19,114 @@ Tensor mask_tensor(const std::vector<int32_t>& m, const Shape& shape) {
 TEST_CASE("gradcheck: embedding weight, repeated ids, 2-d ids") {
   // Ids 1 and 3 repeat: their rows must sum the gradients of every position that used them.
   const Tensor ids = ids_tensor({1, 3, 0, 3, 1, 1}, {2, 3});
-  gradcheck("embedding", [](const std::vector<Tensor>& in) { return embedding(in[0], in[1]); },
-            {ids, rand64({5, 4}, 1)});
+  gradcheck(
+      "embedding", [](const std::vector<Tensor>& in) { return embedding(in[0], in[1]); },
+      {ids, rand64({5, 4}, 1)}, linear_op_tol());
 }
 
 TEST_CASE("gradcheck: layernorm input, gamma and beta") {
-  gradcheck("layernorm 2-d",
-            [](const std::vector<Tensor>& in) { return layernorm(in[0], in[1], in[2]); },
-            {rand64({4, 7}, 1, -2, 2), rand64({7}, 2, 0.5, 1.5), rand64({7}, 3)});
-  gradcheck("layernorm 3-d, eps 1e-3",
-            [](const std::vector<Tensor>& in) { return layernorm(in[0], in[1], in[2], 1e-3); },
-            {rand64({2, 3, 5}, 4), rand64({5}, 5), rand64({5}, 6)});
+  gradcheck(
+      "layernorm 2-d", [](const std::vector<Tensor>& in) { return layernorm(in[0], in[1], in[2]); },
+      {rand64({4, 7}, 1, -2, 2), rand64({7}, 2, 0.5, 1.5), rand64({7}, 3)}, smooth_op_tol());
+  gradcheck(
+      "layernorm 3-d, eps 1e-3",
+      [](const std::vector<Tensor>& in) { return layernorm(in[0], in[1], in[2], 1e-3); },
+      {rand64({2, 3, 5}, 4), rand64({5}, 5), rand64({5}, 6)}, smooth_op_tol());
 }
 
 TEST_CASE("gradcheck: softmax over the last dimension") {
-  gradcheck("softmax 2-d", [](const std::vector<Tensor>& in) { return softmax(in[0]); },
-            {rand64({3, 6}, 1, -3, 3)});
-  gradcheck("softmax 3-d", [](const std::vector<Tensor>& in) { return softmax(in[0]); },
-            {rand64({2, 2, 5}, 2, -3, 3)});
+  gradcheck(
+      "softmax 2-d", [](const std::vector<Tensor>& in) { return softmax(in[0]); },
+      {rand64({3, 6}, 1, -3, 3)}, smooth_op_tol());
+  gradcheck(
+      "softmax 3-d", [](const std::vector<Tensor>& in) { return softmax(in[0]); },
+      {rand64({2, 2, 5}, 2, -3, 3)}, smooth_op_tol());
 }
 
 TEST_CASE("gradcheck: attention, plain and causal, several heads, odd lengths") {
   // qkv: (B, S, 3 * H * Dh)
-  gradcheck("attention B2 S5 H2 Dh3",
-            [](const std::vector<Tensor>& in) { return attention(in[0], 2); },
-            {rand64({2, 5, 18}, 1, -2, 2)});
-  gradcheck("attention causal B1 S7 H3 Dh2",
-            [](const std::vector<Tensor>& in) { return attention(in[0], 3, Tensor(), true); },
-            {rand64({1, 7, 18}, 2, -2, 2)});
-  gradcheck("attention S1", [](const std::vector<Tensor>& in) { return attention(in[0], 1); },
-            {rand64({3, 1, 6}, 3, -2, 2)});
+  gradcheck(
+      "attention B2 S5 H2 Dh3", [](const std::vector<Tensor>& in) { return attention(in[0], 2); },
+      {rand64({2, 5, 18}, 1, -2, 2)}, smooth_op_tol());
+  gradcheck(
+      "attention causal B1 S7 H3 Dh2",
+      [](const std::vector<Tensor>& in) { return attention(in[0], 3, Tensor(), true); },
+      {rand64({1, 7, 18}, 2, -2, 2)}, smooth_op_tol());
+  gradcheck(
+      "attention S1", [](const std::vector<Tensor>& in) { return attention(in[0], 1); },
+      {rand64({3, 1, 6}, 3, -2, 2)}, smooth_op_tol());
 }
 
 TEST_CASE("gradcheck: attention with a key padding mask, including rows with no visible key") {
   // Batch 0 pads its last two keys, batch 1 its first key.
   const Tensor pad = mask_tensor({0, 0, 0, 1, 1, 1, 0, 0, 0, 0}, {2, 5});
-  gradcheck("attention masked",
-            [](const std::vector<Tensor>& in) { return attention(in[0], 2, in[1]); },
-            {rand64({2, 5, 12}, 4, -2, 2), pad});
+  gradcheck(
+      "attention masked", [](const std::vector<Tensor>& in) { return attention(in[0], 2, in[1]); },
+      {rand64({2, 5, 12}, 4, -2, 2), pad}, smooth_op_tol());
   // Causal + padded key 0 in batch 1: query 0 of batch 1 sees no key at all (output 0, lse -inf);
   // its gradient must be 0, not NaN.
-  gradcheck("attention masked causal",
-            [](const std::vector<Tensor>& in) { return attention(in[0], 2, in[1], true); },
-            {rand64({2, 5, 12}, 5, -2, 2), pad});
+  gradcheck(
+      "attention masked causal",
+      [](const std::vector<Tensor>& in) { return attention(in[0], 2, in[1], true); },
+      {rand64({2, 5, 12}, 5, -2, 2), pad}, smooth_op_tol());
 }
 
 TEST_CASE("gradcheck: attention with dropout on the probabilities (p = 0.3)") {
   const Tensor pad = mask_tensor({0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0}, {2, 6});
-  gradcheck("attention dropout",
-            [](const std::vector<Tensor>& in) {
-              manual_seed(1234);  // the same mask at every evaluation
-              return attention(in[0], 2, Tensor(), false, 0.3f);
-            },
-            {rand64({2, 6, 12}, 6, -2, 2)});
-  gradcheck("attention dropout masked causal",
-            [](const std::vector<Tensor>& in) {
-              manual_seed(99);
-              return attention(in[0], 3, in[1], true, 0.3f);
-            },
-            {rand64({2, 6, 9}, 7, -2, 2), pad});
+  gradcheck(
+      "attention dropout",
+      [](const std::vector<Tensor>& in) {
+        manual_seed(1234);  // the same mask at every evaluation
+        return attention(in[0], 2, Tensor(), false, 0.3f);
+      },
+      {rand64({2, 6, 12}, 6, -2, 2)}, smooth_op_tol());
+  gradcheck(
+      "attention dropout masked causal",
+      [](const std::vector<Tensor>& in) {
+        manual_seed(99);
+        return attention(in[0], 3, in[1], true, 0.3f);
+      },
+      {rand64({2, 6, 9}, 7, -2, 2), pad}, smooth_op_tol());
 }
 
 TEST_CASE("gradcheck: dropout") {
-  gradcheck("dropout p=0.4",
-            [](const std::vector<Tensor>& in) {
-              manual_seed(5);
-              return dropout(in[0], 0.4f);
-            },
-            {rand64({4, 9}, 1)});
+  gradcheck(
+      "dropout p=0.4",
+      [](const std::vector<Tensor>& in) {
+        manual_seed(5);
+        return dropout(in[0], 0.4f);
+      },
+      {rand64({4, 9}, 1)}, linear_op_tol());
 }
 
 TEST_CASE("gradcheck: cross_entropy with ignored rows") {
   const Tensor targets = ids_tensor({2, -100, 0, 4, -100, 1}, {6});
-  gradcheck("cross_entropy",
-            [](const std::vector<Tensor>& in) { return cross_entropy(in[0], in[1]); },
-            {rand64({6, 5}, 1, -3, 3), targets});
+  gradcheck(
+      "cross_entropy", [](const std::vector<Tensor>& in) { return cross_entropy(in[0], in[1]); },
+      {rand64({6, 5}, 1, -3, 3), targets}, smooth_op_tol());
   // A custom ignore_index that is also a valid class id.
   const Tensor targets2 = ids_tensor({3, 3, 1, 0}, {4});
-  gradcheck("cross_entropy ignore_index=3",
-            [](const std::vector<Tensor>& in) { return cross_entropy(in[0], in[1], 3); },
-            {rand64({4, 4}, 2, -3, 3), targets2});
+  gradcheck(
+      "cross_entropy ignore_index=3",
+      [](const std::vector<Tensor>& in) { return cross_entropy(in[0], in[1], 3); },
+      {rand64({4, 4}, 2, -3, 3), targets2}, smooth_op_tol());
 }
 
 TEST_CASE("gradcheck: a chained block (embedding, layernorm, attention, cross_entropy)") {
   // Gradients flow through every op of this file into all parameters at once.
   const Tensor ids = ids_tensor({0, 2, 1, 3, 3, 1}, {2, 3});
   const Tensor targets = ids_tensor({2, 1, -100, 0, 3, 3}, {6});
-  gradcheck("chain",
-            [&](const std::vector<Tensor>& in) {
-              manual_seed(3);
-              Tensor h = embedding(ids, in[0]);  // (2, 3, 4)
-              Tensor n = layernorm(h, in[1], in[2]);
-              Tensor a = attention(linear(n, in[3]), 2, Tensor(), true, 0.2f);
-              Tensor logits = linear(softmax(add(a, h)), in[4]);  // (2, 3, 4)
-              return cross_entropy(reshape(logits, {6, 4}), targets);
-            },
-            {rand64({4, 4}, 1), rand64({4}, 2, 0.5, 1.5), rand64({4}, 3), rand64({12, 4}, 4),
-             rand64({4, 4}, 5)});
+  gradcheck(
+      "chain",
+      [&](const std::vector<Tensor>& in) {
+        manual_seed(3);
+        Tensor h = embedding(ids, in[0]);  // (2, 3, 4)
+        Tensor n = layernorm(h, in[1], in[2]);
+        Tensor a = attention(linear(n, in[3]), 2, Tensor(), true, 0.2f);
+        Tensor logits = linear(softmax(add(a, h)), in[4]);  // (2, 3, 4)
+        return cross_entropy(reshape(logits, {6, 4}), targets);
+      },
+      {rand64({4, 4}, 1), rand64({4}, 2, 0.5, 1.5), rand64({4}, 3), rand64({12, 4}, 4),
+       rand64({4, 4}, 5)},
+      smooth_op_tol());
 }

@@ -1,6 +1,7 @@
 // Finite-difference gradient checks (f64, CPU) for conv2d, batchnorm2d (train and eval),
 // max_pool2d, avg_pool2d, global_avg_pool, transpose and permute. The harness is
-// tests/gradcheck.h; forward values are checked in tests/test_ops_vision.cpp.
+// tests/gradcheck.h (with the per-op tolerances); forward values are checked in
+// tests/test_ops_vision.cpp.
 #include <cmath>
 #include <string>
 
@@ -45,19 +46,19 @@ TEST_CASE("gradcheck: conv2d over strides, paddings, kernel sizes, with and with
         [c](const std::vector<Tensor>& t) {
           return conv2d(t[0], t[1], c.bias ? t[2] : Tensor(), c.sh, c.sw, c.ph, c.pw);
         },
-        in);
+        in, linear_op_tol());
   }
 }
 
 TEST_CASE("gradcheck: conv2d where only the weight or only the bias needs a gradient") {
   Tensor x = rand64({2, 2, 5, 5}, 1), w = rand64({3, 2, 3, 3}, 2), b = rand64({3}, 3);
-  GradcheckOptions only_w;
+  GradcheckOptions only_w = linear_op_tol();
   only_w.inputs = {1};
   gradcheck(
       "conv2d (weight only)",
       [](const std::vector<Tensor>& t) { return conv2d(t[0], t[1], t[2], 1, 1); }, {x, w, b},
       only_w);
-  GradcheckOptions only_b;
+  GradcheckOptions only_b = linear_op_tol();
   only_b.inputs = {2};
   gradcheck(
       "conv2d (bias only)",
@@ -68,26 +69,30 @@ TEST_CASE("gradcheck: conv2d where only the weight or only the bias needs a grad
 TEST_CASE("gradcheck: batchnorm2d in training mode (x, gamma, beta)") {
   // The running statistics are buffers (no gradient); they travel outside the checked inputs.
   Tensor rm = zeros({3}, DType::f64), rv = ones({3}, DType::f64);
-  gradcheck("batchnorm2d train",
-            [&](const std::vector<Tensor>& t) {
-              return batchnorm2d(t[0], t[1], t[2], rm, rv, /*training=*/true, 0.1, 1e-5);
-            },
-            {rand64({3, 3, 4, 5}, 1, -2, 3), rand64({3}, 2, 0.5, 1.5), rand64({3}, 3)});
+  gradcheck(
+      "batchnorm2d train",
+      [&](const std::vector<Tensor>& t) {
+        return batchnorm2d(t[0], t[1], t[2], rm, rv, /*training=*/true, 0.1, 1e-5);
+      },
+      {rand64({3, 3, 4, 5}, 1, -2, 3), rand64({3}, 2, 0.5, 1.5), rand64({3}, 3)}, smooth_op_tol());
   // One image with a 1x2 plane: the smallest batch that has a variance.
-  gradcheck("batchnorm2d train (two values per channel)",
-            [&](const std::vector<Tensor>& t) {
-              return batchnorm2d(t[0], t[1], t[2], rm, rv, true, 0.1, 1e-3);
-            },
-            {rand64({1, 3, 1, 2}, 4), rand64({3}, 5, 0.5, 1.5), rand64({3}, 6)});
+  gradcheck(
+      "batchnorm2d train (two values per channel)",
+      [&](const std::vector<Tensor>& t) {
+        return batchnorm2d(t[0], t[1], t[2], rm, rv, true, 0.1, 1e-3);
+      },
+      {rand64({1, 3, 1, 2}, 4), rand64({3}, 5, 0.5, 1.5), rand64({3}, 6)}, smooth_op_tol());
 }
 
 TEST_CASE("gradcheck: batchnorm2d in eval mode (x, gamma, beta)") {
   Tensor rm = rand64({4}, 7), rv = rand64({4}, 8, 0.5, 2.0);
-  gradcheck("batchnorm2d eval",
-            [&](const std::vector<Tensor>& t) {
-              return batchnorm2d(t[0], t[1], t[2], rm, rv, /*training=*/false, 0.1, 1e-5);
-            },
-            {rand64({2, 4, 3, 3}, 9), rand64({4}, 10, 0.5, 1.5), rand64({4}, 11)});
+  gradcheck(
+      "batchnorm2d eval",
+      [&](const std::vector<Tensor>& t) {
+        return batchnorm2d(t[0], t[1], t[2], rm, rv, /*training=*/false, 0.1, 1e-5);
+      },
+      {rand64({2, 4, 3, 3}, 9), rand64({4}, 10, 0.5, 1.5), rand64({4}, 11)},
+      linear_op_tol());  // eval: an affine map of x, gamma and beta each
 }
 
 TEST_CASE("gradcheck: max_pool2d away from ties") {
@@ -103,7 +108,8 @@ TEST_CASE("gradcheck: max_pool2d away from ties") {
     // element of the same plane, where the argmax could flip (a non-smooth point).
     const std::vector<double> v = x.to_vector<double>();
     const int64_t plane = c.x[2] * c.x[3];
-    GradcheckOptions opt;
+    // Piecewise linear: exact differences, but the step must stay below the 1e-4 skip distance.
+    GradcheckOptions opt = linear_op_tol(1e-5);
     opt.skip = [v, plane](int, int64_t j) {
       const int64_t base = j / plane * plane;
       for (int64_t i = base; i < base + plane; ++i) {
@@ -119,36 +125,41 @@ TEST_CASE("gradcheck: max_pool2d away from ties") {
 }
 
 TEST_CASE("gradcheck: avg_pool2d and global_avg_pool") {
-  gradcheck("avg_pool2d k3 s2 p1",
-            [](const std::vector<Tensor>& t) { return avg_pool2d(t[0], 3, 2, 1); },
-            {rand64({2, 3, 7, 6}, 30)});
-  gradcheck("avg_pool2d k2 s1 p0",
-            [](const std::vector<Tensor>& t) { return avg_pool2d(t[0], 2, 1, 0); },
-            {rand64({1, 2, 4, 5}, 31)});
-  gradcheck("global_avg_pool", [](const std::vector<Tensor>& t) { return global_avg_pool(t[0]); },
-            {rand64({3, 4, 3, 5}, 32)});
+  gradcheck(
+      "avg_pool2d k3 s2 p1", [](const std::vector<Tensor>& t) { return avg_pool2d(t[0], 3, 2, 1); },
+      {rand64({2, 3, 7, 6}, 30)}, linear_op_tol());
+  gradcheck(
+      "avg_pool2d k2 s1 p0", [](const std::vector<Tensor>& t) { return avg_pool2d(t[0], 2, 1, 0); },
+      {rand64({1, 2, 4, 5}, 31)}, linear_op_tol());
+  gradcheck(
+      "global_avg_pool", [](const std::vector<Tensor>& t) { return global_avg_pool(t[0]); },
+      {rand64({3, 4, 3, 5}, 32)}, linear_op_tol());
 }
 
 TEST_CASE("gradcheck: transpose and permute") {
-  gradcheck("transpose (1, 2)", [](const std::vector<Tensor>& t) { return transpose(t[0], 1, 2); },
-            {rand64({2, 3, 4}, 40)});
-  gradcheck("transpose (-1, 0)",
-            [](const std::vector<Tensor>& t) { return transpose(t[0], -1, 0); },
-            {rand64({3, 5}, 41)});
-  gradcheck("permute (2, 0, 3, 1)",
-            [](const std::vector<Tensor>& t) {
-              return permute(t[0], {2, 0, 3, 1});
-            },
-            {rand64({2, 3, 4, 2}, 42)});
-  gradcheck("permute 6-d",
-            [](const std::vector<Tensor>& t) {
-              return permute(t[0], {5, 3, 1, 0, 4, 2});
-            },
-            {rand64({2, 1, 3, 2, 2, 3}, 43)});
+  gradcheck(
+      "transpose (1, 2)", [](const std::vector<Tensor>& t) { return transpose(t[0], 1, 2); },
+      {rand64({2, 3, 4}, 40)}, linear_op_tol());
+  gradcheck(
+      "transpose (-1, 0)", [](const std::vector<Tensor>& t) { return transpose(t[0], -1, 0); },
+      {rand64({3, 5}, 41)}, linear_op_tol());
+  gradcheck(
+      "permute (2, 0, 3, 1)",
+      [](const std::vector<Tensor>& t) {
+        return permute(t[0], {2, 0, 3, 1});
+      },
+      {rand64({2, 3, 4, 2}, 42)}, linear_op_tol());
+  gradcheck(
+      "permute 6-d",
+      [](const std::vector<Tensor>& t) {
+        return permute(t[0], {5, 3, 1, 0, 4, 2});
+      },
+      {rand64({2, 1, 3, 2, 2, 3}, 43)}, linear_op_tol());
   // Through a following op, so the gradient reaching permute is not uniform.
-  gradcheck("permute then mul",
-            [](const std::vector<Tensor>& t) {
-              return mul(permute(t[0], {1, 0, 2}), t[1]);
-            },
-            {rand64({2, 3, 4}, 44), rand64({3, 2, 4}, 45)});
+  gradcheck(
+      "permute then mul",
+      [](const std::vector<Tensor>& t) {
+        return mul(permute(t[0], {1, 0, 2}), t[1]);
+      },
+      {rand64({2, 3, 4}, 44), rand64({3, 2, 4}, 45)}, linear_op_tol());
 }
