@@ -28,10 +28,12 @@
 #include "core/tensor.h"
 #include "kernels/kernels.h"
 #include "tools/command.h"
+#include "tools/common.h"
 
 namespace {
 
 using namespace regen;
+using namespace regen::tool;
 
 constexpr double kHbmBytesPerSecond = 3.35e12;  // H100 SXM5 HBM3
 
@@ -505,10 +507,10 @@ void setup(CLI::App& app) {
   app.add_option("--seq", o->seqs, "Transformer sequence lengths")->capture_default_str();
   app.add_option("--repeats", o->repeats, "timed runs per measurement (the median is reported)")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(positive_integer(kIntMax));
   app.add_option("--warmup", o->warmup, "untimed runs first")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative_integer(kIntMax));
   app.add_option("--only", o->only,
                  "sections to run: gemm conv attention layernorm misc (default: all)")
       ->check(CLI::IsMember({"gemm", "conv", "attention", "layernorm", "misc"}));

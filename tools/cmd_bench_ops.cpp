@@ -16,12 +16,14 @@
 #include "core/tensor.h"
 #include "kernels/kernels.h"
 #include "tools/command.h"
+#include "tools/common.h"
 #ifdef REGEN_WITH_CUDA
 #include "core/cuda/runtime.h"
 #endif
 
 namespace {
 using namespace regen;
+using namespace regen::tool;
 
 // Every distinct convolution of torchvision's ResNet-152 (stride on the 3x3, "v1.5") at batch 4
 // and how many times one forward pass runs it. Keep in sync with tools/bench_ops_torch.py.
@@ -193,8 +195,8 @@ void setup(CLI::App& app) {
   };
   auto opt = std::make_shared<Options>();
   app.add_option("--device", opt->device, "cpu or cuda[:N]")->capture_default_str();
-  app.add_option("--threads", opt->threads, "OpenMP threads (default: OpenMP's choice)");
-  app.add_option("--repeats", opt->repeats, "timed runs per case (median)")->capture_default_str();
+  app.add_option("--threads", opt->threads, "OpenMP threads (default: OpenMP's choice)")->check(positive_integer(kIntMax));
+  app.add_option("--repeats", opt->repeats, "timed runs per case (median)")->check(positive_integer(kIntMax))->capture_default_str();
   app.add_option("--json", opt->json, "also write the rows as JSON (for bench_ops_torch.py)");
   app.add_option("--only", opt->only, "only cases whose name contains this text");
   app.callback([opt] { run(opt->device, opt->threads, opt->repeats, opt->json, opt->only); });

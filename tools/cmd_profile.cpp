@@ -24,10 +24,10 @@ void setup(CLI::App& app) {
   auto f = std::make_shared<Flags>();
   add_model_flags(app, f->m);
   app.add_option("--warmup", f->warmup, "plain steps before profiling")
-      ->check(CLI::NonNegativeNumber)
+      ->check(non_negative_integer(kIntMax))
       ->capture_default_str();
   app.add_option("--iterations", f->iterations, "instrumented steps (timings are their medians)")
-      ->check(CLI::PositiveNumber)
+      ->check(positive_integer(kIntMax))
       ->capture_default_str();
   app.add_option("--out", f->out, "folder for profile.json, profile.txt and trace.json")
       ->capture_default_str();

@@ -2,7 +2,7 @@
 """Plots of a `regen sweep` (Debian's python3-matplotlib):
   <model>_peak_memory.png   peak memory vs batch size, without and with remat (bars)
   <model>_latency.png       iteration latency vs batch size, without and with remat
-  <model>_timeline.png      memory by category over one iteration (no remat and one plan)
+  <model>_timeline.png      memory by category over one iteration (no remat and each plan)
 Usage: python3 tools/plot.py --summary DIR/M_summary.csv --timeline DIR/M_timeline.csv \
          --model M --out DIR
 """
