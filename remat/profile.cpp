@@ -120,7 +120,7 @@ std::string profile_to_json(const Profile& p) {
   for (const ProfileValue& v : p.values) {
     values.push_back({{"id", v.id}, {"producer", v.producer}, {"slot", v.slot}, {"root", v.root},
                       {"shape", v.shape}, {"dtype", dtype_name(v.dtype)}, {"bytes", v.bytes},
-                      {"leaf", v.leaf}, {"alloc_id", v.alloc_id}});
+                      {"leaf", v.leaf}, {"available", v.available}, {"alloc_id", v.alloc_id}});
   }
   j["values"] = std::move(values);
   json saved = json::array();
@@ -226,6 +226,7 @@ Profile profile_from_json(const std::string& text, const std::string& origin) {
       val.dtype = parse_dtype(v.at("dtype").get<std::string>(), origin);
       val.bytes = v.at("bytes").get<uint64_t>();
       val.leaf = v.at("leaf").get<bool>();
+      val.available = v.value("available", true);
       val.alloc_id = v.at("alloc_id").get<uint64_t>();
       p.values.push_back(std::move(val));
     }
@@ -324,6 +325,10 @@ void validate_profile(const Profile& p, const std::string& origin) {
       REGEN_CHECK(v.producer < nn, origin, ": value ", i, " has producer ", v.producer,
                   " out of range");
       const ProfileNode& n = p.nodes[static_cast<size_t>(v.producer)];
+      for (int64_t in : n.inputs) {
+        REGEN_CHECK(in < i, origin, ": value ", i, " is computed from value ", in,
+                    ", which comes after it");
+      }
       REGEN_CHECK(v.slot >= 0 && v.slot < static_cast<int32_t>(n.outputs.size()) &&
                       n.outputs[static_cast<size_t>(v.slot)] == i,
                   origin, ": value ", i, " is not output ", v.slot, " of node ", v.producer);
@@ -463,9 +468,23 @@ void finalize_profile(Profile& p) {
       }
     }
   }
+  // Whether a value can be recomputed from leaves that are still readable during backward,
+  // however far back a regeneration has to go (values are in creation order, so inputs come
+  // before the values computed from them).
+  std::vector<char> replayable(p.values.size(), 1);
+  for (const ProfileValue& v : p.values) {
+    if (v.leaf) {
+      replayable[static_cast<size_t>(v.id)] = v.available;
+      continue;
+    }
+    for (int64_t in : p.nodes[static_cast<size_t>(v.producer)].inputs) {
+      if (in >= 0 && !replayable[static_cast<size_t>(in)]) replayable[static_cast<size_t>(v.id)] = 0;
+    }
+  }
   for (ProfileSaved& s : p.saved) {
     const ProfileValue& root = p.values[static_cast<size_t>(s.value)];
-    s.candidate = !root.leaf && root.alloc_id != 0 && s.bytes > 0 && s.first_bw_rank >= 0 &&
+    s.candidate = !root.leaf && replayable[static_cast<size_t>(root.id)] && root.alloc_id != 0 &&
+                  s.bytes > 0 && s.first_bw_rank >= 0 &&
                   s.last_fwd_use < last_forward;
   }
   for (ProfileSaved& s : p.saved) {

@@ -36,6 +36,7 @@ struct ProfileValue {
   DType dtype = DType::f32;
   uint64_t bytes = 0;
   bool leaf = false;
+  bool available = true;  // leaves: still readable when backward ran (a replay may read it)
   uint64_t alloc_id = 0;  // the allocation of its root storage in the profiled iteration (0: leaf
                           // or storage allocated before the iteration)
   std::vector<int32_t> consumers;
@@ -52,7 +53,8 @@ struct ProfileSaved {
   int32_t last_fwd_use = -1;       // last forward node reading it (or its producer)
   int32_t first_bw_rank = -1, last_bw_rank = -1;  // positions in the backward order (-1: unused)
   double recompute_ms = 0;         // replaying its producers from retained tensors
-  bool candidate = false;          // may be evicted and recomputed
+  bool candidate = false;          // may be evicted and recomputed (also: every leaf its
+                                   // regeneration could reach is available)
   std::string name;                // "<producer tag>:<slot>"
 };
 

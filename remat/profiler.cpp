@@ -60,7 +60,17 @@ class Recorder final : public TapeHooks, public StepObserver {
     // Copies without the tape's references: the profile must not keep tensors alive.
     graph_nodes_ = tape.nodes();
     graph_values_ = tape.values();
-    for (Value& v : graph_values_) v.leaf.reset();
+    // Whether each leaf can still be read when backward runs (a replay reads leaves directly):
+    // parameters and saved leaves always; an input the tape holds only weakly while its owner
+    // keeps it.
+    leaf_available_.assign(graph_values_.size(), 1);
+    for (const Value& v : graph_values_) {
+      if (v.producer < 0) leaf_available_[static_cast<size_t>(v.id)] = tape.value_resident(v.id);
+    }
+    for (Value& v : graph_values_) {
+      v.leaf.reset();
+      v.leaf_storage.reset();
+    }
     graph_saved_ = tape.saved();
     for (SavedTensor& s : graph_saved_) s.storage.reset();
     backward_order_ = tape.backward_order();
@@ -92,6 +102,7 @@ class Recorder final : public TapeHooks, public StepObserver {
   std::vector<uint64_t> alloc_ids_;
   std::vector<Node> graph_nodes_;
   std::vector<Value> graph_values_;
+  std::vector<char> leaf_available_;
   std::vector<SavedTensor> graph_saved_;
   std::vector<int32_t> backward_order_;
   std::vector<std::string> blocks_;
@@ -192,6 +203,7 @@ Profile profile_training(Trainer& trainer, const ProfileOptions& options) {
     pv.dtype = v.dtype;
     pv.bytes = v.bytes;
     pv.leaf = v.producer < 0;
+    pv.available = !pv.leaf || first.leaf_available_[static_cast<size_t>(v.id)];
     const int64_t root = v.root;
     pv.alloc_id = (!pv.leaf && static_cast<size_t>(root) < first.alloc_ids_.size())
                       ? first.alloc_ids_[static_cast<size_t>(root)]

@@ -98,6 +98,22 @@ TEST_CASE("remat: mutwo's recompute counts and sources on a chain") {
   CHECK(picks[2].count == 3);
   CHECK(picks[2].ratio == doctest::Approx(100.0 / 3.0));
   CHECK(picks[2].srcs.empty());
+
+  // The same chain when its input leaf is no longer readable by the time backward runs (the tape
+  // held it weakly and its owner dropped it): nothing computed from it can be recomputed.
+  // Give the chain what finalize_profile derives candidates from: node i+1 saves its input
+  // v(i+1) for backward, which runs n3..n0, and each saved value was allocated in the iteration.
+  for (int i = 0; i < 3; ++i) p.nodes[static_cast<size_t>(i + 1)].saved = {i + 1};
+  for (int i = 1; i <= 4; ++i) p.values[static_cast<size_t>(i)].alloc_id = static_cast<uint64_t>(i);
+  p.backward_order = {3, 2, 1, 0};
+  finalize_profile(p);
+  CHECK(p.saved[0].candidate);
+  CHECK(p.saved[1].candidate);
+  CHECK(mutwo_picks(p).size() == 2);  // v3 is read by the last forward op: never a candidate
+  p.values[0].available = false;
+  finalize_profile(p);
+  for (const ProfileSaved& s : p.saved) CHECK_FALSE(s.candidate);
+  CHECK(mutwo_picks(p).empty());
 }
 
 TEST_CASE("remat: a budget below the lower bound is reported as infeasible") {
