@@ -32,7 +32,13 @@ Budget Budget::parse(const std::string& text) {
     b.value = v / 100.0;
     return b;
   }
-  const int64_t bytes = parse_bytes(text);
+  int64_t bytes = 0;
+  try {
+    bytes = parse_bytes(text);
+  } catch (const Error& e) {
+    REGEN_FAIL("bad budget '", text, "': expected bytes (2GiB, 1.5GB, 1048576) or a percentage of "
+               "the no-remat peak (60%) (", e.what(), ")");
+  }
   REGEN_CHECK(bytes > 0, "bad budget '", text, "': must be positive");
   b.kind = Kind::bytes;
   b.value = static_cast<double>(bytes);

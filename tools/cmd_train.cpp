@@ -215,6 +215,12 @@ void setup(CLI::App& app) {
   app.callback([f] {
     REGEN_CHECK(f->plan_file.empty() || !f->profile_file.empty(), "--plan needs --profile");
     REGEN_CHECK(f->policy == "none" || f->plan_file.empty(), "give either --policy or --plan");
+    // A bad budget fails now, not after the profiling steps.
+    if (!f->budget.empty()) {
+      REGEN_CHECK(f->policy != "none", "--budget ", f->budget,
+                  " needs a rematerialization --policy (blocks, sqrt or mutwo)");
+      Budget::parse(f->budget);
+    }
     run(*f);
   });
 }
