@@ -3,11 +3,15 @@
 
 #include <nlohmann/json.hpp>
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <atomic>
+#include <cerrno>
 #include <cstring>
 #include <set>
-
-#include "core/io.h"
 
 namespace regen {
 namespace {
@@ -21,6 +25,88 @@ const char* st_dtype(DType t) {
   }
   return "?";
 }
+
+// A file opened for reading, closed on scope exit.
+struct ReadFd {
+  int fd = -1;
+  ~ReadFd() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+// Reads exactly `n` bytes at `offset` into `dst`; false on a short read or an error.
+bool read_at(int fd, void* dst, uint64_t n, uint64_t offset) {
+  char* p = static_cast<char*>(dst);
+  while (n > 0) {
+    const ssize_t got = ::pread(fd, p, n, static_cast<off_t>(offset));
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) return false;
+    p += got;
+    n -= static_cast<uint64_t>(got);
+    offset += static_cast<uint64_t>(got);
+  }
+  return true;
+}
+
+// Writes a file atomically (a temporary file in the same folder, fsync, rename), streaming each
+// piece as it is added: tensor data goes from its storage straight to the file, never through a
+// file-sized host buffer that the allocator would not see. Same protocol as write_file_atomic
+// (core/io.h), which takes the whole content as one string.
+class AtomicWriter {
+ public:
+  explicit AtomicWriter(const std::string& path) : path_(path) {
+    REGEN_CHECK(!path.empty(), "cannot write to an empty path");
+    // pid and a counter: unique across processes and across threads of this one (O_EXCL).
+    static std::atomic<unsigned> counter{0};
+    tmp_ = path + ".tmp." + std::to_string(::getpid()) + ".st" + std::to_string(counter++);
+    fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    REGEN_CHECK(fd_ >= 0, "cannot create '", tmp_, "' to write '", path_, "': ",
+                std::strerror(errno));
+  }
+  ~AtomicWriter() {
+    if (fd_ >= 0) {  // not committed: an error was thrown on the way
+      ::close(fd_);
+      ::unlink(tmp_.c_str());
+    }
+  }
+  AtomicWriter(const AtomicWriter&) = delete;
+  AtomicWriter& operator=(const AtomicWriter&) = delete;
+
+  void write(const void* data, uint64_t n) {
+    const char* p = static_cast<const char*>(data);
+    uint64_t done = 0;
+    while (done < n) {
+      const ssize_t w = ::write(fd_, p + done, n - done);
+      if (w < 0 && errno == EINTR) continue;
+      REGEN_CHECK(w > 0, "writing '", path_, "' failed after ", written_ + done, " bytes: ",
+                  std::strerror(errno));
+      done += static_cast<uint64_t>(w);
+    }
+    written_ += n;
+  }
+
+  void commit() {
+    const int fd = fd_;
+    fd_ = -1;
+    int err = ::fsync(fd) == 0 ? 0 : errno;
+    // close() releases the descriptor even when it reports an error; never retry it.
+    if (::close(fd) != 0 && err == 0) err = errno;
+    if (err != 0) {
+      ::unlink(tmp_.c_str());
+      REGEN_FAIL("writing '", path_, "' failed: ", std::strerror(err));
+    }
+    if (::rename(tmp_.c_str(), path_.c_str()) != 0) {
+      err = errno;
+      ::unlink(tmp_.c_str());
+      REGEN_FAIL("cannot move '", tmp_, "' to '", path_, "': ", std::strerror(err));
+    }
+  }
+
+ private:
+  std::string path_, tmp_;
+  int fd_ = -1;
+  uint64_t written_ = 0;
+};
 
 bool parse_st_dtype(const std::string& s, DType& out) {
   if (s == "F32") out = DType::f32;
@@ -62,35 +148,50 @@ void save_safetensors(const std::string& path,
   }
   std::string json = header.dump();
   while ((json.size() + 8) % 8 != 0) json += ' ';  // keep the data section 8-byte aligned
-  std::string out;
-  out.reserve(8 + json.size() + offset);
   const uint64_t hlen = json.size();
-  for (int i = 0; i < 8; ++i) out += static_cast<char>((hlen >> (8 * i)) & 0xff);
-  out += json;
+  unsigned char len_bytes[8];
+  for (int i = 0; i < 8; ++i) len_bytes[i] = static_cast<unsigned char>((hlen >> (8 * i)) & 0xff);
+  AtomicWriter out(path);
+  out.write(len_bytes, 8);
+  out.write(json.data(), json.size());
   for (const auto& kv : tensors) {
+    // A device tensor is staged through a host tensor from the allocator, one at a time.
     const Tensor host = kv.second.device().is_cpu() ? kv.second : kv.second.to(Device::cpu());
-    out.append(static_cast<const char*>(host.raw_data()), host.nbytes());
+    if (host.nbytes()) out.write(host.raw_data(), host.nbytes());
   }
-  write_file_atomic(path, out);
+  out.commit();
 }
 
 SafetensorsFile load_safetensors(const std::string& path) {
-  const std::string bytes = read_file(path);
-  REGEN_CHECK(bytes.size() >= 8, "safetensors '", path, "': file is ", bytes.size(),
+  // Only the header is read into a string; tensor data goes from the file straight into each
+  // tensor's storage (allocator memory), never through a file-sized buffer.
+  ReadFd file_fd;
+  file_fd.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  REGEN_CHECK(file_fd.fd >= 0, "cannot open '", path, "': ", std::strerror(errno));
+  struct stat st;
+  REGEN_CHECK(::fstat(file_fd.fd, &st) == 0 && S_ISREG(st.st_mode), "cannot open '", path,
+              "': not a regular file");
+  const uint64_t file_size = static_cast<uint64_t>(st.st_size);
+  REGEN_CHECK(file_size >= 8, "safetensors '", path, "': file is ", file_size,
               " bytes, too short for a header (truncated?)");
+  unsigned char len_bytes[8];
+  REGEN_CHECK(read_at(file_fd.fd, len_bytes, 8, 0), "reading '", path, "' failed");
   uint64_t hlen = 0;
-  for (int i = 0; i < 8; ++i) hlen |= static_cast<uint64_t>(static_cast<unsigned char>(bytes[i])) << (8 * i);
-  REGEN_CHECK(hlen <= bytes.size() - 8, "safetensors '", path, "': header length ", hlen,
-              " exceeds the file size ", bytes.size(), " (truncated or not a safetensors file)");
+  for (int i = 0; i < 8; ++i) hlen |= static_cast<uint64_t>(len_bytes[i]) << (8 * i);
+  REGEN_CHECK(hlen <= file_size - 8, "safetensors '", path, "': header length ", hlen,
+              " exceeds the file size ", file_size, " (truncated or not a safetensors file)");
+  std::string header_text(static_cast<size_t>(hlen), '\0');
+  REGEN_CHECK(read_at(file_fd.fd, header_text.data(), hlen, 8), "reading the header of '", path,
+              "' failed");
   nlohmann::json header;
   try {
-    header = nlohmann::json::parse(bytes.begin() + 8, bytes.begin() + 8 + static_cast<long>(hlen));
+    header = nlohmann::json::parse(header_text);
   } catch (const std::exception& e) {
     REGEN_FAIL("safetensors '", path, "': header is not valid JSON: ", e.what());
   }
   REGEN_CHECK(header.is_object(), "safetensors '", path, "': header is not a JSON object");
-  const uint64_t data_size = bytes.size() - 8 - hlen;
-  const char* data = bytes.data() + 8 + hlen;
+  const uint64_t data_start = 8 + hlen;
+  const uint64_t data_size = file_size - data_start;
 
   struct Entry {
     std::string name;
@@ -133,7 +234,12 @@ SafetensorsFile load_safetensors(const std::string& path) {
     e.end = off[1].get<uint64_t>();
     REGEN_CHECK(e.begin <= e.end && e.end <= data_size, where, " bytes [", e.begin, ", ", e.end,
                 ") lie outside the ", data_size, "-byte data section (truncated file?)");
-    const uint64_t want = static_cast<uint64_t>(shape_numel(e.shape)) * dtype_size(e.dtype);
+    uint64_t want = 0;
+    try {
+      want = shape_nbytes(e.shape, e.dtype);
+    } catch (const Error& err) {
+      REGEN_FAIL(where, ": ", err.message());
+    }
     REGEN_CHECK(e.end - e.begin == want, where, " has ", e.end - e.begin, " bytes but shape ",
                 sh(e.shape), " of ", dtype_name(e.dtype), " needs ", want);
     entries.push_back(std::move(e));
@@ -151,7 +257,10 @@ SafetensorsFile load_safetensors(const std::string& path) {
   // Keep file order (by offset), as written.
   for (const Entry* e : sorted) {
     Tensor t = empty(e->shape, e->dtype, Device::cpu());
-    if (t.nbytes()) std::memcpy(t.raw_data(), data + e->begin, t.nbytes());
+    const bool read =
+        t.nbytes() == 0 || read_at(file_fd.fd, t.raw_data(), t.nbytes(), data_start + e->begin);
+    REGEN_CHECK(read, "safetensors '", path, "': reading tensor '", e->name,
+                "' failed (truncated file?)");
     file.tensors.emplace_back(e->name, std::move(t));
   }
   return file;

@@ -1,7 +1,10 @@
 // Tensor, Storage and creation functions (tensor.h).
 #include "core/tensor.h"
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
+#include <type_traits>
 
 #include "core/philox.h"
 #ifdef REGEN_WITH_CUDA
@@ -176,17 +179,36 @@ void convert_any(void* dst, DType dt, const void* src, DType st, int64_t n) {
   }
 }
 
-// Runs `fill_host` into a host buffer, then moves it to `device` (a no-op copy on the CPU).
+// Creates the tensor and runs `fill_host` on host memory that comes from the allocator: the
+// tensor itself on the CPU; on another device, a host staging tensor in the destination's
+// category (and the current tag), copied over and released. No tensor-sized buffer is ever
+// allocated behind the allocator's back, so its statistics see every byte.
 template <class F>
 Tensor make_on_host(const Shape& shape, DType dtype, Device device, F fill_host) {
+  Tensor t = empty(shape, dtype, device);
   if (device.is_cpu()) {
-    Tensor t = empty(shape, dtype, device);
     fill_host(t.raw_data());
     return t;
   }
-  Tensor host = empty(shape, dtype, Device::cpu());
-  fill_host(host.raw_data());
-  return host.to(device);
+  Tensor staging;
+  {
+    CategoryScope same_category(t.impl()->storage->category());
+    staging = empty(shape, dtype, Device::cpu());
+  }
+  fill_host(staging.raw_data());
+  t.copy_from(staging);
+  return t;
+}
+
+// Calls f(static_cast<T*>(p)) with T the C++ type of dtype.
+template <class F>
+void with_typed(void* p, DType dtype, F f) {
+  switch (dtype) {
+    case DType::f32: f(static_cast<float*>(p)); break;
+    case DType::f64: f(static_cast<double*>(p)); break;
+    case DType::i32: f(static_cast<int32_t*>(p)); break;
+    case DType::i64: f(static_cast<int64_t*>(p)); break;
+  }
 }
 
 template <class T>
@@ -204,9 +226,30 @@ void fill_host(void* p, DType dt, int64_t n, double v) {
   }
 }
 
-void check_shape(const Shape& shape, const char* fn) {
+// The largest f32 value strictly below `high` (compared as real numbers), but not below lo: the
+// top of [low, high) in f32. With low == high it is lo (the range holds no other value).
+float below_f32(double high, float lo) {
+  float h = static_cast<float>(high);
+  if (static_cast<double>(h) >= high) {
+    h = std::nextafter(h, -std::numeric_limits<float>::infinity());
+  }
+  return std::max(h, lo);
+}
+
+// Every creation function checks its shape first: no negative dimension, and a byte size that
+// fits in int64_t (an unchecked product wraps, e.g. to 0 bytes for [1 << 62] of f32, and later
+// writes run through whatever the allocator handed out).
+void check_shape(const Shape& shape, DType dtype, const char* fn) {
+  bool empty_shape = false;
   for (int64_t d : shape) {
     REGEN_CHECK(d >= 0, fn, ": negative dimension in shape ", sh(shape));
+    empty_shape = empty_shape || d == 0;
+  }
+  if (empty_shape) return;  // zero bytes, however large the other dimensions
+  int64_t bytes = static_cast<int64_t>(dtype_size(dtype));
+  for (int64_t d : shape) {
+    REGEN_CHECK(!__builtin_mul_overflow(bytes, d, &bytes), fn, ": shape ", sh(shape), " of ",
+                dtype_name(dtype), " is too large: its size in bytes overflows int64_t");
   }
 }
 }  // namespace
@@ -231,12 +274,12 @@ Tensor Tensor::grad() const { return Tensor(checked()->grad); }
 // ---- Creation -----------------------------------------------------------------------------------
 
 Tensor empty(const Shape& shape, DType dtype, Device device) {
-  check_shape(shape, "empty");
+  check_shape(shape, dtype, "empty");
   auto impl = std::make_shared<TensorImpl>();
   impl->shape = shape;
   impl->dtype = dtype;
   impl->device = device;
-  impl->storage = std::make_shared<Storage>(device, shape_numel(shape) * dtype_size(dtype));
+  impl->storage = std::make_shared<Storage>(device, shape_nbytes(shape, dtype));
   return Tensor(std::move(impl));
 }
 
@@ -253,24 +296,30 @@ void fill_(const Tensor& t, double value) {
     return;
   }
 #endif
-  Tensor host = full(t.shape(), value, t.dtype(), Device::cpu());
+  Tensor host;
+  {
+    CategoryScope same_category(t.impl()->storage->category());
+    host = full(t.shape(), value, t.dtype(), Device::cpu());
+  }
   const_cast<Tensor&>(t).copy_from(host);
 }
 
 void zero_(const Tensor& t) { fill_(t, 0.0); }
 
 Tensor zeros(const Shape& shape, DType dtype, Device device) {
+  check_shape(shape, dtype, "zeros");
   Tensor t = empty(shape, dtype, device);
   zero_(t);
   return t;
 }
 
 Tensor ones(const Shape& shape, DType dtype, Device device) {
+  check_shape(shape, dtype, "ones");
   return full(shape, 1.0, dtype, device);
 }
 
 Tensor full(const Shape& shape, double value, DType dtype, Device device) {
-  check_shape(shape, "full");
+  check_shape(shape, dtype, "full");
   return make_on_host(shape, dtype, device, [&](void* p) {
     fill_host(p, dtype, shape_numel(shape), value);
   });
@@ -285,18 +334,27 @@ Tensor arange(double start, double end, double step, DType dtype, Device device)
   REGEN_CHECK(step != 0.0 && std::isfinite(step), "arange: step must be finite and non-zero, got ",
               step);
   const double span = (end - start) / step;
+  // Checked before the conversion: a NaN or out-of-range double to int64_t is undefined.
+  REGEN_CHECK(std::isfinite(span) && span < 0x1p62, "arange(", start, ", ", end, ", ", step,
+              "): the number of elements is not finite or too large");
   const int64_t n = span > 0 ? static_cast<int64_t>(std::ceil(span)) : 0;
   return make_on_host({n}, dtype, device, [&](void* p) {
-    std::vector<double> v(static_cast<size_t>(n));
-    for (int64_t i = 0; i < n; ++i) v[i] = start + step * static_cast<double>(i);
-    convert_any(p, dtype, v.data(), DType::f64, n);
+    with_typed(p, dtype, [&](auto* out) {
+      using T = std::remove_pointer_t<decltype(out)>;
+      // Computed in double, then converted: the same values for every dtype and device.
+      for (int64_t i = 0; i < n; ++i) {
+        out[i] = static_cast<T>(start + step * static_cast<double>(i));
+      }
+    });
   });
 }
 
 Tensor uniform(const Shape& shape, double low, double high, Generator& gen, DType dtype,
                Device device) {
-  check_shape(shape, "uniform");
+  check_shape(shape, dtype, "uniform");
   REGEN_CHECK(is_floating(dtype), "uniform: dtype must be f32 or f64, got ", dtype_name(dtype));
+  REGEN_CHECK(std::isfinite(low) && std::isfinite(high), "uniform: bounds must be finite, got [",
+              low, ", ", high, ")");
   REGEN_CHECK(low <= high, "uniform: low ", low, " > high ", high);
   const int64_t n = shape_numel(shape);
   const uint64_t seed = gen.seed, base = gen.offset;
@@ -306,16 +364,19 @@ Tensor uniform(const Shape& shape, double low, double high, Generator& gen, DTyp
     if (dtype == DType::f32) {
       float* out = static_cast<float*>(p);
       const float lo = static_cast<float>(low), width = static_cast<float>(high - low);
+      const float top = below_f32(high, lo);
       for (int64_t i = 0; i < n; ++i) {
         const float u = philox_uniform01(philox_word(seed, 0, base + i));
-        out[i] = std::fma(u, width, lo);
+        // lo + u * width can round up to high itself; [low, high) excludes it.
+        out[i] = std::min(std::fma(u, width, lo), top);
       }
     } else {
       double* out = static_cast<double*>(p);
+      const double top = low < high ? std::nextafter(high, low) : low;
       for (int64_t i = 0; i < n; ++i) {
         const double u = philox_uniform01_f64(philox_word(seed, 0, base + 2 * i),
                                               philox_word(seed, 0, base + 2 * i + 1));
-        out[i] = std::fma(u, high - low, low);
+        out[i] = std::min(std::fma(u, high - low, low), top);
       }
     }
   });
@@ -323,7 +384,7 @@ Tensor uniform(const Shape& shape, double low, double high, Generator& gen, DTyp
 
 Tensor normal(const Shape& shape, double mean, double stddev, Generator& gen, DType dtype,
               Device device) {
-  check_shape(shape, "normal");
+  check_shape(shape, dtype, "normal");
   REGEN_CHECK(is_floating(dtype), "normal: dtype must be f32 or f64, got ", dtype_name(dtype));
   REGEN_CHECK(stddev >= 0, "normal: stddev must be non-negative, got ", stddev);
   const int64_t n = shape_numel(shape);
@@ -333,37 +394,40 @@ Tensor normal(const Shape& shape, double mean, double stddev, Generator& gen, DT
   const int64_t pairs = (n + 1) / 2;
   gen.offset += static_cast<uint64_t>(pairs) * 4;
   return make_on_host(shape, dtype, device, [&](void* p) {
-    std::vector<double> v(static_cast<size_t>(2 * pairs));
-    for (int64_t k = 0; k < pairs; ++k) {
-      const uint64_t w = base + 4 * static_cast<uint64_t>(k);
-      double u1 = philox_uniform01_f64(philox_word(seed, 0, w), philox_word(seed, 0, w + 1));
-      const double u2 = philox_uniform01_f64(philox_word(seed, 0, w + 2),
-                                             philox_word(seed, 0, w + 3));
-      if (u1 < 1e-300) u1 = 1e-300;
-      const double r = std::sqrt(-2.0 * std::log(u1));
-      const double theta = 2.0 * M_PI * u2;
-      v[2 * k] = mean + stddev * r * std::cos(theta);
-      v[2 * k + 1] = mean + stddev * r * std::sin(theta);
-    }
-    convert_any(p, dtype, v.data(), DType::f64, n);
+    with_typed(p, dtype, [&](auto* out) {
+      using T = std::remove_pointer_t<decltype(out)>;
+      for (int64_t k = 0; k < pairs; ++k) {
+        const uint64_t w = base + 4 * static_cast<uint64_t>(k);
+        double u1 = philox_uniform01_f64(philox_word(seed, 0, w), philox_word(seed, 0, w + 1));
+        const double u2 =
+            philox_uniform01_f64(philox_word(seed, 0, w + 2), philox_word(seed, 0, w + 3));
+        if (u1 < 1e-300) u1 = 1e-300;
+        const double r = std::sqrt(-2.0 * std::log(u1));
+        const double theta = 2.0 * M_PI * u2;
+        // Computed in double, then converted; an odd n drops the last sine.
+        out[2 * k] = static_cast<T>(mean + stddev * r * std::cos(theta));
+        if (2 * k + 1 < n) out[2 * k + 1] = static_cast<T>(mean + stddev * r * std::sin(theta));
+      }
+    });
   });
 }
 
 Tensor randint(const Shape& shape, int64_t n, Generator& gen, DType dtype, Device device) {
-  check_shape(shape, "randint");
+  check_shape(shape, dtype, "randint");
   REGEN_CHECK(n > 0, "randint: upper bound must be positive, got ", n);
   REGEN_CHECK(dtype == DType::i32 || dtype == DType::i64, "randint: dtype must be i32 or i64");
   const int64_t count = shape_numel(shape);
   const uint64_t seed = gen.seed, base = gen.offset;
   gen.offset += 2 * static_cast<uint64_t>(count);
   return make_on_host(shape, dtype, device, [&](void* p) {
-    std::vector<int64_t> v(static_cast<size_t>(count));
-    for (int64_t i = 0; i < count; ++i) {
-      const uint64_t r = (static_cast<uint64_t>(philox_word(seed, 0, base + 2 * i)) << 32) |
-                         philox_word(seed, 0, base + 2 * i + 1);
-      v[i] = static_cast<int64_t>(r % static_cast<uint64_t>(n));
-    }
-    convert_any(p, dtype, v.data(), DType::i64, count);
+    with_typed(p, dtype, [&](auto* out) {
+      using T = std::remove_pointer_t<decltype(out)>;
+      for (int64_t i = 0; i < count; ++i) {
+        const uint64_t r = (static_cast<uint64_t>(philox_word(seed, 0, base + 2 * i)) << 32) |
+                           philox_word(seed, 0, base + 2 * i + 1);
+        out[i] = static_cast<T>(static_cast<int64_t>(r % static_cast<uint64_t>(n)));
+      }
+    });
   });
 }
 

@@ -78,7 +78,7 @@ class Tensor {
   int64_t numel() const { return shape_numel(shape()); }
   DType dtype() const { return checked()->dtype; }
   Device device() const { return checked()->device; }
-  uint64_t nbytes() const { return static_cast<uint64_t>(numel()) * dtype_size(dtype()); }
+  uint64_t nbytes() const { return shape_nbytes(shape(), dtype()); }
   std::string str() const;  // "f32[2, 3] on cpu"
 
   // Typed pointer to the first element; checks the dtype. On CUDA this is a device pointer.
@@ -137,6 +137,9 @@ struct Generator {
   explicit Generator(uint64_t s = 0) : seed(s) {}
 };
 
+// Every creation function throws regen::Error, naming itself, the shape and the dtype, for a
+// negative dimension or a byte size that overflows int64_t. Data is written straight into the
+// new tensor (through a host staging tensor from the allocator for a CUDA tensor).
 Tensor empty(const Shape& shape, DType dtype = DType::f32, Device device = Device::cpu());
 Tensor zeros(const Shape& shape, DType dtype = DType::f32, Device device = Device::cpu());
 Tensor ones(const Shape& shape, DType dtype = DType::f32, Device device = Device::cpu());
@@ -146,7 +149,8 @@ Tensor full(const Shape& shape, double value, DType dtype = DType::f32,
 Tensor arange(int64_t n, DType dtype = DType::f32, Device device = Device::cpu());
 Tensor arange(double start, double end, double step, DType dtype = DType::f32,
               Device device = Device::cpu());
-// Uniform in [low, high) and normal(mean, stddev), from gen; gen.offset advances by the number
+// Uniform in [low, high) (high itself is never returned, though low + u * (high - low) can round
+// to it; low == high gives low) and normal(mean, stddev), from gen; gen.offset advances by the number
 // of Philox words used, so the same (seed, offset) gives the same tensor on every device.
 Tensor uniform(const Shape& shape, double low, double high, Generator& gen,
                DType dtype = DType::f32, Device device = Device::cpu());

@@ -41,9 +41,27 @@ std::string Device::str() const {
 std::ostream& operator<<(std::ostream& os, const Device& d) { return os << d.str(); }
 
 int64_t shape_numel(const Shape& s) {
+  for (int64_t d : s) {
+    REGEN_CHECK(d >= 0, "shape ", sh(s), " has a negative dimension");
+    if (d == 0) return 0;  // however large the other dimensions
+  }
   int64_t n = 1;
-  for (int64_t d : s) n *= d;
+  for (int64_t d : s) {
+    // Unchecked, the product wraps silently (to 0 for [1 << 62, 4]) and later writes run past
+    // the allocation.
+    REGEN_CHECK(!__builtin_mul_overflow(n, d, &n), "shape ", sh(s),
+                " has more elements than an int64_t can count");
+  }
   return n;
+}
+
+uint64_t shape_nbytes(const Shape& s, DType dtype) {
+  const int64_t n = shape_numel(s);
+  int64_t bytes = 0;
+  REGEN_CHECK(!__builtin_mul_overflow(n, static_cast<int64_t>(dtype_size(dtype)), &bytes),
+              "a tensor of shape ", sh(s), " and dtype ", dtype_name(dtype), " would take ", n,
+              " x ", dtype_size(dtype), " bytes, more than an int64_t can count");
+  return static_cast<uint64_t>(bytes);
 }
 
 std::string shape_str(const Shape& s) {

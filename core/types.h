@@ -51,7 +51,12 @@ std::ostream& operator<<(std::ostream& os, const Device& d);
 
 using Shape = std::vector<int64_t>;
 
+// Number of elements of a shape (1 for a 0-d shape). Throws regen::Error naming the shape when a
+// dimension is negative or the product does not fit in int64_t.
 int64_t shape_numel(const Shape& s);
+// Bytes of a contiguous tensor of this shape and dtype. Throws regen::Error naming the shape and
+// the dtype when the size does not fit in int64_t (every byte count in regen is an int64_t).
+uint64_t shape_nbytes(const Shape& s, DType dtype);
 std::string shape_str(const Shape& s);
 
 // Printing a Shape inside REGEN_CHECK messages: "[2, 3, 4]".
