@@ -2,6 +2,7 @@
 #include "core/allocator.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -208,6 +209,9 @@ bool CachingAllocator::BlockOrder::operator()(const Block* a, const Block* b) co
 }
 
 uint64_t CachingAllocator::round_size(uint64_t bytes) {
+  // Without the bound, bytes near 2^64 wrap to a block of 0 bytes.
+  REGEN_CHECK(bytes <= kMaxRequestSize, "allocator: a request of ", bytes,
+              " bytes exceeds the largest request served, ", format_bytes(kMaxRequestSize));
   if (bytes < kMinBlockSize) return kMinBlockSize;
   return (bytes + kMinBlockSize - 1) / kMinBlockSize * kMinBlockSize;
 }
@@ -215,6 +219,12 @@ uint64_t CachingAllocator::round_size(uint64_t bytes) {
 uint64_t CachingAllocator::segment_size(uint64_t rounded) {
   if (rounded <= kSmallSize) return kSmallBuffer;
   if (rounded < kMinLargeAlloc) return kLargeBuffer;
+  return min_segment_size(rounded);
+}
+
+uint64_t CachingAllocator::min_segment_size(uint64_t rounded) {
+  // The granularity of every segment, on every arena: the decision must not depend on the arena.
+  if (rounded <= kSmallSize) return kSmallBuffer;
   return (rounded + kRoundLarge - 1) / kRoundLarge * kRoundLarge;
 }
 
@@ -337,24 +347,45 @@ void CachingAllocator::release_cached_locked() {
   segments_.swap(kept);
 }
 
+Segment* CachingAllocator::map_for_request_locked(uint64_t rounded, bool small, Category category,
+                                                  uint32_t tag) {
+  // The normal segment first (medium requests share 20 MiB segments); when it would pass the
+  // limit (or the arena cannot map it), the smallest segment that holds the request. Both sizes
+  // and the limit test depend only on the request and the reserved bytes, so every arena decides
+  // alike.
+  const uint64_t normal = segment_size(rounded), smallest = min_segment_size(rounded);
+  Segment* seg = map_segment_locked(normal, small, category, tag);
+  if (!seg && smallest < normal) seg = map_segment_locked(smallest, small, category, tag);
+  return seg;
+}
+
 Block* CachingAllocator::allocate(uint64_t bytes, Category category, uint32_t tag) {
   REGEN_CHECK(bytes > 0, "allocator (", arena_->name(), "): a request must be at least 1 byte");
+  if (bytes > kMaxRequestSize) {
+    // A size this large comes from an overflow upstream; rounding it would wrap to 0 bytes.
+    detail::throw_oom(
+        __FILE__, __LINE__,
+        detail::str_cat("out of memory on ", arena_->name(), ": a request of ", bytes,
+                        " bytes (category ", category_name(category),
+                        tag ? ", tag '" + tag_name(tag) + "'" : std::string(),
+                        ") exceeds the largest request the allocator serves, ",
+                        format_bytes(kMaxRequestSize), " (a size computed with an overflow?)"));
+  }
   std::lock_guard<std::mutex> lock(mutex_);
   const uint64_t rounded = round_size(bytes);
   const bool small = rounded <= kSmallSize;
   Block* b = try_allocate_locked(rounded, small);
   if (!b) {
-    const uint64_t seg_bytes = segment_size(rounded);
-    Segment* seg = map_segment_locked(seg_bytes, small, category, tag);
+    Segment* seg = map_for_request_locked(rounded, small, category, tag);
     if (!seg) {
       // Like PyTorch: give every cached free segment back and try once more.
       release_cached_locked();
       stats_.num_cache_flushes++;
-      seg = map_segment_locked(seg_bytes, small, category, tag);
+      seg = map_for_request_locked(rounded, small, category, tag);
     }
     if (!seg) {
-      const bool over_limit =
-          limit_ > 0 && stats_.reserved.current + static_cast<int64_t>(seg_bytes) > limit_;
+      const int64_t smallest = static_cast<int64_t>(min_segment_size(rounded));
+      const bool over_limit = limit_ > 0 && stats_.reserved.current + smallest > limit_;
       throw_oom_locked(bytes, rounded, category, tag,
                        over_limit ? "would pass the limit" : "the arena has no more memory");
     }
@@ -381,6 +412,7 @@ Block* CachingAllocator::allocate(uint64_t bytes, Category category, uint32_t ta
   b->tag = tag;
   b->alloc_id = next_alloc_id_++;
   live_by_id_[b->alloc_id] = b;
+  live_set_.insert(b);
   const int ci = static_cast<int>(category);
   add_stat_locked(stats_.requested, static_cast<int64_t>(bytes));
   add_stat_locked(stats_.requested_by[ci], static_cast<int64_t>(bytes));
@@ -402,7 +434,12 @@ Block* CachingAllocator::allocate(uint64_t bytes, Category category, uint32_t ta
 void CachingAllocator::free(Block* b) {
   if (!b) return;
   std::lock_guard<std::mutex> lock(mutex_);
-  REGEN_CHECK(b->allocated, "allocator (", arena_->name(), "): double free of block ", b->alloc_id);
+  // Validated before anything reads *b: after a free, coalescing may have deleted the Block.
+  REGEN_CHECK(live_set_.count(b) == 1, "allocator (", arena_->name(), "): free of block handle ",
+              static_cast<const void*>(b),
+              ", which is not a live block of this allocator (freed twice, or allocated by another "
+              "allocator)");
+  live_set_.erase(b);
   const int ci = static_cast<int>(b->category);
   stats_.requested.current -= static_cast<int64_t>(b->requested);
   stats_.requested_by[ci].current -= static_cast<int64_t>(b->requested);
@@ -447,23 +484,27 @@ void CachingAllocator::throw_oom_locked(uint64_t bytes, uint64_t rounded, Catego
   os << "out of memory on " << arena_->name() << ": a request of " << format_bytes(bytes)
      << " (rounded to " << format_bytes(rounded) << ", category " << category_name(c);
   if (tag) os << ", tag '" << tag_name(tag) << "'";
-  os << ") needs a new segment of " << format_bytes(segment_size(rounded)) << ", which " << why;
+  os << ") needs a new segment of " << format_bytes(segment_size(rounded));
+  if (min_segment_size(rounded) < segment_size(rounded)) {
+    os << " (or at least " << format_bytes(min_segment_size(rounded)) << ")";
+  }
+  os << ", which " << why;
   if (limit_ > 0) os << "; limit " << format_bytes(limit_);
   os << ". Allocated " << format_bytes(stats_.allocated.current) << ", reserved "
-     << format_bytes(stats_.reserved.current) << ".\n  allocated by category:";
-  for (int i = 0; i < kNumCategories; ++i) {
-    if (stats_.allocated_by[i].current) {
-      os << " " << category_name(static_cast<Category>(i)) << " "
-         << format_bytes(stats_.allocated_by[i].current) << ";";
+     << format_bytes(stats_.reserved.current) << ".";
+  auto by_category = [&](const char* what, const std::array<Stat, kNumCategories>& by) {
+    os << "\n  " << what << " by category:";
+    bool any = false;
+    for (int i = 0; i < kNumCategories; ++i) {
+      if (!by[i].current) continue;
+      os << " " << category_name(static_cast<Category>(i)) << " " << format_bytes(by[i].current)
+         << ";";
+      any = true;
     }
-  }
-  os << "\n  reserved by category:";
-  for (int i = 0; i < kNumCategories; ++i) {
-    if (stats_.reserved_by[i].current) {
-      os << " " << category_name(static_cast<Category>(i)) << " "
-         << format_bytes(stats_.reserved_by[i].current) << ";";
-    }
-  }
+    if (!any) os << " none";
+  };
+  by_category("allocated", stats_.allocated_by);
+  by_category("reserved", stats_.reserved_by);
   std::vector<const Block*> live;
   for (auto& s : segments_) {
     for (Block* b = s->head; b; b = b->next) {
@@ -520,9 +561,31 @@ int64_t CachingAllocator::limit() const {
   return limit_;
 }
 
+EventLogBaseline CachingAllocator::baseline_locked() const {
+  EventLogBaseline b;
+  b.seq = next_seq_;
+  b.time_ns = now_ns() - log_t0_ns_;
+  b.allocated = stats_.allocated.current;
+  b.reserved = stats_.reserved.current;
+  for (int i = 0; i < kNumCategories; ++i) {
+    b.allocated_by[i] = stats_.allocated_by[i].current;
+    b.reserved_by[i] = stats_.reserved_by[i].current;
+  }
+  return b;
+}
+
 void CachingAllocator::set_event_log(bool enabled) {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (enabled && !log_enabled_) log_t0_ns_ = now_ns();
+  if (enabled && !log_enabled_) {
+    if (events_.empty()) {
+      // A fresh log: its clock and its baseline start now.
+      log_t0_ns_ = now_ns();
+      baselines_.assign(1, baseline_locked());
+    } else {
+      // Resumed after a pause: what happened meanwhile is not in the log; resync here.
+      baselines_.push_back(baseline_locked());
+    }
+  }
   log_enabled_ = enabled;
 }
 
@@ -546,6 +609,12 @@ void CachingAllocator::clear_events() {
   events_.clear();
   next_seq_ = 0;
   log_t0_ns_ = now_ns();
+  baselines_.assign(1, baseline_locked());
+}
+
+EventLogBaseline CachingAllocator::event_log_baseline() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return baselines_.front();
 }
 
 std::vector<BlockInfo> CachingAllocator::snapshot() const {
@@ -621,6 +690,7 @@ void CachingAllocator::restore_state(const AllocatorState& st) {
         stats_.allocated_by[ci].current += static_cast<int64_t>(b->size);
         stats_.live_blocks++;
         live_by_id_[b->alloc_id] = b;
+        live_set_.insert(b);
       } else {
         pool(seg->small).insert(b);
       }
@@ -645,34 +715,57 @@ Block* CachingAllocator::block_by_id(uint64_t id) const {
 Device CachingAllocator::device() const { return arena_->device(); }
 
 std::string CachingAllocator::chrome_trace(bool use_sequence_time) const {
-  std::vector<MemoryEvent> evs = events();
+  std::vector<MemoryEvent> evs;
+  std::vector<EventLogBaseline> baselines;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    evs = events_;
+    baselines = baselines_;
+  }
   const std::string dev = arena_->name();
   std::string out = "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n";
   out += "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":1,\"args\":{\"name\":\"regen allocator " +
          json_escape(dev) + "\"}}";
+  // The events carry changes; the counters start from what was live when the log started.
   std::array<int64_t, kNumCategories> by{};
   char buf[512];
+  auto allocated_counter = [&](double ts) {
+    out += ",\n{\"name\":\"allocated by category\",\"ph\":\"C\",\"pid\":1,\"tid\":1,";
+    std::snprintf(buf, sizeof buf, "\"ts\":%.3f,\"args\":{", ts);
+    out += buf;
+    for (int i = 0; i < kNumCategories; ++i) {
+      std::snprintf(buf, sizeof buf, "%s\"%s\":%lld", i ? "," : "",
+                    category_name(static_cast<Category>(i)), static_cast<long long>(by[i]));
+      out += buf;
+    }
+    out += "}}";
+  };
+  auto reserved_counter = [&](double ts, int64_t reserved) {
+    std::snprintf(buf, sizeof buf,
+                  ",\n{\"name\":\"reserved\",\"ph\":\"C\",\"pid\":1,\"tid\":1,\"ts\":%.3f,"
+                  "\"args\":{\"reserved\":%lld}}",
+                  ts, static_cast<long long>(reserved));
+    out += buf;
+  };
+  size_t next_baseline = 0;
+  auto apply_baselines = [&](uint64_t up_to_seq) {
+    for (; next_baseline < baselines.size() && baselines[next_baseline].seq <= up_to_seq;
+         ++next_baseline) {
+      const EventLogBaseline& b = baselines[next_baseline];
+      const double ts = use_sequence_time ? static_cast<double>(b.seq) : b.time_ns / 1000.0;
+      by = b.allocated_by;
+      allocated_counter(ts);
+      reserved_counter(ts, b.reserved);
+    }
+  };
   for (const MemoryEvent& e : evs) {
+    apply_baselines(e.seq);
     const double ts = use_sequence_time ? static_cast<double>(e.seq) : e.time_ns / 1000.0;
     const int ci = static_cast<int>(e.category);
     if (e.kind == MemoryEventKind::alloc) by[ci] += e.bytes;
     if (e.kind == MemoryEventKind::free) by[ci] -= e.bytes;
-    if (e.kind == MemoryEventKind::alloc || e.kind == MemoryEventKind::free) {
-      out += ",\n{\"name\":\"allocated by category\",\"ph\":\"C\",\"pid\":1,\"tid\":1,";
-      std::snprintf(buf, sizeof buf, "\"ts\":%.3f,\"args\":{", ts);
-      out += buf;
-      for (int i = 0; i < kNumCategories; ++i) {
-        std::snprintf(buf, sizeof buf, "%s\"%s\":%lld", i ? "," : "",
-                      category_name(static_cast<Category>(i)), static_cast<long long>(by[i]));
-        out += buf;
-      }
-      out += "}}";
-    }
-    std::snprintf(buf, sizeof buf,
-                  ",\n{\"name\":\"reserved\",\"ph\":\"C\",\"pid\":1,\"tid\":1,\"ts\":%.3f,"
-                  "\"args\":{\"reserved\":%lld}}",
-                  ts, static_cast<long long>(e.reserved_after));
-    out += buf;
+    if (e.kind == MemoryEventKind::alloc || e.kind == MemoryEventKind::free) allocated_counter(ts);
+    reserved_counter(ts, e.reserved_after);
     std::snprintf(buf, sizeof buf,
                   ",\n{\"name\":\"%s\",\"ph\":\"i\",\"s\":\"t\",\"pid\":1,\"tid\":2,\"ts\":%.3f,"
                   "\"args\":{\"bytes\":%lld,\"requested\":%lld,\"category\":\"%s\",\"block\":%llu,"
@@ -686,16 +779,139 @@ std::string CachingAllocator::chrome_trace(bool use_sequence_time) const {
     out += json_escape(tag_name(e.tag));
     out += "\"}}";
   }
+  apply_baselines(~uint64_t{0});  // a log resumed with no event since
   out += "\n]}\n";
   return out;
 }
 
 // ---- Process-wide allocators ------------------------------------------------------------------
 
+namespace {
+// Every process-wide allocator, in creation order. Never destroyed, like the allocators.
+struct Registry {
+  std::mutex mutex;
+  std::vector<CachingAllocator*> allocators;
+  std::set<uint32_t> ignored_tags;
+};
+Registry& registry() {
+  static Registry* r = new Registry();
+  return *r;
+}
+
+// -1: not chosen yet (the first allocator reads REGEN_EXIT_CHECK, else the build's default).
+std::atomic<int> g_exit_check{-1};
+
+ExitCheck default_exit_check() {
+  if (const char* env = std::getenv("REGEN_EXIT_CHECK")) {
+    const std::string v(env);
+    if (v == "off") return ExitCheck::off;
+    if (v == "warn") return ExitCheck::warn;
+    if (v == "fail") return ExitCheck::fail;
+    std::fprintf(stderr, "regen: REGEN_EXIT_CHECK='%s' is not off, warn or fail; ignored\n", env);
+  }
+#ifdef NDEBUG
+  return ExitCheck::off;
+#else
+  return ExitCheck::warn;
+#endif
+}
+
+void exit_check_handler() {
+  const int mode = g_exit_check.load();
+  if (mode <= static_cast<int>(ExitCheck::off)) return;
+  std::string report;
+  try {
+    report = live_allocations_report();
+  } catch (...) {
+    return;  // never throw out of exit
+  }
+  if (report.empty()) return;
+  std::fprintf(stderr, "regen: at exit, memory is still allocated:\n%s", report.c_str());
+  std::fflush(stderr);
+  if (mode == static_cast<int>(ExitCheck::fail)) std::_Exit(3);
+}
+
+// Registers the exit check once, when the first process-wide allocator is created: static
+// objects constructed later (a static tensor) are destroyed before it runs.
+void install_exit_check() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    int unset = -1;
+    g_exit_check.compare_exchange_strong(unset, static_cast<int>(default_exit_check()));
+    std::atexit(exit_check_handler);
+  });
+}
+
+CachingAllocator* register_allocator(CachingAllocator* a) {
+  install_exit_check();
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  r.allocators.push_back(a);
+  return a;
+}
+}  // namespace
+
+void set_exit_check(ExitCheck mode) {
+  g_exit_check.store(static_cast<int>(mode));
+  install_exit_check();
+}
+
+ExitCheck exit_check() {
+  const int mode = g_exit_check.load();
+  return mode < 0 ? default_exit_check() : static_cast<ExitCheck>(mode);
+}
+
+void exit_check_ignore_tag(std::string_view tag) {
+  const uint32_t id = intern_tag(tag);
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  r.ignored_tags.insert(id);
+}
+
+std::string live_allocations_report() {
+  std::vector<CachingAllocator*> allocators;
+  std::set<uint32_t> ignored;
+  {
+    Registry& r = registry();
+    std::lock_guard<std::mutex> lock(r.mutex);
+    allocators = r.allocators;
+    ignored = r.ignored_tags;
+  }
+  std::ostringstream os;
+  for (const CachingAllocator* a : allocators) {
+    std::vector<BlockInfo> live;
+    std::array<int64_t, kNumCategories> by{};
+    int64_t total = 0;
+    for (const BlockInfo& b : a->snapshot()) {
+      if (!b.allocated || ignored.count(b.tag)) continue;
+      live.push_back(b);
+      by[static_cast<int>(b.category)] += static_cast<int64_t>(b.size);
+      total += static_cast<int64_t>(b.size);
+    }
+    if (live.empty()) continue;
+    os << "  " << a->arena().name() << ": " << live.size() << " live block(s), "
+       << format_bytes(total) << "; by category:";
+    for (int i = 0; i < kNumCategories; ++i) {
+      if (!by[i]) continue;
+      os << " " << category_name(static_cast<Category>(i)) << " " << format_bytes(by[i]) << ";";
+    }
+    std::stable_sort(live.begin(), live.end(),
+                     [](const BlockInfo& x, const BlockInfo& y) { return x.size > y.size; });
+    for (size_t i = 0; i < live.size() && i < 8; ++i) {
+      os << "\n    " << format_bytes(static_cast<int64_t>(live[i].size)) << " "
+         << category_name(live[i].category) << " '"
+         << (live[i].tag ? tag_name(live[i].tag) : std::string("untagged")) << "' (block "
+         << live[i].id << ")";
+    }
+    os << "\n";
+  }
+  return os.str();
+}
+
 CachingAllocator& allocator_for(Device device) {
   if (device.is_cpu()) {
     // Never destroyed: tensors in static storage may be released after main() returns.
-    static CachingAllocator* cpu = new CachingAllocator(make_cpu_arena());
+    static CachingAllocator* cpu = register_allocator(new CachingAllocator(make_cpu_arena()));
     return *cpu;
   }
 #ifdef REGEN_WITH_CUDA
@@ -707,7 +923,7 @@ CachingAllocator& allocator_for(Device device) {
     per_device->resize(device.index + 1, nullptr);
   }
   CachingAllocator*& a = (*per_device)[device.index];
-  if (!a) a = new CachingAllocator(make_cuda_arena(device.index));
+  if (!a) a = register_allocator(new CachingAllocator(make_cuda_arena(device.index)));
   return *a;
 #else
   REGEN_FAIL("device ", device.str(),

@@ -21,6 +21,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "core/types.h"
@@ -130,6 +131,18 @@ struct MemoryEvent {
   int64_t reserved_after;
 };
 
+// What the allocator held when the event log started (set_event_log(true) on an empty log, or
+// clear_events()): the events only carry changes, so the per-category levels they start from are
+// recorded here. chrome_trace() starts its counters from it; a consumer that replays events()
+// itself must do the same (or it sees blocks that were live before the log go negative when
+// they are freed).
+struct EventLogBaseline {
+  uint64_t seq = 0;       // sequence number of the first event it applies to
+  int64_t time_ns = 0;    // on the events' clock
+  int64_t allocated = 0, reserved = 0;
+  std::array<int64_t, kNumCategories> allocated_by{}, reserved_by{};
+};
+
 // One block of a segment, as reported by snapshot().
 struct BlockInfo {
   uint64_t segment_id;
@@ -188,15 +201,22 @@ class CachingAllocator {
   static constexpr uint64_t kMinLargeAlloc = 10ull << 20; // large requests below this share...
   static constexpr uint64_t kLargeBuffer = 20ull << 20;   // ...segments of this size
   static constexpr uint64_t kRoundLarge = 2ull << 20;     // bigger segments round to this
+  // The largest request served (256 TiB): more than any device or x86-64 address space holds,
+  // and small enough that rounding, segment sizes and int64_t statistics cannot overflow.
+  static constexpr uint64_t kMaxRequestSize = 1ull << 48;
 
   explicit CachingAllocator(std::unique_ptr<Arena> arena);
   ~CachingAllocator();
   CachingAllocator(const CachingAllocator&) = delete;
   CachingAllocator& operator=(const CachingAllocator&) = delete;
 
-  // Category and tag from the current scopes.
+  // Category and tag from the current scopes. A request of 0 bytes is a regen::Error; one above
+  // kMaxRequestSize, or one that cannot be served, throws regen::OutOfMemory.
   Block* allocate(uint64_t bytes);
   Block* allocate(uint64_t bytes, Category category, uint32_t tag);
+  // `block` must be live in this allocator: anything else (a second free, a block of another
+  // allocator) throws regen::Error naming the pointer, and nothing is touched. The check is by
+  // identity, so a stale handle whose memory was reused for a new live block is not caught.
   void free(Block* block);
 
   MemoryStats stats() const;
@@ -204,8 +224,9 @@ class CachingAllocator {
   // Returns every cached, wholly free segment to the arena.
   void empty_cache();
 
-  // Hard limit on reserved bytes (0 = none). A request that would need the reserve to pass it,
-  // even after emptying the cache, throws regen::OutOfMemory.
+  // Hard limit on reserved bytes (0 = none). A request that needs a new segment maps the normal
+  // segment size when it fits under the limit, else the smallest segment that holds it, else
+  // empties the cache and tries both again, else throws regen::OutOfMemory (docs/memory.md).
   void set_limit(int64_t bytes);
   int64_t limit() const;
 
@@ -214,10 +235,14 @@ class CachingAllocator {
   std::vector<MemoryEvent> events() const;
   // Number of events logged so far (cheap; markers use it as a position).
   uint64_t event_count() const;
+  // Drops the logged events; the baseline becomes the current state.
   void clear_events();
+  // The state when the current log started (see EventLogBaseline).
+  EventLogBaseline event_log_baseline() const;
   // Chrome trace-event JSON (opens in Perfetto / chrome://tracing): counter tracks of allocated
-  // bytes per category and of reserved bytes. With use_sequence_time the x axis is the event
-  // number (1 us per event), which is what a Null-arena simulation has.
+  // bytes per category and of reserved bytes, starting from event_log_baseline() (and resynced
+  // to the allocator's state where the log was paused and resumed). With use_sequence_time the
+  // x axis is the event number (1 us per event), which is what a Null-arena simulation has.
   std::string chrome_trace(bool use_sequence_time = false) const;
 
   std::vector<BlockInfo> snapshot() const;
@@ -231,8 +256,12 @@ class CachingAllocator {
   Device device() const;
   const Arena& arena() const { return *arena_; }
 
+  // round_size throws regen::Error above kMaxRequestSize.
   static uint64_t round_size(uint64_t bytes);
+  // The normal segment for a rounded request (docs/memory.md), and the smallest one that holds
+  // it, which a request falls back to when the normal one would pass the limit.
   static uint64_t segment_size(uint64_t rounded);
+  static uint64_t min_segment_size(uint64_t rounded);
 
  private:
   struct BlockOrder {
@@ -241,7 +270,9 @@ class CachingAllocator {
   using Pool = std::set<Block*, BlockOrder>;
 
   Block* try_allocate_locked(uint64_t rounded, bool small);
+  Segment* map_for_request_locked(uint64_t rounded, bool small, Category category, uint32_t tag);
   Segment* map_segment_locked(uint64_t size, bool small, Category category, uint32_t tag);
+  EventLogBaseline baseline_locked() const;
   void release_cached_locked();
   void unmap_segment_locked(Segment* s);
   void record_locked(MemoryEventKind kind, int64_t bytes, int64_t requested, Category c,
@@ -264,14 +295,36 @@ class CachingAllocator {
   int64_t log_t0_ns_ = 0;
   uint64_t next_seq_ = 0;
   std::vector<MemoryEvent> events_;
+  // baselines_[0]: where the log started; later entries: where it resumed after a pause.
+  std::vector<EventLogBaseline> baselines_{EventLogBaseline{}};
   std::unordered_map<uint64_t, Block*> live_by_id_;
+  std::unordered_set<const Block*> live_set_;  // free() validates its argument against it
 };
 
 // The process-wide allocator of a device. cpu: host memory; cuda:N: the CUDA arena (only in a
-// CUDA build; otherwise a regen::Error says regen was built without CUDA).
+// CUDA build; otherwise a regen::Error says regen was built without CUDA). They are never
+// destroyed (tensors in static storage may be released after main() returns); the exit check
+// below reports what is still live instead.
 CachingAllocator& allocator_for(Device device);
+
+// Live allocations of every process-wide allocator created so far: per allocator with live
+// blocks, the bytes by category and the largest blocks with their tags. Empty when none is live
+// (blocks with an ignored tag, below, do not count).
+std::string live_allocations_report();
+
+// What happens at process exit when a process-wide allocator still holds live blocks:
+// off; warn (print live_allocations_report() to stderr; the default of builds without NDEBUG);
+// fail (print it and end the process with status 3). The environment variable
+// REGEN_EXIT_CHECK=off|warn|fail sets the mode before the first allocator is created.
+// Blocks with a tag passed to exit_check_ignore_tag are persistent by design (e.g. a workspace
+// held for the life of the process) and left out of the report.
+enum class ExitCheck : uint8_t { off, warn, fail };
+void set_exit_check(ExitCheck mode);
+ExitCheck exit_check();
+void exit_check_ignore_tag(std::string_view tag);
+
 #ifdef REGEN_WITH_CUDA
-// cudaMalloc segments on one device (core/cuda/cuda_arena.cpp); map() returns nullptr when
+// cudaMalloc segments on one device (core/cuda/runtime.cpp); map() returns nullptr when
 // cudaMalloc reports out-of-memory.
 std::unique_ptr<Arena> make_cuda_arena(int device_index);
 #endif

@@ -6,6 +6,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <map>
@@ -232,6 +233,128 @@ inline void test_limit_and_oom(const ArenaFactory& make) {
   a.free(x);
   a.free(z);
   a.set_limit(0);
+
+  // Nothing allocated or reserved: the report says so rather than printing empty lists.
+  CachingAllocator empty(make());
+  empty.set_limit(static_cast<int64_t>(MiB));
+  thrown = false;
+  try {
+    empty.allocate(1000, Category::activation, 0);
+  } catch (const OutOfMemory& e) {
+    thrown = true;
+    const std::string msg = e.what();
+    CHECK(msg.find("allocated by category: none") != std::string::npos);
+    CHECK(msg.find("reserved by category: none") != std::string::npos);
+    CHECK(msg.find("largest live blocks: none") != std::string::npos);
+  }
+  CHECK(thrown);
+}
+
+// A medium request normally maps a 20 MiB segment; when that would pass the limit it falls back
+// to the smallest segment that holds it (the request rounded to 2 MiB), and only then empties the
+// cache; worked out step by step below.
+inline void test_limit_fallback(const ArenaFactory& make) {
+  CachingAllocator a(make());
+  a.set_limit(static_cast<int64_t>(30 * MiB));
+  Block* x = a.allocate(12 * MiB, Category::parameter, 0);  // own 12 MiB segment
+  // 12 + 20 > 30, but 12 + 2 fits: a 2 MiB segment, no cache flush.
+  Block* y = a.allocate(2 * MiB, Category::activation, 0);
+  CHECK(y->size == 2 * MiB);
+  CHECK(a.stats().reserved.current == static_cast<int64_t>(14 * MiB));
+  CHECK(a.stats().num_segment_maps == 2);
+  CHECK(a.stats().num_cache_flushes == 0);
+  // 3 MiB + 1: 14 + 20 > 30; the smallest segment is 4 MiB. The rest, 1 MiB - 512 B, is not
+  // worth a block in the large pool, so the whole 4 MiB is handed out.
+  Block* z = a.allocate(3 * MiB + 1, Category::activation, 0);
+  CHECK(z->segment != y->segment);
+  CHECK(a.stats().reserved.current == static_cast<int64_t>(18 * MiB));
+  CHECK(z->size == 4 * MiB);
+  check_invariants(a);
+  // Freed, y's segment stays cached. 13 MiB needs its own 14 MiB segment: 18 + 14 > 30 and there
+  // is nothing smaller, so the cache is emptied (y's 2 MiB) and 16 + 14 = 30 fits exactly.
+  a.free(y);
+  Block* w = a.allocate(13 * MiB, Category::activation, 0);
+  CHECK(a.stats().num_cache_flushes == 1);
+  CHECK(a.stats().reserved.current == static_cast<int64_t>(30 * MiB));
+  // With no room left even for 2 MiB, the request fails and changes nothing.
+  CHECK_THROWS_AS(a.allocate(600 * 1024, Category::activation, 0), OutOfMemory);
+  CHECK(a.stats().reserved.current == static_cast<int64_t>(30 * MiB));
+  check_invariants(a);
+  // Without a limit the same medium request takes the normal 20 MiB segment.
+  a.set_limit(0);
+  Block* v = a.allocate(2 * MiB, Category::activation, 0);
+  CHECK(a.stats().reserved.current == static_cast<int64_t>(50 * MiB));
+  for (Block* b : {x, z, w, v}) a.free(b);
+  a.empty_cache();
+  CHECK(a.stats().reserved.current == 0);
+}
+
+// free() checks its argument against the live blocks before reading it: a second free of a
+// block that coalescing deleted (a use-after-free before), or a block of another allocator, is a
+// regen::Error naming the handle, and nothing changes.
+inline void test_bad_frees(const ArenaFactory& make) {
+  CachingAllocator a(make());
+  Block* head = a.allocate(1000, Category::activation, 0);
+  Block* mid = a.allocate(1000, Category::activation, 0);  // not the segment's head
+  Block* keep = a.allocate(1000, Category::activation, 0);
+  REQUIRE(mid->offset == 1024);
+  a.free(head);
+  a.free(mid);  // merges into head's free block: the Block object `mid` is deleted
+  const MemoryStats before = a.stats();
+  bool thrown = false;
+  try {
+    a.free(mid);
+  } catch (const Error& e) {
+    thrown = true;
+    char handle[32];
+    std::snprintf(handle, sizeof handle, "%p", static_cast<const void*>(mid));
+    CHECK(std::string(e.what()).find(handle) != std::string::npos);
+    CHECK(std::string(e.what()).find("not a live block") != std::string::npos);
+  }
+  CHECK(thrown);
+  CHECK_THROWS_AS(a.free(head), Error);  // the head survives the merge, but it is free
+  CHECK(a.stats().live_blocks == before.live_blocks);
+  CHECK(a.stats().num_frees == before.num_frees);
+  check_invariants(a);
+  // A block of another allocator (or a made-up one) is refused before it is read.
+  CachingAllocator other(make());
+  Block* foreign = other.allocate(1000, Category::activation, 0);
+  CHECK_THROWS_AS(a.free(foreign), Error);
+  Block fake;
+  fake.allocated = true;  // would have passed the old check and corrupted the statistics
+  CHECK_THROWS_AS(a.free(&fake), Error);
+  CHECK(a.stats().allocated.current == before.allocated.current);
+  check_invariants(a);
+  other.free(foreign);
+  a.free(keep);
+  CHECK(a.stats().live_blocks == 0);
+}
+
+// Requests too large to round: rejected with OutOfMemory naming the size, before any rounding
+// (which wrapped ~0 - 10 to a block of 0 bytes).
+inline void test_max_request(const ArenaFactory& make) {
+  CachingAllocator a(make());
+  const uint64_t huge = ~0ull - 10;
+  bool thrown = false;
+  try {
+    a.allocate(huge, Category::workspace, intern_tag("im2col"));
+  } catch (const OutOfMemory& e) {
+    thrown = true;
+    const std::string msg = e.what();
+    CHECK(msg.find("18446744073709551605") != std::string::npos);
+    CHECK(msg.find("workspace") != std::string::npos);
+    CHECK(msg.find("im2col") != std::string::npos);
+    CHECK(msg.find("256.00 TiB") != std::string::npos);
+  }
+  CHECK(thrown);
+  CHECK_THROWS_AS(a.allocate(CachingAllocator::kMaxRequestSize + 1, Category::other, 0),
+                  OutOfMemory);
+  CHECK_THROWS_AS(CachingAllocator::round_size(huge), Error);
+  CHECK(CachingAllocator::round_size(CachingAllocator::kMaxRequestSize) ==
+        CachingAllocator::kMaxRequestSize);
+  const MemoryStats s = a.stats();
+  CHECK(s.num_allocs == 0);
+  CHECK(s.reserved.current == 0);
 }
 
 // A recorded sequence of requests, replayable on any allocator.
@@ -299,6 +422,64 @@ inline void test_stress(const ArenaFactory& make, bool touch_memory, int n) {
   CHECK(a.stats().live_blocks == 0);
   a.empty_cache();
   CHECK(a.stats().reserved.current == 0);
+}
+
+// Replays ops under a hard limit: a request that throws OutOfMemory leaves a null entry (its later
+// free is a no-op), so the sequence stays aligned. Returns the number of OutOfMemory errors.
+inline int replay_under_limit(CachingAllocator& a, const std::vector<Op>& ops) {
+  std::vector<Block*> live;
+  int ooms = 0;
+  for (const Op& op : ops) {
+    if (op.is_alloc) {
+      Block* b = nullptr;
+      try {
+        b = a.allocate(op.bytes, op.category, 0);
+      } catch (const OutOfMemory&) {
+        ++ooms;
+      }
+      live.push_back(b);
+    } else {
+      a.free(live[op.victim]);
+      live.erase(live.begin() + static_cast<long>(op.victim));
+    }
+  }
+  for (Block* b : live) a.free(b);
+  return ooms;
+}
+
+// The limit's fallback segments and cache flushes are decided alike on every arena.
+inline void test_same_decisions_under_limit(const ArenaFactory& make_a,
+                                            const ArenaFactory& make_b) {
+  // Seed and limit chosen so that fallback segments, cache flushes and OutOfMemory all occur.
+  const std::vector<Op> ops = random_sequence(99, 3000);
+  CachingAllocator a(make_a()), b(make_b());
+  for (CachingAllocator* x : {&a, &b}) {
+    x->set_limit(static_cast<int64_t>(64 * MiB));
+    x->set_event_log(true);
+  }
+  const int ooms_a = replay_under_limit(a, ops), ooms_b = replay_under_limit(b, ops);
+  CHECK(ooms_a == ooms_b);
+  CHECK(ooms_a > 0);
+  const MemoryStats sa = a.stats(), sb = b.stats();
+  CHECK(sa.num_cache_flushes == sb.num_cache_flushes);
+  CHECK(sa.num_cache_flushes > 0);
+  CHECK(sa.allocated.peak == sb.allocated.peak);
+  CHECK(sa.reserved.peak == sb.reserved.peak);
+  CHECK(sa.reserved.peak <= static_cast<int64_t>(64 * MiB));
+  const std::vector<MemoryEvent> ea = a.events(), eb = b.events();
+  REQUIRE(ea.size() == eb.size());
+  int fallback_segments = 0;  // 4, 6 or 8 MiB: only the fallback maps these
+  for (size_t i = 0; i < ea.size(); ++i) {
+    REQUIRE(ea[i].kind == eb[i].kind);
+    REQUIRE(ea[i].bytes == eb[i].bytes);
+    REQUIRE(ea[i].segment_id == eb[i].segment_id);
+    REQUIRE(ea[i].reserved_after == eb[i].reserved_after);
+    const int64_t mib = ea[i].bytes / static_cast<int64_t>(MiB);
+    if (ea[i].kind == MemoryEventKind::segment_map && (mib == 4 || mib == 6 || mib == 8)) {
+      ++fallback_segments;
+    }
+  }
+  CHECK(fallback_segments > 0);
 }
 
 // The same sequence on two arenas gives the same decisions, event log and statistics.

@@ -1,6 +1,15 @@
 // The caching allocator on the CPU and Null arenas (the shared suite is allocator_suite.h), the
-// event log and its Chrome trace, and CPU-vs-Null determinism.
+// event log and its Chrome trace, CPU-vs-Null determinism, and the process-wide allocators'
+// shutdown check.
 #include <doctest/doctest.h>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <sstream>
 
 #include <nlohmann/json.hpp>
 
@@ -33,6 +42,25 @@ TEST_CASE("allocator: categories and tags come from RAII scopes (cpu, null)") {
 TEST_CASE("allocator: hard limit and the OutOfMemory report (cpu, null)") {
   test_limit_and_oom(cpu);
   test_limit_and_oom(null);
+}
+
+TEST_CASE("allocator: under a limit, a medium request takes a smaller segment (cpu, null)") {
+  test_limit_fallback(cpu);
+  test_limit_fallback(null);
+}
+
+TEST_CASE("allocator: a second free or a foreign block is refused before it is read (cpu, null)") {
+  test_bad_frees(cpu);
+  test_bad_frees(null);
+}
+
+TEST_CASE("allocator: requests beyond the largest size are refused, never rounded (cpu, null)") {
+  test_max_request(cpu);
+  test_max_request(null);
+}
+
+TEST_CASE("allocator: under a limit, fallbacks and flushes are identical on cpu and null arenas") {
+  test_same_decisions_under_limit(cpu, null);
 }
 
 TEST_CASE("allocator: randomized stress keeps blocks disjoint and stats exact (cpu)") {
@@ -91,10 +119,72 @@ TEST_CASE("allocator: event log exports a Chrome trace with per-category counter
     }
     if (e["ph"] == "i") ++instants;
   }
-  CHECK(counters == 4);
+  CHECK(counters == 5);  // the starting level, then one per alloc and free
   CHECK(instants == 8);
   CHECK(max_activation == static_cast<int64_t>(3 * MiB));
   CHECK(a.chrome_trace(false).find("w\\\"eird\\\\tag") != std::string::npos);
+}
+
+TEST_CASE("allocator: trace counters start from what was live when the log started") {
+  CachingAllocator a(make_null_arena());
+  const int par = static_cast<int>(Category::parameter);
+  const int grad = static_cast<int>(Category::gradient);
+  const int ws = static_cast<int>(Category::workspace);
+  Block* p = a.allocate(3 * MiB, Category::parameter, 0);  // 20 MiB segment
+  Block* g = a.allocate(5000, Category::gradient, 0);      // 2 MiB segment
+  a.set_event_log(true);
+  const EventLogBaseline b0 = a.event_log_baseline();
+  CHECK(b0.seq == 0);
+  CHECK(b0.allocated == static_cast<int64_t>(3 * MiB + 5120));
+  CHECK(b0.allocated_by[par] == static_cast<int64_t>(3 * MiB));
+  CHECK(b0.allocated_by[grad] == 5120);
+  CHECK(b0.reserved == static_cast<int64_t>(22 * MiB));
+  CHECK(b0.reserved_by[par] == static_cast<int64_t>(20 * MiB));
+  CHECK(b0.reserved_by[grad] == static_cast<int64_t>(2 * MiB));
+  Block* x = a.allocate(1000, Category::activation, 0);
+  a.free(p);  // both were live before the log: their frees must not go below zero
+  a.free(g);
+  // Paused: the 2 MiB workspace block is not in the log; resuming resyncs the counters.
+  a.set_event_log(false);
+  Block* hidden = a.allocate(2 * MiB, Category::workspace, 0);
+  a.set_event_log(true);
+  a.free(hidden);
+  a.free(x);
+  CHECK(a.event_log_baseline().allocated_by[par] == static_cast<int64_t>(3 * MiB));
+
+  const auto doc = nlohmann::json::parse(a.chrome_trace(true));
+  std::vector<nlohmann::json> counters;
+  for (const auto& e : doc["traceEvents"]) {
+    if (e["ph"] == "C" && e["name"] == "allocated by category") counters.push_back(e["args"]);
+  }
+  // start, alloc x, free p, free g, resume, free hidden, free x
+  REQUIRE(counters.size() == 7);
+  for (const auto& c : counters) {
+    for (int i = 0; i < kNumCategories; ++i) {
+      CHECK(c[category_name(static_cast<Category>(i))].get<int64_t>() >= 0);
+    }
+  }
+  CHECK(counters[0]["parameter"].get<int64_t>() == static_cast<int64_t>(3 * MiB));
+  CHECK(counters[0]["gradient"].get<int64_t>() == 5120);
+  CHECK(counters[2]["parameter"].get<int64_t>() == 0);
+  CHECK(counters[4]["workspace"].get<int64_t>() == static_cast<int64_t>(2 * MiB));
+  for (int i = 0; i < kNumCategories; ++i) {
+    CHECK(counters.back()[category_name(static_cast<Category>(i))].get<int64_t>() == 0);
+  }
+  // clear_events() starts a new log: its baseline is the state at that moment.
+  Block* y = a.allocate(4096, Category::gradient, 0);
+  a.clear_events();
+  CHECK(a.event_log_baseline().allocated_by[grad] == 4096);
+  CHECK(a.event_log_baseline().allocated_by[ws] == 0);
+  a.free(y);
+  const auto doc2 = nlohmann::json::parse(a.chrome_trace(true));
+  int64_t last_gradient = -1;
+  for (const auto& e : doc2["traceEvents"]) {
+    if (e["ph"] == "C" && e["name"] == "allocated by category") {
+      last_gradient = e["args"]["gradient"].get<int64_t>();
+    }
+  }
+  CHECK(last_gradient == 0);
 }
 
 TEST_CASE("allocator: zero-byte requests and double frees are errors") {
@@ -173,4 +263,99 @@ TEST_CASE("allocator: a snapshot restored on the null arena continues with ident
     sim.free(sim.block_by_id(id));
   }
   CHECK_THROWS_AS(sim.restore_state(state), Error);  // only into an empty allocator
+}
+
+// Held by a global so LeakSanitizer sees it as reachable in the child processes below; volatile
+// so the compiler cannot drop the never-read store (the tensor would then count as leaked).
+Tensor* volatile g_held_at_exit = nullptr;
+
+namespace {
+
+// Runs `body` in a child process with the exit check in fail mode and returns its exit status;
+// the child's stderr goes to `err_path`.
+int exit_status_of_child(const std::function<void()>& body, const std::string& err_path) {
+  std::cout.flush();
+  std::fflush(nullptr);
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    if (!std::freopen(err_path.c_str(), "w", stderr)) std::_Exit(90);
+    set_exit_check(ExitCheck::fail);
+    body();
+    std::exit(0);
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+std::string file_text(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+}  // namespace
+
+TEST_CASE("allocator: at shutdown no bytes are live on the process-wide allocators") {
+  CachingAllocator& a = allocator_for(Device::cpu());
+  {
+    // Tensors (and scratch) of every category, the way the layers above create them.
+    std::vector<Tensor> held;
+    Generator g(1);
+    for (int i = 0; i < kNumCategories; ++i) {
+      const Category c = static_cast<Category>(i);
+      CategoryScope scope(c);
+      TagScope tag(std::string("shutdown.") + category_name(c));
+      held.push_back(zeros({1000 + i}));
+      held.push_back(randint({10}, 5, g, DType::i32));
+      held.push_back(held.front().reshape({-1}));  // a view: no bytes of its own
+    }
+    Workspace scratch(Device::cpu(), 1 << 20);
+    const MemoryStats s = a.stats();
+    for (int i = 0; i < kNumCategories; ++i) CHECK(s.allocated_by[i].current > 0);
+    const std::string report = live_allocations_report();
+    CHECK(report.find("cpu: ") != std::string::npos);
+    CHECK(report.find("shutdown.optimizer_state") != std::string::npos);
+  }
+  const MemoryStats s = a.stats();
+  for (int i = 0; i < kNumCategories; ++i) {
+    INFO("category " << category_name(static_cast<Category>(i)));
+    CHECK(s.allocated_by[i].current == 0);
+    CHECK(s.requested_by[i].current == 0);
+  }
+  CHECK(s.allocated.current == 0);
+  CHECK(s.requested.current == 0);
+  CHECK(s.live_blocks == 0);
+  CHECK(live_allocations_report().empty());
+
+  // The exit check itself, at a real process exit: a child that keeps a tensor alive past exit
+  // fails with status 3 and names it; one that released everything exits cleanly; a block whose
+  // tag is declared persistent is not reported.
+  const std::string err = "/tmp/regen_test_exit_" + std::to_string(::getpid()) + ".txt";
+  const int leaked = exit_status_of_child(
+      [] {
+        TagScope tag("leaked.on.purpose");
+        g_held_at_exit = new Tensor(zeros({4096}));
+      },
+      err);
+  CHECK(leaked == 3);
+  const std::string text = file_text(err);
+  CHECK(text.find("at exit, memory is still allocated") != std::string::npos);
+  CHECK(text.find("leaked.on.purpose") != std::string::npos);
+  CHECK(text.find("16.00 KiB") != std::string::npos);
+  CHECK(exit_status_of_child(
+            [] {
+              Tensor t = zeros({4096});
+              Tensor u = ones({3}, DType::i64);
+            },
+            err) == 0);
+  CHECK(exit_status_of_child(
+            [] {
+              exit_check_ignore_tag("persistent.by.design");
+              TagScope tag("persistent.by.design");
+              g_held_at_exit = new Tensor(zeros({4096}));
+            },
+            err) == 0);
+  std::remove(err.c_str());
 }

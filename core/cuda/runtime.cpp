@@ -3,6 +3,8 @@
 #include "core/cuda/runtime.h"
 
 #ifdef REGEN_WITH_CUDA
+#include <cstdio>
+#include <exception>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -67,15 +69,28 @@ void mem_get_info(uint64_t& free_bytes, uint64_t& total_bytes) {
   total_bytes = t;
 }
 
+DeviceGuard::DeviceGuard(int index) : previous_(current_device()), index_(index) {
+  set_device(index);
+}
+
+DeviceGuard::~DeviceGuard() {
+  if (previous_ == index_) return;
+  try {
+    set_device(previous_);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "regen: restoring CUDA device %d failed: %s\n", previous_, e.what());
+  }
+}
+
 }  // namespace regen::cuda
 
 namespace regen {
 namespace {
 class CudaArena final : public Arena {
  public:
-  explicit CudaArena(int index) : index_(index) { cuda::set_device(index); }
+  explicit CudaArena(int index) : index_(index) { cuda::DeviceGuard check_exists(index); }
   void* map(size_t bytes) override {
-    cuda::set_device(index_);
+    cuda::DeviceGuard guard(index_);
     void* p = nullptr;
     const cudaError_t err = cudaMalloc(&p, bytes);
     if (err == cudaErrorMemoryAllocation) {
@@ -85,10 +100,20 @@ class CudaArena final : public Arena {
     REGEN_CUDA_CHECK(err);
     return p;
   }
-  void unmap(void* base, size_t) override {
-    // Blocks are freed in stream order; wait for queued kernels before the memory goes back.
-    cudaStreamSynchronize(cuda::stream());
-    cudaFree(base);
+  // Called by empty_cache() and by the allocator's destructor, so it never throws: a failure is
+  // printed (the segment may stay mapped on the device) and the CUDA error is cleared.
+  void unmap(void* base, size_t bytes) override {
+    try {
+      cuda::DeviceGuard guard(index_);
+      // Blocks are freed in stream order: wait for the kernels queued on this arena's device
+      // (not the caller's current one) before the memory goes back.
+      REGEN_CUDA_CHECK(cudaStreamSynchronize(cuda::stream()));
+      REGEN_CUDA_CHECK(cudaFree(base));
+    } catch (const std::exception& e) {
+      cudaGetLastError();
+      std::fprintf(stderr, "regen: cuda:%d: returning a segment of %zu bytes at %p failed: %s\n",
+                   index_, bytes, base, e.what());
+    }
   }
   Device device() const override { return Device::cuda(index_); }
   std::string name() const override { return "cuda:" + std::to_string(index_); }

@@ -1,6 +1,7 @@
 // The CUDA runtime layer of core: device discovery, the one compute stream, copies, and the
 // REGEN_CUDA_CHECK macro. Compiled only when REGEN_WITH_CUDA is defined. The CUDA arena that
-// backs the caching allocator lives in cuda_arena.cpp; nothing else in regen calls cudaMalloc.
+// backs the caching allocator lives in runtime.cpp too; nothing else in regen calls cudaMalloc.
+// Tests: tests/cuda/test_cuda_allocator.cpp.
 #pragma once
 
 #ifdef REGEN_WITH_CUDA
@@ -38,6 +39,21 @@ void memcpy(void* dst, const void* src, uint64_t bytes, cudaMemcpyKind kind);
 void memset_zero(void* dst, uint64_t bytes);
 // cudaMemGetInfo of the current device.
 void mem_get_info(uint64_t& free_bytes, uint64_t& total_bytes);
+
+// Makes `index` the current device for the guard's lifetime, then restores the previous one.
+// The constructor throws like set_device; the destructor never throws (a failure to restore is
+// printed to stderr).
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int index);
+  ~DeviceGuard();
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int previous_;
+  int index_;
+};
 
 }  // namespace regen::cuda
 #endif

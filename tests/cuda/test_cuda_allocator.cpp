@@ -77,6 +77,34 @@ TEST_CASE("cuda allocator: hard limit and the OutOfMemory report") {
   test_limit_and_oom(gpu);
 }
 
+TEST_CASE("cuda allocator: under a limit, a medium request takes a smaller segment") {
+  test_limit_fallback(gpu);
+}
+
+TEST_CASE("cuda allocator: a second free or a foreign block is refused before it is read") {
+  test_bad_frees(gpu);
+}
+
+TEST_CASE("cuda allocator: requests beyond the largest size are refused, never rounded") {
+  test_max_request(gpu);
+}
+
+TEST_CASE("cuda allocator: under a limit, fallbacks and flushes match the null arena") {
+  test_same_decisions_under_limit(gpu, null_cuda);
+}
+
+TEST_CASE("cuda allocator: empty_cache returns segments on the arena's device") {
+  // The arena synchronizes and frees on its own device and leaves the caller's current device
+  // as it was (DeviceGuard), whichever device that is.
+  CachingAllocator a(gpu());
+  cuda::set_device(0);
+  Block* b = a.allocate(3 * MiB, Category::activation, 0);
+  a.free(b);
+  a.empty_cache();
+  CHECK(a.stats().reserved.current == 0);
+  CHECK(cuda::current_device() == 0);
+}
+
 TEST_CASE("cuda allocator: randomized stress keeps blocks disjoint and stats exact") {
   test_stress(gpu, /*touch_memory=*/false, 3000);
   CachingAllocator a(gpu());
