@@ -20,6 +20,7 @@
 #include <mutex>
 #include <vector>
 
+#include "core/allocator.h"
 #include "core/tensor.h"
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/cuda_kernels.h"
@@ -48,6 +49,7 @@ cublasHandle_t blas_handle() {
   BlasDevice& dev = devices[d];
   if (!dev.handle) {
     TagScope tag("cublas.workspace");
+    exit_check_ignore_tag("cublas.workspace");  // lives as long as the process, by design
     dev.workspace =
         std::make_unique<Storage>(Device::cuda(d), kCublasWorkspaceBytes, Category::workspace);
     cublasHandle_t h = nullptr;
