@@ -6,6 +6,8 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
+#include <mutex>
 #include <sstream>
 #include <unordered_map>
 
@@ -193,7 +195,72 @@ class NullArena final : public Arena {
 };
 }  // namespace
 
+class RecyclingArena final : public Arena {
+ public:
+  explicit RecyclingArena(std::unique_ptr<Arena> inner) : inner_(std::move(inner)) {}
+  ~RecyclingArena() override { release_retained(); }
+
+  void* map(size_t bytes) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = parked_.find(bytes);
+    if (it != parked_.end()) {
+      void* base = it->second;
+      parked_.erase(it);
+      parked_bytes_ -= bytes;
+      mapped_bytes_ += bytes;
+      return base;
+    }
+    // A new segment: first give back parked ones that would push the footprint past the high
+    // water mark this map sets (largest first, so as few as possible go).
+    const uint64_t high = std::max<uint64_t>(high_water_, mapped_bytes_ + bytes);
+    while (!parked_.empty() && mapped_bytes_ + parked_bytes_ + bytes > high) {
+      release_one_locked(std::prev(parked_.end()));
+    }
+    void* base = inner_->map(bytes);
+    if (!base && !parked_.empty()) {  // out of memory: everything parked goes back, then retry
+      while (!parked_.empty()) release_one_locked(std::prev(parked_.end()));
+      base = inner_->map(bytes);
+    }
+    if (!base) return nullptr;
+    mapped_bytes_ += bytes;
+    high_water_ = std::max(high_water_, mapped_bytes_);
+    return base;
+  }
+  void unmap(void* base, size_t bytes) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    mapped_bytes_ -= bytes;
+    parked_.emplace(bytes, base);
+    parked_bytes_ += bytes;
+  }
+  Device device() const override { return inner_->device(); }
+  std::string name() const override { return inner_->name() + " (recycling)"; }
+  bool touches_memory() const override { return inner_->touches_memory(); }
+  uint64_t retained_bytes() const override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return parked_bytes_;
+  }
+  void release_retained() override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    while (!parked_.empty()) release_one_locked(std::prev(parked_.end()));
+  }
+
+ private:
+  void release_one_locked(std::multimap<size_t, void*>::iterator it) {
+    inner_->unmap(it->second, it->first);
+    parked_bytes_ -= it->first;
+    parked_.erase(it);
+  }
+
+  std::unique_ptr<Arena> inner_;
+  mutable std::mutex mutex_;
+  std::multimap<size_t, void*> parked_;  // size -> base
+  uint64_t parked_bytes_ = 0, mapped_bytes_ = 0, high_water_ = 0;
+};
+
 std::unique_ptr<Arena> make_cpu_arena() { return std::make_unique<CpuArena>(); }
+std::unique_ptr<Arena> make_recycling_arena(std::unique_ptr<Arena> inner) {
+  return std::make_unique<RecyclingArena>(std::move(inner));
+}
 std::unique_ptr<Arena> make_null_arena(Device device) {
   return std::make_unique<NullArena>(device);
 }
@@ -548,6 +615,12 @@ void CachingAllocator::reset_peaks_locked() {
 void CachingAllocator::empty_cache() {
   std::lock_guard<std::mutex> lock(mutex_);
   release_cached_locked();
+}
+
+void CachingAllocator::release_memory() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  release_cached_locked();
+  arena_->release_retained();
 }
 
 void CachingAllocator::set_limit(int64_t bytes) {
@@ -911,7 +984,8 @@ std::string live_allocations_report() {
 CachingAllocator& allocator_for(Device device) {
   if (device.is_cpu()) {
     // Never destroyed: tensors in static storage may be released after main() returns.
-    static CachingAllocator* cpu = register_allocator(new CachingAllocator(make_cpu_arena()));
+    static CachingAllocator* cpu =
+        register_allocator(new CachingAllocator(make_recycling_arena(make_cpu_arena())));
     return *cpu;
   }
 #ifdef REGEN_WITH_CUDA
@@ -923,7 +997,10 @@ CachingAllocator& allocator_for(Device device) {
     per_device->resize(device.index + 1, nullptr);
   }
   CachingAllocator*& a = (*per_device)[device.index];
-  if (!a) a = register_allocator(new CachingAllocator(make_cuda_arena(device.index)));
+  if (!a) {
+    a = register_allocator(
+        new CachingAllocator(make_recycling_arena(make_cuda_arena(device.index))));
+  }
   return *a;
 #else
   REGEN_FAIL("device ", device.str(),

@@ -86,9 +86,22 @@ class Arena {
   virtual std::string name() const = 0;
   // False for the Null arena: its pointers must never be dereferenced.
   virtual bool touches_memory() const { return true; }
+  // Memory the arena holds that no segment uses (a recycling arena's parked segments; 0 for the
+  // others), and a way to give it back to the system.
+  virtual uint64_t retained_bytes() const { return 0; }
+  virtual void release_retained() {}
 };
 
 std::unique_ptr<Arena> make_cpu_arena();
+// Wraps an arena so that unmapped segments are parked, not returned, and a later map of the same
+// size takes one back: the trainer empties the allocator's cache at every step start (the
+// canonical start that makes predicted peaks exact), and without this every step would fault in
+// (CPU) or cudaMalloc (CUDA) its memory again. Bounded: parked plus mapped bytes never exceed the
+// most bytes ever mapped at once, so the process never holds more than the peak reserved bytes
+// the allocator has reported. A map the inner arena cannot satisfy releases the parked segments
+// and tries again. The allocator's statistics and decisions are unchanged (it sees the same
+// map/unmap calls); the global CPU and CUDA allocators use it. docs/memory.md, "Arenas".
+std::unique_ptr<Arena> make_recycling_arena(std::unique_ptr<Arena> inner);
 // Synthetic, never-reused, 2 MiB-aligned addresses; no memory is touched. `device` is what the
 // arena reports (a simulation of cuda:0 still says cuda:0).
 std::unique_ptr<Arena> make_null_arena(Device device = Device::cpu());
@@ -221,8 +234,11 @@ class CachingAllocator {
 
   MemoryStats stats() const;
   void reset_peak();
-  // Returns every cached, wholly free segment to the arena.
+  // Returns every cached, wholly free segment to the arena (a recycling arena parks it for the
+  // next map of the same size; see make_recycling_arena).
   void empty_cache();
+  // empty_cache(), then the arena gives everything it parked back to the system.
+  void release_memory();
 
   // Hard limit on reserved bytes (0 = none). A request that needs a new segment maps the normal
   // segment size when it fits under the limit, else the smallest segment that holds it, else

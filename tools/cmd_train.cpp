@@ -64,6 +64,10 @@ void run(const TrainFlags& f) {
               static_cast<long long>(f.steps), f.m.optimizer.c_str(), f.m.lr,
               s->data->describe().c_str());
 
+  // What the device reports before training (CUDA): set beside the allocator's reserved bytes.
+  uint64_t free_before = 0, total_mem = 0;
+  const bool device_info = cuda_memory_info(s->device, free_before, total_mem);
+
   // Remat: a profile (measured now, or loaded), a plan, an executor.
   std::unique_ptr<Profile> profile;
   std::unique_ptr<RematExecutor> exec;
@@ -164,6 +168,18 @@ void run(const TrainFlags& f) {
       }
     }
     std::printf("\n");
+  }
+  if (device_info) {
+    uint64_t free_after = 0, total = 0;
+    cuda_memory_info(s->device, free_after, total);
+    const CachingAllocator& a = allocator_for(s->device);
+    std::printf("  device memory (cudaMemGetInfo): %s used of %s before the steps, %s after; the "
+                "allocator reserves %s now (peak %s)\n",
+                format_bytes(static_cast<int64_t>(total_mem - free_before)).c_str(),
+                format_bytes(static_cast<int64_t>(total_mem)).c_str(),
+                format_bytes(static_cast<int64_t>(total - free_after)).c_str(),
+                format_bytes(a.stats().reserved.current).c_str(),
+                format_bytes(peak_reserved).c_str());
   }
   if (exec) {
     std::printf("  remat %s: predicted peak %s, measured %s (%s); %lld evictions and %lld "

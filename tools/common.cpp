@@ -265,6 +265,20 @@ Device resolve_device(const std::string& text) {
   return d;
 }
 
+bool cuda_memory_info(Device device, uint64_t& free_bytes, uint64_t& total_bytes) {
+  free_bytes = total_bytes = 0;
+#ifdef REGEN_WITH_CUDA
+  if (device.is_cuda()) {
+    cuda::DeviceGuard guard(device.index);
+    cuda::mem_get_info(free_bytes, total_bytes);
+    return true;
+  }
+#else
+  (void)device;
+#endif
+  return false;
+}
+
 namespace {
 
 // Bytes of memory on the device: physical RAM for the CPU, the GPU's total for CUDA.

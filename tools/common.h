@@ -106,4 +106,8 @@ std::string gib(int64_t bytes);  // "1.234" (GiB, 2^30 bytes)
 std::string format_ms(double ms);
 bool stdout_is_terminal();
 
+// cudaMemGetInfo of a CUDA device (false, zeros, for the CPU): what the device itself reports,
+// to set beside the allocator's reserved bytes.
+bool cuda_memory_info(Device device, uint64_t& free_bytes, uint64_t& total_bytes);
+
 }  // namespace regen::tool
