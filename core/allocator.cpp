@@ -218,7 +218,7 @@ class RecyclingArena final : public Arena {
     }
     void* base = inner_->map(bytes);
     if (!base && !parked_.empty()) {  // out of memory: everything parked goes back, then retry
-      while (!parked_.empty()) release_one_locked(std::prev(parked_.end()));
+      release_all_locked();
       base = inner_->map(bytes);
     }
     if (!base) return nullptr;
@@ -241,10 +241,13 @@ class RecyclingArena final : public Arena {
   }
   void release_retained() override {
     std::lock_guard<std::mutex> lock(mutex_);
-    while (!parked_.empty()) release_one_locked(std::prev(parked_.end()));
+    release_all_locked();
   }
 
  private:
+  void release_all_locked() {
+    while (!parked_.empty()) release_one_locked(std::prev(parked_.end()));
+  }
   void release_one_locked(std::multimap<size_t, void*>::iterator it) {
     inner_->unmap(it->second, it->first);
     parked_bytes_ -= it->first;

@@ -26,41 +26,59 @@ std::string folder_of(const std::string& path) {
 
 }  // namespace
 
-void write_file_atomic(const std::string& path, const std::string& content) {
+AtomicFileWriter::AtomicFileWriter(const std::string& path) : path_(path) {
   REGEN_CHECK(!path.empty(), "cannot write to an empty path");
   // pid and a counter: unique across processes and across threads of this one (O_EXCL).
   static std::atomic<unsigned> counter{0};
-  const std::string tmp =
-      path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter++);
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  REGEN_CHECK(fd >= 0, "cannot create '", tmp, "' to write '", path, "': ", std::strerror(errno));
-  // Every failure below closes the descriptor (once) and removes the temporary file.
-  auto fail = [&](int err, const std::string& what) {
-    if (fd >= 0) ::close(fd);
-    fd = -1;
-    ::unlink(tmp.c_str());
-    REGEN_FAIL("writing '", path, "' failed: ", what, ": ", std::strerror(err));
-  };
-  size_t done = 0;
-  while (done < content.size()) {
-    const ssize_t n = ::write(fd, content.data() + done, content.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      fail(n == 0 ? EIO : errno,
-           "wrote " + std::to_string(done) + " of " + std::to_string(content.size()) + " bytes");
-    }
-    done += static_cast<size_t>(n);
+  tmp_ = path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter++);
+  fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  REGEN_CHECK(fd_ >= 0, "cannot create '", tmp_, "' to write '", path_, "': ",
+              std::strerror(errno));
+}
+
+AtomicFileWriter::~AtomicFileWriter() {
+  if (fd_ >= 0) {  // not committed: an error was thrown on the way
+    ::close(fd_);
+    ::unlink(tmp_.c_str());
   }
-  if (::fsync(fd) != 0) fail(errno, "fsync");
+}
+
+void AtomicFileWriter::write(const void* data, uint64_t n) {
+  REGEN_CHECK(fd_ >= 0, "writing '", path_, "': the file was already committed");
+  const char* p = static_cast<const char*>(data);
+  uint64_t done = 0;
+  while (done < n) {
+    const ssize_t w = ::write(fd_, p + done, n - done);
+    if (w < 0 && errno == EINTR) continue;
+    REGEN_CHECK(w > 0, "writing '", path_, "' failed after ", written_ + done, " bytes: ",
+                std::strerror(w == 0 ? EIO : errno));
+    done += static_cast<uint64_t>(w);
+  }
+  written_ += n;
+}
+
+void AtomicFileWriter::commit() {
+  REGEN_CHECK(fd_ >= 0, "writing '", path_, "': the file was already committed");
+  const int fd = fd_;
+  fd_ = -1;
+  int err = ::fsync(fd) == 0 ? 0 : errno;
   // close() releases the descriptor even when it reports an error; never retry it.
-  const int closed = ::close(fd);
-  fd = -1;
-  if (closed != 0) fail(errno, "close");
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int err = errno;
-    ::unlink(tmp.c_str());
-    REGEN_FAIL("cannot move '", tmp, "' to '", path, "': ", std::strerror(err));
+  if (::close(fd) != 0 && err == 0) err = errno;
+  if (err != 0) {
+    ::unlink(tmp_.c_str());
+    REGEN_FAIL("writing '", path_, "' failed: ", std::strerror(err));
   }
+  if (::rename(tmp_.c_str(), path_.c_str()) != 0) {
+    err = errno;
+    ::unlink(tmp_.c_str());
+    REGEN_FAIL("cannot move '", tmp_, "' to '", path_, "': ", std::strerror(err));
+  }
+}
+
+void write_file_atomic(const std::string& path, const std::string& content) {
+  AtomicFileWriter out(path);
+  out.write(content.data(), content.size());
+  out.commit();
 }
 
 std::string read_file(const std::string& path) {

@@ -3,11 +3,33 @@
 // an up-front check that an output path can be written. Tests: tests/test_cli.cpp.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 namespace regen {
 
-// Writes `content` to `path` atomically. Throws regen::Error naming the path on failure; on
+// Writes a file atomically (a temporary file in the same folder, fsync, rename), piece by piece
+// as the caller adds them, so large data (tensor bytes) can go from where it lives straight to
+// the file. Nothing appears at `path` until commit(); if commit() is never reached (an error was
+// thrown on the way), the destructor closes the descriptor and removes the temporary file.
+// Errors throw regen::Error naming the path.
+class AtomicFileWriter {
+ public:
+  explicit AtomicFileWriter(const std::string& path);
+  ~AtomicFileWriter();
+  AtomicFileWriter(const AtomicFileWriter&) = delete;
+  AtomicFileWriter& operator=(const AtomicFileWriter&) = delete;
+
+  void write(const void* data, uint64_t n);
+  void commit();
+
+ private:
+  std::string path_, tmp_;
+  int fd_ = -1;
+  uint64_t written_ = 0;
+};
+
+// Writes `content` to `path` atomically (one AtomicFileWriter). Throws regen::Error naming the path on failure; on
 // every failure path the descriptor is closed and the temporary file removed.
 void write_file_atomic(const std::string& path, const std::string& content);
 // Reads a whole regular file. Throws regen::Error naming the path when it does not exist, is a

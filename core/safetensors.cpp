@@ -8,10 +8,11 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <set>
+
+#include "core/io.h"
 
 namespace regen {
 namespace {
@@ -47,66 +48,6 @@ bool read_at(int fd, void* dst, uint64_t n, uint64_t offset) {
   }
   return true;
 }
-
-// Writes a file atomically (a temporary file in the same folder, fsync, rename), streaming each
-// piece as it is added: tensor data goes from its storage straight to the file, never through a
-// file-sized host buffer that the allocator would not see. Same protocol as write_file_atomic
-// (core/io.h), which takes the whole content as one string.
-class AtomicWriter {
- public:
-  explicit AtomicWriter(const std::string& path) : path_(path) {
-    REGEN_CHECK(!path.empty(), "cannot write to an empty path");
-    // pid and a counter: unique across processes and across threads of this one (O_EXCL).
-    static std::atomic<unsigned> counter{0};
-    tmp_ = path + ".tmp." + std::to_string(::getpid()) + ".st" + std::to_string(counter++);
-    fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-    REGEN_CHECK(fd_ >= 0, "cannot create '", tmp_, "' to write '", path_, "': ",
-                std::strerror(errno));
-  }
-  ~AtomicWriter() {
-    if (fd_ >= 0) {  // not committed: an error was thrown on the way
-      ::close(fd_);
-      ::unlink(tmp_.c_str());
-    }
-  }
-  AtomicWriter(const AtomicWriter&) = delete;
-  AtomicWriter& operator=(const AtomicWriter&) = delete;
-
-  void write(const void* data, uint64_t n) {
-    const char* p = static_cast<const char*>(data);
-    uint64_t done = 0;
-    while (done < n) {
-      const ssize_t w = ::write(fd_, p + done, n - done);
-      if (w < 0 && errno == EINTR) continue;
-      REGEN_CHECK(w > 0, "writing '", path_, "' failed after ", written_ + done, " bytes: ",
-                  std::strerror(errno));
-      done += static_cast<uint64_t>(w);
-    }
-    written_ += n;
-  }
-
-  void commit() {
-    const int fd = fd_;
-    fd_ = -1;
-    int err = ::fsync(fd) == 0 ? 0 : errno;
-    // close() releases the descriptor even when it reports an error; never retry it.
-    if (::close(fd) != 0 && err == 0) err = errno;
-    if (err != 0) {
-      ::unlink(tmp_.c_str());
-      REGEN_FAIL("writing '", path_, "' failed: ", std::strerror(err));
-    }
-    if (::rename(tmp_.c_str(), path_.c_str()) != 0) {
-      err = errno;
-      ::unlink(tmp_.c_str());
-      REGEN_FAIL("cannot move '", tmp_, "' to '", path_, "': ", std::strerror(err));
-    }
-  }
-
- private:
-  std::string path_, tmp_;
-  int fd_ = -1;
-  uint64_t written_ = 0;
-};
 
 bool parse_st_dtype(const std::string& s, DType& out) {
   if (s == "F32") out = DType::f32;
@@ -151,7 +92,7 @@ void save_safetensors(const std::string& path,
   const uint64_t hlen = json.size();
   unsigned char len_bytes[8];
   for (int i = 0; i < 8; ++i) len_bytes[i] = static_cast<unsigned char>((hlen >> (8 * i)) & 0xff);
-  AtomicWriter out(path);
+  AtomicFileWriter out(path);
   out.write(len_bytes, 8);
   out.write(json.data(), json.size());
   for (const auto& kv : tensors) {

@@ -283,15 +283,8 @@ namespace {
 
 // Bytes of memory on the device: physical RAM for the CPU, the GPU's total for CUDA.
 double device_memory_bytes(Device device) {
-#ifdef REGEN_WITH_CUDA
-  if (device.is_cuda()) {
-    uint64_t free_bytes = 0, total_bytes = 0;
-    cuda::mem_get_info(free_bytes, total_bytes);
-    return static_cast<double>(total_bytes);
-  }
-#else
-  (void)device;
-#endif
+  uint64_t free_bytes = 0, total_bytes = 0;
+  if (cuda_memory_info(device, free_bytes, total_bytes)) return static_cast<double>(total_bytes);
   const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
   if (pages <= 0 || page <= 0) return 0;
   return static_cast<double>(pages) * static_cast<double>(page);
