@@ -371,7 +371,7 @@ namespace {
 
 // One policy in one chain mode (the mutwo order is computed once by the caller).
 Plan plan_in_mode(const Simulator& sim, const std::string& policy, const Budget& budget,
-                  bool keep_chain, const std::vector<int32_t>& mutwo_picks) {
+                  bool keep_chain, const std::vector<int32_t>& picks) {
   const Profile& p = sim.profile();
   Plan plan;
   plan.policy = policy;
@@ -396,14 +396,12 @@ Plan plan_in_mode(const Simulator& sim, const std::string& policy, const Budget&
   } else {
     size_t n = 0;
     std::function<Decisions(size_t)> make;
-    std::vector<int32_t> order;
     if (policy == "blocks") {
       n = p.blocks.size();
       make = [&](size_t k) { return blocks_prefix(p, k); };
     } else {
-      order = mutwo_picks;
-      n = order.size();
-      make = [&](size_t k) { return prefix_of(p, order, k); };
+      n = picks.size();
+      make = [&](size_t k) { return prefix_of(p, picks, k); };
     }
     if (plan.budget_bytes == 0 && policy == "blocks") {
       // torch.utils.checkpoint on every block.
