@@ -144,6 +144,11 @@ TEST_CASE("cli: mistakes in flags give one clear line and a non-zero exit") {
   expect_failure(dir, {"train", "--model", "resnet-tiny", "--vocab", "256"},
                  {"--vocab applies to Transformer models"});
   expect_failure(dir, tiny({"--no-such-flag"}), {"--no-such-flag"});
+  // Remat with every step spent profiling would have no step under the plan to measure.
+  expect_failure(dir, tiny({"--policy", "mutwo", "--steps", "2"}),
+                 {"--steps 2 leaves no step to run under the plan after 2 profiling step(s)"});
+  expect_failure(dir, tiny({"--policy", "sqrt", "--steps", "3", "--profile-steps", "3"}),
+                 {"--steps 3 leaves no step", "--profile-steps"});
   // Too large for memory: refused up front with the requested size.
   expect_failure(dir, tiny({"--batch", "100000000000"}),
                  {"--batch 100000000000 is too large for memory"});

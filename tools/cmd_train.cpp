@@ -237,6 +237,14 @@ void setup(CLI::App& app) {
                   " needs a rematerialization --policy (blocks, sqrt or mutwo)");
       Budget::parse(f->budget);
     }
+    // Without --profile the first --profile-steps steps run without remat: at least one step
+    // must be left to run under the plan, or its peak could not be measured.
+    const bool remat = f->policy != "none" || !f->plan_file.empty();
+    REGEN_CHECK(!remat || !f->profile_file.empty() ||
+                    f->steps > std::max<int64_t>(1, f->profile_steps),
+                "--steps ", f->steps, " leaves no step to run under the plan after ",
+                std::max<int64_t>(1, f->profile_steps),
+                " profiling step(s): raise --steps, lower --profile-steps or pass --profile");
     run(*f);
   });
 }
