@@ -1,118 +1,194 @@
 #!/usr/bin/env bash
-# The GPU work of issues 6 and 7 in a few long calls, for a session lent a GPU machine (the device
-# tool runs commands in a copy of this tree; what lands in $OUT comes back, at most 8 files, so
-# each phase packs its results into one tarball). Phases, each well inside a 10-minute call on a
-# 16-core H100 machine:
-#   build     configure (REGEN_CUDA=ON) and build Release in build-gpu
-#   test      every test (CPU and GPU suites), then test_cuda_ops and test_cuda_remat under
-#             compute-sanitizer memcheck
-#   kernels   regen bench kernels (native vs cuDNN convolution, attention, layernorm, GEMM)
-#   resnet    regen sweep on cuda: ResNet-152 at batches 16,32,64,128 (none, blocks, sqrt, mutwo
-#             at 70%, 50%, lowest), then PyTorch's eager and per-block checkpoint baselines
-#   transformer   the same for the Transformer at batches 32,64,128,256
-#   fit       the largest batch that fits 16 GiB for none, blocks and mutwo (both models)
-# Usage: bash scripts/gpu-session.sh PHASE [PHASE...]   (OUT defaults to out/gpu)
+# The GPU work of issues 6 and 7, in phases, for a session lent a GPU machine through the device
+# tool. That machine starts bare, has no package registry, and keeps nothing between sessions; what
+# a command writes under $OUT comes back (at most 8 files), so each phase packs its results into
+# one tarball, also when it fails or runs out of time.
+#
+# Before the first call, here: `bash scripts/gpu-deps.sh` (copies the header-only dependencies into
+# the git-ignored .gpu-deps/), then call the device tool with carry [".gpu-deps"]. Suggested calls
+# (each ends inside the 10-minute limit: every long command gets a share of GPU_SESSION_S):
+#   1. bash scripts/gpu-session.sh probe build test kernels
+#   2. bash scripts/gpu-session.sh resnet transformer
+#   3. bash scripts/gpu-session.sh torch fit
+# A warm machine keeps build-gpu between calls; on a fresh one, `build` comes first again.
+#
+# Phases:
+#   probe        what the machine has: GPU, driver, nvcc, cmake, compilers, cuBLAS/cuDNN, PyTorch
+#   build        configure (REGEN_CUDA=ON, sm_90) and build Release in build-gpu
+#   test         the four CUDA suites with full output, compute-sanitizer memcheck on test_cuda_ops
+#                and test_cuda_remat, then every other test through ctest
+#   kernels      regen bench kernels (native vs cuDNN convolution, attention, layernorm, GEMM)
+#   resnet       regen sweep on cuda, ResNet-152 at batches 16,32,64,128 (one sweep per batch, the
+#                smallest first): no remat, and blocks, sqrt, mutwo at 70%, 50%, lowest
+#   transformer  the same for the Transformer at batches 32,64,128,256
+#   torch        tools/torch_baseline.py for both models and the same batches (eager, per-block
+#                checkpoint, torch.compile with activation_memory_budget 0.5), FP32 like regen
+#   fit          the largest batch whose plan fits 16 GiB for none, blocks and mutwo (both models),
+#                each then trained for 3 steps to measure its peak
+# Usage: bash scripts/gpu-session.sh PHASE [PHASE...]
+# Environment: OUT (default out/gpu), GPU_SESSION_S (seconds for the whole call, default 570),
+# GPU_SESSION_BUILD (build folder, default build-gpu).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${OUT:-out/gpu}"
-mkdir -p "$out"
-build=build-gpu
+build="${GPU_SESSION_BUILD:-build-gpu}"  # another build folder, for a dry run of the script here
 regen="$build/regen"
 work="$out/work"
 mkdir -p "$work"
 jobs="$(nproc)"
+deadline=$((SECONDS + ${GPU_SESSION_S:-570}))
 
-log() { echo "[gpu-session $(date -u +%H:%M:%S)] $*"; }
+log() { echo "[gpu-session $(date -u +%H:%M:%S) +${SECONDS}s] $*"; }
+
+# limited SHARE CMD...: runs CMD with at most SHARE seconds, and never past the call's deadline
+# (less 20 s to pack). Exit 124 means it was stopped.
+limited() {
+  local share=$1; shift
+  local left=$((deadline - SECONDS - 20))
+  [ "$left" -lt "$share" ] && share=$left
+  if [ "$share" -le 5 ]; then log "no time left for: $*"; return 124; fi
+  timeout --kill-after=10 "$share" "$@"
+}
 
 pack() {  # pack NAME: everything in $work into $out/NAME.tar.gz, then empty $work
-  tar -czf "$out/$1.tar.gz" -C "$work" . && rm -rf "${work:?}"/* && log "packed $out/$1.tar.gz"
+  if [ -n "$(ls -A "$work")" ]; then
+    tar -czf "$out/$1.tar.gz" -C "$work" . && rm -rf "${work:?}"/* && log "packed $out/$1.tar.gz"
+  fi
+}
+
+# cuDNN: the toolkit's, else the nvidia-cudnn wheel that PyTorch brings (lib/ has libcudnn.so.9).
+cudnn_root=""
+if [ ! -f /usr/local/cuda/include/cudnn.h ]; then
+  cudnn_root=$(python3 -c 'import nvidia.cudnn, os; print(os.path.dirname(nvidia.cudnn.__file__))' \
+               2> /dev/null || true)
+  [ -n "$cudnn_root" ] && export LD_LIBRARY_PATH="$cudnn_root/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
+
+sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer \
+            /usr/local/cuda/compute-sanitizer/compute-sanitizer 2> /dev/null | head -1)
+
+phase_probe() {
+  {
+    nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version,clocks.sm,clocks.max.sm \
+      --format=csv
+    echo "nproc $(nproc); $(free -g | sed -n 2p)"
+    command -v nvcc && nvcc --version | tail -2
+    command -v cmake && cmake --version | head -1
+    command -v ninja && ninja --version
+    command -v g++ && g++ --version | head -1
+    echo "compute-sanitizer: ${sanitizer:-not found}"; [ -n "$sanitizer" ] && "$sanitizer" --version | tail -1
+    ls /usr/local/cuda/lib64/ 2> /dev/null | grep -E "^lib(cublas|cudnn|cudart)" | head -20
+    echo "cudnn_root=${cudnn_root:-<toolkit>}"; [ -n "$cudnn_root" ] && ls "$cudnn_root/include" "$cudnn_root/lib"
+    python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda,
+                "cudnn", torch.backends.cudnn.version(), torch.cuda.get_device_name(0))'
+    [ -d .gpu-deps ] && cat .gpu-deps/VERSIONS || echo ".gpu-deps not carried"
+  } 2>&1 | tee "$work/probe.txt"
 }
 
 phase_build() {
-  log "nvidia-smi"; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
-  cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DREGEN_CUDA=ON -DREGEN_CUDA_ARCHS=90 \
-    > "$work/configure.txt" 2>&1 || { cat "$work/configure.txt"; return 1; }
-  cmake --build "$build" -j "$jobs" > "$work/build.txt" 2>&1 || { tail -50 "$work/build.txt"; return 1; }
+  local args=(-DCMAKE_BUILD_TYPE=Release -DREGEN_CUDA=ON -DREGEN_CUDA_ARCHS=90)
+  [ -d .gpu-deps ] && args+=(-DREGEN_DEPS_DIR="$PWD/.gpu-deps")
+  [ -n "$cudnn_root" ] && args+=(-DREGEN_CUDNN_ROOT="$cudnn_root")
+  if [ ! -f "$build/CMakeCache.txt" ] && command -v ninja > /dev/null; then args+=(-G Ninja); fi
+  limited 120 cmake -S . -B "$build" "${args[@]}" > "$work/configure.txt" 2>&1 \
+    || { tail -40 "$work/configure.txt"; return 1; }
+  grep "regen:" "$work/configure.txt"
+  limited 420 cmake --build "$build" -j "$jobs" > "$work/build.txt" 2>&1 \
+    || { grep -E "error|Error" "$work/build.txt" | head -30; tail -20 "$work/build.txt"; return 1; }
   log "built"
 }
 
 phase_test() {
-  (cd "$build" && ctest --output-on-failure -j 4) > "$work/ctest.txt" 2>&1
-  tail -25 "$work/ctest.txt"
-  for t in test_cuda_ops test_cuda_remat test_cuda_allocator test_cuda_autograd; do
-    "$build/tests/$t" -s > "$work/$t.txt" 2>&1; log "$t exit $?"
+  [ -x "$regen" ] || { log "no $regen: run the build phase first"; return 1; }
+  local t rc
+  for t in test_cuda_allocator test_cuda_ops test_cuda_autograd test_cuda_remat; do
+    limited 150 "$build/tests/$t" -s > "$work/$t.txt" 2>&1; rc=$?
+    log "$t exit $rc: $(grep -E '^\[doctest\] (test cases|assertions)' "$work/$t.txt" | tr '\n' ' ')"
+    [ "$rc" -ne 0 ] && grep -E "ERROR|FAILED|error" "$work/$t.txt" | head -15
   done
-  if command -v compute-sanitizer > /dev/null; then
+  if [ -n "$sanitizer" ]; then
     for t in test_cuda_ops test_cuda_remat; do
-      compute-sanitizer --tool memcheck --leak-check full "$build/tests/$t" \
-        > "$work/memcheck_$t.txt" 2>&1
-      log "memcheck $t exit $?: $(grep -E 'ERROR SUMMARY' "$work/memcheck_$t.txt" | tail -1)"
+      limited 150 "$sanitizer" --tool memcheck --leak-check full --error-exitcode 99 \
+        "$build/tests/$t" > "$work/memcheck_$t.txt" 2>&1; rc=$?
+      log "memcheck $t exit $rc: $(grep -E 'ERROR SUMMARY' "$work/memcheck_$t.txt" | tail -1)"
     done
   else
     log "compute-sanitizer not found"
   fi
-  pack test
+  (cd "$build" && limited 150 ctest -LE gpu -j "$jobs" --output-on-failure) > "$work/ctest_cpu.txt" 2>&1
+  log "ctest (CPU suites) exit $?: $(grep -E 'tests passed|tests failed' "$work/ctest_cpu.txt")"
 }
 
 phase_kernels() {
-  "$regen" bench kernels > "$work/bench_kernels.txt" 2>&1; log "bench kernels exit $?"
-  tail -60 "$work/bench_kernels.txt"
-  pack kernels
+  limited 240 "$regen" bench kernels > "$work/bench_kernels.txt" 2>&1; log "bench kernels exit $?"
+  tail -70 "$work/bench_kernels.txt"
 }
 
-sweep() {  # sweep MODEL BATCHES
-  "$regen" sweep --device cuda --model "$1" --batches "$2" --policies blocks,sqrt,mutwo \
-    --budgets 70%,50%,lowest --steps 6 --out "$work/sweep_$1" --plot > "$work/sweep_$1.txt" 2>&1
-  log "regen sweep $1 exit $?"; grep -E "^   |no remat" "$work/sweep_$1.txt"
+sweep() {  # sweep MODEL BATCHES SHARE: one regen sweep per batch, smallest first
+  local model=$1 b
+  for b in ${2//,/ }; do
+    limited "$3" "$regen" sweep --device cuda --model "$model" --batches "$b" \
+      --policies blocks,sqrt,mutwo --budgets 70%,50%,lowest --steps 4 \
+      --out "$work/sweep_${model}_b$b" --plot > "$work/sweep_${model}_b$b.txt" 2>&1
+    log "regen sweep $model batch $b exit $?"
+    grep -E "^   |no remat" "$work/sweep_${model}_b$b.txt"
+  done
 }
 
-torch_baseline() {  # torch_baseline MODEL BATCHES
-  python3 tools/torch_baseline.py --device cuda --model "$1" --batches "$2" \
-    --modes eager,checkpoint,compile --math fp32 --csv "$work/torch_$1.csv" \
+torch_baseline() {  # torch_baseline MODEL BATCHES SHARE
+  PYTHONUNBUFFERED=1 limited "$3" python3 tools/torch_baseline.py --device cuda --model "$1" \
+    --batches "$2" --modes eager,checkpoint,compile --math fp32 --csv "$work/torch_$1.csv" \
     > "$work/torch_$1.txt" 2>&1
-  log "torch_baseline $1 exit $?"; tail -20 "$work/torch_$1.txt"
+  log "torch_baseline $1 exit $?"; cat "$work/torch_$1.txt" | grep -v Warning | tail -14
 }
 
-phase_resnet() {
-  sweep resnet152 16,32,64,128
-  torch_baseline resnet152 16,32,64,128
-  pack resnet
+phase_resnet() { sweep resnet152 16,32,64,128 200; }
+phase_transformer() { sweep transformer 32,64,128,256 200; }
+phase_torch() {
+  torch_baseline resnet152 16,32,64,128 240
+  torch_baseline transformer 32,64,128,256 240
 }
 
-phase_transformer() {
-  sweep transformer 32,64,128,256
-  torch_baseline transformer 32,64,128,256
-  pack transformer
-}
-
-phase_fit() {  # the largest batch whose plan fits 16 GiB, by doubling then bisection on plans
+phase_fit() {  # the largest batch whose plan fits 16 GiB: doubling, then bisection on plans
+  local model policy lo hi mid
   for model in resnet152 transformer; do
     for policy in none blocks mutwo; do
       lo=0; hi=8
-      fits() {
-        "$regen" profile --device cuda --model "$model" --batch "$1" --warmup 1 --iterations 1 \
-          --out "$work/fit_tmp" > /dev/null 2>&1 || return 1
-        "$regen" plan --profile "$work/fit_tmp/profile.json" --policy "$policy" --budget 16GiB \
-          --out "$work/fit_tmp/plan.json" --decisions "$work/fit_tmp/d.csv" \
-          | grep -q "cannot be met" && return 1
-        return 0
+      fits() {  # one profile per batch, shared by the policies
+        local d="$work/fit_${model}_b$1"
+        if [ ! -f "$d/profile.json" ]; then
+          mkdir -p "$d"
+          limited 90 "$regen" profile --device cuda --model "$model" --batch "$1" --warmup 1 \
+            --iterations 1 --out "$d" > "$d.log" 2>&1 || return 1
+        fi
+        "$regen" plan --profile "$d/profile.json" --policy "$policy" --budget 16GiB \
+          --out "$d/plan_$policy.json" --decisions "$d/decisions_$policy.csv" \
+          | grep -q "^  feasible"
       }
-      mkdir -p "$work/fit_tmp"
       while fits "$hi"; do lo=$hi; hi=$((hi * 2)); [ "$hi" -gt 4096 ] && break; done
       while [ $((hi - lo)) -gt 1 ]; do
         mid=$(((lo + hi) / 2)); if fits "$mid"; then lo=$mid; else hi=$mid; fi
       done
+      if [ "$lo" -gt 0 ]; then  # measure it: 3 steps (under the plan's budget)
+        local remat=(--policy "$policy" --budget 16GiB)
+        [ "$policy" = none ] && remat=()
+        limited 120 "$regen" train --device cuda --model "$model" --batch "$lo" --steps 3 \
+          "${remat[@]}" --progress none > "$work/fit_train_${model}_$policy.txt" 2>&1
+        log "train $model $policy batch $lo exit $?"
+        grep -iE "peak|reserved|cudaMemGetInfo" "$work/fit_train_${model}_$policy.txt" | head -6
+      fi
       echo "$model,$policy,16GiB,$lo" | tee -a "$work/fit.csv"
     done
   done
-  rm -rf "$work/fit_tmp"
-  pack fit
+  rm -rf "$work"/fit_*_b*/trace.json
 }
 
-[ $# -gt 0 ] || { sed -n 2,16p "$0"; exit 2; }
+[ $# -gt 0 ] || { sed -n 2,30p "$0"; exit 2; }
 status=0
 for p in "$@"; do
+  declare -F "phase_$p" > /dev/null || { log "unknown phase $p"; status=2; continue; }
   log "phase $p"
   "phase_$p" || { log "phase $p failed"; status=1; }
+  pack "$p"
 done
 exit $status

@@ -55,7 +55,9 @@ def run(a, name, batch, mode, device):
         loss_fn = lm_loss
     step_model = model
     if mode == "compile":
+        import torch._dynamo as dynamo
         import torch._functorch.config as fconfig
+        dynamo.reset()  # a fresh compile per batch size, not a recompile of the last graph
         fconfig.activation_memory_budget = a.memory_budget
         step_model = torch.compile(model)
 
@@ -108,7 +110,17 @@ def main():
     torch.backends.cuda.matmul.allow_tf32 = tf32
     torch.backends.cudnn.allow_tf32 = tf32
     device = torch.device(a.device)
-    rows = []
+    # Rows are written as they come, so a run stopped part-way (a time limit) keeps what it measured.
+    out = open(a.csv, "w", newline="") if a.csv else None
+    w = csv.writer(out) if out else None
+    if w:
+        w.writerow(["model", "batch", "mode", "math", "step_s", "peak_bytes", "error"])
+
+    def add_row(row):
+        if w:
+            w.writerow(row)
+            out.flush()
+
     for batch in [int(b) for b in a.batches.split(",")]:
         for mode in a.modes.split(","):
             try:
@@ -116,7 +128,7 @@ def main():
             except Exception as e:  # e.g. out of memory, or torch.compile unavailable
                 print(f"{a.model} batch {batch} {mode}: failed: {type(e).__name__}: {e}",
                       flush=True)
-                rows.append([a.model, batch, mode, a.math, "", "", f"{type(e).__name__}"])
+                add_row([a.model, batch, mode, a.math, "", "", f"{type(e).__name__}"])
                 if device.type == "cuda":
                     torch.cuda.empty_cache()
                 continue
@@ -124,15 +136,11 @@ def main():
             print(f"{a.model} batch {batch} {mode} ({a.math}, {device}, "
                   f"{torch.get_num_threads()} threads, torch {torch.__version__}): "
                   f"median step {t:.4f} s, peak allocated {peak_txt}", flush=True)
-            rows.append([a.model, batch, mode, a.math, f"{t:.6f}",
-                         "" if peak is None else peak, ""])
+            add_row([a.model, batch, mode, a.math, f"{t:.6f}", "" if peak is None else peak, ""])
             if device.type == "cuda":
                 torch.cuda.empty_cache()
-    if a.csv:
-        with open(a.csv, "w", newline="") as f:
-            w = csv.writer(f)
-            w.writerow(["model", "batch", "mode", "math", "step_s", "peak_bytes", "error"])
-            w.writerows(rows)
+    if out:
+        out.close()
 
 
 if __name__ == "__main__":
