@@ -174,6 +174,14 @@ void Module::to(Device device) {
   for (auto& kv : children_) kv.second->to(device);
 }
 
+Device Module::device() const {
+  NamedTensors params, buffers;
+  collect("", &params, &buffers, nullptr);
+  if (!params.empty()) return params.front().second.device();
+  if (!buffers.empty()) return buffers.front().second.device();
+  return device_;
+}
+
 void Module::zero_grad() { regen::zero_grad(parameters()); }
 
 void Module::assign_full_names() {

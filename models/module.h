@@ -42,7 +42,9 @@ class Module {
 
   // Moves every parameter and buffer to `device` (new storage in the parameter category).
   void to(Device device);
-  Device device() const { return device_; }
+  // Where the parameters and buffers are (layers create them on the device they are given, and
+  // to() moves them together); a module with none reports its last to() (cpu before any).
+  Device device() const;
 
   void zero_grad();
 

@@ -2,7 +2,7 @@
 # Builds regen's CUDA kernels for a host emulation of the CUDA execution model and runs the
 # CUDA-vs-CPU checks on small shapes (README.md). Not part of the CMake build or of CI: a
 # verification aid for machines without a GPU. Usage:
-#   scripts/cuda-emu/run.sh [ops|allocator|autograd|all] [doctest args, e.g. -tc="emu conv2d"]
+#   scripts/cuda-emu/run.sh [ops|allocator|autograd|remat|all] [doctest args, e.g. -tc="emu conv2d"]
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 HERE=$ROOT/scripts/cuda-emu
@@ -22,7 +22,8 @@ done
 for f in "$ROOT"/kernels/cuda/*.cu; do python3 "$HERE/transform.py" "$f" "$B/gen/$(basename "$f" .cu).cpp" > /dev/null; done
 srcs=$(ls "$B"/gen/*.cpp "$ROOT"/kernels/cuda/*.cpp "$ROOT"/kernels/cpu/*.cpp "$ROOT"/kernels/dispatch.cpp \
   "$ROOT"/autograd/*.cpp "$ROOT"/core/allocator.cpp "$ROOT"/core/tensor.cpp "$ROOT"/core/types.cpp \
-  "$ROOT"/core/error.cpp "$HERE"/emu_runtime.cpp)
+  "$ROOT"/core/error.cpp "$ROOT"/core/io.cpp "$ROOT"/core/safetensors.cpp "$ROOT"/models/*.cpp \
+  "$ROOT"/remat/*.cpp "$HERE"/emu_runtime.cpp)
 # One object per source, named after its folder and file; rebuilt when the source is newer.
 echo "$srcs" | xargs -P "$JOBS" -I{} sh -c '
   src={}; obj='"$B"'/obj/$(basename $(dirname $src))_$(basename $src .cpp).o
@@ -43,6 +44,8 @@ case $what in
              run emu_allocator "$@" ;;
   autograd) build_test emu_autograd "$(wrap tests/cuda/test_cuda_autograd.cpp emu_autograd_main)"
             run emu_autograd -tce="*feed-forward*" "$@" ;;
-  all) "$0" ops "$@"; "$0" allocator; "$0" autograd ;;
-  *) echo "usage: $0 [ops|allocator|autograd|all] [doctest args]" >&2; exit 2 ;;
+  remat) build_test emu_remat "$(wrap tests/cuda/test_cuda_remat.cpp emu_remat_main)"
+         run emu_remat "$@" ;;
+  all) "$0" ops "$@"; "$0" allocator; "$0" autograd; "$0" remat ;;
+  *) echo "usage: $0 [ops|allocator|autograd|remat|all] [doctest args]" >&2; exit 2 ;;
 esac
