@@ -64,6 +64,11 @@ struct DropoutAttrs {
 struct CrossEntropyAttrs {
   int64_t ignore_index = -100;
 };
+struct LinearCrossEntropyAttrs {
+  int64_t ignore_index = -100;
+  int64_t chunk_rows = 1;  // resolved at record time (>= 1), so a replay chunks the same way
+  bool has_bias = false;
+};
 
 // ---- Ops ------------------------------------------------------------------------------------
 
@@ -131,6 +136,21 @@ Tensor dropout(const Tensor& x, float p, bool training = true);
 // logits: (M, V), targets: (M) i64 -> scalar mean over targets != ignore_index.
 // Saves logits, targets and the row logsumexp (hidden output).
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index = -100);
+
+// cross_entropy(linear(x, weight, bias), targets, ignore_index) without the (M, V) logits: rows
+// are processed chunk_rows at a time, each chunk's logits computed into a workspace (and, in
+// backward, recomputed and turned into dlogits in place), in a fixed chunk order (deterministic).
+// x: (M, K), weight: (V, K), bias: (V) or undefined, targets: (M) i64 -> scalar mean over
+// targets != ignore_index (0 when there are none). chunk_rows = 0 picks the rows whose (rows, V)
+// chunk of logits is about 32 MiB (linear_cross_entropy_auto_rows). Saves x, weight, bias,
+// targets and the row logsumexp (hidden output): never an (M, V) tensor. Its working memory is
+// one (chunk_rows, V) workspace in forward and in backward.
+Tensor linear_cross_entropy(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                            const Tensor& targets, int64_t ignore_index = -100,
+                            int64_t chunk_rows = 0);
+// The chunk size chunk_rows = 0 resolves to for M rows of V classes of `elem_bytes` each:
+// about 32 MiB of logits, spread evenly over the fewest chunks (at least 1 row, at most M).
+int64_t linear_cross_entropy_auto_rows(int64_t M, int64_t V, int64_t elem_bytes = 4);
 
 Tensor sum(const Tensor& x);   // -> scalar (shape {}); saves nothing
 Tensor mean(const Tensor& x);  // -> scalar; saves nothing

@@ -1,8 +1,13 @@
 // cross_entropy: log-softmax fused with the mean negative log-likelihood over rows whose target
 // is not ignore_index (kernels/cpu/cross_entropy.cpp). The row logsumexp is a hidden output that
-// backward reads with the logits and targets. Gradient check: tests/test_gradcheck_nlp.cpp;
-// values and errors: tests/test_ops_nlp.cpp.
+// backward reads with the logits and targets.
+// linear_cross_entropy: the same loss of linear(x, weight, bias) computed chunk by chunk of rows,
+// so the (M, V) logits and their gradient never exist (the LM head of models/transformer.cpp).
+// Gradient checks: tests/test_gradcheck_nlp.cpp; values and errors: tests/test_ops_nlp.cpp.
 #include "autograd/op_util.h"
+
+#include <algorithm>
+#include <memory>
 
 namespace regen {
 using namespace detail;
@@ -56,6 +61,183 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore
               "cross_entropy: logits ", sh(logits.shape()), " and targets ", sh(targets.shape()),
               " do not match (expected (M, V) with V > 0 and (M))");
   return apply_op(OpKind::cross_entropy, CrossEntropyAttrs{ignore_index}, {logits, targets})[0];
+}
+
+// ---- linear_cross_entropy ----------------------------------------------------------------------
+//
+// Forward, per chunk of rows [r0, r0 + rows): logits_c = x_c W^T (gemm into one workspace reused
+// by every chunk), then linear_cross_entropy_forward_rows adds the bias in place and writes the
+// rows' lse and loss (double); the loss is their sum over counted rows, in row order.
+// Backward, per chunk: recompute logits_c, linear_cross_entropy_backward_rows turns them into
+// dlogits_c = (softmax - onehot) * dloss / count in place, then dx_c = dlogits_c W (written),
+// dW (+)= dlogits_c^T x_c (the first chunk writes, later ones accumulate: beta 1) and db (+)= the
+// column sums. Chunks run in a fixed order, so the result is the same bits every run.
+// Working memory (all from the allocator, category workspace): forward, one (chunk, V) logits
+// buffer and M doubles; backward, one (chunk, V) buffer, one scalar and, with a bias and more than
+// one chunk, V column sums. The GEMMs' own workspaces come on top, as for any GEMM.
+
+namespace {
+
+constexpr int64_t kAutoChunkBytes = 32ll << 20;
+
+struct LceDims {
+  int64_t M, K, V, chunk;
+};
+LceDims lce_dims(const Tensor& x, const Tensor& w, const LinearCrossEntropyAttrs& a) {
+  const int64_t M = x.size(0);
+  return {M, x.size(1), w.size(0), std::max<int64_t>(1, std::min(a.chunk_rows, M))};
+}
+
+template <class T>
+void lce_fwd(OpContext& c) {
+  const Tensor &x = c.inputs[0], &w = c.inputs[1], &b = c.inputs[2], &targets = c.inputs[3];
+  const LinearCrossEntropyAttrs& a = c.attr<LinearCrossEntropyAttrs>();
+  const LceDims d = lce_dims(x, w, a);
+  const Device dev = x.device();
+  Tensor loss = empty({}, x.dtype(), dev);
+  Tensor lse = empty({d.M}, x.dtype(), dev);
+  const int64_t* t = targets.data<int64_t>();
+  // Bad targets fail before any product is computed.
+  REGEN_LAUNCH(dev, T, linear_cross_entropy_scale, static_cast<const T*>(nullptr), t,
+               static_cast<T*>(nullptr), d.M, d.V, a.ignore_index);
+  if (d.M == 0) {
+    REGEN_LAUNCH(dev, T, fill, loss.data<T>(), 1, T(0));
+    c.outputs = {loss, lse};
+    return;
+  }
+  const T* bias = b.defined() ? b.data<T>() : nullptr;
+  {
+    Workspace row_loss(dev, static_cast<uint64_t>(d.M) * sizeof(double));
+    Workspace logits(dev, static_cast<uint64_t>(d.chunk * d.V) * sizeof(T));
+    for (int64_t r0 = 0; r0 < d.M; r0 += d.chunk) {
+      const int64_t rows = std::min(d.chunk, d.M - r0);
+      // logits_c (rows, V) = x_c (rows, K) * W^T (K, V)
+      REGEN_LAUNCH(dev, T, gemm, false, true, rows, d.V, d.K, T(1), x.data<T>() + r0 * d.K, d.K,
+                   w.data<T>(), d.K, T(0), logits.as<T>(), d.V);
+      REGEN_LAUNCH(dev, T, linear_cross_entropy_forward_rows, logits.as<T>(), bias, t + r0,
+                   lse.data<T>() + r0, row_loss.as<double>() + r0, rows, d.V, a.ignore_index);
+    }
+    REGEN_LAUNCH(dev, T, linear_cross_entropy_forward_loss, row_loss.as<double>(), t,
+                 loss.data<T>(), d.M, a.ignore_index);
+  }
+  c.outputs = {loss, lse};
+}
+void lce_forward_op(OpContext& c) {
+  REGEN_FLOATING(c.inputs[0].dtype(), "linear_cross_entropy", lce_fwd, c);
+}
+
+template <class T>
+void lce_bwd(BackwardContext& c) {
+  const LinearCrossEntropyAttrs& a = c.attr<LinearCrossEntropyAttrs>();
+  int k = 0;
+  const Tensor x = c.saved(k++), w = c.saved(k++);
+  const Tensor b = a.has_bias ? c.saved(k++) : Tensor();
+  const Tensor targets = c.saved(k++), lse = c.saved(k++);
+  const Tensor& dloss = c.grad_output(0);
+  const LceDims d = lce_dims(x, w, a);
+  const Device dev = dloss.device();
+  const bool want_dx = c.needs_grad(0), want_dw = c.needs_grad(1);
+  const bool want_db = a.has_bias && c.needs_grad(2);
+  Tensor dx = want_dx ? empty_like(x) : Tensor();
+  Tensor dw = want_dw ? empty_like(w) : Tensor();
+  Tensor db = want_db ? empty({d.V}, dloss.dtype(), dev) : Tensor();
+  if (d.M == 0) {  // no rows: every gradient is 0
+    for (const Tensor& g : {dx, dw, db}) {
+      if (g.defined()) REGEN_LAUNCH(dev, T, fill, g.data<T>(), g.numel(), T(0));
+    }
+  } else {
+    const int64_t* t = targets.data<int64_t>();
+    const T* bias = b.defined() ? b.data<T>() : nullptr;
+    Workspace scale(dev, sizeof(T));
+    REGEN_LAUNCH(dev, T, linear_cross_entropy_scale, dloss.data<T>(), t, scale.as<T>(), d.M, d.V,
+                 a.ignore_index);
+    Workspace logits(dev, static_cast<uint64_t>(d.chunk * d.V) * sizeof(T));
+    const bool several = d.chunk < d.M;
+    std::unique_ptr<Workspace> colsum;
+    if (want_db && several) colsum = std::make_unique<Workspace>(dev, d.V * sizeof(T));
+    for (int64_t r0 = 0; r0 < d.M; r0 += d.chunk) {
+      const int64_t rows = std::min(d.chunk, d.M - r0);
+      const bool first = r0 == 0;
+      T* dl = logits.as<T>();
+      REGEN_LAUNCH(dev, T, gemm, false, true, rows, d.V, d.K, T(1), x.data<T>() + r0 * d.K, d.K,
+                   w.data<T>(), d.K, T(0), dl, d.V);
+      REGEN_LAUNCH(dev, T, linear_cross_entropy_backward_rows, dl, bias, t + r0, lse.data<T>() + r0,
+                   scale.as<T>(), rows, d.V, a.ignore_index);
+      if (want_dx) {  // dx_c (rows, K) = dlogits_c (rows, V) * W (V, K)
+        REGEN_LAUNCH(dev, T, gemm, false, false, rows, d.K, d.V, T(1), dl, d.V, w.data<T>(), d.K,
+                     T(0), dx.data<T>() + r0 * d.K, d.K);
+      }
+      if (want_dw) {  // dW (V, K) (+)= dlogits_c^T (V, rows) * x_c (rows, K)
+        REGEN_LAUNCH(dev, T, gemm, true, false, d.V, d.K, rows, T(1), dl, d.V,
+                     x.data<T>() + r0 * d.K, d.K, first ? T(0) : T(1), dw.data<T>(), d.K);
+      }
+      if (want_db) {
+        if (first) {
+          REGEN_LAUNCH(dev, T, sum_rows, dl, db.data<T>(), rows, d.V);
+        } else {
+          REGEN_LAUNCH(dev, T, sum_rows, dl, colsum->as<T>(), rows, d.V);
+          REGEN_LAUNCH(dev, T, add_inplace, db.data<T>(), colsum->as<T>(), d.V);
+        }
+      }
+    }
+  }
+  c.set_grad_input(0, dx);
+  c.set_grad_input(1, dw);
+  c.set_grad_input(2, db);
+}
+void lce_backward_op(BackwardContext& c) {
+  REGEN_FLOATING(c.grad_output(0).dtype(), "linear_cross_entropy backward", lce_bwd, c);
+}
+void lce_saves(const AttrBlob& attrs, std::vector<SaveRef>& s) {
+  if (attrs.as<LinearCrossEntropyAttrs>().has_bias) {
+    s = {{false, 0}, {false, 1}, {false, 2}, {false, 3}, {true, 1}};
+  } else {
+    s = {{false, 0}, {false, 1}, {false, 3}, {true, 1}};
+  }
+}
+const OpDef kLinearCrossEntropy{"linear_cross_entropy", 2,        1, false, lce_forward_op,
+                                lce_backward_op,        lce_saves};
+REGEN_REGISTER_OP(linear_cross_entropy, kLinearCrossEntropy);
+}  // namespace
+
+int64_t linear_cross_entropy_auto_rows(int64_t M, int64_t V, int64_t elem_bytes) {
+  REGEN_CHECK(M >= 0 && V > 0 && elem_bytes > 0, "linear_cross_entropy: bad sizes M=", M, " V=", V,
+              " element bytes ", elem_bytes);
+  if (M <= 1) return 1;
+  const int64_t most = std::max<int64_t>(1, kAutoChunkBytes / (V * elem_bytes));
+  const int64_t chunks = (M + most - 1) / most;
+  return (M + chunks - 1) / chunks;  // <= most: the chunks differ by at most one row
+}
+
+Tensor linear_cross_entropy(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                            const Tensor& targets, int64_t ignore_index, int64_t chunk_rows) {
+  const char* op = "linear_cross_entropy";
+  check_defined(op, x, "input");
+  check_defined(op, weight, "weight");
+  check_defined(op, targets, "targets");
+  check_floating(op, x);
+  check_same_dtype(op, x, weight);
+  REGEN_CHECK(targets.dtype() == DType::i64, op, ": targets ", targets.str(), " must be i64");
+  REGEN_CHECK(
+      x.dim() == 2 && weight.dim() == 2 && x.size(1) == weight.size(1) && weight.size(0) > 0, op,
+      ": input ", sh(x.shape()), " does not match weight ", sh(weight.shape()),
+      " (expected (M, K) and (V, K) with V > 0)");
+  REGEN_CHECK(targets.dim() == 1 && targets.size(0) == x.size(0), op, ": input ", sh(x.shape()),
+              " and targets ", sh(targets.shape()), " do not match (expected (M, K) and (M))");
+  if (bias.defined()) {
+    check_same_dtype(op, x, bias);
+    REGEN_CHECK(bias.shape() == Shape{weight.size(0)}, op, ": bias ", sh(bias.shape()),
+                " does not match weight ", sh(weight.shape()), " (expected (V))");
+  }
+  REGEN_CHECK(chunk_rows >= 0, op, ": chunk_rows must be at least 1 (or 0 for automatic), got ",
+              chunk_rows);
+  LinearCrossEntropyAttrs a;
+  a.ignore_index = ignore_index;
+  a.has_bias = bias.defined();
+  a.chunk_rows = chunk_rows > 0 ? chunk_rows
+                                : linear_cross_entropy_auto_rows(x.size(0), weight.size(0),
+                                                                 dtype_size(x.dtype()));
+  return apply_op(OpKind::linear_cross_entropy, a, {x, weight, bias, targets})[0];
 }
 
 }  // namespace regen

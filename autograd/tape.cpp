@@ -35,7 +35,8 @@ const char* const kOpNames[kNumOpKinds] = {
     "linear",  "matmul",         "bmm",       "conv2d",    "batchnorm2d",   "relu",
     "gelu",    "add",            "mul",       "scale",     "max_pool2d",    "avg_pool2d",
     "global_avg_pool", "reshape", "transpose", "permute",  "embedding",     "layernorm",
-    "softmax", "attention",      "dropout",   "cross_entropy", "sum",       "mean"};
+    "softmax", "attention",      "dropout",   "cross_entropy", "sum",       "mean",
+    "linear_cross_entropy"};
 }  // namespace
 
 bool register_op(OpKind kind, const OpDef* def) {

@@ -46,6 +46,7 @@ enum class OpKind : uint16_t {
   cross_entropy,
   sum,
   mean,
+  linear_cross_entropy,
   count_,
 };
 constexpr int kNumOpKinds = static_cast<int>(OpKind::count_);

@@ -146,6 +146,31 @@ template <class T> void cross_entropy_backward(const T* dloss, const T* logits,
                                                const int64_t* targets, const T* lse, T* dlogits,
                                                int64_t M, int64_t V, int64_t ignore_index);
 
+// ---- Chunked linear + cross-entropy, row-wise pieces (kernels/cpu/cross_entropy.cpp) -----------
+// autograd/ops_cross_entropy.cpp computes each chunk's logits with gemm into a workspace and hands
+// them to these; (M, V) logits never exist. Same semantics as cross_entropy above.
+// Validates every target (a target outside [0, V) that is not ignore_index throws regen::Error
+// naming linear_cross_entropy, the row, the target and V); then, when dloss and scale are not
+// null, scale: (1) = dloss[0] / (number of rows whose target != ignore_index), 0 when none.
+template <class T> void linear_cross_entropy_scale(const T* dloss, const int64_t* targets, T* scale,
+                                                   int64_t M, int64_t V, int64_t ignore_index);
+// logits: (rows, V), in place += bias (V) when bias is not null; targets: (rows) -> lse: (rows)
+// row logsumexp, row_loss: (rows) lse - logit[target] in double, 0 for ignored rows.
+template <class T> void linear_cross_entropy_forward_rows(T* logits, const T* bias,
+                                                          const int64_t* targets, T* lse,
+                                                          double* row_loss, int64_t rows,
+                                                          int64_t V, int64_t ignore_index);
+// row_loss, targets: (M) -> loss: (1) = sum of row_loss / counted rows (0 when none).
+template <class T> void linear_cross_entropy_forward_loss(const double* row_loss,
+                                                          const int64_t* targets, T* loss,
+                                                          int64_t M, int64_t ignore_index);
+// logits: (rows, V) without bias, in place -> dlogits = (softmax(logits + bias) - onehot(target))
+// * scale[0], written; rows whose target is ignore_index get 0. lse: (rows) from forward_rows.
+template <class T> void linear_cross_entropy_backward_rows(T* logits, const T* bias,
+                                                           const int64_t* targets, const T* lse,
+                                                           const T* scale, int64_t rows,
+                                                           int64_t V, int64_t ignore_index);
+
 // ---- Optimizer updates (kernels/cpu/optim.cpp), in place over (n) -------------------------------
 // torch.optim.SGD semantics; momentum_buf is null when momentum == 0; on first_step the buffer is
 // set to the (weight-decayed) gradient.

@@ -1,7 +1,7 @@
 // Finite-difference gradient checks (f64, CPU) for embedding, layernorm, softmax, attention,
-// dropout and cross_entropy, alone and chained. The harness and the per-op tolerances are in
-// tests/gradcheck.h. Random ops
-// reseed inside the checked function, so every evaluation sees the same dropout mask.
+// dropout, cross_entropy and the chunked linear_cross_entropy, alone and chained. The harness and
+// the per-op tolerances are in tests/gradcheck.h. Random ops reseed inside the checked function, so
+// every evaluation sees the same dropout mask.
 #include "tests/gradcheck.h"
 
 using namespace regen;
@@ -112,6 +112,41 @@ TEST_CASE("gradcheck: cross_entropy with ignored rows") {
       {rand64({4, 4}, 2, -3, 3), targets2}, smooth_op_tol());
 }
 
+TEST_CASE("gradcheck: linear_cross_entropy, chunked, with and without bias, ignored rows") {
+  // x: (M, K), weight: (V, K), bias: (V); every floating input is checked.
+  const auto with_bias = [](int64_t chunk, int64_t ignore = -100) {
+    return [chunk, ignore](const std::vector<Tensor>& in) {
+      return linear_cross_entropy(in[0], in[1], in[2], in[3], ignore, chunk);
+    };
+  };
+  const auto without_bias = [](int64_t chunk) {
+    return [chunk](const std::vector<Tensor>& in) {
+      return linear_cross_entropy(in[0], in[1], Tensor(), in[2], -100, chunk);
+    };
+  };
+  const Tensor t7 = ids_tensor({2, -100, 0, 4, -100, 1, 3}, {7});
+  // M = 7 rows in chunks of 3 (3, 3, 1), two rows ignored.
+  gradcheck("linear_cross_entropy M7 chunk3 bias", with_bias(3),
+            {rand64({7, 4}, 1, -2, 2), rand64({5, 4}, 2), rand64({5}, 3), t7}, smooth_op_tol());
+  gradcheck("linear_cross_entropy M7 chunk3", without_bias(3),
+            {rand64({7, 4}, 4, -2, 2), rand64({5, 4}, 5), t7}, smooth_op_tol());
+  // One row per chunk.
+  gradcheck("linear_cross_entropy chunk1 bias", with_bias(1),
+            {rand64({7, 3}, 6, -2, 2), rand64({5, 3}, 7), rand64({5}, 8), t7}, smooth_op_tol());
+  gradcheck("linear_cross_entropy chunk1", without_bias(1),
+            {rand64({7, 3}, 9, -2, 2), rand64({5, 3}, 10), t7}, smooth_op_tol());
+  // One chunk: chunk_rows >= M, and automatic (0).
+  gradcheck("linear_cross_entropy chunk 16 >= M", with_bias(16),
+            {rand64({7, 4}, 11, -2, 2), rand64({5, 4}, 12), rand64({5}, 13), t7}, smooth_op_tol());
+  gradcheck("linear_cross_entropy chunk auto", without_bias(0),
+            {rand64({7, 4}, 14, -2, 2), rand64({5, 4}, 15), t7}, smooth_op_tol());
+  // A custom ignore_index that is also a valid class id, in chunks of 2.
+  gradcheck("linear_cross_entropy ignore_index=3 chunk2", with_bias(2, 3),
+            {rand64({5, 3}, 16, -2, 2), rand64({4, 3}, 17), rand64({4}, 18),
+             ids_tensor({3, 3, 1, 0, 2}, {5})},
+            smooth_op_tol());
+}
+
 TEST_CASE("gradcheck: a chained block (embedding, layernorm, attention, cross_entropy)") {
   // Gradients flow through every op of this file into all parameters at once.
   const Tensor ids = ids_tensor({0, 2, 1, 3, 3, 1}, {2, 3});
@@ -128,5 +163,22 @@ TEST_CASE("gradcheck: a chained block (embedding, layernorm, attention, cross_en
       },
       {rand64({4, 4}, 1), rand64({4}, 2, 0.5, 1.5), rand64({4}, 3), rand64({12, 4}, 4),
        rand64({4, 4}, 5)},
+      smooth_op_tol());
+}
+
+TEST_CASE(
+    "gradcheck: a chained block ending in the fused head (linear_cross_entropy, chunks of 4)") {
+  // The Transformer's fused LM head: gradients reach the layers below through dx.
+  const Tensor ids = ids_tensor({0, 2, 1, 3, 3, 1}, {2, 3});
+  const Tensor targets = ids_tensor({2, 1, -100, 0, 3, 3}, {6});
+  gradcheck(
+      "chain fused head",
+      [&](const std::vector<Tensor>& in) {
+        Tensor h = embedding(ids, in[0]);  // (2, 3, 4)
+        Tensor n = layernorm(h, in[1], in[2]);
+        return linear_cross_entropy(reshape(n, {6, 4}), in[3], in[4], targets, -100, 4);
+      },
+      {rand64({4, 4}, 1), rand64({4}, 2, 0.5, 1.5), rand64({4}, 3), rand64({5, 4}, 4),
+       rand64({5}, 5)},
       smooth_op_tol());
 }

@@ -1,9 +1,10 @@
 // Forward values of layernorm, softmax, attention and cross_entropy against plain loops (f32 and
-// f64); dropout masks (statistics, reproducibility, remat replay); SGD and AdamW against a plain
-// double-precision transcription of torch's formulas and against numbers produced by PyTorch;
-// optimizer state accounting; results that do not depend on the thread count; and the error
-// messages of every check these ops and optimizers add. The block that trains end to end is
-// tests/test_train_block.cpp.
+// f64); the chunked linear_cross_entropy against cross_entropy(linear(...)) (loss, every gradient,
+// working memory, determinism); dropout masks (statistics, reproducibility, remat replay); SGD and
+// AdamW against a plain double-precision transcription of torch's formulas and against numbers
+// produced by PyTorch; optimizer state accounting; results that do not depend on the thread count;
+// and the error messages of every check these ops and optimizers add. The block that trains end to
+// end is tests/test_train_block.cpp.
 #include <doctest/doctest.h>
 #include <omp.h>
 
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "autograd/ops.h"
+#include "core/allocator.h"
 #include "core/philox.h"
 #include "kernels/kernels.h"
 #include "models/optim.h"
@@ -326,6 +328,149 @@ TEST_CASE_TEMPLATE("cross_entropy: mean over non-ignored rows matches plain loop
   CHECK(zero_loss.template item<T>() == T(0));
   backward(zero_loss);
   for (double g : as_double<T>(x.grad())) CHECK(g == 0.0);
+}
+
+// ---- linear_cross_entropy ---------------------------------------------------------------------
+
+namespace {
+struct LceResult {
+  double loss = 0;
+  std::vector<double> dx, dw, db;
+};
+
+// One forward and backward of either the fused op (chunk >= 0) or cross_entropy(linear(...))
+// (chunk < 0) on copies of the same inputs.
+template <class T>
+LceResult lce_run(const Tensor& x0, const Tensor& w0, const Tensor& b0, const Tensor& targets,
+                  int64_t chunk, int64_t ignore_index = -100) {
+  Tensor x = x0.clone().set_requires_grad(true), w = w0.clone().set_requires_grad(true);
+  Tensor b = b0.defined() ? b0.clone().set_requires_grad(true) : Tensor();
+  Tensor loss = chunk >= 0 ? linear_cross_entropy(x, w, b, targets, ignore_index, chunk)
+                           : cross_entropy(linear(x, w, b), targets, ignore_index);
+  LceResult r;
+  r.loss = static_cast<double>(loss.template item<T>());
+  backward(loss);
+  r.dx = as_double<T>(x.grad());
+  r.dw = as_double<T>(w.grad());
+  if (b.defined()) r.db = as_double<T>(b.grad());
+  return r;
+}
+}  // namespace
+
+TEST_CASE_TEMPLATE("linear_cross_entropy: loss and gradients equal cross_entropy(linear(...))", T,
+                   float, double) {
+  const int64_t M = 37, K = 19, V = 53;
+  const Tensor x = rand_t<T>({M, K}, 41, -2, 2), w = rand_t<T>({V, K}, 42), b = rand_t<T>({V}, 43);
+  std::vector<int64_t> tv;
+  for (int64_t r = 0; r < M; ++r) tv.push_back(r % 5 == 2 ? -100 : (r * 7) % V);
+  const Tensor targets = from_vector<int64_t>(tv, {M});
+  // float: both sides round the same products in a different order (GEMM blocking, chunked dW
+  // accumulation); double: the same up to a few ulps.
+  const double atol = std::is_same<T, float>::value ? 2e-6 : 1e-14;
+  const double rtol = std::is_same<T, float>::value ? 2e-5 : 1e-12;
+  for (const bool with_bias : {true, false}) {
+    const Tensor bias = with_bias ? b : Tensor();
+    const LceResult ref = lce_run<T>(x, w, bias, targets, -1);
+    // Chunks that do not divide M, one row, exactly M, more than M, automatic.
+    for (const int64_t chunk : {int64_t{5}, int64_t{1}, M, M + 10, int64_t{0}}) {
+      const std::string what =
+          std::string(with_bias ? "bias" : "no bias") + " chunk " + std::to_string(chunk);
+      CAPTURE(what);
+      const LceResult got = lce_run<T>(x, w, bias, targets, chunk);
+      CHECK(got.loss == doctest::Approx(ref.loss).epsilon(rtol));
+      check_close(got.dx, ref.dx, atol, rtol, what + " dx");
+      check_close(got.dw, ref.dw, atol, rtol, what + " dW");
+      if (with_bias) check_close(got.db, ref.db, atol, rtol, what + " db");
+      // Fixed chunk order: the same bits on a second run.
+      const LceResult again = lce_run<T>(x, w, bias, targets, chunk);
+      CHECK(again.loss == got.loss);
+      CHECK(again.dx == got.dx);
+      CHECK(again.dw == got.dw);
+      CHECK(again.db == got.db);
+    }
+  }
+  // A custom ignore_index that is also a class id.
+  for (int64_t& t : tv) t = t == -100 ? 3 : t;
+  const Tensor targets3 = from_vector<int64_t>(tv, {M});
+  const LceResult ref3 = lce_run<T>(x, w, b, targets3, -1, 3);
+  const LceResult got3 = lce_run<T>(x, w, b, targets3, 4, 3);
+  CHECK(got3.loss == doctest::Approx(ref3.loss).epsilon(rtol));
+  check_close(got3.dw, ref3.dw, atol, rtol, "ignore_index 3 dW");
+}
+
+TEST_CASE(
+    "linear_cross_entropy: every row ignored gives 0 and zero gradients, like cross_entropy") {
+  const int64_t M = 6, K = 4, V = 7;
+  const Tensor x = rand_t<float>({M, K}, 51), w = rand_t<float>({V, K}, 52),
+               b = rand_t<float>({V}, 53);
+  const Tensor targets = full({M}, -100, DType::i64);
+  for (const int64_t chunk : {int64_t{4}, int64_t{0}}) {
+    const LceResult got = lce_run<float>(x, w, b, targets, chunk);
+    CHECK(got.loss == 0.0);
+    for (const std::vector<double>* g : {&got.dx, &got.dw, &got.db}) {
+      for (double v : *g) CHECK(v == 0.0);
+    }
+  }
+  const LceResult ref = lce_run<float>(x, w, b, targets, -1);
+  CHECK(ref.loss == 0.0);
+}
+
+TEST_CASE("linear_cross_entropy: saves x, weight, bias, targets and lse, and never holds (M, V)") {
+  const int64_t M = 64, K = 8, V = 1000, chunk = 16;
+  Tensor x = rand_t<float>({M, K}, 61).set_requires_grad(true);
+  Tensor w = rand_t<float>({V, K}, 62).set_requires_grad(true);
+  Tensor b = rand_t<float>({V}, 63).set_requires_grad(true);
+  Generator gen(64);
+  const Tensor targets = randint({M}, V, gen);
+  CachingAllocator& alloc = allocator_for(Device::cpu());
+  const int ws = static_cast<int>(Category::workspace);
+  const int64_t logits_bytes = M * V * 4, chunk_bytes = chunk * V * 4;
+  alloc.reset_peak();
+  const int64_t before = alloc.stats().requested.current;
+  Tensor loss = linear_cross_entropy(x, w, b, targets, -100, chunk);
+  {
+    Tape& tape = Tape::current();
+    const Node& n = tape.nodes().back();
+    REQUIRE(n.kind == OpKind::linear_cross_entropy);
+    CHECK(n.attr<LinearCrossEntropyAttrs>().chunk_rows == chunk);
+    uint64_t saved_bytes = 0;
+    for (int64_t v : n.saved) saved_bytes += tape.value(v).bytes;
+    CHECK(n.saved.size() == 5);
+    CHECK(saved_bytes == x.nbytes() + w.nbytes() + b.nbytes() + targets.nbytes() + M * 4);
+    // What the forward leaves: the loss and the lse.
+    CHECK(alloc.stats().requested.current - before == 4 + M * 4);
+  }
+  const MemoryStats fwd = alloc.stats();
+  // The largest workspace is the chunk of logits (and the GEMM's blocking buffers beside it).
+  CHECK(fwd.requested_by[ws].peak >= chunk_bytes);
+  CHECK(fwd.requested.peak - before < logits_bytes / 2);
+  alloc.reset_peak();
+  const int64_t before_bwd = alloc.stats().requested.current;
+  backward(loss);
+  const MemoryStats bwd = alloc.stats();
+  CHECK(bwd.requested_by[ws].peak >= chunk_bytes);
+  // dW, dx and db, the chunk, the GEMMs' buffers: less than the logits alone.
+  CHECK(bwd.requested.peak - before_bwd < logits_bytes);
+  // Unfused, the step holds the logits and their gradient at once.
+  x.impl()->grad.reset();
+  w.impl()->grad.reset();
+  b.impl()->grad.reset();
+  alloc.reset_peak();
+  const int64_t before2 = alloc.stats().requested.current;
+  Tensor loss2 = cross_entropy(linear(x, w, b), targets);
+  backward(loss2);
+  CHECK(alloc.stats().requested.peak - before2 >= 2 * logits_bytes);
+  CHECK(Tape::current().empty());
+
+  // chunk_rows 0 resolves to about 32 MiB of logits per chunk, evenly spread.
+  CHECK(linear_cross_entropy_auto_rows(1024, 30000) == 256);  // 279 at most -> 4 chunks of 256
+  CHECK(linear_cross_entropy_auto_rows(100, 30000) == 100);
+  CHECK(linear_cross_entropy_auto_rows(0, 30000) == 1);
+  CHECK(linear_cross_entropy_auto_rows(10, 1 << 26) == 1);       // one row is more than 32 MiB
+  CHECK(linear_cross_entropy_auto_rows(4096, 30000, 8) == 137);  // f64: 139 at most -> 30 chunks
+  Tensor l = linear_cross_entropy(x, w, b, targets);
+  CHECK(Tape::current().nodes().back().attr<LinearCrossEntropyAttrs>().chunk_rows == M);
+  Tape::current().clear();
 }
 
 // ---- embedding
@@ -814,6 +959,63 @@ TEST_CASE("cross_entropy: bad targets and shapes throw errors naming row, target
                                            d.data(), 3, 4, -100);
       },
       {"cross_entropy", "target 5", "row 1", "V = 4"});
+}
+
+TEST_CASE("linear_cross_entropy: bad inputs throw errors naming the op, shapes and rows") {
+  const Tensor x = rand_t<float>({3, 4}, 1), w = rand_t<float>({5, 4}, 2),
+               b = rand_t<float>({5}, 3);
+  const Tensor t = from_vector<int64_t>({0, 1, 4}, {3});
+  check_error(
+      [&] {
+        linear_cross_entropy(x, w, b, from_vector<int64_t>({0, 7, 1}, {3}), -100, 2);
+      },
+      {"linear_cross_entropy", "target 7", "row 1", "V = 5"});
+  check_error(
+      [&] {
+        linear_cross_entropy(x, w, b, from_vector<int64_t>({-100, 1, -3}, {3}));
+      },
+      {"linear_cross_entropy", "target -3", "row 2"});
+  check_error(
+      [&] {
+        linear_cross_entropy(x, w, b, from_vector<int32_t>({0, 1, 2}, {3}));
+      },
+      {"linear_cross_entropy", "targets i32[3]", "i64"});
+  check_error(
+      [&] {
+        linear_cross_entropy(x, w, b, from_vector<int64_t>({0, 1}, {2}));
+      },
+      {"linear_cross_entropy", "input [3, 4]", "targets [2]"});
+  check_error(
+      [&] {
+        linear_cross_entropy(x, rand_t<float>({5, 3}, 4), b, t);
+      },
+      {"linear_cross_entropy", "input [3, 4]", "weight [5, 3]"});
+  check_error([&] { linear_cross_entropy(rand_t<float>({12}, 1), w, b, t); },
+              {"linear_cross_entropy", "input [12]"});
+  check_error([&] { linear_cross_entropy(x, w, rand_t<float>({4}, 5), t); },
+              {"linear_cross_entropy", "bias [4]", "weight [5, 4]"});
+  check_error(
+      [&] {
+        linear_cross_entropy(x, rand_t<double>({5, 4}, 6), b, t);
+      },
+      {"linear_cross_entropy", "dtype mismatch"});
+  check_error([&] { linear_cross_entropy(x, w, rand_t<double>({5}, 7), t); },
+              {"linear_cross_entropy", "dtype mismatch"});
+  check_error([&] { linear_cross_entropy(x, w, b, t, -100, -1); },
+              {"linear_cross_entropy", "chunk_rows", "got -1"});
+  check_error(
+      [&] {
+        linear_cross_entropy(from_vector<int64_t>({1, 2}, {1, 2}), w, b, t);
+      },
+      {"linear_cross_entropy", "floating-point"});
+  check_error([&] { linear_cross_entropy(x, Tensor(), b, t); },
+              {"linear_cross_entropy", "weight is undefined"});
+  // The backward launcher validates too (on its own, as a remat replay might call it).
+  const float dloss = 1.0f;
+  float scale = 0;
+  const int64_t bad[] = {0, 5, 1};
+  check_error([&] { cpu::linear_cross_entropy_scale<float>(&dloss, bad, &scale, 3, 5, -100); },
+              {"linear_cross_entropy", "target 5", "row 1", "V = 5"});
 }
 
 TEST_CASE("optimizers: bad options, parameters, names and gradients throw") {

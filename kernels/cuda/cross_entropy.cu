@@ -8,6 +8,12 @@
 // Out-of-range targets: the kernels record the smallest bad row in a device word (atomicMin on
 // an integer: the result does not depend on timing) and skip the read; the launcher reads the
 // word back (one synchronization) and throws regen::Error naming the row and the target.
+//
+// The chunked linear + cross-entropy op (autograd/ops_cross_entropy.cpp) uses the same kernels per
+// chunk of rows: linear_cross_entropy_scale validates the targets (one synchronization) and forms
+// dloss / count on the device (ce_count_kernel); forward_rows adds the bias in place and writes
+// the row lse and loss (ce_rows_kernel's arithmetic); forward_loss is ce_mean_kernel;
+// backward_rows turns a chunk of logits into dlogits in place.
 #include <cstdint>
 
 #include "core/tensor.h"
@@ -86,7 +92,7 @@ __global__ void __launch_bounds__(1024)
     }
   }
   count = dev::block_sum(count, scratch);
-  if (threadIdx.x == 0) {
+  if (threadIdx.x == 0 && dloss != nullptr && scale != nullptr) {  // null: validation only
     scale[0] = count > 0.0 ? static_cast<float>(static_cast<double>(dloss[0]) / count) : 0.0f;
   }
 }
@@ -108,6 +114,57 @@ __global__ void __launch_bounds__(kThreads)
     float v = g * expf(x[j] - l);
     if (j == t) v -= g;
     dx[j] = v;
+  }
+}
+
+// logits: (rows, V) chunk, in place += bias (or null); targets: (rows), validated -> lse: (rows),
+// row_loss: (rows) doubles (0 for ignored rows). One block per row.
+__global__ void __launch_bounds__(kThreads)
+    lce_rows_kernel(float* logits, const float* bias, const int64_t* targets, int64_t V,
+                    int64_t ignore_index, float* lse, double* row_loss) {
+  __shared__ float scratch[32];
+  const int64_t r = blockIdx.x;
+  float* x = logits + r * V;
+  float mx = -INFINITY;
+  for (int64_t j = threadIdx.x; j < V; j += kThreads) {
+    float v = x[j];
+    if (bias) {
+      v += bias[j];
+      x[j] = v;
+    }
+    mx = fmaxf(mx, v);
+  }
+  mx = dev::block_max(mx, scratch);  // its barriers also publish the biased logits to thread 0
+  float sum = 0.0f;
+  for (int64_t j = threadIdx.x; j < V; j += kThreads) sum += expf(x[j] - mx);
+  sum = dev::block_sum(sum, scratch);
+  if (threadIdx.x == 0) {
+    const double l = static_cast<double>(mx) + log(static_cast<double>(sum));
+    lse[r] = static_cast<float>(l);
+    const int64_t t = targets[r];
+    row_loss[r] = t == ignore_index || t < 0 || t >= V ? 0.0 : l - static_cast<double>(x[t]);
+  }
+}
+
+// logits: (rows, V) chunk without bias, in place -> dlogits; lse, targets: (rows); scale: (1).
+// One block per row; the same expression per element as ce_backward_kernel.
+__global__ void __launch_bounds__(kThreads)
+    lce_backward_rows_kernel(float* logits, const float* bias, const int64_t* targets,
+                             const float* lse, const float* scale, int64_t V,
+                             int64_t ignore_index) {
+  const int64_t r = blockIdx.x;
+  const int64_t t = targets[r];
+  float* x = logits + r * V;
+  if (t == ignore_index || t < 0 || t >= V) {
+    for (int64_t j = threadIdx.x; j < V; j += kThreads) x[j] = 0.0f;
+    return;
+  }
+  const float g = scale[0], l = lse[r];
+  for (int64_t j = threadIdx.x; j < V; j += kThreads) {
+    const float logit = bias ? x[j] + bias[j] : x[j];
+    float v = g * expf(logit - l);
+    if (j == t) v -= g;
+    x[j] = v;
   }
 }
 
@@ -162,6 +219,51 @@ void cross_entropy_backward(const float* dloss, const float* logits, const int64
   REGEN_CUDA_LAUNCH_CHECK("cross_entropy_backward");
   const unsigned long long bad = detail::read_back(bad_row);
   if (bad != kNoBadRow) report_bad_target("cross_entropy_backward", bad, targets, V, ignore_index);
+}
+
+// targets: (M); dloss, scale: (1) or both null (validation only)
+void linear_cross_entropy_scale(const float* dloss, const int64_t* targets, float* scale, int64_t M,
+                                int64_t V, int64_t ignore_index) {
+  check_shape("linear_cross_entropy", M, V);
+  // [bad_row (8 bytes)]
+  Workspace ws(detail::device(), 8);
+  auto* bad_row = ws.as<unsigned long long>();
+  REGEN_CUDA_CHECK(cudaMemsetAsync(bad_row, 0xff, sizeof(unsigned long long), stream()));
+  ce_count_kernel<<<1, 1024, 0, stream()>>>(targets, M, V, ignore_index, dloss, scale, bad_row);
+  REGEN_CUDA_LAUNCH_CHECK("linear_cross_entropy_scale");
+  const unsigned long long bad = detail::read_back(bad_row);
+  if (bad != kNoBadRow) report_bad_target("linear_cross_entropy", bad, targets, V, ignore_index);
+}
+
+// logits: (rows, V) in place; bias: (V) or null; targets, lse, row_loss: (rows)
+void linear_cross_entropy_forward_rows(float* logits, const float* bias, const int64_t* targets,
+                                       float* lse, double* row_loss, int64_t rows, int64_t V,
+                                       int64_t ignore_index) {
+  check_shape("linear_cross_entropy_forward_rows", rows, V);
+  if (rows == 0) return;
+  lce_rows_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream()>>>(
+      logits, bias, targets, V, ignore_index, lse, row_loss);
+  REGEN_CUDA_LAUNCH_CHECK("linear_cross_entropy_forward_rows");
+}
+
+// row_loss, targets: (M) -> loss: (1)
+void linear_cross_entropy_forward_loss(const double* row_loss, const int64_t* targets, float* loss,
+                                       int64_t M, int64_t ignore_index) {
+  REGEN_CHECK(M >= 0 && M <= 0x7fffffff, "linear_cross_entropy_forward_loss: bad row count ", M);
+  if (M == 0) return fill(loss, 1, 0.0f);
+  ce_mean_kernel<<<1, 1024, 0, stream()>>>(row_loss, targets, M, ignore_index, loss);
+  REGEN_CUDA_LAUNCH_CHECK("linear_cross_entropy_forward_loss");
+}
+
+// logits: (rows, V) in place -> dlogits; bias: (V) or null; targets, lse: (rows); scale: (1)
+void linear_cross_entropy_backward_rows(float* logits, const float* bias, const int64_t* targets,
+                                        const float* lse, const float* scale, int64_t rows,
+                                        int64_t V, int64_t ignore_index) {
+  check_shape("linear_cross_entropy_backward_rows", rows, V);
+  if (rows == 0) return;
+  lce_backward_rows_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream()>>>(
+      logits, bias, targets, lse, scale, V, ignore_index);
+  REGEN_CUDA_LAUNCH_CHECK("linear_cross_entropy_backward_rows");
 }
 
 }  // namespace regen::cuda

@@ -99,6 +99,18 @@ void cross_entropy_backward(const float* dloss, const float* logits, const int64
                             const float* lse, float* dlogits, int64_t M, int64_t V,
                             int64_t ignore_index);
 
+// Chunked linear + cross-entropy, row-wise pieces (kernels/cuda/cross_entropy.cu).
+void linear_cross_entropy_scale(const float* dloss, const int64_t* targets, float* scale, int64_t M,
+                                int64_t V, int64_t ignore_index);
+void linear_cross_entropy_forward_rows(float* logits, const float* bias, const int64_t* targets,
+                                       float* lse, double* row_loss, int64_t rows, int64_t V,
+                                       int64_t ignore_index);
+void linear_cross_entropy_forward_loss(const double* row_loss, const int64_t* targets, float* loss,
+                                       int64_t M, int64_t ignore_index);
+void linear_cross_entropy_backward_rows(float* logits, const float* bias, const int64_t* targets,
+                                        const float* lse, const float* scale, int64_t rows,
+                                        int64_t V, int64_t ignore_index);
+
 // Fused optimizer updates.
 void sgd_step(float* param, const float* grad, float* momentum_buf, int64_t n, double lr,
               double momentum, double dampening, double weight_decay, bool nesterov,

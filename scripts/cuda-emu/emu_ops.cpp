@@ -123,6 +123,18 @@ TEST_CASE("emu cross_entropy") {
 }
 #endif
 
+#if REGEN_HAVE_CPU_CROSS_ENTROPY
+TEST_CASE("emu linear_cross_entropy") {
+  Rng rng(13);
+  linear_cross_entropy_case(rng, 5, 3, 0, true);
+  linear_cross_entropy_case(rng, 7, 300, 3, true);
+  linear_cross_entropy_case(rng, 9, 1000, 0, false);
+  linear_cross_entropy_case(rng, 1, 7, 0, true);
+  linear_cross_entropy_case(rng, 4, 7, 1, true);  // every row ignored
+  linear_cross_entropy_errors();
+}
+#endif
+
 #if REGEN_HAVE_CPU_BATCHNORM
 TEST_CASE("emu batchnorm") {
   Rng rng(5);

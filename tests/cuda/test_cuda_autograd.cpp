@@ -1,7 +1,8 @@
 // Ops through autograd on cuda:0 against the same graph on the CPU: forward values and gradients
 // within FP32 tolerance, and a second CUDA backward that must give the same gradient bits
 // (determinism). Covers the differentiable ops of autograd/ops_basic.cpp (linear, matmul, bmm,
-// relu, gelu, add/mul with broadcast, scale, reshape, sum, mean). Skipped (exit 77) without a GPU.
+// relu, gelu, add/mul with broadcast, scale, reshape, sum, mean) and the chunked
+// linear_cross_entropy of autograd/ops_cross_entropy.cpp. Skipped (exit 77) without a GPU.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -122,4 +123,26 @@ TEST_CASE("cuda autograd: a transformer-sized feed-forward block") {
             return mean(mul(add(linear(h, in[3], in[4]), in[0]), in[0]));
           },
           {{256, 512}, {2048, 512}, {2048}, {512, 2048}, {512}});
+}
+
+TEST_CASE("cuda autograd: fused linear + cross-entropy in chunks, with and without bias") {
+  // x: (M, K), weight: (V, K), bias: (V); M = 37 rows in chunks of 8 (the last one 5 rows), every
+  // fifth row ignored; then the same in one chunk.
+  const int64_t M = 37, K = 24, V = 301;
+  std::vector<int64_t> tv;
+  for (int64_t r = 0; r < M; ++r) tv.push_back(r % 5 == 1 ? -100 : (r * 13) % V);
+  for (const int64_t chunk : {int64_t{8}, int64_t{0}}) {
+    compare("linear_cross_entropy chunk " + std::to_string(chunk),
+            [&](const std::vector<Tensor>& in) {
+              const Tensor t = from_vector<int64_t>(tv, {M}).to(in[0].device());
+              return linear_cross_entropy(in[0], in[1], in[2], t, -100, chunk);
+            },
+            {{M, K}, {V, K}, {V}});
+    compare("linear_cross_entropy no bias chunk " + std::to_string(chunk),
+            [&](const std::vector<Tensor>& in) {
+              const Tensor t = from_vector<int64_t>(tv, {M}).to(in[0].device());
+              return linear_cross_entropy(in[0], in[1], Tensor(), t, -100, chunk);
+            },
+            {{M, K}, {V, K}});
+  }
 }

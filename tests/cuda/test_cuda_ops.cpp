@@ -907,6 +907,85 @@ void cross_entropy_case(Rng& rng, int64_t M, int64_t V, int64_t ignored_every) {
   float* dg = b.out("dlogits", dlogits, Tol{1e-10, 1e-4, 1e-10});
   b.run([&] { cuda::cross_entropy_backward(dd, dl2, dt2, dlse2, dg, M, V, ignore_index); });
 }
+
+// The row-wise pieces of the chunked linear + cross-entropy op, on one chunk of `rows` logits
+// (as the op hands them over after its GEMM), with and without a bias: the in-place biased logits,
+// lse and row losses; the mean over M = rows rows; the validation and dloss / count; the in-place
+// dlogits.
+void linear_cross_entropy_case(Rng& rng, int64_t rows, int64_t V, int64_t ignored_every,
+                               bool with_bias) {
+  const int64_t ignore_index = -100;
+  const auto logits = rng.uniform(static_cast<size_t>(rows * V), -5, 5);
+  const auto bias = rng.uniform(static_cast<size_t>(V), -1, 1);
+  auto targets = rng.ints(static_cast<size_t>(rows), 0, V - 1);
+  if (ignored_every > 0) {
+    for (size_t i = 0; i < targets.size(); i += static_cast<size_t>(ignored_every))
+      targets[i] = ignore_index;
+  }
+  const float* b = with_bias ? bias.data() : nullptr;
+  const std::vector<float> dloss{1.5f};
+  std::vector<float> biased = logits, lse(static_cast<size_t>(rows)), loss(1), scale(1);
+  std::vector<double> row_loss(static_cast<size_t>(rows));
+  cpu::linear_cross_entropy_forward_rows<float>(biased.data(), b, targets.data(), lse.data(),
+                                                row_loss.data(), rows, V, ignore_index);
+  cpu::linear_cross_entropy_forward_loss<float>(row_loss.data(), targets.data(), loss.data(), rows,
+                                                ignore_index);
+  cpu::linear_cross_entropy_scale<float>(dloss.data(), targets.data(), scale.data(), rows, V,
+                                         ignore_index);
+  std::vector<float> dlogits = logits;
+  cpu::linear_cross_entropy_backward_rows<float>(dlogits.data(), b, targets.data(), lse.data(),
+                                                 scale.data(), rows, V, ignore_index);
+  const std::string tag = str(" rows=%lld V=%lld ignored every %lld%s", (long long)rows,
+                              (long long)V, (long long)ignored_every, with_bias ? " bias" : "");
+  Case f("linear_cross_entropy_forward_rows" + tag);
+  float* dlog = f.inout("biased logits", logits, biased, kExact);  // one float add: exact
+  const float* db = with_bias ? f.in(bias) : nullptr;
+  const int64_t* dt = f.in(targets);
+  float* dlse = f.out("lse", lse, Tol{1e-5, 1e-6, 1e-12});
+  double* drow = f.out("row_loss", row_loss, Tol{1e-5, 1e-6, 1e-12});
+  f.run([&] {
+    cuda::linear_cross_entropy_forward_rows(dlog, db, dt, dlse, drow, rows, V, ignore_index);
+  });
+  Case l("linear_cross_entropy_forward_loss" + tag);
+  const double* drow2 = l.in(row_loss);
+  const int64_t* dt2 = l.in(targets);
+  float* dloss_ = l.out("loss", loss, Tol{1e-6, 1e-6, 1e-12});
+  l.run([&] { cuda::linear_cross_entropy_forward_loss(drow2, dt2, dloss_, rows, ignore_index); });
+  Case sc("linear_cross_entropy_scale" + tag);
+  const float* dd = sc.in(dloss);
+  const int64_t* dt3 = sc.in(targets);
+  float* dscale = sc.out("scale", scale, kExact);  // the same double division
+  sc.run([&] { cuda::linear_cross_entropy_scale(dd, dt3, dscale, rows, V, ignore_index); });
+  Case bw("linear_cross_entropy_backward_rows" + tag);
+  float* dg = bw.inout("dlogits", logits, dlogits, Tol{1e-10, 1e-4, 1e-10});
+  const float* db2 = with_bias ? bw.in(bias) : nullptr;
+  const int64_t* dt4 = bw.in(targets);
+  const float* dlse2 = bw.in(lse);
+  const float* dscale2 = bw.in(scale);
+  bw.run([&] {
+    cuda::linear_cross_entropy_backward_rows(dg, db2, dt4, dlse2, dscale2, rows, V, ignore_index);
+  });
+}
+
+// Bad targets: the validation names the op, the row and the target.
+void linear_cross_entropy_errors() {
+  const std::vector<float> dloss{1.0f};
+  const std::vector<int64_t> targets{1, 3};
+  DeviceArray<float> dd(dloss), scale(1);
+  DeviceArray<int64_t> dt(targets);
+  bool thrown = false;
+  try {
+    cuda::linear_cross_entropy_scale(dd.ptr(), dt.ptr(), scale.ptr(), 2, 3, -100);
+  } catch (const regen::Error& e) {
+    thrown = true;
+    const std::string m = e.message();
+    CHECK_MESSAGE(m.find("linear_cross_entropy") != std::string::npos, m);
+    CHECK_MESSAGE(m.find("target 3 of row 1") != std::string::npos, m);
+  }
+  CHECK(thrown);
+  CHECK_THROWS_AS(cuda::linear_cross_entropy_scale(nullptr, dt.ptr(), nullptr, 2, 3, -100),
+                  regen::Error);
+}
 #endif
 
 // ---- Attention ----------------------------------------------------------------------------------
@@ -1185,6 +1264,19 @@ TEST_CASE("cross_entropy") {
   CHECK_THROWS_AS(
       cuda::cross_entropy_backward(dd.ptr(), dl.ptr(), dt.ptr(), dlse.ptr(), dg.ptr(), 2, 3, -100),
       regen::Error);
+}
+#endif
+
+#if REGEN_HAVE_CPU_CROSS_ENTROPY
+TEST_CASE("linear_cross_entropy") {
+  use_gpu();
+  Rng rng(13);
+  // The seed Transformer's automatic chunk (256 rows of 30000 classes) and odd shapes.
+  linear_cross_entropy_case(rng, 256, 30000, 5, true);
+  linear_cross_entropy_case(rng, 187, 30000, 0, false);
+  linear_cross_entropy_case(rng, 1, 7, 0, true);
+  linear_cross_entropy_case(rng, 4, 7, 1, true);  // every row ignored: loss 0, scale 0
+  linear_cross_entropy_errors();
 }
 #endif
 
