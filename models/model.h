@@ -34,6 +34,11 @@ struct ModelConfig {
   float dropout = 0.1f;
   bool causal = true;  // next-token objective: each position sees only earlier ones
   bool gelu = false;   // activation (torch's TransformerEncoderLayer default is relu)
+  // The LM head's loss in training (forward_loss): -1 computes the (B*S, vocab) logits and then
+  // cross_entropy, as PyTorch does; 0 fuses the head and the loss (linear_cross_entropy), chunked
+  // automatically (rows whose logits take about 32 MiB); N > 0 fuses with N rows per chunk.
+  // Fusing changes no result beyond float rounding and never materializes the logits.
+  int64_t head_chunk_rows = 0;
   uint64_t seed = 0;   // parameter initialization
 };
 
@@ -50,6 +55,13 @@ class Model : public Module {
   virtual Tensor forward(const Tensor& input) = 0;
   // Mean cross-entropy of the logits against the batch targets.
   virtual Tensor loss(const Tensor& logits, const Tensor& target) const = 0;
+  // The training loss of a batch: what Trainer::step differentiates. By default
+  // loss(forward(input), target); a model may compute it without materializing the logits (the
+  // Transformer's fused LM head, ModelConfig::head_chunk_rows), so forward() stays the way to get
+  // logits for inference and evaluation.
+  virtual Tensor forward_loss(const Tensor& input, const Tensor& target) {
+    return loss(forward(input), target);
+  }
   // Checks a batch's shapes and dtypes against the model; throws regen::Error naming them.
   virtual void check_batch(const Batch& b) const = 0;
   // Creates inputs the model keeps across steps (e.g. position ids) before the first step, so

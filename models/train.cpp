@@ -45,11 +45,7 @@ StepResult Trainer::step(StepObserver* observer) {
     Batch batch = data_.next(batch_size_, device_);
     model_.check_batch(batch);
     optimizer_.zero_grad();
-    Tensor loss;
-    {
-      Tensor logits = model_.forward(batch.input);
-      loss = model_.loss(logits, batch.target);
-    }
+    Tensor loss = model_.forward_loss(batch.input, batch.target);
     r.loss = loss.dtype() == DType::f64 ? loss.item<double>() : loss.item<float>();
     backward(loss);
     loss = Tensor();

@@ -21,6 +21,9 @@ TransformerLM::TransformerLM(const ModelConfig& c, Device device) : Model(c) {
               c.d_model, " is not divisible by ", c.heads, " heads");
   REGEN_CHECK(c.dropout >= 0.0f && c.dropout < 1.0f, "Transformer '", c.name, "': dropout ",
               c.dropout, " must be in [0, 1)");
+  REGEN_CHECK(c.head_chunk_rows >= -1, "Transformer '", c.name, "': head_chunk_rows ",
+              c.head_chunk_rows,
+              " must be -1 (unfused head), 0 (fused, automatic chunks) or a positive row count");
   Generator gen(c.seed);
   tok_emb_ = &register_module("tok_emb", std::make_unique<Embedding>("tok_emb", c.vocab, c.d_model,
                                                                      gen, device));
@@ -42,7 +45,7 @@ TransformerLM::TransformerLM(const ModelConfig& c, Device device) : Model(c) {
   assign_full_names();
 }
 
-Tensor TransformerLM::forward(const Tensor& tokens) {
+Tensor TransformerLM::hidden(const Tensor& tokens) {
   REGEN_CHECK(tokens.dim() == 2 && tokens.dtype() == DType::i64, config_.name,
               ": expected tokens i64 (B, S), got ", tokens.str());
   const int64_t S = tokens.size(1);
@@ -56,7 +59,25 @@ Tensor TransformerLM::forward(const Tensor& tokens) {
     ModuleScope stack("layers");
     for (TransformerEncoderLayer* layer : layers_) h = layer->forward(h, Tensor(), config_.causal);
   }
-  return lm_head_->forward(h);
+  return h;
+}
+
+Tensor TransformerLM::forward(const Tensor& tokens) {
+  return lm_head_->forward(hidden(tokens));
+}
+
+Tensor TransformerLM::forward_loss(const Tensor& tokens, const Tensor& target) {
+  if (config_.head_chunk_rows < 0) return Model::forward_loss(tokens, target);
+  REGEN_CHECK(target.defined() && target.dtype() == DType::i64 && target.shape() == tokens.shape(),
+              config_.name, ": expected targets i64 ", sh(tokens.shape()), ", got ",
+              target.defined() ? target.str() : std::string("nothing"));
+  const Tensor h = hidden(tokens);
+  // The head's parameters under the head's scope; the op is the head and the loss at once.
+  ModuleScope scope("lm_head");
+  Tensor* bias = lm_head_->bias();
+  return linear_cross_entropy(reshape(h, {-1, config_.d_model}), lm_head_->weight(),
+                              bias ? *bias : Tensor(), target.reshape({-1}), -100,
+                              config_.head_chunk_rows);
 }
 
 void TransformerLM::prepare_inputs(Device device) {

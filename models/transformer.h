@@ -3,7 +3,8 @@
 // self-attention for the next-token objective), and a linear head over the vocabulary.
 // Parameter names: tok_emb.weight, pos_emb.weight, encoder.layers.<i>.{self_attn.in_proj_weight,
 // self_attn.in_proj_bias, self_attn.out_proj.*, linear1.*, linear2.*, norm1.*, norm2.*},
-// lm_head.{weight,bias} (tools/make_reference.py builds the same model in PyTorch).
+// lm_head.{weight,bias} (tools/make_reference.py builds the same model in PyTorch). In training the
+// head and the loss run fused and chunked by default (ModelConfig::head_chunk_rows).
 #pragma once
 
 #include "models/layers.h"
@@ -17,6 +18,9 @@ class TransformerLM : public Model {
   // tokens: (B, S) i64 with S <= seq_len -> logits (B, S, vocab).
   Tensor forward(const Tensor& tokens) override;
   Tensor loss(const Tensor& logits, const Tensor& target) const override;
+  // With config().head_chunk_rows >= 0, the head and the loss as one linear_cross_entropy op
+  // (no (B*S, vocab) logits); with -1, loss(forward(tokens), target).
+  Tensor forward_loss(const Tensor& tokens, const Tensor& target) override;
   void check_batch(const Batch& b) const override;
   void prepare_inputs(Device device) override;
 
@@ -24,6 +28,9 @@ class TransformerLM : public Model {
   Embedding *tok_emb_, *pos_emb_;
   Dropout* drop_;
   std::vector<TransformerEncoderLayer*> layers_;
+  // Embeddings and the encoder stack: the head's input (B, S, d_model).
+  Tensor hidden(const Tensor& tokens);
+
   Linear* lm_head_;
   Tensor positions_;  // arange(seq_len) on the model's device, created before the first step
 };

@@ -143,6 +143,11 @@ TEST_CASE("cli: mistakes in flags give one clear line and a non-zero exit") {
   expect_failure(dir, tiny({"--image-size", "64"}), {"--image-size applies to ResNet models"});
   expect_failure(dir, {"train", "--model", "resnet-tiny", "--vocab", "256"},
                  {"--vocab applies to Transformer models"});
+  expect_failure(dir, tiny({"--lm-head-chunk", "-2"}),
+                 {"--lm-head-chunk must be an integer from -1 to 2147483647, got -2"});
+  expect_failure(dir, tiny({"--lm-head-chunk", "auto"}), {"--lm-head-chunk", "'auto'"});
+  expect_failure(dir, {"train", "--model", "resnet-tiny", "--lm-head-chunk", "0"},
+                 {"--lm-head-chunk applies to Transformer models"});
   expect_failure(dir, tiny({"--no-such-flag"}), {"--no-such-flag"});
   // Remat with every step spent profiling would have no step under the plan to measure.
   expect_failure(dir, tiny({"--policy", "mutwo", "--steps", "2"}),
@@ -267,12 +272,12 @@ TEST_CASE("cli: --help lists every flag") {
   const Result r = regen_run(dir, {"train", "--help"});
   CHECK(r.status == 0);
   for (const char* flag :
-       {"--model",         "--batch",        "--device",  "--image-size", "--num-classes",
-        "--seq-len",       "--vocab",        "--dropout", "--optimizer",  "--lr",
-        "--momentum",      "--weight-decay", "--seed",    "--threads",    "--data",
-        "--conv",          "--tf32",         "--steps",   "--save",       "--load",
-        "--policy",        "--budget",       "--chain",   "--profile",    "--plan",
-        "--profile-steps", "--progress"}) {
+       {"--model",         "--batch",        "--device",       "--image-size", "--num-classes",
+        "--seq-len",       "--vocab",        "--dropout",      "--optimizer",  "--lr",
+        "--momentum",      "--weight-decay", "--seed",         "--threads",    "--data",
+        "--conv",          "--tf32",         "--steps",        "--save",       "--load",
+        "--policy",        "--budget",       "--chain",        "--profile",    "--plan",
+        "--profile-steps", "--progress",     "--lm-head-chunk"}) {
     CHECK_MESSAGE(has(r.out, flag), "train --help lacks ", flag);
   }
   const Result b = regen_run(dir, {"bench", "train", "--help"});
@@ -373,6 +378,18 @@ TEST_CASE("cli validators: messages name the requirement and the value") {
   CHECK(has(error_of([&] { model_config(f); }), "pass --vocab 256"));
   f.vocab = 256;
   CHECK(model_config(f).vocab == 256);
+  // --lm-head-chunk: the preset's fused automatic head unless given; -1 unfused, N rows.
+  CHECK(model_config(f).head_chunk_rows == 0);
+  f.lm_head_chunk = -1;
+  CHECK(model_config(f).head_chunk_rows == -1);
+  f.lm_head_chunk = 64;
+  CHECK(model_config(f).head_chunk_rows == 64);
+  f.lm_head_chunk = -7;
+  CHECK(has(error_of([&] { check_model_flags(f); }),
+            "--lm-head-chunk must be an integer from -1 to 2147483647"));
+  f = ModelFlags();
+  f.lm_head_chunk = 0;
+  CHECK(has(error_of([&] { model_config(f); }), "--lm-head-chunk applies to Transformer models"));
 }
 
 TEST_CASE("io: failed writes close the file and leave no temporary behind") {

@@ -10,6 +10,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -382,4 +383,107 @@ TEST_CASE("train: every step starts from the same allocator layout (same peak ev
   for (int i = 1; i < 4; ++i) {
     CHECK(steps[i].memory.allocated.peak == steps[0].memory.allocated.peak);
   }
+}
+
+namespace {
+struct HeadStep {
+  double loss = 0;
+  std::vector<std::vector<float>> grads, params;
+  int64_t peak = 0;
+  std::vector<OpKind> kinds;  // the ops of the step's forward
+};
+
+// Records the op kinds of the step's forward (backward releases the tape).
+class KindRecorder : public TapeHooks {
+ public:
+  std::vector<OpKind> kinds;
+  void on_forward_end(Tape& tape, int32_t node, const std::vector<Tensor>&) override {
+    kinds.push_back(tape.node(node).kind);
+  }
+};
+
+// One Trainer step (SGD) of `config` from a fresh allocator, dropout on.
+HeadStep head_step(const ModelConfig& config, int64_t batch) {
+  allocator_for(Device::cpu()).empty_cache();
+  manual_seed(7);
+  auto model = make_model(config);
+  SGDOptions o;
+  o.lr = 0.1;
+  SGD opt(model->parameters(), o);
+  auto data = make_data_source("", config, 3);
+  Trainer trainer(*model, opt, *data, batch, Device::cpu());
+  KindRecorder rec;
+  Tape::current().add_hooks(&rec);
+  const StepResult r = trainer.step();
+  Tape::current().remove_hooks(&rec);
+  HeadStep s;
+  s.loss = r.loss;
+  s.peak = r.memory.allocated.peak;
+  s.kinds = rec.kinds;
+  for (const Tensor& p : model->parameters()) {
+    s.grads.push_back(values(p.grad()));
+    s.params.push_back(values(p));
+  }
+  return s;
+}
+
+// max |a - b| <= rtol * max |b| over each tensor.
+void check_close_scaled(const std::vector<std::vector<float>>& a,
+                        const std::vector<std::vector<float>>& b, double rtol,
+                        const std::string& what) {
+  REQUIRE(a.size() == b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    REQUIRE(a[i].size() == b[i].size());
+    double scale = 0, worst = 0;
+    for (size_t j = 0; j < a[i].size(); ++j) {
+      scale = std::max(scale, static_cast<double>(std::fabs(b[i][j])));
+      worst = std::max(worst, static_cast<double>(std::fabs(a[i][j] - b[i][j])));
+    }
+    CHECK_MESSAGE(worst <= rtol * scale + 1e-12, what, " ", i, ": max error ", worst,
+                  " against max |value| ", scale);
+  }
+}
+}  // namespace
+
+TEST_CASE("train: the fused LM head gives the unfused step's loss and gradients at a lower peak") {
+  // transformer-tiny with a 4000-word vocabulary at batch 8: the (128, 4000) logits are 2 MB,
+  // and unfused training holds them and their gradient at once; fused in chunks of 24 rows it
+  // holds 384 kB of them at a time.
+  ModelConfig c = model_preset("transformer-tiny");
+  c.vocab = 4000;
+  CHECK(c.head_chunk_rows == 0);  // fused, automatic chunks: every preset's default
+  c.head_chunk_rows = -1;
+  const HeadStep unfused = head_step(c, 8);
+  CHECK(std::count(unfused.kinds.begin(), unfused.kinds.end(), OpKind::cross_entropy) == 1);
+  CHECK(std::count(unfused.kinds.begin(), unfused.kinds.end(), OpKind::linear_cross_entropy) == 0);
+  for (const int64_t chunk : {int64_t{24}, int64_t{0}}) {
+    CAPTURE(chunk);
+    c.head_chunk_rows = chunk;
+    const HeadStep fused = head_step(c, 8);
+    CHECK(std::count(fused.kinds.begin(), fused.kinds.end(), OpKind::cross_entropy) == 0);
+    CHECK(std::count(fused.kinds.begin(), fused.kinds.end(), OpKind::linear_cross_entropy) == 1);
+    CHECK(fused.loss == doctest::Approx(unfused.loss).epsilon(1e-6));
+    check_close_scaled(fused.grads, unfused.grads, 1e-5, "gradient");
+    check_close_scaled(fused.params, unfused.params, 1e-6, "parameter after the step");
+    const int64_t logits_bytes = 8 * 16 * 4000 * 4;
+    MESSAGE("peak allocated: unfused ", unfused.peak, " B, fused (chunk ", chunk, ") ", fused.peak,
+            " B");
+    if (chunk > 0)
+      CHECK(fused.peak + logits_bytes <= unfused.peak);  // at least one (M, V) less
+    else
+      CHECK(fused.peak < unfused.peak);  // auto: one chunk of 128 rows, still no dlogits
+  }
+  // forward() still returns the logits, the same whichever way training computes the loss.
+  c.head_chunk_rows = 0;
+  auto model = make_model(c);
+  const Tensor tokens = token_batch(2, 16, c.vocab, 5);
+  Tensor logits;
+  {
+    NoGradScope ng;
+    logits = model->forward(tokens);
+  }
+  CHECK(logits.shape() == Shape{2, 16, 4000});
+  // A bad setting is refused when the model is built.
+  c.head_chunk_rows = -2;
+  CHECK(error_of([&] { make_model(c); }).find("head_chunk_rows -2") != std::string::npos);
 }

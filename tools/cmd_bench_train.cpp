@@ -106,8 +106,13 @@ void run(const Flags& f) {
   const double hi = *std::max_element(ms.begin(), ms.end());
   const double sps = med > 0 ? 1000.0 * f.m.batch / med : 0.0;
   const std::string shape =
-      resnet ? "image " + std::to_string(c.image_size) + "x" + std::to_string(c.image_size)
-             : "sequence " + std::to_string(c.seq_len) + ", vocabulary " + std::to_string(c.vocab);
+      resnet
+          ? "image " + std::to_string(c.image_size) + "x" + std::to_string(c.image_size)
+          : "sequence " + std::to_string(c.seq_len) + ", vocabulary " + std::to_string(c.vocab) +
+                (c.head_chunk_rows < 0    ? ", LM head unfused"
+                 : c.head_chunk_rows == 0 ? ", LM head fused with the loss (automatic chunks)"
+                                          : ", LM head fused with the loss (" +
+                                                std::to_string(c.head_chunk_rows) + "-row chunks)");
   std::printf("bench train: %s batch %lld, %s, on %s, %d threads, %s (regen, %s lr %g)\n",
               c.name.c_str(), static_cast<long long>(f.m.batch), shape.c_str(),
               s->device.str().c_str(), threads, math.c_str(), f.m.optimizer.c_str(), f.m.lr);
@@ -157,7 +162,8 @@ void run(const Flags& f) {
       j << "  \"image_size\": " << c.image_size << ",\n  \"num_classes\": " << c.num_classes
         << ",\n";
     } else {
-      j << "  \"seq_len\": " << c.seq_len << ",\n  \"vocab\": " << c.vocab << ",\n";
+      j << "  \"seq_len\": " << c.seq_len << ",\n  \"vocab\": " << c.vocab
+        << ",\n  \"lm_head_chunk\": " << c.head_chunk_rows << ",\n";
     }
     j << "  \"optimizer\": " << json_string(f.m.optimizer) << ",\n  \"warmup\": " << f.warmup
       << ",\n  \"steps\": " << f.steps << ",\n  \"step_s\": " << seconds(med)

@@ -162,6 +162,11 @@ void add_model_flags(CLI::App& app, ModelFlags& f, bool with_batch) {
       ->check(positive_integer());
   app.add_option("--dropout", f.dropout, "Transformer dropout probability (default: preset)")
       ->check(number_in(0.0, 0.99));
+  app.add_option("--lm-head-chunk", f.lm_head_chunk,
+                 "Transformer LM head + loss in training: 0 fused and chunked automatically "
+                 "(about 32 MiB of logits per chunk; the default), N fused with N rows per chunk, "
+                 "-1 unfused (the whole (batch x seq, vocab) logits, as PyTorch)")
+      ->check(integer_in(-1, kIntMax));
   app.add_option("--optimizer", f.optimizer, "sgd or adamw")
       ->check(CLI::IsMember({"sgd", "adamw"}))
       ->capture_default_str();
@@ -202,6 +207,10 @@ void check_model_flags(const ModelFlags& f) {
   REGEN_CHECK(std::isfinite(f.weight_decay) && f.weight_decay >= 0,
               "--weight-decay must be a finite number >= 0, got ", f.weight_decay);
   REGEN_CHECK(f.threads >= 0, "--threads must be a positive integer, got ", f.threads);
+  REGEN_CHECK(f.lm_head_chunk == ModelFlags::kPresetHeadChunk ||
+                  (f.lm_head_chunk >= -1 && f.lm_head_chunk <= kIntMax),
+              "--lm-head-chunk must be an integer from -1 to ", kIntMax,
+              " (-1 unfused, 0 automatic chunks, N rows per chunk), got ", f.lm_head_chunk);
   REGEN_CHECK(f.optimizer == "sgd" || f.optimizer == "adamw",
               "--optimizer must be sgd or adamw, got '", f.optimizer, "'");
 }
@@ -235,6 +244,11 @@ ModelConfig model_config(const ModelFlags& flags) {
     REGEN_CHECK(c.family == ModelFamily::transformer,
                 "--dropout applies to Transformer models, not '", flags.model, "'");
     c.dropout = static_cast<float>(flags.dropout);
+  }
+  if (flags.lm_head_chunk != ModelFlags::kPresetHeadChunk) {
+    REGEN_CHECK(c.family == ModelFamily::transformer,
+                "--lm-head-chunk applies to Transformer models, not '", flags.model, "'");
+    c.head_chunk_rows = flags.lm_head_chunk;
   }
   if (flags.data.rfind("text:", 0) == 0 && c.family == ModelFamily::transformer) {
     // Byte tokens take the values 0..255: the embedding and the head need 256 rows.
@@ -308,10 +322,18 @@ void check_batch_fits(const ModelConfig& c, int64_t batch, Device device) {
                 std::max(static_cast<double>(c.base_width) * half * half * 4,
                          static_cast<double>(c.num_classes) * 4));
   } else {
-    // Tokens and targets (i64), the head's input (B, S, D) and the logits (B, S, V) in f32:
-    // all four are alive when the head runs.
-    need = n * static_cast<double>(c.seq_len) *
-           (16 + 4 * static_cast<double>(c.d_model) + 4 * static_cast<double>(c.vocab));
+    // Tokens and targets (i64), the head's input (B, S, D) and the logits in f32: all four are
+    // alive when the head runs. The logits are (B*S, V), or one chunk of rows of them when the
+    // head is fused with the loss (ModelConfig::head_chunk_rows).
+    const double rows = n * static_cast<double>(c.seq_len);
+    double head_rows = rows;
+    if (c.head_chunk_rows > 0) head_rows = std::min(rows, static_cast<double>(c.head_chunk_rows));
+    if (c.head_chunk_rows == 0) {
+      const double most = std::max(1.0, std::floor((32.0 * (1 << 20)) / (4.0 * c.vocab)));
+      head_rows = std::min(rows, most);
+    }
+    need = rows * (16 + 4 * static_cast<double>(c.d_model)) +
+           head_rows * 4 * static_cast<double>(c.vocab);
   }
   const double have = device_memory_bytes(device);
   REGEN_CHECK(have <= 0 || need <= have, "--batch ", batch, " is too large for memory: one ",
@@ -382,6 +404,9 @@ void save_checkpoint(const Session& s, const std::string& path, int64_t steps) {
   if (c.family == ModelFamily::transformer) {
     meta["vocab"] = std::to_string(c.vocab);
     meta["seq_len"] = std::to_string(c.seq_len);
+    // How the run computed its loss; informational (the head's parameters are the same either
+    // way, so loading does not compare it).
+    meta["lm_head_chunk"] = std::to_string(c.head_chunk_rows);
   } else {
     meta["num_classes"] = std::to_string(c.num_classes);
   }

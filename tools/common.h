@@ -43,6 +43,10 @@ struct ModelFlags {
   int64_t seq_len = 0;
   int64_t vocab = 0;    // 0: the preset's (Transformer)
   double dropout = -1;  // < 0: the preset's
+  // Transformer LM head in training: -1 unfused (logits, then cross_entropy), 0 fused with
+  // automatic chunks, N fused with N rows per chunk; kPresetHeadChunk: the preset's (fused, auto).
+  static constexpr int64_t kPresetHeadChunk = -2;
+  int64_t lm_head_chunk = kPresetHeadChunk;
   std::string optimizer = "sgd";
   double lr = 0.1;
   double momentum = 0.9;
@@ -61,8 +65,8 @@ void add_model_flags(CLI::App& app, ModelFlags& f, bool with_batch = true);
 // it; it also guards callers that fill ModelFlags in code). Throws regen::Error naming the flag.
 void check_model_flags(const ModelFlags& f);
 
-// The preset named by --model with --image-size, --num-classes, --seq-len, --vocab, --dropout
-// and --seed applied. Throws regen::Error for a flag that does not fit the model.
+// The preset named by --model with --image-size, --num-classes, --seq-len, --vocab, --dropout,
+// --lm-head-chunk and --seed applied. Throws regen::Error for a flag that does not fit the model.
 ModelConfig model_config(const ModelFlags& f);
 
 // "auto": cuda:0 when regen was built with CUDA and a GPU is visible, else cpu.
