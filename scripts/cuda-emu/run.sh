@@ -24,10 +24,16 @@ srcs=$(ls "$B"/gen/*.cpp "$ROOT"/kernels/cuda/*.cpp "$ROOT"/kernels/cpu/*.cpp "$
   "$ROOT"/autograd/*.cpp "$ROOT"/core/allocator.cpp "$ROOT"/core/tensor.cpp "$ROOT"/core/types.cpp \
   "$ROOT"/core/error.cpp "$ROOT"/core/io.cpp "$ROOT"/core/safetensors.cpp "$ROOT"/models/*.cpp \
   "$ROOT"/remat/*.cpp "$HERE"/emu_runtime.cpp)
-# One object per source, named after its folder and file; rebuilt when the source is newer.
+# One object per source, named after its folder and file; rebuilt when the source, or any header
+# of the tree (coarse, but a changed inline function reaches every object that uses it), is newer.
+newest_header=$(find "$ROOT"/core "$ROOT"/kernels "$ROOT"/autograd "$ROOT"/models "$ROOT"/remat \
+  "$HERE" \( -name '*.h' -o -name '*.cuh' \) -printf '%T@ %p\n' | sort -n | tail -1 | cut -d' ' -f2-)
+export newest_header
 echo "$srcs" | xargs -P "$JOBS" -I{} sh -c '
   src={}; obj='"$B"'/obj/$(basename $(dirname $src))_$(basename $src .cpp).o
-  if [ ! -f $obj ] || [ $src -nt $obj ]; then $CXXCMD -c $src -o $obj || exit 255; fi'
+  if [ ! -f $obj ] || [ $src -nt $obj ] || [ "$newest_header" -nt $obj ]; then
+    $CXXCMD -c $src -o $obj || exit 255
+  fi'
 objs=$(ls "$B"/obj/*.o)
 build_test() {  # name source
   $CXXCMD $defs -c "$2" -o "$B/$1.o"
