@@ -10,6 +10,7 @@
 #include <set>
 
 #include "core/io.h"
+#include "remat/chain.h"
 
 namespace regen {
 
@@ -67,6 +68,10 @@ int64_t Budget::resolve(int64_t no_remat_peak) const {
   return 0;
 }
 
+Schedule plan_schedule(const Profile& p, const Plan& plan) {
+  return build_schedule(p, plan.decisions, plan.keep_chain, plan.regenerations);
+}
+
 int64_t Plan::recomputed() const {
   return std::count(decisions.begin(), decisions.end(), Decision::recompute);
 }
@@ -79,7 +84,7 @@ int64_t Plan::recomputed_bytes(const Profile& p) const {
   return b;
 }
 
-std::vector<std::string> policy_names() { return {"none", "blocks", "sqrt", "mutwo"}; }
+std::vector<std::string> policy_names() { return {"none", "blocks", "sqrt", "mutwo", "dp"}; }
 
 std::vector<std::string> chain_names() { return {"auto", "keep", "drop"}; }
 
@@ -96,8 +101,11 @@ PolicySpec parse_policy_spec(const std::string& text) {
   const size_t colon = text.find(':');
   spec.policy = text.substr(0, colon);
   const std::vector<std::string> names = policy_names();
-  REGEN_CHECK(std::count(names.begin(), names.end(), spec.policy), "unknown policy '", spec.policy,
-              "' in '", text, "': known policies are none, blocks, sqrt, mutwo");
+  if (!std::count(names.begin(), names.end(), spec.policy)) {
+    std::string known;
+    for (const std::string& n : names) known += (known.empty() ? "" : ", ") + n;
+    REGEN_FAIL("unknown policy '", spec.policy, "' in '", text, "': known policies are ", known);
+  }
   if (colon != std::string::npos) spec.chain = parse_chain(text.substr(colon + 1));
   return spec;
 }
@@ -389,7 +397,7 @@ Plan plan_in_mode(const Simulator& sim, const std::string& policy, const Budget&
     plan.predicted = none;
   } else if (policy == "sqrt") {
     plan.decisions = sqrt_segments(p);
-    plan.predicted = sim.run(build_schedule(p, plan.decisions, plan.keep_chain));
+    plan.predicted = sim.run(plan_schedule(p, plan));
     lowest = std::min(lowest, plan.predicted.peak_allocated);
     plan.note = std::to_string(p.blocks.size()) + " blocks in segments of " +
                 std::to_string(static_cast<int>(std::ceil(std::sqrt(double(p.blocks.size())))));
@@ -406,7 +414,7 @@ Plan plan_in_mode(const Simulator& sim, const std::string& policy, const Budget&
     if (plan.budget_bytes == 0 && policy == "blocks") {
       // torch.utils.checkpoint on every block.
       plan.decisions = make(n);
-      plan.predicted = sim.run(build_schedule(p, plan.decisions, plan.keep_chain));
+      plan.predicted = sim.run(plan_schedule(p, plan));
       lowest = std::min(lowest, plan.predicted.peak_allocated);
       plan.note = "checkpointed all " + std::to_string(n) + " blocks";
     } else {
@@ -424,6 +432,69 @@ Plan plan_in_mode(const Simulator& sim, const std::string& policy, const Budget&
   plan.lowest_peak = std::min(lowest, plan.predicted.peak_allocated);
   plan.feasible = plan.budget_bytes == 0 || plan.predicted.peak_allocated <= plan.budget_bytes;
   return plan;  // make_plan writes the note of an infeasible plan
+}
+
+// The chain DP (chain.h): every distinct plan the programme yields over all budget levels is
+// simulated exactly, with the all-retain plan; the answer is the fastest that fits. The set does
+// not depend on the budget, so as the budget falls the chosen peak never rises and the predicted
+// time never falls.
+// The dp planner simulates at most this many of the programme's plans (planning time).
+constexpr size_t kDpSimulated = 384;
+
+Plan plan_dp(const Simulator& sim, const Budget& budget) {
+  const Profile& p = sim.profile();
+  Plan plan;
+  plan.policy = "dp";
+  plan.budget_text = budget.str();
+  plan.keep_chain = false;
+  const Decisions all_retain(p.saved.size(), Decision::retain);
+  const SimResult none = sim.run(build_schedule(p, all_retain));
+  plan.no_remat_peak = none.peak_allocated;
+  plan.budget_bytes = budget.resolve(none.peak_allocated);
+  plan.lower_bound = memory_lower_bound(p);
+  const ChainModel model = build_chain_model(p);
+  const std::vector<ChainPlan> cands = chain_plans(p, model);
+  struct Point {
+    int64_t cand;  // -1: all retain
+    SimResult r;
+  };
+  std::vector<Point> points = {{-1, none}};
+  // At most kDpSimulated of them, evenly spread from the largest budget level to the lowest.
+  const size_t nc = cands.size(), take = std::min(nc, kDpSimulated);
+  for (size_t k = 0; k < take; ++k) {
+    const size_t i = take == 1 ? 0 : k * (nc - 1) / (take - 1);
+    if (!points.empty() && points.back().cand == static_cast<int64_t>(i)) continue;
+    points.push_back({static_cast<int64_t>(i),
+                      sim.run(build_schedule(p, cands[i].decisions, false, cands[i].regenerations))});
+  }
+  int64_t lowest = none.peak_allocated;
+  for (const Point& pt : points) lowest = std::min(lowest, pt.r.peak_allocated);
+  // The fastest that fits; without a budget, or when none fits, the fastest within kNearLowest
+  // of the lowest peak. Ties: the lower peak, then the earlier (larger-budget) plan.
+  const bool aim_low = plan.budget_bytes == 0 || lowest > plan.budget_bytes;
+  const Point* best = nullptr;
+  for (const Point& pt : points) {
+    const bool ok = aim_low ? near_lowest(pt.r.peak_allocated, lowest) : pt.r.peak_allocated <= plan.budget_bytes;
+    if (!ok) continue;
+    if (!best || pt.r.time_ms < best->r.time_ms ||
+        (pt.r.time_ms == best->r.time_ms && pt.r.peak_allocated < best->r.peak_allocated)) {
+      best = &pt;
+    }
+  }
+  REGEN_ASSERT(best);
+  if (best->cand < 0) {
+    plan.decisions = all_retain;
+    plan.keep_chain = true;
+  } else {
+    plan.decisions = cands[static_cast<size_t>(best->cand)].decisions;
+    plan.regenerations = cands[static_cast<size_t>(best->cand)].regenerations;
+  }
+  plan.predicted = best->r;
+  plan.lowest_peak = lowest;
+  plan.feasible = plan.budget_bytes == 0 || plan.predicted.peak_allocated <= plan.budget_bytes;
+  plan.note = model.note + "; the programme yields " + std::to_string(cands.size()) + " plans, " +
+              std::to_string(points.size() - 1) + " simulated";
+  return plan;
 }
 
 // Whether plan a is the better answer to the budget than plan b.
@@ -456,7 +527,11 @@ Plan make_plan(const Simulator& sim, const std::string& policy, const Budget& bu
   }
   Plan plan;
   std::string chain_note;
-  if (chain == Chain::automatic && policy == "mutwo") {
+  if (policy == "dp") {
+    REGEN_CHECK(chain != Chain::keep, "the dp policy decides what each regeneration restores itself; "
+                "it takes no chain mode (got keep)");
+    plan = plan_dp(sim, budget);
+  } else if (chain == Chain::automatic && policy == "mutwo") {
     Plan keep = plan_in_mode(sim, policy, budget, true, picks);
     Plan drop = plan_in_mode(sim, policy, budget, false, picks);
     const bool take_keep = !better(drop, keep);
@@ -512,6 +587,14 @@ void save_plan(const Plan& plan, const Profile& p, const std::string& path) {
                  {"decision", decision_name(plan.decisions[i])}});
   }
   j["decisions"] = std::move(d);
+  nlohmann::json regen = nlohmann::json::array();
+  for (const Regeneration& r : plan.regenerations) {
+    nlohmann::json names = nlohmann::json::array();
+    for (int32_t s : r.saved) names.push_back({{"saved", s}, {"name", p.saved[static_cast<size_t>(s)].name}});
+    regen.push_back({{"before", r.node}, {"before_name", p.nodes[static_cast<size_t>(r.node)].name},
+                     {"restore", std::move(names)}});
+  }
+  j["regenerations"] = std::move(regen);
   write_file_atomic(path, j.dump(1));
 }
 
@@ -551,6 +634,34 @@ Plan load_plan(const std::string& path, const Profile& p) {
       plan.decisions[i] = v == "RECOMPUTE" ? Decision::recompute : Decision::retain;
       REGEN_CHECK(plan.decisions[i] == Decision::retain || p.saved[i].candidate, origin,
                   ": saved tensor '", p.saved[i].name, "' cannot be recomputed");
+    }
+    if (j.contains("regenerations")) {
+      const auto& regen = j.at("regenerations");
+      REGEN_CHECK(regen.is_array(), origin, ": \"regenerations\" is not an array");
+      for (const auto& r : regen) {
+        Regeneration g;
+        g.node = r.at("before").get<int32_t>();
+        REGEN_CHECK(g.node >= 0 && static_cast<size_t>(g.node) < p.nodes.size() &&
+                        r.at("before_name").get<std::string>() == p.nodes[static_cast<size_t>(g.node)].name,
+                    origin, ": a regeneration names node ", g.node, " '",
+                    r.at("before_name").get<std::string>(), "', which does not match the profile");
+        for (const auto& e : r.at("restore")) {
+          const int64_t i = e.at("saved").get<int64_t>();
+          REGEN_CHECK(i >= 0 && static_cast<size_t>(i) < p.saved.size() &&
+                          e.at("name").get<std::string>() == p.saved[static_cast<size_t>(i)].name,
+                      origin, ": a regeneration names saved tensor ", i, " '",
+                      e.at("name").get<std::string>(), "', which does not match the profile");
+          g.saved.push_back(static_cast<int32_t>(i));
+        }
+        plan.regenerations.push_back(std::move(g));
+      }
+    }
+    // The schedule builder checks what no single field can: each named tensor is evicted when
+    // its regeneration runs.
+    try {
+      build_schedule(p, plan.decisions, plan.keep_chain, plan.regenerations);
+    } catch (const Error& e) {
+      REGEN_FAIL(origin, ": ", e.what());
     }
   } catch (const Error&) {
     throw;

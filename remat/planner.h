@@ -40,6 +40,7 @@ struct Plan {
   int64_t budget_bytes = 0;  // 0: no budget
   std::vector<Decision> decisions;
   bool keep_chain = true;
+  std::vector<Regeneration> regenerations;  // explicit ones (schedule.h); most planners have none
   bool feasible = true;      // predicted peak <= budget (always true without a budget)
   SimResult predicted;       // exact simulation of this plan
   int64_t no_remat_peak = 0;
@@ -50,6 +51,10 @@ struct Plan {
   int64_t recomputed() const;
   int64_t recomputed_bytes(const Profile& p) const;
 };
+
+// The schedule a plan runs: its decisions, chain mode and explicit regenerations. Everything that
+// simulates or executes a plan goes through this, so the two cannot disagree.
+Schedule plan_schedule(const Profile& p, const Plan& plan);
 
 enum class Chain { automatic, keep, drop };
 std::vector<std::string> chain_names();  // "auto", "keep", "drop"

@@ -69,8 +69,24 @@ double standalone_recompute_ms(const Profile& p, int32_t s) {
   return ms;
 }
 
+std::vector<int32_t> regeneration_nodes(const Profile& p, const std::vector<char>& evicted,
+                                        const std::vector<int32_t>& targets) {
+  REGEN_CHECK(evicted.size() == p.saved.size(), "regeneration_nodes: ", evicted.size(),
+              " flags for ", p.saved.size(), " saved tensors");
+  std::vector<State> state(p.saved.size(), State::resident);
+  for (size_t s = 0; s < state.size(); ++s) {
+    if (evicted[s]) state[s] = State::evicted;
+  }
+  ProgramBuilder b(p, state);
+  for (int32_t s : targets) b.need(p.saved[static_cast<size_t>(s)].value);
+  std::vector<int32_t> nodes;
+  for (const ReplayStep& st : b.steps()) nodes.push_back(st.node);
+  std::sort(nodes.begin(), nodes.end());
+  return nodes;
+}
+
 Schedule build_schedule(const Profile& p, const std::vector<Decision>& decisions,
-                        bool keep_chain) {
+                        bool keep_chain, const std::vector<Regeneration>& regenerations) {
   const size_t ns = p.saved.size();
   REGEN_CHECK(decisions.size() == ns, "schedule: ", decisions.size(), " decisions for ", ns,
               " saved tensors");
@@ -95,6 +111,22 @@ Schedule build_schedule(const Profile& p, const std::vector<Decision>& decisions
   std::vector<int> uses_left(ns, 0);
   std::vector<char> active(p.nodes.size(), 0);
   for (int32_t n : p.backward_order) active[static_cast<size_t>(n)] = 1;
+  // Explicit regenerations, by backward node.
+  std::vector<std::vector<int32_t>> explicit_at(p.nodes.size());
+  for (const Regeneration& r : regenerations) {
+    REGEN_CHECK(r.node >= 0 && static_cast<size_t>(r.node) < p.nodes.size() &&
+                    active[static_cast<size_t>(r.node)],
+                "schedule: a regeneration names node ", r.node,
+                ", which is not a node that backward runs");
+    for (int32_t s : r.saved) {
+      REGEN_CHECK(s >= 0 && static_cast<size_t>(s) < ns && decisions[static_cast<size_t>(s)] ==
+                                                               Decision::recompute,
+                  "schedule: the regeneration before node ", r.node, " (",
+                  p.nodes[static_cast<size_t>(r.node)].name, ") names saved tensor ", s,
+                  ", which the plan does not recompute");
+      explicit_at[static_cast<size_t>(r.node)].push_back(s);
+    }
+  }
   for (size_t s = 0; s < ns; ++s) {
     for (int32_t r : p.saved[s].readers) uses_left[s] += active[static_cast<size_t>(r)];
     if (uses_left[s] == 0) state[s] = State::released;
@@ -109,14 +141,30 @@ Schedule build_schedule(const Profile& p, const std::vector<Decision>& decisions
     }
     RegenProgram prog;
     prog.backward_node = j;
+    for (int32_t s : explicit_at[static_cast<size_t>(j)]) {
+      REGEN_CHECK(state[static_cast<size_t>(s)] == State::evicted, "schedule: the regeneration before node ",
+                  j, " (", node.name, ") names saved tensor ", s, " (", p.saved[static_cast<size_t>(s)].name,
+                  "), which is ", state[static_cast<size_t>(s)] == State::resident ? "resident" : "released",
+                  " by then");
+      if (std::find(prog.targets.begin(), prog.targets.end(), s) == prog.targets.end()) {
+        prog.targets.push_back(s);
+      }
+    }
     for (int32_t s : distinct) {
       REGEN_ASSERT(state[static_cast<size_t>(s)] != State::released);
-      if (state[static_cast<size_t>(s)] == State::evicted) prog.targets.push_back(s);
+      if (state[static_cast<size_t>(s)] == State::evicted &&
+          std::find(prog.targets.begin(), prog.targets.end(), s) == prog.targets.end()) {
+        prog.targets.push_back(s);
+      }
     }
     if (!prog.targets.empty()) {
       ProgramBuilder b(p, state);
       for (int32_t s : prog.targets) b.need(p.saved[static_cast<size_t>(s)].value);
       prog.steps = std::move(b.steps());
+      // Forward order: every input's producer has a smaller index, so this is a valid order, and
+      // the replay holds what the forward pass held at the same point.
+      std::sort(prog.steps.begin(), prog.steps.end(),
+                [](const ReplayStep& a, const ReplayStep& b) { return a.node < b.node; });
       // Fates: restore evicted saved roots that backward needs (targets, and with keep_chain any
       // still-needed one); keep outputs later steps read; drop the rest.
       std::map<int64_t, size_t> last_use;  // value -> last step reading it

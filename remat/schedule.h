@@ -36,6 +36,17 @@ struct RegenProgram {
   double time_ms = 0;            // sum of the replayed nodes' forward medians
 };
 
+// An explicit regeneration chosen by a planner: just before backward node `node` runs, the saved
+// tensors in `saved` (all evicted at that point) are regenerated and restored; like any restored
+// tensor they then stay resident until their last backward use. Planners that decide where the
+// chain of blocks is re-run (checkpoints restored early, a block's inside restored at once) say
+// it this way; without them, each evicted tensor is regenerated just before the first backward
+// node that reads it.
+struct Regeneration {
+  int32_t node = -1;           // a node that backward runs (forward index)
+  std::vector<int32_t> saved;  // saved indices
+};
+
 struct Schedule {
   std::vector<std::vector<int32_t>> evict_after;  // per forward node: saved indices to evict
   std::vector<RegenProgram> programs;             // in backward order
@@ -48,11 +59,20 @@ struct Schedule {
 // Builds the schedule of `decisions` (one per saved tensor; only candidates may be recompute).
 // keep_chain: a saved tensor regenerated on the way to another is kept when backward still
 // needs it (what torch.utils.checkpoint does for a block), instead of being recomputed again.
+// regenerations: explicit ones (above); each names a backward node and saved tensors that are
+// evicted when that node is reached (throws regen::Error naming the first that is not).
+// A program replays its nodes in forward order, as the forward pass ran them.
 Schedule build_schedule(const Profile& p, const std::vector<Decision>& decisions,
-                        bool keep_chain = true);
+                        bool keep_chain = true,
+                        const std::vector<Regeneration>& regenerations = {});
 
 // Forward time of regenerating saved tensor `s` from retained tensors when every other saved
 // tensor is resident (the per-activation recompute time of the profile).
 double standalone_recompute_ms(const Profile& p, int32_t s);
+
+// The forward nodes (in forward order) one regeneration of `targets` replays when exactly the
+// saved tensors marked in `evicted` are not resident: what build_schedule's program would run.
+std::vector<int32_t> regeneration_nodes(const Profile& p, const std::vector<char>& evicted,
+                                        const std::vector<int32_t>& targets);
 
 }  // namespace regen

@@ -184,7 +184,7 @@ inline void check_model(const ModelConfig& cfg, int64_t batch, const std::vector
       if (plan.recomputed() > 0) ++recomputing_plans;
       fresh_allocator(device);
       Run run = make_run(cfg, batch, device);
-      RematExecutor exec(profile, build_schedule(profile, plan.decisions, plan.keep_chain));
+      RematExecutor exec(profile, plan_schedule(profile, plan));
       const Trace got = train(run, 3, &exec);
       // Bitwise identical training.
       REQUIRE(got.losses.size() == ref.losses.size());

@@ -12,16 +12,19 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <csignal>
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
+#include <map>
 #include <string>
 #include <vector>
 
 #include "core/io.h"
 #include "core/safetensors.h"
+#include "remat/planner.h"
 #include "tests/test_util.h"
 #include "tools/common.h"
 
@@ -288,7 +291,9 @@ TEST_CASE("cli: --help lists every flag") {
   }
   const Result all = regen_run(dir, {"--help-all"});
   CHECK(all.status == 0);
-  for (const char* cmd : {"train", "profile", "plan", "sweep", "bench"}) CHECK(has(all.out, cmd));
+  for (const char* cmd : {"train", "profile", "plan", "sweep", "frontier", "bench"}) {
+    CHECK(has(all.out, cmd));
+  }
 }
 
 TEST_CASE("cli: bench train prints what it measured and writes --json atomically") {
@@ -335,6 +340,180 @@ TEST_CASE("cli: bench train prints what it measured and writes --json atomically
   CHECK(has(peer.out, "python3 tools/torch_baseline.py --device cpu --threads 2 --model "
                       "transformer --batches 1 --seq-len 4 --dropout 0.1 --lr 0.1 --modes eager "
                       "--math fp32 --warmup 0 --steps 1 --csv torch.csv"));
+}
+
+namespace {
+
+std::vector<std::string> split_csv_line(const std::string& line) {
+  std::vector<std::string> out(1);
+  for (char ch : line) {
+    if (ch == ',') {
+      out.emplace_back();
+    } else {
+      out.back() += ch;
+    }
+  }
+  return out;
+}
+
+// frontier.csv as rows of named fields (every row as wide as the header).
+std::vector<std::map<std::string, std::string>> read_csv(const std::string& path) {
+  std::vector<std::map<std::string, std::string>> rows;
+  std::vector<std::string> header;
+  size_t start = 0;
+  const std::string text = read_file(path);
+  while (start < text.size()) {
+    const size_t end = text.find('\n', start);
+    REQUIRE(end != std::string::npos);  // every line ends
+    const std::vector<std::string> fields = split_csv_line(text.substr(start, end - start));
+    start = end + 1;
+    if (header.empty()) {
+      header = fields;
+      continue;
+    }
+    REQUIRE(fields.size() == header.size());
+    std::map<std::string, std::string> row;
+    for (size_t i = 0; i < fields.size(); ++i) row[header[i]] = fields[i];
+    rows.push_back(std::move(row));
+  }
+  REQUIRE(!header.empty());
+  for (const char* col :
+       {"model", "batch", "device", "threads", "policy", "budget_bytes", "budget_fraction",
+        "feasible", "predicted_peak_allocated", "predicted_peak_reserved", "predicted_ms",
+        "profiled_ms", "overhead_pct", "recompute_ms", "replays", "recomputed", "planning_ms",
+        "executed", "measured_peak_allocated", "measured_peak_reserved", "measured_ms", "exact"}) {
+    CHECK_MESSAGE(std::count(header.begin(), header.end(), col) == 1, "no column ", col);
+  }
+  return rows;
+}
+
+}  // namespace
+
+TEST_CASE("cli: frontier plans every policy from the lower bound to the no-remat peak") {
+  TempDir dir;
+  const Result prof = regen_run(
+      dir, {"profile", "--model", "transformer-tiny", "--batch", "2", "--out", dir.path});
+  CAPTURE(prof.err);
+  REQUIRE(prof.status == 0);
+  const std::string profile = dir.file("profile.json");
+  const std::string out = dir.file("fr");  // created by the command
+  const Result r = regen_run(dir, {"frontier", "--profile", profile, "--points", "5", "--execute",
+                                   "1", "--model", "transformer-tiny", "--batch", "2", "--steps",
+                                   "2", "--out", out});
+  CAPTURE(r.err);
+  CAPTURE(r.out);
+  REQUIRE(r.status == 0);
+  CHECK(has(r.out, "frontier of transformer-tiny batch 2 on cpu"));
+  CHECK(has(r.out, "frontier checks"));
+  CHECK(has(r.out, "no remat: peak"));
+  CHECK(!has(r.out, "DIFFERS"));
+
+  std::vector<std::string> planners;
+  for (const std::string& n : policy_names()) {
+    if (n != "none") planners.push_back(n);
+  }
+  const auto rows = read_csv(out + "/frontier.csv");
+  REQUIRE(rows.size() == 5 * planners.size() + 2);  // + the no-remat and lower-bound rows
+  CHECK(rows[0].at("policy") == "none");
+  CHECK(rows[1].at("policy") == "lower_bound");
+  const int64_t peak = std::stoll(rows[0].at("predicted_peak_allocated"));
+  const int64_t bound = std::stoll(rows[1].at("predicted_peak_allocated"));
+  CHECK(bound > 0);
+  CHECK(bound <= peak);
+  CHECK(rows[0].at("executed") == "1");
+  CHECK(rows[0].at("exact") == "1");
+  for (const auto& row : rows) {
+    CHECK(row.at("model") == "transformer-tiny");
+    CHECK(row.at("batch") == "2");
+    CHECK(row.at("device") == "cpu");
+  }
+  int executed = 0;
+  for (size_t k = 0; k < planners.size(); ++k) {
+    CAPTURE(planners[k]);
+    bool any_feasible = false, any_executed = false;
+    int64_t last = -1;
+    for (size_t i = 0; i < 5; ++i) {
+      const auto& row = rows[2 + 5 * k + i];
+      REQUIRE(row.at("policy") == planners[k]);
+      // Budgets evenly spaced, falling from the no-remat peak to the lower bound.
+      const int64_t b = std::stoll(row.at("budget_bytes"));
+      CHECK(b == peak - ((peak - bound) * static_cast<int64_t>(i) + 2) / 4);
+      if (last >= 0) CHECK(b <= last);
+      last = b;
+      const bool feasible = row.at("feasible") == "1";
+      any_feasible |= feasible;
+      if (feasible) CHECK(std::stoll(row.at("predicted_peak_allocated")) <= b);
+      if (row.at("executed") == "1") {
+        any_executed = true;
+        ++executed;
+        CHECK(feasible);
+        CHECK(row.at("exact") == "1");
+        CHECK(row.at("measured_peak_allocated") == row.at("predicted_peak_allocated"));
+        CHECK(row.at("measured_peak_reserved") == row.at("predicted_peak_reserved"));
+        CHECK(std::stod(row.at("measured_ms")) > 0);
+      } else {
+        CHECK(row.at("exact").empty());
+        CHECK(row.at("measured_ms").empty());
+      }
+    }
+    CHECK(any_executed == any_feasible);  // --execute 1: one plan per policy that has one
+    CHECK(has(r.out, "  " + planners[k] + ": "));  // its property check
+  }
+  CHECK(executed > 0);
+}
+
+TEST_CASE("cli: frontier refuses bad flags before any work") {
+  TempDir dir;
+  const Result prof = regen_run(
+      dir, {"profile", "--model", "transformer-tiny", "--batch", "2", "--out", dir.path});
+  REQUIRE(prof.status == 0);
+  const std::string profile = dir.file("profile.json");
+  const std::string out = dir.file("never");
+  auto frontier = [&](std::vector<std::string> more) {
+    std::vector<std::string> args = {"frontier", "--profile", profile, "--out", out};
+    args.insert(args.end(), more.begin(), more.end());
+    return args;
+  };
+  expect_failure(dir, frontier({"--points", "1"}),
+                 {"--points must be an integer from 2 to 100000, got 1"});
+  expect_failure(dir, frontier({"--execute", "-1"}),
+                 {"--execute must be a non-negative integer, got -1"});
+  expect_failure(dir, frontier({"--steps", "1"}), {"--steps must be an integer from 2"});
+  expect_failure(dir, frontier({"--policies", "nosuch"}),
+                 {"--policies: unknown policy 'nosuch'", "known policies are blocks"});
+  expect_failure(dir, frontier({"--policies", "mutwo:sideways"}),
+                 {"--policies", "unknown chain mode 'sideways'"});
+  expect_failure(dir, frontier({"--policies", "none"}), {"--policies", "'none' is the baseline"});
+  expect_failure(dir, frontier({"--policies", "sqrt,sqrt"}), {"--policies", "named twice"});
+  expect_failure(dir, {"frontier", "--profile", dir.file("missing.json"), "--out", out},
+                 {"--profile", "missing.json: no such file"});
+  // Executing needs the model the profile was made from.
+  expect_failure(dir, frontier({"--execute", "1", "--model", "transformer-tiny", "--batch", "3"}),
+                 {"--profile", "is for transformer-tiny batch 2", "--batch 3"});
+  expect_failure(dir, frontier({"--model", "resnet-tiny", "--batch", "2"}),
+                 {"--profile", "is for transformer-tiny batch 2", "--model resnet-tiny"});
+  expect_failure(dir, frontier({"--execute", "1"}),
+                 {"--execute 1", "pass --model transformer-tiny --batch 2"});
+  expect_failure(dir, frontier({"--model", "transformer-tiny", "--batch", "2", "--threads", "7"}),
+                 {"--threads 7", "threads"});
+  expect_failure(dir, {"frontier", "--model", "transformer-tiny", "--image-size", "64", "--out",
+                       out},
+                 {"--image-size applies to ResNet models"});
+  CHECK(!std::filesystem::exists(out));  // refused before the folder was made
+  // Another model under the same name and batch: the no-remat run does not match the profile.
+  expect_failure(dir, frontier({"--model", "transformer-tiny", "--batch", "2", "--seq-len", "8",
+                                "--points", "2", "--execute", "1", "--steps", "2"}),
+                 {"--profile", "the model flags do not build the profiled model"});
+  // --out naming a file.
+  write_file_atomic(dir.file("file.txt"), "x");
+  expect_failure(dir, {"frontier", "--profile", profile, "--out", dir.file("file.txt")},
+                 {"--out", "is a file, not a folder"});
+  // Plan only: --profile alone plans without executing.
+  const Result plan = regen_run(dir, frontier({"--points", "2", "--policies", "sqrt"}));
+  CAPTURE(plan.err);
+  CHECK(plan.status == 0);
+  CHECK(has(plan.out, "plan only"));
+  CHECK(read_csv(out + "/frontier.csv").size() == 2 + 2);
 }
 
 TEST_CASE("cli validators: messages name the requirement and the value") {

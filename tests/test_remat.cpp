@@ -35,6 +35,14 @@ TEST_CASE("remat: transformer-tiny: exact peaks, bitwise training, budgets met (
 // transformer-tiny's default head is fused in one chunk (64 rows of 101 classes); in chunks of 24
 // rows (24, 24, 16) its forward and backward each reuse one workspace over three chunks, and the
 // unfused head holds the (64, 101) logits and their gradient. All stay exact and bitwise.
+TEST_CASE("remat: transformer-tiny: exact peaks, bitwise training, budgets met (dp)") {
+  check_model(model_preset("transformer-tiny"), 4, {"dp"});
+}
+
+TEST_CASE("remat: resnet (ResNet-50 blocks at 1/8 width, 64x64): exact peaks, bitwise training, budgets met (dp)") {
+  check_model(remat_resnet(), 8, {"dp"});
+}
+
 TEST_CASE("remat: transformer-tiny with the fused head in 3 chunks and unfused: exact peaks, bitwise training (none, blocks, mutwo)") {
   ModelConfig cfg = model_preset("transformer-tiny");
   cfg.head_chunk_rows = 24;

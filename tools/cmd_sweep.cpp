@@ -10,7 +10,6 @@
 #include <sstream>
 
 #include "core/io.h"
-#include "core/numeric.h"
 #include "remat/executor.h"
 #include "remat/profiler.h"
 #include "remat/report.h"
@@ -29,52 +28,6 @@ struct Flags {
   std::string out = "sweep";
   bool plot = false;
 };
-
-std::vector<std::string> split(const std::string& s) {
-  std::vector<std::string> out;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    if (!item.empty()) out.push_back(item);
-  }
-  return out;
-}
-
-struct Measured {
-  double ms = 0;
-  int64_t peak = 0, reserved = 0;
-  double regen_ms = 0;
-  int64_t replays = 0;
-};
-
-// A fresh model on an empty allocator, `steps` steps with the hooks installed.
-Measured measure(const ModelFlags& m, int64_t batch, int steps, RematExecutor* exec) {
-  allocator_for(resolve_device(m.device)).empty_cache();
-  auto s = make_session(m, batch);
-  if (exec) Tape::current().add_hooks(exec);
-  std::vector<double> ms;
-  Measured r;
-  try {
-    for (int i = 0; i < steps; ++i) {
-      const StepResult st = s->trainer->step();
-      ms.push_back(st.ms);
-      r.peak = std::max(r.peak, st.memory.allocated.peak);
-      r.reserved = std::max(r.reserved, st.memory.reserved.peak);
-    }
-  } catch (...) {
-    if (exec) Tape::current().remove_hooks(exec);
-    throw;
-  }
-  if (exec) {
-    Tape::current().remove_hooks(exec);
-    r.regen_ms = exec->regen_ms();
-    r.replays = exec->replays();
-  }
-  // The first step pays first-touch costs; the median of the rest is the step time.
-  if (ms.size() > 1) ms.erase(ms.begin());
-  r.ms = median(ms);
-  return r;
-}
 
 std::string timeline_csv(const Profile& p, const SimResult& r, const std::string& variant) {
   std::ostringstream os;
@@ -95,7 +48,7 @@ void run(const Flags& f) {
     REGEN_CHECK(S_ISDIR(st.st_mode), "--out '", f.out, "' is not a folder");
   }
   std::vector<int64_t> batches;
-  for (const std::string& b : split(f.batches)) {
+  for (const std::string& b : split_commas(f.batches)) {
     int64_t v = 0;
     try {
       v = std::stoll(b);
@@ -106,8 +59,8 @@ void run(const Flags& f) {
     batches.push_back(v);
   }
   REGEN_CHECK(!batches.empty(), "--batches is empty");
-  const std::vector<std::string> policies = split(f.policies);
-  const std::vector<std::string> budgets = split(f.budgets);
+  const std::vector<std::string> policies = split_commas(f.policies);
+  const std::vector<std::string> budgets = split_commas(f.budgets);
   for (const std::string& p : policies) {
     REGEN_CHECK(parse_policy_spec(p).policy != "none", "--policies: '", p,
                 "' is the baseline every batch runs anyway (use blocks, sqrt, mutwo, with an "
@@ -140,7 +93,7 @@ void run(const Flags& f) {
     }
     save_profile(profile, stem + "_b" + std::to_string(batch) + "_profile.json");
     const Simulator sim(profile);
-    const Measured base = measure(f.m, batch, f.steps, nullptr);
+    const MeasuredRun base = measure_training(f.m, batch, f.steps, nullptr);
     std::printf("   no remat: peak %s, step %.3f s\n", format_bytes(base.peak).c_str(), base.ms / 1000);
     if (batch == batches.front()) {
       SimOptions so;
@@ -164,8 +117,8 @@ void run(const Flags& f) {
         } else {
           plan = make_plan(sim, spec.policy, Budget::parse(btext), spec.chain);
         }
-        RematExecutor exec(profile, build_schedule(profile, plan.decisions, plan.keep_chain));
-        const Measured got = measure(f.m, batch, f.steps, &exec);
+        RematExecutor exec(profile, plan_schedule(profile, plan));
+        const MeasuredRun got = measure_training(f.m, batch, f.steps, &exec);
         SweepRow row;
         row.batch = batch;
         row.policy = policy;
@@ -204,7 +157,7 @@ void run(const Flags& f) {
         if (batch == batches.front() && btext == budgets.front()) {
           SimOptions so;
           so.timeline = true;
-          timelines += timeline_csv(profile, sim.run(build_schedule(profile, plan.decisions, plan.keep_chain), so),
+          timelines += timeline_csv(profile, sim.run(plan_schedule(profile, plan), so),
                                     policy + "@" + plan.budget_text);
         }
       }
@@ -233,9 +186,7 @@ void run(const Flags& f) {
               stem.c_str(), stem.c_str(), stem.c_str(), f.out.c_str());
   if (f.plot) {
     // Debian's python3 (with python3-matplotlib) rather than whatever python3 is first on PATH.
-    const char* env = std::getenv("REGEN_PYTHON");
-    struct stat py;
-    const std::string python = env ? env : (::stat("/usr/bin/python3", &py) == 0 ? "/usr/bin/python3" : "python3");
+    const std::string python = plot_python();
     const std::string cmd = python + " " REGEN_SOURCE_DIR "/tools/plot.py --summary " + stem +
                             "_summary.csv --timeline " + stem + "_timeline.csv --model " +
                             f.m.model + " --out " + f.out;

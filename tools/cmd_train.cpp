@@ -103,7 +103,7 @@ void run(const TrainFlags& f) {
     const Simulator sim(*profile);
     if (!f.plan_file.empty()) {
       plan = load_plan(f.plan_file, *profile);
-      plan.predicted = sim.run(build_schedule(*profile, plan.decisions, plan.keep_chain));
+      plan.predicted = sim.run(plan_schedule(*profile, plan));
     } else {
       plan = make_plan(sim, f.policy, Budget::parse(f.budget), parse_chain(f.chain));
     }
@@ -116,7 +116,7 @@ void run(const TrainFlags& f) {
                 plan.predicted.time_ms / 1000.0, plan.feasible ? "" : " -- INFEASIBLE");
     if (!plan.feasible) std::printf("  %s\n", plan.note.c_str());
     exec = std::make_unique<RematExecutor>(*profile,
-                                           build_schedule(*profile, plan.decisions, plan.keep_chain));
+                                           plan_schedule(*profile, plan));
     Tape::current().add_hooks(exec.get());
   }
 

@@ -2,6 +2,7 @@
 #include "tools/common.h"
 
 #include <omp.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -10,9 +11,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <sstream>
 
 #include "core/io.h"
+#include "core/numeric.h"
 #include "core/safetensors.h"
+#include "remat/executor.h"
 
 #ifdef REGEN_WITH_CUDA
 #include "core/cuda/runtime.h"
@@ -381,6 +385,50 @@ std::unique_ptr<Session> make_session(const ModelFlags& flags, int64_t batch) {
   }
   s->trainer = std::make_unique<Trainer>(*s->model, *s->optimizer, *s->data, batch, s->device);
   return s;
+}
+
+MeasuredRun measure_training(const ModelFlags& m, int64_t batch, int steps, RematExecutor* exec) {
+  allocator_for(resolve_device(m.device)).empty_cache();
+  auto s = make_session(m, batch);
+  if (exec) Tape::current().add_hooks(exec);
+  std::vector<double> ms;
+  MeasuredRun r;
+  try {
+    for (int i = 0; i < steps; ++i) {
+      const StepResult st = s->trainer->step();
+      ms.push_back(st.ms);
+      r.peak = std::max(r.peak, st.memory.allocated.peak);
+      r.reserved = std::max(r.reserved, st.memory.reserved.peak);
+    }
+  } catch (...) {
+    if (exec) Tape::current().remove_hooks(exec);
+    throw;
+  }
+  if (exec) {
+    Tape::current().remove_hooks(exec);
+    r.regen_ms = exec->regen_ms();
+    r.replays = exec->replays();
+  }
+  // The first step pays first-touch costs; the median of the rest is the step time.
+  if (ms.size() > 1) ms.erase(ms.begin());
+  r.ms = median(ms);
+  return r;
+}
+
+std::vector<std::string> split_commas(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    if (!item.empty()) out.push_back(item);
+  }
+  return out;
+}
+
+std::string plot_python() {
+  const char* env = std::getenv("REGEN_PYTHON");
+  struct stat py;
+  return env ? env : (::stat("/usr/bin/python3", &py) == 0 ? "/usr/bin/python3" : "python3");
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -9,10 +9,15 @@
 #include <limits>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "models/data.h"
 #include "models/optim.h"
 #include "models/train.h"
+
+namespace regen {
+class RematExecutor;
+}
 
 namespace regen::tool {
 
@@ -90,6 +95,26 @@ std::unique_ptr<Session> make_session(const ModelFlags& flags, int64_t batch);
 
 // Applies --threads and the CUDA settings; returns the thread count in use.
 int apply_runtime_flags(const ModelFlags& f);
+
+// One measured training run (regen sweep, regen frontier): peaks over every step, the median step
+// time of all steps but the first (which pays first-touch costs), and the executor's figures of
+// its last iteration.
+struct MeasuredRun {
+  double ms = 0;
+  int64_t peak = 0, reserved = 0;  // peak allocated and reserved bytes
+  double regen_ms = 0;             // regeneration time of the last step (with an executor)
+  int64_t replays = 0;
+};
+// A fresh session (make_session) on an emptied allocator, `steps` steps with `exec` (may be null:
+// no rematerialization) installed as tape hooks and removed again, also when a step throws.
+MeasuredRun measure_training(const ModelFlags& m, int64_t batch, int steps, RematExecutor* exec);
+
+// "a,b,,c" -> {"a", "b", "c"} (empty items dropped).
+std::vector<std::string> split_commas(const std::string& s);
+
+// The python that draws plots: $REGEN_PYTHON, else Debian's /usr/bin/python3 (with
+// python3-matplotlib) when present, else whatever python3 is first on PATH.
+std::string plot_python();
 
 // Throws regen::Error naming the flag when `path` cannot be written (io.h why_not_writable):
 // call before a long run for every output it will write at the end.

@@ -1,10 +1,13 @@
 #!/usr/bin/env python3
-"""Plots of a `regen sweep` (Debian's python3-matplotlib):
+"""Plots of a `regen sweep` and of a `regen frontier` (Debian's python3-matplotlib):
   <model>_peak_memory.png   peak memory vs batch size, without and with remat (bars)
   <model>_latency.png       iteration latency vs batch size, without and with remat
   <model>_timeline.png      memory by category over one iteration (no remat and each plan)
+  frontier.png              predicted peak vs predicted step overhead, one curve per policy,
+                            executed plans as hollow markers at their measured values
 Usage: python3 tools/plot.py --summary DIR/M_summary.csv --timeline DIR/M_timeline.csv \
          --model M --out DIR
+       python3 tools/plot.py --frontier DIR/frontier.csv --out DIR
 """
 import argparse
 import csv
@@ -106,14 +109,87 @@ def plot_timeline(path, model, out):
     plt.close(fig)
 
 
+def plot_frontier(path, out):
+    rows = read_rows(path)
+    base = next((r for r in rows if r["policy"] == "none"), None)
+    bound = next((r for r in rows if r["policy"] == "lower_bound"), None)
+    if base is None:
+        sys.exit(f"plot.py: {path} has no 'none' row (the no-remat point)")
+    peaks = [int(r["predicted_peak_allocated"]) for r in rows if r["predicted_peak_allocated"]]
+    peaks += [int(r["measured_peak_allocated"]) for r in rows if r["measured_peak_allocated"]]
+    scale, unit = (2**30, "GiB") if max(peaks) >= 2**30 else (2**20, "MiB")
+    base_ms = float(base["predicted_ms"])
+    base_measured = float(base["measured_ms"]) if base["measured_ms"] else None
+
+    fig, ax = plt.subplots(figsize=(9, 5.5))
+    policies = []
+    for r in rows:
+        if r["policy"] not in ("none", "lower_bound") and r["policy"] not in policies:
+            policies.append(r["policy"])
+    markers = "osD^v<>ph*"
+    executed_any = False
+    for i, policy in enumerate(policies):
+        sel = [r for r in rows if r["policy"] == policy and r["feasible"] == "1"]
+        sel.sort(key=lambda r: -int(r["budget_bytes"]))  # along the frontier: budgets falling
+        color = f"C{i % 10}"
+        marker = markers[i % len(markers)]
+        ax.plot([int(r["predicted_peak_allocated"]) / scale for r in sel],
+                [float(r["overhead_pct"]) for r in sel], marker=marker, markersize=4,
+                linewidth=1.2, color=color, label=policy)
+        # Each executed plan once (several budgets may have chosen it).
+        seen = set()
+        for r in sel:
+            if r["executed"] != "1" or r["plan_id"] in seen:
+                continue
+            seen.add(r["plan_id"])
+            ref = base_measured if base_measured else base_ms
+            ax.plot(int(r["measured_peak_allocated"]) / scale,
+                    100.0 * (float(r["measured_ms"]) / ref - 1.0), marker=marker, markersize=10,
+                    markerfacecolor="none", markeredgecolor=color, markeredgewidth=1.5,
+                    linestyle="none")
+            executed_any = True
+    ax.plot([int(base["predicted_peak_allocated"]) / scale], [0.0], marker="*", markersize=14,
+            color="black", linestyle="none", label="no remat")
+    if base_measured is not None:
+        ax.plot([int(base["measured_peak_allocated"]) / scale], [0.0], marker="*", markersize=18,
+                markerfacecolor="none", markeredgecolor="black", linestyle="none")
+    if bound is not None:
+        lb = int(bound["predicted_peak_allocated"]) / scale
+        ax.axvline(lb, color="gray", linestyle="--", linewidth=1,
+                   label=f"lower bound ({lb:.2f} {unit})")
+    if executed_any:
+        ax.plot([], [], marker="o", markersize=9, markerfacecolor="none", markeredgecolor="gray",
+                linestyle="none", label="executed (measured)")
+    ax.set_xlabel(f"peak memory allocated ({unit}): predicted; hollow markers: measured")
+    ax.set_ylabel("step time over no remat (%): predicted; hollow: measured")
+    ax.set_title(f"{base['model']} batch {base['batch']} on {base['device']} "
+                 f"({base['threads']} threads): memory/time frontier")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    target = os.path.join(out, "frontier.png")
+    fig.savefig(target, dpi=120)
+    plt.close(fig)
+    return target
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--summary", required=True)
+    ap.add_argument("--summary")
     ap.add_argument("--timeline")
-    ap.add_argument("--model", required=True)
+    ap.add_argument("--model")
+    ap.add_argument("--frontier", help="frontier.csv of `regen frontier` (draws frontier.png)")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
+    if a.frontier:
+        if not os.path.isfile(a.frontier):
+            sys.exit(f"plot.py: no such file: {a.frontier}")
+        print(f"wrote {plot_frontier(a.frontier, a.out)}")
+        if not a.summary:
+            return
+    if not a.summary or not a.model:
+        ap.error("--summary and --model are required (or --frontier)")
     for p in [a.summary] + ([a.timeline] if a.timeline else []):
         if not os.path.isfile(p):
             sys.exit(f"plot.py: no such file: {p}")
