@@ -226,10 +226,10 @@ void describe_stage(const Profile& p, const Levels& L, const NodeWindows& W,
 
   // The stage's backward with `held` (sorted interior) and the output resident, the rest of the
   // interior evicted. At once: one program before its first backward node restores the rest.
-  // Just in time: before each backward node, a program restores what the node reads, and also
-  // what it replays on the way that a later node of the stage reads (held until then).
+  // Just in time: before each backward node, a program restores what the node reads, and (not in
+  // the drop variant) what it replays on the way that a later node of the stage reads.
   auto backward = [&](const std::vector<int32_t>& held) {
-    std::array<StageBackward, 2> b;
+    std::array<StageBackward, kBackwardModes> b;
     const std::vector<int32_t> rest = minus(st.interior, held);
     evict_only(rest);
     std::vector<int32_t> at_once;
@@ -241,72 +241,69 @@ void describe_stage(const Profile& p, const Levels& L, const NodeWindows& W,
       b[kAtOnce].peak = std::max(b[kAtOnce].peak, st.program_rest + resident + replay_peak(at_once, rest, false));
       b[kAtOnce].regenerations.push_back({st.program_node, rest});
     }
-    StageBackward& j = b[kJustInTime];
-    std::vector<char> resident(p.saved.size(), 0);
-    int64_t alive = 0;
-    for (int32_t s : all) {
-      if (!std::binary_search(rest.begin(), rest.end(), s)) {
-        resident[static_cast<size_t>(s)] = 1;
-        alive += bytes(s);
+    for (int mode : {kJustInTime, kJustInTimeDrop}) {
+      StageBackward& j = b[static_cast<size_t>(mode)];
+      evict_only(rest);
+      std::vector<char> resident(p.saved.size(), 0);
+      int64_t alive = 0;
+      for (int32_t s : all) {
+        if (!std::binary_search(rest.begin(), rest.end(), s)) {
+          resident[static_cast<size_t>(s)] = 1;
+          alive += bytes(s);
+        }
       }
-    }
-    std::vector<int32_t> nodes;
-    for (int32_t node : back_nodes) {
-      std::vector<int32_t> targets;
-      for (int32_t s : reads(node)) {
-        if (std::binary_search(rest.begin(), rest.end(), s) && !resident[static_cast<size_t>(s)]) targets.push_back(s);
-      }
-      if (!targets.empty()) {
-        nodes.clear();
-        j.ms += replay.time(targets, &nodes);
-        std::sort(nodes.begin(), nodes.end());
-        std::vector<int32_t> restored = targets;
-        int64_t work = 0;
-        for (int32_t rn : nodes) {
-          const ProfileNode& nd = p.nodes[static_cast<size_t>(rn)];
-          for (int64_t out : nd.outputs) {
-            const int32_t s = p.values[static_cast<size_t>(out)].root == out ? p.values[static_cast<size_t>(out)].saved : -1;
-            if (s < 0 || !std::binary_search(rest.begin(), rest.end(), s) || resident[static_cast<size_t>(s)]) continue;
-            if (p.saved[static_cast<size_t>(s)].last_bw_rank >= rank_of[static_cast<size_t>(node)] &&
-                std::find(restored.begin(), restored.end(), s) == restored.end()) {
-              restored.push_back(s);
-            }
-          }
-          int64_t inputs = 0;  // replayed inputs held while this node runs
-          for (int64_t in : nd.inputs) {
-            if (in < 0) continue;
-            const ProfileValue& root = p.values[static_cast<size_t>(p.values[static_cast<size_t>(in)].root)];
-            const int32_t rp = root.producer;
-            if (rp >= 0 && std::binary_search(nodes.begin(), nodes.end(), rp)) {
-              const int32_t s = root.saved;
-              if (s < 0 || std::find(restored.begin(), restored.end(), s) == restored.end()) {
-                inputs += s >= 0 ? bytes(s) : static_cast<int64_t>(root.bytes);
+      std::vector<int32_t> nodes;
+      for (int32_t node : back_nodes) {
+        std::vector<int32_t> targets;
+        for (int32_t s : reads(node)) {
+          if (std::binary_search(rest.begin(), rest.end(), s) && !resident[static_cast<size_t>(s)]) targets.push_back(s);
+        }
+        if (!targets.empty()) {
+          nodes.clear();
+          j.ms += replay.time(targets, &nodes);
+          std::sort(nodes.begin(), nodes.end());
+          std::vector<int32_t> restored = targets;
+          for (int32_t rn : nodes) {
+            if (mode == kJustInTimeDrop) break;
+            for (int64_t out : p.nodes[static_cast<size_t>(rn)].outputs) {
+              const ProfileValue& v = p.values[static_cast<size_t>(out)];
+              const int32_t s = v.root == out ? v.saved : -1;
+              if (s < 0 || !std::binary_search(rest.begin(), rest.end(), s) || resident[static_cast<size_t>(s)]) continue;
+              if (p.saved[static_cast<size_t>(s)].last_bw_rank >= rank_of[static_cast<size_t>(node)] &&
+                  std::find(restored.begin(), restored.end(), s) == restored.end()) {
+                restored.push_back(s);
               }
             }
           }
-          work = std::max(work, inputs + L.own_peak(W.fwd_begin[static_cast<size_t>(rn)], W.fwd_end[static_cast<size_t>(rn)]));
+          std::sort(restored.begin(), restored.end());
+          j.peak = std::max(j.peak, L.rest(W.bwd_begin[static_cast<size_t>(node)]) + alive + replay_peak(nodes, restored, false));
+          for (int32_t s : restored) {
+            resident[static_cast<size_t>(s)] = 1;
+            evicted[static_cast<size_t>(s)] = 0;
+            alive += bytes(s);
+          }
+          j.regenerations.push_back({node, std::move(restored)});
         }
-        std::sort(restored.begin(), restored.end());
-        int64_t restored_bytes = 0;
-        for (int32_t s : restored) {
-          resident[static_cast<size_t>(s)] = 1;
-          evicted[static_cast<size_t>(s)] = 0;
-          restored_bytes += bytes(s);
+        // The window, with what this node releases gone from its free on.
+        std::vector<int32_t> released;
+        for (int32_t s : all) {
+          if (resident[static_cast<size_t>(s)] && last_reader(s) == node) released.push_back(s);
         }
-        j.peak = std::max(j.peak, L.rest(W.bwd_begin[static_cast<size_t>(node)]) + alive + restored_bytes + work);
-        alive += restored_bytes;
-        j.regenerations.push_back({node, std::move(restored)});
-      }
-      for (int64_t i = W.bwd_begin[static_cast<size_t>(node)]; i <= W.bwd_end[static_cast<size_t>(node)]; ++i) {
-        j.peak = std::max(j.peak, L.rest(i) + alive);
-      }
-      for (int32_t s : all) {
-        if (resident[static_cast<size_t>(s)] && last_reader(s) == node) {
+        for (int64_t i = W.bwd_begin[static_cast<size_t>(node)]; i <= W.bwd_end[static_cast<size_t>(node)]; ++i) {
+          int64_t gone = 0;
+          for (int32_t s : released) {
+            const int64_t f = L.free_at[static_cast<size_t>(s)];
+            if (f >= 0 && f < i) gone += bytes(s);
+          }
+          j.peak = std::max(j.peak, L.rest(i) + alive - gone);
+        }
+        for (int32_t s : released) {
           resident[static_cast<size_t>(s)] = 0;
           alive -= bytes(s);
           evicted[static_cast<size_t>(s)] = 1;  // released: a later replay recomputes it
         }
       }
+      for (int32_t s : all) evicted[static_cast<size_t>(s)] = 0;
     }
     evict_only({});
     for (int32_t s : all) evicted[static_cast<size_t>(s)] = 0;
@@ -450,10 +447,14 @@ ChainModel build_chain_model(const Profile& p) {
 
   // Units: a block's consecutive nodes, or one node outside blocks. Stage starts are unit starts
   // whose boundary only saved tensors cross.
+  // A view (reshape) allocates nothing and stays with the op before it.
   std::vector<int32_t> starts;
+  bool pending = false;  // a unit starts at the next op that is not a view
   for (size_t n = 0; n < nn; ++n) {
     const int32_t b = p.nodes[n].block;
-    if (n == 0 || b < 0 || b != p.nodes[n - 1].block) starts.push_back(static_cast<int32_t>(n));
+    if (!(n == 0 || b < 0 || b != p.nodes[n - 1].block || pending)) continue;
+    pending = n > 0 && p.nodes[n].is_view;
+    if (!pending) starts.push_back(static_cast<int32_t>(n));
   }
   std::vector<char> bad(nn + 1, 0);  // boundary before node a crossed by an unsaved value
   for (const ProfileValue& r : p.values) {
@@ -567,7 +568,7 @@ namespace {
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
 constexpr int16_t kNone = -1;
-constexpr int16_t kCutBase = 512;  // choice codes: 2 * option + backward mode (< kCutBase), or cuts
+constexpr int16_t kCutBase = 512;  // choice codes: option * kBackwardModes + backward mode (< kCutBase), or cuts
 
 class Programme {
  public:
@@ -575,7 +576,7 @@ class Programme {
     int64_t top = std::max<int64_t>(1, m.no_remat_peak);
     for (const ChainStage& st : m.stages) {
       REGEN_CHECK(st.holds.size() == Q_, "chain planner: stages with different hold classes");
-      REGEN_CHECK(2 * st.options.size() < static_cast<size_t>(kCutBase), "dp planner: too many options");
+      REGEN_CHECK(kBackwardModes * st.options.size() < static_cast<size_t>(kCutBase), "dp planner: too many options");
       for (int64_t v : st.pass_keep) top = std::max(top, v);
       for (const ChainOption& o : st.options) top = std::max({top, o.back[0].peak, o.back[1].peak});
       for (const ChainHold& h : st.holds) {
@@ -656,7 +657,7 @@ class Programme {
     const int64_t prog = st(t).program_rest;
     const int64_t holds = held(q, s, t);
     if (s == t) {
-      for (int v = 0; v < 2; ++v) {
+      for (int v = 0; v < kBackwardModes; ++v) {
         relax(opt_, opt_choice_, base, need(H.base[v].peak - S.out_bytes), static_cast<float>(H.base[v].ms),
               static_cast<int16_t>(v), [](int) { return 0.0f; });
       }
@@ -665,12 +666,12 @@ class Programme {
     // Stage s restores option o and its output, then [s+1, t]; then s's backward (mode v).
     for (size_t o = 0; o < S.options.size(); ++o) {
       const int keep = u(H.keep_bytes + H.option_extra[o] + S.out_bytes);
-      for (int v = 0; v < 2; ++v) {
+      for (int v = 0; v < kBackwardModes; ++v) {
         // s's backward runs after t's, which released t's output.
         const StageBackward& b = H.option_back[o][static_cast<size_t>(v)];
         const int from = std::max(need(prog + holds + H.option_replay[o]), need(b.peak) - u(st(t).out_bytes));
         relax(opt_, opt_choice_, base, from, static_cast<float>(H.option_ms[o] + b.ms),
-              static_cast<int16_t>(2 * o + static_cast<size_t>(v)), [&](int m) { return opt(q, s + 1, t, m - keep); });
+              static_cast<int16_t>(kBackwardModes * o + static_cast<size_t>(v)), [&](int m) { return opt(q, s + 1, t, m - keep); });
       }
     }
     // Re-run s..i-1 restoring only the input of i; [i, t] first, then [s, i-1].
@@ -696,10 +697,10 @@ class Programme {
     for (size_t o = 0; o < S.options.size(); ++o) {
       const ChainOption& op = S.options[o];
       const int keep = u(op.keep_bytes + S.out_bytes);
-      for (int v = 0; v < 2; ++v) {
+      for (int v = 0; v < kBackwardModes; ++v) {
         const StageBackward& b = op.back[static_cast<size_t>(v)];
         const int from = std::max(need(S.pass_keep[o]), need(b.peak));
-        relax(top_, top_choice_, base, from, static_cast<float>(b.ms), static_cast<int16_t>(2 * o + static_cast<size_t>(v)),
+        relax(top_, top_choice_, base, from, static_cast<float>(b.ms), static_cast<int16_t>(kBackwardModes * o + static_cast<size_t>(v)),
               [&](int m) { return top(s + 1, m - keep); });
       }
     }
@@ -735,9 +736,9 @@ class Programme {
     REGEN_ASSERT(c != kNone);
     const ChainStage& S = st(s);
     if (c < kCutBase) {
-      const ChainOption& op = S.options[static_cast<size_t>(c / 2)];
+      const ChainOption& op = S.options[static_cast<size_t>(c / kBackwardModes)];
       for (int32_t x : minus(S.interior, op.keep)) d[static_cast<size_t>(x)] = Decision::recompute;
-      add(regen, op.back[static_cast<size_t>(c % 2)]);
+      add(regen, op.back[static_cast<size_t>(c % kBackwardModes)]);
       extract_top(s + 1, m - u(op.keep_bytes + S.out_bytes), d, regen);
       return;
     }
@@ -764,11 +765,11 @@ class Programme {
       return;
     }
     if (c < kCutBase) {
-      const size_t o = static_cast<size_t>(c / 2);
+      const size_t o = static_cast<size_t>(c / kBackwardModes);
       std::vector<int32_t> restore = minus(S.options[o].keep, H.keep);
       restore.insert(restore.end(), S.out.begin(), S.out.end());
       add(regen, program, restore);
-      add(regen, H.option_back[o][static_cast<size_t>(c % 2)]);
+      add(regen, H.option_back[o][static_cast<size_t>(c % kBackwardModes)]);
       extract_opt(q, s + 1, t, m - u(H.keep_bytes + H.option_extra[o] + S.out_bytes), regen);
       return;
     }

@@ -14,9 +14,9 @@
 //    held against the time of getting the rest back in the stage's backward);
 //  - holds: what a stage inside a dropped segment keeps (its output is dropped): nothing, or
 //    interior that makes re-running it cheap; a segment's stages all hold the same class;
-//  - two ways of getting its evicted interior back when its backward runs: all of it at once
-//    when the backward begins, or each tensor just before the first backward op reading it
-//    (holding what later ops read of what was replayed on the way), which needs less memory.
+//  - three ways of getting its evicted interior back when its backward runs: all of it at once
+//    when the backward begins, or each tensor just before the first backward op reading it,
+//    holding what later ops read of what was replayed on the way or not (less memory, more time).
 // The programme then decides, for every budget level at once, where the chain is cut and re-run:
 //   first pass   each stage keeps an option (with its output), or starts a dropped segment that
 //                keeps only holds until the segment's last stage, which keeps its output;
@@ -45,25 +45,28 @@ struct StageBackward {
                      // with the stage's own tensors and nothing else of the chain
   std::vector<Regeneration> regenerations;
 };
-enum BackwardMode : int { kAtOnce = 0, kJustInTime = 1 };
+// At once: everything when the stage's backward begins. Just in time: each tensor before the
+// first backward op reading it, holding what was replayed on the way and a later op reads
+// (kJustInTime), or holding nothing more (kJustInTimeDrop: replayed again when needed).
+enum BackwardMode : int { kAtOnce = 0, kJustInTime = 1, kJustInTimeDrop = 2, kBackwardModes = 3 };
 
 struct ChainOption {
   std::vector<int32_t> keep;  // interior held (sorted)
   int64_t keep_bytes = 0;
   double keep_ms = 0;  // restoring `keep` and the output from the stage's input
-  std::array<StageBackward, 2> back;
+  std::array<StageBackward, kBackwardModes> back;
 };
 
 struct ChainHold {
   std::vector<int32_t> keep;  // sorted
   int64_t keep_bytes = 0;
   double out_ms = 0;  // re-running the stage up to its output, `keep` and the input resident
-  std::array<StageBackward, 2> base;  // the stage's backward with `keep` and the output held
+  std::array<StageBackward, kBackwardModes> base;  // the stage's backward with `keep` and the output held
   // Restoring option o and the output in one program, `keep` resident: time, bytes beyond
   // `keep`, and the stage's backward afterwards.
   std::vector<double> option_ms;
   std::vector<int64_t> option_extra, option_replay;  // option_replay: that program's own peak
-  std::vector<std::array<StageBackward, 2>> option_back;
+  std::vector<std::array<StageBackward, kBackwardModes>> option_back;
   // First pass, absolute, `keep` held: keeping the output too, or not (the input held only until
   // its last forward use when `transient_in`).
   int64_t pass_out = 0, pass_out_transient_in = 0, pass_none = 0, pass_none_transient_in = 0;

@@ -439,7 +439,9 @@ Plan plan_in_mode(const Simulator& sim, const std::string& policy, const Budget&
 // not depend on the budget, so as the budget falls the chosen peak never rises and the predicted
 // time never falls.
 // The dp planner simulates at most this many of the programme's plans (planning time).
-constexpr size_t kDpSimulated = 384;
+constexpr size_t kDpSimulated = 192;
+// Budget levels of the programme (its memory resolution is the no-remat peak over this).
+constexpr int kDpLevels = 1024;
 
 Plan plan_dp(const Simulator& sim, const Budget& budget) {
   const Profile& p = sim.profile();
@@ -453,7 +455,7 @@ Plan plan_dp(const Simulator& sim, const Budget& budget) {
   plan.budget_bytes = budget.resolve(none.peak_allocated);
   plan.lower_bound = memory_lower_bound(p);
   const ChainModel model = build_chain_model(p);
-  const std::vector<ChainPlan> cands = chain_plans(p, model);
+  const std::vector<ChainPlan> cands = chain_plans(p, model, kDpLevels);
   struct Point {
     int64_t cand;  // -1: all retain
     SimResult r;
@@ -548,11 +550,13 @@ Plan make_plan(const Simulator& sim, const std::string& policy, const Budget& bu
     plan = plan_in_mode(sim, policy, budget, chain != Chain::drop, picks);
   }
   if (!plan.feasible) {
-    // The note's lowest peak covers both chain modes.
+    // The note's lowest peak covers both chain modes. A planner's own note (what it modelled)
+    // follows.
+    const std::string own = policy == "dp" ? plan.note : std::string();
     plan.note = "budget " + format_bytes(plan.budget_bytes) + " cannot be met by " + policy +
                 ": lowest peak reached " + format_bytes(plan.lowest_peak) + ", lower bound " +
                 format_bytes(plan.lower_bound) + " (persistent memory, the batch and the largest "
-                "single-op working set)";
+                "single-op working set)" + (own.empty() ? "" : "; " + own);
   }
   if (!chain_note.empty()) plan.note += (plan.note.empty() ? "" : "; ") + chain_note;
   plan.planning_ms =

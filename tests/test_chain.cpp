@@ -1,0 +1,239 @@
+// The dp planner (remat/chain.h): the chain model of real profiles, the frontier's properties
+// (as the budget falls the planned peak never rises and the predicted time never falls; a plan
+// said feasible fits), plans that fit what the model predicts, and a network with long skips
+// (a U-Net-like model defined here, outside the presets) whose skips are pinned and whose plans
+// execute exactly and bitwise. Execution of every planner on the presets is in
+// tests/remat_suite.h.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+
+#include "models/layers.h"
+#include "remat/chain.h"
+#include "tests/remat_suite.h"
+
+using namespace regen;
+using namespace regen::testing;
+
+namespace {
+
+// Budgets evenly spaced from the lower bound to the no-remat peak, falling.
+std::vector<Budget> falling_budgets(const Simulator& sim, int n) {
+  const Plan probe = make_plan(sim, "none", Budget());
+  const int64_t lo = memory_lower_bound(sim.profile()), hi = probe.no_remat_peak;
+  std::vector<Budget> out;
+  for (int i = n - 1; i >= 0; --i) {
+    Budget b;
+    b.kind = Budget::Kind::bytes;
+    b.value = static_cast<double>(lo + (hi - lo) * i / (n - 1));
+    out.push_back(b);
+  }
+  return out;
+}
+
+void check_model_structure(const Profile& p, const ChainModel& m) {
+  REQUIRE_FALSE(m.stages.empty());
+  CHECK(m.stages.front().first_node == 0);
+  CHECK(m.stages.back().last_node == p.num_forward_nodes() - 1);
+  std::vector<int> owner(p.saved.size(), 0);
+  for (size_t k = 0; k < m.stages.size(); ++k) {
+    const ChainStage& st = m.stages[k];
+    if (k > 0) {
+      CHECK(st.first_node == m.stages[k - 1].last_node + 1);
+      CHECK(st.in == m.stages[k - 1].out);  // what crosses a boundary is one stage's output
+    }
+    for (const std::vector<int32_t>* set : {&st.out, &st.interior}) {
+      for (int32_t s : *set) {
+        owner[static_cast<size_t>(s)]++;
+        const int32_t prod = p.saved[static_cast<size_t>(s)].producer;
+        CHECK(prod >= st.first_node);
+        CHECK(prod <= st.last_node);
+      }
+    }
+    REQUIRE_FALSE(st.options.empty());
+    CHECK(st.options.back().keep == st.interior);  // the last option holds everything
+    for (const StageBackward& b : st.options.back().back) CHECK(b.ms == 0);
+    for (size_t o = 1; o < st.options.size(); ++o) {
+      CHECK(st.options[o].keep_bytes >= st.options[o - 1].keep_bytes);
+    }
+    REQUIRE_FALSE(st.holds.empty());
+    CHECK(st.holds.front().keep.empty());
+  }
+  // Every tracked tensor belongs to exactly one stage; pinned ones are recomputable but untracked.
+  for (size_t s = 0; s < p.saved.size(); ++s) {
+    CHECK(owner[s] == (m.tracked[s] ? 1 : 0));
+    if (m.tracked[s]) CHECK(p.saved[s].candidate);
+  }
+  for (int32_t s : m.pinned) {
+    CHECK(p.saved[static_cast<size_t>(s)].candidate);
+    CHECK_FALSE(m.tracked[static_cast<size_t>(s)]);
+  }
+}
+
+// The programme's plans are valid schedules whose simulated peak the model predicts closely, and
+// its own recompute time is what the simulation replays.
+void check_programme(const Profile& p, const ChainModel& m) {
+  const Simulator sim(p);
+  const std::vector<ChainPlan> plans = chain_plans(p, m, 512);
+  REQUIRE(plans.size() > 3);
+  CHECK(plans.front().model_ms == 0);  // the largest budget recomputes nothing
+  double worst = 0;
+  for (size_t i = 0; i < plans.size(); ++i) {
+    const ChainPlan& c = plans[i];
+    if (i > 0) CHECK(c.model_ms >= plans[i - 1].model_ms);  // less memory never costs less
+    const SimResult r = sim.run(build_schedule(p, c.decisions, false, c.regenerations));
+    worst = std::max(worst, std::abs(double(r.peak_allocated) - double(c.model_budget)) / double(p.peak_allocated));
+    CHECK(r.recompute_ms == doctest::Approx(c.model_ms).epsilon(0.05));
+  }
+  MESSAGE("model budget vs simulated peak: worst gap ", worst * 100, "% of the no-remat peak over ",
+          plans.size(), " plans");
+  CHECK(worst < 0.05);
+}
+
+void check_frontier(const Simulator& sim, int min_feasible) {
+  const std::vector<Budget> budgets = falling_budgets(sim, 24);
+  int64_t prev_peak = -1;
+  double prev_ms = 0;
+  int feasible = 0;
+  for (const Budget& b : budgets) {
+    const Plan plan = make_plan(sim, "dp", b);
+    CAPTURE(b.str());
+    if (plan.feasible) {
+      ++feasible;
+      CHECK(plan.predicted.peak_allocated <= plan.budget_bytes);
+    }
+    if (prev_peak >= 0) {
+      CHECK(plan.predicted.peak_allocated <= prev_peak);
+      CHECK(plan.predicted.time_ms >= prev_ms);
+    }
+    prev_peak = plan.predicted.peak_allocated;
+    prev_ms = plan.predicted.time_ms;
+  }
+  CHECK(feasible >= min_feasible);  // the lowest budgets may be out of reach
+}
+
+// A U-Net-like network defined outside the presets: a stem and four blocks at one resolution,
+// the third and fourth adding a skip from far back (the stem's and the first block's outputs),
+// then a pooled head. Long skips cross several block boundaries.
+class SkipNet : public Model {
+ public:
+  SkipNet(const ModelConfig& c, Device device) : Model(c) {
+    Generator gen(c.seed);
+    stem_ = &register_module("stem", std::make_unique<Conv2d>("stem", 3, kWidth, 3, 1, 1, false, gen, device));
+    for (int i = 0; i < 4; ++i) {
+      const std::string n = "block" + std::to_string(i);
+      conv_.push_back(&register_module(n, std::make_unique<Conv2d>(n, kWidth, kWidth, 3, 1, 1, false, gen, device)));
+      bn_.push_back(&register_module(n + "_bn", std::make_unique<BatchNorm2d>(n + "_bn", kWidth, device)));
+    }
+    fc_ = &register_module("fc", std::make_unique<Linear>("fc", kWidth, c.num_classes, true, gen, device));
+    assign_full_names();
+  }
+  Tensor forward(const Tensor& input) override {
+    Tensor a0 = relu(stem_->forward(input));
+    std::vector<Tensor> outs = {a0};
+    for (int i = 0; i < 4; ++i) {
+      BlockScope block("");
+      Tensor h = bn_[static_cast<size_t>(i)]->forward(conv_[static_cast<size_t>(i)]->forward(outs.back()));
+      if (i >= 2) h = add(h, outs[static_cast<size_t>(i - 2)]);  // the long skips
+      outs.push_back(relu(h));
+    }
+    return fc_->forward(flatten(global_avg_pool(outs.back()), 1));
+  }
+  Tensor loss(const Tensor& logits, const Tensor& target) const override {
+    return cross_entropy(logits, target);
+  }
+  void check_batch(const Batch&) const override {}
+
+ private:
+  static constexpr int64_t kWidth = 8;
+  Conv2d* stem_;
+  std::vector<Conv2d*> conv_;
+  std::vector<BatchNorm2d*> bn_;
+  Linear* fc_;
+};
+
+Run skipnet_run(const ModelConfig& cfg, int64_t batch) {
+  manual_seed(1234);
+  Run r;
+  r.model = std::make_unique<SkipNet>(cfg, Device::cpu());
+  SGDOptions so;
+  so.lr = 0.05;
+  so.momentum = 0.9;
+  r.opt = std::make_unique<SGD>(r.model->parameters(), so);
+  r.data = make_data_source("", cfg, 99);
+  r.trainer = std::make_unique<Trainer>(*r.model, *r.opt, *r.data, batch, Device::cpu());
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("dp: the chain model of transformer-tiny and a ResNet, the programme's plans, the frontier") {
+  for (const ModelConfig& cfg : {model_preset("transformer-tiny"), remat_resnet()}) {
+    CAPTURE(cfg.name);
+    const Profile p = profile_of(cfg, cfg.family == ModelFamily::resnet ? 8 : 4, 2);
+    const ChainModel m = build_chain_model(p);
+    check_model_structure(p, m);
+    // Every block is one stage: the blocks plus the ops around them (a view joins the op before
+    // it), merged where an unsaved value crosses (the Transformer's token and position
+    // embeddings into their sum).
+    const size_t outside = static_cast<size_t>(std::count_if(p.nodes.begin(), p.nodes.end(), [](const ProfileNode& n) { return n.block < 0 && !n.is_view; }));
+    CHECK(m.stages.size() == p.blocks.size() + outside - static_cast<size_t>(m.merged));
+    CHECK(m.pinned.empty());
+    check_programme(p, m);
+    const Simulator sim(p);
+    check_frontier(sim, 20);
+  }
+}
+
+TEST_CASE("dp: a network with long skips: skips pinned, plans exact and bitwise, frontier monotone") {
+  ModelConfig cfg = model_preset("resnet-tiny");
+  cfg.name = "skipnet";
+  cfg.image_size = 32;
+  cfg.num_classes = 10;
+  const int64_t batch = 8;
+  fresh_allocator(Device::cpu());
+  Profile p;
+  {
+    Run base = skipnet_run(cfg, batch);
+    ProfileOptions po;
+    po.warmup = 1;
+    po.iterations = 2;
+    po.model_name = cfg.name;
+    p = profile_training(*base.trainer, po);
+  }
+  const ChainModel m = build_chain_model(p);
+  check_model_structure(p, m);
+  CHECK(m.pinned.size() == 2);  // the stem's and the first block's outputs
+  CHECK(m.note.find("long skips") != std::string::npos);
+  const Simulator sim(p);
+  check_frontier(sim, 8);  // the lower bound does not count the pinned skips
+
+  Trace ref;
+  {
+    fresh_allocator(Device::cpu());
+    Run r = skipnet_run(cfg, batch);
+    ref = train(r, 3, nullptr);
+  }
+  int recomputing = 0;
+  for (const Budget& b : falling_budgets(sim, 5)) {
+    const Plan plan = make_plan(sim, "dp", b);
+    CAPTURE(b.str());
+    if (plan.recomputed() > 0) ++recomputing;
+    CHECK(plan.note.find("long skips") != std::string::npos);
+    fresh_allocator(Device::cpu());
+    Run run = skipnet_run(cfg, batch);
+    RematExecutor exec(p, plan_schedule(p, plan));
+    const Trace got = train(run, 3, &exec);
+    for (size_t i = 0; i < got.losses.size(); ++i) CHECK(got.losses[i] == ref.losses[i]);
+    bool same = true;
+    for (size_t i = 0; i < ref.params.size(); ++i) {
+      same = same && bitwise_equal(got.params[i], ref.params[i]) && bitwise_equal(got.grads[i], ref.grads[i]);
+    }
+    CHECK(same);
+    for (const MemoryStats& s : got.memory) {
+      CHECK(s.allocated.peak == plan.predicted.peak_allocated);
+      CHECK(s.reserved.peak == plan.predicted.peak_reserved);
+    }
+  }
+  CHECK(recomputing >= 3);
+}
