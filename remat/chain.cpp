@@ -17,12 +17,16 @@ namespace {
 
 // Beyond this many stages the cubic programme gets slow; neighbours are merged (cheapest first).
 constexpr size_t kMaxStages = 96;
-// Interior tensors below this share of the interior's bytes are always held by an option; the
-// rest (at most kMaxEnumerated of the largest) are enumerated for the Pareto options.
-constexpr double kSmallShare = 0.01;
+// Interior tensors whose bytes per ms of regeneration (with the rest of the stage evicted) are
+// below this share of the stage's bytes per forward ms are cheap to hold: held together or not
+// at all. Of the others, the kMaxEnumerated largest are enumerated, every subset, and any further
+// ones are always held.
+constexpr double kCheapToHold = 1.0 / 16;
 constexpr int kMaxEnumerated = 10;
 // Weights of bytes against time that pick the holds (classes 1..) of every stage.
-constexpr double kHoldWeights[] = {0.25, 0.5, 1.0, 2.0, 4.0};
+constexpr double kHoldWeights[] = {0.25, 1.0, 4.0};
+// Shares of a stage's bytes that pick the other holds.
+constexpr double kHoldShares[] = {0.1, 0.2, 0.4};
 
 // Replays inside one stage for many resident sets: need() of schedule.cpp on flat arrays.
 class LocalReplay {
@@ -241,7 +245,15 @@ void describe_stage(const Profile& p, const Levels& L, const NodeWindows& W,
       b[kAtOnce].peak = std::max(b[kAtOnce].peak, st.program_rest + resident + replay_peak(at_once, rest, false));
       b[kAtOnce].regenerations.push_back({st.program_node, rest});
     }
-    for (int mode : {kJustInTime, kJustInTimeDrop}) {
+    // Bytes per replayed ms below which a kJustInTimeSome variant holds a tensor: the stage's own
+    // ratio times 1/4, 1 and 4.
+    double stage_ms = 0;
+    for (int32_t n : back_nodes) stage_ms += p.nodes[static_cast<size_t>(n)].fwd_ms;
+    const double ratio = double(st.interior_bytes + st.out_bytes) / std::max(stage_ms, 1e-9);
+    for (int mode = kJustInTime; mode < kBackwardModes; ++mode) {
+      const double hold_below = mode == kJustInTime ? std::numeric_limits<double>::infinity()
+                                : mode == kJustInTimeDrop ? -1.0
+                                : ratio * std::pow(4.0, mode - kJustInTimeSome - 1);
       StageBackward& j = b[static_cast<size_t>(mode)];
       evict_only(rest);
       std::vector<char> resident(p.saved.size(), 0);
@@ -263,17 +275,27 @@ void describe_stage(const Profile& p, const Levels& L, const NodeWindows& W,
           j.ms += replay.time(targets, &nodes);
           std::sort(nodes.begin(), nodes.end());
           std::vector<int32_t> restored = targets;
+          std::vector<int32_t> on_the_way;
           for (int32_t rn : nodes) {
-            if (mode == kJustInTimeDrop) break;
             for (int64_t out : p.nodes[static_cast<size_t>(rn)].outputs) {
               const ProfileValue& v = p.values[static_cast<size_t>(out)];
               const int32_t s = v.root == out ? v.saved : -1;
               if (s < 0 || !std::binary_search(rest.begin(), rest.end(), s) || resident[static_cast<size_t>(s)]) continue;
               if (p.saved[static_cast<size_t>(s)].last_bw_rank >= rank_of[static_cast<size_t>(node)] &&
                   std::find(restored.begin(), restored.end(), s) == restored.end()) {
-                restored.push_back(s);
+                on_the_way.push_back(s);
               }
             }
+          }
+          if (mode != kJustInTime && mode != kJustInTimeDrop) {
+            // What replaying each again would cost from what is resident now.
+            std::vector<double> again(on_the_way.size());
+            for (size_t i = 0; i < on_the_way.size(); ++i) again[i] = replay.time({on_the_way[i]});
+            for (size_t i = 0; i < on_the_way.size(); ++i) {
+              if (double(bytes(on_the_way[i])) <= hold_below * again[i]) restored.push_back(on_the_way[i]);
+            }
+          } else if (mode == kJustInTime) {
+            restored.insert(restored.end(), on_the_way.begin(), on_the_way.end());
           }
           std::sort(restored.begin(), restored.end());
           j.peak = std::max(j.peak, L.rest(W.bwd_begin[static_cast<size_t>(node)]) + alive + replay_peak(nodes, restored, false));
@@ -311,15 +333,22 @@ void describe_stage(const Profile& p, const Levels& L, const NodeWindows& W,
     return b;
   };
 
-  // Interior subsets: small tensors always in, subsets of the largest others enumerated.
-  std::vector<int32_t> small, big;
+  // Interior subsets: tensors that are small, or cheap to hold for what regenerating them
+  // costs (an attention's row statistics), are always held; subsets of the largest others are
+  // enumerated.
+  double stage_fwd_ms = 0;
+  for (int32_t n = st.first_node; n <= st.last_node; ++n) stage_fwd_ms += p.nodes[static_cast<size_t>(n)].fwd_ms;
+  const double stage_ratio = double(st.interior_bytes + st.out_bytes) / std::max(stage_fwd_ms, 1e-9);
+  std::vector<int32_t> small, big, always;
+  evict_only(all);
   for (int32_t s : st.interior) {
-    const double share = st.interior_bytes > 0 ? double(bytes(s)) / double(st.interior_bytes) : 0;
-    (share < kSmallShare ? small : big).push_back(s);
+    const bool cheap_to_hold = double(bytes(s)) < replay.time({s}) * stage_ratio * kCheapToHold;
+    (cheap_to_hold ? small : big).push_back(s);
   }
+  evict_only({});
   std::sort(big.begin(), big.end(), [&](int32_t a, int32_t b) { return bytes(a) > bytes(b); });
   if (big.size() > static_cast<size_t>(kMaxEnumerated)) {
-    small.insert(small.end(), big.begin() + kMaxEnumerated, big.end());  // always held
+    always.assign(big.begin() + kMaxEnumerated, big.end());  // held in every subset
     big.resize(static_cast<size_t>(kMaxEnumerated));
   }
   struct Subset {
@@ -327,10 +356,15 @@ void describe_stage(const Profile& p, const Levels& L, const NodeWindows& W,
     int64_t bytes;
     double keep_ms, regen_ms, out_ms;
   };
+  // Every subset of `big`, with the small ones held, then (when there are any) without them:
+  // subsets.front() holds exactly what is cheap to hold.
   std::vector<Subset> subsets;
-  for (uint32_t mask = 0; mask < (1u << big.size()); ++mask) {
+  const uint32_t masks = 1u << big.size();
+  for (uint32_t code = 0; code < (small.empty() ? masks : 2 * masks); ++code) {
+    const uint32_t mask = code % masks;
     Subset x;
-    x.keep = small;
+    x.keep = always;
+    if (code < masks) x.keep.insert(x.keep.end(), small.begin(), small.end());
     for (size_t i = 0; i < big.size(); ++i) {
       if (mask & (1u << i)) x.keep.push_back(big[i]);
     }
@@ -373,9 +407,10 @@ void describe_stage(const Profile& p, const Levels& L, const NodeWindows& W,
     st.options.push_back(std::move(o));
   }
 
-  // Holds: nothing, then for each weight the subset with the least bytes / stage bytes * weight
-  // + (re-run + regeneration time) / the slowest subset's.
-  std::vector<const Subset*> hold_sets = {nullptr};
+  // Holds: the always-held tensors (class 0), then for each weight the subset with the least
+  // bytes / stage bytes * weight + (re-run + regeneration time) / the slowest subset's.
+  std::vector<const Subset*> hold_sets = {&subsets.front()};
+  hold_sets.push_back(small.empty() ? &subsets.front() : &subsets[masks]);  // not even the cheap ones
   const double stage_bytes = double(std::max<int64_t>(1, st.interior_bytes + st.out_bytes));
   double stage_ms = 1e-9;
   for (const Subset& x : subsets) stage_ms = std::max(stage_ms, x.out_ms + x.regen_ms);
@@ -391,9 +426,30 @@ void describe_stage(const Profile& p, const Levels& L, const NodeWindows& W,
     }
     hold_sets.push_back(best);
   }
+  // ... and for each share of the stage's bytes, the fastest subset (re-run + regeneration) that
+  // holds at most that much beyond what is always held.
+  // Both ways: the least re-run and regeneration time, and the least re-run time (a segment's
+  // stages are re-run more often than their backward regenerates them).
+  for (double f : kHoldShares) {
+    for (int re_run_only = 0; re_run_only < 2; ++re_run_only) {
+      const Subset* best = &subsets.front();
+      auto key = [&](const Subset* x) {
+        return re_run_only ? std::make_pair(x->out_ms, x->regen_ms) : std::make_pair(x->out_ms + x->regen_ms, 0.0);
+      };
+      for (const Subset& x : subsets) {
+        if (double(x.bytes - subsets.front().bytes) > f * stage_bytes) continue;  // beyond class 0
+        const auto a = key(&x), b = key(best);
+        if (a.first < b.first - 1e-12 || (a.first <= b.first + 1e-12 && (a.second < b.second - 1e-12 ||
+            (a.second <= b.second + 1e-12 && x.bytes < best->bytes)))) {
+          best = &x;
+        }
+      }
+      hold_sets.push_back(best);
+    }
+  }
   for (const Subset* h : hold_sets) {
     ChainHold hold;
-    if (h) hold.keep = h->keep;
+    hold.keep = h->keep;
     hold.keep_bytes = sum_bytes(hold.keep, L);
     std::vector<int32_t> nodes;
     evict_only(minus(all, hold.keep));
@@ -544,6 +600,23 @@ ChainModel build_chain_model(const Profile& p) {
   std::vector<int32_t> rank_of(nn, -1);
   for (size_t r = 0; r < p.backward_order.size(); ++r) rank_of[static_cast<size_t>(p.backward_order[r])] = static_cast<int32_t>(r);
   for (size_t k = 0; k < n; ++k) describe_stage(p, L, W, rank_of, replay, m.stages[k]);
+  // Hold classes that pick the same tensors in every stage as an earlier class are one class.
+  const size_t classes = m.stages.front().holds.size();
+  std::vector<size_t> unique;
+  for (size_t q = 0; q < classes; ++q) {
+    bool same = false;
+    for (size_t u : unique) {
+      same = std::all_of(m.stages.begin(), m.stages.end(),
+                         [&](const ChainStage& st) { return st.holds[q].keep == st.holds[u].keep; });
+      if (same) break;
+    }
+    if (!same) unique.push_back(q);
+  }
+  for (ChainStage& st : m.stages) {
+    std::vector<ChainHold> kept;
+    for (size_t q : unique) kept.push_back(std::move(st.holds[q]));
+    st.holds = std::move(kept);
+  }
 
   if (m.merged > 0 || !m.pinned.empty()) {
     int64_t pinned_bytes = 0;
@@ -601,7 +674,6 @@ class Programme {
   int64_t unit() const { return unit_; }
   int levels() const { return M_; }
   float top_cost(int m) const { return top_[idx_top(0, m)]; }
-
   void extract(int m, std::vector<Decision>& d, std::vector<std::set<int32_t>>& regen) const {
     extract_top(0, m, d, regen);
   }

@@ -12,7 +12,8 @@
 // Per stage the model lists
 //  - options: interior subsets to hold, with the output, through the first pass (Pareto in bytes
 //    held against the time of getting the rest back in the stage's backward);
-//  - holds: what a stage inside a dropped segment keeps (its output is dropped): nothing, or
+//  - holds: what a stage inside a dropped segment keeps (its output is dropped): only what is
+//    always held (tiny tensors, and those cheap to hold for what regenerating them costs), or
 //    interior that makes re-running it cheap; a segment's stages all hold the same class;
 //  - three ways of getting its evicted interior back when its backward runs: all of it at once
 //    when the backward begins, or each tensor just before the first backward op reading it,
@@ -46,9 +47,11 @@ struct StageBackward {
   std::vector<Regeneration> regenerations;
 };
 // At once: everything when the stage's backward begins. Just in time: each tensor before the
-// first backward op reading it, holding what was replayed on the way and a later op reads
-// (kJustInTime), or holding nothing more (kJustInTimeDrop: replayed again when needed).
-enum BackwardMode : int { kAtOnce = 0, kJustInTime = 1, kJustInTimeDrop = 2, kBackwardModes = 3 };
+// first backward op reading it; of what a program replays on the way and a later op reads, it
+// holds everything (kJustInTime), nothing (kJustInTimeDrop: replayed again when needed), or what
+// is cheap to hold for what replaying it again would cost (the kJustInTimeSome variants, from
+// fewer bytes per ms to more).
+enum BackwardMode : int { kAtOnce = 0, kJustInTime = 1, kJustInTimeDrop = 2, kJustInTimeSome = 3, kBackwardModes = 6 };
 
 struct ChainOption {
   std::vector<int32_t> keep;  // interior held (sorted)
@@ -83,7 +86,7 @@ struct ChainStage {
   // that backward runs, or of an earlier stage when it has none (-1: no backward at all).
   int32_t program_node = -1;
   std::vector<ChainOption> options;  // ascending keep_bytes; the last holds the whole interior
-  std::vector<ChainHold> holds;      // holds[0] keeps nothing
+  std::vector<ChainHold> holds;      // holds[0] keeps only what every option keeps
   // First pass with option o and the output held (absolute).
   std::vector<int64_t> pass_keep;
   int64_t program_rest = 0;  // the level a program at program_node starts from (untracked)

@@ -56,8 +56,9 @@ void check_model_structure(const Profile& p, const ChainModel& m) {
     for (size_t o = 1; o < st.options.size(); ++o) {
       CHECK(st.options[o].keep_bytes >= st.options[o - 1].keep_bytes);
     }
-    REQUIRE_FALSE(st.holds.empty());
-    CHECK(st.holds.front().keep.empty());
+    REQUIRE(st.holds.size() >= 2);
+    // Class 1 holds the least: nothing, unless a stage has more large tensors than are enumerated.
+    for (const ChainHold& h : st.holds) CHECK(h.keep_bytes >= st.holds[1].keep_bytes);
   }
   // Every tracked tensor belongs to exactly one stage; pinned ones are recomputable but untracked.
   for (size_t s = 0; s < p.saved.size(); ++s) {
