@@ -471,12 +471,15 @@ Plan plan_dp(const Simulator& sim, const Budget& budget) {
   }
   int64_t lowest = none.peak_allocated;
   for (const Point& pt : points) lowest = std::min(lowest, pt.r.peak_allocated);
-  // The fastest that fits; without a budget, or when none fits, the fastest within kNearLowest
-  // of the lowest peak. Ties: the lower peak, then the earlier (larger-budget) plan.
-  const bool aim_low = plan.budget_bytes == 0 || lowest > plan.budget_bytes;
+  // The fastest that fits. When none fits, the lowest peak (the fastest of those): then as the
+  // budget falls the chosen peak never rises and the time never falls, also past the lowest peak.
+  // Without a budget, like mutwo, the fastest within kNearLowest of the lowest peak. Ties: the
+  // lower peak, then the earlier (larger-budget) plan.
+  const bool infeasible = plan.budget_bytes > 0 && lowest > plan.budget_bytes;
+  const int64_t limit = plan.budget_bytes == 0 ? -1 : infeasible ? lowest : plan.budget_bytes;
   const Point* best = nullptr;
   for (const Point& pt : points) {
-    const bool ok = aim_low ? near_lowest(pt.r.peak_allocated, lowest) : pt.r.peak_allocated <= plan.budget_bytes;
+    const bool ok = limit < 0 ? near_lowest(pt.r.peak_allocated, lowest) : pt.r.peak_allocated <= limit;
     if (!ok) continue;
     if (!best || pt.r.time_ms < best->r.time_ms ||
         (pt.r.time_ms == best->r.time_ms && pt.r.peak_allocated < best->r.peak_allocated)) {

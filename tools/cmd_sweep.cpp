@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <sstream>
@@ -105,13 +106,12 @@ void run(const Flags& f) {
       for (const std::string& btext : budgets) {
         Plan plan;
         if (btext == "lowest") {
-          // The policy's answer to an impossible budget: the fastest of its plans within 1% of
-          // the lowest peak it reaches (the very lowest often costs many times the step time
-          // for a few MiB). Then the shortest plan that fits that peak.
+          // The lowest peak the policy reaches, plus 1% (the very lowest often costs many times
+          // the step time for a few MiB): the fastest plan that fits that.
           const Plan probe = make_plan(sim, spec.policy, Budget::parse("1"), spec.chain);
           Budget b;
           b.kind = Budget::Kind::bytes;
-          b.value = static_cast<double>(probe.predicted.peak_allocated);
+          b.value = std::floor(static_cast<double>(probe.lowest_peak) * 1.01);
           plan = make_plan(sim, spec.policy, b, spec.chain);
           plan.budget_text = "lowest";
         } else {
