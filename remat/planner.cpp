@@ -11,6 +11,7 @@
 
 #include "core/io.h"
 #include "remat/chain.h"
+#include "remat/milp.h"
 
 namespace regen {
 
@@ -84,7 +85,7 @@ int64_t Plan::recomputed_bytes(const Profile& p) const {
   return b;
 }
 
-std::vector<std::string> policy_names() { return {"none", "blocks", "sqrt", "mutwo", "dp"}; }
+std::vector<std::string> policy_names() { return {"none", "blocks", "sqrt", "mutwo", "dp", "milp"}; }
 
 std::vector<std::string> chain_names() { return {"auto", "keep", "drop"}; }
 
@@ -519,6 +520,14 @@ bool better(const Plan& a, const Plan& b) {
 }  // namespace
 
 Plan make_plan(const Simulator& sim, const std::string& policy, const Budget& budget, Chain chain) {
+  PlanOptions o;
+  o.chain = chain;
+  return make_plan(sim, policy, budget, o);
+}
+
+Plan make_plan(const Simulator& sim, const std::string& policy, const Budget& budget,
+               const PlanOptions& options) {
+  const Chain chain = options.chain;
   const auto t0 = std::chrono::steady_clock::now();
   const std::vector<std::string> names = policy_names();
   if (std::find(names.begin(), names.end(), policy) == names.end()) {
@@ -532,10 +541,36 @@ Plan make_plan(const Simulator& sim, const std::string& policy, const Budget& bu
   }
   Plan plan;
   std::string chain_note;
-  if (policy == "dp") {
-    REGEN_CHECK(chain != Chain::keep, "the dp policy decides what each regeneration restores itself; "
-                "it takes no chain mode (got keep)");
+  if (policy == "dp" || policy == "milp") {
+    REGEN_CHECK(chain != Chain::keep, "the ", policy, " policy decides what each regeneration "
+                "restores itself; it takes no chain mode (got keep)");
     plan = plan_dp(sim, budget);
+    if (policy == "milp") {
+      REGEN_CHECK(plan.budget_bytes > 0, "the milp policy needs a budget (--budget): it minimizes "
+                  "the recomputation time under one");
+      MilpOptions mo;
+      mo.time_limit_s = options.milp_time_limit_s;
+      mo.threads = options.milp_threads;
+      // The dp plan as the solver's first incumbent: the answer is never slower than dp's when
+      // the model accepts it.
+      if (plan.feasible) mo.start = &plan;
+      MilpReport report;
+      Plan milp = plan_milp(sim, plan.budget_bytes, mo, &report);
+      milp.budget_text = plan.budget_text;
+      char buf[256];
+      std::snprintf(buf, sizeof buf, "MILP %s in %.1f s (%d round%s; %lld variables, %lld binary, "
+                    "%lld rows)", report.status.c_str(), report.solve_s, report.rounds,
+                    report.rounds == 1 ? "" : "s", static_cast<long long>(report.variables),
+                    static_cast<long long>(report.binaries), static_cast<long long>(report.constraints));
+      milp.note = buf;
+      if (plan.feasible && (!milp.feasible || plan.predicted.time_ms < milp.predicted.time_ms)) {
+        char why[160];
+        std::snprintf(why, sizeof why, "; dp's plan (%.3f s) is faster: the MILP's memory model "
+                      "did not accept it", plan.predicted.time_ms / 1000.0);
+        milp.note += why;
+      }
+      plan = std::move(milp);
+    }
   } else if (chain == Chain::automatic && policy == "mutwo") {
     Plan keep = plan_in_mode(sim, policy, budget, true, picks);
     Plan drop = plan_in_mode(sim, policy, budget, false, picks);
@@ -555,7 +590,7 @@ Plan make_plan(const Simulator& sim, const std::string& policy, const Budget& bu
   if (!plan.feasible) {
     // The note's lowest peak covers both chain modes. A planner's own note (what it modelled)
     // follows.
-    const std::string own = policy == "dp" ? plan.note : std::string();
+    const std::string own = policy == "dp" || policy == "milp" ? plan.note : std::string();
     plan.note = "budget " + format_bytes(plan.budget_bytes) + " cannot be met by " + policy +
                 ": lowest peak reached " + format_bytes(plan.lowest_peak) + ", lower bound " +
                 format_bytes(plan.lower_bound) + " (persistent memory, the batch and the largest "

@@ -8,6 +8,10 @@
 //   mutwo   the recomputation branch of mu-TWO's Algorithm B (after Capuchin): greedy by recompute
 //           ratio = bytes / total recompute time, with sources, times and counts updated after
 //           every pick; stops at the first prefix of picks whose simulated peak fits
+//   dp      a dynamic programme over the chain of blocks (after Rotor and Rockmate, chain.h) for
+//           every budget level at once; the fastest of its plans that fits, simulated exactly
+//   milp    the exact mixed-integer programme over the executor's plans (after Checkmate,
+//           milp.h), solved with CBC from the dp plan; for small graphs (a ground truth)
 // Chain mode (how a regeneration treats evicted tensors it recomputes on the way to its target):
 //   keep    keep those that backward still needs (torch.utils.checkpoint reruns a block once)
 //   drop    keep only the targets; each evicted tensor is recomputed from retained ones every time
@@ -87,7 +91,18 @@ struct MutwoPick {
 // simulated peak fits the budget).
 std::vector<MutwoPick> mutwo_picks(const Profile& p);
 
+// What a policy may be told beyond the budget.
+struct PlanOptions {
+  Chain chain = Chain::automatic;
+  // milp: the solver's time limit per solve (the plan's note says whether it proved the optimum
+  // and with what gap), and its threads.
+  double milp_time_limit_s = 60;
+  int milp_threads = 1;
+};
+
 // Throws regen::Error listing the policies for an unknown name.
+Plan make_plan(const Simulator& sim, const std::string& policy, const Budget& budget,
+               const PlanOptions& options);
 Plan make_plan(const Simulator& sim, const std::string& policy, const Budget& budget,
                Chain chain = Chain::automatic);
 

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Installs the Debian 12 packages regen builds against, only those that are missing.
 # Uses sudo when not root. The CUDA toolkit is optional and never installed here:
-# CMake builds the CUDA backend only when it finds nvcc (REGEN_CUDA=AUTO).
+# CMake builds the CUDA backend only when it finds nvcc (REGEN_CUDA=AUTO), and the MILP planner
+# only when pkg-config finds CBC (coinor-libcbc-dev; REGEN_MILP=AUTO).
 set -euo pipefail
 
-packages=(cmake make g++ libeigen3-dev doctest-dev nlohmann-json3-dev libcli11-dev)
+packages=(cmake make g++ pkg-config libeigen3-dev doctest-dev nlohmann-json3-dev libcli11-dev
+          coinor-libcbc-dev)
 if [ "${REGEN_WITH_PLOTS:-0}" = "1" ]; then
   packages+=(python3 python3-matplotlib)
 fi

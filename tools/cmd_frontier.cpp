@@ -29,7 +29,8 @@ namespace {
 struct Flags {
   ModelFlags m;
   std::string profile;
-  std::string policies;  // empty: every policy but none
+  std::string policies;  // empty: every policy but none and milp
+  double milp_time_limit = 60;
   int points = 40;
   int execute = 3;
   int steps = 3;
@@ -76,10 +77,19 @@ std::vector<std::string> planner_names() {
   return out;
 }
 
+// The default: every planner but the MILP (minutes per budget beyond small graphs; name it).
+std::vector<std::string> default_planners() {
+  std::vector<std::string> out;
+  for (const std::string& n : planner_names()) {
+    if (n != "milp") out.push_back(n);
+  }
+  return out;
+}
+
 // --policies: every entry a known policy (not none) with an optional chain mode, no repeats.
 std::vector<PolicySpec> parse_policies(const std::string& text) {
   const std::vector<std::string> known = planner_names();
-  const std::vector<std::string> items = text.empty() ? known : split_commas(text);
+  const std::vector<std::string> items = text.empty() ? default_planners() : split_commas(text);
   REGEN_CHECK(!items.empty(), "--policies is empty: name one or more of ", join(known));
   std::vector<PolicySpec> specs;
   for (const std::string& item : items) {
@@ -462,7 +472,10 @@ void run(Flags f, const Given& given) {
       Point pt;
       pt.budget = b;
       try {
-        pt.plan = make_plan(sim, spec.policy, budget, spec.chain);
+        PlanOptions po;
+        po.chain = spec.chain;
+        po.milp_time_limit_s = f.milp_time_limit;
+        pt.plan = make_plan(sim, spec.policy, budget, po);
       } catch (const Error& e) {
         REGEN_FAIL("planning ", spec.label, " at budget ", format_bytes(b), ": ", e.message());
       }
@@ -584,7 +597,11 @@ void setup(CLI::App& app) {
                  "flags are profiled first (2 warm-up steps, 3 instrumented)");
   app.add_option("--policy,--policies", f->policies,
                  "comma-separated planners, each with an optional chain mode (mutwo:drop); "
-                 "default: all of them (" + join(planner_names()) + ")");
+                 "default: " + join(default_planners()) + " (milp only when named: it is for small graphs)");
+  app.add_option("--milp-time-limit", f->milp_time_limit,
+                 "seconds the milp policy's solver may take per budget")
+      ->check(number_in(0.1, 86400))
+      ->capture_default_str();
   app.add_option("--points", f->points,
                  "budgets, evenly spaced from the lower bound to the no-remat peak (both included)")
       ->check(integer_in(2, 100000))

@@ -6,6 +6,7 @@
 #include "remat/planner.h"
 #include "remat/report.h"
 #include "tools/command.h"
+#include "tools/common.h"
 
 namespace regen::tool {
 namespace {
@@ -15,6 +16,7 @@ struct Flags {
   std::string policy = "mutwo";
   std::string budget;
   std::string chain = "auto";
+  double milp_time_limit = 60;
   std::string out = "plan.json";
   std::string decisions = "decisions.csv";
 };
@@ -22,7 +24,7 @@ struct Flags {
 void setup(CLI::App& app) {
   auto f = std::make_shared<Flags>();
   app.add_option("--profile", f->profile, "profile.json from `regen profile`")->capture_default_str();
-  app.add_option("--policy", f->policy, "none, blocks, sqrt or mutwo")
+  app.add_option("--policy", f->policy, "none, blocks, sqrt, mutwo, dp or milp")
       ->check(CLI::IsMember(policy_names()))
       ->capture_default_str();
   app.add_option("--budget", f->budget, "bytes (2GiB, 1.5GB) or a % of the no-remat peak (60%)");
@@ -32,12 +34,20 @@ void setup(CLI::App& app) {
                  "(blocks, sqrt: keep; mutwo: the better of both)")
       ->check(CLI::IsMember(chain_names()))
       ->capture_default_str();
+  app.add_option("--milp-time-limit", f->milp_time_limit,
+                 "seconds the milp policy's solver may take (the plan's note says whether it proved "
+                 "the optimum)")
+      ->check(number_in(0.1, 86400))
+      ->capture_default_str();
   app.add_option("--out", f->out, "where to write the plan")->capture_default_str();
   app.add_option("--decisions", f->decisions, "where to write decisions.csv")->capture_default_str();
   app.callback([f] {
     const Profile p = load_profile(f->profile);
     const Simulator sim(p);
-    const Plan plan = make_plan(sim, f->policy, Budget::parse(f->budget), parse_chain(f->chain));
+    PlanOptions po;
+    po.chain = parse_chain(f->chain);
+    po.milp_time_limit_s = f->milp_time_limit;
+    const Plan plan = make_plan(sim, f->policy, Budget::parse(f->budget), po);
     save_plan(plan, p, f->out);
     write_file_atomic(f->decisions, decisions_csv(p, plan));
     std::printf("plan %s for %s batch %d on %s, budget %s (%s)\n", plan.policy.c_str(),

@@ -1,0 +1,67 @@
+// An exact planner for small graphs: a mixed-integer linear program (after Checkmate, Jain et al.
+// 2020) over the plans the executor runs, solved with CBC. It is the ground truth the heuristic
+// planners are measured against.
+//
+// The plans it chooses from are the ones build_schedule (schedule.h) turns into programs with
+// keep_chain = false: a RETAIN/RECOMPUTE decision per candidate saved tensor (a recomputed one is
+// evicted after its last forward use), and explicit regenerations: before backward node j, the
+// listed evicted tensors are regenerated and restored, and stay resident until their last
+// backward use. Every evicted tensor is restored exactly once, at or before its first backward
+// use; a program replays the minimal set of forward nodes from resident tensors, in forward order,
+// and keeps nothing but its targets. The cost is the forward medians of the replayed nodes.
+//
+// Memory is modelled on the profiled iteration's levels (liveness.h) with the tracked set = the
+// candidates: at every stretch of the event log between two points where the plan or a candidate's
+// allocation or free changes what is alive, the highest level of everything else plus the
+// candidates the plan holds there; inside every regeneration program, before each replayed node,
+// what the program holds (the targets restored so far, the replayed values a later replayed node
+// still reads) plus the node's own forward peak. This is exact while every block is in the small
+// pool (<= 1 MiB); a large cached block is not split when 1 MiB or less would remain, so large
+// tensors' block sizes depend on the plan. The returned plan is therefore simulated exactly; when
+// it is over the budget, the MILP is solved again with the internal budget lowered by the model's
+// error on that plan (MilpOptions::max_rounds).
+//
+// Environment: REGEN_MILP_LOG=1 shows CBC's log; REGEN_MILP_PARAMS="name=value,..." passes more
+// CBC parameters (as its command line takes them, e.g. "cuts=off,preprocess=sos").
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "remat/planner.h"
+
+namespace regen {
+
+struct MilpOptions {
+  double time_limit_s = 60;    // per solve
+  double relative_gap = 1e-4;  // stop when proven within this gap
+  int max_rounds = 4;          // re-solves with a lower internal budget when the exact simulation
+                               // exceeds the budget
+  const Plan* start = nullptr; // optional incumbent (e.g. another planner's plan) given to the
+                               // solver as a MIP start (the solver checks it against the model)
+  int threads = 1;
+};
+
+struct MilpReport {
+  std::string status;          // "optimal", "time limit (gap X%)", "infeasible", ...
+  double objective_ms = 0;     // the model's recompute time of the returned plan
+  double bound_ms = 0;         // best lower bound the solver proved (last round's model)
+  double gap = 0;              // (objective - bound) / objective, 0 when proven optimal
+  double solve_s = 0;          // total solver time over rounds
+  int rounds = 0;
+  int64_t internal_budget = 0; // budget the last round's model used
+  int64_t variables = 0, binaries = 0, constraints = 0;  // of the last round's model
+};
+
+// Whether regen was built with CBC (REGEN_MILP; plan_milp throws without it).
+bool milp_available();
+
+// Plans under budget_bytes (> 0) with the MILP. The returned Plan is complete like make_plan's:
+// policy "milp", decisions, regenerations, keep_chain = false, predicted = exact simulation,
+// feasible = predicted peak allocated <= budget, no_remat_peak, lower_bound (memory_lower_bound),
+// note (status, gap, rounds). Throws regen::Error for a budget <= 0, and when regen was built
+// without CBC.
+Plan plan_milp(const Simulator& sim, int64_t budget_bytes, const MilpOptions& opt = {},
+               MilpReport* report = nullptr);
+
+}  // namespace regen
