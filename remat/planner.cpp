@@ -455,21 +455,38 @@ Plan plan_dp(const Simulator& sim, const Budget& budget) {
   plan.no_remat_peak = none.peak_allocated;
   plan.budget_bytes = budget.resolve(none.peak_allocated);
   plan.lower_bound = memory_lower_bound(p);
-  const ChainModel model = build_chain_model(p);
-  const std::vector<ChainPlan> cands = chain_plans(p, model, kDpLevels);
   struct Point {
     int64_t cand;  // -1: all retain
     SimResult r;
   };
-  std::vector<Point> points = {{-1, none}};
-  // At most kDpSimulated of them, evenly spread from the largest budget level to the lowest.
-  const size_t nc = cands.size(), take = std::min(nc, kDpSimulated);
-  for (size_t k = 0; k < take; ++k) {
-    const size_t i = take == 1 ? 0 : k * (nc - 1) / (take - 1);
-    if (!points.empty() && points.back().cand == static_cast<int64_t>(i)) continue;
-    points.push_back({static_cast<int64_t>(i),
-                      sim.run(build_schedule(p, cands[i].decisions, false, cands[i].regenerations))});
+  // The model, the programme's plans and their simulations do not depend on the budget: computed
+  // once per simulator.
+  struct Memo {
+    std::string note;
+    std::vector<ChainPlan> cands;
+    std::vector<Point> points;
+  };
+  std::shared_ptr<void>& slot = sim.planner_memo("dp");
+  if (!slot) {
+    auto memo = std::make_shared<Memo>();
+    const ChainModel model = build_chain_model(p);
+    memo->note = model.note;
+    memo->cands = chain_plans(p, model, kDpLevels);
+    memo->points = {{-1, none}};
+    // At most kDpSimulated of them, evenly spread from the largest budget level to the lowest.
+    const std::vector<ChainPlan>& cands = memo->cands;
+    const size_t nc = cands.size(), take = std::min(nc, kDpSimulated);
+    for (size_t k = 0; k < take; ++k) {
+      const size_t i = take == 1 ? 0 : k * (nc - 1) / (take - 1);
+      if (memo->points.back().cand == static_cast<int64_t>(i)) continue;
+      memo->points.push_back({static_cast<int64_t>(i),
+                              sim.run(build_schedule(p, cands[i].decisions, false, cands[i].regenerations))});
+    }
+    slot = memo;
   }
+  const Memo& memo = *static_cast<const Memo*>(slot.get());
+  const std::vector<ChainPlan>& cands = memo.cands;
+  const std::vector<Point>& points = memo.points;
   int64_t lowest = none.peak_allocated;
   for (const Point& pt : points) lowest = std::min(lowest, pt.r.peak_allocated);
   // The fastest that fits. When none fits, the lowest peak (the fastest of those): then as the
@@ -498,7 +515,7 @@ Plan plan_dp(const Simulator& sim, const Budget& budget) {
   plan.predicted = best->r;
   plan.lowest_peak = lowest;
   plan.feasible = plan.budget_bytes == 0 || plan.predicted.peak_allocated <= plan.budget_bytes;
-  plan.note = model.note + "; the programme yields " + std::to_string(cands.size()) + " plans, " +
+  plan.note = memo.note + "; the programme yields " + std::to_string(cands.size()) + " plans, " +
               std::to_string(points.size() - 1) + " simulated";
   return plan;
 }
