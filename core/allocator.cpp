@@ -575,6 +575,19 @@ void CachingAllocator::throw_oom_locked(uint64_t bytes, uint64_t rounded, Catego
   };
   by_category("allocated", stats_.allocated_by);
   by_category("reserved", stats_.reserved_by);
+  // Fragmentation: what the reserved segments hold free, and the largest piece of it.
+  int64_t free_bytes = 0, largest_free = 0, free_blocks = 0;
+  for (auto& s : segments_) {
+    for (Block* b = s->head; b; b = b->next) {
+      if (b->allocated) continue;
+      free_bytes += static_cast<int64_t>(b->size);
+      largest_free = std::max(largest_free, static_cast<int64_t>(b->size));
+      ++free_blocks;
+    }
+  }
+  os << "\n  free in reserved segments: " << format_bytes(free_bytes) << " in " << free_blocks
+     << " block(s), the largest " << format_bytes(largest_free) << " (a request larger than that "
+     << "needs a new segment)";
   std::vector<const Block*> live;
   for (auto& s : segments_) {
     for (Block* b = s->head; b; b = b->next) {

@@ -345,4 +345,18 @@ void exit_check_ignore_tag(std::string_view tag);
 std::unique_ptr<Arena> make_cuda_arena(int device_index);
 #endif
 
+// Sets an allocator's hard limit for a scope and puts the previous one back at its end (a
+// training run with a budget: `LimitScope limit(allocator_for(device), plan.limit());`).
+class LimitScope {
+ public:
+  LimitScope(CachingAllocator& a, int64_t limit) : a_(a), previous_(a.limit()) { a_.set_limit(limit); }
+  ~LimitScope() { a_.set_limit(previous_); }
+  LimitScope(const LimitScope&) = delete;
+  LimitScope& operator=(const LimitScope&) = delete;
+
+ private:
+  CachingAllocator& a_;
+  int64_t previous_;
+};
+
 }  // namespace regen

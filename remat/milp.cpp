@@ -736,24 +736,30 @@ Plan plan_milp(const Simulator& sim, int64_t budget_bytes, const MilpOptions& op
   plan.keep_chain = false;
   plan.decisions.assign(p.saved.size(), Decision::retain);
   plan.lower_bound = memory_lower_bound(p);
+  plan.budget_of = opt.budget_of;
+  const BudgetOf of = opt.budget_of;
   const SimResult none = sim.run(plan_schedule(p, plan));
-  plan.no_remat_peak = none.peak_allocated;
-  plan.predicted = none;
-  plan.lowest_peak = none.peak_allocated;
+  plan.no_remat_peak = peak_of(none, of);
+  const PlanFit none_fit = fit_schedule(sim, plan_schedule(p, plan), budget_bytes, of, &none);
+  plan.predicted = none_fit.result;
+  plan.lowest_peak = peak_of(none, of);
+  bool plan_fits = none_fit.fits;
   auto finish = [&](Plan& out) {
-    out.feasible = out.predicted.peak_allocated <= budget_bytes;
-    out.lowest_peak = std::min(out.lowest_peak, out.predicted.peak_allocated);
+    out.feasible = plan_fits;
+    out.limit = plan_fits && of == BudgetOf::reserved ? budget_bytes : 0;
+    out.lowest_peak = std::min(out.lowest_peak, peak_of(out.predicted, of));
     out.planning_ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     if (report) *report = rep;
     return out;
   };
-  if (none.peak_allocated <= budget_bytes) {
+  if (none_fit.fits) {
     rep.status = "optimal";
     plan.note = "milp: the budget needs no recomputation";
     return finish(plan);
   }
 
+  plan_fits = false;
   if (std::none_of(p.saved.begin(), p.saved.end(), [](const ProfileSaved& s) { return s.candidate; })) {
     rep.status = "infeasible";
     plan.note = "budget " + format_bytes(budget_bytes) + " cannot be met by milp: no saved tensor "
@@ -769,6 +775,7 @@ Plan plan_milp(const Simulator& sim, int64_t budget_bytes, const MilpOptions& op
   if (opt.start) start = start_of(p, m, *opt.start, start_note);
 
   bool have = false;  // a solved plan in `best`
+  bool best_fits = false;
   Plan best = plan;
   MilpReport best_rep;
   int64_t internal = budget_bytes;
@@ -816,25 +823,29 @@ Plan plan_milp(const Simulator& sim, int64_t budget_bytes, const MilpOptions& op
         }
       }
     }
-    cand.predicted = sim.run(plan_schedule(p, cand));
-    plan.lowest_peak = std::min(plan.lowest_peak, cand.predicted.peak_allocated);
+    const SimResult unlimited = sim.run(plan_schedule(p, cand));
+    PlanFit fit = fit_schedule(sim, plan_schedule(p, cand), budget_bytes, of, &unlimited);
+    cand.predicted = std::move(fit.result);
+    plan.lowest_peak = std::min(plan.lowest_peak, peak_of(cand.predicted, of));
     rep.status = s.status;
     rep.objective_ms = model_ms;
     rep.bound_ms = std::max(0.0, std::min(s.bound, s.objective));
     rep.gap = s.optimal || s.objective <= 0 ? 0.0 : std::max(0.0, (s.objective - s.bound) / s.objective);
     if (!s.optimal && s.time_limit) rep.status = "time limit (gap " + percent(rep.gap) + ")";
-    const int64_t peak = cand.predicted.peak_allocated;
-    const bool fits = peak <= budget_bytes;
-    if (!have || fits || peak < best.predicted.peak_allocated) {
+    const int64_t peak = peak_of(cand.predicted, of);
+    const bool fits = fit.fits;
+    if (!have || fits || (!best_fits && peak < peak_of(best.predicted, of))) {
       best = std::move(cand);
       best_rep = rep;
+      best_fits = fits;
       have = true;
     }
     if (fits) break;
     // The model was optimistic by `under` for this plan: where a large block lands depends on
     // the plan (the allocator does not split one when 1 MiB or less would remain), so the
-    // profiled block sizes are not exact. Solve again with the budget lowered by the largest
-    // error seen, and a little more: that excludes this plan and admits those the model
+    // profiled block sizes are not exact; and a reserved budget also pays for the allocator's
+    // cached segments, which the rows do not count. Solve again with the budget lowered by the
+    // largest error seen, and a little more: that excludes this plan and admits those the model
     // misjudges by no more.
     const int64_t under = peak - model_peak(m, s.x);
     max_under = std::max(max_under, under);
@@ -865,12 +876,13 @@ Plan plan_milp(const Simulator& sim, int64_t budget_bytes, const MilpOptions& op
                 static_cast<long long>(rep.constraints), rep.solve_s);
   plan.note = buf;
   if (!start_note.empty()) plan.note += "; " + start_note;
-  const bool fits = plan.predicted.peak_allocated <= budget_bytes;
+  const bool fits = have && best_fits;
+  plan_fits = fits;
   if (!fits) {
     if (!have) rep.status = last_status;
     plan.note = "budget " + format_bytes(budget_bytes) + " cannot be met by milp (" +
                 (stop.empty() ? rep.status : stop) + "): lowest peak reached " +
-                format_bytes(std::min(plan.lowest_peak, plan.predicted.peak_allocated)) +
+                format_bytes(std::min(plan.lowest_peak, peak_of(plan.predicted, of))) +
                 ", lower bound " + format_bytes(plan.lower_bound) + "; " + plan.note;
     if (last_status == "infeasible") rep.status = "infeasible";
   }

@@ -40,6 +40,10 @@ struct MilpOptions {
   const Plan* start = nullptr; // optional incumbent (e.g. another planner's plan) given to the
                                // solver as a MIP start (the solver checks it against the model)
   int threads = 1;
+  // What the budget bounds (planner.h): for reserved bytes a plan fits when it runs under the
+  // allocator's limit at the budget; the programme's rows bound allocated bytes, and a plan the
+  // limit refuses is solved again with a lower internal budget.
+  BudgetOf budget_of = BudgetOf::reserved;
 };
 
 struct MilpReport {

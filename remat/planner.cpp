@@ -73,6 +73,41 @@ Schedule plan_schedule(const Profile& p, const Plan& plan) {
   return build_schedule(p, plan.decisions, plan.keep_chain, plan.regenerations);
 }
 
+const char* budget_of_name(BudgetOf of) { return of == BudgetOf::reserved ? "reserved" : "allocated"; }
+
+BudgetOf parse_budget_of(const std::string& text) {
+  if (text == "reserved") return BudgetOf::reserved;
+  if (text == "allocated") return BudgetOf::allocated;
+  REGEN_FAIL("unknown budget kind '", text, "': a budget bounds reserved bytes (what the device "
+             "sees; the default) or allocated bytes");
+}
+
+int64_t peak_of(const SimResult& r, BudgetOf of) {
+  return of == BudgetOf::reserved ? r.peak_reserved : r.peak_allocated;
+}
+
+PlanFit fit_schedule(const Simulator& sim, const Schedule& s, int64_t budget, BudgetOf of,
+                     const SimResult* unlimited) {
+  PlanFit f;
+  f.result = unlimited ? *unlimited : sim.run(s);
+  if (budget <= 0) return f;
+  if (of == BudgetOf::allocated) {
+    f.fits = f.result.peak_allocated <= budget;
+    return f;
+  }
+  if (f.result.peak_reserved <= budget) return f;  // the limit is never reached
+  if (f.result.peak_allocated > budget) {
+    f.fits = false;
+    return f;
+  }
+  SimOptions o;
+  o.limit = budget;
+  SimResult limited = sim.run(s, o);
+  f.fits = !limited.oom && limited.peak_reserved <= budget;
+  if (f.fits) f.result = std::move(limited);
+  return f;
+}
+
 int64_t Plan::recomputed() const {
   return std::count(decisions.begin(), decisions.end(), Decision::recompute);
 }
@@ -320,18 +355,21 @@ struct Evaluated {
   size_t k;
   Decisions d;
   SimResult r;
+  bool fits = false;
 };
 
 // The smallest k in [0, n] whose plan `make(k)` fits the budget. The peak usually falls as k
 // grows but not always (long regeneration chains can raise it again), so the search first scans
 // up to kCoarse evenly spaced k, then bisects between the last point that did not fit and the
 // first that did. Every evaluation is an exact simulation; `lowest` tracks the lowest peak seen.
-Evaluated search_prefix(const Simulator& sim, size_t n, int64_t budget, bool keep_chain,
+Evaluated search_prefix(const Simulator& sim, size_t n, int64_t budget, BudgetOf of, bool keep_chain,
                         const std::function<Decisions(size_t)>& make, int64_t& lowest) {
   auto eval = [&](size_t k) {
     Evaluated e{k, make(k), {}};
-    e.r = sim.run(build_schedule(sim.profile(), e.d, keep_chain));
-    lowest = std::min(lowest, e.r.peak_allocated);
+    PlanFit f = fit_schedule(sim, build_schedule(sim.profile(), e.d, keep_chain), budget > 0 ? budget : 0, of);
+    e.r = std::move(f.result);
+    e.fits = budget > 0 && f.fits;
+    lowest = std::min(lowest, peak_of(e.r, of));
     return e;
   };
   constexpr size_t kCoarse = 32;
@@ -342,14 +380,14 @@ Evaluated search_prefix(const Simulator& sim, size_t n, int64_t budget, bool kee
   size_t prev_k = 0;
   for (size_t k : points) {
     Evaluated e = eval(k);
-    if (e.r.peak_allocated <= budget) {
+    if (e.fits) {
       // Bisect (prev_k, k]: prev_k did not fit.
       size_t a = prev_k, b = k;
       Evaluated fit = std::move(e);
       while (b - a > 1) {
         const size_t mid = a + (b - a) / 2;
         Evaluated m = eval(mid);
-        if (m.r.peak_allocated <= budget) {
+        if (m.fits) {
           b = mid;
           fit = std::move(m);
         } else {
@@ -367,9 +405,9 @@ Evaluated search_prefix(const Simulator& sim, size_t n, int64_t budget, bool kee
   size_t pick = 0;
   for (size_t i = 0; i < misses.size(); ++i) {
     const SimResult& r = misses[i].r;
-    if (!near_lowest(r.peak_allocated, floor_peak)) continue;
+    if (!near_lowest(peak_of(r, of), floor_peak)) continue;
     const SimResult& b = misses[pick].r;
-    if (!near_lowest(b.peak_allocated, floor_peak) || r.time_ms < b.time_ms) pick = i;
+    if (!near_lowest(peak_of(b, of), floor_peak) || r.time_ms < b.time_ms) pick = i;
   }
   return std::move(misses[pick]);
 }
@@ -380,26 +418,32 @@ namespace {
 
 // One policy in one chain mode (the mutwo order is computed once by the caller).
 Plan plan_in_mode(const Simulator& sim, const std::string& policy, const Budget& budget,
-                  bool keep_chain, const std::vector<int32_t>& picks) {
+                  BudgetOf of, bool keep_chain, const std::vector<int32_t>& picks) {
   const Profile& p = sim.profile();
   Plan plan;
   plan.policy = policy;
   plan.budget_text = budget.str();
+  plan.budget_of = of;
   plan.keep_chain = keep_chain;
   const Decisions all_retain(p.saved.size(), Decision::retain);
   const SimResult none = sim.run(build_schedule(p, all_retain));
-  plan.no_remat_peak = none.peak_allocated;
-  plan.budget_bytes = budget.resolve(none.peak_allocated);
+  plan.no_remat_peak = peak_of(none, of);
+  plan.budget_bytes = budget.resolve(peak_of(none, of));
   plan.lower_bound = memory_lower_bound(p);
-  int64_t lowest = none.peak_allocated;
+  int64_t lowest = peak_of(none, of);
+  bool fits = true;
 
   if (policy == "none") {
     plan.decisions = all_retain;
-    plan.predicted = none;
+    PlanFit f = fit_schedule(sim, plan_schedule(p, plan), plan.budget_bytes, of, &none);
+    plan.predicted = std::move(f.result);
+    fits = f.fits;
   } else if (policy == "sqrt") {
     plan.decisions = sqrt_segments(p);
-    plan.predicted = sim.run(plan_schedule(p, plan));
-    lowest = std::min(lowest, plan.predicted.peak_allocated);
+    PlanFit f = fit_schedule(sim, plan_schedule(p, plan), plan.budget_bytes, of);
+    plan.predicted = std::move(f.result);
+    fits = f.fits;
+    lowest = std::min(lowest, peak_of(plan.predicted, of));
     plan.note = std::to_string(p.blocks.size()) + " blocks in segments of " +
                 std::to_string(static_cast<int>(std::ceil(std::sqrt(double(p.blocks.size())))));
   } else {
@@ -416,13 +460,14 @@ Plan plan_in_mode(const Simulator& sim, const std::string& policy, const Budget&
       // torch.utils.checkpoint on every block.
       plan.decisions = make(n);
       plan.predicted = sim.run(plan_schedule(p, plan));
-      lowest = std::min(lowest, plan.predicted.peak_allocated);
+      lowest = std::min(lowest, peak_of(plan.predicted, of));
       plan.note = "checkpointed all " + std::to_string(n) + " blocks";
     } else {
       // mutwo without a budget aims for the lowest peak: no prefix "fits" a target of -1, so the
       // search returns the fastest plan near the lowest peak it saw.
       const int64_t goal = plan.budget_bytes > 0 ? plan.budget_bytes : -1;
-      Evaluated e = search_prefix(sim, n, goal, plan.keep_chain, make, lowest);
+      Evaluated e = search_prefix(sim, n, goal, of, plan.keep_chain, make, lowest);
+      fits = plan.budget_bytes == 0 || e.fits;
       plan.decisions = std::move(e.d);
       plan.predicted = std::move(e.r);
       plan.note = std::string(policy == "blocks" ? "checkpointed the first " : "recomputes the first ") +
@@ -430,8 +475,9 @@ Plan plan_in_mode(const Simulator& sim, const std::string& policy, const Budget&
                   (policy == "blocks" ? " blocks" : " greedy picks");
     }
   }
-  plan.lowest_peak = std::min(lowest, plan.predicted.peak_allocated);
-  plan.feasible = plan.budget_bytes == 0 || plan.predicted.peak_allocated <= plan.budget_bytes;
+  plan.lowest_peak = std::min(lowest, peak_of(plan.predicted, of));
+  plan.feasible = plan.budget_bytes == 0 || fits;
+  if (plan.feasible && of == BudgetOf::reserved) plan.limit = plan.budget_bytes;
   return plan;  // make_plan writes the note of an infeasible plan
 }
 
@@ -444,16 +490,48 @@ constexpr size_t kDpSimulated = 192;
 // Budget levels of the programme (its memory resolution is the no-remat peak over this).
 constexpr int kDpLevels = 1024;
 
-Plan plan_dp(const Simulator& sim, const Budget& budget) {
+// The lowest limit (reserved bytes) under which one of the plans runs, to a resolution of 1/4096
+// of `high` (which must fit: the no-remat peak). The plans tried at each limit are the few with
+// the lowest allocated peaks (the most aggressive). Remembered on the simulator.
+template <class Point, class ScheduleOf>
+int64_t dp_lowest_limit(const Simulator& sim, const std::vector<Point>& points,
+                        const ScheduleOf& schedule_of, int64_t high) {
+  std::shared_ptr<void>& slot = sim.planner_memo("dp lowest limit");
+  if (slot) return *static_cast<const int64_t*>(slot.get());
+  constexpr size_t kTried = 8;
+  std::vector<const Point*> aggressive;
+  for (const Point& pt : points) aggressive.push_back(&pt);
+  std::stable_sort(aggressive.begin(), aggressive.end(), [](const Point* a, const Point* b) {
+    return a->r.peak_allocated < b->r.peak_allocated;
+  });
+  if (aggressive.size() > kTried) aggressive.resize(kTried);
+  auto runs = [&](int64_t limit) {
+    for (const Point* pt : aggressive) {
+      if (fit_schedule(sim, schedule_of(*pt), limit, BudgetOf::reserved, &pt->r).fits) return true;
+    }
+    return false;
+  };
+  int64_t lo = aggressive.front()->r.peak_allocated - 1, hi = high;  // lo never runs
+  const int64_t step = std::max<int64_t>(1, high / 4096);
+  while (hi - lo > step) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    (runs(mid) ? hi : lo) = mid;
+  }
+  slot = std::make_shared<int64_t>(hi);
+  return hi;
+}
+
+Plan plan_dp(const Simulator& sim, const Budget& budget, BudgetOf of) {
   const Profile& p = sim.profile();
   Plan plan;
   plan.policy = "dp";
   plan.budget_text = budget.str();
+  plan.budget_of = of;
   plan.keep_chain = false;
   const Decisions all_retain(p.saved.size(), Decision::retain);
   const SimResult none = sim.run(build_schedule(p, all_retain));
-  plan.no_remat_peak = none.peak_allocated;
-  plan.budget_bytes = budget.resolve(none.peak_allocated);
+  plan.no_remat_peak = peak_of(none, of);
+  plan.budget_bytes = budget.resolve(peak_of(none, of));
   plan.lower_bound = memory_lower_bound(p);
   struct Point {
     int64_t cand;  // -1: all retain
@@ -487,21 +565,73 @@ Plan plan_dp(const Simulator& sim, const Budget& budget) {
   const Memo& memo = *static_cast<const Memo*>(slot.get());
   const std::vector<ChainPlan>& cands = memo.cands;
   const std::vector<Point>& points = memo.points;
-  int64_t lowest = none.peak_allocated;
-  for (const Point& pt : points) lowest = std::min(lowest, pt.r.peak_allocated);
-  // The fastest that fits. When none fits, the lowest peak (the fastest of those): then as the
-  // budget falls the chosen peak never rises and the time never falls, also past the lowest peak.
-  // Without a budget, like mutwo, the fastest within kNearLowest of the lowest peak. Ties: the
-  // lower peak, then the earlier (larger-budget) plan.
-  const bool infeasible = plan.budget_bytes > 0 && lowest > plan.budget_bytes;
-  const int64_t limit = plan.budget_bytes == 0 ? -1 : infeasible ? lowest : plan.budget_bytes;
+  auto schedule_of = [&](const Point& pt) {
+    return pt.cand < 0 ? build_schedule(p, all_retain)
+                       : build_schedule(p, cands[static_cast<size_t>(pt.cand)].decisions, false,
+                                        cands[static_cast<size_t>(pt.cand)].regenerations);
+  };
+  // Fastest first (ties: the lower peak, then the earlier, larger-budget plan).
+  std::vector<const Point*> order;
+  for (const Point& pt : points) order.push_back(&pt);
+  std::stable_sort(order.begin(), order.end(), [&](const Point* x, const Point* y) {
+    if (x->r.time_ms != y->r.time_ms) return x->r.time_ms < y->r.time_ms;
+    return peak_of(x->r, of) < peak_of(y->r, of);
+  });
+  int64_t lowest = peak_of(none, of);
+  for (const Point& pt : points) lowest = std::min(lowest, peak_of(pt.r, of));
+  // The fastest that fits (for a reserved budget, a plan whose unlimited run passes it may still
+  // run under the limit: simulated with it). When none fits, the lowest peak (the fastest of
+  // those): then as the budget falls the chosen peak never rises and the time never falls, also
+  // past the lowest peak. Without a budget, like mutwo, the fastest within kNearLowest of the
+  // lowest peak.
   const Point* best = nullptr;
-  for (const Point& pt : points) {
-    const bool ok = limit < 0 ? near_lowest(pt.r.peak_allocated, lowest) : pt.r.peak_allocated <= limit;
-    if (!ok) continue;
-    if (!best || pt.r.time_ms < best->r.time_ms ||
-        (pt.r.time_ms == best->r.time_ms && pt.r.peak_allocated < best->r.peak_allocated)) {
-      best = &pt;
+  SimResult chosen;
+  bool fits = true;
+  if (plan.budget_bytes == 0) {
+    for (const Point* pt : order) {
+      if (near_lowest(peak_of(pt->r, of), lowest)) {
+        best = pt;
+        break;
+      }
+    }
+    chosen = best->r;
+  } else {
+    for (const Point* pt : order) {
+      PlanFit f = fit_schedule(sim, schedule_of(*pt), plan.budget_bytes, of, &pt->r);
+      if (f.fits) {
+        best = pt;
+        chosen = std::move(f.result);
+        lowest = std::min(lowest, peak_of(chosen, of));
+        break;
+      }
+    }
+    if (!best) {
+      fits = false;
+      if (of == BudgetOf::allocated) {
+        for (const Point* pt : order) {
+          if (peak_of(pt->r, of) == lowest) {
+            best = pt;
+            break;
+          }
+        }
+        chosen = best->r;
+      } else {
+        // Under a limit a plan can reserve far less than it does unlimited, so the lowest peak
+        // is the lowest limit any plan runs under. The answer is the one for that limit (the
+        // same plan and peak), which keeps the frontier monotone past it.
+        const auto low = dp_lowest_limit(sim, points, schedule_of, plan.no_remat_peak);
+        for (const Point* pt : order) {
+          PlanFit f = fit_schedule(sim, schedule_of(*pt), low, of, &pt->r);
+          if (f.fits) {
+            best = pt;
+            chosen = std::move(f.result);
+            break;
+          }
+        }
+        REGEN_ASSERT(best);
+        lowest = peak_of(chosen, of);
+        plan.limit = low;
+      }
     }
   }
   REGEN_ASSERT(best);
@@ -512,9 +642,10 @@ Plan plan_dp(const Simulator& sim, const Budget& budget) {
     plan.decisions = cands[static_cast<size_t>(best->cand)].decisions;
     plan.regenerations = cands[static_cast<size_t>(best->cand)].regenerations;
   }
-  plan.predicted = best->r;
+  plan.predicted = std::move(chosen);
   plan.lowest_peak = lowest;
-  plan.feasible = plan.budget_bytes == 0 || plan.predicted.peak_allocated <= plan.budget_bytes;
+  plan.feasible = fits;
+  if (fits && of == BudgetOf::reserved) plan.limit = plan.budget_bytes;
   plan.note = memo.note + "; the programme yields " + std::to_string(cands.size()) + " plans, " +
               std::to_string(points.size() - 1) + " simulated";
   return plan;
@@ -527,7 +658,7 @@ bool better(const Plan& a, const Plan& b) {
   if (a.feasible != b.feasible) return a.feasible;
   const bool aim_low = !a.feasible || a.budget_bytes == 0;
   if (aim_low) {
-    const int64_t pa = a.predicted.peak_allocated, pb = b.predicted.peak_allocated;
+    const int64_t pa = peak_of(a.predicted, a.budget_of), pb = peak_of(b.predicted, b.budget_of);
     const int64_t low = std::min(pa, pb);
     if (!near_lowest(pa, low) || !near_lowest(pb, low)) return pa < pb;
   }
@@ -545,6 +676,7 @@ Plan make_plan(const Simulator& sim, const std::string& policy, const Budget& bu
 Plan make_plan(const Simulator& sim, const std::string& policy, const Budget& budget,
                const PlanOptions& options) {
   const Chain chain = options.chain;
+  const BudgetOf of = options.budget_of;
   const auto t0 = std::chrono::steady_clock::now();
   const std::vector<std::string> names = policy_names();
   if (std::find(names.begin(), names.end(), policy) == names.end()) {
@@ -561,13 +693,14 @@ Plan make_plan(const Simulator& sim, const std::string& policy, const Budget& bu
   if (policy == "dp" || policy == "milp") {
     REGEN_CHECK(chain != Chain::keep, "the ", policy, " policy decides what each regeneration "
                 "restores itself; it takes no chain mode (got keep)");
-    plan = plan_dp(sim, budget);
+    plan = plan_dp(sim, budget, of);
     if (policy == "milp") {
       REGEN_CHECK(plan.budget_bytes > 0, "the milp policy needs a budget (--budget): it minimizes "
                   "the recomputation time under one");
       MilpOptions mo;
       mo.time_limit_s = options.milp_time_limit_s;
       mo.threads = options.milp_threads;
+      mo.budget_of = of;
       // The dp plan as the solver's first incumbent: the answer is never slower than dp's when
       // the model accepts it.
       if (plan.feasible) mo.start = &plan;
@@ -589,8 +722,8 @@ Plan make_plan(const Simulator& sim, const std::string& policy, const Budget& bu
       plan = std::move(milp);
     }
   } else if (chain == Chain::automatic && policy == "mutwo") {
-    Plan keep = plan_in_mode(sim, policy, budget, true, picks);
-    Plan drop = plan_in_mode(sim, policy, budget, false, picks);
+    Plan keep = plan_in_mode(sim, policy, budget, of, true, picks);
+    Plan drop = plan_in_mode(sim, policy, budget, of, false, picks);
     const bool take_keep = !better(drop, keep);
     plan = take_keep ? std::move(keep) : std::move(drop);
     const Plan& other = take_keep ? drop : keep;
@@ -598,20 +731,21 @@ Plan make_plan(const Simulator& sim, const std::string& policy, const Budget& bu
     char buf[200];
     std::snprintf(buf, sizeof buf, "chain %s chosen (chain %s: peak %s, step %.3f s%s)",
                   take_keep ? "keep" : "drop", take_keep ? "drop" : "keep",
-                  format_bytes(other.predicted.peak_allocated).c_str(),
+                  format_bytes(peak_of(other.predicted, of)).c_str(),
                   other.predicted.time_ms / 1000.0, other.feasible ? "" : ", over budget");
     chain_note = buf;
   } else {
-    plan = plan_in_mode(sim, policy, budget, chain != Chain::drop, picks);
+    plan = plan_in_mode(sim, policy, budget, of, chain != Chain::drop, picks);
   }
   if (!plan.feasible) {
     // The note's lowest peak covers both chain modes. A planner's own note (what it modelled)
     // follows.
     const std::string own = policy == "dp" || policy == "milp" ? plan.note : std::string();
-    plan.note = "budget " + format_bytes(plan.budget_bytes) + " cannot be met by " + policy +
-                ": lowest peak reached " + format_bytes(plan.lowest_peak) + ", lower bound " +
-                format_bytes(plan.lower_bound) + " (persistent memory, the batch and the largest "
-                "single-op working set)" + (own.empty() ? "" : "; " + own);
+    plan.note = "budget " + format_bytes(plan.budget_bytes) + " (" + budget_of_name(of) +
+                ") cannot be met by " + policy + ": lowest " + budget_of_name(of) +
+                " peak reached " + format_bytes(plan.lowest_peak) + ", lower bound " +
+                format_bytes(plan.lower_bound) + " allocated (persistent memory, the batch and the "
+                "largest single-op working set)" + (own.empty() ? "" : "; " + own);
   }
   if (!chain_note.empty()) plan.note += (plan.note.empty() ? "" : "; ") + chain_note;
   plan.planning_ms =
@@ -630,6 +764,8 @@ void save_plan(const Plan& plan, const Profile& p, const std::string& path) {
   j["policy"] = plan.policy;
   j["budget"] = plan.budget_text;
   j["budget_bytes"] = plan.budget_bytes;
+  j["budget_of"] = budget_of_name(plan.budget_of);
+  j["limit"] = plan.limit;
   j["keep_chain"] = plan.keep_chain;
   j["feasible"] = plan.feasible;
   j["note"] = plan.note;
@@ -677,6 +813,11 @@ Plan load_plan(const std::string& path, const Profile& p) {
     plan.policy = j.at("policy").get<std::string>();
     plan.budget_text = j.at("budget").get<std::string>();
     plan.budget_bytes = j.at("budget_bytes").get<int64_t>();
+    REGEN_CHECK(plan.budget_bytes >= 0, origin, ": budget_bytes is negative");
+    // Plans written before budgets bounded reserved bytes bound allocated bytes.
+    plan.budget_of = parse_budget_of(j.value("budget_of", std::string("allocated")));
+    plan.limit = j.value("limit", int64_t{0});
+    REGEN_CHECK(plan.limit >= 0, origin, ": limit is negative");
     plan.keep_chain = j.at("keep_chain").get<bool>();
     plan.note = j.value("note", "");
     plan.decisions.assign(p.saved.size(), Decision::retain);

@@ -38,16 +38,46 @@ struct Budget {
   int64_t resolve(int64_t no_remat_peak) const;
 };
 
+// What a budget bounds. reserved (the default): what the device sees. The step runs with the
+// allocator's hard limit at the budget (training sets it, the simulator replays it: at the limit
+// the allocator maps the smallest segment that fits, then empties its cache), and a plan fits
+// when it runs under that limit; reserved bytes then never pass the budget. allocated: the bytes
+// tensors occupy, the sum other planners bound, with the allocator unlimited (reserved bytes may
+// be more). A percentage is of the no-remat peak of the same kind.
+enum class BudgetOf { reserved, allocated };
+const char* budget_of_name(BudgetOf of);  // "reserved", "allocated"
+// Throws regen::Error naming the two for anything else.
+BudgetOf parse_budget_of(const std::string& text);
+// A simulation's peak of that kind.
+int64_t peak_of(const SimResult& r, BudgetOf of);
+
+// A schedule judged against a budget in bytes (0: none; everything fits). Simulated without a
+// limit; for a reserved budget that its reserved peak passes but its allocated peak does not,
+// simulated again under the limit, and it fits when it runs there. `result` is what training
+// with that budget sees (the limited run when the limit was needed; else the unlimited one).
+// `unlimited` passes a simulation the caller already has.
+struct PlanFit {
+  SimResult result;
+  bool fits = true;
+};
+PlanFit fit_schedule(const Simulator& sim, const Schedule& s, int64_t budget, BudgetOf of,
+                     const SimResult* unlimited = nullptr);
+
 struct Plan {
   std::string policy;
   std::string budget_text;
   int64_t budget_bytes = 0;  // 0: no budget
+  BudgetOf budget_of = BudgetOf::reserved;
+  // The allocator's hard limit the plan runs under (0: none): a reserved budget the plan fits;
+  // for dp's answer to a reserved budget below every plan, the lowest limit its plan runs under.
+  // `predicted` is the simulation under it, and training must set it to run as predicted.
+  int64_t limit = 0;
   std::vector<Decision> decisions;
   bool keep_chain = true;
   std::vector<Regeneration> regenerations;  // explicit ones (schedule.h); most planners have none
-  bool feasible = true;      // predicted peak <= budget (always true without a budget)
-  SimResult predicted;       // exact simulation of this plan
-  int64_t no_remat_peak = 0;
+  bool feasible = true;      // fits the budget (always true without a budget)
+  SimResult predicted;       // exact simulation of this plan (under `limit`)
+  int64_t no_remat_peak = 0;  // of the budget's kind, as the peaks below
   int64_t lowest_peak = 0;   // lowest peak any plan the planner tried reached
   int64_t lower_bound = 0;   // persistent memory + the largest single-op working set
   double planning_ms = 0;
@@ -94,6 +124,7 @@ std::vector<MutwoPick> mutwo_picks(const Profile& p);
 // What a policy may be told beyond the budget.
 struct PlanOptions {
   Chain chain = Chain::automatic;
+  BudgetOf budget_of = BudgetOf::reserved;
   // milp: the solver's time limit per solve (the plan's note says whether it proved the optimum
   // and with what gap), and its threads.
   double milp_time_limit_s = 60;

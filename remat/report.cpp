@@ -241,7 +241,8 @@ std::string summary_csv(const std::vector<SweepRow>& rows) {
   std::ostringstream os;
   os << "batch,policy,budget,budget_gb,feasible,initial_peak_gb,final_peak_gb,predicted_peak_gb,"
         "initial_time_s,final_time_s,predicted_time_s,recompute_s,retained,recomputed,"
-        "retained_gb,saved_gb\n";
+        "retained_gb,saved_gb,budget_of,limit_gb,initial_reserved_gb,final_reserved_gb,"
+        "predicted_reserved_gb\n";
   for (const SweepRow& r : rows) {
     os << r.batch << "," << r.policy << "," << r.budget << "," << fmt("%.6f", r.budget_gb) << ","
        << (r.feasible ? "yes" : "no") << "," << fmt("%.6f", r.initial_peak_gb) << ","
@@ -249,7 +250,9 @@ std::string summary_csv(const std::vector<SweepRow>& rows) {
        << fmt("%.6f", r.initial_time_s) << "," << fmt("%.6f", r.final_time_s) << ","
        << fmt("%.6f", r.predicted_time_s) << "," << fmt("%.6f", r.recompute_s) << ","
        << r.retained << "," << r.recomputed << "," << fmt("%.6f", r.retained_gb) << ","
-       << fmt("%.6f", r.saved_gb) << "\n";
+       << fmt("%.6f", r.saved_gb) << "," << r.budget_of << "," << fmt("%.6f", r.limit_gb) << ","
+       << fmt("%.6f", r.initial_reserved_gb) << "," << fmt("%.6f", r.final_reserved_gb) << ","
+       << fmt("%.6f", r.predicted_reserved_gb) << "\n";
   }
   return os.str();
 }

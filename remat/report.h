@@ -32,6 +32,10 @@ struct SweepRow {
   double retained_gb = 0, saved_gb = 0;            // bytes of retained / recomputed activations
   // Extra columns (CSV): predictions and feasibility.
   double predicted_peak_gb = 0, predicted_time_s = 0, budget_gb = 0;
+  // Reserved bytes (what the device sees), measured and predicted, and the allocator's limit the
+  // run had (0: none), and what the budget bounds.
+  double initial_reserved_gb = 0, final_reserved_gb = 0, predicted_reserved_gb = 0, limit_gb = 0;
+  std::string budget_of = "reserved";
   bool feasible = true;
   std::string policy, budget;
 };

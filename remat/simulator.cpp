@@ -49,6 +49,11 @@ SimResult Simulator::run(const Schedule& s, const SimOptions& opt) const {
   const Profile& p = p_;
   CachingAllocator sim(make_null_arena(Device::cpu()));
   sim.restore_state(p.start_state);
+  SimResult res;
+  const int64_t flushes_before = sim.stats().num_cache_flushes;
+  // The limit, as the allocator applies it: to segments it maps from here on (the persistent
+  // ones may already pass it; a plan then does not fit, planner.h fit_schedule).
+  if (opt.limit > 0) sim.set_limit(opt.limit);
   std::unordered_map<uint64_t, Block*> live;  // base allocation id -> simulated block
   for (const AllocatorState::SegmentRec& seg : p.start_state.segments) {
     for (const BlockInfo& b : seg.blocks) {
@@ -59,7 +64,6 @@ SimResult Simulator::run(const Schedule& s, const SimOptions& opt) const {
   for (size_t i = 0; i < p.saved.size(); ++i) {
     saved_base[i] = p.values[static_cast<size_t>(p.saved[i].value)].alloc_id;
   }
-  SimResult res;
   int64_t best = sim.stats().allocated.current;
   std::vector<LiveBlockRec> best_live;
   int64_t last_marker = -1, best_marker = -1;
@@ -169,22 +173,34 @@ SimResult Simulator::run(const Schedule& s, const SimOptions& opt) const {
     }
   };
 
-  for (size_t i = 0; i <= p.events.size(); ++i) {
-    for (size_t m : markers_at_[i]) on_marker(p.markers[m]);
-    if (i == p.events.size()) break;
-    const ProfileEvent& e = p.events[i];
-    if (e.kind == MemoryEventKind::alloc) {
-      live[e.block_id] = sim.allocate(static_cast<uint64_t>(e.requested), e.category, tags_[i]);
-      after_change();
-    } else if (e.kind == MemoryEventKind::free) {
-      auto it = live.find(e.block_id);
-      REGEN_CHECK(it != live.end(), "simulator: the profile frees block ", e.block_id,
-                  " that was never allocated");
-      if (it->second) sim.free(it->second);
-      live.erase(it);
+  try {
+    for (size_t i = 0; i <= p.events.size(); ++i) {
+      for (size_t m : markers_at_[i]) on_marker(p.markers[m]);
+      if (i == p.events.size()) break;
+      const ProfileEvent& e = p.events[i];
+      if (e.kind == MemoryEventKind::alloc) {
+        live[e.block_id] = sim.allocate(static_cast<uint64_t>(e.requested), e.category, tags_[i]);
+        after_change();
+      } else if (e.kind == MemoryEventKind::free) {
+        auto it = live.find(e.block_id);
+        REGEN_CHECK(it != live.end(), "simulator: the profile frees block ", e.block_id,
+                    " that was never allocated");
+        if (it->second) sim.free(it->second);
+        live.erase(it);
+      }
+      // Segment events follow from the allocations; the simulated allocator makes its own.
     }
-    // Segment events follow from the allocations; the simulated allocator makes its own.
+  } catch (const OutOfMemory& e) {
+    if (opt.limit <= 0) throw;  // the null arena never runs out without a limit
+    res.oom = true;
+    res.oom_message = e.message();
+    if (last_marker >= 0) {
+      const Marker& m = p.markers[static_cast<size_t>(last_marker)];
+      res.oom_at = std::string(marker_name(m.kind)) +
+                   (m.node >= 0 ? " " + p.nodes[static_cast<size_t>(m.node)].name : "");
+    }
   }
+  res.cache_flushes = sim.stats().num_cache_flushes - flushes_before;
 
   const MemoryStats st = sim.stats();
   res.peak_allocated = st.allocated.peak;

@@ -38,11 +38,20 @@ struct SimResult {
   double recompute_ms = 0;
   int64_t replays = 0;
   std::vector<TimelinePoint> timeline;
+  // With a limit: whether the step runs out of memory under it, the allocator's message and the
+  // last marker before it ("bwd_begin <op>", ...); the peaks are then those reached before.
+  bool oom = false;
+  std::string oom_message, oom_at;
+  int64_t cache_flushes = 0;  // times the allocator emptied its cache to stay under the limit
 };
 
 struct SimOptions {
   bool timeline = false;  // a point per marker
   int top_live = 0;       // list this many largest live blocks at the peak (second pass)
+  // The allocator's hard limit on reserved bytes during the step (0: none), as training with
+  // that budget sets it: at the limit the allocator maps the smallest segment that fits, then
+  // empties its cache, then runs out of memory (docs/memory.md), and the simulation follows it.
+  int64_t limit = 0;
 };
 
 // Per-profile index (windows of each node's forward, tag ids); build once, simulate many times.

@@ -17,10 +17,16 @@ using namespace regen::testing;
 
 namespace {
 
-// Budgets evenly spaced from the lower bound to the no-remat peak, falling.
-std::vector<Budget> falling_budgets(const Simulator& sim, int n) {
-  const Plan probe = make_plan(sim, "none", Budget());
-  const int64_t lo = memory_lower_bound(sim.profile()), hi = probe.no_remat_peak;
+// Budgets evenly spaced and falling from the no-remat peak of their kind to the lower bound
+// (allocated) or, for reserved bytes, to the lowest limit dp's plans run under (segments are
+// whole: tiny models reserve a few 2 MiB segments whatever they allocate).
+std::vector<Budget> falling_budgets(const Simulator& sim, int n, BudgetOf of = BudgetOf::allocated) {
+  PlanOptions po;
+  po.budget_of = of;
+  const Plan probe = make_plan(sim, "none", Budget(), po);
+  const int64_t lo = of == BudgetOf::allocated ? memory_lower_bound(sim.profile())
+                                               : make_plan(sim, "dp", Budget::parse("1"), po).lowest_peak;
+  const int64_t hi = probe.no_remat_peak;
   std::vector<Budget> out;
   for (int i = n - 1; i >= 0; --i) {
     Budget b;
@@ -91,23 +97,37 @@ void check_programme(const Profile& p, const ChainModel& m) {
   CHECK(worst < 0.05);
 }
 
+void check_frontier(const Simulator& sim, int min_feasible, BudgetOf of);
+
+// For budgets of both kinds (reserved: the allocator's limit at the budget).
 void check_frontier(const Simulator& sim, int min_feasible) {
-  const std::vector<Budget> budgets = falling_budgets(sim, 24);
+  for (BudgetOf of : {BudgetOf::reserved, BudgetOf::allocated}) {
+    CAPTURE(std::string(budget_of_name(of)));
+    check_frontier(sim, min_feasible, of);
+  }
+}
+
+void check_frontier(const Simulator& sim, int min_feasible, BudgetOf of) {
+  const std::vector<Budget> budgets = falling_budgets(sim, 24, of);
   int64_t prev_peak = -1;
   double prev_ms = 0;
   int feasible = 0;
   for (const Budget& b : budgets) {
-    const Plan plan = make_plan(sim, "dp", b);
+    PlanOptions po;
+    po.budget_of = of;
+    const Plan plan = make_plan(sim, "dp", b, po);
     CAPTURE(b.str());
+    const int64_t peak = peak_of(plan.predicted, plan.budget_of);
     if (plan.feasible) {
       ++feasible;
-      CHECK(plan.predicted.peak_allocated <= plan.budget_bytes);
+      CHECK(peak <= plan.budget_bytes);
+      CHECK_FALSE(plan.predicted.oom);
     }
     if (prev_peak >= 0) {
-      CHECK(plan.predicted.peak_allocated <= prev_peak);
+      CHECK(peak <= prev_peak);
       CHECK(plan.predicted.time_ms >= prev_ms);
     }
-    prev_peak = plan.predicted.peak_allocated;
+    prev_peak = peak;
     prev_ms = plan.predicted.time_ms;
   }
   CHECK(feasible >= min_feasible);  // the lowest budgets may be out of reach
@@ -216,14 +236,20 @@ TEST_CASE("dp: a network with long skips: skips pinned, plans exact and bitwise,
     ref = train(r, 3, nullptr);
   }
   int recomputing = 0;
-  for (const Budget& b : falling_budgets(sim, 5)) {
-    const Plan plan = make_plan(sim, "dp", b);
+  for (BudgetOf of : {BudgetOf::allocated, BudgetOf::reserved}) {
+  for (const Budget& b : falling_budgets(sim, 5, of)) {
+    PlanOptions po;
+    po.budget_of = of;
+    const Plan plan = make_plan(sim, "dp", b, po);
     CAPTURE(b.str());
+    CAPTURE(std::string(budget_of_name(of)));
     if (plan.recomputed() > 0) ++recomputing;
     CHECK(plan.note.find("long skips") != std::string::npos);
     fresh_allocator(Device::cpu());
     Run run = skipnet_run(cfg, batch);
     RematExecutor exec(p, plan_schedule(p, plan));
+    run.trainer->prepare();
+    const LimitScope limit(allocator_for(Device::cpu()), plan.limit);
     const Trace got = train(run, 3, &exec);
     for (size_t i = 0; i < got.losses.size(); ++i) CHECK(got.losses[i] == ref.losses[i]);
     bool same = true;
@@ -234,7 +260,9 @@ TEST_CASE("dp: a network with long skips: skips pinned, plans exact and bitwise,
     for (const MemoryStats& s : got.memory) {
       CHECK(s.allocated.peak == plan.predicted.peak_allocated);
       CHECK(s.reserved.peak == plan.predicted.peak_reserved);
+      if (plan.limit > 0) CHECK(s.reserved.peak <= plan.limit);
     }
   }
-  CHECK(recomputing >= 3);
+  }
+  CHECK(recomputing >= 4);
 }

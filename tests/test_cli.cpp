@@ -24,7 +24,9 @@
 
 #include "core/io.h"
 #include "core/safetensors.h"
+#include "remat/executor.h"
 #include "remat/planner.h"
+#include "remat/profiler.h"
 #include "tests/test_util.h"
 #include "tools/common.h"
 
@@ -397,9 +399,10 @@ TEST_CASE("cli: frontier plans every policy from the lower bound to the no-remat
   REQUIRE(prof.status == 0);
   const std::string profile = dir.file("profile.json");
   const std::string out = dir.file("fr");  // created by the command
+  // Allocated-byte budgets: a model this small reserves two 2 MiB segments whatever it plans.
   const Result r = regen_run(dir, {"frontier", "--profile", profile, "--points", "5", "--execute",
                                    "1", "--model", "transformer-tiny", "--batch", "2", "--steps",
-                                   "2", "--out", out});
+                                   "2", "--budget-of", "allocated", "--out", out});
   CAPTURE(r.err);
   CAPTURE(r.out);
   REQUIRE(r.status == 0);
@@ -423,6 +426,7 @@ TEST_CASE("cli: frontier plans every policy from the lower bound to the no-remat
   CHECK(rows[0].at("executed") == "1");
   CHECK(rows[0].at("exact") == "1");
   for (const auto& row : rows) {
+    CHECK(row.at("budget_of") == "allocated");
     CHECK(row.at("model") == "transformer-tiny");
     CHECK(row.at("batch") == "2");
     CHECK(row.at("device") == "cpu");
@@ -608,4 +612,44 @@ TEST_CASE("io: failed writes close the file and leave no temporary behind") {
   write_file_atomic(dir.file("a.txt"), "hello");
   CHECK(read_file(dir.file("a.txt")) == "hello");
   CHECK(open_fds() == fds);
+}
+
+// A step that passes its plan's limit (here a limit below what the plan allocates, which no
+// planner would set) stops with an out-of-memory report a person can act on: live blocks by
+// category and producer, the free bytes and largest free block in the reserved segments, and what
+// the plan predicted and where.
+TEST_CASE("cli: out of memory under a plan's limit names the plan's prediction and the fragmentation") {
+  tool::ModelFlags m;  // large enough that a step maps segments of its own
+  m.model = "resnet-tiny";
+  m.image_size = 64;
+  m.batch = 16;
+  m.device = "cpu";
+  Profile profile;
+  {
+    allocator_for(Device::cpu()).empty_cache();
+    auto s = tool::make_session(m, m.batch);
+    ProfileOptions po;
+    po.warmup = 1;
+    po.iterations = 1;
+    po.model_name = m.model;
+    profile = profile_training(*s->trainer, po);
+  }
+  const Simulator sim(profile);
+  PlanOptions po;
+  po.budget_of = BudgetOf::allocated;
+  Plan plan = make_plan(sim, "dp", Budget::parse("80%"), po);
+  REQUIRE(plan.feasible);
+  plan.predicted.peak_at = "bwd_begin somewhere";
+  RematExecutor exec(profile, plan_schedule(profile, plan));
+  const std::string e = error_of([&] {
+    tool::measure_training(m, m.batch, 2, &exec, plan.predicted.peak_allocated - 1, &plan);
+  });
+  CAPTURE(e);
+  CHECK(e.find("out of memory") != std::string::npos);
+  CHECK(e.find("would pass the limit") != std::string::npos);
+  CHECK(e.find("largest live blocks") != std::string::npos);
+  CHECK(e.find("free in reserved segments") != std::string::npos);
+  CHECK(e.find("the plan (dp, budget 80%") != std::string::npos);
+  CHECK(e.find("reached at bwd_begin somewhere") != std::string::npos);
+  CHECK(allocator_for(Device::cpu()).limit() == 0);  // the limit ends with the run
 }

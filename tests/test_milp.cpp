@@ -141,9 +141,19 @@ std::vector<Plan> all_plans(const Profile& p) {
   return out;
 }
 
+// These tests bound allocated bytes, the MILP's own rows (reserved budgets are tested with the
+// other planners in tests/remat_suite.h).
 MilpOptions quick(double seconds) {
   MilpOptions o;
   o.time_limit_s = seconds;
+  o.budget_of = BudgetOf::allocated;
+  return o;
+}
+
+PlanOptions allocated(Chain chain = Chain::automatic) {
+  PlanOptions o;
+  o.chain = chain;
+  o.budget_of = BudgetOf::allocated;
   return o;
 }
 
@@ -306,7 +316,7 @@ void check_milp(const ModelConfig& cfg, int64_t batch, const std::vector<BudgetP
     const int64_t budget = lower + static_cast<int64_t>(bp.fraction * static_cast<double>(none - lower));
     MilpReport rep;
     const Plan plan = plan_milp(sim, budget, quick(bp.time_limit_s), &rep);
-    const Plan mutwo = make_plan(sim, "mutwo", Budget::parse(std::to_string(budget)));
+    const Plan mutwo = make_plan(sim, "mutwo", Budget::parse(std::to_string(budget)), allocated());
     CAPTURE(cfg.name);
     CAPTURE(budget);
     CAPTURE(rep.status);
@@ -393,7 +403,7 @@ TEST_CASE("milp: mutwo's plans as MIP starts (keep and drop chains)") {
   for (double f : {0.3, 0.6}) {
     const int64_t budget = lower + static_cast<int64_t>(f * static_cast<double>(none - lower));
     for (Chain chain : {Chain::keep, Chain::drop}) {
-      const Plan mutwo = make_plan(sim, "mutwo", Budget::parse(std::to_string(budget)), chain);
+      const Plan mutwo = make_plan(sim, "mutwo", Budget::parse(std::to_string(budget)), allocated(chain));
       if (!mutwo.feasible) continue;
       MilpOptions opt = quick(0.5);
       opt.start = &mutwo;
@@ -443,14 +453,14 @@ TEST_CASE("milp: dp is within 3% of the MILP's optimum on transformer-tiny, resn
   for (const Case& c : {Case{model_preset("transformer-tiny"), 4}, Case{rt, 16}, Case{r18, 32}}) {
     const Profile p = profile_of(c.cfg, c.batch, 2);
     const Simulator sim(p);
-    const int64_t lo = memory_lower_bound(p), hi = make_plan(sim, "none", Budget()).no_remat_peak;
+    const int64_t lo = memory_lower_bound(p), hi = make_plan(sim, "none", Budget(), allocated()).no_remat_peak;
     REQUIRE(lo < hi);
     for (double f : {0.1, 0.3, 0.5, 0.7, 0.9}) {
       Budget b;
       b.kind = Budget::Kind::bytes;
       b.value = static_cast<double>(lo + static_cast<int64_t>(f * static_cast<double>(hi - lo)));
-      const Plan dp = make_plan(sim, "dp", b);
-      PlanOptions po;
+      const Plan dp = make_plan(sim, "dp", b, allocated());
+      PlanOptions po = allocated();
       po.milp_time_limit_s = 20;
       const Plan milp = make_plan(sim, "milp", b, po);
       CAPTURE(c.cfg.name);

@@ -31,6 +31,7 @@ struct Flags {
   std::string profile;
   std::string policies;  // empty: every policy but none and milp
   double milp_time_limit = 60;
+  std::string budget_of = "reserved";
   int points = 40;
   int execute = 3;
   int steps = 3;
@@ -162,16 +163,16 @@ std::vector<std::string> check_properties(const std::vector<Point>& pts) {
   };
   for (size_t i = 0; i < pts.size(); ++i) {
     const Point& b = pts[i];
-    if (b.plan.feasible && b.plan.predicted.peak_allocated > b.budget) {
+    auto peak = [](const Point& p) { return peak_of(p.plan.predicted, p.plan.budget_of); };
+    if (b.plan.feasible && peak(b) > b.budget) {
       v.push_back("feasible at budget " + format_bytes(b.budget) + " but the predicted peak is " +
-                  format_bytes(b.plan.predicted.peak_allocated));
+                  format_bytes(peak(b)));
     }
     if (i == 0) continue;
     const Point& a = pts[i - 1];
-    if (b.plan.predicted.peak_allocated > a.plan.predicted.peak_allocated) {
-      v.push_back("peak rises " + format_bytes(a.plan.predicted.peak_allocated) + " -> " +
-                  format_bytes(b.plan.predicted.peak_allocated) + " as the budget falls " + at(a) +
-                  " -> " + at(b));
+    if (peak(b) > peak(a)) {
+      v.push_back("peak rises " + format_bytes(peak(a)) + " -> " + format_bytes(peak(b)) +
+                  " as the budget falls " + at(a) + " -> " + at(b));
     }
     if (b.plan.predicted.time_ms < a.plan.predicted.time_ms - 1e-9) {
       v.push_back("time falls " + format_ms(a.plan.predicted.time_ms) + " -> " +
@@ -192,8 +193,9 @@ std::vector<int> pick_plans(const PolicyFrontier& pf, int k) {
   std::vector<const Point*> d;
   for (const auto& [id, p] : first) d.push_back(p);
   std::sort(d.begin(), d.end(), [](const Point* a, const Point* b) {
-    if (a->plan.predicted.peak_allocated != b->plan.predicted.peak_allocated)
-      return a->plan.predicted.peak_allocated < b->plan.predicted.peak_allocated;
+    const int64_t pa = peak_of(a->plan.predicted, a->plan.budget_of);
+    const int64_t pb = peak_of(b->plan.predicted, b->plan.budget_of);
+    if (pa != pb) return pa < pb;
     return a->plan.predicted.time_ms < b->plan.predicted.time_ms;
   });
   std::vector<int> ids;
@@ -224,7 +226,7 @@ std::string csv_text(const Context& c, const std::vector<PolicyFrontier>& fronti
         "predicted_peak_allocated,predicted_peak_reserved,predicted_ms,profiled_ms,overhead_pct,"
         "recompute_ms,replays,recomputed,planning_ms,executed,measured_peak_allocated,"
         "measured_peak_reserved,measured_ms,exact,chain,plan_id,measured_recompute_ms,"
-        "measured_over_predicted\n";
+        "measured_over_predicted,budget_of,limit\n";
   const std::string head =
       p.model + "," + std::to_string(p.batch) + "," + p.device + "," + std::to_string(p.threads) + ",";
   const double base_ms = c.none.predicted.time_ms;
@@ -252,12 +254,12 @@ std::string csv_text(const Context& c, const std::vector<PolicyFrontier>& fronti
     } else {
       os << ",";
     }
-    os << "\n";
+    os << "," << budget_of_name(plan.budget_of) << "," << plan.limit << "\n";
   };
   row("none", c.no_remat_peak, c.none, 0, c.base_measured, c.base);
   // The lower bound: a floor, not a plan (its peak column holds the bound).
   os << head << "lower_bound," << c.lower_bound << "," << fraction(c.lower_bound) << ",,"
-     << c.lower_bound << ",,,,,,,,,0,,,,,,,,\n";
+     << c.lower_bound << ",,,,,,,,,0,,,,,,,,,allocated,0\n";
   for (const PolicyFrontier& pf : frontiers) {
     for (const Point& pt : pf.points) row(pf.spec.label, pt.budget, pt.plan, pt.plan_id,
                                           pt.executed, pt.measured);
@@ -432,8 +434,10 @@ void run(Flags f, const Given& given) {
   const Simulator sim(profile);
   Context c;
   c.profile = &profile;
-  c.none = make_plan(sim, "none", Budget());
-  c.no_remat_peak = c.none.predicted.peak_allocated;
+  PlanOptions none_options;
+  none_options.budget_of = parse_budget_of(f.budget_of);
+  c.none = make_plan(sim, "none", Budget(), none_options);
+  c.no_remat_peak = peak_of(c.none.predicted, none_options.budget_of);
   c.lower_bound = memory_lower_bound(profile);
   const int64_t hi = c.no_remat_peak;
   const int64_t lo = std::max<int64_t>(1, std::min(c.lower_bound, hi));
@@ -475,6 +479,7 @@ void run(Flags f, const Given& given) {
         PlanOptions po;
         po.chain = spec.chain;
         po.milp_time_limit_s = f.milp_time_limit;
+        po.budget_of = parse_budget_of(f.budget_of);
         pt.plan = make_plan(sim, spec.policy, budget, po);
       } catch (const Error& e) {
         REGEN_FAIL("planning ", spec.label, " at budget ", format_bytes(b), ": ", e.message());
@@ -544,7 +549,7 @@ void run(Flags f, const Given& given) {
         MeasuredRun got;
         try {
           RematExecutor exec(profile, plan_schedule(profile, plan));
-          got = measure_training(f.m, profile.batch, f.steps, &exec);
+          got = measure_training(f.m, profile.batch, f.steps, &exec, plan.limit, &plan);
         } catch (const Error& e) {
           write_file_atomic(csv_path, csv_text(c, frontiers));
           REGEN_FAIL("executing ", pf.spec.label, " (plan of budgets ",
@@ -598,6 +603,7 @@ void setup(CLI::App& app) {
   app.add_option("--policy,--policies", f->policies,
                  "comma-separated planners, each with an optional chain mode (mutwo:drop); "
                  "default: " + join(default_planners()) + " (milp only when named: it is for small graphs)");
+  add_budget_of_flag(app, f->budget_of);
   app.add_option("--milp-time-limit", f->milp_time_limit,
                  "seconds the milp policy's solver may take per budget")
       ->check(number_in(0.1, 86400))

@@ -16,6 +16,7 @@ struct Flags {
   std::string policy = "mutwo";
   std::string budget;
   std::string chain = "auto";
+  std::string budget_of = "reserved";
   double milp_time_limit = 60;
   std::string out = "plan.json";
   std::string decisions = "decisions.csv";
@@ -34,6 +35,7 @@ void setup(CLI::App& app) {
                  "(blocks, sqrt: keep; mutwo: the better of both)")
       ->check(CLI::IsMember(chain_names()))
       ->capture_default_str();
+  add_budget_of_flag(app, f->budget_of);
   app.add_option("--milp-time-limit", f->milp_time_limit,
                  "seconds the milp policy's solver may take (the plan's note says whether it proved "
                  "the optimum)")
@@ -47,13 +49,15 @@ void setup(CLI::App& app) {
     PlanOptions po;
     po.chain = parse_chain(f->chain);
     po.milp_time_limit_s = f->milp_time_limit;
+    po.budget_of = parse_budget_of(f->budget_of);
     const Plan plan = make_plan(sim, f->policy, Budget::parse(f->budget), po);
     save_plan(plan, p, f->out);
     write_file_atomic(f->decisions, decisions_csv(p, plan));
-    std::printf("plan %s for %s batch %d on %s, budget %s (%s)\n", plan.policy.c_str(),
+    std::printf("plan %s for %s batch %d on %s, budget %s (%s %s)\n", plan.policy.c_str(),
                 p.model.c_str(), static_cast<int>(p.batch), p.device.c_str(),
                 plan.budget_text.c_str(),
-                plan.budget_bytes ? format_bytes(plan.budget_bytes).c_str() : "none");
+                plan.budget_bytes ? format_bytes(plan.budget_bytes).c_str() : "none",
+                budget_of_name(plan.budget_of));
     std::printf("  %s\n", plan.feasible ? "feasible" : plan.note.c_str());
     if (plan.feasible && !plan.note.empty()) std::printf("  %s\n", plan.note.c_str());
     std::printf("  recompute %lld of %zu saved tensors (%s of %s)\n",
@@ -64,11 +68,17 @@ void setup(CLI::App& app) {
                   for (const ProfileSaved& s : p.saved) b += s.candidate ? static_cast<int64_t>(s.bytes) : 0;
                   return b;
                 }()).c_str());
-    std::printf("  predicted peak allocated %s (no remat %s), reserved %s; lower bound %s\n",
+    std::printf("  predicted peak allocated %s, reserved %s (no remat %s %s); limit %s; lower bound "
+                "%s allocated\n",
                 format_bytes(plan.predicted.peak_allocated).c_str(),
-                format_bytes(plan.no_remat_peak).c_str(),
                 format_bytes(plan.predicted.peak_reserved).c_str(),
+                budget_of_name(plan.budget_of), format_bytes(plan.no_remat_peak).c_str(),
+                plan.limit > 0 ? format_bytes(plan.limit).c_str() : "none",
                 format_bytes(plan.lower_bound).c_str());
+    if (plan.predicted.cache_flushes > 0) {
+      std::printf("  at the limit the allocator empties its cache %lld time(s) per step\n",
+                  static_cast<long long>(plan.predicted.cache_flushes));
+    }
     std::printf("  predicted step %.3f s (profiled %.3f s + %.3f s of recomputation in %lld op "
                 "replays); planned in %.1f ms\n",
                 plan.predicted.time_ms / 1000, p.iteration_ms / 1000,

@@ -25,6 +25,7 @@ struct Flags {
   std::string batches = "4,8";
   std::string policies = "mutwo";
   std::string budgets = "50%";
+  std::string budget_of = "reserved";
   int steps = 3;
   std::string out = "sweep";
   bool plot = false;
@@ -95,7 +96,8 @@ void run(const Flags& f) {
     save_profile(profile, stem + "_b" + std::to_string(batch) + "_profile.json");
     const Simulator sim(profile);
     const MeasuredRun base = measure_training(f.m, batch, f.steps, nullptr);
-    std::printf("   no remat: peak %s, step %.3f s\n", format_bytes(base.peak).c_str(), base.ms / 1000);
+    std::printf("   no remat: peak allocated %s, reserved %s, step %.3f s\n", format_bytes(base.peak).c_str(),
+                format_bytes(base.reserved).c_str(), base.ms / 1000);
     if (batch == batches.front()) {
       SimOptions so;
       so.timeline = true;
@@ -103,22 +105,25 @@ void run(const Flags& f) {
     }
     for (const std::string& policy : policies) {
       const PolicySpec spec = parse_policy_spec(policy);
+      PlanOptions po;
+      po.chain = spec.chain;
+      po.budget_of = parse_budget_of(f.budget_of);
       for (const std::string& btext : budgets) {
         Plan plan;
         if (btext == "lowest") {
           // The lowest peak the policy reaches, plus 1% (the very lowest often costs many times
           // the step time for a few MiB): the fastest plan that fits that.
-          const Plan probe = make_plan(sim, spec.policy, Budget::parse("1"), spec.chain);
+          const Plan probe = make_plan(sim, spec.policy, Budget::parse("1"), po);
           Budget b;
           b.kind = Budget::Kind::bytes;
           b.value = std::floor(static_cast<double>(probe.lowest_peak) * 1.01);
-          plan = make_plan(sim, spec.policy, b, spec.chain);
+          plan = make_plan(sim, spec.policy, b, po);
           plan.budget_text = "lowest";
         } else {
-          plan = make_plan(sim, spec.policy, Budget::parse(btext), spec.chain);
+          plan = make_plan(sim, spec.policy, Budget::parse(btext), po);
         }
         RematExecutor exec(profile, plan_schedule(profile, plan));
-        const MeasuredRun got = measure_training(f.m, batch, f.steps, &exec);
+        const MeasuredRun got = measure_training(f.m, batch, f.steps, &exec, plan.limit, &plan);
         SweepRow row;
         row.batch = batch;
         row.policy = policy;
@@ -128,6 +133,11 @@ void run(const Flags& f) {
         row.initial_peak_gb = static_cast<double>(base.peak) / (1ull << 30);
         row.final_peak_gb = static_cast<double>(got.peak) / (1ull << 30);
         row.predicted_peak_gb = static_cast<double>(plan.predicted.peak_allocated) / (1ull << 30);
+        row.budget_of = budget_of_name(plan.budget_of);
+        row.limit_gb = static_cast<double>(plan.limit) / (1ull << 30);
+        row.initial_reserved_gb = static_cast<double>(base.reserved) / (1ull << 30);
+        row.final_reserved_gb = static_cast<double>(got.reserved) / (1ull << 30);
+        row.predicted_reserved_gb = static_cast<double>(plan.predicted.peak_reserved) / (1ull << 30);
         row.initial_time_s = base.ms / 1000;
         row.final_time_s = got.ms / 1000;
         row.predicted_time_s = plan.predicted.time_ms / 1000;
@@ -144,11 +154,15 @@ void run(const Flags& f) {
         const std::string tag = "_b" + std::to_string(batch) + "_" + file_policy + "_" +
                                 (btext == "lowest" ? "lowest" : btext.back() == '%' ? btext.substr(0, btext.size() - 1) + "pct" : btext);
         write_file_atomic(stem + tag + "_decisions.csv", decisions_csv(profile, plan));
-        std::printf("   %s @ %s: peak %s (predicted %s%s), step %.3f s, recompute %.3f s, %lld of "
-                    "%lld activations recomputed%s\n",
+        const bool exact = got.peak == plan.predicted.peak_allocated &&
+                           got.reserved == plan.predicted.peak_reserved;
+        std::printf("   %s @ %s: peak allocated %s, reserved %s (predicted %s, %s%s)%s, step %.3f s, "
+                    "recompute %.3f s, %lld of %lld activations recomputed%s\n",
                     policy.c_str(), plan.budget_text.c_str(), format_bytes(got.peak).c_str(),
+                    format_bytes(got.reserved).c_str(),
                     format_bytes(plan.predicted.peak_allocated).c_str(),
-                    got.peak == plan.predicted.peak_allocated ? ", exact" : ", DIFFERS",
+                    format_bytes(plan.predicted.peak_reserved).c_str(), exact ? ", exact" : ", DIFFERS",
+                    plan.limit > 0 ? (" under the limit " + format_bytes(plan.limit)).c_str() : "",
                     got.ms / 1000, got.regen_ms / 1000, static_cast<long long>(row.recomputed),
                     static_cast<long long>(row.recomputed + row.retained),
                     plan.feasible ? "" : " (budget not met: lowest this policy reaches)");
@@ -208,6 +222,7 @@ void setup(CLI::App& app) {
                  "comma-separated budgets: bytes, % of the no-remat peak, or lowest (the lowest "
                  "peak the policy reaches, within 1%, at the least recomputation)")
       ->capture_default_str();
+  add_budget_of_flag(app, f->budget_of);
   app.add_option("--steps", f->steps, "measured steps per run (the first is not timed)")
       ->check(integer_in(2, 1000))
       ->capture_default_str();

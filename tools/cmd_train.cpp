@@ -21,6 +21,7 @@ struct TrainFlags {
   std::string save, load;
   std::string policy = "none";
   std::string budget;
+  std::string budget_of = "reserved";
   std::string chain = "auto";
   std::string profile_file, plan_file;
   int profile_steps = 2;
@@ -103,28 +104,62 @@ void run(const TrainFlags& f) {
     const Simulator sim(*profile);
     if (!f.plan_file.empty()) {
       plan = load_plan(f.plan_file, *profile);
-      plan.predicted = sim.run(plan_schedule(*profile, plan));
+      // Judged again on this profile: the limit it runs under follows from its budget.
+      const PlanFit fit = fit_schedule(sim, plan_schedule(*profile, plan), plan.budget_bytes, plan.budget_of);
+      plan.predicted = fit.result;
+      plan.feasible = fit.fits;
+      plan.limit = fit.fits && plan.budget_of == BudgetOf::reserved ? plan.budget_bytes : 0;
     } else {
-      plan = make_plan(sim, f.policy, Budget::parse(f.budget), parse_chain(f.chain));
+      PlanOptions po;
+      po.chain = parse_chain(f.chain);
+      po.budget_of = parse_budget_of(f.budget_of);
+      plan = make_plan(sim, f.policy, Budget::parse(f.budget), po);
     }
-    std::printf("plan %s, budget %s: recompute %lld of %zu saved tensors; predicted peak %s "
-                "(no remat %s), predicted step %.3f s%s\n",
-                plan.policy.c_str(), plan.budget_text.c_str(),
+    std::printf("plan %s, budget %s (%s): recompute %lld of %zu saved tensors; predicted peak "
+                "allocated %s, reserved %s (no remat %s), predicted step %.3f s\n",
+                plan.policy.c_str(), plan.budget_text.c_str(), budget_of_name(plan.budget_of),
                 static_cast<long long>(plan.recomputed()), profile->saved.size(),
                 format_bytes(plan.predicted.peak_allocated).c_str(),
-                format_bytes(plan.no_remat_peak).c_str(),
-                plan.predicted.time_ms / 1000.0, plan.feasible ? "" : " -- INFEASIBLE");
-    if (!plan.feasible) std::printf("  %s\n", plan.note.c_str());
+                format_bytes(plan.predicted.peak_reserved).c_str(),
+                format_bytes(plan.no_remat_peak).c_str(), plan.predicted.time_ms / 1000.0);
+    // A plan that does not fit its budget is refused now, with the simulated numbers, rather
+    // than found out by an out-of-memory error in the middle of a step.
+    REGEN_CHECK(plan.feasible, "the plan does not fit its budget, so training stops before it "
+                "starts: ", plan.note, plan.predicted.oom ? "; under the limit the simulated step "
+                "runs out of memory at " + plan.predicted.oom_at : std::string(),
+                ". Pass a larger --budget, another --policy, or --budget-of allocated");
+    if (plan.limit > 0) {
+      std::printf("  the steps run with the allocator's hard limit at %s\n", format_bytes(plan.limit).c_str());
+    }
+    {  // Where the predicted peak is, for an out-of-memory report.
+      SimOptions so;
+      so.limit = plan.limit;
+      so.top_live = 1;
+      plan.predicted.peak_at = sim.run(plan_schedule(*profile, plan), so).peak_at;
+    }
     exec = std::make_unique<RematExecutor>(*profile,
                                            plan_schedule(*profile, plan));
     Tape::current().add_hooks(exec.get());
   }
+  // The persistent tensors exist before the limit applies, as they did when the step was
+  // profiled; from here every step runs under the plan's limit.
+  s->trainer->prepare();
+  const LimitScope limit(allocator_for(s->device), exec ? plan.limit : 0);
 
   std::string mode = f.progress;
   if (mode == "auto") mode = stdout_is_terminal() ? "bar" : "plain";
   const int64_t every = f.steps <= 50 ? 1 : f.steps / 20;
   for (int64_t i = done; i < f.steps; ++i) {
-    StepResult r = s->trainer->step();
+    StepResult r;
+    try {
+      r = s->trainer->step();
+    } catch (const OutOfMemory& e) {
+      if (exec) {
+        Tape::current().remove_hooks(exec.get());
+        rethrow_with_plan(e, plan);
+      }
+      throw;
+    }
     if (!std::isfinite(r.loss)) {
       if (mode == "bar") std::printf("\n");
       std::fflush(stdout);
@@ -182,11 +217,15 @@ void run(const TrainFlags& f) {
                 format_bytes(peak_reserved).c_str());
   }
   if (exec) {
-    std::printf("  remat %s: predicted peak %s, measured %s (%s); %lld evictions and %lld "
-                "replays per step, %.3f s of recomputation\n",
+    const bool exact = plan.predicted.peak_allocated == peak_alloc &&
+                       plan.predicted.peak_reserved == peak_reserved;
+    std::printf("  remat %s: predicted peak allocated %s, reserved %s; measured %s, %s (%s)%s; "
+                "%lld evictions and %lld replays per step, %.3f s of recomputation\n",
                 plan.policy.c_str(), format_bytes(plan.predicted.peak_allocated).c_str(),
-                format_bytes(peak_alloc).c_str(),
-                plan.predicted.peak_allocated == peak_alloc ? "exact" : "differs",
+                format_bytes(plan.predicted.peak_reserved).c_str(),
+                format_bytes(peak_alloc).c_str(), format_bytes(peak_reserved).c_str(),
+                exact ? "exact" : "differs",
+                plan.limit > 0 ? (", under the limit " + format_bytes(plan.limit)).c_str() : "",
                 static_cast<long long>(exec->evictions()), static_cast<long long>(exec->replays()),
                 exec->regen_ms() / 1000.0);
     if (done > 0) {
@@ -215,6 +254,7 @@ void setup(CLI::App& app) {
       ->capture_default_str();
   app.add_option("--budget", f->budget, "memory budget: bytes (2GiB, 1.5GB) or a % of the "
                                         "no-remat peak (60%)");
+  add_budget_of_flag(app, f->budget_of);
   app.add_option("--chain", f->chain,
                  "regeneration chains: keep, drop (mu-TWO's model) or auto (see `regen plan`)")
       ->check(CLI::IsMember(chain_names()))

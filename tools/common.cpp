@@ -387,9 +387,26 @@ std::unique_ptr<Session> make_session(const ModelFlags& flags, int64_t batch) {
   return s;
 }
 
-MeasuredRun measure_training(const ModelFlags& m, int64_t batch, int steps, RematExecutor* exec) {
+void rethrow_with_plan(const OutOfMemory& e, const Plan& plan) {
+  std::string msg = e.message();
+  msg += "\n  the plan (" + plan.policy + ", budget " + plan.budget_text + " of " +
+         budget_of_name(plan.budget_of) + " bytes) predicted a peak of " +
+         format_bytes(plan.predicted.peak_allocated) + " allocated and " +
+         format_bytes(plan.predicted.peak_reserved) + " reserved";
+  if (!plan.predicted.peak_at.empty()) msg += ", reached at " + plan.predicted.peak_at;
+  if (plan.limit > 0) msg += ", under the limit " + format_bytes(plan.limit);
+  msg += "; a step that runs out where the simulation did not is not the profiled step (another "
+         "model, batch, input size, device or thread count?): profile again";
+  throw OutOfMemory(msg, __FILE__, __LINE__);
+}
+
+MeasuredRun measure_training(const ModelFlags& m, int64_t batch, int steps, RematExecutor* exec,
+                             int64_t limit, const Plan* plan) {
   allocator_for(resolve_device(m.device)).empty_cache();
   auto s = make_session(m, batch);
+  // The persistent tensors first, then every step under the limit (as profiled, as `train`).
+  s->trainer->prepare();
+  const LimitScope scope(allocator_for(s->device), limit);
   if (exec) Tape::current().add_hooks(exec);
   std::vector<double> ms;
   MeasuredRun r;
@@ -400,6 +417,10 @@ MeasuredRun measure_training(const ModelFlags& m, int64_t batch, int steps, Rema
       r.peak = std::max(r.peak, st.memory.allocated.peak);
       r.reserved = std::max(r.reserved, st.memory.reserved.peak);
     }
+  } catch (const OutOfMemory& e) {
+    if (exec) Tape::current().remove_hooks(exec);
+    if (plan) rethrow_with_plan(e, *plan);
+    throw;
   } catch (...) {
     if (exec) Tape::current().remove_hooks(exec);
     throw;
@@ -505,6 +526,15 @@ std::string format_ms(double ms) {
 
 bool stdout_is_terminal() {
   return ::isatty(STDOUT_FILENO) == 1;
+}
+
+void add_budget_of_flag(CLI::App& app, std::string& budget_of) {
+  app.add_option("--budget-of", budget_of,
+                 "what --budget bounds: reserved (what the device sees: the steps run with the "
+                 "allocator's hard limit at the budget, and a plan fits when it runs under it) or "
+                 "allocated (the bytes tensors occupy, as other planners count them)")
+      ->check(CLI::IsMember({"reserved", "allocated"}))
+      ->capture_default_str();
 }
 
 }  // namespace regen::tool

@@ -14,6 +14,7 @@
 #include "models/data.h"
 #include "models/optim.h"
 #include "models/train.h"
+#include "remat/planner.h"
 
 namespace regen {
 class RematExecutor;
@@ -93,6 +94,14 @@ struct Session {
 };
 std::unique_ptr<Session> make_session(const ModelFlags& flags, int64_t batch);
 
+// --budget-of reserved|allocated: what a --budget bounds (planner.h BudgetOf).
+void add_budget_of_flag(CLI::App& app, std::string& budget_of);
+
+// An out-of-memory error during a step that ran a plan, with what the plan predicted added to the
+// allocator's report (live blocks by category and producer, fragmentation): where its peak is
+// and under which limit. Thrown as regen::OutOfMemory.
+[[noreturn]] void rethrow_with_plan(const OutOfMemory& e, const Plan& plan);
+
 // Applies --threads and the CUDA settings; returns the thread count in use.
 int apply_runtime_flags(const ModelFlags& f);
 
@@ -106,8 +115,11 @@ struct MeasuredRun {
   int64_t replays = 0;
 };
 // A fresh session (make_session) on an emptied allocator, `steps` steps with `exec` (may be null:
-// no rematerialization) installed as tape hooks and removed again, also when a step throws.
-MeasuredRun measure_training(const ModelFlags& m, int64_t batch, int steps, RematExecutor* exec);
+// no rematerialization) installed as tape hooks and removed again, also when a step throws; the
+// steps run under the allocator's hard limit `limit` (0: none; a plan's `limit`). An out-of-memory
+// error names what `plan` (when given) predicted.
+MeasuredRun measure_training(const ModelFlags& m, int64_t batch, int steps, RematExecutor* exec,
+                             int64_t limit = 0, const Plan* plan = nullptr);
 
 // "a,b,,c" -> {"a", "b", "c"} (empty items dropped).
 std::vector<std::string> split_commas(const std::string& s);

@@ -115,8 +115,11 @@ def plot_frontier(path, out):
     bound = next((r for r in rows if r["policy"] == "lower_bound"), None)
     if base is None:
         sys.exit(f"plot.py: {path} has no 'none' row (the no-remat point)")
-    peaks = [int(r["predicted_peak_allocated"]) for r in rows if r["predicted_peak_allocated"]]
-    peaks += [int(r["measured_peak_allocated"]) for r in rows if r["measured_peak_allocated"]]
+    # The peaks of the kind the budgets bound (reserved: what the device sees; allocated).
+    kind = base.get("budget_of") or "allocated"
+    pred, meas = f"predicted_peak_{kind}", f"measured_peak_{kind}"
+    peaks = [int(r[pred]) for r in rows if r[pred]]
+    peaks += [int(r[meas]) for r in rows if r[meas]]
     scale, unit = (2**30, "GiB") if max(peaks) >= 2**30 else (2**20, "MiB")
     base_ms = float(base["predicted_ms"])
     base_measured = float(base["measured_ms"]) if base["measured_ms"] else None
@@ -133,7 +136,7 @@ def plot_frontier(path, out):
         sel.sort(key=lambda r: -int(r["budget_bytes"]))  # along the frontier: budgets falling
         color = f"C{i % 10}"
         marker = markers[i % len(markers)]
-        ax.plot([int(r["predicted_peak_allocated"]) / scale for r in sel],
+        ax.plot([int(r[pred]) / scale for r in sel],
                 [float(r["overhead_pct"]) for r in sel], marker=marker, markersize=4,
                 linewidth=1.2, color=color, label=policy)
         # Each executed plan once (several budgets may have chosen it).
@@ -143,24 +146,24 @@ def plot_frontier(path, out):
                 continue
             seen.add(r["plan_id"])
             ref = base_measured if base_measured else base_ms
-            ax.plot(int(r["measured_peak_allocated"]) / scale,
+            ax.plot(int(r[meas]) / scale,
                     100.0 * (float(r["measured_ms"]) / ref - 1.0), marker=marker, markersize=10,
                     markerfacecolor="none", markeredgecolor=color, markeredgewidth=1.5,
                     linestyle="none")
             executed_any = True
-    ax.plot([int(base["predicted_peak_allocated"]) / scale], [0.0], marker="*", markersize=14,
+    ax.plot([int(base[pred]) / scale], [0.0], marker="*", markersize=14,
             color="black", linestyle="none", label="no remat")
     if base_measured is not None:
-        ax.plot([int(base["measured_peak_allocated"]) / scale], [0.0], marker="*", markersize=18,
+        ax.plot([int(base[meas]) / scale], [0.0], marker="*", markersize=18,
                 markerfacecolor="none", markeredgecolor="black", linestyle="none")
     if bound is not None:
         lb = int(bound["predicted_peak_allocated"]) / scale
         ax.axvline(lb, color="gray", linestyle="--", linewidth=1,
-                   label=f"lower bound ({lb:.2f} {unit})")
+                   label=f"lower bound, allocated ({lb:.2f} {unit})")
     if executed_any:
         ax.plot([], [], marker="o", markersize=9, markerfacecolor="none", markeredgecolor="gray",
                 linestyle="none", label="executed (measured)")
-    ax.set_xlabel(f"peak memory allocated ({unit}): predicted; hollow markers: measured")
+    ax.set_xlabel(f"peak memory {kind} ({unit}): predicted; hollow markers: measured")
     ax.set_ylabel("step time over no remat (%): predicted; hollow: measured")
     ax.set_title(f"{base['model']} batch {base['batch']} on {base['device']} "
                  f"({base['threads']} threads): memory/time frontier")
