@@ -183,15 +183,22 @@ std::vector<std::string> check_properties(const std::vector<Point>& pts) {
   return v;
 }
 
-// K distinct feasible plans spread along the frontier: sorted by predicted peak, the lowest, the
-// highest and evenly spaced ones between (K = 1: the lowest peak).
+// K distinct feasible plans spread along the frontier: of those that recompute something, sorted
+// by predicted peak, the lowest and then evenly spaced ones towards the highest (K = 1: the
+// lowest; K = 2: the lowest and the middle one).
 std::vector<int> pick_plans(const PolicyFrontier& pf, int k) {
   std::map<int, const Point*> first;  // plan id -> a point with it
   for (const Point& p : pf.points) {
     if (p.plan.feasible && !first.count(p.plan_id)) first[p.plan_id] = &p;
   }
+  // Plans that recompute something (no remat is measured anyway); all of them if none do.
   std::vector<const Point*> d;
-  for (const auto& [id, p] : first) d.push_back(p);
+  for (const auto& [id, p] : first) {
+    if (p->plan.recomputed() > 0) d.push_back(p);
+  }
+  if (d.empty()) {
+    for (const auto& [id, p] : first) d.push_back(p);
+  }
   std::sort(d.begin(), d.end(), [](const Point* a, const Point* b) {
     const int64_t pa = peak_of(a->plan.predicted, a->plan.budget_of);
     const int64_t pb = peak_of(b->plan.predicted, b->plan.budget_of);
@@ -202,9 +209,8 @@ std::vector<int> pick_plans(const PolicyFrontier& pf, int k) {
   const size_t n = d.size();
   if (n == 0 || k <= 0) return ids;
   for (int i = 0; i < k && static_cast<size_t>(i) < n; ++i) {
-    const size_t j = (k == 1 || n <= static_cast<size_t>(k))
-                         ? static_cast<size_t>(i)
-                         : static_cast<size_t>(std::llround(double(i) * double(n - 1) / (k - 1)));
+    const size_t j = n <= static_cast<size_t>(k) ? static_cast<size_t>(i)
+                                                   : static_cast<size_t>(i) * (n - 1) / static_cast<size_t>(k);
     const int id = d[j]->plan_id;
     if (std::find(ids.begin(), ids.end(), id) == ids.end()) ids.push_back(id);
   }
