@@ -266,3 +266,56 @@ TEST_CASE("dp: a network with long skips: skips pinned, plans exact and bitwise,
   }
   CHECK(recomputing >= 4);
 }
+
+// A budget of reserved bytes is a hard limit, exactly: for plans of dp's at three budgets, the
+// lowest limit each runs under (found by bisection on the simulation) is one it runs under in
+// training too, without running out, with the predicted peaks; one byte less and the simulation
+// runs out of memory, so fit_schedule calls it infeasible.
+TEST_CASE("budgets: a plan runs under the lowest limit the simulation finds, and not one byte below it") {
+  const ModelConfig cfg = remat_resnet();
+  const int64_t batch = 8;
+  const Profile p = profile_of(cfg, batch, 2);
+  const Simulator sim(p);
+  PlanOptions po;
+  po.budget_of = BudgetOf::allocated;
+  int checked = 0;
+  for (const std::string b : {"95%", "90%", "80%"}) {
+    const Plan plan = make_plan(sim, "dp", Budget::parse(b), po);
+    CAPTURE(b);
+    REQUIRE(plan.feasible);
+    const Schedule s = plan_schedule(p, plan);
+    const SimResult unlimited = sim.run(s);
+    auto fits = [&](int64_t limit) { return fit_schedule(sim, s, limit, BudgetOf::reserved, &unlimited).fits; };
+    int64_t lo = unlimited.peak_allocated - 1, hi = unlimited.peak_reserved;  // lo never fits
+    REQUIRE(fits(hi));
+    REQUIRE_FALSE(fits(lo));
+    while (hi - lo > 1) {
+      const int64_t mid = lo + (hi - lo) / 2;
+      (fits(mid) ? hi : lo) = mid;
+    }
+    CHECK(fits(hi));
+    CHECK_FALSE(fits(hi - 1));
+    SimOptions so;
+    so.limit = hi;
+    const SimResult at_limit = sim.run(s, so);
+    CHECK_FALSE(at_limit.oom);
+    CHECK(at_limit.peak_reserved <= hi);
+    MESSAGE(b, ": unlimited ", format_bytes(unlimited.peak_allocated), " allocated, ",
+            format_bytes(unlimited.peak_reserved), " reserved; runs under a limit of ", format_bytes(hi),
+            " (reserved ", format_bytes(at_limit.peak_reserved), ", ", at_limit.cache_flushes, " cache flushes)");
+    // Training under that limit: no out-of-memory error, the predicted peaks, bitwise the same.
+    fresh_allocator(Device::cpu());
+    Run run = make_run(cfg, batch, Device::cpu());
+    RematExecutor exec(p, s);
+    run.trainer->prepare();
+    const LimitScope limit(allocator_for(Device::cpu()), hi);
+    const Trace got = train(run, 2, &exec);
+    for (const MemoryStats& m : got.memory) {
+      CHECK(m.allocated.peak == at_limit.peak_allocated);
+      CHECK(m.reserved.peak == at_limit.peak_reserved);
+      CHECK(m.reserved.peak <= hi);
+    }
+    ++checked;
+  }
+  CHECK(checked == 3);
+}
