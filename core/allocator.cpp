@@ -304,6 +304,13 @@ CachingAllocator::CachingAllocator(std::unique_ptr<Arena> arena) : arena_(std::m
 
 CachingAllocator::~CachingAllocator() {
   std::lock_guard<std::mutex> lock(mutex_);
+  // A planned layout's arena and holes go back with their segments only when no planned block
+  // is live (its owner may still write to it).
+  if (planned_live_.empty()) {
+    if (planned_segment_) arena_->unmap(reinterpret_cast<void*>(planned_segment_->base), planned_segment_->size);
+    for (Block* h : planned_holes_) h->allocated = false;
+  }
+  for (Block* b : planned_live_) delete b;
   if (stats_.live_blocks > 0 && arena_->touches_memory()) {
     std::fprintf(stderr, "regen: allocator for %s destroyed with %lld live blocks (%s)\n",
                  arena_->name().c_str(), static_cast<long long>(stats_.live_blocks),
@@ -444,6 +451,29 @@ Block* CachingAllocator::allocate(uint64_t bytes, Category category, uint32_t ta
   std::lock_guard<std::mutex> lock(mutex_);
   const uint64_t rounded = round_size(bytes);
   const bool small = rounded <= kSmallSize;
+  if (planned_active_) {
+    const size_t k = planned_next_++;
+    if (k + 1 >= layout_->rounded.size()) planned_active_ = false;  // later requests: the pools
+    REGEN_CHECK(layout_->rounded[k] == rounded, "planned layout: request ", k, " of the step is ",
+                format_bytes(static_cast<int64_t>(rounded)), " (category ", category_name(category),
+                tag ? ", tag '" + tag_name(tag) + "'" : std::string(), ") but the layout has ",
+                format_bytes(static_cast<int64_t>(layout_->rounded[k])),
+                " there: the step is not the one the layout was planned for (another plan, model, "
+                "batch or thread count?)");
+    const int32_t bin = layout_->bin.empty() ? -1 : layout_->bin[k];
+    Block* pb = new Block();
+    if (bin < 0) {
+      pb->segment = planned_segment_.get();
+      pb->offset = layout_->offset[k];
+    } else {
+      const Block* hole = planned_holes_[static_cast<size_t>(bin)];
+      pb->segment = hole->segment;
+      pb->offset = hole->offset + layout_->offset[k];
+    }
+    pb->size = rounded;
+    planned_live_.insert(pb);
+    return finish_allocation_locked(pb, bytes, category, tag);
+  }
   Block* b = try_allocate_locked(rounded, small);
   if (!b) {
     Segment* seg = map_for_request_locked(rounded, small, category, tag);
@@ -476,6 +506,11 @@ Block* CachingAllocator::allocate(uint64_t bytes, Category category, uint32_t ta
     b->size = rounded;
     pool(small).insert(rest);
   }
+  return finish_allocation_locked(b, bytes, category, tag);
+}
+
+Block* CachingAllocator::finish_allocation_locked(Block* b, uint64_t bytes, Category category,
+                                                  uint32_t tag) {
   b->allocated = true;
   b->requested = bytes;
   b->category = category;
@@ -522,6 +557,14 @@ void CachingAllocator::free(Block* b) {
   record_locked(MemoryEventKind::free, static_cast<int64_t>(b->size),
                 static_cast<int64_t>(b->requested), b->category, b->tag, b->alloc_id,
                 b->segment->id);
+  if (planned_live_.erase(b)) {
+    delete b;
+    return;
+  }
+  release_block_locked(b);
+}
+
+void CachingAllocator::release_block_locked(Block* b) {
   const bool small = b->segment->small;
   Pool& p = pool(small);
   // Coalesce with free neighbours in the same segment.
@@ -549,13 +592,13 @@ void CachingAllocator::free(Block* b) {
 }
 
 void CachingAllocator::throw_oom_locked(uint64_t bytes, uint64_t rounded, Category c, uint32_t tag,
-                                        const char* why) {
+                                        const char* why, uint64_t segment) {
   std::ostringstream os;
   os << "out of memory on " << arena_->name() << ": a request of " << format_bytes(bytes)
      << " (rounded to " << format_bytes(rounded) << ", category " << category_name(c);
   if (tag) os << ", tag '" << tag_name(tag) << "'";
-  os << ") needs a new segment of " << format_bytes(segment_size(rounded));
-  if (min_segment_size(rounded) < segment_size(rounded)) {
+  os << ") needs a new segment of " << format_bytes(segment ? segment : segment_size(rounded));
+  if (!segment && min_segment_size(rounded) < segment_size(rounded)) {
     os << " (or at least " << format_bytes(min_segment_size(rounded)) << ")";
   }
   os << ", which " << why;
@@ -650,6 +693,114 @@ int64_t CachingAllocator::limit() const {
   return limit_;
 }
 
+void CachingAllocator::set_planned_layout(std::shared_ptr<const PlannedLayout> layout) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (layout_) {
+    REGEN_CHECK(planned_live_.empty(), "planned layout: ", planned_live_.size(),
+                " block(s) of the installed layout are still live");
+  }
+  if (planned_segment_) {
+    arena_->unmap(reinterpret_cast<void*>(planned_segment_->base), planned_segment_->size);
+    stats_.reserved.current -= static_cast<int64_t>(planned_segment_->size);
+    stats_.reserved_by[static_cast<int>(planned_segment_->category)].current -=
+        static_cast<int64_t>(planned_segment_->size);
+    stats_.num_segment_unmaps++;
+    record_locked(MemoryEventKind::segment_unmap, static_cast<int64_t>(planned_segment_->size), 0,
+                  planned_segment_->category, 0, 0, planned_segment_->id);
+    planned_segment_.reset();
+  }
+  if (layout_) {
+    for (Block* h : planned_holes_) {
+      h->allocated = false;
+      release_block_locked(h);
+    }
+    planned_holes_.clear();
+  }
+  layout_.reset();
+  planned_active_ = false;
+  planned_next_ = 0;
+  if (!layout) return;
+  const size_t n = layout->rounded.size();
+  REGEN_CHECK(layout->size >= 0 && layout->offset.size() == n && (layout->bin.empty() || layout->bin.size() == n),
+              "planned layout: malformed (", n, " sizes, ", layout->offset.size(), " offsets, ",
+              layout->bin.size(), " bins, arena ", layout->size, " bytes)");
+  for (size_t k = 0; k < n; ++k) {
+    const int32_t bin = layout->bin.empty() ? -1 : layout->bin[k];
+    REGEN_CHECK(bin >= -1 && bin < static_cast<int64_t>(layout->holes.size()),
+                "planned layout: request ", k, " lies in hole ", bin, " of ", layout->holes.size());
+    const uint64_t room = bin < 0 ? static_cast<uint64_t>(layout->size) : layout->holes[static_cast<size_t>(bin)];
+    REGEN_CHECK(layout->offset[k] % kMinBlockSize == 0 && layout->offset[k] + layout->rounded[k] <= room,
+                "planned layout: request ", k, " at offset ", layout->offset[k], " (",
+                layout->rounded[k], " bytes) does not lie aligned inside its ", room, "-byte ",
+                bin < 0 ? "arena" : "hole");
+  }
+  // Cached segments go first, as at a step's start; the free blocks of the segments that remain
+  // (between and after persistent tensors) are the holes the layout was planned with.
+  release_cached_locked();
+  std::vector<Block*> holes;
+  for (auto& seg : segments_) {
+    for (Block* b = seg->head; b; b = b->next) {
+      if (!b->allocated) holes.push_back(b);
+    }
+  }
+  bool same = holes.size() == layout->holes.size();
+  uint64_t have = 0, want = 0;
+  for (size_t i = 0; i < holes.size(); ++i) {
+    have += holes[i]->size;
+    same = same && holes[i]->size == layout->holes[i];
+  }
+  for (uint64_t h : layout->holes) want += h;
+  REGEN_CHECK(same, "planned layout: planned with ", layout->holes.size(), " free block(s) of ",
+              format_bytes(static_cast<int64_t>(want)), " in the persistent segments, but they hold ",
+              holes.size(), " of ", format_bytes(static_cast<int64_t>(have)),
+              ": the persistent tensors are not where they were when the step was profiled "
+              "(another model, optimizer or order of creation?)");
+  // The arena (none when the holes hold the whole step).
+  const uint64_t size = static_cast<uint64_t>(layout->size);
+  if (limit_ > 0 && stats_.reserved.current + static_cast<int64_t>(size) > limit_) {
+    throw_oom_locked(size, size, Category::activation, 0,
+                     "would pass the limit (the planned layout's arena)", size);
+  }
+  if (size > 0) {
+    void* base = arena_->map(size);
+    if (!base) {
+      throw_oom_locked(size, size, Category::activation, 0,
+                       "the arena cannot map (the planned layout's arena)", size);
+    }
+    planned_segment_ = std::make_unique<Segment>();
+    planned_segment_->id = next_segment_id_++;
+    planned_segment_->base = reinterpret_cast<uintptr_t>(base);
+    planned_segment_->size = size;
+    planned_segment_->category = Category::activation;
+    add_stat_locked(stats_.reserved, static_cast<int64_t>(size));
+    add_stat_locked(stats_.reserved_by[static_cast<int>(Category::activation)], static_cast<int64_t>(size));
+    stats_.num_segment_maps++;
+    record_locked(MemoryEventKind::segment_map, static_cast<int64_t>(size), 0, Category::activation,
+                  0, 0, planned_segment_->id);
+  }
+  // The holes leave the pools: marked allocated, they are neither handed out nor coalesced.
+  for (Block* h : holes) {
+    pool(h->segment->small).erase(h);
+    h->allocated = true;
+  }
+  planned_holes_ = std::move(holes);
+  layout_ = std::move(layout);
+}
+
+bool CachingAllocator::has_planned_layout() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return layout_ != nullptr;
+}
+
+void CachingAllocator::begin_planned_step() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!layout_) return;
+  REGEN_CHECK(planned_live_.empty(), "planned layout: a step begins while ", planned_live_.size(),
+              " block(s) of the previous one are live");
+  planned_next_ = 0;
+  planned_active_ = !layout_->rounded.empty();
+}
+
 EventLogBaseline CachingAllocator::baseline_locked() const {
   EventLogBaseline b;
   b.seq = next_seq_;
@@ -709,17 +860,45 @@ EventLogBaseline CachingAllocator::event_log_baseline() const {
 std::vector<BlockInfo> CachingAllocator::snapshot() const {
   std::lock_guard<std::mutex> lock(mutex_);
   std::vector<BlockInfo> out;
+  // A region a planned layout serves (a hole, the arena): its live planned blocks by offset and
+  // the gaps between them as free blocks, so that it is tiled like the rest of a segment (two
+  // live blocks that overlap show as such).
+  auto planned_region = [&](const Segment& s, uint64_t begin, uint64_t size) {
+    std::vector<const Block*> in;
+    for (const Block* b : planned_live_) {
+      if (b->segment == &s && b->offset >= begin && b->offset < begin + size) in.push_back(b);
+    }
+    std::sort(in.begin(), in.end(), [](const Block* a, const Block* b) { return a->offset < b->offset; });
+    uint64_t at = begin;
+    auto gap = [&](uint64_t to) {
+      if (to > at) out.push_back({s.id, at, to - at, 0, false, s.small, Category::other, 0, 0, s.base + at});
+    };
+    for (const Block* b : in) {
+      gap(b->offset);
+      out.push_back({s.id, b->offset, b->size, b->requested, true, s.small, b->category, b->tag,
+                     b->alloc_id, s.base + b->offset});
+      at = std::max(at, b->offset + b->size);
+    }
+    gap(begin + size);
+  };
   for (auto& s : segments_) {
     for (Block* b = s->head; b; b = b->next) {
+      if (std::find(planned_holes_.begin(), planned_holes_.end(), b) != planned_holes_.end()) {
+        planned_region(*s, b->offset, b->size);
+        continue;
+      }
       out.push_back({s->id, b->offset, b->size, b->requested, b->allocated, s->small, b->category,
                      b->tag, b->alloc_id, s->base + b->offset});
     }
   }
+  if (planned_segment_) planned_region(*planned_segment_, 0, planned_segment_->size);
   return out;
 }
 
 AllocatorState CachingAllocator::snapshot_state() const {
   std::lock_guard<std::mutex> lock(mutex_);
+  REGEN_CHECK(!planned_segment_, "snapshot_state: a planned layout is installed (profile without "
+              "one: it is planned from the profile)");
   AllocatorState st;
   st.next_segment_id = next_segment_id_;
   st.next_alloc_id = next_alloc_id_;

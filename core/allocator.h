@@ -205,6 +205,19 @@ struct Block {
   uint64_t id() const { return alloc_id; }
 };
 
+// A planned layout (docs/memory.md, "The planned layout"): every request a training step makes,
+// in order, with where its block lies, decided ahead of time from the step's exact sequence of
+// requests (remat/layout.h plans it from a profile and a plan). A block lies either in one of the
+// free blocks the persistent segments hold when the layout is installed (their holes), or in
+// one arena of `size` bytes mapped for the layout.
+struct PlannedLayout {
+  int64_t size = 0;               // the arena's bytes
+  std::vector<uint64_t> holes;    // the holes' sizes, in segment and address order
+  std::vector<uint64_t> rounded;  // per request of the step: its rounded size,
+  std::vector<int32_t> bin;       // the hole it lies in (-1: the arena; empty: all in the arena),
+  std::vector<uint64_t> offset;   // and its offset there
+};
+
 class CachingAllocator {
  public:
   // Constants; docs/memory.md says why each has its value.
@@ -246,6 +259,21 @@ class CachingAllocator {
   void set_limit(int64_t bytes);
   int64_t limit() const;
 
+  // Installs a planned layout. It releases the cached segments, takes the free blocks of the
+  // segments that remain (the holes: they must have the sizes layout->holes lists, or the
+  // persistent tensors are not where the layout was planned, a regen::Error), and maps one
+  // segment of layout->size bytes (reserved from now on; regen::OutOfMemory if the limit or the
+  // arena refuses it). From the next begin_planned_step() on it serves the step's k-th request
+  // where the layout puts it, searching no pool and mapping nothing. Its rounded size must be
+  // layout->rounded[k]: anything else means the step is not the one the layout was planned for
+  // (a regen::Error naming both). Requests past the layout's last one are served from the pools
+  // as usual. A freed planned block is simply gone (offsets are fixed). nullptr uninstalls the
+  // layout, unmaps its arena and gives the holes back to the pools; no planned block may be live.
+  void set_planned_layout(std::shared_ptr<const PlannedLayout> layout);
+  bool has_planned_layout() const;
+  // The next request is the planned step's first (Trainer::step calls it at the step's start).
+  void begin_planned_step();
+
   void set_event_log(bool enabled);
   bool event_log_enabled() const;
   std::vector<MemoryEvent> events() const;
@@ -286,6 +314,8 @@ class CachingAllocator {
   using Pool = std::set<Block*, BlockOrder>;
 
   Block* try_allocate_locked(uint64_t rounded, bool small);
+  Block* finish_allocation_locked(Block* b, uint64_t bytes, Category category, uint32_t tag);
+  void release_block_locked(Block* b);  // a free block: coalesced with free neighbours, pooled
   Segment* map_for_request_locked(uint64_t rounded, bool small, Category category, uint32_t tag);
   Segment* map_segment_locked(uint64_t size, bool small, Category category, uint32_t tag);
   EventLogBaseline baseline_locked() const;
@@ -296,7 +326,7 @@ class CachingAllocator {
   void add_stat_locked(Stat& s, int64_t delta);
   void reset_peaks_locked();
   [[noreturn]] void throw_oom_locked(uint64_t bytes, uint64_t rounded, Category c, uint32_t tag,
-                                     const char* why);
+                                     const char* why, uint64_t segment = 0);  // segment: its size, when not the request's
   Pool& pool(bool small) { return small ? small_pool_ : large_pool_; }
 
   std::unique_ptr<Arena> arena_;
@@ -315,6 +345,13 @@ class CachingAllocator {
   std::vector<EventLogBaseline> baselines_{EventLogBaseline{}};
   std::unordered_map<uint64_t, Block*> live_by_id_;
   std::unordered_set<const Block*> live_set_;  // free() validates its argument against it
+  // The planned layout and its segment (outside segments_: never emptied, split or coalesced).
+  std::shared_ptr<const PlannedLayout> layout_;
+  std::unique_ptr<Segment> planned_segment_;
+  size_t planned_next_ = 0;       // the step's next request
+  bool planned_active_ = false;   // between begin_planned_step() and the layout's last request
+  std::unordered_set<Block*> planned_live_;
+  std::vector<Block*> planned_holes_;  // taken from the pools while the layout is installed
 };
 
 // The process-wide allocator of a device. cpu: host memory; cuda:N: the CUDA arena (only in a
@@ -344,6 +381,25 @@ void exit_check_ignore_tag(std::string_view tag);
 // cudaMalloc reports out-of-memory.
 std::unique_ptr<Arena> make_cuda_arena(int device_index);
 #endif
+
+// Installs a planned layout for a scope (nullptr: none) and uninstalls it at its end; declare it
+// after a LimitScope, so that the limit applies to the layout's arena.
+class LayoutScope {
+ public:
+  LayoutScope(CachingAllocator& a, std::shared_ptr<const PlannedLayout> layout)
+      : a_(a), active_(layout != nullptr) {
+    if (active_) a_.set_planned_layout(std::move(layout));
+  }
+  ~LayoutScope() {
+    if (active_) a_.set_planned_layout(nullptr);
+  }
+  LayoutScope(const LayoutScope&) = delete;
+  LayoutScope& operator=(const LayoutScope&) = delete;
+
+ private:
+  CachingAllocator& a_;
+  bool active_;
+};
 
 // Sets an allocator's hard limit for a scope and puts the previous one back at its end (a
 // training run with a budget: `LimitScope limit(allocator_for(device), plan.limit());`).

@@ -38,6 +38,7 @@ StepResult Trainer::step(StepObserver* observer) {
   kernels::synchronize(device_);
   alloc.empty_cache();
   alloc.reset_peak();
+  alloc.begin_planned_step();  // with a planned layout installed, its first request is next
   const auto t0 = std::chrono::steady_clock::now();
   if (observer) observer->on_iteration_begin(alloc);
   StepResult r;

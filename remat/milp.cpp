@@ -55,6 +55,7 @@
 
 #include "core/error.h"
 #include "core/types.h"
+#include "remat/layout.h"
 #include "remat/liveness.h"
 
 #if defined(REGEN_WITH_MILP)
@@ -740,13 +741,20 @@ Plan plan_milp(const Simulator& sim, int64_t budget_bytes, const MilpOptions& op
   const BudgetOf of = opt.budget_of;
   const SimResult none = sim.run(plan_schedule(p, plan));
   plan.no_remat_peak = peak_of(none, of);
-  const PlanFit none_fit = fit_schedule(sim, plan_schedule(p, plan), budget_bytes, of, &none);
+  const PlanFit none_fit =
+      fit_schedule(sim, plan_schedule(p, plan), budget_bytes, of, &none, opt.planned_layout);
   plan.predicted = none_fit.result;
-  plan.lowest_peak = peak_of(none, of);
+  plan.layout = none_fit.layout;
+  plan.lowest_peak = peak_of(none_fit.result, of);  // with a planned layout, its planned run
   bool plan_fits = none_fit.fits;
   auto finish = [&](Plan& out) {
     out.feasible = plan_fits;
     out.limit = plan_fits && of == BudgetOf::reserved ? budget_bytes : 0;
+    if (opt.planned_layout && !out.layout) {
+      PlanFit f = fit_schedule(sim, plan_schedule(p, out), 0, of, nullptr, true);
+      out.predicted = std::move(f.result);
+      out.layout = std::move(f.layout);
+    }
     out.lowest_peak = std::min(out.lowest_peak, peak_of(out.predicted, of));
     out.planning_ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
@@ -824,8 +832,10 @@ Plan plan_milp(const Simulator& sim, int64_t budget_bytes, const MilpOptions& op
       }
     }
     const SimResult unlimited = sim.run(plan_schedule(p, cand));
-    PlanFit fit = fit_schedule(sim, plan_schedule(p, cand), budget_bytes, of, &unlimited);
+    PlanFit fit =
+        fit_schedule(sim, plan_schedule(p, cand), budget_bytes, of, &unlimited, opt.planned_layout);
     cand.predicted = std::move(fit.result);
+    cand.layout = std::move(fit.layout);
     plan.lowest_peak = std::min(plan.lowest_peak, peak_of(cand.predicted, of));
     rep.status = s.status;
     rep.objective_ms = model_ms;

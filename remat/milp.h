@@ -44,6 +44,8 @@ struct MilpOptions {
   // allocator's limit at the budget; the programme's rows bound allocated bytes, and a plan the
   // limit refuses is solved again with a lower internal budget.
   BudgetOf budget_of = BudgetOf::reserved;
+  // Judge each plan by its run with a planned layout (PlanOptions::planned_layout).
+  bool planned_layout = false;
 };
 
 struct MilpReport {

@@ -7,10 +7,12 @@
 #include <chrono>
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <set>
 
 #include "core/io.h"
 #include "remat/chain.h"
+#include "remat/layout.h"
 #include "remat/milp.h"
 
 namespace regen {
@@ -87,8 +89,20 @@ int64_t peak_of(const SimResult& r, BudgetOf of) {
 }
 
 PlanFit fit_schedule(const Simulator& sim, const Schedule& s, int64_t budget, BudgetOf of,
-                     const SimResult* unlimited) {
+                     const SimResult* unlimited, bool planned_layout) {
   PlanFit f;
+  if (planned_layout) {
+    // Judged by the planned run itself, fitting or not (a planner's lowest peak is then the
+    // lowest planned peak). Nothing is mapped during a planned step but the arena, so a run
+    // whose reserved peak is within the budget runs the same under the limit; one past it would
+    // not get its arena.
+    f.layout = plan_layout(sim, s);
+    SimOptions o;
+    o.layout = f.layout;
+    f.result = sim.run(s, o);
+    f.fits = budget <= 0 || peak_of(f.result, of) <= budget;
+    return f;
+  }
   f.result = unlimited ? *unlimited : sim.run(s);
   if (budget <= 0) return f;
   if (of == BudgetOf::allocated) {
@@ -356,18 +370,22 @@ struct Evaluated {
   Decisions d;
   SimResult r;
   bool fits = false;
+  std::shared_ptr<const PlannedLayout> layout;
 };
 
 // The smallest k in [0, n] whose plan `make(k)` fits the budget. The peak usually falls as k
 // grows but not always (long regeneration chains can raise it again), so the search first scans
 // up to kCoarse evenly spaced k, then bisects between the last point that did not fit and the
 // first that did. Every evaluation is an exact simulation; `lowest` tracks the lowest peak seen.
-Evaluated search_prefix(const Simulator& sim, size_t n, int64_t budget, BudgetOf of, bool keep_chain,
-                        const std::function<Decisions(size_t)>& make, int64_t& lowest) {
+Evaluated search_prefix(const Simulator& sim, size_t n, int64_t budget, BudgetOf of, bool planned,
+                        bool keep_chain, const std::function<Decisions(size_t)>& make,
+                        int64_t& lowest) {
   auto eval = [&](size_t k) {
-    Evaluated e{k, make(k), {}};
-    PlanFit f = fit_schedule(sim, build_schedule(sim.profile(), e.d, keep_chain), budget > 0 ? budget : 0, of);
+    Evaluated e{k, make(k), {}, false, nullptr};
+    PlanFit f = fit_schedule(sim, build_schedule(sim.profile(), e.d, keep_chain), budget > 0 ? budget : 0,
+                             of, nullptr, planned);
     e.r = std::move(f.result);
+    e.layout = std::move(f.layout);
     e.fits = budget > 0 && f.fits;
     lowest = std::min(lowest, peak_of(e.r, of));
     return e;
@@ -418,7 +436,7 @@ namespace {
 
 // One policy in one chain mode (the mutwo order is computed once by the caller).
 Plan plan_in_mode(const Simulator& sim, const std::string& policy, const Budget& budget,
-                  BudgetOf of, bool keep_chain, const std::vector<int32_t>& picks) {
+                  BudgetOf of, bool planned, bool keep_chain, const std::vector<int32_t>& picks) {
   const Profile& p = sim.profile();
   Plan plan;
   plan.policy = policy;
@@ -430,18 +448,22 @@ Plan plan_in_mode(const Simulator& sim, const std::string& policy, const Budget&
   plan.no_remat_peak = peak_of(none, of);
   plan.budget_bytes = budget.resolve(peak_of(none, of));
   plan.lower_bound = memory_lower_bound(p);
-  int64_t lowest = peak_of(none, of);
+  // The lowest peak seen, of the step as it runs: with a planned layout, the planned runs only.
+  int64_t lowest = planned ? peak_of(fit_schedule(sim, build_schedule(p, all_retain), 0, of, nullptr, true).result, of)
+                           : peak_of(none, of);
   bool fits = true;
 
   if (policy == "none") {
     plan.decisions = all_retain;
-    PlanFit f = fit_schedule(sim, plan_schedule(p, plan), plan.budget_bytes, of, &none);
+    PlanFit f = fit_schedule(sim, plan_schedule(p, plan), plan.budget_bytes, of, &none, planned);
     plan.predicted = std::move(f.result);
+    plan.layout = std::move(f.layout);
     fits = f.fits;
   } else if (policy == "sqrt") {
     plan.decisions = sqrt_segments(p);
-    PlanFit f = fit_schedule(sim, plan_schedule(p, plan), plan.budget_bytes, of);
+    PlanFit f = fit_schedule(sim, plan_schedule(p, plan), plan.budget_bytes, of, nullptr, planned);
     plan.predicted = std::move(f.result);
+    plan.layout = std::move(f.layout);
     fits = f.fits;
     lowest = std::min(lowest, peak_of(plan.predicted, of));
     plan.note = std::to_string(p.blocks.size()) + " blocks in segments of " +
@@ -459,17 +481,20 @@ Plan plan_in_mode(const Simulator& sim, const std::string& policy, const Budget&
     if (plan.budget_bytes == 0 && policy == "blocks") {
       // torch.utils.checkpoint on every block.
       plan.decisions = make(n);
-      plan.predicted = sim.run(plan_schedule(p, plan));
+      PlanFit f = fit_schedule(sim, plan_schedule(p, plan), 0, of, nullptr, planned);
+      plan.predicted = std::move(f.result);
+      plan.layout = std::move(f.layout);
       lowest = std::min(lowest, peak_of(plan.predicted, of));
       plan.note = "checkpointed all " + std::to_string(n) + " blocks";
     } else {
       // mutwo without a budget aims for the lowest peak: no prefix "fits" a target of -1, so the
       // search returns the fastest plan near the lowest peak it saw.
       const int64_t goal = plan.budget_bytes > 0 ? plan.budget_bytes : -1;
-      Evaluated e = search_prefix(sim, n, goal, of, plan.keep_chain, make, lowest);
+      Evaluated e = search_prefix(sim, n, goal, of, planned, plan.keep_chain, make, lowest);
       fits = plan.budget_bytes == 0 || e.fits;
       plan.decisions = std::move(e.d);
       plan.predicted = std::move(e.r);
+      plan.layout = std::move(e.layout);
       plan.note = std::string(policy == "blocks" ? "checkpointed the first " : "recomputes the first ") +
                   std::to_string(e.k) + " of " + std::to_string(n) +
                   (policy == "blocks" ? " blocks" : " greedy picks");
@@ -478,6 +503,12 @@ Plan plan_in_mode(const Simulator& sim, const std::string& policy, const Budget&
   plan.lowest_peak = std::min(lowest, peak_of(plan.predicted, of));
   plan.feasible = plan.budget_bytes == 0 || fits;
   if (plan.feasible && of == BudgetOf::reserved) plan.limit = plan.budget_bytes;
+  if (planned && !plan.layout) {
+    PlanFit f = fit_schedule(sim, plan_schedule(p, plan), 0, of, nullptr, true);
+    plan.predicted = std::move(f.result);
+    plan.layout = std::move(f.layout);
+    plan.lowest_peak = std::min(plan.lowest_peak, peak_of(plan.predicted, of));
+  }
   return plan;  // make_plan writes the note of an infeasible plan
 }
 
@@ -521,7 +552,7 @@ int64_t dp_lowest_limit(const Simulator& sim, const std::vector<Point>& points,
   return hi;
 }
 
-Plan plan_dp(const Simulator& sim, const Budget& budget, BudgetOf of) {
+Plan plan_dp(const Simulator& sim, const Budget& budget, BudgetOf of, bool planned) {
   const Profile& p = sim.profile();
   Plan plan;
   plan.policy = "dp";
@@ -577,8 +608,11 @@ Plan plan_dp(const Simulator& sim, const Budget& budget, BudgetOf of) {
     if (x->r.time_ms != y->r.time_ms) return x->r.time_ms < y->r.time_ms;
     return peak_of(x->r, of) < peak_of(y->r, of);
   });
-  int64_t lowest = peak_of(none, of);
-  for (const Point& pt : points) lowest = std::min(lowest, peak_of(pt.r, of));
+  // The lowest peak seen; with a planned layout, of the planned runs evaluated below only (the
+  // points' peaks are the caching allocator's).
+  int64_t caching_low = peak_of(none, of);
+  for (const Point& pt : points) caching_low = std::min(caching_low, peak_of(pt.r, of));
+  int64_t lowest = planned ? std::numeric_limits<int64_t>::max() : caching_low;
   // The fastest that fits (for a reserved budget, a plan whose unlimited run passes it may still
   // run under the limit: simulated with it). When none fits, the lowest peak (the fastest of
   // those): then as the budget falls the chosen peak never rises and the time never falls, also
@@ -589,27 +623,47 @@ Plan plan_dp(const Simulator& sim, const Budget& budget, BudgetOf of) {
   bool fits = true;
   if (plan.budget_bytes == 0) {
     for (const Point* pt : order) {
-      if (near_lowest(peak_of(pt->r, of), lowest)) {
+      if (near_lowest(peak_of(pt->r, of), caching_low)) {
         best = pt;
         break;
       }
     }
     chosen = best->r;
   } else {
+    // With a planned layout every point is judged by its planned run; the lowest of them (the
+    // faster on a tie) is the answer when none fits.
+    const Point* low_pt = nullptr;
+    PlanFit low_fit;
     for (const Point* pt : order) {
-      PlanFit f = fit_schedule(sim, schedule_of(*pt), plan.budget_bytes, of, &pt->r);
+      PlanFit f = fit_schedule(sim, schedule_of(*pt), plan.budget_bytes, of, &pt->r, planned);
+      if (planned) {
+        const int64_t peak = peak_of(f.result, of);
+        lowest = std::min(lowest, peak);
+        if (!f.fits && (!low_pt || peak < peak_of(low_fit.result, of))) {
+          low_pt = pt;
+          low_fit = f;
+        }
+      }
       if (f.fits) {
         best = pt;
         chosen = std::move(f.result);
+        plan.layout = std::move(f.layout);
         lowest = std::min(lowest, peak_of(chosen, of));
         break;
       }
     }
     if (!best) {
       fits = false;
-      if (of == BudgetOf::allocated) {
+      if (planned) {
+        // A planned step maps nothing but its arena, so it runs under exactly its reserved peak:
+        // the lowest planned peak is the answer, for either kind of budget.
+        best = low_pt;
+        chosen = std::move(low_fit.result);
+        plan.layout = std::move(low_fit.layout);
+        if (of == BudgetOf::reserved) plan.limit = lowest;
+      } else if (of == BudgetOf::allocated) {
         for (const Point* pt : order) {
-          if (peak_of(pt->r, of) == lowest) {
+          if (peak_of(pt->r, of) == caching_low) {
             best = pt;
             break;
           }
@@ -645,6 +699,12 @@ Plan plan_dp(const Simulator& sim, const Budget& budget, BudgetOf of) {
   plan.predicted = std::move(chosen);
   plan.lowest_peak = lowest;
   plan.feasible = fits;
+  if (planned && !plan.layout) {
+    PlanFit f = fit_schedule(sim, plan_schedule(p, plan), 0, of, nullptr, true);
+    plan.predicted = std::move(f.result);
+    plan.layout = std::move(f.layout);
+  }
+  if (planned) plan.lowest_peak = std::min(plan.lowest_peak, peak_of(plan.predicted, of));
   if (fits && of == BudgetOf::reserved) plan.limit = plan.budget_bytes;
   plan.note = memo.note + "; the programme yields " + std::to_string(cands.size()) + " plans, " +
               std::to_string(points.size() - 1) + " simulated";
@@ -677,6 +737,7 @@ Plan make_plan(const Simulator& sim, const std::string& policy, const Budget& bu
                const PlanOptions& options) {
   const Chain chain = options.chain;
   const BudgetOf of = options.budget_of;
+  const bool planned = options.planned_layout;
   const auto t0 = std::chrono::steady_clock::now();
   const std::vector<std::string> names = policy_names();
   if (std::find(names.begin(), names.end(), policy) == names.end()) {
@@ -693,7 +754,7 @@ Plan make_plan(const Simulator& sim, const std::string& policy, const Budget& bu
   if (policy == "dp" || policy == "milp") {
     REGEN_CHECK(chain != Chain::keep, "the ", policy, " policy decides what each regeneration "
                 "restores itself; it takes no chain mode (got keep)");
-    plan = plan_dp(sim, budget, of);
+    plan = plan_dp(sim, budget, of, planned);
     if (policy == "milp") {
       REGEN_CHECK(plan.budget_bytes > 0, "the milp policy needs a budget (--budget): it minimizes "
                   "the recomputation time under one");
@@ -701,6 +762,7 @@ Plan make_plan(const Simulator& sim, const std::string& policy, const Budget& bu
       mo.time_limit_s = options.milp_time_limit_s;
       mo.threads = options.milp_threads;
       mo.budget_of = of;
+      mo.planned_layout = planned;
       // The dp plan as the solver's first incumbent: the answer is never slower than dp's when
       // the model accepts it.
       if (plan.feasible) mo.start = &plan;
@@ -722,8 +784,8 @@ Plan make_plan(const Simulator& sim, const std::string& policy, const Budget& bu
       plan = std::move(milp);
     }
   } else if (chain == Chain::automatic && policy == "mutwo") {
-    Plan keep = plan_in_mode(sim, policy, budget, of, true, picks);
-    Plan drop = plan_in_mode(sim, policy, budget, of, false, picks);
+    Plan keep = plan_in_mode(sim, policy, budget, of, planned, true, picks);
+    Plan drop = plan_in_mode(sim, policy, budget, of, planned, false, picks);
     const bool take_keep = !better(drop, keep);
     plan = take_keep ? std::move(keep) : std::move(drop);
     const Plan& other = take_keep ? drop : keep;
@@ -735,7 +797,7 @@ Plan make_plan(const Simulator& sim, const std::string& policy, const Budget& bu
                   other.predicted.time_ms / 1000.0, other.feasible ? "" : ", over budget");
     chain_note = buf;
   } else {
-    plan = plan_in_mode(sim, policy, budget, of, chain != Chain::drop, picks);
+    plan = plan_in_mode(sim, policy, budget, of, planned, chain != Chain::drop, picks);
   }
   if (!plan.feasible) {
     // The note's lowest peak covers both chain modes. A planner's own note (what it modelled)
@@ -748,6 +810,8 @@ Plan make_plan(const Simulator& sim, const std::string& policy, const Budget& bu
                 "largest single-op working set)" + (own.empty() ? "" : "; " + own);
   }
   if (!chain_note.empty()) plan.note += (plan.note.empty() ? "" : "; ") + chain_note;
+  plan.planned_layout = planned;
+  REGEN_ASSERT(!planned || plan.layout);
   plan.planning_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   return plan;
@@ -766,6 +830,7 @@ void save_plan(const Plan& plan, const Profile& p, const std::string& path) {
   j["budget_bytes"] = plan.budget_bytes;
   j["budget_of"] = budget_of_name(plan.budget_of);
   j["limit"] = plan.limit;
+  j["layout"] = plan.planned_layout ? "planned" : "caching";
   j["keep_chain"] = plan.keep_chain;
   j["feasible"] = plan.feasible;
   j["note"] = plan.note;
@@ -818,6 +883,10 @@ Plan load_plan(const std::string& path, const Profile& p) {
     plan.budget_of = parse_budget_of(j.value("budget_of", std::string("allocated")));
     plan.limit = j.value("limit", int64_t{0});
     REGEN_CHECK(plan.limit >= 0, origin, ": limit is negative");
+    const std::string layout = j.value("layout", std::string("caching"));
+    REGEN_CHECK(layout == "planned" || layout == "caching", origin, ": \"layout\" is '", layout,
+                "', not planned or caching");
+    plan.planned_layout = layout == "planned";
     plan.keep_chain = j.at("keep_chain").get<bool>();
     plan.note = j.value("note", "");
     plan.decisions.assign(p.saved.size(), Decision::retain);

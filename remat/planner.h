@@ -56,18 +56,26 @@ int64_t peak_of(const SimResult& r, BudgetOf of);
 // simulated again under the limit, and it fits when it runs there. `result` is what training
 // with that budget sees (the limited run when the limit was needed; else the unlimited one).
 // `unlimited` passes a simulation the caller already has.
+// With planned_layout, the step runs with the schedule's planned layout (layout.h: every block at
+// an offset decided from the schedule, in one arena), judged by that run.
 struct PlanFit {
   SimResult result;
   bool fits = true;
+  std::shared_ptr<const PlannedLayout> layout;  // with planned_layout
 };
 PlanFit fit_schedule(const Simulator& sim, const Schedule& s, int64_t budget, BudgetOf of,
-                     const SimResult* unlimited = nullptr);
+                     const SimResult* unlimited = nullptr, bool planned_layout = false);
 
 struct Plan {
   std::string policy;
   std::string budget_text;
   int64_t budget_bytes = 0;  // 0: no budget
   BudgetOf budget_of = BudgetOf::reserved;
+  // Whether the plan runs with a planned layout (layout.h), and that layout (nullptr: the caching
+  // allocator's own placement). plan.json stores only the flag ("layout": "planned"): the layout
+  // follows from the schedule and the profile, and whoever runs a loaded plan plans it again.
+  bool planned_layout = false;
+  std::shared_ptr<const PlannedLayout> layout;
   // The allocator's hard limit the plan runs under (0: none): a reserved budget the plan fits;
   // for dp's answer to a reserved budget below every plan, the lowest limit its plan runs under.
   // `predicted` is the simulation under it, and training must set it to run as predicted.
@@ -125,6 +133,8 @@ std::vector<MutwoPick> mutwo_picks(const Profile& p);
 struct PlanOptions {
   Chain chain = Chain::automatic;
   BudgetOf budget_of = BudgetOf::reserved;
+  // Run the plan with a planned layout (layout.h) and judge it by that run.
+  bool planned_layout = false;
   // milp: the solver's time limit per solve (the plan's note says whether it proved the optimum
   // and with what gap), and its threads.
   double milp_time_limit_s = 60;

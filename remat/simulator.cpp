@@ -54,6 +54,42 @@ SimResult Simulator::run(const Schedule& s, const SimOptions& opt) const {
   // The limit, as the allocator applies it: to segments it maps from here on (the persistent
   // ones may already pass it; a plan then does not fit, planner.h fit_schedule).
   if (opt.limit > 0) sim.set_limit(opt.limit);
+  // Every request and free of the step, for the requests trace (and its times).
+  int64_t clock = 0;
+  std::unordered_map<const Block*, size_t> request_of;
+  auto alloc_ = [&](uint64_t requested, Category c, uint32_t tag) {
+    Block* b = sim.allocate(requested, c, tag);
+    if (opt.requests) {
+      request_of[b] = opt.requests->size();
+      opt.requests->push_back({CachingAllocator::round_size(requested), clock, -1});
+    }
+    ++clock;
+    return b;
+  };
+  auto free_ = [&](Block* b) {
+    if (opt.requests) {
+      auto it = request_of.find(b);
+      if (it != request_of.end()) {
+        (*opt.requests)[it->second].end = clock;
+        request_of.erase(it);
+      }
+    }
+    sim.free(b);
+    ++clock;
+  };
+  if (opt.requests) opt.requests->clear();
+  if (opt.layout) {
+    try {
+      sim.set_planned_layout(opt.layout);
+    } catch (const OutOfMemory& e) {
+      res.oom = true;
+      res.oom_message = e.message();
+      res.oom_at = "iteration_begin";
+      res.peak_allocated = sim.stats().allocated.peak;
+      res.peak_reserved = sim.stats().reserved.peak;
+      return res;
+    }
+  }
   std::unordered_map<uint64_t, Block*> live;  // base allocation id -> simulated block
   for (const AllocatorState::SegmentRec& seg : p.start_state.segments) {
     for (const BlockInfo& b : seg.blocks) {
@@ -94,7 +130,7 @@ SimResult Simulator::run(const Schedule& s, const SimOptions& opt) const {
       if (it == refs.end()) return;
       if (--it->second == 0) {
         refs.erase(it);
-        sim.free(b);
+        free_(b);
       }
     };
     auto block_of_input = [&](int64_t v) -> Entry {
@@ -107,10 +143,10 @@ SimResult Simulator::run(const Schedule& s, const SimOptions& opt) const {
       std::unordered_map<uint64_t, Block*> local;
       for (const WindowEvent& w : windows_[static_cast<size_t>(st.node)]) {
         if (w.alloc) {
-          local[w.block_id] = sim.allocate(static_cast<uint64_t>(w.requested), w.category, w.tag);
+          local[w.block_id] = alloc_(static_cast<uint64_t>(w.requested), w.category, w.tag);
           after_change();
         } else {
-          sim.free(local.at(w.block_id));
+          free_(local.at(w.block_id));
           local.erase(w.block_id);
         }
       }
@@ -149,12 +185,20 @@ SimResult Simulator::run(const Schedule& s, const SimOptions& opt) const {
 
   auto on_marker = [&](const Marker& m) {
     last_marker = &m - p.markers.data();
+    if (m.kind == MarkerKind::iteration_begin) {
+      // The planned step's requests, like the allocator's, count from here.
+      sim.begin_planned_step();
+      if (opt.requests) {
+        opt.requests->clear();
+        request_of.clear();
+      }
+    }
     if (m.kind == MarkerKind::fwd_end) {
       for (int32_t sv : s.evict_after[static_cast<size_t>(m.node)]) {
         auto it = live.find(saved_base[static_cast<size_t>(sv)]);
         REGEN_CHECK(it != live.end() && it->second, "simulator: saved tensor ", sv,
                     " is not live when its eviction is scheduled");
-        sim.free(it->second);
+        free_(it->second);
         it->second = nullptr;  // its base free, if any, no longer frees anything
       }
     } else if (m.kind == MarkerKind::bwd_begin) {
@@ -179,13 +223,13 @@ SimResult Simulator::run(const Schedule& s, const SimOptions& opt) const {
       if (i == p.events.size()) break;
       const ProfileEvent& e = p.events[i];
       if (e.kind == MemoryEventKind::alloc) {
-        live[e.block_id] = sim.allocate(static_cast<uint64_t>(e.requested), e.category, tags_[i]);
+        live[e.block_id] = alloc_(static_cast<uint64_t>(e.requested), e.category, tags_[i]);
         after_change();
       } else if (e.kind == MemoryEventKind::free) {
         auto it = live.find(e.block_id);
         REGEN_CHECK(it != live.end(), "simulator: the profile frees block ", e.block_id,
                     " that was never allocated");
-        if (it->second) sim.free(it->second);
+        if (it->second) free_(it->second);
         live.erase(it);
       }
       // Segment events follow from the allocations; the simulated allocator makes its own.

@@ -52,6 +52,15 @@ struct SimOptions {
   // that budget sets it: at the limit the allocator maps the smallest segment that fits, then
   // empties its cache, then runs out of memory (docs/memory.md), and the simulation follows it.
   int64_t limit = 0;
+  // A planned layout installed before the step, as training with it installs it (layout.h).
+  std::shared_ptr<const PlannedLayout> layout;
+  // When given: every request of the step in order, its rounded size and when it was made and
+  // freed (positions in the sequence of requests and frees; end = -1: alive at the step's end).
+  struct Request {
+    uint64_t rounded = 0;
+    int64_t begin = 0, end = -1;
+  };
+  std::vector<Request>* requests = nullptr;
 };
 
 // Per-profile index (windows of each node's forward, tag ids); build once, simulate many times.

@@ -32,6 +32,7 @@ struct Flags {
   std::string policies;  // empty: every policy but none and milp
   double milp_time_limit = 60;
   std::string budget_of = "reserved";
+  std::string layout = "caching";
   int points = 40;
   int execute = 3;
   int steps = 3;
@@ -232,7 +233,7 @@ std::string csv_text(const Context& c, const std::vector<PolicyFrontier>& fronti
         "predicted_peak_allocated,predicted_peak_reserved,predicted_ms,profiled_ms,overhead_pct,"
         "recompute_ms,replays,recomputed,planning_ms,executed,measured_peak_allocated,"
         "measured_peak_reserved,measured_ms,exact,chain,plan_id,measured_recompute_ms,"
-        "measured_over_predicted,budget_of,limit\n";
+        "measured_over_predicted,budget_of,limit,layout\n";
   const std::string head =
       p.model + "," + std::to_string(p.batch) + "," + p.device + "," + std::to_string(p.threads) + ",";
   const double base_ms = c.none.predicted.time_ms;
@@ -260,12 +261,13 @@ std::string csv_text(const Context& c, const std::vector<PolicyFrontier>& fronti
     } else {
       os << ",";
     }
-    os << "," << budget_of_name(plan.budget_of) << "," << plan.limit << "\n";
+    os << "," << budget_of_name(plan.budget_of) << "," << plan.limit << ","
+       << (plan.planned_layout ? "planned" : "caching") << "\n";
   };
   row("none", c.no_remat_peak, c.none, 0, c.base_measured, c.base);
   // The lower bound: a floor, not a plan (its peak column holds the bound).
   os << head << "lower_bound," << c.lower_bound << "," << fraction(c.lower_bound) << ",,"
-     << c.lower_bound << ",,,,,,,,,0,,,,,,,,,allocated,0\n";
+     << c.lower_bound << ",,,,,,,,,0,,,,,,,,,allocated,0,\n";
   for (const PolicyFrontier& pf : frontiers) {
     for (const Point& pt : pf.points) row(pf.spec.label, pt.budget, pt.plan, pt.plan_id,
                                           pt.executed, pt.measured);
@@ -486,6 +488,7 @@ void run(Flags f, const Given& given) {
         po.chain = spec.chain;
         po.milp_time_limit_s = f.milp_time_limit;
         po.budget_of = parse_budget_of(f.budget_of);
+        po.planned_layout = f.layout == "planned";
         pt.plan = make_plan(sim, spec.policy, budget, po);
       } catch (const Error& e) {
         REGEN_FAIL("planning ", spec.label, " at budget ", format_bytes(b), ": ", e.message());
@@ -610,6 +613,7 @@ void setup(CLI::App& app) {
                  "comma-separated planners, each with an optional chain mode (mutwo:drop); "
                  "default: " + join(default_planners()) + " (milp only when named: it is for small graphs)");
   add_budget_of_flag(app, f->budget_of);
+  add_layout_flag(app, f->layout);
   app.add_option("--milp-time-limit", f->milp_time_limit,
                  "seconds the milp policy's solver may take per budget")
       ->check(number_in(0.1, 86400))

@@ -17,6 +17,7 @@ struct Flags {
   std::string budget;
   std::string chain = "auto";
   std::string budget_of = "reserved";
+  std::string layout = "caching";
   double milp_time_limit = 60;
   std::string out = "plan.json";
   std::string decisions = "decisions.csv";
@@ -36,6 +37,7 @@ void setup(CLI::App& app) {
       ->check(CLI::IsMember(chain_names()))
       ->capture_default_str();
   add_budget_of_flag(app, f->budget_of);
+  add_layout_flag(app, f->layout);
   app.add_option("--milp-time-limit", f->milp_time_limit,
                  "seconds the milp policy's solver may take (the plan's note says whether it proved "
                  "the optimum)")
@@ -50,6 +52,7 @@ void setup(CLI::App& app) {
     po.chain = parse_chain(f->chain);
     po.milp_time_limit_s = f->milp_time_limit;
     po.budget_of = parse_budget_of(f->budget_of);
+    po.planned_layout = f->layout == "planned";
     const Plan plan = make_plan(sim, f->policy, Budget::parse(f->budget), po);
     save_plan(plan, p, f->out);
     write_file_atomic(f->decisions, decisions_csv(p, plan));

@@ -26,6 +26,7 @@ struct Flags {
   std::string policies = "mutwo";
   std::string budgets = "50%";
   std::string budget_of = "reserved";
+  std::string layout = "caching";
   int steps = 3;
   std::string out = "sweep";
   bool plot = false;
@@ -108,6 +109,7 @@ void run(const Flags& f) {
       PlanOptions po;
       po.chain = spec.chain;
       po.budget_of = parse_budget_of(f.budget_of);
+      po.planned_layout = f.layout == "planned";
       for (const std::string& btext : budgets) {
         Plan plan;
         if (btext == "lowest") {
@@ -223,6 +225,7 @@ void setup(CLI::App& app) {
                  "peak the policy reaches, within 1%, at the least recomputation)")
       ->capture_default_str();
   add_budget_of_flag(app, f->budget_of);
+  add_layout_flag(app, f->layout);
   app.add_option("--steps", f->steps, "measured steps per run (the first is not timed)")
       ->check(integer_in(2, 1000))
       ->capture_default_str();

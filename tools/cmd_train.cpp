@@ -22,6 +22,7 @@ struct TrainFlags {
   std::string policy = "none";
   std::string budget;
   std::string budget_of = "reserved";
+  std::string layout = "caching";
   std::string chain = "auto";
   std::string profile_file, plan_file;
   int profile_steps = 2;
@@ -105,14 +106,17 @@ void run(const TrainFlags& f) {
     if (!f.plan_file.empty()) {
       plan = load_plan(f.plan_file, *profile);
       // Judged again on this profile: the limit it runs under follows from its budget.
-      const PlanFit fit = fit_schedule(sim, plan_schedule(*profile, plan), plan.budget_bytes, plan.budget_of);
+      const PlanFit fit = fit_schedule(sim, plan_schedule(*profile, plan), plan.budget_bytes,
+                                       plan.budget_of, nullptr, plan.planned_layout);
       plan.predicted = fit.result;
+      plan.layout = fit.layout;
       plan.feasible = fit.fits;
       plan.limit = fit.fits && plan.budget_of == BudgetOf::reserved ? plan.budget_bytes : 0;
     } else {
       PlanOptions po;
       po.chain = parse_chain(f.chain);
       po.budget_of = parse_budget_of(f.budget_of);
+      po.planned_layout = f.layout == "planned";
       plan = make_plan(sim, f.policy, Budget::parse(f.budget), po);
     }
     std::printf("plan %s, budget %s (%s): recompute %lld of %zu saved tensors; predicted peak "
@@ -131,9 +135,21 @@ void run(const TrainFlags& f) {
     if (plan.limit > 0) {
       std::printf("  the steps run with the allocator's hard limit at %s\n", format_bytes(plan.limit).c_str());
     }
+    if (plan.layout) {
+      const PlannedLayout& l = *plan.layout;
+      const size_t in_holes = static_cast<size_t>(std::count_if(l.bin.begin(), l.bin.end(), [](int32_t b) { return b >= 0; }));
+      uint64_t hole_bytes = 0;
+      for (uint64_t h : l.holes) hole_bytes += h;
+      std::printf("  the steps run with a planned layout: of the step's %zu requests, %zu in the %zu "
+                  "free blocks of the persistent segments (%s), %zu in one arena of %s\n",
+                  l.rounded.size(), in_holes, l.holes.size(),
+                  format_bytes(static_cast<int64_t>(hole_bytes)).c_str(), l.rounded.size() - in_holes,
+                  format_bytes(l.size).c_str());
+    }
     {  // Where the predicted peak is, for an out-of-memory report.
       SimOptions so;
       so.limit = plan.limit;
+      so.layout = plan.layout;
       so.top_live = 1;
       plan.predicted.peak_at = sim.run(plan_schedule(*profile, plan), so).peak_at;
     }
@@ -145,6 +161,7 @@ void run(const TrainFlags& f) {
   // profiled; from here every step runs under the plan's limit.
   s->trainer->prepare();
   const LimitScope limit(allocator_for(s->device), exec ? plan.limit : 0);
+  const LayoutScope layout(allocator_for(s->device), exec ? plan.layout : nullptr);
 
   std::string mode = f.progress;
   if (mode == "auto") mode = stdout_is_terminal() ? "bar" : "plain";
@@ -255,6 +272,7 @@ void setup(CLI::App& app) {
   app.add_option("--budget", f->budget, "memory budget: bytes (2GiB, 1.5GB) or a % of the "
                                         "no-remat peak (60%)");
   add_budget_of_flag(app, f->budget_of);
+  add_layout_flag(app, f->layout);
   app.add_option("--chain", f->chain,
                  "regeneration chains: keep, drop (mu-TWO's model) or auto (see `regen plan`)")
       ->check(CLI::IsMember(chain_names()))

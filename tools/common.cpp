@@ -407,6 +407,7 @@ MeasuredRun measure_training(const ModelFlags& m, int64_t batch, int steps, Rema
   // The persistent tensors first, then every step under the limit (as profiled, as `train`).
   s->trainer->prepare();
   const LimitScope scope(allocator_for(s->device), limit);
+  const LayoutScope layout(allocator_for(s->device), plan ? plan->layout : nullptr);
   if (exec) Tape::current().add_hooks(exec);
   std::vector<double> ms;
   MeasuredRun r;
@@ -534,6 +535,15 @@ void add_budget_of_flag(CLI::App& app, std::string& budget_of) {
                  "allocator's hard limit at the budget, and a plan fits when it runs under it) or "
                  "allocated (the bytes tensors occupy, as other planners count them)")
       ->check(CLI::IsMember({"reserved", "allocated"}))
+      ->capture_default_str();
+}
+
+void add_layout_flag(CLI::App& app, std::string& layout) {
+  app.add_option("--layout", layout,
+                 "where the planned step's blocks go: caching (the caching allocator places them "
+                 "as they come) or planned (every block at an offset planned from the schedule, in "
+                 "one arena mapped before the step: reserved bytes close to the live peak)")
+      ->check(CLI::IsMember({"caching", "planned"}))
       ->capture_default_str();
 }
 

@@ -96,6 +96,8 @@ std::unique_ptr<Session> make_session(const ModelFlags& flags, int64_t batch);
 
 // --budget-of reserved|allocated: what a --budget bounds (planner.h BudgetOf).
 void add_budget_of_flag(CLI::App& app, std::string& budget_of);
+// --layout caching|planned: where a planned step's blocks go (PlanOptions::planned_layout).
+void add_layout_flag(CLI::App& app, std::string& layout);
 
 // An out-of-memory error during a step that ran a plan, with what the plan predicted added to the
 // allocator's report (live blocks by category and producer, fragmentation): where its peak is
@@ -116,8 +118,8 @@ struct MeasuredRun {
 };
 // A fresh session (make_session) on an emptied allocator, `steps` steps with `exec` (may be null:
 // no rematerialization) installed as tape hooks and removed again, also when a step throws; the
-// steps run under the allocator's hard limit `limit` (0: none; a plan's `limit`). An out-of-memory
-// error names what `plan` (when given) predicted.
+// steps run under the allocator's hard limit `limit` (0: none; a plan's `limit`) and with `plan`'s
+// planned layout when it has one. An out-of-memory error names what `plan` (when given) predicted.
 MeasuredRun measure_training(const ModelFlags& m, int64_t batch, int steps, RematExecutor* exec,
                              int64_t limit = 0, const Plan* plan = nullptr);
 
