@@ -26,8 +26,28 @@ std::string folder_of(const std::string& path) {
 
 }  // namespace
 
+namespace {
+
+// Why an existing `path` must not be replaced ("" when it is a regular file or does not exist):
+// renaming over a device node, a FIFO or a socket would destroy it.
+std::string not_regular(const std::string& path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0 || S_ISREG(st.st_mode)) return "";
+  const char* kind = S_ISDIR(st.st_mode)    ? "a directory"
+                     : S_ISCHR(st.st_mode)  ? "a character device"
+                     : S_ISBLK(st.st_mode)  ? "a block device"
+                     : S_ISFIFO(st.st_mode) ? "a FIFO"
+                     : S_ISSOCK(st.st_mode) ? "a socket"
+                                            : "not a regular file";
+  return "'" + path + "' is " + kind + "; regen writes only regular files";
+}
+
+}  // namespace
+
 AtomicFileWriter::AtomicFileWriter(const std::string& path) : path_(path) {
   REGEN_CHECK(!path.empty(), "cannot write to an empty path");
+  const std::string why = not_regular(path);
+  REGEN_CHECK(why.empty(), "cannot write '", path, "': ", why);
   // pid and a counter: unique across processes and across threads of this one (O_EXCL).
   static std::atomic<unsigned> counter{0};
   tmp_ = path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter++);
@@ -120,6 +140,7 @@ std::string why_not_writable(const std::string& path) {
   if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
     return "'" + path + "' is a directory; give a file name";
   }
+  if (const std::string why = not_regular(path); !why.empty()) return why;
   const std::string dir = folder_of(path);
   if (::stat(dir.c_str(), &st) != 0) {
     return "folder '" + dir + "' does not exist (" + std::strerror(errno) + ")";

@@ -95,11 +95,17 @@ std::string format_bytes(int64_t bytes) {
 int64_t parse_bytes(const std::string& text) {
   size_t pos = 0;
   double value = 0;
+  // Decimal digits and a point only (std::stod would also read hex, "inf", "nan", exponents).
+  const size_t digits = text.find_first_not_of("0123456789.");
+  REGEN_CHECK(digits != 0 && !text.empty(), "cannot read a byte count from '", text,
+              "': expected decimal digits and a unit, e.g. 2GiB, 512MiB or 1048576");
   try {
-    value = std::stod(text, &pos);
+    value = std::stod(text.substr(0, digits), &pos);
   } catch (const std::exception&) {
     REGEN_FAIL("cannot read a byte count from '", text, "': expected e.g. 2GiB, 512MiB or 1048576");
   }
+  REGEN_CHECK(digits == std::string::npos ? pos == text.size() : pos == digits, "cannot read a byte count from '", text,
+              "': expected decimal digits and a unit, e.g. 2GiB, 512MiB or 1048576");
   std::string unit = text.substr(pos);
   while (!unit.empty() && unit.front() == ' ') unit.erase(unit.begin());
   std::string u;

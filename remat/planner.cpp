@@ -26,7 +26,8 @@ Budget Budget::parse(const std::string& text) {
     double v = 0;
     size_t used = 0;
     try {
-      v = std::stod(text.substr(0, text.size() - 1), &used);
+      const std::string number = text.substr(0, text.size() - 1);
+      if (number.find_first_not_of("0123456789.") == std::string::npos) v = std::stod(number, &used);
     } catch (const std::exception&) {
       used = 0;
     }
@@ -66,7 +67,8 @@ int64_t Budget::resolve(int64_t no_remat_peak) const {
   switch (kind) {
     case Kind::none: return 0;
     case Kind::bytes: return static_cast<int64_t>(value);
-    case Kind::fraction: return static_cast<int64_t>(std::floor(value * no_remat_peak));
+    // At least one byte: a tiny percentage is a budget no plan meets, never no budget at all.
+    case Kind::fraction: return std::max<int64_t>(1, static_cast<int64_t>(std::floor(value * no_remat_peak)));
   }
   return 0;
 }

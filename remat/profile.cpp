@@ -333,7 +333,15 @@ void validate_profile(const Profile& p, const std::string& origin) {
                       n.outputs[static_cast<size_t>(v.slot)] == i,
                   origin, ": value ", i, " is not output ", v.slot, " of node ", v.producer);
     }
-    REGEN_CHECK(static_cast<uint64_t>(shape_numel(v.shape)) * dtype_size(v.dtype) == v.bytes,
+    uint64_t numel = 1;
+    for (int64_t d : v.shape) {
+      REGEN_CHECK(d >= 0 && d <= (int64_t{1} << 40), origin, ": value ", i, " has shape ",
+                  sh(v.shape), " (dimensions must be in [0, 2^40])");
+      numel = numel * static_cast<uint64_t>(d);
+      REGEN_CHECK(numel <= (uint64_t{1} << 44), origin, ": value ", i, " has shape ", sh(v.shape),
+                  " (more than 2^44 elements)");
+    }
+    REGEN_CHECK(numel * dtype_size(v.dtype) == v.bytes,
                 origin, ": value ", i, " has ", v.bytes, " bytes for shape ", sh(v.shape));
   }
   for (int32_t i = 0; i < nn; ++i) {
@@ -352,11 +360,19 @@ void validate_profile(const Profile& p, const std::string& origin) {
     REGEN_CHECK(n.block >= -1 && n.block < static_cast<int32_t>(p.blocks.size()), origin,
                 ": node ", i, " is in block ", n.block, " of ", p.blocks.size());
   }
+  std::vector<int64_t> saved_as(p.values.size(), -1);
   for (size_t s = 0; s < p.saved.size(); ++s) {
     const ProfileSaved& sv = p.saved[s];
     REGEN_CHECK(value_ok(sv.value) && p.values[static_cast<size_t>(sv.value)].root == sv.value,
                 origin, ": saved tensor ", s, " refers to value ", sv.value,
                 " which is not a storage root");
+    int64_t& first = saved_as[static_cast<size_t>(sv.value)];
+    REGEN_CHECK(first < 0, origin, ": saved tensors ", first, " and ", s, " both name value ",
+                sv.value, " (each storage is saved once)");
+    first = static_cast<int64_t>(s);
+    REGEN_CHECK(sv.bytes == p.values[static_cast<size_t>(sv.value)].bytes, origin, ": saved tensor ",
+                s, " has ", sv.bytes, " bytes but its value ", sv.value, " has ",
+                p.values[static_cast<size_t>(sv.value)].bytes);
   }
   std::vector<char> in_backward(static_cast<size_t>(nn), 0);
   for (int32_t n : p.backward_order) {
@@ -364,6 +380,24 @@ void validate_profile(const Profile& p, const std::string& origin) {
     REGEN_CHECK(!in_backward[static_cast<size_t>(n)], origin, ": backward order names node ", n,
                 " twice");
     in_backward[static_cast<size_t>(n)] = 1;
+  }
+  // The backward pass runs consumers before producers: a node's gradient needs its outputs'.
+  std::vector<int64_t> bwd_rank(static_cast<size_t>(nn), -1);
+  for (size_t r = 0; r < p.backward_order.size(); ++r) {
+    bwd_rank[static_cast<size_t>(p.backward_order[r])] = static_cast<int64_t>(r);
+  }
+  for (int32_t i = 0; i < nn; ++i) {
+    const ProfileNode& n = p.nodes[static_cast<size_t>(i)];
+    const int64_t ri = bwd_rank[static_cast<size_t>(i)];
+    if (ri < 0) continue;
+    for (int64_t v : n.inputs) {
+      if (v < 0) continue;
+      const int32_t prod = p.values[static_cast<size_t>(v)].producer;
+      if (prod < 0) continue;
+      const int64_t rp = bwd_rank[static_cast<size_t>(prod)];
+      REGEN_CHECK(rp < 0 || rp > ri, origin, ": backward order runs node ", prod, " (rank ", rp,
+                  ") before node ", i, " (rank ", ri, "), which consumes its output");
+    }
   }
   auto time_ok = [](double t) { return std::isfinite(t) && t >= 0; };
   for (const ProfileNode& n : p.nodes) {

@@ -9,6 +9,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -162,6 +163,57 @@ TEST_CASE("cli: mistakes in flags give one clear line and a non-zero exit") {
   // Too large for memory: refused up front with the requested size.
   expect_failure(dir, tiny({"--batch", "100000000000"}),
                  {"--batch 100000000000 is too large for memory"});
+}
+
+// Inputs that used to be accepted silently or to damage files: each refused with the flag named,
+// before any work, and every file as it was.
+TEST_CASE("cli: budgets, limits, and outputs that are inputs, each other or not regular files") {
+  TempDir dir;
+  for (const char* b : {"0x10MiB", "1e3", "inf", "nan", "0x10%", "-5%", "12 apples"}) {
+    expect_failure(dir, tiny({"--policy", "mutwo", "--budget", b}), {"--budget", "bad budget"});
+  }
+  expect_failure(dir, tiny({"--policy", "mutwo", "--budget", ""}), {"--budget", "is empty"});
+  expect_failure(dir, tiny({"--threads", "300000"}), {"--threads must be at most 1024, got 300000"});
+  expect_failure(dir, tiny({"--threads", "2147483647"}), {"--threads must be at most 1024"});
+  expect_failure(dir, {"train", "--model", "resnet-tiny", "--num-classes", "1"},
+                 {"--num-classes must be an integer from 2"});
+  expect_failure(dir, tiny({"--save", ""}), {"--save", "is empty: give a file name"});
+  // Outputs that are not regular files are never replaced.
+  const std::string fifo = dir.file("fifo");
+  REQUIRE(::mkfifo(fifo.c_str(), 0644) == 0);
+  expect_failure(dir, tiny({"--save", fifo}), {"--save", "is a FIFO; regen writes only regular files"});
+  struct stat st;
+  REQUIRE(::stat(fifo.c_str(), &st) == 0);
+  CHECK(S_ISFIFO(st.st_mode));
+  expect_failure(dir, tiny({"--save", "/dev/null"}), {"--save", "is a character device"});
+  REQUIRE(::stat("/dev/null", &st) == 0);
+  CHECK(S_ISCHR(st.st_mode));
+  // plan: an output that is another output or the profile it reads.
+  const Result prof = regen_run(dir, {"profile", "--model", "transformer-tiny", "--iterations", "1",
+                                      "--out", dir.path});
+  REQUIRE(prof.status == 0);
+  const std::string profile = dir.file("profile.json"), before = read_file(profile);
+  expect_failure(dir, {"plan", "--profile", profile, "--out", profile},
+                 {"--out", "is the same file as --profile"});
+  CHECK(read_file(profile) == before);
+  const std::string same = dir.file("same.json");
+  expect_failure(dir, {"plan", "--profile", profile, "--out", same, "--decisions", same},
+                 {"--decisions", "is the same file as --out"});
+  CHECK_FALSE(std::filesystem::exists(same));
+  // The same file through another spelling of its folder.
+  expect_failure(dir, {"plan", "--profile", profile, "--out", dir.path + "/./profile.json"},
+                 {"is the same file as --profile"});
+  CHECK(read_file(profile) == before);
+  // train --save onto its own --profile.
+  expect_failure(dir, tiny({"--policy", "mutwo", "--profile", profile, "--save", profile}),
+                 {"--save", "is the same file as --profile"});
+  CHECK(read_file(profile) == before);
+  // A tiny percentage is a budget no plan meets, not no budget.
+  const Result tinyb = regen_run(dir, {"plan", "--profile", profile, "--policy", "mutwo", "--budget",
+                                       "0.00001%", "--out", dir.file("p.json"), "--decisions",
+                                       dir.file("d.csv")});
+  CHECK(has(tinyb.out, "(1 B reserved)"));
+  CHECK(has(tinyb.out, "cannot be met"));
 }
 
 TEST_CASE("cli: bad data paths and files") {
@@ -578,10 +630,20 @@ TEST_CASE("cli validators: messages name the requirement and the value") {
 TEST_CASE("io: failed writes close the file and leave no temporary behind") {
   TempDir dir;
   const int fds = open_fds();
-  // rename() onto a directory fails after the data was written and synced.
+  // An existing directory is refused before anything is written; one that appears while the data
+  // is written makes rename() fail after the data was written and synced.
   const std::string folder = dir.file("taken");
   std::filesystem::create_directory(folder);
-  CHECK(has(error_of([&] { write_file_atomic(folder, "data"); }), "cannot move"));
+  CHECK(has(error_of([&] { write_file_atomic(folder, "data"); }), "is a directory; regen writes only regular files"));
+  const std::string late = dir.file("late");
+  CHECK(has(error_of([&] {
+              AtomicFileWriter w(late);
+              w.write("data", 4);
+              std::filesystem::create_directory(late);
+              w.commit();
+            }),
+            "cannot move"));
+  std::filesystem::remove(late);
   // write() fails: a file-size limit below the content (SIGXFSZ ignored, so write sets EFBIG).
   {
     struct rlimit old;

@@ -4,6 +4,7 @@
 // and plan files are errors.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <functional>
 #include <unistd.h>
@@ -188,6 +189,22 @@ TEST_CASE("remat: malformed profile and plan files give clear errors") {
   CHECK(damaged([](nlohmann::json& j) { j["nodes"][0]["fwd_ms"] = -1.0; }).find("finite and >= 0") != std::string::npos);
   CHECK(damaged([](nlohmann::json& j) { j["start_state"]["segments"][0]["size"] = 12345; }).find("tiled") != std::string::npos);
   CHECK(damaged([](nlohmann::json& j) { j["start_state"]["segments"] = nlohmann::json::array(); }).find(path) != std::string::npos);
+  // Two saved entries naming one value (once a heap corruption while building the schedule), a
+  // saved size that is not its value's, a negative dimension, a backward order run backwards.
+  CHECK(damaged([](nlohmann::json& j) { j["saved"][1]["value"] = j["saved"][0]["value"]; }).find("both name value") != std::string::npos);
+  CHECK(damaged([](nlohmann::json& j) { j["saved"][0]["bytes"] = j["saved"][0]["bytes"].get<uint64_t>() + 512; }).find("bytes but its value") != std::string::npos);
+  CHECK(damaged([](nlohmann::json& j) {
+          for (auto& v : j["values"]) {
+            if (!v["shape"].empty()) {
+              v["shape"][0] = -v["shape"][0].get<int64_t>();
+              break;
+            }
+          }
+        }).find("dimensions must be in") != std::string::npos);
+  CHECK(damaged([](nlohmann::json& j) {
+          auto& o = j["backward_order"];
+          std::reverse(o.begin(), o.end());
+        }).find("backward order runs node") != std::string::npos);
   // The derived fields are written for readers.
   {
     const nlohmann::json j = nlohmann::json::parse(profile_to_json(profile));

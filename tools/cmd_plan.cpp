@@ -29,7 +29,8 @@ void setup(CLI::App& app) {
   app.add_option("--policy", f->policy, "none, blocks, sqrt, mutwo, dp or milp")
       ->check(CLI::IsMember(policy_names()))
       ->capture_default_str();
-  app.add_option("--budget", f->budget, "bytes (2GiB, 1.5GB) or a % of the no-remat peak (60%)");
+  app.add_option("--budget", f->budget, "bytes (2GiB, 1.5GB) or a % of the no-remat peak (60%)")
+      ->check(budget_text());
   app.add_option("--chain", f->chain,
                  "what a regeneration keeps of the evicted tensors it recomputes on the way: keep "
                  "(those backward still needs), drop (mu-TWO's and Capuchin's model) or auto "
@@ -46,6 +47,8 @@ void setup(CLI::App& app) {
   app.add_option("--out", f->out, "where to write the plan")->capture_default_str();
   app.add_option("--decisions", f->decisions, "where to write decisions.csv")->capture_default_str();
   app.callback([f] {
+    // Outputs checked before any work: writable, distinct, and never the profile read.
+    check_distinct_files({{"--out", f->out}, {"--decisions", f->decisions}}, {{"--profile", f->profile}});
     const Profile p = load_profile(f->profile);
     const Simulator sim(p);
     PlanOptions po;
@@ -54,8 +57,12 @@ void setup(CLI::App& app) {
     po.budget_of = parse_budget_of(f->budget_of);
     po.planned_layout = f->layout == "planned";
     const Plan plan = make_plan(sim, f->policy, Budget::parse(f->budget), po);
+    // Both outputs written in full before either replaces its file.
+    const std::string decisions = decisions_csv(p, plan);
+    AtomicFileWriter csv(f->decisions);
+    csv.write(decisions.data(), decisions.size());
     save_plan(plan, p, f->out);
-    write_file_atomic(f->decisions, decisions_csv(p, plan));
+    csv.commit();
     std::printf("plan %s for %s batch %d on %s, budget %s (%s %s)\n", plan.policy.c_str(),
                 p.model.c_str(), static_cast<int>(p.batch), p.device.c_str(),
                 plan.budget_text.c_str(),

@@ -52,7 +52,10 @@ void print_step(bool bar, int64_t step, int64_t steps, const StepResult& r, int6
 void run(const TrainFlags& f) {
   REGEN_CHECK(f.steps > 0, "--steps must be a positive integer, got ", f.steps);
   // Mistakes in the outputs fail now, not after the last step.
-  if (!f.save.empty()) check_output_path("--save", f.save);
+  if (!f.save.empty()) {
+    check_distinct_files({{"--save", f.save}},
+                         {{"--load", f.load}, {"--profile", f.profile_file}, {"--plan", f.plan_file}});
+  }
   auto s = make_session(f.m, f.m.batch);
   const int threads = omp_get_max_threads();
   if (!f.load.empty()) {
@@ -264,13 +267,15 @@ void setup(CLI::App& app) {
       ->check(positive_integer())
       ->capture_default_str();
   app.add_option("--save", f->save, "write the model's parameters and buffers to FILE.safetensors "
-                                    "(torchvision / torch.nn names; atomic)");
+                                    "(torchvision / torch.nn names; atomic)")
+      ->check(non_empty("a file name"));
   app.add_option("--load", f->load, "start from FILE.safetensors");
   app.add_option("--policy", f->policy, "rematerialization policy: none, blocks, sqrt, mutwo")
       ->check(CLI::IsMember(policy_names()))
       ->capture_default_str();
   app.add_option("--budget", f->budget, "memory budget: bytes (2GiB, 1.5GB) or a % of the "
-                                        "no-remat peak (60%)");
+                                        "no-remat peak (60%)")
+      ->check(budget_text());
   add_budget_of_flag(app, f->budget_of);
   add_layout_flag(app, f->layout);
   app.add_option("--chain", f->chain,

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <climits>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -120,6 +121,28 @@ CLI::Validator integer_in(int64_t lo, int64_t hi) {
                            range);
 }
 
+CLI::Validator non_empty(const std::string& what) {
+  return CLI::Validator(
+      [what](std::string& text) -> std::string {
+        return text.empty() ? "is empty: give " + what : std::string();
+      },
+      "TEXT");
+}
+
+CLI::Validator budget_text() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        if (text.empty()) return "is empty (leave --budget out to plan without a budget)";
+        try {
+          Budget::parse(text);
+        } catch (const Error& e) {
+          return e.message();
+        }
+        return "";
+      },
+      "BYTES|PERCENT");
+}
+
 CLI::Validator non_negative_number() {
   return number_validator(0.0, std::numeric_limits<double>::max(), "a finite number >= 0",
                           "NON-NEGATIVE");
@@ -157,8 +180,8 @@ void add_model_flags(CLI::App& app, ModelFlags& f, bool with_batch) {
   app.add_option("--image-size", f.image_size,
                  "ResNet input height and width, at least 32 (default: preset)")
       ->check(positive_integer());
-  app.add_option("--num-classes", f.num_classes, "ResNet classes (default: preset)")
-      ->check(positive_integer());
+  app.add_option("--num-classes", f.num_classes, "ResNet classes, at least 2 (default: preset)")
+      ->check(integer_in(2, 1 << 24));
   app.add_option("--seq-len", f.seq_len, "Transformer sequence length (default: preset)")
       ->check(positive_integer());
   app.add_option("--vocab", f.vocab,
@@ -186,8 +209,8 @@ void add_model_flags(CLI::App& app, ModelFlags& f, bool with_batch) {
   app.add_option("--seed", f.seed, "seed of initialization, data and dropout")
       ->check(non_negative_integer(std::numeric_limits<uint64_t>::max()))
       ->capture_default_str();
-  app.add_option("--threads", f.threads, "CPU threads (default: OpenMP's)")
-      ->check(positive_integer(kIntMax));
+  app.add_option("--threads", f.threads, "CPU threads, at most 1024 (default: OpenMP's)")
+      ->check(positive_integer(1024));
   app.add_option("--data", f.data,
                  "synthetic (default), cifar10:DIR (CIFAR-10 binary batches) or text:FILE "
                  "(UTF-8 text as byte tokens)");
@@ -459,6 +482,38 @@ std::string plot_python() {
 void check_output_path(const std::string& flag, const std::string& path) {
   const std::string why = why_not_writable(path);
   REGEN_CHECK(why.empty(), flag, " ", path, ": cannot write there: ", why);
+}
+
+namespace {
+
+// A path with its folder resolved (the file itself need not exist), to compare two paths.
+std::string resolved_path(const std::string& path) {
+  const auto slash = path.find_last_of('/');
+  const std::string dir = slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
+  const std::string name = slash == std::string::npos ? path : path.substr(slash + 1);
+  char buf[PATH_MAX];
+  if (::realpath(path.c_str(), buf)) return buf;  // an existing file (through links)
+  if (::realpath(dir.c_str(), buf)) return std::string(buf) + "/" + name;
+  return path;
+}
+
+}  // namespace
+
+void check_distinct_files(const std::vector<std::pair<std::string, std::string>>& outputs,
+                          const std::vector<std::pair<std::string, std::string>>& inputs) {
+  std::vector<std::pair<std::string, std::string>> seen;  // (resolved path, flag)
+  for (const auto& [flag, path] : inputs) {
+    if (!path.empty()) seen.emplace_back(resolved_path(path), flag);
+  }
+  for (const auto& [flag, path] : outputs) {
+    check_output_path(flag, path);
+    const std::string r = resolved_path(path);
+    for (const auto& [other, other_flag] : seen) {
+      REGEN_CHECK(other != r, flag, " ", path, " is the same file as ", other_flag,
+                  ": give each output its own path, never an input's");
+    }
+    seen.emplace_back(r, flag);
+  }
 }
 
 void check_finite_loss(double loss, int64_t step, double lr) {

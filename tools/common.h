@@ -32,7 +32,9 @@ CLI::Validator positive_integer(int64_t max = std::numeric_limits<int64_t>::max(
 CLI::Validator non_negative_integer(uint64_t max = std::numeric_limits<int64_t>::max());
 CLI::Validator integer_in(int64_t lo, int64_t hi);
 CLI::Validator non_negative_number();            // finite and >= 0
-CLI::Validator number_in(double lo, double hi);  // finite and lo <= x <= hi
+CLI::Validator number_in(double lo, double hi);
+CLI::Validator budget_text();  // Budget::parse accepts it, and it is not empty
+CLI::Validator non_empty(const std::string& what);  // "is empty: give <what>"  // finite and lo <= x <= hi
 // For options bound to an `int`.
 constexpr int64_t kIntMax = std::numeric_limits<int>::max();
 
@@ -133,6 +135,10 @@ std::string plot_python();
 // Throws regen::Error naming the flag when `path` cannot be written (io.h why_not_writable):
 // call before a long run for every output it will write at the end.
 void check_output_path(const std::string& flag, const std::string& path);
+// Each output writable (check_output_path), and no two of the outputs and inputs the same file
+// (flag, path pairs; empty input paths are skipped): a regen::Error naming both flags.
+void check_distinct_files(const std::vector<std::pair<std::string, std::string>>& outputs,
+                          const std::vector<std::pair<std::string, std::string>>& inputs);
 
 // A training step's loss that is nan or inf: throws regen::Error naming the step, the value and
 // the learning rate, suggesting a lower --lr.
