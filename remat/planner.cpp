@@ -632,20 +632,12 @@ Plan plan_dp(const Simulator& sim, const Budget& budget, BudgetOf of, bool plann
     }
     chosen = best->r;
   } else {
-    // With a planned layout every point is judged by its planned run; the lowest of them (the
-    // faster on a tie) is the answer when none fits.
-    const Point* low_pt = nullptr;
-    PlanFit low_fit;
+    // A planned run allocates at least the bytes the step requests, which do not depend on the
+    // layout: a point whose requested peak passes the budget is not run with one.
     for (const Point* pt : order) {
+      if (planned && pt->r.peak_requested > plan.budget_bytes) continue;
       PlanFit f = fit_schedule(sim, schedule_of(*pt), plan.budget_bytes, of, &pt->r, planned);
-      if (planned) {
-        const int64_t peak = peak_of(f.result, of);
-        lowest = std::min(lowest, peak);
-        if (!f.fits && (!low_pt || peak < peak_of(low_fit.result, of))) {
-          low_pt = pt;
-          low_fit = f;
-        }
-      }
+      if (planned) lowest = std::min(lowest, peak_of(f.result, of));
       if (f.fits) {
         best = pt;
         chosen = std::move(f.result);
@@ -658,11 +650,28 @@ Plan plan_dp(const Simulator& sim, const Budget& budget, BudgetOf of, bool plann
       fits = false;
       if (planned) {
         // A planned step maps nothing but its arena, so it runs under exactly its reserved peak:
-        // the lowest planned peak is the answer, for either kind of budget.
-        best = low_pt;
-        chosen = std::move(low_fit.result);
-        plan.layout = std::move(low_fit.layout);
-        if (of == BudgetOf::reserved) plan.limit = lowest;
+        // the lowest planned peak is the answer, for either kind of budget (the faster on a
+        // tie). Points by requested peak, a bound on their planned peak: past the lowest found,
+        // none can be lower.
+        std::vector<const Point*> by_requested(order);
+        std::stable_sort(by_requested.begin(), by_requested.end(), [](const Point* a, const Point* b) {
+          return a->r.peak_requested < b->r.peak_requested;
+        });
+        PlanFit low;
+        for (const Point* pt : by_requested) {
+          if (best && pt->r.peak_requested > peak_of(low.result, of)) break;
+          PlanFit f = fit_schedule(sim, schedule_of(*pt), 0, of, &pt->r, true);
+          const int64_t peak = peak_of(f.result, of);
+          if (!best || peak < peak_of(low.result, of) ||
+              (peak == peak_of(low.result, of) && f.result.time_ms < low.result.time_ms)) {
+            best = pt;
+            low = std::move(f);
+          }
+        }
+        chosen = std::move(low.result);
+        plan.layout = std::move(low.layout);
+        lowest = std::min(lowest, peak_of(chosen, of));
+        if (of == BudgetOf::reserved) plan.limit = peak_of(chosen, of);
       } else if (of == BudgetOf::allocated) {
         for (const Point* pt : order) {
           if (peak_of(pt->r, of) == caching_low) {
