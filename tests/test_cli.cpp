@@ -162,7 +162,7 @@ TEST_CASE("cli: mistakes in flags give one clear line and a non-zero exit") {
                  {"--steps 3 leaves no step", "--profile-steps"});
   // Too large for memory: refused up front with the requested size.
   expect_failure(dir, tiny({"--batch", "100000000000"}),
-                 {"--batch 100000000000 is too large for memory"});
+                 {"--batch 100000000000 at --seq-len 16 is too large for memory"});
 }
 
 // Inputs that used to be accepted silently or to damage files: each refused with the flag named,
@@ -178,6 +178,17 @@ TEST_CASE("cli: budgets, limits, and outputs that are inputs, each other or not 
   expect_failure(dir, {"train", "--model", "resnet-tiny", "--num-classes", "1"},
                  {"--num-classes must be an integer from 2"});
   expect_failure(dir, tiny({"--save", ""}), {"--save", "is empty: give a file name"});
+  expect_failure(dir, {"frobnicate"}, {"unknown command 'frobnicate'", "train"});
+  expect_failure(dir, {"train", "--model", "resnet-tiny", "--image-size", "1000000"},
+                 {"--batch 4 at --image-size 1000000 is too large", "or --image-size"});
+  expect_failure(dir, {"train", "--model", "resnet-tiny", "--batch", "1"},
+                 {"--batch 1 at --image-size 32", "use --batch 2 or more"});
+  expect_failure(dir, {"train", "--model", "resnet-tiny", "--device", "cpu", "--conv", "cudnn"},
+                 {"--conv cudnn applies to CUDA devices"});
+  expect_failure(dir, {"bench", "ops", "--only", "nosuchcase"},
+                 {"--only 'nosuchcase' matches no case", "stem 7x7/2"});
+  expect_failure(dir, {"sweep", "--model", "resnet-tiny", "--batches", "2,4,2", "--out", dir.file("sw")},
+                 {"--batches '2,4,2': 2 is listed twice"});
   // Outputs that are not regular files are never replaced.
   const std::string fifo = dir.file("fifo");
   REQUIRE(::mkfifo(fifo.c_str(), 0644) == 0);
@@ -214,6 +225,16 @@ TEST_CASE("cli: budgets, limits, and outputs that are inputs, each other or not 
                                        dir.file("d.csv")});
   CHECK(has(tinyb.out, "(1 B reserved)"));
   CHECK(has(tinyb.out, "cannot be met"));
+  // A loaded plan reports the profile's no-remat peak (it printed 0 B).
+  const Result planned = regen_run(dir, {"plan", "--profile", profile, "--policy", "mutwo", "--budget",
+                                         "90%", "--budget-of", "allocated", "--out", dir.file("p.json"), "--decisions", dir.file("d.csv")});
+  REQUIRE(planned.status == 0);
+  const Result run = regen_run(dir, {"train", "--model", "transformer-tiny", "--profile", profile,
+                                     "--plan", dir.file("p.json"), "--steps", "2", "--progress", "none"});
+  CAPTURE(run.err);
+  CHECK(run.status == 0);
+  CHECK(has(run.out, "(no remat "));
+  CHECK_FALSE(has(run.out, "(no remat 0 B)"));
 }
 
 TEST_CASE("cli: bad data paths and files") {
@@ -315,6 +336,21 @@ TEST_CASE("cli: --save is checked before training, and --save then --load round-
   expect_failure(dir, tiny({"--load", bare}),
                  {"names no model", "0 of the model's 28 names match", "missing 28 entries",
                   "1 entry unexpected: conv1.weight"});
+
+  // A checkpoint with a NaN weight: refused with the tensor and the index.
+  {
+    SafetensorsFile g = load_safetensors(ckpt);
+    REQUIRE(g.tensors.size() > 2);
+    Tensor& t = g.tensors[2].second;
+    REQUIRE(t.dtype() == DType::f32);
+    REQUIRE(t.numel() > 3);
+    t.data<float>()[3] = std::nanf("");
+    const std::string nan_ckpt = dir.file("nan.safetensors");
+    save_safetensors(nan_ckpt, g.tensors, g.metadata);
+    expect_failure(dir, tiny({"--batch", "2", "--load", nan_ckpt}),
+                   {"nan.safetensors", "tensor '" + g.tensors[2].first + "' holds nan at flat index 3",
+                    "weights must be finite"});
+  }
 
   // A truncated checkpoint.
   const std::string raw = read_file(ckpt);

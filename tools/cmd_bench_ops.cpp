@@ -115,6 +115,21 @@ void run(const std::string& device_text, int threads, int repeats, const std::st
                 tm.median * 1e3, rows.back().gflops, tm.best * 1e3);
     std::fflush(stdout);
   };
+  if (!only.empty()) {
+    // A filter that matches no case is a mistake, not an empty benchmark.
+    std::string names;
+    bool any = false;
+    for (const auto& g : kGemmShapes) {
+      const std::string name = "gemm " + std::to_string(g[0]) + "x" + std::to_string(g[1]) + "x" + std::to_string(g[2]);
+      any = any || name.find(only) != std::string::npos;
+      names += (names.empty() ? "" : ", ") + name;
+    }
+    for (const ConvCase& cc : kConvShapes) {
+      any = any || std::string(cc.name).find(only) != std::string::npos;
+      names += std::string(", ") + cc.name;
+    }
+    REGEN_CHECK(any, "--only '", only, "' matches no case; the cases are: ", names);
+  }
   Generator gen(1);
   for (const auto& g : kGemmShapes) {
     const int64_t M = g[0], N = g[1], K = g[2];

@@ -59,6 +59,8 @@ void run(const Flags& f) {
       v = 0;
     }
     REGEN_CHECK(v > 0, "--batches '", f.batches, "': '", b, "' is not a positive integer");
+    REGEN_CHECK(std::find(batches.begin(), batches.end(), v) == batches.end(), "--batches '",
+                f.batches, "': ", v, " is listed twice");
     batches.push_back(v);
   }
   REGEN_CHECK(!batches.empty(), "--batches is empty");

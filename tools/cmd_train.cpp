@@ -115,6 +115,9 @@ void run(const TrainFlags& f) {
       plan.layout = fit.layout;
       plan.feasible = fit.fits;
       plan.limit = fit.fits && plan.budget_of == BudgetOf::reserved ? plan.budget_bytes : 0;
+      plan.no_remat_peak = peak_of(
+          sim.run(build_schedule(*profile, std::vector<Decision>(profile->saved.size(), Decision::retain))),
+          plan.budget_of);
     } else {
       PlanOptions po;
       po.chain = parse_chain(f.chain);

@@ -363,10 +363,16 @@ void check_batch_fits(const ModelConfig& c, int64_t batch, Device device) {
            head_rows * 4 * static_cast<double>(c.vocab);
   }
   const double have = device_memory_bytes(device);
-  REGEN_CHECK(have <= 0 || need <= have, "--batch ", batch, " is too large for memory: one ",
-              c.name, " step needs at least ", bytes_text(need),
+  // Name what makes the step large: the batch, or with it the image size or sequence length.
+  const std::string what =
+      c.family == ModelFamily::resnet
+          ? "--batch " + std::to_string(batch) + " at --image-size " + std::to_string(c.image_size)
+          : "--batch " + std::to_string(batch) + " at --seq-len " + std::to_string(c.seq_len);
+  REGEN_CHECK(have <= 0 || need <= have, what, " is too large for memory: one ", c.name,
+              " step needs at least ", bytes_text(need),
               " (inputs, first activations and logits alone), but ", device.str(), " has ",
-              bytes_text(have), "; use a smaller --batch");
+              bytes_text(have), "; use a smaller --batch",
+              c.family == ModelFamily::resnet ? " or --image-size" : " or --seq-len");
 }
 
 int apply_runtime_flags(const ModelFlags& f) {
@@ -390,6 +396,16 @@ std::unique_ptr<Session> make_session(const ModelFlags& flags, int64_t batch) {
   s->config = model_config(flags);
   const ModelConfig& c = s->config;
   check_batch_fits(c, batch, s->device);
+  if (c.family == ModelFamily::resnet) {
+    // Batch norm in training needs two values per channel; the last stage's map is the image
+    // size over 32 (rounded up) on a side.
+    const int64_t side = (c.image_size + 31) / 32;
+    REGEN_CHECK(batch * side * side >= 2, "--batch ", batch, " at --image-size ", c.image_size,
+                ": batch norm in training needs at least 2 values per channel, and the last "
+                "stage's maps are ", side, "x", side, "; use --batch 2 or more");
+  }
+  REGEN_CHECK(flags.conv == "native" || s->device.is_cuda(), "--conv ", flags.conv,
+              " applies to CUDA devices; on ", s->device.str(), " convolution is regen's own");
   // The data before the model: a wrong file fails before a large model is built.
   s->data = make_data_source(flags.data, c, flags.seed);
   manual_seed(flags.seed);
@@ -557,6 +573,16 @@ size_t load_checkpoint(Session& s, const std::string& path) {
       same_size("seq_len", "--seq-len", c.seq_len);
     } else {
       same_size("num_classes", "--num-classes", c.num_classes);
+    }
+  }
+  // Weights that are not finite would train into NaN silently: refused with the tensor and index.
+  for (const auto& [name, t] : file.tensors) {
+    if (t.dtype() != DType::f32 && t.dtype() != DType::f64) continue;
+    const Tensor c64 = t.dtype() == DType::f64 ? t : t.to(DType::f64);
+    const std::vector<double> v = c64.to_vector<double>();
+    for (size_t i = 0; i < v.size(); ++i) {
+      REGEN_CHECK(std::isfinite(v[i]), "checkpoint ", path, ": tensor '", name, "' holds ", v[i],
+                  " at flat index ", i, " (weights must be finite)");
     }
   }
   try {

@@ -46,6 +46,18 @@ int main(int argc, char** argv) {
     CLI::App* sub = parent->add_subcommand(name, c.description);
     c.setup(*sub);
   }
+  // An unknown command is named as such (CLI11 would say only that one is required).
+  if (argc > 1 && argv[1][0] != '-') {
+    std::vector<std::string> names;
+    for (const CLI::App* sub : app.get_subcommands({})) names.push_back(sub->get_name());
+    if (std::find(names.begin(), names.end(), argv[1]) == names.end()) {
+      std::string all;
+      for (const std::string& n : names) all += (all.empty() ? "" : ", ") + n;
+      std::fprintf(stderr, "regen: error: unknown command '%s'; the commands are %s (regen --help)\n",
+                   argv[1], all.c_str());
+      return 106;
+    }
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
