@@ -2,6 +2,7 @@
 #include "core/io.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -44,6 +45,58 @@ std::string not_regular(const std::string& path) {
 
 }  // namespace
 
+namespace {
+
+// The temporaries being written, so that SIGINT, SIGTERM or SIGHUP removes them before the
+// process dies (the targets are untouched until a commit renames over them). A fixed table of
+// slots: the handler only reads it and calls unlink, both safe in a signal handler.
+constexpr int kTempSlots = 64;
+struct TempSlot {
+  std::atomic<int> state{0};  // 0 free, 1 being filled, 2 holds a path
+  char path[4096];
+};
+TempSlot g_temps[kTempSlots];
+
+extern "C" void remove_temporaries_and_die(int sig) {
+  for (TempSlot& s : g_temps) {
+    if (s.state.load() == 2) ::unlink(s.path);
+  }
+  ::signal(sig, SIG_DFL);
+  ::raise(sig);
+}
+
+// Installs the handler for the signals whose handling is the default (a program that handles
+// one itself keeps its own); checked at every writer, so a default restored later is covered.
+void install_temp_cleanup() {
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) {
+    struct sigaction old {};
+    if (::sigaction(sig, nullptr, &old) != 0 || (old.sa_flags & SA_SIGINFO) || old.sa_handler != SIG_DFL) continue;
+    struct sigaction sa {};
+    sa.sa_handler = remove_temporaries_and_die;
+    sigemptyset(&sa.sa_mask);
+    ::sigaction(sig, &sa, nullptr);
+  }
+}
+
+int claim_temp_slot(const std::string& path) {
+  if (path.size() >= sizeof(TempSlot::path)) return -1;
+  for (int i = 0; i < kTempSlots; ++i) {
+    int expected = 0;
+    if (g_temps[i].state.compare_exchange_strong(expected, 1)) {
+      std::memcpy(g_temps[i].path, path.c_str(), path.size() + 1);
+      g_temps[i].state.store(2);
+      return i;
+    }
+  }
+  return -1;  // more than kTempSlots at once: this one is not cleaned up on a signal
+}
+
+void release_temp_slot(int slot) {
+  if (slot >= 0) g_temps[slot].state.store(0);
+}
+
+}  // namespace
+
 AtomicFileWriter::AtomicFileWriter(const std::string& path) : path_(path) {
   REGEN_CHECK(!path.empty(), "cannot write to an empty path");
   const std::string why = not_regular(path);
@@ -51,7 +104,10 @@ AtomicFileWriter::AtomicFileWriter(const std::string& path) : path_(path) {
   // pid and a counter: unique across processes and across threads of this one (O_EXCL).
   static std::atomic<unsigned> counter{0};
   tmp_ = path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter++);
+  install_temp_cleanup();
+  slot_ = claim_temp_slot(tmp_);
   fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd_ < 0) release_temp_slot(slot_);
   REGEN_CHECK(fd_ >= 0, "cannot create '", tmp_, "' to write '", path_, "': ",
               std::strerror(errno));
 }
@@ -60,6 +116,7 @@ AtomicFileWriter::~AtomicFileWriter() {
   if (fd_ >= 0) {  // not committed: an error was thrown on the way
     ::close(fd_);
     ::unlink(tmp_.c_str());
+    release_temp_slot(slot_);
   }
 }
 
@@ -81,6 +138,11 @@ void AtomicFileWriter::commit() {
   REGEN_CHECK(fd_ >= 0, "writing '", path_, "': the file was already committed");
   const int fd = fd_;
   fd_ = -1;
+  // However the commit ends, the temporary is gone or renamed: no longer the signal handler's.
+  struct Release {
+    int slot;
+    ~Release() { release_temp_slot(slot); }
+  } release{slot_};
   int err = ::fsync(fd) == 0 ? 0 : errno;
   // close() releases the descriptor even when it reports an error; never retry it.
   if (::close(fd) != 0 && err == 0) err = errno;

@@ -11,8 +11,10 @@ namespace regen {
 // Writes a file atomically (a temporary file in the same folder, fsync, rename), piece by piece
 // as the caller adds them, so large data (tensor bytes) can go from where it lives straight to
 // the file. Nothing appears at `path` until commit(); if commit() is never reached (an error was
-// thrown on the way), the destructor closes the descriptor and removes the temporary file.
-// Errors throw regen::Error naming the path.
+// thrown on the way), the destructor closes the descriptor and removes the temporary file; on
+// SIGINT, SIGTERM or SIGHUP (where the program left their handling at the default) the pending
+// temporaries are removed before the process dies. An existing target that is not a regular
+// file (a device node, a FIFO, a directory) is refused. Errors throw regen::Error naming the path.
 class AtomicFileWriter {
  public:
   explicit AtomicFileWriter(const std::string& path);
@@ -26,6 +28,7 @@ class AtomicFileWriter {
  private:
   std::string path_, tmp_;
   int fd_ = -1;
+  int slot_ = -1;  // its entry in the table of temporaries removed on SIGINT, SIGTERM, SIGHUP
   uint64_t written_ = 0;
 };
 

@@ -705,6 +705,31 @@ TEST_CASE("io: failed writes close the file and leave no temporary behind") {
   CHECK(has(why_not_writable(dir.path + "/"), "names a folder"));
   CHECK(dir.entries() == std::vector<std::string>{"taken"});
 
+  // SIGTERM while a file is being written: the process dies of it, the temporary is removed and
+  // the old file is untouched.
+  {
+    const std::string target = dir.file("kept.txt");
+    write_file_atomic(target, "old");
+    const pid_t child = ::fork();
+    REQUIRE(child >= 0);
+    if (child == 0) {
+      ::signal(SIGTERM, SIG_DFL);  // as in regen (the test runner handles it in this process)
+      AtomicFileWriter w(target);
+      w.write("new data", 8);
+      ::raise(SIGTERM);
+      ::_exit(3);  // not reached
+    }
+    int status = 0;
+    REQUIRE(::waitpid(child, &status, 0) == child);
+    CHECK(WIFSIGNALED(status));
+    if (WIFSIGNALED(status)) CHECK(WTERMSIG(status) == SIGTERM);
+    CHECK(read_file(target) == "old");
+    std::vector<std::string> left = dir.entries();
+    std::sort(left.begin(), left.end());
+    CHECK(left == std::vector<std::string>{"kept.txt", "taken"});
+    std::remove(target.c_str());
+  }
+
   // read_file names a directory as such.
   CHECK(has(error_of([&] { read_file(folder); }), "is a directory, not a regular file"));
   write_file_atomic(dir.file("a.txt"), "hello");
