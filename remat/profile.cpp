@@ -95,6 +95,7 @@ std::string profile_to_json(const Profile& p) {
   j["threads"] = p.threads;
   j["date"] = p.date;
   j["iterations"] = p.iterations;
+  j["run"] = p.run;
   j["measured"] = {{"peak_allocated", p.peak_allocated},
                    {"peak_reserved", p.peak_reserved},
                    {"allocated_by_at_peak", category_map(p.allocated_by_at_peak)},
@@ -190,6 +191,7 @@ Profile profile_from_json(const std::string& text, const std::string& origin) {
     p.threads = j.at("threads").get<int>();
     p.date = j.at("date").get<std::string>();
     p.iterations = j.at("iterations").get<int>();
+    if (j.contains("run")) p.run = j.at("run").get<std::map<std::string, std::string>>();
     const json& m = j.at("measured");
     p.peak_allocated = m.at("peak_allocated").get<int64_t>();
     p.peak_reserved = m.at("peak_reserved").get<int64_t>();

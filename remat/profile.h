@@ -5,6 +5,7 @@
 // planners read it; profile.json stores it. docs/remat.md describes every field.
 #pragma once
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -97,6 +98,10 @@ struct Profile {
   int threads = 1;
   std::string date;
   int iterations = 0;  // instrumented iterations the timings are medians of
+  // The flags besides model, batch and device that shape the step, with the values it ran with
+  // ("--optimizer": "adamw", ...); a run planned from the profile must match them. Empty in
+  // profiles made before they were recorded.
+  std::map<std::string, std::string> run;
   // The graph.
   std::vector<ProfileNode> nodes;
   std::vector<ProfileValue> values;

@@ -23,6 +23,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "core/io.h"
 #include "core/safetensors.h"
 #include "remat/executor.h"
@@ -225,6 +227,15 @@ TEST_CASE("cli: budgets, limits, and outputs that are inputs, each other or not 
                                        dir.file("d.csv")});
   CHECK(has(tinyb.out, "(1 B reserved)"));
   CHECK(has(tinyb.out, "cannot be met"));
+  // A profile records the flags that shape the step; a run with others is refused, naming one.
+  CHECK(has(read_file(profile), "\"--optimizer\": \"sgd\""));
+  expect_failure(dir, tiny({"--optimizer", "adamw", "--profile", profile, "--policy", "mutwo"}),
+                 {"--profile " + profile + " was made with --optimizer sgd, but this run has --optimizer adamw",
+                  "pass --optimizer sgd, or profile again"});
+  expect_failure(dir, tiny({"--dropout", "0", "--profile", profile, "--policy", "mutwo"}),
+                 {"was made with --dropout 0.1, but this run has --dropout 0"});
+  expect_failure(dir, tiny({"--lm-head-chunk", "-1", "--profile", profile, "--policy", "mutwo"}),
+                 {"was made with --lm-head-chunk 0"});
   // A loaded plan reports the profile's no-remat peak (it printed 0 B).
   const Result planned = regen_run(dir, {"plan", "--profile", profile, "--policy", "mutwo", "--budget",
                                          "90%", "--budget-of", "allocated", "--out", dir.file("p.json"), "--decisions", dir.file("d.csv")});
@@ -592,10 +603,22 @@ TEST_CASE("cli: frontier refuses bad flags before any work") {
                        out},
                  {"--image-size applies to ResNet models"});
   CHECK(!std::filesystem::exists(out));  // refused before the folder was made
-  // Another model under the same name and batch: the no-remat run does not match the profile.
+  // Another model under the same name and batch: refused up front, naming the flag the profile
+  // recorded; a profile without that record (made before it existed) is caught when the no-remat
+  // run does not match it.
   expect_failure(dir, frontier({"--model", "transformer-tiny", "--batch", "2", "--seq-len", "8",
                                 "--points", "2", "--execute", "1", "--steps", "2"}),
-                 {"--profile", "the model flags do not build the profiled model"});
+                 {"--profile", "was made with --seq-len 16, but this run has --seq-len 8"});
+  {
+    nlohmann::json j = nlohmann::json::parse(read_file(profile));
+    j.erase("run");
+    const std::string old_profile = dir.file("old_profile.json");
+    write_file_atomic(old_profile, j.dump());
+    expect_failure(dir, {"frontier", "--profile", old_profile, "--out", dir.file("never"), "--model",
+                         "transformer-tiny", "--batch", "2", "--seq-len", "8", "--points", "2",
+                         "--execute", "1", "--steps", "2"},
+                   {"--profile", "the model flags do not build the profiled model"});
+  }
   // --out naming a file.
   write_file_atomic(dir.file("file.txt"), "x");
   expect_failure(dir, {"frontier", "--profile", profile, "--out", dir.file("file.txt")},

@@ -400,6 +400,8 @@ void run(Flags f, const Given& given) {
       } else {
         f.m.threads = profile.threads;
       }
+      // The other flags that shape the step (optimizer, sizes, dropout, head): as profiled.
+      check_profile_run(profile, f.m, "--profile " + f.profile);
     }
   }
   if (!loaded || f.execute > 0) {
@@ -436,6 +438,7 @@ void run(Flags f, const Given& given) {
     po.iterations = 3;
     po.model_name = f.m.model;
     profile = profile_training(*s->trainer, po);
+    profile.run = run_flags(f.m);
     save_profile(profile, profile_path);
   }
 

@@ -41,7 +41,8 @@ void setup(CLI::App& app) {
     po.warmup = f->warmup;
     po.iterations = f->iterations;
     po.model_name = f->m.model;
-    const Profile p = profile_training(*s->trainer, po);
+    Profile p = profile_training(*s->trainer, po);
+    p.run = run_flags(f->m);
     const std::string table = profile_table(p, true);
     save_profile(p, f->out + "/profile.json");
     write_file_atomic(f->out + "/profile.txt", table);

@@ -95,6 +95,7 @@ void run(const Flags& f) {
       po.iterations = 3;
       po.model_name = f.m.model;
       profile = profile_training(*s->trainer, po);
+      profile.run = run_flags(f.m);
     }
     save_profile(profile, stem + "_b" + std::to_string(batch) + "_profile.json");
     const Simulator sim(profile);

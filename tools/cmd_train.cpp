@@ -96,6 +96,7 @@ void run(const TrainFlags& f) {
                   "--profile ", f.profile_file, " is for ", profile->model, " batch ",
                   profile->batch, " on ", profile->device, ", not ", f.m.model, " batch ",
                   f.m.batch, " on ", s->device.str());
+      check_profile_run(*profile, f.m, "--profile " + f.profile_file);
     } else {
       ProfileOptions po;
       po.warmup = 0;

@@ -375,6 +375,51 @@ void check_batch_fits(const ModelConfig& c, int64_t batch, Device device) {
               c.family == ModelFamily::resnet ? " or --image-size" : " or --seq-len");
 }
 
+std::map<std::string, std::string> run_flags(const ModelFlags& f) {
+  const ModelConfig c = model_config(f);
+  const Device device = resolve_device(f.device);
+  auto num = [](double v) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%g", v);
+    return std::string(buf);
+  };
+  std::map<std::string, std::string> r;
+  r["--optimizer"] = f.optimizer;
+  if (f.optimizer == "sgd") r["--momentum"] = num(f.momentum);
+  r["--threads"] = std::to_string(f.threads > 0 ? f.threads : omp_get_max_threads());
+  const std::string data = f.data.empty() ? "synthetic" : f.data.substr(0, f.data.find(':'));
+  r["--data"] = data;
+  if (c.family == ModelFamily::resnet) {
+    r["--image-size"] = std::to_string(c.image_size);
+    r["--num-classes"] = std::to_string(c.num_classes);
+  } else {
+    r["--seq-len"] = std::to_string(c.seq_len);
+    r["--vocab"] = std::to_string(c.vocab);
+    r["--dropout"] = num(c.dropout);
+    r["--lm-head-chunk"] = std::to_string(c.head_chunk_rows);
+  }
+  if (device.is_cuda()) {
+    r["--conv"] = f.conv;
+    r["--tf32"] = f.tf32 ? "on" : "off";
+  }
+  return r;
+}
+
+void check_profile_run(const Profile& p, const ModelFlags& f, const std::string& what) {
+  const std::map<std::string, std::string> now = run_flags(f);
+  // The optimizer first: other flags (its momentum) follow from it.
+  std::vector<std::pair<std::string, std::string>> recorded(p.run.begin(), p.run.end());
+  std::stable_partition(recorded.begin(), recorded.end(),
+                        [](const auto& kv) { return kv.first == "--optimizer"; });
+  for (const auto& [flag, then] : recorded) {
+    const auto it = now.find(flag);
+    const std::string here = it == now.end() ? "(none)" : it->second;
+    REGEN_CHECK(here == then, what, " was made with ", flag, " ", then, ", but this run has ",
+                flag, " ", here, ": its memory and times are another step's (pass ", flag, " ",
+                then, ", or profile again)");
+  }
+}
+
 int apply_runtime_flags(const ModelFlags& f) {
   if (f.threads > 0) omp_set_num_threads(f.threads);
 #ifdef REGEN_WITH_CUDA

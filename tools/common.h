@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <limits>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -95,6 +96,13 @@ struct Session {
   std::unique_ptr<Trainer> trainer;
 };
 std::unique_ptr<Session> make_session(const ModelFlags& flags, int64_t batch);
+
+// The flags besides --model, --batch and --device that shape a session's step, with the values it
+// runs with (Profile::run): what a profile records and what a run planned from it must match.
+std::map<std::string, std::string> run_flags(const ModelFlags& f);
+// Refuses a profile recorded with other run_flags than `f` gives, naming the flag, both values
+// and what to do; `what` names the profile ("--profile FILE").
+void check_profile_run(const Profile& p, const ModelFlags& f, const std::string& what);
 
 // --budget-of reserved|allocated: what a --budget bounds (planner.h BudgetOf).
 void add_budget_of_flag(CLI::App& app, std::string& budget_of);
