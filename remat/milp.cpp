@@ -55,7 +55,6 @@
 
 #include "core/error.h"
 #include "core/types.h"
-#include "remat/layout.h"
 #include "remat/liveness.h"
 
 #if defined(REGEN_WITH_MILP)
@@ -750,11 +749,7 @@ Plan plan_milp(const Simulator& sim, int64_t budget_bytes, const MilpOptions& op
   auto finish = [&](Plan& out) {
     out.feasible = plan_fits;
     out.limit = plan_fits && of == BudgetOf::reserved ? budget_bytes : 0;
-    if (opt.planned_layout && !out.layout) {
-      PlanFit f = fit_schedule(sim, plan_schedule(p, out), 0, of, nullptr, true);
-      out.predicted = std::move(f.result);
-      out.layout = std::move(f.layout);
-    }
+    if (opt.planned_layout) ensure_planned_layout(sim, out);
     out.lowest_peak = std::min(out.lowest_peak, peak_of(out.predicted, of));
     out.planning_ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();

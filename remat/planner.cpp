@@ -73,6 +73,13 @@ int64_t Budget::resolve(int64_t no_remat_peak) const {
   return 0;
 }
 
+void ensure_planned_layout(const Simulator& sim, Plan& plan) {
+  if (plan.layout) return;
+  PlanFit f = fit_schedule(sim, plan_schedule(sim.profile(), plan), 0, plan.budget_of, nullptr, true);
+  plan.predicted = std::move(f.result);
+  plan.layout = std::move(f.layout);
+}
+
 Schedule plan_schedule(const Profile& p, const Plan& plan) {
   return build_schedule(p, plan.decisions, plan.keep_chain, plan.regenerations);
 }
@@ -505,10 +512,8 @@ Plan plan_in_mode(const Simulator& sim, const std::string& policy, const Budget&
   plan.lowest_peak = std::min(lowest, peak_of(plan.predicted, of));
   plan.feasible = plan.budget_bytes == 0 || fits;
   if (plan.feasible && of == BudgetOf::reserved) plan.limit = plan.budget_bytes;
-  if (planned && !plan.layout) {
-    PlanFit f = fit_schedule(sim, plan_schedule(p, plan), 0, of, nullptr, true);
-    plan.predicted = std::move(f.result);
-    plan.layout = std::move(f.layout);
+  if (planned) {
+    ensure_planned_layout(sim, plan);
     plan.lowest_peak = std::min(plan.lowest_peak, peak_of(plan.predicted, of));
   }
   return plan;  // make_plan writes the note of an infeasible plan
@@ -710,12 +715,10 @@ Plan plan_dp(const Simulator& sim, const Budget& budget, BudgetOf of, bool plann
   plan.predicted = std::move(chosen);
   plan.lowest_peak = lowest;
   plan.feasible = fits;
-  if (planned && !plan.layout) {
-    PlanFit f = fit_schedule(sim, plan_schedule(p, plan), 0, of, nullptr, true);
-    plan.predicted = std::move(f.result);
-    plan.layout = std::move(f.layout);
+  if (planned) {
+    ensure_planned_layout(sim, plan);
+    plan.lowest_peak = std::min(plan.lowest_peak, peak_of(plan.predicted, of));
   }
-  if (planned) plan.lowest_peak = std::min(plan.lowest_peak, peak_of(plan.predicted, of));
   if (fits && of == BudgetOf::reserved) plan.limit = plan.budget_bytes;
   plan.note = memo.note + "; the programme yields " + std::to_string(cands.size()) + " plans, " +
               std::to_string(points.size() - 1) + " simulated";

@@ -98,6 +98,10 @@ struct Plan {
 // simulates or executes a plan goes through this, so the two cannot disagree.
 Schedule plan_schedule(const Profile& p, const Plan& plan);
 
+// For a plan chosen from runs without a planned layout (no budget, or nothing fits): unless it
+// has a layout already, plans one for its schedule and makes its prediction the run with it.
+void ensure_planned_layout(const Simulator& sim, Plan& plan);
+
 enum class Chain { automatic, keep, drop };
 std::vector<std::string> chain_names();  // "auto", "keep", "drop"
 // Throws regen::Error naming the known modes for an unknown one.

@@ -388,6 +388,19 @@ inline std::vector<Op> random_sequence(uint64_t seed, int n) {
   return ops;
 }
 
+// A byte pattern from the block's id written over its requested bytes, and read back (first,
+// middle, last byte) before it is freed: a block that shared bytes with another shows it.
+inline void fill_block(Block* b, uint64_t bytes) {
+  std::memset(b->ptr(), static_cast<int>(b->id() & 0xff), bytes);
+}
+inline void check_block(const Block* b) {
+  const unsigned char* p = static_cast<const unsigned char*>(b->ptr());
+  const unsigned char want = static_cast<unsigned char>(b->id() & 0xff);
+  REQUIRE(p[0] == want);
+  REQUIRE(p[b->requested - 1] == want);
+  REQUIRE(p[b->requested / 2] == want);
+}
+
 // Replays ops; optionally checks invariants after every step and writes/verifies a byte pattern
 // in each live block (only on arenas that touch memory).
 inline void replay(CachingAllocator& a, const std::vector<Op>& ops, bool check_each_step,
@@ -396,17 +409,11 @@ inline void replay(CachingAllocator& a, const std::vector<Op>& ops, bool check_e
   for (const Op& op : ops) {
     if (op.is_alloc) {
       Block* b = a.allocate(op.bytes, op.category, 0);
-      if (touch_memory) std::memset(b->ptr(), static_cast<int>(b->id() & 0xff), op.bytes);
+      if (touch_memory) fill_block(b, op.bytes);
       live.push_back(b);
     } else {
       Block* b = live[op.victim];
-      if (touch_memory) {
-        const unsigned char* p = static_cast<const unsigned char*>(b->ptr());
-        const unsigned char want = static_cast<unsigned char>(b->id() & 0xff);
-        REQUIRE(p[0] == want);
-        REQUIRE(p[b->requested - 1] == want);
-        REQUIRE(p[b->requested / 2] == want);
-      }
+      if (touch_memory) check_block(b);
       a.free(b);
       live.erase(live.begin() + static_cast<long>(op.victim));
     }

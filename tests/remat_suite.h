@@ -80,6 +80,19 @@ inline bool bitwise_equal(const std::vector<float>& a, const std::vector<float>&
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
+// Training that went exactly as `ref` did: the same losses, and bitwise the same parameters and
+// gradients at the end.
+inline void check_same_training(const Trace& got, const Trace& ref) {
+  REQUIRE(got.losses.size() == ref.losses.size());
+  for (size_t i = 0; i < got.losses.size(); ++i) CHECK(got.losses[i] == ref.losses[i]);
+  REQUIRE(got.params.size() == ref.params.size());
+  bool same = true;
+  for (size_t i = 0; i < ref.params.size(); ++i) {
+    same = same && bitwise_equal(got.params[i], ref.params[i]) && bitwise_equal(got.grads[i], ref.grads[i]);
+  }
+  CHECK(same);
+}
+
 // Every run builds its model from the same allocator state, as a fresh process would: the
 // canonical step start then gives each run the same layout. The device's persistent blocks are
 // made first (on CUDA the cuBLAS workspace, one block held for the life of the process;
@@ -206,14 +219,7 @@ inline void check_model(const ModelConfig& cfg, int64_t batch, const std::vector
       const LimitScope limit(allocator_for(device), plan.limit);
       const Trace got = train(run, 3, &exec);
       // Bitwise identical training.
-      REQUIRE(got.losses.size() == ref.losses.size());
-      for (size_t i = 0; i < got.losses.size(); ++i) CHECK(got.losses[i] == ref.losses[i]);
-      bool same = true;
-      for (size_t i = 0; i < ref.params.size(); ++i) {
-        same = same && bitwise_equal(got.params[i], ref.params[i]) &&
-               bitwise_equal(got.grads[i], ref.grads[i]);
-      }
-      CHECK(same);
+      check_same_training(got, ref);
       // Exact prediction, every step.
       for (size_t i = 0; i < got.memory.size(); ++i) {
         CHECK(got.memory[i].allocated.peak == plan.predicted.peak_allocated);

@@ -251,12 +251,7 @@ TEST_CASE("dp: a network with long skips: skips pinned, plans exact and bitwise,
     run.trainer->prepare();
     const LimitScope limit(allocator_for(Device::cpu()), plan.limit);
     const Trace got = train(run, 3, &exec);
-    for (size_t i = 0; i < got.losses.size(); ++i) CHECK(got.losses[i] == ref.losses[i]);
-    bool same = true;
-    for (size_t i = 0; i < ref.params.size(); ++i) {
-      same = same && bitwise_equal(got.params[i], ref.params[i]) && bitwise_equal(got.grads[i], ref.grads[i]);
-    }
-    CHECK(same);
+    check_same_training(got, ref);
     for (const MemoryStats& s : got.memory) {
       CHECK(s.allocated.peak == plan.predicted.peak_allocated);
       CHECK(s.reserved.peak == plan.predicted.peak_reserved);

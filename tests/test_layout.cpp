@@ -130,15 +130,11 @@ void replay_planned(const ArenaFactory& make, const std::vector<Op>& ops, bool t
         ++in_holes;
       }
       ++k;
-      if (touch_memory) std::memset(b->ptr(), static_cast<int>(b->id() & 0xff), op.bytes);
+      if (touch_memory) fill_block(b, op.bytes);
       live.push_back(b);
     } else {
       Block* b = live[op.victim];
-      if (touch_memory) {
-        const unsigned char* p = static_cast<const unsigned char*>(b->ptr());
-        const unsigned char want = static_cast<unsigned char>(b->id() & 0xff);
-        for (uint64_t at : {uint64_t{0}, b->requested / 2, b->requested - 1}) REQUIRE(p[at] == want);
-      }
+      if (touch_memory) check_block(b);
       a.free(b);
       live.erase(live.begin() + static_cast<long>(op.victim));
     }
@@ -347,13 +343,7 @@ void check_planned_training(const ModelConfig& cfg, int64_t batch, const std::ve
         const LimitScope limit(allocator_for(cpu), plan.limit);
         const LayoutScope layout(allocator_for(cpu), plan.layout);
         const Trace got = train(run, 3, &exec);
-        REQUIRE(got.losses.size() == ref.losses.size());
-        for (size_t i = 0; i < got.losses.size(); ++i) CHECK(got.losses[i] == ref.losses[i]);
-        bool same = true;
-        for (size_t i = 0; i < ref.params.size(); ++i) {
-          same = same && bitwise_equal(got.params[i], ref.params[i]) && bitwise_equal(got.grads[i], ref.grads[i]);
-        }
-        CHECK(same);
+        check_same_training(got, ref);
         for (const MemoryStats& m : got.memory) {
           CHECK(m.allocated.peak == plan.predicted.peak_allocated);
           CHECK(m.reserved.peak == plan.predicted.peak_reserved);

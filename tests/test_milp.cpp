@@ -354,13 +354,7 @@ void check_milp(const ModelConfig& cfg, int64_t batch, const std::vector<BudgetP
     Run run = make_run(cfg, batch, Device::cpu());
     RematExecutor exec(profile, plan_schedule(profile, plan));
     const Trace got = train(run, 3, &exec);
-    REQUIRE(got.losses.size() == ref.losses.size());
-    for (size_t i = 0; i < got.losses.size(); ++i) CHECK(got.losses[i] == ref.losses[i]);
-    bool same = true;
-    for (size_t i = 0; i < ref.params.size(); ++i) {
-      same = same && bitwise_equal(got.params[i], ref.params[i]) && bitwise_equal(got.grads[i], ref.grads[i]);
-    }
-    CHECK(same);
+    check_same_training(got, ref);
     for (const MemoryStats& m : got.memory) {
       CHECK(m.allocated.peak == plan.predicted.peak_allocated);
       CHECK(m.reserved.peak == plan.predicted.peak_reserved);

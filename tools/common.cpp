@@ -667,8 +667,9 @@ void add_budget_of_flag(CLI::App& app, std::string& budget_of) {
 void add_layout_flag(CLI::App& app, std::string& layout) {
   app.add_option("--layout", layout,
                  "where the planned step's blocks go: caching (the caching allocator places them "
-                 "as they come) or planned (every block at an offset planned from the schedule, in "
-                 "one arena mapped before the step: reserved bytes close to the live peak)")
+                 "as they come) or planned (every block at a place planned from the schedule, in "
+                 "the persistent segments' free blocks and one arena mapped before the step: "
+                 "reserved bytes close to allocated)")
       ->check(CLI::IsMember({"caching", "planned"}))
       ->capture_default_str();
 }
