@@ -604,6 +604,13 @@ Solved solve(const Lp& lp, int64_t budget, const MilpOptions& opt,
   Cbc_setParameter(model, "sec", num(std::max(opt.time_limit_s, 0.01)).c_str());
   Cbc_setParameter(model, "ratio", num(std::max(opt.relative_gap, 0.0)).c_str());
   if (opt.threads > 1) Cbc_setParameter(model, "threads", std::to_string(opt.threads).c_str());
+  // CBC's preprocessing stays off. Debian's CBC 2.10.8 dereferences a null pointer in
+  // CglPreProcess::postProcess when the time limit falls inside the preprocessed solve (a limit of
+  // 0.03-0.1 s on transformer-tiny with a MIP start crashed every time; 0.5 s did on a loaded
+  // machine), and a solve stopped there can report "infeasible" for a feasible model. Without it
+  // the small graphs prove the same optima in about the same time (test_milp).
+  // REGEN_MILP_PARAMS=preprocess=on turns it back on for experiments.
+  Cbc_setParameter(model, "preprocess", "off");
   // REGEN_MILP_PARAMS="name=value,..." passes more parameters to CBC (experiments).
   if (const char* extra = std::getenv("REGEN_MILP_PARAMS")) {
     std::string all = extra;

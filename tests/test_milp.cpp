@@ -414,6 +414,30 @@ TEST_CASE("milp: mutwo's plans as MIP starts (keep and drop chains)") {
   CHECK(checked >= 2);
 }
 
+// A solve stopped in its first milliseconds (CBC's time limit landing in its preprocessing, which
+// once crashed inside CBC and reported a feasible model infeasible) still returns the start's plan
+// or a better one, at every limit from 10 ms to 200 ms.
+TEST_CASE("milp: a time limit of milliseconds returns a plan no slower than the MIP start") {
+  if (!milp_available()) return;
+  const Profile profile = profile_of(model_preset("transformer-tiny"), 4, 1);
+  const Simulator sim(profile);
+  const int64_t lower = memory_lower_bound(profile), none = profile.peak_allocated;
+  const int64_t budget = lower + (none - lower) * 3 / 10;
+  const Plan mutwo = make_plan(sim, "mutwo", Budget::parse(std::to_string(budget)), allocated(Chain::drop));
+  REQUIRE(mutwo.feasible);
+  for (double seconds : {0.01, 0.02, 0.03, 0.05, 0.07, 0.1, 0.2}) {
+    MilpOptions opt = quick(seconds);
+    opt.start = &mutwo;
+    MilpReport rep;
+    const Plan plan = plan_milp(sim, budget, opt, &rep);
+    CAPTURE(seconds);
+    CAPTURE(plan.note);
+    CHECK(rep.status != "infeasible");
+    CHECK(plan.feasible);
+    CHECK(plan.predicted.time_ms <= mutwo.predicted.time_ms + 1e-9);
+  }
+}
+
 TEST_CASE("milp: transformer-tiny (batch 4): budgets met, bitwise training, exact peaks, no slower than mutwo") {
   if (!milp_available()) return;
   check_milp(model_preset("transformer-tiny"), 4, {{0.15, 8}, {0.35, 15}, {0.6, 15}, {0.85, 15}});
