@@ -525,6 +525,52 @@ ChainModel build_chain_model(const Profile& p) {
       ++m.merged;
     }
   }
+  // Cuts inside blocks: before a node (not a view) that exactly one value crosses, a saved tensor
+  // that may be recomputed (a transformer layer's residual stream between its sublayers). A stage
+  // boundary there lets the programme keep that tensor as a checkpoint, or drop a block's first
+  // half and keep its second. A cut that would make a tracked tensor cross two boundaries is
+  // taken back (below), so cutting never pins anything.
+  std::vector<char> inner_cut(nn + 1, 0);
+  {
+    std::vector<int32_t> crossing(nn + 1, 0), only(nn + 1, -1);
+    for (const ProfileValue& r : p.values) {
+      if (!crossing_root(r)) continue;
+      for (int32_t a = r.producer + 1; a <= last_consumer[static_cast<size_t>(r.id)]; ++a) {
+        ++crossing[static_cast<size_t>(a)];
+        only[static_cast<size_t>(a)] = r.saved;
+      }
+    }
+    std::vector<char> is_start(nn + 1, 0);
+    for (int32_t a : stage_starts) is_start[static_cast<size_t>(a)] = 1;
+    for (size_t a = 1; a < nn; ++a) {
+      if (is_start[a] || p.nodes[a].is_view || p.nodes[a].block < 0 || crossing[a] != 1 || only[a] < 0) continue;
+      if (!p.saved[static_cast<size_t>(only[a])].candidate) continue;
+      inner_cut[a] = 1;
+      stage_starts.push_back(static_cast<int32_t>(a));
+    }
+    std::sort(stage_starts.begin(), stage_starts.end());
+    // Take back the cuts a candidate would cross beyond its first boundary.
+    for (bool changed = true; changed;) {
+      changed = false;
+      std::vector<int32_t> boundary_index(nn + 1, 0);
+      for (size_t a = 1, k = 0; a <= nn; ++a) {
+        while (k + 1 < stage_starts.size() && stage_starts[k + 1] <= static_cast<int32_t>(a)) ++k;
+        boundary_index[a] = static_cast<int32_t>(k);
+      }
+      for (const ProfileSaved& sv : p.saved) {
+        if (!sv.candidate) continue;
+        const int32_t lc = last_consumer[static_cast<size_t>(sv.value)];
+        if (lc < 0 || boundary_index[static_cast<size_t>(lc)] - boundary_index[static_cast<size_t>(sv.producer)] <= 1) continue;
+        for (int32_t a = sv.producer + 1; a <= lc; ++a) {
+          if (!inner_cut[static_cast<size_t>(a)]) continue;
+          inner_cut[static_cast<size_t>(a)] = 0;
+          stage_starts.erase(std::find(stage_starts.begin(), stage_starts.end(), a));
+          changed = true;
+        }
+        if (changed) break;
+      }
+    }
+  }
   // Too many stages: merge the neighbouring pair with the least forward time, repeatedly.
   auto stage_ms = [&](size_t i) {
     const int32_t e = i + 1 < stage_starts.size() ? stage_starts[i + 1] : static_cast<int32_t>(nn);
@@ -544,6 +590,8 @@ ChainModel build_chain_model(const Profile& p) {
     }
     stage_starts.erase(stage_starts.begin() + static_cast<std::ptrdiff_t>(best));
   }
+  m.cuts = static_cast<int>(std::count_if(stage_starts.begin(), stage_starts.end(),
+                                          [&](int32_t a) { return inner_cut[static_cast<size_t>(a)] != 0; }));
   const size_t n = stage_starts.size();
   std::vector<int32_t> stage_of(nn, 0);
   for (size_t k = 0; k < n; ++k) {
@@ -618,12 +666,15 @@ ChainModel build_chain_model(const Profile& p) {
     st.holds = std::move(kept);
   }
 
-  if (m.merged > 0 || !m.pinned.empty()) {
+  if (m.merged > 0 || m.cuts > 0 || !m.pinned.empty()) {
     int64_t pinned_bytes = 0;
     for (int32_t s : m.pinned) pinned_bytes += static_cast<int64_t>(p.saved[static_cast<size_t>(s)].bytes);
     m.note = std::to_string(n) + " stages";
     if (m.merged > 0) {
       m.note += " (" + std::to_string(m.merged) + " block boundaries merged: a value no saved tensor holds crosses them)";
+    }
+    if (m.cuts > 0) {
+      m.note += " (" + std::to_string(m.cuts) + " inside blocks, where one saved tensor crosses)";
     }
     if (!m.pinned.empty()) {
       m.note += "; " + std::to_string(m.pinned.size()) + " tensors read across stages (long skips, " +

@@ -97,6 +97,7 @@ struct ChainModel {
   std::vector<char> tracked;    // per saved tensor
   std::vector<int32_t> pinned;  // recomputable, but resident: read across stage boundaries
   int merged = 0;               // boundaries merged because an unsaved value crosses them
+  int cuts = 0;                 // boundaries inside blocks (one saved tensor crosses them)
   int64_t no_remat_peak = 0;    // the profiled peak: the programme's budget levels reach it
   std::string note;             // what the model left out, for the plan's note
 };

@@ -196,9 +196,22 @@ TEST_CASE("dp: the chain model of transformer-tiny and a ResNet, the programme's
     check_model_structure(p, m);
     // Every block is one stage: the blocks plus the ops around them (a view joins the op before
     // it), merged where an unsaved value crosses (the Transformer's token and position
-    // embeddings into their sum).
+    // embeddings into their sum), and cut inside a block where one saved tensor crosses: an
+    // encoder layer (post-norm) at its attention sum, its first norm's output, and its second
+    // sum, so four stages; a bottleneck's identity path crosses all of it, so none.
     const size_t outside = static_cast<size_t>(std::count_if(p.nodes.begin(), p.nodes.end(), [](const ProfileNode& n) { return n.block < 0 && !n.is_view; }));
-    CHECK(m.stages.size() == p.blocks.size() + outside - static_cast<size_t>(m.merged));
+    CHECK(m.stages.size() == p.blocks.size() + outside - static_cast<size_t>(m.merged) + static_cast<size_t>(m.cuts));
+    CHECK(m.cuts == (cfg.family == ModelFamily::resnet ? 0 : 3 * cfg.layers));
+    for (size_t k = 1; k < m.stages.size(); ++k) {
+      const ChainStage& st = m.stages[k];
+      if (p.nodes[static_cast<size_t>(st.first_node)].block < 0 ||
+          p.nodes[static_cast<size_t>(st.first_node)].block != p.nodes[static_cast<size_t>(st.first_node - 1)].block) {
+        continue;  // a block's own boundary
+      }
+      CAPTURE(k);
+      CHECK(st.in.size() == 1);  // the one saved tensor crossing the cut is the stage's input
+      CHECK(m.stages[k - 1].out == st.in);
+    }
     CHECK(m.pinned.empty());
     check_programme(p, m);
     const Simulator sim(p);

@@ -484,7 +484,7 @@ TEST_CASE("milp: dp is within 3% of the MILP's optimum on transformer-tiny, resn
       CAPTURE(c.cfg.name);
       CAPTURE(f);
       ++compared;
-      MESSAGE(c.cfg.name, " at ", f * 100, "%: dp ", dp.predicted.time_ms, " ms",
+      MESSAGE(c.cfg.name, " lo ", lo, " hi ", hi, " at ", f * 100, "%: dp ", dp.predicted.time_ms, " ms",
               std::string(dp.feasible ? "" : " (infeasible)"), ", milp ", milp.predicted.time_ms, " ms",
               std::string(milp.feasible ? "" : " (infeasible)"), " (", milp.note, ")");
       if (dp.feasible && milp.feasible) CHECK(milp.predicted.time_ms <= dp.predicted.time_ms * (1 + 1e-9));
