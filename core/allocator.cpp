@@ -1176,7 +1176,30 @@ std::string live_allocations_report() {
   return os.str();
 }
 
+namespace detail {
+std::atomic<bool> dry_run_flag{false};
+}  // namespace detail
+
+namespace {
+CachingAllocator* g_dry_run_allocator = nullptr;
+Device g_dry_run_device = Device::cpu();
+}  // namespace
+
+DryRunScope::DryRunScope(Device device) {
+  REGEN_CHECK(!dry_run_active(), "a dry run is already under way in this process");
+  alloc_ = std::make_unique<CachingAllocator>(make_null_arena(device));
+  g_dry_run_allocator = alloc_.get();
+  g_dry_run_device = device;
+  detail::dry_run_flag.store(true);
+}
+
+DryRunScope::~DryRunScope() {
+  detail::dry_run_flag.store(false);
+  g_dry_run_allocator = nullptr;
+}
+
 CachingAllocator& allocator_for(Device device) {
+  if (dry_run_active() && device == g_dry_run_device) return *g_dry_run_allocator;
   if (device.is_cpu()) {
     // Never destroyed: tensors in static storage may be released after main() returns.
     static CachingAllocator* cpu =

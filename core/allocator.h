@@ -24,6 +24,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "core/dry_run.h"
 #include "core/types.h"
 
 namespace regen {
@@ -359,6 +360,29 @@ class CachingAllocator {
 // destroyed (tensors in static storage may be released after main() returns); the exit check
 // below reports what is still live instead.
 CachingAllocator& allocator_for(Device device);
+
+// ---- Dry runs ---------------------------------------------------------------------------------
+// While a DryRunScope lives, allocator_for(its device) is the scope's own caching allocator on the
+// Null arena, no kernel runs (REGEN_LAUNCH returns at once), and nothing reads or writes a
+// tensor's bytes: fills, host copies and random initialisation are skipped, and item() reads 0.
+// Tensors have shapes, dtypes and blocks, and no bytes, as on PyTorch's meta device. A training
+// step run this way makes every tensor request a real one makes (their sizes never depend on
+// values), in the same order, but not the scratch space kernels take for themselves inside a
+// launch (GEMM packing, im2col tiles), since no kernel runs: the model's state is exact and the
+// step's peak a lower bound, known before any of that memory is used (the pre-flight check before
+// training). One scope at a time in a process; every tensor made inside must be gone before it
+// ends.
+class DryRunScope {
+ public:
+  explicit DryRunScope(Device device);
+  ~DryRunScope();
+  DryRunScope(const DryRunScope&) = delete;
+  DryRunScope& operator=(const DryRunScope&) = delete;
+  CachingAllocator& allocator() { return *alloc_; }
+
+ private:
+  std::unique_ptr<CachingAllocator> alloc_;
+};
 
 // Live allocations of every process-wide allocator created so far: per allocator with live
 // blocks, the bytes by category and the largest blocks with their tags. Empty when none is live

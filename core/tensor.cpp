@@ -48,7 +48,7 @@ void Storage::adopt(Storage& fresh) {
 
 void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device,
                 uint64_t nbytes) {
-  if (nbytes == 0) return;
+  if (nbytes == 0 || dry_run_active()) return;
   if (dst_device.is_cpu() && src_device.is_cpu()) {
     std::memcpy(dst, src, nbytes);
     return;
@@ -186,6 +186,7 @@ void convert_any(void* dst, DType dt, const void* src, DType st, int64_t n) {
 template <class F>
 Tensor make_on_host(const Shape& shape, DType dtype, Device device, F fill_host) {
   Tensor t = empty(shape, dtype, device);
+  if (dry_run_active()) return t;  // shapes only: no staging, no values
   if (device.is_cpu()) {
     fill_host(t.raw_data());
     return t;
@@ -284,7 +285,7 @@ Tensor empty(const Shape& shape, DType dtype, Device device) {
 }
 
 void fill_(const Tensor& t, double value) {
-  if (t.numel() == 0) return;
+  if (t.numel() == 0 || dry_run_active()) return;
   if (t.device().is_cpu()) {
     fill_host(t.raw_data(), t.dtype(), t.numel(), value);
     return;

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "core/dry_run.h"
 #include "core/types.h"
 #include "kernels/shapes.h"
 
@@ -203,6 +204,7 @@ void prepare_device(Device device);
 // CUDA: cuda::name(args...) for T = float; anything else is a clear regen::Error.
 #define REGEN_LAUNCH(device, T, name, ...)                                        \
   do {                                                                            \
+    if (::regen::dry_run_active()) break; /* shapes and blocks only */            \
     if ((device).is_cpu()) {                                                      \
       ::regen::cpu::name<T>(__VA_ARGS__);                                         \
     } else if constexpr (std::is_same<T, float>::value) {                         \
@@ -215,6 +217,7 @@ void prepare_device(Device device);
 #else
 #define REGEN_LAUNCH(device, T, name, ...)                                        \
   do {                                                                            \
+    if (::regen::dry_run_active()) break; /* shapes and blocks only */            \
     if ((device).is_cpu()) {                                                      \
       ::regen::cpu::name<T>(__VA_ARGS__);                                         \
     } else {                                                                      \

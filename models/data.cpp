@@ -13,20 +13,46 @@
 namespace regen {
 namespace {
 
+// Every batch's blocks, in this order, category and tags (make_shape_source allocates the same).
+constexpr const char* kInputTag = "batch.input";
+constexpr const char* kTargetTag = "batch.target";
+
 Batch on_device(std::vector<float>* images, const Shape& ishape, std::vector<int64_t>* tokens,
                 const Shape& tshape, std::vector<int64_t> targets, const Shape& yshape,
                 Device device) {
   CategoryScope cat(Category::input);
   Batch b;
   {
-    TagScope tag("batch.input");
+    TagScope tag(kInputTag);
     b.input = images ? from_vector<float>(*images, ishape, device)
                      : from_vector<int64_t>(*tokens, tshape, device);
   }
-  TagScope tag("batch.target");
+  TagScope tag(kTargetTag);
   b.target = from_vector<int64_t>(targets, yshape, device);
   return b;
 }
+
+class ShapeSource final : public DataSource {
+ public:
+  explicit ShapeSource(const ModelConfig& m) : m_(m) {}
+  Batch next(int64_t n, Device device) override {
+    const bool images = m_.family == ModelFamily::resnet;
+    CategoryScope cat(Category::input);
+    Batch b;
+    {
+      TagScope tag(kInputTag);
+      b.input = images ? empty({n, 3, m_.image_size, m_.image_size}, DType::f32, device)
+                       : empty({n, m_.seq_len}, DType::i64, device);
+    }
+    TagScope tag(kTargetTag);
+    b.target = empty(images ? Shape{n} : Shape{n, m_.seq_len}, DType::i64, device);
+    return b;
+  }
+  std::string describe() const override { return "shapes only (a dry run)"; }
+
+ private:
+  ModelConfig m_;
+};
 
 // Images: per-class channel offsets plus noise, so a network can learn the labels.
 class SyntheticImages final : public DataSource {
@@ -259,6 +285,10 @@ std::unique_ptr<DataSource> make_data_source(const std::string& spec, const Mode
               "bad --data '", spec, "': expected synthetic, cifar10:DIR or text:FILE");
   if (kind == "cifar10") return std::make_unique<Cifar10>(arg, m, seed);
   return std::make_unique<TextBytes>(arg, m, seed);
+}
+
+std::unique_ptr<DataSource> make_shape_source(const ModelConfig& model) {
+  return std::make_unique<ShapeSource>(model);
 }
 
 }  // namespace regen

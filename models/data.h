@@ -23,4 +23,8 @@ class DataSource {
 std::unique_ptr<DataSource> make_data_source(const std::string& spec, const ModelConfig& model,
                                              uint64_t seed);
 
+// Batches of the right shapes, dtypes, categories and tags for `model` and no values (a dry run,
+// core/allocator.h DryRunScope): the blocks every real source's batch takes, nothing written.
+std::unique_ptr<DataSource> make_shape_source(const ModelConfig& model);
+
 }  // namespace regen

@@ -61,4 +61,24 @@ StepResult Trainer::step(StepObserver* observer) {
   return r;
 }
 
+DryRunResult dry_run_step(const ModelConfig& config, int64_t batch_size, Device device,
+                          const std::function<std::unique_ptr<Optimizer>(Model&)>& make_optimizer) {
+  DryRunScope scope(device);
+  DryRunResult r;
+  try {
+    std::unique_ptr<Model> model = make_model(config, device);
+    std::unique_ptr<Optimizer> optimizer = make_optimizer(*model);
+    std::unique_ptr<DataSource> data = make_shape_source(config);
+    Trainer trainer(*model, *optimizer, *data, batch_size, device);
+    r.memory = trainer.step().memory;
+    r.persistent = scope.allocator().stats().allocated.current;
+  } catch (...) {
+    // A step stopped half-way leaves its tensors on the tape; they belong to the scope's
+    // allocator and must go before it does.
+    Tape::current().clear();
+    throw;
+  }
+  return r;
+}
+
 }  // namespace regen

@@ -7,6 +7,8 @@
 // `profile`, `sweep`, `bench train`.
 #pragma once
 
+#include <functional>
+#include <memory>
 #include <vector>
 
 #include "models/data.h"
@@ -55,5 +57,21 @@ class Trainer {
   Device device_;
   bool prepared_ = false;
 };
+
+// The first training step of a configuration, run dry (core/allocator.h, DryRunScope): a model,
+// its optimizer (from `make_optimizer`) and a trainer built inside the scope, one step on a batch
+// of the right shapes and no values. Nothing is computed and no memory is used. `persistent` is
+// the bytes still allocated after the step, exactly as the real step leaves them: parameters,
+// gradients, optimizer state and the inputs a model keeps. `memory` has every tensor of the step:
+// per category the real first step's peaks except the workspace category, and a peak of
+// allocated bytes that the real one passes by at most the kernels' own scratch space (a lower
+// bound; tests/test_cli.cpp checks both). The global RNG stream advances as in a real step;
+// reseed (manual_seed) before building the real model.
+struct DryRunResult {
+  MemoryStats memory;
+  int64_t persistent = 0;
+};
+DryRunResult dry_run_step(const ModelConfig& config, int64_t batch_size, Device device,
+                          const std::function<std::unique_ptr<Optimizer>(Model&)>& make_optimizer);
 
 }  // namespace regen

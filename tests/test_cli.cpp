@@ -162,13 +162,68 @@ TEST_CASE("cli: mistakes in flags give one clear line and a non-zero exit") {
                  {"--steps 2 leaves no step to run under the plan after 2 profiling step(s)"});
   expect_failure(dir, tiny({"--policy", "sqrt", "--steps", "3", "--profile-steps", "3"}),
                  {"--steps 3 leaves no step", "--profile-steps"});
-  // Too large for memory: refused up front with the requested size.
+  // Too large for memory: refused before anything is built, with the exact size from a dry run
+  // of the first step (or the request no memory could serve), naming the flags to change.
   expect_failure(dir, tiny({"--batch", "100000000000"}),
-                 {"--batch 100000000000 at --seq-len 16 is too large for memory"});
+                 {"--batch 100000000000 at --seq-len 16 is too large for any memory", "dry run"});
+  expect_failure(dir, {"train", "--model", "resnet152", "--batch", "9999", "--steps", "1"},
+                 {"--batch 9999 at --image-size 224 is too large for memory", "needs at least", "from a dry run",
+                  "available", "use a smaller --batch or --image-size"});
+  expect_failure(dir, tiny({"--vocab", "2000000000"}),
+                 {"transformer-tiny does not fit in memory", "optimizer state", "--vocab (now 2000000000)"});
+  expect_failure(dir, {"train", "--model", "resnet152", "--batch", "2", "--image-size", "1000000"},
+                 {"dry run", "--image-size 1000000", "too large"});
 }
 
-// Inputs that used to be accepted silently or to damage files: each refused with the flag named,
-// before any work, and every file as it was.
+// The pre-flight dry run: every tensor of the first step, parameters, gradients, optimizer state,
+// the batch and every activation, is allocated as the real step allocates it, and nothing on the
+// process's allocator; the kernels' own scratch space (GEMM packing, im2col tiles, attention rows)
+// is not, since no kernel runs. So the model's state is exact, and the step's peak is a lower bound
+// that the real one passes by at most its scratch space (both families, both optimizers).
+TEST_CASE("cli: the dry run of the first step: the model's state exact, the peak within the kernels' scratch") {
+  struct Case {
+    const char* model;
+    const char* optimizer;
+    int64_t batch;
+  };
+  for (const Case& c : {Case{"resnet-tiny", "sgd", 8}, Case{"resnet-tiny", "adamw", 3},
+                        Case{"transformer-tiny", "adamw", 4}, Case{"transformer-tiny", "sgd", 2}}) {
+    const std::string what = std::string(c.model) + " " + c.optimizer;
+    CAPTURE(what);
+    tool::ModelFlags m;
+    m.model = c.model;
+    m.optimizer = c.optimizer;
+    m.batch = c.batch;
+    m.device = "cpu";
+    if (std::string(c.model) == "resnet-tiny") m.image_size = 64;
+    CachingAllocator& a = allocator_for(Device::cpu());
+    a.empty_cache();
+    REQUIRE(a.stats().live_blocks == 0);
+    {
+      const int64_t allocs = a.stats().num_allocs;
+      const DryRunResult dry = dry_run_step(tool::model_config(m), m.batch, Device::cpu(), [](Model& model) {
+        return std::unique_ptr<Optimizer>(std::make_unique<SGD>(model.parameters(), SGDOptions{}));
+      });
+      CHECK(a.stats().num_allocs == allocs);  // nothing on the real allocator
+      CHECK(dry.memory.allocated.peak > dry.persistent);
+      CHECK(dry.persistent > 0);
+    }
+    auto s = tool::make_session(m, m.batch);
+    const StepResult r = s->trainer->step();
+    CHECK(std::isfinite(r.loss));
+    CHECK(a.stats().allocated.current == s->preflight.persistent);
+    const int64_t scratch = r.memory.allocated_by[static_cast<size_t>(Category::workspace)].peak;
+    CHECK(s->preflight.memory.allocated.peak <= r.memory.allocated.peak);
+    CHECK(r.memory.allocated.peak <= s->preflight.memory.allocated.peak + scratch);
+    for (int k = 0; k < kNumCategories; ++k) {
+      if (static_cast<Category>(k) == Category::workspace) continue;
+      CAPTURE(std::string(category_name(static_cast<Category>(k))));
+      CHECK(r.memory.allocated_by[static_cast<size_t>(k)].peak ==
+            s->preflight.memory.allocated_by[static_cast<size_t>(k)].peak);
+    }
+  }
+}
+
 TEST_CASE("cli: budgets, limits, and outputs that are inputs, each other or not regular files") {
   TempDir dir;
   for (const char* b : {"0x10MiB", "1e3", "inf", "nan", "0x10%", "-5%", "12 apples"}) {

@@ -56,7 +56,10 @@ void run(const TrainFlags& f) {
     check_distinct_files({{"--save", f.save}},
                          {{"--load", f.load}, {"--profile", f.profile_file}, {"--plan", f.plan_file}});
   }
-  auto s = make_session(f.m, f.m.batch);
+  // With a loaded profile, no step without remat runs here: its plan's prediction is checked
+  // against the device below; otherwise the profiling step must fit as it is.
+  const bool planned_only = (f.policy != "none" || !f.plan_file.empty()) && !f.profile_file.empty();
+  auto s = make_session(f.m, f.m.batch, planned_only ? Preflight::model : Preflight::step);
   const int threads = omp_get_max_threads();
   if (!f.load.empty()) {
     const size_t n = load_checkpoint(*s, f.load);
@@ -139,6 +142,13 @@ void run(const TrainFlags& f) {
                 "starts: ", plan.note, plan.predicted.oom ? "; under the limit the simulated step "
                 "runs out of memory at " + plan.predicted.oom_at : std::string(),
                 ". Pass a larger --budget, another --policy, or --budget-of allocated");
+    {
+      const int64_t have = available_memory(s->device);
+      REGEN_CHECK(have <= 0 || plan.predicted.peak_reserved <= have, "the plan's steps reserve ",
+                  format_bytes(plan.predicted.peak_reserved), " (exact, simulated), but ",
+                  s->device.str(), " has ", format_bytes(have),
+                  " available; pass a --budget of at most that, or a smaller --batch");
+    }
     if (plan.limit > 0) {
       std::printf("  the steps run with the allocator's hard limit at %s\n", format_bytes(plan.limit).c_str());
     }

@@ -331,48 +331,57 @@ double device_memory_bytes(Device device) {
   return static_cast<double>(pages) * static_cast<double>(page);
 }
 
-std::string bytes_text(double bytes) {
-  if (bytes >= 9e18) return ">8 EiB";
-  return format_bytes(static_cast<int64_t>(bytes));
-}
-
 }  // namespace
 
-void check_batch_fits(const ModelConfig& c, int64_t batch, Device device) {
-  const double n = static_cast<double>(batch);
-  double need = 0;
-  if (c.family == ModelFamily::resnet) {
-    // Images and labels for the whole step; then either the stem's output (ceil(H/2) squared)
-    // or the logits: remat may drop the first before the second exists.
-    const double h = static_cast<double>(c.image_size), half = std::ceil(h / 2);
-    need = n * (3 * h * h * 4 + 8 +
-                std::max(static_cast<double>(c.base_width) * half * half * 4,
-                         static_cast<double>(c.num_classes) * 4));
-  } else {
-    // Tokens and targets (i64), the head's input (B, S, D) and the logits in f32: all four are
-    // alive when the head runs. The logits are (B*S, V), or one chunk of rows of them when the
-    // head is fused with the loss (ModelConfig::head_chunk_rows).
-    const double rows = n * static_cast<double>(c.seq_len);
-    double head_rows = rows;
-    if (c.head_chunk_rows > 0) head_rows = std::min(rows, static_cast<double>(c.head_chunk_rows));
-    if (c.head_chunk_rows == 0) {
-      const double most = std::max(1.0, std::floor((32.0 * (1 << 20)) / (4.0 * c.vocab)));
-      head_rows = std::min(rows, most);
+int64_t available_memory(Device device) {
+  uint64_t free_bytes = 0, total_bytes = 0;
+  // What the process's own allocator already reserves (and keeps parked) is its to reuse.
+  CachingAllocator& a = allocator_for(device);
+  const int64_t own = a.stats().reserved.current + static_cast<int64_t>(a.arena().retained_bytes());
+  if (cuda_memory_info(device, free_bytes, total_bytes)) return static_cast<int64_t>(free_bytes) + own;
+  if (FILE* f = std::fopen("/proc/meminfo", "r")) {
+    char line[256];
+    long long kib = -1;
+    while (std::fgets(line, sizeof line, f)) {
+      if (std::sscanf(line, "MemAvailable: %lld kB", &kib) == 1) break;
     }
-    need = rows * (16 + 4 * static_cast<double>(c.d_model)) +
-           head_rows * 4 * static_cast<double>(c.vocab);
+    std::fclose(f);
+    if (kib >= 0) return static_cast<int64_t>(kib) * 1024 + own;
   }
-  const double have = device_memory_bytes(device);
-  // Name what makes the step large: the batch, or with it the image size or sequence length.
-  const std::string what =
-      c.family == ModelFamily::resnet
-          ? "--batch " + std::to_string(batch) + " at --image-size " + std::to_string(c.image_size)
-          : "--batch " + std::to_string(batch) + " at --seq-len " + std::to_string(c.seq_len);
-  REGEN_CHECK(have <= 0 || need <= have, what, " is too large for memory: one ", c.name,
-              " step needs at least ", bytes_text(need),
-              " (inputs, first activations and logits alone), but ", device.str(), " has ",
-              bytes_text(have), "; use a smaller --batch",
-              c.family == ModelFamily::resnet ? " or --image-size" : " or --seq-len");
+  const double total = device_memory_bytes(device);
+  return total > 0 ? static_cast<int64_t>(total) : 0;
+}
+
+// What makes a step large: the batch, with the image size or the sequence length.
+static std::string size_flags(const ModelConfig& c, int64_t batch) {
+  return "--batch " + std::to_string(batch) +
+         (c.family == ModelFamily::resnet ? " at --image-size " + std::to_string(c.image_size)
+                                          : " at --seq-len " + std::to_string(c.seq_len));
+}
+
+void check_preflight(const Session& s, int64_t batch, Preflight preflight) {
+  if (preflight == Preflight::none) return;
+  const ModelConfig& c = s.config;
+  const int64_t have = available_memory(s.device);
+  if (have <= 0) return;
+  const bool resnet = c.family == ModelFamily::resnet;
+  // The model's own state first: no batch size helps there.
+  const int64_t state = s.preflight.persistent;
+  REGEN_CHECK(state <= have, c.name, " does not fit in memory: its parameters, gradients and ",
+              "optimizer state take ", format_bytes(state), " (exact, from a dry run), but ",
+              s.device.str(), " has ", format_bytes(have), " available; ",
+              resnet ? "use fewer --num-classes or a smaller preset"
+                     : "use a smaller --vocab (now " + std::to_string(c.vocab) + ") or --seq-len (now " +
+                           std::to_string(c.seq_len) + ", one position embedding each)");
+  if (preflight == Preflight::model) return;
+  // Every tensor of the step, as the real step allocates them; the kernels' scratch space (GEMM
+  // packing, im2col tiles) comes on top, so this is a lower bound the real peak passes.
+  const int64_t need = s.preflight.memory.allocated.peak;
+  REGEN_CHECK(need <= have, size_flags(c, batch), " is too large for memory: one ", c.name,
+              " training step without remat needs at least ", format_bytes(need), " (", format_bytes(state),
+              " of it the model's state; every tensor of the first step, from a dry run, before "
+              "the kernels' scratch space), but ", s.device.str(), " has ", format_bytes(have),
+              " available; use a smaller --batch", resnet ? " or --image-size" : " or --seq-len");
 }
 
 std::map<std::string, std::string> run_flags(const ModelFlags& f) {
@@ -431,7 +440,7 @@ int apply_runtime_flags(const ModelFlags& f) {
   return omp_get_max_threads();
 }
 
-std::unique_ptr<Session> make_session(const ModelFlags& flags, int64_t batch) {
+std::unique_ptr<Session> make_session(const ModelFlags& flags, int64_t batch, Preflight preflight) {
   REGEN_CHECK(batch > 0, "--batch must be a positive integer, got ", batch);
   check_model_flags(flags);
   auto s = std::make_unique<Session>();
@@ -440,7 +449,6 @@ std::unique_ptr<Session> make_session(const ModelFlags& flags, int64_t batch) {
   apply_runtime_flags(flags);
   s->config = model_config(flags);
   const ModelConfig& c = s->config;
-  check_batch_fits(c, batch, s->device);
   if (c.family == ModelFamily::resnet) {
     // Batch norm in training needs two values per channel; the last stage's map is the image
     // size over 32 (rounded up) on a side.
@@ -453,20 +461,38 @@ std::unique_ptr<Session> make_session(const ModelFlags& flags, int64_t batch) {
               " applies to CUDA devices; on ", s->device.str(), " convolution is regen's own");
   // The data before the model: a wrong file fails before a large model is built.
   s->data = make_data_source(flags.data, c, flags.seed);
-  manual_seed(flags.seed);
-  s->model = make_model(c, s->device);
-  if (flags.optimizer == "sgd") {
-    SGDOptions o;
-    o.lr = flags.lr;
-    o.momentum = flags.momentum;
-    o.weight_decay = flags.weight_decay;
-    s->optimizer = std::make_unique<SGD>(s->model->parameters(), o);
-  } else {
+  auto make_optimizer = [&flags](Model& model) -> std::unique_ptr<Optimizer> {
+    if (flags.optimizer == "sgd") {
+      SGDOptions o;
+      o.lr = flags.lr;
+      o.momentum = flags.momentum;
+      o.weight_decay = flags.weight_decay;
+      return std::make_unique<SGD>(model.parameters(), o);
+    }
     AdamWOptions o;
     o.lr = flags.lr;
     o.weight_decay = flags.weight_decay;
-    s->optimizer = std::make_unique<AdamW>(s->model->parameters(), o);
+    return std::make_unique<AdamW>(model.parameters(), o);
+  };
+  // The first step, run dry: its exact memory, before any of it is used.
+  try {
+    s->preflight = dry_run_step(c, batch, s->device, make_optimizer);
+  } catch (const OutOfMemory& e) {
+    // Only a request beyond any device's size stops a dry run (the Null arena maps anything).
+    REGEN_FAIL(size_flags(c, batch), " is too large for any memory: a dry run of one ", c.name,
+               " step stops at ", e.message(), "; use a smaller --batch",
+               c.family == ModelFamily::resnet ? " or --image-size" : ", --seq-len or --vocab");
+  } catch (const Error& e) {
+    // Flags that pass their own checks and still fail in a step do so by size (an index type's
+    // limit, an overflow); say which flags set the sizes.
+    REGEN_FAIL(size_flags(c, batch), " is too large: a dry run of one ", c.name, " step fails: ",
+               e.message(), "; use a smaller --batch",
+               c.family == ModelFamily::resnet ? " or --image-size" : ", --seq-len or --vocab");
   }
+  check_preflight(*s, batch, preflight);
+  manual_seed(flags.seed);
+  s->model = make_model(c, s->device);
+  s->optimizer = make_optimizer(*s->model);
   s->trainer = std::make_unique<Trainer>(*s->model, *s->optimizer, *s->data, batch, s->device);
   return s;
 }

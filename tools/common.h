@@ -81,10 +81,6 @@ ModelConfig model_config(const ModelFlags& f);
 // "auto": cuda:0 when regen was built with CUDA and a GPU is visible, else cpu.
 Device resolve_device(const std::string& text);
 
-// Refuses a batch whose inputs, first activations and logits alone exceed the device's memory
-// (a cheap lower bound on one step), naming the batch and both sizes.
-void check_batch_fits(const ModelConfig& c, int64_t batch, Device device);
-
 // Everything one training run needs, built from the flags on a fresh allocator state.
 struct Session {
   ModelFlags flags;
@@ -94,8 +90,24 @@ struct Session {
   std::unique_ptr<Optimizer> optimizer;
   std::unique_ptr<DataSource> data;
   std::unique_ptr<Trainer> trainer;
+  DryRunResult preflight;  // the first step without remat, run dry before anything was built
 };
-std::unique_ptr<Session> make_session(const ModelFlags& flags, int64_t batch);
+
+// What make_session refuses before it builds the model, from the dry run of the first step
+// (models/train.h dry_run_step): step, a step without remat whose tensors alone (the dry run's
+// peak of allocated bytes, a lower bound: the kernels' scratch space is not in it) pass the
+// memory available on the device (a command that profiles or trains without a plan); model,
+// only parameters, gradients and optimizer state that pass it (a run whose steps follow a plan,
+// which the caller checks against its own prediction); none, nothing.
+enum class Preflight { step, model, none };
+// Bytes the device can still give this process: the CPU's MemAvailable, or CUDA's free memory,
+// plus what the process's allocator already reserves or keeps parked for reuse.
+int64_t available_memory(Device device);
+// Throws regen::Error naming the flags, both sizes and what to do when the session's dry run
+// does not fit (see Preflight).
+void check_preflight(const Session& s, int64_t batch, Preflight preflight);
+std::unique_ptr<Session> make_session(const ModelFlags& flags, int64_t batch,
+                                      Preflight preflight = Preflight::step);
 
 // The flags besides --model, --batch and --device that shape a session's step, with the values it
 // runs with (Profile::run): what a profile records and what a run planned from it must match.
