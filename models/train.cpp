@@ -63,6 +63,9 @@ StepResult Trainer::step(StepObserver* observer) {
 
 DryRunResult dry_run_step(const ModelConfig& config, int64_t batch_size, Device device,
                           const std::function<std::unique_ptr<Optimizer>(Model&)>& make_optimizer) {
+  // What a device keeps for the life of the process (cuBLAS's handle and workspace) is made
+  // now, on the device's own allocator: inside the scope it would come from the Null arena.
+  kernels::prepare_device(device);
   DryRunScope scope(device);
   DryRunResult r;
   try {
