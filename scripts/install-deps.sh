@@ -7,6 +7,10 @@ set -euo pipefail
 
 packages=(cmake make g++ pkg-config libeigen3-dev doctest-dev nlohmann-json3-dev libcli11-dev
           coinor-libcbc-dev)
+# `make fuzz`: clang with libFuzzer and its OpenMP runtime.
+if [ "${REGEN_WITH_FUZZ:-0}" = "1" ]; then
+  packages+=(clang libclang-rt-14-dev libomp-dev)
+fi
 if [ "${REGEN_WITH_PLOTS:-0}" = "1" ]; then
   packages+=(python3 python3-matplotlib)
 fi
