@@ -3,6 +3,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -11,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "core/error.h"
@@ -117,6 +119,9 @@ AtomicFileWriter::~AtomicFileWriter() {
     ::close(fd_);
     ::unlink(tmp_.c_str());
     release_temp_slot(slot_);
+  } else if (synced_) {  // synced, never renamed: another file of its group failed
+    ::unlink(tmp_.c_str());
+    release_temp_slot(slot_);
   }
 }
 
@@ -134,24 +139,31 @@ void AtomicFileWriter::write(const void* data, uint64_t n) {
   written_ += n;
 }
 
-void AtomicFileWriter::commit() {
+void AtomicFileWriter::sync() {
   REGEN_CHECK(fd_ >= 0, "writing '", path_, "': the file was already committed");
   const int fd = fd_;
   fd_ = -1;
-  // However the commit ends, the temporary is gone or renamed: no longer the signal handler's.
-  struct Release {
-    int slot;
-    ~Release() { release_temp_slot(slot); }
-  } release{slot_};
   int err = ::fsync(fd) == 0 ? 0 : errno;
   // close() releases the descriptor even when it reports an error; never retry it.
   if (::close(fd) != 0 && err == 0) err = errno;
   if (err != 0) {
     ::unlink(tmp_.c_str());
+    release_temp_slot(slot_);
     REGEN_FAIL("writing '", path_, "' failed: ", std::strerror(err));
   }
+  synced_ = true;
+}
+
+void AtomicFileWriter::commit() {
+  if (!synced_) sync();
+  synced_ = false;
+  // However the rename ends, the temporary is gone or renamed: no longer the signal handler's.
+  struct Release {
+    int slot;
+    ~Release() { release_temp_slot(slot); }
+  } release{slot_};
   if (::rename(tmp_.c_str(), path_.c_str()) != 0) {
-    err = errno;
+    const int err = errno;
     ::unlink(tmp_.c_str());
     REGEN_FAIL("cannot move '", tmp_, "' to '", path_, "': ", std::strerror(err));
   }
@@ -161,6 +173,33 @@ void write_file_atomic(const std::string& path, const std::string& content) {
   AtomicFileWriter out(path);
   out.write(content.data(), content.size());
   out.commit();
+}
+
+void write_files_atomic(const std::vector<std::pair<std::string, std::string>>& path_and_content) {
+  std::vector<std::unique_ptr<AtomicFileWriter>> files;
+  for (const auto& [path, content] : path_and_content) {
+    files.push_back(std::make_unique<AtomicFileWriter>(path));
+    files.back()->write(content.data(), content.size());
+  }
+  for (auto& f : files) f->sync();  // every file whole on disk before the first rename
+  for (auto& f : files) f->commit();
+}
+
+FolderLock::FolderLock(const std::string& dir, const std::string& flag) {
+  fd_ = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  REGEN_CHECK(fd_ >= 0, flag, " '", dir, "': cannot open the folder: ", std::strerror(errno));
+  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    ::close(fd_);
+    fd_ = -1;
+    REGEN_CHECK(err != EWOULDBLOCK, flag, " '", dir, "' is being written by another regen process; "
+                "wait for it to finish or pass another folder");
+    REGEN_FAIL(flag, " '", dir, "': cannot lock the folder: ", std::strerror(err));
+  }
+}
+
+FolderLock::~FolderLock() {
+  if (fd_ >= 0) ::close(fd_);  // closing the descriptor releases the lock
 }
 
 std::string read_file(const std::string& path) {

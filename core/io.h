@@ -5,6 +5,8 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace regen {
 
@@ -23,13 +25,38 @@ class AtomicFileWriter {
   AtomicFileWriter& operator=(const AtomicFileWriter&) = delete;
 
   void write(const void* data, uint64_t n);
+  // Flushes the temporary to disk (fsync) and closes it; commit() then only renames. A group of
+  // files syncs all before renaming any (write_files_atomic).
+  void sync();
   void commit();
 
  private:
   std::string path_, tmp_;
   int fd_ = -1;
+  bool synced_ = false;
   int slot_ = -1;  // its entry in the table of temporaries removed on SIGINT, SIGTERM, SIGHUP
   uint64_t written_ = 0;
+};
+
+// Several files committed together (a command's outputs): every file is written in full to its
+// temporary and synced before the first rename, so an error while writing any of them (a full
+// disk, a bad path) leaves every old file as it was. Only a crash between the renames, which take
+// microseconds, could leave some new files beside old ones.
+void write_files_atomic(const std::vector<std::pair<std::string, std::string>>& path_and_content);
+
+// Holds an exclusive advisory lock (flock) on a folder while a command writes into it, so that a
+// second regen process writing the same folder stops at once with an error naming `flag` and
+// the folder, instead of leaving its files mixed with the first's. Released when destroyed (or
+// when the process ends, however it ends). Nothing is written into the folder.
+class FolderLock {
+ public:
+  FolderLock(const std::string& dir, const std::string& flag);
+  ~FolderLock();
+  FolderLock(const FolderLock&) = delete;
+  FolderLock& operator=(const FolderLock&) = delete;
+
+ private:
+  int fd_ = -1;
 };
 
 // Writes `content` to `path` atomically (one AtomicFileWriter). Throws regen::Error naming the path on failure; on

@@ -816,6 +816,59 @@ TEST_CASE("io: failed writes close the file and leave no temporary behind") {
   CHECK(open_fds() == fds);
 }
 
+// A command's outputs as a group: when one cannot be written, none is replaced; a folder being
+// written by one process is refused to a second, naming the flag and the folder.
+TEST_CASE("io: outputs committed together, and a folder locked against a second writer") {
+  TempDir dir;
+  const int fds = open_fds();
+  write_file_atomic(dir.file("a.txt"), "old a");
+  write_file_atomic(dir.file("b.txt"), "old b");
+  // The third fails after the first two are written and synced: a and b keep their old content.
+  CHECK(has(error_of([&] {
+              write_files_atomic({{dir.file("a.txt"), "new a"}, {dir.file("b.txt"), "new b"},
+                                  {dir.file("no/such/c.txt"), "c"}});
+            }),
+            "cannot create"));
+  CHECK(read_file(dir.file("a.txt")) == "old a");
+  CHECK(read_file(dir.file("b.txt")) == "old b");
+  write_files_atomic({{dir.file("a.txt"), "new a"}, {dir.file("b.txt"), "new b"}});
+  CHECK(read_file(dir.file("a.txt")) == "new a");
+  CHECK(read_file(dir.file("b.txt")) == "new b");
+  std::vector<std::string> left = dir.entries();
+  std::sort(left.begin(), left.end());
+  CHECK(left == std::vector<std::string>{"a.txt", "b.txt"});  // no temporary left
+
+  // The lock: a second lock in this process is refused (flock locks per open file), and so is a
+  // regen profile into the folder; released, both work again.
+  const std::string out = dir.file("out");
+  std::filesystem::create_directory(out);
+  {
+    const FolderLock lock(out, "--out");
+    CHECK(has(error_of([&] { FolderLock again(out, "--out"); }),
+              "--out '" + out + "' is being written by another regen process"));
+    const Result r = regen_run(dir, {"profile", "--model", "resnet-tiny", "--batch", "2", "--out", out});
+    CHECK(r.status != 0);
+    CHECK(has(r.err, "is being written by another regen process"));
+    CHECK(std::filesystem::is_empty(out));
+  }
+  { FolderLock again(out, "--out"); }
+  CHECK(has(error_of([&] { FolderLock none(dir.file("missing"), "--out"); }), "cannot open the folder"));
+  // profile checks all three outputs before it profiles: one that is a folder stops it, nothing written.
+  std::filesystem::create_directory(out + "/trace.json");
+  const Result r = regen_run(dir, {"profile", "--model", "resnet-tiny", "--batch", "2", "--out", out});
+  CHECK(r.status != 0);
+  CHECK(has(r.err, "trace.json"));
+  CHECK(!std::filesystem::exists(out + "/profile.json"));
+  std::filesystem::remove(out + "/trace.json");
+  const Result ok = regen_run(dir, {"profile", "--model", "resnet-tiny", "--batch", "2", "--out", out});
+  CHECK(ok.status == 0);
+  left.clear();
+  for (const auto& e : std::filesystem::directory_iterator(out)) left.push_back(e.path().filename().string());
+  std::sort(left.begin(), left.end());
+  CHECK(left == std::vector<std::string>{"profile.json", "profile.txt", "trace.json"});
+  CHECK(open_fds() == fds);
+}
+
 // A step that passes its plan's limit (here a limit below what the plan allocates, which no
 // planner would set) stops with an out-of-memory report a person can act on: live blocks by
 // category and producer, the free bytes and largest free block in the reserved segments, and what

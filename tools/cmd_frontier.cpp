@@ -420,6 +420,7 @@ void run(Flags f, const Given& given) {
                   " is a file, not a folder");
     }
   }
+  const FolderLock lock(f.out, "--out");  // a second frontier into the same folder stops here
   const std::string csv_path = f.out + "/frontier.csv";
   const std::string profile_path = f.out + "/profile.json";
   check_output_path("--out", csv_path);

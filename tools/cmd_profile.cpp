@@ -36,6 +36,10 @@ void setup(CLI::App& app) {
     struct stat st;
     REGEN_CHECK(::stat(f->out.c_str(), &st) == 0 && S_ISDIR(st.st_mode), "--out '", f->out,
                 "' is not an existing folder");
+    for (const char* name : {"/profile.json", "/profile.txt", "/trace.json"}) {
+      check_output_path("--out", f->out + name);
+    }
+    const FolderLock lock(f->out, "--out");  // a second profile into the same folder stops here
     auto s = make_session(f->m, f->m.batch);
     ProfileOptions po;
     po.warmup = f->warmup;
@@ -44,9 +48,10 @@ void setup(CLI::App& app) {
     Profile p = profile_training(*s->trainer, po);
     p.run = run_flags(f->m);
     const std::string table = profile_table(p, true);
-    save_profile(p, f->out + "/profile.json");
-    write_file_atomic(f->out + "/profile.txt", table);
-    write_file_atomic(f->out + "/trace.json", profile_trace(p));
+    // The three files together: all written and synced before the first replaces an old one.
+    write_files_atomic({{f->out + "/profile.json", profile_to_json(p)},
+                        {f->out + "/profile.txt", table},
+                        {f->out + "/trace.json", profile_trace(p)}});
     std::printf("%s", f->full ? table.c_str() : profile_table(p, false).c_str());
     std::printf("\nwrote %s/profile.json, %s/profile.txt (every op and activation) and "
                 "%s/trace.json (open in https://ui.perfetto.dev)\n",

@@ -50,6 +50,7 @@ void run(const Flags& f) {
   } else {
     REGEN_CHECK(S_ISDIR(st.st_mode), "--out '", f.out, "' is not a folder");
   }
+  const FolderLock lock(f.out, "--out");  // a second sweep into the same folder stops here
   std::vector<int64_t> batches;
   for (const std::string& b : split_commas(f.batches)) {
     int64_t v = 0;
