@@ -245,6 +245,14 @@ TEST_CASE("cli: budgets, limits, and outputs that are inputs, each other or not 
                  {"--conv cudnn", "CUDA"});
   expect_failure(dir, {"bench", "ops", "--only", "nosuchcase"},
                  {"--only 'nosuchcase' matches no case", "stem 7x7/2"});
+  {
+    // A device that is not there fails before the benchmark's header, naming the flag (no
+    // machine has 64 GPUs; builds without CUDA say so).
+    const Result r = regen_run(dir, {"bench", "ops", "--device", "cuda:63"});
+    CHECK(r.status != 0);
+    CHECK(has(r.err, "--device cuda:63"));
+    CHECK(!has(r.out, "# regen bench ops"));
+  }
   expect_failure(dir, {"sweep", "--model", "resnet-tiny", "--batches", "2,4,2", "--out", dir.file("sw")},
                  {"--batches '2,4,2': 2 is listed twice"});
   // Outputs that are not regular files are never replaced.

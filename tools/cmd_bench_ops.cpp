@@ -100,7 +100,7 @@ Timing time_runs(Device d, int repeats, F&& fn) {
 
 void run(const std::string& device_text, int threads, int repeats, const std::string& json_path,
          const std::string& only) {
-  const Device dev = Device::parse(device_text);
+  const Device dev = resolve_device(device_text);  // a device that is not there fails before the header
   REGEN_CHECK(repeats > 0, "bench ops: --repeats must be positive, got ", repeats);
   if (threads > 0) omp_set_num_threads(threads);
   threads = omp_get_max_threads();

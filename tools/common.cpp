@@ -298,7 +298,8 @@ Device resolve_device(const std::string& text) {
 #ifdef REGEN_WITH_CUDA
   if (d.is_cuda()) {
     const int n = cuda::device_count();
-    REGEN_CHECK(d.index < n, "--device ", text, ": ", n, " CUDA device(s) visible");
+    REGEN_CHECK(d.index < n, "--device ", text, ": ", n, " CUDA device(s) visible",
+                n == 0 ? "; use --device cpu" : "");
   }
 #else
   REGEN_CHECK(d.is_cpu(), "--device ", text, ": regen was built without CUDA support");
