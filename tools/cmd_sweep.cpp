@@ -197,9 +197,10 @@ void run(const Flags& f) {
                 "\n";
     }
   }
-  write_file_atomic(stem + "_summary.txt", tables);
-  write_file_atomic(stem + "_summary.csv", summary_csv(rows));
-  write_file_atomic(stem + "_timeline.csv", timelines);
+  // The three tables together: all written and synced before the first replaces an old one.
+  write_files_atomic({{stem + "_summary.txt", tables},
+                      {stem + "_summary.csv", summary_csv(rows)},
+                      {stem + "_timeline.csv", timelines}});
   std::printf("\n%s", tables.c_str());
   std::printf("wrote %s_summary.txt, %s_summary.csv, %s_timeline.csv, per-run decisions CSVs and "
               "profiles in %s/\n",
