@@ -1177,24 +1177,24 @@ std::string live_allocations_report() {
 }
 
 namespace detail {
-std::atomic<bool> dry_run_flag{false};
+thread_local bool dry_run_flag = false;
 }  // namespace detail
 
 namespace {
-CachingAllocator* g_dry_run_allocator = nullptr;
-Device g_dry_run_device = Device::cpu();
+thread_local CachingAllocator* g_dry_run_allocator = nullptr;
+thread_local Device g_dry_run_device = Device::cpu();
 }  // namespace
 
 DryRunScope::DryRunScope(Device device) {
-  REGEN_CHECK(!dry_run_active(), "a dry run is already under way in this process");
+  REGEN_CHECK(!dry_run_active(), "a dry run is already under way on this thread");
   alloc_ = std::make_unique<CachingAllocator>(make_null_arena(device));
   g_dry_run_allocator = alloc_.get();
   g_dry_run_device = device;
-  detail::dry_run_flag.store(true);
+  detail::dry_run_flag = true;
 }
 
 DryRunScope::~DryRunScope() {
-  detail::dry_run_flag.store(false);
+  detail::dry_run_flag = false;
   g_dry_run_allocator = nullptr;
 }
 

@@ -362,15 +362,15 @@ class CachingAllocator {
 CachingAllocator& allocator_for(Device device);
 
 // ---- Dry runs ---------------------------------------------------------------------------------
-// While a DryRunScope lives, allocator_for(its device) is the scope's own caching allocator on the
-// Null arena, no kernel runs (REGEN_LAUNCH returns at once), and nothing reads or writes a
-// tensor's bytes: fills, host copies and random initialisation are skipped, and item() reads 0.
+// While a DryRunScope lives, on the thread that opened it (other threads are not affected),
+// allocator_for(its device) is the scope's own caching allocator on the Null arena, no kernel
+// runs (REGEN_LAUNCH returns at once), and nothing reads or writes a tensor's bytes: fills, host copies and random initialisation are skipped, and item() reads 0.
 // Tensors have shapes, dtypes and blocks, and no bytes, as on PyTorch's meta device. A training
 // step run this way makes every tensor request a real one makes (their sizes never depend on
 // values), in the same order, but not the scratch space kernels take for themselves inside a
 // launch (GEMM packing, im2col tiles), since no kernel runs: the model's state is exact and the
 // step's peak a lower bound, known before any of that memory is used (the pre-flight check before
-// training). One scope at a time in a process; every tensor made inside must be gone before it
+// training). One scope at a time on a thread; every tensor made inside must be gone before it
 // ends.
 class DryRunScope {
  public:

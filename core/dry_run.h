@@ -3,14 +3,14 @@
 // allocator's.
 #pragma once
 
-#include <atomic>
-
 namespace regen {
 
 namespace detail {
-extern std::atomic<bool> dry_run_flag;
+extern thread_local bool dry_run_flag;  // per thread: other threads run as usual
 }  // namespace detail
 
-inline bool dry_run_active() { return detail::dry_run_flag.load(std::memory_order_relaxed); }
+// On the calling thread (the dry run's ops, allocations and copies all run on the thread that
+// opened the scope; no kernel runs, so no parallel region does either).
+inline bool dry_run_active() { return detail::dry_run_flag; }
 
 }  // namespace regen
