@@ -1176,25 +1176,24 @@ std::string live_allocations_report() {
   return os.str();
 }
 
-namespace detail {
-thread_local bool dry_run_flag = false;
-}  // namespace detail
-
 namespace {
+thread_local bool g_dry_run = false;
 thread_local CachingAllocator* g_dry_run_allocator = nullptr;
 thread_local Device g_dry_run_device = Device::cpu();
 }  // namespace
+
+bool dry_run_active() { return g_dry_run; }
 
 DryRunScope::DryRunScope(Device device) {
   REGEN_CHECK(!dry_run_active(), "a dry run is already under way on this thread");
   alloc_ = std::make_unique<CachingAllocator>(make_null_arena(device));
   g_dry_run_allocator = alloc_.get();
   g_dry_run_device = device;
-  detail::dry_run_flag = true;
+  g_dry_run = true;
 }
 
 DryRunScope::~DryRunScope() {
-  detail::dry_run_flag = false;
+  g_dry_run = false;
   g_dry_run_allocator = nullptr;
 }
 
