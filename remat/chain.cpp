@@ -512,11 +512,27 @@ ChainModel build_chain_model(const Profile& p) {
     pending = n > 0 && p.nodes[n].is_view;
     if (!pending) starts.push_back(static_cast<int32_t>(n));
   }
-  std::vector<char> bad(nn + 1, 0);  // boundary before node a crossed by an unsaved value
+  // Per boundary (before node a): whether an unsaved value crosses it, how many values do, and
+  // the saved tensor of the last one counted (the only one where one crosses).
+  std::vector<char> bad(nn + 1, 0);
+  std::vector<int32_t> crossing(nn + 1, 0), only(nn + 1, -1);
   for (const ProfileValue& r : p.values) {
-    if (!crossing_root(r) || r.saved >= 0) continue;
-    for (int32_t a = r.producer + 1; a <= last_consumer[static_cast<size_t>(r.id)]; ++a) bad[static_cast<size_t>(a)] = 1;
+    if (!crossing_root(r)) continue;
+    for (int32_t a = r.producer + 1; a <= last_consumer[static_cast<size_t>(r.id)]; ++a) {
+      if (r.saved < 0) bad[static_cast<size_t>(a)] = 1;
+      ++crossing[static_cast<size_t>(a)];
+      only[static_cast<size_t>(a)] = r.saved;
+    }
   }
+  // The stage of every node, for stage starts (ascending, the first 0).
+  auto stages_of = [nn](const std::vector<int32_t>& starts) {
+    std::vector<int32_t> of(nn, 0);
+    for (size_t k = 0; k < starts.size(); ++k) {
+      const int32_t e = k + 1 < starts.size() ? starts[k + 1] : static_cast<int32_t>(nn);
+      for (int32_t i = starts[k]; i < e; ++i) of[static_cast<size_t>(i)] = static_cast<int32_t>(k);
+    }
+    return of;
+  };
   std::vector<int32_t> stage_starts;
   for (int32_t a : starts) {
     if (a == 0 || !bad[static_cast<size_t>(a)]) {
@@ -532,14 +548,6 @@ ChainModel build_chain_model(const Profile& p) {
   // taken back (below), so cutting never pins anything.
   std::vector<char> inner_cut(nn + 1, 0);
   {
-    std::vector<int32_t> crossing(nn + 1, 0), only(nn + 1, -1);
-    for (const ProfileValue& r : p.values) {
-      if (!crossing_root(r)) continue;
-      for (int32_t a = r.producer + 1; a <= last_consumer[static_cast<size_t>(r.id)]; ++a) {
-        ++crossing[static_cast<size_t>(a)];
-        only[static_cast<size_t>(a)] = r.saved;
-      }
-    }
     std::vector<char> is_start(nn + 1, 0);
     for (int32_t a : stage_starts) is_start[static_cast<size_t>(a)] = 1;
     for (size_t a = 1; a < nn; ++a) {
@@ -552,15 +560,11 @@ ChainModel build_chain_model(const Profile& p) {
     // Take back the cuts a candidate would cross beyond its first boundary.
     for (bool changed = true; changed;) {
       changed = false;
-      std::vector<int32_t> boundary_index(nn + 1, 0);
-      for (size_t a = 1, k = 0; a <= nn; ++a) {
-        while (k + 1 < stage_starts.size() && stage_starts[k + 1] <= static_cast<int32_t>(a)) ++k;
-        boundary_index[a] = static_cast<int32_t>(k);
-      }
+      const std::vector<int32_t> stage = stages_of(stage_starts);
       for (const ProfileSaved& sv : p.saved) {
         if (!sv.candidate) continue;
         const int32_t lc = last_consumer[static_cast<size_t>(sv.value)];
-        if (lc < 0 || boundary_index[static_cast<size_t>(lc)] - boundary_index[static_cast<size_t>(sv.producer)] <= 1) continue;
+        if (lc < 0 || stage[static_cast<size_t>(lc)] - stage[static_cast<size_t>(sv.producer)] <= 1) continue;
         for (int32_t a = sv.producer + 1; a <= lc; ++a) {
           if (!inner_cut[static_cast<size_t>(a)]) continue;
           inner_cut[static_cast<size_t>(a)] = 0;
@@ -593,11 +597,7 @@ ChainModel build_chain_model(const Profile& p) {
   m.cuts = static_cast<int>(std::count_if(stage_starts.begin(), stage_starts.end(),
                                           [&](int32_t a) { return inner_cut[static_cast<size_t>(a)] != 0; }));
   const size_t n = stage_starts.size();
-  std::vector<int32_t> stage_of(nn, 0);
-  for (size_t k = 0; k < n; ++k) {
-    const int32_t e = k + 1 < n ? stage_starts[k + 1] : static_cast<int32_t>(nn);
-    for (int32_t i = stage_starts[k]; i < e; ++i) stage_of[static_cast<size_t>(i)] = static_cast<int32_t>(k);
-  }
+  const std::vector<int32_t> stage_of = stages_of(stage_starts);
 
   // Tracked tensors: candidates read across at most one stage boundary.
   m.tracked.assign(ns, 0);

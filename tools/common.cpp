@@ -478,16 +478,14 @@ std::unique_ptr<Session> make_session(const ModelFlags& flags, int64_t batch, Pr
   // The first step, run dry: its exact memory, before any of it is used.
   try {
     s->preflight = dry_run_step(c, batch, s->device, make_optimizer);
-  } catch (const OutOfMemory& e) {
-    // Only a request beyond any device's size stops a dry run (the Null arena maps anything).
-    REGEN_FAIL(size_flags(c, batch), " is too large for any memory: a dry run of one ", c.name,
-               " step stops at ", e.message(), "; use a smaller --batch",
-               c.family == ModelFamily::resnet ? " or --image-size" : ", --seq-len or --vocab");
   } catch (const Error& e) {
-    // Flags that pass their own checks and still fail in a step do so by size (an index type's
-    // limit, an overflow); say which flags set the sizes.
-    REGEN_FAIL(size_flags(c, batch), " is too large: a dry run of one ", c.name, " step fails: ",
-               e.message(), "; use a smaller --batch",
+    // Flags that pass their own checks and still stop a dry run do so by size: a request beyond
+    // any device's (the Null arena maps anything else), an index type's limit, an overflow. Say
+    // which flags set the sizes.
+    const bool oom = dynamic_cast<const OutOfMemory*>(&e) != nullptr;
+    REGEN_FAIL(size_flags(c, batch), oom ? " is too large for any memory" : " is too large",
+               ": a dry run of one ", c.name, oom ? " step stops at " : " step fails: ", e.message(),
+               "; use a smaller --batch",
                c.family == ModelFamily::resnet ? " or --image-size" : ", --seq-len or --vocab");
   }
   check_preflight(*s, batch, preflight);
