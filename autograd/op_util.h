@@ -3,15 +3,24 @@
 
 #include <string>
 
-#include "autograd/ops.h"
-#include "kernels/kernels.h"
+#include "regen/autograd/ops.h"
+#include "regen/kernels/kernels.h"
 
 namespace regen::detail {
 
 // Registers an OpDef at static initialization; the op's object file defines it next to the
 // user-facing function, so whatever records the op links its definition.
-#define REGEN_REGISTER_OP(kind, def) \
+// `def` must be constexpr: its name is checked against the op list (tape.h REGEN_OPS) when the
+// file compiles.
+#define REGEN_REGISTER_OP(kind, def)                                                          \
+  static_assert(::regen::detail::same_name((def).name, #kind),                                \
+                "OpDef name differs from its OpKind: " #kind);                                \
   static const bool regen_registered_##kind = ::regen::register_op(::regen::OpKind::kind, &(def))
+
+constexpr bool same_name(const char* a, const char* b) {
+  while (*a != 0 && *a == *b) ++a, ++b;
+  return *a == *b;
+}
 
 inline void check_same_dtype(const char* op, const Tensor& a, const Tensor& b) {
   REGEN_CHECK(a.dtype() == b.dtype(), op, ": dtype mismatch between ", a.str(), " and ", b.str());

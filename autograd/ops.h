@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "autograd/tape.h"
+#include "regen/autograd/tape.h"
 
 namespace regen {
 
@@ -64,6 +64,27 @@ struct DropoutAttrs {
 struct CrossEntropyAttrs {
   int64_t ignore_index = -100;
 };
+struct ConcatAttrs {
+  int32_t dim = 0;  // resolved (non-negative); the inputs' extents come from their values
+};
+struct SplitAttrs {
+  static constexpr int kMaxPieces = 11;  // as many int64 sizes as fit the 96-byte blob
+  int32_t dim = 0;
+  int32_t count = 0;
+  int64_t sizes[kMaxPieces] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+};
+struct NarrowAttrs {
+  int32_t dim = 0;
+  int64_t start = 0, length = 0;
+};
+enum class UpsampleMode : int32_t { nearest, bilinear };
+struct UpsampleAttrs {
+  UpsampleMode mode = UpsampleMode::nearest;
+};
+struct ConvTranspose2dAttrs {
+  int64_t stride_h = 1, stride_w = 1, pad_h = 0, pad_w = 0, out_pad_h = 0, out_pad_w = 0;
+  bool has_bias = false;
+};
 struct LinearCrossEntropyAttrs {
   int64_t ignore_index = -100;
   int64_t chunk_rows = 1;  // resolved at record time (>= 1), so a replay chunks the same way
@@ -112,6 +133,27 @@ Tensor flatten(const Tensor& x, int64_t start_dim = 1);  // dims start_dim.. mer
 // Copies. Save nothing.
 Tensor transpose(const Tensor& x, int64_t dim0, int64_t dim1);
 Tensor permute(const Tensor& x, const std::vector<int64_t>& dims);
+
+// Copies along one dimension of any rank (dim < 0 counts from the end). Save nothing.
+// Joins tensors that agree outside `dim` (same dtype and device) along it.
+Tensor concat(const std::vector<Tensor>& tensors, int64_t dim);
+// Cuts x along `dim` into pieces of `sizes` (summing to x.size(dim); at most 11 pieces).
+std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& sizes, int64_t dim);
+// Rows [start, start + length) of x along `dim` (start < 0 counts from the end).
+Tensor narrow(const Tensor& x, int64_t dim, int64_t start, int64_t length);
+
+// x: (N, C, H, W) -> (N, C, 2H, 2W), as F.interpolate(scale_factor=2, mode='nearest' or
+// mode='bilinear', align_corners=False). Saves nothing.
+Tensor upsample2x(const Tensor& x, UpsampleMode mode = UpsampleMode::nearest);
+
+// F.conv_transpose2d (groups 1, dilation 1): x: (N, C_in, H, W), weight: (C_in, C_out, kh, kw),
+// bias: (C_out) or undefined -> (N, C_out, (H - 1) * stride - 2 padding + kh + output_padding, ...)
+// with output_padding < stride. Saves x, weight.
+Tensor conv_transpose2d(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor(),
+                        int64_t stride = 1, int64_t padding = 0, int64_t output_padding = 0);
+Tensor conv_transpose2d(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                        int64_t stride_h, int64_t stride_w, int64_t pad_h, int64_t pad_w,
+                        int64_t out_pad_h, int64_t out_pad_w);
 
 // ids: (...) i64 in [0, V), weight: (V, D) -> (..., D). Saves ids.
 Tensor embedding(const Tensor& ids, const Tensor& weight);

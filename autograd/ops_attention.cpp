@@ -5,7 +5,7 @@
 // sees the same mask. Gradient check: tests/test_gradcheck_nlp.cpp; values: tests/test_ops_nlp.cpp.
 #include <cmath>
 
-#include "autograd/op_util.h"
+#include "regen/autograd/op_util.h"
 
 namespace regen {
 using namespace detail;
@@ -60,7 +60,7 @@ void attention_saves(const AttrBlob& attrs, std::vector<SaveRef>& s) {
   s = {{false, 0}, {true, 0}, {true, 1}};
   if (attrs.as<AttentionAttrs>().has_mask) s.push_back({false, 1});
 }
-const OpDef kAttention{"attention",    2, 1, false, attention_forward_op, attention_backward_op,
+constexpr OpDef kAttention{"attention",    2, 1, false, attention_forward_op, attention_backward_op,
                        attention_saves};
 REGEN_REGISTER_OP(attention, kAttention);
 }  // namespace

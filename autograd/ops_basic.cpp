@@ -1,6 +1,6 @@
 // linear, matmul, bmm, relu, gelu, add, mul, scale, reshape/flatten, sum, mean.
 // Gradient checks: tests/test_gradcheck.cpp.
-#include "autograd/op_util.h"
+#include "regen/autograd/op_util.h"
 
 namespace regen {
 using namespace detail;
@@ -61,7 +61,7 @@ void linear_backward(BackwardContext& c) {
   REGEN_FLOATING(c.grad_output(0).dtype(), "linear backward", linear_bwd, c);
 }
 void linear_saves(const AttrBlob&, std::vector<SaveRef>& s) { s = {{false, 0}, {false, 1}}; }
-const OpDef kLinear{"linear", 1, 1, false, linear_forward, linear_backward, linear_saves};
+constexpr OpDef kLinear{"linear", 1, 1, false, linear_forward, linear_backward, linear_saves};
 REGEN_REGISTER_OP(linear, kLinear);
 }  // namespace
 
@@ -148,8 +148,8 @@ void bmm_backward(BackwardContext& c) {
   REGEN_FLOATING(c.grad_output(0).dtype(), "bmm backward", bmm_bwd, c);
 }
 void bmm_saves(const AttrBlob&, std::vector<SaveRef>& s) { s = {{false, 0}, {false, 1}}; }
-const OpDef kBmm{"bmm", 1, 1, false, bmm_forward, bmm_backward, bmm_saves};
-const OpDef kMatmul{"matmul", 1, 1, false, bmm_forward, bmm_backward, bmm_saves};
+constexpr OpDef kBmm{"bmm", 1, 1, false, bmm_forward, bmm_backward, bmm_saves};
+constexpr OpDef kMatmul{"matmul", 1, 1, false, bmm_forward, bmm_backward, bmm_saves};
 REGEN_REGISTER_OP(bmm, kBmm);
 REGEN_REGISTER_OP(matmul, kMatmul);
 }  // namespace
@@ -202,7 +202,7 @@ void relu_backward_op(BackwardContext& c) {
   REGEN_FLOATING(c.grad_output(0).dtype(), "relu backward", relu_bwd, c);
 }
 void relu_saves(const AttrBlob&, std::vector<SaveRef>& s) { s = {{true, 0}}; }
-const OpDef kRelu{"relu", 1, 1, false, relu_forward_op, relu_backward_op, relu_saves};
+constexpr OpDef kRelu{"relu", 1, 1, false, relu_forward_op, relu_backward_op, relu_saves};
 REGEN_REGISTER_OP(relu, kRelu);
 
 template <class T>
@@ -225,7 +225,7 @@ void gelu_backward_op(BackwardContext& c) {
   REGEN_FLOATING(c.grad_output(0).dtype(), "gelu backward", gelu_bwd, c);
 }
 void gelu_saves(const AttrBlob&, std::vector<SaveRef>& s) { s = {{false, 0}}; }
-const OpDef kGelu{"gelu", 1, 1, false, gelu_forward_op, gelu_backward_op, gelu_saves};
+constexpr OpDef kGelu{"gelu", 1, 1, false, gelu_forward_op, gelu_backward_op, gelu_saves};
 REGEN_REGISTER_OP(gelu, kGelu);
 }  // namespace
 
@@ -286,7 +286,7 @@ void add_bwd(BackwardContext& c) {
 void add_backward_op(BackwardContext& c) {
   REGEN_FLOATING(c.grad_output(0).dtype(), "add backward", add_bwd, c);
 }
-const OpDef kAdd{"add", 1, 1, false, add_forward_op, add_backward_op, no_saves};
+constexpr OpDef kAdd{"add", 1, 1, false, add_forward_op, add_backward_op, no_saves};
 REGEN_REGISTER_OP(add, kAdd);
 
 template <class T>
@@ -318,7 +318,7 @@ void mul_backward_op(BackwardContext& c) {
   REGEN_FLOATING(c.grad_output(0).dtype(), "mul backward", mul_bwd, c);
 }
 void mul_saves(const AttrBlob&, std::vector<SaveRef>& s) { s = {{false, 0}, {false, 1}}; }
-const OpDef kMul{"mul", 1, 1, false, mul_forward_op, mul_backward_op, mul_saves};
+constexpr OpDef kMul{"mul", 1, 1, false, mul_forward_op, mul_backward_op, mul_saves};
 REGEN_REGISTER_OP(mul, kMul);
 
 template <class T>
@@ -341,7 +341,7 @@ void scale_bwd(BackwardContext& c) {
 void scale_backward_op(BackwardContext& c) {
   REGEN_FLOATING(c.grad_output(0).dtype(), "scale backward", scale_bwd, c);
 }
-const OpDef kScale{"scale", 1, 1, false, scale_forward_op, scale_backward_op, no_saves};
+constexpr OpDef kScale{"scale", 1, 1, false, scale_forward_op, scale_backward_op, no_saves};
 REGEN_REGISTER_OP(scale, kScale);
 }  // namespace
 
@@ -371,7 +371,7 @@ void reshape_backward(BackwardContext& c) {
   const Shape& xs = c.tape().value(c.node().inputs[0]).shape;
   c.set_grad_input(0, c.grad_output(0).reshape(xs));
 }
-const OpDef kReshape{"reshape", 1, 1, true, reshape_forward, reshape_backward, no_saves};
+constexpr OpDef kReshape{"reshape", 1, 1, true, reshape_forward, reshape_backward, no_saves};
 REGEN_REGISTER_OP(reshape, kReshape);
 }  // namespace
 
@@ -423,8 +423,8 @@ void sum_bwd(BackwardContext& c) {
 void sum_backward_op(BackwardContext& c) {
   REGEN_FLOATING(c.grad_output(0).dtype(), "sum backward", sum_bwd, c);
 }
-const OpDef kSum{"sum", 1, 1, false, sum_forward_op, sum_backward_op, no_saves};
-const OpDef kMean{"mean", 1, 1, false, sum_forward_op, sum_backward_op, no_saves};
+constexpr OpDef kSum{"sum", 1, 1, false, sum_forward_op, sum_backward_op, no_saves};
+constexpr OpDef kMean{"mean", 1, 1, false, sum_forward_op, sum_backward_op, no_saves};
 REGEN_REGISTER_OP(sum, kSum);
 REGEN_REGISTER_OP(mean, kMean);
 }  // namespace

@@ -9,7 +9,7 @@
 // PyTorch) except when the remat runtime replays it: a replay must leave no trace.
 // Gradient checks: tests/test_gradcheck_vision.cpp; running stats and replay:
 // tests/test_ops_vision.cpp.
-#include "autograd/op_util.h"
+#include "regen/autograd/op_util.h"
 
 namespace regen {
 using namespace detail;
@@ -80,7 +80,7 @@ void bn_backward(BackwardContext& c) {
 void bn_saves(const AttrBlob&, std::vector<SaveRef>& s) {
   s = {{false, 0}, {false, 1}, {true, 1}, {true, 2}};
 }
-const OpDef kBatchNorm{"batchnorm2d", 3, 1, false, bn_forward, bn_backward, bn_saves};
+constexpr OpDef kBatchNorm{"batchnorm2d", 3, 1, false, bn_forward, bn_backward, bn_saves};
 REGEN_REGISTER_OP(batchnorm2d, kBatchNorm);
 }  // namespace
 

@@ -1,7 +1,7 @@
 // conv2d: the op over the kernels of kernels/cpu/conv2d.cpp (and their CUDA counterparts).
 // Gradient checks: tests/test_gradcheck_vision.cpp; forward values and errors:
 // tests/test_ops_vision.cpp.
-#include "autograd/op_util.h"
+#include "regen/autograd/op_util.h"
 
 namespace regen {
 using namespace detail;
@@ -74,7 +74,7 @@ void conv_backward(BackwardContext& c) {
 void conv_saves(const AttrBlob&, std::vector<SaveRef>& s) {
   s = {{false, 0}, {false, 1}};
 }
-const OpDef kConv2d{"conv2d", 1, 1, false, conv_forward, conv_backward, conv_saves};
+constexpr OpDef kConv2d{"conv2d", 1, 1, false, conv_forward, conv_backward, conv_saves};
 REGEN_REGISTER_OP(conv2d, kConv2d);
 }  // namespace
 

@@ -4,7 +4,7 @@
 // linear_cross_entropy: the same loss of linear(x, weight, bias) computed chunk by chunk of rows,
 // so the (M, V) logits and their gradient never exist (the LM head of models/transformer.cpp).
 // Gradient checks: tests/test_gradcheck_nlp.cpp; values and errors: tests/test_ops_nlp.cpp.
-#include "autograd/op_util.h"
+#include "regen/autograd/op_util.h"
 
 #include <algorithm>
 #include <memory>
@@ -44,7 +44,7 @@ void cross_entropy_backward_op(BackwardContext& c) {
 void cross_entropy_saves(const AttrBlob&, std::vector<SaveRef>& s) {
   s = {{false, 0}, {false, 1}, {true, 1}};
 }
-const OpDef kCrossEntropy{
+constexpr OpDef kCrossEntropy{
     "cross_entropy",    2, 1, false, cross_entropy_forward_op, cross_entropy_backward_op,
     cross_entropy_saves};
 REGEN_REGISTER_OP(cross_entropy, kCrossEntropy);
@@ -195,7 +195,7 @@ void lce_saves(const AttrBlob& attrs, std::vector<SaveRef>& s) {
     s = {{false, 0}, {false, 1}, {false, 3}, {true, 1}};
   }
 }
-const OpDef kLinearCrossEntropy{"linear_cross_entropy", 2,        1, false, lce_forward_op,
+constexpr OpDef kLinearCrossEntropy{"linear_cross_entropy", 2,        1, false, lce_forward_op,
                                 lce_backward_op,        lce_saves};
 REGEN_REGISTER_OP(linear_cross_entropy, kLinearCrossEntropy);
 }  // namespace

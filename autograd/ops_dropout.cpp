@@ -1,7 +1,7 @@
 // dropout: inverted dropout whose mask is a Philox stream drawn when the op is called and kept in
 // the node's attributes; backward and remat replays regenerate the mask, so nothing is saved.
 // Gradient check: tests/test_gradcheck_nlp.cpp; mask statistics and replay: tests/test_ops_nlp.cpp.
-#include "autograd/op_util.h"
+#include "regen/autograd/op_util.h"
 
 namespace regen {
 using namespace detail;
@@ -32,7 +32,7 @@ void dropout_bwd(BackwardContext& c) {
 void dropout_backward_op(BackwardContext& c) {
   REGEN_FLOATING(c.grad_output(0).dtype(), "dropout backward", dropout_bwd, c);
 }
-const OpDef kDropout{"dropout", 1, 1, false, dropout_forward_op, dropout_backward_op, no_saves};
+constexpr OpDef kDropout{"dropout", 1, 1, false, dropout_forward_op, dropout_backward_op, no_saves};
 REGEN_REGISTER_OP(dropout, kDropout);
 }  // namespace
 

@@ -1,7 +1,7 @@
 // embedding: a table lookup whose weight gradient is a dense (V, D) tensor, zeroed and then
 // scattered in token order (kernels/cpu/embedding.cpp). Gradient check:
 // tests/test_gradcheck_nlp.cpp; errors: tests/test_ops_nlp.cpp.
-#include "autograd/op_util.h"
+#include "regen/autograd/op_util.h"
 
 namespace regen {
 using namespace detail;
@@ -39,7 +39,7 @@ void embedding_backward_op(BackwardContext& c) {
 void embedding_saves(const AttrBlob&, std::vector<SaveRef>& s) {
   s = {{false, 0}};
 }
-const OpDef kEmbedding{"embedding",    1, 1, false, embedding_forward_op, embedding_backward_op,
+constexpr OpDef kEmbedding{"embedding",    1, 1, false, embedding_forward_op, embedding_backward_op,
                        embedding_saves};
 REGEN_REGISTER_OP(embedding, kEmbedding);
 }  // namespace

@@ -1,7 +1,7 @@
 // layernorm over the last dimension, with the row mean and 1/std as hidden outputs that backward
 // reads (kernels/cpu/layernorm.cpp). Gradient check: tests/test_gradcheck_nlp.cpp; values:
 // tests/test_ops_nlp.cpp.
-#include "autograd/op_util.h"
+#include "regen/autograd/op_util.h"
 
 namespace regen {
 using namespace detail;
@@ -46,7 +46,7 @@ void layernorm_backward_op(BackwardContext& c) {
 void layernorm_saves(const AttrBlob&, std::vector<SaveRef>& s) {
   s = {{false, 0}, {false, 1}, {true, 1}, {true, 2}};
 }
-const OpDef kLayerNorm{"layernorm",    3, 1, false, layernorm_forward_op, layernorm_backward_op,
+constexpr OpDef kLayerNorm{"layernorm",    3, 1, false, layernorm_forward_op, layernorm_backward_op,
                        layernorm_saves};
 REGEN_REGISTER_OP(layernorm, kLayerNorm);
 }  // namespace

@@ -5,7 +5,7 @@
 // tests/test_ops_vision.cpp.
 #include <cstdint>
 
-#include "autograd/op_util.h"
+#include "regen/autograd/op_util.h"
 
 namespace regen {
 using namespace detail;
@@ -48,7 +48,7 @@ void maxpool_backward(BackwardContext& c) {
 void maxpool_saves(const AttrBlob&, std::vector<SaveRef>& s) {
   s = {{true, 1}};
 }
-const OpDef kMaxPool{"max_pool2d", 2, 1, false, maxpool_forward, maxpool_backward, maxpool_saves};
+constexpr OpDef kMaxPool{"max_pool2d", 2, 1, false, maxpool_forward, maxpool_backward, maxpool_saves};
 REGEN_REGISTER_OP(max_pool2d, kMaxPool);
 
 template <class T>
@@ -73,7 +73,7 @@ void avgpool_bwd(BackwardContext& c) {
 void avgpool_backward(BackwardContext& c) {
   REGEN_FLOATING(c.grad_output(0).dtype(), "avg_pool2d backward", avgpool_bwd, c);
 }
-const OpDef kAvgPool{"avg_pool2d", 1, 1, false, avgpool_forward, avgpool_backward, no_saves};
+constexpr OpDef kAvgPool{"avg_pool2d", 1, 1, false, avgpool_forward, avgpool_backward, no_saves};
 REGEN_REGISTER_OP(avg_pool2d, kAvgPool);
 
 template <class T>
@@ -99,7 +99,7 @@ void gap_bwd(BackwardContext& c) {
 void gap_backward(BackwardContext& c) {
   REGEN_FLOATING(c.grad_output(0).dtype(), "global_avg_pool backward", gap_bwd, c);
 }
-const OpDef kGap{"global_avg_pool", 1, 1, false, gap_forward, gap_backward, no_saves};
+constexpr OpDef kGap{"global_avg_pool", 1, 1, false, gap_forward, gap_backward, no_saves};
 REGEN_REGISTER_OP(global_avg_pool, kGap);
 
 // Shared validation of max_pool2d and avg_pool2d, with messages naming the op and the input.

@@ -4,7 +4,7 @@
 #include <string>
 #include <vector>
 
-#include "autograd/op_util.h"
+#include "regen/autograd/op_util.h"
 
 namespace regen {
 using namespace detail;
@@ -52,8 +52,8 @@ void permute_bwd(BackwardContext& c) {
 void permute_backward(BackwardContext& c) {
   REGEN_FLOATING(c.grad_output(0).dtype(), "permute backward", permute_bwd, c);
 }
-const OpDef kPermute{"permute", 1, 1, false, permute_forward, permute_backward, no_saves};
-const OpDef kTranspose{"transpose", 1, 1, false, permute_forward, permute_backward, no_saves};
+constexpr OpDef kPermute{"permute", 1, 1, false, permute_forward, permute_backward, no_saves};
+constexpr OpDef kTranspose{"transpose", 1, 1, false, permute_forward, permute_backward, no_saves};
 REGEN_REGISTER_OP(permute, kPermute);
 REGEN_REGISTER_OP(transpose, kTranspose);
 

@@ -1,6 +1,6 @@
 // softmax over the last dimension; backward reads only the output (kernels/cpu/softmax.cpp).
 // Gradient check: tests/test_gradcheck_nlp.cpp; values: tests/test_ops_nlp.cpp.
-#include "autograd/op_util.h"
+#include "regen/autograd/op_util.h"
 
 namespace regen {
 using namespace detail;
@@ -33,7 +33,7 @@ void softmax_backward_op(BackwardContext& c) {
 void softmax_saves(const AttrBlob&, std::vector<SaveRef>& s) {
   s = {{true, 0}};
 }
-const OpDef kSoftmax{"softmax",    1, 1, false, softmax_forward_op, softmax_backward_op,
+constexpr OpDef kSoftmax{"softmax",    1, 1, false, softmax_forward_op, softmax_backward_op,
                      softmax_saves};
 REGEN_REGISTER_OP(softmax, kSoftmax);
 }  // namespace

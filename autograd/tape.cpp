@@ -1,10 +1,10 @@
 // The tape and the backward engine (tape.h). docs/architecture.md walks through one recording.
-#include "autograd/tape.h"
+#include "regen/autograd/tape.h"
 
 #include <algorithm>
 #include <atomic>
 
-#include "kernels/kernels.h"
+#include "regen/kernels/kernels.h"
 
 namespace regen {
 
@@ -31,12 +31,21 @@ std::array<const OpDef*, kNumOpKinds>& registry() {
   static std::array<const OpDef*, kNumOpKinds> table{};
   return table;
 }
-const char* const kOpNames[kNumOpKinds] = {
-    "linear",  "matmul",         "bmm",       "conv2d",    "batchnorm2d",   "relu",
-    "gelu",    "add",            "mul",       "scale",     "max_pool2d",    "avg_pool2d",
-    "global_avg_pool", "reshape", "transpose", "permute",  "embedding",     "layernorm",
-    "softmax", "attention",      "dropout",   "cross_entropy", "sum",       "mean",
-    "linear_cross_entropy"};
+#define REGEN_OP_NAME(name) #name,
+const char* const kOpNames[] = {REGEN_OPS(REGEN_OP_NAME)};
+#undef REGEN_OP_NAME
+static_assert(sizeof(kOpNames) / sizeof(kOpNames[0]) == kNumOpKinds, "one name per op kind");
+
+// The output slots of one call and how many of them are visible: fixed by the OpDef, or, for an
+// op with kVariableOutputs (split), every slot its forward filled, all visible.
+int output_slots(const OpDef& def, const OpContext& ctx) {
+  return def.num_outputs == kVariableOutputs ? static_cast<int>(ctx.outputs.size())
+                                             : def.num_outputs;
+}
+int visible_slots(const OpDef& def, const OpContext& ctx) {
+  return def.num_visible_outputs == kVariableOutputs ? static_cast<int>(ctx.outputs.size())
+                                                     : def.num_visible_outputs;
+}
 }  // namespace
 
 bool register_op(OpKind kind, const OpDef* def) {
@@ -170,6 +179,13 @@ void Tape::remove_hooks(TapeHooks* hooks) {
   hooks_.erase(std::remove(hooks_.begin(), hooks_.end(), hooks), hooks_.end());
 }
 
+HooksScope::HooksScope(TapeHooks* hooks) : tape_(&Tape::current()), hooks_(hooks) {
+  if (hooks_) tape_->add_hooks(hooks_);
+}
+HooksScope::~HooksScope() {
+  if (hooks_) tape_->remove_hooks(hooks_);
+}
+
 int32_t Tape::begin_block(uint32_t name) {
   BlockInfoRec b;
   b.index = static_cast<int32_t>(blocks_.size());
@@ -231,8 +247,8 @@ std::vector<Tensor> Tape::apply(OpKind kind, const AttrBlob& attrs, std::vector<
   if (!recording) {
     CategoryScope cat(Category::activation);
     def.forward(ctx);
-    REGEN_ASSERT(static_cast<int>(ctx.outputs.size()) == def.num_outputs);
-    ctx.outputs.resize(static_cast<size_t>(def.num_visible_outputs));
+    REGEN_ASSERT(static_cast<int>(ctx.outputs.size()) == output_slots(def, ctx));
+    ctx.outputs.resize(static_cast<size_t>(visible_slots(def, ctx)));
     return std::move(ctx.outputs);
   }
 
@@ -293,7 +309,7 @@ std::vector<Tensor> Tape::record(const OpDef& def, OpKind kind, const AttrBlob& 
     n.index = index;
     n.kind = kind;
     n.attrs = attrs;
-    n.num_visible_outputs = def.num_visible_outputs;
+    n.num_visible_outputs = std::max(def.num_visible_outputs, 0);  // variable: set after forward
     const std::string& path = ModuleScope::current_path();
     n.scope = intern_tag(path);
     n.block = block;
@@ -318,13 +334,15 @@ std::vector<Tensor> Tape::record(const OpDef& def, OpKind kind, const AttrBlob& 
     TagScope tag(nodes_.back().tag);
     def.forward(ctx);
   }
-  REGEN_CHECK(static_cast<int>(ctx.outputs.size()) == def.num_outputs, def.name, " produced ",
-              ctx.outputs.size(), " outputs, expected ", def.num_outputs);
+  const int slots = output_slots(def, ctx), visible = visible_slots(def, ctx);
+  REGEN_CHECK(static_cast<int>(ctx.outputs.size()) == slots && slots > 0, def.name, " produced ",
+              ctx.outputs.size(), " outputs, expected ", slots);
   for (const Tensor& out : ctx.outputs) {
     REGEN_CHECK(out.defined(), def.name, " left an output slot undefined");
   }
   Node& node = nodes_.back();
-  for (int k = 0; k < def.num_outputs; ++k) {
+  node.num_visible_outputs = visible;
+  for (int k = 0; k < slots; ++k) {
     const Tensor& out = ctx.outputs[static_cast<size_t>(k)];
     Value v;
     v.id = static_cast<int64_t>(values_.size());
@@ -336,7 +354,7 @@ std::vector<Tensor> Tape::record(const OpDef& def, OpKind kind, const AttrBlob& 
     v.device = out.device();
     v.offset_bytes = out.impl()->offset_bytes;
     v.bytes = out.nbytes();
-    v.requires_grad = k < def.num_visible_outputs && is_floating(out.dtype());
+    v.requires_grad = k < visible && is_floating(out.dtype());
     node.outputs.push_back(v.id);
     values_.push_back(std::move(v));
   }
@@ -369,7 +387,7 @@ std::vector<Tensor> Tape::record(const OpDef& def, OpKind kind, const AttrBlob& 
     if (readers.empty() || readers.back() != index) readers.push_back(index);
   }
   // The outputs belong to this tape now (if a hook throws below, they are dropped unseen).
-  for (int k = 0; k < def.num_outputs; ++k) {
+  for (int k = 0; k < slots; ++k) {
     TensorImpl* impl = ctx.outputs[static_cast<size_t>(k)].impl().get();
     const Value& v = values_[static_cast<size_t>(node.outputs[static_cast<size_t>(k)])];
     impl->tape_value = v.id;
@@ -378,7 +396,7 @@ std::vector<Tensor> Tape::record(const OpDef& def, OpKind kind, const AttrBlob& 
     impl->requires_grad = v.requires_grad;
   }
   for (TapeHooks* h : hooks_) h->on_forward_end(*this, index, ctx.outputs);
-  ctx.outputs.resize(static_cast<size_t>(def.num_visible_outputs));
+  ctx.outputs.resize(static_cast<size_t>(visible));
   return std::move(ctx.outputs);
 }
 
@@ -437,7 +455,7 @@ std::vector<Tensor> Tape::replay(int32_t i, const std::vector<Tensor>& inputs) {
     TagScope tag(n.tag);
     def.forward(ctx);
   }
-  REGEN_ASSERT(static_cast<int>(ctx.outputs.size()) == def.num_outputs);
+  REGEN_ASSERT(ctx.outputs.size() == n.outputs.size());
   return std::move(ctx.outputs);
 }
 

@@ -17,36 +17,24 @@
 #include <type_traits>
 #include <vector>
 
-#include "core/tensor.h"
+#include "regen/core/tensor.h"
 
 namespace regen {
 
+// Every op kind, once: REGEN_OPS(X) expands X(name) per op, in OpKind order. The enum, the name
+// table (op_name) and the count all come from this list, so they cannot disagree. A new op adds
+// one line here; its OpDef, kernels and op-table row live in its own files.
+#define REGEN_OPS(X)                                                                          \
+  X(linear) X(matmul) X(bmm) X(conv2d) X(batchnorm2d) X(relu) X(gelu) X(add) X(mul) X(scale)  \
+  X(max_pool2d) X(avg_pool2d) X(global_avg_pool) X(reshape) X(transpose) X(permute)          \
+  X(embedding) X(layernorm) X(softmax) X(attention) X(dropout) X(cross_entropy) X(sum)       \
+  X(mean) X(linear_cross_entropy)                                                             \
+  X(concat) X(split) X(narrow) X(upsample2x) X(conv_transpose2d)
+
 enum class OpKind : uint16_t {
-  linear,
-  matmul,
-  bmm,
-  conv2d,
-  batchnorm2d,
-  relu,
-  gelu,
-  add,
-  mul,
-  scale,
-  max_pool2d,
-  avg_pool2d,
-  global_avg_pool,
-  reshape,
-  transpose,
-  permute,
-  embedding,
-  layernorm,
-  softmax,
-  attention,
-  dropout,
-  cross_entropy,
-  sum,
-  mean,
-  linear_cross_entropy,
+#define REGEN_OP_ENUM(name) name,
+  REGEN_OPS(REGEN_OP_ENUM)
+#undef REGEN_OP_ENUM
   count_,
 };
 constexpr int kNumOpKinds = static_cast<int>(OpKind::count_);
@@ -164,6 +152,21 @@ class TapeHooks {
   virtual bool regenerate(Tape&, int32_t /*saved*/) { return false; }
 };
 
+// Installs hooks on the calling thread's tape for a scope and removes them when the scope ends,
+// also when an exception leaves it; a null pointer installs nothing. Declare the hooks before the
+// scope, so they outlive their registration.
+class HooksScope {
+ public:
+  explicit HooksScope(TapeHooks* hooks);
+  ~HooksScope();
+  HooksScope(const HooksScope&) = delete;
+  HooksScope& operator=(const HooksScope&) = delete;
+
+ private:
+  Tape* tape_;
+  TapeHooks* hooks_;
+};
+
 // ---- Forward / backward contexts the ops implement against ----------------------------------
 
 struct OpContext {
@@ -206,9 +209,13 @@ struct SaveRef {
   int index;
 };
 
+// OpDef::num_outputs and num_visible_outputs of an op whose output count depends on its
+// attributes (split): every slot its forward fills is an output, all of them visible.
+constexpr int kVariableOutputs = -1;
+
 struct OpDef {
   const char* name;
-  int num_outputs;          // all slots
+  int num_outputs;          // all slots (or kVariableOutputs)
   int num_visible_outputs;  // returned to the caller; the rest are backward-only (e.g. BN stats)
   bool is_view;             // output 0 shares input 0's storage (reshape)
   void (*forward)(OpContext&);

@@ -1,5 +1,5 @@
 // The caching allocator (allocator.h). Constants and statistics are explained in docs/memory.md.
-#include "core/allocator.h"
+#include "regen/core/allocator.h"
 
 #include <algorithm>
 #include <atomic>
@@ -13,7 +13,7 @@
 
 #include <sys/mman.h>
 
-#include "core/error.h"
+#include "regen/core/error.h"
 
 namespace regen {
 

@@ -24,8 +24,8 @@
 #include <unordered_set>
 #include <vector>
 
-#include "core/dry_run.h"
-#include "core/types.h"
+#include "regen/core/dry_run.h"
+#include "regen/core/types.h"
 
 namespace regen {
 

@@ -1,5 +1,5 @@
 // regen::Error: see error.h.
-#include "core/error.h"
+#include "regen/core/error.h"
 
 namespace regen {
 

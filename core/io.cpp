@@ -1,5 +1,5 @@
 // Atomic file writes and whole-file reads (io.h).
-#include "core/io.h"
+#include "regen/core/io.h"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -15,7 +15,7 @@
 #include <memory>
 #include <vector>
 
-#include "core/error.h"
+#include "regen/core/error.h"
 
 namespace regen {
 namespace {

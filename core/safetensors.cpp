@@ -1,5 +1,5 @@
 // safetensors reading and writing (safetensors.h).
-#include "core/safetensors.h"
+#include "regen/core/safetensors.h"
 
 #include <nlohmann/json.hpp>
 
@@ -12,7 +12,7 @@
 #include <cstring>
 #include <set>
 
-#include "core/io.h"
+#include "regen/core/io.h"
 
 namespace regen {
 namespace {

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "core/tensor.h"
+#include "regen/core/tensor.h"
 
 namespace regen {
 

@@ -1,14 +1,14 @@
 // Tensor, Storage and creation functions (tensor.h).
-#include "core/tensor.h"
+#include "regen/core/tensor.h"
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <type_traits>
 
-#include "core/philox.h"
+#include "regen/core/philox.h"
 #ifdef REGEN_WITH_CUDA
-#include "core/cuda/runtime.h"
+#include "regen/core/cuda/runtime.h"
 #endif
 
 namespace regen {

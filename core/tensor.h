@@ -8,9 +8,9 @@
 #include <string>
 #include <vector>
 
-#include "core/allocator.h"
-#include "core/error.h"
-#include "core/types.h"
+#include "regen/core/allocator.h"
+#include "regen/core/error.h"
+#include "regen/core/types.h"
 
 namespace regen {
 

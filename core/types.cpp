@@ -1,12 +1,12 @@
 // DType, Device and Shape helpers (types.h).
-#include "core/types.h"
+#include "regen/core/types.h"
 
 #include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <sstream>
 
-#include "core/error.h"
+#include "regen/core/error.h"
 
 namespace regen {
 

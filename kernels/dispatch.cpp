@@ -1,9 +1,9 @@
 // The dispatch helpers of kernels/kernels.h.
-#include "core/error.h"
-#include "kernels/kernels.h"
+#include "regen/core/error.h"
+#include "regen/kernels/kernels.h"
 #ifdef REGEN_WITH_CUDA
-#include "core/cuda/runtime.h"
-#include "kernels/cuda/cuda_kernels.h"
+#include "regen/core/cuda/runtime.h"
+#include "regen/kernels/cuda/cuda_kernels.h"
 #endif
 
 namespace regen::kernels {

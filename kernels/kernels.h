@@ -13,9 +13,9 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "core/dry_run.h"
-#include "core/types.h"
-#include "kernels/shapes.h"
+#include "regen/core/dry_run.h"
+#include "regen/core/types.h"
+#include "regen/kernels/shapes.h"
 
 namespace regen {
 
@@ -61,6 +61,10 @@ template <class T> void dropout_backward(const T* dy, T* dx, int64_t n, float p,
                                          uint64_t stream);
 // x: shape s.shape (row-major) -> y: permuted, y.shape[i] = s.shape[s.perm[i]]
 template <class T> void permute(const T* x, T* y, const PermuteShape& s);
+// Slices along one dimension (kernels/cpu/slice.cpp; concat, split, narrow): x: (outer, x_dim,
+// inner), y: (outer, y_dim, inner); y[o, y_start + j, i] = x[o, x_start + j, i] for j < len. The
+// rest of y is left as it was.
+template <class T> void slice_copy(const T* x, T* y, const SliceShape& s);
 
 // ---- Convolution (kernels/cpu/conv2d.cpp) --------------------------------------------------------
 // x: (N, C, H, W), w: (K, C, R, S), bias: (K) or null, y: (N, K, P, Q)
@@ -71,6 +75,20 @@ template <class T> void conv2d_backward_data(const T* dy, const T* w, T* dx, con
 // x: (N, C, H, W), dy: (N, K, P, Q) -> dw: (K, C, R, S), dbias: (K) or null
 template <class T> void conv2d_backward_filter(const T* x, const T* dy, T* dw, T* dbias,
                                                const ConvShape& s);
+
+// ---- Transposed convolution (kernels/cpu/conv_transpose2d.cpp) ----------------------------------
+// s is the ConvShape of the conv2d whose adjoint this is (make_conv_transpose_shape, shapes.h):
+// x: (N, K, P, Q) with K = C_in, w: (K, C, R, S) = (C_in, C_out, kh, kw), y: (N, C, H, W).
+// x, w, bias: (C) or null -> y, written. y is conv2d's backward-data of x, plus bias.
+template <class T> void conv_transpose2d_forward(const T* x, const T* w, const T* bias, T* y,
+                                                 const ConvShape& s);
+// dy: (N, C, H, W) -> dx: (N, K, P, Q), the conv2d of dy with w.
+template <class T> void conv_transpose2d_backward_data(const T* dy, const T* w, T* dx,
+                                                       const ConvShape& s);
+// x, dy -> dw: (K, C, R, S) (conv2d's backward-filter with dy as its input and x as its output
+// gradient) and dbias: (C), the per-channel sums of dy; either may be null.
+template <class T> void conv_transpose2d_backward_filter(const T* x, const T* dy, T* dw, T* dbias,
+                                                         const ConvShape& s);
 
 // ---- Batch normalization over (N, C, HW) (kernels/cpu/batchnorm.cpp) ------------------------------
 // Training: batch statistics; mean, invstd: (C) outputs (invstd = 1/sqrt(var_biased + eps)).
@@ -102,6 +120,21 @@ template <class T> void avgpool2d_backward(const T* dy, T* dx, const PoolShape& 
 // x: (NC, HW) -> y: (NC)
 template <class T> void global_avgpool_forward(const T* x, T* y, int64_t NC, int64_t HW);
 template <class T> void global_avgpool_backward(const T* dy, T* dx, int64_t NC, int64_t HW);
+
+// ---- 2x upsampling of planes (kernels/cpu/upsample.cpp) -----------------------------------------
+// x: (NC, H, W) -> y: (NC, 2H, 2W), as PyTorch's F.interpolate(scale_factor=2).
+// nearest (mode='nearest'): y[i, j] = x[i / 2, j / 2]; backward sums each 2x2 block of dy.
+template <class T> void upsample2x_nearest_forward(const T* x, T* y, int64_t NC, int64_t H,
+                                                   int64_t W);
+template <class T> void upsample2x_nearest_backward(const T* dy, T* dx, int64_t NC, int64_t H,
+                                                    int64_t W);
+// bilinear (align_corners=False): output row i samples input row max((i + 0.5) / 2 - 0.5, 0)
+// between its two neighbours (the upper one clamped to H - 1): weights 0.25 / 0.75, and 1 at the
+// borders; columns alike. Backward gathers dx from the (at most 4x4) outputs that read each input.
+template <class T> void upsample2x_bilinear_forward(const T* x, T* y, int64_t NC, int64_t H,
+                                                    int64_t W);
+template <class T> void upsample2x_bilinear_backward(const T* dy, T* dx, int64_t NC, int64_t H,
+                                                     int64_t W);
 
 // ---- Embedding (kernels/cpu/embedding.cpp) -----------------------------------------------------
 // weight: (V, D), ids: (n) in [0, V) -> y: (n, D). An id out of range throws regen::Error.
@@ -199,7 +232,7 @@ void prepare_device(Device device);
 }  // namespace regen
 
 #ifdef REGEN_WITH_CUDA
-#include "kernels/cuda/cuda_kernels.h"
+#include "regen/kernels/cuda/cuda_kernels.h"
 // REGEN_LAUNCH(device, T, name, args...): the one dispatch point. CPU: cpu::name<T>(args...);
 // CUDA: cuda::name(args...) for T = float; anything else is a clear regen::Error.
 #define REGEN_LAUNCH(device, T, name, ...)                                        \

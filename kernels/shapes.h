@@ -3,7 +3,7 @@
 
 #include <cstdint>
 
-#include "core/error.h"
+#include "regen/core/error.h"
 
 namespace regen {
 
@@ -26,6 +26,32 @@ inline ConvShape make_conv_shape(int64_t N, int64_t C, int64_t H, int64_t W, int
   s.Q = (W + 2 * pad_w - S) / stride_w + 1;
   REGEN_CHECK(H + 2 * pad_h >= R && W + 2 * pad_w >= S && s.P > 0 && s.Q > 0, "conv2d: kernel ",
               R, "x", S, " does not fit input ", H, "x", W, " with padding ", pad_h, "x", pad_w);
+  return s;
+}
+
+// A transposed convolution (PyTorch's conv_transpose2d, groups 1, dilation 1) is the adjoint of
+// a conv2d; the launchers take that conv2d's ConvShape. x: (N, C_in, H_in, W_in), weight:
+// (C_in, C_out, kh, kw) -> y: (N, C_out, H_out, W_out), H_out = (H_in - 1) * stride_h - 2 pad_h +
+// kh + out_pad_h (W alike). The conv2d maps y's shape to x's: N, C = C_out, H = H_out, W = W_out,
+// K = C_in, R = kh, S = kw, P = H_in, Q = W_in (exact because out_pad < stride).
+inline ConvShape make_conv_transpose_shape(int64_t N, int64_t C_in, int64_t H_in, int64_t W_in,
+                                           int64_t C_out, int64_t kh, int64_t kw,
+                                           int64_t stride_h, int64_t stride_w, int64_t pad_h,
+                                           int64_t pad_w, int64_t out_pad_h, int64_t out_pad_w) {
+  REGEN_CHECK(stride_h > 0 && stride_w > 0 && pad_h >= 0 && pad_w >= 0 && out_pad_h >= 0 &&
+                  out_pad_w >= 0 && out_pad_h < stride_h && out_pad_w < stride_w,
+              "conv_transpose2d: stride ", stride_h, "x", stride_w, " must be positive, padding ",
+              pad_h, "x", pad_w, " non-negative and output padding ", out_pad_h, "x", out_pad_w,
+              " non-negative and smaller than the stride");
+  const int64_t H = (H_in - 1) * stride_h - 2 * pad_h + kh + out_pad_h;
+  const int64_t W = (W_in - 1) * stride_w - 2 * pad_w + kw + out_pad_w;
+  REGEN_CHECK(H_in > 0 && W_in > 0 && kh > 0 && kw > 0 && H > 0 && W > 0,
+              "conv_transpose2d: input ", H_in, "x", W_in, " with kernel ", kh, "x", kw,
+              ", stride ", stride_h, "x", stride_w, " and padding ", pad_h, "x", pad_w,
+              " gives an empty output ", H, "x", W);
+  const ConvShape s =
+      make_conv_shape(N, C_out, H, W, C_in, kh, kw, stride_h, stride_w, pad_h, pad_w);
+  REGEN_ASSERT(s.P == H_in && s.Q == W_in);
   return s;
 }
 
@@ -61,6 +87,15 @@ struct AttentionShape {
   float dropout_p = 0.0f;   // on the attention probabilities
   uint64_t seed = 0;        // Philox stream of the dropout mask; element index
   uint64_t stream = 0;      // ((b*H + h)*S + i)*S + j
+};
+
+// A block of rows along one dimension (concat, split, narrow): x viewed as (outer, x_dim, inner),
+// y as (outer, y_dim, inner); rows [x_start, x_start + len) of x go to [y_start, y_start + len)
+// of y.
+struct SliceShape {
+  int64_t outer = 0, len = 0, inner = 0;
+  int64_t x_dim = 0, x_start = 0;
+  int64_t y_dim = 0, y_start = 0;
 };
 
 // Up to 6 dimensions: y.shape[i] = shape[perm[i]].

@@ -1,5 +1,5 @@
 // Data sources (data.h).
-#include "models/data.h"
+#include "regen/models/data.h"
 
 #include <algorithm>
 #include <cerrno>
@@ -7,8 +7,8 @@
 #include <fstream>
 #include <sys/stat.h>
 
-#include "core/io.h"
-#include "core/philox.h"
+#include "regen/core/io.h"
+#include "regen/core/philox.h"
 
 namespace regen {
 namespace {

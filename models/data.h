@@ -7,7 +7,7 @@
 #include <memory>
 #include <string>
 
-#include "models/model.h"
+#include "regen/models/model.h"
 
 namespace regen {
 

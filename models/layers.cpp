@@ -1,6 +1,6 @@
 // Layers (layers.h). Initializations follow torch.nn's defaults (and torchvision's ResNet for
 // convolutions) so freshly built models have the usual scales; parity tests load weights.
-#include "models/layers.h"
+#include "regen/models/layers.h"
 
 #include <cmath>
 

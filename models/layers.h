@@ -3,7 +3,7 @@
 // inside a ModuleScope of its name, so nodes and allocations are tagged "layer1.0.conv1/...".
 #pragma once
 
-#include "models/module.h"
+#include "regen/models/module.h"
 
 namespace regen {
 

@@ -1,17 +1,17 @@
 // Model presets and the factory (model.h).
-#include "models/model.h"
+#include "regen/models/model.h"
 
-#include "models/resnet.h"
-#include "models/transformer.h"
+#include <algorithm>
+#include <cctype>
+
+#include "regen/models/resnet.h"
+#include "regen/models/transformer.h"
 
 namespace regen {
 
-std::vector<std::string> model_preset_names() {
-  return {"resnet18",    "resnet34",  "resnet50",  "resnet101",       "resnet152",
-          "resnet-tiny", "transformer", "bert-base", "transformer-tiny"};
-}
+namespace {
 
-ModelConfig model_preset(const std::string& name) {
+ModelConfig builtin_preset(const std::string& name) {
   ModelConfig c;
   c.name = name;
   auto resnet = [&](std::vector<int64_t> blocks, bool bottleneck) {
@@ -48,17 +48,80 @@ ModelConfig model_preset(const std::string& name) {
     c.layers = 2;
     c.heads = 4;
     c.ff = 64;
-  } else {
-    std::string known;
-    for (const std::string& n : model_preset_names()) known += (known.empty() ? "" : ", ") + n;
-    REGEN_FAIL("unknown model '", name, "': known models are ", known);
   }
   return c;
 }
 
-std::unique_ptr<Model> make_model(const ModelConfig& config, Device device) {
+std::unique_ptr<Model> build_by_family(const ModelConfig& config, Device device) {
   if (config.family == ModelFamily::resnet) return std::make_unique<ResNet>(config, device);
   return std::make_unique<TransformerLM>(config, device);
+}
+
+std::vector<ModelInfo>& registry() {
+  static std::vector<ModelInfo> models = [] {
+    const std::pair<const char*, const char*> builtin[] = {
+        {"resnet18", "ResNet-18 (torchvision), 224x224 images, 1000 classes"},
+        {"resnet34", "ResNet-34 (torchvision)"},
+        {"resnet50", "ResNet-50 (torchvision)"},
+        {"resnet101", "ResNet-101 (torchvision)"},
+        {"resnet152", "ResNet-152 (torchvision)"},
+        {"resnet-tiny", "one bottleneck block per stage at 1/8 width, 32x32 images, 10 classes"},
+        {"transformer", "post-norm encoder LM: d_model 512, 6 layers, 8 heads, ff 2048, vocab 30000, seq 128"},
+        {"bert-base", "BERT-base sizes: d_model 768, 12 layers, 12 heads, ff 3072, seq 512, GELU"},
+        {"transformer-tiny", "d_model 32, 2 layers, 4 heads, ff 64, vocab 101, seq 16"},
+    };
+    std::vector<ModelInfo> out;
+    for (const auto& [name, help] : builtin) {
+      out.push_back({name, help, builtin_preset(name), build_by_family});
+    }
+    return out;
+  }();
+  return models;
+}
+
+std::string known_models() {
+  std::string known;
+  for (const ModelInfo& m : registry()) known += (known.empty() ? "" : ", ") + m.name;
+  return known;
+}
+
+}  // namespace
+
+std::vector<std::string> model_preset_names() {
+  std::vector<std::string> out;
+  for (const ModelInfo& m : registry()) out.push_back(m.name);
+  return out;
+}
+
+void register_model(ModelInfo info) {
+  REGEN_CHECK(!info.name.empty() && std::all_of(info.name.begin(), info.name.end(), [](char c) {
+                return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.';
+              }),
+              "register_model: the name '", info.name, "' must be letters, digits, '-', '_' and '.'");
+  REGEN_CHECK(static_cast<bool>(info.build), "register_model: model '", info.name,
+              "' has no build function");
+  for (const ModelInfo& m : registry()) {
+    REGEN_CHECK(m.name != info.name, "register_model: a model named '", info.name,
+                "' is registered already");
+  }
+  info.config.name = info.name;
+  registry().push_back(std::move(info));
+}
+
+const ModelInfo& model_info(const std::string& name) {
+  for (const ModelInfo& m : registry()) {
+    if (m.name == name) return m;
+  }
+  REGEN_FAIL("unknown model '", name, "': known models are ", known_models());
+}
+
+ModelConfig model_preset(const std::string& name) { return model_info(name).config; }
+
+std::unique_ptr<Model> make_model(const ModelConfig& config, Device device) {
+  for (const ModelInfo& m : registry()) {
+    if (m.name == config.name) return m.build(config, device);
+  }
+  return build_by_family(config, device);
 }
 
 }  // namespace regen

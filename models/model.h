@@ -3,11 +3,12 @@
 // PyTorch parity tests in tests/test_parity.cpp.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
-#include "models/module.h"
+#include "regen/models/module.h"
 
 namespace regen {
 
@@ -18,6 +19,10 @@ struct Batch {
   Tensor target;
 };
 
+// What a model takes and so which data and flags apply: resnet, images (N, 3, H, W) with class
+// labels (--image-size, --num-classes, CIFAR-10 data); transformer, tokens (B, S) with next-token
+// targets (--seq-len, --vocab, text data). A registered model of either kind is trained, profiled
+// and planned by the same code as the built-in ones.
 enum class ModelFamily { resnet, transformer };
 
 struct ModelConfig {
@@ -42,8 +47,10 @@ struct ModelConfig {
   uint64_t seed = 0;   // parameter initialization
 };
 
-// Known names: resnet18, resnet34, resnet50, resnet101, resnet152, resnet-tiny, transformer,
-// bert-base, transformer-tiny. Throws regen::Error listing them for an unknown name.
+// The registered models' preset configurations by name: the built-in ones (resnet18, resnet34,
+// resnet50, resnet101, resnet152, resnet-tiny, transformer, bert-base, transformer-tiny), then
+// those a program registered (register_model). Throws regen::Error listing them for an unknown
+// name.
 ModelConfig model_preset(const std::string& name);
 std::vector<std::string> model_preset_names();
 
@@ -72,6 +79,23 @@ class Model : public Module {
   ModelConfig config_;
 };
 
+// Builds the model registered under config.name (with config's values); a config whose name is
+// not registered builds by its family (ResNet or TransformerLM).
 std::unique_ptr<Model> make_model(const ModelConfig& config, Device device = Device::cpu());
+
+// ---- The model registry -----------------------------------------------------------------------
+// A model by name: its preset (the values the command line's flags override) and how to build it.
+// A program that links regen registers its own models, and `--model NAME`, make_model, the
+// profiler, the planners and RematPipeline then treat them as the built-in ones.
+struct ModelInfo {
+  std::string name;  // letters, digits, '-', '_' and '.'
+  std::string help;  // one line, for --help and error messages
+  ModelConfig config;  // its name is set to `name`
+  std::function<std::unique_ptr<Model>(const ModelConfig&, Device)> build;
+};
+// Throws regen::Error for a name already taken or not of the form above, or no build function.
+void register_model(ModelInfo info);
+const ModelInfo& model_info(const std::string& name);  // throws listing the names
+
 
 }  // namespace regen

@@ -1,5 +1,5 @@
 // The module system (module.h).
-#include "models/module.h"
+#include "regen/models/module.h"
 
 #include <functional>
 #include <set>

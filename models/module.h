@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "autograd/ops.h"
+#include "regen/autograd/ops.h"
 
 namespace regen {
 

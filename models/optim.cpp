@@ -1,12 +1,12 @@
 // Optimizer bookkeeping and the SGD / AdamW updates (models/optim.h). The arithmetic lives in the
 // fused launchers (kernels/cpu/optim.cpp and their CUDA twins); this file owns state and names.
 // Tests: tests/test_ops_nlp.cpp, tests/test_train_block.cpp.
-#include "models/optim.h"
+#include "regen/models/optim.h"
 
 #include <set>
 
-#include "autograd/tape.h"
-#include "kernels/kernels.h"
+#include "regen/autograd/tape.h"
+#include "regen/kernels/kernels.h"
 
 namespace regen {
 

@@ -11,7 +11,7 @@
 #include <utility>
 #include <vector>
 
-#include "core/tensor.h"
+#include "regen/core/tensor.h"
 
 namespace regen {
 

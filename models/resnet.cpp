@@ -1,5 +1,5 @@
 // ResNet (resnet.h).
-#include "models/resnet.h"
+#include "regen/models/resnet.h"
 
 namespace regen {
 

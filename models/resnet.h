@@ -3,8 +3,8 @@
 // (stride on the 3x3 conv, "v1.5"), downsample.{0,1}, avgpool, fc. Each block is a BlockScope.
 #pragma once
 
-#include "models/layers.h"
-#include "models/model.h"
+#include "regen/models/layers.h"
+#include "regen/models/model.h"
 
 namespace regen {
 

@@ -1,10 +1,10 @@
 // The training step with a canonical start (train.h).
-#include "models/train.h"
+#include "regen/models/train.h"
 
 #include <chrono>
 
-#include "kernels/kernels.h"
-#include "models/optim.h"
+#include "regen/kernels/kernels.h"
+#include "regen/models/optim.h"
 
 namespace regen {
 

@@ -11,8 +11,8 @@
 #include <memory>
 #include <vector>
 
-#include "models/data.h"
-#include "models/model.h"
+#include "regen/models/data.h"
+#include "regen/models/model.h"
 
 namespace regen {
 

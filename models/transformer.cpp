@@ -1,5 +1,5 @@
 // TransformerLM (transformer.h).
-#include "models/transformer.h"
+#include "regen/models/transformer.h"
 
 namespace regen {
 

@@ -7,8 +7,8 @@
 // head and the loss run fused and chunked by default (ModelConfig::head_chunk_rows).
 #pragma once
 
-#include "models/layers.h"
-#include "models/model.h"
+#include "regen/models/layers.h"
+#include "regen/models/model.h"
 
 namespace regen {
 

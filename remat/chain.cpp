@@ -1,5 +1,5 @@
 // The chain planner's model and dynamic programme (chain.h).
-#include "remat/chain.h"
+#include "regen/remat/chain.h"
 
 #include <algorithm>
 #include <cmath>
@@ -8,8 +8,8 @@
 #include <unordered_map>
 #include <unordered_set>
 
-#include "core/error.h"
-#include "core/io.h"
+#include "regen/core/error.h"
+#include "regen/core/io.h"
 
 namespace regen {
 

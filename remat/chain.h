@@ -34,8 +34,8 @@
 #include <string>
 #include <vector>
 
-#include "remat/liveness.h"
-#include "remat/schedule.h"
+#include "regen/remat/liveness.h"
+#include "regen/remat/schedule.h"
 
 namespace regen {
 

@@ -1,10 +1,10 @@
 // The remat executor (executor.h).
-#include "remat/executor.h"
+#include "regen/remat/executor.h"
 
 #include <chrono>
 #include <map>
 
-#include "kernels/kernels.h"
+#include "regen/kernels/kernels.h"
 
 namespace regen {
 

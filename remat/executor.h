@@ -7,7 +7,7 @@
 
 #include <string>
 
-#include "remat/planner.h"
+#include "regen/remat/planner.h"
 
 namespace regen {
 

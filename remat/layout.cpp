@@ -1,12 +1,12 @@
 // The planned layout of a step (layout.h).
-#include "remat/layout.h"
+#include "regen/remat/layout.h"
 
 #include <algorithm>
 #include <functional>
 #include <limits>
 #include <numeric>
 
-#include "core/error.h"
+#include "regen/core/error.h"
 
 namespace regen {
 

@@ -11,7 +11,7 @@
 #include <memory>
 #include <vector>
 
-#include "remat/simulator.h"
+#include "regen/remat/simulator.h"
 
 namespace regen {
 

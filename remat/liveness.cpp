@@ -1,10 +1,10 @@
 // The profiled iteration's memory levels (liveness.h).
-#include "remat/liveness.h"
+#include "regen/remat/liveness.h"
 
 #include <algorithm>
 #include <unordered_map>
 
-#include "core/error.h"
+#include "regen/core/error.h"
 
 namespace regen {
 

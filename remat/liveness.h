@@ -12,7 +12,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "remat/profile.h"
+#include "regen/remat/profile.h"
 
 namespace regen {
 

@@ -40,7 +40,7 @@
 // to 1 MiB, blocks split to the rounded size); a large block is not split when 1 MiB or less
 // would remain, so there block sizes depend on the plan, and the model can be off either way. The
 // round loop handles the optimistic side; see plan_milp.
-#include "remat/milp.h"
+#include "regen/remat/milp.h"
 
 #include <algorithm>
 #include <chrono>
@@ -53,9 +53,9 @@
 #include <set>
 #include <unordered_map>
 
-#include "core/error.h"
-#include "core/types.h"
-#include "remat/liveness.h"
+#include "regen/core/error.h"
+#include "regen/core/types.h"
+#include "regen/remat/liveness.h"
 
 #if defined(REGEN_WITH_MILP)
 #include "Cbc_C_Interface.h"

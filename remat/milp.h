@@ -28,7 +28,7 @@
 #include <cstdint>
 #include <string>
 
-#include "remat/planner.h"
+#include "regen/remat/planner.h"
 
 namespace regen {
 

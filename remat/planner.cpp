@@ -1,21 +1,30 @@
 // Planners (planner.h).
-#include "remat/planner.h"
+#include "regen/remat/planner.h"
 
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <functional>
 #include <limits>
 #include <set>
 
-#include "core/io.h"
-#include "remat/chain.h"
-#include "remat/layout.h"
-#include "remat/milp.h"
+#include "regen/core/io.h"
+#include "regen/remat/chain.h"
+#include "regen/remat/layout.h"
+#include "regen/remat/milp.h"
 
 namespace regen {
+
+namespace {
+std::string join_names(const std::vector<std::string>& names) {
+  std::string out;
+  for (const std::string& n : names) out += (out.empty() ? "" : ", ") + n;
+  return out;
+}
+}  // namespace
 
 // ---- Budget -------------------------------------------------------------------------------------
 
@@ -143,7 +152,6 @@ int64_t Plan::recomputed_bytes(const Profile& p) const {
   return b;
 }
 
-std::vector<std::string> policy_names() { return {"none", "blocks", "sqrt", "mutwo", "dp", "milp"}; }
 
 std::vector<std::string> chain_names() { return {"auto", "keep", "drop"}; }
 
@@ -161,9 +169,8 @@ PolicySpec parse_policy_spec(const std::string& text) {
   spec.policy = text.substr(0, colon);
   const std::vector<std::string> names = policy_names();
   if (!std::count(names.begin(), names.end(), spec.policy)) {
-    std::string known;
-    for (const std::string& n : names) known += (known.empty() ? "" : ", ") + n;
-    REGEN_FAIL("unknown policy '", spec.policy, "' in '", text, "': known policies are ", known);
+    REGEN_FAIL("unknown policy '", spec.policy, "' in '", text, "': known policies are ",
+               join_names(names));
   }
   if (colon != std::string::npos) spec.chain = parse_chain(text.substr(colon + 1));
   return spec;
@@ -747,18 +754,18 @@ Plan make_plan(const Simulator& sim, const std::string& policy, const Budget& bu
   return make_plan(sim, policy, budget, o);
 }
 
-Plan make_plan(const Simulator& sim, const std::string& policy, const Budget& budget,
-               const PlanOptions& options) {
+namespace {
+
+// The built-in planners (the header's list), registered below.
+Plan plan_builtin(const Simulator& sim, const std::string& policy, const Budget& budget,
+                  const PlanOptions& options) {
   const Chain chain = options.chain;
   const BudgetOf of = options.budget_of;
   const bool planned = options.planned_layout;
-  const auto t0 = std::chrono::steady_clock::now();
-  const std::vector<std::string> names = policy_names();
-  if (std::find(names.begin(), names.end(), policy) == names.end()) {
-    std::string known;
-    for (const std::string& n : names) known += (known.empty() ? "" : ", ") + n;
-    REGEN_FAIL("unknown policy '", policy, "': known policies are ", known);
-  }
+  REGEN_CHECK((policy != "blocks" && policy != "sqrt") || !sim.profile().blocks.empty(), "the ",
+              policy, " policy checkpoints whole blocks, and ", sim.profile().model, " marks none "
+              "(a model marks its residual blocks or layers with BlockScope in forward): use mutwo, "
+              "dp or milp");
   std::vector<int32_t> picks;
   if (policy == "mutwo") {
     for (const MutwoPick& m : mutwo_picks(sim.profile())) picks.push_back(m.saved);
@@ -813,19 +820,125 @@ Plan make_plan(const Simulator& sim, const std::string& policy, const Budget& bu
   } else {
     plan = plan_in_mode(sim, policy, budget, of, planned, chain != Chain::drop, picks);
   }
+  // make_plan writes the note of a plan that does not fit; dp's and milp's own notes (what they
+  // modelled) and the chain choice follow it.
+  if (!plan.feasible && policy != "dp" && policy != "milp") plan.note.clear();
+  if (!chain_note.empty()) plan.note += (plan.note.empty() ? "" : "; ") + chain_note;
+  return plan;
+}
+
+struct PlannerRegistry {
+  std::vector<PlannerInfo> planners;
+  size_t builtin = 0;
+};
+
+PlannerRegistry& planners() {
+  static PlannerRegistry r = [] {
+    PlannerRegistry reg;
+    const std::pair<const char*, const char*> builtin[] = {
+        {"none", "retain every saved tensor"},
+        {"blocks", "checkpoint residual blocks / encoder layers in forward order until the peak fits"},
+        {"sqrt", "sqrt(n) segments over the chain of blocks (Chen et al.)"},
+        {"mutwo", "mu-TWO's greedy recomputation by bytes per recompute time"},
+        {"dp", "dynamic programme over the chain of blocks (Rotor, Rockmate): the fastest plan that fits"},
+        {"milp", "exact mixed-integer programme over the executor's plans (Checkmate), CBC, from dp's plan"},
+    };
+    for (const auto& [name, help] : builtin) {
+      const std::string n = name;
+      reg.planners.push_back({n, help, [n](const Simulator& sim, const Budget& b, const PlanOptions& o) {
+                                return plan_builtin(sim, n, b, o);
+                              }});
+    }
+    reg.builtin = reg.planners.size();
+    return reg;
+  }();
+  return r;
+}
+
+}  // namespace
+
+std::vector<std::string> policy_names() {
+  std::vector<std::string> out;
+  for (const PlannerInfo& p : planners().planners) out.push_back(p.name);
+  return out;
+}
+
+void register_planner(PlannerInfo info) {
+  REGEN_CHECK(!info.name.empty() && std::all_of(info.name.begin(), info.name.end(), [](char c) {
+                return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_';
+              }),
+              "register_planner: the name '", info.name, "' must be letters, digits, '-' and '_'");
+  REGEN_CHECK(static_cast<bool>(info.plan), "register_planner: planner '", info.name, "' has no function");
+  for (const PlannerInfo& p : planners().planners) {
+    REGEN_CHECK(p.name != info.name, "register_planner: a planner named '", info.name,
+                "' is registered already");
+  }
+  planners().planners.push_back(std::move(info));
+}
+
+const PlannerInfo& planner_info(const std::string& name) {
+  for (const PlannerInfo& p : planners().planners) {
+    if (p.name == name) return p;
+  }
+  REGEN_FAIL("unknown policy '", name, "': known policies are ", join_names(policy_names()));
+}
+
+std::string planner_help() {
+  std::string out;
+  for (const PlannerInfo& p : planners().planners) {
+    out += (out.empty() ? "" : "; ") + p.name + ": " + p.help;
+  }
+  return out;
+}
+
+Plan finish_plan(const Simulator& sim, Plan draft, const Budget& budget, const PlanOptions& options) {
+  const Profile& p = sim.profile();
+  REGEN_CHECK(draft.decisions.size() == p.saved.size(), "plan '", draft.policy, "' has ",
+              draft.decisions.size(), " decisions, but the profile of ", p.model, " has ",
+              p.saved.size(), " saved tensors");
+  const BudgetOf of = options.budget_of;
+  Plan plan = std::move(draft);
+  plan.budget_text = budget.str();
+  plan.budget_of = of;
+  const SimResult none =
+      sim.run(build_schedule(p, Decisions(p.saved.size(), Decision::retain)));
+  plan.no_remat_peak = peak_of(none, of);
+  plan.budget_bytes = budget.resolve(plan.no_remat_peak);
+  plan.lower_bound = memory_lower_bound(p);
+  PlanFit f = fit_schedule(sim, plan_schedule(p, plan), plan.budget_bytes, of, nullptr,
+                           options.planned_layout);
+  plan.predicted = std::move(f.result);
+  plan.layout = std::move(f.layout);
+  plan.feasible = plan.budget_bytes == 0 || f.fits;
+  plan.limit = plan.feasible && of == BudgetOf::reserved ? plan.budget_bytes : 0;
+  plan.lowest_peak = std::min(plan.no_remat_peak, peak_of(plan.predicted, of));
+  if (options.planned_layout) ensure_planned_layout(sim, plan);
+  return plan;
+}
+
+Plan make_plan(const Simulator& sim, const std::string& policy, const Budget& budget,
+               const PlanOptions& options) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const PlannerInfo& planner = planner_info(policy);
+  Plan plan = planner.plan(sim, budget, options);
+  REGEN_CHECK(plan.decisions.size() == sim.profile().saved.size(), "planner '", policy,
+              "' returned ", plan.decisions.size(), " decisions for ", sim.profile().saved.size(),
+              " saved tensors");
+  plan.policy = policy;
+  const BudgetOf of = plan.budget_of;
   if (!plan.feasible) {
     // The note's lowest peak covers both chain modes. A planner's own note (what it modelled)
     // follows.
-    const std::string own = policy == "dp" || policy == "milp" ? plan.note : std::string();
+    const std::string own = plan.note;
     plan.note = "budget " + format_bytes(plan.budget_bytes) + " (" + budget_of_name(of) +
                 ") cannot be met by " + policy + ": lowest " + budget_of_name(of) +
                 " peak reached " + format_bytes(plan.lowest_peak) + ", lower bound " +
                 format_bytes(plan.lower_bound) + " allocated (persistent memory, the batch and the "
                 "largest single-op working set)" + (own.empty() ? "" : "; " + own);
   }
-  if (!chain_note.empty()) plan.note += (plan.note.empty() ? "" : "; ") + chain_note;
-  plan.planned_layout = planned;
-  REGEN_ASSERT(!planned || plan.layout);
+  plan.planned_layout = options.planned_layout;
+  REGEN_CHECK(!plan.planned_layout || plan.layout, "planner '", policy, "' was asked for a planned "
+              "layout and returned none (finish_plan plans one)");
   plan.planning_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   return plan;

@@ -21,10 +21,11 @@
 // docs/remat.md describes each one on the real data structures.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
-#include "remat/simulator.h"
+#include "regen/remat/simulator.h"
 
 namespace regen {
 
@@ -107,6 +108,8 @@ std::vector<std::string> chain_names();  // "auto", "keep", "drop"
 // Throws regen::Error naming the known modes for an unknown one.
 Chain parse_chain(const std::string& text);
 
+// The registered planners' names, built-in ones first ("none", "blocks", "sqrt", "mutwo", "dp",
+// "milp"), then those a program registered, in registration order (register_planner below).
 std::vector<std::string> policy_names();
 
 // "policy" or "policy:chain" (as `regen sweep --policies` takes them, e.g. mutwo:drop for
@@ -144,6 +147,30 @@ struct PlanOptions {
   double milp_time_limit_s = 60;
   int milp_threads = 1;
 };
+
+// ---- The planner registry ---------------------------------------------------------------------
+// A planner makes a Plan for a profile (through its simulator), a budget and the options. It may
+// fill the decisions only (and keep_chain, regenerations) and hand the draft to finish_plan,
+// which simulates it exactly and fills in the rest; make_plan then adds the planning time, and a
+// note for a plan that does not fit.
+using PlannerFn = std::function<Plan(const Simulator&, const Budget&, const PlanOptions&)>;
+struct PlannerInfo {
+  std::string name;  // what --policy takes: letters, digits, '-' and '_'
+  std::string help;  // one line, for --help and error messages
+  PlannerFn plan;
+};
+// Adds a planner under its name: make_plan, RematPipeline::plan and every --policy flag then
+// know it. Throws regen::Error for a name already taken or not of the form above.
+void register_planner(PlannerInfo info);
+const PlannerInfo& planner_info(const std::string& name);  // throws listing the names
+// "none: retain everything; blocks: ..." for help texts.
+std::string planner_help();
+
+// A draft plan's decisions (keep_chain, regenerations) judged on `sim`'s profile against the
+// budget: the budget fields, the exact prediction (under the limit a reserved budget sets), the
+// planned layout with options.planned_layout, feasibility, the no-remat and lowest peaks and the
+// lower bound. Throws regen::Error when the decisions are not one per saved tensor.
+Plan finish_plan(const Simulator& sim, Plan draft, const Budget& budget, const PlanOptions& options);
 
 // Throws regen::Error listing the policies for an unknown name.
 Plan make_plan(const Simulator& sim, const std::string& policy, const Budget& budget,

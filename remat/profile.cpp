@@ -1,5 +1,5 @@
 // Profile: JSON, derived fields and validation (profile.h).
-#include "remat/profile.h"
+#include "regen/remat/profile.h"
 
 #include <nlohmann/json.hpp>
 
@@ -7,9 +7,9 @@
 #include <cmath>
 #include <map>
 
-#include "core/io.h"
-#include "remat/schedule.h"
-#include "remat/simulator.h"
+#include "regen/core/io.h"
+#include "regen/remat/schedule.h"
+#include "regen/remat/simulator.h"
 
 namespace regen {
 

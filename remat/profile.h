@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "autograd/tape.h"
-#include "core/allocator.h"
+#include "regen/autograd/tape.h"
+#include "regen/core/allocator.h"
 
 namespace regen {
 

@@ -1,13 +1,13 @@
 // The profiler (profiler.h).
-#include "remat/profiler.h"
+#include "regen/remat/profiler.h"
 
 #include <algorithm>
 #include <chrono>
 #include <ctime>
 #include <omp.h>
 
-#include "core/numeric.h"
-#include "kernels/kernels.h"
+#include "regen/core/numeric.h"
+#include "regen/kernels/kernels.h"
 
 namespace regen {
 namespace {
@@ -124,20 +124,13 @@ Profile profile_training(Trainer& trainer, const ProfileOptions& options) {
               options.iterations);
   REGEN_CHECK(options.warmup >= 0, "profile: warm-up iterations must be non-negative");
   for (int i = 0; i < options.warmup; ++i) trainer.step();
-  Tape& tape = Tape::current();
   std::vector<Recorder> runs;
   runs.reserve(static_cast<size_t>(options.iterations));
   for (int i = 0; i < options.iterations; ++i) {
     runs.emplace_back(trainer.device());
     Recorder& r = runs.back();
-    tape.add_hooks(&r);
-    try {
-      trainer.step(&r);
-    } catch (...) {
-      tape.remove_hooks(&r);
-      throw;
-    }
-    tape.remove_hooks(&r);
+    const HooksScope hooks(&r);
+    trainer.step(&r);
   }
   const Recorder& first = runs.front();
   // Every instrumented iteration must make the same requests: the models are static.

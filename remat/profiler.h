@@ -6,8 +6,8 @@
 
 #include <string>
 
-#include "models/train.h"
-#include "remat/profile.h"
+#include "regen/models/train.h"
+#include "regen/remat/profile.h"
 
 namespace regen {
 

@@ -1,5 +1,5 @@
 // Reports (report.h).
-#include "remat/report.h"
+#include "regen/remat/report.h"
 
 #include <algorithm>
 #include <cstdio>

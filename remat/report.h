@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "remat/planner.h"
+#include "regen/remat/planner.h"
 
 namespace regen {
 

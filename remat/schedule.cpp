@@ -1,11 +1,11 @@
 // The schedule builder (schedule.h).
-#include "remat/schedule.h"
+#include "regen/remat/schedule.h"
 
 #include <algorithm>
 #include <map>
 #include <set>
 
-#include "core/error.h"
+#include "regen/core/error.h"
 
 namespace regen {
 

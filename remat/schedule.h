@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "remat/profile.h"
+#include "regen/remat/profile.h"
 
 namespace regen {
 

@@ -1,11 +1,11 @@
 // The simulator (simulator.h).
-#include "remat/simulator.h"
+#include "regen/remat/simulator.h"
 
 #include <algorithm>
 #include <unordered_map>
 #include <unordered_set>
 
-#include "core/error.h"
+#include "regen/core/error.h"
 
 namespace regen {
 

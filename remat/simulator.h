@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "remat/schedule.h"
+#include "regen/remat/schedule.h"
 
 namespace regen {
 

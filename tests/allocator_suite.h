@@ -13,8 +13,8 @@
 #include <random>
 #include <vector>
 
-#include "core/allocator.h"
-#include "core/error.h"
+#include "regen/core/allocator.h"
+#include "regen/core/error.h"
 
 namespace regen::testing {
 

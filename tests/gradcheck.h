@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "autograd/ops.h"
+#include "regen/autograd/ops.h"
 
 namespace regen::testing {
 

@@ -15,11 +15,10 @@
 #include <string>
 #include <vector>
 
-#include "kernels/kernels.h"
-#include "models/optim.h"
-#include "models/train.h"
-#include "remat/executor.h"
-#include "remat/profiler.h"
+#include "regen/kernels/kernels.h"
+#include "regen/models/optim.h"
+#include "regen/models/train.h"
+#include "regen/remat/pipeline.h"
 
 namespace regen::testing {
 
@@ -60,20 +59,37 @@ struct Trace {
   std::vector<MemoryStats> memory;
 };
 
-inline Trace train(Run& r, int steps, TapeHooks* hooks) {
-  Trace t;
-  if (hooks) Tape::current().add_hooks(hooks);
-  for (int i = 0; i < steps; ++i) {
-    StepResult s = r.trainer->step();
-    t.losses.push_back(s.loss);
-    t.memory.push_back(s.memory);
-  }
-  if (hooks) Tape::current().remove_hooks(hooks);
+inline Trace trace_of(Run& r, Trace t) {
   for (const Tensor& p : r.model->parameters()) {
     t.params.push_back(p.to_vector<float>());
     t.grads.push_back(p.grad().to_vector<float>());
   }
   return t;
+}
+
+// `steps` steps with `hooks` (may be null) on the tape: for schedules that are not a Plan's.
+inline Trace train(Run& r, int steps, TapeHooks* hooks) {
+  Trace t;
+  {
+    const HooksScope scope(hooks);
+    for (int i = 0; i < steps; ++i) {
+      StepResult s = r.trainer->step();
+      t.losses.push_back(s.loss);
+      t.memory.push_back(s.memory);
+    }
+  }
+  return trace_of(r, std::move(t));
+}
+
+// `steps` steps through `pipe` (over r's trainer): under its plan when it has one.
+inline Trace train(RematPipeline& pipe, Run& r, int steps) {
+  Trace t;
+  for (const StepResult& s : pipe.train(steps)) {
+    t.losses.push_back(s.loss);
+    t.memory.push_back(s.memory);
+  }
+  pipe.finish();
+  return trace_of(r, std::move(t));
 }
 
 inline bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
@@ -163,7 +179,8 @@ inline void check_model(const ModelConfig& cfg, int64_t batch, const std::vector
   {
     fresh_allocator(device);
     Run ref_run = make_run(cfg, batch, device);
-    ref = train(ref_run, 3, nullptr);
+    RematPipeline plain(*ref_run.trainer);
+    ref = train(plain, ref_run, 3);
   }
   for (const MemoryStats& m : ref.memory) {
     CHECK(m.allocated.peak == profile.peak_allocated);
@@ -212,12 +229,12 @@ inline void check_model(const ModelConfig& cfg, int64_t batch, const std::vector
       if (plan.recomputed() > 0) ++recomputing_plans;
       fresh_allocator(device);
       Run run = make_run(cfg, batch, device);
-      RematExecutor exec(profile, plan_schedule(profile, plan));
-      // A feasible plan runs under its limit (a reserved budget), as `regen train` runs it; the
-      // persistent tensors exist first, as they did when the step was profiled.
-      run.trainer->prepare();
-      const LimitScope limit(allocator_for(device), plan.limit);
-      const Trace got = train(run, 3, &exec);
+      // Through the pipeline, as `regen train` runs a plan: a feasible plan under its limit (a
+      // reserved budget), the persistent tensors made before the limit applies.
+      RematPipeline pipe(*run.trainer);
+      pipe.use_profile(profile);
+      pipe.use_plan(plan);
+      const Trace got = train(pipe, run, 3);
       // Bitwise identical training.
       check_same_training(got, ref);
       // Exact prediction, every step.
@@ -225,7 +242,7 @@ inline void check_model(const ModelConfig& cfg, int64_t batch, const std::vector
         CHECK(got.memory[i].allocated.peak == plan.predicted.peak_allocated);
         CHECK(got.memory[i].reserved.peak == plan.predicted.peak_reserved);
       }
-      CHECK(exec.replays() == plan.predicted.replays);
+      CHECK(pipe.executor()->replays() == plan.predicted.replays);
       if (plan.feasible && plan.budget_bytes > 0) {
         ++budgets_checked;
         if (of == BudgetOf::reserved && plan.predicted.peak_reserved < none.peak_reserved) ++reserved_checked;

@@ -13,7 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "core/tensor.h"
+#include "regen/core/tensor.h"
 #include "tests/allocator_suite.h"
 
 using namespace regen;

@@ -9,11 +9,11 @@
 #include <thread>
 #include <tuple>
 
-#include "autograd/ops.h"
-#include "models/layers.h"
-#include "models/model.h"
-#include "models/optim.h"
-#include "models/train.h"
+#include "regen/autograd/ops.h"
+#include "regen/models/layers.h"
+#include "regen/models/model.h"
+#include "regen/models/optim.h"
+#include "regen/models/train.h"
 #include "tests/test_util.h"
 
 using namespace regen;

@@ -8,8 +8,8 @@
 
 #include <algorithm>
 
-#include "models/layers.h"
-#include "remat/chain.h"
+#include "regen/models/layers.h"
+#include "regen/remat/chain.h"
 #include "tests/remat_suite.h"
 
 using namespace regen;

@@ -25,11 +25,11 @@
 
 #include <nlohmann/json.hpp>
 
-#include "core/io.h"
-#include "core/safetensors.h"
-#include "remat/executor.h"
-#include "remat/planner.h"
-#include "remat/profiler.h"
+#include "regen/core/io.h"
+#include "regen/core/safetensors.h"
+#include "regen/remat/executor.h"
+#include "regen/remat/planner.h"
+#include "regen/remat/profiler.h"
 #include "tests/test_util.h"
 #include "tools/common.h"
 
@@ -903,9 +903,8 @@ TEST_CASE("cli: out of memory under a plan's limit names the plan's prediction a
   Plan plan = make_plan(sim, "dp", Budget::parse("80%"), po);
   REQUIRE(plan.feasible);
   plan.predicted.peak_at = "bwd_begin somewhere";
-  RematExecutor exec(profile, plan_schedule(profile, plan));
   const std::string e = error_of([&] {
-    tool::measure_training(m, m.batch, 2, &exec, plan.predicted.peak_allocated - 1, &plan);
+    tool::measure_training(m, m.batch, 2, &profile, &plan, plan.predicted.peak_allocated - 1);
   });
   CAPTURE(e);
   CHECK(e.find("out of memory") != std::string::npos);

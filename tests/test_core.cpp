@@ -13,9 +13,9 @@
 #include <functional>
 #include <new>
 
-#include "core/philox.h"
-#include "core/safetensors.h"
-#include "core/tensor.h"
+#include "regen/core/philox.h"
+#include "regen/core/safetensors.h"
+#include "regen/core/tensor.h"
 #include "tests/test_util.h"
 
 using namespace regen;

@@ -15,9 +15,9 @@
 #include <string>
 #include <vector>
 
-#include "core/philox.h"
-#include "core/tensor.h"
-#include "kernels/kernels.h"
+#include "regen/core/philox.h"
+#include "regen/core/tensor.h"
+#include "regen/kernels/kernels.h"
 
 using namespace regen;
 

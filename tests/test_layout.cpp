@@ -11,8 +11,8 @@
 #include <random>
 #include <unistd.h>
 
-#include "core/io.h"
-#include "remat/layout.h"
+#include "regen/core/io.h"
+#include "regen/remat/layout.h"
 #include "tests/allocator_suite.h"
 #include "tests/remat_suite.h"
 #include "tests/test_util.h"

@@ -10,7 +10,7 @@
 #include <functional>
 #include <set>
 
-#include "remat/milp.h"
+#include "regen/remat/milp.h"
 #include "tests/remat_suite.h"
 #include "tests/test_util.h"
 

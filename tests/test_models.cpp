@@ -17,12 +17,12 @@
 #include <fstream>
 #include <map>
 
-#include "core/io.h"
-#include "core/safetensors.h"
-#include "models/data.h"
-#include "models/model.h"
-#include "models/optim.h"
-#include "models/train.h"
+#include "regen/core/io.h"
+#include "regen/core/safetensors.h"
+#include "regen/models/data.h"
+#include "regen/models/model.h"
+#include "regen/models/optim.h"
+#include "regen/models/train.h"
 #include "tests/test_util.h"
 
 using namespace regen;

@@ -14,11 +14,11 @@
 #include <string>
 #include <vector>
 
-#include "autograd/ops.h"
-#include "core/allocator.h"
-#include "core/philox.h"
-#include "kernels/kernels.h"
-#include "models/optim.h"
+#include "regen/autograd/ops.h"
+#include "regen/core/allocator.h"
+#include "regen/core/philox.h"
+#include "regen/kernels/kernels.h"
+#include "regen/models/optim.h"
 
 using namespace regen;
 

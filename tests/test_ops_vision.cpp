@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "autograd/ops.h"
-#include "kernels/kernels.h"
+#include "regen/autograd/ops.h"
+#include "regen/kernels/kernels.h"
 
 using namespace regen;
 

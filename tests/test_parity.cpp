@@ -9,9 +9,9 @@
 #include <algorithm>
 #include <cmath>
 
-#include "core/safetensors.h"
-#include "models/model.h"
-#include "models/optim.h"
+#include "regen/core/safetensors.h"
+#include "regen/models/model.h"
+#include "regen/models/optim.h"
 
 using namespace regen;
 

@@ -11,12 +11,12 @@
 
 #include <nlohmann/json.hpp>
 
-#include "core/io.h"
-#include "models/optim.h"
-#include "models/train.h"
-#include "remat/executor.h"
-#include "remat/profiler.h"
-#include "remat/report.h"
+#include "regen/core/io.h"
+#include "regen/models/optim.h"
+#include "regen/models/train.h"
+#include "regen/remat/executor.h"
+#include "regen/remat/profiler.h"
+#include "regen/remat/report.h"
 #include "tests/remat_suite.h"
 #include "tests/test_util.h"
 

@@ -8,8 +8,8 @@
 #include <unistd.h>
 
 #include "tests/test_util.h"
-#include "core/io.h"
-#include "core/safetensors.h"
+#include "regen/core/io.h"
+#include "regen/core/safetensors.h"
 
 using namespace regen;
 using regen::testing::error_of;

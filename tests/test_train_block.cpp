@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "autograd/ops.h"
-#include "models/optim.h"
+#include "regen/autograd/ops.h"
+#include "regen/models/optim.h"
 
 using namespace regen;
 

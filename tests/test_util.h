@@ -4,7 +4,7 @@
 #include <functional>
 #include <string>
 
-#include "core/error.h"
+#include "regen/core/error.h"
 
 namespace regen::testing {
 

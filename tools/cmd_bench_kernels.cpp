@@ -23,10 +23,10 @@
 #include <string>
 #include <vector>
 
-#include "core/cuda/runtime.h"
-#include "core/error.h"
-#include "core/tensor.h"
-#include "kernels/kernels.h"
+#include "regen/core/cuda/runtime.h"
+#include "regen/core/error.h"
+#include "regen/core/tensor.h"
+#include "regen/kernels/kernels.h"
 #include "tools/command.h"
 #include "tools/common.h"
 

@@ -13,12 +13,12 @@
 #include <string>
 #include <vector>
 
-#include "core/tensor.h"
-#include "kernels/kernels.h"
+#include "regen/core/tensor.h"
+#include "regen/kernels/kernels.h"
 #include "tools/command.h"
 #include "tools/common.h"
 #ifdef REGEN_WITH_CUDA
-#include "core/cuda/runtime.h"
+#include "regen/core/cuda/runtime.h"
 #endif
 
 namespace {

@@ -7,8 +7,8 @@
 #include <cstdio>
 #include <sstream>
 
-#include "core/io.h"
-#include "core/numeric.h"
+#include "regen/core/io.h"
+#include "regen/core/numeric.h"
 #include "tools/command.h"
 #include "tools/common.h"
 

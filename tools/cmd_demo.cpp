@@ -1,7 +1,7 @@
 // `regen demo`: allocates a few tensors and prints the allocator's statistics.
 #include <cstdio>
 
-#include "core/tensor.h"
+#include "regen/core/tensor.h"
 #include "tools/command.h"
 
 namespace {

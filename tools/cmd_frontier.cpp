@@ -17,9 +17,9 @@
 #include <map>
 #include <sstream>
 
-#include "core/io.h"
-#include "remat/executor.h"
-#include "remat/profiler.h"
+#include "regen/core/io.h"
+#include "regen/remat/executor.h"
+#include "regen/remat/profiler.h"
 #include "tools/common.h"
 #include "tools/command.h"
 
@@ -561,8 +561,7 @@ void run(Flags f, const Given& given) {
         const Plan& plan = rep->plan;
         MeasuredRun got;
         try {
-          RematExecutor exec(profile, plan_schedule(profile, plan));
-          got = measure_training(f.m, profile.batch, f.steps, &exec, plan.limit, &plan);
+          got = measure_training(f.m, profile.batch, f.steps, &profile, &plan);
         } catch (const Error& e) {
           write_file_atomic(csv_path, csv_text(c, frontiers));
           REGEN_FAIL("executing ", pf.spec.label, " (plan of budgets ",

@@ -2,9 +2,9 @@
 // decisions.csv; the prediction comes from the exact simulator.
 #include <cstdio>
 
-#include "core/io.h"
-#include "remat/planner.h"
-#include "remat/report.h"
+#include "regen/core/io.h"
+#include "regen/remat/planner.h"
+#include "regen/remat/report.h"
 #include "tools/command.h"
 #include "tools/common.h"
 
@@ -26,7 +26,7 @@ struct Flags {
 void setup(CLI::App& app) {
   auto f = std::make_shared<Flags>();
   app.add_option("--profile", f->profile, "profile.json from `regen profile`")->capture_default_str();
-  app.add_option("--policy", f->policy, "none, blocks, sqrt, mutwo, dp or milp")
+  app.add_option("--policy", f->policy, "rematerialization policy, one of the registered planners: " + planner_help())
       ->check(CLI::IsMember(policy_names()))
       ->capture_default_str();
   app.add_option("--budget", f->budget, "bytes (2GiB, 1.5GB) or a % of the no-remat peak (60%)")

@@ -3,9 +3,9 @@
 #include <cstdio>
 #include <sys/stat.h>
 
-#include "core/io.h"
-#include "remat/profiler.h"
-#include "remat/report.h"
+#include "regen/core/io.h"
+#include "regen/remat/profiler.h"
+#include "regen/remat/report.h"
 #include "tools/common.h"
 #include "tools/command.h"
 

@@ -10,10 +10,10 @@
 #include <cstdlib>
 #include <sstream>
 
-#include "core/io.h"
-#include "remat/executor.h"
-#include "remat/profiler.h"
-#include "remat/report.h"
+#include "regen/core/io.h"
+#include "regen/remat/executor.h"
+#include "regen/remat/profiler.h"
+#include "regen/remat/report.h"
 #include "tools/common.h"
 #include "tools/command.h"
 
@@ -128,8 +128,7 @@ void run(const Flags& f) {
         } else {
           plan = make_plan(sim, spec.policy, Budget::parse(btext), po);
         }
-        RematExecutor exec(profile, plan_schedule(profile, plan));
-        const MeasuredRun got = measure_training(f.m, batch, f.steps, &exec, plan.limit, &plan);
+        const MeasuredRun got = measure_training(f.m, batch, f.steps, &profile, &plan);
         SweepRow row;
         row.batch = batch;
         row.policy = policy;

@@ -6,9 +6,8 @@
 #include <iostream>
 #include <omp.h>
 
-#include "core/numeric.h"
-#include "remat/executor.h"
-#include "remat/profiler.h"
+#include "regen/core/numeric.h"
+#include "regen/remat/pipeline.h"
 #include "tools/common.h"
 #include "tools/command.h"
 
@@ -76,10 +75,8 @@ void run(const TrainFlags& f) {
   uint64_t free_before = 0, total_mem = 0;
   const bool device_info = cuda_memory_info(s->device, free_before, total_mem);
 
-  // Remat: a profile (measured now, or loaded), a plan, an executor.
-  std::unique_ptr<Profile> profile;
-  std::unique_ptr<RematExecutor> exec;
-  Plan plan;
+  // Remat: a profile (measured now, or loaded) and a plan, run by the pipeline.
+  RematPipeline pipe(*s->trainer);
   int64_t done = 0;
   std::vector<double> losses, times;
   int64_t peak_alloc = 0, peak_reserved = 0;
@@ -93,46 +90,40 @@ void run(const TrainFlags& f) {
   };
   if (f.policy != "none" || !f.plan_file.empty()) {
     if (!f.profile_file.empty()) {
-      profile = std::make_unique<Profile>(load_profile(f.profile_file));
-      REGEN_CHECK(profile->model == f.m.model && profile->batch == f.m.batch &&
-                      profile->device == s->device.str(),
-                  "--profile ", f.profile_file, " is for ", profile->model, " batch ",
-                  profile->batch, " on ", profile->device, ", not ", f.m.model, " batch ",
+      Profile loaded = load_profile(f.profile_file);
+      REGEN_CHECK(loaded.model == f.m.model && loaded.batch == f.m.batch &&
+                      loaded.device == s->device.str(),
+                  "--profile ", f.profile_file, " is for ", loaded.model, " batch ",
+                  loaded.batch, " on ", loaded.device, ", not ", f.m.model, " batch ",
                   f.m.batch, " on ", s->device.str());
-      check_profile_run(*profile, f.m, "--profile " + f.profile_file);
+      check_profile_run(loaded, f.m, "--profile " + f.profile_file);
+      pipe.use_profile(std::move(loaded));
     } else {
       ProfileOptions po;
       po.warmup = 0;
       po.iterations = std::max(1, f.profile_steps);
       po.model_name = f.m.model;
       std::printf("profiling %d step(s) without remat...\n", po.iterations);
-      profile = std::make_unique<Profile>(profile_training(*s->trainer, po));
+      pipe.profile(po);
       done = po.iterations;
     }
-    const Simulator sim(*profile);
+    const Profile& profile = pipe.current_profile();
     if (!f.plan_file.empty()) {
-      plan = load_plan(f.plan_file, *profile);
-      // Judged again on this profile: the limit it runs under follows from its budget.
-      const PlanFit fit = fit_schedule(sim, plan_schedule(*profile, plan), plan.budget_bytes,
-                                       plan.budget_of, nullptr, plan.planned_layout);
-      plan.predicted = fit.result;
-      plan.layout = fit.layout;
-      plan.feasible = fit.fits;
-      plan.limit = fit.fits && plan.budget_of == BudgetOf::reserved ? plan.budget_bytes : 0;
-      plan.no_remat_peak = peak_of(
-          sim.run(build_schedule(*profile, std::vector<Decision>(profile->saved.size(), Decision::retain))),
-          plan.budget_of);
+      Plan loaded = load_plan(f.plan_file, profile);
+      judge_loaded_plan(pipe.simulator(), loaded);
+      pipe.use_plan(std::move(loaded));
     } else {
       PlanOptions po;
       po.chain = parse_chain(f.chain);
       po.budget_of = parse_budget_of(f.budget_of);
       po.planned_layout = f.layout == "planned";
-      plan = make_plan(sim, f.policy, Budget::parse(f.budget), po);
+      pipe.plan(f.policy, Budget::parse(f.budget), po);
     }
+    const Plan& plan = pipe.current_plan();
     std::printf("plan %s, budget %s (%s): recompute %lld of %zu saved tensors; predicted peak "
                 "allocated %s, reserved %s (no remat %s), predicted step %.3f s\n",
                 plan.policy.c_str(), plan.budget_text.c_str(), budget_of_name(plan.budget_of),
-                static_cast<long long>(plan.recomputed()), profile->saved.size(),
+                static_cast<long long>(plan.recomputed()), profile.saved.size(),
                 format_bytes(plan.predicted.peak_allocated).c_str(),
                 format_bytes(plan.predicted.peak_reserved).c_str(),
                 format_bytes(plan.no_remat_peak).c_str(), plan.predicted.time_ms / 1000.0);
@@ -163,37 +154,14 @@ void run(const TrainFlags& f) {
                   format_bytes(static_cast<int64_t>(hole_bytes)).c_str(), l.rounded.size() - in_holes,
                   format_bytes(l.size).c_str());
     }
-    {  // Where the predicted peak is, for an out-of-memory report.
-      SimOptions so;
-      so.limit = plan.limit;
-      so.layout = plan.layout;
-      so.top_live = 1;
-      plan.predicted.peak_at = sim.run(plan_schedule(*profile, plan), so).peak_at;
-    }
-    exec = std::make_unique<RematExecutor>(*profile,
-                                           plan_schedule(*profile, plan));
-    Tape::current().add_hooks(exec.get());
   }
-  // The persistent tensors exist before the limit applies, as they did when the step was
-  // profiled; from here every step runs under the plan's limit.
-  s->trainer->prepare();
-  const LimitScope limit(allocator_for(s->device), exec ? plan.limit : 0);
-  const LayoutScope layout(allocator_for(s->device), exec ? plan.layout : nullptr);
 
   std::string mode = f.progress;
   if (mode == "auto") mode = stdout_is_terminal() ? "bar" : "plain";
   const int64_t every = f.steps <= 50 ? 1 : f.steps / 20;
   for (int64_t i = done; i < f.steps; ++i) {
-    StepResult r;
-    try {
-      r = s->trainer->step();
-    } catch (const OutOfMemory& e) {
-      if (exec) {
-        Tape::current().remove_hooks(exec.get());
-        rethrow_with_plan(e, plan);
-      }
-      throw;
-    }
+    // Under the plan, from the first step on; an out-of-memory error names what it predicted.
+    const StepResult r = pipe.step();
     if (!std::isfinite(r.loss)) {
       if (mode == "bar") std::printf("\n");
       std::fflush(stdout);
@@ -204,7 +172,7 @@ void run(const TrainFlags& f) {
       print_step(mode == "bar", i + 1, f.steps, r, f.m.batch, r.memory.allocated.peak);
     }
   }
-  if (exec) Tape::current().remove_hooks(exec.get());
+  pipe.finish();
 
   // Summary. The first timed step warms caches and the allocator: the median leaves it out
   // when there are later steps.
@@ -250,7 +218,8 @@ void run(const TrainFlags& f) {
                 format_bytes(a.stats().reserved.current).c_str(),
                 format_bytes(peak_reserved).c_str());
   }
-  if (exec) {
+  if (const RematExecutor* exec = pipe.executor()) {
+    const Plan& plan = pipe.current_plan();
     const bool exact = plan.predicted.peak_allocated == peak_alloc &&
                        plan.predicted.peak_reserved == peak_reserved;
     std::printf("  remat %s: predicted peak allocated %s, reserved %s; measured %s, %s (%s)%s; "
@@ -284,7 +253,7 @@ void setup(CLI::App& app) {
                                     "(torchvision / torch.nn names; atomic)")
       ->check(non_empty("a file name"));
   app.add_option("--load", f->load, "start from FILE.safetensors");
-  app.add_option("--policy", f->policy, "rematerialization policy: none, blocks, sqrt, mutwo")
+  app.add_option("--policy", f->policy, "rematerialization policy, one of the registered planners: " + planner_help())
       ->check(CLI::IsMember(policy_names()))
       ->capture_default_str();
   app.add_option("--budget", f->budget, "memory budget: bytes (2GiB, 1.5GB) or a % of the "

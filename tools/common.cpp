@@ -14,14 +14,14 @@
 #include <map>
 #include <sstream>
 
-#include "core/io.h"
-#include "core/numeric.h"
-#include "core/safetensors.h"
-#include "remat/executor.h"
+#include "regen/core/io.h"
+#include "regen/core/numeric.h"
+#include "regen/core/safetensors.h"
+#include "regen/remat/pipeline.h"
 
 #ifdef REGEN_WITH_CUDA
-#include "core/cuda/runtime.h"
-#include "kernels/cuda/cuda_kernels.h"
+#include "regen/core/cuda/runtime.h"
+#include "regen/kernels/cuda/cuda_kernels.h"
 #endif
 
 namespace regen::tool {
@@ -496,47 +496,25 @@ std::unique_ptr<Session> make_session(const ModelFlags& flags, int64_t batch, Pr
   return s;
 }
 
-void rethrow_with_plan(const OutOfMemory& e, const Plan& plan) {
-  std::string msg = e.message();
-  msg += "\n  the plan (" + plan.policy + ", budget " + plan.budget_text + " of " +
-         budget_of_name(plan.budget_of) + " bytes) predicted a peak of " +
-         format_bytes(plan.predicted.peak_allocated) + " allocated and " +
-         format_bytes(plan.predicted.peak_reserved) + " reserved";
-  if (!plan.predicted.peak_at.empty()) msg += ", reached at " + plan.predicted.peak_at;
-  if (plan.limit > 0) msg += ", under the limit " + format_bytes(plan.limit);
-  msg += "; a step that runs out where the simulation did not is not the profiled step (another "
-         "model, batch, input size, device or thread count?): profile again";
-  throw OutOfMemory(msg, __FILE__, __LINE__);
-}
-
-MeasuredRun measure_training(const ModelFlags& m, int64_t batch, int steps, RematExecutor* exec,
-                             int64_t limit, const Plan* plan) {
+MeasuredRun measure_training(const ModelFlags& m, int64_t batch, int steps,
+                             const Profile* profile, const Plan* plan, int64_t limit) {
+  REGEN_CHECK(plan == nullptr || profile != nullptr, "measure_training: a plan needs its profile");
   allocator_for(resolve_device(m.device)).empty_cache();
   auto s = make_session(m, batch);
-  // The persistent tensors first, then every step under the limit (as profiled, as `train`).
-  s->trainer->prepare();
-  const LimitScope scope(allocator_for(s->device), limit);
-  const LayoutScope layout(allocator_for(s->device), plan ? plan->layout : nullptr);
-  if (exec) Tape::current().add_hooks(exec);
+  RematPipeline pipe(*s->trainer);
+  if (plan) {
+    pipe.use_profile(*profile);
+    pipe.use_plan(*plan);
+    pipe.set_limit(limit);
+  }
   std::vector<double> ms;
   MeasuredRun r;
-  try {
-    for (int i = 0; i < steps; ++i) {
-      const StepResult st = s->trainer->step();
-      ms.push_back(st.ms);
-      r.peak = std::max(r.peak, st.memory.allocated.peak);
-      r.reserved = std::max(r.reserved, st.memory.reserved.peak);
-    }
-  } catch (const OutOfMemory& e) {
-    if (exec) Tape::current().remove_hooks(exec);
-    if (plan) rethrow_with_plan(e, *plan);
-    throw;
-  } catch (...) {
-    if (exec) Tape::current().remove_hooks(exec);
-    throw;
+  for (const StepResult& st : pipe.train(steps)) {
+    ms.push_back(st.ms);
+    r.peak = std::max(r.peak, st.memory.allocated.peak);
+    r.reserved = std::max(r.reserved, st.memory.reserved.peak);
   }
-  if (exec) {
-    Tape::current().remove_hooks(exec);
+  if (const RematExecutor* exec = pipe.executor()) {
     r.regen_ms = exec->regen_ms();
     r.replays = exec->replays();
   }

@@ -12,14 +12,10 @@
 #include <string>
 #include <vector>
 
-#include "models/data.h"
-#include "models/optim.h"
-#include "models/train.h"
-#include "remat/planner.h"
-
-namespace regen {
-class RematExecutor;
-}
+#include "regen/models/data.h"
+#include "regen/models/optim.h"
+#include "regen/models/train.h"
+#include "regen/remat/planner.h"
 
 namespace regen::tool {
 
@@ -121,11 +117,6 @@ void add_budget_of_flag(CLI::App& app, std::string& budget_of);
 // --layout caching|planned: where a planned step's blocks go (PlanOptions::planned_layout).
 void add_layout_flag(CLI::App& app, std::string& layout);
 
-// An out-of-memory error during a step that ran a plan, with what the plan predicted added to the
-// allocator's report (live blocks by category and producer, fragmentation): where its peak is
-// and under which limit. Thrown as regen::OutOfMemory.
-[[noreturn]] void rethrow_with_plan(const OutOfMemory& e, const Plan& plan);
-
 // Applies --threads and the CUDA settings; returns the thread count in use.
 int apply_runtime_flags(const ModelFlags& f);
 
@@ -138,12 +129,13 @@ struct MeasuredRun {
   double regen_ms = 0;             // regeneration time of the last step (with an executor)
   int64_t replays = 0;
 };
-// A fresh session (make_session) on an emptied allocator, `steps` steps with `exec` (may be null:
-// no rematerialization) installed as tape hooks and removed again, also when a step throws; the
-// steps run under the allocator's hard limit `limit` (0: none; a plan's `limit`) and with `plan`'s
-// planned layout when it has one. An out-of-memory error names what `plan` (when given) predicted.
-MeasuredRun measure_training(const ModelFlags& m, int64_t batch, int steps, RematExecutor* exec,
-                             int64_t limit = 0, const Plan* plan = nullptr);
+// A fresh session (make_session) on an emptied allocator and `steps` steps through a
+// RematPipeline: without `plan`, no rematerialization; with it (made for `profile`), every step
+// under the plan, its limit (or `limit` when >= 0) and its planned layout. An out-of-memory error
+// names what the plan predicted.
+MeasuredRun measure_training(const ModelFlags& m, int64_t batch, int steps,
+                             const Profile* profile = nullptr, const Plan* plan = nullptr,
+                             int64_t limit = -1);
 
 // "a,b,,c" -> {"a", "b", "c"} (empty items dropped).
 std::vector<std::string> split_commas(const std::string& s);

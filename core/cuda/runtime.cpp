@@ -1,6 +1,6 @@
 // CUDA runtime helpers and the CUDA arena (runtime.h, allocator.h). Host code only: compiled by
 // the host compiler against the CUDA runtime API.
-#include "core/cuda/runtime.h"
+#include "regen/core/cuda/runtime.h"
 
 #ifdef REGEN_WITH_CUDA
 #include <cstdio>
@@ -9,7 +9,7 @@
 #include <mutex>
 #include <vector>
 
-#include "core/allocator.h"
+#include "regen/core/allocator.h"
 
 namespace regen::cuda {
 

@@ -9,7 +9,7 @@
 
 #include <cstdint>
 
-#include "core/error.h"
+#include "regen/core/error.h"
 
 // Throws regen::Error naming the failed call, the CUDA error and file:line.
 #define REGEN_CUDA_CHECK(call)                                                                 \

@@ -20,9 +20,9 @@
 #include <algorithm>
 #include <cmath>
 
-#include "core/philox.h"
-#include "core/tensor.h"
-#include "kernels/kernels.h"
+#include "regen/core/philox.h"
+#include "regen/core/tensor.h"
+#include "regen/kernels/kernels.h"
 
 namespace regen::cpu {
 namespace {

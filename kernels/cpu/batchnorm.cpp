@@ -9,7 +9,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "kernels/kernels.h"
+#include "regen/kernels/kernels.h"
 
 namespace regen::cpu {
 namespace {

@@ -25,9 +25,9 @@
 #include <cstring>
 #include <limits>
 
-#include "core/tensor.h"
-#include "kernels/cpu/packed_gemm.h"
-#include "kernels/kernels.h"
+#include "regen/core/tensor.h"
+#include "regen/kernels/cpu/packed_gemm.h"
+#include "regen/kernels/kernels.h"
 
 namespace regen::cpu {
 namespace {

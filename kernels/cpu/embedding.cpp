@@ -5,8 +5,8 @@
 
 #include <algorithm>
 
-#include "core/error.h"
-#include "kernels/kernels.h"
+#include "regen/core/error.h"
+#include "regen/kernels/kernels.h"
 
 namespace regen::cpu {
 namespace {

@@ -8,8 +8,8 @@
 #include <algorithm>
 #include <vector>
 
-#include "core/tensor.h"
-#include "kernels/kernels.h"
+#include "regen/core/tensor.h"
+#include "regen/kernels/kernels.h"
 
 namespace regen::cpu {
 namespace {

@@ -7,8 +7,8 @@
 
 #include <cmath>
 
-#include "core/error.h"
-#include "kernels/kernels.h"
+#include "regen/core/error.h"
+#include "regen/kernels/kernels.h"
 
 namespace regen::cpu {
 namespace {

@@ -23,7 +23,7 @@
 #include <immintrin.h>
 #endif
 
-#include "core/tensor.h"
+#include "regen/core/tensor.h"
 
 namespace regen::cpu::packed {
 

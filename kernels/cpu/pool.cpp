@@ -8,7 +8,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "kernels/kernels.h"
+#include "regen/kernels/kernels.h"
 
 namespace regen::cpu {
 namespace {

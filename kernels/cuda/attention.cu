@@ -31,10 +31,10 @@
 // float4 ([key][4*ty + a]), so the P V style products read one float4 per key.
 #include <cfloat>
 
-#include "core/philox.h"
-#include "core/tensor.h"
-#include "kernels/cuda/common.cuh"
-#include "kernels/cuda/cuda_kernels.h"
+#include "regen/core/philox.h"
+#include "regen/core/tensor.h"
+#include "regen/kernels/cuda/common.cuh"
+#include "regen/kernels/cuda/cuda_kernels.h"
 
 namespace regen::cuda {
 namespace {

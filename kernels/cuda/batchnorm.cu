@@ -9,9 +9,9 @@
 // double with the CPU reference's expressions, and the element-wise passes apply them with
 // round-to-nearest intrinsics (no FMA contraction) in the CPU's order; the remaining differences
 // come from the summation order of the statistics and from FMA contraction on the host.
-#include "core/tensor.h"
-#include "kernels/cuda/common.cuh"
-#include "kernels/cuda/cuda_kernels.h"
+#include "regen/core/tensor.h"
+#include "regen/kernels/cuda/common.cuh"
+#include "regen/kernels/cuda/cuda_kernels.h"
 
 namespace regen::cuda {
 namespace {

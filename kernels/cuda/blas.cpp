@@ -20,11 +20,11 @@
 #include <mutex>
 #include <vector>
 
-#include "core/allocator.h"
-#include "core/tensor.h"
-#include "kernels/cuda/check.h"
-#include "kernels/cuda/cuda_kernels.h"
-#include "kernels/cuda/launch.h"
+#include "regen/core/allocator.h"
+#include "regen/core/tensor.h"
+#include "regen/kernels/cuda/check.h"
+#include "regen/kernels/cuda/cuda_kernels.h"
+#include "regen/kernels/cuda/launch.h"
 
 namespace regen::cuda {
 namespace {

@@ -7,8 +7,8 @@
 #pragma once
 
 #ifdef REGEN_WITH_CUDA
-#include "core/cuda/runtime.h"
-#include "core/error.h"
+#include "regen/core/cuda/runtime.h"
+#include "regen/core/error.h"
 
 #define REGEN_CUBLAS_CHECK(call)                                                          \
   do {                                                                                    \

@@ -7,8 +7,8 @@
 
 #include <cstdint>
 
-#include "kernels/cuda/check.h"
-#include "kernels/cuda/launch.h"
+#include "regen/kernels/cuda/check.h"
+#include "regen/kernels/cuda/launch.h"
 
 namespace regen::cuda::dev {
 

@@ -27,10 +27,10 @@
 // of chunks (split-K) whose partial results go to a workspace and are added in chunk order by a
 // second kernel. No atomics anywhere; dbias is a fixed-order block reduction per channel.
 // Indices are 32-bit: every tensor must have fewer than 2^31 elements (checked).
-#include "core/tensor.h"
-#include "kernels/cuda/common.cuh"
-#include "kernels/cuda/conv2d_cudnn.h"
-#include "kernels/cuda/cuda_kernels.h"
+#include "regen/core/tensor.h"
+#include "regen/kernels/cuda/common.cuh"
+#include "regen/kernels/cuda/conv2d_cudnn.h"
+#include "regen/kernels/cuda/cuda_kernels.h"
 
 namespace regen::cuda {
 namespace {

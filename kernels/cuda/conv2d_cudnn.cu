@@ -18,11 +18,11 @@
 #include <mutex>
 #include <vector>
 
-#include "core/tensor.h"
-#include "kernels/cuda/check.h"
-#include "kernels/cuda/conv2d_cudnn.h"
-#include "kernels/cuda/cuda_kernels.h"
-#include "kernels/cuda/launch.h"
+#include "regen/core/tensor.h"
+#include "regen/kernels/cuda/check.h"
+#include "regen/kernels/cuda/conv2d_cudnn.h"
+#include "regen/kernels/cuda/cuda_kernels.h"
+#include "regen/kernels/cuda/launch.h"
 
 namespace regen::cuda::cudnn_conv {
 namespace {

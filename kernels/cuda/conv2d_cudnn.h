@@ -3,7 +3,7 @@
 #pragma once
 
 #ifdef REGEN_WITH_CUDNN
-#include "kernels/shapes.h"
+#include "regen/kernels/shapes.h"
 
 namespace regen::cuda::cudnn_conv {
 

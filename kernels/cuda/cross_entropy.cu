@@ -16,9 +16,9 @@
 // backward_rows turns a chunk of logits into dlogits in place.
 #include <cstdint>
 
-#include "core/tensor.h"
-#include "kernels/cuda/common.cuh"
-#include "kernels/cuda/cuda_kernels.h"
+#include "regen/core/tensor.h"
+#include "regen/kernels/cuda/common.cuh"
+#include "regen/kernels/cuda/cuda_kernels.h"
 
 namespace regen::cuda {
 namespace {

@@ -7,7 +7,7 @@
 #ifdef REGEN_WITH_CUDA
 #include <cstdint>
 
-#include "kernels/shapes.h"
+#include "regen/kernels/shapes.h"
 
 namespace regen::cuda {
 
@@ -38,6 +38,8 @@ void dropout_forward(const float* x, float* y, int64_t n, float p, uint64_t seed
 void dropout_backward(const float* dy, float* dx, int64_t n, float p, uint64_t seed,
                       uint64_t stream);
 void permute(const float* x, float* y, const PermuteShape& s);
+// Slices along one dimension (kernels/cuda/slice.cu).
+void slice_copy(const float* x, float* y, const SliceShape& s);
 
 // Convolution: native implicit GEMM (kernels/cuda/conv2d.cu) or cuDNN (kernels/cuda/conv2d_cudnn.cu).
 void conv2d_forward(const float* x, const float* w, const float* bias, float* y,
@@ -45,6 +47,13 @@ void conv2d_forward(const float* x, const float* w, const float* bias, float* y,
 void conv2d_backward_data(const float* dy, const float* w, float* dx, const ConvShape& s);
 void conv2d_backward_filter(const float* x, const float* dy, float* dw, float* dbias,
                             const ConvShape& s);
+
+// Transposed convolution over the conv2d launchers above (kernels/cuda/conv_transpose2d.cu).
+void conv_transpose2d_forward(const float* x, const float* w, const float* bias, float* y,
+                              const ConvShape& s);
+void conv_transpose2d_backward_data(const float* dy, const float* w, float* dx, const ConvShape& s);
+void conv_transpose2d_backward_filter(const float* x, const float* dy, float* dw, float* dbias,
+                                      const ConvShape& s);
 
 // Batch normalization.
 void batchnorm_forward_train(const float* x, const float* gamma, const float* beta, float* y,
@@ -68,6 +77,12 @@ void avgpool2d_forward(const float* x, float* y, const PoolShape& s);
 void avgpool2d_backward(const float* dy, float* dx, const PoolShape& s);
 void global_avgpool_forward(const float* x, float* y, int64_t NC, int64_t HW);
 void global_avgpool_backward(const float* dy, float* dx, int64_t NC, int64_t HW);
+
+// 2x upsampling (kernels/cuda/upsample.cu).
+void upsample2x_nearest_forward(const float* x, float* y, int64_t NC, int64_t H, int64_t W);
+void upsample2x_nearest_backward(const float* dy, float* dx, int64_t NC, int64_t H, int64_t W);
+void upsample2x_bilinear_forward(const float* x, float* y, int64_t NC, int64_t H, int64_t W);
+void upsample2x_bilinear_backward(const float* dy, float* dx, int64_t NC, int64_t H, int64_t W);
 
 // Embedding (backward is deterministic: no floating-point atomics).
 void embedding_forward(const float* weight, const int64_t* ids, float* y, int64_t n, int64_t V,

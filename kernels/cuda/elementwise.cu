@@ -14,10 +14,10 @@
 #include <cub/device/device_reduce.cuh>
 #include <cuda/std/functional>
 
-#include "core/philox.h"
-#include "core/tensor.h"
-#include "kernels/cuda/common.cuh"
-#include "kernels/cuda/cuda_kernels.h"
+#include "regen/core/philox.h"
+#include "regen/core/tensor.h"
+#include "regen/kernels/cuda/common.cuh"
+#include "regen/kernels/cuda/cuda_kernels.h"
 
 namespace regen::cuda {
 namespace {

@@ -13,9 +13,9 @@
 // synchronization per call) and throws regen::Error naming the position and the id.
 #include <cub/device/device_radix_sort.cuh>
 
-#include "core/tensor.h"
-#include "kernels/cuda/common.cuh"
-#include "kernels/cuda/cuda_kernels.h"
+#include "regen/core/tensor.h"
+#include "regen/kernels/cuda/common.cuh"
+#include "regen/kernels/cuda/cuda_kernels.h"
 
 namespace regen::cuda {
 namespace {

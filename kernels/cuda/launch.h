@@ -5,8 +5,8 @@
 #ifdef REGEN_WITH_CUDA
 #include <cstdint>
 
-#include "core/cuda/runtime.h"
-#include "core/types.h"
+#include "regen/core/cuda/runtime.h"
+#include "regen/core/types.h"
 
 namespace regen::cuda::detail {
 

@@ -12,9 +12,9 @@
 // y and dx use round-to-nearest intrinsics (no FMA contraction) in the CPU's evaluation order, so
 // given the same mean and rstd they differ from the CPU only where the host compiler contracts
 // a*b + c into an FMA (GCC does under -march=native).
-#include "core/tensor.h"
-#include "kernels/cuda/common.cuh"
-#include "kernels/cuda/cuda_kernels.h"
+#include "regen/core/tensor.h"
+#include "regen/kernels/cuda/common.cuh"
+#include "regen/kernels/cuda/cuda_kernels.h"
 
 namespace regen::cuda {
 namespace {

@@ -7,8 +7,8 @@
 // on the host with the same expressions. The results equal the CPU's bit for bit where the host
 // compiler evaluates the same expressions without contracting a*b + c into an FMA; GCC does
 // contract under -march=native, so the test allows a one-ulp difference (docs/kernels.md).
-#include "kernels/cuda/common.cuh"
-#include "kernels/cuda/cuda_kernels.h"
+#include "regen/kernels/cuda/common.cuh"
+#include "regen/kernels/cuda/cuda_kernels.h"
 
 #include <cmath>
 

@@ -8,8 +8,8 @@
 // maxpool: padding never competes, the first maximum in row-major window order wins ties, a NaN
 // once seen is kept; argmax is the index into the (H, W) plane. avgpool: count_include_pad (the
 // divisor is always kh*kw).
-#include "kernels/cuda/common.cuh"
-#include "kernels/cuda/cuda_kernels.h"
+#include "regen/kernels/cuda/common.cuh"
+#include "regen/kernels/cuda/cuda_kernels.h"
 
 namespace regen::cuda {
 namespace {

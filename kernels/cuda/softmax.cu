@@ -4,8 +4,8 @@
 // Rows of up to 1024 columns go one warp per row, the row held in registers (one global read);
 // longer rows go one block per row and are read three times (max, sum, write; the re-reads hit
 // L2). Reductions are butterflies with a fixed order, so results are deterministic.
-#include "kernels/cuda/common.cuh"
-#include "kernels/cuda/cuda_kernels.h"
+#include "regen/kernels/cuda/common.cuh"
+#include "regen/kernels/cuda/cuda_kernels.h"
 
 namespace regen::cuda {
 namespace {

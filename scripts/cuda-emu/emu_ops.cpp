@@ -181,3 +181,39 @@ TEST_CASE("emu optim") {
   optim_cases(rng, 1003);
 }
 #endif
+
+TEST_CASE("emu slice_copy") {
+  Rng rng(16);
+  slice_case(rng, 2, 4, 16, 4, 0, 12, 4, false);  // float4 path
+  slice_case(rng, 2, 4, 16, 4, 0, 12, 8, true);   // x unaligned: scalar path
+  slice_case(rng, 3, 2, 5, 7, 4, 2, 0, false);
+  slice_case(rng, 1, 3001, 1, 3700, 699, 3001, 0, false);
+  slice_case(rng, 100, 1, 3, 4, 3, 2, 1, false);
+  slice_case(rng, 4, 0, 7, 3, 1, 5, 2, false);
+}
+
+TEST_CASE("emu upsample2x") {
+  Rng rng(17);
+  upsample_case(rng, 4, 9, 7);
+  upsample_case(rng, 3, 7, 5);
+  upsample_case(rng, 2, 1, 1);
+  upsample_case(rng, 1, 1, 9);
+  upsample_case(rng, 5, 6, 1);
+}
+
+#if REGEN_HAVE_CPU_CONV2D
+TEST_CASE("emu conv_transpose2d") {
+  Rng rng(14);
+  const ConvShape shapes[] = {
+      make_conv_transpose_shape(2, 16, 4, 4, 8, 2, 2, 2, 2, 0, 0, 0, 0),
+      make_conv_transpose_shape(1, 8, 5, 5, 4, 3, 3, 2, 2, 1, 1, 1, 1),
+      make_conv_transpose_shape(1, 3, 7, 5, 5, 3, 3, 1, 1, 1, 1, 0, 0),
+      make_conv_transpose_shape(2, 5, 4, 6, 7, 3, 2, 3, 2, 1, 0, 2, 1),
+      make_conv_transpose_shape(1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0),
+  };
+  for (const ConvShape& s : shapes) {
+    conv_transpose_case(rng, s, false, ConvAlgo::native);
+    conv_transpose_case(rng, s, true, ConvAlgo::native);
+  }
+}
+#endif

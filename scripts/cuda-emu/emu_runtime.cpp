@@ -3,8 +3,8 @@
 // core/cuda/runtime.cpp; "device" memory is host memory from a host-backed CUDA arena.
 #include <cstdio>
 #include <cstdlib>
-#include "core/allocator.h"
-#include "core/cuda/runtime.h"
+#include "regen/core/allocator.h"
+#include "regen/core/cuda/runtime.h"
 #include "emu.h"
 
 thread_local uint3 threadIdx;

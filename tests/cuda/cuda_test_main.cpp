@@ -5,7 +5,7 @@
 
 #include <cstdio>
 
-#include "core/cuda/runtime.h"
+#include "regen/core/cuda/runtime.h"
 
 int main(int argc, char** argv) {
   if (regen::cuda::device_count() == 0) {

@@ -7,9 +7,9 @@
 #include <random>
 #include <vector>
 
-#include "core/cuda/runtime.h"
-#include "core/tensor.h"
-#include "kernels/kernels.h"
+#include "regen/core/cuda/runtime.h"
+#include "regen/core/tensor.h"
+#include "regen/kernels/kernels.h"
 #include "tests/allocator_suite.h"
 
 using namespace regen;

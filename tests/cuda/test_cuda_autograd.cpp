@@ -12,9 +12,9 @@
 #include <string>
 #include <vector>
 
-#include "autograd/ops.h"
-#include "core/cuda/runtime.h"
-#include "core/tensor.h"
+#include "regen/autograd/ops.h"
+#include "regen/core/cuda/runtime.h"
+#include "regen/core/tensor.h"
 
 using namespace regen;
 

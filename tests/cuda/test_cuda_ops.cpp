@@ -25,10 +25,10 @@
 #include <string>
 #include <vector>
 
-#include "core/cuda/runtime.h"
-#include "core/error.h"
-#include "core/tensor.h"
-#include "kernels/kernels.h"
+#include "regen/core/cuda/runtime.h"
+#include "regen/core/error.h"
+#include "regen/core/tensor.h"
+#include "regen/kernels/kernels.h"
 
 #ifndef REGEN_HAVE_CPU_CONV2D
 #define REGEN_HAVE_CPU_CONV2D 0
@@ -541,6 +541,77 @@ void permute_case(Rng& rng, std::vector<int64_t> shape, std::vector<int64_t> per
   c.run([&] { cuda::permute(dx, y, s); });
 }
 
+// ---- Slices (concat, split, narrow)
+// --------------------------------------------------------------------------------
+
+// Rows [x_start, x_start + len) of x (outer, x_dim, inner) into rows [y_start, ...) of y (outer,
+// y_dim, inner). y starts as random values and is compared whole: rows outside the slice must come
+// back untouched. With `misalign` x starts one float late (the scalar path).
+void slice_case(Rng& rng, int64_t outer, int64_t len, int64_t inner, int64_t x_dim,
+                int64_t x_start, int64_t y_dim, int64_t y_start, bool misalign) {
+  SliceShape s;
+  s.outer = outer;
+  s.len = len;
+  s.inner = inner;
+  s.x_dim = x_dim;
+  s.x_start = x_start;
+  s.y_dim = y_dim;
+  s.y_start = y_start;
+  const auto x = rng.uniform(static_cast<size_t>(outer * x_dim * inner));
+  const auto y0 = rng.uniform(static_cast<size_t>(outer * y_dim * inner));
+  auto ref = y0;
+  cpu::slice_copy<float>(x.data(), ref.data(), s);
+  Case c(str("slice_copy outer=%lld len=%lld inner=%lld x rows %lld+ of %lld -> y rows %lld+ of "
+             "%lld%s",
+             (long long)outer, (long long)len, (long long)inner, (long long)x_start,
+             (long long)x_dim, (long long)y_start, (long long)y_dim,
+             misalign ? " (unaligned)" : ""));
+  const float* dx = c.in(x, misalign);
+  float* dy = c.inout("y", y0, ref, kExact);  // a copy: bit for bit
+  c.run([&] { cuda::slice_copy(dx, dy, s); });
+}
+
+// ---- Upsampling
+// -----------------------------------------------------------------------------------
+
+void upsample_case(Rng& rng, int64_t NC, int64_t H, int64_t W) {
+  const size_t nx = static_cast<size_t>(NC * H * W), ny = 4 * nx;
+  const auto x = rng.uniform(nx), dy = rng.uniform(ny);
+  const std::string tag = str(" NC=%lld H=%lld W=%lld", (long long)NC, (long long)H, (long long)W);
+  std::vector<float> yn(ny), dxn(nx), yb(ny), dxb(nx);
+  cpu::upsample2x_nearest_forward<float>(x.data(), yn.data(), NC, H, W);
+  cpu::upsample2x_nearest_backward<float>(dy.data(), dxn.data(), NC, H, W);
+  cpu::upsample2x_bilinear_forward<float>(x.data(), yb.data(), NC, H, W);
+  cpu::upsample2x_bilinear_backward<float>(dy.data(), dxb.data(), NC, H, W);
+  // Nearest: copies and the same three additions in the same order. Bilinear: the same products
+  // and sums in the same order, unless the host compiler contracts them to FMA.
+  const Tol bilinear_tol{1e-6, 1e-6, 1e-13};
+  {
+    Case c("upsample2x_nearest_forward" + tag);
+    const float* dx = c.in(x);
+    float* dy_ = c.out("y", yn, kExact);
+    c.run([&] { cuda::upsample2x_nearest_forward(dx, dy_, NC, H, W); });
+  }
+  {
+    Case c("upsample2x_nearest_backward" + tag);
+    const float* ddy = c.in(dy);
+    float* ddx = c.out("dx", dxn, kExact);
+    c.run([&] { cuda::upsample2x_nearest_backward(ddy, ddx, NC, H, W); });
+  }
+  {
+    Case c("upsample2x_bilinear_forward" + tag);
+    const float* dx = c.in(x);
+    float* dy_ = c.out("y", yb, bilinear_tol);
+    c.run([&] { cuda::upsample2x_bilinear_forward(dx, dy_, NC, H, W); });
+  }
+  {
+    Case c("upsample2x_bilinear_backward" + tag);
+    const float* ddy = c.in(dy);
+    float* ddx = c.out("dx", dxb, bilinear_tol);
+    c.run([&] { cuda::upsample2x_bilinear_backward(ddy, ddx, NC, H, W); });
+  }
+}
+
 // ---- Convolution
 // ----------------------------------------------------------------------------------
 
@@ -617,6 +688,81 @@ std::vector<ConvShape> resnet152_convs(int64_t N) {
       v.push_back(make_conv_shape(N, st.width, out_hw, out_hw, st.width, 3, 3, 1, 1, 1, 1));
   }
   return v;
+}
+
+// Transposed convolutions: s is the ConvShape of the conv2d they are the adjoint of
+// (make_conv_transpose_shape); x: (N, K, P, Q), w: (K, C, R, S), y: (N, C, H, W).
+void conv_transpose_case(Rng& rng, const ConvShape& s, bool bias, cuda::ConvAlgo algo) {
+  const size_t nx = static_cast<size_t>(s.N * s.K * s.P * s.Q),
+               nw = static_cast<size_t>(s.K * s.C * s.R * s.S),
+               ny = static_cast<size_t>(s.N * s.C * s.H * s.W);
+  const auto x = rng.uniform(nx), w = rng.uniform(nw), b = rng.uniform(static_cast<size_t>(s.C)),
+             dy = rng.uniform(ny);
+  std::vector<float> y(ny), dx(nx), dw(nw), db(static_cast<size_t>(s.C));
+  cpu::conv_transpose2d_forward<float>(x.data(), w.data(), bias ? b.data() : nullptr, y.data(), s);
+  cpu::conv_transpose2d_backward_data<float>(dy.data(), w.data(), dx.data(), s);
+  cpu::conv_transpose2d_backward_filter<float>(x.data(), dy.data(), dw.data(),
+                                               bias ? db.data() : nullptr, s);
+  const bool cudnn = algo == cuda::ConvAlgo::cudnn;
+  const std::string tag =
+      str("%s N=%lld Cin=%lld H=%lld W=%lld Cout=%lld R=%lld S=%lld stride=%lldx%lld pad=%lldx%lld"
+          " out=%lldx%lld%s",
+          cudnn ? " cudnn" : " native", (long long)s.N, (long long)s.K, (long long)s.P,
+          (long long)s.Q, (long long)s.C, (long long)s.R, (long long)s.S, (long long)s.stride_h,
+          (long long)s.stride_w, (long long)s.pad_h, (long long)s.pad_w, (long long)s.H,
+          (long long)s.W, bias ? " bias" : "");
+  // The passes are conv2d's, so are their tolerances (reduction lengths swapped accordingly).
+  auto tol = [&](int64_t K) {
+    Tol t = dot_tol(K);
+    if (cudnn) t = {t.atol * 10, 1e-4, 1e-8};
+    return t;
+  };
+  cuda::set_conv_algo(algo);
+  {
+    Case c("conv_transpose2d_forward" + tag);
+    const float* dx_ = c.in(x);
+    const float* dw_ = c.in(w);
+    const float* db_ = bias ? c.in(b) : nullptr;
+    float* dy_ = c.out("y", y, tol(s.K * s.R * s.S));
+    c.run([&] { cuda::conv_transpose2d_forward(dx_, dw_, db_, dy_, s); });
+  }
+  {
+    Case c("conv_transpose2d_backward_data" + tag);
+    const float* ddy = c.in(dy);
+    const float* dw_ = c.in(w);
+    float* ddx = c.out("dx", dx, tol(s.C * s.R * s.S));
+    c.run([&] { cuda::conv_transpose2d_backward_data(ddy, dw_, ddx, s); });
+  }
+  {
+    Case c("conv_transpose2d_backward_filter" + tag);
+    const float* dx_ = c.in(x);
+    const float* ddy = c.in(dy);
+    float* ddw = c.out("dw", dw, tol(s.N * s.P * s.Q));
+    float* ddb = bias ? c.out("dbias", db, Tol{1e-5, 1e-6, 1e-12}) : nullptr;
+    c.run([&] { cuda::conv_transpose2d_backward_filter(dx_, ddy, ddw, ddb, s); });
+  }
+  if (bias) {  // the bias gradient alone (a frozen weight)
+    Case c("conv_transpose2d_backward_filter (dbias only)" + tag);
+    const float* dx_ = c.in(x);
+    const float* ddy = c.in(dy);
+    float* ddb = c.out("dbias", db, Tol{1e-5, 1e-6, 1e-12});
+    c.run([&] { cuda::conv_transpose2d_backward_filter(dx_, ddy, nullptr, ddb, s); });
+  }
+  cuda::set_conv_algo(cuda::ConvAlgo::native);
+}
+
+// U-Net decoder shapes at batch 2 (64x64 input, widths 64..512) and odd ones.
+std::vector<ConvShape> conv_transpose_shapes() {
+  return {
+      make_conv_transpose_shape(2, 512, 8, 8, 256, 2, 2, 2, 2, 0, 0, 0, 0),
+      make_conv_transpose_shape(2, 256, 16, 16, 128, 2, 2, 2, 2, 0, 0, 0, 0),
+      make_conv_transpose_shape(2, 128, 32, 32, 64, 2, 2, 2, 2, 0, 0, 0, 0),
+      make_conv_transpose_shape(2, 64, 16, 16, 32, 3, 3, 2, 2, 1, 1, 1, 1),
+      make_conv_transpose_shape(1, 3, 7, 5, 5, 3, 3, 1, 1, 1, 1, 0, 0),
+      make_conv_transpose_shape(2, 5, 4, 6, 7, 3, 2, 3, 2, 1, 0, 2, 1),
+      make_conv_transpose_shape(1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0),
+      make_conv_transpose_shape(3, 67, 5, 4, 130, 4, 4, 2, 2, 1, 1, 0, 0),
+  };
 }
 
 std::vector<ConvShape> odd_convs() {
@@ -1176,6 +1322,49 @@ TEST_CASE("conv2d cudnn") {
 }
 #endif
 #endif
+
+#if REGEN_HAVE_CPU_CONV2D
+TEST_CASE("conv_transpose2d native") {
+  use_gpu();
+  Rng rng(14);
+  for (const ConvShape& s : conv_transpose_shapes()) {
+    conv_transpose_case(rng, s, false, cuda::ConvAlgo::native);
+    conv_transpose_case(rng, s, true, cuda::ConvAlgo::native);
+  }
+}
+#ifdef REGEN_WITH_CUDNN
+TEST_CASE("conv_transpose2d cudnn") {
+  use_gpu();
+  Rng rng(15);
+  for (const ConvShape& s : conv_transpose_shapes()) {
+    conv_transpose_case(rng, s, true, cuda::ConvAlgo::cudnn);
+  }
+}
+#endif
+#endif
+
+TEST_CASE("slice_copy") {
+  use_gpu();
+  Rng rng(16);
+  // concat of NCHW tensors along channels (U-Net skips): aligned rows, the float4 path.
+  slice_case(rng, 2, 64, 32 * 32, 64, 0, 128, 64, false);
+  slice_case(rng, 2, 64, 32 * 32, 64, 0, 128, 0, true);  // the same, x unaligned
+  // split / narrow: rows out of the middle of x.
+  slice_case(rng, 3, 2, 5, 7, 4, 2, 0, false);
+  slice_case(rng, 1, 300001, 1, 370001, 70000, 300001, 0, false);  // one long row
+  slice_case(rng, 1000, 1, 3, 4, 3, 2, 1, false);                  // many short rows
+  slice_case(rng, 4, 0, 7, 3, 1, 5, 2, false);                     // nothing to copy
+}
+
+TEST_CASE("upsample2x") {
+  use_gpu();
+  Rng rng(17);
+  upsample_case(rng, 2 * 64, 32, 32);  // a U-Net decoder level
+  upsample_case(rng, 3, 7, 5);
+  upsample_case(rng, 2, 1, 1);
+  upsample_case(rng, 1, 1, 9);
+  upsample_case(rng, 5, 6, 1);
+}
 
 #if REGEN_HAVE_CPU_BATCHNORM
 TEST_CASE("batchnorm") {

@@ -5,8 +5,8 @@
 #include <cstdint>
 #include <string>
 
-#include "models/data.h"
-#include "models/model.h"
+#include "regen/models/data.h"
+#include "regen/models/model.h"
 #include "tests/fuzz/fuzz_util.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

@@ -6,7 +6,7 @@
 #include <memory>
 #include <string>
 
-#include "remat/planner.h"
+#include "regen/remat/planner.h"
 #include "tests/fuzz/fuzz_util.h"
 
 namespace {

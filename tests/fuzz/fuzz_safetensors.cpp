@@ -2,7 +2,7 @@
 // dtypes, shapes, offsets, the data's extent).
 #include <cstdint>
 
-#include "core/safetensors.h"
+#include "regen/core/safetensors.h"
 #include "tests/fuzz/fuzz_util.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

@@ -10,7 +10,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "core/error.h"
+#include "regen/core/error.h"
 
 namespace regen::fuzz {
 

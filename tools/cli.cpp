@@ -1,12 +1,13 @@
-// The regen command line: builds the CLI11 tree from the registered subcommands (command.h) and
-// turns every error into one message on stderr and a non-zero exit status: CLI11's own (bad
-// flags; its exit codes), regen::Error (1), running out of host memory (1).
+// The regen command line (cli.h): builds the CLI11 tree from the registered subcommands
+// (command.h) and turns every error into one message on stderr and a non-zero exit status:
+// CLI11's own (bad flags; its exit codes), regen::Error (1), running out of host memory (1).
 #include <cstdio>
 #include <algorithm>
 #include <map>
 #include <new>
 
-#include "core/error.h"
+#include "regen/core/error.h"
+#include "regen/tools/cli.h"
 #include "tools/command.h"
 #include "tools/common.h"
 
@@ -15,10 +16,8 @@ std::vector<Command>& commands() {
   static std::vector<Command> list;
   return list;
 }
-}  // namespace regen::tool
 
-int main(int argc, char** argv) {
-  using namespace regen::tool;
+int run_cli(int argc, char** argv) {
   CLI::App app{"regen: deep-learning training with built-in rematerialization"};
   // Before the subcommands are added: they copy their parent's failure message.
   app.failure_message(cli_failure_message);
@@ -79,3 +78,5 @@ int main(int argc, char** argv) {
   }
   return 0;
 }
+
+}  // namespace regen::tool

@@ -1,0 +1,150 @@
+// CPU 2x upsampling of (NC, H, W) planes (declared in kernels/kernels.h): nearest and bilinear
+// (align_corners=False), forward and backward, as PyTorch's F.interpolate(scale_factor=2).
+//
+// Bilinear, one axis of extent n: output i samples src = max((i + 0.5) / 2 - 0.5, 0) (PyTorch's
+// area_pixel_compute_source_index with scale 1/2), between i0 = floor(src) and
+// i1 = min(i0 + 1, n - 1) with weight l1 = src - i0 on i1 and 1 - l1 on i0. At scale 2 that is
+//   i = 0:      i0 = 0,      l1 = 0
+//   i = 2k > 0: i0 = k - 1,  l1 = 0.75
+//   i = 2k + 1: i0 = k,      l1 = 0.25
+// so input h is read by outputs 2h - 1 (weight 0.25, h >= 1), 2h (0.75; 1 for h = 0), 2h + 1
+// (0.75; 1 for h = n - 1, where i1 = i0) and 2h + 2 (0.25, h < n - 1). Backward gathers over those
+// (at most 4 x 4 outputs per input), so every element is written by one thread with a fixed sum
+// order, the same as the CUDA kernels' (kernels/cuda/upsample.cu). All weights are exact binary
+// fractions.
+//
+// Work is split over planes (OpenMP).
+// Tests: tests/test_ops_upsample.cpp (against loops and PyTorch values),
+// tests/test_gradcheck_upsample.cpp.
+#include <omp.h>
+
+#include <cstdint>
+
+#include "regen/kernels/kernels.h"
+
+namespace regen::cpu {
+namespace {
+constexpr int64_t kParallelMin = 1 << 15;  // output elements; below this one thread is faster
+
+// Output i of an axis of extent n: the two input indices and the weight of the second.
+template <class T>
+inline void source(int64_t i, int64_t n, int64_t& i0, int64_t& i1, T& l1) {
+  const int64_t k = i >> 1;
+  if (i & 1) {
+    i0 = k;
+    l1 = T(0.25);
+  } else if (k == 0) {
+    i0 = 0;
+    l1 = T(0);
+  } else {
+    i0 = k - 1;
+    l1 = T(0.75);
+  }
+  i1 = i0 < n - 1 ? i0 + 1 : i0;
+}
+
+// The outputs [lo, lo + count) that read input h of an axis of extent n, and their weights.
+template <class T>
+inline int readers(int64_t h, int64_t n, int64_t& lo, T (&w)[4]) {
+  int count = 0;
+  lo = h >= 1 ? 2 * h - 1 : 0;
+  if (h >= 1) w[count++] = T(0.25);
+  w[count++] = h == 0 ? T(1) : T(0.75);
+  w[count++] = h == n - 1 ? T(1) : T(0.75);
+  if (h < n - 1) w[count++] = T(0.25);
+  return count;
+}
+}  // namespace
+
+template <class T>
+void upsample2x_nearest_forward(const T* x, T* y, int64_t NC, int64_t H, int64_t W) {
+  const int64_t W2 = 2 * W;
+#pragma omp parallel for schedule(static) if (NC * H * W * 4 > kParallelMin)
+  for (int64_t i = 0; i < NC; ++i) {
+    for (int64_t h = 0; h < H; ++h) {
+      const T* in = x + (i * H + h) * W;
+      T* out = y + (i * 2 * H + 2 * h) * W2;
+      for (int64_t w = 0; w < W2; ++w) out[w] = in[w >> 1];
+      for (int64_t w = 0; w < W2; ++w) out[W2 + w] = out[w];
+    }
+  }
+}
+
+template <class T>
+void upsample2x_nearest_backward(const T* dy, T* dx, int64_t NC, int64_t H, int64_t W) {
+  const int64_t W2 = 2 * W;
+#pragma omp parallel for schedule(static) if (NC * H * W * 4 > kParallelMin)
+  for (int64_t i = 0; i < NC; ++i) {
+    for (int64_t h = 0; h < H; ++h) {
+      const T* top = dy + (i * 2 * H + 2 * h) * W2;
+      const T* bottom = top + W2;
+      T* out = dx + (i * H + h) * W;
+      for (int64_t w = 0; w < W; ++w) {
+        out[w] = (top[2 * w] + top[2 * w + 1]) + (bottom[2 * w] + bottom[2 * w + 1]);
+      }
+    }
+  }
+}
+
+template <class T>
+void upsample2x_bilinear_forward(const T* x, T* y, int64_t NC, int64_t H, int64_t W) {
+  const int64_t H2 = 2 * H, W2 = 2 * W;
+#pragma omp parallel for schedule(static) if (NC * H * W * 4 > kParallelMin)
+  for (int64_t i = 0; i < NC; ++i) {
+    const T* in = x + i * H * W;
+    for (int64_t oh = 0; oh < H2; ++oh) {
+      int64_t h0, h1;
+      T lh1;
+      source(oh, H, h0, h1, lh1);
+      const T lh0 = T(1) - lh1;
+      const T* r0 = in + h0 * W;
+      const T* r1 = in + h1 * W;
+      T* out = y + (i * H2 + oh) * W2;
+      for (int64_t ow = 0; ow < W2; ++ow) {
+        int64_t w0, w1;
+        T lw1;
+        source(ow, W, w0, w1, lw1);
+        const T lw0 = T(1) - lw1;
+        out[ow] = lh0 * (lw0 * r0[w0] + lw1 * r0[w1]) + lh1 * (lw0 * r1[w0] + lw1 * r1[w1]);
+      }
+    }
+  }
+}
+
+template <class T>
+void upsample2x_bilinear_backward(const T* dy, T* dx, int64_t NC, int64_t H, int64_t W) {
+  const int64_t W2 = 2 * W;
+#pragma omp parallel for schedule(static) if (NC * H * W * 4 > kParallelMin)
+  for (int64_t i = 0; i < NC; ++i) {
+    const T* g = dy + i * 4 * H * W;
+    for (int64_t h = 0; h < H; ++h) {
+      int64_t oh0;
+      T wh[4];
+      const int nh = readers(h, H, oh0, wh);
+      for (int64_t w = 0; w < W; ++w) {
+        int64_t ow0;
+        T ww[4];
+        const int nw = readers(w, W, ow0, ww);
+        T acc = T(0);
+        for (int a = 0; a < nh; ++a) {
+          const T* row = g + (oh0 + a) * W2 + ow0;
+          T part = T(0);
+          for (int b = 0; b < nw; ++b) part += ww[b] * row[b];
+          acc += wh[a] * part;
+        }
+        dx[(i * H + h) * W + w] = acc;
+      }
+    }
+  }
+}
+
+#define REGEN_INSTANTIATE(T)                                                             \
+  template void upsample2x_nearest_forward<T>(const T*, T*, int64_t, int64_t, int64_t);  \
+  template void upsample2x_nearest_backward<T>(const T*, T*, int64_t, int64_t, int64_t); \
+  template void upsample2x_bilinear_forward<T>(const T*, T*, int64_t, int64_t, int64_t); \
+  template void upsample2x_bilinear_backward<T>(const T*, T*, int64_t, int64_t, int64_t);
+REGEN_INSTANTIATE(float)
+REGEN_INSTANTIATE(double)
+#undef REGEN_INSTANTIATE
+
+}  // namespace regen::cpu

@@ -1,0 +1,67 @@
+// CUDA transposed convolution (declared in kernels/cuda/cuda_kernels.h; CPU reference
+// kernels/cpu/conv_transpose2d.cpp; test tests/cuda/test_cuda_ops.cpp). As on the CPU, each pass
+// is a pass of the conv2d that s describes, run by the conv2d launchers (native implicit GEMM or
+// cuDNN, whichever set_conv_algo chose): forward = conv2d backward-data (+ bias), backward-data =
+// conv2d forward, backward-filter = conv2d backward-filter with dy and x as its input and output
+// gradient. Bias: an element-wise add per plane; dbias: one block per channel, a fixed-order block
+// reduction in double (no atomics: the same bits on every run).
+#include "regen/kernels/cuda/common.cuh"
+#include "regen/kernels/cuda/cuda_kernels.h"
+
+namespace regen::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+// y: (N, C, HW) += bias[c]
+__global__ void add_bias_kernel(float* y, const float* bias, int64_t C, int64_t HW, int64_t total) {
+  for (int64_t i = dev::global_thread(); i < total; i += dev::grid_stride()) {
+    y[i] = __fadd_rn(y[i], bias[(i / HW) % C]);
+  }
+}
+
+// dy: (N, C, HW) -> dbias: (C); block c sums its channel, image by image, each thread a fixed
+// stride of every plane.
+__global__ void __launch_bounds__(kThreads)
+    channel_sum_kernel(const float* dy, float* dbias, int64_t N, int64_t C, int64_t HW) {
+  __shared__ double scratch[32];
+  const int64_t c = blockIdx.x;
+  double s = 0.0;
+  for (int64_t n = 0; n < N; ++n) {
+    const float* plane = dy + (n * C + c) * HW;
+    for (int64_t j = threadIdx.x; j < HW; j += kThreads) s += static_cast<double>(plane[j]);
+  }
+  s = dev::block_sum(s, scratch);
+  if (threadIdx.x == 0) dbias[c] = static_cast<float>(s);
+}
+
+}  // namespace
+
+void conv_transpose2d_forward(const float* x, const float* w, const float* bias, float* y,
+                              const ConvShape& s) {
+  conv2d_backward_data(x, w, y, s);
+  if (!bias) return;
+  const int64_t hw = s.H * s.W, total = s.N * s.C * hw;
+  if (total == 0) return;
+  add_bias_kernel<<<detail::grid_blocks(total, kThreads), kThreads, 0, stream()>>>(y, bias, s.C, hw,
+                                                                                   total);
+  REGEN_CUDA_LAUNCH_CHECK("conv_transpose2d_forward (bias)");
+}
+
+void conv_transpose2d_backward_data(const float* dy, const float* w, float* dx,
+                                    const ConvShape& s) {
+  conv2d_forward(dy, w, nullptr, dx, s);
+}
+
+void conv_transpose2d_backward_filter(const float* x, const float* dy, float* dw, float* dbias,
+                                      const ConvShape& s) {
+  if (dw) conv2d_backward_filter(dy, x, dw, nullptr, s);
+  if (!dbias) return;
+  REGEN_CHECK(s.C > 0 && s.C <= 0x7fffffff, "conv_transpose2d_backward_filter: ", s.C,
+              " output channels");
+  channel_sum_kernel<<<static_cast<unsigned>(s.C), kThreads, 0, stream()>>>(dy, dbias, s.N, s.C,
+                                                                            s.H * s.W);
+  REGEN_CUDA_LAUNCH_CHECK("conv_transpose2d_backward_filter (dbias)");
+}
+
+}  // namespace regen::cuda

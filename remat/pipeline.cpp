@@ -1,0 +1,163 @@
+// The three stages over one Trainer (pipeline.h).
+#include "regen/remat/pipeline.h"
+
+#include "regen/core/error.h"
+
+namespace regen {
+
+void rethrow_with_plan(const OutOfMemory& e, const Plan& plan) {
+  std::string msg = e.message();
+  msg += "\n  the plan (" + plan.policy + ", budget " + plan.budget_text + " of " +
+         budget_of_name(plan.budget_of) + " bytes) predicted a peak of " +
+         format_bytes(plan.predicted.peak_allocated) + " allocated and " +
+         format_bytes(plan.predicted.peak_reserved) + " reserved";
+  if (!plan.predicted.peak_at.empty()) msg += ", reached at " + plan.predicted.peak_at;
+  if (plan.limit > 0) msg += ", under the limit " + format_bytes(plan.limit);
+  msg += "; a step that runs out where the simulation did not is not the profiled step (another "
+         "model, batch, input size, device or thread count?): profile again";
+  throw OutOfMemory(msg, __FILE__, __LINE__);
+}
+
+void judge_loaded_plan(const Simulator& sim, Plan& plan) {
+  const Profile& p = sim.profile();
+  REGEN_CHECK(plan.decisions.size() == p.saved.size(), "plan '", plan.policy, "' has ",
+              plan.decisions.size(), " decisions, but the profile of ", p.model, " has ",
+              p.saved.size(), " saved tensors");
+  const PlanFit fit = fit_schedule(sim, plan_schedule(p, plan), plan.budget_bytes, plan.budget_of,
+                                   nullptr, plan.planned_layout);
+  plan.predicted = fit.result;
+  plan.layout = fit.layout;
+  plan.feasible = fit.fits;
+  plan.limit = fit.fits && plan.budget_of == BudgetOf::reserved ? plan.budget_bytes : 0;
+  plan.no_remat_peak = peak_of(
+      sim.run(build_schedule(p, std::vector<Decision>(p.saved.size(), Decision::retain))),
+      plan.budget_of);
+}
+
+RematPipeline::RematPipeline(Trainer& trainer) : trainer_(trainer) {}
+
+RematPipeline::~RematPipeline() { finish(); }
+
+const Profile& RematPipeline::profile(ProfileOptions options) {
+  finish();
+  clear_plan();
+  if (options.model_name.empty()) options.model_name = trainer_.model().config().name;
+  Profile p = profile_training(trainer_, options);
+  steps_done_ += options.warmup + options.iterations;
+  profile_ = std::make_unique<Profile>(std::move(p));
+  sim_ = std::make_unique<Simulator>(*profile_);
+  return *profile_;
+}
+
+const Profile& RematPipeline::use_profile(Profile profile) {
+  const std::string& model = trainer_.model().config().name;
+  const std::string device = trainer_.device().str();
+  REGEN_CHECK(profile.model == model, "the profile is for model ", profile.model, ", not ", model);
+  REGEN_CHECK(profile.batch == trainer_.batch_size(), "the profile of ", model, " is for batch ",
+              profile.batch, ", not ", trainer_.batch_size());
+  REGEN_CHECK(profile.device == device, "the profile of ", model, " was recorded on ",
+              profile.device, ", not ", device);
+  finish();
+  clear_plan();
+  profile_ = std::make_unique<Profile>(std::move(profile));
+  sim_ = std::make_unique<Simulator>(*profile_);
+  return *profile_;
+}
+
+const Profile& RematPipeline::current_profile() const {
+  REGEN_CHECK(profile_ != nullptr, "the pipeline has no profile yet: call profile() or use_profile()");
+  return *profile_;
+}
+
+const Simulator& RematPipeline::simulator() const {
+  current_profile();
+  return *sim_;
+}
+
+const Plan& RematPipeline::plan(const std::string& policy, const Budget& budget,
+                                const PlanOptions& options) {
+  set_plan(make_plan(simulator(), policy, budget, options));
+  return *plan_;
+}
+
+const Plan& RematPipeline::use_plan(Plan plan) {
+  const Profile& p = current_profile();
+  REGEN_CHECK(plan.decisions.size() == p.saved.size(), "plan '", plan.policy, "' has ",
+              plan.decisions.size(), " decisions, but the profile of ", p.model, " has ",
+              p.saved.size(), " saved tensors");
+  set_plan(std::move(plan));
+  return *plan_;
+}
+
+void RematPipeline::set_plan(Plan plan) {
+  finish();
+  exec_.reset();
+  plan_ = std::make_unique<Plan>(std::move(plan));
+  if (plan_->predicted.peak_at.empty()) {  // where the peak is, for an out-of-memory report
+    SimOptions so;
+    so.limit = plan_->limit;
+    so.layout = plan_->layout;
+    so.top_live = 1;
+    plan_->predicted.peak_at = sim_->run(plan_schedule(*profile_, *plan_), so).peak_at;
+  }
+  exec_ = std::make_unique<RematExecutor>(*profile_, plan_schedule(*profile_, *plan_));
+}
+
+const Plan& RematPipeline::current_plan() const {
+  REGEN_CHECK(plan_ != nullptr, "the pipeline has no plan yet: call plan() or use_plan()");
+  return *plan_;
+}
+
+void RematPipeline::clear_plan() {
+  finish();
+  exec_.reset();
+  plan_.reset();
+}
+
+void RematPipeline::set_limit(int64_t limit) {
+  finish();
+  limit_override_ = limit;
+}
+
+void RematPipeline::install() {
+  if (hooks_ || !exec_) return;
+  // The persistent tensors (gradients, optimizer state) exist before the limit applies, as they
+  // did when the step was profiled.
+  trainer_.prepare();
+  CachingAllocator& a = trainer_.allocator();
+  limit_ = std::make_unique<LimitScope>(a, limit_override_ >= 0 ? limit_override_ : plan_->limit);
+  layout_ = std::make_unique<LayoutScope>(a, plan_->layout);
+  hooks_ = std::make_unique<HooksScope>(exec_.get());
+}
+
+void RematPipeline::finish() {
+  hooks_.reset();
+  layout_.reset();
+  limit_.reset();
+}
+
+StepResult RematPipeline::step(StepObserver* observer) {
+  install();
+  StepResult r;
+  try {
+    r = trainer_.step(observer);
+  } catch (const OutOfMemory& e) {
+    hooks_.reset();  // the rest of the plan goes with the pipeline (its tensors may still be live)
+    if (plan_) rethrow_with_plan(e, *plan_);
+    throw;
+  }
+  ++steps_done_;
+  return r;
+}
+
+std::vector<StepResult> RematPipeline::train(
+    int64_t steps, const std::function<bool(int64_t, const StepResult&)>& progress) {
+  std::vector<StepResult> out;
+  for (int64_t i = 0; i < steps; ++i) {
+    out.push_back(step());
+    if (progress && !progress(i + 1, out.back())) break;
+  }
+  return out;
+}
+
+}  // namespace regen

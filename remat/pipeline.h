@@ -1,0 +1,106 @@
+// The three stages as one object over a Trainer: profile one iteration (or take a profile made
+// earlier), plan under a budget with any registered planner (or take a plan made elsewhere), and
+// train under the plan. `regen train`, `regen sweep`, `regen frontier` and the remat test suites
+// all run plans through it, so a program that links regen trains exactly as they do:
+//
+//   Trainer trainer(*model, *optimizer, *data, batch, device);
+//   RematPipeline pipe(trainer);
+//   pipe.profile();                                   // stage 1: measured steps (they train)
+//   pipe.plan("dp", Budget::parse("50%"));            // stage 2
+//   for (int i = 0; i < 100; ++i) pipe.step();        // stage 3: steps under the plan
+//
+// While steps run, the plan is installed: the executor's hooks on the calling thread's tape, the
+// allocator's hard limit (a reserved budget) and the planned layout (PlanOptions::planned_layout).
+// It stays installed between steps, so the step layout and the reserved segments carry over as
+// they would in one loop, and it is removed by finish(), by a new profile or plan, and by the
+// destructor, also when a step's exception unwinds the stack: no destroyed executor stays
+// registered on the tape. Use a pipeline on one thread.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "regen/remat/executor.h"
+#include "regen/remat/planner.h"
+#include "regen/remat/profiler.h"
+
+namespace regen {
+
+// A step that ran out of memory under `plan`: the allocator's report with what the plan
+// predicted (peaks, where the peak is, the limit) and what to check. Thrown as OutOfMemory.
+[[noreturn]] void rethrow_with_plan(const OutOfMemory& e, const Plan& plan);
+
+// A plan read from a file (load_plan), judged again on `sim`'s profile: its prediction, planned
+// layout, feasibility and limit follow from its decisions and budget.
+void judge_loaded_plan(const Simulator& sim, Plan& plan);
+
+class RematPipeline {
+ public:
+  explicit RematPipeline(Trainer& trainer);
+  ~RematPipeline();
+  RematPipeline(const RematPipeline&) = delete;
+  RematPipeline& operator=(const RematPipeline&) = delete;
+
+  // ---- Stage 1 -------------------------------------------------------------------------------
+  // Runs options.warmup plain steps and options.iterations instrumented ones (they train the
+  // model, as any step does) and keeps the profile. Drops any plan.
+  const Profile& profile(ProfileOptions options = {});
+  // A profile recorded earlier (load_profile). Refused, naming the field, when it was recorded for
+  // another model, batch or device than the trainer's. Drops any plan.
+  const Profile& use_profile(Profile profile);
+  bool has_profile() const { return profile_ != nullptr; }
+  const Profile& current_profile() const;  // throws regen::Error without one
+  const Simulator& simulator() const;      // over the current profile
+
+  // ---- Stage 2 -------------------------------------------------------------------------------
+  // Any registered planner (planner.h planner_names()). The plan is kept even when it does not
+  // fit its budget (Plan::feasible says so); step() runs it without a limit then.
+  const Plan& plan(const std::string& policy, const Budget& budget, const PlanOptions& options = {});
+  // A plan made elsewhere for this profile: by make_plan, by judge_loaded_plan, or by hand (its
+  // decisions one per saved tensor; finish_plan fills in its prediction).
+  const Plan& use_plan(Plan plan);
+  bool has_plan() const { return plan_ != nullptr; }
+  const Plan& current_plan() const;  // throws regen::Error without one
+  // Drops the plan: later steps run without remat.
+  void clear_plan();
+
+  // ---- Stage 3 -------------------------------------------------------------------------------
+  // One training step, under the plan when there is one. An out-of-memory error under a plan
+  // carries what the plan predicted (rethrow_with_plan).
+  StepResult step(StepObserver* observer = nullptr);
+  // `steps` steps; `progress` (may be empty) sees each one (1-based index) and returns false to
+  // stop early. Returns every step's result.
+  std::vector<StepResult> train(int64_t steps,
+                                const std::function<bool(int64_t, const StepResult&)>& progress = {});
+  // Removes the installed plan (hooks, limit, layout) until the next step.
+  void finish();
+  // The allocator's hard limit the steps run under instead of the plan's (0: none; a negative
+  // value: the plan's). For experiments that run a plan under a tighter limit than it was made for.
+  void set_limit(int64_t limit);
+
+  // Null until a plan is in use. Its counters are those of the last finished step.
+  const RematExecutor* executor() const { return exec_.get(); }
+  Trainer& trainer() { return trainer_; }
+  // Steps run so far: profiling steps and step()'s.
+  int64_t steps_done() const { return steps_done_; }
+
+ private:
+  void install();
+  void set_plan(Plan plan);
+
+  Trainer& trainer_;
+  std::unique_ptr<Profile> profile_;
+  std::unique_ptr<Simulator> sim_;
+  std::unique_ptr<Plan> plan_;
+  std::unique_ptr<RematExecutor> exec_;
+  int64_t limit_override_ = -1;
+  int64_t steps_done_ = 0;
+  // The installed plan, removed in reverse order.
+  std::unique_ptr<LimitScope> limit_;
+  std::unique_ptr<LayoutScope> layout_;
+  std::unique_ptr<HooksScope> hooks_;
+};
+
+}  // namespace regen

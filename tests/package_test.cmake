@@ -1,0 +1,38 @@
+# The installed package as an outside project uses it (ctest runs this script; tests/CMakeLists.txt):
+# cmake --install of the build into WORK/prefix, examples/ configured on its own with
+# find_package(regen) against that prefix, built, and the U-Net example run. Any failing step fails
+# the test with its output.
+foreach(v BUILD SOURCE WORK CXX BUILD_TYPE)
+  if(NOT DEFINED ${v})
+    message(FATAL_ERROR "package_test.cmake needs -D${v}=...")
+  endif()
+endforeach()
+file(REMOVE_RECURSE ${WORK})
+function(step what)
+  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "${what} failed (${rc}):\n${out}\n${err}")
+  endif()
+  message(STATUS "${what}: ok")
+  set(last_output "${out}" PARENT_SCOPE)
+endfunction()
+step("install" ${CMAKE_COMMAND} --install ${BUILD} --prefix ${WORK}/prefix)
+foreach(f include/regen/remat/pipeline.h include/regen/core/tensor.h lib/cmake/regen/regenConfig.cmake
+          lib/cmake/regen/regenTargets.cmake)
+  if(NOT EXISTS ${WORK}/prefix/${f})
+    message(FATAL_ERROR "the installed package has no ${f}")
+  endif()
+endforeach()
+# Nothing of the source tree may be needed: the examples see only the prefix.
+step("configure examples/" ${CMAKE_COMMAND} -S ${SOURCE}/examples -B ${WORK}/examples
+     -DCMAKE_PREFIX_PATH=${WORK}/prefix -DCMAKE_CXX_COMPILER=${CXX} -DCMAKE_BUILD_TYPE=${BUILD_TYPE})
+step("build examples/" ${CMAKE_COMMAND} --build ${WORK}/examples)
+step("run unet" ${WORK}/examples/unet)
+message(STATUS "${last_output}")
+# The command line with the U-Net registered: profile, plan and train through the tool's own code.
+step("unet-tool train" ${WORK}/examples/unet-tool train --model unet --batch 8 --steps 3
+     --policy dp --budget 70% --budget-of allocated --progress none)
+message(STATUS "${last_output}")
+if(NOT last_output MATCHES "remat dp: predicted peak allocated [^;]*; measured [^(]*\\(exact\\)")
+  message(FATAL_ERROR "unet-tool train did not report an exact prediction:\n${last_output}")
+endif()
