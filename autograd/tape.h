@@ -276,6 +276,7 @@ class Tape {
 
   void add_hooks(TapeHooks* hooks);
   void remove_hooks(TapeHooks* hooks);
+  size_t num_hooks() const { return hooks_.size(); }
 
   // Block scopes (models mark residual blocks and encoder layers).
   int32_t begin_block(uint32_t name);

@@ -1,0 +1,177 @@
+// The library's pipeline and registries: a planner and a model registered by the program run
+// through RematPipeline like the built-in ones (exact peaks, bitwise training); names are checked;
+// blocks and sqrt refuse a model that marks no blocks; a step that throws under a plan leaves no
+// hooks behind on the tape.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "regen/autograd/ops.h"
+#include "regen/models/layers.h"
+#include "regen/remat/pipeline.h"
+#include "tests/remat_suite.h"
+#include "tests/test_util.h"
+
+using namespace regen;
+using namespace regen::testing;
+
+namespace {
+
+// A planner written outside regen: recompute every other candidate, judged by finish_plan.
+Plan every_other(const Simulator& sim, const Budget& budget, const PlanOptions& options) {
+  const Profile& p = sim.profile();
+  Plan draft;
+  draft.policy = "every-other";
+  draft.decisions.assign(p.saved.size(), Decision::retain);
+  bool pick = true;
+  for (const ProfileSaved& s : p.saved) {
+    if (!s.candidate) continue;
+    if (pick) draft.decisions[static_cast<size_t>(s.index)] = Decision::recompute;
+    pick = !pick;
+  }
+  return finish_plan(sim, std::move(draft), budget, options);
+}
+
+// A network with no blocks marked: four 3x3 convolutions with relu, pooling, a linear head.
+class Plain : public Model {
+ public:
+  Plain(const ModelConfig& c, Device device) : Model(c) {
+    Generator gen(c.seed);
+    for (int i = 0; i < 4; ++i) {
+      const std::string n = "conv" + std::to_string(i);
+      conv_.push_back(&register_module(n, std::make_unique<Conv2d>(n, i == 0 ? 3 : 16, 16, 3, 1, 1, false, gen, device)));
+    }
+    fc_ = &register_module("fc", std::make_unique<Linear>("fc", 16, c.num_classes, true, gen, device));
+    assign_full_names();
+  }
+  Tensor forward(const Tensor& x) override {
+    Tensor h = x;
+    for (Conv2d* c : conv_) h = relu(c->forward(h));
+    return fc_->forward(flatten(global_avg_pool(h), 1));
+  }
+  Tensor loss(const Tensor& logits, const Tensor& target) const override {
+    return cross_entropy(logits, target);
+  }
+  void check_batch(const Batch&) const override {}
+
+ private:
+  std::vector<Conv2d*> conv_;
+  Linear* fc_;
+};
+
+void register_once() {
+  static const bool done = [] {
+    register_planner({"every-other", "recompute every other candidate (a test planner)", every_other});
+    ModelConfig preset;
+    preset.family = ModelFamily::resnet;
+    preset.image_size = 32;
+    preset.num_classes = 10;
+    register_model({"plain-test", "conv, relu, pooling, linear (no blocks)", preset,
+                    [](const ModelConfig& c, Device d) { return std::make_unique<Plain>(c, d); }});
+    return true;
+  }();
+  (void)done;
+}
+
+}  // namespace
+
+TEST_CASE("pipeline: a registered planner runs like a built-in one: exact peaks, bitwise training") {
+  register_once();
+  const std::vector<std::string> names = policy_names();
+  CHECK(names.back() == "every-other");
+  CHECK(std::count(names.begin(), names.end(), "dp") == 1);
+  check_model(model_preset("transformer-tiny"), 4, {"every-other"});
+}
+
+TEST_CASE("pipeline: a registered model is profiled, planned and trained by name") {
+  register_once();
+  const ModelConfig cfg = model_preset("plain-test");
+  CHECK(cfg.name == "plain-test");
+  CHECK(cfg.image_size == 32);
+  {
+    std::unique_ptr<Model> m = make_model(cfg);
+    CHECK(dynamic_cast<Plain*>(m.get()) != nullptr);
+  }
+  // mutwo and dp plan it; blocks and sqrt say it has no blocks instead of an empty plan.
+  check_model(cfg, 8, {"none", "mutwo", "dp", "every-other"});
+  const Profile p = profile_of(cfg, 4, 1);
+  CHECK(p.blocks.empty());
+  const Simulator sim(p);
+  for (const char* policy : {"blocks", "sqrt"}) {
+    const std::string e = error_of([&] { make_plan(sim, policy, Budget::parse("80%")); });
+    CAPTURE(e);
+    CHECK(e.find(std::string("the ") + policy + " policy checkpoints whole blocks") != std::string::npos);
+    CHECK(e.find("plain-test marks none") != std::string::npos);
+  }
+}
+
+TEST_CASE("pipeline: registry names are checked, unknown ones listed") {
+  register_once();
+  CHECK(error_of([] { register_planner({"dp", "again", every_other}); }).find("registered already") != std::string::npos);
+  CHECK(error_of([] { register_planner({"bad name", "x", every_other}); }).find("must be letters") != std::string::npos);
+  CHECK(error_of([] { register_planner({"no-function", "x", {}}); }).find("has no function") != std::string::npos);
+  const std::string unknown = error_of([] { planner_info("nosuch"); });
+  CHECK(unknown.find("unknown policy 'nosuch'") != std::string::npos);
+  CHECK(unknown.find("every-other") != std::string::npos);
+  ModelConfig c;
+  CHECK(error_of([&] { register_model({"resnet50", "again", c, make_model}); }).find("registered already") != std::string::npos);
+  CHECK(error_of([&] { register_model({"x y", "bad", c, make_model}); }).find("must be letters") != std::string::npos);
+  const std::string um = error_of([] { model_preset("nosuch"); });
+  CHECK(um.find("unknown model 'nosuch'") != std::string::npos);
+  CHECK(um.find("plain-test") != std::string::npos);
+  // A planner that returns the wrong number of decisions is refused by make_plan.
+  register_planner({"short-test", "too few decisions", [](const Simulator&, const Budget&, const PlanOptions&) {
+                      Plan p;
+                      p.decisions.resize(1);
+                      return p;
+                    }});
+  const Profile p = profile_of(model_preset("transformer-tiny"), 2, 1);
+  const std::string e = error_of([&] { make_plan(Simulator(p), "short-test", Budget()); });
+  CHECK(e.find("returned 1 decisions for") != std::string::npos);
+}
+
+// The pipeline refuses a profile of another batch, and a step that throws under a plan leaves
+// nothing registered on the tape once the pipeline is gone: the next plain step trains as
+// without remat, its peak the profiled one.
+TEST_CASE("pipeline: a profile of another batch is refused; an exception in a step leaves no hooks") {
+  const ModelConfig cfg = remat_resnet();
+  const Profile profile = profile_of(cfg, 8, 1);
+  {
+    fresh_allocator(Device::cpu());
+    Run r = make_run(cfg, 4, Device::cpu());
+    RematPipeline pipe(*r.trainer);
+    const std::string e = error_of([&] { pipe.use_profile(profile); });
+    CHECK(e.find("is for batch 8, not 4") != std::string::npos);
+    CHECK_FALSE(pipe.has_profile());
+  }
+  const Simulator sim(profile);
+  PlanOptions po;
+  po.budget_of = BudgetOf::allocated;
+  // Halfway between the lowest peak dp reaches and the no-remat peak: a budget it meets.
+  const Plan probe = make_plan(sim, "dp", Budget::parse("1"), po);
+  Budget mid;
+  mid.kind = Budget::Kind::bytes;
+  mid.value = static_cast<double>(probe.lowest_peak + (probe.no_remat_peak - probe.lowest_peak) / 2);
+  const Plan plan = make_plan(sim, "dp", mid, po);
+  REQUIRE(plan.feasible);
+  REQUIRE(plan.recomputed() > 0);
+  {
+    fresh_allocator(Device::cpu());
+    Run r = make_run(cfg, 8, Device::cpu());
+    RematPipeline pipe(*r.trainer);
+    pipe.use_profile(profile);
+    pipe.use_plan(plan);
+    pipe.set_limit(plan.predicted.peak_allocated / 2);  // far below what the plan needs
+    const std::string e = error_of([&] { pipe.step(); });
+    CHECK(e.find("the plan (dp, budget ") != std::string::npos);
+    CHECK(e.find("out of memory") != std::string::npos);
+  }
+  fresh_allocator(Device::cpu());
+  Run r = make_run(cfg, 8, Device::cpu());
+  const StepResult s = r.trainer->step();
+  CHECK(s.memory.allocated.peak == profile.peak_allocated);
+  CHECK(Tape::current().num_hooks() == 0);
+}
