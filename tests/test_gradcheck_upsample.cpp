@@ -84,3 +84,21 @@ TEST_CASE("gradcheck: conv_transpose2d where only the weight or only the bias ne
       [](const std::vector<Tensor>& t) { return conv_transpose2d(t[0], t[1], t[2], 1, 0, 0); },
       {x, w, b}, only_b);
 }
+
+TEST_CASE("gradcheck: a U-Net level (pool, transposed conv, upsampling, concat skip, split)") {
+  // At most quadratic in each input element, so linear_op_tol applies.
+  gradcheck(
+      "unet level",
+      [](const std::vector<Tensor>& t) {
+        Tensor skip = conv2d(t[0], t[1], Tensor(), 1, 1);         // (1, 3, 6, 6)
+        Tensor down = avg_pool2d(skip, 2, 2, 0);                  // (1, 3, 3, 3)
+        Tensor up = conv_transpose2d(down, t[2], t[3], 2, 0, 0);  // (1, 2, 6, 6)
+        Tensor side = upsample2x(down, UpsampleMode::bilinear);   // (1, 3, 6, 6)
+        Tensor joined = concat({up, skip, side}, 1);              // (1, 8, 6, 6)
+        const std::vector<Tensor> p = split(joined, {3, 5}, 1);   // (1, 3 | 5, 6, 6)
+        return narrow(concat({mul(p[0], p[0]), p[1]}, 1), 2, 1, 4);
+      },
+      {rand64({1, 2, 6, 6}, 50), rand64({3, 2, 3, 3}, 51), rand64({3, 2, 2, 2}, 52),
+       rand64({2}, 53)},
+      linear_op_tol());
+}

@@ -11,8 +11,10 @@ JOBS=${JOBS:-2}
 CUDA_INC=${CUDA_INC:-/usr/local/cuda/include}
 what=${1:-ops}
 [ $# -gt 0 ] && shift
-mkdir -p "$B/gen" "$B/obj"
-export CXXCMD="${CXX:-g++} -std=c++20 -O1 -w -fopenmp -I$HERE -I$HERE/stand-ins -I$ROOT -I$CUDA_INC \
+mkdir -p "$B/gen" "$B/obj" "$B/include"
+# Headers include each other as "regen/<layer>/...": the same links the CMake build makes.
+ln -sfn "$ROOT" "$B/include/regen"
+export CXXCMD="${CXX:-g++} -std=c++20 -O1 -w -fopenmp -I$HERE -I$HERE/stand-ins -I$B/include -I$ROOT -I$CUDA_INC \
   -I/usr/include/eigen3 -DREGEN_WITH_CUDA=1"
 defs=""
 for fam in conv2d batchnorm pool embedding layernorm softmax attention cross_entropy optim; do
