@@ -136,7 +136,7 @@ TEST_CASE("pipeline: registry names are checked, unknown ones listed") {
 // The pipeline refuses a profile of another batch, and a step that throws under a plan leaves
 // nothing registered on the tape once the pipeline is gone: the next plain step trains as
 // without remat, its peak the profiled one.
-TEST_CASE("pipeline: a profile of another batch is refused; an exception in a step leaves no hooks") {
+TEST_CASE("pipeline: a profile of another batch is refused, and an exception in a step leaves no hooks") {
   const ModelConfig cfg = remat_resnet();
   const Profile profile = profile_of(cfg, 8, 1);
   {
