@@ -1,4 +1,6 @@
-// The tape and the backward engine (tape.h). docs/architecture.md walks through one recording.
+// The tape: recording, replays, saved tensors and their states (tape.h). The backward engine is
+// in engine.cpp, the op registry in op_registry.cpp, modes and RNG in modes.cpp.
+// docs/architecture.md walks through one recording.
 #include "regen/autograd/tape.h"
 
 #include <algorithm>
@@ -8,33 +10,8 @@
 
 namespace regen {
 
-// ---- Gradient accumulation --------------------------------------------------------------------
-
 namespace {
-template <class T>
-void add_inplace_typed(const Tensor& dst, const Tensor& src) {
-  REGEN_LAUNCH(dst.device(), T, add_inplace, dst.data<T>(), src.data<T>(), dst.numel());
-}
-}  // namespace
-
-void accumulate_into(const Tensor& dst, const Tensor& src) {
-  REGEN_CHECK(dst.shape() == src.shape() && dst.dtype() == src.dtype() &&
-                  dst.device() == src.device(),
-              "gradient accumulation: ", dst.str(), " += ", src.str(), " do not match");
-  REGEN_FLOATING(dst.dtype(), "gradient accumulation", add_inplace_typed, dst, src);
-}
-
-// ---- Op registry ----------------------------------------------------------------------------
-
-namespace {
-std::array<const OpDef*, kNumOpKinds>& registry() {
-  static std::array<const OpDef*, kNumOpKinds> table{};
-  return table;
-}
-#define REGEN_OP_NAME(name) #name,
-const char* const kOpNames[] = {REGEN_OPS(REGEN_OP_NAME)};
-#undef REGEN_OP_NAME
-static_assert(sizeof(kOpNames) / sizeof(kOpNames[0]) == kNumOpKinds, "one name per op kind");
+std::atomic<uint64_t> g_epoch{1};  // a tape's values are valid for one epoch
 
 // The output slots of one call and how many of them are visible: fixed by the OpDef, or, for an
 // op with kVariableOutputs (split), every slot its forward filled, all visible.
@@ -47,119 +24,6 @@ int visible_slots(const OpDef& def, const OpContext& ctx) {
                                                      : def.num_visible_outputs;
 }
 }  // namespace
-
-bool register_op(OpKind kind, const OpDef* def) {
-  registry()[static_cast<size_t>(kind)] = def;
-  return true;
-}
-
-const OpDef& op_def(OpKind kind) {
-  const OpDef* d = registry().at(static_cast<size_t>(kind));
-  REGEN_CHECK(d != nullptr, "op ", op_name(kind), " is not registered (its object file was not linked)");
-  return *d;
-}
-
-const char* op_name(OpKind kind) {
-  const size_t i = static_cast<size_t>(kind);
-  return i < static_cast<size_t>(kNumOpKinds) ? kOpNames[i] : "?";
-}
-
-const char* saved_state_name(SavedState s) {
-  switch (s) {
-    case SavedState::resident: return "resident";
-    case SavedState::evicted: return "evicted";
-    case SavedState::released: return "released";
-  }
-  return "?";
-}
-
-// ---- Modes, scopes, RNG -----------------------------------------------------------------------
-
-namespace {
-thread_local bool tl_grad_mode = true;
-thread_local std::string tl_module_path;
-std::atomic<uint64_t> g_epoch{1};
-std::atomic<uint64_t> g_seed{0};
-std::atomic<uint64_t> g_stream{1};
-}  // namespace
-
-bool grad_mode_enabled() { return tl_grad_mode; }
-NoGradScope::NoGradScope() : saved_(tl_grad_mode) { tl_grad_mode = false; }
-NoGradScope::~NoGradScope() { tl_grad_mode = saved_; }
-
-ModuleScope::ModuleScope(const std::string& name) : saved_size_(tl_module_path.size()) {
-  if (!name.empty()) {
-    if (!tl_module_path.empty()) tl_module_path += '.';
-    tl_module_path += name;
-  }
-}
-ModuleScope::~ModuleScope() { tl_module_path.resize(saved_size_); }
-const std::string& ModuleScope::current_path() { return tl_module_path; }
-
-BlockScope::BlockScope(const std::string& name) {
-  std::string full = ModuleScope::current_path();
-  if (!name.empty()) full += (full.empty() ? "" : ".") + name;
-  block_ = Tape::current().begin_block(intern_tag(full));
-}
-BlockScope::~BlockScope() { Tape::current().end_block(block_); }
-
-void manual_seed(uint64_t seed) {
-  g_seed = seed;
-  g_stream = 1;
-}
-uint64_t rng_seed() { return g_seed; }
-uint64_t next_rng_stream() { return g_stream++; }
-
-RngStreamDraw::~RngStreamDraw() {
-  // Undo the draw only if nothing drew after it (a later draw keeps its stream).
-  uint64_t expected = stream_ + 1;
-  if (!committed_) g_stream.compare_exchange_strong(expected, stream_);
-}
-
-// ---- BackwardContext ----------------------------------------------------------------------------
-
-BackwardContext::BackwardContext(Tape& tape, const Node& node, std::vector<Tensor> grad_outputs)
-    : tape_(tape), node_(node), grad_outputs_(std::move(grad_outputs)) {
-  grad_inputs_.resize(node.inputs.size());
-}
-
-Tensor BackwardContext::saved(int i) const {
-  REGEN_CHECK(i >= 0 && i < static_cast<int>(node_.saved.size()), op_name(node_.kind),
-              " backward: saved tensor ", i, " out of ", node_.saved.size());
-  const int64_t v = node_.saved[i];
-  const Value& val = tape_.value(v);
-  tape_.ensure_resident(tape_.value(val.root).saved);
-  return tape_.value_tensor(v);
-}
-
-Tensor BackwardContext::grad_output_or_zeros(int j) const {
-  if (grad_outputs_[j].defined()) return grad_outputs_[j];
-  const Value& v = tape_.value(node_.outputs[j]);
-  Device dev = Device::cpu();
-  for (int64_t in : node_.inputs) {
-    if (in >= 0) {
-      dev = tape_.value_tensor_device(in);
-      break;
-    }
-  }
-  return zeros(v.shape, v.dtype, dev);
-}
-
-bool BackwardContext::needs_grad(int input) const {
-  const int64_t v = node_.inputs.at(static_cast<size_t>(input));
-  return v >= 0 && tape_.value(v).requires_grad;
-}
-
-void BackwardContext::set_grad_input(int input, Tensor g) {
-  REGEN_CHECK(input >= 0 && input < static_cast<int>(grad_inputs_.size()), op_name(node_.kind),
-              " backward: input ", input, " out of range");
-  const int64_t v = node_.inputs[input];
-  if (v < 0 || !g.defined()) return;
-  const Value& val = tape_.value(v);
-  REGEN_CHECK(g.shape() == val.shape, op_name(node_.kind), " backward: gradient of input ", input,
-              " has shape ", sh(g.shape()), ", expected ", sh(val.shape));
-  grad_inputs_[input] = std::move(g);
-}
 
 // ---- Tape -------------------------------------------------------------------------------------
 
@@ -216,6 +80,7 @@ int64_t Tape::register_input(const Tensor& t) {
   v.device = impl->device;
   if (impl->requires_grad) v.leaf = t.impl();  // see Value: only gradient targets are pinned
   v.leaf_storage = impl->storage;
+  if (!impl->requires_grad && v.bytes <= Value::kHeldLeafBytes) v.held = impl->storage;
   impl->tape_value = v.id;
   impl->tape_epoch = epoch_;
   values_.push_back(std::move(v));
@@ -495,146 +360,6 @@ void Tape::release_saved(int32_t saved) {
   SavedTensor& s = saved_.at(static_cast<size_t>(saved));
   s.storage.reset();
   s.state = SavedState::released;
-}
-
-void Tape::accumulate_grad(int64_t id, Tensor g, std::vector<Tensor>& grads) {
-  const Value& v = value(id);
-  if (!v.requires_grad) return;
-  REGEN_CHECK(g.shape() == v.shape, "backward: gradient of shape ", sh(g.shape()),
-              " for a value of shape ", sh(v.shape));
-  if (v.producer < 0) {
-    // A leaf (parameter): gradients accumulate (+=) in the gradient category.
-    TensorImpl* leaf = v.leaf.get();
-    if (!leaf || !leaf->requires_grad) return;
-    if (!leaf->grad) {
-      // The first gradient becomes the parameter's buffer. Take it over when nothing else can
-      // see it (a gradient-category buffer of exactly its size, referenced only here); copy it
-      // when it is shared (add passes one gradient to both inputs; a view shares its source).
-      const TensorImpl* gi = g.impl().get();
-      const bool exclusive = g.impl().use_count() == 1 && gi->storage &&
-                             gi->storage.use_count() == 1 && gi->offset_bytes == 0 &&
-                             gi->storage->bytes() == g.nbytes() &&
-                             gi->storage->category() == Category::gradient && gi->grad == nullptr &&
-                             !gi->requires_grad && gi->tape_value < 0;
-      if (exclusive) {
-        leaf->grad = g.impl();
-      } else {
-        CategoryScope cat(Category::gradient);
-        TagScope tag(leaf->name.empty() ? std::string("leaf.grad") : leaf->name + ".grad");
-        leaf->grad = g.clone().impl();
-      }
-    } else {
-      accumulate_into(Tensor(leaf->grad), g);
-    }
-    return;
-  }
-  Tensor& slot = grads[static_cast<size_t>(id)];
-  if (!slot.defined()) {
-    slot = std::move(g);
-    return;
-  }
-  // Add in place when we own the buffer alone; otherwise (shared with another gradient) make a
-  // new one. Both choices depend only on the graph, so memory stays deterministic.
-  const bool exclusive = slot.impl().use_count() == 1 && slot.impl()->storage &&
-                         slot.impl()->storage.use_count() == 1;
-  if (!exclusive) {
-    CategoryScope cat(Category::gradient);
-    slot = slot.clone();
-  }
-  accumulate_into(slot, g);
-}
-
-void Tape::backward(const Tensor& loss, const Tensor& grad) {
-  REGEN_CHECK(loss.defined(), "backward: undefined loss tensor");
-  const TensorImpl* li = loss.impl().get();
-  REGEN_CHECK(li->tape_epoch == epoch_ || !li->produced,
-              "backward: the tape that produced ", loss.str(),
-              " was already released by an earlier backward() (backward twice over one graph)");
-  REGEN_CHECK(li->produced && li->tape_epoch == epoch_ && li->tape_value >= 0 && !nodes_.empty(),
-              "backward: ", loss.str(), " was not produced by a recorded op (does it depend on a "
-              "tensor that requires grad?)");
-  REGEN_CHECK(!in_backward_, "backward: already running");
-  Tensor seed = grad;
-  if (!seed.defined()) {
-    REGEN_CHECK(loss.numel() == 1, "backward: loss ", loss.str(),
-                " is not a scalar; pass a gradient of its shape");
-    CategoryScope cat(Category::gradient);
-    seed = ones(loss.shape(), loss.dtype(), loss.device());
-  }
-  REGEN_CHECK(seed.shape() == loss.shape() && seed.dtype() == loss.dtype(), "backward: gradient ",
-              seed.str(), " does not match loss ", loss.str());
-
-  struct Finish {
-    Tape& t;
-    ~Finish() {
-      t.in_backward_ = false;
-      t.clear();
-    }
-  } finish{*this};
-  in_backward_ = true;
-  NoGradScope no_grad;
-
-  // Which nodes run: a reverse sweep from the loss over values that require grad.
-  std::vector<char> need(values_.size(), 0);
-  need[static_cast<size_t>(li->tape_value)] = 1;
-  backward_order_.clear();
-  for (int32_t i = static_cast<int32_t>(nodes_.size()) - 1; i >= 0; --i) {
-    const Node& n = nodes_[static_cast<size_t>(i)];
-    bool active = false;
-    for (int k = 0; k < n.num_visible_outputs; ++k) active = active || need[n.outputs[k]];
-    if (!active) continue;
-    backward_order_.push_back(i);
-    for (int64_t in : n.inputs) {
-      if (in >= 0 && values_[static_cast<size_t>(in)].requires_grad) need[in] = 1;
-    }
-  }
-  std::vector<char> active(nodes_.size(), 0);
-  for (int32_t i : backward_order_) active[static_cast<size_t>(i)] = 1;
-  for (size_t s = 0; s < saved_.size(); ++s) {
-    int uses = 0;
-    for (int32_t r : saved_[s].readers) uses += active[static_cast<size_t>(r)];
-    saved_[s].backward_uses_left = uses;
-  }
-  for (size_t s = 0; s < saved_.size(); ++s) {
-    if (saved_[s].backward_uses_left == 0) release_saved(static_cast<int32_t>(s));
-  }
-  for (TapeHooks* h : hooks_) h->on_backward_start(*this);
-
-  std::vector<Tensor> grads(values_.size());
-  grads[static_cast<size_t>(li->tape_value)] = seed;
-  seed = Tensor();
-  for (int32_t i : backward_order_) {
-    for (TapeHooks* h : hooks_) h->on_backward_begin(*this, i);
-    const Node& n = nodes_[static_cast<size_t>(i)];
-    const OpDef& def = op_def(n.kind);
-    std::vector<Tensor> gout(static_cast<size_t>(n.num_visible_outputs));
-    for (int k = 0; k < n.num_visible_outputs; ++k) {
-      gout[static_cast<size_t>(k)] = std::move(grads[static_cast<size_t>(n.outputs[k])]);
-    }
-    {
-      BackwardContext ctx(*this, n, std::move(gout));
-      {
-        CategoryScope cat(Category::gradient);
-        TagScope tag(n.tag);
-        def.backward(ctx);
-      }
-      for (size_t k = 0; k < n.inputs.size(); ++k) {
-        Tensor& g = ctx.grad_inputs()[k];
-        if (g.defined()) accumulate_grad(n.inputs[k], std::move(g), grads);
-      }
-    }  // the gradients of this node's outputs are freed here
-    // Release each saved storage after its last backward use (once per node).
-    std::vector<int32_t> seen;
-    for (int64_t sv : n.saved) {
-      const int32_t s = values_[static_cast<size_t>(values_[static_cast<size_t>(sv)].root)].saved;
-      if (std::find(seen.begin(), seen.end(), s) != seen.end()) continue;
-      seen.push_back(s);
-      if (--saved_[static_cast<size_t>(s)].backward_uses_left == 0) release_saved(s);
-    }
-    for (TapeHooks* h : hooks_) h->on_backward_end(*this, i);
-  }
-  grads.clear();
-  for (TapeHooks* h : hooks_) h->on_backward_finish(*this);
 }
 
 void Tape::clear() {

@@ -85,6 +85,12 @@ struct Value {
   // planner see. A saved leaf is held by its SavedTensor, like any saved value.
   std::shared_ptr<TensorImpl> leaf;
   std::weak_ptr<Storage> leaf_storage;
+  // A small leaf that needs no gradient (at most kHeldLeafBytes: a constant made in forward,
+  // zeros or a mask) is held until the tape is cleared, so a remat replay can still read it after
+  // its owner dropped it; a larger one is not, and what depends on it cannot be recomputed (the
+  // plan's note names it).
+  static constexpr uint64_t kHeldLeafBytes = 64 * 1024;
+  std::shared_ptr<Storage> held;
   std::vector<int32_t> consumers;    // nodes that read it as an input, in order
   int32_t saved = -1;                // index into Tape::saved() of its root, when saved
 };

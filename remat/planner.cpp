@@ -1,4 +1,5 @@
-// Planners (planner.h).
+// The policies, the planner registry and make_plan (planner.h). Budgets are in budget.cpp, plan
+// files in plan_io.cpp.
 #include "regen/remat/planner.h"
 
 #include <nlohmann/json.hpp>
@@ -26,62 +27,6 @@ std::string join_names(const std::vector<std::string>& names) {
 }
 }  // namespace
 
-// ---- Budget -------------------------------------------------------------------------------------
-
-Budget Budget::parse(const std::string& text) {
-  Budget b;
-  if (text.empty() || text == "none") return b;
-  if (text.back() == '%') {
-    double v = 0;
-    size_t used = 0;
-    try {
-      const std::string number = text.substr(0, text.size() - 1);
-      if (number.find_first_not_of("0123456789.") == std::string::npos) v = std::stod(number, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    REGEN_CHECK(used == text.size() - 1 && v > 0 && v <= 100, "bad budget '", text,
-                "': a percentage must be in (0, 100]");
-    b.kind = Kind::fraction;
-    b.value = v / 100.0;
-    return b;
-  }
-  int64_t bytes = 0;
-  try {
-    bytes = parse_bytes(text);
-  } catch (const Error& e) {
-    REGEN_FAIL("bad budget '", text, "': expected bytes (2GiB, 1.5GB, 1048576) or a percentage of "
-               "the no-remat peak (60%) (", e.what(), ")");
-  }
-  REGEN_CHECK(bytes > 0, "bad budget '", text, "': must be positive");
-  b.kind = Kind::bytes;
-  b.value = static_cast<double>(bytes);
-  return b;
-}
-
-std::string Budget::str() const {
-  switch (kind) {
-    case Kind::none: return "none";
-    case Kind::bytes: return format_bytes(static_cast<int64_t>(value));
-    case Kind::fraction: {
-      char buf[32];
-      std::snprintf(buf, sizeof buf, "%g%%", value * 100.0);
-      return buf;
-    }
-  }
-  return "?";
-}
-
-int64_t Budget::resolve(int64_t no_remat_peak) const {
-  switch (kind) {
-    case Kind::none: return 0;
-    case Kind::bytes: return static_cast<int64_t>(value);
-    // At least one byte: a tiny percentage is a budget no plan meets, never no budget at all.
-    case Kind::fraction: return std::max<int64_t>(1, static_cast<int64_t>(std::floor(value * no_remat_peak)));
-  }
-  return 0;
-}
-
 void ensure_planned_layout(const Simulator& sim, Plan& plan) {
   if (plan.layout) return;
   PlanFit f = fit_schedule(sim, plan_schedule(sim.profile(), plan), 0, plan.budget_of, nullptr, true);
@@ -91,53 +36,6 @@ void ensure_planned_layout(const Simulator& sim, Plan& plan) {
 
 Schedule plan_schedule(const Profile& p, const Plan& plan) {
   return build_schedule(p, plan.decisions, plan.keep_chain, plan.regenerations);
-}
-
-const char* budget_of_name(BudgetOf of) { return of == BudgetOf::reserved ? "reserved" : "allocated"; }
-
-BudgetOf parse_budget_of(const std::string& text) {
-  if (text == "reserved") return BudgetOf::reserved;
-  if (text == "allocated") return BudgetOf::allocated;
-  REGEN_FAIL("unknown budget kind '", text, "': a budget bounds reserved bytes (what the device "
-             "sees; the default) or allocated bytes");
-}
-
-int64_t peak_of(const SimResult& r, BudgetOf of) {
-  return of == BudgetOf::reserved ? r.peak_reserved : r.peak_allocated;
-}
-
-PlanFit fit_schedule(const Simulator& sim, const Schedule& s, int64_t budget, BudgetOf of,
-                     const SimResult* unlimited, bool planned_layout) {
-  PlanFit f;
-  if (planned_layout) {
-    // Judged by the planned run itself, fitting or not (a planner's lowest peak is then the
-    // lowest planned peak). Nothing is mapped during a planned step but the arena, so a run
-    // whose reserved peak is within the budget runs the same under the limit; one past it would
-    // not get its arena.
-    f.layout = plan_layout(sim, s);
-    SimOptions o;
-    o.layout = f.layout;
-    f.result = sim.run(s, o);
-    f.fits = budget <= 0 || peak_of(f.result, of) <= budget;
-    return f;
-  }
-  f.result = unlimited ? *unlimited : sim.run(s);
-  if (budget <= 0) return f;
-  if (of == BudgetOf::allocated) {
-    f.fits = f.result.peak_allocated <= budget;
-    return f;
-  }
-  if (f.result.peak_reserved <= budget) return f;  // the limit is never reached
-  if (f.result.peak_allocated > budget) {
-    f.fits = false;
-    return f;
-  }
-  SimOptions o;
-  o.limit = budget;
-  SimResult limited = sim.run(s, o);
-  f.fits = !limited.oom && limited.peak_reserved <= budget;
-  if (f.fits) f.result = std::move(limited);
-  return f;
 }
 
 int64_t Plan::recomputed() const {
@@ -174,54 +72,6 @@ PolicySpec parse_policy_spec(const std::string& text) {
   }
   if (colon != std::string::npos) spec.chain = parse_chain(text.substr(colon + 1));
   return spec;
-}
-
-// ---- Lower bound ------------------------------------------------------------------------------
-
-int64_t memory_lower_bound(const Profile& p) {
-  int64_t persistent = 0;
-  for (const AllocatorState::SegmentRec& s : p.start_state.segments) {
-    for (const BlockInfo& b : s.blocks) persistent += b.allocated ? static_cast<int64_t>(b.size) : 0;
-  }
-  int64_t inputs = 0;
-  for (const ProfileEvent& e : p.events) {
-    if (e.kind == MemoryEventKind::alloc && e.category == Category::input) inputs += e.bytes;
-  }
-  // Each node's own peak allocation inside its forward or backward window.
-  const NodeWindows w = node_windows(p);
-  auto window_peak = [&](int64_t b, int64_t e) {
-    int64_t cur = 0, peak = 0;
-    for (int64_t i = b; b >= 0 && i < e; ++i) {
-      const ProfileEvent& ev = p.events[static_cast<size_t>(i)];
-      if (ev.kind == MemoryEventKind::alloc) cur += ev.bytes;
-      if (ev.kind == MemoryEventKind::free) cur -= ev.bytes;
-      peak = std::max(peak, cur);
-    }
-    return peak;
-  };
-  auto root_bytes = [&](int64_t v, std::set<int64_t>& seen) -> int64_t {
-    if (v < 0) return 0;
-    const ProfileValue& root = p.values[static_cast<size_t>(p.values[static_cast<size_t>(v)].root)];
-    if (root.leaf || root.alloc_id == 0 || !seen.insert(root.id).second) return 0;
-    return static_cast<int64_t>(CachingAllocator::round_size(root.bytes));
-  };
-  int64_t working = 0;
-  for (const ProfileNode& n : p.nodes) {
-    std::set<int64_t> seen;
-    int64_t fwd = window_peak(w.fwd_begin[n.index], w.fwd_end[n.index]);
-    for (int64_t in : n.inputs) fwd += root_bytes(in, seen);
-    working = std::max(working, fwd);
-    if (n.bwd_rank < 0) continue;
-    std::set<int64_t> seen_b;
-    int64_t bwd = window_peak(w.bwd_begin[n.index], w.bwd_end[n.index]);
-    for (int64_t v : n.saved) bwd += root_bytes(v, seen_b);
-    for (int k = 0; k < n.num_visible_outputs; ++k) {
-      bwd += static_cast<int64_t>(
-          CachingAllocator::round_size(p.values[static_cast<size_t>(n.outputs[k])].bytes));
-    }
-    working = std::max(working, bwd);
-  }
-  return persistent + inputs + working;
 }
 
 // ---- Policies -----------------------------------------------------------------------------------
@@ -936,134 +786,13 @@ Plan make_plan(const Simulator& sim, const std::string& policy, const Budget& bu
                 format_bytes(plan.lower_bound) + " allocated (persistent memory, the batch and the "
                 "largest single-op working set)" + (own.empty() ? "" : "; " + own);
   }
+  const std::string blockers = recompute_blockers(sim.profile());
+  if (!blockers.empty() && policy != "none") plan.note += (plan.note.empty() ? "" : "; ") + blockers;
   plan.planned_layout = options.planned_layout;
   REGEN_CHECK(!plan.planned_layout || plan.layout, "planner '", policy, "' was asked for a planned "
               "layout and returned none (finish_plan plans one)");
   plan.planning_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  return plan;
-}
-
-// ---- Plan files ---------------------------------------------------------------------------------
-
-void save_plan(const Plan& plan, const Profile& p, const std::string& path) {
-  nlohmann::json j;
-  j["format"] = "regen-plan-1";
-  j["model"] = p.model;
-  j["batch"] = p.batch;
-  j["device"] = p.device;
-  j["policy"] = plan.policy;
-  j["budget"] = plan.budget_text;
-  j["budget_bytes"] = plan.budget_bytes;
-  j["budget_of"] = budget_of_name(plan.budget_of);
-  j["limit"] = plan.limit;
-  j["layout"] = plan.planned_layout ? "planned" : "caching";
-  j["keep_chain"] = plan.keep_chain;
-  j["feasible"] = plan.feasible;
-  j["note"] = plan.note;
-  j["predicted"] = {{"peak_allocated", plan.predicted.peak_allocated},
-                    {"peak_reserved", plan.predicted.peak_reserved},
-                    {"time_ms", plan.predicted.time_ms},
-                    {"recompute_ms", plan.predicted.recompute_ms}};
-  j["no_remat_peak"] = plan.no_remat_peak;
-  j["lowest_peak"] = plan.lowest_peak;
-  j["lower_bound"] = plan.lower_bound;
-  nlohmann::json d = nlohmann::json::array();
-  for (size_t i = 0; i < plan.decisions.size(); ++i) {
-    d.push_back({{"saved", i}, {"name", p.saved[i].name},
-                 {"decision", decision_name(plan.decisions[i])}});
-  }
-  j["decisions"] = std::move(d);
-  nlohmann::json regen = nlohmann::json::array();
-  for (const Regeneration& r : plan.regenerations) {
-    nlohmann::json names = nlohmann::json::array();
-    for (int32_t s : r.saved) names.push_back({{"saved", s}, {"name", p.saved[static_cast<size_t>(s)].name}});
-    regen.push_back({{"before", r.node}, {"before_name", p.nodes[static_cast<size_t>(r.node)].name},
-                     {"restore", std::move(names)}});
-  }
-  j["regenerations"] = std::move(regen);
-  write_file_atomic(path, j.dump(1));
-}
-
-Plan load_plan(const std::string& path, const Profile& p) {
-  const std::string origin = "plan '" + path + "'";
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(read_file(path));
-  } catch (const Error&) {
-    throw;
-  } catch (const std::exception& e) {
-    REGEN_FAIL(origin, ": not valid JSON: ", e.what());
-  }
-  Plan plan;
-  try {
-    REGEN_CHECK(j.is_object() && j.value("format", "") == "regen-plan-1", origin,
-                ": not a regen plan (expected \"format\": \"regen-plan-1\")");
-    REGEN_CHECK(j.at("model").get<std::string>() == p.model && j.at("batch").get<int64_t>() == p.batch,
-                origin, ": made for ", j.at("model").get<std::string>(), " batch ",
-                j.at("batch").get<int64_t>(), ", not ", p.model, " batch ", p.batch);
-    plan.policy = j.at("policy").get<std::string>();
-    plan.budget_text = j.at("budget").get<std::string>();
-    plan.budget_bytes = j.at("budget_bytes").get<int64_t>();
-    REGEN_CHECK(plan.budget_bytes >= 0, origin, ": budget_bytes is negative");
-    // Plans written before budgets bounded reserved bytes bound allocated bytes.
-    plan.budget_of = parse_budget_of(j.value("budget_of", std::string("allocated")));
-    plan.limit = j.value("limit", int64_t{0});
-    REGEN_CHECK(plan.limit >= 0, origin, ": limit is negative");
-    const std::string layout = j.value("layout", std::string("caching"));
-    REGEN_CHECK(layout == "planned" || layout == "caching", origin, ": \"layout\" is '", layout,
-                "', not planned or caching");
-    plan.planned_layout = layout == "planned";
-    plan.keep_chain = j.at("keep_chain").get<bool>();
-    plan.note = j.value("note", "");
-    plan.decisions.assign(p.saved.size(), Decision::retain);
-    const auto& d = j.at("decisions");
-    REGEN_CHECK(d.is_array() && d.size() == p.saved.size(), origin, ": has ", d.size(),
-                " decisions, the profile has ", p.saved.size(), " saved tensors");
-    for (const auto& e : d) {
-      const size_t i = e.at("saved").get<size_t>();
-      REGEN_CHECK(i < p.saved.size() && e.at("name").get<std::string>() == p.saved[i].name, origin,
-                  ": decision for saved tensor ", i, " names '", e.at("name").get<std::string>(),
-                  "', which does not match the profile");
-      const std::string v = e.at("decision").get<std::string>();
-      REGEN_CHECK(v == "RETAINED" || v == "RECOMPUTE", origin, ": bad decision '", v, "'");
-      plan.decisions[i] = v == "RECOMPUTE" ? Decision::recompute : Decision::retain;
-      REGEN_CHECK(plan.decisions[i] == Decision::retain || p.saved[i].candidate, origin,
-                  ": saved tensor '", p.saved[i].name, "' cannot be recomputed");
-    }
-    if (j.contains("regenerations")) {
-      const auto& regen = j.at("regenerations");
-      REGEN_CHECK(regen.is_array(), origin, ": \"regenerations\" is not an array");
-      for (const auto& r : regen) {
-        Regeneration g;
-        g.node = r.at("before").get<int32_t>();
-        REGEN_CHECK(g.node >= 0 && static_cast<size_t>(g.node) < p.nodes.size() &&
-                        r.at("before_name").get<std::string>() == p.nodes[static_cast<size_t>(g.node)].name,
-                    origin, ": a regeneration names node ", g.node, " '",
-                    r.at("before_name").get<std::string>(), "', which does not match the profile");
-        for (const auto& e : r.at("restore")) {
-          const int64_t i = e.at("saved").get<int64_t>();
-          REGEN_CHECK(i >= 0 && static_cast<size_t>(i) < p.saved.size() &&
-                          e.at("name").get<std::string>() == p.saved[static_cast<size_t>(i)].name,
-                      origin, ": a regeneration names saved tensor ", i, " '",
-                      e.at("name").get<std::string>(), "', which does not match the profile");
-          g.saved.push_back(static_cast<int32_t>(i));
-        }
-        plan.regenerations.push_back(std::move(g));
-      }
-    }
-    // The schedule builder checks what no single field can: each named tensor is evicted when
-    // its regeneration runs.
-    try {
-      build_schedule(p, plan.decisions, plan.keep_chain, plan.regenerations);
-    } catch (const Error& e) {
-      REGEN_FAIL(origin, ": ", e.what());
-    }
-  } catch (const Error&) {
-    throw;
-  } catch (const std::exception& e) {
-    REGEN_FAIL(origin, ": malformed plan: ", e.what());
-  }
   return plan;
 }
 

@@ -5,11 +5,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <map>
 
 #include "regen/core/io.h"
-#include "regen/remat/schedule.h"
-#include "regen/remat/simulator.h"
 
 namespace regen {
 
@@ -174,7 +173,7 @@ std::string profile_to_json(const Profile& p) {
   return j.dump(1);
 }
 
-Profile profile_from_json(const std::string& text, const std::string& origin) {
+Profile parse_profile_json(const std::string& text, const std::string& origin) {
   json j;
   try {
     j = json::parse(text);
@@ -300,16 +299,6 @@ Profile profile_from_json(const std::string& text, const std::string& origin) {
   }
   validate_profile(p, origin);
   finalize_profile(p);
-  // The event log must replay to the peaks the file says were measured: a file edited by hand
-  // or damaged in a way the checks above miss would otherwise give plans whose predictions
-  // are silently wrong.
-  const SimResult replay = Simulator(p).run(
-      build_schedule(p, std::vector<Decision>(p.saved.size(), Decision::retain)));
-  REGEN_CHECK(replay.peak_allocated == p.peak_allocated && replay.peak_reserved == p.peak_reserved,
-              origin, ": its event log replays to a peak of ", replay.peak_allocated,
-              " allocated and ", replay.peak_reserved, " reserved bytes, but it records ",
-              p.peak_allocated, " and ", p.peak_reserved,
-              " as measured: the file was edited or is damaged; profile again");
   return p;
 }
 
@@ -457,6 +446,76 @@ NodeWindows node_windows(const Profile& p) {
   return w;
 }
 
+double standalone_recompute_ms(const Profile& p, int32_t s) {
+  // A value is at hand when it is a leaf (or a view of one), was produced by a node replayed
+  // here, or its storage is a saved tensor other than `s` (resident by assumption).
+  std::vector<char> replayed(p.nodes.size(), 0), produced(p.values.size(), 0);
+  double ms = 0;
+  auto at_hand = [&](int64_t v) {
+    const ProfileValue& val = p.values[static_cast<size_t>(v)];
+    if (val.leaf || produced[static_cast<size_t>(v)]) return true;
+    const ProfileValue& root = p.values[static_cast<size_t>(val.root)];
+    return root.leaf || (root.saved >= 0 && root.saved != s);
+  };
+  // Depth first, inputs before their consumer (as a regeneration program orders its steps).
+  std::function<void(int64_t)> need = [&](int64_t v) {
+    if (v < 0 || at_hand(v)) return;
+    const int32_t node = p.values[static_cast<size_t>(v)].producer;
+    if (replayed[static_cast<size_t>(node)]) return;
+    const ProfileNode& n = p.nodes[static_cast<size_t>(node)];
+    for (int64_t in : n.inputs) need(in);
+    replayed[static_cast<size_t>(node)] = 1;
+    ms += n.fwd_ms;
+    for (int64_t out : n.outputs) produced[static_cast<size_t>(out)] = 1;
+  };
+  need(p.saved[static_cast<size_t>(s)].value);
+  return ms;
+}
+
+std::string recompute_blockers(const Profile& p) {
+  // For every value, the first unavailable leaf its recomputation would have to read (-1: none).
+  std::vector<int64_t> blocker(p.values.size(), -1);
+  for (const ProfileValue& v : p.values) {
+    const size_t i = static_cast<size_t>(v.id);
+    if (v.leaf) {
+      if (!v.available) blocker[i] = v.id;
+      continue;
+    }
+    for (int64_t in : p.nodes[static_cast<size_t>(v.producer)].inputs) {
+      if (in >= 0 && blocker[static_cast<size_t>(in)] >= 0) {
+        blocker[i] = blocker[static_cast<size_t>(in)];
+        break;
+      }
+    }
+  }
+  const int32_t last_forward = static_cast<int32_t>(p.nodes.size()) - 1;
+  std::vector<std::pair<int64_t, std::pair<int64_t, uint64_t>>> by_leaf;  // leaf, (count, bytes)
+  for (const ProfileSaved& s : p.saved) {
+    const ProfileValue& root = p.values[static_cast<size_t>(s.value)];
+    const int64_t b = blocker[static_cast<size_t>(root.id)];
+    if (root.leaf || b < 0 || s.bytes == 0 || s.first_bw_rank < 0 || s.last_fwd_use >= last_forward) {
+      continue;
+    }
+    auto it = std::find_if(by_leaf.begin(), by_leaf.end(), [&](const auto& e) { return e.first == b; });
+    if (it == by_leaf.end()) it = by_leaf.insert(by_leaf.end(), {b, {0, 0}});
+    it->second.first += 1;
+    it->second.second += s.bytes;
+  }
+  std::string out;
+  for (const auto& [leaf, tally] : by_leaf) {
+    const ProfileValue& v = p.values[static_cast<size_t>(leaf)];
+    const std::string reader = v.consumers.empty() ? std::string("no op")
+                                                   : p.nodes[static_cast<size_t>(v.consumers.front())].name;
+    out += (out.empty() ? "" : "; ") + std::to_string(tally.first) + " saved tensor(s) (" +
+           format_bytes(static_cast<int64_t>(tally.second)) + ") cannot be recomputed: they depend on a " +
+           shape_str(v.shape) + " leaf read by " + reader + " that is freed before backward (a tensor made "
+           "in forward without a gradient, over " +
+           format_bytes(static_cast<int64_t>(Value::kHeldLeafBytes)) + ", which the tape does not "
+           "hold); make it once outside forward, or keep a reference to it until backward";
+  }
+  return out;
+}
+
 void finalize_profile(Profile& p) {
   // Saved-tensor indices on root values, consumers.
   for (ProfileValue& v : p.values) {
@@ -547,8 +606,5 @@ void save_profile(const Profile& p, const std::string& path) {
   write_file_atomic(path, profile_to_json(p));
 }
 
-Profile load_profile(const std::string& path) {
-  return profile_from_json(read_file(path), "profile '" + path + "'");
-}
 
 }  // namespace regen

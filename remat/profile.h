@@ -128,16 +128,25 @@ struct NodeWindows {
 };
 NodeWindows node_windows(const Profile& p);
 
-// JSON (profile.json). save is atomic; load validates structure and cross-references and throws
-// regen::Error naming the file and the first problem.
+// JSON (profile.json). save is atomic. parse_profile_json checks structure and cross-references
+// and throws regen::Error naming `origin` and the first problem; load_profile and
+// profile_from_json (simulator.h) also replay its event log against its recorded peaks.
 void save_profile(const Profile& p, const std::string& path);
-Profile load_profile(const std::string& path);
 std::string profile_to_json(const Profile& p);
-Profile profile_from_json(const std::string& text, const std::string& origin);
+Profile parse_profile_json(const std::string& text, const std::string& origin);
 
 // Fills derived fields (saved-tensor lifetimes, candidates, recompute times, node byte counts,
 // names) from the graph, markers and events. Called by the profiler and after loading.
 void finalize_profile(Profile& p);
+// Forward time of regenerating saved tensor `s` when every other saved tensor is resident: its
+// producer, and recursively the producers of inputs nothing keeps (the per-activation recompute
+// time of the profile, ProfileSaved::recompute_ms; the schedule's regeneration programs replay
+// the same nodes).
+double standalone_recompute_ms(const Profile& p, int32_t s);
+// Saved tensors that could be recomputed but for a leaf freed before backward (a tensor made in
+// forward without a gradient and larger than Value::kHeldLeafBytes, which the tape does not hold):
+// "" when there are none, else one sentence per such leaf naming it, what it blocks and what to do.
+std::string recompute_blockers(const Profile& p);
 // Checks cross-references; throws regen::Error(origin + first problem).
 void validate_profile(const Profile& p, const std::string& origin);
 

@@ -59,16 +59,6 @@ class ProgramBuilder {
 
 }  // namespace
 
-double standalone_recompute_ms(const Profile& p, int32_t s) {
-  std::vector<State> state(p.saved.size(), State::resident);
-  state[static_cast<size_t>(s)] = State::evicted;
-  ProgramBuilder b(p, state);
-  b.need(p.saved[static_cast<size_t>(s)].value);
-  double ms = 0;
-  for (const ReplayStep& st : b.steps()) ms += p.nodes[static_cast<size_t>(st.node)].fwd_ms;
-  return ms;
-}
-
 std::vector<int32_t> regeneration_nodes(const Profile& p, const std::vector<char>& evicted,
                                         const std::vector<int32_t>& targets) {
   REGEN_CHECK(evicted.size() == p.saved.size(), "regeneration_nodes: ", evicted.size(),

@@ -66,9 +66,6 @@ Schedule build_schedule(const Profile& p, const std::vector<Decision>& decisions
                         bool keep_chain = true,
                         const std::vector<Regeneration>& regenerations = {});
 
-// Forward time of regenerating saved tensor `s` from retained tensors when every other saved
-// tensor is resident (the per-activation recompute time of the profile).
-double standalone_recompute_ms(const Profile& p, int32_t s);
 
 // The forward nodes (in forward order) one regeneration of `targets` replays when exactly the
 // saved tensors marked in `evicted` are not resident: what build_schedule's program would run.

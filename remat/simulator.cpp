@@ -6,6 +6,7 @@
 #include <unordered_set>
 
 #include "regen/core/error.h"
+#include "regen/core/io.h"
 
 namespace regen {
 
@@ -267,6 +268,25 @@ SimResult Simulator::run(const Schedule& s, const SimOptions& opt) const {
   res.replays = s.replays;
   res.time_ms = p.iteration_ms + s.recompute_ms;
   return res;
+}
+
+Profile profile_from_json(const std::string& text, const std::string& origin) {
+  Profile p = parse_profile_json(text, origin);
+  // The event log must replay to the peaks the file says were measured: a file edited by hand
+  // or damaged in a way the structural checks miss would otherwise give plans whose predictions
+  // are silently wrong.
+  const SimResult replay = Simulator(p).run(
+      build_schedule(p, std::vector<Decision>(p.saved.size(), Decision::retain)));
+  REGEN_CHECK(replay.peak_allocated == p.peak_allocated && replay.peak_reserved == p.peak_reserved,
+              origin, ": its event log replays to a peak of ", replay.peak_allocated,
+              " allocated and ", replay.peak_reserved, " reserved bytes, but it records ",
+              p.peak_allocated, " and ", p.peak_reserved,
+              " as measured: the file was edited or is damaged; profile again");
+  return p;
+}
+
+Profile load_profile(const std::string& path) {
+  return profile_from_json(read_file(path), "profile '" + path + "'");
 }
 
 }  // namespace regen

@@ -90,4 +90,10 @@ class Simulator {
   mutable std::map<std::string, std::shared_ptr<void>> memo_;
 };
 
+// A profile.json's text or file: parse_profile_json (profile.h), then its event log replayed: the
+// peaks must be the ones the file records as measured, or it was edited or damaged. Throws
+// regen::Error naming `origin` (the file) and the problem.
+Profile profile_from_json(const std::string& text, const std::string& origin);
+Profile load_profile(const std::string& path);
+
 }  // namespace regen

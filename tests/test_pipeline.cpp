@@ -62,6 +62,36 @@ class Plain : public Model {
   Linear* fc_;
 };
 
+// A network whose forward makes a constant (zeros, no gradient) and adds it after the first
+// convolution; everything after reads it.
+class WithConstant : public Model {
+ public:
+  WithConstant(const ModelConfig& c, Device device) : Model(c) {
+    Generator gen(c.seed);
+    for (int i = 0; i < 3; ++i) {
+      const std::string n = "conv" + std::to_string(i);
+      conv_.push_back(&register_module(n, std::make_unique<Conv2d>(n, i == 0 ? 3 : 8, 8, 3, 1, 1, false, gen, device)));
+    }
+    fc_ = &register_module("fc", std::make_unique<Linear>("fc", 8, c.num_classes, true, gen, device));
+    assign_full_names();
+  }
+  Tensor forward(const Tensor& x) override {
+    Tensor h = relu(conv_[0]->forward(x));
+    const Tensor z = zeros(h.shape(), h.dtype(), h.device());  // dropped when forward returns
+    h = add(h, z);
+    for (size_t i = 1; i < conv_.size(); ++i) h = relu(conv_[i]->forward(h));
+    return fc_->forward(flatten(global_avg_pool(h), 1));
+  }
+  Tensor loss(const Tensor& logits, const Tensor& target) const override {
+    return cross_entropy(logits, target);
+  }
+  void check_batch(const Batch&) const override {}
+
+ private:
+  std::vector<Conv2d*> conv_;
+  Linear* fc_;
+};
+
 void register_once() {
   static const bool done = [] {
     register_planner({"every-other", "recompute every other candidate (a test planner)", every_other});
@@ -71,6 +101,8 @@ void register_once() {
     preset.num_classes = 10;
     register_model({"plain-test", "conv, relu, pooling, linear (no blocks)", preset,
                     [](const ModelConfig& c, Device d) { return std::make_unique<Plain>(c, d); }});
+    register_model({"constant-test", "a constant made in forward", preset,
+                    [](const ModelConfig& c, Device d) { return std::make_unique<WithConstant>(c, d); }});
     return true;
   }();
   (void)done;
@@ -174,4 +206,32 @@ TEST_CASE("pipeline: a profile of another batch is refused, and an exception in 
   const StepResult s = r.trainer->step();
   CHECK(s.memory.allocated.peak == profile.peak_allocated);
   CHECK(Tape::current().num_hooks() == 0);
+}
+
+// A constant made in forward (zeros) no longer hides what reads it from the planners: a small one
+// (8x8 images: 8 KiB per tensor at batch 4) is held by the tape, so everything after it stays
+// recomputable and plans run exact and bitwise; a large one (64x64: 512 KiB) is not held, and the
+// plan's note names it and says what to do.
+TEST_CASE("pipeline: a constant made in forward: small ones held for replays, large ones named") {
+  register_once();
+  ModelConfig cfg = model_preset("constant-test");
+  cfg.image_size = 8;
+  const Profile small = profile_of(cfg, 4, 1);
+  int64_t candidates = 0;
+  for (const ProfileSaved& sv : small.saved) candidates += sv.candidate;
+  CHECK(candidates >= 4);  // every relu and convolution output after the constant
+  CHECK(recompute_blockers(small).empty());
+  check_model(cfg, 4, {"mutwo", "dp"});
+
+  cfg.image_size = 64;
+  const Profile large = profile_of(cfg, 4, 1);
+  int64_t large_candidates = 0;
+  for (const ProfileSaved& sv : large.saved) large_candidates += sv.candidate;
+  CHECK(large_candidates < candidates);
+  const std::string why = recompute_blockers(large);
+  CAPTURE(why);
+  CHECK(why.find("cannot be recomputed: they depend on a [4, 8, 64, 64] leaf read by") != std::string::npos);
+  CHECK(why.find("make it once outside forward") != std::string::npos);
+  const Plan plan = make_plan(Simulator(large), "dp", Budget::parse("90%"));
+  CHECK(plan.note.find(why) != std::string::npos);
 }

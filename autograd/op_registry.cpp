@@ -1,0 +1,53 @@
+// The op list's names and the registry of OpDefs (tape.h REGEN_OPS, register_op).
+#include "regen/autograd/tape.h"
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cstring>
+#include <string>
+
+#include "regen/kernels/kernels.h"
+
+namespace regen {
+
+// ---- Op registry ----------------------------------------------------------------------------
+
+namespace {
+std::array<const OpDef*, kNumOpKinds>& registry() {
+  static std::array<const OpDef*, kNumOpKinds> table{};
+  return table;
+}
+#define REGEN_OP_NAME(name) #name,
+const char* const kOpNames[] = {REGEN_OPS(REGEN_OP_NAME)};
+#undef REGEN_OP_NAME
+static_assert(sizeof(kOpNames) / sizeof(kOpNames[0]) == kNumOpKinds, "one name per op kind");
+
+}  // namespace
+
+bool register_op(OpKind kind, const OpDef* def) {
+  registry()[static_cast<size_t>(kind)] = def;
+  return true;
+}
+
+const OpDef& op_def(OpKind kind) {
+  const OpDef* d = registry().at(static_cast<size_t>(kind));
+  REGEN_CHECK(d != nullptr, "op ", op_name(kind), " is not registered (its object file was not linked)");
+  return *d;
+}
+
+const char* op_name(OpKind kind) {
+  const size_t i = static_cast<size_t>(kind);
+  return i < static_cast<size_t>(kNumOpKinds) ? kOpNames[i] : "?";
+}
+
+const char* saved_state_name(SavedState s) {
+  switch (s) {
+    case SavedState::resident: return "resident";
+    case SavedState::evicted: return "evicted";
+    case SavedState::released: return "released";
+  }
+  return "?";
+}
+
+}  // namespace regen

@@ -1,0 +1,138 @@
+// plan.json: writing a plan and reading one back against the profile it is used with
+// (planner.h save_plan, load_plan).
+#include "regen/remat/planner.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <string>
+
+#include "regen/core/error.h"
+#include "regen/core/io.h"
+
+namespace regen {
+
+// ---- Plan files ---------------------------------------------------------------------------------
+
+void save_plan(const Plan& plan, const Profile& p, const std::string& path) {
+  nlohmann::json j;
+  j["format"] = "regen-plan-1";
+  j["model"] = p.model;
+  j["batch"] = p.batch;
+  j["device"] = p.device;
+  j["policy"] = plan.policy;
+  j["budget"] = plan.budget_text;
+  j["budget_bytes"] = plan.budget_bytes;
+  j["budget_of"] = budget_of_name(plan.budget_of);
+  j["limit"] = plan.limit;
+  j["layout"] = plan.planned_layout ? "planned" : "caching";
+  j["keep_chain"] = plan.keep_chain;
+  j["feasible"] = plan.feasible;
+  j["note"] = plan.note;
+  j["predicted"] = {{"peak_allocated", plan.predicted.peak_allocated},
+                    {"peak_reserved", plan.predicted.peak_reserved},
+                    {"time_ms", plan.predicted.time_ms},
+                    {"recompute_ms", plan.predicted.recompute_ms}};
+  j["no_remat_peak"] = plan.no_remat_peak;
+  j["lowest_peak"] = plan.lowest_peak;
+  j["lower_bound"] = plan.lower_bound;
+  nlohmann::json d = nlohmann::json::array();
+  for (size_t i = 0; i < plan.decisions.size(); ++i) {
+    d.push_back({{"saved", i}, {"name", p.saved[i].name},
+                 {"decision", decision_name(plan.decisions[i])}});
+  }
+  j["decisions"] = std::move(d);
+  nlohmann::json regen = nlohmann::json::array();
+  for (const Regeneration& r : plan.regenerations) {
+    nlohmann::json names = nlohmann::json::array();
+    for (int32_t s : r.saved) names.push_back({{"saved", s}, {"name", p.saved[static_cast<size_t>(s)].name}});
+    regen.push_back({{"before", r.node}, {"before_name", p.nodes[static_cast<size_t>(r.node)].name},
+                     {"restore", std::move(names)}});
+  }
+  j["regenerations"] = std::move(regen);
+  write_file_atomic(path, j.dump(1));
+}
+
+Plan load_plan(const std::string& path, const Profile& p) {
+  const std::string origin = "plan '" + path + "'";
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(read_file(path));
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    REGEN_FAIL(origin, ": not valid JSON: ", e.what());
+  }
+  Plan plan;
+  try {
+    REGEN_CHECK(j.is_object() && j.value("format", "") == "regen-plan-1", origin,
+                ": not a regen plan (expected \"format\": \"regen-plan-1\")");
+    REGEN_CHECK(j.at("model").get<std::string>() == p.model && j.at("batch").get<int64_t>() == p.batch,
+                origin, ": made for ", j.at("model").get<std::string>(), " batch ",
+                j.at("batch").get<int64_t>(), ", not ", p.model, " batch ", p.batch);
+    plan.policy = j.at("policy").get<std::string>();
+    plan.budget_text = j.at("budget").get<std::string>();
+    plan.budget_bytes = j.at("budget_bytes").get<int64_t>();
+    REGEN_CHECK(plan.budget_bytes >= 0, origin, ": budget_bytes is negative");
+    // Plans written before budgets bounded reserved bytes bound allocated bytes.
+    plan.budget_of = parse_budget_of(j.value("budget_of", std::string("allocated")));
+    plan.limit = j.value("limit", int64_t{0});
+    REGEN_CHECK(plan.limit >= 0, origin, ": limit is negative");
+    const std::string layout = j.value("layout", std::string("caching"));
+    REGEN_CHECK(layout == "planned" || layout == "caching", origin, ": \"layout\" is '", layout,
+                "', not planned or caching");
+    plan.planned_layout = layout == "planned";
+    plan.keep_chain = j.at("keep_chain").get<bool>();
+    plan.note = j.value("note", "");
+    plan.decisions.assign(p.saved.size(), Decision::retain);
+    const auto& d = j.at("decisions");
+    REGEN_CHECK(d.is_array() && d.size() == p.saved.size(), origin, ": has ", d.size(),
+                " decisions, the profile has ", p.saved.size(), " saved tensors");
+    for (const auto& e : d) {
+      const size_t i = e.at("saved").get<size_t>();
+      REGEN_CHECK(i < p.saved.size() && e.at("name").get<std::string>() == p.saved[i].name, origin,
+                  ": decision for saved tensor ", i, " names '", e.at("name").get<std::string>(),
+                  "', which does not match the profile");
+      const std::string v = e.at("decision").get<std::string>();
+      REGEN_CHECK(v == "RETAINED" || v == "RECOMPUTE", origin, ": bad decision '", v, "'");
+      plan.decisions[i] = v == "RECOMPUTE" ? Decision::recompute : Decision::retain;
+      REGEN_CHECK(plan.decisions[i] == Decision::retain || p.saved[i].candidate, origin,
+                  ": saved tensor '", p.saved[i].name, "' cannot be recomputed");
+    }
+    if (j.contains("regenerations")) {
+      const auto& regen = j.at("regenerations");
+      REGEN_CHECK(regen.is_array(), origin, ": \"regenerations\" is not an array");
+      for (const auto& r : regen) {
+        Regeneration g;
+        g.node = r.at("before").get<int32_t>();
+        REGEN_CHECK(g.node >= 0 && static_cast<size_t>(g.node) < p.nodes.size() &&
+                        r.at("before_name").get<std::string>() == p.nodes[static_cast<size_t>(g.node)].name,
+                    origin, ": a regeneration names node ", g.node, " '",
+                    r.at("before_name").get<std::string>(), "', which does not match the profile");
+        for (const auto& e : r.at("restore")) {
+          const int64_t i = e.at("saved").get<int64_t>();
+          REGEN_CHECK(i >= 0 && static_cast<size_t>(i) < p.saved.size() &&
+                          e.at("name").get<std::string>() == p.saved[static_cast<size_t>(i)].name,
+                      origin, ": a regeneration names saved tensor ", i, " '",
+                      e.at("name").get<std::string>(), "', which does not match the profile");
+          g.saved.push_back(static_cast<int32_t>(i));
+        }
+        plan.regenerations.push_back(std::move(g));
+      }
+    }
+    // The schedule builder checks what no single field can: each named tensor is evicted when
+    // its regeneration runs.
+    try {
+      build_schedule(p, plan.decisions, plan.keep_chain, plan.regenerations);
+    } catch (const Error& e) {
+      REGEN_FAIL(origin, ": ", e.what());
+    }
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    REGEN_FAIL(origin, ": malformed plan: ", e.what());
+  }
+  return plan;
+}
+
+}  // namespace regen
