@@ -2,7 +2,7 @@
 // and runs its kernel through the dispatch point of kernels/kernels.h. Every op has a
 // finite-difference gradient check in tests/test_gradcheck*.cpp.
 //
-// Saved tensors (what backward reads) are listed beside each op; STYLE.md: save only what
+// Saved tensors (what backward reads) are listed beside each op; an op saves only what its
 // backward needs. All tensors are contiguous; views (reshape, flatten) share storage.
 #pragma once
 

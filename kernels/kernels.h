@@ -6,7 +6,7 @@
 //   regen::cpu::<name><T>   kernels/cpu/<op>.cpp, T = float or double; the reference.
 //   regen::cuda::<name>     kernels/cuda/<op>.cu, float; same arguments as the CPU launcher.
 //
-// Gradient conventions (STYLE.md): launchers that produce gradients write (=) them; the autograd
+// Gradient conventions: launchers that produce gradients write (=) them; the autograd
 // engine accumulates (+=) into parameters.
 #pragma once
 

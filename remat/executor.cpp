@@ -2,7 +2,6 @@
 #include "regen/remat/executor.h"
 
 #include <chrono>
-#include <map>
 
 #include "regen/kernels/kernels.h"
 
@@ -52,35 +51,21 @@ void RematExecutor::on_backward_start(Tape& tape) {
 
 void RematExecutor::run_program(Tape& tape, const RegenProgram& prog) {
   const auto t0 = std::chrono::steady_clock::now();
-  std::map<int64_t, Tensor> values;  // program-local (kept) values
-  for (const ReplayStep& st : prog.steps) {
-    const ProfileNode& n = p_.nodes[static_cast<size_t>(st.node)];
-    std::vector<Tensor> outputs;
-    {
-      std::vector<Tensor> inputs;
-      inputs.reserve(st.inputs.size());
-      for (int64_t v : st.inputs) {
-        if (v < 0) {
-          inputs.emplace_back();
-          continue;
-        }
-        auto it = values.find(v);
-        inputs.push_back(it != values.end() ? it->second : tape.value_tensor(v));
-      }
-      outputs = tape.replay(st.node, inputs);
-    }  // inputs released before any output or kept value is dropped
-    for (size_t k = 0; k < outputs.size(); ++k) {
-      const ReplayStep::Output& out = st.outputs[k];
-      if (out.fate == ReplayStep::Fate::restore) {
-        tape.restore(out.saved, outputs[k]);
-      } else if (out.fate == ReplayStep::Fate::keep) {
-        values[n.outputs[k]] = outputs[k];
-      }
-      outputs[k] = Tensor();
+  auto replay = [&](const ReplayStep& st, const auto& lookup) {
+    std::vector<Tensor> inputs;
+    inputs.reserve(st.inputs.size());
+    for (int64_t v : st.inputs) {
+      const Tensor* kept = v >= 0 ? lookup(v) : nullptr;
+      inputs.push_back(v < 0 ? Tensor() : kept ? *kept : tape.value_tensor(v));
     }
-    for (int64_t v : st.release_after) values.erase(v);
     ++cur_replays_;
-  }
+    return tape.replay(st.node, inputs);  // the inputs go before any output is let go
+  };
+  auto restore = [&](int32_t saved, Tensor&& out) {
+    tape.restore(saved, out);  // the saved tensor adopts the bytes; `out` is left empty
+    return tape.value_tensor(p_.saved[static_cast<size_t>(saved)].value);
+  };
+  interpret_program<Tensor>(p_, prog, replay, restore);
   kernels::synchronize(tape.value_tensor_device(p_.saved[static_cast<size_t>(prog.targets[0])].value));
   cur_regen_ms_ +=
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();

@@ -1,5 +1,5 @@
 // What people read: the profile table, the profile's Chrome trace, decisions.csv, and the
-// seed-format summary table of a sweep (../shared/seeds/000 and 001).
+// summary table of a sweep in the format of the seed experiments' tables (docs/remat.md).
 #pragma once
 
 #include <string>

@@ -1,10 +1,12 @@
 // A plan's decisions turned into the exact sequence of evictions and regenerations of one
 // iteration. The simulator (simulator.h) and the executor (executor.h) both consume this one
-// Schedule, so the allocations they make come in the same order: that is what makes the
-// predicted peak equal the measured one. docs/remat.md ("Schedule") walks through an example.
+// Schedule, and both run its regeneration programs through one interpreter (interpret_program
+// below), so the allocations they make come in the same order: that is what makes the predicted
+// peak equal the measured one. docs/remat.md ("Schedule") walks through an example.
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -66,6 +68,47 @@ Schedule build_schedule(const Profile& p, const std::vector<Decision>& decisions
                         bool keep_chain = true,
                         const std::vector<Regeneration>& regenerations = {});
 
+
+// One regeneration program, interpreted: the only place that decides in which order a program's
+// outputs are restored, kept or dropped and its kept values released, for the executor (tensors)
+// and the simulator (blocks) alike, so their allocations and frees come in one order.
+//   Handle    what holds a value's memory while the program uses it (a Tensor; the simulator's
+//             reference-counted block), default-constructible: destroying or overwriting one is
+//             how a value is let go
+//   replay    (const ReplayStep&, lookup) -> std::vector<Handle>, one per output slot; lookup(v)
+//             is the program's own kept handle of value v, or null when v is not one (a leaf or a
+//             resident saved tensor)
+//   restore   (int32_t saved, Handle&& out) -> Handle: hands an output to saved tensor `saved`
+//             and returns what the program may still read it through
+// Outputs are handled in slot order: restored, kept, or let go at once; then the step's
+// release_after values go. Returns the handles still kept when the program ends.
+template <class Handle, class Replay, class Restore>
+std::map<int64_t, Handle> interpret_program(const Profile& p, const RegenProgram& prog,
+                                            Replay&& replay, Restore&& restore) {
+  std::map<int64_t, Handle> kept;
+  auto lookup = [&](int64_t v) -> const Handle* {
+    auto it = kept.find(v);
+    return it == kept.end() ? nullptr : &it->second;
+  };
+  for (const ReplayStep& st : prog.steps) {
+    const ProfileNode& n = p.nodes[static_cast<size_t>(st.node)];
+    std::vector<Handle> outputs = replay(st, lookup);
+    for (size_t k = 0; k < outputs.size(); ++k) {
+      const ReplayStep::Output& out = st.outputs[k];
+      if (out.fate == ReplayStep::Fate::restore) {
+        kept[n.outputs[k]] = restore(out.saved, std::move(outputs[k]));
+      } else if (out.fate == ReplayStep::Fate::keep) {
+        kept[n.outputs[k]] = std::move(outputs[k]);
+      }
+      outputs[k] = Handle();  // a dropped output goes here, in slot order
+    }
+    for (int64_t v : st.release_after) {
+      REGEN_ASSERT(kept.count(v) == 1);
+      kept.erase(v);
+    }
+  }
+  return kept;
+}
 
 // The forward nodes (in forward order) one regeneration of `targets` replays when exactly the
 // saved tensors marked in `evicted` are not resident: what build_schedule's program would run.

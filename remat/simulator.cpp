@@ -2,6 +2,8 @@
 #include "regen/remat/simulator.h"
 
 #include <algorithm>
+#include <functional>
+#include <map>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -9,6 +11,66 @@
 #include "regen/core/io.h"
 
 namespace regen {
+
+namespace {
+
+// A regeneration program's reference to a simulated block. Blocks its own replays allocated are
+// counted (views share them) and freed by the last reference, as a Tensor's storage is; others
+// (leaves, resident or restored saved tensors) are only borrowed.
+class BlockRef {
+ public:
+  BlockRef() = default;
+  static BlockRef owned(Block* b, std::unordered_map<Block*, int>* refs,
+                        std::function<void(Block*)>* free) {
+    BlockRef r;
+    r.block_ = b;
+    r.refs_ = refs;
+    r.free_ = free;
+    (*refs)[b] = 1;
+    return r;
+  }
+  static BlockRef borrowed(Block* b) {
+    BlockRef r;
+    r.block_ = b;
+    return r;
+  }
+  BlockRef(const BlockRef& o) : block_(o.block_), refs_(o.refs_), free_(o.free_) {
+    if (refs_) ++(*refs_)[block_];
+  }
+  BlockRef(BlockRef&& o) noexcept : block_(o.block_), refs_(o.refs_), free_(o.free_) {
+    o.block_ = nullptr;
+    o.refs_ = nullptr;
+  }
+  BlockRef& operator=(BlockRef o) noexcept {
+    std::swap(block_, o.block_);
+    std::swap(refs_, o.refs_);
+    std::swap(free_, o.free_);
+    return *this;
+  }
+  ~BlockRef() {
+    if (!refs_) return;
+    auto it = refs_->find(block_);
+    if (--it->second == 0) {
+      refs_->erase(it);
+      (*free_)(block_);
+    }
+  }
+  bool is_owned() const { return refs_ != nullptr; }
+  // The only reference to an owned block gives it up without freeing it.
+  Block* adopt() {
+    REGEN_ASSERT(refs_ && refs_->at(block_) == 1);
+    refs_->erase(block_);
+    refs_ = nullptr;
+    return block_;
+  }
+
+ private:
+  Block* block_ = nullptr;
+  std::unordered_map<Block*, int>* refs_ = nullptr;
+  std::function<void(Block*)>* free_ = nullptr;
+};
+
+}  // namespace
 
 Simulator::Simulator(const Profile& p) : p_(p) {
   tags_.reserve(p.events.size());
@@ -119,27 +181,12 @@ SimResult Simulator::run(const Schedule& s, const SimOptions& opt) const {
     }
   };
 
+  // The regeneration programs, interpreted by the code the executor runs (schedule.h
+  // interpret_program), with blocks for tensors.
+  std::unordered_map<Block*, int> refs;  // the program's transient blocks: references to each
+  std::function<void(Block*)> free_block = free_;
   auto run_program = [&](const RegenProgram& prog) {
-    struct Entry {
-      Block* block;
-      bool transient;
-    };
-    std::unordered_map<int64_t, Entry> values;  // program-local values
-    std::unordered_map<Block*, int> refs;       // transient blocks
-    auto drop_ref = [&](Block* b) {
-      auto it = refs.find(b);
-      if (it == refs.end()) return;
-      if (--it->second == 0) {
-        refs.erase(it);
-        free_(b);
-      }
-    };
-    auto block_of_input = [&](int64_t v) -> Entry {
-      auto it = values.find(v);
-      if (it != values.end()) return it->second;
-      return {nullptr, false};  // leaf or resident saved tensor: not program memory
-    };
-    for (const ReplayStep& st : prog.steps) {
+    auto replay = [&](const ReplayStep& st, const auto& lookup) {
       const ProfileNode& n = p.nodes[static_cast<size_t>(st.node)];
       std::unordered_map<uint64_t, Block*> local;
       for (const WindowEvent& w : windows_[static_cast<size_t>(st.node)]) {
@@ -151,36 +198,25 @@ SimResult Simulator::run(const Schedule& s, const SimOptions& opt) const {
           local.erase(w.block_id);
         }
       }
+      std::vector<BlockRef> outputs(n.outputs.size());
       for (size_t k = 0; k < n.outputs.size(); ++k) {
-        const int64_t v = n.outputs[k];
-        const ProfileValue& val = p.values[static_cast<size_t>(v)];
-        Entry e{nullptr, false};
         if (n.is_view && k == 0) {
-          e = block_of_input(n.inputs[0]);
-          if (e.transient) refs[e.block]++;
+          // A view shares its input's block: another reference when the program made it.
+          if (const BlockRef* in = lookup(n.inputs[0])) outputs[k] = *in;
         } else {
-          e = {local.at(val.alloc_id), true};
-          refs[e.block] = 1;
-        }
-        const ReplayStep::Output& out = st.outputs[k];
-        if (out.fate == ReplayStep::Fate::restore) {
-          REGEN_ASSERT(e.transient && refs[e.block] == 1);
-          refs.erase(e.block);
-          live[saved_base[static_cast<size_t>(out.saved)]] = e.block;
-          values[v] = {e.block, false};
-        } else if (out.fate == ReplayStep::Fate::keep) {
-          values[v] = e;
-        } else if (e.transient) {
-          drop_ref(e.block);
+          const ProfileValue& val = p.values[static_cast<size_t>(n.outputs[k])];
+          outputs[k] = BlockRef::owned(local.at(val.alloc_id), &refs, &free_block);
         }
       }
-      for (int64_t v : st.release_after) {
-        auto it = values.find(v);
-        REGEN_ASSERT(it != values.end());
-        if (it->second.transient) drop_ref(it->second.block);
-        values.erase(it);
-      }
-    }
+      return outputs;
+    };
+    auto restore = [&](int32_t saved, BlockRef&& out) {
+      Block* b = out.adopt();  // the saved tensor's now: its own free comes from the event log
+      live[saved_base[static_cast<size_t>(saved)]] = b;
+      return BlockRef::borrowed(b);
+    };
+    std::map<int64_t, BlockRef> left = interpret_program<BlockRef>(p, prog, replay, restore);
+    for (const auto& kv : left) REGEN_ASSERT(!kv.second.is_owned());  // the program released them
     REGEN_ASSERT(refs.empty());
   };
 
