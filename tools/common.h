@@ -36,7 +36,7 @@ CLI::Validator non_empty(const std::string& what);  // "is empty: give <what>"  
 constexpr int64_t kIntMax = std::numeric_limits<int>::max();
 
 // Rewrites a CLI11 error for the terminal: "regen: error: --batch must be ..." plus a pointer to
-// --help. Installed on the top-level app by tools/regen.cpp.
+// --help. Installed on the top-level app by run_cli (tools/cli.cpp).
 std::string cli_failure_message(const CLI::App* app, const CLI::Error& e);
 
 struct ModelFlags {
