@@ -93,17 +93,27 @@ Simulator::Simulator(const Profile& p) : p_(p) {
   for (size_t n = 0; n < p.nodes.size(); ++n) {
     REGEN_CHECK(w.fwd_begin[n] >= 0 && w.fwd_end[n] >= w.fwd_begin[n], "profile: node ", n,
                 " has no forward markers");
-    std::unordered_set<uint64_t> mine;
+    std::unordered_set<uint64_t> mine;  // allocated in the window and not freed yet
     for (int64_t i = w.fwd_begin[n]; i < w.fwd_end[n]; ++i) {
       const ProfileEvent& e = p.events[i];
       if (e.kind == MemoryEventKind::alloc) {
-        mine.insert(e.block_id);
+        REGEN_CHECK(mine.insert(e.block_id).second, "profile: node ", n, " (", p.nodes[n].name,
+                    ") allocates block ", e.block_id, " twice during its forward");
         windows_[n].push_back({true, e.block_id, e.requested, e.category, tags_[i]});
       } else if (e.kind == MemoryEventKind::free) {
-        REGEN_CHECK(mine.count(e.block_id), "profile: node ", n, " (", p.nodes[n].name,
-                    ") frees block ", e.block_id, " it did not allocate during its forward");
+        REGEN_CHECK(mine.erase(e.block_id) == 1, "profile: node ", n, " (", p.nodes[n].name,
+                    ") frees block ", e.block_id, " it did not allocate during its forward (or "
+                    "frees it twice)");
         windows_[n].push_back({false, e.block_id, 0, e.category, 0});
       }
+    }
+    // A replay makes the node's outputs from its window's allocations: each one of its own,
+    // still live when the window ends.
+    const ProfileNode& node = p.nodes[n];
+    for (size_t k = node.is_view ? 1 : 0; k < node.outputs.size(); ++k) {
+      const uint64_t id = p.values[static_cast<size_t>(node.outputs[k])].alloc_id;
+      REGEN_CHECK(mine.erase(id) == 1, "profile: output ", k, " of node ", n, " (", node.name,
+                  ") is not an allocation of its own forward (block ", id, ")");
     }
   }
 }
@@ -194,7 +204,7 @@ SimResult Simulator::run(const Schedule& s, const SimOptions& opt) const {
           local[w.block_id] = alloc_(static_cast<uint64_t>(w.requested), w.category, w.tag);
           after_change();
         } else {
-          free_(local.at(w.block_id));
+          free_(local.at(w.block_id));  // the constructor checked the window's frees
           local.erase(w.block_id);
         }
       }
@@ -205,7 +215,11 @@ SimResult Simulator::run(const Schedule& s, const SimOptions& opt) const {
           if (const BlockRef* in = lookup(n.inputs[0])) outputs[k] = *in;
         } else {
           const ProfileValue& val = p.values[static_cast<size_t>(n.outputs[k])];
-          outputs[k] = BlockRef::owned(local.at(val.alloc_id), &refs, &free_block);
+          const auto it = local.find(val.alloc_id);
+          REGEN_CHECK(it != local.end() && !refs.count(it->second), "profile: output ", k,
+                      " of node ", st.node, " (", n.name, ") is not an allocation of its own "
+                      "forward: the profile is damaged; profile again");
+          outputs[k] = BlockRef::owned(it->second, &refs, &free_block);
         }
       }
       return outputs;
@@ -308,6 +322,11 @@ SimResult Simulator::run(const Schedule& s, const SimOptions& opt) const {
 
 Profile profile_from_json(const std::string& text, const std::string& origin) {
   Profile p = parse_profile_json(text, origin);
+  try {
+    const Simulator check(p);  // each node's forward window and outputs, as replays use them
+  } catch (const Error& e) {
+    REGEN_FAIL(origin, ": ", e.message(), ": the file was edited or is damaged; profile again");
+  }
   // The event log must replay to the peaks the file says were measured: a file edited by hand
   // or damaged in a way the structural checks miss would otherwise give plans whose predictions
   // are silently wrong.
