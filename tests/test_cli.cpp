@@ -357,6 +357,22 @@ TEST_CASE("cli: a good run exits 0 and prints the summary, and one step says so"
   CHECK(!has(one.out, "median of 1"));
 }
 
+// A step whose loss is still finite can leave parameters that are not (here the update of step 1
+// with lr 1e300 overflows float): training stops after that step, naming the tensor and index,
+// before a later step or a save would carry them on.
+TEST_CASE("cli: a parameter that stops being finite stops training at that step, named") {
+  TempDir dir;
+  const Result r = regen_run(dir, tiny({"--lr", "1e300", "--steps", "3", "--batch", "2", "--save",
+                                        dir.file("never.safetensors")}));
+  CAPTURE(r.err);
+  CHECK(r.status == 1);
+  CHECK(has(r.err, "training diverged: after step 1 the parameter '"));
+  CHECK(has(r.err, "' holds "));
+  CHECK(has(r.err, "at flat index"));
+  CHECK(has(r.err, "lower --lr"));
+  CHECK(!std::filesystem::exists(dir.file("never.safetensors")));
+}
+
 TEST_CASE("cli: a diverging loss stops with the step, the value and a hint") {
   TempDir dir;
   const Result r = regen_run(dir, tiny({"--lr", "1e30", "--steps", "5", "--batch", "2", "--save",

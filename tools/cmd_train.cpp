@@ -162,10 +162,19 @@ void run(const TrainFlags& f) {
   for (int64_t i = done; i < f.steps; ++i) {
     // Under the plan, from the first step on; an out-of-memory error names what it predicted.
     const StepResult r = pipe.step();
-    if (!std::isfinite(r.loss)) {
+    // A step can leave a parameter or gradient not finite while its loss still is (the next
+    // step's loss then is not): every parameter and gradient is read, on the CPU in place, at
+    // each progress line (every step up to 50 steps) and after the last step, so a model that
+    // is not finite is never saved; on a GPU after the last step only (a copy to the host).
+    const bool at_line = (i + 1) % every == 0 || i + 1 == f.steps;
+    const bool scan = std::isfinite(r.loss) && (s->device.is_cpu() ? at_line : i + 1 == f.steps);
+    const std::string bad = scan ? first_non_finite(*s->model) : std::string();
+    if (!std::isfinite(r.loss) || !bad.empty()) {
       if (mode == "bar") std::printf("\n");
       std::fflush(stdout);
       check_finite_loss(r.loss, i + 1, f.m.lr);
+      REGEN_FAIL("training diverged: after step ", i + 1, " the ", bad, " (not finite); try a "
+                 "lower --lr (this run used ", f.m.lr, ")");
     }
     record(r);
     if (mode != "none" && ((i + 1) % every == 0 || i + 1 == f.steps)) {

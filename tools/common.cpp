@@ -585,6 +585,49 @@ void check_finite_loss(double loss, int64_t step, double lr) {
               " (not finite); try a lower --lr (this run used ", lr, ")");
 }
 
+namespace {
+// The flat index of the first value of `t` that is not finite, or -1.
+int64_t first_bad(const Tensor& t) {
+  if (!t.defined() || t.numel() == 0) return -1;
+  auto scan = [](const auto* d, int64_t n) -> int64_t {
+    int64_t first = n;
+#pragma omp parallel for reduction(min : first) if (n > (int64_t{1} << 16))
+    for (int64_t i = 0; i < n; ++i) {
+      if (!std::isfinite(d[i]) && i < first) first = i;
+    }
+    return first < n ? first : -1;
+  };
+  if (t.device().is_cpu()) {
+    if (t.dtype() == DType::f32) return scan(t.data<float>(), t.numel());
+    if (t.dtype() == DType::f64) return scan(t.data<double>(), t.numel());
+    return -1;
+  }
+  if (t.dtype() != DType::f32) return -1;
+  const std::vector<float> v = t.to_vector<float>();
+  return scan(v.data(), static_cast<int64_t>(v.size()));
+}
+double value_at(const Tensor& t, int64_t i) {
+  if (t.device().is_cpu()) return t.dtype() == DType::f64 ? t.data<double>()[i] : t.data<float>()[i];
+  return t.to_vector<float>()[static_cast<size_t>(i)];
+}
+}  // namespace
+
+std::string first_non_finite(const Model& model) {
+  for (const auto& [name, p] : model.named_parameters()) {
+    for (const bool grad : {false, true}) {
+      const Tensor t = grad ? p.grad() : p;
+      const int64_t i = first_bad(t);
+      if (i >= 0) {
+        std::ostringstream os;
+        os << (grad ? "gradient of '" : "parameter '") << name << "' holds " << value_at(t, i)
+           << " at flat index " << i;
+        return os.str();
+      }
+    }
+  }
+  return "";
+}
+
 void save_checkpoint(const Session& s, const std::string& path, int64_t steps) {
   const ModelConfig& c = s.config;
   std::map<std::string, std::string> meta = {
