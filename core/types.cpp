@@ -64,6 +64,12 @@ uint64_t shape_nbytes(const Shape& s, DType dtype) {
   return static_cast<uint64_t>(bytes);
 }
 
+std::string join_names(const std::vector<std::string>& names, const char* sep) {
+  std::string out;
+  for (size_t i = 0; i < names.size(); ++i) out += (i == 0 ? "" : sep) + names[i];
+  return out;
+}
+
 std::string shape_str(const Shape& s) {
   std::string out = "[";
   for (size_t i = 0; i < s.size(); ++i) {

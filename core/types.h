@@ -58,6 +58,8 @@ int64_t shape_numel(const Shape& s);
 // the dtype when the size does not fit in int64_t (every byte count in regen is an int64_t).
 uint64_t shape_nbytes(const Shape& s, DType dtype);
 std::string shape_str(const Shape& s);
+// "a, b, c" (with sep between items): lists of names in messages and help texts.
+std::string join_names(const std::vector<std::string>& names, const char* sep = ", ");
 
 // Printing a Shape inside REGEN_CHECK messages: "[2, 3, 4]".
 struct ShapePrinter {

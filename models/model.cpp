@@ -79,12 +79,6 @@ std::vector<ModelInfo>& registry() {
   return models;
 }
 
-std::string known_models() {
-  std::string known;
-  for (const ModelInfo& m : registry()) known += (known.empty() ? "" : ", ") + m.name;
-  return known;
-}
-
 }  // namespace
 
 std::vector<std::string> model_preset_names() {
@@ -112,7 +106,7 @@ const ModelInfo& model_info(const std::string& name) {
   for (const ModelInfo& m : registry()) {
     if (m.name == name) return m;
   }
-  REGEN_FAIL("unknown model '", name, "': known models are ", known_models());
+  REGEN_FAIL("unknown model '", name, "': known models are ", join_names(model_preset_names()));
 }
 
 ModelConfig model_preset(const std::string& name) { return model_info(name).config; }

@@ -18,22 +18,6 @@ void rethrow_with_plan(const OutOfMemory& e, const Plan& plan) {
   throw OutOfMemory(msg, __FILE__, __LINE__);
 }
 
-void judge_loaded_plan(const Simulator& sim, Plan& plan) {
-  const Profile& p = sim.profile();
-  REGEN_CHECK(plan.decisions.size() == p.saved.size(), "plan '", plan.policy, "' has ",
-              plan.decisions.size(), " decisions, but the profile of ", p.model, " has ",
-              p.saved.size(), " saved tensors");
-  const PlanFit fit = fit_schedule(sim, plan_schedule(p, plan), plan.budget_bytes, plan.budget_of,
-                                   nullptr, plan.planned_layout);
-  plan.predicted = fit.result;
-  plan.layout = fit.layout;
-  plan.feasible = fit.fits;
-  plan.limit = fit.fits && plan.budget_of == BudgetOf::reserved ? plan.budget_bytes : 0;
-  plan.no_remat_peak = peak_of(
-      sim.run(build_schedule(p, std::vector<Decision>(p.saved.size(), Decision::retain))),
-      plan.budget_of);
-}
-
 RematPipeline::RematPipeline(Trainer& trainer) : trainer_(trainer) {}
 
 RematPipeline::~RematPipeline() { finish(); }
@@ -81,10 +65,7 @@ const Plan& RematPipeline::plan(const std::string& policy, const Budget& budget,
 }
 
 const Plan& RematPipeline::use_plan(Plan plan) {
-  const Profile& p = current_profile();
-  REGEN_CHECK(plan.decisions.size() == p.saved.size(), "plan '", plan.policy, "' has ",
-              plan.decisions.size(), " decisions, but the profile of ", p.model, " has ",
-              p.saved.size(), " saved tensors");
+  check_plan_decisions(plan, current_profile());
   set_plan(std::move(plan));
   return *plan_;
 }

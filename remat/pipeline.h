@@ -32,10 +32,6 @@ namespace regen {
 // predicted (peaks, where the peak is, the limit) and what to check. Thrown as OutOfMemory.
 [[noreturn]] void rethrow_with_plan(const OutOfMemory& e, const Plan& plan);
 
-// A plan read from a file (load_plan), judged again on `sim`'s profile: its prediction, planned
-// layout, feasibility and limit follow from its decisions and budget.
-void judge_loaded_plan(const Simulator& sim, Plan& plan);
-
 class RematPipeline {
  public:
   explicit RematPipeline(Trainer& trainer);

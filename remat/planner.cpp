@@ -19,13 +19,6 @@
 
 namespace regen {
 
-namespace {
-std::string join_names(const std::vector<std::string>& names) {
-  std::string out;
-  for (const std::string& n : names) out += (out.empty() ? "" : ", ") + n;
-  return out;
-}
-}  // namespace
 
 void ensure_planned_layout(const Simulator& sim, Plan& plan) {
   if (plan.layout) return;
@@ -741,29 +734,48 @@ std::string planner_help() {
   return out;
 }
 
-Plan finish_plan(const Simulator& sim, Plan draft, const Budget& budget, const PlanOptions& options) {
-  const Profile& p = sim.profile();
-  REGEN_CHECK(draft.decisions.size() == p.saved.size(), "plan '", draft.policy, "' has ",
-              draft.decisions.size(), " decisions, but the profile of ", p.model, " has ",
+void check_plan_decisions(const Plan& plan, const Profile& p) {
+  REGEN_CHECK(plan.decisions.size() == p.saved.size(), "plan '", plan.policy, "' has ",
+              plan.decisions.size(), " decisions, but the profile of ", p.model, " has ",
               p.saved.size(), " saved tensors");
-  const BudgetOf of = options.budget_of;
-  Plan plan = std::move(draft);
-  plan.budget_text = budget.str();
-  plan.budget_of = of;
-  const SimResult none =
-      sim.run(build_schedule(p, Decisions(p.saved.size(), Decision::retain)));
-  plan.no_remat_peak = peak_of(none, of);
-  plan.budget_bytes = budget.resolve(plan.no_remat_peak);
-  plan.lower_bound = memory_lower_bound(p);
-  PlanFit f = fit_schedule(sim, plan_schedule(p, plan), plan.budget_bytes, of, nullptr,
-                           options.planned_layout);
+}
+
+namespace {
+// A plan's prediction, planned layout, feasibility and limit, from its decisions and its budget
+// in bytes and kind.
+void judge_against_budget(const Simulator& sim, Plan& plan, bool planned_layout) {
+  PlanFit f = fit_schedule(sim, plan_schedule(sim.profile(), plan), plan.budget_bytes,
+                           plan.budget_of, nullptr, planned_layout);
   plan.predicted = std::move(f.result);
   plan.layout = std::move(f.layout);
-  plan.feasible = plan.budget_bytes == 0 || f.fits;
-  plan.limit = plan.feasible && of == BudgetOf::reserved ? plan.budget_bytes : 0;
-  plan.lowest_peak = std::min(plan.no_remat_peak, peak_of(plan.predicted, of));
+  plan.feasible = f.fits;  // fit_schedule: everything fits without a budget
+  plan.limit = plan.feasible && plan.budget_of == BudgetOf::reserved ? plan.budget_bytes : 0;
+}
+
+int64_t no_remat_peak_of(const Simulator& sim, BudgetOf of) {
+  const Profile& p = sim.profile();
+  return peak_of(sim.run(build_schedule(p, Decisions(p.saved.size(), Decision::retain))), of);
+}
+}  // namespace
+
+Plan finish_plan(const Simulator& sim, Plan draft, const Budget& budget, const PlanOptions& options) {
+  check_plan_decisions(draft, sim.profile());
+  Plan plan = std::move(draft);
+  plan.budget_text = budget.str();
+  plan.budget_of = options.budget_of;
+  plan.no_remat_peak = no_remat_peak_of(sim, plan.budget_of);
+  plan.budget_bytes = budget.resolve(plan.no_remat_peak);
+  plan.lower_bound = memory_lower_bound(sim.profile());
+  judge_against_budget(sim, plan, options.planned_layout);
+  plan.lowest_peak = std::min(plan.no_remat_peak, peak_of(plan.predicted, plan.budget_of));
   if (options.planned_layout) ensure_planned_layout(sim, plan);
   return plan;
+}
+
+void judge_loaded_plan(const Simulator& sim, Plan& plan) {
+  check_plan_decisions(plan, sim.profile());
+  judge_against_budget(sim, plan, plan.planned_layout);
+  plan.no_remat_peak = no_remat_peak_of(sim, plan.budget_of);
 }
 
 Plan make_plan(const Simulator& sim, const std::string& policy, const Budget& budget,

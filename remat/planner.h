@@ -186,5 +186,12 @@ int64_t memory_lower_bound(const Profile& p);
 // plan.json (atomic write); load checks it against the profile it is used with.
 void save_plan(const Plan& plan, const Profile& p, const std::string& path);
 Plan load_plan(const std::string& path, const Profile& p);
+// A plan read from a file, judged again on `sim`'s profile: its prediction, planned layout,
+// feasibility, limit and no-remat peak follow from its decisions and budget (finish_plan does the
+// same for a planner's draft, from a Budget).
+void judge_loaded_plan(const Simulator& sim, Plan& plan);
+// Throws regen::Error naming the plan and the profile unless the plan has one decision per saved
+// tensor.
+void check_plan_decisions(const Plan& plan, const Profile& p);
 
 }  // namespace regen

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <functional>
 #include <map>
+#include <memory>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -214,12 +215,9 @@ SimResult Simulator::run(const Schedule& s, const SimOptions& opt) const {
           // A view shares its input's block: another reference when the program made it.
           if (const BlockRef* in = lookup(n.inputs[0])) outputs[k] = *in;
         } else {
+          // The constructor checked that each output is its own allocation of the window.
           const ProfileValue& val = p.values[static_cast<size_t>(n.outputs[k])];
-          const auto it = local.find(val.alloc_id);
-          REGEN_CHECK(it != local.end() && !refs.count(it->second), "profile: output ", k,
-                      " of node ", st.node, " (", n.name, ") is not an allocation of its own "
-                      "forward: the profile is damaged; profile again");
-          outputs[k] = BlockRef::owned(it->second, &refs, &free_block);
+          outputs[k] = BlockRef::owned(local.at(val.alloc_id), &refs, &free_block);
         }
       }
       return outputs;
@@ -322,16 +320,17 @@ SimResult Simulator::run(const Schedule& s, const SimOptions& opt) const {
 
 Profile profile_from_json(const std::string& text, const std::string& origin) {
   Profile p = parse_profile_json(text, origin);
+  std::unique_ptr<Simulator> sim;
   try {
-    const Simulator check(p);  // each node's forward window and outputs, as replays use them
+    sim = std::make_unique<Simulator>(p);  // checks each node's forward window and outputs
   } catch (const Error& e) {
     REGEN_FAIL(origin, ": ", e.message(), ": the file was edited or is damaged; profile again");
   }
   // The event log must replay to the peaks the file says were measured: a file edited by hand
   // or damaged in a way the structural checks miss would otherwise give plans whose predictions
   // are silently wrong.
-  const SimResult replay = Simulator(p).run(
-      build_schedule(p, std::vector<Decision>(p.saved.size(), Decision::retain)));
+  const SimResult replay =
+      sim->run(build_schedule(p, std::vector<Decision>(p.saved.size(), Decision::retain)));
   REGEN_CHECK(replay.peak_allocated == p.peak_allocated && replay.peak_reserved == p.peak_reserved,
               origin, ": its event log replays to a peak of ", replay.peak_allocated,
               " allocated and ", replay.peak_reserved, " reserved bytes, but it records ",

@@ -50,10 +50,8 @@ int run_cli(int argc, char** argv) {
     std::vector<std::string> names;
     for (const CLI::App* sub : app.get_subcommands({})) names.push_back(sub->get_name());
     if (std::find(names.begin(), names.end(), argv[1]) == names.end()) {
-      std::string all;
-      for (const std::string& n : names) all += (all.empty() ? "" : ", ") + n;
       std::fprintf(stderr, "regen: error: unknown command '%s'; the commands are %s (regen --help)\n",
-                   argv[1], all.c_str());
+                   argv[1], join_names(names).c_str());
       return 106;
     }
   }

@@ -65,12 +65,6 @@ struct PolicyFrontier {
   std::vector<std::string> violations;
 };
 
-std::string join(const std::vector<std::string>& v, const char* sep = ", ") {
-  std::string s;
-  for (const std::string& x : v) s += (s.empty() ? "" : sep) + x;
-  return s;
-}
-
 std::vector<std::string> planner_names() {
   std::vector<std::string> out;
   for (const std::string& n : policy_names()) {
@@ -92,16 +86,16 @@ std::vector<std::string> default_planners() {
 std::vector<PolicySpec> parse_policies(const std::string& text) {
   const std::vector<std::string> known = planner_names();
   const std::vector<std::string> items = text.empty() ? default_planners() : split_commas(text);
-  REGEN_CHECK(!items.empty(), "--policies is empty: name one or more of ", join(known));
+  REGEN_CHECK(!items.empty(), "--policies is empty: name one or more of ", join_names(known));
   std::vector<PolicySpec> specs;
   for (const std::string& item : items) {
     const std::string name = item.substr(0, item.find(':'));
     REGEN_CHECK(name != "none", "--policies: 'none' is the baseline, always measured and written "
                                 "as the no-remat point; name planners: ",
-                join(known));
+                join_names(known));
     REGEN_CHECK(std::count(known.begin(), known.end(), name), "--policies: unknown policy '", name,
-                "'", name == item ? "" : " in '" + item + "'", ": known policies are ", join(known),
-                ", each with an optional chain mode :", join(chain_names(), ", :"));
+                "'", name == item ? "" : " in '" + item + "'", ": known policies are ", join_names(known),
+                ", each with an optional chain mode :", join_names(chain_names(), ", :"));
     PolicySpec spec;
     try {
       spec = parse_policy_spec(item);
@@ -614,7 +608,7 @@ void setup(CLI::App& app) {
                  "flags are profiled first (2 warm-up steps, 3 instrumented)");
   app.add_option("--policy,--policies", f->policies,
                  "comma-separated planners, each with an optional chain mode (mutwo:drop); "
-                 "default: " + join(default_planners()) + " (milp only when named: it is for small graphs)");
+                 "default: " + join_names(default_planners()) + " (milp only when named: it is for small graphs)");
   add_budget_of_flag(app, f->budget_of);
   add_layout_flag(app, f->layout);
   app.add_option("--milp-time-limit", f->milp_time_limit,

@@ -167,9 +167,8 @@ std::string cli_failure_message(const CLI::App* /*app*/, const CLI::Error& e) {
 // Model flags
 
 void add_model_flags(CLI::App& app, ModelFlags& f, bool with_batch) {
-  std::string names;
-  for (const std::string& n : model_preset_names()) names += (names.empty() ? "" : ", ") + n;
-  app.add_option("--model", f.model, "model preset: " + names)->capture_default_str();
+  app.add_option("--model", f.model, "model preset: " + join_names(model_preset_names()))
+      ->capture_default_str();
   if (with_batch) {
     app.add_option("--batch", f.batch, "batch size (images or sequences)")
         ->check(positive_integer())
@@ -668,13 +667,9 @@ size_t load_checkpoint(Session& s, const std::string& path) {
   }
   // Weights that are not finite would train into NaN silently: refused with the tensor and index.
   for (const auto& [name, t] : file.tensors) {
-    if (t.dtype() != DType::f32 && t.dtype() != DType::f64) continue;
-    const Tensor c64 = t.dtype() == DType::f64 ? t : t.to(DType::f64);
-    const std::vector<double> v = c64.to_vector<double>();
-    for (size_t i = 0; i < v.size(); ++i) {
-      REGEN_CHECK(std::isfinite(v[i]), "checkpoint ", path, ": tensor '", name, "' holds ", v[i],
-                  " at flat index ", i, " (weights must be finite)");
-    }
+    const int64_t i = first_bad(t);  // f32 and f64 tensors, read in place
+    REGEN_CHECK(i < 0, "checkpoint ", path, ": tensor '", name, "' holds ", value_at(t, i),
+                " at flat index ", i, " (weights must be finite)");
   }
   try {
     s.model->load_state_dict(file.tensors);
