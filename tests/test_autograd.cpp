@@ -195,12 +195,6 @@ int64_t requested(Category c) {
   return allocator_for(Device::cpu()).stats().requested_by[static_cast<int>(c)].current;
 }
 
-// Removes hooks even when a REQUIRE throws.
-struct HooksGuard {
-  TapeHooks* hooks;
-  explicit HooksGuard(TapeHooks* h) : hooks(h) { Tape::current().add_hooks(h); }
-  ~HooksGuard() { Tape::current().remove_hooks(hooks); }
-};
 }  // namespace
 
 TEST_CASE("memory: saved tensors are freed after their last backward use, no activation left") {
@@ -232,7 +226,7 @@ TEST_CASE("memory: saved tensors are freed after their last backward use, no act
     }
     ReleaseChecker checker(static_cast<int64_t>(loss.nbytes()));
     {
-      HooksGuard guard(&checker);
+      const HooksScope guard(&checker);  // removed even when a REQUIRE throws
       backward(loss);
     }
     CHECK(checker.violations == 0);
@@ -415,7 +409,7 @@ TEST_CASE("tape: an op that throws leaves the tape as it was, gradients as witho
     manual_seed(5);
     for (Tensor* p : {&emb, &w1, &w2}) p->impl()->grad.reset();
     Tape& tape = Tape::current();
-    HooksGuard guard(counter);
+    const HooksScope guard(counter);
     Tensor loss;
     {
       BlockScope block("layer");

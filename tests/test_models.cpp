@@ -413,9 +413,11 @@ HeadStep head_step(const ModelConfig& config, int64_t batch) {
   auto data = make_data_source("", config, 3);
   Trainer trainer(*model, opt, *data, batch, Device::cpu());
   KindRecorder rec;
-  Tape::current().add_hooks(&rec);
-  const StepResult r = trainer.step();
-  Tape::current().remove_hooks(&rec);
+  StepResult r;
+  {
+    const HooksScope hooks(&rec);
+    r = trainer.step();
+  }
   HeadStep s;
   s.loss = r.loss;
   s.peak = r.memory.allocated.peak;

@@ -12,8 +12,10 @@
 
 #include "regen/autograd/ops.h"
 #include "regen/kernels/kernels.h"
+#include "tests/test_util.h"
 
 using namespace regen;
+using regen::testing::expect_error;
 
 namespace {
 
@@ -66,20 +68,6 @@ std::vector<T> ref_narrow(const Tensor& x, int dim, int64_t start, int64_t lengt
     y[static_cast<size_t>(i)] = x.data<T>()[ravel(c, x.shape())];
   }
   return y;
-}
-
-void expect_error(const std::function<void()>& fn, const std::vector<std::string>& pieces) {
-  bool thrown = false;
-  try {
-    fn();
-  } catch (const Error& e) {
-    thrown = true;
-    for (const std::string& p : pieces) {
-      CHECK_MESSAGE(e.message().find(p) != std::string::npos, "message \"", e.message(),
-                    "\" lacks \"", p, "\"");
-    }
-  }
-  CHECK_MESSAGE(thrown, "no regen::Error thrown; expected one containing \"", pieces.at(0), "\"");
 }
 
 const Shape kShapes[] = {{7}, {3, 5}, {2, 3, 4}, {2, 1, 3, 5}, {2, 3, 1, 2, 3}};

@@ -13,8 +13,10 @@
 
 #include "regen/autograd/ops.h"
 #include "regen/kernels/kernels.h"
+#include "tests/test_util.h"
 
 using namespace regen;
+using regen::testing::expect_error;
 
 namespace {
 
@@ -41,20 +43,6 @@ void expect_close(const std::string& what, const std::vector<T>& got, const std:
     }
   }
   CHECK_MESSAGE(bad == 0, what, ": ", bad, " of ", got.size(), " elements out of tolerance");
-}
-
-void expect_error(const std::function<void()>& fn, const std::vector<std::string>& pieces) {
-  bool thrown = false;
-  try {
-    fn();
-  } catch (const Error& e) {
-    thrown = true;
-    for (const std::string& p : pieces) {
-      CHECK_MESSAGE(e.message().find(p) != std::string::npos, "message \"", e.message(),
-                    "\" lacks \"", p, "\"");
-    }
-  }
-  CHECK_MESSAGE(thrown, "no regen::Error thrown; expected one containing \"", pieces.at(0), "\"");
 }
 
 // ---- Upsampling references

@@ -12,8 +12,10 @@
 
 #include "regen/autograd/ops.h"
 #include "regen/kernels/kernels.h"
+#include "tests/test_util.h"
 
 using namespace regen;
+using regen::testing::expect_error;
 
 namespace {
 
@@ -193,21 +195,6 @@ void check_pools(const Shape& xs, int64_t k, int64_t stride, int64_t pad, uint64
   CHECK_MESSAGE(arg == want_arg, name, " argmax");
   expect_close(name + " avg", avg_pool2d(x, k, stride, pad).to_vector<T>(), ref_pool(xv, s, false),
                atol_for<T>(), rtol_for<T>());
-}
-
-// Runs fn, expects a regen::Error whose message contains every piece.
-void expect_error(const std::function<void()>& fn, const std::vector<std::string>& pieces) {
-  bool thrown = false;
-  try {
-    fn();
-  } catch (const Error& e) {
-    thrown = true;
-    for (const std::string& p : pieces) {
-      CHECK_MESSAGE(e.message().find(p) != std::string::npos, "message \"", e.message(),
-                    "\" lacks \"", p, "\"");
-    }
-  }
-  CHECK_MESSAGE(thrown, "no regen::Error thrown; expected one containing \"", pieces.at(0), "\"");
 }
 
 }  // namespace

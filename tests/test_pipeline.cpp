@@ -35,51 +35,30 @@ Plan every_other(const Simulator& sim, const Budget& budget, const PlanOptions& 
   return finish_plan(sim, std::move(draft), budget, options);
 }
 
-// A network with no blocks marked: four 3x3 convolutions with relu, pooling, a linear head.
-class Plain : public Model {
+// A network with no blocks marked: `layers` 3x3 convolutions of `width` channels with relu,
+// pooling, a linear head. With `constant`, forward makes a constant (zeros, no gradient) and adds
+// it after the first convolution, so everything after reads it.
+class ConvNet : public Model {
  public:
-  Plain(const ModelConfig& c, Device device) : Model(c) {
+  ConvNet(const ModelConfig& c, Device device, int layers, int64_t width, bool constant)
+      : Model(c), constant_(constant) {
     Generator gen(c.seed);
-    for (int i = 0; i < 4; ++i) {
+    for (int i = 0; i < layers; ++i) {
       const std::string n = "conv" + std::to_string(i);
-      conv_.push_back(&register_module(n, std::make_unique<Conv2d>(n, i == 0 ? 3 : 16, 16, 3, 1, 1, false, gen, device)));
+      conv_.push_back(&register_module(n, std::make_unique<Conv2d>(n, i == 0 ? 3 : width, width, 3, 1, 1, false, gen, device)));
     }
-    fc_ = &register_module("fc", std::make_unique<Linear>("fc", 16, c.num_classes, true, gen, device));
+    fc_ = &register_module("fc", std::make_unique<Linear>("fc", width, c.num_classes, true, gen, device));
     assign_full_names();
   }
   Tensor forward(const Tensor& x) override {
     Tensor h = x;
-    for (Conv2d* c : conv_) h = relu(c->forward(h));
-    return fc_->forward(flatten(global_avg_pool(h), 1));
-  }
-  Tensor loss(const Tensor& logits, const Tensor& target) const override {
-    return cross_entropy(logits, target);
-  }
-  void check_batch(const Batch&) const override {}
-
- private:
-  std::vector<Conv2d*> conv_;
-  Linear* fc_;
-};
-
-// A network whose forward makes a constant (zeros, no gradient) and adds it after the first
-// convolution; everything after reads it.
-class WithConstant : public Model {
- public:
-  WithConstant(const ModelConfig& c, Device device) : Model(c) {
-    Generator gen(c.seed);
-    for (int i = 0; i < 3; ++i) {
-      const std::string n = "conv" + std::to_string(i);
-      conv_.push_back(&register_module(n, std::make_unique<Conv2d>(n, i == 0 ? 3 : 8, 8, 3, 1, 1, false, gen, device)));
+    for (size_t i = 0; i < conv_.size(); ++i) {
+      h = relu(conv_[i]->forward(h));
+      if (i == 0 && constant_) {
+        const Tensor z = zeros(h.shape(), h.dtype(), h.device());  // dropped when forward returns
+        h = add(h, z);
+      }
     }
-    fc_ = &register_module("fc", std::make_unique<Linear>("fc", 8, c.num_classes, true, gen, device));
-    assign_full_names();
-  }
-  Tensor forward(const Tensor& x) override {
-    Tensor h = relu(conv_[0]->forward(x));
-    const Tensor z = zeros(h.shape(), h.dtype(), h.device());  // dropped when forward returns
-    h = add(h, z);
-    for (size_t i = 1; i < conv_.size(); ++i) h = relu(conv_[i]->forward(h));
     return fc_->forward(flatten(global_avg_pool(h), 1));
   }
   Tensor loss(const Tensor& logits, const Tensor& target) const override {
@@ -88,6 +67,7 @@ class WithConstant : public Model {
   void check_batch(const Batch&) const override {}
 
  private:
+  bool constant_;
   std::vector<Conv2d*> conv_;
   Linear* fc_;
 };
@@ -100,9 +80,9 @@ void register_once() {
     preset.image_size = 32;
     preset.num_classes = 10;
     register_model({"plain-test", "conv, relu, pooling, linear (no blocks)", preset,
-                    [](const ModelConfig& c, Device d) { return std::make_unique<Plain>(c, d); }});
+                    [](const ModelConfig& c, Device d) { return std::make_unique<ConvNet>(c, d, 4, 16, false); }});
     register_model({"constant-test", "a constant made in forward", preset,
-                    [](const ModelConfig& c, Device d) { return std::make_unique<WithConstant>(c, d); }});
+                    [](const ModelConfig& c, Device d) { return std::make_unique<ConvNet>(c, d, 3, 8, true); }});
     return true;
   }();
   (void)done;
@@ -125,7 +105,7 @@ TEST_CASE("pipeline: a registered model is profiled, planned and trained by name
   CHECK(cfg.image_size == 32);
   {
     std::unique_ptr<Model> m = make_model(cfg);
-    CHECK(dynamic_cast<Plain*>(m.get()) != nullptr);
+    CHECK(dynamic_cast<ConvNet*>(m.get()) != nullptr);
   }
   // mutwo and dp plan it; blocks and sqrt say it has no blocks instead of an empty plan.
   check_model(cfg, 8, {"none", "mutwo", "dp", "every-other"});
