@@ -40,7 +40,7 @@ sanitize: deps
 fuzz:
 	@REGEN_WITH_FUZZ=1 bash scripts/install-deps.sh
 	@CC=clang CXX=clang++ cmake -S . -B $(FUZZ_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DREGEN_CUDA=OFF \
-	  -DREGEN_MILP=OFF -DREGEN_FUZZ=ON -DREGEN_BUILD_TESTS=OFF -DREGEN_NATIVE=OFF > /dev/null
+	  -DREGEN_MILP=OFF -DREGEN_PYTHON=OFF -DREGEN_FUZZ=ON -DREGEN_BUILD_TESTS=OFF -DREGEN_NATIVE=OFF > /dev/null
 	@cmake --build $(FUZZ_BUILD) -j $(JOBS) --target fuzz_profile fuzz_plan fuzz_safetensors fuzz_data
 	@bash scripts/fuzz.sh $(FUZZ_BUILD) $(FUZZ_SECONDS)
 

@@ -752,11 +752,12 @@ void judge_against_budget(const Simulator& sim, Plan& plan, bool planned_layout)
   plan.limit = plan.feasible && plan.budget_of == BudgetOf::reserved ? plan.budget_bytes : 0;
 }
 
+}  // namespace
+
 int64_t no_remat_peak_of(const Simulator& sim, BudgetOf of) {
   const Profile& p = sim.profile();
   return peak_of(sim.run(build_schedule(p, Decisions(p.saved.size(), Decision::retain))), of);
 }
-}  // namespace
 
 Plan finish_plan(const Simulator& sim, Plan draft, const Budget& budget, const PlanOptions& options) {
   check_plan_decisions(draft, sim.profile());

@@ -51,6 +51,9 @@ const char* budget_of_name(BudgetOf of);  // "reserved", "allocated"
 BudgetOf parse_budget_of(const std::string& text);
 // A simulation's peak of that kind.
 int64_t peak_of(const SimResult& r, BudgetOf of);
+// The peak of that kind of the profile's iteration without remat, simulated: what a percentage
+// budget is of.
+int64_t no_remat_peak_of(const Simulator& sim, BudgetOf of);
 
 // A schedule judged against a budget in bytes (0: none; everything fits). Simulated without a
 // limit; for a reserved budget that its reserved peak passes but its allocated peak does not,

@@ -148,6 +148,7 @@ Profile profile_training(Trainer& trainer, const ProfileOptions& options) {
 
   Profile p;
   p.model = options.model_name;
+  p.run = options.run;
   p.batch = trainer.batch_size();
   p.device = trainer.device().str();
   p.threads = omp_get_max_threads();

@@ -4,6 +4,7 @@
 // and median timings. `regen profile` writes it as profile.json, a table and a Chrome trace.
 #pragma once
 
+#include <map>
 #include <string>
 
 #include "regen/models/train.h"
@@ -15,6 +16,8 @@ struct ProfileOptions {
   int warmup = 1;      // plain steps first (caches, first-touch costs)
   int iterations = 3;  // instrumented steps; timings are medians over them
   std::string model_name;
+  // The flags besides model, batch and device that shape the step (Profile::run).
+  std::map<std::string, std::string> run;
 };
 
 // Extra hooks (e.g. a remat executor) may be installed on the tape while profiling; the

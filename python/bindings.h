@@ -1,0 +1,67 @@
+// The `regen` Python module (pybind11): the objects the bindings share and the functions that
+// define each part of the module. docs/python.md is the reference of what Python sees.
+//   tensors.cpp  Tensor (buffer protocol), numpy conversions, safetensors
+//   model.cpp    Model: a registered model with its optimizer, data and trainer; training with a
+//                plan; state dicts and checkpoints
+//   remat.cpp    Profile, Plan, Simulation; plan(), simulate(), make_plan(), Python planners
+// Nothing here releases the GIL: a model, its tape and the allocators are used from one thread.
+#pragma once
+
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "regen/remat/planner.h"
+#include "regen/remat/simulator.h"
+
+namespace regen::py {
+
+namespace pb = pybind11;
+
+// A profile as Python holds it: the Profile and its simulator (built once, used by every plan()
+// and simulate() on it). Shared by the Profile object, the Plans made for it and the Model that
+// uses it; immutable once made.
+struct ProfileHandle {
+  explicit ProfileHandle(Profile p);
+  ~ProfileHandle();
+  ProfileHandle(const ProfileHandle&) = delete;
+  ProfileHandle& operator=(const ProfileHandle&) = delete;
+  const Profile profile;
+  const Simulator sim;
+  // The handle whose simulator is `sim`, if Python holds one (a planner written in Python is
+  // handed the Profile object it was called for, not a copy).
+  static std::shared_ptr<ProfileHandle> owner_of(const Simulator& sim);
+};
+using ProfilePtr = std::shared_ptr<ProfileHandle>;
+// The way to make one (owner_of finds it).
+ProfilePtr make_profile_handle(Profile p);
+
+// A plan with the profile it was made for (a plan's decisions index that profile's saved tensors).
+struct PlanHandle {
+  Plan plan;
+  ProfilePtr profile;
+};
+
+// "60%", "2GiB", a number of bytes, or None.
+Budget budget_from(const pb::object& budget);
+// A decision per saved tensor from a sequence or array of bools or 0/1 (True / 1: recompute);
+// throws regen::Error naming the length or the entry that is wrong.
+std::vector<Decision> decisions_from(const pb::object& decisions, const Profile& p);
+pb::array_t<bool> decisions_to_array(const std::vector<Decision>& d);
+// "keep" / "drop" (a planner's "auto" resolves to one of them).
+bool keep_chain_from(const std::string& chain, const char* what);
+
+// A CPU copy of `t` as a new numpy array (CUDA tensors are copied to the host).
+pb::array tensor_to_numpy(const Tensor& t);
+// A numpy array (f32, f64, i32 or i64; any layout) as a new CPU tensor; `what` names it in errors.
+Tensor tensor_from_numpy(const pb::handle& array, const std::string& what);
+
+void bind_tensors(pb::module_& m);
+void bind_remat(pb::module_& m);
+void bind_model(pb::module_& m);
+
+}  // namespace regen::py
