@@ -36,3 +36,18 @@ message(STATUS "${last_output}")
 if(NOT last_output MATCHES "remat dp: predicted peak allocated [^;]*; measured [^(]*\\(exact\\)")
   message(FATAL_ERROR "unet-tool train did not report an exact prediction:\n${last_output}")
 endif()
+# The Python module from the prefix alone (when the build has one): import it, profile, plan and
+# train a step under the plan.
+if(PYTHON AND PYTHON_DIR)
+  if(NOT EXISTS ${WORK}/prefix/${PYTHON_DIR})
+    message(FATAL_ERROR "the installed package has no ${PYTHON_DIR}")
+  endif()
+  set(env PYTHONPATH=${WORK}/prefix/${PYTHON_DIR})
+  if(PYTHON_PRELOAD)  # a sanitizer build: its runtime first (tests/CMakeLists.txt)
+    list(APPEND env LD_PRELOAD=${PYTHON_PRELOAD} ASAN_OPTIONS=detect_leaks=0)
+  endif()
+  step("python: import regen from the prefix" ${CMAKE_COMMAND} -E env ${env}
+       ${PYTHON} -c "import regen, sys; assert regen.__file__.startswith(sys.argv[1]), regen.__file__; m = regen.Model('resnet-tiny', batch=8, device='cpu', image_size=128); p = m.profile(iterations=1); plan = m.plan('mutwo', '60%', budget_of='allocated'); assert plan.feasible and plan.recomputed > 0, plan; r = m.step(); assert (r.peak_allocated, r.peak_reserved) == (plan.peak_allocated, plan.peak_reserved), (r, plan); print('installed module', regen.__file__, plan)"
+       ${WORK}/prefix)
+  message(STATUS "${last_output}")
+endif()
