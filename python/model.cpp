@@ -309,6 +309,19 @@ stops. A loss, parameter or gradient that is not finite raises regen.Error.)doc"
       .def("use_plan", [](PyModel& s, const std::shared_ptr<PlanHandle>& h) { s.install(h); },
            pb::arg("plan"), "Runs the next steps under ``plan`` (its profile becomes the model's)")
       .def("clear_plan", &PyModel::clear_plan, "The next steps run without remat")
+      .def("set_limit", [](PyModel& s, const pb::object& limit) {
+        int64_t v = -1;
+        if (!limit.is_none()) {
+          REGEN_CHECK(pb::isinstance<pb::int_>(limit) && !pb::isinstance<pb::bool_>(limit),
+                      "set_limit: limit must be a number of bytes (int) or None");
+          v = limit.cast<int64_t>();
+          REGEN_CHECK(v >= 0, "set_limit: limit must be >= 0 bytes (0: none), got ", v);
+        }
+        s.pipe().set_limit(v);
+      }, pb::arg("limit"),
+           "Under a plan: the allocator's hard limit on reserved bytes the steps run under instead of "
+           "the plan's (0: none; None: the plan's again), to run a plan under a tighter limit than it "
+           "was made for (simulate(..., limit=) predicts what happens)")
       .def("parameters", [](PyModel& s) {
         pb::dict d;
         for (const auto& [name, t] : s.session().model->named_parameters()) d[pb::str(name)] = t;

@@ -115,3 +115,14 @@ def test_train_progress_callback_can_stop():
     results = m.train(5, progress=progress)
     assert [s for s, _ in seen] == [1, 2] and len(results) == 2
     assert m.steps_done == 2
+
+
+def test_module_level_profile():
+    p = regen.profile("transformer-tiny", batch=2, device="cpu", iterations=1, seq_len=32)
+    assert (p.model, p.batch, p.device, p.iterations) == ("transformer-tiny", 2, "cpu", 1)
+    assert p.run["--seq-len"] == "32" and p.num_saved > 0 and p.iteration_ms > 0
+    m = regen.Model("transformer-tiny", batch=2, device="cpu", seq_len=32)
+    q = regen.profile(m, iterations=1)
+    assert q is m.profile_in_use and q.num_saved == p.num_saved
+    with pytest.raises(regen.Error, match="options go to the Model"):
+        regen.profile(m, seq_len=16)

@@ -179,3 +179,38 @@ def test_files_round_trip(profiles, tmp_path):
     np.testing.assert_array_equal(back.decisions, plan.decisions)
     assert (back.peak_allocated, back.peak_reserved, back.feasible) == \
         (plan.peak_allocated, plan.peak_reserved, plan.feasible)
+
+
+def test_a_tighter_limit_runs_out_of_memory_where_the_simulator_says(profiles):
+    p = profiles["resnet-tiny"]
+    plan = regen.plan(p, "dp", "60%", budget_of="allocated")
+    assert plan.feasible and plan.limit == 0
+    args = dict(chain=plan.chain, regenerations=plan.regenerations)
+    # A limit the plan runs under (its reserved peak), and one it cannot (below its allocated peak).
+    fits = regen.simulate(p, plan.decisions, limit=plan.peak_reserved, **args)
+    assert not fits.oom and fits.peak_allocated == plan.peak_allocated
+    tight = plan.peak_allocated - (1 << 20)
+    sim = regen.simulate(p, plan.decisions, limit=tight, **args)
+    assert sim.oom and sim.oom_at and sim.peak_reserved <= tight
+    gc.collect()
+    m = model(RESNET)
+    m.use_plan(plan)
+    m.set_limit(plan.peak_reserved)
+    r = m.step()
+    assert (r.peak_allocated, r.peak_reserved) == (fits.peak_allocated, fits.peak_reserved)
+    m.set_limit(tight)
+    with pytest.raises(regen.OutOfMemory, match="predicted"):
+        m.step()
+    m.set_limit(None)  # the plan's own (none): the model trains on
+    assert m.step().peak_allocated == plan.peak_allocated
+
+
+@pytest.mark.skipif(not regen.build["milp"], reason="built without CBC (REGEN_MILP)")
+def test_milp_from_python(profiles):
+    p = profiles["transformer-tiny"]
+    dp = regen.plan(p, "dp", "60%", budget_of="allocated")
+    milp = regen.plan(p, "milp", "60%", budget_of="allocated", milp_time_limit=20)
+    assert milp.feasible and milp.time_ms <= dp.time_ms + 1e-9
+    sim = regen.simulate(p, milp.decisions, chain=milp.chain, regenerations=milp.regenerations,
+                         limit=milp.limit)
+    assert (sim.peak_allocated, sim.peak_reserved) == (milp.peak_allocated, milp.peak_reserved)
