@@ -2,8 +2,9 @@
 // trainer made exactly as `regen train` makes them (tools/common.h make_session, the same flags
 // and checks), and a RematPipeline to profile, plan and train under a plan. State dicts cross as
 // numpy arrays; checkpoints are `regen train --save` files.
+#include <algorithm>
 #include <cmath>
-#include <set>
+#include <limits>
 
 #include "python/bindings.h"
 #include "regen/remat/pipeline.h"
@@ -30,10 +31,17 @@ void take(const pb::dict& kw, const char* key, T& out) {
       REGEN_CHECK(pb::isinstance<pb::bool_>(v), key, " must be True or False");
       out = v.cast<bool>();
     } else if constexpr (std::is_integral_v<T>) {
-      REGEN_CHECK(pb::isinstance<pb::int_>(v) && !pb::isinstance<pb::bool_>(v), key, " must be an integer, got ",
+      // int and numpy integers; not bool, not float.
+      REGEN_CHECK(PyIndex_Check(v.ptr()) && !pb::isinstance<pb::bool_>(v), key, " must be an integer, got ",
                   pb::str(pb::repr(v)).cast<std::string>());
-      const int64_t x = v.cast<int64_t>();
+      const int64_t x = pb::int_(pb::reinterpret_borrow<pb::object>(v)).cast<int64_t>();
       REGEN_CHECK(x >= 0 || std::is_signed_v<T>, key, " must be >= 0, got ", x);
+      bool in_range = true;
+      if constexpr (sizeof(T) < sizeof(int64_t)) {
+        in_range = x >= static_cast<int64_t>(std::numeric_limits<T>::min()) &&
+                   x <= static_cast<int64_t>(std::numeric_limits<T>::max());
+      }
+      REGEN_CHECK(in_range, key, " is out of range: ", x);
       out = static_cast<T>(x);
     } else if constexpr (std::is_floating_point_v<T>) {
       REGEN_CHECK((pb::isinstance<pb::float_>(v) || pb::isinstance<pb::int_>(v)) && !pb::isinstance<pb::bool_>(v),

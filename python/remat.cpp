@@ -237,8 +237,13 @@ Budget budget_from(const pb::object& b) {
   if (pb::isinstance<pb::str>(b)) return Budget::parse(b.cast<std::string>());
   REGEN_CHECK(!pb::isinstance<pb::bool_>(b), "budget must be None, a text such as '60%' or '2GiB', "
               "or a number of bytes; got a bool");
-  if (pb::isinstance<pb::int_>(b)) {
-    const int64_t v = b.cast<int64_t>();
+  if (PyIndex_Check(b.ptr())) {  // int, numpy integers
+    int64_t v = 0;
+    try {
+      v = pb::int_(b).cast<int64_t>();
+    } catch (const pb::cast_error&) {
+      REGEN_FAIL("budget ", pb::str(b).cast<std::string>(), " bytes is out of range");
+    }
     REGEN_CHECK(v > 0, "budget must be a positive number of bytes, got ", v);
     Budget out;
     out.kind = Budget::Kind::bytes;

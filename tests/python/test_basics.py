@@ -20,7 +20,7 @@ def test_import_and_registries():
 
 
 def test_model_options_and_config():
-    m = regen.Model("resnet-tiny", batch=2, device="cpu", image_size=64, num_classes=7, seed=3)
+    m = regen.Model("resnet-tiny", batch=2, device="cpu", image_size=np.int64(64), num_classes=7, seed=3)
     assert m.name == "resnet-tiny" and m.batch == 2 and m.device == "cpu"
     assert m.config["image_size"] == 64 and m.config["num_classes"] == 7 and m.config["seed"] == 3
     assert m.num_parameters == sum(t.numel for t in m.parameters().values())

@@ -75,6 +75,10 @@ def test_simulate_equals_plan_and_execution_measures_it(profiles, cfg, budget_of
         judged = regen.simulate(p, plan.decisions, chain=plan.chain, regenerations=plan.regenerations,
                                 budget=budget, budget_of=budget_of)
         assert judged.fits == plan.feasible and judged.budget == plan.budget_bytes
+        # The same budget in bytes (a numpy integer) judges the same way.
+        in_bytes = regen.simulate(p, plan.decisions, chain=plan.chain, regenerations=plan.regenerations,
+                                  budget=np.int64(plan.budget_bytes), budget_of=budget_of)
+        assert (in_bytes.fits, in_bytes.peak_reserved) == (judged.fits, judged.peak_reserved)
         if not plan.feasible:
             continue
         # Executed on a fresh model of the same configuration: the measured peaks are the predicted.
