@@ -108,11 +108,21 @@ PlanFit fit_schedule(const Simulator& sim, const Schedule& s, int64_t budget, Bu
     f.fits = false;
     return f;
   }
-  SimOptions o;
-  o.limit = budget;
-  SimResult limited = sim.run(s, o);
-  f.fits = !limited.oom && limited.peak_reserved <= budget;
-  if (f.fits) f.result = std::move(limited);
+  // The budget's own limit first, then lower ones (the header says why), spaced at least 2 MiB
+  // apart (the allocator's segment granularity for large requests).
+  const int64_t floor = f.result.peak_allocated;
+  const int64_t step = std::max<int64_t>(int64_t{2} << 20, (budget - floor) / kLimitProbes);
+  for (int64_t limit = budget, k = 0; k <= kLimitProbes && limit >= floor; limit -= step, ++k) {
+    SimOptions o;
+    o.limit = limit;
+    SimResult limited = sim.run(s, o);
+    if (!limited.oom && limited.peak_reserved <= budget) {
+      f.result = std::move(limited);
+      f.fits = true;
+      return f;
+    }
+  }
+  f.fits = false;
   return f;
 }
 

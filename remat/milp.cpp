@@ -755,7 +755,7 @@ Plan plan_milp(const Simulator& sim, int64_t budget_bytes, const MilpOptions& op
   bool plan_fits = none_fit.fits;
   auto finish = [&](Plan& out) {
     out.feasible = plan_fits;
-    out.limit = plan_fits && of == BudgetOf::reserved ? budget_bytes : 0;
+    out.limit = plan_fits && of == BudgetOf::reserved ? limit_for(out.predicted, budget_bytes) : 0;
     if (opt.planned_layout) ensure_planned_layout(sim, out);
     out.lowest_peak = std::min(out.lowest_peak, peak_of(out.predicted, of));
     out.planning_ms =

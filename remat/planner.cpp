@@ -361,7 +361,7 @@ Plan plan_in_mode(const Simulator& sim, const std::string& policy, const Budget&
   }
   plan.lowest_peak = std::min(lowest, peak_of(plan.predicted, of));
   plan.feasible = plan.budget_bytes == 0 || fits;
-  if (plan.feasible && of == BudgetOf::reserved) plan.limit = plan.budget_bytes;
+  if (plan.feasible && of == BudgetOf::reserved) plan.limit = limit_for(plan.predicted, plan.budget_bytes);
   if (planned) {
     ensure_planned_layout(sim, plan);
     plan.lowest_peak = std::min(plan.lowest_peak, peak_of(plan.predicted, of));
@@ -569,7 +569,7 @@ Plan plan_dp(const Simulator& sim, const Budget& budget, BudgetOf of, bool plann
     ensure_planned_layout(sim, plan);
     plan.lowest_peak = std::min(plan.lowest_peak, peak_of(plan.predicted, of));
   }
-  if (fits && of == BudgetOf::reserved) plan.limit = plan.budget_bytes;
+  if (fits && of == BudgetOf::reserved) plan.limit = limit_for(plan.predicted, plan.budget_bytes);
   plan.note = memo.note + "; the programme yields " + std::to_string(cands.size()) + " plans, " +
               std::to_string(points.size() - 1) + " simulated";
   return plan;
@@ -749,7 +749,7 @@ void judge_against_budget(const Simulator& sim, Plan& plan, bool planned_layout)
   plan.predicted = std::move(f.result);
   plan.layout = std::move(f.layout);
   plan.feasible = f.fits;  // fit_schedule: everything fits without a budget
-  plan.limit = plan.feasible && plan.budget_of == BudgetOf::reserved ? plan.budget_bytes : 0;
+  plan.limit = plan.feasible && plan.budget_of == BudgetOf::reserved ? limit_for(plan.predicted, plan.budget_bytes) : 0;
 }
 
 }  // namespace

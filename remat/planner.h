@@ -57,8 +57,14 @@ int64_t no_remat_peak_of(const Simulator& sim, BudgetOf of);
 
 // A schedule judged against a budget in bytes (0: none; everything fits). Simulated without a
 // limit; for a reserved budget that its reserved peak passes but its allocated peak does not,
-// simulated again under the limit, and it fits when it runs there. `result` is what training
-// with that budget sees (the limited run when the limit was needed; else the unlimited one).
+// simulated again under the limit, and it fits when it runs there. A limit is not monotonic: one
+// close above the step's allocated peak can run out of memory where a lower one does not (the
+// allocator maps a shared 20 MiB segment early while it has room, then cannot map the next
+// segment it needs; under the lower limit it mapped right-sized segments from the start). So a
+// step that runs out of memory under the budget's limit is tried under up to kLimitProbes lower
+// limits, evenly spaced down towards its allocated peak, and fits under the first that runs.
+// `result` is what training with that budget sees (the limited run when a limit was needed, with
+// the limit it ran under in result.limit; else the unlimited one).
 // `unlimited` passes a simulation the caller already has.
 // With planned_layout, the step runs with the schedule's planned layout (layout.h: every block at
 // an offset decided from the schedule, in one arena), judged by that run.
@@ -69,6 +75,12 @@ struct PlanFit {
 };
 PlanFit fit_schedule(const Simulator& sim, const Schedule& s, int64_t budget, BudgetOf of,
                      const SimResult* unlimited = nullptr, bool planned_layout = false);
+constexpr int kLimitProbes = 8;
+// The allocator limit a plan that fits a reserved budget runs under: the one its prediction was
+// simulated under (fit_schedule), else the budget itself (the step never reaches it).
+inline int64_t limit_for(const SimResult& predicted, int64_t budget) {
+  return predicted.limit > 0 ? predicted.limit : budget;
+}
 
 struct Plan {
   std::string policy;

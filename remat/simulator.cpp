@@ -128,6 +128,7 @@ SimResult Simulator::run(const Schedule& s, const SimOptions& opt) const {
   // The limit, as the allocator applies it: to segments it maps from here on (the persistent
   // ones may already pass it; a plan then does not fit, planner.h fit_schedule).
   if (opt.limit > 0) sim.set_limit(opt.limit);
+  res.limit = opt.limit;
   // Every request and free of the step, for the requests trace (and its times).
   int64_t clock = 0;
   std::unordered_map<const Block*, size_t> request_of;

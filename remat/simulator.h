@@ -43,6 +43,7 @@ struct SimResult {
   bool oom = false;
   std::string oom_message, oom_at;
   int64_t cache_flushes = 0;  // times the allocator emptied its cache to stay under the limit
+  int64_t limit = 0;          // the hard limit it was simulated under (SimOptions::limit; 0: none)
 };
 
 struct SimOptions {
