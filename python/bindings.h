@@ -32,9 +32,14 @@ struct ProfileHandle {
   ProfileHandle& operator=(const ProfileHandle&) = delete;
   const Profile profile;
   const Simulator sim;
+  // The simulated no-remat peak of that kind (what a percentage budget is of), simulated once.
+  int64_t no_remat_peak(BudgetOf of) const;
   // The handle whose simulator is `sim`, if Python holds one (a planner written in Python is
   // handed the Profile object it was called for, not a copy).
   static std::shared_ptr<ProfileHandle> owner_of(const Simulator& sim);
+
+ private:
+  mutable int64_t no_remat_[2] = {-1, -1};
 };
 using ProfilePtr = std::shared_ptr<ProfileHandle>;
 // The way to make one (owner_of finds it).

@@ -194,7 +194,7 @@ Plan run_python_planner(const pb::object& fn, const std::string& name, const Sim
                         const Budget& budget, const PlanOptions& options) {
   ProfilePtr handle = ProfileHandle::owner_of(sim);
   if (!handle) handle = make_profile_handle(sim.profile());  // a profile Python never saw: a copy
-  const int64_t bytes = budget.resolve(no_remat_peak_of(sim, options.budget_of));
+  const int64_t bytes = budget.resolve(handle->no_remat_peak(options.budget_of));
   pb::object out = fn(handle, bytes);
   Plan draft;
   draft.policy = name;
@@ -226,6 +226,12 @@ ProfilePtr make_profile_handle(Profile p) {
 
 ProfileHandle::ProfileHandle(Profile p) : profile(std::move(p)), sim(profile) {}
 ProfileHandle::~ProfileHandle() { owners().erase(&sim); }
+
+int64_t ProfileHandle::no_remat_peak(BudgetOf of) const {
+  int64_t& v = no_remat_[of == BudgetOf::reserved ? 0 : 1];
+  if (v < 0) v = no_remat_peak_of(sim, of);
+  return v;
+}
 
 std::shared_ptr<ProfileHandle> ProfileHandle::owner_of(const Simulator& sim) {
   const auto it = owners().find(&sim);
@@ -325,7 +331,7 @@ of equal-length columns (numpy arrays, or lists for text and lists), ready for
       .def_property_readonly("backward_ms", [](const ProfileHandle& h) { return h.profile.backward_ms; })
       .def_property_readonly("optimizer_ms", [](const ProfileHandle& h) { return h.profile.optimizer_ms; })
       .def("no_remat_peak", [](const ProfileHandle& h, const std::string& of) {
-        return no_remat_peak_of(h.sim, parse_budget_of(of));
+        return h.no_remat_peak(parse_budget_of(of));
       }, pb::arg("of") = "reserved", "The simulated peak without remat, of 'reserved' or 'allocated' "
          "bytes: what a percentage budget is of")
       .def("nodes", [](const ProfileHandle& h) { return nodes_table(h.profile); },
@@ -411,12 +417,17 @@ of equal-length columns (numpy arrays, or lists for text and lists), ready for
           REGEN_CHECK(limit == 0, "simulate: give a budget or a limit, not both (a reserved budget sets "
                       "the limit itself)");
           const BudgetOf of = parse_budget_of(budget_of);
-          out.budget = b.resolve(no_remat_peak_of(profile->sim, of));
+          out.budget = b.resolve(profile->no_remat_peak(of));
           out.budget_of = budget_of_name(of);
           const SimResult unlimited = profile->sim.run(s, o);
           PlanFit fit = fit_schedule(profile->sim, s, out.budget, of, &unlimited);
-          out.r = std::move(fit.result);
           out.fits = fit.fits;
+          if (fit.result.limit > 0 && (timeline || top_live > 0)) {
+            o.limit = fit.result.limit;  // the limited run, with the timeline and peak details asked for
+            out.r = profile->sim.run(s, o);
+          } else {
+            out.r = std::move(fit.result);
+          }
         } else {
           out.r = profile->sim.run(s, o);
         }
