@@ -112,12 +112,6 @@ pb::dict config_dict(const ModelConfig& c) {
   return d;
 }
 
-pb::dict by_category(const std::array<int64_t, kNumCategories>& a) {
-  pb::dict d;
-  for (int c = 0; c < kNumCategories; ++c) d[category_name(static_cast<Category>(c))] = a[static_cast<size_t>(c)];
-  return d;
-}
-
 }  // namespace
 
 class PyModel {
@@ -164,11 +158,7 @@ class PyModel {
                                    const std::string& chain, const std::string& budget_of,
                                    const std::string& layout) {
     REGEN_CHECK(profile_ != nullptr, "plan: the model has no profile; call profile() or use_profile() first");
-    PlanOptions o;
-    o.chain = parse_chain(chain);
-    o.budget_of = parse_budget_of(budget_of);
-    REGEN_CHECK(layout == "caching" || layout == "planned", "layout must be 'caching' or 'planned', got '", layout, "'");
-    o.planned_layout = layout == "planned";
+    const PlanOptions o = plan_options(chain, budget_of, layout);
     auto h = std::make_shared<PlanHandle>(PlanHandle{make_plan(profile_->sim, policy, budget_from(budget), o), profile_});
     install(h);
     return h;

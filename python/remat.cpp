@@ -41,12 +41,6 @@ pb::list list_column(const std::vector<V>& rows) {
   return out;
 }
 
-pb::dict by_category(const std::array<int64_t, kNumCategories>& a) {
-  pb::dict d;
-  for (int c = 0; c < kNumCategories; ++c) d[category_name(static_cast<Category>(c))] = a[static_cast<size_t>(c)];
-  return d;
-}
-
 pb::list category_names() {
   pb::list out;
   for (int c = 0; c < kNumCategories; ++c) out.append(category_name(static_cast<Category>(c)));
@@ -175,17 +169,6 @@ std::vector<Regeneration> regenerations_from(const pb::object& obj) {
   return out;
 }
 
-PlanOptions plan_options(const std::string& chain, const std::string& budget_of,
-                         const std::string& layout) {
-  PlanOptions o;
-  o.chain = parse_chain(chain);
-  o.budget_of = parse_budget_of(budget_of);
-  REGEN_CHECK(layout == "caching" || layout == "planned", "layout must be 'caching' or 'planned', got '",
-              layout, "'");
-  o.planned_layout = layout == "planned";
-  return o;
-}
-
 const char* chain_text(bool keep) { return keep ? "keep" : "drop"; }
 
 // A planner written in Python: fn(profile, budget_bytes) returns decisions (anything
@@ -284,6 +267,23 @@ std::vector<Decision> decisions_from(const pb::object& obj, const Profile& p) {
 
 pb::array_t<bool> decisions_to_array(const std::vector<Decision>& d) {
   return column<bool>(d.size(), [&](size_t i) { return d[i] == Decision::recompute; });
+}
+
+PlanOptions plan_options(const std::string& chain, const std::string& budget_of,
+                         const std::string& layout) {
+  PlanOptions o;
+  o.chain = parse_chain(chain);
+  o.budget_of = parse_budget_of(budget_of);
+  REGEN_CHECK(layout == "caching" || layout == "planned", "layout must be 'caching' or 'planned', got '",
+              layout, "'");
+  o.planned_layout = layout == "planned";
+  return o;
+}
+
+pb::dict by_category(const std::array<int64_t, kNumCategories>& a) {
+  pb::dict d;
+  for (int c = 0; c < kNumCategories; ++c) d[category_name(static_cast<Category>(c))] = a[static_cast<size_t>(c)];
+  return d;
 }
 
 bool keep_chain_from(const std::string& chain, const char* what) {
