@@ -363,15 +363,16 @@ CachingAllocator& allocator_for(Device device);
 
 // ---- Dry runs ---------------------------------------------------------------------------------
 // While a DryRunScope lives, on the thread that opened it (other threads are not affected),
-// allocator_for(its device) is the scope's own caching allocator on the Null arena, no kernel
-// runs (REGEN_LAUNCH returns at once), and nothing reads or writes a tensor's bytes: fills, host copies and random initialisation are skipped, and item() reads 0.
-// Tensors have shapes, dtypes and blocks, and no bytes, as on PyTorch's meta device. A training
-// step run this way makes every tensor request a real one makes (their sizes never depend on
-// values), in the same order, but not the scratch space kernels take for themselves inside a
-// launch (GEMM packing, im2col tiles), since no kernel runs: the model's state is exact and the
-// step's peak a lower bound, known before any of that memory is used (the pre-flight check before
-// training). One scope at a time on a thread; every tensor made inside must be gone before it
-// ends.
+// allocator_for(its device) is the scope's own caching allocator on the Null arena, and nothing
+// reads or writes a tensor's bytes: fills, host copies and random initialisation are skipped, and
+// item() reads 0. REGEN_LAUNCH skips every kernel except the CPU launchers with a dry path
+// (kernels/kernels.h, cpu::kDryRunLaunchers), which request the scratch space a real call takes
+// and return. Tensors have shapes, dtypes and blocks, and no bytes, as on PyTorch's meta device.
+// A training step run this way makes every tensor request a real one makes (their sizes never
+// depend on values), in the same order, so the model's state is exact and, on the CPU, so is the
+// step's peak, scratch included; on CUDA the peak is a lower bound by the CUDA kernels' scratch.
+// All of it is known before any of that memory is used (the pre-flight check before training).
+// One scope at a time on a thread; every tensor made inside must be gone before it ends.
 class DryRunScope {
  public:
   explicit DryRunScope(Device device);

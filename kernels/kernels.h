@@ -10,6 +10,7 @@
 // engine accumulates (+=) into parameters.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <type_traits>
 
@@ -215,6 +216,36 @@ template <class T> void sgd_step(T* param, const T* grad, T* momentum_buf, int64
 template <class T> void adamw_step(T* param, const T* grad, T* exp_avg, T* exp_avg_sq, int64_t n,
                                    double lr, double beta1, double beta2, double eps,
                                    double weight_decay, int64_t step);
+
+// ---- Dry runs (REGEN_LAUNCH, below) ------------------------------------------------------------
+// The CPU launchers that take scratch space (Workspace) for themselves, directly or through another
+// launcher (gemm_batched and attention run gemm, conv2d the packed GEMM of
+// kernels/cpu/packed_gemm.h, conv_transpose2d conv2d's passes): the only ones REGEN_LAUNCH calls in
+// a dry run. A launcher that starts taking scratch must be listed here and get a dry path;
+// tests/test_kernels_cpu.cpp checks every listed one against a real call.
+inline constexpr const char* kDryRunLaunchers[] = {
+    "gemm",
+    "gemm_batched",
+    "sum_all",
+    "cross_entropy_forward",
+    "conv2d_forward",
+    "conv2d_backward_data",
+    "conv2d_backward_filter",
+    "conv_transpose2d_forward",
+    "conv_transpose2d_backward_data",
+    "conv_transpose2d_backward_filter",
+    "attention_forward",
+    "attention_backward",
+};
+// Whether `launcher` (a name as REGEN_LAUNCH spells it) is in kDryRunLaunchers.
+constexpr bool has_dry_run_path(const char* launcher) {
+  for (const char* listed : kDryRunLaunchers) {
+    size_t i = 0;
+    while (listed[i] != '\0' && listed[i] == launcher[i]) ++i;
+    if (listed[i] == launcher[i]) return true;
+  }
+  return false;
+}
 }  // namespace cpu
 
 namespace kernels {
@@ -233,11 +264,27 @@ void prepare_device(Device device);
 
 #ifdef REGEN_WITH_CUDA
 #include "regen/kernels/cuda/cuda_kernels.h"
+#endif
+
 // REGEN_LAUNCH(device, T, name, args...): the one dispatch point. CPU: cpu::name<T>(args...);
 // CUDA: cuda::name(args...) for T = float; anything else is a clear regen::Error.
+// In a dry run (dry_run_active(); DryRunScope, core/allocator.h) every launcher is skipped except
+// the CPU launchers of cpu::kDryRunLaunchers, which have a dry path: each requests the Workspace
+// blocks a real call requests, of the same sizes (those that depend on the thread count computed
+// as a real call computes them, from omp_get_max_threads() outside any parallel region), in the
+// same order and nesting, then returns without reading or writing a tensor's bytes (a dry run's
+// tensors have fake addresses) and without entering an OpenMP parallel region. So on the CPU the
+// dry run's allocator sees the real step's requests and frees, scratch included, and its peaks
+// are the real step's. CUDA launchers are always skipped: on a CUDA device a dry run's peak is a
+// lower bound, which the real step passes by at most the CUDA side's scratch (category workspace):
+// the launchers' Workspace blocks and the library workspaces prepare_device keeps (cuBLAS's),
+// which live on the device's own allocator. A skipped launcher's arguments are not evaluated.
+#ifdef REGEN_WITH_CUDA
 #define REGEN_LAUNCH(device, T, name, ...)                                        \
   do {                                                                            \
-    if (::regen::dry_run_active()) break; /* shapes and blocks only */            \
+    if (::regen::dry_run_active() &&                                              \
+        !((device).is_cpu() && ::regen::cpu::has_dry_run_path(#name)))            \
+      break; /* a dry run: shapes and blocks only */                              \
     if ((device).is_cpu()) {                                                      \
       ::regen::cpu::name<T>(__VA_ARGS__);                                         \
     } else if constexpr (std::is_same<T, float>::value) {                         \
@@ -250,7 +297,9 @@ void prepare_device(Device device);
 #else
 #define REGEN_LAUNCH(device, T, name, ...)                                        \
   do {                                                                            \
-    if (::regen::dry_run_active()) break; /* shapes and blocks only */            \
+    if (::regen::dry_run_active() &&                                              \
+        !((device).is_cpu() && ::regen::cpu::has_dry_run_path(#name)))            \
+      break; /* a dry run: shapes and blocks only */                              \
     if ((device).is_cpu()) {                                                      \
       ::regen::cpu::name<T>(__VA_ARGS__);                                         \
     } else {                                                                      \

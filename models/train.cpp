@@ -69,12 +69,20 @@ DryRunResult dry_run_step(const ModelConfig& config, int64_t batch_size, Device 
   DryRunScope scope(device);
   DryRunResult r;
   try {
-    std::unique_ptr<Model> model = make_model(config, device);
-    std::unique_ptr<Optimizer> optimizer = make_optimizer(*model);
-    std::unique_ptr<DataSource> data = make_shape_source(config);
-    Trainer trainer(*model, *optimizer, *data, batch_size, device);
-    r.memory = trainer.step().memory;
-    r.persistent = scope.allocator().stats().allocated.current;
+    {
+      std::unique_ptr<Model> model = make_model(config, device);
+      std::unique_ptr<Optimizer> optimizer = make_optimizer(*model);
+      std::unique_ptr<DataSource> data = make_shape_source(config);
+      Trainer trainer(*model, *optimizer, *data, batch_size, device);
+      r.memory = trainer.step().memory;
+      r.persistent = scope.allocator().stats().allocated.current;
+    }
+    // Every block of the dry run goes with the objects above: one kept longer would outlive the
+    // scope's allocator.
+    const MemoryStats left = scope.allocator().stats();
+    REGEN_CHECK(left.live_blocks == 0, "dry run of ", config.name, ": ", left.live_blocks,
+                " block(s) (", format_bytes(left.allocated.current),
+                ") still allocated after the model, optimizer and trainer are gone");
   } catch (...) {
     // A step stopped half-way leaves its tensors on the tape; they belong to the scope's
     // allocator and must go before it does.

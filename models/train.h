@@ -62,11 +62,16 @@ class Trainer {
 // its optimizer (from `make_optimizer`) and a trainer built inside the scope, one step on a batch
 // of the right shapes and no values. Nothing is computed and no memory is used. `persistent` is
 // the bytes still allocated after the step, exactly as the real step leaves them: parameters,
-// gradients, optimizer state and the inputs a model keeps. `memory` has every tensor of the step:
-// per category the real first step's peaks except the workspace category, and a peak of
-// allocated bytes that the real one passes by at most the kernels' own scratch space (a lower
-// bound; tests/test_cli.cpp checks both). The global RNG stream advances as in a real step;
-// reseed (manual_seed) before building the real model.
+// gradients, optimizer state and the inputs a model keeps. `memory` has every tensor of the step
+// and, on the CPU, the kernels' own scratch space too (each CPU launcher that takes a Workspace
+// requests it in a dry run, kernels/kernels.h): there its peak of allocated bytes and every
+// per-category peak, workspace included, are the real first step's, run on the same thread with
+// the same OpenMP thread count (tests/test_cli.cpp checks them). On a CUDA device no launcher runs:
+// the workspace category lacks the CUDA side's scratch (the launchers' and cuBLAS's, which
+// prepare_device keeps on the device's own allocator), so the peak is a lower bound that the real
+// one passes by at most that scratch; the other categories' peaks are exact. A block still
+// allocated once the model, optimizer and trainer are gone is a regen::Error. The global RNG
+// stream advances as in a real step; reseed (manual_seed) before building the real model.
 struct DryRunResult {
   MemoryStats memory;
   int64_t persistent = 0;

@@ -249,7 +249,8 @@ another live model's tensors count in the allocator's peaks.)doc")
       .def_property_readonly("steps_done", [](PyModel& s) { return s.pipe().steps_done(); },
                              "Training steps run so far, profiling steps included")
       .def_property_readonly("first_step_peak", [](PyModel& s) { return s.session().preflight.memory.allocated.peak; },
-                             "The dry run's peak of allocated bytes of a step without remat (a lower bound)")
+                             "The dry run's peak of allocated bytes of the first step without remat: exact on the CPU, a lower "
+                             "bound by the CUDA kernels' scratch on a GPU")
       .def_property_readonly("profile_in_use", [](PyModel& s) -> pb::object {
         return s.profile() ? pb::cast(s.profile()) : pb::none();
       }, "The Profile the model plans with, or None")

@@ -374,13 +374,19 @@ void check_preflight(const Session& s, int64_t batch, Preflight preflight) {
                      : "use a smaller --vocab (now " + std::to_string(c.vocab) + ") or --seq-len (now " +
                            std::to_string(c.seq_len) + ", one position embedding each)");
   if (preflight == Preflight::model) return;
-  // Every tensor of the step, as the real step allocates them; the kernels' scratch space (GEMM
-  // packing, im2col tiles) comes on top, so this is a lower bound the real peak passes.
+  // Every tensor of the step, as the real step allocates them. On the CPU the kernels' scratch
+  // space (GEMM packing, im2col tiles) is in it too, so this is the real step's peak; on CUDA the
+  // CUDA kernels' scratch comes on top, so it is a lower bound the real peak passes.
   const int64_t need = s.preflight.memory.allocated.peak;
+  const bool exact = s.device.is_cpu();
   REGEN_CHECK(need <= have, size_flags(c, batch), " is too large for memory: one ", c.name,
-              " training step without remat needs at least ", format_bytes(need), " (", format_bytes(state),
-              " of it the model's state; every tensor of the first step, from a dry run, before "
-              "the kernels' scratch space), but ", s.device.str(), " has ", format_bytes(have),
+              " training step without remat needs ", exact ? "" : "at least ", format_bytes(need),
+              " (", format_bytes(state), " of it the model's state; ",
+              exact ? "every tensor and the kernels' scratch space of the first step, exact, from "
+                      "a dry run"
+                    : "every tensor of the first step, from a dry run, before the CUDA kernels' "
+                      "scratch space",
+              "), but ", s.device.str(), " has ", format_bytes(have),
               " available; use a smaller --batch", resnet ? " or --image-size" : " or --seq-len");
 }
 
@@ -474,7 +480,7 @@ std::unique_ptr<Session> make_session(const ModelFlags& flags, int64_t batch, Pr
     o.weight_decay = flags.weight_decay;
     return std::make_unique<AdamW>(model.parameters(), o);
   };
-  // The first step, run dry: its exact memory, before any of it is used.
+  // The first step, run dry: its memory (exact on the CPU), before any of it is used.
   try {
     s->preflight = dry_run_step(c, batch, s->device, make_optimizer);
   } catch (const Error& e) {

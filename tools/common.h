@@ -90,17 +90,19 @@ struct Session {
 };
 
 // What make_session refuses before it builds the model, from the dry run of the first step
-// (models/train.h dry_run_step): step, a step without remat whose tensors alone (the dry run's
-// peak of allocated bytes, a lower bound: the kernels' scratch space is not in it) pass the
-// memory available on the device (a command that profiles or trains without a plan); model,
-// only parameters, gradients and optimizer state that pass it (a run whose steps follow a plan,
-// which the caller checks against its own prediction); none, nothing.
+// (models/train.h dry_run_step): step, a step without remat whose peak of allocated bytes passes
+// the memory available on the device (a command that profiles or trains without a plan); the dry
+// run's peak is exact on the CPU, the kernels' scratch space included, and on CUDA a lower bound
+// the real step passes by at most the CUDA kernels' scratch; model, only parameters, gradients
+// and optimizer state that pass it (a run whose steps follow a plan, which the caller checks
+// against its own prediction); none, nothing.
 enum class Preflight { step, model, none };
 // Bytes the device can still give this process: the CPU's MemAvailable, or CUDA's free memory,
 // plus what the process's allocator already reserves or keeps parked for reuse.
 int64_t available_memory(Device device);
 // Throws regen::Error naming the flags, both sizes and what to do when the session's dry run
-// does not fit (see Preflight).
+// does not fit (see Preflight); the message says whether the step's size is exact (CPU) or a
+// lower bound (CUDA).
 void check_preflight(const Session& s, int64_t batch, Preflight preflight);
 std::unique_ptr<Session> make_session(const ModelFlags& flags, int64_t batch,
                                       Preflight preflight = Preflight::step);

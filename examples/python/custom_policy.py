@@ -16,6 +16,7 @@ must be the predicted one.
 It exits 1 when an executed step does not measure what was predicted.
 """
 import argparse
+import statistics
 import sys
 import time
 
@@ -157,7 +158,7 @@ def main():
     results = model.train(args.steps, plan=plan)
     ok = all(r.peak_allocated == plan.peak_allocated and r.peak_reserved == plan.peak_reserved
              for r in results)
-    ms = sorted(r.ms for r in results[1:] or results)[len(results[1:] or results) // 2]
+    ms = statistics.median(r.ms for r in results[1:] or results)
     print(f"\nexecuted local-search at {feasible[-1]} for {args.steps} steps: measured peak allocated "
           f"{results[-1].peak_allocated} B, reserved {results[-1].peak_reserved} B; predicted "
           f"{plan.peak_allocated} B, {plan.peak_reserved} B ({'exact' if ok else 'MISMATCH'}); "

@@ -11,7 +11,9 @@
 // the allocator on every call, so calling it from several threads at once would make the
 // allocator's request order depend on thread timing, and the remat simulator relies on that
 // order being reproducible. gemm threads itself when a product is large enough. The scratch is
-// one S x S buffer (two in backward), independent of the thread count.
+// one S x S buffer (two in backward), independent of the thread count. In a dry run (kernels.h,
+// kDryRunLaunchers) the buffers and every gemm's packing are requested in the same order, and the
+// row-wise work is skipped.
 //
 // Tests: tests/test_ops_nlp.cpp (values vs plain loops, masks, dropout bits),
 // tests/test_gradcheck_nlp.cpp (gradients).
@@ -96,6 +98,7 @@ void attention_forward(const T* qkv, const int32_t* key_pad, T* out, T* lse,
   const T keep_scale = s.dropout_p < 1.0f ? T(1) / (T(1) - static_cast<T>(s.dropout_p)) : T(0);
   Workspace ws(Device::cpu(), static_cast<uint64_t>(S * S) * sizeof(T));
   T* P = ws.as<T>();
+  const bool dry = dry_run_active();  // the GEMMs request their scratch; the rows are skipped
   for (int64_t b = 0; b < s.B; ++b) {
     for (int64_t h = 0; h < s.H; ++h) {
       const HeadView v = head_view(s, b, h, key_pad);
@@ -104,34 +107,36 @@ void attention_forward(const T* qkv, const int32_t* key_pad, T* out, T* lse,
       const T* val = q + 2 * v.D;
       T* lse_bh = lse + (b * s.H + h) * S;
       gemm<T>(false, true, S, S, Dh, static_cast<T>(s.scale), q, v.ld_qkv, k, v.ld_qkv, T(0), P, S);
+      if (!dry) {
 #pragma omp parallel for schedule(static) if (S * S > kParallelMin)
-      for (int64_t i = 0; i < S; ++i) {
-        T* row = P + i * S;
-        T mx = -INFINITY;
-        for (int64_t j = 0; j < S; ++j) {
-          if (masked(v, s.causal, i, j)) row[j] = -INFINITY;
-          mx = std::max(mx, row[j]);
-        }
-        if (mx == -INFINITY) {  // no visible key: output 0, and backward sees P = 0
-          lse_bh[i] = -INFINITY;
-          std::fill(row, row + S, T(0));
-          continue;
-        }
-        double sum = 0;
-        for (int64_t j = 0; j < S; ++j) {
-          row[j] = std::exp(row[j] - mx);  // a masked score gives exp(-inf) = 0
-          sum += static_cast<double>(row[j]);
-        }
-        lse_bh[i] = static_cast<T>(static_cast<double>(mx) + std::log(sum));
-        const T inv = static_cast<T>(1.0 / sum);
-        if (!dropout) {
-          for (int64_t j = 0; j < S; ++j) row[j] *= inv;
-        } else {
-          PhiloxWords words(s.seed, s.stream);
-          const uint64_t base = v.dropout_base + static_cast<uint64_t>(i * S);
-          const T kept = inv * keep_scale;
+        for (int64_t i = 0; i < S; ++i) {
+          T* row = P + i * S;
+          T mx = -INFINITY;
           for (int64_t j = 0; j < S; ++j) {
-            row[j] = words(base + static_cast<uint64_t>(j)) >= threshold ? row[j] * kept : T(0);
+            if (masked(v, s.causal, i, j)) row[j] = -INFINITY;
+            mx = std::max(mx, row[j]);
+          }
+          if (mx == -INFINITY) {  // no visible key: output 0, and backward sees P = 0
+            lse_bh[i] = -INFINITY;
+            std::fill(row, row + S, T(0));
+            continue;
+          }
+          double sum = 0;
+          for (int64_t j = 0; j < S; ++j) {
+            row[j] = std::exp(row[j] - mx);  // a masked score gives exp(-inf) = 0
+            sum += static_cast<double>(row[j]);
+          }
+          lse_bh[i] = static_cast<T>(static_cast<double>(mx) + std::log(sum));
+          const T inv = static_cast<T>(1.0 / sum);
+          if (!dropout) {
+            for (int64_t j = 0; j < S; ++j) row[j] *= inv;
+          } else {
+            PhiloxWords words(s.seed, s.stream);
+            const uint64_t base = v.dropout_base + static_cast<uint64_t>(i * S);
+            const T kept = inv * keep_scale;
+            for (int64_t j = 0; j < S; ++j) {
+              row[j] = words(base + static_cast<uint64_t>(j)) >= threshold ? row[j] * kept : T(0);
+            }
           }
         }
       }
@@ -152,6 +157,7 @@ void attention_backward(const T* dout, const T* qkv, const T* out, const T* lse,
   Workspace ws(Device::cpu(), 2 * static_cast<uint64_t>(S * S) * sizeof(T));
   T* A = ws.as<T>();
   T* Bm = A + S * S;
+  const bool dry = dry_run_active();  // the GEMMs request their scratch; the rows are skipped
   for (int64_t b = 0; b < s.B; ++b) {
     for (int64_t h = 0; h < s.H; ++h) {
       const HeadView v = head_view(s, b, h, key_pad);
@@ -166,36 +172,38 @@ void attention_backward(const T* dout, const T* qkv, const T* out, const T* lse,
       const T* lse_bh = lse + (b * s.H + h) * S;
       gemm<T>(false, true, S, S, Dh, scale, q, v.ld_qkv, k, v.ld_qkv, T(0), A, S);
       gemm<T>(false, true, S, S, Dh, T(1), dO, v.D, val, v.ld_qkv, T(0), Bm, S);
+      if (!dry) {
 #pragma omp parallel for schedule(static) if (S * S > kParallelMin)
-      for (int64_t i = 0; i < S; ++i) {
-        T* a = A + i * S;
-        T* bm = Bm + i * S;
-        const T l = lse_bh[i];
-        if (l == -INFINITY) {  // a row with no visible key contributes nothing
-          std::fill(a, a + S, T(0));
-          std::fill(bm, bm + S, T(0));
-          continue;
-        }
-        // <dO_i, O_i> = sum_j P_ij dP_ij, the softmax-backward row term (dropout included).
-        double dot = 0;
-        for (int64_t d = 0; d < Dh; ++d) {
-          dot += static_cast<double>(dO[i * v.D + d]) * static_cast<double>(O[i * v.D + d]);
-        }
-        const T row_term = static_cast<T>(dot);
-        if (!dropout) {
-          for (int64_t j = 0; j < S; ++j) {
-            const T p = masked(v, s.causal, i, j) ? T(0) : std::exp(a[j] - l);
-            a[j] = p;
-            bm[j] = p * (bm[j] - row_term) * scale;
+        for (int64_t i = 0; i < S; ++i) {
+          T* a = A + i * S;
+          T* bm = Bm + i * S;
+          const T l = lse_bh[i];
+          if (l == -INFINITY) {  // a row with no visible key contributes nothing
+            std::fill(a, a + S, T(0));
+            std::fill(bm, bm + S, T(0));
+            continue;
           }
-        } else {
-          PhiloxWords words(s.seed, s.stream);
-          const uint64_t base = v.dropout_base + static_cast<uint64_t>(i * S);
-          for (int64_t j = 0; j < S; ++j) {
-            const T p = masked(v, s.causal, i, j) ? T(0) : std::exp(a[j] - l);
-            const T m = words(base + static_cast<uint64_t>(j)) >= threshold ? keep_scale : T(0);
-            a[j] = p * m;                                // Pd, for dV
-            bm[j] = p * (bm[j] * m - row_term) * scale;  // dS, scale folded in for dQ and dK
+          // <dO_i, O_i> = sum_j P_ij dP_ij, the softmax-backward row term (dropout included).
+          double dot = 0;
+          for (int64_t d = 0; d < Dh; ++d) {
+            dot += static_cast<double>(dO[i * v.D + d]) * static_cast<double>(O[i * v.D + d]);
+          }
+          const T row_term = static_cast<T>(dot);
+          if (!dropout) {
+            for (int64_t j = 0; j < S; ++j) {
+              const T p = masked(v, s.causal, i, j) ? T(0) : std::exp(a[j] - l);
+              a[j] = p;
+              bm[j] = p * (bm[j] - row_term) * scale;
+            }
+          } else {
+            PhiloxWords words(s.seed, s.stream);
+            const uint64_t base = v.dropout_base + static_cast<uint64_t>(i * S);
+            for (int64_t j = 0; j < S; ++j) {
+              const T p = masked(v, s.causal, i, j) ? T(0) : std::exp(a[j] - l);
+              const T m = words(base + static_cast<uint64_t>(j)) >= threshold ? keep_scale : T(0);
+              a[j] = p * m;                                // Pd, for dV
+              bm[j] = p * (bm[j] * m - row_term) * scale;  // dS, scale folded in for dQ and dK
+            }
           }
         }
       }

@@ -13,7 +13,9 @@
 // dx directly. The others materialize dcol for a tile of whole images (or, when one image alone
 // would pass kWorkspaceBudget, a band of output rows) and fold it into dx. Tile sizes depend only
 // on the shape (and the packed buffers on the shape and the thread count), so the workspace
-// requested is the same on every run: the memory simulator relies on it.
+// requested is the same on every run: the memory simulator relies on it. In a dry run (kernels.h,
+// kDryRunLaunchers) every pass requests that workspace, tile by tile as a real run does, and
+// computes nothing: the packed GEMM returns after its request, the other loops are skipped.
 //
 // Determinism: the packed GEMM sums every element in a fixed order with fixed block sizes, col2im
 // sums each (image, channel) plane on one thread in a fixed order, and bias gradients are summed
@@ -328,6 +330,7 @@ void conv2d_forward(const T* x, const T* w, const T* bias, T* y, const ConvShape
 template <class T>
 void conv2d_backward_data(const T* dy, const T* w, T* dx, const ConvShape& s) {
   const int64_t crs = s.C * s.R * s.S, pq = s.P * s.Q, chw = s.C * s.H * s.W;
+  const bool dry = dry_run_active();  // the GEMMs request their scratch; nothing else runs
   if (is_pointwise(s)) {  // dx (C, cols) = w^T * dy, no folding needed
     const ACols<T, ViewSource<T>> a{{w, s.C}};
     const BRows<T, DySource<T>> b{{dy, s.K, pq, 0}};
@@ -345,12 +348,14 @@ void conv2d_backward_data(const T* dy, const T* w, T* dx, const ConvShape& s) {
     const int64_t krs = s.K * s.R * s.S, rs = s.R * s.S;
     Workspace ws(Device::cpu(), static_cast<uint64_t>(s.C * krs) * sizeof(T));
     T* flipped = ws.as<T>();  // (C, K, R, S): flipped[c][k][r][s] = w[k][c][R-1-r][S-1-s]
+    if (!dry) {
 #pragma omp parallel for schedule(static) if (s.C * krs > kParallelMin)
-    for (int64_t c = 0; c < s.C; ++c) {
-      for (int64_t k = 0; k < s.K; ++k) {
-        const T* src = w + (k * s.C + c) * rs;
-        T* dst = flipped + (c * s.K + k) * rs;
-        for (int64_t i = 0; i < rs; ++i) dst[i] = src[rs - 1 - i];
+      for (int64_t c = 0; c < s.C; ++c) {
+        for (int64_t k = 0; k < s.K; ++k) {
+          const T* src = w + (k * s.C + c) * rs;
+          T* dst = flipped + (c * s.K + k) * rs;
+          for (int64_t i = 0; i < rs; ++i) dst[i] = src[rs - 1 - i];
+        }
       }
     }
     const ARows<T, ViewSource<T>> a{{flipped, krs}};
@@ -359,7 +364,7 @@ void conv2d_backward_data(const T* dy, const T* w, T* dx, const ConvShape& s) {
                     {dx, s.H * s.W, s.H * s.W, chw});
     return;
   }
-  fill<T>(dx, s.N * chw, T(0));  // col2im accumulates
+  if (!dry) fill<T>(dx, s.N * chw, T(0));  // col2im accumulates
   // Tiles: as many whole images as fit the budget, else bands of output rows of one image.
   const int64_t image_bytes = static_cast<int64_t>(sizeof(T)) * crs * pq;
   const int64_t budget = static_cast<int64_t>(kWorkspaceBudget);
@@ -378,7 +383,7 @@ void conv2d_backward_data(const T* dy, const T* w, T* dx, const ConvShape& s) {
       const int64_t p1 = std::min(s.P, p0 + rows), cols = ng * (p1 - p0) * s.Q;
       const BRows<T, DySource<T>> b{{dy, s.K, pq, n0 * pq + p0 * s.Q}};
       packed::gemm<T>(crs, cols, s.K, a, b, nullptr, false, {col, cols, whole, 0});
-      col2im(col, cols, ng, p0, p1, dx + n0 * chw, s);
+      if (!dry) col2im(col, cols, ng, p0, p1, dx + n0 * chw, s);
     }
   }
 }
@@ -386,7 +391,7 @@ void conv2d_backward_data(const T* dy, const T* w, T* dx, const ConvShape& s) {
 template <class T>
 void conv2d_backward_filter(const T* x, const T* dy, T* dw, T* dbias, const ConvShape& s) {
   const int64_t crs = s.C * s.R * s.S, pq = s.P * s.Q;
-  if (dbias) {
+  if (dbias && !dry_run_active()) {
     // Per output channel, images in order, in double: deterministic and accurate.
 #pragma omp parallel for schedule(static) if (s.N * s.K * pq > kParallelMin)
     for (int64_t k = 0; k < s.K; ++k) {

@@ -5,7 +5,8 @@
 //   backward-data    dx = conv2d forward of dy with w                 (implicit-im2col GEMM)
 //   backward-filter  dw = conv2d backward-filter, dy as its input and x as its output gradient
 // The bias terms are per-channel loops: y += bias[c] per plane, dbias[c] = the sum of dy's planes
-// of channel c over images in order, in double (deterministic for any thread count).
+// of channel c over images in order, in double (deterministic for any thread count). In a dry run
+// (kernels.h, kDryRunLaunchers) only conv2d's passes run, on their dry path; the bias loops do not.
 // Tests: tests/test_ops_upsample.cpp (against scatter loops and PyTorch values),
 // tests/test_gradcheck_upsample.cpp.
 #include <omp.h>
@@ -20,7 +21,7 @@ constexpr int64_t kParallelMin = 1 << 15;  // elements; below this one thread is
 template <class T>
 void conv_transpose2d_forward(const T* x, const T* w, const T* bias, T* y, const ConvShape& s) {
   conv2d_backward_data<T>(x, w, y, s);
-  if (!bias) return;
+  if (!bias || dry_run_active()) return;
   const int64_t planes = s.N * s.C, hw = s.H * s.W;
 #pragma omp parallel for schedule(static) if (planes * hw > kParallelMin)
   for (int64_t i = 0; i < planes; ++i) {
@@ -39,7 +40,7 @@ template <class T>
 void conv_transpose2d_backward_filter(const T* x, const T* dy, T* dw, T* dbias,
                                       const ConvShape& s) {
   if (dw) conv2d_backward_filter<T>(dy, x, dw, nullptr, s);
-  if (!dbias) return;
+  if (!dbias || dry_run_active()) return;
   const int64_t hw = s.H * s.W;
 #pragma omp parallel for schedule(static) if (s.N * s.C * hw > kParallelMin)
   for (int64_t c = 0; c < s.C; ++c) {

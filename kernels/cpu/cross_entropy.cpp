@@ -36,8 +36,11 @@ int64_t check_targets(const int64_t* targets, int64_t M, int64_t V, int64_t igno
 template <class T>
 void cross_entropy_forward(const T* logits, const int64_t* targets, T* loss, T* lse, int64_t M,
                            int64_t V, int64_t ignore_index) {
-  const int64_t counted = check_targets(targets, M, V, ignore_index);
+  // The dry path (kernels.h): the scratch, requested and unused; targets are not read.
+  const bool dry = dry_run_active();
+  const int64_t counted = dry ? 0 : check_targets(targets, M, V, ignore_index);
   Workspace ws(Device::cpu(), static_cast<uint64_t>(M) * sizeof(double));
+  if (dry) return;
   double* row_loss = ws.as<double>();
 #pragma omp parallel for schedule(static) if (M * V > kParallelMin)
   for (int64_t r = 0; r < M; ++r) {

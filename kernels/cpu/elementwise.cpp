@@ -134,6 +134,7 @@ void sum_rows(const T* x, T* y, int64_t rows, int64_t cols) {
 template <class T>
 void sum_all(const T* x, T* y, int64_t n) {
   if (n <= kChunk) {  // one chunk: no scratch
+    if (dry_run_active()) return;  // nothing to request
     double acc = 0;
     for (int64_t i = 0; i < n; ++i) acc += static_cast<double>(x[i]);
     y[0] = static_cast<T>(acc);
@@ -143,6 +144,7 @@ void sum_all(const T* x, T* y, int64_t n) {
   // so the allocator sees the same request order for any thread count).
   const int64_t chunks = (n + kChunk - 1) / kChunk;
   Workspace ws(Device::cpu(), static_cast<uint64_t>(chunks) * sizeof(double));
+  if (dry_run_active()) return;  // the dry path (kernels.h): the scratch, requested and unused
   double* partial = ws.as<double>();
 #pragma omp parallel for schedule(static) if (n > kParallelMin)
   for (int64_t c = 0; c < chunks; ++c) {

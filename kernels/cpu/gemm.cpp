@@ -1,7 +1,8 @@
 // CPU GEMM: Eigen's packed GEBP kernels on raw row-major buffers, parallelized with OpenMP here
 // (Eigen's own threading is not used). Eigen's blocking buffers come from regen's allocator
 // (Workspace, category workspace) instead of Eigen's internal heap, so every byte is accounted.
-// Reference for tests: plain loops in tests/test_kernels_cpu.cpp.
+// In a dry run (kernels.h, kDryRunLaunchers) gemm and gemm_batched request the same packing
+// buffers and compute nothing. Reference for tests: plain loops in tests/test_kernels_cpu.cpp.
 #include <omp.h>
 
 #include <Eigen/Core>
@@ -70,6 +71,7 @@ void gemm_impl(int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda
   const Plan plan = plan_blocking<T>(part_n, part_m, K);
   Workspace ws(Device::cpu(), static_cast<uint64_t>(threads) * (plan.floats_a + plan.floats_b) *
                                   sizeof(T));
+  if (dry_run_active()) return;  // the dry path (kernels.h): the scratch, requested and unused
   T* base = ws.as<T>();
 #pragma omp parallel for num_threads(threads) schedule(static, 1) if (threads > 1)
   for (int t = 0; t < threads; ++t) {
@@ -111,7 +113,7 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, 
           int64_t lda, const T* B, int64_t ldb, T beta, T* C, int64_t ldc) {
   REGEN_CHECK(M >= 0 && N >= 0 && K >= 0, "gemm: negative size M=", M, " N=", N, " K=", K);
   if (M == 0 || N == 0) return;
-  scale_c(M, N, beta, C, ldc);
+  if (!dry_run_active()) scale_c(M, N, beta, C, ldc);
   if (K == 0 || alpha == T(0)) return;
   constexpr int R = Eigen::RowMajor, Cm = Eigen::ColMajor;
   if (!trans_a && !trans_b) gemm_impl<T, R, R>(M, N, K, alpha, A, lda, B, ldb, C, ldc);

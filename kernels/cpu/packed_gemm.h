@@ -12,7 +12,7 @@
 // Determinism: every C element is summed over K in the same order (KC blocks in order, k in
 // order inside) by exactly one thread; block sizes are constants. Results therefore do not depend
 // on the thread count. The workspace (each thread's packed A and B) depends on M, N, K and the
-// thread count only.
+// thread count only. In a dry run (core/dry_run.h) gemm requests that workspace and returns.
 #pragma once
 
 #include <omp.h>
@@ -23,6 +23,7 @@
 #include <immintrin.h>
 #endif
 
+#include "regen/core/dry_run.h"
 #include "regen/core/tensor.h"
 
 namespace regen::cpu::packed {
@@ -190,7 +191,7 @@ void gemm(int64_t M, int64_t N, int64_t K, const SrcA& a, const SrcB& b, const T
           bool accumulate, const CView<T>& c) {
   if (M <= 0 || N <= 0) return;
   if (K == 0) {  // C = bias (or unchanged when accumulating)
-    if (accumulate) return;
+    if (accumulate || dry_run_active()) return;
     for (int64_t m = 0; m < M; ++m)
       for (int64_t n = 0; n < N; ++n) *c.at(m, n) = bias ? bias[m] : T(0);
     return;
@@ -214,6 +215,7 @@ void gemm(int64_t M, int64_t N, int64_t K, const SrcA& a, const SrcB& b, const T
   const int64_t b_elems = std::min<int64_t>(col_vectors * L, kNC) * kc_max + kSlack<T>;
   Workspace ws(Device::cpu(),
                static_cast<uint64_t>(shared_elems + threads * (a_elems + b_elems)) * sizeof(T));
+  if (dry_run_active()) return;  // the dry path (kernels.h): the scratch, requested and unused
   T* const shared = ws.as<T>();  // block pc, panel ip at shared + row_panels*kMR*pc + ip*kMR*kc
 #pragma omp parallel num_threads(threads)
   {

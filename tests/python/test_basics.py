@@ -25,6 +25,8 @@ def test_model_options_and_config():
     assert m.config["image_size"] == 64 and m.config["num_classes"] == 7 and m.config["seed"] == 3
     assert m.num_parameters == sum(t.numel for t in m.parameters().values())
     assert m.steps_done == 0 and m.first_step_peak > 0
+    # The pre-flight dry run predicted the first step's peak exactly (on the CPU).
+    assert m.step().peak_allocated == m.first_step_peak
 
 
 def test_tensor_buffer_protocol_is_a_live_view():
