@@ -12,6 +12,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
+#include <filesystem>
 #include <memory>
 #include <vector>
 
@@ -200,6 +202,51 @@ FolderLock::FolderLock(const std::string& dir, const std::string& flag) {
 
 FolderLock::~FolderLock() {
   if (fd_ >= 0) ::close(fd_);  // closing the descriptor releases the lock
+}
+
+OutputFolder::OutputFolder(const std::string& dir, const std::string& flag)
+    : uncaught_(std::uncaught_exceptions()) {
+  REGEN_CHECK(!dir.empty(), flag, " is empty: give a folder");
+  struct stat st;
+  if (::stat(dir.c_str(), &st) == 0) {
+    REGEN_CHECK(S_ISDIR(st.st_mode), flag, " ", dir, " is a file, not a folder");
+  } else {
+    // The missing folders from the outermost in.
+    std::vector<std::string> missing;
+    for (std::filesystem::path p = std::filesystem::path(dir).lexically_normal(); !p.empty();
+         p = p.parent_path()) {
+      if (::stat(p.c_str(), &st) == 0) {
+        REGEN_CHECK(S_ISDIR(st.st_mode), flag, " ", dir, ": '", p.string(), "' is a file, not a folder");
+        break;
+      }
+      missing.insert(missing.begin(), p.string());
+      if (p == p.parent_path()) break;
+    }
+    try {
+      for (const std::string& m : missing) {
+        REGEN_CHECK(::mkdir(m.c_str(), 0755) == 0 || errno == EEXIST, flag, " ", dir,
+                    ": cannot create the folder '", m, "': ", std::strerror(errno));
+        created_.push_back(m);
+      }
+    } catch (...) {
+      for (auto it = created_.rbegin(); it != created_.rend(); ++it) ::rmdir(it->c_str());
+      throw;
+    }
+  }
+  try {
+    lock_ = std::make_unique<FolderLock>(dir, flag);
+  } catch (...) {
+    for (auto it = created_.rbegin(); it != created_.rend(); ++it) ::rmdir(it->c_str());
+    throw;
+  }
+}
+
+OutputFolder::~OutputFolder() {
+  lock_.reset();
+  if (std::uncaught_exceptions() > uncaught_) {
+    // rmdir removes only an empty folder: anything the command did commit stays.
+    for (auto it = created_.rbegin(); it != created_.rend(); ++it) ::rmdir(it->c_str());
+  }
 }
 
 std::string read_file(const std::string& path) {

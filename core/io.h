@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -57,6 +58,25 @@ class FolderLock {
 
  private:
   int fd_ = -1;
+};
+
+// A command's output folder, made ready before the work starts: created when missing (with any
+// missing parents), or checked to be a folder, and locked (FolderLock). A command that fails
+// after this (the object is destroyed while an exception unwinds) leaves no trace: the folders it
+// created are removed again, innermost first, where they are still empty. Commands hold their
+// outputs and commit them together at the end (write_files_atomic), so a failure never leaves
+// new files beside old ones. Throws regen::Error naming `flag` and the folder.
+class OutputFolder {
+ public:
+  OutputFolder(const std::string& dir, const std::string& flag);
+  ~OutputFolder();
+  OutputFolder(const OutputFolder&) = delete;
+  OutputFolder& operator=(const OutputFolder&) = delete;
+
+ private:
+  std::vector<std::string> created_;  // outermost first
+  int uncaught_ = 0;
+  std::unique_ptr<FolderLock> lock_;
 };
 
 // Writes `content` to `path` atomically (one AtomicFileWriter). Throws regen::Error naming the path on failure; on

@@ -90,13 +90,47 @@ bool has(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
 }
 
-// A failed run: non-zero exit, every part on stderr, no training output on stdout.
+// Every entry under `root` (recursively) with what it holds: a regular file's bytes, "<dir>",
+// "<fifo>", "<other>". What a failed run must leave as it found it.
+std::map<std::string, std::string> state_of(const std::string& root) {
+  std::map<std::string, std::string> out;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(root)) {
+    const std::string rel = std::filesystem::relative(e.path(), root).string();
+    if (e.is_regular_file()) {
+      out[rel] = read_file(e.path().string());
+    } else {
+      out[rel] = e.is_directory() ? "<dir>" : e.is_fifo() ? "<fifo>" : "<other>";
+    }
+  }
+  return out;
+}
+
+std::string state_diff(const std::map<std::string, std::string>& before,
+                       const std::map<std::string, std::string>& after) {
+  std::string d;
+  for (const auto& [k, v] : before) {
+    const auto it = after.find(k);
+    if (it == after.end()) d += " removed " + k + ";";
+    else if (it->second != v) d += " changed " + k + ";";
+  }
+  for (const auto& [k, v] : after) {
+    if (!before.count(k)) d += " created " + k + ";";
+  }
+  return d;
+}
+
+// A failed run: non-zero exit, every part on stderr, no training output on stdout, and every file
+// under the run's folder (its inputs and the outputs it was asked for) as it was before: nothing
+// created, changed or removed.
 void expect_failure(const TempDir& dir, const std::vector<std::string>& args,
                     const std::vector<std::string>& parts) {
   std::string line;
   for (const auto& a : args) line += a + " ";
   CAPTURE(line);
+  const auto before = state_of(dir.path);
   const Result r = regen_run(dir, args);
+  const std::string changed = state_diff(before, state_of(dir.path));
+  CHECK_MESSAGE(changed.empty(), "the failed run touched files:", changed);
   CAPTURE(r.err);
   CAPTURE(r.out);
   CHECK(r.status != 0);
@@ -722,6 +756,15 @@ TEST_CASE("cli: frontier refuses bad flags before any work") {
     const std::string old_profile = dir.file("old_profile.json");
     write_file_atomic(old_profile, j.dump());
     expect_failure(dir, {"frontier", "--profile", old_profile, "--out", dir.file("never"), "--model",
+                         "transformer-tiny", "--batch", "2", "--seq-len", "8", "--points", "2",
+                         "--execute", "1", "--steps", "2"},
+                   {"--profile", "the model flags do not build the profiled model"});
+    // The same failure into a folder with an earlier run's outputs: they stay as they were (the
+    // outputs are committed together at the end; expect_failure compares every file).
+    std::filesystem::create_directory(dir.file("kept"));
+    write_file_atomic(dir.file("kept/frontier.csv"), "an earlier run's frontier\n");
+    write_file_atomic(dir.file("kept/profile.json"), "an earlier run's profile\n");
+    expect_failure(dir, {"frontier", "--profile", old_profile, "--out", dir.file("kept"), "--model",
                          "transformer-tiny", "--batch", "2", "--seq-len", "8", "--points", "2",
                          "--execute", "1", "--steps", "2"},
                    {"--profile", "the model flags do not build the profiled model"});

@@ -403,18 +403,10 @@ void run(Flags f, const Given& given) {
     model_config(f.m);
     resolve_device(f.m.device);
   }
-  // The output folder and every file written in it.
-  {
-    std::error_code ec;
-    if (!std::filesystem::exists(f.out, ec)) {
-      std::filesystem::create_directories(f.out, ec);
-      REGEN_CHECK(!ec, "--out ", f.out, ": cannot create the folder: ", ec.message());
-    } else {
-      REGEN_CHECK(std::filesystem::is_directory(f.out, ec), "--out ", f.out,
-                  " is a file, not a folder");
-    }
-  }
-  const FolderLock lock(f.out, "--out");  // a second frontier into the same folder stops here
+  // The output folder and every file written in it. A second frontier into the same folder
+  // stops here; a failed run leaves the folder as it was (its outputs are committed together at
+  // the end, and a folder it made is removed again).
+  const OutputFolder out_folder(f.out, "--out");
   const std::string csv_path = f.out + "/frontier.csv";
   const std::string profile_path = f.out + "/profile.json";
   check_output_path("--out", csv_path);
@@ -434,7 +426,6 @@ void run(Flags f, const Given& given) {
     po.model_name = f.m.model;
     profile = profile_training(*s->trainer, po);
     profile.run = run_flags(f.m);
-    save_profile(profile, profile_path);
   }
 
   const Simulator sim(profile);
@@ -515,7 +506,6 @@ void run(Flags f, const Given& given) {
     std::fflush(stdout);
     frontiers.push_back(std::move(pf));
   }
-  write_file_atomic(csv_path, csv_text(c, frontiers));
   print_table(c, frontiers);
   print_checks(frontiers);
   std::fflush(stdout);
@@ -531,14 +521,13 @@ void run(Flags f, const Given& given) {
     std::fflush(stdout);
     if (loaded && !exact(c.base, c.none.predicted)) {
       // Nothing else can match either: the flags build another model than the profiled one.
-      write_file_atomic(csv_path, csv_text(c, frontiers));
       REGEN_FAIL("--profile ", f.profile, ": training without remat peaked at ",
                  format_bytes(c.base.peak), " allocated and ", format_bytes(c.base.reserved),
                  " reserved, but the profile predicts ", format_bytes(c.none.predicted.peak_allocated),
                  " and ", format_bytes(c.none.predicted.peak_reserved),
                  ": the model flags do not build the profiled model (pass the --image-size, "
                  "--seq-len, --vocab, --num-classes, --lm-head-chunk, --optimizer, ... it was "
-                 "made with; ", csv_path, " has the plans)");
+                 "made with)");
     }
     int n_exact = 0, n_run = 0, n_within = 0;
     for (PolicyFrontier& pf : frontiers) {
@@ -557,7 +546,6 @@ void run(Flags f, const Given& given) {
         try {
           got = measure_training(f.m, profile.batch, f.steps, &profile, &plan);
         } catch (const Error& e) {
-          write_file_atomic(csv_path, csv_text(c, frontiers));
           REGEN_FAIL("executing ", pf.spec.label, " (plan of budgets ",
                      budget_range(pf, id, c.no_remat_peak), "): ", e.message());
         }
@@ -581,7 +569,12 @@ void run(Flags f, const Given& given) {
     std::printf("executed %d plans: %d exact to the byte (allocated and reserved), %d within 10%% "
                 "of the predicted step time\n",
                 n_run, n_exact, n_within);
+  }
+  // The outputs, committed together: a run that failed above changed nothing.
+  if (loaded) {
     write_file_atomic(csv_path, csv_text(c, frontiers));
+  } else {
+    write_files_atomic({{profile_path, profile_to_json(profile)}, {csv_path, csv_text(c, frontiers)}});
   }
   std::printf("wrote %s%s\n", csv_path.c_str(), loaded ? "" : (" and " + profile_path).c_str());
 

@@ -44,13 +44,6 @@ std::string timeline_csv(const Profile& p, const SimResult& r, const std::string
 }
 
 void run(const Flags& f) {
-  struct stat st;
-  if (::stat(f.out.c_str(), &st) != 0) {
-    REGEN_CHECK(::mkdir(f.out.c_str(), 0755) == 0, "cannot create --out folder '", f.out, "'");
-  } else {
-    REGEN_CHECK(S_ISDIR(st.st_mode), "--out '", f.out, "' is not a folder");
-  }
-  const FolderLock lock(f.out, "--out");  // a second sweep into the same folder stops here
   std::vector<int64_t> batches;
   for (const std::string& b : split_commas(f.batches)) {
     int64_t v = 0;
@@ -75,6 +68,11 @@ void run(const Flags& f) {
   for (const std::string& b : budgets) {
     if (b != "lowest") Budget::parse(b);  // fails early on a bad budget
   }
+  // The flags are right: the folder now. A second sweep into it stops here; a failed sweep leaves
+  // it as it was (every output is committed together at the end, and a folder it made is removed).
+  const OutputFolder out_folder(f.out, "--out");
+  check_output_path("--out", f.out + "/" + f.m.model + "_summary.txt");  // the folder takes files
+  std::vector<std::pair<std::string, std::string>> outputs;
   std::vector<SweepRow> rows;
   std::string tables;
   std::string timelines = "variant,time_ms,label";
@@ -98,7 +96,7 @@ void run(const Flags& f) {
       profile = profile_training(*s->trainer, po);
       profile.run = run_flags(f.m);
     }
-    save_profile(profile, stem + "_b" + std::to_string(batch) + "_profile.json");
+    outputs.emplace_back(stem + "_b" + std::to_string(batch) + "_profile.json", profile_to_json(profile));
     const Simulator sim(profile);
     const MeasuredRun base = measure_training(f.m, batch, f.steps, nullptr);
     std::printf("   no remat: peak allocated %s, reserved %s, step %.3f s\n", format_bytes(base.peak).c_str(),
@@ -158,7 +156,7 @@ void run(const Flags& f) {
         std::replace(file_policy.begin(), file_policy.end(), ':', '-');
         const std::string tag = "_b" + std::to_string(batch) + "_" + file_policy + "_" +
                                 (btext == "lowest" ? "lowest" : btext.back() == '%' ? btext.substr(0, btext.size() - 1) + "pct" : btext);
-        write_file_atomic(stem + tag + "_decisions.csv", decisions_csv(profile, plan));
+        outputs.emplace_back(stem + tag + "_decisions.csv", decisions_csv(profile, plan));
         const bool exact = got.peak == plan.predicted.peak_allocated &&
                            got.reserved == plan.predicted.peak_reserved;
         std::printf("   %s @ %s: peak allocated %s, reserved %s (predicted %s, %s%s)%s, step %.3f s, "
@@ -196,10 +194,12 @@ void run(const Flags& f) {
                 "\n";
     }
   }
-  // The three tables together: all written and synced before the first replaces an old one.
-  write_files_atomic({{stem + "_summary.txt", tables},
-                      {stem + "_summary.csv", summary_csv(rows)},
-                      {stem + "_timeline.csv", timelines}});
+  // Every output together (the tables, the profiles, the decisions): all written and synced before
+  // the first replaces an old one.
+  outputs.emplace_back(stem + "_summary.txt", tables);
+  outputs.emplace_back(stem + "_summary.csv", summary_csv(rows));
+  outputs.emplace_back(stem + "_timeline.csv", timelines);
+  write_files_atomic(outputs);
   std::printf("\n%s", tables.c_str());
   std::printf("wrote %s_summary.txt, %s_summary.csv, %s_timeline.csv, per-run decisions CSVs and "
               "profiles in %s/\n",
