@@ -186,22 +186,33 @@ class PyModel {
                   p.note, p.predicted.oom ? "; under the limit the simulated step runs out of memory at " +
                   p.predicted.oom_at : std::string(), ". Use a larger budget, another policy, or budget_of='allocated'");
     }
+    // The plan's hooks, allocator limit and layout come off when the call returns or raises: the
+    // model lives on in Python, and another model's steps must not run under this one's limit.
+    struct Finish {
+      RematPipeline& pipe;
+      ~Finish() { pipe.finish(); }
+    } finish{*pipe_};
     std::vector<StepResult> out;
     for (int64_t i = 1; i <= steps; ++i) {
       StepResult r = pipe_->step();
-      const std::string bad = std::isfinite(r.loss) && i == steps ? tool::first_non_finite(*session_->model) : "";
       REGEN_CHECK(std::isfinite(r.loss), "training diverged: the loss of step ", i, " is ", r.loss,
                   " (not finite); try a lower lr (this model uses ", flags_.lr, ")");
-      REGEN_CHECK(bad.empty(), "training diverged: after step ", i, " the ", bad, " (not finite); try a lower lr "
-                  "(this model uses ", flags_.lr, ")");
       out.push_back(r);
+      bool stop = i == steps;
       if (!progress.is_none()) {
         pb::object keep = progress(i, r);
-        if (!keep.is_none() && !keep.cast<bool>()) break;
+        stop = stop || (!keep.is_none() && !keep.cast<bool>());
+      }
+      if (stop) {
+        // A parameter or gradient can stop being finite while the loss still is: read them after
+        // the last step, so a model that is not finite is never handed back as trained.
+        const std::string bad = tool::first_non_finite(*session_->model);
+        REGEN_CHECK(bad.empty(), "training diverged: after step ", i, " the ", bad, " (not finite); try a "
+                    "lower lr (this model uses ", flags_.lr, ")");
+        break;
       }
       if (PyErr_CheckSignals() != 0) throw pb::error_already_set();
     }
-    pipe_->finish();
     return out;
   }
 

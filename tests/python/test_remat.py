@@ -242,3 +242,19 @@ def test_a_limit_below_the_budget_when_the_budgets_own_runs_out(profiles):
     m.use_plan(regen.plan(p, "none", "80%"))
     r = m.step()
     assert (r.peak_allocated, r.peak_reserved) == (m.plan_in_use.peak_allocated, m.plan_in_use.peak_reserved)
+
+
+def test_a_failed_step_leaves_no_limit_behind(profiles):
+    """A model stays alive in Python after its step raised: its plan's allocator limit must not
+    stay on the allocator for the next model's steps."""
+    p = profiles["resnet-tiny"]
+    plan = regen.plan(p, "dp", "60%", budget_of="allocated")
+    gc.collect()
+    m = model(RESNET)
+    m.use_plan(plan)
+    m.set_limit(plan.peak_allocated - (1 << 20))
+    with pytest.raises(regen.OutOfMemory):
+        m.step()
+    other = regen.Model("resnet-tiny", batch=8, device="cpu", image_size=160)
+    r = other.step()  # larger than that limit: runs only if the limit is gone
+    assert r.peak_reserved > plan.peak_allocated
