@@ -719,7 +719,9 @@ TEST_CASE("cli: frontier refuses bad flags before any work") {
     return args;
   };
   expect_failure(dir, frontier({"--points", "1"}),
-                 {"--points must be an integer from 2 to 100000, got 1"});
+                 {"--points must be an integer from 2 to 1000, got 1"});
+  // 100000 budgets would plan every policy for hours: refused at once.
+  expect_failure(dir, frontier({"--points", "100000"}), {"--points must be at most 1000, got 100000"});
   expect_failure(dir, frontier({"--execute", "-1"}),
                  {"--execute must be a non-negative integer, got -1"});
   expect_failure(dir, frontier({"--steps", "1"}), {"--steps must be an integer from 2"});

@@ -609,8 +609,9 @@ void setup(CLI::App& app) {
       ->check(number_in(0.1, 86400))
       ->capture_default_str();
   app.add_option("--points", f->points,
-                 "budgets, evenly spaced from the lower bound to the no-remat peak (both included)")
-      ->check(integer_in(2, 100000))
+                 "budgets, evenly spaced from the lower bound to the no-remat peak (both included); "
+                 "at most 1000, finer than dp's 1024 budget levels can tell apart")
+      ->check(integer_in(2, 1000))
       ->capture_default_str();
   given->execute =
       app.add_option("--execute", f->execute,
