@@ -92,8 +92,9 @@ struct Plan {
   // follows from the schedule and the profile, and whoever runs a loaded plan plans it again.
   bool planned_layout = false;
   std::shared_ptr<const PlannedLayout> layout;
-  // The allocator's hard limit the plan runs under (0: none): a reserved budget the plan fits;
-  // for dp's answer to a reserved budget below every plan, the lowest limit its plan runs under.
+  // The allocator's hard limit the plan runs under (0: none): a reserved budget the plan fits, or
+  // the lower limit fit_schedule found when the budget's own runs out of memory; for dp's answer
+  // to a reserved budget below every plan, the lowest limit its plan runs under.
   // `predicted` is the simulation under it, and training must set it to run as predicted.
   int64_t limit = 0;
   std::vector<Decision> decisions;
