@@ -365,6 +365,14 @@ void validate_profile(const Profile& p, const std::string& origin) {
                 s, " has ", sv.bytes, " bytes but its value ", sv.value, " has ",
                 p.values[static_cast<size_t>(sv.value)].bytes);
   }
+  // What a node saves for backward is a saved tensor's storage (the schedule looks each one up).
+  for (int32_t i = 0; i < nn; ++i) {
+    for (int64_t v : p.nodes[static_cast<size_t>(i)].saved) {
+      const int64_t root = p.values[static_cast<size_t>(v)].root;
+      REGEN_CHECK(saved_as[static_cast<size_t>(root)] >= 0, origin, ": node ", i, " saves value ", v,
+                  ", whose storage (value ", root, ") no saved tensor names");
+    }
+  }
   std::vector<char> in_backward(static_cast<size_t>(nn), 0);
   for (int32_t n : p.backward_order) {
     REGEN_CHECK(n >= 0 && n < nn, origin, ": backward order names node ", n, " out of range");
