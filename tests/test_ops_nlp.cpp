@@ -19,8 +19,10 @@
 #include "regen/core/philox.h"
 #include "regen/kernels/kernels.h"
 #include "regen/models/optim.h"
+#include "tests/test_util.h"
 
 using namespace regen;
+using regen::testing::expect_error;
 
 namespace {
 
@@ -63,21 +65,6 @@ void check_close(const std::vector<double>& got, const std::vector<double>& want
 template <class T>
 double atol_for() {
   return std::is_same<T, float>::value ? 2e-5 : 1e-12;
-}
-
-// Runs f and checks that it throws regen::Error whose message contains every part.
-void check_error(const std::function<void()>& f, const std::vector<std::string>& parts) {
-  bool thrown = false;
-  try {
-    f();
-  } catch (const Error& e) {
-    thrown = true;
-    for (const std::string& p : parts) {
-      CHECK_MESSAGE(e.message().find(p) != std::string::npos, "message \"", e.message(),
-                    "\" lacks \"", p, "\"");
-    }
-  }
-  CHECK_MESSAGE(thrown, "no regen::Error thrown; expected one mentioning \"", parts.at(0), "\"");
 }
 
 }  // namespace
@@ -866,94 +853,94 @@ TEST_CASE("optimizers: zero_grad keeps gradient memory and lr is settable") {
 
 TEST_CASE("embedding: bad ids and tables throw errors naming the op and shapes") {
   Tensor w = rand_t<float>({4, 3}, 1);
-  check_error(
+  expect_error(
       [&] {
         embedding(from_vector<int64_t>({0, 4}, {2}), w);
       },
       {"embedding", "id 4", "position 1", "V = 4"});
-  check_error([&] { embedding(from_vector<int64_t>({-1}, {1}), w); }, {"embedding", "id -1"});
-  check_error([&] { embedding(from_vector<int32_t>({0}, {1}), w); },
+  expect_error([&] { embedding(from_vector<int64_t>({-1}, {1}), w); }, {"embedding", "id -1"});
+  expect_error([&] { embedding(from_vector<int32_t>({0}, {1}), w); },
               {"embedding", "ids", "i32[1]", "must be i64"});
-  check_error([&] { embedding(from_vector<int64_t>({0}, {1}), rand_t<float>({4}, 1)); },
+  expect_error([&] { embedding(from_vector<int64_t>({0}, {1}), rand_t<float>({4}, 1)); },
               {"embedding", "weight", "f32[4]", "(V, D)"});
   std::vector<float> dy(3), dw(12);
   const int64_t bad_id = 9;
-  check_error([&] { cpu::embedding_backward<float>(dy.data(), &bad_id, dw.data(), 1, 4, 3); },
+  expect_error([&] { cpu::embedding_backward<float>(dy.data(), &bad_id, dw.data(), 1, 4, 3); },
               {"embedding", "id 9", "V = 4"});
 }
 
 TEST_CASE("layernorm and softmax: mismatched shapes and dtypes throw") {
   Tensor x = rand_t<float>({2, 5}, 1);
-  check_error([&] { layernorm(x, ones({4}), zeros({5})); },
+  expect_error([&] { layernorm(x, ones({4}), zeros({5})); },
               {"layernorm", "[2, 5]", "gamma [4]", "beta [5]"});
-  check_error([&] { layernorm(x, ones({5}, DType::f64), zeros({5})); },
+  expect_error([&] { layernorm(x, ones({5}, DType::f64), zeros({5})); },
               {"layernorm", "dtype mismatch"});
-  check_error([&] { layernorm(x, ones({5}), zeros({5}), 0.0); }, {"layernorm", "eps 0"});
-  check_error([&] { softmax(full({}, 1.0)); }, {"softmax", "at least one dimension"});
-  check_error([&] { softmax(zeros({3}, DType::i64)); }, {"softmax", "floating-point"});
+  expect_error([&] { layernorm(x, ones({5}), zeros({5}), 0.0); }, {"layernorm", "eps 0"});
+  expect_error([&] { softmax(full({}, 1.0)); }, {"softmax", "at least one dimension"});
+  expect_error([&] { softmax(zeros({3}, DType::i64)); }, {"softmax", "floating-point"});
 }
 
 TEST_CASE("attention: bad qkv, heads, masks and dropout_p throw errors naming shapes") {
-  check_error(
+  expect_error(
       [&] {
         attention(zeros({2, 5, 96}), 5);
       },
       {"attention: qkv [2, 5, 96] last dimension must be 3 * d_model with d_model "
        "divisible by num_heads 5"});
-  check_error([&] { attention(zeros({2, 5, 10}), 1); }, {"attention", "[2, 5, 10]", "3 * d_model"});
-  check_error([&] { attention(zeros({10, 12}), 2); }, {"attention", "[10, 12]", "3 dimensions"});
-  check_error([&] { attention(zeros({2, 5, 12}), 0); }, {"attention", "num_heads 0"});
-  check_error(
+  expect_error([&] { attention(zeros({2, 5, 10}), 1); }, {"attention", "[2, 5, 10]", "3 * d_model"});
+  expect_error([&] { attention(zeros({10, 12}), 2); }, {"attention", "[10, 12]", "3 dimensions"});
+  expect_error([&] { attention(zeros({2, 5, 12}), 0); }, {"attention", "num_heads 0"});
+  expect_error(
       [&] {
         attention(zeros({2, 5, 12}), 2, zeros({2, 5}, DType::i64));
       },
       {"attention", "key_padding_mask i64[2, 5]", "i32", "[2, 5]"});
-  check_error(
+  expect_error(
       [&] {
         attention(zeros({2, 5, 12}), 2, zeros({5, 2}, DType::i32));
       },
       {"attention", "i32[5, 2]", "[2, 5]"});
-  check_error(
+  expect_error(
       [&] {
         attention(zeros({2, 5, 12}), 2, Tensor(), false, 1.0f);
       },
       {"attention", "dropout_p 1", "[0, 1)"});
-  check_error([&] { attention(zeros({2, 5, 12}, DType::i32), 2); }, {"attention", "floating"});
+  expect_error([&] { attention(zeros({2, 5, 12}, DType::i32), 2); }, {"attention", "floating"});
 }
 
 TEST_CASE("dropout: p outside [0, 1] throws") {
-  check_error([&] { dropout(zeros({3}), 1.5f); }, {"dropout", "p 1.5", "f32[3]"});
-  check_error([&] { dropout(zeros({3}), -0.1f); }, {"dropout", "p -0.1"});
+  expect_error([&] { dropout(zeros({3}), 1.5f); }, {"dropout", "p 1.5", "f32[3]"});
+  expect_error([&] { dropout(zeros({3}), -0.1f); }, {"dropout", "p -0.1"});
 }
 
 TEST_CASE("cross_entropy: bad targets and shapes throw errors naming row, target and V") {
   Tensor logits = rand_t<float>({3, 4}, 1);
-  check_error(
+  expect_error(
       [&] {
         cross_entropy(logits, from_vector<int64_t>({0, 7, 1}, {3}));
       },
       {"cross_entropy", "target 7", "row 1", "V = 4"});
-  check_error(
+  expect_error(
       [&] {
         cross_entropy(logits, from_vector<int64_t>({-100, 1, -3}, {3}));
       },
       {"cross_entropy", "target -3", "row 2"});
-  check_error(
+  expect_error(
       [&] {
         cross_entropy(logits, from_vector<int32_t>({0, 1, 2}, {3}));
       },
       {"cross_entropy", "targets i32[3]", "i64"});
-  check_error(
+  expect_error(
       [&] {
         cross_entropy(logits, from_vector<int64_t>({0, 1}, {2}));
       },
       {"cross_entropy", "logits [3, 4]", "targets [2]"});
-  check_error([&] { cross_entropy(rand_t<float>({12}, 1), from_vector<int64_t>({0}, {1})); },
+  expect_error([&] { cross_entropy(rand_t<float>({12}, 1), from_vector<int64_t>({0}, {1})); },
               {"cross_entropy", "logits [12]"});
   std::vector<float> d(12), lse(3);
   const float dloss = 1.0f;
   const int64_t targets[] = {0, 5, 1};
-  check_error(
+  expect_error(
       [&] {
         cpu::cross_entropy_backward<float>(&dloss, logits.data<float>(), targets, lse.data(),
                                            d.data(), 3, 4, -100);
@@ -965,103 +952,103 @@ TEST_CASE("linear_cross_entropy: bad inputs throw errors naming the op, shapes a
   const Tensor x = rand_t<float>({3, 4}, 1), w = rand_t<float>({5, 4}, 2),
                b = rand_t<float>({5}, 3);
   const Tensor t = from_vector<int64_t>({0, 1, 4}, {3});
-  check_error(
+  expect_error(
       [&] {
         linear_cross_entropy(x, w, b, from_vector<int64_t>({0, 7, 1}, {3}), -100, 2);
       },
       {"linear_cross_entropy", "target 7", "row 1", "V = 5"});
-  check_error(
+  expect_error(
       [&] {
         linear_cross_entropy(x, w, b, from_vector<int64_t>({-100, 1, -3}, {3}));
       },
       {"linear_cross_entropy", "target -3", "row 2"});
-  check_error(
+  expect_error(
       [&] {
         linear_cross_entropy(x, w, b, from_vector<int32_t>({0, 1, 2}, {3}));
       },
       {"linear_cross_entropy", "targets i32[3]", "i64"});
-  check_error(
+  expect_error(
       [&] {
         linear_cross_entropy(x, w, b, from_vector<int64_t>({0, 1}, {2}));
       },
       {"linear_cross_entropy", "input [3, 4]", "targets [2]"});
-  check_error(
+  expect_error(
       [&] {
         linear_cross_entropy(x, rand_t<float>({5, 3}, 4), b, t);
       },
       {"linear_cross_entropy", "input [3, 4]", "weight [5, 3]"});
-  check_error([&] { linear_cross_entropy(rand_t<float>({12}, 1), w, b, t); },
+  expect_error([&] { linear_cross_entropy(rand_t<float>({12}, 1), w, b, t); },
               {"linear_cross_entropy", "input [12]"});
-  check_error([&] { linear_cross_entropy(x, w, rand_t<float>({4}, 5), t); },
+  expect_error([&] { linear_cross_entropy(x, w, rand_t<float>({4}, 5), t); },
               {"linear_cross_entropy", "bias [4]", "weight [5, 4]"});
-  check_error(
+  expect_error(
       [&] {
         linear_cross_entropy(x, rand_t<double>({5, 4}, 6), b, t);
       },
       {"linear_cross_entropy", "dtype mismatch"});
-  check_error([&] { linear_cross_entropy(x, w, rand_t<double>({5}, 7), t); },
+  expect_error([&] { linear_cross_entropy(x, w, rand_t<double>({5}, 7), t); },
               {"linear_cross_entropy", "dtype mismatch"});
-  check_error([&] { linear_cross_entropy(x, w, b, t, -100, -1); },
+  expect_error([&] { linear_cross_entropy(x, w, b, t, -100, -1); },
               {"linear_cross_entropy", "chunk_rows", "got -1"});
-  check_error(
+  expect_error(
       [&] {
         linear_cross_entropy(from_vector<int64_t>({1, 2}, {1, 2}), w, b, t);
       },
       {"linear_cross_entropy", "floating-point"});
-  check_error([&] { linear_cross_entropy(x, Tensor(), b, t); },
+  expect_error([&] { linear_cross_entropy(x, Tensor(), b, t); },
               {"linear_cross_entropy", "weight is undefined"});
   // The backward launcher validates too (on its own, as a remat replay might call it).
   const float dloss = 1.0f;
   float scale = 0;
   const int64_t bad[] = {0, 5, 1};
-  check_error([&] { cpu::linear_cross_entropy_scale<float>(&dloss, bad, &scale, 3, 5, -100); },
+  expect_error([&] { cpu::linear_cross_entropy_scale<float>(&dloss, bad, &scale, 3, 5, -100); },
               {"linear_cross_entropy", "target 5", "row 1", "V = 5"});
 }
 
 TEST_CASE("optimizers: bad options, parameters, names and gradients throw") {
   Tensor w = fixture_param<float>(3, "w");
-  check_error([&] { SGD({w}, sgd_options(-1.0, 0, 0, 0, false)); }, {"SGD", "learning rate -1"});
-  check_error([&] { SGD({w}, sgd_options(0.1, -0.5, 0, 0, false)); }, {"SGD", "momentum -0.5"});
-  check_error([&] { SGD({w}, sgd_options(0.1, 0, 0, -1, false)); }, {"SGD", "weight_decay -1"});
-  check_error([&] { SGD({w}, sgd_options(0.1, 0.0, 0, 0, true)); },
+  expect_error([&] { SGD({w}, sgd_options(-1.0, 0, 0, 0, false)); }, {"SGD", "learning rate -1"});
+  expect_error([&] { SGD({w}, sgd_options(0.1, -0.5, 0, 0, false)); }, {"SGD", "momentum -0.5"});
+  expect_error([&] { SGD({w}, sgd_options(0.1, 0, 0, -1, false)); }, {"SGD", "weight_decay -1"});
+  expect_error([&] { SGD({w}, sgd_options(0.1, 0.0, 0, 0, true)); },
               {"SGD", "nesterov", "momentum 0"});
-  check_error([&] { SGD({w}, sgd_options(0.1, 0.9, 0.5, 0, true)); },
+  expect_error([&] { SGD({w}, sgd_options(0.1, 0.9, 0.5, 0, true)); },
               {"SGD", "nesterov", "dampening 0.5"});
   AdamWOptions bad = adamw_options();
   bad.beta2 = 1.0;
-  check_error([&] { AdamW({w}, bad); }, {"AdamW", "betas (0.9, 1)"});
+  expect_error([&] { AdamW({w}, bad); }, {"AdamW", "betas (0.9, 1)"});
   bad = adamw_options();
   bad.eps = -1;
-  check_error([&] { AdamW({w}, bad); }, {"AdamW", "eps -1"});
+  expect_error([&] { AdamW({w}, bad); }, {"AdamW", "eps -1"});
   bad = adamw_options();
   bad.weight_decay = -0.5;
-  check_error([&] { AdamW({w}, bad); }, {"AdamW", "weight_decay -0.5"});
-  check_error(
+  expect_error([&] { AdamW({w}, bad); }, {"AdamW", "weight_decay -0.5"});
+  expect_error(
       [&] {
         AdamW({w, fixture_param<float>(2, "w")}, adamw_options());
       },
       {"AdamW", "two parameters", "\"w\""});
-  check_error(
+  expect_error(
       [&] {
         AdamW({w, Tensor()}, adamw_options());
       },
       {"AdamW", "parameter 1", "undefined"});
-  check_error([&] { AdamW({zeros({2}, DType::i64)}, adamw_options()); },
+  expect_error([&] { AdamW({zeros({2}, DType::i64)}, adamw_options()); },
               {"AdamW", "parameter 0", "i64[2]", "floating"});
   AdamW opt({w}, adamw_options());
-  check_error([&] { opt.state("nope", "exp_avg"); }, {"AdamW", "no parameter named \"nope\""});
-  check_error([&] { opt.set_lr(-0.1); }, {"AdamW", "learning rate -0.1"});
+  expect_error([&] { opt.state("nope", "exp_avg"); }, {"AdamW", "no parameter named \"nope\""});
+  expect_error([&] { opt.set_lr(-0.1); }, {"AdamW", "learning rate -0.1"});
   w.impl()->grad = zeros({4}).impl();
-  check_error([&] { opt.step(); }, {"AdamW", "gradient f32[4]", "\"w\"", "f32[3]"});
+  expect_error([&] { opt.step(); }, {"AdamW", "gradient f32[4]", "\"w\"", "f32[3]"});
   // The launchers' own guards.
   std::vector<float> p(3), g(3), m(3), v(3);
-  check_error(
+  expect_error(
       [&] {
         cpu::adamw_step<float>(p.data(), g.data(), m.data(), v.data(), 3, 0.1, 0.9, 0.99, 1e-8, 0,
                                0);
       },
       {"adamw_step", "step 0"});
-  check_error(
+  expect_error(
       [&] { cpu::sgd_step<float>(p.data(), g.data(), nullptr, 3, 0.1, 0.9, 0, 0, false, true); },
       {"sgd_step", "momentum 0.9", "buffer"});
 }
