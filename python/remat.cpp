@@ -34,10 +34,11 @@ pb::list str_column(size_t n, F&& f) {
   return out;
 }
 
-template <class V>
-pb::list list_column(const std::vector<V>& rows) {
-  pb::list out(rows.size());
-  for (size_t i = 0; i < rows.size(); ++i) out[i] = pb::cast(rows[i]);
+// A column whose rows are lists (of ids): row i is f(i), cast as it is read.
+template <class F>
+pb::list list_column(size_t n, F&& f) {
+  pb::list out(n);
+  for (size_t i = 0; i < n; ++i) out[i] = pb::cast(f(i));
   return out;
 }
 
@@ -68,15 +69,9 @@ pb::dict nodes_table(const Profile& p) {
   t["bwd_alloc_bytes"] = column<int64_t>(k, [&](size_t i) { return n[i].bwd_alloc_bytes; });
   t["bwd_free_bytes"] = column<int64_t>(k, [&](size_t i) { return n[i].bwd_free_bytes; });
   t["bwd_rank"] = column<int32_t>(k, [&](size_t i) { return n[i].bwd_rank; });
-  std::vector<std::vector<int64_t>> inputs(k), outputs(k), saved(k);
-  for (size_t i = 0; i < k; ++i) {
-    inputs[i] = n[i].inputs;
-    outputs[i] = n[i].outputs;
-    saved[i] = n[i].saved;
-  }
-  t["inputs"] = list_column(inputs);
-  t["outputs"] = list_column(outputs);
-  t["saved"] = list_column(saved);
+  t["inputs"] = list_column(k, [&](size_t i) -> const auto& { return n[i].inputs; });
+  t["outputs"] = list_column(k, [&](size_t i) -> const auto& { return n[i].outputs; });
+  t["saved"] = list_column(k, [&](size_t i) -> const auto& { return n[i].saved; });
   return t;
 }
 
@@ -101,9 +96,7 @@ pb::dict saved_table(const Profile& p) {
   t["last_fwd_use"] = column<int32_t>(k, [&](size_t i) { return s[i].last_fwd_use; });
   t["first_bw_rank"] = column<int32_t>(k, [&](size_t i) { return s[i].first_bw_rank; });
   t["last_bw_rank"] = column<int32_t>(k, [&](size_t i) { return s[i].last_bw_rank; });
-  std::vector<std::vector<int32_t>> readers(k);
-  for (size_t i = 0; i < k; ++i) readers[i] = s[i].readers;
-  t["readers"] = list_column(readers);
+  t["readers"] = list_column(k, [&](size_t i) -> const auto& { return s[i].readers; });
   return t;
 }
 
@@ -118,14 +111,8 @@ pb::dict values_table(const Profile& p) {
   t["bytes"] = column<int64_t>(k, [&](size_t i) { return v[i].bytes; });
   t["leaf"] = column<bool>(k, [&](size_t i) { return v[i].leaf; });
   t["saved"] = column<int32_t>(k, [&](size_t i) { return v[i].saved; });
-  std::vector<std::vector<int64_t>> shapes(k);
-  std::vector<std::vector<int32_t>> consumers(k);
-  for (size_t i = 0; i < k; ++i) {
-    shapes[i] = v[i].shape;
-    consumers[i] = v[i].consumers;
-  }
-  t["shape"] = list_column(shapes);
-  t["consumers"] = list_column(consumers);
+  t["shape"] = list_column(k, [&](size_t i) -> const auto& { return v[i].shape; });
+  t["consumers"] = list_column(k, [&](size_t i) -> const auto& { return v[i].consumers; });
   return t;
 }
 
@@ -526,7 +513,6 @@ and note).)doc");
         draft.decisions = decisions_from(decisions, p);
         draft.keep_chain = keep_chain_from(chain, "make_plan");
         draft.regenerations = regenerations_from(regenerations);
-        build_schedule(p, draft.decisions, draft.keep_chain, draft.regenerations);  // names what is wrong
         Plan plan = finish_plan(profile->sim, std::move(draft), budget_from(budget),
                                 plan_options(chain, budget_of, layout));
         if (!plan.feasible) {

@@ -56,6 +56,8 @@ def test_bad_decisions(profile):
     d[not_cand] = True
     with pytest.raises(regen.Error, match="saved tensor .* cannot be recomputed"):
         regen.simulate(profile, d)
+    with pytest.raises(regen.Error, match="saved tensor .* cannot be recomputed"):
+        regen.make_plan(profile, d)
     with pytest.raises(regen.Error, match="chain must be 'keep' or 'drop'"):
         regen.simulate(profile, np.zeros(n, dtype=bool), chain="auto")
     with pytest.raises(regen.Error, match="budget or a limit"):
