@@ -2,7 +2,6 @@
 // training without rematerialization, then plans and trains with each policy and budget, and
 // writes the seed-format summary table, decisions.csv per run, a CSV of every figure and the
 // memory timelines; with --plot it draws the PNGs through tools/plot.py.
-#include <sys/stat.h>
 
 #include <algorithm>
 #include <cmath>
