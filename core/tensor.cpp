@@ -54,9 +54,13 @@ void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device
     return;
   }
 #ifdef REGEN_WITH_CUDA
-  cudaMemcpyKind kind = cudaMemcpyDeviceToDevice;
-  if (dst_device.is_cpu()) kind = cudaMemcpyDeviceToHost;
-  else if (src_device.is_cpu()) kind = cudaMemcpyHostToDevice;
+  if (dst_device.is_cuda() && src_device.is_cuda()) {
+    // Across devices the copy waits for the source's stream (runtime.h).
+    cuda::copy_between_devices(dst, dst_device.index, src, src_device.index, nbytes);
+    return;
+  }
+  // Host <-> device: on the device's stream, after the kernels queued there.
+  const cudaMemcpyKind kind = dst_device.is_cpu() ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice;
   cuda::set_device(dst_device.is_cuda() ? dst_device.index : src_device.index);
   cuda::memcpy(dst, src, nbytes, kind);
 #else

@@ -37,6 +37,14 @@ void synchronize(Device device) {
 #endif
 }
 
+void after_cuda_launcher(const char* launcher) {
+#ifdef REGEN_WITH_CUDA
+  if (cuda::sync_launches()) cuda::check_launch_completed(launcher);
+#else
+  (void)launcher;
+#endif
+}
+
 void prepare_device(Device device) {
 #ifdef REGEN_WITH_CUDA
   if (device.is_cuda()) {

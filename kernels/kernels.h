@@ -255,6 +255,9 @@ namespace kernels {
 void use_device(Device device);
 // Waits for the device's queued work (no-op on the CPU).
 void synchronize(Device device);
+// REGEN_LAUNCH calls it after each CUDA launcher: with REGEN_CUDA_SYNC=1 it synchronizes and
+// reports a failure of the launcher's queued work (kernels, cuBLAS, cuDNN, CUB) under its name.
+void after_cuda_launcher(const char* launcher);
 // Creates what a device keeps for the whole run (CUDA: stream, library handles and their
 // workspaces), so it is allocated before the first training step.
 void prepare_device(Device device);
@@ -279,6 +282,7 @@ void prepare_device(Device device);
 // lower bound, which the real step passes by at most the CUDA side's scratch (category workspace):
 // the launchers' Workspace blocks and the library workspaces prepare_device keeps (cuBLAS's),
 // which live on the device's own allocator. A skipped launcher's arguments are not evaluated.
+// After a CUDA launcher, kernels::after_cuda_launcher checks its work when REGEN_CUDA_SYNC=1.
 #ifdef REGEN_WITH_CUDA
 #define REGEN_LAUNCH(device, T, name, ...)                                        \
   do {                                                                            \
@@ -290,6 +294,7 @@ void prepare_device(Device device);
     } else if constexpr (std::is_same<T, float>::value) {                         \
       ::regen::kernels::use_device(device);                                       \
       ::regen::cuda::name(__VA_ARGS__);                                           \
+      ::regen::kernels::after_cuda_launcher(#name);                               \
     } else {                                                                      \
       ::regen::kernels::unsupported(#name, (device), ::regen::dtype_of<T>::value); \
     }                                                                             \

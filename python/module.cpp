@@ -65,7 +65,8 @@ PYBIND11_MODULE(regen, m) {
 #else
     return false;
 #endif
-  }, "Whether regen was built with CUDA and a GPU is visible");
+  }, "Whether regen was built with CUDA and a GPU is visible; raises regen.Error when the CUDA "
+     "runtime fails for another reason than a missing GPU (an old driver, say)");
 
   regen::py::bind_tensors(m);
   regen::py::bind_remat(m);

@@ -3,7 +3,10 @@
 #include "regen/core/cuda/runtime.h"
 
 #ifdef REGEN_WITH_CUDA
+#include <atomic>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <memory>
 #include <mutex>
@@ -13,13 +16,78 @@
 
 namespace regen::cuda {
 
-int device_count() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    cudaGetLastError();  // clear the sticky "no driver" error
-    return 0;
+DeviceProbe classify_device_query(cudaError_t count_error, int count, int driver_version,
+                                  int runtime_version) {
+  DeviceProbe p;
+  p.driver_version = driver_version;
+  p.runtime_version = runtime_version;
+  if (count_error == cudaSuccess) {
+    p.count = count;
+    return p;
   }
-  return n;
+  if (count_error == cudaErrorNoDevice) return p;  // a driver, no GPU
+  if (count_error == cudaErrorInsufficientDriver && driver_version == 0) return p;  // no driver
+  p.error = detail::str_cat("the CUDA runtime cannot use the GPU: cudaGetDeviceCount failed with ",
+                            cudaGetErrorName(count_error), " (", cudaGetErrorString(count_error),
+                            "); CUDA driver ", driver_version, ", runtime ", runtime_version);
+  if (count_error == cudaErrorInsufficientDriver) {
+    p.error += " (the installed driver is older than this runtime needs: update the driver or "
+               "build against an older CUDA toolkit)";
+  }
+  return p;
+}
+
+const DeviceProbe& probe_devices() {
+  static const DeviceProbe probe = [] {
+    int n = 0, driver = 0, runtime = 0;
+    const cudaError_t err = cudaGetDeviceCount(&n);
+    cudaGetLastError();  // a failed query leaves its error behind; clear it
+    if (cudaDriverGetVersion(&driver) != cudaSuccess) driver = 0;
+    if (cudaRuntimeGetVersion(&runtime) != cudaSuccess) runtime = 0;
+    cudaGetLastError();
+    return classify_device_query(err, n, driver, runtime);
+  }();
+  return probe;
+}
+
+int device_count() {
+  const DeviceProbe& p = probe_devices();
+  REGEN_CHECK(p.error.empty(), p.error);
+  return p.count;
+}
+
+namespace {
+// An on/off switch from the environment: unset or "0" is off, "1" on, anything else an error.
+bool env_switch(const char* name) {
+  const char* v = std::getenv(name);
+  if (!v || std::strcmp(v, "0") == 0) return false;
+  if (std::strcmp(v, "1") == 0) return true;
+  REGEN_FAIL(name, "='", v, "' is not 0 or 1");
+}
+
+// -1: not read yet; 0/1: off/on.
+std::atomic<int> g_sync_launches{-1};
+}  // namespace
+
+bool require_gpu() { return env_switch("REGEN_REQUIRE_GPU"); }
+
+bool sync_launches() {
+  int v = g_sync_launches.load(std::memory_order_relaxed);
+  if (v < 0) {
+    v = env_switch("REGEN_CUDA_SYNC") ? 1 : 0;
+    g_sync_launches.store(v, std::memory_order_relaxed);
+  }
+  return v == 1;
+}
+
+void set_sync_launches(bool enabled) { g_sync_launches.store(enabled ? 1 : 0); }
+
+void check_launch_completed(const char* launcher) {
+  const cudaError_t err = cudaStreamSynchronize(stream());
+  if (err != cudaSuccess) {
+    REGEN_FAIL("CUDA work queued by ", launcher, " failed (REGEN_CUDA_SYNC): ",
+               cudaGetErrorName(err), " (", cudaGetErrorString(err), ")");
+  }
 }
 
 void set_device(int index) {
@@ -54,6 +122,39 @@ void synchronize() { REGEN_CUDA_CHECK(cudaStreamSynchronize(stream())); }
 void memcpy(void* dst, const void* src, uint64_t bytes, cudaMemcpyKind kind) {
   if (bytes == 0) return;
   REGEN_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, stream()));
+  REGEN_CUDA_CHECK(cudaStreamSynchronize(stream()));
+}
+
+void copy_between_devices(void* dst, int dst_device, const void* src, int src_device,
+                          uint64_t bytes) {
+  if (bytes == 0) return;
+  if (dst_device == src_device) {
+    DeviceGuard guard(dst_device);
+    memcpy(dst, src, bytes, cudaMemcpyDeviceToDevice);
+    return;
+  }
+  // The event belongs to the source device and is recorded on its stream; it is destroyed there
+  // whatever happens after.
+  struct Event {
+    cudaEvent_t event = nullptr;
+    int device;
+    ~Event() {
+      if (!event) return;
+      int current = -1;
+      cudaGetDevice(&current);
+      cudaSetDevice(device);
+      cudaEventDestroy(event);
+      if (current >= 0) cudaSetDevice(current);
+    }
+  } ready{nullptr, src_device};
+  {
+    DeviceGuard guard(src_device);
+    REGEN_CUDA_CHECK(cudaEventCreateWithFlags(&ready.event, cudaEventDisableTiming));
+    REGEN_CUDA_CHECK(cudaEventRecord(ready.event, stream()));
+  }
+  DeviceGuard guard(dst_device);
+  REGEN_CUDA_CHECK(cudaStreamWaitEvent(stream(), ready.event, 0));
+  REGEN_CUDA_CHECK(cudaMemcpyPeerAsync(dst, dst_device, src, src_device, bytes, stream()));
   REGEN_CUDA_CHECK(cudaStreamSynchronize(stream()));
 }
 

@@ -8,6 +8,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <string>
 
 #include "regen/core/error.h"
 
@@ -25,8 +26,44 @@
 
 namespace regen::cuda {
 
-// Number of usable devices; 0 when there is no driver or no GPU (never throws).
+// What the CUDA runtime reports about the machine's devices (probe_devices()).
+// A machine without a GPU is one where the runtime says there is no device
+// (cudaErrorNoDevice), or where no CUDA driver is installed at all (cudaErrorInsufficientDriver
+// with cudaDriverGetVersion reporting 0): `count` is 0 and `error` empty. Every other failure
+// (a driver older than the runtime, a container without the device nodes, a bad
+// CUDA_VISIBLE_DEVICES, ...) is a broken GPU setup, not a missing GPU: `error` names the
+// runtime's error and what it means, so that a GPU machine whose runtime fails is never taken
+// for a machine without a GPU (the GPU test suites fail then instead of reporting skipped).
+struct DeviceProbe {
+  int count = 0;
+  std::string error;
+  int driver_version = 0;   // cudaDriverGetVersion (0: no driver installed)
+  int runtime_version = 0;  // cudaRuntimeGetVersion
+};
+// The decision above, from the results of cudaGetDeviceCount and cudaDriverGetVersion (a pure
+// function, tested on machines with and without a GPU).
+DeviceProbe classify_device_query(cudaError_t count_error, int count, int driver_version,
+                                  int runtime_version);
+// Asks the runtime once per process and caches the answer; never throws.
+const DeviceProbe& probe_devices();
+// Number of usable devices: 0 on a machine without a GPU. Throws regen::Error with the probe's
+// message when the runtime fails otherwise (see DeviceProbe).
 int device_count();
+
+// REGEN_REQUIRE_GPU=1: a missing GPU is a failure, not a skip (GPU test suites; set by
+// scripts/gpu-session.sh). Unset or 0: off. Any other value is a regen::Error naming it.
+bool require_gpu();
+
+// REGEN_CUDA_SYNC=1: every kernel launch (REGEN_CUDA_LAUNCH_CHECK) and every CUDA launcher called
+// through REGEN_LAUNCH synchronizes the stream and checks for errors, so that a fault inside a
+// kernel is reported under the launcher that caused it instead of at the next synchronizing call
+// (slow; for debugging and the first run on a new GPU). Unset or 0: off; any other value is a
+// regen::Error naming it. set_sync_launches overrides the variable.
+bool sync_launches();
+void set_sync_launches(bool enabled);
+// Synchronizes the compute stream and throws regen::Error naming `launcher` and the CUDA error
+// when the queued work failed (what sync_launches() runs after each launch).
+void check_launch_completed(const char* launcher);
 // Makes `index` current on this thread (checks it exists).
 void set_device(int index);
 int current_device();
@@ -36,6 +73,12 @@ cudaStream_t stream();
 void synchronize();
 // Copies between host and device memory on the compute stream; returns after the copy is done.
 void memcpy(void* dst, const void* src, uint64_t bytes, cudaMemcpyKind kind);
+// Copies device memory of cuda:src_device to cuda:dst_device (they may be the same). The copy
+// runs on the destination's compute stream after the work queued on the source's stream (an
+// event recorded there and waited for: the streams are non-blocking, so without it the copy
+// could read the source before the kernels writing it had run); returns after the copy is done.
+void copy_between_devices(void* dst, int dst_device, const void* src, int src_device,
+                          uint64_t bytes);
 void memset_zero(void* dst, uint64_t bytes);
 // cudaMemGetInfo of the current device.
 void mem_get_info(uint64_t& free_bytes, uint64_t& total_bytes);

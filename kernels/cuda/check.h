@@ -34,7 +34,9 @@
 
 // After every <<<...>>> launch: a bad configuration (too many threads, too much shared memory, no
 // kernel image for this GPU) is reported here, naming the launcher. Errors of the kernel's
-// execution surface at the next synchronizing call.
+// execution surface at the next synchronizing call, unless REGEN_CUDA_SYNC=1
+// (cuda::sync_launches(), core/cuda/runtime.h): then the stream is synchronized here and a fault
+// is reported under this launcher's name.
 #define REGEN_CUDA_LAUNCH_CHECK(launcher)                                           \
   do {                                                                              \
     const cudaError_t regen_err_ = cudaGetLastError();                              \
@@ -45,6 +47,7 @@
                                    " failed: ", cudaGetErrorName(regen_err_), " (", \
                                    cudaGetErrorString(regen_err_), ")"));           \
     }                                                                               \
+    if (::regen::cuda::sync_launches()) ::regen::cuda::check_launch_completed(launcher); \
   } while (0)
 
 #endif

@@ -84,7 +84,11 @@ void upsample2x_nearest_backward(const float* dy, float* dx, int64_t NC, int64_t
 void upsample2x_bilinear_forward(const float* x, float* y, int64_t NC, int64_t H, int64_t W);
 void upsample2x_bilinear_backward(const float* dy, float* dx, int64_t NC, int64_t H, int64_t W);
 
-// Embedding (backward is deterministic: no floating-point atomics).
+// Embedding (kernels/cuda/embedding.cu). Backward is deterministic (no floating-point atomics)
+// and parallel over a frequent id: an id's rows are summed in token order in chunks of
+// kEmbeddingChunkRows (each chunk from zero), then the chunks' sums in order (from zero). An id
+// used at most kEmbeddingChunkRows times gets the CPU's sum bit for bit.
+inline constexpr int64_t kEmbeddingChunkRows = 256;
 void embedding_forward(const float* weight, const int64_t* ids, float* y, int64_t n, int64_t V,
                        int64_t D);
 void embedding_backward(const float* dy, const int64_t* ids, float* dweight, int64_t n, int64_t V,

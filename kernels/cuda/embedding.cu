@@ -2,12 +2,21 @@
 // kernels/cuda/cuda_kernels.h; CPU reference kernels/cpu/embedding.cpp; test
 // tests/cuda/test_cuda_ops.cpp).
 //
-// Backward without floating-point atomics: the token positions are sorted by id with CUB's radix
-// sort (stable, so equal ids keep increasing positions), dweight is zeroed, and the block at the
-// start of each run of equal ids sums that run's dy rows in position order. That is the CPU's
-// order (zeroed row, then every token's row added in token order), so the gradient is
-// bit-identical to the CPU's. A run is summed by one block; the loads of a few rows are issued
-// together to hide latency, the additions stay in order.
+// Backward without floating-point atomics, in an order fixed by the ids alone:
+// 1. the token positions are sorted by id with CUB's radix sort (stable: equal ids keep
+//    increasing positions), so each id's tokens form a run of the sorted array, in token order;
+// 2. every run is cut into chunks of R = kEmbeddingChunkRows sorted indices from its start (a
+//    mark kernel: the run's first index walks its run R at a time, so it costs L / R steps);
+// 3. one block per chunk sums the chunk's dy rows in order, from zero. A run of at most R rows is
+//    one chunk: its sum goes straight to its dweight row, and it is the CPU's sum (zeroed row,
+//    then every token's row in token order) bit for bit. A longer run's chunks write partial
+//    rows instead;
+// 4. one block per long run adds its chunks' partial rows in chunk order, from zero.
+// So a frequent id (padding, a common token) is spread over L / R blocks instead of serialising
+// the step in one, and the result is the same on every run. Partial rows: at most two chunks of
+// long runs start in any window [wR, (w+1)R) of the sorted array (a full chunk, and the last,
+// shorter chunk of another run), so slot 2w + (full ? 1 : 0) is unique, and 2 ceil(n / R) rows
+// hold them all; the workspace depends on n and D only.
 // Out-of-range ids: the smallest bad position is recorded in a device word (integer atomicMin,
 // timing-independent), the bad id is not dereferenced, and the launcher reads the word back (one
 // synchronization per call) and throws regen::Error naming the position and the id.
@@ -51,17 +60,50 @@ __global__ void embedding_keys_kernel(const int64_t* ids, int64_t n, int64_t V, 
   }
 }
 
-// sorted_keys, sorted_pos: (n); dy: (n, D) -> dweight rows of the ids present (others stay 0).
-// Block k handles the run starting at sorted index k (other blocks exit at once).
+constexpr int64_t kChunk = kEmbeddingChunkRows;
+constexpr uint8_t kRunStart = 1, kChunkStart = 2;  // chunk marks
+
+// sorted_keys: (n) -> marks: kRunStart at each run's first index, kChunkStart R, 2R, ... after it
+// (marks zeroed before).
+__global__ void embedding_mark_chunks_kernel(const uint32_t* sorted_keys, int64_t n,
+                                             uint8_t* marks) {
+  for (int64_t k = dev::global_thread(); k < n; k += dev::grid_stride()) {
+    const uint32_t key = sorted_keys[k];
+    if (k > 0 && sorted_keys[k - 1] == key) continue;
+    marks[k] = kRunStart;
+    // Sorted: an index R further on holds the same key only if everything between does too.
+    for (int64_t c = k + kChunk; c < n && sorted_keys[c] == key; c += kChunk) marks[c] = kChunkStart;
+  }
+}
+
+// The partial row of the chunk of a long run that starts at sorted index k (header comment).
+__device__ __forceinline__ int64_t partial_slot(int64_t k, bool full) {
+  return 2 * (k / kChunk) + (full ? 1 : 0);
+}
+
+// Block k sums the chunk starting at sorted index k (other blocks exit at once): into dweight's
+// row when the chunk is its whole run, else into its partial row.
 __global__ void __launch_bounds__(kThreads)
-    embedding_backward_kernel(const float* dy, const uint32_t* sorted_keys,
-                              const int32_t* sorted_pos, int64_t n, int64_t D, float* dweight) {
+    embedding_chunk_kernel(const float* dy, const uint32_t* sorted_keys, const int32_t* sorted_pos,
+                           const uint8_t* marks, int64_t n, int64_t D, float* dweight,
+                           float* partials) {
   const int64_t k = blockIdx.x;
+  const uint8_t mark = marks[k];
+  if (mark == 0) return;
   const uint32_t key = sorted_keys[k];
-  if (k > 0 && sorted_keys[k - 1] == key) return;
-  int64_t end = k + 1;
-  while (end < n && sorted_keys[end] == key) ++end;
-  float* out = dweight + static_cast<int64_t>(key) * D;
+  // The chunk's end: the first index of (k, min(k + R, n)) with another key (binary search on the
+  // sorted keys), else min(k + R, n).
+  int64_t lo = k + 1, hi = k + kChunk < n ? k + kChunk : n;
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    if (sorted_keys[mid] == key) lo = mid + 1;
+    else hi = mid;
+  }
+  const int64_t end = lo;
+  const bool run_ends = end == n || sorted_keys[end] != key;
+  float* out = mark == kRunStart && run_ends
+                   ? dweight + static_cast<int64_t>(key) * D
+                   : partials + partial_slot(k, end - k == kChunk) * D;
   for (int64_t c = threadIdx.x; c < D; c += kThreads) {
     float acc = 0.0f;
     int64_t t = k;
@@ -76,6 +118,26 @@ __global__ void __launch_bounds__(kThreads)
       acc = __fadd_rn(acc, a3);
     }
     for (; t < end; ++t) acc = __fadd_rn(acc, dy[static_cast<int64_t>(sorted_pos[t]) * D + c]);
+    out[c] = acc;
+  }
+}
+
+// Block k, when k starts a run longer than R, adds the run's partial rows in chunk order into its
+// dweight row (other blocks exit at once).
+__global__ void __launch_bounds__(kThreads)
+    embedding_combine_kernel(const uint32_t* sorted_keys, const uint8_t* marks, int64_t n,
+                             int64_t D, const float* partials, float* dweight) {
+  const int64_t k = blockIdx.x;
+  if (marks[k] != kRunStart) return;
+  const uint32_t key = sorted_keys[k];
+  if (k + kChunk >= n || sorted_keys[k + kChunk] != key) return;  // one chunk: already written
+  float* out = dweight + static_cast<int64_t>(key) * D;
+  for (int64_t c = threadIdx.x; c < D; c += kThreads) {
+    float acc = 0.0f;
+    for (int64_t s = k; s < n && sorted_keys[s] == key; s += kChunk) {
+      const bool full = s + kChunk <= n && sorted_keys[s + kChunk - 1] == key;
+      acc = __fadd_rn(acc, partials[partial_slot(s, full) * D + c]);
+    }
     out[c] = acc;
   }
 }
@@ -126,25 +188,36 @@ void embedding_backward(const float* dy, const int64_t* ids, float* dweight, int
       nullptr, sort_bytes, static_cast<const uint32_t*>(nullptr), static_cast<uint32_t*>(nullptr),
       static_cast<const int32_t*>(nullptr), static_cast<int32_t*>(nullptr), n, 0, end_bit,
       stream()));
-  // [bad (8 B) | pad to 256 | keys | positions | sorted keys | sorted positions | CUB scratch],
-  // each array rounded up to 256 bytes.
-  const uint64_t array_bytes = static_cast<uint64_t>(detail::ceil_div(n * 4, 256) * 256);
-  Workspace ws(detail::device(), 256 + 4 * array_bytes + sort_bytes);
+  // [bad (8 B) | pad to 256 | keys | positions | sorted keys | sorted positions | marks |
+  //  partial rows (2 ceil(n / R) x D) | CUB scratch], each part rounded up to 256 bytes.
+  auto round256 = [](int64_t bytes) { return static_cast<uint64_t>(detail::ceil_div(bytes, 256) * 256); };
+  const uint64_t array_bytes = round256(n * 4), mark_bytes = round256(n);
+  const uint64_t partial_bytes = round256(2 * detail::ceil_div(n, kChunk) * D * 4);
+  Workspace ws(detail::device(), 256 + 4 * array_bytes + mark_bytes + partial_bytes + sort_bytes);
   char* base = static_cast<char*>(ws.data());
   auto* bad = reinterpret_cast<unsigned long long*>(base);
   auto* keys = reinterpret_cast<uint32_t*>(base + 256);
   auto* positions = reinterpret_cast<int32_t*>(base + 256 + array_bytes);
   auto* sorted_keys = reinterpret_cast<uint32_t*>(base + 256 + 2 * array_bytes);
   auto* sorted_pos = reinterpret_cast<int32_t*>(base + 256 + 3 * array_bytes);
-  void* sort_temp = base + 256 + 4 * array_bytes;
+  auto* marks = reinterpret_cast<uint8_t*>(base + 256 + 4 * array_bytes);
+  auto* partials = reinterpret_cast<float*>(base + 256 + 4 * array_bytes + mark_bytes);
+  void* sort_temp = base + 256 + 4 * array_bytes + mark_bytes + partial_bytes;
   REGEN_CUDA_CHECK(cudaMemsetAsync(bad, 0xff, sizeof(unsigned long long), stream()));
+  REGEN_CUDA_CHECK(cudaMemsetAsync(marks, 0, static_cast<size_t>(n), stream()));
   embedding_keys_kernel<<<detail::grid_blocks(n, 256), 256, 0, stream()>>>(ids, n, V, keys,
                                                                            positions, bad);
   REGEN_CUDA_LAUNCH_CHECK(name);
   REGEN_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(sort_temp, sort_bytes, keys, sorted_keys,
                                                    positions, sorted_pos, n, 0, end_bit, stream()));
-  embedding_backward_kernel<<<static_cast<unsigned>(n), kThreads, 0, stream()>>>(
-      dy, sorted_keys, sorted_pos, n, D, dweight);
+  embedding_mark_chunks_kernel<<<detail::grid_blocks(n, 256), 256, 0, stream()>>>(sorted_keys, n,
+                                                                                  marks);
+  REGEN_CUDA_LAUNCH_CHECK(name);
+  embedding_chunk_kernel<<<static_cast<unsigned>(n), kThreads, 0, stream()>>>(
+      dy, sorted_keys, sorted_pos, marks, n, D, dweight, partials);
+  REGEN_CUDA_LAUNCH_CHECK(name);
+  embedding_combine_kernel<<<static_cast<unsigned>(n), kThreads, 0, stream()>>>(
+      sorted_keys, marks, n, D, partials, dweight);
   REGEN_CUDA_LAUNCH_CHECK(name);
   const unsigned long long first_bad = detail::read_back(bad);
   if (first_bad != kNone) report_bad_id(name, first_bad, ids, V);

@@ -164,6 +164,9 @@ TEST_CASE("emu embedding") {
   embedding_case(rng, 300, 50, 70);
   embedding_case(rng, 7, 5, 3);
   embedding_case(rng, 100, 3, 130);
+  embedding_case(rng, 700, 1, 33, embedding_ids(rng, {700}));
+  embedding_case(rng, 905, 3, 70, embedding_ids(rng, {300, 600, 5}));
+  embedding_case(rng, 600, 4, 5, embedding_ids(rng, {256, 257, 0, 87}));
   const std::vector<float> w(5 * 4, 1.0f), dy(3 * 4, 1.0f);
   const std::vector<int64_t> ids{0, 5, 2};
   DeviceArray<float> dw(w), ddy(dy), y(12), dweight(20);

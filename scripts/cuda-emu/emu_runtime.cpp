@@ -83,8 +83,30 @@ cudaError_t cudaStreamSynchronize(cudaStream_t) {
 }
 
 namespace regen::cuda {
+DeviceProbe classify_device_query(cudaError_t, int count, int driver, int runtime) {
+  DeviceProbe p;
+  p.count = count;
+  p.driver_version = driver;
+  p.runtime_version = runtime;
+  return p;
+}
+const DeviceProbe& probe_devices() {
+  static const DeviceProbe p = classify_device_query(cudaSuccess, 1, 0, 0);
+  return p;
+}
 int device_count() {
   return 1;
+}
+bool require_gpu() {
+  return false;
+}
+bool sync_launches() {
+  return false;  // every emulated launch runs to completion before it returns
+}
+void set_sync_launches(bool) {}
+void check_launch_completed(const char*) {}
+void copy_between_devices(void* d, int, const void* s, int, uint64_t n) {
+  std::memmove(d, s, n);
 }
 void set_device(int) {}
 int current_device() {

@@ -931,15 +931,63 @@ void global_pool_case(Rng& rng, int64_t NC, int64_t HW) {
 // --------------------------------------------------------------------------------------
 
 #if REGEN_HAVE_CPU_EMBEDDING
-void embedding_case(Rng& rng, int64_t n, int64_t V, int64_t D) {
+// dweight in the CUDA kernel's documented order (cuda_kernels.h): each id's rows in token order,
+// in chunks of kEmbeddingChunkRows summed from zero, then the chunks' sums in order from zero.
+std::vector<float> embedding_backward_chunked(const std::vector<float>& dy,
+                                              const std::vector<int64_t>& ids, int64_t V,
+                                              int64_t D) {
+  const int64_t R = cuda::kEmbeddingChunkRows;
+  std::vector<std::vector<int64_t>> rows(static_cast<size_t>(V));
+  for (size_t i = 0; i < ids.size(); ++i) rows[static_cast<size_t>(ids[i])].push_back(static_cast<int64_t>(i));
+  std::vector<float> dw(static_cast<size_t>(V * D), 0.0f);
+  for (int64_t v = 0; v < V; ++v) {
+    const auto& r = rows[static_cast<size_t>(v)];
+    for (int64_t c = 0; c < D; ++c) {
+      float total = 0.0f;
+      for (size_t start = 0; start < r.size(); start += static_cast<size_t>(R)) {
+        float chunk = 0.0f;
+        for (size_t t = start; t < r.size() && t < start + static_cast<size_t>(R); ++t)
+          chunk += dy[static_cast<size_t>(r[t] * D + c)];
+        total = r.size() <= static_cast<size_t>(R) ? chunk : total + chunk;
+      }
+      dw[static_cast<size_t>(v * D + c)] = total;
+    }
+  }
+  return dw;
+}
+
+// `hot`: every third token is one of a few ids (runs of equal ids); `runs`: the ids are given.
+void embedding_case(Rng& rng, int64_t n, int64_t V, int64_t D,
+                    std::vector<int64_t> given_ids = {}) {
   const auto w = rng.uniform(static_cast<size_t>(V * D)),
              dy = rng.uniform(static_cast<size_t>(n * D));
-  // Ids with many repeats (a small hot set plus the whole range): runs of equal ids.
-  auto ids = rng.ints(static_cast<size_t>(n), 0, V - 1);
-  for (size_t i = 0; i < ids.size(); i += 3) ids[i] = static_cast<int64_t>(i % 7) % V;
+  auto ids = given_ids;
+  if (ids.empty()) {
+    // Ids with many repeats (a small hot set plus the whole range): runs of equal ids.
+    ids = rng.ints(static_cast<size_t>(n), 0, V - 1);
+    for (size_t i = 0; i < ids.size(); i += 3) ids[i] = static_cast<int64_t>(i % 7) % V;
+  }
+  REQUIRE(static_cast<int64_t>(ids.size()) == n);
   std::vector<float> y(static_cast<size_t>(n * D)), dw(static_cast<size_t>(V * D));
   cpu::embedding_forward<float>(w.data(), ids.data(), y.data(), n, V, D);
   cpu::embedding_backward<float>(dy.data(), ids.data(), dw.data(), n, V, D);
+  // The documented order is the CPU's, bit for bit, for every id used at most R times; within
+  // rounding for the others.
+  const std::vector<float> chunked = embedding_backward_chunked(dy, ids, V, D);
+  std::vector<int64_t> uses(static_cast<size_t>(V), 0);
+  for (int64_t id : ids) ++uses[static_cast<size_t>(id)];
+  for (int64_t v = 0; v < V; ++v) {
+    const auto u = uses[static_cast<size_t>(v)];
+    for (int64_t c = 0; c < D; ++c) {
+      const size_t i = static_cast<size_t>(v * D + c);
+      if (u <= cuda::kEmbeddingChunkRows) {
+        REQUIRE_MESSAGE(same_bits(chunked[i], dw[i]), "id ", v, " column ", c);
+      } else {
+        REQUIRE_MESSAGE(std::fabs(chunked[i] - dw[i]) <= 1e-7 * static_cast<double>(u) + 1e-5,
+                        "id ", v, " column ", c);
+      }
+    }
+  }
   const std::string tag = str(" n=%lld V=%lld D=%lld", (long long)n, (long long)V, (long long)D);
   Case c("embedding_forward" + tag);
   const float* dw_ = c.in(w);
@@ -949,8 +997,16 @@ void embedding_case(Rng& rng, int64_t n, int64_t V, int64_t D) {
   Case b("embedding_backward" + tag);
   const float* ddy = b.in(dy);
   const int64_t* di2 = b.in(ids);
-  float* ddw = b.out("dweight", dw, kExact);  // the CPU's additions in the CPU's order
+  float* ddw = b.out("dweight", chunked, kExact);  // the documented order, exactly
   b.run([&] { cuda::embedding_backward(ddy, di2, ddw, n, V, D); });
+}
+
+// Ids in runs longer than one chunk, shuffled: `counts[v]` tokens of id v.
+std::vector<int64_t> embedding_ids(Rng& rng, const std::vector<int64_t>& counts) {
+  std::vector<int64_t> ids;
+  for (size_t v = 0; v < counts.size(); ++v) ids.insert(ids.end(), static_cast<size_t>(counts[v]), static_cast<int64_t>(v));
+  std::shuffle(ids.begin(), ids.end(), rng.gen);
+  return ids;
 }
 #endif
 
@@ -1399,6 +1455,16 @@ TEST_CASE("embedding") {
   embedding_case(rng, 2 * 128, 30000, 512);
   embedding_case(rng, 7, 5, 3);
   embedding_case(rng, 1000, 3, 130);
+  // Long runs: one id over 2.7 chunks; a long run's short last chunk and the next long run's
+  // first chunk in one window of the sorted array; a padding id at a third of the tokens of a
+  // seed-sized batch (32768 tokens), the case the chunks are for.
+  embedding_case(rng, 700, 1, 33, embedding_ids(rng, {700}));
+  embedding_case(rng, 905, 3, 70, embedding_ids(rng, {300, 600, 5}));
+  embedding_case(rng, 32768, 30000, 512, [&] {
+    auto ids = rng.ints(32768, 0, 29999);
+    for (size_t i = 0; i < ids.size(); i += 3) ids[i] = 0;
+    return ids;
+  }());
   // Out-of-range ids are regen::Errors, not crashes.
   const std::vector<float> w(5 * 4, 1.0f), dy(3 * 4, 1.0f);
   const std::vector<int64_t> ids{0, 5, 2};
