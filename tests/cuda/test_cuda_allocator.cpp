@@ -202,3 +202,30 @@ TEST_CASE("cuda tensors: kernel scratch is allocator memory in the workspace cat
   }
   CHECK(found);
 }
+
+TEST_CASE("cuda tensors: a copy to another GPU waits for the kernels writing its source") {
+  const int n = cuda::device_count();
+  if (n < 2) {
+    MESSAGE("one GPU visible: the cross-device copy needs two (skipped)");
+    return;
+  }
+  // The source is written by a queue of kernels on cuda:0's stream (a large fill, then repeated
+  // in-place updates); the copy to cuda:1 runs on cuda:1's stream and must see their result, not
+  // the memory before them.
+  for (int round = 0; round < 3; ++round) {
+    Tensor src = empty({64 << 20}, DType::f32, Device::cuda(0));  // 256 MiB
+    fill_(src, 1.0);
+    for (int k = 0; k < 8; ++k) fill_(src, 2.0 + k + round);
+    const Tensor dst = src.to(Device::cuda(1));
+    CHECK(dst.device() == Device::cuda(1));
+    const std::vector<float> got = dst.to(Device::cpu()).to_vector<float>();
+    const float want = static_cast<float>(9 + round);
+    size_t bad = 0;
+    for (float v : got) bad += v != want;
+    CHECK_MESSAGE(bad == 0, bad, " of ", got.size(), " elements differ from ", want);
+    // And back, from cuda:1's stream to cuda:0.
+    Tensor back = empty(dst.shape(), DType::f32, Device::cuda(0));
+    back.copy_from(dst);
+    CHECK(back.to(Device::cpu()).to_vector<float>() == got);
+  }
+}
