@@ -1,28 +1,41 @@
 #!/usr/bin/env bash
-# The GPU work of issues 6 and 7, in phases, for a session lent a GPU machine through the device
-# tool. That machine starts bare, has no package registry, and keeps nothing between sessions; what
-# a command writes under $OUT comes back (at most 8 files), so each phase packs its results into
-# one tarball, also when it fails or runs out of time.
+# The GPU programme, in phases, for a session lent a GPU machine through the device tool (README,
+# "On a GPU machine"). That machine starts bare, has no package registry, and keeps nothing between
+# sessions; what a command writes under $OUT comes back (at most 8 files), so each phase packs its
+# results into one tarball, also when it fails or runs out of time.
 #
 # Before the first call, here: `bash scripts/gpu-deps.sh` (copies the header-only dependencies into
 # the git-ignored .gpu-deps/), then call the device tool with carry [".gpu-deps"]. Suggested calls
 # (each ends inside the 10-minute limit: every long command gets a share of GPU_SESSION_S):
-#   1. bash scripts/gpu-session.sh probe build test kernels
-#   2. bash scripts/gpu-session.sh resnet transformer
-#   3. bash scripts/gpu-session.sh torch fit
+#   1. bash scripts/gpu-session.sh probe build test
+#   2. bash scripts/gpu-session.sh sanitize kernels
+#   3. bash scripts/gpu-session.sh resnet transformer
+#   4. bash scripts/gpu-session.sh torch fit
 # A warm machine keeps build-gpu between calls; on a fresh one, `build` comes first again.
 #
+# Every phase runs with REGEN_REQUIRE_GPU=1: a GPU suite that finds no GPU, or a CUDA runtime that
+# fails, is a failure here, never a skip.
+#
 # Phases:
-#   probe        what the machine has: GPU, driver, nvcc, cmake, compilers, cuBLAS/cuDNN, PyTorch
+#   probe        what the machine has: GPU, driver, kernel (Firecracker or gVisor: compute-sanitizer
+#                works only on Firecracker), nvcc, cmake, compilers, cuBLAS/cuDNN, PyTorch
 #   build        configure (REGEN_CUDA=ON, sm_90) and build Release in build-gpu
-#   test         the four CUDA suites with full output, compute-sanitizer memcheck on test_cuda_ops
-#                and test_cuda_remat, then every other test through ctest
-#   kernels      regen bench kernels (native vs cuDNN convolution, attention, layernorm, GEMM)
-#   resnet       regen sweep on cuda, ResNet-152 at batches 16,32,64,128 (one sweep per batch, the
-#                smallest first): no remat, and blocks, sqrt, mutwo at 70%, 50%, lowest
+#   test         every CUDA suite with full output and REGEN_CUDA_SYNC=1 (a kernel fault is named
+#                after its launcher), then every test through ctest (CUDA suites included)
+#   sanitize     compute-sanitizer: memcheck with REGEN_ALLOC_DIRECT=1 (every block its own
+#                cudaMalloc of its exact size, so an overrun of a tensor is seen, not hidden inside a
+#                cached segment) over the op, op-table, autograd and remat suites; racecheck and
+#                synccheck over the kernels with shared memory and barriers. No leak check: the
+#                process-wide allocators and the library handles are kept on purpose
+#   kernels      regen bench kernels (native vs cuDNN convolution, attention, layernorm, GEMM), in
+#                TF32 (the benchmark default) and in strict FP32
+#   resnet       regen sweep on cuda in TF32, ResNet-152 at batches 16,32,64,128 (one sweep per
+#                batch, the smallest first): no remat, and blocks, sqrt, mutwo, dp at 70%, 50%,
+#                lowest
 #   transformer  the same for the Transformer at batches 32,64,128,256
 #   torch        tools/torch_baseline.py for both models and the same batches (eager, per-block
-#                checkpoint, torch.compile with activation_memory_budget 0.5), FP32 like regen
+#                checkpoint, torch.compile with activation_memory_budget 0.5), in TF32 like the
+#                sweeps
 #   fit          the largest batch whose plan fits 16 GiB for none, blocks and mutwo (both models),
 #                each then trained for 3 steps to measure its peak
 # Usage: bash scripts/gpu-session.sh PHASE [PHASE...]
@@ -37,6 +50,7 @@ work="$out/work"
 mkdir -p "$work"
 jobs="$(nproc)"
 deadline=$((SECONDS + ${GPU_SESSION_S:-570}))
+export REGEN_REQUIRE_GPU=1
 
 log() { echo "[gpu-session $(date -u +%H:%M:%S) +${SECONDS}s] $*"; }
 
@@ -71,6 +85,7 @@ phase_probe() {
   {
     nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version,clocks.sm,clocks.max.sm \
       --format=csv
+    echo "kernel $(uname -r) ($(uname -r | grep -q '^4\.4\.0' && echo gVisor || echo 'not gVisor'))"
     echo "nproc $(nproc); $(free -g | sed -n 2p)"
     command -v nvcc && nvcc --version | tail -2
     command -v cmake && cmake --version | head -1
@@ -98,37 +113,72 @@ phase_build() {
   log "built"
 }
 
+# The CUDA suites: every tests/test_cuda_* binary but test_cuda_runtime (a CPU suite of ctest's).
+cuda_suites() {
+  local t
+  for t in "$build"/tests/test_cuda_*; do
+    [ -x "$t" ] && [ "$(basename "$t")" != test_cuda_runtime ] && basename "$t"
+  done
+}
+
 phase_test() {
   [ -x "$regen" ] || { log "no $regen: run the build phase first"; return 1; }
-  local t rc
-  for t in test_cuda_allocator test_cuda_ops test_cuda_autograd test_cuda_remat; do
-    limited 150 "$build/tests/$t" -s > "$work/$t.txt" 2>&1; rc=$?
-    log "$t exit $rc: $(grep -E '^\[doctest\] (test cases|assertions)' "$work/$t.txt" | tr '\n' ' ')"
-    [ "$rc" -ne 0 ] && grep -E "ERROR|FAILED|error" "$work/$t.txt" | head -15
+  local t rc status=0
+  for t in $(cuda_suites); do
+    REGEN_CUDA_SYNC=1 limited 150 "$build/tests/$t" -s > "$work/$t.txt" 2>&1; rc=$?
+    log "$t (REGEN_CUDA_SYNC=1) exit $rc: $(grep -E '^\[doctest\] (test cases|assertions)' "$work/$t.txt" | tr '\n' ' ')"
+    [ "$rc" -ne 0 ] && { status=1; grep -E "ERROR|FAILED|error" "$work/$t.txt" | head -15; }
   done
-  if [ -n "$sanitizer" ]; then
-    for t in test_cuda_ops test_cuda_remat; do
-      limited 150 "$sanitizer" --tool memcheck --leak-check full --error-exitcode 99 \
-        "$build/tests/$t" > "$work/memcheck_$t.txt" 2>&1; rc=$?
-      log "memcheck $t exit $rc: $(grep -E 'ERROR SUMMARY' "$work/memcheck_$t.txt" | tail -1)"
-    done
-  else
-    log "compute-sanitizer not found"
+  (cd "$build" && limited 240 ctest -j "$jobs" --output-on-failure) > "$work/ctest.txt" 2>&1 \
+    || status=1
+  log "ctest (every suite, GPU ones included): $(grep -E 'tests passed|tests failed' "$work/ctest.txt")"
+  grep -E "Not Run|Skipped|\*\*\*Failed|Failed  " "$work/ctest.txt" | head -20
+  return $status
+}
+
+# sanitize_run TOOL NAME SHARE SUITE [ARGS...]: one compute-sanitizer run into $work/TOOL_NAME.txt.
+sanitize_run() {
+  local tool=$1 name=$2 share=$3 suite=$4 rc; shift 4
+  REGEN_ALLOC_DIRECT=1 limited "$share" "$sanitizer" --tool "$tool" --error-exitcode 99 \
+    --print-limit 50 "$build/tests/$suite" "$@" > "$work/${tool}_$name.txt" 2>&1; rc=$?
+  log "$tool $name exit $rc: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$work/${tool}_$name.txt" | tail -1)"
+  [ "$rc" -eq 99 ] && grep -E "^========= (Invalid|Race|Barrier|Uninit|Error)" "$work/${tool}_$name.txt" \
+    | sort | uniq -c | sort -rn | head -10
+  return $rc
+}
+
+phase_sanitize() {
+  [ -x "$regen" ] || { log "no $regen: run the build phase first"; return 1; }
+  [ -n "$sanitizer" ] || { log "compute-sanitizer not found"; return 1; }
+  if uname -r | grep -q '^4\.4\.0'; then
+    log "this machine runs gVisor: compute-sanitizer refuses the device there (Firecracker only)"
+    return 1
   fi
-  (cd "$build" && limited 150 ctest -LE gpu -j "$jobs" --output-on-failure) > "$work/ctest_cpu.txt" 2>&1
-  log "ctest (CPU suites) exit $?: $(grep -E 'tests passed|tests failed' "$work/ctest_cpu.txt")"
+  local status=0
+  local shared="attention,conv2d*,conv_transpose2d*,layernorm,softmax,cross_entropy,linear_cross_entropy,batchnorm,embedding,pool"
+  sanitize_run memcheck ops 150 test_cuda_ops || status=1
+  sanitize_run memcheck op_table 90 test_cuda_op_table || status=1
+  sanitize_run memcheck autograd 90 test_cuda_autograd || status=1
+  sanitize_run racecheck ops 100 test_cuda_ops -tc="$shared" || status=1
+  sanitize_run synccheck ops 60 test_cuda_ops -tc="$shared" || status=1
+  sanitize_run memcheck remat 90 test_cuda_remat || status=1
+  return $status
 }
 
 phase_kernels() {
-  limited 240 "$regen" bench kernels > "$work/bench_kernels.txt" 2>&1; log "bench kernels exit $?"
-  tail -70 "$work/bench_kernels.txt"
+  local math
+  for math in tf32 fp32; do
+    limited 200 "$regen" bench kernels --math "$math" > "$work/bench_kernels_$math.txt" 2>&1
+    log "bench kernels --math $math exit $?"
+    tail -70 "$work/bench_kernels_$math.txt"
+  done
 }
 
 sweep() {  # sweep MODEL BATCHES SHARE: one regen sweep per batch, smallest first
   local model=$1 b
   for b in ${2//,/ }; do
-    limited "$3" "$regen" sweep --device cuda --model "$model" --batches "$b" \
-      --policies blocks,sqrt,mutwo --budgets 70%,50%,lowest --steps 4 \
+    limited "$3" "$regen" sweep --device cuda --math tf32 --model "$model" --batches "$b" \
+      --policies blocks,sqrt,mutwo,dp --budgets 70%,50%,lowest --steps 4 \
       --out "$work/sweep_${model}_b$b" --plot > "$work/sweep_${model}_b$b.txt" 2>&1
     log "regen sweep $model batch $b exit $?"
     grep -E "^   |no remat" "$work/sweep_${model}_b$b.txt"
@@ -137,7 +187,7 @@ sweep() {  # sweep MODEL BATCHES SHARE: one regen sweep per batch, smallest firs
 
 torch_baseline() {  # torch_baseline MODEL BATCHES SHARE
   PYTHONUNBUFFERED=1 limited "$3" python3 tools/torch_baseline.py --device cuda --model "$1" \
-    --batches "$2" --modes eager,checkpoint,compile --math fp32 --csv "$work/torch_$1.csv" \
+    --batches "$2" --modes eager,checkpoint,compile --math tf32 --csv "$work/torch_$1.csv" \
     > "$work/torch_$1.txt" 2>&1
   log "torch_baseline $1 exit $?"; cat "$work/torch_$1.txt" | grep -v Warning | tail -14
 }
