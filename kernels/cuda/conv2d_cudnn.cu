@@ -6,8 +6,15 @@
 // - One cuDNN handle per device, bound to regen::cuda::stream().
 // - Descriptors and algorithm choices are cached per (device, shape, TF32 setting).
 // - Algorithms come from cuDNN's heuristics (the *_v7 queries), keeping only those cuDNN reports
-//   as CUDNN_DETERMINISTIC, and, unless TF32 is enabled (set_tf32), only plain-FP32 ones
-//   (CUDNN_FMA_MATH), so the comparison with the FP32 native kernels is like for like.
+//   as CUDNN_DETERMINISTIC and, in FP32 mode, only plain-FP32 ones (CUDNN_FMA_MATH), so the
+//   comparison with the FP32 native kernels is like for like. With TF32 enabled (set_tf32) an
+//   algorithm may also use tensor cores (CUDNN_DEFAULT_MATH or CUDNN_TENSOR_OP_MATH: TF32 for FP32
+//   data on Ampere and later), never down-conversion to FP16
+//   (CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION).
+// - Each pass (forward, backward data, backward filter) has its own convolution descriptor, set to
+//   the math type cuDNN reported for the algorithm chosen for that pass: cuDNN runs an algorithm
+//   with the descriptor's math type, so both must be the pair the heuristic proposed (as PyTorch
+//   does after its search). The descriptors are set once, when the plan is made, never per call.
 // - Workspaces come from regen's allocator per call (Workspace, category workspace), capped at
 //   kMaxWorkspace; cuDNN never allocates device memory for a convolution itself.
 #ifdef REGEN_WITH_CUDNN
@@ -32,7 +39,9 @@ constexpr size_t kMaxWorkspace = 1ull << 30;
 struct Plan {
   cudnnTensorDescriptor_t x = nullptr, y = nullptr, bias = nullptr;
   cudnnFilterDescriptor_t w = nullptr;
-  cudnnConvolutionDescriptor_t conv = nullptr;
+  // Same geometry; the math type of the pass's algorithm.
+  cudnnConvolutionDescriptor_t fwd_conv = nullptr, bwd_data_conv = nullptr,
+                               bwd_filter_conv = nullptr;
   cudnnConvolutionFwdAlgo_t fwd{};
   cudnnConvolutionBwdDataAlgo_t bwd_data{};
   cudnnConvolutionBwdFilterAlgo_t bwd_filter{};
@@ -61,23 +70,40 @@ int i32(int64_t v) {
   return static_cast<int>(v);
 }
 
+// The math type the heuristics are asked with: tensor cores allowed (TF32) or FMA only (FP32).
 cudnnMathType_t wanted_math() {
   return tf32_enabled() ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH;
 }
 
-// Picks the first heuristic result that succeeded, is deterministic, fits the workspace cap and
-// uses the wanted math.
+// Whether an algorithm's math type is one the current mode allows: FP32 only FMA; TF32 also
+// tensor cores, but never FP16 down-conversion.
+bool math_allowed(cudnnMathType_t m) {
+  if (m == CUDNN_FMA_MATH) return true;
+  return tf32_enabled() && (m == CUDNN_DEFAULT_MATH || m == CUDNN_TENSOR_OP_MATH);
+}
+
+// The first heuristic result that succeeded, is deterministic, fits the workspace cap and uses an
+// allowed math type, or nullptr.
 template <class Perf>
-bool pick(const Perf* perf, int count, decltype(Perf{}.algo) & algo) {
+const Perf* pick(const Perf* perf, int count) {
   for (int i = 0; i < count; ++i) {
     if (perf[i].status != CUDNN_STATUS_SUCCESS) continue;
     if (perf[i].determinism != CUDNN_DETERMINISTIC) continue;
     if (perf[i].memory > kMaxWorkspace) continue;
-    if (!tf32_enabled() && perf[i].mathType != CUDNN_FMA_MATH) continue;
-    algo = perf[i].algo;
-    return true;
+    if (!math_allowed(perf[i].mathType)) continue;
+    return &perf[i];
   }
-  return false;
+  return nullptr;
+}
+
+cudnnConvolutionDescriptor_t conv_descriptor(const ConvShape& s) {
+  cudnnConvolutionDescriptor_t d = nullptr;
+  REGEN_CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&d));
+  REGEN_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(d, i32(s.pad_h), i32(s.pad_w), i32(s.stride_h),
+                                                    i32(s.stride_w), 1, 1, CUDNN_CROSS_CORRELATION,
+                                                    CUDNN_DATA_FLOAT));
+  REGEN_CUDNN_CHECK(cudnnSetConvolutionMathType(d, wanted_math()));
+  return d;
 }
 
 Plan& plan_for(const ConvShape& s) {
@@ -106,7 +132,6 @@ Plan& plan_for(const ConvShape& s) {
   REGEN_CUDNN_CHECK(cudnnCreateTensorDescriptor(&p.y));
   REGEN_CUDNN_CHECK(cudnnCreateTensorDescriptor(&p.bias));
   REGEN_CUDNN_CHECK(cudnnCreateFilterDescriptor(&p.w));
-  REGEN_CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&p.conv));
   REGEN_CUDNN_CHECK(cudnnSetTensor4dDescriptor(p.x, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, i32(s.N),
                                                i32(s.C), i32(s.H), i32(s.W)));
   REGEN_CUDNN_CHECK(cudnnSetTensor4dDescriptor(p.y, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, i32(s.N),
@@ -115,47 +140,54 @@ Plan& plan_for(const ConvShape& s) {
       cudnnSetTensor4dDescriptor(p.bias, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, 1, i32(s.K), 1, 1));
   REGEN_CUDNN_CHECK(cudnnSetFilter4dDescriptor(p.w, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, i32(s.K),
                                                i32(s.C), i32(s.R), i32(s.S)));
-  REGEN_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(p.conv, i32(s.pad_h), i32(s.pad_w),
-                                                    i32(s.stride_h), i32(s.stride_w), 1, 1,
-                                                    CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
-  REGEN_CUDNN_CHECK(cudnnSetConvolutionMathType(p.conv, wanted_math()));
+  p.fwd_conv = conv_descriptor(s);
+  p.bwd_data_conv = conv_descriptor(s);
+  p.bwd_filter_conv = conv_descriptor(s);
   int n, P, Q, K;
-  REGEN_CUDNN_CHECK(cudnnGetConvolution2dForwardOutputDim(p.conv, p.x, p.w, &n, &K, &P, &Q));
+  REGEN_CUDNN_CHECK(cudnnGetConvolution2dForwardOutputDim(p.fwd_conv, p.x, p.w, &n, &K, &P, &Q));
   REGEN_CHECK(n == s.N && K == s.K && P == s.P && Q == s.Q, "cuDNN convolution: output ", n, "x", K,
               "x", P, "x", Q, " differs from regen's shape");
 
+  // Per pass: the heuristics' candidates, the first allowed one, then its math type on the pass's
+  // descriptor before the workspace query (the size depends on the pair) and every call.
   constexpr int kMaxAlgos = 16;
   int count = 0;
   cudnnConvolutionFwdAlgoPerf_t fwd[kMaxAlgos];
   REGEN_CUDNN_CHECK(
-      cudnnGetConvolutionForwardAlgorithm_v7(h, p.x, p.w, p.conv, p.y, kMaxAlgos, &count, fwd));
-  p.have_fwd = pick(fwd, count, p.fwd);
-  if (p.have_fwd) {
+      cudnnGetConvolutionForwardAlgorithm_v7(h, p.x, p.w, p.fwd_conv, p.y, kMaxAlgos, &count, fwd));
+  if (const auto* chosen = pick(fwd, count)) {
+    p.have_fwd = true;
+    p.fwd = chosen->algo;
+    REGEN_CUDNN_CHECK(cudnnSetConvolutionMathType(p.fwd_conv, chosen->mathType));
     REGEN_CUDNN_CHECK(
-        cudnnGetConvolutionForwardWorkspaceSize(h, p.x, p.w, p.conv, p.y, p.fwd, &p.fwd_bytes));
+        cudnnGetConvolutionForwardWorkspaceSize(h, p.x, p.w, p.fwd_conv, p.y, p.fwd, &p.fwd_bytes));
   }
   cudnnConvolutionBwdDataAlgoPerf_t bd[kMaxAlgos];
-  REGEN_CUDNN_CHECK(
-      cudnnGetConvolutionBackwardDataAlgorithm_v7(h, p.w, p.y, p.conv, p.x, kMaxAlgos, &count, bd));
-  p.have_bwd_data = pick(bd, count, p.bwd_data);
-  if (p.have_bwd_data) {
-    REGEN_CUDNN_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(h, p.w, p.y, p.conv, p.x,
-                                                                   p.bwd_data, &p.bwd_data_bytes));
+  REGEN_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(h, p.w, p.y, p.bwd_data_conv, p.x,
+                                                                kMaxAlgos, &count, bd));
+  if (const auto* chosen = pick(bd, count)) {
+    p.have_bwd_data = true;
+    p.bwd_data = chosen->algo;
+    REGEN_CUDNN_CHECK(cudnnSetConvolutionMathType(p.bwd_data_conv, chosen->mathType));
+    REGEN_CUDNN_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(
+        h, p.w, p.y, p.bwd_data_conv, p.x, p.bwd_data, &p.bwd_data_bytes));
   }
   cudnnConvolutionBwdFilterAlgoPerf_t bf[kMaxAlgos];
-  REGEN_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, p.x, p.y, p.conv, p.w,
-                                                                  kMaxAlgos, &count, bf));
-  p.have_bwd_filter = pick(bf, count, p.bwd_filter);
-  if (p.have_bwd_filter) {
+  REGEN_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, p.x, p.y, p.bwd_filter_conv,
+                                                                  p.w, kMaxAlgos, &count, bf));
+  if (const auto* chosen = pick(bf, count)) {
+    p.have_bwd_filter = true;
+    p.bwd_filter = chosen->algo;
+    REGEN_CUDNN_CHECK(cudnnSetConvolutionMathType(p.bwd_filter_conv, chosen->mathType));
     REGEN_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterWorkspaceSize(
-        h, p.x, p.y, p.conv, p.w, p.bwd_filter, &p.bwd_filter_bytes));
+        h, p.x, p.y, p.bwd_filter_conv, p.w, p.bwd_filter, &p.bwd_filter_bytes));
   }
   return plans.emplace(key, p).first->second;
 }
 
 void no_algo(const char* pass, const ConvShape& s) {
-  REGEN_FAIL("cuDNN offers no deterministic ", tf32_enabled() ? "" : "FP32 (FMA) ", pass,
-             " algorithm for conv N=", s.N, " C=", s.C, " H=", s.H, " W=", s.W, " K=", s.K,
+  REGEN_FAIL("cuDNN offers no deterministic ", tf32_enabled() ? "FP32 or TF32 " : "FP32 (FMA) ",
+             pass, " algorithm for conv N=", s.N, " C=", s.C, " H=", s.H, " W=", s.W, " K=", s.K,
              " R=", s.R, " S=", s.S, " stride ", s.stride_h, "x", s.stride_w, " pad ", s.pad_h, "x",
              s.pad_w, "; use set_conv_algo(native)");
 }
@@ -167,7 +199,7 @@ void forward(const float* x, const float* w, const float* bias, float* y, const 
   if (!p.have_fwd) no_algo("forward", s);
   Workspace ws(detail::device(), p.fwd_bytes);
   const float one = 1.0f, zero = 0.0f;
-  REGEN_CUDNN_CHECK(cudnnConvolutionForward(handle(), &one, p.x, x, p.w, w, p.conv, p.fwd,
+  REGEN_CUDNN_CHECK(cudnnConvolutionForward(handle(), &one, p.x, x, p.w, w, p.fwd_conv, p.fwd,
                                             ws.data(), p.fwd_bytes, &zero, p.y, y));
   if (bias) REGEN_CUDNN_CHECK(cudnnAddTensor(handle(), &one, p.bias, bias, &one, p.y, y));
 }
@@ -177,7 +209,7 @@ void backward_data(const float* dy, const float* w, float* dx, const ConvShape& 
   if (!p.have_bwd_data) no_algo("backward-data", s);
   Workspace ws(detail::device(), p.bwd_data_bytes);
   const float one = 1.0f, zero = 0.0f;
-  REGEN_CUDNN_CHECK(cudnnConvolutionBackwardData(handle(), &one, p.w, w, p.y, dy, p.conv,
+  REGEN_CUDNN_CHECK(cudnnConvolutionBackwardData(handle(), &one, p.w, w, p.y, dy, p.bwd_data_conv,
                                                  p.bwd_data, ws.data(), p.bwd_data_bytes, &zero,
                                                  p.x, dx));
 }
@@ -187,9 +219,9 @@ void backward_filter(const float* x, const float* dy, float* dw, const ConvShape
   if (!p.have_bwd_filter) no_algo("backward-filter", s);
   Workspace ws(detail::device(), p.bwd_filter_bytes);
   const float one = 1.0f, zero = 0.0f;
-  REGEN_CUDNN_CHECK(cudnnConvolutionBackwardFilter(handle(), &one, p.x, x, p.y, dy, p.conv,
-                                                   p.bwd_filter, ws.data(), p.bwd_filter_bytes,
-                                                   &zero, p.w, dw));
+  REGEN_CUDNN_CHECK(cudnnConvolutionBackwardFilter(handle(), &one, p.x, x, p.y, dy,
+                                                   p.bwd_filter_conv, p.bwd_filter, ws.data(),
+                                                   p.bwd_filter_bytes, &zero, p.w, dw));
 }
 
 }  // namespace regen::cuda::cudnn_conv
