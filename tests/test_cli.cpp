@@ -517,18 +517,18 @@ TEST_CASE("cli: --help lists every flag") {
   const Result r = regen_run(dir, {"train", "--help"});
   CHECK(r.status == 0);
   for (const char* flag :
-       {"--model",         "--batch",        "--device",       "--image-size", "--num-classes",
-        "--seq-len",       "--vocab",        "--dropout",      "--optimizer",  "--lr",
-        "--momentum",      "--weight-decay", "--seed",         "--threads",    "--data",
-        "--conv",          "--tf32",         "--steps",        "--save",       "--load",
-        "--policy",        "--budget",       "--chain",        "--profile",    "--plan",
-        "--profile-steps", "--progress",     "--lm-head-chunk"}) {
+       {"--model",    "--batch",         "--device",   "--image-size",   "--num-classes",
+        "--seq-len",  "--vocab",         "--dropout",  "--optimizer",    "--lr",
+        "--momentum", "--weight-decay",  "--seed",     "--threads",      "--data",
+        "--conv",     "--tf32",          "--math",     "--steps",        "--save",
+        "--load",     "--policy",        "--budget",   "--chain",        "--profile",
+        "--plan",     "--profile-steps", "--progress", "--lm-head-chunk"}) {
     CHECK_MESSAGE(has(r.out, flag), "train --help lacks ", flag);
   }
   const Result b = regen_run(dir, {"bench", "train", "--help"});
   CHECK(b.status == 0);
   for (const char* flag : {"--model", "--batch", "--vocab", "--warmup", "--steps", "--json",
-                           "--torch-csv", "--threads"}) {
+                           "--torch-csv", "--threads", "--math", "--tf32"}) {
     CHECK_MESSAGE(has(b.out, flag), "bench train --help lacks ", flag);
   }
   const Result all = regen_run(dir, {"--help-all"});
@@ -781,6 +781,174 @@ TEST_CASE("cli: frontier refuses bad flags before any work") {
   CHECK(plan.status == 0);
   CHECK(has(plan.out, "plan only"));
   CHECK(read_csv(out + "/frontier.csv").size() == 2 + 2);
+}
+
+// The math mode: --math fp32|tf32 and its synonym --tf32 on every command that runs kernels; a
+// conflicting pair and tf32 on the CPU refused before any work, naming the flags; every figure the
+// tools write names the mode (on the CPU always fp32: every CPU kernel is FP32); profiles record
+// it, and profiles written before --math (--tf32 on|off) are read as --math.
+TEST_CASE("cli: --math and --tf32: defaults, conflicts, the CPU, and the math column") {
+  using tool::math_mode;
+  const Device cpu = Device::cpu(), gpu = Device::cuda(0);
+  // Training and everything else: fp32 unless asked; benchmarks: tf32 on CUDA; the CPU: fp32.
+  CHECK(math_mode("", false, gpu) == "fp32");
+  CHECK(math_mode("", false, gpu, tool::kBenchMath) == "tf32");
+  CHECK(math_mode("fp32", false, gpu, tool::kBenchMath) == "fp32");
+  CHECK(math_mode("", true, gpu) == "tf32");
+  CHECK(math_mode("tf32", true, gpu) == "tf32");  // the synonym beside its own value agrees
+  CHECK(math_mode("", false, cpu, tool::kBenchMath) == "fp32");
+  CHECK(math_mode("fp32", false, cpu) == "fp32");
+  CHECK(has(error_of([&] { math_mode("", true, cpu); }), "--tf32 applies to CUDA devices"));
+  CHECK(has(error_of([&] { math_mode("fp32", true, gpu); }),
+            "--tf32 (the same as --math tf32) conflicts with --math fp32"));
+  CHECK(has(error_of([&] { math_mode("fp16", false, gpu); }),
+            "--math must be fp32 or tf32, got 'fp16'"));
+  // Flags filled in code (regen.Model) are checked as the command line's are.
+  tool::ModelFlags m;
+  m.math = "fp32";
+  m.tf32 = true;
+  CHECK(has(error_of([&] { tool::check_model_flags(m); }), "conflicts with --math fp32"));
+  m.math = "bf16";
+  m.tf32 = false;
+  CHECK(has(error_of([&] { tool::check_model_flags(m); }),
+            "--math must be fp32 or tf32, got 'bf16'"));
+
+  TempDir dir;
+  expect_failure(dir, tiny({"--math", "bogus"}), {"--math must be fp32 or tf32, got 'bogus'"});
+  expect_failure(dir, tiny({"--math", "fp32", "--tf32"}),
+                 {"--tf32 (the same as --math tf32) conflicts with --math fp32"});
+  expect_failure(dir, tiny({"--tf32", "--math", "fp32"}), {"--tf32", "conflicts with --math fp32"});
+  expect_failure(dir, tiny({"--math", "tf32", "--device", "cpu"}),
+                 {"--math tf32 applies to CUDA devices", "on cpu every kernel computes in FP32"});
+  expect_failure(dir, tiny({"--tf32", "--device", "cpu"}), {"--tf32 applies to CUDA devices"});
+  {
+    // --math tf32 --tf32 is no conflict: on the CPU the error is the device's.
+    const Result r = regen_run(dir, tiny({"--math", "tf32", "--tf32", "--device", "cpu"}));
+    CHECK(r.status == 1);
+    CHECK(has(r.err, "--math tf32 applies to CUDA devices"));
+    CHECK(!has(r.err, "conflicts"));
+  }
+  expect_failure(
+      dir, {"bench", "train", "--model", "transformer-tiny", "--device", "cpu", "--math", "tf32"},
+      {"--math tf32 applies to CUDA devices"});
+  expect_failure(dir, {"bench", "train", "--model", "transformer-tiny", "--math", "fp32", "--tf32"},
+                 {"conflicts with --math fp32"});
+#ifdef REGEN_WITH_CUDA  // bench kernels exists in CUDA builds only
+  // bench kernels names a flag mistake before a missing GPU.
+  expect_failure(dir, {"bench", "kernels", "--math", "fp32", "--tf32"},
+                 {"conflicts with --math fp32"});
+  expect_failure(dir, {"bench", "kernels", "--math", "fp16"}, {"--math must be fp32 or tf32"});
+#endif
+  expect_failure(dir, {"bench", "ops", "--math", "tf32", "--device", "cpu"},
+                 {"--math tf32 applies to CUDA devices"});
+  expect_failure(dir, {"bench", "ops", "--math", "fp32", "--tf32"}, {"conflicts with --math fp32"});
+  // sweep and frontier: refused before their output folder is made.
+  expect_failure(dir,
+                 {"sweep", "--model", "transformer-tiny", "--device", "cpu", "--math", "tf32",
+                  "--out", dir.file("sw_never")},
+                 {"--math tf32 applies to CUDA devices"});
+  expect_failure(dir,
+                 {"frontier", "--model", "transformer-tiny", "--device", "cpu", "--tf32", "--out",
+                  dir.file("fr_never")},
+                 {"--tf32 applies to CUDA devices"});
+  CHECK(!std::filesystem::exists(dir.file("sw_never")));
+  CHECK(!std::filesystem::exists(dir.file("fr_never")));
+
+  // The mode in what the tools print and write (CPU runs: fp32).
+  const Result train =
+      regen_run(dir, tiny({"--steps", "2", "--batch", "2", "--math", "fp32", "--device", "cpu"}));
+  CAPTURE(train.err);
+  REQUIRE(train.status == 0);
+  CHECK(has(train.out, "on cpu, math fp32, "));
+  CHECK(has(train.out, "summary: transformer-tiny on cpu, batch 2, 2 steps, math fp32"));
+  const Result bench = regen_run(dir, {"bench", "train", "--model", "transformer-tiny", "--batch",
+                                       "2", "--warmup", "0", "--steps", "1", "--device", "cpu"});
+  REQUIRE(bench.status == 0);
+  CHECK(has(bench.out, "math fp32"));
+  const std::string ops_json = dir.file("ops.json");
+  const Result ops = regen_run(
+      dir, {"bench", "ops", "--only", "gemm 256x3136x64", "--repeats", "1", "--json", ops_json});
+  CAPTURE(ops.err);
+  REQUIRE(ops.status == 0);
+  CHECK(has(ops.out, "f32, math fp32, median of 1 runs"));
+  CHECK(nlohmann::json::parse(read_file(ops_json)).at("math") == "fp32");
+
+  // A CSV as rows of named fields, every row as wide as the header.
+  auto rows_of = [](const std::string& path) {
+    std::vector<std::map<std::string, std::string>> rows;
+    const std::string text = read_file(path);
+    std::vector<std::string> header;
+    size_t start = 0;
+    while (start < text.size()) {
+      const size_t end = text.find('\n', start);
+      REQUIRE(end != std::string::npos);
+      const std::vector<std::string> fields = split_csv_line(text.substr(start, end - start));
+      start = end + 1;
+      if (header.empty()) {
+        header = fields;
+        continue;
+      }
+      REQUIRE(fields.size() == header.size());
+      std::map<std::string, std::string> row;
+      for (size_t i = 0; i < fields.size(); ++i) row[header[i]] = fields[i];
+      rows.push_back(std::move(row));
+    }
+    REQUIRE(!header.empty());
+    CHECK(header.back() == "math");  // added last: readers that count columns are unaffected
+    return rows;
+  };
+  const std::string sw = dir.file("sw");
+  const Result sweep =
+      regen_run(dir, {"sweep", "--model", "transformer-tiny", "--batches", "2", "--policies",
+                      "sqrt", "--budgets", "50%", "--steps", "2", "--device", "cpu", "--out", sw});
+  CAPTURE(sweep.err);
+  REQUIRE(sweep.status == 0);
+  CHECK(has(sweep.out, "== transformer-tiny batch 2 (math fp32): profiling"));
+  CHECK(has(read_file(sw + "/transformer-tiny_summary.txt"), "budget 50%, math fp32, GB = 2^30"));
+  for (const char* csv : {"/transformer-tiny_summary.csv", "/transformer-tiny_timeline.csv"}) {
+    CAPTURE(csv);
+    const auto rows = rows_of(sw + csv);
+    CHECK(!rows.empty());
+    for (const auto& row : rows) CHECK(row.at("math") == "fp32");
+  }
+  const std::string profile = sw + "/transformer-tiny_b2_profile.json";
+  CHECK(has(read_file(profile), "\"--math\": \"fp32\""));
+  const std::string fr = dir.file("fr");
+  const Result frontier = regen_run(
+      dir, {"frontier", "--profile", profile, "--points", "2", "--policies", "sqrt", "--out", fr});
+  CAPTURE(frontier.err);
+  REQUIRE(frontier.status == 0);
+  CHECK(has(frontier.out, "on cpu (math fp32, "));
+  const auto fr_rows = rows_of(fr + "/frontier.csv");
+  CHECK(fr_rows.size() == 2 + 2);
+  for (const auto& row : fr_rows) CHECK(row.at("math") == "fp32");
+
+  // Profiles written before --math recorded --tf32 on|off (on CUDA): off is --math fp32, on is
+  // --math tf32, and a run is checked against that.
+  nlohmann::json j = nlohmann::json::parse(read_file(profile));
+  j["run"].erase("--math");
+  j["run"]["--tf32"] = "off";
+  const std::string old_off = dir.file("old_off.json");
+  write_file_atomic(old_off, j.dump());
+  const Result off = regen_run(dir, tiny({"--batch", "2", "--steps", "2", "--device", "cpu",
+                                          "--profile", old_off, "--policy", "sqrt"}));
+  CAPTURE(off.err);
+  CHECK(off.status == 0);
+  CHECK(has(off.out, "summary:"));
+  j["run"]["--tf32"] = "on";
+  const std::string old_on = dir.file("old_on.json");
+  write_file_atomic(old_on, j.dump());
+  expect_failure(dir,
+                 tiny({"--batch", "2", "--device", "cpu", "--profile", old_on, "--policy", "sqrt"}),
+                 {"was made with --math tf32, but this run has --math fp32", "pass --math tf32"});
+  Profile p;
+  CHECK(tool::profile_math(p) == "fp32");
+  p.run["--tf32"] = "on";
+  CHECK(tool::profile_math(p) == "tf32");
+  p.run["--tf32"] = "off";
+  CHECK(tool::profile_math(p) == "fp32");
+  p.run = {{"--math", "tf32"}};
+  CHECK(tool::profile_math(p) == "tf32");
 }
 
 TEST_CASE("cli validators: messages name the requirement and the value") {

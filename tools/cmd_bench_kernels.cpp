@@ -1,13 +1,17 @@
 // `regen bench kernels`: times the CUDA kernels on ResNet-152 and Transformer shapes and compares
 // each with the library path or the hardware limit it stands against:
-//   conv2d       native implicit GEMM vs cuDNN (deterministic algorithms, same math mode)
-//   attention    fused flash-style forward+backward vs an unfused path (permute, cuBLAS batched
-//                GEMMs, softmax kernels; the S x S matrices materialized), with peak memory
+//   conv2d       native implicit GEMM (FP32) vs cuDNN (deterministic algorithms, in the math mode)
+//   attention    fused flash-style forward+backward (FP32) vs an unfused path (permute, cuBLAS
+//                batched GEMMs in the math mode, softmax kernels; the S x S matrices
+//                materialized), with peak memory
 //   layernorm    achieved bandwidth vs the 3.35 TB/s HBM3 of an H100 SXM
 //   gemm, misc   achieved TFLOP/s or GB/s, for reference
 // Each number is the median of --repeats timed runs (CUDA events on regen's compute stream) after
-// --warmup runs. Compiled only in CUDA builds; without a visible GPU it reports an error and exits
-// non-zero. The kernels are documented in docs/kernels.md.
+// --warmup runs. The math mode (--math, printed in every section's title) is TF32 by default:
+// cuBLAS and cuDNN may use TF32 tensor cores, as people run them on Hopper; --math fp32 makes the
+// comparison with the FP32 native kernels like for like. Compiled only in CUDA builds; without a
+// visible GPU it reports an error and exits non-zero. The kernels are documented in
+// docs/kernels.md.
 #ifdef REGEN_WITH_CUDA
 #include <cuda_runtime_api.h>
 #ifdef REGEN_WITH_CUDNN
@@ -43,8 +47,14 @@ struct Options {
   int repeats = 10;
   int warmup = 2;
   std::vector<std::string> only;
-  bool tf32 = false;
+  std::string math;   // --math; resolved by run() to fp32 or tf32
+  bool tf32 = false;  // --tf32, the same as --math tf32
 };
+
+// How the libraries compute in the run's math mode, for the section titles.
+std::string library_math(const Options& o) {
+  return o.math == "tf32" ? "tf32: TF32 tensor cores allowed" : "fp32: strict FP32";
+}
 
 bool wanted(const Options& o, const std::string& section) {
   return o.only.empty() || std::find(o.only.begin(), o.only.end(), section) != o.only.end();
@@ -129,8 +139,8 @@ std::vector<ConvCase> resnet152(int64_t N) {
 }
 
 void bench_conv(const Options& o) {
-  std::printf("\n== conv2d: ResNet-152 shapes, native implicit GEMM vs cuDNN (%s) ==\n",
-              o.tf32 ? "TF32 allowed" : "FP32");
+  std::printf("\n== conv2d: ResNet-152 shapes, native implicit GEMM (fp32) vs cuDNN (math %s) ==\n",
+              library_math(o).c_str());
 #ifndef REGEN_WITH_CUDNN
   std::printf("(built without cuDNN: native timings only)\n");
 #endif
@@ -181,11 +191,12 @@ void bench_conv(const Options& o) {
     }
     std::printf(
         "ResNet-152 batch %lld, all convolutions of one iteration (fwd+dgrad+wgrad, each layer x "
-        "its "
-        "count): native %.1f ms",
+        "its count): native (fp32) %.1f ms",
         static_cast<long long>(N), total_native);
-    if (cudnn_complete)
-      std::printf(", cuDNN %.1f ms, cuDNN/native %.2f", total_cudnn, total_cudnn / total_native);
+    if (cudnn_complete) {
+      std::printf(", cuDNN (math %s) %.1f ms, cuDNN/native %.2f", o.math.c_str(), total_cudnn,
+                  total_cudnn / total_native);
+    }
     std::printf("\n");
   }
 }
@@ -239,8 +250,9 @@ struct Unfused {
 
 void bench_attention(const Options& o) {
   std::printf(
-      "\n== attention: fused flash-style vs unfused (cuBLAS batched GEMM + softmax), H=8 Dh=64, "
-      "FP32 ==\n");
+      "\n== attention: fused flash-style (fp32) vs unfused (cuBLAS batched GEMM, math %s, + "
+      "softmax), H=8 Dh=64 ==\n",
+      library_math(o).c_str());
   std::printf("%5s %5s %11s %11s %9s %13s %13s %8s %12s %12s\n", "batch", "seq", "fused fwd",
               "fused bwd", "TFLOP/s", "unfused fwd", "unfused bwd", "unf/fus", "fused peak",
               "unfused peak");
@@ -441,8 +453,8 @@ void bench_misc(const Options& o) {
 }
 
 void bench_gemm(const Options& o) {
-  std::printf("\n== gemm (cuBLAS, %s): Transformer linear layers, d_model 512, ff 2048 ==\n",
-              o.tf32 ? "TF32" : "FP32");
+  std::printf("\n== gemm (cuBLAS, math %s): Transformer linear layers, d_model 512, ff 2048 ==\n",
+              library_math(o).c_str());
   std::printf("%-34s %10s %9s\n", "M x N x K", "ms", "TFLOP/s");
   for (int64_t B : o.batches) {
     const int64_t M = B * 128;
@@ -462,7 +474,9 @@ void bench_gemm(const Options& o) {
   }
 }
 
-void run(const Options& o) {
+void run(Options o) {
+  // The flags first: a mistake in them is named before a missing GPU.
+  o.math = math_mode(o.math, o.tf32, Device::cuda(0), kBenchMath);
   if (cuda::device_count() == 0) {
     REGEN_FAIL(
         "bench kernels: no CUDA device is visible (this build has CUDA, the machine has no GPU)");
@@ -477,14 +491,16 @@ void run(const Options& o) {
 #ifdef REGEN_WITH_CUDNN
   std::printf(", cuDNN %zu", cudnnGetVersion());
 #endif
-  std::printf("\nmedian of %d runs after %d warm-up runs; times in ms (CUDA events); math %s\n",
-              o.repeats, o.warmup, o.tf32 ? "TF32 allowed for cuBLAS/cuDNN" : "FP32");
+  std::printf(
+      "\nmedian of %d runs after %d warm-up runs; times in ms (CUDA events); math %s for "
+      "cuBLAS and cuDNN (regen's convolution and attention kernels: fp32)\n",
+      o.repeats, o.warmup, library_math(o).c_str());
   std::printf(
       "HBM reference: %.2f TB/s (H100 SXM5); ratios above 1 in the last column mean the "
       "fused/native "
       "kernel is faster\n",
       kHbmBytesPerSecond / 1e12);
-  cuda::set_tf32(o.tf32);
+  cuda::set_tf32(o.math == "tf32");
   {
     // Create the cuBLAS handle and its persistent workspace now, so no measurement includes them.
     Tensor a = filled({8, 8}, 1.0f), c = filled({8, 8}, 0.0f);
@@ -514,8 +530,7 @@ void setup(CLI::App& app) {
   app.add_option("--only", o->only,
                  "sections to run: gemm conv attention layernorm misc (default: all)")
       ->check(CLI::IsMember({"gemm", "conv", "attention", "layernorm", "misc"}));
-  app.add_flag("--tf32", o->tf32,
-               "allow TF32 tensor cores in cuBLAS and cuDNN (native kernels stay FP32)");
+  add_math_flags(app, o->math, o->tf32, "tf32");
   app.callback([o] { run(*o); });
 }
 

@@ -1,7 +1,9 @@
 // `regen bench ops`: times GEMM and the three conv2d launchers (forward, backward-data,
 // backward-filter) on the convolution shapes of ResNet-152 at batch 4, 224x224, f32, and prints
-// the median time, GFLOP/s and the thread count. With --json it also writes the rows, which
-// tools/bench_ops_torch.py reads to print PyTorch's figures beside them (docs/results.md).
+// the median time, GFLOP/s, the thread count and the math mode (on CUDA TF32 by default: cuBLAS's
+// GEMMs may use TF32 tensor cores; the convolutions are regen's own, FP32). With --json it also
+// writes the rows, which tools/bench_ops_torch.py reads to print PyTorch's figures beside them
+// (docs/results.md).
 // Timings are never asserted anywhere; this is a measuring tool.
 #include <omp.h>
 
@@ -19,6 +21,7 @@
 #include "tools/common.h"
 #ifdef REGEN_WITH_CUDA
 #include "regen/core/cuda/runtime.h"
+#include "regen/kernels/cuda/cuda_kernels.h"
 #endif
 
 namespace {
@@ -99,13 +102,17 @@ Timing time_runs(Device d, int repeats, F&& fn) {
 }
 
 void run(const std::string& device_text, int threads, int repeats, const std::string& json_path,
-         const std::string& only) {
+         const std::string& only, const std::string& math_flag, bool tf32_flag) {
   const Device dev = resolve_device(device_text);  // a device that is not there fails before the header
+  const std::string math = math_mode(math_flag, tf32_flag, dev, kBenchMath);
   REGEN_CHECK(repeats > 0, "bench ops: --repeats must be positive, got ", repeats);
   if (threads > 0) omp_set_num_threads(threads);
   threads = omp_get_max_threads();
-  std::printf("# regen bench ops: device %s, %d CPU threads, f32, median of %d runs\n",
-              dev.str().c_str(), threads, repeats);
+#ifdef REGEN_WITH_CUDA
+  cuda::set_tf32(math == "tf32");
+#endif
+  std::printf("# regen bench ops: device %s, %d CPU threads, f32, math %s, median of %d runs\n",
+              dev.str().c_str(), threads, math.c_str(), repeats);
   std::printf("%-16s %-24s %5s %10s %10s %10s\n", "pass", "shape", "count", "median ms", "GFLOP/s",
               "best ms");
   std::vector<Row> rows;
@@ -185,6 +192,7 @@ void run(const std::string& device_text, int threads, int repeats, const std::st
   if (!json_path.empty()) {
     nlohmann::json j;
     j["device"] = dev.str();
+    j["math"] = math;
     j["threads"] = threads;
     j["repeats"] = repeats;
     j["conv_step_seconds"] = total;
@@ -205,8 +213,9 @@ void run(const std::string& device_text, int threads, int repeats, const std::st
 
 void setup(CLI::App& app) {
   struct Options {
-    std::string device = "cpu", json, only;
+    std::string device = "cpu", json, only, math;
     int threads = 0, repeats = 5;
+    bool tf32 = false;
   };
   auto opt = std::make_shared<Options>();
   app.add_option("--device", opt->device, "cpu or cuda[:N]")->capture_default_str();
@@ -214,7 +223,10 @@ void setup(CLI::App& app) {
   app.add_option("--repeats", opt->repeats, "timed runs per case (median)")->check(positive_integer(kIntMax))->capture_default_str();
   app.add_option("--json", opt->json, "also write the rows as JSON (for bench_ops_torch.py)");
   app.add_option("--only", opt->only, "only cases whose name contains this text");
-  app.callback([opt] { run(opt->device, opt->threads, opt->repeats, opt->json, opt->only); });
+  add_math_flags(app, opt->math, opt->tf32, kBenchMathHelp);
+  app.callback([opt] {
+    run(opt->device, opt->threads, opt->repeats, opt->json, opt->only, opt->math, opt->tf32);
+  });
 }
 REGEN_COMMAND("bench ops", "time GEMM and conv2d on ResNet-152 shapes", setup);
 

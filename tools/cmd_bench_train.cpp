@@ -1,7 +1,9 @@
 // `regen bench train`: times training steps (warm-up, then the median of the timed steps) and
 // prints what it measured beside the command that measures PyTorch on the same model, batch and
 // threads (tools/torch_baseline.py). --json writes the figures for docs tables; --torch-csv
-// reads torch_baseline.py's CSV and prints the ratio regen / PyTorch.
+// reads torch_baseline.py's CSV and prints the ratio regen / PyTorch. On a CUDA device the
+// math mode is TF32 unless --math fp32 (what people run on Hopper; training defaults to FP32); it
+// is printed, written to --json and passed to the PyTorch command, which must match it.
 #include <omp.h>
 #include <algorithm>
 #include <cstdio>
@@ -81,12 +83,13 @@ std::string json_string(const std::string& s) {
   return out + "\"";
 }
 
-void run(const Flags& f) {
+void run(Flags f) {
   if (!f.json.empty()) check_output_path("--json", f.json);
+  f.m.math = math_mode(f.m, resolve_device(f.m.device), kBenchMath);
+  const std::string& math = f.m.math;
   auto s = make_session(f.m, f.m.batch);
   const ModelConfig& c = s->config;
   const int threads = omp_get_max_threads();
-  const std::string math = f.m.tf32 ? "tf32" : "fp32";
   const bool resnet = c.family == ModelFamily::resnet;
   for (int i = 0; i < f.warmup; ++i) {
     const StepResult r = s->trainer->step();
@@ -113,7 +116,7 @@ void run(const Flags& f) {
                  : c.head_chunk_rows == 0 ? ", LM head fused with the loss (automatic chunks)"
                                           : ", LM head fused with the loss (" +
                                                 std::to_string(c.head_chunk_rows) + "-row chunks)");
-  std::printf("bench train: %s batch %lld, %s, on %s, %d threads, %s (regen, %s lr %g)\n",
+  std::printf("bench train: %s batch %lld, %s, on %s, %d threads, math %s (regen, %s lr %g)\n",
               c.name.c_str(), static_cast<long long>(f.m.batch), shape.c_str(),
               s->device.str().c_str(), threads, math.c_str(), f.m.optimizer.c_str(), f.m.lr);
   std::printf("  step time: median %s, min %s, max %s over %d timed steps after %d warm-up\n",
@@ -190,7 +193,7 @@ void run(const Flags& f) {
 
 void setup(CLI::App& app) {
   auto f = std::make_shared<Flags>();
-  add_model_flags(app, f->m);
+  add_model_flags(app, f->m, true, kBenchMathHelp);
   app.add_option("--warmup", f->warmup, "untimed steps first")
       ->check(non_negative_integer(kIntMax))
       ->capture_default_str();

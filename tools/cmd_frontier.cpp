@@ -5,7 +5,8 @@
 // rises and its time never falls; a feasible plan fits its budget). A few distinct feasible plans
 // per policy, spread along its frontier, are then trained to compare the measured peaks (exact to
 // the byte) and step times with the predictions. Writes frontier.csv (and frontier.png with
-// --plot, through tools/plot.py --frontier).
+// --plot, through tools/plot.py --frontier); its last column, math, is the math mode the profile's
+// steps ran with (fp32 or tf32; fp32 on the CPU), which executed plans run with too.
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -213,6 +214,7 @@ std::vector<int> pick_plans(const PolicyFrontier& pf, int k) {
 
 struct Context {
   const Profile* profile = nullptr;
+  std::string math;  // the profile's (profile_math)
   int64_t no_remat_peak = 0, lower_bound = 0;
   Plan none;
   bool base_measured = false;
@@ -226,7 +228,7 @@ std::string csv_text(const Context& c, const std::vector<PolicyFrontier>& fronti
         "predicted_peak_allocated,predicted_peak_reserved,predicted_ms,profiled_ms,overhead_pct,"
         "recompute_ms,replays,recomputed,planning_ms,executed,measured_peak_allocated,"
         "measured_peak_reserved,measured_ms,exact,chain,plan_id,measured_recompute_ms,"
-        "measured_over_predicted,budget_of,limit,layout\n";
+        "measured_over_predicted,budget_of,limit,layout,math\n";
   const std::string head =
       p.model + "," + std::to_string(p.batch) + "," + p.device + "," + std::to_string(p.threads) + ",";
   const double base_ms = c.none.predicted.time_ms;
@@ -255,12 +257,12 @@ std::string csv_text(const Context& c, const std::vector<PolicyFrontier>& fronti
       os << ",";
     }
     os << "," << budget_of_name(plan.budget_of) << "," << plan.limit << ","
-       << (plan.planned_layout ? "planned" : "caching") << "\n";
+       << (plan.planned_layout ? "planned" : "caching") << "," << c.math << "\n";
   };
   row("none", c.no_remat_peak, c.none, 0, c.base_measured, c.base);
   // The lower bound: a floor, not a plan (its peak column holds the bound).
   os << head << "lower_bound," << c.lower_bound << "," << fraction(c.lower_bound) << ",,"
-     << c.lower_bound << ",,,,,,,,,0,,,,,,,,,allocated,0,\n";
+     << c.lower_bound << ",,,,,,,,,0,,,,,,,,,allocated,0,," << c.math << "\n";
   for (const PolicyFrontier& pf : frontiers) {
     for (const Point& pt : pf.points) row(pf.spec.label, pt.budget, pt.plan, pt.plan_id,
                                           pt.executed, pt.measured);
@@ -400,7 +402,7 @@ void run(Flags f, const Given& given) {
   if (!loaded || f.execute > 0) {
     // The model flags that build a session (a mistake fails before the folder is made).
     model_config(f.m);
-    resolve_device(f.m.device);
+    math_mode(f.m, resolve_device(f.m.device));
   }
   // The output folder and every file written in it. A second frontier into the same folder
   // stops here; a failed run leaves the folder as it was (its outputs are committed together at
@@ -430,6 +432,7 @@ void run(Flags f, const Given& given) {
   const Simulator sim(profile);
   Context c;
   c.profile = &profile;
+  c.math = profile_math(profile);
   PlanOptions none_options;
   none_options.budget_of = parse_budget_of(f.budget_of);
   c.none = make_plan(sim, "none", Budget(), none_options);
@@ -441,13 +444,14 @@ void run(Flags f, const Given& given) {
   for (int k = 0; k < f.points; ++k) {
     budgets.push_back(hi - ((hi - lo) * k + (f.points - 1) / 2) / (f.points - 1));
   }
-  std::printf("frontier of %s batch %lld on %s (%d threads): %d budgets from the no-remat peak %s "
-              "down to the lower bound %s (%s of it); profiled step %s\n",
-              profile.model.c_str(), static_cast<long long>(profile.batch),
-              profile.device.c_str(), profile.threads, f.points, format_bytes(hi).c_str(),
-              format_bytes(c.lower_bound).c_str(),
-              pct(double(c.lower_bound) / double(std::max<int64_t>(1, hi))).c_str(),
-              format_ms(profile.iteration_ms).c_str());
+  std::printf(
+      "frontier of %s batch %lld on %s (math %s, %d threads): %d budgets from the no-remat "
+      "peak %s down to the lower bound %s (%s of it); profiled step %s\n",
+      profile.model.c_str(), static_cast<long long>(profile.batch), profile.device.c_str(),
+      c.math.c_str(), profile.threads, f.points, format_bytes(hi).c_str(),
+      format_bytes(c.lower_bound).c_str(),
+      pct(double(c.lower_bound) / double(std::max<int64_t>(1, hi))).c_str(),
+      format_ms(profile.iteration_ms).c_str());
   if (c.lower_bound == hi) {
     std::printf("  the lower bound equals the no-remat peak: no plan can go lower, so every budget "
                 "is %s\n",

@@ -1,7 +1,9 @@
 // `regen sweep`: the seed experiments. For each batch size it profiles the model, measures
 // training without rematerialization, then plans and trains with each policy and budget, and
 // writes the seed-format summary table, decisions.csv per run, a CSV of every figure and the
-// memory timelines; with --plot it draws the PNGs through tools/plot.py.
+// memory timelines; with --plot it draws the PNGs through tools/plot.py. The summary CSV and the
+// timelines end with a math column (fp32 or tf32, --math; fp32 on the CPU), the tables' titles
+// name it; each profile.json records it with the other run flags.
 
 #include <algorithm>
 #include <cmath>
@@ -30,6 +32,20 @@ struct Flags {
   std::string out = "sweep";
   bool plot = false;
 };
+
+// `csv` with a last column `name` holding `value` on every row (a column added at the end leaves
+// the others where readers that count columns expect them).
+std::string with_column(const std::string& csv, const std::string& name, const std::string& value) {
+  std::ostringstream os;
+  std::istringstream in(csv);
+  std::string line;
+  bool header = true;
+  while (std::getline(in, line)) {
+    os << line << "," << (header ? name : value) << "\n";
+    header = false;
+  }
+  return os.str();
+}
 
 std::string timeline_csv(const Profile& p, const SimResult& r, const std::string& variant) {
   std::ostringstream os;
@@ -67,6 +83,7 @@ void run(const Flags& f) {
   for (const std::string& b : budgets) {
     if (b != "lowest") Budget::parse(b);  // fails early on a bad budget
   }
+  const std::string math = math_mode(f.m, resolve_device(f.m.device));
   // The flags are right: the folder now. A second sweep into it stops here; a failed sweep leaves
   // it as it was (every output is committed together at the end, and a folder it made is removed).
   const OutputFolder out_folder(f.out, "--out");
@@ -79,7 +96,8 @@ void run(const Flags& f) {
   timelines += ",reserved\n";
   const std::string stem = f.out + "/" + f.m.model;
   for (int64_t batch : batches) {
-    std::printf("== %s batch %lld: profiling\n", f.m.model.c_str(), static_cast<long long>(batch));
+    std::printf("== %s batch %lld (math %s): profiling\n", f.m.model.c_str(),
+                static_cast<long long>(batch), math.c_str());
     std::fflush(stdout);
     Profile profile;
     {
@@ -188,7 +206,7 @@ void run(const Flags& f) {
       std::string upper = f.m.model;
       std::transform(upper.begin(), upper.end(), upper.begin(), ::toupper);
       tables += summary_table(upper + " ACTIVATION CHECKPOINTING SUMMARY (" + policy + ", budget " +
-                                  btext + ", GB = 2^30 bytes)",
+                                  btext + ", math " + math + ", GB = 2^30 bytes)",
                               sel) +
                 "\n";
     }
@@ -196,8 +214,8 @@ void run(const Flags& f) {
   // Every output together (the tables, the profiles, the decisions): all written and synced before
   // the first replaces an old one.
   outputs.emplace_back(stem + "_summary.txt", tables);
-  outputs.emplace_back(stem + "_summary.csv", summary_csv(rows));
-  outputs.emplace_back(stem + "_timeline.csv", timelines);
+  outputs.emplace_back(stem + "_summary.csv", with_column(summary_csv(rows), "math", math));
+  outputs.emplace_back(stem + "_timeline.csv", with_column(timelines, "math", math));
   write_files_atomic(outputs);
   std::printf("\n%s", tables.c_str());
   std::printf("wrote %s_summary.txt, %s_summary.csv, %s_timeline.csv, per-run decisions CSVs and "

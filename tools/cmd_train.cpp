@@ -1,5 +1,6 @@
 // `regen train`: trains a built-in model from the command line, optionally under a memory budget
-// with a rematerialization policy (profile, plan, then train with the plan).
+// with a rematerialization policy (profile, plan, then train with the plan). The header and the
+// summary name the math mode (--math: fp32 unless asked; always fp32 on the CPU).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -60,16 +61,17 @@ void run(const TrainFlags& f) {
   const bool planned_only = (f.policy != "none" || !f.plan_file.empty()) && !f.profile_file.empty();
   auto s = make_session(f.m, f.m.batch, planned_only ? Preflight::model : Preflight::step);
   const int threads = omp_get_max_threads();
+  const std::string math = math_mode(f.m, s->device);
   if (!f.load.empty()) {
     const size_t n = load_checkpoint(*s, f.load);
     std::printf("loaded %s (%zu tensors)\n", f.load.c_str(), n);
   }
-  std::printf("training %s (%lld parameters) on %s, %d threads: batch %lld, %lld steps, %s lr %g; "
-              "data: %s\n",
-              f.m.model.c_str(), static_cast<long long>(s->model->num_parameters()),
-              s->device.str().c_str(), threads, static_cast<long long>(f.m.batch),
-              static_cast<long long>(f.steps), f.m.optimizer.c_str(), f.m.lr,
-              s->data->describe().c_str());
+  std::printf(
+      "training %s (%lld parameters) on %s, math %s, %d threads: batch %lld, %lld steps, "
+      "%s lr %g; data: %s\n",
+      f.m.model.c_str(), static_cast<long long>(s->model->num_parameters()),
+      s->device.str().c_str(), math.c_str(), threads, static_cast<long long>(f.m.batch),
+      static_cast<long long>(f.steps), f.m.optimizer.c_str(), f.m.lr, s->data->describe().c_str());
 
   // What the device reports before training (CUDA): set beside the allocator's reserved bytes.
   uint64_t free_before = 0, total_mem = 0;
@@ -185,9 +187,9 @@ void run(const TrainFlags& f) {
 
   // Summary. The first timed step warms caches and the allocator: the median leaves it out
   // when there are later steps.
-  std::printf("\nsummary: %s on %s, batch %lld, %lld steps\n", f.m.model.c_str(),
+  std::printf("\nsummary: %s on %s, batch %lld, %lld steps, math %s\n", f.m.model.c_str(),
               s->device.str().c_str(), static_cast<long long>(f.m.batch),
-              static_cast<long long>(f.steps));
+              static_cast<long long>(f.steps), math.c_str());
   if (!losses.empty()) {
     std::printf("  loss %.4f -> %.4f\n", losses.front(), losses.back());
     if (times.size() == 1) {

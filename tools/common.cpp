@@ -166,7 +166,8 @@ std::string cli_failure_message(const CLI::App* /*app*/, const CLI::Error& e) {
 // ---------------------------------------------------------------------------------------------
 // Model flags
 
-void add_model_flags(CLI::App& app, ModelFlags& f, bool with_batch) {
+void add_model_flags(CLI::App& app, ModelFlags& f, bool with_batch,
+                     const std::string& math_default) {
   app.add_option("--model", f.model, "model preset: " + join_names(model_preset_names()))
       ->capture_default_str();
   if (with_batch) {
@@ -216,7 +217,51 @@ void add_model_flags(CLI::App& app, ModelFlags& f, bool with_batch) {
   app.add_option("--conv", f.conv, "CUDA convolution: native (regen's kernels) or cudnn")
       ->check(CLI::IsMember({"native", "cudnn"}))
       ->capture_default_str();
-  app.add_flag("--tf32", f.tf32, "CUDA GEMMs with TF32 tensor cores (default FP32)");
+  add_math_flags(app, f.math, f.tf32, math_default);
+}
+
+namespace {
+
+// What math_mode and check_model_flags refuse whatever the device.
+void check_math_flags(const std::string& math, bool tf32) {
+  REGEN_CHECK(math.empty() || math == "fp32" || math == "tf32",
+              "--math must be fp32 or tf32, got '", math, "'");
+  REGEN_CHECK(!tf32 || math != "fp32",
+              "--tf32 (the same as --math tf32) conflicts with --math fp32: give one of them");
+}
+
+}  // namespace
+
+void add_math_flags(CLI::App& app, std::string& math, bool& tf32, const std::string& default_help) {
+  app.add_option("--math", math,
+                 "CUDA math mode: fp32 (strict FP32 everywhere) or tf32 (cuBLAS GEMMs and cuDNN "
+                 "convolutions may use TF32 tensor cores; regen's own convolution and attention "
+                 "kernels stay FP32); default: " +
+                     default_help)
+      ->check(CLI::Validator(
+          [](std::string& v) -> std::string {
+            return v == "fp32" || v == "tf32" ? "" : "must be fp32 or tf32, got '" + v + "'";
+          },
+          "fp32|tf32"));
+  app.add_flag("--tf32", tf32, "the same as --math tf32");
+}
+
+std::string math_mode(const std::string& math, bool tf32, Device device,
+                      const std::string& default_math) {
+  check_math_flags(math, tf32);
+  const bool asked = tf32 || math == "tf32";
+  if (device.is_cpu()) {
+    REGEN_CHECK(!asked, math == "tf32" ? "--math tf32" : "--tf32",
+                " applies to CUDA devices (cuBLAS and cuDNN); on ", device.str(),
+                " every kernel computes in FP32: drop it, or pass --device cuda");
+    return "fp32";
+  }
+  if (!math.empty()) return math;
+  return tf32 ? "tf32" : default_math;
+}
+
+std::string math_mode(const ModelFlags& f, Device device, const std::string& default_math) {
+  return math_mode(f.math, f.tf32, device, default_math);
 }
 
 void check_model_flags(const ModelFlags& f) {
@@ -239,6 +284,7 @@ void check_model_flags(const ModelFlags& f) {
               " (-1 unfused, 0 automatic chunks, N rows per chunk), got ", f.lm_head_chunk);
   REGEN_CHECK(f.optimizer == "sgd" || f.optimizer == "adamw",
               "--optimizer must be sgd or adamw, got '", f.optimizer, "'");
+  check_math_flags(f.math, f.tf32);
 }
 
 ModelConfig model_config(const ModelFlags& flags) {
@@ -413,10 +459,8 @@ std::map<std::string, std::string> run_flags(const ModelFlags& f) {
     r["--dropout"] = num(c.dropout);
     r["--lm-head-chunk"] = std::to_string(c.head_chunk_rows);
   }
-  if (device.is_cuda()) {
-    r["--conv"] = f.conv;
-    r["--tf32"] = f.tf32 ? "on" : "off";
-  }
+  r["--math"] = math_mode(f, device);  // fp32 on the CPU
+  if (device.is_cuda()) r["--conv"] = f.conv;
   return r;
 }
 
@@ -426,7 +470,11 @@ void check_profile_run(const Profile& p, const ModelFlags& f, const std::string&
   std::vector<std::pair<std::string, std::string>> recorded(p.run.begin(), p.run.end());
   std::stable_partition(recorded.begin(), recorded.end(),
                         [](const auto& kv) { return kv.first == "--optimizer"; });
-  for (const auto& [flag, then] : recorded) {
+  for (auto [flag, then] : recorded) {
+    if (flag == "--tf32") {  // written before --math
+      flag = "--math";
+      then = profile_math(p);
+    }
     const auto it = now.find(flag);
     const std::string here = it == now.end() ? "(none)" : it->second;
     REGEN_CHECK(here == then, what, " was made with ", flag, " ", then, ", but this run has ",
@@ -435,13 +483,22 @@ void check_profile_run(const Profile& p, const ModelFlags& f, const std::string&
   }
 }
 
-int apply_runtime_flags(const ModelFlags& f) {
+std::string profile_math(const Profile& p) {
+  const auto math = p.run.find("--math");
+  if (math != p.run.end()) return math->second;
+  const auto tf32 = p.run.find("--tf32");
+  return tf32 != p.run.end() && tf32->second == "on" ? "tf32" : "fp32";
+}
+
+int apply_runtime_flags(const ModelFlags& f, Device device) {
   if (f.threads > 0) omp_set_num_threads(f.threads);
+  const bool tf32 = math_mode(f, device) == "tf32";  // refuses tf32 on the CPU, naming the flag
 #ifdef REGEN_WITH_CUDA
   cuda::set_conv_algo(f.conv == "cudnn" ? cuda::ConvAlgo::cudnn : cuda::ConvAlgo::native);
-  cuda::set_tf32(f.tf32);
+  cuda::set_tf32(tf32);
 #else
-  REGEN_CHECK(!f.tf32 && f.conv == "native", "--tf32 and --conv cudnn need a CUDA build");
+  (void)tf32;  // math_mode refused it: without CUDA every device is the CPU
+  REGEN_CHECK(f.conv == "native", "--conv cudnn needs a CUDA build");
 #endif
   return omp_get_max_threads();
 }
@@ -452,7 +509,7 @@ std::unique_ptr<Session> make_session(const ModelFlags& flags, int64_t batch, Pr
   auto s = std::make_unique<Session>();
   s->flags = flags;
   s->device = resolve_device(flags.device);
-  apply_runtime_flags(flags);
+  apply_runtime_flags(flags, s->device);
   s->config = model_config(flags);
   const ModelConfig& c = s->config;
   if (c.family == ModelFamily::resnet) {

@@ -60,11 +60,31 @@ struct ModelFlags {
   int threads = 0;              // 0: OpenMP's default
   std::string data;             // "", synthetic, cifar10:DIR, text:FILE
   std::string conv = "native";  // CUDA convolution: native or cudnn
-  bool tf32 = false;
+  // CUDA math mode (--math): fp32 (strict FP32) or tf32 (cuBLAS GEMMs and cuDNN convolutions may
+  // use TF32 tensor cores); "" when not given: the command's default (math_mode).
+  std::string math;
+  bool tf32 = false;  // --tf32: the same as --math tf32 (older scripts; regen.Model(tf32=True))
 };
 
-// Adds the flags above to `app` (`with_batch` false for commands that take --batches).
-void add_model_flags(CLI::App& app, ModelFlags& f, bool with_batch = true);
+// Adds the flags above to `app` (`with_batch` false for commands that take --batches;
+// `math_default` is the help's word on what the command does without --math, add_math_flags).
+void add_model_flags(CLI::App& app, ModelFlags& f, bool with_batch = true,
+                     const std::string& math_default = "fp32");
+
+// --math fp32|tf32 and its synonym --tf32; `default_help` says what the command does without them
+// ("fp32", or "tf32 on a CUDA device, fp32 on the CPU").
+void add_math_flags(CLI::App& app, std::string& math, bool& tf32, const std::string& default_help);
+// The math mode a run on `device` uses, "fp32" or "tf32": --math when given, tf32 for --tf32, else
+// `default_math` on a CUDA device and fp32 on the CPU (every CPU kernel is FP32). Throws
+// regen::Error naming both flags for --tf32 with --math fp32, naming the flag for --math other
+// than fp32 or tf32, and for tf32 asked of the CPU.
+std::string math_mode(const std::string& math, bool tf32, Device device,
+                      const std::string& default_math = "fp32");
+std::string math_mode(const ModelFlags& f, Device device, const std::string& default_math = "fp32");
+// The benchmarks' default math mode on CUDA (what people run on Hopper; training and everything
+// else default to fp32), and what their help says of it.
+inline constexpr char kBenchMath[] = "tf32";
+inline constexpr char kBenchMathHelp[] = "tf32 on a CUDA device, fp32 on the CPU";
 
 // Checks the flags' values and how they combine, without building anything (make_session calls
 // it; it also guards callers that fill ModelFlags in code). Throws regen::Error naming the flag.
@@ -111,16 +131,21 @@ std::unique_ptr<Session> make_session(const ModelFlags& flags, int64_t batch,
 // runs with (Profile::run): what a profile records and what a run planned from it must match.
 std::map<std::string, std::string> run_flags(const ModelFlags& f);
 // Refuses a profile recorded with other run_flags than `f` gives, naming the flag, both values
-// and what to do; `what` names the profile ("--profile FILE").
+// and what to do; `what` names the profile ("--profile FILE"). A profile written before --math
+// (--tf32 on|off) is read as --math tf32|fp32.
 void check_profile_run(const Profile& p, const ModelFlags& f, const std::string& what);
+// The math mode a profile's steps ran with: its --math (fp32 on the CPU), or its --tf32 on|off
+// (CUDA profiles written before --math), else fp32 (profiles from before either was recorded).
+std::string profile_math(const Profile& p);
 
 // --budget-of reserved|allocated: what a --budget bounds (planner.h BudgetOf).
 void add_budget_of_flag(CLI::App& app, std::string& budget_of);
 // --layout caching|planned: where a planned step's blocks go (PlanOptions::planned_layout).
 void add_layout_flag(CLI::App& app, std::string& layout);
 
-// Applies --threads and the CUDA settings; returns the thread count in use.
-int apply_runtime_flags(const ModelFlags& f);
+// Applies --threads and the CUDA settings (--conv, and --math as math_mode gives it for `device`);
+// returns the thread count in use.
+int apply_runtime_flags(const ModelFlags& f, Device device);
 
 // One measured training run (regen sweep, regen frontier): peaks over every step, the median step
 // time of all steps but the first (which pays first-touch costs), and the executor's figures of
