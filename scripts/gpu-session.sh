@@ -208,7 +208,7 @@ phase_fit() {  # the largest batch whose plan fits 16 GiB: doubling, then bisect
         local d="$work/fit_${model}_b$1"
         if [ ! -f "$d/profile.json" ]; then
           mkdir -p "$d"
-          limited 90 "$regen" profile --device cuda --model "$model" --batch "$1" --warmup 1 \
+          limited 90 "$regen" profile --device cuda --math tf32 --model "$model" --batch "$1" --warmup 1 \
             --iterations 1 --out "$d" > "$d.log" 2>&1 || return 1
         fi
         "$regen" plan --profile "$d/profile.json" --policy "$policy" --budget 16GiB \
@@ -222,7 +222,7 @@ phase_fit() {  # the largest batch whose plan fits 16 GiB: doubling, then bisect
       if [ "$lo" -gt 0 ]; then  # measure it: 3 steps (under the plan's budget)
         local remat=(--policy "$policy" --budget 16GiB)
         [ "$policy" = none ] && remat=()
-        limited 120 "$regen" train --device cuda --model "$model" --batch "$lo" --steps 3 \
+        limited 120 "$regen" train --device cuda --math tf32 --model "$model" --batch "$lo" --steps 3 \
           "${remat[@]}" --progress none > "$work/fit_train_${model}_$policy.txt" 2>&1
         log "train $model $policy batch $lo exit $?"
         grep -iE "peak|reserved|cudaMemGetInfo" "$work/fit_train_${model}_$policy.txt" | head -6

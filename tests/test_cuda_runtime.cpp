@@ -122,7 +122,7 @@ TEST_CASE("cuda runtime: REGEN_REQUIRE_GPU and REGEN_CUDA_SYNC take 0 or 1") {
   CHECK_FALSE(cuda::sync_launches());
 }
 
-TEST_CASE("cuda runtime: the GPU suites skip without a GPU, and fail with REGEN_REQUIRE_GPU=1") {
+TEST_CASE("cuda runtime: the GPU suites skip without a GPU and fail with REGEN_REQUIRE_GPU=1") {
   const cuda::DeviceProbe& p = cuda::probe_devices();
   if (!p.error.empty()) {
     // A broken GPU setup: the suite fails with the runtime's message, whatever the variable says.

@@ -333,16 +333,24 @@ ModelConfig model_config(const ModelFlags& flags) {
 }
 
 Device resolve_device(const std::string& text) {
+#ifdef REGEN_WITH_CUDA
+  // A GPU whose runtime fails is an error, never taken for a machine without one (runtime.h).
+  auto count = [&] {
+    const cuda::DeviceProbe& probe = cuda::probe_devices();
+    REGEN_CHECK(probe.error.empty(), "--device ", text, ": ", probe.error);
+    return probe.count;
+  };
+#endif
   if (text == "auto") {
 #ifdef REGEN_WITH_CUDA
-    if (cuda::device_count() > 0) return Device::cuda(0);
+    if (count() > 0) return Device::cuda(0);
 #endif
     return Device::cpu();
   }
   const Device d = Device::parse(text);
 #ifdef REGEN_WITH_CUDA
   if (d.is_cuda()) {
-    const int n = cuda::device_count();
+    const int n = count();
     REGEN_CHECK(d.index < n, "--device ", text, ": ", n, " CUDA device(s) visible",
                 n == 0 ? "; use --device cpu" : "");
   }
