@@ -26,7 +26,9 @@ struct Segment {
   Block* head = nullptr;
 };
 
-void* Block::ptr() const { return reinterpret_cast<void*>(segment->base + offset); }
+void* Block::ptr() const {
+  return memory ? memory : reinterpret_cast<void*>(segment->base + offset);
+}
 
 
 namespace {
@@ -230,6 +232,7 @@ Block* CachingAllocator::allocate(uint64_t bytes, Category category, uint32_t ta
                 " there: the step is not the one the layout was planned for (another plan, model, "
                 "batch or thread count?)");
     const int32_t bin = layout_->bin.empty() ? -1 : layout_->bin[k];
+    void* memory = map_block_locked(bytes, category, tag);
     Block* pb = new Block();
     if (bin < 0) {
       pb->segment = planned_segment_.get();
@@ -241,7 +244,7 @@ Block* CachingAllocator::allocate(uint64_t bytes, Category category, uint32_t ta
     }
     pb->size = rounded;
     planned_live_.insert(pb);
-    return finish_allocation_locked(pb, bytes, category, tag);
+    return finish_allocation_locked(pb, bytes, category, tag, memory);
   }
   Block* b = try_allocate_locked(rounded, small);
   if (!b) {
@@ -260,6 +263,16 @@ Block* CachingAllocator::allocate(uint64_t bytes, Category category, uint32_t ta
     }
     b = seg->head;
   }
+  // Direct mode: the block's own memory, mapped once every check has passed (so a request the
+  // limit refuses is refused as on any other arena). When there is none, the block goes back to
+  // its pool unsplit (a segment mapped for it stays cached) and the request fails.
+  void* memory = nullptr;
+  try {
+    memory = map_block_locked(bytes, category, tag);
+  } catch (...) {
+    pool(small).insert(b);
+    throw;
+  }
   // Split when the remainder is worth keeping as a free block of its own.
   const uint64_t remaining = b->size - rounded;
   const bool split = small ? remaining >= kMinBlockSize : remaining > kSmallSize;
@@ -275,11 +288,35 @@ Block* CachingAllocator::allocate(uint64_t bytes, Category category, uint32_t ta
     b->size = rounded;
     pool(small).insert(rest);
   }
-  return finish_allocation_locked(b, bytes, category, tag);
+  return finish_allocation_locked(b, bytes, category, tag, memory);
+}
+
+void* CachingAllocator::map_block_locked(uint64_t bytes, Category category, uint32_t tag) {
+  if (!arena_->maps_blocks()) return nullptr;
+  void* p = arena_->map_block(bytes);
+  if (!p) {
+    detail::throw_oom(
+        __FILE__, __LINE__,
+        detail::str_cat(
+            "out of memory on ", arena_->name(), ": the block of a request of ",
+            format_bytes(static_cast<int64_t>(bytes)), " (category ", category_name(category),
+            tag ? ", tag '" + tag_name(tag) + "'" : std::string(),
+            ") could not be mapped on its own (direct mode, REGEN_ALLOC_DIRECT=1, maps "
+            "every block separately); allocated ",
+            format_bytes(stats_.allocated.current), " in ", stats_.live_blocks, " live block(s)"));
+  }
+  return p;
+}
+
+void CachingAllocator::unmap_block_locked(Block* b) {
+  if (!b->memory) return;
+  arena_->unmap_block(b->memory, b->requested);
+  b->memory = nullptr;
 }
 
 Block* CachingAllocator::finish_allocation_locked(Block* b, uint64_t bytes, Category category,
-                                                  uint32_t tag) {
+                                                  uint32_t tag, void* memory) {
+  b->memory = memory;
   b->allocated = true;
   b->requested = bytes;
   b->category = category;
@@ -322,6 +359,7 @@ void CachingAllocator::free(Block* b) {
   stats_.num_frees++;
   stats_.live_blocks--;
   live_by_id_.erase(b->alloc_id);
+  unmap_block_locked(b);  // before coalescing may delete the Block
   b->allocated = false;
   record_locked(MemoryEventKind::free, static_cast<int64_t>(b->size),
                 static_cast<int64_t>(b->requested), b->category, b->tag, b->alloc_id,
@@ -721,6 +759,7 @@ void CachingAllocator::restore_state(const AllocatorState& st) {
       prev = b;
       const int ci = static_cast<int>(b->category);
       if (b->allocated) {
+        b->memory = map_block_locked(b->requested, b->category, b->tag);
         stats_.requested.current += static_cast<int64_t>(b->requested);
         stats_.requested_by[ci].current += static_cast<int64_t>(b->requested);
         stats_.allocated.current += static_cast<int64_t>(b->size);

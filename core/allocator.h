@@ -1,6 +1,7 @@
 // The caching allocator: one algorithm over three backing arenas (CPU host memory, CUDA
-// cudaMalloc segments, and Null, which touches no memory). Design and constants: docs/memory.md.
-// Tests: tests/test_allocator.cpp (CPU and Null), tests/cuda/test_cuda_allocator.cpp (CUDA).
+// cudaMalloc segments, and Null, which touches no memory), plus a direct mode for sanitizer runs
+// that gives every block a mapping of its own. Design and constants: docs/memory.md.
+// Tests: tests/test_allocator.cpp (CPU, Null, direct), tests/cuda/test_cuda_allocator.cpp (CUDA).
 //
 // The algorithm follows the spirit of PyTorch's CUDA caching allocator: requests are rounded,
 // served best-fit from a small or a large pool of cached free blocks, split when the remainder is
@@ -91,6 +92,14 @@ class Arena {
   // others), and a way to give it back to the system.
   virtual uint64_t retained_bytes() const { return 0; }
   virtual void release_retained() {}
+  // Direct mode (make_direct_arena): true when every block the allocator hands out gets memory
+  // of its own from map_block(), returned by unmap_block() when the block is freed; map() then
+  // returns synthetic segment addresses that nothing dereferences.
+  virtual bool maps_blocks() const { return false; }
+  // Exactly `bytes` for one block, or nullptr when the memory is exhausted; only when
+  // maps_blocks().
+  virtual void* map_block(size_t /*bytes*/) { return nullptr; }
+  virtual void unmap_block(void* /*p*/, size_t /*bytes*/) {}
 };
 
 std::unique_ptr<Arena> make_cpu_arena();
@@ -106,6 +115,17 @@ std::unique_ptr<Arena> make_recycling_arena(std::unique_ptr<Arena> inner);
 // Synthetic, never-reused, 2 MiB-aligned addresses; no memory is touched. `device` is what the
 // arena reports (a simulation of cuda:0 still says cuda:0).
 std::unique_ptr<Arena> make_null_arena(Device device = Device::cpu());
+// Direct mode, for sanitizer runs (docs/memory.md, "Direct mode"): segments get synthetic
+// addresses, as on the Null arena, and every block its own mapping of exactly its requested bytes
+// from `blocks` (its map/unmap), so that AddressSanitizer or compute-sanitizer sees an access
+// past a block's end or after its free instead of landing inside a cached segment. The
+// allocator's decisions and statistics are those of any other arena. The process-wide allocators
+// use it when REGEN_ALLOC_DIRECT=1. The arena's name is `blocks`' with " (direct)".
+std::unique_ptr<Arena> make_direct_arena(std::unique_ptr<Arena> blocks);
+// The direct arena of a device: on the CPU, posix_memalign of exactly the requested bytes
+// (64-byte aligned; memory AddressSanitizer tracks to the byte); on cuda:N, one cudaMalloc per
+// block (make_cuda_arena; a regen::Error in a build without CUDA).
+std::unique_ptr<Arena> make_direct_arena(Device device);
 
 // ---- Statistics -----------------------------------------------------------------------------
 struct Stat {
@@ -202,6 +222,7 @@ struct Block {
   Category category = Category::other;
   uint32_t tag = 0;
   uint64_t alloc_id = 0;
+  void* memory = nullptr;  // direct mode: the block's own mapping of `requested` bytes
   void* ptr() const;
   uint64_t id() const { return alloc_id; }
 };
@@ -300,6 +321,8 @@ class CachingAllocator {
   Block* block_by_id(uint64_t id) const;
   Device device() const;
   const Arena& arena() const { return *arena_; }
+  // Whether every block has a mapping of its own (the arena maps blocks: make_direct_arena).
+  bool direct() const { return arena_->maps_blocks(); }
 
   // round_size throws regen::Error above kMaxRequestSize.
   static uint64_t round_size(uint64_t bytes);
@@ -315,7 +338,11 @@ class CachingAllocator {
   using Pool = std::set<Block*, BlockOrder>;
 
   Block* try_allocate_locked(uint64_t rounded, bool small);
-  Block* finish_allocation_locked(Block* b, uint64_t bytes, Category category, uint32_t tag);
+  // memory: the block's own mapping in direct mode (else nullptr), which it takes over.
+  Block* finish_allocation_locked(Block* b, uint64_t bytes, Category category, uint32_t tag,
+                                  void* memory);
+  void* map_block_locked(uint64_t bytes, Category category, uint32_t tag);  // direct mode
+  void unmap_block_locked(Block* b);
   void release_block_locked(Block* b);  // a free block: coalesced with free neighbours, pooled
   Segment* map_for_request_locked(uint64_t rounded, bool small, Category category, uint32_t tag);
   Segment* map_segment_locked(uint64_t size, bool small, Category category, uint32_t tag);
@@ -356,9 +383,12 @@ class CachingAllocator {
 };
 
 // The process-wide allocator of a device. cpu: host memory; cuda:N: the CUDA arena (only in a
-// CUDA build; otherwise a regen::Error says regen was built without CUDA). They are never
-// destroyed (tensors in static storage may be released after main() returns); the exit check
-// below reports what is still live instead.
+// CUDA build; otherwise a regen::Error says regen was built without CUDA), each behind a
+// recycling arena. With REGEN_ALLOC_DIRECT=1 in the environment (read once, when the first of
+// them is created; a value other than 0 or 1 is reported once and ignored) they use
+// make_direct_arena(device) instead, for sanitizer runs. They are never destroyed (tensors in
+// static storage may be released after main() returns); the exit check below reports what is
+// still live instead.
 CachingAllocator& allocator_for(Device device);
 
 // ---- Dry runs ---------------------------------------------------------------------------------

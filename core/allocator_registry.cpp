@@ -74,6 +74,38 @@ void install_exit_check() {
   });
 }
 
+// REGEN_ALLOC_DIRECT=1: the process-wide allocators map every block on its own
+// (make_direct_arena), for sanitizer runs. Read once, when the first of them is created; like
+// REGEN_EXIT_CHECK, another value is reported (once) and ignored.
+bool direct_from_env() {
+  static const bool direct = [] {
+    const char* env = std::getenv("REGEN_ALLOC_DIRECT");
+    if (!env) return false;
+    const std::string v(env);
+    if (v == "0") return false;
+    if (v == "1") return true;
+    std::fprintf(stderr,
+                 "regen: REGEN_ALLOC_DIRECT='%s' is not 0 or 1; ignored (blocks share cached "
+                 "segments as usual)\n",
+                 env);
+    return false;
+  }();
+  return direct;
+}
+
+// The arena of a process-wide allocator: the device's own behind a recycling arena, or in direct
+// mode the direct arena (a recycling one would hide reuse from the sanitizers).
+std::unique_ptr<Arena> process_arena(Device device) {
+  if (direct_from_env()) return make_direct_arena(device);
+  if (device.is_cpu()) return make_recycling_arena(make_cpu_arena());
+#ifdef REGEN_WITH_CUDA
+  return make_recycling_arena(make_cuda_arena(device.index));
+#else
+  REGEN_FAIL("device ", device.str(),
+             " is not available: regen was built without CUDA support (REGEN_CUDA=OFF or no nvcc)");
+#endif
+}
+
 CachingAllocator* register_allocator(CachingAllocator* a) {
   install_exit_check();
   Registry& r = registry();
@@ -166,7 +198,7 @@ CachingAllocator& allocator_for(Device device) {
   if (device.is_cpu()) {
     // Never destroyed: tensors in static storage may be released after main() returns.
     static CachingAllocator* cpu =
-        register_allocator(new CachingAllocator(make_recycling_arena(make_cpu_arena())));
+        register_allocator(new CachingAllocator(process_arena(Device::cpu())));
     return *cpu;
   }
 #ifdef REGEN_WITH_CUDA
@@ -179,8 +211,7 @@ CachingAllocator& allocator_for(Device device) {
   }
   CachingAllocator*& a = (*per_device)[device.index];
   if (!a) {
-    a = register_allocator(
-        new CachingAllocator(make_recycling_arena(make_cuda_arena(device.index))));
+    a = register_allocator(new CachingAllocator(process_arena(device)));
   }
   return *a;
 #else

@@ -1,5 +1,6 @@
-// The arenas a CachingAllocator maps its segments from: the CPU's (mmap), the recycling one
-// and the Null arena of the simulator and the dry run (allocator.h).
+// The arenas a CachingAllocator maps its segments from: the CPU's (mmap), the recycling one,
+// the Null arena of the simulator and the dry run, and the direct arena of sanitizer runs, which
+// maps every block on its own (allocator.h).
 #include "regen/core/allocator.h"
 
 #include <algorithm>
@@ -65,6 +66,20 @@ class CpuArena final : public Arena {
   static constexpr size_t kHugePage = size_t{2} << 20;
 };
 
+// The CPU's memory for one block in direct mode: exactly the requested bytes from the C heap,
+// which AddressSanitizer tracks to the byte (an mmap'd or rounded region would hide an overrun).
+class HostBlockArena final : public Arena {
+ public:
+  void* map(size_t bytes) override {
+    void* p = nullptr;
+    if (posix_memalign(&p, 64, bytes) != 0) return nullptr;
+    return p;
+  }
+  void unmap(void* base, size_t) override { std::free(base); }
+  Device device() const override { return Device::cpu(); }
+  std::string name() const override { return "cpu"; }
+};
+
 class NullArena final : public Arena {
  public:
   explicit NullArena(Device d) : device_(d) {}
@@ -82,6 +97,26 @@ class NullArena final : public Arena {
  private:
   Device device_;
   uintptr_t next_ = uintptr_t{1} << 44;
+};
+
+// Direct mode: the segments are the Null arena's synthetic addresses (the allocator keeps its
+// bookkeeping, its decisions and its statistics), and each block's memory comes from `blocks_`.
+class DirectArena final : public Arena {
+ public:
+  explicit DirectArena(std::unique_ptr<Arena> blocks)
+      : blocks_(std::move(blocks)), segments_(blocks_->device()) {}
+  void* map(size_t bytes) override { return segments_.map(bytes); }
+  void unmap(void* base, size_t bytes) override { segments_.unmap(base, bytes); }
+  Device device() const override { return blocks_->device(); }
+  std::string name() const override { return blocks_->name() + " (direct)"; }
+  bool touches_memory() const override { return true; }
+  bool maps_blocks() const override { return true; }
+  void* map_block(size_t bytes) override { return blocks_->map(bytes); }
+  void unmap_block(void* p, size_t bytes) override { blocks_->unmap(p, bytes); }
+
+ private:
+  std::unique_ptr<Arena> blocks_;
+  NullArena segments_;
 };
 }  // namespace
 
@@ -156,6 +191,20 @@ std::unique_ptr<Arena> make_recycling_arena(std::unique_ptr<Arena> inner) {
 }
 std::unique_ptr<Arena> make_null_arena(Device device) {
   return std::make_unique<NullArena>(device);
+}
+std::unique_ptr<Arena> make_direct_arena(std::unique_ptr<Arena> blocks) {
+  REGEN_CHECK(blocks != nullptr && blocks->touches_memory() && !blocks->maps_blocks(),
+              "make_direct_arena needs an arena that maps memory for its blocks");
+  return std::make_unique<DirectArena>(std::move(blocks));
+}
+std::unique_ptr<Arena> make_direct_arena(Device device) {
+  if (device.is_cpu()) return make_direct_arena(std::make_unique<HostBlockArena>());
+#ifdef REGEN_WITH_CUDA
+  return make_direct_arena(make_cuda_arena(device.index));
+#else
+  REGEN_FAIL("device ", device.str(),
+             " is not available: regen was built without CUDA support (REGEN_CUDA=OFF or no nvcc)");
+#endif
 }
 
 }  // namespace regen

@@ -1,12 +1,14 @@
-// The caching allocator on the CPU and Null arenas (the shared suite is allocator_suite.h), the
-// event log and its Chrome trace, CPU-vs-Null determinism, and the process-wide allocators'
-// shutdown check.
+// The caching allocator on the CPU, Null and direct arenas (the shared suite is
+// allocator_suite.h), the event log and its Chrome trace, CPU-vs-Null-vs-direct determinism, the
+// direct mode's own mappings, and the process-wide allocators' shutdown check.
 #include <doctest/doctest.h>
 
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <climits>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <iostream>
 #include <sstream>
@@ -14,7 +16,19 @@
 #include <nlohmann/json.hpp>
 
 #include "regen/core/tensor.h"
+#include "regen/remat/layout.h"
 #include "tests/allocator_suite.h"
+
+#if defined(__SANITIZE_ADDRESS__)
+#define REGEN_TEST_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define REGEN_TEST_ASAN 1
+#endif
+#endif
+#ifdef REGEN_TEST_ASAN
+#include <sanitizer/asan_interface.h>
+#endif
 
 using namespace regen;
 using namespace regen::testing;
@@ -22,6 +36,7 @@ using namespace regen::testing;
 namespace {
 std::unique_ptr<Arena> cpu() { return make_cpu_arena(); }
 std::unique_ptr<Arena> null() { return make_null_arena(); }
+std::unique_ptr<Arena> direct() { return make_direct_arena(Device::cpu()); }
 }  // namespace
 
 TEST_CASE("allocator: rounding, splitting and coalescing (cpu, null)") {
@@ -421,4 +436,451 @@ TEST_CASE("allocator: a recycling arena reuses parked segments, never holds more
   CHECK(a.arena().retained_bytes() == 0);
   CHECK(sys->held == 0);
   CHECK(sys->maps == sys->unmaps);
+}
+
+// ---- Direct mode ------------------------------------------------------------------------------
+
+TEST_CASE("allocator: the shared suite on the direct arena: rounding, statistics, scopes, limits, "
+          "bad frees, huge requests") {
+  test_rounding_split_coalesce(direct);
+  test_hand_computed_stats(direct);
+  test_category_scopes(direct);
+  test_limit_and_oom(direct);
+  test_limit_fallback(direct);
+  test_bad_frees(direct);
+  test_max_request(direct);
+}
+
+TEST_CASE("allocator: randomized stress keeps blocks disjoint and stats exact (direct)") {
+  test_stress(direct, /*touch_memory=*/true, 3000);
+}
+
+TEST_CASE("allocator: a recorded sequence gives identical decisions on cpu and direct arenas, "
+          "with and without a limit") {
+  test_same_decisions(cpu, direct);
+  test_same_decisions_under_limit(null, direct);
+}
+
+namespace {
+// The memory behind a direct arena's blocks, with what it has mapped now (pointer -> bytes), so a
+// test sees every block's own mapping made and released. `capacity` bounds the bytes mapped at
+// once (a map past it returns nullptr, the arena's "out of memory").
+struct TrackingBlockArena final : Arena {
+  void* map(size_t bytes) override {
+    if (held + static_cast<int64_t>(bytes) > capacity) return nullptr;
+    void* p = nullptr;
+    if (posix_memalign(&p, 64, bytes) != 0) return nullptr;
+    mapped[p] = bytes;
+    held += static_cast<int64_t>(bytes);
+    ++maps;
+    return p;
+  }
+  void unmap(void* p, size_t bytes) override {  // CHECK, not REQUIRE: called from destructors
+    auto it = mapped.find(p);
+    CHECK(it != mapped.end());
+    if (it == mapped.end()) return;
+    CHECK(it->second == bytes);
+    held -= static_cast<int64_t>(it->second);
+    mapped.erase(it);
+    std::free(p);
+    ++unmaps;
+  }
+  Device device() const override { return Device::cpu(); }
+  std::string name() const override { return "tracked"; }
+  std::map<void*, size_t> mapped;
+  int64_t held = 0, capacity = INT64_MAX;
+  int64_t maps = 0, unmaps = 0;
+};
+
+// Every field of the statistics.
+void check_same_stats(const MemoryStats& x, const MemoryStats& y) {
+  auto same = [](const Stat& a, const Stat& b) {
+    CHECK(a.current == b.current);
+    CHECK(a.peak == b.peak);
+  };
+  same(x.requested, y.requested);
+  same(x.allocated, y.allocated);
+  same(x.reserved, y.reserved);
+  for (int i = 0; i < kNumCategories; ++i) {
+    CAPTURE(category_name(static_cast<Category>(i)));
+    same(x.requested_by[i], y.requested_by[i]);
+    same(x.allocated_by[i], y.allocated_by[i]);
+    same(x.reserved_by[i], y.reserved_by[i]);
+    CHECK(x.allocated_by_at_peak[i] == y.allocated_by_at_peak[i]);
+  }
+  CHECK(x.num_allocs == y.num_allocs);
+  CHECK(x.num_frees == y.num_frees);
+  CHECK(x.num_segment_maps == y.num_segment_maps);
+  CHECK(x.num_segment_unmaps == y.num_segment_unmaps);
+  CHECK(x.num_cache_flushes == y.num_cache_flushes);
+  CHECK(x.live_blocks == y.live_blocks);
+}
+
+// Every field of every event but its time, and every block of the layout but its address.
+void check_same_log_and_layout(const CachingAllocator& x, const CachingAllocator& y) {
+  const std::vector<MemoryEvent> ex = x.events(), ey = y.events();
+  REQUIRE(ex.size() == ey.size());
+  for (size_t i = 0; i < ex.size(); ++i) {
+    CAPTURE(i);
+    REQUIRE(ex[i].seq == ey[i].seq);
+    REQUIRE(ex[i].kind == ey[i].kind);
+    REQUIRE(ex[i].bytes == ey[i].bytes);
+    REQUIRE(ex[i].requested == ey[i].requested);
+    REQUIRE(ex[i].category == ey[i].category);
+    REQUIRE(ex[i].tag == ey[i].tag);
+    REQUIRE(ex[i].block_id == ey[i].block_id);
+    REQUIRE(ex[i].segment_id == ey[i].segment_id);
+    REQUIRE(ex[i].allocated_after == ey[i].allocated_after);
+    REQUIRE(ex[i].reserved_after == ey[i].reserved_after);
+  }
+  const std::vector<BlockInfo> nx = x.snapshot(), ny = y.snapshot();
+  REQUIRE(nx.size() == ny.size());
+  for (size_t i = 0; i < nx.size(); ++i) {
+    REQUIRE(nx[i].segment_id == ny[i].segment_id);
+    REQUIRE(nx[i].offset == ny[i].offset);
+    REQUIRE(nx[i].size == ny[i].size);
+    REQUIRE(nx[i].requested == ny[i].requested);
+    REQUIRE(nx[i].allocated == ny[i].allocated);
+    REQUIRE(nx[i].small_pool == ny[i].small_pool);
+    REQUIRE(nx[i].category == ny[i].category);
+    REQUIRE(nx[i].tag == ny[i].tag);
+    REQUIRE(nx[i].id == ny[i].id);
+  }
+}
+
+// An OutOfMemory message with the arena's name taken out (the one thing that differs).
+std::string without_arena_name(std::string msg, const CachingAllocator& a) {
+  const std::string name = a.arena().name();
+  const size_t at = msg.find(name);
+  if (at != std::string::npos) msg.replace(at, name.size(), "<arena>");
+  return msg;
+}
+
+// One replay of `ops` on several allocators in lockstep (an OutOfMemory leaves a null entry, so
+// the sequence stays aligned; its message must be the same on every allocator). On `direct`
+// (with its tracking arena `mem`), after every step: each live block has a pointer of its own,
+// mapped for exactly its requested bytes; each new block is written over those bytes and read
+// back at its free; the mappings are exactly the live blocks'. Returns the OutOfMemory count.
+int replay_in_lockstep(const std::vector<Op>& ops, std::vector<CachingAllocator*> all,
+                       CachingAllocator& direct, const TrackingBlockArena& mem,
+                       std::vector<std::vector<Block*>>& live) {
+  all.push_back(&direct);
+  live.resize(all.size());
+  int ooms = 0;
+  for (const Op& op : ops) {
+    if (op.is_alloc) {
+      std::vector<std::string> errors;
+      for (size_t i = 0; i < all.size(); ++i) {
+        Block* b = nullptr;
+        try {
+          b = all[i]->allocate(op.bytes, op.category, 0);
+        } catch (const OutOfMemory& e) {
+          errors.push_back(without_arena_name(e.what(), *all[i]));
+        }
+        live[i].push_back(b);
+      }
+      REQUIRE((errors.empty() || errors.size() == all.size()));
+      for (const std::string& e : errors) CHECK(e == errors.front());
+      if (!errors.empty()) {
+        ++ooms;
+        continue;
+      }
+      Block* b = live.back().back();
+      const auto it = mem.mapped.find(b->ptr());
+      REQUIRE(it != mem.mapped.end());
+      REQUIRE(it->second == op.bytes);
+      fill_block(b, op.bytes);
+    } else {
+      Block* b = live.back()[op.victim];
+      if (b) check_block(b);
+      for (size_t i = 0; i < all.size(); ++i) {
+        all[i]->free(live[i][op.victim]);
+        live[i].erase(live[i].begin() + static_cast<long>(op.victim));
+      }
+    }
+    REQUIRE(mem.mapped.size() == static_cast<size_t>(direct.stats().live_blocks));
+  }
+  return ooms;
+}
+
+void free_all(std::vector<CachingAllocator*> all, CachingAllocator& direct,
+              std::vector<std::vector<Block*>>& live) {
+  all.push_back(&direct);
+  for (size_t i = 0; i < all.size(); ++i) {
+    for (Block* b : live[i]) all[i]->free(b);
+    live[i].clear();
+  }
+}
+
+std::vector<SimOptions::Request> requests_of(const std::vector<Op>& ops) {
+  std::vector<SimOptions::Request> rq;
+  std::vector<size_t> live;
+  int64_t clock = 0;
+  for (const Op& op : ops) {
+    if (op.is_alloc) {
+      live.push_back(rq.size());
+      rq.push_back({CachingAllocator::round_size(op.bytes), clock, -1});
+    } else {
+      rq[live[op.victim]].end = clock;
+      live.erase(live.begin() + static_cast<long>(op.victim));
+    }
+    ++clock;
+  }
+  return rq;
+}
+}  // namespace
+
+TEST_CASE("allocator: direct mode gives every block its own mapping of exactly its request, and "
+          "statistics, events, layouts and OutOfMemory equal the cpu and null arenas'") {
+  auto tracking = std::make_unique<TrackingBlockArena>();
+  TrackingBlockArena& mem = *tracking;
+  CachingAllocator d(make_direct_arena(std::move(tracking)));
+  CHECK(d.direct());
+  CHECK(d.arena().touches_memory());
+  CHECK(d.arena().name() == "tracked (direct)");
+  CachingAllocator c(make_cpu_arena()), n(make_null_arena());
+  CHECK_FALSE(c.direct());
+  CHECK_FALSE(n.direct());
+  const std::vector<CachingAllocator*> others{&c, &n};
+  for (CachingAllocator* a : {&c, &n, &d}) a->set_event_log(true);
+  std::vector<std::vector<Block*>> live;
+
+  // Without a limit: mixed sizes, both pools, shared and own segments; a persistent part is kept.
+  const std::vector<Op> ops = random_sequence(7, 2000);
+  CHECK(replay_in_lockstep(ops, others, d, mem, live) == 0);
+  check_invariants(d);
+  check_same_stats(d.stats(), c.stats());
+  check_same_stats(d.stats(), n.stats());
+  check_same_log_and_layout(d, c);
+  check_same_log_and_layout(d, n);
+  CHECK(mem.maps == d.stats().num_allocs);
+  CHECK(static_cast<int64_t>(mem.mapped.size()) == d.stats().live_blocks);
+  CHECK(d.stats().live_blocks > 10);
+
+  // A planned layout over what is live now (its holes) and an arena, for the next 600 requests;
+  // the blocks it places at the same offsets at different times still get mappings of their own.
+  for (CachingAllocator* a : {&c, &n, &d}) a->reset_peak();
+  const std::vector<Op> step = random_sequence(8, 900);
+  const std::vector<uint64_t> holes = layout_holes(d.snapshot_state());
+  CHECK(holes == layout_holes(c.snapshot_state()));
+  CHECK(holes.size() > 2);
+  auto layout = std::make_shared<const PlannedLayout>(place_requests(requests_of(step), holes));
+  {
+    LayoutScope lc(c, layout), ln(n, layout), ld(d, layout);
+    for (CachingAllocator* a : {&c, &n, &d}) a->begin_planned_step();
+    std::vector<std::vector<Block*>> step_live;
+    CHECK(replay_in_lockstep(step, others, d, mem, step_live) == 0);
+    check_invariants(d);
+    free_all(others, d, step_live);
+    CHECK(static_cast<int64_t>(mem.mapped.size()) == d.stats().live_blocks);
+  }
+  check_same_stats(d.stats(), c.stats());
+  check_same_stats(d.stats(), n.stats());
+  check_same_log_and_layout(d, c);
+  check_same_log_and_layout(d, n);
+
+  // Under a limit: fallback segments, cache flushes and OutOfMemory errors, with the same messages
+  // (a request the limit refuses maps nothing).
+  for (CachingAllocator* a : {&c, &n, &d}) {
+    a->set_limit(a->stats().reserved.current + static_cast<int64_t>(48 * MiB));
+  }
+  const int64_t flushes = d.stats().num_cache_flushes;
+  const int ooms = replay_in_lockstep(random_sequence(99, 2000), others, d, mem, live);
+  CHECK(ooms > 0);
+  CHECK(d.stats().num_cache_flushes > flushes);
+  check_same_stats(d.stats(), c.stats());
+  check_same_stats(d.stats(), n.stats());
+  check_same_log_and_layout(d, c);
+  check_same_log_and_layout(d, n);
+  CHECK(mem.maps == d.stats().num_allocs);
+
+  // Freeing releases every mapping.
+  free_all(others, d, live);
+  CHECK(mem.mapped.empty());
+  CHECK(mem.held == 0);
+  CHECK(mem.unmaps == mem.maps);
+  for (CachingAllocator* a : {&c, &n, &d}) a->empty_cache();
+  check_same_stats(d.stats(), c.stats());
+  check_same_log_and_layout(d, n);
+}
+
+TEST_CASE("allocator: direct mode: a block the arena cannot map is an OutOfMemory, the block "
+          "back in its pool") {
+  auto tracking = std::make_unique<TrackingBlockArena>();
+  TrackingBlockArena& mem = *tracking;
+  mem.capacity = 10000;
+  CachingAllocator a(make_direct_arena(std::move(tracking)));
+  a.set_event_log(true);
+  Block* x = a.allocate(6000, Category::parameter, 0);
+  const MemoryStats before = a.stats();
+  const uint64_t events = a.event_count();
+  std::string msg;
+  try {
+    a.allocate(5000, Category::activation, intern_tag("too.much"));
+  } catch (const OutOfMemory& e) {
+    msg = e.what();
+  }
+  CAPTURE(msg);
+  CHECK(msg.find("out of memory on tracked (direct)") != std::string::npos);
+  CHECK(msg.find("4.88 KiB") != std::string::npos);
+  CHECK(msg.find("too.much") != std::string::npos);
+  CHECK(msg.find("REGEN_ALLOC_DIRECT") != std::string::npos);
+  check_same_stats(a.stats(), before);
+  CHECK(a.event_count() == events);
+  check_invariants(a);
+  a.free(x);
+  Block* y = a.allocate(5000, Category::activation, 0);  // room again
+  CHECK(mem.mapped.size() == 1);
+  a.free(y);
+  CHECK(mem.mapped.empty());
+  // A request that mapped a segment of its own: the segment stays cached, nothing is allocated.
+  CHECK_THROWS_AS(a.allocate(12 * MiB, Category::activation, 0), OutOfMemory);
+  CHECK(a.stats().reserved.current == static_cast<int64_t>(14 * MiB));
+  CHECK(a.stats().allocated.current == 0);
+  CHECK(a.stats().live_blocks == 0);
+  check_invariants(a);
+  a.empty_cache();
+  CHECK(a.stats().reserved.current == 0);
+  // A planned layout's request whose size is not the planned one maps nothing either.
+  auto layout = std::make_shared<PlannedLayout>();
+  layout->size = 4096;
+  layout->rounded = {1024};
+  layout->offset = {0};
+  LayoutScope scope(a, layout);
+  a.begin_planned_step();
+  CHECK_THROWS_AS(a.allocate(3000, Category::activation, 0), Error);
+  CHECK(mem.mapped.empty());
+  CHECK(mem.maps == mem.unmaps);
+}
+
+TEST_CASE("allocator: direct mode on the cpu: blocks of their own, byte-exact for "
+          "AddressSanitizer") {
+  CachingAllocator a(make_direct_arena(Device::cpu()));
+  CHECK(a.direct());
+  CHECK(a.arena().name() == "cpu (direct)");
+  CHECK(a.arena().touches_memory());
+  CHECK(a.device() == Device::cpu());
+  // Three blocks that share a segment, a medium one and an own-segment one: five mappings, each
+  // 64-byte aligned and writable over its request.
+  std::vector<Block*> blocks;
+  for (uint64_t bytes : {uint64_t{1}, uint64_t{1000}, uint64_t{4097}, 3 * MiB + 5, 12 * MiB + 3}) {
+    blocks.push_back(a.allocate(bytes, Category::activation, 0));
+  }
+  CHECK(blocks[0]->segment == blocks[2]->segment);
+  for (Block* b : blocks) {
+    CHECK(reinterpret_cast<uintptr_t>(b->ptr()) % 64 == 0);
+    fill_block(b, b->requested);
+    check_block(b);
+  }
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    for (size_t j = 0; j < i; ++j) {
+      const auto lo = reinterpret_cast<uintptr_t>(blocks[i]->ptr());
+      const auto lj = reinterpret_cast<uintptr_t>(blocks[j]->ptr());
+      CHECK((lo + blocks[i]->requested <= lj || lj + blocks[j]->requested <= lo));
+    }
+  }
+  // The snapshot keeps the segments' synthetic addresses (a tiling, as on every arena).
+  check_invariants(a);
+#ifdef REGEN_TEST_ASAN
+  // The byte after each request is poisoned: an overrun is reported, even inside the rounded
+  // block. After a free the block's bytes are poisoned too (a use after free is reported).
+  for (Block* b : blocks) {
+    const char* p = static_cast<const char*>(b->ptr());
+    CHECK_FALSE(__asan_address_is_poisoned(p + b->requested - 1));
+    CHECK(__asan_address_is_poisoned(p + b->requested));
+  }
+  const char* first = static_cast<const char*>(blocks[1]->ptr());
+  a.free(blocks[1]);
+  CHECK(__asan_address_is_poisoned(first));
+  blocks.erase(blocks.begin() + 1);
+  // On the plain cpu arena the same overrun lands in the segment, unseen.
+  CachingAllocator plain(make_cpu_arena());
+  Block* b = plain.allocate(1000, Category::activation, 0);
+  CHECK_FALSE(__asan_address_is_poisoned(static_cast<const char*>(b->ptr()) + 1000));
+  plain.free(b);
+#endif
+  for (Block* b : blocks) a.free(b);
+  CHECK(a.stats().live_blocks == 0);
+#ifndef REGEN_WITH_CUDA
+  CHECK_THROWS_AS(make_direct_arena(Device::cuda(0)), Error);
+#endif
+}
+
+// The process-wide allocator follows REGEN_ALLOC_DIRECT (read when it is created): direct for
+// "1", cached (behind a recycling arena) when it is unset, "0" or anything else. Run on its own by
+// the next test case, in child processes with each value, and by ctest in whatever environment
+// it has.
+TEST_CASE("allocator: the process-wide cpu allocator is direct exactly when "
+          "REGEN_ALLOC_DIRECT is 1") {
+  const char* env = std::getenv("REGEN_ALLOC_DIRECT");
+  const bool want = env && std::string(env) == "1";
+  CachingAllocator& a = allocator_for(Device::cpu());
+  CHECK(a.direct() == want);
+  CHECK(a.arena().name() == (want ? "cpu (direct)" : "cpu (recycling)"));
+  CHECK(a.arena().touches_memory());
+  // A tensor's bytes lie in its block's segment, or in direct mode in a mapping of their own
+  // (the segments' addresses are then synthetic).
+  Tensor t = ones({1000});
+  bool in_a_segment = false;
+  for (const BlockInfo& b : a.snapshot()) {
+    const bool here = b.address == reinterpret_cast<uintptr_t>(t.data<float>());
+    in_a_segment = in_a_segment || (b.allocated && here);
+  }
+  CHECK(in_a_segment == !want);
+  CHECK(t.data<float>()[999] == 1.0f);
+}
+
+namespace {
+// Runs this test binary's case above in a child process with REGEN_ALLOC_DIRECT=`value` (unset
+// when nullptr); returns its exit status and its stderr in `err`.
+int run_mode_case(const char* value, std::string& err) {
+  char self[4096];
+  const ssize_t len = ::readlink("/proc/self/exe", self, sizeof self - 1);
+  REQUIRE(len > 0);
+  self[len] = '\0';
+  const std::string err_path = "/tmp/regen_test_direct_" + std::to_string(::getpid()) + ".txt";
+  std::cout.flush();
+  std::fflush(nullptr);
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    if (!std::freopen(err_path.c_str(), "w", stderr) || !std::freopen("/dev/null", "w", stdout)) {
+      std::_Exit(90);
+    }
+    if (value) ::setenv("REGEN_ALLOC_DIRECT", value, 1);
+    else ::unsetenv("REGEN_ALLOC_DIRECT");
+    ::execl(self, self,
+            "--test-case=allocator: the process-wide cpu allocator is direct exactly when "
+            "REGEN_ALLOC_DIRECT is 1",
+            static_cast<char*>(nullptr));
+    std::_Exit(91);
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  err = file_text(err_path);
+  std::remove(err_path.c_str());
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+size_t count_of(const std::string& text, const std::string& part) {
+  size_t n = 0;
+  for (size_t at = text.find(part); at != std::string::npos; at = text.find(part, at + 1)) ++n;
+  return n;
+}
+}  // namespace
+
+TEST_CASE("allocator: REGEN_ALLOC_DIRECT: 1 and 0 are taken silently, another value is named once "
+          "and ignored") {
+  std::string err;
+  for (const char* value : {static_cast<const char*>(nullptr), "0", "1"}) {
+    CAPTURE((value ? value : "unset"));
+    CHECK(run_mode_case(value, err) == 0);
+    CHECK(err.find("REGEN_ALLOC_DIRECT") == std::string::npos);
+  }
+  for (const char* value : {"yes", "", "2"}) {
+    CAPTURE(value);
+    CHECK(run_mode_case(value, err) == 0);  // the case checks that the allocator is not direct
+    const std::string warning = std::string("REGEN_ALLOC_DIRECT='") + value + "' is not 0 or 1; ignored";
+    CHECK(count_of(err, warning) == 1);
+  }
 }
