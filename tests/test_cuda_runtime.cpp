@@ -61,7 +61,7 @@ class EnvScope {
 
 }  // namespace
 
-TEST_CASE("cuda runtime: a missing GPU or driver is no GPU; every other failure is an error") {
+TEST_CASE("cuda runtime: a missing GPU or driver is no GPU and every other failure is an error") {
   // A GPU machine.
   cuda::DeviceProbe p = cuda::classify_device_query(cudaSuccess, 2, 13000, 13000);
   CHECK(p.count == 2);

@@ -389,9 +389,11 @@ double device_memory_bytes(Device device) {
 
 int64_t available_memory(Device device) {
   uint64_t free_bytes = 0, total_bytes = 0;
-  // What the process's own allocator already reserves (and keeps parked) is its to reuse.
+  // What the process's own allocator already reserves (and keeps parked) is its to reuse. In
+  // direct mode its segments are bookkeeping only: it holds exactly its live blocks' bytes.
   CachingAllocator& a = allocator_for(device);
-  const int64_t own = a.stats().reserved.current + static_cast<int64_t>(a.arena().retained_bytes());
+  const int64_t own = a.direct() ? a.stats().requested.current
+                                 : a.stats().reserved.current + static_cast<int64_t>(a.arena().retained_bytes());
   if (cuda_memory_info(device, free_bytes, total_bytes)) return static_cast<int64_t>(free_bytes) + own;
   if (FILE* f = std::fopen("/proc/meminfo", "r")) {
     char line[256];
