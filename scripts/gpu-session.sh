@@ -127,7 +127,7 @@ phase_test() {
   for t in $(cuda_suites); do
     REGEN_CUDA_SYNC=1 limited 150 "$build/tests/$t" -s > "$work/$t.txt" 2>&1; rc=$?
     log "$t (REGEN_CUDA_SYNC=1) exit $rc: $(grep -E '^\[doctest\] (test cases|assertions)' "$work/$t.txt" | tr '\n' ' ')"
-    [ "$rc" -ne 0 ] && { status=1; grep -E "ERROR|FAILED|error" "$work/$t.txt" | head -15; }
+    [ "$rc" -ne 0 ] && { status=1; grep -E "ERROR|FAILED|error|^regen:" "$work/$t.txt" | head -15; }
   done
   (cd "$build" && limited 240 ctest -j "$jobs" --output-on-failure) > "$work/ctest.txt" 2>&1 \
     || status=1
