@@ -103,6 +103,9 @@ class Arena {
 };
 
 std::unique_ptr<Arena> make_cpu_arena();
+// The device's own arena: make_cpu_arena() on the CPU, make_cuda_arena(N) on cuda:N (a
+// regen::Error naming the device in a build without CUDA).
+std::unique_ptr<Arena> make_device_arena(Device device);
 // Wraps an arena so that unmapped segments are parked, not returned, and a later map of the same
 // size takes one back: the trainer empties the allocator's cache at every step start (the
 // canonical start that makes predicted peaks exact), and without this every step would fault in

@@ -97,13 +97,7 @@ bool direct_from_env() {
 // mode the direct arena (a recycling one would hide reuse from the sanitizers).
 std::unique_ptr<Arena> process_arena(Device device) {
   if (direct_from_env()) return make_direct_arena(device);
-  if (device.is_cpu()) return make_recycling_arena(make_cpu_arena());
-#ifdef REGEN_WITH_CUDA
-  return make_recycling_arena(make_cuda_arena(device.index));
-#else
-  REGEN_FAIL("device ", device.str(),
-             " is not available: regen was built without CUDA support (REGEN_CUDA=OFF or no nvcc)");
-#endif
+  return make_recycling_arena(make_device_arena(device));
 }
 
 CachingAllocator* register_allocator(CachingAllocator* a) {

@@ -197,14 +197,20 @@ std::unique_ptr<Arena> make_direct_arena(std::unique_ptr<Arena> blocks) {
               "make_direct_arena needs an arena that maps memory for its blocks");
   return std::make_unique<DirectArena>(std::move(blocks));
 }
-std::unique_ptr<Arena> make_direct_arena(Device device) {
-  if (device.is_cpu()) return make_direct_arena(std::make_unique<HostBlockArena>());
+std::unique_ptr<Arena> make_device_arena(Device device) {
+  if (device.is_cpu()) return make_cpu_arena();
 #ifdef REGEN_WITH_CUDA
-  return make_direct_arena(make_cuda_arena(device.index));
+  return make_cuda_arena(device.index);
 #else
   REGEN_FAIL("device ", device.str(),
              " is not available: regen was built without CUDA support (REGEN_CUDA=OFF or no nvcc)");
 #endif
+}
+std::unique_ptr<Arena> make_direct_arena(Device device) {
+  // A CUDA arena maps exactly what it is asked for; the CPU's rounds to huge pages, so blocks
+  // there come from the C heap instead.
+  if (device.is_cpu()) return make_direct_arena(std::make_unique<HostBlockArena>());
+  return make_direct_arena(make_device_arena(device));
 }
 
 }  // namespace regen

@@ -15,6 +15,7 @@
 
 #include "regen/core/allocator.h"
 #include "regen/core/error.h"
+#include "regen/remat/simulator.h"
 
 namespace regen::testing {
 
@@ -364,6 +365,26 @@ struct Op {
   size_t victim;    // free: index into the list of live allocations
   Category category;
 };
+
+// The requests of a recorded allocator sequence (Op, above), as the simulator and the layout
+// planner take them: positions count allocations and frees; blocks still live at the end live to
+// the end.
+inline std::vector<SimOptions::Request> requests_of(const std::vector<Op>& ops) {
+  std::vector<SimOptions::Request> rq;
+  std::vector<size_t> live;  // request index of each live allocation, in the ops' order
+  int64_t clock = 0;
+  for (const Op& op : ops) {
+    if (op.is_alloc) {
+      live.push_back(rq.size());
+      rq.push_back({CachingAllocator::round_size(op.bytes), clock, -1});
+    } else {
+      rq[live[op.victim]].end = clock;
+      live.erase(live.begin() + static_cast<long>(op.victim));
+    }
+    ++clock;
+  }
+  return rq;
+}
 
 inline std::vector<Op> random_sequence(uint64_t seed, int n) {
   std::mt19937_64 rng(seed);

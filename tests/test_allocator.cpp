@@ -612,22 +612,6 @@ void free_all(std::vector<CachingAllocator*> all, CachingAllocator& direct,
   }
 }
 
-std::vector<SimOptions::Request> requests_of(const std::vector<Op>& ops) {
-  std::vector<SimOptions::Request> rq;
-  std::vector<size_t> live;
-  int64_t clock = 0;
-  for (const Op& op : ops) {
-    if (op.is_alloc) {
-      live.push_back(rq.size());
-      rq.push_back({CachingAllocator::round_size(op.bytes), clock, -1});
-    } else {
-      rq[live[op.victim]].end = clock;
-      live.erase(live.begin() + static_cast<long>(op.victim));
-    }
-    ++clock;
-  }
-  return rq;
-}
 }  // namespace
 
 TEST_CASE("allocator: direct mode gives every block its own mapping of exactly its request, and "

@@ -598,8 +598,10 @@ std::vector<std::string> split_csv_line(const std::string& line) {
   return out;
 }
 
-// frontier.csv as rows of named fields (every row as wide as the header).
-std::vector<std::map<std::string, std::string>> read_csv(const std::string& path) {
+// A CSV file as rows of named fields (every row as wide as the header); `header_out`, when given,
+// receives the header in column order.
+std::vector<std::map<std::string, std::string>> csv_rows(
+    const std::string& path, std::vector<std::string>* header_out = nullptr) {
   std::vector<std::map<std::string, std::string>> rows;
   std::vector<std::string> header;
   size_t start = 0;
@@ -619,6 +621,14 @@ std::vector<std::map<std::string, std::string>> read_csv(const std::string& path
     rows.push_back(std::move(row));
   }
   REQUIRE(!header.empty());
+  if (header_out) *header_out = header;
+  return rows;
+}
+
+// frontier.csv as rows of named fields, with every column the frontier writes.
+std::vector<std::map<std::string, std::string>> read_csv(const std::string& path) {
+  std::vector<std::string> header;
+  auto rows = csv_rows(path, &header);
   for (const char* col :
        {"model", "batch", "device", "threads", "policy", "budget_bytes", "budget_fraction",
         "feasible", "predicted_peak_allocated", "predicted_peak_reserved", "predicted_ms",
@@ -873,28 +883,12 @@ TEST_CASE("cli: --math and --tf32: defaults, conflicts, the CPU, and the math co
   CHECK(has(ops.out, "f32, math fp32, median of 1 runs"));
   CHECK(nlohmann::json::parse(read_file(ops_json)).at("math") == "fp32");
 
-  // A CSV as rows of named fields, every row as wide as the header.
+  // A CSV as rows of named fields; the math column comes last, so readers that count columns
+  // are unaffected.
   auto rows_of = [](const std::string& path) {
-    std::vector<std::map<std::string, std::string>> rows;
-    const std::string text = read_file(path);
     std::vector<std::string> header;
-    size_t start = 0;
-    while (start < text.size()) {
-      const size_t end = text.find('\n', start);
-      REQUIRE(end != std::string::npos);
-      const std::vector<std::string> fields = split_csv_line(text.substr(start, end - start));
-      start = end + 1;
-      if (header.empty()) {
-        header = fields;
-        continue;
-      }
-      REQUIRE(fields.size() == header.size());
-      std::map<std::string, std::string> row;
-      for (size_t i = 0; i < fields.size(); ++i) row[header[i]] = fields[i];
-      rows.push_back(std::move(row));
-    }
-    REQUIRE(!header.empty());
-    CHECK(header.back() == "math");  // added last: readers that count columns are unaffected
+    auto rows = csv_rows(path, &header);
+    CHECK(header.back() == "math");
     return rows;
   };
   const std::string sw = dir.file("sw");

@@ -57,24 +57,6 @@ void check_layout(const std::vector<Request>& rq, const PlannedLayout& l) {
   CHECK(static_cast<int64_t>(hole_bytes) + l.size >= live_peak(rq));
 }
 
-// The requests of a recorded allocator sequence (allocator_suite.h): positions count allocations
-// and frees; blocks still live at the end live to the end.
-std::vector<Request> requests_of(const std::vector<Op>& ops) {
-  std::vector<Request> rq;
-  std::vector<size_t> live;  // request index of each live allocation, in the ops' order
-  int64_t clock = 0;
-  for (const Op& op : ops) {
-    if (op.is_alloc) {
-      live.push_back(rq.size());
-      rq.push_back({CachingAllocator::round_size(op.bytes), clock, -1});
-    } else {
-      rq[live[op.victim]].end = clock;
-      live.erase(live.begin() + static_cast<long>(op.victim));
-    }
-    ++clock;
-  }
-  return rq;
-}
 
 // Replays `ops` as a planned step: each request where the layout puts it, the allocator's
 // invariants after every step (live blocks disjoint, holes and arena tiled by blocks and gaps,
