@@ -70,6 +70,7 @@ class Recorder final : public TapeHooks, public StepObserver {
     for (Value& v : graph_values_) {
       v.leaf.reset();
       v.leaf_storage.reset();
+      v.held.reset();
     }
     graph_saved_ = tape.saved();
     for (SavedTensor& s : graph_saved_) s.storage.reset();
