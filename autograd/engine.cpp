@@ -23,9 +23,9 @@ void add_inplace_typed(const Tensor& dst, const Tensor& src) {
 }  // namespace
 
 void accumulate_into(const Tensor& dst, const Tensor& src) {
-  REGEN_CHECK(dst.shape() == src.shape() && dst.dtype() == src.dtype() &&
-                  dst.device() == src.device(),
-              "gradient accumulation: ", dst.str(), " += ", src.str(), " do not match");
+  REGEN_CHECK(
+      dst.shape() == src.shape() && dst.dtype() == src.dtype() && dst.device() == src.device(),
+      "gradient accumulation: ", dst.str(), " += ", src.str(), " do not match");
   REGEN_FLOATING(dst.dtype(), "gradient accumulation", add_inplace_typed, dst, src);
 }
 
@@ -114,8 +114,8 @@ void Tape::accumulate_grad(int64_t id, Tensor g, std::vector<Tensor>& grads) {
   }
   // Add in place when we own the buffer alone; otherwise (shared with another gradient) make a
   // new one. Both choices depend only on the graph, so memory stays deterministic.
-  const bool exclusive = slot.impl().use_count() == 1 && slot.impl()->storage &&
-                         slot.impl()->storage.use_count() == 1;
+  const bool exclusive =
+      slot.impl().use_count() == 1 && slot.impl()->storage && slot.impl()->storage.use_count() == 1;
   if (!exclusive) {
     CategoryScope cat(Category::gradient);
     slot = slot.clone();
@@ -126,11 +126,12 @@ void Tape::accumulate_grad(int64_t id, Tensor g, std::vector<Tensor>& grads) {
 void Tape::backward(const Tensor& loss, const Tensor& grad) {
   REGEN_CHECK(loss.defined(), "backward: undefined loss tensor");
   const TensorImpl* li = loss.impl().get();
-  REGEN_CHECK(li->tape_epoch == epoch_ || !li->produced,
-              "backward: the tape that produced ", loss.str(),
+  REGEN_CHECK(li->tape_epoch == epoch_ || !li->produced, "backward: the tape that produced ",
+              loss.str(),
               " was already released by an earlier backward() (backward twice over one graph)");
   REGEN_CHECK(li->produced && li->tape_epoch == epoch_ && li->tape_value >= 0 && !nodes_.empty(),
-              "backward: ", loss.str(), " was not produced by a recorded op (does it depend on a "
+              "backward: ", loss.str(),
+              " was not produced by a recorded op (does it depend on a "
               "tensor that requires grad?)");
   REGEN_CHECK(!in_backward_, "backward: already running");
   Tensor seed = grad;

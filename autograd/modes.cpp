@@ -20,9 +20,15 @@ std::atomic<uint64_t> g_seed{0};
 std::atomic<uint64_t> g_stream{1};
 }  // namespace
 
-bool grad_mode_enabled() { return tl_grad_mode; }
-NoGradScope::NoGradScope() : saved_(tl_grad_mode) { tl_grad_mode = false; }
-NoGradScope::~NoGradScope() { tl_grad_mode = saved_; }
+bool grad_mode_enabled() {
+  return tl_grad_mode;
+}
+NoGradScope::NoGradScope() : saved_(tl_grad_mode) {
+  tl_grad_mode = false;
+}
+NoGradScope::~NoGradScope() {
+  tl_grad_mode = saved_;
+}
 
 ModuleScope::ModuleScope(const std::string& name) : saved_size_(tl_module_path.size()) {
   if (!name.empty()) {
@@ -30,22 +36,32 @@ ModuleScope::ModuleScope(const std::string& name) : saved_size_(tl_module_path.s
     tl_module_path += name;
   }
 }
-ModuleScope::~ModuleScope() { tl_module_path.resize(saved_size_); }
-const std::string& ModuleScope::current_path() { return tl_module_path; }
+ModuleScope::~ModuleScope() {
+  tl_module_path.resize(saved_size_);
+}
+const std::string& ModuleScope::current_path() {
+  return tl_module_path;
+}
 
 BlockScope::BlockScope(const std::string& name) {
   std::string full = ModuleScope::current_path();
   if (!name.empty()) full += (full.empty() ? "" : ".") + name;
   block_ = Tape::current().begin_block(intern_tag(full));
 }
-BlockScope::~BlockScope() { Tape::current().end_block(block_); }
+BlockScope::~BlockScope() {
+  Tape::current().end_block(block_);
+}
 
 void manual_seed(uint64_t seed) {
   g_seed = seed;
   g_stream = 1;
 }
-uint64_t rng_seed() { return g_seed; }
-uint64_t next_rng_stream() { return g_stream++; }
+uint64_t rng_seed() {
+  return g_seed;
+}
+uint64_t next_rng_stream() {
+  return g_stream++;
+}
 
 RngStreamDraw::~RngStreamDraw() {
   // Undo the draw only if nothing drew after it (a later draw keeps its stream).

@@ -32,7 +32,8 @@ bool register_op(OpKind kind, const OpDef* def) {
 
 const OpDef& op_def(OpKind kind) {
   const OpDef* d = registry().at(static_cast<size_t>(kind));
-  REGEN_CHECK(d != nullptr, "op ", op_name(kind), " is not registered (its object file was not linked)");
+  REGEN_CHECK(d != nullptr, "op ", op_name(kind),
+              " is not registered (its object file was not linked)");
   return *d;
 }
 
@@ -43,9 +44,12 @@ const char* op_name(OpKind kind) {
 
 const char* saved_state_name(SavedState s) {
   switch (s) {
-    case SavedState::resident: return "resident";
-    case SavedState::evicted: return "evicted";
-    case SavedState::released: return "released";
+    case SavedState::resident:
+      return "resident";
+    case SavedState::evicted:
+      return "evicted";
+    case SavedState::released:
+      return "released";
   }
   return "?";
 }

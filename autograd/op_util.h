@@ -12,9 +12,9 @@ namespace regen::detail {
 // user-facing function, so whatever records the op links its definition.
 // `def` must be constexpr: its name is checked against the op list (tape.h REGEN_OPS) when the
 // file compiles.
-#define REGEN_REGISTER_OP(kind, def)                                                          \
-  static_assert(::regen::detail::same_name((def).name, #kind),                                \
-                "OpDef name differs from its OpKind: " #kind);                                \
+#define REGEN_REGISTER_OP(kind, def)                           \
+  static_assert(::regen::detail::same_name((def).name, #kind), \
+                "OpDef name differs from its OpKind: " #kind); \
   static const bool regen_registered_##kind = ::regen::register_op(::regen::OpKind::kind, &(def))
 
 constexpr bool same_name(const char* a, const char* b) {
@@ -32,7 +32,9 @@ inline void check_defined(const char* op, const Tensor& t, const char* what) {
   REGEN_CHECK(t.defined(), op, ": ", what, " is undefined");
 }
 
-inline Tensor empty_like(const Tensor& t) { return empty(t.shape(), t.dtype(), t.device()); }
+inline Tensor empty_like(const Tensor& t) {
+  return empty(t.shape(), t.dtype(), t.device());
+}
 
 inline void no_saves(const AttrBlob&, std::vector<SaveRef>&) {}
 

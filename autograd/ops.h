@@ -113,8 +113,8 @@ Tensor batchnorm2d(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                    const Tensor& running_mean, const Tensor& running_var, bool training,
                    double momentum = 0.1, double eps = 1e-5);
 
-Tensor relu(const Tensor& x);   // saves its output
-Tensor gelu(const Tensor& x);   // exact (erf) GELU; saves its input
+Tensor relu(const Tensor& x);  // saves its output
+Tensor gelu(const Tensor& x);  // exact (erf) GELU; saves its input
 // a + b, where b has a's shape or a suffix of it (broadcast over leading dims). Saves nothing.
 Tensor add(const Tensor& a, const Tensor& b);
 // a * b, where b has a's shape or a suffix of it. Saves a and b.
@@ -151,9 +151,9 @@ Tensor upsample2x(const Tensor& x, UpsampleMode mode = UpsampleMode::nearest);
 // with output_padding < stride. Saves x, weight.
 Tensor conv_transpose2d(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor(),
                         int64_t stride = 1, int64_t padding = 0, int64_t output_padding = 0);
-Tensor conv_transpose2d(const Tensor& x, const Tensor& weight, const Tensor& bias,
-                        int64_t stride_h, int64_t stride_w, int64_t pad_h, int64_t pad_w,
-                        int64_t out_pad_h, int64_t out_pad_w);
+Tensor conv_transpose2d(const Tensor& x, const Tensor& weight, const Tensor& bias, int64_t stride_h,
+                        int64_t stride_w, int64_t pad_h, int64_t pad_w, int64_t out_pad_h,
+                        int64_t out_pad_w);
 
 // ids: (...) i64 in [0, V), weight: (V, D) -> (..., D). Saves ids.
 Tensor embedding(const Tensor& ids, const Tensor& weight);

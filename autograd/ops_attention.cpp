@@ -61,7 +61,7 @@ void attention_saves(const AttrBlob& attrs, std::vector<SaveRef>& s) {
   if (attrs.as<AttentionAttrs>().has_mask) s.push_back({false, 1});
 }
 constexpr OpDef kAttention{"attention",    2, 1, false, attention_forward_op, attention_backward_op,
-                       attention_saves};
+                           attention_saves};
 REGEN_REGISTER_OP(attention, kAttention);
 }  // namespace
 

@@ -24,14 +24,16 @@ void linear_fwd(OpContext& c) {
   ys.back() = out;
   Tensor y = empty(ys, x.dtype(), x.device());
   // y (M, out) = x (M, in) * w^T (in, out)
-  REGEN_LAUNCH(x.device(), T, gemm, false, true, M, out, in, T(1), x.data<T>(), in, w.data<T>(),
-               in, T(0), y.data<T>(), out);
+  REGEN_LAUNCH(x.device(), T, gemm, false, true, M, out, in, T(1), x.data<T>(), in, w.data<T>(), in,
+               T(0), y.data<T>(), out);
   if (b.defined()) {
     REGEN_LAUNCH(x.device(), T, add, y.data<T>(), b.data<T>(), y.data<T>(), M * out, out);
   }
   c.outputs = {y};
 }
-void linear_forward(OpContext& c) { REGEN_FLOATING(c.inputs[0].dtype(), "linear", linear_fwd, c); }
+void linear_forward(OpContext& c) {
+  REGEN_FLOATING(c.inputs[0].dtype(), "linear", linear_fwd, c);
+}
 
 template <class T>
 void linear_bwd(BackwardContext& c) {
@@ -60,7 +62,9 @@ void linear_bwd(BackwardContext& c) {
 void linear_backward(BackwardContext& c) {
   REGEN_FLOATING(c.grad_output(0).dtype(), "linear backward", linear_bwd, c);
 }
-void linear_saves(const AttrBlob&, std::vector<SaveRef>& s) { s = {{false, 0}, {false, 1}}; }
+void linear_saves(const AttrBlob&, std::vector<SaveRef>& s) {
+  s = {{false, 0}, {false, 1}};
+}
 constexpr OpDef kLinear{"linear", 1, 1, false, linear_forward, linear_backward, linear_saves};
 REGEN_REGISTER_OP(linear, kLinear);
 }  // namespace
@@ -70,8 +74,8 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   check_defined("linear", weight, "weight");
   check_floating("linear", x);
   check_same_dtype("linear", x, weight);
-  REGEN_CHECK(weight.dim() == 2 && x.dim() >= 1 && x.size(-1) == weight.size(1),
-              "linear: input ", sh(x.shape()), " does not match weight ", sh(weight.shape()),
+  REGEN_CHECK(weight.dim() == 2 && x.dim() >= 1 && x.size(-1) == weight.size(1), "linear: input ",
+              sh(x.shape()), " does not match weight ", sh(weight.shape()),
               " (expected (..., in) and (out, in))");
   if (bias.defined()) {
     check_same_dtype("linear", x, bias);
@@ -107,11 +111,13 @@ void bmm_fwd(OpContext& c) {
   Tensor y = a.dim() == 3 ? empty({d.B, d.M, d.N}, a.dtype(), a.device())
                           : empty({d.M, d.N}, a.dtype(), a.device());
   REGEN_LAUNCH(a.device(), T, gemm_batched, at.trans_a, at.trans_b, d.B, d.M, d.N, d.K, T(1),
-               a.data<T>(), d.lda, d.M * d.K, b.data<T>(), d.ldb, d.K * d.N, T(0), y.data<T>(),
-               d.N, d.M * d.N);
+               a.data<T>(), d.lda, d.M * d.K, b.data<T>(), d.ldb, d.K * d.N, T(0), y.data<T>(), d.N,
+               d.M * d.N);
   c.outputs = {y};
 }
-void bmm_forward(OpContext& c) { REGEN_FLOATING(c.inputs[0].dtype(), "bmm", bmm_fwd, c); }
+void bmm_forward(OpContext& c) {
+  REGEN_FLOATING(c.inputs[0].dtype(), "bmm", bmm_fwd, c);
+}
 
 template <class T>
 void bmm_bwd(BackwardContext& c) {
@@ -124,8 +130,8 @@ void bmm_bwd(BackwardContext& c) {
   if (c.needs_grad(0)) {
     Tensor da = empty_like(a);
     if (!at.trans_a) {  // da (M, K) = dy (M, N) * op(b)^T
-      REGEN_LAUNCH(dev, T, gemm_batched, false, !at.trans_b, d.B, d.M, d.K, d.N, T(1),
-                   dy.data<T>(), d.N, sy, b.data<T>(), d.ldb, sb, T(0), da.data<T>(), d.K, sa);
+      REGEN_LAUNCH(dev, T, gemm_batched, false, !at.trans_b, d.B, d.M, d.K, d.N, T(1), dy.data<T>(),
+                   d.N, sy, b.data<T>(), d.ldb, sb, T(0), da.data<T>(), d.K, sa);
     } else {  // da stored (K, M) = op(b) * dy^T
       REGEN_LAUNCH(dev, T, gemm_batched, at.trans_b, true, d.B, d.K, d.M, d.N, T(1), b.data<T>(),
                    d.ldb, sb, dy.data<T>(), d.N, sy, T(0), da.data<T>(), d.M, sa);
@@ -135,11 +141,11 @@ void bmm_bwd(BackwardContext& c) {
   if (c.needs_grad(1)) {
     Tensor db = empty_like(b);
     if (!at.trans_b) {  // db (K, N) = op(a)^T * dy
-      REGEN_LAUNCH(dev, T, gemm_batched, !at.trans_a, false, d.B, d.K, d.N, d.M, T(1),
-                   a.data<T>(), d.lda, sa, dy.data<T>(), d.N, sy, T(0), db.data<T>(), d.N, sb);
+      REGEN_LAUNCH(dev, T, gemm_batched, !at.trans_a, false, d.B, d.K, d.N, d.M, T(1), a.data<T>(),
+                   d.lda, sa, dy.data<T>(), d.N, sy, T(0), db.data<T>(), d.N, sb);
     } else {  // db stored (N, K) = dy^T * op(a)
-      REGEN_LAUNCH(dev, T, gemm_batched, true, at.trans_a, d.B, d.N, d.K, d.M, T(1),
-                   dy.data<T>(), d.N, sy, a.data<T>(), d.lda, sa, T(0), db.data<T>(), d.K, sb);
+      REGEN_LAUNCH(dev, T, gemm_batched, true, at.trans_a, d.B, d.N, d.K, d.M, T(1), dy.data<T>(),
+                   d.N, sy, a.data<T>(), d.lda, sa, T(0), db.data<T>(), d.K, sb);
     }
     c.set_grad_input(1, db);
   }
@@ -147,7 +153,9 @@ void bmm_bwd(BackwardContext& c) {
 void bmm_backward(BackwardContext& c) {
   REGEN_FLOATING(c.grad_output(0).dtype(), "bmm backward", bmm_bwd, c);
 }
-void bmm_saves(const AttrBlob&, std::vector<SaveRef>& s) { s = {{false, 0}, {false, 1}}; }
+void bmm_saves(const AttrBlob&, std::vector<SaveRef>& s) {
+  s = {{false, 0}, {false, 1}};
+}
 constexpr OpDef kBmm{"bmm", 1, 1, false, bmm_forward, bmm_backward, bmm_saves};
 constexpr OpDef kMatmul{"matmul", 1, 1, false, bmm_forward, bmm_backward, bmm_saves};
 REGEN_REGISTER_OP(bmm, kBmm);
@@ -169,8 +177,8 @@ Tensor bmm(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
   check_defined("bmm", b, "b");
   check_floating("bmm", a);
   check_same_dtype("bmm", a, b);
-  REGEN_CHECK(a.dim() == 3 && b.dim() == 3 && a.size(0) == b.size(0), "bmm: shapes ",
-              sh(a.shape()), " and ", sh(b.shape()), " are not batches of equal count");
+  REGEN_CHECK(a.dim() == 3 && b.dim() == 3 && a.size(0) == b.size(0), "bmm: shapes ", sh(a.shape()),
+              " and ", sh(b.shape()), " are not batches of equal count");
   const BmmAttrs at{trans_a, trans_b};
   const BmmDims d = bmm_dims(a, b, at);
   const int64_t kb = trans_b ? b.size(2) : b.size(1);
@@ -189,7 +197,9 @@ void relu_fwd(OpContext& c) {
   REGEN_LAUNCH(x.device(), T, relu_forward, x.data<T>(), y.data<T>(), x.numel());
   c.outputs = {y};
 }
-void relu_forward_op(OpContext& c) { REGEN_FLOATING(c.inputs[0].dtype(), "relu", relu_fwd, c); }
+void relu_forward_op(OpContext& c) {
+  REGEN_FLOATING(c.inputs[0].dtype(), "relu", relu_fwd, c);
+}
 template <class T>
 void relu_bwd(BackwardContext& c) {
   const Tensor y = c.saved(0);
@@ -201,7 +211,9 @@ void relu_bwd(BackwardContext& c) {
 void relu_backward_op(BackwardContext& c) {
   REGEN_FLOATING(c.grad_output(0).dtype(), "relu backward", relu_bwd, c);
 }
-void relu_saves(const AttrBlob&, std::vector<SaveRef>& s) { s = {{true, 0}}; }
+void relu_saves(const AttrBlob&, std::vector<SaveRef>& s) {
+  s = {{true, 0}};
+}
 constexpr OpDef kRelu{"relu", 1, 1, false, relu_forward_op, relu_backward_op, relu_saves};
 REGEN_REGISTER_OP(relu, kRelu);
 
@@ -212,7 +224,9 @@ void gelu_fwd(OpContext& c) {
   REGEN_LAUNCH(x.device(), T, gelu_forward, x.data<T>(), y.data<T>(), x.numel());
   c.outputs = {y};
 }
-void gelu_forward_op(OpContext& c) { REGEN_FLOATING(c.inputs[0].dtype(), "gelu", gelu_fwd, c); }
+void gelu_forward_op(OpContext& c) {
+  REGEN_FLOATING(c.inputs[0].dtype(), "gelu", gelu_fwd, c);
+}
 template <class T>
 void gelu_bwd(BackwardContext& c) {
   const Tensor x = c.saved(0);
@@ -224,7 +238,9 @@ void gelu_bwd(BackwardContext& c) {
 void gelu_backward_op(BackwardContext& c) {
   REGEN_FLOATING(c.grad_output(0).dtype(), "gelu backward", gelu_bwd, c);
 }
-void gelu_saves(const AttrBlob&, std::vector<SaveRef>& s) { s = {{false, 0}}; }
+void gelu_saves(const AttrBlob&, std::vector<SaveRef>& s) {
+  s = {{false, 0}};
+}
 constexpr OpDef kGelu{"gelu", 1, 1, false, gelu_forward_op, gelu_backward_op, gelu_saves};
 REGEN_REGISTER_OP(gelu, kGelu);
 }  // namespace
@@ -273,7 +289,9 @@ void add_fwd(OpContext& c) {
   REGEN_LAUNCH(a.device(), T, add, a.data<T>(), b.data<T>(), y.data<T>(), a.numel(), b.numel());
   c.outputs = {y};
 }
-void add_forward_op(OpContext& c) { REGEN_FLOATING(c.inputs[0].dtype(), "add", add_fwd, c); }
+void add_forward_op(OpContext& c) {
+  REGEN_FLOATING(c.inputs[0].dtype(), "add", add_fwd, c);
+}
 template <class T>
 void add_bwd(BackwardContext& c) {
   const Tensor& dy = c.grad_output(0);
@@ -296,7 +314,9 @@ void mul_fwd(OpContext& c) {
   REGEN_LAUNCH(a.device(), T, mul, a.data<T>(), b.data<T>(), y.data<T>(), a.numel(), b.numel());
   c.outputs = {y};
 }
-void mul_forward_op(OpContext& c) { REGEN_FLOATING(c.inputs[0].dtype(), "mul", mul_fwd, c); }
+void mul_forward_op(OpContext& c) {
+  REGEN_FLOATING(c.inputs[0].dtype(), "mul", mul_fwd, c);
+}
 template <class T>
 void mul_bwd(BackwardContext& c) {
   const Tensor a = c.saved(0), b = c.saved(1);
@@ -317,7 +337,9 @@ void mul_bwd(BackwardContext& c) {
 void mul_backward_op(BackwardContext& c) {
   REGEN_FLOATING(c.grad_output(0).dtype(), "mul backward", mul_bwd, c);
 }
-void mul_saves(const AttrBlob&, std::vector<SaveRef>& s) { s = {{false, 0}, {false, 1}}; }
+void mul_saves(const AttrBlob&, std::vector<SaveRef>& s) {
+  s = {{false, 0}, {false, 1}};
+}
 constexpr OpDef kMul{"mul", 1, 1, false, mul_forward_op, mul_backward_op, mul_saves};
 REGEN_REGISTER_OP(mul, kMul);
 
@@ -329,7 +351,9 @@ void scale_fwd(OpContext& c) {
                static_cast<T>(c.attr<ScaleAttrs>().alpha));
   c.outputs = {y};
 }
-void scale_forward_op(OpContext& c) { REGEN_FLOATING(c.inputs[0].dtype(), "scale", scale_fwd, c); }
+void scale_forward_op(OpContext& c) {
+  REGEN_FLOATING(c.inputs[0].dtype(), "scale", scale_fwd, c);
+}
 template <class T>
 void scale_bwd(BackwardContext& c) {
   const Tensor& dy = c.grad_output(0);
@@ -410,7 +434,9 @@ void sum_fwd(OpContext& c) {
   }
   c.outputs = {y};
 }
-void sum_forward_op(OpContext& c) { REGEN_FLOATING(c.inputs[0].dtype(), "sum", sum_fwd, c); }
+void sum_forward_op(OpContext& c) {
+  REGEN_FLOATING(c.inputs[0].dtype(), "sum", sum_fwd, c);
+}
 template <class T>
 void sum_bwd(BackwardContext& c) {
   const Tensor& dy = c.grad_output(0);

@@ -155,8 +155,8 @@ void split_backward(BackwardContext& c) {
   }
   REGEN_FLOATING(dtype, "split backward", split_bwd, c);
 }
-constexpr OpDef kSplit{"split", kVariableOutputs, kVariableOutputs, false,
-                       split_forward, split_backward, no_saves};
+constexpr OpDef kSplit{"split",       kVariableOutputs, kVariableOutputs, false,
+                       split_forward, split_backward,   no_saves};
 REGEN_REGISTER_OP(split, kSplit);
 
 // ---- narrow -------------------------------------------------------------------------------------

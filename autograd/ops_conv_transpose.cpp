@@ -58,8 +58,8 @@ void convt_backward(BackwardContext& c) {
 void convt_saves(const AttrBlob&, std::vector<SaveRef>& s) {
   s = {{false, 0}, {false, 1}};
 }
-constexpr OpDef kConvTranspose2d{"conv_transpose2d", 1, 1, false,
-                                 convt_forward, convt_backward, convt_saves};
+constexpr OpDef kConvTranspose2d{"conv_transpose2d", 1,          1, false, convt_forward,
+                                 convt_backward,     convt_saves};
 REGEN_REGISTER_OP(conv_transpose2d, kConvTranspose2d);
 }  // namespace
 

@@ -196,7 +196,7 @@ void lce_saves(const AttrBlob& attrs, std::vector<SaveRef>& s) {
   }
 }
 constexpr OpDef kLinearCrossEntropy{"linear_cross_entropy", 2,        1, false, lce_forward_op,
-                                lce_backward_op,        lce_saves};
+                                    lce_backward_op,        lce_saves};
 REGEN_REGISTER_OP(linear_cross_entropy, kLinearCrossEntropy);
 }  // namespace
 

@@ -40,7 +40,7 @@ void embedding_saves(const AttrBlob&, std::vector<SaveRef>& s) {
   s = {{false, 0}};
 }
 constexpr OpDef kEmbedding{"embedding",    1, 1, false, embedding_forward_op, embedding_backward_op,
-                       embedding_saves};
+                           embedding_saves};
 REGEN_REGISTER_OP(embedding, kEmbedding);
 }  // namespace
 

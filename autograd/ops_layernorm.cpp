@@ -47,7 +47,7 @@ void layernorm_saves(const AttrBlob&, std::vector<SaveRef>& s) {
   s = {{false, 0}, {false, 1}, {true, 1}, {true, 2}};
 }
 constexpr OpDef kLayerNorm{"layernorm",    3, 1, false, layernorm_forward_op, layernorm_backward_op,
-                       layernorm_saves};
+                           layernorm_saves};
 REGEN_REGISTER_OP(layernorm, kLayerNorm);
 }  // namespace
 

@@ -48,7 +48,8 @@ void maxpool_backward(BackwardContext& c) {
 void maxpool_saves(const AttrBlob&, std::vector<SaveRef>& s) {
   s = {{true, 1}};
 }
-constexpr OpDef kMaxPool{"max_pool2d", 2, 1, false, maxpool_forward, maxpool_backward, maxpool_saves};
+constexpr OpDef kMaxPool{"max_pool2d", 2, 1, false, maxpool_forward, maxpool_backward,
+                         maxpool_saves};
 REGEN_REGISTER_OP(max_pool2d, kMaxPool);
 
 template <class T>

@@ -34,7 +34,7 @@ void softmax_saves(const AttrBlob&, std::vector<SaveRef>& s) {
   s = {{true, 0}};
 }
 constexpr OpDef kSoftmax{"softmax",    1, 1, false, softmax_forward_op, softmax_backward_op,
-                     softmax_saves};
+                         softmax_saves};
 REGEN_REGISTER_OP(softmax, kSoftmax);
 }  // namespace
 

@@ -94,8 +94,8 @@ std::vector<Tensor> Tape::apply(OpKind kind, const AttrBlob& attrs, std::vector<
   for (const Tensor& t : inputs) {
     if (!t.defined()) continue;
     if (!first) first = &t;
-    REGEN_CHECK(t.device() == first->device(), def.name, ": inputs on different devices: ",
-                first->str(), " and ", t.str());
+    REGEN_CHECK(t.device() == first->device(), def.name,
+                ": inputs on different devices: ", first->str(), " and ", t.str());
     REGEN_CHECK(t.has_storage(), def.name, ": input ", t.str(),
                 " has no bytes (evicted and not regenerated)");
   }
@@ -311,8 +311,8 @@ bool Tape::value_resident(int64_t id) const {
 std::vector<Tensor> Tape::replay(int32_t i, const std::vector<Tensor>& inputs) {
   const Node& n = node(i);
   const OpDef& def = op_def(n.kind);
-  REGEN_CHECK(inputs.size() == n.inputs.size(), "replay of node ", i, " (", def.name, "): ",
-              inputs.size(), " inputs given, expected ", n.inputs.size());
+  REGEN_CHECK(inputs.size() == n.inputs.size(), "replay of node ", i, " (", def.name,
+              "): ", inputs.size(), " inputs given, expected ", n.inputs.size());
   NoGradScope no_grad;
   OpContext ctx{n.attrs, inputs, {}, true};
   {
@@ -335,8 +335,8 @@ void Tape::evict(int32_t saved) {
 
 void Tape::restore(int32_t saved, const Tensor& fresh) {
   SavedTensor& s = saved_.at(static_cast<size_t>(saved));
-  REGEN_CHECK(s.state == SavedState::evicted && s.storage, "restore: saved tensor ", saved,
-              " is ", saved_state_name(s.state));
+  REGEN_CHECK(s.state == SavedState::evicted && s.storage, "restore: saved tensor ", saved, " is ",
+              saved_state_name(s.state));
   REGEN_CHECK(fresh.impl()->storage && fresh.impl()->offset_bytes == 0, "restore: saved tensor ",
               saved, " needs a freshly computed root tensor");
   s.storage->adopt(*fresh.impl()->storage);
@@ -372,7 +372,9 @@ void Tape::clear() {
   epoch_ = g_epoch++;
 }
 
-void backward(const Tensor& loss) { Tape::current().backward(loss); }
+void backward(const Tensor& loss) {
+  Tape::current().backward(loss);
+}
 
 void zero_grad(const std::vector<Tensor>& params) {
   for (const Tensor& p : params) {

@@ -24,18 +24,19 @@ namespace regen {
 // Every op kind, once: REGEN_OPS(X) expands X(name) per op, in OpKind order. The enum, the name
 // table (op_name) and the count all come from this list, so they cannot disagree. A new op adds
 // one line here; its OpDef, kernels and op-table row live in its own files.
-#define REGEN_OPS(X)                                                                          \
-  X(linear) X(matmul) X(bmm) X(conv2d) X(batchnorm2d) X(relu) X(gelu) X(add) X(mul) X(scale)  \
-  X(max_pool2d) X(avg_pool2d) X(global_avg_pool) X(reshape) X(transpose) X(permute)          \
-  X(embedding) X(layernorm) X(softmax) X(attention) X(dropout) X(cross_entropy) X(sum)       \
-  X(mean) X(linear_cross_entropy)                                                             \
-  X(concat) X(split) X(narrow) X(upsample2x) X(conv_transpose2d)
+#define REGEN_OPS(X)                                                                             \
+  X(linear)                                                                                      \
+  X(matmul) X(bmm) X(conv2d) X(batchnorm2d) X(relu) X(gelu) X(add) X(mul) X(scale) X(max_pool2d) \
+      X(avg_pool2d) X(global_avg_pool) X(reshape) X(transpose) X(permute) X(embedding)           \
+          X(layernorm) X(softmax) X(attention) X(dropout) X(cross_entropy) X(sum) X(mean)        \
+              X(linear_cross_entropy) X(concat) X(split) X(narrow) X(upsample2x)                 \
+                  X(conv_transpose2d)
 
 enum class OpKind : uint16_t {
 #define REGEN_OP_ENUM(name) name,
   REGEN_OPS(REGEN_OP_ENUM)
 #undef REGEN_OP_ENUM
-  count_,
+      count_,
 };
 constexpr int kNumOpKinds = static_cast<int>(OpKind::count_);
 
@@ -91,8 +92,8 @@ struct Value {
   // plan's note names it).
   static constexpr uint64_t kHeldLeafBytes = 64 * 1024;
   std::shared_ptr<Storage> held;
-  std::vector<int32_t> consumers;    // nodes that read it as an input, in order
-  int32_t saved = -1;                // index into Tape::saved() of its root, when saved
+  std::vector<int32_t> consumers;  // nodes that read it as an input, in order
+  int32_t saved = -1;              // index into Tape::saved() of its root, when saved
 };
 
 enum class SavedState : uint8_t { resident, evicted, released };
@@ -103,7 +104,7 @@ struct SavedTensor {
   int64_t value = -1;     // the root value
   int32_t producer = -1;  // producer node of the root (-1: a leaf, e.g. a parameter)
   int32_t slot = 0;
-  uint64_t bytes = 0;     // storage bytes
+  uint64_t bytes = 0;  // storage bytes
   Category category = Category::other;
   SavedState state = SavedState::resident;
   std::shared_ptr<Storage> storage;  // the tape's reference; null once released
@@ -119,13 +120,15 @@ struct Node {
   std::vector<int64_t> inputs;   // value ids (-1 for an absent optional input)
   std::vector<int64_t> outputs;  // value ids, all slots (hidden ones included)
   int num_visible_outputs = 0;
-  std::vector<int64_t> saved;    // value ids backward reads, in the op's order
-  uint32_t scope = 0;            // interned module path, e.g. "layer1.0.conv1"
-  int32_t block = -1;            // enclosing block (residual or encoder layer), -1 if none
-  uint32_t tag = 0;              // interned allocation tag: "<scope>/<op>#<index>"
+  std::vector<int64_t> saved;  // value ids backward reads, in the op's order
+  uint32_t scope = 0;          // interned module path, e.g. "layer1.0.conv1"
+  int32_t block = -1;          // enclosing block (residual or encoder layer), -1 if none
+  uint32_t tag = 0;            // interned allocation tag: "<scope>/<op>#<index>"
   bool needs_input_grad_any = false;
   template <class A>
-  const A& attr() const { return attrs.as<A>(); }
+  const A& attr() const {
+    return attrs.as<A>();
+  }
 };
 
 // A checkpointable block, marked by models with BlockScope: residual blocks, encoder layers.
@@ -181,7 +184,9 @@ struct OpContext {
   std::vector<Tensor> outputs;        // the op fills every slot, hidden ones included
   bool replay = false;  // re-run by the remat runtime: no side effects (running stats...)
   template <class A>
-  const A& attr() const { return attrs.as<A>(); }
+  const A& attr() const {
+    return attrs.as<A>();
+  }
 };
 
 class BackwardContext {
@@ -199,7 +204,9 @@ class BackwardContext {
   const Node& node() const { return node_; }
   Tape& tape() const { return tape_; }
   template <class A>
-  const A& attr() const { return node_.attrs.as<A>(); }
+  const A& attr() const {
+    return node_.attrs.as<A>();
+  }
   std::vector<Tensor>& grad_inputs() { return grad_inputs_; }
 
  private:

@@ -30,7 +30,6 @@ void* Block::ptr() const {
   return memory ? memory : reinterpret_cast<void*>(segment->base + offset);
 }
 
-
 namespace {
 int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -78,7 +77,8 @@ CachingAllocator::~CachingAllocator() {
   // A planned layout's arena and holes go back with their segments only when no planned block
   // is live (its owner may still write to it).
   if (planned_live_.empty()) {
-    if (planned_segment_) arena_->unmap(reinterpret_cast<void*>(planned_segment_->base), planned_segment_->size);
+    if (planned_segment_)
+      arena_->unmap(reinterpret_cast<void*>(planned_segment_->base), planned_segment_->size);
     for (Block* h : planned_holes_) h->allocated = false;
   }
   for (Block* b : planned_live_) delete b;
@@ -175,8 +175,8 @@ void CachingAllocator::unmap_segment_locked(Segment* s) {
   stats_.reserved.current -= static_cast<int64_t>(s->size);
   stats_.reserved_by[static_cast<int>(s->category)].current -= static_cast<int64_t>(s->size);
   stats_.num_segment_unmaps++;
-  record_locked(MemoryEventKind::segment_unmap, static_cast<int64_t>(s->size), 0, s->category, 0,
-                0, s->id);
+  record_locked(MemoryEventKind::segment_unmap, static_cast<int64_t>(s->size), 0, s->category, 0, 0,
+                s->id);
   delete s->head;
   s->head = nullptr;
 }
@@ -449,8 +449,8 @@ void CachingAllocator::throw_oom_locked(uint64_t bytes, uint64_t rounded, Catego
   os << "\n  largest live blocks:";
   if (live.empty()) os << " none";
   for (size_t i = 0; i < live.size() && i < 8; ++i) {
-    os << "\n    " << format_bytes(live[i]->size) << " " << category_name(live[i]->category)
-       << " '" << (live[i]->tag ? tag_name(live[i]->tag) : std::string("untagged")) << "'";
+    os << "\n    " << format_bytes(live[i]->size) << " " << category_name(live[i]->category) << " '"
+       << (live[i]->tag ? tag_name(live[i]->tag) : std::string("untagged")) << "'";
   }
   detail::throw_oom(__FILE__, __LINE__, os.str());
 }
@@ -528,18 +528,20 @@ void CachingAllocator::set_planned_layout(std::shared_ptr<const PlannedLayout> l
   planned_next_ = 0;
   if (!layout) return;
   const size_t n = layout->rounded.size();
-  REGEN_CHECK(layout->size >= 0 && layout->offset.size() == n && (layout->bin.empty() || layout->bin.size() == n),
+  REGEN_CHECK(layout->size >= 0 && layout->offset.size() == n &&
+                  (layout->bin.empty() || layout->bin.size() == n),
               "planned layout: malformed (", n, " sizes, ", layout->offset.size(), " offsets, ",
               layout->bin.size(), " bins, arena ", layout->size, " bytes)");
   for (size_t k = 0; k < n; ++k) {
     const int32_t bin = layout->bin.empty() ? -1 : layout->bin[k];
     REGEN_CHECK(bin >= -1 && bin < static_cast<int64_t>(layout->holes.size()),
                 "planned layout: request ", k, " lies in hole ", bin, " of ", layout->holes.size());
-    const uint64_t room = bin < 0 ? static_cast<uint64_t>(layout->size) : layout->holes[static_cast<size_t>(bin)];
-    REGEN_CHECK(layout->offset[k] % kMinBlockSize == 0 && layout->offset[k] + layout->rounded[k] <= room,
-                "planned layout: request ", k, " at offset ", layout->offset[k], " (",
-                layout->rounded[k], " bytes) does not lie aligned inside its ", room, "-byte ",
-                bin < 0 ? "arena" : "hole");
+    const uint64_t room =
+        bin < 0 ? static_cast<uint64_t>(layout->size) : layout->holes[static_cast<size_t>(bin)];
+    REGEN_CHECK(
+        layout->offset[k] % kMinBlockSize == 0 && layout->offset[k] + layout->rounded[k] <= room,
+        "planned layout: request ", k, " at offset ", layout->offset[k], " (", layout->rounded[k],
+        " bytes) does not lie aligned inside its ", room, "-byte ", bin < 0 ? "arena" : "hole");
   }
   // Cached segments go first, as at a step's start; the free blocks of the segments that remain
   // (between and after persistent tensors) are the holes the layout was planned with.
@@ -558,8 +560,9 @@ void CachingAllocator::set_planned_layout(std::shared_ptr<const PlannedLayout> l
   }
   for (uint64_t h : layout->holes) want += h;
   REGEN_CHECK(same, "planned layout: planned with ", layout->holes.size(), " free block(s) of ",
-              format_bytes(static_cast<int64_t>(want)), " in the persistent segments, but they hold ",
-              holes.size(), " of ", format_bytes(static_cast<int64_t>(have)),
+              format_bytes(static_cast<int64_t>(want)),
+              " in the persistent segments, but they hold ", holes.size(), " of ",
+              format_bytes(static_cast<int64_t>(have)),
               ": the persistent tensors are not where they were when the step was profiled "
               "(another model, optimizer or order of creation?)");
   // The arena (none when the holes hold the whole step).
@@ -580,7 +583,8 @@ void CachingAllocator::set_planned_layout(std::shared_ptr<const PlannedLayout> l
     planned_segment_->size = size;
     planned_segment_->category = Category::activation;
     add_stat_locked(stats_.reserved, static_cast<int64_t>(size));
-    add_stat_locked(stats_.reserved_by[static_cast<int>(Category::activation)], static_cast<int64_t>(size));
+    add_stat_locked(stats_.reserved_by[static_cast<int>(Category::activation)],
+                    static_cast<int64_t>(size));
     stats_.num_segment_maps++;
     record_locked(MemoryEventKind::segment_map, static_cast<int64_t>(size), 0, Category::activation,
                   0, 0, planned_segment_->id);
@@ -675,10 +679,12 @@ std::vector<BlockInfo> CachingAllocator::snapshot() const {
     for (const Block* b : planned_live_) {
       if (b->segment == &s && b->offset >= begin && b->offset < begin + size) in.push_back(b);
     }
-    std::sort(in.begin(), in.end(), [](const Block* a, const Block* b) { return a->offset < b->offset; });
+    std::sort(in.begin(), in.end(),
+              [](const Block* a, const Block* b) { return a->offset < b->offset; });
     uint64_t at = begin;
     auto gap = [&](uint64_t to) {
-      if (to > at) out.push_back({s.id, at, to - at, 0, false, s.small, Category::other, 0, 0, s.base + at});
+      if (to > at)
+        out.push_back({s.id, at, to - at, 0, false, s.small, Category::other, 0, 0, s.base + at});
     };
     for (const Block* b : in) {
       gap(b->offset);
@@ -704,7 +710,8 @@ std::vector<BlockInfo> CachingAllocator::snapshot() const {
 
 AllocatorState CachingAllocator::snapshot_state() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  REGEN_CHECK(!planned_segment_, "snapshot_state: a planned layout is installed (profile without "
+  REGEN_CHECK(!planned_segment_,
+              "snapshot_state: a planned layout is installed (profile without "
               "one: it is planned from the profile)");
   AllocatorState st;
   st.next_segment_id = next_segment_id_;
@@ -754,8 +761,10 @@ void CachingAllocator::restore_state(const AllocatorState& st) {
       b->tag = bi.tag;
       b->alloc_id = bi.id;
       b->prev = prev;
-      if (prev) prev->next = b;
-      else seg->head = b;
+      if (prev)
+        prev->next = b;
+      else
+        seg->head = b;
       prev = b;
       const int ci = static_cast<int>(b->category);
       if (b->allocated) {
@@ -771,8 +780,7 @@ void CachingAllocator::restore_state(const AllocatorState& st) {
         pool(seg->small).insert(b);
       }
     }
-    REGEN_CHECK(expect == rec.size, "restore_state: blocks of segment ", rec.id,
-                " do not tile it");
+    REGEN_CHECK(expect == rec.size, "restore_state: blocks of segment ", rec.id, " do not tile it");
     stats_.reserved.current += static_cast<int64_t>(rec.size);
     stats_.reserved_by[static_cast<int>(rec.category)].current += static_cast<int64_t>(rec.size);
     segments_.push_back(std::move(seg));
@@ -788,6 +796,8 @@ Block* CachingAllocator::block_by_id(uint64_t id) const {
   return it == live_by_id_.end() ? nullptr : it->second;
 }
 
-Device CachingAllocator::device() const { return arena_->device(); }
+Device CachingAllocator::device() const {
+  return arena_->device();
+}
 
 }  // namespace regen

@@ -155,15 +155,15 @@ enum class MemoryEventKind : uint8_t { alloc, free, segment_map, segment_unmap }
 const char* memory_event_name(MemoryEventKind k);
 
 struct MemoryEvent {
-  uint64_t seq;           // position in this allocator's event sequence
+  uint64_t seq;  // position in this allocator's event sequence
   MemoryEventKind kind;
-  int64_t bytes;          // block size (alloc/free) or segment size
-  int64_t requested;      // alloc/free: requested bytes
+  int64_t bytes;      // block size (alloc/free) or segment size
+  int64_t requested;  // alloc/free: requested bytes
   Category category;
   uint32_t tag;
-  uint64_t block_id;      // alloc/free: allocation id; 0 for segment events
+  uint64_t block_id;  // alloc/free: allocation id; 0 for segment events
   uint64_t segment_id;
-  int64_t time_ns;        // steady clock since the log was enabled
+  int64_t time_ns;  // steady clock since the log was enabled
   int64_t allocated_after;
   int64_t reserved_after;
 };
@@ -174,8 +174,8 @@ struct MemoryEvent {
 // itself must do the same (or it sees blocks that were live before the log go negative when
 // they are freed).
 struct EventLogBaseline {
-  uint64_t seq = 0;       // sequence number of the first event it applies to
-  int64_t time_ns = 0;    // on the events' clock
+  uint64_t seq = 0;     // sequence number of the first event it applies to
+  int64_t time_ns = 0;  // on the events' clock
   int64_t allocated = 0, reserved = 0;
   std::array<int64_t, kNumCategories> allocated_by{}, reserved_by{};
 };
@@ -246,12 +246,12 @@ struct PlannedLayout {
 class CachingAllocator {
  public:
   // Constants; docs/memory.md says why each has its value.
-  static constexpr uint64_t kMinBlockSize = 512;          // every request rounds up to this
-  static constexpr uint64_t kSmallSize = 1ull << 20;      // <= this goes to the small pool
-  static constexpr uint64_t kSmallBuffer = 2ull << 20;    // small pool segment size
-  static constexpr uint64_t kMinLargeAlloc = 10ull << 20; // large requests below this share...
-  static constexpr uint64_t kLargeBuffer = 20ull << 20;   // ...segments of this size
-  static constexpr uint64_t kRoundLarge = 2ull << 20;     // bigger segments round to this
+  static constexpr uint64_t kMinBlockSize = 512;           // every request rounds up to this
+  static constexpr uint64_t kSmallSize = 1ull << 20;       // <= this goes to the small pool
+  static constexpr uint64_t kSmallBuffer = 2ull << 20;     // small pool segment size
+  static constexpr uint64_t kMinLargeAlloc = 10ull << 20;  // large requests below this share...
+  static constexpr uint64_t kLargeBuffer = 20ull << 20;    // ...segments of this size
+  static constexpr uint64_t kRoundLarge = 2ull << 20;      // bigger segments round to this
   // The largest request served (256 TiB): more than any device or x86-64 address space holds,
   // and small enough that rounding, segment sizes and int64_t statistics cannot overflow.
   static constexpr uint64_t kMaxRequestSize = 1ull << 48;
@@ -356,8 +356,9 @@ class CachingAllocator {
                      uint32_t tag, uint64_t block_id, uint64_t segment_id);
   void add_stat_locked(Stat& s, int64_t delta);
   void reset_peaks_locked();
-  [[noreturn]] void throw_oom_locked(uint64_t bytes, uint64_t rounded, Category c, uint32_t tag,
-                                     const char* why, uint64_t segment = 0);  // segment: its size, when not the request's
+  [[noreturn]] void throw_oom_locked(
+      uint64_t bytes, uint64_t rounded, Category c, uint32_t tag, const char* why,
+      uint64_t segment = 0);  // segment: its size, when not the request's
   Pool& pool(bool small) { return small ? small_pool_ : large_pool_; }
 
   std::unique_ptr<Arena> arena_;
@@ -379,8 +380,8 @@ class CachingAllocator {
   // The planned layout and its segment (outside segments_: never emptied, split or coalesced).
   std::shared_ptr<const PlannedLayout> layout_;
   std::unique_ptr<Segment> planned_segment_;
-  size_t planned_next_ = 0;       // the step's next request
-  bool planned_active_ = false;   // between begin_planned_step() and the layout's last request
+  size_t planned_next_ = 0;      // the step's next request
+  bool planned_active_ = false;  // between begin_planned_step() and the layout's last request
   std::unordered_set<Block*> planned_live_;
   std::vector<Block*> planned_holes_;  // taken from the pools while the layout is installed
 };
@@ -463,7 +464,9 @@ class LayoutScope {
 // training run with a budget: `LimitScope limit(allocator_for(device), plan.limit());`).
 class LimitScope {
  public:
-  LimitScope(CachingAllocator& a, int64_t limit) : a_(a), previous_(a.limit()) { a_.set_limit(limit); }
+  LimitScope(CachingAllocator& a, int64_t limit) : a_(a), previous_(a.limit()) {
+    a_.set_limit(limit);
+  }
   ~LimitScope() { a_.set_limit(previous_); }
   LimitScope(const LimitScope&) = delete;
   LimitScope& operator=(const LimitScope&) = delete;

@@ -172,7 +172,9 @@ thread_local CachingAllocator* g_dry_run_allocator = nullptr;
 thread_local Device g_dry_run_device = Device::cpu();
 }  // namespace
 
-bool dry_run_active() { return g_dry_run; }
+bool dry_run_active() {
+  return g_dry_run;
+}
 
 DryRunScope::DryRunScope(Device device) {
   REGEN_CHECK(!dry_run_active(), "a dry run is already under way on this thread");

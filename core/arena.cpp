@@ -59,8 +59,12 @@ class CpuArena final : public Arena {
       munmap(base, bytes);
     }
   }
-  Device device() const override { return Device::cpu(); }
-  std::string name() const override { return "cpu"; }
+  Device device() const override {
+    return Device::cpu();
+  }
+  std::string name() const override {
+    return "cpu";
+  }
 
  private:
   static constexpr size_t kHugePage = size_t{2} << 20;
@@ -185,7 +189,9 @@ class RecyclingArena final : public Arena {
   uint64_t parked_bytes_ = 0, mapped_bytes_ = 0, high_water_ = 0;
 };
 
-std::unique_ptr<Arena> make_cpu_arena() { return std::make_unique<CpuArena>(); }
+std::unique_ptr<Arena> make_cpu_arena() {
+  return std::make_unique<CpuArena>();
+}
 std::unique_ptr<Arena> make_recycling_arena(std::unique_ptr<Arena> inner) {
   return std::make_unique<RecyclingArena>(std::move(inner));
 }

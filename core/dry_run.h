@@ -8,8 +8,8 @@
 
 namespace regen {
 
-// Defined beside DryRunScope (core/allocator_registry.cpp), over a thread_local of that file: an extern
-// thread_local read through GCC's TLS wrapper from every file trips UBSan's null check.
+// Defined beside DryRunScope (core/allocator_registry.cpp), over a thread_local of that file: an
+// extern thread_local read through GCC's TLS wrapper from every file trips UBSan's null check.
 bool dry_run_active();
 
 }  // namespace regen

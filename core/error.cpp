@@ -7,8 +7,8 @@ namespace {
 const char* short_path(const char* file) {
   // Keep paths relative to the source root so messages read "core/tensor.cpp:42".
   std::string f(file);
-  for (const char* root : {"/core/", "/kernels/", "/autograd/", "/models/", "/remat/", "/tools/",
-                           "/tests/"}) {
+  for (const char* root :
+       {"/core/", "/kernels/", "/autograd/", "/models/", "/remat/", "/tools/", "/tests/"}) {
     auto pos = f.rfind(root);
     if (pos != std::string::npos) return file + pos + 1;
   }

@@ -47,11 +47,11 @@ std::string str_cat(const Args&... args) {
 }  // namespace regen
 
 // REGEN_CHECK(cond, parts...): throws regen::Error("parts..." [file:line]) when cond is false.
-#define REGEN_CHECK(cond, ...)                                                             \
-  do {                                                                                     \
-    if (!(cond)) {                                                                         \
+#define REGEN_CHECK(cond, ...)                                                                 \
+  do {                                                                                         \
+    if (!(cond)) {                                                                             \
       ::regen::detail::throw_error(__FILE__, __LINE__, ::regen::detail::str_cat(__VA_ARGS__)); \
-    }                                                                                      \
+    }                                                                                          \
   } while (0)
 
 // REGEN_FAIL(parts...): throws unconditionally.
@@ -59,9 +59,10 @@ std::string str_cat(const Args&... args) {
   ::regen::detail::throw_error(__FILE__, __LINE__, ::regen::detail::str_cat(__VA_ARGS__))
 
 // Internal invariants (a bug in regen, not a user mistake); still throw so tests see them.
-#define REGEN_ASSERT(cond)                                                                   \
-  do {                                                                                       \
-    if (!(cond)) {                                                                           \
-      ::regen::detail::throw_error(__FILE__, __LINE__, "internal error: assertion " #cond " failed"); \
-    }                                                                                        \
+#define REGEN_ASSERT(cond)                                                        \
+  do {                                                                            \
+    if (!(cond)) {                                                                \
+      ::regen::detail::throw_error(__FILE__, __LINE__,                            \
+                                   "internal error: assertion " #cond " failed"); \
+    }                                                                             \
   } while (0)

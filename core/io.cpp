@@ -74,7 +74,9 @@ extern "C" void remove_temporaries_and_die(int sig) {
 void install_temp_cleanup() {
   for (int sig : {SIGINT, SIGTERM, SIGHUP}) {
     struct sigaction old {};
-    if (::sigaction(sig, nullptr, &old) != 0 || (old.sa_flags & SA_SIGINFO) || old.sa_handler != SIG_DFL) continue;
+    if (::sigaction(sig, nullptr, &old) != 0 || (old.sa_flags & SA_SIGINFO) ||
+        old.sa_handler != SIG_DFL)
+      continue;
     struct sigaction sa {};
     sa.sa_handler = remove_temporaries_and_die;
     sigemptyset(&sa.sa_mask);
@@ -112,8 +114,8 @@ AtomicFileWriter::AtomicFileWriter(const std::string& path) : path_(path) {
   slot_ = claim_temp_slot(tmp_);
   fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   if (fd_ < 0) release_temp_slot(slot_);
-  REGEN_CHECK(fd_ >= 0, "cannot create '", tmp_, "' to write '", path_, "': ",
-              std::strerror(errno));
+  REGEN_CHECK(fd_ >= 0, "cannot create '", tmp_, "' to write '", path_,
+              "': ", std::strerror(errno));
 }
 
 AtomicFileWriter::~AtomicFileWriter() {
@@ -134,8 +136,8 @@ void AtomicFileWriter::write(const void* data, uint64_t n) {
   while (done < n) {
     const ssize_t w = ::write(fd_, p + done, n - done);
     if (w < 0 && errno == EINTR) continue;
-    REGEN_CHECK(w > 0, "writing '", path_, "' failed after ", written_ + done, " bytes: ",
-                std::strerror(w == 0 ? EIO : errno));
+    REGEN_CHECK(w > 0, "writing '", path_, "' failed after ", written_ + done,
+                " bytes: ", std::strerror(w == 0 ? EIO : errno));
     done += static_cast<uint64_t>(w);
   }
   written_ += n;
@@ -194,7 +196,8 @@ FolderLock::FolderLock(const std::string& dir, const std::string& flag) {
     const int err = errno;
     ::close(fd_);
     fd_ = -1;
-    REGEN_CHECK(err != EWOULDBLOCK, flag, " '", dir, "' is being written by another regen process; "
+    REGEN_CHECK(err != EWOULDBLOCK, flag, " '", dir,
+                "' is being written by another regen process; "
                 "wait for it to finish or pass another folder");
     REGEN_FAIL(flag, " '", dir, "': cannot lock the folder: ", std::strerror(err));
   }
@@ -216,7 +219,8 @@ OutputFolder::OutputFolder(const std::string& dir, const std::string& flag)
     for (std::filesystem::path p = std::filesystem::path(dir).lexically_normal(); !p.empty();
          p = p.parent_path()) {
       if (::stat(p.c_str(), &st) == 0) {
-        REGEN_CHECK(S_ISDIR(st.st_mode), flag, " ", dir, ": '", p.string(), "' is a file, not a folder");
+        REGEN_CHECK(S_ISDIR(st.st_mode), flag, " ", dir, ": '", p.string(),
+                    "' is a file, not a folder");
         break;
       }
       missing.insert(missing.begin(), p.string());

@@ -79,8 +79,8 @@ class OutputFolder {
   std::unique_ptr<FolderLock> lock_;
 };
 
-// Writes `content` to `path` atomically (one AtomicFileWriter). Throws regen::Error naming the path on failure; on
-// every failure path the descriptor is closed and the temporary file removed.
+// Writes `content` to `path` atomically (one AtomicFileWriter). Throws regen::Error naming the path
+// on failure; on every failure path the descriptor is closed and the temporary file removed.
 void write_file_atomic(const std::string& path, const std::string& content);
 // Reads a whole regular file. Throws regen::Error naming the path when it does not exist, is a
 // directory or cannot be read.

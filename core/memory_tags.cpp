@@ -18,13 +18,20 @@ namespace regen {
 
 const char* category_name(Category c) {
   switch (c) {
-    case Category::parameter: return "parameter";
-    case Category::gradient: return "gradient";
-    case Category::optimizer_state: return "optimizer_state";
-    case Category::activation: return "activation";
-    case Category::workspace: return "workspace";
-    case Category::input: return "input";
-    case Category::other: return "other";
+    case Category::parameter:
+      return "parameter";
+    case Category::gradient:
+      return "gradient";
+    case Category::optimizer_state:
+      return "optimizer_state";
+    case Category::activation:
+      return "activation";
+    case Category::workspace:
+      return "workspace";
+    case Category::input:
+      return "input";
+    case Category::other:
+      return "other";
   }
   return "?";
 }
@@ -54,14 +61,28 @@ TagTable& tag_table() {
 
 }  // namespace
 
-Category current_category() { return tl_category; }
-uint32_t current_tag() { return tl_tag; }
+Category current_category() {
+  return tl_category;
+}
+uint32_t current_tag() {
+  return tl_tag;
+}
 
-CategoryScope::CategoryScope(Category c) : saved_(tl_category) { tl_category = c; }
-CategoryScope::~CategoryScope() { tl_category = saved_; }
-TagScope::TagScope(std::string_view tag) : saved_(tl_tag) { tl_tag = intern_tag(tag); }
-TagScope::TagScope(uint32_t tag_id) : saved_(tl_tag) { tl_tag = tag_id; }
-TagScope::~TagScope() { tl_tag = saved_; }
+CategoryScope::CategoryScope(Category c) : saved_(tl_category) {
+  tl_category = c;
+}
+CategoryScope::~CategoryScope() {
+  tl_category = saved_;
+}
+TagScope::TagScope(std::string_view tag) : saved_(tl_tag) {
+  tl_tag = intern_tag(tag);
+}
+TagScope::TagScope(uint32_t tag_id) : saved_(tl_tag) {
+  tl_tag = tag_id;
+}
+TagScope::~TagScope() {
+  tl_tag = saved_;
+}
 
 uint32_t intern_tag(std::string_view tag) {
   TagTable& t = tag_table();
@@ -82,10 +103,14 @@ std::string tag_name(uint32_t id) {
 
 const char* memory_event_name(MemoryEventKind k) {
   switch (k) {
-    case MemoryEventKind::alloc: return "alloc";
-    case MemoryEventKind::free: return "free";
-    case MemoryEventKind::segment_map: return "segment_map";
-    case MemoryEventKind::segment_unmap: return "segment_unmap";
+    case MemoryEventKind::alloc:
+      return "alloc";
+    case MemoryEventKind::free:
+      return "free";
+    case MemoryEventKind::segment_map:
+      return "segment_map";
+    case MemoryEventKind::segment_unmap:
+      return "segment_unmap";
   }
   return "?";
 }

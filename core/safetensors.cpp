@@ -19,10 +19,14 @@ namespace {
 
 const char* st_dtype(DType t) {
   switch (t) {
-    case DType::f32: return "F32";
-    case DType::f64: return "F64";
-    case DType::i32: return "I32";
-    case DType::i64: return "I64";
+    case DType::f32:
+      return "F32";
+    case DType::f64:
+      return "F64";
+    case DType::i32:
+      return "I32";
+    case DType::i64:
+      return "I64";
   }
   return "?";
 }
@@ -50,11 +54,16 @@ bool read_at(int fd, void* dst, uint64_t n, uint64_t offset) {
 }
 
 bool parse_st_dtype(const std::string& s, DType& out) {
-  if (s == "F32") out = DType::f32;
-  else if (s == "F64") out = DType::f64;
-  else if (s == "I32") out = DType::i32;
-  else if (s == "I64") out = DType::i64;
-  else return false;
+  if (s == "F32")
+    out = DType::f32;
+  else if (s == "F64")
+    out = DType::f64;
+  else if (s == "I32")
+    out = DType::i32;
+  else if (s == "I64")
+    out = DType::i64;
+  else
+    return false;
   return true;
 }
 
@@ -75,8 +84,8 @@ void save_safetensors(const std::string& path,
   std::set<std::string> names;
   uint64_t offset = 0;
   for (const auto& kv : tensors) {
-    REGEN_CHECK(!kv.first.empty() && kv.first != "__metadata__",
-                "safetensors '", path, "': bad tensor name '", kv.first, "'");
+    REGEN_CHECK(!kv.first.empty() && kv.first != "__metadata__", "safetensors '", path,
+                "': bad tensor name '", kv.first, "'");
     REGEN_CHECK(names.insert(kv.first).second, "safetensors '", path, "': tensor name '", kv.first,
                 "' appears twice");
     REGEN_CHECK(kv.second.defined() && kv.second.has_storage(), "safetensors '", path,
@@ -144,7 +153,8 @@ SafetensorsFile load_safetensors(const std::string& path) {
   SafetensorsFile file;
   for (auto it = header.begin(); it != header.end(); ++it) {
     if (it.key() == "__metadata__") {
-      REGEN_CHECK(it.value().is_object(), "safetensors '", path, "': __metadata__ is not an object");
+      REGEN_CHECK(it.value().is_object(), "safetensors '", path,
+                  "': __metadata__ is not an object");
       for (auto m = it.value().begin(); m != it.value().end(); ++m) {
         REGEN_CHECK(m.value().is_string(), "safetensors '", path, "': metadata '", m.key(),
                     "' is not a string");
@@ -154,9 +164,9 @@ SafetensorsFile load_safetensors(const std::string& path) {
     }
     const auto& v = it.value();
     const std::string where = "safetensors '" + path + "': tensor '" + it.key() + "'";
-    REGEN_CHECK(v.is_object() && v.contains("dtype") && v.contains("shape") &&
-                    v.contains("data_offsets"),
-                where, " lacks dtype, shape or data_offsets");
+    REGEN_CHECK(
+        v.is_object() && v.contains("dtype") && v.contains("shape") && v.contains("data_offsets"),
+        where, " lacks dtype, shape or data_offsets");
     Entry e;
     e.name = it.key();
     REGEN_CHECK(v["dtype"].is_string() && parse_st_dtype(v["dtype"].get<std::string>(), e.dtype),
@@ -191,9 +201,10 @@ SafetensorsFile load_safetensors(const std::string& path) {
   std::sort(sorted.begin(), sorted.end(),
             [](const Entry* a, const Entry* b) { return a->begin < b->begin; });
   for (size_t i = 1; i < sorted.size(); ++i) {
-    REGEN_CHECK(sorted[i - 1]->end <= sorted[i]->begin || sorted[i - 1]->begin == sorted[i - 1]->end,
-                "safetensors '", path, "': tensors '", sorted[i - 1]->name, "' and '",
-                sorted[i]->name, "' overlap");
+    REGEN_CHECK(
+        sorted[i - 1]->end <= sorted[i]->begin || sorted[i - 1]->begin == sorted[i - 1]->end,
+        "safetensors '", path, "': tensors '", sorted[i - 1]->name, "' and '", sorted[i]->name,
+        "' overlap");
   }
   // Keep file order (by offset), as written.
   for (const Entry* e : sorted) {

@@ -14,7 +14,7 @@ namespace regen {
 
 struct SafetensorsFile {
   std::vector<std::pair<std::string, Tensor>> tensors;  // in file order (CPU tensors)
-  std::map<std::string, std::string> metadata;           // "__metadata__", string to string
+  std::map<std::string, std::string> metadata;          // "__metadata__", string to string
   const Tensor* find(const std::string& name) const;
 };
 

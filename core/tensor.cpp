@@ -35,9 +35,9 @@ void Storage::evict() {
 }
 
 void Storage::adopt(Storage& fresh) {
-  REGEN_CHECK(fresh.bytes_ == bytes_ && fresh.device_ == device_, "storage adopt: ",
-              format_bytes(fresh.bytes_), " on ", fresh.device_.str(), " cannot replace ",
-              format_bytes(bytes_), " on ", device_.str());
+  REGEN_CHECK(fresh.bytes_ == bytes_ && fresh.device_ == device_,
+              "storage adopt: ", format_bytes(fresh.bytes_), " on ", fresh.device_.str(),
+              " cannot replace ", format_bytes(bytes_), " on ", device_.str());
   REGEN_CHECK(block_ == nullptr, "storage adopt: storage still holds its bytes");
   block_ = fresh.block_;
   allocator_ = fresh.allocator_;
@@ -46,8 +46,7 @@ void Storage::adopt(Storage& fresh) {
 
 // ---- Copies -----------------------------------------------------------------------------------
 
-void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device,
-                uint64_t nbytes) {
+void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, uint64_t nbytes) {
   if (nbytes == 0 || dry_run_active()) return;
   if (dst_device.is_cpu() && src_device.is_cpu()) {
     std::memcpy(dst, src, nbytes);
@@ -105,8 +104,7 @@ Tensor Tensor::reshape(const Shape& new_shape) const {
                   ": only one dimension may be -1");
       infer = static_cast<int>(i);
     } else {
-      REGEN_CHECK(s[i] >= 0, "reshape of ", str(), " to ", sh(new_shape),
-                  ": negative dimension");
+      REGEN_CHECK(s[i] >= 0, "reshape of ", str(), " to ", sh(new_shape), ": negative dimension");
       known *= s[i];
     }
   }
@@ -115,8 +113,8 @@ Tensor Tensor::reshape(const Shape& new_shape) const {
                 ": cannot infer the -1 dimension");
     s[infer] = numel() / known;
   }
-  REGEN_CHECK(shape_numel(s) == numel(), "reshape of ", str(), " to ", sh(new_shape), ": ",
-              numel(), " elements cannot take shape ", sh(s));
+  REGEN_CHECK(shape_numel(s) == numel(), "reshape of ", str(), " to ", sh(new_shape), ": ", numel(),
+              " elements cannot take shape ", sh(s));
   auto impl = std::make_shared<TensorImpl>();
   impl->storage = t->storage;
   impl->offset_bytes = t->offset_bytes;
@@ -135,15 +133,17 @@ Tensor Tensor::narrow0(int64_t start, int64_t length) const {
   impl->storage = t->storage;
   impl->shape = t->shape;
   impl->shape[0] = length;
-  const uint64_t row_bytes = static_cast<uint64_t>(numel() / std::max<int64_t>(shape()[0], 1)) *
-                             dtype_size(t->dtype);
+  const uint64_t row_bytes =
+      static_cast<uint64_t>(numel() / std::max<int64_t>(shape()[0], 1)) * dtype_size(t->dtype);
   impl->offset_bytes = t->offset_bytes + static_cast<uint64_t>(start) * row_bytes;
   impl->dtype = t->dtype;
   impl->device = t->device;
   return Tensor(std::move(impl));
 }
 
-Tensor Tensor::clone() const { return to(device()); }
+Tensor Tensor::clone() const {
+  return to(device());
+}
 
 Tensor Tensor::to(Device target) const {
   Tensor out = empty(shape(), dtype(), target);
@@ -167,19 +167,35 @@ void convert(D* dst, const S* src, int64_t n) {
 template <class D>
 void convert_from(D* dst, const void* src, DType st, int64_t n) {
   switch (st) {
-    case DType::f32: convert(dst, static_cast<const float*>(src), n); break;
-    case DType::f64: convert(dst, static_cast<const double*>(src), n); break;
-    case DType::i32: convert(dst, static_cast<const int32_t*>(src), n); break;
-    case DType::i64: convert(dst, static_cast<const int64_t*>(src), n); break;
+    case DType::f32:
+      convert(dst, static_cast<const float*>(src), n);
+      break;
+    case DType::f64:
+      convert(dst, static_cast<const double*>(src), n);
+      break;
+    case DType::i32:
+      convert(dst, static_cast<const int32_t*>(src), n);
+      break;
+    case DType::i64:
+      convert(dst, static_cast<const int64_t*>(src), n);
+      break;
   }
 }
 
 void convert_any(void* dst, DType dt, const void* src, DType st, int64_t n) {
   switch (dt) {
-    case DType::f32: convert_from(static_cast<float*>(dst), src, st, n); break;
-    case DType::f64: convert_from(static_cast<double*>(dst), src, st, n); break;
-    case DType::i32: convert_from(static_cast<int32_t*>(dst), src, st, n); break;
-    case DType::i64: convert_from(static_cast<int64_t*>(dst), src, st, n); break;
+    case DType::f32:
+      convert_from(static_cast<float*>(dst), src, st, n);
+      break;
+    case DType::f64:
+      convert_from(static_cast<double*>(dst), src, st, n);
+      break;
+    case DType::i32:
+      convert_from(static_cast<int32_t*>(dst), src, st, n);
+      break;
+    case DType::i64:
+      convert_from(static_cast<int64_t*>(dst), src, st, n);
+      break;
   }
 }
 
@@ -209,10 +225,18 @@ Tensor make_on_host(const Shape& shape, DType dtype, Device device, F fill_host)
 template <class F>
 void with_typed(void* p, DType dtype, F f) {
   switch (dtype) {
-    case DType::f32: f(static_cast<float*>(p)); break;
-    case DType::f64: f(static_cast<double*>(p)); break;
-    case DType::i32: f(static_cast<int32_t*>(p)); break;
-    case DType::i64: f(static_cast<int64_t*>(p)); break;
+    case DType::f32:
+      f(static_cast<float*>(p));
+      break;
+    case DType::f64:
+      f(static_cast<double*>(p));
+      break;
+    case DType::i32:
+      f(static_cast<int32_t*>(p));
+      break;
+    case DType::i64:
+      f(static_cast<int64_t*>(p));
+      break;
   }
 }
 
@@ -224,10 +248,18 @@ void fill_typed(T* p, int64_t n, double v) {
 
 void fill_host(void* p, DType dt, int64_t n, double v) {
   switch (dt) {
-    case DType::f32: fill_typed(static_cast<float*>(p), n, v); break;
-    case DType::f64: fill_typed(static_cast<double*>(p), n, v); break;
-    case DType::i32: fill_typed(static_cast<int32_t*>(p), n, v); break;
-    case DType::i64: fill_typed(static_cast<int64_t*>(p), n, v); break;
+    case DType::f32:
+      fill_typed(static_cast<float*>(p), n, v);
+      break;
+    case DType::f64:
+      fill_typed(static_cast<double*>(p), n, v);
+      break;
+    case DType::i32:
+      fill_typed(static_cast<int32_t*>(p), n, v);
+      break;
+    case DType::i64:
+      fill_typed(static_cast<int64_t*>(p), n, v);
+      break;
   }
 }
 
@@ -274,7 +306,9 @@ Tensor& Tensor::set_requires_grad(bool on) {
   return *this;
 }
 
-Tensor Tensor::grad() const { return Tensor(checked()->grad); }
+Tensor Tensor::grad() const {
+  return Tensor(checked()->grad);
+}
 
 // ---- Creation -----------------------------------------------------------------------------------
 
@@ -309,7 +343,9 @@ void fill_(const Tensor& t, double value) {
   const_cast<Tensor&>(t).copy_from(host);
 }
 
-void zero_(const Tensor& t) { fill_(t, 0.0); }
+void zero_(const Tensor& t) {
+  fill_(t, 0.0);
+}
 
 Tensor zeros(const Shape& shape, DType dtype, Device device) {
   check_shape(shape, dtype, "zeros");
@@ -325,9 +361,8 @@ Tensor ones(const Shape& shape, DType dtype, Device device) {
 
 Tensor full(const Shape& shape, double value, DType dtype, Device device) {
   check_shape(shape, dtype, "full");
-  return make_on_host(shape, dtype, device, [&](void* p) {
-    fill_host(p, dtype, shape_numel(shape), value);
-  });
+  return make_on_host(shape, dtype, device,
+                      [&](void* p) { fill_host(p, dtype, shape_numel(shape), value); });
 }
 
 Tensor arange(int64_t n, DType dtype, Device device) {
@@ -363,7 +398,8 @@ Tensor uniform(const Shape& shape, double low, double high, Generator& gen, DTyp
   REGEN_CHECK(low <= high, "uniform: low ", low, " > high ", high);
   const int64_t n = shape_numel(shape);
   const uint64_t seed = gen.seed, base = gen.offset;
-  const uint64_t words = dtype == DType::f32 ? static_cast<uint64_t>(n) : 2 * static_cast<uint64_t>(n);
+  const uint64_t words =
+      dtype == DType::f32 ? static_cast<uint64_t>(n) : 2 * static_cast<uint64_t>(n);
   gen.offset += words;
   return make_on_host(shape, dtype, device, [&](void* p) {
     if (dtype == DType::f32) {

@@ -100,10 +100,10 @@ class Tensor {
   // Rows [start, start + length) of dimension 0, sharing storage.
   Tensor narrow0(int64_t start, int64_t length) const;
 
-  Tensor clone() const;                  // new storage, same device
-  Tensor to(Device device) const;        // copy to another device (or the same one)
-  Tensor to(DType dtype) const;          // element-wise conversion, same device
-  void copy_from(const Tensor& src);     // same shape and dtype, any devices
+  Tensor clone() const;               // new storage, same device
+  Tensor to(Device device) const;     // copy to another device (or the same one)
+  Tensor to(DType dtype) const;       // element-wise conversion, same device
+  void copy_from(const Tensor& src);  // same shape and dtype, any devices
 
   // Read-back helpers (copy to the host when needed).
   template <class T>
@@ -150,8 +150,8 @@ Tensor arange(int64_t n, DType dtype = DType::f32, Device device = Device::cpu()
 Tensor arange(double start, double end, double step, DType dtype = DType::f32,
               Device device = Device::cpu());
 // Uniform in [low, high) (high itself is never returned, though low + u * (high - low) can round
-// to it; low == high gives low) and normal(mean, stddev), from gen; gen.offset advances by the number
-// of Philox words used, so the same (seed, offset) gives the same tensor on every device.
+// to it; low == high gives low) and normal(mean, stddev), from gen; gen.offset advances by the
+// number of Philox words used, so the same (seed, offset) gives the same tensor on every device.
 Tensor uniform(const Shape& shape, double low, double high, Generator& gen,
                DType dtype = DType::f32, Device device = Device::cpu());
 Tensor normal(const Shape& shape, double mean, double stddev, Generator& gen,
@@ -161,8 +161,7 @@ Tensor randint(const Shape& shape, int64_t n, Generator& gen, DType dtype = DTyp
                Device device = Device::cpu());
 
 template <class T>
-Tensor from_vector(const std::vector<T>& values, const Shape& shape,
-                   Device device = Device::cpu());
+Tensor from_vector(const std::vector<T>& values, const Shape& shape, Device device = Device::cpu());
 
 // Scratch memory for a kernel: allocator bytes in the workspace category, tagged with the
 // current tag, released when the object goes out of scope.
@@ -171,7 +170,9 @@ class Workspace {
   Workspace(Device device, uint64_t bytes) : storage_(device, bytes, Category::workspace) {}
   void* data() const { return storage_.data(); }
   template <class T>
-  T* as() const { return static_cast<T*>(storage_.data()); }
+  T* as() const {
+    return static_cast<T*>(storage_.data());
+  }
   uint64_t bytes() const { return storage_.bytes(); }
 
  private:
@@ -205,8 +206,8 @@ T Tensor::item() const {
 
 template <class T>
 Tensor from_vector(const std::vector<T>& values, const Shape& shape, Device device) {
-  REGEN_CHECK(static_cast<int64_t>(values.size()) == shape_numel(shape), "from_vector: ",
-              values.size(), " values do not fill shape ", sh(shape));
+  REGEN_CHECK(static_cast<int64_t>(values.size()) == shape_numel(shape),
+              "from_vector: ", values.size(), " values do not fill shape ", sh(shape));
   Tensor t = empty(shape, dtype_of<T>::value, device);
   if (!values.empty()) copy_bytes(t.raw_data(), device, values.data(), Device::cpu(), t.nbytes());
   return t;

@@ -12,15 +12,21 @@ namespace regen {
 
 const char* dtype_name(DType t) {
   switch (t) {
-    case DType::f32: return "f32";
-    case DType::f64: return "f64";
-    case DType::i32: return "i32";
-    case DType::i64: return "i64";
+    case DType::f32:
+      return "f32";
+    case DType::f64:
+      return "f64";
+    case DType::i32:
+      return "i32";
+    case DType::i64:
+      return "i64";
   }
   return "?";
 }
 
-std::ostream& operator<<(std::ostream& os, DType t) { return os << dtype_name(t); }
+std::ostream& operator<<(std::ostream& os, DType t) {
+  return os << dtype_name(t);
+}
 
 Device Device::parse(const std::string& text) {
   if (text == "cpu") return cpu();
@@ -38,7 +44,9 @@ std::string Device::str() const {
   return is_cpu() ? std::string("cpu") : "cuda:" + std::to_string(index);
 }
 
-std::ostream& operator<<(std::ostream& os, const Device& d) { return os << d.str(); }
+std::ostream& operator<<(std::ostream& os, const Device& d) {
+  return os << d.str();
+}
 
 int64_t shape_numel(const Shape& s) {
   for (int64_t d : s) {
@@ -79,7 +87,9 @@ std::string shape_str(const Shape& s) {
   return out + "]";
 }
 
-std::ostream& operator<<(std::ostream& os, const ShapePrinter& p) { return os << shape_str(p.s); }
+std::ostream& operator<<(std::ostream& os, const ShapePrinter& p) {
+  return os << shape_str(p.s);
+}
 
 std::string format_bytes(int64_t bytes) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
@@ -110,22 +120,32 @@ int64_t parse_bytes(const std::string& text) {
   } catch (const std::exception&) {
     REGEN_FAIL("cannot read a byte count from '", text, "': expected e.g. 2GiB, 512MiB or 1048576");
   }
-  REGEN_CHECK(digits == std::string::npos ? pos == text.size() : pos == digits, "cannot read a byte count from '", text,
+  REGEN_CHECK(digits == std::string::npos ? pos == text.size() : pos == digits,
+              "cannot read a byte count from '", text,
               "': expected decimal digits and a unit, e.g. 2GiB, 512MiB or 1048576");
   std::string unit = text.substr(pos);
   while (!unit.empty() && unit.front() == ' ') unit.erase(unit.begin());
   std::string u;
   for (char c : unit) u += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   double mult = 0;
-  if (u.empty() || u == "b") mult = 1;
-  else if (u == "kib" || u == "k") mult = 1024.0;
-  else if (u == "mib" || u == "m") mult = 1024.0 * 1024;
-  else if (u == "gib" || u == "g") mult = 1024.0 * 1024 * 1024;
-  else if (u == "tib" || u == "t") mult = 1024.0 * 1024 * 1024 * 1024;
-  else if (u == "kb") mult = 1e3;
-  else if (u == "mb") mult = 1e6;
-  else if (u == "gb") mult = 1e9;
-  else if (u == "tb") mult = 1e12;
+  if (u.empty() || u == "b")
+    mult = 1;
+  else if (u == "kib" || u == "k")
+    mult = 1024.0;
+  else if (u == "mib" || u == "m")
+    mult = 1024.0 * 1024;
+  else if (u == "gib" || u == "g")
+    mult = 1024.0 * 1024 * 1024;
+  else if (u == "tib" || u == "t")
+    mult = 1024.0 * 1024 * 1024 * 1024;
+  else if (u == "kb")
+    mult = 1e3;
+  else if (u == "mb")
+    mult = 1e6;
+  else if (u == "gb")
+    mult = 1e9;
+  else if (u == "tb")
+    mult = 1e12;
   REGEN_CHECK(mult > 0, "unknown byte unit '", unit, "' in '", text,
               "': use B, KiB, MiB, GiB, TiB (or KB, MB, GB, TB)");
   REGEN_CHECK(value >= 0 && std::isfinite(value), "byte count '", text, "' must be non-negative");

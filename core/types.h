@@ -12,23 +12,42 @@ enum class DType : uint8_t { f32, f64, i32, i64 };
 
 inline size_t dtype_size(DType t) {
   switch (t) {
-    case DType::f32: return 4;
-    case DType::f64: return 8;
-    case DType::i32: return 4;
-    case DType::i64: return 8;
+    case DType::f32:
+      return 4;
+    case DType::f64:
+      return 8;
+    case DType::i32:
+      return 4;
+    case DType::i64:
+      return 8;
   }
   return 0;
 }
 const char* dtype_name(DType t);
-inline bool is_floating(DType t) { return t == DType::f32 || t == DType::f64; }
+inline bool is_floating(DType t) {
+  return t == DType::f32 || t == DType::f64;
+}
 std::ostream& operator<<(std::ostream& os, DType t);
 
 // Compile-time mapping from C++ scalar type to DType.
-template <class T> struct dtype_of;
-template <> struct dtype_of<float> { static constexpr DType value = DType::f32; };
-template <> struct dtype_of<double> { static constexpr DType value = DType::f64; };
-template <> struct dtype_of<int32_t> { static constexpr DType value = DType::i32; };
-template <> struct dtype_of<int64_t> { static constexpr DType value = DType::i64; };
+template <class T>
+struct dtype_of;
+template <>
+struct dtype_of<float> {
+  static constexpr DType value = DType::f32;
+};
+template <>
+struct dtype_of<double> {
+  static constexpr DType value = DType::f64;
+};
+template <>
+struct dtype_of<int32_t> {
+  static constexpr DType value = DType::i32;
+};
+template <>
+struct dtype_of<int64_t> {
+  static constexpr DType value = DType::i64;
+};
 
 enum class DeviceType : uint8_t { cpu, cuda };
 
@@ -65,7 +84,9 @@ std::string join_names(const std::vector<std::string>& names, const char* sep = 
 struct ShapePrinter {
   const Shape& s;
 };
-inline ShapePrinter sh(const Shape& s) { return {s}; }
+inline ShapePrinter sh(const Shape& s) {
+  return {s};
+}
 std::ostream& operator<<(std::ostream& os, const ShapePrinter& p);
 
 // Human-readable byte counts: "1.50 GiB", "512 B".

@@ -34,152 +34,182 @@ void gemm_batched(bool trans_a, bool trans_b, int64_t batch, int64_t M, int64_t 
                   int64_t stride_b, T beta, T* C, int64_t ldc, int64_t stride_c);
 
 // ---- Element-wise and reductions (kernels/cpu/elementwise.cpp) ----------------------------------
-template <class T> void fill(T* y, int64_t n, T value);                          // y: (n)
-template <class T> void copy(const T* x, T* y, int64_t n);                       // x, y: (n)
+template <class T>
+void fill(T* y, int64_t n, T value);  // y: (n)
+template <class T>
+void copy(const T* x, T* y, int64_t n);  // x, y: (n)
 // y[i] = a[i] + b[i % nb]  (b broadcast over leading dimensions; nb divides n)
-template <class T> void add(const T* a, const T* b, T* y, int64_t n, int64_t nb);
-template <class T> void add_inplace(T* y, const T* x, int64_t n);               // y += x
+template <class T>
+void add(const T* a, const T* b, T* y, int64_t n, int64_t nb);
+template <class T>
+void add_inplace(T* y, const T* x, int64_t n);  // y += x
 // y[i] = a[i] * b[i % nb]
-template <class T> void mul(const T* a, const T* b, T* y, int64_t n, int64_t nb);
-template <class T> void scale(const T* x, T* y, int64_t n, T alpha);            // y = alpha*x
+template <class T>
+void mul(const T* a, const T* b, T* y, int64_t n, int64_t nb);
+template <class T>
+void scale(const T* x, T* y, int64_t n, T alpha);  // y = alpha*x
 // y[i] = alpha * s[0] for i < n (backward of sum/mean; s is one element on the device)
-template <class T> void fill_from_scalar(const T* s, T* y, int64_t n, T alpha);
-template <class T> void relu_forward(const T* x, T* y, int64_t n);
-template <class T> void relu_backward(const T* dy, const T* y, T* dx, int64_t n);  // uses output
+template <class T>
+void fill_from_scalar(const T* s, T* y, int64_t n, T alpha);
+template <class T>
+void relu_forward(const T* x, T* y, int64_t n);
+template <class T>
+void relu_backward(const T* dy, const T* y, T* dx, int64_t n);  // uses output
 // Exact GELU: x * Phi(x) = 0.5 x (1 + erf(x / sqrt 2)), as torch.nn.functional.gelu.
-template <class T> void gelu_forward(const T* x, T* y, int64_t n);
-template <class T> void gelu_backward(const T* dy, const T* x, T* dx, int64_t n);
+template <class T>
+void gelu_forward(const T* x, T* y, int64_t n);
+template <class T>
+void gelu_backward(const T* dy, const T* x, T* dx, int64_t n);
 // x: (rows, cols) -> y: (cols), y[c] = sum_r x[r, c]  (bias gradients)
-template <class T> void sum_rows(const T* x, T* y, int64_t rows, int64_t cols);
+template <class T>
+void sum_rows(const T* x, T* y, int64_t rows, int64_t cols);
 // x: (n) -> y: (1)
-template <class T> void sum_all(const T* x, T* y, int64_t n);
+template <class T>
+void sum_all(const T* x, T* y, int64_t n);
 // Dropout with the Philox stream (seed, stream): element i is kept when
 // philox_word(seed, stream, i) >= p * 2^32 and then scaled by 1 / (1 - p). Backward regenerates
 // the same mask; nothing is stored.
-template <class T> void dropout_forward(const T* x, T* y, int64_t n, float p, uint64_t seed,
-                                        uint64_t stream);
-template <class T> void dropout_backward(const T* dy, T* dx, int64_t n, float p, uint64_t seed,
-                                         uint64_t stream);
+template <class T>
+void dropout_forward(const T* x, T* y, int64_t n, float p, uint64_t seed, uint64_t stream);
+template <class T>
+void dropout_backward(const T* dy, T* dx, int64_t n, float p, uint64_t seed, uint64_t stream);
 // x: shape s.shape (row-major) -> y: permuted, y.shape[i] = s.shape[s.perm[i]]
-template <class T> void permute(const T* x, T* y, const PermuteShape& s);
+template <class T>
+void permute(const T* x, T* y, const PermuteShape& s);
 // Slices along one dimension (kernels/cpu/slice.cpp; concat, split, narrow): x: (outer, x_dim,
 // inner), y: (outer, y_dim, inner); y[o, y_start + j, i] = x[o, x_start + j, i] for j < len. The
 // rest of y is left as it was.
-template <class T> void slice_copy(const T* x, T* y, const SliceShape& s);
+template <class T>
+void slice_copy(const T* x, T* y, const SliceShape& s);
 
-// ---- Convolution (kernels/cpu/conv2d.cpp) --------------------------------------------------------
-// x: (N, C, H, W), w: (K, C, R, S), bias: (K) or null, y: (N, K, P, Q)
-template <class T> void conv2d_forward(const T* x, const T* w, const T* bias, T* y,
-                                       const ConvShape& s);
+// ---- Convolution (kernels/cpu/conv2d.cpp)
+// -------------------------------------------------------- x: (N, C, H, W), w: (K, C, R, S), bias:
+// (K) or null, y: (N, K, P, Q)
+template <class T>
+void conv2d_forward(const T* x, const T* w, const T* bias, T* y, const ConvShape& s);
 // dy: (N, K, P, Q), w: (K, C, R, S) -> dx: (N, C, H, W)
-template <class T> void conv2d_backward_data(const T* dy, const T* w, T* dx, const ConvShape& s);
+template <class T>
+void conv2d_backward_data(const T* dy, const T* w, T* dx, const ConvShape& s);
 // x: (N, C, H, W), dy: (N, K, P, Q) -> dw: (K, C, R, S), dbias: (K) or null
-template <class T> void conv2d_backward_filter(const T* x, const T* dy, T* dw, T* dbias,
-                                               const ConvShape& s);
+template <class T>
+void conv2d_backward_filter(const T* x, const T* dy, T* dw, T* dbias, const ConvShape& s);
 
 // ---- Transposed convolution (kernels/cpu/conv_transpose2d.cpp) ----------------------------------
 // s is the ConvShape of the conv2d whose adjoint this is (make_conv_transpose_shape, shapes.h):
 // x: (N, K, P, Q) with K = C_in, w: (K, C, R, S) = (C_in, C_out, kh, kw), y: (N, C, H, W).
 // x, w, bias: (C) or null -> y, written. y is conv2d's backward-data of x, plus bias.
-template <class T> void conv_transpose2d_forward(const T* x, const T* w, const T* bias, T* y,
-                                                 const ConvShape& s);
+template <class T>
+void conv_transpose2d_forward(const T* x, const T* w, const T* bias, T* y, const ConvShape& s);
 // dy: (N, C, H, W) -> dx: (N, K, P, Q), the conv2d of dy with w.
-template <class T> void conv_transpose2d_backward_data(const T* dy, const T* w, T* dx,
-                                                       const ConvShape& s);
+template <class T>
+void conv_transpose2d_backward_data(const T* dy, const T* w, T* dx, const ConvShape& s);
 // x, dy -> dw: (K, C, R, S) (conv2d's backward-filter with dy as its input and x as its output
 // gradient) and dbias: (C), the per-channel sums of dy; either may be null.
-template <class T> void conv_transpose2d_backward_filter(const T* x, const T* dy, T* dw, T* dbias,
-                                                         const ConvShape& s);
+template <class T>
+void conv_transpose2d_backward_filter(const T* x, const T* dy, T* dw, T* dbias, const ConvShape& s);
 
-// ---- Batch normalization over (N, C, HW) (kernels/cpu/batchnorm.cpp) ------------------------------
-// Training: batch statistics; mean, invstd: (C) outputs (invstd = 1/sqrt(var_biased + eps)).
-// running_mean/var: (C), updated with momentum (unbiased variance, as PyTorch) unless null.
-template <class T> void batchnorm_forward_train(const T* x, const T* gamma, const T* beta, T* y,
-                                                T* mean, T* invstd, T* running_mean,
-                                                T* running_var, int64_t N, int64_t C, int64_t HW,
-                                                double momentum, double eps);
-template <class T> void batchnorm_forward_eval(const T* x, const T* gamma, const T* beta,
-                                               const T* running_mean, const T* running_var, T* y,
-                                               int64_t N, int64_t C, int64_t HW, double eps);
+// ---- Batch normalization over (N, C, HW) (kernels/cpu/batchnorm.cpp)
+// ------------------------------ Training: batch statistics; mean, invstd: (C) outputs (invstd =
+// 1/sqrt(var_biased + eps)). running_mean/var: (C), updated with momentum (unbiased variance, as
+// PyTorch) unless null.
+template <class T>
+void batchnorm_forward_train(const T* x, const T* gamma, const T* beta, T* y, T* mean, T* invstd,
+                             T* running_mean, T* running_var, int64_t N, int64_t C, int64_t HW,
+                             double momentum, double eps);
+template <class T>
+void batchnorm_forward_eval(const T* x, const T* gamma, const T* beta, const T* running_mean,
+                            const T* running_var, T* y, int64_t N, int64_t C, int64_t HW,
+                            double eps);
 // dgamma, dbeta: (C), written; may be null.
-template <class T> void batchnorm_backward(const T* dy, const T* x, const T* gamma, const T* mean,
-                                           const T* invstd, T* dx, T* dgamma, T* dbeta, int64_t N,
-                                           int64_t C, int64_t HW);
-template <class T> void batchnorm_backward_eval(const T* dy, const T* x, const T* gamma,
-                                                const T* running_mean, const T* running_var, T* dx,
-                                                T* dgamma, T* dbeta, int64_t N, int64_t C,
-                                                int64_t HW, double eps);
+template <class T>
+void batchnorm_backward(const T* dy, const T* x, const T* gamma, const T* mean, const T* invstd,
+                        T* dx, T* dgamma, T* dbeta, int64_t N, int64_t C, int64_t HW);
+template <class T>
+void batchnorm_backward_eval(const T* dy, const T* x, const T* gamma, const T* running_mean,
+                             const T* running_var, T* dx, T* dgamma, T* dbeta, int64_t N, int64_t C,
+                             int64_t HW, double eps);
 
 // ---- Pooling (kernels/cpu/pool.cpp) ------------------------------------------------------------
 // argmax: (N, C, P, Q), index into the (H, W) plane of the chosen input element.
-template <class T> void maxpool2d_forward(const T* x, T* y, int32_t* argmax, const PoolShape& s);
-template <class T> void maxpool2d_backward(const T* dy, const int32_t* argmax, T* dx,
-                                           const PoolShape& s);
+template <class T>
+void maxpool2d_forward(const T* x, T* y, int32_t* argmax, const PoolShape& s);
+template <class T>
+void maxpool2d_backward(const T* dy, const int32_t* argmax, T* dx, const PoolShape& s);
 // Average over the window including padding (count_include_pad=True, PyTorch's default).
-template <class T> void avgpool2d_forward(const T* x, T* y, const PoolShape& s);
-template <class T> void avgpool2d_backward(const T* dy, T* dx, const PoolShape& s);
+template <class T>
+void avgpool2d_forward(const T* x, T* y, const PoolShape& s);
+template <class T>
+void avgpool2d_backward(const T* dy, T* dx, const PoolShape& s);
 // x: (NC, HW) -> y: (NC)
-template <class T> void global_avgpool_forward(const T* x, T* y, int64_t NC, int64_t HW);
-template <class T> void global_avgpool_backward(const T* dy, T* dx, int64_t NC, int64_t HW);
+template <class T>
+void global_avgpool_forward(const T* x, T* y, int64_t NC, int64_t HW);
+template <class T>
+void global_avgpool_backward(const T* dy, T* dx, int64_t NC, int64_t HW);
 
 // ---- 2x upsampling of planes (kernels/cpu/upsample.cpp) -----------------------------------------
 // x: (NC, H, W) -> y: (NC, 2H, 2W), as PyTorch's F.interpolate(scale_factor=2).
 // nearest (mode='nearest'): y[i, j] = x[i / 2, j / 2]; backward sums each 2x2 block of dy.
-template <class T> void upsample2x_nearest_forward(const T* x, T* y, int64_t NC, int64_t H,
-                                                   int64_t W);
-template <class T> void upsample2x_nearest_backward(const T* dy, T* dx, int64_t NC, int64_t H,
-                                                    int64_t W);
+template <class T>
+void upsample2x_nearest_forward(const T* x, T* y, int64_t NC, int64_t H, int64_t W);
+template <class T>
+void upsample2x_nearest_backward(const T* dy, T* dx, int64_t NC, int64_t H, int64_t W);
 // bilinear (align_corners=False): output row i samples input row max((i + 0.5) / 2 - 0.5, 0)
 // between its two neighbours (the upper one clamped to H - 1): weights 0.25 / 0.75, and 1 at the
 // borders; columns alike. Backward gathers dx from the (at most 4x4) outputs that read each input.
-template <class T> void upsample2x_bilinear_forward(const T* x, T* y, int64_t NC, int64_t H,
-                                                    int64_t W);
-template <class T> void upsample2x_bilinear_backward(const T* dy, T* dx, int64_t NC, int64_t H,
-                                                     int64_t W);
+template <class T>
+void upsample2x_bilinear_forward(const T* x, T* y, int64_t NC, int64_t H, int64_t W);
+template <class T>
+void upsample2x_bilinear_backward(const T* dy, T* dx, int64_t NC, int64_t H, int64_t W);
 
 // ---- Embedding (kernels/cpu/embedding.cpp) -----------------------------------------------------
 // weight: (V, D), ids: (n) in [0, V) -> y: (n, D). An id out of range throws regen::Error.
-template <class T> void embedding_forward(const T* weight, const int64_t* ids, T* y, int64_t n,
-                                          int64_t V, int64_t D);
+template <class T>
+void embedding_forward(const T* weight, const int64_t* ids, T* y, int64_t n, int64_t V, int64_t D);
 // dy: (n, D) -> dweight: (V, D), written (zeroed, then every row scattered in order).
-template <class T> void embedding_backward(const T* dy, const int64_t* ids, T* dweight, int64_t n,
-                                           int64_t V, int64_t D);
+template <class T>
+void embedding_backward(const T* dy, const int64_t* ids, T* dweight, int64_t n, int64_t V,
+                        int64_t D);
 
 // ---- Layer normalization over the last dimension (kernels/cpu/layernorm.cpp) -------------------
 // x, y: (M, N); gamma, beta: (N); mean, rstd: (M) outputs.
-template <class T> void layernorm_forward(const T* x, const T* gamma, const T* beta, T* y,
-                                          T* mean, T* rstd, int64_t M, int64_t N, double eps);
+template <class T>
+void layernorm_forward(const T* x, const T* gamma, const T* beta, T* y, T* mean, T* rstd, int64_t M,
+                       int64_t N, double eps);
 // dgamma, dbeta: (N), written; may be null.
-template <class T> void layernorm_backward(const T* dy, const T* x, const T* gamma, const T* mean,
-                                           const T* rstd, T* dx, T* dgamma, T* dbeta, int64_t M,
-                                           int64_t N);
+template <class T>
+void layernorm_backward(const T* dy, const T* x, const T* gamma, const T* mean, const T* rstd,
+                        T* dx, T* dgamma, T* dbeta, int64_t M, int64_t N);
 
 // ---- Softmax over the last dimension (kernels/cpu/softmax.cpp) ---------------------------------
 // x, y: (M, N)
-template <class T> void softmax_forward(const T* x, T* y, int64_t M, int64_t N);
-template <class T> void softmax_backward(const T* dy, const T* y, T* dx, int64_t M, int64_t N);
+template <class T>
+void softmax_forward(const T* x, T* y, int64_t M, int64_t N);
+template <class T>
+void softmax_backward(const T* dy, const T* y, T* dx, int64_t M, int64_t N);
 
 // ---- Fused multi-head attention (kernels/cpu/attention.cpp) -------------------------------------
 // qkv: (B, S, 3*H*Dh); key_pad: (B, S), nonzero = padded key, or null; out: (B, S, H*Dh);
 // lse: (B, H, S), logsumexp of the scaled, masked scores (-inf for a row with no visible key,
 // whose output is 0).
-template <class T> void attention_forward(const T* qkv, const int32_t* key_pad, T* out, T* lse,
-                                          const AttentionShape& s);
+template <class T>
+void attention_forward(const T* qkv, const int32_t* key_pad, T* out, T* lse,
+                       const AttentionShape& s);
 // dout: (B, S, H*Dh) -> dqkv: (B, S, 3*H*Dh), written.
-template <class T> void attention_backward(const T* dout, const T* qkv, const T* out, const T* lse,
-                                           const int32_t* key_pad, T* dqkv,
-                                           const AttentionShape& s);
+template <class T>
+void attention_backward(const T* dout, const T* qkv, const T* out, const T* lse,
+                        const int32_t* key_pad, T* dqkv, const AttentionShape& s);
 
 // ---- Cross-entropy fused with log-softmax (kernels/cpu/cross_entropy.cpp) -----------------------
 // logits: (M, V), targets: (M) -> loss: (1), the mean over rows whose target != ignore_index (0
 // when there are none); lse: (M) row logsumexp. A target outside [0, V) that is not ignore_index
 // throws regen::Error.
-template <class T> void cross_entropy_forward(const T* logits, const int64_t* targets, T* loss,
-                                              T* lse, int64_t M, int64_t V, int64_t ignore_index);
+template <class T>
+void cross_entropy_forward(const T* logits, const int64_t* targets, T* loss, T* lse, int64_t M,
+                           int64_t V, int64_t ignore_index);
 // dloss: (1) -> dlogits: (M, V), written.
-template <class T> void cross_entropy_backward(const T* dloss, const T* logits,
-                                               const int64_t* targets, const T* lse, T* dlogits,
-                                               int64_t M, int64_t V, int64_t ignore_index);
+template <class T>
+void cross_entropy_backward(const T* dloss, const T* logits, const int64_t* targets, const T* lse,
+                            T* dlogits, int64_t M, int64_t V, int64_t ignore_index);
 
 // ---- Chunked linear + cross-entropy, row-wise pieces (kernels/cpu/cross_entropy.cpp) -----------
 // autograd/ops_cross_entropy.cpp computes each chunk's logits with gemm into a workspace and hands
@@ -187,35 +217,36 @@ template <class T> void cross_entropy_backward(const T* dloss, const T* logits,
 // Validates every target (a target outside [0, V) that is not ignore_index throws regen::Error
 // naming linear_cross_entropy, the row, the target and V); then, when dloss and scale are not
 // null, scale: (1) = dloss[0] / (number of rows whose target != ignore_index), 0 when none.
-template <class T> void linear_cross_entropy_scale(const T* dloss, const int64_t* targets, T* scale,
-                                                   int64_t M, int64_t V, int64_t ignore_index);
+template <class T>
+void linear_cross_entropy_scale(const T* dloss, const int64_t* targets, T* scale, int64_t M,
+                                int64_t V, int64_t ignore_index);
 // logits: (rows, V), in place += bias (V) when bias is not null; targets: (rows) -> lse: (rows)
 // row logsumexp, row_loss: (rows) lse - logit[target] in double, 0 for ignored rows.
-template <class T> void linear_cross_entropy_forward_rows(T* logits, const T* bias,
-                                                          const int64_t* targets, T* lse,
-                                                          double* row_loss, int64_t rows,
-                                                          int64_t V, int64_t ignore_index);
+template <class T>
+void linear_cross_entropy_forward_rows(T* logits, const T* bias, const int64_t* targets, T* lse,
+                                       double* row_loss, int64_t rows, int64_t V,
+                                       int64_t ignore_index);
 // row_loss, targets: (M) -> loss: (1) = sum of row_loss / counted rows (0 when none).
-template <class T> void linear_cross_entropy_forward_loss(const double* row_loss,
-                                                          const int64_t* targets, T* loss,
-                                                          int64_t M, int64_t ignore_index);
+template <class T>
+void linear_cross_entropy_forward_loss(const double* row_loss, const int64_t* targets, T* loss,
+                                       int64_t M, int64_t ignore_index);
 // logits: (rows, V) without bias, in place -> dlogits = (softmax(logits + bias) - onehot(target))
 // * scale[0], written; rows whose target is ignore_index get 0. lse: (rows) from forward_rows.
-template <class T> void linear_cross_entropy_backward_rows(T* logits, const T* bias,
-                                                           const int64_t* targets, const T* lse,
-                                                           const T* scale, int64_t rows,
-                                                           int64_t V, int64_t ignore_index);
+template <class T>
+void linear_cross_entropy_backward_rows(T* logits, const T* bias, const int64_t* targets,
+                                        const T* lse, const T* scale, int64_t rows, int64_t V,
+                                        int64_t ignore_index);
 
 // ---- Optimizer updates (kernels/cpu/optim.cpp), in place over (n) -------------------------------
 // torch.optim.SGD semantics; momentum_buf is null when momentum == 0; on first_step the buffer is
 // set to the (weight-decayed) gradient.
-template <class T> void sgd_step(T* param, const T* grad, T* momentum_buf, int64_t n, double lr,
-                                 double momentum, double dampening, double weight_decay,
-                                 bool nesterov, bool first_step);
+template <class T>
+void sgd_step(T* param, const T* grad, T* momentum_buf, int64_t n, double lr, double momentum,
+              double dampening, double weight_decay, bool nesterov, bool first_step);
 // torch.optim.AdamW semantics (decoupled weight decay, bias correction); step counts from 1.
-template <class T> void adamw_step(T* param, const T* grad, T* exp_avg, T* exp_avg_sq, int64_t n,
-                                   double lr, double beta1, double beta2, double eps,
-                                   double weight_decay, int64_t step);
+template <class T>
+void adamw_step(T* param, const T* grad, T* exp_avg, T* exp_avg_sq, int64_t n, double lr,
+                double beta1, double beta2, double eps, double weight_decay, int64_t step);
 
 // ---- Dry runs (REGEN_LAUNCH, below) ------------------------------------------------------------
 // The CPU launchers that take scratch space (Workspace) for themselves, directly or through another
@@ -284,43 +315,47 @@ void prepare_device(Device device);
 // which live on the device's own allocator. A skipped launcher's arguments are not evaluated.
 // After a CUDA launcher, kernels::after_cuda_launcher checks its work when REGEN_CUDA_SYNC=1.
 #ifdef REGEN_WITH_CUDA
-#define REGEN_LAUNCH(device, T, name, ...)                                        \
-  do {                                                                            \
-    if (::regen::dry_run_active() &&                                              \
-        !((device).is_cpu() && ::regen::cpu::has_dry_run_path(#name)))            \
-      break; /* a dry run: shapes and blocks only */                              \
-    if ((device).is_cpu()) {                                                      \
-      ::regen::cpu::name<T>(__VA_ARGS__);                                         \
-    } else if constexpr (std::is_same<T, float>::value) {                         \
-      ::regen::kernels::use_device(device);                                       \
-      ::regen::cuda::name(__VA_ARGS__);                                           \
-      ::regen::kernels::after_cuda_launcher(#name);                               \
-    } else {                                                                      \
+#define REGEN_LAUNCH(device, T, name, ...)                                         \
+  do {                                                                             \
+    if (::regen::dry_run_active() &&                                               \
+        !((device).is_cpu() && ::regen::cpu::has_dry_run_path(#name)))             \
+      break; /* a dry run: shapes and blocks only */                               \
+    if ((device).is_cpu()) {                                                       \
+      ::regen::cpu::name<T>(__VA_ARGS__);                                          \
+    } else if constexpr (std::is_same<T, float>::value) {                          \
+      ::regen::kernels::use_device(device);                                        \
+      ::regen::cuda::name(__VA_ARGS__);                                            \
+      ::regen::kernels::after_cuda_launcher(#name);                                \
+    } else {                                                                       \
       ::regen::kernels::unsupported(#name, (device), ::regen::dtype_of<T>::value); \
-    }                                                                             \
+    }                                                                              \
   } while (0)
 #else
-#define REGEN_LAUNCH(device, T, name, ...)                                        \
-  do {                                                                            \
-    if (::regen::dry_run_active() &&                                              \
-        !((device).is_cpu() && ::regen::cpu::has_dry_run_path(#name)))            \
-      break; /* a dry run: shapes and blocks only */                              \
-    if ((device).is_cpu()) {                                                      \
-      ::regen::cpu::name<T>(__VA_ARGS__);                                         \
-    } else {                                                                      \
+#define REGEN_LAUNCH(device, T, name, ...)                                         \
+  do {                                                                             \
+    if (::regen::dry_run_active() &&                                               \
+        !((device).is_cpu() && ::regen::cpu::has_dry_run_path(#name)))             \
+      break; /* a dry run: shapes and blocks only */                               \
+    if ((device).is_cpu()) {                                                       \
+      ::regen::cpu::name<T>(__VA_ARGS__);                                          \
+    } else {                                                                       \
       ::regen::kernels::unsupported(#name, (device), ::regen::dtype_of<T>::value); \
-    }                                                                             \
+    }                                                                              \
   } while (0)
 #endif
 
 // REGEN_FLOATING(dtype, what, fn, args...): calls fn<float>(args...) or fn<double>(args...).
-#define REGEN_FLOATING(dtype, what, fn, ...)                                               \
-  do {                                                                                     \
-    switch (dtype) {                                                                       \
-      case ::regen::DType::f32: fn<float>(__VA_ARGS__); break;                             \
-      case ::regen::DType::f64: fn<double>(__VA_ARGS__); break;                            \
-      default:                                                                             \
-        REGEN_FAIL(what, ": expected a floating-point tensor (f32 or f64), got ",          \
-                   ::regen::dtype_name(dtype));                                            \
-    }                                                                                      \
+#define REGEN_FLOATING(dtype, what, fn, ...)                                      \
+  do {                                                                            \
+    switch (dtype) {                                                              \
+      case ::regen::DType::f32:                                                   \
+        fn<float>(__VA_ARGS__);                                                   \
+        break;                                                                    \
+      case ::regen::DType::f64:                                                   \
+        fn<double>(__VA_ARGS__);                                                  \
+        break;                                                                    \
+      default:                                                                    \
+        REGEN_FAIL(what, ": expected a floating-point tensor (f32 or f64), got ", \
+                   ::regen::dtype_name(dtype));                                   \
+    }                                                                             \
   } while (0)

@@ -15,17 +15,16 @@ struct ConvShape {
   int64_t P = 0, Q = 0;
 };
 
-inline ConvShape make_conv_shape(int64_t N, int64_t C, int64_t H, int64_t W, int64_t K,
-                                 int64_t R, int64_t S, int64_t stride_h, int64_t stride_w,
-                                 int64_t pad_h, int64_t pad_w) {
+inline ConvShape make_conv_shape(int64_t N, int64_t C, int64_t H, int64_t W, int64_t K, int64_t R,
+                                 int64_t S, int64_t stride_h, int64_t stride_w, int64_t pad_h,
+                                 int64_t pad_w) {
   ConvShape s{N, C, H, W, K, R, S, stride_h, stride_w, pad_h, pad_w, 0, 0};
-  REGEN_CHECK(stride_h > 0 && stride_w > 0 && pad_h >= 0 && pad_w >= 0, "conv2d: stride ",
-              stride_h, "x", stride_w, " must be positive and padding ", pad_h, "x", pad_w,
-              " non-negative");
+  REGEN_CHECK(stride_h > 0 && stride_w > 0 && pad_h >= 0 && pad_w >= 0, "conv2d: stride ", stride_h,
+              "x", stride_w, " must be positive and padding ", pad_h, "x", pad_w, " non-negative");
   s.P = (H + 2 * pad_h - R) / stride_h + 1;
   s.Q = (W + 2 * pad_w - S) / stride_w + 1;
-  REGEN_CHECK(H + 2 * pad_h >= R && W + 2 * pad_w >= S && s.P > 0 && s.Q > 0, "conv2d: kernel ",
-              R, "x", S, " does not fit input ", H, "x", W, " with padding ", pad_h, "x", pad_w);
+  REGEN_CHECK(H + 2 * pad_h >= R && W + 2 * pad_w >= S && s.P > 0 && s.Q > 0, "conv2d: kernel ", R,
+              "x", S, " does not fit input ", H, "x", W, " with padding ", pad_h, "x", pad_w);
   return s;
 }
 
@@ -35,9 +34,9 @@ inline ConvShape make_conv_shape(int64_t N, int64_t C, int64_t H, int64_t W, int
 // kh + out_pad_h (W alike). The conv2d maps y's shape to x's: N, C = C_out, H = H_out, W = W_out,
 // K = C_in, R = kh, S = kw, P = H_in, Q = W_in (exact because out_pad < stride).
 inline ConvShape make_conv_transpose_shape(int64_t N, int64_t C_in, int64_t H_in, int64_t W_in,
-                                           int64_t C_out, int64_t kh, int64_t kw,
-                                           int64_t stride_h, int64_t stride_w, int64_t pad_h,
-                                           int64_t pad_w, int64_t out_pad_h, int64_t out_pad_w) {
+                                           int64_t C_out, int64_t kh, int64_t kw, int64_t stride_h,
+                                           int64_t stride_w, int64_t pad_h, int64_t pad_w,
+                                           int64_t out_pad_h, int64_t out_pad_w) {
   REGEN_CHECK(stride_h > 0 && stride_w > 0 && pad_h >= 0 && pad_w >= 0 && out_pad_h >= 0 &&
                   out_pad_w >= 0 && out_pad_h < stride_h && out_pad_w < stride_w,
               "conv_transpose2d: stride ", stride_h, "x", stride_w, " must be positive, padding ",
@@ -62,9 +61,8 @@ struct PoolShape {
   int64_t P = 0, Q = 0;
 };
 
-inline PoolShape make_pool_shape(int64_t N, int64_t C, int64_t H, int64_t W, int64_t kh,
-                                 int64_t kw, int64_t stride_h, int64_t stride_w, int64_t pad_h,
-                                 int64_t pad_w) {
+inline PoolShape make_pool_shape(int64_t N, int64_t C, int64_t H, int64_t W, int64_t kh, int64_t kw,
+                                 int64_t stride_h, int64_t stride_w, int64_t pad_h, int64_t pad_w) {
   PoolShape s{N, C, H, W, kh, kw, stride_h, stride_w, pad_h, pad_w, 0, 0};
   REGEN_CHECK(kh > 0 && kw > 0 && stride_h > 0 && stride_w > 0, "pool2d: kernel ", kh, "x", kw,
               " and stride ", stride_h, "x", stride_w, " must be positive");
@@ -82,11 +80,11 @@ inline PoolShape make_pool_shape(int64_t N, int64_t C, int64_t H, int64_t W, int
 // torch.nn.MultiheadAttention's in_proj). out: (B, S, H, Dh) = (B, S, D). lse: (B, H, S).
 struct AttentionShape {
   int64_t B = 0, S = 0, H = 0, Dh = 0;
-  float scale = 1.0f;       // applied to q.k (usually 1/sqrt(Dh))
-  bool causal = false;      // key j > query i is masked
-  float dropout_p = 0.0f;   // on the attention probabilities
-  uint64_t seed = 0;        // Philox stream of the dropout mask; element index
-  uint64_t stream = 0;      // ((b*H + h)*S + i)*S + j
+  float scale = 1.0f;      // applied to q.k (usually 1/sqrt(Dh))
+  bool causal = false;     // key j > query i is masked
+  float dropout_p = 0.0f;  // on the attention probabilities
+  uint64_t seed = 0;       // Philox stream of the dropout mask; element index
+  uint64_t stream = 0;     // ((b*H + h)*S + i)*S + j
 };
 
 // A block of rows along one dimension (concat, split, narrow): x viewed as (outer, x_dim, inner),

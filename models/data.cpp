@@ -1,11 +1,11 @@
 // Data sources (data.h).
 #include "regen/models/data.h"
 
+#include <sys/stat.h>
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
-#include <sys/stat.h>
 
 #include "regen/core/io.h"
 #include "regen/core/philox.h"
@@ -67,8 +67,9 @@ class SyntheticImages final : public DataSource {
       labels[i] = static_cast<int64_t>(philox_word(seed_, 1, sample) % m_.num_classes);
       for (int64_t c = 0; c < 3; ++c) {
         // A fixed offset per (class, channel) in [-1, 1).
-        const float offset =
-            2.0f * philox_uniform01(philox_word(seed_, 2, static_cast<uint64_t>(labels[i] * 3 + c))) - 1.0f;
+        const float offset = 2.0f * philox_uniform01(philox_word(
+                                        seed_, 2, static_cast<uint64_t>(labels[i] * 3 + c))) -
+                             1.0f;
         float* p = img.data() + (i * 3 + c) * hw;
         for (int64_t e = 0; e < hw; ++e) {
           const uint64_t idx = (sample * 3 + static_cast<uint64_t>(c)) * static_cast<uint64_t>(hw) +
@@ -135,8 +136,8 @@ class Cifar10 final : public DataSource {
   static constexpr int64_t kRecord = 1 + 3 * 32 * 32;
 
   Cifar10(const std::string& dir, const ModelConfig& m, uint64_t seed) : dir_(dir), seed_(seed) {
-    REGEN_CHECK(m.family == ModelFamily::resnet, "--data cifar10:", dir,
-                " is image data; model '", m.name, "' is a Transformer (use text:FILE)");
+    REGEN_CHECK(m.family == ModelFamily::resnet, "--data cifar10:", dir, " is image data; model '",
+                m.name, "' is a Transformer (use text:FILE)");
     REGEN_CHECK(m.image_size == 32, "--data cifar10:", dir, ": CIFAR-10 images are 32x32 but the ",
                 "model is set up for ", m.image_size, "x", m.image_size, " (use --image-size 32)");
     REGEN_CHECK(m.num_classes >= 10, "--data cifar10: needs at least 10 classes, model '", m.name,
@@ -144,14 +145,16 @@ class Cifar10 final : public DataSource {
     struct stat st;
     REGEN_CHECK(::stat(dir.c_str(), &st) == 0, "--data cifar10:", dir, ": cannot open '", dir,
                 "': ", std::strerror(errno));
-    REGEN_CHECK(S_ISDIR(st.st_mode), "--data cifar10:", dir, ": '", dir,
-                "' is not a directory (expected the folder of data_batch_1.bin .. data_batch_5.bin)");
+    REGEN_CHECK(
+        S_ISDIR(st.st_mode), "--data cifar10:", dir, ": '", dir,
+        "' is not a directory (expected the folder of data_batch_1.bin .. data_batch_5.bin)");
     for (int i = 1; i <= 5; ++i) {
       const std::string f = dir + "/data_batch_" + std::to_string(i) + ".bin";
       if (!file_exists(f)) continue;
       std::string bytes = read_file(f);
       REGEN_CHECK(!bytes.empty() && bytes.size() % kRecord == 0, "CIFAR-10 file '", f, "' has ",
-                  bytes.size(), " bytes, not a whole number of ", kRecord, "-byte records (truncated?)");
+                  bytes.size(), " bytes, not a whole number of ", kRecord,
+                  "-byte records (truncated?)");
       for (size_t r = 0; r < bytes.size(); r += kRecord) {
         const unsigned char label = static_cast<unsigned char>(bytes[r]);
         REGEN_CHECK(label < 10, "CIFAR-10 file '", f, "': record ", r / kRecord, " has label ",
@@ -160,7 +163,8 @@ class Cifar10 final : public DataSource {
       data_ += bytes;
       files_ += 1;
     }
-    REGEN_CHECK(files_ > 0, "--data cifar10:", dir, ": no data_batch_1.bin .. data_batch_5.bin found");
+    REGEN_CHECK(files_ > 0, "--data cifar10:", dir,
+                ": no data_batch_1.bin .. data_batch_5.bin found");
     records_ = static_cast<int64_t>(data_.size()) / kRecord;
     order_.resize(static_cast<size_t>(records_));
     shuffle();

@@ -39,7 +39,8 @@ Linear::Linear(const std::string& name, int64_t in, int64_t out, bool bias, Gene
   REGEN_CHECK(in > 0 && out > 0, "Linear '", name, "': sizes must be positive, got ", in, " -> ",
               out);
   const double bound = 1.0 / std::sqrt(static_cast<double>(in));
-  weight_ = &register_parameter("weight", init_uniform(name + ".weight", {out, in}, bound, gen, device));
+  weight_ =
+      &register_parameter("weight", init_uniform(name + ".weight", {out, in}, bound, gen, device));
   if (bias) {
     bias_ = &register_parameter("bias", init_uniform(name + ".bias", {out}, bound, gen, device));
   }
@@ -56,9 +57,8 @@ Conv2d::Conv2d(const std::string& name, int64_t in, int64_t out, int64_t kernel,
   REGEN_CHECK(in > 0 && out > 0 && kernel > 0, "Conv2d '", name, "': bad sizes ", in, " -> ", out,
               " kernel ", kernel);
   const double fan_out = static_cast<double>(out * kernel * kernel);
-  weight_ = &register_parameter(
-      "weight", init_normal(name + ".weight", {out, in, kernel, kernel}, std::sqrt(2.0 / fan_out),
-                            gen, device));
+  weight_ = &register_parameter("weight", init_normal(name + ".weight", {out, in, kernel, kernel},
+                                                      std::sqrt(2.0 / fan_out), gen, device));
   if (bias) {
     const double bound = 1.0 / std::sqrt(static_cast<double>(in * kernel * kernel));
     bias_ = &register_parameter("bias", init_uniform(name + ".bias", {out}, bound, gen, device));
@@ -70,8 +70,8 @@ Tensor Conv2d::forward(const Tensor& x) const {
   return conv2d(x, *weight_, bias_ ? *bias_ : Tensor(), stride_, padding_);
 }
 
-BatchNorm2d::BatchNorm2d(const std::string& name, int64_t channels, Device device,
-                         double momentum, double eps)
+BatchNorm2d::BatchNorm2d(const std::string& name, int64_t channels, Device device, double momentum,
+                         double eps)
     : Module(name), momentum_(momentum), eps_(eps) {
   weight_ = &register_parameter("weight", init_const(name + ".weight", {channels}, 1.0, device));
   bias_ = &register_parameter("bias", init_const(name + ".bias", {channels}, 0.0, device));
@@ -115,7 +115,8 @@ Tensor LayerNorm::forward(const Tensor& x) const {
 Embedding::Embedding(const std::string& name, int64_t num, int64_t dim, Generator& gen,
                      Device device)
     : Module(name) {
-  weight_ = &register_parameter("weight", init_normal(name + ".weight", {num, dim}, 1.0, gen, device));
+  weight_ =
+      &register_parameter("weight", init_normal(name + ".weight", {num, dim}, 1.0, gen, device));
 }
 
 Tensor Embedding::forward(const Tensor& ids) const {
@@ -135,8 +136,8 @@ MultiheadAttention::MultiheadAttention(const std::string& name, int64_t d_model,
               d_model, " is not divisible by ", heads, " heads");
   const double xavier = std::sqrt(6.0 / static_cast<double>(d_model + 3 * d_model));
   in_proj_weight_ = &register_parameter(
-      "in_proj_weight", init_uniform(name + ".in_proj_weight", {3 * d_model, d_model}, xavier, gen,
-                                     device));
+      "in_proj_weight",
+      init_uniform(name + ".in_proj_weight", {3 * d_model, d_model}, xavier, gen, device));
   in_proj_bias_ = &register_parameter(
       "in_proj_bias", init_const(name + ".in_proj_bias", {3 * d_model}, 0.0, device));
   out_proj_ = &register_module(

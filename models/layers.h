@@ -55,8 +55,7 @@ class BatchNorm2d : public Module {
 
 class LayerNorm : public Module {
  public:
-  LayerNorm(const std::string& name, int64_t dim, Device device = Device::cpu(),
-            double eps = 1e-5);
+  LayerNorm(const std::string& name, int64_t dim, Device device = Device::cpu(), double eps = 1e-5);
   Tensor forward(const Tensor& x) const;
 
  private:

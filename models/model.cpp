@@ -19,11 +19,16 @@ ModelConfig builtin_preset(const std::string& name) {
     c.blocks = std::move(blocks);
     c.bottleneck = bottleneck;
   };
-  if (name == "resnet18") resnet({2, 2, 2, 2}, false);
-  else if (name == "resnet34") resnet({3, 4, 6, 3}, false);
-  else if (name == "resnet50") resnet({3, 4, 6, 3}, true);
-  else if (name == "resnet101") resnet({3, 4, 23, 3}, true);
-  else if (name == "resnet152") resnet({3, 8, 36, 3}, true);
+  if (name == "resnet18")
+    resnet({2, 2, 2, 2}, false);
+  else if (name == "resnet34")
+    resnet({3, 4, 6, 3}, false);
+  else if (name == "resnet50")
+    resnet({3, 4, 6, 3}, true);
+  else if (name == "resnet101")
+    resnet({3, 4, 23, 3}, true);
+  else if (name == "resnet152")
+    resnet({3, 8, 36, 3}, true);
   else if (name == "resnet-tiny") {
     // Bottleneck blocks at 1/8 width on 32x32 images: the parity and remat tests' ResNet.
     resnet({1, 1, 1, 1}, true);
@@ -66,7 +71,8 @@ std::vector<ModelInfo>& registry() {
         {"resnet101", "ResNet-101 (torchvision)"},
         {"resnet152", "ResNet-152 (torchvision)"},
         {"resnet-tiny", "one bottleneck block per stage at 1/8 width, 32x32 images, 10 classes"},
-        {"transformer", "post-norm encoder LM: d_model 512, 6 layers, 8 heads, ff 2048, vocab 30000, seq 128"},
+        {"transformer",
+         "post-norm encoder LM: d_model 512, 6 layers, 8 heads, ff 2048, vocab 30000, seq 128"},
         {"bert-base", "BERT-base sizes: d_model 768, 12 layers, 12 heads, ff 3072, seq 512, GELU"},
         {"transformer-tiny", "d_model 32, 2 layers, 4 heads, ff 64, vocab 101, seq 16"},
     };
@@ -88,10 +94,13 @@ std::vector<std::string> model_preset_names() {
 }
 
 void register_model(ModelInfo info) {
-  REGEN_CHECK(!info.name.empty() && std::all_of(info.name.begin(), info.name.end(), [](char c) {
-                return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.';
-              }),
-              "register_model: the name '", info.name, "' must be letters, digits, '-', '_' and '.'");
+  REGEN_CHECK(
+      !info.name.empty() && std::all_of(info.name.begin(), info.name.end(),
+                                        [](char c) {
+                                          return std::isalnum(static_cast<unsigned char>(c)) ||
+                                                 c == '-' || c == '_' || c == '.';
+                                        }),
+      "register_model: the name '", info.name, "' must be letters, digits, '-', '_' and '.'");
   REGEN_CHECK(static_cast<bool>(info.build), "register_model: model '", info.name,
               "' has no build function");
   for (const ModelInfo& m : registry()) {
@@ -109,7 +118,9 @@ const ModelInfo& model_info(const std::string& name) {
   REGEN_FAIL("unknown model '", name, "': known models are ", join_names(model_preset_names()));
 }
 
-ModelConfig model_preset(const std::string& name) { return model_info(name).config; }
+ModelConfig model_preset(const std::string& name) {
+  return model_info(name).config;
+}
 
 std::unique_ptr<Model> make_model(const ModelConfig& config, Device device) {
   for (const ModelInfo& m : registry()) {

@@ -31,7 +31,7 @@ struct ModelConfig {
   // ResNet
   std::vector<int64_t> blocks;  // per stage, e.g. {3, 8, 36, 3}
   bool bottleneck = true;
-  int64_t base_width = 64;      // stem channels; stage i has base_width * 2^i planes
+  int64_t base_width = 64;  // stem channels; stage i has base_width * 2^i planes
   int64_t num_classes = 1000;
   int64_t image_size = 224;
   // Transformer
@@ -44,7 +44,7 @@ struct ModelConfig {
   // automatically (rows whose logits take about 32 MiB); N > 0 fuses with N rows per chunk.
   // Fusing changes no result beyond float rounding and never materializes the logits.
   int64_t head_chunk_rows = 0;
-  uint64_t seed = 0;   // parameter initialization
+  uint64_t seed = 0;  // parameter initialization
 };
 
 // The registered models' preset configurations by name: the built-in ones (resnet18, resnet34,
@@ -88,14 +88,13 @@ std::unique_ptr<Model> make_model(const ModelConfig& config, Device device = Dev
 // A program that links regen registers its own models, and `--model NAME`, make_model, the
 // profiler, the planners and RematPipeline then treat them as the built-in ones.
 struct ModelInfo {
-  std::string name;  // letters, digits, '-', '_' and '.'
-  std::string help;  // one line, for --help and error messages
+  std::string name;    // letters, digits, '-', '_' and '.'
+  std::string help;    // one line, for --help and error messages
   ModelConfig config;  // its name is set to `name`
   std::function<std::unique_ptr<Model>(const ModelConfig&, Device)> build;
 };
 // Throws regen::Error for a name already taken or not of the form above, or no build function.
 void register_model(ModelInfo info);
 const ModelInfo& model_info(const std::string& name);  // throws listing the names
-
 
 }  // namespace regen

@@ -99,8 +99,10 @@ void Module::load_state_dict(const NamedTensors& state, bool strict) {
   std::set<std::string> used;
   std::vector<std::string> missing;
   for (const Target& t : targets) {
-    if (given.count(t.name)) used.insert(t.name);
-    else missing.push_back(t.name);
+    if (given.count(t.name))
+      used.insert(t.name);
+    else
+      missing.push_back(t.name);
   }
   std::vector<std::string> unexpected;
   for (const auto& kv : state) {
@@ -137,8 +139,8 @@ void Module::load_state_dict(const NamedTensors& state, bool strict) {
     if (t.tensor) {
       t.tensor->copy_from(src);
     } else {
-      REGEN_CHECK(t.owner->load_extra_state(t.local, src), "load_state_dict: cannot load '",
-                  t.name, "'");
+      REGEN_CHECK(t.owner->load_extra_state(t.local, src), "load_state_dict: cannot load '", t.name,
+                  "'");
     }
   }
 }
@@ -182,7 +184,9 @@ Device Module::device() const {
   return device_;
 }
 
-void Module::zero_grad() { regen::zero_grad(parameters()); }
+void Module::zero_grad() {
+  regen::zero_grad(parameters());
+}
 
 void Module::assign_full_names() {
   for (auto& kv : named_parameters()) kv.second.impl()->name = kv.first;

@@ -15,13 +15,13 @@ class Sequential : public Module {
 };
 }  // namespace
 
-ResNetBlock::ResNetBlock(const std::string& name, int64_t inplanes, int64_t planes,
-                         int64_t stride, bool bottleneck, Generator& gen, Device device)
+ResNetBlock::ResNetBlock(const std::string& name, int64_t inplanes, int64_t planes, int64_t stride,
+                         bool bottleneck, Generator& gen, Device device)
     : Module(name), bottleneck_(bottleneck) {
   const int64_t out = planes * expansion(bottleneck);
   if (bottleneck) {
-    conv1_ = &register_module("conv1", std::make_unique<Conv2d>("conv1", inplanes, planes, 1, 1, 0,
-                                                                false, gen, device));
+    conv1_ = &register_module(
+        "conv1", std::make_unique<Conv2d>("conv1", inplanes, planes, 1, 1, 0, false, gen, device));
     bn1_ = &register_module("bn1", std::make_unique<BatchNorm2d>("bn1", planes, device));
     conv2_ = &register_module("conv2", std::make_unique<Conv2d>("conv2", planes, planes, 3, stride,
                                                                 1, false, gen, device));
@@ -39,8 +39,8 @@ ResNetBlock::ResNetBlock(const std::string& name, int64_t inplanes, int64_t plan
   }
   if (stride != 1 || inplanes != out) {
     auto down = std::make_unique<Sequential>("downsample");
-    down_conv_ = &down->add("0", std::make_unique<Conv2d>("0", inplanes, out, 1, stride, 0, false,
-                                                          gen, device));
+    down_conv_ = &down->add(
+        "0", std::make_unique<Conv2d>("0", inplanes, out, 1, stride, 0, false, gen, device));
     down_bn_ = &down->add("1", std::make_unique<BatchNorm2d>("1", out, device));
     register_module("downsample", std::move(down));
   }
@@ -85,8 +85,8 @@ ResNet::ResNet(const ModelConfig& c, Device device) : Model(c) {
     register_module(stage, std::move(seq));
     stages_.push_back(std::move(blocks));
   }
-  fc_ = &register_module("fc", std::make_unique<Linear>("fc", inplanes, c.num_classes, true, gen,
-                                                        device));
+  fc_ = &register_module(
+      "fc", std::make_unique<Linear>("fc", inplanes, c.num_classes, true, gen, device));
   assign_full_names();
 }
 

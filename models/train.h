@@ -32,14 +32,13 @@ class StepObserver {
 
 struct StepResult {
   double loss = 0;
-  double ms = 0;                  // wall time of the iteration (device synchronized)
-  MemoryStats memory;             // allocator statistics, peaks over this iteration
+  double ms = 0;       // wall time of the iteration (device synchronized)
+  MemoryStats memory;  // allocator statistics, peaks over this iteration
 };
 
 class Trainer {
  public:
-  Trainer(Model& model, Optimizer& optimizer, DataSource& data, int64_t batch_size,
-          Device device);
+  Trainer(Model& model, Optimizer& optimizer, DataSource& data, int64_t batch_size, Device device);
   // Creates gradients (zeros) and optimizer state before the first step; step() calls it once.
   void prepare();
   StepResult step(StepObserver* observer = nullptr);

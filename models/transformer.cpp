@@ -25,18 +25,17 @@ TransformerLM::TransformerLM(const ModelConfig& c, Device device) : Model(c) {
               c.head_chunk_rows,
               " must be -1 (unfused head), 0 (fused, automatic chunks) or a positive row count");
   Generator gen(c.seed);
-  tok_emb_ = &register_module("tok_emb", std::make_unique<Embedding>("tok_emb", c.vocab, c.d_model,
-                                                                     gen, device));
-  pos_emb_ = &register_module("pos_emb", std::make_unique<Embedding>("pos_emb", c.seq_len,
-                                                                     c.d_model, gen, device));
+  tok_emb_ = &register_module(
+      "tok_emb", std::make_unique<Embedding>("tok_emb", c.vocab, c.d_model, gen, device));
+  pos_emb_ = &register_module(
+      "pos_emb", std::make_unique<Embedding>("pos_emb", c.seq_len, c.d_model, gen, device));
   drop_ = &register_module("drop", std::make_unique<Dropout>("drop", c.dropout));
   auto encoder = std::make_unique<Container>("encoder");
   auto stack = std::make_unique<Container>("layers");
   for (int64_t i = 0; i < c.layers; ++i) {
-    layers_.push_back(&stack->add(
-        std::to_string(i),
-        std::make_unique<TransformerEncoderLayer>(std::to_string(i), c.d_model, c.heads, c.ff,
-                                                  c.dropout, c.gelu, gen, device)));
+    layers_.push_back(&stack->add(std::to_string(i), std::make_unique<TransformerEncoderLayer>(
+                                                         std::to_string(i), c.d_model, c.heads,
+                                                         c.ff, c.dropout, c.gelu, gen, device)));
   }
   encoder->add("layers", std::move(stack));
   register_module("encoder", std::move(encoder));
@@ -96,10 +95,9 @@ Tensor TransformerLM::loss(const Tensor& logits, const Tensor& target) const {
 void TransformerLM::check_batch(const Batch& b) const {
   REGEN_CHECK(b.input.defined() && b.input.dim() == 2 && b.input.dtype() == DType::i64,
               config_.name, ": expected tokens i64 (B, S), got ", b.input.str());
-  REGEN_CHECK(b.target.defined() && b.target.dtype() == DType::i64 &&
-                  b.target.shape() == b.input.shape(),
-              config_.name, ": expected targets i64 ", sh(b.input.shape()), ", got ",
-              b.target.str());
+  REGEN_CHECK(
+      b.target.defined() && b.target.dtype() == DType::i64 && b.target.shape() == b.input.shape(),
+      config_.name, ": expected targets i64 ", sh(b.input.shape()), ", got ", b.target.str());
 }
 
 }  // namespace regen

@@ -59,7 +59,8 @@ std::vector<Decision> decisions_from(const pb::object& decisions, const Profile&
 pb::array_t<bool> decisions_to_array(const std::vector<Decision>& d);
 // PlanOptions from the Python arguments (chain 'auto'|'keep'|'drop', budget_of, layout); throws
 // regen::Error naming a bad one.
-PlanOptions plan_options(const std::string& chain, const std::string& budget_of, const std::string& layout);
+PlanOptions plan_options(const std::string& chain, const std::string& budget_of,
+                         const std::string& layout);
 // Bytes by category name, for dicts.
 pb::dict by_category(const std::array<int64_t, kNumCategories>& a);
 // "keep" / "drop" (a planner's "auto" resolves to one of them).

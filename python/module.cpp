@@ -18,9 +18,10 @@ PyObject* g_oom = nullptr;
 
 PYBIND11_MODULE(regen, m) {
   namespace pb = pybind11;
-  m.doc() = "regen: training under a memory budget with exact rematerialization plans. Profile one "
-            "iteration, plan with any registered planner or score your own decision vectors with "
-            "the exact simulator, and train under the plan.";
+  m.doc() =
+      "regen: training under a memory budget with exact rematerialization plans. Profile one "
+      "iteration, plan with any registered planner or score your own decision vectors with "
+      "the exact simulator, and train under the plan.";
   m.attr("__version__") = REGEN_VERSION;
 
   // regen::Error and regen::OutOfMemory as Python exceptions carrying regen's message (without
@@ -28,7 +29,9 @@ PYBIND11_MODULE(regen, m) {
   // unloaded, and releasing them after the interpreter's finalization would crash.
   auto* error = new pb::exception<regen::Error>(m, "Error");
   auto* oom = new pb::exception<regen::OutOfMemory>(m, "OutOfMemory", error->ptr());
-  error->doc() = "Raised for anything regen refuses: bad input, a plan that does not fit, a file that is wrong";
+  error->doc() =
+      "Raised for anything regen refuses: bad input, a plan that does not fit, a file that is "
+      "wrong";
   oom->doc() = "Raised when the allocator runs out of memory (a subclass of regen.Error)";
   g_error = error->ptr();
   g_oom = oom->ptr();
@@ -59,14 +62,17 @@ PYBIND11_MODULE(regen, m) {
   build["milp"] = false;
 #endif
   m.attr("build") = build;
-  m.def("cuda_available", [] {
+  m.def(
+      "cuda_available",
+      [] {
 #ifdef REGEN_WITH_CUDA
-    return regen::cuda::device_count() > 0;
+        return regen::cuda::device_count() > 0;
 #else
-    return false;
+        return false;
 #endif
-  }, "Whether regen was built with CUDA and a GPU is visible; raises regen.Error when the CUDA "
-     "runtime fails for another reason than a missing GPU (an old driver, say)");
+      },
+      "Whether regen was built with CUDA and a GPU is visible; raises regen.Error when the CUDA "
+      "runtime fails for another reason than a missing GPU (an old driver, say)");
 
   regen::py::bind_tensors(m);
   regen::py::bind_remat(m);

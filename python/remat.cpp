@@ -69,9 +69,12 @@ pb::dict nodes_table(const Profile& p) {
   t["bwd_alloc_bytes"] = column<int64_t>(k, [&](size_t i) { return n[i].bwd_alloc_bytes; });
   t["bwd_free_bytes"] = column<int64_t>(k, [&](size_t i) { return n[i].bwd_free_bytes; });
   t["bwd_rank"] = column<int32_t>(k, [&](size_t i) { return n[i].bwd_rank; });
-  t["inputs"] = list_column(k, [&](size_t i) -> const auto& { return n[i].inputs; });
-  t["outputs"] = list_column(k, [&](size_t i) -> const auto& { return n[i].outputs; });
-  t["saved"] = list_column(k, [&](size_t i) -> const auto& { return n[i].saved; });
+  t["inputs"] = list_column(
+      k, [&](size_t i) -> const auto& { return n[i].inputs; });
+  t["outputs"] = list_column(
+      k, [&](size_t i) -> const auto& { return n[i].outputs; });
+  t["saved"] = list_column(
+      k, [&](size_t i) -> const auto& { return n[i].saved; });
   return t;
 }
 
@@ -96,7 +99,8 @@ pb::dict saved_table(const Profile& p) {
   t["last_fwd_use"] = column<int32_t>(k, [&](size_t i) { return s[i].last_fwd_use; });
   t["first_bw_rank"] = column<int32_t>(k, [&](size_t i) { return s[i].first_bw_rank; });
   t["last_bw_rank"] = column<int32_t>(k, [&](size_t i) { return s[i].last_bw_rank; });
-  t["readers"] = list_column(k, [&](size_t i) -> const auto& { return s[i].readers; });
+  t["readers"] = list_column(
+      k, [&](size_t i) -> const auto& { return s[i].readers; });
   return t;
 }
 
@@ -111,8 +115,10 @@ pb::dict values_table(const Profile& p) {
   t["bytes"] = column<int64_t>(k, [&](size_t i) { return v[i].bytes; });
   t["leaf"] = column<bool>(k, [&](size_t i) { return v[i].leaf; });
   t["saved"] = column<int32_t>(k, [&](size_t i) { return v[i].saved; });
-  t["shape"] = list_column(k, [&](size_t i) -> const auto& { return v[i].shape; });
-  t["consumers"] = list_column(k, [&](size_t i) -> const auto& { return v[i].consumers; });
+  t["shape"] = list_column(
+      k, [&](size_t i) -> const auto& { return v[i].shape; });
+  t["consumers"] = list_column(
+      k, [&](size_t i) -> const auto& { return v[i].consumers; });
   return t;
 }
 
@@ -133,7 +139,8 @@ pb::dict timeline_table(const SimResult& r) {
   pb::array_t<int64_t> by({static_cast<pb::ssize_t>(k), static_cast<pb::ssize_t>(kNumCategories)});
   auto w = by.mutable_unchecked<2>();
   for (size_t i = 0; i < k; ++i) {
-    for (int c = 0; c < kNumCategories; ++c) w(static_cast<pb::ssize_t>(i), c) = tl[i].allocated_by[static_cast<size_t>(c)];
+    for (int c = 0; c < kNumCategories; ++c)
+      w(static_cast<pb::ssize_t>(i), c) = tl[i].allocated_by[static_cast<size_t>(c)];
   }
   t["allocated_by"] = by;
   t["allocated"] = column<int64_t>(k, [&](size_t i) {
@@ -156,7 +163,9 @@ std::vector<Regeneration> regenerations_from(const pb::object& obj) {
   return out;
 }
 
-const char* chain_text(bool keep) { return keep ? "keep" : "drop"; }
+const char* chain_text(bool keep) {
+  return keep ? "keep" : "drop";
+}
 
 // A planner written in Python: fn(profile, budget_bytes) returns decisions (anything
 // decisions_from takes) or a Plan made by make_plan; finish_plan judges them.
@@ -195,7 +204,9 @@ ProfilePtr make_profile_handle(Profile p) {
 }
 
 ProfileHandle::ProfileHandle(Profile p) : profile(std::move(p)), sim(profile) {}
-ProfileHandle::~ProfileHandle() { owners().erase(&sim); }
+ProfileHandle::~ProfileHandle() {
+  owners().erase(&sim);
+}
 
 int64_t ProfileHandle::no_remat_peak(BudgetOf of) const {
   int64_t& v = no_remat_[of == BudgetOf::reserved ? 0 : 1];
@@ -211,7 +222,8 @@ std::shared_ptr<ProfileHandle> ProfileHandle::owner_of(const Simulator& sim) {
 Budget budget_from(const pb::object& b) {
   if (b.is_none()) return Budget{};
   if (pb::isinstance<pb::str>(b)) return Budget::parse(b.cast<std::string>());
-  REGEN_CHECK(!pb::isinstance<pb::bool_>(b), "budget must be None, a text such as '60%' or '2GiB', "
+  REGEN_CHECK(!pb::isinstance<pb::bool_>(b),
+              "budget must be None, a text such as '60%' or '2GiB', "
               "or a number of bytes; got a bool");
   if (PyIndex_Check(b.ptr())) {  // int, numpy integers
     int64_t v = 0;
@@ -226,27 +238,33 @@ Budget budget_from(const pb::object& b) {
     out.value = static_cast<double>(v);
     return out;
   }
-  REGEN_FAIL("budget must be None, a text such as '60%' or '2GiB', or a number of bytes (int); got ",
-             pb::str(pb::repr(b)).cast<std::string>(), pb::isinstance<pb::float_>(b) ? " (for a "
-             "fraction of the no-remat peak write '60%')" : "");
+  REGEN_FAIL(
+      "budget must be None, a text such as '60%' or '2GiB', or a number of bytes (int); got ",
+      pb::str(pb::repr(b)).cast<std::string>(),
+      pb::isinstance<pb::float_>(b) ? " (for a "
+                                      "fraction of the no-remat peak write '60%')"
+                                    : "");
 }
 
 std::vector<Decision> decisions_from(const pb::object& obj, const Profile& p) {
   pb::array a = pb::module_::import("numpy").attr("asarray")(obj);
   const char kind = a.dtype().kind();
-  REGEN_CHECK(kind == 'b' || kind == 'i' || kind == 'u', "decisions must be bools or 0/1 integers "
-              "(True: recompute), got numpy dtype ", pb::str(a.dtype()).cast<std::string>());
+  REGEN_CHECK(kind == 'b' || kind == 'i' || kind == 'u',
+              "decisions must be bools or 0/1 integers "
+              "(True: recompute), got numpy dtype ",
+              pb::str(a.dtype()).cast<std::string>());
   REGEN_CHECK(a.ndim() == 1, "decisions must be one-dimensional (one per saved tensor), got ",
               a.ndim(), " dimensions");
   const size_t n = static_cast<size_t>(a.shape(0));
-  REGEN_CHECK(n == p.saved.size(), "decisions has ", n, " entries, but the profile of ", describe(p),
-              " has ", p.saved.size(), " saved tensors (one decision each)");
+  REGEN_CHECK(n == p.saved.size(), "decisions has ", n, " entries, but the profile of ",
+              describe(p), " has ", p.saved.size(), " saved tensors (one decision each)");
   auto v = pb::array_t<int64_t, pb::array::forcecast>::ensure(a);
   auto r = v.unchecked<1>();
   std::vector<Decision> out(n);
   for (size_t i = 0; i < n; ++i) {
     const int64_t d = r(static_cast<pb::ssize_t>(i));
-    REGEN_CHECK(d == 0 || d == 1, "decisions[", i, "] is ", d, "; each is 0 (retain) or 1 (recompute)");
+    REGEN_CHECK(d == 0 || d == 1, "decisions[", i, "] is ", d,
+                "; each is 0 (retain) or 1 (recompute)");
     out[i] = d ? Decision::recompute : Decision::retain;
   }
   return out;
@@ -261,20 +279,22 @@ PlanOptions plan_options(const std::string& chain, const std::string& budget_of,
   PlanOptions o;
   o.chain = parse_chain(chain);
   o.budget_of = parse_budget_of(budget_of);
-  REGEN_CHECK(layout == "caching" || layout == "planned", "layout must be 'caching' or 'planned', got '",
-              layout, "'");
+  REGEN_CHECK(layout == "caching" || layout == "planned",
+              "layout must be 'caching' or 'planned', got '", layout, "'");
   o.planned_layout = layout == "planned";
   return o;
 }
 
 pb::dict by_category(const std::array<int64_t, kNumCategories>& a) {
   pb::dict d;
-  for (int c = 0; c < kNumCategories; ++c) d[category_name(static_cast<Category>(c))] = a[static_cast<size_t>(c)];
+  for (int c = 0; c < kNumCategories; ++c)
+    d[category_name(static_cast<Category>(c))] = a[static_cast<size_t>(c)];
   return d;
 }
 
 bool keep_chain_from(const std::string& chain, const char* what) {
-  REGEN_CHECK(chain == "keep" || chain == "drop", what, ": chain must be 'keep' or 'drop', got '", chain, "'");
+  REGEN_CHECK(chain == "keep" || chain == "drop", what, ": chain must be 'keep' or 'drop', got '",
+              chain, "'");
   return chain == "keep";
 }
 
@@ -290,110 +310,173 @@ of equal-length columns (numpy arrays, or lists for text and lists), ready for
       .def_property_readonly("device", [](const ProfileHandle& h) { return h.profile.device; })
       .def_property_readonly("threads", [](const ProfileHandle& h) { return h.profile.threads; })
       .def_property_readonly("date", [](const ProfileHandle& h) { return h.profile.date; })
-      .def_property_readonly("iterations", [](const ProfileHandle& h) { return h.profile.iterations; },
-                             "Instrumented iterations the times are medians of")
-      .def_property_readonly("run", [](const ProfileHandle& h) { return h.profile.run; },
-                             "The settings besides model, batch and device that shape the step")
-      .def_property_readonly("num_nodes", [](const ProfileHandle& h) { return h.profile.nodes.size(); })
-      .def_property_readonly("num_saved", [](const ProfileHandle& h) { return h.profile.saved.size(); })
-      .def_property_readonly("blocks", [](const ProfileHandle& h) { return h.profile.blocks; },
-                             "Block names by index (the nodes' and saved tensors' block column)")
-      .def_property_readonly("backward_order", [](const ProfileHandle& h) {
-        const auto& b = h.profile.backward_order;
-        return column<int32_t>(b.size(), [&](size_t i) { return b[i]; });
-      }, "Node indices in the order backward runs them")
-      .def_property_readonly("peak_allocated", [](const ProfileHandle& h) { return h.profile.peak_allocated; },
-                             "Measured peak of allocated bytes without remat")
-      .def_property_readonly("peak_reserved", [](const ProfileHandle& h) { return h.profile.peak_reserved; },
-                             "Measured peak of reserved bytes without remat")
-      .def_property_readonly("lower_bound", [](const ProfileHandle& h) { return memory_lower_bound(h.profile); },
-                             "Persistent bytes + the batch + the largest single-op working set: no plan "
-                             "goes below it")
-      .def_property_readonly("persistent", [](const ProfileHandle& h) { return by_category(h.profile.persistent_by); },
-                             "Bytes allocated at iteration start, by category")
-      .def_property_readonly("allocated_at_peak", [](const ProfileHandle& h) { return by_category(h.profile.allocated_by_at_peak); },
-                             "Allocated bytes by category at the measured peak")
-      .def_property_readonly("iteration_ms", [](const ProfileHandle& h) { return h.profile.iteration_ms; })
-      .def_property_readonly("forward_ms", [](const ProfileHandle& h) { return h.profile.forward_ms; })
-      .def_property_readonly("backward_ms", [](const ProfileHandle& h) { return h.profile.backward_ms; })
-      .def_property_readonly("optimizer_ms", [](const ProfileHandle& h) { return h.profile.optimizer_ms; })
-      .def("no_remat_peak", [](const ProfileHandle& h, const std::string& of) {
-        return h.no_remat_peak(parse_budget_of(of));
-      }, pb::arg("of") = "reserved", "The simulated peak without remat, of 'reserved' or 'allocated' "
-         "bytes: what a percentage budget is of")
-      .def("nodes", [](const ProfileHandle& h) { return nodes_table(h.profile); },
-           "The forward nodes (ops) as columns: index, op, name, scope, block, is_view, fwd_ms, bwd_ms, "
-           "fwd/bwd alloc/free bytes, bwd_rank, inputs, outputs, saved (value ids)")
-      .def("saved", [](const ProfileHandle& h) { return saved_table(h.profile); },
-           "The saved tensors (what a decision vector indexes) as columns: index, name, value, producer, "
-           "op, block, bytes, category, candidate, recompute_ms, last_fwd_use, first_bw_rank, "
-           "last_bw_rank, readers")
-      .def("values", [](const ProfileHandle& h) { return values_table(h.profile); },
-           "The tape's values as columns: id, producer, slot, root, bytes, leaf, saved, shape, consumers")
-      .def("recompute_blockers", [](const ProfileHandle& h) { return recompute_blockers(h.profile); },
-           "Why saved tensors that could be recomputed are not candidates ('' when none are blocked)")
-      .def("save", [](const ProfileHandle& h, const std::string& path) { save_profile(h.profile, path); },
-           pb::arg("path"), "Writes profile.json (atomically), as `regen profile` does")
+      .def_property_readonly(
+          "iterations", [](const ProfileHandle& h) { return h.profile.iterations; },
+          "Instrumented iterations the times are medians of")
+      .def_property_readonly(
+          "run", [](const ProfileHandle& h) { return h.profile.run; },
+          "The settings besides model, batch and device that shape the step")
+      .def_property_readonly("num_nodes",
+                             [](const ProfileHandle& h) { return h.profile.nodes.size(); })
+      .def_property_readonly("num_saved",
+                             [](const ProfileHandle& h) { return h.profile.saved.size(); })
+      .def_property_readonly(
+          "blocks", [](const ProfileHandle& h) { return h.profile.blocks; },
+          "Block names by index (the nodes' and saved tensors' block column)")
+      .def_property_readonly(
+          "backward_order",
+          [](const ProfileHandle& h) {
+            const auto& b = h.profile.backward_order;
+            return column<int32_t>(b.size(), [&](size_t i) { return b[i]; });
+          },
+          "Node indices in the order backward runs them")
+      .def_property_readonly(
+          "peak_allocated", [](const ProfileHandle& h) { return h.profile.peak_allocated; },
+          "Measured peak of allocated bytes without remat")
+      .def_property_readonly(
+          "peak_reserved", [](const ProfileHandle& h) { return h.profile.peak_reserved; },
+          "Measured peak of reserved bytes without remat")
+      .def_property_readonly(
+          "lower_bound", [](const ProfileHandle& h) { return memory_lower_bound(h.profile); },
+          "Persistent bytes + the batch + the largest single-op working set: no plan "
+          "goes below it")
+      .def_property_readonly(
+          "persistent", [](const ProfileHandle& h) { return by_category(h.profile.persistent_by); },
+          "Bytes allocated at iteration start, by category")
+      .def_property_readonly(
+          "allocated_at_peak",
+          [](const ProfileHandle& h) { return by_category(h.profile.allocated_by_at_peak); },
+          "Allocated bytes by category at the measured peak")
+      .def_property_readonly("iteration_ms",
+                             [](const ProfileHandle& h) { return h.profile.iteration_ms; })
+      .def_property_readonly("forward_ms",
+                             [](const ProfileHandle& h) { return h.profile.forward_ms; })
+      .def_property_readonly("backward_ms",
+                             [](const ProfileHandle& h) { return h.profile.backward_ms; })
+      .def_property_readonly("optimizer_ms",
+                             [](const ProfileHandle& h) { return h.profile.optimizer_ms; })
+      .def(
+          "no_remat_peak",
+          [](const ProfileHandle& h, const std::string& of) {
+            return h.no_remat_peak(parse_budget_of(of));
+          },
+          pb::arg("of") = "reserved",
+          "The simulated peak without remat, of 'reserved' or 'allocated' "
+          "bytes: what a percentage budget is of")
+      .def(
+          "nodes", [](const ProfileHandle& h) { return nodes_table(h.profile); },
+          "The forward nodes (ops) as columns: index, op, name, scope, block, is_view, fwd_ms, "
+          "bwd_ms, "
+          "fwd/bwd alloc/free bytes, bwd_rank, inputs, outputs, saved (value ids)")
+      .def(
+          "saved", [](const ProfileHandle& h) { return saved_table(h.profile); },
+          "The saved tensors (what a decision vector indexes) as columns: index, name, value, "
+          "producer, "
+          "op, block, bytes, category, candidate, recompute_ms, last_fwd_use, first_bw_rank, "
+          "last_bw_rank, readers")
+      .def(
+          "values", [](const ProfileHandle& h) { return values_table(h.profile); },
+          "The tape's values as columns: id, producer, slot, root, bytes, leaf, saved, shape, "
+          "consumers")
+      .def(
+          "recompute_blockers",
+          [](const ProfileHandle& h) { return recompute_blockers(h.profile); },
+          "Why saved tensors that could be recomputed are not candidates ('' when none are "
+          "blocked)")
+      .def(
+          "save",
+          [](const ProfileHandle& h, const std::string& path) { save_profile(h.profile, path); },
+          pb::arg("path"), "Writes profile.json (atomically), as `regen profile` does")
       .def("__repr__", [](const ProfileHandle& h) {
         const Profile& p = h.profile;
         return "regen.Profile(" + describe(p) + ", " + std::to_string(p.nodes.size()) + " nodes, " +
                std::to_string(p.saved.size()) + " saved tensors, peak allocated " +
                format_bytes(p.peak_allocated) + ", reserved " + format_bytes(p.peak_reserved) + ")";
       });
-  m.def("load_profile", [](const std::string& path) { return make_profile_handle(load_profile(path)); },
-        pb::arg("path"), "Reads a profile.json (from `regen profile` or Profile.save), validated and "
-        "replayed against its recorded peaks");
+  m.def(
+      "load_profile",
+      [](const std::string& path) { return make_profile_handle(load_profile(path)); },
+      pb::arg("path"),
+      "Reads a profile.json (from `regen profile` or Profile.save), validated and "
+      "replayed against its recorded peaks");
 
   // ---- Simulation -------------------------------------------------------------------------------
-  pb::class_<Simulation>(m, "Simulation", "The exact simulation of one iteration under a decision vector")
-      .def_property_readonly("peak_allocated", [](const Simulation& s) { return s.r.peak_allocated; })
+  pb::class_<Simulation>(m, "Simulation",
+                         "The exact simulation of one iteration under a decision vector")
+      .def_property_readonly("peak_allocated",
+                             [](const Simulation& s) { return s.r.peak_allocated; })
       .def_property_readonly("peak_reserved", [](const Simulation& s) { return s.r.peak_reserved; })
-      .def_property_readonly("peak_requested", [](const Simulation& s) { return s.r.peak_requested; })
-      .def_property_readonly("time_ms", [](const Simulation& s) { return s.r.time_ms; },
-                             "Profiled iteration time plus recomputation")
+      .def_property_readonly("peak_requested",
+                             [](const Simulation& s) { return s.r.peak_requested; })
+      .def_property_readonly(
+          "time_ms", [](const Simulation& s) { return s.r.time_ms; },
+          "Profiled iteration time plus recomputation")
       .def_property_readonly("recompute_ms", [](const Simulation& s) { return s.r.recompute_ms; })
-      .def_property_readonly("replays", [](const Simulation& s) { return s.r.replays; },
-                             "Nodes replayed by regenerations")
-      .def_property_readonly("allocated_at_peak", [](const Simulation& s) { return by_category(s.r.allocated_by_at_peak); })
-      .def_property_readonly("peak_by", [](const Simulation& s) { return by_category(s.r.peak_by); },
-                             "Each category's own peak")
-      .def_property_readonly("peak_at", [](const Simulation& s) { return s.r.peak_at; },
-                             "With top_live: the last marker before the peak")
-      .def_property_readonly("live_at_peak", [](const Simulation& s) {
-        pb::list out;
-        for (const LiveBlockRec& b : s.r.live_at_peak) out.append(pb::make_tuple(b.tag, category_name(b.category), b.bytes));
-        return out;
-      }, "With top_live: the largest live blocks at the peak, (tag, category, bytes)")
-      .def_property_readonly("oom", [](const Simulation& s) { return s.r.oom; },
-                             "With a limit: whether the step runs out of memory under it")
+      .def_property_readonly(
+          "replays", [](const Simulation& s) { return s.r.replays; },
+          "Nodes replayed by regenerations")
+      .def_property_readonly(
+          "allocated_at_peak",
+          [](const Simulation& s) { return by_category(s.r.allocated_by_at_peak); })
+      .def_property_readonly(
+          "peak_by", [](const Simulation& s) { return by_category(s.r.peak_by); },
+          "Each category's own peak")
+      .def_property_readonly(
+          "peak_at", [](const Simulation& s) { return s.r.peak_at; },
+          "With top_live: the last marker before the peak")
+      .def_property_readonly(
+          "live_at_peak",
+          [](const Simulation& s) {
+            pb::list out;
+            for (const LiveBlockRec& b : s.r.live_at_peak)
+              out.append(pb::make_tuple(b.tag, category_name(b.category), b.bytes));
+            return out;
+          },
+          "With top_live: the largest live blocks at the peak, (tag, category, bytes)")
+      .def_property_readonly(
+          "oom", [](const Simulation& s) { return s.r.oom; },
+          "With a limit: whether the step runs out of memory under it")
       .def_property_readonly("oom_message", [](const Simulation& s) { return s.r.oom_message; })
       .def_property_readonly("oom_at", [](const Simulation& s) { return s.r.oom_at; })
       .def_property_readonly("cache_flushes", [](const Simulation& s) { return s.r.cache_flushes; })
-      .def_property_readonly("timeline", [](const Simulation& s) -> pb::object {
-        if (s.r.timeline.empty()) return pb::none();
-        return timeline_table(s.r);
-      }, "With timeline=True: a point per marker as columns time_ms, label, allocated_by (points x "
-         "categories), allocated, reserved, and the category names")
-      .def_property_readonly("budget", [](const Simulation& s) { return s.budget; },
-                             "The budget in bytes it was judged against (0: none)")
-      .def_property_readonly("fits", [](const Simulation& s) { return s.fits; },
-                             "Whether it fits that budget (True without one)")
+      .def_property_readonly(
+          "timeline",
+          [](const Simulation& s) -> pb::object {
+            if (s.r.timeline.empty()) return pb::none();
+            return timeline_table(s.r);
+          },
+          "With timeline=True: a point per marker as columns time_ms, label, allocated_by (points "
+          "x "
+          "categories), allocated, reserved, and the category names")
+      .def_property_readonly(
+          "budget", [](const Simulation& s) { return s.budget; },
+          "The budget in bytes it was judged against (0: none)")
+      .def_property_readonly(
+          "fits", [](const Simulation& s) { return s.fits; },
+          "Whether it fits that budget (True without one)")
       .def("__repr__", [](const Simulation& s) {
-        return "regen.Simulation(peak allocated " + format_bytes(s.r.peak_allocated) + ", reserved " +
-               format_bytes(s.r.peak_reserved) + ", " + std::to_string(s.r.time_ms) + " ms, " +
-               std::to_string(s.r.replays) + " replays" + (s.r.oom ? ", out of memory" : "") +
-               (s.budget > 0 ? std::string(s.fits ? ", fits " : ", does not fit ") + format_bytes(s.budget) : "") + ")";
+        return "regen.Simulation(peak allocated " + format_bytes(s.r.peak_allocated) +
+               ", reserved " + format_bytes(s.r.peak_reserved) + ", " +
+               std::to_string(s.r.time_ms) + " ms, " + std::to_string(s.r.replays) + " replays" +
+               (s.r.oom ? ", out of memory" : "") +
+               (s.budget > 0
+                    ? std::string(s.fits ? ", fits " : ", does not fit ") + format_bytes(s.budget)
+                    : "") +
+               ")";
       });
 
-  m.def("simulate", [](const ProfilePtr& profile, const pb::object& decisions, const std::string& chain,
-                       const pb::object& regenerations, const pb::object& budget,
-                       const std::string& budget_of, int64_t limit, bool timeline, int top_live) {
+  m.def(
+      "simulate",
+      [](const ProfilePtr& profile, const pb::object& decisions, const std::string& chain,
+         const pb::object& regenerations, const pb::object& budget, const std::string& budget_of,
+         int64_t limit, bool timeline, int top_live) {
         REGEN_CHECK(profile != nullptr, "simulate: profile is None");
         const Profile& p = profile->profile;
         REGEN_CHECK(limit >= 0, "simulate: limit must be >= 0 bytes (0: none), got ", limit);
         REGEN_CHECK(top_live >= 0, "simulate: top_live must be >= 0, got ", top_live);
-        const Schedule s = build_schedule(p, decisions_from(decisions, p), keep_chain_from(chain, "simulate"),
-                                          regenerations_from(regenerations));
+        const Schedule s =
+            build_schedule(p, decisions_from(decisions, p), keep_chain_from(chain, "simulate"),
+                           regenerations_from(regenerations));
         SimOptions o;
         o.timeline = timeline;
         o.top_live = top_live;
@@ -401,7 +484,8 @@ of equal-length columns (numpy arrays, or lists for text and lists), ready for
         Simulation out;
         const Budget b = budget_from(budget);
         if (b.kind != Budget::Kind::none) {
-          REGEN_CHECK(limit == 0, "simulate: give a budget or a limit, not both (a reserved budget sets "
+          REGEN_CHECK(limit == 0,
+                      "simulate: give a budget or a limit, not both (a reserved budget sets "
                       "the limit itself)");
           const BudgetOf of = parse_budget_of(budget_of);
           out.budget = b.resolve(profile->no_remat_peak(of));
@@ -410,7 +494,8 @@ of equal-length columns (numpy arrays, or lists for text and lists), ready for
           PlanFit fit = fit_schedule(profile->sim, s, out.budget, of, &unlimited);
           out.fits = fit.fits;
           if (fit.result.limit > 0 && (timeline || top_live > 0)) {
-            o.limit = fit.result.limit;  // the limited run, with the timeline and peak details asked for
+            o.limit =
+                fit.result.limit;  // the limited run, with the timeline and peak details asked for
             out.r = profile->sim.run(s, o);
           } else {
             out.r = std::move(fit.result);
@@ -431,64 +516,97 @@ recompute; only candidates may be recomputed). ``chain`` 'keep' or 'drop' (see r
 limit in bytes instead. Returns a Simulation; its peaks are what executing the decisions measures.)doc");
 
   // ---- Plan -------------------------------------------------------------------------------------
-  pb::class_<PlanHandle, std::shared_ptr<PlanHandle>>(m, "Plan", "A decision per saved tensor with its exact prediction (stage 2)")
+  pb::class_<PlanHandle, std::shared_ptr<PlanHandle>>(
+      m, "Plan", "A decision per saved tensor with its exact prediction (stage 2)")
       .def_property_readonly("policy", [](const PlanHandle& h) { return h.plan.policy; })
-      .def_property_readonly("profile", [](const PlanHandle& h) { return h.profile; },
-                             "The profile the plan was made for")
-      .def_property_readonly("decisions", [](const PlanHandle& h) { return decisions_to_array(h.plan.decisions); },
-                             "A bool array, one per saved tensor (True: recompute)")
-      .def_property_readonly("chain", [](const PlanHandle& h) { return chain_text(h.plan.keep_chain); })
-      .def_property_readonly("regenerations", [](const PlanHandle& h) {
-        pb::list out;
-        for (const Regeneration& r : h.plan.regenerations) out.append(pb::make_tuple(r.node, r.saved));
-        return out;
-      }, "Explicit regenerations, (backward node, [saved indices])")
+      .def_property_readonly(
+          "profile", [](const PlanHandle& h) { return h.profile; },
+          "The profile the plan was made for")
+      .def_property_readonly(
+          "decisions", [](const PlanHandle& h) { return decisions_to_array(h.plan.decisions); },
+          "A bool array, one per saved tensor (True: recompute)")
+      .def_property_readonly("chain",
+                             [](const PlanHandle& h) { return chain_text(h.plan.keep_chain); })
+      .def_property_readonly(
+          "regenerations",
+          [](const PlanHandle& h) {
+            pb::list out;
+            for (const Regeneration& r : h.plan.regenerations)
+              out.append(pb::make_tuple(r.node, r.saved));
+            return out;
+          },
+          "Explicit regenerations, (backward node, [saved indices])")
       .def_property_readonly("budget", [](const PlanHandle& h) { return h.plan.budget_text; })
-      .def_property_readonly("budget_bytes", [](const PlanHandle& h) { return h.plan.budget_bytes; })
-      .def_property_readonly("budget_of", [](const PlanHandle& h) { return budget_of_name(h.plan.budget_of); })
-      .def_property_readonly("layout", [](const PlanHandle& h) { return h.plan.planned_layout ? "planned" : "caching"; })
-      .def_property_readonly("limit", [](const PlanHandle& h) { return h.plan.limit; },
-                             "The allocator's hard limit the steps run under (0: none)")
+      .def_property_readonly("budget_bytes",
+                             [](const PlanHandle& h) { return h.plan.budget_bytes; })
+      .def_property_readonly("budget_of",
+                             [](const PlanHandle& h) { return budget_of_name(h.plan.budget_of); })
+      .def_property_readonly(
+          "layout",
+          [](const PlanHandle& h) { return h.plan.planned_layout ? "planned" : "caching"; })
+      .def_property_readonly(
+          "limit", [](const PlanHandle& h) { return h.plan.limit; },
+          "The allocator's hard limit the steps run under (0: none)")
       .def_property_readonly("feasible", [](const PlanHandle& h) { return h.plan.feasible; })
-      .def_property_readonly("predicted", [](const PlanHandle& h) {
-        Simulation s;
-        s.r = h.plan.predicted;
-        s.budget = h.plan.budget_bytes;
-        s.budget_of = budget_of_name(h.plan.budget_of);
-        s.fits = h.plan.feasible;
-        return s;
-      }, "The exact simulation of the plan (under its limit)")
-      .def_property_readonly("peak_allocated", [](const PlanHandle& h) { return h.plan.predicted.peak_allocated; },
-                             "Predicted peak of allocated bytes")
-      .def_property_readonly("peak_reserved", [](const PlanHandle& h) { return h.plan.predicted.peak_reserved; },
-                             "Predicted peak of reserved bytes")
-      .def_property_readonly("time_ms", [](const PlanHandle& h) { return h.plan.predicted.time_ms; },
-                             "Predicted step time: the profiled one plus recomputation")
+      .def_property_readonly(
+          "predicted",
+          [](const PlanHandle& h) {
+            Simulation s;
+            s.r = h.plan.predicted;
+            s.budget = h.plan.budget_bytes;
+            s.budget_of = budget_of_name(h.plan.budget_of);
+            s.fits = h.plan.feasible;
+            return s;
+          },
+          "The exact simulation of the plan (under its limit)")
+      .def_property_readonly(
+          "peak_allocated", [](const PlanHandle& h) { return h.plan.predicted.peak_allocated; },
+          "Predicted peak of allocated bytes")
+      .def_property_readonly(
+          "peak_reserved", [](const PlanHandle& h) { return h.plan.predicted.peak_reserved; },
+          "Predicted peak of reserved bytes")
+      .def_property_readonly(
+          "time_ms", [](const PlanHandle& h) { return h.plan.predicted.time_ms; },
+          "Predicted step time: the profiled one plus recomputation")
       .def_property_readonly("recomputed", [](const PlanHandle& h) { return h.plan.recomputed(); })
-      .def_property_readonly("recomputed_bytes", [](const PlanHandle& h) { return h.plan.recomputed_bytes(h.profile->profile); })
-      .def_property_readonly("no_remat_peak", [](const PlanHandle& h) { return h.plan.no_remat_peak; })
+      .def_property_readonly(
+          "recomputed_bytes",
+          [](const PlanHandle& h) { return h.plan.recomputed_bytes(h.profile->profile); })
+      .def_property_readonly("no_remat_peak",
+                             [](const PlanHandle& h) { return h.plan.no_remat_peak; })
       .def_property_readonly("lowest_peak", [](const PlanHandle& h) { return h.plan.lowest_peak; })
       .def_property_readonly("lower_bound", [](const PlanHandle& h) { return h.plan.lower_bound; })
       .def_property_readonly("planning_ms", [](const PlanHandle& h) { return h.plan.planning_ms; })
       .def_property_readonly("note", [](const PlanHandle& h) { return h.plan.note; })
-      .def("save", [](const PlanHandle& h, const std::string& path) { save_plan(h.plan, h.profile->profile, path); },
-           pb::arg("path"), "Writes plan.json (atomically), as `regen plan` does")
+      .def(
+          "save",
+          [](const PlanHandle& h, const std::string& path) {
+            save_plan(h.plan, h.profile->profile, path);
+          },
+          pb::arg("path"), "Writes plan.json (atomically), as `regen plan` does")
       .def("__repr__", [](const PlanHandle& h) {
         const Plan& p = h.plan;
-        return "regen.Plan(" + p.policy + ", budget " + (p.budget_bytes > 0 ? format_bytes(p.budget_bytes) : "none") +
-               " " + budget_of_name(p.budget_of) + ", recompute " + std::to_string(p.recomputed()) + " of " +
-               std::to_string(p.decisions.size()) + ", peak allocated " + format_bytes(p.predicted.peak_allocated) +
-               ", reserved " + format_bytes(p.predicted.peak_reserved) + ", " + std::to_string(p.predicted.time_ms) +
-               " ms" + (p.feasible ? "" : ", infeasible") + ")";
+        return "regen.Plan(" + p.policy + ", budget " +
+               (p.budget_bytes > 0 ? format_bytes(p.budget_bytes) : "none") + " " +
+               budget_of_name(p.budget_of) + ", recompute " + std::to_string(p.recomputed()) +
+               " of " + std::to_string(p.decisions.size()) + ", peak allocated " +
+               format_bytes(p.predicted.peak_allocated) + ", reserved " +
+               format_bytes(p.predicted.peak_reserved) + ", " +
+               std::to_string(p.predicted.time_ms) + " ms" + (p.feasible ? "" : ", infeasible") +
+               ")";
       });
 
-  m.def("plan", [](const ProfilePtr& profile, const std::string& policy, const pb::object& budget,
-                   const std::string& chain, const std::string& budget_of, const std::string& layout,
-                   double milp_time_limit, int milp_threads) {
+  m.def(
+      "plan",
+      [](const ProfilePtr& profile, const std::string& policy, const pb::object& budget,
+         const std::string& chain, const std::string& budget_of, const std::string& layout,
+         double milp_time_limit, int milp_threads) {
         REGEN_CHECK(profile != nullptr, "plan: profile is None");
         PlanOptions o = plan_options(chain, budget_of, layout);
-        REGEN_CHECK(std::isfinite(milp_time_limit) && milp_time_limit > 0, "plan: milp_time_limit must "
-                    "be a positive number of seconds, got ", milp_time_limit);
+        REGEN_CHECK(std::isfinite(milp_time_limit) && milp_time_limit > 0,
+                    "plan: milp_time_limit must "
+                    "be a positive number of seconds, got ",
+                    milp_time_limit);
         REGEN_CHECK(milp_threads >= 1, "plan: milp_threads must be >= 1, got ", milp_threads);
         o.milp_time_limit_s = milp_time_limit;
         o.milp_threads = milp_threads;
@@ -503,9 +621,11 @@ peak of ``budget_of``), '2GiB', or bytes. ``chain`` 'auto', 'keep' or 'drop'; ``
 ``layout`` 'caching' or 'planned'. The Plan is returned even when it does not fit (see feasible
 and note).)doc");
 
-  m.def("make_plan", [](const ProfilePtr& profile, const pb::object& decisions, const pb::object& budget,
-                        const std::string& chain, const pb::object& regenerations,
-                        const std::string& budget_of, const std::string& layout, const std::string& policy) {
+  m.def(
+      "make_plan",
+      [](const ProfilePtr& profile, const pb::object& decisions, const pb::object& budget,
+         const std::string& chain, const pb::object& regenerations, const std::string& budget_of,
+         const std::string& layout, const std::string& policy) {
         REGEN_CHECK(profile != nullptr, "make_plan: profile is None");
         const Profile& p = profile->profile;
         Plan draft;
@@ -516,42 +636,56 @@ and note).)doc");
         Plan plan = finish_plan(profile->sim, std::move(draft), budget_from(budget),
                                 plan_options(chain, budget_of, layout));
         if (!plan.feasible) {
-          plan.note = "the decisions reach a " + std::string(budget_of_name(plan.budget_of)) + " peak of " +
-                      format_bytes(peak_of(plan.predicted, plan.budget_of)) + ", over the budget of " +
-                      format_bytes(plan.budget_bytes) +
-                      (plan.predicted.oom ? "; under its limit the step runs out of memory at " + plan.predicted.oom_at : "");
+          plan.note = "the decisions reach a " + std::string(budget_of_name(plan.budget_of)) +
+                      " peak of " + format_bytes(peak_of(plan.predicted, plan.budget_of)) +
+                      ", over the budget of " + format_bytes(plan.budget_bytes) +
+                      (plan.predicted.oom ? "; under its limit the step runs out of memory at " +
+                                                plan.predicted.oom_at
+                                          : "");
         }
         return PlanHandle{std::move(plan), profile};
       },
       pb::arg("profile"), pb::arg("decisions"), pb::arg("budget") = pb::none(), pb::kw_only(),
-      pb::arg("chain") = "keep", pb::arg("regenerations") = pb::none(), pb::arg("budget_of") = "reserved",
-      pb::arg("layout") = "caching", pb::arg("policy") = "python", R"doc(
+      pb::arg("chain") = "keep", pb::arg("regenerations") = pb::none(),
+      pb::arg("budget_of") = "reserved", pb::arg("layout") = "caching",
+      pb::arg("policy") = "python", R"doc(
 A plan from decisions made by hand, judged exactly as a planner's: prediction, limit, feasibility.
 Execute it with Model.use_plan or Model.train(plan=...).)doc");
 
-  m.def("load_plan", [](const std::string& path, const ProfilePtr& profile) {
+  m.def(
+      "load_plan",
+      [](const std::string& path, const ProfilePtr& profile) {
         REGEN_CHECK(profile != nullptr, "load_plan: profile is None");
         Plan plan = load_plan(path, profile->profile);
         judge_loaded_plan(profile->sim, plan);
         return PlanHandle{std::move(plan), profile};
-      }, pb::arg("path"), pb::arg("profile"),
+      },
+      pb::arg("path"), pb::arg("profile"),
       "Reads a plan.json made for ``profile`` and judges it again on it");
 
-  m.def("policies", [] {
+  m.def(
+      "policies",
+      [] {
         pb::dict out;  // in registration order: the built-in ones first
         for (const std::string& n : policy_names()) out[pb::str(n)] = planner_info(n).help;
         return out;
-      }, "The registered planners: name -> one line of help");
-  m.def("chains", [] { return chain_names(); }, "The chain modes: 'auto', 'keep', 'drop'");
-  m.def("register_planner", [](const std::string& name, const pb::function& fn, const std::string& help) {
+      },
+      "The registered planners: name -> one line of help");
+  m.def(
+      "chains", [] { return chain_names(); }, "The chain modes: 'auto', 'keep', 'drop'");
+  m.def(
+      "register_planner",
+      [](const std::string& name, const pb::function& fn, const std::string& help) {
         // Kept for the life of the process: the registry outlives the interpreter, so the function
         // is never released (a release after Python's finalization would crash).
         auto* keep = new pb::object(fn);
-        register_planner({name, help.empty() ? "a planner written in Python" : help,
-                          [keep, name](const Simulator& sim, const Budget& b, const PlanOptions& o) {
-                            return run_python_planner(*keep, name, sim, b, o);
-                          }});
-      }, pb::arg("name"), pb::arg("fn"), pb::arg("help") = "", R"doc(
+        register_planner(
+            {name, help.empty() ? "a planner written in Python" : help,
+             [keep, name](const Simulator& sim, const Budget& b, const PlanOptions& o) {
+               return run_python_planner(*keep, name, sim, b, o);
+             }});
+      },
+      pb::arg("name"), pb::arg("fn"), pb::arg("help") = "", R"doc(
 Registers ``fn(profile, budget_bytes)`` as a planner: it returns decisions (one per saved tensor) or
 a Plan from make_plan, and regen.plan, Model.plan and Model.train(policy=name) then use it like a
 built-in one (budget_bytes is 0 without a budget). Names are letters, digits, '-' and '_'.)doc");

@@ -13,30 +13,42 @@ namespace {
 
 pb::dtype numpy_dtype(DType t) {
   switch (t) {
-    case DType::f32: return pb::dtype::of<float>();
-    case DType::f64: return pb::dtype::of<double>();
-    case DType::i32: return pb::dtype::of<int32_t>();
-    case DType::i64: return pb::dtype::of<int64_t>();
+    case DType::f32:
+      return pb::dtype::of<float>();
+    case DType::f64:
+      return pb::dtype::of<double>();
+    case DType::i32:
+      return pb::dtype::of<int32_t>();
+    case DType::i64:
+      return pb::dtype::of<int64_t>();
   }
   REGEN_FAIL("unknown dtype");
 }
 
 std::string format_of(DType t) {
   switch (t) {
-    case DType::f32: return pb::format_descriptor<float>::format();
-    case DType::f64: return pb::format_descriptor<double>::format();
-    case DType::i32: return pb::format_descriptor<int32_t>::format();
-    case DType::i64: return pb::format_descriptor<int64_t>::format();
+    case DType::f32:
+      return pb::format_descriptor<float>::format();
+    case DType::f64:
+      return pb::format_descriptor<double>::format();
+    case DType::i32:
+      return pb::format_descriptor<int32_t>::format();
+    case DType::i64:
+      return pb::format_descriptor<int64_t>::format();
   }
   REGEN_FAIL("unknown dtype");
 }
 
 const char* dtype_text(DType t) {
   switch (t) {
-    case DType::f32: return "float32";
-    case DType::f64: return "float64";
-    case DType::i32: return "int32";
-    case DType::i64: return "int64";
+    case DType::f32:
+      return "float32";
+    case DType::f64:
+      return "float64";
+    case DType::i32:
+      return "int32";
+    case DType::i64:
+      return "int64";
   }
   return "?";
 }
@@ -57,7 +69,8 @@ bool copy_if(const pb::array& a, DType dt, Tensor& out) {
   // Same dtype: forcecast changes only the layout (to C order).
   auto c = pb::array_t<T, pb::array::c_style | pb::array::forcecast>::ensure(a);
   Shape shape(static_cast<size_t>(c.ndim()));
-  for (size_t i = 0; i < shape.size(); ++i) shape[i] = static_cast<int64_t>(c.shape(static_cast<pb::ssize_t>(i)));
+  for (size_t i = 0; i < shape.size(); ++i)
+    shape[i] = static_cast<int64_t>(c.shape(static_cast<pb::ssize_t>(i)));
   out = empty(shape, dt, Device::cpu());
   if (out.nbytes() > 0) std::memcpy(out.raw_data(), c.data(), out.nbytes());
   return true;
@@ -71,7 +84,8 @@ pb::array tensor_to_numpy(const Tensor& t) {
               " has no storage (evicted by a plan?)");
   std::vector<pb::ssize_t> shape(t.shape().begin(), t.shape().end());
   pb::array out(numpy_dtype(t.dtype()), shape);
-  if (t.nbytes() > 0) copy_bytes(out.mutable_data(), Device::cpu(), t.raw_data(), t.device(), t.nbytes());
+  if (t.nbytes() > 0)
+    copy_bytes(out.mutable_data(), Device::cpu(), t.raw_data(), t.device(), t.nbytes());
   return out;
 }
 
@@ -80,7 +94,8 @@ Tensor tensor_from_numpy(const pb::handle& obj, const std::string& what) {
     const Tensor& t = obj.cast<const Tensor&>();
     return t.device().is_cpu() ? t : t.to(Device::cpu());
   }
-  REGEN_CHECK(pb::isinstance<pb::array>(obj), what, " is a ", pb::str(pb::type::handle_of(obj).attr("__name__")).cast<std::string>(),
+  REGEN_CHECK(pb::isinstance<pb::array>(obj), what, " is a ",
+              pb::str(pb::type::handle_of(obj).attr("__name__")).cast<std::string>(),
               ", not a numpy array or regen.Tensor");
   const pb::array a = pb::reinterpret_borrow<pb::array>(obj);
   Tensor out;
@@ -107,28 +122,37 @@ alive. ``t.numpy()`` returns a copy, from any device.)doc")
                                static_cast<pb::ssize_t>(shape.size()), shape,
                                contiguous_strides(t.shape(), item));
       })
-      .def_property_readonly("shape", [](const Tensor& t) {
-        pb::tuple out(t.shape().size());
-        for (size_t i = 0; i < t.shape().size(); ++i) out[i] = t.shape()[i];
-        return out;
-      })
-      .def_property_readonly("dtype", [](const Tensor& t) { return dtype_text(t.dtype()); },
-                             "'float32', 'float64', 'int32' or 'int64'")
+      .def_property_readonly("shape",
+                             [](const Tensor& t) {
+                               pb::tuple out(t.shape().size());
+                               for (size_t i = 0; i < t.shape().size(); ++i) out[i] = t.shape()[i];
+                               return out;
+                             })
+      .def_property_readonly(
+          "dtype", [](const Tensor& t) { return dtype_text(t.dtype()); },
+          "'float32', 'float64', 'int32' or 'int64'")
       .def_property_readonly("device", [](const Tensor& t) { return t.device().str(); })
       .def_property_readonly("name", [](const Tensor& t) { return t.name(); })
       .def_property_readonly("numel", &Tensor::numel)
       .def_property_readonly("nbytes", &Tensor::nbytes)
       .def_property_readonly("requires_grad", &Tensor::requires_grad)
-      .def_property_readonly("grad", [](const Tensor& t) -> pb::object {
-        const Tensor g = t.grad();
-        return g.defined() ? pb::cast(g) : pb::none();
-      }, "The gradient (a Tensor) or None")
-      .def("numpy", &tensor_to_numpy, "A copy as a new numpy array (CUDA tensors are copied to the host)")
+      .def_property_readonly(
+          "grad",
+          [](const Tensor& t) -> pb::object {
+            const Tensor g = t.grad();
+            return g.defined() ? pb::cast(g) : pb::none();
+          },
+          "The gradient (a Tensor) or None")
+      .def("numpy", &tensor_to_numpy,
+           "A copy as a new numpy array (CUDA tensors are copied to the host)")
       .def("__repr__", [](const Tensor& t) {
-        return "regen.Tensor(" + (t.name().empty() ? std::string() : "'" + t.name() + "', ") + t.str() + ")";
+        return "regen.Tensor(" + (t.name().empty() ? std::string() : "'" + t.name() + "', ") +
+               t.str() + ")";
       });
 
-  m.def("save_safetensors", [](const std::string& path, const pb::dict& tensors, const pb::object& metadata) {
+  m.def(
+      "save_safetensors",
+      [](const std::string& path, const pb::dict& tensors, const pb::object& metadata) {
         std::vector<std::pair<std::string, Tensor>> list;
         for (const auto& [k, v] : tensors) {
           REGEN_CHECK(pb::isinstance<pb::str>(k), "save_safetensors: the keys must be names (str)");
@@ -144,15 +168,19 @@ alive. ``t.numpy()`` returns a copy, from any device.)doc")
           }
         }
         save_safetensors(path, list, meta);
-      }, pb::arg("path"), pb::arg("tensors"), pb::arg("metadata") = pb::none(),
+      },
+      pb::arg("path"), pb::arg("tensors"), pb::arg("metadata") = pb::none(),
       "Writes a dict of arrays (or Tensors) to a safetensors file, atomically. The names must be "
       "unique and not empty; metadata maps str to str.");
-  m.def("load_safetensors", [](const std::string& path) {
+  m.def(
+      "load_safetensors",
+      [](const std::string& path) {
         SafetensorsFile f = load_safetensors(path);
         pb::dict tensors;
         for (const auto& [name, t] : f.tensors) tensors[pb::str(name)] = tensor_to_numpy(t);
         return pb::make_tuple(tensors, f.metadata);
-      }, pb::arg("path"),
+      },
+      pb::arg("path"),
       "Reads a safetensors file, fully validated: (dict name -> numpy array, metadata dict).");
 }
 

@@ -23,7 +23,8 @@ Budget Budget::parse(const std::string& text) {
     size_t used = 0;
     try {
       const std::string number = text.substr(0, text.size() - 1);
-      if (number.find_first_not_of("0123456789.") == std::string::npos) v = std::stod(number, &used);
+      if (number.find_first_not_of("0123456789.") == std::string::npos)
+        v = std::stod(number, &used);
     } catch (const std::exception&) {
       used = 0;
     }
@@ -37,8 +38,10 @@ Budget Budget::parse(const std::string& text) {
   try {
     bytes = parse_bytes(text);
   } catch (const Error& e) {
-    REGEN_FAIL("bad budget '", text, "': expected bytes (2GiB, 1.5GB, 1048576) or a percentage of "
-               "the no-remat peak (60%) (", e.what(), ")");
+    REGEN_FAIL("bad budget '", text,
+               "': expected bytes (2GiB, 1.5GB, 1048576) or a percentage of "
+               "the no-remat peak (60%) (",
+               e.what(), ")");
   }
   REGEN_CHECK(bytes > 0, "bad budget '", text, "': must be positive");
   b.kind = Kind::bytes;
@@ -48,8 +51,10 @@ Budget Budget::parse(const std::string& text) {
 
 std::string Budget::str() const {
   switch (kind) {
-    case Kind::none: return "none";
-    case Kind::bytes: return format_bytes(static_cast<int64_t>(value));
+    case Kind::none:
+      return "none";
+    case Kind::bytes:
+      return format_bytes(static_cast<int64_t>(value));
     case Kind::fraction: {
       char buf[32];
       std::snprintf(buf, sizeof buf, "%g%%", value * 100.0);
@@ -61,20 +66,26 @@ std::string Budget::str() const {
 
 int64_t Budget::resolve(int64_t no_remat_peak) const {
   switch (kind) {
-    case Kind::none: return 0;
-    case Kind::bytes: return static_cast<int64_t>(value);
+    case Kind::none:
+      return 0;
+    case Kind::bytes:
+      return static_cast<int64_t>(value);
     // At least one byte: a tiny percentage is a budget no plan meets, never no budget at all.
-    case Kind::fraction: return std::max<int64_t>(1, static_cast<int64_t>(std::floor(value * no_remat_peak)));
+    case Kind::fraction:
+      return std::max<int64_t>(1, static_cast<int64_t>(std::floor(value * no_remat_peak)));
   }
   return 0;
 }
 
-const char* budget_of_name(BudgetOf of) { return of == BudgetOf::reserved ? "reserved" : "allocated"; }
+const char* budget_of_name(BudgetOf of) {
+  return of == BudgetOf::reserved ? "reserved" : "allocated";
+}
 
 BudgetOf parse_budget_of(const std::string& text) {
   if (text == "reserved") return BudgetOf::reserved;
   if (text == "allocated") return BudgetOf::allocated;
-  REGEN_FAIL("unknown budget kind '", text, "': a budget bounds reserved bytes (what the device "
+  REGEN_FAIL("unknown budget kind '", text,
+             "': a budget bounds reserved bytes (what the device "
              "sees; the default) or allocated bytes");
 }
 
@@ -131,7 +142,8 @@ PlanFit fit_schedule(const Simulator& sim, const Schedule& s, int64_t budget, Bu
 int64_t memory_lower_bound(const Profile& p) {
   int64_t persistent = 0;
   for (const AllocatorState::SegmentRec& s : p.start_state.segments) {
-    for (const BlockInfo& b : s.blocks) persistent += b.allocated ? static_cast<int64_t>(b.size) : 0;
+    for (const BlockInfo& b : s.blocks)
+      persistent += b.allocated ? static_cast<int64_t>(b.size) : 0;
   }
   int64_t inputs = 0;
   for (const ProfileEvent& e : p.events) {

@@ -79,8 +79,8 @@ int64_t sum_bytes(const std::vector<int32_t>& set, const Levels& L) {
   return b;
 }
 
-
-std::vector<int32_t> minus(const std::vector<int32_t>& a, const std::vector<int32_t>& b) {  // b sorted
+std::vector<int32_t> minus(const std::vector<int32_t>& a,
+                           const std::vector<int32_t>& b) {  // b sorted
   std::vector<int32_t> r;
   for (int32_t x : a) {
     if (!std::binary_search(b.begin(), b.end(), x)) r.push_back(x);
@@ -114,7 +114,8 @@ void describe_stage(const Profile& p, const Levels& L, const NodeWindows& W,
   st.out_bytes = sum_bytes(st.out, L);
   st.interior_bytes = sum_bytes(st.interior, L);
   const std::vector<int32_t> all = join(st.interior, st.out);
-  st.program_rest = st.program_node >= 0 ? L.rest(W.bwd_begin[static_cast<size_t>(st.program_node)]) : 0;
+  st.program_rest =
+      st.program_node >= 0 ? L.rest(W.bwd_begin[static_cast<size_t>(st.program_node)]) : 0;
 
   // The stage's backward nodes, in the order backward runs them.
   std::vector<int32_t> back_nodes;
@@ -184,7 +185,8 @@ void describe_stage(const Profile& p, const Levels& L, const NodeWindows& W,
   // node's window (outputs and workspace) on top of what was replayed before it and is still
   // read by a later replayed node, or restored (`restore`, sorted saved indices); with
   // transient_in the stage's input is held until its last replayed reader, else it is resident.
-  auto replay_peak = [&](const std::vector<int32_t>& nodes, const std::vector<int32_t>& restore, bool transient_in) {
+  auto replay_peak = [&](const std::vector<int32_t>& nodes, const std::vector<int32_t>& restore,
+                         bool transient_in) {
     std::unordered_map<int64_t, int32_t> last_use;  // root value -> last replayed reader
     for (int32_t n : nodes) {
       for (int64_t in : p.nodes[static_cast<size_t>(n)].inputs) {
@@ -203,7 +205,8 @@ void describe_stage(const Profile& p, const Levels& L, const NodeWindows& W,
     }
     for (int32_t n : nodes) {
       const ProfileNode& nd = p.nodes[static_cast<size_t>(n)];
-      peak = std::max(peak, alive + L.own_peak(W.fwd_begin[static_cast<size_t>(n)], W.fwd_end[static_cast<size_t>(n)]));
+      peak = std::max(peak, alive + L.own_peak(W.fwd_begin[static_cast<size_t>(n)],
+                                               W.fwd_end[static_cast<size_t>(n)]));
       for (int64_t out : nd.outputs) {
         const ProfileValue& v = p.values[static_cast<size_t>(out)];
         if (v.root != out) continue;  // a view: its root's bytes are counted already
@@ -242,7 +245,8 @@ void describe_stage(const Profile& p, const Levels& L, const NodeWindows& W,
     b[kAtOnce].peak = full_backward_peak;
     if (!rest.empty()) {
       const int64_t resident = sum_bytes(held, L) + st.out_bytes;
-      b[kAtOnce].peak = std::max(b[kAtOnce].peak, st.program_rest + resident + replay_peak(at_once, rest, false));
+      b[kAtOnce].peak =
+          std::max(b[kAtOnce].peak, st.program_rest + resident + replay_peak(at_once, rest, false));
       b[kAtOnce].regenerations.push_back({st.program_node, rest});
     }
     // Bytes per replayed ms below which a kJustInTimeSome variant holds a tensor: the stage's own
@@ -252,8 +256,9 @@ void describe_stage(const Profile& p, const Levels& L, const NodeWindows& W,
     const double ratio = double(st.interior_bytes + st.out_bytes) / std::max(stage_ms, 1e-9);
     for (int mode = kJustInTime; mode < kBackwardModes; ++mode) {
       const double hold_below = mode == kJustInTime ? std::numeric_limits<double>::infinity()
-                                : mode == kJustInTimeDrop ? -1.0
-                                : ratio * std::pow(4.0, mode - kJustInTimeSome - 1);
+                                : mode == kJustInTimeDrop
+                                    ? -1.0
+                                    : ratio * std::pow(4.0, mode - kJustInTimeSome - 1);
       StageBackward& j = b[static_cast<size_t>(mode)];
       evict_only(rest);
       std::vector<char> resident(p.saved.size(), 0);
@@ -268,7 +273,8 @@ void describe_stage(const Profile& p, const Levels& L, const NodeWindows& W,
       for (int32_t node : back_nodes) {
         std::vector<int32_t> targets;
         for (int32_t s : reads(node)) {
-          if (std::binary_search(rest.begin(), rest.end(), s) && !resident[static_cast<size_t>(s)]) targets.push_back(s);
+          if (std::binary_search(rest.begin(), rest.end(), s) && !resident[static_cast<size_t>(s)])
+            targets.push_back(s);
         }
         if (!targets.empty()) {
           nodes.clear();
@@ -280,8 +286,11 @@ void describe_stage(const Profile& p, const Levels& L, const NodeWindows& W,
             for (int64_t out : p.nodes[static_cast<size_t>(rn)].outputs) {
               const ProfileValue& v = p.values[static_cast<size_t>(out)];
               const int32_t s = v.root == out ? v.saved : -1;
-              if (s < 0 || !std::binary_search(rest.begin(), rest.end(), s) || resident[static_cast<size_t>(s)]) continue;
-              if (p.saved[static_cast<size_t>(s)].last_bw_rank >= rank_of[static_cast<size_t>(node)] &&
+              if (s < 0 || !std::binary_search(rest.begin(), rest.end(), s) ||
+                  resident[static_cast<size_t>(s)])
+                continue;
+              if (p.saved[static_cast<size_t>(s)].last_bw_rank >=
+                      rank_of[static_cast<size_t>(node)] &&
                   std::find(restored.begin(), restored.end(), s) == restored.end()) {
                 on_the_way.push_back(s);
               }
@@ -292,13 +301,15 @@ void describe_stage(const Profile& p, const Levels& L, const NodeWindows& W,
             std::vector<double> again(on_the_way.size());
             for (size_t i = 0; i < on_the_way.size(); ++i) again[i] = replay.time({on_the_way[i]});
             for (size_t i = 0; i < on_the_way.size(); ++i) {
-              if (double(bytes(on_the_way[i])) <= hold_below * again[i]) restored.push_back(on_the_way[i]);
+              if (double(bytes(on_the_way[i])) <= hold_below * again[i])
+                restored.push_back(on_the_way[i]);
             }
           } else if (mode == kJustInTime) {
             restored.insert(restored.end(), on_the_way.begin(), on_the_way.end());
           }
           std::sort(restored.begin(), restored.end());
-          j.peak = std::max(j.peak, L.rest(W.bwd_begin[static_cast<size_t>(node)]) + alive + replay_peak(nodes, restored, false));
+          j.peak = std::max(j.peak, L.rest(W.bwd_begin[static_cast<size_t>(node)]) + alive +
+                                        replay_peak(nodes, restored, false));
           for (int32_t s : restored) {
             resident[static_cast<size_t>(s)] = 1;
             evicted[static_cast<size_t>(s)] = 0;
@@ -311,7 +322,8 @@ void describe_stage(const Profile& p, const Levels& L, const NodeWindows& W,
         for (int32_t s : all) {
           if (resident[static_cast<size_t>(s)] && last_reader(s) == node) released.push_back(s);
         }
-        for (int64_t i = W.bwd_begin[static_cast<size_t>(node)]; i <= W.bwd_end[static_cast<size_t>(node)]; ++i) {
+        for (int64_t i = W.bwd_begin[static_cast<size_t>(node)];
+             i <= W.bwd_end[static_cast<size_t>(node)]; ++i) {
           int64_t gone = 0;
           for (int32_t s : released) {
             const int64_t f = L.free_at[static_cast<size_t>(s)];
@@ -337,8 +349,10 @@ void describe_stage(const Profile& p, const Levels& L, const NodeWindows& W,
   // costs (an attention's row statistics), are always held; subsets of the largest others are
   // enumerated.
   double stage_fwd_ms = 0;
-  for (int32_t n = st.first_node; n <= st.last_node; ++n) stage_fwd_ms += p.nodes[static_cast<size_t>(n)].fwd_ms;
-  const double stage_ratio = double(st.interior_bytes + st.out_bytes) / std::max(stage_fwd_ms, 1e-9);
+  for (int32_t n = st.first_node; n <= st.last_node; ++n)
+    stage_fwd_ms += p.nodes[static_cast<size_t>(n)].fwd_ms;
+  const double stage_ratio =
+      double(st.interior_bytes + st.out_bytes) / std::max(stage_fwd_ms, 1e-9);
   std::vector<int32_t> small, big, always;
   evict_only(all);
   for (int32_t s : st.interior) {
@@ -410,7 +424,8 @@ void describe_stage(const Profile& p, const Levels& L, const NodeWindows& W,
   // Holds: the always-held tensors (class 0), then for each weight the subset with the least
   // bytes / stage bytes * weight + (re-run + regeneration time) / the slowest subset's.
   std::vector<const Subset*> hold_sets = {&subsets.front()};
-  hold_sets.push_back(small.empty() ? &subsets.front() : &subsets[masks]);  // not even the cheap ones
+  hold_sets.push_back(small.empty() ? &subsets.front()
+                                    : &subsets[masks]);  // not even the cheap ones
   const double stage_bytes = double(std::max<int64_t>(1, st.interior_bytes + st.out_bytes));
   double stage_ms = 1e-9;
   for (const Subset& x : subsets) stage_ms = std::max(stage_ms, x.out_ms + x.regen_ms);
@@ -434,13 +449,16 @@ void describe_stage(const Profile& p, const Levels& L, const NodeWindows& W,
     for (int re_run_only = 0; re_run_only < 2; ++re_run_only) {
       const Subset* best = &subsets.front();
       auto key = [&](const Subset* x) {
-        return re_run_only ? std::make_pair(x->out_ms, x->regen_ms) : std::make_pair(x->out_ms + x->regen_ms, 0.0);
+        return re_run_only ? std::make_pair(x->out_ms, x->regen_ms)
+                           : std::make_pair(x->out_ms + x->regen_ms, 0.0);
       };
       for (const Subset& x : subsets) {
         if (double(x.bytes - subsets.front().bytes) > f * stage_bytes) continue;  // beyond class 0
         const auto a = key(&x), b = key(best);
-        if (a.first < b.first - 1e-12 || (a.first <= b.first + 1e-12 && (a.second < b.second - 1e-12 ||
-            (a.second <= b.second + 1e-12 && x.bytes < best->bytes)))) {
+        if (a.first < b.first - 1e-12 ||
+            (a.first <= b.first + 1e-12 &&
+             (a.second < b.second - 1e-12 ||
+              (a.second <= b.second + 1e-12 && x.bytes < best->bytes)))) {
           best = &x;
         }
       }
@@ -551,7 +569,9 @@ ChainModel build_chain_model(const Profile& p) {
     std::vector<char> is_start(nn + 1, 0);
     for (int32_t a : stage_starts) is_start[static_cast<size_t>(a)] = 1;
     for (size_t a = 1; a < nn; ++a) {
-      if (is_start[a] || p.nodes[a].is_view || p.nodes[a].block < 0 || crossing[a] != 1 || only[a] < 0) continue;
+      if (is_start[a] || p.nodes[a].is_view || p.nodes[a].block < 0 || crossing[a] != 1 ||
+          only[a] < 0)
+        continue;
       if (!p.saved[static_cast<size_t>(only[a])].candidate) continue;
       inner_cut[a] = 1;
       stage_starts.push_back(static_cast<int32_t>(a));
@@ -564,7 +584,8 @@ ChainModel build_chain_model(const Profile& p) {
       for (const ProfileSaved& sv : p.saved) {
         if (!sv.candidate) continue;
         const int32_t lc = last_consumer[static_cast<size_t>(sv.value)];
-        if (lc < 0 || stage[static_cast<size_t>(lc)] - stage[static_cast<size_t>(sv.producer)] <= 1) continue;
+        if (lc < 0 || stage[static_cast<size_t>(lc)] - stage[static_cast<size_t>(sv.producer)] <= 1)
+          continue;
         for (int32_t a = sv.producer + 1; a <= lc; ++a) {
           if (!inner_cut[static_cast<size_t>(a)]) continue;
           inner_cut[static_cast<size_t>(a)] = 0;
@@ -594,8 +615,9 @@ ChainModel build_chain_model(const Profile& p) {
     }
     stage_starts.erase(stage_starts.begin() + static_cast<std::ptrdiff_t>(best));
   }
-  m.cuts = static_cast<int>(std::count_if(stage_starts.begin(), stage_starts.end(),
-                                          [&](int32_t a) { return inner_cut[static_cast<size_t>(a)] != 0; }));
+  m.cuts = static_cast<int>(std::count_if(stage_starts.begin(), stage_starts.end(), [&](int32_t a) {
+    return inner_cut[static_cast<size_t>(a)] != 0;
+  }));
   const size_t n = stage_starts.size();
   const std::vector<int32_t> stage_of = stages_of(stage_starts);
 
@@ -606,7 +628,8 @@ ChainModel build_chain_model(const Profile& p) {
     const ProfileSaved& sv = p.saved[s];
     if (!sv.candidate) continue;
     const int32_t lc = last_consumer[static_cast<size_t>(sv.value)];
-    crossings[s] = lc < 0 ? 0 : stage_of[static_cast<size_t>(lc)] - stage_of[static_cast<size_t>(sv.producer)];
+    crossings[s] =
+        lc < 0 ? 0 : stage_of[static_cast<size_t>(lc)] - stage_of[static_cast<size_t>(sv.producer)];
     if (crossings[s] > 1) {
       m.pinned.push_back(static_cast<int32_t>(s));
     } else {
@@ -646,7 +669,8 @@ ChainModel build_chain_model(const Profile& p) {
 
   LocalReplay replay(p);
   std::vector<int32_t> rank_of(nn, -1);
-  for (size_t r = 0; r < p.backward_order.size(); ++r) rank_of[static_cast<size_t>(p.backward_order[r])] = static_cast<int32_t>(r);
+  for (size_t r = 0; r < p.backward_order.size(); ++r)
+    rank_of[static_cast<size_t>(p.backward_order[r])] = static_cast<int32_t>(r);
   for (size_t k = 0; k < n; ++k) describe_stage(p, L, W, rank_of, replay, m.stages[k]);
   // Hold classes that pick the same tensors in every stage as an earlier class are one class.
   const size_t classes = m.stages.front().holds.size();
@@ -654,8 +678,9 @@ ChainModel build_chain_model(const Profile& p) {
   for (size_t q = 0; q < classes; ++q) {
     bool same = false;
     for (size_t u : unique) {
-      same = std::all_of(m.stages.begin(), m.stages.end(),
-                         [&](const ChainStage& st) { return st.holds[q].keep == st.holds[u].keep; });
+      same = std::all_of(m.stages.begin(), m.stages.end(), [&](const ChainStage& st) {
+        return st.holds[q].keep == st.holds[u].keep;
+      });
       if (same) break;
     }
     if (!same) unique.push_back(q);
@@ -668,17 +693,20 @@ ChainModel build_chain_model(const Profile& p) {
 
   if (m.merged > 0 || m.cuts > 0 || !m.pinned.empty()) {
     int64_t pinned_bytes = 0;
-    for (int32_t s : m.pinned) pinned_bytes += static_cast<int64_t>(p.saved[static_cast<size_t>(s)].bytes);
+    for (int32_t s : m.pinned)
+      pinned_bytes += static_cast<int64_t>(p.saved[static_cast<size_t>(s)].bytes);
     m.note = std::to_string(n) + " stages";
     if (m.merged > 0) {
-      m.note += " (" + std::to_string(m.merged) + " block boundaries merged: a value no saved tensor holds crosses them)";
+      m.note += " (" + std::to_string(m.merged) +
+                " block boundaries merged: a value no saved tensor holds crosses them)";
     }
     if (m.cuts > 0) {
       m.note += " (" + std::to_string(m.cuts) + " inside blocks, where one saved tensor crosses)";
     }
     if (!m.pinned.empty()) {
-      m.note += "; " + std::to_string(m.pinned.size()) + " tensors read across stages (long skips, " +
-                format_bytes(pinned_bytes) + ") stay resident";
+      m.note += "; " + std::to_string(m.pinned.size()) +
+                " tensors read across stages (long skips, " + format_bytes(pinned_bytes) +
+                ") stay resident";
     }
   } else {
     m.note = std::to_string(n) + " stages";
@@ -692,20 +720,23 @@ namespace {
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
 constexpr int16_t kNone = -1;
-constexpr int16_t kCutBase = 512;  // choice codes: option * kBackwardModes + backward mode (< kCutBase), or cuts
+constexpr int16_t kCutBase =
+    512;  // choice codes: option * kBackwardModes + backward mode (< kCutBase), or cuts
 
 class Programme {
  public:
-  Programme(const ChainModel& m, int levels) : m_(m), n_(m.stages.size()), Q_(m.stages.front().holds.size()) {
+  Programme(const ChainModel& m, int levels)
+      : m_(m), n_(m.stages.size()), Q_(m.stages.front().holds.size()) {
     int64_t top = std::max<int64_t>(1, m.no_remat_peak);
     for (const ChainStage& st : m.stages) {
       REGEN_CHECK(st.holds.size() == Q_, "chain planner: stages with different hold classes");
-      REGEN_CHECK(kBackwardModes * st.options.size() < static_cast<size_t>(kCutBase), "dp planner: too many options");
+      REGEN_CHECK(kBackwardModes * st.options.size() < static_cast<size_t>(kCutBase),
+                  "dp planner: too many options");
       for (int64_t v : st.pass_keep) top = std::max(top, v);
       for (const ChainOption& o : st.options) top = std::max({top, o.back[0].peak, o.back[1].peak});
       for (const ChainHold& h : st.holds) {
-        top = std::max({top, h.pass_out, h.pass_out_transient_in, h.pass_none, h.pass_none_transient_in,
-                        h.base[0].peak, h.base[1].peak});
+        top = std::max({top, h.pass_out, h.pass_out_transient_in, h.pass_none,
+                        h.pass_none_transient_in, h.base[0].peak, h.base[1].peak});
       }
     }
     REGEN_CHECK(kCutBase + Q_ * (n_ + 1) < 32767, "chain planner: too many stages");
@@ -732,14 +763,23 @@ class Programme {
  private:
   int u(int64_t bytes) const { return static_cast<int>((bytes + unit_ / 2) / unit_); }
   // The smallest level at which `bytes` fits.
-  int need(int64_t bytes) const { return bytes <= 0 ? 0 : static_cast<int>((bytes + unit_ - 1) / unit_); }
-  int64_t held(size_t q, size_t s, size_t t) const { return hold_prefix_[q][t + 1] - hold_prefix_[q][s]; }  // [s, t]
+  int need(int64_t bytes) const {
+    return bytes <= 0 ? 0 : static_cast<int>((bytes + unit_ - 1) / unit_);
+  }
+  int64_t held(size_t q, size_t s, size_t t) const {
+    return hold_prefix_[q][t + 1] - hold_prefix_[q][s];
+  }                                                                      // [s, t]
   size_t pair(size_t s, size_t t) const { return t * (t + 1) / 2 + s; }  // s <= t
   size_t idx_opt(size_t q, size_t s, size_t t, int m) const {
-    return ((q * (n_ * (n_ + 1) / 2)) + pair(s, t)) * static_cast<size_t>(M_ + 1) + static_cast<size_t>(m);
+    return ((q * (n_ * (n_ + 1) / 2)) + pair(s, t)) * static_cast<size_t>(M_ + 1) +
+           static_cast<size_t>(m);
   }
-  size_t idx_top(size_t s, int m) const { return s * static_cast<size_t>(M_ + 1) + static_cast<size_t>(m); }
-  float opt(size_t q, size_t s, size_t t, int m) const { return m < 0 ? kInf : opt_[idx_opt(q, s, t, m)]; }
+  size_t idx_top(size_t s, int m) const {
+    return s * static_cast<size_t>(M_ + 1) + static_cast<size_t>(m);
+  }
+  float opt(size_t q, size_t s, size_t t, int m) const {
+    return m < 0 ? kInf : opt_[idx_opt(q, s, t, m)];
+  }
   float top(size_t s, int m) const { return m < 0 ? kInf : top_[idx_top(s, m)]; }
   const ChainStage& st(size_t k) const { return m_.stages[k]; }
 
@@ -759,8 +799,8 @@ class Programme {
   }
 
   template <class Rest>
-  void relax(std::vector<float>& cost, std::vector<int16_t>& choice, size_t base, int from, float fixed,
-             int16_t code, const Rest& rest) {
+  void relax(std::vector<float>& cost, std::vector<int16_t>& choice, size_t base, int from,
+             float fixed, int16_t code, const Rest& rest) {
     for (int m = std::max(from, 0); m <= M_; ++m) {
       const float c = fixed + rest(m);
       if (c < cost[base + static_cast<size_t>(m)]) {
@@ -781,8 +821,8 @@ class Programme {
     const int64_t holds = held(q, s, t);
     if (s == t) {
       for (int v = 0; v < kBackwardModes; ++v) {
-        relax(opt_, opt_choice_, base, need(H.base[v].peak - S.out_bytes), static_cast<float>(H.base[v].ms),
-              static_cast<int16_t>(v), [](int) { return 0.0f; });
+        relax(opt_, opt_choice_, base, need(H.base[v].peak - S.out_bytes),
+              static_cast<float>(H.base[v].ms), static_cast<int16_t>(v), [](int) { return 0.0f; });
       }
       return;
     }
@@ -792,9 +832,11 @@ class Programme {
       for (int v = 0; v < kBackwardModes; ++v) {
         // s's backward runs after t's, which released t's output.
         const StageBackward& b = H.option_back[o][static_cast<size_t>(v)];
-        const int from = std::max(need(prog + holds + H.option_replay[o]), need(b.peak) - u(st(t).out_bytes));
+        const int from =
+            std::max(need(prog + holds + H.option_replay[o]), need(b.peak) - u(st(t).out_bytes));
         relax(opt_, opt_choice_, base, from, static_cast<float>(H.option_ms[o] + b.ms),
-              static_cast<int16_t>(kBackwardModes * o + static_cast<size_t>(v)), [&](int m) { return opt(q, s + 1, t, m - keep); });
+              static_cast<int16_t>(kBackwardModes * o + static_cast<size_t>(v)),
+              [&](int m) { return opt(q, s + 1, t, m - keep); });
       }
     }
     // Re-run s..i-1 restoring only the input of i; [i, t] first, then [s, i-1].
@@ -805,10 +847,12 @@ class Programme {
       const int64_t first = i - 1 == s ? 0 : H.replay_none;
       const int from = need(prog + holds + std::max({last, first, transit}));
       // [s, i-1] runs after t's backward released t's output.
-      const int keep_right = u(L.out_bytes + held(q, s, i - 1)), keep_left = u(L.out_bytes) - u(st(t).out_bytes);
+      const int keep_right = u(L.out_bytes + held(q, s, i - 1)),
+                keep_left = u(L.out_bytes) - u(st(t).out_bytes);
       const float fixed = static_cast<float>(out_ms_prefix_[q][i] - out_ms_prefix_[q][s]);
-      relax(opt_, opt_choice_, base, from, fixed, static_cast<int16_t>(kCutBase + i),
-            [&](int m) { return opt(q, i, t, m - keep_right) + opt(q, s, i - 1, std::min(m - keep_left, M_)); });
+      relax(opt_, opt_choice_, base, from, fixed, static_cast<int16_t>(kCutBase + i), [&](int m) {
+        return opt(q, i, t, m - keep_right) + opt(q, s, i - 1, std::min(m - keep_left, M_));
+      });
       if (i - 1 > s) transit = std::max(transit, L.holds[q].replay_none_transient_in);
     }
   }
@@ -823,7 +867,8 @@ class Programme {
       for (int v = 0; v < kBackwardModes; ++v) {
         const StageBackward& b = op.back[static_cast<size_t>(v)];
         const int from = std::max(need(S.pass_keep[o]), need(b.peak));
-        relax(top_, top_choice_, base, from, static_cast<float>(b.ms), static_cast<int16_t>(kBackwardModes * o + static_cast<size_t>(v)),
+        relax(top_, top_choice_, base, from, static_cast<float>(b.ms),
+              static_cast<int16_t>(kBackwardModes * o + static_cast<size_t>(v)),
               [&](int m) { return top(s + 1, m - keep); });
       }
     }
@@ -833,18 +878,21 @@ class Programme {
       for (size_t i = s + 1; i <= n_; ++i) {
         const ChainStage& L = st(i - 1);
         const int64_t before = held(q, s, i - 1) - L.holds[q].keep_bytes;  // holds of s..i-2
-        const int64_t last = before + (i - 1 == s ? L.holds[q].pass_out : L.holds[q].pass_out_transient_in);
+        const int64_t last =
+            before + (i - 1 == s ? L.holds[q].pass_out : L.holds[q].pass_out_transient_in);
         const int64_t first = i - 1 == s ? 0 : S.holds[q].pass_none;
         const int from = need(std::max({last, first, transit}));
         const int keep_right = u(held(q, s, i - 1) + L.out_bytes), keep_left = u(L.out_bytes);
-        relax(top_, top_choice_, base, from, 0.0f, static_cast<int16_t>(kCutBase + q * (n_ + 1) + i),
+        relax(top_, top_choice_, base, from, 0.0f,
+              static_cast<int16_t>(kCutBase + q * (n_ + 1) + i),
               [&](int m) { return top(i, m - keep_right) + opt(q, s, i - 1, m - keep_left); });
         if (i - 1 > s) transit = std::max(transit, before + L.holds[q].pass_none_transient_in);
       }
     }
   }
 
-  static void add(std::vector<std::set<int32_t>>& regen, int32_t node, const std::vector<int32_t>& saved) {
+  static void add(std::vector<std::set<int32_t>>& regen, int32_t node,
+                  const std::vector<int32_t>& saved) {
     if (saved.empty()) return;
     REGEN_CHECK(node >= 0, "dp planner: a regeneration with no backward node to run before");
     regen[static_cast<size_t>(node)].insert(saved.begin(), saved.end());
@@ -853,7 +901,8 @@ class Programme {
     for (const Regeneration& r : b.regenerations) add(regen, r.node, r.saved);
   }
 
-  void extract_top(size_t s, int m, std::vector<Decision>& d, std::vector<std::set<int32_t>>& regen) const {
+  void extract_top(size_t s, int m, std::vector<Decision>& d,
+                   std::vector<std::set<int32_t>>& regen) const {
     if (s == n_) return;
     const int16_t c = top_choice_[idx_top(s, m)];
     REGEN_ASSERT(c != kNone);
@@ -865,9 +914,11 @@ class Programme {
       extract_top(s + 1, m - u(op.keep_bytes + S.out_bytes), d, regen);
       return;
     }
-    const size_t q = static_cast<size_t>(c - kCutBase) / (n_ + 1), i = static_cast<size_t>(c - kCutBase) % (n_ + 1);
+    const size_t q = static_cast<size_t>(c - kCutBase) / (n_ + 1),
+                 i = static_cast<size_t>(c - kCutBase) % (n_ + 1);
     for (size_t k = s; k < i; ++k) {
-      for (int32_t x : minus(st(k).interior, st(k).holds[q].keep)) d[static_cast<size_t>(x)] = Decision::recompute;
+      for (int32_t x : minus(st(k).interior, st(k).holds[q].keep))
+        d[static_cast<size_t>(x)] = Decision::recompute;
       if (k + 1 < i) {
         for (int32_t x : st(k).out) d[static_cast<size_t>(x)] = Decision::recompute;
       }
@@ -877,7 +928,8 @@ class Programme {
     extract_opt(q, s, i - 1, m - u(out), regen);
   }
 
-  void extract_opt(size_t q, size_t s, size_t t, int m, std::vector<std::set<int32_t>>& regen) const {
+  void extract_opt(size_t q, size_t s, size_t t, int m,
+                   std::vector<std::set<int32_t>>& regen) const {
     const int16_t c = opt_choice_[idx_opt(q, s, t, m)];
     REGEN_ASSERT(c != kNone);
     const ChainStage& S = st(s);

@@ -51,7 +51,13 @@ struct StageBackward {
 // holds everything (kJustInTime), nothing (kJustInTimeDrop: replayed again when needed), or what
 // is cheap to hold for what replaying it again would cost (the kJustInTimeSome variants, from
 // fewer bytes per ms to more).
-enum BackwardMode : int { kAtOnce = 0, kJustInTime = 1, kJustInTimeDrop = 2, kJustInTimeSome = 3, kBackwardModes = 6 };
+enum BackwardMode : int {
+  kAtOnce = 0,
+  kJustInTime = 1,
+  kJustInTimeDrop = 2,
+  kJustInTimeSome = 3,
+  kBackwardModes = 6
+};
 
 struct ChainOption {
   std::vector<int32_t> keep;  // interior held (sorted)
@@ -64,7 +70,8 @@ struct ChainHold {
   std::vector<int32_t> keep;  // sorted
   int64_t keep_bytes = 0;
   double out_ms = 0;  // re-running the stage up to its output, `keep` and the input resident
-  std::array<StageBackward, kBackwardModes> base;  // the stage's backward with `keep` and the output held
+  std::array<StageBackward, kBackwardModes>
+      base;  // the stage's backward with `keep` and the output held
   // Restoring option o and the output in one program, `keep` resident: time, bytes beyond
   // `keep`, and the stage's backward afterwards.
   std::vector<double> option_ms;
@@ -75,7 +82,8 @@ struct ChainHold {
   int64_t pass_out = 0, pass_out_transient_in = 0, pass_none = 0, pass_none_transient_in = 0;
   // A re-run's own peak (above the level it starts from: the nodes it replays, the values it
   // holds between them and what it restores), restoring the output or not.
-  int64_t replay_out = 0, replay_out_transient_in = 0, replay_none = 0, replay_none_transient_in = 0;
+  int64_t replay_out = 0, replay_out_transient_in = 0, replay_none = 0,
+          replay_none_transient_in = 0;
 };
 
 struct ChainStage {

@@ -16,8 +16,8 @@ RematExecutor::RematExecutor(const Profile& profile, Schedule schedule)
 void RematExecutor::check_node(const Tape& tape, int32_t node,
                                const std::vector<Tensor>& outputs) const {
   REGEN_CHECK(node < static_cast<int32_t>(p_.nodes.size()), "remat: the iteration records more ",
-              "ops than the profiled one (", p_.nodes.size(), "): the model or batch changed since ",
-              "profiling; profile again");
+              "ops than the profiled one (", p_.nodes.size(),
+              "): the model or batch changed since ", "profiling; profile again");
   const ProfileNode& want = p_.nodes[static_cast<size_t>(node)];
   const Node& got = tape.node(node);
   bool same = got.kind == want.kind && outputs.size() == want.outputs.size();
@@ -66,7 +66,8 @@ void RematExecutor::run_program(Tape& tape, const RegenProgram& prog) {
     return tape.value_tensor(p_.saved[static_cast<size_t>(saved)].value);
   };
   interpret_program<Tensor>(p_, prog, replay, restore);
-  kernels::synchronize(tape.value_tensor_device(p_.saved[static_cast<size_t>(prog.targets[0])].value));
+  kernels::synchronize(
+      tape.value_tensor_device(p_.saved[static_cast<size_t>(prog.targets[0])].value));
   cur_regen_ms_ +=
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }

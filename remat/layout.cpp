@@ -75,9 +75,8 @@ PlannedLayout place_in_order(const std::vector<SimOptions::Request>& requests,
       layout.offset[i] = at;
       layout.bin[i] = bin;
       if (bin < 0) size = std::max(size, static_cast<int64_t>(at + r.rounded));
-      const auto pos = std::upper_bound(in.begin(), in.end(), at, [&](uint64_t off, size_t j) {
-        return off < layout.offset[j];
-      });
+      const auto pos = std::upper_bound(
+          in.begin(), in.end(), at, [&](uint64_t off, size_t j) { return off < layout.offset[j]; });
       in.insert(pos, i);
       break;
     }
@@ -105,17 +104,20 @@ PlannedLayout place_requests(const std::vector<SimOptions::Request>& requests,
     return x.begin < y.begin;
   };
   const std::vector<std::function<bool(size_t, size_t)>> orders = {
-      tie,  // the largest first
+      tie,                       // the largest first
       [&](size_t a, size_t b) {  // the longest-lived first
         return life(a) != life(b) ? life(a) > life(b) : tie(a, b);
       },
       [&](size_t a, size_t b) {  // the most bytes x time first
-        const long double x = static_cast<long double>(requests[a].rounded) * static_cast<long double>(std::min<int64_t>(life(a), INT64_MAX / 4));
-        const long double y = static_cast<long double>(requests[b].rounded) * static_cast<long double>(std::min<int64_t>(life(b), INT64_MAX / 4));
+        const long double x = static_cast<long double>(requests[a].rounded) *
+                              static_cast<long double>(std::min<int64_t>(life(a), INT64_MAX / 4));
+        const long double y = static_cast<long double>(requests[b].rounded) *
+                              static_cast<long double>(std::min<int64_t>(life(b), INT64_MAX / 4));
         return x != y ? x > y : tie(a, b);
       },
       [&](size_t a, size_t b) {  // in the order they are made (what the caching allocator sees)
-        return requests[a].begin != requests[b].begin ? requests[a].begin < requests[b].begin : tie(a, b);
+        return requests[a].begin != requests[b].begin ? requests[a].begin < requests[b].begin
+                                                      : tie(a, b);
       },
   };
   PlannedLayout best;
@@ -143,13 +145,15 @@ std::vector<uint64_t> layout_holes(const AllocatorState& state) {
   return holes;
 }
 
-std::shared_ptr<const PlannedLayout> plan_layout(const Simulator& sim, const Schedule& s, int64_t* peak) {
+std::shared_ptr<const PlannedLayout> plan_layout(const Simulator& sim, const Schedule& s,
+                                                 int64_t* peak) {
   std::vector<SimOptions::Request> requests;
   SimOptions o;
   o.requests = &requests;
   sim.run(s, o);
   if (peak) *peak = live_peak(requests);
-  return std::make_shared<const PlannedLayout>(place_requests(requests, layout_holes(sim.profile().start_state)));
+  return std::make_shared<const PlannedLayout>(
+      place_requests(requests, layout_holes(sim.profile().start_state)));
 }
 
 }  // namespace regen

@@ -39,7 +39,8 @@ Levels no_remat_levels(const Profile& p, const std::vector<char>& tracked) {
   }
   int64_t allocated = 0;
   for (const AllocatorState::SegmentRec& seg : p.start_state.segments) {
-    for (const BlockInfo& b : seg.blocks) allocated += b.allocated ? static_cast<int64_t>(b.size) : 0;
+    for (const BlockInfo& b : seg.blocks)
+      allocated += b.allocated ? static_cast<int64_t>(b.size) : 0;
   }
   int64_t live_tracked = 0;
   l.allocated.resize(ne + 1);

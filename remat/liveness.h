@@ -29,7 +29,9 @@ struct Levels {
   // the iteration).
   std::vector<int64_t> value_block;
 
-  int64_t rest(int64_t i) const { return allocated[static_cast<size_t>(i)] - tracked[static_cast<size_t>(i)]; }
+  int64_t rest(int64_t i) const {
+    return allocated[static_cast<size_t>(i)] - tracked[static_cast<size_t>(i)];
+  }
   // The highest rest over positions [begin, end] (both included; begin <= end).
   int64_t max_rest(int64_t begin, int64_t end) const;
   // The highest allocated level over [begin, end] minus the level at begin: what an op's window

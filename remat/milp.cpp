@@ -65,18 +65,23 @@ namespace regen {
 
 #if !defined(REGEN_WITH_MILP)
 
-bool milp_available() { return false; }
+bool milp_available() {
+  return false;
+}
 
 Plan plan_milp(const Simulator&, int64_t budget_bytes, const MilpOptions&, MilpReport*) {
   REGEN_CHECK(budget_bytes > 0, "plan_milp: the budget must be positive, got ", budget_bytes,
               " bytes");
-  REGEN_FAIL("the milp policy needs regen built with CBC (coinor-libcbc-dev): install it "
-             "(scripts/install-deps.sh) and configure again (cmake -DREGEN_MILP=ON)");
+  REGEN_FAIL(
+      "the milp policy needs regen built with CBC (coinor-libcbc-dev): install it "
+      "(scripts/install-deps.sh) and configure again (cmake -DREGEN_MILP=ON)");
 }
 
 #else
 
-bool milp_available() { return true; }
+bool milp_available() {
+  return true;
+}
 
 namespace {
 
@@ -87,7 +92,9 @@ constexpr double kInf = std::numeric_limits<double>::max();
 constexpr double kObjScale = 1000.0;
 constexpr double kFreeNodeMs = 1e-7;  // cost of replaying a node whose forward median is 0
 
-double mib(int64_t bytes) { return static_cast<double>(bytes) / kMiB; }
+double mib(int64_t bytes) {
+  return static_cast<double>(bytes) / kMiB;
+}
 
 // A linear program in row form. Rows that bound memory are "budget rows": their upper bound is
 // B' (MiB) minus a constant, set per solve.
@@ -125,7 +132,8 @@ struct Lp {
       }
     }
     t.resize(k);
-    t.erase(std::remove_if(t.begin(), t.end(), [](const auto& x) { return x.second == 0; }), t.end());
+    t.erase(std::remove_if(t.begin(), t.end(), [](const auto& x) { return x.second == 0; }),
+            t.end());
   }
   void row(std::vector<std::pair<int, double>> t, double lo, double hi) {
     merge(t);
@@ -152,9 +160,9 @@ enum class Need { none, replay, maybe };
 struct Model {
   Lp lp;
   std::vector<int32_t> cands;
-  std::vector<int> e;                     // per saved tensor: column, -1 for non-candidates
-  std::vector<std::vector<int>> q;        // per saved tensor: per rank 0..first: column or -1
-  std::vector<std::vector<int>> rcol;     // per rank: per node: column or -1
+  std::vector<int> e;                         // per saved tensor: column, -1 for non-candidates
+  std::vector<std::vector<int>> q;            // per saved tensor: per rank 0..first: column or -1
+  std::vector<std::vector<int>> rcol;         // per rank: per node: column or -1
   std::vector<std::vector<int32_t>> closure;  // per rank: nodes with a column, ascending
   // A budget row without variables whose constant alone decides feasibility: the highest one.
   double fixed_need = 0;
@@ -195,13 +203,15 @@ class Builder {
         continue;
       }
       for (int64_t in : p.nodes[static_cast<size_t>(v.producer)].inputs) {
-        if (in >= 0 && !replayable[static_cast<size_t>(in)]) replayable[static_cast<size_t>(v.id)] = 0;
+        if (in >= 0 && !replayable[static_cast<size_t>(in)])
+          replayable[static_cast<size_t>(v.id)] = 0;
       }
     }
     std::vector<char> node_ok(nn, 1);
     for (const ProfileNode& n : p.nodes) {
       for (int64_t in : n.inputs) {
-        if (in >= 0 && !replayable[static_cast<size_t>(in)]) node_ok[static_cast<size_t>(n.index)] = 0;
+        if (in >= 0 && !replayable[static_cast<size_t>(in)])
+          node_ok[static_cast<size_t>(n.index)] = 0;
       }
     }
     // Nodes reading each root's storage (through any value sharing it).
@@ -398,8 +408,10 @@ class Builder {
     };
     std::vector<int64_t> cuts;
     for (int32_t s : m.cands) {
-      if (L.alloc_at[static_cast<size_t>(s)] >= 0) cuts.push_back(L.alloc_at[static_cast<size_t>(s)] + 1);
-      if (L.free_at[static_cast<size_t>(s)] >= 0) cuts.push_back(L.free_at[static_cast<size_t>(s)] + 1);
+      if (L.alloc_at[static_cast<size_t>(s)] >= 0)
+        cuts.push_back(L.alloc_at[static_cast<size_t>(s)] + 1);
+      if (L.free_at[static_cast<size_t>(s)] >= 0)
+        cuts.push_back(L.free_at[static_cast<size_t>(s)] + 1);
     }
     std::sort(cuts.begin(), cuts.end());
     cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
@@ -407,7 +419,8 @@ class Builder {
     auto phase_rows = [&](int64_t a, int64_t b, int kind, int32_t idx) {
       if (a > b) return;
       std::vector<int64_t> starts = {a};
-      for (auto it = std::upper_bound(cuts.begin(), cuts.end(), a); it != cuts.end() && *it <= b; ++it) {
+      for (auto it = std::upper_bound(cuts.begin(), cuts.end(), a); it != cuts.end() && *it <= b;
+           ++it) {
         starts.push_back(*it);
       }
       for (size_t k = 0; k < starts.size(); ++k) {
@@ -440,8 +453,12 @@ class Builder {
       phase_rows(a, b, 1, -1);
     }
     for (int32_t r = 0; r < nb; ++r) {
-      const int64_t a = w.bwd_begin[static_cast<size_t>(p.backward_order[static_cast<size_t>(r)])] + 1;
-      const int64_t b = r + 1 < nb ? w.bwd_begin[static_cast<size_t>(p.backward_order[static_cast<size_t>(r) + 1])] : ne;
+      const int64_t a =
+          w.bwd_begin[static_cast<size_t>(p.backward_order[static_cast<size_t>(r)])] + 1;
+      const int64_t b =
+          r + 1 < nb
+              ? w.bwd_begin[static_cast<size_t>(p.backward_order[static_cast<size_t>(r) + 1])]
+              : ne;
       phase_rows(a, b, 2, r);
     }
 
@@ -512,7 +529,8 @@ class Builder {
         const int32_t n = cl[k];
         std::vector<std::pair<int, double>> t = {{mvar[static_cast<size_t>(r)], 1.0}};
         if (tcol >= 0) t.push_back({tcol, 1.0});
-        const int64_t own = L.own_peak(w.fwd_begin[static_cast<size_t>(n)], w.fwd_end[static_cast<size_t>(n)]);
+        const int64_t own =
+            L.own_peak(w.fwd_begin[static_cast<size_t>(n)], w.fwd_end[static_cast<size_t>(n)]);
         t.push_back({rc[static_cast<size_t>(n)], mib(own)});
         for (const auto& h : held[k]) t.push_back(h);
         add_budget_row(m, std::move(t), fixed, at, at);
@@ -620,7 +638,8 @@ Solved solve(const Lp& lp, int64_t budget, const MilpOptions& opt,
       if (end == std::string::npos) end = all.size();
       const std::string kv = all.substr(at, end - at);
       const size_t eq = kv.find('=');
-      if (eq != std::string::npos) Cbc_setParameter(model, kv.substr(0, eq).c_str(), kv.substr(eq + 1).c_str());
+      if (eq != std::string::npos)
+        Cbc_setParameter(model, kv.substr(0, eq).c_str(), kv.substr(eq + 1).c_str());
       at = end + 1;
     }
   }
@@ -656,7 +675,8 @@ Solved solve(const Lp& lp, int64_t budget, const MilpOptions& opt,
     out.status = out.has_solution ? "time limit" : "time limit (no solution)";
   } else {
     out.status = std::string(out.has_solution ? "stopped" : "stopped (no solution)") + " (status " +
-                 std::to_string(Cbc_status(model)) + "/" + std::to_string(Cbc_secondaryStatus(model)) + ")";
+                 std::to_string(Cbc_status(model)) + "/" +
+                 std::to_string(Cbc_secondaryStatus(model)) + ")";
   }
   Cbc_deleteModel(model);
   return out;
@@ -770,10 +790,13 @@ Plan plan_milp(const Simulator& sim, int64_t budget_bytes, const MilpOptions& op
   }
 
   plan_fits = false;
-  if (std::none_of(p.saved.begin(), p.saved.end(), [](const ProfileSaved& s) { return s.candidate; })) {
+  if (std::none_of(p.saved.begin(), p.saved.end(),
+                   [](const ProfileSaved& s) { return s.candidate; })) {
     rep.status = "infeasible";
-    plan.note = "budget " + format_bytes(budget_bytes) + " cannot be met by milp: no saved tensor "
-                "can be recomputed; lower bound " + format_bytes(plan.lower_bound);
+    plan.note = "budget " + format_bytes(budget_bytes) +
+                " cannot be met by milp: no saved tensor "
+                "can be recomputed; lower bound " +
+                format_bytes(plan.lower_bound);
     return finish(plan);
   }
   Model m = Builder(p).build();
@@ -828,7 +851,8 @@ Plan plan_milp(const Simulator& sim, int64_t budget_bytes, const MilpOptions& op
       }
       if (!g.saved.empty()) cand.regenerations.push_back(std::move(g));
       for (int32_t n : m.closure[static_cast<size_t>(r)]) {
-        if (s.x[static_cast<size_t>(m.rcol[static_cast<size_t>(r)][static_cast<size_t>(n)])] > 0.5) {
+        if (s.x[static_cast<size_t>(m.rcol[static_cast<size_t>(r)][static_cast<size_t>(n)])] >
+            0.5) {
           model_ms += p.nodes[static_cast<size_t>(n)].fwd_ms;
         }
       }
@@ -842,7 +866,8 @@ Plan plan_milp(const Simulator& sim, int64_t budget_bytes, const MilpOptions& op
     rep.status = s.status;
     rep.objective_ms = model_ms;
     rep.bound_ms = std::max(0.0, std::min(s.bound, s.objective));
-    rep.gap = s.optimal || s.objective <= 0 ? 0.0 : std::max(0.0, (s.objective - s.bound) / s.objective);
+    rep.gap =
+        s.optimal || s.objective <= 0 ? 0.0 : std::max(0.0, (s.objective - s.bound) / s.objective);
     if (!s.optimal && s.time_limit) rep.status = "time limit (gap " + percent(rep.gap) + ")";
     const int64_t peak = peak_of(cand.predicted, of);
     const bool fits = fit.fits;
@@ -879,13 +904,13 @@ Plan plan_milp(const Simulator& sim, int64_t budget_bytes, const MilpOptions& op
   rep.internal_budget = last_internal;
   rep.solve_s = solve_s;
   char buf[400];
-  std::snprintf(buf, sizeof buf,
-                "milp: %s, recompute %.3f ms (bound %.3f ms, gap %s), %d round(s), internal budget %s, "
-                "%lld variables (%lld binary), %lld rows, %.2f s solving",
-                rep.status.c_str(), rep.objective_ms, rep.bound_ms, percent(rep.gap).c_str(),
-                rep.rounds, format_bytes(rep.internal_budget).c_str(),
-                static_cast<long long>(rep.variables), static_cast<long long>(rep.binaries),
-                static_cast<long long>(rep.constraints), rep.solve_s);
+  std::snprintf(
+      buf, sizeof buf,
+      "milp: %s, recompute %.3f ms (bound %.3f ms, gap %s), %d round(s), internal budget %s, "
+      "%lld variables (%lld binary), %lld rows, %.2f s solving",
+      rep.status.c_str(), rep.objective_ms, rep.bound_ms, percent(rep.gap).c_str(), rep.rounds,
+      format_bytes(rep.internal_budget).c_str(), static_cast<long long>(rep.variables),
+      static_cast<long long>(rep.binaries), static_cast<long long>(rep.constraints), rep.solve_s);
   plan.note = buf;
   if (!start_note.empty()) plan.note += "; " + start_note;
   const bool fits = have && best_fits;

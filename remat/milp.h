@@ -33,12 +33,12 @@
 namespace regen {
 
 struct MilpOptions {
-  double time_limit_s = 60;    // per solve
-  double relative_gap = 1e-4;  // stop when proven within this gap
-  int max_rounds = 4;          // re-solves with a lower internal budget when the exact simulation
-                               // exceeds the budget
-  const Plan* start = nullptr; // optional incumbent (e.g. another planner's plan) given to the
-                               // solver as a MIP start (the solver checks it against the model)
+  double time_limit_s = 60;     // per solve
+  double relative_gap = 1e-4;   // stop when proven within this gap
+  int max_rounds = 4;           // re-solves with a lower internal budget when the exact simulation
+                                // exceeds the budget
+  const Plan* start = nullptr;  // optional incumbent (e.g. another planner's plan) given to the
+                                // solver as a MIP start (the solver checks it against the model)
   int threads = 1;
   // What the budget bounds (planner.h): for reserved bytes a plan fits when it runs under the
   // allocator's limit at the budget; the programme's rows bound allocated bytes, and a plan the
@@ -49,13 +49,13 @@ struct MilpOptions {
 };
 
 struct MilpReport {
-  std::string status;          // "optimal", "time limit (gap X%)", "infeasible", ...
-  double objective_ms = 0;     // the model's recompute time of the returned plan
-  double bound_ms = 0;         // best lower bound the solver proved (last round's model)
-  double gap = 0;              // (objective - bound) / objective, 0 when proven optimal
-  double solve_s = 0;          // total solver time over rounds
+  std::string status;       // "optimal", "time limit (gap X%)", "infeasible", ...
+  double objective_ms = 0;  // the model's recompute time of the returned plan
+  double bound_ms = 0;      // best lower bound the solver proved (last round's model)
+  double gap = 0;           // (objective - bound) / objective, 0 when proven optimal
+  double solve_s = 0;       // total solver time over rounds
   int rounds = 0;
-  int64_t internal_budget = 0; // budget the last round's model used
+  int64_t internal_budget = 0;                           // budget the last round's model used
   int64_t variables = 0, binaries = 0, constraints = 0;  // of the last round's model
 };
 

@@ -13,14 +13,17 @@ void rethrow_with_plan(const OutOfMemory& e, const Plan& plan) {
          format_bytes(plan.predicted.peak_reserved) + " reserved";
   if (!plan.predicted.peak_at.empty()) msg += ", reached at " + plan.predicted.peak_at;
   if (plan.limit > 0) msg += ", under the limit " + format_bytes(plan.limit);
-  msg += "; a step that runs out where the simulation did not is not the profiled step (another "
-         "model, batch, input size, device or thread count?): profile again";
+  msg +=
+      "; a step that runs out where the simulation did not is not the profiled step (another "
+      "model, batch, input size, device or thread count?): profile again";
   throw OutOfMemory(msg, __FILE__, __LINE__);
 }
 
 RematPipeline::RematPipeline(Trainer& trainer) : trainer_(trainer) {}
 
-RematPipeline::~RematPipeline() { finish(); }
+RematPipeline::~RematPipeline() {
+  finish();
+}
 
 const Profile& RematPipeline::profile(ProfileOptions options) {
   finish();
@@ -49,7 +52,8 @@ const Profile& RematPipeline::use_profile(Profile profile) {
 }
 
 const Profile& RematPipeline::current_profile() const {
-  REGEN_CHECK(profile_ != nullptr, "the pipeline has no profile yet: call profile() or use_profile()");
+  REGEN_CHECK(profile_ != nullptr,
+              "the pipeline has no profile yet: call profile() or use_profile()");
   return *profile_;
 }
 

@@ -53,7 +53,8 @@ class RematPipeline {
   // ---- Stage 2 -------------------------------------------------------------------------------
   // Any registered planner (planner.h planner_names()). The plan is kept even when it does not
   // fit its budget (Plan::feasible says so); step() runs it without a limit then.
-  const Plan& plan(const std::string& policy, const Budget& budget, const PlanOptions& options = {});
+  const Plan& plan(const std::string& policy, const Budget& budget,
+                   const PlanOptions& options = {});
   // A plan made elsewhere for this profile: by make_plan, by judge_loaded_plan, or by hand (its
   // decisions one per saved tensor; finish_plan fills in its prediction).
   const Plan& use_plan(Plan plan);
@@ -68,8 +69,8 @@ class RematPipeline {
   StepResult step(StepObserver* observer = nullptr);
   // `steps` steps; `progress` (may be empty) sees each one (1-based index) and returns false to
   // stop early. Returns every step's result.
-  std::vector<StepResult> train(int64_t steps,
-                                const std::function<bool(int64_t, const StepResult&)>& progress = {});
+  std::vector<StepResult> train(
+      int64_t steps, const std::function<bool(int64_t, const StepResult&)>& progress = {});
   // Removes the installed plan (hooks, limit, layout) until the next step.
   void finish();
   // The allocator's hard limit the steps run under instead of the plan's (0: none; a negative

@@ -38,15 +38,17 @@ void save_plan(const Plan& plan, const Profile& p, const std::string& path) {
   j["lower_bound"] = plan.lower_bound;
   nlohmann::json d = nlohmann::json::array();
   for (size_t i = 0; i < plan.decisions.size(); ++i) {
-    d.push_back({{"saved", i}, {"name", p.saved[i].name},
-                 {"decision", decision_name(plan.decisions[i])}});
+    d.push_back(
+        {{"saved", i}, {"name", p.saved[i].name}, {"decision", decision_name(plan.decisions[i])}});
   }
   j["decisions"] = std::move(d);
   nlohmann::json regen = nlohmann::json::array();
   for (const Regeneration& r : plan.regenerations) {
     nlohmann::json names = nlohmann::json::array();
-    for (int32_t s : r.saved) names.push_back({{"saved", s}, {"name", p.saved[static_cast<size_t>(s)].name}});
-    regen.push_back({{"before", r.node}, {"before_name", p.nodes[static_cast<size_t>(r.node)].name},
+    for (int32_t s : r.saved)
+      names.push_back({{"saved", s}, {"name", p.saved[static_cast<size_t>(s)].name}});
+    regen.push_back({{"before", r.node},
+                     {"before_name", p.nodes[static_cast<size_t>(r.node)].name},
                      {"restore", std::move(names)}});
   }
   j["regenerations"] = std::move(regen);
@@ -67,9 +69,10 @@ Plan load_plan(const std::string& path, const Profile& p) {
   try {
     REGEN_CHECK(j.is_object() && j.value("format", "") == "regen-plan-1", origin,
                 ": not a regen plan (expected \"format\": \"regen-plan-1\")");
-    REGEN_CHECK(j.at("model").get<std::string>() == p.model && j.at("batch").get<int64_t>() == p.batch,
-                origin, ": made for ", j.at("model").get<std::string>(), " batch ",
-                j.at("batch").get<int64_t>(), ", not ", p.model, " batch ", p.batch);
+    REGEN_CHECK(
+        j.at("model").get<std::string>() == p.model && j.at("batch").get<int64_t>() == p.batch,
+        origin, ": made for ", j.at("model").get<std::string>(), " batch ",
+        j.at("batch").get<int64_t>(), ", not ", p.model, " batch ", p.batch);
     plan.policy = j.at("policy").get<std::string>();
     plan.budget_text = j.at("budget").get<std::string>();
     plan.budget_bytes = j.at("budget_bytes").get<int64_t>();
@@ -105,10 +108,11 @@ Plan load_plan(const std::string& path, const Profile& p) {
       for (const auto& r : regen) {
         Regeneration g;
         g.node = r.at("before").get<int32_t>();
-        REGEN_CHECK(g.node >= 0 && static_cast<size_t>(g.node) < p.nodes.size() &&
-                        r.at("before_name").get<std::string>() == p.nodes[static_cast<size_t>(g.node)].name,
-                    origin, ": a regeneration names node ", g.node, " '",
-                    r.at("before_name").get<std::string>(), "', which does not match the profile");
+        REGEN_CHECK(
+            g.node >= 0 && static_cast<size_t>(g.node) < p.nodes.size() &&
+                r.at("before_name").get<std::string>() == p.nodes[static_cast<size_t>(g.node)].name,
+            origin, ": a regeneration names node ", g.node, " '",
+            r.at("before_name").get<std::string>(), "', which does not match the profile");
         for (const auto& e : r.at("restore")) {
           const int64_t i = e.at("saved").get<int64_t>();
           REGEN_CHECK(i >= 0 && static_cast<size_t>(i) < p.saved.size() &&

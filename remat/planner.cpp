@@ -19,10 +19,10 @@
 
 namespace regen {
 
-
 void ensure_planned_layout(const Simulator& sim, Plan& plan) {
   if (plan.layout) return;
-  PlanFit f = fit_schedule(sim, plan_schedule(sim.profile(), plan), 0, plan.budget_of, nullptr, true);
+  PlanFit f =
+      fit_schedule(sim, plan_schedule(sim.profile(), plan), 0, plan.budget_of, nullptr, true);
   plan.predicted = std::move(f.result);
   plan.layout = std::move(f.layout);
 }
@@ -43,8 +43,9 @@ int64_t Plan::recomputed_bytes(const Profile& p) const {
   return b;
 }
 
-
-std::vector<std::string> chain_names() { return {"auto", "keep", "drop"}; }
+std::vector<std::string> chain_names() {
+  return {"auto", "keep", "drop"};
+}
 
 Chain parse_chain(const std::string& text) {
   if (text == "auto") return Chain::automatic;
@@ -75,7 +76,8 @@ using Decisions = std::vector<Decision>;
 
 // Whether saved tensor s lives entirely inside the node set `inside` (its producer and every
 // reader of any value sharing its storage).
-bool contained(const Profile& p, const ProfileSaved& s, const std::function<bool(int32_t)>& inside) {
+bool contained(const Profile& p, const ProfileSaved& s,
+               const std::function<bool(int32_t)>& inside) {
   if (!inside(s.producer)) return false;
   for (const ProfileValue& v : p.values) {
     if (v.root != s.value) continue;
@@ -212,7 +214,8 @@ namespace {
 
 Decisions prefix_of(const Profile& p, const std::vector<int32_t>& order, size_t k) {
   Decisions d(p.saved.size(), Decision::retain);
-  for (size_t i = 0; i < k && i < order.size(); ++i) d[static_cast<size_t>(order[i])] = Decision::recompute;
+  for (size_t i = 0; i < k && i < order.size(); ++i)
+    d[static_cast<size_t>(order[i])] = Decision::recompute;
   return d;
 }
 
@@ -241,8 +244,8 @@ Evaluated search_prefix(const Simulator& sim, size_t n, int64_t budget, BudgetOf
                         int64_t& lowest) {
   auto eval = [&](size_t k) {
     Evaluated e{k, make(k), {}, false, nullptr};
-    PlanFit f = fit_schedule(sim, build_schedule(sim.profile(), e.d, keep_chain), budget > 0 ? budget : 0,
-                             of, nullptr, planned);
+    PlanFit f = fit_schedule(sim, build_schedule(sim.profile(), e.d, keep_chain),
+                             budget > 0 ? budget : 0, of, nullptr, planned);
     e.r = std::move(f.result);
     e.layout = std::move(f.layout);
     e.fits = budget > 0 && f.fits;
@@ -308,8 +311,11 @@ Plan plan_in_mode(const Simulator& sim, const std::string& policy, const Budget&
   plan.budget_bytes = budget.resolve(peak_of(none, of));
   plan.lower_bound = memory_lower_bound(p);
   // The lowest peak seen, of the step as it runs: with a planned layout, the planned runs only.
-  int64_t lowest = planned ? peak_of(fit_schedule(sim, build_schedule(p, all_retain), 0, of, nullptr, true).result, of)
-                           : peak_of(none, of);
+  int64_t lowest =
+      planned
+          ? peak_of(fit_schedule(sim, build_schedule(p, all_retain), 0, of, nullptr, true).result,
+                    of)
+          : peak_of(none, of);
   bool fits = true;
 
   if (policy == "none") {
@@ -354,14 +360,16 @@ Plan plan_in_mode(const Simulator& sim, const std::string& policy, const Budget&
       plan.decisions = std::move(e.d);
       plan.predicted = std::move(e.r);
       plan.layout = std::move(e.layout);
-      plan.note = std::string(policy == "blocks" ? "checkpointed the first " : "recomputes the first ") +
-                  std::to_string(e.k) + " of " + std::to_string(n) +
-                  (policy == "blocks" ? " blocks" : " greedy picks");
+      plan.note =
+          std::string(policy == "blocks" ? "checkpointed the first " : "recomputes the first ") +
+          std::to_string(e.k) + " of " + std::to_string(n) +
+          (policy == "blocks" ? " blocks" : " greedy picks");
     }
   }
   plan.lowest_peak = std::min(lowest, peak_of(plan.predicted, of));
   plan.feasible = plan.budget_bytes == 0 || fits;
-  if (plan.feasible && of == BudgetOf::reserved) plan.limit = limit_for(plan.predicted, plan.budget_bytes);
+  if (plan.feasible && of == BudgetOf::reserved)
+    plan.limit = limit_for(plan.predicted, plan.budget_bytes);
   if (planned) {
     ensure_planned_layout(sim, plan);
     plan.lowest_peak = std::min(plan.lowest_peak, peak_of(plan.predicted, of));
@@ -445,8 +453,9 @@ Plan plan_dp(const Simulator& sim, const Budget& budget, BudgetOf of, bool plann
     for (size_t k = 0; k < take; ++k) {
       const size_t i = take == 1 ? 0 : k * (nc - 1) / (take - 1);
       if (memo->points.back().cand == static_cast<int64_t>(i)) continue;
-      memo->points.push_back({static_cast<int64_t>(i),
-                              sim.run(build_schedule(p, cands[i].decisions, false, cands[i].regenerations))});
+      memo->points.push_back(
+          {static_cast<int64_t>(i),
+           sim.run(build_schedule(p, cands[i].decisions, false, cands[i].regenerations))});
     }
     slot = memo;
   }
@@ -509,9 +518,10 @@ Plan plan_dp(const Simulator& sim, const Budget& budget, BudgetOf of, bool plann
         // tie). Points by requested peak, a bound on their planned peak: past the lowest found,
         // none can be lower.
         std::vector<const Point*> by_requested(order);
-        std::stable_sort(by_requested.begin(), by_requested.end(), [](const Point* a, const Point* b) {
-          return a->r.peak_requested < b->r.peak_requested;
-        });
+        std::stable_sort(by_requested.begin(), by_requested.end(),
+                         [](const Point* a, const Point* b) {
+                           return a->r.peak_requested < b->r.peak_requested;
+                         });
         PlanFit low;
         for (const Point* pt : by_requested) {
           if (best && pt->r.peak_requested > peak_of(low.result, of)) break;
@@ -605,10 +615,12 @@ Plan plan_builtin(const Simulator& sim, const std::string& policy, const Budget&
   const Chain chain = options.chain;
   const BudgetOf of = options.budget_of;
   const bool planned = options.planned_layout;
-  REGEN_CHECK((policy != "blocks" && policy != "sqrt") || !sim.profile().blocks.empty(), "the ",
-              policy, " policy checkpoints whole blocks, and ", sim.profile().model, " marks none "
-              "(a model marks its residual blocks or layers with BlockScope in forward): use mutwo, "
-              "dp or milp");
+  REGEN_CHECK(
+      (policy != "blocks" && policy != "sqrt") || !sim.profile().blocks.empty(), "the ", policy,
+      " policy checkpoints whole blocks, and ", sim.profile().model,
+      " marks none "
+      "(a model marks its residual blocks or layers with BlockScope in forward): use mutwo, "
+      "dp or milp");
   std::vector<int32_t> picks;
   if (policy == "mutwo") {
     for (const MutwoPick& m : mutwo_picks(sim.profile())) picks.push_back(m.saved);
@@ -616,11 +628,13 @@ Plan plan_builtin(const Simulator& sim, const std::string& policy, const Budget&
   Plan plan;
   std::string chain_note;
   if (policy == "dp" || policy == "milp") {
-    REGEN_CHECK(chain != Chain::keep, "the ", policy, " policy decides what each regeneration "
+    REGEN_CHECK(chain != Chain::keep, "the ", policy,
+                " policy decides what each regeneration "
                 "restores itself; it takes no chain mode (got keep)");
     plan = plan_dp(sim, budget, of, planned);
     if (policy == "milp") {
-      REGEN_CHECK(plan.budget_bytes > 0, "the milp policy needs a budget (--budget): it minimizes "
+      REGEN_CHECK(plan.budget_bytes > 0,
+                  "the milp policy needs a budget (--budget): it minimizes "
                   "the recomputation time under one");
       MilpOptions mo;
       mo.time_limit_s = options.milp_time_limit_s;
@@ -634,15 +648,20 @@ Plan plan_builtin(const Simulator& sim, const std::string& policy, const Budget&
       Plan milp = plan_milp(sim, plan.budget_bytes, mo, &report);
       milp.budget_text = plan.budget_text;
       char buf[256];
-      std::snprintf(buf, sizeof buf, "MILP %s in %.1f s (%d round%s; %lld variables, %lld binary, "
-                    "%lld rows)", report.status.c_str(), report.solve_s, report.rounds,
+      std::snprintf(buf, sizeof buf,
+                    "MILP %s in %.1f s (%d round%s; %lld variables, %lld binary, "
+                    "%lld rows)",
+                    report.status.c_str(), report.solve_s, report.rounds,
                     report.rounds == 1 ? "" : "s", static_cast<long long>(report.variables),
-                    static_cast<long long>(report.binaries), static_cast<long long>(report.constraints));
+                    static_cast<long long>(report.binaries),
+                    static_cast<long long>(report.constraints));
       milp.note = buf;
       if (plan.feasible && (!milp.feasible || plan.predicted.time_ms < milp.predicted.time_ms)) {
         char why[160];
-        std::snprintf(why, sizeof why, "; dp's plan (%.3f s) is faster: the MILP's memory model "
-                      "did not accept it", plan.predicted.time_ms / 1000.0);
+        std::snprintf(why, sizeof why,
+                      "; dp's plan (%.3f s) is faster: the MILP's memory model "
+                      "did not accept it",
+                      plan.predicted.time_ms / 1000.0);
         milp.note += why;
       }
       plan = std::move(milp);
@@ -680,17 +699,23 @@ PlannerRegistry& planners() {
     PlannerRegistry reg;
     const std::pair<const char*, const char*> builtin[] = {
         {"none", "retain every saved tensor"},
-        {"blocks", "checkpoint residual blocks / encoder layers in forward order until the peak fits"},
+        {"blocks",
+         "checkpoint residual blocks / encoder layers in forward order until the peak fits"},
         {"sqrt", "sqrt(n) segments over the chain of blocks (Chen et al.)"},
         {"mutwo", "mu-TWO's greedy recomputation by bytes per recompute time"},
-        {"dp", "dynamic programme over the chain of blocks (Rotor, Rockmate): the fastest plan that fits"},
-        {"milp", "exact mixed-integer programme over the executor's plans (Checkmate), CBC, from dp's plan"},
+        {"dp",
+         "dynamic programme over the chain of blocks (Rotor, Rockmate): the fastest plan that "
+         "fits"},
+        {"milp",
+         "exact mixed-integer programme over the executor's plans (Checkmate), CBC, from dp's "
+         "plan"},
     };
     for (const auto& [name, help] : builtin) {
       const std::string n = name;
-      reg.planners.push_back({n, help, [n](const Simulator& sim, const Budget& b, const PlanOptions& o) {
-                                return plan_builtin(sim, n, b, o);
-                              }});
+      reg.planners.push_back(
+          {n, help, [n](const Simulator& sim, const Budget& b, const PlanOptions& o) {
+             return plan_builtin(sim, n, b, o);
+           }});
     }
     reg.builtin = reg.planners.size();
     return reg;
@@ -707,11 +732,15 @@ std::vector<std::string> policy_names() {
 }
 
 void register_planner(PlannerInfo info) {
-  REGEN_CHECK(!info.name.empty() && std::all_of(info.name.begin(), info.name.end(), [](char c) {
-                return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_';
-              }),
-              "register_planner: the name '", info.name, "' must be letters, digits, '-' and '_'");
-  REGEN_CHECK(static_cast<bool>(info.plan), "register_planner: planner '", info.name, "' has no function");
+  REGEN_CHECK(
+      !info.name.empty() && std::all_of(info.name.begin(), info.name.end(),
+                                        [](char c) {
+                                          return std::isalnum(static_cast<unsigned char>(c)) ||
+                                                 c == '-' || c == '_';
+                                        }),
+      "register_planner: the name '", info.name, "' must be letters, digits, '-' and '_'");
+  REGEN_CHECK(static_cast<bool>(info.plan), "register_planner: planner '", info.name,
+              "' has no function");
   for (const PlannerInfo& p : planners().planners) {
     REGEN_CHECK(p.name != info.name, "register_planner: a planner named '", info.name,
                 "' is registered already");
@@ -749,7 +778,9 @@ void judge_against_budget(const Simulator& sim, Plan& plan, bool planned_layout)
   plan.predicted = std::move(f.result);
   plan.layout = std::move(f.layout);
   plan.feasible = f.fits;  // fit_schedule: everything fits without a budget
-  plan.limit = plan.feasible && plan.budget_of == BudgetOf::reserved ? limit_for(plan.predicted, plan.budget_bytes) : 0;
+  plan.limit = plan.feasible && plan.budget_of == BudgetOf::reserved
+                   ? limit_for(plan.predicted, plan.budget_bytes)
+                   : 0;
 }
 
 }  // namespace
@@ -759,7 +790,8 @@ int64_t no_remat_peak_of(const Simulator& sim, BudgetOf of) {
   return peak_of(sim.run(build_schedule(p, Decisions(p.saved.size(), Decision::retain))), of);
 }
 
-Plan finish_plan(const Simulator& sim, Plan draft, const Budget& budget, const PlanOptions& options) {
+Plan finish_plan(const Simulator& sim, Plan draft, const Budget& budget,
+                 const PlanOptions& options) {
   check_plan_decisions(draft, sim.profile());
   Plan plan = std::move(draft);
   plan.budget_text = budget.str();
@@ -796,13 +828,17 @@ Plan make_plan(const Simulator& sim, const std::string& policy, const Budget& bu
     plan.note = "budget " + format_bytes(plan.budget_bytes) + " (" + budget_of_name(of) +
                 ") cannot be met by " + policy + ": lowest " + budget_of_name(of) +
                 " peak reached " + format_bytes(plan.lowest_peak) + ", lower bound " +
-                format_bytes(plan.lower_bound) + " allocated (persistent memory, the batch and the "
-                "largest single-op working set)" + (own.empty() ? "" : "; " + own);
+                format_bytes(plan.lower_bound) +
+                " allocated (persistent memory, the batch and the "
+                "largest single-op working set)" +
+                (own.empty() ? "" : "; " + own);
   }
   const std::string blockers = recompute_blockers(sim.profile());
-  if (!blockers.empty() && policy != "none") plan.note += (plan.note.empty() ? "" : "; ") + blockers;
+  if (!blockers.empty() && policy != "none")
+    plan.note += (plan.note.empty() ? "" : "; ") + blockers;
   plan.planned_layout = options.planned_layout;
-  REGEN_CHECK(!plan.planned_layout || plan.layout, "planner '", policy, "' was asked for a planned "
+  REGEN_CHECK(!plan.planned_layout || plan.layout, "planner '", policy,
+              "' was asked for a planned "
               "layout and returned none (finish_plan plans one)");
   plan.planning_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();

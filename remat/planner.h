@@ -100,13 +100,13 @@ struct Plan {
   std::vector<Decision> decisions;
   bool keep_chain = true;
   std::vector<Regeneration> regenerations;  // explicit ones (schedule.h); most planners have none
-  bool feasible = true;      // fits the budget (always true without a budget)
-  SimResult predicted;       // exact simulation of this plan (under `limit`)
-  int64_t no_remat_peak = 0;  // of the budget's kind, as the peaks below
-  int64_t lowest_peak = 0;   // lowest peak any plan the planner tried reached
-  int64_t lower_bound = 0;   // persistent memory + the largest single-op working set
+  bool feasible = true;                     // fits the budget (always true without a budget)
+  SimResult predicted;                      // exact simulation of this plan (under `limit`)
+  int64_t no_remat_peak = 0;                // of the budget's kind, as the peaks below
+  int64_t lowest_peak = 0;                  // lowest peak any plan the planner tried reached
+  int64_t lower_bound = 0;                  // persistent memory + the largest single-op working set
   double planning_ms = 0;
-  std::string note;          // why infeasible, or what was chosen
+  std::string note;  // why infeasible, or what was chosen
   int64_t recomputed() const;
   int64_t recomputed_bytes(const Profile& p) const;
 };
@@ -186,7 +186,8 @@ std::string planner_help();
 // budget: the budget fields, the exact prediction (under the limit a reserved budget sets), the
 // planned layout with options.planned_layout, feasibility, the no-remat and lowest peaks and the
 // lower bound. Throws regen::Error when the decisions are not one per saved tensor.
-Plan finish_plan(const Simulator& sim, Plan draft, const Budget& budget, const PlanOptions& options);
+Plan finish_plan(const Simulator& sim, Plan draft, const Budget& budget,
+                 const PlanOptions& options);
 
 // Throws regen::Error listing the policies for an unknown name.
 Plan make_plan(const Simulator& sim, const std::string& policy, const Budget& budget,

@@ -16,16 +16,26 @@ using nlohmann::json;
 
 const char* marker_name(MarkerKind k) {
   switch (k) {
-    case MarkerKind::iteration_begin: return "iteration_begin";
-    case MarkerKind::fwd_begin: return "fwd_begin";
-    case MarkerKind::fwd_end: return "fwd_end";
-    case MarkerKind::backward_start: return "backward_start";
-    case MarkerKind::bwd_begin: return "bwd_begin";
-    case MarkerKind::bwd_end: return "bwd_end";
-    case MarkerKind::backward_finish: return "backward_finish";
-    case MarkerKind::optimizer_begin: return "optimizer_begin";
-    case MarkerKind::optimizer_end: return "optimizer_end";
-    case MarkerKind::iteration_end: return "iteration_end";
+    case MarkerKind::iteration_begin:
+      return "iteration_begin";
+    case MarkerKind::fwd_begin:
+      return "fwd_begin";
+    case MarkerKind::fwd_end:
+      return "fwd_end";
+    case MarkerKind::backward_start:
+      return "backward_start";
+    case MarkerKind::bwd_begin:
+      return "bwd_begin";
+    case MarkerKind::bwd_end:
+      return "bwd_end";
+    case MarkerKind::backward_finish:
+      return "backward_finish";
+    case MarkerKind::optimizer_begin:
+      return "optimizer_begin";
+    case MarkerKind::optimizer_end:
+      return "optimizer_end";
+    case MarkerKind::iteration_end:
+      return "iteration_end";
   }
   return "?";
 }
@@ -105,34 +115,55 @@ std::string profile_to_json(const Profile& p) {
                    {"optimizer_ms", p.optimizer_ms}};
   json nodes = json::array();
   for (const ProfileNode& n : p.nodes) {
-    nodes.push_back({{"index", n.index}, {"op", n.op}, {"name", n.name}, {"scope", n.scope},
-                     {"block", n.block}, {"is_view", n.is_view},
-                     {"visible_outputs", n.num_visible_outputs}, {"inputs", n.inputs},
-                     {"outputs", n.outputs}, {"saved", n.saved}, {"fwd_ms", n.fwd_ms},
+    nodes.push_back({{"index", n.index},
+                     {"op", n.op},
+                     {"name", n.name},
+                     {"scope", n.scope},
+                     {"block", n.block},
+                     {"is_view", n.is_view},
+                     {"visible_outputs", n.num_visible_outputs},
+                     {"inputs", n.inputs},
+                     {"outputs", n.outputs},
+                     {"saved", n.saved},
+                     {"fwd_ms", n.fwd_ms},
                      {"bwd_ms", n.bwd_ms},
                      // Derived (recomputed from the event log on load; here for readers).
-                     {"bwd_rank", n.bwd_rank}, {"fwd_alloc_bytes", n.fwd_alloc_bytes},
-                     {"fwd_free_bytes", n.fwd_free_bytes}, {"bwd_alloc_bytes", n.bwd_alloc_bytes},
+                     {"bwd_rank", n.bwd_rank},
+                     {"fwd_alloc_bytes", n.fwd_alloc_bytes},
+                     {"fwd_free_bytes", n.fwd_free_bytes},
+                     {"bwd_alloc_bytes", n.bwd_alloc_bytes},
                      {"bwd_free_bytes", n.bwd_free_bytes}});
   }
   j["nodes"] = std::move(nodes);
   json values = json::array();
   for (const ProfileValue& v : p.values) {
-    values.push_back({{"id", v.id}, {"producer", v.producer}, {"slot", v.slot}, {"root", v.root},
-                      {"shape", v.shape}, {"dtype", dtype_name(v.dtype)}, {"bytes", v.bytes},
-                      {"leaf", v.leaf}, {"available", v.available}, {"alloc_id", v.alloc_id}});
+    values.push_back({{"id", v.id},
+                      {"producer", v.producer},
+                      {"slot", v.slot},
+                      {"root", v.root},
+                      {"shape", v.shape},
+                      {"dtype", dtype_name(v.dtype)},
+                      {"bytes", v.bytes},
+                      {"leaf", v.leaf},
+                      {"available", v.available},
+                      {"alloc_id", v.alloc_id}});
   }
   j["values"] = std::move(values);
   json saved = json::array();
   for (const ProfileSaved& s : p.saved) {
-    saved.push_back({{"value", s.value}, {"bytes", s.bytes},
+    saved.push_back({{"value", s.value},
+                     {"bytes", s.bytes},
                      {"category", category_name(s.category)},
                      // Derived (recomputed on load; here for readers): the lifetime in forward
                      // node indices (creation rank = producer) and backward-order positions.
-                     {"name", s.name}, {"creation_rank", s.producer},
-                     {"last_fwd_use", s.last_fwd_use}, {"first_bw_rank", s.first_bw_rank},
-                     {"last_bw_rank", s.last_bw_rank}, {"readers", s.readers},
-                     {"candidate", s.candidate}, {"recompute_ms", s.recompute_ms}});
+                     {"name", s.name},
+                     {"creation_rank", s.producer},
+                     {"last_fwd_use", s.last_fwd_use},
+                     {"first_bw_rank", s.first_bw_rank},
+                     {"last_bw_rank", s.last_bw_rank},
+                     {"readers", s.readers},
+                     {"candidate", s.candidate},
+                     {"recompute_ms", s.recompute_ms}});
   }
   j["saved"] = std::move(saved);
   j["backward_order"] = p.backward_order;
@@ -144,8 +175,11 @@ std::string profile_to_json(const Profile& p) {
       blocks.push_back({b.offset, b.size, b.requested, b.allocated, category_name(b.category),
                         tag_name(b.tag), b.id});
     }
-    segs.push_back({{"id", s.id}, {"size", s.size}, {"small", s.small},
-                    {"category", category_name(s.category)}, {"blocks", std::move(blocks)}});
+    segs.push_back({{"id", s.id},
+                    {"size", s.size},
+                    {"small", s.small},
+                    {"category", category_name(s.category)},
+                    {"blocks", std::move(blocks)}});
   }
   j["start_state"] = {{"next_segment_id", p.start_state.next_segment_id},
                       {"next_alloc_id", p.start_state.next_alloc_id},
@@ -283,8 +317,7 @@ Profile parse_profile_json(const std::string& text, const std::string& origin) {
       p.events.push_back(std::move(ev));
     }
     for (const json& mk : j.at("markers")) {
-      REGEN_CHECK(mk.is_array() && mk.size() == 4, origin, ": malformed marker ",
-                  p.markers.size());
+      REGEN_CHECK(mk.is_array() && mk.size() == 4, origin, ": malformed marker ", p.markers.size());
       Marker marker;
       marker.kind = parse_marker(mk[0].get<std::string>(), origin);
       marker.node = mk[1].get<int32_t>();
@@ -332,8 +365,8 @@ void validate_profile(const Profile& p, const std::string& origin) {
       REGEN_CHECK(numel <= (uint64_t{1} << 44), origin, ": value ", i, " has shape ", sh(v.shape),
                   " (more than 2^44 elements)");
     }
-    REGEN_CHECK(numel * dtype_size(v.dtype) == v.bytes,
-                origin, ": value ", i, " has ", v.bytes, " bytes for shape ", sh(v.shape));
+    REGEN_CHECK(numel * dtype_size(v.dtype) == v.bytes, origin, ": value ", i, " has ", v.bytes,
+                " bytes for shape ", sh(v.shape));
   }
   for (int32_t i = 0; i < nn; ++i) {
     const ProfileNode& n = p.nodes[static_cast<size_t>(i)];
@@ -342,14 +375,15 @@ void validate_profile(const Profile& p, const std::string& origin) {
       REGEN_CHECK(v == -1 || value_ok(v), origin, ": node ", i, " input ", v, " out of range");
     }
     for (int64_t v : n.outputs) {
-      REGEN_CHECK(value_ok(v) && p.values[static_cast<size_t>(v)].producer == i, origin,
-                  ": node ", i, " output ", v, " is not produced by it");
+      REGEN_CHECK(value_ok(v) && p.values[static_cast<size_t>(v)].producer == i, origin, ": node ",
+                  i, " output ", v, " is not produced by it");
     }
     for (int64_t v : n.saved) REGEN_CHECK(value_ok(v), origin, ": node ", i, " saves ", v, "?");
-    REGEN_CHECK(n.num_visible_outputs >= 0 && n.num_visible_outputs <= static_cast<int>(n.outputs.size()),
-                origin, ": node ", i, " has ", n.num_visible_outputs, " visible outputs");
-    REGEN_CHECK(n.block >= -1 && n.block < static_cast<int32_t>(p.blocks.size()), origin,
-                ": node ", i, " is in block ", n.block, " of ", p.blocks.size());
+    REGEN_CHECK(
+        n.num_visible_outputs >= 0 && n.num_visible_outputs <= static_cast<int>(n.outputs.size()),
+        origin, ": node ", i, " has ", n.num_visible_outputs, " visible outputs");
+    REGEN_CHECK(n.block >= -1 && n.block < static_cast<int32_t>(p.blocks.size()), origin, ": node ",
+                i, " is in block ", n.block, " of ", p.blocks.size());
   }
   std::vector<int64_t> saved_as(p.values.size(), -1);
   for (size_t s = 0; s < p.saved.size(); ++s) {
@@ -361,16 +395,16 @@ void validate_profile(const Profile& p, const std::string& origin) {
     REGEN_CHECK(first < 0, origin, ": saved tensors ", first, " and ", s, " both name value ",
                 sv.value, " (each storage is saved once)");
     first = static_cast<int64_t>(s);
-    REGEN_CHECK(sv.bytes == p.values[static_cast<size_t>(sv.value)].bytes, origin, ": saved tensor ",
-                s, " has ", sv.bytes, " bytes but its value ", sv.value, " has ",
+    REGEN_CHECK(sv.bytes == p.values[static_cast<size_t>(sv.value)].bytes, origin,
+                ": saved tensor ", s, " has ", sv.bytes, " bytes but its value ", sv.value, " has ",
                 p.values[static_cast<size_t>(sv.value)].bytes);
   }
   // What a node saves for backward is a saved tensor's storage (the schedule looks each one up).
   for (int32_t i = 0; i < nn; ++i) {
     for (int64_t v : p.nodes[static_cast<size_t>(i)].saved) {
       const int64_t root = p.values[static_cast<size_t>(v)].root;
-      REGEN_CHECK(saved_as[static_cast<size_t>(root)] >= 0, origin, ": node ", i, " saves value ", v,
-                  ", whose storage (value ", root, ") no saved tensor names");
+      REGEN_CHECK(saved_as[static_cast<size_t>(root)] >= 0, origin, ": node ", i, " saves value ",
+                  v, ", whose storage (value ", root, ") no saved tensor names");
     }
   }
   std::vector<char> in_backward(static_cast<size_t>(nn), 0);
@@ -400,8 +434,8 @@ void validate_profile(const Profile& p, const std::string& origin) {
   }
   auto time_ok = [](double t) { return std::isfinite(t) && t >= 0; };
   for (const ProfileNode& n : p.nodes) {
-    REGEN_CHECK(time_ok(n.fwd_ms) && time_ok(n.bwd_ms), origin, ": node ", n.index,
-                " has times ", n.fwd_ms, " / ", n.bwd_ms, " ms (must be finite and >= 0)");
+    REGEN_CHECK(time_ok(n.fwd_ms) && time_ok(n.bwd_ms), origin, ": node ", n.index, " has times ",
+                n.fwd_ms, " / ", n.bwd_ms, " ms (must be finite and >= 0)");
   }
   for (double t : {p.iteration_ms, p.forward_ms, p.backward_ms, p.optimizer_ms}) {
     REGEN_CHECK(time_ok(t), origin, ": measured times must be finite and >= 0, got ", t, " ms");
@@ -419,12 +453,12 @@ void validate_profile(const Profile& p, const std::string& origin) {
     uint64_t expect = 0;
     for (const BlockInfo& b : seg.blocks) {
       REGEN_CHECK(b.offset == expect && b.size > 0 && b.requested <= b.size, origin,
-                  ": start_state segment ", seg.id, " has a block at offset ", b.offset,
-                  " of ", b.size, " bytes where one at ", expect, " was expected");
+                  ": start_state segment ", seg.id, " has a block at offset ", b.offset, " of ",
+                  b.size, " bytes where one at ", expect, " was expected");
       expect += b.size;
     }
-    REGEN_CHECK(seg.id > 0 && expect == seg.size, origin, ": start_state segment ", seg.id,
-                " of ", seg.size, " bytes is tiled by ", expect, " bytes of blocks");
+    REGEN_CHECK(seg.id > 0 && expect == seg.size, origin, ": start_state segment ", seg.id, " of ",
+                seg.size, " bytes is tiled by ", expect, " bytes of blocks");
   }
   uint64_t last = 0;
   for (size_t m = 0; m < p.markers.size(); ++m) {
@@ -501,10 +535,12 @@ std::string recompute_blockers(const Profile& p) {
   for (const ProfileSaved& s : p.saved) {
     const ProfileValue& root = p.values[static_cast<size_t>(s.value)];
     const int64_t b = blocker[static_cast<size_t>(root.id)];
-    if (root.leaf || b < 0 || s.bytes == 0 || s.first_bw_rank < 0 || s.last_fwd_use >= last_forward) {
+    if (root.leaf || b < 0 || s.bytes == 0 || s.first_bw_rank < 0 ||
+        s.last_fwd_use >= last_forward) {
       continue;
     }
-    auto it = std::find_if(by_leaf.begin(), by_leaf.end(), [&](const auto& e) { return e.first == b; });
+    auto it =
+        std::find_if(by_leaf.begin(), by_leaf.end(), [&](const auto& e) { return e.first == b; });
     if (it == by_leaf.end()) it = by_leaf.insert(by_leaf.end(), {b, {0, 0}});
     it->second.first += 1;
     it->second.second += s.bytes;
@@ -512,13 +548,17 @@ std::string recompute_blockers(const Profile& p) {
   std::string out;
   for (const auto& [leaf, tally] : by_leaf) {
     const ProfileValue& v = p.values[static_cast<size_t>(leaf)];
-    const std::string reader = v.consumers.empty() ? std::string("no op")
-                                                   : p.nodes[static_cast<size_t>(v.consumers.front())].name;
+    const std::string reader = v.consumers.empty()
+                                   ? std::string("no op")
+                                   : p.nodes[static_cast<size_t>(v.consumers.front())].name;
     out += (out.empty() ? "" : "; ") + std::to_string(tally.first) + " saved tensor(s) (" +
-           format_bytes(static_cast<int64_t>(tally.second)) + ") cannot be recomputed: they depend on a " +
-           shape_str(v.shape) + " leaf read by " + reader + " that is freed before backward (a tensor made "
+           format_bytes(static_cast<int64_t>(tally.second)) +
+           ") cannot be recomputed: they depend on a " + shape_str(v.shape) + " leaf read by " +
+           reader +
+           " that is freed before backward (a tensor made "
            "in forward without a gradient, over " +
-           format_bytes(static_cast<int64_t>(Value::kHeldLeafBytes)) + ", which the tape does not "
+           format_bytes(static_cast<int64_t>(Value::kHeldLeafBytes)) +
+           ", which the tape does not "
            "hold); make it once outside forward, or keep a reference to it until backward";
   }
   return out;
@@ -566,7 +606,8 @@ void finalize_profile(Profile& p) {
       ProfileSaved& sv = p.saved[static_cast<size_t>(s)];
       if (sv.readers.empty() || sv.readers.back() != n.index) sv.readers.push_back(n.index);
       if (n.bwd_rank >= 0) {
-        sv.first_bw_rank = sv.first_bw_rank < 0 ? n.bwd_rank : std::min(sv.first_bw_rank, n.bwd_rank);
+        sv.first_bw_rank =
+            sv.first_bw_rank < 0 ? n.bwd_rank : std::min(sv.first_bw_rank, n.bwd_rank);
         sv.last_bw_rank = std::max(sv.last_bw_rank, n.bwd_rank);
       }
     }
@@ -581,14 +622,14 @@ void finalize_profile(Profile& p) {
       continue;
     }
     for (int64_t in : p.nodes[static_cast<size_t>(v.producer)].inputs) {
-      if (in >= 0 && !replayable[static_cast<size_t>(in)]) replayable[static_cast<size_t>(v.id)] = 0;
+      if (in >= 0 && !replayable[static_cast<size_t>(in)])
+        replayable[static_cast<size_t>(v.id)] = 0;
     }
   }
   for (ProfileSaved& s : p.saved) {
     const ProfileValue& root = p.values[static_cast<size_t>(s.value)];
     s.candidate = !root.leaf && replayable[static_cast<size_t>(root.id)] && root.alloc_id != 0 &&
-                  s.bytes > 0 && s.first_bw_rank >= 0 &&
-                  s.last_fwd_use < last_forward;
+                  s.bytes > 0 && s.first_bw_rank >= 0 && s.last_fwd_use < last_forward;
   }
   for (ProfileSaved& s : p.saved) {
     s.recompute_ms = s.candidate ? standalone_recompute_ms(p, s.index) : 0.0;
@@ -613,6 +654,5 @@ void finalize_profile(Profile& p) {
 void save_profile(const Profile& p, const std::string& path) {
   write_file_atomic(path, profile_to_json(p));
 }
-
 
 }  // namespace regen

@@ -16,11 +16,11 @@ namespace regen {
 
 struct ProfileNode {
   int32_t index = -1;
-  std::string op;         // op name (op_name(kind))
+  std::string op;  // op name (op_name(kind))
   OpKind kind = OpKind::count_;
-  std::string name;       // allocation tag: "<module path>/<op>#<index>"
-  std::string scope;      // module path
-  int32_t block = -1;     // enclosing block index, -1 if none
+  std::string name;    // allocation tag: "<module path>/<op>#<index>"
+  std::string scope;   // module path
+  int32_t block = -1;  // enclosing block index, -1 if none
   bool is_view = false;
   int num_visible_outputs = 0;
   std::vector<int64_t> inputs, outputs, saved;  // value ids
@@ -50,13 +50,13 @@ struct ProfileSaved {
   int32_t producer = -1;
   uint64_t bytes = 0;  // storage bytes
   Category category = Category::other;
-  std::vector<int32_t> readers;    // nodes whose backward reads it (forward order)
-  int32_t last_fwd_use = -1;       // last forward node reading it (or its producer)
+  std::vector<int32_t> readers;                   // nodes whose backward reads it (forward order)
+  int32_t last_fwd_use = -1;                      // last forward node reading it (or its producer)
   int32_t first_bw_rank = -1, last_bw_rank = -1;  // positions in the backward order (-1: unused)
-  double recompute_ms = 0;         // replaying its producers from retained tensors
-  bool candidate = false;          // may be evicted and recomputed (also: every leaf its
-                                   // regeneration could reach is available)
-  std::string name;                // "<producer tag>:<slot>"
+  double recompute_ms = 0;                        // replaying its producers from retained tensors
+  bool candidate = false;  // may be evicted and recomputed (also: every leaf its
+                           // regeneration could reach is available)
+  std::string name;        // "<producer tag>:<slot>"
 };
 
 enum class MarkerKind : uint8_t {

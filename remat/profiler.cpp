@@ -1,10 +1,10 @@
 // The profiler (profiler.h).
 #include "regen/remat/profiler.h"
 
+#include <omp.h>
 #include <algorithm>
 #include <chrono>
 #include <ctime>
-#include <omp.h>
 
 #include "regen/core/numeric.h"
 #include "regen/kernels/kernels.h"
@@ -51,7 +51,8 @@ class Recorder final : public TapeHooks, public StepObserver {
     const Node& n = tape.node(node);
     for (size_t k = 0; k < outputs.size(); ++k) {
       const auto& storage = outputs[k].impl()->storage;
-      alloc_ids_.resize(std::max<size_t>(alloc_ids_.size(), static_cast<size_t>(n.outputs[k]) + 1), 0);
+      alloc_ids_.resize(std::max<size_t>(alloc_ids_.size(), static_cast<size_t>(n.outputs[k]) + 1),
+                        0);
       alloc_ids_[static_cast<size_t>(n.outputs[k])] = storage ? storage->alloc_id() : 0;
     }
   }
@@ -88,7 +89,8 @@ class Recorder final : public TapeHooks, public StepObserver {
     m.kind = kind;
     m.node = node;
     m.position = alloc_ ? alloc_->event_count() : 0;
-    m.time_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0_).count();
+    m.time_ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0_).count();
     markers_.push_back(m);
   }
 
@@ -137,13 +139,15 @@ Profile profile_training(Trainer& trainer, const ProfileOptions& options) {
   // Every instrumented iteration must make the same requests: the models are static.
   for (size_t i = 1; i < runs.size(); ++i) {
     const Recorder& r = runs[i];
-    bool same = r.events_.size() == first.events_.size() && r.markers_.size() == first.markers_.size();
+    bool same =
+        r.events_.size() == first.events_.size() && r.markers_.size() == first.markers_.size();
     for (size_t e = 0; same && e < r.events_.size(); ++e) {
       same = r.events_[e].kind == first.events_[e].kind &&
              r.events_[e].bytes == first.events_[e].bytes &&
              r.events_[e].requested == first.events_[e].requested;
     }
-    REGEN_CHECK(same, "profile: iteration ", i + 1, " made different allocations than iteration 1: ",
+    REGEN_CHECK(same, "profile: iteration ", i + 1,
+                " made different allocations than iteration 1: ",
                 "the model is not static (data-dependent shapes?) and cannot be planned");
   }
 

@@ -13,7 +13,9 @@ std::string fmt(const char* f, double v) {
   std::snprintf(buf, sizeof buf, f, v);
   return buf;
 }
-std::string mib(int64_t b) { return fmt("%.2f", static_cast<double>(b) / (1 << 20)); }
+std::string mib(int64_t b) {
+  return fmt("%.2f", static_cast<double>(b) / (1 << 20));
+}
 std::string pad(const std::string& s, size_t w, bool right = false) {
   if (s.size() >= w) return s;
   return right ? std::string(w - s.size(), ' ') + s : s + std::string(w - s.size(), ' ');
@@ -39,9 +41,8 @@ bool is_activation(const Profile& p, const ProfileSaved& s) {
 
 std::string profile_table(const Profile& p, bool full) {
   std::ostringstream os;
-  os << "Profile of " << p.model << ", batch " << p.batch << " on " << p.device << " ("
-     << p.threads << " threads), " << p.date << "; times are medians of " << p.iterations
-     << " iterations\n";
+  os << "Profile of " << p.model << ", batch " << p.batch << " on " << p.device << " (" << p.threads
+     << " threads), " << p.date << "; times are medians of " << p.iterations << " iterations\n";
   os << "Iteration " << fmt("%.1f", p.iteration_ms) << " ms: forward " << fmt("%.1f", p.forward_ms)
      << " ms, backward " << fmt("%.1f", p.backward_ms) << " ms, optimizer "
      << fmt("%.1f", p.optimizer_ms) << " ms; " << p.nodes.size() << " ops, "
@@ -51,8 +52,9 @@ std::string profile_table(const Profile& p, bool full) {
   os << "\nMemory by category (MiB)      at iteration start    at the peak\n";
   for (int i = 0; i < kNumCategories; ++i) {
     if (!p.persistent_by[i] && !p.allocated_by_at_peak[i]) continue;
-    os << "  " << pad(category_name(static_cast<Category>(i)), 26) << pad(mib(p.persistent_by[i]), 12, true)
-       << pad(mib(p.allocated_by_at_peak[i]), 15, true) << "\n";
+    os << "  " << pad(category_name(static_cast<Category>(i)), 26)
+       << pad(mib(p.persistent_by[i]), 12, true) << pad(mib(p.allocated_by_at_peak[i]), 15, true)
+       << "\n";
   }
   // What is live at the peak, from an exact replay of the iteration.
   {
@@ -64,8 +66,8 @@ std::string profile_table(const Profile& p, bool full) {
        << (r.peak_at.empty() ? std::string("the start") : r.peak_at) << "), largest blocks:\n";
     os << "  " << pad("allocation tag", 56) << pad("category", 17) << pad("MiB", 10, true) << "\n";
     for (const LiveBlockRec& b : r.live_at_peak) {
-      os << "  " << pad(b.tag.empty() ? "(untagged)" : b.tag, 56) << pad(category_name(b.category), 17)
-         << pad(mib(b.bytes), 10, true) << "\n";
+      os << "  " << pad(b.tag.empty() ? "(untagged)" : b.tag, 56)
+         << pad(category_name(b.category), 17) << pad(mib(b.bytes), 10, true) << "\n";
     }
   }
   // Saved tensors: activations and their lifetimes.
@@ -129,9 +131,12 @@ std::string profile_trace(const Profile& p) {
   os << "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":1,\"args\":{\"name\":"
      << json_str("regen " + p.model + " batch " + std::to_string(p.batch) + " on " + p.device)
      << "}},\n";
-  os << "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":1,\"tid\":1,\"args\":{\"name\":\"forward\"}},\n";
-  os << "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":1,\"tid\":2,\"args\":{\"name\":\"backward\"}},\n";
-  os << "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":1,\"tid\":3,\"args\":{\"name\":\"optimizer\"}}";
+  os << "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":1,\"tid\":1,\"args\":{\"name\":\"forward\"}"
+        "},\n";
+  os << "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":1,\"tid\":2,\"args\":{\"name\":"
+        "\"backward\"}},\n";
+  os << "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":1,\"tid\":3,\"args\":{\"name\":"
+        "\"optimizer\"}}";
   std::vector<double> fb(p.nodes.size(), 0), bb(p.nodes.size(), 0);
   double ob = 0;
   for (const Marker& m : p.markers) {
@@ -143,9 +148,9 @@ std::string profile_trace(const Profile& p) {
       const ProfileNode& n = p.nodes[static_cast<size_t>(m.node)];
       const bool fwd = m.kind == MarkerKind::fwd_end;
       const double start = fwd ? fb[static_cast<size_t>(m.node)] : bb[static_cast<size_t>(m.node)];
-      os << ",\n{\"name\":" << json_str(n.op + (fwd ? "" : " backward")) << ",\"cat\":"
-         << json_str(fwd ? "forward" : "backward") << ",\"ph\":\"X\",\"pid\":1,\"tid\":"
-         << (fwd ? 1 : 2) << ",\"ts\":" << fmt("%.3f", start)
+      os << ",\n{\"name\":" << json_str(n.op + (fwd ? "" : " backward"))
+         << ",\"cat\":" << json_str(fwd ? "forward" : "backward")
+         << ",\"ph\":\"X\",\"pid\":1,\"tid\":" << (fwd ? 1 : 2) << ",\"ts\":" << fmt("%.3f", start)
          << ",\"dur\":" << fmt("%.3f", us - start) << ",\"args\":{\"node\":" << n.index
          << ",\"name\":" << json_str(n.name) << "}}";
     }
@@ -156,14 +161,23 @@ std::string profile_trace(const Profile& p) {
   }
   std::array<int64_t, kNumCategories> by = p.persistent_by;
   int64_t reserved = 0;
-  for (const AllocatorState::SegmentRec& s : p.start_state.segments) reserved += static_cast<int64_t>(s.size);
+  for (const AllocatorState::SegmentRec& s : p.start_state.segments)
+    reserved += static_cast<int64_t>(s.size);
   for (const ProfileEvent& e : p.events) {
     const int ci = static_cast<int>(e.category);
     switch (e.kind) {
-      case MemoryEventKind::alloc: by[ci] += e.bytes; break;
-      case MemoryEventKind::free: by[ci] -= e.bytes; break;
-      case MemoryEventKind::segment_map: reserved += e.bytes; break;
-      case MemoryEventKind::segment_unmap: reserved -= e.bytes; break;
+      case MemoryEventKind::alloc:
+        by[ci] += e.bytes;
+        break;
+      case MemoryEventKind::free:
+        by[ci] -= e.bytes;
+        break;
+      case MemoryEventKind::segment_map:
+        reserved += e.bytes;
+        break;
+      case MemoryEventKind::segment_unmap:
+        reserved -= e.bytes;
+        break;
     }
     os << ",\n{\"name\":\"allocated by category\",\"ph\":\"C\",\"pid\":1,\"ts\":"
        << fmt("%.3f", e.time_ms * 1000.0) << ",\"args\":{";
@@ -192,12 +206,22 @@ std::string decisions_csv(const Profile& p, const Plan& plan) {
 }
 
 std::string summary_table(const std::string& title, const std::vector<SweepRow>& rows) {
-  const std::vector<std::string> head = {
-      "Batch Size", "Initial Peak Memory (GB)", "Final Peak Memory (GB)", "Memory Reduction (GB)",
-      "Memory Reduction (%)", "Initial Execution Time (s)", "Final Execution Time (s)",
-      "Execution Time Overhead (s)", "Execution Time Overhead (%)", "Recomputation Time (s)",
-      "Retained Activations", "Retained Activations (%)", "Recomputed Activations",
-      "Recomputed Activations (%)", "Retained Memory (GB)", "Saved Memory (GB)"};
+  const std::vector<std::string> head = {"Batch Size",
+                                         "Initial Peak Memory (GB)",
+                                         "Final Peak Memory (GB)",
+                                         "Memory Reduction (GB)",
+                                         "Memory Reduction (%)",
+                                         "Initial Execution Time (s)",
+                                         "Final Execution Time (s)",
+                                         "Execution Time Overhead (s)",
+                                         "Execution Time Overhead (%)",
+                                         "Recomputation Time (s)",
+                                         "Retained Activations",
+                                         "Retained Activations (%)",
+                                         "Recomputed Activations",
+                                         "Recomputed Activations (%)",
+                                         "Retained Memory (GB)",
+                                         "Saved Memory (GB)"};
   std::vector<std::vector<std::string>> cells;
   for (const SweepRow& r : rows) {
     const double red = r.initial_peak_gb - r.final_peak_gb;
@@ -248,9 +272,9 @@ std::string summary_csv(const std::vector<SweepRow>& rows) {
        << (r.feasible ? "yes" : "no") << "," << fmt("%.6f", r.initial_peak_gb) << ","
        << fmt("%.6f", r.final_peak_gb) << "," << fmt("%.6f", r.predicted_peak_gb) << ","
        << fmt("%.6f", r.initial_time_s) << "," << fmt("%.6f", r.final_time_s) << ","
-       << fmt("%.6f", r.predicted_time_s) << "," << fmt("%.6f", r.recompute_s) << ","
-       << r.retained << "," << r.recomputed << "," << fmt("%.6f", r.retained_gb) << ","
-       << fmt("%.6f", r.saved_gb) << "," << r.budget_of << "," << fmt("%.6f", r.limit_gb) << ","
+       << fmt("%.6f", r.predicted_time_s) << "," << fmt("%.6f", r.recompute_s) << "," << r.retained
+       << "," << r.recomputed << "," << fmt("%.6f", r.retained_gb) << "," << fmt("%.6f", r.saved_gb)
+       << "," << r.budget_of << "," << fmt("%.6f", r.limit_gb) << ","
        << fmt("%.6f", r.initial_reserved_gb) << "," << fmt("%.6f", r.final_reserved_gb) << ","
        << fmt("%.6f", r.predicted_reserved_gb) << "\n";
   }

@@ -25,11 +25,11 @@ std::string decisions_csv(const Profile& p, const Plan& plan);
 // One row of the seed summary tables.
 struct SweepRow {
   int64_t batch = 0;
-  double initial_peak_gb = 0, final_peak_gb = 0;   // measured, allocated
-  double initial_time_s = 0, final_time_s = 0;     // measured medians
-  double recompute_s = 0;                          // measured regeneration time per iteration
-  int64_t retained = 0, recomputed = 0;            // activations
-  double retained_gb = 0, saved_gb = 0;            // bytes of retained / recomputed activations
+  double initial_peak_gb = 0, final_peak_gb = 0;  // measured, allocated
+  double initial_time_s = 0, final_time_s = 0;    // measured medians
+  double recompute_s = 0;                         // measured regeneration time per iteration
+  int64_t retained = 0, recomputed = 0;           // activations
+  double retained_gb = 0, saved_gb = 0;           // bytes of retained / recomputed activations
   // Extra columns (CSV): predictions and feasibility.
   double predicted_peak_gb = 0, predicted_time_s = 0, budget_gb = 0;
   // Reserved bytes (what the device sees), measured and predicted, and the allocator's limit the

@@ -9,7 +9,9 @@
 
 namespace regen {
 
-const char* decision_name(Decision d) { return d == Decision::retain ? "RETAINED" : "RECOMPUTE"; }
+const char* decision_name(Decision d) {
+  return d == Decision::retain ? "RETAINED" : "RECOMPUTE";
+}
 
 namespace {
 
@@ -75,8 +77,8 @@ std::vector<int32_t> regeneration_nodes(const Profile& p, const std::vector<char
   return nodes;
 }
 
-Schedule build_schedule(const Profile& p, const std::vector<Decision>& decisions,
-                        bool keep_chain, const std::vector<Regeneration>& regenerations) {
+Schedule build_schedule(const Profile& p, const std::vector<Decision>& decisions, bool keep_chain,
+                        const std::vector<Regeneration>& regenerations) {
   const size_t ns = p.saved.size();
   REGEN_CHECK(decisions.size() == ns, "schedule: ", decisions.size(), " decisions for ", ns,
               " saved tensors");
@@ -109,8 +111,8 @@ Schedule build_schedule(const Profile& p, const std::vector<Decision>& decisions
                 "schedule: a regeneration names node ", r.node,
                 ", which is not a node that backward runs");
     for (int32_t s : r.saved) {
-      REGEN_CHECK(s >= 0 && static_cast<size_t>(s) < ns && decisions[static_cast<size_t>(s)] ==
-                                                               Decision::recompute,
+      REGEN_CHECK(s >= 0 && static_cast<size_t>(s) < ns &&
+                      decisions[static_cast<size_t>(s)] == Decision::recompute,
                   "schedule: the regeneration before node ", r.node, " (",
                   p.nodes[static_cast<size_t>(r.node)].name, ") names saved tensor ", s,
                   ", which the plan does not recompute");
@@ -132,10 +134,11 @@ Schedule build_schedule(const Profile& p, const std::vector<Decision>& decisions
     RegenProgram prog;
     prog.backward_node = j;
     for (int32_t s : explicit_at[static_cast<size_t>(j)]) {
-      REGEN_CHECK(state[static_cast<size_t>(s)] == State::evicted, "schedule: the regeneration before node ",
-                  j, " (", node.name, ") names saved tensor ", s, " (", p.saved[static_cast<size_t>(s)].name,
-                  "), which is ", state[static_cast<size_t>(s)] == State::resident ? "resident" : "released",
-                  " by then");
+      REGEN_CHECK(
+          state[static_cast<size_t>(s)] == State::evicted,
+          "schedule: the regeneration before node ", j, " (", node.name, ") names saved tensor ", s,
+          " (", p.saved[static_cast<size_t>(s)].name, "), which is ",
+          state[static_cast<size_t>(s)] == State::resident ? "resident" : "released", " by then");
       if (std::find(prog.targets.begin(), prog.targets.end(), s) == prog.targets.end()) {
         prog.targets.push_back(s);
       }
@@ -171,8 +174,8 @@ Schedule build_schedule(const Profile& p, const std::vector<Decision>& decisions
           const int64_t v = rn.outputs[k];
           const ProfileValue& val = p.values[static_cast<size_t>(v)];
           const int32_t s = val.root == v ? val.saved : -1;
-          const bool is_target = s >= 0 && std::find(prog.targets.begin(), prog.targets.end(),
-                                                     s) != prog.targets.end();
+          const bool is_target = s >= 0 && std::find(prog.targets.begin(), prog.targets.end(), s) !=
+                                               prog.targets.end();
           const bool wanted_later =
               keep_chain && s >= 0 && state[static_cast<size_t>(s)] == State::evicted;
           if (s >= 0 && (is_target || wanted_later)) {

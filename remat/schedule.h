@@ -25,9 +25,9 @@ struct ReplayStep {
     int32_t saved = -1;  // restore: the saved tensor that adopts this output's bytes
   };
   int32_t node = -1;
-  std::vector<int64_t> inputs;          // value ids in the node's input order (-1: absent)
-  std::vector<Output> outputs;          // one per output slot
-  std::vector<int64_t> release_after;   // kept values dropped after this step (ascending)
+  std::vector<int64_t> inputs;         // value ids in the node's input order (-1: absent)
+  std::vector<Output> outputs;         // one per output slot
+  std::vector<int64_t> release_after;  // kept values dropped after this step (ascending)
 };
 
 // Run just before a backward node: regenerates every saved tensor it reads that is evicted.
@@ -35,7 +35,7 @@ struct RegenProgram {
   int32_t backward_node = -1;
   std::vector<int32_t> targets;  // saved indices the node needs
   std::vector<ReplayStep> steps;
-  double time_ms = 0;            // sum of the replayed nodes' forward medians
+  double time_ms = 0;  // sum of the replayed nodes' forward medians
 };
 
 // An explicit regeneration chosen by a planner: just before backward node `node` runs, the saved
@@ -67,7 +67,6 @@ struct Schedule {
 Schedule build_schedule(const Profile& p, const std::vector<Decision>& decisions,
                         bool keep_chain = true,
                         const std::vector<Regeneration>& regenerations = {});
-
 
 // One regeneration program, interpreted: the only place that decides in which order a program's
 // outputs are restored, kept or dropped and its kept values released, for the executor (tensors)

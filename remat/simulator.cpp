@@ -103,7 +103,8 @@ Simulator::Simulator(const Profile& p) : p_(p) {
         windows_[n].push_back({true, e.block_id, e.requested, e.category, tags_[i]});
       } else if (e.kind == MemoryEventKind::free) {
         REGEN_CHECK(mine.erase(e.block_id) == 1, "profile: node ", n, " (", p.nodes[n].name,
-                    ") frees block ", e.block_id, " it did not allocate during its forward (or "
+                    ") frees block ", e.block_id,
+                    " it did not allocate during its forward (or "
                     "frees it twice)");
         windows_[n].push_back({false, e.block_id, 0, e.category, 0});
       }
@@ -188,7 +189,8 @@ SimResult Simulator::run(const Schedule& s, const SimOptions& opt) const {
       best_marker = last_marker;
       best_live.clear();
       for (const BlockInfo& b : sim.snapshot()) {
-        if (b.allocated) best_live.push_back({tag_name(b.tag), b.category, static_cast<int64_t>(b.size)});
+        if (b.allocated)
+          best_live.push_back({tag_name(b.tag), b.category, static_cast<int64_t>(b.size)});
       }
     }
   };

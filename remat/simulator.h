@@ -22,7 +22,7 @@ struct LiveBlockRec {
 };
 
 struct TimelinePoint {
-  double time_ms;   // profiled time of the marker (recomputation not included)
+  double time_ms;  // profiled time of the marker (recomputation not included)
   std::string label;
   std::array<int64_t, kNumCategories> allocated_by{};
   int64_t reserved = 0;
@@ -32,9 +32,9 @@ struct SimResult {
   int64_t peak_allocated = 0, peak_reserved = 0, peak_requested = 0;
   std::array<int64_t, kNumCategories> allocated_by_at_peak{};
   std::array<int64_t, kNumCategories> peak_by{};  // each category's own peak
-  std::vector<LiveBlockRec> live_at_peak;          // largest first (with top_live)
+  std::vector<LiveBlockRec> live_at_peak;         // largest first (with top_live)
   std::string peak_at;  // with top_live: the last marker before the peak ("fwd_begin <op>", ...)
-  double time_ms = 0;        // profiled iteration time + recomputation
+  double time_ms = 0;   // profiled iteration time + recomputation
   double recompute_ms = 0;
   int64_t replays = 0;
   std::vector<TimelinePoint> timeline;
@@ -85,9 +85,9 @@ class Simulator {
     uint32_t tag;
   };
   const Profile& p_;
-  std::vector<uint32_t> tags_;                      // per event
-  std::vector<std::vector<WindowEvent>> windows_;   // per node: its forward allocations/frees
-  std::vector<std::vector<size_t>> markers_at_;     // per event position: marker indices
+  std::vector<uint32_t> tags_;                     // per event
+  std::vector<std::vector<WindowEvent>> windows_;  // per node: its forward allocations/frees
+  std::vector<std::vector<size_t>> markers_at_;    // per event position: marker indices
   mutable std::map<std::string, std::shared_ptr<void>> memo_;
 };
 

@@ -52,9 +52,8 @@ inline void check_invariants(const CachingAllocator& a) {
   }
   REQUIRE(reserved_by_sum == reserved);
   // Blocks tile each segment exactly, and no two blocks (live or free) overlap.
-  std::sort(blocks.begin(), blocks.end(), [](const BlockInfo& x, const BlockInfo& y) {
-    return x.address < y.address;
-  });
+  std::sort(blocks.begin(), blocks.end(),
+            [](const BlockInfo& x, const BlockInfo& y) { return x.address < y.address; });
   for (size_t i = 1; i < blocks.size(); ++i) {
     REQUIRE(blocks[i - 1].address + blocks[i - 1].size <= blocks[i].address);
   }
@@ -118,9 +117,9 @@ inline void test_rounding_split_coalesce(const ArenaFactory& make) {
 // A hand-computed sequence: every statistic below is worked out in the comments.
 inline void test_hand_computed_stats(const ArenaFactory& make) {
   CachingAllocator a(make());
-  Block* b1 = a.allocate(1000, Category::activation, 0);   // 1024 in a new 2 MiB segment
-  Block* b2 = a.allocate(3 * MiB, Category::parameter, 0); // 3 MiB in a new 20 MiB segment
-  Block* b3 = a.allocate(200, Category::gradient, 0);      // 512 after b1
+  Block* b1 = a.allocate(1000, Category::activation, 0);    // 1024 in a new 2 MiB segment
+  Block* b2 = a.allocate(3 * MiB, Category::parameter, 0);  // 3 MiB in a new 20 MiB segment
+  Block* b3 = a.allocate(200, Category::gradient, 0);       // 512 after b1
   MemoryStats s = a.stats();
   CHECK(s.requested.current == 1000 + 3 * MiB + 200);
   CHECK(s.allocated.current == 1024 + 3 * MiB + 512);
@@ -361,8 +360,8 @@ inline void test_max_request(const ArenaFactory& make) {
 // A recorded sequence of requests, replayable on any allocator.
 struct Op {
   bool is_alloc;
-  uint64_t bytes;   // alloc
-  size_t victim;    // free: index into the list of live allocations
+  uint64_t bytes;  // alloc
+  size_t victim;   // free: index into the list of live allocations
   Category category;
 };
 
@@ -395,10 +394,14 @@ inline std::vector<Op> random_sequence(uint64_t seed, int n) {
     Op op{alloc, 0, 0, static_cast<Category>(rng() % kNumCategories)};
     if (alloc) {
       const uint64_t r = rng() % 100;
-      if (r < 60) op.bytes = 1 + rng() % (64 * 1024);           // small
-      else if (r < 85) op.bytes = 1 + rng() % (2 * MiB);          // around the pool boundary
-      else if (r < 97) op.bytes = MiB + rng() % (9 * MiB);       // large, shared segments
-      else op.bytes = 10 * MiB + rng() % (20 * MiB);              // large, own segments
+      if (r < 60)
+        op.bytes = 1 + rng() % (64 * 1024);  // small
+      else if (r < 85)
+        op.bytes = 1 + rng() % (2 * MiB);  // around the pool boundary
+      else if (r < 97)
+        op.bytes = MiB + rng() % (9 * MiB);  // large, shared segments
+      else
+        op.bytes = 10 * MiB + rng() % (20 * MiB);  // large, own segments
       ++live;
     } else {
       op.victim = static_cast<size_t>(rng() % live);

@@ -19,8 +19,8 @@ namespace regen::testing {
 // Every call passes the tolerance of its op (linear_op_tol or smooth_op_tol below); the defaults
 // here are the loosest, for an op that fits neither.
 struct GradcheckOptions {
-  double eps = 1e-6;    // central-difference step
-  double atol = 1e-7;   // |analytic - numeric| <= atol + rtol * |numeric|
+  double eps = 1e-6;   // central-difference step
+  double atol = 1e-7;  // |analytic - numeric| <= atol + rtol * |numeric|
   double rtol = 1e-5;
   std::vector<int> inputs;  // which inputs to check (default: every floating input)
   // Skip element `index` of input `input` (non-smooth points such as a max tie).
@@ -68,7 +68,8 @@ inline int gradcheck(const std::string& name, const TensorFn& f, std::vector<Ten
   std::vector<int> check = opt.inputs;
   if (check.empty()) {
     for (size_t i = 0; i < inputs.size(); ++i) {
-      if (inputs[i].defined() && inputs[i].dtype() == DType::f64) check.push_back(static_cast<int>(i));
+      if (inputs[i].defined() && inputs[i].dtype() == DType::f64)
+        check.push_back(static_cast<int>(i));
     }
   }
   for (int i : check) {

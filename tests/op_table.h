@@ -25,16 +25,24 @@ struct OpInput {
   int64_t range = 0;       // index: i64 in [0, range); mask: i32 0/1 (last column always 0)
   bool grad = true;        // real: checked by the gradcheck and compared as a gradient
 };
-inline OpInput real(Shape s, double lo = -1, double hi = 1) { return {std::move(s), OpInput::Kind::real, lo, hi, 0, true}; }
-inline OpInput fixed(Shape s, double lo = -1, double hi = 1) { return {std::move(s), OpInput::Kind::real, lo, hi, 0, false}; }
-inline OpInput index(Shape s, int64_t range) { return {std::move(s), OpInput::Kind::index, 0, 0, range, false}; }
-inline OpInput mask(Shape s) { return {std::move(s), OpInput::Kind::mask, 0, 0, 2, false}; }
+inline OpInput real(Shape s, double lo = -1, double hi = 1) {
+  return {std::move(s), OpInput::Kind::real, lo, hi, 0, true};
+}
+inline OpInput fixed(Shape s, double lo = -1, double hi = 1) {
+  return {std::move(s), OpInput::Kind::real, lo, hi, 0, false};
+}
+inline OpInput index(Shape s, int64_t range) {
+  return {std::move(s), OpInput::Kind::index, 0, 0, range, false};
+}
+inline OpInput mask(Shape s) {
+  return {std::move(s), OpInput::Kind::mask, 0, 0, 2, false};
+}
 
 struct OpCase {
   std::string name;  // "conv2d 3x3 stride 2 pad 1"
   OpKind kind;       // the op it exercises
   std::vector<OpInput> inputs;
-  TensorFn fn;       // one output (ops with several outputs are summed or concatenated)
+  TensorFn fn;  // one output (ops with several outputs are summed or concatenated)
   GradcheckOptions tol = linear_op_tol();
   bool differentiable = true;  // false: values only (no gradcheck)
   double f32_rtol = 1e-4;      // f32 (CPU or CUDA) against the f64 run: |a - b| <= rtol * (|b| + 1)
@@ -42,14 +50,16 @@ struct OpCase {
 
 // The inputs of a row in `dtype` (floating inputs) on `device`: the same values for every dtype
 // and device (drawn in f64 and converted).
-inline std::vector<Tensor> op_inputs(const OpCase& c, DType dtype, Device device, uint64_t seed = 11) {
+inline std::vector<Tensor> op_inputs(const OpCase& c, DType dtype, Device device,
+                                     uint64_t seed = 11) {
   std::vector<Tensor> out;
   for (size_t i = 0; i < c.inputs.size(); ++i) {
     const OpInput& in = c.inputs[i];
     Generator g(seed + 17 * i);
     Tensor t;
     if (in.kind == OpInput::Kind::real) {
-      const std::vector<double> v = uniform(in.shape, in.lo, in.hi, g, DType::f64).to_vector<double>();
+      const std::vector<double> v =
+          uniform(in.shape, in.lo, in.hi, g, DType::f64).to_vector<double>();
       if (dtype == DType::f64) {
         t = from_vector<double>(v, in.shape, device);
       } else {
@@ -77,87 +87,205 @@ inline std::vector<OpCase> op_table() {
   const GradcheckOptions lin = linear_op_tol(), smooth = smooth_op_tol();
   auto at = [](const std::vector<Tensor>& x, size_t i) { return x[i]; };
   // ---- Dense
-  t.push_back({"linear with bias", OpKind::linear, {real({3, 5}), real({4, 5}), real({4})},
-               [=](const std::vector<Tensor>& x) { return linear(at(x, 0), at(x, 1), at(x, 2)); }, lin});
-  t.push_back({"matmul", OpKind::matmul, {real({3, 4}), real({4, 5})},
-               [=](const std::vector<Tensor>& x) { return matmul(at(x, 0), at(x, 1)); }, lin});
-  t.push_back({"bmm transposed b", OpKind::bmm, {real({2, 3, 4}), real({2, 5, 4})},
-               [=](const std::vector<Tensor>& x) { return bmm(at(x, 0), at(x, 1), false, true); }, lin});
+  t.push_back({"linear with bias",
+               OpKind::linear,
+               {real({3, 5}), real({4, 5}), real({4})},
+               [=](const std::vector<Tensor>& x) { return linear(at(x, 0), at(x, 1), at(x, 2)); },
+               lin});
+  t.push_back({"matmul",
+               OpKind::matmul,
+               {real({3, 4}), real({4, 5})},
+               [=](const std::vector<Tensor>& x) { return matmul(at(x, 0), at(x, 1)); },
+               lin});
+  t.push_back({"bmm transposed b",
+               OpKind::bmm,
+               {real({2, 3, 4}), real({2, 5, 4})},
+               [=](const std::vector<Tensor>& x) { return bmm(at(x, 0), at(x, 1), false, true); },
+               lin});
   // ---- Convolutions, normalization, pooling
-  t.push_back({"conv2d 3x3 stride 2 pad 1 bias", OpKind::conv2d, {real({2, 3, 7, 6}), real({4, 3, 3, 3}), real({4})},
-               [=](const std::vector<Tensor>& x) { return conv2d(at(x, 0), at(x, 1), at(x, 2), 2, 1); }, lin});
-  t.push_back({"conv_transpose2d 2x2 stride 2 bias", OpKind::conv_transpose2d, {real({2, 4, 3, 3}), real({4, 3, 2, 2}), real({3})},
-               [=](const std::vector<Tensor>& x) { return conv_transpose2d(at(x, 0), at(x, 1), at(x, 2), 2, 0, 0); }, lin});
-  t.push_back({"conv_transpose2d 3x3 stride 2 pad 1 output_padding 1", OpKind::conv_transpose2d, {real({1, 2, 4, 3}), real({2, 3, 3, 3})},
-               [=](const std::vector<Tensor>& x) { return conv_transpose2d(at(x, 0), at(x, 1), Tensor(), 2, 1, 1); }, lin});
-  t.push_back({"batchnorm2d training", OpKind::batchnorm2d, {real({3, 2, 3, 4}), real({2}, 0.5, 1.5), real({2}), fixed({2}), fixed({2}, 0.5, 1.5)},
+  t.push_back(
+      {"conv2d 3x3 stride 2 pad 1 bias",
+       OpKind::conv2d,
+       {real({2, 3, 7, 6}), real({4, 3, 3, 3}), real({4})},
+       [=](const std::vector<Tensor>& x) { return conv2d(at(x, 0), at(x, 1), at(x, 2), 2, 1); },
+       lin});
+  t.push_back({"conv_transpose2d 2x2 stride 2 bias",
+               OpKind::conv_transpose2d,
+               {real({2, 4, 3, 3}), real({4, 3, 2, 2}), real({3})},
                [=](const std::vector<Tensor>& x) {
-                 // Fresh running statistics per call: the gradcheck calls it many times.
-                 Tensor rm = zeros({2}, x[0].dtype(), x[0].device()), rv = ones({2}, x[0].dtype(), x[0].device());
-                 return batchnorm2d(at(x, 0), at(x, 1), at(x, 2), rm, rv, true);
-               }, smooth});
-  t.push_back({"max_pool2d 3x3 stride 2 pad 1", OpKind::max_pool2d, {real({2, 2, 7, 6})},
+                 return conv_transpose2d(at(x, 0), at(x, 1), at(x, 2), 2, 0, 0);
+               },
+               lin});
+  t.push_back({"conv_transpose2d 3x3 stride 2 pad 1 output_padding 1",
+               OpKind::conv_transpose2d,
+               {real({1, 2, 4, 3}), real({2, 3, 3, 3})},
+               [=](const std::vector<Tensor>& x) {
+                 return conv_transpose2d(at(x, 0), at(x, 1), Tensor(), 2, 1, 1);
+               },
+               lin});
+  t.push_back(
+      {"batchnorm2d training",
+       OpKind::batchnorm2d,
+       {real({3, 2, 3, 4}), real({2}, 0.5, 1.5), real({2}), fixed({2}), fixed({2}, 0.5, 1.5)},
+       [=](const std::vector<Tensor>& x) {
+         // Fresh running statistics per call: the gradcheck calls it many times.
+         Tensor rm = zeros({2}, x[0].dtype(), x[0].device()),
+                rv = ones({2}, x[0].dtype(), x[0].device());
+         return batchnorm2d(at(x, 0), at(x, 1), at(x, 2), rm, rv, true);
+       },
+       smooth});
+  t.push_back({"max_pool2d 3x3 stride 2 pad 1",
+               OpKind::max_pool2d,
+               {real({2, 2, 7, 6})},
                // a small step: random neighbours may lie closer than linear_op_tol's 1e-2
-               [=](const std::vector<Tensor>& x) { return max_pool2d(at(x, 0), 3, 2, 1); }, GradcheckOptions()});
-  t.push_back({"avg_pool2d 2x2 stride 2", OpKind::avg_pool2d, {real({2, 3, 6, 5})},
-               [=](const std::vector<Tensor>& x) { return avg_pool2d(at(x, 0), 2, 2); }, lin});
-  t.push_back({"global_avg_pool", OpKind::global_avg_pool, {real({2, 3, 5, 4})},
-               [=](const std::vector<Tensor>& x) { return global_avg_pool(at(x, 0)); }, lin});
-  t.push_back({"upsample2x nearest", OpKind::upsample2x, {real({2, 3, 3, 4})},
-               [=](const std::vector<Tensor>& x) { return upsample2x(at(x, 0), UpsampleMode::nearest); }, lin});
-  t.push_back({"upsample2x bilinear", OpKind::upsample2x, {real({1, 2, 4, 3})},
-               [=](const std::vector<Tensor>& x) { return upsample2x(at(x, 0), UpsampleMode::bilinear); }, lin});
+               [=](const std::vector<Tensor>& x) { return max_pool2d(at(x, 0), 3, 2, 1); },
+               GradcheckOptions()});
+  t.push_back({"avg_pool2d 2x2 stride 2",
+               OpKind::avg_pool2d,
+               {real({2, 3, 6, 5})},
+               [=](const std::vector<Tensor>& x) { return avg_pool2d(at(x, 0), 2, 2); },
+               lin});
+  t.push_back({"global_avg_pool",
+               OpKind::global_avg_pool,
+               {real({2, 3, 5, 4})},
+               [=](const std::vector<Tensor>& x) { return global_avg_pool(at(x, 0)); },
+               lin});
+  t.push_back(
+      {"upsample2x nearest",
+       OpKind::upsample2x,
+       {real({2, 3, 3, 4})},
+       [=](const std::vector<Tensor>& x) { return upsample2x(at(x, 0), UpsampleMode::nearest); },
+       lin});
+  t.push_back(
+      {"upsample2x bilinear",
+       OpKind::upsample2x,
+       {real({1, 2, 4, 3})},
+       [=](const std::vector<Tensor>& x) { return upsample2x(at(x, 0), UpsampleMode::bilinear); },
+       lin});
   // ---- Elementwise
-  t.push_back({"relu (inputs away from 0)", OpKind::relu, {real({4, 7}, 0.1, 1.0)},
-               [=](const std::vector<Tensor>& x) { return relu(scale(at(x, 0), -1.0)); }, lin});
-  t.push_back({"gelu", OpKind::gelu, {real({4, 7}, -3, 3)},
-               [=](const std::vector<Tensor>& x) { return gelu(at(x, 0)); }, smooth});
-  t.push_back({"add broadcast over leading dims", OpKind::add, {real({3, 4, 5}), real({4, 5})},
-               [=](const std::vector<Tensor>& x) { return add(at(x, 0), at(x, 1)); }, lin});
-  t.push_back({"mul", OpKind::mul, {real({3, 5}), real({3, 5})},
-               [=](const std::vector<Tensor>& x) { return mul(at(x, 0), at(x, 1)); }, lin});
-  t.push_back({"scale", OpKind::scale, {real({6, 5})},
-               [=](const std::vector<Tensor>& x) { return scale(at(x, 0), -2.5); }, lin});
-  t.push_back({"dropout p 0.3 (fixed seed)", OpKind::dropout, {real({5, 8})},
+  t.push_back({"relu (inputs away from 0)",
+               OpKind::relu,
+               {real({4, 7}, 0.1, 1.0)},
+               [=](const std::vector<Tensor>& x) { return relu(scale(at(x, 0), -1.0)); },
+               lin});
+  t.push_back({"gelu",
+               OpKind::gelu,
+               {real({4, 7}, -3, 3)},
+               [=](const std::vector<Tensor>& x) { return gelu(at(x, 0)); },
+               smooth});
+  t.push_back({"add broadcast over leading dims",
+               OpKind::add,
+               {real({3, 4, 5}), real({4, 5})},
+               [=](const std::vector<Tensor>& x) { return add(at(x, 0), at(x, 1)); },
+               lin});
+  t.push_back({"mul",
+               OpKind::mul,
+               {real({3, 5}), real({3, 5})},
+               [=](const std::vector<Tensor>& x) { return mul(at(x, 0), at(x, 1)); },
+               lin});
+  t.push_back({"scale",
+               OpKind::scale,
+               {real({6, 5})},
+               [=](const std::vector<Tensor>& x) { return scale(at(x, 0), -2.5); },
+               lin});
+  t.push_back({"dropout p 0.3 (fixed seed)",
+               OpKind::dropout,
+               {real({5, 8})},
                [=](const std::vector<Tensor>& x) {
                  manual_seed(5);  // the same mask every call
                  return dropout(at(x, 0), 0.3f, true);
-               }, lin});
+               },
+               lin});
   // ---- Shapes
-  t.push_back({"reshape", OpKind::reshape, {real({2, 6})},
-               [=](const std::vector<Tensor>& x) { return scale(reshape(at(x, 0), {3, 4}), 1.0); }, lin});
-  t.push_back({"transpose", OpKind::transpose, {real({2, 3, 4})},
-               [=](const std::vector<Tensor>& x) { return transpose(at(x, 0), 0, 2); }, lin});
-  t.push_back({"permute", OpKind::permute, {real({2, 3, 4})},
-               [=](const std::vector<Tensor>& x) { return permute(at(x, 0), {1, 2, 0}); }, lin});
-  t.push_back({"concat along dim 1 of three", OpKind::concat, {real({2, 3, 2}), real({2, 1, 2}), real({2, 4, 2})},
-               [=](const std::vector<Tensor>& x) { return concat({at(x, 0), at(x, 1), at(x, 2)}, 1); }, lin});
-  t.push_back({"split along the last dim (pieces concatenated back, one scaled)", OpKind::split, {real({3, 7})},
+  t.push_back({"reshape",
+               OpKind::reshape,
+               {real({2, 6})},
+               [=](const std::vector<Tensor>& x) {
+                 return scale(reshape(at(x, 0), {3, 4}), 1.0);
+               },
+               lin});
+  t.push_back({"transpose",
+               OpKind::transpose,
+               {real({2, 3, 4})},
+               [=](const std::vector<Tensor>& x) { return transpose(at(x, 0), 0, 2); },
+               lin});
+  t.push_back({"permute",
+               OpKind::permute,
+               {real({2, 3, 4})},
+               [=](const std::vector<Tensor>& x) {
+                 return permute(at(x, 0), {1, 2, 0});
+               },
+               lin});
+  t.push_back({"concat along dim 1 of three",
+               OpKind::concat,
+               {real({2, 3, 2}), real({2, 1, 2}), real({2, 4, 2})},
+               [=](const std::vector<Tensor>& x) {
+                 return concat({at(x, 0), at(x, 1), at(x, 2)}, 1);
+               },
+               lin});
+  t.push_back({"split along the last dim (pieces concatenated back, one scaled)",
+               OpKind::split,
+               {real({3, 7})},
                [=](const std::vector<Tensor>& x) {
                  const std::vector<Tensor> p = split(at(x, 0), {2, 0, 5}, -1);
                  return concat({scale(p[2], 3.0), p[0]}, 1);
-               }, lin});
-  t.push_back({"narrow along dim 0", OpKind::narrow, {real({5, 3})},
-               [=](const std::vector<Tensor>& x) { return narrow(at(x, 0), 0, 1, 3); }, lin});
+               },
+               lin});
+  t.push_back({"narrow along dim 0",
+               OpKind::narrow,
+               {real({5, 3})},
+               [=](const std::vector<Tensor>& x) { return narrow(at(x, 0), 0, 1, 3); },
+               lin});
   // ---- Sequence ops
-  t.push_back({"embedding", OpKind::embedding, {index({3, 4}, 7), real({7, 5})},
-               [=](const std::vector<Tensor>& x) { return embedding(at(x, 0), at(x, 1)); }, lin});
-  t.push_back({"layernorm", OpKind::layernorm, {real({3, 6}), real({6}, 0.5, 1.5), real({6})},
-               [=](const std::vector<Tensor>& x) { return layernorm(at(x, 0), at(x, 1), at(x, 2)); }, smooth});
-  t.push_back({"softmax", OpKind::softmax, {real({3, 7}, -2, 2)},
-               [=](const std::vector<Tensor>& x) { return softmax(at(x, 0)); }, smooth});
-  t.push_back({"attention causal, 2 heads", OpKind::attention, {real({2, 5, 12})},
-               [=](const std::vector<Tensor>& x) { return attention(at(x, 0), 2, Tensor(), true); }, smooth});
-  t.push_back({"attention with a key padding mask", OpKind::attention, {real({2, 4, 6}), mask({2, 4})},
-               [=](const std::vector<Tensor>& x) { return attention(at(x, 0), 1, at(x, 1), false); }, smooth});
-  t.push_back({"cross_entropy", OpKind::cross_entropy, {real({5, 6}, -2, 2), index({5}, 6)},
-               [=](const std::vector<Tensor>& x) { return cross_entropy(at(x, 0), at(x, 1)); }, smooth});
-  t.push_back({"linear_cross_entropy in chunks of 2 rows", OpKind::linear_cross_entropy, {real({5, 4}), real({6, 4}), real({6}), index({5}, 6)},
-               [=](const std::vector<Tensor>& x) { return linear_cross_entropy(at(x, 0), at(x, 1), at(x, 2), at(x, 3), -100, 2); }, smooth});
-  t.push_back({"sum", OpKind::sum, {real({3, 4})},
-               [=](const std::vector<Tensor>& x) { return sum(at(x, 0)); }, lin});
-  t.push_back({"mean", OpKind::mean, {real({3, 4})},
-               [=](const std::vector<Tensor>& x) { return mean(at(x, 0)); }, lin});
+  t.push_back({"embedding",
+               OpKind::embedding,
+               {index({3, 4}, 7), real({7, 5})},
+               [=](const std::vector<Tensor>& x) { return embedding(at(x, 0), at(x, 1)); },
+               lin});
+  t.push_back(
+      {"layernorm",
+       OpKind::layernorm,
+       {real({3, 6}), real({6}, 0.5, 1.5), real({6})},
+       [=](const std::vector<Tensor>& x) { return layernorm(at(x, 0), at(x, 1), at(x, 2)); },
+       smooth});
+  t.push_back({"softmax",
+               OpKind::softmax,
+               {real({3, 7}, -2, 2)},
+               [=](const std::vector<Tensor>& x) { return softmax(at(x, 0)); },
+               smooth});
+  t.push_back({"attention causal, 2 heads",
+               OpKind::attention,
+               {real({2, 5, 12})},
+               [=](const std::vector<Tensor>& x) { return attention(at(x, 0), 2, Tensor(), true); },
+               smooth});
+  t.push_back(
+      {"attention with a key padding mask",
+       OpKind::attention,
+       {real({2, 4, 6}), mask({2, 4})},
+       [=](const std::vector<Tensor>& x) { return attention(at(x, 0), 1, at(x, 1), false); },
+       smooth});
+  t.push_back({"cross_entropy",
+               OpKind::cross_entropy,
+               {real({5, 6}, -2, 2), index({5}, 6)},
+               [=](const std::vector<Tensor>& x) { return cross_entropy(at(x, 0), at(x, 1)); },
+               smooth});
+  t.push_back({"linear_cross_entropy in chunks of 2 rows",
+               OpKind::linear_cross_entropy,
+               {real({5, 4}), real({6, 4}), real({6}), index({5}, 6)},
+               [=](const std::vector<Tensor>& x) {
+                 return linear_cross_entropy(at(x, 0), at(x, 1), at(x, 2), at(x, 3), -100, 2);
+               },
+               smooth});
+  t.push_back({"sum",
+               OpKind::sum,
+               {real({3, 4})},
+               [=](const std::vector<Tensor>& x) { return sum(at(x, 0)); },
+               lin});
+  t.push_back({"mean",
+               OpKind::mean,
+               {real({3, 4})},
+               [=](const std::vector<Tensor>& x) { return mean(at(x, 0)); },
+               lin});
   return t;
 }
 
@@ -183,13 +311,16 @@ inline OpRun run_op(const OpCase& c, DType dtype, Device device) {
   r.out = as_doubles(out);
   if (c.differentiable) {
     Generator g(3);
-    const std::vector<double> rv = uniform(out.shape(), -1.0, 1.0, g, DType::f64).to_vector<double>();
-    const Tensor R = dtype == DType::f64
-                         ? from_vector<double>(rv, out.shape(), device)
-                         : from_vector<float>(std::vector<float>(rv.begin(), rv.end()), out.shape(), device);
+    const std::vector<double> rv =
+        uniform(out.shape(), -1.0, 1.0, g, DType::f64).to_vector<double>();
+    const Tensor R =
+        dtype == DType::f64
+            ? from_vector<double>(rv, out.shape(), device)
+            : from_vector<float>(std::vector<float>(rv.begin(), rv.end()), out.shape(), device);
     Tape::current().backward(out, R);
     for (size_t i = 0; i < in.size(); ++i) {
-      if (c.inputs[i].kind == OpInput::Kind::real && c.inputs[i].grad) r.grads.push_back(as_doubles(in[i].grad()));
+      if (c.inputs[i].kind == OpInput::Kind::real && c.inputs[i].grad)
+        r.grads.push_back(as_doubles(in[i].grad()));
     }
   }
   return r;
@@ -207,8 +338,10 @@ inline void check_close(const std::string& what, const std::vector<double>& a,
     }
   }
   CHECK_MESSAGE(bad == 0, what, ": ", bad, " of ", a.size(), " values out of tolerance, first at ",
-                first, first >= 0 ? " (" + std::to_string(a[static_cast<size_t>(first)]) + " against " +
-                                        std::to_string(b[static_cast<size_t>(first)]) + ")" : std::string());
+                first,
+                first >= 0 ? " (" + std::to_string(a[static_cast<size_t>(first)]) + " against " +
+                                 std::to_string(b[static_cast<size_t>(first)]) + ")"
+                           : std::string());
 }
 
 // Compares a row on `device` in f32 with the CPU's f64: output and every gradient.

@@ -22,7 +22,6 @@
 
 namespace regen::testing {
 
-
 struct Run {
   std::unique_ptr<Model> model;
   std::unique_ptr<Optimizer> opt;
@@ -104,7 +103,8 @@ inline void check_same_training(const Trace& got, const Trace& ref) {
   REQUIRE(got.params.size() == ref.params.size());
   bool same = true;
   for (size_t i = 0; i < ref.params.size(); ++i) {
-    same = same && bitwise_equal(got.params[i], ref.params[i]) && bitwise_equal(got.grads[i], ref.grads[i]);
+    same = same && bitwise_equal(got.params[i], ref.params[i]) &&
+           bitwise_equal(got.grads[i], ref.grads[i]);
   }
   CHECK(same);
 }
@@ -160,19 +160,21 @@ inline std::vector<Budget> budgets_for(const Simulator& sim, const PolicySpec& s
   return out;
 }
 
-inline void check_model(const ModelConfig& cfg, int64_t batch, const std::vector<std::string>& labels,
-                        Device device = Device::cpu()) {
+inline void check_model(const ModelConfig& cfg, int64_t batch,
+                        const std::vector<std::string>& labels, Device device = Device::cpu()) {
   const std::string& name = cfg.name;
   const Profile profile = profile_of(cfg, batch, 2, device);
   const Simulator sim(profile);
   // The profiled iteration itself: the simulator reproduces it exactly.
-  const SimResult none = sim.run(build_schedule(profile, std::vector<Decision>(profile.saved.size(), Decision::retain)));
+  const SimResult none = sim.run(
+      build_schedule(profile, std::vector<Decision>(profile.saved.size(), Decision::retain)));
   CHECK(none.peak_allocated == profile.peak_allocated);
   CHECK(none.peak_reserved == profile.peak_reserved);
   // The profile survives a JSON round trip.
   const Profile again = profile_from_json(profile_to_json(profile), "round trip");
-  CHECK(Simulator(again).run(build_schedule(again, std::vector<Decision>(again.saved.size(), Decision::retain))).peak_allocated ==
-        profile.peak_allocated);
+  CHECK(Simulator(again)
+            .run(build_schedule(again, std::vector<Decision>(again.saved.size(), Decision::retain)))
+            .peak_allocated == profile.peak_allocated);
 
   // Reference training without remat: every step, the first included, peaks where profiled.
   Trace ref;
@@ -192,70 +194,72 @@ inline void check_model(const ModelConfig& cfg, int64_t batch, const std::vector
   // whole segments whatever its plan, so there the reserved budgets may all be out of reach).
   int recomputing_plans = 0, budgets_checked = 0, reserved_checked = 0, reserved_reachable = 0;
   for (BudgetOf of : {BudgetOf::allocated, BudgetOf::reserved}) {
-  for (const std::string& label : labels) {
-    const PolicySpec spec = parse_policy_spec(label);
-    const std::string& policy = spec.policy;
-    const std::vector<Budget> budgets = budgets_for(sim, spec, of);
-    if (policy != "none" && of == BudgetOf::allocated) CHECK(budgets.size() == 5);
-    if (of == BudgetOf::reserved && budgets.size() == 5) ++reserved_reachable;
-    for (const Budget& budget : budgets) {
-      const std::string btext = budget.str();
-      CAPTURE(name);
-      CAPTURE(label);
-      CAPTURE(btext);
-      CAPTURE(std::string(budget_of_name(of)));
-      const Plan plan = make_plan(sim, policy, budget, options_for(spec, of));
-      if (budget.kind == Budget::Kind::bytes) CHECK(plan.feasible);  // budgets_for's own two
-      if (spec.chain == Chain::automatic && policy == "mutwo") {
-        // auto is the better of the two modes: it fits whenever one fits, and is then no slower
-        // than a mode that fits; without a budget (or when neither fits) it is within 1% of the
-        // lower peak and, if both are, no slower.
-        for (Chain c : {Chain::keep, Chain::drop}) {
-          PlanOptions oc = options_for(spec, of);
-          oc.chain = c;
-          const Plan other = make_plan(sim, policy, budget, oc);
-          if (other.feasible && plan.budget_bytes > 0) {
-            CHECK(plan.feasible);
-            CHECK(plan.predicted.time_ms <= other.predicted.time_ms);
-          } else {
-            CHECK(static_cast<double>(peak_of(plan.predicted, plan.budget_of)) <=
-                  1.01 * static_cast<double>(peak_of(other.predicted, other.budget_of)));
+    for (const std::string& label : labels) {
+      const PolicySpec spec = parse_policy_spec(label);
+      const std::string& policy = spec.policy;
+      const std::vector<Budget> budgets = budgets_for(sim, spec, of);
+      if (policy != "none" && of == BudgetOf::allocated) CHECK(budgets.size() == 5);
+      if (of == BudgetOf::reserved && budgets.size() == 5) ++reserved_reachable;
+      for (const Budget& budget : budgets) {
+        const std::string btext = budget.str();
+        CAPTURE(name);
+        CAPTURE(label);
+        CAPTURE(btext);
+        CAPTURE(std::string(budget_of_name(of)));
+        const Plan plan = make_plan(sim, policy, budget, options_for(spec, of));
+        if (budget.kind == Budget::Kind::bytes) CHECK(plan.feasible);  // budgets_for's own two
+        if (spec.chain == Chain::automatic && policy == "mutwo") {
+          // auto is the better of the two modes: it fits whenever one fits, and is then no slower
+          // than a mode that fits; without a budget (or when neither fits) it is within 1% of the
+          // lower peak and, if both are, no slower.
+          for (Chain c : {Chain::keep, Chain::drop}) {
+            PlanOptions oc = options_for(spec, of);
+            oc.chain = c;
+            const Plan other = make_plan(sim, policy, budget, oc);
+            if (other.feasible && plan.budget_bytes > 0) {
+              CHECK(plan.feasible);
+              CHECK(plan.predicted.time_ms <= other.predicted.time_ms);
+            } else {
+              CHECK(static_cast<double>(peak_of(plan.predicted, plan.budget_of)) <=
+                    1.01 * static_cast<double>(peak_of(other.predicted, other.budget_of)));
+            }
+            CHECK(plan.lowest_peak <= other.lowest_peak);
           }
-          CHECK(plan.lowest_peak <= other.lowest_peak);
         }
-      }
-      if (spec.chain == Chain::drop) CHECK_FALSE(plan.keep_chain);
-      if (spec.chain == Chain::keep) CHECK(plan.keep_chain);
-      if (plan.recomputed() > 0) ++recomputing_plans;
-      fresh_allocator(device);
-      Run run = make_run(cfg, batch, device);
-      // Through the pipeline, as `regen train` runs a plan: a feasible plan under its limit (a
-      // reserved budget), the persistent tensors made before the limit applies.
-      RematPipeline pipe(*run.trainer);
-      pipe.use_profile(profile);
-      pipe.use_plan(plan);
-      const Trace got = train(pipe, run, 3);
-      // Bitwise identical training.
-      check_same_training(got, ref);
-      // Exact prediction, every step.
-      for (size_t i = 0; i < got.memory.size(); ++i) {
-        CHECK(got.memory[i].allocated.peak == plan.predicted.peak_allocated);
-        CHECK(got.memory[i].reserved.peak == plan.predicted.peak_reserved);
-      }
-      CHECK(pipe.executor()->replays() == plan.predicted.replays);
-      if (plan.feasible && plan.budget_bytes > 0) {
-        ++budgets_checked;
-        if (of == BudgetOf::reserved && plan.predicted.peak_reserved < none.peak_reserved) ++reserved_checked;
-        for (const MemoryStats& m : got.memory) {
-          CHECK(m.allocated.peak <= plan.budget_bytes);
-          if (plan.budget_of == BudgetOf::reserved) CHECK(m.reserved.peak <= plan.budget_bytes);
+        if (spec.chain == Chain::drop) CHECK_FALSE(plan.keep_chain);
+        if (spec.chain == Chain::keep) CHECK(plan.keep_chain);
+        if (plan.recomputed() > 0) ++recomputing_plans;
+        fresh_allocator(device);
+        Run run = make_run(cfg, batch, device);
+        // Through the pipeline, as `regen train` runs a plan: a feasible plan under its limit (a
+        // reserved budget), the persistent tensors made before the limit applies.
+        RematPipeline pipe(*run.trainer);
+        pipe.use_profile(profile);
+        pipe.use_plan(plan);
+        const Trace got = train(pipe, run, 3);
+        // Bitwise identical training.
+        check_same_training(got, ref);
+        // Exact prediction, every step.
+        for (size_t i = 0; i < got.memory.size(); ++i) {
+          CHECK(got.memory[i].allocated.peak == plan.predicted.peak_allocated);
+          CHECK(got.memory[i].reserved.peak == plan.predicted.peak_reserved);
         }
+        CHECK(pipe.executor()->replays() == plan.predicted.replays);
+        if (plan.feasible && plan.budget_bytes > 0) {
+          ++budgets_checked;
+          if (of == BudgetOf::reserved && plan.predicted.peak_reserved < none.peak_reserved)
+            ++reserved_checked;
+          for (const MemoryStats& m : got.memory) {
+            CHECK(m.allocated.peak <= plan.budget_bytes);
+            if (plan.budget_of == BudgetOf::reserved) CHECK(m.reserved.peak <= plan.budget_bytes);
+          }
+        }
+        if (policy == "none") CHECK(plan.recomputed() == 0);
       }
-      if (policy == "none") CHECK(plan.recomputed() == 0);
     }
   }
-  }
-  MESSAGE(name, ": ", budgets_checked, " budgets met, ", reserved_checked, " of them reserved "
+  MESSAGE(name, ": ", budgets_checked, " budgets met, ", reserved_checked,
+          " of them reserved "
           "budgets below the no-remat reserved peak");
   if (labels.size() > 1 || labels[0] != "none") {
     CHECK(recomputing_plans > 0);

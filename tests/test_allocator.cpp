@@ -34,9 +34,15 @@ using namespace regen;
 using namespace regen::testing;
 
 namespace {
-std::unique_ptr<Arena> cpu() { return make_cpu_arena(); }
-std::unique_ptr<Arena> null() { return make_null_arena(); }
-std::unique_ptr<Arena> direct() { return make_direct_arena(Device::cpu()); }
+std::unique_ptr<Arena> cpu() {
+  return make_cpu_arena();
+}
+std::unique_ptr<Arena> null() {
+  return make_null_arena();
+}
+std::unique_ptr<Arena> direct() {
+  return make_direct_arena(Device::cpu());
+}
 }  // namespace
 
 TEST_CASE("allocator: rounding, splitting and coalescing (cpu, null)") {
@@ -400,8 +406,9 @@ struct CountingArena final : Arena {
 };
 }  // namespace
 
-TEST_CASE("allocator: a recycling arena reuses parked segments, never holds more than its peak, "
-          "and gives memory back") {
+TEST_CASE(
+    "allocator: a recycling arena reuses parked segments, never holds more than its peak, "
+    "and gives memory back") {
   auto counting = std::make_unique<CountingArena>(int64_t{64} << 20);
   CountingArena* sys = counting.get();
   CachingAllocator a(make_recycling_arena(std::move(counting)));
@@ -440,8 +447,9 @@ TEST_CASE("allocator: a recycling arena reuses parked segments, never holds more
 
 // ---- Direct mode ------------------------------------------------------------------------------
 
-TEST_CASE("allocator: the shared suite on the direct arena: rounding, statistics, scopes, limits, "
-          "bad frees, huge requests") {
+TEST_CASE(
+    "allocator: the shared suite on the direct arena: rounding, statistics, scopes, limits, "
+    "bad frees, huge requests") {
   test_rounding_split_coalesce(direct);
   test_hand_computed_stats(direct);
   test_category_scopes(direct);
@@ -455,8 +463,9 @@ TEST_CASE("allocator: randomized stress keeps blocks disjoint and stats exact (d
   test_stress(direct, /*touch_memory=*/true, 3000);
 }
 
-TEST_CASE("allocator: a recorded sequence gives identical decisions on cpu and direct arenas, "
-          "with and without a limit") {
+TEST_CASE(
+    "allocator: a recorded sequence gives identical decisions on cpu and direct arenas, "
+    "with and without a limit") {
   test_same_decisions(cpu, direct);
   test_same_decisions_under_limit(null, direct);
 }
@@ -614,8 +623,9 @@ void free_all(std::vector<CachingAllocator*> all, CachingAllocator& direct,
 
 }  // namespace
 
-TEST_CASE("allocator: direct mode gives every block its own mapping of exactly its request, and "
-          "statistics, events, layouts and OutOfMemory equal the cpu and null arenas'") {
+TEST_CASE(
+    "allocator: direct mode gives every block its own mapping of exactly its request, and "
+    "statistics, events, layouts and OutOfMemory equal the cpu and null arenas'") {
   auto tracking = std::make_unique<TrackingBlockArena>();
   TrackingBlockArena& mem = *tracking;
   CachingAllocator d(make_direct_arena(std::move(tracking)));
@@ -688,8 +698,9 @@ TEST_CASE("allocator: direct mode gives every block its own mapping of exactly i
   check_same_log_and_layout(d, n);
 }
 
-TEST_CASE("allocator: direct mode: a block the arena cannot map is an OutOfMemory, the block "
-          "back in its pool") {
+TEST_CASE(
+    "allocator: direct mode: a block the arena cannot map is an OutOfMemory, the block "
+    "back in its pool") {
   auto tracking = std::make_unique<TrackingBlockArena>();
   TrackingBlockArena& mem = *tracking;
   mem.capacity = 10000;
@@ -737,8 +748,9 @@ TEST_CASE("allocator: direct mode: a block the arena cannot map is an OutOfMemor
   CHECK(mem.maps == mem.unmaps);
 }
 
-TEST_CASE("allocator: direct mode on the cpu: blocks of their own, byte-exact for "
-          "AddressSanitizer") {
+TEST_CASE(
+    "allocator: direct mode on the cpu: blocks of their own, byte-exact for "
+    "AddressSanitizer") {
   CachingAllocator a(make_direct_arena(Device::cpu()));
   CHECK(a.direct());
   CHECK(a.arena().name() == "cpu (direct)");
@@ -794,8 +806,9 @@ TEST_CASE("allocator: direct mode on the cpu: blocks of their own, byte-exact fo
 // "1", cached (behind a recycling arena) when it is unset, "0" or anything else. Run on its own by
 // the next test case, in child processes with each value, and by ctest in whatever environment
 // it has.
-TEST_CASE("allocator: the process-wide cpu allocator is direct exactly when "
-          "REGEN_ALLOC_DIRECT is 1") {
+TEST_CASE(
+    "allocator: the process-wide cpu allocator is direct exactly when "
+    "REGEN_ALLOC_DIRECT is 1") {
   const char* env = std::getenv("REGEN_ALLOC_DIRECT");
   const bool want = env && std::string(env) == "1";
   CachingAllocator& a = allocator_for(Device::cpu());
@@ -831,8 +844,10 @@ int run_mode_case(const char* value, std::string& err) {
     if (!std::freopen(err_path.c_str(), "w", stderr) || !std::freopen("/dev/null", "w", stdout)) {
       std::_Exit(90);
     }
-    if (value) ::setenv("REGEN_ALLOC_DIRECT", value, 1);
-    else ::unsetenv("REGEN_ALLOC_DIRECT");
+    if (value)
+      ::setenv("REGEN_ALLOC_DIRECT", value, 1);
+    else
+      ::unsetenv("REGEN_ALLOC_DIRECT");
     ::execl(self, self,
             "--test-case=allocator: the process-wide cpu allocator is direct exactly when "
             "REGEN_ALLOC_DIRECT is 1",
@@ -853,8 +868,9 @@ size_t count_of(const std::string& text, const std::string& part) {
 }
 }  // namespace
 
-TEST_CASE("allocator: REGEN_ALLOC_DIRECT: 1 and 0 are taken silently, another value is named once "
-          "and ignored") {
+TEST_CASE(
+    "allocator: REGEN_ALLOC_DIRECT: 1 and 0 are taken silently, another value is named once "
+    "and ignored") {
   std::string err;
   for (const char* value : {static_cast<const char*>(nullptr), "0", "1"}) {
     CAPTURE((value ? value : "unset"));
@@ -864,7 +880,8 @@ TEST_CASE("allocator: REGEN_ALLOC_DIRECT: 1 and 0 are taken silently, another va
   for (const char* value : {"yes", "", "2"}) {
     CAPTURE(value);
     CHECK(run_mode_case(value, err) == 0);  // the case checks that the allocator is not direct
-    const std::string warning = std::string("REGEN_ALLOC_DIRECT='") + value + "' is not 0 or 1; ignored";
+    const std::string warning =
+        std::string("REGEN_ALLOC_DIRECT='") + value + "' is not 0 or 1; ignored";
     CHECK(count_of(err, warning) == 1);
   }
 }

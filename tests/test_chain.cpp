@@ -20,12 +20,14 @@ namespace {
 // Budgets evenly spaced and falling from the no-remat peak of their kind to the lower bound
 // (allocated) or, for reserved bytes, to the lowest limit dp's plans run under (segments are
 // whole: tiny models reserve a few 2 MiB segments whatever they allocate).
-std::vector<Budget> falling_budgets(const Simulator& sim, int n, BudgetOf of = BudgetOf::allocated) {
+std::vector<Budget> falling_budgets(const Simulator& sim, int n,
+                                    BudgetOf of = BudgetOf::allocated) {
   PlanOptions po;
   po.budget_of = of;
   const Plan probe = make_plan(sim, "none", Budget(), po);
-  const int64_t lo = of == BudgetOf::allocated ? memory_lower_bound(sim.profile())
-                                               : make_plan(sim, "dp", Budget::parse("1"), po).lowest_peak;
+  const int64_t lo = of == BudgetOf::allocated
+                         ? memory_lower_bound(sim.profile())
+                         : make_plan(sim, "dp", Budget::parse("1"), po).lowest_peak;
   const int64_t hi = probe.no_remat_peak;
   std::vector<Budget> out;
   for (int i = n - 1; i >= 0; --i) {
@@ -89,7 +91,8 @@ void check_programme(const Profile& p, const ChainModel& m) {
     const ChainPlan& c = plans[i];
     if (i > 0) CHECK(c.model_ms >= plans[i - 1].model_ms);  // less memory never costs less
     const SimResult r = sim.run(build_schedule(p, c.decisions, false, c.regenerations));
-    worst = std::max(worst, std::abs(double(r.peak_allocated) - double(c.model_budget)) / double(p.peak_allocated));
+    worst = std::max(worst, std::abs(double(r.peak_allocated) - double(c.model_budget)) /
+                                double(p.peak_allocated));
     CHECK(r.recompute_ms == doctest::Approx(c.model_ms).epsilon(0.05));
   }
   MESSAGE("model budget vs simulated peak: worst gap ", worst * 100, "% of the no-remat peak over ",
@@ -140,13 +143,17 @@ class SkipNet : public Model {
  public:
   SkipNet(const ModelConfig& c, Device device) : Model(c) {
     Generator gen(c.seed);
-    stem_ = &register_module("stem", std::make_unique<Conv2d>("stem", 3, kWidth, 3, 1, 1, false, gen, device));
+    stem_ = &register_module(
+        "stem", std::make_unique<Conv2d>("stem", 3, kWidth, 3, 1, 1, false, gen, device));
     for (int i = 0; i < 4; ++i) {
       const std::string n = "block" + std::to_string(i);
-      conv_.push_back(&register_module(n, std::make_unique<Conv2d>(n, kWidth, kWidth, 3, 1, 1, false, gen, device)));
-      bn_.push_back(&register_module(n + "_bn", std::make_unique<BatchNorm2d>(n + "_bn", kWidth, device)));
+      conv_.push_back(&register_module(
+          n, std::make_unique<Conv2d>(n, kWidth, kWidth, 3, 1, 1, false, gen, device)));
+      bn_.push_back(
+          &register_module(n + "_bn", std::make_unique<BatchNorm2d>(n + "_bn", kWidth, device)));
     }
-    fc_ = &register_module("fc", std::make_unique<Linear>("fc", kWidth, c.num_classes, true, gen, device));
+    fc_ = &register_module(
+        "fc", std::make_unique<Linear>("fc", kWidth, c.num_classes, true, gen, device));
     assign_full_names();
   }
   Tensor forward(const Tensor& input) override {
@@ -154,7 +161,8 @@ class SkipNet : public Model {
     std::vector<Tensor> outs = {a0};
     for (int i = 0; i < 4; ++i) {
       BlockScope block("");
-      Tensor h = bn_[static_cast<size_t>(i)]->forward(conv_[static_cast<size_t>(i)]->forward(outs.back()));
+      Tensor h =
+          bn_[static_cast<size_t>(i)]->forward(conv_[static_cast<size_t>(i)]->forward(outs.back()));
       if (i >= 2) h = add(h, outs[static_cast<size_t>(i - 2)]);  // the long skips
       outs.push_back(relu(h));
     }
@@ -188,7 +196,8 @@ Run skipnet_run(const ModelConfig& cfg, int64_t batch) {
 
 }  // namespace
 
-TEST_CASE("dp: the chain model of transformer-tiny and a ResNet, the programme's plans, the frontier") {
+TEST_CASE(
+    "dp: the chain model of transformer-tiny and a ResNet, the programme's plans, the frontier") {
   for (const ModelConfig& cfg : {model_preset("transformer-tiny"), remat_resnet()}) {
     CAPTURE(cfg.name);
     const Profile p = profile_of(cfg, cfg.family == ModelFamily::resnet ? 8 : 4, 2);
@@ -199,13 +208,18 @@ TEST_CASE("dp: the chain model of transformer-tiny and a ResNet, the programme's
     // embeddings into their sum), and cut inside a block where one saved tensor crosses: an
     // encoder layer (post-norm) at its attention sum, its first norm's output, and its second
     // sum, so four stages; a bottleneck's identity path crosses all of it, so none.
-    const size_t outside = static_cast<size_t>(std::count_if(p.nodes.begin(), p.nodes.end(), [](const ProfileNode& n) { return n.block < 0 && !n.is_view; }));
-    CHECK(m.stages.size() == p.blocks.size() + outside - static_cast<size_t>(m.merged) + static_cast<size_t>(m.cuts));
+    const size_t outside =
+        static_cast<size_t>(std::count_if(p.nodes.begin(), p.nodes.end(), [](const ProfileNode& n) {
+          return n.block < 0 && !n.is_view;
+        }));
+    CHECK(m.stages.size() ==
+          p.blocks.size() + outside - static_cast<size_t>(m.merged) + static_cast<size_t>(m.cuts));
     CHECK(m.cuts == (cfg.family == ModelFamily::resnet ? 0 : 3 * cfg.layers));
     for (size_t k = 1; k < m.stages.size(); ++k) {
       const ChainStage& st = m.stages[k];
       if (p.nodes[static_cast<size_t>(st.first_node)].block < 0 ||
-          p.nodes[static_cast<size_t>(st.first_node)].block != p.nodes[static_cast<size_t>(st.first_node - 1)].block) {
+          p.nodes[static_cast<size_t>(st.first_node)].block !=
+              p.nodes[static_cast<size_t>(st.first_node - 1)].block) {
         continue;  // a block's own boundary
       }
       CAPTURE(k);
@@ -219,7 +233,8 @@ TEST_CASE("dp: the chain model of transformer-tiny and a ResNet, the programme's
   }
 }
 
-TEST_CASE("dp: a network with long skips: skips pinned, plans exact and bitwise, frontier monotone") {
+TEST_CASE(
+    "dp: a network with long skips: skips pinned, plans exact and bitwise, frontier monotone") {
   ModelConfig cfg = model_preset("resnet-tiny");
   cfg.name = "skipnet";
   cfg.image_size = 32;
@@ -250,27 +265,27 @@ TEST_CASE("dp: a network with long skips: skips pinned, plans exact and bitwise,
   }
   int recomputing = 0;
   for (BudgetOf of : {BudgetOf::allocated, BudgetOf::reserved}) {
-  for (const Budget& b : falling_budgets(sim, 5, of)) {
-    PlanOptions po;
-    po.budget_of = of;
-    const Plan plan = make_plan(sim, "dp", b, po);
-    CAPTURE(b.str());
-    CAPTURE(std::string(budget_of_name(of)));
-    if (plan.recomputed() > 0) ++recomputing;
-    CHECK(plan.note.find("long skips") != std::string::npos);
-    fresh_allocator(Device::cpu());
-    Run run = skipnet_run(cfg, batch);
-    RematExecutor exec(p, plan_schedule(p, plan));
-    run.trainer->prepare();
-    const LimitScope limit(allocator_for(Device::cpu()), plan.limit);
-    const Trace got = train(run, 3, &exec);
-    check_same_training(got, ref);
-    for (const MemoryStats& s : got.memory) {
-      CHECK(s.allocated.peak == plan.predicted.peak_allocated);
-      CHECK(s.reserved.peak == plan.predicted.peak_reserved);
-      if (plan.limit > 0) CHECK(s.reserved.peak <= plan.limit);
+    for (const Budget& b : falling_budgets(sim, 5, of)) {
+      PlanOptions po;
+      po.budget_of = of;
+      const Plan plan = make_plan(sim, "dp", b, po);
+      CAPTURE(b.str());
+      CAPTURE(std::string(budget_of_name(of)));
+      if (plan.recomputed() > 0) ++recomputing;
+      CHECK(plan.note.find("long skips") != std::string::npos);
+      fresh_allocator(Device::cpu());
+      Run run = skipnet_run(cfg, batch);
+      RematExecutor exec(p, plan_schedule(p, plan));
+      run.trainer->prepare();
+      const LimitScope limit(allocator_for(Device::cpu()), plan.limit);
+      const Trace got = train(run, 3, &exec);
+      check_same_training(got, ref);
+      for (const MemoryStats& s : got.memory) {
+        CHECK(s.allocated.peak == plan.predicted.peak_allocated);
+        CHECK(s.reserved.peak == plan.predicted.peak_reserved);
+        if (plan.limit > 0) CHECK(s.reserved.peak <= plan.limit);
+      }
     }
-  }
   }
   CHECK(recomputing >= 4);
 }
@@ -279,7 +294,8 @@ TEST_CASE("dp: a network with long skips: skips pinned, plans exact and bitwise,
 // lowest limit each runs under (found by bisection on the simulation) is one it runs under in
 // training too, without running out, with the predicted peaks; one byte less and the simulation
 // runs out of memory, so fit_schedule calls it infeasible.
-TEST_CASE("budgets: a plan runs under the lowest limit the simulation finds, and not one byte below it") {
+TEST_CASE(
+    "budgets: a plan runs under the lowest limit the simulation finds, and not one byte below it") {
   const ModelConfig cfg = remat_resnet();
   const int64_t batch = 8;
   const Profile p = profile_of(cfg, batch, 2);
@@ -293,7 +309,9 @@ TEST_CASE("budgets: a plan runs under the lowest limit the simulation finds, and
     REQUIRE(plan.feasible);
     const Schedule s = plan_schedule(p, plan);
     const SimResult unlimited = sim.run(s);
-    auto fits = [&](int64_t limit) { return fit_schedule(sim, s, limit, BudgetOf::reserved, &unlimited).fits; };
+    auto fits = [&](int64_t limit) {
+      return fit_schedule(sim, s, limit, BudgetOf::reserved, &unlimited).fits;
+    };
     int64_t lo = unlimited.peak_allocated - 1, hi = unlimited.peak_reserved;  // lo never fits
     REQUIRE(fits(hi));
     REQUIRE_FALSE(fits(lo));
@@ -309,8 +327,9 @@ TEST_CASE("budgets: a plan runs under the lowest limit the simulation finds, and
     CHECK_FALSE(at_limit.oom);
     CHECK(at_limit.peak_reserved <= hi);
     MESSAGE(b, ": unlimited ", format_bytes(unlimited.peak_allocated), " allocated, ",
-            format_bytes(unlimited.peak_reserved), " reserved; runs under a limit of ", format_bytes(hi),
-            " (reserved ", format_bytes(at_limit.peak_reserved), ", ", at_limit.cache_flushes, " cache flushes)");
+            format_bytes(unlimited.peak_reserved), " reserved; runs under a limit of ",
+            format_bytes(hi), " (reserved ", format_bytes(at_limit.peak_reserved), ", ",
+            at_limit.cache_flushes, " cache flushes)");
     // Training under that limit: no out-of-memory error, the predicted peaks, bitwise the same.
     fresh_allocator(Device::cpu());
     Run run = make_run(cfg, batch, Device::cpu());

@@ -110,8 +110,10 @@ std::string state_diff(const std::map<std::string, std::string>& before,
   std::string d;
   for (const auto& [k, v] : before) {
     const auto it = after.find(k);
-    if (it == after.end()) d += " removed " + k + ";";
-    else if (it->second != v) d += " changed " + k + ";";
+    if (it == after.end())
+      d += " removed " + k + ";";
+    else if (it->second != v)
+      d += " changed " + k + ";";
   }
   for (const auto& [k, v] : after) {
     if (!before.count(k)) d += " created " + k + ";";
@@ -200,14 +202,14 @@ TEST_CASE("cli: mistakes in flags give one clear line and a non-zero exit") {
   // of the first step (or the request no memory could serve), naming the flags to change.
   expect_failure(dir, tiny({"--batch", "100000000000"}),
                  {"--batch 100000000000 at --seq-len 16 is too large for any memory", "dry run"});
-  expect_failure(dir,
-                 {"train", "--model", "resnet152", "--batch", "9999", "--steps", "1", "--device",
-                  "cpu"},
-                 {"--batch 9999 at --image-size 224 is too large for memory",
-                  "training step without remat needs ", "exact, from a dry run", "available",
-                  "use a smaller --batch or --image-size"});
-  expect_failure(dir, tiny({"--vocab", "2000000000"}),
-                 {"transformer-tiny does not fit in memory", "optimizer state", "--vocab (now 2000000000)"});
+  expect_failure(
+      dir, {"train", "--model", "resnet152", "--batch", "9999", "--steps", "1", "--device", "cpu"},
+      {"--batch 9999 at --image-size 224 is too large for memory",
+       "training step without remat needs ", "exact, from a dry run", "available",
+       "use a smaller --batch or --image-size"});
+  expect_failure(
+      dir, tiny({"--vocab", "2000000000"}),
+      {"transformer-tiny does not fit in memory", "optimizer state", "--vocab (now 2000000000)"});
   expect_failure(dir, {"train", "--model", "resnet152", "--batch", "2", "--image-size", "1000000"},
                  {"dry run", "--image-size 1000000", "too large"});
 }
@@ -219,7 +221,9 @@ TEST_CASE("cli: mistakes in flags give one clear line and a non-zero exit") {
 // process's allocator. So the step's peak of allocated bytes and every category's peak, workspace
 // included, are the real first step's (both families, both optimizers, the LM head fused and not,
 // ResNet at two image sizes, several batch sizes).
-TEST_CASE("cli: the dry run of the first step is exact on the CPU: the peak and every category's, scratch included") {
+TEST_CASE(
+    "cli: the dry run of the first step is exact on the CPU: the peak and every category's, "
+    "scratch included") {
   struct Case {
     const char* model;
     const char* optimizer;
@@ -228,14 +232,12 @@ TEST_CASE("cli: the dry run of the first step is exact on the CPU: the peak and 
     int64_t lm_head_chunk;  // Transformer
   };
   const int64_t preset = tool::ModelFlags::kPresetHeadChunk;
-  for (const Case& c : {Case{"resnet-tiny", "sgd", 8, 64, preset},
-                        Case{"resnet-tiny", "adamw", 3, 64, preset},
-                        Case{"resnet-tiny", "sgd", 2, 32, preset},
-                        Case{"resnet-tiny", "adamw", 5, 32, preset},
-                        Case{"transformer-tiny", "adamw", 4, 0, preset},
-                        Case{"transformer-tiny", "sgd", 2, 0, preset},
-                        Case{"transformer-tiny", "sgd", 3, 0, -1},
-                        Case{"transformer-tiny", "adamw", 1, 0, -1}}) {
+  for (const Case& c :
+       {Case{"resnet-tiny", "sgd", 8, 64, preset}, Case{"resnet-tiny", "adamw", 3, 64, preset},
+        Case{"resnet-tiny", "sgd", 2, 32, preset}, Case{"resnet-tiny", "adamw", 5, 32, preset},
+        Case{"transformer-tiny", "adamw", 4, 0, preset},
+        Case{"transformer-tiny", "sgd", 2, 0, preset}, Case{"transformer-tiny", "sgd", 3, 0, -1},
+        Case{"transformer-tiny", "adamw", 1, 0, -1}}) {
     const std::string what = std::string(c.model) + " " + c.optimizer + " --batch " +
                              std::to_string(c.batch) +
                              (c.image_size ? " --image-size " + std::to_string(c.image_size) : "") +
@@ -253,9 +255,11 @@ TEST_CASE("cli: the dry run of the first step is exact on the CPU: the peak and 
     REQUIRE(a.stats().live_blocks == 0);
     {
       const int64_t allocs = a.stats().num_allocs;
-      const DryRunResult dry = dry_run_step(tool::model_config(m), m.batch, Device::cpu(), [](Model& model) {
-        return std::unique_ptr<Optimizer>(std::make_unique<SGD>(model.parameters(), SGDOptions{}));
-      });
+      const DryRunResult dry =
+          dry_run_step(tool::model_config(m), m.batch, Device::cpu(), [](Model& model) {
+            return std::unique_ptr<Optimizer>(
+                std::make_unique<SGD>(model.parameters(), SGDOptions{}));
+          });
       CHECK(a.stats().num_allocs == allocs);  // nothing on the real allocator
       CHECK(a.stats().live_blocks == 0);
       CHECK(dry.memory.allocated.peak > dry.persistent);
@@ -291,7 +295,8 @@ TEST_CASE("cli: budgets, limits, and outputs that are inputs, each other or not 
     expect_failure(dir, tiny({"--policy", "mutwo", "--budget", b}), {"--budget", "bad budget"});
   }
   expect_failure(dir, tiny({"--policy", "mutwo", "--budget", ""}), {"--budget", "is empty"});
-  expect_failure(dir, tiny({"--threads", "300000"}), {"--threads must be at most 1024, got 300000"});
+  expect_failure(dir, tiny({"--threads", "300000"}),
+                 {"--threads must be at most 1024, got 300000"});
   expect_failure(dir, tiny({"--threads", "2147483647"}), {"--threads must be at most 1024"});
   expect_failure(dir, {"train", "--model", "resnet-tiny", "--num-classes", "1"},
                  {"--num-classes must be an integer from 2"});
@@ -314,12 +319,14 @@ TEST_CASE("cli: budgets, limits, and outputs that are inputs, each other or not 
     CHECK(has(r.err, "--device cuda:63"));
     CHECK(!has(r.out, "# regen bench ops"));
   }
-  expect_failure(dir, {"sweep", "--model", "resnet-tiny", "--batches", "2,4,2", "--out", dir.file("sw")},
+  expect_failure(dir,
+                 {"sweep", "--model", "resnet-tiny", "--batches", "2,4,2", "--out", dir.file("sw")},
                  {"--batches '2,4,2': 2 is listed twice"});
   // Outputs that are not regular files are never replaced.
   const std::string fifo = dir.file("fifo");
   REQUIRE(::mkfifo(fifo.c_str(), 0644) == 0);
-  expect_failure(dir, tiny({"--save", fifo}), {"--save", "is a FIFO; regen writes only regular files"});
+  expect_failure(dir, tiny({"--save", fifo}),
+                 {"--save", "is a FIFO; regen writes only regular files"});
   struct stat st;
   REQUIRE(::stat(fifo.c_str(), &st) == 0);
   CHECK(S_ISFIFO(st.st_mode));
@@ -327,8 +334,8 @@ TEST_CASE("cli: budgets, limits, and outputs that are inputs, each other or not 
   REQUIRE(::stat("/dev/null", &st) == 0);
   CHECK(S_ISCHR(st.st_mode));
   // plan: an output that is another output or the profile it reads.
-  const Result prof = regen_run(dir, {"profile", "--model", "transformer-tiny", "--iterations", "1",
-                                      "--out", dir.path});
+  const Result prof = regen_run(
+      dir, {"profile", "--model", "transformer-tiny", "--iterations", "1", "--out", dir.path});
   REQUIRE(prof.status == 0);
   const std::string profile = dir.file("profile.json"), before = read_file(profile);
   expect_failure(dir, {"plan", "--profile", profile, "--out", profile},
@@ -347,26 +354,29 @@ TEST_CASE("cli: budgets, limits, and outputs that are inputs, each other or not 
                  {"--save", "is the same file as --profile"});
   CHECK(read_file(profile) == before);
   // A tiny percentage is a budget no plan meets, not no budget.
-  const Result tinyb = regen_run(dir, {"plan", "--profile", profile, "--policy", "mutwo", "--budget",
-                                       "0.00001%", "--out", dir.file("p.json"), "--decisions",
-                                       dir.file("d.csv")});
+  const Result tinyb =
+      regen_run(dir, {"plan", "--profile", profile, "--policy", "mutwo", "--budget", "0.00001%",
+                      "--out", dir.file("p.json"), "--decisions", dir.file("d.csv")});
   CHECK(has(tinyb.out, "(1 B reserved)"));
   CHECK(has(tinyb.out, "cannot be met"));
   // A profile records the flags that shape the step; a run with others is refused, naming one.
   CHECK(has(read_file(profile), "\"--optimizer\": \"sgd\""));
   expect_failure(dir, tiny({"--optimizer", "adamw", "--profile", profile, "--policy", "mutwo"}),
-                 {"--profile " + profile + " was made with --optimizer sgd, but this run has --optimizer adamw",
+                 {"--profile " + profile +
+                      " was made with --optimizer sgd, but this run has --optimizer adamw",
                   "pass --optimizer sgd, or profile again"});
   expect_failure(dir, tiny({"--dropout", "0", "--profile", profile, "--policy", "mutwo"}),
                  {"was made with --dropout 0.1, but this run has --dropout 0"});
   expect_failure(dir, tiny({"--lm-head-chunk", "-1", "--profile", profile, "--policy", "mutwo"}),
                  {"was made with --lm-head-chunk 0"});
   // A loaded plan reports the profile's no-remat peak (it printed 0 B).
-  const Result planned = regen_run(dir, {"plan", "--profile", profile, "--policy", "mutwo", "--budget",
-                                         "90%", "--budget-of", "allocated", "--out", dir.file("p.json"), "--decisions", dir.file("d.csv")});
+  const Result planned = regen_run(
+      dir, {"plan", "--profile", profile, "--policy", "mutwo", "--budget", "90%", "--budget-of",
+            "allocated", "--out", dir.file("p.json"), "--decisions", dir.file("d.csv")});
   REQUIRE(planned.status == 0);
-  const Result run = regen_run(dir, {"train", "--model", "transformer-tiny", "--profile", profile,
-                                     "--plan", dir.file("p.json"), "--steps", "2", "--progress", "none"});
+  const Result run =
+      regen_run(dir, {"train", "--model", "transformer-tiny", "--profile", profile, "--plan",
+                      dir.file("p.json"), "--steps", "2", "--progress", "none"});
   CAPTURE(run.err);
   CHECK(run.status == 0);
   CHECK(has(run.out, "(no remat "));
@@ -499,9 +509,10 @@ TEST_CASE("cli: --save is checked before training, and --save then --load round-
     t.data<float>()[3] = std::nanf("");
     const std::string nan_ckpt = dir.file("nan.safetensors");
     save_safetensors(nan_ckpt, g.tensors, g.metadata);
-    expect_failure(dir, tiny({"--batch", "2", "--load", nan_ckpt}),
-                   {"nan.safetensors", "tensor '" + g.tensors[2].first + "' holds nan at flat index 3",
-                    "weights must be finite"});
+    expect_failure(
+        dir, tiny({"--batch", "2", "--load", nan_ckpt}),
+        {"nan.safetensors", "tensor '" + g.tensors[2].first + "' holds nan at flat index 3",
+         "weights must be finite"});
   }
 
   // A truncated checkpoint.
@@ -574,14 +585,15 @@ TEST_CASE("cli: bench train prints what it measured and writes --json atomically
   expect_failure(dir, {"bench", "train", "--json", dir.file("no/dir.json")}, {"--json"});
 
   // For a preset tools/torch_baseline.py knows, the command that measures PyTorch alike.
-  const Result peer = regen_run(dir, {"bench", "train", "--model", "transformer", "--seq-len", "4",
-                                      "--batch", "1", "--warmup", "0", "--steps", "1", "--threads",
-                                      "2"});
+  const Result peer =
+      regen_run(dir, {"bench", "train", "--model", "transformer", "--seq-len", "4", "--batch", "1",
+                      "--warmup", "0", "--steps", "1", "--threads", "2"});
   CAPTURE(peer.err);
   CHECK(peer.status == 0);
-  CHECK(has(peer.out, "python3 tools/torch_baseline.py --device cpu --threads 2 --model "
-                      "transformer --batches 1 --seq-len 4 --dropout 0.1 --lr 0.1 --modes eager "
-                      "--math fp32 --warmup 0 --steps 1 --csv torch.csv"));
+  CHECK(has(peer.out,
+            "python3 tools/torch_baseline.py --device cpu --threads 2 --model "
+            "transformer --batches 1 --seq-len 4 --dropout 0.1 --lr 0.1 --modes eager "
+            "--math fp32 --warmup 0 --steps 1 --csv torch.csv"));
 }
 
 namespace {
@@ -629,11 +641,28 @@ std::vector<std::map<std::string, std::string>> csv_rows(
 std::vector<std::map<std::string, std::string>> read_csv(const std::string& path) {
   std::vector<std::string> header;
   auto rows = csv_rows(path, &header);
-  for (const char* col :
-       {"model", "batch", "device", "threads", "policy", "budget_bytes", "budget_fraction",
-        "feasible", "predicted_peak_allocated", "predicted_peak_reserved", "predicted_ms",
-        "profiled_ms", "overhead_pct", "recompute_ms", "replays", "recomputed", "planning_ms",
-        "executed", "measured_peak_allocated", "measured_peak_reserved", "measured_ms", "exact"}) {
+  for (const char* col : {"model",
+                          "batch",
+                          "device",
+                          "threads",
+                          "policy",
+                          "budget_bytes",
+                          "budget_fraction",
+                          "feasible",
+                          "predicted_peak_allocated",
+                          "predicted_peak_reserved",
+                          "predicted_ms",
+                          "profiled_ms",
+                          "overhead_pct",
+                          "recompute_ms",
+                          "replays",
+                          "recomputed",
+                          "planning_ms",
+                          "executed",
+                          "measured_peak_allocated",
+                          "measured_peak_reserved",
+                          "measured_ms",
+                          "exact"}) {
     CHECK_MESSAGE(std::count(header.begin(), header.end(), col) == 1, "no column ", col);
   }
   return rows;
@@ -643,8 +672,8 @@ std::vector<std::map<std::string, std::string>> read_csv(const std::string& path
 
 TEST_CASE("cli: frontier plans every policy from the lower bound to the no-remat peak") {
   TempDir dir;
-  const Result prof = regen_run(
-      dir, {"profile", "--model", "transformer-tiny", "--batch", "2", "--out", dir.path});
+  const Result prof =
+      regen_run(dir, {"profile", "--model", "transformer-tiny", "--batch", "2", "--out", dir.path});
   CAPTURE(prof.err);
   REQUIRE(prof.status == 0);
   const std::string profile = dir.file("profile.json");
@@ -710,7 +739,7 @@ TEST_CASE("cli: frontier plans every policy from the lower bound to the no-remat
         CHECK(row.at("measured_ms").empty());
       }
     }
-    CHECK(any_executed == any_feasible);  // --execute 1: one plan per policy that has one
+    CHECK(any_executed == any_feasible);           // --execute 1: one plan per policy that has one
     CHECK(has(r.out, "  " + planners[k] + ": "));  // its property check
   }
   CHECK(executed > 0);
@@ -718,8 +747,8 @@ TEST_CASE("cli: frontier plans every policy from the lower bound to the no-remat
 
 TEST_CASE("cli: frontier refuses bad flags before any work") {
   TempDir dir;
-  const Result prof = regen_run(
-      dir, {"profile", "--model", "transformer-tiny", "--batch", "2", "--out", dir.path});
+  const Result prof =
+      regen_run(dir, {"profile", "--model", "transformer-tiny", "--batch", "2", "--out", dir.path});
   REQUIRE(prof.status == 0);
   const std::string profile = dir.file("profile.json");
   const std::string out = dir.file("never");
@@ -731,7 +760,8 @@ TEST_CASE("cli: frontier refuses bad flags before any work") {
   expect_failure(dir, frontier({"--points", "1"}),
                  {"--points must be an integer from 2 to 1000, got 1"});
   // 100000 budgets would plan every policy for hours: refused at once.
-  expect_failure(dir, frontier({"--points", "100000"}), {"--points must be at most 1000, got 100000"});
+  expect_failure(dir, frontier({"--points", "100000"}),
+                 {"--points must be at most 1000, got 100000"});
   expect_failure(dir, frontier({"--execute", "-1"}),
                  {"--execute must be a non-negative integer, got -1"});
   expect_failure(dir, frontier({"--steps", "1"}), {"--steps must be an integer from 2"});
@@ -752,33 +782,36 @@ TEST_CASE("cli: frontier refuses bad flags before any work") {
                  {"--execute 1", "pass --model transformer-tiny --batch 2"});
   expect_failure(dir, frontier({"--model", "transformer-tiny", "--batch", "2", "--threads", "7"}),
                  {"--threads 7", "threads"});
-  expect_failure(dir, {"frontier", "--model", "transformer-tiny", "--image-size", "64", "--out",
-                       out},
+  expect_failure(dir,
+                 {"frontier", "--model", "transformer-tiny", "--image-size", "64", "--out", out},
                  {"--image-size applies to ResNet models"});
   CHECK(!std::filesystem::exists(out));  // refused before the folder was made
   // Another model under the same name and batch: refused up front, naming the flag the profile
   // recorded; a profile without that record (made before it existed) is caught when the no-remat
   // run does not match it.
-  expect_failure(dir, frontier({"--model", "transformer-tiny", "--batch", "2", "--seq-len", "8",
-                                "--points", "2", "--execute", "1", "--steps", "2"}),
+  expect_failure(dir,
+                 frontier({"--model", "transformer-tiny", "--batch", "2", "--seq-len", "8",
+                           "--points", "2", "--execute", "1", "--steps", "2"}),
                  {"--profile", "was made with --seq-len 16, but this run has --seq-len 8"});
   {
     nlohmann::json j = nlohmann::json::parse(read_file(profile));
     j.erase("run");
     const std::string old_profile = dir.file("old_profile.json");
     write_file_atomic(old_profile, j.dump());
-    expect_failure(dir, {"frontier", "--profile", old_profile, "--out", dir.file("never"), "--model",
-                         "transformer-tiny", "--batch", "2", "--seq-len", "8", "--points", "2",
-                         "--execute", "1", "--steps", "2"},
+    expect_failure(dir,
+                   {"frontier", "--profile", old_profile, "--out", dir.file("never"), "--model",
+                    "transformer-tiny", "--batch", "2", "--seq-len", "8", "--points", "2",
+                    "--execute", "1", "--steps", "2"},
                    {"--profile", "the model flags do not build the profiled model"});
     // The same failure into a folder with an earlier run's outputs: they stay as they were (the
     // outputs are committed together at the end; expect_failure compares every file).
     std::filesystem::create_directory(dir.file("kept"));
     write_file_atomic(dir.file("kept/frontier.csv"), "an earlier run's frontier\n");
     write_file_atomic(dir.file("kept/profile.json"), "an earlier run's profile\n");
-    expect_failure(dir, {"frontier", "--profile", old_profile, "--out", dir.file("kept"), "--model",
-                         "transformer-tiny", "--batch", "2", "--seq-len", "8", "--points", "2",
-                         "--execute", "1", "--steps", "2"},
+    expect_failure(dir,
+                   {"frontier", "--profile", old_profile, "--out", dir.file("kept"), "--model",
+                    "transformer-tiny", "--batch", "2", "--seq-len", "8", "--points", "2",
+                    "--execute", "1", "--steps", "2"},
                    {"--profile", "the model flags do not build the profiled model"});
   }
   // --out naming a file.
@@ -1007,7 +1040,8 @@ TEST_CASE("io: failed writes close the file and leave no temporary behind") {
   // is written makes rename() fail after the data was written and synced.
   const std::string folder = dir.file("taken");
   std::filesystem::create_directory(folder);
-  CHECK(has(error_of([&] { write_file_atomic(folder, "data"); }), "is a directory; regen writes only regular files"));
+  CHECK(has(error_of([&] { write_file_atomic(folder, "data"); }),
+            "is a directory; regen writes only regular files"));
   const std::string late = dir.file("late");
   CHECK(has(error_of([&] {
               AtomicFileWriter w(late);
@@ -1083,7 +1117,8 @@ TEST_CASE("io: outputs committed together, and a folder locked against a second 
   write_file_atomic(dir.file("b.txt"), "old b");
   // The third fails after the first two are written and synced: a and b keep their old content.
   CHECK(has(error_of([&] {
-              write_files_atomic({{dir.file("a.txt"), "new a"}, {dir.file("b.txt"), "new b"},
+              write_files_atomic({{dir.file("a.txt"), "new a"},
+                                  {dir.file("b.txt"), "new b"},
                                   {dir.file("no/such/c.txt"), "c"}});
             }),
             "cannot create"));
@@ -1104,24 +1139,30 @@ TEST_CASE("io: outputs committed together, and a folder locked against a second 
     const FolderLock lock(out, "--out");
     CHECK(has(error_of([&] { FolderLock again(out, "--out"); }),
               "--out '" + out + "' is being written by another regen process"));
-    const Result r = regen_run(dir, {"profile", "--model", "resnet-tiny", "--batch", "2", "--out", out});
+    const Result r =
+        regen_run(dir, {"profile", "--model", "resnet-tiny", "--batch", "2", "--out", out});
     CHECK(r.status != 0);
     CHECK(has(r.err, "is being written by another regen process"));
     CHECK(std::filesystem::is_empty(out));
   }
   { FolderLock again(out, "--out"); }
-  CHECK(has(error_of([&] { FolderLock none(dir.file("missing"), "--out"); }), "cannot open the folder"));
-  // profile checks all three outputs before it profiles: one that is a folder stops it, nothing written.
+  CHECK(has(error_of([&] { FolderLock none(dir.file("missing"), "--out"); }),
+            "cannot open the folder"));
+  // profile checks all three outputs before it profiles: one that is a folder stops it, nothing
+  // written.
   std::filesystem::create_directory(out + "/trace.json");
-  const Result r = regen_run(dir, {"profile", "--model", "resnet-tiny", "--batch", "2", "--out", out});
+  const Result r =
+      regen_run(dir, {"profile", "--model", "resnet-tiny", "--batch", "2", "--out", out});
   CHECK(r.status != 0);
   CHECK(has(r.err, "trace.json"));
   CHECK(!std::filesystem::exists(out + "/profile.json"));
   std::filesystem::remove(out + "/trace.json");
-  const Result ok = regen_run(dir, {"profile", "--model", "resnet-tiny", "--batch", "2", "--out", out});
+  const Result ok =
+      regen_run(dir, {"profile", "--model", "resnet-tiny", "--batch", "2", "--out", out});
   CHECK(ok.status == 0);
   left.clear();
-  for (const auto& e : std::filesystem::directory_iterator(out)) left.push_back(e.path().filename().string());
+  for (const auto& e : std::filesystem::directory_iterator(out))
+    left.push_back(e.path().filename().string());
   std::sort(left.begin(), left.end());
   CHECK(left == std::vector<std::string>{"profile.json", "profile.txt", "trace.json"});
   CHECK(open_fds() == fds);
@@ -1131,7 +1172,8 @@ TEST_CASE("io: outputs committed together, and a folder locked against a second 
 // planner would set) stops with an out-of-memory report a person can act on: live blocks by
 // category and producer, the free bytes and largest free block in the reserved segments, and what
 // the plan predicted and where.
-TEST_CASE("cli: out of memory under a plan's limit names the plan's prediction and the fragmentation") {
+TEST_CASE(
+    "cli: out of memory under a plan's limit names the plan's prediction and the fragmentation") {
   tool::ModelFlags m;  // large enough that a step maps segments of its own
   m.model = "resnet-tiny";
   m.image_size = 64;

@@ -49,8 +49,12 @@ __attribute__((noinline)) void* operator new(std::size_t n) {
   if (void* p = std::malloc(n ? n : 1)) return p;
   throw std::bad_alloc();
 }
-__attribute__((noinline)) void operator delete(void* p) noexcept { std::free(p); }
-__attribute__((noinline)) void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+__attribute__((noinline)) void operator delete(void* p) noexcept {
+  std::free(p);
+}
+__attribute__((noinline)) void operator delete(void* p, std::size_t) noexcept {
+  std::free(p);
+}
 
 TEST_CASE("philox4x32-10 matches the published known-answer vectors") {
   uint32_t o[4];
@@ -172,8 +176,8 @@ TEST_CASE("random tensors: golden values for a fixed (seed, offset) and their st
   }
   CHECK(std::fabs(zm / n) < 0.01);
   CHECK(z2 / n == doctest::Approx(1.0).epsilon(0.015));
-  CHECK(std::fabs(z3 / n) < 0.03);                           // skewness 0
-  CHECK(z4 / n == doctest::Approx(3.0).epsilon(0.04));       // kurtosis 3
+  CHECK(std::fabs(z3 / n) < 0.03);                      // skewness 0
+  CHECK(z4 / n == doctest::Approx(3.0).epsilon(0.04));  // kurtosis 3
   CHECK(within1 / double(n) == doctest::Approx(0.6827).epsilon(0.01));
 }
 
@@ -211,20 +215,27 @@ TEST_CASE("sizes are overflow-checked: shapes, byte counts and creation") {
   CHECK(msg.find("[4611686018427387904, 2]") != std::string::npos);
   CHECK(msg.find("i64") != std::string::npos);
   CHECK(error_of([&] { ones({1ll << 32, 1ll << 32}); }).find("overflow") != std::string::npos);
-  CHECK(error_of([&] { Generator g(1); uniform({big, 8}, 0, 1, g); }).find("uniform") !=
-        std::string::npos);
-  CHECK(error_of([&] { Generator g(1); normal({big, 8}, 0, 1, g); }).find("normal") !=
-        std::string::npos);
-  CHECK(error_of([&] { Generator g(1); randint({big}, 5, g); }).find("randint") !=
-        std::string::npos);
+  CHECK(error_of([&] {
+          Generator g(1);
+          uniform({big, 8}, 0, 1, g);
+        }).find("uniform") != std::string::npos);
+  CHECK(error_of([&] {
+          Generator g(1);
+          normal({big, 8}, 0, 1, g);
+        }).find("normal") != std::string::npos);
+  CHECK(error_of([&] {
+          Generator g(1);
+          randint({big}, 5, g);
+        }).find("randint") != std::string::npos);
   CHECK(error_of([&] { full({big}, 1.0); }).find("full") != std::string::npos);
   CHECK(error_of([] { arange(0.0, 1e300, 1e-300); }).find("arange") != std::string::npos);
   CHECK_THROWS_AS(arange(0.0, std::nan(""), 1.0), Error);
   CHECK(error_of([] { ones({big}, DType::f64); }).find("ones") != std::string::npos);
   // shape_numel and shape_nbytes themselves.
   CHECK(shape_numel({big, 1}) == big);
-  CHECK(error_of([&] { shape_numel({big, 4}); }).find("[4611686018427387904, 4]") !=
-        std::string::npos);
+  CHECK(error_of([&] {
+          shape_numel({big, 4});
+        }).find("[4611686018427387904, 4]") != std::string::npos);
   CHECK(shape_nbytes({big / 4}, DType::f32) == static_cast<uint64_t>(big));
   msg = error_of([&] { shape_nbytes({big}, DType::f64); });
   CHECK(msg.find("[4611686018427387904]") != std::string::npos);

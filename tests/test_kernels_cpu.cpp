@@ -466,7 +466,9 @@ void check_dry_path(const std::string& what, bool scratch, const Body& body) {
 // the allocator for the same workspace blocks, of the same sizes, in the same order and nesting, as
 // a real call with the same thread count, and touches no tensor byte (the Null arena's addresses
 // are not memory); every other launcher is skipped.
-TEST_CASE("cpu dry paths: the listed launchers request a real call's scratch in order, and only they run") {
+TEST_CASE(
+    "cpu dry paths: the listed launchers request a real call's scratch in order, and only they "
+    "run") {
   static_assert(cpu::has_dry_run_path("gemm") && cpu::has_dry_run_path("gemm_batched"));
   static_assert(!cpu::has_dry_run_path("gem") && !cpu::has_dry_run_path("gemm_batchedx"));
   static_assert(!cpu::has_dry_run_path("relu_forward") && !cpu::has_dry_run_path(""));
@@ -476,24 +478,24 @@ TEST_CASE("cpu dry paths: the listed launchers request a real call's scratch in 
 
   for (const GemmCase& g : {GemmCase{128, 128, 128, 1, 0}, GemmCase{8, 5, 7, 1, 1},
                             GemmCase{300, 20, 64, 1, 0.5}, GemmCase{6, 9, 0, 1, 2}}) {
-    check_dry_path("gemm " + std::to_string(g.M) + "x" + std::to_string(g.N) + "x" +
-                       std::to_string(g.K),
-                   g.K > 0, [&](const auto& begin) {
-                     Tensor A = f32({g.M, g.K}), B = f32({g.N, g.K}), C = f32({g.M, g.N});
-                     begin();
-                     REGEN_LAUNCH(cpu, float, gemm, false, true, g.M, g.N, g.K, float(g.alpha),
-                                  A.data<float>(), g.K, B.data<float>(), g.K, float(g.beta),
-                                  C.data<float>(), g.N);
-                   });
+    check_dry_path(
+        "gemm " + std::to_string(g.M) + "x" + std::to_string(g.N) + "x" + std::to_string(g.K),
+        g.K > 0, [&](const auto& begin) {
+          Tensor A = f32({g.M, g.K}), B = f32({g.N, g.K}), C = f32({g.M, g.N});
+          begin();
+          REGEN_LAUNCH(cpu, float, gemm, false, true, g.M, g.N, g.K, float(g.alpha),
+                       A.data<float>(), g.K, B.data<float>(), g.K, float(g.beta), C.data<float>(),
+                       g.N);
+        });
   }
   covered.insert("gemm");
   check_dry_path("gemm_batched", true, [&](const auto& begin) {
     Tensor A = f32({3, 32, 64}), B = f32({3, 32, 48}), C = f32({3, 64, 48});
     begin();
     REGEN_LAUNCH(cpu, float, gemm_batched, true, false, int64_t{3}, int64_t{64}, int64_t{48},
-                 int64_t{32}, 1.0f, A.data<float>(), int64_t{64}, int64_t{32 * 64},
-                 B.data<float>(), int64_t{48}, int64_t{32 * 48}, 0.0f, C.data<float>(),
-                 int64_t{48}, int64_t{64 * 48});
+                 int64_t{32}, 1.0f, A.data<float>(), int64_t{64}, int64_t{32 * 64}, B.data<float>(),
+                 int64_t{48}, int64_t{32 * 48}, 0.0f, C.data<float>(), int64_t{48},
+                 int64_t{64 * 48});
   });
   covered.insert("gemm_batched");
   for (int64_t n : {int64_t{100}, int64_t{100003}}) {
@@ -508,9 +510,8 @@ TEST_CASE("cpu dry paths: the listed launchers request a real call's scratch in 
     Tensor logits = f32({64, 100}), lse = f32({64}), loss = f32({1});
     Tensor targets = zeros({64}, DType::i64, cpu);
     begin();
-    REGEN_LAUNCH(cpu, float, cross_entropy_forward, logits.data<float>(),
-                 targets.data<int64_t>(), loss.data<float>(), lse.data<float>(), int64_t{64},
-                 int64_t{100}, int64_t{-100});
+    REGEN_LAUNCH(cpu, float, cross_entropy_forward, logits.data<float>(), targets.data<int64_t>(),
+                 loss.data<float>(), lse.data<float>(), int64_t{64}, int64_t{100}, int64_t{-100});
   });
   covered.insert("cross_entropy_forward");
 
@@ -567,8 +568,8 @@ TEST_CASE("cpu dry paths: the listed launchers request a real call's scratch in 
     check_dry_path("conv_transpose2d_backward_filter", true, [&](const auto& begin) {
       Tensor x = f32(xs), dy = f32(ys), dw = f32(ws), db = f32({s.C});
       begin();
-      REGEN_LAUNCH(cpu, float, conv_transpose2d_backward_filter, x.data<float>(),
-                   dy.data<float>(), dw.data<float>(), db.data<float>(), s);
+      REGEN_LAUNCH(cpu, float, conv_transpose2d_backward_filter, x.data<float>(), dy.data<float>(),
+                   dw.data<float>(), db.data<float>(), s);
     });
     covered.insert({"conv_transpose2d_forward", "conv_transpose2d_backward_data",
                     "conv_transpose2d_backward_filter"});

@@ -8,8 +8,8 @@
 // budgets met under the hard limit and one byte less refused; plan.json keeps the layout.
 #include <doctest/doctest.h>
 
-#include <random>
 #include <unistd.h>
+#include <random>
 
 #include "regen/core/io.h"
 #include "regen/remat/layout.h"
@@ -39,15 +39,16 @@ void check_layout(const std::vector<Request>& rq, const PlannedLayout& l) {
     REQUIRE(l.offset[i] % CachingAllocator::kMinBlockSize == 0);
     REQUIRE(l.bin[i] >= -1);
     REQUIRE(l.bin[i] < static_cast<int32_t>(l.holes.size()));
-    const uint64_t room = l.bin[i] < 0 ? static_cast<uint64_t>(l.size) : l.holes[static_cast<size_t>(l.bin[i])];
+    const uint64_t room =
+        l.bin[i] < 0 ? static_cast<uint64_t>(l.size) : l.holes[static_cast<size_t>(l.bin[i])];
     REQUIRE(l.offset[i] + l.rounded[i] <= room);
   }
   for (size_t i = 0; i < rq.size(); ++i) {
     for (size_t j = i + 1; j < rq.size(); ++j) {
       const bool together = rq[i].begin < end(rq[j]) && rq[j].begin < end(rq[i]);
       if (!together || l.bin[i] != l.bin[j]) continue;
-      const bool apart = l.offset[i] + l.rounded[i] <= l.offset[j] ||
-                         l.offset[j] + l.rounded[j] <= l.offset[i];
+      const bool apart =
+          l.offset[i] + l.rounded[i] <= l.offset[j] || l.offset[j] + l.rounded[j] <= l.offset[i];
       if (!apart) {
         FAIL_CHECK("requests ", i, " and ", j, " are alive together and overlap");
         return;
@@ -57,24 +58,28 @@ void check_layout(const std::vector<Request>& rq, const PlannedLayout& l) {
   CHECK(static_cast<int64_t>(hole_bytes) + l.size >= live_peak(rq));
 }
 
-
 // Replays `ops` as a planned step: each request where the layout puts it, the allocator's
 // invariants after every step (live blocks disjoint, holes and arena tiled by blocks and gaps,
 // statistics equal to sums over blocks), and on a memory-touching arena each block's bytes
 // written and read back at its free. With `persistent`, blocks made and kept first leave holes
 // in their segments, which the layout fills too.
-void replay_planned(const ArenaFactory& make, const std::vector<Op>& ops, bool touch_memory, bool persistent) {
+void replay_planned(const ArenaFactory& make, const std::vector<Op>& ops, bool touch_memory,
+                    bool persistent) {
   CachingAllocator a(make());
   std::vector<Block*> kept;
   if (persistent) {
     // Every other block of 2-700 KiB in the small pool and 1-3 MiB in a shared segment is freed,
     // and the cached tail of each segment stays free too.
     std::vector<Block*> made;
-    for (int i = 0; i < 8; ++i) made.push_back(a.allocate((2 + 97 * i) * 1024, Category::parameter, 0));
-    for (int i = 0; i < 6; ++i) made.push_back(a.allocate((1 + i % 3) * MiB, Category::parameter, 0));
+    for (int i = 0; i < 8; ++i)
+      made.push_back(a.allocate((2 + 97 * i) * 1024, Category::parameter, 0));
+    for (int i = 0; i < 6; ++i)
+      made.push_back(a.allocate((1 + i % 3) * MiB, Category::parameter, 0));
     for (size_t i = 0; i < made.size(); ++i) {
-      if (i % 2) kept.push_back(made[i]);
-      else a.free(made[i]);
+      if (i % 2)
+        kept.push_back(made[i]);
+      else
+        a.free(made[i]);
     }
   }
   const AllocatorState before = a.snapshot_state();
@@ -132,9 +137,10 @@ void replay_planned(const ArenaFactory& make, const std::vector<Op>& ops, bool t
   CHECK(s.allocated.peak == kept_bytes + live_peak(rq));
   CHECK(s.reserved.peak == persistent_reserved + layout->size);
   CHECK(s.num_segment_maps == maps);
-  MESSAGE(rq.size(), " requests", std::string(persistent ? " (with holes)" : ""), ": arena ", format_bytes(layout->size),
-          ", live peak ", format_bytes(live_peak(rq)), " (", static_cast<double>(layout->size) / static_cast<double>(live_peak(rq)),
-          "x), ", in_holes, " in the holes");
+  MESSAGE(rq.size(), " requests", std::string(persistent ? " (with holes)" : ""), ": arena ",
+          format_bytes(layout->size), ", live peak ", format_bytes(live_peak(rq)), " (",
+          static_cast<double>(layout->size) / static_cast<double>(live_peak(rq)), "x), ", in_holes,
+          " in the holes");
   // Uninstalled: the arena unmapped, the holes back in the pools as they were.
   a.set_planned_layout(nullptr);
   CHECK_FALSE(a.has_planned_layout());
@@ -148,7 +154,8 @@ void replay_planned(const ArenaFactory& make, const std::vector<Op>& ops, bool t
 
 }  // namespace
 
-TEST_CASE("layout: offsets by hand, and never two live requests in the same bytes (random lifetimes)") {
+TEST_CASE(
+    "layout: offsets by hand, and never two live requests in the same bytes (random lifetimes)") {
   constexpr uint64_t K = 1024;
   // A lives throughout; B then C take turns above it (C begins where B ends); D lives to the end.
   const std::vector<Request> hand = {{4 * K, 0, 10}, {2 * K, 2, 5}, {2 * K, 5, 8}, {K, 9, -1}};
@@ -189,10 +196,14 @@ TEST_CASE("layout: offsets by hand, and never two live requests in the same byte
     CHECK(a.size == b.size);
   }
   // A size that is not a rounded request is refused.
-  CHECK(error_of([] { place_requests({{1000, 0, 1}}); }).find("not a rounded size") != std::string::npos);
+  CHECK(error_of([] {
+          place_requests({{1000, 0, 1}});
+        }).find("not a rounded size") != std::string::npos);
 }
 
-TEST_CASE("layout: the allocator serves a random sequence where planned, in holes and arena, blocks disjoint, stats exact (cpu, null)") {
+TEST_CASE(
+    "layout: the allocator serves a random sequence where planned, in holes and arena, blocks "
+    "disjoint, stats exact (cpu, null)") {
   const ArenaFactory cpu = [] { return make_cpu_arena(); };
   const ArenaFactory null = [] { return make_null_arena(); };
   replay_planned(cpu, random_sequence(31, 1500), /*touch_memory=*/true, /*persistent=*/false);
@@ -201,7 +212,8 @@ TEST_CASE("layout: the allocator serves a random sequence where planned, in hole
   replay_planned(null, random_sequence(34, 3000), /*touch_memory=*/false, /*persistent=*/true);
 }
 
-TEST_CASE("layout: a step that is not the planned one, a malformed layout, an arena past the limit") {
+TEST_CASE(
+    "layout: a step that is not the planned one, a malformed layout, an arena past the limit") {
   auto layout = std::make_shared<PlannedLayout>();
   layout->size = 8192;
   layout->rounded = {4096, 4096};
@@ -228,7 +240,8 @@ TEST_CASE("layout: a step that is not the planned one, a malformed layout, an ar
     Block* z = a.allocate(4096, Category::activation, 0);
     CHECK(x->segment == y->segment);
     CHECK(z->segment != x->segment);
-    CHECK(a.stats().reserved.current == 8192 + static_cast<int64_t>(CachingAllocator::kSmallBuffer));
+    CHECK(a.stats().reserved.current ==
+          8192 + static_cast<int64_t>(CachingAllocator::kSmallBuffer));
     for (Block* b : {x, y, z}) a.free(b);
     a.set_planned_layout(nullptr);
     a.empty_cache();
@@ -238,7 +251,8 @@ TEST_CASE("layout: a step that is not the planned one, a malformed layout, an ar
     CachingAllocator a(make_null_arena());
     auto bad = std::make_shared<PlannedLayout>(*layout);
     bad->offset[1] = 6000;  // not aligned, and past the arena's end
-    CHECK(error_of([&] { a.set_planned_layout(bad); }).find("does not lie aligned inside") != std::string::npos);
+    CHECK(error_of([&] { a.set_planned_layout(bad); }).find("does not lie aligned inside") !=
+          std::string::npos);
     bad->offset.pop_back();
     CHECK(error_of([&] { a.set_planned_layout(bad); }).find("malformed") != std::string::npos);
     CHECK_FALSE(a.has_planned_layout());
@@ -246,7 +260,8 @@ TEST_CASE("layout: a step that is not the planned one, a malformed layout, an ar
     auto holed = std::make_shared<PlannedLayout>(*layout);
     holed->holes = {4096};
     const std::string e = error_of([&] { a.set_planned_layout(holed); });
-    CHECK(e.find("planned with 1 free block(s) of 4.00 KiB in the persistent segments, but they hold 0") != std::string::npos);
+    CHECK(e.find("planned with 1 free block(s) of 4.00 KiB in the persistent segments, but they "
+                 "hold 0") != std::string::npos);
     CHECK_FALSE(a.has_planned_layout());
     // Cached segments are released before the arena is mapped; under a limit the arena must fit.
     a.free(a.allocate(100, Category::other, 0));
@@ -254,7 +269,8 @@ TEST_CASE("layout: a step that is not the planned one, a malformed layout, an ar
     a.set_limit(8191);
     CHECK_THROWS_AS(a.set_planned_layout(layout), OutOfMemory);
     CHECK(a.stats().reserved.current == 0);
-    CHECK(error_of([&] { a.set_planned_layout(layout); }).find("the planned layout's arena") != std::string::npos);
+    CHECK(error_of([&] { a.set_planned_layout(layout); }).find("the planned layout's arena") !=
+          std::string::npos);
     a.set_limit(8192);
     a.set_planned_layout(layout);
     CHECK(a.stats().reserved.current == 8192);
@@ -266,7 +282,8 @@ namespace {
 
 // Trains `cfg` with plans of each policy at a few budgets of both kinds with planned layouts, and
 // checks them against training without remat (bitwise) and against their predictions (exact).
-void check_planned_training(const ModelConfig& cfg, int64_t batch, const std::vector<std::string>& policies) {
+void check_planned_training(const ModelConfig& cfg, int64_t batch,
+                            const std::vector<std::string>& policies) {
   const Device cpu = Device::cpu();
   const Profile profile = profile_of(cfg, batch, 2);
   const Simulator sim(profile);
@@ -293,7 +310,8 @@ void check_planned_training(const ModelConfig& cfg, int64_t batch, const std::ve
       Budget mid = lowest;
       // (A small model's planned peak may pass its no-remat caching peak: its arena comes on top
       // of the persistent segments' slack.)
-      mid.value = static_cast<double>(probe.lowest_peak + std::max<int64_t>(0, probe.no_remat_peak - probe.lowest_peak) / 2);
+      mid.value = static_cast<double>(
+          probe.lowest_peak + std::max<int64_t>(0, probe.no_remat_peak - probe.lowest_peak) / 2);
       budgets.push_back(lowest);
       budgets.push_back(mid);
       for (const Budget& budget : budgets) {
@@ -342,12 +360,13 @@ void check_planned_training(const ModelConfig& cfg, int64_t batch, const std::ve
           ++reserved_met;
           // The reserved peak is a limit the plan runs under; one byte less is refused.
           CHECK(fit_schedule(sim, s, plan.predicted.peak_reserved, of, nullptr, true).fits);
-          CHECK_FALSE(fit_schedule(sim, s, plan.predicted.peak_reserved - 1, of, nullptr, true).fits);
+          CHECK_FALSE(
+              fit_schedule(sim, s, plan.predicted.peak_reserved - 1, of, nullptr, true).fits);
         }
         MESSAGE(cfg.name, " ", policy, " ", btext, " (", budget_of_name(of), "): allocated ",
                 format_bytes(plan.predicted.peak_allocated), ", reserved ",
-                format_bytes(plan.predicted.peak_reserved), " = persistent ", format_bytes(persistent),
-                " + arena ", format_bytes(plan.layout->size));
+                format_bytes(plan.predicted.peak_reserved), " = persistent ",
+                format_bytes(persistent), " + arena ", format_bytes(plan.layout->size));
         ++executed;
       }
     }
@@ -359,15 +378,21 @@ void check_planned_training(const ModelConfig& cfg, int64_t batch, const std::ve
 
 }  // namespace
 
-TEST_CASE("layout: planned training on transformer-tiny is bitwise, exact, and meets its budgets (dp, mutwo, blocks)") {
+TEST_CASE(
+    "layout: planned training on transformer-tiny is bitwise, exact, and meets its budgets (dp, "
+    "mutwo, blocks)") {
   check_planned_training(model_preset("transformer-tiny"), 4, {"dp", "mutwo", "blocks"});
 }
 
-TEST_CASE("layout: planned training on a ResNet is bitwise, exact, and meets its budgets (dp, mutwo, sqrt)") {
+TEST_CASE(
+    "layout: planned training on a ResNet is bitwise, exact, and meets its budgets (dp, mutwo, "
+    "sqrt)") {
   check_planned_training(remat_resnet(), 8, {"dp", "mutwo", "sqrt"});
 }
 
-TEST_CASE("layout: on the ResNet the arena is within 3% of a lower bound, and plan.json keeps the layout") {
+TEST_CASE(
+    "layout: on the ResNet the arena is within 3% of a lower bound, and plan.json keeps the "
+    "layout") {
   const Profile profile = profile_of(remat_resnet(), 8, 2);
   const Simulator sim(profile);
   PlanOptions po;
@@ -395,13 +420,16 @@ TEST_CASE("layout: on the ResNet the arena is within 3% of a lower bound, and pl
     for (const Request& r : rq) {
       if (r.rounded > largest_hole) too_large = std::max(too_large, r.rounded);
     }
-    const int64_t bound = std::max(peak - static_cast<int64_t>(holes), static_cast<int64_t>(too_large));
+    const int64_t bound =
+        std::max(peak - static_cast<int64_t>(holes), static_cast<int64_t>(too_large));
     CHECK(l->size >= bound);
     CHECK(static_cast<double>(l->size) <= 1.03 * static_cast<double>(bound));
-    const double ratio = static_cast<double>(plan.predicted.peak_reserved) / static_cast<double>(plan.predicted.peak_allocated);
+    const double ratio = static_cast<double>(plan.predicted.peak_reserved) /
+                         static_cast<double>(plan.predicted.peak_allocated);
     MESSAGE(b, ": arena ", format_bytes(l->size), " (bound ", format_bytes(bound), ") and ",
-            l->holes.size(), " holes of ", format_bytes(static_cast<int64_t>(holes)), " for a live peak of ",
-            format_bytes(peak), "; reserved ", format_bytes(plan.predicted.peak_reserved), " for ",
+            l->holes.size(), " holes of ", format_bytes(static_cast<int64_t>(holes)),
+            " for a live peak of ", format_bytes(peak), "; reserved ",
+            format_bytes(plan.predicted.peak_reserved), " for ",
             format_bytes(plan.predicted.peak_allocated), " allocated (", ratio, "x)");
   }
   const Plan plan = make_plan(sim, "dp", Budget::parse("70%"), po);

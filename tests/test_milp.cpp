@@ -84,22 +84,32 @@ Profile chain_profile(const std::vector<int64_t>& size, const std::vector<int64_
   for (int i = 0; i < K; ++i) {
     marker(MarkerKind::fwd_begin, i);
     if (workspace[static_cast<size_t>(i)] > 0) {
-      event(MemoryEventKind::alloc, 1000 + static_cast<uint64_t>(i), workspace[static_cast<size_t>(i)], Category::workspace);
-      event(MemoryEventKind::free, 1000 + static_cast<uint64_t>(i), workspace[static_cast<size_t>(i)], Category::workspace);
+      event(MemoryEventKind::alloc, 1000 + static_cast<uint64_t>(i),
+            workspace[static_cast<size_t>(i)], Category::workspace);
+      event(MemoryEventKind::free, 1000 + static_cast<uint64_t>(i),
+            workspace[static_cast<size_t>(i)], Category::workspace);
     }
-    event(MemoryEventKind::alloc, static_cast<uint64_t>(i + 1), size[static_cast<size_t>(i) + 1], Category::activation);
+    event(MemoryEventKind::alloc, static_cast<uint64_t>(i + 1), size[static_cast<size_t>(i) + 1],
+          Category::activation);
     marker(MarkerKind::fwd_end, i);
   }
   marker(MarkerKind::backward_start, -1);
   for (int i = K - 1; i >= 0; --i) {
     marker(MarkerKind::bwd_begin, i);
-    if (i >= 1) event(MemoryEventKind::alloc, 100 + static_cast<uint64_t>(i), size[static_cast<size_t>(i)], Category::gradient);
-    if (i < K - 1) event(MemoryEventKind::free, 100 + static_cast<uint64_t>(i + 1), size[static_cast<size_t>(i) + 1], Category::gradient);
-    if (i >= 1) event(MemoryEventKind::free, static_cast<uint64_t>(i), size[static_cast<size_t>(i)], Category::activation);
+    if (i >= 1)
+      event(MemoryEventKind::alloc, 100 + static_cast<uint64_t>(i), size[static_cast<size_t>(i)],
+            Category::gradient);
+    if (i < K - 1)
+      event(MemoryEventKind::free, 100 + static_cast<uint64_t>(i + 1),
+            size[static_cast<size_t>(i) + 1], Category::gradient);
+    if (i >= 1)
+      event(MemoryEventKind::free, static_cast<uint64_t>(i), size[static_cast<size_t>(i)],
+            Category::activation);
     marker(MarkerKind::bwd_end, i);
   }
   marker(MarkerKind::backward_finish, -1);
-  event(MemoryEventKind::free, static_cast<uint64_t>(K), size[static_cast<size_t>(K)], Category::activation);
+  event(MemoryEventKind::free, static_cast<uint64_t>(K), size[static_cast<size_t>(K)],
+        Category::activation);
   marker(MarkerKind::iteration_end, -1);
   finalize_profile(p);
   return p;
@@ -196,7 +206,8 @@ TEST_CASE("milp: a budget <= 0 is an error, and without CBC plan_milp says how t
   CHECK(error_of([&] { plan_milp(sim, 0); }).find("positive") != std::string::npos);
   CHECK(error_of([&] { plan_milp(sim, -5); }).find("positive") != std::string::npos);
   if (!milp_available()) {
-    CHECK(error_of([&] { plan_milp(sim, 1 << 20); }).find("coinor-libcbc-dev") != std::string::npos);
+    CHECK(error_of([&] { plan_milp(sim, 1 << 20); }).find("coinor-libcbc-dev") !=
+          std::string::npos);
   }
 }
 
@@ -234,7 +245,9 @@ TEST_CASE("milp: on a hand-made chain, the optimum of exhaustive search at every
     CHECK(plan.predicted.time_ms >= last_ms - 1e-9);  // a lower budget never costs less
     last_ms = plan.predicted.time_ms;
     for (const Regeneration& g : plan.regenerations) {
-      for (int32_t s : g.saved) early = early || p.nodes[static_cast<size_t>(g.node)].bwd_rank < p.saved[static_cast<size_t>(s)].first_bw_rank;
+      for (int32_t s : g.saved)
+        early = early || p.nodes[static_cast<size_t>(g.node)].bwd_rank <
+                             p.saved[static_cast<size_t>(s)].first_bw_rank;
     }
   }
   CHECK(early);
@@ -253,8 +266,9 @@ TEST_CASE("milp: on a hand-made chain, the optimum of exhaustive search at every
 TEST_CASE("milp: on a chain of large blocks, re-solving brings the plan under the budget") {
   if (!milp_available()) return;
   const int64_t M = 1 << 20;
-  const Profile p = chain_profile({4096, 3 * M / 2, 5 * M / 2 + 4096, 2 * M, 3 * M / 2 + 1536, 5 * M / 2, M + 512, 512},
-                                  {0, 3 * M, 0, 0, 2 * M, 0, 0}, {5, 1, 4, 0.5, 2, 1, 3});
+  const Profile p = chain_profile(
+      {4096, 3 * M / 2, 5 * M / 2 + 4096, 2 * M, 3 * M / 2 + 1536, 5 * M / 2, M + 512, 512},
+      {0, 3 * M, 0, 0, 2 * M, 0, 0}, {5, 1, 4, 0.5, 2, 1, 3});
   const Simulator sim(p);
   const Exhaustive ex = exhaustive(sim);
   int resolved = 0, over = 0, off = 0;
@@ -313,7 +327,8 @@ void check_milp(const ModelConfig& cfg, int64_t batch, const std::vector<BudgetP
   std::vector<Point> points;
   int executed = 0, compared = 0;
   for (const BudgetPoint& bp : budgets) {
-    const int64_t budget = lower + static_cast<int64_t>(bp.fraction * static_cast<double>(none - lower));
+    const int64_t budget =
+        lower + static_cast<int64_t>(bp.fraction * static_cast<double>(none - lower));
     MilpReport rep;
     const Plan plan = plan_milp(sim, budget, quick(bp.time_limit_s), &rep);
     const Plan mutwo = make_plan(sim, "mutwo", Budget::parse(std::to_string(budget)), allocated());
@@ -321,15 +336,17 @@ void check_milp(const ModelConfig& cfg, int64_t batch, const std::vector<BudgetP
     CAPTURE(budget);
     CAPTURE(rep.status);
     CAPTURE(plan.note);
-    MESSAGE(cfg.name << " batch " << batch << ", budget " << format_bytes(budget) << " (" << bp.fraction
-                     << " of the way from the lower bound " << format_bytes(lower) << " to the no-remat peak "
-                     << format_bytes(none) << "): milp " << rep.status << ", " << rep.rounds << " round(s), "
-                     << rep.solve_s << " s, " << rep.variables << " vars (" << rep.binaries << " binary), "
-                     << rep.constraints << " rows; peak " << format_bytes(plan.predicted.peak_allocated)
-                     << ", recompute " << plan.predicted.recompute_ms << " ms (model " << rep.objective_ms
-                     << ", bound " << rep.bound_ms << ") | mutwo " << (mutwo.feasible ? "fits" : "over")
-                     << ", peak " << format_bytes(mutwo.predicted.peak_allocated) << ", recompute "
-                     << mutwo.predicted.recompute_ms << " ms");
+    MESSAGE(
+        cfg.name << " batch " << batch << ", budget " << format_bytes(budget) << " (" << bp.fraction
+                 << " of the way from the lower bound " << format_bytes(lower)
+                 << " to the no-remat peak " << format_bytes(none) << "): milp " << rep.status
+                 << ", " << rep.rounds << " round(s), " << rep.solve_s << " s, " << rep.variables
+                 << " vars (" << rep.binaries << " binary), " << rep.constraints << " rows; peak "
+                 << format_bytes(plan.predicted.peak_allocated) << ", recompute "
+                 << plan.predicted.recompute_ms << " ms (model " << rep.objective_ms << ", bound "
+                 << rep.bound_ms << ") | mutwo " << (mutwo.feasible ? "fits" : "over") << ", peak "
+                 << format_bytes(mutwo.predicted.peak_allocated) << ", recompute "
+                 << mutwo.predicted.recompute_ms << " ms");
     CHECK(plan.policy == "milp");
     CHECK_FALSE(plan.keep_chain);
     CHECK(plan.no_remat_peak == none);
@@ -340,7 +357,8 @@ void check_milp(const ModelConfig& cfg, int64_t batch, const std::vector<BudgetP
     if (plan.feasible) {
       // The executor's replays are the ones the model paid for, or fewer.
       CHECK(plan.predicted.recompute_ms <= rep.objective_ms + 1e-6);
-      if (optimal) CHECK(plan.predicted.recompute_ms == doctest::Approx(rep.objective_ms).epsilon(1e-6));
+      if (optimal)
+        CHECK(plan.predicted.recompute_ms == doctest::Approx(rep.objective_ms).epsilon(1e-6));
     }
     if (plan.feasible && mutwo.feasible && optimal) {
       ++compared;
@@ -366,8 +384,10 @@ void check_milp(const ModelConfig& cfg, int64_t batch, const std::vector<BudgetP
   // A lower budget never costs less: compare optimal solves whose models used nested budgets.
   for (const Point& lo : points) {
     for (const Point& hi : points) {
-      if (lo.budget >= hi.budget || lo.rep.status != "optimal" || hi.rep.status != "optimal") continue;
-      if (lo.rep.internal_budget > hi.rep.internal_budget || !lo.plan.feasible || !hi.plan.feasible) continue;
+      if (lo.budget >= hi.budget || lo.rep.status != "optimal" || hi.rep.status != "optimal")
+        continue;
+      if (lo.rep.internal_budget > hi.rep.internal_budget || !lo.plan.feasible || !hi.plan.feasible)
+        continue;
       CHECK(lo.rep.objective_ms >= hi.rep.objective_ms * (1 - 2e-4) - 1e-6);
     }
   }
@@ -397,7 +417,8 @@ TEST_CASE("milp: mutwo's plans as MIP starts (keep and drop chains)") {
   for (double f : {0.3, 0.6}) {
     const int64_t budget = lower + static_cast<int64_t>(f * static_cast<double>(none - lower));
     for (Chain chain : {Chain::keep, Chain::drop}) {
-      const Plan mutwo = make_plan(sim, "mutwo", Budget::parse(std::to_string(budget)), allocated(chain));
+      const Plan mutwo =
+          make_plan(sim, "mutwo", Budget::parse(std::to_string(budget)), allocated(chain));
       if (!mutwo.feasible) continue;
       MilpOptions opt = quick(0.5);
       opt.start = &mutwo;
@@ -423,7 +444,8 @@ TEST_CASE("milp: a time limit of milliseconds returns a plan no slower than the 
   const Simulator sim(profile);
   const int64_t lower = memory_lower_bound(profile), none = profile.peak_allocated;
   const int64_t budget = lower + (none - lower) * 3 / 10;
-  const Plan mutwo = make_plan(sim, "mutwo", Budget::parse(std::to_string(budget)), allocated(Chain::drop));
+  const Plan mutwo =
+      make_plan(sim, "mutwo", Budget::parse(std::to_string(budget)), allocated(Chain::drop));
   REQUIRE(mutwo.feasible);
   for (double seconds : {0.01, 0.02, 0.03, 0.05, 0.07, 0.1, 0.2}) {
     MilpOptions opt = quick(seconds);
@@ -438,12 +460,16 @@ TEST_CASE("milp: a time limit of milliseconds returns a plan no slower than the 
   }
 }
 
-TEST_CASE("milp: transformer-tiny (batch 4): budgets met, bitwise training, exact peaks, no slower than mutwo") {
+TEST_CASE(
+    "milp: transformer-tiny (batch 4): budgets met, bitwise training, exact peaks, no slower than "
+    "mutwo") {
   if (!milp_available()) return;
   check_milp(model_preset("transformer-tiny"), 4, {{0.15, 8}, {0.35, 15}, {0.6, 15}, {0.85, 15}});
 }
 
-TEST_CASE("milp: resnet-tiny blocks at 64x64 (batch 16): budgets met, bitwise training, exact peaks, no slower than mutwo") {
+TEST_CASE(
+    "milp: resnet-tiny blocks at 64x64 (batch 16): budgets met, bitwise training, exact peaks, no "
+    "slower than mutwo") {
   if (!milp_available()) return;
   check_milp(resnet64(), 16, {{0.1, 8}, {0.5, 15}, {0.7, 15}, {0.9, 15}});
 }
@@ -452,7 +478,9 @@ TEST_CASE("milp: resnet-tiny blocks at 64x64 (batch 16): budgets met, bitwise tr
 // 90% of the way from the lower bound to the no-remat peak, dp's predicted step is within 3% of
 // the MILP's wherever the MILP proved its plan optimal (within a 20 s limit per solve; where it
 // did not, both are reported). The MILP starts from dp's plan, so it is never slower.
-TEST_CASE("milp: dp is within 3% of the MILP's optimum on transformer-tiny, resnet-tiny 64x64 and a reduced ResNet-18") {
+TEST_CASE(
+    "milp: dp is within 3% of the MILP's optimum on transformer-tiny, resnet-tiny 64x64 and a "
+    "reduced ResNet-18") {
   if (!milp_available()) {
     MESSAGE("built without CBC: nothing to compare against");
     return;
@@ -471,7 +499,8 @@ TEST_CASE("milp: dp is within 3% of the MILP's optimum on transformer-tiny, resn
   for (const Case& c : {Case{model_preset("transformer-tiny"), 4}, Case{rt, 16}, Case{r18, 32}}) {
     const Profile p = profile_of(c.cfg, c.batch, 2);
     const Simulator sim(p);
-    const int64_t lo = memory_lower_bound(p), hi = make_plan(sim, "none", Budget(), allocated()).no_remat_peak;
+    const int64_t lo = memory_lower_bound(p),
+                  hi = make_plan(sim, "none", Budget(), allocated()).no_remat_peak;
     REQUIRE(lo < hi);
     for (double f : {0.1, 0.3, 0.5, 0.7, 0.9}) {
       Budget b;
@@ -484,10 +513,12 @@ TEST_CASE("milp: dp is within 3% of the MILP's optimum on transformer-tiny, resn
       CAPTURE(c.cfg.name);
       CAPTURE(f);
       ++compared;
-      MESSAGE(c.cfg.name, " lo ", lo, " hi ", hi, " at ", f * 100, "%: dp ", dp.predicted.time_ms, " ms",
-              std::string(dp.feasible ? "" : " (infeasible)"), ", milp ", milp.predicted.time_ms, " ms",
-              std::string(milp.feasible ? "" : " (infeasible)"), " (", milp.note, ")");
-      if (dp.feasible && milp.feasible) CHECK(milp.predicted.time_ms <= dp.predicted.time_ms * (1 + 1e-9));
+      MESSAGE(c.cfg.name, " lo ", lo, " hi ", hi, " at ", f * 100, "%: dp ", dp.predicted.time_ms,
+              " ms", std::string(dp.feasible ? "" : " (infeasible)"), ", milp ",
+              milp.predicted.time_ms, " ms", std::string(milp.feasible ? "" : " (infeasible)"),
+              " (", milp.note, ")");
+      if (dp.feasible && milp.feasible)
+        CHECK(milp.predicted.time_ms <= dp.predicted.time_ms * (1 + 1e-9));
       if (milp.feasible && milp.note.find("MILP optimal") != std::string::npos) {
         ++proven;
         CHECK(dp.feasible);

@@ -11,7 +11,8 @@ TEST_CASE("op table: every op kind of the op list has a row") {
   const std::vector<OpCase> table = op_table();
   for (int k = 0; k < kNumOpKinds; ++k) {
     const OpKind kind = static_cast<OpKind>(k);
-    const bool has = std::any_of(table.begin(), table.end(), [&](const OpCase& c) { return c.kind == kind; });
+    const bool has =
+        std::any_of(table.begin(), table.end(), [&](const OpCase& c) { return c.kind == kind; });
     CHECK_MESSAGE(has, "op ", op_name(kind), " has no row in tests/op_table.h");
   }
 }
@@ -24,7 +25,8 @@ TEST_CASE("op table: the f64 gradcheck of every row") {
     GradcheckOptions o = c.tol;
     o.inputs.clear();
     for (size_t i = 0; i < c.inputs.size(); ++i) {
-      if (c.inputs[i].kind == OpInput::Kind::real && c.inputs[i].grad) o.inputs.push_back(static_cast<int>(i));
+      if (c.inputs[i].kind == OpInput::Kind::real && c.inputs[i].grad)
+        o.inputs.push_back(static_cast<int>(i));
     }
     gradcheck(c.name, c.fn, op_inputs(c, DType::f64, Device::cpu()), o);
     ++checked;

@@ -860,21 +860,21 @@ TEST_CASE("embedding: bad ids and tables throw errors naming the op and shapes")
       {"embedding", "id 4", "position 1", "V = 4"});
   expect_error([&] { embedding(from_vector<int64_t>({-1}, {1}), w); }, {"embedding", "id -1"});
   expect_error([&] { embedding(from_vector<int32_t>({0}, {1}), w); },
-              {"embedding", "ids", "i32[1]", "must be i64"});
+               {"embedding", "ids", "i32[1]", "must be i64"});
   expect_error([&] { embedding(from_vector<int64_t>({0}, {1}), rand_t<float>({4}, 1)); },
-              {"embedding", "weight", "f32[4]", "(V, D)"});
+               {"embedding", "weight", "f32[4]", "(V, D)"});
   std::vector<float> dy(3), dw(12);
   const int64_t bad_id = 9;
   expect_error([&] { cpu::embedding_backward<float>(dy.data(), &bad_id, dw.data(), 1, 4, 3); },
-              {"embedding", "id 9", "V = 4"});
+               {"embedding", "id 9", "V = 4"});
 }
 
 TEST_CASE("layernorm and softmax: mismatched shapes and dtypes throw") {
   Tensor x = rand_t<float>({2, 5}, 1);
   expect_error([&] { layernorm(x, ones({4}), zeros({5})); },
-              {"layernorm", "[2, 5]", "gamma [4]", "beta [5]"});
+               {"layernorm", "[2, 5]", "gamma [4]", "beta [5]"});
   expect_error([&] { layernorm(x, ones({5}, DType::f64), zeros({5})); },
-              {"layernorm", "dtype mismatch"});
+               {"layernorm", "dtype mismatch"});
   expect_error([&] { layernorm(x, ones({5}), zeros({5}), 0.0); }, {"layernorm", "eps 0"});
   expect_error([&] { softmax(full({}, 1.0)); }, {"softmax", "at least one dimension"});
   expect_error([&] { softmax(zeros({3}, DType::i64)); }, {"softmax", "floating-point"});
@@ -887,7 +887,11 @@ TEST_CASE("attention: bad qkv, heads, masks and dropout_p throw errors naming sh
       },
       {"attention: qkv [2, 5, 96] last dimension must be 3 * d_model with d_model "
        "divisible by num_heads 5"});
-  expect_error([&] { attention(zeros({2, 5, 10}), 1); }, {"attention", "[2, 5, 10]", "3 * d_model"});
+  expect_error(
+      [&] {
+        attention(zeros({2, 5, 10}), 1);
+      },
+      {"attention", "[2, 5, 10]", "3 * d_model"});
   expect_error([&] { attention(zeros({10, 12}), 2); }, {"attention", "[10, 12]", "3 dimensions"});
   expect_error([&] { attention(zeros({2, 5, 12}), 0); }, {"attention", "num_heads 0"});
   expect_error(
@@ -936,7 +940,7 @@ TEST_CASE("cross_entropy: bad targets and shapes throw errors naming row, target
       },
       {"cross_entropy", "logits [3, 4]", "targets [2]"});
   expect_error([&] { cross_entropy(rand_t<float>({12}, 1), from_vector<int64_t>({0}, {1})); },
-              {"cross_entropy", "logits [12]"});
+               {"cross_entropy", "logits [12]"});
   std::vector<float> d(12), lse(3);
   const float dloss = 1.0f;
   const int64_t targets[] = {0, 5, 1};
@@ -978,31 +982,31 @@ TEST_CASE("linear_cross_entropy: bad inputs throw errors naming the op, shapes a
       },
       {"linear_cross_entropy", "input [3, 4]", "weight [5, 3]"});
   expect_error([&] { linear_cross_entropy(rand_t<float>({12}, 1), w, b, t); },
-              {"linear_cross_entropy", "input [12]"});
+               {"linear_cross_entropy", "input [12]"});
   expect_error([&] { linear_cross_entropy(x, w, rand_t<float>({4}, 5), t); },
-              {"linear_cross_entropy", "bias [4]", "weight [5, 4]"});
+               {"linear_cross_entropy", "bias [4]", "weight [5, 4]"});
   expect_error(
       [&] {
         linear_cross_entropy(x, rand_t<double>({5, 4}, 6), b, t);
       },
       {"linear_cross_entropy", "dtype mismatch"});
   expect_error([&] { linear_cross_entropy(x, w, rand_t<double>({5}, 7), t); },
-              {"linear_cross_entropy", "dtype mismatch"});
+               {"linear_cross_entropy", "dtype mismatch"});
   expect_error([&] { linear_cross_entropy(x, w, b, t, -100, -1); },
-              {"linear_cross_entropy", "chunk_rows", "got -1"});
+               {"linear_cross_entropy", "chunk_rows", "got -1"});
   expect_error(
       [&] {
         linear_cross_entropy(from_vector<int64_t>({1, 2}, {1, 2}), w, b, t);
       },
       {"linear_cross_entropy", "floating-point"});
   expect_error([&] { linear_cross_entropy(x, Tensor(), b, t); },
-              {"linear_cross_entropy", "weight is undefined"});
+               {"linear_cross_entropy", "weight is undefined"});
   // The backward launcher validates too (on its own, as a remat replay might call it).
   const float dloss = 1.0f;
   float scale = 0;
   const int64_t bad[] = {0, 5, 1};
   expect_error([&] { cpu::linear_cross_entropy_scale<float>(&dloss, bad, &scale, 3, 5, -100); },
-              {"linear_cross_entropy", "target 5", "row 1", "V = 5"});
+               {"linear_cross_entropy", "target 5", "row 1", "V = 5"});
 }
 
 TEST_CASE("optimizers: bad options, parameters, names and gradients throw") {
@@ -1011,9 +1015,9 @@ TEST_CASE("optimizers: bad options, parameters, names and gradients throw") {
   expect_error([&] { SGD({w}, sgd_options(0.1, -0.5, 0, 0, false)); }, {"SGD", "momentum -0.5"});
   expect_error([&] { SGD({w}, sgd_options(0.1, 0, 0, -1, false)); }, {"SGD", "weight_decay -1"});
   expect_error([&] { SGD({w}, sgd_options(0.1, 0.0, 0, 0, true)); },
-              {"SGD", "nesterov", "momentum 0"});
+               {"SGD", "nesterov", "momentum 0"});
   expect_error([&] { SGD({w}, sgd_options(0.1, 0.9, 0.5, 0, true)); },
-              {"SGD", "nesterov", "dampening 0.5"});
+               {"SGD", "nesterov", "dampening 0.5"});
   AdamWOptions bad = adamw_options();
   bad.beta2 = 1.0;
   expect_error([&] { AdamW({w}, bad); }, {"AdamW", "betas (0.9, 1)"});
@@ -1034,7 +1038,7 @@ TEST_CASE("optimizers: bad options, parameters, names and gradients throw") {
       },
       {"AdamW", "parameter 1", "undefined"});
   expect_error([&] { AdamW({zeros({2}, DType::i64)}, adamw_options()); },
-              {"AdamW", "parameter 0", "i64[2]", "floating"});
+               {"AdamW", "parameter 0", "i64[2]", "floating"});
   AdamW opt({w}, adamw_options());
   expect_error([&] { opt.state("nope", "exp_avg"); }, {"AdamW", "no parameter named \"nope\""});
   expect_error([&] { opt.set_lr(-0.1); }, {"AdamW", "learning rate -0.1"});

@@ -17,7 +17,9 @@ using namespace regen;
 
 namespace {
 
-std::string data(const std::string& f) { return std::string(REGEN_TEST_DATA) + "/" + f; }
+std::string data(const std::string& f) {
+  return std::string(REGEN_TEST_DATA) + "/" + f;
+}
 
 // The fixture entries that belong to the model's state dict.
 NamedTensors model_state(const SafetensorsFile& f) {
@@ -131,11 +133,13 @@ TEST_CASE("parity: loading a state dict with wrong names or shapes is a clear er
     model->load_state_dict(missing);
     FAIL("no throw");
   } catch (const Error& e) {
-    CHECK(std::string(e.what()).find("missing 1 entry: " + state.front().first) != std::string::npos);
+    CHECK(std::string(e.what()).find("missing 1 entry: " + state.front().first) !=
+          std::string::npos);
   }
   NamedTensors extra = state;
   extra.emplace_back("layer9.weight", zeros({1}));
-  CHECK_THROWS_WITH_AS(model->load_state_dict(extra), doctest::Contains("1 entry unexpected: layer9.weight"), Error);
+  CHECK_THROWS_WITH_AS(model->load_state_dict(extra),
+                       doctest::Contains("1 entry unexpected: layer9.weight"), Error);
   auto transformer = build("transformer-tiny");
   CHECK_THROWS_AS(transformer->load_state_dict(state), Error);
   NamedTensors bad_shape = state;
@@ -143,5 +147,6 @@ TEST_CASE("parity: loading a state dict with wrong names or shapes is a clear er
     if (kv.first == "fc.weight") kv.second = zeros({3, 3});
   }
   CHECK_THROWS_WITH_AS(model->load_state_dict(bad_shape),
-                       doctest::Contains("'fc.weight' has shape [3, 3] but the model expects"), Error);
+                       doctest::Contains("'fc.weight' has shape [3, 3] but the model expects"),
+                       Error);
 }

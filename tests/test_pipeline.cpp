@@ -45,9 +45,11 @@ class ConvNet : public Model {
     Generator gen(c.seed);
     for (int i = 0; i < layers; ++i) {
       const std::string n = "conv" + std::to_string(i);
-      conv_.push_back(&register_module(n, std::make_unique<Conv2d>(n, i == 0 ? 3 : width, width, 3, 1, 1, false, gen, device)));
+      conv_.push_back(&register_module(
+          n, std::make_unique<Conv2d>(n, i == 0 ? 3 : width, width, 3, 1, 1, false, gen, device)));
     }
-    fc_ = &register_module("fc", std::make_unique<Linear>("fc", width, c.num_classes, true, gen, device));
+    fc_ = &register_module("fc",
+                           std::make_unique<Linear>("fc", width, c.num_classes, true, gen, device));
     assign_full_names();
   }
   Tensor forward(const Tensor& x) override {
@@ -74,15 +76,20 @@ class ConvNet : public Model {
 
 void register_once() {
   static const bool done = [] {
-    register_planner({"every-other", "recompute every other candidate (a test planner)", every_other});
+    register_planner(
+        {"every-other", "recompute every other candidate (a test planner)", every_other});
     ModelConfig preset;
     preset.family = ModelFamily::resnet;
     preset.image_size = 32;
     preset.num_classes = 10;
     register_model({"plain-test", "conv, relu, pooling, linear (no blocks)", preset,
-                    [](const ModelConfig& c, Device d) { return std::make_unique<ConvNet>(c, d, 4, 16, false); }});
-    register_model({"constant-test", "a constant made in forward", preset,
-                    [](const ModelConfig& c, Device d) { return std::make_unique<ConvNet>(c, d, 3, 8, true); }});
+                    [](const ModelConfig& c, Device d) {
+                      return std::make_unique<ConvNet>(c, d, 4, 16, false);
+                    }});
+    register_model(
+        {"constant-test", "a constant made in forward", preset, [](const ModelConfig& c, Device d) {
+           return std::make_unique<ConvNet>(c, d, 3, 8, true);
+         }});
     return true;
   }();
   (void)done;
@@ -90,7 +97,8 @@ void register_once() {
 
 }  // namespace
 
-TEST_CASE("pipeline: a registered planner runs like a built-in one: exact peaks, bitwise training") {
+TEST_CASE(
+    "pipeline: a registered planner runs like a built-in one: exact peaks, bitwise training") {
   register_once();
   const std::vector<std::string> names = policy_names();
   CHECK(names.back() == "every-other");
@@ -115,31 +123,43 @@ TEST_CASE("pipeline: a registered model is profiled, planned and trained by name
   for (const char* policy : {"blocks", "sqrt"}) {
     const std::string e = error_of([&] { make_plan(sim, policy, Budget::parse("80%")); });
     CAPTURE(e);
-    CHECK(e.find(std::string("the ") + policy + " policy checkpoints whole blocks") != std::string::npos);
+    CHECK(e.find(std::string("the ") + policy + " policy checkpoints whole blocks") !=
+          std::string::npos);
     CHECK(e.find("plain-test marks none") != std::string::npos);
   }
 }
 
 TEST_CASE("pipeline: registry names are checked, unknown ones listed") {
   register_once();
-  CHECK(error_of([] { register_planner({"dp", "again", every_other}); }).find("registered already") != std::string::npos);
-  CHECK(error_of([] { register_planner({"bad name", "x", every_other}); }).find("must be letters") != std::string::npos);
-  CHECK(error_of([] { register_planner({"no-function", "x", {}}); }).find("has no function") != std::string::npos);
+  CHECK(error_of([] {
+          register_planner({"dp", "again", every_other});
+        }).find("registered already") != std::string::npos);
+  CHECK(error_of([] {
+          register_planner({"bad name", "x", every_other});
+        }).find("must be letters") != std::string::npos);
+  CHECK(error_of([] {
+          register_planner({"no-function", "x", {}});
+        }).find("has no function") != std::string::npos);
   const std::string unknown = error_of([] { planner_info("nosuch"); });
   CHECK(unknown.find("unknown policy 'nosuch'") != std::string::npos);
   CHECK(unknown.find("every-other") != std::string::npos);
   ModelConfig c;
-  CHECK(error_of([&] { register_model({"resnet50", "again", c, make_model}); }).find("registered already") != std::string::npos);
-  CHECK(error_of([&] { register_model({"x y", "bad", c, make_model}); }).find("must be letters") != std::string::npos);
+  CHECK(error_of([&] {
+          register_model({"resnet50", "again", c, make_model});
+        }).find("registered already") != std::string::npos);
+  CHECK(error_of([&] {
+          register_model({"x y", "bad", c, make_model});
+        }).find("must be letters") != std::string::npos);
   const std::string um = error_of([] { model_preset("nosuch"); });
   CHECK(um.find("unknown model 'nosuch'") != std::string::npos);
   CHECK(um.find("plain-test") != std::string::npos);
   // A planner that returns the wrong number of decisions is refused by make_plan.
-  register_planner({"short-test", "too few decisions", [](const Simulator&, const Budget&, const PlanOptions&) {
-                      Plan p;
-                      p.decisions.resize(1);
-                      return p;
-                    }});
+  register_planner(
+      {"short-test", "too few decisions", [](const Simulator&, const Budget&, const PlanOptions&) {
+         Plan p;
+         p.decisions.resize(1);
+         return p;
+       }});
   const Profile p = profile_of(model_preset("transformer-tiny"), 2, 1);
   const std::string e = error_of([&] { make_plan(Simulator(p), "short-test", Budget()); });
   CHECK(e.find("returned 1 decisions for") != std::string::npos);
@@ -148,7 +168,8 @@ TEST_CASE("pipeline: registry names are checked, unknown ones listed") {
 // The pipeline refuses a profile of another batch, and a step that throws under a plan leaves
 // nothing registered on the tape once the pipeline is gone: the next plain step trains as
 // without remat, its peak the profiled one.
-TEST_CASE("pipeline: a profile of another batch is refused, and an exception in a step leaves no hooks") {
+TEST_CASE(
+    "pipeline: a profile of another batch is refused, and an exception in a step leaves no hooks") {
   const ModelConfig cfg = remat_resnet();
   const Profile profile = profile_of(cfg, 8, 1);
   {
@@ -166,7 +187,8 @@ TEST_CASE("pipeline: a profile of another batch is refused, and an exception in 
   const Plan probe = make_plan(sim, "dp", Budget::parse("1"), po);
   Budget mid;
   mid.kind = Budget::Kind::bytes;
-  mid.value = static_cast<double>(probe.lowest_peak + (probe.no_remat_peak - probe.lowest_peak) / 2);
+  mid.value =
+      static_cast<double>(probe.lowest_peak + (probe.no_remat_peak - probe.lowest_peak) / 2);
   const Plan plan = make_plan(sim, "dp", mid, po);
   REQUIRE(plan.feasible);
   REQUIRE(plan.recomputed() > 0);
@@ -210,7 +232,8 @@ TEST_CASE("pipeline: a constant made in forward: small ones held for replays, la
   CHECK(large_candidates < candidates);
   const std::string why = recompute_blockers(large);
   CAPTURE(why);
-  CHECK(why.find("cannot be recomputed: they depend on a [4, 8, 64, 64] leaf read by") != std::string::npos);
+  CHECK(why.find("cannot be recomputed: they depend on a [4, 8, 64, 64] leaf read by") !=
+        std::string::npos);
   CHECK(why.find("make it once outside forward") != std::string::npos);
   const Plan plan = make_plan(Simulator(large), "dp", Budget::parse("90%"));
   CHECK(plan.note.find(why) != std::string::npos);

@@ -4,10 +4,10 @@
 // and plan files are errors.
 #include <doctest/doctest.h>
 
+#include <unistd.h>
 #include <algorithm>
 #include <cstring>
 #include <functional>
-#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
@@ -25,11 +25,14 @@ using namespace regen::testing;
 
 // One test case per model and planner (ctest runs them in parallel). mutwo runs in both chain
 // modes too; auto picks one of them per budget.
-TEST_CASE("remat: transformer-tiny: exact peaks, bitwise training, budgets met (none, blocks, sqrt)") {
+TEST_CASE(
+    "remat: transformer-tiny: exact peaks, bitwise training, budgets met (none, blocks, sqrt)") {
   check_model(model_preset("transformer-tiny"), 4, {"none", "blocks", "sqrt"});
 }
 
-TEST_CASE("remat: transformer-tiny: exact peaks, bitwise training, budgets met (mutwo, every chain mode)") {
+TEST_CASE(
+    "remat: transformer-tiny: exact peaks, bitwise training, budgets met (mutwo, every chain "
+    "mode)") {
   check_model(model_preset("transformer-tiny"), 4, {"mutwo", "mutwo:keep", "mutwo:drop"});
 }
 
@@ -40,11 +43,15 @@ TEST_CASE("remat: transformer-tiny: exact peaks, bitwise training, budgets met (
   check_model(model_preset("transformer-tiny"), 4, {"dp"});
 }
 
-TEST_CASE("remat: resnet (ResNet-50 blocks at 1/8 width, 64x64): exact peaks, bitwise training, budgets met (dp)") {
+TEST_CASE(
+    "remat: resnet (ResNet-50 blocks at 1/8 width, 64x64): exact peaks, bitwise training, budgets "
+    "met (dp)") {
   check_model(remat_resnet(), 8, {"dp"});
 }
 
-TEST_CASE("remat: transformer-tiny with the fused head in 3 chunks and unfused: exact peaks, bitwise training (none, blocks, mutwo)") {
+TEST_CASE(
+    "remat: transformer-tiny with the fused head in 3 chunks and unfused: exact peaks, bitwise "
+    "training (none, blocks, mutwo)") {
   ModelConfig cfg = model_preset("transformer-tiny");
   cfg.head_chunk_rows = 24;
   check_model(cfg, 4, {"none", "blocks", "mutwo"});
@@ -52,15 +59,21 @@ TEST_CASE("remat: transformer-tiny with the fused head in 3 chunks and unfused: 
   check_model(cfg, 4, {"none", "sqrt"});
 }
 
-TEST_CASE("remat: resnet (ResNet-50 blocks at 1/8 width, 64x64): exact peaks, bitwise training, budgets met (none, blocks, sqrt)") {
+TEST_CASE(
+    "remat: resnet (ResNet-50 blocks at 1/8 width, 64x64): exact peaks, bitwise training, budgets "
+    "met (none, blocks, sqrt)") {
   check_model(remat_resnet(), 8, {"none", "blocks", "sqrt"});
 }
 
-TEST_CASE("remat: resnet (ResNet-50 blocks at 1/8 width, 64x64): exact peaks, bitwise training, budgets met (mutwo, every chain mode)") {
+TEST_CASE(
+    "remat: resnet (ResNet-50 blocks at 1/8 width, 64x64): exact peaks, bitwise training, budgets "
+    "met (mutwo, every chain mode)") {
   check_model(remat_resnet(), 8, {"mutwo", "mutwo:keep", "mutwo:drop"});
 }
 
-TEST_CASE("remat: resnet-tiny, whose peak is a workspace no plan can lower: plans stay exact and bitwise") {
+TEST_CASE(
+    "remat: resnet-tiny, whose peak is a workspace no plan can lower: plans stay exact and "
+    "bitwise") {
   check_model(model_preset("resnet-tiny"), 4, {"none"});
   const Profile profile = profile_of(model_preset("resnet-tiny"), 4, 1);
   const Simulator sim(profile);
@@ -173,7 +186,8 @@ TEST_CASE("remat: malformed profile and plan files give clear errors") {
   text.replace(at, text.find(',', at) - at, "\"root\": 999999");
   write_file_atomic(path, text);
   CHECK(error_of([&] { load_profile(path); }).find("out of range") != std::string::npos);
-  CHECK(error_of([&] { load_profile(dir + "_missing.json"); }).find("cannot open") != std::string::npos);
+  CHECK(error_of([&] { load_profile(dir + "_missing.json"); }).find("cannot open") !=
+        std::string::npos);
   // Damage the checks on structure alone would miss: each is named.
   auto damaged = [&](const std::function<void(nlohmann::json&)>& edit) {
     nlohmann::json j = nlohmann::json::parse(profile_to_json(profile));
@@ -181,18 +195,31 @@ TEST_CASE("remat: malformed profile and plan files give clear errors") {
     write_file_atomic(path, j.dump());
     return error_of([&] { load_profile(path); });
   };
-  CHECK(damaged([](nlohmann::json& j) { j["measured"]["peak_allocated"] = j["measured"]["peak_allocated"].get<int64_t>() - 512; })
-            .find("replays to a peak") != std::string::npos);
-  CHECK(damaged([](nlohmann::json& j) { j["backward_order"].push_back(j["backward_order"][0]); })
-            .find("twice") != std::string::npos);
-  CHECK(damaged([](nlohmann::json& j) { j["events"][0][3] = -5; }).find("requested") != std::string::npos);
-  CHECK(damaged([](nlohmann::json& j) { j["nodes"][0]["fwd_ms"] = -1.0; }).find("finite and >= 0") != std::string::npos);
-  CHECK(damaged([](nlohmann::json& j) { j["start_state"]["segments"][0]["size"] = 12345; }).find("tiled") != std::string::npos);
-  CHECK(damaged([](nlohmann::json& j) { j["start_state"]["segments"] = nlohmann::json::array(); }).find(path) != std::string::npos);
+  CHECK(damaged([](nlohmann::json& j) {
+          j["measured"]["peak_allocated"] = j["measured"]["peak_allocated"].get<int64_t>() - 512;
+        }).find("replays to a peak") != std::string::npos);
+  CHECK(damaged([](nlohmann::json& j) {
+          j["backward_order"].push_back(j["backward_order"][0]);
+        }).find("twice") != std::string::npos);
+  CHECK(damaged([](nlohmann::json& j) { j["events"][0][3] = -5; }).find("requested") !=
+        std::string::npos);
+  CHECK(damaged([](nlohmann::json& j) {
+          j["nodes"][0]["fwd_ms"] = -1.0;
+        }).find("finite and >= 0") != std::string::npos);
+  CHECK(damaged([](nlohmann::json& j) {
+          j["start_state"]["segments"][0]["size"] = 12345;
+        }).find("tiled") != std::string::npos);
+  CHECK(damaged([](nlohmann::json& j) {
+          j["start_state"]["segments"] = nlohmann::json::array();
+        }).find(path) != std::string::npos);
   // Two saved entries naming one value (once a heap corruption while building the schedule), a
   // saved size that is not its value's, a negative dimension, a backward order run backwards.
-  CHECK(damaged([](nlohmann::json& j) { j["saved"][1]["value"] = j["saved"][0]["value"]; }).find("both name value") != std::string::npos);
-  CHECK(damaged([](nlohmann::json& j) { j["saved"][0]["bytes"] = j["saved"][0]["bytes"].get<uint64_t>() + 512; }).find("bytes but its value") != std::string::npos);
+  CHECK(damaged([](nlohmann::json& j) {
+          j["saved"][1]["value"] = j["saved"][0]["value"];
+        }).find("both name value") != std::string::npos);
+  CHECK(damaged([](nlohmann::json& j) {
+          j["saved"][0]["bytes"] = j["saved"][0]["bytes"].get<uint64_t>() + 512;
+        }).find("bytes but its value") != std::string::npos);
   CHECK(damaged([](nlohmann::json& j) {
           for (auto& v : j["values"]) {
             if (!v["shape"].empty()) {
@@ -212,7 +239,8 @@ TEST_CASE("remat: malformed profile and plan files give clear errors") {
     CHECK(s0.at("name").get<std::string>() == profile.saved[0].name);
     CHECK(s0.at("creation_rank").get<int32_t>() == profile.saved[0].producer);
     CHECK(s0.at("first_bw_rank").get<int32_t>() == profile.saved[0].first_bw_rank);
-    CHECK(j.at("nodes").at(0).at("fwd_alloc_bytes").get<int64_t>() == profile.nodes[0].fwd_alloc_bytes);
+    CHECK(j.at("nodes").at(0).at("fwd_alloc_bytes").get<int64_t>() ==
+          profile.nodes[0].fwd_alloc_bytes);
   }
 
   const Simulator sim(profile);
@@ -228,15 +256,15 @@ TEST_CASE("remat: malformed profile and plan files give clear errors") {
   write_file_atomic(plan_path, ptext);
   CHECK(error_of([&] { load_plan(plan_path, profile); }).find("bad decision") != std::string::npos);
   write_file_atomic(plan_path, "[1, 2]");
-  CHECK(error_of([&] { load_plan(plan_path, profile); }).find("not a regen plan") != std::string::npos);
+  CHECK(error_of([&] { load_plan(plan_path, profile); }).find("not a regen plan") !=
+        std::string::npos);
   CHECK_THROWS_AS(Budget::parse("150%"), Error);
   CHECK_THROWS_AS(Budget::parse("lots"), Error);
   CHECK_THROWS_AS(make_plan(sim, "magic", Budget()), Error);
-  CHECK(error_of([] { parse_policy_spec("mutwo:sometimes"); }).find("sometimes") != std::string::npos);
+  CHECK(error_of([] { parse_policy_spec("mutwo:sometimes"); }).find("sometimes") !=
+        std::string::npos);
   CHECK(error_of([] { parse_policy_spec("greedy"); }).find("greedy") != std::string::npos);
   CHECK(error_of([] { parse_chain("maybe"); }).find("keep") != std::string::npos);
   std::remove(path.c_str());
   std::remove(plan_path.c_str());
 }
-
-

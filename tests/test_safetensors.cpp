@@ -2,14 +2,14 @@
 // clear regen::Error that names the file and the problem.
 #include <doctest/doctest.h>
 
+#include <unistd.h>
 #include <cstdio>
 #include <fstream>
 #include <functional>
-#include <unistd.h>
 
-#include "tests/test_util.h"
 #include "regen/core/io.h"
 #include "regen/core/safetensors.h"
+#include "tests/test_util.h"
 
 using namespace regen;
 using regen::testing::error_of;
@@ -65,7 +65,9 @@ TEST_CASE("safetensors: writes are atomic and leave no temporary files") {
   CHECK_FALSE(std::ifstream(path + ".tmp." + std::to_string(::getpid())).good());
   std::remove(path.c_str());
   // Writing into a missing folder fails cleanly, naming the path.
-  const std::string msg = error_of([] { save_safetensors("/nonexistent/dir/x.safetensors", {{"x", ones({1})}}); });
+  const std::string msg = error_of([] {
+    save_safetensors("/nonexistent/dir/x.safetensors", {{"x", ones({1})}});
+  });
   CHECK(msg.find("/nonexistent/dir/x.safetensors") != std::string::npos);
 }
 
@@ -99,15 +101,18 @@ TEST_CASE("safetensors: damaged files give errors naming the file and the proble
   CHECK(msg.find("not valid JSON") != std::string::npos);
 
   // Unsupported dtype, bad shape/offset agreement, overlap.
-  write_raw(path, R"({"x":{"dtype":"BF16","shape":[2],"data_offsets":[0,4]}})", std::string(4, '\0'));
+  write_raw(path, R"({"x":{"dtype":"BF16","shape":[2],"data_offsets":[0,4]}})",
+            std::string(4, '\0'));
   msg = error_of([&] { load_safetensors(path); });
   CHECK(msg.find("unsupported dtype") != std::string::npos);
-  write_raw(path, R"({"x":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", std::string(8, '\0'));
+  write_raw(path, R"({"x":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})",
+            std::string(8, '\0'));
   msg = error_of([&] { load_safetensors(path); });
   CHECK(msg.find("needs 12") != std::string::npos);
-  write_raw(path,
-            R"({"x":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"y":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
-            std::string(12, '\0'));
+  write_raw(
+      path,
+      R"({"x":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"y":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
+      std::string(12, '\0'));
   msg = error_of([&] { load_safetensors(path); });
   CHECK(msg.find("overlap") != std::string::npos);
   write_raw(path, R"({"x":{"dtype":"F32","shape":[-1],"data_offsets":[0,0]}})", "");
@@ -123,8 +128,10 @@ TEST_CASE("safetensors: damaged files give errors naming the file and the proble
 
 TEST_CASE("safetensors: duplicate or empty names are refused when writing") {
   const std::string path = tmp_path("dup.safetensors");
-  CHECK(error_of([&] { save_safetensors(path, {{"a", ones({1})}, {"a", ones({1})}}); })
-            .find("appears twice") != std::string::npos);
-  CHECK(error_of([&] { save_safetensors(path, {{"", ones({1})}}); }).find("bad tensor name") !=
-        std::string::npos);
+  CHECK(error_of([&] {
+          save_safetensors(path, {{"a", ones({1})}, {"a", ones({1})}});
+        }).find("appears twice") != std::string::npos);
+  CHECK(error_of([&] {
+          save_safetensors(path, {{"", ones({1})}});
+        }).find("bad tensor name") != std::string::npos);
 }

@@ -1,8 +1,8 @@
 // The regen command line (cli.h): builds the CLI11 tree from the registered subcommands
 // (command.h) and turns every error into one message on stderr and a non-zero exit status:
 // CLI11's own (bad flags; its exit codes), regen::Error (1), running out of host memory (1).
-#include <cstdio>
 #include <algorithm>
+#include <cstdio>
 #include <map>
 #include <new>
 
@@ -50,7 +50,8 @@ int run_cli(int argc, char** argv) {
     std::vector<std::string> names;
     for (const CLI::App* sub : app.get_subcommands({})) names.push_back(sub->get_name());
     if (std::find(names.begin(), names.end(), argv[1]) == names.end()) {
-      std::fprintf(stderr, "regen: error: unknown command '%s'; the commands are %s (regen --help)\n",
+      std::fprintf(stderr,
+                   "regen: error: unknown command '%s'; the commands are %s (regen --help)\n",
                    argv[1], join_names(names).c_str());
       return 106;
     }

@@ -103,7 +103,8 @@ Timing time_runs(Device d, int repeats, F&& fn) {
 
 void run(const std::string& device_text, int threads, int repeats, const std::string& json_path,
          const std::string& only, const std::string& math_flag, bool tf32_flag) {
-  const Device dev = resolve_device(device_text);  // a device that is not there fails before the header
+  const Device dev =
+      resolve_device(device_text);  // a device that is not there fails before the header
   const std::string math = math_mode(math_flag, tf32_flag, dev, kBenchMath);
   REGEN_CHECK(repeats > 0, "bench ops: --repeats must be positive, got ", repeats);
   if (threads > 0) omp_set_num_threads(threads);
@@ -127,7 +128,8 @@ void run(const std::string& device_text, int threads, int repeats, const std::st
     std::string names;
     bool any = false;
     for (const auto& g : kGemmShapes) {
-      const std::string name = "gemm " + std::to_string(g[0]) + "x" + std::to_string(g[1]) + "x" + std::to_string(g[2]);
+      const std::string name =
+          "gemm " + std::to_string(g[0]) + "x" + std::to_string(g[1]) + "x" + std::to_string(g[2]);
       any = any || name.find(only) != std::string::npos;
       names += (names.empty() ? "" : ", ") + name;
     }
@@ -219,8 +221,11 @@ void setup(CLI::App& app) {
   };
   auto opt = std::make_shared<Options>();
   app.add_option("--device", opt->device, "cpu or cuda[:N]")->capture_default_str();
-  app.add_option("--threads", opt->threads, "OpenMP threads (default: OpenMP's choice)")->check(positive_integer(kIntMax));
-  app.add_option("--repeats", opt->repeats, "timed runs per case (median)")->check(positive_integer(kIntMax))->capture_default_str();
+  app.add_option("--threads", opt->threads, "OpenMP threads (default: OpenMP's choice)")
+      ->check(positive_integer(kIntMax));
+  app.add_option("--repeats", opt->repeats, "timed runs per case (median)")
+      ->check(positive_integer(kIntMax))
+      ->capture_default_str();
   app.add_option("--json", opt->json, "also write the rows as JSON (for bench_ops_torch.py)");
   app.add_option("--only", opt->only, "only cases whose name contains this text");
   add_math_flags(app, opt->math, opt->tf32, kBenchMathHelp);

@@ -20,8 +20,8 @@
 #include "regen/core/io.h"
 #include "regen/remat/executor.h"
 #include "regen/remat/profiler.h"
-#include "tools/common.h"
 #include "tools/command.h"
+#include "tools/common.h"
 
 namespace regen::tool {
 namespace {
@@ -90,11 +90,13 @@ std::vector<PolicySpec> parse_policies(const std::string& text) {
   std::vector<PolicySpec> specs;
   for (const std::string& item : items) {
     const std::string name = item.substr(0, item.find(':'));
-    REGEN_CHECK(name != "none", "--policies: 'none' is the baseline, always measured and written "
-                                "as the no-remat point; name planners: ",
+    REGEN_CHECK(name != "none",
+                "--policies: 'none' is the baseline, always measured and written "
+                "as the no-remat point; name planners: ",
                 join_names(known));
     REGEN_CHECK(std::count(known.begin(), known.end(), name), "--policies: unknown policy '", name,
-                "'", name == item ? "" : " in '" + item + "'", ": known policies are ", join_names(known),
+                "'", name == item ? "" : " in '" + item + "'", ": known policies are ",
+                join_names(known),
                 ", each with an optional chain mode :", join_names(chain_names(), ", :"));
     PolicySpec spec;
     try {
@@ -204,8 +206,9 @@ std::vector<int> pick_plans(const PolicyFrontier& pf, int k) {
   const size_t n = d.size();
   if (n == 0 || k <= 0) return ids;
   for (int i = 0; i < k && static_cast<size_t>(i) < n; ++i) {
-    const size_t j = n <= static_cast<size_t>(k) ? static_cast<size_t>(i)
-                                                   : static_cast<size_t>(i) * (n - 1) / static_cast<size_t>(k);
+    const size_t j = n <= static_cast<size_t>(k)
+                         ? static_cast<size_t>(i)
+                         : static_cast<size_t>(i) * (n - 1) / static_cast<size_t>(k);
     const int id = d[j]->plan_id;
     if (std::find(ids.begin(), ids.end(), id) == ids.end()) ids.push_back(id);
   }
@@ -229,8 +232,8 @@ std::string csv_text(const Context& c, const std::vector<PolicyFrontier>& fronti
         "recompute_ms,replays,recomputed,planning_ms,executed,measured_peak_allocated,"
         "measured_peak_reserved,measured_ms,exact,chain,plan_id,measured_recompute_ms,"
         "measured_over_predicted,budget_of,limit,layout,math\n";
-  const std::string head =
-      p.model + "," + std::to_string(p.batch) + "," + p.device + "," + std::to_string(p.threads) + ",";
+  const std::string head = p.model + "," + std::to_string(p.batch) + "," + p.device + "," +
+                           std::to_string(p.threads) + ",";
   const double base_ms = c.none.predicted.time_ms;
   auto fraction = [&](int64_t b) {
     return fmt("%.6f", c.no_remat_peak > 0 ? double(b) / double(c.no_remat_peak) : 0.0);
@@ -245,8 +248,7 @@ std::string csv_text(const Context& c, const std::vector<PolicyFrontier>& fronti
        << fmt("%.4f", r.recompute_ms) << "," << r.replays << "," << plan.recomputed() << ","
        << fmt("%.3f", plan.planning_ms) << "," << (executed ? 1 : 0) << ",";
     if (executed) {
-      os << m.peak << "," << m.reserved << "," << fmt("%.4f", m.ms) << ","
-         << (exact(m, r) ? 1 : 0);
+      os << m.peak << "," << m.reserved << "," << fmt("%.4f", m.ms) << "," << (exact(m, r) ? 1 : 0);
     } else {
       os << ",,,";
     }
@@ -264,8 +266,8 @@ std::string csv_text(const Context& c, const std::vector<PolicyFrontier>& fronti
   os << head << "lower_bound," << c.lower_bound << "," << fraction(c.lower_bound) << ",,"
      << c.lower_bound << ",,,,,,,,,0,,,,,,,,,allocated,0,," << c.math << "\n";
   for (const PolicyFrontier& pf : frontiers) {
-    for (const Point& pt : pf.points) row(pf.spec.label, pt.budget, pt.plan, pt.plan_id,
-                                          pt.executed, pt.measured);
+    for (const Point& pt : pf.points)
+      row(pf.spec.label, pt.budget, pt.plan, pt.plan_id, pt.executed, pt.measured);
   }
   return os.str();
 }
@@ -273,9 +275,10 @@ std::string csv_text(const Context& c, const std::vector<PolicyFrontier>& fronti
 void print_table(const Context& c, const std::vector<PolicyFrontier>& frontiers) {
   const double base_ms = c.none.predicted.time_ms;
   std::vector<size_t> width;
-  std::printf("\npredicted step time over no remat (%s) per budget; '-': the policy cannot meet "
-              "it\n",
-              format_ms(base_ms).c_str());
+  std::printf(
+      "\npredicted step time over no remat (%s) per budget; '-': the policy cannot meet "
+      "it\n",
+      format_ms(base_ms).c_str());
   std::printf("%-16s", "budget");
   for (const PolicyFrontier& pf : frontiers) {
     width.push_back(std::max<size_t>(pf.spec.label.size(), 7) + 2);
@@ -302,8 +305,9 @@ void print_table(const Context& c, const std::vector<PolicyFrontier>& frontiers)
 }
 
 void print_checks(const std::vector<PolicyFrontier>& frontiers) {
-  std::printf("\nfrontier checks (as the budget falls the peak never rises and the time never "
-              "falls; a feasible plan fits its budget):\n");
+  std::printf(
+      "\nfrontier checks (as the budget falls the peak never rises and the time never "
+      "falls; a feasible plan fits its budget):\n");
   for (const PolicyFrontier& pf : frontiers) {
     if (pf.violations.empty()) {
       std::printf("  %s: monotone (%d distinct plans)\n", pf.spec.label.c_str(), pf.distinct);
@@ -362,22 +366,24 @@ void run(Flags f, const Given& given) {
     } catch (const Error& e) {
       REGEN_FAIL("--profile ", f.profile, ": ", e.message());
     }
-    const std::string its = "--model " + profile.model + " --batch " + std::to_string(profile.batch);
+    const std::string its =
+        "--model " + profile.model + " --batch " + std::to_string(profile.batch);
     if (!model_given && f.execute > 0) {
       REGEN_CHECK(!given.has(given.execute), "--execute ", f.execute,
                   " trains the planned model, so it needs the model flags the profile was made "
                   "with: --profile ",
                   f.profile, " is for ", profile.model, " batch ", profile.batch, " (pass ", its,
                   " and any --image-size, --seq-len, ... it used), or --execute 0 to plan only");
-      std::printf("plan only: --profile without --model/--batch (pass %s to execute %d plans per "
-                  "policy)\n",
-                  its.c_str(), f.execute);
+      std::printf(
+          "plan only: --profile without --model/--batch (pass %s to execute %d plans per "
+          "policy)\n",
+          its.c_str(), f.execute);
       f.execute = 0;
     }
     if (model_given) {
-      REGEN_CHECK(profile.model == f.m.model && profile.batch == f.m.batch, "--profile ",
-                  f.profile, " is for ", profile.model, " batch ", profile.batch, ", but --model ",
-                  f.m.model, " --batch ", f.m.batch,
+      REGEN_CHECK(profile.model == f.m.model && profile.batch == f.m.batch, "--profile ", f.profile,
+                  " is for ", profile.model, " batch ", profile.batch, ", but --model ", f.m.model,
+                  " --batch ", f.m.batch,
                   " was given: the plans apply only to the profiled model and batch (pass ", its,
                   ", or profile ", f.m.model, " at --batch ", f.m.batch, ")");
       // Device and threads: the profile's unless given, and then they must match.
@@ -453,13 +459,15 @@ void run(Flags f, const Given& given) {
       pct(double(c.lower_bound) / double(std::max<int64_t>(1, hi))).c_str(),
       format_ms(profile.iteration_ms).c_str());
   if (c.lower_bound == hi) {
-    std::printf("  the lower bound equals the no-remat peak: no plan can go lower, so every budget "
-                "is %s\n",
-                format_bytes(hi).c_str());
+    std::printf(
+        "  the lower bound equals the no-remat peak: no plan can go lower, so every budget "
+        "is %s\n",
+        format_bytes(hi).c_str());
   } else if (c.lower_bound > hi) {
-    std::printf("  the lower bound is above the no-remat peak (not a floor: a finding about "
-                "memory_lower_bound), so every budget is the peak, %s\n",
-                format_bytes(hi).c_str());
+    std::printf(
+        "  the lower bound is above the no-remat peak (not a floor: a finding about "
+        "memory_lower_bound), so every budget is the peak, %s\n",
+        format_bytes(hi).c_str());
   }
   std::fflush(stdout);
 
@@ -498,8 +506,8 @@ void run(Flags f, const Given& given) {
       }
     }
     pf.distinct = static_cast<int>(distinct.size());
-    pf.planning_ms = std::chrono::duration<double, std::milli>(
-                         std::chrono::steady_clock::now() - t0).count();
+    pf.planning_ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     pf.violations = check_properties(pf.points);
     int feasible = 0;
     for (const Point& pt : pf.points) feasible += pt.plan.feasible ? 1 : 0;
@@ -514,9 +522,10 @@ void run(Flags f, const Given& given) {
   std::fflush(stdout);
 
   if (f.execute > 0) {
-    std::printf("\nexecuting up to %d distinct feasible plans per policy and no remat, %d steps "
-                "each on a fresh model (the first step not timed):\n",
-                f.execute, f.steps);
+    std::printf(
+        "\nexecuting up to %d distinct feasible plans per policy and no remat, %d steps "
+        "each on a fresh model (the first step not timed):\n",
+        f.execute, f.steps);
     std::fflush(stdout);
     c.base = measure_training(f.m, profile.batch, f.steps, nullptr);
     c.base_measured = true;
@@ -526,8 +535,9 @@ void run(Flags f, const Given& given) {
       // Nothing else can match either: the flags build another model than the profiled one.
       REGEN_FAIL("--profile ", f.profile, ": training without remat peaked at ",
                  format_bytes(c.base.peak), " allocated and ", format_bytes(c.base.reserved),
-                 " reserved, but the profile predicts ", format_bytes(c.none.predicted.peak_allocated),
-                 " and ", format_bytes(c.none.predicted.peak_reserved),
+                 " reserved, but the profile predicts ",
+                 format_bytes(c.none.predicted.peak_allocated), " and ",
+                 format_bytes(c.none.predicted.peak_reserved),
                  ": the model flags do not build the profiled model (pass the --image-size, "
                  "--seq-len, --vocab, --num-classes, --lm-head-chunk, --optimizer, ... it was "
                  "made with)");
@@ -569,15 +579,17 @@ void run(Flags f, const Given& given) {
         std::fflush(stdout);
       }
     }
-    std::printf("executed %d plans: %d exact to the byte (allocated and reserved), %d within 10%% "
-                "of the predicted step time\n",
-                n_run, n_exact, n_within);
+    std::printf(
+        "executed %d plans: %d exact to the byte (allocated and reserved), %d within 10%% "
+        "of the predicted step time\n",
+        n_run, n_exact, n_within);
   }
   // The outputs, committed together: a run that failed above changed nothing.
   if (loaded) {
     write_file_atomic(csv_path, csv_text(c, frontiers));
   } else {
-    write_files_atomic({{profile_path, profile_to_json(profile)}, {csv_path, csv_text(c, frontiers)}});
+    write_files_atomic(
+        {{profile_path, profile_to_json(profile)}, {csv_path, csv_text(c, frontiers)}});
   }
   std::printf("wrote %s%s\n", csv_path.c_str(), loaded ? "" : (" and " + profile_path).c_str());
 
@@ -586,8 +598,9 @@ void run(Flags f, const Given& given) {
                             csv_path + "' --out '" + f.out + "'";
     std::printf("plotting: %s\n", cmd.c_str());
     std::fflush(stdout);
-    REGEN_CHECK(std::system(cmd.c_str()) == 0, "plotting failed (is python3-matplotlib installed? "
-                                               "run: REGEN_WITH_PLOTS=1 bash scripts/install-deps.sh)");
+    REGEN_CHECK(std::system(cmd.c_str()) == 0,
+                "plotting failed (is python3-matplotlib installed? "
+                "run: REGEN_WITH_PLOTS=1 bash scripts/install-deps.sh)");
   }
 }
 
@@ -604,16 +617,19 @@ void setup(CLI::App& app) {
                  "flags are profiled first (2 warm-up steps, 3 instrumented)");
   app.add_option("--policy,--policies", f->policies,
                  "comma-separated planners, each with an optional chain mode (mutwo:drop); "
-                 "default: " + join_names(default_planners()) + " (milp only when named: it is for small graphs)");
+                 "default: " +
+                     join_names(default_planners()) +
+                     " (milp only when named: it is for small graphs)");
   add_budget_of_flag(app, f->budget_of);
   add_layout_flag(app, f->layout);
   app.add_option("--milp-time-limit", f->milp_time_limit,
                  "seconds the milp policy's solver may take per budget")
       ->check(number_in(0.1, 86400))
       ->capture_default_str();
-  app.add_option("--points", f->points,
-                 "budgets, evenly spaced from the lower bound to the no-remat peak (both included); "
-                 "at most 1000, finer than dp's 1024 budget levels can tell apart")
+  app.add_option(
+         "--points", f->points,
+         "budgets, evenly spaced from the lower bound to the no-remat peak (both included); "
+         "at most 1000, finer than dp's 1024 budget levels can tell apart")
       ->check(integer_in(2, 1000))
       ->capture_default_str();
   given->execute =
@@ -629,9 +645,10 @@ void setup(CLI::App& app) {
   app.add_flag("--plot", f->plot, "draw frontier.png with tools/plot.py (matplotlib)");
   app.callback([f, given] { run(*f, *given); });
 }
-REGEN_COMMAND("frontier", "memory/time frontier of every planner: predicted peak vs step time at "
-                          "budgets from the lower bound to the no-remat peak, a few points "
-                          "executed (frontier.csv, --plot)",
+REGEN_COMMAND("frontier",
+              "memory/time frontier of every planner: predicted peak vs step time at "
+              "budgets from the lower bound to the no-remat peak, a few points "
+              "executed (frontier.csv, --plot)",
               setup);
 
 }  // namespace

@@ -25,8 +25,10 @@ struct Flags {
 
 void setup(CLI::App& app) {
   auto f = std::make_shared<Flags>();
-  app.add_option("--profile", f->profile, "profile.json from `regen profile`")->capture_default_str();
-  app.add_option("--policy", f->policy, "rematerialization policy, one of the registered planners: " + planner_help())
+  app.add_option("--profile", f->profile, "profile.json from `regen profile`")
+      ->capture_default_str();
+  app.add_option("--policy", f->policy,
+                 "rematerialization policy, one of the registered planners: " + planner_help())
       ->check(CLI::IsMember(policy_names()))
       ->capture_default_str();
   app.add_option("--budget", f->budget, "bytes (2GiB, 1.5GB) or a % of the no-remat peak (60%)")
@@ -39,16 +41,19 @@ void setup(CLI::App& app) {
       ->capture_default_str();
   add_budget_of_flag(app, f->budget_of);
   add_layout_flag(app, f->layout);
-  app.add_option("--milp-time-limit", f->milp_time_limit,
-                 "seconds the milp policy's solver may take (the plan's note says whether it proved "
-                 "the optimum)")
+  app.add_option(
+         "--milp-time-limit", f->milp_time_limit,
+         "seconds the milp policy's solver may take (the plan's note says whether it proved "
+         "the optimum)")
       ->check(number_in(0.1, 86400))
       ->capture_default_str();
   app.add_option("--out", f->out, "where to write the plan")->capture_default_str();
-  app.add_option("--decisions", f->decisions, "where to write decisions.csv")->capture_default_str();
+  app.add_option("--decisions", f->decisions, "where to write decisions.csv")
+      ->capture_default_str();
   app.callback([f] {
     // Outputs checked before any work: writable, distinct, and never the profile read.
-    check_distinct_files({{"--out", f->out}, {"--decisions", f->decisions}}, {{"--profile", f->profile}});
+    check_distinct_files({{"--out", f->out}, {"--decisions", f->decisions}},
+                         {{"--profile", f->profile}});
     const Profile p = load_profile(f->profile);
     const Simulator sim(p);
     PlanOptions po;
@@ -75,30 +80,34 @@ void setup(CLI::App& app) {
                 format_bytes(plan.recomputed_bytes(p)).c_str(),
                 format_bytes([&] {
                   int64_t b = 0;
-                  for (const ProfileSaved& s : p.saved) b += s.candidate ? static_cast<int64_t>(s.bytes) : 0;
+                  for (const ProfileSaved& s : p.saved)
+                    b += s.candidate ? static_cast<int64_t>(s.bytes) : 0;
                   return b;
-                }()).c_str());
-    std::printf("  predicted peak allocated %s, reserved %s (no remat %s %s); limit %s; lower bound "
-                "%s allocated\n",
-                format_bytes(plan.predicted.peak_allocated).c_str(),
-                format_bytes(plan.predicted.peak_reserved).c_str(),
-                budget_of_name(plan.budget_of), format_bytes(plan.no_remat_peak).c_str(),
-                plan.limit > 0 ? format_bytes(plan.limit).c_str() : "none",
-                format_bytes(plan.lower_bound).c_str());
+                }())
+                    .c_str());
+    std::printf(
+        "  predicted peak allocated %s, reserved %s (no remat %s %s); limit %s; lower bound "
+        "%s allocated\n",
+        format_bytes(plan.predicted.peak_allocated).c_str(),
+        format_bytes(plan.predicted.peak_reserved).c_str(), budget_of_name(plan.budget_of),
+        format_bytes(plan.no_remat_peak).c_str(),
+        plan.limit > 0 ? format_bytes(plan.limit).c_str() : "none",
+        format_bytes(plan.lower_bound).c_str());
     if (plan.predicted.cache_flushes > 0) {
       std::printf("  at the limit the allocator empties its cache %lld time(s) per step\n",
                   static_cast<long long>(plan.predicted.cache_flushes));
     }
-    std::printf("  predicted step %.3f s (profiled %.3f s + %.3f s of recomputation in %lld op "
-                "replays); planned in %.1f ms\n",
-                plan.predicted.time_ms / 1000, p.iteration_ms / 1000,
-                plan.predicted.recompute_ms / 1000, static_cast<long long>(plan.predicted.replays),
-                plan.planning_ms);
+    std::printf(
+        "  predicted step %.3f s (profiled %.3f s + %.3f s of recomputation in %lld op "
+        "replays); planned in %.1f ms\n",
+        plan.predicted.time_ms / 1000, p.iteration_ms / 1000, plan.predicted.recompute_ms / 1000,
+        static_cast<long long>(plan.predicted.replays), plan.planning_ms);
     std::printf("wrote %s and %s\n", f->out.c_str(), f->decisions.c_str());
   });
 }
-REGEN_COMMAND("plan", "decide which activations to recompute under a budget (writes plan.json "
-                      "and decisions.csv)",
+REGEN_COMMAND("plan",
+              "decide which activations to recompute under a budget (writes plan.json "
+              "and decisions.csv)",
               setup);
 
 }  // namespace

@@ -1,13 +1,13 @@
 // `regen profile`: stage 1. Profiles training iterations of a model and writes profile.json, a
 // readable table (profile.txt) and a Chrome trace (trace.json).
-#include <cstdio>
 #include <sys/stat.h>
+#include <cstdio>
 
 #include "regen/core/io.h"
 #include "regen/remat/profiler.h"
 #include "regen/remat/report.h"
-#include "tools/common.h"
 #include "tools/command.h"
+#include "tools/common.h"
 
 namespace regen::tool {
 namespace {
@@ -53,13 +53,15 @@ void setup(CLI::App& app) {
                         {f->out + "/profile.txt", table},
                         {f->out + "/trace.json", profile_trace(p)}});
     std::printf("%s", f->full ? table.c_str() : profile_table(p, false).c_str());
-    std::printf("\nwrote %s/profile.json, %s/profile.txt (every op and activation) and "
-                "%s/trace.json (open in https://ui.perfetto.dev)\n",
-                f->out.c_str(), f->out.c_str(), f->out.c_str());
+    std::printf(
+        "\nwrote %s/profile.json, %s/profile.txt (every op and activation) and "
+        "%s/trace.json (open in https://ui.perfetto.dev)\n",
+        f->out.c_str(), f->out.c_str(), f->out.c_str());
   });
 }
-REGEN_COMMAND("profile", "profile training iterations: per-op time and memory, activation "
-                         "lifetimes (writes profile.json, profile.txt, trace.json)",
+REGEN_COMMAND("profile",
+              "profile training iterations: per-op time and memory, activation "
+              "lifetimes (writes profile.json, profile.txt, trace.json)",
               setup);
 
 }  // namespace

@@ -15,8 +15,8 @@
 #include "regen/remat/executor.h"
 #include "regen/remat/profiler.h"
 #include "regen/remat/report.h"
-#include "tools/common.h"
 #include "tools/command.h"
+#include "tools/common.h"
 
 namespace regen::tool {
 namespace {
@@ -92,7 +92,8 @@ void run(const Flags& f) {
   std::vector<SweepRow> rows;
   std::string tables;
   std::string timelines = "variant,time_ms,label";
-  for (int c = 0; c < kNumCategories; ++c) timelines += std::string(",") + category_name(static_cast<Category>(c));
+  for (int c = 0; c < kNumCategories; ++c)
+    timelines += std::string(",") + category_name(static_cast<Category>(c));
   timelines += ",reserved\n";
   const std::string stem = f.out + "/" + f.m.model;
   for (int64_t batch : batches) {
@@ -113,15 +114,22 @@ void run(const Flags& f) {
       profile = profile_training(*s->trainer, po);
       profile.run = run_flags(f.m);
     }
-    outputs.emplace_back(stem + "_b" + std::to_string(batch) + "_profile.json", profile_to_json(profile));
+    outputs.emplace_back(stem + "_b" + std::to_string(batch) + "_profile.json",
+                         profile_to_json(profile));
     const Simulator sim(profile);
     const MeasuredRun base = measure_training(f.m, batch, f.steps, nullptr);
-    std::printf("   no remat: peak allocated %s, reserved %s, step %.3f s\n", format_bytes(base.peak).c_str(),
-                format_bytes(base.reserved).c_str(), base.ms / 1000);
+    std::printf("   no remat: peak allocated %s, reserved %s, step %.3f s\n",
+                format_bytes(base.peak).c_str(), format_bytes(base.reserved).c_str(),
+                base.ms / 1000);
     if (batch == batches.front()) {
       SimOptions so;
       so.timeline = true;
-      timelines += timeline_csv(profile, sim.run(build_schedule(profile, std::vector<Decision>(profile.saved.size(), Decision::retain)), so), "none");
+      timelines += timeline_csv(
+          profile,
+          sim.run(build_schedule(profile,
+                                 std::vector<Decision>(profile.saved.size(), Decision::retain)),
+                  so),
+          "none");
     }
     for (const std::string& policy : policies) {
       const PolicySpec spec = parse_policy_spec(policy);
@@ -157,7 +165,8 @@ void run(const Flags& f) {
         row.limit_gb = static_cast<double>(plan.limit) / (1ull << 30);
         row.initial_reserved_gb = static_cast<double>(base.reserved) / (1ull << 30);
         row.final_reserved_gb = static_cast<double>(got.reserved) / (1ull << 30);
-        row.predicted_reserved_gb = static_cast<double>(plan.predicted.peak_reserved) / (1ull << 30);
+        row.predicted_reserved_gb =
+            static_cast<double>(plan.predicted.peak_reserved) / (1ull << 30);
         row.initial_time_s = base.ms / 1000;
         row.final_time_s = got.ms / 1000;
         row.predicted_time_s = plan.predicted.time_ms / 1000;
@@ -172,20 +181,22 @@ void run(const Flags& f) {
         std::string file_policy = policy;
         std::replace(file_policy.begin(), file_policy.end(), ':', '-');
         const std::string tag = "_b" + std::to_string(batch) + "_" + file_policy + "_" +
-                                (btext == "lowest" ? "lowest" : btext.back() == '%' ? btext.substr(0, btext.size() - 1) + "pct" : btext);
+                                (btext == "lowest"     ? "lowest"
+                                 : btext.back() == '%' ? btext.substr(0, btext.size() - 1) + "pct"
+                                                       : btext);
         outputs.emplace_back(stem + tag + "_decisions.csv", decisions_csv(profile, plan));
         const bool exact = got.peak == plan.predicted.peak_allocated &&
                            got.reserved == plan.predicted.peak_reserved;
-        std::printf("   %s @ %s: peak allocated %s, reserved %s (predicted %s, %s%s)%s, step %.3f s, "
-                    "recompute %.3f s, %lld of %lld activations recomputed%s\n",
-                    policy.c_str(), plan.budget_text.c_str(), format_bytes(got.peak).c_str(),
-                    format_bytes(got.reserved).c_str(),
-                    format_bytes(plan.predicted.peak_allocated).c_str(),
-                    format_bytes(plan.predicted.peak_reserved).c_str(), exact ? ", exact" : ", DIFFERS",
-                    plan.limit > 0 ? (" under the limit " + format_bytes(plan.limit)).c_str() : "",
-                    got.ms / 1000, got.regen_ms / 1000, static_cast<long long>(row.recomputed),
-                    static_cast<long long>(row.recomputed + row.retained),
-                    plan.feasible ? "" : " (budget not met: lowest this policy reaches)");
+        std::printf(
+            "   %s @ %s: peak allocated %s, reserved %s (predicted %s, %s%s)%s, step %.3f s, "
+            "recompute %.3f s, %lld of %lld activations recomputed%s\n",
+            policy.c_str(), plan.budget_text.c_str(), format_bytes(got.peak).c_str(),
+            format_bytes(got.reserved).c_str(), format_bytes(plan.predicted.peak_allocated).c_str(),
+            format_bytes(plan.predicted.peak_reserved).c_str(), exact ? ", exact" : ", DIFFERS",
+            plan.limit > 0 ? (" under the limit " + format_bytes(plan.limit)).c_str() : "",
+            got.ms / 1000, got.regen_ms / 1000, static_cast<long long>(row.recomputed),
+            static_cast<long long>(row.recomputed + row.retained),
+            plan.feasible ? "" : " (budget not met: lowest this policy reaches)");
         std::fflush(stdout);
         // Memory timelines of the first batch: no remat and every policy at the first budget.
         if (batch == batches.front() && btext == budgets.front()) {
@@ -201,7 +212,9 @@ void run(const Flags& f) {
     for (const std::string& btext : budgets) {
       std::vector<SweepRow> sel;
       for (const SweepRow& r : rows) {
-        if (r.policy == policy && (r.budget == btext || (btext != "lowest" && r.budget == Budget::parse(btext).str()))) sel.push_back(r);
+        if (r.policy == policy &&
+            (r.budget == btext || (btext != "lowest" && r.budget == Budget::parse(btext).str())))
+          sel.push_back(r);
       }
       std::string upper = f.m.model;
       std::transform(upper.begin(), upper.end(), upper.begin(), ::toupper);
@@ -218,9 +231,10 @@ void run(const Flags& f) {
   outputs.emplace_back(stem + "_timeline.csv", with_column(timelines, "math", math));
   write_files_atomic(outputs);
   std::printf("\n%s", tables.c_str());
-  std::printf("wrote %s_summary.txt, %s_summary.csv, %s_timeline.csv, per-run decisions CSVs and "
-              "profiles in %s/\n",
-              stem.c_str(), stem.c_str(), stem.c_str(), f.out.c_str());
+  std::printf(
+      "wrote %s_summary.txt, %s_summary.csv, %s_timeline.csv, per-run decisions CSVs and "
+      "profiles in %s/\n",
+      stem.c_str(), stem.c_str(), stem.c_str(), f.out.c_str());
   if (f.plot) {
     // Debian's python3 (with python3-matplotlib) rather than whatever python3 is first on PATH.
     const std::string python = plot_python();
@@ -228,8 +242,9 @@ void run(const Flags& f) {
                             "_summary.csv --timeline " + stem + "_timeline.csv --model " +
                             f.m.model + " --out " + f.out;
     std::printf("plotting: %s\n", cmd.c_str());
-    REGEN_CHECK(std::system(cmd.c_str()) == 0, "plotting failed (is python3-matplotlib installed? "
-                                               "run: REGEN_WITH_PLOTS=1 bash scripts/install-deps.sh)");
+    REGEN_CHECK(std::system(cmd.c_str()) == 0,
+                "plotting failed (is python3-matplotlib installed? "
+                "run: REGEN_WITH_PLOTS=1 bash scripts/install-deps.sh)");
   }
 }
 
@@ -237,9 +252,10 @@ void setup(CLI::App& app) {
   auto f = std::make_shared<Flags>();
   add_model_flags(app, f->m, false);
   app.add_option("--batches", f->batches, "comma-separated batch sizes")->capture_default_str();
-  app.add_option("--policy,--policies", f->policies,
-                 "comma-separated: blocks, sqrt, mutwo, each with an optional chain mode "
-                 "(mutwo:drop is mu-TWO's own: no regenerated tensor kept on the way; default auto)")
+  app.add_option(
+         "--policy,--policies", f->policies,
+         "comma-separated: blocks, sqrt, mutwo, each with an optional chain mode "
+         "(mutwo:drop is mu-TWO's own: no regenerated tensor kept on the way; default auto)")
       ->capture_default_str();
   app.add_option("--budget,--budgets", f->budgets,
                  "comma-separated budgets: bytes, % of the no-remat peak, or lowest (the lowest "
@@ -254,8 +270,9 @@ void setup(CLI::App& app) {
   app.add_flag("--plot", f->plot, "draw PNG plots with tools/plot.py (matplotlib)");
   app.callback([f] { run(*f); });
 }
-REGEN_COMMAND("sweep", "the seed experiments: batches x policies x budgets, with and without "
-                       "remat (tables, CSV, plots)",
+REGEN_COMMAND("sweep",
+              "the seed experiments: batches x policies x budgets, with and without "
+              "remat (tables, CSV, plots)",
               setup);
 
 }  // namespace

@@ -1,16 +1,16 @@
 // `regen train`: trains a built-in model from the command line, optionally under a memory budget
 // with a rematerialization policy (profile, plan, then train with the plan). The header and the
 // summary name the math mode (--math: fp32 unless asked; always fp32 on the CPU).
+#include <omp.h>
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <iostream>
-#include <omp.h>
 
 #include "regen/core/numeric.h"
 #include "regen/remat/pipeline.h"
-#include "tools/common.h"
 #include "tools/command.h"
+#include "tools/common.h"
 
 namespace regen::tool {
 namespace {
@@ -53,8 +53,9 @@ void run(const TrainFlags& f) {
   REGEN_CHECK(f.steps > 0, "--steps must be a positive integer, got ", f.steps);
   // Mistakes in the outputs fail now, not after the last step.
   if (!f.save.empty()) {
-    check_distinct_files({{"--save", f.save}},
-                         {{"--load", f.load}, {"--profile", f.profile_file}, {"--plan", f.plan_file}});
+    check_distinct_files(
+        {{"--save", f.save}},
+        {{"--load", f.load}, {"--profile", f.profile_file}, {"--plan", f.plan_file}});
   }
   // With a loaded profile, no step without remat runs here: its plan's prediction is checked
   // against the device below; otherwise the profiling step must fit as it is.
@@ -95,9 +96,9 @@ void run(const TrainFlags& f) {
       Profile loaded = load_profile(f.profile_file);
       REGEN_CHECK(loaded.model == f.m.model && loaded.batch == f.m.batch &&
                       loaded.device == s->device.str(),
-                  "--profile ", f.profile_file, " is for ", loaded.model, " batch ",
-                  loaded.batch, " on ", loaded.device, ", not ", f.m.model, " batch ",
-                  f.m.batch, " on ", s->device.str());
+                  "--profile ", f.profile_file, " is for ", loaded.model, " batch ", loaded.batch,
+                  " on ", loaded.device, ", not ", f.m.model, " batch ", f.m.batch, " on ",
+                  s->device.str());
       check_profile_run(loaded, f.m, "--profile " + f.profile_file);
       pipe.use_profile(std::move(loaded));
     } else {
@@ -122,18 +123,24 @@ void run(const TrainFlags& f) {
       pipe.plan(f.policy, Budget::parse(f.budget), po);
     }
     const Plan& plan = pipe.current_plan();
-    std::printf("plan %s, budget %s (%s): recompute %lld of %zu saved tensors; predicted peak "
-                "allocated %s, reserved %s (no remat %s), predicted step %.3f s\n",
-                plan.policy.c_str(), plan.budget_text.c_str(), budget_of_name(plan.budget_of),
-                static_cast<long long>(plan.recomputed()), profile.saved.size(),
-                format_bytes(plan.predicted.peak_allocated).c_str(),
-                format_bytes(plan.predicted.peak_reserved).c_str(),
-                format_bytes(plan.no_remat_peak).c_str(), plan.predicted.time_ms / 1000.0);
+    std::printf(
+        "plan %s, budget %s (%s): recompute %lld of %zu saved tensors; predicted peak "
+        "allocated %s, reserved %s (no remat %s), predicted step %.3f s\n",
+        plan.policy.c_str(), plan.budget_text.c_str(), budget_of_name(plan.budget_of),
+        static_cast<long long>(plan.recomputed()), profile.saved.size(),
+        format_bytes(plan.predicted.peak_allocated).c_str(),
+        format_bytes(plan.predicted.peak_reserved).c_str(),
+        format_bytes(plan.no_remat_peak).c_str(), plan.predicted.time_ms / 1000.0);
     // A plan that does not fit its budget is refused now, with the simulated numbers, rather
     // than found out by an out-of-memory error in the middle of a step.
-    REGEN_CHECK(plan.feasible, "the plan does not fit its budget, so training stops before it "
-                "starts: ", plan.note, plan.predicted.oom ? "; under the limit the simulated step "
-                "runs out of memory at " + plan.predicted.oom_at : std::string(),
+    REGEN_CHECK(plan.feasible,
+                "the plan does not fit its budget, so training stops before it "
+                "starts: ",
+                plan.note,
+                plan.predicted.oom ? "; under the limit the simulated step "
+                                     "runs out of memory at " +
+                                         plan.predicted.oom_at
+                                   : std::string(),
                 ". Pass a larger --budget, another --policy, or --budget-of allocated");
     {
       const int64_t have = available_memory(s->device);
@@ -143,18 +150,21 @@ void run(const TrainFlags& f) {
                   " available; pass a --budget of at most that, or a smaller --batch");
     }
     if (plan.limit > 0) {
-      std::printf("  the steps run with the allocator's hard limit at %s\n", format_bytes(plan.limit).c_str());
+      std::printf("  the steps run with the allocator's hard limit at %s\n",
+                  format_bytes(plan.limit).c_str());
     }
     if (plan.layout) {
       const PlannedLayout& l = *plan.layout;
-      const size_t in_holes = static_cast<size_t>(std::count_if(l.bin.begin(), l.bin.end(), [](int32_t b) { return b >= 0; }));
+      const size_t in_holes = static_cast<size_t>(
+          std::count_if(l.bin.begin(), l.bin.end(), [](int32_t b) { return b >= 0; }));
       uint64_t hole_bytes = 0;
       for (uint64_t h : l.holes) hole_bytes += h;
-      std::printf("  the steps run with a planned layout: of the step's %zu requests, %zu in the %zu "
-                  "free blocks of the persistent segments (%s), %zu in one arena of %s\n",
-                  l.rounded.size(), in_holes, l.holes.size(),
-                  format_bytes(static_cast<int64_t>(hole_bytes)).c_str(), l.rounded.size() - in_holes,
-                  format_bytes(l.size).c_str());
+      std::printf(
+          "  the steps run with a planned layout: of the step's %zu requests, %zu in the %zu "
+          "free blocks of the persistent segments (%s), %zu in one arena of %s\n",
+          l.rounded.size(), in_holes, l.holes.size(),
+          format_bytes(static_cast<int64_t>(hole_bytes)).c_str(), l.rounded.size() - in_holes,
+          format_bytes(l.size).c_str());
     }
   }
 
@@ -175,8 +185,10 @@ void run(const TrainFlags& f) {
       if (mode == "bar") std::printf("\n");
       std::fflush(stdout);
       check_finite_loss(r.loss, i + 1, f.m.lr);
-      REGEN_FAIL("training diverged: after step ", i + 1, " the ", bad, " (not finite); try a "
-                 "lower --lr (this run used ", f.m.lr, ")");
+      REGEN_FAIL("training diverged: after step ", i + 1, " the ", bad,
+                 " (not finite); try a "
+                 "lower --lr (this run used ",
+                 f.m.lr, ")");
     }
     record(r);
     if (mode != "none" && ((i + 1) % every == 0 || i + 1 == f.steps)) {
@@ -193,16 +205,17 @@ void run(const TrainFlags& f) {
   if (!losses.empty()) {
     std::printf("  loss %.4f -> %.4f\n", losses.front(), losses.back());
     if (times.size() == 1) {
-      std::printf("  step time %s (a single step, warm-up included: no later steps to take a "
-                  "median over), %.1f samples/s\n",
-                  format_ms(times[0]).c_str(), times[0] > 0 ? 1000.0 * f.m.batch / times[0] : 0.0);
+      std::printf(
+          "  step time %s (a single step, warm-up included: no later steps to take a "
+          "median over), %.1f samples/s\n",
+          format_ms(times[0]).c_str(), times[0] > 0 ? 1000.0 * f.m.batch / times[0] : 0.0);
     } else {
       const std::vector<double> steady(times.begin() + 1, times.end());
       const double med = median(steady);
       const std::string which =
-          steady.size() == 1 ? "the second step; the first is left out as warm-up"
-                             : "median of the " + std::to_string(steady.size()) +
-                                   " steps after the first";
+          steady.size() == 1
+              ? "the second step; the first is left out as warm-up"
+              : "median of the " + std::to_string(steady.size()) + " steps after the first";
       std::printf("  step time %s (%s), %.1f samples/s\n", format_ms(med).c_str(), which.c_str(),
                   med > 0 ? 1000.0 * f.m.batch / med : 0.0);
     }
@@ -221,31 +234,32 @@ void run(const TrainFlags& f) {
     uint64_t free_after = 0, total = 0;
     cuda_memory_info(s->device, free_after, total);
     const CachingAllocator& a = allocator_for(s->device);
-    std::printf("  device memory (cudaMemGetInfo): %s used of %s before the steps, %s after; the "
-                "allocator reserves %s now (peak %s)\n",
-                format_bytes(static_cast<int64_t>(total_mem - free_before)).c_str(),
-                format_bytes(static_cast<int64_t>(total_mem)).c_str(),
-                format_bytes(static_cast<int64_t>(total - free_after)).c_str(),
-                format_bytes(a.stats().reserved.current).c_str(),
-                format_bytes(peak_reserved).c_str());
+    std::printf(
+        "  device memory (cudaMemGetInfo): %s used of %s before the steps, %s after; the "
+        "allocator reserves %s now (peak %s)\n",
+        format_bytes(static_cast<int64_t>(total_mem - free_before)).c_str(),
+        format_bytes(static_cast<int64_t>(total_mem)).c_str(),
+        format_bytes(static_cast<int64_t>(total - free_after)).c_str(),
+        format_bytes(a.stats().reserved.current).c_str(), format_bytes(peak_reserved).c_str());
   }
   if (const RematExecutor* exec = pipe.executor()) {
     const Plan& plan = pipe.current_plan();
     const bool exact = plan.predicted.peak_allocated == peak_alloc &&
                        plan.predicted.peak_reserved == peak_reserved;
-    std::printf("  remat %s: predicted peak allocated %s, reserved %s; measured %s, %s (%s)%s; "
-                "%lld evictions and %lld replays per step, %.3f s of recomputation\n",
-                plan.policy.c_str(), format_bytes(plan.predicted.peak_allocated).c_str(),
-                format_bytes(plan.predicted.peak_reserved).c_str(),
-                format_bytes(peak_alloc).c_str(), format_bytes(peak_reserved).c_str(),
-                exact ? "exact" : "differs",
-                plan.limit > 0 ? (", under the limit " + format_bytes(plan.limit)).c_str() : "",
-                static_cast<long long>(exec->evictions()), static_cast<long long>(exec->replays()),
-                exec->regen_ms() / 1000.0);
+    std::printf(
+        "  remat %s: predicted peak allocated %s, reserved %s; measured %s, %s (%s)%s; "
+        "%lld evictions and %lld replays per step, %.3f s of recomputation\n",
+        plan.policy.c_str(), format_bytes(plan.predicted.peak_allocated).c_str(),
+        format_bytes(plan.predicted.peak_reserved).c_str(), format_bytes(peak_alloc).c_str(),
+        format_bytes(peak_reserved).c_str(), exact ? "exact" : "differs",
+        plan.limit > 0 ? (", under the limit " + format_bytes(plan.limit)).c_str() : "",
+        static_cast<long long>(exec->evictions()), static_cast<long long>(exec->replays()),
+        exec->regen_ms() / 1000.0);
     if (done > 0) {
-      std::printf("  (the first %lld step(s) ran without remat to profile; pass --profile FILE from "
-                  "`regen profile` to plan from the start)\n",
-                  static_cast<long long>(done));
+      std::printf(
+          "  (the first %lld step(s) ran without remat to profile; pass --profile FILE from "
+          "`regen profile` to plan from the start)\n",
+          static_cast<long long>(done));
     }
   }
   if (!f.save.empty()) {
@@ -260,15 +274,18 @@ void setup(CLI::App& app) {
   app.add_option("--steps", f->steps, "training steps")
       ->check(positive_integer())
       ->capture_default_str();
-  app.add_option("--save", f->save, "write the model's parameters and buffers to FILE.safetensors "
-                                    "(torchvision / torch.nn names; atomic)")
+  app.add_option("--save", f->save,
+                 "write the model's parameters and buffers to FILE.safetensors "
+                 "(torchvision / torch.nn names; atomic)")
       ->check(non_empty("a file name"));
   app.add_option("--load", f->load, "start from FILE.safetensors");
-  app.add_option("--policy", f->policy, "rematerialization policy, one of the registered planners: " + planner_help())
+  app.add_option("--policy", f->policy,
+                 "rematerialization policy, one of the registered planners: " + planner_help())
       ->check(CLI::IsMember(policy_names()))
       ->capture_default_str();
-  app.add_option("--budget", f->budget, "memory budget: bytes (2GiB, 1.5GB) or a % of the "
-                                        "no-remat peak (60%)")
+  app.add_option("--budget", f->budget,
+                 "memory budget: bytes (2GiB, 1.5GB) or a % of the "
+                 "no-remat peak (60%)")
       ->check(budget_text());
   add_budget_of_flag(app, f->budget_of);
   add_layout_flag(app, f->layout);
@@ -276,9 +293,11 @@ void setup(CLI::App& app) {
                  "regeneration chains: keep, drop (mu-TWO's model) or auto (see `regen plan`)")
       ->check(CLI::IsMember(chain_names()))
       ->capture_default_str();
-  app.add_option("--profile", f->profile_file, "plan from this profile.json (from `regen profile`) "
-                                               "instead of profiling the first steps");
-  app.add_option("--plan", f->plan_file, "apply this plan.json (from `regen plan`; needs --profile)");
+  app.add_option("--profile", f->profile_file,
+                 "plan from this profile.json (from `regen profile`) "
+                 "instead of profiling the first steps");
+  app.add_option("--plan", f->plan_file,
+                 "apply this plan.json (from `regen plan`; needs --profile)");
   app.add_option("--profile-steps", f->profile_steps, "steps profiled before planning")
       ->check(positive_integer(kIntMax))
       ->capture_default_str();
@@ -297,15 +316,16 @@ void setup(CLI::App& app) {
     // Without --profile the first --profile-steps steps run without remat: at least one step
     // must be left to run under the plan, or its peak could not be measured.
     const bool remat = f->policy != "none" || !f->plan_file.empty();
-    REGEN_CHECK(!remat || !f->profile_file.empty() ||
-                    f->steps > std::max<int64_t>(1, f->profile_steps),
-                "--steps ", f->steps, " leaves no step to run under the plan after ",
-                std::max<int64_t>(1, f->profile_steps),
-                " profiling step(s): raise --steps, lower --profile-steps or pass --profile");
+    REGEN_CHECK(
+        !remat || !f->profile_file.empty() || f->steps > std::max<int64_t>(1, f->profile_steps),
+        "--steps ", f->steps, " leaves no step to run under the plan after ",
+        std::max<int64_t>(1, f->profile_steps),
+        " profiling step(s): raise --steps, lower --profile-steps or pass --profile");
     run(*f);
   });
 }
-REGEN_COMMAND("train", "train a built-in model (optionally with a rematerialization policy)", setup);
+REGEN_COMMAND("train", "train a built-in model (optionally with a rematerialization policy)",
+              setup);
 
 }  // namespace
 }  // namespace regen::tool

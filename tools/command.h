@@ -30,6 +30,6 @@ struct CommandRegistrar {
 
 #define REGEN_COMMAND_CAT2(a, b) a##b
 #define REGEN_COMMAND_CAT(a, b) REGEN_COMMAND_CAT2(a, b)
-#define REGEN_COMMAND(path, description, setup)                                      \
+#define REGEN_COMMAND(path, description, setup)                                       \
   static ::regen::tool::CommandRegistrar REGEN_COMMAND_CAT(regen_command_, __LINE__)( \
       path, description, setup)

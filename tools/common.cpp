@@ -392,9 +392,11 @@ int64_t available_memory(Device device) {
   // What the process's own allocator already reserves (and keeps parked) is its to reuse. In
   // direct mode its segments are bookkeeping only: it holds exactly its live blocks' bytes.
   CachingAllocator& a = allocator_for(device);
-  const int64_t own = a.direct() ? a.stats().requested.current
-                                 : a.stats().reserved.current + static_cast<int64_t>(a.arena().retained_bytes());
-  if (cuda_memory_info(device, free_bytes, total_bytes)) return static_cast<int64_t>(free_bytes) + own;
+  const int64_t own =
+      a.direct() ? a.stats().requested.current
+                 : a.stats().reserved.current + static_cast<int64_t>(a.arena().retained_bytes());
+  if (cuda_memory_info(device, free_bytes, total_bytes))
+    return static_cast<int64_t>(free_bytes) + own;
   if (FILE* f = std::fopen("/proc/meminfo", "r")) {
     char line[256];
     long long kib = -1;
@@ -427,8 +429,9 @@ void check_preflight(const Session& s, int64_t batch, Preflight preflight) {
               "optimizer state take ", format_bytes(state), " (exact, from a dry run), but ",
               s.device.str(), " has ", format_bytes(have), " available; ",
               resnet ? "use fewer --num-classes or a smaller preset"
-                     : "use a smaller --vocab (now " + std::to_string(c.vocab) + ") or --seq-len (now " +
-                           std::to_string(c.seq_len) + ", one position embedding each)");
+                     : "use a smaller --vocab (now " + std::to_string(c.vocab) +
+                           ") or --seq-len (now " + std::to_string(c.seq_len) +
+                           ", one position embedding each)");
   if (preflight == Preflight::model) return;
   // Every tensor of the step, as the real step allocates them. On the CPU the kernels' scratch
   // space (GEMM packing, im2col tiles) is in it too, so this is the real step's peak; on CUDA the
@@ -487,9 +490,9 @@ void check_profile_run(const Profile& p, const ModelFlags& f, const std::string&
     }
     const auto it = now.find(flag);
     const std::string here = it == now.end() ? "(none)" : it->second;
-    REGEN_CHECK(here == then, what, " was made with ", flag, " ", then, ", but this run has ",
-                flag, " ", here, ": its memory and times are another step's (pass ", flag, " ",
-                then, ", or profile again)");
+    REGEN_CHECK(here == then, what, " was made with ", flag, " ", then, ", but this run has ", flag,
+                " ", here, ": its memory and times are another step's (pass ", flag, " ", then,
+                ", or profile again)");
   }
 }
 
@@ -528,7 +531,8 @@ std::unique_ptr<Session> make_session(const ModelFlags& flags, int64_t batch, Pr
     const int64_t side = (c.image_size + 31) / 32;
     REGEN_CHECK(batch * side * side >= 2, "--batch ", batch, " at --image-size ", c.image_size,
                 ": batch norm in training needs at least 2 values per channel, and the last "
-                "stage's maps are ", side, "x", side, "; use --batch 2 or more");
+                "stage's maps are ",
+                side, "x", side, "; use --batch 2 or more");
   }
   REGEN_CHECK(flags.conv == "native" || s->device.is_cuda(), "--conv ", flags.conv,
               " applies to CUDA devices; on ", s->device.str(), " convolution is regen's own");
@@ -556,8 +560,8 @@ std::unique_ptr<Session> make_session(const ModelFlags& flags, int64_t batch, Pr
     // which flags set the sizes.
     const bool oom = dynamic_cast<const OutOfMemory*>(&e) != nullptr;
     REGEN_FAIL(size_flags(c, batch), oom ? " is too large for any memory" : " is too large",
-               ": a dry run of one ", c.name, oom ? " step stops at " : " step fails: ", e.message(),
-               "; use a smaller --batch",
+               ": a dry run of one ", c.name,
+               oom ? " step stops at " : " step fails: ", e.message(), "; use a smaller --batch",
                c.family == ModelFamily::resnet ? " or --image-size" : ", --seq-len or --vocab");
   }
   check_preflight(*s, batch, preflight);
@@ -568,8 +572,8 @@ std::unique_ptr<Session> make_session(const ModelFlags& flags, int64_t batch, Pr
   return s;
 }
 
-MeasuredRun measure_training(const ModelFlags& m, int64_t batch, int steps,
-                             const Profile* profile, const Plan* plan, int64_t limit) {
+MeasuredRun measure_training(const ModelFlags& m, int64_t batch, int steps, const Profile* profile,
+                             const Plan* plan, int64_t limit) {
   REGEN_CHECK(plan == nullptr || profile != nullptr, "measure_training: a plan needs its profile");
   allocator_for(resolve_device(m.device)).empty_cache();
   auto s = make_session(m, batch);
@@ -625,7 +629,8 @@ namespace {
 // A path with its folder resolved (the file itself need not exist), to compare two paths.
 std::string resolved_path(const std::string& path) {
   const auto slash = path.find_last_of('/');
-  const std::string dir = slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
+  const std::string dir =
+      slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
   const std::string name = slash == std::string::npos ? path : path.substr(slash + 1);
   char buf[PATH_MAX];
   if (::realpath(path.c_str(), buf)) return buf;  // an existing file (through links)
@@ -679,7 +684,8 @@ int64_t first_bad(const Tensor& t) {
   return scan(v.data(), static_cast<int64_t>(v.size()));
 }
 double value_at(const Tensor& t, int64_t i) {
-  if (t.device().is_cpu()) return t.dtype() == DType::f64 ? t.data<double>()[i] : t.data<float>()[i];
+  if (t.device().is_cpu())
+    return t.dtype() == DType::f64 ? t.data<double>()[i] : t.data<float>()[i];
   return t.to_vector<float>()[static_cast<size_t>(i)];
 }
 }  // namespace

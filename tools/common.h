@@ -28,10 +28,11 @@ namespace regen::tool {
 CLI::Validator positive_integer(int64_t max = std::numeric_limits<int64_t>::max());
 CLI::Validator non_negative_integer(uint64_t max = std::numeric_limits<int64_t>::max());
 CLI::Validator integer_in(int64_t lo, int64_t hi);
-CLI::Validator non_negative_number();            // finite and >= 0
+CLI::Validator non_negative_number();  // finite and >= 0
 CLI::Validator number_in(double lo, double hi);
 CLI::Validator budget_text();  // Budget::parse accepts it, and it is not empty
-CLI::Validator non_empty(const std::string& what);  // "is empty: give <what>"  // finite and lo <= x <= hi
+CLI::Validator non_empty(
+    const std::string& what);  // "is empty: give <what>"  // finite and lo <= x <= hi
 // For options bound to an `int`.
 constexpr int64_t kIntMax = std::numeric_limits<int>::max();
 

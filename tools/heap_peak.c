@@ -50,9 +50,8 @@ static _Atomic long long g_peak;
 static void count_alloc(long long n) {
   const long long now = atomic_fetch_add_explicit(&g_current, n, memory_order_relaxed) + n;
   long long seen = atomic_load_explicit(&g_peak, memory_order_relaxed);
-  while (now > seen && !atomic_compare_exchange_weak_explicit(&g_peak, &seen, now,
-                                                              memory_order_relaxed,
-                                                              memory_order_relaxed)) {
+  while (now > seen && !atomic_compare_exchange_weak_explicit(
+                           &g_peak, &seen, now, memory_order_relaxed, memory_order_relaxed)) {
   }
 }
 
@@ -97,8 +96,8 @@ static struct {
   usable_fn usable;
 } next;
 
-static _Atomic int g_resolved;   /* 1 once every pointer in `next` is set */
-static _Atomic int g_resolving;  /* 1 while dlsym runs (dlsym itself may call calloc/malloc) */
+static _Atomic int g_resolved;  /* 1 once every pointer in `next` is set */
+static _Atomic int g_resolving; /* 1 while dlsym runs (dlsym itself may call calloc/malloc) */
 
 /* While dlsym runs, allocations come from this static arena; its blocks are never freed (there
    are at most a few, for dlerror's buffer) and never counted. Each block is preceded by its
@@ -154,7 +153,9 @@ static void resolve(void) {
 
 /* Resolve on load, before the process starts threads; the entry points also resolve lazily in
    case another library's constructor allocates first. */
-__attribute__((constructor)) static void heap_peak_init(void) { resolve(); }
+__attribute__((constructor)) static void heap_peak_init(void) {
+  resolve();
+}
 
 /* 1 when the caller must use the boot arena (dlsym is running, or resolution failed). */
 static int booting(void) {
@@ -164,7 +165,9 @@ static int booting(void) {
   return !atomic_load_explicit(&g_resolved, memory_order_acquire);
 }
 
-static long long usable(void* p) { return p ? (long long)next.usable(p) : 0; }
+static long long usable(void* p) {
+  return p ? (long long)next.usable(p) : 0;
+}
 
 /* ---- the interposed entry points ------------------------------------------------------- */
 
@@ -180,7 +183,7 @@ EXPORT void* malloc(size_t size) {
 EXPORT void* calloc(size_t n, size_t size) {
   if (booting()) {
     if (size && n > SIZE_MAX / size) return NULL;
-    return boot_alloc(n * size, 16);  /* static storage: already zero, never reused */
+    return boot_alloc(n * size, 16); /* static storage: already zero, never reused */
   }
   void* p = next.calloc(n, size);
   if (p) count_alloc(usable(p));
@@ -189,13 +192,13 @@ EXPORT void* calloc(size_t n, size_t size) {
 
 EXPORT void free(void* p) {
   if (!p || in_boot(p)) return;
-  if (booting()) return;  /* cannot happen for a block the next allocator gave out */
+  if (booting()) return; /* cannot happen for a block the next allocator gave out */
   count_free(usable(p));
   next.free(p);
 }
 
 EXPORT void* realloc(void* p, size_t size) {
-  if (p && in_boot(p)) {  /* move a boot block to the real heap */
+  if (p && in_boot(p)) { /* move a boot block to the real heap */
     void* q = malloc(size);
     if (q) {
       size_t old = boot_size(p);
@@ -214,7 +217,7 @@ EXPORT void* realloc(void* p, size_t size) {
       count_free(before - after);
     }
   } else if (p && size == 0) {
-    count_free(before);  /* glibc's realloc(p, 0) frees p and returns NULL */
+    count_free(before); /* glibc's realloc(p, 0) frees p and returns NULL */
   }
   return q;
 }
@@ -263,8 +266,8 @@ EXPORT void* valloc(size_t size) {
 EXPORT void* pvalloc(size_t size) {
   const size_t page = (size_t)sysconf(_SC_PAGESIZE);
   if (booting()) return boot_alloc((size + page - 1) & ~(page - 1), 4096);
-  void* p = next.pvalloc ? next.pvalloc(size)
-                         : next.memalign(page, (size + page - 1) & ~(page - 1));
+  void* p =
+      next.pvalloc ? next.pvalloc(size) : next.memalign(page, (size + page - 1) & ~(page - 1));
   if (p) count_alloc(usable(p));
   return p;
 }

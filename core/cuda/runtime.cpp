@@ -31,8 +31,9 @@ DeviceProbe classify_device_query(cudaError_t count_error, int count, int driver
                             cudaGetErrorName(count_error), " (", cudaGetErrorString(count_error),
                             "); CUDA driver ", driver_version, ", runtime ", runtime_version);
   if (count_error == cudaErrorInsufficientDriver) {
-    p.error += " (the installed driver is older than this runtime needs: update the driver or "
-               "build against an older CUDA toolkit)";
+    p.error +=
+        " (the installed driver is older than this runtime needs: update the driver or "
+        "build against an older CUDA toolkit)";
   }
   return p;
 }
@@ -69,7 +70,9 @@ bool env_switch(const char* name) {
 std::atomic<int> g_sync_launches{-1};
 }  // namespace
 
-bool require_gpu() { return env_switch("REGEN_REQUIRE_GPU"); }
+bool require_gpu() {
+  return env_switch("REGEN_REQUIRE_GPU");
+}
 
 bool sync_launches() {
   int v = g_sync_launches.load(std::memory_order_relaxed);
@@ -80,13 +83,16 @@ bool sync_launches() {
   return v == 1;
 }
 
-void set_sync_launches(bool enabled) { g_sync_launches.store(enabled ? 1 : 0); }
+void set_sync_launches(bool enabled) {
+  g_sync_launches.store(enabled ? 1 : 0);
+}
 
 void check_launch_completed(const char* launcher) {
   const cudaError_t err = cudaStreamSynchronize(stream());
   if (err != cudaSuccess) {
-    REGEN_FAIL("CUDA work queued by ", launcher, " failed (REGEN_CUDA_SYNC): ",
-               cudaGetErrorName(err), " (", cudaGetErrorString(err), ")");
+    REGEN_FAIL("CUDA work queued by ", launcher,
+               " failed (REGEN_CUDA_SYNC): ", cudaGetErrorName(err), " (", cudaGetErrorString(err),
+               ")");
   }
 }
 
@@ -117,7 +123,9 @@ cudaStream_t stream() {
   return streams[d];
 }
 
-void synchronize() { REGEN_CUDA_CHECK(cudaStreamSynchronize(stream())); }
+void synchronize() {
+  REGEN_CUDA_CHECK(cudaStreamSynchronize(stream()));
+}
 
 void memcpy(void* dst, const void* src, uint64_t bytes, cudaMemcpyKind kind) {
   if (bytes == 0) return;

@@ -13,15 +13,15 @@
 #include "regen/core/error.h"
 
 // Throws regen::Error naming the failed call, the CUDA error and file:line.
-#define REGEN_CUDA_CHECK(call)                                                                 \
-  do {                                                                                         \
-    cudaError_t regen_err_ = (call);                                                           \
-    if (regen_err_ != cudaSuccess) {                                                           \
-      ::regen::detail::throw_error(__FILE__, __LINE__,                                         \
-                                   ::regen::detail::str_cat("CUDA call ", #call, " failed: ",  \
-                                                            cudaGetErrorName(regen_err_), " (", \
-                                                            cudaGetErrorString(regen_err_), ")")); \
-    }                                                                                          \
+#define REGEN_CUDA_CHECK(call)                                                                     \
+  do {                                                                                             \
+    cudaError_t regen_err_ = (call);                                                               \
+    if (regen_err_ != cudaSuccess) {                                                               \
+      ::regen::detail::throw_error(                                                                \
+          __FILE__, __LINE__,                                                                      \
+          ::regen::detail::str_cat("CUDA call ", #call, " failed: ", cudaGetErrorName(regen_err_), \
+                                   " (", cudaGetErrorString(regen_err_), ")"));                    \
+    }                                                                                              \
   } while (0)
 
 namespace regen::cuda {

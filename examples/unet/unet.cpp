@@ -7,14 +7,14 @@
 //
 // The program registers it as model "unet" and runs the three stages on it with every registered
 // planner: the reference training without remat, one profile, then for each budget (of allocated
-// bytes) and planner a plan and three steps under it. It checks, and prints, that every step's measured peaks equal
-// the plan's predicted ones to the byte and that the losses, parameters and gradients are bitwise
-// those of the reference. It exits 1 when a check fails.
+// bytes) and planner a plan and three steps under it. It checks, and prints, that every step's
+// measured peaks equal the plan's predicted ones to the byte and that the losses, parameters and
+// gradients are bitwise those of the reference. It exits 1 when a check fails.
 //
 //   unet [--budgets 70%,60%] [--batch 16] [--image-size 64] [--width 8] [--milp]
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
-#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -101,12 +101,19 @@ int run(int argc, char** argv) {
                   " must be a positive integer up to 4096, got '", v, "'");
       return static_cast<int64_t>(n);
     };
-    if (a == "--budgets") budgets_text = value();
-    else if (a == "--batch") batch = integer();
-    else if (a == "--image-size") image = integer();
-    else if (a == "--width") width = integer();
-    else if (a == "--milp") milp = true;
-    else REGEN_FAIL("unknown argument '", a, "': unet [--budgets 70%,60%] [--batch N] [--image-size N] [--width N] [--milp]");
+    if (a == "--budgets")
+      budgets_text = value();
+    else if (a == "--batch")
+      batch = integer();
+    else if (a == "--image-size")
+      image = integer();
+    else if (a == "--width")
+      width = integer();
+    else if (a == "--milp")
+      milp = true;
+    else
+      REGEN_FAIL("unknown argument '", a,
+                 "': unet [--budgets 70%,60%] [--batch N] [--image-size N] [--width N] [--milp]");
   }
   std::vector<Budget> budgets;
   for (size_t at = 0; at <= budgets_text.size();) {
@@ -140,14 +147,14 @@ int run(int argc, char** argv) {
     po.iterations = 2;
     profile = pipe.profile(po);
   }
-  std::printf("unet: %zu nodes, %zu saved tensors, %zu blocks; batch %lld, %lldx%lld images, width "
-              "%lld; no-remat peak %s allocated, %s reserved; lower bound %s\n",
-              profile.nodes.size(), profile.saved.size(), profile.blocks.size(),
-              static_cast<long long>(batch), static_cast<long long>(image),
-              static_cast<long long>(image), static_cast<long long>(width),
-              format_bytes(profile.peak_allocated).c_str(),
-              format_bytes(profile.peak_reserved).c_str(),
-              format_bytes(memory_lower_bound(profile)).c_str());
+  std::printf(
+      "unet: %zu nodes, %zu saved tensors, %zu blocks; batch %lld, %lldx%lld images, width "
+      "%lld; no-remat peak %s allocated, %s reserved; lower bound %s\n",
+      profile.nodes.size(), profile.saved.size(), profile.blocks.size(),
+      static_cast<long long>(batch), static_cast<long long>(image), static_cast<long long>(image),
+      static_cast<long long>(width), format_bytes(profile.peak_allocated).c_str(),
+      format_bytes(profile.peak_reserved).c_str(),
+      format_bytes(memory_lower_bound(profile)).c_str());
   std::printf("%-7s %-8s %-4s %10s %14s %14s %-7s %10s %-8s\n", "budget", "policy", "fits",
               "recomputed", "predicted", "measured", "peaks", "pred step", "training");
 
@@ -171,7 +178,8 @@ int run(int argc, char** argv) {
       const Outcome got = train(pipe, r, 3);
       bool exact = true, within = true;
       for (size_t i = 0; i < got.peak_allocated.size(); ++i) {
-        exact = exact && got.peak_allocated[i] == predicted && got.peak_reserved[i] == predicted_reserved;
+        exact = exact && got.peak_allocated[i] == predicted &&
+                got.peak_reserved[i] == predicted_reserved;
         within = within && (!feasible || got.peak_allocated[i] <= budget_bytes);
       }
       const bool same = bitwise_same(got, ref);

@@ -20,9 +20,11 @@ class DoubleConv : public Module {
  public:
   DoubleConv(const std::string& name, int64_t in, int64_t out, Generator& gen, Device device)
       : Module(name) {
-    conv1_ = &register_module("conv1", std::make_unique<Conv2d>("conv1", in, out, 3, 1, 1, false, gen, device));
+    conv1_ = &register_module(
+        "conv1", std::make_unique<Conv2d>("conv1", in, out, 3, 1, 1, false, gen, device));
     bn1_ = &register_module("bn1", std::make_unique<BatchNorm2d>("bn1", out, device));
-    conv2_ = &register_module("conv2", std::make_unique<Conv2d>("conv2", out, out, 3, 1, 1, false, gen, device));
+    conv2_ = &register_module(
+        "conv2", std::make_unique<Conv2d>("conv2", out, out, 3, 1, 1, false, gen, device));
     bn2_ = &register_module("bn2", std::make_unique<BatchNorm2d>("bn2", out, device));
   }
   Tensor forward(const Tensor& x) {
@@ -49,27 +51,33 @@ class UNet : public Model {
     int64_t in = 3;
     for (int i = 0; i < kLevels; ++i) {
       const int64_t w = c.base_width << i;
-      down_.push_back(&register_module("down" + std::to_string(i),
-                                       std::make_unique<DoubleConv>("down" + std::to_string(i), in, w, gen, device)));
+      down_.push_back(&register_module(
+          "down" + std::to_string(i),
+          std::make_unique<DoubleConv>("down" + std::to_string(i), in, w, gen, device)));
       in = w;
     }
     const int64_t wb = c.base_width << kLevels;
-    bottom_ = &register_module("bottom", std::make_unique<DoubleConv>("bottom", in, wb, gen, device));
+    bottom_ =
+        &register_module("bottom", std::make_unique<DoubleConv>("bottom", in, wb, gen, device));
     // The deepest upsampling is learned: a 2x2 transposed convolution with stride 2 that also
     // halves the channels; the others copy (bilinear, nearest) and keep them.
     const int64_t w3 = c.base_width << (kLevels - 1);
-    up_weight_ = &register_parameter("up3.weight", make_param("up3.weight", {wb, w3, 2, 2}, device));
+    up_weight_ =
+        &register_parameter("up3.weight", make_param("up3.weight", {wb, w3, 2, 2}, device));
     up_bias_ = &register_parameter("up3.bias", make_param("up3.bias", {w3}, device));
     up_weight_->copy_from(normal({wb, w3, 2, 2}, 0.0, 0.1, gen));
     up_bias_->copy_from(zeros({w3}));
     int64_t cur = w3;  // channels coming up into level 3
     for (int i = kLevels - 1; i >= 0; --i) {
       const int64_t skip = c.base_width << i;
-      up_.insert(up_.begin(), &register_module("up" + std::to_string(i),
-                                               std::make_unique<DoubleConv>("up" + std::to_string(i), cur + skip, skip, gen, device)));
+      up_.insert(up_.begin(),
+                 &register_module("up" + std::to_string(i),
+                                  std::make_unique<DoubleConv>("up" + std::to_string(i), cur + skip,
+                                                               skip, gen, device)));
       cur = skip;
     }
-    head_ = &register_module("head", std::make_unique<Conv2d>("head", cur, c.num_classes, 1, 1, 0, true, gen, device));
+    head_ = &register_module(
+        "head", std::make_unique<Conv2d>("head", cur, c.num_classes, 1, 1, 0, true, gen, device));
     assign_full_names();
   }
 
@@ -86,8 +94,10 @@ class UNet : public Model {
     for (int i = kLevels - 1; i >= 0; --i) {
       {
         ModuleScope scope("up" + std::to_string(i) + "_sample");
-        if (i == kLevels - 1) x = conv_transpose2d(x, *up_weight_, *up_bias_, 2, 0, 0);
-        else x = upsample2x(x, i == kLevels - 2 ? UpsampleMode::bilinear : UpsampleMode::nearest);
+        if (i == kLevels - 1)
+          x = conv_transpose2d(x, *up_weight_, *up_bias_, 2, 0, 0);
+        else
+          x = upsample2x(x, i == kLevels - 2 ? UpsampleMode::bilinear : UpsampleMode::nearest);
         x = concat({x, skips[static_cast<size_t>(i)]}, 1);
       }
       x = up_[static_cast<size_t>(i)]->forward(x);

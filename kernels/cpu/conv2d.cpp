@@ -331,7 +331,7 @@ template <class T>
 void conv2d_backward_data(const T* dy, const T* w, T* dx, const ConvShape& s) {
   const int64_t crs = s.C * s.R * s.S, pq = s.P * s.Q, chw = s.C * s.H * s.W;
   const bool dry = dry_run_active();  // the GEMMs request their scratch; nothing else runs
-  if (is_pointwise(s)) {  // dx (C, cols) = w^T * dy, no folding needed
+  if (is_pointwise(s)) {              // dx (C, cols) = w^T * dy, no folding needed
     const ACols<T, ViewSource<T>> a{{w, s.C}};
     const BRows<T, DySource<T>> b{{dy, s.K, pq, 0}};
     packed::gemm<T>(s.C, s.N * pq, s.K, a, b, nullptr, false, {dx, pq, pq, chw});

@@ -133,7 +133,7 @@ void sum_rows(const T* x, T* y, int64_t rows, int64_t cols) {
 
 template <class T>
 void sum_all(const T* x, T* y, int64_t n) {
-  if (n <= kChunk) {  // one chunk: no scratch
+  if (n <= kChunk) {               // one chunk: no scratch
     if (dry_run_active()) return;  // nothing to request
     double acc = 0;
     for (int64_t i = 0; i < n; ++i) acc += static_cast<double>(x[i]);
@@ -217,22 +217,22 @@ void permute(const T* x, T* y, const PermuteShape& s) {
   }
 }
 
-#define REGEN_INSTANTIATE(T)                                                              \
-  template void fill<T>(T*, int64_t, T);                                                  \
-  template void copy<T>(const T*, T*, int64_t);                                           \
-  template void add<T>(const T*, const T*, T*, int64_t, int64_t);                         \
-  template void add_inplace<T>(T*, const T*, int64_t);                                    \
-  template void mul<T>(const T*, const T*, T*, int64_t, int64_t);                         \
-  template void scale<T>(const T*, T*, int64_t, T);                                       \
-  template void fill_from_scalar<T>(const T*, T*, int64_t, T);                            \
-  template void relu_forward<T>(const T*, T*, int64_t);                                   \
-  template void relu_backward<T>(const T*, const T*, T*, int64_t);                        \
-  template void gelu_forward<T>(const T*, T*, int64_t);                                   \
-  template void gelu_backward<T>(const T*, const T*, T*, int64_t);                        \
-  template void sum_rows<T>(const T*, T*, int64_t, int64_t);                              \
-  template void sum_all<T>(const T*, T*, int64_t);                                        \
-  template void dropout_forward<T>(const T*, T*, int64_t, float, uint64_t, uint64_t);     \
-  template void dropout_backward<T>(const T*, T*, int64_t, float, uint64_t, uint64_t);    \
+#define REGEN_INSTANTIATE(T)                                                           \
+  template void fill<T>(T*, int64_t, T);                                               \
+  template void copy<T>(const T*, T*, int64_t);                                        \
+  template void add<T>(const T*, const T*, T*, int64_t, int64_t);                      \
+  template void add_inplace<T>(T*, const T*, int64_t);                                 \
+  template void mul<T>(const T*, const T*, T*, int64_t, int64_t);                      \
+  template void scale<T>(const T*, T*, int64_t, T);                                    \
+  template void fill_from_scalar<T>(const T*, T*, int64_t, T);                         \
+  template void relu_forward<T>(const T*, T*, int64_t);                                \
+  template void relu_backward<T>(const T*, const T*, T*, int64_t);                     \
+  template void gelu_forward<T>(const T*, T*, int64_t);                                \
+  template void gelu_backward<T>(const T*, const T*, T*, int64_t);                     \
+  template void sum_rows<T>(const T*, T*, int64_t, int64_t);                           \
+  template void sum_all<T>(const T*, T*, int64_t);                                     \
+  template void dropout_forward<T>(const T*, T*, int64_t, float, uint64_t, uint64_t);  \
+  template void dropout_backward<T>(const T*, T*, int64_t, float, uint64_t, uint64_t); \
   template void permute<T>(const T*, T*, const PermuteShape&);
 REGEN_INSTANTIATE(float)
 REGEN_INSTANTIATE(double)

@@ -69,8 +69,8 @@ void gemm_impl(int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda
   const int64_t chunk = (extent + threads - 1) / threads;
   const int64_t part_m = split_m ? chunk : M, part_n = split_m ? N : chunk;
   const Plan plan = plan_blocking<T>(part_n, part_m, K);
-  Workspace ws(Device::cpu(), static_cast<uint64_t>(threads) * (plan.floats_a + plan.floats_b) *
-                                  sizeof(T));
+  Workspace ws(Device::cpu(),
+               static_cast<uint64_t>(threads) * (plan.floats_a + plan.floats_b) * sizeof(T));
   if (dry_run_active()) return;  // the dry path (kernels.h): the scratch, requested and unused
   T* base = ws.as<T>();
 #pragma omp parallel for num_threads(threads) schedule(static, 1) if (threads > 1)
@@ -82,8 +82,8 @@ void gemm_impl(int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda
     if (split_m) {
       // Rows lo..hi of op(A): A + lo*lda when A is row-major (M, K), A + lo when stored (K, M).
       const T* a = LhsOrder == Eigen::RowMajor ? A + lo * lda : A + lo;
-      run_one<T, LhsOrder, RhsOrder>(hi - lo, N, K, alpha, a, lda, B, ldb, C + lo * ldc, ldc,
-                                     plan, block_a, block_b);
+      run_one<T, LhsOrder, RhsOrder>(hi - lo, N, K, alpha, a, lda, B, ldb, C + lo * ldc, ldc, plan,
+                                     block_a, block_b);
     } else {
       // Columns lo..hi of op(B): B + lo when B is row-major (K, N), B + lo*ldb when stored (N, K).
       const T* b = RhsOrder == Eigen::RowMajor ? B + lo : B + lo * ldb;
@@ -116,10 +116,14 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, 
   if (!dry_run_active()) scale_c(M, N, beta, C, ldc);
   if (K == 0 || alpha == T(0)) return;
   constexpr int R = Eigen::RowMajor, Cm = Eigen::ColMajor;
-  if (!trans_a && !trans_b) gemm_impl<T, R, R>(M, N, K, alpha, A, lda, B, ldb, C, ldc);
-  else if (!trans_a && trans_b) gemm_impl<T, R, Cm>(M, N, K, alpha, A, lda, B, ldb, C, ldc);
-  else if (trans_a && !trans_b) gemm_impl<T, Cm, R>(M, N, K, alpha, A, lda, B, ldb, C, ldc);
-  else gemm_impl<T, Cm, Cm>(M, N, K, alpha, A, lda, B, ldb, C, ldc);
+  if (!trans_a && !trans_b)
+    gemm_impl<T, R, R>(M, N, K, alpha, A, lda, B, ldb, C, ldc);
+  else if (!trans_a && trans_b)
+    gemm_impl<T, R, Cm>(M, N, K, alpha, A, lda, B, ldb, C, ldc);
+  else if (trans_a && !trans_b)
+    gemm_impl<T, Cm, R>(M, N, K, alpha, A, lda, B, ldb, C, ldc);
+  else
+    gemm_impl<T, Cm, Cm>(M, N, K, alpha, A, lda, B, ldb, C, ldc);
 }
 
 template <class T>
@@ -141,7 +145,7 @@ template void gemm_batched<float>(bool, bool, int64_t, int64_t, int64_t, int64_t
                                   const float*, int64_t, int64_t, const float*, int64_t, int64_t,
                                   float, float*, int64_t, int64_t);
 template void gemm_batched<double>(bool, bool, int64_t, int64_t, int64_t, int64_t, double,
-                                   const double*, int64_t, int64_t, const double*, int64_t,
-                                   int64_t, double, double*, int64_t, int64_t);
+                                   const double*, int64_t, int64_t, const double*, int64_t, int64_t,
+                                   double, double*, int64_t, int64_t);
 
 }  // namespace regen::cpu

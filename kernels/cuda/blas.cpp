@@ -7,13 +7,13 @@
 //
 // One cuBLAS handle per device, bound to regen::cuda::stream(). Its workspace is one persistent
 // Storage per device (category workspace, tag "cublas.workspace", 32 MiB, NVIDIA's recommended
-// size on Hopper), created with the handle by kernels::prepare_device (the trainer's canonical start)
-// or else by the first GEMM. Persistent rather than per call because cuBLAS keeps
-// the pointer between calls: a per-call buffer would have to be re-registered on every GEMM and
-// would put a 32 MiB alloc/free pair around each product in the memory trace. Without it cuBLAS
-// would cudaMalloc a workspace itself, outside the allocator.
-// Determinism: cuBLAS gives the same bits run to run for the same handle, stream, workspace and GPU
-// (cuBLAS docs, "Results reproducibility"); regen uses exactly one of each per device.
+// size on Hopper), created with the handle by kernels::prepare_device (the trainer's canonical
+// start) or else by the first GEMM. Persistent rather than per call because cuBLAS keeps the
+// pointer between calls: a per-call buffer would have to be re-registered on every GEMM and would
+// put a 32 MiB alloc/free pair around each product in the memory trace. Without it cuBLAS would
+// cudaMalloc a workspace itself, outside the allocator. Determinism: cuBLAS gives the same bits run
+// to run for the same handle, stream, workspace and GPU (cuBLAS docs, "Results reproducibility");
+// regen uses exactly one of each per device.
 #include <cublas_v2.h>
 
 #include <memory>

@@ -37,16 +37,16 @@
 // execution surface at the next synchronizing call, unless REGEN_CUDA_SYNC=1
 // (cuda::sync_launches(), core/cuda/runtime.h): then the stream is synchronized here and a fault
 // is reported under this launcher's name.
-#define REGEN_CUDA_LAUNCH_CHECK(launcher)                                           \
-  do {                                                                              \
-    const cudaError_t regen_err_ = cudaGetLastError();                              \
-    if (regen_err_ != cudaSuccess) {                                                \
-      ::regen::detail::throw_error(                                                 \
-          __FILE__, __LINE__,                                                       \
-          ::regen::detail::str_cat("CUDA kernel launch in ", launcher,              \
-                                   " failed: ", cudaGetErrorName(regen_err_), " (", \
-                                   cudaGetErrorString(regen_err_), ")"));           \
-    }                                                                               \
+#define REGEN_CUDA_LAUNCH_CHECK(launcher)                                                \
+  do {                                                                                   \
+    const cudaError_t regen_err_ = cudaGetLastError();                                   \
+    if (regen_err_ != cudaSuccess) {                                                     \
+      ::regen::detail::throw_error(                                                      \
+          __FILE__, __LINE__,                                                            \
+          ::regen::detail::str_cat("CUDA kernel launch in ", launcher,                   \
+                                   " failed: ", cudaGetErrorName(regen_err_), " (",      \
+                                   cudaGetErrorString(regen_err_), ")"));                \
+    }                                                                                    \
     if (::regen::cuda::sync_launches()) ::regen::cuda::check_launch_completed(launcher); \
   } while (0)
 

@@ -12,9 +12,8 @@
 namespace regen::cuda {
 
 // GEMM through cuBLAS (FP32, or TF32 when enabled).
-void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
-          const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
-          int64_t ldc);
+void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+          int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
 void gemm_batched(bool trans_a, bool trans_b, int64_t batch, int64_t M, int64_t N, int64_t K,
                   float alpha, const float* A, int64_t lda, int64_t stride_a, const float* B,
                   int64_t ldb, int64_t stride_b, float beta, float* C, int64_t ldc,
@@ -41,7 +40,8 @@ void permute(const float* x, float* y, const PermuteShape& s);
 // Slices along one dimension (kernels/cuda/slice.cu).
 void slice_copy(const float* x, float* y, const SliceShape& s);
 
-// Convolution: native implicit GEMM (kernels/cuda/conv2d.cu) or cuDNN (kernels/cuda/conv2d_cudnn.cu).
+// Convolution: native implicit GEMM (kernels/cuda/conv2d.cu) or cuDNN
+// (kernels/cuda/conv2d_cudnn.cu).
 void conv2d_forward(const float* x, const float* w, const float* bias, float* y,
                     const ConvShape& s);
 void conv2d_backward_data(const float* dy, const float* w, float* dx, const ConvShape& s);
@@ -95,8 +95,8 @@ void embedding_backward(const float* dy, const int64_t* ids, float* dweight, int
                         int64_t D);
 
 // Layer normalization (kernels/cuda/layernorm.cu).
-void layernorm_forward(const float* x, const float* gamma, const float* beta, float* y,
-                       float* mean, float* rstd, int64_t M, int64_t N, double eps);
+void layernorm_forward(const float* x, const float* gamma, const float* beta, float* y, float* mean,
+                       float* rstd, int64_t M, int64_t N, double eps);
 void layernorm_backward(const float* dy, const float* x, const float* gamma, const float* mean,
                         const float* rstd, float* dx, float* dgamma, float* dbeta, int64_t M,
                         int64_t N);

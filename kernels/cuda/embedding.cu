@@ -72,7 +72,8 @@ __global__ void embedding_mark_chunks_kernel(const uint32_t* sorted_keys, int64_
     if (k > 0 && sorted_keys[k - 1] == key) continue;
     marks[k] = kRunStart;
     // Sorted: an index R further on holds the same key only if everything between does too.
-    for (int64_t c = k + kChunk; c < n && sorted_keys[c] == key; c += kChunk) marks[c] = kChunkStart;
+    for (int64_t c = k + kChunk; c < n && sorted_keys[c] == key; c += kChunk)
+      marks[c] = kChunkStart;
   }
 }
 
@@ -96,14 +97,15 @@ __global__ void __launch_bounds__(kThreads)
   int64_t lo = k + 1, hi = k + kChunk < n ? k + kChunk : n;
   while (lo < hi) {
     const int64_t mid = lo + (hi - lo) / 2;
-    if (sorted_keys[mid] == key) lo = mid + 1;
-    else hi = mid;
+    if (sorted_keys[mid] == key)
+      lo = mid + 1;
+    else
+      hi = mid;
   }
   const int64_t end = lo;
   const bool run_ends = end == n || sorted_keys[end] != key;
-  float* out = mark == kRunStart && run_ends
-                   ? dweight + static_cast<int64_t>(key) * D
-                   : partials + partial_slot(k, end - k == kChunk) * D;
+  float* out = mark == kRunStart && run_ends ? dweight + static_cast<int64_t>(key) * D
+                                             : partials + partial_slot(k, end - k == kChunk) * D;
   for (int64_t c = threadIdx.x; c < D; c += kThreads) {
     float acc = 0.0f;
     int64_t t = k;
@@ -190,7 +192,9 @@ void embedding_backward(const float* dy, const int64_t* ids, float* dweight, int
       stream()));
   // [bad (8 B) | pad to 256 | keys | positions | sorted keys | sorted positions | marks |
   //  partial rows (2 ceil(n / R) x D) | CUB scratch], each part rounded up to 256 bytes.
-  auto round256 = [](int64_t bytes) { return static_cast<uint64_t>(detail::ceil_div(bytes, 256) * 256); };
+  auto round256 = [](int64_t bytes) {
+    return static_cast<uint64_t>(detail::ceil_div(bytes, 256) * 256);
+  };
   const uint64_t array_bytes = round256(n * 4), mark_bytes = round256(n);
   const uint64_t partial_bytes = round256(2 * detail::ceil_div(n, kChunk) * D * 4);
   Workspace ws(detail::device(), 256 + 4 * array_bytes + mark_bytes + partial_bytes + sort_bytes);

@@ -3,9 +3,9 @@
 // core/cuda/runtime.cpp; "device" memory is host memory from a host-backed CUDA arena.
 #include <cstdio>
 #include <cstdlib>
+#include "emu.h"
 #include "regen/core/allocator.h"
 #include "regen/core/cuda/runtime.h"
-#include "emu.h"
 
 thread_local uint3 threadIdx;
 thread_local uint3 blockIdx;

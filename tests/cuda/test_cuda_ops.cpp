@@ -547,8 +547,8 @@ void permute_case(Rng& rng, std::vector<int64_t> shape, std::vector<int64_t> per
 // Rows [x_start, x_start + len) of x (outer, x_dim, inner) into rows [y_start, ...) of y (outer,
 // y_dim, inner). y starts as random values and is compared whole: rows outside the slice must come
 // back untouched. With `misalign` x starts one float late (the scalar path).
-void slice_case(Rng& rng, int64_t outer, int64_t len, int64_t inner, int64_t x_dim,
-                int64_t x_start, int64_t y_dim, int64_t y_start, bool misalign) {
+void slice_case(Rng& rng, int64_t outer, int64_t len, int64_t inner, int64_t x_dim, int64_t x_start,
+                int64_t y_dim, int64_t y_start, bool misalign) {
   SliceShape s;
   s.outer = outer;
   s.len = len;
@@ -561,11 +561,11 @@ void slice_case(Rng& rng, int64_t outer, int64_t len, int64_t inner, int64_t x_d
   const auto y0 = rng.uniform(static_cast<size_t>(outer * y_dim * inner));
   auto ref = y0;
   cpu::slice_copy<float>(x.data(), ref.data(), s);
-  Case c(str("slice_copy outer=%lld len=%lld inner=%lld x rows %lld+ of %lld -> y rows %lld+ of "
-             "%lld%s",
-             (long long)outer, (long long)len, (long long)inner, (long long)x_start,
-             (long long)x_dim, (long long)y_start, (long long)y_dim,
-             misalign ? " (unaligned)" : ""));
+  Case c(
+      str("slice_copy outer=%lld len=%lld inner=%lld x rows %lld+ of %lld -> y rows %lld+ of "
+          "%lld%s",
+          (long long)outer, (long long)len, (long long)inner, (long long)x_start, (long long)x_dim,
+          (long long)y_start, (long long)y_dim, misalign ? " (unaligned)" : ""));
   const float* dx = c.in(x, misalign);
   float* dy = c.inout("y", y0, ref, kExact);  // a copy: bit for bit
   c.run([&] { cuda::slice_copy(dx, dy, s); });
@@ -704,13 +704,12 @@ void conv_transpose_case(Rng& rng, const ConvShape& s, bool bias, cuda::ConvAlgo
   cpu::conv_transpose2d_backward_filter<float>(x.data(), dy.data(), dw.data(),
                                                bias ? db.data() : nullptr, s);
   const bool cudnn = algo == cuda::ConvAlgo::cudnn;
-  const std::string tag =
-      str("%s N=%lld Cin=%lld H=%lld W=%lld Cout=%lld R=%lld S=%lld stride=%lldx%lld pad=%lldx%lld"
-          " out=%lldx%lld%s",
-          cudnn ? " cudnn" : " native", (long long)s.N, (long long)s.K, (long long)s.P,
-          (long long)s.Q, (long long)s.C, (long long)s.R, (long long)s.S, (long long)s.stride_h,
-          (long long)s.stride_w, (long long)s.pad_h, (long long)s.pad_w, (long long)s.H,
-          (long long)s.W, bias ? " bias" : "");
+  const std::string tag = str(
+      "%s N=%lld Cin=%lld H=%lld W=%lld Cout=%lld R=%lld S=%lld stride=%lldx%lld pad=%lldx%lld"
+      " out=%lldx%lld%s",
+      cudnn ? " cudnn" : " native", (long long)s.N, (long long)s.K, (long long)s.P, (long long)s.Q,
+      (long long)s.C, (long long)s.R, (long long)s.S, (long long)s.stride_h, (long long)s.stride_w,
+      (long long)s.pad_h, (long long)s.pad_w, (long long)s.H, (long long)s.W, bias ? " bias" : "");
   // The passes are conv2d's, so are their tolerances (reduction lengths swapped accordingly).
   auto tol = [&](int64_t K) {
     Tol t = dot_tol(K);
@@ -938,7 +937,8 @@ std::vector<float> embedding_backward_chunked(const std::vector<float>& dy,
                                               int64_t D) {
   const int64_t R = cuda::kEmbeddingChunkRows;
   std::vector<std::vector<int64_t>> rows(static_cast<size_t>(V));
-  for (size_t i = 0; i < ids.size(); ++i) rows[static_cast<size_t>(ids[i])].push_back(static_cast<int64_t>(i));
+  for (size_t i = 0; i < ids.size(); ++i)
+    rows[static_cast<size_t>(ids[i])].push_back(static_cast<int64_t>(i));
   std::vector<float> dw(static_cast<size_t>(V * D), 0.0f);
   for (int64_t v = 0; v < V; ++v) {
     const auto& r = rows[static_cast<size_t>(v)];
@@ -1004,7 +1004,8 @@ void embedding_case(Rng& rng, int64_t n, int64_t V, int64_t D,
 // Ids in runs longer than one chunk, shuffled: `counts[v]` tokens of id v.
 std::vector<int64_t> embedding_ids(Rng& rng, const std::vector<int64_t>& counts) {
   std::vector<int64_t> ids;
-  for (size_t v = 0; v < counts.size(); ++v) ids.insert(ids.end(), static_cast<size_t>(counts[v]), static_cast<int64_t>(v));
+  for (size_t v = 0; v < counts.size(); ++v)
+    ids.insert(ids.end(), static_cast<size_t>(counts[v]), static_cast<int64_t>(v));
   std::shuffle(ids.begin(), ids.end(), rng.gen);
   return ids;
 }

@@ -39,7 +39,8 @@ void compare_with_cpu(const ModelConfig& cfg, int64_t batch, double rtol) {
   CHECK(g.losses[0] == doctest::Approx(c.losses[0]).epsilon(rtol));
   REQUIRE(g.grads.size() == c.grads.size());
   double worst = 0;
-  for (size_t i = 0; i < c.grads.size(); ++i) worst = std::max(worst, scaled_error(g.grads[i], c.grads[i]));
+  for (size_t i = 0; i < c.grads.size(); ++i)
+    worst = std::max(worst, scaled_error(g.grads[i], c.grads[i]));
   MESSAGE(cfg.name << ": worst gradient error relative to each tensor's scale " << worst);
   CHECK(worst <= rtol);
 }
@@ -51,7 +52,9 @@ TEST_CASE("cuda remat: transformer-tiny, every planner: bitwise, exact peaks, bu
               {"none", "blocks", "sqrt", "mutwo", "mutwo:keep", "mutwo:drop"}, kGpu);
 }
 
-TEST_CASE("cuda remat: resnet (ResNet-50 blocks at 1/8 width, 64x64), every planner: bitwise, exact peaks, budgets met") {
+TEST_CASE(
+    "cuda remat: resnet (ResNet-50 blocks at 1/8 width, 64x64), every planner: bitwise, exact "
+    "peaks, budgets met") {
   check_model(remat_resnet(), 8, {"none", "blocks", "sqrt", "mutwo", "mutwo:keep", "mutwo:drop"},
               kGpu);
 }

@@ -21,7 +21,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   });
   const std::string dir = fuzz::scratch() + "/cifar";
   ::mkdir(dir.c_str(), 0700);
-  for (int i = 1; i <= 5; ++i) fuzz::write_input("cifar/data_batch_" + std::to_string(i) + ".bin", data, size);
+  for (int i = 1; i <= 5; ++i)
+    fuzz::write_input("cifar/data_batch_" + std::to_string(i) + ".bin", data, size);
   fuzz::refuse_or_accept([&] {
     ModelConfig m = model_preset("resnet-tiny");
     m.image_size = 32;

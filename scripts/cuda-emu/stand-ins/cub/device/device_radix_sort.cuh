@@ -5,9 +5,13 @@
 namespace cub {
 struct DeviceRadixSort {
   template <class K, class V, class N>
-  static cudaError_t SortPairs(void* temp, size_t& bytes, const K* kin, K* kout, const V* vin, V* vout, N n,
-                               int begin_bit = 0, int end_bit = sizeof(K) * 8, cudaStream_t = nullptr) {
-    if (!temp) { bytes = 16; return cudaSuccess; }
+  static cudaError_t SortPairs(void* temp, size_t& bytes, const K* kin, K* kout, const V* vin,
+                               V* vout, N n, int begin_bit = 0, int end_bit = sizeof(K) * 8,
+                               cudaStream_t = nullptr) {
+    if (!temp) {
+      bytes = 16;
+      return cudaSuccess;
+    }
     std::vector<size_t> idx(n);
     std::iota(idx.begin(), idx.end(), 0);
     const K mask = end_bit >= int(sizeof(K) * 8) ? K(~K(0)) : K((K(1) << end_bit) - 1);
@@ -16,7 +20,10 @@ struct DeviceRadixSort {
     });
     std::vector<K> k(n);
     std::vector<V> v(n);
-    for (N i = 0; i < n; ++i) { k[i] = kin[idx[i]]; v[i] = vin[idx[i]]; }
+    for (N i = 0; i < n; ++i) {
+      k[i] = kin[idx[i]];
+      v[i] = vin[idx[i]];
+    }
     std::copy(k.begin(), k.end(), kout);
     std::copy(v.begin(), v.end(), vout);
     return cudaSuccess;

@@ -3,9 +3,12 @@
 namespace cub {
 struct DeviceReduce {
   template <class In, class Out, class Red, class Tr, class T, class N>
-  static cudaError_t TransformReduce(void* temp, size_t& bytes, In in, Out out, N n, Red red, Tr tr, T init,
-                                     cudaStream_t = nullptr) {
-    if (!temp) { bytes = 16; return cudaSuccess; }
+  static cudaError_t TransformReduce(void* temp, size_t& bytes, In in, Out out, N n, Red red, Tr tr,
+                                     T init, cudaStream_t = nullptr) {
+    if (!temp) {
+      bytes = 16;
+      return cudaSuccess;
+    }
     T acc = init;
     for (N i = 0; i < n; ++i) acc = red(acc, tr(in[i]));
     *out = acc;
