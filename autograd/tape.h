@@ -24,20 +24,21 @@ namespace regen {
 // Every op kind, once: REGEN_OPS(X) expands X(name) per op, in OpKind order. The enum, the name
 // table (op_name) and the count all come from this list, so they cannot disagree. A new op adds
 // one line here; its OpDef, kernels and op-table row live in its own files.
-#define REGEN_OPS(X)                                                                             \
-  X(linear)                                                                                      \
-  X(matmul) X(bmm) X(conv2d) X(batchnorm2d) X(relu) X(gelu) X(add) X(mul) X(scale) X(max_pool2d) \
-      X(avg_pool2d) X(global_avg_pool) X(reshape) X(transpose) X(permute) X(embedding)           \
-          X(layernorm) X(softmax) X(attention) X(dropout) X(cross_entropy) X(sum) X(mean)        \
-              X(linear_cross_entropy) X(concat) X(split) X(narrow) X(upsample2x)                 \
-                  X(conv_transpose2d)
+// clang-format off
+#define REGEN_OPS(X) \
+  X(linear) X(matmul) X(bmm) X(conv2d) X(batchnorm2d) X(relu) X(gelu) X(add) X(mul) \
+  X(scale) X(max_pool2d) X(avg_pool2d) X(global_avg_pool) X(reshape) X(transpose) \
+  X(permute) X(embedding) X(layernorm) X(softmax) X(attention) X(dropout) X(cross_entropy) \
+  X(sum) X(mean) X(linear_cross_entropy) X(concat) X(split) X(narrow) X(upsample2x) \
+  X(conv_transpose2d)
 
 enum class OpKind : uint16_t {
 #define REGEN_OP_ENUM(name) name,
   REGEN_OPS(REGEN_OP_ENUM)
 #undef REGEN_OP_ENUM
-      count_,
+  count_,
 };
+// clang-format on
 constexpr int kNumOpKinds = static_cast<int>(OpKind::count_);
 
 // Attributes travel as a fixed-size, trivially copyable blob: a Node can be replayed from its

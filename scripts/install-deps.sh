@@ -13,6 +13,10 @@ packages=(cmake make g++ pkg-config libeigen3-dev doctest-dev nlohmann-json3-dev
 if [ "${REGEN_WITH_FUZZ:-0}" = "1" ]; then
   packages+=(clang libclang-rt-14-dev libomp-dev)
 fi
+# scripts/check-format.sh (CI): the formatter the tree is formatted with.
+if [ "${REGEN_WITH_FORMAT:-0}" = "1" ]; then
+  packages+=(clang-format)
+fi
 if [ "${REGEN_WITH_PLOTS:-0}" = "1" ]; then
   packages+=(python3 python3-matplotlib)
 fi
