@@ -731,6 +731,96 @@ AllocatorState CachingAllocator::snapshot_state() const {
   return st;
 }
 
+LiveLayout CachingAllocator::live_layout() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  LiveLayout out;
+  for (auto& s : segments_) {
+    LiveLayout::Seg seg;
+    seg.size = s->size;
+    seg.small = s->small;
+    for (Block* b = s->head; b; b = b->next) {
+      // A planned layout's hole is marked allocated (it is out of the pools), but holds no tensor.
+      const bool hole =
+          std::find(planned_holes_.begin(), planned_holes_.end(), b) != planned_holes_.end();
+      if (!b->allocated || hole) continue;
+      seg.live.push_back({s->id, b->offset, b->size, b->requested, true, s->small, b->category,
+                          b->tag, b->alloc_id, s->base + b->offset});
+    }
+    if (!seg.live.empty()) out.segments.push_back(std::move(seg));
+  }
+  return out;
+}
+
+LiveLayout live_layout(const AllocatorState& state) {
+  LiveLayout out;
+  for (const AllocatorState::SegmentRec& rec : state.segments) {
+    LiveLayout::Seg seg;
+    seg.size = rec.size;
+    seg.small = rec.small;
+    for (const BlockInfo& b : rec.blocks) {
+      if (b.allocated) seg.live.push_back(b);
+    }
+    if (!seg.live.empty()) out.segments.push_back(std::move(seg));
+  }
+  return out;
+}
+
+namespace {
+
+std::string describe_block(const BlockInfo& b, const LiveLayout::Seg& seg, size_t seg_index) {
+  std::string s = "a block of " + format_bytes(static_cast<int64_t>(b.size)) + " (" +
+                  std::to_string(b.requested) + " bytes requested, " + category_name(b.category);
+  const std::string tag = tag_name(b.tag);
+  if (!tag.empty()) s += ", '" + tag + "'";
+  s += ") at offset " + std::to_string(b.offset) + " of segment " + std::to_string(seg_index + 1) +
+       " (" + format_bytes(static_cast<int64_t>(seg.size)) + ", " +
+       (seg.small ? "small" : "large") + " pool)";
+  return s;
+}
+
+bool same_block(const BlockInfo& a, const BlockInfo& b) {
+  return a.offset == b.offset && a.size == b.size && a.requested == b.requested &&
+         a.category == b.category;
+}
+
+}  // namespace
+
+std::string describe_layout_difference(const LiveLayout& expected, const LiveLayout& actual) {
+  const size_t n = std::min(expected.segments.size(), actual.segments.size());
+  for (size_t i = 0; i < n; ++i) {
+    const LiveLayout::Seg& e = expected.segments[i];
+    const LiveLayout::Seg& a = actual.segments[i];
+    if (e.size != a.size || e.small != a.small) {
+      return "segment " + std::to_string(i + 1) + " holding live blocks is " +
+             format_bytes(static_cast<int64_t>(a.size)) + " (" + (a.small ? "small" : "large") +
+             " pool) instead of " + format_bytes(static_cast<int64_t>(e.size)) + " (" +
+             (e.small ? "small" : "large") + " pool)";
+    }
+    const size_t m = std::min(e.live.size(), a.live.size());
+    for (size_t k = 0; k < m; ++k) {
+      if (same_block(e.live[k], a.live[k])) continue;
+      // The block that comes first by offset is the one present on one side only.
+      if (a.live[k].offset <= e.live[k].offset) {
+        return describe_block(a.live[k], a, i) + " is live where " +
+               describe_block(e.live[k], e, i) + " was expected";
+      }
+      return describe_block(e.live[k], e, i) + " is expected but not live (the first live block " +
+             "there is " + describe_block(a.live[k], a, i) + ")";
+    }
+    if (a.live.size() > m) return describe_block(a.live[m], a, i) + " is live and not expected";
+    if (e.live.size() > m) return describe_block(e.live[m], e, i) + " is expected but not live";
+  }
+  if (actual.segments.size() > n) {
+    const LiveLayout::Seg& a = actual.segments[n];
+    return describe_block(a.live.front(), a, n) + " is live, in a segment not expected at all";
+  }
+  if (expected.segments.size() > n) {
+    const LiveLayout::Seg& e = expected.segments[n];
+    return describe_block(e.live.front(), e, n) + " is expected but not live (its segment is gone)";
+  }
+  return std::string();
+}
+
 void CachingAllocator::restore_state(const AllocatorState& st) {
   std::lock_guard<std::mutex> lock(mutex_);
   REGEN_CHECK(segments_.empty(), "restore_state: the allocator already holds segments");

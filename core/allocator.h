@@ -212,6 +212,27 @@ struct AllocatorState {
   uint64_t next_alloc_id = 1;
 };
 
+// The live part of an allocator's layout: the segments that hold live blocks, in id order, each
+// with its live blocks in offset order. Right after empty_cache() it fixes the whole layout up to
+// the segments' ids (a segment without live blocks is gone; the free blocks are the coalesced gaps
+// between live ones), so two step starts with equal live layouts make the same decisions for the
+// same requests. Trainer::step's canonical start must repeat it (docs/memory.md, "A step's
+// starting state"); the profiler and the remat pipeline check that it does.
+struct LiveLayout {
+  struct Seg {
+    uint64_t size = 0;
+    bool small = false;
+    std::vector<BlockInfo> live;  // allocated blocks, in offset order
+  };
+  std::vector<Seg> segments;
+};
+LiveLayout live_layout(const AllocatorState& state);
+// Empty when the two agree on every segment's size and pool and on every live block's offset,
+// size, requested bytes and category; otherwise the first difference in words, naming the
+// block's bytes, category and tag (tags are not compared: the same tensor may be named
+// differently in two runs, and they take no part in decisions).
+std::string describe_layout_difference(const LiveLayout& expected, const LiveLayout& actual);
+
 // A block of a segment. Callers treat it as an opaque handle: ptr() is the memory, id() the
 // allocation's unique, monotonically increasing number.
 struct Block {
@@ -316,6 +337,10 @@ class CachingAllocator {
 
   std::vector<BlockInfo> snapshot() const;
   AllocatorState snapshot_state() const;
+  // The segments holding live blocks and their live blocks (see LiveLayout); unlike
+  // snapshot_state() it may be taken with a planned layout installed, whose arena and holes it
+  // leaves out (they hold no live block between steps).
+  LiveLayout live_layout() const;
   // Rebuilds `state` in this allocator, which must hold no segments. Current statistics become
   // the sums over the restored blocks; peaks start at the current values; the event log is not
   // touched. Allocated blocks are reachable through block_by_id() for later frees.

@@ -34,6 +34,15 @@ struct StepResult {
   double loss = 0;
   double ms = 0;       // wall time of the iteration (device synchronized)
   MemoryStats memory;  // allocator statistics, peaks over this iteration
+  // A step run under a remat plan at the plan's own limit (RematPipeline::step): the peaks the
+  // plan predicted for it, which the measured ones (memory.allocated.peak, memory.reserved.peak)
+  // must equal to the byte. `predicted` is false for any other step.
+  bool predicted = false;
+  int64_t predicted_allocated = 0, predicted_reserved = 0;
+  bool exact() const {
+    return predicted && memory.allocated.peak == predicted_allocated &&
+           memory.reserved.peak == predicted_reserved;
+  }
 };
 
 class Trainer {

@@ -19,6 +19,40 @@ void rethrow_with_plan(const OutOfMemory& e, const Plan& plan) {
   throw OutOfMemory(msg, __FILE__, __LINE__);
 }
 
+namespace {
+
+// Checks, at a step's canonical start, that the allocator holds exactly the live blocks the
+// profiled step started from; then passes every call on to the caller's observer.
+class StartCheck final : public StepObserver {
+ public:
+  StartCheck(const LiveLayout& expected, int64_t step, StepObserver* next)
+      : expected_(expected), step_(step), next_(next) {}
+  void on_iteration_begin(CachingAllocator& a) override {
+    const std::string diff = describe_layout_difference(expected_, a.live_layout());
+    REGEN_CHECK(diff.empty(), "step ", step_, " under the plan does not start from the allocator ",
+                "state the profiled step started from: ", diff, ". Its memory cannot be ",
+                "predicted: release what outlives a step (a tensor kept from an earlier step?), ",
+                "or profile again");
+    if (next_) next_->on_iteration_begin(a);
+  }
+  void on_optimizer_begin(CachingAllocator& a) override {
+    if (next_) next_->on_optimizer_begin(a);
+  }
+  void on_optimizer_end(CachingAllocator& a) override {
+    if (next_) next_->on_optimizer_end(a);
+  }
+  void on_iteration_end(CachingAllocator& a) override {
+    if (next_) next_->on_iteration_end(a);
+  }
+
+ private:
+  const LiveLayout& expected_;
+  int64_t step_;
+  StepObserver* next_;
+};
+
+}  // namespace
+
 RematPipeline::RematPipeline(Trainer& trainer) : trainer_(trainer) {}
 
 RematPipeline::~RematPipeline() {
@@ -86,6 +120,8 @@ void RematPipeline::set_plan(Plan plan) {
     plan_->predicted.peak_at = sim_->run(plan_schedule(*profile_, *plan_), so).peak_at;
   }
   exec_ = std::make_unique<RematExecutor>(*profile_, plan_schedule(*profile_, *plan_));
+  start_ = live_layout(profile_->start_state);
+  predicted_steps_ = exact_steps_ = first_inexact_step_ = 0;
 }
 
 const Plan& RematPipeline::current_plan() const {
@@ -124,14 +160,26 @@ void RematPipeline::finish() {
 StepResult RematPipeline::step(StepObserver* observer) {
   install();
   StepResult r;
+  StartCheck check(start_, steps_done_ + 1, observer);
   try {
-    r = trainer_.step(observer);
+    r = trainer_.step(plan_ ? &check : observer);
   } catch (const OutOfMemory& e) {
     hooks_.reset();  // the rest of the plan goes with the pipeline (its tensors may still be live)
     if (plan_) rethrow_with_plan(e, *plan_);
     throw;
   }
   ++steps_done_;
+  if (plan_ && limit_override_ < 0) {
+    r.predicted = true;
+    r.predicted_allocated = plan_->predicted.peak_allocated;
+    r.predicted_reserved = plan_->predicted.peak_reserved;
+    ++predicted_steps_;
+    if (r.exact()) {
+      ++exact_steps_;
+    } else if (first_inexact_step_ == 0) {
+      first_inexact_step_ = predicted_steps_;
+    }
+  }
   return r;
 }
 

@@ -65,7 +65,11 @@ class RematPipeline {
 
   // ---- Stage 3 -------------------------------------------------------------------------------
   // One training step, under the plan when there is one. An out-of-memory error under a plan
-  // carries what the plan predicted (rethrow_with_plan).
+  // carries what the plan predicted (rethrow_with_plan). Under a plan the step must start from
+  // the allocator state the profiled step started from (the same live blocks in the same places):
+  // otherwise no prediction holds, and the step is refused with a regen::Error naming the first
+  // block that differs, before its batch is made. At the plan's own limit the result carries the
+  // predicted peaks (StepResult::predicted), and the counters below say how many steps matched.
   StepResult step(StepObserver* observer = nullptr);
   // `steps` steps; `progress` (may be empty) sees each one (1-based index) and returns false to
   // stop early. Returns every step's result.
@@ -76,6 +80,13 @@ class RematPipeline {
   // The allocator's hard limit the steps run under instead of the plan's (0: none; a negative
   // value: the plan's). For experiments that run a plan under a tighter limit than it was made for.
   void set_limit(int64_t limit);
+
+  // Steps run under the plan at its own limit since it was set, and how many of them measured
+  // exactly the predicted peaks (StepResult::exact); the first step that did not (1-based, among
+  // those steps; 0 when every one did).
+  int64_t predicted_steps() const { return predicted_steps_; }
+  int64_t exact_steps() const { return exact_steps_; }
+  int64_t first_inexact_step() const { return first_inexact_step_; }
 
   // Null until a plan is in use. Its counters are those of the last finished step.
   const RematExecutor* executor() const { return exec_.get(); }
@@ -94,6 +105,8 @@ class RematPipeline {
   std::unique_ptr<RematExecutor> exec_;
   int64_t limit_override_ = -1;
   int64_t steps_done_ = 0;
+  int64_t predicted_steps_ = 0, exact_steps_ = 0, first_inexact_step_ = 0;
+  LiveLayout start_;  // the profiled step's start, which every step under the plan must repeat
   // The installed plan, removed in reverse order.
   std::unique_ptr<LimitScope> limit_;
   std::unique_ptr<LayoutScope> layout_;

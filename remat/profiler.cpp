@@ -28,6 +28,7 @@ class Recorder final : public TapeHooks, public StepObserver {
   void on_iteration_begin(CachingAllocator& a) override {
     alloc_ = &a;
     state_ = a.snapshot_state();
+    start_ = live_layout(state_);
     const MemoryStats st = a.stats();
     for (int i = 0; i < kNumCategories; ++i) persistent_[i] = st.allocated_by[i].current;
     a.clear_events();
@@ -58,23 +59,50 @@ class Recorder final : public TapeHooks, public StepObserver {
   }
   void on_backward_start(Tape& tape) override {
     mark(MarkerKind::backward_start, -1);
-    // Copies without the tape's references: the profile must not keep tensors alive.
-    graph_nodes_ = tape.nodes();
-    graph_values_ = tape.values();
-    // Whether each leaf can still be read when backward runs (a replay reads leaves directly):
-    // parameters and saved leaves always; an input the tape holds only weakly while its owner
-    // keeps it.
-    leaf_available_.assign(graph_values_.size(), 1);
-    for (const Value& v : graph_values_) {
-      if (v.producer < 0) leaf_available_[static_cast<size_t>(v.id)] = tape.value_resident(v.id);
+    // The graph as plain records, with no reference to any storage: a copy of the tape's Values
+    // would hold what they hold (a small leaf's `held` storage, a leaf's tensor), keep it alive
+    // into the next step and shift that step's allocator state.
+    nodes_.clear();
+    for (const Node& n : tape.nodes()) {
+      ProfileNode pn;
+      pn.index = n.index;
+      pn.kind = n.kind;
+      pn.op = op_name(n.kind);
+      pn.name = tag_name(n.tag);
+      pn.scope = tag_name(n.scope);
+      pn.block = n.block;
+      pn.is_view = op_def(n.kind).is_view;
+      pn.num_visible_outputs = n.num_visible_outputs;
+      pn.inputs = n.inputs;
+      pn.outputs = n.outputs;
+      pn.saved = n.saved;
+      nodes_.push_back(std::move(pn));
     }
-    for (Value& v : graph_values_) {
-      v.leaf.reset();
-      v.leaf_storage.reset();
-      v.held.reset();
+    values_.clear();
+    for (const Value& v : tape.values()) {
+      ProfileValue pv;
+      pv.id = v.id;
+      pv.producer = v.producer;
+      pv.slot = v.slot;
+      pv.root = v.root;
+      pv.shape = v.shape;
+      pv.dtype = v.dtype;
+      pv.bytes = v.bytes;
+      pv.leaf = v.producer < 0;
+      // Whether a leaf can still be read when backward runs (a replay reads leaves directly):
+      // parameters and saved leaves always; an input the tape holds only weakly while its owner
+      // keeps it.
+      pv.available = !pv.leaf || tape.value_resident(v.id);
+      values_.push_back(std::move(pv));
     }
-    graph_saved_ = tape.saved();
-    for (SavedTensor& s : graph_saved_) s.storage.reset();
+    saved_.clear();
+    for (const SavedTensor& st : tape.saved()) {
+      ProfileSaved ps;
+      ps.value = st.value;
+      ps.bytes = st.bytes;
+      ps.category = st.category;
+      saved_.push_back(std::move(ps));
+    }
     backward_order_ = tape.backward_order();
     blocks_.clear();
     for (const BlockInfoRec& b : tape.blocks()) blocks_.push_back(tag_name(b.name));
@@ -102,11 +130,11 @@ class Recorder final : public TapeHooks, public StepObserver {
   std::vector<Marker> markers_;
   std::vector<MemoryEvent> events_;
   MemoryStats stats_;
+  LiveLayout start_;
   std::vector<uint64_t> alloc_ids_;
-  std::vector<Node> graph_nodes_;
-  std::vector<Value> graph_values_;
-  std::vector<char> leaf_available_;
-  std::vector<SavedTensor> graph_saved_;
+  std::vector<ProfileNode> nodes_;
+  std::vector<ProfileValue> values_;
+  std::vector<ProfileSaved> saved_;
   std::vector<int32_t> backward_order_;
   std::vector<std::string> blocks_;
 };
@@ -136,19 +164,43 @@ Profile profile_training(Trainer& trainer, const ProfileOptions& options) {
     trainer.step(&r);
   }
   const Recorder& first = runs.front();
-  // Every instrumented iteration must make the same requests: the models are static.
+  // Every instrumented iteration must start from the same allocator state (Trainer::step's
+  // canonical start) and make the same requests: the plan made from the first holds for the
+  // others, and for every later step, only then.
+  for (size_t i = 1; i < runs.size(); ++i) {
+    const std::string diff = describe_layout_difference(first.start_, runs[i].start_);
+    REGEN_CHECK(diff.empty(), "profile: iteration ", i + 1,
+                " did not start from the allocator state iteration 1 started from: ", diff,
+                ". Something outlives a training step (a tensor kept from the step before?), so "
+                "no step's memory can be predicted from another's");
+  }
   for (size_t i = 1; i < runs.size(); ++i) {
     const Recorder& r = runs[i];
-    bool same =
-        r.events_.size() == first.events_.size() && r.markers_.size() == first.markers_.size();
-    for (size_t e = 0; same && e < r.events_.size(); ++e) {
-      same = r.events_[e].kind == first.events_[e].kind &&
-             r.events_[e].bytes == first.events_[e].bytes &&
-             r.events_[e].requested == first.events_[e].requested;
+    const std::vector<MemoryEvent>& a = first.events_;
+    const std::vector<MemoryEvent>& b = r.events_;
+    size_t e = 0;
+    while (e < a.size() && e < b.size() && a[e].kind == b[e].kind && a[e].bytes == b[e].bytes &&
+           a[e].requested == b[e].requested) {
+      ++e;
     }
-    REGEN_CHECK(same, "profile: iteration ", i + 1,
-                " made different allocations than iteration 1: ",
-                "the model is not static (data-dependent shapes?) and cannot be planned");
+    if (e == a.size() && e == b.size() && r.markers_.size() == first.markers_.size()) continue;
+    auto describe = [](const std::vector<MemoryEvent>& ev, size_t k) {
+      if (k >= ev.size()) return std::string("no event (the iteration had ended)");
+      const MemoryEvent& m = ev[k];
+      std::string d =
+          std::string(memory_event_name(m.kind)) + " of " + std::to_string(m.bytes) + " bytes";
+      if (m.kind == MemoryEventKind::alloc || m.kind == MemoryEventKind::free) {
+        d += " (" + std::to_string(m.requested) + " requested, " + category_name(m.category);
+        const std::string tag = tag_name(m.tag);
+        if (!tag.empty()) d += ", '" + tag + "'";
+        d += ")";
+      }
+      return d;
+    };
+    REGEN_FAIL("profile: iteration ", i + 1, " made different allocations than iteration 1: at ",
+               "event ", e + 1, " it made ", describe(b, e), " where iteration 1 made ",
+               describe(a, e), " (from the same allocator state): the model is not static ",
+               "(data-dependent shapes?) and cannot be planned");
   }
 
   Profile p;
@@ -177,45 +229,13 @@ Profile profile_training(Trainer& trainer, const ProfileOptions& options) {
   p.allocated_by_at_peak = first.stats_.allocated_by_at_peak;
   p.persistent_by = first.persistent_;
   // The graph.
-  for (const Node& n : first.graph_nodes_) {
-    ProfileNode pn;
-    pn.index = n.index;
-    pn.kind = n.kind;
-    pn.op = op_name(n.kind);
-    pn.name = tag_name(n.tag);
-    pn.scope = tag_name(n.scope);
-    pn.block = n.block;
-    pn.is_view = op_def(n.kind).is_view;
-    pn.num_visible_outputs = n.num_visible_outputs;
-    pn.inputs = n.inputs;
-    pn.outputs = n.outputs;
-    pn.saved = n.saved;
-    p.nodes.push_back(std::move(pn));
+  p.nodes = first.nodes_;
+  p.values = first.values_;
+  for (ProfileValue& pv : p.values) {
+    const uint64_t root = static_cast<uint64_t>(pv.root);
+    pv.alloc_id = (!pv.leaf && root < first.alloc_ids_.size()) ? first.alloc_ids_[root] : 0;
   }
-  for (const Value& v : first.graph_values_) {
-    ProfileValue pv;
-    pv.id = v.id;
-    pv.producer = v.producer;
-    pv.slot = v.slot;
-    pv.root = v.root;
-    pv.shape = v.shape;
-    pv.dtype = v.dtype;
-    pv.bytes = v.bytes;
-    pv.leaf = v.producer < 0;
-    pv.available = !pv.leaf || first.leaf_available_[static_cast<size_t>(v.id)];
-    const int64_t root = v.root;
-    pv.alloc_id = (!pv.leaf && static_cast<size_t>(root) < first.alloc_ids_.size())
-                      ? first.alloc_ids_[static_cast<size_t>(root)]
-                      : 0;
-    p.values.push_back(std::move(pv));
-  }
-  for (const SavedTensor& s : first.graph_saved_) {
-    ProfileSaved ps;
-    ps.value = s.value;
-    ps.bytes = s.bytes;
-    ps.category = s.category;
-    p.saved.push_back(std::move(ps));
-  }
+  p.saved = first.saved_;
   p.backward_order = first.backward_order_;
   p.blocks = first.blocks_;
 

@@ -32,6 +32,10 @@ echo "       (the seed summary tables, decisions CSVs, peak memory and latency v
   --steps 2 --out "$out" --plot
 
 echo
+# Every output exists and parses, and every executed plan measured its predicted peaks exactly.
+python3 "$(dirname "$0")/check-main-job.py" "$out"
+
+echo
 echo "main job done: frontier.csv and frontier.png per model in $out/resnet152 and $out/transformer"
 echo "(with the profiles), and the summary tables, CSV files, decisions and plots in $out/"
 ls "$out" "$out/resnet152" "$out/transformer"

@@ -428,6 +428,22 @@ TEST_CASE("cli: a good run exits 0 and prints the summary, and one step says so"
   CHECK(!has(one.out, "median of 1"));
 }
 
+// Under a plan every step is checked against the prediction, and the summary says so.
+TEST_CASE("cli: train under a plan reports the prediction exact on every step under it") {
+  TempDir dir;
+  const Result r = regen_run(dir, tiny({"--steps", "6", "--batch", "4", "--policy", "dp",
+                                        "--budget", "80%", "--budget-of", "allocated"}));
+  CAPTURE(r.out);
+  CAPTURE(r.err);
+  CHECK(r.status == 0);
+  // 2 profiling steps without remat, then 4 under the plan.
+  CHECK(has(r.out, "(exact on every one of the 4 steps under the plan)"));
+  const Result one = regen_run(dir, tiny({"--steps", "3", "--batch", "4", "--policy", "dp",
+                                          "--budget", "80%", "--budget-of", "allocated"}));
+  CHECK(one.status == 0);
+  CHECK(has(one.out, "(exact on the one step under the plan)"));
+}
+
 // A step whose loss is still finite can leave parameters that are not (here the update of step 1
 // with lr 1e300 overflows float): training stops after that step, naming the tensor and index,
 // before a later step or a save would carry them on.

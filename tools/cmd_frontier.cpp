@@ -147,8 +147,11 @@ std::string time_verdict(double measured_ms, double predicted_ms) {
   return std::fabs(r) <= 0.10 ? "within 10%" : "off by " + signed_pct(r);
 }
 
+// The highest peaks as predicted, and every step checked against the plan exact (a step whose
+// peaks fell short of the prediction would not show in the highest).
 bool exact(const MeasuredRun& m, const SimResult& predicted) {
-  return m.peak == predicted.peak_allocated && m.reserved == predicted.peak_reserved;
+  return m.peak == predicted.peak_allocated && m.reserved == predicted.peak_reserved &&
+         m.steps_exact == m.steps_predicted;
 }
 
 // As the budget falls (points[i] -> points[i + 1]): the peak never rises, the time never falls,

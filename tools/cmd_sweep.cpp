@@ -186,7 +186,8 @@ void run(const Flags& f) {
                                                        : btext);
         outputs.emplace_back(stem + tag + "_decisions.csv", decisions_csv(profile, plan));
         const bool exact = got.peak == plan.predicted.peak_allocated &&
-                           got.reserved == plan.predicted.peak_reserved;
+                           got.reserved == plan.predicted.peak_reserved &&
+                           got.steps_exact == got.steps_predicted;
         std::printf(
             "   %s @ %s: peak allocated %s, reserved %s (predicted %s, %s%s)%s, step %.3f s, "
             "recompute %.3f s, %lld of %lld activations recomputed%s\n",

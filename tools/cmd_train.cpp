@@ -84,7 +84,9 @@ void run(const TrainFlags& f) {
   std::vector<double> losses, times;
   int64_t peak_alloc = 0, peak_reserved = 0;
   MemoryStats peak_stats;
+  StepResult first_inexact;  // the first step under the plan whose peaks were not the predicted
   auto record = [&](const StepResult& r) {
+    if (r.predicted && !r.exact() && !first_inexact.predicted) first_inexact = r;
     losses.push_back(r.loss);
     times.push_back(r.ms);
     if (r.memory.allocated.peak > peak_alloc) peak_stats = r.memory;
@@ -244,14 +246,22 @@ void run(const TrainFlags& f) {
   }
   if (const RematExecutor* exec = pipe.executor()) {
     const Plan& plan = pipe.current_plan();
-    const bool exact = plan.predicted.peak_allocated == peak_alloc &&
-                       plan.predicted.peak_reserved == peak_reserved;
+    // Every step under the plan is checked, not only the highest peak: each must measure exactly
+    // the predicted peaks (RematPipeline::step).
+    const int64_t checked = pipe.predicted_steps(), exact_steps = pipe.exact_steps();
+    const std::string verdict =
+        checked == exact_steps
+            ? (checked == 1 ? std::string("exact on the one step under the plan")
+                            : "exact on every one of the " + std::to_string(checked) +
+                                  " steps under the plan")
+            : "differs on " + std::to_string(checked - exact_steps) + " of " +
+                  std::to_string(checked) + " steps under the plan";
     std::printf(
         "  remat %s: predicted peak allocated %s, reserved %s; measured %s, %s (%s)%s; "
         "%lld evictions and %lld replays per step, %.3f s of recomputation\n",
         plan.policy.c_str(), format_bytes(plan.predicted.peak_allocated).c_str(),
         format_bytes(plan.predicted.peak_reserved).c_str(), format_bytes(peak_alloc).c_str(),
-        format_bytes(peak_reserved).c_str(), exact ? "exact" : "differs",
+        format_bytes(peak_reserved).c_str(), verdict.c_str(),
         plan.limit > 0 ? (", under the limit " + format_bytes(plan.limit)).c_str() : "",
         static_cast<long long>(exec->evictions()), static_cast<long long>(exec->replays()),
         exec->regen_ms() / 1000.0);
@@ -266,6 +276,15 @@ void run(const TrainFlags& f) {
     save_checkpoint(*s, f.save, f.steps);
     std::printf("  saved %s\n", f.save.c_str());
   }
+  // A step whose peaks were not the predicted ones breaks regen's promise: an error (the
+  // training itself went as it should, and its checkpoint is written above).
+  REGEN_CHECK(
+      !first_inexact.predicted, "step ", pipe.first_inexact_step() + done,
+      " under the plan measured a peak of ", format_bytes(first_inexact.memory.allocated.peak),
+      " allocated and ", format_bytes(first_inexact.memory.reserved.peak),
+      " reserved where the plan predicted ", format_bytes(first_inexact.predicted_allocated),
+      " and ", format_bytes(first_inexact.predicted_reserved),
+      ": the prediction did not hold (a bug in regen: please report it with the command)");
 }
 
 void setup(CLI::App& app) {

@@ -594,6 +594,8 @@ MeasuredRun measure_training(const ModelFlags& m, int64_t batch, int steps, cons
     r.regen_ms = exec->regen_ms();
     r.replays = exec->replays();
   }
+  r.steps_predicted = pipe.predicted_steps();
+  r.steps_exact = pipe.exact_steps();
   // The first step pays first-touch costs; the median of the rest is the step time.
   if (ms.size() > 1) ms.erase(ms.begin());
   r.ms = median(ms);

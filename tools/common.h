@@ -156,6 +156,9 @@ struct MeasuredRun {
   int64_t peak = 0, reserved = 0;  // peak allocated and reserved bytes
   double regen_ms = 0;             // regeneration time of the last step (with an executor)
   int64_t replays = 0;
+  // Under a plan at its own limit: the steps whose peaks were checked against the prediction, and
+  // how many measured it exactly (RematPipeline::step checks every step).
+  int64_t steps_predicted = 0, steps_exact = 0;
 };
 // A fresh session (make_session) on an emptied allocator and `steps` steps through a
 // RematPipeline: without `plan`, no rematerialization; with it (made for `profile`), every step
