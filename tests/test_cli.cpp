@@ -761,6 +761,32 @@ TEST_CASE("cli: frontier plans every policy from the lower bound to the no-remat
   CHECK(executed > 0);
 }
 
+// Reserved budgets: each budget is its own limit, so one schedule planned at several budgets is
+// several runs. Only the points run under the executed plan's limit are marked executed, and each
+// is exact (before, every point of the schedule was marked executed, and most said exact 0).
+TEST_CASE("cli: frontier under reserved budgets marks executed only the runs it measured, exact") {
+  TempDir dir;
+  const std::string out = dir.file("fr");
+  const Result r = regen_run(
+      dir, {"frontier", "--model", "resnet-tiny", "--image-size", "64", "--batch", "8", "--points",
+            "6", "--execute", "1", "--steps", "2", "--policies", "sqrt,blocks", "--out", out});
+  CAPTURE(r.err);
+  CAPTURE(r.out);
+  REQUIRE(r.status == 0);
+  int executed = 0;
+  for (const auto& row : read_csv(out + "/frontier.csv")) {
+    if (row.at("policy") != "lower_bound") CHECK(row.at("budget_of") == "reserved");
+    if (row.at("executed") != "1") continue;
+    ++executed;
+    CAPTURE(row.at("policy"));
+    CAPTURE(row.at("budget_bytes"));
+    CHECK(row.at("exact") == "1");
+    CHECK(row.at("measured_peak_allocated") == row.at("predicted_peak_allocated"));
+    CHECK(row.at("measured_peak_reserved") == row.at("predicted_peak_reserved"));
+  }
+  CHECK(executed >= 3);  // no remat, and one plan per policy
+}
+
 TEST_CASE("cli: frontier refuses bad flags before any work") {
   TempDir dir;
   const Result prof =

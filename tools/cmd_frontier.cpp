@@ -565,9 +565,14 @@ void run(Flags f, const Given& given) {
           REGEN_FAIL("executing ", pf.spec.label, " (plan of budgets ",
                      budget_range(pf, id, c.no_remat_peak), "): ", e.message());
         }
-        // Every feasible point whose plan this is (the same schedule: the same run).
+        // Every feasible point that runs exactly this: the same schedule under the same limit
+        // and layout (the same predicted peaks). A point with the same schedule under another
+        // budget's limit may reserve other segments, so it is not this run (it was marked
+        // executed, and not exact, before this was checked).
         for (Point& p : pf.points) {
-          if (p.plan_id == id && p.plan.feasible) {
+          if (p.plan_id == id && p.plan.feasible && p.plan.limit == plan.limit &&
+              p.plan.predicted.peak_allocated == plan.predicted.peak_allocated &&
+              p.plan.predicted.peak_reserved == plan.predicted.peak_reserved) {
             p.executed = true;
             p.measured = got;
           }
