@@ -1,5 +1,5 @@
-// The op list's names and the registry of OpDefs (tape.h REGEN_OPS, register_op).
-#include "regen/autograd/tape.h"
+// The op list's names and the registry of OpDefs (op_list.h REGEN_OPS, register_op).
+#include "regen/autograd/op_list.h"
 
 #include <algorithm>
 #include <array>
@@ -40,6 +40,17 @@ const OpDef& op_def(OpKind kind) {
 const char* op_name(OpKind kind) {
   const size_t i = static_cast<size_t>(kind);
   return i < static_cast<size_t>(kNumOpKinds) ? kOpNames[i] : "?";
+}
+
+int num_op_kinds() {
+  return kNumOpKinds;
+}
+
+OpKind op_kind_by_name(const std::string& name) {
+  for (int i = 0; i < kNumOpKinds; ++i) {
+    if (name == kOpNames[i]) return static_cast<OpKind>(i);
+  }
+  return kNoOpKind;
 }
 
 const char* saved_state_name(SavedState s) {

@@ -3,6 +3,7 @@
 
 #include <string>
 
+#include "regen/autograd/op_list.h"
 #include "regen/autograd/ops.h"
 #include "regen/kernels/kernels.h"
 
@@ -10,7 +11,7 @@ namespace regen::detail {
 
 // Registers an OpDef at static initialization; the op's object file defines it next to the
 // user-facing function, so whatever records the op links its definition.
-// `def` must be constexpr: its name is checked against the op list (tape.h REGEN_OPS) when the
+// `def` must be constexpr: its name is checked against the op list (op_list.h REGEN_OPS) when the
 // file compiles.
 #define REGEN_REGISTER_OP(kind, def)                           \
   static_assert(::regen::detail::same_name((def).name, #kind), \

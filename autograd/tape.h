@@ -21,25 +21,16 @@
 
 namespace regen {
 
-// Every op kind, once: REGEN_OPS(X) expands X(name) per op, in OpKind order. The enum, the name
-// table (op_name) and the count all come from this list, so they cannot disagree. A new op adds
-// one line here; its OpDef, kernels and op-table row live in its own files.
-// clang-format off
-#define REGEN_OPS(X) \
-  X(linear) X(matmul) X(bmm) X(conv2d) X(batchnorm2d) X(relu) X(gelu) X(add) X(mul) \
-  X(scale) X(max_pool2d) X(avg_pool2d) X(global_avg_pool) X(reshape) X(transpose) \
-  X(permute) X(embedding) X(layernorm) X(softmax) X(attention) X(dropout) X(cross_entropy) \
-  X(sum) X(mean) X(linear_cross_entropy) X(concat) X(split) X(narrow) X(upsample2x) \
-  X(conv_transpose2d)
-
-enum class OpKind : uint16_t {
-#define REGEN_OP_ENUM(name) name,
-  REGEN_OPS(REGEN_OP_ENUM)
-#undef REGEN_OP_ENUM
-  count_,
-};
-// clang-format on
-constexpr int kNumOpKinds = static_cast<int>(OpKind::count_);
+// An op kind. Its enumerators come from the op list, autograd/op_list.h, which only the files that
+// define or test ops include: the rest of the library (profiles, plans, the simulator, reports)
+// names ops at run time through op_name and op_kind_by_name, so adding an op recompiles autograd,
+// kernels and tests only.
+enum class OpKind : uint16_t;
+// No op: a default-constructed Node's or ProfileNode's kind, and what op_kind_by_name returns for
+// an unknown name (op_name of it is "?").
+constexpr OpKind kNoOpKind = static_cast<OpKind>(0xffff);
+// How many op kinds the op list has (OpKind values 0 .. num_op_kinds() - 1).
+int num_op_kinds();
 
 // Attributes travel as a fixed-size, trivially copyable blob: a Node can be replayed from its
 // attributes and input values alone, and no tensor can be hidden inside.
@@ -116,7 +107,7 @@ struct SavedTensor {
 
 struct Node {
   int32_t index = -1;
-  OpKind kind = OpKind::count_;
+  OpKind kind = kNoOpKind;
   AttrBlob attrs;
   std::vector<int64_t> inputs;   // value ids (-1 for an absent optional input)
   std::vector<int64_t> outputs;  // value ids, all slots (hidden ones included)
@@ -238,7 +229,9 @@ struct OpDef {
   void (*saves)(const AttrBlob&, std::vector<SaveRef>&);
 };
 const OpDef& op_def(OpKind kind);
-const char* op_name(OpKind kind);
+const char* op_name(OpKind kind);  // "?" for a value outside the list
+// The kind whose op_name is `name`, or kNoOpKind.
+OpKind op_kind_by_name(const std::string& name);
 // Each op file registers its OpDef at static initialization (linked whenever the op is used).
 bool register_op(OpKind kind, const OpDef* def);
 

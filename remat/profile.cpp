@@ -80,10 +80,9 @@ MemoryEventKind parse_event_kind(const std::string& s, const std::string& origin
 }
 
 OpKind parse_op(const std::string& s, const std::string& origin) {
-  for (int i = 0; i < kNumOpKinds; ++i) {
-    if (s == op_name(static_cast<OpKind>(i))) return static_cast<OpKind>(i);
-  }
-  REGEN_FAIL(origin, ": unknown op '", s, "'");
+  const OpKind kind = op_kind_by_name(s);
+  REGEN_CHECK(kind != kNoOpKind, origin, ": unknown op '", s, "'");
+  return kind;
 }
 
 DType parse_dtype(const std::string& s, const std::string& origin) {

@@ -17,7 +17,7 @@ namespace regen {
 struct ProfileNode {
   int32_t index = -1;
   std::string op;  // op name (op_name(kind))
-  OpKind kind = OpKind::count_;
+  OpKind kind = kNoOpKind;
   std::string name;    // allocation tag: "<module path>/<op>#<index>"
   std::string scope;   // module path
   int32_t block = -1;  // enclosing block index, -1 if none

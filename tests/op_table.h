@@ -1,4 +1,4 @@
-// The op table: every op of the op list (autograd/tape.h REGEN_OPS) described once, as rows of
+// The op table: every op of the op list (autograd/op_list.h REGEN_OPS) described once, as rows of
 // one op at one shape: its inputs (shapes and how to fill them), the call, and its tolerances.
 // The same rows drive
 //   - tests/test_op_table.cpp: every op kind has a row; the f64 gradcheck of every row; f32
@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "regen/autograd/op_list.h"
 #include "regen/autograd/ops.h"
 #include "tests/gradcheck.h"
 

@@ -9,6 +9,7 @@
 #include <thread>
 #include <tuple>
 
+#include "regen/autograd/op_list.h"
 #include "regen/autograd/ops.h"
 #include "regen/models/layers.h"
 #include "regen/models/model.h"

@@ -17,6 +17,7 @@
 #include <fstream>
 #include <map>
 
+#include "regen/autograd/op_list.h"
 #include "regen/core/io.h"
 #include "regen/core/safetensors.h"
 #include "regen/models/data.h"

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "regen/autograd/op_list.h"
 #include "regen/autograd/ops.h"
 #include "regen/core/allocator.h"
 #include "regen/core/philox.h"

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "regen/autograd/op_list.h"
 #include "regen/autograd/ops.h"
 #include "regen/kernels/kernels.h"
 #include "tests/test_util.h"
