@@ -113,6 +113,8 @@ Tensor batchnorm2d(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                    const Tensor& running_mean, const Tensor& running_var, bool training,
                    double momentum = 0.1, double eps = 1e-5);
 
+// The unary element-wise ops are defined by their list (kernels/unary_ops.h; every one is declared
+// in autograd/ops_unary.h); the two the built-in models use are declared here too.
 Tensor relu(const Tensor& x);  // saves its output
 Tensor gelu(const Tensor& x);  // exact (erf) GELU; saves its input
 // a + b, where b has a's shape or a suffix of it (broadcast over leading dims). Saves nothing.

@@ -1,4 +1,4 @@
-// linear, matmul, bmm, relu, gelu, add, mul, scale, reshape/flatten, sum, mean.
+// linear, matmul, bmm, add, mul, scale, reshape/flatten, sum, mean (relu and gelu: ops_unary.cpp).
 // Gradient checks: tests/test_gradcheck.cpp.
 #include "regen/autograd/op_util.h"
 
@@ -185,76 +185,6 @@ Tensor bmm(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
   REGEN_CHECK(d.K == kb, "bmm: shapes ", sh(a.shape()), (trans_a ? "^T" : ""), " and ",
               sh(b.shape()), (trans_b ? "^T" : ""), " do not multiply");
   return apply_op(OpKind::bmm, at, {a, b})[0];
-}
-
-// ---- relu / gelu ----------------------------------------------------------------------------
-
-namespace {
-template <class T>
-void relu_fwd(OpContext& c) {
-  const Tensor& x = c.inputs[0];
-  Tensor y = empty_like(x);
-  REGEN_LAUNCH(x.device(), T, relu_forward, x.data<T>(), y.data<T>(), x.numel());
-  c.outputs = {y};
-}
-void relu_forward_op(OpContext& c) {
-  REGEN_FLOATING(c.inputs[0].dtype(), "relu", relu_fwd, c);
-}
-template <class T>
-void relu_bwd(BackwardContext& c) {
-  const Tensor y = c.saved(0);
-  const Tensor& dy = c.grad_output(0);
-  Tensor dx = empty_like(y);
-  REGEN_LAUNCH(dy.device(), T, relu_backward, dy.data<T>(), y.data<T>(), dx.data<T>(), y.numel());
-  c.set_grad_input(0, dx);
-}
-void relu_backward_op(BackwardContext& c) {
-  REGEN_FLOATING(c.grad_output(0).dtype(), "relu backward", relu_bwd, c);
-}
-void relu_saves(const AttrBlob&, std::vector<SaveRef>& s) {
-  s = {{true, 0}};
-}
-constexpr OpDef kRelu{"relu", 1, 1, false, relu_forward_op, relu_backward_op, relu_saves};
-REGEN_REGISTER_OP(relu, kRelu);
-
-template <class T>
-void gelu_fwd(OpContext& c) {
-  const Tensor& x = c.inputs[0];
-  Tensor y = empty_like(x);
-  REGEN_LAUNCH(x.device(), T, gelu_forward, x.data<T>(), y.data<T>(), x.numel());
-  c.outputs = {y};
-}
-void gelu_forward_op(OpContext& c) {
-  REGEN_FLOATING(c.inputs[0].dtype(), "gelu", gelu_fwd, c);
-}
-template <class T>
-void gelu_bwd(BackwardContext& c) {
-  const Tensor x = c.saved(0);
-  const Tensor& dy = c.grad_output(0);
-  Tensor dx = empty_like(x);
-  REGEN_LAUNCH(dy.device(), T, gelu_backward, dy.data<T>(), x.data<T>(), dx.data<T>(), x.numel());
-  c.set_grad_input(0, dx);
-}
-void gelu_backward_op(BackwardContext& c) {
-  REGEN_FLOATING(c.grad_output(0).dtype(), "gelu backward", gelu_bwd, c);
-}
-void gelu_saves(const AttrBlob&, std::vector<SaveRef>& s) {
-  s = {{false, 0}};
-}
-constexpr OpDef kGelu{"gelu", 1, 1, false, gelu_forward_op, gelu_backward_op, gelu_saves};
-REGEN_REGISTER_OP(gelu, kGelu);
-}  // namespace
-
-Tensor relu(const Tensor& x) {
-  check_defined("relu", x, "input");
-  check_floating("relu", x);
-  return apply_op(OpKind::relu, NoAttrs{}, {x})[0];
-}
-
-Tensor gelu(const Tensor& x) {
-  check_defined("gelu", x, "input");
-  check_floating("gelu", x);
-  return apply_op(OpKind::gelu, NoAttrs{}, {x})[0];
 }
 
 // ---- add / mul / scale ----------------------------------------------------------------------

@@ -51,15 +51,8 @@ void scale(const T* x, T* y, int64_t n, T alpha);  // y = alpha*x
 // y[i] = alpha * s[0] for i < n (backward of sum/mean; s is one element on the device)
 template <class T>
 void fill_from_scalar(const T* s, T* y, int64_t n, T alpha);
-template <class T>
-void relu_forward(const T* x, T* y, int64_t n);
-template <class T>
-void relu_backward(const T* dy, const T* y, T* dx, int64_t n);  // uses output
-// Exact GELU: x * Phi(x) = 0.5 x (1 + erf(x / sqrt 2)), as torch.nn.functional.gelu.
-template <class T>
-void gelu_forward(const T* x, T* y, int64_t n);
-template <class T>
-void gelu_backward(const T* dy, const T* x, T* dx, int64_t n);
+// The unary element-wise ops (relu, gelu, ...): cpu::unary_forward / unary_backward, in
+// kernels/unary_ops.h.
 // x: (rows, cols) -> y: (cols), y[c] = sum_r x[r, c]  (bias gradients)
 template <class T>
 void sum_rows(const T* x, T* y, int64_t rows, int64_t cols);

@@ -8,13 +8,16 @@
 // coverage test fails until it has one.
 #pragma once
 
+#include <algorithm>
 #include <functional>
 #include <string>
 #include <vector>
 
 #include "regen/autograd/op_list.h"
 #include "regen/autograd/ops.h"
+#include "regen/autograd/ops_unary.h"
 #include "tests/gradcheck.h"
+#include "tests/op_reference.h"
 
 namespace regen::testing {
 
@@ -23,20 +26,21 @@ struct OpInput {
   Shape shape;
   Kind kind = Kind::real;
   double lo = -1, hi = 1;  // real: uniform in [lo, hi)
+  double gap = 0;          // real: then pushed at least this far from 0 (an op with a kink there)
   int64_t range = 0;       // index: i64 in [0, range); mask: i32 0/1 (last column always 0)
   bool grad = true;        // real: checked by the gradcheck and compared as a gradient
 };
-inline OpInput real(Shape s, double lo = -1, double hi = 1) {
-  return {std::move(s), OpInput::Kind::real, lo, hi, 0, true};
+inline OpInput real(Shape s, double lo = -1, double hi = 1, double gap = 0) {
+  return {std::move(s), OpInput::Kind::real, lo, hi, gap, 0, true};
 }
 inline OpInput fixed(Shape s, double lo = -1, double hi = 1) {
-  return {std::move(s), OpInput::Kind::real, lo, hi, 0, false};
+  return {std::move(s), OpInput::Kind::real, lo, hi, 0, 0, false};
 }
 inline OpInput index(Shape s, int64_t range) {
-  return {std::move(s), OpInput::Kind::index, 0, 0, range, false};
+  return {std::move(s), OpInput::Kind::index, 0, 0, 0, range, false};
 }
 inline OpInput mask(Shape s) {
-  return {std::move(s), OpInput::Kind::mask, 0, 0, 2, false};
+  return {std::move(s), OpInput::Kind::mask, 0, 0, 0, 2, false};
 }
 
 struct OpCase {
@@ -59,8 +63,8 @@ inline std::vector<Tensor> op_inputs(const OpCase& c, DType dtype, Device device
     Generator g(seed + 17 * i);
     Tensor t;
     if (in.kind == OpInput::Kind::real) {
-      const std::vector<double> v =
-          uniform(in.shape, in.lo, in.hi, g, DType::f64).to_vector<double>();
+      std::vector<double> v = uniform(in.shape, in.lo, in.hi, g, DType::f64).to_vector<double>();
+      for (double& e : v) e += e >= 0 ? in.gap : -in.gap;
       if (dtype == DType::f64) {
         t = from_vector<double>(v, in.shape, device);
       } else {
@@ -79,6 +83,21 @@ inline std::vector<Tensor> op_inputs(const OpCase& c, DType dtype, Device device
     out.push_back(std::move(t));
   }
   return out;
+}
+
+// The row of an op of the unary list (kernels/unary_ops.h): its inputs and tolerance from its
+// reference (tests/op_reference.h). An op without a reference gets a row with none, which the
+// table's coverage test reports.
+inline OpCase unary_row(OpKind kind, const std::string& name, TensorFn fn) {
+  const std::vector<UnaryReference>& refs = unary_references();
+  const auto it =
+      std::find_if(refs.begin(), refs.end(), [&](const UnaryReference& r) { return name == r.op; });
+  const UnaryReference r = it != refs.end() ? *it : UnaryReference{nullptr, nullptr};
+  return {name,
+          kind,
+          {real({4, 7}, r.lo, r.hi, r.gap)},
+          std::move(fn),
+          r.smooth ? smooth_op_tol() : linear_op_tol()};
 }
 
 // The rows. Shapes are small (the gradcheck runs two forward passes per input element) and odd
@@ -163,17 +182,12 @@ inline std::vector<OpCase> op_table() {
        {real({1, 2, 4, 3})},
        [=](const std::vector<Tensor>& x) { return upsample2x(at(x, 0), UpsampleMode::bilinear); },
        lin});
-  // ---- Elementwise
-  t.push_back({"relu (inputs away from 0)",
-               OpKind::relu,
-               {real({4, 7}, 0.1, 1.0)},
-               [=](const std::vector<Tensor>& x) { return relu(scale(at(x, 0), -1.0)); },
-               lin});
-  t.push_back({"gelu",
-               OpKind::gelu,
-               {real({4, 7}, -3, 3)},
-               [=](const std::vector<Tensor>& x) { return gelu(at(x, 0)); },
-               smooth});
+  // ---- Elementwise: the unary list's rows, then the others
+#define REGEN_UNARY_ROW(name) \
+  t.push_back(                \
+      unary_row(OpKind::name, #name, [](const std::vector<Tensor>& x) { return name(x[0]); }));
+  REGEN_UNARY_OPS(REGEN_UNARY_ROW)
+#undef REGEN_UNARY_ROW
   t.push_back({"add broadcast over leading dims",
                OpKind::add,
                {real({3, 4, 5}), real({4, 5})},

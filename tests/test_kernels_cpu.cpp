@@ -22,6 +22,7 @@
 #include "regen/core/philox.h"
 #include "regen/core/tensor.h"
 #include "regen/kernels/kernels.h"
+#include "regen/kernels/unary_ops.h"
 
 using namespace regen;
 
@@ -244,6 +245,20 @@ double tol_of() {
   return sizeof(T) == 4 ? 2e-6 : 1e-14;
 }
 
+template <class T, class F>
+void check_unary_loop(const std::string& name, const std::vector<T>& x, const std::vector<T>& dy,
+                      int64_t n) {
+  CAPTURE(name);
+  std::vector<T> y(static_cast<size_t>(n)), dx(y), ref(y);
+  cpu::unary_forward<T>(F{}, x.data(), y.data(), n);
+  for (int64_t i = 0; i < n; ++i) ref[i] = F::value(x[i]);
+  CHECK(y == ref);
+  const std::vector<T>& s = F::reads == unary::Reads::output ? y : x;
+  cpu::unary_backward<T>(F{}, dy.data(), s.data(), dx.data(), n);
+  for (int64_t i = 0; i < n; ++i) ref[i] = F::grad(dy[i], s[i]);
+  CHECK(dx == ref);
+}
+
 template <class T>
 void elementwise_suite() {
   const double rt = tol_of<T>();
@@ -254,26 +269,12 @@ void elementwise_suite() {
     const std::vector<T> dy = cast<T>(random_values(static_cast<size_t>(n), 12));
     std::vector<T> y(static_cast<size_t>(n)), ref(static_cast<size_t>(n));
 
-    cpu::relu_forward<T>(x.data(), y.data(), n);
-    for (int64_t i = 0; i < n; ++i) ref[i] = x[i] > 0 ? x[i] : T(0);
-    CHECK(y == ref);
+    // The unary list's loops: the functor element by element, bitwise, also above the parallel
+    // threshold (their values against references: the op table).
+#define REGEN_UNARY_LOOP_CHECK(name) check_unary_loop<T, unary::name>(#name, x, dy, n);
+    REGEN_UNARY_OPS(REGEN_UNARY_LOOP_CHECK)
+#undef REGEN_UNARY_LOOP_CHECK
     std::vector<T> dx(static_cast<size_t>(n));
-    cpu::relu_backward<T>(dy.data(), y.data(), dx.data(), n);
-    for (int64_t i = 0; i < n; ++i) ref[i] = y[i] > 0 ? dy[i] : T(0);
-    CHECK(dx == ref);
-
-    std::vector<double> gref(static_cast<size_t>(n)), dgref(static_cast<size_t>(n));
-    for (int64_t i = 0; i < n; ++i) {
-      const double v = static_cast<double>(x[i]);
-      const double cdf = 0.5 * (1.0 + std::erf(v / std::sqrt(2.0)));
-      gref[i] = v * cdf;
-      dgref[i] =
-          static_cast<double>(dy[i]) * (cdf + v * std::exp(-0.5 * v * v) / std::sqrt(2.0 * M_PI));
-    }
-    cpu::gelu_forward<T>(x.data(), y.data(), n);
-    CHECK(count_mismatches("gelu_forward<" + tn + ">" + sz, y, gref, rt, 4 * rt) == 0);
-    cpu::gelu_backward<T>(dy.data(), x.data(), dx.data(), n);
-    CHECK(count_mismatches("gelu_backward<" + tn + ">" + sz, dx, dgref, rt, 4 * rt) == 0);
 
     cpu::scale<T>(x.data(), y.data(), n, T(-2.5));
     for (int64_t i = 0; i < n; ++i) ref[i] = T(-2.5) * x[i];
@@ -471,7 +472,7 @@ TEST_CASE(
     "run") {
   static_assert(cpu::has_dry_run_path("gemm") && cpu::has_dry_run_path("gemm_batched"));
   static_assert(!cpu::has_dry_run_path("gem") && !cpu::has_dry_run_path("gemm_batchedx"));
-  static_assert(!cpu::has_dry_run_path("relu_forward") && !cpu::has_dry_run_path(""));
+  static_assert(!cpu::has_dry_run_path("unary_forward") && !cpu::has_dry_run_path(""));
   const Device cpu = Device::cpu();
   std::set<std::string> covered;
   auto f32 = [&](const Shape& shape) { return zeros(shape, DType::f32, cpu); };
@@ -609,9 +610,10 @@ TEST_CASE(
   CHECK(covered == listed);
 
   // A launcher without a dry path is skipped: on the Null arena's addresses it would fault.
-  check_dry_path("relu_forward (no dry path)", false, [&](const auto& begin) {
+  check_dry_path("unary_forward (no dry path)", false, [&](const auto& begin) {
     Tensor x = f32({1000}), y = f32({1000});
     begin();
-    REGEN_LAUNCH(cpu, float, relu_forward, x.data<float>(), y.data<float>(), int64_t{1000});
+    REGEN_LAUNCH(cpu, float, unary_forward, unary::relu{}, x.data<float>(), y.data<float>(),
+                 int64_t{1000});
   });
 }

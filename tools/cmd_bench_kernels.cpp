@@ -5,7 +5,8 @@
 //                batched GEMMs in the math mode, softmax kernels; the S x S matrices
 //                materialized), with peak memory
 //   layernorm    achieved bandwidth vs the 3.35 TB/s HBM3 of an H100 SXM
-//   gemm, misc   achieved TFLOP/s or GB/s, for reference
+//   gemm, misc   achieved TFLOP/s or GB/s, for reference; misc has a forward and a backward row
+//                for every op of the unary list (kernels/unary_ops.h, cuda::unary_launchers())
 // Each number is the median of --repeats timed runs (CUDA events on regen's compute stream) after
 // --warmup runs. The math mode (--math, printed in every section's title) is TF32 by default:
 // cuBLAS and cuDNN may use TF32 tensor cores, as people run them on Hopper; --math fp32 makes the
@@ -359,8 +360,16 @@ void bench_misc(const Options& o) {
   {
     const int64_t n = B * 256 * 56 * 56;  // a ResNet layer1 activation
     Tensor x = filled({n}, 0.5f), y = filled({n}, 0.0f);
-    row("relu_forward " + std::to_string(n),
-        time_ms(o, [&] { cuda::relu_forward(x.data<float>(), y.data<float>(), n); }), 2.0 * n * 4);
+    // Every op of the unary list (kernels/unary_ops.h), forward and backward: a new op adds its
+    // rows here without an edit.
+    Tensor dy = filled({n}, 0.1f), dx = filled({n}, 0.0f);
+    for (const cuda::UnaryLaunchers* u = cuda::unary_launchers(); u->name != nullptr; ++u) {
+      row(std::string(u->name) + "_forward " + std::to_string(n),
+          time_ms(o, [&] { u->forward(x.data<float>(), y.data<float>(), n); }), 2.0 * n * 4);
+      row(std::string(u->name) + "_backward " + std::to_string(n),
+          time_ms(o, [&] { u->backward(dy.data<float>(), x.data<float>(), dx.data<float>(), n); }),
+          3.0 * n * 4);
+    }
     row("dropout_forward p=0.1 " + std::to_string(n),
         time_ms(o, [&] { cuda::dropout_forward(x.data<float>(), y.data<float>(), n, 0.1f, 1, 2); }),
         2.0 * n * 4);
@@ -377,7 +386,6 @@ void bench_misc(const Options& o) {
                                                 nullptr, nullptr, B, C, HW, 0.1, 1e-5);
                 }),
         3.0 * n * 4);
-    Tensor dx = filled({n}, 0.0f);
     row("batchnorm_backward " + std::to_string(B) + "x256x56x56",
         time_ms(o,
                 [&] {

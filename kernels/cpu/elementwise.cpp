@@ -85,37 +85,6 @@ void fill_from_scalar(const T* s, T* y, int64_t n, T alpha) {
 }
 
 template <class T>
-void relu_forward(const T* x, T* y, int64_t n) {
-#pragma omp parallel for schedule(static) if (n > kParallelMin)
-  for (int64_t i = 0; i < n; ++i) y[i] = x[i] > T(0) ? x[i] : T(0);
-}
-
-template <class T>
-void relu_backward(const T* dy, const T* y, T* dx, int64_t n) {
-#pragma omp parallel for schedule(static) if (n > kParallelMin)
-  for (int64_t i = 0; i < n; ++i) dx[i] = y[i] > T(0) ? dy[i] : T(0);
-}
-
-template <class T>
-void gelu_forward(const T* x, T* y, int64_t n) {
-  const T inv_sqrt2 = T(0.70710678118654752440);
-#pragma omp parallel for schedule(static) if (n > kParallelMin)
-  for (int64_t i = 0; i < n; ++i) y[i] = T(0.5) * x[i] * (T(1) + std::erf(x[i] * inv_sqrt2));
-}
-
-template <class T>
-void gelu_backward(const T* dy, const T* x, T* dx, int64_t n) {
-  const T inv_sqrt2 = T(0.70710678118654752440);
-  const T inv_sqrt_2pi = T(0.39894228040143267794);
-#pragma omp parallel for schedule(static) if (n > kParallelMin)
-  for (int64_t i = 0; i < n; ++i) {
-    const T cdf = T(0.5) * (T(1) + std::erf(x[i] * inv_sqrt2));
-    const T pdf = inv_sqrt_2pi * std::exp(T(-0.5) * x[i] * x[i]);
-    dx[i] = dy[i] * (cdf + x[i] * pdf);
-  }
-}
-
-template <class T>
 void sum_rows(const T* x, T* y, int64_t rows, int64_t cols) {
   // Each column is summed over rows in order by one thread: deterministic for any thread count.
   const int64_t blocks = (cols + 63) / 64;
@@ -225,10 +194,6 @@ void permute(const T* x, T* y, const PermuteShape& s) {
   template void mul<T>(const T*, const T*, T*, int64_t, int64_t);                      \
   template void scale<T>(const T*, T*, int64_t, T);                                    \
   template void fill_from_scalar<T>(const T*, T*, int64_t, T);                         \
-  template void relu_forward<T>(const T*, T*, int64_t);                                \
-  template void relu_backward<T>(const T*, const T*, T*, int64_t);                     \
-  template void gelu_forward<T>(const T*, T*, int64_t);                                \
-  template void gelu_backward<T>(const T*, const T*, T*, int64_t);                     \
   template void sum_rows<T>(const T*, T*, int64_t, int64_t);                           \
   template void sum_all<T>(const T*, T*, int64_t);                                     \
   template void dropout_forward<T>(const T*, T*, int64_t, float, uint64_t, uint64_t);  \

@@ -19,7 +19,8 @@ void gemm_batched(bool trans_a, bool trans_b, int64_t batch, int64_t M, int64_t 
                   int64_t ldb, int64_t stride_b, float beta, float* C, int64_t ldc,
                   int64_t stride_c);
 
-// Element-wise and reductions (kernels/cuda/elementwise.cu; reductions through CUB).
+// Element-wise and reductions (kernels/cuda/elementwise.cu; reductions through CUB). The unary
+// element-wise ops (relu, gelu, ...) are cuda::unary_forward / unary_backward, kernels/unary_ops.h.
 void fill(float* y, int64_t n, float value);
 void copy(const float* x, float* y, int64_t n);
 void add(const float* a, const float* b, float* y, int64_t n, int64_t nb);
@@ -27,10 +28,16 @@ void add_inplace(float* y, const float* x, int64_t n);
 void mul(const float* a, const float* b, float* y, int64_t n, int64_t nb);
 void scale(const float* x, float* y, int64_t n, float alpha);
 void fill_from_scalar(const float* s, float* y, int64_t n, float alpha);
-void relu_forward(const float* x, float* y, int64_t n);
-void relu_backward(const float* dy, const float* y, float* dx, int64_t n);
-void gelu_forward(const float* x, float* y, int64_t n);
-void gelu_backward(const float* dy, const float* x, float* dx, int64_t n);
+// The launchers of the unary list (kernels/unary_ops.h, kernels/cuda/unary.cu), type-erased, in
+// list order and ended by an entry with a null name: for code that must not recompile when an op
+// joins the list (regen bench kernels times every entry).
+struct UnaryLaunchers {
+  const char* name;
+  bool reads_output;
+  void (*forward)(const float* x, float* y, int64_t n);                     // x, y: (n)
+  void (*backward)(const float* dy, const float* s, float* dx, int64_t n);  // dy, s, dx: (n)
+};
+const UnaryLaunchers* unary_launchers();
 void sum_rows(const float* x, float* y, int64_t rows, int64_t cols);
 void sum_all(const float* x, float* y, int64_t n);
 void dropout_forward(const float* x, float* y, int64_t n, float p, uint64_t seed, uint64_t stream);

@@ -33,27 +33,9 @@ struct AddOp {
 struct MulOp {
   __device__ float operator()(float a, float b) const { return a * b; }
 };
-struct ReluBackwardOp {  // (dy, y)
-  __device__ float operator()(float dy, float y) const { return y > 0.0f ? dy : 0.0f; }
-};
-struct GeluBackwardOp {  // (dy, x), d/dx of x * Phi(x) = Phi(x) + x * phi(x)
-  __device__ float operator()(float dy, float x) const {
-    const float cdf = 0.5f * (1.0f + erff(x * 0.70710678118654752440f));
-    const float pdf = 0.39894228040143267794f * expf(-0.5f * x * x);
-    return dy * (cdf + x * pdf);
-  }
-};
 struct ScaleOp {
   float alpha;
   __device__ float operator()(float x) const { return alpha * x; }
-};
-struct ReluOp {
-  __device__ float operator()(float x) const { return x > 0.0f ? x : 0.0f; }
-};
-struct GeluOp {  // exact GELU, as torch.nn.functional.gelu(approximate='none')
-  __device__ float operator()(float x) const {
-    return 0.5f * x * (1.0f + erff(x * 0.70710678118654752440f));
-  }
 };
 
 // x, y: (n)
@@ -317,22 +299,6 @@ void fill_from_scalar(const float* s, float* y, int64_t n, float alpha) {
   if (n == 0) return;
   fill_from_scalar_kernel<<<grid_blocks(n, kThreads), kThreads, 0, stream()>>>(s, y, n, alpha);
   REGEN_CUDA_LAUNCH_CHECK("fill_from_scalar");
-}
-
-void relu_forward(const float* x, float* y, int64_t n) {
-  launch_unary("relu_forward", x, y, n, ReluOp{});
-}
-
-void relu_backward(const float* dy, const float* y, float* dx, int64_t n) {
-  launch_binary("relu_backward", dy, y, dx, n, ReluBackwardOp{});
-}
-
-void gelu_forward(const float* x, float* y, int64_t n) {
-  launch_unary("gelu_forward", x, y, n, GeluOp{});
-}
-
-void gelu_backward(const float* dy, const float* x, float* dx, int64_t n) {
-  launch_binary("gelu_backward", dy, x, dx, n, GeluBackwardOp{});
 }
 
 // x: (rows, cols) -> y: (cols)

@@ -29,6 +29,7 @@
 #include "regen/core/error.h"
 #include "regen/core/tensor.h"
 #include "regen/kernels/kernels.h"
+#include "regen/kernels/unary_ops.h"
 
 #ifndef REGEN_HAVE_CPU_CONV2D
 #define REGEN_HAVE_CPU_CONV2D 0
@@ -384,6 +385,28 @@ void gemm_batched_case(Rng& rng, bool ta, bool tb, int64_t batch, int64_t M, int
 
 // ---- Element-wise and reductions ---------------------------------------------------------------
 
+// One op of the unary list: the CUDA launchers against the CPU loops on the same inputs (the same
+// functor; erff/expf/tanhf against the host libm: a few ulps).
+template <class F>
+void unary_case(F, const char* name, const std::vector<float>& x, const std::vector<float>& g,
+                int64_t n, bool misalign, const std::string& tag) {
+  const Tol tol{1e-6, 1e-5, 1e-11};
+  const size_t un = static_cast<size_t>(n);
+  std::vector<float> ref(un), ref_dx(un);
+  cpu::unary_forward<float>(F{}, x.data(), ref.data(), n);
+  const std::vector<float>& s = F::reads == unary::Reads::output ? ref : x;
+  cpu::unary_backward<float>(F{}, g.data(), s.data(), ref_dx.data(), n);
+  Case c(std::string(name) + "_forward" + tag);
+  const float* dx = c.in(x, misalign);
+  float* y = c.out("y", ref, tol, misalign);
+  c.run([&] { cuda::unary_forward(F{}, dx, y, n); });
+  Case b(std::string(name) + "_backward" + tag);
+  const float* dg = b.in(g, misalign);
+  const float* ds = b.in(s, misalign);
+  float* ddx = b.out("dx", ref_dx, tol, misalign);
+  b.run([&] { cuda::unary_backward(F{}, dg, ds, ddx, n); });
+}
+
 void elementwise_cases(Rng& rng, int64_t n, bool misalign) {
   const std::string tag = str(" n=%lld%s", (long long)n, misalign ? " (unaligned)" : "");
   const size_t un = static_cast<size_t>(n);
@@ -426,36 +449,10 @@ void elementwise_cases(Rng& rng, int64_t n, bool misalign) {
     float* y = c.inout("y", x, ref, kExact);
     c.run([&] { cuda::add_inplace(y, dz, n); });
   }
-  {
-    std::vector<float> ref(un);
-    cpu::relu_forward<float>(x.data(), ref.data(), n);
-    Case c("relu_forward" + tag);
-    const float* dx = c.in(x, misalign);
-    float* y = c.out("y", ref, kExact, misalign);
-    c.run([&] { cuda::relu_forward(dx, y, n); });
-    std::vector<float> ref_dx(un);
-    cpu::relu_backward<float>(g.data(), ref.data(), ref_dx.data(), n);
-    Case b("relu_backward" + tag);
-    const float* dg = b.in(g, misalign);
-    const float* dy = b.in(ref, misalign);
-    float* ddx = b.out("dx", ref_dx, kExact, misalign);
-    b.run([&] { cuda::relu_backward(dg, dy, ddx, n); });
-  }
-  {
-    const Tol tol{1e-6, 1e-5, 1e-11};  // erff/expf against the host libm: a few ulps
-    std::vector<float> ref(un), ref_dx(un);
-    cpu::gelu_forward<float>(x.data(), ref.data(), n);
-    cpu::gelu_backward<float>(g.data(), x.data(), ref_dx.data(), n);
-    Case c("gelu_forward" + tag);
-    const float* dx = c.in(x, misalign);
-    float* y = c.out("y", ref, tol, misalign);
-    c.run([&] { cuda::gelu_forward(dx, y, n); });
-    Case b("gelu_backward" + tag);
-    const float* dg = b.in(g, misalign);
-    const float* dx2 = b.in(x, misalign);
-    float* ddx = b.out("dx", ref_dx, tol, misalign);
-    b.run([&] { cuda::gelu_backward(dg, dx2, ddx, n); });
-  }
+  // Every op of the unary list (kernels/unary_ops.h) against its CPU loop: a new op needs no edit.
+#define REGEN_UNARY_CUDA_CASE(name) unary_case(unary::name{}, #name, x, g, n, misalign, tag);
+  REGEN_UNARY_OPS(REGEN_UNARY_CUDA_CASE)
+#undef REGEN_UNARY_CUDA_CASE
   for (float p : {0.0f, 0.1f, 0.5f, 1.0f}) {
     // Same Philox words, threshold and float scale as the CPU: bit-identical.
     std::vector<float> ref(un), ref_dx(un);

@@ -1,0 +1,120 @@
+// The CUDA launchers of the unary element-wise ops (kernels/unary_ops.h): one grid-stride kernel
+// template over the functor, with a float4 variant when every pointer is 16-byte aligned (the tail
+// finished by the scalar kernel), instantiated for every functor of REGEN_UNARY_OPS. The functors
+// are the CPU loops' (kernels/cpu/unary.cpp). Tests: the op table on CUDA
+// (tests/cuda/test_cuda_op_table.cpp) against the f64 references, tests/cuda/test_cuda_ops.cpp
+// against the CPU loops.
+#include "regen/kernels/cuda/common.cuh"
+#include "regen/kernels/cuda/cuda_kernels.h"
+#include "regen/kernels/unary_ops.h"
+
+namespace regen::cuda {
+namespace {
+
+using detail::grid_blocks;
+constexpr int kThreads = 256;
+
+// x, y: (n)
+template <class F>
+__global__ void unary_forward_kernel(const float* x, float* y, int64_t n) {
+  for (int64_t i = dev::global_thread(); i < n; i += dev::grid_stride()) y[i] = F::value(x[i]);
+}
+// x, y: (n4) float4 groups
+template <class F>
+__global__ void unary_forward_kernel4(const float4* x, float4* y, int64_t n4) {
+  for (int64_t i = dev::global_thread(); i < n4; i += dev::grid_stride()) {
+    const float4 v = x[i];
+    y[i] = make_float4(F::value(v.x), F::value(v.y), F::value(v.z), F::value(v.w));
+  }
+}
+// dy, s, dx: (n)
+template <class F>
+__global__ void unary_backward_kernel(const float* dy, const float* s, float* dx, int64_t n) {
+  for (int64_t i = dev::global_thread(); i < n; i += dev::grid_stride()) {
+    dx[i] = F::grad(dy[i], s[i]);
+  }
+}
+template <class F>
+__global__ void unary_backward_kernel4(const float4* dy, const float4* s, float4* dx, int64_t n4) {
+  for (int64_t i = dev::global_thread(); i < n4; i += dev::grid_stride()) {
+    const float4 g = dy[i], v = s[i];
+    dx[i] = make_float4(F::grad(g.x, v.x), F::grad(g.y, v.y), F::grad(g.z, v.z), F::grad(g.w, v.w));
+  }
+}
+
+template <class F>
+struct Name;
+#define REGEN_UNARY_NAME(name)                                 \
+  template <>                                                  \
+  struct Name<unary::name> {                                   \
+    static constexpr const char* forward = #name "_forward";   \
+    static constexpr const char* backward = #name "_backward"; \
+  };
+REGEN_UNARY_OPS(REGEN_UNARY_NAME)
+#undef REGEN_UNARY_NAME
+
+}  // namespace
+
+template <class F>
+void unary_forward(F, const float* x, float* y, int64_t n) {
+  REGEN_CHECK(n >= 0, Name<F>::forward, ": negative size ", n);
+  if (n == 0) return;
+  int64_t done = 0;
+  if (detail::aligned16(x) && detail::aligned16(y) && n >= 4) {
+    const int64_t n4 = n / 4;
+    unary_forward_kernel4<F><<<grid_blocks(n4, kThreads), kThreads, 0, stream()>>>(
+        reinterpret_cast<const float4*>(x), reinterpret_cast<float4*>(y), n4);
+    REGEN_CUDA_LAUNCH_CHECK(Name<F>::forward);
+    done = n4 * 4;
+  }
+  if (done < n) {
+    unary_forward_kernel<F>
+        <<<grid_blocks(n - done, kThreads), kThreads, 0, stream()>>>(x + done, y + done, n - done);
+    REGEN_CUDA_LAUNCH_CHECK(Name<F>::forward);
+  }
+}
+
+template <class F>
+void unary_backward(F, const float* dy, const float* s, float* dx, int64_t n) {
+  REGEN_CHECK(n >= 0, Name<F>::backward, ": negative size ", n);
+  if (n == 0) return;
+  int64_t done = 0;
+  if (detail::aligned16(dy) && detail::aligned16(s) && detail::aligned16(dx) && n >= 4) {
+    const int64_t n4 = n / 4;
+    unary_backward_kernel4<F><<<grid_blocks(n4, kThreads), kThreads, 0, stream()>>>(
+        reinterpret_cast<const float4*>(dy), reinterpret_cast<const float4*>(s),
+        reinterpret_cast<float4*>(dx), n4);
+    REGEN_CUDA_LAUNCH_CHECK(Name<F>::backward);
+    done = n4 * 4;
+  }
+  if (done < n) {
+    unary_backward_kernel<F><<<grid_blocks(n - done, kThreads), kThreads, 0, stream()>>>(
+        dy + done, s + done, dx + done, n - done);
+    REGEN_CUDA_LAUNCH_CHECK(Name<F>::backward);
+  }
+}
+
+#define REGEN_UNARY_INSTANTIATE(name)                                                        \
+  template void unary_forward<unary::name>(unary::name, const float*, float*, int64_t);      \
+  template void unary_backward<unary::name>(unary::name, const float*, const float*, float*, \
+                                            int64_t);
+REGEN_UNARY_OPS(REGEN_UNARY_INSTANTIATE)
+#undef REGEN_UNARY_INSTANTIATE
+
+namespace {
+#define REGEN_UNARY_ENTRY(name)                                                        \
+  {#name, unary::name::reads == unary::Reads::output,                                  \
+   [](const float* x, float* y, int64_t n) { unary_forward(unary::name{}, x, y, n); }, \
+   [](const float* dy, const float* s, float* dx, int64_t n) {                         \
+     unary_backward(unary::name{}, dy, s, dx, n);                                      \
+   }},
+const UnaryLaunchers kUnaryLaunchers[] = {
+    REGEN_UNARY_OPS(REGEN_UNARY_ENTRY){nullptr, false, nullptr, nullptr}};
+#undef REGEN_UNARY_ENTRY
+}  // namespace
+
+const UnaryLaunchers* unary_launchers() {
+  return kUnaryLaunchers;
+}
+
+}  // namespace regen::cuda

@@ -1,0 +1,129 @@
+// The unary element-wise ops, described once. Each is a functor of __host__ __device__ functions:
+//   value(x)        the op's value y = f(x);
+//   grad(dy, s)     the input gradient dx = dy * f'(x) from the output gradient and the saved
+//                   tensor s, which is the input x or the output y as `reads` says (a
+//                   SavedTensor the planner can evict and replay, like any other);
+// and REGEN_UNARY_OPS lists them. From that list alone:
+//   kernels/cpu/unary.cpp      the CPU loops (float, double): cpu::unary_forward / unary_backward;
+//   kernels/cuda/unary.cu      the CUDA launchers (float): cuda::unary_forward / unary_backward;
+//   autograd/op_list.h         the OpKind entries;
+//   autograd/ops_unary.cpp     each OpDef, its registration and the function `Tensor name(x)`
+//                              (declared in autograd/ops_unary.h);
+//   tests/op_table.h           each op-table row (the f64 reference formula is the test's own,
+//                              tests/op_reference.h), so the gradcheck, the CPU and CUDA value
+//                              checks and the CUDA tests (tests/cuda/test_cuda_ops.cpp) need no
+//                              edit;
+//   regen bench kernels        a timing row per op (cuda::unary_launchers(), declared in
+//                              kernels/cuda/cuda_kernels.h so that the tool need not include this).
+// A new activation is a functor here and its entry in the list, plus its reference formula in
+// tests/op_reference.h (docs/ops.md). Keep each formula in one expression per function: the CPU and
+// CUDA run the same code, so they round alike.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#ifndef REGEN_HD
+#if defined(__CUDACC__)
+#define REGEN_HD __host__ __device__ __forceinline__
+#else
+#define REGEN_HD inline
+#endif
+#endif
+
+namespace regen {
+namespace unary {
+
+// What grad's second argument is: the op's input or its output.
+enum class Reads : uint8_t { input, output };
+
+// The same math calls on the host and the device (CUDA's libm on the GPU), by argument type.
+REGEN_HD float erf_(float x) {
+  return ::erff(x);
+}
+REGEN_HD double erf_(double x) {
+  return ::erf(x);
+}
+REGEN_HD float exp_(float x) {
+  return ::expf(x);
+}
+REGEN_HD double exp_(double x) {
+  return ::exp(x);
+}
+REGEN_HD float tanh_(float x) {
+  return ::tanhf(x);
+}
+REGEN_HD double tanh_(double x) {
+  return ::tanh(x);
+}
+
+// max(x, 0); backward reads the output (y > 0 exactly where x > 0).
+struct relu {
+  static constexpr Reads reads = Reads::output;
+  template <class T>
+  REGEN_HD static T value(T x) {
+    return x > T(0) ? x : T(0);
+  }
+  template <class T>
+  REGEN_HD static T grad(T dy, T y) {
+    return y > T(0) ? dy : T(0);
+  }
+};
+
+// Exact GELU: x Phi(x) = 0.5 x (1 + erf(x / sqrt 2)), as torch.nn.functional.gelu; its derivative
+// is Phi(x) + x phi(x).
+struct gelu {
+  static constexpr Reads reads = Reads::input;
+  template <class T>
+  REGEN_HD static T value(T x) {
+    return T(0.5) * x * (T(1) + erf_(x * T(0.70710678118654752440)));
+  }
+  template <class T>
+  REGEN_HD static T grad(T dy, T x) {
+    const T cdf = T(0.5) * (T(1) + erf_(x * T(0.70710678118654752440)));
+    const T pdf = T(0.39894228040143267794) * exp_(T(-0.5) * x * x);
+    return dy * (cdf + x * pdf);
+  }
+};
+
+}  // namespace unary
+
+// Every unary op, once: X(name) names the op and its functor unary::name.
+// clang-format off
+#define REGEN_UNARY_OPS(X) X(relu) X(gelu)
+// clang-format on
+
+namespace unary {
+// Each functor's op name, from the list: name_of<gelu>::value is "gelu".
+template <class F>
+struct name_of;
+#define REGEN_UNARY_NAME_OF(name)               \
+  template <>                                   \
+  struct name_of<name> {                        \
+    static constexpr const char* value = #name; \
+  };
+REGEN_UNARY_OPS(REGEN_UNARY_NAME_OF)
+#undef REGEN_UNARY_NAME_OF
+}  // namespace unary
+
+// The launchers, one template each, instantiated for every functor of the list. A launcher takes
+// the functor (an empty tag) first, then raw pointers of n elements; REGEN_LAUNCH(device, T,
+// unary_forward, unary::name{}, x, y, n) dispatches them like any other. In-place use (y == x,
+// dx == dy) is allowed.
+namespace cpu {
+template <class T, class F>
+void unary_forward(F, const T* x, T* y, int64_t n);  // x, y: (n)
+// dy, s, dx: (n); s is the input or the output, as F::reads says.
+template <class T, class F>
+void unary_backward(F, const T* dy, const T* s, T* dx, int64_t n);
+}  // namespace cpu
+#ifdef REGEN_WITH_CUDA
+namespace cuda {
+template <class F>
+void unary_forward(F, const float* x, float* y, int64_t n);
+template <class F>
+void unary_backward(F, const float* dy, const float* s, float* dx, int64_t n);
+}  // namespace cuda
+#endif
+
+}  // namespace regen
