@@ -36,13 +36,28 @@ BackwardContext::BackwardContext(Tape& tape, const Node& node, std::vector<Tenso
   grad_inputs_.resize(node.inputs.size());
 }
 
-Tensor BackwardContext::saved(int i) const {
-  REGEN_CHECK(i >= 0 && i < static_cast<int>(node_.saved.size()), op_name(node_.kind),
-              " backward: saved tensor ", i, " out of ", node_.saved.size());
-  const int64_t v = node_.saved[i];
+Tensor BackwardContext::read_saved(bool output, int index) const {
+  const char* what = output ? "output" : "input";
+  const std::vector<int64_t>& ids = output ? node_.outputs : node_.inputs;
+  REGEN_CHECK(index >= 0 && index < static_cast<int>(ids.size()), op_name(node_.kind),
+              " backward: reads saved ", what, " ", index, " of a node with ", ids.size(), " ",
+              what, "s");
+  const int64_t v = ids[static_cast<size_t>(index)];
+  REGEN_CHECK(v >= 0 && std::find(node_.saved.begin(), node_.saved.end(), v) != node_.saved.end(),
+              op_name(node_.kind), " backward: reads ", what, " ", index,
+              ", which its OpDef::saves does not list (backward reads forward data only through "
+              "what forward saved)");
   const Value& val = tape_.value(v);
   tape_.ensure_resident(tape_.value(val.root).saved);
   return tape_.value_tensor(v);
+}
+
+Tensor BackwardContext::saved_input(int i) const {
+  return read_saved(false, i);
+}
+
+Tensor BackwardContext::saved_output(int k) const {
+  return read_saved(true, k);
 }
 
 Tensor BackwardContext::grad_output_or_zeros(int j) const {

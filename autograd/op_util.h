@@ -37,6 +37,6 @@ inline Tensor empty_like(const Tensor& t) {
   return empty(t.shape(), t.dtype(), t.device());
 }
 
-inline void no_saves(const AttrBlob&, std::vector<SaveRef>&) {}
+inline void no_saves(const AttrBlob&, SaveList&) {}
 
 }  // namespace regen::detail

@@ -44,8 +44,8 @@ void attention_forward_op(OpContext& c) {
 template <class T>
 void attention_bwd(BackwardContext& c) {
   const AttentionAttrs& a = c.attr<AttentionAttrs>();
-  const Tensor qkv = c.saved(0), out = c.saved(1), lse = c.saved(2);
-  const Tensor mask = a.has_mask ? c.saved(3) : Tensor();
+  const Tensor qkv = c.saved_input(0), out = c.saved_output(0), lse = c.saved_output(1);
+  const Tensor mask = a.has_mask ? c.saved_input(1) : Tensor();
   const Tensor& dout = c.grad_output(0);
   const AttentionShape s = attention_shape(qkv.shape(), a);
   Tensor dqkv = empty_like(qkv);
@@ -56,9 +56,9 @@ void attention_bwd(BackwardContext& c) {
 void attention_backward_op(BackwardContext& c) {
   REGEN_FLOATING(c.grad_output(0).dtype(), "attention backward", attention_bwd, c);
 }
-void attention_saves(const AttrBlob& attrs, std::vector<SaveRef>& s) {
-  s = {{false, 0}, {true, 0}, {true, 1}};
-  if (attrs.as<AttentionAttrs>().has_mask) s.push_back({false, 1});
+void attention_saves(const AttrBlob& attrs, SaveList& s) {
+  s.input(0).output(0).output(1);
+  if (attrs.as<AttentionAttrs>().has_mask) s.input(1);
 }
 constexpr OpDef kAttention{"attention",    2, 1, false, attention_forward_op, attention_backward_op,
                            attention_saves};

@@ -37,7 +37,7 @@ void linear_forward(OpContext& c) {
 
 template <class T>
 void linear_bwd(BackwardContext& c) {
-  const Tensor x = c.saved(0), w = c.saved(1);
+  const Tensor x = c.saved_input(0), w = c.saved_input(1);
   const Tensor& dy = c.grad_output(0);
   const int64_t in = w.size(1), out = w.size(0), M = x.numel() / in;
   const Device dev = dy.device();
@@ -62,8 +62,8 @@ void linear_bwd(BackwardContext& c) {
 void linear_backward(BackwardContext& c) {
   REGEN_FLOATING(c.grad_output(0).dtype(), "linear backward", linear_bwd, c);
 }
-void linear_saves(const AttrBlob&, std::vector<SaveRef>& s) {
-  s = {{false, 0}, {false, 1}};
+void linear_saves(const AttrBlob&, SaveList& s) {
+  s.input(0).input(1);
 }
 constexpr OpDef kLinear{"linear", 1, 1, false, linear_forward, linear_backward, linear_saves};
 REGEN_REGISTER_OP(linear, kLinear);
@@ -121,7 +121,7 @@ void bmm_forward(OpContext& c) {
 
 template <class T>
 void bmm_bwd(BackwardContext& c) {
-  const Tensor a = c.saved(0), b = c.saved(1);
+  const Tensor a = c.saved_input(0), b = c.saved_input(1);
   const Tensor& dy = c.grad_output(0);
   const BmmAttrs& at = c.attr<BmmAttrs>();
   const BmmDims d = bmm_dims(a, b, at);
@@ -153,8 +153,8 @@ void bmm_bwd(BackwardContext& c) {
 void bmm_backward(BackwardContext& c) {
   REGEN_FLOATING(c.grad_output(0).dtype(), "bmm backward", bmm_bwd, c);
 }
-void bmm_saves(const AttrBlob&, std::vector<SaveRef>& s) {
-  s = {{false, 0}, {false, 1}};
+void bmm_saves(const AttrBlob&, SaveList& s) {
+  s.input(0).input(1);
 }
 constexpr OpDef kBmm{"bmm", 1, 1, false, bmm_forward, bmm_backward, bmm_saves};
 constexpr OpDef kMatmul{"matmul", 1, 1, false, bmm_forward, bmm_backward, bmm_saves};
@@ -249,7 +249,7 @@ void mul_forward_op(OpContext& c) {
 }
 template <class T>
 void mul_bwd(BackwardContext& c) {
-  const Tensor a = c.saved(0), b = c.saved(1);
+  const Tensor a = c.saved_input(0), b = c.saved_input(1);
   const Tensor& dy = c.grad_output(0);
   if (c.needs_grad(0)) {
     Tensor da = empty_like(a);  // da = dy * b (b broadcast)
@@ -267,8 +267,8 @@ void mul_bwd(BackwardContext& c) {
 void mul_backward_op(BackwardContext& c) {
   REGEN_FLOATING(c.grad_output(0).dtype(), "mul backward", mul_bwd, c);
 }
-void mul_saves(const AttrBlob&, std::vector<SaveRef>& s) {
-  s = {{false, 0}, {false, 1}};
+void mul_saves(const AttrBlob&, SaveList& s) {
+  s.input(0).input(1);
 }
 constexpr OpDef kMul{"mul", 1, 1, false, mul_forward_op, mul_backward_op, mul_saves};
 REGEN_REGISTER_OP(mul, kMul);

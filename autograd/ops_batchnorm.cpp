@@ -51,7 +51,8 @@ void bn_forward(OpContext& c) {
 
 template <class T>
 void bn_bwd(BackwardContext& c) {
-  const Tensor x = c.saved(0), gamma = c.saved(1), s0 = c.saved(2), s1 = c.saved(3);
+  const Tensor x = c.saved_input(0), gamma = c.saved_input(1), s0 = c.saved_output(1),
+               s1 = c.saved_output(2);
   const Tensor& dy = c.grad_output(0);
   const BatchNormAttrs& a = c.attr<BatchNormAttrs>();
   const BnDims d = bn_dims(x.shape());
@@ -77,8 +78,8 @@ void bn_backward(BackwardContext& c) {
   REGEN_FLOATING(c.grad_output(0).dtype(), "batchnorm2d backward", bn_bwd, c);
 }
 // x, gamma and the two hidden statistics (batch or running, see the file comment).
-void bn_saves(const AttrBlob&, std::vector<SaveRef>& s) {
-  s = {{false, 0}, {false, 1}, {true, 1}, {true, 2}};
+void bn_saves(const AttrBlob&, SaveList& s) {
+  s.input(0).input(1).output(1).output(2);
 }
 constexpr OpDef kBatchNorm{"batchnorm2d", 3, 1, false, bn_forward, bn_backward, bn_saves};
 REGEN_REGISTER_OP(batchnorm2d, kBatchNorm);

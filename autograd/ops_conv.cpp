@@ -47,7 +47,7 @@ Tensor conv_bias_grad(const Tensor& dy, const ConvShape& s) {
 
 template <class T>
 void conv_bwd(BackwardContext& c) {
-  const Tensor x = c.saved(0), w = c.saved(1);
+  const Tensor x = c.saved_input(0), w = c.saved_input(1);
   const Tensor& dy = c.grad_output(0);
   const ConvShape s = conv_shape(x.shape(), w.shape(), c.attr<Conv2dAttrs>());
   const Device dev = dy.device();
@@ -71,8 +71,8 @@ void conv_bwd(BackwardContext& c) {
 void conv_backward(BackwardContext& c) {
   REGEN_FLOATING(c.grad_output(0).dtype(), "conv2d backward", conv_bwd, c);
 }
-void conv_saves(const AttrBlob&, std::vector<SaveRef>& s) {
-  s = {{false, 0}, {false, 1}};
+void conv_saves(const AttrBlob&, SaveList& s) {
+  s.input(0).input(1);
 }
 constexpr OpDef kConv2d{"conv2d", 1, 1, false, conv_forward, conv_backward, conv_saves};
 REGEN_REGISTER_OP(conv2d, kConv2d);

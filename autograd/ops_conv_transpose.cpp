@@ -31,7 +31,7 @@ void convt_forward(OpContext& c) {
 
 template <class T>
 void convt_bwd(BackwardContext& c) {
-  const Tensor x = c.saved(0), w = c.saved(1);
+  const Tensor x = c.saved_input(0), w = c.saved_input(1);
   const Tensor& dy = c.grad_output(0);
   const ConvTranspose2dAttrs& a = c.attr<ConvTranspose2dAttrs>();
   const ConvShape s = transpose_shape(x.shape(), w.shape(), a);
@@ -55,8 +55,8 @@ void convt_bwd(BackwardContext& c) {
 void convt_backward(BackwardContext& c) {
   REGEN_FLOATING(c.grad_output(0).dtype(), "conv_transpose2d backward", convt_bwd, c);
 }
-void convt_saves(const AttrBlob&, std::vector<SaveRef>& s) {
-  s = {{false, 0}, {false, 1}};
+void convt_saves(const AttrBlob&, SaveList& s) {
+  s.input(0).input(1);
 }
 constexpr OpDef kConvTranspose2d{"conv_transpose2d", 1,          1, false, convt_forward,
                                  convt_backward,     convt_saves};

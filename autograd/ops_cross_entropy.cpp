@@ -29,7 +29,7 @@ void cross_entropy_forward_op(OpContext& c) {
 
 template <class T>
 void cross_entropy_bwd(BackwardContext& c) {
-  const Tensor logits = c.saved(0), targets = c.saved(1), lse = c.saved(2);
+  const Tensor logits = c.saved_input(0), targets = c.saved_input(1), lse = c.saved_output(1);
   const Tensor& dloss = c.grad_output(0);
   const int64_t M = logits.size(0), V = logits.size(1);
   Tensor dlogits = empty_like(logits);
@@ -41,8 +41,8 @@ void cross_entropy_bwd(BackwardContext& c) {
 void cross_entropy_backward_op(BackwardContext& c) {
   REGEN_FLOATING(c.grad_output(0).dtype(), "cross_entropy backward", cross_entropy_bwd, c);
 }
-void cross_entropy_saves(const AttrBlob&, std::vector<SaveRef>& s) {
-  s = {{false, 0}, {false, 1}, {true, 1}};
+void cross_entropy_saves(const AttrBlob&, SaveList& s) {
+  s.input(0).input(1).output(1);
 }
 constexpr OpDef kCrossEntropy{
     "cross_entropy",    2, 1, false, cross_entropy_forward_op, cross_entropy_backward_op,
@@ -129,10 +129,9 @@ void lce_forward_op(OpContext& c) {
 template <class T>
 void lce_bwd(BackwardContext& c) {
   const LinearCrossEntropyAttrs& a = c.attr<LinearCrossEntropyAttrs>();
-  int k = 0;
-  const Tensor x = c.saved(k++), w = c.saved(k++);
-  const Tensor b = a.has_bias ? c.saved(k++) : Tensor();
-  const Tensor targets = c.saved(k++), lse = c.saved(k++);
+  const Tensor x = c.saved_input(0), w = c.saved_input(1);
+  const Tensor b = a.has_bias ? c.saved_input(2) : Tensor();
+  const Tensor targets = c.saved_input(3), lse = c.saved_output(1);
   const Tensor& dloss = c.grad_output(0);
   const LceDims d = lce_dims(x, w, a);
   const Device dev = dloss.device();
@@ -188,12 +187,10 @@ void lce_bwd(BackwardContext& c) {
 void lce_backward_op(BackwardContext& c) {
   REGEN_FLOATING(c.grad_output(0).dtype(), "linear_cross_entropy backward", lce_bwd, c);
 }
-void lce_saves(const AttrBlob& attrs, std::vector<SaveRef>& s) {
-  if (attrs.as<LinearCrossEntropyAttrs>().has_bias) {
-    s = {{false, 0}, {false, 1}, {false, 2}, {false, 3}, {true, 1}};
-  } else {
-    s = {{false, 0}, {false, 1}, {false, 3}, {true, 1}};
-  }
+void lce_saves(const AttrBlob& attrs, SaveList& s) {
+  s.input(0).input(1);
+  if (attrs.as<LinearCrossEntropyAttrs>().has_bias) s.input(2);
+  s.input(3).output(1);
 }
 constexpr OpDef kLinearCrossEntropy{"linear_cross_entropy", 2,        1, false, lce_forward_op,
                                     lce_backward_op,        lce_saves};

@@ -25,7 +25,7 @@ void embedding_forward_op(OpContext& c) {
 template <class T>
 void embedding_bwd(BackwardContext& c) {
   if (!c.needs_grad(1)) return;  // ids (i64) never take a gradient
-  const Tensor ids = c.saved(0);
+  const Tensor ids = c.saved_input(0);
   const Tensor& dy = c.grad_output(0);
   const Shape& ws = c.tape().value(c.node().inputs[1]).shape;
   Tensor dw = empty(ws, dy.dtype(), dy.device());
@@ -36,8 +36,8 @@ void embedding_bwd(BackwardContext& c) {
 void embedding_backward_op(BackwardContext& c) {
   REGEN_FLOATING(c.grad_output(0).dtype(), "embedding backward", embedding_bwd, c);
 }
-void embedding_saves(const AttrBlob&, std::vector<SaveRef>& s) {
-  s = {{false, 0}};
+void embedding_saves(const AttrBlob&, SaveList& s) {
+  s.input(0);
 }
 constexpr OpDef kEmbedding{"embedding",    1, 1, false, embedding_forward_op, embedding_backward_op,
                            embedding_saves};

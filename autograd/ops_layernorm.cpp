@@ -25,7 +25,8 @@ void layernorm_forward_op(OpContext& c) {
 
 template <class T>
 void layernorm_bwd(BackwardContext& c) {
-  const Tensor x = c.saved(0), gamma = c.saved(1), mean = c.saved(2), rstd = c.saved(3);
+  const Tensor x = c.saved_input(0), gamma = c.saved_input(1), mean = c.saved_output(1),
+               rstd = c.saved_output(2);
   const Tensor& dy = c.grad_output(0);
   const int64_t N = x.size(-1), M = x.numel() / N;
   // The launcher always writes dx; dgamma and dbeta only when asked for.
@@ -43,8 +44,8 @@ void layernorm_bwd(BackwardContext& c) {
 void layernorm_backward_op(BackwardContext& c) {
   REGEN_FLOATING(c.grad_output(0).dtype(), "layernorm backward", layernorm_bwd, c);
 }
-void layernorm_saves(const AttrBlob&, std::vector<SaveRef>& s) {
-  s = {{false, 0}, {false, 1}, {true, 1}, {true, 2}};
+void layernorm_saves(const AttrBlob&, SaveList& s) {
+  s.input(0).input(1).output(1).output(2);
 }
 constexpr OpDef kLayerNorm{"layernorm",    3, 1, false, layernorm_forward_op, layernorm_backward_op,
                            layernorm_saves};

@@ -34,7 +34,7 @@ void maxpool_forward(OpContext& c) {
 }
 template <class T>
 void maxpool_bwd(BackwardContext& c) {
-  const Tensor argmax = c.saved(0);
+  const Tensor argmax = c.saved_output(1);
   const Tensor& dy = c.grad_output(0);
   const PoolShape s = pool_shape(input_shape(c), c.attr<Pool2dAttrs>());
   Tensor dx = empty(input_shape(c), dy.dtype(), dy.device());
@@ -45,8 +45,8 @@ void maxpool_bwd(BackwardContext& c) {
 void maxpool_backward(BackwardContext& c) {
   REGEN_FLOATING(c.grad_output(0).dtype(), "max_pool2d backward", maxpool_bwd, c);
 }
-void maxpool_saves(const AttrBlob&, std::vector<SaveRef>& s) {
-  s = {{true, 1}};
+void maxpool_saves(const AttrBlob&, SaveList& s) {
+  s.output(1);
 }
 constexpr OpDef kMaxPool{"max_pool2d", 2, 1, false, maxpool_forward, maxpool_backward,
                          maxpool_saves};

@@ -20,7 +20,7 @@ void softmax_forward_op(OpContext& c) {
 
 template <class T>
 void softmax_bwd(BackwardContext& c) {
-  const Tensor y = c.saved(0);
+  const Tensor y = c.saved_output(0);
   const Tensor& dy = c.grad_output(0);
   const int64_t N = y.size(-1), M = N > 0 ? y.numel() / N : 0;
   Tensor dx = empty_like(y);
@@ -30,8 +30,8 @@ void softmax_bwd(BackwardContext& c) {
 void softmax_backward_op(BackwardContext& c) {
   REGEN_FLOATING(c.grad_output(0).dtype(), "softmax backward", softmax_bwd, c);
 }
-void softmax_saves(const AttrBlob&, std::vector<SaveRef>& s) {
-  s = {{true, 0}};
+void softmax_saves(const AttrBlob&, SaveList& s) {
+  s.output(0);
 }
 constexpr OpDef kSoftmax{"softmax",    1, 1, false, softmax_forward_op, softmax_backward_op,
                          softmax_saves};

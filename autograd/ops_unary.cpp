@@ -24,7 +24,7 @@ struct UnaryOp {
   }
   template <class T>
   static void bwd(BackwardContext& c) {
-    const Tensor s = c.saved(0);
+    const Tensor s = kReadsOutput ? c.saved_output(0) : c.saved_input(0);
     const Tensor& dy = c.grad_output(0);
     Tensor dx = empty_like(s);
     REGEN_LAUNCH(dy.device(), T, unary_backward, F{}, dy.data<T>(), s.data<T>(), dx.data<T>(),
@@ -35,7 +35,13 @@ struct UnaryOp {
   static void backward(BackwardContext& c) {
     REGEN_FLOATING(c.grad_output(0).dtype(), kName, bwd, c);
   }
-  static void saves(const AttrBlob&, std::vector<SaveRef>& s) { s = {{kReadsOutput, 0}}; }
+  static void saves(const AttrBlob&, SaveList& s) {
+    if (kReadsOutput) {
+      s.output(0);
+    } else {
+      s.input(0);
+    }
+  }
   static Tensor call(OpKind kind, const Tensor& x) {
     check_defined(kName, x, "input");
     check_floating(kName, x);

@@ -227,9 +227,9 @@ std::vector<Tensor> Tape::record(const OpDef& def, OpKind kind, const AttrBlob& 
     if (in >= 0) values_[static_cast<size_t>(in)].consumers.push_back(index);
   }
   // What backward reads: one SavedTensor per storage root.
-  std::vector<SaveRef> refs;
-  def.saves(attrs, refs);
-  for (const SaveRef& r : refs) {
+  SaveList save_list;
+  def.saves(attrs, save_list);
+  for (const SaveRef& r : save_list.refs()) {
     const int64_t vid = r.output ? node.outputs.at(static_cast<size_t>(r.index))
                                  : node.inputs.at(static_cast<size_t>(r.index));
     REGEN_CHECK(vid >= 0, def.name, ": saves an absent input ", r.index);

@@ -184,8 +184,11 @@ struct OpContext {
 class BackwardContext {
  public:
   BackwardContext(Tape& tape, const Node& node, std::vector<Tensor> grad_outputs);
-  // The node's i-th saved tensor (in the order of OpDef::saves), resident.
-  Tensor saved(int i) const;
+  // What forward saved, read by the name OpDef::saves gave it (SaveList::input(i) / output(k)),
+  // resident (regenerated first if the planner evicted it). Reading anything the op's saves did
+  // not list fails, naming the op: backward reads forward data only through SavedTensors.
+  Tensor saved_input(int i) const;
+  Tensor saved_output(int k) const;
   // Gradient flowing into visible output j; undefined when none flowed.
   const Tensor& grad_output(int j) const { return grad_outputs_[j]; }
   // Gradient of output j, or zeros of its shape when none flowed.
@@ -202,16 +205,35 @@ class BackwardContext {
   std::vector<Tensor>& grad_inputs() { return grad_inputs_; }
 
  private:
+  Tensor read_saved(bool output, int index) const;
   Tape& tape_;
   const Node& node_;
   std::vector<Tensor> grad_outputs_;
   std::vector<Tensor> grad_inputs_;
 };
 
-// What backward reads: an input or an output slot.
+// What backward reads, named by where it comes from: input i or output slot k of the node.
 struct SaveRef {
   bool output;
   int index;
+};
+// What an op saves for backward, by name: OpDef::saves fills it with s.input(0).output(1) (the
+// order is free), and backward reads each by the same name, c.saved_input(0), c.saved_output(1).
+// Each becomes a SavedTensor the remat planner can evict and replay.
+class SaveList {
+ public:
+  SaveList& input(int i) {
+    refs_.push_back({false, i});
+    return *this;
+  }
+  SaveList& output(int k) {
+    refs_.push_back({true, k});
+    return *this;
+  }
+  const std::vector<SaveRef>& refs() const { return refs_; }
+
+ private:
+  std::vector<SaveRef> refs_;
 };
 
 // OpDef::num_outputs and num_visible_outputs of an op whose output count depends on its
@@ -225,8 +247,8 @@ struct OpDef {
   bool is_view;             // output 0 shares input 0's storage (reshape)
   void (*forward)(OpContext&);
   void (*backward)(BackwardContext&);
-  // Which inputs/outputs backward reads, in order (may depend on attributes).
-  void (*saves)(const AttrBlob&, std::vector<SaveRef>&);
+  // Which inputs and outputs backward reads (may depend on attributes); SaveList above.
+  void (*saves)(const AttrBlob&, SaveList&);
 };
 const OpDef& op_def(OpKind kind);
 const char* op_name(OpKind kind);  // "?" for a value outside the list

@@ -34,6 +34,31 @@ class Net : public Module {
 
 }  // namespace
 
+TEST_CASE("named saves: backward reads what forward saved by its name, and nothing else") {
+  Generator g(2);
+  Tensor w = uniform({4, 3}, -1, 1, g).set_requires_grad(true);
+  Tensor x = uniform({5, 3}, -1, 1, g);
+  Tape& tape = Tape::current();
+  REQUIRE(tape.empty());
+  Tensor h = relu(linear(x, w));
+  {
+    // relu saves its output 0: read by that name it is the output's bytes; its input, its absent
+    // output 1 and linear's unsaved output are refused, naming the op.
+    BackwardContext c(tape, tape.node(1), {});
+    const Tensor y = c.saved_output(0);
+    CHECK(y.data<float>() == h.data<float>());
+    testing::expect_error([&] { c.saved_input(0); },
+                          {"relu backward: reads input 0", "OpDef::saves does not list"});
+    testing::expect_error([&] { c.saved_output(1); },
+                          {"relu backward: reads saved output 1", "1 outputs"});
+    BackwardContext l(tape, tape.node(0), {});
+    CHECK(l.saved_input(0).data<float>() == x.data<float>());
+    CHECK(l.saved_input(1).data<float>() == w.data<float>());
+    testing::expect_error([&] { l.saved_output(0); }, {"linear backward: reads output 0"});
+  }
+  tape.clear();
+}
+
 TEST_CASE("tape: nodes, values and saved tensors are recorded, then released by backward") {
   Generator g(1);
   Tensor w = uniform({4, 3}, -1, 1, g).set_requires_grad(true);
