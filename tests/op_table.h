@@ -1,11 +1,14 @@
 // The op table: every op of the op list (autograd/op_list.h REGEN_OPS) described once, as rows of
-// one op at one shape: its inputs (shapes and how to fill them), the call, and its tolerances.
+// one op at one shape: its inputs (shapes and how to fill them), the call, its tolerances and its
+// reference. The reference is an f64 formula (the unary list's, tests/op_reference.h; dropout's,
+// below) or PyTorch's values, stored in tests/data/op_reference.safetensors under the row's name
+// by tools/make_op_reference.py together with the inputs and the cotangent they were computed on.
 // The same rows drive
-//   - tests/test_op_table.cpp: every op kind has a row; the f64 gradcheck of every row; f32
-//     forward and gradients against the f64 run as reference (CPU);
-//   - tests/cuda/test_cuda_op_table.cpp: CUDA f32 forward and gradients against the CPU's f64.
-// A new op adds its line to REGEN_OPS, its definition and kernels, and its rows here; the
-// coverage test fails until it has one.
+//   - tests/test_op_table.cpp: every op kind has a row and a reference; the f64 gradcheck of every
+//     row; the CPU's f64 and f32 outputs and gradients against the reference;
+//   - tests/cuda/test_cuda_op_table.cpp: CUDA's f32 outputs and gradients against the reference.
+// A formula wrong the same way in an op's forward and backward passes the gradcheck but not the
+// reference. docs/ops.md says what a new op needs here.
 #pragma once
 
 #include <algorithm>
@@ -16,6 +19,8 @@
 #include "regen/autograd/op_list.h"
 #include "regen/autograd/ops.h"
 #include "regen/autograd/ops_unary.h"
+#include "regen/core/philox.h"
+#include "regen/core/safetensors.h"
 #include "tests/gradcheck.h"
 #include "tests/op_reference.h"
 
@@ -43,23 +48,58 @@ inline OpInput mask(Shape s) {
   return {std::move(s), OpInput::Kind::mask, 0, 0, 0, 2, false};
 }
 
+// An f64 formula for a row's output, from its f64 inputs on the CPU.
+using ReferenceFn = std::function<std::vector<double>(const std::vector<Tensor>&)>;
+
 struct OpCase {
-  std::string name;  // "conv2d 3x3 stride 2 pad 1"
+  std::string name;  // "conv2d 3x3 stride 2 pad 1"; the key of its stored reference
   OpKind kind;       // the op it exercises
   std::vector<OpInput> inputs;
   TensorFn fn;  // one output (ops with several outputs are summed or concatenated)
   GradcheckOptions tol = linear_op_tol();
   bool differentiable = true;  // false: values only (no gradcheck)
-  double f32_rtol = 1e-4;      // f32 (CPU or CUDA) against the f64 run: |a - b| <= rtol * (|b| + 1)
+  double f32_rtol = 1e-4;      // f32 (CPU or CUDA) against the reference: |a - b| <= rtol (|b| + 1)
+  double f64_rtol = 1e-10;     // f64 against the reference: only the summation order may differ
+  // The reference: this formula for the output (the gradients are then checked against the f64
+  // run, which the gradcheck ties to the f64 output), or, when it is empty, PyTorch's stored
+  // output and gradients (tests/data/op_reference.safetensors, "<name>/...").
+  ReferenceFn formula = nullptr;
 };
+
+// PyTorch's values for the rows without a formula (tools/make_op_reference.py).
+inline const SafetensorsFile& stored_references() {
+  static const SafetensorsFile f =
+      load_safetensors(std::string(REGEN_TEST_DATA) + "/op_reference.safetensors");
+  return f;
+}
+// The stored tensor "<row>/<what>", which must exist.
+inline const Tensor& stored(const std::string& row, const std::string& what) {
+  const Tensor* t = stored_references().find(row + "/" + what);
+  REQUIRE_MESSAGE(t != nullptr, "tests/data/op_reference.safetensors has no '", row, "/", what,
+                  "': add the row to tools/make_op_reference.py and rerun it");
+  return *t;
+}
 
 // The inputs of a row in `dtype` (floating inputs) on `device`: the same values for every dtype
 // and device (drawn in f64 and converted).
+// A row with a stored reference takes the inputs stored with it (checked against the row's shapes).
 inline std::vector<Tensor> op_inputs(const OpCase& c, DType dtype, Device device,
                                      uint64_t seed = 11) {
   std::vector<Tensor> out;
   for (size_t i = 0; i < c.inputs.size(); ++i) {
     const OpInput& in = c.inputs[i];
+    if (!c.formula) {
+      const Tensor& t = stored(c.name, "in" + std::to_string(i));
+      REQUIRE_MESSAGE(t.shape() == in.shape, c.name, ": stored input ", i, " is ", sh(t.shape()),
+                      ", the row says ", sh(in.shape), ": rerun tools/make_op_reference.py");
+      if (in.kind == OpInput::Kind::real && dtype == DType::f32) {
+        const std::vector<double> v = t.to_vector<double>();
+        out.push_back(from_vector<float>(std::vector<float>(v.begin(), v.end()), in.shape, device));
+      } else {
+        out.push_back(t.to(device));  // f64, i64 or i32 as stored
+      }
+      continue;
+    }
     Generator g(seed + 17 * i);
     Tensor t;
     if (in.kind == OpInput::Kind::real) {
@@ -93,11 +133,19 @@ inline OpCase unary_row(OpKind kind, const std::string& name, TensorFn fn) {
   const auto it =
       std::find_if(refs.begin(), refs.end(), [&](const UnaryReference& r) { return name == r.op; });
   const UnaryReference r = it != refs.end() ? *it : UnaryReference{nullptr, nullptr};
-  return {name,
-          kind,
-          {real({4, 7}, r.lo, r.hi, r.gap)},
-          std::move(fn),
-          r.smooth ? smooth_op_tol() : linear_op_tol()};
+  OpCase c{name,
+           kind,
+           {real({4, 7}, r.lo, r.hi, r.gap)},
+           std::move(fn),
+           r.smooth ? smooth_op_tol() : linear_op_tol()};
+  if (r.value != nullptr) {
+    c.formula = [value = r.value](const std::vector<Tensor>& x) {
+      std::vector<double> y = x[0].to_vector<double>();
+      for (double& e : y) e = value(e);
+      return y;
+    };
+  }
+  return c;
 }
 
 // The rows. Shapes are small (the gradcheck runs two forward passes per input element) and odd
@@ -207,10 +255,19 @@ inline std::vector<OpCase> op_table() {
                OpKind::dropout,
                {real({5, 8})},
                [=](const std::vector<Tensor>& x) {
-                 manual_seed(5);  // the same mask every call
+                 manual_seed(5);  // the same mask every call: seed 5, stream 1
                  return dropout(at(x, 0), 0.3f, true);
                },
                lin});
+  // Element i is kept when its Philox word (seed 5, stream 1) is at least p 2^32, then scaled.
+  t.back().formula = [](const std::vector<Tensor>& x) {
+    const double p = 0.3f;
+    std::vector<double> y = x[0].to_vector<double>();
+    for (size_t i = 0; i < y.size(); ++i) {
+      y[i] = philox_word(5, 1, i) >= static_cast<uint64_t>(p * 4294967296.0) ? y[i] / (1 - p) : 0;
+    }
+    return y;
+  };
   // ---- Shapes
   t.push_back({"reshape",
                OpKind::reshape,
@@ -279,6 +336,9 @@ inline std::vector<OpCase> op_table() {
        {real({2, 4, 6}), mask({2, 4})},
        [=](const std::vector<Tensor>& x) { return attention(at(x, 0), 1, at(x, 1), false); },
        smooth});
+  // The attention kernels take the score scale 1/sqrt(Dh) as a float (AttentionShape), in f64 too:
+  // a relative error near 1e-8 in the scores, 3e-9 measured in the outputs and gradients.
+  for (size_t r = t.size() - 2; r < t.size(); ++r) t[r].f64_rtol = 1e-8;
   t.push_back({"cross_entropy",
                OpKind::cross_entropy,
                {real({5, 6}, -2, 2), index({5}, 6)},
@@ -327,7 +387,8 @@ inline OpRun run_op(const OpCase& c, DType dtype, Device device) {
   if (c.differentiable) {
     Generator g(3);
     const std::vector<double> rv =
-        uniform(out.shape(), -1.0, 1.0, g, DType::f64).to_vector<double>();
+        c.formula ? uniform(out.shape(), -1.0, 1.0, g, DType::f64).to_vector<double>()
+                  : stored(c.name, "cot").to_vector<double>();
     const Tensor R =
         dtype == DType::f64
             ? from_vector<double>(rv, out.shape(), device)
@@ -345,30 +406,60 @@ inline OpRun run_op(const OpCase& c, DType dtype, Device device) {
 inline void check_close(const std::string& what, const std::vector<double>& a,
                         const std::vector<double>& b, double rtol) {
   REQUIRE_MESSAGE(a.size() == b.size(), what, ": ", a.size(), " values against ", b.size());
-  int64_t bad = 0, first = -1;
+  int64_t bad = 0, first = -1, worst = -1;
+  double worst_ratio = 0;  // |a - b| / (|b| + 1), the error in units of rtol's scale
   for (size_t i = 0; i < a.size(); ++i) {
-    if (!(std::fabs(a[i] - b[i]) <= rtol * (std::fabs(b[i]) + 1))) {
+    const double ratio = std::fabs(a[i] - b[i]) / (std::fabs(b[i]) + 1);
+    if (!(ratio <= rtol)) {  // NaN counts as a failure
       if (first < 0) first = static_cast<int64_t>(i);
       ++bad;
     }
+    if (!(ratio <= worst_ratio)) {
+      worst_ratio = ratio;
+      worst = static_cast<int64_t>(i);
+    }
   }
-  CHECK_MESSAGE(bad == 0, what, ": ", bad, " of ", a.size(), " values out of tolerance, first at ",
-                first,
-                first >= 0 ? " (" + std::to_string(a[static_cast<size_t>(first)]) + " against " +
-                                 std::to_string(b[static_cast<size_t>(first)]) + ")"
-                           : std::string());
+  auto at = [&](int64_t i) {
+    char buf[96];
+    std::snprintf(buf, sizeof buf, "%.17g against %.17g", a[static_cast<size_t>(i)],
+                  b[static_cast<size_t>(i)]);
+    return std::string(buf);
+  };
+  CHECK_MESSAGE(
+      bad == 0, what, ": ", bad, " of ", a.size(), " values out of tolerance (rtol ", rtol,
+      "), first at ", first, first >= 0 ? " (" + at(first) + ")" : std::string(),
+      ", worst |a - b| / (|b| + 1) = ", worst_ratio,
+      worst >= 0 ? " at " + std::to_string(worst) + " (" + at(worst) + ")" : std::string());
 }
 
-// Compares a row on `device` in f32 with the CPU's f64: output and every gradient.
-inline void check_against_f64(const OpCase& c, Device device) {
-  const OpRun ref = run_op(c, DType::f64, Device::cpu());
-  const OpRun got = run_op(c, DType::f32, device);
-  check_close(c.name + " (" + device.str() + " f32): output", got.out, ref.out, c.f32_rtol);
-  REQUIRE(got.grads.size() == ref.grads.size());
-  for (size_t i = 0; i < got.grads.size(); ++i) {
-    check_close(c.name + " (" + device.str() + " f32): gradient " + std::to_string(i), got.grads[i],
-                ref.grads[i], c.f32_rtol);
+// Compares a row run in `dtype` on `device` with its reference: the output, and every gradient
+// (against PyTorch's when stored; against the CPU's f64 run, when the reference is a formula and
+// the run is not that f64 run itself).
+inline void check_against_reference(const OpCase& c, DType dtype, Device device) {
+  const std::string what = c.name + " (" + device.str() + " " + dtype_name(dtype) + ")";
+  const double rtol = dtype == DType::f64 ? c.f64_rtol : c.f32_rtol;
+  const OpRun got = run_op(c, dtype, device);
+  if (c.formula) {
+    check_close(what + ": output against its formula", got.out,
+                c.formula(op_inputs(c, DType::f64, Device::cpu())), rtol);
+    if (dtype == DType::f64 && device.is_cpu()) return;
+    const OpRun ref = run_op(c, DType::f64, Device::cpu());
+    REQUIRE(got.grads.size() == ref.grads.size());
+    for (size_t i = 0; i < got.grads.size(); ++i) {
+      check_close(what + ": gradient " + std::to_string(i) + " against the CPU's f64", got.grads[i],
+                  ref.grads[i], rtol);
+    }
+    return;
   }
+  check_close(what + ": output against PyTorch", got.out, as_doubles(stored(c.name, "out")), rtol);
+  size_t k = 0;
+  for (size_t i = 0; i < c.inputs.size(); ++i) {
+    if (c.inputs[i].kind != OpInput::Kind::real || !c.inputs[i].grad || !c.differentiable) continue;
+    REQUIRE(k < got.grads.size());
+    check_close(what + ": gradient of input " + std::to_string(i) + " against PyTorch",
+                got.grads[k++], as_doubles(stored(c.name, "grad" + std::to_string(i))), rtol);
+  }
+  CHECK(k == got.grads.size());
 }
 
 }  // namespace regen::testing

@@ -1,5 +1,6 @@
-// The op table (tests/op_table.h) on the CPU: every op kind of the op list has a row; every row
-// passes the f64 gradcheck; every row's f32 forward and gradients agree with its f64 run.
+// The op table (tests/op_table.h) on the CPU: every op kind of the op list has a row, and every row
+// a reference; every row passes the f64 gradcheck; every row's f64 and f32 outputs and gradients
+// agree with its reference (an f64 formula or PyTorch's stored values).
 #include <doctest/doctest.h>
 
 #include "tests/op_table.h"
@@ -7,13 +8,29 @@
 using namespace regen;
 using namespace regen::testing;
 
-TEST_CASE("op table: every op kind of the op list has a row") {
+TEST_CASE("op table: every op kind of the op list has a row, every row a reference") {
   const std::vector<OpCase> table = op_table();
   for (int k = 0; k < kNumOpKinds; ++k) {
     const OpKind kind = static_cast<OpKind>(k);
     const bool has =
         std::any_of(table.begin(), table.end(), [&](const OpCase& c) { return c.kind == kind; });
     CHECK_MESSAGE(has, "op ", op_name(kind), " has no row in tests/op_table.h");
+  }
+  // A unary op's reference is its formula in tests/op_reference.h; any other row without a formula
+  // needs PyTorch's values (tools/make_op_reference.py).
+  for (const OpCase& c : table) {
+    CAPTURE(c.name);
+    if (c.formula) continue;
+    CHECK_MESSAGE(stored_references().find(c.name + "/out") != nullptr, "row '", c.name,
+                  "' has no reference: a unary op needs its formula in tests/op_reference.h, "
+                  "another op its entry in tools/make_op_reference.py");
+  }
+  // Every stored reference belongs to a row (a renamed row leaves none behind).
+  for (const auto& [key, tensor] : stored_references().tensors) {
+    const std::string row = key.substr(0, key.rfind('/'));
+    CHECK_MESSAGE(std::any_of(table.begin(), table.end(),
+                              [&](const OpCase& c) { return c.name == row && !c.formula; }),
+                  "tests/data/op_reference.safetensors holds '", key, "' for no row");
   }
 }
 
@@ -34,9 +51,10 @@ TEST_CASE("op table: the f64 gradcheck of every row") {
   CHECK(checked >= kNumOpKinds);
 }
 
-TEST_CASE("op table: f32 forward and gradients agree with the f64 run on the CPU") {
+TEST_CASE("op table: f64 and f32 outputs and gradients agree with the reference on the CPU") {
   for (const OpCase& c : op_table()) {
     CAPTURE(c.name);
-    check_against_f64(c, Device::cpu());
+    check_against_reference(c, DType::f64, Device::cpu());
+    check_against_reference(c, DType::f32, Device::cpu());
   }
 }

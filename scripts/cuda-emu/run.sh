@@ -2,7 +2,7 @@
 # Builds regen's CUDA kernels for a host emulation of the CUDA execution model and runs the
 # CUDA-vs-CPU checks on small shapes (README.md). Not part of the CMake build or of CI: a
 # verification aid for machines without a GPU. Usage:
-#   scripts/cuda-emu/run.sh [ops|allocator|autograd|remat|all] [doctest args, e.g. -tc="emu conv2d"]
+#   scripts/cuda-emu/run.sh [ops|optable|allocator|autograd|remat|all] [doctest args, e.g. -tc="emu conv2d"]
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 HERE=$ROOT/scripts/cuda-emu
@@ -47,12 +47,15 @@ wrap() {  # a doctest main around a test file
 }
 case $what in
   ops) build_test emu_ops "$HERE/emu_ops.cpp"; run emu_ops "$@" ;;
+  optable) CXXCMD="$CXXCMD -DREGEN_TEST_DATA=\"$ROOT/tests/data\"" \
+             build_test emu_optable "$(wrap tests/cuda/test_cuda_op_table.cpp emu_optable_main)"
+           run emu_optable "$@" ;;
   allocator) build_test emu_allocator "$(wrap tests/cuda/test_cuda_allocator.cpp emu_allocator_main)"
              run emu_allocator "$@" ;;
   autograd) build_test emu_autograd "$(wrap tests/cuda/test_cuda_autograd.cpp emu_autograd_main)"
             run emu_autograd -tce="*feed-forward*" "$@" ;;
   remat) build_test emu_remat "$(wrap tests/cuda/test_cuda_remat.cpp emu_remat_main)"
          run emu_remat "$@" ;;
-  all) "$0" ops "$@"; "$0" allocator; "$0" autograd; "$0" remat ;;
-  *) echo "usage: $0 [ops|allocator|autograd|remat|all] [doctest args]" >&2; exit 2 ;;
+  all) "$0" ops "$@"; "$0" optable; "$0" allocator; "$0" autograd; "$0" remat ;;
+  *) echo "usage: $0 [ops|optable|allocator|autograd|remat|all] [doctest args]" >&2; exit 2 ;;
 esac
