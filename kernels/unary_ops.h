@@ -86,11 +86,27 @@ struct gelu {
   }
 };
 
+// GELU, tanh approximation: 0.5 x (1 + tanh(u)), u = sqrt(2 / pi) (x + 0.044715 x^3), as
+// torch.nn.functional.gelu(approximate='tanh'); its derivative is 0.5 (1 + t) + 0.5 x (1 - t^2) u'.
+struct gelu_tanh {
+  static constexpr Reads reads = Reads::input;
+  template <class T>
+  REGEN_HD static T value(T x) {
+    return T(0.5) * x * (T(1) + tanh_(T(0.79788456080286535588) * (x + T(0.044715) * x * x * x)));
+  }
+  template <class T>
+  REGEN_HD static T grad(T dy, T x) {
+    const T t = tanh_(T(0.79788456080286535588) * (x + T(0.044715) * x * x * x));
+    const T du = T(0.79788456080286535588) * (T(1) + T(3 * 0.044715) * x * x);
+    return dy * (T(0.5) * (T(1) + t) + T(0.5) * x * (T(1) - t * t) * du);
+  }
+};
+
 }  // namespace unary
 
 // Every unary op, once: X(name) names the op and its functor unary::name.
 // clang-format off
-#define REGEN_UNARY_OPS(X) X(relu) X(gelu)
+#define REGEN_UNARY_OPS(X) X(relu) X(gelu) X(gelu_tanh)
 // clang-format on
 
 namespace unary {

@@ -24,6 +24,10 @@ inline const std::vector<UnaryReference>& unary_references() {
   static const std::vector<UnaryReference> refs = {
       {"relu", [](double x) { return std::fmax(x, 0.0); }, -1, 1, 0.1, false},
       {"gelu", [](double x) { return 0.5 * x * std::erfc(-x / std::sqrt(2.0)); }},
+      {"gelu_tanh",
+       [](double x) {
+         return 0.5 * x * (1 + std::tanh(std::sqrt(2 / M_PI) * (x + 0.044715 * x * x * x)));
+       }},
   };
   return refs;
 }
