@@ -145,7 +145,11 @@ Block* CachingAllocator::try_allocate_locked(uint64_t rounded, bool small) {
 
 Segment* CachingAllocator::map_segment_locked(uint64_t size, bool small, Category category,
                                               uint32_t tag) {
-  if (limit_ > 0 && stats_.reserved.current + static_cast<int64_t>(size) > limit_) return nullptr;
+  if (limit_ > 0 && stats_.reserved.current + static_cast<int64_t>(size) > limit_) {
+    const int64_t total = stats_.reserved.current + static_cast<int64_t>(size);
+    if (lowest_refused_ == 0 || total < lowest_refused_) lowest_refused_ = total;
+    return nullptr;
+  }
   void* base = arena_->map(size);
   if (!base) return nullptr;
   auto seg = std::make_unique<Segment>();
@@ -493,11 +497,17 @@ void CachingAllocator::set_limit(int64_t bytes) {
   REGEN_CHECK(bytes >= 0, "allocator limit must be non-negative, got ", bytes);
   std::lock_guard<std::mutex> lock(mutex_);
   limit_ = bytes;
+  lowest_refused_ = 0;
 }
 
 int64_t CachingAllocator::limit() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return limit_;
+}
+
+int64_t CachingAllocator::lowest_refused() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return lowest_refused_;
 }
 
 void CachingAllocator::set_planned_layout(std::shared_ptr<const PlannedLayout> layout) {
@@ -568,6 +578,8 @@ void CachingAllocator::set_planned_layout(std::shared_ptr<const PlannedLayout> l
   // The arena (none when the holes hold the whole step).
   const uint64_t size = static_cast<uint64_t>(layout->size);
   if (limit_ > 0 && stats_.reserved.current + static_cast<int64_t>(size) > limit_) {
+    const int64_t total = stats_.reserved.current + static_cast<int64_t>(size);
+    if (lowest_refused_ == 0 || total < lowest_refused_) lowest_refused_ = total;
     throw_oom_locked(size, size, Category::activation, 0,
                      "would pass the limit (the planned layout's arena)", size);
   }

@@ -304,6 +304,11 @@ class CachingAllocator {
   // empties the cache and tries both again, else throws regen::OutOfMemory (docs/memory.md).
   void set_limit(int64_t bytes);
   int64_t limit() const;
+  // The lowest reserved total (reserved bytes plus the segment asked for) the limit refused since
+  // it was set; 0 when it refused none. A limit decides nothing else, so the same requests run the
+  // same way under every limit from this one up to just below that total: the planners' search for
+  // the lowest limit a step runs under steps from one such total to the next (planner.h).
+  int64_t lowest_refused() const;
 
   // Installs a planned layout. It releases the cached segments, takes the free blocks of the
   // segments that remain (the holes: they must have the sizes layout->holes lists, or the
@@ -394,6 +399,7 @@ class CachingAllocator {
   uint64_t next_alloc_id_ = 1;
   MemoryStats stats_;
   int64_t limit_ = 0;
+  int64_t lowest_refused_ = 0;
   bool log_enabled_ = false;
   int64_t log_t0_ns_ = 0;
   uint64_t next_seq_ = 0;

@@ -223,7 +223,7 @@ Budget budget_from(const pb::object& b) {
   if (b.is_none()) return Budget{};
   if (pb::isinstance<pb::str>(b)) return Budget::parse(b.cast<std::string>());
   REGEN_CHECK(!pb::isinstance<pb::bool_>(b),
-              "budget must be None, a text such as '60%' or '2GiB', "
+              "budget must be None, a text such as '60%', '2GiB' or 'lowest', "
               "or a number of bytes; got a bool");
   if (PyIndex_Check(b.ptr())) {  // int, numpy integers
     int64_t v = 0;
@@ -239,7 +239,8 @@ Budget budget_from(const pb::object& b) {
     return out;
   }
   REGEN_FAIL(
-      "budget must be None, a text such as '60%' or '2GiB', or a number of bytes (int); got ",
+      "budget must be None, a text such as '60%', '2GiB' or 'lowest', or a number of bytes (int); "
+      "got ",
       pb::str(pb::repr(b)).cast<std::string>(),
       pb::isinstance<pb::float_>(b) ? " (for a "
                                       "fraction of the no-remat peak write '60%')"
@@ -338,8 +339,8 @@ of equal-length columns (numpy arrays, or lists for text and lists), ready for
           "Measured peak of reserved bytes without remat")
       .def_property_readonly(
           "lower_bound", [](const ProfileHandle& h) { return memory_lower_bound(h.profile); },
-          "Persistent bytes + the batch + the largest single-op working set: no plan "
-          "goes below it")
+          "Allocated bytes no plan goes below: at the profiled iteration's highest point, what no "
+          "plan can free there (docs/remat.md, memory_lower_bound)")
       .def_property_readonly(
           "persistent", [](const ProfileHandle& h) { return by_category(h.profile.persistent_by); },
           "Bytes allocated at iteration start, by category")
@@ -616,7 +617,7 @@ limit in bytes instead. Returns a Simulation; its peaks are what executing the d
       pb::arg("chain") = "auto", pb::arg("budget_of") = "reserved", pb::arg("layout") = "caching",
       pb::arg("milp_time_limit") = 60.0, pb::arg("milp_threads") = 1, R"doc(
 Plans with any registered planner (regen.policies()) under ``budget``: None, '60%' (of the no-remat
-peak of ``budget_of``), '2GiB', or bytes. ``chain`` 'auto', 'keep' or 'drop'; ``budget_of``
+peak of ``budget_of``), '2GiB', bytes, or 'lowest' (the lowest budget the policy meets). ``chain`` 'auto', 'keep' or 'drop'; ``budget_of``
 'reserved' (what the device sees; the steps run under the allocator's hard limit) or 'allocated';
 ``layout`` 'caching' or 'planned'. The Plan is returned even when it does not fit (see feasible
 and note).)doc");

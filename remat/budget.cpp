@@ -7,6 +7,9 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
 
 #include "regen/core/error.h"
 #include "regen/remat/layout.h"
@@ -18,6 +21,10 @@ namespace regen {
 Budget Budget::parse(const std::string& text) {
   Budget b;
   if (text.empty() || text == "none") return b;
+  if (text == "lowest") {
+    b.kind = Kind::lowest;
+    return b;
+  }
   if (text.back() == '%') {
     double v = 0;
     size_t used = 0;
@@ -39,8 +46,8 @@ Budget Budget::parse(const std::string& text) {
     bytes = parse_bytes(text);
   } catch (const Error& e) {
     REGEN_FAIL("bad budget '", text,
-               "': expected bytes (2GiB, 1.5GB, 1048576) or a percentage of "
-               "the no-remat peak (60%) (",
+               "': expected bytes (2GiB, 1.5GB, 1048576), a percentage of "
+               "the no-remat peak (60%) or lowest (",
                e.what(), ")");
   }
   REGEN_CHECK(bytes > 0, "bad budget '", text, "': must be positive");
@@ -60,6 +67,8 @@ std::string Budget::str() const {
       std::snprintf(buf, sizeof buf, "%g%%", value * 100.0);
       return buf;
     }
+    case Kind::lowest:
+      return "lowest";
   }
   return "?";
 }
@@ -73,6 +82,10 @@ int64_t Budget::resolve(int64_t no_remat_peak) const {
     // At least one byte: a tiny percentage is a budget no plan meets, never no budget at all.
     case Kind::fraction:
       return std::max<int64_t>(1, static_cast<int64_t>(std::floor(value * no_remat_peak)));
+    case Kind::lowest:
+      REGEN_FAIL(
+          "the budget 'lowest' is the lowest a policy meets: make_plan (regen plan, train, sweep) "
+          "finds it with the planner; it is not a number of bytes by itself");
   }
   return 0;
 }
@@ -137,53 +150,118 @@ PlanFit fit_schedule(const Simulator& sim, const Schedule& s, int64_t budget, Bu
   return f;
 }
 
+int64_t lowest_fitting_budget(const Simulator& sim, const Schedule& s, BudgetOf of,
+                              const SimResult* unlimited, bool planned_layout, int64_t below) {
+  if (planned_layout) return peak_of(fit_schedule(sim, s, 0, of, nullptr, true).result, of);
+  const SimResult r = unlimited ? *unlimited : sim.run(s);
+  if (of == BudgetOf::allocated) return r.peak_allocated;
+  // fit_schedule refuses a budget under the unlimited allocated peak before trying a limit, and
+  // a limit at the unlimited reserved peak runs the step exactly as without one.
+  const int64_t highest = r.peak_reserved;
+  int64_t limit = r.peak_allocated;
+  while (limit < highest) {
+    if (below > 0 && limit >= below) return limit;
+    SimOptions o;
+    o.limit = limit;
+    const SimResult at = sim.run(s, o);
+    if (!at.oom && at.peak_reserved <= limit) return limit;
+    if (at.next_limit <= limit) break;  // refused nothing: every higher limit runs it alike
+    limit = at.next_limit;
+  }
+  return highest;
+}
+
 // ---- Lower bound ------------------------------------------------------------------------------
 
+// Every plan replays the profiled iteration's events in order, with its evictions and regeneration
+// programs inserted between them (simulator.h), so at the point where the profiled run had made its
+// first i events a plan's step holds at least:
+//  - the blocks of the start state not freed yet, at their exact sizes (every run restores them);
+//  - every block allocated by those events and not freed by them that no plan can evict (all but
+//    the storages of candidate saved tensors; build_schedule refuses to evict anything else);
+//  - the candidates that every plan must hold there: from their allocation to the end of the
+//    forward op that last reads them (where an eviction happens at the earliest), and during the
+//    backward window of each node that reads them (a regeneration restores them before it runs).
+// A block holds at least its request rounded by the allocator, whatever the plan (the size the
+// profiled run gave it can be more: a cached block is not split when 1 MiB or less would remain,
+// and which block serves a request depends on the plan). The bound is the highest such level.
 int64_t memory_lower_bound(const Profile& p) {
-  int64_t persistent = 0;
+  const size_t ne = p.events.size();
+  std::vector<int64_t> delta(ne + 2, 0);  // per state i = 0..ne (after the first i events)
+  auto hold = [&](int64_t from, int64_t to, int64_t bytes) {  // states [from, to]
+    if (from > to) return;
+    delta[static_cast<size_t>(from)] += bytes;
+    delta[static_cast<size_t>(to) + 1] -= bytes;
+  };
+  std::unordered_map<uint64_t, int64_t> persistent;  // start-state block id -> size
   for (const AllocatorState::SegmentRec& s : p.start_state.segments) {
-    for (const BlockInfo& b : s.blocks)
-      persistent += b.allocated ? static_cast<int64_t>(b.size) : 0;
+    for (const BlockInfo& b : s.blocks) {
+      if (b.allocated) persistent[b.id] = static_cast<int64_t>(b.size);
+    }
   }
-  int64_t inputs = 0;
-  for (const ProfileEvent& e : p.events) {
-    if (e.kind == MemoryEventKind::alloc && e.category == Category::input) inputs += e.bytes;
+  std::unordered_map<uint64_t, int32_t> candidate_of;  // storage block id -> candidate
+  for (const ProfileSaved& s : p.saved) {
+    const uint64_t id = p.values[static_cast<size_t>(s.value)].alloc_id;
+    if (s.candidate && id != 0) candidate_of[id] = s.index;
   }
-  // Each node's own peak allocation inside its forward or backward window.
+  struct Alloc {
+    int64_t at = -1, free_at = -1, bytes = 0;
+  };
+  std::unordered_map<uint64_t, Alloc> allocs;
+  for (size_t i = 0; i < ne; ++i) {
+    const ProfileEvent& e = p.events[i];
+    if (e.kind == MemoryEventKind::alloc) {
+      allocs[e.block_id] = {
+          static_cast<int64_t>(i), -1,
+          static_cast<int64_t>(CachingAllocator::round_size(static_cast<uint64_t>(e.requested)))};
+    } else if (e.kind == MemoryEventKind::free) {
+      auto it = allocs.find(e.block_id);
+      if (it != allocs.end()) {
+        it->second.free_at = static_cast<int64_t>(i);
+      } else {
+        auto pt = persistent.find(e.block_id);
+        if (pt != persistent.end()) {
+          hold(0, static_cast<int64_t>(i), pt->second);
+          persistent.erase(pt);
+        }
+      }
+    }
+  }
+  for (const auto& [id, bytes] : persistent) hold(0, static_cast<int64_t>(ne), bytes);
   const NodeWindows w = node_windows(p);
-  auto window_peak = [&](int64_t b, int64_t e) {
-    int64_t cur = 0, peak = 0;
-    for (int64_t i = b; b >= 0 && i < e; ++i) {
-      const ProfileEvent& ev = p.events[static_cast<size_t>(i)];
-      if (ev.kind == MemoryEventKind::alloc) cur += ev.bytes;
-      if (ev.kind == MemoryEventKind::free) cur -= ev.bytes;
-      peak = std::max(peak, cur);
+  for (const auto& [id, a] : allocs) {
+    const int64_t last = a.free_at < 0 ? static_cast<int64_t>(ne) : a.free_at;
+    auto c = candidate_of.find(id);
+    if (c == candidate_of.end()) {
+      hold(a.at + 1, last, a.bytes);
+      continue;
     }
-    return peak;
-  };
-  auto root_bytes = [&](int64_t v, std::set<int64_t>& seen) -> int64_t {
-    if (v < 0) return 0;
-    const ProfileValue& root = p.values[static_cast<size_t>(p.values[static_cast<size_t>(v)].root)];
-    if (root.leaf || root.alloc_id == 0 || !seen.insert(root.id).second) return 0;
-    return static_cast<int64_t>(CachingAllocator::round_size(root.bytes));
-  };
-  int64_t working = 0;
-  for (const ProfileNode& n : p.nodes) {
-    std::set<int64_t> seen;
-    int64_t fwd = window_peak(w.fwd_begin[n.index], w.fwd_end[n.index]);
-    for (int64_t in : n.inputs) fwd += root_bytes(in, seen);
-    working = std::max(working, fwd);
-    if (n.bwd_rank < 0) continue;
-    std::set<int64_t> seen_b;
-    int64_t bwd = window_peak(w.bwd_begin[n.index], w.bwd_end[n.index]);
-    for (int64_t v : n.saved) bwd += root_bytes(v, seen_b);
-    for (int k = 0; k < n.num_visible_outputs; ++k) {
-      bwd += static_cast<int64_t>(
-          CachingAllocator::round_size(p.values[static_cast<size_t>(n.outputs[k])].bytes));
+    const ProfileSaved& s = p.saved[static_cast<size_t>(c->second)];
+    std::vector<std::pair<int64_t, int64_t>> spans;
+    if (s.last_fwd_use >= 0)
+      spans.push_back({a.at + 1, std::min(last, w.fwd_end[static_cast<size_t>(s.last_fwd_use)])});
+    for (int32_t r : s.readers) {
+      const int64_t b = w.bwd_begin[static_cast<size_t>(r)], e = w.bwd_end[static_cast<size_t>(r)];
+      if (b >= 0 && e >= b) spans.push_back({std::max(b, a.at + 1), std::min(e, last)});
     }
-    working = std::max(working, bwd);
+    // One block: overlapping spans count it once.
+    std::sort(spans.begin(), spans.end());
+    int64_t from = -1, to = -2;
+    for (const auto& [b, e] : spans) {
+      if (b > to + 1) {
+        hold(from, to, a.bytes);
+        from = b;
+      }
+      to = std::max(to, e);
+    }
+    hold(from, to, a.bytes);
   }
-  return persistent + inputs + working;
+  int64_t level = 0, bound = 0;
+  for (size_t i = 0; i <= ne; ++i) {
+    level += delta[i];
+    bound = std::max(bound, level);
+  }
+  return bound;
 }
 
 }  // namespace regen

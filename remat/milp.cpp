@@ -58,6 +58,18 @@
 #include "regen/remat/liveness.h"
 
 #if defined(REGEN_WITH_MILP)
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <csignal>
+#include <cstring>
+#include <iterator>
+#include <mutex>
+
 #include "Cbc_C_Interface.h"
 #endif
 
@@ -585,8 +597,8 @@ std::string num(double v) {
   return buf;
 }
 
-Solved solve(const Lp& lp, int64_t budget, const MilpOptions& opt,
-             const std::vector<std::pair<int, double>>& start) {
+Solved solve_here(const Lp& lp, int64_t budget, const MilpOptions& opt,
+                  const std::vector<std::pair<int, double>>& start) {
   const int nc = static_cast<int>(lp.lb.size()), nr = static_cast<int>(lp.rows.size());
   // Column-major copy.
   std::vector<int> count(static_cast<size_t>(nc) + 1, 0);
@@ -627,22 +639,7 @@ Solved solve(const Lp& lp, int64_t budget, const MilpOptions& opt,
   // 0.03-0.1 s on transformer-tiny with a MIP start crashed every time; 0.5 s did on a loaded
   // machine), and a solve stopped there can report "infeasible" for a feasible model. Without it
   // the small graphs prove the same optima in about the same time (test_milp).
-  // REGEN_MILP_PARAMS=preprocess=on turns it back on for experiments.
   Cbc_setParameter(model, "preprocess", "off");
-  // REGEN_MILP_PARAMS="name=value,..." passes more parameters to CBC (experiments).
-  if (const char* extra = std::getenv("REGEN_MILP_PARAMS")) {
-    std::string all = extra;
-    size_t at = 0;
-    while (at < all.size()) {
-      size_t end = all.find(',', at);
-      if (end == std::string::npos) end = all.size();
-      const std::string kv = all.substr(at, end - at);
-      const size_t eq = kv.find('=');
-      if (eq != std::string::npos)
-        Cbc_setParameter(model, kv.substr(0, eq).c_str(), kv.substr(eq + 1).c_str());
-      at = end + 1;
-    }
-  }
   if (!start.empty()) {
     std::vector<int> idx;
     std::vector<double> val;
@@ -679,6 +676,165 @@ Solved solve(const Lp& lp, int64_t budget, const MilpOptions& opt,
                  std::to_string(Cbc_secondaryStatus(model)) + ")";
   }
   Cbc_deleteModel(model);
+  return out;
+}
+
+// ---- The solve in a child process ----------------------------------------------------------
+// CBC and Clp install their own SIGINT handlers while they run (they stop the branch and bound at
+// its next node, or nothing at all before it starts), so in the process that runs them Ctrl-C was
+// swallowed: a solve ran to its time limit and its plan was written. The solve runs in a child
+// process instead, and the planning process keeps its signals: SIGINT, SIGTERM or SIGHUP during a
+// solve kills the child, puts the process's own handling back and raises the signal again (by
+// default the process dies of it, before anything is written; a program that handles it, such as
+// Python, gets it), then plan_milp throws. A crash inside CBC ends the child only, and becomes an
+// error naming the signal.
+
+volatile sig_atomic_t g_stop_signal = 0;
+extern "C" void note_stop_signal(int sig) {
+  g_stop_signal = sig;
+}
+
+constexpr int kStopSignals[] = {SIGINT, SIGTERM, SIGHUP};
+
+// Catches the stop signals while a solve runs; the previous handling comes back when it ends.
+class StopSignals {
+ public:
+  StopSignals() {
+    g_stop_signal = 0;
+    struct sigaction sa {};
+    sa.sa_handler = note_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    for (size_t i = 0; i < std::size(kStopSignals); ++i) {
+      ::sigaction(kStopSignals[i], &sa, &old_[i]);
+      // A signal the process ignores (nohup, a background job) stays ignored.
+      if (!(old_[i].sa_flags & SA_SIGINFO) && old_[i].sa_handler == SIG_IGN)
+        ::sigaction(kStopSignals[i], &old_[i], nullptr);
+    }
+  }
+  ~StopSignals() { restore(); }
+  StopSignals(const StopSignals&) = delete;
+  StopSignals& operator=(const StopSignals&) = delete;
+  void restore() {
+    if (restored_) return;
+    for (size_t i = 0; i < std::size(kStopSignals); ++i)
+      ::sigaction(kStopSignals[i], &old_[i], nullptr);
+    restored_ = true;
+  }
+
+ private:
+  struct sigaction old_[std::size(kStopSignals)]{};
+  bool restored_ = false;
+};
+
+bool write_all(int fd, const void* data, size_t n) {
+  const char* p = static_cast<const char*>(data);
+  while (n > 0) {
+    const ssize_t w = ::write(fd, p, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return false;
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+  return true;
+}
+
+struct SolvedHeader {
+  int32_t has_solution, optimal, infeasible, time_limit;
+  double objective, bound, seconds;
+  uint64_t status_size, x_size;
+};
+
+// The child's side: solve, send the answer, and leave without running the parent's exit handlers.
+[[noreturn]] void solve_in_child(int fd, pid_t parent, const Lp& lp, int64_t budget,
+                                 const MilpOptions& opt,
+                                 const std::vector<std::pair<int, double>>& start) {
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // a parent that dies takes the solve with it
+  if (::getppid() != parent) ::_exit(3);
+  for (int sig : kStopSignals) ::signal(sig, SIG_DFL);
+  int code = 0;
+  try {
+    const Solved s = solve_here(lp, budget, opt, start);
+    const SolvedHeader h{s.has_solution, s.optimal, s.infeasible,    s.time_limit, s.objective,
+                         s.bound,        s.seconds, s.status.size(), s.x.size()};
+    const bool ok = write_all(fd, &h, sizeof h) &&
+                    write_all(fd, s.status.data(), s.status.size()) &&
+                    write_all(fd, s.x.data(), s.x.size() * sizeof(double));
+    code = ok ? 0 : 4;
+  } catch (...) {
+    code = 5;
+  }
+  ::_exit(code);
+}
+
+// One solve at a time: the stop signals' handling is the process's.
+std::mutex g_solve_mutex;
+
+Solved solve(const Lp& lp, int64_t budget, const MilpOptions& opt,
+             const std::vector<std::pair<int, double>>& start) {
+  const std::lock_guard<std::mutex> lock(g_solve_mutex);
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0) return solve_here(lp, budget, opt, start);
+  StopSignals signals;
+  const pid_t parent = ::getpid();
+  // What the process has buffered would otherwise be written by the child too.
+  std::fflush(nullptr);
+  const pid_t pid = ::fork();
+  if (pid < 0) {  // no process to spare: solve here (a signal then stops nothing early)
+    ::close(fds[0]);
+    ::close(fds[1]);
+    signals.restore();
+    return solve_here(lp, budget, opt, start);
+  }
+  if (pid == 0) {
+    ::close(fds[0]);
+    solve_in_child(fds[1], parent, lp, budget, opt, start);
+  }
+  ::close(fds[1]);
+  std::string bytes;
+  char buf[1 << 16];
+  while (g_stop_signal == 0) {
+    pollfd p{fds[0], POLLIN, 0};
+    const int r = ::poll(&p, 1, 100);
+    if (r < 0 && errno != EINTR) break;
+    if (r <= 0) continue;
+    const ssize_t n = ::read(fds[0], buf, sizeof buf);
+    if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+    if (n <= 0) break;  // the child is done (or gone)
+    bytes.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fds[0]);
+  const int stop = g_stop_signal;
+  if (stop != 0) ::kill(pid, SIGKILL);
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (stop != 0) {
+    signals.restore();
+    ::raise(stop);
+    REGEN_FAIL("the MILP solve was stopped by ", strsignal(stop), ": no plan");
+  }
+  REGEN_CHECK(
+      WIFEXITED(status) && WEXITSTATUS(status) == 0, "CBC ",
+      WIFSIGNALED(status) ? std::string("crashed (") + strsignal(WTERMSIG(status)) + ")"
+                          : "failed (exit status " + std::to_string(WEXITSTATUS(status)) + ")",
+      " while solving the MILP (", lp.lb.size(), " variables, ", lp.rows.size(), " rows): no plan");
+  SolvedHeader h{};
+  REGEN_CHECK(bytes.size() >= sizeof h, "the MILP solve sent back ", bytes.size(),
+              " bytes, too few for its answer");
+  std::memcpy(&h, bytes.data(), sizeof h);
+  REGEN_CHECK(bytes.size() == sizeof h + h.status_size + h.x_size * sizeof(double),
+              "the MILP solve sent back ", bytes.size(), " bytes, not its answer's");
+  Solved out;
+  out.has_solution = h.has_solution != 0;
+  out.optimal = h.optimal != 0;
+  out.infeasible = h.infeasible != 0;
+  out.time_limit = h.time_limit != 0;
+  out.objective = h.objective;
+  out.bound = h.bound;
+  out.seconds = h.seconds;
+  out.status.assign(bytes.data() + sizeof h, h.status_size);
+  out.x.resize(h.x_size);
+  std::memcpy(out.x.data(), bytes.data() + sizeof h + h.status_size, h.x_size * sizeof(double));
   return out;
 }
 
@@ -748,6 +904,10 @@ Plan plan_milp(const Simulator& sim, int64_t budget_bytes, const MilpOptions& op
                MilpReport* report) {
   REGEN_CHECK(budget_bytes > 0, "plan_milp: the budget must be positive, got ", budget_bytes,
               " bytes");
+  REGEN_CHECK(std::getenv("REGEN_MILP_PARAMS") == nullptr,
+              "REGEN_MILP_PARAMS is set, but regen no longer passes CBC parameters from it (they "
+              "went to the solver unchecked, and preprocess=on crashed CBC at short time limits): "
+              "unset it; the solver's options are the time limit (--milp-time-limit) and threads");
   const auto t0 = std::chrono::steady_clock::now();
   const Profile& p = sim.profile();
   MilpReport rep;

@@ -21,8 +21,13 @@
 // it is over the budget, the MILP is solved again with the internal budget lowered by the model's
 // error on that plan (MilpOptions::max_rounds).
 //
-// Environment: REGEN_MILP_LOG=1 shows CBC's log; REGEN_MILP_PARAMS="name=value,..." passes more
-// CBC parameters (as its command line takes them, e.g. "cuts=off,preprocess=sos").
+// The solve runs in a child process: SIGINT, SIGTERM or SIGHUP stops it at once and reaches the
+// planning process as if no solver ran (by default it dies of it; plan_milp throws otherwise), and
+// a crash inside CBC is an error, not the planning process's end.
+//
+// Environment: REGEN_MILP_LOG=1 shows CBC's log. REGEN_MILP_PARAMS, which passed any CBC
+// parameter unchecked (preprocess=on crashed CBC at short time limits), is refused: the options
+// are MilpOptions' (--milp-time-limit on the command line).
 #pragma once
 
 #include <cstdint>

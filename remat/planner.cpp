@@ -235,6 +235,17 @@ struct Evaluated {
   std::shared_ptr<const PlannedLayout> layout;
 };
 
+// The prefixes search_prefix scans first: up to 33 evenly spaced k in [0, n], 0 and n included.
+// Bisection only ever starts from one that fits, so a budget is met exactly when one of these
+// fits it (the lowest budget a prefix policy meets is the lowest over these).
+std::vector<size_t> coarse_prefixes(size_t n) {
+  constexpr size_t kCoarse = 32;
+  std::vector<size_t> points;
+  for (size_t i = 0; i <= kCoarse; ++i) points.push_back(n * i / kCoarse);
+  points.erase(std::unique(points.begin(), points.end()), points.end());
+  return points;
+}
+
 // The smallest k in [0, n] whose plan `make(k)` fits the budget. The peak usually falls as k
 // grows but not always (long regeneration chains can raise it again), so the search first scans
 // up to kCoarse evenly spaced k, then bisects between the last point that did not fit and the
@@ -252,10 +263,7 @@ Evaluated search_prefix(const Simulator& sim, size_t n, int64_t budget, BudgetOf
     lowest = std::min(lowest, peak_of(e.r, of));
     return e;
   };
-  constexpr size_t kCoarse = 32;
-  std::vector<size_t> points;
-  for (size_t i = 0; i <= kCoarse; ++i) points.push_back(n * i / kCoarse);
-  points.erase(std::unique(points.begin(), points.end()), points.end());
+  const std::vector<size_t> points = coarse_prefixes(n);
   std::vector<Evaluated> misses;
   size_t prev_k = 0;
   for (size_t k : points) {
@@ -386,67 +394,29 @@ constexpr size_t kDpSimulated = 192;
 // Budget levels of the programme (its memory resolution is the no-remat peak over this).
 constexpr int kDpLevels = 1024;
 
-// The lowest limit (reserved bytes) under which one of the plans runs, to a resolution of 1/4096
-// of `high` (which must fit: the no-remat peak). The plans tried at each limit are the few with
-// the lowest allocated peaks (the most aggressive). Remembered on the simulator.
-template <class Point, class ScheduleOf>
-int64_t dp_lowest_limit(const Simulator& sim, const std::vector<Point>& points,
-                        const ScheduleOf& schedule_of, int64_t high) {
-  std::shared_ptr<void>& slot = sim.planner_memo("dp lowest limit");
-  if (slot) return *static_cast<const int64_t*>(slot.get());
-  constexpr size_t kTried = 8;
-  std::vector<const Point*> aggressive;
-  for (const Point& pt : points) aggressive.push_back(&pt);
-  std::stable_sort(aggressive.begin(), aggressive.end(), [](const Point* a, const Point* b) {
-    return a->r.peak_allocated < b->r.peak_allocated;
-  });
-  if (aggressive.size() > kTried) aggressive.resize(kTried);
-  auto runs = [&](int64_t limit) {
-    for (const Point* pt : aggressive) {
-      if (fit_schedule(sim, schedule_of(*pt), limit, BudgetOf::reserved, &pt->r).fits) return true;
-    }
-    return false;
-  };
-  int64_t lo = aggressive.front()->r.peak_allocated - 1, hi = high;  // lo never runs
-  const int64_t step = std::max<int64_t>(1, high / 4096);
-  while (hi - lo > step) {
-    const int64_t mid = lo + (hi - lo) / 2;
-    (runs(mid) ? hi : lo) = mid;
-  }
-  slot = std::make_shared<int64_t>(hi);
-  return hi;
-}
+// The model, the programme's plans and their simulations do not depend on the budget: computed
+// once per simulator.
+struct DpPoint {
+  int64_t cand;  // -1: all retain
+  SimResult r;
+};
+struct DpMemo {
+  std::string note;
+  std::vector<ChainPlan> cands;
+  std::vector<DpPoint> points;
+  // The lowest reserved budget one of the points fits (lowest_fitting_budget), once computed.
+  int64_t lowest_reserved = -1;
+};
 
-Plan plan_dp(const Simulator& sim, const Budget& budget, BudgetOf of, bool planned) {
+DpMemo& dp_memo(const Simulator& sim) {
   const Profile& p = sim.profile();
-  Plan plan;
-  plan.policy = "dp";
-  plan.budget_text = budget.str();
-  plan.budget_of = of;
-  plan.keep_chain = false;
-  const Decisions all_retain(p.saved.size(), Decision::retain);
-  const SimResult none = sim.run(build_schedule(p, all_retain));
-  plan.no_remat_peak = peak_of(none, of);
-  plan.budget_bytes = budget.resolve(peak_of(none, of));
-  plan.lower_bound = memory_lower_bound(p);
-  struct Point {
-    int64_t cand;  // -1: all retain
-    SimResult r;
-  };
-  // The model, the programme's plans and their simulations do not depend on the budget: computed
-  // once per simulator.
-  struct Memo {
-    std::string note;
-    std::vector<ChainPlan> cands;
-    std::vector<Point> points;
-  };
   std::shared_ptr<void>& slot = sim.planner_memo("dp");
   if (!slot) {
-    auto memo = std::make_shared<Memo>();
+    auto memo = std::make_shared<DpMemo>();
     const ChainModel model = build_chain_model(p);
     memo->note = model.note;
     memo->cands = chain_plans(p, model, kDpLevels);
-    memo->points = {{-1, none}};
+    memo->points = {{-1, sim.run(build_schedule(p, Decisions(p.saved.size(), Decision::retain)))}};
     // At most kDpSimulated of them, evenly spread from the largest budget level to the lowest.
     const std::vector<ChainPlan>& cands = memo->cands;
     const size_t nc = cands.size(), take = std::min(nc, kDpSimulated);
@@ -459,14 +429,57 @@ Plan plan_dp(const Simulator& sim, const Budget& budget, BudgetOf of, bool plann
     }
     slot = memo;
   }
-  const Memo& memo = *static_cast<const Memo*>(slot.get());
+  return *static_cast<DpMemo*>(slot.get());
+}
+
+Schedule dp_schedule(const Profile& p, const DpMemo& memo, const DpPoint& pt) {
+  if (pt.cand < 0) return build_schedule(p, Decisions(p.saved.size(), Decision::retain));
+  const ChainPlan& c = memo.cands[static_cast<size_t>(pt.cand)];
+  return build_schedule(p, c.decisions, false, c.regenerations);
+}
+
+// The lowest budget of kind `of` one of dp's plans fits: exactly the lowest budget dp meets (it
+// tries every point against the budget).
+int64_t dp_lowest(const Simulator& sim, BudgetOf of, bool planned) {
+  DpMemo& memo = dp_memo(sim);
+  const bool cached = of == BudgetOf::reserved && !planned;
+  if (cached && memo.lowest_reserved >= 0) return memo.lowest_reserved;
+  // Each point's lowest budget is at least its allocated peak (a planned run: its requested
+  // peak): the most aggressive first, and the search for each stops at the lowest found so far.
+  auto floor_of = [&](const DpPoint& pt) {
+    return planned ? pt.r.peak_requested : pt.r.peak_allocated;
+  };
+  std::vector<const DpPoint*> order;
+  for (const DpPoint& pt : memo.points) order.push_back(&pt);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](const DpPoint* a, const DpPoint* b) { return floor_of(*a) < floor_of(*b); });
+  int64_t low = std::numeric_limits<int64_t>::max();
+  for (const DpPoint* pt : order) {
+    if (floor_of(*pt) >= low) break;
+    low = std::min(low, lowest_fitting_budget(sim, dp_schedule(sim.profile(), memo, *pt), of,
+                                              &pt->r, planned, low));
+  }
+  if (cached) memo.lowest_reserved = low;
+  return low;
+}
+
+Plan plan_dp(const Simulator& sim, const Budget& budget, BudgetOf of, bool planned) {
+  const Profile& p = sim.profile();
+  Plan plan;
+  plan.policy = "dp";
+  plan.budget_text = budget.str();
+  plan.budget_of = of;
+  plan.keep_chain = false;
+  const Decisions all_retain(p.saved.size(), Decision::retain);
+  const DpMemo& memo = dp_memo(sim);
+  const SimResult& none = memo.points.front().r;
+  plan.no_remat_peak = peak_of(none, of);
+  plan.budget_bytes = budget.resolve(peak_of(none, of));
+  plan.lower_bound = memory_lower_bound(p);
+  using Point = DpPoint;
   const std::vector<ChainPlan>& cands = memo.cands;
   const std::vector<Point>& points = memo.points;
-  auto schedule_of = [&](const Point& pt) {
-    return pt.cand < 0 ? build_schedule(p, all_retain)
-                       : build_schedule(p, cands[static_cast<size_t>(pt.cand)].decisions, false,
-                                        cands[static_cast<size_t>(pt.cand)].regenerations);
-  };
+  auto schedule_of = [&](const Point& pt) { return dp_schedule(p, memo, pt); };
   // Fastest first (ties: the lower peak, then the earlier, larger-budget plan).
   std::vector<const Point*> order;
   for (const Point& pt : points) order.push_back(&pt);
@@ -549,7 +562,7 @@ Plan plan_dp(const Simulator& sim, const Budget& budget, BudgetOf of, bool plann
         // Under a limit a plan can reserve far less than it does unlimited, so the lowest peak
         // is the lowest limit any plan runs under. The answer is the one for that limit (the
         // same plan and peak), which keeps the frontier monotone past it.
-        const auto low = dp_lowest_limit(sim, points, schedule_of, plan.no_remat_peak);
+        const int64_t low = dp_lowest(sim, of, false);
         for (const Point* pt : order) {
           PlanFit f = fit_schedule(sim, schedule_of(*pt), low, of, &pt->r);
           if (f.fits) {
@@ -599,6 +612,44 @@ bool better(const Plan& a, const Plan& b) {
   return a.predicted.time_ms < b.predicted.time_ms;
 }
 
+// The lowest budget (of options.budget_of) a built-in policy meets: the lowest over the plans its
+// search tries at every budget of that budget's fit (search_prefix's coarse prefixes for blocks
+// and mutwo, in each chain mode it plans; sqrt's and none's one plan; every dp point).
+int64_t builtin_lowest(const Simulator& sim, const std::string& policy,
+                       const PlanOptions& options) {
+  const Profile& p = sim.profile();
+  const BudgetOf of = options.budget_of;
+  const bool planned = options.planned_layout;
+  if (policy == "dp" || policy == "milp") return dp_lowest(sim, of, planned);
+  const Decisions all_retain(p.saved.size(), Decision::retain);
+  if (policy == "none")
+    return lowest_fitting_budget(sim, build_schedule(p, all_retain), of, nullptr, planned);
+  const bool keep = options.chain != Chain::drop;
+  if (policy == "sqrt")
+    return lowest_fitting_budget(sim, build_schedule(p, sqrt_segments(p), keep), of, nullptr,
+                                 planned);
+  REGEN_ASSERT(policy == "blocks" || policy == "mutwo");
+  std::vector<int32_t> picks;
+  if (policy == "mutwo") {
+    for (const MutwoPick& m : mutwo_picks(p)) picks.push_back(m.saved);
+  }
+  const size_t n = policy == "blocks" ? p.blocks.size() : picks.size();
+  std::vector<bool> modes = {keep};
+  if (policy == "mutwo" && options.chain == Chain::automatic) modes = {true, false};
+  int64_t low = std::numeric_limits<int64_t>::max();
+  for (const bool keep_chain : modes) {
+    for (const size_t k : coarse_prefixes(n)) {
+      const Decisions d = policy == "blocks" ? blocks_prefix(p, k) : prefix_of(p, picks, k);
+      const Schedule s = build_schedule(p, d, keep_chain);
+      const SimResult r = sim.run(s);
+      // A plan's lowest budget is at least its allocated peak (a planned run: its requested one).
+      if ((planned ? r.peak_requested : r.peak_allocated) >= low) continue;
+      low = std::min(low, lowest_fitting_budget(sim, s, of, &r, planned, low));
+    }
+  }
+  return low;
+}
+
 }  // namespace
 
 Plan make_plan(const Simulator& sim, const std::string& policy, const Budget& budget, Chain chain) {
@@ -609,18 +660,22 @@ Plan make_plan(const Simulator& sim, const std::string& policy, const Budget& bu
 
 namespace {
 
-// The built-in planners (the header's list), registered below.
-Plan plan_builtin(const Simulator& sim, const std::string& policy, const Budget& budget,
-                  const PlanOptions& options) {
-  const Chain chain = options.chain;
-  const BudgetOf of = options.budget_of;
-  const bool planned = options.planned_layout;
+void check_blocks(const Simulator& sim, const std::string& policy) {
   REGEN_CHECK(
       (policy != "blocks" && policy != "sqrt") || !sim.profile().blocks.empty(), "the ", policy,
       " policy checkpoints whole blocks, and ", sim.profile().model,
       " marks none "
       "(a model marks its residual blocks or layers with BlockScope in forward): use mutwo, "
       "dp or milp");
+}
+
+// The built-in planners (the header's list), registered below.
+Plan plan_builtin(const Simulator& sim, const std::string& policy, const Budget& budget,
+                  const PlanOptions& options) {
+  const Chain chain = options.chain;
+  const BudgetOf of = options.budget_of;
+  const bool planned = options.planned_layout;
+  check_blocks(sim, policy);
   std::vector<int32_t> picks;
   if (policy == "mutwo") {
     for (const MutwoPick& m : mutwo_picks(sim.profile())) picks.push_back(m.saved);
@@ -655,16 +710,27 @@ Plan plan_builtin(const Simulator& sim, const std::string& policy, const Budget&
                     report.rounds == 1 ? "" : "s", static_cast<long long>(report.variables),
                     static_cast<long long>(report.binaries),
                     static_cast<long long>(report.constraints));
-      milp.note = buf;
-      if (plan.feasible && (!milp.feasible || plan.predicted.time_ms < milp.predicted.time_ms)) {
-        char why[160];
-        std::snprintf(why, sizeof why,
-                      "; dp's plan (%.3f s) is faster: the MILP's memory model "
-                      "did not accept it",
-                      plan.predicted.time_ms / 1000.0);
-        milp.note += why;
+      // The answer is never worse than dp's, from which the solver starts: where the MILP's
+      // memory model refuses dp's plan (large blocks land where the plan puts them), or proves
+      // the budget out of its reach while dp's plan fits, or the MILP returns nothing that fits
+      // and dp's lowest plan is lower, dp's plan is the answer.
+      if (better(plan, milp)) {
+        char why[240];
+        std::snprintf(
+            why, sizeof why,
+            "; dp's plan kept (%s %s, step %.3f s; the MILP's: %s %s, step %.3f s)%s",
+            plan.feasible ? "fits at" : "peak", format_bytes(peak_of(plan.predicted, of)).c_str(),
+            plan.predicted.time_ms / 1000.0, milp.feasible ? "fits at" : "peak",
+            format_bytes(peak_of(milp.predicted, of)).c_str(), milp.predicted.time_ms / 1000.0,
+            plan.feasible ? ": the MILP's memory model did not accept it" : "");
+        plan.note = buf;
+        plan.note += why;
+        plan.lowest_peak = std::min(plan.lowest_peak, milp.lowest_peak);
+      } else {
+        milp.note = buf;
+        milp.lowest_peak = std::min(plan.lowest_peak, milp.lowest_peak);
+        plan = std::move(milp);
       }
-      plan = std::move(milp);
     }
   } else if (chain == Chain::automatic && policy == "mutwo") {
     Plan keep = plan_in_mode(sim, policy, budget, of, planned, true, picks);
@@ -687,6 +753,38 @@ Plan plan_builtin(const Simulator& sim, const std::string& policy, const Budget&
   if (!plan.feasible && policy != "dp" && policy != "milp") plan.note.clear();
   if (!chain_note.empty()) plan.note += (plan.note.empty() ? "" : "; ") + chain_note;
   return plan;
+}
+
+Budget bytes_budget(int64_t bytes) {
+  Budget b;
+  b.kind = Budget::Kind::bytes;
+  b.value = static_cast<double>(bytes);
+  return b;
+}
+
+// A built-in policy's plan at its lowest budget. milp meets every budget dp meets (its answer is
+// never worse than dp's); below dp's lowest it bisects towards the lower bound with up to
+// kMilpLowestSolves solves (the MILP's model admits more plans as the budget grows), each answer
+// judged by exact simulation, and keeps the lowest budget it met.
+constexpr int kMilpLowestSolves = 6;
+Plan builtin_lowest_plan(const Simulator& sim, const std::string& policy,
+                         const PlanOptions& options) {
+  check_blocks(sim, policy);
+  Plan best =
+      plan_builtin(sim, policy, bytes_budget(builtin_lowest(sim, policy, options)), options);
+  if (policy != "milp" || !best.feasible) return best;
+  int64_t lo = memory_lower_bound(sim.profile()) - 1, hi = best.budget_bytes;  // lo never fits
+  for (int i = 0; i < kMilpLowestSolves && hi - lo > std::max<int64_t>(4096, hi / 1000); ++i) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    Plan at = plan_builtin(sim, policy, bytes_budget(mid), options);
+    if (at.feasible) {
+      hi = mid;
+      best = std::move(at);
+    } else {
+      lo = mid;
+    }
+  }
+  return best;
 }
 
 struct PlannerRegistry {
@@ -712,10 +810,13 @@ PlannerRegistry& planners() {
     };
     for (const auto& [name, help] : builtin) {
       const std::string n = name;
-      reg.planners.push_back(
-          {n, help, [n](const Simulator& sim, const Budget& b, const PlanOptions& o) {
-             return plan_builtin(sim, n, b, o);
-           }});
+      reg.planners.push_back({n, help,
+                              [n](const Simulator& sim, const Budget& b, const PlanOptions& o) {
+                                return plan_builtin(sim, n, b, o);
+                              },
+                              [n](const Simulator& sim, const PlanOptions& o) {
+                                return builtin_lowest_plan(sim, n, o);
+                              }});
     }
     reg.builtin = reg.planners.size();
     return reg;
@@ -811,26 +912,110 @@ void judge_loaded_plan(const Simulator& sim, Plan& plan) {
   plan.no_remat_peak = no_remat_peak_of(sim, plan.budget_of);
 }
 
-Plan make_plan(const Simulator& sim, const std::string& policy, const Budget& budget,
-               const PlanOptions& options) {
+namespace {
+// make_plan's last step for any planner's plan: the policy name, the note of a plan that does not
+// fit, the planned-layout check and the planning time since t0.
+Plan finish_policy_plan(const Simulator& sim, const std::string& policy, Plan plan,
+                        const Budget& budget, const PlanOptions& options,
+                        std::chrono::steady_clock::time_point t0);
+}  // namespace
+
+namespace {
+
+// The plan at the lowest budget of a planner registered without a LowestFn: its answer to an
+// impossible budget is the lowest it aims for, so the lowest budget that plan fits, if the planner
+// then meets it; else the no-remat plan's.
+Plan searched_lowest_plan(const PlannerInfo& planner, const Simulator& sim,
+                          const PlanOptions& options) {
+  const Profile& p = sim.profile();
+  Plan probe = planner.plan(sim, bytes_budget(1), options);
+  check_plan_decisions(probe, p);
+  Plan none;
+  none.decisions.assign(p.saved.size(), Decision::retain);
+  Plan plan;
+  for (const Plan* draft : {&probe, &none}) {
+    const int64_t low = lowest_fitting_budget(sim, plan_schedule(p, *draft), options.budget_of,
+                                              nullptr, options.planned_layout);
+    plan = planner.plan(sim, bytes_budget(low), options);
+    if (plan.feasible) break;
+  }
+  return plan;
+}
+
+// The lowest budget `policy` meets with `options`, for the note of a plan that does not fit;
+// remembered on the simulator. milp: dp's, which it meets (searching below it takes MILP solves;
+// lowest_plan does). The second member says whether it is the policy's own lowest.
+std::pair<int64_t, bool> noted_lowest(const Simulator& sim, const std::string& policy,
+                                      const PlanOptions& options) {
+  const PlannerInfo& planner = planner_info(policy);
+  const bool milp = policy == "milp" && planner.lowest;
+  const std::string key = "lowest " + (milp ? std::string("dp") : policy) + " " +
+                          chain_names()[static_cast<size_t>(options.chain)] + " " +
+                          budget_of_name(options.budget_of) +
+                          (options.planned_layout ? " planned" : " caching");
+  std::shared_ptr<void>& slot = sim.planner_memo(key);
+  if (!slot) {
+    int64_t low = 0;
+    if (milp) {
+      low = builtin_lowest(sim, "dp", options);
+    } else if (planner.lowest) {
+      low = planner.lowest(sim, options).budget_bytes;
+    } else {
+      low = searched_lowest_plan(planner, sim, options).budget_bytes;
+    }
+    slot = std::make_shared<int64_t>(low);
+  }
+  return {*static_cast<const int64_t*>(slot.get()), !milp};
+}
+
+}  // namespace
+
+Plan lowest_plan(const Simulator& sim, const std::string& policy, const PlanOptions& options) {
   const auto t0 = std::chrono::steady_clock::now();
   const PlannerInfo& planner = planner_info(policy);
-  Plan plan = planner.plan(sim, budget, options);
+  Plan plan =
+      planner.lowest ? planner.lowest(sim, options) : searched_lowest_plan(planner, sim, options);
+  REGEN_CHECK(plan.feasible && plan.budget_bytes > 0, "planner '", policy,
+              "' meets no budget it was asked for on ", sim.profile().model,
+              ", not even the no-remat peak (its plan there: ", plan.note, ")");
+  return finish_policy_plan(sim, policy, std::move(plan), Budget::parse("lowest"), options, t0);
+}
+
+Plan make_plan(const Simulator& sim, const std::string& policy, const Budget& budget,
+               const PlanOptions& options) {
+  if (budget.kind == Budget::Kind::lowest) return lowest_plan(sim, policy, options);
+  const auto t0 = std::chrono::steady_clock::now();
+  const PlannerInfo& planner = planner_info(policy);
+  return finish_policy_plan(sim, policy, planner.plan(sim, budget, options), budget, options, t0);
+}
+
+namespace {
+
+Plan finish_policy_plan(const Simulator& sim, const std::string& policy, Plan plan,
+                        const Budget& budget, const PlanOptions& options,
+                        std::chrono::steady_clock::time_point t0) {
   REGEN_CHECK(plan.decisions.size() == sim.profile().saved.size(), "planner '", policy,
               "' returned ", plan.decisions.size(), " decisions for ", sim.profile().saved.size(),
               " saved tensors");
   plan.policy = policy;
   const BudgetOf of = plan.budget_of;
+  // lowest_peak: the lowest budget the policy meets, for a plan that does not fit (what to ask
+  // for instead) and a plan at that budget; 0 for any other plan that fits (lowest_plan finds it).
+  plan.lowest_peak = 0;
+  if (budget.kind == Budget::Kind::lowest) {
+    plan.budget_text = budget.str();
+    plan.lowest_peak = plan.budget_bytes;
+  }
   if (!plan.feasible) {
-    // The note's lowest peak covers both chain modes. A planner's own note (what it modelled)
-    // follows.
+    const auto [low, own_lowest] = noted_lowest(sim, policy, options);
+    plan.lowest_peak = low;
+    // A planner's own note (what it modelled) follows.
     const std::string own = plan.note;
     plan.note = "budget " + format_bytes(plan.budget_bytes) + " (" + budget_of_name(of) +
-                ") cannot be met by " + policy + ": lowest " + budget_of_name(of) +
-                " peak reached " + format_bytes(plan.lowest_peak) + ", lower bound " +
-                format_bytes(plan.lower_bound) +
-                " allocated (persistent memory, the batch and the "
-                "largest single-op working set)" +
+                ") cannot be met by " + policy + ": the lowest " + budget_of_name(of) +
+                " budget it meets is " + (own_lowest ? "" : "at most ") + format_bytes(low) +
+                (own_lowest ? "" : " (dp's lowest)") + "; lower bound " +
+                format_bytes(plan.lower_bound) + " allocated (what no plan can free)" +
                 (own.empty() ? "" : "; " + own);
   }
   const std::string blockers = recompute_blockers(sim.profile());
@@ -844,5 +1029,7 @@ Plan make_plan(const Simulator& sim, const std::string& policy, const Budget& bu
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   return plan;
 }
+
+}  // namespace
 
 }  // namespace regen

@@ -29,13 +29,15 @@
 
 namespace regen {
 
-// "2GiB", "1.5GB", "123456" (bytes) or "60%" (of the no-remat peak); "" or "none" for none.
+// "2GiB", "1.5GB", "123456" (bytes) or "60%" (of the no-remat peak); "" or "none" for none;
+// "lowest": the lowest budget the policy meets (make_plan finds it: lowest_plan).
 struct Budget {
-  enum class Kind { none, bytes, fraction } kind = Kind::none;
+  enum class Kind { none, bytes, fraction, lowest } kind = Kind::none;
   double value = 0;
   static Budget parse(const std::string& text);
   std::string str() const;
-  // Bytes for a given no-remat peak (0 for none).
+  // Bytes for a given no-remat peak (0 for none). Throws regen::Error for lowest, which only a
+  // planner can resolve (make_plan).
   int64_t resolve(int64_t no_remat_peak) const;
 };
 
@@ -76,6 +78,18 @@ struct PlanFit {
 PlanFit fit_schedule(const Simulator& sim, const Schedule& s, int64_t budget, BudgetOf of,
                      const SimResult* unlimited = nullptr, bool planned_layout = false);
 constexpr int kLimitProbes = 8;
+// The lowest budget of kind `of` under which fit_schedule finds that `s` fits, exactly (feasibility
+// is not monotone in a reserved budget, so no bisection): its allocated peak for an allocated
+// budget, its planned run's peak with planned_layout, and for a reserved budget the lowest limit
+// at or above its allocated peak under which it runs, found by stepping from each limit that runs
+// out of memory to the lowest reserved total that limit refused (SimResult::next_limit): every
+// limit between the two runs the step the same way. A budget there fits (fit_schedule tries the
+// budget's own limit first), one byte less does not. With `below` > 0 the search stops at `below`
+// and returns a value >= below when the schedule fits nothing lower. `unlimited`: the schedule's
+// run without a limit, when the caller has it.
+int64_t lowest_fitting_budget(const Simulator& sim, const Schedule& s, BudgetOf of,
+                              const SimResult* unlimited = nullptr, bool planned_layout = false,
+                              int64_t below = 0);
 // The allocator limit a plan that fits a reserved budget runs under: the one its prediction was
 // simulated under (fit_schedule), else the budget itself (the step never reaches it).
 inline int64_t limit_for(const SimResult& predicted, int64_t budget) {
@@ -103,8 +117,11 @@ struct Plan {
   bool feasible = true;                     // fits the budget (always true without a budget)
   SimResult predicted;                      // exact simulation of this plan (under `limit`)
   int64_t no_remat_peak = 0;                // of the budget's kind, as the peaks below
-  int64_t lowest_peak = 0;                  // lowest peak any plan the planner tried reached
-  int64_t lower_bound = 0;                  // persistent memory + the largest single-op working set
+  // For a plan that does not fit, and a plan for the budget "lowest": the lowest budget of its
+  // kind the policy meets (lowest_plan; milp: dp's, which it meets); 0 for other plans. Inside a
+  // planner, before make_plan sets it, the lowest peak of the plans it tried.
+  int64_t lowest_peak = 0;
+  int64_t lower_bound = 0;  // memory_lower_bound: no plan's peak goes below it
   double planning_ms = 0;
   std::string note;  // why infeasible, or what was chosen
   int64_t recomputed() const;
@@ -170,10 +187,14 @@ struct PlanOptions {
 // which simulates it exactly and fills in the rest; make_plan then adds the planning time, and a
 // note for a plan that does not fit.
 using PlannerFn = std::function<Plan(const Simulator&, const Budget&, const PlanOptions&)>;
+// The planner's plan at the lowest budget (of options.budget_of) it meets with those options, with
+// budget_bytes that budget (lowest_plan).
+using LowestFn = std::function<Plan(const Simulator&, const PlanOptions&)>;
 struct PlannerInfo {
   std::string name;  // what --policy takes: letters, digits, '-' and '_'
   std::string help;  // one line, for --help and error messages
   PlannerFn plan;
+  LowestFn lowest = nullptr;  // optional: without it lowest_plan searches (see there)
 };
 // Adds a planner under its name: make_plan, RematPipeline::plan and every --policy flag then
 // know it. Throws regen::Error for a name already taken or not of the form above.
@@ -189,15 +210,30 @@ std::string planner_help();
 Plan finish_plan(const Simulator& sim, Plan draft, const Budget& budget,
                  const PlanOptions& options);
 
-// Throws regen::Error listing the policies for an unknown name.
+// Throws regen::Error listing the policies for an unknown name. A budget of kind lowest plans at
+// the lowest budget the policy meets (lowest_plan).
 Plan make_plan(const Simulator& sim, const std::string& policy, const Budget& budget,
                const PlanOptions& options);
+
+// The policy's plan at the lowest budget (of options.budget_of) it meets: budget_text "lowest",
+// budget_bytes that budget, feasible. A reserved budget's feasibility is not monotone (a limit
+// close above a step's allocated peak can run out of memory where a lower one does not;
+// docs/memory.md), so no search by bisection finds it: none, blocks, sqrt, mutwo and dp compute it
+// exactly from the plans their search tries at any budget (the lowest budget each fits,
+// lowest_fitting_budget); one byte less and the policy returns no plan that fits. milp meets every
+// budget dp meets and searches below dp's lowest with a few solves: the lowest it found. A planner
+// registered without a LowestFn is asked for a plan at an impossible budget, and the answer is the
+// lowest budget that plan fits, if the planner then meets it (else the no-remat plan's): the
+// lowest found, not proven. Throws regen::Error when the policy meets none of those.
+Plan lowest_plan(const Simulator& sim, const std::string& policy, const PlanOptions& options);
 Plan make_plan(const Simulator& sim, const std::string& policy, const Budget& budget,
                Chain chain = Chain::automatic);
 
-// Persistent bytes at iteration start + the batch + the largest single-op working set (inputs
-// and saved operands plus the op's own peak allocation): a floor no rematerialization plan of the
-// profiled iteration can go below.
+// Allocated bytes no plan of the profiled iteration goes below, whatever its budget, chain mode,
+// regenerations or layout: the highest level, over the points of the event log, of what every plan
+// holds there (the persistent blocks, every block no plan can evict, and the candidates every plan
+// must have resident: through the forward pass until their last forward reader, during the
+// backward of each node reading them), each block at its rounded request (docs/remat.md).
 int64_t memory_lower_bound(const Profile& p);
 
 // plan.json (atomic write); load checks it against the profile it is used with.

@@ -163,6 +163,7 @@ SimResult Simulator::run(const Schedule& s, const SimOptions& opt) const {
       res.oom_at = "iteration_begin";
       res.peak_allocated = sim.stats().allocated.peak;
       res.peak_reserved = sim.stats().reserved.peak;
+      res.next_limit = sim.lowest_refused();
       return res;
     }
   }
@@ -297,6 +298,7 @@ SimResult Simulator::run(const Schedule& s, const SimOptions& opt) const {
     }
   }
   res.cache_flushes = sim.stats().num_cache_flushes - flushes_before;
+  if (opt.limit > 0) res.next_limit = sim.lowest_refused();
 
   const MemoryStats st = sim.stats();
   res.peak_allocated = st.allocated.peak;

@@ -44,6 +44,10 @@ struct SimResult {
   std::string oom_message, oom_at;
   int64_t cache_flushes = 0;  // times the allocator emptied its cache to stay under the limit
   int64_t limit = 0;          // the hard limit it was simulated under (SimOptions::limit; 0: none)
+  // With a limit: the lowest limit above it under which the step could run otherwise (the lowest
+  // reserved total it refused, CachingAllocator::lowest_refused); 0 when it refused nothing, and
+  // then every higher limit runs the step exactly as this one did.
+  int64_t next_limit = 0;
 };
 
 struct SimOptions {

@@ -243,6 +243,8 @@ inline void check_model(const ModelConfig& cfg, int64_t batch,
         for (size_t i = 0; i < got.memory.size(); ++i) {
           CHECK(got.memory[i].allocated.peak == plan.predicted.peak_allocated);
           CHECK(got.memory[i].reserved.peak == plan.predicted.peak_reserved);
+          // No plan goes below the lower bound (docs/remat.md).
+          CHECK(got.memory[i].allocated.peak >= plan.lower_bound);
         }
         CHECK(pipe.executor()->replays() == plan.predicted.replays);
         if (plan.feasible && plan.budget_bytes > 0) {

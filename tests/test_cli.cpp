@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <csignal>
 #include <cstdint>
@@ -28,6 +29,7 @@
 #include "regen/core/io.h"
 #include "regen/core/safetensors.h"
 #include "regen/remat/executor.h"
+#include "regen/remat/milp.h"
 #include "regen/remat/planner.h"
 #include "regen/remat/profiler.h"
 #include "tests/test_util.h"
@@ -1248,4 +1250,82 @@ TEST_CASE(
   CHECK(e.find("the plan (dp, budget 80%") != std::string::npos);
   CHECK(e.find("reached at bwd_begin somewhere") != std::string::npos);
   CHECK(allocator_for(Device::cpu()).limit() == 0);  // the limit ends with the run
+}
+
+// Ctrl-C while `regen plan --policy milp` solves. CBC and Clp install SIGINT handlers of their own
+// while they run, which swallowed it: the solve went on to its time limit, the plan was written and
+// the exit status was 0. Now CBC runs in a child process: SIGINT to the process group (what Ctrl-C
+// sends) while the solver's process is alive kills regen with SIGINT (130 in a shell), the
+// solver's process is gone with it, and neither output exists. A plan that ran to its time limit
+// (30 s here) would fail all three checks.
+TEST_CASE("cli: SIGINT stops plan --policy milp: regen dies of it and writes nothing") {
+  if (!milp_available()) return;
+  TempDir dir;
+  REQUIRE(regen_run(dir, {"profile", "--model", "transformer-tiny", "--batch", "4", "--iterations",
+                          "1", "--out", dir.path})
+              .status == 0);
+  const std::string profile = dir.file("profile.json"), plan = dir.file("plan.json"),
+                    decisions = dir.file("decisions.csv");
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    ::setpgid(0, 0);  // its own process group, as a job in a shell
+    for (int sig : {SIGINT, SIGTERM, SIGHUP}) ::signal(sig, SIG_DFL);
+    const int null = ::open("/dev/null", O_WRONLY);
+    ::dup2(null, 1);
+    ::dup2(null, 2);
+    // 70% of the allocated no-remat peak: a solve of tens of seconds on transformer-tiny.
+    ::execl(REGEN_BINARY, "regen", "plan", "--profile", profile.c_str(), "--policy", "milp",
+            "--budget", "70%", "--budget-of", "allocated", "--milp-time-limit", "30", "--out",
+            plan.c_str(), "--decisions", decisions.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  ::setpgid(child, child);
+  // The solver's process: regen's child, once it exists (dp plans first, in regen itself).
+  pid_t solver = -1;
+  int status = 0;
+  bool exited = false;
+  const std::string children =
+      "/proc/" + std::to_string(child) + "/task/" + std::to_string(child) + "/children";
+  for (int i = 0; i < 60000 && solver < 0 && !exited; ++i) {
+    FILE* f = std::fopen(children.c_str(), "r");
+    if (f) {
+      long id = 0;
+      if (std::fscanf(f, "%ld", &id) == 1) solver = static_cast<pid_t>(id);
+      std::fclose(f);
+    }
+    if (solver < 0) {
+      exited = ::waitpid(child, &status, WNOHANG) == child;
+      ::usleep(1000);
+    }
+  }
+  REQUIRE_FALSE(exited);
+  REQUIRE(solver > 0);
+  ::kill(-child, SIGINT);
+  REQUIRE(::waitpid(child, &status, 0) == child);
+  CHECK(WIFSIGNALED(status));
+  if (WIFSIGNALED(status)) CHECK(WTERMSIG(status) == SIGINT);
+  CHECK((::kill(solver, 0) == -1 && errno == ESRCH));
+  CHECK_FALSE(std::filesystem::exists(plan));
+  CHECK_FALSE(std::filesystem::exists(decisions));
+}
+
+// REGEN_MILP_PARAMS passed any name=value to CBC unchecked (preprocess=on crashed CBC at short
+// time limits): it is refused, by name, before any solve, and nothing is written.
+TEST_CASE("cli: REGEN_MILP_PARAMS is refused") {
+  if (!milp_available()) return;
+  TempDir dir;
+  REQUIRE(regen_run(dir, {"profile", "--model", "transformer-tiny", "--batch", "2", "--iterations",
+                          "1", "--out", dir.path})
+              .status == 0);
+  ::setenv("REGEN_MILP_PARAMS", "preprocess=on", 1);
+  const Result r = regen_run(dir, {"plan", "--profile", dir.file("profile.json"), "--policy",
+                                   "milp", "--budget", "80%", "--milp-time-limit", "0.1", "--out",
+                                   dir.file("plan.json"), "--decisions", dir.file("d.csv")});
+  ::unsetenv("REGEN_MILP_PARAMS");
+  CHECK(r.status == 1);
+  CHECK(has(r.err, "REGEN_MILP_PARAMS"));
+  CHECK(has(r.err, "preprocess=on crashed CBC"));
+  CHECK_FALSE(std::filesystem::exists(dir.file("plan.json")));
+  CHECK_FALSE(std::filesystem::exists(dir.file("d.csv")));
 }

@@ -460,6 +460,51 @@ TEST_CASE("milp: a time limit of milliseconds returns a plan no slower than the 
   }
 }
 
+// milp at a budget no plan meets says so (not feasible, the note names the budget and the lowest
+// budget dp meets, which milp meets too), and its plan is the lowest it has, dp's answer there,
+// not the no-remat plan it used to return when the MILP proved the budget out of reach. Its
+// answer is never worse than dp's, and `lowest` gives a budget it meets, at most dp's lowest.
+TEST_CASE("milp: an infeasible budget is reported, with the lowest plan, never worse than dp") {
+  if (!milp_available()) return;
+  const Profile profile = profile_of(model_preset("transformer-tiny"), 4, 1);
+  const Simulator sim(profile);
+  for (const BudgetOf of : {BudgetOf::allocated, BudgetOf::reserved}) {
+    PlanOptions o;
+    o.budget_of = of;
+    o.milp_time_limit_s = 2;
+    CAPTURE(std::string(budget_of_name(of)));
+    const Plan dp = make_plan(sim, "dp", Budget::parse("1"), o);
+    const Plan milp = make_plan(sim, "milp", Budget::parse("1"), o);
+    CAPTURE(milp.note);
+    CHECK_FALSE(milp.feasible);
+    CHECK(milp.policy == "milp");
+    CHECK(milp.note.find("cannot be met by milp") != std::string::npos);
+    CHECK(milp.note.find("at most " + format_bytes(dp.lowest_peak) + " (dp's lowest)") !=
+          std::string::npos);
+    CHECK(milp.lowest_peak == dp.lowest_peak);
+    CHECK(peak_of(milp.predicted, of) <= peak_of(dp.predicted, of));
+    if (of == BudgetOf::allocated) {
+      CHECK(milp.recomputed() > 0);
+      CHECK(milp.predicted.peak_allocated < milp.no_remat_peak);
+    }
+    const Plan low = make_plan(sim, "milp", Budget::parse("lowest"), o);
+    CHECK(low.feasible);
+    CHECK(low.budget_text == "lowest");
+    CHECK(low.budget_bytes <= dp.lowest_peak);
+    CHECK(peak_of(low.predicted, of) <= low.budget_bytes);
+    // Budgets dp meets, milp meets no slower.
+    for (const char* b : {"95%", "80%"}) {
+      const Plan d = make_plan(sim, "dp", Budget::parse(b), o);
+      const Plan m = make_plan(sim, "milp", Budget::parse(b), o);
+      CAPTURE(b);
+      if (d.feasible) {
+        CHECK(m.feasible);
+        CHECK(m.predicted.time_ms <= d.predicted.time_ms + 1e-9);
+      }
+    }
+  }
+}
+
 TEST_CASE(
     "milp: transformer-tiny (batch 4): budgets met, bitwise training, exact peaks, no slower than "
     "mutwo") {

@@ -31,7 +31,9 @@ void setup(CLI::App& app) {
                  "rematerialization policy, one of the registered planners: " + planner_help())
       ->check(CLI::IsMember(policy_names()))
       ->capture_default_str();
-  app.add_option("--budget", f->budget, "bytes (2GiB, 1.5GB) or a % of the no-remat peak (60%)")
+  app.add_option("--budget", f->budget,
+                 "bytes (2GiB, 1.5GB), a % of the no-remat peak (60%), or lowest (the lowest "
+                 "budget the policy meets)")
       ->check(budget_text());
   app.add_option("--chain", f->chain,
                  "what a regeneration keeps of the evicted tensors it recomputes on the way: keep "

@@ -80,9 +80,7 @@ void run(const Flags& f) {
                 "' is the baseline every batch runs anyway (use blocks, sqrt, mutwo, with an "
                 "optional :auto, :keep or :drop chain mode)");
   }
-  for (const std::string& b : budgets) {
-    if (b != "lowest") Budget::parse(b);  // fails early on a bad budget
-  }
+  for (const std::string& b : budgets) Budget::parse(b);  // fails early on a bad budget
   const std::string math = math_mode(f.m, resolve_device(f.m.device));
   // The flags are right: the folder now. A second sweep into it stops here; a failed sweep leaves
   // it as it was (every output is committed together at the end, and a folder it made is removed).
@@ -140,14 +138,17 @@ void run(const Flags& f) {
       for (const std::string& btext : budgets) {
         Plan plan;
         if (btext == "lowest") {
-          // The lowest peak the policy reaches, plus 1% (the very lowest often costs many times
-          // the step time for a few MiB): the fastest plan that fits that.
-          const Plan probe = make_plan(sim, spec.policy, Budget::parse("1"), po);
+          // The lowest budget the policy meets, plus 1% (the very lowest often costs many times
+          // the step time for a few MiB): the fastest plan that fits that. A reserved budget's
+          // feasibility is not monotone, so 1% more may not be met: then the lowest itself.
+          const Plan lowest = make_plan(sim, spec.policy, Budget::parse("lowest"), po);
           Budget b;
           b.kind = Budget::Kind::bytes;
-          b.value = std::floor(static_cast<double>(probe.lowest_peak) * 1.01);
+          b.value = std::floor(static_cast<double>(lowest.budget_bytes) * 1.01);
           plan = make_plan(sim, spec.policy, b, po);
+          if (!plan.feasible || plan.predicted.time_ms > lowest.predicted.time_ms) plan = lowest;
           plan.budget_text = "lowest";
+          plan.lowest_peak = lowest.budget_bytes;
         } else {
           plan = make_plan(sim, spec.policy, Budget::parse(btext), po);
         }
@@ -260,7 +261,7 @@ void setup(CLI::App& app) {
       ->capture_default_str();
   app.add_option("--budget,--budgets", f->budgets,
                  "comma-separated budgets: bytes, % of the no-remat peak, or lowest (the lowest "
-                 "peak the policy reaches, within 1%, at the least recomputation)")
+                 "budget the policy meets, within 1%, at the least recomputation)")
       ->capture_default_str();
   add_budget_of_flag(app, f->budget_of);
   add_layout_flag(app, f->layout);

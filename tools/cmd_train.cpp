@@ -303,8 +303,8 @@ void setup(CLI::App& app) {
       ->check(CLI::IsMember(policy_names()))
       ->capture_default_str();
   app.add_option("--budget", f->budget,
-                 "memory budget: bytes (2GiB, 1.5GB) or a % of the "
-                 "no-remat peak (60%)")
+                 "memory budget: bytes (2GiB, 1.5GB), a % of the no-remat peak (60%), or lowest "
+                 "(the lowest budget the policy meets)")
       ->check(budget_text());
   add_budget_of_flag(app, f->budget_of);
   add_layout_flag(app, f->layout);

@@ -89,6 +89,7 @@ def test_simulate_equals_plan_and_execution_measures_it(profiles, cfg, budget_of
         for r in results:
             assert r.peak_allocated == plan.peak_allocated, (policy, budget)
             assert r.peak_reserved == plan.peak_reserved, (policy, budget)
+            assert r.peak_allocated >= p.lower_bound, (policy, budget)
         if plan.recomputed:
             assert m.executor["replays"] == plan.predicted.replays
         del m
@@ -99,6 +100,20 @@ def test_some_budgets_recompute(profiles):
     for cfg in (RESNET, TRANSFORMER):
         plan = regen.plan(profiles[cfg["name"]], "dp", "60%", budget_of="allocated")
         assert plan.feasible and plan.recomputed > 0
+
+
+@pytest.mark.parametrize("budget_of", ["reserved", "allocated"])
+def test_lowest_is_the_lowest_budget_met(profiles, budget_of):
+    # 'lowest': the lowest budget the policy meets; one byte less is not met, and that plan's
+    # lowest_peak names it. No plan goes below the lower bound.
+    p = profiles["resnet-tiny"]
+    for policy in ["blocks", "mutwo", "dp"]:
+        low = regen.plan(p, policy, "lowest", budget_of=budget_of)
+        assert low.feasible and low.lowest_peak == low.budget_bytes >= p.lower_bound, policy
+        assert regen.plan(p, policy, low.budget_bytes, budget_of=budget_of).feasible, policy
+        below = regen.plan(p, policy, low.budget_bytes - 1, budget_of=budget_of)
+        assert not below.feasible and below.lowest_peak == low.budget_bytes, policy
+        assert below.peak_allocated >= p.lower_bound
 
 
 def test_timeline_and_peak_details(profiles):
