@@ -32,6 +32,9 @@ struct ProfileHandle {
   ProfileHandle& operator=(const ProfileHandle&) = delete;
   const Profile profile;
   const Simulator sim;
+  // What planners find on it whatever the budget (regen.plan passes it: dp's programme is built
+  // once per profile).
+  mutable PlanCache cache;
   // The simulated no-remat peak of that kind (what a percentage budget is of), simulated once.
   int64_t no_remat_peak(BudgetOf of) const;
   // The handle whose simulator is `sim`, if Python holds one (a planner written in Python is

@@ -203,7 +203,7 @@ ProfilePtr make_profile_handle(Profile p) {
   return h;
 }
 
-ProfileHandle::ProfileHandle(Profile p) : profile(std::move(p)), sim(profile) {}
+ProfileHandle::ProfileHandle(Profile p) : profile(std::move(p)), sim(profile), cache(sim) {}
 ProfileHandle::~ProfileHandle() {
   owners().erase(&sim);
 }
@@ -611,6 +611,7 @@ limit in bytes instead. Returns a Simulation; its peaks are what executing the d
         REGEN_CHECK(milp_threads >= 1, "plan: milp_threads must be >= 1, got ", milp_threads);
         o.milp_time_limit_s = milp_time_limit;
         o.milp_threads = milp_threads;
+        o.cache = &profile->cache;
         return PlanHandle{make_plan(profile->sim, policy, budget_from(budget), o), profile};
       },
       pb::arg("profile"), pb::arg("policy"), pb::arg("budget") = pb::none(), pb::kw_only(),

@@ -1,5 +1,7 @@
 // Stage 2: planners behind one interface. Each returns a Plan: a RETAIN/RECOMPUTE decision per
-// saved tensor, checked against the budget with the exact simulator.
+// saved tensor, checked against the budget with the exact simulator. Planners are registered by
+// name (register_planner); the built-in ones sit in remat/planners/, one file each, registered
+// through the same PlannerInfo, and share the parts in planner_parts.h:
 //   none    retain everything
 //   blocks  torch.utils.checkpoint per residual block / encoder layer: keep each block's input,
 //           recompute its inside; with a budget, blocks are checkpointed in forward order until
@@ -22,6 +24,9 @@
 #pragma once
 
 #include <functional>
+#include <map>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -144,6 +149,8 @@ Chain parse_chain(const std::string& text);
 // The registered planners' names, built-in ones first ("none", "blocks", "sqrt", "mutwo", "dp",
 // "milp"), then those a program registered, in registration order (register_planner below).
 std::vector<std::string> policy_names();
+// The same without "none": the policies that rematerialize (for help texts and error messages).
+std::vector<std::string> remat_policy_names();
 
 // "policy" or "policy:chain" (as `regen sweep --policies` takes them, e.g. mutwo:drop for
 // mu-TWO's own chain semantics). Throws regen::Error naming the bad part.
@@ -169,6 +176,29 @@ struct MutwoPick {
 // simulated peak fits the budget).
 std::vector<MutwoPick> mutwo_picks(const Profile& p);
 
+// What planners compute on one profile whatever the budget, kept between their calls: dp's
+// programme and the simulations of its plans, mu-TWO's greedy order, the lowest budgets found for
+// the notes of plans that do not fit. The caller makes one for a simulator and passes it in
+// PlanOptions::cache to every plan it makes on that simulator (a frontier of 40 budgets builds dp's
+// programme once); make_plan makes one for the call when none is given. Not thread-safe: one
+// planner call at a time per cache.
+struct DpCache;  // remat/planners/dp.h
+class PlanCache {
+ public:
+  explicit PlanCache(const Simulator& sim);
+  ~PlanCache();
+  PlanCache(const PlanCache&) = delete;
+  PlanCache& operator=(const PlanCache&) = delete;
+  const Simulator& simulator() const { return *sim_; }
+  DpCache& dp();  // made on first use; dp fills it
+  std::optional<std::vector<MutwoPick>> mutwo_picks;
+  std::map<std::string, int64_t> lowest;  // by policy, chain mode, budget kind and layout
+
+ private:
+  const Simulator* sim_;
+  std::unique_ptr<DpCache> dp_;
+};
+
 // What a policy may be told beyond the budget.
 struct PlanOptions {
   Chain chain = Chain::automatic;
@@ -179,13 +209,16 @@ struct PlanOptions {
   // and with what gap), and its threads.
   double milp_time_limit_s = 60;
   int milp_threads = 1;
+  // The caller's cache for the simulator planned on (PlanCache); nullptr: make_plan makes one for
+  // the call. A planner is always handed one.
+  PlanCache* cache = nullptr;
 };
 
 // ---- The planner registry ---------------------------------------------------------------------
 // A planner makes a Plan for a profile (through its simulator), a budget and the options. It may
 // fill the decisions only (and keep_chain, regenerations) and hand the draft to finish_plan,
 // which simulates it exactly and fills in the rest; make_plan then adds the planning time, and a
-// note for a plan that does not fit.
+// note for a plan that does not fit. It never sees the budget "lowest" (make_plan resolves it).
 using PlannerFn = std::function<Plan(const Simulator&, const Budget&, const PlanOptions&)>;
 // The planner's plan at the lowest budget (of options.budget_of) it meets with those options, with
 // budget_bytes that budget (lowest_plan).

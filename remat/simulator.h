@@ -6,7 +6,6 @@
 #pragma once
 
 #include <array>
-#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -75,11 +74,6 @@ class Simulator {
   SimResult run(const Schedule& s, const SimOptions& opt = {}) const;
   const Profile& profile() const { return p_; }
 
-  // Work a planner did on this profile that does not depend on the budget (dp's simulated plans),
-  // kept for its later calls with the same simulator: a frontier of 40 budgets plans once. Keyed
-  // by the planner's name; not thread-safe (one planner call at a time per simulator).
-  std::shared_ptr<void>& planner_memo(const std::string& key) const { return memo_[key]; }
-
  private:
   struct WindowEvent {
     bool alloc;
@@ -92,7 +86,6 @@ class Simulator {
   std::vector<uint32_t> tags_;                     // per event
   std::vector<std::vector<WindowEvent>> windows_;  // per node: its forward allocations/frees
   std::vector<std::vector<size_t>> markers_at_;    // per event position: marker indices
-  mutable std::map<std::string, std::shared_ptr<void>> memo_;
 };
 
 // A profile.json's text or file: parse_profile_json (profile.h), then its event log replayed: the

@@ -1329,3 +1329,25 @@ TEST_CASE("cli: REGEN_MILP_PARAMS is refused") {
   CHECK_FALSE(std::filesystem::exists(dir.file("plan.json")));
   CHECK_FALSE(std::filesystem::exists(dir.file("d.csv")));
 }
+
+// Help texts and messages that name policies read the planner registry: every registered planner
+// appears in each (they once said "blocks, sqrt or mutwo" while six existed).
+TEST_CASE("cli: help texts and messages list every registered planner") {
+  TempDir dir;
+  const std::vector<std::string> remat = remat_policy_names();
+  REQUIRE(remat.size() >= 5);
+  for (const char* cmd : {"train", "plan", "sweep"}) {
+    const Result r = regen_run(dir, {cmd, "--help"});
+    CHECK(r.status == 0);
+    for (const std::string& name : remat)
+      CHECK_MESSAGE(has(r.out, name), cmd, " --help lacks ", name);
+  }
+  const Result budget = regen_run(dir, {"train", "--model", "transformer-tiny", "--budget", "50%"});
+  CHECK(budget.status != 0);
+  CHECK(has(budget.err, "needs a rematerialization --policy (" + join_names(remat) + ")"));
+  const Result sweep = regen_run(dir, {"sweep", "--model", "transformer-tiny", "--policies", "none",
+                                       "--out", dir.file("sweep")});
+  CHECK(sweep.status != 0);
+  CHECK(has(sweep.err, "is the baseline every batch runs anyway (use " + join_names(remat)));
+  CHECK_FALSE(std::filesystem::exists(dir.file("sweep")));
+}

@@ -12,6 +12,9 @@
 #include "regen/autograd/ops.h"
 #include "regen/models/layers.h"
 #include "regen/remat/pipeline.h"
+#include "regen/remat/planner_parts.h"
+#include "regen/remat/planners/builtin.h"
+#include "regen/remat/planners/dp.h"
 #include "tests/remat_suite.h"
 #include "tests/test_util.h"
 
@@ -163,6 +166,91 @@ TEST_CASE("pipeline: registry names are checked, unknown ones listed") {
   const Profile p = profile_of(model_preset("transformer-tiny"), 2, 1);
   const std::string e = error_of([&] { make_plan(Simulator(p), "short-test", Budget()); });
   CHECK(e.find("returned 1 decisions for") != std::string::npos);
+}
+
+// The built-in planners are PlannerInfos like an outside planner's: registered first and in order
+// through register_planner's checks, each with its LowestFn. Planning in both chain modes and
+// keeping the better is a wrapper an outside planner uses too. A PlanCache the caller owns carries
+// dp's programme and mutwo's order from one plan to the next (the plans are those made without
+// one) and is refused for another simulator.
+TEST_CASE("pipeline: built-in planners are peers, the chain-mode wrapper, a caller's PlanCache") {
+  register_once();
+  const std::vector<PlannerInfo> builtin = builtin_planners();
+  const std::vector<std::string> names = policy_names();
+  REQUIRE(builtin.size() == 6);
+  for (size_t i = 0; i < builtin.size(); ++i) {
+    CAPTURE(builtin[i].name);
+    CHECK(names[i] == builtin[i].name);
+    CHECK(planner_info(builtin[i].name).help == builtin[i].help);
+    CHECK(static_cast<bool>(builtin[i].lowest));
+    CHECK(error_of([&] { register_planner(builtin[i]); }).find("registered already") !=
+          std::string::npos);
+  }
+  static const bool both = [] {
+    register_planner({"every-other-both", "every other candidate, in the better chain mode",
+                      in_both_chain_modes(every_other)});
+    return true;
+  }();
+  (void)both;
+  const Profile p = profile_of(model_preset("transformer-tiny"), 4, 1);
+  const Simulator sim(p);
+  auto options = [](Chain chain) {
+    PlanOptions o;
+    o.chain = chain;
+    o.budget_of = BudgetOf::allocated;
+    return o;
+  };
+  int kept = 0, dropped = 0;
+  for (const char* b : {"", "95%", "85%", "1"}) {
+    CAPTURE(b);
+    const Plan keep = make_plan(sim, "every-other", Budget::parse(b), options(Chain::keep));
+    const Plan drop = make_plan(sim, "every-other", Budget::parse(b), options(Chain::drop));
+    const Plan a = make_plan(sim, "every-other-both", Budget::parse(b), options(Chain::automatic));
+    const Plan& better = better_plan(drop, keep) ? drop : keep;
+    CHECK(a.keep_chain == better.keep_chain);
+    CHECK(a.predicted.peak_allocated == better.predicted.peak_allocated);
+    CHECK(a.predicted.time_ms == better.predicted.time_ms);
+    CHECK(a.note.find(std::string("chain ") + (a.keep_chain ? "keep" : "drop") + " chosen") !=
+          std::string::npos);
+    (a.keep_chain ? kept : dropped) += 1;
+  }
+  CHECK(kept + dropped == 4);
+  // The lowest budget of a planner registered without a LowestFn: the one its answer to an
+  // impossible budget fits, met.
+  const Plan low = make_plan(sim, "every-other", Budget::parse("lowest"), options(Chain::keep));
+  CHECK(low.feasible);
+  CHECK(low.budget_text == "lowest");
+  CHECK(low.budget_bytes >= memory_lower_bound(p));
+  CHECK(low.predicted.peak_allocated <= low.budget_bytes);
+
+  PlanCache cache(sim);
+  PlanOptions o = options(Chain::automatic);
+  o.cache = &cache;
+  const Plan first = make_plan(sim, "dp", Budget::parse("80%"), o);
+  REQUIRE(cache.dp().built);
+  const size_t points = cache.dp().points.size();
+  CHECK(points >= 2);
+  const Plan again = make_plan(sim, "dp", Budget::parse("80%"), o);
+  const Plan fresh = make_plan(sim, "dp", Budget::parse("80%"), options(Chain::automatic));
+  CHECK(cache.dp().points.size() == points);
+  for (const Plan* x : {&again, &fresh}) {
+    CHECK(x->decisions == first.decisions);
+    REQUIRE(x->regenerations.size() == first.regenerations.size());
+    for (size_t i = 0; i < first.regenerations.size(); ++i) {
+      CHECK(x->regenerations[i].node == first.regenerations[i].node);
+      CHECK(x->regenerations[i].saved == first.regenerations[i].saved);
+    }
+    CHECK(x->predicted.peak_allocated == first.predicted.peak_allocated);
+  }
+  const Plan m = make_plan(sim, "mutwo", Budget::parse("80%"), o);
+  REQUIRE(cache.mutwo_picks.has_value());
+  CHECK(cache.mutwo_picks->size() == mutwo_picks(p).size());
+  CHECK(m.decisions ==
+        make_plan(sim, "mutwo", Budget::parse("80%"), options(Chain::automatic)).decisions);
+  const Simulator other(p);
+  CHECK(error_of([&] {
+          make_plan(other, "dp", Budget::parse("80%"), o);
+        }).find("PlanOptions::cache was made for another simulator") != std::string::npos);
 }
 
 // The pipeline refuses a profile of another batch, and a step that throws under a plan leaves

@@ -439,11 +439,15 @@ void run(Flags f, const Given& given) {
   }
 
   const Simulator sim(profile);
+  // What the planners find on this profile whatever the budget (dp's programme and simulated
+  // plans, mutwo's order, lowest budgets): found once for every budget and policy.
+  PlanCache cache(sim);
   Context c;
   c.profile = &profile;
   c.math = profile_math(profile);
   PlanOptions none_options;
   none_options.budget_of = parse_budget_of(f.budget_of);
+  none_options.cache = &cache;
   c.none = make_plan(sim, "none", Budget(), none_options);
   c.no_remat_peak = peak_of(c.none.predicted, none_options.budget_of);
   c.lower_bound = memory_lower_bound(profile);
@@ -492,6 +496,7 @@ void run(Flags f, const Given& given) {
         po.milp_time_limit_s = f.milp_time_limit;
         po.budget_of = parse_budget_of(f.budget_of);
         po.planned_layout = f.layout == "planned";
+        po.cache = &cache;
         pt.plan = make_plan(sim, spec.policy, budget, po);
       } catch (const Error& e) {
         REGEN_FAIL("planning ", spec.label, " at budget ", format_bytes(b), ": ", e.message());

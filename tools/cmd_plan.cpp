@@ -35,10 +35,12 @@ void setup(CLI::App& app) {
                  "bytes (2GiB, 1.5GB), a % of the no-remat peak (60%), or lowest (the lowest "
                  "budget the policy meets)")
       ->check(budget_text());
-  app.add_option("--chain", f->chain,
-                 "what a regeneration keeps of the evicted tensors it recomputes on the way: keep "
-                 "(those backward still needs), drop (mu-TWO's and Capuchin's model) or auto "
-                 "(blocks, sqrt: keep; mutwo: the better of both)")
+  app.add_option(
+         "--chain", f->chain,
+         "what a regeneration keeps of the evicted tensors it recomputes on the way: keep "
+         "(those backward still needs), drop (mu-TWO's and Capuchin's model) or auto "
+         "(each planner's own: mutwo plans both and keeps the better; blocks, sqrt keep; dp "
+         "and milp decide what each regeneration keeps and take no keep)")
       ->check(CLI::IsMember(chain_names()))
       ->capture_default_str();
   add_budget_of_flag(app, f->budget_of);

@@ -77,8 +77,8 @@ void run(const Flags& f) {
   const std::vector<std::string> budgets = split_commas(f.budgets);
   for (const std::string& p : policies) {
     REGEN_CHECK(parse_policy_spec(p).policy != "none", "--policies: '", p,
-                "' is the baseline every batch runs anyway (use blocks, sqrt, mutwo, with an "
-                "optional :auto, :keep or :drop chain mode)");
+                "' is the baseline every batch runs anyway (use ", join_names(remat_policy_names()),
+                ", each with an optional :", join_names(chain_names(), ", :"), " chain mode)");
   }
   for (const std::string& b : budgets) Budget::parse(b);  // fails early on a bad budget
   const std::string math = math_mode(f.m, resolve_device(f.m.device));
@@ -115,6 +115,7 @@ void run(const Flags& f) {
     outputs.emplace_back(stem + "_b" + std::to_string(batch) + "_profile.json",
                          profile_to_json(profile));
     const Simulator sim(profile);
+    PlanCache cache(sim);  // dp's programme, mutwo's order, lowest budgets: once per batch
     const MeasuredRun base = measure_training(f.m, batch, f.steps, nullptr);
     std::printf("   no remat: peak allocated %s, reserved %s, step %.3f s\n",
                 format_bytes(base.peak).c_str(), format_bytes(base.reserved).c_str(),
@@ -135,6 +136,7 @@ void run(const Flags& f) {
       po.chain = spec.chain;
       po.budget_of = parse_budget_of(f.budget_of);
       po.planned_layout = f.layout == "planned";
+      po.cache = &cache;
       for (const std::string& btext : budgets) {
         Plan plan;
         if (btext == "lowest") {
@@ -254,10 +256,11 @@ void setup(CLI::App& app) {
   auto f = std::make_shared<Flags>();
   add_model_flags(app, f->m, false);
   app.add_option("--batches", f->batches, "comma-separated batch sizes")->capture_default_str();
-  app.add_option(
-         "--policy,--policies", f->policies,
-         "comma-separated: blocks, sqrt, mutwo, each with an optional chain mode "
-         "(mutwo:drop is mu-TWO's own: no regenerated tensor kept on the way; default auto)")
+  app.add_option("--policy,--policies", f->policies,
+                 "comma-separated registered planners (" + join_names(remat_policy_names()) +
+                     "), each with an optional chain mode :" + join_names(chain_names(), ", :") +
+                     " (mutwo:drop is mu-TWO's own: no regenerated tensor kept on the way; "
+                     "default auto)")
       ->capture_default_str();
   app.add_option("--budget,--budgets", f->budgets,
                  "comma-separated budgets: bytes, % of the no-remat peak, or lowest (the lowest "

@@ -329,7 +329,7 @@ void setup(CLI::App& app) {
     // A bad budget fails now, not after the profiling steps.
     if (!f->budget.empty()) {
       REGEN_CHECK(f->policy != "none", "--budget ", f->budget,
-                  " needs a rematerialization --policy (blocks, sqrt or mutwo)");
+                  " needs a rematerialization --policy (", join_names(remat_policy_names()), ")");
       Budget::parse(f->budget);
     }
     // Without --profile the first --profile-steps steps run without remat: at least one step
