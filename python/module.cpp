@@ -36,6 +36,9 @@ PYBIND11_MODULE(regen, m) {
   g_error = error->ptr();
   g_oom = oom->ptr();
   pb::register_exception_translator([](std::exception_ptr p) {
+    // A signal that arrived meanwhile comes first: regen re-raises SIGINT after stopping a MILP
+    // solve, and Ctrl-C should then be KeyboardInterrupt, not the error that followed it.
+    if (PyErr_CheckSignals() != 0) return;
     try {
       if (p) std::rethrow_exception(p);
     } catch (const regen::OutOfMemory& e) {

@@ -273,3 +273,40 @@ def test_a_failed_step_leaves_no_limit_behind(profiles):
     other = regen.Model("resnet-tiny", batch=8, device="cpu", image_size=160)
     r = other.step()  # larger than that limit: runs only if the limit is gone
     assert r.peak_reserved > plan.peak_allocated
+
+
+@pytest.mark.skipif(not regen.build["milp"], reason="built without CBC")
+def test_ctrl_c_stops_a_milp_solve(tmp_path):
+    """SIGINT while CBC solves (in its own process) reaches Python as KeyboardInterrupt, at once,
+    not as the regen.Error that follows it nor after the solver's time limit."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    script = tmp_path / "solve.py"
+    script.write_text(
+        "import regen, sys\n"
+        "m = regen.Model('transformer-tiny', batch=4, device='cpu')\n"
+        "p = m.profile(iterations=1)\n"
+        "print('solving', flush=True)\n"
+        "regen.plan(p, 'milp', '70%', budget_of='allocated', milp_time_limit=30)\n"
+        "print('returned', flush=True)\n")
+    child = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    assert child.stdout.readline().strip() == "solving"
+    # The solver's process: the interpreter's child, once dp has planned and CBC started.
+    children = f"/proc/{child.pid}/task/{child.pid}/children"
+    solver = ""
+    for _ in range(6000):
+        solver = open(children).read().strip() if os.path.exists(children) else ""
+        if solver or child.poll() is not None:
+            break
+        time.sleep(0.01)
+    assert solver, "the MILP solve never started in a process of its own"
+    child.send_signal(signal.SIGINT)
+    out, err = child.communicate(timeout=60)
+    assert "KeyboardInterrupt" in err and "regen.Error" not in err, err
+    assert "returned" not in out
+    assert not os.path.exists(f"/proc/{solver.split()[0]}")
