@@ -135,17 +135,20 @@ inline Profile profile_of(const ModelConfig& cfg, int64_t batch, int iterations,
 // Budgets for one policy: no budget, 70% and 50% of the no-remat peak (feasible or not), and
 // two that the policy can meet by construction: the lowest peak it reaches, and halfway between
 // that and the no-remat peak. The last two make every planner's budget compliance a real check.
-inline PlanOptions options_for(const PolicySpec& spec, BudgetOf of) {
+// `cache`: what the planners found on the simulator, kept across its plans (PlanCache).
+inline PlanOptions options_for(const PolicySpec& spec, BudgetOf of, PlanCache* cache = nullptr) {
   PlanOptions o;
   o.chain = spec.chain;
   o.budget_of = of;
+  o.cache = cache;
   return o;
 }
 
-inline std::vector<Budget> budgets_for(const Simulator& sim, const PolicySpec& spec, BudgetOf of) {
+inline std::vector<Budget> budgets_for(const Simulator& sim, const PolicySpec& spec, BudgetOf of,
+                                       PlanCache* cache = nullptr) {
   std::vector<Budget> out = {Budget(), Budget::parse("70%"), Budget::parse("50%")};
   if (spec.policy == "none") return out;
-  const Plan probe = make_plan(sim, spec.policy, Budget::parse("1"), options_for(spec, of));
+  const Plan probe = make_plan(sim, spec.policy, Budget::parse("1"), options_for(spec, of, cache));
   CHECK_FALSE(probe.feasible);
   const int64_t none_peak = probe.no_remat_peak;
   if (probe.lowest_peak < none_peak) {
@@ -165,6 +168,7 @@ inline void check_model(const ModelConfig& cfg, int64_t batch,
   const std::string& name = cfg.name;
   const Profile profile = profile_of(cfg, batch, 2, device);
   const Simulator sim(profile);
+  PlanCache cache(sim);
   // The profiled iteration itself: the simulator reproduces it exactly.
   const SimResult none = sim.run(
       build_schedule(profile, std::vector<Decision>(profile.saved.size(), Decision::retain)));
@@ -197,7 +201,7 @@ inline void check_model(const ModelConfig& cfg, int64_t batch,
     for (const std::string& label : labels) {
       const PolicySpec spec = parse_policy_spec(label);
       const std::string& policy = spec.policy;
-      const std::vector<Budget> budgets = budgets_for(sim, spec, of);
+      const std::vector<Budget> budgets = budgets_for(sim, spec, of, &cache);
       if (policy != "none" && of == BudgetOf::allocated) CHECK(budgets.size() == 5);
       if (of == BudgetOf::reserved && budgets.size() == 5) ++reserved_reachable;
       for (const Budget& budget : budgets) {
@@ -206,14 +210,14 @@ inline void check_model(const ModelConfig& cfg, int64_t batch,
         CAPTURE(label);
         CAPTURE(btext);
         CAPTURE(std::string(budget_of_name(of)));
-        const Plan plan = make_plan(sim, policy, budget, options_for(spec, of));
+        const Plan plan = make_plan(sim, policy, budget, options_for(spec, of, &cache));
         if (budget.kind == Budget::Kind::bytes) CHECK(plan.feasible);  // budgets_for's own two
         if (spec.chain == Chain::automatic && policy == "mutwo") {
           // auto is the better of the two modes: it fits whenever one fits, and is then no slower
           // than a mode that fits; without a budget (or when neither fits) it is within 1% of the
           // lower peak and, if both are, no slower.
           for (Chain c : {Chain::keep, Chain::drop}) {
-            PlanOptions oc = options_for(spec, of);
+            PlanOptions oc = options_for(spec, of, &cache);
             oc.chain = c;
             const Plan other = make_plan(sim, policy, budget, oc);
             if (other.feasible && plan.budget_bytes > 0) {

@@ -20,10 +20,11 @@ namespace {
 // Budgets evenly spaced and falling from the no-remat peak of their kind to the lower bound
 // (allocated) or, for reserved bytes, to the lowest limit dp's plans run under (segments are
 // whole: tiny models reserve a few 2 MiB segments whatever they allocate).
-std::vector<Budget> falling_budgets(const Simulator& sim, int n,
-                                    BudgetOf of = BudgetOf::allocated) {
+std::vector<Budget> falling_budgets(const Simulator& sim, int n, BudgetOf of = BudgetOf::allocated,
+                                    PlanCache* cache = nullptr) {
   PlanOptions po;
   po.budget_of = of;
+  po.cache = cache;
   const Plan probe = make_plan(sim, "none", Budget(), po);
   const int64_t lo = of == BudgetOf::allocated
                          ? memory_lower_bound(sim.profile())
@@ -111,13 +112,15 @@ void check_frontier(const Simulator& sim, int min_feasible) {
 }
 
 void check_frontier(const Simulator& sim, int min_feasible, BudgetOf of) {
-  const std::vector<Budget> budgets = falling_budgets(sim, 24, of);
+  PlanCache cache(sim);  // dp's programme, built once for the 24 budgets
+  const std::vector<Budget> budgets = falling_budgets(sim, 24, of, &cache);
   int64_t prev_peak = -1;
   double prev_ms = 0;
   int feasible = 0;
   for (const Budget& b : budgets) {
     PlanOptions po;
     po.budget_of = of;
+    po.cache = &cache;
     const Plan plan = make_plan(sim, "dp", b, po);
     CAPTURE(b.str());
     const int64_t peak = peak_of(plan.predicted, plan.budget_of);
@@ -265,9 +268,11 @@ TEST_CASE(
   }
   int recomputing = 0;
   for (BudgetOf of : {BudgetOf::allocated, BudgetOf::reserved}) {
-    for (const Budget& b : falling_budgets(sim, 5, of)) {
+    PlanCache cache(sim);
+    for (const Budget& b : falling_budgets(sim, 5, of, &cache)) {
       PlanOptions po;
       po.budget_of = of;
+      po.cache = &cache;
       const Plan plan = make_plan(sim, "dp", b, po);
       CAPTURE(b.str());
       CAPTURE(std::string(budget_of_name(of)));

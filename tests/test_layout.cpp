@@ -287,6 +287,7 @@ void check_planned_training(const ModelConfig& cfg, int64_t batch,
   const Device cpu = Device::cpu();
   const Profile profile = profile_of(cfg, batch, 2);
   const Simulator sim(profile);
+  PlanCache cache(sim);
   Trace ref;
   {
     fresh_allocator(cpu);
@@ -299,6 +300,7 @@ void check_planned_training(const ModelConfig& cfg, int64_t batch,
       PlanOptions po;
       po.budget_of = of;
       po.planned_layout = true;
+      po.cache = &cache;
       const Plan probe = make_plan(sim, policy, Budget::parse("1"), po);
       REQUIRE(probe.layout);
       CHECK_FALSE(probe.feasible);

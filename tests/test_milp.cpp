@@ -468,10 +468,12 @@ TEST_CASE("milp: an infeasible budget is reported, with the lowest plan, never w
   if (!milp_available()) return;
   const Profile profile = profile_of(model_preset("transformer-tiny"), 4, 1);
   const Simulator sim(profile);
+  PlanCache cache(sim);
   for (const BudgetOf of : {BudgetOf::allocated, BudgetOf::reserved}) {
     PlanOptions o;
     o.budget_of = of;
     o.milp_time_limit_s = 2;
+    o.cache = &cache;
     CAPTURE(std::string(budget_of_name(of)));
     const Plan dp = make_plan(sim, "dp", Budget::parse("1"), o);
     const Plan milp = make_plan(sim, "milp", Budget::parse("1"), o);
@@ -544,6 +546,7 @@ TEST_CASE(
   for (const Case& c : {Case{model_preset("transformer-tiny"), 4}, Case{rt, 16}, Case{r18, 32}}) {
     const Profile p = profile_of(c.cfg, c.batch, 2);
     const Simulator sim(p);
+    PlanCache cache(sim);  // dp's programme, for dp and for the MILP's start, built once
     const int64_t lo = memory_lower_bound(p),
                   hi = make_plan(sim, "none", Budget(), allocated()).no_remat_peak;
     REQUIRE(lo < hi);
@@ -551,8 +554,9 @@ TEST_CASE(
       Budget b;
       b.kind = Budget::Kind::bytes;
       b.value = static_cast<double>(lo + static_cast<int64_t>(f * static_cast<double>(hi - lo)));
-      const Plan dp = make_plan(sim, "dp", b, allocated());
       PlanOptions po = allocated();
+      po.cache = &cache;
+      const Plan dp = make_plan(sim, "dp", b, po);
       po.milp_time_limit_s = 20;
       const Plan milp = make_plan(sim, "milp", b, po);
       CAPTURE(c.cfg.name);

@@ -189,6 +189,7 @@ TEST_CASE("remat: no plan goes below memory_lower_bound (U-Net, transformer-tiny
     CAPTURE(cfg.name);
     const Profile profile = profile_of(cfg, batch, 1);
     const Simulator sim(profile);
+    PlanCache cache(sim);
     const int64_t bound = memory_lower_bound(profile);
     int64_t persistent = 0;
     for (const AllocatorState::SegmentRec& s : profile.start_state.segments) {
@@ -216,6 +217,7 @@ TEST_CASE("remat: no plan goes below memory_lower_bound (U-Net, transformer-tiny
             PlanOptions o;
             o.budget_of = of;
             o.planned_layout = planned;
+            o.cache = &cache;
             const Plan plan = make_plan(sim, policy, Budget::parse(b), o);
             CHECK(plan.lower_bound == bound);
             check(plan.predicted,
@@ -252,7 +254,7 @@ TEST_CASE("remat: no plan goes below memory_lower_bound (U-Net, transformer-tiny
 }
 
 // `lowest` is the lowest budget a policy meets, exactly: it is met, one byte less is not, and no
-// budget between the lower bound and it is met either (24 evenly spaced ones). A reserved budget's
+// budget between the lower bound and it is met either (12 evenly spaced ones). A reserved budget's
 // feasibility is not monotone, so this is where a search that assumed it went wrong: on the U-Net
 // at batch 16, the lowest unlimited reserved peak of blocks' plans was 58 MiB and of mutwo's
 // 52 MiB, which were reported as their lowest, while blocks met 46 MiB and mutwo 34 MiB under the
@@ -267,12 +269,13 @@ TEST_CASE("remat: lowest is the lowest budget each policy meets (U-Net, transfor
            {model_preset("unet"), 16}, {model_preset("transformer-tiny"), 4}}) {
     const Profile profile = profile_of(cfg, batch, 1);
     const Simulator sim(profile);
+    PlanCache cache(sim);
     const int64_t bound = memory_lower_bound(profile);
     for (const BudgetOf of : {BudgetOf::reserved, BudgetOf::allocated}) {
       for (const std::string label :
            {"none", "blocks", "sqrt", "mutwo", "mutwo:keep", "mutwo:drop", "dp"}) {
         const PolicySpec spec = parse_policy_spec(label);
-        const PlanOptions o = options_for(spec, of);
+        const PlanOptions o = options_for(spec, of, &cache);
         CAPTURE(cfg.name);
         CAPTURE(label);
         CAPTURE(std::string(budget_of_name(of)));
@@ -297,8 +300,8 @@ TEST_CASE("remat: lowest is the lowest budget each policy meets (U-Net, transfor
         CHECK(below.note.find("the lowest " + std::string(budget_of_name(of)) +
                               " budget it meets is " + format_bytes(lowest)) != std::string::npos);
         if (of == BudgetOf::reserved) {
-          for (int k = 0; k < 24; ++k) {
-            const int64_t b = bound + (lowest - 1 - bound) * k / 24;
+          for (int k = 0; k < 12; ++k) {
+            const int64_t b = bound + (lowest - 1 - bound) * k / 12;
             CAPTURE(b);
             CHECK_FALSE(plan_at(b).feasible);
           }
