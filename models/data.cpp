@@ -17,41 +17,31 @@ namespace {
 constexpr const char* kInputTag = "batch.input";
 constexpr const char* kTargetTag = "batch.target";
 
-Batch on_device(std::vector<float>* images, const Shape& ishape, std::vector<int64_t>* tokens,
-                const Shape& tshape, std::vector<int64_t> targets, const Shape& yshape,
-                Device device) {
-  CategoryScope cat(Category::input);
-  Batch b;
-  {
-    TagScope tag(kInputTag);
-    b.input = images ? from_vector<float>(*images, ishape, device)
-                     : from_vector<int64_t>(*tokens, tshape, device);
-  }
-  TagScope tag(kTargetTag);
-  b.target = from_vector<int64_t>(targets, yshape, device);
-  return b;
+// A data kind's text in messages: "--data cifar10:DIR" or "data='cifar10:DIR'".
+std::string data_setting(const std::string& spec, OptionStyle style) {
+  return option_setting("data", style == OptionStyle::keyword ? "'" + spec + "'" : spec, style);
 }
 
 class ShapeSource final : public DataSource {
  public:
-  explicit ShapeSource(const ModelConfig& m) : m_(m) {}
+  explicit ShapeSource(const ModelConfig& m) : m_(m), input_(model_info(m.name).input) {}
   Batch next(int64_t n, Device device) override {
-    const bool images = m_.family == ModelFamily::resnet;
+    const BatchSpec spec = input_.batch(m_, n);
     CategoryScope cat(Category::input);
     Batch b;
     {
       TagScope tag(kInputTag);
-      b.input = images ? empty({n, 3, m_.image_size, m_.image_size}, DType::f32, device)
-                       : empty({n, m_.seq_len}, DType::i64, device);
+      b.input = empty(spec.input.shape, spec.input.dtype, device);
     }
     TagScope tag(kTargetTag);
-    b.target = empty(images ? Shape{n} : Shape{n, m_.seq_len}, DType::i64, device);
+    b.target = empty(spec.target.shape, spec.target.dtype, device);
     return b;
   }
   std::string describe() const override { return "shapes only (a dry run)"; }
 
  private:
   ModelConfig m_;
+  const ModelInput& input_;  // the registry's: registrations never move or go
 };
 
 // Images: per-class channel offsets plus noise, so a network can learn the labels.
@@ -78,8 +68,8 @@ class SyntheticImages final : public DataSource {
         }
       }
     }
-    return on_device(&img, {n, 3, m_.image_size, m_.image_size}, nullptr, {}, std::move(labels),
-                     {n}, device);
+    return batch_on_device({{n, 3, m_.image_size, m_.image_size}, std::move(img), {}},
+                           {{n}, {}, std::move(labels)}, device);
   }
   std::string describe() const override {
     return "synthetic images " + std::to_string(m_.image_size) + "x" +
@@ -112,7 +102,7 @@ class SyntheticTokens final : public DataSource {
         out[i * S + t] = motif[(t + 1) % kMotif];
       }
     }
-    return on_device(nullptr, {}, &in, {n, S}, std::move(out), {n, S}, device);
+    return batch_on_device({{n, S}, {}, std::move(in)}, {{n, S}, {}, std::move(out)}, device);
   }
   std::string describe() const override {
     return "synthetic token motifs, sequence " + std::to_string(m_.seq_len) + ", vocabulary " +
@@ -135,18 +125,13 @@ class Cifar10 final : public DataSource {
  public:
   static constexpr int64_t kRecord = 1 + 3 * 32 * 32;
 
-  Cifar10(const std::string& dir, const ModelConfig& m, uint64_t seed) : dir_(dir), seed_(seed) {
-    REGEN_CHECK(m.family == ModelFamily::resnet, "--data cifar10:", dir, " is image data; model '",
-                m.name, "' is a Transformer (use text:FILE)");
-    REGEN_CHECK(m.image_size == 32, "--data cifar10:", dir, ": CIFAR-10 images are 32x32 but the ",
-                "model is set up for ", m.image_size, "x", m.image_size, " (use --image-size 32)");
-    REGEN_CHECK(m.num_classes >= 10, "--data cifar10: needs at least 10 classes, model '", m.name,
-                "' has ", m.num_classes);
+  // `what` names the data in messages ("--data cifar10:DIR").
+  Cifar10(const std::string& dir, const std::string& what, uint64_t seed) : dir_(dir), seed_(seed) {
     struct stat st;
-    REGEN_CHECK(::stat(dir.c_str(), &st) == 0, "--data cifar10:", dir, ": cannot open '", dir,
+    REGEN_CHECK(::stat(dir.c_str(), &st) == 0, what, ": cannot open '", dir,
                 "': ", std::strerror(errno));
     REGEN_CHECK(
-        S_ISDIR(st.st_mode), "--data cifar10:", dir, ": '", dir,
+        S_ISDIR(st.st_mode), what, ": '", dir,
         "' is not a directory (expected the folder of data_batch_1.bin .. data_batch_5.bin)");
     for (int i = 1; i <= 5; ++i) {
       const std::string f = dir + "/data_batch_" + std::to_string(i) + ".bin";
@@ -163,8 +148,7 @@ class Cifar10 final : public DataSource {
       data_ += bytes;
       files_ += 1;
     }
-    REGEN_CHECK(files_ > 0, "--data cifar10:", dir,
-                ": no data_batch_1.bin .. data_batch_5.bin found");
+    REGEN_CHECK(files_ > 0, what, ": no data_batch_1.bin .. data_batch_5.bin found");
     records_ = static_cast<int64_t>(data_.size()) / kRecord;
     order_.resize(static_cast<size_t>(records_));
     shuffle();
@@ -189,7 +173,8 @@ class Cifar10 final : public DataSource {
         }
       }
     }
-    return on_device(&img, {n, 3, 32, 32}, nullptr, {}, std::move(labels), {n}, device);
+    return batch_on_device({{n, 3, 32, 32}, std::move(img), {}}, {{n}, {}, std::move(labels)},
+                           device);
   }
   std::string describe() const override {
     return "CIFAR-10 from " + dir_ + " (" + std::to_string(records_) + " images in " +
@@ -231,19 +216,16 @@ int64_t first_invalid_utf8(const std::string& s) {
 
 class TextBytes final : public DataSource {
  public:
-  TextBytes(const std::string& path, const ModelConfig& m, uint64_t seed)
+  // `what` names the data in messages ("--data text:FILE").
+  TextBytes(const std::string& path, const std::string& what, const ModelConfig& m, uint64_t seed)
       : path_(path), seq_(m.seq_len), seed_(seed) {
-    REGEN_CHECK(m.family == ModelFamily::transformer, "--data text:", path,
-                " is token data; model '", m.name, "' is a ResNet (use cifar10:DIR)");
-    REGEN_CHECK(m.vocab >= 256, "--data text:", path, " feeds byte tokens (0..255), but model '",
-                m.name, "' has a vocabulary of ", m.vocab, ": pass --vocab 256");
     struct stat st;
-    REGEN_CHECK(::stat(path.c_str(), &st) == 0, "--data text:", path, ": cannot open '", path,
+    REGEN_CHECK(::stat(path.c_str(), &st) == 0, what, ": cannot open '", path,
                 "': ", std::strerror(errno));
-    REGEN_CHECK(S_ISREG(st.st_mode), "--data text:", path, ": '", path, "' is ",
+    REGEN_CHECK(S_ISREG(st.st_mode), what, ": '", path, "' is ",
                 S_ISDIR(st.st_mode) ? "a directory, " : "", "not a regular file");
     text_ = read_file(path);
-    REGEN_CHECK(!text_.empty(), "--data text:", path, ": the file is empty");
+    REGEN_CHECK(!text_.empty(), what, ": the file is empty");
     REGEN_CHECK(static_cast<int64_t>(text_.size()) > seq_, "text file '", path, "' has ",
                 text_.size(), " bytes; it needs more than the sequence length ", seq_);
     const int64_t bad = first_invalid_utf8(text_);
@@ -260,7 +242,7 @@ class TextBytes final : public DataSource {
         out[i * seq_ + t] = static_cast<unsigned char>(text_[start + t + 1]);
       }
     }
-    return on_device(nullptr, {}, &in, {n, seq_}, std::move(out), {n, seq_}, device);
+    return batch_on_device({{n, seq_}, {}, std::move(in)}, {{n, seq_}, {}, std::move(out)}, device);
   }
   std::string describe() const override {
     return "text " + path_ + " (" + std::to_string(text_.size()) + " bytes as byte tokens)";
@@ -276,23 +258,179 @@ class TextBytes final : public DataSource {
 
 }  // namespace
 
-std::unique_ptr<DataSource> make_data_source(const std::string& spec, const ModelConfig& m,
-                                             uint64_t seed) {
-  if (spec.empty() || spec == "synthetic") {
-    if (m.family == ModelFamily::resnet) return std::make_unique<SyntheticImages>(m, seed);
-    return std::make_unique<SyntheticTokens>(m, seed);
+Batch batch_on_device(const HostArray& input, const HostArray& target, Device device) {
+  auto make = [device](const HostArray& a, const char* what) {
+    const bool f32 = a.i64.empty();
+    REGEN_CHECK(a.f32.empty() != a.i64.empty() || (f32 && shape_numel(a.shape) == 0),
+                "batch_on_device: the ", what, " has values of both dtypes or of neither");
+    const int64_t n = static_cast<int64_t>(f32 ? a.f32.size() : a.i64.size());
+    REGEN_CHECK(n == shape_numel(a.shape), "batch_on_device: the ", what, " has ", n,
+                " values for shape ", sh(a.shape));
+    return f32 ? from_vector<float>(a.f32, a.shape, device)
+               : from_vector<int64_t>(a.i64, a.shape, device);
+  };
+  CategoryScope cat(Category::input);
+  Batch b;
+  {
+    TagScope tag(kInputTag);
+    b.input = make(input, "input");
+  }
+  TagScope tag(kTargetTag);
+  b.target = make(target, "target");
+  return b;
+}
+
+namespace {
+
+// "synthetic, cifar10:DIR"
+std::string data_kinds_text(const ModelInput& in) {
+  std::vector<std::string> names;
+  for (const DataKind& d : in.data) names.push_back(d.arg.empty() ? d.name : d.name + ":" + d.arg);
+  return join_names(names);
+}
+
+// The model's data kind for `spec`, with its argument; refuses a kind it does not take.
+const DataKind& data_kind_of(const std::string& spec, const ModelConfig& m, OptionStyle style,
+                             std::string& arg) {
+  const ModelInput& in = model_info(m.name).input;
+  if (spec.empty()) {
+    arg.clear();
+    return in.data.front();
   }
   const auto colon = spec.find(':');
   const std::string kind = spec.substr(0, colon);
-  const std::string arg = colon == std::string::npos ? "" : spec.substr(colon + 1);
-  REGEN_CHECK(colon != std::string::npos && !arg.empty() && (kind == "cifar10" || kind == "text"),
-              "bad --data '", spec, "': expected synthetic, cifar10:DIR or text:FILE");
-  if (kind == "cifar10") return std::make_unique<Cifar10>(arg, m, seed);
-  return std::make_unique<TextBytes>(arg, m, seed);
+  arg = colon == std::string::npos ? "" : spec.substr(colon + 1);
+  const DataKind* d = in.data_kind(kind);
+  REGEN_CHECK(d != nullptr, "bad ", data_setting(spec, style), ": model '", m.name, "' takes ",
+              data_kinds_text(in), " (", in.help, ")");
+  REGEN_CHECK(d->arg.empty() ? colon == std::string::npos : !arg.empty(), "bad ",
+              data_setting(spec, style), ": ",
+              d->arg.empty() ? "'" + kind + "' takes nothing after it"
+                             : "'" + kind + "' needs a " + d->arg + " after the colon",
+              " (model '", m.name, "' takes ", data_kinds_text(in), ")");
+  return *d;
+}
+
+}  // namespace
+
+void check_data_spec(const std::string& spec, const ModelConfig& m, OptionStyle style) {
+  std::string arg;
+  const DataKind& d = data_kind_of(spec, m, style, arg);
+  if (d.check) d.check(m, style);
+}
+
+std::unique_ptr<DataSource> make_data_source(const std::string& spec, const ModelConfig& m,
+                                             uint64_t seed, OptionStyle style) {
+  std::string arg;
+  const DataKind& d = data_kind_of(spec, m, style, arg);
+  if (d.check) d.check(m, style);
+  return d.make(arg, m, seed, style);
 }
 
 std::unique_ptr<DataSource> make_shape_source(const ModelConfig& model) {
   return std::make_unique<ShapeSource>(model);
+}
+
+DataKind synthetic_images_data() {
+  DataKind d;
+  d.name = "synthetic";
+  d.help = "synthetic images: per-class channel offsets plus noise (the default)";
+  d.make = [](const std::string&, const ModelConfig& m, uint64_t seed, OptionStyle) {
+    return std::unique_ptr<DataSource>(std::make_unique<SyntheticImages>(m, seed));
+  };
+  return d;
+}
+
+DataKind cifar10_data() {
+  DataKind d;
+  d.name = "cifar10";
+  d.arg = "DIR";
+  d.help = "CIFAR-10 binary batches (data_batch_1.bin .. data_batch_5.bin in DIR)";
+  d.check = [](const ModelConfig& m, OptionStyle style) {
+    const std::string what = data_setting("cifar10:DIR", style);
+    REGEN_CHECK(m.image_size == 32, what,
+                ": CIFAR-10 images are 32x32 but the model is set up for ", m.image_size, "x",
+                m.image_size, " (use ", option_setting("image_size", "32", style), ")");
+    REGEN_CHECK(m.num_classes >= 10, what, " needs at least 10 classes, model '", m.name, "' has ",
+                m.num_classes);
+  };
+  d.make = [](const std::string& dir, const ModelConfig&, uint64_t seed, OptionStyle style) {
+    return std::unique_ptr<DataSource>(
+        std::make_unique<Cifar10>(dir, data_setting("cifar10:" + dir, style), seed));
+  };
+  return d;
+}
+
+DataKind synthetic_tokens_data() {
+  DataKind d;
+  d.name = "synthetic";
+  d.help = "synthetic token motifs: 8 tokens repeated along the sequence (the default)";
+  d.make = [](const std::string&, const ModelConfig& m, uint64_t seed, OptionStyle) {
+    return std::unique_ptr<DataSource>(std::make_unique<SyntheticTokens>(m, seed));
+  };
+  return d;
+}
+
+DataKind text_data() {
+  DataKind d;
+  d.name = "text";
+  d.arg = "FILE";
+  d.help = "a UTF-8 text file as byte tokens (needs a vocabulary of 256 or more)";
+  d.check = [](const ModelConfig& m, OptionStyle style) {
+    // Byte tokens take the values 0..255: the embedding and the head need 256 rows.
+    REGEN_CHECK(m.vocab >= 256, data_setting("text:FILE", style),
+                " feeds byte tokens (0..255), but model '", m.name, "' has a vocabulary of ",
+                m.vocab, ": pass ", option_setting("vocab", "256", style), " or more");
+  };
+  d.make = [](const std::string& path, const ModelConfig& m, uint64_t seed, OptionStyle style) {
+    return std::unique_ptr<DataSource>(
+        std::make_unique<TextBytes>(path, data_setting("text:" + path, style), m, seed));
+  };
+  return d;
+}
+
+ModelInput image_classifier_input(int64_t min_image_size) {
+  ModelInput in;
+  in.help = "images (N, 3, S, S) f32 with class labels (N) i64";
+  in.batch = [](const ModelConfig& c, int64_t n) {
+    return BatchSpec{{{n, 3, c.image_size, c.image_size}, DType::f32}, {{n}, DType::i64}};
+  };
+  in.data = {synthetic_images_data(), cifar10_data()};
+  ModelOption size = integer_option("image_size", "input height and width (default: the preset's)",
+                                    OptionRange::integers(1), &ModelConfig::image_size);
+  size.sizes_step = true;
+  ModelOption classes =
+      integer_option("num_classes", "classes (default: the preset's)",
+                     OptionRange::integers(2, 1 << 24), &ModelConfig::num_classes);
+  classes.sizes_parameters = true;
+  in.options = {size, classes};
+  if (min_image_size > 1) {
+    in.check = [min_image_size](const ModelConfig& c, int64_t, OptionStyle style) {
+      REGEN_CHECK(c.image_size >= min_image_size,
+                  option_setting("image_size", std::to_string(c.image_size), style),
+                  " is too small for model '", c.name, "' (at least ", min_image_size, ")");
+    };
+  }
+  return in;
+}
+
+ModelInput token_lm_input() {
+  ModelInput in;
+  in.help = "tokens (B, S) i64 with next-token targets (B, S) i64";
+  in.batch = [](const ModelConfig& c, int64_t n) {
+    return BatchSpec{{{n, c.seq_len}, DType::i64}, {{n, c.seq_len}, DType::i64}};
+  };
+  in.data = {synthetic_tokens_data(), text_data()};
+  ModelOption seq = integer_option("seq_len", "sequence length (default: the preset's)",
+                                   OptionRange::integers(1), &ModelConfig::seq_len);
+  seq.sizes_step = true;
+  seq.sizes_parameters = true;  // one position embedding per position
+  ModelOption vocab = integer_option(
+      "vocab", "vocabulary size (default: the preset's; text data needs at least 256)",
+      OptionRange::integers(2), &ModelConfig::vocab);
+  vocab.sizes_parameters = true;
+  in.options = {seq, vocab};
+  return in;
 }
 
 }  // namespace regen

@@ -1,11 +1,14 @@
-// Training data: synthetic batches from a fixed seed (the default), CIFAR-10 binary batches
-// (`cifar10:DIR`) for ResNet and a UTF-8 text file as byte tokens (`text:FILE`) for the
-// Transformer. Every batch is created in the input memory category. Tests: tests/test_models.cpp
-// (batches), tests/test_cli.cpp (bad specs and files).
+// Training data and the inputs of the built-in models. A model's input (model.h ModelInput) names
+// the data kinds that can feed it; make_data_source picks one by `--data` text. Built in: synthetic
+// images and CIFAR-10 binary batches (`cifar10:DIR`) for image classifiers, synthetic token motifs
+// and a UTF-8 text file as byte tokens (`text:FILE`) for language models. Every batch is created in
+// the input memory category. Tests: tests/test_models.cpp (batches, a registered model's input),
+// tests/test_cli.cpp (bad specs and files).
 #pragma once
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "regen/models/model.h"
 
@@ -18,13 +21,47 @@ class DataSource {
   virtual std::string describe() const = 0;
 };
 
-// spec: "" or "synthetic", "cifar10:DIR", "text:FILE". Checks the spec against the model family
-// and its sizes; a missing, truncated or malformed file is a regen::Error naming it.
+// spec: "" (the model's first data kind, synthetic for the built-in ones), "NAME" or "NAME:ARG",
+// one of the data kinds of the model registered as model.name (ModelInput::data). Checks the spec
+// against the model and its sizes; a missing, truncated or malformed file is a regen::Error naming
+// it. Messages name the option as `style` says (--data, data=).
 std::unique_ptr<DataSource> make_data_source(const std::string& spec, const ModelConfig& model,
-                                             uint64_t seed);
+                                             uint64_t seed, OptionStyle style = OptionStyle::flag);
+// Refuses a spec the model takes no data of, or a configuration its data cannot feed, without
+// reading anything (the session's validate() runs it before any work).
+void check_data_spec(const std::string& spec, const ModelConfig& model, OptionStyle style);
 
-// Batches of the right shapes, dtypes, categories and tags for `model` and no values (a dry run,
-// core/allocator.h DryRunScope): the blocks every real source's batch takes, nothing written.
+// Batches of the right shapes, dtypes, categories and tags for `model` (its input's batch) and no
+// values (a dry run, core/allocator.h DryRunScope): the blocks every real source's batch takes,
+// nothing written.
 std::unique_ptr<DataSource> make_shape_source(const ModelConfig& model);
+
+// The host values of one batch tensor: f32 values or i64 values (the other empty), and its shape.
+struct HostArray {
+  Shape shape;
+  std::vector<float> f32;
+  std::vector<int64_t> i64;
+};
+// A batch on `device` from host values: the input, then the target, in the input category with
+// the tags every data source uses, so a source of another model takes the blocks a dry run of
+// make_shape_source takes. For DataSource::next of sources outside regen.
+Batch batch_on_device(const HostArray& input, const HostArray& target, Device device);
+
+// ---- The built-in inputs
+// ------------------------------------------------------------------------- Images (N, 3, S, S) f32
+// with class labels (N) i64, S = image_size: synthetic images (labels from per-class channel
+// offsets plus noise) and CIFAR-10; options --image-size (at least `min_image_size`) and
+// --num-classes (2 to 2^24).
+ModelInput image_classifier_input(int64_t min_image_size = 1);
+// Tokens (B, S) i64 with next-token targets (B, S) i64, S = seq_len: synthetic motifs and text
+// files as byte tokens (which need a vocabulary of 256); options --seq-len and --vocab (at least
+// 2).
+ModelInput token_lm_input();
+// The data kinds above, for inputs of other models: synthetic class-labelled images; CIFAR-10
+// (32x32 images, 10 labels); token motifs; byte tokens of a text file.
+DataKind synthetic_images_data();
+DataKind cifar10_data();
+DataKind synthetic_tokens_data();
+DataKind text_data();
 
 }  // namespace regen

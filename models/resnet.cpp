@@ -61,6 +61,24 @@ Tensor ResNetBlock::forward(const Tensor& x) {
   return relu(add(out, identity));
 }
 
+ModelInput ResNet::input() {
+  ModelInput in = image_classifier_input();
+  in.check = [](const ModelConfig& c, int64_t batch, OptionStyle style) {
+    REGEN_CHECK(c.image_size >= 32,
+                option_setting("image_size", std::to_string(c.image_size), style),
+                " is too small for ResNet's five downsamplings (at least 32)");
+    // Batch norm in training needs two values per channel; the last stage's map is the image
+    // size over 32 (rounded up) on a side. (batch * side * side >= 2, without overflow.)
+    const int64_t side = c.image_size / 32 + (c.image_size % 32 != 0);
+    REGEN_CHECK(batch >= 2 || side >= 2, option_setting("batch", std::to_string(batch), style),
+                " at ", option_setting("image_size", std::to_string(c.image_size), style),
+                ": batch norm in training needs at least 2 values per channel, and the last "
+                "stage's maps are ",
+                side, "x", side, "; use ", option_setting("batch", "2", style), " or more");
+  };
+  return in;
+}
+
 ResNet::ResNet(const ModelConfig& c, Device device) : Model(c) {
   REGEN_CHECK(c.blocks.size() == 4, "ResNet '", c.name, "' needs 4 stages, got ", c.blocks.size());
   REGEN_CHECK(c.base_width > 0 && c.num_classes > 0, "ResNet '", c.name,

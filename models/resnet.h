@@ -3,6 +3,7 @@
 // (stride on the 3x3 conv, "v1.5"), downsample.{0,1}, avgpool, fc. Each block is a BlockScope.
 #pragma once
 
+#include "regen/models/data.h"
 #include "regen/models/layers.h"
 #include "regen/models/model.h"
 
@@ -26,6 +27,9 @@ class ResNetBlock : public Module {
 class ResNet : public Model {
  public:
   ResNet(const ModelConfig& config, Device device);
+  // What a ResNet takes: images and class labels (data.h image_classifier_input) at least 32
+  // pixels on a side (five downsamplings), in batches that leave batch norm 2 values per channel.
+  static ModelInput input();
   Tensor forward(const Tensor& input) override;
   Tensor loss(const Tensor& logits, const Tensor& target) const override;
   void check_batch(const Batch& b) const override;

@@ -14,6 +14,21 @@ class Container : public Module {
 };
 }  // namespace
 
+ModelInput TransformerLM::input() {
+  ModelInput in = token_lm_input();
+  in.options.push_back(float_option("dropout", "dropout probability (default: the preset's)",
+                                    OptionRange::numbers(0.0, 0.99), &ModelConfig::dropout));
+  ModelOption head = integer_option(
+      "lm_head_chunk",
+      "LM head + loss in training: 0 fused and chunked automatically (about 32 MiB of logits per "
+      "chunk; the default), N fused with N rows per chunk, -1 unfused (the whole (batch x seq, "
+      "vocab) logits, as PyTorch)",
+      OptionRange::integers(-1, 2147483647), &ModelConfig::head_chunk_rows);
+  head.recorded = true;  // how a run computed its loss; the head's parameters are the same
+  in.options.push_back(head);
+  return in;
+}
+
 TransformerLM::TransformerLM(const ModelConfig& c, Device device) : Model(c) {
   REGEN_CHECK(c.vocab > 0 && c.seq_len > 0 && c.d_model > 0 && c.layers > 0 && c.ff > 0,
               "Transformer '", c.name, "': sizes must be positive");

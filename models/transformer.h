@@ -7,6 +7,7 @@
 // head and the loss run fused and chunked by default (ModelConfig::head_chunk_rows).
 #pragma once
 
+#include "regen/models/data.h"
 #include "regen/models/layers.h"
 #include "regen/models/model.h"
 
@@ -15,6 +16,9 @@ namespace regen {
 class TransformerLM : public Model {
  public:
   TransformerLM(const ModelConfig& config, Device device);
+  // What it takes: tokens and next-token targets (data.h token_lm_input), with its own options
+  // --dropout and --lm-head-chunk (ModelConfig::dropout, head_chunk_rows).
+  static ModelInput input();
   // tokens: (B, S) i64 with S <= seq_len -> logits (B, S, vocab).
   Tensor forward(const Tensor& tokens) override;
   Tensor loss(const Tensor& logits, const Tensor& target) const override;

@@ -1,136 +1,176 @@
-// regen.Model: a registered model built by name with overrides, with its optimizer, data and
-// trainer made exactly as `regen train` makes them (tools/common.h make_session, the same flags
-// and checks), and a RematPipeline to profile, plan and train under a plan. State dicts cross as
+// regen.Model: a registered model built by name with its options, with its optimizer, data and
+// trainer made by the library's session (remat/session.h make_session), as `regen train` makes
+// them: the same options, the same checks (SessionOptions::validate, its messages naming the
+// keywords), and a RematPipeline to profile, plan and train under a plan. State dicts cross as
 // numpy arrays; checkpoints are `regen train --save` files.
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <limits>
 
 #include "python/bindings.h"
 #include "regen/remat/pipeline.h"
-#include "tools/common.h"
+#include "regen/remat/session.h"
 
 namespace regen::py {
 namespace {
 
-// The keyword options a Model takes besides name, batch and device, as the command line's flags.
-const std::vector<std::string>& option_names() {
-  static const std::vector<std::string> names = {
-      "image_size",    "num_classes", "seq_len", "vocab",    "dropout",
-      "lm_head_chunk", "optimizer",   "lr",      "momentum", "weight_decay",
-      "seed",          "threads",     "data",    "conv",     "tf32"};
+// The keywords a Model takes besides name, batch and device: the session's options, then every
+// registered model's own (a model refuses another model's with the options it takes).
+std::vector<std::string> option_names() {
+  std::vector<std::string> names;
+  for (const std::string& k : session_option_keys()) {
+    if (k != "model" && k != "batch" && k != "device") names.push_back(k);
+  }
+  for (const ModelOptionUse& u : model_option_uses()) names.push_back(u.option.key);
   return names;
 }
 
-template <class T>
-void take(const pb::dict& kw, const char* key, T& out) {
-  if (!kw.contains(key)) return;
-  const pb::handle v = kw[key];
-  if (v.is_none()) return;
-  try {
-    if constexpr (std::is_same_v<T, bool>) {
-      REGEN_CHECK(pb::isinstance<pb::bool_>(v), key, " must be True or False");
-      out = v.cast<bool>();
-    } else if constexpr (std::is_integral_v<T>) {
-      // int and numpy integers; not bool, not float.
-      REGEN_CHECK(PyIndex_Check(v.ptr()) && !pb::isinstance<pb::bool_>(v), key,
-                  " must be an integer, got ", pb::str(pb::repr(v)).cast<std::string>());
-      const int64_t x = pb::int_(pb::reinterpret_borrow<pb::object>(v)).cast<int64_t>();
-      REGEN_CHECK(x >= 0 || std::is_signed_v<T>, key, " must be >= 0, got ", x);
-      bool in_range = true;
-      if constexpr (sizeof(T) < sizeof(int64_t)) {
-        in_range = x >= static_cast<int64_t>(std::numeric_limits<T>::min()) &&
-                   x <= static_cast<int64_t>(std::numeric_limits<T>::max());
-      }
-      REGEN_CHECK(in_range, key, " is out of range: ", x);
-      out = static_cast<T>(x);
-    } else if constexpr (std::is_floating_point_v<T>) {
-      REGEN_CHECK((pb::isinstance<pb::float_>(v) || pb::isinstance<pb::int_>(v)) &&
-                      !pb::isinstance<pb::bool_>(v),
-                  key, " must be a number, got ", pb::str(pb::repr(v)).cast<std::string>());
-      out = v.cast<T>();
-    } else {
-      REGEN_CHECK(pb::isinstance<pb::str>(v), key, " must be a str, got ",
-                  pb::str(pb::repr(v)).cast<std::string>());
-      out = v.cast<T>();
-    }
-  } catch (const pb::cast_error&) {
-    REGEN_FAIL(key, " is out of range: ", pb::str(pb::repr(v)).cast<std::string>());
-  }
+std::string text_of(const pb::handle& v) {
+  return pb::str(pb::repr(v)).cast<std::string>();
 }
 
-tool::ModelFlags flags_from(const std::string& name, int64_t batch, const std::string& device,
-                            const pb::dict& kw) {
+// "image_size='64': must be an integer (got a str)".
+[[noreturn]] void bad_type(const std::string& key, const pb::handle& v, const char* what) {
+  REGEN_FAIL(key, "=", text_of(v), ": must be ", what, " (got a ",
+             pb::str(pb::type::handle_of(v).attr("__name__")).cast<std::string>(), ")");
+}
+
+bool is_integer(const pb::handle& v) {
+  return PyIndex_Check(v.ptr()) && !pb::isinstance<pb::bool_>(v);  // int, numpy integers
+}
+
+// An integer keyword as a double (exact to 2^53; beyond, +-inf for one that a double cannot
+// hold): the ranges are checked by SessionOptions::validate.
+double integer_value(const std::string& key, const pb::handle& v) {
+  if (!is_integer(v)) bad_type(key, v, "an integer");
+  const pb::int_ i = pb::reinterpret_borrow<pb::object>(v);
+  const double d = PyLong_AsDouble(i.ptr());
+  if (d == -1.0 && PyErr_Occurred()) {
+    PyErr_Clear();
+    return pb::int_(0) < i ? HUGE_VAL : -HUGE_VAL;
+  }
+  return d;
+}
+
+double number_value(const std::string& key, const pb::handle& v) {
+  const bool number =
+      (pb::isinstance<pb::float_>(v) || PyIndex_Check(v.ptr()) || PyFloat_Check(v.ptr())) &&
+      !pb::isinstance<pb::bool_>(v);
+  if (!number) bad_type(key, v, "a number");
+  if (is_integer(v)) return integer_value(key, v);
+  return v.cast<double>();
+}
+
+// An integer keyword that fits an int64_t; beyond, refused with the range's words.
+int64_t int64_value(const std::string& key, const pb::handle& v, const OptionRange& range) {
+  const double d = integer_value(key, v);
+  const std::string problem = range.problem(d);
+  if (!problem.empty()) REGEN_FAIL(option_error(key, text_of(v), problem, OptionStyle::keyword));
+  return static_cast<int64_t>(pb::int_(pb::reinterpret_borrow<pb::object>(v)).cast<int64_t>());
+}
+
+std::string str_value(const std::string& key, const pb::handle& v) {
+  if (!pb::isinstance<pb::str>(v)) bad_type(key, v, "a str");
+  return v.cast<std::string>();
+}
+
+SessionOptions options_from(const std::string& name, const pb::object& batch,
+                            const std::string& device, const pb::dict& kw) {
+  const std::vector<std::string> names = option_names();
   for (const auto& [k, v] : kw) {
     const std::string key = pb::str(k);
-    const auto& names = option_names();
     REGEN_CHECK(std::find(names.begin(), names.end(), key) != names.end(), "unknown model option '",
                 key, "'; the options are ", join_names(names));
   }
-  tool::ModelFlags f;
-  f.model = name;
-  f.batch = batch;
-  f.device = device;
-  take(kw, "image_size", f.image_size);
-  take(kw, "num_classes", f.num_classes);
-  take(kw, "seq_len", f.seq_len);
-  take(kw, "vocab", f.vocab);
-  take(kw, "dropout", f.dropout);
-  take(kw, "lm_head_chunk", f.lm_head_chunk);
-  take(kw, "optimizer", f.optimizer);
-  take(kw, "lr", f.lr);
-  take(kw, "momentum", f.momentum);
-  take(kw, "weight_decay", f.weight_decay);
-  take(kw, "seed", f.seed);
-  take(kw, "threads", f.threads);
-  take(kw, "data", f.data);
-  take(kw, "conv", f.conv);
-  take(kw, "tf32", f.tf32);
-  return f;
+  SessionOptions o;
+  o.style = OptionStyle::keyword;
+  o.model = name;
+  o.device = device;
+  o.batch = int64_value("batch", batch, SessionOptions::range("batch"));
+  for (const auto& [k, v] : kw) {
+    const std::string key = pb::str(k);
+    if (v.is_none()) continue;  // the preset's value, or the session's default
+    if (key == "optimizer") {
+      o.optimizer = str_value(key, v);
+    } else if (key == "data") {
+      o.data = str_value(key, v);
+    } else if (key == "conv") {
+      o.conv = str_value(key, v);
+    } else if (key == "math") {
+      o.math = str_value(key, v);
+    } else if (key == "tf32") {
+      if (!pb::isinstance<pb::bool_>(v)) bad_type(key, v, "True or False");
+      o.tf32 = v.cast<bool>();
+    } else if (key == "lr") {
+      o.lr = number_value(key, v);
+    } else if (key == "momentum") {
+      o.momentum = number_value(key, v);
+    } else if (key == "weight_decay") {
+      o.weight_decay = number_value(key, v);
+    } else if (key == "threads") {
+      o.threads = int64_value(key, v, SessionOptions::range("threads"));
+    } else if (key == "seed") {
+      if (!is_integer(v)) bad_type(key, v, "an integer");
+      const pb::int_ i = pb::reinterpret_borrow<pb::object>(v);
+      if (i < pb::int_(0))
+        REGEN_FAIL(option_error(key, text_of(v), "must be a non-negative integer", o.style));
+      try {
+        o.seed = i.cast<uint64_t>();
+      } catch (const pb::cast_error&) {
+        REGEN_FAIL(option_error(key, text_of(v), "must be at most 18446744073709551615", o.style));
+      }
+    } else {
+      // A model's own option: an integer or a number, as the models that take it say.
+      bool integer = true;
+      for (const ModelOptionUse& u : model_option_uses()) {
+        if (u.option.key == key) integer = u.option.range.integer;
+      }
+      o.model_options[key] = integer ? integer_value(key, v) : number_value(key, v);
+    }
+  }
+  o.validate();
+  return o;
+}
+
+pb::object option_value(const ModelOption& o, const ModelConfig& c) {
+  const double v = o.get(c);
+  if (o.range.integer) return pb::int_(static_cast<int64_t>(v));
+  // A float field reads back as the float it holds ("0.1", not 0.10000000149011612).
+  return pb::float_(std::strtod(option_value_text(o, v).c_str(), nullptr));
 }
 
 pb::dict config_dict(const ModelConfig& c) {
   pb::dict d;
   d["name"] = c.name;
-  d["family"] = c.family == ModelFamily::resnet ? "resnet" : "transformer";
-  if (c.family == ModelFamily::resnet) {
-    d["blocks"] = c.blocks;
-    d["bottleneck"] = c.bottleneck;
-    d["base_width"] = c.base_width;
-    d["num_classes"] = c.num_classes;
-    d["image_size"] = c.image_size;
-  } else {
-    d["vocab"] = c.vocab;
-    d["seq_len"] = c.seq_len;
-    d["d_model"] = c.d_model;
-    d["layers"] = c.layers;
-    d["heads"] = c.heads;
-    d["ff"] = c.ff;
-    d["dropout"] = c.dropout;
-    d["causal"] = c.causal;
-    d["gelu"] = c.gelu;
-    d["lm_head_chunk"] = c.head_chunk_rows;
-  }
+  for (const ModelOption& o : model_info(c.name).input.options)
+    d[pb::str(o.key)] = option_value(o, c);
   d["seed"] = c.seed;
   return d;
+}
+
+std::string format_ms(double ms) {
+  char buf[48];
+  std::snprintf(buf, sizeof buf, ms < 100 ? "%.3f ms" : "%.1f ms", ms);
+  return buf;
 }
 
 }  // namespace
 
 class PyModel {
  public:
-  PyModel(const std::string& name, int64_t batch, const std::string& device, const pb::dict& kw)
-      : flags_(flags_from(name, batch, device, kw)) {
-    REGEN_CHECK(batch > 0, "batch must be a positive integer, got ", batch);
+  PyModel(const std::string& name, const pb::object& batch, const std::string& device,
+          const pb::dict& kw)
+      : options_(options_from(name, batch, device, kw)) {
     // Every model starts from the same allocator state, so a profile made by one predicts the
     // steps of another of the same configuration to the byte (while no other model is alive).
-    allocator_for(tool::resolve_device(flags_.device)).empty_cache();
-    session_ = tool::make_session(flags_, batch);
+    allocator_for(resolve_device(options_.device, options_.style)).empty_cache();
+    session_ = make_session(options_);
     pipe_ = std::make_unique<RematPipeline>(*session_->trainer);
   }
 
-  const tool::ModelFlags& flags() const { return flags_; }
-  tool::Session& session() { return *session_; }
+  const SessionOptions& options() const { return options_; }
+  Session& session() { return *session_; }
   RematPipeline& pipe() { return *pipe_; }
   const ProfilePtr& profile() const { return profile_; }
   const std::shared_ptr<PlanHandle>& plan() const { return plan_; }
@@ -141,8 +181,8 @@ class PyModel {
     ProfileOptions po;
     po.warmup = warmup;
     po.iterations = iterations;
-    po.model_name = flags_.model;
-    po.run = tool::run_flags(flags_);
+    po.model_name = options_.model;
+    po.run = run_flags(options_);
     plan_.reset();
     profile_ = make_profile_handle(pipe_->profile(po));
     return profile_;
@@ -151,7 +191,7 @@ class PyModel {
   void use_profile(const ProfilePtr& p) {
     REGEN_CHECK(p != nullptr, "use_profile: profile is None");
     if (p == profile_) return;
-    tool::check_profile_run(p->profile, flags_, "the profile");
+    check_profile_run(p->profile, options_, "the profile");
     plan_.reset();
     pipe_->use_profile(p->profile);  // refuses another model, batch or device
     profile_ = p;
@@ -204,7 +244,8 @@ class PyModel {
     for (int64_t i = 1; i <= steps; ++i) {
       StepResult r = pipe_->step();
       REGEN_CHECK(std::isfinite(r.loss), "training diverged: the loss of step ", i, " is ", r.loss,
-                  " (not finite); try a lower lr (this model uses ", flags_.lr, ")");
+                  " (not finite); try a lower lr (this model uses lr=", number_text(options_.lr),
+                  ")");
       out.push_back(r);
       bool stop = i == steps;
       if (!progress.is_none()) {
@@ -214,11 +255,10 @@ class PyModel {
       if (stop) {
         // A parameter or gradient can stop being finite while the loss still is: read them after
         // the last step, so a model that is not finite is never handed back as trained.
-        const std::string bad = tool::first_non_finite(*session_->model);
+        const std::string bad = first_non_finite(*session_->model);
         REGEN_CHECK(bad.empty(), "training diverged: after step ", i, " the ", bad,
-                    " (not finite); try a "
-                    "lower lr (this model uses ",
-                    flags_.lr, ")");
+                    " (not finite); try a lower lr (this model uses lr=", number_text(options_.lr),
+                    ")");
         break;
       }
       if (PyErr_CheckSignals() != 0) throw pb::error_already_set();
@@ -227,8 +267,8 @@ class PyModel {
   }
 
  private:
-  tool::ModelFlags flags_;
-  std::unique_ptr<tool::Session> session_;
+  SessionOptions options_;
+  std::unique_ptr<Session> session_;
   std::unique_ptr<RematPipeline> pipe_;  // after session_: destroyed first
   ProfilePtr profile_;
   std::shared_ptr<PlanHandle> plan_;
@@ -250,7 +290,7 @@ void bind_model(pb::module_& m) {
       .def_property_readonly("cache_flushes",
                              [](const StepResult& r) { return r.memory.num_cache_flushes; })
       .def("__repr__", [](const StepResult& r) {
-        return "regen.StepResult(loss " + std::to_string(r.loss) + ", " + tool::format_ms(r.ms) +
+        return "regen.StepResult(loss " + std::to_string(r.loss) + ", " + format_ms(r.ms) +
                ", peak allocated " + format_bytes(r.memory.allocated.peak) + ", reserved " +
                format_bytes(r.memory.reserved.peak) + ")";
       });
@@ -263,13 +303,13 @@ optimizer ('sgd' or 'adamw'), lr, momentum, weight_decay, seed, threads, data ('
 'cifar10:DIR', 'text:FILE'), conv, tf32. The first step runs dry before the model is built: a batch
 too large for the device's memory is refused. Use one model at a time for exact memory figures:
 another live model's tensors count in the allocator's peaks.)doc")
-      .def(pb::init([](const std::string& name, int64_t batch, const std::string& device,
+      .def(pb::init([](const std::string& name, const pb::object& batch, const std::string& device,
                        const pb::kwargs& kw) {
              return std::make_unique<PyModel>(name, batch, device, kw);
            }),
            pb::arg("name") = "resnet-tiny", pb::arg("batch") = 4, pb::arg("device") = "auto")
-      .def_property_readonly("name", [](PyModel& s) { return s.flags().model; })
-      .def_property_readonly("batch", [](PyModel& s) { return s.flags().batch; })
+      .def_property_readonly("name", [](PyModel& s) { return s.options().model; })
+      .def_property_readonly("batch", [](PyModel& s) { return s.options().batch; })
       .def_property_readonly("device", [](PyModel& s) { return s.session().device.str(); })
       .def_property_readonly(
           "config", [](PyModel& s) { return config_dict(s.session().config); },
@@ -410,18 +450,16 @@ stops. A loss, parameter or gradient that is not finite raises regen.Error.)doc"
       .def(
           "save",
           [](PyModel& s, const std::string& path) {
-            tool::save_checkpoint(s.session(), path, s.pipe().steps_done());
+            save_checkpoint(s.session(), path, s.pipe().steps_done());
           },
           pb::arg("path"), "Writes a checkpoint (safetensors, as `regen train --save`), atomically")
       .def(
           "load",
-          [](PyModel& s, const std::string& path) {
-            return tool::load_checkpoint(s.session(), path);
-          },
+          [](PyModel& s, const std::string& path) { return load_checkpoint(s.session(), path); },
           pb::arg("path"),
           "Loads a checkpoint saved from this model's configuration; returns the tensor count")
       .def("__repr__", [](PyModel& s) {
-        return "regen.Model(" + s.flags().model + ", batch " + std::to_string(s.flags().batch) +
+        return "regen.Model(" + s.options().model + ", batch " + std::to_string(s.options().batch) +
                " on " + s.session().device.str() + ", " +
                std::to_string(s.session().model->num_parameters()) + " parameters)";
       });
@@ -437,8 +475,8 @@ stops. A loss, parameter or gradient that is not finite raises regen.Error.)doc"
 
   m.def(
       "profile",
-      [](const pb::object& model, int64_t batch, const std::string& device, int iterations,
-         int warmup, const pb::kwargs& kw) {
+      [](const pb::object& model, const pb::object& batch, const std::string& device,
+         int iterations, int warmup, const pb::kwargs& kw) {
         if (pb::isinstance<PyModel>(model)) {
           REGEN_CHECK(kw.size() == 0,
                       "profile: model options go to the Model, not to profile() of one");

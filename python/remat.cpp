@@ -8,6 +8,7 @@
 
 #include "python/bindings.h"
 #include "regen/core/allocator.h"
+#include "regen/remat/session.h"
 
 namespace regen::py {
 namespace {
@@ -221,7 +222,9 @@ std::shared_ptr<ProfileHandle> ProfileHandle::owner_of(const Simulator& sim) {
 
 Budget budget_from(const pb::object& b) {
   if (b.is_none()) return Budget{};
-  if (pb::isinstance<pb::str>(b)) return Budget::parse(b.cast<std::string>());
+  if (pb::isinstance<pb::str>(b)) {
+    return parse_budget_option(b.cast<std::string>(), "budget", OptionStyle::keyword);
+  }
   REGEN_CHECK(!pb::isinstance<pb::bool_>(b),
               "budget must be None, a text such as '60%', '2GiB' or 'lowest', "
               "or a number of bytes; got a bool");

@@ -19,9 +19,11 @@
 #include "regen/models/optim.h"
 #include "regen/models/train.h"
 #include "regen/remat/pipeline.h"
+#include "regen/remat/session.h"
 
 namespace regen::testing {
 
+// A training run's parts (the trainer refers to the others: they go after it).
 struct Run {
   std::unique_ptr<Model> model;
   std::unique_ptr<Optimizer> opt;
@@ -29,16 +31,28 @@ struct Run {
   std::unique_ptr<Trainer> trainer;
 };
 
+// The session of a run of `cfg` (a registered model's configuration, possibly with sizes no option
+// sets): SGD with momentum, synthetic data, one seed.
+inline SessionOptions run_options(const ModelConfig& cfg, int64_t batch, Device device) {
+  SessionOptions o;
+  o.model = cfg.name;
+  o.config = cfg;
+  o.batch = batch;
+  o.device = device.str();
+  o.lr = 0.05;
+  o.momentum = 0.9;
+  o.seed = 1234;
+  return o;
+}
+
+// A run made by the library's session (remat/session.h), as `regen train` makes one.
 inline Run make_run(const ModelConfig& cfg, int64_t batch, Device device) {
-  manual_seed(1234);
+  std::unique_ptr<Session> s = make_session(run_options(cfg, batch, device), Preflight::none);
   Run r;
-  r.model = make_model(cfg, device);
-  SGDOptions so;
-  so.lr = 0.05;
-  so.momentum = 0.9;
-  r.opt = std::make_unique<SGD>(r.model->parameters(), so);
-  r.data = make_data_source("", cfg, 99);
-  r.trainer = std::make_unique<Trainer>(*r.model, *r.opt, *r.data, batch, device);
+  r.model = std::move(s->model);
+  r.opt = std::move(s->optimizer);
+  r.data = std::move(s->data);
+  r.trainer = std::move(s->trainer);
   return r;
 }
 

@@ -178,22 +178,42 @@ TEST_CASE("cli: mistakes in flags give one clear line and a non-zero exit") {
   expect_failure(dir, tiny({"--lr", "abc"}), {"--lr", "'abc' (not a number)"});
   expect_failure(dir, tiny({"--lr", "inf"}), {"--lr must be a finite number"});
   expect_failure(dir, tiny({"--dropout", "nan"}), {"--dropout must be a number from 0 to 0.99"});
+  // The model's own options are checked against the model's ranges by the library's session
+  // (SessionOptions::validate, which the Python module calls too: tests/python/test_errors.py).
+  expect_failure(dir, tiny({"--dropout", "-0.5"}),
+                 {"--dropout must be a number from 0 to 0.99, got -0.5"});
+  expect_failure(dir, tiny({"--dropout", "1"}),
+                 {"--dropout must be a number from 0 to 0.99, got 1"});
+  expect_failure(dir, tiny({"--seq-len", "0"}), {"--seq-len must be a positive integer, got 0"});
+  expect_failure(dir, tiny({"--seq-len", "1.5"}), {"--seq-len", "'1.5' (not an integer)"});
+  expect_failure(dir, {"train", "--model", "resnet-tiny", "--image-size", "0"},
+                 {"--image-size must be a positive integer, got 0"});
+  expect_failure(dir, {"train", "--model", "resnet-tiny", "--num-classes", "0x10"},
+                 {"--num-classes", "'0x10' (not an integer)"});
+  expect_failure(dir, tiny({"--threads", "5000"}), {"--threads must be at most 1024, got 5000"});
+  expect_failure(dir, tiny({"--optimizer", "adam"}),
+                 {"--optimizer must be sgd or adamw, got 'adam'"});
+  expect_failure(dir, tiny({"--conv", "fast"}), {"--conv must be native or cudnn, got 'fast'"});
   expect_failure(dir, tiny({"--momentum", "1.5"}), {"--momentum must be a number from 0 to 1"});
   expect_failure(dir, tiny({"--weight-decay", "-1"}), {"--weight-decay must be a finite number"});
   expect_failure(dir, tiny({"--seed", "-1"}), {"--seed must be a non-negative integer, got -1"});
   expect_failure(dir, tiny({"--threads", "0"}), {"--threads must be a positive integer"});
-  expect_failure(dir, tiny({"--vocab", "0"}), {"--vocab must be a positive integer"});
+  expect_failure(dir, tiny({"--vocab", "0"}), {"--vocab must be an integer >= 2, got 0"});
+  // A vocabulary of one token would train with a loss of 0: refused.
+  expect_failure(dir, tiny({"--vocab", "1"}), {"--vocab must be an integer >= 2, got 1"});
   expect_failure(dir, tiny({"--device", "tpu"}), {"unknown device 'tpu'"});
   expect_failure(dir, {"train", "--model", "resnet-tiny", "--image-size", "8"},
                  {"--image-size 8 is too small"});
-  expect_failure(dir, tiny({"--image-size", "64"}), {"--image-size applies to ResNet models"});
+  expect_failure(dir, tiny({"--image-size", "64"}),
+                 {"--image-size does not apply to model 'transformer-tiny'",
+                  "its options: --seq-len, --vocab, --dropout, --lm-head-chunk"});
   expect_failure(dir, {"train", "--model", "resnet-tiny", "--vocab", "256"},
-                 {"--vocab applies to Transformer models"});
+                 {"--vocab does not apply to model 'resnet-tiny'"});
   expect_failure(dir, tiny({"--lm-head-chunk", "-2"}),
                  {"--lm-head-chunk must be an integer from -1 to 2147483647, got -2"});
   expect_failure(dir, tiny({"--lm-head-chunk", "auto"}), {"--lm-head-chunk", "'auto'"});
   expect_failure(dir, {"train", "--model", "resnet-tiny", "--lm-head-chunk", "0"},
-                 {"--lm-head-chunk applies to Transformer models"});
+                 {"--lm-head-chunk does not apply to model 'resnet-tiny'"});
   expect_failure(dir, tiny({"--no-such-flag"}), {"--no-such-flag"});
   // Remat with every step spent profiling would have no step under the plan to measure.
   expect_failure(dir, tiny({"--policy", "mutwo", "--steps", "2"}),
@@ -233,7 +253,7 @@ TEST_CASE(
     int64_t image_size;     // ResNet
     int64_t lm_head_chunk;  // Transformer
   };
-  const int64_t preset = tool::ModelFlags::kPresetHeadChunk;
+  const int64_t preset = -2;  // the preset's head
   for (const Case& c :
        {Case{"resnet-tiny", "sgd", 8, 64, preset}, Case{"resnet-tiny", "adamw", 3, 64, preset},
         Case{"resnet-tiny", "sgd", 2, 32, preset}, Case{"resnet-tiny", "adamw", 5, 32, preset},
@@ -245,20 +265,21 @@ TEST_CASE(
                              (c.image_size ? " --image-size " + std::to_string(c.image_size) : "") +
                              (c.lm_head_chunk == -1 ? " --lm-head-chunk -1" : "");
     CAPTURE(what);
-    tool::ModelFlags m;
+    SessionOptions m;
     m.model = c.model;
     m.optimizer = c.optimizer;
     m.batch = c.batch;
     m.device = "cpu";
-    if (c.image_size) m.image_size = c.image_size;
-    m.lm_head_chunk = c.lm_head_chunk;
+    if (c.image_size) m.model_options["image_size"] = static_cast<double>(c.image_size);
+    if (c.lm_head_chunk != preset)
+      m.model_options["lm_head_chunk"] = static_cast<double>(c.lm_head_chunk);
     CachingAllocator& a = allocator_for(Device::cpu());
     a.empty_cache();
     REQUIRE(a.stats().live_blocks == 0);
     {
       const int64_t allocs = a.stats().num_allocs;
       const DryRunResult dry =
-          dry_run_step(tool::model_config(m), m.batch, Device::cpu(), [](Model& model) {
+          dry_run_step(m.model_config(), m.batch, Device::cpu(), [](Model& model) {
             return std::unique_ptr<Optimizer>(
                 std::make_unique<SGD>(model.parameters(), SGDOptions{}));
           });
@@ -267,7 +288,7 @@ TEST_CASE(
       CHECK(dry.memory.allocated.peak > dry.persistent);
       CHECK(dry.persistent > 0);
     }
-    auto s = tool::make_session(m, m.batch);
+    auto s = make_session(m);
     const StepResult r = s->trainer->step();
     CHECK(std::isfinite(r.loss));
     CHECK(a.stats().allocated.current == s->preflight.persistent);
@@ -306,6 +327,15 @@ TEST_CASE("cli: budgets, limits, and outputs that are inputs, each other or not 
   expect_failure(dir, {"frobnicate"}, {"unknown command 'frobnicate'", "train"});
   expect_failure(dir, {"train", "--model", "resnet-tiny", "--image-size", "1000000"},
                  {"--batch 4 at --image-size 1000000 is too large", "or --image-size"});
+  {
+    // A side so large that batch x side x side would overflow: the batch-norm check holds, and
+    // the dry run names the size.
+    const Result r = regen_run(
+        dir, {"train", "--model", "resnet-tiny", "--batch", "2", "--image-size", "1099511627776"});
+    CHECK(r.status == 1);
+    CHECK(has(r.err, "--batch 2 at --image-size 1099511627776 is too large"));
+    CHECK_FALSE(has(r.err, "use --batch 2 or more"));
+  }
   expect_failure(dir, {"train", "--model", "resnet-tiny", "--batch", "1"},
                  {"--batch 1 at --image-size 32", "use --batch 2 or more"});
   // (A build without CUDA says so first; one with CUDA names the device.)
@@ -577,7 +607,7 @@ TEST_CASE("cli: bench train prints what it measured and writes --json atomically
   REQUIRE(r.status == 0);
   CHECK(has(r.out, "transformer-tiny batch 2"));
   CHECK(has(r.out, "on cpu, 1 threads"));
-  CHECK(has(r.out, "sequence 16"));
+  CHECK(has(r.out, "--seq-len 16, --vocab 101"));
   CHECK(has(r.out, "median"));
   CHECK(has(r.out, " ms, min "));
   CHECK(has(r.out, "samples/s"));
@@ -828,7 +858,7 @@ TEST_CASE("cli: frontier refuses bad flags before any work") {
                  {"--threads 7", "threads"});
   expect_failure(dir,
                  {"frontier", "--model", "transformer-tiny", "--image-size", "64", "--out", out},
-                 {"--image-size applies to ResNet models"});
+                 {"--image-size does not apply to model 'transformer-tiny'"});
   CHECK(!std::filesystem::exists(out));  // refused before the folder was made
   // Another model under the same name and batch: refused up front, naming the flag the profile
   // recorded; a profile without that record (made before it existed) is caught when the no-remat
@@ -875,7 +905,7 @@ TEST_CASE("cli: frontier refuses bad flags before any work") {
 // tools write names the mode (on the CPU always fp32: every CPU kernel is FP32); profiles record
 // it, and profiles written before --math (--tf32 on|off) are read as --math.
 TEST_CASE("cli: --math and --tf32: defaults, conflicts, the CPU, and the math column") {
-  using tool::math_mode;
+  using regen::math_mode;
   const Device cpu = Device::cpu(), gpu = Device::cuda(0);
   // Training and everything else: fp32 unless asked; benchmarks: tf32 on CUDA; the CPU: fp32.
   CHECK(math_mode("", false, gpu) == "fp32");
@@ -891,14 +921,13 @@ TEST_CASE("cli: --math and --tf32: defaults, conflicts, the CPU, and the math co
   CHECK(has(error_of([&] { math_mode("fp16", false, gpu); }),
             "--math must be fp32 or tf32, got 'fp16'"));
   // Flags filled in code (regen.Model) are checked as the command line's are.
-  tool::ModelFlags m;
+  SessionOptions m;
   m.math = "fp32";
   m.tf32 = true;
-  CHECK(has(error_of([&] { tool::check_model_flags(m); }), "conflicts with --math fp32"));
+  CHECK(has(error_of([&] { m.validate(); }), "conflicts with --math fp32"));
   m.math = "bf16";
   m.tf32 = false;
-  CHECK(has(error_of([&] { tool::check_model_flags(m); }),
-            "--math must be fp32 or tf32, got 'bf16'"));
+  CHECK(has(error_of([&] { m.validate(); }), "--math must be fp32 or tf32, got 'bf16'"));
 
   TempDir dir;
   expect_failure(dir, tiny({"--math", "bogus"}), {"--math must be fp32 or tf32, got 'bogus'"});
@@ -1013,13 +1042,13 @@ TEST_CASE("cli: --math and --tf32: defaults, conflicts, the CPU, and the math co
                  tiny({"--batch", "2", "--device", "cpu", "--profile", old_on, "--policy", "sqrt"}),
                  {"was made with --math tf32, but this run has --math fp32", "pass --math tf32"});
   Profile p;
-  CHECK(tool::profile_math(p) == "fp32");
+  CHECK(profile_math(p) == "fp32");
   p.run["--tf32"] = "on";
-  CHECK(tool::profile_math(p) == "tf32");
+  CHECK(profile_math(p) == "tf32");
   p.run["--tf32"] = "off";
-  CHECK(tool::profile_math(p) == "fp32");
+  CHECK(profile_math(p) == "fp32");
   p.run = {{"--math", "tf32"}};
-  CHECK(tool::profile_math(p) == "tf32");
+  CHECK(profile_math(p) == "tf32");
 }
 
 TEST_CASE("cli validators: messages name the requirement and the value") {
@@ -1050,31 +1079,34 @@ TEST_CASE("cli validators: messages name the requirement and the value") {
   CHECK(validate(number_in(0, 0.99), "1") == "must be a number from 0 to 0.99, got 1");
   CHECK(validate(number_in(0, 1), "NaN") == "must be a number from 0 to 1, got NaN");
 
-  // The flag checks behind make_session refuse what the validators refuse.
-  ModelFlags f;
-  f.dropout = std::nan("");
-  CHECK(has(error_of([&] { check_model_flags(f); }), "--dropout must be a number from 0 to 0.99"));
-  f = ModelFlags();
+  // The session's checks (SessionOptions::validate, behind make_session) refuse what the
+  // validators refuse.
+  SessionOptions f;
+  f.model = "transformer-tiny";
+  f.model_options["dropout"] = std::nan("");
+  CHECK(has(error_of([&] { f.validate(); }), "--dropout must be a number from 0 to 0.99"));
+  f = SessionOptions();
   f.lr = HUGE_VAL;
-  CHECK(has(error_of([&] { check_model_flags(f); }), "--lr must be a finite number"));
-  f = ModelFlags();
+  CHECK(has(error_of([&] { f.validate(); }), "--lr must be a finite number"));
+  f = SessionOptions();
   f.model = "transformer-tiny";
   f.data = "text:x.txt";
-  CHECK(has(error_of([&] { model_config(f); }), "pass --vocab 256"));
-  f.vocab = 256;
-  CHECK(model_config(f).vocab == 256);
+  CHECK(has(error_of([&] { f.model_config(); }), "pass --vocab 256"));
+  f.model_options["vocab"] = 256;
+  CHECK(f.model_config().vocab == 256);
   // --lm-head-chunk: the preset's fused automatic head unless given; -1 unfused, N rows.
-  CHECK(model_config(f).head_chunk_rows == 0);
-  f.lm_head_chunk = -1;
-  CHECK(model_config(f).head_chunk_rows == -1);
-  f.lm_head_chunk = 64;
-  CHECK(model_config(f).head_chunk_rows == 64);
-  f.lm_head_chunk = -7;
-  CHECK(has(error_of([&] { check_model_flags(f); }),
+  CHECK(f.model_config().head_chunk_rows == 0);
+  f.model_options["lm_head_chunk"] = -1;
+  CHECK(f.model_config().head_chunk_rows == -1);
+  f.model_options["lm_head_chunk"] = 64;
+  CHECK(f.model_config().head_chunk_rows == 64);
+  f.model_options["lm_head_chunk"] = -7;
+  CHECK(has(error_of([&] { f.validate(); }),
             "--lm-head-chunk must be an integer from -1 to 2147483647"));
-  f = ModelFlags();
-  f.lm_head_chunk = 0;
-  CHECK(has(error_of([&] { model_config(f); }), "--lm-head-chunk applies to Transformer models"));
+  f = SessionOptions();
+  f.model_options["lm_head_chunk"] = 0;
+  CHECK(has(error_of([&] { f.model_config(); }),
+            "--lm-head-chunk does not apply to model 'resnet-tiny'"));
 }
 
 TEST_CASE("io: failed writes close the file and leave no temporary behind") {
@@ -1218,15 +1250,15 @@ TEST_CASE("io: outputs committed together, and a folder locked against a second 
 // the plan predicted and where.
 TEST_CASE(
     "cli: out of memory under a plan's limit names the plan's prediction and the fragmentation") {
-  tool::ModelFlags m;  // large enough that a step maps segments of its own
+  SessionOptions m;  // large enough that a step maps segments of its own
   m.model = "resnet-tiny";
-  m.image_size = 64;
+  m.model_options["image_size"] = 64;
   m.batch = 16;
   m.device = "cpu";
   Profile profile;
   {
     allocator_for(Device::cpu()).empty_cache();
-    auto s = tool::make_session(m, m.batch);
+    auto s = make_session(m);
     ProfileOptions po;
     po.warmup = 1;
     po.iterations = 1;
@@ -1239,9 +1271,8 @@ TEST_CASE(
   Plan plan = make_plan(sim, "dp", Budget::parse("80%"), po);
   REQUIRE(plan.feasible);
   plan.predicted.peak_at = "bwd_begin somewhere";
-  const std::string e = error_of([&] {
-    tool::measure_training(m, m.batch, 2, &profile, &plan, plan.predicted.peak_allocated - 1);
-  });
+  const std::string e =
+      error_of([&] { measure_training(m, 2, &profile, &plan, plan.predicted.peak_allocated - 1); });
   CAPTURE(e);
   CHECK(e.find("out of memory") != std::string::npos);
   CHECK(e.find("would pass the limit") != std::string::npos);

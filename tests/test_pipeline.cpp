@@ -82,17 +82,17 @@ void register_once() {
     register_planner(
         {"every-other", "recompute every other candidate (a test planner)", every_other});
     ModelConfig preset;
-    preset.family = ModelFamily::resnet;
     preset.image_size = 32;
     preset.num_classes = 10;
     register_model({"plain-test", "conv, relu, pooling, linear (no blocks)", preset,
                     [](const ModelConfig& c, Device d) {
                       return std::make_unique<ConvNet>(c, d, 4, 16, false);
-                    }});
+                    },
+                    image_classifier_input()});
     register_model(
-        {"constant-test", "a constant made in forward", preset, [](const ModelConfig& c, Device d) {
-           return std::make_unique<ConvNet>(c, d, 3, 8, true);
-         }});
+        {"constant-test", "a constant made in forward", preset,
+         [](const ModelConfig& c, Device d) { return std::make_unique<ConvNet>(c, d, 3, 8, true); },
+         image_classifier_input()});
     return true;
   }();
   (void)done;
@@ -148,10 +148,10 @@ TEST_CASE("pipeline: registry names are checked, unknown ones listed") {
   CHECK(unknown.find("every-other") != std::string::npos);
   ModelConfig c;
   CHECK(error_of([&] {
-          register_model({"resnet50", "again", c, make_model});
+          register_model({"resnet50", "again", c, make_model, image_classifier_input()});
         }).find("registered already") != std::string::npos);
   CHECK(error_of([&] {
-          register_model({"x y", "bad", c, make_model});
+          register_model({"x y", "bad", c, make_model, image_classifier_input()});
         }).find("must be letters") != std::string::npos);
   const std::string um = error_of([] { model_preset("nosuch"); });
   CHECK(um.find("unknown model 'nosuch'") != std::string::npos);

@@ -18,7 +18,7 @@ namespace regen::tool {
 namespace {
 
 struct Flags {
-  ModelFlags m;
+  SessionOptions m;
   int warmup = 2;
   int steps = 5;
   std::string json;
@@ -53,10 +53,11 @@ double torch_step_seconds(const std::string& path, const std::string& model, int
 // trains with SGD, momentum 0.9).
 std::string torch_baseline_command(const Flags& f, const ModelConfig& c, Device device, int threads,
                                    const std::string& math) {
-  const bool resnet = c.family == ModelFamily::resnet;
-  const bool known =
-      resnet ? c.name.rfind("resnet", 0) == 0 && c.name != "resnet-tiny" && c.num_classes == 1000
-             : (c.name == "transformer" || c.name == "bert-base") && c.vocab == 30000;
+  // tools/torch_baseline.py's models, by name.
+  const bool resnet = c.name == "resnet18" || c.name == "resnet34" || c.name == "resnet50" ||
+                      c.name == "resnet101" || c.name == "resnet152";
+  const bool lm = c.name == "transformer" || c.name == "bert-base";
+  const bool known = (resnet && c.num_classes == 1000) || (lm && c.vocab == 30000);
   if (!known || f.m.optimizer != "sgd" || f.m.momentum != 0.9 || f.m.weight_decay != 0) return "";
   char dropout[48] = "";
   if (!resnet) {
@@ -87,10 +88,9 @@ void run(Flags f) {
   if (!f.json.empty()) check_output_path("--json", f.json);
   f.m.math = math_mode(f.m, resolve_device(f.m.device), kBenchMath);
   const std::string& math = f.m.math;
-  auto s = make_session(f.m, f.m.batch);
+  auto s = make_session(f.m);
   const ModelConfig& c = s->config;
   const int threads = omp_get_max_threads();
-  const bool resnet = c.family == ModelFamily::resnet;
   for (int i = 0; i < f.warmup; ++i) {
     const StepResult r = s->trainer->step();
     check_finite_loss(r.loss, i + 1, f.m.lr);
@@ -108,14 +108,14 @@ void run(Flags f) {
   const double lo = *std::min_element(ms.begin(), ms.end());
   const double hi = *std::max_element(ms.begin(), ms.end());
   const double sps = med > 0 ? 1000.0 * f.m.batch / med : 0.0;
-  const std::string shape =
-      resnet
-          ? "image " + std::to_string(c.image_size) + "x" + std::to_string(c.image_size)
-          : "sequence " + std::to_string(c.seq_len) + ", vocabulary " + std::to_string(c.vocab) +
-                (c.head_chunk_rows < 0    ? ", LM head unfused"
-                 : c.head_chunk_rows == 0 ? ", LM head fused with the loss (automatic chunks)"
-                                          : ", LM head fused with the loss (" +
-                                                std::to_string(c.head_chunk_rows) + "-row chunks)");
+  // The model's options with the values this run has: "--seq-len 16, --vocab 101, ...".
+  std::string shape;
+  const std::vector<ModelOption>& options = model_info(c.name).input.options;
+  for (const ModelOption& o : options) {
+    shape += (shape.empty() ? "" : ", ") +
+             option_setting(o.key, option_value_text(o, o.get(c)), OptionStyle::flag);
+  }
+  if (shape.empty()) shape = "the preset's sizes";
   std::printf("bench train: %s batch %lld, %s, on %s, %d threads, math %s (regen, %s lr %g)\n",
               c.name.c_str(), static_cast<long long>(f.m.batch), shape.c_str(),
               s->device.str().c_str(), threads, math.c_str(), f.m.optimizer.c_str(), f.m.lr);
@@ -161,12 +161,8 @@ void run(Flags f) {
       << ",\n  \"batch\": " << f.m.batch << ",\n  \"math\": \"" << math
       << "\",\n  \"device\": " << json_string(s->device.str()) << ",\n  \"threads\": " << threads
       << ",\n";
-    if (resnet) {
-      j << "  \"image_size\": " << c.image_size << ",\n  \"num_classes\": " << c.num_classes
-        << ",\n";
-    } else {
-      j << "  \"seq_len\": " << c.seq_len << ",\n  \"vocab\": " << c.vocab
-        << ",\n  \"lm_head_chunk\": " << c.head_chunk_rows << ",\n";
+    for (const ModelOption& o : options) {
+      j << "  " << json_string(o.key) << ": " << option_value_text(o, o.get(c)) << ",\n";
     }
     j << "  \"optimizer\": " << json_string(f.m.optimizer) << ",\n  \"warmup\": " << f.warmup
       << ",\n  \"steps\": " << f.steps << ",\n  \"step_s\": " << seconds(med)
@@ -202,7 +198,8 @@ void setup(CLI::App& app) {
       ->capture_default_str();
   app.add_option("--json", f->json,
                  "also write the figures to FILE (atomic): model, batch, math, device, threads, "
-                 "image_size or seq_len, step_s (median), step_min_s, step_max_s, step_ms, "
+                 "the model's options (image_size, seq_len, ...), step_s (median), step_min_s, "
+                 "step_max_s, step_ms, "
                  "samples_per_s, peak_bytes");
   app.add_option("--torch-csv", f->torch_csv,
                  "CSV from tools/torch_baseline.py --csv (same model, batch, device and threads): "

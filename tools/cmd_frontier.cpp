@@ -27,7 +27,7 @@ namespace regen::tool {
 namespace {
 
 struct Flags {
-  ModelFlags m;
+  SessionOptions m;
   std::string profile;
   std::string policies;  // empty: every policy but none and milp
   double milp_time_limit = 60;
@@ -410,7 +410,7 @@ void run(Flags f, const Given& given) {
   }
   if (!loaded || f.execute > 0) {
     // The model flags that build a session (a mistake fails before the folder is made).
-    model_config(f.m);
+    f.m.validate();
     math_mode(f.m, resolve_device(f.m.device));
   }
   // The output folder and every file written in it. A second frontier into the same folder
@@ -428,7 +428,7 @@ void run(Flags f, const Given& given) {
                 static_cast<long long>(f.m.batch));
     std::fflush(stdout);
     allocator_for(resolve_device(f.m.device)).empty_cache();
-    auto s = make_session(f.m, f.m.batch);
+    auto s = make_session(f.m);
     ProfileOptions po;
     // As regen sweep: the second step still pays first-touch costs on the CPU.
     po.warmup = 2;
@@ -535,7 +535,9 @@ void run(Flags f, const Given& given) {
         "each on a fresh model (the first step not timed):\n",
         f.execute, f.steps);
     std::fflush(stdout);
-    c.base = measure_training(f.m, profile.batch, f.steps, nullptr);
+    SessionOptions at_profile_batch = f.m;
+    at_profile_batch.batch = profile.batch;
+    c.base = measure_training(at_profile_batch, f.steps, nullptr);
     c.base_measured = true;
     std::printf("  no remat: %s\n", measured_line(c.base, c.none.predicted).c_str());
     std::fflush(stdout);
@@ -565,7 +567,7 @@ void run(Flags f, const Given& given) {
         const Plan& plan = rep->plan;
         MeasuredRun got;
         try {
-          got = measure_training(f.m, profile.batch, f.steps, &profile, &plan);
+          got = measure_training(at_profile_batch, f.steps, &profile, &plan);
         } catch (const Error& e) {
           REGEN_FAIL("executing ", pf.spec.label, " (plan of budgets ",
                      budget_range(pf, id, c.no_remat_peak), "): ", e.message());

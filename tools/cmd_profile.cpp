@@ -13,7 +13,7 @@ namespace regen::tool {
 namespace {
 
 struct Flags {
-  ModelFlags m;
+  SessionOptions m;
   int warmup = 1;
   int iterations = 3;
   std::string out = ".";
@@ -40,7 +40,7 @@ void setup(CLI::App& app) {
       check_output_path("--out", f->out + name);
     }
     const FolderLock lock(f->out, "--out");  // a second profile into the same folder stops here
-    auto s = make_session(f->m, f->m.batch);
+    auto s = make_session(f->m);
     ProfileOptions po;
     po.warmup = f->warmup;
     po.iterations = f->iterations;

@@ -22,7 +22,7 @@ namespace regen::tool {
 namespace {
 
 struct Flags {
-  ModelFlags m;
+  SessionOptions m;
   std::string batches = "4,8";
   std::string policies = "mutwo";
   std::string budgets = "50%";
@@ -58,6 +58,12 @@ std::string timeline_csv(const Profile& p, const SimResult& r, const std::string
   return os.str();
 }
 
+// The session options with `batch`.
+SessionOptions at_batch(SessionOptions o, int64_t batch) {
+  o.batch = batch;
+  return o;
+}
+
 void run(const Flags& f) {
   std::vector<int64_t> batches;
   for (const std::string& b : split_commas(f.batches)) {
@@ -81,6 +87,8 @@ void run(const Flags& f) {
                 ", each with an optional :", join_names(chain_names(), ", :"), " chain mode)");
   }
   for (const std::string& b : budgets) Budget::parse(b);  // fails early on a bad budget
+  // Every batch's session options checked before any work (make_session checks them again).
+  for (int64_t batch : batches) at_batch(f.m, batch).validate();
   const std::string math = math_mode(f.m, resolve_device(f.m.device));
   // The flags are right: the folder now. A second sweep into it stops here; a failed sweep leaves
   // it as it was (every output is committed together at the end, and a folder it made is removed).
@@ -101,7 +109,7 @@ void run(const Flags& f) {
     Profile profile;
     {
       allocator_for(resolve_device(f.m.device)).empty_cache();
-      auto s = make_session(f.m, batch);
+      auto s = make_session(at_batch(f.m, batch));
       ProfileOptions po;
       // Two warm-up steps: the second step still pays first-touch costs on the CPU (its
       // forward ran ~2.5x slower than later ones on ResNet-50), which would inflate every
@@ -116,7 +124,7 @@ void run(const Flags& f) {
                          profile_to_json(profile));
     const Simulator sim(profile);
     PlanCache cache(sim);  // dp's programme, mutwo's order, lowest budgets: once per batch
-    const MeasuredRun base = measure_training(f.m, batch, f.steps, nullptr);
+    const MeasuredRun base = measure_training(at_batch(f.m, batch), f.steps, nullptr);
     std::printf("   no remat: peak allocated %s, reserved %s, step %.3f s\n",
                 format_bytes(base.peak).c_str(), format_bytes(base.reserved).c_str(),
                 base.ms / 1000);
@@ -154,7 +162,7 @@ void run(const Flags& f) {
         } else {
           plan = make_plan(sim, spec.policy, Budget::parse(btext), po);
         }
-        const MeasuredRun got = measure_training(f.m, batch, f.steps, &profile, &plan);
+        const MeasuredRun got = measure_training(at_batch(f.m, batch), f.steps, &profile, &plan);
         SweepRow row;
         row.batch = batch;
         row.policy = policy;

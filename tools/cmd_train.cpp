@@ -16,7 +16,7 @@ namespace regen::tool {
 namespace {
 
 struct TrainFlags {
-  ModelFlags m;
+  SessionOptions m;
   int64_t steps = 20;
   std::string save, load;
   std::string policy = "none";
@@ -60,7 +60,7 @@ void run(const TrainFlags& f) {
   // With a loaded profile, no step without remat runs here: its plan's prediction is checked
   // against the device below; otherwise the profiling step must fit as it is.
   const bool planned_only = (f.policy != "none" || !f.plan_file.empty()) && !f.profile_file.empty();
-  auto s = make_session(f.m, f.m.batch, planned_only ? Preflight::model : Preflight::step);
+  auto s = make_session(f.m, planned_only ? Preflight::model : Preflight::step);
   const int threads = omp_get_max_threads();
   const std::string math = math_mode(f.m, s->device);
   if (!f.load.empty()) {

@@ -1,15 +1,17 @@
-// A U-Net with long skips, defined here, outside regen, through the installed package only: four
-// levels of two 3x3 convolutions (batch norm, relu) going down with max pooling, a bottleneck,
-// and four levels coming up, each joining the upsampled path to its level's skip with concat. The
-// deepest level upsamples with a learned transposed convolution, the next with bilinear
-// interpolation and the two shallow ones with nearest-neighbour copies. A 1x1 convolution and
-// global average pooling make class logits, so the built-in image data trains it.
+// A U-Net with long skips for segmentation, defined outside regen, through the installed package
+// only (unet_model.h): four levels of two 3x3 convolutions (batch norm, relu) going down with max
+// pooling, a bottleneck, and four levels coming up, each joining the upsampled path to its level's
+// skip with concat. The deepest level upsamples with a learned transposed convolution, the next
+// with bilinear interpolation and the shallow ones with nearest-neighbour copies. A 1x1
+// convolution scores every pixel; the loss is the cross-entropy over pixels against a class per
+// pixel, from the model's own synthetic scenes.
 //
 // The program registers it as model "unet" and runs the three stages on it with every registered
-// planner: the reference training without remat, one profile, then for each budget (of allocated
-// bytes) and planner a plan and three steps under it. It checks, and prints, that every step's
-// measured peaks equal the plan's predicted ones to the byte and are not below the lower bound, and
-// that the losses, parameters and gradients are bitwise those of the reference. It exits 1 when a
+// planner, each run a session of the library (remat/session.h) as `regen train` makes: the
+// reference training without remat, one profile, then for each budget (of allocated bytes) and
+// planner a plan and three steps under it. It checks, and prints, that every step's measured
+// peaks equal the plan's predicted ones to the byte and are not below the lower bound, and that
+// the losses, parameters and gradients are bitwise those of the reference. It exits 1 when a
 // check fails.
 //
 //   unet [--budgets 70%,60%] [--batch 16] [--image-size 64] [--width 8] [--milp]
@@ -22,36 +24,21 @@
 #include <vector>
 
 #include "regen/core/error.h"
-#include "regen/models/data.h"
-#include "regen/models/optim.h"
-#include "regen/models/train.h"
 #include "regen/remat/pipeline.h"
+#include "regen/remat/session.h"
 #include "unet_model.h"
 
 namespace {
 
 using namespace regen;
 
-struct Run {
-  std::unique_ptr<Model> model;
-  std::unique_ptr<Optimizer> opt;
-  std::unique_ptr<DataSource> data;
-  std::unique_ptr<Trainer> trainer;
-};
+using Run = std::unique_ptr<Session>;
 
-// Every run starts from the same allocator state and seeds, as a fresh process would.
-Run make_run(const ModelConfig& cfg, int64_t batch) {
+// Every run starts from the same allocator state and seeds, as a fresh process would: a session
+// of the registered model, as `regen train --model unet` makes one.
+Run make_run(const SessionOptions& options) {
   allocator_for(Device::cpu()).empty_cache();
-  manual_seed(1234);
-  Run r;
-  r.model = make_model(cfg);  // through the registry, as `regen train --model unet` would
-  SGDOptions so;
-  so.lr = 0.05;
-  so.momentum = 0.9;
-  r.opt = std::make_unique<SGD>(r.model->parameters(), so);
-  r.data = make_data_source("", cfg, 99);
-  r.trainer = std::make_unique<Trainer>(*r.model, *r.opt, *r.data, batch, Device::cpu());
-  return r;
+  return make_session(options);
 }
 
 struct Outcome {
@@ -68,8 +55,8 @@ Outcome train(RematPipeline& pipe, Run& r, int steps) {
     o.peak_reserved.push_back(s.memory.reserved.peak);
   }
   pipe.finish();
-  for (const Tensor& p : r.model->parameters()) o.state.push_back(p.to_vector<float>());
-  for (const Tensor& p : r.model->parameters()) o.state.push_back(p.grad().to_vector<float>());
+  for (const Tensor& p : r->model->parameters()) o.state.push_back(p.to_vector<float>());
+  for (const Tensor& p : r->model->parameters()) o.state.push_back(p.grad().to_vector<float>());
   return o;
 }
 
@@ -125,24 +112,31 @@ int run(int argc, char** argv) {
     at = comma + 1;
   }
 
-  // The model joins the registry like a built-in one (unet_model.h), with this run's sizes.
+  // The model joins the registry like a built-in one (unet_model.h); this run's sizes are its
+  // options, checked by the session as the command line's are.
   unet::register_unet();
-  ModelConfig cfg = model_preset("unet");
-  cfg.base_width = width;
-  cfg.image_size = image;
+  SessionOptions options;
+  options.model = "unet";
+  options.batch = batch;
+  options.device = "cpu";
+  options.model_options = {{"width", static_cast<double>(width)},
+                           {"image_size", static_cast<double>(image)}};
+  options.lr = 0.05;
+  options.seed = 1234;
+  options.validate();
 
   // Stage 0: the reference, without remat.
   Outcome ref;
   {
-    Run r = make_run(cfg, batch);
-    RematPipeline plain(*r.trainer);
+    Run r = make_run(options);
+    RematPipeline plain(*r->trainer);
     ref = train(plain, r, 3);
   }
   // Stage 1: one profile, on a run of its own.
   Profile profile;
   {
-    Run r = make_run(cfg, batch);
-    RematPipeline pipe(*r.trainer);
+    Run r = make_run(options);
+    RematPipeline pipe(*r->trainer);
     ProfileOptions po;
     po.warmup = 1;
     po.iterations = 2;
@@ -165,8 +159,8 @@ int run(int argc, char** argv) {
   for (const Budget& budget : budgets) {
     for (const std::string& policy : policy_names()) {
       if (policy == "milp" && !milp) continue;
-      Run r = make_run(cfg, batch);
-      RematPipeline pipe(*r.trainer);
+      Run r = make_run(options);
+      RematPipeline pipe(*r->trainer);
       pipe.use_profile(profile);
       PlanOptions po;
       po.budget_of = BudgetOf::allocated;

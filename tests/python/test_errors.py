@@ -17,25 +17,89 @@ def profile():
 
 @pytest.mark.parametrize("kwargs,match", [
     (dict(name="resnet9000"), "resnet9000.*resnet18"),
-    (dict(batch=0), "batch must be a positive integer, got 0"),
-    (dict(device="tpu"), "tpu"),
+    (dict(batch=0), r"^batch=0: must be a positive integer"),
+    (dict(batch=2**70), r"^batch=1180591620717411303424: must be at most"),
+    (dict(batch="2"), r"^batch='2': must be an integer \(got a str\)"),
+    (dict(device="tpu"), r"^device='tpu': unknown device 'tpu'"),
     (dict(imagesize=64), "unknown model option 'imagesize'.*image_size"),
-    (dict(image_size="64"), "image_size must be an integer"),
-    (dict(image_size=64.0), "image_size must be an integer"),
-    (dict(threads=2**40), "threads is out of range"),
-    (dict(seed=-1), "seed must be >= 0"),
-    (dict(lr=float("nan")), "lr"),
-    (dict(lr=True), "lr must be a number"),
-    (dict(optimizer="adam"), "adam"),
-    (dict(seq_len=16), "seq-len"),  # a Transformer option on a ResNet
+    (dict(image_size="64"), r"^image_size='64': must be an integer \(got a str\)"),
+    (dict(image_size=64.0), r"^image_size=64.0: must be an integer \(got a float\)"),
+    (dict(seed=-1), r"^seed=-1: must be a non-negative integer"),
+    (dict(seed=2**64), r"^seed=18446744073709551616: must be at most 18446744073709551615"),
+    (dict(lr=float("nan")), r"^lr=nan: must be a finite number >= 0"),
+    (dict(lr=True), r"^lr=True: must be a number \(got a bool\)"),
+    (dict(optimizer="adam"), r"^optimizer='adam': must be sgd or adamw"),
+    (dict(seq_len=16), r"^seq_len=16 does not apply to model 'resnet-tiny' "
+                       r"\(its options: image_size, num_classes\)"),
     (dict(batch=10**12), "too large"),
-    (dict(data="cifar10:/nonexistent"), "nonexistent"),
+    (dict(data="cifar10:/nonexistent"), r"^data='cifar10:/nonexistent': cannot open"),
+    (dict(data="text:/x"), r"bad data='text:/x': model 'resnet-tiny' takes synthetic, cifar10:DIR"),
 ])
 def test_bad_model_options(kwargs, match):
     args = dict(name="resnet-tiny", batch=2, device="cpu")
     args.update(kwargs)
     with pytest.raises(regen.Error, match=match):
         regen.Model(args.pop("name"), **args)
+
+
+# Every range check of the command line, applied by the module from the same place
+# (SessionOptions::validate), with the keyword in the message. Each is refused before anything is
+# built: a thread count libgomp cannot take used to crash the interpreter, a vocabulary of one
+# token trained with a loss of 0.
+@pytest.mark.parametrize("name,kwargs,match", [
+    ("resnet-tiny", dict(threads=300000), r"^threads=300000: must be at most 1024$"),
+    ("resnet-tiny", dict(threads=5000), r"^threads=5000: must be at most 1024$"),
+    ("resnet-tiny", dict(threads=2**31 - 1), r"^threads=2147483647: must be at most 1024$"),
+    ("resnet-tiny", dict(threads=-1), r"^threads=-1: must be a positive integer$"),
+    ("resnet-tiny", dict(num_classes=1), r"^num_classes=1: must be an integer from 2 to 16777216$"),
+    ("resnet-tiny", dict(image_size=0), r"^image_size=0: must be a positive integer$"),
+    ("resnet-tiny", dict(image_size=16),
+     r"^image_size=16 is too small for ResNet's five downsamplings \(at least 32\)$"),
+    ("resnet-tiny", dict(batch=1, image_size=32),
+     r"^batch=1 at image_size=32: batch norm in training needs at least 2 values per channel.*"
+     r"use batch=2 or more$"),
+    ("resnet-tiny", dict(batch=2, image_size=1099511627776), r"image_size=1099511627776.*too large"),
+    ("resnet-tiny", dict(momentum=1.5), r"^momentum=1.5: must be a number from 0 to 1$"),
+    ("resnet-tiny", dict(weight_decay=-1), r"^weight_decay=-1: must be a finite number >= 0$"),
+    ("resnet-tiny", dict(conv="fast"), r"^conv='fast': must be native or cudnn$"),
+    ("resnet-tiny", dict(math="fp16"), r"^math='fp16': must be fp32 or tf32$"),
+    ("resnet-tiny", dict(math="fp32", tf32=True),
+     r"^tf32=True \(the same as math='tf32'\) conflicts with math='fp32'"),
+    ("resnet-tiny", dict(tf32=True), r"^tf32=True applies to CUDA devices"),
+    ("transformer-tiny", dict(dropout=-0.5), r"^dropout=-0.5: must be a number from 0 to 0.99$"),
+    ("transformer-tiny", dict(dropout=1.0), r"^dropout=1: must be a number from 0 to 0.99$"),
+    ("transformer-tiny", dict(vocab=0), r"^vocab=0: must be an integer >= 2$"),
+    ("transformer-tiny", dict(vocab=1), r"^vocab=1: must be an integer >= 2$"),
+    ("transformer-tiny", dict(seq_len=0), r"^seq_len=0: must be a positive integer$"),
+    ("transformer-tiny", dict(lm_head_chunk=-2),
+     r"^lm_head_chunk=-2: must be an integer from -1 to 2147483647$"),
+    ("transformer-tiny", dict(image_size=32), r"^image_size=32 does not apply to model"),
+    ("transformer-tiny", dict(data="text:/nonexistent"),
+     r"^data='text:FILE' feeds byte tokens \(0..255\), but model 'transformer-tiny' has a "
+     r"vocabulary of 101: pass vocab=256 or more$"),
+])
+def test_the_command_lines_range_checks(name, kwargs, match):
+    args = dict(batch=2, device="cpu")
+    args.update(kwargs)
+    with pytest.raises(regen.Error, match=match):
+        regen.Model(name, **args).train(1)
+    # regen.profile takes the same options through the same checks.
+    with pytest.raises(regen.Error, match=match):
+        regen.profile(name, **args)
+
+
+def test_budgets_are_checked_as_the_command_line_checks_them():
+    m = regen.Model("resnet-tiny", batch=4, device="cpu")
+    m.profile(iterations=1)
+    with pytest.raises(regen.Error, match=r"^budget='' is empty \(leave it out, or pass None, "):
+        m.plan("dp", "")
+    with pytest.raises(regen.Error, match=r"^budget='' is empty"):
+        m.train(1, policy="dp", budget="")
+    with pytest.raises(regen.Error, match=r"^budget='' is empty"):
+        regen.plan(m.profile_in_use, "dp", "")
+    with pytest.raises(regen.Error, match=r"^budget='fifty': bad budget 'fifty'"):
+        regen.plan(m.profile_in_use, "dp", "fifty")
+    assert m.steps_done == 1  # nothing ran for the refused calls
 
 
 def test_bad_decisions(profile):
@@ -93,7 +157,9 @@ def test_profile_of_another_model_is_refused(profile):
     with pytest.raises(regen.Error, match="batch"):
         other.use_plan(plan)
     adamw = regen.Model("resnet-tiny", batch=4, device="cpu", optimizer="adamw")
-    with pytest.raises(regen.Error, match="--optimizer adamw"):
+    with pytest.raises(regen.Error,
+                       match="the profile was made with optimizer=sgd, but this model has "
+                             "optimizer=adamw.*pass optimizer=sgd"):
         adamw.use_profile(profile)
 
 

@@ -1,0 +1,178 @@
+// A training session as library API. SessionOptions is what a person chooses (the regen command
+// line's flags, regen.Model's keywords, or a program's own code): a registered model with its own
+// options (models/model.h ModelInput), the optimizer, data, device and threads. validate() holds
+// every range check once, for the command line and the Python module alike; make_session builds
+// what one training run needs (model, optimizer, data, trainer) after a dry run of the first step
+// has shown that it fits. Also what a session's profiles and checkpoints record, and one measured
+// training run (sweep, frontier). Tests: tests/test_cli.cpp (through the tool and directly),
+// tests/python/test_errors.py, tests/test_models.cpp (a registered model's session).
+//
+//   regen::SessionOptions o;
+//   o.model = "resnet50";
+//   o.batch = 8;
+//   o.model_options["image_size"] = 128;
+//   auto s = regen::make_session(o);          // validates, dry-runs, builds
+//   regen::RematPipeline pipe(*s->trainer);   // profile, plan, train (pipeline.h)
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "regen/models/data.h"
+#include "regen/models/optim.h"
+#include "regen/models/train.h"
+#include "regen/remat/planner.h"
+#include "regen/remat/profile.h"
+
+namespace regen {
+
+struct SessionOptions {
+  std::string model = "resnet-tiny";  // a registered model (model_preset_names())
+  int64_t batch = 4;
+  std::string device = "auto";  // auto, cpu, cuda, cuda:N
+  // The model's own options that were given, by key ("image_size": 64): those of its
+  // ModelInput::options; the others keep the preset's values.
+  std::map<std::string, double> model_options;
+  // The model's configuration given whole instead of its registered preset: a program's variant of
+  // a registered model with sizes no option sets (other block counts, widths). Its name must be
+  // `model`, whose build function and input serve it; model_options and the seed still apply.
+  std::optional<ModelConfig> config;
+  std::string optimizer = "sgd";  // sgd or adamw
+  double lr = 0.1;
+  double momentum = 0.9;  // SGD's
+  double weight_decay = 0.0;
+  uint64_t seed = 0;            // parameters, data and dropout
+  int64_t threads = 0;          // CPU threads, at most kMaxThreads; 0: OpenMP's default
+  std::string data;             // "": the model's first data kind (synthetic); else NAME[:ARG]
+  std::string conv = "native";  // CUDA convolution: native or cudnn
+  // CUDA math mode: fp32 or tf32; "" when not given (math_mode gives the default). `tf32` is the
+  // same as math "tf32" (--tf32, regen.Model(tf32=True)).
+  std::string math;
+  bool tf32 = false;
+  // How messages name the options: --image-size (the command line) or image_size= (Python).
+  OptionStyle style = OptionStyle::flag;
+
+  static constexpr int64_t kMaxThreads = 1024;  // libgomp fails far above the cores any CPU has
+  // The range of a session option with one ("batch", "threads", "lr", "momentum",
+  // "weight_decay"); the command line's validators take theirs from here.
+  static OptionRange range(const std::string& key);
+
+  // Every value in range and the combination valid, for the registered model, without building
+  // or reading anything: the session's own options, the model's options (only the model's, each
+  // in its range), the data kind, the model's own checks of its configuration and batch. Throws
+  // regen::Error naming the option as `style` says: "--threads must be at most 1024, got
+  // 300000", "threads=300000: must be at most 1024".
+  void validate() const;
+  // The registered model's preset (or `config`) with the given options and the seed applied
+  // (validates first).
+  ModelConfig model_config() const;
+  // The option `key` as `style` names it.
+  std::string name(const std::string& key) const { return option_name(key, style); }
+};
+
+// "auto": cuda:0 when regen was built with CUDA and a GPU is visible, else cpu. A device that is
+// not there (or a CUDA runtime that fails) is a regen::Error naming the option as `style` says.
+Device resolve_device(const std::string& text, OptionStyle style = OptionStyle::flag);
+
+// The math mode a run on `device` uses, "fp32" or "tf32": `math` when given, tf32 for `tf32`, else
+// `default_math` on a CUDA device and fp32 on the CPU (every CPU kernel is FP32). Throws
+// regen::Error naming both options for tf32 with math fp32, naming the option for a math mode
+// other than fp32 or tf32, and for tf32 asked of the CPU.
+std::string math_mode(const std::string& math, bool tf32, Device device,
+                      const std::string& default_math = "fp32",
+                      OptionStyle style = OptionStyle::flag);
+std::string math_mode(const SessionOptions& o, Device device,
+                      const std::string& default_math = "fp32");
+
+// Everything one training run needs, built from the options on a fresh allocator state.
+struct Session {
+  SessionOptions options;
+  Device device;
+  ModelConfig config;
+  std::unique_ptr<Model> model;
+  std::unique_ptr<Optimizer> optimizer;
+  std::unique_ptr<DataSource> data;
+  std::unique_ptr<Trainer> trainer;
+  DryRunResult preflight;  // the first step without remat, run dry before anything was built
+};
+
+// What make_session refuses before it builds the model, from the dry run of the first step
+// (models/train.h dry_run_step): step, a step without remat whose peak of allocated bytes passes
+// the memory available on the device (a run that profiles or trains without a plan); the dry
+// run's peak is exact on the CPU, the kernels' scratch space included, and on CUDA a lower bound
+// the real step passes by at most the CUDA kernels' scratch; model, only parameters, gradients
+// and optimizer state that pass it (a run whose steps follow a plan, which the caller checks
+// against its own prediction); none, nothing.
+enum class Preflight { step, model, none };
+// Validates the options, applies the threads and CUDA settings, checks the data, runs the first
+// step dry, refuses what does not fit (Preflight), then builds the model (seeded by
+// options.seed), its optimizer, the data source and the trainer. Every batch the data source makes
+// is checked against the model's input (ModelInput::batch).
+std::unique_ptr<Session> make_session(const SessionOptions& options,
+                                      Preflight preflight = Preflight::step);
+
+// Bytes the device can still give this process: the CPU's MemAvailable, or CUDA's free memory,
+// plus what the process's allocator already reserves or keeps parked for reuse.
+int64_t available_memory(Device device);
+// cudaMemGetInfo of a CUDA device (false, zeros, for the CPU): what the device itself reports,
+// to set beside the allocator's reserved bytes.
+bool cuda_memory_info(Device device, uint64_t& free_bytes, uint64_t& total_bytes);
+// Throws regen::Error naming the options, both sizes and what to do when the session's dry run
+// does not fit (see Preflight); the message says whether the step's size is exact (CPU) or a
+// lower bound (CUDA).
+void check_preflight(const Session& s, Preflight preflight);
+
+// The options besides model, batch and device that shape a session's step, with the values it
+// runs with, named as flags ("--optimizer": "adamw", "--image-size": "64"; every option of the
+// model, the preset's included): what a profile records (Profile::run) and what a run planned from
+// it must match.
+std::map<std::string, std::string> run_flags(const SessionOptions& o);
+// Refuses a profile recorded with other run_flags than `o` gives, naming the option, both values
+// and what to do; `what` names the profile ("--profile FILE", "the profile"). A profile written
+// before --math (--tf32 on|off) is read as --math tf32|fp32.
+void check_profile_run(const Profile& p, const SessionOptions& o, const std::string& what);
+// The math mode a profile's steps ran with: its --math (fp32 on the CPU), or its --tf32 on|off
+// (CUDA profiles written before --math), else fp32 (profiles from before either was recorded).
+std::string profile_math(const Profile& p);
+
+// The first parameter of `model`, or gradient of one, that holds a value that is not finite:
+// "gradient of 'fc.weight' holds nan at flat index 3", or "" when all are finite. CPU tensors are
+// read in place; a CUDA tensor is copied to the host one at a time.
+std::string first_non_finite(const Model& model);
+
+// Checkpoints: the state dict (safetensors, atomically) with metadata naming the model and the
+// options that shape its parameters (ModelOption::sizes_parameters, and those it records);
+// loading compares that metadata with the session's model before the names, and refuses weights
+// that are not finite. Returns the number of tensors loaded.
+void save_checkpoint(const Session& s, const std::string& path, int64_t steps);
+size_t load_checkpoint(Session& s, const std::string& path);
+
+// One measured training run (regen sweep, regen frontier): peaks over every step, the median step
+// time of all steps but the first (which pays first-touch costs), and the executor's figures of
+// its last iteration.
+struct MeasuredRun {
+  double ms = 0;
+  int64_t peak = 0, reserved = 0;  // peak allocated and reserved bytes
+  double regen_ms = 0;             // regeneration time of the last step (with an executor)
+  int64_t replays = 0;
+  // Under a plan at its own limit: the steps whose peaks were checked against the prediction, and
+  // how many measured it exactly (RematPipeline::step checks every step).
+  int64_t steps_predicted = 0, steps_exact = 0;
+};
+// A fresh session (make_session) on an emptied allocator and `steps` steps through a
+// RematPipeline: without `plan`, no rematerialization; with it (made for `profile`), every step
+// under the plan, its limit (or `limit` when >= 0) and its planned layout. An out-of-memory error
+// names what the plan predicted.
+MeasuredRun measure_training(const SessionOptions& o, int steps, const Profile* profile = nullptr,
+                             const Plan* plan = nullptr, int64_t limit = -1);
+
+// A budget as a person writes it ("60%", "2GiB"); empty text is refused ("leave it out to plan
+// without a budget"), naming the option `key` as `style` says.
+Budget parse_budget_option(const std::string& text, const std::string& key = "budget",
+                           OptionStyle style = OptionStyle::flag);
+
+}  // namespace regen
