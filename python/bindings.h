@@ -4,6 +4,9 @@
 //   model.cpp    Model: a registered model with its optimizer, data and trainer; training with a
 //                plan; state dicts and checkpoints
 //   remat.cpp    Profile, Plan, Simulation; plan(), simulate(), make_plan(), Python planners
+//   ops.cpp      regen.ops (the differentiable ops), regen.tensor, scopes (scope, block, no_grad)
+//   registry.cpp models written in Python (register_model, Net, Layer), C++ extensions
+//                (load_extension), what a model takes (model_options, model_input)
 // Nothing here releases the GIL: a model, its tape and the allocators are used from one thread.
 #pragma once
 
@@ -15,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "regen/models/model.h"
 #include "regen/remat/planner.h"
 #include "regen/remat/simulator.h"
 
@@ -74,7 +78,12 @@ pb::array tensor_to_numpy(const Tensor& t);
 // A numpy array (f32, f64, i32 or i64; any layout) as a new CPU tensor; `what` names it in errors.
 Tensor tensor_from_numpy(const pb::handle& array, const std::string& what);
 
+// A configuration as Python sees it: name, seed and the model's options by key.
+pb::dict config_dict(const ModelConfig& c);
+
 void bind_tensors(pb::module_& m);
+void bind_ops(pb::module_& m);
+void bind_registry(pb::module_& m);
 void bind_remat(pb::module_& m);
 void bind_model(pb::module_& m);
 

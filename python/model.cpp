@@ -133,22 +133,6 @@ SessionOptions options_from(const std::string& name, const pb::object& batch,
   return o;
 }
 
-pb::object option_value(const ModelOption& o, const ModelConfig& c) {
-  const double v = o.get(c);
-  if (o.range.integer) return pb::int_(static_cast<int64_t>(v));
-  // A float field reads back as the float it holds ("0.1", not 0.10000000149011612).
-  return pb::float_(std::strtod(option_value_text(o, v).c_str(), nullptr));
-}
-
-pb::dict config_dict(const ModelConfig& c) {
-  pb::dict d;
-  d["name"] = c.name;
-  for (const ModelOption& o : model_info(c.name).input.options)
-    d[pb::str(o.key)] = option_value(o, c);
-  d["seed"] = c.seed;
-  return d;
-}
-
 std::string format_ms(double ms) {
   char buf[48];
   std::snprintf(buf, sizeof buf, ms < 100 ? "%.3f ms" : "%.1f ms", ms);

@@ -1,5 +1,5 @@
-// The `regen` Python module: errors, build facts, and the parts defined in tensors.cpp, remat.cpp
-// and model.cpp. docs/python.md is its reference; examples/python uses it.
+// The `regen` Python module: errors, build facts, and the parts defined in tensors.cpp, ops.cpp,
+// remat.cpp, model.cpp and registry.cpp. docs/python.md is its reference; examples/python uses it.
 #include "python/bindings.h"
 #include "regen/core/error.h"
 #ifdef REGEN_WITH_CUDA
@@ -78,6 +78,8 @@ PYBIND11_MODULE(regen, m) {
       "runtime fails for another reason than a missing GPU (an old driver, say)");
 
   regen::py::bind_tensors(m);
+  regen::py::bind_ops(m);
   regen::py::bind_remat(m);
   regen::py::bind_model(m);
+  regen::py::bind_registry(m);
 }

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "python/bindings.h"
+#include "regen/autograd/ops.h"
 #include "regen/core/safetensors.h"
 #include "regen/core/tensor.h"
 
@@ -143,6 +144,19 @@ alive. ``t.numpy()`` returns a copy, from any device.)doc")
             return g.defined() ? pb::cast(g) : pb::none();
           },
           "The gradient (a Tensor) or None")
+      .def(
+          "__add__", [](const Tensor& a, const Tensor& b) { return add(a, b); }, pb::is_operator(),
+          "regen.ops.add")
+      .def(
+          "__mul__", [](const Tensor& a, const Tensor& b) { return mul(a, b); }, pb::is_operator(),
+          "regen.ops.mul")
+      .def(
+          "__matmul__", [](const Tensor& a, const Tensor& b) { return matmul(a, b); },
+          pb::is_operator(), "regen.ops.matmul")
+      .def(
+          "backward", [](const Tensor& loss) { backward(loss); },
+          "Backward from this scalar: fills the grad of every tensor that requires grad and that "
+          "it depends on (parameters accumulate), then clears the tape")
       .def("numpy", &tensor_to_numpy,
            "A copy as a new numpy array (CUDA tensors are copied to the host)")
       .def("__repr__", [](const Tensor& t) {

@@ -398,13 +398,16 @@ std::unique_ptr<Session> make_session(const SessionOptions& options, Preflight p
   try {
     s->preflight = dry_run_step(c, options.batch, s->device, make_optimizer);
   } catch (const Error& e) {
-    // Options that pass their own checks and still stop a dry run do so by size: a request beyond
-    // any device's (the Null arena maps anything else), an index type's limit, an overflow. Say
-    // which options set the sizes.
-    const bool oom = dynamic_cast<const OutOfMemory*>(&e) != nullptr;
-    REGEN_FAIL(size_options(*s), oom ? " is too large for any memory" : " is too large",
-               ": a dry run of one ", c.name,
-               oom ? " step stops at " : " step fails: ", e.message(), "; ", smaller(options));
+    // Options that pass their own checks and still stop a dry run mostly do so by size: a request
+    // beyond any device's (the Null arena maps anything else), an index type's limit, an
+    // overflow. Say which options set the sizes; an error of another kind (a model's own code)
+    // is passed on as it is, with them.
+    if (dynamic_cast<const OutOfMemory*>(&e) != nullptr) {
+      REGEN_FAIL(size_options(*s), " is too large for any memory: a dry run of one ", c.name,
+                 " step stops at ", e.message(), "; ", smaller(options));
+    }
+    REGEN_FAIL(size_options(*s), ": a dry run of one ", c.name, " step fails: ", e.message(),
+               " (if a size is the cause: ", smaller(options), ")");
   }
   check_preflight(*s, preflight);
   manual_seed(options.seed);

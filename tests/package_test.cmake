@@ -17,8 +17,9 @@ function(step what)
   set(last_output "${out}" PARENT_SCOPE)
 endfunction()
 step("install" ${CMAKE_COMMAND} --install ${BUILD} --prefix ${WORK}/prefix)
-foreach(f include/regen/remat/pipeline.h include/regen/core/tensor.h lib/cmake/regen/regenConfig.cmake
-          lib/cmake/regen/regenTargets.cmake)
+foreach(f include/regen/remat/pipeline.h include/regen/remat/session.h include/regen/core/tensor.h
+          lib/cmake/regen/regenConfig.cmake lib/cmake/regen/regenTargets.cmake
+          lib/cmake/regen/RegenExtension.cmake)
   if(NOT EXISTS ${WORK}/prefix/${f})
     message(FATAL_ERROR "the installed package has no ${f}")
   endif()
@@ -49,5 +50,11 @@ if(PYTHON AND PYTHON_DIR)
   step("python: import regen from the prefix" ${CMAKE_COMMAND} -E env ${env}
        ${PYTHON} -c "import regen, sys; assert regen.__file__.startswith(sys.argv[1]), regen.__file__; m = regen.Model('resnet-tiny', batch=8, device='cpu', image_size=128); p = m.profile(iterations=1); plan = m.plan('mutwo', '60%', budget_of='allocated'); assert plan.feasible and plan.recomputed > 0, plan; r = m.step(); assert (r.peak_allocated, r.peak_reserved) == (plan.peak_allocated, plan.peak_reserved), (r, plan); print('installed module', regen.__file__, plan)"
        ${WORK}/prefix)
+  message(STATUS "${last_output}")
+  # The C++ U-Net built as an extension against the installed headers (regen_add_extension), loaded
+  # by the installed module, and the same U-Net from regen.ops: one copy of regen in the process.
+  step("python: examples/python/unet.py with the installed module and the U-Net extension"
+       ${CMAKE_COMMAND} -E env ${env} ${PYTHON} ${SOURCE}/examples/python/unet.py
+       ${WORK}/examples/unet_extension.so --quick)
   message(STATUS "${last_output}")
 endif()
