@@ -280,13 +280,16 @@ void bind_model(pb::module_& m) {
       });
 
   pb::class_<PyModel>(m, "Model", R"doc(
-A registered model (regen.models()) with its optimizer, data and trainer, built as ``regen train``
-builds them: ``Model("resnet-tiny", batch=4, device="cpu", lr=0.05)``. Options (None: the preset's
-or the command line's default): image_size, num_classes, seq_len, vocab, dropout, lm_head_chunk,
-optimizer ('sgd' or 'adamw'), lr, momentum, weight_decay, seed, threads, data ('', 'synthetic',
-'cifar10:DIR', 'text:FILE'), conv, tf32. The first step runs dry before the model is built: a batch
-too large for the device's memory is refused. Use one model at a time for exact memory figures:
-another live model's tensors count in the allocator's peaks.)doc")
+A registered model (regen.models()) with its optimizer, data and trainer: the library's session, as
+``regen train`` builds it: ``Model("resnet-tiny", batch=4, device="cpu", lr=0.05)``. Options (None:
+the preset's or the session's default): the session's optimizer ('sgd' or 'adamw'), lr, momentum,
+weight_decay, seed, threads (at most 1024; 0: OpenMP's), data ('', or one of the model's data kinds:
+regen.model_input(name)), conv, math ('fp32' or 'tf32'), tf32; and the model's own
+(regen.model_options(name)): image_size and num_classes for the ResNets, seq_len, vocab, dropout and
+lm_head_chunk for the Transformers. Every value is checked as the command line checks its flags,
+with the keyword in the message ("threads=5000: must be at most 1024"). The first step runs dry
+before the model is built: a batch too large for the device's memory is refused. Use one model at a
+time for exact memory figures: another live model's tensors count in the allocator's peaks.)doc")
       .def(pb::init([](const std::string& name, const pb::object& batch, const std::string& device,
                        const pb::kwargs& kw) {
              return std::make_unique<PyModel>(name, batch, device, kw);

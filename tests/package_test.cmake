@@ -37,6 +37,13 @@ message(STATUS "${last_output}")
 if(NOT last_output MATCHES "remat dp: predicted peak allocated [^;]*; measured [^(]*\\(exact on (the one step|every one of the [0-9]+ steps) under the plan\\)")
   message(FATAL_ERROR "unet-tool train did not report an exact prediction:\n${last_output}")
 endif()
+# The U-Net's own options and checks on the command line, named by their flags.
+execute_process(COMMAND ${WORK}/examples/unet-tool train --model unet --levels 3 --image-size 36
+                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(rc EQUAL 0 OR NOT err MATCHES "--image-size 36 is not a multiple of 8, as the U-Net's --levels 3")
+  message(FATAL_ERROR "unet-tool did not refuse --image-size 36 at --levels 3 (${rc}):\n${err}")
+endif()
+message(STATUS "unet-tool refuses --image-size 36 at --levels 3: ok")
 # The Python module from the prefix alone (when the build has one): import it, profile, plan and
 # train a step under the plan.
 if(PYTHON AND PYTHON_DIR)

@@ -1,7 +1,8 @@
 // The built-in models (models/model.h, module.h): torchvision's ResNet state-dict names, shapes
 // and parameter counts, the Transformer presets' names and counts, train/eval behaviour of batch
 // norm and dropout, state-dict round trips through safetensors, load_state_dict's messages, the
-// data sources' batches and the Trainer's canonical start (models/train.h).
+// data sources' batches and the Trainer's canonical start (models/train.h); a model registered
+// from outside with its own input (options, checks, data) through the session (remat/session.h).
 // Reference counts: len(torchvision.models.resnetN().state_dict()) and sum(p.numel()) of its
 // parameters (torchvision 0.14); the Transformer's from torch.nn.TransformerEncoderLayer's
 // 3,152,384 parameters at d_model 512, feed-forward 2048.
@@ -21,9 +22,11 @@
 #include "regen/core/io.h"
 #include "regen/core/safetensors.h"
 #include "regen/models/data.h"
+#include "regen/models/layers.h"
 #include "regen/models/model.h"
 #include "regen/models/optim.h"
 #include "regen/models/train.h"
+#include "regen/remat/session.h"
 #include "tests/test_util.h"
 
 using namespace regen;
@@ -491,4 +494,158 @@ TEST_CASE("train: the fused LM head gives the unfused step's loss and gradients 
   // A bad setting is refused when the model is built.
   c.head_chunk_rows = -2;
   CHECK(error_of([&] { make_model(c); }).find("head_chunk_rows -2") != std::string::npos);
+}
+
+namespace {
+
+// An MLP on images of any size, registered from outside with its own option --hidden: what the
+// session, the command line and Python give any registered model.
+class Mlp : public Model {
+ public:
+  Mlp(const ModelConfig& c, Device device) : Model(c) {
+    Generator gen(c.seed);
+    const int64_t hidden = static_cast<int64_t>(c.params.at("hidden"));
+    fc1_ = &register_module("fc1", std::make_unique<Linear>("fc1", 3 * c.image_size * c.image_size,
+                                                            hidden, true, gen, device));
+    fc2_ = &register_module(
+        "fc2", std::make_unique<Linear>("fc2", hidden, c.num_classes, true, gen, device));
+    assign_full_names();
+  }
+  Tensor forward(const Tensor& x) override {
+    return fc2_->forward(relu(fc1_->forward(flatten(x))));
+  }
+  Tensor loss(const Tensor& logits, const Tensor& target) const override {
+    return cross_entropy(logits, target);
+  }
+  void check_batch(const Batch&) const override {}
+
+ private:
+  Linear *fc1_, *fc2_;
+};
+
+ModelInput mlp_input() {
+  ModelInput in = image_classifier_input();
+  ModelOption hidden =
+      param_option("hidden", "the MLP's hidden width", OptionRange::integers(1, 4096), 32);
+  hidden.sizes_parameters = true;
+  in.options.push_back(hidden);
+  return in;
+}
+
+void register_mlps() {
+  static const bool done = [] {
+    ModelConfig preset;
+    preset.image_size = 32;
+    preset.num_classes = 10;
+    preset.params["hidden"] = 32;
+    auto build = [](const ModelConfig& c, Device d) { return std::make_unique<Mlp>(c, d); };
+    register_model({"mlp-test", "an MLP on images (a test model)", preset, build, mlp_input()});
+    // Its data makes images twice the size its input describes.
+    ModelInput wrong = mlp_input();
+    wrong.data[0].make = [](const std::string& arg, const ModelConfig& c, uint64_t seed,
+                            OptionStyle style) {
+      ModelConfig larger = c;
+      larger.image_size *= 2;
+      return synthetic_images_data().make(arg, larger, seed, style);
+    };
+    register_model({"mlp-wrong-data", "an MLP whose data is not its input", preset, build, wrong});
+    return true;
+  }();
+  (void)done;
+}
+
+}  // namespace
+
+TEST_CASE("models: a registered model owns its input: options, checks and data, in a session") {
+  register_mlps();
+  SessionOptions o;
+  o.model = "mlp-test";
+  o.batch = 4;
+  o.device = "cpu";
+  o.model_options = {{"image_size", 16}, {"hidden", 8}};
+  // 16x16 images: only ResNet's five downsamplings need 32, and an MLP is no ResNet.
+  auto s = make_session(o);
+  CHECK(s->config.image_size == 16);
+  CHECK(s->config.params.at("hidden") == 8);
+  CHECK(s->model->num_parameters() == (768 * 8 + 8) + (8 * 10 + 10));
+  const StepResult r = s->trainer->step();
+  CHECK(std::isfinite(r.loss));
+  CHECK(r.memory.allocated.peak == s->preflight.memory.allocated.peak);  // the dry run, exact
+  const std::map<std::string, std::string> run = run_flags(o);
+  CHECK(run.at("--image-size") == "16");
+  CHECK(run.at("--hidden") == "8");
+  CHECK(run.count("--seq-len") == 0);
+
+  TempDir dir;
+  const std::string ckpt = dir.file("mlp.safetensors");
+  save_checkpoint(*s, ckpt, 1);
+  CHECK(load_safetensors(ckpt).metadata.at("hidden") == "8");
+  SessionOptions wider = o;
+  wider.model_options["hidden"] = 16;
+  auto w = make_session(wider);
+  CHECK(error_of([&] {
+          load_checkpoint(*w, ckpt);
+        }).find("was saved from mlp-test with --hidden 8, but this run's model has 16") !=
+        std::string::npos);
+
+  SessionOptions bad = o;
+  bad.model_options["hidden"] = 0;
+  CHECK(error_of([&] { bad.validate(); }).find("--hidden must be a positive integer, got 0 [") ==
+        0);
+  bad.style = OptionStyle::keyword;
+  CHECK(error_of([&] { bad.validate(); }).find("hidden=0: must be a positive integer [") == 0);
+  bad = o;
+  bad.model = "resnet-tiny";
+  CHECK(error_of([&] { bad.validate(); })
+            .find("--hidden does not apply to model 'resnet-tiny' (its options: --image-size, "
+                  "--num-classes)") == 0);
+  bad.model_options.erase("hidden");
+  CHECK(error_of([&] {
+          bad.validate();
+        }).find("--image-size 16 is too small for ResNet's five downsamplings") == 0);
+  bad = o;
+  bad.data = "text:book.txt";
+  CHECK(error_of([&] {
+          bad.validate();
+        }).find("bad --data text:book.txt: model 'mlp-test' takes synthetic, cifar10:DIR") == 0);
+  bad.data = "cifar10:" + dir.path;  // CIFAR-10's 32x32 images need --image-size 32
+  CHECK(error_of([&] { bad.validate(); }).find("(use --image-size 32)") != std::string::npos);
+
+  // A source that makes other batches than the model's input describes (and its dry run
+  // allocated) is stopped at its first batch.
+  SessionOptions wrong = o;
+  wrong.model = "mlp-wrong-data";
+  auto ws = make_session(wrong);
+  const std::string e = error_of([&] { ws->trainer->step(); });
+  CHECK(e.find("made a batch of") != std::string::npos);
+  CHECK(e.find("but model 'mlp-wrong-data' describes its input as f32 [4, 3, 16, 16] and i64 "
+               "[4]") != std::string::npos);
+}
+
+TEST_CASE("models: register_model refuses an input it cannot serve") {
+  register_mlps();
+  ModelConfig preset;
+  auto build = [](const ModelConfig& c, Device d) { return std::make_unique<Mlp>(c, d); };
+  ModelInput none;
+  CHECK(error_of([&] {
+          register_model({"no-input", "x", preset, build, none});
+        }).find("describes no input batch") != std::string::npos);
+  ModelInput no_data = image_classifier_input();
+  no_data.data.clear();
+  CHECK(error_of([&] {
+          register_model({"no-data", "x", preset, build, no_data});
+        }).find("names no data that can feed it") != std::string::npos);
+  ModelInput reserved = image_classifier_input();
+  reserved.options.push_back(param_option("lr", "", OptionRange::numbers(0), 1));
+  CHECK(error_of([&] {
+          register_model({"lr-option", "x", preset, build, reserved});
+        }).find("option 'lr' is the session's own") != std::string::npos);
+  // One flag serves every model with the option: an integer for one is an integer for all.
+  ModelInput as_number = image_classifier_input();
+  as_number.options[0].range = OptionRange::numbers(1);
+  CHECK(error_of([&] {
+          register_model({"float-size", "x", preset, build, as_number});
+        }).find("option 'image_size' is a number, but model 'resnet18' has it as an integer") !=
+        std::string::npos);
+  CHECK(error_of([] { model_preset("no-input"); }).find("unknown model 'no-input'") == 0);
 }

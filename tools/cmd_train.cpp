@@ -1,4 +1,4 @@
-// `regen train`: trains a built-in model from the command line, optionally under a memory budget
+// `regen train`: trains a registered model from the command line, optionally under a memory budget
 // with a rematerialization policy (profile, plan, then train with the plan). The header and the
 // summary name the math mode (--math: fp32 unless asked; always fp32 on the CPU).
 #include <omp.h>
@@ -343,7 +343,7 @@ void setup(CLI::App& app) {
     run(*f);
   });
 }
-REGEN_COMMAND("train", "train a built-in model (optionally with a rematerialization policy)",
+REGEN_COMMAND("train", "train a registered model (optionally with a rematerialization policy)",
               setup);
 
 }  // namespace
