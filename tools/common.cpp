@@ -35,12 +35,6 @@ IntParse parse_integer(const std::string& s, bool& negative, uint64_t& magnitude
   return overflow ? IntParse::too_large : IntParse::ok;
 }
 
-std::string number_text(double v) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%g", v);
-  return buf;
-}
-
 // Integers in [lo, hi]; `requirement` completes "must be ...".
 CLI::Validator integer_validator(int64_t lo, uint64_t hi, const std::string& requirement,
                                  const std::string& description) {
