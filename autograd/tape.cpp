@@ -96,7 +96,10 @@ std::vector<Tensor> Tape::apply(OpKind kind, const AttrBlob& attrs, std::vector<
     if (!first) first = &t;
     REGEN_CHECK(t.device() == first->device(), def.name,
                 ": inputs on different devices: ", first->str(), " and ", t.str());
-    REGEN_CHECK(t.has_storage(), def.name, ": input ", t.str(),
+    // An input a remat runtime evicted (a saved tensor of this tape) is made resident again by
+    // the hooks' on_forward_begin (record() checks that it was); anything else without bytes is
+    // an error here.
+    REGEN_CHECK(t.has_storage() || evicted_saved_input(t), def.name, ": input ", t.str(),
                 " has no bytes (evicted and not regenerated)");
   }
   REGEN_CHECK(first != nullptr, def.name, ": no input tensors");
@@ -110,6 +113,11 @@ std::vector<Tensor> Tape::apply(OpKind kind, const AttrBlob& attrs, std::vector<
 
   OpContext ctx{attrs, inputs, {}, false};
   if (!recording) {
+    for (const Tensor& t : inputs) {
+      REGEN_CHECK(!t.defined() || t.has_storage(), def.name, ": input ", t.str(),
+                  " was evicted by the remat runtime, and only a recorded op (grad mode on, an "
+                  "input that requires grad) has it regenerated");
+    }
     CategoryScope cat(Category::activation);
     def.forward(ctx);
     REGEN_ASSERT(static_cast<int>(ctx.outputs.size()) == output_slots(def, ctx));
@@ -193,6 +201,10 @@ std::vector<Tensor> Tape::record(const OpDef& def, OpKind kind, const AttrBlob& 
   for (TapeHooks* h : hooks_) {
     ++hooks_begun;
     h->on_forward_begin(*this, index);
+  }
+  for (const Tensor& t : inputs) {
+    REGEN_CHECK(!t.defined() || t.has_storage(), def.name, ": input ", t.str(),
+                " is evicted and no remat runtime regenerated it before the op");
   }
   {
     CategoryScope cat(Category::activation);
@@ -341,6 +353,13 @@ void Tape::restore(int32_t saved, const Tensor& fresh) {
               saved, " needs a freshly computed root tensor");
   s.storage->adopt(*fresh.impl()->storage);
   s.state = SavedState::resident;
+}
+
+bool Tape::evicted_saved_input(const Tensor& t) const {
+  const TensorImpl* impl = t.impl().get();
+  if (impl->tape_epoch != epoch_ || impl->tape_value < 0) return false;
+  const Value& root = value(value(impl->tape_value).root);
+  return root.saved >= 0 && saved_tensor(root.saved).state == SavedState::evicted;
 }
 
 void Tape::ensure_resident(int32_t saved) {

@@ -148,6 +148,9 @@ class TapeHooks {
   virtual void on_backward_begin(Tape&, int32_t /*node*/) {}
   virtual void on_backward_end(Tape&, int32_t /*node*/) {}
   virtual void on_backward_finish(Tape&) {}
+  // An op's inputs may include saved tensors a remat runtime evicted (DTR, remat/dtr.h): the
+  // runtime makes them resident again in on_forward_begin, which runs before the op reads them;
+  // the tape checks that it did.
   // Backward is about to read saved tensor `saved` while it is evicted. Return true after making
   // it resident; false lets the next hook try (and finally the engine throws).
   virtual bool regenerate(Tape&, int32_t /*saved*/) { return false; }
@@ -320,6 +323,8 @@ class Tape {
                              const std::vector<Tensor>& inputs, OpContext& ctx, int32_t index,
                              int32_t block, size_t& hooks_begun);
   void ensure_resident(int32_t saved);
+  // Whether `t` is a value of this recording whose storage is a saved tensor in state evicted.
+  bool evicted_saved_input(const Tensor& t) const;
   void release_saved(int32_t saved);
   void accumulate_grad(int64_t value, Tensor g, std::vector<Tensor>& grads);
 

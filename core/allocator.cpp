@@ -211,6 +211,43 @@ Segment* CachingAllocator::map_for_request_locked(uint64_t rounded, bool small, 
   return seg;
 }
 
+Block* CachingAllocator::find_or_map_locked(uint64_t rounded, bool small, Category category,
+                                            uint32_t tag) {
+  if (Block* b = try_allocate_locked(rounded, small)) return b;
+  Segment* seg = map_for_request_locked(rounded, small, category, tag);
+  if (!seg) {
+    // Like PyTorch: give every cached free segment back and try once more.
+    release_cached_locked();
+    stats_.num_cache_flushes++;
+    seg = map_for_request_locked(rounded, small, category, tag);
+  }
+  return seg ? seg->head : nullptr;
+}
+
+void CachingAllocator::set_eviction_handler(EvictionHandler handler) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  REGEN_CHECK(!handler || !layout_, "allocator (", arena_->name(),
+              "): an eviction handler cannot be installed with a planned layout (its requests "
+              "are served where the layout puts them, never by evicting)");
+  eviction_handler_ =
+      handler ? std::make_shared<const EvictionHandler>(std::move(handler)) : nullptr;
+}
+
+bool CachingAllocator::has_eviction_handler() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return eviction_handler_ != nullptr;
+}
+
+EvictionScope::EvictionScope(CachingAllocator& a, EvictionHandler handler) : a_(a) {
+  REGEN_CHECK(!a_.has_eviction_handler(), "allocator (", a_.arena().name(),
+              "): an eviction handler is installed already (one runtime at a time)");
+  a_.set_eviction_handler(std::move(handler));
+}
+
+EvictionScope::~EvictionScope() {
+  a_.set_eviction_handler(nullptr);
+}
+
 Block* CachingAllocator::allocate(uint64_t bytes, Category category, uint32_t tag) {
   REGEN_CHECK(bytes > 0, "allocator (", arena_->name(), "): a request must be at least 1 byte");
   if (bytes > kMaxRequestSize) {
@@ -223,7 +260,7 @@ Block* CachingAllocator::allocate(uint64_t bytes, Category category, uint32_t ta
                         ") exceeds the largest request the allocator serves, ",
                         format_bytes(kMaxRequestSize), " (a size computed with an overflow?)"));
   }
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::unique_lock<std::mutex> lock(mutex_);
   const uint64_t rounded = round_size(bytes);
   const bool small = rounded <= kSmallSize;
   if (planned_active_) {
@@ -250,22 +287,30 @@ Block* CachingAllocator::allocate(uint64_t bytes, Category category, uint32_t ta
     planned_live_.insert(pb);
     return finish_allocation_locked(pb, bytes, category, tag, memory);
   }
-  Block* b = try_allocate_locked(rounded, small);
+  Block* b = find_or_map_locked(rounded, small, category, tag);
+  // Before giving up, the eviction handler may free blocks; then everything is tried again. It
+  // is called without the lock (it frees blocks itself), at this one point on every arena.
+  bool handler_gave_up = false;
+  while (!b && eviction_handler_) {
+    const std::shared_ptr<const EvictionHandler> handler = eviction_handler_;
+    const EvictionRequest request{bytes, rounded, small, category, tag};
+    lock.unlock();
+    const bool freed = (*handler)(request);
+    lock.lock();
+    if (!freed) {
+      handler_gave_up = true;
+      break;
+    }
+    b = find_or_map_locked(rounded, small, category, tag);
+  }
   if (!b) {
-    Segment* seg = map_for_request_locked(rounded, small, category, tag);
-    if (!seg) {
-      // Like PyTorch: give every cached free segment back and try once more.
-      release_cached_locked();
-      stats_.num_cache_flushes++;
-      seg = map_for_request_locked(rounded, small, category, tag);
-    }
-    if (!seg) {
-      const int64_t smallest = static_cast<int64_t>(min_segment_size(rounded));
-      const bool over_limit = limit_ > 0 && stats_.reserved.current + smallest > limit_;
-      throw_oom_locked(bytes, rounded, category, tag,
-                       over_limit ? "would pass the limit" : "the arena has no more memory");
-    }
-    b = seg->head;
+    const int64_t smallest = static_cast<int64_t>(min_segment_size(rounded));
+    const bool over_limit = limit_ > 0 && stats_.reserved.current + smallest > limit_;
+    throw_oom_locked(bytes, rounded, category, tag,
+                     over_limit ? (handler_gave_up ? "would pass the limit, and the eviction "
+                                                     "handler had nothing left to evict"
+                                                   : "would pass the limit")
+                                : "the arena has no more memory");
   }
   // Direct mode: the block's own memory, mapped once every check has passed (so a request the
   // limit refuses is refused as on any other arena). When there is none, the block goes back to
@@ -512,6 +557,8 @@ int64_t CachingAllocator::lowest_refused() const {
 
 void CachingAllocator::set_planned_layout(std::shared_ptr<const PlannedLayout> layout) {
   std::lock_guard<std::mutex> lock(mutex_);
+  REGEN_CHECK(!layout || !eviction_handler_, "planned layout: the allocator (", arena_->name(),
+              ") has an eviction handler installed; a planned step never evicts");
   if (layout_) {
     REGEN_CHECK(planned_live_.empty(), "planned layout: ", planned_live_.size(),
                 " block(s) of the installed layout are still live");

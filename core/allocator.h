@@ -16,6 +16,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -264,6 +265,24 @@ struct PlannedLayout {
   std::vector<uint64_t> offset;   // and its offset there
 };
 
+// A request the allocator cannot serve as things stand: no cached free block fits and no segment
+// can be mapped, even after emptying the cache (docs/memory.md, "Eviction before
+// OutOfMemory").
+struct EvictionRequest {
+  uint64_t bytes = 0;    // as requested
+  uint64_t rounded = 0;  // the block it needs
+  bool small = false;    // served from the small pool (small segments) or the large one
+  Category category = Category::other;
+  uint32_t tag = 0;
+};
+// Consulted with such a request before the allocator gives up. It may free blocks (a runtime
+// that can drop tensors and make them again later: DTR, remat/dtr.h) and returns true when it
+// freed at least one, after which the allocator tries the request again from the start (cached
+// blocks, then segments, then the cache flush); false means it has nothing left to free, and the
+// request fails with OutOfMemory. It runs without the allocator's lock held, so it may call
+// free() and snapshot(), but it must not allocate.
+using EvictionHandler = std::function<bool(const EvictionRequest&)>;
+
 class CachingAllocator {
  public:
   // Constants; docs/memory.md says why each has its value.
@@ -309,6 +328,14 @@ class CachingAllocator {
   // same way under every limit from this one up to just below that total: the planners' search for
   // the lowest limit a step runs under steps from one such total to the next (planner.h).
   int64_t lowest_refused() const;
+
+  // The eviction handler (above) consulted before OutOfMemory; an empty function removes it. It
+  // is asked only when every other way to serve the request has failed, at the same point on
+  // every arena, so a simulation on the Null arena with the same handler decides exactly as a
+  // real run (EvictionScope installs one for a scope). Not with a planned layout, which serves
+  // its requests without searching (set_planned_layout refuses the pair).
+  void set_eviction_handler(EvictionHandler handler);
+  bool has_eviction_handler() const;
 
   // Installs a planned layout. It releases the cached segments, takes the free blocks of the
   // segments that remain (the holes: they must have the sizes layout->holes lists, or the
@@ -389,6 +416,9 @@ class CachingAllocator {
   [[noreturn]] void throw_oom_locked(
       uint64_t bytes, uint64_t rounded, Category c, uint32_t tag, const char* why,
       uint64_t segment = 0);  // segment: its size, when not the request's
+  // A block from the pools, a new segment, or a new segment after emptying the cache; nullptr
+  // when none of them serves the request.
+  Block* find_or_map_locked(uint64_t rounded, bool small, Category category, uint32_t tag);
   Pool& pool(bool small) { return small ? small_pool_ : large_pool_; }
 
   std::unique_ptr<Arena> arena_;
@@ -400,6 +430,8 @@ class CachingAllocator {
   MemoryStats stats_;
   int64_t limit_ = 0;
   int64_t lowest_refused_ = 0;
+  // Shared so that a call in progress (made without the lock) keeps it alive if it is replaced.
+  std::shared_ptr<const EvictionHandler> eviction_handler_;
   bool log_enabled_ = false;
   int64_t log_t0_ns_ = 0;
   uint64_t next_seq_ = 0;
@@ -489,6 +521,19 @@ class LayoutScope {
  private:
   CachingAllocator& a_;
   bool active_;
+};
+
+// Installs an eviction handler for a scope and removes it at its end (the DTR runtime while its
+// steps run). One at a time: an allocator that has one already refuses a second (regen::Error).
+class EvictionScope {
+ public:
+  EvictionScope(CachingAllocator& a, EvictionHandler handler);
+  ~EvictionScope();
+  EvictionScope(const EvictionScope&) = delete;
+  EvictionScope& operator=(const EvictionScope&) = delete;
+
+ private:
+  CachingAllocator& a_;
 };
 
 // Sets an allocator's hard limit for a scope and puts the previous one back at its end (a

@@ -49,8 +49,8 @@ void RematExecutor::on_backward_start(Tape& tape) {
               ": the loss or model changed since profiling");
 }
 
-void RematExecutor::run_program(Tape& tape, const RegenProgram& prog) {
-  const auto t0 = std::chrono::steady_clock::now();
+int64_t run_program_on_tape(Tape& tape, const Profile& p, const RegenProgram& prog) {
+  int64_t replays = 0;
   auto replay = [&](const ReplayStep& st, const auto& lookup) {
     std::vector<Tensor> inputs;
     inputs.reserve(st.inputs.size());
@@ -58,16 +58,22 @@ void RematExecutor::run_program(Tape& tape, const RegenProgram& prog) {
       const Tensor* kept = v >= 0 ? lookup(v) : nullptr;
       inputs.push_back(v < 0 ? Tensor() : kept ? *kept : tape.value_tensor(v));
     }
-    ++cur_replays_;
+    ++replays;
     return tape.replay(st.node, inputs);  // the inputs go before any output is let go
   };
   auto restore = [&](int32_t saved, Tensor&& out) {
     tape.restore(saved, out);  // the saved tensor adopts the bytes; `out` is left empty
-    return tape.value_tensor(p_.saved[static_cast<size_t>(saved)].value);
+    return tape.value_tensor(p.saved[static_cast<size_t>(saved)].value);
   };
-  interpret_program<Tensor>(p_, prog, replay, restore);
+  interpret_program<Tensor>(p, prog, replay, restore);
   kernels::synchronize(
-      tape.value_tensor_device(p_.saved[static_cast<size_t>(prog.targets[0])].value));
+      tape.value_tensor_device(p.saved[static_cast<size_t>(prog.targets[0])].value));
+  return replays;
+}
+
+void RematExecutor::run_program(Tape& tape, const RegenProgram& prog) {
+  const auto t0 = std::chrono::steady_clock::now();
+  cur_replays_ += run_program_on_tape(tape, p_, prog);
   cur_regen_ms_ +=
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }

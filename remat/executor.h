@@ -28,16 +28,24 @@ class RematExecutor : public TapeHooks {
   int64_t replays() const { return replays_; }
   double regen_ms() const { return regen_ms_; }
 
- private:
+ protected:
+  // The DTR executor (dtr.h) is one with an empty schedule and its own counters.
   void check_node(const Tape& tape, int32_t node, const std::vector<Tensor>& outputs) const;
-  void run_program(Tape& tape, const RegenProgram& prog);
-
   const Profile& p_;
-  Schedule schedule_;
   int64_t evictions_ = 0, replays_ = 0;
   double regen_ms_ = 0;
+
+ private:
+  void run_program(Tape& tape, const RegenProgram& prog);
+
+  Schedule schedule_;
   int64_t cur_evictions_ = 0, cur_replays_ = 0;
   double cur_regen_ms_ = 0;
 };
+
+// Runs one regeneration program on the tape (interpret_program with tensors: Tape::replay, then
+// Tape::restore for each restored output) and returns the number of ops it replayed. The device
+// is synchronized at the end, so a caller's timing covers the kernels.
+int64_t run_program_on_tape(Tape& tape, const Profile& p, const RegenProgram& prog);
 
 }  // namespace regen

@@ -111,15 +111,24 @@ const Plan& RematPipeline::use_plan(Plan plan) {
 void RematPipeline::set_plan(Plan plan) {
   finish();
   exec_.reset();
+  dtr_ = nullptr;
   plan_ = std::make_unique<Plan>(std::move(plan));
+  const std::optional<DtrOptions> dtr = dtr_policy(plan_->policy);
   if (plan_->predicted.peak_at.empty()) {  // where the peak is, for an out-of-memory report
     SimOptions so;
     so.limit = plan_->limit;
     so.layout = plan_->layout;
     so.top_live = 1;
-    plan_->predicted.peak_at = sim_->run(plan_schedule(*profile_, *plan_), so).peak_at;
+    plan_->predicted.peak_at = dtr ? simulate_dtr(*sim_, *dtr, plan_->limit, so).peak_at
+                                   : sim_->run(plan_schedule(*profile_, *plan_), so).peak_at;
   }
-  exec_ = std::make_unique<RematExecutor>(*profile_, plan_schedule(*profile_, *plan_));
+  if (dtr) {
+    auto exec = std::make_unique<DtrExecutor>(*profile_, *dtr, trainer_.allocator());
+    dtr_ = exec.get();
+    exec_ = std::move(exec);
+  } else {
+    exec_ = std::make_unique<RematExecutor>(*profile_, plan_schedule(*profile_, *plan_));
+  }
   start_ = live_layout(profile_->start_state);
   predicted_steps_ = exact_steps_ = first_inexact_step_ = 0;
 }
@@ -131,6 +140,7 @@ const Plan& RematPipeline::current_plan() const {
 
 void RematPipeline::clear_plan() {
   finish();
+  dtr_ = nullptr;
   exec_.reset();
   plan_.reset();
 }
@@ -148,11 +158,17 @@ void RematPipeline::install() {
   CachingAllocator& a = trainer_.allocator();
   limit_ = std::make_unique<LimitScope>(a, limit_override_ >= 0 ? limit_override_ : plan_->limit);
   layout_ = std::make_unique<LayoutScope>(a, plan_->layout);
+  if (dtr_) {
+    DtrEngine* engine = &dtr_->engine();
+    eviction_ = std::make_unique<EvictionScope>(
+        a, [engine](const EvictionRequest& r) { return engine->evict_for(r); });
+  }
   hooks_ = std::make_unique<HooksScope>(exec_.get());
 }
 
 void RematPipeline::finish() {
   hooks_.reset();
+  eviction_.reset();
   layout_.reset();
   limit_.reset();
 }
@@ -165,6 +181,7 @@ StepResult RematPipeline::step(StepObserver* observer) {
     r = trainer_.step(plan_ ? &check : observer);
   } catch (const OutOfMemory& e) {
     hooks_.reset();  // the rest of the plan goes with the pipeline (its tensors may still be live)
+    eviction_.reset();
     if (plan_) rethrow_with_plan(e, *plan_);
     throw;
   }
@@ -174,7 +191,10 @@ StepResult RematPipeline::step(StepObserver* observer) {
     r.predicted_allocated = plan_->predicted.peak_allocated;
     r.predicted_reserved = plan_->predicted.peak_reserved;
     ++predicted_steps_;
-    if (r.exact()) {
+    // DTR decides at run time: its evictions and replays are predicted too.
+    const bool same_work = !dtr_ || (dtr_->evictions() == plan_->predicted.evictions &&
+                                     dtr_->replays() == plan_->predicted.replays);
+    if (r.exact() && same_work) {
       ++exact_steps_;
     } else if (first_inexact_step_ == 0) {
       first_inexact_step_ = predicted_steps_;

@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "regen/remat/dtr.h"
 #include "regen/remat/executor.h"
 #include "regen/remat/planner.h"
 #include "regen/remat/profiler.h"
@@ -82,14 +83,17 @@ class RematPipeline {
   void set_limit(int64_t limit);
 
   // Steps run under the plan at its own limit since it was set, and how many of them measured
-  // exactly the predicted peaks (StepResult::exact); the first step that did not (1-based, among
-  // those steps; 0 when every one did).
+  // exactly the predicted peaks (StepResult::exact) and, under a DTR plan (dtr.h), made exactly
+  // the predicted evictions and replays; the first step that did not (1-based, among those steps;
+  // 0 when every one did).
   int64_t predicted_steps() const { return predicted_steps_; }
   int64_t exact_steps() const { return exact_steps_; }
   int64_t first_inexact_step() const { return first_inexact_step_; }
 
-  // Null until a plan is in use. Its counters are those of the last finished step.
+  // Null until a plan is in use. Its counters are those of the last finished step. Under a DTR
+  // plan it is a DtrExecutor (dtr_executor() then returns it too; null otherwise).
   const RematExecutor* executor() const { return exec_.get(); }
+  const DtrExecutor* dtr_executor() const { return dtr_; }
   Trainer& trainer() { return trainer_; }
   // Steps run so far: profiling steps and step()'s.
   int64_t steps_done() const { return steps_done_; }
@@ -103,6 +107,7 @@ class RematPipeline {
   std::unique_ptr<Simulator> sim_;
   std::unique_ptr<Plan> plan_;
   std::unique_ptr<RematExecutor> exec_;
+  DtrExecutor* dtr_ = nullptr;  // exec_, when the plan is DTR's
   int64_t limit_override_ = -1;
   int64_t steps_done_ = 0;
   int64_t predicted_steps_ = 0, exact_steps_ = 0, first_inexact_step_ = 0;
@@ -110,6 +115,7 @@ class RematPipeline {
   // The installed plan, removed in reverse order.
   std::unique_ptr<LimitScope> limit_;
   std::unique_ptr<LayoutScope> layout_;
+  std::unique_ptr<EvictionScope> eviction_;  // DTR: the engine answers the allocator
   std::unique_ptr<HooksScope> hooks_;
 };
 

@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "regen/core/io.h"
+#include "regen/remat/dtr.h"
 #include "regen/remat/layout.h"
 #include "regen/remat/planner_parts.h"
 #include "regen/remat/planners/builtin.h"
@@ -214,6 +215,10 @@ Plan finish_plan(const Simulator& sim, Plan draft, const Budget& budget,
 
 void judge_loaded_plan(const Simulator& sim, Plan& plan) {
   check_plan_decisions(plan, sim.profile());
+  if (dtr_policy(plan.policy)) {  // decided at run time: its prediction is DTR's simulation
+    judge_dtr_plan(sim, plan);
+    return;
+  }
   judge_against_budget(sim, plan, plan.planned_layout);
   plan.no_remat_peak = no_remat_peak_of(sim, plan.budget_of);
 }

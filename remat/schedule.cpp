@@ -15,7 +15,7 @@ const char* decision_name(Decision d) {
 
 namespace {
 
-enum class State : uint8_t { resident, evicted, released };
+using State = Residency;
 
 // Builds one regeneration program against the current residency of saved tensors.
 class ProgramBuilder {
@@ -75,6 +75,65 @@ std::vector<int32_t> regeneration_nodes(const Profile& p, const std::vector<char
   for (const ReplayStep& st : b.steps()) nodes.push_back(st.node);
   std::sort(nodes.begin(), nodes.end());
   return nodes;
+}
+
+void fill_regeneration_program(const Profile& p, std::vector<Residency>& state, bool keep_chain,
+                               RegenProgram& prog, std::vector<int32_t>* restores) {
+  REGEN_CHECK(state.size() == p.saved.size(), "regeneration program: ", state.size(),
+              " residency states for ", p.saved.size(), " saved tensors");
+  prog.steps.clear();
+  prog.time_ms = 0;
+  ProgramBuilder b(p, state);
+  for (int32_t s : prog.targets) {
+    REGEN_ASSERT(state[static_cast<size_t>(s)] == State::evicted);
+    b.need(p.saved[static_cast<size_t>(s)].value);
+  }
+  prog.steps = std::move(b.steps());
+  // Forward order: every input's producer has a smaller index, so this is a valid order, and
+  // the replay holds what the forward pass held at the same point.
+  std::sort(prog.steps.begin(), prog.steps.end(),
+            [](const ReplayStep& a, const ReplayStep& b) { return a.node < b.node; });
+  // Fates: restore evicted saved roots that backward needs (targets, and with keep_chain any
+  // still-needed one); keep outputs later steps read; drop the rest.
+  std::map<int64_t, size_t> last_use;  // value -> last step reading it
+  for (size_t i = 0; i < prog.steps.size(); ++i) {
+    for (int64_t in : prog.steps[i].inputs) {
+      if (in >= 0) last_use[in] = i;
+    }
+  }
+  std::vector<int64_t> kept;
+  for (size_t i = 0; i < prog.steps.size(); ++i) {
+    ReplayStep& st = prog.steps[i];
+    const ProfileNode& rn = p.nodes[static_cast<size_t>(st.node)];
+    for (size_t k = 0; k < rn.outputs.size(); ++k) {
+      const int64_t v = rn.outputs[k];
+      const ProfileValue& val = p.values[static_cast<size_t>(v)];
+      const int32_t s = val.root == v ? val.saved : -1;
+      const bool is_target =
+          s >= 0 && std::find(prog.targets.begin(), prog.targets.end(), s) != prog.targets.end();
+      const bool wanted_later =
+          keep_chain && s >= 0 && state[static_cast<size_t>(s)] == State::evicted;
+      if (s >= 0 && (is_target || wanted_later)) {
+        st.outputs[k] = {ReplayStep::Fate::restore, s};
+        state[static_cast<size_t>(s)] = State::resident;
+        if (restores) (*restores)[static_cast<size_t>(s)]++;
+      } else if (last_use.count(v) && last_use[v] > i) {
+        st.outputs[k] = {ReplayStep::Fate::keep, -1};
+        kept.push_back(v);
+      }
+    }
+    // Kept values whose last reader is this step go now.
+    std::vector<int64_t> rel;
+    for (int64_t v : kept) {
+      if (last_use[v] == i) rel.push_back(v);
+    }
+    std::sort(rel.begin(), rel.end());
+    for (int64_t v : rel) kept.erase(std::find(kept.begin(), kept.end(), v));
+    st.release_after = std::move(rel);
+    prog.time_ms += rn.fwd_ms;
+  }
+  REGEN_ASSERT(kept.empty());
+  for (int32_t s : prog.targets) REGEN_ASSERT(state[static_cast<size_t>(s)] == State::resident);
 }
 
 Schedule build_schedule(const Profile& p, const std::vector<Decision>& decisions, bool keep_chain,
@@ -151,54 +210,7 @@ Schedule build_schedule(const Profile& p, const std::vector<Decision>& decisions
       }
     }
     if (!prog.targets.empty()) {
-      ProgramBuilder b(p, state);
-      for (int32_t s : prog.targets) b.need(p.saved[static_cast<size_t>(s)].value);
-      prog.steps = std::move(b.steps());
-      // Forward order: every input's producer has a smaller index, so this is a valid order, and
-      // the replay holds what the forward pass held at the same point.
-      std::sort(prog.steps.begin(), prog.steps.end(),
-                [](const ReplayStep& a, const ReplayStep& b) { return a.node < b.node; });
-      // Fates: restore evicted saved roots that backward needs (targets, and with keep_chain any
-      // still-needed one); keep outputs later steps read; drop the rest.
-      std::map<int64_t, size_t> last_use;  // value -> last step reading it
-      for (size_t i = 0; i < prog.steps.size(); ++i) {
-        for (int64_t in : prog.steps[i].inputs) {
-          if (in >= 0) last_use[in] = i;
-        }
-      }
-      std::vector<int64_t> kept;
-      for (size_t i = 0; i < prog.steps.size(); ++i) {
-        ReplayStep& st = prog.steps[i];
-        const ProfileNode& rn = p.nodes[static_cast<size_t>(st.node)];
-        for (size_t k = 0; k < rn.outputs.size(); ++k) {
-          const int64_t v = rn.outputs[k];
-          const ProfileValue& val = p.values[static_cast<size_t>(v)];
-          const int32_t s = val.root == v ? val.saved : -1;
-          const bool is_target = s >= 0 && std::find(prog.targets.begin(), prog.targets.end(), s) !=
-                                               prog.targets.end();
-          const bool wanted_later =
-              keep_chain && s >= 0 && state[static_cast<size_t>(s)] == State::evicted;
-          if (s >= 0 && (is_target || wanted_later)) {
-            st.outputs[k] = {ReplayStep::Fate::restore, s};
-            state[static_cast<size_t>(s)] = State::resident;
-            sch.restores[static_cast<size_t>(s)]++;
-          } else if (last_use.count(v) && last_use[v] > i) {
-            st.outputs[k] = {ReplayStep::Fate::keep, -1};
-            kept.push_back(v);
-          }
-        }
-        // Kept values whose last reader is this step go now.
-        std::vector<int64_t> rel;
-        for (int64_t v : kept) {
-          if (last_use[v] == i) rel.push_back(v);
-        }
-        std::sort(rel.begin(), rel.end());
-        for (int64_t v : rel) kept.erase(std::find(kept.begin(), kept.end(), v));
-        st.release_after = std::move(rel);
-        prog.time_ms += rn.fwd_ms;
-      }
-      REGEN_ASSERT(kept.empty());
-      for (int32_t s : prog.targets) REGEN_ASSERT(state[static_cast<size_t>(s)] == State::resident);
+      fill_regeneration_program(p, state, keep_chain, prog, &sch.restores);
       sch.replays += static_cast<int64_t>(prog.steps.size());
       sch.recompute_ms += prog.time_ms;
       sch.program_of_node[static_cast<size_t>(j)] = static_cast<int32_t>(sch.programs.size());

@@ -68,6 +68,19 @@ Schedule build_schedule(const Profile& p, const std::vector<Decision>& decisions
                         bool keep_chain = true,
                         const std::vector<Regeneration>& regenerations = {});
 
+// Where a saved tensor's bytes are while a step runs, as the engine sees them (a tensor not saved
+// yet counts as released: nothing can read it back through the tape).
+enum class Residency : uint8_t { resident, evicted, released };
+
+// Fills `prog.steps` (and its time) for `prog.targets`, saved tensors that are all evicted in
+// `state`: the producers to replay in forward order, from leaves and resident saved tensors,
+// recursively, with each output's fate. The targets are restored; with keep_chain so is every
+// other evicted saved tensor a replay recomputes on the way. `state` is updated (what the program
+// restores becomes resident) and `restores`, when given, counts each restore. build_schedule
+// makes every program with it, and so does the DTR runtime (dtr.h) at run time.
+void fill_regeneration_program(const Profile& p, std::vector<Residency>& state, bool keep_chain,
+                               RegenProgram& prog, std::vector<int32_t>* restores = nullptr);
+
 // One regeneration program, interpreted: the only place that decides in which order a program's
 // outputs are restored, kept or dropped and its kept values released, for the executor (tensors)
 // and the simulator (blocks) alike, so their allocations and frees come in one order.

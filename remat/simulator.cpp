@@ -10,6 +10,7 @@
 
 #include "regen/core/error.h"
 #include "regen/core/io.h"
+#include "regen/remat/dtr.h"
 
 namespace regen {
 
@@ -69,6 +70,25 @@ class BlockRef {
   Block* block_ = nullptr;
   std::unordered_map<Block*, int>* refs_ = nullptr;
   std::function<void(Block*)>* free_ = nullptr;
+};
+
+// The simulator's side of the DTR engine (dtr.h): simulated blocks for tensors.
+class SimRuntime final : public DtrRuntime {
+ public:
+  SimRuntime(const CachingAllocator& a, std::function<void(int32_t)> evict,
+             std::function<void(const RegenProgram&)> program,
+             std::function<uint64_t(int32_t)> block)
+      : a_(a), evict_(std::move(evict)), program_(std::move(program)), block_(std::move(block)) {}
+  void evict(int32_t saved) override { evict_(saved); }
+  void run_program(const RegenProgram& prog) override { program_(prog); }
+  uint64_t block_id(int32_t saved) const override { return block_(saved); }
+  std::vector<BlockInfo> layout() const override { return a_.snapshot(); }
+
+ private:
+  const CachingAllocator& a_;
+  std::function<void(int32_t)> evict_;
+  std::function<void(const RegenProgram&)> program_;
+  std::function<uint64_t(int32_t)> block_;
 };
 
 }  // namespace
@@ -236,8 +256,58 @@ SimResult Simulator::run(const Schedule& s, const SimOptions& opt) const {
     REGEN_ASSERT(refs.empty());
   };
 
+  // DTR: the engine decides at the markers where the executor's hooks run, and when the
+  // allocator asks (its eviction handler).
+  std::unique_ptr<SimRuntime> dtr_runtime;
+  std::unique_ptr<DtrEngine> dtr;
+  std::unique_ptr<EvictionScope> dtr_handler;
+  if (opt.dtr) {
+    REGEN_CHECK(!opt.layout, "simulator: DTR runs without a planned layout");
+    auto evict_saved = [&](int32_t sv) {
+      auto it = live.find(saved_base[static_cast<size_t>(sv)]);
+      REGEN_CHECK(it != live.end() && it->second, "simulator: DTR evicts saved tensor ", sv,
+                  ", which is not live");
+      free_(it->second);
+      it->second = nullptr;  // its base free, if any, no longer frees anything
+    };
+    auto block_of = [&](int32_t sv) -> uint64_t {
+      auto it = live.find(saved_base[static_cast<size_t>(sv)]);
+      REGEN_CHECK(it != live.end() && it->second, "simulator: saved tensor ", sv, " is not live");
+      return it->second->id();
+    };
+    dtr_runtime = std::make_unique<SimRuntime>(sim, evict_saved, run_program, block_of);
+    dtr = std::make_unique<DtrEngine>(p, *opt.dtr, *dtr_runtime);
+    DtrEngine* engine = dtr.get();
+    dtr_handler = std::make_unique<EvictionScope>(
+        sim, [engine](const EvictionRequest& r) { return engine->evict_for(r); });
+  }
+
   auto on_marker = [&](const Marker& m) {
     last_marker = &m - p.markers.data();
+    if (dtr) {
+      switch (m.kind) {
+        case MarkerKind::fwd_begin:
+          dtr->before_forward(m.node);
+          break;
+        case MarkerKind::fwd_end:
+          dtr->after_forward(m.node);
+          break;
+        case MarkerKind::backward_start:
+          dtr->backward_start();
+          break;
+        case MarkerKind::bwd_begin:
+          dtr->before_backward(m.node);
+          break;
+        case MarkerKind::bwd_end:
+          dtr->after_backward(m.node);
+          break;
+        case MarkerKind::backward_finish:
+          dtr->end_step();
+          break;
+        default:
+          break;
+      }
+    }
     if (m.kind == MarkerKind::iteration_begin) {
       // The planned step's requests, like the allocator's, count from here.
       sim.begin_planned_step();
@@ -299,6 +369,13 @@ SimResult Simulator::run(const Schedule& s, const SimOptions& opt) const {
   }
   res.cache_flushes = sim.stats().num_cache_flushes - flushes_before;
   if (opt.limit > 0) res.next_limit = sim.lowest_refused();
+  if (dtr) {
+    if (dtr->in_step()) dtr->end_step();  // ran out of memory in the middle
+    if (opt.dtr_stats) *opt.dtr_stats = dtr->last();
+    dtr_handler.reset();
+  }
+  for (const std::vector<int32_t>& e : s.evict_after)
+    res.evictions += static_cast<int64_t>(e.size());
 
   const MemoryStats st = sim.stats();
   res.peak_allocated = st.allocated.peak;

@@ -14,6 +14,9 @@
 
 namespace regen {
 
+struct DtrOptions;  // dtr.h
+struct DtrStats;
+
 struct LiveBlockRec {
   std::string tag;
   Category category;
@@ -36,6 +39,7 @@ struct SimResult {
   double time_ms = 0;   // profiled iteration time + recomputation
   double recompute_ms = 0;
   int64_t replays = 0;
+  int64_t evictions = 0;  // saved tensors evicted (a schedule's, or those DTR chose)
   std::vector<TimelinePoint> timeline;
   // With a limit: whether the step runs out of memory under it, the allocator's message and the
   // last marker before it ("bwd_begin <op>", ...); the peaks are then those reached before.
@@ -65,6 +69,11 @@ struct SimOptions {
     int64_t begin = 0, end = -1;
   };
   std::vector<Request>* requests = nullptr;
+  // DTR (dtr.h) decides evictions and regenerations while the step runs: its engine is driven at
+  // the markers, with the allocator's eviction handler pointing at it (simulate_dtr sets these;
+  // the schedule is then all-retain). dtr_stats receives what it did.
+  const DtrOptions* dtr = nullptr;
+  DtrStats* dtr_stats = nullptr;
 };
 
 // Per-profile index (windows of each node's forward, tag ids); build once, simulate many times.

@@ -18,6 +18,7 @@
 #include <sstream>
 
 #include "regen/core/io.h"
+#include "regen/remat/dtr.h"
 #include "regen/remat/executor.h"
 #include "regen/remat/profiler.h"
 #include "tools/command.h"
@@ -83,9 +84,16 @@ std::vector<std::string> default_planners() {
 }
 
 // --policies: every entry a known policy (not none) with an optional chain mode, no repeats.
-std::vector<PolicySpec> parse_policies(const std::string& text) {
+// The DTR policies run under the caching allocator's hard limit: by default they are left out
+// of a frontier of allocated budgets or planned layouts, and naming them there is an error.
+std::vector<PolicySpec> parse_policies(const std::string& text, bool reserved_caching) {
   const std::vector<std::string> known = planner_names();
-  const std::vector<std::string> items = text.empty() ? default_planners() : split_commas(text);
+  std::vector<std::string> items = text.empty() ? default_planners() : split_commas(text);
+  if (text.empty() && !reserved_caching) {
+    items.erase(std::remove_if(items.begin(), items.end(),
+                               [](const std::string& n) { return dtr_policy(n).has_value(); }),
+                items.end());
+  }
   REGEN_CHECK(!items.empty(), "--policies is empty: name one or more of ", join_names(known));
   std::vector<PolicySpec> specs;
   for (const std::string& item : items) {
@@ -104,6 +112,9 @@ std::vector<PolicySpec> parse_policies(const std::string& text) {
     } catch (const Error& e) {
       REGEN_FAIL("--policies: ", e.message());
     }
+    REGEN_CHECK(reserved_caching || !dtr_policy(spec.policy), "--policies: ", spec.policy,
+                " evicts when the allocator's hard limit refuses a request: it needs "
+                "--budget-of reserved and --layout caching");
     for (const PolicySpec& s : specs) {
       REGEN_CHECK(s.label != spec.label, "--policies: '", item, "' is named twice");
     }
@@ -113,6 +124,10 @@ std::vector<PolicySpec> parse_policies(const std::string& text) {
 }
 
 bool same_plan(const Plan& a, const Plan& b) {
+  // DTR decides at run time: its runs differ by the limit they run under.
+  if (dtr_policy(a.policy) || dtr_policy(b.policy)) {
+    return a.policy == b.policy && a.limit == b.limit && a.feasible == b.feasible;
+  }
   if (a.keep_chain != b.keep_chain || a.decisions != b.decisions ||
       a.regenerations.size() != b.regenerations.size()) {
     return false;
@@ -194,7 +209,7 @@ std::vector<int> pick_plans(const PolicyFrontier& pf, int k) {
   // Plans that recompute something (no remat is measured anyway); all of them if none do.
   std::vector<const Point*> d;
   for (const auto& [id, p] : first) {
-    if (p->plan.recomputed() > 0) d.push_back(p);
+    if (p->plan.recomputed() > 0 || p->plan.predicted.evictions > 0) d.push_back(p);
   }
   if (d.empty()) {
     for (const auto& [id, p] : first) d.push_back(p);
@@ -354,7 +369,8 @@ std::string measured_line(const MeasuredRun& m, const SimResult& r) {
 
 void run(Flags f, const Given& given) {
   // Everything that can be checked without work, first.
-  const std::vector<PolicySpec> specs = parse_policies(f.policies);
+  const std::vector<PolicySpec> specs =
+      parse_policies(f.policies, f.budget_of == "reserved" && f.layout == "caching");
   const bool model_given = given.has(given.model) || given.has(given.batch);
   Profile profile;
   const bool loaded = !f.profile.empty();
@@ -587,10 +603,20 @@ void run(Flags f, const Given& given) {
         ++n_run;
         n_exact += exact(got, plan.predicted) ? 1 : 0;
         n_within += std::fabs(got.ms / plan.predicted.time_ms - 1.0) <= 0.10 ? 1 : 0;
-        std::printf("  %s @ %s of the no-remat peak (%lld recomputed, chain %s): %s\n",
-                    pf.spec.label.c_str(), budget_range(pf, id, c.no_remat_peak).c_str(),
-                    static_cast<long long>(plan.recomputed()), plan.keep_chain ? "keep" : "drop",
-                    measured_line(got, plan.predicted).c_str());
+        if (dtr_policy(plan.policy)) {
+          std::printf(
+              "  %s @ %s of the no-remat peak (limit %s; %lld evictions and %lld replays per "
+              "step predicted, %lld replays measured): %s\n",
+              pf.spec.label.c_str(), budget_range(pf, id, c.no_remat_peak).c_str(),
+              format_bytes(plan.limit).c_str(), static_cast<long long>(plan.predicted.evictions),
+              static_cast<long long>(plan.predicted.replays), static_cast<long long>(got.replays),
+              measured_line(got, plan.predicted).c_str());
+        } else {
+          std::printf("  %s @ %s of the no-remat peak (%lld recomputed, chain %s): %s\n",
+                      pf.spec.label.c_str(), budget_range(pf, id, c.no_remat_peak).c_str(),
+                      static_cast<long long>(plan.recomputed()), plan.keep_chain ? "keep" : "drop",
+                      measured_line(got, plan.predicted).c_str());
+        }
         std::fflush(stdout);
       }
     }

@@ -3,6 +3,7 @@
 #include <cstdio>
 
 #include "regen/core/io.h"
+#include "regen/remat/dtr.h"
 #include "regen/remat/planner.h"
 #include "regen/remat/report.h"
 #include "tools/command.h"
@@ -79,16 +80,24 @@ void setup(CLI::App& app) {
                 budget_of_name(plan.budget_of));
     std::printf("  %s\n", plan.feasible ? "feasible" : plan.note.c_str());
     if (plan.feasible && !plan.note.empty()) std::printf("  %s\n", plan.note.c_str());
-    std::printf("  recompute %lld of %zu saved tensors (%s of %s)\n",
-                static_cast<long long>(plan.recomputed()), p.saved.size(),
-                format_bytes(plan.recomputed_bytes(p)).c_str(),
-                format_bytes([&] {
-                  int64_t b = 0;
-                  for (const ProfileSaved& s : p.saved)
-                    b += s.candidate ? static_cast<int64_t>(s.bytes) : 0;
-                  return b;
-                }())
-                    .c_str());
+    if (dtr_policy(plan.policy)) {
+      std::printf(
+          "  no plan: the saved tensors to evict are chosen while the step runs; predicted "
+          "%lld evictions and %lld op replays per step (decisions.csv retains everything)\n",
+          static_cast<long long>(plan.predicted.evictions),
+          static_cast<long long>(plan.predicted.replays));
+    } else {
+      std::printf("  recompute %lld of %zu saved tensors (%s of %s)\n",
+                  static_cast<long long>(plan.recomputed()), p.saved.size(),
+                  format_bytes(plan.recomputed_bytes(p)).c_str(),
+                  format_bytes([&] {
+                    int64_t b = 0;
+                    for (const ProfileSaved& s : p.saved)
+                      b += s.candidate ? static_cast<int64_t>(s.bytes) : 0;
+                    return b;
+                  }())
+                      .c_str());
+    }
     std::printf(
         "  predicted peak allocated %s, reserved %s (no remat %s %s); limit %s; lower bound "
         "%s allocated\n",

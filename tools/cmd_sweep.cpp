@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "regen/core/io.h"
+#include "regen/remat/dtr.h"
 #include "regen/remat/executor.h"
 #include "regen/remat/profiler.h"
 #include "regen/remat/report.h"
@@ -201,20 +202,29 @@ void run(const Flags& f) {
                            got.steps_exact == got.steps_predicted;
         std::printf(
             "   %s @ %s: peak allocated %s, reserved %s (predicted %s, %s%s)%s, step %.3f s, "
-            "recompute %.3f s, %lld of %lld activations recomputed%s\n",
+            "recompute %.3f s, %s%s\n",
             policy.c_str(), plan.budget_text.c_str(), format_bytes(got.peak).c_str(),
             format_bytes(got.reserved).c_str(), format_bytes(plan.predicted.peak_allocated).c_str(),
             format_bytes(plan.predicted.peak_reserved).c_str(), exact ? ", exact" : ", DIFFERS",
             plan.limit > 0 ? (" under the limit " + format_bytes(plan.limit)).c_str() : "",
-            got.ms / 1000, got.regen_ms / 1000, static_cast<long long>(row.recomputed),
-            static_cast<long long>(row.recomputed + row.retained),
+            got.ms / 1000, got.regen_ms / 1000,
+            (dtr_policy(plan.policy)
+                 ? std::to_string(plan.predicted.evictions) + " evictions and " +
+                       std::to_string(got.replays) + " replays per step at run time (predicted " +
+                       std::to_string(plan.predicted.replays) + ")"
+                 : std::to_string(row.recomputed) + " of " +
+                       std::to_string(row.recomputed + row.retained) + " activations recomputed")
+                .c_str(),
             plan.feasible ? "" : " (budget not met: lowest this policy reaches)");
         std::fflush(stdout);
         // Memory timelines of the first batch: no remat and every policy at the first budget.
         if (batch == batches.front() && btext == budgets.front()) {
           SimOptions so;
           so.timeline = true;
-          timelines += timeline_csv(profile, sim.run(plan_schedule(profile, plan), so),
+          const std::optional<DtrOptions> dtr = dtr_policy(plan.policy);
+          timelines += timeline_csv(profile,
+                                    dtr ? simulate_dtr(sim, *dtr, plan.limit, so)
+                                        : sim.run(plan_schedule(profile, plan), so),
                                     policy + "@" + plan.budget_text);
         }
       }

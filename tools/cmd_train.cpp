@@ -125,14 +125,27 @@ void run(const TrainFlags& f) {
       pipe.plan(f.policy, Budget::parse(f.budget), po);
     }
     const Plan& plan = pipe.current_plan();
-    std::printf(
-        "plan %s, budget %s (%s): recompute %lld of %zu saved tensors; predicted peak "
-        "allocated %s, reserved %s (no remat %s), predicted step %.3f s\n",
-        plan.policy.c_str(), plan.budget_text.c_str(), budget_of_name(plan.budget_of),
-        static_cast<long long>(plan.recomputed()), profile.saved.size(),
-        format_bytes(plan.predicted.peak_allocated).c_str(),
-        format_bytes(plan.predicted.peak_reserved).c_str(),
-        format_bytes(plan.no_remat_peak).c_str(), plan.predicted.time_ms / 1000.0);
+    if (dtr_policy(plan.policy)) {
+      std::printf(
+          "plan %s, budget %s (%s): no plan, the saved tensors to evict are chosen while the "
+          "steps run; predicted peak allocated %s, reserved %s (no remat %s), %lld evictions "
+          "and %lld op replays per step, predicted step %.3f s\n",
+          plan.policy.c_str(), plan.budget_text.c_str(), budget_of_name(plan.budget_of),
+          format_bytes(plan.predicted.peak_allocated).c_str(),
+          format_bytes(plan.predicted.peak_reserved).c_str(),
+          format_bytes(plan.no_remat_peak).c_str(),
+          static_cast<long long>(plan.predicted.evictions),
+          static_cast<long long>(plan.predicted.replays), plan.predicted.time_ms / 1000.0);
+    } else {
+      std::printf(
+          "plan %s, budget %s (%s): recompute %lld of %zu saved tensors; predicted peak "
+          "allocated %s, reserved %s (no remat %s), predicted step %.3f s\n",
+          plan.policy.c_str(), plan.budget_text.c_str(), budget_of_name(plan.budget_of),
+          static_cast<long long>(plan.recomputed()), profile.saved.size(),
+          format_bytes(plan.predicted.peak_allocated).c_str(),
+          format_bytes(plan.predicted.peak_reserved).c_str(),
+          format_bytes(plan.no_remat_peak).c_str(), plan.predicted.time_ms / 1000.0);
+    }
     // A plan that does not fit its budget is refused now, with the simulated numbers, rather
     // than found out by an out-of-memory error in the middle of a step.
     REGEN_CHECK(plan.feasible,
@@ -143,7 +156,9 @@ void run(const TrainFlags& f) {
                                      "runs out of memory at " +
                                          plan.predicted.oom_at
                                    : std::string(),
-                ". Pass a larger --budget, another --policy, or --budget-of allocated");
+                dtr_policy(plan.policy) ? ". Pass a larger --budget or another --policy"
+                                        : ". Pass a larger --budget, another --policy, or "
+                                          "--budget-of allocated");
     {
       const int64_t have = available_memory(s->device);
       REGEN_CHECK(have <= 0 || plan.predicted.peak_reserved <= have, "the plan's steps reserve ",
@@ -258,12 +273,16 @@ void run(const TrainFlags& f) {
                   std::to_string(checked) + " steps under the plan";
     std::printf(
         "  remat %s: predicted peak allocated %s, reserved %s; measured %s, %s (%s)%s; "
-        "%lld evictions and %lld replays per step, %.3f s of recomputation\n",
+        "%lld evictions and %lld replays per step%s, %.3f s of recomputation\n",
         plan.policy.c_str(), format_bytes(plan.predicted.peak_allocated).c_str(),
         format_bytes(plan.predicted.peak_reserved).c_str(), format_bytes(peak_alloc).c_str(),
         format_bytes(peak_reserved).c_str(), verdict.c_str(),
         plan.limit > 0 ? (", under the limit " + format_bytes(plan.limit)).c_str() : "",
         static_cast<long long>(exec->evictions()), static_cast<long long>(exec->replays()),
+        pipe.dtr_executor() ? (" (predicted " + std::to_string(plan.predicted.evictions) + " and " +
+                               std::to_string(plan.predicted.replays) + ")")
+                                  .c_str()
+                            : "",
         exec->regen_ms() / 1000.0);
     if (done > 0) {
       std::printf(
@@ -285,6 +304,12 @@ void run(const TrainFlags& f) {
       " reserved where the plan predicted ", format_bytes(first_inexact.predicted_allocated),
       " and ", format_bytes(first_inexact.predicted_reserved),
       ": the prediction did not hold (a bug in regen: please report it with the command)");
+  // Under DTR the evictions and replays are predicted as well (RematPipeline::step counts a
+  // step exact only when they were the predicted ones).
+  REGEN_CHECK(pipe.first_inexact_step() == 0, "step ", pipe.first_inexact_step() + done,
+              " under the ", pipe.has_plan() ? pipe.current_plan().policy : std::string(),
+              " plan made other evictions or replays than the simulation predicted: the "
+              "prediction did not hold (a bug in regen: please report it with the command)");
 }
 
 void setup(CLI::App& app) {
