@@ -326,10 +326,11 @@ time for exact memory figures: another live model's tensors count in the allocat
             if (e == nullptr) return pb::none();
             pb::dict d;
             d["replays"] = e->replays();
+            d["evictions"] = e->evictions();
             d["regen_ms"] = e->regen_ms();
             return d;
           },
-          "Under a plan: the last step's replays and regeneration time, else None")
+          "Under a plan: the last step's evictions, replays and regeneration time, else None")
       .def(
           "step", [](PyModel& s) { return s.train(1, pb::none()).front(); },
           "One training step (under the plan in use); returns a StepResult")

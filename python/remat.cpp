@@ -8,6 +8,7 @@
 
 #include "python/bindings.h"
 #include "regen/core/allocator.h"
+#include "regen/remat/dtr.h"
 #include "regen/remat/session.h"
 
 namespace regen::py {
@@ -417,6 +418,9 @@ of equal-length columns (numpy arrays, or lists for text and lists), ready for
           "Profiled iteration time plus recomputation")
       .def_property_readonly("recompute_ms", [](const Simulation& s) { return s.r.recompute_ms; })
       .def_property_readonly(
+          "evictions", [](const Simulation& s) { return s.r.evictions; },
+          "Saved tensors evicted in the step: the decisions' recomputed ones, or those DTR chose")
+      .def_property_readonly(
           "replays", [](const Simulation& s) { return s.r.replays; },
           "Nodes replayed by regenerations")
       .def_property_readonly(
@@ -519,6 +523,29 @@ recompute; only candidates may be recomputed). ``chain`` 'keep' or 'drop' (see r
 ``budget_of``) judges the result as plan() does; ``limit`` replays it under the allocator's hard
 limit in bytes instead. Returns a Simulation; its peaks are what executing the decisions measures.)doc");
 
+  m.def(
+      "simulate_dtr",
+      [](const ProfilePtr& profile, int64_t limit, bool coop, bool timeline, int top_live) {
+        REGEN_CHECK(profile != nullptr, "simulate_dtr: profile is None");
+        REGEN_CHECK(limit >= 0, "simulate_dtr: limit must be >= 0 bytes (0: none), got ", limit);
+        REGEN_CHECK(top_live >= 0, "simulate_dtr: top_live must be >= 0, got ", top_live);
+        SimOptions o;
+        o.timeline = timeline;
+        o.top_live = top_live;
+        Simulation out;
+        out.r = simulate_dtr(profile->sim, DtrOptions{coop}, limit, o);
+        out.fits = !out.r.oom;
+        return out;
+      },
+      pb::arg("profile"), pb::arg("limit") = 0, pb::kw_only(), pb::arg("coop") = false,
+      pb::arg("timeline") = false, pb::arg("top_live") = 0, R"doc(
+DTR's step under the allocator's hard limit ``limit`` in bytes (0: none, and DTR never evicts),
+simulated exactly: the engine that runs while training evicts when the limit refuses a request and
+regenerates what a later op reads. ``coop`` evicts address-contiguous windows (dtr-coop). Returns a
+Simulation with the peaks, evictions, replays and recomputation time every step then measures;
+``oom`` when the step runs out of memory even so. regen.plan(profile, 'dtr', budget) picks the
+limit from a budget.)doc");
+
   // ---- Plan -------------------------------------------------------------------------------------
   pb::class_<PlanHandle, std::shared_ptr<PlanHandle>>(
       m, "Plan", "A decision per saved tensor with its exact prediction (stage 2)")
@@ -573,6 +600,10 @@ limit in bytes instead. Returns a Simulation; its peaks are what executing the d
           "time_ms", [](const PlanHandle& h) { return h.plan.predicted.time_ms; },
           "Predicted step time: the profiled one plus recomputation")
       .def_property_readonly("recomputed", [](const PlanHandle& h) { return h.plan.recomputed(); })
+      .def_property_readonly(
+          "dynamic", [](const PlanHandle& h) { return dtr_policy(h.plan.policy).has_value(); },
+          "True for a DTR plan (dtr, dtr-coop): nothing decided ahead of time, the evictions "
+          "chosen while the step runs, predicted exactly (predicted.evictions, .replays)")
       .def_property_readonly(
           "recomputed_bytes",
           [](const PlanHandle& h) { return h.plan.recomputed_bytes(h.profile->profile); })
@@ -632,6 +663,9 @@ and note).)doc");
          const std::string& chain, const pb::object& regenerations, const std::string& budget_of,
          const std::string& layout, const std::string& policy) {
         REGEN_CHECK(profile != nullptr, "make_plan: profile is None");
+        REGEN_CHECK(!dtr_policy(policy), "make_plan: '", policy,
+                    "' is DTR's, which decides while the step runs: use regen.plan(profile, '",
+                    policy, "', budget)");
         const Profile& p = profile->profile;
         Plan draft;
         draft.policy = policy;
