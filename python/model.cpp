@@ -9,6 +9,7 @@
 #include <limits>
 
 #include "python/bindings.h"
+#include "regen/remat/estimate.h"
 #include "regen/remat/pipeline.h"
 #include "regen/remat/session.h"
 
@@ -479,6 +480,43 @@ stops. A loss, parameter or gradient that is not finite raises regen.Error.)doc"
       pb::arg("iterations") = 2, pb::arg("warmup") = 0, R"doc(
 Stage 1: builds the model (a name and Model options, or an existing Model) and profiles
 ``iterations`` training steps; returns the Profile.)doc");
+
+  m.def(
+      "estimate",
+      [](const std::string& model, int64_t batch, const std::string& policy, bool compare,
+         const pb::kwargs& kw) {
+        REGEN_CHECK(batch > 0, "estimate: batch must be positive, got ", batch);
+        const tool::ModelFlags f = flags_from(model, batch, "cpu", kw);
+        const ModelConfig c = tool::model_config(f);
+        EstimateOptions o;
+        o.optimizer = f.optimizer;
+        o.momentum = f.momentum;
+        o.policy = parse_estimate_policy(policy);
+        auto as_dict = [](const MemoryTerms& t, bool measured) {
+          pb::dict d;
+          d["parameters"] = t.parameters;
+          d["gradients"] = t.gradients;
+          d["optimizer_state"] = t.optimizer_state;
+          d["inputs"] = t.inputs;
+          d["activations"] = t.activations;
+          d["backward"] = t.backward;
+          d["peak"] = t.peak;
+          if (measured) d["peak_allocated"] = t.peak_allocated;
+          return d;
+        };
+        pb::dict out = as_dict(estimate_memory(c, batch, o), false);
+        if (compare)
+          out["exact"] = as_dict(measure_memory_terms(dry_profile(c, batch, o), o.policy), true);
+        return out;
+      },
+      pb::arg("model"), pb::arg("batch") = 4, pb::kw_only(), pb::arg("policy") = "none",
+      pb::arg("compare") = false, R"doc(
+The closed-form memory of one training step of a ResNet or Transformer preset (regen estimate),
+with no run: a dict of bytes by term (parameters, gradients, optimizer_state, inputs, activations
+saved for backward, backward, peak). ``policy`` 'none' or 'blocks' (every block checkpointed).
+Model options as Model takes them (image_size, seq_len, optimizer, momentum, ...). With
+``compare``, 'exact' holds the same terms from a dry run of the step (shapes only, no kernels) and
+its peak of allocated bytes.)doc");
 }
 
 }  // namespace regen::py

@@ -1,0 +1,150 @@
+// `regen estimate`: the analytic memory model (remat/estimate.h), with no run: parameters,
+// gradients, optimizer state, inputs, the activations saved for backward without remat or with
+// every block checkpointed, what backward adds, and the peak. With --compare, the same terms
+// exactly from a dry profile of the step (no kernel runs; milliseconds) and the error of each.
+#include <cmath>
+#include <cstdio>
+#include <sstream>
+
+#include "regen/core/io.h"
+#include "regen/remat/estimate.h"
+#include "tools/command.h"
+#include "tools/common.h"
+
+namespace regen::tool {
+namespace {
+
+struct Flags {
+  ModelFlags m;
+  std::string policy = "none";
+  bool compare = false;
+  std::string csv;
+};
+
+std::string fmt_g(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
+}
+
+std::string describe(const ModelConfig& c, int64_t batch) {
+  std::ostringstream os;
+  os << c.name << " batch " << batch;
+  if (c.family == ModelFamily::resnet) {
+    os << ", " << c.image_size << "x" << c.image_size << " images, " << c.num_classes << " classes";
+  } else {
+    os << ", " << c.seq_len << " tokens, vocabulary " << c.vocab << ", dropout " << c.dropout
+       << ", head " << (c.head_chunk_rows < 0 ? "unfused" : "fused");
+  }
+  return os.str();
+}
+
+void run(const Flags& f) {
+  const ModelConfig c = model_config(f.m);
+  EstimateOptions o;
+  o.optimizer = f.m.optimizer;
+  o.momentum = f.m.momentum;
+  o.policy = parse_estimate_policy(f.policy);
+  if (!f.csv.empty()) check_output_path("--csv", f.csv);
+  const MemoryTerms est = estimate_memory(c, f.m.batch, o);
+  MemoryTerms exact;
+  if (f.compare) exact = measure_memory_terms(dry_profile(c, f.m.batch, o), o.policy);
+  std::printf("estimate of one training step of %s; %s%s; policy %s (%s)\n",
+              describe(c, f.m.batch).c_str(), o.optimizer.c_str(),
+              o.optimizer == "sgd" ? (" momentum " + fmt_g(o.momentum)).c_str() : "",
+              estimate_policy_name(o.policy),
+              o.policy == EstimatePolicy::none ? "every saved activation held"
+                                               : "every block checkpointed, as the blocks planner");
+  std::printf("  %-16s %14s", "term", "closed form");
+  if (f.compare) std::printf(" %14s %9s", "exact", "error");
+  std::printf("\n");
+  const std::pair<const char*, int64_t MemoryTerms::*> terms[] = {
+      {"parameters", &MemoryTerms::parameters},
+      {"gradients", &MemoryTerms::gradients},
+      {"optimizer state", &MemoryTerms::optimizer_state},
+      {"inputs", &MemoryTerms::inputs},
+      {"activations", &MemoryTerms::activations},
+      {"backward", &MemoryTerms::backward},
+      {"peak", &MemoryTerms::peak},
+  };
+  std::ostringstream csv;
+  csv << "model,family,batch,image_size,seq_len,policy,optimizer,term,closed_form_bytes,"
+         "exact_bytes,error_pct\n";
+  for (const auto& [name, member] : terms) {
+    const int64_t a = est.*member;
+    std::printf("  %-16s %14s", name, format_bytes(a).c_str());
+    std::string err;
+    if (f.compare) {
+      const int64_t b = exact.*member;
+      char buf[32];
+      std::snprintf(buf, sizeof buf, "%+.1f%%", b != 0 ? 100.0 * double(a - b) / double(b) : 0.0);
+      err = b != 0 ? buf : (a == 0 ? "0" : "-");
+      std::printf(" %14s %9s", format_bytes(b).c_str(), err.c_str());
+    }
+    std::printf("\n");
+    csv << c.name << "," << (c.family == ModelFamily::resnet ? "resnet" : "transformer") << ","
+        << f.m.batch << "," << (c.family == ModelFamily::resnet ? c.image_size : 0) << ","
+        << (c.family == ModelFamily::transformer ? c.seq_len : 0) << ","
+        << estimate_policy_name(o.policy) << "," << o.optimizer << "," << name << "," << a << ","
+        << (f.compare ? std::to_string(exact.*member) : "") << ","
+        << (f.compare && !err.empty() && err != "-" ? err.substr(0, err.size() - 1) : "") << "\n";
+  }
+  if (f.compare) {
+    std::printf(
+        "  exact: requested bytes of a dry run of the step (shapes only, no kernels); with the "
+        "allocator's rounding the peak is %s allocated. 'backward' is what the peak holds beyond "
+        "the terms above (measured: kernel scratch included)\n",
+        format_bytes(exact.peak_allocated).c_str());
+  }
+  if (!f.csv.empty()) {
+    write_file_atomic(f.csv, csv.str());
+    std::printf("wrote %s\n", f.csv.c_str());
+  }
+}
+
+void setup(CLI::App& app) {
+  auto f = std::make_shared<Flags>();
+  app.add_option("--model", f->m.model, "model preset: " + join_names(model_preset_names()))
+      ->capture_default_str();
+  app.add_option("--batch", f->m.batch, "batch size (images or sequences)")
+      ->check(positive_integer())
+      ->capture_default_str();
+  app.add_option("--image-size", f->m.image_size,
+                 "ResNet input height and width, at least 32 (default: preset)")
+      ->check(positive_integer());
+  app.add_option("--num-classes", f->m.num_classes, "ResNet classes, at least 2 (default: preset)")
+      ->check(integer_in(2, 1 << 24));
+  app.add_option("--seq-len", f->m.seq_len, "Transformer sequence length (default: preset)")
+      ->check(positive_integer());
+  app.add_option("--vocab", f->m.vocab, "Transformer vocabulary size (default: preset)")
+      ->check(positive_integer());
+  app.add_option("--dropout", f->m.dropout, "Transformer dropout probability (default: preset)")
+      ->check(number_in(0.0, 0.99));
+  app.add_option("--lm-head-chunk", f->m.lm_head_chunk,
+                 "Transformer LM head in training: 0 fused and chunked automatically (the "
+                 "default), N fused with N rows per chunk, -1 unfused")
+      ->check(integer_in(-1, kIntMax));
+  app.add_option("--optimizer", f->m.optimizer, "sgd or adamw")
+      ->check(CLI::IsMember({"sgd", "adamw"}))
+      ->capture_default_str();
+  app.add_option("--momentum", f->m.momentum, "SGD momentum (0: no momentum buffers)")
+      ->check(number_in(0.0, 1.0))
+      ->capture_default_str();
+  app.add_option("--policy", f->policy,
+                 "none (every saved activation held) or blocks (every residual block or encoder "
+                 "layer checkpointed, as the blocks planner does)")
+      ->check(CLI::IsMember({"none", "blocks"}))
+      ->capture_default_str();
+  app.add_flag("--compare", f->compare,
+               "also the exact terms, from a dry run of the step (shapes only, no kernels: "
+               "milliseconds on any size), and each term's error");
+  app.add_option("--csv", f->csv, "write the terms (and with --compare the exact ones) as CSV");
+  app.callback([f] { run(*f); });
+}
+REGEN_COMMAND("estimate",
+              "closed-form memory of a training step (parameters, gradients, optimizer state, "
+              "activations with and without per-block checkpointing), with no run",
+              setup);
+
+}  // namespace
+}  // namespace regen::tool
