@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <iterator>
 #include <limits>
 #include <unordered_map>
 
@@ -293,6 +294,13 @@ void DtrEngine::pin(int32_t s) {
   pinned_.push_back(s);
 }
 
+void DtrEngine::unpin(int32_t s) {
+  auto it = std::find(pinned_.rbegin(), pinned_.rend(), s);
+  REGEN_ASSERT(it != pinned_.rend());
+  pinned_.erase(std::next(it).base());
+  --pins_[static_cast<size_t>(s)];
+}
+
 void DtrEngine::unpin_all() {
   for (int32_t s : pinned_) --pins_[static_cast<size_t>(s)];
   pinned_.clear();
@@ -312,36 +320,64 @@ void DtrEngine::regenerate(std::vector<int32_t> targets) {
   }
   // DTR rematerializes every evicted tensor a replay recomputes (keep_chain).
   fill_regeneration_program(p_, res, true, prog);
-  // Nothing the program reads from outside, or restores, may be evicted while it runs.
-  std::vector<char> produced(p_.values.size(), 0);
-  std::vector<int32_t> restored;
-  for (const ReplayStep& st : prog.steps) {
+  // What the program reads from outside, and what it restores, may not be evicted while a later
+  // step still reads it (DTR locks an op's inputs while it runs); a restored tensor the program
+  // no longer reads is evictable again at once, unless the op reads it (a target: pinned by the
+  // op until it ends).
+  const size_t n_steps = prog.steps.size();
+  std::vector<std::vector<int32_t>> restored_at(n_steps), unpin_after(n_steps);
+  std::vector<size_t> last_read(state_.size(), 0);
+  std::vector<char> produced(p_.values.size(), 0), held(state_.size(), 0);
+  std::vector<int32_t> held_list;
+  for (size_t i = 0; i < n_steps; ++i) {
+    const ReplayStep& st = prog.steps[i];
     for (int64_t in : st.inputs) {
-      if (in < 0 || produced[static_cast<size_t>(in)]) continue;
+      if (in < 0) continue;
       const ProfileValue& root =
           p_.values[static_cast<size_t>(p_.values[static_cast<size_t>(in)].root)];
-      if (!root.leaf && root.saved >= 0 &&
-          state_[static_cast<size_t>(root.saved)] == State::resident)
-        pin(root.saved);
+      if (root.leaf || root.saved < 0) continue;
+      if (produced[static_cast<size_t>(root.id)] ||
+          state_[static_cast<size_t>(root.saved)] == State::resident) {
+        last_read[static_cast<size_t>(root.saved)] = i;
+        if (!held[static_cast<size_t>(root.saved)]) {
+          held[static_cast<size_t>(root.saved)] = 1;
+          held_list.push_back(root.saved);
+        }
+      }
     }
     const ProfileNode& n = p_.nodes[static_cast<size_t>(st.node)];
     for (size_t k = 0; k < st.outputs.size(); ++k) {
       produced[static_cast<size_t>(n.outputs[k])] = 1;
-      if (st.outputs[k].fate == ReplayStep::Fate::restore) {
-        restored.push_back(st.outputs[k].saved);
-        pin(st.outputs[k].saved);
+      if (st.outputs[k].fate != ReplayStep::Fate::restore) continue;
+      const int32_t s = st.outputs[k].saved;
+      restored_at[i].push_back(s);
+      if (!held[static_cast<size_t>(s)]) {
+        held[static_cast<size_t>(s)] = 1;
+        held_list.push_back(s);
+        last_read[static_cast<size_t>(s)] = i;
       }
     }
   }
-  rt_.run_program(prog);
-  clock_ += static_cast<int64_t>(prog.steps.size());
-  for (int32_t s : restored) {
-    state_[static_cast<size_t>(s)] = State::resident;
-    mark_present(p_.saved[static_cast<size_t>(s)].value);
-    last_access_[static_cast<size_t>(s)] = clock_;
+  for (int32_t s : held_list) {
+    if (std::find(prog.targets.begin(), prog.targets.end(), s) != prog.targets.end()) continue;
+    pin(s);
+    unpin_after[last_read[static_cast<size_t>(s)]].push_back(s);
   }
+  for (int32_t s : prog.targets) pin(s);  // the op reads them: pinned until it ends
+  rt_.run_program(prog, [&](size_t i) {
+    ++clock_;
+    for (int32_t s : restored_at[i]) {
+      state_[static_cast<size_t>(s)] = State::resident;
+      mark_present(p_.saved[static_cast<size_t>(s)].value);
+      last_access_[static_cast<size_t>(s)] = clock_;
+    }
+    for (int32_t s : unpin_after[i]) {
+      last_access_[static_cast<size_t>(s)] = clock_;
+      unpin(s);
+    }
+  });
   ++cur_.programs;
-  cur_.replays += static_cast<int64_t>(prog.steps.size());
+  cur_.replays += static_cast<int64_t>(n_steps);
   cur_.recompute_ms += prog.time_ms;
 }
 
@@ -426,9 +462,10 @@ class DtrExecutor::TapeRuntime final : public DtrRuntime {
  public:
   TapeRuntime(const Profile& p, CachingAllocator& a) : p_(p), a_(a) {}
   void evict(int32_t saved) override { tape().evict(saved); }
-  void run_program(const RegenProgram& prog) override {
+  void run_program(const RegenProgram& prog,
+                   const std::function<void(size_t)>& after_step) override {
     const auto t0 = std::chrono::steady_clock::now();
-    run_program_on_tape(tape(), p_, prog);
+    run_program_on_tape(tape(), p_, prog, after_step);
     regen_ms +=
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   }

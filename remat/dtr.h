@@ -14,6 +14,7 @@
 // docs/remat.md ("DTR") has the details. Tests: tests/test_dtr.cpp.
 #pragma once
 
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -48,8 +49,10 @@ class DtrRuntime {
   virtual ~DtrRuntime() = default;
   // Frees saved tensor `saved`'s bytes (it must be resident).
   virtual void evict(int32_t saved) = 0;
-  // Runs a regeneration program (interpret_program): replays, restores its targets.
-  virtual void run_program(const RegenProgram& prog) = 0;
+  // Runs a regeneration program (interpret_program): replays, restores its targets; after_step(i)
+  // once step i is done.
+  virtual void run_program(const RegenProgram& prog,
+                           const std::function<void(size_t)>& after_step) = 0;
   // The allocation id of a resident saved tensor's block, and the allocator's blocks in segment
   // and address order (Coop's windows).
   virtual uint64_t block_id(int32_t saved) const = 0;
@@ -91,6 +94,7 @@ class DtrEngine {
   enum class State : uint8_t { unborn, resident, evicted, released };
   void begin_step();
   void pin(int32_t s);
+  void unpin(int32_t s);  // one of this op's pins of s
   void unpin_all();
   void evict(int32_t s);
   void regenerate(std::vector<int32_t> targets);

@@ -49,7 +49,8 @@ void RematExecutor::on_backward_start(Tape& tape) {
               ": the loss or model changed since profiling");
 }
 
-int64_t run_program_on_tape(Tape& tape, const Profile& p, const RegenProgram& prog) {
+int64_t run_program_on_tape(Tape& tape, const Profile& p, const RegenProgram& prog,
+                            const std::function<void(size_t)>& after_step) {
   int64_t replays = 0;
   auto replay = [&](const ReplayStep& st, const auto& lookup) {
     std::vector<Tensor> inputs;
@@ -65,7 +66,9 @@ int64_t run_program_on_tape(Tape& tape, const Profile& p, const RegenProgram& pr
     tape.restore(saved, out);  // the saved tensor adopts the bytes; `out` is left empty
     return tape.value_tensor(p.saved[static_cast<size_t>(saved)].value);
   };
-  interpret_program<Tensor>(p, prog, replay, restore);
+  interpret_program<Tensor>(p, prog, replay, restore, [&](size_t i) {
+    if (after_step) after_step(i);
+  });
   kernels::synchronize(
       tape.value_tensor_device(p.saved[static_cast<size_t>(prog.targets[0])].value));
   return replays;

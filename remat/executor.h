@@ -5,6 +5,7 @@
 // simulator replays the same Schedule, so the measured peak equals the predicted one.
 #pragma once
 
+#include <functional>
 #include <string>
 
 #include "regen/remat/planner.h"
@@ -46,6 +47,8 @@ class RematExecutor : public TapeHooks {
 // Runs one regeneration program on the tape (interpret_program with tensors: Tape::replay, then
 // Tape::restore for each restored output) and returns the number of ops it replayed. The device
 // is synchronized at the end, so a caller's timing covers the kernels.
-int64_t run_program_on_tape(Tape& tape, const Profile& p, const RegenProgram& prog);
+// after_step, when given, runs after each step (interpret_program).
+int64_t run_program_on_tape(Tape& tape, const Profile& p, const RegenProgram& prog,
+                            const std::function<void(size_t)>& after_step = {});
 
 }  // namespace regen

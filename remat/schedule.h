@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "regen/remat/profile.h"
@@ -92,11 +93,13 @@ void fill_regeneration_program(const Profile& p, std::vector<Residency>& state, 
 //             resident saved tensor)
 //   restore   (int32_t saved, Handle&& out) -> Handle: hands an output to saved tensor `saved`
 //             and returns what the program may still read it through
+//   after_step (size_t i) -> void, optional: step i is done (the DTR engine's bookkeeping)
 // Outputs are handled in slot order: restored, kept, or let go at once; then the step's
 // release_after values go. Returns the handles still kept when the program ends.
-template <class Handle, class Replay, class Restore>
+template <class Handle, class Replay, class Restore, class AfterStep>
 std::map<int64_t, Handle> interpret_program(const Profile& p, const RegenProgram& prog,
-                                            Replay&& replay, Restore&& restore) {
+                                            Replay&& replay, Restore&& restore,
+                                            AfterStep&& after_step) {
   std::map<int64_t, Handle> kept;
   auto lookup = [&](int64_t v) -> const Handle* {
     auto it = kept.find(v);
@@ -118,8 +121,16 @@ std::map<int64_t, Handle> interpret_program(const Profile& p, const RegenProgram
       REGEN_ASSERT(kept.count(v) == 1);
       kept.erase(v);
     }
+    after_step(static_cast<size_t>(&st - prog.steps.data()));
   }
   return kept;
+}
+
+template <class Handle, class Replay, class Restore>
+std::map<int64_t, Handle> interpret_program(const Profile& p, const RegenProgram& prog,
+                                            Replay&& replay, Restore&& restore) {
+  return interpret_program<Handle>(p, prog, std::forward<Replay>(replay),
+                                   std::forward<Restore>(restore), [](size_t) {});
 }
 
 // The forward nodes (in forward order) one regeneration of `targets` replays when exactly the

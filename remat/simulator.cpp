@@ -75,19 +75,22 @@ class BlockRef {
 // The simulator's side of the DTR engine (dtr.h): simulated blocks for tensors.
 class SimRuntime final : public DtrRuntime {
  public:
-  SimRuntime(const CachingAllocator& a, std::function<void(int32_t)> evict,
-             std::function<void(const RegenProgram&)> program,
+  using Program = std::function<void(const RegenProgram&, const std::function<void(size_t)>&)>;
+  SimRuntime(const CachingAllocator& a, std::function<void(int32_t)> evict, Program program,
              std::function<uint64_t(int32_t)> block)
       : a_(a), evict_(std::move(evict)), program_(std::move(program)), block_(std::move(block)) {}
   void evict(int32_t saved) override { evict_(saved); }
-  void run_program(const RegenProgram& prog) override { program_(prog); }
+  void run_program(const RegenProgram& prog,
+                   const std::function<void(size_t)>& after_step) override {
+    program_(prog, after_step);
+  }
   uint64_t block_id(int32_t saved) const override { return block_(saved); }
   std::vector<BlockInfo> layout() const override { return a_.snapshot(); }
 
  private:
   const CachingAllocator& a_;
   std::function<void(int32_t)> evict_;
-  std::function<void(const RegenProgram&)> program_;
+  Program program_;
   std::function<uint64_t(int32_t)> block_;
 };
 
@@ -220,7 +223,8 @@ SimResult Simulator::run(const Schedule& s, const SimOptions& opt) const {
   // interpret_program), with blocks for tensors.
   std::unordered_map<Block*, int> refs;  // the program's transient blocks: references to each
   std::function<void(Block*)> free_block = free_;
-  auto run_program = [&](const RegenProgram& prog) {
+  auto run_program = [&](const RegenProgram& prog,
+                         const std::function<void(size_t)>& after_step = {}) {
     auto replay = [&](const ReplayStep& st, const auto& lookup) {
       const ProfileNode& n = p.nodes[static_cast<size_t>(st.node)];
       std::unordered_map<uint64_t, Block*> local;
@@ -251,7 +255,10 @@ SimResult Simulator::run(const Schedule& s, const SimOptions& opt) const {
       live[saved_base[static_cast<size_t>(saved)]] = b;
       return BlockRef::borrowed(b);
     };
-    std::map<int64_t, BlockRef> left = interpret_program<BlockRef>(p, prog, replay, restore);
+    std::map<int64_t, BlockRef> left =
+        interpret_program<BlockRef>(p, prog, replay, restore, [&](size_t i) {
+          if (after_step) after_step(i);
+        });
     for (const auto& kv : left) REGEN_ASSERT(!kv.second.is_owned());  // the program released them
     REGEN_ASSERT(refs.empty());
   };
@@ -275,7 +282,12 @@ SimResult Simulator::run(const Schedule& s, const SimOptions& opt) const {
       REGEN_CHECK(it != live.end() && it->second, "simulator: saved tensor ", sv, " is not live");
       return it->second->id();
     };
-    dtr_runtime = std::make_unique<SimRuntime>(sim, evict_saved, run_program, block_of);
+    dtr_runtime = std::make_unique<SimRuntime>(
+        sim, evict_saved,
+        [&](const RegenProgram& prog, const std::function<void(size_t)>& after_step) {
+          run_program(prog, after_step);
+        },
+        block_of);
     dtr = std::make_unique<DtrEngine>(p, *opt.dtr, *dtr_runtime);
     DtrEngine* engine = dtr.get();
     dtr_handler = std::make_unique<EvictionScope>(

@@ -176,7 +176,11 @@ struct FakeRuntime final : DtrRuntime {
   std::vector<RegenProgram> programs;
   std::vector<BlockInfo> blocks;
   void evict(int32_t s) override { evicted.push_back(s); }
-  void run_program(const RegenProgram& prog) override { programs.push_back(prog); }
+  void run_program(const RegenProgram& prog,
+                   const std::function<void(size_t)>& after_step) override {
+    programs.push_back(prog);
+    for (size_t i = 0; i < prog.steps.size(); ++i) after_step(i);
+  }
   uint64_t block_id(int32_t s) const override { return 100 + static_cast<uint64_t>(s); }
   std::vector<BlockInfo> layout() const override { return blocks; }
 };
@@ -242,18 +246,23 @@ TEST_CASE("dtr: the heuristic weighs cost, bytes, staleness and the evicted neig
   CHECK(prog.steps[1].node == 1);
   CHECK(prog.steps[0].outputs[0].fate == ReplayStep::Fate::restore);
   CHECK(prog.steps[1].outputs[0].fate == ReplayStep::Fate::restore);
-  // Everything resident is pinned by the op or the program now.
+  // v2, which n2 reads, stays pinned; v1, restored on the way and read by no later step of the
+  // program, may go again (DTR locks only what an op reads) and is the only choice.
+  REQUIRE(e.evict_for(small_request(512)));
+  CHECK(rt.evicted.back() == 0);
   CHECK_FALSE(e.evict_for(small_request(512)));
   e.after_backward(2);
-  e.before_backward(1);
+  e.before_backward(1);  // reads v1 again: n0 replayed once more
+  REQUIRE(rt.programs.size() == 3);
+  CHECK(rt.programs[2].targets == std::vector<int32_t>{0});
   e.after_backward(1);
   e.before_backward(0);
   e.after_backward(0);
   e.end_step();
-  CHECK(e.last().evictions == 3);
-  CHECK(e.last().programs == 2);
-  CHECK(e.last().replays == 3);
-  CHECK(e.last().recompute_ms == doctest::Approx(3.0));
+  CHECK(e.last().evictions == 4);
+  CHECK(e.last().programs == 3);
+  CHECK(e.last().replays == 4);
+  CHECK(e.last().recompute_ms == doctest::Approx(4.0));
   CHECK_FALSE(e.evict_for(small_request(512)));  // between steps nothing is tracked
 }
 
