@@ -501,7 +501,10 @@ Stage 1: builds the model (a name and Model options, or an existing Model) and p
           d["activations"] = t.activations;
           d["backward"] = t.backward;
           d["peak"] = t.peak;
-          if (measured) d["peak_allocated"] = t.peak_allocated;
+          if (measured) {
+            d["peak_allocated"] = t.peak_allocated;
+            d["scratch_at_peak"] = t.scratch_at_peak;
+          }
           return d;
         };
         pb::dict out = as_dict(estimate_memory(c, batch, o), false);

@@ -226,6 +226,7 @@ MemoryTerms measure_memory_terms(const Profile& p, EstimatePolicy policy) {
   }
   t.peak = plan.predicted.peak_requested;
   t.peak_allocated = plan.predicted.peak_allocated;
+  t.scratch_at_peak = plan.predicted.allocated_by_at_peak[static_cast<int>(Category::workspace)];
   t.backward = t.peak - (t.persistent() + t.inputs + t.activations);
   return t;
 }

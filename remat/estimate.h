@@ -42,8 +42,10 @@ struct MemoryTerms {
   // one block, the Transformer's head workspace; kernel scratch (workspace) only when measured.
   int64_t backward = 0;
   int64_t peak = 0;  // the sum: the step's peak
-  // Measured only (0 in an estimate): the peak of allocated bytes, rounding included.
+  // Measured only (0 in an estimate): the peak of allocated bytes, rounding included, and the
+  // kernels' scratch (workspace category) allocated at that peak, part of `backward`.
   int64_t peak_allocated = 0;
+  int64_t scratch_at_peak = 0;
   int64_t persistent() const { return parameters + gradients + optimizer_state; }
 };
 
