@@ -486,8 +486,9 @@ Stage 1: builds the model (a name and Model options, or an existing Model) and p
       [](const std::string& model, int64_t batch, const std::string& policy, bool compare,
          const pb::kwargs& kw) {
         REGEN_CHECK(batch > 0, "estimate: batch must be positive, got ", batch);
-        const tool::ModelFlags f = flags_from(model, batch, "cpu", kw);
-        const ModelConfig c = tool::model_config(f);
+        SessionOptions f = options_from(model, pb::int_(batch), "cpu", kw);
+        f.validate();
+        const ModelConfig c = f.model_config();
         EstimateOptions o;
         o.optimizer = f.optimizer;
         o.momentum = f.momentum;

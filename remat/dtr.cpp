@@ -9,6 +9,7 @@
 #include <unordered_map>
 
 #include "regen/core/error.h"
+#include "regen/remat/planner_parts.h"
 
 namespace regen {
 
@@ -613,14 +614,14 @@ bool runs(const DtrRun& run, int64_t budget) {
 // The lowest limit under which DTR was found to run, and its reserved peak. A limit is not
 // monotonic, so no search is sure to find the lowest: bisection between the lower bound and the
 // no-remat peak (as if it were monotonic), then 16 limits evenly spaced below what it found, the
-// lowest that runs kept. Remembered per simulator (a frontier asks at many budgets).
-struct LowestLimit {
-  int64_t limit = 0, peak = 0;
-};
+// lowest that runs kept. Remembered in the caller's PlanCache (a frontier asks at many budgets).
+using LowestLimit = PlanCache::DtrLowest;
 
-LowestLimit lowest_limit(const Simulator& sim, const DtrOptions& d) {
-  std::shared_ptr<void>& memo = sim.planner_memo(d.coop ? "dtr-coop:lowest" : "dtr:lowest");
-  if (memo) return *static_cast<const LowestLimit*>(memo.get());
+LowestLimit lowest_limit(const Simulator& sim, const DtrOptions& d, PlanCache* cache) {
+  if (cache) {
+    auto it = cache->dtr_lowest.find(d.coop);
+    if (it != cache->dtr_lowest.end()) return it->second;
+  }
   const int64_t floor = memory_lower_bound(sim.profile());
   LowestLimit best;
   best.limit = best.peak = no_remat_peak_of(sim, BudgetOf::reserved);  // runs, evicting nothing
@@ -641,7 +642,7 @@ LowestLimit lowest_limit(const Simulator& sim, const DtrOptions& d) {
   for (int64_t limit = floor; limit < top; limit += step) {
     if (try_limit(limit)) break;  // ascending: the first that runs is the lowest probed
   }
-  memo = std::make_shared<LowestLimit>(best);
+  if (cache) cache->dtr_lowest[d.coop] = best;
   return best;
 }
 
@@ -703,7 +704,7 @@ Plan plan_dtr(const Simulator& sim, const Budget& budget, const PlanOptions& opt
     }
   }
   // None of those: the lowest limit DTR is known to run under, when the budget holds it.
-  const LowestLimit lowest = lowest_limit(sim, d);
+  const LowestLimit lowest = lowest_limit(sim, d, options.cache);
   if (lowest.limit <= plan.budget_bytes) {
     const DtrRun run = run_at(sim, d, lowest.limit);
     plan.limit = lowest.limit;
@@ -749,24 +750,12 @@ void judge_dtr_plan(const Simulator& sim, Plan& plan) {
   plan.note = dtr_note(st, *d);
 }
 
-namespace {
-// The two DTR policies join the planner registry when regen_remat is linked (the simulator
-// refers to this file, so it always is).
-const bool registered = [] {
-  register_planner({"dtr",
-                    "DTR at run time, no plan: evicts the saved tensor with the lowest cost / "
-                    "(bytes x staleness) when the limit refuses a request (simulated exactly)",
-                    [](const Simulator& sim, const Budget& b, const PlanOptions& o) {
-                      return plan_dtr(sim, b, o, DtrOptions{});
-                    }});
-  register_planner({"dtr-coop",
-                    "DTR with Coop's windows: evicts the cheapest run of address-contiguous "
-                    "blocks that frees room for the request",
-                    [](const Simulator& sim, const Budget& b, const PlanOptions& o) {
-                      return plan_dtr(sim, b, o, DtrOptions{true});
-                    }});
-  return true;
-}();
-}  // namespace
+Plan lowest_dtr_plan(const Simulator& sim, const PlanOptions& options, const DtrOptions& d) {
+  REGEN_CHECK(options.budget_of == BudgetOf::reserved, "the ", d.coop ? "dtr-coop" : "dtr",
+              " policy evicts when the allocator's hard limit refuses a request, and that limit "
+              "bounds reserved bytes: use --budget-of reserved");
+  const LowestLimit lowest = lowest_limit(sim, d, options.cache);
+  return plan_dtr(sim, bytes_budget(lowest.limit), options, d);
+}
 
 }  // namespace regen

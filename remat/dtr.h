@@ -177,6 +177,10 @@ SimResult simulate_dtr(const Simulator& sim, const DtrOptions& options, int64_t 
 // layout gives an infeasible plan that says so.
 Plan plan_dtr(const Simulator& sim, const Budget& budget, const PlanOptions& options,
               const DtrOptions& dtr);
+// The lowest limit under which DTR was found to run and its plan there, with budget_bytes that
+// limit (the planners' LowestFn): a limit is not monotonic, so this is the lowest found, not
+// proven (see dtr.cpp). Remembered in options.cache.
+Plan lowest_dtr_plan(const Simulator& sim, const PlanOptions& options, const DtrOptions& dtr);
 // A DTR plan read from plan.json, judged again on `sim`'s profile (judge_loaded_plan calls it).
 void judge_dtr_plan(const Simulator& sim, Plan& plan);
 

@@ -188,11 +188,41 @@ MemoryTerms transformer_terms(const ModelConfig& c, int64_t B, const EstimateOpt
 
 }  // namespace
 
+EstimateArch estimate_arch(const ModelConfig& config) {
+  static const char* const resnets[] = {"resnet18",  "resnet34",  "resnet50",
+                                        "resnet101", "resnet152", "resnet-tiny"};
+  static const char* const transformers[] = {"transformer", "bert-base", "transformer-tiny"};
+  for (const char* n : resnets) {
+    if (config.name == n) return EstimateArch::resnet;
+  }
+  for (const char* n : transformers) {
+    if (config.name == n) return EstimateArch::transformer;
+  }
+  return EstimateArch::none;
+}
+
+const char* estimate_arch_name(EstimateArch a) {
+  switch (a) {
+    case EstimateArch::resnet:
+      return "resnet";
+    case EstimateArch::transformer:
+      return "transformer";
+    case EstimateArch::none:
+      break;
+  }
+  return "none";
+}
+
 MemoryTerms estimate_memory(const ModelConfig& config, int64_t batch, const EstimateOptions& o) {
   REGEN_CHECK(batch > 0, "estimate: the batch must be positive, got ", batch);
   optimizer_state(o, 0);  // an unknown optimizer is refused whatever the model
-  return config.family == ModelFamily::resnet ? resnet_terms(config, batch, o)
-                                              : transformer_terms(config, batch, o);
+  const EstimateArch arch = estimate_arch(config);
+  REGEN_CHECK(arch != EstimateArch::none, "estimate: model '", config.name,
+              "' has no closed form (the built-in ResNets and Transformers have one: resnet18, "
+              "resnet34, resnet50, resnet101, resnet152, resnet-tiny, transformer, bert-base, "
+              "transformer-tiny); a dry profile gives any model's terms exactly (--compare)");
+  return arch == EstimateArch::resnet ? resnet_terms(config, batch, o)
+                                      : transformer_terms(config, batch, o);
 }
 
 MemoryTerms measure_memory_terms(const Profile& p, EstimatePolicy policy) {

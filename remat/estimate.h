@@ -49,8 +49,15 @@ struct MemoryTerms {
   int64_t persistent() const { return parameters + gradients + optimizer_state; }
 };
 
+// Which closed form a model has: the built-in ResNets (resnet18 ... resnet152, resnet-tiny) and
+// Transformers (transformer, bert-base, transformer-tiny) by the preset their configuration is
+// named after; none for a model registered by a program, whose layers the forms do not know.
+enum class EstimateArch { none, resnet, transformer };
+EstimateArch estimate_arch(const ModelConfig& config);
+const char* estimate_arch_name(EstimateArch a);  // "none", "resnet", "transformer"
+
 // The closed forms for a ResNet or Transformer configuration (model.h) and batch. Throws
-// regen::Error for a configuration of another family or an unknown optimizer.
+// regen::Error for a model without a closed form (estimate_arch) or an unknown optimizer.
 MemoryTerms estimate_memory(const ModelConfig& config, int64_t batch, const EstimateOptions& o);
 
 // The same terms from a profile of the step: parameters, gradients and optimizer state from the

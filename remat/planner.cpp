@@ -96,8 +96,8 @@ void check_marks_blocks(const Simulator& sim, const std::string& policy) {
 }
 
 std::vector<PlannerInfo> builtin_planners() {
-  return {none_planner(),  blocks_planner(), sqrt_planner(),
-          mutwo_planner(), dp_planner(),     milp_planner()};
+  return {none_planner(), blocks_planner(), sqrt_planner(), mutwo_planner(),
+          dp_planner(),   milp_planner(),   dtr_planner(),  dtr_coop_planner()};
 }
 
 namespace {

@@ -193,6 +193,12 @@ class PlanCache {
   DpCache& dp();  // made on first use; dp fills it
   std::optional<std::vector<MutwoPick>> mutwo_picks;
   std::map<std::string, int64_t> lowest;  // by policy, chain mode, budget kind and layout
+  // DTR's lowest limit found (remat/dtr.cpp) and the reserved peak under it, by variant (true:
+  // dtr-coop); a frontier asks at many budgets and the search runs dozens of simulations.
+  struct DtrLowest {
+    int64_t limit = 0, peak = 0;
+  };
+  std::map<bool, DtrLowest> dtr_lowest;
 
  private:
   const Simulator* sim_;

@@ -133,6 +133,14 @@ TEST_CASE("estimate: bad input is refused by name") {
   expect_error([&] { estimate_memory(model_preset("resnet-tiny"), 2, bad); },
                {"unknown optimizer 'lamb'"});
   expect_error([] { parse_estimate_policy("sqrt"); }, {"unknown estimate policy 'sqrt'"});
+  // A model registered by a program has no closed form: refused by name, not estimated as a
+  // ResNet or a Transformer.
+  ModelConfig other = model_preset("resnet-tiny");
+  other.name = "my-net";
+  CHECK(estimate_arch(other) == EstimateArch::none);
+  CHECK(estimate_arch(model_preset("bert-base")) == EstimateArch::transformer);
+  expect_error([&] { estimate_memory(other, 2, EstimateOptions{}); },
+               {"model 'my-net' has no closed form", "--compare"});
 }
 
 namespace {
@@ -163,7 +171,7 @@ TEST_CASE("estimate: the command prints every term, and with --compare the exact
   REQUIRE(act != std::string::npos);
   CHECK(out.substr(act, out.find('\n', act) - act).find("+0.0%") != std::string::npos);
   CHECK(regen_tool("estimate --model transformer-tiny --image-size 64", out) != 0);
-  CHECK(out.find("--image-size applies to ResNet models") != std::string::npos);
+  CHECK(out.find("--image-size does not apply to model 'transformer-tiny'") != std::string::npos);
   CHECK(regen_tool("estimate --model resnet-tiny --policy sqrt", out) != 0);
   CHECK(out.find("--policy") != std::string::npos);
 }

@@ -177,7 +177,7 @@ TEST_CASE("pipeline: built-in planners are peers, the chain-mode wrapper, a call
   register_once();
   const std::vector<PlannerInfo> builtin = builtin_planners();
   const std::vector<std::string> names = policy_names();
-  REQUIRE(builtin.size() == 6);
+  REQUIRE(builtin.size() == 8);  // none, blocks, sqrt, mutwo, dp, milp, dtr, dtr-coop
   for (size_t i = 0; i < builtin.size(); ++i) {
     CAPTURE(builtin[i].name);
     CHECK(names[i] == builtin[i].name);

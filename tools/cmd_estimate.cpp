@@ -15,7 +15,7 @@ namespace regen::tool {
 namespace {
 
 struct Flags {
-  ModelFlags m;
+  SessionOptions m;
   std::string policy = "none";
   bool compare = false;
   std::string csv;
@@ -30,7 +30,7 @@ std::string fmt_g(double v) {
 std::string describe(const ModelConfig& c, int64_t batch) {
   std::ostringstream os;
   os << c.name << " batch " << batch;
-  if (c.family == ModelFamily::resnet) {
+  if (estimate_arch(c) == EstimateArch::resnet) {
     os << ", " << c.image_size << "x" << c.image_size << " images, " << c.num_classes << " classes";
   } else {
     os << ", " << c.seq_len << " tokens, vocabulary " << c.vocab << ", dropout " << c.dropout
@@ -40,7 +40,8 @@ std::string describe(const ModelConfig& c, int64_t batch) {
 }
 
 void run(const Flags& f) {
-  const ModelConfig c = model_config(f.m);
+  f.m.validate();
+  const ModelConfig c = f.m.model_config();
   EstimateOptions o;
   o.optimizer = f.m.optimizer;
   o.momentum = f.m.momentum;
@@ -82,23 +83,23 @@ void run(const Flags& f) {
       std::printf(" %14s %9s", format_bytes(b).c_str(), err.c_str());
     }
     std::printf("\n");
-    csv << c.name << "," << (c.family == ModelFamily::resnet ? "resnet" : "transformer") << ","
-        << f.m.batch << "," << (c.family == ModelFamily::resnet ? c.image_size : 0) << ","
-        << (c.family == ModelFamily::transformer ? c.seq_len : 0) << ","
+    csv << c.name << "," << estimate_arch_name(estimate_arch(c)) << "," << f.m.batch << ","
+        << (estimate_arch(c) == EstimateArch::resnet ? c.image_size : 0) << ","
+        << (estimate_arch(c) == EstimateArch::transformer ? c.seq_len : 0) << ","
         << estimate_policy_name(o.policy) << "," << o.optimizer << "," << name << "," << a << ","
         << (f.compare ? std::to_string(exact.*member) : "") << ","
         << (f.compare && !err.empty() && err != "-" ? err.substr(0, err.size() - 1) : "") << "\n";
   }
   if (f.compare) {
     // The allocated peak has no closed form here: the allocator's rounding comes on top.
-    csv << c.name << "," << (c.family == ModelFamily::resnet ? "resnet" : "transformer") << ","
-        << f.m.batch << "," << (c.family == ModelFamily::resnet ? c.image_size : 0) << ","
-        << (c.family == ModelFamily::transformer ? c.seq_len : 0) << ","
+    csv << c.name << "," << estimate_arch_name(estimate_arch(c)) << "," << f.m.batch << ","
+        << (estimate_arch(c) == EstimateArch::resnet ? c.image_size : 0) << ","
+        << (estimate_arch(c) == EstimateArch::transformer ? c.seq_len : 0) << ","
         << estimate_policy_name(o.policy) << "," << o.optimizer << ",peak allocated,,"
         << exact.peak_allocated << ",\n";
-    csv << c.name << "," << (c.family == ModelFamily::resnet ? "resnet" : "transformer") << ","
-        << f.m.batch << "," << (c.family == ModelFamily::resnet ? c.image_size : 0) << ","
-        << (c.family == ModelFamily::transformer ? c.seq_len : 0) << ","
+    csv << c.name << "," << estimate_arch_name(estimate_arch(c)) << "," << f.m.batch << ","
+        << (estimate_arch(c) == EstimateArch::resnet ? c.image_size : 0) << ","
+        << (estimate_arch(c) == EstimateArch::transformer ? c.seq_len : 0) << ","
         << estimate_policy_name(o.policy) << "," << o.optimizer << ",scratch at peak,,"
         << exact.scratch_at_peak << ",\n";
     std::printf(
@@ -116,32 +117,7 @@ void run(const Flags& f) {
 
 void setup(CLI::App& app) {
   auto f = std::make_shared<Flags>();
-  app.add_option("--model", f->m.model, "model preset: " + join_names(model_preset_names()))
-      ->capture_default_str();
-  app.add_option("--batch", f->m.batch, "batch size (images or sequences)")
-      ->check(positive_integer())
-      ->capture_default_str();
-  app.add_option("--image-size", f->m.image_size,
-                 "ResNet input height and width, at least 32 (default: preset)")
-      ->check(positive_integer());
-  app.add_option("--num-classes", f->m.num_classes, "ResNet classes, at least 2 (default: preset)")
-      ->check(integer_in(2, 1 << 24));
-  app.add_option("--seq-len", f->m.seq_len, "Transformer sequence length (default: preset)")
-      ->check(positive_integer());
-  app.add_option("--vocab", f->m.vocab, "Transformer vocabulary size (default: preset)")
-      ->check(positive_integer());
-  app.add_option("--dropout", f->m.dropout, "Transformer dropout probability (default: preset)")
-      ->check(number_in(0.0, 0.99));
-  app.add_option("--lm-head-chunk", f->m.lm_head_chunk,
-                 "Transformer LM head in training: 0 fused and chunked automatically (the "
-                 "default), N fused with N rows per chunk, -1 unfused")
-      ->check(integer_in(-1, kIntMax));
-  app.add_option("--optimizer", f->m.optimizer, "sgd or adamw")
-      ->check(CLI::IsMember({"sgd", "adamw"}))
-      ->capture_default_str();
-  app.add_option("--momentum", f->m.momentum, "SGD momentum (0: no momentum buffers)")
-      ->check(number_in(0.0, 1.0))
-      ->capture_default_str();
+  add_model_flags(app, f->m);
   app.add_option("--policy", f->policy,
                  "none (every saved activation held) or blocks (every residual block or encoder "
                  "layer checkpointed, as the blocks planner does)")

@@ -9,14 +9,16 @@
 
 namespace regen {
 
-PlannerInfo none_planner();    // none.cpp
-PlannerInfo blocks_planner();  // blocks.cpp
-PlannerInfo sqrt_planner();    // sqrt.cpp
-PlannerInfo mutwo_planner();   // mutwo.cpp
-PlannerInfo dp_planner();      // dp.cpp
-PlannerInfo milp_planner();    // milp.cpp
+PlannerInfo none_planner();      // none.cpp
+PlannerInfo blocks_planner();    // blocks.cpp
+PlannerInfo sqrt_planner();      // sqrt.cpp
+PlannerInfo mutwo_planner();     // mutwo.cpp
+PlannerInfo dp_planner();        // dp.cpp
+PlannerInfo milp_planner();      // milp.cpp
+PlannerInfo dtr_planner();       // dtr.cpp
+PlannerInfo dtr_coop_planner();  // dtr.cpp
 
-// none, blocks, sqrt, mutwo, dp, milp.
+// none, blocks, sqrt, mutwo, dp, milp, dtr, dtr-coop.
 std::vector<PlannerInfo> builtin_planners();
 
 // The cache a planner was handed (make_plan always hands one; PlanOptions::cache), checked to be

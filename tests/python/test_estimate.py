@@ -25,7 +25,7 @@ def test_estimate_options_and_refusals():
     assert blocks["activations"] < sgd["activations"]
     with pytest.raises(regen.Error, match="unknown estimate policy"):
         regen.estimate("resnet-tiny", 2, policy="sqrt")
-    with pytest.raises(regen.Error, match="--seq-len applies to Transformer"):
+    with pytest.raises(regen.Error, match="seq_len=64 does not apply to model 'resnet-tiny'"):
         regen.estimate("resnet-tiny", 2, seq_len=64)
     with pytest.raises(regen.Error, match="unknown model option"):
         regen.estimate("resnet-tiny", 2, image=64)
