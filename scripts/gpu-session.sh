@@ -17,16 +17,24 @@
 # fails, is a failure here, never a skip.
 #
 # Phases:
+#   prebuilt     use the programs scripts/gpu-prebuild.sh built on a machine without a GPU and the
+#                call carried (GPU_SESSION_BUILD=build-carry): link the checkout path compiled into
+#                them to this one, find cuBLAS/cuDNN/cudart, check that every library resolves;
+#                when one does not, build here instead (the build phase, in build-gpu)
 #   probe        what the machine has: GPU, driver, kernel (Firecracker or gVisor: compute-sanitizer
 #                works only on Firecracker), nvcc, cmake, compilers, cuBLAS/cuDNN, PyTorch
 #   build        configure (REGEN_CUDA=ON, sm_90) and build Release in build-gpu
 #   test         every CUDA suite with full output and REGEN_CUDA_SYNC=1 (a kernel fault is named
-#                after its launcher), then every test through ctest (CUDA suites included)
+#                after its launcher), then every test through ctest (CUDA suites included); with a
+#                carried build, which has only the CUDA suites, each suite once more without sync
 #   sanitize     compute-sanitizer: memcheck with REGEN_ALLOC_DIRECT=1 (every block its own
 #                cudaMalloc of its exact size, so an overrun of a tensor is seen, not hidden inside a
 #                cached segment) over the op, op-table, autograd and remat suites; racecheck and
 #                synccheck over the kernels with shared memory and barriers. No leak check: the
 #                process-wide allocators and the library handles are kept on purpose
+#   peaks        the first figures, when a call has room for little else: regen sweep on ResNet-152
+#                and the Transformer at batch 32 (no remat, dp at 50% and lowest: predicted against
+#                measured peaks), regen bench train at batch 32 and PyTorch eager beside it (TF32)
 #   kernels      regen bench kernels (native vs cuDNN convolution, attention, layernorm, GEMM), in
 #                TF32 (the benchmark default) and in strict FP32
 #   resnet       regen sweep on cuda in TF32, ResNet-152 at batches 16,32,64,128 (one sweep per
@@ -81,6 +89,51 @@ fi
 sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer \
             /usr/local/cuda/compute-sanitizer/compute-sanitizer 2> /dev/null | head -1)
 
+phase_prebuilt() {
+  [ -f "$build/SOURCE_DIR" ] || { log "$build has no SOURCE_DIR: not made by scripts/gpu-prebuild.sh"; return 1; }
+  local src missing d
+  src=$(cat "$build/SOURCE_DIR")
+  log "carried build of $(tr '\n' ' ' < "$build/COMMIT")from $src"
+  if [ "$src" != "$PWD" ] && [ ! -e "$src" ]; then
+    mkdir -p "$(dirname "$src")" && ln -s "$PWD" "$src" && log "linked $src -> $PWD"
+  fi
+  # The libraries the programs were linked with, wherever this machine keeps them (the toolkit's
+  # folder or the wheels PyTorch brings).
+  for d in $(find /usr/local/cuda/ /usr/local/cuda/lib64/ /usr/lib/x86_64-linux-gnu/ /opt/ /usr/local/lib/ \
+               \( -name 'libcublas.so.13' -o -name 'libcudnn.so.9' -o -name 'libcudart.so.13' \) \
+               2> /dev/null | xargs -r -n1 dirname | sort -u); do
+    case ":${LD_LIBRARY_PATH:-}:" in *":$d:"*) ;; *) export LD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" ;; esac
+  done
+  log "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}"
+  missing=$(ldd "$regen" "$build"/tests/test_cuda_* | grep "not found" | sort -u)
+  if [ -z "$missing" ] && "$regen" --help > /dev/null 2>&1; then
+    ldd "$regen" | grep -E "cublas|cudnn|cudart"
+    return 0
+  fi
+  log "the carried programs do not run here (${missing:-regen --help failed}): building instead"
+  build=build-gpu; regen="$build/regen"
+  phase_build
+}
+
+# peaks: the first figures, for a call with room for little else (see the header).
+phase_peaks() {
+  local model
+  for model in resnet152 transformer; do
+    limited 150 "$regen" sweep --device cuda --math tf32 --model "$model" --batches 32 \
+      --policies dp --budgets 50%,lowest --steps 3 --out "$work/sweep_${model}_b32" \
+      > "$work/sweep_${model}_b32.txt" 2>&1
+    log "regen sweep $model batch 32 exit $?"
+    grep -E "^   |no remat|error" "$work/sweep_${model}_b32.txt"
+    limited 60 "$regen" bench train --device cuda --math tf32 --model "$model" --batch 32 --warmup 3 \
+      --steps 10 --json "$work/bench_train_${model}_b32.json" > "$work/bench_train_${model}_b32.txt" 2>&1
+    log "regen bench train $model batch 32 exit $?"; grep -vE "^ *python|^$" "$work/bench_train_${model}_b32.txt" | tail -4
+    PYTHONUNBUFFERED=1 limited 90 python3 tools/torch_baseline.py --device cuda --model "$model" \
+      --batches 32 --modes eager --math tf32 --warmup 3 --steps 10 --csv "$work/torch_eager_${model}_b32.csv" \
+      > "$work/torch_eager_${model}_b32.txt" 2>&1
+    log "torch_baseline $model eager b32 exit $?"; cat "$work/torch_eager_${model}_b32.csv" 2> /dev/null
+  done
+}
+
 phase_probe() {
   {
     nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version,clocks.sm,clocks.max.sm \
@@ -125,10 +178,18 @@ phase_test() {
   [ -x "$regen" ] || { log "no $regen: run the build phase first"; return 1; }
   local t rc status=0
   for t in $(cuda_suites); do
-    REGEN_CUDA_SYNC=1 limited 150 "$build/tests/$t" -s > "$work/$t.txt" 2>&1; rc=$?
+    REGEN_CUDA_SYNC=1 limited 150 "$build/tests/$t" > "$work/$t.txt" 2>&1; rc=$?
     log "$t (REGEN_CUDA_SYNC=1) exit $rc: $(grep -E '^\[doctest\] (test cases|assertions)' "$work/$t.txt" | tr '\n' ' ')"
     [ "$rc" -ne 0 ] && { status=1; grep -E "ERROR|FAILED|error|^regen:" "$work/$t.txt" | head -15; }
   done
+  if [ ! -f "$build/CTestTestfile.cmake" ]; then  # a carried build: the CUDA suites only
+    for t in $(cuda_suites); do
+      limited 150 "$build/tests/$t" > "$work/${t}_async.txt" 2>&1; rc=$?
+      log "$t exit $rc: $(grep -E '^\[doctest\] (test cases|assertions)' "$work/${t}_async.txt" | tr '\n' ' ')"
+      [ "$rc" -ne 0 ] && { status=1; grep -E "ERROR|FAILED|error|^regen:" "$work/${t}_async.txt" | head -15; }
+    done
+    return $status
+  fi
   (cd "$build" && limited 240 ctest -j "$jobs" --output-on-failure) > "$work/ctest.txt" 2>&1 \
     || status=1
   log "ctest (every suite, GPU ones included): $(grep -E 'tests passed|tests failed' "$work/ctest.txt")"
