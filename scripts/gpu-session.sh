@@ -35,6 +35,9 @@
 #   peaks        the first figures, when a call has room for little else: regen sweep on ResNet-152
 #                and the Transformer at batch 32 (no remat, dp at 50% and lowest: predicted against
 #                measured peaks), regen bench train at batch 32 and PyTorch eager beside it (TF32)
+#   steps        regen bench train beside PyTorch eager at batch 32, TF32 and FP32, both models; and
+#                ResNet-152 with cuDNN's convolution (--conv cudnn)
+#   batches      dp at 50% at more batch sizes (ResNet-152 16 and 64, Transformer 64 and 128)
 #   kernels      regen bench kernels (native vs cuDNN convolution, attention, layernorm, GEMM), in
 #                TF32 (the benchmark default) and in strict FP32
 #   resnet       regen sweep on cuda in TF32, ResNet-152 at batches 16,32,64,128 (one sweep per
@@ -48,7 +51,9 @@
 #                each then trained for 3 steps to measure its peak
 # Usage: bash scripts/gpu-session.sh PHASE [PHASE...]
 # Environment: OUT (default out/gpu), GPU_SESSION_S (seconds for the whole call, default 570),
-# GPU_SESSION_BUILD (build folder, default build-gpu).
+# GPU_SESSION_BUILD (build folder, default build-gpu), GPU_SANITIZE_RUNS (the sanitize phase's
+# runs, default all: memcheck_ops memcheck_op_table memcheck_autograd racecheck_ops synccheck_ops
+# memcheck_remat racecheck_conv).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${OUT:-out/gpu}"
@@ -99,11 +104,18 @@ phase_prebuilt() {
   fi
   # The libraries the programs were linked with, wherever this machine keeps them (the toolkit's
   # folder or the wheels PyTorch brings).
-  for d in $(find /usr/local/cuda/ /usr/local/cuda/lib64/ /usr/lib/x86_64-linux-gnu/ /opt/ /usr/local/lib/ \
-               \( -name 'libcublas.so.13' -o -name 'libcudnn.so.9' -o -name 'libcudart.so.13' \) \
-               2> /dev/null | xargs -r -n1 dirname | sort -u); do
-    case ":${LD_LIBRARY_PATH:-}:" in *":$d:"*) ;; *) export LD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" ;; esac
+  # Only for a library the loader does not find by itself: PyTorch brings its own cuDNN, newer than
+  # the toolkit's, and refuses an older one first on the path.
+  local lib names=()
+  for lib in $(ldd "$regen" "$build"/tests/test_cuda_* | awk '/not found/ {print $1}' | sort -u); do
+    names+=(-o -name "$lib")
   done
+  if [ ${#names[@]} -gt 0 ]; then
+    for d in $(find /usr/local/cuda/ /usr/local/cuda/lib64/ /usr/lib/x86_64-linux-gnu/ /opt/ /usr/local/lib/ \
+                 \( "${names[@]:1}" \) 2> /dev/null | xargs -r -n1 dirname | sort -u); do
+      case ":${LD_LIBRARY_PATH:-}:" in *":$d:"*) ;; *) export LD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" ;; esac
+    done
+  fi
   log "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}"
   missing=$(ldd "$regen" "$build"/tests/test_cuda_* | grep "not found" | sort -u)
   if [ -z "$missing" ] && "$regen" --help > /dev/null 2>&1; then
@@ -127,10 +139,44 @@ phase_peaks() {
     limited 60 "$regen" bench train --device cuda --math tf32 --model "$model" --batch 32 --warmup 3 \
       --steps 10 --json "$work/bench_train_${model}_b32.json" > "$work/bench_train_${model}_b32.txt" 2>&1
     log "regen bench train $model batch 32 exit $?"; grep -vE "^ *python|^$" "$work/bench_train_${model}_b32.txt" | tail -4
-    PYTHONUNBUFFERED=1 limited 90 python3 tools/torch_baseline.py --device cuda --model "$model" \
+    PYTHONUNBUFFERED=1 limited 90 env -u LD_LIBRARY_PATH python3 tools/torch_baseline.py --device cuda --model "$model" \
       --batches 32 --modes eager --math tf32 --warmup 3 --steps 10 --csv "$work/torch_eager_${model}_b32.csv" \
       > "$work/torch_eager_${model}_b32.txt" 2>&1
     log "torch_baseline $model eager b32 exit $?"; cat "$work/torch_eager_${model}_b32.csv" 2> /dev/null
+  done
+}
+
+# steps: regen's training step beside PyTorch eager at batch 32 in both math modes, and with
+# cuDNN's convolution in place of regen's own (ResNet-152).
+phase_steps() {
+  local model math
+  for math in tf32 fp32; do
+    for model in resnet152 transformer; do
+      limited 60 "$regen" bench train --device cuda --math "$math" --model "$model" --batch 32 --warmup 3 \
+        --steps 10 --json "$work/bench_train_${model}_b32_$math.json" > "$work/bench_train_${model}_b32_$math.txt" 2>&1
+      log "regen bench train $model b32 $math exit $?"; grep -E "step time|peak" "$work/bench_train_${model}_b32_$math.txt"
+      PYTHONUNBUFFERED=1 limited 90 env -u LD_LIBRARY_PATH python3 tools/torch_baseline.py --device cuda \
+        --model "$model" --batches 32 --modes eager --math "$math" --warmup 3 --steps 10 \
+        --csv "$work/torch_eager_${model}_b32_$math.csv" > "$work/torch_eager_${model}_b32_$math.txt" 2>&1
+      log "torch_baseline $model eager b32 $math exit $?"; tail -1 "$work/torch_eager_${model}_b32_$math.csv"
+    done
+    limited 60 "$regen" bench train --device cuda --math "$math" --model resnet152 --batch 32 --conv cudnn \
+      --warmup 3 --steps 10 --json "$work/bench_train_resnet152_b32_${math}_cudnn.json" \
+      > "$work/bench_train_resnet152_b32_${math}_cudnn.txt" 2>&1
+    log "regen bench train resnet152 b32 $math --conv cudnn exit $?"
+    grep -E "step time|peak" "$work/bench_train_resnet152_b32_${math}_cudnn.txt"
+  done
+}
+
+# batches: peak memory and step time against batch size (dp at 50%, predicted against measured).
+phase_batches() {
+  local spec model b
+  for spec in resnet152:16 transformer:64 resnet152:64 transformer:128; do
+    model=${spec%%:*}; b=${spec#*:}
+    limited 100 "$regen" sweep --device cuda --math tf32 --model "$model" --batches "$b" --policies dp \
+      --budgets 50% --steps 3 --out "$work/sweep_${model}_b$b" > "$work/sweep_${model}_b$b.txt" 2>&1
+    log "regen sweep $model batch $b exit $?"
+    grep -E "^   |no remat|error" "$work/sweep_${model}_b$b.txt"
   done
 }
 
@@ -215,14 +261,24 @@ phase_sanitize() {
     log "this machine runs gVisor: compute-sanitizer refuses the device there (Firecracker only)"
     return 1
   fi
-  local status=0
-  local shared="attention,conv2d*,conv_transpose2d*,layernorm,softmax,cross_entropy,linear_cross_entropy,batchnorm,embedding,pool"
-  sanitize_run memcheck ops 150 test_cuda_ops || status=1
-  sanitize_run memcheck op_table 90 test_cuda_op_table || status=1
-  sanitize_run memcheck autograd 90 test_cuda_autograd || status=1
-  sanitize_run racecheck ops 100 test_cuda_ops -tc="$shared" || status=1
-  sanitize_run synccheck ops 60 test_cuda_ops -tc="$shared" || status=1
-  sanitize_run memcheck remat 90 test_cuda_remat || status=1
+  local status=0 run
+  # The kernels with shared memory and barriers; racecheck takes minutes over the convolutions
+  # (their ResNet-152-sized cases), so they are a run of their own, last.
+  local shared="attention,layernorm,softmax,cross_entropy,linear_cross_entropy,batchnorm,embedding,pool"
+  local convs="conv2d*,conv_transpose2d*"
+  for run in ${GPU_SANITIZE_RUNS:-memcheck_ops memcheck_op_table memcheck_autograd racecheck_ops \
+             synccheck_ops memcheck_remat racecheck_conv}; do
+    case $run in
+      memcheck_ops) sanitize_run memcheck ops 150 test_cuda_ops ;;
+      memcheck_op_table) sanitize_run memcheck op_table 90 test_cuda_op_table ;;
+      memcheck_autograd) sanitize_run memcheck autograd 90 test_cuda_autograd ;;
+      racecheck_ops) sanitize_run racecheck ops 100 test_cuda_ops -tc="$shared" ;;
+      synccheck_ops) sanitize_run synccheck ops 60 test_cuda_ops -tc="$shared,$convs" ;;
+      memcheck_remat) sanitize_run memcheck remat 180 test_cuda_remat ;;
+      racecheck_conv) sanitize_run racecheck conv 300 test_cuda_ops -tc="$convs" ;;
+      *) log "unknown sanitizer run $run"; false ;;
+    esac || status=1
+  done
   return $status
 }
 

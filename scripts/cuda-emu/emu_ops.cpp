@@ -47,6 +47,11 @@ TEST_CASE("emu elementwise") {
 }
 
 #if REGEN_HAVE_CPU_CONV2D
+TEST_CASE("emu conv2d: the remat suite's ResNet") {
+  Rng rng(5);
+  for (const ConvShape& s : remat_resnet_convs()) conv_case(rng, s, false, ConvAlgo::native);
+}
+
 TEST_CASE("emu conv2d") {
   Rng rng(3);
   for (const ConvShape& s : odd_convs()) {

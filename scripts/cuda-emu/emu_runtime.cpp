@@ -125,6 +125,8 @@ void memset_zero(void* d, uint64_t n) {
 void mem_get_info(uint64_t& f, uint64_t& t) {
   f = t = 1ull << 34;
 }
+DeviceGuard::DeviceGuard(int index) : previous_(0), index_(index) {}
+DeviceGuard::~DeviceGuard() {}
 }  // namespace regen::cuda
 
 namespace regen {

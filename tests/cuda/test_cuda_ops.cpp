@@ -662,29 +662,37 @@ void conv_case(Rng& rng, const ConvShape& s, bool bias, cuda::ConvAlgo algo) {
   cuda::set_conv_algo(cuda::ConvAlgo::native);
 }
 
-// The distinct convolutions of ResNet-152 (v1.5: stride in the 3x3) at batch N.
-std::vector<ConvShape> resnet152_convs(int64_t N) {
+// The distinct convolutions of a bottleneck ResNet with `base` stem channels on `image` x `image`
+// inputs: the stem, then per stage the first block's (stride 2 from the second stage on: the 3x3
+// and the downsample) and the later blocks' shapes.
+std::vector<ConvShape> bottleneck_resnet_convs(int64_t N, int64_t base, int64_t image) {
   std::vector<ConvShape> v;
-  v.push_back(make_conv_shape(N, 3, 224, 224, 64, 7, 7, 2, 2, 3, 3));  // stem
-  struct Stage {
-    int64_t in, width, out, hw;  // input channels, bottleneck width, output channels, input size
-  };
-  const Stage stages[] = {
-      {64, 64, 256, 56}, {256, 128, 512, 56}, {512, 256, 1024, 28}, {1024, 512, 2048, 14}};
+  v.push_back(make_conv_shape(N, 3, image, image, base, 7, 7, 2, 2, 3, 3));  // stem
+  int64_t in = base, hw = image / 4;  // after the stem's stride 2 and the max pool's
   for (int i = 0; i < 4; ++i) {
-    const Stage& st = stages[i];
-    const int64_t stride = i == 0 ? 1 : 2, out_hw = st.hw / stride;
-    v.push_back(make_conv_shape(N, st.in, st.hw, st.hw, st.width, 1, 1, 1, 1, 0, 0));  // first 1x1
-    v.push_back(make_conv_shape(N, st.width, st.hw, st.hw, st.width, 3, 3, stride, stride, 1, 1));
-    v.push_back(make_conv_shape(N, st.width, out_hw, out_hw, st.out, 1, 1, 1, 1, 0, 0));  // expand
-    v.push_back(
-        make_conv_shape(N, st.in, st.hw, st.hw, st.out, 1, 1, stride, stride, 0, 0));  // downsample
-    v.push_back(
-        make_conv_shape(N, st.out, out_hw, out_hw, st.width, 1, 1, 1, 1, 0, 0));  // later 1x1
+    const int64_t width = base << i, out = width * 4;
+    const int64_t stride = i == 0 ? 1 : 2, out_hw = hw / stride;
+    v.push_back(make_conv_shape(N, in, hw, hw, width, 1, 1, 1, 1, 0, 0));  // first 1x1
+    v.push_back(make_conv_shape(N, width, hw, hw, width, 3, 3, stride, stride, 1, 1));
+    v.push_back(make_conv_shape(N, width, out_hw, out_hw, out, 1, 1, 1, 1, 0, 0));  // expand
+    v.push_back(make_conv_shape(N, in, hw, hw, out, 1, 1, stride, stride, 0, 0));   // downsample
+    v.push_back(make_conv_shape(N, out, out_hw, out_hw, width, 1, 1, 1, 1, 0, 0));  // later 1x1
     if (stride != 1)
-      v.push_back(make_conv_shape(N, st.width, out_hw, out_hw, st.width, 3, 3, 1, 1, 1, 1));
+      v.push_back(make_conv_shape(N, width, out_hw, out_hw, width, 3, 3, 1, 1, 1, 1));
+    in = out;
+    hw = out_hw;
   }
   return v;
+}
+
+std::vector<ConvShape> resnet152_convs(int64_t N) {
+  return bottleneck_resnet_convs(N, 64, 224);
+}
+
+// The ResNet of the CUDA remat suite (tests/remat_suite.h remat_resnet: base width 8, 64x64) at
+// its batch of 8: layer4 runs on 4x4 and 2x2 maps.
+std::vector<ConvShape> remat_resnet_convs() {
+  return bottleneck_resnet_convs(8, 8, 64);
 }
 
 // Transposed convolutions: s is the ConvShape of the conv2d they are the adjoint of
@@ -1366,6 +1374,7 @@ TEST_CASE("conv2d native") {
     conv_case(rng, s, true, cuda::ConvAlgo::native);
   }
   for (const ConvShape& s : resnet152_convs(2)) conv_case(rng, s, false, cuda::ConvAlgo::native);
+  for (const ConvShape& s : remat_resnet_convs()) conv_case(rng, s, false, cuda::ConvAlgo::native);
 }
 #ifdef REGEN_WITH_CUDNN
 TEST_CASE("conv2d cudnn") {
