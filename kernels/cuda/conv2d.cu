@@ -10,6 +10,14 @@
 //   backward-data    C[m = (n,h,w), c]   = sum over (k,r,s) dy[n,k,(h+ph-r)/sh,(w+pw-s)/sw] *
 //   w[k,c,r,s]
 //                    (terms whose division is inexact or out of range are zero)
+//
+// Backward-data with a stride runs as sh*sw independent problems, one per output phase (rows
+// h = rh + sh*i, columns w = rw + sw*j): only the taps r = r0 + sh*a (r0 = (rh+ph) mod sh), and
+// likewise s, reach a phase, and for them p = i - a + (rh+ph-r0)/sh exactly. So each phase is a
+// unit-stride gather over its own sub-filter, with no divisions and no taps that are always zero
+// (a stride-2 layer gathered every tap before and multiplied three zeros of four); a phase that
+// no tap reaches (a 1x1 kernel's odd rows) is zeros. With stride 1 there is one phase, the whole
+// problem, summed in the same order as before.
 //   backward-filter  C[m = (c,r,s), k]   = sum over (n,p,q) x[n,c,p*sh-ph+r,q*sw-pw+s] *
 //   dy[n,k,p,q]
 //
@@ -27,6 +35,8 @@
 // of chunks (split-K) whose partial results go to a workspace and are added in chunk order by a
 // second kernel. No atomics anywhere; dbias is a fixed-order block reduction per channel.
 // Indices are 32-bit: every tensor must have fewer than 2^31 elements (checked).
+#include <vector>
+
 #include "regen/core/tensor.h"
 #include "regen/kernels/cuda/common.cuh"
 #include "regen/kernels/cuda/conv2d_cudnn.h"
@@ -157,15 +167,21 @@ struct ForwardProblem {
   };
 };
 
+// One output phase of backward-data (see the top of the file): rows rh + sh*i (i < Hs), columns
+// rw + sw*j (j < Ws), taps (k, a, b) of the phase's sub-filter.
 struct DataGradProblem {
   const float* dy;  // (N, K, P, Q)
-  const float* wt;  // w transposed to (K*R*S, C)
-  float* out;       // dx (N, C, H, W), or split partials
+  const float* wt;  // the phase's sub-filter, transposed to (K*Rs*Ss, C)
+  float* out;       // dx (N, C, H, W), or split partials (splits, C, M), compact
   const int4* table;
-  int M, Ncol, Kdim;  // N*H*W, C, K*R*S
-  int H, W, HW, P, Q, KPQ, CHW, sh, sw, ph, pw;
+  int M, Ncol, Kdim;   // N*Hs*Ws, C, K*Rs*Ss
+  int HWs, Ws;         // the phase's rows times columns, and columns
+  int oh, ow;          // p = i + oh - a, q = j + ow - b
+  int rh, rw, sh, sw;  // dx row of (i): rh + sh*i; column of (j): rw + sw*j
+  int W, HW, P, Q, KPQ, CHW;
   int kchunk;
   int64_t split_stride;
+  bool partials;  // out holds split partials (compact), not dx
 
   static constexpr int kA = 8, kB = 4;
   struct Loader {
@@ -181,9 +197,9 @@ struct DataGradProblem {
         a_m[i] = lane + 32 * i;
         const int m = m0 + a_m[i];
         if (m < pr.M) {
-          const int n = m / pr.HW, hw = m - n * pr.HW, h = hw / pr.W, w = hw - h * pr.W;
-          hh[i] = h + pr.ph;
-          ww[i] = w + pr.pw;
+          const int n = m / pr.HWs, ij = m - n * pr.HWs, r = ij / pr.Ws, c = ij - r * pr.Ws;
+          hh[i] = r + pr.oh;
+          ww[i] = c + pr.ow;
           base[i] = n * pr.KPQ;
         } else {
           hh[i] = -kBig;
@@ -200,25 +216,14 @@ struct DataGradProblem {
     }
     __device__ void load(const DataGradProblem& pr, int k0, int kend, float (&a)[kA],
                          float (&b)[kB]) const {
-      const bool unit = pr.sh == 1 && pr.sw == 1;
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
-        const int4 e = pr.table[k0 + a_k[j]];
+        const int4 e = pr.table[k0 + a_k[j]];  // {k*P*Q, a, b}
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-          const int ph = hh[i] - e.y, pw = ww[i] - e.z;  // p*sh and q*sw when valid
-          int p, q;
-          bool ok;
-          if (unit) {
-            p = ph;
-            q = pw;
-            ok = static_cast<unsigned>(p) < static_cast<unsigned>(pr.P) &&
-                 static_cast<unsigned>(q) < static_cast<unsigned>(pr.Q);
-          } else {
-            p = ph >= 0 ? ph / pr.sh : -1;
-            q = pw >= 0 ? pw / pr.sw : -1;
-            ok = p >= 0 && q >= 0 && p * pr.sh == ph && q * pr.sw == pw && p < pr.P && q < pr.Q;
-          }
+          const int p = hh[i] - e.y, q = ww[i] - e.z;
+          const bool ok = static_cast<unsigned>(p) < static_cast<unsigned>(pr.P) &&
+                          static_cast<unsigned>(q) < static_cast<unsigned>(pr.Q);
           a[j * 4 + i] = ok ? __ldg(pr.dy + base[i] + e.x + p * pr.Q + q) : 0.0f;
         }
       }
@@ -240,18 +245,27 @@ struct DataGradProblem {
       for (int i = 0; i < 4; ++i) Bs[b_k[i] * kBStride + b_n] = b[i];
     }
   };
+  // dx's flat index of the phase's row m, channel 0 (a channel adds HW).
+  __device__ __host__ int64_t dx_offset(int m) const {
+    const int n = m / HWs, ij = m - n * HWs, i = ij / Ws, j = ij - i * Ws;
+    return static_cast<int64_t>(n) * CHW + static_cast<int64_t>(rh + sh * i) * W + rw + sw * j;
+  }
   struct Writer {
+    int m;
     int64_t offset;
     bool valid;
     __device__ Writer(const DataGradProblem& pr, int tid, int m0) {
-      const int m = m0 + (tid & (kBM - 1));
+      m = m0 + (tid & (kBM - 1));
       valid = m < pr.M;
-      const int n = valid ? m / pr.HW : 0;
-      offset = valid ? static_cast<int64_t>(n) * pr.CHW + (m - n * pr.HW) : 0;
+      offset = valid ? pr.dx_offset(m) : 0;
     }
     __device__ void store(const DataGradProblem& pr, int z, int c, float v) const {
       if (!valid || c >= pr.Ncol) return;
-      pr.out[z * pr.split_stride + offset + static_cast<int64_t>(c) * pr.HW] = v;
+      if (pr.partials) {
+        pr.out[z * pr.split_stride + static_cast<int64_t>(c) * pr.M + m] = v;
+      } else {
+        pr.out[offset + static_cast<int64_t>(c) * pr.HW] = v;
+      }
     }
   };
 };
@@ -426,15 +440,42 @@ __global__ void split_reduce_kernel(const float* partial, int splits, int64_t si
   }
 }
 
-// w: (K, C, RS) -> wt: (K*RS, C)
-__global__ void transpose_filter_kernel(const float* w, float* wt, int K, int C, int RS) {
-  const int64_t total = static_cast<int64_t>(K) * C * RS;
+// w: (K, C, R, S) -> wt: (K*Rs*Ss, C), the sub-filter of taps r = r0 + sh*a (a < Rs) and
+// s = s0 + sw*b (b < Ss), transposed: row kd = (k*Rs + a)*Ss + b. Stride 1: the whole filter.
+__global__ void transpose_filter_kernel(const float* w, float* wt, int K, int C, int R, int S,
+                                        int r0, int s0, int sh, int sw, int Rs, int Ss) {
+  const int RSs = Rs * Ss;
+  const int64_t total = static_cast<int64_t>(K) * C * RSs;
   for (int64_t i = dev::global_thread(); i < total; i += dev::grid_stride()) {
     const int64_t kd = i / C;
     const int c = static_cast<int>(i - kd * C);
-    const int k = static_cast<int>(kd / RS),
-              rs = static_cast<int>(kd - static_cast<int64_t>(k) * RS);
-    wt[i] = w[(static_cast<int64_t>(k) * C + c) * RS + rs];
+    const int k = static_cast<int>(kd / RSs),
+              ab = static_cast<int>(kd - static_cast<int64_t>(k) * RSs);
+    const int a = ab / Ss, b = ab - a * Ss;
+    wt[i] = w[((static_cast<int64_t>(k) * C + c) * R + r0 + sh * a) * S + s0 + sw * b];
+  }
+}
+
+// Backward-data's split partials (splits, C, M) of one phase -> dx: each value the sum over z in
+// z order, written to its place in dx.
+__global__ void dgrad_reduce_kernel(const DataGradProblem pr, const float* partial, int splits) {
+  const int64_t size = static_cast<int64_t>(pr.Ncol) * pr.M;
+  for (int64_t t = dev::global_thread(); t < size; t += dev::grid_stride()) {
+    float v = partial[t];
+    for (int z = 1; z < splits; ++z) v += partial[z * size + t];
+    const int c = static_cast<int>(t / pr.M),
+              m = static_cast<int>(t - static_cast<int64_t>(c) * pr.M);
+    pr.out[pr.dx_offset(m) + static_cast<int64_t>(c) * pr.HW] = v;
+  }
+}
+
+// A phase of dx that no tap reaches (pr.M rows, pr.Ncol channels): zeros.
+__global__ void dgrad_zero_kernel(const DataGradProblem pr) {
+  const int64_t size = static_cast<int64_t>(pr.Ncol) * pr.M;
+  for (int64_t t = dev::global_thread(); t < size; t += dev::grid_stride()) {
+    const int c = static_cast<int>(t / pr.M),
+              m = static_cast<int>(t - static_cast<int64_t>(c) * pr.M);
+    pr.out[pr.dx_offset(m) + static_cast<int64_t>(c) * pr.HW] = 0.0f;
   }
 }
 
@@ -523,6 +564,33 @@ void launch_igemm(const char* name, Problem pr, float* final_out, int64_t out_si
   }
 }
 
+// One phase of backward-data: like launch_igemm, but split partials are laid out compactly
+// (splits, C, M) and reduced into the phase's places in dx.
+void launch_dgrad(const char* name, DataGradProblem pr) {
+  const int64_t gx = detail::ceil_div(pr.M, kBM), gy = detail::ceil_div(pr.Ncol, kBN);
+  REGEN_CHECK(gy <= 65535, name, ": ", pr.Ncol, " output columns are too many");
+  const Split split = choose_split(gx * gy, pr.Kdim);
+  pr.kchunk = split.kchunk;
+  const int64_t size = static_cast<int64_t>(pr.Ncol) * pr.M;
+  pr.split_stride = size;
+  pr.partials = split.splits > 1;
+  Workspace ws(detail::device(),
+               pr.partials ? static_cast<uint64_t>(split.splits) * size * sizeof(float) : 0);
+  float* dx = pr.out;
+  if (pr.partials) pr.out = ws.as<float>();
+  const dim3 grid(static_cast<unsigned>(gx), static_cast<unsigned>(gy),
+                  static_cast<unsigned>(split.splits));
+  conv_igemm_kernel<DataGradProblem><<<grid, kThreads, 0, stream()>>>(pr);
+  REGEN_CUDA_LAUNCH_CHECK(name);
+  if (pr.partials) {
+    const float* partial = pr.out;
+    pr.out = dx;
+    dgrad_reduce_kernel<<<detail::grid_blocks(size, 256), 256, 0, stream()>>>(pr, partial,
+                                                                              split.splits);
+    REGEN_CUDA_LAUNCH_CHECK(name);
+  }
+}
+
 // Builds the reduction-index table in `table` (Kpad entries).
 void build_table(const char* name, int4* table, int Kdim, int Kpad, int RS, int S, int scale,
                  int row, int col, int invalid_r) {
@@ -571,36 +639,79 @@ void native_forward(const float* x, const float* w, const float* bias, float* y,
 void native_backward_data(const float* dy, const float* w, float* dx, const ConvShape& s) {
   const char* name = "conv2d_backward_data";
   check_conv(name, s);
-  DataGradProblem pr{};
-  pr.dy = dy;
-  pr.M = i32(s.N * s.H * s.W);
-  pr.Ncol = i32(s.C);
-  pr.Kdim = i32(s.K * s.R * s.S);
-  pr.H = i32(s.H);
-  pr.W = i32(s.W);
-  pr.HW = i32(s.H * s.W);
-  pr.P = i32(s.P);
-  pr.Q = i32(s.Q);
-  pr.KPQ = i32(s.K * s.P * s.Q);
-  pr.CHW = i32(s.C * s.H * s.W);
-  pr.sh = i32(s.stride_h);
-  pr.sw = i32(s.stride_w);
-  pr.ph = i32(s.pad_h);
-  pr.pw = i32(s.pad_w);
-  const int Kpad = i32(detail::ceil_div(pr.Kdim, kBK) * kBK);
-  // [table: Kpad int4 | wt: K*R*S*C floats]
-  const uint64_t table_bytes = static_cast<uint64_t>(Kpad) * sizeof(int4);
-  Workspace ws(detail::device(),
-               table_bytes + static_cast<uint64_t>(s.K * s.C * s.R * s.S) * sizeof(float));
-  auto* table = ws.as<int4>();
-  float* wt = reinterpret_cast<float*>(static_cast<char*>(ws.data()) + table_bytes);
-  build_table(name, table, pr.Kdim, Kpad, i32(s.R * s.S), i32(s.S), i32(s.P * s.Q), 0, 0, kBig);
-  transpose_filter_kernel<<<detail::grid_blocks(s.K * s.C * s.R * s.S, 256), 256, 0, stream()>>>(
-      w, wt, i32(s.K), i32(s.C), i32(s.R * s.S));
-  REGEN_CUDA_LAUNCH_CHECK(name);
-  pr.table = table;
-  pr.wt = wt;
-  launch_igemm(name, pr, dx, s.N * s.C * s.H * s.W, nullptr, 1, 1);
+  const int sh = i32(s.stride_h), sw = i32(s.stride_w);
+  // The phases, each with its rows and columns of dx and its taps (see the top of the file).
+  struct Phase {
+    int rh, rw, r0, s0, Hs, Ws, Rs, Ss;
+  };
+  std::vector<Phase> phases;
+  for (int rh = 0; rh < sh; ++rh) {
+    for (int rw = 0; rw < sw; ++rw) {
+      Phase ph{};
+      ph.rh = rh;
+      ph.rw = rw;
+      ph.r0 = (rh + i32(s.pad_h)) % sh;
+      ph.s0 = (rw + i32(s.pad_w)) % sw;
+      ph.Hs = rh < s.H ? i32(detail::ceil_div(s.H - rh, sh)) : 0;
+      ph.Ws = rw < s.W ? i32(detail::ceil_div(s.W - rw, sw)) : 0;
+      ph.Rs = ph.r0 < s.R ? i32(detail::ceil_div(s.R - ph.r0, sh)) : 0;
+      ph.Ss = ph.s0 < s.S ? i32(detail::ceil_div(s.S - ph.s0, sw)) : 0;
+      if (ph.Hs > 0 && ph.Ws > 0) phases.push_back(ph);
+    }
+  }
+  // [per phase with taps: table (Kpad int4) | sub-filter (K*Rs*Ss*C floats)], in phase order.
+  std::vector<uint64_t> table_at(phases.size()), wt_at(phases.size());
+  uint64_t bytes = 0;
+  for (size_t i = 0; i < phases.size(); ++i) {
+    const int64_t kdim = s.K * phases[i].Rs * phases[i].Ss;
+    if (kdim == 0) continue;
+    table_at[i] = bytes;
+    bytes += static_cast<uint64_t>(detail::ceil_div(kdim, kBK) * kBK) * sizeof(int4);
+    wt_at[i] = bytes;
+    bytes += static_cast<uint64_t>(kdim * s.C) * sizeof(float);
+  }
+  Workspace ws(detail::device(), bytes);
+  char* base = static_cast<char*>(ws.data());
+  for (size_t i = 0; i < phases.size(); ++i) {
+    const Phase& ph = phases[i];
+    DataGradProblem pr{};
+    pr.dy = dy;
+    pr.out = dx;
+    pr.M = i32(s.N * ph.Hs * ph.Ws);
+    pr.Ncol = i32(s.C);
+    pr.Kdim = i32(s.K * ph.Rs * ph.Ss);
+    pr.HWs = ph.Hs * ph.Ws;
+    pr.Ws = ph.Ws;
+    pr.oh = (ph.rh + i32(s.pad_h) - ph.r0) / sh;
+    pr.ow = (ph.rw + i32(s.pad_w) - ph.s0) / sw;
+    pr.rh = ph.rh;
+    pr.rw = ph.rw;
+    pr.sh = sh;
+    pr.sw = sw;
+    pr.W = i32(s.W);
+    pr.HW = i32(s.H * s.W);
+    pr.P = i32(s.P);
+    pr.Q = i32(s.Q);
+    pr.KPQ = i32(s.K * s.P * s.Q);
+    pr.CHW = i32(s.C * s.H * s.W);
+    if (pr.Kdim == 0) {  // no tap reaches these rows and columns
+      dgrad_zero_kernel<<<detail::grid_blocks(static_cast<int64_t>(pr.M) * pr.Ncol, 256), 256, 0,
+                          stream()>>>(pr);
+      REGEN_CUDA_LAUNCH_CHECK(name);
+      continue;
+    }
+    const int Kpad = i32(detail::ceil_div(pr.Kdim, kBK) * kBK);
+    auto* table = reinterpret_cast<int4*>(base + table_at[i]);
+    auto* wt = reinterpret_cast<float*>(base + wt_at[i]);
+    build_table(name, table, pr.Kdim, Kpad, ph.Rs * ph.Ss, ph.Ss, i32(s.P * s.Q), 0, 0, kBig);
+    transpose_filter_kernel<<<detail::grid_blocks(static_cast<int64_t>(pr.Kdim) * s.C, 256), 256, 0,
+                              stream()>>>(w, wt, i32(s.K), i32(s.C), i32(s.R), i32(s.S), ph.r0,
+                                          ph.s0, sh, sw, ph.Rs, ph.Ss);
+    REGEN_CUDA_LAUNCH_CHECK(name);
+    pr.table = table;
+    pr.wt = wt;
+    launch_dgrad(name, pr);
+  }
 }
 
 void native_backward_filter(const float* x, const float* dy, float* dw, const ConvShape& s) {
