@@ -2,6 +2,7 @@
 #include "regen/core/io.h"
 
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sys/file.h>
 #include <sys/stat.h>
@@ -9,6 +10,7 @@
 
 #include <atomic>
 #include <cerrno>
+#include <climits>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -103,13 +105,55 @@ void release_temp_slot(int slot) {
 
 }  // namespace
 
-AtomicFileWriter::AtomicFileWriter(const std::string& path) : path_(path) {
+namespace {
+
+// `path`, or where it leads when it is a symbolic link: the file is written through the link, so
+// the link stays a link (a rename over it would replace it with a regular file).
+std::string write_target(const std::string& path) {
+  struct stat st;
+  if (::lstat(path.c_str(), &st) != 0 || !S_ISLNK(st.st_mode)) return path;
+  char buf[PATH_MAX];
+  REGEN_CHECK(::realpath(path.c_str(), buf) != nullptr, "cannot write '", path,
+              "': it is a symbolic link that leads to no file (", std::strerror(errno),
+              "); remove it or point it at a file");
+  return buf;
+}
+
+// Removes what an earlier writer of `path` left when it was killed before it could clean up
+// (SIGKILL, a power cut): temporaries `path.tmp.PID.N` of processes that no longer exist.
+void sweep_stale_temporaries(const std::string& path) {
+  const std::string folder = folder_of(path);
+  const auto slash = path.find_last_of('/');
+  const std::string prefix = (slash == std::string::npos ? path : path.substr(slash + 1)) + ".tmp.";
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(folder, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.compare(0, prefix.size(), prefix) != 0) continue;
+    const std::string rest = name.substr(prefix.size());  // PID.N
+    const auto dot = rest.find('.');
+    if (dot == std::string::npos || dot == 0) continue;
+    const std::string pid_text = rest.substr(0, dot), n_text = rest.substr(dot + 1);
+    auto digits = [](const std::string& t) {
+      return !t.empty() && t.size() < 10 && t.find_first_not_of("0123456789") == std::string::npos;
+    };
+    if (!digits(pid_text) || !digits(n_text)) continue;
+    const pid_t pid = static_cast<pid_t>(std::stol(pid_text));
+    if (pid == ::getpid() || ::kill(pid, 0) == 0 || errno != ESRCH) continue;  // alive, or unsure
+    ::unlink(e.path().c_str());
+  }
+}
+
+}  // namespace
+
+AtomicFileWriter::AtomicFileWriter(const std::string& path) {
   REGEN_CHECK(!path.empty(), "cannot write to an empty path");
-  const std::string why = not_regular(path);
+  path_ = write_target(path);
+  const std::string why = not_regular(path_);
   REGEN_CHECK(why.empty(), "cannot write '", path, "': ", why);
+  sweep_stale_temporaries(path_);
   // pid and a counter: unique across processes and across threads of this one (O_EXCL).
   static std::atomic<unsigned> counter{0};
-  tmp_ = path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter++);
+  tmp_ = path_ + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter++);
   install_temp_cleanup();
   slot_ = claim_temp_slot(tmp_);
   fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
@@ -186,6 +230,19 @@ void write_files_atomic(const std::vector<std::pair<std::string, std::string>>& 
     files.back()->write(content.data(), content.size());
   }
   for (auto& f : files) f->sync();  // every file whole on disk before the first rename
+  // The renames as one unit against SIGINT, SIGTERM and SIGHUP: held back until every file is in
+  // place (then delivered as usual), so Ctrl-C never leaves new files beside old ones.
+  sigset_t block, old;
+  sigemptyset(&block);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaddset(&block, sig);
+  const bool blocked = ::pthread_sigmask(SIG_BLOCK, &block, &old) == 0;
+  struct Restore {
+    bool blocked;
+    sigset_t old;
+    ~Restore() {
+      if (blocked) ::pthread_sigmask(SIG_SETMASK, &old, nullptr);
+    }
+  } restore{blocked, old};
   for (auto& f : files) f->commit();
 }
 
@@ -285,9 +342,21 @@ std::string read_file(const std::string& path) {
   return out;
 }
 
-std::string why_not_writable(const std::string& path) {
-  if (path.empty()) return "the path is empty";
-  if (path.back() == '/') return "'" + path + "' names a folder; give a file name";
+std::string why_not_writable(const std::string& given) {
+  if (given.empty()) return "the path is empty";
+  if (given.back() == '/') return "'" + given + "' names a folder; give a file name";
+  // A symbolic link is written through (AtomicFileWriter): what it leads to is checked.
+  std::string path = given;
+  struct stat lst;
+  if (::lstat(given.c_str(), &lst) == 0 && S_ISLNK(lst.st_mode)) {
+    char buf[PATH_MAX];
+    if (::realpath(given.c_str(), buf) == nullptr) {
+      return "'" + given +
+             "' is a symbolic link that leads to no file; remove it or point it at "
+             "a file";
+    }
+    path = buf;
+  }
   struct stat st;
   if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
     return "'" + path + "' is a directory; give a file name";

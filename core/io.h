@@ -17,7 +17,10 @@ namespace regen {
 // thrown on the way), the destructor closes the descriptor and removes the temporary file; on
 // SIGINT, SIGTERM or SIGHUP (where the program left their handling at the default) the pending
 // temporaries are removed before the process dies. An existing target that is not a regular
-// file (a device node, a FIFO, a directory) is refused. Errors throw regen::Error naming the path.
+// file (a device node, a FIFO, a directory) is refused. A symbolic link is written through: the
+// file it leads to is replaced and the link stays (a link that leads nowhere is refused). A
+// temporary that a killed writer of the same target left (`path.tmp.PID.N` of a process that no
+// longer exists) is removed. Errors throw regen::Error naming the path.
 class AtomicFileWriter {
  public:
   explicit AtomicFileWriter(const std::string& path);
@@ -41,8 +44,9 @@ class AtomicFileWriter {
 
 // Several files committed together (a command's outputs): every file is written in full to its
 // temporary and synced before the first rename, so an error while writing any of them (a full
-// disk, a bad path) leaves every old file as it was. Only a crash between the renames, which take
-// microseconds, could leave some new files beside old ones.
+// disk, a bad path) leaves every old file as it was. SIGINT, SIGTERM and SIGHUP are held back
+// during the renames, which take microseconds, and delivered once all are done; only SIGKILL or a
+// crash in that window could leave some new files beside old ones.
 void write_files_atomic(const std::vector<std::pair<std::string, std::string>>& path_and_content);
 
 // Holds an exclusive advisory lock (flock) on a folder while a command writes into it, so that a

@@ -334,6 +334,15 @@ std::unique_ptr<DataSource> make_data_source(const std::string& spec, const Mode
   return d.make(arg, m, seed, style);
 }
 
+std::vector<std::string> data_input_files(const std::string& spec, const ModelConfig& m,
+                                          OptionStyle style) {
+  std::string arg;
+  const DataKind& d = data_kind_of(spec, m, style, arg);
+  if (d.files) return d.files(arg);
+  if (d.arg.empty() || arg.empty()) return {};
+  return {arg};
+}
+
 std::unique_ptr<DataSource> make_shape_source(const ModelConfig& model) {
   return std::make_unique<ShapeSource>(model);
 }
@@ -364,6 +373,12 @@ DataKind cifar10_data() {
   d.make = [](const std::string& dir, const ModelConfig&, uint64_t seed, OptionStyle style) {
     return std::unique_ptr<DataSource>(
         std::make_unique<Cifar10>(dir, data_setting("cifar10:" + dir, style), seed));
+  };
+  d.files = [](const std::string& dir) {
+    std::vector<std::string> files;
+    for (int i = 1; i <= 5; ++i) files.push_back(dir + "/data_batch_" + std::to_string(i) + ".bin");
+    files.push_back(dir + "/test_batch.bin");
+    return files;
   };
   return d;
 }

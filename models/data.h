@@ -30,6 +30,10 @@ std::unique_ptr<DataSource> make_data_source(const std::string& spec, const Mode
 // Refuses a spec the model takes no data of, or a configuration its data cannot feed, without
 // reading anything (the session's validate() runs it before any work).
 void check_data_spec(const std::string& spec, const ModelConfig& model, OptionStyle style);
+// The files the data of `spec` reads (DataKind::files): none for synthetic data. Outputs are
+// checked against them before a run, so that nothing is written over its own training data.
+std::vector<std::string> data_input_files(const std::string& spec, const ModelConfig& model,
+                                          OptionStyle style = OptionStyle::flag);
 
 // Batches of the right shapes, dtypes, categories and tags for `model` (its input's batch) and no
 // values (a dry run, core/allocator.h DryRunScope): the blocks every real source's batch takes,

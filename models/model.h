@@ -96,6 +96,11 @@ struct ModelOption {
   bool sizes_parameters = false;
   // Checkpoints record it without comparing it on load (how a run computed, not what it holds).
   bool recorded = false;
+  // What of its value a profile depends on (the step's graph, sizes and times), when that is less
+  // than the value: a profile made at one value then plans a run at another with the same key.
+  // Unset: the value itself. Dropout's: whether it is 0 (p = 0 leaves the dropout ops out; any
+  // other p has the same ops, saved masks and times).
+  std::function<std::string(double)> profile_key;
 };
 // Options bound to a field of ModelConfig, and one kept in ModelConfig::params (read as
 // `fallback` when the preset does not set it).
@@ -132,6 +137,9 @@ struct DataKind {
   std::function<std::unique_ptr<DataSource>(const std::string& arg, const ModelConfig&,
                                             uint64_t seed, OptionStyle)>
       make;
+  // The files the source for `arg` reads, so that no output is written over one of them; when
+  // empty, `arg` itself if the kind takes one (a file, or a folder that is read as a whole).
+  std::function<std::vector<std::string>(const std::string& arg)> files;
 };
 
 // What a model takes, described by the model: the batch it trains on, the data that can feed it

@@ -16,8 +16,10 @@ class Container : public Module {
 
 ModelInput TransformerLM::input() {
   ModelInput in = token_lm_input();
-  in.options.push_back(float_option("dropout", "dropout probability (default: the preset's)",
-                                    OptionRange::numbers(0.0, 0.99), &ModelConfig::dropout));
+  ModelOption dropout = float_option("dropout", "dropout probability (default: the preset's)",
+                                     OptionRange::numbers(0.0, 0.99), &ModelConfig::dropout);
+  dropout.profile_key = [](double p) { return p == 0 ? std::string("off") : std::string("on"); };
+  in.options.push_back(dropout);
   ModelOption head = integer_option(
       "lm_head_chunk",
       "LM head + loss in training: 0 fused and chunked automatically (about 32 MiB of logits per "

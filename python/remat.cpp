@@ -181,8 +181,18 @@ Plan run_python_planner(const pb::object& fn, const std::string& name, const Sim
   draft.policy = name;
   if (pb::isinstance<PlanHandle>(out)) {
     const PlanHandle& ph = out.cast<const PlanHandle&>();
-    REGEN_CHECK(ph.profile->profile.saved.size() == sim.profile().saved.size(), "planner '", name,
-                "' returned a Plan for another profile (", describe(ph.profile->profile), ")");
+    // The profile it was given, or a copy of it (the same file loaded again): the same step, and
+    // the same saved tensors in the same order. A profile of another model, batch, device or run
+    // can have as many saved tensors and still be another step.
+    const Profile &a = ph.profile->profile, &b = sim.profile();
+    bool same = a.model == b.model && a.batch == b.batch && a.device == b.device && a.run == b.run &&
+                a.saved.size() == b.saved.size() && a.nodes.size() == b.nodes.size() &&
+                a.events.size() == b.events.size();
+    for (size_t i = 0; same && i < a.saved.size(); ++i) {
+      same = a.saved[i].name == b.saved[i].name && a.saved[i].bytes == b.saved[i].bytes;
+    }
+    REGEN_CHECK(same, "planner '", name, "' returned a Plan made for another profile (",
+                describe(a), ") than the one it was given (", describe(b), ")");
     draft.decisions = ph.plan.decisions;
     draft.keep_chain = ph.plan.keep_chain;
     draft.regenerations = ph.plan.regenerations;

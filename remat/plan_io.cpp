@@ -2,6 +2,10 @@
 // (planner.h save_plan, load_plan).
 #include "regen/remat/planner.h"
 
+// nlohmann/json's messages then name the field that was wrong ("(/nodes/3/fwd_ms) type must be
+// number"), so a damaged file is reported by its field (json_error.h). The macro puts this file's
+// json types in an ABI namespace of their own, so the other files' json is not affected.
+#define JSON_DIAGNOSTICS 1
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -9,6 +13,8 @@
 
 #include "regen/core/error.h"
 #include "regen/core/io.h"
+#include "regen/remat/json_error.h"
+#include "regen/remat/dtr.h"
 
 namespace regen {
 
@@ -63,7 +69,7 @@ Plan load_plan(const std::string& path, const Profile& p) {
   } catch (const Error&) {
     throw;
   } catch (const std::exception& e) {
-    REGEN_FAIL(origin, ": not valid JSON: ", e.what());
+    REGEN_FAIL(origin, ": not valid JSON: ", json_error_text(e));
   }
   Plan plan;
   try {
@@ -73,7 +79,15 @@ Plan load_plan(const std::string& path, const Profile& p) {
         j.at("model").get<std::string>() == p.model && j.at("batch").get<int64_t>() == p.batch,
         origin, ": made for ", j.at("model").get<std::string>(), " batch ",
         j.at("batch").get<int64_t>(), ", not ", p.model, " batch ", p.batch);
+    // The device the plan's profile was measured on: a plan of one device's allocator states
+    // does not predict another's.
+    if (j.contains("device")) {
+      const std::string device = j.at("device").get<std::string>();
+      REGEN_CHECK(device == p.device, origin, ": made for ", device, ", not ", p.device,
+                  " (the device of the profile it is used with)");
+    }
     plan.policy = j.at("policy").get<std::string>();
+    REGEN_CHECK(!plan.policy.empty(), origin, ": \"policy\" is empty");
     plan.budget_text = j.at("budget").get<std::string>();
     plan.budget_bytes = j.at("budget_bytes").get<int64_t>();
     REGEN_CHECK(plan.budget_bytes >= 0, origin, ": budget_bytes is negative");
@@ -102,6 +116,15 @@ Plan load_plan(const std::string& path, const Profile& p) {
       REGEN_CHECK(plan.decisions[i] == Decision::retain || p.saved[i].candidate, origin,
                   ": saved tensor '", p.saved[i].name, "' cannot be recomputed");
     }
+    // A plan's policy and its decisions agree: none recomputes nothing, and a DTR policy decides
+    // at run time (its plan has no static decisions). Any other name is a planner's, registered
+    // here or in the program that wrote the plan; its decisions are checked above and below.
+    const bool recomputes =
+        std::count(plan.decisions.begin(), plan.decisions.end(), Decision::recompute) > 0;
+    REGEN_CHECK(!recomputes || (plan.policy != "none" && !dtr_policy(plan.policy)), origin,
+                ": policy '", plan.policy, "' ",
+                plan.policy == "none" ? "recomputes nothing" : "decides at run time",
+                ", but the plan's decisions recompute saved tensors");
     if (j.contains("regenerations")) {
       const auto& regen = j.at("regenerations");
       REGEN_CHECK(regen.is_array(), origin, ": \"regenerations\" is not an array");
@@ -134,7 +157,7 @@ Plan load_plan(const std::string& path, const Profile& p) {
   } catch (const Error&) {
     throw;
   } catch (const std::exception& e) {
-    REGEN_FAIL(origin, ": malformed plan: ", e.what());
+    REGEN_FAIL(origin, ": malformed plan: ", json_error_text(e));
   }
   return plan;
 }

@@ -1,6 +1,10 @@
 // Profile: JSON, derived fields and validation (profile.h).
 #include "regen/remat/profile.h"
 
+// nlohmann/json's messages then name the field that was wrong ("(/nodes/3/fwd_ms) type must be
+// number"), so a damaged file is reported by its field (json_error.h). The macro puts this file's
+// json types in an ABI namespace of their own, so the other files' json is not affected.
+#define JSON_DIAGNOSTICS 1
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -9,6 +13,7 @@
 #include <map>
 
 #include "regen/core/io.h"
+#include "regen/remat/json_error.h"
 
 namespace regen {
 
@@ -211,7 +216,7 @@ Profile parse_profile_json(const std::string& text, const std::string& origin) {
   try {
     j = json::parse(text);
   } catch (const std::exception& e) {
-    REGEN_FAIL(origin, ": not valid JSON: ", e.what());
+    REGEN_FAIL(origin, ": not valid JSON: ", json_error_text(e));
   }
   Profile p;
   try {
@@ -327,7 +332,7 @@ Profile parse_profile_json(const std::string& text, const std::string& origin) {
   } catch (const Error&) {
     throw;
   } catch (const std::exception& e) {
-    REGEN_FAIL(origin, ": malformed profile: ", e.what());
+    REGEN_FAIL(origin, ": malformed profile: ", json_error_text(e));
   }
   validate_profile(p, origin);
   finalize_profile(p);

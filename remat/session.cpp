@@ -122,6 +122,10 @@ ModelConfig SessionOptions::model_config() const {
   return c;
 }
 
+std::vector<std::string> SessionOptions::data_files() const {
+  return data_input_files(data, model_config(), style);
+}
+
 Device resolve_device(const std::string& text, OptionStyle style) {
   const std::string what =
       option_setting("device", style == OptionStyle::keyword ? quoted(text) : text, style);
@@ -462,6 +466,21 @@ void check_profile_run(const Profile& p, const SessionOptions& o, const std::str
     const auto it = now.find(flag);
     const std::string here = it == now.end() ? "(none)" : it->second;
     if (here == then) continue;
+    // An option whose profile depends on less than its value (ModelOption::profile_key).
+    const ModelOption* opt = nullptr;
+    for (const ModelOption& m : model_info(o.model).input.options) {
+      if (option_name(m.key, OptionStyle::flag) == flag) opt = &m;
+    }
+    if (opt && opt->profile_key && it != now.end()) {
+      char* end_then = nullptr;
+      char* end_here = nullptr;
+      const double v_then = std::strtod(then.c_str(), &end_then);
+      const double v_here = std::strtod(here.c_str(), &end_here);
+      if (*end_then == '\0' && *end_here == '\0' &&
+          opt->profile_key(v_then) == opt->profile_key(v_here)) {
+        continue;
+      }
+    }
     // The flag as `o.style` names it: "--seq-len" -> "seq_len".
     std::string key = flag.substr(2);
     std::replace(key.begin(), key.end(), '-', '_');

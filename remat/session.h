@@ -70,6 +70,9 @@ struct SessionOptions {
   // The registered model's preset (or `config`) with the given options and the seed applied
   // (validates first).
   ModelConfig model_config() const;
+  // The files `data` reads (models/data.h data_input_files; validates first): outputs are checked
+  // against them, so that no run writes over its own training data.
+  std::vector<std::string> data_files() const;
   // The option `key` as `style` names it.
   std::string name(const std::string& key) const { return option_name(key, style); }
 };

@@ -138,8 +138,7 @@ void expect_failure(const TempDir& dir, const std::vector<std::string>& args,
   CHECK_MESSAGE(changed.empty(), "the failed run touched files:", changed);
   CAPTURE(r.err);
   CAPTURE(r.out);
-  CHECK(r.status != 0);
-  CHECK(r.status != -1);  // an error message, not a crash
+  CHECK((r.status == 1 || r.status == 2));  // a runtime or a usage error, never a crash
   for (const std::string& part : parts) CHECK_MESSAGE(has(r.err, part), "stderr lacks: ", part);
   CHECK(!has(r.out, "summary:"));
 }
@@ -356,7 +355,7 @@ TEST_CASE("cli: budgets, limits, and outputs that are inputs, each other or not 
   }
   expect_failure(dir,
                  {"sweep", "--model", "resnet-tiny", "--batches", "2,4,2", "--out", dir.file("sw")},
-                 {"--batches '2,4,2': 2 is listed twice"});
+                 {"--batches '2,4,2' lists '2' twice"});
   // Outputs that are not regular files are never replaced.
   const std::string fifo = dir.file("fifo");
   REQUIRE(::mkfifo(fifo.c_str(), 0644) == 0);
@@ -402,6 +401,14 @@ TEST_CASE("cli: budgets, limits, and outputs that are inputs, each other or not 
                   "pass --optimizer sgd, or profile again"});
   expect_failure(dir, tiny({"--dropout", "0", "--profile", profile, "--policy", "mutwo"}),
                  {"was made with --dropout 0.1, but this run has --dropout 0"});
+  // Another nonzero dropout has the same ops, saved masks and times: the profile plans it, and
+  // the plan's prediction holds on every step.
+  const Result other_p =
+      regen_run(dir, tiny({"--dropout", "0.3", "--profile", profile, "--policy", "dp", "--budget",
+                           "80%", "--budget-of", "allocated", "--steps", "2"}));
+  CAPTURE(other_p.err);
+  CHECK(other_p.status == 0);
+  CHECK(has(other_p.out, "(exact on every one of the 2 steps under the plan)"));
   expect_failure(dir, tiny({"--lm-head-chunk", "-1", "--profile", profile, "--policy", "mutwo"}),
                  {"was made with --lm-head-chunk 0"});
   // A loaded plan reports the profile's no-remat peak (it printed 0 B).
@@ -572,6 +579,143 @@ TEST_CASE("cli: --save is checked before training, and --save then --load round-
   write_file_atomic(cut, raw.substr(0, raw.size() / 2));
   expect_failure(dir, tiny({"--load", cut}), {"cut.safetensors", "truncated"});
   expect_failure(dir, tiny({"--load", dir.file("missing.safetensors")}), {"missing.safetensors"});
+}
+
+TEST_CASE("cli: exit status 2 for a usage error, 1 for a failed run, 0 for success and --help") {
+  TempDir dir;
+  auto status = [&](const std::vector<std::string>& args) { return regen_run(dir, args).status; };
+  CHECK(status({"train", "--model", "resnet-tiny", "--threads", "300000"}) == 2);
+  CHECK(status({"train", "--model", "resnet-tiny", "--batch", "-1"}) == 2);
+  CHECK(status({"train", "--model", "resnet-tiny", "--bogus"}) == 2);
+  CHECK(status({"no-such-command"}) == 2);
+  CHECK(status({"train", "--model", "resnet7"}) == 1);  // the library refuses it while running
+  CHECK(status({"train", "--help"}) == 0);
+  CHECK(status({"--help"}) == 0);
+  const Result help = regen_run(dir, {"train", "--help"});
+  CHECK(has(help.out, "Exit status: 0 on success, 1 when a run fails"));
+  CHECK(has(help.out, "2 for a usage error"));
+}
+
+// The list flags of sweep and frontier: each item a value, listed once; numbers are decimal.
+TEST_CASE("cli: list flags and numbers are read strictly") {
+  TempDir dir;
+  const std::string out = dir.file("sw");
+  auto sweep = [&](std::vector<std::string> more) {
+    std::vector<std::string> a = {"sweep", "--model", "resnet-tiny", "--out", out};
+    a.insert(a.end(), more.begin(), more.end());
+    return a;
+  };
+  expect_failure(dir, sweep({"--batches", "2abc"}),
+                 {"--batches '2abc': each item must be a positive integer, got '2abc'"});
+  expect_failure(dir, sweep({"--batches", "2.9"}), {"--batches '2.9'", "'2.9' (not an integer)"});
+  expect_failure(dir, sweep({"--batches", "2,,4"}), {"--batches '2,,4' has an empty item"});
+  expect_failure(dir, sweep({"--batches", ""}), {"--batches is empty"});
+  expect_failure(dir, sweep({"--batches", "2", "--budgets", "50%,50%"}),
+                 {"--budgets '50%,50%' lists '50%' twice"});
+  expect_failure(dir, sweep({"--batches", "2", "--policies", "mutwo,mutwo"}),
+                 {"--policies 'mutwo,mutwo' lists 'mutwo' twice"});
+  expect_failure(dir, {"frontier", "--model", "resnet-tiny", "--out", out, "--policies", ""},
+                 {"--policy is empty: give one or more comma-separated planners"});
+  // strtod would read hexadecimal: 0x10 as 16.
+  expect_failure(dir, tiny({"--lr", "0x10"}), {"--lr", "'0x10' (not a number)"});
+  expect_failure(dir, tiny({"--dropout", "0x0.1p0"}), {"--dropout", "(not a number)"});
+  expect_failure(dir, tiny({"--lr", "1e"}), {"--lr", "'1e' (not a number)"});
+  const Result ok = regen_run(dir, tiny({"--lr", "1.5e-2", "--steps", "1", "--batch", "2"}));
+  CHECK(ok.status == 0);
+}
+
+// A planned layout places a plan's blocks: without a plan, or against the plan's own, it is an
+// error rather than ignored.
+TEST_CASE("cli: --layout planned needs a plan and agrees with a loaded one") {
+  TempDir dir;
+  expect_failure(dir, tiny({"--layout", "planned"}), {"--layout planned", "give --policy"});
+  expect_failure(dir, tiny({"--layout", "planned", "--policy", "dtr", "--budget", "90%"}),
+                 {"--layout planned", "dtr", "use --layout caching"});
+  const std::string profile_dir = dir.file("prof");
+  REQUIRE(std::filesystem::create_directory(profile_dir));
+  REQUIRE(regen_run(dir, {"profile", "--model", "transformer-tiny", "--out", profile_dir}).status ==
+          0);
+  const std::string profile = profile_dir + "/profile.json", plan = dir.file("p.json");
+  REQUIRE(
+      regen_run(dir, {"plan", "--profile", profile, "--policy", "dp", "--budget", "90%",
+                      "--budget-of", "allocated", "--out", plan, "--decisions", dir.file("d.csv")})
+          .status == 0);
+  expect_failure(dir, tiny({"--profile", profile, "--plan", plan, "--layout", "planned"}),
+                 {"--layout planned contradicts --plan", "made without a planned layout"});
+  const Result same = regen_run(
+      dir, tiny({"--profile", profile, "--plan", plan, "--layout", "caching", "--steps", "2"}));
+  CAPTURE(same.err);
+  CHECK(same.status == 0);
+}
+
+// Outputs are never written over the run's own training data, and --save may replace the
+// checkpoint it started from (read whole before the first step, replaced atomically after the
+// last).
+TEST_CASE("cli: outputs are checked against --data's files; --load X --save X trains on in place") {
+  TempDir dir;
+  const std::string text = dir.file("corpus.txt");
+  write_file_atomic(text, std::string(4000, 'a') + "the quick brown fox jumps over the lazy dog");
+  const std::string before = read_file(text);
+  expect_failure(dir,
+                 tiny({"--data", "text:" + text, "--vocab", "256", "--steps", "1", "--save", text}),
+                 {"--save " + text + " is the same file as --data"});
+  CHECK(read_file(text) == before);
+  expect_failure(dir,
+                 {"bench", "train", "--model", "transformer-tiny", "--data", "text:" + text,
+                  "--vocab", "256", "--steps", "1", "--warmup", "0", "--json", text},
+                 {"--json " + text + " is the same file as --data"});
+  CHECK(read_file(text) == before);
+  // A CIFAR-10 folder: each of its batch files is an input.
+  const std::string cifar = dir.file("cifar");
+  REQUIRE(std::filesystem::create_directory(cifar));
+  std::string batch(3073 * 4, '\0');
+  for (size_t i = 0; i < batch.size(); i += 3073) batch[i] = static_cast<char>(i / 3073);
+  write_file_atomic(cifar + "/data_batch_1.bin", batch);
+  expect_failure(dir,
+                 {"train", "--model", "resnet-tiny", "--batch", "2", "--steps", "1", "--data",
+                  "cifar10:" + cifar, "--save", cifar + "/data_batch_1.bin"},
+                 {"is the same file as --data"});
+  CHECK(read_file(cifar + "/data_batch_1.bin") == batch);
+
+  const std::string ckpt = dir.file("m.safetensors");
+  REQUIRE(regen_run(dir, tiny({"--steps", "1", "--batch", "2", "--save", ckpt})).status == 0);
+  const std::string first = read_file(ckpt);
+  const Result on =
+      regen_run(dir, tiny({"--steps", "1", "--batch", "2", "--load", ckpt, "--save", ckpt}));
+  CAPTURE(on.err);
+  CHECK(on.status == 0);
+  CHECK(has(on.out, "loaded " + ckpt));
+  CHECK(read_file(ckpt) != first);  // one more step's parameters
+  std::vector<std::string> left = dir.entries();
+  std::sort(left.begin(), left.end());
+  CHECK(left == std::vector<std::string>{"cifar", "corpus.txt", "m.safetensors"});
+}
+
+// --save through a symbolic link writes the file it leads to and keeps the link; a temporary a
+// killed writer left is swept by the next write to the same target.
+TEST_CASE("cli: --save through a symbolic link, and a killed writer's temporary swept") {
+  TempDir dir;
+  const std::string real = dir.file("real.safetensors"), link = dir.file("link.safetensors");
+  std::filesystem::create_symlink(real, link);
+  const Result dangling = regen_run(dir, tiny({"--steps", "1", "--batch", "2", "--save", link}));
+  CHECK(dangling.status == 1);
+  CHECK(has(dangling.err, "symbolic link that leads to no file"));
+  write_file_atomic(real, "old");
+  const Result r = regen_run(dir, tiny({"--steps", "1", "--batch", "2", "--save", link}));
+  CAPTURE(r.err);
+  REQUIRE(r.status == 0);
+  CHECK(std::filesystem::is_symlink(link));
+  CHECK(read_file(real) != "old");
+  CHECK(load_safetensors(link).metadata.at("model") == "transformer-tiny");
+  // A temporary of a process that no longer exists (pid 2^22 + 1 is above Linux's pid_max
+  // default, 2^22) beside the target, and one of a live process (this one), which stays.
+  const std::string dead = real + ".tmp.4194305.0";
+  const std::string live = real + ".tmp." + std::to_string(::getpid()) + ".7";
+  write_file_atomic(dead, "left by a killed writer");
+  write_file_atomic(live, "being written");
+  REQUIRE(regen_run(dir, tiny({"--steps", "1", "--batch", "2", "--save", real})).status == 0);
+  CHECK_FALSE(std::filesystem::exists(dead));
+  CHECK(std::filesystem::exists(live));
 }
 
 TEST_CASE("cli: --help lists every flag") {
@@ -848,7 +992,8 @@ TEST_CASE("cli: frontier refuses bad flags before any work") {
   expect_failure(dir, frontier({"--policies", "mutwo:sideways"}),
                  {"--policies", "unknown chain mode 'sideways'"});
   expect_failure(dir, frontier({"--policies", "none"}), {"--policies", "'none' is the baseline"});
-  expect_failure(dir, frontier({"--policies", "sqrt,sqrt"}), {"--policies", "named twice"});
+  expect_failure(dir, frontier({"--policies", "sqrt,sqrt"}),
+                 {"--policies 'sqrt,sqrt' lists 'sqrt' twice"});
   expect_failure(dir, {"frontier", "--profile", dir.file("missing.json"), "--out", out},
                  {"--profile", "missing.json: no such file"});
   // Executing needs the model the profile was made from.

@@ -320,6 +320,17 @@ TEST_CASE("remat: malformed profile and plan files give clear errors") {
   const std::string path = dir + "_profile.json";
   write_file_atomic(path, "{\"format\": \"regen-profile-1\", \"model\": 3}");
   CHECK(error_of([&] { load_profile(path); }).find(path) != std::string::npos);
+  // A field of the wrong type is named by its place in the file, in words (not the JSON
+  // library's "[json.exception.type_error.302]").
+  {
+    nlohmann::json j = nlohmann::json::parse(profile_to_json(profile));
+    j["nodes"][3]["fwd_ms"] = "fast";
+    write_file_atomic(path, j.dump());
+    const std::string e = error_of([&] { load_profile(path); });
+    CAPTURE(e);
+    CHECK(e.find("at /nodes/3/fwd_ms: type must be number, but is string") != std::string::npos);
+    CHECK(e.find("json.exception") == std::string::npos);
+  }
   write_file_atomic(path, "not json at all");
   CHECK(error_of([&] { load_profile(path); }).find("not valid JSON") != std::string::npos);
   write_file_atomic(path, "{\"format\": \"something-else\"}");

@@ -1,6 +1,8 @@
 // The regen command line (cli.h): builds the CLI11 tree from the registered subcommands
-// (command.h) and turns every error into one message on stderr and a non-zero exit status:
-// CLI11's own (bad flags; its exit codes), regen::Error (1), running out of host memory (1).
+// (command.h) and turns every error into one message on stderr and an exit status, as getopt and
+// argparse programs do: 2 for a usage error (an unknown command or flag, a missing or bad value:
+// CLI11's parse errors), 1 for an error while running (regen::Error, running out of host memory),
+// 0 for success and for --help.
 #include <algorithm>
 #include <cstdio>
 #include <map>
@@ -12,6 +14,10 @@
 #include "tools/common.h"
 
 namespace regen::tool {
+namespace {
+constexpr int kUsageError = 2;
+}  // namespace
+
 std::vector<Command>& commands() {
   static std::vector<Command> list;
   return list;
@@ -23,6 +29,10 @@ int run_cli(int argc, char** argv) {
   app.failure_message(cli_failure_message);
   app.require_subcommand(1);
   app.set_help_all_flag("--help-all", "show help for every subcommand");
+  const std::string exit_status =
+      "Exit status: 0 on success, 1 when a run fails (the message says why), 2 for a usage error "
+      "(an unknown command or flag, a missing or bad value).";
+  app.footer(exit_status);
   std::map<std::string, CLI::App*> groups;
   std::vector<Command> list = commands();
   std::sort(list.begin(), list.end(),
@@ -43,6 +53,7 @@ int run_cli(int argc, char** argv) {
       parent = it->second;
     }
     CLI::App* sub = parent->add_subcommand(name, c.description);
+    sub->footer(exit_status);
     c.setup(*sub);
   }
   // An unknown command is named as such (CLI11 would say only that one is required).
@@ -53,13 +64,15 @@ int run_cli(int argc, char** argv) {
       std::fprintf(stderr,
                    "regen: error: unknown command '%s'; the commands are %s (regen --help)\n",
                    argv[1], join_names(names).c_str());
-      return 106;
+      return kUsageError;
     }
   }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    // CLI11 prints the help (status 0) or the failure message; its own statuses (105, 109...)
+    // are its internals.
+    return app.exit(e) == 0 ? 0 : kUsageError;
   } catch (const regen::Error& e) {
     std::fflush(stdout);
     std::fprintf(stderr, "regen: error: %s\n", e.what());

@@ -85,7 +85,11 @@ std::string json_string(const std::string& s) {
 }
 
 void run(Flags f) {
-  if (!f.json.empty()) check_output_path("--json", f.json);
+  if (!f.json.empty()) {
+    std::vector<std::pair<std::string, std::string>> inputs = data_inputs(f.m);
+    inputs.emplace_back("--torch-csv", f.torch_csv);
+    check_distinct_files({{"--json", f.json}}, inputs);
+  }
   f.m.math = math_mode(f.m, resolve_device(f.m.device), kBenchMath);
   const std::string& math = f.m.math;
   auto s = make_session(f.m);

@@ -88,7 +88,9 @@ std::vector<std::string> default_planners() {
 // of a frontier of allocated budgets or planned layouts, and naming them there is an error.
 std::vector<PolicySpec> parse_policies(const std::string& text, bool reserved_caching) {
   const std::vector<std::string> known = planner_names();
-  std::vector<std::string> items = text.empty() ? default_planners() : split_commas(text);
+  // Left out, the default set; given, its items (an empty list is refused, not the default).
+  std::vector<std::string> items =
+      text.empty() ? default_planners() : list_items("--policies", text);
   if (text.empty() && !reserved_caching) {
     items.erase(std::remove_if(items.begin(), items.end(),
                                [](const std::string& n) { return dtr_policy(n).has_value(); }),
@@ -660,7 +662,8 @@ void setup(CLI::App& app) {
                  "comma-separated planners, each with an optional chain mode (mutwo:drop); "
                  "default: " +
                      join_names(default_planners()) +
-                     " (milp only when named: it is for small graphs)");
+                     " (milp only when named: it is for small graphs)")
+      ->check(non_empty("one or more comma-separated planners"));
   add_budget_of_flag(app, f->budget_of);
   add_layout_flag(app, f->layout);
   app.add_option("--milp-time-limit", f->milp_time_limit,

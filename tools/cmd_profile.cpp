@@ -1,6 +1,5 @@
 // `regen profile`: stage 1. Profiles training iterations of a model and writes profile.json, a
 // readable table (profile.txt) and a Chrome trace (trace.json).
-#include <sys/stat.h>
 #include <cstdio>
 
 #include "regen/core/io.h"
@@ -29,17 +28,19 @@ void setup(CLI::App& app) {
   app.add_option("--iterations", f->iterations, "instrumented steps (timings are their medians)")
       ->check(positive_integer(kIntMax))
       ->capture_default_str();
-  app.add_option("--out", f->out, "folder for profile.json, profile.txt and trace.json")
+  app.add_option("--out", f->out,
+                 "folder for profile.json, profile.txt and trace.json (created if missing)")
       ->capture_default_str();
   app.add_flag("--full", f->full, "print every op and activation, not only the largest");
   app.callback([f] {
-    struct stat st;
-    REGEN_CHECK(::stat(f->out.c_str(), &st) == 0 && S_ISDIR(st.st_mode), "--out '", f->out,
-                "' is not an existing folder");
+    f->m.validate();  // the flags before the folder
+    // Made if missing (and removed again if the run fails), locked against a second writer.
+    const OutputFolder out(f->out, "--out");
+    std::vector<std::pair<std::string, std::string>> outputs;
     for (const char* name : {"/profile.json", "/profile.txt", "/trace.json"}) {
-      check_output_path("--out", f->out + name);
+      outputs.emplace_back("--out", f->out + name);
     }
-    const FolderLock lock(f->out, "--out");  // a second profile into the same folder stops here
+    check_distinct_files(outputs, data_inputs(f->m));
     auto s = make_session(f->m);
     ProfileOptions po;
     po.warmup = f->warmup;

@@ -66,22 +66,9 @@ SessionOptions at_batch(SessionOptions o, int64_t batch) {
 }
 
 void run(const Flags& f) {
-  std::vector<int64_t> batches;
-  for (const std::string& b : split_commas(f.batches)) {
-    int64_t v = 0;
-    try {
-      v = std::stoll(b);
-    } catch (const std::exception&) {
-      v = 0;
-    }
-    REGEN_CHECK(v > 0, "--batches '", f.batches, "': '", b, "' is not a positive integer");
-    REGEN_CHECK(std::find(batches.begin(), batches.end(), v) == batches.end(), "--batches '",
-                f.batches, "': ", v, " is listed twice");
-    batches.push_back(v);
-  }
-  REGEN_CHECK(!batches.empty(), "--batches is empty");
-  const std::vector<std::string> policies = split_commas(f.policies);
-  const std::vector<std::string> budgets = split_commas(f.budgets);
+  const std::vector<int64_t> batches = positive_integers("--batches", f.batches);
+  const std::vector<std::string> policies = list_items("--policies", f.policies);
+  const std::vector<std::string> budgets = list_items("--budgets", f.budgets);
   for (const std::string& p : policies) {
     REGEN_CHECK(parse_policy_spec(p).policy != "none", "--policies: '", p,
                 "' is the baseline every batch runs anyway (use ", join_names(remat_policy_names()),

@@ -27,6 +27,7 @@ struct TrainFlags {
   std::string profile_file, plan_file;
   int profile_steps = 2;
   std::string progress = "auto";
+  bool layout_given = false;  // --layout on the command line (with --plan, the plan has its own)
 };
 
 void print_step(bool bar, int64_t step, int64_t steps, const StepResult& r, int64_t batch,
@@ -52,10 +53,12 @@ void print_step(bool bar, int64_t step, int64_t steps, const StepResult& r, int6
 void run(const TrainFlags& f) {
   REGEN_CHECK(f.steps > 0, "--steps must be a positive integer, got ", f.steps);
   // Mistakes in the outputs fail now, not after the last step.
+  // --save may name the --load file: the checkpoint is read whole before the first step and
+  // replaced atomically after the last, so training on from a checkpoint in place is safe.
   if (!f.save.empty()) {
-    check_distinct_files(
-        {{"--save", f.save}},
-        {{"--load", f.load}, {"--profile", f.profile_file}, {"--plan", f.plan_file}});
+    std::vector<std::pair<std::string, std::string>> inputs = data_inputs(f.m);
+    inputs.insert(inputs.end(), {{"--profile", f.profile_file}, {"--plan", f.plan_file}});
+    check_distinct_files({{"--save", f.save}}, inputs);
   }
   // With a loaded profile, no step without remat runs here: its plan's prediction is checked
   // against the device below; otherwise the profiling step must fit as it is.
@@ -115,6 +118,11 @@ void run(const TrainFlags& f) {
     const Profile& profile = pipe.current_profile();
     if (!f.plan_file.empty()) {
       Plan loaded = load_plan(f.plan_file, profile);
+      REGEN_CHECK(!f.layout_given || (f.layout == "planned") == loaded.planned_layout, "--layout ",
+                  f.layout, " contradicts --plan ", f.plan_file, ", which was made ",
+                  loaded.planned_layout ? "with" : "without",
+                  " a planned layout (regen plan --layout): leave --layout out, the plan "
+                  "carries its own");
       judge_loaded_plan(pipe.simulator(), loaded);
       pipe.use_plan(std::move(loaded));
     } else {
@@ -332,7 +340,7 @@ void setup(CLI::App& app) {
                  "(the lowest budget the policy meets)")
       ->check(budget_text());
   add_budget_of_flag(app, f->budget_of);
-  add_layout_flag(app, f->layout);
+  CLI::Option* layout = add_layout_flag(app, f->layout);
   app.add_option("--chain", f->chain,
                  "regeneration chains: keep, drop (mu-TWO's model) or auto (see `regen plan`)")
       ->check(CLI::IsMember(chain_names()))
@@ -348,8 +356,18 @@ void setup(CLI::App& app) {
   app.add_option("--progress", f->progress, "auto, bar, plain or none")
       ->check(CLI::IsMember({"auto", "bar", "plain", "none"}))
       ->capture_default_str();
-  app.callback([f] {
+  app.callback([f, layout] {
     REGEN_CHECK(f->plan_file.empty() || !f->profile_file.empty(), "--plan needs --profile");
+    f->layout_given = layout->count() > 0;
+    // Without a plan nothing is placed: a planned layout would be silently ignored.
+    REGEN_CHECK(f->layout != "planned" || f->policy != "none" || !f->plan_file.empty(),
+                "--layout planned places the blocks of a rematerialization plan: give --policy "
+                "(one of ",
+                join_names(remat_policy_names()), ") or --plan");
+    REGEN_CHECK(f->layout != "planned" || !dtr_policy(f->policy), "--layout planned: --policy ",
+                f->policy,
+                " evicts at run time under the caching allocator's limit, with no "
+                "placement to plan; use --layout caching");
     REGEN_CHECK(f->policy == "none" || f->plan_file.empty(), "give either --policy or --plan");
     // A bad budget fails now, not after the profiling steps.
     if (!f->budget.empty()) {

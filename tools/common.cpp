@@ -1,6 +1,8 @@
 // The subcommands' shared flags (common.h).
 #include "tools/common.h"
 
+#include <algorithm>
+#include <cctype>
 #include <climits>
 #include <cmath>
 #include <cstdio>
@@ -67,17 +69,40 @@ CLI::Validator integer_validator(int64_t lo, uint64_t hi, const std::string& req
       description);
 }
 
+// Decimal number text: [+-] digits [. digits] [e|E [+-] digits], or the words inf, infinity and
+// nan (which the range checks then refuse by name). strtod alone would also read hexadecimal
+// ("0x10" as 16, "0x1p3" as 8).
+bool decimal_number_text(const std::string& s) {
+  size_t i = 0;
+  if (i < s.size() && (s[i] == '+' || s[i] == '-')) ++i;
+  std::string word;
+  for (size_t k = i; k < s.size(); ++k) word += static_cast<char>(std::tolower(s[k]));
+  if (word == "inf" || word == "infinity" || word == "nan") return true;
+  size_t digits = 0;
+  while (i < s.size() && std::isdigit(static_cast<unsigned char>(s[i]))) ++i, ++digits;
+  if (i < s.size() && s[i] == '.') {
+    ++i;
+    while (i < s.size() && std::isdigit(static_cast<unsigned char>(s[i]))) ++i, ++digits;
+  }
+  if (digits == 0) return false;
+  if (i < s.size() && (s[i] == 'e' || s[i] == 'E')) {
+    ++i;
+    if (i < s.size() && (s[i] == '+' || s[i] == '-')) ++i;
+    size_t exponent = 0;
+    while (i < s.size() && std::isdigit(static_cast<unsigned char>(s[i]))) ++i, ++exponent;
+    if (exponent == 0) return false;
+  }
+  return i == s.size();
+}
+
 CLI::Validator number_validator(double lo, double hi, const std::string& requirement,
                                 const std::string& description) {
   return CLI::Validator(
       [lo, hi, requirement](const std::string& s) -> std::string {
-        const char* begin = s.c_str();
-        char* end = nullptr;
-        const double v = s.empty() ? 0.0 : std::strtod(begin, &end);
-        if (s.empty() || end != begin + s.size() ||
-            std::isspace(static_cast<unsigned char>(s[0]))) {
+        if (!decimal_number_text(s)) {
           return "must be " + requirement + ", got '" + s + "' (not a number)";
         }
+        const double v = std::strtod(s.c_str(), nullptr);
         if (!std::isfinite(v) || v < lo || v > hi) return "must be " + requirement + ", got " + s;
         return "";
       },
@@ -151,11 +176,8 @@ std::string parse_value(const std::string& s, bool integer, double& value) {
     if (negative) value = -value;
     return "";
   }
-  const char* begin = s.c_str();
-  char* end = nullptr;
-  value = s.empty() ? 0.0 : std::strtod(begin, &end);
-  if (s.empty() || end != begin + s.size() || std::isspace(static_cast<unsigned char>(s[0])))
-    return "must be a number, got '" + s + "' (not a number)";
+  if (!decimal_number_text(s)) return "must be a number, got '" + s + "' (not a number)";
+  value = std::strtod(s.c_str(), nullptr);
   return "";
 }
 
@@ -181,8 +203,10 @@ std::string cli_failure_message(const CLI::App* /*app*/, const CLI::Error& e) {
   std::string msg = e.what();
   if (e.get_name() == "ValidationError") {
     // CLI11 writes "--batch: must be ..."; read it as one sentence.
-    const auto colon = msg.find(": must be ");
-    if (colon != std::string::npos && msg.find(' ') > colon) msg.erase(colon, 1);
+    for (const char* rest : {": must be ", ": is empty"}) {
+      const auto colon = msg.find(rest);
+      if (colon != std::string::npos && msg.find(' ') > colon) msg.erase(colon, 1);
+    }
   }
   return "regen: error: " + msg + "\nRun with --help for the flags of a command.\n";
 }
@@ -261,6 +285,39 @@ std::vector<std::string> split_commas(const std::string& s) {
   return out;
 }
 
+std::vector<std::string> list_items(const std::string& flag, const std::string& text) {
+  REGEN_CHECK(!text.empty(), flag, " is empty: give one or more comma-separated values");
+  std::vector<std::string> items;
+  size_t start = 0;
+  while (true) {
+    const size_t comma = text.find(',', start);
+    const std::string item =
+        text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    REGEN_CHECK(!item.empty(), flag, " '", text, "' has an empty item");
+    REGEN_CHECK(std::find(items.begin(), items.end(), item) == items.end(), flag, " '", text,
+                "' lists '", item, "' twice");
+    items.push_back(item);
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return items;
+}
+
+std::vector<int64_t> positive_integers(const std::string& flag, const std::string& text) {
+  std::vector<int64_t> values;
+  const CLI::Validator positive = positive_integer();
+  for (const std::string& item : list_items(flag, text)) {
+    std::string copy = item;
+    const std::string bad = positive(copy);
+    REGEN_CHECK(bad.empty(), flag, " '", text, "': each item ", bad);
+    const int64_t v = std::stoll(item);
+    REGEN_CHECK(std::find(values.begin(), values.end(), v) == values.end(), flag, " '", text,
+                "' lists ", v, " twice");
+    values.push_back(v);
+  }
+  return values;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Outputs and losses
 
@@ -302,6 +359,12 @@ void check_distinct_files(const std::vector<std::pair<std::string, std::string>>
   }
 }
 
+std::vector<std::pair<std::string, std::string>> data_inputs(const SessionOptions& options) {
+  std::vector<std::pair<std::string, std::string>> inputs;
+  for (const std::string& f : options.data_files()) inputs.emplace_back("--data", f);
+  return inputs;
+}
+
 void check_finite_loss(double loss, int64_t step, double lr) {
   REGEN_CHECK(std::isfinite(loss), "training diverged: the loss of step ", step, " is ", loss,
               " (not finite); try a lower --lr (this run used ", lr, ")");
@@ -316,12 +379,13 @@ void add_budget_of_flag(CLI::App& app, std::string& budget_of) {
       ->capture_default_str();
 }
 
-void add_layout_flag(CLI::App& app, std::string& layout) {
-  app.add_option("--layout", layout,
-                 "where the planned step's blocks go: caching (the caching allocator places them "
-                 "as they come) or planned (every block at a place planned from the schedule, in "
-                 "the persistent segments' free blocks and one arena mapped before the step: "
-                 "reserved bytes close to allocated)")
+CLI::Option* add_layout_flag(CLI::App& app, std::string& layout) {
+  return app
+      .add_option("--layout", layout,
+                  "where the planned step's blocks go: caching (the caching allocator places them "
+                  "as they come) or planned (every block at a place planned from the schedule, in "
+                  "the persistent segments' free blocks and one arena mapped before the step: "
+                  "reserved bytes close to allocated)")
       ->check(CLI::IsMember({"caching", "planned"}))
       ->capture_default_str();
 }

@@ -59,10 +59,15 @@ inline constexpr char kBenchMathHelp[] = "tf32 on a CUDA device, fp32 on the CPU
 // --budget-of reserved|allocated: what a --budget bounds (planner.h BudgetOf).
 void add_budget_of_flag(CLI::App& app, std::string& budget_of);
 // --layout caching|planned: where a planned step's blocks go (PlanOptions::planned_layout).
-void add_layout_flag(CLI::App& app, std::string& layout);
+CLI::Option* add_layout_flag(CLI::App& app, std::string& layout);
 
 // "a,b,,c" -> {"a", "b", "c"} (empty items dropped).
 std::vector<std::string> split_commas(const std::string& s);
+// The items of a comma-separated list flag: a regen::Error naming `flag` when the list is empty,
+// an item is empty ("a,,b") or an item is listed twice (each would run twice).
+std::vector<std::string> list_items(const std::string& flag, const std::string& text);
+// The same for a list of positive decimal integers ("2abc" and "2.9" are not batch 2).
+std::vector<int64_t> positive_integers(const std::string& flag, const std::string& text);
 
 // Throws regen::Error naming the flag when `path` cannot be written (io.h why_not_writable):
 // call before a long run for every output it will write at the end.
@@ -71,6 +76,9 @@ void check_output_path(const std::string& flag, const std::string& path);
 // (flag, path pairs; empty input paths are skipped): a regen::Error naming both flags.
 void check_distinct_files(const std::vector<std::pair<std::string, std::string>>& outputs,
                           const std::vector<std::pair<std::string, std::string>>& inputs);
+
+// The files a session's --data reads, as (flag, path) inputs for check_distinct_files.
+std::vector<std::pair<std::string, std::string>> data_inputs(const SessionOptions& options);
 
 // A training step's loss that is nan or inf: throws regen::Error naming the step, the value and
 // the learning rate, suggesting a lower --lr.

@@ -202,6 +202,32 @@ def test_a_python_planner_that_returns_garbage():
         regen.register_planner("bad name!", raising)
 
 
+def test_a_python_planner_that_returns_a_plan_for_another_profile():
+    # Batch 2 and batch 4 of one model have as many saved tensors: only the profile tells them
+    # apart.
+    other = regen.Model("resnet-tiny", batch=2, device="cpu").profile(iterations=1)
+    regen.register_planner("py-other-profile",
+                           lambda p, b: regen.make_plan(other, [False] * other.num_saved))
+    m = regen.Model("resnet-tiny", batch=4, device="cpu")
+    m.profile(iterations=1)
+    with pytest.raises(regen.Error, match=r"planner 'py-other-profile' returned a Plan made for "
+                                          r"another profile \(resnet-tiny batch 2 on cpu\) than the "
+                                          r"one it was given \(resnet-tiny batch 4 on cpu\)"):
+        m.plan("py-other-profile", "50%")
+    # A plan for the profile it was given, or for the same profile loaded again, is accepted.
+    regen.register_planner("py-same-profile",
+                           lambda p, b: regen.make_plan(p, [False] * p.num_saved))
+    assert m.plan("py-same-profile", "90%") is not None
+
+
+def test_a_progress_callback_returning_another_type():
+    m = regen.Model("resnet-tiny", batch=2, device="cpu")
+    with pytest.raises(TypeError, match=r"progress\(step, result\) must return None, True or "
+                                        r"False .* type 'str' after step 1"):
+        m.train(3, progress=lambda step, result: "yes")
+    assert m.train(2, progress=lambda step, result: None) is not None
+
+
 def test_bad_state_and_files(tmp_path):
     m = regen.Model("resnet-tiny", batch=2, device="cpu")
     w = m.state_dict()["fc.weight"]
