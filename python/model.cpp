@@ -236,10 +236,11 @@ class PyModel {
       if (!progress.is_none()) {
         pb::object keep = progress(i, r);
         if (!keep.is_none() && !pb::isinstance<pb::bool_>(keep)) {
-          throw pb::type_error("progress(step, result) must return None, True or False (False "
-                               "stops training), but it returned a value of type '" +
-                               pb::str(keep.get_type().attr("__name__")).cast<std::string>() +
-                               "' after step " + std::to_string(i));
+          throw pb::type_error(
+              "progress(step, result) must return None, True or False (False "
+              "stops training), but it returned a value of type '" +
+              pb::str(keep.get_type().attr("__name__")).cast<std::string>() + "' after step " +
+              std::to_string(i));
         }
         stop = stop || (!keep.is_none() && !keep.cast<bool>());
       }

@@ -185,9 +185,9 @@ Plan run_python_planner(const pb::object& fn, const std::string& name, const Sim
     // the same saved tensors in the same order. A profile of another model, batch, device or run
     // can have as many saved tensors and still be another step.
     const Profile &a = ph.profile->profile, &b = sim.profile();
-    bool same = a.model == b.model && a.batch == b.batch && a.device == b.device && a.run == b.run &&
-                a.saved.size() == b.saved.size() && a.nodes.size() == b.nodes.size() &&
-                a.events.size() == b.events.size();
+    bool same = a.model == b.model && a.batch == b.batch && a.device == b.device &&
+                a.run == b.run && a.saved.size() == b.saved.size() &&
+                a.nodes.size() == b.nodes.size() && a.events.size() == b.events.size();
     for (size_t i = 0; same && i < a.saved.size(); ++i) {
       same = a.saved[i].name == b.saved[i].name && a.saved[i].bytes == b.saved[i].bytes;
     }

@@ -13,8 +13,8 @@
 
 #include "regen/core/error.h"
 #include "regen/core/io.h"
-#include "regen/remat/json_error.h"
 #include "regen/remat/dtr.h"
+#include "regen/remat/json_error.h"
 
 namespace regen {
 
