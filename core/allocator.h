@@ -462,14 +462,19 @@ CachingAllocator& allocator_for(Device device);
 // While a DryRunScope lives, on the thread that opened it (other threads are not affected),
 // allocator_for(its device) is the scope's own caching allocator on the Null arena, and nothing
 // reads or writes a tensor's bytes: fills, host copies and random initialisation are skipped, and
-// item() reads 0. REGEN_LAUNCH skips every kernel except the CPU launchers with a dry path
-// (kernels/kernels.h, cpu::kDryRunLaunchers), which request the scratch space a real call takes
-// and return. Tensors have shapes, dtypes and blocks, and no bytes, as on PyTorch's meta device.
+// item() reads 0. REGEN_LAUNCH skips every kernel except the launchers with a dry path
+// (kernels/kernels.h, cpu:: and cuda::kDryRunLaunchers), which request the scratch space a real
+// call takes and return. Tensors have shapes, dtypes and blocks, and no bytes, as on PyTorch's meta
+// device. The scope's allocator starts with what the device keeps for the life of the process, as
+// the device's own allocator holds it when the scope opens (its live blocks with a tag passed to
+// exit_check_ignore_tag: cuBLAS's workspace, which kernels::prepare_device makes), requested again
+// with the same sizes, categories and tags in the same order and held until the scope ends (kept).
 // A training step run this way makes every tensor request a real one makes (their sizes never
-// depend on values), in the same order, so the model's state is exact and, on the CPU, so is the
-// step's peak, scratch included; on CUDA the peak is a lower bound by the CUDA kernels' scratch.
-// All of it is known before any of that memory is used (the pre-flight check before training).
-// One scope at a time on a thread; every tensor made inside must be gone before it ends.
+// depend on values), in the same order, so the model's state is exact and so is the step's peak,
+// scratch included, on the CPU and on CUDA (where the launchers' sizes that depend on the device,
+// CUB's and cuDNN's, are queried from it: a CUDA dry run needs the GPU it describes). All of it is
+// known before any of that memory is used (the pre-flight check before training). One scope at a
+// time on a thread; every tensor made inside must be gone before it ends.
 class DryRunScope {
  public:
   explicit DryRunScope(Device device);
@@ -477,9 +482,14 @@ class DryRunScope {
   DryRunScope(const DryRunScope&) = delete;
   DryRunScope& operator=(const DryRunScope&) = delete;
   CachingAllocator& allocator() { return *alloc_; }
+  // The blocks requested at the start for what the device keeps, and their allocated bytes.
+  int64_t kept_blocks() const { return static_cast<int64_t>(kept_.size()); }
+  int64_t kept_bytes() const { return kept_bytes_; }
 
  private:
   std::unique_ptr<CachingAllocator> alloc_;
+  std::vector<Block*> kept_;
+  int64_t kept_bytes_ = 0;
 };
 
 // Live allocations of every process-wide allocator created so far: per allocator with live

@@ -70,19 +70,21 @@ class Trainer {
 // its optimizer (from `make_optimizer`) and a trainer built inside the scope, one step on a batch
 // of the right shapes and no values. Nothing is computed and no memory is used. `persistent` is
 // the bytes still allocated after the step, exactly as the real step leaves them: parameters,
-// gradients, optimizer state and the inputs a model keeps. `memory` has every tensor of the step
-// and, on the CPU, the kernels' own scratch space too (each CPU launcher that takes a Workspace
-// requests it in a dry run, kernels/kernels.h): there its peak of allocated bytes and every
-// per-category peak, workspace included, are the real first step's, run on the same thread with
-// the same OpenMP thread count (tests/test_cli.cpp checks them). On a CUDA device no launcher runs:
-// the workspace category lacks the CUDA side's scratch (the launchers' and cuBLAS's, which
-// prepare_device keeps on the device's own allocator), so the peak is a lower bound that the real
-// one passes by at most that scratch; the other categories' peaks are exact. A block still
-// allocated once the model, optimizer and trainer are gone is a regen::Error. The global RNG
-// stream advances as in a real step; reseed (manual_seed) before building the real model.
+// gradients, optimizer state and the inputs a model keeps. `kept` is what the device keeps for the
+// process (cuBLAS's workspace on CUDA, which prepare_device makes; 0 on the CPU), allocated
+// before the step and after it, and counted in `memory`. `memory` has every tensor of the step and
+// the kernels' own scratch space (each launcher that takes a Workspace requests it in a dry run,
+// kernels/kernels.h): its peak of allocated bytes and every per-category peak, workspace included,
+// are the real first step's, on the CPU run on the same thread with the same OpenMP thread count
+// (tests/test_cli.cpp checks them), on CUDA with the same convolution algorithm and math mode
+// (tests/cuda/test_cuda_dry_run.cpp; cuDNN's and CUB's scratch sizes are queried from the GPU, so
+// a CUDA dry run needs one). A block still allocated once the model, optimizer and trainer are
+// gone is a regen::Error. The global RNG stream advances as in a real step; reseed (manual_seed)
+// before building the real model.
 struct DryRunResult {
   MemoryStats memory;
   int64_t persistent = 0;
+  int64_t kept = 0;
 };
 DryRunResult dry_run_step(const ModelConfig& config, int64_t batch_size, Device device,
                           const std::function<std::unique_ptr<Optimizer>(Model&)>& make_optimizer);

@@ -316,9 +316,8 @@ time for exact memory figures: another live model's tensors count in the allocat
           "Training steps run so far, profiling steps included")
       .def_property_readonly(
           "first_step_peak", [](PyModel& s) { return s.session().preflight.memory.allocated.peak; },
-          "The dry run's peak of allocated bytes of the first step without remat: exact on the "
-          "CPU, a lower "
-          "bound by the CUDA kernels' scratch on a GPU")
+          "The dry run's peak of allocated bytes of the first step without remat: the real "
+          "first step's, the kernels' scratch included, on the CPU and on a GPU")
       .def_property_readonly(
           "profile_in_use",
           [](PyModel& s) -> pb::object { return s.profile() ? pb::cast(s.profile()) : pb::none(); },

@@ -300,19 +300,15 @@ void check_preflight(const Session& s, Preflight preflight) {
                sizes.empty() ? std::string() : " or a smaller " + either(sizes));
   }
   if (preflight == Preflight::model) return;
-  // Every tensor of the step, as the real step allocates them. On the CPU the kernels' scratch
-  // space (GEMM packing, im2col tiles) is in it too, so this is the real step's peak; on CUDA the
-  // CUDA kernels' scratch comes on top, so it is a lower bound the real peak passes.
+  // Every tensor of the step, as the real step allocates them, with the kernels' scratch space
+  // (GEMM packing, im2col tiles; on CUDA the kernels' partial sums and cuDNN's and CUB's
+  // workspaces) and what the device keeps (cuBLAS's workspace): the real step's peak.
   const int64_t need = s.preflight.memory.allocated.peak;
-  const bool exact = s.device.is_cpu();
   REGEN_CHECK(need <= have, size_options(s), " is too large for memory: one ", c.name,
-              " training step without remat needs ", exact ? "" : "at least ", format_bytes(need),
-              " (", format_bytes(state), " of it the model's state; ",
-              exact ? "every tensor and the kernels' scratch space of the first step, exact, from "
-                      "a dry run"
-                    : "every tensor of the first step, from a dry run, before the CUDA kernels' "
-                      "scratch space",
-              "), but ", s.device.str(), " has ", format_bytes(have), " available; ", smaller(o));
+              " training step without remat needs ", format_bytes(need), " (", format_bytes(state),
+              " of it the model's state; every tensor and the kernels' scratch space of the first "
+              "step, exact, from a dry run), but ",
+              s.device.str(), " has ", format_bytes(have), " available; ", smaller(o));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -398,7 +394,7 @@ std::unique_ptr<Session> make_session(const SessionOptions& options, Preflight p
     o.weight_decay = options.weight_decay;
     return std::make_unique<AdamW>(model.parameters(), o);
   };
-  // The first step, run dry: its memory (exact on the CPU), before any of it is used.
+  // The first step, run dry: its memory, exact, before any of it is used.
   try {
     s->preflight = dry_run_step(c, options.batch, s->device, make_optimizer);
   } catch (const Error& e) {

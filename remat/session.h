@@ -106,8 +106,8 @@ struct Session {
 // What make_session refuses before it builds the model, from the dry run of the first step
 // (models/train.h dry_run_step): step, a step without remat whose peak of allocated bytes passes
 // the memory available on the device (a run that profiles or trains without a plan); the dry
-// run's peak is exact on the CPU, the kernels' scratch space included, and on CUDA a lower bound
-// the real step passes by at most the CUDA kernels' scratch; model, only parameters, gradients
+// run's peak is the real step's on either device, the kernels' scratch space included (on CUDA
+// with cuDNN's and CUB's workspaces as the GPU sizes them, and cuBLAS's); model, only parameters, gradients
 // and optimizer state that pass it (a run whose steps follow a plan, which the caller checks
 // against its own prediction); none, nothing.
 enum class Preflight { step, model, none };
@@ -125,8 +125,7 @@ int64_t available_memory(Device device);
 // to set beside the allocator's reserved bytes.
 bool cuda_memory_info(Device device, uint64_t& free_bytes, uint64_t& total_bytes);
 // Throws regen::Error naming the options, both sizes and what to do when the session's dry run
-// does not fit (see Preflight); the message says whether the step's size is exact (CPU) or a
-// lower bound (CUDA).
+// does not fit (see Preflight), the step's size exact on either device.
 void check_preflight(const Session& s, Preflight preflight);
 
 // The options besides model, batch and device that shape a session's step, with the values it

@@ -304,8 +304,13 @@ void fill_from_scalar(const float* s, float* y, int64_t n, float alpha) {
 // x: (rows, cols) -> y: (cols)
 void sum_rows(const float* x, float* y, int64_t rows, int64_t cols) {
   REGEN_CHECK(rows >= 0 && cols >= 0, "sum_rows: negative shape (", rows, ", ", cols, ")");
+  // The dry path (kernels.h): the partials' workspace when there is one, requested and unused.
+  const bool dry = dry_run_active();
   if (cols == 0) return;
-  if (rows == 0) return fill(y, cols, 0.0f);
+  if (rows == 0) {
+    if (!dry) fill(y, cols, 0.0f);
+    return;
+  }
   // The chunking depends only on the shape, so the summation order is fixed.
   int64_t chunks = detail::ceil_div(rows, kRowsPerChunk);
   if (chunks > kMaxChunks) chunks = kMaxChunks;
@@ -315,12 +320,14 @@ void sum_rows(const float* x, float* y, int64_t rows, int64_t cols) {
   REGEN_CHECK(col_tiles <= 0x7fffffff, "sum_rows: ", cols, " columns are too many");
   const dim3 grid(static_cast<unsigned>(col_tiles), static_cast<unsigned>(chunks));
   if (chunks == 1) {
+    if (dry) return;
     column_partial_kernel<<<grid, dim3(kColTile, kRowLanes), 0, stream()>>>(
         x, rows, cols, rows_per_chunk, nullptr, y);
     REGEN_CUDA_LAUNCH_CHECK("sum_rows");
     return;
   }
   Workspace ws(detail::device(), static_cast<uint64_t>(chunks * cols) * sizeof(double));
+  if (dry) return;
   column_partial_kernel<<<grid, dim3(kColTile, kRowLanes), 0, stream()>>>(
       x, rows, cols, rows_per_chunk, ws.as<double>(), nullptr);
   REGEN_CUDA_LAUNCH_CHECK("sum_rows");
@@ -332,13 +339,19 @@ void sum_rows(const float* x, float* y, int64_t rows, int64_t cols) {
 // x: (n) -> y: (1)
 void sum_all(const float* x, float* y, int64_t n) {
   REGEN_CHECK(n >= 0, "sum_all: negative size ", n);
-  if (n == 0) return fill(y, 1, 0.0f);
+  // The dry path (kernels.h): CUB's size query (no data read), then the workspace, unused.
+  const bool dry = dry_run_active();
+  if (n == 0) {
+    if (!dry) fill(y, 1, 0.0f);
+    return;
+  }
   size_t temp_bytes = 0;
   REGEN_CUDA_CHECK(
       cub::DeviceReduce::TransformReduce(nullptr, temp_bytes, x, static_cast<double*>(nullptr), n,
                                          ::cuda::std::plus<double>{}, ToDouble{}, 0.0, stream()));
   // One buffer: the double result first (8-byte aligned), CUB's scratch after it at 256 bytes.
   Workspace ws(detail::device(), 256 + temp_bytes);
+  if (dry) return;
   double* total = ws.as<double>();
   void* temp = static_cast<char*>(ws.data()) + 256;
   REGEN_CUDA_CHECK(cub::DeviceReduce::TransformReduce(
