@@ -107,9 +107,9 @@ struct Session {
 // (models/train.h dry_run_step): step, a step without remat whose peak of allocated bytes passes
 // the memory available on the device (a run that profiles or trains without a plan); the dry
 // run's peak is the real step's on either device, the kernels' scratch space included (on CUDA
-// with cuDNN's and CUB's workspaces as the GPU sizes them, and cuBLAS's); model, only parameters, gradients
-// and optimizer state that pass it (a run whose steps follow a plan, which the caller checks
-// against its own prediction); none, nothing.
+// with cuDNN's and CUB's workspaces as the GPU sizes them, and cuBLAS's); model, only parameters,
+// gradients and optimizer state that pass it (a run whose steps follow a plan, which the caller
+// checks against its own prediction); none, nothing.
 enum class Preflight { step, model, none };
 // Validates the options, applies the threads and CUDA settings, checks the data, runs the first
 // step dry, refuses what does not fit (Preflight), then builds the model (seeded by

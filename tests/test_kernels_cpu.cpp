@@ -433,8 +433,8 @@ TEST_CASE(
 
   for (const GemmCase& g : {GemmCase{128, 128, 128, 1, 0}, GemmCase{8, 5, 7, 1, 1},
                             GemmCase{300, 20, 64, 1, 0.5}, GemmCase{6, 9, 0, 1, 2}}) {
-    check_dry_path(cpu,
-        "gemm " + std::to_string(g.M) + "x" + std::to_string(g.N) + "x" + std::to_string(g.K),
+    check_dry_path(
+        cpu, "gemm " + std::to_string(g.M) + "x" + std::to_string(g.N) + "x" + std::to_string(g.K),
         g.K > 0, [&](const auto& begin) {
           Tensor A = f32({g.M, g.K}), B = f32({g.N, g.K}), C = f32({g.M, g.N});
           begin();

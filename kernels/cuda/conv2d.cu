@@ -630,8 +630,8 @@ void native_forward(const float* x, const float* w, const float* bias, float* y,
   Workspace table_ws(detail::device(), static_cast<uint64_t>(Kpad) * sizeof(int4));
   // The dry path (kernels.h): the table's and launch_igemm's workspaces, no kernel.
   if (!dry_run_active()) {
-    build_table(name, table_ws.as<int4>(), pr.Kdim, Kpad, i32(s.R * s.S), i32(s.S),
-                i32(s.H * s.W), pr.W, 1, -kBig);
+    build_table(name, table_ws.as<int4>(), pr.Kdim, Kpad, i32(s.R * s.S), i32(s.S), i32(s.H * s.W),
+                pr.W, 1, -kBig);
   }
   pr.table = table_ws.as<int4>();
   const int64_t out_size = s.N * s.K * s.P * s.Q;
@@ -714,8 +714,8 @@ void native_backward_data(const float* dy, const float* w, float* dx, const Conv
     if (!dry) {
       build_table(name, table, pr.Kdim, Kpad, ph.Rs * ph.Ss, ph.Ss, i32(s.P * s.Q), 0, 0, kBig);
       transpose_filter_kernel<<<detail::grid_blocks(static_cast<int64_t>(pr.Kdim) * s.C, 256), 256,
-                                0, stream()>>>(w, wt, i32(s.K), i32(s.C), i32(s.R), i32(s.S),
-                                               ph.r0, ph.s0, sh, sw, ph.Rs, ph.Ss);
+                                0, stream()>>>(w, wt, i32(s.K), i32(s.C), i32(s.R), i32(s.S), ph.r0,
+                                               ph.s0, sh, sw, ph.Rs, ph.Ss);
       REGEN_CUDA_LAUNCH_CHECK(name);
     }
     pr.table = table;

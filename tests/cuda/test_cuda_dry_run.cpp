@@ -62,13 +62,13 @@ struct Coverage {
 void conv_cases(Coverage& cov, bool native, const std::string& algo) {
   const std::optional<bool> some = native ? std::optional<bool>(true) : std::nullopt;
   const ConvShape convs[] = {
-      make_conv_shape(2, 8, 8, 8, 16, 3, 3, 1, 1, 1, 1),    // one phase, no split
-      make_conv_shape(1, 8, 9, 9, 8, 3, 3, 2, 2, 1, 1),     // four phases
-      make_conv_shape(2, 8, 9, 9, 16, 1, 1, 2, 2, 0, 0),    // phases no tap reaches
-      make_conv_shape(1, 3, 20, 20, 8, 7, 7, 2, 2, 3, 3),   // a stem
-      make_conv_shape(1, 64, 4, 4, 16, 3, 3, 1, 1, 1, 1),   // split-K forward and backward-data
-      make_conv_shape(2, 4, 16, 16, 8, 3, 3, 1, 1, 1, 1),   // split-K backward-filter
-      make_conv_shape(1, 16, 7, 5, 8, 3, 2, 3, 2, 1, 0)};   // odd sizes, stride 3x2
+      make_conv_shape(2, 8, 8, 8, 16, 3, 3, 1, 1, 1, 1),   // one phase, no split
+      make_conv_shape(1, 8, 9, 9, 8, 3, 3, 2, 2, 1, 1),    // four phases
+      make_conv_shape(2, 8, 9, 9, 16, 1, 1, 2, 2, 0, 0),   // phases no tap reaches
+      make_conv_shape(1, 3, 20, 20, 8, 7, 7, 2, 2, 3, 3),  // a stem
+      make_conv_shape(1, 64, 4, 4, 16, 3, 3, 1, 1, 1, 1),  // split-K forward and backward-data
+      make_conv_shape(2, 4, 16, 16, 8, 3, 3, 1, 1, 1, 1),  // split-K backward-filter
+      make_conv_shape(1, 16, 7, 5, 8, 3, 2, 3, 2, 1, 0)};  // odd sizes, stride 3x2
   for (const ConvShape& s : convs) {
     const std::string what = " " + algo + conv_text(s);
     const Shape xs{s.N, s.C, s.H, s.W}, ws{s.K, s.C, s.R, s.S}, ys{s.N, s.K, s.P, s.Q};
@@ -186,8 +186,8 @@ TEST_CASE(
   // Batch normalization: one chunk and several (N*HW above 4096), each pass's optional outputs.
   for (const auto& shape : {std::array<int64_t, 3>{2, 3, 5}, {2, 4, 4100}}) {
     const int64_t N = shape[0], C = shape[1], HW = shape[2];
-    const std::string what = " " + std::to_string(N) + "x" + std::to_string(C) + "x" +
-                             std::to_string(HW);
+    const std::string what =
+        " " + std::to_string(N) + "x" + std::to_string(C) + "x" + std::to_string(HW);
     cov.check("batchnorm_forward_train", what, true, [&](const auto& begin) {
       Tensor x = f32({N, C, HW}), g = f32({C}), b = f32({C}), y = f32({N, C, HW});
       Tensor mean = f32({C}), invstd = f32({C}), rm = f32({C}), rv = f32({C});
@@ -213,18 +213,17 @@ TEST_CASE(
         begin();
         REGEN_LAUNCH(kGpu, float, batchnorm_backward, dy.data<float>(), x.data<float>(),
                      g.data<float>(), mean.data<float>(), invstd.data<float>(), dx.data<float>(),
-                     params ? dg.data<float>() : nullptr, params ? db.data<float>() : nullptr, N,
-                     C, HW);
+                     params ? dg.data<float>() : nullptr, params ? db.data<float>() : nullptr, N, C,
+                     HW);
       });
       cov.check("batchnorm_backward_eval", w, true, [&](const auto& begin) {
         Tensor dy = f32({N, C, HW}), x = f32({N, C, HW}), g = f32({C}), rm = f32({C});
-        Tensor rv = ones({C}, DType::f32, kGpu), dx = f32({N, C, HW}), dg = f32({C}),
-               db = f32({C});
+        Tensor rv = ones({C}, DType::f32, kGpu), dx = f32({N, C, HW}), dg = f32({C}), db = f32({C});
         begin();
         REGEN_LAUNCH(kGpu, float, batchnorm_backward_eval, dy.data<float>(), x.data<float>(),
                      g.data<float>(), rm.data<float>(), rv.data<float>(), dx.data<float>(),
-                     params ? dg.data<float>() : nullptr, params ? db.data<float>() : nullptr, N,
-                     C, HW, 1e-5);
+                     params ? dg.data<float>() : nullptr, params ? db.data<float>() : nullptr, N, C,
+                     HW, 1e-5);
       });
     }
   }
@@ -232,8 +231,8 @@ TEST_CASE(
   // Embedding: the bad-id flag; backward's keys, sort (CUB's scratch), marks and partial rows.
   for (const auto& shape : {std::array<int64_t, 3>{300, 50, 70}, {7, 5, 3}, {0, 5, 4}}) {
     const int64_t n = shape[0], V = shape[1], D = shape[2];
-    const std::string what = " n" + std::to_string(n) + " V" + std::to_string(V) + " D" +
-                             std::to_string(D);
+    const std::string what =
+        " n" + std::to_string(n) + " V" + std::to_string(V) + " D" + std::to_string(D);
     cov.check("embedding_forward", what, n > 0, [&](const auto& begin) {
       Tensor w = f32({V, D}), ids = zeros({n}, DType::i64, kGpu), y = f32({n, D});
       begin();
@@ -286,9 +285,9 @@ TEST_CASE(
                 Tensor lse = f32({s.B, s.H, s.S}), dqkv = f32(qkv_shape);
                 Tensor pad = zeros({s.B, s.S}, DType::i32, kGpu);
                 begin();
-                REGEN_LAUNCH(kGpu, float, attention_backward, dout.data<float>(),
-                             qkv.data<float>(), out.data<float>(), lse.data<float>(),
-                             pad.data<int32_t>(), dqkv.data<float>(), s);
+                REGEN_LAUNCH(kGpu, float, attention_backward, dout.data<float>(), qkv.data<float>(),
+                             out.data<float>(), lse.data<float>(), pad.data<int32_t>(),
+                             dqkv.data<float>(), s);
               });
   }
 
@@ -321,8 +320,8 @@ TEST_CASE(
                   begin();
                   REGEN_LAUNCH(kGpu, float, linear_cross_entropy_scale,
                                validate_only ? nullptr : dloss.data<float>(),
-                               targets.data<int64_t>(), validate_only ? nullptr : scale.data<float>(),
-                               M, V, int64_t{-100});
+                               targets.data<int64_t>(),
+                               validate_only ? nullptr : scale.data<float>(), M, V, int64_t{-100});
                 });
     }
   }
