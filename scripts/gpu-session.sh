@@ -24,9 +24,11 @@
 #   probe        what the machine has: GPU, driver, kernel (Firecracker or gVisor: compute-sanitizer
 #                works only on Firecracker), nvcc, cmake, compilers, cuBLAS/cuDNN, PyTorch
 #   build        configure (REGEN_CUDA=ON, sm_90) and build Release in build-gpu
-#   test         every CUDA suite with full output and REGEN_CUDA_SYNC=1 (a kernel fault is named
-#                after its launcher), then every test through ctest (CUDA suites included); with a
-#                carried build, which has only the CUDA suites, each suite once more without sync
+#   test         every CUDA suite (every tests/cuda/test_*.cpp: test_cuda_dry_run checks the CUDA
+#                dry run against real calls and a real step) with full output and REGEN_CUDA_SYNC=1
+#                (a kernel fault is named after its launcher), then every test through ctest (CUDA
+#                suites included); with a carried build, which has only the CUDA suites, each
+#                suite once more without sync
 #   sanitize     compute-sanitizer: memcheck with REGEN_ALLOC_DIRECT=1 (every block its own
 #                cudaMalloc of its exact size, so an overrun of a tensor is seen, not hidden inside a
 #                cached segment) over the op, op-table, autograd and remat suites; racecheck and
