@@ -382,7 +382,9 @@ class OrderedEval final : public EvalSource {
 constexpr uint64_t kEvalSeedOffset = 0x9E3779B97F4A7C15ull;
 std::unique_ptr<EvalSource> synthetic_eval(std::unique_ptr<DataSource> gen, int64_t size) {
   std::shared_ptr<DataSource> g(std::move(gen));
-  const std::string what = "held-out " + g->describe() + ", " + std::to_string(size) + " examples";
+  std::string what = g->describe();
+  what = "held-out " + what.substr(0, what.rfind(" (seed ")) + " (" + std::to_string(size) +
+         " examples from a seed of their own)";
   return std::make_unique<OrderedEval>(size, what, [g](int64_t first, int64_t n, Device device) {
     g->set_position("sample=" + std::to_string(first));
     return g->next(n, device);

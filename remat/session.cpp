@@ -790,8 +790,14 @@ std::map<std::string, std::string> resume_training_state(Session& s, const std::
   REGEN_CHECK(model != meta.end() && model->second == s.config.name, what, " ", path,
               " was saved from model ", model == meta.end() ? "?" : model->second, ", not ",
               s.config.name);
-  // Every option that shapes the trajectory must be the one the stopped run had.
-  for (const auto& [key, now] : trajectory_options(s.options)) {
+  // Every option that shapes the trajectory must be the one the stopped run had: the optimizer
+  // and the schedule first (the options that apply follow from them).
+  const std::map<std::string, std::string> now_options = trajectory_options(s.options);
+  std::vector<std::pair<std::string, std::string>> ordered(now_options.begin(), now_options.end());
+  std::stable_partition(ordered.begin(), ordered.end(), [](const auto& kv) {
+    return kv.first == "optimizer" || kv.first == "lr_schedule";
+  });
+  for (const auto& [key, now] : ordered) {
     const auto it = meta.find("train." + key);
     const std::string then = it == meta.end() ? "(not recorded)" : it->second;
     if (then == now) continue;
