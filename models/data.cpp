@@ -377,16 +377,15 @@ class OrderedEval final : public EvalSource {
   int64_t pos_ = 0;
 };
 
-// Synthetic held-out examples: the training generator's, from a seed of their own, so that none
-// is a training example.
-constexpr uint64_t kEvalSeedOffset = 0x9E3779B97F4A7C15ull;
+// Synthetic held-out examples: the training generator's (the same seed, so the same task: the
+// same class offsets), from sample 2^40 on, which no training run reaches.
+constexpr uint64_t kEvalFirstSample = uint64_t{1} << 40;
 std::unique_ptr<EvalSource> synthetic_eval(std::unique_ptr<DataSource> gen, int64_t size) {
   std::shared_ptr<DataSource> g(std::move(gen));
-  std::string what = g->describe();
-  what = "held-out " + what.substr(0, what.rfind(" (seed ")) + " (" + std::to_string(size) +
-         " examples from a seed of their own)";
+  const std::string what = "held-out " + g->describe() + ", " + std::to_string(size) +
+                           " examples no training step draws";
   return std::make_unique<OrderedEval>(size, what, [g](int64_t first, int64_t n, Device device) {
-    g->set_position("sample=" + std::to_string(first));
+    g->set_position("sample=" + std::to_string(kEvalFirstSample + static_cast<uint64_t>(first)));
     return g->next(n, device);
   });
 }
@@ -559,9 +558,9 @@ DataKind synthetic_images_data() {
   d.make = [](const std::string&, const ModelConfig& m, uint64_t seed, OptionStyle) {
     return std::unique_ptr<DataSource>(std::make_unique<SyntheticImages>(m, seed));
   };
-  d.held_out = "1024 synthetic images from a seed of their own";
+  d.held_out = "1024 synthetic images no training step draws";
   d.make_eval = [](const std::string&, const ModelConfig& m, uint64_t seed, double, OptionStyle) {
-    return synthetic_eval(std::make_unique<SyntheticImages>(m, seed + kEvalSeedOffset), 1024);
+    return synthetic_eval(std::make_unique<SyntheticImages>(m, seed), 1024);
   };
   return d;
 }
@@ -604,9 +603,9 @@ DataKind synthetic_tokens_data() {
   d.make = [](const std::string&, const ModelConfig& m, uint64_t seed, OptionStyle) {
     return std::unique_ptr<DataSource>(std::make_unique<SyntheticTokens>(m, seed));
   };
-  d.held_out = "256 synthetic sequences from a seed of their own";
+  d.held_out = "256 synthetic sequences no training step draws";
   d.make_eval = [](const std::string&, const ModelConfig& m, uint64_t seed, double, OptionStyle) {
-    return synthetic_eval(std::make_unique<SyntheticTokens>(m, seed + kEvalSeedOffset), 256);
+    return synthetic_eval(std::make_unique<SyntheticTokens>(m, seed), 256);
   };
   return d;
 }

@@ -534,7 +534,7 @@ built. ``log``: a metrics file (.csv, or JSON lines), appended to once the model
           },
           pb::kw_only(), pb::arg("batches") = pb::none(), pb::arg("batch") = pb::none(), R"doc(
 Evaluates on the held-out split of the Model's data (CIFAR-10's test_batch.bin, the last part of a
-text file, synthetic examples of a seed of their own) in eval mode, without the tape or saved
+text file, synthetic examples no training step draws) in eval mode, without the tape or saved
 tensors: a dict with loss (mean per target), accuracy (image classifiers) or perplexity (language
 models), examples, targets, batches, ms, and the allocator's peak_allocated and peak_reserved over
 it with persistent, the model's state when it started. ``batches`` (default: eval_batches, 0 the

@@ -1,6 +1,6 @@
 // `regen eval`: evaluates a checkpoint (a --save or --save-state file) on the held-out split of its
 // data: CIFAR-10's test_batch.bin, the last part of a text file (--eval-split), or synthetic
-// examples of a seed of their own. No tape and no saved tensors; the memory it takes is the
+// examples no training step draws. No tape and no saved tensors; the memory it takes is the
 // allocator's, printed with the result.
 #include <cstdio>
 

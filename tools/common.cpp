@@ -278,7 +278,7 @@ void add_eval_flags(CLI::App& app, SessionOptions& o) {
   app.add_option("--eval-split", o.eval_split,
                  "the fraction of a text file held out at its end for evaluation, which training "
                  "then skips (0: 0.1 when evaluating, else the file trains whole); CIFAR-10 "
-                 "evaluates on test_batch.bin, synthetic data on examples of a seed of their own")
+                 "evaluates on test_batch.bin, synthetic data on examples no training step draws")
       ->check(in_range(SessionOptions::range("eval_split")))
       ->capture_default_str();
 }
