@@ -3,9 +3,13 @@ labels 0..9) in the CIFAR-10 binary format regen's `cifar10:DIR` data reads, and
 regen's CIFAR-10 source draws them in. Used by tests/python/test_digits.py (at test time) and
 tools/torch_digits.py (PyTorch's figure for that test).
 
-Each image is scaled to 32x32 (every pixel a 4x4 square), to bytes (v * 255 / 16, rounded) and
-copied to the three channels. A fixed permutation (numpy's RandomState(0)) puts TRAIN images in
-DIR/data_batch_1.bin and the other 1797 - TRAIN in DIR/test_batch.bin.
+Each image is scaled to 32x32 (every pixel a 4x4 square) and to bytes (v * 240 / 16), copied to
+the three channels, and each byte gets a fixed noise of 0..15 (numpy's RandomState(1)). Without the
+noise the background is exactly 0 and the upscaled strokes repeat values, so max pooling sees exact
+ties everywhere: which of equal maxima takes the gradient is the library's choice (PyTorch's oneDNN
+path and its plain path choose differently, and their trajectories part after four steps), and the
+comparison would be of tie-breaking rules. A fixed permutation (numpy's RandomState(0)) puts TRAIN
+images in DIR/data_batch_1.bin and the other 1797 - TRAIN in DIR/test_batch.bin.
 """
 import os
 
@@ -20,14 +24,17 @@ def write_digits_cifar(folder):
     from sklearn.datasets import load_digits  # Debian: python3-sklearn
 
     d = load_digits()
-    images = np.rint(d.images * 255.0 / 16.0).clip(0, 255).astype(np.uint8)  # (1797, 8, 8)
+    images = np.rint(d.images * 240.0 / 16.0).astype(np.int64)  # (1797, 8, 8), 0..240
     images = images.repeat(4, axis=1).repeat(4, axis=2)  # (1797, 32, 32)
+    images = np.repeat(images[:, None], 3, axis=1)  # (1797, 3, 32, 32)
+    noise = np.random.RandomState(1).randint(0, 16, size=images.shape)
+    images = (images + noise).astype(np.uint8)
     order = np.random.RandomState(0).permutation(len(images))
     os.makedirs(folder, exist_ok=True)
     for name, idx in (("data_batch_1.bin", order[:TRAIN]), ("test_batch.bin", order[TRAIN:])):
         rec = np.zeros((len(idx), RECORD), dtype=np.uint8)
         rec[:, 0] = d.target[idx]
-        rec[:, 1:] = np.repeat(images[idx].reshape(len(idx), 1, 1024), 3, axis=1).reshape(len(idx), -1)
+        rec[:, 1:] = images[idx].reshape(len(idx), -1)
         rec.tofile(os.path.join(folder, name))
     return TRAIN, len(images) - TRAIN
 
