@@ -111,7 +111,7 @@ void run(const ChooseFlags& f) {
   REGEN_CHECK(!budgets.empty(), "--budget is empty");
   PlanOptions po;
   po.budget_of = parse_budget_of(f.budget_of);
-  if (!f.csv.empty()) check_output_path("--csv", f.csv);
+  if (!f.csv.empty()) check_distinct_files({{"--csv", f.csv}}, data_inputs(f.m));
   const Device device = resolve_device(f.m.device);
   std::printf(
       "choosing for %s, a global batch of %lld on %s under %s of %s bytes: %zu micro-batch "

@@ -18,7 +18,11 @@ struct EvalFlags {
 };
 
 void run(const EvalFlags& f) {
-  if (!f.json.empty()) check_distinct_files({{"--json", f.json}}, {{"--load", f.load}});
+  if (!f.json.empty()) {
+    std::vector<std::pair<std::string, std::string>> inputs = data_inputs(f.m);
+    inputs.emplace_back("--load", f.load);
+    check_distinct_files({{"--json", f.json}}, inputs);
+  }
   // The weights only: the optimizer is built but never steps, and no training step needs to fit.
   auto s = make_session(f.m, Preflight::model);
   const size_t n = load_checkpoint(*s, f.load);
