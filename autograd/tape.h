@@ -396,6 +396,10 @@ void zero_grad(const std::vector<Tensor>& params);
 void manual_seed(uint64_t seed);
 uint64_t rng_seed();
 uint64_t next_rng_stream();
+// The stream the next draw takes, and setting seed and position back (a resumed run, or code that
+// must not shift later draws, such as evaluation).
+uint64_t rng_stream_position();
+void set_rng_state(uint64_t seed, uint64_t stream);
 
 // Draws a stream for one op call and gives it back if the call does not complete: an op that
 // throws must not shift the streams of every later op (a run with a failed call then draws the

@@ -59,6 +59,9 @@ void sum_rows(const T* x, T* y, int64_t rows, int64_t cols);
 // x: (n) -> y: (1)
 template <class T>
 void sum_all(const T* x, T* y, int64_t n);
+// x: (n) -> y: (1), y[0] = sum_i x[i]^2, accumulated in double (gradient norms for clipping)
+template <class T>
+void sum_squares(const T* x, T* y, int64_t n);
 // Dropout with the Philox stream (seed, stream): element i is kept when
 // philox_word(seed, stream, i) >= p * 2^32 and then scaled by 1 / (1 - p). Backward regenerates
 // the same mask; nothing is stored.
@@ -273,6 +276,7 @@ inline constexpr const char* kDryRunLaunchers[] = {
     "gemm",
     "gemm_batched",
     "sum_all",
+    "sum_squares",
     "cross_entropy_forward",
     "conv2d_forward",
     "conv2d_backward_data",

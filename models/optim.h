@@ -48,6 +48,13 @@ class Optimizer {
   int64_t step_count(const std::string& name) const;
   // Every state tensor as "<name>.<key>" (for checkpoints and memory reports).
   std::map<std::string, Tensor> named_state() const;
+  // The update count of every parameter, in params() order (for checkpoints).
+  std::vector<int64_t> step_counts() const;
+  // Restores a checkpoint's state (named as named_state() names it, and the step counts): values
+  // are copied into the state tensors, created first where missing (initialize_state), so they keep
+  // their place in the allocator. Throws regen::Error naming an entry that is missing, unexpected
+  // or of another shape, before anything is changed.
+  void load_state(const std::map<std::string, Tensor>& state, const std::vector<int64_t>& steps);
 
  protected:
   struct ParamState {

@@ -2,6 +2,7 @@
 #include "regen/models/train.h"
 
 #include <chrono>
+#include <cmath>
 
 #include "regen/kernels/kernels.h"
 #include "regen/models/optim.h"
@@ -32,6 +33,29 @@ void Trainer::prepare() {
   prepared_ = true;
 }
 
+void Trainer::set_accumulation(int64_t k) {
+  REGEN_CHECK(k >= 1, "gradient accumulation: ", k, " micro-batches per step (at least 1)");
+  accumulation_ = k;
+}
+
+void Trainer::set_schedule(const LrSchedule& s) {
+  const std::string bad = s.problem();
+  REGEN_CHECK(bad.empty(), "learning-rate schedule: ", bad);
+  schedule_ = s;
+  has_schedule_ = true;
+}
+
+void Trainer::set_clip_grad_norm(double max_norm) {
+  REGEN_CHECK(max_norm >= 0 && std::isfinite(max_norm), "gradient clipping: the maximum norm ",
+              max_norm, " must be a finite number >= 0 (0: no clipping)");
+  clip_ = max_norm;
+}
+
+void Trainer::set_optimizer_steps(int64_t n) {
+  REGEN_CHECK(n >= 0, "trainer: optimizer steps ", n, " must be >= 0");
+  optimizer_steps_ = n;
+}
+
 StepResult Trainer::step(StepObserver* observer) {
   prepare();
   CachingAllocator& alloc = allocator();
@@ -42,7 +66,24 @@ StepResult Trainer::step(StepObserver* observer) {
   const auto t0 = std::chrono::steady_clock::now();
   if (observer) observer->on_iteration_begin(alloc);
   StepResult r;
-  {
+  if (has_schedule_) optimizer_.set_lr(schedule_.at(optimizer_steps_));
+  r.lr = optimizer_.lr();
+  r.micro_batches = accumulation_;
+  // Clipping (or the norm alone) then the update, inside the optimizer's window.
+  auto update = [&] {
+    if (observer) observer->on_optimizer_begin(alloc);
+    if (clip_ > 0) {
+      r.grad_norm = clip_gradient_norm(optimizer_.params(), clip_);
+    } else if (track_norm_) {
+      r.grad_norm = gradient_norm(optimizer_.params());
+    }
+    optimizer_.step();
+    ++optimizer_steps_;
+    r.optimizer_step = optimizer_steps_;
+    kernels::synchronize(device_);
+    if (observer) observer->on_optimizer_end(alloc);
+  };
+  if (accumulation_ == 1) {
     Batch batch = data_.next(batch_size_, device_);
     model_.check_batch(batch);
     optimizer_.zero_grad();
@@ -50,10 +91,32 @@ StepResult Trainer::step(StepObserver* observer) {
     r.loss = loss.dtype() == DType::f64 ? loss.item<double>() : loss.item<float>();
     backward(loss);
     loss = Tensor();
-    if (observer) observer->on_optimizer_begin(alloc);
-    optimizer_.step();
-    kernels::synchronize(device_);
-    if (observer) observer->on_optimizer_end(alloc);
+    update();
+    r.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    if (observer) observer->on_iteration_end(alloc);
+  } else {
+    optimizer_.zero_grad();
+    const double k = static_cast<double>(accumulation_);
+    double sum = 0;
+    for (int64_t i = 0; i < accumulation_; ++i) {
+      {
+        Batch batch = data_.next(batch_size_, device_);
+        model_.check_batch(batch);
+        Tensor loss = model_.forward_loss(batch.input, batch.target);
+        sum += loss.dtype() == DType::f64 ? loss.item<double>() : loss.item<float>();
+        // The gradient of the mean over all micro-batches: backward's seed is 1/k, not 1 (the
+        // block backward would take for its seed of ones, taken here).
+        Tensor seed;
+        {
+          CategoryScope cat(Category::gradient);
+          seed = full(loss.shape(), 1.0 / k, loss.dtype(), loss.device());
+        }
+        Tape::current().backward(loss, seed);
+      }
+      if (observer) observer->on_micro_batch_end(alloc, i);
+    }
+    r.loss = sum / k;
+    update();
     r.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     if (observer) observer->on_iteration_end(alloc);
   }
@@ -63,6 +126,12 @@ StepResult Trainer::step(StepObserver* observer) {
 
 DryRunResult dry_run_step(const ModelConfig& config, int64_t batch_size, Device device,
                           const std::function<std::unique_ptr<Optimizer>(Model&)>& make_optimizer) {
+  return dry_run_step(config, batch_size, device, make_optimizer, {});
+}
+
+DryRunResult dry_run_step(const ModelConfig& config, int64_t batch_size, Device device,
+                          const std::function<std::unique_ptr<Optimizer>(Model&)>& make_optimizer,
+                          const std::function<void(Trainer&)>& setup) {
   // What a device keeps for the life of the process (cuBLAS's handle and workspace) is made
   // now, on the device's own allocator, where the real step finds it; the scope counts it from its
   // start (kept), as the real step's peaks do.
@@ -75,6 +144,7 @@ DryRunResult dry_run_step(const ModelConfig& config, int64_t batch_size, Device 
       std::unique_ptr<Optimizer> optimizer = make_optimizer(*model);
       std::unique_ptr<DataSource> data = make_shape_source(config);
       Trainer trainer(*model, *optimizer, *data, batch_size, device);
+      if (setup) setup(trainer);
       r.memory = trainer.step().memory;
       r.kept = scope.kept_bytes();
       r.persistent = scope.allocator().stats().allocated.current - r.kept;

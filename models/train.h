@@ -13,6 +13,7 @@
 
 #include "regen/models/data.h"
 #include "regen/models/model.h"
+#include "regen/models/schedule.h"
 
 namespace regen {
 
@@ -28,6 +29,9 @@ class StepObserver {
   virtual void on_optimizer_end(CachingAllocator&) {}
   // After the optimizer step, with the device synchronized; the batch is still alive.
   virtual void on_iteration_end(CachingAllocator&) {}
+  // With gradient accumulation (Trainer::set_accumulation, K > 1): after micro-batch `index`
+  // (0-based) has run forward and backward and its batch is gone, before the next one.
+  virtual void on_micro_batch_end(CachingAllocator&, int64_t /*index*/) {}
 };
 
 struct StepResult {
@@ -39,6 +43,13 @@ struct StepResult {
   // must equal to the byte. `predicted` is false for any other step.
   bool predicted = false;
   int64_t predicted_allocated = 0, predicted_reserved = 0;
+  // The learning rate the optimizer step used (the schedule's, Trainer::set_schedule), the global
+  // L2 norm of the gradients before clipping (-1 when neither clipping nor set_track_grad_norm
+  // asked for it), the micro-batches of the step and the optimizer steps done after it.
+  double lr = 0;
+  double grad_norm = -1;
+  int64_t micro_batches = 1;
+  int64_t optimizer_step = 0;
   bool exact() const {
     return predicted && memory.allocated.peak == predicted_allocated &&
            memory.reserved.peak == predicted_reserved;
@@ -57,6 +68,28 @@ class Trainer {
   Device device() const { return device_; }
   int64_t batch_size() const { return batch_size_; }
 
+  // ---- The training loop around the step (models/schedule.h) ----------------------------------
+  // Gradient accumulation: each step runs `k` micro-batches of batch_size() examples (forward and
+  // backward, each loss scaled by 1/k through backward's seed, so the gradients are those of the
+  // mean over all k * batch_size() examples), then one optimizer step. The gradient buffers are
+  // persistent and live across the micro-batches; every micro-batch's batch and activations are
+  // freed before the next one starts, so each repeats the first one's allocations (the profiler
+  // checks it). Batch norm computes its statistics over each micro-batch, as in PyTorch. k = 1 is
+  // the plain step.
+  void set_accumulation(int64_t k);
+  int64_t accumulation() const { return accumulation_; }
+  // The learning rate of every later step comes from `s` at the optimizer step index (below).
+  void set_schedule(const LrSchedule& s);
+  const LrSchedule* schedule() const { return has_schedule_ ? &schedule_ : nullptr; }
+  // Clips the gradients to a global L2 norm of `max_norm` before each optimizer step (0: off).
+  void set_clip_grad_norm(double max_norm);
+  double clip_grad_norm() const { return clip_; }
+  // Computes the gradient norm at every step (StepResult::grad_norm) even without clipping.
+  void set_track_grad_norm(bool on) { track_norm_ = on; }
+  // Optimizer steps taken so far: the schedule's position (set when a run resumes).
+  int64_t optimizer_steps() const { return optimizer_steps_; }
+  void set_optimizer_steps(int64_t n);
+
  private:
   Model& model_;
   Optimizer& optimizer_;
@@ -64,6 +97,12 @@ class Trainer {
   int64_t batch_size_;
   Device device_;
   bool prepared_ = false;
+  int64_t accumulation_ = 1;
+  LrSchedule schedule_;
+  bool has_schedule_ = false;
+  double clip_ = 0;
+  bool track_norm_ = false;
+  int64_t optimizer_steps_ = 0;
 };
 
 // The first training step of a configuration, run dry (core/allocator.h, DryRunScope): a model,
@@ -88,5 +127,9 @@ struct DryRunResult {
 };
 DryRunResult dry_run_step(const ModelConfig& config, int64_t batch_size, Device device,
                           const std::function<std::unique_ptr<Optimizer>(Model&)>& make_optimizer);
+// The same with the trainer set up by `setup` (accumulation, clipping) before the step.
+DryRunResult dry_run_step(const ModelConfig& config, int64_t batch_size, Device device,
+                          const std::function<std::unique_ptr<Optimizer>(Model&)>& make_optimizer,
+                          const std::function<void(Trainer&)>& setup);
 
 }  // namespace regen

@@ -572,7 +572,9 @@ SimResult simulate_dtr(const Simulator& sim, const DtrOptions& options, int64_t 
   SimResult r = sim.run(all_retain(p), so);
   r.replays = got.replays;
   r.recompute_ms = got.recompute_ms;
-  r.time_ms = p.iteration_ms + got.recompute_ms;
+  // With accumulation the figures are the last micro-batch's (as the executor counts them); every
+  // micro-batch is taken to recompute as much.
+  r.time_ms = p.iteration_ms + static_cast<double>(p.accumulate) * got.recompute_ms;
   r.evictions = got.evictions;
   if (stats) *stats = got;
   return r;

@@ -44,6 +44,9 @@ class StartCheck final : public StepObserver {
   void on_iteration_end(CachingAllocator& a) override {
     if (next_) next_->on_iteration_end(a);
   }
+  void on_micro_batch_end(CachingAllocator& a, int64_t index) override {
+    if (next_) next_->on_micro_batch_end(a, index);
+  }
 
  private:
   const LiveLayout& expected_;
@@ -78,6 +81,9 @@ const Profile& RematPipeline::use_profile(Profile profile) {
               profile.batch, ", not ", trainer_.batch_size());
   REGEN_CHECK(profile.device == device, "the profile of ", model, " was recorded on ",
               profile.device, ", not ", device);
+  REGEN_CHECK(profile.accumulate == trainer_.accumulation(), "the profile of ", model, " is of ",
+              profile.accumulate, " micro-batch(es) per step, not ", trainer_.accumulation(),
+              " (--accumulate): profile again");
   finish();
   clear_plan();
   profile_ = std::make_unique<Profile>(std::move(profile));

@@ -41,8 +41,17 @@ const char* marker_name(MarkerKind k) {
       return "optimizer_end";
     case MarkerKind::iteration_end:
       return "iteration_end";
+    case MarkerKind::micro_batch_end:
+      return "micro_batch_end";
   }
   return "?";
+}
+
+int64_t Profile::micro_batch_marker() const {
+  for (size_t m = 0; m < markers.size(); ++m) {
+    if (markers[m].kind == MarkerKind::micro_batch_end) return static_cast<int64_t>(m);
+  }
+  return -1;
 }
 
 const ProfileSaved* Profile::saved_of_value(int64_t value) const {
@@ -69,7 +78,7 @@ std::array<int64_t, kNumCategories> category_array(const json& j, const std::str
 }
 
 MarkerKind parse_marker(const std::string& s, const std::string& origin) {
-  for (int i = 0; i <= static_cast<int>(MarkerKind::iteration_end); ++i) {
+  for (int i = 0; i <= static_cast<int>(MarkerKind::micro_batch_end); ++i) {
     if (s == marker_name(static_cast<MarkerKind>(i))) return static_cast<MarkerKind>(i);
   }
   REGEN_FAIL(origin, ": unknown marker kind '", s, "'");
@@ -108,6 +117,7 @@ std::string profile_to_json(const Profile& p) {
   j["threads"] = p.threads;
   j["date"] = p.date;
   j["iterations"] = p.iterations;
+  if (p.accumulate != 1) j["accumulate"] = p.accumulate;
   j["run"] = p.run;
   j["measured"] = {{"peak_allocated", p.peak_allocated},
                    {"peak_reserved", p.peak_reserved},
@@ -228,6 +238,7 @@ Profile parse_profile_json(const std::string& text, const std::string& origin) {
     p.threads = j.at("threads").get<int>();
     p.date = j.at("date").get<std::string>();
     p.iterations = j.at("iterations").get<int>();
+    p.accumulate = j.value("accumulate", int64_t{1});
     if (j.contains("run")) p.run = j.at("run").get<std::map<std::string, std::string>>();
     const json& m = j.at("measured");
     p.peak_allocated = m.at("peak_allocated").get<int64_t>();
@@ -340,6 +351,13 @@ Profile parse_profile_json(const std::string& text, const std::string& origin) {
 }
 
 void validate_profile(const Profile& p, const std::string& origin) {
+  int64_t micro_ends = 0;
+  for (const Marker& m : p.markers) micro_ends += m.kind == MarkerKind::micro_batch_end ? 1 : 0;
+  REGEN_CHECK(p.accumulate >= 1 && p.accumulate <= (int64_t{1} << 20), origin, ": accumulate ",
+              p.accumulate, " is not a count of micro-batches");
+  REGEN_CHECK(micro_ends == (p.accumulate > 1 ? 1 : 0), origin, ": ", micro_ends,
+              " micro_batch_end marker(s) for accumulate ", p.accumulate,
+              " (one with accumulation, none without)");
   const int64_t nv = static_cast<int64_t>(p.values.size());
   const int32_t nn = static_cast<int32_t>(p.nodes.size());
   auto value_ok = [&](int64_t v) { return v >= 0 && v < nv; };

@@ -70,6 +70,10 @@ enum class MarkerKind : uint8_t {
   optimizer_begin,
   optimizer_end,
   iteration_end,
+  // With gradient accumulation: the end of the first micro-batch (its batch gone). The events
+  // before it are one micro-batch's, which the step repeats Profile::accumulate times; the events
+  // after it are the optimizer's.
+  micro_batch_end,
 };
 const char* marker_name(MarkerKind k);
 
@@ -98,6 +102,10 @@ struct Profile {
   int threads = 1;
   std::string date;
   int iterations = 0;  // instrumented iterations the timings are medians of
+  // Micro-batches per step (Trainer::set_accumulation). Above 1, the graph, events and markers up
+  // to the micro_batch_end marker are the first micro-batch's (the profiler checks that the others
+  // made the same requests), and the simulator replays them `accumulate` times before the rest.
+  int64_t accumulate = 1;
   // The flags besides model, batch and device that shape the step, with the values it ran with
   // ("--optimizer": "adamw", ...); a run planned from the profile must match them. Empty in
   // profiles made before they were recorded.
@@ -119,6 +127,8 @@ struct Profile {
   double iteration_ms = 0, forward_ms = 0, backward_ms = 0, optimizer_ms = 0;
 
   int32_t num_forward_nodes() const { return static_cast<int32_t>(nodes.size()); }
+  // The index of the micro_batch_end marker, or -1 (accumulate == 1).
+  int64_t micro_batch_marker() const;
   const ProfileSaved* saved_of_value(int64_t value) const;
 };
 

@@ -69,6 +69,15 @@ OptionRange SessionOptions::range(const std::string& key) {
   if (key == "threads") return OptionRange::integers(1, kMaxThreads);
   if (key == "lr" || key == "weight_decay") return OptionRange::numbers(0);
   if (key == "momentum") return OptionRange::numbers(0, 1);
+  if (key == "accumulate") return OptionRange::integers(1, 1 << 20);
+  if (key == "warmup_steps" || key == "schedule_steps" || key == "lr_step_size" ||
+      key == "eval_every" || key == "eval_batches" || key == "eval_batch") {
+    return OptionRange::integers(0);
+  }
+  if (key == "lr_gamma" || key == "lr_min" || key == "clip_grad_norm") {
+    return OptionRange::numbers(0);
+  }
+  if (key == "eval_split") return OptionRange::numbers(0, 0.9);
   REGEN_FAIL("SessionOptions::range: no range for option '", key, "'");
 }
 
@@ -82,6 +91,33 @@ void SessionOptions::validate() const {
   check_range(*this, "weight_decay", weight_decay);
   check_one_of(*this, "conv", conv, {"native", "cudnn"});
   check_math(math, tf32, style);
+  // The training loop's options, then how they combine.
+  check_range(*this, "accumulate", static_cast<double>(accumulate));
+  check_one_of(*this, "lr_schedule", lr_schedule, {"constant", "step", "cosine"});
+  for (const char* key : {"warmup_steps", "schedule_steps", "lr_step_size", "eval_every",
+                          "eval_batches", "eval_batch"}) {
+    const int64_t v = key == std::string("warmup_steps")     ? warmup_steps
+                      : key == std::string("schedule_steps") ? schedule_steps
+                      : key == std::string("lr_step_size")   ? lr_step_size
+                      : key == std::string("eval_every")     ? eval_every
+                      : key == std::string("eval_batches")   ? eval_batches
+                                                             : eval_batch;
+    check_range(*this, key, static_cast<double>(v));
+  }
+  check_range(*this, "lr_gamma", lr_gamma);
+  check_range(*this, "lr_min", lr_min);
+  check_range(*this, "clip_grad_norm", clip_grad_norm);
+  check_range(*this, "eval_split", eval_split);
+  const auto given = [this](const std::string& key, const std::string& value) {
+    return option_setting(key, style == OptionStyle::keyword ? quoted(value) : value, style);
+  };
+  REGEN_CHECK(lr_schedule != "step" || lr_step_size >= 1, given("lr_schedule", "step"), " needs ",
+              name("lr_step_size"), " (the steps between decays, at least 1)");
+  REGEN_CHECK(lr_schedule != "cosine" || schedule_steps == 0 || schedule_steps > warmup_steps,
+              given("lr_schedule", "cosine"), " decays over ",
+              option_setting("schedule_steps", std::to_string(schedule_steps), style),
+              " steps, which must be more than ",
+              option_setting("warmup_steps", std::to_string(warmup_steps), style));
   try {
     if (device != "auto") Device::parse(device);
   } catch (const Error& e) {
@@ -111,6 +147,34 @@ void SessionOptions::validate() const {
   for (const auto& [key, value] : model_options) info.input.option(key)->set(c, value);
   check_data_spec(data, c, style);
   if (info.input.check) info.input.check(c, batch, style);
+}
+
+LrSchedule SessionOptions::schedule() const {
+  LrSchedule s;
+  s.kind = parse_schedule_kind(lr_schedule);
+  s.base = lr;
+  s.warmup = warmup_steps;
+  s.horizon = schedule_steps;
+  s.step_size = lr_step_size;
+  s.gamma = lr_gamma;
+  s.min = lr_min;
+  REGEN_CHECK(
+      s.kind != LrSchedule::Kind::cosine || schedule_steps > 0,
+      option_setting("lr_schedule", style == OptionStyle::keyword ? "'cosine'" : "cosine", style),
+      " needs ", name("schedule_steps"), ", the steps it decays over",
+      style == OptionStyle::flag ? " (regen train sets it to --steps)" : "");
+  const std::string bad = s.problem();
+  REGEN_CHECK(bad.empty(), "learning-rate schedule: ", bad);
+  return s;
+}
+
+double SessionOptions::holdout() const {
+  if (eval_split > 0) return eval_split;
+  return eval_every > 0 ? kDefaultHoldout : 0.0;
+}
+
+int64_t SessionOptions::evaluation_batch() const {
+  return eval_batch > 0 ? eval_batch : batch * accumulate;
 }
 
 ModelConfig SessionOptions::model_config() const {
@@ -355,6 +419,8 @@ class CheckedSource final : public DataSource {
     return b;
   }
   std::string describe() const override { return inner_->describe(); }
+  std::string position() const override { return inner_->position(); }
+  void set_position(const std::string& p) override { inner_->set_position(p); }
 
  private:
   std::unique_ptr<DataSource> inner_;
@@ -380,7 +446,18 @@ std::unique_ptr<Session> make_session(const SessionOptions& options, Preflight p
 #endif
   // The data before the model: a wrong file fails before a large model is built.
   s->data = std::make_unique<CheckedSource>(
-      make_data_source(options.data, c, options.seed, options.style), c);
+      make_training_source(options.data, c, options.seed, options.holdout(), options.style), c);
+  if (options.eval_every > 0) {
+    s->eval_data =
+        make_eval_source(options.data, c, options.seed, options.holdout(), options.style);
+  }
+  const LrSchedule schedule = options.schedule();
+  // What the trainer does besides forward, backward and the update: the dry run does it too.
+  auto setup_trainer = [&options](Trainer& t) {
+    t.set_accumulation(options.accumulate);
+    t.set_clip_grad_norm(options.clip_grad_norm);
+    t.set_track_grad_norm(options.grad_norm);
+  };
   auto make_optimizer = [&options](Model& model) -> std::unique_ptr<Optimizer> {
     if (options.optimizer == "sgd") {
       SGDOptions o;
@@ -396,7 +473,7 @@ std::unique_ptr<Session> make_session(const SessionOptions& options, Preflight p
   };
   // The first step, run dry: its memory, exact, before any of it is used.
   try {
-    s->preflight = dry_run_step(c, options.batch, s->device, make_optimizer);
+    s->preflight = dry_run_step(c, options.batch, s->device, make_optimizer, setup_trainer);
   } catch (const Error& e) {
     // Options that pass their own checks and still stop a dry run mostly do so by size: a request
     // beyond any device's (the Null arena maps anything else), an index type's limit, an
@@ -415,6 +492,8 @@ std::unique_ptr<Session> make_session(const SessionOptions& options, Preflight p
   s->optimizer = make_optimizer(*s->model);
   s->trainer =
       std::make_unique<Trainer>(*s->model, *s->optimizer, *s->data, options.batch, s->device);
+  setup_trainer(*s->trainer);
+  s->trainer->set_schedule(schedule);
   return s;
 }
 
@@ -438,8 +517,20 @@ std::map<std::string, std::string> run_flags(const SessionOptions& o) {
   }
   r["--math"] = math_mode(o, device);  // fp32 on the CPU
   if (device.is_cuda()) r["--conv"] = o.conv;
+  // What the step allocates besides forward and backward: micro-batches, the gradient norm.
+  r["--accumulate"] = std::to_string(o.accumulate);
+  r["--grad-norm"] = o.clip_grad_norm > 0 || o.grad_norm ? "on" : "off";
   return r;
 }
+
+namespace {
+// Flags a profile made before they were recorded ran with these values.
+const std::map<std::string, std::string>& flags_before_recorded() {
+  static const std::map<std::string, std::string> m = {{"--accumulate", "1"},
+                                                       {"--grad-norm", "off"}};
+  return m;
+}
+}  // namespace
 
 std::string profile_math(const Profile& p) {
   const auto math = p.run.find("--math");
@@ -452,6 +543,13 @@ void check_profile_run(const Profile& p, const SessionOptions& o, const std::str
   const std::map<std::string, std::string> now = run_flags(o);
   // The optimizer first: other flags (its momentum) follow from it.
   std::vector<std::pair<std::string, std::string>> recorded(p.run.begin(), p.run.end());
+  // A flag recorded since (a profile of any age has the step of its value then): compared too.
+  // Only a profile that recorded flags at all (an empty set is a profile from before them).
+  if (!p.run.empty()) {
+    for (const auto& [flag, value] : flags_before_recorded()) {
+      if (p.run.count(flag) == 0) recorded.emplace_back(flag, value);
+    }
+  }
   std::stable_partition(recorded.begin(), recorded.end(),
                         [](const auto& kv) { return kv.first == "--optimizer"; });
   for (auto [flag, then] : recorded) {
@@ -547,8 +645,17 @@ void save_checkpoint(const Session& s, const std::string& path, int64_t steps) {
   save_safetensors(path, s.model->state_dict(), meta);
 }
 
-size_t load_checkpoint(Session& s, const std::string& path) {
-  const SafetensorsFile file = load_safetensors(path);
+namespace {
+constexpr const char* kStateFormat = "regen-training-state-1";
+constexpr const char* kOptimizerPrefix = "optimizer/";  // never in a torch.nn state dict name
+
+// The weights of a checkpoint or training state, loaded into the session's model.
+size_t load_weights(Session& s, const SafetensorsFile& all, const std::string& path) {
+  SafetensorsFile file;
+  file.metadata = all.metadata;
+  for (const auto& kv : all.tensors) {
+    if (kv.first.rfind(kOptimizerPrefix, 0) != 0) file.tensors.push_back(kv);
+  }
   const ModelConfig& c = s.config;
   const OptionStyle style = s.options.style;
   const auto& meta = file.metadata;
@@ -582,6 +689,171 @@ size_t load_checkpoint(Session& s, const std::string& path) {
                model == meta.end() ? " (it names no model)" : "", ": ", e.message());
   }
   return file.tensors.size();
+}
+}  // namespace
+
+size_t load_checkpoint(Session& s, const std::string& path) {
+  return load_weights(s, load_safetensors(path), path);
+}
+
+std::map<std::string, std::string> trajectory_options(const SessionOptions& o) {
+  std::map<std::string, std::string> r;
+  r["batch"] = std::to_string(o.batch);
+  r["accumulate"] = std::to_string(o.accumulate);
+  r["optimizer"] = o.optimizer;
+  r["lr"] = number_text(o.lr);
+  if (o.optimizer == "sgd") r["momentum"] = number_text(o.momentum);
+  r["weight_decay"] = number_text(o.weight_decay);
+  r["seed"] = std::to_string(o.seed);
+  r["data"] = o.data.empty() ? "synthetic" : o.data;
+  r["lr_schedule"] = o.lr_schedule;
+  r["warmup_steps"] = std::to_string(o.warmup_steps);
+  if (o.lr_schedule == "cosine") {
+    r["schedule_steps"] = std::to_string(o.schedule_steps);
+    r["lr_min"] = number_text(o.lr_min);
+  }
+  if (o.lr_schedule == "step") {
+    r["lr_step_size"] = std::to_string(o.lr_step_size);
+    r["lr_gamma"] = number_text(o.lr_gamma);
+  }
+  r["clip_grad_norm"] = number_text(o.clip_grad_norm);
+  r["eval_split"] = number_text(o.holdout());  // what a text file's training part is
+  const ModelConfig c = o.model_config();
+  for (const ModelOption& opt : model_info(o.model).input.options) {
+    r[opt.key] = option_value_text(opt, opt.get(c));
+  }
+  return r;
+}
+
+std::map<std::string, std::string> plan_identity(const Plan& plan) {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a over the decisions
+  int64_t recomputed = 0;
+  for (const Decision d : plan.decisions) {
+    h = (h ^ static_cast<uint64_t>(d)) * 1099511628211ull;
+    recomputed += d == Decision::recompute ? 1 : 0;
+  }
+  char hash[20];
+  std::snprintf(hash, sizeof hash, "%016llx", static_cast<unsigned long long>(h));
+  return {{"plan", plan.policy + ", budget " + plan.budget_text + " of " +
+                       budget_of_name(plan.budget_of) + " bytes, " + std::to_string(recomputed) +
+                       " of " + std::to_string(plan.decisions.size()) + " recomputed, decisions " +
+                       hash}};
+}
+
+void save_training_state(const Session& s, const std::string& path,
+                         const std::map<std::string, std::string>& extra) {
+  const ModelConfig& c = s.config;
+  const Trainer& t = *s.trainer;
+  std::map<std::string, std::string> meta = extra;
+  meta["format"] = kStateFormat;
+  meta["model"] = c.name;
+  meta["steps"] = std::to_string(t.optimizer_steps());
+  meta["optimizer_steps"] = std::to_string(t.optimizer_steps());
+  meta["rng_seed"] = std::to_string(rng_seed());
+  meta["rng_stream"] = std::to_string(rng_stream_position());
+  meta["data_position"] = s.data->position();
+  meta["device"] = s.device.str();
+  meta["threads"] =
+      std::to_string(s.options.threads > 0 ? s.options.threads : omp_get_max_threads());
+  for (const ModelOption& opt : model_info(c.name).input.options) {
+    if (opt.sizes_parameters || opt.recorded) meta[opt.key] = option_value_text(opt, opt.get(c));
+  }
+  for (const auto& [key, value] : trajectory_options(s.options)) meta["train." + key] = value;
+  NamedTensors tensors = s.model->state_dict();
+  for (const auto& [name, st] : s.optimizer->named_state())
+    tensors.emplace_back(kOptimizerPrefix + name, st);
+  const std::vector<int64_t> steps = s.optimizer->step_counts();
+  tensors.emplace_back(std::string(kOptimizerPrefix) + "steps",
+                       from_vector<int64_t>(steps, {static_cast<int64_t>(steps.size())}));
+  save_safetensors(path, tensors, meta);
+}
+
+std::map<std::string, std::string> resume_training_state(Session& s, const std::string& path) {
+  const SafetensorsFile file = load_safetensors(path);
+  const auto& meta = file.metadata;
+  const OptionStyle style = s.options.style;
+  const std::string what = style == OptionStyle::keyword ? "resume" : "--resume";
+  const auto format = meta.find("format");
+  REGEN_CHECK(
+      format != meta.end() && format->second == kStateFormat, what, " ", path,
+      " is not a training state (",
+      format == meta.end() ? std::string("no format in its metadata") : "format " + format->second,
+      "): write one with ",
+      style == OptionStyle::keyword ? "Model.save_state()" : "--save-state FILE",
+      "; a checkpoint of weights alone loads with ",
+      style == OptionStyle::keyword ? "Model.load()" : "--load");
+  const auto model = meta.find("model");
+  REGEN_CHECK(model != meta.end() && model->second == s.config.name, what, " ", path,
+              " was saved from model ", model == meta.end() ? "?" : model->second, ", not ",
+              s.config.name);
+  // Every option that shapes the trajectory must be the one the stopped run had: the optimizer
+  // and the schedule first (the options that apply follow from them).
+  const std::map<std::string, std::string> now_options = trajectory_options(s.options);
+  std::vector<std::pair<std::string, std::string>> ordered(now_options.begin(), now_options.end());
+  std::stable_partition(ordered.begin(), ordered.end(), [](const auto& kv) {
+    return kv.first == "optimizer" || kv.first == "lr_schedule";
+  });
+  for (const auto& [key, now] : ordered) {
+    const auto it = meta.find("train." + key);
+    const std::string then = it == meta.end() ? "(not recorded)" : it->second;
+    if (then == now) continue;
+    const bool text = key == "optimizer" || key == "data" || key == "lr_schedule";
+    const auto setting = [&](const std::string& v) {
+      return option_setting(key, text && style == OptionStyle::keyword ? quoted(v) : v, style);
+    };
+    REGEN_FAIL(what, " ", path, " was saved by a run with ", setting(then), ", but this run has ",
+               setting(now),
+               ": the resumed steps would not be the ones "
+               "that run took (pass ",
+               setting(then), ")");
+  }
+  auto number = [&](const char* key) -> uint64_t {
+    const auto it = meta.find(key);
+    REGEN_CHECK(it != meta.end() && !it->second.empty() &&
+                    it->second.find_first_not_of("0123456789") == std::string::npos,
+                what, " ", path, ": its metadata has no valid '", key, "'");
+    return std::stoull(it->second);
+  };
+  const uint64_t steps = number("optimizer_steps");
+  const uint64_t rng_stream = number("rng_stream"), seed = number("rng_seed");
+  // The optimizer's state, checked before anything is changed.
+  std::map<std::string, Tensor> state;
+  std::vector<int64_t> counts;
+  bool have_counts = false;
+  for (const auto& [name, t] : file.tensors) {
+    if (name.rfind(kOptimizerPrefix, 0) != 0) continue;
+    const std::string rest = name.substr(std::string(kOptimizerPrefix).size());
+    if (rest == "steps") {
+      REGEN_CHECK(t.dtype() == DType::i64 && t.dim() == 1, what, " ", path, ": optimizer/steps is ",
+                  t.str(), ", not a vector of i64");
+      counts = t.to_vector<int64_t>();
+      have_counts = true;
+    } else {
+      state[rest] = t;
+    }
+  }
+  REGEN_CHECK(have_counts, what, " ", path, ": no optimizer/steps (the file is damaged)");
+  load_weights(s, file, path);
+  s.trainer->prepare();  // gradients and optimizer state in their places, then the values
+  try {
+    s.optimizer->load_state(state, counts);
+  } catch (const Error& e) {
+    REGEN_FAIL(what, " ", path, ": ", e.message());
+  }
+  s.trainer->set_optimizer_steps(static_cast<int64_t>(steps));
+  const auto pos = meta.find("data_position");
+  s.data->set_position(pos == meta.end() ? "" : pos->second);
+  set_rng_state(seed, rng_stream);
+  return meta;
+}
+
+EvalResult evaluate_session(Session& s) {
+  const SessionOptions& o = s.options;
+  if (!s.eval_data) {
+    const double holdout = o.holdout() > 0 ? o.holdout() : kDefaultHoldout;
+    s.eval_data = make_eval_source(o.data, s.config, o.seed, holdout, o.style);
+  }
+  return evaluate(*s.model, *s.eval_data, o.evaluation_batch(), o.eval_batches);
 }
 
 // ---------------------------------------------------------------------------------------------

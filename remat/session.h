@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "regen/models/data.h"
+#include "regen/models/evaluate.h"
 #include "regen/models/optim.h"
 #include "regen/models/train.h"
 #include "regen/remat/planner.h"
@@ -53,6 +54,29 @@ struct SessionOptions {
   // same as math "tf32" (--tf32, regen.Model(tf32=True)).
   std::string math;
   bool tf32 = false;
+  // ---- The training loop (models/train.h, models/schedule.h, models/evaluate.h) ----------------
+  // Micro-batches per optimizer step (--accumulate): `batch` is the micro-batch, and each step's
+  // gradients are those of the mean loss over batch * accumulate examples.
+  int64_t accumulate = 1;
+  // The learning-rate schedule (LrSchedule): constant, step or cosine, after `warmup_steps` of
+  // linear warm-up; cosine decays to lr_min over schedule_steps steps (0: not set; the command line
+  // sets it to --steps), step multiplies by lr_gamma every lr_step_size steps.
+  std::string lr_schedule = "constant";
+  int64_t warmup_steps = 0;
+  int64_t schedule_steps = 0;
+  int64_t lr_step_size = 0;
+  double lr_gamma = 0.1;
+  double lr_min = 0;
+  double clip_grad_norm = 0;  // the global gradient norm clipped to this (0: no clipping)
+  bool grad_norm = false;     // compute the gradient norm each step even without clipping (logs)
+  // Evaluation on the held-out split: every eval_every optimizer steps (0: not during training),
+  // at most eval_batches batches (0: the whole split) of eval_batch examples (0: batch *
+  // accumulate). eval_split: the fraction of a text file held out at its end (0: 0.1 when
+  // eval_every > 0, else none: the file trains whole).
+  int64_t eval_every = 0;
+  int64_t eval_batches = 0;
+  int64_t eval_batch = 0;
+  double eval_split = 0;
   // How messages name the options: --image-size (the command line) or image_size= (Python).
   OptionStyle style = OptionStyle::flag;
 
@@ -75,6 +99,13 @@ struct SessionOptions {
   std::vector<std::string> data_files() const;
   // The option `key` as `style` names it.
   std::string name(const std::string& key) const { return option_name(key, style); }
+  // The schedule these options give (validates the schedule's fields; schedule_steps must be set
+  // for cosine).
+  LrSchedule schedule() const;
+  // The fraction of a text file held out for evaluation (eval_split, or its default).
+  double holdout() const;
+  // The evaluation batch size (eval_batch, or batch * accumulate).
+  int64_t evaluation_batch() const;
 };
 
 // "auto": cuda:0 when regen was built with CUDA and a GPU is visible, else cpu. A device that is
@@ -101,6 +132,9 @@ struct Session {
   std::unique_ptr<DataSource> data;
   std::unique_ptr<Trainer> trainer;
   DryRunResult preflight;  // the first step without remat, run dry before anything was built
+  // The held-out split (data.h EvalSource): made with the session when options.eval_every > 0,
+  // else by the first evaluate_session.
+  std::unique_ptr<EvalSource> eval_data;
 };
 
 // What make_session refuses before it builds the model, from the dry run of the first step
@@ -152,6 +186,32 @@ std::string first_non_finite(const Model& model);
 // that are not finite. Returns the number of tensors loaded.
 void save_checkpoint(const Session& s, const std::string& path, int64_t steps);
 size_t load_checkpoint(Session& s, const std::string& path);
+
+// The state of a training run, to resume it exactly (--save-state, --resume; regen.Model.save_state
+// and resume): one safetensors file with the checkpoint's tensors and metadata, the optimizer's
+// state tensors ("optimizer/<parameter>.<key>") and update counts ("optimizer/steps", i64), and
+// metadata: the optimizer steps taken (the schedule's position), the dropout RNG's seed and
+// stream, the data source's position, the options that shape the trajectory ("train.<key>": batch,
+// accumulation, optimizer and its settings, schedule, clipping, seed, data, every model option),
+// and `extra` (the plan's identity, plan_identity). torch's safetensors reads it; load_checkpoint
+// (and --load) take its weights alone.
+void save_training_state(const Session& s, const std::string& path,
+                         const std::map<std::string, std::string>& extra = {});
+// Restores a training state into a freshly made session: refuses, naming the option and both
+// values, a file whose trajectory options differ from the session's; then the weights, the
+// optimizer state, the step count, the RNG and the data position. A run resumed at step k then
+// computes bitwise what the run that saved it would have computed from step k on, with or without
+// a remat plan (remat changes no value). Returns the file's metadata (steps in "optimizer_steps").
+std::map<std::string, std::string> resume_training_state(Session& s, const std::string& path);
+// The options a training state records and compares ("batch": "8", "lr_schedule": "cosine", ...).
+std::map<std::string, std::string> trajectory_options(const SessionOptions& o);
+// A plan's identity for a training state's metadata: its policy, budget and a hash of its
+// decisions ("plan": "dp, budget 50% of reserved bytes, 12 of 340 recomputed, decisions 3f2a...").
+std::map<std::string, std::string> plan_identity(const Plan& plan);
+
+// Evaluates the session's model on its held-out split (options.eval_batches batches of
+// evaluation_batch() examples; the split is made on first use).
+EvalResult evaluate_session(Session& s);
 
 // One measured training run (regen sweep, regen frontier): peaks over every step, the median step
 // time of all steps but the first (which pays first-touch costs), and the executor's figures of

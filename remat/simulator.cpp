@@ -294,6 +294,7 @@ SimResult Simulator::run(const Schedule& s, const SimOptions& opt) const {
         sim, [engine](const EvictionRequest& r) { return engine->evict_for(r); });
   }
 
+  bool repeating = false;  // in the second or a later micro-batch of an accumulated step
   auto on_marker = [&](const Marker& m) {
     last_marker = &m - p.markers.data();
     if (dtr) {
@@ -320,7 +321,7 @@ SimResult Simulator::run(const Schedule& s, const SimOptions& opt) const {
           break;
       }
     }
-    if (m.kind == MarkerKind::iteration_begin) {
+    if (m.kind == MarkerKind::iteration_begin && !repeating) {
       // The planned step's requests, like the allocator's, count from here.
       sim.begin_planned_step();
       if (opt.requests) {
@@ -352,10 +353,13 @@ SimResult Simulator::run(const Schedule& s, const SimOptions& opt) const {
     }
   };
 
-  try {
-    for (size_t i = 0; i <= p.events.size(); ++i) {
-      for (size_t m : markers_at_[i]) on_marker(p.markers[m]);
-      if (i == p.events.size()) break;
+  // Events [from, to) with the markers at positions from..to whose indices are in [lo, hi).
+  auto replay_events = [&](size_t from, size_t to, size_t lo, size_t hi) {
+    for (size_t i = from; i <= to; ++i) {
+      for (size_t m : markers_at_[i]) {
+        if (m >= lo && m < hi) on_marker(p.markers[m]);
+      }
+      if (i == to) break;
       const ProfileEvent& e = p.events[i];
       if (e.kind == MemoryEventKind::alloc) {
         live[e.block_id] = alloc_(static_cast<uint64_t>(e.requested), e.category, tags_[i]);
@@ -368,6 +372,23 @@ SimResult Simulator::run(const Schedule& s, const SimOptions& opt) const {
         live.erase(it);
       }
       // Segment events follow from the allocations; the simulated allocator makes its own.
+    }
+  };
+  try {
+    const int64_t micro = p.micro_batch_marker();
+    if (micro < 0) {
+      replay_events(0, p.events.size(), 0, p.markers.size());
+    } else {
+      // Gradient accumulation: the first micro-batch's events (and markers, the micro_batch_end
+      // one included) once per micro-batch, then the optimizer's.
+      const size_t end = static_cast<size_t>(p.markers[static_cast<size_t>(micro)].position);
+      const size_t split = static_cast<size_t>(micro) + 1;
+      for (int64_t k = 0; k < p.accumulate; ++k) {
+        repeating = k > 0;
+        replay_events(0, end, 0, split);
+      }
+      repeating = false;
+      replay_events(end, p.events.size(), split, p.markers.size());
     }
   } catch (const OutOfMemory& e) {
     if (opt.limit <= 0) throw;  // the null arena never runs out without a limit
@@ -408,7 +429,9 @@ SimResult Simulator::run(const Schedule& s, const SimOptions& opt) const {
   }
   res.recompute_ms = s.recompute_ms;
   res.replays = s.replays;
-  res.time_ms = p.iteration_ms + s.recompute_ms;
+  // Every micro-batch recomputes what the schedule says; evictions and replays above are one
+  // micro-batch's, as the executor counts them (per backward).
+  res.time_ms = p.iteration_ms + static_cast<double>(p.accumulate) * s.recompute_ms;
   return res;
 }
 

@@ -1531,3 +1531,70 @@ TEST_CASE("cli: help texts and messages list every registered planner") {
   CHECK(has(sweep.err, "is the baseline every batch runs anyway (use " + join_names(remat)));
   CHECK_FALSE(std::filesystem::exists(dir.file("sweep")));
 }
+
+TEST_CASE(
+    "cli: the training loop's flags, --save-state and --resume, --log, regen eval, regen "
+    "choose") {
+  TempDir dir;
+  expect_failure(dir, tiny({"--accumulate", "0"}),
+                 {"--accumulate must be a positive integer, got 0"});
+  expect_failure(dir, tiny({"--lr-schedule", "linear"}),
+                 {"--lr-schedule must be constant, step or cosine, got 'linear'"});
+  expect_failure(dir, tiny({"--lr-schedule", "step"}), {"--lr-schedule step needs --lr-step-size"});
+  expect_failure(
+      dir, tiny({"--lr-schedule", "cosine", "--schedule-steps", "3", "--warmup-steps", "5"}),
+      {"--lr-schedule cosine decays over --schedule-steps 3 steps", "more than --warmup-steps 5"});
+  expect_failure(dir, tiny({"--clip-grad-norm", "-1"}), {"--clip-grad-norm must be"});
+  expect_failure(dir, tiny({"--eval-split", "0.95"}),
+                 {"--eval-split must be a number from 0 to 0.9, got 0.95"});
+  expect_failure(dir, tiny({"--save-every", "2"}), {"--save-every needs --save-state"});
+  expect_failure(dir, tiny({"--resume", dir.file("a"), "--load", dir.file("b")}),
+                 {"either --resume", "or --load"});
+  expect_failure(dir, tiny({"--resume", dir.file("missing.safetensors")}), {"missing.safetensors"});
+  expect_failure(dir, {"eval", "--model", "transformer-tiny"}, {"--load is required"});
+  expect_failure(dir,
+                 {"choose", "--model", "transformer-tiny", "--global-batch", "8", "--micro-batches",
+                  "3", "--budget", "4MiB"},
+                 {"3 does not divide --global-batch 8"});
+  expect_failure(
+      dir, {"choose", "--model", "transformer-tiny", "--global-batch", "8", "--budget", "50%"},
+      {"--budget 50%: give the device's bytes"});
+
+  // A run that saves its state, logs and evaluates; then resumed to the end; then evaluated.
+  const std::string state = dir.file("state.safetensors"), log = dir.file("log.csv");
+  const Result first =
+      regen_run(dir, tiny({"--steps", "2", "--lr-schedule", "cosine", "--schedule-steps", "4",
+                           "--warmup-steps", "1", "--clip-grad-norm", "1", "--eval-every", "2",
+                           "--eval-batches", "2", "--save-state", state, "--log", log}));
+  REQUIRE_MESSAGE(first.status == 0, first.err);
+  CHECK(has(first.out, "eval after step 2: loss"));
+  CHECK(has(first.out, "perplexity"));
+  CHECK(has(first.out, "no tape, no saved tensors"));
+  CHECK(has(first.out, "eta"));
+  CHECK(has(first.out, "saved the training state at step 2"));
+  const Result again =
+      regen_run(dir, tiny({"--steps", "4", "--lr-schedule", "cosine", "--warmup-steps", "1",
+                           "--clip-grad-norm", "1", "--eval-every", "2", "--eval-batches", "2",
+                           "--resume", state, "--save-state", state, "--log", log}));
+  REQUIRE_MESSAGE(again.status == 0, again.err);
+  CHECK(has(again.out, "resumed " + state + " at step 2"));
+  CHECK(has(again.out, "step 3/4"));
+  CHECK_FALSE(has(again.out, "step 1/4"));
+  const std::string rows = read_file(log);
+  CHECK(std::count(rows.begin(), rows.end(), '\n') == 1 + 4 + 2);  // header, 4 steps, 2 evals
+  CHECK(has(rows, "\neval,4,"));
+  // Finished: resuming it again has no step left.
+  expect_failure(dir,
+                 tiny({"--steps", "4", "--lr-schedule", "cosine", "--warmup-steps", "1",
+                       "--clip-grad-norm", "1", "--eval-every", "2", "--resume", state}),
+                 {"is at step 4 already"});
+  // Another trajectory is refused, naming the flag.
+  expect_failure(
+      dir, tiny({"--steps", "6", "--resume", state}),
+      {"saved by a run with --lr-schedule cosine", "this run has --lr-schedule constant"});
+  const Result ev = regen_run(dir, {"eval", "--model", "transformer-tiny", "--load", state,
+                                    "--eval-batches", "3", "--device", "cpu"});
+  REQUIRE_MESSAGE(ev.status == 0, ev.err);
+  CHECK(has(ev.out, "perplexity"));
+  CHECK(has(ev.out, "memory (no tape, no saved tensors): peak allocated"));
+}

@@ -356,6 +356,24 @@ TEST_CASE("cpu sum_all: against a loop, same bits at 1 and 2 threads, allocator 
   CHECK(std::fabs(got - ref) <= 1e-12 * 50000);
 }
 
+TEST_CASE("cpu sum_squares: the sum of squares in double, same bits at 1 and 2 threads") {
+  for (int64_t n : {int64_t{0}, int64_t{3}, int64_t{4097}, int64_t{100003}}) {
+    const std::vector<float> x = cast<float>(random_values(static_cast<size_t>(n), 43, -3, 3));
+    double ref = 0;
+    for (float v : x) ref += static_cast<double>(v) * static_cast<double>(v);
+    float one = -1, two = -2;
+    with_threads(1, [&] { cpu::sum_squares<float>(x.data(), &one, n); });
+    with_threads(2, [&] { cpu::sum_squares<float>(x.data(), &two, n); });
+    // Chunks of 4096 summed in order: the double total is within a few ulps of the loop's.
+    CHECK(std::fabs(one - static_cast<float>(ref)) <= 1e-6 * std::fabs(ref));
+    CHECK(std::memcmp(&one, &two, sizeof(float)) == 0);
+  }
+  const float three_four[2] = {3.0f, -4.0f};
+  float y = 0;
+  cpu::sum_squares<float>(three_four, &y, 2);
+  CHECK(y == 25.0f);
+}
+
 TEST_CASE("cpu dropout: keep iff philox_word(seed, stream, i) >= p * 2^32, scale 1 / (1 - p)") {
   for (int64_t n : {int64_t{1}, int64_t{6}, kBig}) {
     const std::vector<float> x = cast<float>(random_values(static_cast<size_t>(n), 51));
@@ -461,6 +479,12 @@ TEST_CASE(
     });
   }
   covered.insert("sum_all");
+  check_dry_path(cpu, "sum_squares", true, [&](const auto& begin) {
+    Tensor x = f32({100003}), y = f32({1});
+    begin();
+    REGEN_LAUNCH(cpu, float, sum_squares, x.data<float>(), y.data<float>(), int64_t{100003});
+  });
+  covered.insert("sum_squares");
   check_dry_path(cpu, "cross_entropy_forward", true, [&](const auto& begin) {
     Tensor logits = f32({64, 100}), lse = f32({64}), loss = f32({1});
     Tensor targets = zeros({64}, DType::i64, cpu);

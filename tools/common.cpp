@@ -266,6 +266,68 @@ void add_model_flags(CLI::App& app, SessionOptions& o, bool with_batch,
   add_math_flags(app, o.math, o.tf32, math_default);
 }
 
+void add_eval_flags(CLI::App& app, SessionOptions& o) {
+  app.add_option("--eval-batches", o.eval_batches,
+                 "evaluate on at most this many batches of the held-out split (0: all of it)")
+      ->check(in_range(SessionOptions::range("eval_batches")))
+      ->capture_default_str();
+  app.add_option("--eval-batch", o.eval_batch,
+                 "examples per evaluation batch (0: --batch times --accumulate)")
+      ->check(in_range(SessionOptions::range("eval_batch")))
+      ->capture_default_str();
+  app.add_option("--eval-split", o.eval_split,
+                 "the fraction of a text file held out at its end for evaluation, which training "
+                 "then skips (0: 0.1 when evaluating, else the file trains whole); CIFAR-10 "
+                 "evaluates on test_batch.bin, synthetic data on examples no training step draws")
+      ->check(in_range(SessionOptions::range("eval_split")))
+      ->capture_default_str();
+}
+
+void add_training_flags(CLI::App& app, SessionOptions& o, bool with_eval) {
+  app.add_option("--accumulate", o.accumulate,
+                 "gradient accumulation: micro-batches of --batch examples per optimizer step (the "
+                 "step's gradients are those of the mean over batch x accumulate examples; batch "
+                 "norm normalizes each micro-batch on its own)")
+      ->check(in_range(SessionOptions::range("accumulate")))
+      ->capture_default_str();
+  app.add_option("--lr-schedule", o.lr_schedule,
+                 "learning-rate schedule after the warm-up: constant, step (x --lr-gamma every "
+                 "--lr-step-size steps, torch's StepLR) or cosine (to --lr-min over "
+                 "--schedule-steps, torch's CosineAnnealingLR)")
+      ->capture_default_str();
+  app.add_option("--warmup-steps", o.warmup_steps,
+                 "linear warm-up: step t < W uses lr * (t + 1) / W, then the schedule starts")
+      ->check(in_range(SessionOptions::range("warmup_steps")))
+      ->capture_default_str();
+  app.add_option("--schedule-steps", o.schedule_steps,
+                 "the steps the cosine schedule spans, warm-up included (0: --steps); give the "
+                 "full run's when a run stops early to be resumed")
+      ->check(in_range(SessionOptions::range("schedule_steps")))
+      ->capture_default_str();
+  app.add_option("--lr-step-size", o.lr_step_size, "step schedule: steps between decays")
+      ->check(in_range(SessionOptions::range("lr_step_size")))
+      ->capture_default_str();
+  app.add_option("--lr-gamma", o.lr_gamma, "step schedule: the factor of each decay")
+      ->check(in_range(SessionOptions::range("lr_gamma")))
+      ->capture_default_str();
+  app.add_option("--lr-min", o.lr_min, "cosine schedule: the final learning rate")
+      ->check(in_range(SessionOptions::range("lr_min")))
+      ->capture_default_str();
+  app.add_option("--clip-grad-norm", o.clip_grad_norm,
+                 "clip the global L2 norm of the gradients to this before each update (0: off; "
+                 "torch.nn.utils.clip_grad_norm_)")
+      ->check(in_range(SessionOptions::range("clip_grad_norm")))
+      ->capture_default_str();
+  if (!with_eval) return;
+  app.add_option("--eval-every", o.eval_every,
+                 "evaluate on the held-out split every N optimizer steps and after the last one "
+                 "(0: never): top-1 accuracy and loss for image classifiers, loss and perplexity "
+                 "for language models")
+      ->check(in_range(SessionOptions::range("eval_every")))
+      ->capture_default_str();
+  add_eval_flags(app, o);
+}
+
 void add_math_flags(CLI::App& app, std::string& math, bool& tf32, const std::string& default_help) {
   app.add_option("--math", math,
                  "CUDA math mode: fp32 (strict FP32 everywhere) or tf32 (cuBLAS GEMMs and cuDNN "

@@ -48,6 +48,14 @@ std::string cli_failure_message(const CLI::App* app, const CLI::Error& e);
 void add_model_flags(CLI::App& app, SessionOptions& options, bool with_batch = true,
                      const std::string& math_default = "fp32");
 
+// The training loop's flags (remat/session.h, SessionOptions' training-loop group, which holds
+// their ranges and checks): --accumulate, --lr-schedule, --warmup-steps, --schedule-steps,
+// --lr-step-size, --lr-gamma, --lr-min, --clip-grad-norm, and with `with_eval` --eval-every,
+// --eval-batches, --eval-batch, --eval-split.
+void add_training_flags(CLI::App& app, SessionOptions& options, bool with_eval = true);
+// The evaluation flags alone (--eval-batches, --eval-batch, --eval-split; regen eval).
+void add_eval_flags(CLI::App& app, SessionOptions& options);
+
 // --math fp32|tf32 and its synonym --tf32; `default_help` says what the command does without them
 // ("fp32", or "tf32 on a CUDA device, fp32 on the CPU").
 void add_math_flags(CLI::App& app, std::string& math, bool& tf32, const std::string& default_help);

@@ -40,6 +40,7 @@ struct UnaryLaunchers {
 const UnaryLaunchers* unary_launchers();
 void sum_rows(const float* x, float* y, int64_t rows, int64_t cols);
 void sum_all(const float* x, float* y, int64_t n);
+void sum_squares(const float* x, float* y, int64_t n);  // y[0] = sum x[i]^2 (in double)
 void dropout_forward(const float* x, float* y, int64_t n, float p, uint64_t seed, uint64_t stream);
 void dropout_backward(const float* dy, float* dx, int64_t n, float p, uint64_t seed,
                       uint64_t stream);

@@ -161,6 +161,13 @@ struct ToDouble {
   __device__ double operator()(float v) const { return static_cast<double>(v); }
 };
 // out: (1) float from a double
+struct SquareToDouble {
+  __device__ double operator()(float v) const {
+    const double d = static_cast<double>(v);
+    return d * d;
+  }
+};
+
 __global__ void round_to_float_kernel(const double* in, float* out) {
   out[0] = static_cast<float>(in[0]);
 }
@@ -358,6 +365,24 @@ void sum_all(const float* x, float* y, int64_t n) {
       temp, temp_bytes, x, total, n, ::cuda::std::plus<double>{}, ToDouble{}, 0.0, stream()));
   round_to_float_kernel<<<1, 1, 0, stream()>>>(total, y);
   REGEN_CUDA_LAUNCH_CHECK("sum_all");
+}
+
+// x: (n) -> y: (1), the sum of squares in double
+void sum_squares(const float* x, float* y, int64_t n) {
+  REGEN_CHECK(n >= 0, "sum_squares: negative size ", n);
+  if (n == 0) return fill(y, 1, 0.0f);
+  size_t temp_bytes = 0;
+  REGEN_CUDA_CHECK(cub::DeviceReduce::TransformReduce(
+      nullptr, temp_bytes, x, static_cast<double*>(nullptr), n, ::cuda::std::plus<double>{},
+      SquareToDouble{}, 0.0, stream()));
+  // One buffer: the double result first (8-byte aligned), CUB's scratch after it at 256 bytes.
+  Workspace ws(detail::device(), 256 + temp_bytes);
+  double* total = ws.as<double>();
+  void* temp = static_cast<char*>(ws.data()) + 256;
+  REGEN_CUDA_CHECK(cub::DeviceReduce::TransformReduce(
+      temp, temp_bytes, x, total, n, ::cuda::std::plus<double>{}, SquareToDouble{}, 0.0, stream()));
+  round_to_float_kernel<<<1, 1, 0, stream()>>>(total, y);
+  REGEN_CUDA_LAUNCH_CHECK("sum_squares");
 }
 
 void dropout_forward(const float* x, float* y, int64_t n, float p, uint64_t seed,

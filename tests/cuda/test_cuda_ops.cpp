@@ -476,6 +476,15 @@ void elementwise_cases(Rng& rng, int64_t n, bool misalign) {
     float* y = c.out("y", ref, Tol{1e-6, 1e-6, 1e-12});
     c.run([&] { cuda::sum_all(dx, y, n); });
   }
+  {
+    // sum_squares (gradient clipping): double accumulation on both sides, different order.
+    std::vector<float> ref(1);
+    cpu::sum_squares<float>(x.data(), ref.data(), n);
+    Case c("sum_squares" + tag);
+    const float* dx = c.in(x, misalign);
+    float* y = c.out("y", ref, Tol{1e-6, 1e-6, 1e-12});
+    c.run([&] { cuda::sum_squares(dx, y, n); });
+  }
 }
 
 void broadcast_case(Rng& rng, int64_t n, int64_t nb) {
