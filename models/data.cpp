@@ -38,6 +38,7 @@ class ShapeSource final : public DataSource {
     return b;
   }
   std::string describe() const override { return "shapes only (a dry run)"; }
+  void skip(int64_t) override {}
 
  private:
   ModelConfig m_;
@@ -83,6 +84,9 @@ class SyntheticImages final : public DataSource {
            std::to_string(m_.image_size) + ", " + std::to_string(m_.num_classes) +
            " classes (seed " + std::to_string(seed_) + ")";
   }
+  void skip(int64_t samples) override {
+    counter_ += static_cast<uint64_t>(samples);
+  }
 
  private:
   ModelConfig m_;
@@ -115,6 +119,7 @@ class SyntheticTokens final : public DataSource {
     return "synthetic token motifs, sequence " + std::to_string(m_.seq_len) + ", vocabulary " +
            std::to_string(m_.vocab) + " (seed " + std::to_string(seed_) + ")";
   }
+  void skip(int64_t samples) override { counter_ += static_cast<uint64_t>(samples); }
 
  private:
   static constexpr int kMotif = 8;
@@ -187,6 +192,18 @@ class Cifar10 final : public DataSource {
     return "CIFAR-10 from " + dir_ + " (" + std::to_string(records_) + " images in " +
            std::to_string(files_) + " files)";
   }
+  // As next() advances: a new epoch's order is drawn when its first record is taken.
+  void skip(int64_t samples) override {
+    while (samples > 0) {
+      if (pos_ == records_) {
+        ++epoch_;
+        shuffle();
+      }
+      const int64_t take = std::min(samples, records_ - pos_);
+      pos_ += take;
+      samples -= take;
+    }
+  }
 
  private:
   void shuffle() {
@@ -254,6 +271,7 @@ class TextBytes final : public DataSource {
   std::string describe() const override {
     return "text " + path_ + " (" + std::to_string(text_.size()) + " bytes as byte tokens)";
   }
+  void skip(int64_t samples) override { counter_ += static_cast<uint64_t>(samples); }
 
  private:
   std::string path_;
@@ -264,6 +282,13 @@ class TextBytes final : public DataSource {
 };
 
 }  // namespace
+
+void DataSource::skip(int64_t samples) {
+  REGEN_CHECK(samples == 0, "data ", describe(),
+              " cannot skip samples (DataSource::skip), so it cannot give each rank of a "
+              "data-parallel run its own shard of the global batch: run it in one process, or "
+              "implement skip() for it");
+}
 
 Batch batch_on_device(const HostArray& input, const HostArray& target, Device device) {
   auto make = [device](const HostArray& a, const char* what) {

@@ -19,6 +19,13 @@ class DataSource {
   virtual ~DataSource() = default;
   virtual Batch next(int64_t batch_size, Device device) = 0;
   virtual std::string describe() const = 0;
+  // Passes over the next `samples` samples of the stream without making them, exactly as if
+  // next() had made and dropped them. Data parallelism reads each rank's shard of every global
+  // batch this way (dist/data_parallel.h ShardedSource): rank r of N skips r * B samples, makes
+  // its B, skips the other ranks' (N - 1 - r) * B. The built-in sources skip without drawing; this
+  // default refuses, naming the source (a source outside regen implements it to train under
+  // mpirun).
+  virtual void skip(int64_t samples);
 };
 
 // spec: "" (the model's first data kind, synthetic for the built-in ones), "NAME" or "NAME:ARG",

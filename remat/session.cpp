@@ -11,6 +11,8 @@
 
 #include "regen/core/numeric.h"
 #include "regen/core/safetensors.h"
+#include "regen/dist/data_parallel.h"
+#include "regen/dist/world.h"
 #include "regen/remat/pipeline.h"
 
 #ifdef REGEN_WITH_CUDA
@@ -69,6 +71,7 @@ OptionRange SessionOptions::range(const std::string& key) {
   if (key == "threads") return OptionRange::integers(1, kMaxThreads);
   if (key == "lr" || key == "weight_decay") return OptionRange::numbers(0);
   if (key == "momentum") return OptionRange::numbers(0, 1);
+  if (key == "bucket_size") return OptionRange::integers(1024, int64_t{1} << 40);
   REGEN_FAIL("SessionOptions::range: no range for option '", key, "'");
 }
 
@@ -82,6 +85,8 @@ void SessionOptions::validate() const {
   check_range(*this, "weight_decay", weight_decay);
   check_one_of(*this, "conv", conv, {"native", "cudnn"});
   check_math(math, tf32, style);
+  check_one_of(*this, "shard", shard, {"none", "optimizer", "gradients"});
+  check_range(*this, "bucket_size", static_cast<double>(bucket_size));
   try {
     if (device != "auto") Device::parse(device);
   } catch (const Error& e) {
@@ -133,12 +138,19 @@ Device resolve_device(const std::string& text, OptionStyle style) {
     return probe.count;
   };
 #endif
+#ifdef REGEN_WITH_CUDA
+  // Under mpirun the ranks on one host take its GPUs in turn (their local rank).
+  const int local = dist::world().distributed() ? dist::world().local_rank() : 0;
+#endif
   if (text == "auto") {
 #ifdef REGEN_WITH_CUDA
-    if (count() > 0) return Device::cuda(0);
+    if (count() > 0) return Device::cuda(local % count());
 #endif
     return Device::cpu();
   }
+#ifdef REGEN_WITH_CUDA
+  if (text == "cuda" && local > 0 && count() > 0) return Device::cuda(local % count());
+#endif
   Device d;
   try {
     d = Device::parse(text);
@@ -355,12 +367,55 @@ class CheckedSource final : public DataSource {
     return b;
   }
   std::string describe() const override { return inner_->describe(); }
+  void skip(int64_t samples) override { inner_->skip(samples); }
 
  private:
   std::unique_ptr<DataSource> inner_;
   ModelConfig config_;
   const ModelInput& input_;
 };
+
+// Under mpirun every rank must run the same step: the options that shape it, compared with rank
+// 0's before anything is built (a rank with another batch or model would wait in a collective
+// forever). Rank 0 names the first difference; the other ranks wait for it to end the job.
+void check_same_on_every_rank(const SessionOptions& o, Device device) {
+  dist::World& w = dist::world();
+  if (!w.distributed()) return;
+  std::ostringstream mine;
+  mine << "--model " << o.model << "\n--batch " << o.batch << "\n--device " << device.str()
+       << "\n--seed " << o.seed << "\n--lr " << number_text(o.lr) << "\n--weight-decay "
+       << number_text(o.weight_decay) << "\n--shard " << o.shard << "\n--bucket-size "
+       << o.bucket_size << "\n";
+  for (const auto& [flag, value] : run_flags(o)) mine << flag << " " << value << "\n";
+  const std::vector<std::string> all = w.all_gather(mine.str());
+  if (w.rank() != 0) {
+    for (const std::string& other : all) {
+      if (other != all[0]) {
+        w.barrier();  // rank 0 ends the job with the difference
+      }
+    }
+    return;
+  }
+  auto lines = [](const std::string& text) {
+    std::vector<std::string> out;
+    std::istringstream in(text);
+    for (std::string line; std::getline(in, line);) out.push_back(line);
+    return out;
+  };
+  const std::vector<std::string> ref = lines(all[0]);
+  for (size_t r = 1; r < all.size(); ++r) {
+    if (all[r] == all[0]) continue;
+    const std::vector<std::string> got = lines(all[r]);
+    for (size_t i = 0; i < std::max(ref.size(), got.size()); ++i) {
+      const std::string a = i < ref.size() ? ref[i] : "(nothing)";
+      const std::string b = i < got.size() ? got[i] : "(nothing)";
+      REGEN_CHECK(a == b, "rank ", r, " of ", all.size(), " runs with ", b,
+                  " where rank 0 runs with ", a,
+                  ": every rank of a data-parallel job must train the same step (give every "
+                  "rank the same options and environment, OMP_NUM_THREADS included)");
+    }
+  }
+}
 
 }  // namespace
 
@@ -378,25 +433,41 @@ std::unique_ptr<Session> make_session(const SessionOptions& options, Preflight p
   REGEN_CHECK(options.conv == "native", option_setting("conv", options.conv, options.style),
               " needs a CUDA build");
 #endif
+  // Data parallelism: every rank trains the same step on its own shard of each global batch.
+  dist::World& world = dist::world();
+  check_same_on_every_rank(options, s->device);
   // The data before the model: a wrong file fails before a large model is built.
-  s->data = std::make_unique<CheckedSource>(
-      make_data_source(options.data, c, options.seed, options.style), c);
-  auto make_optimizer = [&options](Model& model) -> std::unique_ptr<Optimizer> {
+  std::unique_ptr<DataSource> data = make_data_source(options.data, c, options.seed, options.style);
+  if (world.distributed()) {
+    data = std::make_unique<dist::ShardedSource>(std::move(data), world.rank(), world.size());
+  }
+  s->data = std::make_unique<CheckedSource>(std::move(data), c);
+  auto make_sync = [&](Model& model) -> std::unique_ptr<GradientSync> {
+    if (!world.distributed()) return nullptr;
+    dist::DataParallelOptions o;
+    o.shard = dist::parse_shard_mode(options.shard);
+    o.bucket_bytes = options.bucket_size;
+    o.first_bucket_bytes = std::min(o.first_bucket_bytes, o.bucket_bytes);
+    return std::make_unique<dist::DataParallel>(model, dist::communicator_for(model.device()), o);
+  };
+  auto make_optimizer = [&options](Model& model, GradientSync* sync) -> std::unique_ptr<Optimizer> {
+    // Under ZeRO the optimizer owns this rank's slices of the parameters only.
+    std::vector<Tensor> params = sync ? sync->optimizer_parameters() : model.parameters();
     if (options.optimizer == "sgd") {
       SGDOptions o;
       o.lr = options.lr;
       o.momentum = options.momentum;
       o.weight_decay = options.weight_decay;
-      return std::make_unique<SGD>(model.parameters(), o);
+      return std::make_unique<SGD>(std::move(params), o);
     }
     AdamWOptions o;
     o.lr = options.lr;
     o.weight_decay = options.weight_decay;
-    return std::make_unique<AdamW>(model.parameters(), o);
+    return std::make_unique<AdamW>(std::move(params), o);
   };
   // The first step, run dry: its memory (exact on the CPU), before any of it is used.
   try {
-    s->preflight = dry_run_step(c, options.batch, s->device, make_optimizer);
+    s->preflight = dry_run_step(c, options.batch, s->device, make_optimizer, make_sync);
   } catch (const Error& e) {
     // Options that pass their own checks and still stop a dry run mostly do so by size: a request
     // beyond any device's (the Null arena maps anything else), an index type's limit, an
@@ -412,9 +483,13 @@ std::unique_ptr<Session> make_session(const SessionOptions& options, Preflight p
   check_preflight(*s, preflight);
   manual_seed(options.seed);
   s->model = make_model(c, s->device);
-  s->optimizer = make_optimizer(*s->model);
+  // Each rank draws its own dropout masks (rank 0 those of one process with the same seed).
+  if (world.distributed()) manual_seed(dist::rank_seed(options.seed, world.rank()));
+  s->sync = make_sync(*s->model);
+  s->optimizer = make_optimizer(*s->model, s->sync.get());
   s->trainer =
       std::make_unique<Trainer>(*s->model, *s->optimizer, *s->data, options.batch, s->device);
+  s->trainer->set_gradient_sync(s->sync.get());
   return s;
 }
 
@@ -438,6 +513,13 @@ std::map<std::string, std::string> run_flags(const SessionOptions& o) {
   }
   r["--math"] = math_mode(o, device);  // fp32 on the CPU
   if (device.is_cuda()) r["--conv"] = o.conv;
+  // Data parallelism: the ranks, and what shapes each rank's step (a process alone records none).
+  const dist::World& world = dist::world();
+  if (world.distributed()) {
+    r["--ranks"] = std::to_string(world.size());
+    r["--shard"] = o.shard;
+    r["--bucket-size"] = std::to_string(o.bucket_size);
+  }
   return r;
 }
 
@@ -471,6 +553,12 @@ void check_profile_run(const Profile& p, const SessionOptions& o, const std::str
                option_setting(key, here, o.style), ": its memory and times are another step's (",
                "pass ", was, ", or profile again)");
   }
+  // A profile of one process records no ranks.
+  const auto ranks = now.find("--ranks");
+  REGEN_CHECK(ranks == now.end() || p.run.count("--ranks"), what,
+              " was made by one process, but this run has ", ranks->second,
+              " ranks (mpirun): each rank's step also reduces gradients, which the profile does "
+              "not have; profile under mpirun with the same ranks");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -521,6 +609,13 @@ std::string first_non_finite(const Model& model) {
 }
 
 void save_checkpoint(const Session& s, const std::string& path, int64_t steps) {
+  // Under mpirun rank 0 writes (every rank holds the same parameters); the others wait until the
+  // file is there.
+  dist::World& world = dist::world();
+  if (world.rank() != 0) {
+    world.barrier();
+    return;
+  }
   const ModelConfig& c = s.config;
   std::map<std::string, std::string> meta = {
       {"format", "regen-checkpoint-1"}, {"model", c.name}, {"steps", std::to_string(steps)}};
@@ -530,6 +625,7 @@ void save_checkpoint(const Session& s, const std::string& path, int64_t steps) {
     if (opt.sizes_parameters || opt.recorded) meta[opt.key] = option_value_text(opt, opt.get(c));
   }
   save_safetensors(path, s.model->state_dict(), meta);
+  world.barrier();
 }
 
 size_t load_checkpoint(Session& s, const std::string& path) {
@@ -596,6 +692,13 @@ MeasuredRun measure_training(const SessionOptions& o, int steps, const Profile* 
   }
   r.steps_predicted = pipe.predicted_steps();
   r.steps_exact = pipe.exact_steps();
+  // Under mpirun: the highest peaks of any rank, and a step exact only when it was on every rank.
+  dist::World& world = dist::world();
+  if (world.distributed()) {
+    for (int64_t v : world.all_gather(r.peak)) r.peak = std::max(r.peak, v);
+    for (int64_t v : world.all_gather(r.reserved)) r.reserved = std::max(r.reserved, v);
+    for (int64_t v : world.all_gather(r.steps_exact)) r.steps_exact = std::min(r.steps_exact, v);
+  }
   // The first step pays first-touch costs; the median of the rest is the step time.
   if (ms.size() > 1) ms.erase(ms.begin());
   r.ms = median(ms);

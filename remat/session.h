@@ -53,12 +53,18 @@ struct SessionOptions {
   // same as math "tf32" (--tf32, regen.Model(tf32=True)).
   std::string math;
   bool tf32 = false;
+  // Data parallelism, when the process is one of several ranks under mpirun (dist/world.h): what
+  // each rank keeps of the optimizer state and the gradients ("none"; "optimizer", ZeRO-1;
+  // "gradients", ZeRO-2) and the size of a gradient bucket in bytes (DDP's 25 MiB by default).
+  // A process alone ignores both. docs/distributed.md.
+  std::string shard = "none";
+  int64_t bucket_size = int64_t{25} << 20;
   // How messages name the options: --image-size (the command line) or image_size= (Python).
   OptionStyle style = OptionStyle::flag;
 
   static constexpr int64_t kMaxThreads = 1024;  // libgomp fails far above the cores any CPU has
   // The range of a session option with one ("batch", "threads", "lr", "momentum",
-  // "weight_decay"); the command line's validators take theirs from here.
+  // "weight_decay", "bucket_size"); the command line's validators take theirs from here.
   static OptionRange range(const std::string& key);
 
   // Every value in range and the combination valid, for the registered model, without building
@@ -98,6 +104,9 @@ struct Session {
   std::unique_ptr<DataSource> data;
   std::unique_ptr<Trainer> trainer;
   DryRunResult preflight;  // the first step without remat, run dry before anything was built
+  // Data parallelism (dist/data_parallel.h) when the world has more than one rank: the trainer's
+  // gradient sync. Null in a process alone.
+  std::unique_ptr<GradientSync> sync;
 };
 
 // What make_session refuses before it builds the model, from the dry run of the first step

@@ -23,6 +23,7 @@
 #include "regen/remat/profiler.h"
 #include "tools/command.h"
 #include "tools/common.h"
+#include "tools/distributed.h"
 
 namespace regen::tool {
 namespace {
@@ -625,7 +626,9 @@ void run(Flags f, const Given& given) {
         "of the predicted step time\n",
         n_run, n_exact, n_within);
   }
-  // The outputs, committed together: a run that failed above changed nothing.
+  // The outputs, committed together: a run that failed above changed nothing. Under mpirun rank 0
+  // writes them (every rank planned from rank 0's profile: remat/distributed.h).
+  if (!output_rank()) return;
   if (loaded) {
     write_file_atomic(csv_path, csv_text(c, frontiers));
   } else {

@@ -2,12 +2,14 @@
 // readable table (profile.txt) and a Chrome trace (trace.json).
 #include <sys/stat.h>
 #include <cstdio>
+#include <optional>
 
 #include "regen/core/io.h"
 #include "regen/remat/profiler.h"
 #include "regen/remat/report.h"
 #include "tools/command.h"
 #include "tools/common.h"
+#include "tools/distributed.h"
 
 namespace regen::tool {
 namespace {
@@ -39,7 +41,9 @@ void setup(CLI::App& app) {
     for (const char* name : {"/profile.json", "/profile.txt", "/trace.json"}) {
       check_output_path("--out", f->out + name);
     }
-    const FolderLock lock(f->out, "--out");  // a second profile into the same folder stops here
+    // A second profile into the same folder stops here (under mpirun, rank 0 writes the files).
+    std::optional<FolderLock> lock;
+    if (output_rank()) lock.emplace(f->out, "--out");
     auto s = make_session(f->m);
     ProfileOptions po;
     po.warmup = f->warmup;
@@ -49,9 +53,11 @@ void setup(CLI::App& app) {
     p.run = run_flags(f->m);
     const std::string table = profile_table(p, true);
     // The three files together: all written and synced before the first replaces an old one.
-    write_files_atomic({{f->out + "/profile.json", profile_to_json(p)},
-                        {f->out + "/profile.txt", table},
-                        {f->out + "/trace.json", profile_trace(p)}});
+    if (output_rank()) {
+      write_files_atomic({{f->out + "/profile.json", profile_to_json(p)},
+                          {f->out + "/profile.txt", table},
+                          {f->out + "/trace.json", profile_trace(p)}});
+    }
     std::printf("%s", f->full ? table.c_str() : profile_table(p, false).c_str());
     std::printf(
         "\nwrote %s/profile.json, %s/profile.txt (every op and activation) and "

@@ -18,6 +18,7 @@
 #include "regen/remat/report.h"
 #include "tools/command.h"
 #include "tools/common.h"
+#include "tools/distributed.h"
 
 namespace regen::tool {
 namespace {
@@ -251,6 +252,7 @@ void run(const Flags& f) {
   outputs.emplace_back(stem + "_summary.txt", tables);
   outputs.emplace_back(stem + "_summary.csv", with_column(summary_csv(rows), "math", math));
   outputs.emplace_back(stem + "_timeline.csv", with_column(timelines, "math", math));
+  if (!output_rank()) return;  // under mpirun rank 0 writes
   write_files_atomic(outputs);
   std::printf("\n%s", tables.c_str());
   std::printf(
