@@ -86,7 +86,11 @@ void SessionOptions::validate() const {
   check_one_of(*this, "conv", conv, {"native", "cudnn"});
   check_math(math, tf32, style);
   check_one_of(*this, "shard", shard, {"none", "optimizer", "gradients"});
-  check_range(*this, "bucket_size", static_cast<double>(bucket_size));
+  // Bytes, named as integers (check_range writes numbers shortly: 1e+02).
+  const std::string bucket_problem = range("bucket_size").problem(static_cast<double>(bucket_size));
+  if (!bucket_problem.empty()) {
+    bad_option(*this, "bucket_size", std::to_string(bucket_size), bucket_problem);
+  }
   try {
     if (device != "auto") Device::parse(device);
   } catch (const Error& e) {

@@ -145,6 +145,7 @@ void run(const TrainFlags& f) {
   const auto* dp = dynamic_cast<const dist::DataParallel*>(s->sync.get());
   const int64_t global_batch = f.m.batch * world.size();
   if (dp != nullptr) print_data_parallel(*dp, f.m, world);
+  std::fflush(stdout);
 
   // What the device reports before training (CUDA): set beside the allocator's reserved bytes.
   uint64_t free_before = 0, total_mem = 0;
