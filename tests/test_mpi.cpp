@@ -269,7 +269,7 @@ TEST_CASE("ranks started with other commands or options are refused, naming the 
   CHECK(has(r.out, "rank 1 of 2 runs with --threads 2 where rank 0 runs with --threads 1"));
 }
 
-TEST_CASE("a killed rank ends the job, and mpirun names it; no rank hangs") {
+TEST_CASE("a killed rank ends the job, and mpirun names it: no rank hangs") {
   TempDir dir;
   const std::string log = dir.file("log.txt");
   const pid_t launcher = ::fork();
