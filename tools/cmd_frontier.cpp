@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <optional>
 #include <sstream>
 
 #include "regen/core/io.h"
@@ -433,12 +434,16 @@ void run(Flags f, const Given& given) {
   // The output folder and every file written in it. A second frontier into the same folder
   // stops here; a failed run leaves the folder as it was (its outputs are committed together at
   // the end, and a folder it made is removed again).
-  const OutputFolder out_folder(f.out, "--out");
+  // Under mpirun rank 0 owns the folder and writes the files.
+  std::optional<OutputFolder> out_folder;
   const std::string csv_path = f.out + "/frontier.csv";
   const std::string profile_path = f.out + "/profile.json";
-  check_output_path("--out", csv_path);
-  if (!loaded) check_output_path("--out", profile_path);
-  if (f.plot) check_output_path("--out", f.out + "/frontier.png");
+  if (output_rank()) {
+    out_folder.emplace(f.out, "--out");
+    check_output_path("--out", csv_path);
+    if (!loaded) check_output_path("--out", profile_path);
+    if (f.plot) check_output_path("--out", f.out + "/frontier.png");
+  }
 
   if (!loaded) {
     std::printf("profiling %s batch %lld (2 warm-up steps, 3 instrumented)\n", f.m.model.c_str(),
