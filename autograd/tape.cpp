@@ -255,7 +255,9 @@ std::vector<Tensor> Tape::record(const OpDef& def, OpKind kind, const AttrBlob& 
       s.producer = root.producer;
       s.slot = root.slot;
       s.storage = t.impl()->storage;
-      s.bytes = s.storage ? s.storage->bytes() : 0;
+      // A leaf's own bytes: a parameter may be a view into a larger storage (data parallelism's
+      // flat buckets under ZeRO, dist/data_parallel.h); anything else owns its storage whole.
+      s.bytes = !s.storage ? 0 : root.producer < 0 ? root.bytes : s.storage->bytes();
       s.category = s.storage ? s.storage->category() : Category::other;
       saved_.push_back(std::move(s));
       root.saved = static_cast<int32_t>(saved_.size() - 1);

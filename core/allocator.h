@@ -39,8 +39,11 @@ enum class Category : uint8_t {
   workspace,
   input,
   other,
+  // Data parallelism's buffers (dist/data_parallel.h): gradient buckets in flight, collectives'
+  // scratch and staging. Last, so the others keep their numbers.
+  communication,
 };
-constexpr int kNumCategories = 7;
+constexpr int kNumCategories = 8;
 const char* category_name(Category c);
 // Parses a category name as printed by category_name(); throws regen::Error otherwise.
 Category parse_category(const std::string& name);

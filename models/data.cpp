@@ -74,6 +74,7 @@ class ShapeSource final : public DataSource {
     return b;
   }
   std::string describe() const override { return "shapes only (a dry run)"; }
+  void skip(int64_t) override {}
 
  private:
   ModelConfig m_;
@@ -125,6 +126,9 @@ class SyntheticImages final : public DataSource {
   void set_position(const std::string& p) override {
     counter_ = parse_position(p, {"sample"}, describe())[0];
   }
+  void skip(int64_t samples) override {
+    counter_ += static_cast<uint64_t>(samples);
+  }
 
  private:
   ModelConfig m_;
@@ -161,6 +165,7 @@ class SyntheticTokens final : public DataSource {
   void set_position(const std::string& p) override {
     counter_ = parse_position(p, {"sample"}, describe())[0];
   }
+  void skip(int64_t samples) override { counter_ += static_cast<uint64_t>(samples); }
 
  private:
   static constexpr int kMotif = 8;
@@ -258,6 +263,18 @@ class Cifar10 final : public DataSource {
     shuffle();
     pos_ = static_cast<int64_t>(v[1]);
   }
+  // As next() advances: a new epoch's order is drawn when its first record is taken.
+  void skip(int64_t samples) override {
+    while (samples > 0) {
+      if (pos_ == records_) {
+        ++epoch_;
+        shuffle();
+      }
+      const int64_t take = std::min(samples, records_ - pos_);
+      pos_ += take;
+      samples -= take;
+    }
+  }
 
  private:
   void shuffle() {
@@ -340,6 +357,7 @@ class TextBytes final : public DataSource {
     return "text " + path_ + " (" + std::to_string(text_.size()) + " bytes as byte tokens" +
            (held_out_ > 0 ? ", the last " + std::to_string(held_out_) + " held out" : "") + ")";
   }
+  void skip(int64_t samples) override { counter_ += static_cast<uint64_t>(samples); }
 
  private:
   std::string path_;
@@ -446,6 +464,13 @@ std::unique_ptr<EvalSource> text_eval(const std::string& path, const std::string
 }
 
 }  // namespace
+
+void DataSource::skip(int64_t samples) {
+  REGEN_CHECK(samples == 0, "data ", describe(),
+              " cannot skip samples (DataSource::skip), so it cannot give each rank of a "
+              "data-parallel run its own shard of the global batch: run it in one process, or "
+              "implement skip() for it");
+}
 
 Batch batch_on_device(const HostArray& input, const HostArray& target, Device device) {
   auto make = [device](const HostArray& a, const char* what) {

@@ -25,6 +25,13 @@ class DataSource {
   // did not write; the default takes only "".
   virtual std::string position() const { return ""; }
   virtual void set_position(const std::string& position);
+  // Passes over the next `samples` samples of the stream without making them, exactly as if
+  // next() had made and dropped them. Data parallelism reads each rank's shard of every global
+  // batch this way (dist/data_parallel.h ShardedSource): rank r of N skips r * B samples, makes
+  // its B, skips the other ranks' (N - 1 - r) * B. The built-in sources skip without drawing; this
+  // default refuses, naming the source (a source outside regen implements it to train under
+  // mpirun).
+  virtual void skip(int64_t samples);
 };
 
 // A held-out split for evaluation (models/evaluate.h): a fixed set of examples read in order, the

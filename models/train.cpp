@@ -17,12 +17,20 @@ Trainer::Trainer(Model& model, Optimizer& optimizer, DataSource& data, int64_t b
               " but training was asked on ", device.str());
 }
 
+void Trainer::set_gradient_sync(GradientSync* sync) {
+  REGEN_CHECK(!prepared_, "trainer: the gradient sync is set before the first step");
+  sync_ = sync;
+}
+
 void Trainer::prepare() {
   if (prepared_) return;
   kernels::prepare_device(device_);
+  if (sync_) sync_->prepare();
+  // Gradients a sync makes during backward (ZeRO-2) are not made here.
+  const bool make_grads = !sync_ || !sync_->manages_gradients();
   for (auto& kv : model_.named_parameters()) {
     TensorImpl* impl = kv.second.impl().get();
-    if (impl->grad) continue;
+    if (impl->grad || !make_grads) continue;
     CategoryScope cat(Category::gradient);
     TagScope tag(kv.first + ".grad");
     impl->grad = zeros(kv.second.shape(), kv.second.dtype(), device_).impl();
@@ -69,8 +77,10 @@ StepResult Trainer::step(StepObserver* observer) {
   if (has_schedule_) optimizer_.set_lr(schedule_.at(optimizer_steps_));
   r.lr = optimizer_.lr();
   r.micro_batches = accumulation_;
-  // Clipping (or the norm alone) then the update, inside the optimizer's window.
+  // Under data parallelism: every gradient reduced, then clipping (or the norm alone) and the
+  // update inside the optimizer's window, then ZeRO's gathers.
   auto update = [&] {
+    if (sync_) sync_->end_backward();
     if (observer) observer->on_optimizer_begin(alloc);
     if (clip_ > 0) {
       r.grad_norm = clip_gradient_norm(optimizer_.params(), clip_);
@@ -78,6 +88,7 @@ StepResult Trainer::step(StepObserver* observer) {
       r.grad_norm = gradient_norm(optimizer_.params());
     }
     optimizer_.step();
+    if (sync_) sync_->end_optimizer();
     ++optimizer_steps_;
     r.optimizer_step = optimizer_steps_;
     kernels::synchronize(device_);
@@ -87,14 +98,25 @@ StepResult Trainer::step(StepObserver* observer) {
     Batch batch = data_.next(batch_size_, device_);
     model_.check_batch(batch);
     optimizer_.zero_grad();
+    if (sync_) sync_->begin_step();
     Tensor loss = model_.forward_loss(batch.input, batch.target);
     r.loss = loss.dtype() == DType::f64 ? loss.item<double>() : loss.item<float>();
-    backward(loss);
+    if (sync_) {
+      const HooksScope hooks(&sync_->backward_hooks());
+      backward(loss);
+    } else {
+      backward(loss);
+    }
     loss = Tensor();
     update();
     r.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     if (observer) observer->on_iteration_end(alloc);
   } else {
+    // The session refuses accumulation under data parallelism (each micro-batch's backward would
+    // reduce its gradients).
+    REGEN_CHECK(sync_ == nullptr,
+                "gradient accumulation under data parallelism is not supported: one micro-batch "
+                "per step, or one process");
     optimizer_.zero_grad();
     const double k = static_cast<double>(accumulation_);
     double sum = 0;
@@ -121,17 +143,22 @@ StepResult Trainer::step(StepObserver* observer) {
     if (observer) observer->on_iteration_end(alloc);
   }
   r.memory = alloc.stats();
+  if (sync_) r.loss = sync_->reduce_loss(r.loss);
   return r;
 }
 
 DryRunResult dry_run_step(const ModelConfig& config, int64_t batch_size, Device device,
                           const std::function<std::unique_ptr<Optimizer>(Model&)>& make_optimizer) {
-  return dry_run_step(config, batch_size, device, make_optimizer, {});
+  return dry_run_step(
+      config, batch_size, device, [&](Model& m, GradientSync*) { return make_optimizer(m); },
+      [](Model&) { return std::unique_ptr<GradientSync>(); }, {});
 }
 
-DryRunResult dry_run_step(const ModelConfig& config, int64_t batch_size, Device device,
-                          const std::function<std::unique_ptr<Optimizer>(Model&)>& make_optimizer,
-                          const std::function<void(Trainer&)>& setup) {
+DryRunResult dry_run_step(
+    const ModelConfig& config, int64_t batch_size, Device device,
+    const std::function<std::unique_ptr<Optimizer>(Model&, GradientSync*)>& make_optimizer,
+    const std::function<std::unique_ptr<GradientSync>(Model&)>& make_sync,
+    const std::function<void(Trainer&)>& setup) {
   // What a device keeps for the life of the process (cuBLAS's handle and workspace) is made
   // now, on the device's own allocator, where the real step finds it; the scope counts it from its
   // start (kept), as the real step's peaks do.
@@ -141,9 +168,11 @@ DryRunResult dry_run_step(const ModelConfig& config, int64_t batch_size, Device 
   try {
     {
       std::unique_ptr<Model> model = make_model(config, device);
-      std::unique_ptr<Optimizer> optimizer = make_optimizer(*model);
+      std::unique_ptr<GradientSync> sync = make_sync(*model);
+      std::unique_ptr<Optimizer> optimizer = make_optimizer(*model, sync.get());
       std::unique_ptr<DataSource> data = make_shape_source(config);
       Trainer trainer(*model, *optimizer, *data, batch_size, device);
+      trainer.set_gradient_sync(sync.get());
       if (setup) setup(trainer);
       r.memory = trainer.step().memory;
       r.kept = scope.kept_bytes();

@@ -18,6 +18,35 @@
 namespace regen {
 
 class Optimizer;
+class TapeHooks;
+
+// Data parallelism's part of a training step (dist/data_parallel.h implements it; the trainer
+// knows only this interface). The trainer calls it at the same points of every step, on the
+// calling thread, so whatever it allocates (gradient buckets, collectives' scratch, staging)
+// comes in the same order at every step: a profiled step predicts the next ones to the byte.
+class GradientSync {
+ public:
+  virtual ~GradientSync() = default;
+  // Trainer::prepare, before the trainer creates gradients: the persistent buffers the sync keeps
+  // (flat gradient buckets, gradient shards) and the gradients of the parameters it manages.
+  virtual void prepare() = 0;
+  // True when the parameters' gradients are made by the sync during backward (ZeRO-2): prepare()
+  // then creates none for them.
+  virtual bool manages_gradients() const = 0;
+  // The tensors the optimizer updates: the model's parameters, or this rank's shard of them.
+  virtual std::vector<Tensor> optimizer_parameters() const = 0;
+  // After optimizer.zero_grad(), before the forward pass.
+  virtual void begin_step() = 0;
+  // Observes backward; registered around backward() only, after every other hook (the profiler's
+  // markers and a plan's executor run first at each node).
+  virtual TapeHooks& backward_hooks() = 0;
+  // After backward: every gradient reduced (waits for the collectives still in flight).
+  virtual void end_backward() = 0;
+  // After optimizer.step(): sharded parameters gathered.
+  virtual void end_optimizer() = 0;
+  // The step's loss as reported: the mean over the ranks of each rank's loss.
+  virtual double reduce_loss(double loss) = 0;
+};
 
 // Observers of a step's phases (the profiler is one).
 class StepObserver {
@@ -67,6 +96,9 @@ class Trainer {
   Optimizer& optimizer() { return optimizer_; }
   Device device() const { return device_; }
   int64_t batch_size() const { return batch_size_; }
+  // Data parallelism (GradientSync): set before the first step; nullptr (the default) trains alone.
+  void set_gradient_sync(GradientSync* sync);
+  GradientSync* gradient_sync() const { return sync_; }
 
   // ---- The training loop around the step (models/schedule.h) ----------------------------------
   // Gradient accumulation: each step runs `k` micro-batches of batch_size() examples (forward and
@@ -103,6 +135,7 @@ class Trainer {
   double clip_ = 0;
   bool track_norm_ = false;
   int64_t optimizer_steps_ = 0;
+  GradientSync* sync_ = nullptr;
 };
 
 // The first training step of a configuration, run dry (core/allocator.h, DryRunScope): a model,
@@ -127,9 +160,15 @@ struct DryRunResult {
 };
 DryRunResult dry_run_step(const ModelConfig& config, int64_t batch_size, Device device,
                           const std::function<std::unique_ptr<Optimizer>(Model&)>& make_optimizer);
-// The same with the trainer set up by `setup` (accumulation, clipping) before the step.
-DryRunResult dry_run_step(const ModelConfig& config, int64_t batch_size, Device device,
-                          const std::function<std::unique_ptr<Optimizer>(Model&)>& make_optimizer,
-                          const std::function<void(Trainer&)>& setup);
+// The same with data parallelism's part of the step and the trainer's setup: `make_sync` builds
+// the sync for the dry run's model (its buffers come from the Null arena too; nothing is
+// communicated), `make_optimizer` gets it, to update what it says
+// (GradientSync::optimizer_parameters), and `setup` (accumulation, clipping), when given, sets up
+// the trainer before the step.
+DryRunResult dry_run_step(
+    const ModelConfig& config, int64_t batch_size, Device device,
+    const std::function<std::unique_ptr<Optimizer>(Model&, GradientSync*)>& make_optimizer,
+    const std::function<std::unique_ptr<GradientSync>(Model&)>& make_sync,
+    const std::function<void(Trainer&)>& setup = {});
 
 }  // namespace regen

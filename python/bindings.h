@@ -86,5 +86,6 @@ void bind_ops(pb::module_& m);
 void bind_registry(pb::module_& m);
 void bind_remat(pb::module_& m);
 void bind_model(pb::module_& m);
+void bind_dist(pb::module_& m);  // dist.cpp: regen.world(), mpirun
 
 }  // namespace regen::py

@@ -162,6 +162,19 @@ SessionOptions options_from(const std::string& name, const pb::object& batch,
       o.conv = str_value(key, v);
     } else if (key == "math") {
       o.math = str_value(key, v);
+    } else if (key == "shard") {
+      o.shard = str_value(key, v);
+    } else if (key == "bucket_size") {
+      // Bytes, or text as the command line takes it ("25MiB").
+      if (pb::isinstance<pb::str>(v)) {
+        try {
+          o.bucket_size = parse_bytes(v.cast<std::string>());
+        } catch (const Error& e) {
+          REGEN_FAIL(option_error(key, text_of(v), e.message(), OptionStyle::keyword));
+        }
+      } else {
+        o.bucket_size = int64_value(key, v, OptionRange::integers(0));
+      }
     } else if (key == "tf32") {
       if (!pb::isinstance<pb::bool_>(v)) bad_type(key, v, "True or False");
       o.tf32 = v.cast<bool>();

@@ -9,6 +9,7 @@
 
 #include "regen/core/numeric.h"
 #include "regen/kernels/kernels.h"
+#include "regen/remat/distributed.h"
 
 namespace regen {
 namespace {
@@ -347,6 +348,8 @@ Profile profile_training(Trainer& trainer, const ProfileOptions& options) {
   p.optimizer_ms = median(opt);
   validate_profile(p, "profile of " + p.model);
   finalize_profile(p);
+  // Under mpirun, the job's profile: rank 0's, once every rank's memory record matched it.
+  if (trainer.gradient_sync() != nullptr) return agree_on_profile(std::move(p));
   return p;
 }
 

@@ -11,6 +11,8 @@
 
 #include "regen/core/numeric.h"
 #include "regen/core/safetensors.h"
+#include "regen/dist/data_parallel.h"
+#include "regen/dist/world.h"
 #include "regen/remat/pipeline.h"
 
 #ifdef REGEN_WITH_CUDA
@@ -78,6 +80,7 @@ OptionRange SessionOptions::range(const std::string& key) {
     return OptionRange::numbers(0);
   }
   if (key == "eval_split") return OptionRange::numbers(0, 0.9);
+  if (key == "bucket_size") return OptionRange::integers(1024, int64_t{1} << 40);
   REGEN_FAIL("SessionOptions::range: no range for option '", key, "'");
 }
 
@@ -118,6 +121,12 @@ void SessionOptions::validate() const {
               option_setting("schedule_steps", std::to_string(schedule_steps), style),
               " steps, which must be more than ",
               option_setting("warmup_steps", std::to_string(warmup_steps), style));
+  check_one_of(*this, "shard", shard, {"none", "optimizer", "gradients"});
+  // Bytes, named as integers (check_range writes numbers shortly: 1e+02).
+  const std::string bucket_problem = range("bucket_size").problem(static_cast<double>(bucket_size));
+  if (!bucket_problem.empty()) {
+    bad_option(*this, "bucket_size", std::to_string(bucket_size), bucket_problem);
+  }
   try {
     if (device != "auto") Device::parse(device);
   } catch (const Error& e) {
@@ -201,12 +210,19 @@ Device resolve_device(const std::string& text, OptionStyle style) {
     return probe.count;
   };
 #endif
+#ifdef REGEN_WITH_CUDA
+  // Under mpirun the ranks on one host take its GPUs in turn (their local rank).
+  const int local = dist::world().distributed() ? dist::world().local_rank() : 0;
+#endif
   if (text == "auto") {
 #ifdef REGEN_WITH_CUDA
-    if (count() > 0) return Device::cuda(0);
+    if (count() > 0) return Device::cuda(local % count());
 #endif
     return Device::cpu();
   }
+#ifdef REGEN_WITH_CUDA
+  if (text == "cuda" && local > 0 && count() > 0) return Device::cuda(local % count());
+#endif
   Device d;
   try {
     d = Device::parse(text);
@@ -421,12 +437,55 @@ class CheckedSource final : public DataSource {
   std::string describe() const override { return inner_->describe(); }
   std::string position() const override { return inner_->position(); }
   void set_position(const std::string& p) override { inner_->set_position(p); }
+  void skip(int64_t samples) override { inner_->skip(samples); }
 
  private:
   std::unique_ptr<DataSource> inner_;
   ModelConfig config_;
   const ModelInput& input_;
 };
+
+// Under mpirun every rank must run the same step: the options that shape it, compared with rank
+// 0's before anything is built (a rank with another batch or model would wait in a collective
+// forever). Rank 0 names the first difference; the other ranks wait for it to end the job.
+void check_same_on_every_rank(const SessionOptions& o, Device device) {
+  dist::World& w = dist::world();
+  if (!w.distributed()) return;
+  std::ostringstream mine;
+  mine << "--model " << o.model << "\n--batch " << o.batch << "\n--device " << device.str()
+       << "\n--seed " << o.seed << "\n--lr " << number_text(o.lr) << "\n--weight-decay "
+       << number_text(o.weight_decay) << "\n--shard " << o.shard << "\n--bucket-size "
+       << o.bucket_size << "\n";
+  for (const auto& [flag, value] : run_flags(o)) mine << flag << " " << value << "\n";
+  const std::vector<std::string> all = w.all_gather(mine.str());
+  if (w.rank() != 0) {
+    for (const std::string& other : all) {
+      if (other != all[0]) {
+        w.barrier();  // rank 0 ends the job with the difference
+      }
+    }
+    return;
+  }
+  auto lines = [](const std::string& text) {
+    std::vector<std::string> out;
+    std::istringstream in(text);
+    for (std::string line; std::getline(in, line);) out.push_back(line);
+    return out;
+  };
+  const std::vector<std::string> ref = lines(all[0]);
+  for (size_t r = 1; r < all.size(); ++r) {
+    if (all[r] == all[0]) continue;
+    const std::vector<std::string> got = lines(all[r]);
+    for (size_t i = 0; i < std::max(ref.size(), got.size()); ++i) {
+      const std::string a = i < ref.size() ? ref[i] : "(nothing)";
+      const std::string b = i < got.size() ? got[i] : "(nothing)";
+      REGEN_CHECK(a == b, "rank ", r, " of ", all.size(), " runs with ", b,
+                  " where rank 0 runs with ", a,
+                  ": every rank of a data-parallel job must train the same step (give every "
+                  "rank the same options and environment, OMP_NUM_THREADS included)");
+    }
+  }
+}
 
 }  // namespace
 
@@ -444,9 +503,28 @@ std::unique_ptr<Session> make_session(const SessionOptions& options, Preflight p
   REGEN_CHECK(options.conv == "native", option_setting("conv", options.conv, options.style),
               " needs a CUDA build");
 #endif
+  // Data parallelism: every rank trains the same step on its own shard of each global batch.
+  dist::World& world = dist::world();
+  check_same_on_every_rank(options, s->device);
+  if (world.distributed()) {
+    // What the training loop does that data parallelism does not carry yet (docs/distributed.md).
+    REGEN_CHECK(options.accumulate == 1,
+                option_setting("accumulate", std::to_string(options.accumulate), options.style),
+                " under mpirun: gradient accumulation is not supported with data parallelism yet "
+                "(each micro-batch's backward would reduce its gradients); a larger batch per rank "
+                "or more ranks give the same global batch");
+    REGEN_CHECK(options.shard == "none" || (options.clip_grad_norm == 0 && !options.grad_norm),
+                option_setting("shard", options.shard, options.style),
+                " with gradient clipping or the gradient norm: under ZeRO a rank holds a shard of "
+                "the gradients, and the global norm across ranks is not computed yet; shard none");
+  }
   // The data before the model: a wrong file fails before a large model is built.
-  s->data = std::make_unique<CheckedSource>(
-      make_training_source(options.data, c, options.seed, options.holdout(), options.style), c);
+  std::unique_ptr<DataSource> data =
+      make_training_source(options.data, c, options.seed, options.holdout(), options.style);
+  if (world.distributed()) {
+    data = std::make_unique<dist::ShardedSource>(std::move(data), world.rank(), world.size());
+  }
+  s->data = std::make_unique<CheckedSource>(std::move(data), c);
   if (options.eval_every > 0) {
     s->eval_data =
         make_eval_source(options.data, c, options.seed, options.holdout(), options.style);
@@ -458,22 +536,32 @@ std::unique_ptr<Session> make_session(const SessionOptions& options, Preflight p
     t.set_clip_grad_norm(options.clip_grad_norm);
     t.set_track_grad_norm(options.grad_norm);
   };
-  auto make_optimizer = [&options](Model& model) -> std::unique_ptr<Optimizer> {
+  auto make_sync = [&](Model& model) -> std::unique_ptr<GradientSync> {
+    if (!world.distributed()) return nullptr;
+    dist::DataParallelOptions o;
+    o.shard = dist::parse_shard_mode(options.shard);
+    o.bucket_bytes = options.bucket_size;
+    o.first_bucket_bytes = std::min(o.first_bucket_bytes, o.bucket_bytes);
+    return std::make_unique<dist::DataParallel>(model, dist::communicator_for(model.device()), o);
+  };
+  auto make_optimizer = [&options](Model& model, GradientSync* sync) -> std::unique_ptr<Optimizer> {
+    // Under ZeRO the optimizer owns this rank's slices of the parameters only.
+    std::vector<Tensor> params = sync ? sync->optimizer_parameters() : model.parameters();
     if (options.optimizer == "sgd") {
       SGDOptions o;
       o.lr = options.lr;
       o.momentum = options.momentum;
       o.weight_decay = options.weight_decay;
-      return std::make_unique<SGD>(model.parameters(), o);
+      return std::make_unique<SGD>(std::move(params), o);
     }
     AdamWOptions o;
     o.lr = options.lr;
     o.weight_decay = options.weight_decay;
-    return std::make_unique<AdamW>(model.parameters(), o);
+    return std::make_unique<AdamW>(std::move(params), o);
   };
   // The first step, run dry: its memory, exact, before any of it is used.
   try {
-    s->preflight = dry_run_step(c, options.batch, s->device, make_optimizer, setup_trainer);
+    s->preflight = dry_run_step(c, options.batch, s->device, make_optimizer, make_sync, setup_trainer);
   } catch (const Error& e) {
     // Options that pass their own checks and still stop a dry run mostly do so by size: a request
     // beyond any device's (the Null arena maps anything else), an index type's limit, an
@@ -489,11 +577,15 @@ std::unique_ptr<Session> make_session(const SessionOptions& options, Preflight p
   check_preflight(*s, preflight);
   manual_seed(options.seed);
   s->model = make_model(c, s->device);
-  s->optimizer = make_optimizer(*s->model);
+  // Each rank draws its own dropout masks (rank 0 those of one process with the same seed).
+  if (world.distributed()) manual_seed(dist::rank_seed(options.seed, world.rank()));
+  s->sync = make_sync(*s->model);
+  s->optimizer = make_optimizer(*s->model, s->sync.get());
   s->trainer =
       std::make_unique<Trainer>(*s->model, *s->optimizer, *s->data, options.batch, s->device);
   setup_trainer(*s->trainer);
   s->trainer->set_schedule(schedule);
+  s->trainer->set_gradient_sync(s->sync.get());
   return s;
 }
 
@@ -520,6 +612,13 @@ std::map<std::string, std::string> run_flags(const SessionOptions& o) {
   // What the step allocates besides forward and backward: micro-batches, the gradient norm.
   r["--accumulate"] = std::to_string(o.accumulate);
   r["--grad-norm"] = o.clip_grad_norm > 0 || o.grad_norm ? "on" : "off";
+  // Data parallelism: the ranks, and what shapes each rank's step (a process alone records none).
+  const dist::World& world = dist::world();
+  if (world.distributed()) {
+    r["--ranks"] = std::to_string(world.size());
+    r["--shard"] = o.shard;
+    r["--bucket-size"] = std::to_string(o.bucket_size);
+  }
   return r;
 }
 
@@ -584,6 +683,12 @@ void check_profile_run(const Profile& p, const SessionOptions& o, const std::str
                option_setting(key, here, o.style), ": its memory and times are another step's (",
                "pass ", was, ", or profile again)");
   }
+  // A profile of one process records no ranks.
+  const auto ranks = now.find("--ranks");
+  REGEN_CHECK(ranks == now.end() || p.run.count("--ranks"), what,
+              " was made by one process, but this run has ", ranks->second,
+              " ranks (mpirun): each rank's step also reduces gradients, which the profile does "
+              "not have; profile under mpirun with the same ranks");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -634,6 +739,13 @@ std::string first_non_finite(const Model& model) {
 }
 
 void save_checkpoint(const Session& s, const std::string& path, int64_t steps) {
+  // Under mpirun rank 0 writes (every rank holds the same parameters); the others wait until the
+  // file is there.
+  dist::World& world = dist::world();
+  if (world.rank() != 0) {
+    world.barrier();
+    return;
+  }
   const ModelConfig& c = s.config;
   std::map<std::string, std::string> meta = {
       {"format", "regen-checkpoint-1"}, {"model", c.name}, {"steps", std::to_string(steps)}};
@@ -643,6 +755,7 @@ void save_checkpoint(const Session& s, const std::string& path, int64_t steps) {
     if (opt.sizes_parameters || opt.recorded) meta[opt.key] = option_value_text(opt, opt.get(c));
   }
   save_safetensors(path, s.model->state_dict(), meta);
+  world.barrier();
 }
 
 namespace {
@@ -742,6 +855,11 @@ std::map<std::string, std::string> plan_identity(const Plan& plan) {
 
 void save_training_state(const Session& s, const std::string& path,
                          const std::map<std::string, std::string>& extra) {
+  // Each rank's data position and (under ZeRO) optimizer shard would need a file of its own.
+  REGEN_CHECK(!dist::world().distributed(),
+              "saving the training state under mpirun is not supported yet (each rank has its own "
+              "data position and, under ZeRO, its own optimizer shard); save weights with "
+              "--save, or train in one process");
   const ModelConfig& c = s.config;
   const Trainer& t = *s.trainer;
   std::map<std::string, std::string> meta = extra;
@@ -769,6 +887,9 @@ void save_training_state(const Session& s, const std::string& path,
 }
 
 std::map<std::string, std::string> resume_training_state(Session& s, const std::string& path) {
+  REGEN_CHECK(!dist::world().distributed(),
+              "resuming a training state under mpirun is not supported yet (a state is written by "
+              "one process); resume in one process");
   const SafetensorsFile file = load_safetensors(path);
   const auto& meta = file.metadata;
   const OptionStyle style = s.options.style;
@@ -883,6 +1004,13 @@ MeasuredRun measure_training(const SessionOptions& o, int steps, const Profile* 
   }
   r.steps_predicted = pipe.predicted_steps();
   r.steps_exact = pipe.exact_steps();
+  // Under mpirun: the highest peaks of any rank, and a step exact only when it was on every rank.
+  dist::World& world = dist::world();
+  if (world.distributed()) {
+    for (int64_t v : world.all_gather(r.peak)) r.peak = std::max(r.peak, v);
+    for (int64_t v : world.all_gather(r.reserved)) r.reserved = std::max(r.reserved, v);
+    for (int64_t v : world.all_gather(r.steps_exact)) r.steps_exact = std::min(r.steps_exact, v);
+  }
   // The first step pays first-touch costs; the median of the rest is the step time.
   if (ms.size() > 1) ms.erase(ms.begin());
   r.ms = median(ms);

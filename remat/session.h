@@ -77,12 +77,18 @@ struct SessionOptions {
   int64_t eval_batches = 0;
   int64_t eval_batch = 0;
   double eval_split = 0;
+  // Data parallelism, when the process is one of several ranks under mpirun (dist/world.h): what
+  // each rank keeps of the optimizer state and the gradients ("none"; "optimizer", ZeRO-1;
+  // "gradients", ZeRO-2) and the size of a gradient bucket in bytes (DDP's 25 MiB by default).
+  // A process alone ignores both. docs/distributed.md.
+  std::string shard = "none";
+  int64_t bucket_size = int64_t{25} << 20;
   // How messages name the options: --image-size (the command line) or image_size= (Python).
   OptionStyle style = OptionStyle::flag;
 
   static constexpr int64_t kMaxThreads = 1024;  // libgomp fails far above the cores any CPU has
   // The range of a session option with one ("batch", "threads", "lr", "momentum",
-  // "weight_decay"); the command line's validators take theirs from here.
+  // "weight_decay", "bucket_size"); the command line's validators take theirs from here.
   static OptionRange range(const std::string& key);
 
   // Every value in range and the combination valid, for the registered model, without building
@@ -135,6 +141,9 @@ struct Session {
   // The held-out split (data.h EvalSource): made with the session when options.eval_every > 0,
   // else by the first evaluate_session.
   std::unique_ptr<EvalSource> eval_data;
+  // Data parallelism (dist/data_parallel.h) when the world has more than one rank: the trainer's
+  // gradient sync. Null in a process alone.
+  std::unique_ptr<GradientSync> sync;
 };
 
 // What make_session refuses before it builds the model, from the dry run of the first step

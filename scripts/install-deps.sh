@@ -7,6 +7,8 @@ set -euo pipefail
 
 packages=(cmake make g++ pkg-config libeigen3-dev doctest-dev nlohmann-json3-dev libcli11-dev
           coinor-libcbc-dev
+          # Data-parallel training under mpirun (REGEN_MPI=AUTO builds it when MPI is found).
+          libopenmpi-dev openmpi-bin
           # The Python module (REGEN_PYTHON=AUTO builds it when these are present) and its tests;
           # sklearn ships the handwritten digits the real-data test trains on
           # (tests/python/test_digits.py).

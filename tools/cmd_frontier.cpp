@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <optional>
 #include <sstream>
 
 #include "regen/core/io.h"
@@ -23,6 +24,7 @@
 #include "regen/remat/profiler.h"
 #include "tools/command.h"
 #include "tools/common.h"
+#include "tools/distributed.h"
 
 namespace regen::tool {
 namespace {
@@ -434,12 +436,16 @@ void run(Flags f, const Given& given) {
   // The output folder and every file written in it. A second frontier into the same folder
   // stops here; a failed run leaves the folder as it was (its outputs are committed together at
   // the end, and a folder it made is removed again).
-  const OutputFolder out_folder(f.out, "--out");
+  // Under mpirun rank 0 owns the folder and writes the files.
+  std::optional<OutputFolder> out_folder;
   const std::string csv_path = f.out + "/frontier.csv";
   const std::string profile_path = f.out + "/profile.json";
-  check_output_path("--out", csv_path);
-  if (!loaded) check_output_path("--out", profile_path);
-  if (f.plot) check_output_path("--out", f.out + "/frontier.png");
+  if (output_rank()) {
+    out_folder.emplace(f.out, "--out");
+    check_output_path("--out", csv_path);
+    if (!loaded) check_output_path("--out", profile_path);
+    if (f.plot) check_output_path("--out", f.out + "/frontier.png");
+  }
 
   if (!loaded) {
     std::printf("profiling %s batch %lld (2 warm-up steps, 3 instrumented)\n", f.m.model.c_str(),
@@ -627,7 +633,9 @@ void run(Flags f, const Given& given) {
         "of the predicted step time\n",
         n_run, n_exact, n_within);
   }
-  // The outputs, committed together: a run that failed above changed nothing.
+  // The outputs, committed together: a run that failed above changed nothing. Under mpirun rank 0
+  // writes them (every rank planned from rank 0's profile: remat/distributed.h).
+  if (!output_rank()) return;
   if (loaded) {
     write_file_atomic(csv_path, csv_text(c, frontiers));
   } else {

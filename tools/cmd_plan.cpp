@@ -8,6 +8,7 @@
 #include "regen/remat/report.h"
 #include "tools/command.h"
 #include "tools/common.h"
+#include "tools/distributed.h"
 
 namespace regen::tool {
 namespace {
@@ -69,10 +70,12 @@ void setup(CLI::App& app) {
     const Plan plan = make_plan(sim, f->policy, Budget::parse(f->budget), po);
     // Both outputs written in full before either replaces its file.
     const std::string decisions = decisions_csv(p, plan);
-    AtomicFileWriter csv(f->decisions);
-    csv.write(decisions.data(), decisions.size());
-    save_plan(plan, p, f->out);
-    csv.commit();
+    if (output_rank()) {  // under mpirun rank 0 writes
+      AtomicFileWriter csv(f->decisions);
+      csv.write(decisions.data(), decisions.size());
+      save_plan(plan, p, f->out);
+      csv.commit();
+    }
     std::printf("plan %s for %s batch %d on %s, budget %s (%s %s)\n", plan.policy.c_str(),
                 p.model.c_str(), static_cast<int>(p.batch), p.device.c_str(),
                 plan.budget_text.c_str(),

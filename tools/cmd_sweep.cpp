@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <optional>
 #include <cstdlib>
 #include <sstream>
 
@@ -18,6 +19,7 @@
 #include "regen/remat/report.h"
 #include "tools/command.h"
 #include "tools/common.h"
+#include "tools/distributed.h"
 
 namespace regen::tool {
 namespace {
@@ -80,8 +82,11 @@ void run(const Flags& f) {
   const std::string math = math_mode(f.m, resolve_device(f.m.device));
   // The flags are right: the folder now. A second sweep into it stops here; a failed sweep leaves
   // it as it was (every output is committed together at the end, and a folder it made is removed).
-  const OutputFolder out_folder(f.out, "--out");
-  check_output_path("--out", f.out + "/" + f.m.model + "_summary.txt");  // the folder takes files
+  std::optional<OutputFolder> out_folder;  // under mpirun, rank 0's
+  if (output_rank()) {
+    out_folder.emplace(f.out, "--out");
+    check_output_path("--out", f.out + "/" + f.m.model + "_summary.txt");  // the folder takes files
+  }
   std::vector<std::pair<std::string, std::string>> outputs;
   std::vector<SweepRow> rows;
   std::string tables;
@@ -238,6 +243,7 @@ void run(const Flags& f) {
   outputs.emplace_back(stem + "_summary.txt", tables);
   outputs.emplace_back(stem + "_summary.csv", with_column(summary_csv(rows), "math", math));
   outputs.emplace_back(stem + "_timeline.csv", with_column(timelines, "math", math));
+  if (!output_rank()) return;  // under mpirun rank 0 writes
   write_files_atomic(outputs);
   std::printf("\n%s", tables.c_str());
   std::printf(

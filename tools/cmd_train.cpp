@@ -12,9 +12,12 @@
 #include "regen/core/io.h"
 #include "regen/core/numeric.h"
 #include "regen/models/metrics_log.h"
+#include "regen/dist/data_parallel.h"
+#include "regen/dist/world.h"
 #include "regen/remat/pipeline.h"
 #include "tools/command.h"
 #include "tools/common.h"
+#include "tools/distributed.h"
 
 namespace regen::tool {
 namespace {
@@ -80,6 +83,70 @@ void print_step(bool bar, int64_t step, int64_t steps, const StepResult& r, int6
   std::fflush(stdout);
 }
 
+// The job's data parallelism, under the header.
+void print_data_parallel(const dist::DataParallel& dp, const SessionOptions& m,
+                         const dist::World& world) {
+  int64_t bytes = 0;
+  for (const dist::BucketInfo& b : dp.buckets()) {
+    bytes += b.elements * static_cast<int64_t>(dtype_size(b.dtype));
+  }
+  const dist::DataParallelOptions& o = dp.options();
+  std::printf(
+      "data parallel: %d ranks (%s collectives on %s), global batch %lld (%lld per rank), shard "
+      "%s, %zu gradient buckets of %s in all (the first up to %s, then up to %s; %d in flight)\n",
+      world.size(), dp.communicator().backend(), dp.communicator().device().str().c_str(),
+      static_cast<long long>(m.batch * world.size()), static_cast<long long>(m.batch),
+      dist::shard_mode_name(o.shard), dp.buckets().size(), format_bytes(bytes).c_str(),
+      format_bytes(o.first_bucket_bytes).c_str(), format_bytes(o.bucket_bytes).c_str(),
+      o.max_in_flight);
+}
+
+// Every rank's figures, printed by rank 0: communication and how much backward hid, peaks, and
+// under a plan whether each rank's steps measured exactly the predicted peaks.
+void print_rank_summary(dist::World& world, const std::vector<dist::SyncStats>& steps,
+                        int64_t peak_alloc, int64_t peak_reserved, const RematPipeline& pipe,
+                        int64_t profiled) {
+  // Medians over the steps after the first (which pays first-touch costs), like the step time.
+  std::vector<double> comm, exposed, gather;
+  for (size_t i = steps.size() > 1 ? 1 : 0; i < steps.size(); ++i) {
+    comm.push_back(steps[i].backward_comm_ms);
+    exposed.push_back(steps[i].exposed_ms);
+    gather.push_back(steps[i].optimizer_comm_ms + steps[i].optimizer_wait_ms);
+  }
+  const double c = comm.empty() ? 0 : median(comm), e = exposed.empty() ? 0 : median(exposed);
+  const double g = gather.empty() ? 0 : median(gather);
+  const std::vector<double> all_comm = world.all_gather(c), all_exposed = world.all_gather(e);
+  const std::vector<double> all_gather_ms = world.all_gather(g);
+  const std::vector<int64_t> all_alloc = world.all_gather(peak_alloc);
+  const std::vector<int64_t> all_reserved = world.all_gather(peak_reserved);
+  const std::vector<int64_t> all_checked = world.all_gather(pipe.predicted_steps());
+  const std::vector<int64_t> all_exact = world.all_gather(pipe.exact_steps());
+  const bool planned = pipe.has_plan();
+  std::printf("  per rank (medians over the steps after the first%s):\n",
+              profiled > 0 ? "; peaks over every step" : "");
+  for (int r = 0; r < world.size(); ++r) {
+    const size_t i = static_cast<size_t>(r);
+    const double hidden =
+        all_comm[i] > 0 ? 100.0 * std::max(0.0, 1.0 - all_exposed[i] / all_comm[i]) : 100.0;
+    std::printf(
+        "    rank %d: gradient communication %s per step, %s of it exposed (%.0f%% hidden behind "
+        "backward)%s; peak allocated %s, reserved %s",
+        r, format_ms(all_comm[i]).c_str(), format_ms(all_exposed[i]).c_str(), hidden,
+        all_gather_ms[i] > 0 ? (", parameter gather " + format_ms(all_gather_ms[i])).c_str() : "",
+        format_bytes(all_alloc[i]).c_str(), format_bytes(all_reserved[i]).c_str());
+    if (planned) {
+      std::printf(
+          "; %s",
+          all_exact[i] == all_checked[i]
+              ? ("exact on all " + std::to_string(all_checked[i]) + " steps under the plan").c_str()
+              : ("exact on " + std::to_string(all_exact[i]) + " of " +
+                 std::to_string(all_checked[i]) + " steps under the plan")
+                    .c_str());
+    }
+    std::printf("\n");
+  }
+}
+
 void run(const TrainFlags& f) {
   REGEN_CHECK(f.steps > 0, "--steps must be a positive integer, got ", f.steps);
   // Mistakes in the outputs fail now, not after the last step.
@@ -127,8 +194,12 @@ void run(const TrainFlags& f) {
                 resumed_plan.c_str());
   }
   std::unique_ptr<MetricsLog> log;
-  if (!f.log.empty()) log = std::make_unique<MetricsLog>(f.log, /*append=*/start > 0);
-  const int64_t examples = f.m.batch * f.m.accumulate;  // per optimizer step
+  // Under mpirun rank 0 writes the log.
+  if (!f.log.empty() && output_rank()) {
+    log = std::make_unique<MetricsLog>(f.log, /*append=*/start > 0);
+  }
+  // Per optimizer step, every rank's under mpirun.
+  const int64_t examples = f.m.batch * f.m.accumulate * dist::world().size();
   std::printf(
       "training %s (%lld parameters) on %s, math %s, %d threads: batch %lld, %lld steps, "
       "%s lr %g; data: %s\n",
@@ -164,6 +235,11 @@ void run(const TrainFlags& f) {
     }
     std::printf("%s", loop.c_str());
   }
+  // Data parallelism under mpirun: each rank's batch is --batch; samples/s count every rank's.
+  dist::World& world = dist::world();
+  const auto* dp = dynamic_cast<const dist::DataParallel*>(s->sync.get());
+  if (dp != nullptr) print_data_parallel(*dp, f.m, world);
+  std::fflush(stdout);
 
   // What the device reports before training (CUDA): set beside the allocator's reserved bytes.
   uint64_t free_before = 0, total_mem = 0;
@@ -176,6 +252,7 @@ void run(const TrainFlags& f) {
   int64_t peak_alloc = 0, peak_reserved = 0;
   MemoryStats peak_stats;
   StepResult first_inexact;  // the first step under the plan whose peaks were not the predicted
+  std::vector<dist::SyncStats> comm_steps;  // data parallelism: each step's communication
   auto record = [&](const StepResult& r) {
     if (r.predicted && !r.exact() && !first_inexact.predicted) first_inexact = r;
     losses.push_back(r.loss);
@@ -292,7 +369,9 @@ void run(const TrainFlags& f) {
   }
 
   std::string mode = f.progress;
-  if (mode == "auto") mode = stdout_is_terminal() ? "bar" : "plain";
+  // Under mpirun a rank's stdout is a terminal of Open MPI's even when the job's output goes to a
+  // file: plain lines there.
+  if (mode == "auto") mode = stdout_is_terminal() && !world.distributed() ? "bar" : "plain";
   const int64_t every = f.steps <= 50 ? 1 : f.steps / 20;
   // Evaluation between steps: without the plan's hooks and layout (they are the training step's),
   // under its limit (the budget holds for the whole run).
@@ -347,6 +426,7 @@ void run(const TrainFlags& f) {
     }
     record(r);
     if (log) log->step(i + 1, r, examples);
+    if (dp != nullptr) comm_steps.push_back(dp->last_step());
     if (mode != "none" && ((i + 1) % every == 0 || i + 1 == f.steps)) {
       // The time left: the median step so far (the first, which warms up, left out once there
       // are others) times the steps left.
@@ -439,8 +519,11 @@ void run(const TrainFlags& f) {
           static_cast<long long>(done));
     }
   }
+  if (dp != nullptr) {
+    print_rank_summary(world, comm_steps, peak_alloc, peak_reserved, pipe, done);
+  }
   if (!f.save.empty()) {
-    save_checkpoint(*s, f.save, f.steps);
+    save_checkpoint(*s, f.save, f.steps);  // under mpirun, by rank 0
     std::printf("  saved %s\n", f.save.c_str());
   }
   if (!f.save_state.empty()) {

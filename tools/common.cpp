@@ -264,6 +264,30 @@ void add_model_flags(CLI::App& app, SessionOptions& o, bool with_batch,
   app.add_option("--conv", o.conv, "CUDA convolution: native (regen's kernels) or cudnn")
       ->capture_default_str();
   add_math_flags(app, o.math, o.tf32, math_default);
+  // Data parallelism under mpirun (docs/distributed.md); a process alone ignores them.
+  app.add_option("--shard", o.shard,
+                 "under mpirun, what each rank keeps: none (data parallelism like DDP), optimizer "
+                 "(ZeRO-1: 1/N of the optimizer state) or gradients (ZeRO-2: and 1/N of the "
+                 "gradients)")
+      ->check(CLI::IsMember({"none", "optimizer", "gradients"}))
+      ->capture_default_str();
+  const OptionRange bucket = SessionOptions::range("bucket_size");
+  app.add_option_function<std::string>(
+         "--bucket-size", [&o](const std::string& text) { o.bucket_size = parse_bytes(text); },
+         "under mpirun, the gradient buckets' size (bytes: 25MiB, 4MB, 1048576; default 25MiB)")
+      ->type_name("BYTES")
+      ->check(CLI::Validator(
+          [bucket](const std::string& text) -> std::string {
+            int64_t bytes = 0;
+            try {
+              bytes = parse_bytes(text);
+            } catch (const Error& e) {
+              return e.message();
+            }
+            const std::string problem = bucket.problem(static_cast<double>(bytes));
+            return problem.empty() ? "" : problem + " bytes, got '" + text + "'";
+          },
+          "BYTES"));
 }
 
 void add_eval_flags(CLI::App& app, SessionOptions& o) {

@@ -28,7 +28,7 @@ except ImportError:
              "(or REGEN_WITH_PLOTS=1 bash scripts/install-deps.sh)")
 
 CATEGORIES = ["parameter", "gradient", "optimizer_state", "activation", "workspace", "input",
-              "other"]
+              "other", "communication"]
 
 
 def read_rows(path):

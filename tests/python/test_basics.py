@@ -10,7 +10,7 @@ import regen
 
 def test_import_and_registries():
     assert regen.__version__
-    assert set(regen.build) == {"cuda", "cudnn", "milp"}
+    assert set(regen.build) == {"cuda", "cudnn", "milp", "mpi", "nccl"}
     models = regen.models()
     assert list(models)[:5] == ["resnet18", "resnet34", "resnet50", "resnet101", "resnet152"]
     assert "transformer-tiny" in models and all(models.values())
