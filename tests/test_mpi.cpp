@@ -247,6 +247,32 @@ TEST_CASE("a bad flag on one rank ends the job with an error naming the rank") {
   CHECK(has(r.out, "regen: error: rank 1 of 2: --batch must be a positive integer, got 0"));
 }
 
+// What the training loop does that data parallelism does not carry yet is refused by name, on
+// every rank, before a model is built (docs/distributed.md, "What was not done").
+TEST_CASE("two ranks: accumulation, clipping under ZeRO and a training state are refused") {
+  TempDir dir;
+  const std::vector<std::string> base = with({"--model", "resnet-tiny", "--batch", "2"}, kTiny);
+  Result r = mpi_train(2, with(base, {"--accumulate", "2"}));
+  INFO(r.out);
+  CHECK(r.status != 0);
+  CHECK(r.status != 137);
+  CHECK(has(r.out, "--accumulate 2 under mpirun: gradient accumulation is not supported"));
+  r = mpi_train(2, with(base, {"--shard", "optimizer", "--clip-grad-norm", "1"}));
+  INFO(r.out);
+  CHECK(r.status != 0);
+  CHECK(has(r.out, "--shard optimizer with gradient clipping or the gradient norm"));
+  const std::string state = (dir.path / "state.safetensors").string();
+  r = mpi_train(2, with(base, {"--save-state", state}));
+  INFO(r.out);
+  CHECK(r.status != 0);
+  CHECK(has(r.out, "--save-state: a training state under mpirun is not supported yet"));
+  CHECK(!fs::exists(state));
+  // Clipping with every gradient reduced on every rank runs.
+  r = mpi_train(2, with(base, {"--clip-grad-norm", "1"}));
+  INFO(r.out);
+  CHECK(r.status == 0);
+}
+
 TEST_CASE("ranks started with other commands or options are refused, naming the rank") {
   // Another command line: rank 0 names both.
   Result r = run(mpirun() + " -np 1 " +

@@ -242,7 +242,7 @@ TEST_CASE(
 
 TEST_CASE(
     "training: a run stopped and resumed is bitwise the run that never stopped "
-    "(transformer with dropout and AdamW, ResNet with momentum and batch norm; with and "
+    "(transformer with dropout and AdamW, ResNet with momentum and batch norm, with and "
     "without a dp plan)") {
   for (const bool resnet : {false, true}) {
     const SessionOptions o = resnet ? resnet_options() : lm_options();

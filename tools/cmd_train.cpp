@@ -149,6 +149,13 @@ void print_rank_summary(dist::World& world, const std::vector<dist::SyncStats>& 
 
 void run(const TrainFlags& f) {
   REGEN_CHECK(f.steps > 0, "--steps must be a positive integer, got ", f.steps);
+  // Under mpirun each rank has its own data position (and, under ZeRO, optimizer shard): a
+  // training state is one process's (remat/session.h save_training_state refuses it too).
+  REGEN_CHECK(!dist::world().distributed() || (f.save_state.empty() && f.resume.empty()),
+              f.save_state.empty() ? "--resume" : "--save-state",
+              ": a training state under mpirun is not supported yet (each rank has its own "
+              "data position and, under ZeRO, its own optimizer shard); save weights with --save, "
+              "or train in one process");
   // Mistakes in the outputs fail now, not after the last step.
   // --save may name the --load file: the checkpoint is read whole before the first step and
   // replaced atomically after the last, so training on from a checkpoint in place is safe; so may
