@@ -561,7 +561,8 @@ std::unique_ptr<Session> make_session(const SessionOptions& options, Preflight p
   };
   // The first step, run dry: its memory, exact, before any of it is used.
   try {
-    s->preflight = dry_run_step(c, options.batch, s->device, make_optimizer, make_sync, setup_trainer);
+    s->preflight =
+        dry_run_step(c, options.batch, s->device, make_optimizer, make_sync, setup_trainer);
   } catch (const Error& e) {
     // Options that pass their own checks and still stop a dry run mostly do so by size: a request
     // beyond any device's (the Null arena maps anything else), an index type's limit, an

@@ -651,7 +651,8 @@ TEST_CASE("cli: --layout planned needs a plan and agrees with a loaded one") {
 // Outputs are never written over the run's own training data, and --save may replace the
 // checkpoint it started from (read whole before the first step, replaced atomically after the
 // last).
-TEST_CASE("cli: outputs are checked against --data's files, and --load X --save X trains on in place") {
+TEST_CASE(
+    "cli: outputs are checked against --data's files, and --load X --save X trains on in place") {
   TempDir dir;
   const std::string text = dir.file("corpus.txt");
   write_file_atomic(text, std::string(4000, 'a') + "the quick brown fox jumps over the lazy dog");

@@ -8,8 +8,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <optional>
 #include <cstdlib>
+#include <optional>
 #include <sstream>
 
 #include "regen/core/io.h"

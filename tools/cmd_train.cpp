@@ -11,9 +11,9 @@
 
 #include "regen/core/io.h"
 #include "regen/core/numeric.h"
-#include "regen/models/metrics_log.h"
 #include "regen/dist/data_parallel.h"
 #include "regen/dist/world.h"
+#include "regen/models/metrics_log.h"
 #include "regen/remat/pipeline.h"
 #include "tools/command.h"
 #include "tools/common.h"
