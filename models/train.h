@@ -39,9 +39,17 @@ struct StepResult {
   // must equal to the byte. `predicted` is false for any other step.
   bool predicted = false;
   int64_t predicted_allocated = 0, predicted_reserved = 0;
+  // A step whose plan keeps tensors or optimizer state on the device's host tier (offload,
+  // host_allocator_for): the host tier's statistics over the step and its predicted peaks, which
+  // must equal them as well.
+  bool host_predicted = false;
+  MemoryStats host_memory;
+  int64_t predicted_host_allocated = 0, predicted_host_reserved = 0;
   bool exact() const {
     return predicted && memory.allocated.peak == predicted_allocated &&
-           memory.reserved.peak == predicted_reserved;
+           memory.reserved.peak == predicted_reserved &&
+           (!host_predicted || (host_memory.allocated.peak == predicted_host_allocated &&
+                                host_memory.reserved.peak == predicted_host_reserved));
   }
 };
 

@@ -14,6 +14,7 @@
 #include "regen/core/io.h"
 #include "regen/remat/dtr.h"
 #include "regen/remat/layout.h"
+#include "regen/remat/offload.h"
 #include "regen/remat/planner_parts.h"
 #include "regen/remat/planners/builtin.h"
 #include "regen/remat/planners/dp.h"
@@ -29,11 +30,58 @@ void ensure_planned_layout(const Simulator& sim, Plan& plan) {
 }
 
 Schedule plan_schedule(const Profile& p, const Plan& plan) {
-  return build_schedule(p, plan.decisions, plan.keep_chain, plan.regenerations);
+  OffloadSpec spec;
+  spec.offloads = plan.offloads;
+  spec.optimizer_state = plan.optimizer_state;
+  spec.transfer = plan.transfer.valid() ? plan.transfer : p.transfer;
+  return build_schedule(p, plan.decisions, plan.keep_chain, plan.regenerations, spec);
 }
 
 int64_t Plan::recomputed() const {
   return std::count(decisions.begin(), decisions.end(), Decision::recompute);
+}
+
+int64_t Plan::offloaded() const {
+  return std::count(decisions.begin(), decisions.end(), Decision::offload);
+}
+
+int64_t Plan::offloaded_bytes(const Profile& p) const {
+  int64_t b = 0;
+  for (size_t i = 0; i < decisions.size(); ++i) {
+    if (decisions[i] == Decision::offload) b += static_cast<int64_t>(p.saved[i].bytes);
+  }
+  return b;
+}
+
+bool Plan::uses_host() const {
+  return offloaded() > 0 || optimizer_state == StatePlace::host;
+}
+
+std::vector<std::string> offload_mode_names() {
+  return {"none", "activations", "optimizer", "all"};
+}
+
+const char* offload_mode_name(OffloadMode m) {
+  switch (m) {
+    case OffloadMode::none:
+      return "none";
+    case OffloadMode::activations:
+      return "activations";
+    case OffloadMode::optimizer:
+      return "optimizer";
+    case OffloadMode::all:
+      return "all";
+  }
+  return "?";
+}
+
+OffloadMode parse_offload_mode(const std::string& text) {
+  if (text == "none") return OffloadMode::none;
+  if (text == "activations") return OffloadMode::activations;
+  if (text == "optimizer") return OffloadMode::optimizer;
+  if (text == "all") return OffloadMode::all;
+  REGEN_FAIL("unknown offload mode '", text, "': known modes are ",
+             join_names(offload_mode_names()));
 }
 
 int64_t Plan::recomputed_bytes(const Profile& p) const {
@@ -176,6 +224,20 @@ void check_plan_decisions(const Plan& plan, const Profile& p) {
               p.saved.size(), " saved tensors");
 }
 
+void complete_offloads(const Profile& p, Plan& plan, const PlanOptions& options) {
+  if (!plan.transfer.valid())
+    plan.transfer = options.transfer.valid() ? options.transfer : p.transfer;
+  if (!plan.uses_host()) return;
+  REGEN_CHECK(plan.transfer.valid(), "plan '", plan.policy,
+              "' copies to the host tier, and there is no transfer model to time the copies (the "
+              "profile of ",
+              p.model, " has none): give one (--transfer, regen bench copy)");
+  if (plan.offloads.empty() && plan.offloaded() > 0) {
+    plan.offloads =
+        offload_points(p, plan.decisions, plan.keep_chain, plan.regenerations, plan.transfer);
+  }
+}
+
 namespace {
 // A plan's prediction, planned layout, feasibility and limit, from its decisions and its budget
 // in bytes and kind.
@@ -202,6 +264,7 @@ Plan finish_plan(const Simulator& sim, Plan draft, const Budget& budget,
                  const PlanOptions& options) {
   check_plan_decisions(draft, sim.profile());
   Plan plan = std::move(draft);
+  complete_offloads(sim.profile(), plan, options);
   plan.budget_text = budget.str();
   plan.budget_of = options.budget_of;
   plan.no_remat_peak = no_remat_peak_of(sim, plan.budget_of);

@@ -116,12 +116,19 @@ struct Plan {
   // to a reserved budget below every plan, the lowest limit its plan runs under.
   // `predicted` is the simulation under it, and training must set it to run as predicted.
   int64_t limit = 0;
-  std::vector<Decision> decisions;
+  std::vector<Decision> decisions;  // one fate per saved tensor (schedule.h Fate)
   bool keep_chain = true;
   std::vector<Regeneration> regenerations;  // explicit ones (schedule.h); most planners have none
-  bool feasible = true;                     // fits the budget (always true without a budget)
-  SimResult predicted;                      // exact simulation of this plan (under `limit`)
-  int64_t no_remat_peak = 0;                // of the budget's kind, as the peaks below
+  // Offload: the points of every tensor whose fate is offload (schedule.h Offload; finish_plan
+  // chooses them with offload_points when a draft has none), where the optimizer state lives
+  // between steps, and the transfer model that times the copies (the profile's, unless the
+  // planner was given another: PlanOptions::transfer). plan.json stores all three.
+  std::vector<Offload> offloads;
+  StatePlace optimizer_state = StatePlace::device;
+  TransferModel transfer;
+  bool feasible = true;       // fits the budget (always true without a budget)
+  SimResult predicted;        // exact simulation of this plan (under `limit`)
+  int64_t no_remat_peak = 0;  // of the budget's kind, as the peaks below
   // For a plan that does not fit, and a plan for the budget "lowest": the lowest budget of its
   // kind the policy meets (lowest_plan; milp: dp's, which it meets); 0 for other plans. Inside a
   // planner, before make_plan sets it, the lowest peak of the plans it tried.
@@ -131,6 +138,10 @@ struct Plan {
   std::string note;  // why infeasible, or what was chosen
   int64_t recomputed() const;
   int64_t recomputed_bytes(const Profile& p) const;
+  int64_t offloaded() const;
+  int64_t offloaded_bytes(const Profile& p) const;
+  // Whether the plan keeps anything on the host tier (an offloaded tensor or the optimizer state).
+  bool uses_host() const;
 };
 
 // The schedule a plan runs: its decisions, chain mode and explicit regenerations. Everything that
@@ -205,9 +216,29 @@ class PlanCache {
   std::unique_ptr<DpCache> dp_;
 };
 
+// The fates beyond retain and recompute a planner may choose (dp and milp do; the others leave
+// offload alone): none; activations (saved activations offloaded to the host tier); optimizer
+// (the optimizer state on the host tier between steps); all (both).
+enum class OffloadMode : uint8_t { none, activations, optimizer, all };
+std::vector<std::string> offload_mode_names();  // "none", "activations", "optimizer", "all"
+// Throws regen::Error naming the modes for anything else.
+OffloadMode parse_offload_mode(const std::string& text);
+const char* offload_mode_name(OffloadMode m);
+inline bool offloads_activations(OffloadMode m) {
+  return m == OffloadMode::activations || m == OffloadMode::all;
+}
+inline bool offloads_optimizer(OffloadMode m) {
+  return m == OffloadMode::optimizer || m == OffloadMode::all;
+}
+
 // What a policy may be told beyond the budget.
 struct PlanOptions {
   Chain chain = Chain::automatic;
+  // What may go to the host tier (dp and milp choose per tensor, and where the optimizer state
+  // lives; docs/remat.md "Offload").
+  OffloadMode offload = OffloadMode::none;
+  // The transfer model that times copies; not valid(): the profile's (Profile::transfer).
+  TransferModel transfer;
   BudgetOf budget_of = BudgetOf::reserved;
   // Run the plan with a planned layout (layout.h) and judge it by that run.
   bool planned_layout = false;
@@ -285,5 +316,9 @@ void judge_loaded_plan(const Simulator& sim, Plan& plan);
 // Throws regen::Error naming the plan and the profile unless the plan has one decision per saved
 // tensor.
 void check_plan_decisions(const Plan& plan, const Profile& p);
+// A plan's transfer model (the options', else the profile's, when it has none) and, when it
+// offloads tensors without points, their points (offload_points). Throws regen::Error when the
+// plan copies to the host tier and no transfer model is known.
+void complete_offloads(const Profile& p, Plan& plan, const PlanOptions& options);
 
 }  // namespace regen

@@ -162,6 +162,7 @@ std::string profile_to_json(const Profile& p) {
                      {"last_bw_rank", s.last_bw_rank},
                      {"readers", s.readers},
                      {"candidate", s.candidate},
+                     {"offloadable", s.offloadable},
                      {"recompute_ms", s.recompute_ms}});
   }
   j["saved"] = std::move(saved);
@@ -203,6 +204,7 @@ std::string profile_to_json(const Profile& p) {
     markers.push_back({marker_name(m.kind), m.node, m.position, m.time_ms});
   }
   j["markers"] = std::move(markers);
+  if (p.transfer.valid()) j["transfer"] = json::parse(transfer_to_json(p.transfer));
   return j.dump(1);
 }
 
@@ -233,6 +235,7 @@ Profile parse_profile_json(const std::string& text, const std::string& origin) {
     p.forward_ms = m.at("forward_ms").get<double>();
     p.backward_ms = m.at("backward_ms").get<double>();
     p.optimizer_ms = m.at("optimizer_ms").get<double>();
+    if (j.contains("transfer")) p.transfer = transfer_from_json(j.at("transfer").dump(), origin);
     for (const json& n : j.at("nodes")) {
       ProfileNode node;
       node.index = n.at("index").get<int32_t>();
@@ -629,6 +632,8 @@ void finalize_profile(Profile& p) {
     const ProfileValue& root = p.values[static_cast<size_t>(s.value)];
     s.candidate = !root.leaf && replayable[static_cast<size_t>(root.id)] && root.alloc_id != 0 &&
                   s.bytes > 0 && s.first_bw_rank >= 0 && s.last_fwd_use < last_forward;
+    s.offloadable = !root.leaf && root.alloc_id != 0 && s.bytes > 0 && s.first_bw_rank >= 0 &&
+                    s.last_fwd_use < last_forward && s.category == Category::activation;
   }
   for (ProfileSaved& s : p.saved) {
     s.recompute_ms = s.candidate ? standalone_recompute_ms(p, s.index) : 0.0;

@@ -11,6 +11,7 @@
 
 #include "regen/autograd/tape.h"
 #include "regen/core/allocator.h"
+#include "regen/remat/transfer.h"
 
 namespace regen {
 
@@ -54,9 +55,11 @@ struct ProfileSaved {
   int32_t last_fwd_use = -1;                      // last forward node reading it (or its producer)
   int32_t first_bw_rank = -1, last_bw_rank = -1;  // positions in the backward order (-1: unused)
   double recompute_ms = 0;                        // replaying its producers from retained tensors
-  bool candidate = false;  // may be evicted and recomputed (also: every leaf its
-                           // regeneration could reach is available)
-  std::string name;        // "<producer tag>:<slot>"
+  bool candidate = false;    // may be evicted and recomputed (also: every leaf its
+                             // regeneration could reach is available)
+  bool offloadable = false;  // may be offloaded: an activation allocated in the iteration, read
+                             // by backward, last used before the final forward op
+  std::string name;          // "<producer tag>:<slot>"
 };
 
 enum class MarkerKind : uint8_t {
@@ -117,6 +120,9 @@ struct Profile {
   std::array<int64_t, kNumCategories> allocated_by_at_peak{};
   std::array<int64_t, kNumCategories> persistent_by{};  // allocated at iteration start
   double iteration_ms = 0, forward_ms = 0, backward_ms = 0, optimizer_ms = 0;
+  // How long copies to and from the device's host tier take (transfer.h): measured by the
+  // profiler (regen bench copy's measurement, short), absent (not valid) in profiles from before.
+  TransferModel transfer;
 
   int32_t num_forward_nodes() const { return static_cast<int32_t>(nodes.size()); }
   const ProfileSaved* saved_of_value(int64_t value) const;

@@ -1,5 +1,6 @@
 // The profiler (profiler.h).
 #include "regen/remat/profiler.h"
+#include "regen/remat/transfer.h"
 
 #include <omp.h>
 #include <algorithm>
@@ -268,6 +269,12 @@ Profile profile_training(Trainer& trainer, const ProfileOptions& options) {
   p.optimizer_ms = median(opt);
   validate_profile(p, "profile of " + p.model);
   finalize_profile(p);
+  if (options.measure_transfer && !dry_run_active()) {
+    p.transfer = measure_transfer(trainer.device(), {1ull << 20, 4ull << 20, 16ull << 20}, 3);
+    p.transfer.source = "measured by regen profile on " + p.device + ", " + p.date;
+    // The host tier keeps nothing: the measurement's segments go back to the system.
+    host_allocator_for(trainer.device()).release_memory();
+  }
   return p;
 }
 

@@ -18,6 +18,10 @@ struct ProfileOptions {
   std::string model_name;
   // The flags besides model, batch and device that shape the step (Profile::run).
   std::map<std::string, std::string> run;
+  // After the instrumented steps, measure the copies between the device and its host tier
+  // (transfer.h measure_transfer, a few sizes up to 16 MiB: tens of ms) into Profile::transfer.
+  // Not in a dry run.
+  bool measure_transfer = true;
 };
 
 // Extra hooks (e.g. a remat executor) may be installed on the tape while profiling; the
