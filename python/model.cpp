@@ -184,10 +184,13 @@ class PyModel {
 
   std::shared_ptr<PlanHandle> make(const std::string& policy, const pb::object& budget,
                                    const std::string& chain, const std::string& budget_of,
-                                   const std::string& layout) {
+                                   const std::string& layout, const std::string& offload,
+                                   const std::string& transfer) {
     REGEN_CHECK(profile_ != nullptr,
                 "plan: the model has no profile; call profile() or use_profile() first");
-    const PlanOptions o = plan_options(chain, budget_of, layout);
+    PlanOptions o =
+        plan_options(chain, budget_of, layout, offload, transfer, &profile_->profile);
+    o.cache = &profile_->cache;
     auto h = std::make_shared<PlanHandle>(
         PlanHandle{make_plan(profile_->sim, policy, budget_from(budget), o), profile_});
     install(h);
@@ -274,6 +277,21 @@ void bind_model(pb::module_& m) {
           "Allocated bytes by category when the peak was reached")
       .def_property_readonly("cache_flushes",
                              [](const StepResult& r) { return r.memory.num_cache_flushes; })
+      .def_property_readonly(
+          "host_peak_allocated",
+          [](const StepResult& r) -> pb::object {
+            return r.host_predicted ? pb::cast(r.host_memory.allocated.peak) : pb::none();
+          },
+          "Under a plan that uses the host tier (offload): its peak of allocated bytes, else None")
+      .def_property_readonly("host_peak_reserved",
+                             [](const StepResult& r) -> pb::object {
+                               return r.host_predicted ? pb::cast(r.host_memory.reserved.peak)
+                                                       : pb::none();
+                             })
+      .def_property_readonly(
+          "exact", [](const StepResult& r) { return r.exact(); },
+          "A step under a plan at its own limit whose peaks, device and host tier, were the "
+          "predicted ones")
       .def("__repr__", [](const StepResult& r) {
         return "regen.StepResult(loss " + std::to_string(r.loss) + ", " + format_ms(r.ms) +
                ", peak allocated " + format_bytes(r.memory.allocated.peak) + ", reserved " +
@@ -329,9 +347,14 @@ time for exact memory figures: another live model's tensors count in the allocat
             d["replays"] = e->replays();
             d["evictions"] = e->evictions();
             d["regen_ms"] = e->regen_ms();
+            d["offloads"] = e->offload().offloads;
+            d["bytes_to_host"] = e->offload().bytes_to_host;
+            d["bytes_to_device"] = e->offload().bytes_to_device;
+            d["stall_ms"] = e->offload().stall_ms;
             return d;
           },
-          "Under a plan: the last step's evictions, replays and regeneration time, else None")
+          "Under a plan: the last step's evictions, replays and regeneration time, and its "
+          "offloads (tensors, bytes copied each way, time waited for copies), else None")
       .def(
           "step", [](PyModel& s) { return s.train(1, pb::none()).front(); },
           "One training step (under the plan in use); returns a StepResult")
@@ -339,7 +362,8 @@ time for exact memory figures: another live model's tensors count in the allocat
           "train",
           [](PyModel& s, int64_t steps, const pb::object& policy, const pb::object& budget,
              const std::string& chain, const std::string& budget_of, const std::string& layout,
-             const pb::object& plan, int profile_steps, const pb::object& progress) {
+             const pb::object& plan, int profile_steps, const pb::object& progress,
+             const std::string& offload, const std::string& transfer) {
             if (!plan.is_none()) {
               REGEN_CHECK(policy.is_none(), "train: give a plan or a policy, not both");
               s.install(plan.cast<std::shared_ptr<PlanHandle>>());
@@ -349,7 +373,7 @@ time for exact memory figures: another live model's tensors count in the allocat
                 s.clear_plan();
               } else {
                 if (!s.profile()) s.run_profile(profile_steps, 0);
-                s.make(name, budget, chain, budget_of, layout);
+                s.make(name, budget, chain, budget_of, layout, offload, transfer);
               }
             } else {
               REGEN_CHECK(budget.is_none(), "train: a budget needs a policy (regen.policies())");
@@ -360,9 +384,10 @@ time for exact memory figures: another live model's tensors count in the allocat
           pb::arg("budget") = pb::none(), pb::arg("chain") = "auto",
           pb::arg("budget_of") = "reserved", pb::arg("layout") = "caching",
           pb::arg("plan") = pb::none(), pb::arg("profile_steps") = 2,
-          pb::arg("progress") = pb::none(), R"doc(
+          pb::arg("progress") = pb::none(), pb::arg("offload") = "none",
+          pb::arg("transfer") = "profile", R"doc(
 ``steps`` training steps; returns their StepResults. With ``policy`` (and ``budget``, ``chain``,
-``budget_of``, ``layout``): the model is profiled first if it has no profile (``profile_steps``
+``budget_of``, ``layout``, ``offload``, ``transfer``: regen.plan's): the model is profiled first if it has no profile (``profile_steps``
 steps, which train too), planned, and every step runs under the plan; ``policy='none'`` drops the
 plan. With ``plan``: under that Plan (made for this model's configuration, e.g. by make_plan).
 Without either: under the plan in use, if any. A plan that does not fit its budget is refused
@@ -377,7 +402,8 @@ stops. A loss, parameter or gradient that is not finite raises regen.Error.)doc"
            "device or settings")
       .def("plan", &PyModel::make, pb::arg("policy"), pb::arg("budget") = pb::none(), pb::kw_only(),
            pb::arg("chain") = "auto", pb::arg("budget_of") = "reserved",
-           pb::arg("layout") = "caching",
+           pb::arg("layout") = "caching", pb::arg("offload") = "none",
+           pb::arg("transfer") = "profile",
            "Plans with the model's profile (regen.plan's arguments) and runs the next steps under "
            "it")
       .def(

@@ -118,7 +118,7 @@ Plan load_plan(const std::string& path, const Profile& p) {
       try {
         plan.decisions[i] = parse_fate(v);
       } catch (const Error& err) {
-        REGEN_FAIL(origin, ": decision for saved tensor ", i, ": ", err.message());
+        REGEN_FAIL(origin, ": bad decision for saved tensor ", i, ": ", err.message());
       }
       REGEN_CHECK(plan.decisions[i] != Decision::recompute || p.saved[i].candidate, origin,
                   ": saved tensor '", p.saved[i].name, "' cannot be recomputed");

@@ -106,14 +106,24 @@ Chain parse_chain(const std::string& text) {
 PolicySpec parse_policy_spec(const std::string& text) {
   PolicySpec spec;
   spec.label = text;
-  const size_t colon = text.find(':');
-  spec.policy = text.substr(0, colon);
+  const size_t plus = text.find('+');
+  const std::string head = text.substr(0, plus);
+  if (plus != std::string::npos) {
+    spec.offload_given = true;
+    try {
+      spec.offload = parse_offload_mode(text.substr(plus + 1));
+    } catch (const Error& e) {
+      REGEN_FAIL("in '", text, "': ", e.message());
+    }
+  }
+  const size_t colon = head.find(':');
+  spec.policy = head.substr(0, colon);
   const std::vector<std::string> names = policy_names();
   if (!std::count(names.begin(), names.end(), spec.policy)) {
     REGEN_FAIL("unknown policy '", spec.policy, "' in '", text, "': known policies are ",
                join_names(names));
   }
-  if (colon != std::string::npos) spec.chain = parse_chain(text.substr(colon + 1));
+  if (colon != std::string::npos) spec.chain = parse_chain(head.substr(colon + 1));
   return spec;
 }
 
@@ -122,9 +132,10 @@ PolicySpec parse_policy_spec(const std::string& text) {
 PlanCache::PlanCache(const Simulator& sim) : sim_(&sim) {}
 PlanCache::~PlanCache() = default;
 
-DpCache& PlanCache::dp() {
-  if (!dp_) dp_ = std::make_unique<DpCache>();
-  return *dp_;
+DpCache& PlanCache::dp(const std::string& variant) {
+  std::unique_ptr<DpCache>& c = dp_[variant];
+  if (!c) c = std::make_unique<DpCache>();
+  return *c;
 }
 
 PlanCache& cache_for(const Simulator& sim, const PlanOptions& options) {
@@ -269,7 +280,7 @@ Plan finish_plan(const Simulator& sim, Plan draft, const Budget& budget,
   plan.budget_of = options.budget_of;
   plan.no_remat_peak = no_remat_peak_of(sim, plan.budget_of);
   plan.budget_bytes = budget.resolve(plan.no_remat_peak);
-  plan.lower_bound = memory_lower_bound(sim.profile());
+  plan.lower_bound = memory_lower_bound(sim.profile(), options.offload);
   judge_against_budget(sim, plan, options.planned_layout);
   plan.lowest_peak = std::min(plan.no_remat_peak, peak_of(plan.predicted, plan.budget_of));
   if (options.planned_layout) ensure_planned_layout(sim, plan);
@@ -326,7 +337,11 @@ std::pair<int64_t, bool> noted_lowest(const Simulator& sim, const std::string& p
   const std::string key = (milp ? std::string("dp") : policy) + " " +
                           chain_names()[static_cast<size_t>(options.chain)] + " " +
                           budget_of_name(options.budget_of) +
-                          (options.planned_layout ? " planned" : " caching");
+                          (options.planned_layout ? " planned" : " caching") +
+                          (options.offload == OffloadMode::none
+                               ? std::string()
+                               : std::string(" offload ") + offload_mode_name(options.offload) +
+                                     " " + options.transfer.str());
   std::map<std::string, int64_t>& known = cache_for(sim, options).lowest;
   auto it = known.find(key);
   if (it == known.end()) {

@@ -163,11 +163,30 @@ std::vector<std::string> policy_names();
 // The same without "none": the policies that rematerialize (for help texts and error messages).
 std::vector<std::string> remat_policy_names();
 
+// The fates beyond retain and recompute a planner may choose (dp and milp do; the others leave
+// offload alone): none; activations (saved activations offloaded to the host tier); optimizer
+// (the optimizer state on the host tier between steps); all (both).
+enum class OffloadMode : uint8_t { none, activations, optimizer, all };
+std::vector<std::string> offload_mode_names();  // "none", "activations", "optimizer", "all"
+// Throws regen::Error naming the modes for anything else.
+OffloadMode parse_offload_mode(const std::string& text);
+const char* offload_mode_name(OffloadMode m);
+inline bool offloads_activations(OffloadMode m) {
+  return m == OffloadMode::activations || m == OffloadMode::all;
+}
+inline bool offloads_optimizer(OffloadMode m) {
+  return m == OffloadMode::optimizer || m == OffloadMode::all;
+}
+
 // "policy" or "policy:chain" (as `regen sweep --policies` takes them, e.g. mutwo:drop for
 // mu-TWO's own chain semantics). Throws regen::Error naming the bad part.
+// "policy[:chain][+offload]", where offload is an offload mode (activations, optimizer, all):
+// dp+all is dp with every fate (regen frontier and sweep set it beside dp).
 struct PolicySpec {
   std::string policy;
   Chain chain = Chain::automatic;
+  bool offload_given = false;
+  OffloadMode offload = OffloadMode::none;
   std::string label;  // the text given
 };
 PolicySpec parse_policy_spec(const std::string& text);
@@ -201,7 +220,8 @@ class PlanCache {
   PlanCache(const PlanCache&) = delete;
   PlanCache& operator=(const PlanCache&) = delete;
   const Simulator& simulator() const { return *sim_; }
-  DpCache& dp();  // made on first use; dp fills it
+  // Made on first use; dp fills it. One per variant (dp with an offload mode and transfer model).
+  DpCache& dp(const std::string& variant = "");
   std::optional<std::vector<MutwoPick>> mutwo_picks;
   std::map<std::string, int64_t> lowest;  // by policy, chain mode, budget kind and layout
   // DTR's lowest limit found (remat/dtr.cpp) and the reserved peak under it, by variant (true:
@@ -213,23 +233,8 @@ class PlanCache {
 
  private:
   const Simulator* sim_;
-  std::unique_ptr<DpCache> dp_;
+  std::map<std::string, std::unique_ptr<DpCache>> dp_;
 };
-
-// The fates beyond retain and recompute a planner may choose (dp and milp do; the others leave
-// offload alone): none; activations (saved activations offloaded to the host tier); optimizer
-// (the optimizer state on the host tier between steps); all (both).
-enum class OffloadMode : uint8_t { none, activations, optimizer, all };
-std::vector<std::string> offload_mode_names();  // "none", "activations", "optimizer", "all"
-// Throws regen::Error naming the modes for anything else.
-OffloadMode parse_offload_mode(const std::string& text);
-const char* offload_mode_name(OffloadMode m);
-inline bool offloads_activations(OffloadMode m) {
-  return m == OffloadMode::activations || m == OffloadMode::all;
-}
-inline bool offloads_optimizer(OffloadMode m) {
-  return m == OffloadMode::optimizer || m == OffloadMode::all;
-}
 
 // What a policy may be told beyond the budget.
 struct PlanOptions {
@@ -304,7 +309,9 @@ Plan make_plan(const Simulator& sim, const std::string& policy, const Budget& bu
 // holds there (the persistent blocks, every block no plan can evict, and the candidates every plan
 // must have resident: through the forward pass until their last forward reader, during the
 // backward of each node reading them), each block at its rounded request (docs/remat.md).
-int64_t memory_lower_bound(const Profile& p);
+// With offload, tensors a plan may offload count as candidates do, and optimizer state it may keep
+// on the host tier not at all.
+int64_t memory_lower_bound(const Profile& p, OffloadMode offload = OffloadMode::none);
 
 // plan.json (atomic write); load checks it against the profile it is used with.
 void save_plan(const Plan& plan, const Profile& p, const std::string& path);

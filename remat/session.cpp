@@ -589,10 +589,15 @@ MeasuredRun measure_training(const SessionOptions& o, int steps, const Profile* 
     ms.push_back(st.ms);
     r.peak = std::max(r.peak, st.memory.allocated.peak);
     r.reserved = std::max(r.reserved, st.memory.reserved.peak);
+    if (st.host_predicted) {
+      r.host_peak = std::max(r.host_peak, st.host_memory.allocated.peak);
+      r.host_reserved = std::max(r.host_reserved, st.host_memory.reserved.peak);
+    }
   }
   if (const RematExecutor* exec = pipe.executor()) {
     r.regen_ms = exec->regen_ms();
     r.replays = exec->replays();
+    r.stall_ms = exec->offload().stall_ms;
   }
   r.steps_predicted = pipe.predicted_steps();
   r.steps_exact = pipe.exact_steps();

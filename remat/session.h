@@ -162,6 +162,10 @@ struct MeasuredRun {
   // Under a plan at its own limit: the steps whose peaks were checked against the prediction, and
   // how many measured it exactly (RematPipeline::step checks every step).
   int64_t steps_predicted = 0, steps_exact = 0;
+  // Under a plan that uses the host tier (offload): its peaks over every step, and the time the
+  // last step waited for copies.
+  int64_t host_peak = 0, host_reserved = 0;
+  double stall_ms = 0;
 };
 // A fresh session (make_session) on an emptied allocator and `steps` steps through a
 // RematPipeline: without `plan`, no rematerialization; with it (made for `profile`), every step

@@ -326,4 +326,54 @@ void add_layout_flag(CLI::App& app, std::string& layout) {
       ->capture_default_str();
 }
 
+void add_offload_flags(CLI::App& app, std::string& offload, std::string& transfer) {
+  app.add_option("--offload", offload,
+                 "what dp and milp may move to the device's host tier: none, activations (saved "
+                 "activations, copied out after their producer and back before backward needs "
+                 "them), optimizer (the optimizer state between steps) or all")
+      ->check(CLI::IsMember(offload_mode_names()))
+      ->capture_default_str();
+  app.add_option("--transfer", transfer,
+                 "the transfer model that times copies to and from the host tier: profile (the "
+                 "one the profile measured), FILE.json (regen bench copy --json), step:F (copying "
+                 "every saved activation once, one way, takes F of the profiled step: 0.4 is an "
+                 "H100 ResNet-152 step against PCIe 5) or gbps:B[,LATENCY_MS]")
+      ->check(non_empty("a transfer model"))
+      ->capture_default_str();
+}
+
+void apply_offload_flags(PlanOptions& po, const std::string& offload, const std::string& transfer,
+                         const Profile& p) {
+  po.offload = parse_offload_mode(offload);
+  // The profile's own model is the default; resolving it here names the flag when it has none and
+  // the plan needs one.
+  if (transfer != "profile" || p.transfer.valid()) po.transfer = transfer_for(transfer, p);
+}
+
+std::string describe_offload(const Plan& plan, const Profile& p) {
+  if (!plan.uses_host()) return "";
+  char buf[512];
+  std::string out;
+  if (plan.offloaded() > 0) {
+    std::snprintf(buf, sizeof buf, "  offload %lld saved tensors (%s) to the host tier\n",
+                  static_cast<long long>(plan.offloaded()),
+                  format_bytes(plan.offloaded_bytes(p)).c_str());
+    out += buf;
+  }
+  if (plan.optimizer_state == StatePlace::host) {
+    out += "  the optimizer state lives on the host tier, streamed through the device by the "
+           "update\n";
+  }
+  std::snprintf(buf, sizeof buf,
+                "  predicted host tier peak allocated %s, reserved %s; %s copied out, %s back; "
+                "the step waits %.1f ms for copies (transfer model: %s)\n",
+                format_bytes(plan.predicted.host_peak_allocated).c_str(),
+                format_bytes(plan.predicted.host_peak_reserved).c_str(),
+                format_bytes(plan.predicted.bytes_to_host).c_str(),
+                format_bytes(plan.predicted.bytes_to_device).c_str(), plan.predicted.stall_ms,
+                plan.transfer.str().c_str());
+  out += buf;
+  return out;
+}
+
 }  // namespace regen::tool

@@ -61,6 +61,16 @@ void add_budget_of_flag(CLI::App& app, std::string& budget_of);
 // --layout caching|planned: where a planned step's blocks go (PlanOptions::planned_layout).
 void add_layout_flag(CLI::App& app, std::string& layout);
 
+// --offload none|activations|optimizer|all (PlanOptions::offload: what dp and milp may move to
+// the host tier) and --transfer (the transfer model that times the copies: profile, FILE.json from
+// `regen bench copy`, step:F or gbps:B[,LATENCY_MS]; transfer.h transfer_for).
+void add_offload_flags(CLI::App& app, std::string& offload, std::string& transfer);
+// Sets PlanOptions::offload and ::transfer from those flags, for plans made on profile `p`.
+void apply_offload_flags(PlanOptions& po, const std::string& offload, const std::string& transfer,
+                         const Profile& p);
+// The lines a command prints about a plan's offloads ("" when it keeps nothing on the host tier).
+std::string describe_offload(const Plan& plan, const Profile& p);
+
 // "a,b,,c" -> {"a", "b", "c"} (empty items dropped).
 std::vector<std::string> split_commas(const std::string& s);
 
