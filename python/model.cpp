@@ -188,8 +188,7 @@ class PyModel {
                                    const std::string& transfer) {
     REGEN_CHECK(profile_ != nullptr,
                 "plan: the model has no profile; call profile() or use_profile() first");
-    PlanOptions o =
-        plan_options(chain, budget_of, layout, offload, transfer, &profile_->profile);
+    PlanOptions o = plan_options(chain, budget_of, layout, offload, transfer, &profile_->profile);
     o.cache = &profile_->cache;
     auto h = std::make_shared<PlanHandle>(
         PlanHandle{make_plan(profile_->sim, policy, budget_from(budget), o), profile_});

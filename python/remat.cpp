@@ -97,6 +97,7 @@ pb::dict saved_table(const Profile& p) {
   t["bytes"] = column<int64_t>(k, [&](size_t i) { return s[i].bytes; });
   t["category"] = str_column(k, [&](size_t i) { return category_name(s[i].category); });
   t["candidate"] = column<bool>(k, [&](size_t i) { return s[i].candidate; });
+  t["offloadable"] = column<bool>(k, [&](size_t i) { return s[i].offloadable; });
   t["recompute_ms"] = column<double>(k, [&](size_t i) { return s[i].recompute_ms; });
   t["last_fwd_use"] = column<int32_t>(k, [&](size_t i) { return s[i].last_fwd_use; });
   t["first_bw_rank"] = column<int32_t>(k, [&](size_t i) { return s[i].first_bw_rank; });
@@ -421,7 +422,8 @@ of equal-length columns (numpy arrays, or lists for text and lists), ready for
           "saved", [](const ProfileHandle& h) { return saved_table(h.profile); },
           "The saved tensors (what a decision vector indexes) as columns: index, name, value, "
           "producer, "
-          "op, block, bytes, category, candidate, recompute_ms, last_fwd_use, first_bw_rank, "
+          "op, block, bytes, category, candidate, offloadable, recompute_ms, last_fwd_use, "
+          "first_bw_rank, "
           "last_bw_rank, readers")
       .def(
           "values", [](const ProfileHandle& h) { return values_table(h.profile); },
@@ -546,7 +548,8 @@ of equal-length columns (numpy arrays, or lists for text and lists), ready for
         draft.keep_chain = keep_chain_from(chain, "simulate");
         draft.regenerations = regenerations_from(regenerations);
         draft.optimizer_state = parse_state_place(optimizer_state);
-        complete_offloads(p, draft, plan_options("auto", "reserved", "caching", "none", transfer, &p));
+        complete_offloads(p, draft,
+                          plan_options("auto", "reserved", "caching", "none", transfer, &p));
         const Schedule s = plan_schedule(p, draft);
         SimOptions o;
         o.timeline = timeline;
@@ -748,8 +751,8 @@ limit from a budget.)doc");
       },
       pb::arg("profile"), pb::arg("policy"), pb::arg("budget") = pb::none(), pb::kw_only(),
       pb::arg("chain") = "auto", pb::arg("budget_of") = "reserved", pb::arg("layout") = "caching",
-      pb::arg("milp_time_limit") = 60.0, pb::arg("milp_threads") = 1,
-      pb::arg("offload") = "none", pb::arg("transfer") = "profile", R"doc(
+      pb::arg("milp_time_limit") = 60.0, pb::arg("milp_threads") = 1, pb::arg("offload") = "none",
+      pb::arg("transfer") = "profile", R"doc(
 Plans with any registered planner (regen.policies()) under ``budget``: None, '60%' (of the no-remat
 peak of ``budget_of``), '2GiB', bytes, or 'lowest' (the lowest budget the policy meets). ``chain`` 'auto', 'keep' or 'drop'; ``budget_of``
 'reserved' (what the device sees; the steps run under the allocator's hard limit) or 'allocated';
@@ -774,9 +777,8 @@ dp and milp may move to the device's host tier, timed by ``transfer`` ('profile'
         draft.keep_chain = keep_chain_from(chain, "make_plan");
         draft.regenerations = regenerations_from(regenerations);
         draft.optimizer_state = parse_state_place(optimizer_state);
-        Plan plan =
-            finish_plan(profile->sim, std::move(draft), budget_from(budget),
-                        plan_options(chain, budget_of, layout, "none", transfer, &p));
+        Plan plan = finish_plan(profile->sim, std::move(draft), budget_from(budget),
+                                plan_options(chain, budget_of, layout, "none", transfer, &p));
         if (!plan.feasible) {
           plan.note = "the decisions reach a " + std::string(budget_of_name(plan.budget_of)) +
                       " peak of " + format_bytes(peak_of(plan.predicted, plan.budget_of)) +

@@ -503,9 +503,10 @@ void describe_stage(const Profile& p, const Levels& L, const NodeWindows& W,
 }  // namespace
 
 ChainModel build_chain_model(const Profile& p, const LevelChange* change) {
-  REGEN_CHECK(!change || ((change->offloaded.empty() || change->offloaded.size() == p.saved.size()) &&
-                          (change->delta.empty() || change->delta.size() == p.events.size() + 1)),
-              "chain model: a level change made for another profile");
+  REGEN_CHECK(
+      !change || ((change->offloaded.empty() || change->offloaded.size() == p.saved.size()) &&
+                  (change->delta.empty() || change->delta.size() == p.events.size() + 1)),
+      "chain model: a level change made for another profile");
   ChainModel m;
   m.no_remat_peak = p.peak_allocated;
   const size_t nn = p.nodes.size(), nv = p.values.size(), ns = p.saved.size();

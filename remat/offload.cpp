@@ -213,8 +213,8 @@ std::vector<OffloadFamily> offload_families(const Profile& p, bool activations, 
       std::sort(set.begin(), set.end());
       return set;
     };
-    for (const auto& [order, label] :
-         {std::make_pair(&by_gap, "longest off first"), std::make_pair(&by_cost, "costliest first")}) {
+    for (const auto& [order, label] : {std::make_pair(&by_gap, "longest off first"),
+                                       std::make_pair(&by_cost, "costliest first")}) {
       for (double f : {0.25, 0.5, 1.0, 2.0}) {
         sets.push_back(prefix(*order, f * forward_ms));
         names.push_back(std::string(label) + ", " + std::to_string(f).substr(0, 4) +

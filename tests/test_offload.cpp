@@ -9,13 +9,15 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 
+#include "examples/unet/unet_model.h"
 #include "regen/core/copy_queue.h"
 #include "regen/core/io.h"
 #include "regen/remat/offload.h"
 #include "regen/remat/planners/dp.h"
 #include "regen/remat/report.h"
-#include "tests/remat_suite.h"
+#include "tests/offload_suite.h"
 
 namespace regen::testing {
 namespace {
@@ -132,73 +134,6 @@ TEST_CASE("transfer models: the --transfer forms, JSON and the fit") {
   CHECK(samples.size() == 2);
   CHECK(m.valid());
   CHECK(m.to_host.latency_ms >= 0);
-}
-
-// Every offloadable tensor offloaded (the rest retained), optimizer state where `place` says.
-Plan offload_everything(const Simulator& sim, StatePlace place, const TransferModel& t,
-                        const Budget& budget = Budget()) {
-  const Profile& p = sim.profile();
-  Plan draft;
-  draft.decisions.assign(p.saved.size(), Fate::retain);
-  for (const ProfileSaved& s : p.saved) {
-    if (s.offloadable) draft.decisions[static_cast<size_t>(s.index)] = Fate::offload;
-  }
-  draft.optimizer_state = place;
-  draft.transfer = t;
-  PlanCache cache(sim);
-  PlanOptions o;
-  o.cache = &cache;
-  return finish_plan(sim, draft, budget, o);
-}
-
-// Training under `plan` is bitwise the run without remat, and every step's peaks, on the device and
-// on its host tier, are the predicted ones.
-void check_exact_training(const ModelConfig& cfg, int64_t batch, const Profile& p, const Plan& plan,
-                          const Trace& ref, SessionOptions o) {
-  fresh_allocator(Device::cpu());
-  host_allocator_for(Device::cpu()).empty_cache();
-  std::unique_ptr<Session> s = make_session(o, Preflight::none);
-  Run run;
-  run.model = std::move(s->model);
-  run.opt = std::move(s->optimizer);
-  run.data = std::move(s->data);
-  run.trainer = std::move(s->trainer);
-  (void)cfg;
-  (void)batch;
-  RematPipeline pipe(*run.trainer);
-  pipe.use_profile(p);
-  pipe.use_plan(plan);
-  std::vector<StepResult> steps = pipe.train(3);
-  REQUIRE(steps.size() == 3);
-  for (const StepResult& r : steps) {
-    CHECK(r.host_predicted == plan.uses_host());
-    CHECK(r.memory.allocated.peak == plan.predicted.peak_allocated);
-    CHECK(r.memory.reserved.peak == plan.predicted.peak_reserved);
-    CHECK(r.host_memory.allocated.peak == plan.predicted.host_peak_allocated);
-    CHECK(r.host_memory.reserved.peak == plan.predicted.host_peak_reserved);
-  }
-  CHECK(pipe.exact_steps() == 3);
-  CHECK(pipe.executor()->offload().offloads == plan.offloaded());
-  CHECK(pipe.executor()->offload().bytes_to_host == plan.predicted.bytes_to_host);
-  CHECK(pipe.executor()->offload().bytes_to_device == plan.predicted.bytes_to_device);
-  CHECK(pipe.executor()->replays() == plan.predicted.replays);
-  Trace got;
-  for (const StepResult& r : steps) got.losses.push_back(r.loss);
-  pipe.finish();
-  got = trace_of(run, std::move(got));
-  check_same_training(got, ref);
-}
-
-Trace reference(SessionOptions o) {
-  fresh_allocator(Device::cpu());
-  std::unique_ptr<Session> s = make_session(o, Preflight::none);
-  Run run;
-  run.model = std::move(s->model);
-  run.opt = std::move(s->optimizer);
-  run.data = std::move(s->data);
-  run.trainer = std::move(s->trainer);
-  RematPipeline plain(*run.trainer);
-  return train(plain, run, 3);
 }
 
 void check_offload_model(const ModelConfig& cfg, int64_t batch, const std::string& optimizer) {
@@ -457,6 +392,99 @@ TEST_CASE("plan.json with offloads: a round trip, and every bad field named") {
     }
   }
   std::filesystem::remove_all(dir);
+}
+
+// dp with every fate on a model where activations dominate: a lower lowest budget than dp without
+// offload, plans that run exactly as predicted (device and host tier) and train bitwise, a
+// frontier that stays monotone, and no plan under the bound of its fates.
+TEST_CASE("dp with offload: lower budgets, exact and bitwise, monotone, above its bound") {
+  const ModelConfig cfg = remat_resnet();
+  SessionOptions o = run_options(cfg, 8, Device::cpu());
+  fresh_allocator(Device::cpu());
+  Profile p;
+  {
+    std::unique_ptr<Session> s = make_session(o, Preflight::none);
+    ProfileOptions po;
+    po.warmup = 1;
+    po.iterations = 1;
+    po.model_name = cfg.name;
+    p = profile_training(*s->trainer, po);
+  }
+  const Simulator sim(p);
+  PlanCache cache(sim);
+  PlanOptions plain;
+  plain.cache = &cache;
+  plain.budget_of = BudgetOf::allocated;
+  PlanOptions all = plain;
+  all.offload = OffloadMode::all;
+  all.transfer = transfer_for("step:0.4", p);
+  const int64_t low_plain = lowest_plan(sim, "dp", plain).budget_bytes;
+  const Plan low_all = lowest_plan(sim, "dp", all);
+  CHECK(low_all.feasible);
+  CHECK(low_all.budget_bytes < low_plain);
+  CHECK(low_all.uses_host());
+  CHECK(low_all.predicted.peak_allocated >= memory_lower_bound(p, OffloadMode::all));
+  CHECK(memory_lower_bound(p, OffloadMode::all) < memory_lower_bound(p));
+  MESSAGE("dp's lowest allocated budget: ", format_bytes(low_plain), " without offload, ",
+          format_bytes(low_all.budget_bytes), " with every fate (", low_all.offloaded(),
+          " tensors offloaded, optimizer state on the ",
+          std::string(state_place_name(low_all.optimizer_state)), ")");
+  // A frontier from the no-remat peak down to that lowest: monotone.
+  const int64_t hi = low_all.no_remat_peak;
+  int64_t last_peak = std::numeric_limits<int64_t>::max();
+  double last_time = 0;
+  for (int k = 0; k <= 8; ++k) {
+    const int64_t b = hi - (hi - low_all.budget_bytes) * k / 8;
+    const Plan plan = make_plan(sim, "dp", Budget::parse(std::to_string(b)), all);
+    CAPTURE(b);
+    CHECK(plan.feasible);
+    CHECK(plan.predicted.peak_allocated <= b);
+    CHECK(plan.predicted.peak_allocated <= last_peak);
+    CHECK(plan.predicted.time_ms >= last_time - 1e-9);
+    last_peak = plan.predicted.peak_allocated;
+    last_time = plan.predicted.time_ms;
+  }
+  // The lowest plan and one between it and the plain lowest, executed.
+  const Trace ref = reference(o);
+  check_exact_training(cfg, 8, p, low_all, ref, o);
+  PlanOptions reserved = all;
+  reserved.budget_of = BudgetOf::reserved;
+  const Plan mid = make_plan(sim, "dp", Budget::parse("45%"), reserved);
+  if (mid.feasible) check_exact_training(cfg, 8, p, mid, ref, o);
+}
+
+// The U-Net's long skips: dp pins them (read across stages), so without offload its lowest budget
+// stays well above mu-TWO's, which recomputes them again and again; offloaded, they leave the
+// device for most of the step, and dp reaches mu-TWO's lowest at a fraction of its cost
+// (docs/results.md has the case, batch 8 at 96x96 and width 16).
+TEST_CASE("dp with offload reaches mutwo's lowest on the U-Net, at a fraction of its cost") {
+  static const bool registered = [] {
+    unet::register_unet();
+    return true;
+  }();
+  (void)registered;
+  const ModelConfig cfg = model_preset("unet");
+  const Profile p = profile_of(cfg, 8, 1);
+  const Simulator sim(p);
+  PlanCache cache(sim);
+  PlanOptions o;
+  o.cache = &cache;
+  o.budget_of = BudgetOf::allocated;
+  const Plan mutwo = lowest_plan(sim, "mutwo", o);
+  const Plan dp = lowest_plan(sim, "dp", o);
+  CHECK(dp.budget_bytes > mutwo.budget_bytes);  // the pinned skips
+  PlanOptions off = o;
+  off.offload = OffloadMode::all;
+  off.transfer = transfer_for("step:0.4", p);
+  const Plan plan = make_plan(sim, "dp", Budget::parse(std::to_string(mutwo.budget_bytes)), off);
+  CHECK(plan.feasible);
+  CHECK(plan.offloaded() > 0);
+  CHECK(plan.predicted.time_ms < mutwo.predicted.time_ms);
+  MESSAGE("U-Net b8 64x64: mutwo's lowest ", format_bytes(mutwo.budget_bytes), " at ",
+          plan.predicted.time_ms, " ms vs mutwo's ", mutwo.predicted.time_ms, " ms; dp alone ",
+          format_bytes(dp.budget_bytes));
+  SessionOptions so = run_options(cfg, 8, Device::cpu());
+  check_exact_training(cfg, 8, p, plan, reference(so), so);
 }
 
 }  // namespace

@@ -131,8 +131,8 @@ bool same_plan(const Plan& a, const Plan& b) {
     return a.policy == b.policy && a.limit == b.limit && a.feasible == b.feasible;
   }
   if (a.keep_chain != b.keep_chain || a.decisions != b.decisions ||
-      a.regenerations.size() != b.regenerations.size() ||
-      a.optimizer_state != b.optimizer_state || a.offloads.size() != b.offloads.size()) {
+      a.regenerations.size() != b.regenerations.size() || a.optimizer_state != b.optimizer_state ||
+      a.offloads.size() != b.offloads.size()) {
     return false;
   }
   for (size_t i = 0; i < a.offloads.size(); ++i) {
@@ -174,8 +174,8 @@ std::string time_verdict(double measured_ms, double predicted_ms) {
 // peaks fell short of the prediction would not show in the highest).
 bool exact(const MeasuredRun& m, const SimResult& predicted) {
   return m.peak == predicted.peak_allocated && m.reserved == predicted.peak_reserved &&
-         m.host_peak == predicted.host_peak_allocated && m.host_reserved ==
-         predicted.host_peak_reserved && m.steps_exact == m.steps_predicted;
+         m.host_peak == predicted.host_peak_allocated &&
+         m.host_reserved == predicted.host_peak_reserved && m.steps_exact == m.steps_predicted;
 }
 
 // As the budget falls (points[i] -> points[i + 1]): the peak never rises, the time never falls,
@@ -288,9 +288,9 @@ std::string csv_text(const Context& c, const std::vector<PolicyFrontier>& fronti
       os << ",";
     }
     os << "," << budget_of_name(plan.budget_of) << "," << plan.limit << ","
-       << (plan.planned_layout ? "planned" : "caching") << "," << c.math << ","
-       << plan.offloaded() << "," << state_place_name(plan.optimizer_state) << ","
-       << r.host_peak_allocated << "," << fmt("%.4f", r.stall_ms) << ",";
+       << (plan.planned_layout ? "planned" : "caching") << "," << c.math << "," << plan.offloaded()
+       << "," << state_place_name(plan.optimizer_state) << "," << r.host_peak_allocated << ","
+       << fmt("%.4f", r.stall_ms) << ",";
     if (executed) {
       os << m.host_peak << "," << fmt("%.4f", m.stall_ms);
     } else {
@@ -385,7 +385,8 @@ std::string measured_line(const MeasuredRun& m, const SimResult& r) {
                 time_verdict(m.ms, r.time_ms).c_str());
   std::string out = buf;
   if (r.host_peak_allocated > 0 || m.host_peak > 0) {
-    std::snprintf(buf, sizeof buf, "; host tier peak %s (predicted %s, %s), waited %s for copies "
+    std::snprintf(buf, sizeof buf,
+                  "; host tier peak %s (predicted %s, %s), waited %s for copies "
                   "(predicted %s)",
                   format_bytes(m.host_peak).c_str(), format_bytes(r.host_peak_allocated).c_str(),
                   m.host_peak == r.host_peak_allocated ? "exact" : "DIFFERS",
@@ -498,8 +499,8 @@ void run(Flags f, const Given& given) {
   OffloadMode widest = parse_offload_mode(f.offload);
   for (const PolicySpec& spec : specs) {
     if (spec.offload_given && spec.offload != OffloadMode::none) {
-      widest = widest == OffloadMode::none || widest == spec.offload ? spec.offload
-                                                                     : OffloadMode::all;
+      widest =
+          widest == OffloadMode::none || widest == spec.offload ? spec.offload : OffloadMode::all;
     }
   }
   c.lower_bound = memory_lower_bound(profile, widest);

@@ -300,10 +300,9 @@ void run(const TrainFlags& f) {
           "copied %s out and %s back, waited %.1f ms for copies (predicted %.1f ms on the "
           "transfer model; %s)\n",
           format_bytes(plan.predicted.host_peak_allocated).c_str(),
-          format_bytes(plan.predicted.host_peak_reserved).c_str(),
-          format_bytes(host_alloc).c_str(), format_bytes(host_reserved).c_str(),
-          format_bytes(c.bytes_to_host).c_str(), format_bytes(c.bytes_to_device).c_str(),
-          c.stall_ms, plan.predicted.stall_ms,
+          format_bytes(plan.predicted.host_peak_reserved).c_str(), format_bytes(host_alloc).c_str(),
+          format_bytes(host_reserved).c_str(), format_bytes(c.bytes_to_host).c_str(),
+          format_bytes(c.bytes_to_device).c_str(), c.stall_ms, plan.predicted.stall_ms,
           s->device.is_cpu() ? "on the CPU the copies are memcpy on helper threads: the times "
                                "say nothing of a GPU's"
                              : "measured with events on the compute stream");

@@ -361,8 +361,9 @@ std::string describe_offload(const Plan& plan, const Profile& p) {
     out += buf;
   }
   if (plan.optimizer_state == StatePlace::host) {
-    out += "  the optimizer state lives on the host tier, streamed through the device by the "
-           "update\n";
+    out +=
+        "  the optimizer state lives on the host tier, streamed through the device by the "
+        "update\n";
   }
   std::snprintf(buf, sizeof buf,
                 "  predicted host tier peak allocated %s, reserved %s; %s copied out, %s back; "

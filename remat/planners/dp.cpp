@@ -120,8 +120,7 @@ Schedule dp_schedule(const Profile& p, const DpCache& memo, const DpCache::Point
   return plan_schedule(p, dp_point_plan(p, memo, pt));
 }
 
-namespace {
-}  // namespace
+namespace {}  // namespace
 
 int64_t dp_lowest(const Simulator& sim, const PlanOptions& options) {
   const BudgetOf of = options.budget_of;
