@@ -33,6 +33,7 @@
 #include "regen/remat/milp.h"
 #include "regen/remat/planner.h"
 #include "regen/remat/profiler.h"
+#include "regen/remat/transfer.h"
 #include "tests/test_util.h"
 #include "tools/common.h"
 
@@ -477,6 +478,40 @@ TEST_CASE("cli: train under a plan reports the prediction exact on every step un
                                           "--budget", "80%", "--budget-of", "allocated"}));
   CHECK(one.status == 0);
   CHECK(has(one.out, "(exact on the one step under the plan)"));
+}
+
+// Offload from the command line: dp with every fate trains exactly, the host tier's peaks and the
+// copies reported beside the prediction; regen bench copy writes a transfer model --transfer reads.
+TEST_CASE("cli: train with --offload all reports the host tier exact; bench copy writes a model") {
+  TempDir dir;
+  const Result r = regen_run(
+      dir, tiny({"--steps", "4", "--batch", "4", "--policy", "dp", "--budget", "lowest",
+                 "--budget-of", "allocated", "--offload", "all", "--transfer", "gbps:20"}));
+  CAPTURE(r.out);
+  CAPTURE(r.err);
+  CHECK(r.status == 0);
+  CHECK(has(r.out, "(exact on every one of the 2 steps under the plan)"));
+  CHECK(has(r.out, "  host tier: predicted peak allocated"));
+  CHECK(has(r.out, "the times say nothing of a GPU's"));
+  const std::string json = dir.path + "/copy.json";
+  const Result b = regen_run(dir, {"bench", "copy", "--sizes", "1MiB,2MiB", "--repeats", "1",
+                                   "--json", json});
+  CAPTURE(b.err);
+  CHECK(b.status == 0);
+  CHECK(has(b.out, "transfer model:"));
+  CHECK(load_transfer(json).valid());
+  const Result t = regen_run(
+      dir, tiny({"--steps", "3", "--batch", "4", "--policy", "dp", "--budget", "lowest",
+                 "--budget-of", "allocated", "--offload", "activations", "--transfer", json}));
+  CAPTURE(t.err);
+  CHECK(t.status == 0);
+  const Result bad = regen_run(dir, tiny({"--steps", "3", "--policy", "dp", "--offload", "weights"}));
+  CHECK(bad.status != 0);
+  CHECK(has(bad.err, "--offload"));
+  const Result bad_t = regen_run(
+      dir, tiny({"--steps", "3", "--policy", "dp", "--offload", "all", "--transfer", "pcie5"}));
+  CHECK(bad_t.status != 0);
+  CHECK(has(bad_t.err, "--transfer 'pcie5': not profile, step:F"));
 }
 
 // A step whose loss is still finite can leave parameters that are not (here the update of step 1
