@@ -128,6 +128,13 @@ template <class T>
 void maxpool2d_forward(const T* x, T* y, int32_t* argmax, const PoolShape& s);
 template <class T>
 void maxpool2d_backward(const T* dy, const int32_t* argmax, T* dx, const PoolShape& s);
+// The same with the argmax packed as window positions (shapes.h, pool_code_bits): codes:
+// (N, C, pool_code_words_per_plane(s)) words. Values, and dx summed in the same order, are bit for
+// bit those of the argmax forms.
+template <class T>
+void maxpool2d_forward_packed(const T* x, T* y, uint32_t* codes, const PoolShape& s);
+template <class T>
+void maxpool2d_backward_packed(const T* dy, const uint32_t* codes, T* dx, const PoolShape& s);
 // Average over the window including padding (count_include_pad=True, PyTorch's default).
 template <class T>
 void avgpool2d_forward(const T* x, T* y, const PoolShape& s);

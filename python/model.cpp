@@ -103,6 +103,9 @@ SessionOptions options_from(const std::string& name, const pb::object& batch,
     } else if (key == "tf32") {
       if (!pb::isinstance<pb::bool_>(v)) bad_type(key, v, "True or False");
       o.tf32 = v.cast<bool>();
+    } else if (key == "masks") {
+      if (!pb::isinstance<pb::bool_>(v)) bad_type(key, v, "True or False");
+      o.masks = v.cast<bool>();
     } else if (key == "lr") {
       o.lr = number_value(key, v);
     } else if (key == "momentum") {
@@ -285,7 +288,8 @@ A registered model (regen.models()) with its optimizer, data and trainer: the li
 ``regen train`` builds it: ``Model("resnet-tiny", batch=4, device="cpu", lr=0.05)``. Options (None:
 the preset's or the session's default): the session's optimizer ('sgd' or 'adamw'), lr, momentum,
 weight_decay, seed, threads (at most 1024; 0: OpenMP's), data ('', or one of the model's data kinds:
-regen.model_input(name)), conv, math ('fp32' or 'tf32'), tf32; and the model's own
+regen.model_input(name)), conv, math ('fp32' or 'tf32'), tf32, masks (packed saves, default True);
+and the model's own
 (regen.model_options(name)): image_size and num_classes for the ResNets, seq_len, vocab, dropout and
 lm_head_chunk for the Transformers. Every value is checked as the command line checks its flags,
 with the keyword in the message ("threads=5000: must be at most 1024"). The first step runs dry

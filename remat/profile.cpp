@@ -132,6 +132,7 @@ std::string profile_to_json(const Profile& p) {
                      {"fwd_free_bytes", n.fwd_free_bytes},
                      {"bwd_alloc_bytes", n.bwd_alloc_bytes},
                      {"bwd_free_bytes", n.bwd_free_bytes}});
+    if (n.packed) nodes.back()["packed"] = true;
   }
   j["nodes"] = std::move(nodes);
   json values = json::array();
@@ -248,6 +249,7 @@ Profile parse_profile_json(const std::string& text, const std::string& origin) {
       node.saved = n.at("saved").get<std::vector<int64_t>>();
       node.fwd_ms = n.at("fwd_ms").get<double>();
       node.bwd_ms = n.at("bwd_ms").get<double>();
+      node.packed = n.value("packed", false);
       p.nodes.push_back(std::move(node));
     }
     for (const json& v : j.at("values")) {

@@ -27,6 +27,9 @@ struct ProfileNode {
   double fwd_ms = 0, bwd_ms = 0;                // medians (bwd_ms = 0 when it has no backward)
   int64_t fwd_alloc_bytes = 0, fwd_free_bytes = 0, bwd_alloc_bytes = 0, bwd_free_bytes = 0;
   int32_t bwd_rank = -1;  // position in the backward order, -1 if backward does not run it
+  // It saves the packed form its op offers (autograd/tape.h PackedSaves): a relu's 1-bit mask, a
+  // max_pool2d's window positions. "packed" in profile.json, written only when true.
+  bool packed = false;
 };
 
 struct ProfileValue {

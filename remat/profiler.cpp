@@ -76,6 +76,7 @@ class Recorder final : public TapeHooks, public StepObserver {
       pn.inputs = n.inputs;
       pn.outputs = n.outputs;
       pn.saved = n.saved;
+      pn.packed = n.packed;
       nodes_.push_back(std::move(pn));
     }
     values_.clear();

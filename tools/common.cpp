@@ -240,6 +240,17 @@ void add_model_flags(CLI::App& app, SessionOptions& o, bool with_batch,
   app.add_option("--conv", o.conv, "CUDA convolution: native (regen's kernels) or cudnn")
       ->capture_default_str();
   add_math_flags(app, o.math, o.tf32, math_default);
+  add_pack_flags(app, o);
+}
+
+void add_pack_flags(CLI::App& app, SessionOptions& o) {
+  app.add_option_function<std::string>(
+         "--masks", [&o](const std::string& v) { o.masks = v == "on"; },
+         "packed saves: relu keeps a 1-bit mask where nothing else saves its output, max_pool2d "
+         "its argmax as window positions in a few bits; training is bitwise the same (default: "
+         "on)")
+      ->type_name("on|off")
+      ->check(CLI::IsMember({"on", "off"}));
 }
 
 void add_math_flags(CLI::App& app, std::string& math, bool& tf32, const std::string& default_help) {

@@ -80,6 +80,9 @@ void batchnorm_backward_eval(const float* dy, const float* x, const float* gamma
 // Pooling.
 void maxpool2d_forward(const float* x, float* y, int32_t* argmax, const PoolShape& s);
 void maxpool2d_backward(const float* dy, const int32_t* argmax, float* dx, const PoolShape& s);
+void maxpool2d_forward_packed(const float* x, float* y, uint32_t* codes, const PoolShape& s);
+void maxpool2d_backward_packed(const float* dy, const uint32_t* codes, float* dx,
+                               const PoolShape& s);
 void avgpool2d_forward(const float* x, float* y, const PoolShape& s);
 void avgpool2d_backward(const float* dy, float* dx, const PoolShape& s);
 void global_avgpool_forward(const float* x, float* y, int64_t NC, int64_t HW);
