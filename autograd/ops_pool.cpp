@@ -64,7 +64,7 @@ void maxpool_saves(const AttrBlob&, SaveList& s) {
 // Output 1 is the argmax, or packed (OpDef::packed_output) the same choice as window positions in
 // a few bits (kernels/shapes.h pool_code_bits): only max_pool2d reads it, so whenever packed saves
 // are on, it is packed.
-constexpr OpDef kMaxPool{"max_pool2d",    2, 1, false, maxpool_forward, maxpool_backward,
+constexpr OpDef kMaxPool{"max_pool2d",  2, 1, false, maxpool_forward, maxpool_backward,
                          maxpool_saves, 1};
 REGEN_REGISTER_OP(max_pool2d, kMaxPool);
 

@@ -71,15 +71,15 @@ struct UnaryOp {
 };
 
 // One output, and a hidden mask when packed (kVariableOutputs: the count is the forward's).
-#define REGEN_UNARY_DEFINE(name)                                                        \
-  constexpr OpDef kUnary_##name{#name,                                                  \
-                                kVariableOutputs,                                       \
-                                1,                                                      \
-                                false,                                                  \
-                                UnaryOp<unary::name>::forward,                          \
-                                UnaryOp<unary::name>::backward,                         \
-                                UnaryOp<unary::name>::saves,                            \
-                                unary::has_mask<unary::name>::value ? 0 : -1};          \
+#define REGEN_UNARY_DEFINE(name)                                               \
+  constexpr OpDef kUnary_##name{#name,                                         \
+                                kVariableOutputs,                              \
+                                1,                                             \
+                                false,                                         \
+                                UnaryOp<unary::name>::forward,                 \
+                                UnaryOp<unary::name>::backward,                \
+                                UnaryOp<unary::name>::saves,                   \
+                                unary::has_mask<unary::name>::value ? 0 : -1}; \
   REGEN_REGISTER_OP(name, kUnary_##name);
 REGEN_UNARY_OPS(REGEN_UNARY_DEFINE)
 #undef REGEN_UNARY_DEFINE

@@ -76,7 +76,8 @@ PackedSaves decide_packed_saves(const Tape& tape) {
     if (def.packed_output >= 0 && static_cast<size_t>(def.packed_output) < n.outputs.size()) {
       // The replaced output, as the tape holds it: one saved record per storage root, read by the
       // nodes whose backward reads it through any view.
-      const Value& root = tape.value(tape.value(n.outputs[static_cast<size_t>(def.packed_output)]).root);
+      const Value& root =
+          tape.value(tape.value(n.outputs[static_cast<size_t>(def.packed_output)]).root);
       if (root.saved >= 0) {
         const std::vector<int32_t>& readers = tape.saved_tensor(root.saved).readers;
         pack = readers.size() == 1 && readers[0] == n.index;

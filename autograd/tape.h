@@ -279,8 +279,8 @@ bool register_op(OpKind kind, const OpDef* def);
 
 // Which nodes of a step save the packed form their op offers (OpDef::packed_output), by node index.
 // A packed form pays only where nothing else keeps the output it replaces: a relu whose output the
-// next convolution saves anyway gains nothing from a mask (the mask would cost bytes on top). So the
-// decision is made on a recording of the same step with nothing packed (decide_packed_saves): a
+// next convolution saves anyway gains nothing from a mask (the mask would cost bytes on top). So
+// the decision is made on a recording of the same step with nothing packed (decide_packed_saves): a
 // node saves its packed form exactly when no other node's backward reads the output it replaces
 // (through any view of it). The tape applies the decisions while they are installed
 // (PackedSavesScope), by node index; a node whose op differs from the one decided for (a step whose

@@ -16,6 +16,7 @@
 
 #include "regen/core/dry_run.h"
 #include "regen/core/types.h"
+#include "regen/kernels/half.h"
 #include "regen/kernels/shapes.h"
 
 namespace regen {
@@ -66,6 +67,12 @@ template <class T>
 void dropout_forward(const T* x, T* y, int64_t n, float p, uint64_t seed, uint64_t stream);
 template <class T>
 void dropout_backward(const T* dy, T* dx, int64_t n, float p, uint64_t seed, uint64_t stream);
+// Saved activations held narrow (--compress, kernels/half.h): x: (n) -> y: (n) 16-bit values in
+// format c (bf16 or fp16), and back. f32 only (T = float).
+template <class T>
+void narrow_to_half(const T* x, uint16_t* y, int64_t n, Compression c);
+template <class T>
+void widen_from_half(const uint16_t* x, T* y, int64_t n, Compression c);
 // x: shape s.shape (row-major) -> y: permuted, y.shape[i] = s.shape[s.perm[i]]
 template <class T>
 void permute(const T* x, T* y, const PermuteShape& s);

@@ -6,9 +6,9 @@
 //   optionally, when the gradient needs only one bit of s (relu: whether y > 0):
 //   mask(s)         that bit, and
 //   grad_masked(dy, bit)  the same dx from it, bit for bit (grad_masked(dy, mask(s)) ==
-//                   grad(dy, s) for every s, NaN and signed zeros included: tests/test_kernels_cpu);
-//                   the op then saves a 1-bit packed mask instead of s wherever nothing else
-//                   saves s (docs/ops.md, "Packed saves");
+//                   grad(dy, s) for every s, NaN and signed zeros included:
+//                   tests/test_kernels_cpu); the op then saves a 1-bit packed mask instead of s
+//                   wherever nothing else saves s (docs/ops.md, "Packed saves");
 // and REGEN_UNARY_OPS lists them. From that list alone:
 //   kernels/cpu/unary.cpp      the CPU loops (float, double): cpu::unary_forward / unary_backward;
 //   kernels/cuda/unary.cu      the CUDA launchers (float): cuda::unary_forward / unary_backward;

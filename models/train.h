@@ -11,6 +11,7 @@
 #include <memory>
 #include <vector>
 
+#include "regen/kernels/half.h"
 #include "regen/models/data.h"
 #include "regen/models/model.h"
 
@@ -62,6 +63,11 @@ class Trainer {
     packed_saves_ = std::move(decisions);
   }
   const PackedSaves* packed_saves() const { return packed_saves_.get(); }
+  // How the run holds retained activations between forward and backward (--compress): the remat
+  // runtime narrows them (remat/schedule.h); the trainer carries the setting so that profiles of
+  // its steps record it.
+  void set_compression(Compression c) { compression_ = c; }
+  Compression compression() const { return compression_; }
 
  private:
   Model& model_;
@@ -71,6 +77,7 @@ class Trainer {
   Device device_;
   bool prepared_ = false;
   std::shared_ptr<const PackedSaves> packed_saves_;
+  Compression compression_ = Compression::none;
 };
 
 // The packed-save decisions for the step of `config` at `batch_size` on `device`: its forward pass

@@ -8,6 +8,7 @@
 
 #include "regen/core/numeric.h"
 #include "regen/kernels/kernels.h"
+#include "regen/remat/compress.h"
 
 namespace regen {
 namespace {
@@ -267,6 +268,10 @@ Profile profile_training(Trainer& trainer, const ProfileOptions& options) {
   p.forward_ms = median(fw);
   p.backward_ms = median(bw);
   p.optimizer_ms = median(opt);
+  // The trainer's compression: its plans' schedules narrow what they retain (compress.h); the
+  // conversions' time model is measured now, after the instrumented steps.
+  p.compress = trainer.compression();
+  p.compress_cost = measure_compress_cost(trainer.device(), p.compress);
   validate_profile(p, "profile of " + p.model);
   finalize_profile(p);
   return p;

@@ -62,7 +62,8 @@ std::string packed_saves_table(const Profile& p, bool full) {
     if (n.packed) {
       ++packed;
       int64_t bytes = 0;
-      for (int64_t v : n.saved) bytes += static_cast<int64_t>(p.values[static_cast<size_t>(v)].bytes);
+      for (int64_t v : n.saved)
+        bytes += static_cast<int64_t>(p.values[static_cast<size_t>(v)].bytes);
       const int64_t was = full_form_bytes(p, n);
       packed_bytes += bytes;
       full_bytes += was;
@@ -77,7 +78,8 @@ std::string packed_saves_table(const Profile& p, bool full) {
       int count = 0;
       for (int32_t r : sv ? sv->readers : std::vector<int32_t>{}) {
         if (r == n.index) continue;
-        if (count++ < 2) others += (others.empty() ? "" : ", ") + p.nodes[static_cast<size_t>(r)].name;
+        if (count++ < 2)
+          others += (others.empty() ? "" : ", ") + p.nodes[static_cast<size_t>(r)].name;
       }
       if (count > 2) others += " and " + std::to_string(count - 2) + " more";
       line += count > 0 ? "full: also saved by " + others : "full";
@@ -90,7 +92,8 @@ std::string packed_saves_table(const Profile& p, bool full) {
      << format_bytes(full_bytes) << "\n";
   const size_t shown = full ? lines.size() : std::min<size_t>(lines.size(), 12);
   for (size_t i = 0; i < shown; ++i) os << lines[i] << "\n";
-  if (shown < lines.size()) os << "  ... " << lines.size() - shown << " more (regen profile --full, profile.txt)\n";
+  if (shown < lines.size())
+    os << "  ... " << lines.size() - shown << " more (regen profile --full, profile.txt)\n";
   return os.str();
 }
 
@@ -115,8 +118,10 @@ std::string profile_table(const Profile& p, bool full) {
   {
     SimOptions so;
     so.top_live = full ? 25 : 10;
-    const SimResult r = Simulator(p).run(
-        build_schedule(p, std::vector<Decision>(p.saved.size(), Decision::retain)), so);
+    const SimResult r =
+        Simulator(p).run(without_compression(build_schedule(
+                             p, std::vector<Decision>(p.saved.size(), Decision::retain))),
+                         so);
     os << "\nLive at the peak (" << format_bytes(r.peak_allocated) << ", reached after "
        << (r.peak_at.empty() ? std::string("the start") : r.peak_at) << "), largest blocks:\n";
     os << "  " << pad("allocation tag", 56) << pad("category", 17) << pad("MiB", 10, true) << "\n";

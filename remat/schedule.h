@@ -57,7 +57,21 @@ struct Schedule {
   std::vector<int32_t> restores;                  // per saved tensor: times it was regenerated
   int64_t replays = 0;
   double recompute_ms = 0;
+  // Compression (compress.h; the profile's mode): the retained saved tensors held narrow.
+  // At the end of forward node n, after its evictions, each of narrow_after[n] is narrowed (its
+  // narrow form allocated, converted, its f32 block freed); before backward node j's program, each
+  // of widen_before[j] is widened (its f32 block allocated, converted, restored, the narrow form
+  // freed): where backward or a regeneration program first reads it. Empty without compression.
+  Compression compress = Compression::none;
+  std::vector<std::vector<int32_t>> narrow_after;  // per forward node
+  std::vector<std::vector<int32_t>> widen_before;  // per node (forward index) that backward runs
+  int64_t narrowed = 0;
+  double compress_ms = 0;  // the time model's narrowings and widenings (Profile::compress_cost)
 };
+
+// The same schedule with every saved tensor held in full: what the step does without compression
+// (the profiled step; budgets' no-remat peak).
+Schedule without_compression(Schedule s);
 
 // Builds the schedule of `decisions` (one per saved tensor; only candidates may be recompute).
 // keep_chain: a saved tensor regenerated on the way to another is kept when backward still

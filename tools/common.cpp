@@ -251,6 +251,11 @@ void add_pack_flags(CLI::App& app, SessionOptions& o) {
          "on)")
       ->type_name("on|off")
       ->check(CLI::IsMember({"on", "off"}));
+  app.add_option("--compress", o.compress,
+                 "lossy: hold the activations a plan retains as bf16 or fp16 between their last "
+                 "forward use and backward (none, bf16 or fp16; training is then no longer bitwise "
+                 "that of none; with no --policy, the run profiles and plans with none)")
+      ->capture_default_str();
 }
 
 void add_math_flags(CLI::App& app, std::string& math, bool& tf32, const std::string& default_help) {

@@ -204,14 +204,14 @@ void global_avgpool_backward(const T* dy, T* dx, int64_t NC, int64_t HW) {
   }
 }
 
-#define REGEN_INSTANTIATE(T)                                                           \
-  template void maxpool2d_forward<T>(const T*, T*, int32_t*, const PoolShape&);        \
-  template void maxpool2d_backward<T>(const T*, const int32_t*, T*, const PoolShape&); \
-  template void maxpool2d_forward_packed<T>(const T*, T*, uint32_t*, const PoolShape&); \
+#define REGEN_INSTANTIATE(T)                                                                   \
+  template void maxpool2d_forward<T>(const T*, T*, int32_t*, const PoolShape&);                \
+  template void maxpool2d_backward<T>(const T*, const int32_t*, T*, const PoolShape&);         \
+  template void maxpool2d_forward_packed<T>(const T*, T*, uint32_t*, const PoolShape&);        \
   template void maxpool2d_backward_packed<T>(const T*, const uint32_t*, T*, const PoolShape&); \
-  template void avgpool2d_forward<T>(const T*, T*, const PoolShape&);                  \
-  template void avgpool2d_backward<T>(const T*, T*, const PoolShape&);                 \
-  template void global_avgpool_forward<T>(const T*, T*, int64_t, int64_t);             \
+  template void avgpool2d_forward<T>(const T*, T*, const PoolShape&);                          \
+  template void avgpool2d_backward<T>(const T*, T*, const PoolShape&);                         \
+  template void global_avgpool_forward<T>(const T*, T*, int64_t, int64_t);                     \
   template void global_avgpool_backward<T>(const T*, T*, int64_t, int64_t);
 REGEN_INSTANTIATE(float)
 REGEN_INSTANTIATE(double)

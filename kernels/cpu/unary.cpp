@@ -1,6 +1,7 @@
 // The CPU loops of the unary element-wise ops (kernels/unary_ops.h), one template instantiated for
-// every functor of REGEN_UNARY_OPS in float and double, and their packed-mask forms. Tests: the op table (tests/op_table.h)
-// checks every op against its f64 reference; the CUDA launchers are in kernels/cuda/unary.cu.
+// every functor of REGEN_UNARY_OPS in float and double, and their packed-mask forms. Tests: the op
+// table (tests/op_table.h) checks every op against its f64 reference; the CUDA launchers are in
+// kernels/cuda/unary.cu.
 #include <omp.h>
 
 #include <algorithm>
@@ -60,12 +61,11 @@ void unary_backward_mask(F, const T* dy, const uint32_t* mask, T* dx, int64_t n)
   }
 }
 
-#define REGEN_UNARY_INSTANTIATE_T(T, name)                                                      \
-  template void unary_forward<T, unary::name>(unary::name, const T*, T*, int64_t);              \
-  template void unary_backward<T, unary::name>(unary::name, const T*, const T*, T*, int64_t);   \
-  template void unary_forward_mask<T, unary::name>(unary::name, const T*, T*, uint32_t*,        \
-                                                   int64_t);                                    \
-  template void unary_backward_mask<T, unary::name>(unary::name, const T*, const uint32_t*, T*, \
+#define REGEN_UNARY_INSTANTIATE_T(T, name)                                                         \
+  template void unary_forward<T, unary::name>(unary::name, const T*, T*, int64_t);                 \
+  template void unary_backward<T, unary::name>(unary::name, const T*, const T*, T*, int64_t);      \
+  template void unary_forward_mask<T, unary::name>(unary::name, const T*, T*, uint32_t*, int64_t); \
+  template void unary_backward_mask<T, unary::name>(unary::name, const T*, const uint32_t*, T*,    \
                                                     int64_t);
 #define REGEN_UNARY_INSTANTIATE(name)    \
   REGEN_UNARY_INSTANTIATE_T(float, name) \

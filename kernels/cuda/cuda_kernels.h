@@ -7,6 +7,7 @@
 #ifdef REGEN_WITH_CUDA
 #include <cstdint>
 
+#include "regen/kernels/half.h"
 #include "regen/kernels/shapes.h"
 
 namespace regen::cuda {
@@ -44,6 +45,8 @@ void dropout_forward(const float* x, float* y, int64_t n, float p, uint64_t seed
 void dropout_backward(const float* dy, float* dx, int64_t n, float p, uint64_t seed,
                       uint64_t stream);
 void permute(const float* x, float* y, const PermuteShape& s);
+void narrow_to_half(const float* x, uint16_t* y, int64_t n, Compression c);
+void widen_from_half(const uint16_t* x, float* y, int64_t n, Compression c);
 // Slices along one dimension (kernels/cuda/slice.cu).
 void slice_copy(const float* x, float* y, const SliceShape& s);
 

@@ -137,8 +137,8 @@ __global__ void maxpool_forward_packed_kernel(const float* x, float* y, uint32_t
         }
       }
       y[plane * pq_total + pq] = best;
-      const uint32_t code = static_cast<uint32_t>((best_h - (p * s.sh - s.ph)) * s.kw +
-                                                  (best_w - (q * s.sw - s.pw)));
+      const uint32_t code =
+          static_cast<uint32_t>((best_h - (p * s.sh - s.ph)) * s.kw + (best_w - (q * s.sw - s.pw)));
       word |= code << (e * bits);
     }
     codes[i] = word;

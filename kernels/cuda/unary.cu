@@ -74,12 +74,12 @@ __global__ void unary_backward_mask_kernel(const float* dy, const uint32_t* mask
 
 template <class F>
 struct Name;
-#define REGEN_UNARY_NAME(name)                                 \
-  template <>                                                  \
-  struct Name<unary::name> {                                   \
-    static constexpr const char* forward = #name "_forward";   \
-    static constexpr const char* backward = #name "_backward"; \
-    static constexpr const char* forward_mask = #name "_forward_mask"; \
+#define REGEN_UNARY_NAME(name)                                           \
+  template <>                                                            \
+  struct Name<unary::name> {                                             \
+    static constexpr const char* forward = #name "_forward";             \
+    static constexpr const char* backward = #name "_backward";           \
+    static constexpr const char* forward_mask = #name "_forward_mask";   \
     static constexpr const char* backward_mask = #name "_backward_mask"; \
   };
 REGEN_UNARY_OPS(REGEN_UNARY_NAME)
@@ -132,8 +132,8 @@ void unary_forward_mask(F, const float* x, float* y, uint32_t* mask, int64_t n) 
     REGEN_CHECK(n >= 0, Name<F>::forward_mask, ": negative size ", n);
     if (n == 0) return;
     const int64_t warps = mask_words(n);
-    unary_forward_mask_kernel<F><<<grid_blocks(warps * 32, kThreads), kThreads, 0, stream()>>>(
-        x, y, mask, n);
+    unary_forward_mask_kernel<F>
+        <<<grid_blocks(warps * 32, kThreads), kThreads, 0, stream()>>>(x, y, mask, n);
     REGEN_CUDA_LAUNCH_CHECK(Name<F>::forward_mask);
   } else {
     REGEN_FAIL(Name<F>::forward_mask, ": the op has no packed mask form");
@@ -153,13 +153,13 @@ void unary_backward_mask(F, const float* dy, const uint32_t* mask, float* dx, in
   }
 }
 
-#define REGEN_UNARY_INSTANTIATE(name)                                                          \
-  template void unary_forward<unary::name>(unary::name, const float*, float*, int64_t);        \
-  template void unary_backward<unary::name>(unary::name, const float*, const float*, float*,   \
-                                            int64_t);                                          \
-  template void unary_forward_mask<unary::name>(unary::name, const float*, float*, uint32_t*,  \
-                                                int64_t);                                      \
-  template void unary_backward_mask<unary::name>(unary::name, const float*, const uint32_t*, \
+#define REGEN_UNARY_INSTANTIATE(name)                                                         \
+  template void unary_forward<unary::name>(unary::name, const float*, float*, int64_t);       \
+  template void unary_backward<unary::name>(unary::name, const float*, const float*, float*,  \
+                                            int64_t);                                         \
+  template void unary_forward_mask<unary::name>(unary::name, const float*, float*, uint32_t*, \
+                                                int64_t);                                     \
+  template void unary_backward_mask<unary::name>(unary::name, const float*, const uint32_t*,  \
                                                  float*, int64_t);
 REGEN_UNARY_OPS(REGEN_UNARY_INSTANTIATE)
 #undef REGEN_UNARY_INSTANTIATE
