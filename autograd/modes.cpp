@@ -63,6 +63,12 @@ uint64_t next_rng_stream() {
   return g_stream++;
 }
 
+RngStreamRestore::RngStreamRestore() : seed_(g_seed), stream_(g_stream) {}
+RngStreamRestore::~RngStreamRestore() {
+  g_seed = seed_;
+  g_stream = stream_;
+}
+
 RngStreamDraw::~RngStreamDraw() {
   // Undo the draw only if nothing drew after it (a later draw keeps its stream).
   uint64_t expected = stream_ + 1;

@@ -223,8 +223,8 @@ bool is_name(const std::string& s, bool dots) {
 
 const std::vector<std::string>& session_option_keys() {
   static const std::vector<std::string> keys = {
-      "model", "batch",   "device", "optimizer", "lr",   "momentum", "weight_decay",
-      "seed",  "threads", "data",   "conv",      "math", "tf32"};
+      "model",   "batch", "device", "optimizer", "lr",   "momentum", "weight_decay", "seed",
+      "threads", "data",  "conv",   "math",      "tf32", "masks",    "compress"};
   return keys;
 }
 

@@ -46,7 +46,11 @@ StepResult Trainer::step(StepObserver* observer) {
     Batch batch = data_.next(batch_size_, device_);
     model_.check_batch(batch);
     optimizer_.zero_grad();
-    Tensor loss = model_.forward_loss(batch.input, batch.target);
+    Tensor loss;
+    {
+      PackedSavesScope packed(packed_saves_.get());
+      loss = model_.forward_loss(batch.input, batch.target);
+    }
     r.loss = loss.dtype() == DType::f64 ? loss.item<double>() : loss.item<float>();
     backward(loss);
     loss = Tensor();
@@ -61,8 +65,36 @@ StepResult Trainer::step(StepObserver* observer) {
   return r;
 }
 
+PackedSaves learn_packed_saves(const ModelConfig& config, int64_t batch_size, Device device) {
+  Tape& tape = Tape::current();
+  REGEN_CHECK(tape.empty(), "learn_packed_saves: the calling thread's tape holds ",
+              tape.nodes().size(),
+              " recorded ops (a forward pass whose backward has not run); run backward or clear "
+              "the tape first");
+  kernels::prepare_device(device);
+  RngStreamRestore rng;
+  DryRunScope scope(device);
+  PackedSaves decisions;
+  try {
+    std::unique_ptr<Model> model = make_model(config, device);
+    std::unique_ptr<DataSource> data = make_shape_source(config);
+    model->prepare_inputs(device);
+    Batch batch = data->next(batch_size, device);
+    model->check_batch(batch);
+    Tensor loss = model->forward_loss(batch.input, batch.target);
+    decisions = decide_packed_saves(tape);
+    loss = Tensor();
+    tape.clear();
+  } catch (...) {
+    tape.clear();  // its tensors belong to the scope's allocator
+    throw;
+  }
+  return decisions;
+}
+
 DryRunResult dry_run_step(const ModelConfig& config, int64_t batch_size, Device device,
-                          const std::function<std::unique_ptr<Optimizer>(Model&)>& make_optimizer) {
+                          const std::function<std::unique_ptr<Optimizer>(Model&)>& make_optimizer,
+                          const PackedSaves* packed) {
   // What a device keeps for the life of the process (cuBLAS's handle and workspace) is made
   // now, on the device's own allocator: inside the scope it would come from the Null arena.
   kernels::prepare_device(device);
@@ -74,6 +106,7 @@ DryRunResult dry_run_step(const ModelConfig& config, int64_t batch_size, Device 
       std::unique_ptr<Optimizer> optimizer = make_optimizer(*model);
       std::unique_ptr<DataSource> data = make_shape_source(config);
       Trainer trainer(*model, *optimizer, *data, batch_size, device);
+      if (packed) trainer.set_packed_saves(std::make_shared<const PackedSaves>(*packed));
       r.memory = trainer.step().memory;
       r.persistent = scope.allocator().stats().allocated.current;
     }

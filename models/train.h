@@ -11,6 +11,7 @@
 #include <memory>
 #include <vector>
 
+#include "regen/kernels/half.h"
 #include "regen/models/data.h"
 #include "regen/models/model.h"
 
@@ -64,6 +65,17 @@ class Trainer {
   Optimizer& optimizer() { return optimizer_; }
   Device device() const { return device_; }
   int64_t batch_size() const { return batch_size_; }
+  // Packed saves (autograd/tape.h PackedSaves): decisions every step's forward pass records with
+  // (learn_packed_saves below makes them); none (the default): every op saves its full form.
+  void set_packed_saves(std::shared_ptr<const PackedSaves> decisions) {
+    packed_saves_ = std::move(decisions);
+  }
+  const PackedSaves* packed_saves() const { return packed_saves_.get(); }
+  // How the run holds retained activations between forward and backward (--compress): the remat
+  // runtime narrows them (remat/schedule.h); the trainer carries the setting so that profiles of
+  // its steps record it.
+  void set_compression(Compression c) { compression_ = c; }
+  Compression compression() const { return compression_; }
 
  private:
   Model& model_;
@@ -72,7 +84,17 @@ class Trainer {
   int64_t batch_size_;
   Device device_;
   bool prepared_ = false;
+  std::shared_ptr<const PackedSaves> packed_saves_;
+  Compression compression_ = Compression::none;
 };
+
+// The packed-save decisions for the step of `config` at `batch_size` on `device`: its forward pass
+// recorded once with nothing packed, in a dry run (core/allocator.h DryRunScope: shapes only, on
+// the Null arena, no kernel run, a model of its own), then decide_packed_saves. The global RNG's
+// stream counter is put back afterwards, so the steps that follow draw the dropout masks they
+// would draw without it. The calling thread's tape must be empty (nothing recorded and not yet
+// released by backward).
+PackedSaves learn_packed_saves(const ModelConfig& config, int64_t batch_size, Device device);
 
 // The first training step of a configuration, run dry (core/allocator.h, DryRunScope): a model,
 // its optimizer (from `make_optimizer`) and a trainer built inside the scope, one step on a batch
@@ -92,7 +114,9 @@ struct DryRunResult {
   MemoryStats memory;
   int64_t persistent = 0;
 };
+// `packed`: the packed-save decisions the real steps record with (nullptr: none).
 DryRunResult dry_run_step(const ModelConfig& config, int64_t batch_size, Device device,
-                          const std::function<std::unique_ptr<Optimizer>(Model&)>& make_optimizer);
+                          const std::function<std::unique_ptr<Optimizer>(Model&)>& make_optimizer,
+                          const PackedSaves* packed = nullptr);
 
 }  // namespace regen

@@ -98,11 +98,16 @@ SessionOptions options_from(const std::string& name, const pb::object& batch,
       o.data = str_value(key, v);
     } else if (key == "conv") {
       o.conv = str_value(key, v);
+    } else if (key == "compress") {
+      o.compress = str_value(key, v);
     } else if (key == "math") {
       o.math = str_value(key, v);
     } else if (key == "tf32") {
       if (!pb::isinstance<pb::bool_>(v)) bad_type(key, v, "True or False");
       o.tf32 = v.cast<bool>();
+    } else if (key == "masks") {
+      if (!pb::isinstance<pb::bool_>(v)) bad_type(key, v, "True or False");
+      o.masks = v.cast<bool>();
     } else if (key == "lr") {
       o.lr = number_value(key, v);
     } else if (key == "momentum") {
@@ -302,7 +307,9 @@ A registered model (regen.models()) with its optimizer, data and trainer: the li
 ``regen train`` builds it: ``Model("resnet-tiny", batch=4, device="cpu", lr=0.05)``. Options (None:
 the preset's or the session's default): the session's optimizer ('sgd' or 'adamw'), lr, momentum,
 weight_decay, seed, threads (at most 1024; 0: OpenMP's), data ('', or one of the model's data kinds:
-regen.model_input(name)), conv, math ('fp32' or 'tf32'), tf32; and the model's own
+regen.model_input(name)), conv, math ('fp32' or 'tf32'), tf32, masks (packed saves, default True),
+compress ('none', 'bf16' or 'fp16': lossy, steps under a plan hold retained activations narrow); and
+the model's own
 (regen.model_options(name)): image_size and num_classes for the ResNets, seq_len, vocab, dropout and
 lm_head_chunk for the Transformers. Every value is checked as the command line checks its flags,
 with the keyword in the message ("threads=5000: must be at most 1024"). The first step runs dry
@@ -368,7 +375,8 @@ time for exact memory figures: another live model's tensors count in the allocat
               s.install(plan.cast<std::shared_ptr<PlanHandle>>());
             } else if (!policy.is_none()) {
               const std::string name = policy.cast<std::string>();
-              if (name == "none" && budget.is_none()) {
+              // With compress, 'none' still plans: the plan holds what it retains narrow.
+              if (name == "none" && budget.is_none() && s.options().compress == "none") {
                 s.clear_plan();
               } else {
                 if (!s.profile()) s.run_profile(profile_steps, 0);
@@ -388,7 +396,7 @@ time for exact memory figures: another live model's tensors count in the allocat
 ``steps`` training steps; returns their StepResults. With ``policy`` (and ``budget``, ``chain``,
 ``budget_of``, ``layout``, ``offload``, ``transfer``: regen.plan's): the model is profiled first if it has no profile (``profile_steps``
 steps, which train too), planned, and every step runs under the plan; ``policy='none'`` drops the
-plan. With ``plan``: under that Plan (made for this model's configuration, e.g. by make_plan).
+plan (with ``compress``, it plans none: the activations it retains are held narrow). With ``plan``: under that Plan (made for this model's configuration, e.g. by make_plan).
 Without either: under the plan in use, if any. A plan that does not fit its budget is refused
 before the first step. ``progress(step, result)`` is called after each step; returning False
 stops. A loss, parameter or gradient that is not finite raises regen.Error.)doc")
@@ -517,6 +525,7 @@ Stage 1: builds the model (a name and Model options, or an existing Model) and p
         EstimateOptions o;
         o.optimizer = f.optimizer;
         o.momentum = f.momentum;
+        o.masks = f.masks;
         o.policy = parse_estimate_policy(policy);
         auto as_dict = [](const MemoryTerms& t, bool measured) {
           pb::dict d;

@@ -461,7 +461,7 @@ of equal-length columns (numpy arrays, or lists for text and lists), ready for
                              [](const Simulation& s) { return s.r.peak_requested; })
       .def_property_readonly(
           "time_ms", [](const Simulation& s) { return s.r.time_ms; },
-          "Profiled iteration time plus recomputation")
+          "Profiled iteration time plus recomputation (and compression's conversions)")
       .def_property_readonly("recompute_ms", [](const Simulation& s) { return s.r.recompute_ms; })
       .def_property_readonly(
           "evictions", [](const Simulation& s) { return s.r.evictions; },
@@ -469,6 +469,12 @@ of equal-length columns (numpy arrays, or lists for text and lists), ready for
       .def_property_readonly(
           "replays", [](const Simulation& s) { return s.r.replays; },
           "Nodes replayed by regenerations")
+      .def_property_readonly(
+          "narrowed", [](const Simulation& s) { return s.r.narrowed; },
+          "Saved tensors held narrow between forward and backward (the profile's compress mode)")
+      .def_property_readonly(
+          "compress_ms", [](const Simulation& s) { return s.r.compress_ms; },
+          "Their narrowings and widenings, by the profile's time model (part of time_ms)")
       .def_property_readonly(
           "allocated_at_peak",
           [](const Simulation& s) { return by_category(s.r.allocated_by_at_peak); })

@@ -4,6 +4,7 @@
 #include <chrono>
 
 #include "regen/kernels/kernels.h"
+#include "regen/remat/compress.h"
 
 namespace regen {
 
@@ -257,6 +258,45 @@ void RematExecutor::on_forward_end(Tape& tape, int32_t node, const std::vector<T
     queue(CopyDirection::to_host).wait(out_ticket_[static_cast<size_t>(i)]);
     tape.evict(op.saved);
   }
+  for (int32_t s : schedule_.narrow_after[static_cast<size_t>(node)]) narrow(tape, s);
+}
+
+void RematExecutor::narrow(Tape& tape, int32_t s) {
+  const ProfileSaved& sv = p_.saved[static_cast<size_t>(s)];
+  REGEN_CHECK(
+      s < static_cast<int32_t>(tape.saved().size()) && tape.saved_tensor(s).value == sv.value,
+      "remat: saved tensor ", s, " does not match the profile's '", sv.name, "'");
+  const Tensor full = tape.value_tensor(sv.value);
+  const int64_t n = full.numel();
+  Tensor narrow;
+  {
+    CategoryScope cat(Category::activation);
+    TagScope tag(narrow_tag(p_, s));
+    narrow = empty({(n + 1) / 2}, DType::i32, full.device());
+  }
+  REGEN_LAUNCH(full.device(), float, narrow_to_half, full.data<float>(),
+               reinterpret_cast<uint16_t*>(narrow.data<int32_t>()), n, schedule_.compress);
+  tape.evict(s);  // the f32 bytes go; every view of them sees it
+  narrow_[s] = std::move(narrow);
+  ++cur_narrowed_;
+}
+
+void RematExecutor::widen(Tape& tape, int32_t s) {
+  auto it = narrow_.find(s);
+  REGEN_CHECK(it != narrow_.end(), "remat: saved tensor ", s, " ('",
+              p_.saved[static_cast<size_t>(s)].name, "') is widened but was not narrowed");
+  const ProfileValue& root = p_.values[static_cast<size_t>(p_.saved[static_cast<size_t>(s)].value)];
+  Tensor wide;
+  {
+    CategoryScope cat(Category::activation);
+    TagScope tag(widen_tag(p_, s));
+    wide = empty(root.shape, DType::f32, it->second.device());
+  }
+  REGEN_LAUNCH(wide.device(), float, widen_from_half,
+               reinterpret_cast<const uint16_t*>(it->second.data<int32_t>()), wide.data<float>(),
+               wide.numel(), schedule_.compress);
+  tape.restore(s, wide);
+  narrow_.erase(it);  // the narrow form goes
 }
 
 void RematExecutor::on_backward_start(Tape& tape) {
@@ -322,11 +362,16 @@ void RematExecutor::on_backward_begin(Tape& tape, int32_t node) {
     tape.restore(op.saved, Tensor(std::move(impl)));  // the saved tensor takes the new block
     host_copy_[static_cast<size_t>(i)].reset();       // the host copy goes
   }
+  for (int32_t s : schedule_.widen_before[static_cast<size_t>(node)]) widen(tape, s);
   const int32_t pi = schedule_.program_of_node[static_cast<size_t>(node)];
   if (pi >= 0) run_program(tape, schedule_.programs[static_cast<size_t>(pi)]);
 }
 
 void RematExecutor::on_backward_finish(Tape&) {
+  REGEN_CHECK(narrow_.empty(), "remat: ", narrow_.size(),
+              " narrowed saved tensor(s) were never widened");
+  narrowed_ = cur_narrowed_;
+  cur_narrowed_ = 0;
   evictions_ = cur_evictions_;
   replays_ = cur_replays_;
   regen_ms_ = cur_regen_ms_;

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -38,6 +39,7 @@ class RematExecutor : public TapeHooks {
   const Schedule& schedule() const { return schedule_; }
   // Of the last finished iteration.
   int64_t evictions() const { return evictions_; }
+  int64_t narrowed() const { return narrowed_; }  // saved tensors held narrow (compression)
   int64_t replays() const { return replays_; }
   double regen_ms() const { return regen_ms_; }
   // Of the last finished step (taken when its optimizer step ends: optimizer_hooks() must be
@@ -59,7 +61,7 @@ class RematExecutor : public TapeHooks {
   // The DTR executor (dtr.h) is one with an empty schedule and its own counters.
   void check_node(const Tape& tape, int32_t node, const std::vector<Tensor>& outputs) const;
   const Profile& p_;
-  int64_t evictions_ = 0, replays_ = 0;
+  int64_t evictions_ = 0, replays_ = 0, narrowed_ = 0;
   double regen_ms_ = 0;
 
  private:
@@ -67,6 +69,11 @@ class RematExecutor : public TapeHooks {
   void run_program(Tape& tape, const RegenProgram& prog);
   CopyQueue& queue(CopyDirection d);
   void close_step_offload();
+  // Compression (schedule.h): narrows saved tensor s after its last forward use / widens it back.
+  void narrow(Tape& tape, int32_t s);
+  void widen(Tape& tape, int32_t s);
+  std::map<int32_t, Tensor> narrow_;  // the narrow forms held now, by saved tensor
+  int64_t cur_narrowed_ = 0;
 
   Schedule schedule_;
   int64_t cur_evictions_ = 0, cur_replays_ = 0;

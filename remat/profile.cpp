@@ -9,6 +9,7 @@
 #include <map>
 
 #include "regen/core/io.h"
+#include "regen/remat/compress.h"
 
 namespace regen {
 
@@ -104,6 +105,14 @@ std::string profile_to_json(const Profile& p) {
   j["date"] = p.date;
   j["iterations"] = p.iterations;
   j["run"] = p.run;
+  if (p.compress != Compression::none) {
+    j["compress"] = compression_name(p.compress);
+    const CompressCost& c = p.compress_cost;
+    j["compress_cost"] = {{"narrow_fixed_ms", c.narrow_fixed_ms},
+                          {"narrow_ms_per_mib", c.narrow_ms_per_mib},
+                          {"widen_fixed_ms", c.widen_fixed_ms},
+                          {"widen_ms_per_mib", c.widen_ms_per_mib}};
+  }
   j["measured"] = {{"peak_allocated", p.peak_allocated},
                    {"peak_reserved", p.peak_reserved},
                    {"allocated_by_at_peak", category_map(p.allocated_by_at_peak)},
@@ -132,6 +141,7 @@ std::string profile_to_json(const Profile& p) {
                      {"fwd_free_bytes", n.fwd_free_bytes},
                      {"bwd_alloc_bytes", n.bwd_alloc_bytes},
                      {"bwd_free_bytes", n.bwd_free_bytes}});
+    if (n.packed) nodes.back()["packed"] = true;
   }
   j["nodes"] = std::move(nodes);
   json values = json::array();
@@ -226,6 +236,14 @@ Profile parse_profile_json(const std::string& text, const std::string& origin) {
     p.date = j.at("date").get<std::string>();
     p.iterations = j.at("iterations").get<int>();
     if (j.contains("run")) p.run = j.at("run").get<std::map<std::string, std::string>>();
+    if (j.contains("compress")) {
+      p.compress = parse_compression(j.at("compress").get<std::string>(), origin + ": compress");
+      const json& c = j.at("compress_cost");
+      p.compress_cost.narrow_fixed_ms = c.at("narrow_fixed_ms").get<double>();
+      p.compress_cost.narrow_ms_per_mib = c.at("narrow_ms_per_mib").get<double>();
+      p.compress_cost.widen_fixed_ms = c.at("widen_fixed_ms").get<double>();
+      p.compress_cost.widen_ms_per_mib = c.at("widen_ms_per_mib").get<double>();
+    }
     const json& m = j.at("measured");
     p.peak_allocated = m.at("peak_allocated").get<int64_t>();
     p.peak_reserved = m.at("peak_reserved").get<int64_t>();
@@ -251,6 +269,7 @@ Profile parse_profile_json(const std::string& text, const std::string& origin) {
       node.saved = n.at("saved").get<std::vector<int64_t>>();
       node.fwd_ms = n.at("fwd_ms").get<double>();
       node.bwd_ms = n.at("bwd_ms").get<double>();
+      node.packed = n.value("packed", false);
       p.nodes.push_back(std::move(node));
     }
     for (const json& v : j.at("values")) {

@@ -11,6 +11,7 @@
 
 #include "regen/autograd/tape.h"
 #include "regen/core/allocator.h"
+#include "regen/kernels/half.h"
 #include "regen/remat/transfer.h"
 
 namespace regen {
@@ -28,6 +29,9 @@ struct ProfileNode {
   double fwd_ms = 0, bwd_ms = 0;                // medians (bwd_ms = 0 when it has no backward)
   int64_t fwd_alloc_bytes = 0, fwd_free_bytes = 0, bwd_alloc_bytes = 0, bwd_free_bytes = 0;
   int32_t bwd_rank = -1;  // position in the backward order, -1 if backward does not run it
+  // It saves the packed form its op offers (autograd/tape.h PackedSaves): a relu's 1-bit mask, a
+  // max_pool2d's window positions. "packed" in profile.json, written only when true.
+  bool packed = false;
 };
 
 struct ProfileValue {
@@ -93,6 +97,20 @@ struct ProfileEvent {
   double time_ms = 0;
 };
 
+// The time model of narrowing and widening saved activations (--compress): milliseconds as
+// fixed + per_mib * MiB of f32, per direction, measured on the profiled device
+// (remat/compress.h measure_compress_cost).
+struct CompressCost {
+  double narrow_fixed_ms = 0, narrow_ms_per_mib = 0;
+  double widen_fixed_ms = 0, widen_ms_per_mib = 0;
+  double narrow_ms(uint64_t bytes) const {
+    return narrow_fixed_ms + narrow_ms_per_mib * static_cast<double>(bytes) / (1 << 20);
+  }
+  double widen_ms(uint64_t bytes) const {
+    return widen_fixed_ms + widen_ms_per_mib * static_cast<double>(bytes) / (1 << 20);
+  }
+};
+
 struct Profile {
   // What was profiled.
   std::string model;
@@ -105,6 +123,11 @@ struct Profile {
   // ("--optimizer": "adamw", ...); a run planned from the profile must match them. Empty in
   // profiles made before they were recorded.
   std::map<std::string, std::string> run;
+  // How the run holds retained activations between forward and backward (--compress; the
+  // trainer's setting): every plan's schedule narrows the compressible ones it retains
+  // (schedule.h). The event log is of the step without it. compress_cost: its time model.
+  Compression compress = Compression::none;
+  CompressCost compress_cost;
   // The graph.
   std::vector<ProfileNode> nodes;
   std::vector<ProfileValue> values;

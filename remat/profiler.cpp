@@ -9,6 +9,7 @@
 
 #include "regen/core/numeric.h"
 #include "regen/kernels/kernels.h"
+#include "regen/remat/compress.h"
 
 namespace regen {
 namespace {
@@ -77,6 +78,7 @@ class Recorder final : public TapeHooks, public StepObserver {
       pn.inputs = n.inputs;
       pn.outputs = n.outputs;
       pn.saved = n.saved;
+      pn.packed = n.packed;
       nodes_.push_back(std::move(pn));
     }
     values_.clear();
@@ -267,6 +269,10 @@ Profile profile_training(Trainer& trainer, const ProfileOptions& options) {
   p.forward_ms = median(fw);
   p.backward_ms = median(bw);
   p.optimizer_ms = median(opt);
+  // The trainer's compression: its plans' schedules narrow what they retain (compress.h); the
+  // conversions' time model is measured now, after the instrumented steps.
+  p.compress = trainer.compression();
+  p.compress_cost = measure_compress_cost(trainer.device(), p.compress);
   validate_profile(p, "profile of " + p.model);
   finalize_profile(p);
   if (options.measure_transfer && !dry_run_active()) {

@@ -6,6 +6,7 @@
 #include <set>
 
 #include "regen/core/error.h"
+#include "regen/remat/compress.h"
 
 namespace regen {
 
@@ -189,6 +190,15 @@ void fill_regeneration_program(const Profile& p, std::vector<Residency>& state, 
   for (int32_t s : prog.targets) REGEN_ASSERT(state[static_cast<size_t>(s)] == State::resident);
 }
 
+Schedule without_compression(Schedule s) {
+  s.compress = Compression::none;
+  for (std::vector<int32_t>& v : s.narrow_after) v.clear();
+  for (std::vector<int32_t>& v : s.widen_before) v.clear();
+  s.narrowed = 0;
+  s.compress_ms = 0;
+  return s;
+}
+
 Schedule build_schedule(const Profile& p, const std::vector<Decision>& decisions, bool keep_chain,
                         const std::vector<Regeneration>& regenerations) {
   OffloadSpec spec;
@@ -246,6 +256,25 @@ Schedule build_schedule(const Profile& p, const std::vector<Decision>& decisions
               " saved tensors");
   Schedule sch;
   sch.evict_after.resize(p.nodes.size());
+  sch.narrow_after.resize(p.nodes.size());
+  sch.widen_before.resize(p.nodes.size());
+  sch.compress = p.compress;
+  // Compression, as a session-level mode: every compressible tensor the plan retains is held
+  // narrow. (A per-tensor fate would choose this set instead; the rest follows unchanged.) A
+  // narrow tensor counts as resident for the regeneration programs: it is widened before the
+  // first program or backward node that reads it.
+  std::vector<char> narrow(ns, 0);
+  if (p.compress != Compression::none) {
+    for (size_t s = 0; s < ns; ++s) {
+      if (decisions[s] != Decision::retain || !compressible(p, static_cast<int32_t>(s))) continue;
+      narrow[s] = 1;
+      sch.narrow_after[static_cast<size_t>(p.saved[s].last_fwd_use)].push_back(
+          static_cast<int32_t>(s));
+      const uint64_t bytes = p.values[static_cast<size_t>(p.saved[s].value)].bytes;
+      sch.compress_ms += p.compress_cost.narrow_ms(bytes) + p.compress_cost.widen_ms(bytes);
+      ++sch.narrowed;
+    }
+  }
   sch.program_of_node.assign(p.nodes.size(), -1);
   sch.restores.assign(ns, 0);
   sch.offload_issue_after.resize(p.nodes.size());
@@ -398,6 +427,13 @@ Schedule build_schedule(const Profile& p, const std::vector<Decision>& decisions
         prog.targets.push_back(s);
       }
     }
+    // The narrow tensors this node's backward or its program reads are widened first.
+    auto widen = [&](int32_t s) {
+      if (s >= 0 && narrow[static_cast<size_t>(s)]) {
+        narrow[static_cast<size_t>(s)] = 0;
+        sch.widen_before[static_cast<size_t>(j)].push_back(s);
+      }
+    };
     if (!prog.targets.empty()) {
       fill_regeneration_program(p, state, keep_chain, prog, &sch.restores);
       for (const ReplayStep& st : prog.steps) {
@@ -409,6 +445,7 @@ Schedule build_schedule(const Profile& p, const std::vector<Decision>& decisions
               std::find(waits.begin(), waits.end(), root.saved) == waits.end()) {
             waits.push_back(root.saved);
           }
+          widen(root.saved);
         }
       }
       sch.replays += static_cast<int64_t>(prog.steps.size());
@@ -425,6 +462,7 @@ Schedule build_schedule(const Profile& p, const std::vector<Decision>& decisions
       if (p.nodes[static_cast<size_t>(op.prefetch_before)].bwd_rank > rank) op.prefetch_before = j;
       state[static_cast<size_t>(s)] = State::resident;
     }
+    for (int32_t s : distinct) widen(s);
     for (int32_t s : distinct) {
       if (--uses_left[static_cast<size_t>(s)] == 0) state[static_cast<size_t>(s)] = State::released;
     }
@@ -451,6 +489,8 @@ Schedule build_schedule(const Profile& p, const std::vector<Decision>& decisions
                                   sch.offloads[static_cast<size_t>(i)].prefetch_before)]
         .push_back(i);
   }
+  // Every narrowed tensor is read by backward (compressible), so each was widened.
+  REGEN_ASSERT(std::find(narrow.begin(), narrow.end(), 1) == narrow.end());
   return sch;
 }
 

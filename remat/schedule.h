@@ -127,13 +127,25 @@ struct Schedule {
   // prefetched and waited for there, in the order the executor handles them (ops issued at one
   // point in the order of their waits; at a forward node's end, the copies out are issued after
   // its evictions and before its frees; before a backward node, prefetches are issued, then waited
-  // for, then its program runs).
+  // for, then the widenings below are made, then its program runs).
   std::vector<OffloadOp> offloads;
   std::vector<std::vector<int32_t>> offload_issue_after, offload_free_after;  // per forward node
   std::vector<std::vector<int32_t>> prefetch_issue_before, prefetch_wait_before;  // per node
   // Optimizer state on the host tier: the groups streamed through the device, in update order.
   StatePlace optimizer_state = StatePlace::device;
   std::vector<StateGroup> state_groups;
+  // Compression (compress.h; the profile's mode): the retained saved tensors held narrow (an
+  // offloaded tensor is copied in full; a recomputed one is not held at all). At the end of
+  // forward node n, after its evictions and its offloads' copies and frees, each of narrow_after[n]
+  // is narrowed (its narrow form allocated, converted, its f32 block freed); before backward node
+  // j's program, after its copies back, each of widen_before[j] is widened (its f32 block
+  // allocated, converted, restored, the narrow form freed): where backward or a regeneration
+  // program first reads it. Empty without compression.
+  Compression compress = Compression::none;
+  std::vector<std::vector<int32_t>> narrow_after;  // per forward node
+  std::vector<std::vector<int32_t>> widen_before;  // per node (forward index) that backward runs
+  int64_t narrowed = 0;
+  double compress_ms = 0;  // the time model's narrowings and widenings (Profile::compress_cost)
   int64_t offloaded_bytes() const;
 };
 
@@ -145,6 +157,10 @@ struct OffloadSpec {
   StatePlace optimizer_state = StatePlace::device;
   TransferModel transfer;
 };
+
+// The same schedule with every saved tensor held in full: what the step does without compression
+// (the profiled step; budgets' no-remat peak).
+Schedule without_compression(Schedule s);
 
 // Builds the schedule of `decisions` (one per saved tensor; only candidates may be recompute).
 // keep_chain: a saved tensor regenerated on the way to another is kept when backward still

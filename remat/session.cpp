@@ -11,6 +11,7 @@
 
 #include "regen/core/numeric.h"
 #include "regen/core/safetensors.h"
+#include "regen/remat/compress.h"
 #include "regen/remat/pipeline.h"
 
 #ifdef REGEN_WITH_CUDA
@@ -81,6 +82,7 @@ void SessionOptions::validate() const {
   check_range(*this, "momentum", momentum);
   check_range(*this, "weight_decay", weight_decay);
   check_one_of(*this, "conv", conv, {"native", "cudnn"});
+  check_one_of(*this, "compress", compress, {"none", "bf16", "fp16"});
   check_math(math, tf32, style);
   try {
     if (device != "auto") Device::parse(device);
@@ -394,9 +396,14 @@ std::unique_ptr<Session> make_session(const SessionOptions& options, Preflight p
     o.weight_decay = options.weight_decay;
     return std::make_unique<AdamW>(model.parameters(), o);
   };
-  // The first step, run dry: its memory (exact on the CPU), before any of it is used.
+  // The first step, run dry: its memory (exact on the CPU), before any of it is used; first, with
+  // masks on, which ops save packed forms (a dry forward pass of its own).
   try {
-    s->preflight = dry_run_step(c, options.batch, s->device, make_optimizer);
+    if (options.masks) {
+      s->packed_saves =
+          std::make_shared<const PackedSaves>(learn_packed_saves(c, options.batch, s->device));
+    }
+    s->preflight = dry_run_step(c, options.batch, s->device, make_optimizer, s->packed_saves.get());
   } catch (const Error& e) {
     // Options that pass their own checks and still stop a dry run mostly do so by size: a request
     // beyond any device's (the Null arena maps anything else), an index type's limit, an
@@ -415,6 +422,8 @@ std::unique_ptr<Session> make_session(const SessionOptions& options, Preflight p
   s->optimizer = make_optimizer(*s->model);
   s->trainer =
       std::make_unique<Trainer>(*s->model, *s->optimizer, *s->data, options.batch, s->device);
+  s->trainer->set_packed_saves(s->packed_saves);
+  s->trainer->set_compression(parse_compression(options.compress));
   return s;
 }
 
@@ -438,6 +447,8 @@ std::map<std::string, std::string> run_flags(const SessionOptions& o) {
   }
   r["--math"] = math_mode(o, device);  // fp32 on the CPU
   if (device.is_cuda()) r["--conv"] = o.conv;
+  r["--masks"] = o.masks ? "on" : "off";
+  r["--compress"] = o.compress;
   return r;
 }
 
@@ -454,6 +465,11 @@ void check_profile_run(const Profile& p, const SessionOptions& o, const std::str
   std::vector<std::pair<std::string, std::string>> recorded(p.run.begin(), p.run.end());
   std::stable_partition(recorded.begin(), recorded.end(),
                         [](const auto& kv) { return kv.first == "--optimizer"; });
+  // Profiles written before packed saves were made without them.
+  if (p.run.count("--masks") == 0 && !p.run.empty()) recorded.emplace_back("--masks", "off");
+  if (p.run.count("--compress") == 0 && !p.run.empty()) {
+    recorded.emplace_back("--compress", compression_name(p.compress));
+  }
   for (auto [flag, then] : recorded) {
     if (flag == "--tf32") {  // written before --math
       flag = "--math";

@@ -53,6 +53,16 @@ struct SessionOptions {
   // same as math "tf32" (--tf32, regen.Model(tf32=True)).
   std::string math;
   bool tf32 = false;
+  // Packed saves (autograd/tape.h PackedSaves; docs/ops.md): an op whose backward needs only a few
+  // bits of what it would save keeps those, packed, where nothing else saves the full tensor (relu
+  // a 1-bit mask, max_pool2d its argmax in 4 bits for 3x3 windows). Training is bitwise the same
+  // either way. --masks on|off, masks=True|False.
+  bool masks = true;
+  // Lossy compression of saved activations (remat/compress.h): none, or bf16 or fp16, where every
+  // plan holds the activations it retains narrow between their last forward use and backward
+  // (training is then no longer bitwise that of none). Applies to steps run under a plan (a run
+  // with --compress profiles and plans, policy none at least). --compress, compress=.
+  std::string compress = "none";
   // How messages name the options: --image-size (the command line) or image_size= (Python).
   OptionStyle style = OptionStyle::flag;
 
@@ -98,6 +108,9 @@ struct Session {
   std::unique_ptr<DataSource> data;
   std::unique_ptr<Trainer> trainer;
   DryRunResult preflight;  // the first step without remat, run dry before anything was built
+  // The packed-save decisions the trainer's steps record with (options.masks; null when off),
+  // learned from a dry forward pass (models/train.h learn_packed_saves).
+  std::shared_ptr<const PackedSaves> packed_saves;
 };
 
 // What make_session refuses before it builds the model, from the dry run of the first step

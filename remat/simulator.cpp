@@ -10,6 +10,7 @@
 
 #include "regen/core/error.h"
 #include "regen/core/io.h"
+#include "regen/remat/compress.h"
 #include "regen/remat/dtr.h"
 
 namespace regen {
@@ -225,6 +226,9 @@ SimResult Simulator::run(const Schedule& s, const SimOptions& opt) const {
   for (size_t i = 0; i < p.saved.size(); ++i) {
     saved_base[i] = p.values[static_cast<size_t>(p.saved[i].value)].alloc_id;
   }
+  // Compression: each narrowed tensor's narrow block while it is narrow.
+  std::vector<Block*> narrow_block(s.narrowed > 0 ? p.saved.size() : 0, nullptr);
+  REGEN_CHECK(s.narrowed == 0 || !opt.dtr, "simulator: DTR runs without compression");
   int64_t best = sim.stats().allocated.current;
   std::vector<LiveBlockRec> best_live;
   int64_t last_marker = -1, best_marker = -1;
@@ -450,6 +454,21 @@ SimResult Simulator::run(const Schedule& s, const SimOptions& opt) const {
         free_(it->second);
         it->second = nullptr;
       }
+      // Then the narrowings, as the executor makes them: the narrow form, then the f32 block goes;
+      // each takes the time model's narrowing time on the compute clock.
+      for (int32_t sv : s.narrow_after[static_cast<size_t>(m.node)]) {
+        auto it = live.find(saved_base[static_cast<size_t>(sv)]);
+        REGEN_CHECK(it != live.end() && it->second, "simulator: saved tensor ", sv,
+                    " is not live when its narrowing is scheduled");
+        const ProfileSaved& saved = p.saved[static_cast<size_t>(sv)];
+        const uint64_t bytes = p.values[static_cast<size_t>(saved.value)].bytes;
+        narrow_block[static_cast<size_t>(sv)] =
+            alloc_(narrow_bytes(bytes), Category::activation, narrow_tag(p, sv));
+        after_change();
+        shift += p.compress_cost.narrow_ms(bytes);
+        free_(it->second);
+        it->second = nullptr;
+      }
     } else if (m.kind == MarkerKind::bwd_begin) {
       double t = now;
       for (int32_t i : s.prefetch_issue_before[static_cast<size_t>(m.node)]) {
@@ -466,6 +485,20 @@ SimResult Simulator::run(const Schedule& s, const SimOptions& opt) const {
         t = wait_copy(t, copy_end[static_cast<size_t>(i)]);
         host.free(host_copy[static_cast<size_t>(i)]);
         host_copy[static_cast<size_t>(i)] = nullptr;
+      }
+      // Widenings after the copies back and before the program: the f32 block, then the narrow
+      // form goes; the base free of the tensor frees the widened block.
+      for (int32_t sv : s.widen_before[static_cast<size_t>(m.node)]) {
+        const ProfileSaved& saved = p.saved[static_cast<size_t>(sv)];
+        const ProfileValue& root = p.values[static_cast<size_t>(saved.value)];
+        Block* wide = alloc_(root.bytes, Category::activation, widen_tag(p, sv));
+        after_change();
+        REGEN_CHECK(narrow_block[static_cast<size_t>(sv)] != nullptr, "simulator: saved tensor ",
+                    sv, " is widened but was not narrowed");
+        free_(narrow_block[static_cast<size_t>(sv)]);
+        narrow_block[static_cast<size_t>(sv)] = nullptr;
+        live[saved_base[static_cast<size_t>(sv)]] = wide;
+        shift += p.compress_cost.widen_ms(root.bytes);
       }
       const int32_t pi = s.program_of_node[static_cast<size_t>(m.node)];
       if (pi >= 0) {
@@ -543,7 +576,9 @@ SimResult Simulator::run(const Schedule& s, const SimOptions& opt) const {
   }
   res.recompute_ms = s.recompute_ms;
   res.replays = s.replays;
-  res.time_ms = p.iteration_ms + s.recompute_ms + res.stall_ms;
+  res.narrowed = s.narrowed;
+  res.compress_ms = s.compress_ms;
+  res.time_ms = p.iteration_ms + s.recompute_ms + s.compress_ms + res.stall_ms;
   const MemoryStats hs = host.stats();
   res.host_peak_allocated = hs.allocated.peak;
   res.host_peak_reserved = hs.reserved.peak;
@@ -582,8 +617,8 @@ Profile profile_from_json(const std::string& text, const std::string& origin) {
   // The event log must replay to the peaks the file says were measured: a file edited by hand
   // or damaged in a way the structural checks miss would otherwise give plans whose predictions
   // are silently wrong.
-  const SimResult replay =
-      sim->run(build_schedule(p, std::vector<Decision>(p.saved.size(), Decision::retain)));
+  const SimResult replay = sim->run(without_compression(
+      build_schedule(p, std::vector<Decision>(p.saved.size(), Decision::retain))));
   REGEN_CHECK(replay.peak_allocated == p.peak_allocated && replay.peak_reserved == p.peak_reserved,
               origin, ": its event log replays to a peak of ", replay.peak_allocated,
               " allocated and ", replay.peak_reserved, " reserved bytes, but it records ",

@@ -39,7 +39,9 @@ struct SimResult {
   double time_ms = 0;   // profiled iteration time + recomputation
   double recompute_ms = 0;
   int64_t replays = 0;
-  int64_t evictions = 0;  // saved tensors evicted (a schedule's, or those DTR chose)
+  int64_t evictions = 0;   // saved tensors evicted (a schedule's, or those DTR chose)
+  int64_t narrowed = 0;    // saved tensors held narrow (compression; schedule.h)
+  double compress_ms = 0;  // their narrowings and widenings, by the profile's time model
   std::vector<TimelinePoint> timeline;
   // With a limit: whether the step runs out of memory under it, the allocator's message and the
   // last marker before it ("bwd_begin <op>", ...); the peaks are then those reached before.

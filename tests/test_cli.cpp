@@ -196,6 +196,9 @@ TEST_CASE("cli: mistakes in flags give one clear line and a non-zero exit") {
   expect_failure(dir, tiny({"--optimizer", "adam"}),
                  {"--optimizer must be sgd or adamw, got 'adam'"});
   expect_failure(dir, tiny({"--conv", "fast"}), {"--conv must be native or cudnn, got 'fast'"});
+  expect_failure(dir, tiny({"--compress", "bf17"}),
+                 {"--compress must be none, bf16 or fp16, got 'bf17'"});
+  expect_failure(dir, tiny({"--masks", "maybe"}), {"--masks", "maybe"});
   expect_failure(dir, tiny({"--momentum", "1.5"}), {"--momentum must be a number from 0 to 1"});
   expect_failure(dir, tiny({"--weight-decay", "-1"}), {"--weight-decay must be a finite number"});
   expect_failure(dir, tiny({"--seed", "-1"}), {"--seed must be a non-negative integer, got -1"});

@@ -61,7 +61,9 @@ void run(const TrainFlags& f) {
   }
   // With a loaded profile, no step without remat runs here: its plan's prediction is checked
   // against the device below; otherwise the profiling step must fit as it is.
-  const bool planned_only = (f.policy != "none" || !f.plan_file.empty()) && !f.profile_file.empty();
+  // --compress holds what a plan retains narrow: a run with it profiles and plans (none at least).
+  const bool remat = f.policy != "none" || !f.plan_file.empty() || f.m.compress != "none";
+  const bool planned_only = remat && !f.profile_file.empty();
   auto s = make_session(f.m, planned_only ? Preflight::model : Preflight::step);
   const int threads = omp_get_max_threads();
   const std::string math = math_mode(f.m, s->device);
@@ -100,7 +102,7 @@ void run(const TrainFlags& f) {
       host_reserved = std::max(host_reserved, r.host_memory.reserved.peak);
     }
   };
-  if (f.policy != "none" || !f.plan_file.empty()) {
+  if (remat) {
     if (!f.profile_file.empty()) {
       Profile loaded = load_profile(f.profile_file);
       REGEN_CHECK(loaded.model == f.m.model && loaded.batch == f.m.batch &&
@@ -155,6 +157,13 @@ void run(const TrainFlags& f) {
           format_bytes(plan.no_remat_peak).c_str(), plan.predicted.time_ms / 1000.0);
     }
     std::printf("%s", describe_offload(plan, profile).c_str());
+    if (plan.predicted.narrowed > 0) {
+      std::printf(
+          "  --compress %s: %lld retained activations held narrow between forward and "
+          "backward, %.1f ms of conversions predicted per step\n",
+          f.m.compress.c_str(), static_cast<long long>(plan.predicted.narrowed),
+          plan.predicted.compress_ms);
+    }
     // A plan that does not fit its budget is refused now, with the simulated numbers, rather
     // than found out by an out-of-memory error in the middle of a step.
     REGEN_CHECK(plan.feasible,
@@ -383,7 +392,7 @@ void setup(CLI::App& app) {
     }
     // Without --profile the first --profile-steps steps run without remat: at least one step
     // must be left to run under the plan, or its peak could not be measured.
-    const bool remat = f->policy != "none" || !f->plan_file.empty();
+    const bool remat = f->policy != "none" || !f->plan_file.empty() || f->m.compress != "none";
     REGEN_CHECK(
         !remat || !f->profile_file.empty() || f->steps > std::max<int64_t>(1, f->profile_steps),
         "--steps ", f->steps, " leaves no step to run under the plan after ",

@@ -240,6 +240,22 @@ void add_model_flags(CLI::App& app, SessionOptions& o, bool with_batch,
   app.add_option("--conv", o.conv, "CUDA convolution: native (regen's kernels) or cudnn")
       ->capture_default_str();
   add_math_flags(app, o.math, o.tf32, math_default);
+  add_pack_flags(app, o);
+}
+
+void add_pack_flags(CLI::App& app, SessionOptions& o) {
+  app.add_option_function<std::string>(
+         "--masks", [&o](const std::string& v) { o.masks = v == "on"; },
+         "packed saves: relu keeps a 1-bit mask where nothing else saves its output, max_pool2d "
+         "its argmax as window positions in a few bits; training is bitwise the same (default: "
+         "on)")
+      ->type_name("on|off")
+      ->check(CLI::IsMember({"on", "off"}));
+  app.add_option("--compress", o.compress,
+                 "lossy: hold the activations a plan retains as bf16 or fp16 between their last "
+                 "forward use and backward (none, bf16 or fp16; training is then no longer bitwise "
+                 "that of none; with no --policy, the run profiles and plans with none)")
+      ->capture_default_str();
 }
 
 void add_math_flags(CLI::App& app, std::string& math, bool& tf32, const std::string& default_help) {

@@ -51,6 +51,9 @@ void add_model_flags(CLI::App& app, SessionOptions& options, bool with_batch = t
 // --math fp32|tf32 and its synonym --tf32; `default_help` says what the command does without them
 // ("fp32", or "tf32 on a CUDA device, fp32 on the CPU").
 void add_math_flags(CLI::App& app, std::string& math, bool& tf32, const std::string& default_help);
+// --masks on|off (SessionOptions::masks): packed saves; --compress none|bf16|fp16
+// (SessionOptions::compress, checked by validate).
+void add_pack_flags(CLI::App& app, SessionOptions& options);
 // The benchmarks' default math mode on CUDA (what people run on Hopper; training and everything
 // else default to fp32), and what their help says of it.
 inline constexpr char kBenchMath[] = "tf32";
