@@ -352,7 +352,7 @@ Trained train_session(SessionOptions o, bool masks) {
   return t;
 }
 
-int64_t saved_activation_bytes(const Profile& p) {
+int64_t activation_save_bytes(const Profile& p) {
   int64_t total = 0;
   for (const ProfileSaved& s : p.saved) {
     if (s.category == Category::activation && !p.values[static_cast<size_t>(s.value)].leaf)
@@ -385,7 +385,7 @@ TEST_CASE(
   const int64_t stem = 4 * 8 * 32 * 32, pool = 4 * 8 * 16 * 16, last = 4 * 256 * 2 * 2;
   const int64_t given_back =
       (stem * 4 - stem / 8) + (pool * 4 - 4 * 8 * 32 * 4) + (last * 4 - last / 8);
-  CHECK(saved_activation_bytes(off.profile) - saved_activation_bytes(on.profile) == given_back);
+  CHECK(activation_save_bytes(off.profile) - activation_save_bytes(on.profile) == given_back);
 
   // The Transformer with dropout: relu's output feeds dropout, so each layer keeps a mask of its
   // (B, S, ff) feed-forward tensor; without dropout linear2 saves that output and nothing packs.
@@ -399,7 +399,7 @@ TEST_CASE(
   for (size_t i = 0; i < ton.state.size(); ++i) CHECK(same_bits(ton.state[i], toff.state[i]));
   const ModelConfig tc = t.model_config();
   const int64_t wide = 4 * tc.seq_len * tc.ff;
-  CHECK(saved_activation_bytes(toff.profile) - saved_activation_bytes(ton.profile) ==
+  CHECK(activation_save_bytes(toff.profile) - activation_save_bytes(ton.profile) ==
         tc.layers * (wide * 4 - mask_words(wide) * 4));
   t.model_options["dropout"] = 0.0;
   const Trained nodrop = train_session(t, true);
