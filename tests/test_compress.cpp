@@ -4,10 +4,12 @@
 // every step's peaks exactly the predicted ones, and the gradients bit for bit those of a run
 // without compression whose narrowed tensors are rounded in place (here, by the reference
 // rounding) when backward starts, so the only error is the rounding of the saved tensors the
-// schedule narrows; that error beside full precision; the options refused by name; DTR refused.
+// schedule narrows; that error beside full precision; compression beside offload in one dp plan;
+// the options refused by name; DTR refused.
 #include <doctest/doctest.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -16,6 +18,7 @@
 #include "regen/kernels/half.h"
 #include "regen/kernels/kernels.h"
 #include "regen/remat/compress.h"
+#include "regen/remat/offload.h"
 #include "regen/remat/pipeline.h"
 #include "regen/remat/session.h"
 #include "tests/remat_suite.h"
@@ -336,4 +339,114 @@ TEST_CASE("--compress: bad values refused by name, a profile's mode recorded, DT
   CHECK(none.predicted.time_ms == doctest::Approx(prof.iteration_ms + none.predicted.compress_ms));
   testing::expect_error([&] { pipe.plan("dtr", Budget::parse("90%")); },
                         {"dtr and dtr-coop do not run with --compress bf16"});
+}
+
+// Compression with every fate in one plan (offload, recompute, retain; optimizer state on the host
+// tier) under --compress bf16.
+// Offloaded tensors are copied in full and only the compressible tensors the plan retains are held
+// narrow, so: the two sets are disjoint and the narrowed one is exactly the retained compressible
+// tensors; every step measures the predicted device and host peaks; and training is bit for bit the
+// same plan's (same fates and copies) without compression, with the narrowed tensors rounded in
+// place when backward starts (offload itself moves bytes, not values).
+TEST_CASE("--compress with every fate and host state: exact on every step, rounding only") {
+  const ModelConfig cfg = model_preset("transformer-tiny");
+  const int64_t batch = 4;
+  const int steps = 3;
+  auto session = [&](Compression c) {
+    SessionOptions o = regen::testing::run_options(cfg, batch, Device::cpu());
+    o.compress = compression_name(c);
+    regen::testing::fresh_allocator(Device::cpu());  // nothing left from the other run
+    host_allocator_for(Device::cpu()).empty_cache();
+    return make_session(o, Preflight::none);
+  };
+  ProfileOptions po;
+  po.warmup = 1;  // the optimizer's state made before the profiled step (host tier's start)
+  po.iterations = 1;
+  struct Trained {
+    std::vector<double> losses;
+    std::vector<std::vector<float>> grads, params;
+  };
+  auto train = [&](Session& s, RematPipeline& pipe, const Plan& plan, TapeHooks* hooks) {
+    Trained t;
+    {
+      HooksScope scope(hooks);
+      for (const StepResult& r : pipe.train(steps)) {
+        t.losses.push_back(r.loss);
+        CHECK(r.exact());
+        CHECK(r.host_predicted);
+        CHECK(r.host_memory.allocated.peak == plan.predicted.host_peak_allocated);
+        CHECK(r.host_memory.reserved.peak == plan.predicted.host_peak_reserved);
+      }
+    }
+    CHECK(pipe.exact_steps() == steps);
+    CHECK(pipe.executor()->offload().offloads == plan.offloaded());
+    CHECK(pipe.executor()->offload().bytes_to_host == plan.predicted.bytes_to_host);
+    CHECK(pipe.executor()->narrowed() == plan.predicted.narrowed);
+    pipe.finish();
+    pipe.clear_plan();  // the optimizer state back on the device, the host tier empty
+    CHECK(host_allocator_for(Device::cpu()).stats().live_blocks == 0);
+    for (const Tensor& p : s.model->parameters()) {
+      t.params.push_back(p.to_vector<float>());
+      t.grads.push_back(p.grad().to_vector<float>());
+    }
+    return t;
+  };
+
+  // Compressed: a plan with every fate, made by hand so that its sets do not hang on measured
+  // times (dp given every fate on this small model offloads all or nothing, by the link's speed):
+  // of the offloadable tensors, in order, one in three offloaded, one in three recomputed (when it
+  // may be) and the rest retained; the optimizer state on the host tier.
+  Plan draft, plan;
+  PlanOptions o;
+  o.budget_of = BudgetOf::allocated;
+  std::vector<int32_t> narrowed;
+  Trained lossy;
+  {
+    auto lossy_session = session(Compression::bf16);
+    RematPipeline lossy_pipe(*lossy_session->trainer);
+    const Profile& p = lossy_pipe.profile(po);
+    draft.policy = "python";
+    draft.decisions.assign(p.saved.size(), Fate::retain);
+    int k = 0;
+    for (const ProfileSaved& sv : p.saved) {
+      if (!sv.offloadable) continue;
+      Fate& f = draft.decisions[static_cast<size_t>(sv.index)];
+      if (k % 3 == 0) f = Fate::offload;
+      if (k % 3 == 1 && sv.candidate) f = Fate::recompute;
+      ++k;
+    }
+    draft.optimizer_state = StatePlace::host;
+    draft.transfer = transfer_for("step:0.4", p);
+    plan = lossy_pipe.use_plan(finish_plan(lossy_pipe.simulator(), draft, Budget(), o));
+    REQUIRE(plan.offloaded() > 0);
+    REQUIRE(plan.predicted.narrowed > 0);
+    REQUIRE(plan.predicted.replays > 0);
+    MESSAGE("transformer-tiny b4 under bf16: ", plan.offloaded(), " tensors offloaded, ",
+            plan.predicted.narrowed, " held narrow, ", plan.predicted.replays, " nodes replayed");
+    const Schedule sch = plan_schedule(p, plan);
+    for (const std::vector<int32_t>& v : sch.narrow_after)
+      narrowed.insert(narrowed.end(), v.begin(), v.end());
+    std::sort(narrowed.begin(), narrowed.end());
+    std::vector<int32_t> expected;
+    for (size_t i = 0; i < p.saved.size(); ++i) {
+      if (plan.decisions[i] == Fate::retain && compressible(p, static_cast<int32_t>(i)))
+        expected.push_back(static_cast<int32_t>(i));
+    }
+    CHECK(narrowed == expected);
+    lossy = train(*lossy_session, lossy_pipe, plan, nullptr);
+  }  // the compressed run's model, optimizer and trainer gone
+
+  // The same fates and copies without compression, the narrowed tensors rounded in place.
+  auto ref_session = session(Compression::none);
+  RematPipeline ref_pipe(*ref_session->trainer);
+  const Profile& rp = ref_pipe.profile(po);
+  REQUIRE(rp.saved.size() == draft.decisions.size());
+  draft.offloads = plan.offloads;  // the same copy points
+  const Plan same_fates = ref_pipe.use_plan(finish_plan(ref_pipe.simulator(), draft, Budget(), o));
+  CHECK(same_fates.predicted.narrowed == 0);
+  RoundSaved rounder(rp, narrowed, Compression::bf16);
+  const Trained ref = train(*ref_session, ref_pipe, same_fates, &rounder);
+  CHECK(lossy.losses == ref.losses);
+  CHECK(same(lossy.grads, ref.grads));
+  CHECK(same(lossy.params, ref.params));
 }
