@@ -113,8 +113,8 @@ def test_bad_decisions(profile):
     with pytest.raises(regen.Error, match="bools or 0/1 integers"):
         regen.simulate(profile, np.full(n, 0.5))
     bad = np.zeros(n, dtype=np.int64)
-    bad[3] = 2
-    with pytest.raises(regen.Error, match=r"decisions\[3\] is 2"):
+    bad[3] = 3  # fate codes are 0-2 (2: offload)
+    with pytest.raises(regen.Error, match=r"decisions\[3\] is 3"):
         regen.simulate(profile, bad)
     # Recomputing a saved tensor that is not a candidate (an input of the model).
     not_cand = int(np.flatnonzero(~profile.saved()["candidate"])[0])
