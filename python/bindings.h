@@ -70,8 +70,7 @@ pb::array_t<bool> decisions_to_array(const std::vector<Decision>& d);
 // `profile`); throws regen::Error naming a bad one.
 PlanOptions plan_options(const std::string& chain, const std::string& budget_of,
                          const std::string& layout, const std::string& offload = "none",
-                         const std::string& transfer = "profile",
-                         const Profile* profile = nullptr);
+                         const std::string& transfer = "profile", const Profile* profile = nullptr);
 // Bytes by category name, for dicts.
 pb::dict by_category(const std::array<int64_t, kNumCategories>& a);
 // "keep" / "drop" (a planner's "auto" resolves to one of them).
