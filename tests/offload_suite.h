@@ -26,11 +26,12 @@ inline Plan offload_everything(const Simulator& sim, StatePlace place, const Tra
 }
 
 // Training under `plan` is bitwise the run without remat, and every step's peaks, on the device and
-// on its host tier, are the predicted ones.
+// on its host tier, are the predicted ones. `device`: the one `o` names (the CUDA suite's cuda:0).
 inline void check_exact_training(const ModelConfig& cfg, int64_t batch, const Profile& p,
-                                 const Plan& plan, const Trace& ref, SessionOptions o) {
-  fresh_allocator(Device::cpu());
-  host_allocator_for(Device::cpu()).empty_cache();
+                                 const Plan& plan, const Trace& ref, SessionOptions o,
+                                 Device device = Device::cpu()) {
+  fresh_allocator(device);
+  host_allocator_for(device).empty_cache();
   std::unique_ptr<Session> s = make_session(o, Preflight::none);
   Run run;
   run.model = std::move(s->model);
