@@ -70,6 +70,12 @@ void set_rng_state(uint64_t seed, uint64_t stream) {
   g_stream = stream;
 }
 
+RngStreamRestore::RngStreamRestore() : seed_(g_seed), stream_(g_stream) {}
+RngStreamRestore::~RngStreamRestore() {
+  g_seed = seed_;
+  g_stream = stream_;
+}
+
 RngStreamDraw::~RngStreamDraw() {
   // Undo the draw only if nothing drew after it (a later draw keeps its stream).
   uint64_t expected = stream_ + 1;

@@ -515,7 +515,23 @@ void exit_check_ignore_tag(std::string_view tag);
 // cudaMalloc segments on one device (core/cuda/runtime.cpp); map() returns nullptr when
 // cudaMalloc reports out-of-memory.
 std::unique_ptr<Arena> make_cuda_arena(int device_index);
+// Pinned (page-locked) host memory for cuda:N's host tier (cudaHostAlloc), which copies on a
+// stream of their own need to overlap compute; its device is cpu.
+std::unique_ptr<Arena> make_pinned_host_arena(int device_index);
 #endif
+
+// ---- The host tier ------------------------------------------------------------------------------
+// Where a device's offloaded tensors and optimizer state live (docs/memory.md, "The host tier"):
+// a process-wide caching allocator of host memory beside the device's, with the same algorithm,
+// categories and statistics, so its peaks are predicted to the byte like the device's. On the CPU
+// it is a second allocator over host memory whose bytes never count towards the device
+// allocator's limit; on cuda:N it holds pinned memory (make_pinned_host_arena). Its tensors report
+// device cpu. Like allocator_for it sits behind a recycling arena, or in direct mode
+// (REGEN_ALLOC_DIRECT=1) maps every block on its own, and it is never destroyed.
+CachingAllocator& host_allocator_for(Device device);
+// The arena behind it, named "host tier of <device>"; with `direct`, direct mode's (every block
+// from the C heap, pageable also for a CUDA device).
+std::unique_ptr<Arena> make_host_tier_arena(Device device, bool direct = false);
 
 // Installs a planned layout for a scope (nullptr: none) and uninstalls it at its end; declare it
 // after a LimitScope, so that the limit applies to the layout's arena.

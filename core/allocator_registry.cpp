@@ -238,4 +238,18 @@ CachingAllocator& allocator_for(Device device) {
 #endif
 }
 
+CachingAllocator& host_allocator_for(Device device) {
+  static std::mutex mutex;
+  static auto* tiers = new std::map<std::string, CachingAllocator*>();
+  std::lock_guard<std::mutex> lock(mutex);
+  CachingAllocator*& a = (*tiers)[device.str()];
+  if (!a) {
+    const bool direct = direct_from_env();
+    std::unique_ptr<Arena> arena = make_host_tier_arena(device, direct);
+    if (!direct) arena = make_recycling_arena(std::move(arena));
+    a = register_allocator(new CachingAllocator(std::move(arena)));
+  }
+  return *a;
+}
+
 }  // namespace regen

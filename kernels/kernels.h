@@ -16,6 +16,7 @@
 
 #include "regen/core/dry_run.h"
 #include "regen/core/types.h"
+#include "regen/kernels/half.h"
 #include "regen/kernels/shapes.h"
 
 namespace regen {
@@ -69,6 +70,12 @@ template <class T>
 void dropout_forward(const T* x, T* y, int64_t n, float p, uint64_t seed, uint64_t stream);
 template <class T>
 void dropout_backward(const T* dy, T* dx, int64_t n, float p, uint64_t seed, uint64_t stream);
+// Saved activations held narrow (--compress, kernels/half.h): x: (n) -> y: (n) 16-bit values in
+// format c (bf16 or fp16), and back. f32 only (T = float).
+template <class T>
+void narrow_to_half(const T* x, uint16_t* y, int64_t n, Compression c);
+template <class T>
+void widen_from_half(const uint16_t* x, T* y, int64_t n, Compression c);
 // x: shape s.shape (row-major) -> y: permuted, y.shape[i] = s.shape[s.perm[i]]
 template <class T>
 void permute(const T* x, T* y, const PermuteShape& s);
@@ -131,6 +138,13 @@ template <class T>
 void maxpool2d_forward(const T* x, T* y, int32_t* argmax, const PoolShape& s);
 template <class T>
 void maxpool2d_backward(const T* dy, const int32_t* argmax, T* dx, const PoolShape& s);
+// The same with the argmax packed as window positions (shapes.h, pool_code_bits): codes:
+// (N, C, pool_code_words_per_plane(s)) words. Values, and dx summed in the same order, are bit for
+// bit those of the argmax forms.
+template <class T>
+void maxpool2d_forward_packed(const T* x, T* y, uint32_t* codes, const PoolShape& s);
+template <class T>
+void maxpool2d_backward_packed(const T* dy, const uint32_t* codes, T* dx, const PoolShape& s);
 // Average over the window including padding (count_include_pad=True, PyTorch's default).
 template <class T>
 void avgpool2d_forward(const T* x, T* y, const PoolShape& s);

@@ -44,8 +44,23 @@ void Optimizer::step() {
         "\" does not match the parameter ", p.str());
     ParamState& state = states_[i];
     ++state.steps;
+    if (hooks_) hooks_->before_update(names_[i], state.tensors);
     update(i, grad, state);
+    if (hooks_) hooks_->after_update(names_[i], state.tensors);
   }
+  if (hooks_) hooks_->after_step();
+}
+
+void Optimizer::replace_state(const std::string& name, const std::string& key, Tensor t) {
+  ParamState& s = states_[index_of(name)];
+  auto it = s.tensors.find(key);
+  REGEN_CHECK(it != s.tensors.end() && it->second.defined(), kind_, ": parameter \"", name,
+              "\" has no state \"", key, "\" to replace");
+  REGEN_CHECK(t.defined() && t.shape() == it->second.shape() && t.dtype() == it->second.dtype(),
+              kind_, ": state \"", key, "\" of \"", name, "\" is ", it->second.str(),
+              "; cannot replace it with ", t.defined() ? t.str() : std::string("nothing"));
+  Tensor old = std::move(it->second);
+  it->second = std::move(t);
 }
 
 void Optimizer::zero_grad() {

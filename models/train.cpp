@@ -99,7 +99,11 @@ StepResult Trainer::step(StepObserver* observer) {
     model_.check_batch(batch);
     optimizer_.zero_grad();
     if (sync_) sync_->begin_step();
-    Tensor loss = model_.forward_loss(batch.input, batch.target);
+    Tensor loss;
+    {
+      PackedSavesScope packed(packed_saves_.get());
+      loss = model_.forward_loss(batch.input, batch.target);
+    }
     r.loss = loss.dtype() == DType::f64 ? loss.item<double>() : loss.item<float>();
     if (sync_) {
       const HooksScope hooks(&sync_->backward_hooks());
@@ -124,7 +128,11 @@ StepResult Trainer::step(StepObserver* observer) {
       {
         Batch batch = data_.next(batch_size_, device_);
         model_.check_batch(batch);
-        Tensor loss = model_.forward_loss(batch.input, batch.target);
+        Tensor loss;
+        {
+          PackedSavesScope packed(packed_saves_.get());
+          loss = model_.forward_loss(batch.input, batch.target);
+        }
         sum += loss.dtype() == DType::f64 ? loss.item<double>() : loss.item<float>();
         // The gradient of the mean over all micro-batches: backward's seed is 1/k, not 1 (the
         // block backward would take for its seed of ones, taken here).
@@ -147,11 +155,44 @@ StepResult Trainer::step(StepObserver* observer) {
   return r;
 }
 
+PackedSaves learn_packed_saves(const ModelConfig& config, int64_t batch_size, Device device) {
+  Tape& tape = Tape::current();
+  REGEN_CHECK(tape.empty(), "learn_packed_saves: the calling thread's tape holds ",
+              tape.nodes().size(),
+              " recorded ops (a forward pass whose backward has not run); run backward or clear "
+              "the tape first");
+  kernels::prepare_device(device);
+  RngStreamRestore rng;
+  DryRunScope scope(device);
+  PackedSaves decisions;
+  try {
+    std::unique_ptr<Model> model = make_model(config, device);
+    std::unique_ptr<DataSource> data = make_shape_source(config);
+    model->prepare_inputs(device);
+    Batch batch = data->next(batch_size, device);
+    model->check_batch(batch);
+    Tensor loss = model->forward_loss(batch.input, batch.target);
+    decisions = decide_packed_saves(tape);
+    loss = Tensor();
+    tape.clear();
+  } catch (...) {
+    tape.clear();  // its tensors belong to the scope's allocator
+    throw;
+  }
+  return decisions;
+}
+
 DryRunResult dry_run_step(const ModelConfig& config, int64_t batch_size, Device device,
-                          const std::function<std::unique_ptr<Optimizer>(Model&)>& make_optimizer) {
+                          const std::function<std::unique_ptr<Optimizer>(Model&)>& make_optimizer,
+                          const PackedSaves* packed) {
+  std::shared_ptr<const PackedSaves> decisions;
+  if (packed) decisions = std::make_shared<const PackedSaves>(*packed);
   return dry_run_step(
       config, batch_size, device, [&](Model& m, GradientSync*) { return make_optimizer(m); },
-      [](Model&) { return std::unique_ptr<GradientSync>(); }, {});
+      [](Model&) { return std::unique_ptr<GradientSync>(); },
+      [&](Trainer& t) {
+        if (decisions) t.set_packed_saves(decisions);
+      });
 }
 
 DryRunResult dry_run_step(

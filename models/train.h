@@ -11,6 +11,7 @@
 #include <memory>
 #include <vector>
 
+#include "regen/kernels/half.h"
 #include "regen/models/data.h"
 #include "regen/models/model.h"
 #include "regen/models/schedule.h"
@@ -79,9 +80,17 @@ struct StepResult {
   double grad_norm = -1;
   int64_t micro_batches = 1;
   int64_t optimizer_step = 0;
+  // A step whose plan keeps tensors or optimizer state on the device's host tier (offload,
+  // host_allocator_for): the host tier's statistics over the step and its predicted peaks, which
+  // must equal them as well.
+  bool host_predicted = false;
+  MemoryStats host_memory;
+  int64_t predicted_host_allocated = 0, predicted_host_reserved = 0;
   bool exact() const {
     return predicted && memory.allocated.peak == predicted_allocated &&
-           memory.reserved.peak == predicted_reserved;
+           memory.reserved.peak == predicted_reserved &&
+           (!host_predicted || (host_memory.allocated.peak == predicted_host_allocated &&
+                                host_memory.reserved.peak == predicted_host_reserved));
   }
 };
 
@@ -121,6 +130,17 @@ class Trainer {
   // Optimizer steps taken so far: the schedule's position (set when a run resumes).
   int64_t optimizer_steps() const { return optimizer_steps_; }
   void set_optimizer_steps(int64_t n);
+  // Packed saves (autograd/tape.h PackedSaves): decisions every step's forward pass records with
+  // (learn_packed_saves below makes them); none (the default): every op saves its full form.
+  void set_packed_saves(std::shared_ptr<const PackedSaves> decisions) {
+    packed_saves_ = std::move(decisions);
+  }
+  const PackedSaves* packed_saves() const { return packed_saves_.get(); }
+  // How the run holds retained activations between forward and backward (--compress): the remat
+  // runtime narrows them (remat/schedule.h); the trainer carries the setting so that profiles of
+  // its steps record it.
+  void set_compression(Compression c) { compression_ = c; }
+  Compression compression() const { return compression_; }
 
  private:
   Model& model_;
@@ -136,7 +156,17 @@ class Trainer {
   bool track_norm_ = false;
   int64_t optimizer_steps_ = 0;
   GradientSync* sync_ = nullptr;
+  std::shared_ptr<const PackedSaves> packed_saves_;
+  Compression compression_ = Compression::none;
 };
+
+// The packed-save decisions for the step of `config` at `batch_size` on `device`: its forward pass
+// recorded once with nothing packed, in a dry run (core/allocator.h DryRunScope: shapes only, on
+// the Null arena, no kernel run, a model of its own), then decide_packed_saves. The global RNG's
+// stream counter is put back afterwards, so the steps that follow draw the dropout masks they
+// would draw without it. The calling thread's tape must be empty (nothing recorded and not yet
+// released by backward).
+PackedSaves learn_packed_saves(const ModelConfig& config, int64_t batch_size, Device device);
 
 // The first training step of a configuration, run dry (core/allocator.h, DryRunScope): a model,
 // its optimizer (from `make_optimizer`) and a trainer built inside the scope, one step on a batch
@@ -158,13 +188,15 @@ struct DryRunResult {
   int64_t persistent = 0;
   int64_t kept = 0;
 };
+// `packed`: the packed-save decisions the real steps record with (nullptr: none).
 DryRunResult dry_run_step(const ModelConfig& config, int64_t batch_size, Device device,
-                          const std::function<std::unique_ptr<Optimizer>(Model&)>& make_optimizer);
+                          const std::function<std::unique_ptr<Optimizer>(Model&)>& make_optimizer,
+                          const PackedSaves* packed = nullptr);
 // The same with data parallelism's part of the step and the trainer's setup: `make_sync` builds
 // the sync for the dry run's model (its buffers come from the Null arena too; nothing is
 // communicated), `make_optimizer` gets it, to update what it says
-// (GradientSync::optimizer_parameters), and `setup` (accumulation, clipping), when given, sets up
-// the trainer before the step.
+// (GradientSync::optimizer_parameters), and `setup` (accumulation, clipping, packed saves), when
+// given, sets up the trainer before the step.
 DryRunResult dry_run_step(
     const ModelConfig& config, int64_t batch_size, Device device,
     const std::function<std::unique_ptr<Optimizer>(Model&, GradientSync*)>& make_optimizer,

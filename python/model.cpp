@@ -160,6 +160,8 @@ SessionOptions options_from(const std::string& name, const pb::object& batch,
       o.data = str_value(key, v);
     } else if (key == "conv") {
       o.conv = str_value(key, v);
+    } else if (key == "compress") {
+      o.compress = str_value(key, v);
     } else if (key == "math") {
       o.math = str_value(key, v);
     } else if (key == "shard") {
@@ -178,6 +180,9 @@ SessionOptions options_from(const std::string& name, const pb::object& batch,
     } else if (key == "tf32") {
       if (!pb::isinstance<pb::bool_>(v)) bad_type(key, v, "True or False");
       o.tf32 = v.cast<bool>();
+    } else if (key == "masks") {
+      if (!pb::isinstance<pb::bool_>(v)) bad_type(key, v, "True or False");
+      o.masks = v.cast<bool>();
     } else if (key == "lr") {
       o.lr = number_value(key, v);
     } else if (key == "momentum") {
@@ -261,10 +266,12 @@ class PyModel {
 
   std::shared_ptr<PlanHandle> make(const std::string& policy, const pb::object& budget,
                                    const std::string& chain, const std::string& budget_of,
-                                   const std::string& layout) {
+                                   const std::string& layout, const std::string& offload,
+                                   const std::string& transfer) {
     REGEN_CHECK(profile_ != nullptr,
                 "plan: the model has no profile; call profile() or use_profile() first");
-    const PlanOptions o = plan_options(chain, budget_of, layout);
+    PlanOptions o = plan_options(chain, budget_of, layout, offload, transfer, &profile_->profile);
+    o.cache = &profile_->cache;
     auto h = std::make_shared<PlanHandle>(
         PlanHandle{make_plan(profile_->sim, policy, budget_from(budget), o), profile_});
     install(h);
@@ -431,6 +438,21 @@ void bind_model(pb::module_& m) {
                     "Micro-batches of the step (accumulate)")
       .def_readonly("optimizer_step", &StepResult::optimizer_step,
                     "Optimizer steps taken after this one (the schedule's position)")
+      .def_property_readonly(
+          "host_peak_allocated",
+          [](const StepResult& r) -> pb::object {
+            return r.host_predicted ? pb::cast(r.host_memory.allocated.peak) : pb::none();
+          },
+          "Under a plan that uses the host tier (offload): its peak of allocated bytes, else None")
+      .def_property_readonly("host_peak_reserved",
+                             [](const StepResult& r) -> pb::object {
+                               return r.host_predicted ? pb::cast(r.host_memory.reserved.peak)
+                                                       : pb::none();
+                             })
+      .def_property_readonly(
+          "exact", [](const StepResult& r) { return r.exact(); },
+          "A step under a plan at its own limit whose peaks, device and host tier, were the "
+          "predicted ones")
       .def("__repr__", [](const StepResult& r) {
         return "regen.StepResult(loss " + std::to_string(r.loss) + ", " + format_ms(r.ms) +
                ", peak allocated " + format_bytes(r.memory.allocated.peak) + ", reserved " +
@@ -442,10 +464,12 @@ A registered model (regen.models()) with its optimizer, data and trainer: the li
 ``regen train`` builds it: ``Model("resnet-tiny", batch=4, device="cpu", lr=0.05)``. Options (None:
 the preset's or the session's default): the session's optimizer ('sgd' or 'adamw'), lr, momentum,
 weight_decay, seed, threads (at most 1024; 0: OpenMP's), data ('', or one of the model's data kinds:
-regen.model_input(name)), conv, math ('fp32' or 'tf32'), tf32; the training loop's accumulate
-(micro-batches per step), lr_schedule, warmup_steps, schedule_steps, lr_step_size, lr_gamma, lr_min,
-clip_grad_norm, grad_norm, eval_every, eval_batches, eval_batch, eval_split (as regen train's flags);
-and the model's own
+regen.model_input(name)), conv, math ('fp32' or 'tf32'), tf32, masks (packed saves, default True),
+compress ('none', 'bf16' or 'fp16': lossy, steps under a plan hold retained activations narrow);
+the training loop's accumulate (micro-batches per step), lr_schedule, warmup_steps, schedule_steps,
+lr_step_size, lr_gamma, lr_min, clip_grad_norm, grad_norm, eval_every, eval_batches, eval_batch,
+eval_split (as regen train's flags); data parallelism's shard and bucket_size (under mpirun); and
+the model's own
 (regen.model_options(name)): image_size and num_classes for the ResNets, seq_len, vocab, dropout and
 lm_head_chunk for the Transformers. Every value is checked as the command line checks its flags,
 with the keyword in the message ("threads=5000: must be at most 1024"). The first step runs dry
@@ -491,9 +515,14 @@ time for exact memory figures: another live model's tensors count in the allocat
             d["replays"] = e->replays();
             d["evictions"] = e->evictions();
             d["regen_ms"] = e->regen_ms();
+            d["offloads"] = e->offload().offloads;
+            d["bytes_to_host"] = e->offload().bytes_to_host;
+            d["bytes_to_device"] = e->offload().bytes_to_device;
+            d["stall_ms"] = e->offload().stall_ms;
             return d;
           },
-          "Under a plan: the last step's evictions, replays and regeneration time, else None")
+          "Under a plan: the last step's evictions, replays and regeneration time, and its "
+          "offloads (tensors, bytes copied each way, time waited for copies), else None")
       .def(
           "step", [](PyModel& s) { return s.train(1, pb::none()).front(); },
           "One training step (under the plan in use); returns a StepResult")
@@ -502,18 +531,20 @@ time for exact memory figures: another live model's tensors count in the allocat
           [](PyModel& s, int64_t steps, const pb::object& policy, const pb::object& budget,
              const std::string& chain, const std::string& budget_of, const std::string& layout,
              const pb::object& plan, int profile_steps, const pb::object& progress,
-             const std::string& log, const pb::kwargs& kw) {
+             const std::string& offload, const std::string& transfer, const std::string& log,
+             const pb::kwargs& kw) {
             s.set_training_options(kw);
             if (!plan.is_none()) {
               REGEN_CHECK(policy.is_none(), "train: give a plan or a policy, not both");
               s.install(plan.cast<std::shared_ptr<PlanHandle>>());
             } else if (!policy.is_none()) {
               const std::string name = policy.cast<std::string>();
-              if (name == "none" && budget.is_none()) {
+              // With compress, 'none' still plans: the plan holds what it retains narrow.
+              if (name == "none" && budget.is_none() && s.options().compress == "none") {
                 s.clear_plan();
               } else {
                 if (!s.profile()) s.run_profile(profile_steps, 0);
-                s.make(name, budget, chain, budget_of, layout);
+                s.make(name, budget, chain, budget_of, layout, offload, transfer);
               }
             } else {
               REGEN_CHECK(budget.is_none(), "train: a budget needs a policy (regen.policies())");
@@ -524,11 +555,12 @@ time for exact memory figures: another live model's tensors count in the allocat
           pb::arg("budget") = pb::none(), pb::arg("chain") = "auto",
           pb::arg("budget_of") = "reserved", pb::arg("layout") = "caching",
           pb::arg("plan") = pb::none(), pb::arg("profile_steps") = 2,
-          pb::arg("progress") = pb::none(), pb::arg("log") = "", R"doc(
+          pb::arg("progress") = pb::none(), pb::arg("offload") = "none",
+          pb::arg("transfer") = "profile", pb::arg("log") = "", R"doc(
 ``steps`` training steps; returns their StepResults. With ``policy`` (and ``budget``, ``chain``,
-``budget_of``, ``layout``): the model is profiled first if it has no profile (``profile_steps``
+``budget_of``, ``layout``, ``offload``, ``transfer``: regen.plan's): the model is profiled first if it has no profile (``profile_steps``
 steps, which train too), planned, and every step runs under the plan; ``policy='none'`` drops the
-plan. With ``plan``: under that Plan (made for this model's configuration, e.g. by make_plan).
+plan (with ``compress``, it plans none: the activations it retains are held narrow). With ``plan``: under that Plan (made for this model's configuration, e.g. by make_plan).
 Without either: under the plan in use, if any. A plan that does not fit its budget is refused
 before the first step. ``progress(step, result)`` is called after each step; returning False
 stops. A loss, parameter or gradient that is not finite raises regen.Error.
@@ -595,7 +627,8 @@ keyword); returns the file's metadata.)doc")
            "device or settings")
       .def("plan", &PyModel::make, pb::arg("policy"), pb::arg("budget") = pb::none(), pb::kw_only(),
            pb::arg("chain") = "auto", pb::arg("budget_of") = "reserved",
-           pb::arg("layout") = "caching",
+           pb::arg("layout") = "caching", pb::arg("offload") = "none",
+           pb::arg("transfer") = "profile",
            "Plans with the model's profile (regen.plan's arguments) and runs the next steps under "
            "it")
       .def(
@@ -710,6 +743,7 @@ Stage 1: builds the model (a name and Model options, or an existing Model) and p
         EstimateOptions o;
         o.optimizer = f.optimizer;
         o.momentum = f.momentum;
+        o.masks = f.masks;
         o.policy = parse_estimate_policy(policy);
         auto as_dict = [](const MemoryTerms& t, bool measured) {
           pb::dict d;

@@ -14,6 +14,7 @@
 
 #include "regen/core/io.h"
 #include "regen/remat/json_error.h"
+#include "regen/remat/compress.h"
 
 namespace regen {
 
@@ -119,6 +120,14 @@ std::string profile_to_json(const Profile& p) {
   j["iterations"] = p.iterations;
   if (p.accumulate != 1) j["accumulate"] = p.accumulate;
   j["run"] = p.run;
+  if (p.compress != Compression::none) {
+    j["compress"] = compression_name(p.compress);
+    const CompressCost& c = p.compress_cost;
+    j["compress_cost"] = {{"narrow_fixed_ms", c.narrow_fixed_ms},
+                          {"narrow_ms_per_mib", c.narrow_ms_per_mib},
+                          {"widen_fixed_ms", c.widen_fixed_ms},
+                          {"widen_ms_per_mib", c.widen_ms_per_mib}};
+  }
   j["measured"] = {{"peak_allocated", p.peak_allocated},
                    {"peak_reserved", p.peak_reserved},
                    {"allocated_by_at_peak", category_map(p.allocated_by_at_peak)},
@@ -147,6 +156,7 @@ std::string profile_to_json(const Profile& p) {
                      {"fwd_free_bytes", n.fwd_free_bytes},
                      {"bwd_alloc_bytes", n.bwd_alloc_bytes},
                      {"bwd_free_bytes", n.bwd_free_bytes}});
+    if (n.packed) nodes.back()["packed"] = true;
   }
   j["nodes"] = std::move(nodes);
   json values = json::array();
@@ -177,6 +187,7 @@ std::string profile_to_json(const Profile& p) {
                      {"last_bw_rank", s.last_bw_rank},
                      {"readers", s.readers},
                      {"candidate", s.candidate},
+                     {"offloadable", s.offloadable},
                      {"recompute_ms", s.recompute_ms}});
   }
   j["saved"] = std::move(saved);
@@ -218,6 +229,7 @@ std::string profile_to_json(const Profile& p) {
     markers.push_back({marker_name(m.kind), m.node, m.position, m.time_ms});
   }
   j["markers"] = std::move(markers);
+  if (p.transfer.valid()) j["transfer"] = json::parse(transfer_to_json(p.transfer));
   return j.dump(1);
 }
 
@@ -240,6 +252,14 @@ Profile parse_profile_json(const std::string& text, const std::string& origin) {
     p.iterations = j.at("iterations").get<int>();
     p.accumulate = j.value("accumulate", int64_t{1});
     if (j.contains("run")) p.run = j.at("run").get<std::map<std::string, std::string>>();
+    if (j.contains("compress")) {
+      p.compress = parse_compression(j.at("compress").get<std::string>(), origin + ": compress");
+      const json& c = j.at("compress_cost");
+      p.compress_cost.narrow_fixed_ms = c.at("narrow_fixed_ms").get<double>();
+      p.compress_cost.narrow_ms_per_mib = c.at("narrow_ms_per_mib").get<double>();
+      p.compress_cost.widen_fixed_ms = c.at("widen_fixed_ms").get<double>();
+      p.compress_cost.widen_ms_per_mib = c.at("widen_ms_per_mib").get<double>();
+    }
     const json& m = j.at("measured");
     p.peak_allocated = m.at("peak_allocated").get<int64_t>();
     p.peak_reserved = m.at("peak_reserved").get<int64_t>();
@@ -249,6 +269,7 @@ Profile parse_profile_json(const std::string& text, const std::string& origin) {
     p.forward_ms = m.at("forward_ms").get<double>();
     p.backward_ms = m.at("backward_ms").get<double>();
     p.optimizer_ms = m.at("optimizer_ms").get<double>();
+    if (j.contains("transfer")) p.transfer = transfer_from_json(j.at("transfer").dump(), origin);
     for (const json& n : j.at("nodes")) {
       ProfileNode node;
       node.index = n.at("index").get<int32_t>();
@@ -264,6 +285,7 @@ Profile parse_profile_json(const std::string& text, const std::string& origin) {
       node.saved = n.at("saved").get<std::vector<int64_t>>();
       node.fwd_ms = n.at("fwd_ms").get<double>();
       node.bwd_ms = n.at("bwd_ms").get<double>();
+      node.packed = n.value("packed", false);
       p.nodes.push_back(std::move(node));
     }
     for (const json& v : j.at("values")) {
@@ -652,6 +674,8 @@ void finalize_profile(Profile& p) {
     const ProfileValue& root = p.values[static_cast<size_t>(s.value)];
     s.candidate = !root.leaf && replayable[static_cast<size_t>(root.id)] && root.alloc_id != 0 &&
                   s.bytes > 0 && s.first_bw_rank >= 0 && s.last_fwd_use < last_forward;
+    s.offloadable = !root.leaf && root.alloc_id != 0 && s.bytes > 0 && s.first_bw_rank >= 0 &&
+                    s.last_fwd_use < last_forward && s.category == Category::activation;
   }
   for (ProfileSaved& s : p.saved) {
     s.recompute_ms = s.candidate ? standalone_recompute_ms(p, s.index) : 0.0;

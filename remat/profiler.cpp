@@ -1,5 +1,6 @@
 // The profiler (profiler.h).
 #include "regen/remat/profiler.h"
+#include "regen/remat/transfer.h"
 
 #include <omp.h>
 #include <algorithm>
@@ -10,6 +11,7 @@
 #include "regen/core/numeric.h"
 #include "regen/kernels/kernels.h"
 #include "regen/remat/distributed.h"
+#include "regen/remat/compress.h"
 
 namespace regen {
 namespace {
@@ -86,6 +88,7 @@ class Recorder final : public TapeHooks, public StepObserver {
       pn.inputs = n.inputs;
       pn.outputs = n.outputs;
       pn.saved = n.saved;
+      pn.packed = n.packed;
       nodes_.push_back(std::move(pn));
     }
     values_.clear();
@@ -346,8 +349,18 @@ Profile profile_training(Trainer& trainer, const ProfileOptions& options) {
   p.forward_ms = median(fw);
   p.backward_ms = median(bw);
   p.optimizer_ms = median(opt);
+  // The trainer's compression: its plans' schedules narrow what they retain (compress.h); the
+  // conversions' time model is measured now, after the instrumented steps.
+  p.compress = trainer.compression();
+  p.compress_cost = measure_compress_cost(trainer.device(), p.compress);
   validate_profile(p, "profile of " + p.model);
   finalize_profile(p);
+  if (options.measure_transfer && !dry_run_active()) {
+    p.transfer = measure_transfer(trainer.device(), {1ull << 20, 4ull << 20, 16ull << 20}, 3);
+    p.transfer.source = "measured by regen profile on " + p.device + ", " + p.date;
+    // The host tier keeps nothing: the measurement's segments go back to the system.
+    host_allocator_for(trainer.device()).release_memory();
+  }
   // Under mpirun, the job's profile: rank 0's, once every rank's memory record matched it.
   if (trainer.gradient_sync() != nullptr) return agree_on_profile(std::move(p));
   return p;

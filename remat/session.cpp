@@ -13,6 +13,7 @@
 #include "regen/core/safetensors.h"
 #include "regen/dist/data_parallel.h"
 #include "regen/dist/world.h"
+#include "regen/remat/compress.h"
 #include "regen/remat/pipeline.h"
 
 #ifdef REGEN_WITH_CUDA
@@ -93,6 +94,7 @@ void SessionOptions::validate() const {
   check_range(*this, "momentum", momentum);
   check_range(*this, "weight_decay", weight_decay);
   check_one_of(*this, "conv", conv, {"native", "cudnn"});
+  check_one_of(*this, "compress", compress, {"none", "bf16", "fp16"});
   check_math(math, tf32, style);
   // The training loop's options, then how they combine.
   check_range(*this, "accumulate", static_cast<double>(accumulate));
@@ -531,10 +533,13 @@ std::unique_ptr<Session> make_session(const SessionOptions& options, Preflight p
   }
   const LrSchedule schedule = options.schedule();
   // What the trainer does besides forward, backward and the update: the dry run does it too.
-  auto setup_trainer = [&options](Trainer& t) {
+  // The packed-save decisions are learned just before the dry run (below), which uses them too.
+  Session* const session = s.get();
+  auto setup_trainer = [&options, session](Trainer& t) {
     t.set_accumulation(options.accumulate);
     t.set_clip_grad_norm(options.clip_grad_norm);
     t.set_track_grad_norm(options.grad_norm);
+    if (session->packed_saves) t.set_packed_saves(session->packed_saves);
   };
   auto make_sync = [&](Model& model) -> std::unique_ptr<GradientSync> {
     if (!world.distributed()) return nullptr;
@@ -559,8 +564,13 @@ std::unique_ptr<Session> make_session(const SessionOptions& options, Preflight p
     o.weight_decay = options.weight_decay;
     return std::make_unique<AdamW>(std::move(params), o);
   };
-  // The first step, run dry: its memory, exact, before any of it is used.
+  // The first step, run dry: its memory, exact, before any of it is used; first, with masks on,
+  // which ops save packed forms (a dry forward pass of its own).
   try {
+    if (options.masks) {
+      s->packed_saves =
+          std::make_shared<const PackedSaves>(learn_packed_saves(c, options.batch, s->device));
+    }
     s->preflight =
         dry_run_step(c, options.batch, s->device, make_optimizer, make_sync, setup_trainer);
   } catch (const Error& e) {
@@ -587,6 +597,7 @@ std::unique_ptr<Session> make_session(const SessionOptions& options, Preflight p
   setup_trainer(*s->trainer);
   s->trainer->set_schedule(schedule);
   s->trainer->set_gradient_sync(s->sync.get());
+  s->trainer->set_compression(parse_compression(options.compress));
   return s;
 }
 
@@ -620,6 +631,8 @@ std::map<std::string, std::string> run_flags(const SessionOptions& o) {
     r["--shard"] = o.shard;
     r["--bucket-size"] = std::to_string(o.bucket_size);
   }
+  r["--masks"] = o.masks ? "on" : "off";
+  r["--compress"] = o.compress;
   return r;
 }
 
@@ -652,6 +665,11 @@ void check_profile_run(const Profile& p, const SessionOptions& o, const std::str
   }
   std::stable_partition(recorded.begin(), recorded.end(),
                         [](const auto& kv) { return kv.first == "--optimizer"; });
+  // Profiles written before packed saves were made without them.
+  if (p.run.count("--masks") == 0 && !p.run.empty()) recorded.emplace_back("--masks", "off");
+  if (p.run.count("--compress") == 0 && !p.run.empty()) {
+    recorded.emplace_back("--compress", compression_name(p.compress));
+  }
   for (auto [flag, then] : recorded) {
     if (flag == "--tf32") {  // written before --math
       flag = "--math";
@@ -998,10 +1016,15 @@ MeasuredRun measure_training(const SessionOptions& o, int steps, const Profile* 
     ms.push_back(st.ms);
     r.peak = std::max(r.peak, st.memory.allocated.peak);
     r.reserved = std::max(r.reserved, st.memory.reserved.peak);
+    if (st.host_predicted) {
+      r.host_peak = std::max(r.host_peak, st.host_memory.allocated.peak);
+      r.host_reserved = std::max(r.host_reserved, st.host_memory.reserved.peak);
+    }
   }
   if (const RematExecutor* exec = pipe.executor()) {
     r.regen_ms = exec->regen_ms();
     r.replays = exec->replays();
+    r.stall_ms = exec->offload().stall_ms;
   }
   r.steps_predicted = pipe.predicted_steps();
   r.steps_exact = pipe.exact_steps();

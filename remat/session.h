@@ -83,6 +83,16 @@ struct SessionOptions {
   // A process alone ignores both. docs/distributed.md.
   std::string shard = "none";
   int64_t bucket_size = int64_t{25} << 20;
+  // Packed saves (autograd/tape.h PackedSaves; docs/ops.md): an op whose backward needs only a few
+  // bits of what it would save keeps those, packed, where nothing else saves the full tensor (relu
+  // a 1-bit mask, max_pool2d its argmax in 4 bits for 3x3 windows). Training is bitwise the same
+  // either way. --masks on|off, masks=True|False.
+  bool masks = true;
+  // Lossy compression of saved activations (remat/compress.h): none, or bf16 or fp16, where every
+  // plan holds the activations it retains narrow between their last forward use and backward
+  // (training is then no longer bitwise that of none). Applies to steps run under a plan (a run
+  // with --compress profiles and plans, policy none at least). --compress, compress=.
+  std::string compress = "none";
   // How messages name the options: --image-size (the command line) or image_size= (Python).
   OptionStyle style = OptionStyle::flag;
 
@@ -144,6 +154,9 @@ struct Session {
   // Data parallelism (dist/data_parallel.h) when the world has more than one rank: the trainer's
   // gradient sync. Null in a process alone.
   std::unique_ptr<GradientSync> sync;
+  // The packed-save decisions the trainer's steps record with (options.masks; null when off),
+  // learned from a dry forward pass (models/train.h learn_packed_saves).
+  std::shared_ptr<const PackedSaves> packed_saves;
 };
 
 // What make_session refuses before it builds the model, from the dry run of the first step
@@ -233,6 +246,10 @@ struct MeasuredRun {
   // Under a plan at its own limit: the steps whose peaks were checked against the prediction, and
   // how many measured it exactly (RematPipeline::step checks every step).
   int64_t steps_predicted = 0, steps_exact = 0;
+  // Under a plan that uses the host tier (offload): its peaks over every step, and the time the
+  // last step waited for copies.
+  int64_t host_peak = 0, host_reserved = 0;
+  double stall_ms = 0;
 };
 // A fresh session (make_session) on an emptied allocator and `steps` steps through a
 // RematPipeline: without `plan`, no rematerialization; with it (made for `profile`), every step

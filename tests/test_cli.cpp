@@ -33,6 +33,7 @@
 #include "regen/remat/milp.h"
 #include "regen/remat/planner.h"
 #include "regen/remat/profiler.h"
+#include "regen/remat/transfer.h"
 #include "tests/test_util.h"
 #include "tools/common.h"
 
@@ -194,6 +195,9 @@ TEST_CASE("cli: mistakes in flags give one clear line and a non-zero exit") {
   expect_failure(dir, tiny({"--optimizer", "adam"}),
                  {"--optimizer must be sgd or adamw, got 'adam'"});
   expect_failure(dir, tiny({"--conv", "fast"}), {"--conv must be native or cudnn, got 'fast'"});
+  expect_failure(dir, tiny({"--compress", "bf17"}),
+                 {"--compress must be none, bf16 or fp16, got 'bf17'"});
+  expect_failure(dir, tiny({"--masks", "maybe"}), {"--masks", "maybe"});
   expect_failure(dir, tiny({"--momentum", "1.5"}), {"--momentum must be a number from 0 to 1"});
   expect_failure(dir, tiny({"--weight-decay", "-1"}), {"--weight-decay must be a finite number"});
   expect_failure(dir, tiny({"--seed", "-1"}), {"--seed must be a non-negative integer, got -1"});
@@ -484,6 +488,42 @@ TEST_CASE("cli: train under a plan reports the prediction exact on every step un
                                           "--budget", "80%", "--budget-of", "allocated"}));
   CHECK(one.status == 0);
   CHECK(has(one.out, "(exact on the one step under the plan)"));
+}
+
+// Offload from the command line: dp with every fate trains exactly, the host tier's peaks and the
+// copies reported beside the prediction; regen bench copy writes a transfer model --transfer reads.
+TEST_CASE(
+    "cli: train with --offload all reports the host tier exact and bench copy writes a model") {
+  TempDir dir;
+  const Result r = regen_run(
+      dir, tiny({"--steps", "4", "--batch", "4", "--policy", "dp", "--budget", "lowest",
+                 "--budget-of", "allocated", "--offload", "all", "--transfer", "gbps:20"}));
+  CAPTURE(r.out);
+  CAPTURE(r.err);
+  CHECK(r.status == 0);
+  CHECK(has(r.out, "(exact on every one of the 2 steps under the plan)"));
+  CHECK(has(r.out, "  host tier: predicted peak allocated"));
+  CHECK(has(r.out, "the times say nothing of a GPU's"));
+  const std::string json = dir.path + "/copy.json";
+  const Result b =
+      regen_run(dir, {"bench", "copy", "--sizes", "1MiB,2MiB", "--repeats", "1", "--json", json});
+  CAPTURE(b.err);
+  CHECK(b.status == 0);
+  CHECK(has(b.out, "transfer model:"));
+  CHECK(load_transfer(json).valid());
+  const Result t = regen_run(
+      dir, tiny({"--steps", "3", "--batch", "4", "--policy", "dp", "--budget", "lowest",
+                 "--budget-of", "allocated", "--offload", "activations", "--transfer", json}));
+  CAPTURE(t.err);
+  CHECK(t.status == 0);
+  const Result bad =
+      regen_run(dir, tiny({"--steps", "3", "--policy", "dp", "--offload", "weights"}));
+  CHECK(bad.status != 0);
+  CHECK(has(bad.err, "--offload"));
+  const Result bad_t = regen_run(
+      dir, tiny({"--steps", "3", "--policy", "dp", "--offload", "all", "--transfer", "pcie5"}));
+  CHECK(bad_t.status != 0);
+  CHECK(has(bad_t.err, "--transfer 'pcie5': not profile, step:F"));
 }
 
 // A step whose loss is still finite can leave parameters that are not (here the update of step 1
@@ -1139,12 +1179,21 @@ TEST_CASE("cli: --math and --tf32: defaults, conflicts, the CPU, and the math co
   CHECK(has(ops.out, "f32, math fp32, median of 1 runs"));
   CHECK(nlohmann::json::parse(read_file(ops_json)).at("math") == "fp32");
 
-  // A CSV as rows of named fields; the math column comes last, so readers that count columns
-  // are unaffected.
+  // A CSV as rows of named fields; the math column comes after the older ones and only the
+  // offload columns (frontier.csv) after it, so readers that count columns are unaffected.
   auto rows_of = [](const std::string& path) {
     std::vector<std::string> header;
     auto rows = csv_rows(path, &header);
-    CHECK(header.back() == "math");
+    const auto math = std::find(header.begin(), header.end(), "math");
+    REQUIRE(math != header.end());
+    const std::vector<std::string> offload = {"offloaded",
+                                              "optimizer_state",
+                                              "predicted_host_peak_allocated",
+                                              "predicted_stall_ms",
+                                              "measured_host_peak_allocated",
+                                              "measured_stall_ms"};
+    CHECK(std::vector<std::string>(math + 1, header.end()) ==
+          (math + 1 == header.end() ? std::vector<std::string>{} : offload));
     return rows;
   };
   const std::string sw = dir.file("sw");

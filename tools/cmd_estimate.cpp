@@ -46,6 +46,7 @@ void run(const Flags& f) {
   EstimateOptions o;
   o.optimizer = f.m.optimizer;
   o.momentum = f.m.momentum;
+  o.masks = f.m.masks;
   o.policy = parse_estimate_policy(f.policy);
   if (!f.csv.empty()) check_output_path("--csv", f.csv);
   const MemoryTerms est = estimate_memory(c, f.m.batch, o);

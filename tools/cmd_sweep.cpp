@@ -31,6 +31,8 @@ struct Flags {
   std::string budgets = "50%";
   std::string budget_of = "reserved";
   std::string layout = "caching";
+  std::string offload = "none";
+  std::string transfer = "profile";
   int steps = 3;
   std::string out = "sweep";
   bool plot = false;
@@ -138,6 +140,8 @@ void run(const Flags& f) {
       po.budget_of = parse_budget_of(f.budget_of);
       po.planned_layout = f.layout == "planned";
       po.cache = &cache;
+      apply_offload_flags(po, f.offload, f.transfer, profile);
+      if (spec.offload_given) po.offload = spec.offload;
       for (const std::string& btext : budgets) {
         Plan plan;
         if (btext == "lowest") {
@@ -279,6 +283,7 @@ void setup(CLI::App& app) {
       ->capture_default_str();
   add_budget_of_flag(app, f->budget_of);
   add_layout_flag(app, f->layout);
+  add_offload_flags(app, f->offload, f->transfer);
   app.add_option("--steps", f->steps, "measured steps per run (the first is not timed)")
       ->check(integer_in(2, 1000))
       ->capture_default_str();

@@ -31,6 +31,8 @@ struct TrainFlags {
   std::string budget_of = "reserved";
   std::string layout = "caching";
   std::string chain = "auto";
+  std::string offload = "none";
+  std::string transfer = "profile";
   std::string profile_file, plan_file;
   int profile_steps = 2;
   std::string progress = "auto";
@@ -172,7 +174,9 @@ void run(const TrainFlags& f) {
   }
   // With a loaded profile, no step without remat runs here: its plan's prediction is checked
   // against the device below; otherwise the profiling step must fit as it is.
-  const bool planned_only = (f.policy != "none" || !f.plan_file.empty()) && !f.profile_file.empty();
+  // --compress holds what a plan retains narrow: a run with it profiles and plans (none at least).
+  const bool remat = f.policy != "none" || !f.plan_file.empty() || f.m.compress != "none";
+  const bool planned_only = remat && !f.profile_file.empty();
   SessionOptions options = f.m;
   // The cosine schedule spans the run's steps unless told otherwise.
   if (options.schedule_steps == 0 && options.lr_schedule == "cosine")
@@ -257,6 +261,7 @@ void run(const TrainFlags& f) {
   int64_t done = 0;
   std::vector<double> losses, times;
   int64_t peak_alloc = 0, peak_reserved = 0;
+  int64_t host_alloc = 0, host_reserved = 0;  // the host tier's, under an offload plan
   MemoryStats peak_stats;
   StepResult first_inexact;  // the first step under the plan whose peaks were not the predicted
   std::vector<dist::SyncStats> comm_steps;  // data parallelism: each step's communication
@@ -267,8 +272,12 @@ void run(const TrainFlags& f) {
     if (r.memory.allocated.peak > peak_alloc) peak_stats = r.memory;
     peak_alloc = std::max(peak_alloc, r.memory.allocated.peak);
     peak_reserved = std::max(peak_reserved, r.memory.reserved.peak);
+    if (r.host_predicted) {
+      host_alloc = std::max(host_alloc, r.host_memory.allocated.peak);
+      host_reserved = std::max(host_reserved, r.host_memory.reserved.peak);
+    }
   };
-  if (f.policy != "none" || !f.plan_file.empty()) {
+  if (remat) {
     REGEN_CHECK(!f.profile_file.empty() || start + std::max(1, f.profile_steps) < f.steps,
                 "--steps ", f.steps, " leaves no step to run under the plan after step ", start,
                 " and ", std::max(1, f.profile_steps),
@@ -312,6 +321,7 @@ void run(const TrainFlags& f) {
       po.chain = parse_chain(f.chain);
       po.budget_of = parse_budget_of(f.budget_of);
       po.planned_layout = f.layout == "planned";
+      apply_offload_flags(po, f.offload, f.transfer, profile);
       pipe.plan(f.policy, Budget::parse(f.budget), po);
     }
     const Plan& plan = pipe.current_plan();
@@ -335,6 +345,14 @@ void run(const TrainFlags& f) {
           format_bytes(plan.predicted.peak_allocated).c_str(),
           format_bytes(plan.predicted.peak_reserved).c_str(),
           format_bytes(plan.no_remat_peak).c_str(), plan.predicted.time_ms / 1000.0);
+    }
+    std::printf("%s", describe_offload(plan, profile).c_str());
+    if (plan.predicted.narrowed > 0) {
+      std::printf(
+          "  --compress %s: %lld retained activations held narrow between forward and "
+          "backward, %.1f ms of conversions predicted per step\n",
+          f.m.compress.c_str(), static_cast<long long>(plan.predicted.narrowed),
+          plan.predicted.compress_ms);
     }
     // A plan that does not fit its budget is refused now, with the simulated numbers, rather
     // than found out by an out-of-memory error in the middle of a step.
@@ -519,6 +537,20 @@ void run(const TrainFlags& f) {
                                   .c_str()
                             : "",
         exec->regen_ms() / 1000.0);
+    if (plan.uses_host()) {
+      const OffloadCounters& c = exec->offload();
+      std::printf(
+          "  host tier: predicted peak allocated %s, reserved %s; measured %s, %s; last step "
+          "copied %s out and %s back, waited %.1f ms for copies (predicted %.1f ms on the "
+          "transfer model; %s)\n",
+          format_bytes(plan.predicted.host_peak_allocated).c_str(),
+          format_bytes(plan.predicted.host_peak_reserved).c_str(), format_bytes(host_alloc).c_str(),
+          format_bytes(host_reserved).c_str(), format_bytes(c.bytes_to_host).c_str(),
+          format_bytes(c.bytes_to_device).c_str(), c.stall_ms, plan.predicted.stall_ms,
+          s->device.is_cpu() ? "on the CPU the copies are memcpy on helper threads: the times "
+                               "say nothing of a GPU's"
+                             : "measured with events on the compute stream");
+    }
     if (done > 0) {
       std::printf(
           "  (the first %lld step(s) ran without remat to profile; pass --profile FILE from "
@@ -577,6 +609,7 @@ void setup(CLI::App& app) {
       ->check(budget_text());
   add_budget_of_flag(app, f->budget_of);
   CLI::Option* layout = add_layout_flag(app, f->layout);
+  add_offload_flags(app, f->offload, f->transfer);
   app.add_option("--chain", f->chain,
                  "regeneration chains: keep, drop (mu-TWO's model) or auto (see `regen plan`)")
       ->check(CLI::IsMember(chain_names()))
@@ -635,7 +668,7 @@ void setup(CLI::App& app) {
     }
     // Without --profile the first --profile-steps steps run without remat: at least one step
     // must be left to run under the plan, or its peak could not be measured.
-    const bool remat = f->policy != "none" || !f->plan_file.empty();
+    const bool remat = f->policy != "none" || !f->plan_file.empty() || f->m.compress != "none";
     REGEN_CHECK(
         !remat || !f->profile_file.empty() || f->steps > std::max<int64_t>(1, f->profile_steps),
         "--steps ", f->steps, " leaves no step to run under the plan after ",

@@ -288,6 +288,7 @@ void add_model_flags(CLI::App& app, SessionOptions& o, bool with_batch,
             return problem.empty() ? "" : problem + " bytes, got '" + text + "'";
           },
           "BYTES"));
+  add_pack_flags(app, o);
 }
 
 void add_eval_flags(CLI::App& app, SessionOptions& o) {
@@ -350,6 +351,21 @@ void add_training_flags(CLI::App& app, SessionOptions& o, bool with_eval) {
       ->check(in_range(SessionOptions::range("eval_every")))
       ->capture_default_str();
   add_eval_flags(app, o);
+}
+
+void add_pack_flags(CLI::App& app, SessionOptions& o) {
+  app.add_option_function<std::string>(
+         "--masks", [&o](const std::string& v) { o.masks = v == "on"; },
+         "packed saves: relu keeps a 1-bit mask where nothing else saves its output, max_pool2d "
+         "its argmax as window positions in a few bits; training is bitwise the same (default: "
+         "on)")
+      ->type_name("on|off")
+      ->check(CLI::IsMember({"on", "off"}));
+  app.add_option("--compress", o.compress,
+                 "lossy: hold the activations a plan retains as bf16 or fp16 between their last "
+                 "forward use and backward (none, bf16 or fp16; training is then no longer bitwise "
+                 "that of none; with no --policy, the run profiles and plans with none)")
+      ->capture_default_str();
 }
 
 void add_math_flags(CLI::App& app, std::string& math, bool& tf32, const std::string& default_help) {
@@ -474,6 +490,57 @@ CLI::Option* add_layout_flag(CLI::App& app, std::string& layout) {
                   "reserved bytes close to allocated)")
       ->check(CLI::IsMember({"caching", "planned"}))
       ->capture_default_str();
+}
+
+void add_offload_flags(CLI::App& app, std::string& offload, std::string& transfer) {
+  app.add_option("--offload", offload,
+                 "what dp and milp may move to the device's host tier: none, activations (saved "
+                 "activations, copied out after their producer and back before backward needs "
+                 "them), optimizer (the optimizer state between steps) or all")
+      ->check(CLI::IsMember(offload_mode_names()))
+      ->capture_default_str();
+  app.add_option("--transfer", transfer,
+                 "the transfer model that times copies to and from the host tier: profile (the "
+                 "one the profile measured), FILE.json (regen bench copy --json), step:F (copying "
+                 "every saved activation once, one way, takes F of the profiled step: 0.4 is an "
+                 "H100 ResNet-152 step against PCIe 5) or gbps:B[,LATENCY_MS]")
+      ->check(non_empty("a transfer model"))
+      ->capture_default_str();
+}
+
+void apply_offload_flags(PlanOptions& po, const std::string& offload, const std::string& transfer,
+                         const Profile& p) {
+  po.offload = parse_offload_mode(offload);
+  // The profile's own model is the default; resolving it here names the flag when it has none and
+  // the plan needs one.
+  if (transfer != "profile" || p.transfer.valid()) po.transfer = transfer_for(transfer, p);
+}
+
+std::string describe_offload(const Plan& plan, const Profile& p) {
+  if (!plan.uses_host()) return "";
+  char buf[512];
+  std::string out;
+  if (plan.offloaded() > 0) {
+    std::snprintf(buf, sizeof buf, "  offload %lld saved tensors (%s) to the host tier\n",
+                  static_cast<long long>(plan.offloaded()),
+                  format_bytes(plan.offloaded_bytes(p)).c_str());
+    out += buf;
+  }
+  if (plan.optimizer_state == StatePlace::host) {
+    out +=
+        "  the optimizer state lives on the host tier, streamed through the device by the "
+        "update\n";
+  }
+  std::snprintf(buf, sizeof buf,
+                "  predicted host tier peak allocated %s, reserved %s; %s copied out, %s back; "
+                "the step waits %.1f ms for copies (transfer model: %s)\n",
+                format_bytes(plan.predicted.host_peak_allocated).c_str(),
+                format_bytes(plan.predicted.host_peak_reserved).c_str(),
+                format_bytes(plan.predicted.bytes_to_host).c_str(),
+                format_bytes(plan.predicted.bytes_to_device).c_str(), plan.predicted.stall_ms,
+                plan.transfer.str().c_str());
+  out += buf;
+  return out;
 }
 
 }  // namespace regen::tool

@@ -205,6 +205,24 @@ void permute(const T* x, T* y, const PermuteShape& s) {
   }
 }
 
+template <class T>
+void narrow_to_half(const T* x, uint16_t* y, int64_t n, Compression c) {
+  static_assert(std::is_same<T, float>::value, "saved activations narrow from f32");
+  REGEN_CHECK(c != Compression::none, "narrow_to_half: no 16-bit format given");
+#pragma omp parallel for schedule(static) if (n > kParallelMin)
+  for (int64_t i = 0; i < n; ++i) y[i] = half::narrow(x[i], c);
+}
+
+template <class T>
+void widen_from_half(const uint16_t* x, T* y, int64_t n, Compression c) {
+  static_assert(std::is_same<T, float>::value, "saved activations widen to f32");
+  REGEN_CHECK(c != Compression::none, "widen_from_half: no 16-bit format given");
+#pragma omp parallel for schedule(static) if (n > kParallelMin)
+  for (int64_t i = 0; i < n; ++i) y[i] = half::widen(x[i], c);
+}
+template void narrow_to_half<float>(const float*, uint16_t*, int64_t, Compression);
+template void widen_from_half<float>(const uint16_t*, float*, int64_t, Compression);
+
 #define REGEN_INSTANTIATE(T)                                                           \
   template void fill<T>(T*, int64_t, T);                                               \
   template void copy<T>(const T*, T*, int64_t);                                        \

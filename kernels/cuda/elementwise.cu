@@ -404,6 +404,34 @@ void dropout_backward(const float* dy, float* dx, int64_t n, float p, uint64_t s
   dropout_forward(dy, dx, n, p, seed, stream_id);  // the same mask and scale
 }
 
+namespace {
+// x: (n) -> y: (n), the conversions of kernels/half.h (the CPU loops' functions).
+__global__ void narrow_kernel(const float* x, uint16_t* y, int64_t n, Compression c) {
+  for (int64_t i = dev::global_thread(); i < n; i += dev::grid_stride())
+    y[i] = half::narrow(x[i], c);
+}
+__global__ void widen_kernel(const uint16_t* x, float* y, int64_t n, Compression c) {
+  for (int64_t i = dev::global_thread(); i < n; i += dev::grid_stride())
+    y[i] = half::widen(x[i], c);
+}
+}  // namespace
+
+void narrow_to_half(const float* x, uint16_t* y, int64_t n, Compression c) {
+  REGEN_CHECK(n >= 0 && c != Compression::none, "narrow_to_half: size ", n,
+              " and a 16-bit format are needed");
+  if (n == 0) return;
+  narrow_kernel<<<grid_blocks(n, kThreads), kThreads, 0, stream()>>>(x, y, n, c);
+  REGEN_CUDA_LAUNCH_CHECK("narrow_to_half");
+}
+
+void widen_from_half(const uint16_t* x, float* y, int64_t n, Compression c) {
+  REGEN_CHECK(n >= 0 && c != Compression::none, "widen_from_half: size ", n,
+              " and a 16-bit format are needed");
+  if (n == 0) return;
+  widen_kernel<<<grid_blocks(n, kThreads), kThreads, 0, stream()>>>(x, y, n, c);
+  REGEN_CUDA_LAUNCH_CHECK("widen_from_half");
+}
+
 void permute(const float* x, float* y, const PermuteShape& s) {
   REGEN_CHECK(s.ndim >= 1 && s.ndim <= 6, "permute: ", s.ndim, " dimensions (1 to 6 supported)");
   PermuteParams p{};
