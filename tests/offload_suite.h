@@ -22,7 +22,9 @@ inline Plan offload_everything(const Simulator& sim, StatePlace place, const Tra
   PlanCache cache(sim);
   PlanOptions o;
   o.cache = &cache;
-  return finish_plan(sim, draft, budget, o);
+  Plan plan = finish_plan(sim, draft, budget, o);
+  plan.policy = "offload-everything";  // a hand-made plan's name (plan.json needs one)
+  return plan;
 }
 
 // Training under `plan` is bitwise the run without remat, and every step's peaks, on the device and
