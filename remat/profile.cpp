@@ -13,8 +13,8 @@
 #include <map>
 
 #include "regen/core/io.h"
-#include "regen/remat/json_error.h"
 #include "regen/remat/compress.h"
+#include "regen/remat/json_error.h"
 
 namespace regen {
 

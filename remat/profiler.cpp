@@ -10,8 +10,8 @@
 
 #include "regen/core/numeric.h"
 #include "regen/kernels/kernels.h"
-#include "regen/remat/distributed.h"
 #include "regen/remat/compress.h"
+#include "regen/remat/distributed.h"
 
 namespace regen {
 namespace {

@@ -156,7 +156,9 @@ SimResult Simulator::run(const Schedule& s, const SimOptions& opt) const {
   // times are the first micro-batch's); the copy timeline is not replayed that way yet.
   REGEN_CHECK(p.accumulate == 1 || (s.offloads.empty() && s.optimizer_state == StatePlace::device),
               "simulator: offloading (saved tensors or optimizer state on the host tier) with "
-              "gradient accumulation (", p.accumulate, " micro-batches) is not supported yet: "
+              "gradient accumulation (",
+              p.accumulate,
+              " micro-batches) is not supported yet: "
               "--offload none, or --accumulate 1");
   REGEN_CHECK(!opt.dtr || (s.offloads.empty() && s.optimizer_state == StatePlace::device),
               "simulator: DTR runs without offloads");
@@ -608,8 +610,7 @@ SimResult Simulator::run(const Schedule& s, const SimOptions& opt) const {
   // Every micro-batch recomputes, narrows and widens what the schedule says; evictions, replays
   // and narrowed tensors above are one micro-batch's, as the executor counts them (per backward).
   res.time_ms = p.iteration_ms +
-                static_cast<double>(p.accumulate) * (s.recompute_ms + s.compress_ms) +
-                res.stall_ms;
+                static_cast<double>(p.accumulate) * (s.recompute_ms + s.compress_ms) + res.stall_ms;
   const MemoryStats hs = host.stats();
   res.host_peak_allocated = hs.allocated.peak;
   res.host_peak_reserved = hs.reserved.peak;
