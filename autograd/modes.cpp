@@ -62,6 +62,19 @@ uint64_t rng_seed() {
 uint64_t next_rng_stream() {
   return g_stream++;
 }
+uint64_t rng_stream_position() {
+  return g_stream;
+}
+void set_rng_state(uint64_t seed, uint64_t stream) {
+  g_seed = seed;
+  g_stream = stream;
+}
+
+RngStreamRestore::RngStreamRestore() : seed_(g_seed), stream_(g_stream) {}
+RngStreamRestore::~RngStreamRestore() {
+  g_seed = seed_;
+  g_stream = stream_;
+}
 
 RngStreamDraw::~RngStreamDraw() {
   // Undo the draw only if nothing drew after it (a later draw keeps its stream).

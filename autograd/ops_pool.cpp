@@ -1,6 +1,7 @@
 // max_pool2d, avg_pool2d and global_avg_pool: the ops over kernels/cpu/pool.cpp.
-// max_pool2d has a hidden i32 output, the argmax of each window (an index into the H*W plane),
-// which is all its backward reads; the average pools save nothing (backward needs only shapes).
+// max_pool2d has a hidden i32 output, the argmax of each window (an index into the H*W plane), or
+// packed (docs/ops.md, "Packed saves") its position inside the window in a few bits, which is all
+// its backward reads; the average pools save nothing (backward needs only shapes).
 // Gradient checks: tests/test_gradcheck_vision.cpp; forward values and errors:
 // tests/test_ops_vision.cpp.
 #include <cstdint>
@@ -24,6 +25,13 @@ void maxpool_fwd(OpContext& c) {
   const Tensor& x = c.inputs[0];
   const PoolShape s = pool_shape(x.shape(), c.attr<Pool2dAttrs>());
   Tensor y = empty({s.N, s.C, s.P, s.Q}, x.dtype(), x.device());
+  if (c.packed) {
+    Tensor codes = empty({s.N, s.C, pool_code_words_per_plane(s)}, DType::i32, x.device());
+    REGEN_LAUNCH(x.device(), T, maxpool2d_forward_packed, x.data<T>(), y.data<T>(),
+                 reinterpret_cast<uint32_t*>(codes.data<int32_t>()), s);
+    c.outputs = {y, codes};
+    return;
+  }
   Tensor argmax = empty({s.N, s.C, s.P, s.Q}, DType::i32, x.device());
   REGEN_LAUNCH(x.device(), T, maxpool2d_forward, x.data<T>(), y.data<T>(), argmax.data<int32_t>(),
                s);
@@ -38,8 +46,13 @@ void maxpool_bwd(BackwardContext& c) {
   const Tensor& dy = c.grad_output(0);
   const PoolShape s = pool_shape(input_shape(c), c.attr<Pool2dAttrs>());
   Tensor dx = empty(input_shape(c), dy.dtype(), dy.device());
-  REGEN_LAUNCH(dy.device(), T, maxpool2d_backward, dy.data<T>(), argmax.data<int32_t>(),
-               dx.data<T>(), s);
+  if (c.node().packed) {
+    REGEN_LAUNCH(dy.device(), T, maxpool2d_backward_packed, dy.data<T>(),
+                 reinterpret_cast<const uint32_t*>(argmax.data<int32_t>()), dx.data<T>(), s);
+  } else {
+    REGEN_LAUNCH(dy.device(), T, maxpool2d_backward, dy.data<T>(), argmax.data<int32_t>(),
+                 dx.data<T>(), s);
+  }
   c.set_grad_input(0, dx);
 }
 void maxpool_backward(BackwardContext& c) {
@@ -48,8 +61,11 @@ void maxpool_backward(BackwardContext& c) {
 void maxpool_saves(const AttrBlob&, SaveList& s) {
   s.output(1);
 }
-constexpr OpDef kMaxPool{"max_pool2d", 2, 1, false, maxpool_forward, maxpool_backward,
-                         maxpool_saves};
+// Output 1 is the argmax, or packed (OpDef::packed_output) the same choice as window positions in
+// a few bits (kernels/shapes.h pool_code_bits): only max_pool2d reads it, so whenever packed saves
+// are on, it is packed.
+constexpr OpDef kMaxPool{"max_pool2d",  2, 1, false, maxpool_forward, maxpool_backward,
+                         maxpool_saves, 1};
 REGEN_REGISTER_OP(max_pool2d, kMaxPool);
 
 template <class T>

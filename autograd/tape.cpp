@@ -50,6 +50,45 @@ HooksScope::~HooksScope() {
   if (hooks_) tape_->remove_hooks(hooks_);
 }
 
+PackedSavesScope::PackedSavesScope(const PackedSaves* decisions)
+    : tape_(&Tape::current()), before_(tape_->packed_saves()) {
+  tape_->set_packed_saves(decisions);
+}
+PackedSavesScope::~PackedSavesScope() {
+  tape_->set_packed_saves(before_);
+}
+
+int64_t PackedSaves::count() const {
+  int64_t n = 0;
+  for (uint8_t p : packed) n += p != 0;
+  return n;
+}
+
+PackedSaves decide_packed_saves(const Tape& tape) {
+  PackedSaves d;
+  d.kinds.reserve(tape.nodes().size());
+  d.packed.reserve(tape.nodes().size());
+  for (const Node& n : tape.nodes()) {
+    REGEN_CHECK(!n.packed, "decide_packed_saves: node ", n.index, " (", tag_name(n.tag),
+                ") was recorded packed; decide on a recording with nothing packed");
+    const OpDef& def = op_def(n.kind);
+    bool pack = false;
+    if (def.packed_output >= 0 && static_cast<size_t>(def.packed_output) < n.outputs.size()) {
+      // The replaced output, as the tape holds it: one saved record per storage root, read by the
+      // nodes whose backward reads it through any view.
+      const Value& root =
+          tape.value(tape.value(n.outputs[static_cast<size_t>(def.packed_output)]).root);
+      if (root.saved >= 0) {
+        const std::vector<int32_t>& readers = tape.saved_tensor(root.saved).readers;
+        pack = readers.size() == 1 && readers[0] == n.index;
+      }
+    }
+    d.kinds.push_back(n.kind);
+    d.packed.push_back(pack ? 1 : 0);
+  }
+  return d;
+}
+
 int32_t Tape::begin_block(uint32_t name) {
   BlockInfoRec b;
   b.index = static_cast<int32_t>(blocks_.size());
@@ -136,6 +175,7 @@ std::vector<Tensor> Tape::apply(OpKind kind, const AttrBlob& attrs, std::vector<
                              t.defined() ? t.impl()->tape_epoch : 0);
   }
   const int32_t block = block_stack_.empty() ? -1 : block_stack_.back();
+  ctx.packed = def.packed_output >= 0 && packed_saves_ && packed_saves_->packs(index, kind);
   const BlockInfoRec block_before =
       block >= 0 ? blocks_[static_cast<size_t>(block)] : BlockInfoRec{};
   size_t hooks_begun = 0;
@@ -186,6 +226,7 @@ std::vector<Tensor> Tape::record(const OpDef& def, OpKind kind, const AttrBlob& 
     const std::string& path = ModuleScope::current_path();
     n.scope = intern_tag(path);
     n.block = block;
+    n.packed = ctx.packed;
     n.tag = intern_tag(path + (path.empty() ? "" : "/") + def.name + "#" + std::to_string(index));
     nodes_.push_back(std::move(n));
     // Registered after the push, so a throw here is undone like any other.
@@ -239,7 +280,7 @@ std::vector<Tensor> Tape::record(const OpDef& def, OpKind kind, const AttrBlob& 
     if (in >= 0) values_[static_cast<size_t>(in)].consumers.push_back(index);
   }
   // What backward reads: one SavedTensor per storage root.
-  SaveList save_list;
+  SaveList save_list(ctx.packed);
   def.saves(attrs, save_list);
   for (const SaveRef& r : save_list.refs()) {
     const int64_t vid = r.output ? node.outputs.at(static_cast<size_t>(r.index))
@@ -255,7 +296,9 @@ std::vector<Tensor> Tape::record(const OpDef& def, OpKind kind, const AttrBlob& 
       s.producer = root.producer;
       s.slot = root.slot;
       s.storage = t.impl()->storage;
-      s.bytes = s.storage ? s.storage->bytes() : 0;
+      // A leaf's own bytes: a parameter may be a view into a larger storage (data parallelism's
+      // flat buckets under ZeRO, dist/data_parallel.h); anything else owns its storage whole.
+      s.bytes = !s.storage ? 0 : root.producer < 0 ? root.bytes : s.storage->bytes();
       s.category = s.storage ? s.storage->category() : Category::other;
       saved_.push_back(std::move(s));
       root.saved = static_cast<int32_t>(saved_.size() - 1);
@@ -327,6 +370,7 @@ std::vector<Tensor> Tape::replay(int32_t i, const std::vector<Tensor>& inputs) {
               "): ", inputs.size(), " inputs given, expected ", n.inputs.size());
   NoGradScope no_grad;
   OpContext ctx{n.attrs, inputs, {}, true};
+  ctx.packed = n.packed;
   {
     CategoryScope cat(Category::activation);
     TagScope tag(n.tag);

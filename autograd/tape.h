@@ -117,6 +117,9 @@ struct Node {
   int32_t block = -1;          // enclosing block (residual or encoder layer), -1 if none
   uint32_t tag = 0;            // interned allocation tag: "<scope>/<op>#<index>"
   bool needs_input_grad_any = false;
+  // The node saves the packed form its op offers (OpDef::packed_output) instead of the full
+  // output; its replays produce the same form (PackedSaves below).
+  bool packed = false;
   template <class A>
   const A& attr() const {
     return attrs.as<A>();
@@ -178,6 +181,8 @@ struct OpContext {
   const std::vector<Tensor>& inputs;  // undefined entries for absent optional inputs
   std::vector<Tensor> outputs;        // the op fills every slot, hidden ones included
   bool replay = false;  // re-run by the remat runtime: no side effects (running stats...)
+  // Produce the packed form of OpDef::packed_output as well (the node saves it; PackedSaves).
+  bool packed = false;
   template <class A>
   const A& attr() const {
     return attrs.as<A>();
@@ -225,6 +230,9 @@ struct SaveRef {
 // Each becomes a SavedTensor the remat planner can evict and replay.
 class SaveList {
  public:
+  // `packed`: the node saves its op's packed form (OpDef::packed_output) instead of that output.
+  explicit SaveList(bool packed = false) : packed_(packed) {}
+  bool packed() const { return packed_; }
   SaveList& input(int i) {
     refs_.push_back({false, i});
     return *this;
@@ -236,6 +244,7 @@ class SaveList {
   const std::vector<SaveRef>& refs() const { return refs_; }
 
  private:
+  bool packed_ = false;
   std::vector<SaveRef> refs_;
 };
 
@@ -252,6 +261,12 @@ struct OpDef {
   void (*backward)(BackwardContext&);
   // Which inputs and outputs backward reads (may depend on attributes); SaveList above.
   void (*saves)(const AttrBlob&, SaveList&);
+  // Packed saves (docs/ops.md, "Packed saves"): the output slot whose full saved copy the op can
+  // replace by a packed form its backward runs from, bit for bit (relu: output 0, by a 1-bit mask
+  // of y > 0 in a hidden output; max_pool2d: output 1, its argmax, by window positions in a few
+  // bits), or -1. With OpContext::packed (and SaveList::packed) set, forward makes the packed form
+  // and saves name it. Which nodes do is PackedSaves' decision, below.
+  int packed_output = -1;
 };
 const OpDef& op_def(OpKind kind);
 const char* op_name(OpKind kind);  // "?" for a value outside the list
@@ -259,6 +274,33 @@ const char* op_name(OpKind kind);  // "?" for a value outside the list
 OpKind op_kind_by_name(const std::string& name);
 // Each op file registers its OpDef at static initialization (linked whenever the op is used).
 bool register_op(OpKind kind, const OpDef* def);
+
+// ---- Packed saves ------------------------------------------------------------------------------
+
+// Which nodes of a step save the packed form their op offers (OpDef::packed_output), by node index.
+// A packed form pays only where nothing else keeps the output it replaces: a relu whose output the
+// next convolution saves anyway gains nothing from a mask (the mask would cost bytes on top). So
+// the decision is made on a recording of the same step with nothing packed (decide_packed_saves): a
+// node saves its packed form exactly when no other node's backward reads the output it replaces
+// (through any view of it). The tape applies the decisions while they are installed
+// (PackedSavesScope), by node index; a node whose op differs from the one decided for (a step whose
+// graph changed) saves its full form. Models are static, so the decisions made on one recording
+// hold for every step of the run (models/train.h learn_packed_saves makes them from a dry run).
+struct PackedSaves {
+  std::vector<OpKind> kinds;    // per node index: the op recorded there
+  std::vector<uint8_t> packed;  // per node index: 1 when that node saves its packed form
+  // Whether node `index`, an op of `kind`, saves its packed form.
+  bool packs(int32_t index, OpKind kind) const {
+    const size_t i = static_cast<size_t>(index);
+    return index >= 0 && i < packed.size() && kinds[i] == kind && packed[i] != 0;
+  }
+  // How many nodes save their packed form.
+  int64_t count() const;
+};
+// The decisions for a recording made with nothing packed (throws regen::Error for one that has a
+// packed node): every node whose op offers a packed form and whose replaced output no other node's
+// backward reads.
+PackedSaves decide_packed_saves(const Tape& tape);
 
 // ---- The tape ---------------------------------------------------------------------------------
 
@@ -310,6 +352,11 @@ class Tape {
   void remove_hooks(TapeHooks* hooks);
   size_t num_hooks() const { return hooks_.size(); }
 
+  // The packed-save decisions applied to nodes recorded from now on (nullptr: none; every node
+  // saves its full form). PackedSavesScope installs them for a scope.
+  void set_packed_saves(const PackedSaves* decisions) { packed_saves_ = decisions; }
+  const PackedSaves* packed_saves() const { return packed_saves_; }
+
   // Block scopes (models mark residual blocks and encoder layers).
   int32_t begin_block(uint32_t name);
   void end_block(int32_t block);
@@ -335,8 +382,24 @@ class Tape {
   std::vector<int32_t> block_stack_;
   std::vector<int32_t> backward_order_;
   std::vector<TapeHooks*> hooks_;
+  const PackedSaves* packed_saves_ = nullptr;
   uint64_t epoch_;
   bool in_backward_ = false;
+};
+
+// Installs packed-save decisions on the calling thread's tape for a scope (nullptr: none) and puts
+// back the ones before when it ends, also when an exception leaves it. The decisions must outlive
+// the scope.
+class PackedSavesScope {
+ public:
+  explicit PackedSavesScope(const PackedSaves* decisions);
+  ~PackedSavesScope();
+  PackedSavesScope(const PackedSavesScope&) = delete;
+  PackedSavesScope& operator=(const PackedSavesScope&) = delete;
+
+ private:
+  Tape* tape_;
+  const PackedSaves* before_;
 };
 
 // ---- Modes and scopes -------------------------------------------------------------------------
@@ -396,6 +459,24 @@ void zero_grad(const std::vector<Tensor>& params);
 void manual_seed(uint64_t seed);
 uint64_t rng_seed();
 uint64_t next_rng_stream();
+// The stream the next draw takes, and setting seed and position back (a resumed run, or code that
+// must not shift later draws, such as evaluation).
+uint64_t rng_stream_position();
+void set_rng_state(uint64_t seed, uint64_t stream);
+
+// Saves the global RNG's stream counter and puts it back when the scope ends: a recording made only
+// to learn the step's shape (learn_packed_saves) must not shift the dropout masks of the steps that
+// follow.
+class RngStreamRestore {
+ public:
+  RngStreamRestore();
+  ~RngStreamRestore();
+  RngStreamRestore(const RngStreamRestore&) = delete;
+  RngStreamRestore& operator=(const RngStreamRestore&) = delete;
+
+ private:
+  uint64_t seed_, stream_;
+};
 
 // Draws a stream for one op call and gives it back if the call does not complete: an op that
 // throws must not shift the streams of every later op (a run with a failed call then draws the

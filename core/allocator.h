@@ -39,8 +39,11 @@ enum class Category : uint8_t {
   workspace,
   input,
   other,
+  // Data parallelism's buffers (dist/data_parallel.h): gradient buckets in flight, collectives'
+  // scratch and staging. Last, so the others keep their numbers.
+  communication,
 };
-constexpr int kNumCategories = 7;
+constexpr int kNumCategories = 8;
 const char* category_name(Category c);
 // Parses a category name as printed by category_name(); throws regen::Error otherwise.
 Category parse_category(const std::string& name);
@@ -462,14 +465,19 @@ CachingAllocator& allocator_for(Device device);
 // While a DryRunScope lives, on the thread that opened it (other threads are not affected),
 // allocator_for(its device) is the scope's own caching allocator on the Null arena, and nothing
 // reads or writes a tensor's bytes: fills, host copies and random initialisation are skipped, and
-// item() reads 0. REGEN_LAUNCH skips every kernel except the CPU launchers with a dry path
-// (kernels/kernels.h, cpu::kDryRunLaunchers), which request the scratch space a real call takes
-// and return. Tensors have shapes, dtypes and blocks, and no bytes, as on PyTorch's meta device.
+// item() reads 0. REGEN_LAUNCH skips every kernel except the launchers with a dry path
+// (kernels/kernels.h, cpu:: and cuda::kDryRunLaunchers), which request the scratch space a real
+// call takes and return. Tensors have shapes, dtypes and blocks, and no bytes, as on PyTorch's meta
+// device. The scope's allocator starts with what the device keeps for the life of the process, as
+// the device's own allocator holds it when the scope opens (its live blocks with a tag passed to
+// exit_check_ignore_tag: cuBLAS's workspace, which kernels::prepare_device makes), requested again
+// with the same sizes, categories and tags in the same order and held until the scope ends (kept).
 // A training step run this way makes every tensor request a real one makes (their sizes never
-// depend on values), in the same order, so the model's state is exact and, on the CPU, so is the
-// step's peak, scratch included; on CUDA the peak is a lower bound by the CUDA kernels' scratch.
-// All of it is known before any of that memory is used (the pre-flight check before training).
-// One scope at a time on a thread; every tensor made inside must be gone before it ends.
+// depend on values), in the same order, so the model's state is exact and so is the step's peak,
+// scratch included, on the CPU and on CUDA (where the launchers' sizes that depend on the device,
+// CUB's and cuDNN's, are queried from it: a CUDA dry run needs the GPU it describes). All of it is
+// known before any of that memory is used (the pre-flight check before training). One scope at a
+// time on a thread; every tensor made inside must be gone before it ends.
 class DryRunScope {
  public:
   explicit DryRunScope(Device device);
@@ -477,9 +485,14 @@ class DryRunScope {
   DryRunScope(const DryRunScope&) = delete;
   DryRunScope& operator=(const DryRunScope&) = delete;
   CachingAllocator& allocator() { return *alloc_; }
+  // The blocks requested at the start for what the device keeps, and their allocated bytes.
+  int64_t kept_blocks() const { return static_cast<int64_t>(kept_.size()); }
+  int64_t kept_bytes() const { return kept_bytes_; }
 
  private:
   std::unique_ptr<CachingAllocator> alloc_;
+  std::vector<Block*> kept_;
+  int64_t kept_bytes_ = 0;
 };
 
 // Live allocations of every process-wide allocator created so far: per allocator with live
@@ -502,7 +515,23 @@ void exit_check_ignore_tag(std::string_view tag);
 // cudaMalloc segments on one device (core/cuda/runtime.cpp); map() returns nullptr when
 // cudaMalloc reports out-of-memory.
 std::unique_ptr<Arena> make_cuda_arena(int device_index);
+// Pinned (page-locked) host memory for cuda:N's host tier (cudaHostAlloc), which copies on a
+// stream of their own need to overlap compute; its device is cpu.
+std::unique_ptr<Arena> make_pinned_host_arena(int device_index);
 #endif
+
+// ---- The host tier ------------------------------------------------------------------------------
+// Where a device's offloaded tensors and optimizer state live (docs/memory.md, "The host tier"):
+// a process-wide caching allocator of host memory beside the device's, with the same algorithm,
+// categories and statistics, so its peaks are predicted to the byte like the device's. On the CPU
+// it is a second allocator over host memory whose bytes never count towards the device
+// allocator's limit; on cuda:N it holds pinned memory (make_pinned_host_arena). Its tensors report
+// device cpu. Like allocator_for it sits behind a recycling arena, or in direct mode
+// (REGEN_ALLOC_DIRECT=1) maps every block on its own, and it is never destroyed.
+CachingAllocator& host_allocator_for(Device device);
+// The arena behind it, named "host tier of <device>"; with `direct`, direct mode's (every block
+// from the C heap, pageable also for a CUDA device).
+std::unique_ptr<Arena> make_host_tier_arena(Device device, bool direct = false);
 
 // Installs a planned layout for a scope (nullptr: none) and uninstalls it at its end; declare it
 // after a LimitScope, so that the limit applies to the layout's arena.

@@ -179,6 +179,27 @@ bool dry_run_active() {
 DryRunScope::DryRunScope(Device device) {
   REGEN_CHECK(!dry_run_active(), "a dry run is already under way on this thread");
   alloc_ = std::make_unique<CachingAllocator>(make_null_arena(device));
+  // What the device keeps for the process (blocks with an exit-check-ignored tag), in the order it
+  // was requested. Only a process-wide allocator that exists already is read: none, nothing kept.
+  std::vector<CachingAllocator*> allocators;
+  std::set<uint32_t> ignored;
+  {
+    Registry& r = registry();
+    std::lock_guard<std::mutex> lock(r.mutex);
+    allocators = r.allocators;
+    ignored = r.ignored_tags;
+  }
+  std::vector<BlockInfo> kept;
+  for (const CachingAllocator* a : allocators) {
+    if (a->device() != device) continue;
+    for (const BlockInfo& b : a->snapshot()) {
+      if (b.allocated && ignored.count(b.tag)) kept.push_back(b);
+    }
+  }
+  std::sort(kept.begin(), kept.end(),
+            [](const BlockInfo& x, const BlockInfo& y) { return x.id < y.id; });
+  for (const BlockInfo& b : kept) kept_.push_back(alloc_->allocate(b.requested, b.category, b.tag));
+  kept_bytes_ = alloc_->stats().allocated.current;
   g_dry_run_allocator = alloc_.get();
   g_dry_run_device = device;
   g_dry_run = true;
@@ -187,6 +208,7 @@ DryRunScope::DryRunScope(Device device) {
 DryRunScope::~DryRunScope() {
   g_dry_run = false;
   g_dry_run_allocator = nullptr;
+  for (Block* b : kept_) alloc_->free(b);
 }
 
 CachingAllocator& allocator_for(Device device) {
@@ -214,6 +236,20 @@ CachingAllocator& allocator_for(Device device) {
   REGEN_FAIL("device ", device.str(),
              " is not available: regen was built without CUDA support (REGEN_CUDA=OFF or no nvcc)");
 #endif
+}
+
+CachingAllocator& host_allocator_for(Device device) {
+  static std::mutex mutex;
+  static auto* tiers = new std::map<std::string, CachingAllocator*>();
+  std::lock_guard<std::mutex> lock(mutex);
+  CachingAllocator*& a = (*tiers)[device.str()];
+  if (!a) {
+    const bool direct = direct_from_env();
+    std::unique_ptr<Arena> arena = make_host_tier_arena(device, direct);
+    if (!direct) arena = make_recycling_arena(std::move(arena));
+    a = register_allocator(new CachingAllocator(std::move(arena)));
+  }
+  return *a;
 }
 
 }  // namespace regen

@@ -212,6 +212,46 @@ std::unique_ptr<Arena> make_device_arena(Device device) {
              " is not available: regen was built without CUDA support (REGEN_CUDA=OFF or no nvcc)");
 #endif
 }
+namespace {
+// An arena under another name (the host tier's: its reports must not read "cpu").
+class RenamedArena final : public Arena {
+ public:
+  RenamedArena(std::unique_ptr<Arena> inner, std::string name)
+      : inner_(std::move(inner)), name_(std::move(name)) {}
+  void* map(size_t bytes) override { return inner_->map(bytes); }
+  void unmap(void* base, size_t bytes) override { inner_->unmap(base, bytes); }
+  Device device() const override { return inner_->device(); }
+  std::string name() const override { return name_; }
+  bool touches_memory() const override { return inner_->touches_memory(); }
+  uint64_t retained_bytes() const override { return inner_->retained_bytes(); }
+  void release_retained() override { inner_->release_retained(); }
+  bool maps_blocks() const override { return inner_->maps_blocks(); }
+  void* map_block(size_t bytes) override { return inner_->map_block(bytes); }
+  void unmap_block(void* p, size_t bytes) override { inner_->unmap_block(p, bytes); }
+
+ private:
+  std::unique_ptr<Arena> inner_;
+  std::string name_;
+};
+}  // namespace
+
+std::unique_ptr<Arena> make_host_tier_arena(Device device, bool direct) {
+  const std::string name = "host tier of " + device.str();
+  // Direct mode: every block from the C heap (pageable on CUDA: a copy then waits for the host,
+  // which a sanitizer run does not time).
+  if (direct) {
+    if (!device.is_cpu()) make_device_arena(device);  // the device must exist all the same
+    return std::make_unique<RenamedArena>(make_direct_arena(Device::cpu()), name + " (direct)");
+  }
+  if (device.is_cpu()) return std::make_unique<RenamedArena>(make_cpu_arena(), name);
+#ifdef REGEN_WITH_CUDA
+  return std::make_unique<RenamedArena>(make_pinned_host_arena(device.index), name);
+#else
+  REGEN_FAIL("device ", device.str(),
+             " is not available: regen was built without CUDA support (REGEN_CUDA=OFF or no nvcc)");
+#endif
+}
+
 std::unique_ptr<Arena> make_direct_arena(Device device) {
   // A CUDA arena maps exactly what it is asked for; the CPU's rounds to huge pages, so blocks
   // there come from the C heap instead.

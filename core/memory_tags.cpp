@@ -32,6 +32,8 @@ const char* category_name(Category c) {
       return "input";
     case Category::other:
       return "other";
+    case Category::communication:
+      return "communication";
   }
   return "?";
 }
@@ -41,8 +43,8 @@ Category parse_category(const std::string& name) {
     if (name == category_name(static_cast<Category>(i))) return static_cast<Category>(i);
   }
   REGEN_FAIL("unknown memory category '", name,
-             "': expected parameter, gradient, optimizer_state, activation, workspace, input or "
-             "other");
+             "': expected parameter, gradient, optimizer_state, activation, workspace, input, "
+             "other or communication");
 }
 
 namespace {

@@ -25,6 +25,11 @@ Storage::Storage(Device device, uint64_t bytes, Category category)
   if (bytes_ > 0) block_ = allocator_->allocate(bytes_, category, current_tag());
 }
 
+Storage::Storage(CachingAllocator& allocator, uint64_t bytes, Category category)
+    : device_(allocator.device()), bytes_(bytes), allocator_(&allocator) {
+  if (bytes_ > 0) block_ = allocator_->allocate(bytes_, category, current_tag());
+}
+
 Storage::~Storage() {
   if (block_) allocator_->free(block_);
 }

@@ -20,6 +20,9 @@ class Storage {
   // Allocates with the current CategoryScope/TagScope. Zero bytes allocate nothing.
   Storage(Device device, uint64_t bytes);
   Storage(Device device, uint64_t bytes, Category category);
+  // From a given allocator (the host tier, host_allocator_for) with the current tag; the device
+  // is the allocator's.
+  Storage(CachingAllocator& allocator, uint64_t bytes, Category category);
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;

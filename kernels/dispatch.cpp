@@ -39,6 +39,7 @@ void synchronize(Device device) {
 
 void after_cuda_launcher(const char* launcher) {
 #ifdef REGEN_WITH_CUDA
+  if (dry_run_active()) return;  // a dry path queued nothing
   if (cuda::sync_launches()) cuda::check_launch_completed(launcher);
 #else
   (void)launcher;

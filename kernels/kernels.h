@@ -16,6 +16,7 @@
 
 #include "regen/core/dry_run.h"
 #include "regen/core/types.h"
+#include "regen/kernels/half.h"
 #include "regen/kernels/shapes.h"
 
 namespace regen {
@@ -59,6 +60,9 @@ void sum_rows(const T* x, T* y, int64_t rows, int64_t cols);
 // x: (n) -> y: (1)
 template <class T>
 void sum_all(const T* x, T* y, int64_t n);
+// x: (n) -> y: (1), y[0] = sum_i x[i]^2, accumulated in double (gradient norms for clipping)
+template <class T>
+void sum_squares(const T* x, T* y, int64_t n);
 // Dropout with the Philox stream (seed, stream): element i is kept when
 // philox_word(seed, stream, i) >= p * 2^32 and then scaled by 1 / (1 - p). Backward regenerates
 // the same mask; nothing is stored.
@@ -66,6 +70,12 @@ template <class T>
 void dropout_forward(const T* x, T* y, int64_t n, float p, uint64_t seed, uint64_t stream);
 template <class T>
 void dropout_backward(const T* dy, T* dx, int64_t n, float p, uint64_t seed, uint64_t stream);
+// Saved activations held narrow (--compress, kernels/half.h): x: (n) -> y: (n) 16-bit values in
+// format c (bf16 or fp16), and back. f32 only (T = float).
+template <class T>
+void narrow_to_half(const T* x, uint16_t* y, int64_t n, Compression c);
+template <class T>
+void widen_from_half(const uint16_t* x, T* y, int64_t n, Compression c);
 // x: shape s.shape (row-major) -> y: permuted, y.shape[i] = s.shape[s.perm[i]]
 template <class T>
 void permute(const T* x, T* y, const PermuteShape& s);
@@ -128,6 +138,13 @@ template <class T>
 void maxpool2d_forward(const T* x, T* y, int32_t* argmax, const PoolShape& s);
 template <class T>
 void maxpool2d_backward(const T* dy, const int32_t* argmax, T* dx, const PoolShape& s);
+// The same with the argmax packed as window positions (shapes.h, pool_code_bits): codes:
+// (N, C, pool_code_words_per_plane(s)) words. Values, and dx summed in the same order, are bit for
+// bit those of the argmax forms.
+template <class T>
+void maxpool2d_forward_packed(const T* x, T* y, uint32_t* codes, const PoolShape& s);
+template <class T>
+void maxpool2d_backward_packed(const T* dy, const uint32_t* codes, T* dx, const PoolShape& s);
 // Average over the window including padding (count_include_pad=True, PyTorch's default).
 template <class T>
 void avgpool2d_forward(const T* x, T* y, const PoolShape& s);
@@ -241,16 +258,39 @@ template <class T>
 void adamw_step(T* param, const T* grad, T* exp_avg, T* exp_avg_sq, int64_t n, double lr,
                 double beta1, double beta2, double eps, double weight_decay, int64_t step);
 
+}  // namespace cpu
+
 // ---- Dry runs (REGEN_LAUNCH, below) ------------------------------------------------------------
-// The CPU launchers that take scratch space (Workspace) for themselves, directly or through another
-// launcher (gemm_batched and attention run gemm, conv2d the packed GEMM of
-// kernels/cpu/packed_gemm.h, conv_transpose2d conv2d's passes): the only ones REGEN_LAUNCH calls in
-// a dry run. A launcher that starts taking scratch must be listed here and get a dry path;
-// tests/test_kernels_cpu.cpp checks every listed one against a real call.
+// The launchers that take scratch space (Workspace) for themselves, directly or through another
+// launcher, per device: the only ones REGEN_LAUNCH calls in a dry run. Each has a dry path: it
+// requests the Workspace blocks a real call requests, of the same sizes, in the same order and
+// nesting, then returns before it reads or writes a tensor's bytes (a dry run's tensors have fake
+// addresses). A launcher that starts taking scratch must be listed here and get a dry path;
+// tests/test_kernels_cpu.cpp checks every CPU one against a real call, tests/cuda/test_cuda_dry_run
+// every CUDA one (on a GPU, and in the host emulation: scripts/cuda-emu/run.sh dryrun).
+namespace kernels {
+// Whether `name` (a launcher as REGEN_LAUNCH spells it) is one of `list`'s.
+template <size_t N>
+constexpr bool listed(const char* const (&list)[N], const char* name) {
+  for (const char* entry : list) {
+    size_t i = 0;
+    while (entry[i] != '\0' && entry[i] == name[i]) ++i;
+    if (entry[i] == name[i]) return true;
+  }
+  return false;
+}
+}  // namespace kernels
+
+namespace cpu {
+// CPU (kernels/cpu/): gemm_batched and attention run gemm, conv2d the packed GEMM of
+// kernels/cpu/packed_gemm.h, conv_transpose2d conv2d's passes. Sizes that depend on the thread
+// count are computed as a real call computes them, from omp_get_max_threads() outside any parallel
+// region, and a dry path enters no parallel region.
 inline constexpr const char* kDryRunLaunchers[] = {
     "gemm",
     "gemm_batched",
     "sum_all",
+    "sum_squares",
     "cross_entropy_forward",
     "conv2d_forward",
     "conv2d_backward_data",
@@ -261,16 +301,47 @@ inline constexpr const char* kDryRunLaunchers[] = {
     "attention_forward",
     "attention_backward",
 };
-// Whether `launcher` (a name as REGEN_LAUNCH spells it) is in kDryRunLaunchers.
 constexpr bool has_dry_run_path(const char* launcher) {
-  for (const char* listed : kDryRunLaunchers) {
-    size_t i = 0;
-    while (listed[i] != '\0' && listed[i] == launcher[i]) ++i;
-    if (listed[i] == launcher[i]) return true;
-  }
-  return false;
+  return kernels::listed(kDryRunLaunchers, launcher);
 }
 }  // namespace cpu
+
+namespace cuda {
+// CUDA (kernels/cuda/): conv2d's index tables, transposed sub-filters and split-K partials (or
+// cuDNN's per-pass workspace), conv_transpose2d through conv2d's passes, the reductions' partial
+// sums (sum_rows, batchnorm, layernorm), CUB's scratch (sum_all's reduce, embedding_backward's
+// sort), the flags of the launchers that report a bad id or target, attention_backward's row
+// terms. A dry path skips every kernel launch, copy, memset and library call that touches device
+// data, and every read-back; sizes that depend on the device (CUB's temp-storage queries, cuDNN's
+// algorithm and its workspace) are computed as the real call computes them, so a dry run on a CUDA
+// device needs that device. cuBLAS (gemm, gemm_batched) takes no scratch per call: its workspace
+// is kept for the process (kernels/cuda/blas.cpp), and a dry run counts it from the start
+// (DryRunScope, core/allocator.h).
+inline constexpr const char* kDryRunLaunchers[] = {
+    "sum_rows",
+    "sum_all",
+    "conv2d_forward",
+    "conv2d_backward_data",
+    "conv2d_backward_filter",
+    "conv_transpose2d_forward",
+    "conv_transpose2d_backward_data",
+    "conv_transpose2d_backward_filter",
+    "batchnorm_forward_train",
+    "batchnorm_forward_eval",
+    "batchnorm_backward",
+    "batchnorm_backward_eval",
+    "embedding_forward",
+    "embedding_backward",
+    "layernorm_backward",
+    "attention_backward",
+    "cross_entropy_forward",
+    "cross_entropy_backward",
+    "linear_cross_entropy_scale",
+};
+constexpr bool has_dry_run_path(const char* launcher) {
+  return kernels::listed(kDryRunLaunchers, launcher);
+}
+}  // namespace cuda
 
 namespace kernels {
 // Throws regen::Error: `launcher` has no implementation for this device and dtype.
@@ -296,22 +367,19 @@ void prepare_device(Device device);
 // REGEN_LAUNCH(device, T, name, args...): the one dispatch point. CPU: cpu::name<T>(args...);
 // CUDA: cuda::name(args...) for T = float; anything else is a clear regen::Error.
 // In a dry run (dry_run_active(); DryRunScope, core/allocator.h) every launcher is skipped except
-// the CPU launchers of cpu::kDryRunLaunchers, which have a dry path: each requests the Workspace
-// blocks a real call requests, of the same sizes (those that depend on the thread count computed
-// as a real call computes them, from omp_get_max_threads() outside any parallel region), in the
-// same order and nesting, then returns without reading or writing a tensor's bytes (a dry run's
-// tensors have fake addresses) and without entering an OpenMP parallel region. So on the CPU the
-// dry run's allocator sees the real step's requests and frees, scratch included, and its peaks
-// are the real step's. CUDA launchers are always skipped: on a CUDA device a dry run's peak is a
-// lower bound, which the real step passes by at most the CUDA side's scratch (category workspace):
-// the launchers' Workspace blocks and the library workspaces prepare_device keeps (cuBLAS's),
-// which live on the device's own allocator. A skipped launcher's arguments are not evaluated.
-// After a CUDA launcher, kernels::after_cuda_launcher checks its work when REGEN_CUDA_SYNC=1.
+// those of the device's kDryRunLaunchers (cpu:: or cuda::, above), whose dry paths request the
+// Workspace blocks a real call requests and return. So the dry run's allocator sees the real
+// step's requests and frees, the kernels' scratch included, and on either device its peaks are
+// the real step's (with what the device keeps for the process, which DryRunScope counts from its
+// start: cuBLAS's workspace). A skipped launcher's arguments are not evaluated. After a CUDA
+// launcher, kernels::after_cuda_launcher checks its work when REGEN_CUDA_SYNC=1 (not in a dry run:
+// there is none).
 #ifdef REGEN_WITH_CUDA
 #define REGEN_LAUNCH(device, T, name, ...)                                         \
   do {                                                                             \
     if (::regen::dry_run_active() &&                                               \
-        !((device).is_cpu() && ::regen::cpu::has_dry_run_path(#name)))             \
+        !((device).is_cpu() ? ::regen::cpu::has_dry_run_path(#name)                \
+                            : ::regen::cuda::has_dry_run_path(#name)))             \
       break; /* a dry run: shapes and blocks only */                               \
     if ((device).is_cpu()) {                                                       \
       ::regen::cpu::name<T>(__VA_ARGS__);                                          \

@@ -75,6 +75,22 @@ inline PoolShape make_pool_shape(int64_t N, int64_t C, int64_t H, int64_t W, int
   return s;
 }
 
+// max_pool2d's packed argmax (docs/ops.md, "Packed saves"): each output keeps the position of its
+// maximum inside its own kh x kw window, (h - window top) * kw + (w - window left), in the fewest
+// bits of 1, 2, 4, 8, 16 or 32 that hold kh * kw positions; codes go least significant first into
+// 32-bit words, and each (n, c) plane starts a new word, so planes are written independently.
+inline int pool_code_bits(const PoolShape& s) {
+  const int64_t positions = s.kh * s.kw;
+  int bits = 1;
+  while (bits < 32 && (int64_t{1} << bits) < positions) bits *= 2;
+  return bits;
+}
+// Words of one plane's codes; the packed argmax of a pooling is (N, C, this) words.
+inline int64_t pool_code_words_per_plane(const PoolShape& s) {
+  const int64_t per_word = 32 / pool_code_bits(s);
+  return (s.P * s.Q + per_word - 1) / per_word;
+}
+
 // Multi-head attention over a packed projection. qkv: (B, S, 3, H, Dh), i.e. (B, S, 3*D) with
 // q in [0, D), k in [D, 2D), v in [2D, 3D) and head h at [h*Dh, (h+1)*Dh) of each (the layout of
 // torch.nn.MultiheadAttention's in_proj). out: (B, S, H, Dh) = (B, S, D). lse: (B, H, S).

@@ -3,6 +3,12 @@
 //   grad(dy, s)     the input gradient dx = dy * f'(x) from the output gradient and the saved
 //                   tensor s, which is the input x or the output y as `reads` says (a
 //                   SavedTensor the planner can evict and replay, like any other);
+//   optionally, when the gradient needs only one bit of s (relu: whether y > 0):
+//   mask(s)         that bit, and
+//   grad_masked(dy, bit)  the same dx from it, bit for bit (grad_masked(dy, mask(s)) ==
+//                   grad(dy, s) for every s, NaN and signed zeros included:
+//                   tests/test_kernels_cpu); the op then saves a 1-bit packed mask instead of s
+//                   wherever nothing else saves s (docs/ops.md, "Packed saves");
 // and REGEN_UNARY_OPS lists them. From that list alone:
 //   kernels/cpu/unary.cpp      the CPU loops (float, double): cpu::unary_forward / unary_backward;
 //   kernels/cuda/unary.cu      the CUDA launchers (float): cuda::unary_forward / unary_backward;
@@ -22,6 +28,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #ifndef REGEN_HD
 #if defined(__CUDACC__)
@@ -67,6 +74,14 @@ struct relu {
   template <class T>
   REGEN_HD static T grad(T dy, T y) {
     return y > T(0) ? dy : T(0);
+  }
+  template <class T>
+  REGEN_HD static bool mask(T y) {
+    return y > T(0);
+  }
+  template <class T>
+  REGEN_HD static T grad_masked(T dy, bool bit) {
+    return bit ? dy : T(0);
   }
 };
 
@@ -120,7 +135,21 @@ struct name_of;
   };
 REGEN_UNARY_OPS(REGEN_UNARY_NAME_OF)
 #undef REGEN_UNARY_NAME_OF
+
+// Whether functor F's backward runs from a 1-bit mask (it declares mask and grad_masked).
+template <class F, class = void>
+struct has_mask : std::false_type {};
+template <class F>
+struct has_mask<F, std::void_t<decltype(F::template mask<float>(0.0f)),
+                               decltype(F::template grad_masked<float>(0.0f, true))>>
+    : std::true_type {};
 }  // namespace unary
+
+// A packed 1-bit mask of n elements: bit i % 32 of 32-bit word i / 32 (least significant bit
+// first); the bits of the last word past n are zero.
+constexpr int64_t mask_words(int64_t n) {
+  return (n + 31) / 32;
+}
 
 // The launchers, one template each, instantiated for every functor of the list. A launcher takes
 // the functor (an empty tag) first, then raw pointers of n elements; REGEN_LAUNCH(device, T,
@@ -132,6 +161,12 @@ void unary_forward(F, const T* x, T* y, int64_t n);  // x, y: (n)
 // dy, s, dx: (n); s is the input or the output, as F::reads says.
 template <class T, class F>
 void unary_backward(F, const T* dy, const T* s, T* dx, int64_t n);
+// The packed-mask forms, for a functor with has_mask (others throw): forward also writes the mask
+// of what F reads, mask: (mask_words(n)); backward computes dx from dy and that mask alone.
+template <class T, class F>
+void unary_forward_mask(F, const T* x, T* y, uint32_t* mask, int64_t n);
+template <class T, class F>
+void unary_backward_mask(F, const T* dy, const uint32_t* mask, T* dx, int64_t n);
 }  // namespace cpu
 #ifdef REGEN_WITH_CUDA
 namespace cuda {
@@ -139,6 +174,10 @@ template <class F>
 void unary_forward(F, const float* x, float* y, int64_t n);
 template <class F>
 void unary_backward(F, const float* dy, const float* s, float* dx, int64_t n);
+template <class F>
+void unary_forward_mask(F, const float* x, float* y, uint32_t* mask, int64_t n);
+template <class F>
+void unary_backward_mask(F, const float* dy, const uint32_t* mask, float* dx, int64_t n);
 }  // namespace cuda
 #endif
 

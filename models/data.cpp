@@ -6,12 +6,48 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <functional>
 
 #include "regen/core/io.h"
 #include "regen/core/philox.h"
 
 namespace regen {
+
+void DataSource::set_position(const std::string& position) {
+  REGEN_CHECK(position.empty(), "data ", describe(), " keeps no position, but one was given ('",
+              position, "')");
+}
+
 namespace {
+
+// Positions as text: "key=value,key=value" of unsigned integers.
+std::string position_text(const std::vector<std::pair<std::string, uint64_t>>& fields) {
+  std::string out;
+  for (const auto& [k, v] : fields) out += (out.empty() ? "" : ",") + k + "=" + std::to_string(v);
+  return out;
+}
+// The values of `keys` in a position_text, in order; throws naming the source and the text.
+std::vector<uint64_t> parse_position(const std::string& text, const std::vector<std::string>& keys,
+                                     const std::string& who) {
+  std::vector<uint64_t> out;
+  size_t at = 0;
+  for (const std::string& k : keys) {
+    const std::string want = k + "=";
+    bool ok = text.compare(at, want.size(), want) == 0;
+    size_t end = ok ? text.find(',', at) : std::string::npos;
+    if (end == std::string::npos) end = text.size();
+    const std::string digits = ok ? text.substr(at + want.size(), end - at - want.size()) : "";
+    ok = ok && !digits.empty() && digits.size() <= 20 &&
+         digits.find_first_not_of("0123456789") == std::string::npos;
+    REGEN_CHECK(ok, "data ", who, ": cannot read the position '", text, "' (expected ", k, "=N",
+                keys.size() > 1 ? " and the others" : "", ")");
+    out.push_back(std::stoull(digits));
+    at = end + 1;
+  }
+  REGEN_CHECK(at >= text.size(), "data ", who, ": the position '", text, "' has more than ",
+              keys.size(), " field(s)");
+  return out;
+}
 
 // Every batch's blocks, in this order, category and tags (make_shape_source allocates the same).
 constexpr const char* kInputTag = "batch.input";
@@ -38,6 +74,7 @@ class ShapeSource final : public DataSource {
     return b;
   }
   std::string describe() const override { return "shapes only (a dry run)"; }
+  void skip(int64_t) override {}
 
  private:
   ModelConfig m_;
@@ -83,6 +120,15 @@ class SyntheticImages final : public DataSource {
            std::to_string(m_.image_size) + ", " + std::to_string(m_.num_classes) +
            " classes (seed " + std::to_string(seed_) + ")";
   }
+  std::string position() const override {
+    return position_text({{"sample", counter_}});
+  }
+  void set_position(const std::string& p) override {
+    counter_ = parse_position(p, {"sample"}, describe())[0];
+  }
+  void skip(int64_t samples) override {
+    counter_ += static_cast<uint64_t>(samples);
+  }
 
  private:
   ModelConfig m_;
@@ -115,6 +161,11 @@ class SyntheticTokens final : public DataSource {
     return "synthetic token motifs, sequence " + std::to_string(m_.seq_len) + ", vocabulary " +
            std::to_string(m_.vocab) + " (seed " + std::to_string(seed_) + ")";
   }
+  std::string position() const override { return position_text({{"sample", counter_}}); }
+  void set_position(const std::string& p) override {
+    counter_ = parse_position(p, {"sample"}, describe())[0];
+  }
+  void skip(int64_t samples) override { counter_ += static_cast<uint64_t>(samples); }
 
  private:
   static constexpr int kMotif = 8;
@@ -128,9 +179,38 @@ bool file_exists(const std::string& p) {
   return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode);
 }
 
+constexpr int64_t kCifarRecord = 1 + 3 * 32 * 32;
+
+// A CIFAR-10 binary file, checked: whole records, labels 0..9.
+std::string read_cifar_file(const std::string& f) {
+  std::string bytes = read_file(f);
+  REGEN_CHECK(!bytes.empty() && bytes.size() % kCifarRecord == 0, "CIFAR-10 file '", f, "' has ",
+              bytes.size(), " bytes, not a whole number of ", kCifarRecord,
+              "-byte records (truncated?)");
+  for (size_t r = 0; r < bytes.size(); r += kCifarRecord) {
+    const unsigned char label = static_cast<unsigned char>(bytes[r]);
+    REGEN_CHECK(label < 10, "CIFAR-10 file '", f, "': record ", r / kCifarRecord, " has label ",
+                static_cast<int>(label), " (expected 0..9)");
+  }
+  return bytes;
+}
+
+// One record's label, and its image normalized by the channel means and deviations into img
+// (3 * 1024 floats).
+int64_t decode_cifar_record(const unsigned char* rec, float* img) {
+  static const float mean[3] = {0.4914f, 0.4822f, 0.4465f};
+  static const float stdv[3] = {0.2470f, 0.2435f, 0.2616f};
+  for (int c = 0; c < 3; ++c) {
+    for (int e = 0; e < 1024; ++e) {
+      img[c * 1024 + e] = (rec[1 + c * 1024 + e] / 255.0f - mean[c]) / stdv[c];
+    }
+  }
+  return rec[0];
+}
+
 class Cifar10 final : public DataSource {
  public:
-  static constexpr int64_t kRecord = 1 + 3 * 32 * 32;
+  static constexpr int64_t kRecord = kCifarRecord;
 
   // `what` names the data in messages ("--data cifar10:DIR").
   Cifar10(const std::string& dir, const std::string& what, uint64_t seed) : dir_(dir), seed_(seed) {
@@ -143,16 +223,7 @@ class Cifar10 final : public DataSource {
     for (int i = 1; i <= 5; ++i) {
       const std::string f = dir + "/data_batch_" + std::to_string(i) + ".bin";
       if (!file_exists(f)) continue;
-      std::string bytes = read_file(f);
-      REGEN_CHECK(!bytes.empty() && bytes.size() % kRecord == 0, "CIFAR-10 file '", f, "' has ",
-                  bytes.size(), " bytes, not a whole number of ", kRecord,
-                  "-byte records (truncated?)");
-      for (size_t r = 0; r < bytes.size(); r += kRecord) {
-        const unsigned char label = static_cast<unsigned char>(bytes[r]);
-        REGEN_CHECK(label < 10, "CIFAR-10 file '", f, "': record ", r / kRecord, " has label ",
-                    static_cast<int>(label), " (expected 0..9)");
-      }
-      data_ += bytes;
+      data_ += read_cifar_file(f);
       files_ += 1;
     }
     REGEN_CHECK(files_ > 0, what, ": no data_batch_1.bin .. data_batch_5.bin found");
@@ -162,8 +233,6 @@ class Cifar10 final : public DataSource {
   }
 
   Batch next(int64_t n, Device device) override {
-    static const float mean[3] = {0.4914f, 0.4822f, 0.4465f};
-    static const float stdv[3] = {0.2470f, 0.2435f, 0.2616f};
     std::vector<float> img(static_cast<size_t>(n * 3 * 1024));
     std::vector<int64_t> labels(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) {
@@ -173,12 +242,7 @@ class Cifar10 final : public DataSource {
       }
       const unsigned char* rec =
           reinterpret_cast<const unsigned char*>(data_.data()) + order_[pos_++] * kRecord;
-      labels[i] = rec[0];
-      for (int c = 0; c < 3; ++c) {
-        for (int e = 0; e < 1024; ++e) {
-          img[(i * 3 + c) * 1024 + e] = (rec[1 + c * 1024 + e] / 255.0f - mean[c]) / stdv[c];
-        }
-      }
+      labels[i] = decode_cifar_record(rec, img.data() + i * 3 * 1024);
     }
     return batch_on_device({{n, 3, 32, 32}, std::move(img), {}}, {{n}, {}, std::move(labels)},
                            device);
@@ -186,6 +250,30 @@ class Cifar10 final : public DataSource {
   std::string describe() const override {
     return "CIFAR-10 from " + dir_ + " (" + std::to_string(records_) + " images in " +
            std::to_string(files_) + " files)";
+  }
+  // The epoch (its shuffled order follows from the seed and the epoch) and the place in it.
+  std::string position() const override {
+    return position_text({{"epoch", epoch_}, {"index", static_cast<uint64_t>(pos_)}});
+  }
+  void set_position(const std::string& p) override {
+    const std::vector<uint64_t> v = parse_position(p, {"epoch", "index"}, describe());
+    REGEN_CHECK(v[1] <= static_cast<uint64_t>(records_), "data ", describe(), ": the position '", p,
+                "' is past the ", records_, " images of an epoch");
+    epoch_ = v[0];
+    shuffle();
+    pos_ = static_cast<int64_t>(v[1]);
+  }
+  // As next() advances: a new epoch's order is drawn when its first record is taken.
+  void skip(int64_t samples) override {
+    while (samples > 0) {
+      if (pos_ == records_) {
+        ++epoch_;
+        shuffle();
+      }
+      const int64_t take = std::min(samples, records_ - pos_);
+      pos_ += take;
+      samples -= take;
+    }
   }
 
  private:
@@ -224,7 +312,9 @@ int64_t first_invalid_utf8(const std::string& s) {
 class TextBytes final : public DataSource {
  public:
   // `what` names the data in messages ("--data text:FILE").
-  TextBytes(const std::string& path, const std::string& what, const ModelConfig& m, uint64_t seed)
+  // With `holdout` > 0, the last floor(holdout * size) bytes are left out (the held-out split).
+  TextBytes(const std::string& path, const std::string& what, const ModelConfig& m, uint64_t seed,
+            double holdout = 0)
       : path_(path), seq_(m.seq_len), seed_(seed) {
     struct stat st;
     REGEN_CHECK(::stat(path.c_str(), &st) == 0, what, ": cannot open '", path,
@@ -237,6 +327,18 @@ class TextBytes final : public DataSource {
                 text_.size(), " bytes; it needs more than the sequence length ", seq_);
     const int64_t bad = first_invalid_utf8(text_);
     REGEN_CHECK(bad < 0, "text file '", path, "' is not valid UTF-8 (byte offset ", bad, ")");
+    if (holdout > 0) {
+      const int64_t tail = static_cast<int64_t>(static_cast<double>(text_.size()) * holdout);
+      held_out_ = tail;
+      REGEN_CHECK(static_cast<int64_t>(text_.size()) - tail > seq_, "text file '", path, "' has ",
+                  text_.size(), " bytes: after the held-out ", tail,
+                  " at its end, the training part needs more than the sequence length ", seq_);
+      text_.resize(text_.size() - static_cast<size_t>(tail));
+    }
+  }
+  std::string position() const override { return position_text({{"sample", counter_}}); }
+  void set_position(const std::string& p) override {
+    counter_ = parse_position(p, {"sample"}, describe())[0];
   }
   Batch next(int64_t n, Device device) override {
     const int64_t windows = static_cast<int64_t>(text_.size()) - seq_;
@@ -252,18 +354,123 @@ class TextBytes final : public DataSource {
     return batch_on_device({{n, seq_}, {}, std::move(in)}, {{n, seq_}, {}, std::move(out)}, device);
   }
   std::string describe() const override {
-    return "text " + path_ + " (" + std::to_string(text_.size()) + " bytes as byte tokens)";
+    return "text " + path_ + " (" + std::to_string(text_.size()) + " bytes as byte tokens" +
+           (held_out_ > 0 ? ", the last " + std::to_string(held_out_) + " held out" : "") + ")";
   }
+  void skip(int64_t samples) override { counter_ += static_cast<uint64_t>(samples); }
 
  private:
   std::string path_;
+  int64_t held_out_ = 0;
   int64_t seq_;
   uint64_t seed_;
   uint64_t counter_ = 0;
   std::string text_;
 };
 
+// ---- Held-out splits ----------------------------------------------------------------------
+
+// A split of `size` examples in order; `take(first, n)` makes examples [first, first + n).
+class OrderedEval final : public EvalSource {
+ public:
+  using Take = std::function<Batch(int64_t first, int64_t n, Device device)>;
+  OrderedEval(int64_t size, std::string what, Take take)
+      : size_(size), what_(std::move(what)), take_(std::move(take)) {}
+  int64_t size() const override { return size_; }
+  void reset() override { pos_ = 0; }
+  Batch next(int64_t n, Device device) override {
+    REGEN_CHECK(n > 0 && pos_ < size_, "evaluation data ", what_, ": no examples left (", size_,
+                " in all)");
+    const int64_t take = std::min(n, size_ - pos_);
+    Batch b = take_(pos_, take, device);
+    pos_ += take;
+    return b;
+  }
+  std::string describe() const override { return what_; }
+
+ private:
+  int64_t size_;
+  std::string what_;
+  Take take_;
+  int64_t pos_ = 0;
+};
+
+// Synthetic held-out examples: the training generator's (the same seed, so the same task: the
+// same class offsets), from sample 2^40 on, which no training run reaches.
+constexpr uint64_t kEvalFirstSample = uint64_t{1} << 40;
+std::unique_ptr<EvalSource> synthetic_eval(std::unique_ptr<DataSource> gen, int64_t size) {
+  std::shared_ptr<DataSource> g(std::move(gen));
+  const std::string what = "held-out " + g->describe() + ", " + std::to_string(size) +
+                           " examples no training step draws";
+  return std::make_unique<OrderedEval>(size, what, [g](int64_t first, int64_t n, Device device) {
+    g->set_position("sample=" + std::to_string(kEvalFirstSample + static_cast<uint64_t>(first)));
+    return g->next(n, device);
+  });
+}
+
+std::unique_ptr<EvalSource> cifar_eval(const std::string& dir, const std::string& what) {
+  const std::string f = dir + "/test_batch.bin";
+  REGEN_CHECK(file_exists(f), what, ": no test_batch.bin in '", dir,
+              "' (CIFAR-10's held-out split, which evaluation reads)");
+  auto bytes = std::make_shared<std::string>(read_cifar_file(f));
+  const int64_t n = static_cast<int64_t>(bytes->size()) / kCifarRecord;
+  return std::make_unique<OrderedEval>(
+      n, "CIFAR-10 " + f + " (" + std::to_string(n) + " images)",
+      [bytes](int64_t first, int64_t count, Device device) {
+        std::vector<float> img(static_cast<size_t>(count * 3 * 1024));
+        std::vector<int64_t> labels(static_cast<size_t>(count));
+        for (int64_t i = 0; i < count; ++i) {
+          const unsigned char* rec =
+              reinterpret_cast<const unsigned char*>(bytes->data()) + (first + i) * kCifarRecord;
+          labels[static_cast<size_t>(i)] = decode_cifar_record(rec, img.data() + i * 3 * 1024);
+        }
+        return batch_on_device({{count, 3, 32, 32}, std::move(img), {}},
+                               {{count}, {}, std::move(labels)}, device);
+      });
+}
+
+// The last floor(holdout * size) bytes of a text file, as consecutive windows of seq_len tokens
+// (each predicting the next byte), one after the other.
+std::unique_ptr<EvalSource> text_eval(const std::string& path, const std::string& what,
+                                      const ModelConfig& m, double holdout) {
+  REGEN_CHECK(file_exists(path), what, ": cannot open '", path, "'");
+  const std::string text = read_file(path);
+  const int64_t tail = static_cast<int64_t>(static_cast<double>(text.size()) * holdout);
+  const int64_t seq = m.seq_len;
+  const int64_t windows = tail > 0 ? (tail - 1) / seq : 0;
+  REGEN_CHECK(
+      windows >= 1, what, ": the held-out last ", tail, " bytes of '", path, "' (a fraction ",
+      holdout, " of ", text.size(), ") hold no window of the sequence length ", seq,
+      " and its next byte: a longer file, a larger held-out fraction or a shorter sequence");
+  auto held = std::make_shared<std::string>(text.substr(text.size() - static_cast<size_t>(tail)));
+  return std::make_unique<OrderedEval>(
+      windows,
+      "text " + path + " (the last " + std::to_string(tail) + " bytes, " + std::to_string(windows) +
+          " windows of " + std::to_string(seq) + ")",
+      [held, seq](int64_t first, int64_t count, Device device) {
+        std::vector<int64_t> in(static_cast<size_t>(count * seq)), out(in.size());
+        for (int64_t i = 0; i < count; ++i) {
+          const int64_t start = (first + i) * seq;
+          for (int64_t t = 0; t < seq; ++t) {
+            in[static_cast<size_t>(i * seq + t)] =
+                static_cast<unsigned char>((*held)[static_cast<size_t>(start + t)]);
+            out[static_cast<size_t>(i * seq + t)] =
+                static_cast<unsigned char>((*held)[static_cast<size_t>(start + t + 1)]);
+          }
+        }
+        return batch_on_device({{count, seq}, {}, std::move(in)},
+                               {{count, seq}, {}, std::move(out)}, device);
+      });
+}
+
 }  // namespace
+
+void DataSource::skip(int64_t samples) {
+  REGEN_CHECK(samples == 0, "data ", describe(),
+              " cannot skip samples (DataSource::skip), so it cannot give each rank of a "
+              "data-parallel run its own shard of the global batch: run it in one process, or "
+              "implement skip() for it");
+}
 
 Batch batch_on_device(const HostArray& input, const HostArray& target, Device device) {
   auto make = [device](const HostArray& a, const char* what) {
@@ -343,6 +550,28 @@ std::vector<std::string> data_input_files(const std::string& spec, const ModelCo
   return {arg};
 }
 
+std::unique_ptr<EvalSource> make_eval_source(const std::string& spec, const ModelConfig& m,
+                                             uint64_t seed, double holdout, OptionStyle style) {
+  std::string arg;
+  const DataKind& d = data_kind_of(spec, m, style, arg);
+  if (d.check) d.check(m, style);
+  REGEN_CHECK(d.make_eval != nullptr, data_setting(spec.empty() ? d.name : spec, style),
+              " has no held-out split to evaluate on (model '", m.name, "' takes ",
+              data_kinds_text(model_info(m.name).input), ")");
+  REGEN_CHECK(holdout > 0 && holdout < 1, "the held-out fraction ", holdout,
+              " must be between 0 and 1");
+  return d.make_eval(arg, m, seed, holdout, style);
+}
+
+std::unique_ptr<DataSource> make_training_source(const std::string& spec, const ModelConfig& m,
+                                                 uint64_t seed, double holdout, OptionStyle style) {
+  std::string arg;
+  const DataKind& d = data_kind_of(spec, m, style, arg);
+  if (holdout <= 0 || !d.make_split) return make_data_source(spec, m, seed, style);
+  if (d.check) d.check(m, style);
+  return d.make_split(arg, m, seed, holdout, style);
+}
+
 std::unique_ptr<DataSource> make_shape_source(const ModelConfig& model) {
   return std::make_unique<ShapeSource>(model);
 }
@@ -353,6 +582,10 @@ DataKind synthetic_images_data() {
   d.help = "synthetic images: per-class channel offsets plus noise (the default)";
   d.make = [](const std::string&, const ModelConfig& m, uint64_t seed, OptionStyle) {
     return std::unique_ptr<DataSource>(std::make_unique<SyntheticImages>(m, seed));
+  };
+  d.held_out = "1024 synthetic images no training step draws";
+  d.make_eval = [](const std::string&, const ModelConfig& m, uint64_t seed, double, OptionStyle) {
+    return synthetic_eval(std::make_unique<SyntheticImages>(m, seed), 1024);
   };
   return d;
 }
@@ -380,6 +613,11 @@ DataKind cifar10_data() {
     files.push_back(dir + "/test_batch.bin");
     return files;
   };
+  d.held_out = "test_batch.bin in DIR";
+  d.make_eval = [](const std::string& dir, const ModelConfig&, uint64_t, double,
+                   OptionStyle style) {
+    return cifar_eval(dir, data_setting("cifar10:" + dir, style));
+  };
   return d;
 }
 
@@ -389,6 +627,10 @@ DataKind synthetic_tokens_data() {
   d.help = "synthetic token motifs: 8 tokens repeated along the sequence (the default)";
   d.make = [](const std::string&, const ModelConfig& m, uint64_t seed, OptionStyle) {
     return std::unique_ptr<DataSource>(std::make_unique<SyntheticTokens>(m, seed));
+  };
+  d.held_out = "256 synthetic sequences no training step draws";
+  d.make_eval = [](const std::string&, const ModelConfig& m, uint64_t seed, double, OptionStyle) {
+    return synthetic_eval(std::make_unique<SyntheticTokens>(m, seed), 256);
   };
   return d;
 }
@@ -408,6 +650,16 @@ DataKind text_data() {
     return std::unique_ptr<DataSource>(
         std::make_unique<TextBytes>(path, data_setting("text:" + path, style), m, seed));
   };
+  d.held_out = "the last part of FILE (--eval-split, 10% by default), which training then skips";
+  d.make_eval = [](const std::string& path, const ModelConfig& m, uint64_t, double holdout,
+                   OptionStyle style) {
+    return text_eval(path, data_setting("text:" + path, style), m, holdout);
+  };
+  d.make_split = [](const std::string& path, const ModelConfig& m, uint64_t seed, double holdout,
+                    OptionStyle style) {
+    return std::unique_ptr<DataSource>(
+        std::make_unique<TextBytes>(path, data_setting("text:" + path, style), m, seed, holdout));
+  };
   return d;
 }
 
@@ -418,6 +670,7 @@ ModelInput image_classifier_input(int64_t min_image_size) {
     return BatchSpec{{{n, 3, c.image_size, c.image_size}, DType::f32}, {{n}, DType::i64}};
   };
   in.data = {synthetic_images_data(), cifar10_data()};
+  in.metrics = {"accuracy"};
   ModelOption size = integer_option("image_size", "input height and width (default: the preset's)",
                                     OptionRange::integers(1), &ModelConfig::image_size);
   size.sizes_step = true;
@@ -443,6 +696,7 @@ ModelInput token_lm_input() {
     return BatchSpec{{{n, c.seq_len}, DType::i64}, {{n, c.seq_len}, DType::i64}};
   };
   in.data = {synthetic_tokens_data(), text_data()};
+  in.metrics = {"perplexity"};
   ModelOption seq = integer_option("seq_len", "sequence length (default: the preset's)",
                                    OptionRange::integers(1), &ModelConfig::seq_len);
   seq.sizes_step = true;

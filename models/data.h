@@ -19,7 +19,49 @@ class DataSource {
   virtual ~DataSource() = default;
   virtual Batch next(int64_t batch_size, Device device) = 0;
   virtual std::string describe() const = 0;
+  // Where the source is in its stream, as text ("" for a source that keeps no position), and
+  // setting it back: a run resumed from a checkpoint draws the batches the stopped run would have
+  // drawn next (remat/session.h save_training_state). set_position throws regen::Error for text it
+  // did not write; the default takes only "".
+  virtual std::string position() const { return ""; }
+  virtual void set_position(const std::string& position);
+  // Passes over the next `samples` samples of the stream without making them, exactly as if
+  // next() had made and dropped them. Data parallelism reads each rank's shard of every global
+  // batch this way (dist/data_parallel.h ShardedSource): rank r of N skips r * B samples, makes
+  // its B, skips the other ranks' (N - 1 - r) * B. The built-in sources skip without drawing; this
+  // default refuses, naming the source (a source outside regen implements it to train under
+  // mpirun).
+  virtual void skip(int64_t samples);
 };
+
+// A held-out split for evaluation (models/evaluate.h): a fixed set of examples read in order, the
+// same at every evaluation. Its batches have the shapes and dtypes of the model's input at their
+// size (the last batch may be smaller).
+class EvalSource {
+ public:
+  virtual ~EvalSource() = default;
+  virtual int64_t size() const = 0;  // examples in the split
+  // Starts again from the first example.
+  virtual void reset() = 0;
+  // The next min(n, examples left) examples; throws regen::Error when none is left.
+  virtual Batch next(int64_t n, Device device) = 0;
+  virtual std::string describe() const = 0;
+};
+
+// The fraction of a text file's bytes held out at its end for evaluation (--eval-split).
+constexpr double kDefaultHoldout = 0.1;
+// The held-out split of the data `spec` names (the data kind's make_eval): CIFAR-10's
+// test_batch.bin, the last `holdout` of a text file, fresh synthetic examples. Throws regen::Error,
+// naming the option as `style` says, for data without a held-out split or a missing file.
+std::unique_ptr<EvalSource> make_eval_source(const std::string& spec, const ModelConfig& model,
+                                             uint64_t seed, double holdout,
+                                             OptionStyle style = OptionStyle::flag);
+// The training source when a held-out split is in use (holdout > 0): for a text file, its bytes
+// before the held-out tail; for data whose held-out split is separate (CIFAR-10's test_batch.bin,
+// synthetic examples), make_data_source's.
+std::unique_ptr<DataSource> make_training_source(const std::string& spec, const ModelConfig& model,
+                                                 uint64_t seed, double holdout,
+                                                 OptionStyle style = OptionStyle::flag);
 
 // spec: "" (the model's first data kind, synthetic for the built-in ones), "NAME" or "NAME:ARG",
 // one of the data kinds of the model registered as model.name (ModelInput::data). Checks the spec

@@ -223,8 +223,12 @@ bool is_name(const std::string& s, bool dots) {
 
 const std::vector<std::string>& session_option_keys() {
   static const std::vector<std::string> keys = {
-      "model", "batch",   "device", "optimizer", "lr",   "momentum", "weight_decay",
-      "seed",  "threads", "data",   "conv",      "math", "tf32"};
+      "model",          "batch",          "device",       "optimizer",    "lr",
+      "momentum",       "weight_decay",   "seed",         "threads",      "data",
+      "conv",           "math",           "tf32",         "accumulate",   "lr_schedule",
+      "warmup_steps",   "schedule_steps", "lr_step_size", "lr_gamma",     "lr_min",
+      "clip_grad_norm", "grad_norm",      "eval_every",   "eval_batches", "eval_batch",
+      "eval_split",     "shard",          "bucket_size",  "masks",        "compress"};
   return keys;
 }
 

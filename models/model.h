@@ -123,6 +123,7 @@ struct BatchSpec {
 };
 
 class DataSource;
+class EvalSource;
 // One kind of training data a model can take: `--data NAME` or `--data NAME:ARG` (data='NAME:ARG'
 // in Python).
 struct DataKind {
@@ -140,6 +141,18 @@ struct DataKind {
   // The files the source for `arg` reads, so that no output is written over one of them; when
   // empty, `arg` itself if the kind takes one (a file, or a folder that is read as a whole).
   std::function<std::vector<std::string>(const std::string& arg)> files;
+  // Evaluation (optional; data.h make_eval_source): what the held-out split is, for help and
+  // messages ("test_batch.bin in DIR"), and the source of it; `holdout` is the fraction of data
+  // that one file holds for both splits keeps for evaluation.
+  std::string held_out;
+  std::function<std::unique_ptr<EvalSource>(const std::string& arg, const ModelConfig&,
+                                            uint64_t seed, double holdout, OptionStyle)>
+      make_eval;
+  // The training source without the held-out part, for data whose two splits share one file (a
+  // text file's tail); empty where `make` already leaves it out.
+  std::function<std::unique_ptr<DataSource>(const std::string& arg, const ModelConfig&,
+                                            uint64_t seed, double holdout, OptionStyle)>
+      make_split;
 };
 
 // What a model takes, described by the model: the batch it trains on, the data that can feed it
@@ -153,6 +166,10 @@ struct ModelInput {
   std::function<BatchSpec(const ModelConfig&, int64_t batch)> batch;
   std::vector<DataKind> data;  // the first is the default (--data left out)
   std::vector<ModelOption> options;
+  // What evaluation reports besides the mean loss (models/evaluate.h): "accuracy" (top-1 over the
+  // last dimension of forward()'s output, one class per target) and "perplexity" (exp of the mean
+  // loss per target).
+  std::vector<std::string> metrics;
   // Refuses a configuration or batch size the model cannot train (too small an image for its
   // downsamplings, too few values per batch-norm channel), naming the options as `style` says;
   // may be empty.

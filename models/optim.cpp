@@ -44,8 +44,23 @@ void Optimizer::step() {
         "\" does not match the parameter ", p.str());
     ParamState& state = states_[i];
     ++state.steps;
+    if (hooks_) hooks_->before_update(names_[i], state.tensors);
     update(i, grad, state);
+    if (hooks_) hooks_->after_update(names_[i], state.tensors);
   }
+  if (hooks_) hooks_->after_step();
+}
+
+void Optimizer::replace_state(const std::string& name, const std::string& key, Tensor t) {
+  ParamState& s = states_[index_of(name)];
+  auto it = s.tensors.find(key);
+  REGEN_CHECK(it != s.tensors.end() && it->second.defined(), kind_, ": parameter \"", name,
+              "\" has no state \"", key, "\" to replace");
+  REGEN_CHECK(t.defined() && t.shape() == it->second.shape() && t.dtype() == it->second.dtype(),
+              kind_, ": state \"", key, "\" of \"", name, "\" is ", it->second.str(),
+              "; cannot replace it with ", t.defined() ? t.str() : std::string("nothing"));
+  Tensor old = std::move(it->second);
+  it->second = std::move(t);
 }
 
 void Optimizer::zero_grad() {
@@ -79,6 +94,37 @@ std::map<std::string, Tensor> Optimizer::named_state() const {
     for (const auto& kv : states_[i].tensors) all[names_[i] + "." + kv.first] = kv.second;
   }
   return all;
+}
+
+std::vector<int64_t> Optimizer::step_counts() const {
+  std::vector<int64_t> out;
+  for (const ParamState& s : states_) out.push_back(s.steps);
+  return out;
+}
+
+void Optimizer::load_state(const std::map<std::string, Tensor>& state,
+                           const std::vector<int64_t>& steps) {
+  REGEN_CHECK(steps.size() == params_.size(), kind_, ": the saved state has step counts for ",
+              steps.size(), " parameters, this optimizer has ", params_.size());
+  for (size_t i = 0; i < steps.size(); ++i) {
+    REGEN_CHECK(steps[i] >= 0, kind_, ": the saved step count of \"", names_[i], "\" is ",
+                steps[i]);
+  }
+  initialize_state();
+  const std::map<std::string, Tensor> mine = named_state();
+  for (const auto& [name, t] : state) {
+    const auto it = mine.find(name);
+    REGEN_CHECK(it != mine.end(), kind_, ": the saved state has '", name,
+                "', which this optimizer does not keep (another optimizer or momentum?)");
+    REGEN_CHECK(it->second.shape() == t.shape() && it->second.dtype() == t.dtype(), kind_,
+                ": the saved state '", name, "' is ", t.str(), ", but this optimizer's is ",
+                it->second.str());
+  }
+  for (const auto& [name, t] : mine) {
+    REGEN_CHECK(state.count(name) == 1, kind_, ": the saved state has no '", name, "'");
+  }
+  for (const auto& [name, t] : mine) Tensor(t).copy_from(state.at(name));
+  for (size_t i = 0; i < steps.size(); ++i) states_[i].steps = steps[i];
 }
 
 Tensor Optimizer::make_state(size_t i, const std::string& key, bool zero) const {

@@ -15,6 +15,21 @@
 
 namespace regen {
 
+// Hooks around each parameter's update, for a runtime that keeps the optimizer state elsewhere
+// between steps (remat's executor streams it from the host tier through the device, docs/remat.md
+// "Offload"): before_update may replace the state tensors the update reads and writes (`state`, by
+// key; empty for a parameter without state), after_update puts them back, after_step runs once
+// every parameter is updated.
+class OptimizerHooks {
+ public:
+  virtual ~OptimizerHooks() = default;
+  virtual void before_update(const std::string& /*name*/,
+                             std::map<std::string, Tensor>& /*state*/) {}
+  virtual void after_update(const std::string& /*name*/, std::map<std::string, Tensor>& /*state*/) {
+  }
+  virtual void after_step() {}
+};
+
 class Optimizer {
  public:
   // Parameters are named by Tensor::name() (the state tags and state() keys); names must be
@@ -48,6 +63,19 @@ class Optimizer {
   int64_t step_count(const std::string& name) const;
   // Every state tensor as "<name>.<key>" (for checkpoints and memory reports).
   std::map<std::string, Tensor> named_state() const;
+  // The update count of every parameter, in params() order (for checkpoints).
+  std::vector<int64_t> step_counts() const;
+  // Restores a checkpoint's state (named as named_state() names it, and the step counts): values
+  // are copied into the state tensors, created first where missing (initialize_state), so they keep
+  // their place in the allocator. Throws regen::Error naming an entry that is missing, unexpected
+  // or of another shape, before anything is changed.
+  void load_state(const std::map<std::string, Tensor>& state, const std::vector<int64_t>& steps);
+  // Replaces state `key` of parameter `name` with `t`, which must have its shape and dtype (on any
+  // device: the host tier keeps it between steps); the old tensor is let go here.
+  void replace_state(const std::string& name, const std::string& key, Tensor t);
+  // Installs hooks around the updates (nullptr: none); the caller keeps them alive meanwhile.
+  void set_hooks(OptimizerHooks* hooks) { hooks_ = hooks; }
+  OptimizerHooks* hooks() const { return hooks_; }
 
  protected:
   struct ParamState {
@@ -68,6 +96,22 @@ class Optimizer {
   std::vector<std::string> names_;
   std::vector<ParamState> states_;
   double lr_;
+  OptimizerHooks* hooks_ = nullptr;
+};
+
+// Installs hooks on an optimizer for a scope and removes them at its end (also when an exception
+// leaves it).
+class OptimizerHooksScope {
+ public:
+  OptimizerHooksScope(Optimizer& optimizer, OptimizerHooks* hooks) : optimizer_(optimizer) {
+    optimizer_.set_hooks(hooks);
+  }
+  ~OptimizerHooksScope() { optimizer_.set_hooks(nullptr); }
+  OptimizerHooksScope(const OptimizerHooksScope&) = delete;
+  OptimizerHooksScope& operator=(const OptimizerHooksScope&) = delete;
+
+ private:
+  Optimizer& optimizer_;
 };
 
 struct SGDOptions {

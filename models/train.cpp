@@ -2,6 +2,7 @@
 #include "regen/models/train.h"
 
 #include <chrono>
+#include <cmath>
 
 #include "regen/kernels/kernels.h"
 #include "regen/models/optim.h"
@@ -16,12 +17,20 @@ Trainer::Trainer(Model& model, Optimizer& optimizer, DataSource& data, int64_t b
               " but training was asked on ", device.str());
 }
 
+void Trainer::set_gradient_sync(GradientSync* sync) {
+  REGEN_CHECK(!prepared_, "trainer: the gradient sync is set before the first step");
+  sync_ = sync;
+}
+
 void Trainer::prepare() {
   if (prepared_) return;
   kernels::prepare_device(device_);
+  if (sync_) sync_->prepare();
+  // Gradients a sync makes during backward (ZeRO-2) are not made here.
+  const bool make_grads = !sync_ || !sync_->manages_gradients();
   for (auto& kv : model_.named_parameters()) {
     TensorImpl* impl = kv.second.impl().get();
-    if (impl->grad) continue;
+    if (impl->grad || !make_grads) continue;
     CategoryScope cat(Category::gradient);
     TagScope tag(kv.first + ".grad");
     impl->grad = zeros(kv.second.shape(), kv.second.dtype(), device_).impl();
@@ -30,6 +39,29 @@ void Trainer::prepare() {
   model_.prepare_inputs(device_);
   kernels::synchronize(device_);
   prepared_ = true;
+}
+
+void Trainer::set_accumulation(int64_t k) {
+  REGEN_CHECK(k >= 1, "gradient accumulation: ", k, " micro-batches per step (at least 1)");
+  accumulation_ = k;
+}
+
+void Trainer::set_schedule(const LrSchedule& s) {
+  const std::string bad = s.problem();
+  REGEN_CHECK(bad.empty(), "learning-rate schedule: ", bad);
+  schedule_ = s;
+  has_schedule_ = true;
+}
+
+void Trainer::set_clip_grad_norm(double max_norm) {
+  REGEN_CHECK(max_norm >= 0 && std::isfinite(max_norm), "gradient clipping: the maximum norm ",
+              max_norm, " must be a finite number >= 0 (0: no clipping)");
+  clip_ = max_norm;
+}
+
+void Trainer::set_optimizer_steps(int64_t n) {
+  REGEN_CHECK(n >= 0, "trainer: optimizer steps ", n, " must be >= 0");
+  optimizer_steps_ = n;
 }
 
 StepResult Trainer::step(StepObserver* observer) {
@@ -42,46 +74,157 @@ StepResult Trainer::step(StepObserver* observer) {
   const auto t0 = std::chrono::steady_clock::now();
   if (observer) observer->on_iteration_begin(alloc);
   StepResult r;
-  {
+  if (has_schedule_) optimizer_.set_lr(schedule_.at(optimizer_steps_));
+  r.lr = optimizer_.lr();
+  r.micro_batches = accumulation_;
+  // Under data parallelism: every gradient reduced, then clipping (or the norm alone) and the
+  // update inside the optimizer's window, then ZeRO's gathers.
+  auto update = [&] {
+    if (sync_) sync_->end_backward();
+    if (observer) observer->on_optimizer_begin(alloc);
+    if (clip_ > 0) {
+      r.grad_norm = clip_gradient_norm(optimizer_.params(), clip_);
+    } else if (track_norm_) {
+      r.grad_norm = gradient_norm(optimizer_.params());
+    }
+    optimizer_.step();
+    if (sync_) sync_->end_optimizer();
+    ++optimizer_steps_;
+    r.optimizer_step = optimizer_steps_;
+    kernels::synchronize(device_);
+    if (observer) observer->on_optimizer_end(alloc);
+  };
+  if (accumulation_ == 1) {
     Batch batch = data_.next(batch_size_, device_);
     model_.check_batch(batch);
     optimizer_.zero_grad();
-    Tensor loss = model_.forward_loss(batch.input, batch.target);
+    if (sync_) sync_->begin_step();
+    Tensor loss;
+    {
+      PackedSavesScope packed(packed_saves_.get());
+      loss = model_.forward_loss(batch.input, batch.target);
+    }
     r.loss = loss.dtype() == DType::f64 ? loss.item<double>() : loss.item<float>();
-    backward(loss);
+    if (sync_) {
+      const HooksScope hooks(&sync_->backward_hooks());
+      backward(loss);
+    } else {
+      backward(loss);
+    }
     loss = Tensor();
-    if (observer) observer->on_optimizer_begin(alloc);
-    optimizer_.step();
-    kernels::synchronize(device_);
-    if (observer) observer->on_optimizer_end(alloc);
+    update();
+    r.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    if (observer) observer->on_iteration_end(alloc);
+  } else {
+    // The session refuses accumulation under data parallelism (each micro-batch's backward would
+    // reduce its gradients).
+    REGEN_CHECK(sync_ == nullptr,
+                "gradient accumulation under data parallelism is not supported: one micro-batch "
+                "per step, or one process");
+    optimizer_.zero_grad();
+    const double k = static_cast<double>(accumulation_);
+    double sum = 0;
+    for (int64_t i = 0; i < accumulation_; ++i) {
+      {
+        Batch batch = data_.next(batch_size_, device_);
+        model_.check_batch(batch);
+        Tensor loss;
+        {
+          PackedSavesScope packed(packed_saves_.get());
+          loss = model_.forward_loss(batch.input, batch.target);
+        }
+        sum += loss.dtype() == DType::f64 ? loss.item<double>() : loss.item<float>();
+        // The gradient of the mean over all micro-batches: backward's seed is 1/k, not 1 (the
+        // block backward would take for its seed of ones, taken here).
+        Tensor seed;
+        {
+          CategoryScope cat(Category::gradient);
+          seed = full(loss.shape(), 1.0 / k, loss.dtype(), loss.device());
+        }
+        Tape::current().backward(loss, seed);
+      }
+      if (observer) observer->on_micro_batch_end(alloc, i);
+    }
+    r.loss = sum / k;
+    update();
     r.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     if (observer) observer->on_iteration_end(alloc);
   }
   r.memory = alloc.stats();
+  if (sync_) r.loss = sync_->reduce_loss(r.loss);
   return r;
 }
 
+PackedSaves learn_packed_saves(const ModelConfig& config, int64_t batch_size, Device device) {
+  Tape& tape = Tape::current();
+  REGEN_CHECK(tape.empty(), "learn_packed_saves: the calling thread's tape holds ",
+              tape.nodes().size(),
+              " recorded ops (a forward pass whose backward has not run); run backward or clear "
+              "the tape first");
+  kernels::prepare_device(device);
+  RngStreamRestore rng;
+  DryRunScope scope(device);
+  PackedSaves decisions;
+  try {
+    std::unique_ptr<Model> model = make_model(config, device);
+    std::unique_ptr<DataSource> data = make_shape_source(config);
+    model->prepare_inputs(device);
+    Batch batch = data->next(batch_size, device);
+    model->check_batch(batch);
+    Tensor loss = model->forward_loss(batch.input, batch.target);
+    decisions = decide_packed_saves(tape);
+    loss = Tensor();
+    tape.clear();
+  } catch (...) {
+    tape.clear();  // its tensors belong to the scope's allocator
+    throw;
+  }
+  return decisions;
+}
+
 DryRunResult dry_run_step(const ModelConfig& config, int64_t batch_size, Device device,
-                          const std::function<std::unique_ptr<Optimizer>(Model&)>& make_optimizer) {
+                          const std::function<std::unique_ptr<Optimizer>(Model&)>& make_optimizer,
+                          const PackedSaves* packed) {
+  std::shared_ptr<const PackedSaves> decisions;
+  if (packed) decisions = std::make_shared<const PackedSaves>(*packed);
+  return dry_run_step(
+      config, batch_size, device, [&](Model& m, GradientSync*) { return make_optimizer(m); },
+      [](Model&) { return std::unique_ptr<GradientSync>(); },
+      [&](Trainer& t) {
+        if (decisions) t.set_packed_saves(decisions);
+      });
+}
+
+DryRunResult dry_run_step(
+    const ModelConfig& config, int64_t batch_size, Device device,
+    const std::function<std::unique_ptr<Optimizer>(Model&, GradientSync*)>& make_optimizer,
+    const std::function<std::unique_ptr<GradientSync>(Model&)>& make_sync,
+    const std::function<void(Trainer&)>& setup) {
   // What a device keeps for the life of the process (cuBLAS's handle and workspace) is made
-  // now, on the device's own allocator: inside the scope it would come from the Null arena.
+  // now, on the device's own allocator, where the real step finds it; the scope counts it from its
+  // start (kept), as the real step's peaks do.
   kernels::prepare_device(device);
   DryRunScope scope(device);
   DryRunResult r;
   try {
     {
       std::unique_ptr<Model> model = make_model(config, device);
-      std::unique_ptr<Optimizer> optimizer = make_optimizer(*model);
+      std::unique_ptr<GradientSync> sync = make_sync(*model);
+      std::unique_ptr<Optimizer> optimizer = make_optimizer(*model, sync.get());
       std::unique_ptr<DataSource> data = make_shape_source(config);
       Trainer trainer(*model, *optimizer, *data, batch_size, device);
+      trainer.set_gradient_sync(sync.get());
+      if (setup) setup(trainer);
       r.memory = trainer.step().memory;
-      r.persistent = scope.allocator().stats().allocated.current;
+      r.kept = scope.kept_bytes();
+      r.persistent = scope.allocator().stats().allocated.current - r.kept;
     }
     // Every block of the dry run goes with the objects above: one kept longer would outlive the
     // scope's allocator.
     const MemoryStats left = scope.allocator().stats();
-    REGEN_CHECK(left.live_blocks == 0, "dry run of ", config.name, ": ", left.live_blocks,
-                " block(s) (", format_bytes(left.allocated.current),
+    REGEN_CHECK(left.live_blocks == scope.kept_blocks(), "dry run of ", config.name, ": ",
+                left.live_blocks - scope.kept_blocks(), " block(s) (",
+                format_bytes(left.allocated.current - scope.kept_bytes()),
                 ") still allocated after the model, optimizer and trainer are gone");
   } catch (...) {
     // A step stopped half-way leaves its tensors on the tape; they belong to the scope's

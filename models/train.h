@@ -11,12 +11,43 @@
 #include <memory>
 #include <vector>
 
+#include "regen/kernels/half.h"
 #include "regen/models/data.h"
 #include "regen/models/model.h"
+#include "regen/models/schedule.h"
 
 namespace regen {
 
 class Optimizer;
+class TapeHooks;
+
+// Data parallelism's part of a training step (dist/data_parallel.h implements it; the trainer
+// knows only this interface). The trainer calls it at the same points of every step, on the
+// calling thread, so whatever it allocates (gradient buckets, collectives' scratch, staging)
+// comes in the same order at every step: a profiled step predicts the next ones to the byte.
+class GradientSync {
+ public:
+  virtual ~GradientSync() = default;
+  // Trainer::prepare, before the trainer creates gradients: the persistent buffers the sync keeps
+  // (flat gradient buckets, gradient shards) and the gradients of the parameters it manages.
+  virtual void prepare() = 0;
+  // True when the parameters' gradients are made by the sync during backward (ZeRO-2): prepare()
+  // then creates none for them.
+  virtual bool manages_gradients() const = 0;
+  // The tensors the optimizer updates: the model's parameters, or this rank's shard of them.
+  virtual std::vector<Tensor> optimizer_parameters() const = 0;
+  // After optimizer.zero_grad(), before the forward pass.
+  virtual void begin_step() = 0;
+  // Observes backward; registered around backward() only, after every other hook (the profiler's
+  // markers and a plan's executor run first at each node).
+  virtual TapeHooks& backward_hooks() = 0;
+  // After backward: every gradient reduced (waits for the collectives still in flight).
+  virtual void end_backward() = 0;
+  // After optimizer.step(): sharded parameters gathered.
+  virtual void end_optimizer() = 0;
+  // The step's loss as reported: the mean over the ranks of each rank's loss.
+  virtual double reduce_loss(double loss) = 0;
+};
 
 // Observers of a step's phases (the profiler is one).
 class StepObserver {
@@ -28,6 +59,9 @@ class StepObserver {
   virtual void on_optimizer_end(CachingAllocator&) {}
   // After the optimizer step, with the device synchronized; the batch is still alive.
   virtual void on_iteration_end(CachingAllocator&) {}
+  // With gradient accumulation (Trainer::set_accumulation, K > 1): after micro-batch `index`
+  // (0-based) has run forward and backward and its batch is gone, before the next one.
+  virtual void on_micro_batch_end(CachingAllocator&, int64_t /*index*/) {}
 };
 
 struct StepResult {
@@ -39,9 +73,24 @@ struct StepResult {
   // must equal to the byte. `predicted` is false for any other step.
   bool predicted = false;
   int64_t predicted_allocated = 0, predicted_reserved = 0;
+  // The learning rate the optimizer step used (the schedule's, Trainer::set_schedule), the global
+  // L2 norm of the gradients before clipping (-1 when neither clipping nor set_track_grad_norm
+  // asked for it), the micro-batches of the step and the optimizer steps done after it.
+  double lr = 0;
+  double grad_norm = -1;
+  int64_t micro_batches = 1;
+  int64_t optimizer_step = 0;
+  // A step whose plan keeps tensors or optimizer state on the device's host tier (offload,
+  // host_allocator_for): the host tier's statistics over the step and its predicted peaks, which
+  // must equal them as well.
+  bool host_predicted = false;
+  MemoryStats host_memory;
+  int64_t predicted_host_allocated = 0, predicted_host_reserved = 0;
   bool exact() const {
     return predicted && memory.allocated.peak == predicted_allocated &&
-           memory.reserved.peak == predicted_reserved;
+           memory.reserved.peak == predicted_reserved &&
+           (!host_predicted || (host_memory.allocated.peak == predicted_host_allocated &&
+                                host_memory.reserved.peak == predicted_host_reserved));
   }
 };
 
@@ -56,6 +105,42 @@ class Trainer {
   Optimizer& optimizer() { return optimizer_; }
   Device device() const { return device_; }
   int64_t batch_size() const { return batch_size_; }
+  // Data parallelism (GradientSync): set before the first step; nullptr (the default) trains alone.
+  void set_gradient_sync(GradientSync* sync);
+  GradientSync* gradient_sync() const { return sync_; }
+
+  // ---- The training loop around the step (models/schedule.h) ----------------------------------
+  // Gradient accumulation: each step runs `k` micro-batches of batch_size() examples (forward and
+  // backward, each loss scaled by 1/k through backward's seed, so the gradients are those of the
+  // mean over all k * batch_size() examples), then one optimizer step. The gradient buffers are
+  // persistent and live across the micro-batches; every micro-batch's batch and activations are
+  // freed before the next one starts, so each repeats the first one's allocations (the profiler
+  // checks it). Batch norm computes its statistics over each micro-batch, as in PyTorch. k = 1 is
+  // the plain step.
+  void set_accumulation(int64_t k);
+  int64_t accumulation() const { return accumulation_; }
+  // The learning rate of every later step comes from `s` at the optimizer step index (below).
+  void set_schedule(const LrSchedule& s);
+  const LrSchedule* schedule() const { return has_schedule_ ? &schedule_ : nullptr; }
+  // Clips the gradients to a global L2 norm of `max_norm` before each optimizer step (0: off).
+  void set_clip_grad_norm(double max_norm);
+  double clip_grad_norm() const { return clip_; }
+  // Computes the gradient norm at every step (StepResult::grad_norm) even without clipping.
+  void set_track_grad_norm(bool on) { track_norm_ = on; }
+  // Optimizer steps taken so far: the schedule's position (set when a run resumes).
+  int64_t optimizer_steps() const { return optimizer_steps_; }
+  void set_optimizer_steps(int64_t n);
+  // Packed saves (autograd/tape.h PackedSaves): decisions every step's forward pass records with
+  // (learn_packed_saves below makes them); none (the default): every op saves its full form.
+  void set_packed_saves(std::shared_ptr<const PackedSaves> decisions) {
+    packed_saves_ = std::move(decisions);
+  }
+  const PackedSaves* packed_saves() const { return packed_saves_.get(); }
+  // How the run holds retained activations between forward and backward (--compress): the remat
+  // runtime narrows them (remat/schedule.h); the trainer carries the setting so that profiles of
+  // its steps record it.
+  void set_compression(Compression c) { compression_ = c; }
+  Compression compression() const { return compression_; }
 
  private:
   Model& model_;
@@ -64,27 +149,58 @@ class Trainer {
   int64_t batch_size_;
   Device device_;
   bool prepared_ = false;
+  int64_t accumulation_ = 1;
+  LrSchedule schedule_;
+  bool has_schedule_ = false;
+  double clip_ = 0;
+  bool track_norm_ = false;
+  int64_t optimizer_steps_ = 0;
+  GradientSync* sync_ = nullptr;
+  std::shared_ptr<const PackedSaves> packed_saves_;
+  Compression compression_ = Compression::none;
 };
+
+// The packed-save decisions for the step of `config` at `batch_size` on `device`: its forward pass
+// recorded once with nothing packed, in a dry run (core/allocator.h DryRunScope: shapes only, on
+// the Null arena, no kernel run, a model of its own), then decide_packed_saves. The global RNG's
+// stream counter is put back afterwards, so the steps that follow draw the dropout masks they
+// would draw without it. The calling thread's tape must be empty (nothing recorded and not yet
+// released by backward).
+PackedSaves learn_packed_saves(const ModelConfig& config, int64_t batch_size, Device device);
 
 // The first training step of a configuration, run dry (core/allocator.h, DryRunScope): a model,
 // its optimizer (from `make_optimizer`) and a trainer built inside the scope, one step on a batch
 // of the right shapes and no values. Nothing is computed and no memory is used. `persistent` is
 // the bytes still allocated after the step, exactly as the real step leaves them: parameters,
-// gradients, optimizer state and the inputs a model keeps. `memory` has every tensor of the step
-// and, on the CPU, the kernels' own scratch space too (each CPU launcher that takes a Workspace
-// requests it in a dry run, kernels/kernels.h): there its peak of allocated bytes and every
-// per-category peak, workspace included, are the real first step's, run on the same thread with
-// the same OpenMP thread count (tests/test_cli.cpp checks them). On a CUDA device no launcher runs:
-// the workspace category lacks the CUDA side's scratch (the launchers' and cuBLAS's, which
-// prepare_device keeps on the device's own allocator), so the peak is a lower bound that the real
-// one passes by at most that scratch; the other categories' peaks are exact. A block still
-// allocated once the model, optimizer and trainer are gone is a regen::Error. The global RNG
-// stream advances as in a real step; reseed (manual_seed) before building the real model.
+// gradients, optimizer state and the inputs a model keeps. `kept` is what the device keeps for the
+// process (cuBLAS's workspace on CUDA, which prepare_device makes; 0 on the CPU), allocated
+// before the step and after it, and counted in `memory`. `memory` has every tensor of the step and
+// the kernels' own scratch space (each launcher that takes a Workspace requests it in a dry run,
+// kernels/kernels.h): its peak of allocated bytes and every per-category peak, workspace included,
+// are the real first step's, on the CPU run on the same thread with the same OpenMP thread count
+// (tests/test_cli.cpp checks them), on CUDA with the same convolution algorithm and math mode
+// (tests/cuda/test_cuda_dry_run.cpp; cuDNN's and CUB's scratch sizes are queried from the GPU, so
+// a CUDA dry run needs one). A block still allocated once the model, optimizer and trainer are
+// gone is a regen::Error. The global RNG stream advances as in a real step; reseed (manual_seed)
+// before building the real model.
 struct DryRunResult {
   MemoryStats memory;
   int64_t persistent = 0;
+  int64_t kept = 0;
 };
+// `packed`: the packed-save decisions the real steps record with (nullptr: none).
 DryRunResult dry_run_step(const ModelConfig& config, int64_t batch_size, Device device,
-                          const std::function<std::unique_ptr<Optimizer>(Model&)>& make_optimizer);
+                          const std::function<std::unique_ptr<Optimizer>(Model&)>& make_optimizer,
+                          const PackedSaves* packed = nullptr);
+// The same with data parallelism's part of the step and the trainer's setup: `make_sync` builds
+// the sync for the dry run's model (its buffers come from the Null arena too; nothing is
+// communicated), `make_optimizer` gets it, to update what it says
+// (GradientSync::optimizer_parameters), and `setup` (accumulation, clipping, packed saves), when
+// given, sets up the trainer before the step.
+DryRunResult dry_run_step(
+    const ModelConfig& config, int64_t batch_size, Device device,
+    const std::function<std::unique_ptr<Optimizer>(Model&, GradientSync*)>& make_optimizer,
+    const std::function<std::unique_ptr<GradientSync>(Model&)>& make_sync,
+    const std::function<void(Trainer&)>& setup = {});
 
 }  // namespace regen

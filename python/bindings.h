@@ -60,14 +60,17 @@ struct PlanHandle {
 
 // "60%", "2GiB", a number of bytes, or None.
 Budget budget_from(const pb::object& budget);
-// A decision per saved tensor from a sequence or array of bools or 0/1 (True / 1: recompute);
-// throws regen::Error naming the length or the entry that is wrong.
+// A decision per saved tensor from a sequence or array of bools or 0/1 (True / 1: recompute), of
+// fate codes 0, 1, 2 (retain, recompute, offload: regen.fates()) or of fate names ('offload',
+// 'OFFLOAD', ...); throws regen::Error naming the length or the entry that is wrong.
 std::vector<Decision> decisions_from(const pb::object& decisions, const Profile& p);
 pb::array_t<bool> decisions_to_array(const std::vector<Decision>& d);
-// PlanOptions from the Python arguments (chain 'auto'|'keep'|'drop', budget_of, layout); throws
-// regen::Error naming a bad one.
+// PlanOptions from the Python arguments (chain 'auto'|'keep'|'drop', budget_of, layout; offload
+// 'none'|'activations'|'optimizer'|'all' and transfer, a --transfer text, for plans on
+// `profile`); throws regen::Error naming a bad one.
 PlanOptions plan_options(const std::string& chain, const std::string& budget_of,
-                         const std::string& layout);
+                         const std::string& layout, const std::string& offload = "none",
+                         const std::string& transfer = "profile", const Profile* profile = nullptr);
 // Bytes by category name, for dicts.
 pb::dict by_category(const std::array<int64_t, kNumCategories>& a);
 // "keep" / "drop" (a planner's "auto" resolves to one of them).
@@ -86,5 +89,6 @@ void bind_ops(pb::module_& m);
 void bind_registry(pb::module_& m);
 void bind_remat(pb::module_& m);
 void bind_model(pb::module_& m);
+void bind_dist(pb::module_& m);  // dist.cpp: regen.world(), mpirun
 
 }  // namespace regen::py

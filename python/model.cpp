@@ -9,6 +9,7 @@
 #include <limits>
 
 #include "python/bindings.h"
+#include "regen/models/metrics_log.h"
 #include "regen/remat/estimate.h"
 #include "regen/remat/pipeline.h"
 #include "regen/remat/session.h"
@@ -76,6 +77,67 @@ std::string str_value(const std::string& key, const pb::handle& v) {
   return v.cast<std::string>();
 }
 
+// The training loop's options (SessionOptions' training-loop group): sets `key` and returns true
+// when it is one of them.
+bool apply_training_option(SessionOptions& o, const std::string& key, const pb::handle& v) {
+  static const char* const ints[] = {"accumulate", "warmup_steps", "schedule_steps", "lr_step_size",
+                                     "eval_every", "eval_batches", "eval_batch"};
+  for (const char* k : ints) {
+    if (key != k) continue;
+    const int64_t n = int64_value(key, v, SessionOptions::range(key));
+    if (key == "accumulate") o.accumulate = n;
+    if (key == "warmup_steps") o.warmup_steps = n;
+    if (key == "schedule_steps") o.schedule_steps = n;
+    if (key == "lr_step_size") o.lr_step_size = n;
+    if (key == "eval_every") o.eval_every = n;
+    if (key == "eval_batches") o.eval_batches = n;
+    if (key == "eval_batch") o.eval_batch = n;
+    return true;
+  }
+  if (key == "lr_gamma") {
+    o.lr_gamma = number_value(key, v);
+  } else if (key == "lr_min") {
+    o.lr_min = number_value(key, v);
+  } else if (key == "clip_grad_norm") {
+    o.clip_grad_norm = number_value(key, v);
+  } else if (key == "eval_split") {
+    o.eval_split = number_value(key, v);
+  } else if (key == "lr_schedule") {
+    o.lr_schedule = str_value(key, v);
+  } else if (key == "grad_norm") {
+    if (!pb::isinstance<pb::bool_>(v)) bad_type(key, v, "True or False");
+    o.grad_norm = v.cast<bool>();
+  } else {
+    return false;
+  }
+  return true;
+}
+
+// The training-loop keywords Model.train takes (the others are set when the Model is built: they
+// change the step its profiles and plans describe, or the data).
+const std::vector<std::string>& train_keywords() {
+  static const std::vector<std::string> k = {
+      "lr_schedule", "warmup_steps",   "schedule_steps", "lr_step_size", "lr_gamma",
+      "lr_min",      "clip_grad_norm", "eval_every",     "eval_batches", "eval_batch"};
+  return k;
+}
+
+pb::dict eval_dict(const EvalResult& e) {
+  pb::dict d;
+  d["loss"] = e.loss;
+  d["accuracy"] = e.accuracy >= 0 ? pb::object(pb::float_(e.accuracy)) : pb::object(pb::none());
+  d["perplexity"] =
+      e.perplexity >= 0 ? pb::object(pb::float_(e.perplexity)) : pb::object(pb::none());
+  d["examples"] = e.examples;
+  d["targets"] = e.targets;
+  d["batches"] = e.batches;
+  d["ms"] = e.ms;
+  d["peak_allocated"] = e.memory.allocated.peak;
+  d["peak_reserved"] = e.memory.reserved.peak;
+  d["persistent"] = e.persistent;
+  return d;
+}
+
 SessionOptions options_from(const std::string& name, const pb::object& batch,
                             const std::string& device, const pb::dict& kw) {
   const std::vector<std::string> names = option_names();
@@ -98,11 +160,29 @@ SessionOptions options_from(const std::string& name, const pb::object& batch,
       o.data = str_value(key, v);
     } else if (key == "conv") {
       o.conv = str_value(key, v);
+    } else if (key == "compress") {
+      o.compress = str_value(key, v);
     } else if (key == "math") {
       o.math = str_value(key, v);
+    } else if (key == "shard") {
+      o.shard = str_value(key, v);
+    } else if (key == "bucket_size") {
+      // Bytes, or text as the command line takes it ("25MiB").
+      if (pb::isinstance<pb::str>(v)) {
+        try {
+          o.bucket_size = parse_bytes(v.cast<std::string>());
+        } catch (const Error& e) {
+          REGEN_FAIL(option_error(key, text_of(v), e.message(), OptionStyle::keyword));
+        }
+      } else {
+        o.bucket_size = int64_value(key, v, OptionRange::integers(0));
+      }
     } else if (key == "tf32") {
       if (!pb::isinstance<pb::bool_>(v)) bad_type(key, v, "True or False");
       o.tf32 = v.cast<bool>();
+    } else if (key == "masks") {
+      if (!pb::isinstance<pb::bool_>(v)) bad_type(key, v, "True or False");
+      o.masks = v.cast<bool>();
     } else if (key == "lr") {
       o.lr = number_value(key, v);
     } else if (key == "momentum") {
@@ -111,6 +191,8 @@ SessionOptions options_from(const std::string& name, const pb::object& batch,
       o.weight_decay = number_value(key, v);
     } else if (key == "threads") {
       o.threads = int64_value(key, v, SessionOptions::range("threads"));
+    } else if (apply_training_option(o, key, v)) {
+      // the training loop's (accumulate, lr_schedule, ...)
     } else if (key == "seed") {
       if (!is_integer(v)) bad_type(key, v, "an integer");
       const pb::int_ i = pb::reinterpret_borrow<pb::object>(v);
@@ -184,10 +266,12 @@ class PyModel {
 
   std::shared_ptr<PlanHandle> make(const std::string& policy, const pb::object& budget,
                                    const std::string& chain, const std::string& budget_of,
-                                   const std::string& layout) {
+                                   const std::string& layout, const std::string& offload,
+                                   const std::string& transfer) {
     REGEN_CHECK(profile_ != nullptr,
                 "plan: the model has no profile; call profile() or use_profile() first");
-    const PlanOptions o = plan_options(chain, budget_of, layout);
+    PlanOptions o = plan_options(chain, budget_of, layout, offload, transfer, &profile_->profile);
+    o.cache = &profile_->cache;
     auto h = std::make_shared<PlanHandle>(
         PlanHandle{make_plan(profile_->sim, policy, budget_from(budget), o), profile_});
     install(h);
@@ -208,8 +292,59 @@ class PyModel {
 
   // Steps under the installed plan (none: without remat). A plan that does not fit its budget is
   // refused before the first step, as `regen train` refuses it.
-  std::vector<StepResult> train(int64_t steps, const pb::object& progress) {
+  // Applies Model.train's training-loop keywords: checked with the Model's other options
+  // (SessionOptions::validate), against the profile in use (clipping changes the step), then set on
+  // the trainer.
+  void set_training_options(const pb::dict& kw) {
+    if (kw.size() == 0) return;
+    SessionOptions o = options_;
+    for (const auto& [k, v] : kw) {
+      const std::string key = pb::str(k);
+      const auto& allowed = train_keywords();
+      REGEN_CHECK(std::find(allowed.begin(), allowed.end(), key) != allowed.end(), "train: ", key,
+                  key == "accumulate" || key == "eval_split" || key == "grad_norm"
+                      ? " is set when the Model is built (it changes the step or the data)"
+                      : " is not an option of train()",
+                  "; train() takes ", join_names(allowed));
+      if (!v.is_none()) apply_training_option(o, key, v);
+    }
+    o.validate();
+    const LrSchedule schedule = o.schedule();
+    if (profile_) check_profile_run(profile_->profile, o, "the profile");
+    Trainer& t = *session_->trainer;
+    t.set_schedule(schedule);
+    t.set_clip_grad_norm(o.clip_grad_norm);
+    options_ = o;
+    session_->options = o;
+  }
+
+  EvalResult evaluate(const pb::object& batches, const pb::object& batch) {
+    pipe_->finish();  // the plan's hooks, limit and layout are the training step's
+    SessionOptions o = options_;
+    if (!batches.is_none())
+      o.eval_batches = int64_value("batches", batches, SessionOptions::range("eval_batches"));
+    if (!batch.is_none())
+      o.eval_batch = int64_value("batch", batch, SessionOptions::range("eval_batch"));
+    const SessionOptions keep = session_->options;
+    session_->options = o;
+    struct Back {
+      Session& s;
+      const SessionOptions& o;
+      ~Back() { s.options = o; }
+    } back{*session_, keep};
+    return evaluate_session(*session_);
+  }
+
+  const std::vector<std::pair<int64_t, EvalResult>>& evaluations() const { return evals_; }
+
+  std::vector<StepResult> train(int64_t steps, const pb::object& progress,
+                                const std::string& log_path = "") {
     REGEN_CHECK(steps >= 1, "train: steps must be >= 1, got ", steps);
+    std::unique_ptr<MetricsLog> log;
+    if (!log_path.empty()) {
+      log = std::make_unique<MetricsLog>(log_path, session_->trainer->optimizer_steps() > 0);
+    }
+    evals_.clear();
     if (plan_) {
       const Plan& p = plan_->plan;
       REGEN_CHECK(p.feasible,
@@ -226,12 +361,22 @@ class PyModel {
       ~Finish() { pipe.finish(); }
     } finish{*pipe_};
     std::vector<StepResult> out;
+    const int64_t examples = options_.batch * options_.accumulate;
     for (int64_t i = 1; i <= steps; ++i) {
       StepResult r = pipe_->step();
       REGEN_CHECK(std::isfinite(r.loss), "training diverged: the loss of step ", i, " is ", r.loss,
                   " (not finite); try a lower lr (this model uses lr=", number_text(options_.lr),
                   ")");
       out.push_back(r);
+      if (log) log->step(r.optimizer_step, r, examples);
+      if (options_.eval_every > 0 && (r.optimizer_step % options_.eval_every == 0 || i == steps)) {
+        pipe_->finish();
+        const int64_t limit = plan_ ? plan_->plan.limit : 0;
+        LimitScope scope(session_->trainer->allocator(), limit);  // the budget holds for eval too
+        const EvalResult e = evaluate_session(*session_);
+        evals_.emplace_back(r.optimizer_step, e);
+        if (log) log->eval(r.optimizer_step, e);
+      }
       bool stop = i == steps;
       if (!progress.is_none()) {
         pb::object keep = progress(i, r);
@@ -264,6 +409,7 @@ class PyModel {
   std::unique_ptr<RematPipeline> pipe_;  // after session_: destroyed first
   ProfilePtr profile_;
   std::shared_ptr<PlanHandle> plan_;
+  std::vector<std::pair<int64_t, EvalResult>> evals_;  // the last train() call's evaluations
 };
 
 void bind_model(pb::module_& m) {
@@ -281,6 +427,32 @@ void bind_model(pb::module_& m) {
           "Allocated bytes by category when the peak was reached")
       .def_property_readonly("cache_flushes",
                              [](const StepResult& r) { return r.memory.num_cache_flushes; })
+      .def_readonly("lr", &StepResult::lr, "The learning rate of the step's update")
+      .def_property_readonly(
+          "grad_norm",
+          [](const StepResult& r) -> pb::object {
+            return r.grad_norm >= 0 ? pb::object(pb::float_(r.grad_norm)) : pb::object(pb::none());
+          },
+          "The gradients' global L2 norm before clipping (None unless clip_grad_norm or grad_norm)")
+      .def_readonly("micro_batches", &StepResult::micro_batches,
+                    "Micro-batches of the step (accumulate)")
+      .def_readonly("optimizer_step", &StepResult::optimizer_step,
+                    "Optimizer steps taken after this one (the schedule's position)")
+      .def_property_readonly(
+          "host_peak_allocated",
+          [](const StepResult& r) -> pb::object {
+            return r.host_predicted ? pb::cast(r.host_memory.allocated.peak) : pb::none();
+          },
+          "Under a plan that uses the host tier (offload): its peak of allocated bytes, else None")
+      .def_property_readonly("host_peak_reserved",
+                             [](const StepResult& r) -> pb::object {
+                               return r.host_predicted ? pb::cast(r.host_memory.reserved.peak)
+                                                       : pb::none();
+                             })
+      .def_property_readonly(
+          "exact", [](const StepResult& r) { return r.exact(); },
+          "A step under a plan at its own limit whose peaks, device and host tier, were the "
+          "predicted ones")
       .def("__repr__", [](const StepResult& r) {
         return "regen.StepResult(loss " + std::to_string(r.loss) + ", " + format_ms(r.ms) +
                ", peak allocated " + format_bytes(r.memory.allocated.peak) + ", reserved " +
@@ -292,7 +464,12 @@ A registered model (regen.models()) with its optimizer, data and trainer: the li
 ``regen train`` builds it: ``Model("resnet-tiny", batch=4, device="cpu", lr=0.05)``. Options (None:
 the preset's or the session's default): the session's optimizer ('sgd' or 'adamw'), lr, momentum,
 weight_decay, seed, threads (at most 1024; 0: OpenMP's), data ('', or one of the model's data kinds:
-regen.model_input(name)), conv, math ('fp32' or 'tf32'), tf32; and the model's own
+regen.model_input(name)), conv, math ('fp32' or 'tf32'), tf32, masks (packed saves, default True),
+compress ('none', 'bf16' or 'fp16': lossy, steps under a plan hold retained activations narrow);
+the training loop's accumulate (micro-batches per step), lr_schedule, warmup_steps, schedule_steps,
+lr_step_size, lr_gamma, lr_min, clip_grad_norm, grad_norm, eval_every, eval_batches, eval_batch,
+eval_split (as regen train's flags); data parallelism's shard and bucket_size (under mpirun); and
+the model's own
 (regen.model_options(name)): image_size and num_classes for the ResNets, seq_len, vocab, dropout and
 lm_head_chunk for the Transformers. Every value is checked as the command line checks its flags,
 with the keyword in the message ("threads=5000: must be at most 1024"). The first step runs dry
@@ -315,10 +492,12 @@ time for exact memory figures: another live model's tensors count in the allocat
           "steps_done", [](PyModel& s) { return s.pipe().steps_done(); },
           "Training steps run so far, profiling steps included")
       .def_property_readonly(
+          "optimizer_steps", [](PyModel& s) { return s.session().trainer->optimizer_steps(); },
+          "Optimizer steps taken (the schedule's position), resumed ones included")
+      .def_property_readonly(
           "first_step_peak", [](PyModel& s) { return s.session().preflight.memory.allocated.peak; },
-          "The dry run's peak of allocated bytes of the first step without remat: exact on the "
-          "CPU, a lower "
-          "bound by the CUDA kernels' scratch on a GPU")
+          "The dry run's peak of allocated bytes of the first step without remat: the real "
+          "first step's, the kernels' scratch included, on the CPU and on a GPU")
       .def_property_readonly(
           "profile_in_use",
           [](PyModel& s) -> pb::object { return s.profile() ? pb::cast(s.profile()) : pb::none(); },
@@ -336,9 +515,14 @@ time for exact memory figures: another live model's tensors count in the allocat
             d["replays"] = e->replays();
             d["evictions"] = e->evictions();
             d["regen_ms"] = e->regen_ms();
+            d["offloads"] = e->offload().offloads;
+            d["bytes_to_host"] = e->offload().bytes_to_host;
+            d["bytes_to_device"] = e->offload().bytes_to_device;
+            d["stall_ms"] = e->offload().stall_ms;
             return d;
           },
-          "Under a plan: the last step's evictions, replays and regeneration time, else None")
+          "Under a plan: the last step's evictions, replays and regeneration time, and its "
+          "offloads (tensors, bytes copied each way, time waited for copies), else None")
       .def(
           "step", [](PyModel& s) { return s.train(1, pb::none()).front(); },
           "One training step (under the plan in use); returns a StepResult")
@@ -346,35 +530,94 @@ time for exact memory figures: another live model's tensors count in the allocat
           "train",
           [](PyModel& s, int64_t steps, const pb::object& policy, const pb::object& budget,
              const std::string& chain, const std::string& budget_of, const std::string& layout,
-             const pb::object& plan, int profile_steps, const pb::object& progress) {
+             const pb::object& plan, int profile_steps, const pb::object& progress,
+             const std::string& offload, const std::string& transfer, const std::string& log,
+             const pb::kwargs& kw) {
+            s.set_training_options(kw);
             if (!plan.is_none()) {
               REGEN_CHECK(policy.is_none(), "train: give a plan or a policy, not both");
               s.install(plan.cast<std::shared_ptr<PlanHandle>>());
             } else if (!policy.is_none()) {
               const std::string name = policy.cast<std::string>();
-              if (name == "none" && budget.is_none()) {
+              // With compress, 'none' still plans: the plan holds what it retains narrow.
+              if (name == "none" && budget.is_none() && s.options().compress == "none") {
                 s.clear_plan();
               } else {
                 if (!s.profile()) s.run_profile(profile_steps, 0);
-                s.make(name, budget, chain, budget_of, layout);
+                s.make(name, budget, chain, budget_of, layout, offload, transfer);
               }
             } else {
               REGEN_CHECK(budget.is_none(), "train: a budget needs a policy (regen.policies())");
             }
-            return s.train(steps, progress);
+            return s.train(steps, progress, log);
           },
           pb::arg("steps") = 1, pb::kw_only(), pb::arg("policy") = pb::none(),
           pb::arg("budget") = pb::none(), pb::arg("chain") = "auto",
           pb::arg("budget_of") = "reserved", pb::arg("layout") = "caching",
           pb::arg("plan") = pb::none(), pb::arg("profile_steps") = 2,
-          pb::arg("progress") = pb::none(), R"doc(
+          pb::arg("progress") = pb::none(), pb::arg("offload") = "none",
+          pb::arg("transfer") = "profile", pb::arg("log") = "", R"doc(
 ``steps`` training steps; returns their StepResults. With ``policy`` (and ``budget``, ``chain``,
-``budget_of``, ``layout``): the model is profiled first if it has no profile (``profile_steps``
+``budget_of``, ``layout``, ``offload``, ``transfer``: regen.plan's): the model is profiled first if it has no profile (``profile_steps``
 steps, which train too), planned, and every step runs under the plan; ``policy='none'`` drops the
-plan. With ``plan``: under that Plan (made for this model's configuration, e.g. by make_plan).
+plan (with ``compress``, it plans none: the activations it retains are held narrow). With ``plan``: under that Plan (made for this model's configuration, e.g. by make_plan).
 Without either: under the plan in use, if any. A plan that does not fit its budget is refused
 before the first step. ``progress(step, result)`` is called after each step; returning False
-stops. A loss, parameter or gradient that is not finite raises regen.Error.)doc")
+stops. A loss, parameter or gradient that is not finite raises regen.Error.
+
+The training loop's keywords, checked as the Model's (SessionOptions): ``lr_schedule`` ('constant',
+'step', 'cosine'), ``warmup_steps``, ``schedule_steps`` (cosine's horizon), ``lr_step_size``,
+``lr_gamma``, ``lr_min``, ``clip_grad_norm``, ``eval_every`` (evaluate on the held-out split every N
+optimizer steps and after the last one: Model.evaluations), ``eval_batches``, ``eval_batch``; they
+stay set for later calls. ``accumulate``, ``eval_split`` and ``grad_norm`` are set when the Model is
+built. ``log``: a metrics file (.csv, or JSON lines), appended to once the model has trained.)doc")
+      .def(
+          "evaluate",
+          [](PyModel& s, const pb::object& batches, const pb::object& batch) {
+            return eval_dict(s.evaluate(batches, batch));
+          },
+          pb::kw_only(), pb::arg("batches") = pb::none(), pb::arg("batch") = pb::none(), R"doc(
+Evaluates on the held-out split of the Model's data (CIFAR-10's test_batch.bin, the last part of a
+text file, synthetic examples no training step draws) in eval mode, without the tape or saved
+tensors: a dict with loss (mean per target), accuracy (image classifiers) or perplexity (language
+models), examples, targets, batches, ms, and the allocator's peak_allocated and peak_reserved over
+it with persistent, the model's state when it started. ``batches`` (default: eval_batches, 0 the
+whole split) and ``batch`` (default: eval_batch, else batch x accumulate). A Model built without
+eval_every or eval_split trains on the whole of a text file, whose tail it then evaluates on.)doc")
+      .def_property_readonly(
+          "evaluations",
+          [](PyModel& s) {
+            pb::list out;
+            for (const auto& [step, e] : s.evaluations()) {
+              pb::dict d = eval_dict(e);
+              d["step"] = step;
+              out.append(d);
+            }
+            return out;
+          },
+          "The evaluations of the last train() call (eval_every), each a dict with its step")
+      .def(
+          "save_state",
+          [](PyModel& s, const std::string& path) {
+            save_training_state(s.session(), path,
+                                s.plan() ? plan_identity(s.plan()->plan)
+                                         : std::map<std::string, std::string>{{"plan", "no plan"}});
+          },
+          pb::arg("path"), R"doc(
+Writes the training state (safetensors, atomically): weights, optimizer state, optimizer step, RNG
+and data position, the options that shape the trajectory and the plan's identity. resume() on a
+Model built with the same options continues it bitwise (as ``regen train --save-state``).)doc")
+      .def(
+          "resume",
+          [](PyModel& s, const std::string& path) {
+            pb::dict d;
+            for (const auto& [k, v] : resume_training_state(s.session(), path)) d[pb::str(k)] = v;
+            return d;
+          },
+          pb::arg("path"), R"doc(
+Restores a training state written by save_state() or ``regen train --save-state`` into this Model,
+which must have been built with the same trajectory options (refused otherwise, naming the
+keyword); returns the file's metadata.)doc")
       .def("profile", &PyModel::run_profile, pb::arg("iterations") = 2, pb::arg("warmup") = 0,
            "Profiles ``iterations`` instrumented steps (after ``warmup`` plain ones; all of them "
            "train) "
@@ -384,7 +627,8 @@ stops. A loss, parameter or gradient that is not finite raises regen.Error.)doc"
            "device or settings")
       .def("plan", &PyModel::make, pb::arg("policy"), pb::arg("budget") = pb::none(), pb::kw_only(),
            pb::arg("chain") = "auto", pb::arg("budget_of") = "reserved",
-           pb::arg("layout") = "caching",
+           pb::arg("layout") = "caching", pb::arg("offload") = "none",
+           pb::arg("transfer") = "profile",
            "Plans with the model's profile (regen.plan's arguments) and runs the next steps under "
            "it")
       .def(
@@ -499,6 +743,7 @@ Stage 1: builds the model (a name and Model options, or an existing Model) and p
         EstimateOptions o;
         o.optimizer = f.optimizer;
         o.momentum = f.momentum;
+        o.masks = f.masks;
         o.policy = parse_estimate_policy(policy);
         auto as_dict = [](const MemoryTerms& t, bool measured) {
           pb::dict d;

@@ -2,6 +2,7 @@
 // remat.cpp, model.cpp and registry.cpp. docs/python.md is its reference; examples/python uses it.
 #include "python/bindings.h"
 #include "regen/core/error.h"
+#include "regen/dist/world.h"
 #ifdef REGEN_WITH_CUDA
 #include "regen/core/cuda/runtime.h"
 #endif
@@ -64,6 +65,8 @@ PYBIND11_MODULE(regen, m) {
 #else
   build["milp"] = false;
 #endif
+  build["mpi"] = regen::dist::mpi_built();
+  build["nccl"] = regen::dist::nccl_built();
   m.attr("build") = build;
   m.def(
       "cuda_available",
@@ -82,4 +85,5 @@ PYBIND11_MODULE(regen, m) {
   regen::py::bind_remat(m);
   regen::py::bind_model(m);
   regen::py::bind_registry(m);
+  regen::py::bind_dist(m);
 }

@@ -97,6 +97,7 @@ pb::dict saved_table(const Profile& p) {
   t["bytes"] = column<int64_t>(k, [&](size_t i) { return s[i].bytes; });
   t["category"] = str_column(k, [&](size_t i) { return category_name(s[i].category); });
   t["candidate"] = column<bool>(k, [&](size_t i) { return s[i].candidate; });
+  t["offloadable"] = column<bool>(k, [&](size_t i) { return s[i].offloadable; });
   t["recompute_ms"] = column<double>(k, [&](size_t i) { return s[i].recompute_ms; });
   t["last_fwd_use"] = column<int32_t>(k, [&](size_t i) { return s[i].last_fwd_use; });
   t["first_bw_rank"] = column<int32_t>(k, [&](size_t i) { return s[i].first_bw_rank; });
@@ -264,9 +265,26 @@ Budget budget_from(const pb::object& b) {
 std::vector<Decision> decisions_from(const pb::object& obj, const Profile& p) {
   pb::array a = pb::module_::import("numpy").attr("asarray")(obj);
   const char kind = a.dtype().kind();
+  if (kind == 'U' || kind == 'S' || kind == 'O') {  // fate names
+    REGEN_CHECK(a.ndim() == 1, "decisions must be one-dimensional (one per saved tensor), got ",
+                a.ndim(), " dimensions");
+    const size_t n = static_cast<size_t>(a.shape(0));
+    REGEN_CHECK(n == p.saved.size(), "decisions has ", n, " entries, but the profile of ",
+                describe(p), " has ", p.saved.size(), " saved tensors (one decision each)");
+    std::vector<Decision> out(n);
+    pb::list items = a.attr("tolist")();
+    for (size_t i = 0; i < n; ++i) {
+      try {
+        out[i] = parse_fate(pb::str(items[i]).cast<std::string>());
+      } catch (const Error& e) {
+        REGEN_FAIL("decisions[", i, "]: ", e.message());
+      }
+    }
+    return out;
+  }
   REGEN_CHECK(kind == 'b' || kind == 'i' || kind == 'u',
               "decisions must be bools or 0/1 integers "
-              "(True: recompute), got numpy dtype ",
+              "(True: recompute), fate codes 0-2 or fate names (regen.fates()), got numpy dtype ",
               pb::str(a.dtype()).cast<std::string>());
   REGEN_CHECK(a.ndim() == 1, "decisions must be one-dimensional (one per saved tensor), got ",
               a.ndim(), " dimensions");
@@ -278,9 +296,9 @@ std::vector<Decision> decisions_from(const pb::object& obj, const Profile& p) {
   std::vector<Decision> out(n);
   for (size_t i = 0; i < n; ++i) {
     const int64_t d = r(static_cast<pb::ssize_t>(i));
-    REGEN_CHECK(d == 0 || d == 1, "decisions[", i, "] is ", d,
-                "; each is 0 (retain) or 1 (recompute)");
-    out[i] = d ? Decision::recompute : Decision::retain;
+    REGEN_CHECK(d >= 0 && d < kNumFates && (kind != 'b' || d <= 1), "decisions[", i, "] is ", d,
+                "; each is 0 (retain), 1 (recompute) or 2 (offload): regen.fates()");
+    out[i] = static_cast<Fate>(d);
   }
   return out;
 }
@@ -290,14 +308,38 @@ pb::array_t<bool> decisions_to_array(const std::vector<Decision>& d) {
 }
 
 PlanOptions plan_options(const std::string& chain, const std::string& budget_of,
-                         const std::string& layout) {
+                         const std::string& layout, const std::string& offload,
+                         const std::string& transfer, const Profile* profile) {
   PlanOptions o;
   o.chain = parse_chain(chain);
   o.budget_of = parse_budget_of(budget_of);
   REGEN_CHECK(layout == "caching" || layout == "planned",
               "layout must be 'caching' or 'planned', got '", layout, "'");
   o.planned_layout = layout == "planned";
+  try {
+    o.offload = parse_offload_mode(offload);
+  } catch (const Error& e) {
+    REGEN_FAIL("offload='", offload, "': ", e.message());
+  }
+  if (profile && (transfer != "profile" || profile->transfer.valid())) {
+    try {
+      o.transfer = transfer_for(transfer, *profile);
+    } catch (const Error& e) {
+      REGEN_FAIL("transfer='", transfer, "': ", e.message());
+    }
+  }
   return o;
+}
+
+pb::dict transfer_dict(const TransferModel& t) {
+  pb::dict d;
+  if (!t.valid()) return d;
+  d["to_host_gb_per_s"] = t.to_host.bytes_per_ms / 1e6;
+  d["to_host_latency_ms"] = t.to_host.latency_ms;
+  d["to_device_gb_per_s"] = t.to_device.bytes_per_ms / 1e6;
+  d["to_device_latency_ms"] = t.to_device.latency_ms;
+  d["source"] = t.source;
+  return d;
 }
 
 pb::dict by_category(const std::array<int64_t, kNumCategories>& a) {
@@ -352,6 +394,9 @@ of equal-length columns (numpy arrays, or lists for text and lists), ready for
           "peak_reserved", [](const ProfileHandle& h) { return h.profile.peak_reserved; },
           "Measured peak of reserved bytes without remat")
       .def_property_readonly(
+          "transfer", [](const ProfileHandle& h) { return transfer_dict(h.profile.transfer); },
+          "The transfer model the profiler measured (copies to and from the host tier), or {}")
+      .def_property_readonly(
           "lower_bound", [](const ProfileHandle& h) { return memory_lower_bound(h.profile); },
           "Allocated bytes no plan goes below: at the profiled iteration's highest point, what no "
           "plan can free there (docs/remat.md, memory_lower_bound)")
@@ -387,7 +432,8 @@ of equal-length columns (numpy arrays, or lists for text and lists), ready for
           "saved", [](const ProfileHandle& h) { return saved_table(h.profile); },
           "The saved tensors (what a decision vector indexes) as columns: index, name, value, "
           "producer, "
-          "op, block, bytes, category, candidate, recompute_ms, last_fwd_use, first_bw_rank, "
+          "op, block, bytes, category, candidate, offloadable, recompute_ms, last_fwd_use, "
+          "first_bw_rank, "
           "last_bw_rank, readers")
       .def(
           "values", [](const ProfileHandle& h) { return values_table(h.profile); },
@@ -425,7 +471,7 @@ of equal-length columns (numpy arrays, or lists for text and lists), ready for
                              [](const Simulation& s) { return s.r.peak_requested; })
       .def_property_readonly(
           "time_ms", [](const Simulation& s) { return s.r.time_ms; },
-          "Profiled iteration time plus recomputation")
+          "Profiled iteration time plus recomputation (and compression's conversions)")
       .def_property_readonly("recompute_ms", [](const Simulation& s) { return s.r.recompute_ms; })
       .def_property_readonly(
           "evictions", [](const Simulation& s) { return s.r.evictions; },
@@ -433,6 +479,12 @@ of equal-length columns (numpy arrays, or lists for text and lists), ready for
       .def_property_readonly(
           "replays", [](const Simulation& s) { return s.r.replays; },
           "Nodes replayed by regenerations")
+      .def_property_readonly(
+          "narrowed", [](const Simulation& s) { return s.r.narrowed; },
+          "Saved tensors held narrow between forward and backward (the profile's compress mode)")
+      .def_property_readonly(
+          "compress_ms", [](const Simulation& s) { return s.r.compress_ms; },
+          "Their narrowings and widenings, by the profile's time model (part of time_ms)")
       .def_property_readonly(
           "allocated_at_peak",
           [](const Simulation& s) { return by_category(s.r.allocated_by_at_peak); })
@@ -457,6 +509,20 @@ of equal-length columns (numpy arrays, or lists for text and lists), ready for
       .def_property_readonly("oom_message", [](const Simulation& s) { return s.r.oom_message; })
       .def_property_readonly("oom_at", [](const Simulation& s) { return s.r.oom_at; })
       .def_property_readonly("cache_flushes", [](const Simulation& s) { return s.r.cache_flushes; })
+      .def_property_readonly(
+          "host_peak_allocated", [](const Simulation& s) { return s.r.host_peak_allocated; },
+          "Offload: the host tier's peak of allocated bytes over the step")
+      .def_property_readonly("host_peak_reserved",
+                             [](const Simulation& s) { return s.r.host_peak_reserved; })
+      .def_property_readonly(
+          "stall_ms", [](const Simulation& s) { return s.r.stall_ms; },
+          "Offload: time the step waits for copies that are late (part of time_ms)")
+      .def_property_readonly(
+          "offloads", [](const Simulation& s) { return s.r.offloads; },
+          "Saved tensors copied to the host tier and back")
+      .def_property_readonly("bytes_to_host", [](const Simulation& s) { return s.r.bytes_to_host; })
+      .def_property_readonly("bytes_to_device",
+                             [](const Simulation& s) { return s.r.bytes_to_device; })
       .def_property_readonly(
           "timeline",
           [](const Simulation& s) -> pb::object {
@@ -487,14 +553,20 @@ of equal-length columns (numpy arrays, or lists for text and lists), ready for
       "simulate",
       [](const ProfilePtr& profile, const pb::object& decisions, const std::string& chain,
          const pb::object& regenerations, const pb::object& budget, const std::string& budget_of,
-         int64_t limit, bool timeline, int top_live) {
+         int64_t limit, bool timeline, int top_live, const std::string& optimizer_state,
+         const std::string& transfer) {
         REGEN_CHECK(profile != nullptr, "simulate: profile is None");
         const Profile& p = profile->profile;
         REGEN_CHECK(limit >= 0, "simulate: limit must be >= 0 bytes (0: none), got ", limit);
         REGEN_CHECK(top_live >= 0, "simulate: top_live must be >= 0, got ", top_live);
-        const Schedule s =
-            build_schedule(p, decisions_from(decisions, p), keep_chain_from(chain, "simulate"),
-                           regenerations_from(regenerations));
+        Plan draft;
+        draft.decisions = decisions_from(decisions, p);
+        draft.keep_chain = keep_chain_from(chain, "simulate");
+        draft.regenerations = regenerations_from(regenerations);
+        draft.optimizer_state = parse_state_place(optimizer_state);
+        complete_offloads(p, draft,
+                          plan_options("auto", "reserved", "caching", "none", transfer, &p));
+        const Schedule s = plan_schedule(p, draft);
         SimOptions o;
         o.timeline = timeline;
         o.top_live = top_live;
@@ -526,12 +598,16 @@ of equal-length columns (numpy arrays, or lists for text and lists), ready for
       pb::arg("profile"), pb::arg("decisions"), pb::kw_only(), pb::arg("chain") = "keep",
       pb::arg("regenerations") = pb::none(), pb::arg("budget") = pb::none(),
       pb::arg("budget_of") = "reserved", pb::arg("limit") = 0, pb::arg("timeline") = false,
-      pb::arg("top_live") = 0, R"doc(
+      pb::arg("top_live") = 0, pb::arg("optimizer_state") = "device",
+      pb::arg("transfer") = "profile", R"doc(
 The exact memory simulation of one iteration under ``decisions`` (one per saved tensor, True or 1:
-recompute; only candidates may be recomputed). ``chain`` 'keep' or 'drop' (see regen.chains()).
+recompute; only candidates may be recomputed; or fates: 2 or 'offload' copies a tensor to the host
+tier and back, regen.fates()). ``chain`` 'keep' or 'drop' (see regen.chains()).
 ``regenerations``: explicit ones, a list of (backward node, [saved indices]). ``budget`` (with
 ``budget_of``) judges the result as plan() does; ``limit`` replays it under the allocator's hard
-limit in bytes instead. Returns a Simulation; its peaks are what executing the decisions measures.)doc");
+limit in bytes instead. ``optimizer_state`` 'device' or 'host'; ``transfer`` times the copies
+('profile', 'step:0.4', 'gbps:50', FILE.json). Returns a Simulation; its peaks (device and host
+tier) are what executing the decisions measures.)doc");
 
   m.def(
       "simulate_dtr",
@@ -611,6 +687,35 @@ limit from a budget.)doc");
           "Predicted step time: the profiled one plus recomputation")
       .def_property_readonly("recomputed", [](const PlanHandle& h) { return h.plan.recomputed(); })
       .def_property_readonly(
+          "fates",
+          [](const PlanHandle& h) {
+            pb::list out;
+            for (Decision d : h.plan.decisions) out.append(fate_word(d));
+            return out;
+          },
+          "The fate of each saved tensor: 'retain', 'recompute' or 'offload'")
+      .def_property_readonly("offloaded", [](const PlanHandle& h) { return h.plan.offloaded(); })
+      .def_property_readonly(
+          "offloaded_bytes",
+          [](const PlanHandle& h) { return h.plan.offloaded_bytes(h.profile->profile); })
+      .def_property_readonly(
+          "offloads",
+          [](const PlanHandle& h) {
+            pb::list out;
+            for (const Offload& o : h.plan.offloads)
+              out.append(pb::make_tuple(o.saved, o.free_after, o.prefetch_before));
+            return out;
+          },
+          "Each offloaded tensor's points: (saved index, forward node after which its device "
+          "block goes, backward node before which it is copied back)")
+      .def_property_readonly(
+          "optimizer_state",
+          [](const PlanHandle& h) { return state_place_name(h.plan.optimizer_state); },
+          "Where the optimizer state lives between steps: 'device' or 'host'")
+      .def_property_readonly(
+          "transfer", [](const PlanHandle& h) { return transfer_dict(h.plan.transfer); },
+          "The transfer model that timed the plan's copies (empty without one)")
+      .def_property_readonly(
           "dynamic", [](const PlanHandle& h) { return dtr_policy(h.plan.policy).has_value(); },
           "True for a DTR plan (dtr, dtr-coop): nothing decided ahead of time, the evictions "
           "chosen while the step runs, predicted exactly (predicted.evictions, .replays)")
@@ -645,9 +750,11 @@ limit from a budget.)doc");
       "plan",
       [](const ProfilePtr& profile, const std::string& policy, const pb::object& budget,
          const std::string& chain, const std::string& budget_of, const std::string& layout,
-         double milp_time_limit, int milp_threads) {
+         double milp_time_limit, int milp_threads, const std::string& offload,
+         const std::string& transfer) {
         REGEN_CHECK(profile != nullptr, "plan: profile is None");
-        PlanOptions o = plan_options(chain, budget_of, layout);
+        PlanOptions o =
+            plan_options(chain, budget_of, layout, offload, transfer, &profile->profile);
         REGEN_CHECK(std::isfinite(milp_time_limit) && milp_time_limit > 0,
                     "plan: milp_time_limit must "
                     "be a positive number of seconds, got ",
@@ -660,18 +767,21 @@ limit from a budget.)doc");
       },
       pb::arg("profile"), pb::arg("policy"), pb::arg("budget") = pb::none(), pb::kw_only(),
       pb::arg("chain") = "auto", pb::arg("budget_of") = "reserved", pb::arg("layout") = "caching",
-      pb::arg("milp_time_limit") = 60.0, pb::arg("milp_threads") = 1, R"doc(
+      pb::arg("milp_time_limit") = 60.0, pb::arg("milp_threads") = 1, pb::arg("offload") = "none",
+      pb::arg("transfer") = "profile", R"doc(
 Plans with any registered planner (regen.policies()) under ``budget``: None, '60%' (of the no-remat
 peak of ``budget_of``), '2GiB', bytes, or 'lowest' (the lowest budget the policy meets). ``chain`` 'auto', 'keep' or 'drop'; ``budget_of``
 'reserved' (what the device sees; the steps run under the allocator's hard limit) or 'allocated';
-``layout`` 'caching' or 'planned'. The Plan is returned even when it does not fit (see feasible
-and note).)doc");
+``layout`` 'caching' or 'planned'. ``offload`` ('none', 'activations', 'optimizer' or 'all'): what
+dp and milp may move to the device's host tier, timed by ``transfer`` ('profile', 'step:0.4',
+'gbps:50', FILE.json). The Plan is returned even when it does not fit (see feasible and note).)doc");
 
   m.def(
       "make_plan",
       [](const ProfilePtr& profile, const pb::object& decisions, const pb::object& budget,
          const std::string& chain, const pb::object& regenerations, const std::string& budget_of,
-         const std::string& layout, const std::string& policy) {
+         const std::string& layout, const std::string& policy, const std::string& optimizer_state,
+         const std::string& transfer) {
         REGEN_CHECK(profile != nullptr, "make_plan: profile is None");
         REGEN_CHECK(!dtr_policy(policy), "make_plan: '", policy,
                     "' is DTR's, which decides while the step runs: use regen.plan(profile, '",
@@ -682,8 +792,9 @@ and note).)doc");
         draft.decisions = decisions_from(decisions, p);
         draft.keep_chain = keep_chain_from(chain, "make_plan");
         draft.regenerations = regenerations_from(regenerations);
+        draft.optimizer_state = parse_state_place(optimizer_state);
         Plan plan = finish_plan(profile->sim, std::move(draft), budget_from(budget),
-                                plan_options(chain, budget_of, layout));
+                                plan_options(chain, budget_of, layout, "none", transfer, &p));
         if (!plan.feasible) {
           plan.note = "the decisions reach a " + std::string(budget_of_name(plan.budget_of)) +
                       " peak of " + format_bytes(peak_of(plan.predicted, plan.budget_of)) +
@@ -697,9 +808,11 @@ and note).)doc");
       pb::arg("profile"), pb::arg("decisions"), pb::arg("budget") = pb::none(), pb::kw_only(),
       pb::arg("chain") = "keep", pb::arg("regenerations") = pb::none(),
       pb::arg("budget_of") = "reserved", pb::arg("layout") = "caching",
-      pb::arg("policy") = "python", R"doc(
-A plan from decisions made by hand, judged exactly as a planner's: prediction, limit, feasibility.
-Execute it with Model.use_plan or Model.train(plan=...).)doc");
+      pb::arg("policy") = "python", pb::arg("optimizer_state") = "device",
+      pb::arg("transfer") = "profile", R"doc(
+A plan from decisions made by hand (fates, as regen.simulate takes them), judged exactly as a
+planner's: prediction, limit, feasibility; offloaded tensors get their copy points from the transfer
+model. Execute it with Model.use_plan or Model.train(plan=...).)doc");
 
   m.def(
       "load_plan",
@@ -722,6 +835,32 @@ Execute it with Model.use_plan or Model.train(plan=...).)doc");
       "The registered planners: name -> one line of help");
   m.def(
       "chains", [] { return chain_names(); }, "The chain modes: 'auto', 'keep', 'drop'");
+  m.def(
+      "fates", [] { return fate_words(); },
+      "The fates of a saved tensor, by code: 'retain' (0), 'recompute' (1), 'offload' (2)");
+  m.def(
+      "offload_modes", [] { return offload_mode_names(); },
+      "What regen.plan(offload=...) may move to the host tier: 'none', 'activations', 'optimizer', "
+      "'all'");
+  m.def(
+      "measure_transfer",
+      [](const std::string& device, const std::vector<int64_t>& sizes, int repeats) {
+        REGEN_CHECK(repeats >= 1, "measure_transfer: repeats must be >= 1, got ", repeats);
+        std::vector<uint64_t> s;
+        for (int64_t b : sizes) {
+          REGEN_CHECK(b > 0, "measure_transfer: sizes must be positive byte counts, got ", b);
+          s.push_back(static_cast<uint64_t>(b));
+        }
+        const Device d = resolve_device(device, OptionStyle::keyword);
+        TransferModel t = measure_transfer(d, s, repeats);
+        t.source = "measured: regen.measure_transfer on " + d.str();
+        host_allocator_for(d).release_memory();
+        return transfer_dict(t);
+      },
+      pb::arg("device") = "cpu",
+      pb::arg("sizes") = std::vector<int64_t>{1 << 20, 4 << 20, 16 << 20}, pb::arg("repeats") = 3,
+      "Times copies between a device and its host tier (as `regen bench copy`) and returns the "
+      "fitted transfer model");
   m.def(
       "register_planner",
       [](const std::string& name, const pb::function& fn, const std::string& help) {

@@ -185,7 +185,7 @@ int64_t lowest_fitting_budget(const Simulator& sim, const Schedule& s, BudgetOf 
 // A block holds at least its request rounded by the allocator, whatever the plan (the size the
 // profiled run gave it can be more: a cached block is not split when 1 MiB or less would remain,
 // and which block serves a request depends on the plan). The bound is the highest such level.
-int64_t memory_lower_bound(const Profile& p) {
+int64_t memory_lower_bound(const Profile& p, OffloadMode offload) {
   const size_t ne = p.events.size();
   std::vector<int64_t> delta(ne + 2, 0);  // per state i = 0..ne (after the first i events)
   auto hold = [&](int64_t from, int64_t to, int64_t bytes) {  // states [from, to]
@@ -196,13 +196,18 @@ int64_t memory_lower_bound(const Profile& p) {
   std::unordered_map<uint64_t, int64_t> persistent;  // start-state block id -> size
   for (const AllocatorState::SegmentRec& s : p.start_state.segments) {
     for (const BlockInfo& b : s.blocks) {
-      if (b.allocated) persistent[b.id] = static_cast<int64_t>(b.size);
+      // Optimizer state a plan may keep on the host tier counts nothing (while the update
+      // streams it through the device, some of it is there: left out, the bound stays a bound).
+      if (b.allocated && !(offloads_optimizer(offload) && b.category == Category::optimizer_state))
+        persistent[b.id] = static_cast<int64_t>(b.size);
     }
   }
   std::unordered_map<uint64_t, int32_t> candidate_of;  // storage block id -> candidate
   for (const ProfileSaved& s : p.saved) {
     const uint64_t id = p.values[static_cast<size_t>(s.value)].alloc_id;
-    if (s.candidate && id != 0) candidate_of[id] = s.index;
+    // An offloaded tensor is on the device at least where a recomputed one must be.
+    if ((s.candidate || (offloads_activations(offload) && s.offloadable)) && id != 0)
+      candidate_of[id] = s.index;
   }
   struct Alloc {
     int64_t at = -1, free_at = -1, bytes = 0;

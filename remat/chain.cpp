@@ -502,7 +502,11 @@ void describe_stage(const Profile& p, const Levels& L, const NodeWindows& W,
 
 }  // namespace
 
-ChainModel build_chain_model(const Profile& p) {
+ChainModel build_chain_model(const Profile& p, const LevelChange* change) {
+  REGEN_CHECK(
+      !change || ((change->offloaded.empty() || change->offloaded.size() == p.saved.size()) &&
+                  (change->delta.empty() || change->delta.size() == p.events.size() + 1)),
+      "chain model: a level change made for another profile");
   ChainModel m;
   m.no_remat_peak = p.peak_allocated;
   const size_t nn = p.nodes.size(), nv = p.values.size(), ns = p.saved.size();
@@ -627,6 +631,7 @@ ChainModel build_chain_model(const Profile& p) {
   for (size_t s = 0; s < ns; ++s) {
     const ProfileSaved& sv = p.saved[s];
     if (!sv.candidate) continue;
+    if (change && !change->offloaded.empty() && change->offloaded[s]) continue;
     const int32_t lc = last_consumer[static_cast<size_t>(sv.value)];
     crossings[s] =
         lc < 0 ? 0 : stage_of[static_cast<size_t>(lc)] - stage_of[static_cast<size_t>(sv.producer)];
@@ -636,7 +641,10 @@ ChainModel build_chain_model(const Profile& p) {
       m.tracked[s] = 1;
     }
   }
-  const Levels L = no_remat_levels(p, m.tracked);
+  Levels L = no_remat_levels(p, m.tracked);
+  if (change && !change->delta.empty()) {
+    for (size_t i = 0; i < L.allocated.size(); ++i) L.allocated[i] += change->delta[i];
+  }
   const NodeWindows W = node_windows(p);
 
   m.stages.resize(n);

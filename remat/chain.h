@@ -110,7 +110,17 @@ struct ChainModel {
   std::string note;             // what the model left out, for the plan's note
 };
 
-ChainModel build_chain_model(const Profile& p);
+// What offloading changes in the profiled levels the chain model is built on (dp with offload,
+// offload.h level_change): tensors that are offloaded are not tracked (no decision of the
+// programme touches them; a replay finds them there, copied back first), and the allocated level
+// at each event position moves by `delta` (negative while an offloaded tensor or the optimizer
+// state is off the device).
+struct LevelChange {
+  std::vector<char> offloaded;  // per saved tensor
+  std::vector<int64_t> delta;   // per event position (events + 1), or empty
+};
+
+ChainModel build_chain_model(const Profile& p, const LevelChange* change = nullptr);
 
 // One plan the programme yields, with its model cost (recompute ms).
 struct ChainPlan {

@@ -9,6 +9,7 @@
 #include <unordered_map>
 
 #include "regen/core/error.h"
+#include "regen/remat/compress.h"
 #include "regen/remat/planner_parts.h"
 
 namespace regen {
@@ -486,6 +487,10 @@ class DtrExecutor::TapeRuntime final : public DtrRuntime {
 
 namespace {
 Schedule all_retain(const Profile& p) {
+  // DTR evicts whole saved tensors; it does not run with narrowed ones (compress.h).
+  REGEN_CHECK(p.compress == Compression::none, "dtr and dtr-coop do not run with --compress ",
+              compression_name(p.compress),
+              ": they evict saved tensors as they are; use another --policy, or --compress none");
   return build_schedule(p, std::vector<Decision>(p.saved.size(), Decision::retain));
 }
 }  // namespace
@@ -572,7 +577,9 @@ SimResult simulate_dtr(const Simulator& sim, const DtrOptions& options, int64_t 
   SimResult r = sim.run(all_retain(p), so);
   r.replays = got.replays;
   r.recompute_ms = got.recompute_ms;
-  r.time_ms = p.iteration_ms + got.recompute_ms;
+  // With accumulation the figures are the last micro-batch's (as the executor counts them); every
+  // micro-batch is taken to recompute as much.
+  r.time_ms = p.iteration_ms + static_cast<double>(p.accumulate) * got.recompute_ms;
   r.evictions = got.evictions;
   if (stats) *stats = got;
   return r;

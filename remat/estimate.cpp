@@ -8,6 +8,7 @@
 #include "regen/autograd/ops.h"
 #include "regen/core/error.h"
 #include "regen/kernels/kernels.h"
+#include "regen/kernels/unary_ops.h"
 #include "regen/models/data.h"
 #include "regen/models/train.h"
 #include "regen/remat/planner.h"
@@ -28,6 +29,11 @@ EstimatePolicy parse_estimate_policy(const std::string& text) {
 namespace {
 
 constexpr int64_t kF32 = 4, kI64 = 8, kI32 = 4;
+
+// Bytes of a 1-bit mask of n elements (a packed relu save: whole 32-bit words).
+int64_t mask_bytes(int64_t n) {
+  return mask_words(n) * 4;
+}
 
 // One output side of a convolution or pooling window.
 int64_t out_side(int64_t in, int64_t kernel, int64_t stride, int64_t pad) {
@@ -52,16 +58,21 @@ MemoryTerms resnet_terms(const ModelConfig& c, int64_t N, const EstimateOptions&
     buffers += 2 * ch;  // running mean, running variance
   };
   // Stem: conv 7x7/2 (saved by bn1), bn1 (its batch mean and inverse deviation saved), relu
-  // (saves its output, which max-pool reads), max-pool 3x3/2 (saves its i32 argmax; its output is
-  // the first block's input, saved by that block's convolutions).
+  // (saves its output, which max-pool reads; packed, a 1-bit mask, since max-pool saves no input),
+  // max-pool 3x3/2 (saves its i32 argmax; packed, 4-bit window positions, each plane from a new
+  // 32-bit word; its output is the first block's input, saved by that block's convolutions).
   conv(3, w, 7);
   bn(w);
   const int64_t s0 = out_side(R, 7, 2, 3), s1 = out_side(s0, 3, 2, 1);
+  const int64_t relu0 = o.masks ? mask_bytes(N * w * s0 * s0) : N * w * s0 * s0 * kF32;
+  const int64_t argmax = o.masks ? N * w * ((s1 * s1 + 7) / 8) * 4 : N * w * s1 * s1 * kI32;
   const int64_t stem =
-      N * w * s0 * s0 * 2 * kF32 + 2 * w * kF32 + N * w * s1 * s1 * kI32 + N * w * s1 * s1 * kF32;
-  // Blocks, in forward order: what each saves inside (regenerated under blocks) and its output
-  // (saved by its last relu and the next block: a checkpoint under blocks).
-  std::vector<int64_t> inside, output;
+      N * w * s0 * s0 * kF32 + relu0 + 2 * w * kF32 + argmax + N * w * s1 * s1 * kF32;
+  // Blocks, in forward order: what each saves inside (regenerated under blocks), its output's size
+  // and what it keeps of its output (saved by its last relu and the next block: a checkpoint under
+  // blocks). The last block's output only its relu saves (global average pooling saves nothing):
+  // packed, the block keeps a mask of it inside instead.
+  std::vector<int64_t> inside, output, kept;
   int64_t in_ch = w, side = s1;
   for (int s = 0; s < 4; ++s) {
     const int64_t p = w << s;
@@ -98,9 +109,14 @@ MemoryTerms resnet_terms(const ModelConfig& c, int64_t N, const EstimateOptions&
       }
       inside.push_back(saved * kF32 + 2 * stats * kF32);
       output.push_back(N * out_ch * so * so * kF32);
+      kept.push_back(output.back());
       in_ch = out_ch;
       side = so;
     }
+  }
+  if (o.masks) {
+    inside.back() += mask_bytes(output.back() / kF32);
+    kept.back() = 0;
   }
   params += in_ch * K + K;  // fc
   // Head: the pooled features (fc's input), the logits and their log-sum-exp (cross_entropy).
@@ -118,7 +134,7 @@ MemoryTerms resnet_terms(const ModelConfig& c, int64_t N, const EstimateOptions&
   const int64_t grads = std::max(head_grads, 2 * last);
   int64_t all_outputs = 0, all_inside = 0;
   for (size_t k = 0; k < output.size(); ++k) {
-    all_outputs += output[k];
+    all_outputs += kept[k];
     all_inside += inside[k];
   }
   if (o.policy == EstimatePolicy::none) {
@@ -130,7 +146,7 @@ MemoryTerms resnet_terms(const ModelConfig& c, int64_t N, const EstimateOptions&
     int64_t most = head_grads + t.activations;  // backward's first ops, before any block
     int64_t held = stem;
     for (size_t k = 0; k < output.size(); ++k) {
-      held += output[k];  // block k's output is held until its own backward ends
+      held += kept[k];  // block k's output is held until its own backward ends
       most = std::max(most, held + inside[k] + 2 * output[k]);
     }
     t.backward = most - t.activations;
@@ -149,9 +165,13 @@ MemoryTerms transformer_terms(const ModelConfig& c, int64_t B, const EstimateOpt
   // feed-forward's two wide tensors (relu's output and the dropout after it read by linear2; one
   // tensor when the dropout is off, since relu's output is then linear2's input; gelu saves its
   // input), the second residual sum (norm2), two f32 statistics per row per norm, and its output
-  // (the next layer's input). Dropouts save nothing: their masks are drawn again.
+  // (the next layer's input). Dropouts save nothing: their masks are drawn again. With packed
+  // saves, relu before a dropout keeps a 1-bit mask of its output instead (only relu saves it).
   const int64_t wide = (!c.gelu && c.dropout == 0.0f) ? 1 : 2;
-  const int64_t layer_inside = (7 * BS * d + wide * BS * f + B * h * S + 4 * BS) * kF32;
+  const bool relu_mask = o.masks && !c.gelu && c.dropout != 0.0f;
+  const int64_t layer_inside =
+      (7 * BS * d + (relu_mask ? 1 : wide) * BS * f + B * h * S + 4 * BS) * kF32 +
+      (relu_mask ? mask_bytes(BS * f) : 0);
   const int64_t layer_output = BS * d * kF32;
   const int64_t embedded = BS * d * kF32;  // the embeddings' sum after dropout: layer 0's input
   // Head: the fused linear_cross_entropy saves one log-sum-exp per row; unfused, the logits too.
@@ -266,6 +286,8 @@ Profile dry_profile(const ModelConfig& config, int64_t batch, const EstimateOpti
   REGEN_CHECK(batch > 0, "dry profile: the batch must be positive, got ", batch);
   const Device cpu = Device::cpu();
   kernels::prepare_device(cpu);
+  std::shared_ptr<const PackedSaves> packed;
+  if (o.masks) packed = std::make_shared<const PackedSaves>(learn_packed_saves(config, batch, cpu));
   DryRunScope scope(cpu);
   Profile p;
   try {
@@ -280,6 +302,7 @@ Profile dry_profile(const ModelConfig& config, int64_t batch, const EstimateOpti
     }
     std::unique_ptr<DataSource> data = make_shape_source(config);
     Trainer trainer(*model, *optimizer, *data, batch, cpu);
+    trainer.set_packed_saves(packed);
     ProfileOptions po;
     po.warmup = 0;
     po.iterations = 1;

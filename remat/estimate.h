@@ -27,6 +27,9 @@ struct EstimateOptions {
   std::string optimizer = "sgd";  // "sgd" or "adamw"
   double momentum = 0.9;          // SGD: no state without momentum
   EstimatePolicy policy = EstimatePolicy::none;
+  // Packed saves (SessionOptions::masks): relu's 1-bit masks and max_pool2d's packed argmax where
+  // the step keeps them (autograd/tape.h PackedSaves).
+  bool masks = true;
 };
 
 // Bytes of one step, by term. The closed forms count requested bytes (elements x element size);

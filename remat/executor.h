@@ -6,16 +6,29 @@
 #pragma once
 
 #include <functional>
+#include <map>
+#include <memory>
 #include <string>
 
+#include "regen/core/copy_queue.h"
+#include "regen/models/optim.h"
 #include "regen/remat/planner.h"
 
 namespace regen {
 
+// What the executor's offloads did in the last finished step (its copy queues' figures).
+struct OffloadCounters {
+  int64_t offloads = 0;                            // saved tensors copied out and back
+  int64_t bytes_to_host = 0, bytes_to_device = 0;  // optimizer state included
+  double stall_ms = 0;  // time the compute waited for copies (measured: copy_queue.h)
+};
+
 class RematExecutor : public TapeHooks {
  public:
-  // `profile` and the schedule must outlive the executor.
+  // `profile` and the schedule must outlive the executor. Offloads (the schedule's) copy between
+  // the profile's device and its host tier (host_allocator_for) on copy queues of their own.
   RematExecutor(const Profile& profile, Schedule schedule);
+  ~RematExecutor() override;
 
   void on_forward_end(Tape& tape, int32_t node, const std::vector<Tensor>& outputs) override;
   void on_backward_start(Tape& tape) override;
@@ -26,22 +39,55 @@ class RematExecutor : public TapeHooks {
   const Schedule& schedule() const { return schedule_; }
   // Of the last finished iteration.
   int64_t evictions() const { return evictions_; }
+  int64_t narrowed() const { return narrowed_; }  // saved tensors held narrow (compression)
   int64_t replays() const { return replays_; }
   double regen_ms() const { return regen_ms_; }
+  // Of the last finished step (taken when its optimizer step ends: optimizer_hooks() must be
+  // installed on the trainer's optimizer, as RematPipeline does).
+  const OffloadCounters& offload() const { return offload_; }
+
+  // Optimizer state on the host tier (Schedule::optimizer_state): moves each state tensor of the
+  // schedule's groups between the device and the host tier, in allocation order (to the host:
+  // a host copy, then the device block goes; back: a device copy, then the host block goes). The
+  // pipeline moves it when the plan is installed and back when it is dropped. Throws regen::Error
+  // when the optimizer's state is not the profiled one (names, sizes) or, moving to the host,
+  // when the host tier holds anything already.
+  void move_optimizer_state(Optimizer& optimizer, StatePlace to);
+  // The hooks that stream host-tier state through the device during `optimizer`'s update and close
+  // each step's offload counters; installed on it while steps run.
+  OptimizerHooks* optimizer_hooks(Optimizer& optimizer);
 
  protected:
   // The DTR executor (dtr.h) is one with an empty schedule and its own counters.
   void check_node(const Tape& tape, int32_t node, const std::vector<Tensor>& outputs) const;
   const Profile& p_;
-  int64_t evictions_ = 0, replays_ = 0;
+  int64_t evictions_ = 0, replays_ = 0, narrowed_ = 0;
   double regen_ms_ = 0;
 
  private:
+  class StateStream;
   void run_program(Tape& tape, const RegenProgram& prog);
+  CopyQueue& queue(CopyDirection d);
+  void close_step_offload();
+  // Compression (schedule.h): narrows saved tensor s after its last forward use / widens it back.
+  void narrow(Tape& tape, int32_t s);
+  void widen(Tape& tape, int32_t s);
+  std::map<int32_t, Tensor> narrow_;  // the narrow forms held now, by saved tensor
+  int64_t cur_narrowed_ = 0;
 
   Schedule schedule_;
   int64_t cur_evictions_ = 0, cur_replays_ = 0;
   double cur_regen_ms_ = 0;
+  // Offload: the queues (made on first use), per offload op its host copy, its new device block
+  // while it is copied back, and the tickets of its two copies.
+  Device device_;
+  std::unique_ptr<CopyQueue> to_host_, to_device_;
+  std::vector<std::shared_ptr<Storage>> host_copy_, device_copy_;
+  std::vector<uint64_t> out_ticket_, in_ticket_;
+  std::unique_ptr<StateStream> state_stream_;
+  OffloadCounters offload_;
+  int64_t cur_offloads_ = 0;
+  int64_t bytes_to_host_before_ = 0, bytes_to_device_before_ = 0;
 };
 
 // Runs one regeneration program on the tape (interpret_program with tensors: Tape::replay, then

@@ -25,14 +25,26 @@ namespace {
 // profiled step started from; then passes every call on to the caller's observer.
 class StartCheck final : public StepObserver {
  public:
-  StartCheck(const LiveLayout& expected, int64_t step, StepObserver* next)
-      : expected_(expected), step_(step), next_(next) {}
+  // host: the device's host tier when the plan uses it (its cache is emptied and its peaks reset
+  // at the step's start, as the device's are), with the layout it must start from.
+  StartCheck(const LiveLayout& expected, int64_t step, StepObserver* next,
+             CachingAllocator* host = nullptr, const LiveLayout* host_expected = nullptr)
+      : expected_(expected), step_(step), next_(next), host_(host), host_expected_(host_expected) {}
   void on_iteration_begin(CachingAllocator& a) override {
     const std::string diff = describe_layout_difference(expected_, a.live_layout());
     REGEN_CHECK(diff.empty(), "step ", step_, " under the plan does not start from the allocator ",
                 "state the profiled step started from: ", diff, ". Its memory cannot be ",
                 "predicted: release what outlives a step (a tensor kept from an earlier step?), ",
                 "or profile again");
+    if (host_) {
+      host_->empty_cache();
+      host_->reset_peak();
+      const std::string hdiff = describe_layout_difference(*host_expected_, host_->live_layout());
+      REGEN_CHECK(hdiff.empty(), "step ", step_, " under the plan does not start from the host ",
+                  "tier's planned state: ", hdiff,
+                  ". Its memory cannot be predicted: something else keeps host-tier memory "
+                  "between steps");
+    }
     if (next_) next_->on_iteration_begin(a);
   }
   void on_optimizer_begin(CachingAllocator& a) override {
@@ -44,11 +56,16 @@ class StartCheck final : public StepObserver {
   void on_iteration_end(CachingAllocator& a) override {
     if (next_) next_->on_iteration_end(a);
   }
+  void on_micro_batch_end(CachingAllocator& a, int64_t index) override {
+    if (next_) next_->on_micro_batch_end(a, index);
+  }
 
  private:
   const LiveLayout& expected_;
   int64_t step_;
   StepObserver* next_;
+  CachingAllocator* host_;
+  const LiveLayout* host_expected_;
 };
 
 }  // namespace
@@ -57,6 +74,23 @@ RematPipeline::RematPipeline(Trainer& trainer) : trainer_(trainer) {}
 
 RematPipeline::~RematPipeline() {
   finish();
+  try {
+    state_to_device();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "regen: moving the optimizer state back to the device failed: %s\n",
+                 e.what());
+  }
+}
+
+bool RematPipeline::uses_host_tier() const {
+  return exec_ && (!exec_->schedule().offloads.empty() ||
+                   exec_->schedule().optimizer_state == StatePlace::host);
+}
+
+void RematPipeline::state_to_device() {
+  if (!state_on_host_) return;
+  exec_->move_optimizer_state(trainer_.optimizer(), StatePlace::device);
+  state_on_host_ = false;
 }
 
 const Profile& RematPipeline::profile(ProfileOptions options) {
@@ -78,6 +112,9 @@ const Profile& RematPipeline::use_profile(Profile profile) {
               profile.batch, ", not ", trainer_.batch_size());
   REGEN_CHECK(profile.device == device, "the profile of ", model, " was recorded on ",
               profile.device, ", not ", device);
+  REGEN_CHECK(profile.accumulate == trainer_.accumulation(), "the profile of ", model, " is of ",
+              profile.accumulate, " micro-batch(es) per step, not ", trainer_.accumulation(),
+              " (--accumulate): profile again");
   finish();
   clear_plan();
   profile_ = std::make_unique<Profile>(std::move(profile));
@@ -110,6 +147,7 @@ const Plan& RematPipeline::use_plan(Plan plan) {
 
 void RematPipeline::set_plan(Plan plan) {
   finish();
+  state_to_device();
   exec_.reset();
   dtr_ = nullptr;
   plan_ = std::make_unique<Plan>(std::move(plan));
@@ -129,7 +167,9 @@ void RematPipeline::set_plan(Plan plan) {
   } else {
     exec_ = std::make_unique<RematExecutor>(*profile_, plan_schedule(*profile_, *plan_));
   }
-  start_ = live_layout(profile_->start_state);
+  const StartLayouts starts = start_layouts(*profile_, exec_->schedule());
+  start_ = starts.device;
+  host_start_ = starts.host;
   predicted_steps_ = exact_steps_ = first_inexact_step_ = 0;
 }
 
@@ -140,6 +180,7 @@ const Plan& RematPipeline::current_plan() const {
 
 void RematPipeline::clear_plan() {
   finish();
+  state_to_device();
   dtr_ = nullptr;
   exec_.reset();
   plan_.reset();
@@ -156,6 +197,14 @@ void RematPipeline::install() {
   // did when the step was profiled.
   trainer_.prepare();
   CachingAllocator& a = trainer_.allocator();
+  // Optimizer state on the host tier: moved there once, before the first step under the plan
+  // (start_layouts predicts the layouts it leaves).
+  if (exec_->schedule().optimizer_state == StatePlace::host && !state_on_host_) {
+    exec_->move_optimizer_state(trainer_.optimizer(), StatePlace::host);
+    state_on_host_ = true;
+  }
+  optimizer_hooks_ = std::make_unique<OptimizerHooksScope>(
+      trainer_.optimizer(), exec_->optimizer_hooks(trainer_.optimizer()));
   limit_ = std::make_unique<LimitScope>(a, limit_override_ >= 0 ? limit_override_ : plan_->limit);
   layout_ = std::make_unique<LayoutScope>(a, plan_->layout);
   if (dtr_) {
@@ -171,12 +220,15 @@ void RematPipeline::finish() {
   eviction_.reset();
   layout_.reset();
   limit_.reset();
+  optimizer_hooks_.reset();
 }
 
 StepResult RematPipeline::step(StepObserver* observer) {
   install();
   StepResult r;
-  StartCheck check(start_, steps_done_ + 1, observer);
+  const bool host = plan_ && uses_host_tier();
+  CachingAllocator* host_tier = host ? &host_allocator_for(trainer_.device()) : nullptr;
+  StartCheck check(start_, steps_done_ + 1, observer, host_tier, &host_start_);
   try {
     r = trainer_.step(plan_ ? &check : observer);
   } catch (const OutOfMemory& e) {
@@ -190,6 +242,12 @@ StepResult RematPipeline::step(StepObserver* observer) {
     r.predicted = true;
     r.predicted_allocated = plan_->predicted.peak_allocated;
     r.predicted_reserved = plan_->predicted.peak_reserved;
+    if (host_tier) {
+      r.host_predicted = true;
+      r.host_memory = host_tier->stats();
+      r.predicted_host_allocated = plan_->predicted.host_peak_allocated;
+      r.predicted_host_reserved = plan_->predicted.host_peak_reserved;
+    }
     ++predicted_steps_;
     // DTR decides at run time: its evictions and replays are predicted too.
     const bool same_work = !dtr_ || (dtr_->evictions() == plan_->predicted.evictions &&

@@ -101,6 +101,11 @@ class RematPipeline {
  private:
   void install();
   void set_plan(Plan plan);
+  // Whether the current plan keeps anything on the device's host tier (offload).
+  bool uses_host_tier() const;
+  // Moves optimizer state a plan placed on the host tier back to the device (not necessarily where
+  // it was profiled: a later plan's step may then be refused by the start check).
+  void state_to_device();
 
   Trainer& trainer_;
   std::unique_ptr<Profile> profile_;
@@ -111,12 +116,15 @@ class RematPipeline {
   int64_t limit_override_ = -1;
   int64_t steps_done_ = 0;
   int64_t predicted_steps_ = 0, exact_steps_ = 0, first_inexact_step_ = 0;
-  LiveLayout start_;  // the profiled step's start, which every step under the plan must repeat
+  LiveLayout start_;       // the profiled step's start, which every step under the plan must repeat
+  LiveLayout host_start_;  // the host tier's (start_layouts)
+  bool state_on_host_ = false;  // the optimizer state was moved to the host tier for the plan
   // The installed plan, removed in reverse order.
   std::unique_ptr<LimitScope> limit_;
   std::unique_ptr<LayoutScope> layout_;
   std::unique_ptr<EvictionScope> eviction_;  // DTR: the engine answers the allocator
   std::unique_ptr<HooksScope> hooks_;
+  std::unique_ptr<OptimizerHooksScope> optimizer_hooks_;
 };
 
 }  // namespace regen

@@ -39,6 +39,11 @@ void save_plan(const Plan& plan, const Profile& p, const std::string& path) {
                     {"peak_reserved", plan.predicted.peak_reserved},
                     {"time_ms", plan.predicted.time_ms},
                     {"recompute_ms", plan.predicted.recompute_ms}};
+  if (plan.uses_host()) {
+    j["predicted"]["host_peak_allocated"] = plan.predicted.host_peak_allocated;
+    j["predicted"]["host_peak_reserved"] = plan.predicted.host_peak_reserved;
+    j["predicted"]["stall_ms"] = plan.predicted.stall_ms;
+  }
   j["no_remat_peak"] = plan.no_remat_peak;
   j["lowest_peak"] = plan.lowest_peak;
   j["lower_bound"] = plan.lower_bound;
@@ -58,6 +63,19 @@ void save_plan(const Plan& plan, const Profile& p, const std::string& path) {
                      {"restore", std::move(names)}});
   }
   j["regenerations"] = std::move(regen);
+  nlohmann::json offloads = nlohmann::json::array();
+  for (const Offload& o : plan.offloads) {
+    offloads.push_back(
+        {{"saved", o.saved},
+         {"name", p.saved[static_cast<size_t>(o.saved)].name},
+         {"free_after", o.free_after},
+         {"free_after_name", p.nodes[static_cast<size_t>(o.free_after)].name},
+         {"prefetch_before", o.prefetch_before},
+         {"prefetch_before_name", p.nodes[static_cast<size_t>(o.prefetch_before)].name}});
+  }
+  j["offloads"] = std::move(offloads);
+  j["optimizer_state"] = state_place_name(plan.optimizer_state);
+  if (plan.transfer.valid()) j["transfer"] = nlohmann::json::parse(transfer_to_json(plan.transfer));
   write_file_atomic(path, j.dump(1));
 }
 
@@ -111,10 +129,15 @@ Plan load_plan(const std::string& path, const Profile& p) {
                   ": decision for saved tensor ", i, " names '", e.at("name").get<std::string>(),
                   "', which does not match the profile");
       const std::string v = e.at("decision").get<std::string>();
-      REGEN_CHECK(v == "RETAINED" || v == "RECOMPUTE", origin, ": bad decision '", v, "'");
-      plan.decisions[i] = v == "RECOMPUTE" ? Decision::recompute : Decision::retain;
-      REGEN_CHECK(plan.decisions[i] == Decision::retain || p.saved[i].candidate, origin,
+      try {
+        plan.decisions[i] = parse_fate(v);
+      } catch (const Error& err) {
+        REGEN_FAIL(origin, ": bad decision for saved tensor ", i, ": ", err.message());
+      }
+      REGEN_CHECK(plan.decisions[i] != Decision::recompute || p.saved[i].candidate, origin,
                   ": saved tensor '", p.saved[i].name, "' cannot be recomputed");
+      REGEN_CHECK(plan.decisions[i] != Decision::offload || p.saved[i].offloadable, origin,
+                  ": saved tensor '", p.saved[i].name, "' cannot be offloaded");
     }
     // A plan's policy and its decisions agree: none recomputes nothing, and a DTR policy decides
     // at run time (its plan has no static decisions). Any other name is a planner's, registered
@@ -125,6 +148,36 @@ Plan load_plan(const std::string& path, const Profile& p) {
                 ": policy '", plan.policy, "' ",
                 plan.policy == "none" ? "recomputes nothing" : "decides at run time",
                 ", but the plan's decisions recompute saved tensors");
+    if (j.contains("offloads")) {
+      const auto& offs = j.at("offloads");
+      REGEN_CHECK(offs.is_array(), origin, ": \"offloads\" is not an array");
+      for (const auto& e : offs) {
+        Offload o;
+        o.saved = e.at("saved").get<int32_t>();
+        REGEN_CHECK(
+            o.saved >= 0 && static_cast<size_t>(o.saved) < p.saved.size() &&
+                e.at("name").get<std::string>() == p.saved[static_cast<size_t>(o.saved)].name,
+            origin, ": an offload names saved tensor ", o.saved, " '",
+            e.at("name").get<std::string>(), "', which does not match the profile");
+        auto node_of = [&](const char* key, const char* name_key) {
+          const int32_t n = e.at(key).get<int32_t>();
+          REGEN_CHECK(n >= 0 && static_cast<size_t>(n) < p.nodes.size() &&
+                          e.at(name_key).get<std::string>() == p.nodes[static_cast<size_t>(n)].name,
+                      origin, ": the offload of '", p.saved[static_cast<size_t>(o.saved)].name,
+                      "' names node ", n, " '", e.at(name_key).get<std::string>(), "' as ", key,
+                      ", which does not match the profile");
+          return n;
+        };
+        o.free_after = node_of("free_after", "free_after_name");
+        o.prefetch_before = node_of("prefetch_before", "prefetch_before_name");
+        plan.offloads.push_back(o);
+      }
+    }
+    plan.optimizer_state = parse_state_place(j.value("optimizer_state", std::string("device")));
+    if (j.contains("transfer")) plan.transfer = transfer_from_json(j.at("transfer").dump(), origin);
+    REGEN_CHECK(!plan.uses_host() || plan.transfer.valid() || p.transfer.valid(), origin,
+                ": the plan copies to the host tier and names no transfer model, nor does the "
+                "profile");
     if (j.contains("regenerations")) {
       const auto& regen = j.at("regenerations");
       REGEN_CHECK(regen.is_array(), origin, ": \"regenerations\" is not an array");
@@ -150,7 +203,7 @@ Plan load_plan(const std::string& path, const Profile& p) {
     // The schedule builder checks what no single field can: each named tensor is evicted when
     // its regeneration runs.
     try {
-      build_schedule(p, plan.decisions, plan.keep_chain, plan.regenerations);
+      plan_schedule(p, plan);
     } catch (const Error& e) {
       REGEN_FAIL(origin, ": ", e.what());
     }

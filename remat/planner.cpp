@@ -14,6 +14,7 @@
 #include "regen/core/io.h"
 #include "regen/remat/dtr.h"
 #include "regen/remat/layout.h"
+#include "regen/remat/offload.h"
 #include "regen/remat/planner_parts.h"
 #include "regen/remat/planners/builtin.h"
 #include "regen/remat/planners/dp.h"
@@ -29,11 +30,58 @@ void ensure_planned_layout(const Simulator& sim, Plan& plan) {
 }
 
 Schedule plan_schedule(const Profile& p, const Plan& plan) {
-  return build_schedule(p, plan.decisions, plan.keep_chain, plan.regenerations);
+  OffloadSpec spec;
+  spec.offloads = plan.offloads;
+  spec.optimizer_state = plan.optimizer_state;
+  spec.transfer = plan.transfer.valid() ? plan.transfer : p.transfer;
+  return build_schedule(p, plan.decisions, plan.keep_chain, plan.regenerations, spec);
 }
 
 int64_t Plan::recomputed() const {
   return std::count(decisions.begin(), decisions.end(), Decision::recompute);
+}
+
+int64_t Plan::offloaded() const {
+  return std::count(decisions.begin(), decisions.end(), Decision::offload);
+}
+
+int64_t Plan::offloaded_bytes(const Profile& p) const {
+  int64_t b = 0;
+  for (size_t i = 0; i < decisions.size(); ++i) {
+    if (decisions[i] == Decision::offload) b += static_cast<int64_t>(p.saved[i].bytes);
+  }
+  return b;
+}
+
+bool Plan::uses_host() const {
+  return offloaded() > 0 || optimizer_state == StatePlace::host;
+}
+
+std::vector<std::string> offload_mode_names() {
+  return {"none", "activations", "optimizer", "all"};
+}
+
+const char* offload_mode_name(OffloadMode m) {
+  switch (m) {
+    case OffloadMode::none:
+      return "none";
+    case OffloadMode::activations:
+      return "activations";
+    case OffloadMode::optimizer:
+      return "optimizer";
+    case OffloadMode::all:
+      return "all";
+  }
+  return "?";
+}
+
+OffloadMode parse_offload_mode(const std::string& text) {
+  if (text == "none") return OffloadMode::none;
+  if (text == "activations") return OffloadMode::activations;
+  if (text == "optimizer") return OffloadMode::optimizer;
+  if (text == "all") return OffloadMode::all;
+  REGEN_FAIL("unknown offload mode '", text, "': known modes are ",
+             join_names(offload_mode_names()));
 }
 
 int64_t Plan::recomputed_bytes(const Profile& p) const {
@@ -58,14 +106,24 @@ Chain parse_chain(const std::string& text) {
 PolicySpec parse_policy_spec(const std::string& text) {
   PolicySpec spec;
   spec.label = text;
-  const size_t colon = text.find(':');
-  spec.policy = text.substr(0, colon);
+  const size_t plus = text.find('+');
+  const std::string head = text.substr(0, plus);
+  if (plus != std::string::npos) {
+    spec.offload_given = true;
+    try {
+      spec.offload = parse_offload_mode(text.substr(plus + 1));
+    } catch (const Error& e) {
+      REGEN_FAIL("in '", text, "': ", e.message());
+    }
+  }
+  const size_t colon = head.find(':');
+  spec.policy = head.substr(0, colon);
   const std::vector<std::string> names = policy_names();
   if (!std::count(names.begin(), names.end(), spec.policy)) {
     REGEN_FAIL("unknown policy '", spec.policy, "' in '", text, "': known policies are ",
                join_names(names));
   }
-  if (colon != std::string::npos) spec.chain = parse_chain(text.substr(colon + 1));
+  if (colon != std::string::npos) spec.chain = parse_chain(head.substr(colon + 1));
   return spec;
 }
 
@@ -74,9 +132,10 @@ PolicySpec parse_policy_spec(const std::string& text) {
 PlanCache::PlanCache(const Simulator& sim) : sim_(&sim) {}
 PlanCache::~PlanCache() = default;
 
-DpCache& PlanCache::dp() {
-  if (!dp_) dp_ = std::make_unique<DpCache>();
-  return *dp_;
+DpCache& PlanCache::dp(const std::string& variant) {
+  std::unique_ptr<DpCache>& c = dp_[variant];
+  if (!c) c = std::make_unique<DpCache>();
+  return *c;
 }
 
 PlanCache& cache_for(const Simulator& sim, const PlanOptions& options) {
@@ -176,6 +235,20 @@ void check_plan_decisions(const Plan& plan, const Profile& p) {
               p.saved.size(), " saved tensors");
 }
 
+void complete_offloads(const Profile& p, Plan& plan, const PlanOptions& options) {
+  if (!plan.transfer.valid())
+    plan.transfer = options.transfer.valid() ? options.transfer : p.transfer;
+  if (!plan.uses_host()) return;
+  REGEN_CHECK(plan.transfer.valid(), "plan '", plan.policy,
+              "' copies to the host tier, and there is no transfer model to time the copies (the "
+              "profile of ",
+              p.model, " has none): give one (--transfer, regen bench copy)");
+  if (plan.offloads.empty() && plan.offloaded() > 0) {
+    plan.offloads =
+        offload_points(p, plan.decisions, plan.keep_chain, plan.regenerations, plan.transfer);
+  }
+}
+
 namespace {
 // A plan's prediction, planned layout, feasibility and limit, from its decisions and its budget
 // in bytes and kind.
@@ -202,11 +275,12 @@ Plan finish_plan(const Simulator& sim, Plan draft, const Budget& budget,
                  const PlanOptions& options) {
   check_plan_decisions(draft, sim.profile());
   Plan plan = std::move(draft);
+  complete_offloads(sim.profile(), plan, options);
   plan.budget_text = budget.str();
   plan.budget_of = options.budget_of;
   plan.no_remat_peak = no_remat_peak_of(sim, plan.budget_of);
   plan.budget_bytes = budget.resolve(plan.no_remat_peak);
-  plan.lower_bound = memory_lower_bound(sim.profile());
+  plan.lower_bound = memory_lower_bound(sim.profile(), options.offload);
   judge_against_budget(sim, plan, options.planned_layout);
   plan.lowest_peak = std::min(plan.no_remat_peak, peak_of(plan.predicted, plan.budget_of));
   if (options.planned_layout) ensure_planned_layout(sim, plan);
@@ -263,7 +337,11 @@ std::pair<int64_t, bool> noted_lowest(const Simulator& sim, const std::string& p
   const std::string key = (milp ? std::string("dp") : policy) + " " +
                           chain_names()[static_cast<size_t>(options.chain)] + " " +
                           budget_of_name(options.budget_of) +
-                          (options.planned_layout ? " planned" : " caching");
+                          (options.planned_layout ? " planned" : " caching") +
+                          (options.offload == OffloadMode::none
+                               ? std::string()
+                               : std::string(" offload ") + offload_mode_name(options.offload) +
+                                     " " + options.transfer.str());
   std::map<std::string, int64_t>& known = cache_for(sim, options).lowest;
   auto it = known.find(key);
   if (it == known.end()) {

@@ -116,12 +116,19 @@ struct Plan {
   // to a reserved budget below every plan, the lowest limit its plan runs under.
   // `predicted` is the simulation under it, and training must set it to run as predicted.
   int64_t limit = 0;
-  std::vector<Decision> decisions;
+  std::vector<Decision> decisions;  // one fate per saved tensor (schedule.h Fate)
   bool keep_chain = true;
   std::vector<Regeneration> regenerations;  // explicit ones (schedule.h); most planners have none
-  bool feasible = true;                     // fits the budget (always true without a budget)
-  SimResult predicted;                      // exact simulation of this plan (under `limit`)
-  int64_t no_remat_peak = 0;                // of the budget's kind, as the peaks below
+  // Offload: the points of every tensor whose fate is offload (schedule.h Offload; finish_plan
+  // chooses them with offload_points when a draft has none), where the optimizer state lives
+  // between steps, and the transfer model that times the copies (the profile's, unless the
+  // planner was given another: PlanOptions::transfer). plan.json stores all three.
+  std::vector<Offload> offloads;
+  StatePlace optimizer_state = StatePlace::device;
+  TransferModel transfer;
+  bool feasible = true;       // fits the budget (always true without a budget)
+  SimResult predicted;        // exact simulation of this plan (under `limit`)
+  int64_t no_remat_peak = 0;  // of the budget's kind, as the peaks below
   // For a plan that does not fit, and a plan for the budget "lowest": the lowest budget of its
   // kind the policy meets (lowest_plan; milp: dp's, which it meets); 0 for other plans. Inside a
   // planner, before make_plan sets it, the lowest peak of the plans it tried.
@@ -131,6 +138,10 @@ struct Plan {
   std::string note;  // why infeasible, or what was chosen
   int64_t recomputed() const;
   int64_t recomputed_bytes(const Profile& p) const;
+  int64_t offloaded() const;
+  int64_t offloaded_bytes(const Profile& p) const;
+  // Whether the plan keeps anything on the host tier (an offloaded tensor or the optimizer state).
+  bool uses_host() const;
 };
 
 // The schedule a plan runs: its decisions, chain mode and explicit regenerations. Everything that
@@ -152,11 +163,30 @@ std::vector<std::string> policy_names();
 // The same without "none": the policies that rematerialize (for help texts and error messages).
 std::vector<std::string> remat_policy_names();
 
+// The fates beyond retain and recompute a planner may choose (dp and milp do; the others leave
+// offload alone): none; activations (saved activations offloaded to the host tier); optimizer
+// (the optimizer state on the host tier between steps); all (both).
+enum class OffloadMode : uint8_t { none, activations, optimizer, all };
+std::vector<std::string> offload_mode_names();  // "none", "activations", "optimizer", "all"
+// Throws regen::Error naming the modes for anything else.
+OffloadMode parse_offload_mode(const std::string& text);
+const char* offload_mode_name(OffloadMode m);
+inline bool offloads_activations(OffloadMode m) {
+  return m == OffloadMode::activations || m == OffloadMode::all;
+}
+inline bool offloads_optimizer(OffloadMode m) {
+  return m == OffloadMode::optimizer || m == OffloadMode::all;
+}
+
 // "policy" or "policy:chain" (as `regen sweep --policies` takes them, e.g. mutwo:drop for
 // mu-TWO's own chain semantics). Throws regen::Error naming the bad part.
+// "policy[:chain][+offload]", where offload is an offload mode (activations, optimizer, all):
+// dp+all is dp with every fate (regen frontier and sweep set it beside dp).
 struct PolicySpec {
   std::string policy;
   Chain chain = Chain::automatic;
+  bool offload_given = false;
+  OffloadMode offload = OffloadMode::none;
   std::string label;  // the text given
 };
 PolicySpec parse_policy_spec(const std::string& text);
@@ -190,7 +220,8 @@ class PlanCache {
   PlanCache(const PlanCache&) = delete;
   PlanCache& operator=(const PlanCache&) = delete;
   const Simulator& simulator() const { return *sim_; }
-  DpCache& dp();  // made on first use; dp fills it
+  // Made on first use; dp fills it. One per variant (dp with an offload mode and transfer model).
+  DpCache& dp(const std::string& variant = "");
   std::optional<std::vector<MutwoPick>> mutwo_picks;
   std::map<std::string, int64_t> lowest;  // by policy, chain mode, budget kind and layout
   // DTR's lowest limit found (remat/dtr.cpp) and the reserved peak under it, by variant (true:
@@ -202,12 +233,17 @@ class PlanCache {
 
  private:
   const Simulator* sim_;
-  std::unique_ptr<DpCache> dp_;
+  std::map<std::string, std::unique_ptr<DpCache>> dp_;
 };
 
 // What a policy may be told beyond the budget.
 struct PlanOptions {
   Chain chain = Chain::automatic;
+  // What may go to the host tier (dp and milp choose per tensor, and where the optimizer state
+  // lives; docs/remat.md "Offload").
+  OffloadMode offload = OffloadMode::none;
+  // The transfer model that times copies; not valid(): the profile's (Profile::transfer).
+  TransferModel transfer;
   BudgetOf budget_of = BudgetOf::reserved;
   // Run the plan with a planned layout (layout.h) and judge it by that run.
   bool planned_layout = false;
@@ -273,7 +309,9 @@ Plan make_plan(const Simulator& sim, const std::string& policy, const Budget& bu
 // holds there (the persistent blocks, every block no plan can evict, and the candidates every plan
 // must have resident: through the forward pass until their last forward reader, during the
 // backward of each node reading them), each block at its rounded request (docs/remat.md).
-int64_t memory_lower_bound(const Profile& p);
+// With offload, tensors a plan may offload count as candidates do, and optimizer state it may keep
+// on the host tier not at all.
+int64_t memory_lower_bound(const Profile& p, OffloadMode offload = OffloadMode::none);
 
 // plan.json (atomic write); load checks it against the profile it is used with.
 void save_plan(const Plan& plan, const Profile& p, const std::string& path);
@@ -285,5 +323,9 @@ void judge_loaded_plan(const Simulator& sim, Plan& plan);
 // Throws regen::Error naming the plan and the profile unless the plan has one decision per saved
 // tensor.
 void check_plan_decisions(const Plan& plan, const Profile& p);
+// A plan's transfer model (the options', else the profile's, when it has none) and, when it
+// offloads tensors without points, their points (offload_points). Throws regen::Error when the
+// plan copies to the host tier and no transfer model is known.
+void complete_offloads(const Profile& p, Plan& plan, const PlanOptions& options);
 
 }  // namespace regen

@@ -13,6 +13,7 @@
 #include <map>
 
 #include "regen/core/io.h"
+#include "regen/remat/compress.h"
 #include "regen/remat/json_error.h"
 
 namespace regen {
@@ -41,8 +42,17 @@ const char* marker_name(MarkerKind k) {
       return "optimizer_end";
     case MarkerKind::iteration_end:
       return "iteration_end";
+    case MarkerKind::micro_batch_end:
+      return "micro_batch_end";
   }
   return "?";
+}
+
+int64_t Profile::micro_batch_marker() const {
+  for (size_t m = 0; m < markers.size(); ++m) {
+    if (markers[m].kind == MarkerKind::micro_batch_end) return static_cast<int64_t>(m);
+  }
+  return -1;
 }
 
 const ProfileSaved* Profile::saved_of_value(int64_t value) const {
@@ -69,7 +79,7 @@ std::array<int64_t, kNumCategories> category_array(const json& j, const std::str
 }
 
 MarkerKind parse_marker(const std::string& s, const std::string& origin) {
-  for (int i = 0; i <= static_cast<int>(MarkerKind::iteration_end); ++i) {
+  for (int i = 0; i <= static_cast<int>(MarkerKind::micro_batch_end); ++i) {
     if (s == marker_name(static_cast<MarkerKind>(i))) return static_cast<MarkerKind>(i);
   }
   REGEN_FAIL(origin, ": unknown marker kind '", s, "'");
@@ -108,7 +118,16 @@ std::string profile_to_json(const Profile& p) {
   j["threads"] = p.threads;
   j["date"] = p.date;
   j["iterations"] = p.iterations;
+  if (p.accumulate != 1) j["accumulate"] = p.accumulate;
   j["run"] = p.run;
+  if (p.compress != Compression::none) {
+    j["compress"] = compression_name(p.compress);
+    const CompressCost& c = p.compress_cost;
+    j["compress_cost"] = {{"narrow_fixed_ms", c.narrow_fixed_ms},
+                          {"narrow_ms_per_mib", c.narrow_ms_per_mib},
+                          {"widen_fixed_ms", c.widen_fixed_ms},
+                          {"widen_ms_per_mib", c.widen_ms_per_mib}};
+  }
   j["measured"] = {{"peak_allocated", p.peak_allocated},
                    {"peak_reserved", p.peak_reserved},
                    {"allocated_by_at_peak", category_map(p.allocated_by_at_peak)},
@@ -137,6 +156,7 @@ std::string profile_to_json(const Profile& p) {
                      {"fwd_free_bytes", n.fwd_free_bytes},
                      {"bwd_alloc_bytes", n.bwd_alloc_bytes},
                      {"bwd_free_bytes", n.bwd_free_bytes}});
+    if (n.packed) nodes.back()["packed"] = true;
   }
   j["nodes"] = std::move(nodes);
   json values = json::array();
@@ -167,6 +187,7 @@ std::string profile_to_json(const Profile& p) {
                      {"last_bw_rank", s.last_bw_rank},
                      {"readers", s.readers},
                      {"candidate", s.candidate},
+                     {"offloadable", s.offloadable},
                      {"recompute_ms", s.recompute_ms}});
   }
   j["saved"] = std::move(saved);
@@ -208,6 +229,7 @@ std::string profile_to_json(const Profile& p) {
     markers.push_back({marker_name(m.kind), m.node, m.position, m.time_ms});
   }
   j["markers"] = std::move(markers);
+  if (p.transfer.valid()) j["transfer"] = json::parse(transfer_to_json(p.transfer));
   return j.dump(1);
 }
 
@@ -228,7 +250,16 @@ Profile parse_profile_json(const std::string& text, const std::string& origin) {
     p.threads = j.at("threads").get<int>();
     p.date = j.at("date").get<std::string>();
     p.iterations = j.at("iterations").get<int>();
+    p.accumulate = j.value("accumulate", int64_t{1});
     if (j.contains("run")) p.run = j.at("run").get<std::map<std::string, std::string>>();
+    if (j.contains("compress")) {
+      p.compress = parse_compression(j.at("compress").get<std::string>(), origin + ": compress");
+      const json& c = j.at("compress_cost");
+      p.compress_cost.narrow_fixed_ms = c.at("narrow_fixed_ms").get<double>();
+      p.compress_cost.narrow_ms_per_mib = c.at("narrow_ms_per_mib").get<double>();
+      p.compress_cost.widen_fixed_ms = c.at("widen_fixed_ms").get<double>();
+      p.compress_cost.widen_ms_per_mib = c.at("widen_ms_per_mib").get<double>();
+    }
     const json& m = j.at("measured");
     p.peak_allocated = m.at("peak_allocated").get<int64_t>();
     p.peak_reserved = m.at("peak_reserved").get<int64_t>();
@@ -238,6 +269,7 @@ Profile parse_profile_json(const std::string& text, const std::string& origin) {
     p.forward_ms = m.at("forward_ms").get<double>();
     p.backward_ms = m.at("backward_ms").get<double>();
     p.optimizer_ms = m.at("optimizer_ms").get<double>();
+    if (j.contains("transfer")) p.transfer = transfer_from_json(j.at("transfer").dump(), origin);
     for (const json& n : j.at("nodes")) {
       ProfileNode node;
       node.index = n.at("index").get<int32_t>();
@@ -253,6 +285,7 @@ Profile parse_profile_json(const std::string& text, const std::string& origin) {
       node.saved = n.at("saved").get<std::vector<int64_t>>();
       node.fwd_ms = n.at("fwd_ms").get<double>();
       node.bwd_ms = n.at("bwd_ms").get<double>();
+      node.packed = n.value("packed", false);
       p.nodes.push_back(std::move(node));
     }
     for (const json& v : j.at("values")) {
@@ -340,6 +373,13 @@ Profile parse_profile_json(const std::string& text, const std::string& origin) {
 }
 
 void validate_profile(const Profile& p, const std::string& origin) {
+  int64_t micro_ends = 0;
+  for (const Marker& m : p.markers) micro_ends += m.kind == MarkerKind::micro_batch_end ? 1 : 0;
+  REGEN_CHECK(p.accumulate >= 1 && p.accumulate <= (int64_t{1} << 20), origin, ": accumulate ",
+              p.accumulate, " is not a count of micro-batches");
+  REGEN_CHECK(micro_ends == (p.accumulate > 1 ? 1 : 0), origin, ": ", micro_ends,
+              " micro_batch_end marker(s) for accumulate ", p.accumulate,
+              " (one with accumulation, none without)");
   const int64_t nv = static_cast<int64_t>(p.values.size());
   const int32_t nn = static_cast<int32_t>(p.nodes.size());
   auto value_ok = [&](int64_t v) { return v >= 0 && v < nv; };
@@ -634,6 +674,8 @@ void finalize_profile(Profile& p) {
     const ProfileValue& root = p.values[static_cast<size_t>(s.value)];
     s.candidate = !root.leaf && replayable[static_cast<size_t>(root.id)] && root.alloc_id != 0 &&
                   s.bytes > 0 && s.first_bw_rank >= 0 && s.last_fwd_use < last_forward;
+    s.offloadable = !root.leaf && root.alloc_id != 0 && s.bytes > 0 && s.first_bw_rank >= 0 &&
+                    s.last_fwd_use < last_forward && s.category == Category::activation;
   }
   for (ProfileSaved& s : p.saved) {
     s.recompute_ms = s.candidate ? standalone_recompute_ms(p, s.index) : 0.0;

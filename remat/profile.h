@@ -11,6 +11,8 @@
 
 #include "regen/autograd/tape.h"
 #include "regen/core/allocator.h"
+#include "regen/kernels/half.h"
+#include "regen/remat/transfer.h"
 
 namespace regen {
 
@@ -27,6 +29,9 @@ struct ProfileNode {
   double fwd_ms = 0, bwd_ms = 0;                // medians (bwd_ms = 0 when it has no backward)
   int64_t fwd_alloc_bytes = 0, fwd_free_bytes = 0, bwd_alloc_bytes = 0, bwd_free_bytes = 0;
   int32_t bwd_rank = -1;  // position in the backward order, -1 if backward does not run it
+  // It saves the packed form its op offers (autograd/tape.h PackedSaves): a relu's 1-bit mask, a
+  // max_pool2d's window positions. "packed" in profile.json, written only when true.
+  bool packed = false;
 };
 
 struct ProfileValue {
@@ -54,9 +59,11 @@ struct ProfileSaved {
   int32_t last_fwd_use = -1;                      // last forward node reading it (or its producer)
   int32_t first_bw_rank = -1, last_bw_rank = -1;  // positions in the backward order (-1: unused)
   double recompute_ms = 0;                        // replaying its producers from retained tensors
-  bool candidate = false;  // may be evicted and recomputed (also: every leaf its
-                           // regeneration could reach is available)
-  std::string name;        // "<producer tag>:<slot>"
+  bool candidate = false;    // may be evicted and recomputed (also: every leaf its
+                             // regeneration could reach is available)
+  bool offloadable = false;  // may be offloaded: an activation allocated in the iteration, read
+                             // by backward, last used before the final forward op
+  std::string name;          // "<producer tag>:<slot>"
 };
 
 enum class MarkerKind : uint8_t {
@@ -70,6 +77,10 @@ enum class MarkerKind : uint8_t {
   optimizer_begin,
   optimizer_end,
   iteration_end,
+  // With gradient accumulation: the end of the first micro-batch (its batch gone). The events
+  // before it are one micro-batch's, which the step repeats Profile::accumulate times; the events
+  // after it are the optimizer's.
+  micro_batch_end,
 };
 const char* marker_name(MarkerKind k);
 
@@ -90,6 +101,20 @@ struct ProfileEvent {
   double time_ms = 0;
 };
 
+// The time model of narrowing and widening saved activations (--compress): milliseconds as
+// fixed + per_mib * MiB of f32, per direction, measured on the profiled device
+// (remat/compress.h measure_compress_cost).
+struct CompressCost {
+  double narrow_fixed_ms = 0, narrow_ms_per_mib = 0;
+  double widen_fixed_ms = 0, widen_ms_per_mib = 0;
+  double narrow_ms(uint64_t bytes) const {
+    return narrow_fixed_ms + narrow_ms_per_mib * static_cast<double>(bytes) / (1 << 20);
+  }
+  double widen_ms(uint64_t bytes) const {
+    return widen_fixed_ms + widen_ms_per_mib * static_cast<double>(bytes) / (1 << 20);
+  }
+};
+
 struct Profile {
   // What was profiled.
   std::string model;
@@ -98,10 +123,19 @@ struct Profile {
   int threads = 1;
   std::string date;
   int iterations = 0;  // instrumented iterations the timings are medians of
+  // Micro-batches per step (Trainer::set_accumulation). Above 1, the graph, events and markers up
+  // to the micro_batch_end marker are the first micro-batch's (the profiler checks that the others
+  // made the same requests), and the simulator replays them `accumulate` times before the rest.
+  int64_t accumulate = 1;
   // The flags besides model, batch and device that shape the step, with the values it ran with
   // ("--optimizer": "adamw", ...); a run planned from the profile must match them. Empty in
   // profiles made before they were recorded.
   std::map<std::string, std::string> run;
+  // How the run holds retained activations between forward and backward (--compress; the
+  // trainer's setting): every plan's schedule narrows the compressible ones it retains
+  // (schedule.h). The event log is of the step without it. compress_cost: its time model.
+  Compression compress = Compression::none;
+  CompressCost compress_cost;
   // The graph.
   std::vector<ProfileNode> nodes;
   std::vector<ProfileValue> values;
@@ -117,8 +151,13 @@ struct Profile {
   std::array<int64_t, kNumCategories> allocated_by_at_peak{};
   std::array<int64_t, kNumCategories> persistent_by{};  // allocated at iteration start
   double iteration_ms = 0, forward_ms = 0, backward_ms = 0, optimizer_ms = 0;
+  // How long copies to and from the device's host tier take (transfer.h): measured by the
+  // profiler (regen bench copy's measurement, short), absent (not valid) in profiles from before.
+  TransferModel transfer;
 
   int32_t num_forward_nodes() const { return static_cast<int32_t>(nodes.size()); }
+  // The index of the micro_batch_end marker, or -1 (accumulate == 1).
+  int64_t micro_batch_marker() const;
   const ProfileSaved* saved_of_value(int64_t value) const;
 };
 

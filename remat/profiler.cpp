@@ -1,13 +1,17 @@
 // The profiler (profiler.h).
 #include "regen/remat/profiler.h"
+#include "regen/remat/transfer.h"
 
 #include <omp.h>
 #include <algorithm>
 #include <chrono>
 #include <ctime>
+#include <map>
 
 #include "regen/core/numeric.h"
 #include "regen/kernels/kernels.h"
+#include "regen/remat/compress.h"
+#include "regen/remat/distributed.h"
 
 namespace regen {
 namespace {
@@ -44,11 +48,18 @@ class Recorder final : public TapeHooks, public StepObserver {
     a.set_event_log(false);
     stats_ = a.stats();
   }
+  void on_micro_batch_end(CachingAllocator& a, int64_t index) override {
+    // The graph and allocation ids are the first micro-batch's: the later ones repeat it.
+    if (index == 0) mark(MarkerKind::micro_batch_end, -1);
+    micro_ends_.push_back({a.event_count(), markers_.size()});
+    micro_ = index + 1;
+  }
 
   // TapeHooks
   void on_forward_begin(Tape&, int32_t node) override { mark(MarkerKind::fwd_begin, node); }
   void on_forward_end(Tape& tape, int32_t node, const std::vector<Tensor>& outputs) override {
     mark(MarkerKind::fwd_end, node);
+    if (micro_ > 0) return;
     const Node& n = tape.node(node);
     for (size_t k = 0; k < outputs.size(); ++k) {
       const auto& storage = outputs[k].impl()->storage;
@@ -59,6 +70,7 @@ class Recorder final : public TapeHooks, public StepObserver {
   }
   void on_backward_start(Tape& tape) override {
     mark(MarkerKind::backward_start, -1);
+    if (micro_ > 0) return;
     // The graph as plain records, with no reference to any storage: a copy of the tape's Values
     // would hold what they hold (a small leaf's `held` storage, a leaf's tensor), keep it alive
     // into the next step and shift that step's allocator state.
@@ -76,6 +88,7 @@ class Recorder final : public TapeHooks, public StepObserver {
       pn.inputs = n.inputs;
       pn.outputs = n.outputs;
       pn.saved = n.saved;
+      pn.packed = n.packed;
       nodes_.push_back(std::move(pn));
     }
     values_.clear();
@@ -137,15 +150,33 @@ class Recorder final : public TapeHooks, public StepObserver {
   std::vector<ProfileSaved> saved_;
   std::vector<int32_t> backward_order_;
   std::vector<std::string> blocks_;
+  // With accumulation: per micro-batch, the event count and marker count at its end.
+  struct MicroEnd {
+    uint64_t events;
+    size_t markers;
+  };
+  std::vector<MicroEnd> micro_ends_;
+  int64_t micro_ = 0;  // micro-batches finished
 };
 
+// A request or free as the comparison of two micro-batches or iterations sees it.
+bool same_request(const MemoryEvent& a, const MemoryEvent& b) {
+  return a.kind == b.kind && a.requested == b.requested && a.category == b.category;
+}
+
+// From the first marker of kind a to the first of kind b after it.
 double span(const std::vector<Marker>& ms, MarkerKind a, MarkerKind b) {
-  double ta = 0, tb = 0;
+  double ta = 0;
+  bool seen = false;
   for (const Marker& m : ms) {
-    if (m.kind == a) ta = m.time_ms;
-    if (m.kind == b) tb = m.time_ms;
+    if (!seen && m.kind == a) {
+      ta = m.time_ms;
+      seen = true;
+    } else if (seen && m.kind == b) {
+      return m.time_ms - ta;
+    }
   }
-  return tb - ta;
+  return 0;
 }
 
 }  // namespace
@@ -154,14 +185,18 @@ Profile profile_training(Trainer& trainer, const ProfileOptions& options) {
   REGEN_CHECK(options.iterations >= 1, "profile: needs at least one instrumented iteration, got ",
               options.iterations);
   REGEN_CHECK(options.warmup >= 0, "profile: warm-up iterations must be non-negative");
-  for (int i = 0; i < options.warmup; ++i) trainer.step();
+  for (int i = 0; i < options.warmup; ++i) {
+    const StepResult r = trainer.step();
+    if (options.on_step) options.on_step(r);
+  }
   std::vector<Recorder> runs;
   runs.reserve(static_cast<size_t>(options.iterations));
   for (int i = 0; i < options.iterations; ++i) {
     runs.emplace_back(trainer.device());
     Recorder& r = runs.back();
     const HooksScope hooks(&r);
-    trainer.step(&r);
+    const StepResult result = trainer.step(&r);
+    if (options.on_step) options.on_step(result);
   }
   const Recorder& first = runs.front();
   // Every instrumented iteration must start from the same allocator state (Trainer::step's
@@ -213,7 +248,54 @@ Profile profile_training(Trainer& trainer, const ProfileOptions& options) {
   p.iterations = options.iterations;
   p.start_state = first.state_;
   p.markers = first.markers_;
-  for (const MemoryEvent& e : first.events_) {
+  p.accumulate = trainer.accumulation();
+  std::vector<MemoryEvent> events = first.events_;
+  if (p.accumulate > 1) {
+    const std::vector<Recorder::MicroEnd>& ends = first.micro_ends_;
+    REGEN_CHECK(static_cast<int64_t>(ends.size()) == p.accumulate, "profile: ", ends.size(),
+                " micro-batches ended in a step of ", p.accumulate);
+    // Each later micro-batch must make the first one's requests and frees, in order (their
+    // segments differ: the later ones find the first one's in the cache).
+    auto requests = [&](uint64_t from, uint64_t to) {
+      std::vector<MemoryEvent> out;
+      for (uint64_t i = from; i < to; ++i) {
+        const MemoryEvent& e = first.events_[i];
+        if (e.kind == MemoryEventKind::alloc || e.kind == MemoryEventKind::free) out.push_back(e);
+      }
+      return out;
+    };
+    const std::vector<MemoryEvent> one = requests(0, ends[0].events);
+    std::map<uint64_t, std::string> open;  // blocks the first micro-batch leaves allocated
+    for (const MemoryEvent& e : one) {
+      if (e.kind == MemoryEventKind::alloc) open[e.block_id] = tag_name(e.tag);
+      if (e.kind == MemoryEventKind::free) open.erase(e.block_id);
+    }
+    REGEN_CHECK(open.empty(), "profile: the first micro-batch of an accumulated step leaves ",
+                open.size(), " block(s) allocated (the first '",
+                open.empty() ? "" : open.begin()->second,
+                "'), so the micro-batches do not repeat: release what a micro-batch makes");
+    for (size_t k = 1; k < ends.size(); ++k) {
+      const std::vector<MemoryEvent> other = requests(ends[k - 1].events, ends[k].events);
+      size_t e = 0;
+      while (e < one.size() && e < other.size() && same_request(one[e], other[e])) ++e;
+      REGEN_CHECK(e == one.size() && e == other.size(), "profile: micro-batch ", k + 1,
+                  " made other requests than micro-batch 1 (at request ", e + 1,
+                  "): the model is not static and cannot be planned");
+    }
+    // The profile keeps the first micro-batch and what follows the last one.
+    const uint64_t cut_from = ends.front().events, cut_to = ends.back().events;
+    events.assign(first.events_.begin(), first.events_.begin() + static_cast<int64_t>(cut_from));
+    events.insert(events.end(), first.events_.begin() + static_cast<int64_t>(cut_to),
+                  first.events_.end());
+    p.markers.assign(first.markers_.begin(),
+                     first.markers_.begin() + static_cast<int64_t>(ends.front().markers));
+    for (size_t m = ends.back().markers; m < first.markers_.size(); ++m) {
+      Marker mk = first.markers_[m];
+      mk.position -= cut_to - cut_from;
+      p.markers.push_back(mk);
+    }
+  }
+  for (const MemoryEvent& e : events) {
     ProfileEvent pe;
     pe.kind = e.kind;
     pe.block_id = e.block_id;
@@ -254,6 +336,7 @@ Profile profile_training(Trainer& trainer, const ProfileOptions& options) {
       if (m.kind == MarkerKind::bwd_end) bwd[n].push_back(m.time_ms - bb[n]);
     }
     iter.push_back(span(r.markers_, MarkerKind::iteration_begin, MarkerKind::iteration_end));
+    // One micro-batch's forward and backward (the first's: span takes the first markers).
     fw.push_back(span(r.markers_, MarkerKind::iteration_begin, MarkerKind::backward_start));
     bw.push_back(span(r.markers_, MarkerKind::backward_start, MarkerKind::backward_finish));
     opt.push_back(span(r.markers_, MarkerKind::optimizer_begin, MarkerKind::optimizer_end));
@@ -266,8 +349,20 @@ Profile profile_training(Trainer& trainer, const ProfileOptions& options) {
   p.forward_ms = median(fw);
   p.backward_ms = median(bw);
   p.optimizer_ms = median(opt);
+  // The trainer's compression: its plans' schedules narrow what they retain (compress.h); the
+  // conversions' time model is measured now, after the instrumented steps.
+  p.compress = trainer.compression();
+  p.compress_cost = measure_compress_cost(trainer.device(), p.compress);
   validate_profile(p, "profile of " + p.model);
   finalize_profile(p);
+  if (options.measure_transfer && !dry_run_active()) {
+    p.transfer = measure_transfer(trainer.device(), {1ull << 20, 4ull << 20, 16ull << 20}, 3);
+    p.transfer.source = "measured by regen profile on " + p.device + ", " + p.date;
+    // The host tier keeps nothing: the measurement's segments go back to the system.
+    host_allocator_for(trainer.device()).release_memory();
+  }
+  // Under mpirun, the job's profile: rank 0's, once every rank's memory record matched it.
+  if (trainer.gradient_sync() != nullptr) return agree_on_profile(std::move(p));
   return p;
 }
 

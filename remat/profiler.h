@@ -4,6 +4,7 @@
 // and median timings. `regen profile` writes it as profile.json, a table and a Chrome trace.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <string>
 
@@ -18,6 +19,13 @@ struct ProfileOptions {
   std::string model_name;
   // The flags besides model, batch and device that shape the step (Profile::run).
   std::map<std::string, std::string> run;
+  // Sees the result of every step it runs, warm-up and instrumented (they train the model): a
+  // metrics log keeps them.
+  std::function<void(const StepResult&)> on_step;
+  // After the instrumented steps, measure the copies between the device and its host tier
+  // (transfer.h measure_transfer, a few sizes up to 16 MiB: tens of ms) into Profile::transfer.
+  // Not in a dry run.
+  bool measure_transfer = true;
 };
 
 // Extra hooks (e.g. a remat executor) may be installed on the tape while profiling; the

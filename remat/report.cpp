@@ -39,6 +39,64 @@ bool is_activation(const Profile& p, const ProfileSaved& s) {
   return !v.leaf && v.alloc_id != 0 && s.category == Category::activation;
 }
 
+// Bytes of the full form a packed node's saved form replaces: a relu's output (the mask replaces
+// it), a max_pool2d's i32 argmax, one per output element.
+int64_t full_form_bytes(const Profile& p, const ProfileNode& n) {
+  const ProfileValue& out0 = p.values[static_cast<size_t>(n.outputs[0])];
+  const int slot = op_def(n.kind).packed_output;
+  if (slot == 0) return static_cast<int64_t>(out0.bytes);
+  return shape_numel(out0.shape) * 4;
+}
+
+std::string packed_saves_table(const Profile& p, bool full) {
+  std::ostringstream os;
+  int64_t offered = 0, packed = 0, packed_bytes = 0, full_bytes = 0;
+  std::vector<std::string> lines;
+  const auto masks = p.run.find("--masks");
+  const bool off = masks != p.run.end() && masks->second == "off";
+  for (const ProfileNode& n : p.nodes) {
+    const int slot = n.kind == kNoOpKind ? -1 : op_def(n.kind).packed_output;
+    if (slot < 0 || n.bwd_rank < 0) continue;
+    ++offered;
+    std::string line = "  " + pad(n.name, 48);
+    if (n.packed) {
+      ++packed;
+      int64_t bytes = 0;
+      for (int64_t v : n.saved)
+        bytes += static_cast<int64_t>(p.values[static_cast<size_t>(v)].bytes);
+      const int64_t was = full_form_bytes(p, n);
+      packed_bytes += bytes;
+      full_bytes += was;
+      line += "packed: " + format_bytes(bytes) + " instead of " + format_bytes(was);
+    } else if (off) {
+      line += "full (--masks off)";
+    } else {
+      // Why not: other nodes' backward reads the output a packed form would replace.
+      const int64_t v = n.outputs[static_cast<size_t>(slot)];
+      const ProfileSaved* sv = p.saved_of_value(p.values[static_cast<size_t>(v)].root);
+      std::string others;
+      int count = 0;
+      for (int32_t r : sv ? sv->readers : std::vector<int32_t>{}) {
+        if (r == n.index) continue;
+        if (count++ < 2)
+          others += (others.empty() ? "" : ", ") + p.nodes[static_cast<size_t>(r)].name;
+      }
+      if (count > 2) others += " and " + std::to_string(count - 2) + " more";
+      line += count > 0 ? "full: also saved by " + others : "full";
+    }
+    lines.push_back(line);
+  }
+  if (offered == 0) return "";
+  os << "\nPacked saves (--masks): " << packed << " of " << offered
+     << " ops that offer a packed form save it, " << format_bytes(packed_bytes) << " instead of "
+     << format_bytes(full_bytes) << "\n";
+  const size_t shown = full ? lines.size() : std::min<size_t>(lines.size(), 12);
+  for (size_t i = 0; i < shown; ++i) os << lines[i] << "\n";
+  if (shown < lines.size())
+    os << "  ... " << lines.size() - shown << " more (regen profile --full, profile.txt)\n";
+  return os.str();
+}
+
 std::string profile_table(const Profile& p, bool full) {
   std::ostringstream os;
   os << "Profile of " << p.model << ", batch " << p.batch << " on " << p.device << " (" << p.threads
@@ -60,8 +118,10 @@ std::string profile_table(const Profile& p, bool full) {
   {
     SimOptions so;
     so.top_live = full ? 25 : 10;
-    const SimResult r = Simulator(p).run(
-        build_schedule(p, std::vector<Decision>(p.saved.size(), Decision::retain)), so);
+    const SimResult r =
+        Simulator(p).run(without_compression(build_schedule(
+                             p, std::vector<Decision>(p.saved.size(), Decision::retain))),
+                         so);
     os << "\nLive at the peak (" << format_bytes(r.peak_allocated) << ", reached after "
        << (r.peak_at.empty() ? std::string("the start") : r.peak_at) << "), largest blocks:\n";
     os << "  " << pad("allocation tag", 56) << pad("category", 17) << pad("MiB", 10, true) << "\n";
@@ -100,6 +160,7 @@ std::string profile_table(const Profile& p, bool full) {
        << pad(s->last_bw_rank >= 0 ? std::to_string(F + s->last_bw_rank) : "-", 9, true)
        << pad(s->candidate ? fmt("%.3f", s->recompute_ms) : "-", 14, true) << "\n";
   }
+  os << packed_saves_table(p, full);
   // Ops.
   std::vector<const ProfileNode*> ops;
   for (const ProfileNode& n : p.nodes) ops.push_back(&n);

@@ -13,6 +13,11 @@ namespace regen {
 // saved activation; without `full` only the largest activations and slowest ops.
 std::string profile_table(const Profile& p, bool full);
 
+// The profile's packed saves (autograd/tape.h PackedSaves): every op that offers a packed form,
+// whether it saves it (its bytes and the full form's) or why not (the other ops that save the same
+// output); part of profile_table. "" when no op offers one.
+std::string packed_saves_table(const Profile& p, bool full);
+
 // Chrome trace-event JSON of the profiled iteration: forward and backward ops and the optimizer
 // step on a timeline, with counter tracks of allocated bytes per category and reserved bytes.
 std::string profile_trace(const Profile& p);

@@ -11,6 +11,9 @@
 
 #include "regen/core/numeric.h"
 #include "regen/core/safetensors.h"
+#include "regen/dist/data_parallel.h"
+#include "regen/dist/world.h"
+#include "regen/remat/compress.h"
 #include "regen/remat/pipeline.h"
 
 #ifdef REGEN_WITH_CUDA
@@ -69,6 +72,16 @@ OptionRange SessionOptions::range(const std::string& key) {
   if (key == "threads") return OptionRange::integers(1, kMaxThreads);
   if (key == "lr" || key == "weight_decay") return OptionRange::numbers(0);
   if (key == "momentum") return OptionRange::numbers(0, 1);
+  if (key == "accumulate") return OptionRange::integers(1, 1 << 20);
+  if (key == "warmup_steps" || key == "schedule_steps" || key == "lr_step_size" ||
+      key == "eval_every" || key == "eval_batches" || key == "eval_batch") {
+    return OptionRange::integers(0);
+  }
+  if (key == "lr_gamma" || key == "lr_min" || key == "clip_grad_norm") {
+    return OptionRange::numbers(0);
+  }
+  if (key == "eval_split") return OptionRange::numbers(0, 0.9);
+  if (key == "bucket_size") return OptionRange::integers(1024, int64_t{1} << 40);
   REGEN_FAIL("SessionOptions::range: no range for option '", key, "'");
 }
 
@@ -81,7 +94,41 @@ void SessionOptions::validate() const {
   check_range(*this, "momentum", momentum);
   check_range(*this, "weight_decay", weight_decay);
   check_one_of(*this, "conv", conv, {"native", "cudnn"});
+  check_one_of(*this, "compress", compress, {"none", "bf16", "fp16"});
   check_math(math, tf32, style);
+  // The training loop's options, then how they combine.
+  check_range(*this, "accumulate", static_cast<double>(accumulate));
+  check_one_of(*this, "lr_schedule", lr_schedule, {"constant", "step", "cosine"});
+  for (const char* key : {"warmup_steps", "schedule_steps", "lr_step_size", "eval_every",
+                          "eval_batches", "eval_batch"}) {
+    const int64_t v = key == std::string("warmup_steps")     ? warmup_steps
+                      : key == std::string("schedule_steps") ? schedule_steps
+                      : key == std::string("lr_step_size")   ? lr_step_size
+                      : key == std::string("eval_every")     ? eval_every
+                      : key == std::string("eval_batches")   ? eval_batches
+                                                             : eval_batch;
+    check_range(*this, key, static_cast<double>(v));
+  }
+  check_range(*this, "lr_gamma", lr_gamma);
+  check_range(*this, "lr_min", lr_min);
+  check_range(*this, "clip_grad_norm", clip_grad_norm);
+  check_range(*this, "eval_split", eval_split);
+  const auto given = [this](const std::string& key, const std::string& value) {
+    return option_setting(key, style == OptionStyle::keyword ? quoted(value) : value, style);
+  };
+  REGEN_CHECK(lr_schedule != "step" || lr_step_size >= 1, given("lr_schedule", "step"), " needs ",
+              name("lr_step_size"), " (the steps between decays, at least 1)");
+  REGEN_CHECK(lr_schedule != "cosine" || schedule_steps == 0 || schedule_steps > warmup_steps,
+              given("lr_schedule", "cosine"), " decays over ",
+              option_setting("schedule_steps", std::to_string(schedule_steps), style),
+              " steps, which must be more than ",
+              option_setting("warmup_steps", std::to_string(warmup_steps), style));
+  check_one_of(*this, "shard", shard, {"none", "optimizer", "gradients"});
+  // Bytes, named as integers (check_range writes numbers shortly: 1e+02).
+  const std::string bucket_problem = range("bucket_size").problem(static_cast<double>(bucket_size));
+  if (!bucket_problem.empty()) {
+    bad_option(*this, "bucket_size", std::to_string(bucket_size), bucket_problem);
+  }
   try {
     if (device != "auto") Device::parse(device);
   } catch (const Error& e) {
@@ -113,6 +160,34 @@ void SessionOptions::validate() const {
   if (info.input.check) info.input.check(c, batch, style);
 }
 
+LrSchedule SessionOptions::schedule() const {
+  LrSchedule s;
+  s.kind = parse_schedule_kind(lr_schedule);
+  s.base = lr;
+  s.warmup = warmup_steps;
+  s.horizon = schedule_steps;
+  s.step_size = lr_step_size;
+  s.gamma = lr_gamma;
+  s.min = lr_min;
+  REGEN_CHECK(
+      s.kind != LrSchedule::Kind::cosine || schedule_steps > 0,
+      option_setting("lr_schedule", style == OptionStyle::keyword ? "'cosine'" : "cosine", style),
+      " needs ", name("schedule_steps"), ", the steps it decays over",
+      style == OptionStyle::flag ? " (regen train sets it to --steps)" : "");
+  const std::string bad = s.problem();
+  REGEN_CHECK(bad.empty(), "learning-rate schedule: ", bad);
+  return s;
+}
+
+double SessionOptions::holdout() const {
+  if (eval_split > 0) return eval_split;
+  return eval_every > 0 ? kDefaultHoldout : 0.0;
+}
+
+int64_t SessionOptions::evaluation_batch() const {
+  return eval_batch > 0 ? eval_batch : batch * accumulate;
+}
+
 ModelConfig SessionOptions::model_config() const {
   validate();
   const ModelInfo& info = model_info(model);
@@ -137,12 +212,19 @@ Device resolve_device(const std::string& text, OptionStyle style) {
     return probe.count;
   };
 #endif
+#ifdef REGEN_WITH_CUDA
+  // Under mpirun the ranks on one host take its GPUs in turn (their local rank).
+  const int local = dist::world().distributed() ? dist::world().local_rank() : 0;
+#endif
   if (text == "auto") {
 #ifdef REGEN_WITH_CUDA
-    if (count() > 0) return Device::cuda(0);
+    if (count() > 0) return Device::cuda(local % count());
 #endif
     return Device::cpu();
   }
+#ifdef REGEN_WITH_CUDA
+  if (text == "cuda" && local > 0 && count() > 0) return Device::cuda(local % count());
+#endif
   Device d;
   try {
     d = Device::parse(text);
@@ -300,19 +382,15 @@ void check_preflight(const Session& s, Preflight preflight) {
                sizes.empty() ? std::string() : " or a smaller " + either(sizes));
   }
   if (preflight == Preflight::model) return;
-  // Every tensor of the step, as the real step allocates them. On the CPU the kernels' scratch
-  // space (GEMM packing, im2col tiles) is in it too, so this is the real step's peak; on CUDA the
-  // CUDA kernels' scratch comes on top, so it is a lower bound the real peak passes.
+  // Every tensor of the step, as the real step allocates them, with the kernels' scratch space
+  // (GEMM packing, im2col tiles; on CUDA the kernels' partial sums and cuDNN's and CUB's
+  // workspaces) and what the device keeps (cuBLAS's workspace): the real step's peak.
   const int64_t need = s.preflight.memory.allocated.peak;
-  const bool exact = s.device.is_cpu();
   REGEN_CHECK(need <= have, size_options(s), " is too large for memory: one ", c.name,
-              " training step without remat needs ", exact ? "" : "at least ", format_bytes(need),
-              " (", format_bytes(state), " of it the model's state; ",
-              exact ? "every tensor and the kernels' scratch space of the first step, exact, from "
-                      "a dry run"
-                    : "every tensor of the first step, from a dry run, before the CUDA kernels' "
-                      "scratch space",
-              "), but ", s.device.str(), " has ", format_bytes(have), " available; ", smaller(o));
+              " training step without remat needs ", format_bytes(need), " (", format_bytes(state),
+              " of it the model's state; every tensor and the kernels' scratch space of the first "
+              "step, exact, from a dry run), but ",
+              s.device.str(), " has ", format_bytes(have), " available; ", smaller(o));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -359,12 +437,57 @@ class CheckedSource final : public DataSource {
     return b;
   }
   std::string describe() const override { return inner_->describe(); }
+  std::string position() const override { return inner_->position(); }
+  void set_position(const std::string& p) override { inner_->set_position(p); }
+  void skip(int64_t samples) override { inner_->skip(samples); }
 
  private:
   std::unique_ptr<DataSource> inner_;
   ModelConfig config_;
   const ModelInput& input_;
 };
+
+// Under mpirun every rank must run the same step: the options that shape it, compared with rank
+// 0's before anything is built (a rank with another batch or model would wait in a collective
+// forever). Rank 0 names the first difference; the other ranks wait for it to end the job.
+void check_same_on_every_rank(const SessionOptions& o, Device device) {
+  dist::World& w = dist::world();
+  if (!w.distributed()) return;
+  std::ostringstream mine;
+  mine << "--model " << o.model << "\n--batch " << o.batch << "\n--device " << device.str()
+       << "\n--seed " << o.seed << "\n--lr " << number_text(o.lr) << "\n--weight-decay "
+       << number_text(o.weight_decay) << "\n--shard " << o.shard << "\n--bucket-size "
+       << o.bucket_size << "\n";
+  for (const auto& [flag, value] : run_flags(o)) mine << flag << " " << value << "\n";
+  const std::vector<std::string> all = w.all_gather(mine.str());
+  if (w.rank() != 0) {
+    for (const std::string& other : all) {
+      if (other != all[0]) {
+        w.barrier();  // rank 0 ends the job with the difference
+      }
+    }
+    return;
+  }
+  auto lines = [](const std::string& text) {
+    std::vector<std::string> out;
+    std::istringstream in(text);
+    for (std::string line; std::getline(in, line);) out.push_back(line);
+    return out;
+  };
+  const std::vector<std::string> ref = lines(all[0]);
+  for (size_t r = 1; r < all.size(); ++r) {
+    if (all[r] == all[0]) continue;
+    const std::vector<std::string> got = lines(all[r]);
+    for (size_t i = 0; i < std::max(ref.size(), got.size()); ++i) {
+      const std::string a = i < ref.size() ? ref[i] : "(nothing)";
+      const std::string b = i < got.size() ? got[i] : "(nothing)";
+      REGEN_CHECK(a == b, "rank ", r, " of ", all.size(), " runs with ", b,
+                  " where rank 0 runs with ", a,
+                  ": every rank of a data-parallel job must train the same step (give every "
+                  "rank the same options and environment, OMP_NUM_THREADS included)");
+    }
+  }
+}
 
 }  // namespace
 
@@ -382,25 +505,74 @@ std::unique_ptr<Session> make_session(const SessionOptions& options, Preflight p
   REGEN_CHECK(options.conv == "native", option_setting("conv", options.conv, options.style),
               " needs a CUDA build");
 #endif
+  // Data parallelism: every rank trains the same step on its own shard of each global batch.
+  dist::World& world = dist::world();
+  check_same_on_every_rank(options, s->device);
+  if (world.distributed()) {
+    // What the training loop does that data parallelism does not carry yet (docs/distributed.md).
+    REGEN_CHECK(options.accumulate == 1,
+                option_setting("accumulate", std::to_string(options.accumulate), options.style),
+                " under mpirun: gradient accumulation is not supported with data parallelism yet "
+                "(each micro-batch's backward would reduce its gradients); a larger batch per rank "
+                "or more ranks give the same global batch");
+    REGEN_CHECK(options.shard == "none" || (options.clip_grad_norm == 0 && !options.grad_norm),
+                option_setting("shard", options.shard, options.style),
+                " with gradient clipping or the gradient norm: under ZeRO a rank holds a shard of "
+                "the gradients, and the global norm across ranks is not computed yet; shard none");
+  }
   // The data before the model: a wrong file fails before a large model is built.
-  s->data = std::make_unique<CheckedSource>(
-      make_data_source(options.data, c, options.seed, options.style), c);
-  auto make_optimizer = [&options](Model& model) -> std::unique_ptr<Optimizer> {
+  std::unique_ptr<DataSource> data =
+      make_training_source(options.data, c, options.seed, options.holdout(), options.style);
+  if (world.distributed()) {
+    data = std::make_unique<dist::ShardedSource>(std::move(data), world.rank(), world.size());
+  }
+  s->data = std::make_unique<CheckedSource>(std::move(data), c);
+  if (options.eval_every > 0) {
+    s->eval_data =
+        make_eval_source(options.data, c, options.seed, options.holdout(), options.style);
+  }
+  const LrSchedule schedule = options.schedule();
+  // What the trainer does besides forward, backward and the update: the dry run does it too.
+  // The packed-save decisions are learned just before the dry run (below), which uses them too.
+  Session* const session = s.get();
+  auto setup_trainer = [&options, session](Trainer& t) {
+    t.set_accumulation(options.accumulate);
+    t.set_clip_grad_norm(options.clip_grad_norm);
+    t.set_track_grad_norm(options.grad_norm);
+    if (session->packed_saves) t.set_packed_saves(session->packed_saves);
+  };
+  auto make_sync = [&](Model& model) -> std::unique_ptr<GradientSync> {
+    if (!world.distributed()) return nullptr;
+    dist::DataParallelOptions o;
+    o.shard = dist::parse_shard_mode(options.shard);
+    o.bucket_bytes = options.bucket_size;
+    o.first_bucket_bytes = std::min(o.first_bucket_bytes, o.bucket_bytes);
+    return std::make_unique<dist::DataParallel>(model, dist::communicator_for(model.device()), o);
+  };
+  auto make_optimizer = [&options](Model& model, GradientSync* sync) -> std::unique_ptr<Optimizer> {
+    // Under ZeRO the optimizer owns this rank's slices of the parameters only.
+    std::vector<Tensor> params = sync ? sync->optimizer_parameters() : model.parameters();
     if (options.optimizer == "sgd") {
       SGDOptions o;
       o.lr = options.lr;
       o.momentum = options.momentum;
       o.weight_decay = options.weight_decay;
-      return std::make_unique<SGD>(model.parameters(), o);
+      return std::make_unique<SGD>(std::move(params), o);
     }
     AdamWOptions o;
     o.lr = options.lr;
     o.weight_decay = options.weight_decay;
-    return std::make_unique<AdamW>(model.parameters(), o);
+    return std::make_unique<AdamW>(std::move(params), o);
   };
-  // The first step, run dry: its memory (exact on the CPU), before any of it is used.
+  // The first step, run dry: its memory, exact, before any of it is used; first, with masks on,
+  // which ops save packed forms (a dry forward pass of its own).
   try {
-    s->preflight = dry_run_step(c, options.batch, s->device, make_optimizer);
+    if (options.masks) {
+      s->packed_saves =
+          std::make_shared<const PackedSaves>(learn_packed_saves(c, options.batch, s->device));
+    }
+    s->preflight =
+        dry_run_step(c, options.batch, s->device, make_optimizer, make_sync, setup_trainer);
   } catch (const Error& e) {
     // Options that pass their own checks and still stop a dry run mostly do so by size: a request
     // beyond any device's (the Null arena maps anything else), an index type's limit, an
@@ -416,9 +588,16 @@ std::unique_ptr<Session> make_session(const SessionOptions& options, Preflight p
   check_preflight(*s, preflight);
   manual_seed(options.seed);
   s->model = make_model(c, s->device);
-  s->optimizer = make_optimizer(*s->model);
+  // Each rank draws its own dropout masks (rank 0 those of one process with the same seed).
+  if (world.distributed()) manual_seed(dist::rank_seed(options.seed, world.rank()));
+  s->sync = make_sync(*s->model);
+  s->optimizer = make_optimizer(*s->model, s->sync.get());
   s->trainer =
       std::make_unique<Trainer>(*s->model, *s->optimizer, *s->data, options.batch, s->device);
+  setup_trainer(*s->trainer);
+  s->trainer->set_schedule(schedule);
+  s->trainer->set_gradient_sync(s->sync.get());
+  s->trainer->set_compression(parse_compression(options.compress));
   return s;
 }
 
@@ -442,8 +621,29 @@ std::map<std::string, std::string> run_flags(const SessionOptions& o) {
   }
   r["--math"] = math_mode(o, device);  // fp32 on the CPU
   if (device.is_cuda()) r["--conv"] = o.conv;
+  // What the step allocates besides forward and backward: micro-batches, the gradient norm.
+  r["--accumulate"] = std::to_string(o.accumulate);
+  r["--grad-norm"] = o.clip_grad_norm > 0 || o.grad_norm ? "on" : "off";
+  // Data parallelism: the ranks, and what shapes each rank's step (a process alone records none).
+  const dist::World& world = dist::world();
+  if (world.distributed()) {
+    r["--ranks"] = std::to_string(world.size());
+    r["--shard"] = o.shard;
+    r["--bucket-size"] = std::to_string(o.bucket_size);
+  }
+  r["--masks"] = o.masks ? "on" : "off";
+  r["--compress"] = o.compress;
   return r;
 }
+
+namespace {
+// Flags a profile made before they were recorded ran with these values.
+const std::map<std::string, std::string>& flags_before_recorded() {
+  static const std::map<std::string, std::string> m = {{"--accumulate", "1"},
+                                                       {"--grad-norm", "off"}};
+  return m;
+}
+}  // namespace
 
 std::string profile_math(const Profile& p) {
   const auto math = p.run.find("--math");
@@ -456,8 +656,20 @@ void check_profile_run(const Profile& p, const SessionOptions& o, const std::str
   const std::map<std::string, std::string> now = run_flags(o);
   // The optimizer first: other flags (its momentum) follow from it.
   std::vector<std::pair<std::string, std::string>> recorded(p.run.begin(), p.run.end());
+  // A flag recorded since (a profile of any age has the step of its value then): compared too.
+  // Only a profile that recorded flags at all (an empty set is a profile from before them).
+  if (!p.run.empty()) {
+    for (const auto& [flag, value] : flags_before_recorded()) {
+      if (p.run.count(flag) == 0) recorded.emplace_back(flag, value);
+    }
+  }
   std::stable_partition(recorded.begin(), recorded.end(),
                         [](const auto& kv) { return kv.first == "--optimizer"; });
+  // Profiles written before packed saves were made without them.
+  if (p.run.count("--masks") == 0 && !p.run.empty()) recorded.emplace_back("--masks", "off");
+  if (p.run.count("--compress") == 0 && !p.run.empty()) {
+    recorded.emplace_back("--compress", compression_name(p.compress));
+  }
   for (auto [flag, then] : recorded) {
     if (flag == "--tf32") {  // written before --math
       flag = "--math";
@@ -490,6 +702,12 @@ void check_profile_run(const Profile& p, const SessionOptions& o, const std::str
                option_setting(key, here, o.style), ": its memory and times are another step's (",
                "pass ", was, ", or profile again)");
   }
+  // A profile of one process records no ranks.
+  const auto ranks = now.find("--ranks");
+  REGEN_CHECK(ranks == now.end() || p.run.count("--ranks"), what,
+              " was made by one process, but this run has ", ranks->second,
+              " ranks (mpirun): each rank's step also reduces gradients, which the profile does "
+              "not have; profile under mpirun with the same ranks");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -540,6 +758,13 @@ std::string first_non_finite(const Model& model) {
 }
 
 void save_checkpoint(const Session& s, const std::string& path, int64_t steps) {
+  // Under mpirun rank 0 writes (every rank holds the same parameters); the others wait until the
+  // file is there.
+  dist::World& world = dist::world();
+  if (world.rank() != 0) {
+    world.barrier();
+    return;
+  }
   const ModelConfig& c = s.config;
   std::map<std::string, std::string> meta = {
       {"format", "regen-checkpoint-1"}, {"model", c.name}, {"steps", std::to_string(steps)}};
@@ -549,10 +774,20 @@ void save_checkpoint(const Session& s, const std::string& path, int64_t steps) {
     if (opt.sizes_parameters || opt.recorded) meta[opt.key] = option_value_text(opt, opt.get(c));
   }
   save_safetensors(path, s.model->state_dict(), meta);
+  world.barrier();
 }
 
-size_t load_checkpoint(Session& s, const std::string& path) {
-  const SafetensorsFile file = load_safetensors(path);
+namespace {
+constexpr const char* kStateFormat = "regen-training-state-1";
+constexpr const char* kOptimizerPrefix = "optimizer/";  // never in a torch.nn state dict name
+
+// The weights of a checkpoint or training state, loaded into the session's model.
+size_t load_weights(Session& s, const SafetensorsFile& all, const std::string& path) {
+  SafetensorsFile file;
+  file.metadata = all.metadata;
+  for (const auto& kv : all.tensors) {
+    if (kv.first.rfind(kOptimizerPrefix, 0) != 0) file.tensors.push_back(kv);
+  }
   const ModelConfig& c = s.config;
   const OptionStyle style = s.options.style;
   const auto& meta = file.metadata;
@@ -587,6 +822,179 @@ size_t load_checkpoint(Session& s, const std::string& path) {
   }
   return file.tensors.size();
 }
+}  // namespace
+
+size_t load_checkpoint(Session& s, const std::string& path) {
+  return load_weights(s, load_safetensors(path), path);
+}
+
+std::map<std::string, std::string> trajectory_options(const SessionOptions& o) {
+  std::map<std::string, std::string> r;
+  r["batch"] = std::to_string(o.batch);
+  r["accumulate"] = std::to_string(o.accumulate);
+  r["optimizer"] = o.optimizer;
+  r["lr"] = number_text(o.lr);
+  if (o.optimizer == "sgd") r["momentum"] = number_text(o.momentum);
+  r["weight_decay"] = number_text(o.weight_decay);
+  r["seed"] = std::to_string(o.seed);
+  r["data"] = o.data.empty() ? "synthetic" : o.data;
+  r["lr_schedule"] = o.lr_schedule;
+  r["warmup_steps"] = std::to_string(o.warmup_steps);
+  if (o.lr_schedule == "cosine") {
+    r["schedule_steps"] = std::to_string(o.schedule_steps);
+    r["lr_min"] = number_text(o.lr_min);
+  }
+  if (o.lr_schedule == "step") {
+    r["lr_step_size"] = std::to_string(o.lr_step_size);
+    r["lr_gamma"] = number_text(o.lr_gamma);
+  }
+  r["clip_grad_norm"] = number_text(o.clip_grad_norm);
+  r["eval_split"] = number_text(o.holdout());  // what a text file's training part is
+  const ModelConfig c = o.model_config();
+  for (const ModelOption& opt : model_info(o.model).input.options) {
+    r[opt.key] = option_value_text(opt, opt.get(c));
+  }
+  return r;
+}
+
+std::map<std::string, std::string> plan_identity(const Plan& plan) {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a over the decisions
+  int64_t recomputed = 0;
+  for (const Decision d : plan.decisions) {
+    h = (h ^ static_cast<uint64_t>(d)) * 1099511628211ull;
+    recomputed += d == Decision::recompute ? 1 : 0;
+  }
+  char hash[20];
+  std::snprintf(hash, sizeof hash, "%016llx", static_cast<unsigned long long>(h));
+  return {{"plan", plan.policy + ", budget " + plan.budget_text + " of " +
+                       budget_of_name(plan.budget_of) + " bytes, " + std::to_string(recomputed) +
+                       " of " + std::to_string(plan.decisions.size()) + " recomputed, decisions " +
+                       hash}};
+}
+
+void save_training_state(const Session& s, const std::string& path,
+                         const std::map<std::string, std::string>& extra) {
+  // Each rank's data position and (under ZeRO) optimizer shard would need a file of its own.
+  REGEN_CHECK(!dist::world().distributed(),
+              "saving the training state under mpirun is not supported yet (each rank has its own "
+              "data position and, under ZeRO, its own optimizer shard); save weights with "
+              "--save, or train in one process");
+  const ModelConfig& c = s.config;
+  const Trainer& t = *s.trainer;
+  std::map<std::string, std::string> meta = extra;
+  meta["format"] = kStateFormat;
+  meta["model"] = c.name;
+  meta["steps"] = std::to_string(t.optimizer_steps());
+  meta["optimizer_steps"] = std::to_string(t.optimizer_steps());
+  meta["rng_seed"] = std::to_string(rng_seed());
+  meta["rng_stream"] = std::to_string(rng_stream_position());
+  meta["data_position"] = s.data->position();
+  meta["device"] = s.device.str();
+  meta["threads"] =
+      std::to_string(s.options.threads > 0 ? s.options.threads : omp_get_max_threads());
+  for (const ModelOption& opt : model_info(c.name).input.options) {
+    if (opt.sizes_parameters || opt.recorded) meta[opt.key] = option_value_text(opt, opt.get(c));
+  }
+  for (const auto& [key, value] : trajectory_options(s.options)) meta["train." + key] = value;
+  NamedTensors tensors = s.model->state_dict();
+  for (const auto& [name, st] : s.optimizer->named_state())
+    tensors.emplace_back(kOptimizerPrefix + name, st);
+  const std::vector<int64_t> steps = s.optimizer->step_counts();
+  tensors.emplace_back(std::string(kOptimizerPrefix) + "steps",
+                       from_vector<int64_t>(steps, {static_cast<int64_t>(steps.size())}));
+  save_safetensors(path, tensors, meta);
+}
+
+std::map<std::string, std::string> resume_training_state(Session& s, const std::string& path) {
+  REGEN_CHECK(!dist::world().distributed(),
+              "resuming a training state under mpirun is not supported yet (a state is written by "
+              "one process); resume in one process");
+  const SafetensorsFile file = load_safetensors(path);
+  const auto& meta = file.metadata;
+  const OptionStyle style = s.options.style;
+  const std::string what = style == OptionStyle::keyword ? "resume" : "--resume";
+  const auto format = meta.find("format");
+  REGEN_CHECK(
+      format != meta.end() && format->second == kStateFormat, what, " ", path,
+      " is not a training state (",
+      format == meta.end() ? std::string("no format in its metadata") : "format " + format->second,
+      "): write one with ",
+      style == OptionStyle::keyword ? "Model.save_state()" : "--save-state FILE",
+      "; a checkpoint of weights alone loads with ",
+      style == OptionStyle::keyword ? "Model.load()" : "--load");
+  const auto model = meta.find("model");
+  REGEN_CHECK(model != meta.end() && model->second == s.config.name, what, " ", path,
+              " was saved from model ", model == meta.end() ? "?" : model->second, ", not ",
+              s.config.name);
+  // Every option that shapes the trajectory must be the one the stopped run had: the optimizer
+  // and the schedule first (the options that apply follow from them).
+  const std::map<std::string, std::string> now_options = trajectory_options(s.options);
+  std::vector<std::pair<std::string, std::string>> ordered(now_options.begin(), now_options.end());
+  std::stable_partition(ordered.begin(), ordered.end(), [](const auto& kv) {
+    return kv.first == "optimizer" || kv.first == "lr_schedule";
+  });
+  for (const auto& [key, now] : ordered) {
+    const auto it = meta.find("train." + key);
+    const std::string then = it == meta.end() ? "(not recorded)" : it->second;
+    if (then == now) continue;
+    const bool text = key == "optimizer" || key == "data" || key == "lr_schedule";
+    const auto setting = [&](const std::string& v) {
+      return option_setting(key, text && style == OptionStyle::keyword ? quoted(v) : v, style);
+    };
+    REGEN_FAIL(what, " ", path, " was saved by a run with ", setting(then), ", but this run has ",
+               setting(now),
+               ": the resumed steps would not be the ones "
+               "that run took (pass ",
+               setting(then), ")");
+  }
+  auto number = [&](const char* key) -> uint64_t {
+    const auto it = meta.find(key);
+    REGEN_CHECK(it != meta.end() && !it->second.empty() &&
+                    it->second.find_first_not_of("0123456789") == std::string::npos,
+                what, " ", path, ": its metadata has no valid '", key, "'");
+    return std::stoull(it->second);
+  };
+  const uint64_t steps = number("optimizer_steps");
+  const uint64_t rng_stream = number("rng_stream"), seed = number("rng_seed");
+  // The optimizer's state, checked before anything is changed.
+  std::map<std::string, Tensor> state;
+  std::vector<int64_t> counts;
+  bool have_counts = false;
+  for (const auto& [name, t] : file.tensors) {
+    if (name.rfind(kOptimizerPrefix, 0) != 0) continue;
+    const std::string rest = name.substr(std::string(kOptimizerPrefix).size());
+    if (rest == "steps") {
+      REGEN_CHECK(t.dtype() == DType::i64 && t.dim() == 1, what, " ", path, ": optimizer/steps is ",
+                  t.str(), ", not a vector of i64");
+      counts = t.to_vector<int64_t>();
+      have_counts = true;
+    } else {
+      state[rest] = t;
+    }
+  }
+  REGEN_CHECK(have_counts, what, " ", path, ": no optimizer/steps (the file is damaged)");
+  load_weights(s, file, path);
+  s.trainer->prepare();  // gradients and optimizer state in their places, then the values
+  try {
+    s.optimizer->load_state(state, counts);
+  } catch (const Error& e) {
+    REGEN_FAIL(what, " ", path, ": ", e.message());
+  }
+  s.trainer->set_optimizer_steps(static_cast<int64_t>(steps));
+  const auto pos = meta.find("data_position");
+  s.data->set_position(pos == meta.end() ? "" : pos->second);
+  set_rng_state(seed, rng_stream);
+  return meta;
+}
+
+EvalResult evaluate_session(Session& s) {
+  const SessionOptions& o = s.options;
+  if (!s.eval_data) {
+    const double holdout = o.holdout() > 0 ? o.holdout() : kDefaultHoldout;
+    s.eval_data = make_eval_source(o.data, s.config, o.seed, holdout, o.style);
+  }
+  return evaluate(*s.model, *s.eval_data, o.evaluation_batch(), o.eval_batches);
+}
 
 // ---------------------------------------------------------------------------------------------
 // Measured runs and budgets
@@ -608,13 +1016,25 @@ MeasuredRun measure_training(const SessionOptions& o, int steps, const Profile* 
     ms.push_back(st.ms);
     r.peak = std::max(r.peak, st.memory.allocated.peak);
     r.reserved = std::max(r.reserved, st.memory.reserved.peak);
+    if (st.host_predicted) {
+      r.host_peak = std::max(r.host_peak, st.host_memory.allocated.peak);
+      r.host_reserved = std::max(r.host_reserved, st.host_memory.reserved.peak);
+    }
   }
   if (const RematExecutor* exec = pipe.executor()) {
     r.regen_ms = exec->regen_ms();
     r.replays = exec->replays();
+    r.stall_ms = exec->offload().stall_ms;
   }
   r.steps_predicted = pipe.predicted_steps();
   r.steps_exact = pipe.exact_steps();
+  // Under mpirun: the highest peaks of any rank, and a step exact only when it was on every rank.
+  dist::World& world = dist::world();
+  if (world.distributed()) {
+    for (int64_t v : world.all_gather(r.peak)) r.peak = std::max(r.peak, v);
+    for (int64_t v : world.all_gather(r.reserved)) r.reserved = std::max(r.reserved, v);
+    for (int64_t v : world.all_gather(r.steps_exact)) r.steps_exact = std::min(r.steps_exact, v);
+  }
   // The first step pays first-touch costs; the median of the rest is the step time.
   if (ms.size() > 1) ms.erase(ms.begin());
   r.ms = median(ms);

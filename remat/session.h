@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "regen/models/data.h"
+#include "regen/models/evaluate.h"
 #include "regen/models/optim.h"
 #include "regen/models/train.h"
 #include "regen/remat/planner.h"
@@ -53,12 +54,51 @@ struct SessionOptions {
   // same as math "tf32" (--tf32, regen.Model(tf32=True)).
   std::string math;
   bool tf32 = false;
+  // ---- The training loop (models/train.h, models/schedule.h, models/evaluate.h) ----------------
+  // Micro-batches per optimizer step (--accumulate): `batch` is the micro-batch, and each step's
+  // gradients are those of the mean loss over batch * accumulate examples.
+  int64_t accumulate = 1;
+  // The learning-rate schedule (LrSchedule): constant, step or cosine, after `warmup_steps` of
+  // linear warm-up; cosine decays to lr_min over schedule_steps steps (0: not set; the command line
+  // sets it to --steps), step multiplies by lr_gamma every lr_step_size steps.
+  std::string lr_schedule = "constant";
+  int64_t warmup_steps = 0;
+  int64_t schedule_steps = 0;
+  int64_t lr_step_size = 0;
+  double lr_gamma = 0.1;
+  double lr_min = 0;
+  double clip_grad_norm = 0;  // the global gradient norm clipped to this (0: no clipping)
+  bool grad_norm = false;     // compute the gradient norm each step even without clipping (logs)
+  // Evaluation on the held-out split: every eval_every optimizer steps (0: not during training),
+  // at most eval_batches batches (0: the whole split) of eval_batch examples (0: batch *
+  // accumulate). eval_split: the fraction of a text file held out at its end (0: 0.1 when
+  // eval_every > 0, else none: the file trains whole).
+  int64_t eval_every = 0;
+  int64_t eval_batches = 0;
+  int64_t eval_batch = 0;
+  double eval_split = 0;
+  // Data parallelism, when the process is one of several ranks under mpirun (dist/world.h): what
+  // each rank keeps of the optimizer state and the gradients ("none"; "optimizer", ZeRO-1;
+  // "gradients", ZeRO-2) and the size of a gradient bucket in bytes (DDP's 25 MiB by default).
+  // A process alone ignores both. docs/distributed.md.
+  std::string shard = "none";
+  int64_t bucket_size = int64_t{25} << 20;
+  // Packed saves (autograd/tape.h PackedSaves; docs/ops.md): an op whose backward needs only a few
+  // bits of what it would save keeps those, packed, where nothing else saves the full tensor (relu
+  // a 1-bit mask, max_pool2d its argmax in 4 bits for 3x3 windows). Training is bitwise the same
+  // either way. --masks on|off, masks=True|False.
+  bool masks = true;
+  // Lossy compression of saved activations (remat/compress.h): none, or bf16 or fp16, where every
+  // plan holds the activations it retains narrow between their last forward use and backward
+  // (training is then no longer bitwise that of none). Applies to steps run under a plan (a run
+  // with --compress profiles and plans, policy none at least). --compress, compress=.
+  std::string compress = "none";
   // How messages name the options: --image-size (the command line) or image_size= (Python).
   OptionStyle style = OptionStyle::flag;
 
   static constexpr int64_t kMaxThreads = 1024;  // libgomp fails far above the cores any CPU has
   // The range of a session option with one ("batch", "threads", "lr", "momentum",
-  // "weight_decay"); the command line's validators take theirs from here.
+  // "weight_decay", "bucket_size"); the command line's validators take theirs from here.
   static OptionRange range(const std::string& key);
 
   // Every value in range and the combination valid, for the registered model, without building
@@ -75,6 +115,13 @@ struct SessionOptions {
   std::vector<std::string> data_files() const;
   // The option `key` as `style` names it.
   std::string name(const std::string& key) const { return option_name(key, style); }
+  // The schedule these options give (validates the schedule's fields; schedule_steps must be set
+  // for cosine).
+  LrSchedule schedule() const;
+  // The fraction of a text file held out for evaluation (eval_split, or its default).
+  double holdout() const;
+  // The evaluation batch size (eval_batch, or batch * accumulate).
+  int64_t evaluation_batch() const;
 };
 
 // "auto": cuda:0 when regen was built with CUDA and a GPU is visible, else cpu. A device that is
@@ -101,15 +148,24 @@ struct Session {
   std::unique_ptr<DataSource> data;
   std::unique_ptr<Trainer> trainer;
   DryRunResult preflight;  // the first step without remat, run dry before anything was built
+  // The held-out split (data.h EvalSource): made with the session when options.eval_every > 0,
+  // else by the first evaluate_session.
+  std::unique_ptr<EvalSource> eval_data;
+  // Data parallelism (dist/data_parallel.h) when the world has more than one rank: the trainer's
+  // gradient sync. Null in a process alone.
+  std::unique_ptr<GradientSync> sync;
+  // The packed-save decisions the trainer's steps record with (options.masks; null when off),
+  // learned from a dry forward pass (models/train.h learn_packed_saves).
+  std::shared_ptr<const PackedSaves> packed_saves;
 };
 
 // What make_session refuses before it builds the model, from the dry run of the first step
 // (models/train.h dry_run_step): step, a step without remat whose peak of allocated bytes passes
 // the memory available on the device (a run that profiles or trains without a plan); the dry
-// run's peak is exact on the CPU, the kernels' scratch space included, and on CUDA a lower bound
-// the real step passes by at most the CUDA kernels' scratch; model, only parameters, gradients
-// and optimizer state that pass it (a run whose steps follow a plan, which the caller checks
-// against its own prediction); none, nothing.
+// run's peak is the real step's on either device, the kernels' scratch space included (on CUDA
+// with cuDNN's and CUB's workspaces as the GPU sizes them, and cuBLAS's); model, only parameters,
+// gradients and optimizer state that pass it (a run whose steps follow a plan, which the caller
+// checks against its own prediction); none, nothing.
 enum class Preflight { step, model, none };
 // Validates the options, applies the threads and CUDA settings, checks the data, runs the first
 // step dry, refuses what does not fit (Preflight), then builds the model (seeded by
@@ -125,8 +181,7 @@ int64_t available_memory(Device device);
 // to set beside the allocator's reserved bytes.
 bool cuda_memory_info(Device device, uint64_t& free_bytes, uint64_t& total_bytes);
 // Throws regen::Error naming the options, both sizes and what to do when the session's dry run
-// does not fit (see Preflight); the message says whether the step's size is exact (CPU) or a
-// lower bound (CUDA).
+// does not fit (see Preflight), the step's size exact on either device.
 void check_preflight(const Session& s, Preflight preflight);
 
 // The options besides model, batch and device that shape a session's step, with the values it
@@ -154,6 +209,32 @@ std::string first_non_finite(const Model& model);
 void save_checkpoint(const Session& s, const std::string& path, int64_t steps);
 size_t load_checkpoint(Session& s, const std::string& path);
 
+// The state of a training run, to resume it exactly (--save-state, --resume; regen.Model.save_state
+// and resume): one safetensors file with the checkpoint's tensors and metadata, the optimizer's
+// state tensors ("optimizer/<parameter>.<key>") and update counts ("optimizer/steps", i64), and
+// metadata: the optimizer steps taken (the schedule's position), the dropout RNG's seed and
+// stream, the data source's position, the options that shape the trajectory ("train.<key>": batch,
+// accumulation, optimizer and its settings, schedule, clipping, seed, data, every model option),
+// and `extra` (the plan's identity, plan_identity). torch's safetensors reads it; load_checkpoint
+// (and --load) take its weights alone.
+void save_training_state(const Session& s, const std::string& path,
+                         const std::map<std::string, std::string>& extra = {});
+// Restores a training state into a freshly made session: refuses, naming the option and both
+// values, a file whose trajectory options differ from the session's; then the weights, the
+// optimizer state, the step count, the RNG and the data position. A run resumed at step k then
+// computes bitwise what the run that saved it would have computed from step k on, with or without
+// a remat plan (remat changes no value). Returns the file's metadata (steps in "optimizer_steps").
+std::map<std::string, std::string> resume_training_state(Session& s, const std::string& path);
+// The options a training state records and compares ("batch": "8", "lr_schedule": "cosine", ...).
+std::map<std::string, std::string> trajectory_options(const SessionOptions& o);
+// A plan's identity for a training state's metadata: its policy, budget and a hash of its
+// decisions ("plan": "dp, budget 50% of reserved bytes, 12 of 340 recomputed, decisions 3f2a...").
+std::map<std::string, std::string> plan_identity(const Plan& plan);
+
+// Evaluates the session's model on its held-out split (options.eval_batches batches of
+// evaluation_batch() examples; the split is made on first use).
+EvalResult evaluate_session(Session& s);
+
 // One measured training run (regen sweep, regen frontier): peaks over every step, the median step
 // time of all steps but the first (which pays first-touch costs), and the executor's figures of
 // its last iteration.
@@ -165,6 +246,10 @@ struct MeasuredRun {
   // Under a plan at its own limit: the steps whose peaks were checked against the prediction, and
   // how many measured it exactly (RematPipeline::step checks every step).
   int64_t steps_predicted = 0, steps_exact = 0;
+  // Under a plan that uses the host tier (offload): its peaks over every step, and the time the
+  // last step waited for copies.
+  int64_t host_peak = 0, host_reserved = 0;
+  double stall_ms = 0;
 };
 // A fresh session (make_session) on an emptied allocator and `steps` steps through a
 // RematPipeline: without `plan`, no rematerialization; with it (made for `profile`), every step

@@ -10,6 +10,7 @@
 
 #include "regen/core/error.h"
 #include "regen/core/io.h"
+#include "regen/remat/compress.h"
 #include "regen/remat/dtr.h"
 
 namespace regen {
@@ -148,6 +149,39 @@ SimResult Simulator::run(const Schedule& s, const SimOptions& opt) const {
   CachingAllocator sim(make_null_arena(Device::cpu()));
   sim.restore_state(p.start_state);
   SimResult res;
+  REGEN_CHECK(s.offload_issue_after.size() == p.nodes.size() &&
+                  s.prefetch_wait_before.size() == p.nodes.size(),
+              "simulator: the schedule was not built for this profile");
+  // With gradient accumulation the step replays one micro-batch's events K times (the markers'
+  // times are the first micro-batch's); the copy timeline is not replayed that way yet.
+  REGEN_CHECK(p.accumulate == 1 || (s.offloads.empty() && s.optimizer_state == StatePlace::device),
+              "simulator: offloading (saved tensors or optimizer state on the host tier) with "
+              "gradient accumulation (",
+              p.accumulate,
+              " micro-batches) is not supported yet: "
+              "--offload none, or --accumulate 1");
+  REGEN_CHECK(!opt.dtr || (s.offloads.empty() && s.optimizer_state == StatePlace::device),
+              "simulator: DTR runs without offloads");
+  // The host tier: the optimizer state, when it lives there, moved there before the step in
+  // allocation order (the pipeline does the same, RematPipeline), which frees the device blocks in
+  // that order; then the step's canonical start empties the device's cache.
+  CachingAllocator host(make_null_arena(Device::cpu()));
+  std::vector<std::vector<Block*>> host_state(s.state_groups.size());
+  if (s.optimizer_state == StatePlace::host) {
+    for (size_t g = 0; g < s.state_groups.size(); ++g) {
+      const StateGroup& grp = s.state_groups[g];
+      for (size_t k = 0; k < grp.block.size(); ++k) {
+        host_state[g].push_back(host.allocate(static_cast<uint64_t>(grp.requested[k]),
+                                              Category::optimizer_state, intern_tag(grp.tag[k])));
+        Block* b = sim.block_by_id(grp.block[k]);
+        REGEN_CHECK(b, "simulator: optimizer state block ", grp.block[k], " is not live");
+        sim.free(b);
+      }
+    }
+    sim.empty_cache();
+    sim.reset_peak();
+    host.reset_peak();
+  }
   const int64_t flushes_before = sim.stats().num_cache_flushes;
   // The limit, as the allocator applies it: to segments it maps from here on (the persistent
   // ones may already pass it; a plan then does not fit, planner.h fit_schedule).
@@ -193,13 +227,16 @@ SimResult Simulator::run(const Schedule& s, const SimOptions& opt) const {
   std::unordered_map<uint64_t, Block*> live;  // base allocation id -> simulated block
   for (const AllocatorState::SegmentRec& seg : p.start_state.segments) {
     for (const BlockInfo& b : seg.blocks) {
-      if (b.allocated) live[b.id] = sim.block_by_id(b.id);
+      if (b.allocated && sim.block_by_id(b.id)) live[b.id] = sim.block_by_id(b.id);
     }
   }
   std::vector<uint64_t> saved_base(p.saved.size(), 0);
   for (size_t i = 0; i < p.saved.size(); ++i) {
     saved_base[i] = p.values[static_cast<size_t>(p.saved[i].value)].alloc_id;
   }
+  // Compression: each narrowed tensor's narrow block while it is narrow.
+  std::vector<Block*> narrow_block(s.narrowed > 0 ? p.saved.size() : 0, nullptr);
+  REGEN_CHECK(s.narrowed == 0 || !opt.dtr, "simulator: DTR runs without compression");
   int64_t best = sim.stats().allocated.current;
   std::vector<LiveBlockRec> best_live;
   int64_t last_marker = -1, best_marker = -1;
@@ -294,8 +331,78 @@ SimResult Simulator::run(const Schedule& s, const SimOptions& opt) const {
         sim, [engine](const EvictionRequest& r) { return engine->evict_for(r); });
   }
 
+  bool repeating = false;  // in the second or a later micro-batch of an accumulated step
+  // Offload: the host copies, and the copy queues' timeline. The compute clock is the profiled
+  // marker's time plus what the step has added so far (regeneration programs, waits for copies);
+  // each queue runs its copies in issue order, one at a time.
+  std::vector<Block*> host_copy(s.offloads.size(), nullptr);
+  std::vector<double> copy_end(s.offloads.size(), 0);
+  double shift = 0, to_host_free = 0, to_device_free = 0;
+  auto issue_copy = [&](double now, double ms, double& queue_free, double& busy) {
+    const double start = std::max(now, queue_free);
+    queue_free = start + ms;
+    busy += ms;
+    return queue_free;
+  };
+  auto wait_copy = [&](double now, double end) {  // the compute's clock after the wait
+    if (end <= now) return now;
+    res.stall_ms += end - now;
+    shift += end - now;
+    return end;
+  };
+  auto value_tag = [&](int32_t saved) {
+    return intern_tag(
+        p.nodes[static_cast<size_t>(p.saved[static_cast<size_t>(saved)].producer)].name);
+  };
+  auto after_host_change = [&]() {};
+  // Optimizer state on the host tier: each parameter's state copied into device blocks, updated,
+  // copied back, one parameter ahead and one behind (the executor's order, executor.cpp).
+  auto run_state_stream = [&](double t0) {
+    const size_t ng = s.state_groups.size();
+    std::vector<std::vector<Block*>> dev(ng);
+    std::vector<double> in_end(ng, 0), out_end(ng, 0);
+    double t = t0, updates = 0;
+    auto issue_in = [&](size_t g) {
+      const StateGroup& grp = s.state_groups[g];
+      for (size_t k = 0; k < grp.block.size(); ++k) {
+        dev[g].push_back(alloc_(static_cast<uint64_t>(grp.requested[k]), Category::optimizer_state,
+                                intern_tag(grp.tag[k])));
+        after_change();
+        in_end[g] = issue_copy(t, grp.to_device_ms[k], to_device_free, res.to_device_busy_ms);
+        res.bytes_to_device += grp.requested[k];
+      }
+    };
+    auto issue_out = [&](size_t g) {
+      const StateGroup& grp = s.state_groups[g];
+      for (size_t k = 0; k < grp.block.size(); ++k) {
+        out_end[g] = issue_copy(t, grp.to_host_ms[k], to_host_free, res.to_host_busy_ms);
+        res.bytes_to_host += grp.requested[k];
+      }
+    };
+    auto finish = [&](size_t g) {
+      t = std::max(t, out_end[g]);
+      for (Block* b : dev[g]) free_(b);
+      dev[g].clear();
+    };
+    for (size_t g = 0; g < ng; ++g) {
+      if (g == 0) issue_in(0);
+      if (g + 1 < ng) issue_in(g + 1);
+      t = std::max(t, in_end[g]);
+      t += s.state_groups[g].update_ms;
+      updates += s.state_groups[g].update_ms;
+      issue_out(g);
+      if (g > 0) finish(g - 1);
+    }
+    if (ng > 0) finish(ng - 1);
+    // The profiled step already holds the updates; what is left is waiting for copies.
+    const double waited = std::max(0.0, t - t0 - updates);
+    res.stall_ms += waited;
+    shift += waited;
+  };
+
   auto on_marker = [&](const Marker& m) {
     last_marker = &m - p.markers.data();
+    const double now = m.time_ms + shift;
     if (dtr) {
       switch (m.kind) {
         case MarkerKind::fwd_begin:
@@ -320,7 +427,7 @@ SimResult Simulator::run(const Schedule& s, const SimOptions& opt) const {
           break;
       }
     }
-    if (m.kind == MarkerKind::iteration_begin) {
+    if (m.kind == MarkerKind::iteration_begin && !repeating) {
       // The planned step's requests, like the allocator's, count from here.
       sim.begin_planned_step();
       if (opt.requests) {
@@ -336,9 +443,79 @@ SimResult Simulator::run(const Schedule& s, const SimOptions& opt) const {
         free_(it->second);
         it->second = nullptr;  // its base free, if any, no longer frees anything
       }
+      double t = now;
+      for (int32_t i : s.offload_issue_after[static_cast<size_t>(m.node)]) {
+        const OffloadOp& op = s.offloads[static_cast<size_t>(i)];
+        host_copy[static_cast<size_t>(i)] =
+            host.allocate(op.bytes, Category::activation, value_tag(op.saved));
+        after_host_change();
+        copy_end[static_cast<size_t>(i)] =
+            issue_copy(t, op.to_host_ms, to_host_free, res.to_host_busy_ms);
+        res.bytes_to_host += static_cast<int64_t>(op.bytes);
+        ++res.offloads;
+      }
+      for (int32_t i : s.offload_free_after[static_cast<size_t>(m.node)]) {
+        const OffloadOp& op = s.offloads[static_cast<size_t>(i)];
+        t = wait_copy(t, copy_end[static_cast<size_t>(i)]);
+        auto it = live.find(saved_base[static_cast<size_t>(op.saved)]);
+        REGEN_CHECK(it != live.end() && it->second, "simulator: saved tensor ", op.saved,
+                    " is not live when its offload frees it");
+        free_(it->second);
+        it->second = nullptr;
+      }
+      // Then the narrowings, as the executor makes them: the narrow form, then the f32 block goes;
+      // each takes the time model's narrowing time on the compute clock.
+      for (int32_t sv : s.narrow_after[static_cast<size_t>(m.node)]) {
+        auto it = live.find(saved_base[static_cast<size_t>(sv)]);
+        REGEN_CHECK(it != live.end() && it->second, "simulator: saved tensor ", sv,
+                    " is not live when its narrowing is scheduled");
+        const ProfileSaved& saved = p.saved[static_cast<size_t>(sv)];
+        const uint64_t bytes = p.values[static_cast<size_t>(saved.value)].bytes;
+        narrow_block[static_cast<size_t>(sv)] =
+            alloc_(narrow_bytes(bytes), Category::activation, narrow_tag(p, sv));
+        after_change();
+        shift += p.compress_cost.narrow_ms(bytes);
+        free_(it->second);
+        it->second = nullptr;
+      }
     } else if (m.kind == MarkerKind::bwd_begin) {
+      double t = now;
+      for (int32_t i : s.prefetch_issue_before[static_cast<size_t>(m.node)]) {
+        const OffloadOp& op = s.offloads[static_cast<size_t>(i)];
+        // A new device block for it: the saved tensor's from here (its base free frees it).
+        live[saved_base[static_cast<size_t>(op.saved)]] =
+            alloc_(op.bytes, Category::activation, value_tag(op.saved));
+        after_change();
+        copy_end[static_cast<size_t>(i)] =
+            issue_copy(t, op.to_device_ms, to_device_free, res.to_device_busy_ms);
+        res.bytes_to_device += static_cast<int64_t>(op.bytes);
+      }
+      for (int32_t i : s.prefetch_wait_before[static_cast<size_t>(m.node)]) {
+        t = wait_copy(t, copy_end[static_cast<size_t>(i)]);
+        host.free(host_copy[static_cast<size_t>(i)]);
+        host_copy[static_cast<size_t>(i)] = nullptr;
+      }
+      // Widenings after the copies back and before the program: the f32 block, then the narrow
+      // form goes; the base free of the tensor frees the widened block.
+      for (int32_t sv : s.widen_before[static_cast<size_t>(m.node)]) {
+        const ProfileSaved& saved = p.saved[static_cast<size_t>(sv)];
+        const ProfileValue& root = p.values[static_cast<size_t>(saved.value)];
+        Block* wide = alloc_(root.bytes, Category::activation, widen_tag(p, sv));
+        after_change();
+        REGEN_CHECK(narrow_block[static_cast<size_t>(sv)] != nullptr, "simulator: saved tensor ",
+                    sv, " is widened but was not narrowed");
+        free_(narrow_block[static_cast<size_t>(sv)]);
+        narrow_block[static_cast<size_t>(sv)] = nullptr;
+        live[saved_base[static_cast<size_t>(sv)]] = wide;
+        shift += p.compress_cost.widen_ms(root.bytes);
+      }
       const int32_t pi = s.program_of_node[static_cast<size_t>(m.node)];
-      if (pi >= 0) run_program(s.programs[static_cast<size_t>(pi)]);
+      if (pi >= 0) {
+        run_program(s.programs[static_cast<size_t>(pi)]);
+        shift += s.programs[static_cast<size_t>(pi)].time_ms;
+      }
+    } else if (m.kind == MarkerKind::optimizer_begin && !s.state_groups.empty()) {
+      run_state_stream(now);
     }
     if (opt.timeline) {
       TimelinePoint tp;
@@ -352,10 +529,13 @@ SimResult Simulator::run(const Schedule& s, const SimOptions& opt) const {
     }
   };
 
-  try {
-    for (size_t i = 0; i <= p.events.size(); ++i) {
-      for (size_t m : markers_at_[i]) on_marker(p.markers[m]);
-      if (i == p.events.size()) break;
+  // Events [from, to) with the markers at positions from..to whose indices are in [lo, hi).
+  auto replay_events = [&](size_t from, size_t to, size_t lo, size_t hi) {
+    for (size_t i = from; i <= to; ++i) {
+      for (size_t m : markers_at_[i]) {
+        if (m >= lo && m < hi) on_marker(p.markers[m]);
+      }
+      if (i == to) break;
       const ProfileEvent& e = p.events[i];
       if (e.kind == MemoryEventKind::alloc) {
         live[e.block_id] = alloc_(static_cast<uint64_t>(e.requested), e.category, tags_[i]);
@@ -368,6 +548,23 @@ SimResult Simulator::run(const Schedule& s, const SimOptions& opt) const {
         live.erase(it);
       }
       // Segment events follow from the allocations; the simulated allocator makes its own.
+    }
+  };
+  try {
+    const int64_t micro = p.micro_batch_marker();
+    if (micro < 0) {
+      replay_events(0, p.events.size(), 0, p.markers.size());
+    } else {
+      // Gradient accumulation: the first micro-batch's events (and markers, the micro_batch_end
+      // one included) once per micro-batch, then the optimizer's.
+      const size_t end = static_cast<size_t>(p.markers[static_cast<size_t>(micro)].position);
+      const size_t split = static_cast<size_t>(micro) + 1;
+      for (int64_t k = 0; k < p.accumulate; ++k) {
+        repeating = k > 0;
+        replay_events(0, end, 0, split);
+      }
+      repeating = false;
+      replay_events(end, p.events.size(), split, p.markers.size());
     }
   } catch (const OutOfMemory& e) {
     if (opt.limit <= 0) throw;  // the null arena never runs out without a limit
@@ -408,8 +605,37 @@ SimResult Simulator::run(const Schedule& s, const SimOptions& opt) const {
   }
   res.recompute_ms = s.recompute_ms;
   res.replays = s.replays;
-  res.time_ms = p.iteration_ms + s.recompute_ms;
+  res.narrowed = s.narrowed;
+  res.compress_ms = s.compress_ms;
+  // Every micro-batch recomputes, narrows and widens what the schedule says; evictions, replays
+  // and narrowed tensors above are one micro-batch's, as the executor counts them (per backward).
+  res.time_ms = p.iteration_ms +
+                static_cast<double>(p.accumulate) * (s.recompute_ms + s.compress_ms) + res.stall_ms;
+  const MemoryStats hs = host.stats();
+  res.host_peak_allocated = hs.allocated.peak;
+  res.host_peak_reserved = hs.reserved.peak;
+  res.host_peak_requested = hs.requested.peak;
+  for (int i = 0; i < kNumCategories; ++i) res.host_peak_by[i] = hs.allocated_by[i].peak;
   return res;
+}
+
+StartLayouts start_layouts(const Profile& p, const Schedule& s) {
+  CachingAllocator dev(make_null_arena(Device::cpu()));
+  CachingAllocator host(make_null_arena(Device::cpu()));
+  dev.restore_state(p.start_state);
+  if (s.optimizer_state == StatePlace::host) {
+    for (const StateGroup& g : s.state_groups) {
+      for (size_t k = 0; k < g.block.size(); ++k) {
+        host.allocate(static_cast<uint64_t>(g.requested[k]), Category::optimizer_state,
+                      intern_tag(g.tag[k]));
+        Block* b = dev.block_by_id(g.block[k]);
+        REGEN_CHECK(b, "start layout: optimizer state block ", g.block[k], " is not live");
+        dev.free(b);
+      }
+    }
+    dev.empty_cache();
+  }
+  return {dev.live_layout(), host.live_layout()};
 }
 
 Profile profile_from_json(const std::string& text, const std::string& origin) {
@@ -423,8 +649,8 @@ Profile profile_from_json(const std::string& text, const std::string& origin) {
   // The event log must replay to the peaks the file says were measured: a file edited by hand
   // or damaged in a way the structural checks miss would otherwise give plans whose predictions
   // are silently wrong.
-  const SimResult replay =
-      sim->run(build_schedule(p, std::vector<Decision>(p.saved.size(), Decision::retain)));
+  const SimResult replay = sim->run(without_compression(
+      build_schedule(p, std::vector<Decision>(p.saved.size(), Decision::retain))));
   REGEN_CHECK(replay.peak_allocated == p.peak_allocated && replay.peak_reserved == p.peak_reserved,
               origin, ": its event log replays to a peak of ", replay.peak_allocated,
               " allocated and ", replay.peak_reserved, " reserved bytes, but it records ",

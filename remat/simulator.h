@@ -39,7 +39,9 @@ struct SimResult {
   double time_ms = 0;   // profiled iteration time + recomputation
   double recompute_ms = 0;
   int64_t replays = 0;
-  int64_t evictions = 0;  // saved tensors evicted (a schedule's, or those DTR chose)
+  int64_t evictions = 0;   // saved tensors evicted (a schedule's, or those DTR chose)
+  int64_t narrowed = 0;    // saved tensors held narrow (compression; schedule.h)
+  double compress_ms = 0;  // their narrowings and widenings, by the profile's time model
   std::vector<TimelinePoint> timeline;
   // With a limit: whether the step runs out of memory under it, the allocator's message and the
   // last marker before it ("bwd_begin <op>", ...); the peaks are then those reached before.
@@ -51,6 +53,16 @@ struct SimResult {
   // reserved total it refused, CachingAllocator::lowest_refused); 0 when it refused nothing, and
   // then every higher limit runs the step exactly as this one did.
   int64_t next_limit = 0;
+  // Offload (the schedule's offloaded tensors and optimizer state on the host tier): the host
+  // tier's peaks over the step, as the device's (its allocator starts from the optimizer state
+  // alone); how long the step waits for copies that are late (part of time_ms), and how long each
+  // copy queue is busy; the tensors offloaded and the bytes copied each way.
+  int64_t host_peak_allocated = 0, host_peak_reserved = 0, host_peak_requested = 0;
+  std::array<int64_t, kNumCategories> host_peak_by{};
+  double stall_ms = 0;
+  double to_host_busy_ms = 0, to_device_busy_ms = 0;
+  int64_t offloads = 0;
+  int64_t bytes_to_host = 0, bytes_to_device = 0;
 };
 
 struct SimOptions {
@@ -96,6 +108,15 @@ class Simulator {
   std::vector<std::vector<WindowEvent>> windows_;  // per node: its forward allocations/frees
   std::vector<std::vector<size_t>> markers_at_;    // per event position: marker indices
 };
+
+// The allocator layouts a step under `s` starts from, which RematPipeline checks at every step's
+// start: the device's (the profile's start state, less the optimizer state when the schedule keeps
+// it on the host tier, after the step's canonical start empties the cache) and the host tier's
+// (that state, allocated in order into an empty host tier; empty otherwise).
+struct StartLayouts {
+  LiveLayout device, host;
+};
+StartLayouts start_layouts(const Profile& p, const Schedule& s);
 
 // A profile.json's text or file: parse_profile_json (profile.h), then its event log replayed: the
 // peaks must be the ones the file records as measured, or it was edited or damaged. Throws

@@ -3,7 +3,8 @@
 # (the regen tool and the CUDA suites), and copies them into the git-ignored build-carry/, so a
 # device call carries them instead of spending device time on a build. The build targets sm_90,
 # generic x86-64 (no -march=native: the device's processor may differ), no MILP (CBC is not
-# installed there) and no Python module (another interpreter there). build-carry/SOURCE_DIR names
+# installed there), no MPI (neither is Open MPI: the NCCL suite runs one rank, which needs none)
+# and no Python module (another interpreter there). build-carry/SOURCE_DIR names
 # this checkout, whose path is compiled into the programs (test data, tools/plot.py); the
 # `prebuilt` phase of scripts/gpu-session.sh links that path to the device's checkout.
 # Usage: bash scripts/gpu-prebuild.sh   (then carry ["build-carry", ".gpu-deps"])
@@ -11,7 +12,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -d .gpu-deps ] || bash scripts/gpu-deps.sh
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DREGEN_CUDA=ON -DREGEN_CUDA_ARCHS=90 \
-  -DREGEN_NATIVE=OFF -DREGEN_MILP=OFF -DREGEN_PYTHON=OFF -DREGEN_DEPS_DIR="$PWD/.gpu-deps" > /dev/null
+  -DREGEN_NATIVE=OFF -DREGEN_MILP=OFF -DREGEN_MPI=OFF -DREGEN_PYTHON=OFF -DREGEN_DEPS_DIR="$PWD/.gpu-deps" > /dev/null
 suites=$(cd tests/cuda && ls test_*.cpp | sed 's/\.cpp$//')
 # shellcheck disable=SC2086
 cmake --build build-gpu -j "$(nproc)" --target regen $suites

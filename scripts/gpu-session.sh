@@ -24,9 +24,11 @@
 #   probe        what the machine has: GPU, driver, kernel (Firecracker or gVisor: compute-sanitizer
 #                works only on Firecracker), nvcc, cmake, compilers, cuBLAS/cuDNN, PyTorch
 #   build        configure (REGEN_CUDA=ON, sm_90) and build Release in build-gpu
-#   test         every CUDA suite with full output and REGEN_CUDA_SYNC=1 (a kernel fault is named
-#                after its launcher), then every test through ctest (CUDA suites included); with a
-#                carried build, which has only the CUDA suites, each suite once more without sync
+#   test         every CUDA suite (every tests/cuda/test_*.cpp: test_cuda_dry_run checks the CUDA
+#                dry run against real calls and a real step) with full output and REGEN_CUDA_SYNC=1
+#                (a kernel fault is named after its launcher), then every test through ctest (CUDA
+#                suites included); with a carried build, which has only the CUDA suites, each
+#                suite once more without sync
 #   sanitize     compute-sanitizer: memcheck with REGEN_ALLOC_DIRECT=1 (every block its own
 #                cudaMalloc of its exact size, so an overrun of a tensor is seen, not hidden inside a
 #                cached segment) over the op, op-table, autograd and remat suites; racecheck and
@@ -49,6 +51,14 @@
 #                sweeps
 #   fit          the largest batch whose plan fits 16 GiB for none, blocks and mutwo (both models),
 #                each then trained for 3 steps to measure its peak
+#   offload      the offload fate on the device: regen bench copy (pinned host memory, copy streams:
+#                the measured transfer model), test_cuda_offload (exact peaks of the device and its
+#                host tier, bitwise training), then ResNet-152 at batch 32 (TF32) profiled once and
+#                dp with every fate at 33% and 25% of the reserved no-remat peak and at its lowest,
+#                each trained 4 steps: measured peaks (device and host tier) against the predicted,
+#                and the time the compute stream waited for copies (events) against the predicted
+#                wait. GPU_SESSION_DEVICE=cpu GPU_OFFLOAD_MODEL=resnet50 GPU_OFFLOAD_SIZE=64 runs the
+#                same commands on the CPU (a dry run of the phase without a GPU)
 # Usage: bash scripts/gpu-session.sh PHASE [PHASE...]
 # Environment: OUT (default out/gpu), GPU_SESSION_S (seconds for the whole call, default 570),
 # GPU_SESSION_BUILD (build folder, default build-gpu), GPU_SANITIZE_RUNS (the sanitize phase's
@@ -348,6 +358,39 @@ phase_fit() {  # the largest batch whose plan fits 16 GiB: doubling, then bisect
     done
   done
   rm -rf "$work"/fit_*_b*/trace.json
+}
+
+# offload: see the header. The suite, then one profile and three plans of dp with every fate.
+phase_offload() {
+  local dev="${GPU_SESSION_DEVICE:-cuda}" model="${GPU_OFFLOAD_MODEL:-resnet152}"
+  local size="${GPU_OFFLOAD_SIZE:-224}" batch="${GPU_OFFLOAD_BATCH:-32}" math=() b d rc status=0
+  [ "$dev" = cuda ] && math=(--math tf32)
+  limited 60 "$regen" bench copy --device "$dev" --json "$work/copy_$dev.json" \
+    > "$work/bench_copy.txt" 2>&1
+  log "regen bench copy exit $?"; cat "$work/bench_copy.txt"
+  if [ "$dev" = cuda ]; then
+    limited 180 "$build/tests/test_cuda_offload" -s > "$work/test_cuda_offload.txt" 2>&1
+    rc=$?; log "test_cuda_offload exit $rc"; [ $rc -eq 0 ] || status=1
+    grep -E "MESSAGE|measured transfer|predicted wait|test cases|assertions" "$work/test_cuda_offload.txt"
+  fi
+  d="$work/offload_${model}_b$batch"
+  mkdir -p "$d"
+  limited 150 "$regen" profile --device "$dev" "${math[@]}" --model "$model" --image-size "$size" \
+    --batch "$batch" --warmup 2 --iterations 2 --out "$d" > "$d.log" 2>&1
+  log "regen profile $model batch $batch exit $?"; tail -1 "$d.log"
+  for b in 33% 25% lowest; do
+    "$regen" plan --profile "$d/profile.json" --policy dp --offload all --transfer profile \
+      --budget "$b" --out "$d/plan_$b.json" --decisions "$d/decisions_$b.csv" > "$d/plan_$b.txt" 2>&1
+    log "regen plan dp+all at $b exit $?"; cat "$d/plan_$b.txt"
+    grep -q "^  feasible" "$d/plan_$b.txt" || continue
+    limited 120 "$regen" train --device "$dev" "${math[@]}" --model "$model" --image-size "$size" \
+      --batch "$batch" --steps 4 --profile "$d/profile.json" --plan "$d/plan_$b.json" \
+      --progress none > "$d/train_$b.txt" 2>&1
+    rc=$?; log "regen train under dp+all at $b exit $rc"; [ $rc -eq 0 ] || status=1
+    grep -E "remat|host tier|step time|peak memory" "$d/train_$b.txt"
+  done
+  rm -f "$d/trace.json"
+  return $status
 }
 
 [ $# -gt 0 ] || { sed -n 2,30p "$0"; exit 2; }

@@ -7,8 +7,12 @@ set -euo pipefail
 
 packages=(cmake make g++ pkg-config libeigen3-dev doctest-dev nlohmann-json3-dev libcli11-dev
           coinor-libcbc-dev
-          # The Python module (REGEN_PYTHON=AUTO builds it when these are present) and its tests.
-          python3 python3-dev python3-numpy pybind11-dev python3-pytest)
+          # Data-parallel training under mpirun (REGEN_MPI=AUTO builds it when MPI is found).
+          libopenmpi-dev openmpi-bin
+          # The Python module (REGEN_PYTHON=AUTO builds it when these are present) and its tests;
+          # sklearn ships the handwritten digits the real-data test trains on
+          # (tests/python/test_digits.py).
+          python3 python3-dev python3-numpy pybind11-dev python3-pytest python3-sklearn)
 # `make fuzz`: clang with libFuzzer and its OpenMP runtime.
 if [ "${REGEN_WITH_FUZZ:-0}" = "1" ]; then
   packages+=(clang libclang-rt-14-dev libomp-dev)

@@ -21,6 +21,7 @@
 #include "regen/autograd/ops_unary.h"
 #include "regen/core/philox.h"
 #include "regen/core/safetensors.h"
+#include "tests/dry_paths.h"
 #include "tests/gradcheck.h"
 #include "tests/op_reference.h"
 
@@ -460,6 +461,41 @@ inline void check_against_reference(const OpCase& c, DType dtype, Device device)
                 got.grads[k++], as_doubles(stored(c.name, "grad" + std::to_string(i))), rtol);
   }
   CHECK(k == got.grads.size());
+}
+
+// The workspace requests of a row's f32 forward and backward on `device`, run for real or dry
+// (tests/dry_paths.h): what a dry run of a step that uses the op counts as its scratch. The inputs
+// come first; the cotangent, made after the forward, is no workspace.
+inline ScratchEvents op_scratch_events(const OpCase& c, Device device, bool dry) {
+  return scratch_events(device, dry, [&](const auto& begin) {
+    std::vector<Tensor> in = op_inputs(c, DType::f32, device);
+    for (size_t i = 0; i < in.size(); ++i) {
+      if (c.inputs[i].kind == OpInput::Kind::real && c.inputs[i].grad)
+        in[i].set_requires_grad(true);
+    }
+    begin();
+    Tensor out = c.fn(in);
+    if (c.differentiable) {
+      Tape::current().backward(out, ones(out.shape(), DType::f32, device));
+    } else {
+      Tape::current().clear();  // nothing recorded outlives a dry run's allocator
+    }
+  });
+}
+
+// Every row of the op table, run dry on `device`, requests the scratch its real run requests;
+// returns how many rows request any.
+inline int check_op_table_dry_runs(Device device) {
+  int with_scratch = 0;
+  for (const OpCase& c : op_table()) {
+    CAPTURE(c.name);
+    const ScratchEvents real = op_scratch_events(c, device, false);
+    const ScratchEvents dry = op_scratch_events(c, device, true);
+    CHECK(dry.size() == real.size());
+    CHECK(dry == real);
+    if (!real.empty()) ++with_scratch;
+  }
+  return with_scratch;
 }
 
 }  // namespace regen::testing

@@ -84,7 +84,10 @@ void check_model_structure(const Profile& p, const ChainModel& m) {
 // its own recompute time is what the simulation replays.
 void check_programme(const Profile& p, const ChainModel& m) {
   const Simulator sim(p);
-  const std::vector<ChainPlan> plans = chain_plans(p, m, 512);
+  // At 2048 levels, as dp plans: each stage's level is rounded to the nearest unit (the no-remat
+  // peak / levels), so with fewer levels the 20 stages' rounding can pass the top level by a unit
+  // and the largest budget then drops a tensor or two (resnet with packed saves did at 512).
+  const std::vector<ChainPlan> plans = chain_plans(p, m, 2048);
   REQUIRE(plans.size() > 3);
   CHECK(plans.front().model_ms == 0);  // the largest budget recomputes nothing
   double worst = 0;

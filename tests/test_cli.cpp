@@ -33,6 +33,7 @@
 #include "regen/remat/milp.h"
 #include "regen/remat/planner.h"
 #include "regen/remat/profiler.h"
+#include "regen/remat/transfer.h"
 #include "tests/test_util.h"
 #include "tools/common.h"
 
@@ -194,6 +195,9 @@ TEST_CASE("cli: mistakes in flags give one clear line and a non-zero exit") {
   expect_failure(dir, tiny({"--optimizer", "adam"}),
                  {"--optimizer must be sgd or adamw, got 'adam'"});
   expect_failure(dir, tiny({"--conv", "fast"}), {"--conv must be native or cudnn, got 'fast'"});
+  expect_failure(dir, tiny({"--compress", "bf17"}),
+                 {"--compress must be none, bf16 or fp16, got 'bf17'"});
+  expect_failure(dir, tiny({"--masks", "maybe"}), {"--masks", "maybe"});
   expect_failure(dir, tiny({"--momentum", "1.5"}), {"--momentum must be a number from 0 to 1"});
   expect_failure(dir, tiny({"--weight-decay", "-1"}), {"--weight-decay must be a finite number"});
   expect_failure(dir, tiny({"--seed", "-1"}), {"--seed must be a non-negative integer, got -1"});
@@ -486,6 +490,42 @@ TEST_CASE("cli: train under a plan reports the prediction exact on every step un
   CHECK(has(one.out, "(exact on the one step under the plan)"));
 }
 
+// Offload from the command line: dp with every fate trains exactly, the host tier's peaks and the
+// copies reported beside the prediction; regen bench copy writes a transfer model --transfer reads.
+TEST_CASE(
+    "cli: train with --offload all reports the host tier exact and bench copy writes a model") {
+  TempDir dir;
+  const Result r = regen_run(
+      dir, tiny({"--steps", "4", "--batch", "4", "--policy", "dp", "--budget", "lowest",
+                 "--budget-of", "allocated", "--offload", "all", "--transfer", "gbps:20"}));
+  CAPTURE(r.out);
+  CAPTURE(r.err);
+  CHECK(r.status == 0);
+  CHECK(has(r.out, "(exact on every one of the 2 steps under the plan)"));
+  CHECK(has(r.out, "  host tier: predicted peak allocated"));
+  CHECK(has(r.out, "the times say nothing of a GPU's"));
+  const std::string json = dir.path + "/copy.json";
+  const Result b =
+      regen_run(dir, {"bench", "copy", "--sizes", "1MiB,2MiB", "--repeats", "1", "--json", json});
+  CAPTURE(b.err);
+  CHECK(b.status == 0);
+  CHECK(has(b.out, "transfer model:"));
+  CHECK(load_transfer(json).valid());
+  const Result t = regen_run(
+      dir, tiny({"--steps", "3", "--batch", "4", "--policy", "dp", "--budget", "lowest",
+                 "--budget-of", "allocated", "--offload", "activations", "--transfer", json}));
+  CAPTURE(t.err);
+  CHECK(t.status == 0);
+  const Result bad =
+      regen_run(dir, tiny({"--steps", "3", "--policy", "dp", "--offload", "weights"}));
+  CHECK(bad.status != 0);
+  CHECK(has(bad.err, "--offload"));
+  const Result bad_t = regen_run(
+      dir, tiny({"--steps", "3", "--policy", "dp", "--offload", "all", "--transfer", "pcie5"}));
+  CHECK(bad_t.status != 0);
+  CHECK(has(bad_t.err, "--transfer 'pcie5': not profile, step:F"));
+}
+
 // A step whose loss is still finite can leave parameters that are not (here the update of step 1
 // with lr 1e300 overflows float): training stops after that step, naming the tensor and index,
 // before a later step or a save would carry them on.
@@ -651,7 +691,8 @@ TEST_CASE("cli: --layout planned needs a plan and agrees with a loaded one") {
 // Outputs are never written over the run's own training data, and --save may replace the
 // checkpoint it started from (read whole before the first step, replaced atomically after the
 // last).
-TEST_CASE("cli: outputs are checked against --data's files; --load X --save X trains on in place") {
+TEST_CASE(
+    "cli: outputs are checked against --data's files, and --load X --save X trains on in place") {
   TempDir dir;
   const std::string text = dir.file("corpus.txt");
   write_file_atomic(text, std::string(4000, 'a') + "the quick brown fox jumps over the lazy dog");
@@ -1138,12 +1179,21 @@ TEST_CASE("cli: --math and --tf32: defaults, conflicts, the CPU, and the math co
   CHECK(has(ops.out, "f32, math fp32, median of 1 runs"));
   CHECK(nlohmann::json::parse(read_file(ops_json)).at("math") == "fp32");
 
-  // A CSV as rows of named fields; the math column comes last, so readers that count columns
-  // are unaffected.
+  // A CSV as rows of named fields; the math column comes after the older ones and only the
+  // offload columns (frontier.csv) after it, so readers that count columns are unaffected.
   auto rows_of = [](const std::string& path) {
     std::vector<std::string> header;
     auto rows = csv_rows(path, &header);
-    CHECK(header.back() == "math");
+    const auto math = std::find(header.begin(), header.end(), "math");
+    REQUIRE(math != header.end());
+    const std::vector<std::string> offload = {"offloaded",
+                                              "optimizer_state",
+                                              "predicted_host_peak_allocated",
+                                              "predicted_stall_ms",
+                                              "measured_host_peak_allocated",
+                                              "measured_stall_ms"};
+    CHECK(std::vector<std::string>(math + 1, header.end()) ==
+          (math + 1 == header.end() ? std::vector<std::string>{} : offload));
     return rows;
   };
   const std::string sw = dir.file("sw");
@@ -1530,4 +1580,71 @@ TEST_CASE("cli: help texts and messages list every registered planner") {
   CHECK(sweep.status != 0);
   CHECK(has(sweep.err, "is the baseline every batch runs anyway (use " + join_names(remat)));
   CHECK_FALSE(std::filesystem::exists(dir.file("sweep")));
+}
+
+TEST_CASE(
+    "cli: the training loop's flags, --save-state and --resume, --log, regen eval, regen "
+    "choose") {
+  TempDir dir;
+  expect_failure(dir, tiny({"--accumulate", "0"}),
+                 {"--accumulate must be a positive integer, got 0"});
+  expect_failure(dir, tiny({"--lr-schedule", "linear"}),
+                 {"--lr-schedule must be constant, step or cosine, got 'linear'"});
+  expect_failure(dir, tiny({"--lr-schedule", "step"}), {"--lr-schedule step needs --lr-step-size"});
+  expect_failure(
+      dir, tiny({"--lr-schedule", "cosine", "--schedule-steps", "3", "--warmup-steps", "5"}),
+      {"--lr-schedule cosine decays over --schedule-steps 3 steps", "more than --warmup-steps 5"});
+  expect_failure(dir, tiny({"--clip-grad-norm", "-1"}), {"--clip-grad-norm must be"});
+  expect_failure(dir, tiny({"--eval-split", "0.95"}),
+                 {"--eval-split must be a number from 0 to 0.9, got 0.95"});
+  expect_failure(dir, tiny({"--save-every", "2"}), {"--save-every needs --save-state"});
+  expect_failure(dir, tiny({"--resume", dir.file("a"), "--load", dir.file("b")}),
+                 {"either --resume", "or --load"});
+  expect_failure(dir, tiny({"--resume", dir.file("missing.safetensors")}), {"missing.safetensors"});
+  expect_failure(dir, {"eval", "--model", "transformer-tiny"}, {"--load is required"});
+  expect_failure(dir,
+                 {"choose", "--model", "transformer-tiny", "--global-batch", "8", "--micro-batches",
+                  "3", "--budget", "4MiB"},
+                 {"3 does not divide --global-batch 8"});
+  expect_failure(
+      dir, {"choose", "--model", "transformer-tiny", "--global-batch", "8", "--budget", "50%"},
+      {"--budget 50%: give the device's bytes"});
+
+  // A run that saves its state, logs and evaluates; then resumed to the end; then evaluated.
+  const std::string state = dir.file("state.safetensors"), log = dir.file("log.csv");
+  const Result first =
+      regen_run(dir, tiny({"--steps", "2", "--lr-schedule", "cosine", "--schedule-steps", "4",
+                           "--warmup-steps", "1", "--clip-grad-norm", "1", "--eval-every", "2",
+                           "--eval-batches", "2", "--save-state", state, "--log", log}));
+  REQUIRE_MESSAGE(first.status == 0, first.err);
+  CHECK(has(first.out, "eval after step 2: loss"));
+  CHECK(has(first.out, "perplexity"));
+  CHECK(has(first.out, "no tape, no saved tensors"));
+  CHECK(has(first.out, "eta"));
+  CHECK(has(first.out, "saved the training state at step 2"));
+  const Result again =
+      regen_run(dir, tiny({"--steps", "4", "--lr-schedule", "cosine", "--warmup-steps", "1",
+                           "--clip-grad-norm", "1", "--eval-every", "2", "--eval-batches", "2",
+                           "--resume", state, "--save-state", state, "--log", log}));
+  REQUIRE_MESSAGE(again.status == 0, again.err);
+  CHECK(has(again.out, "resumed " + state + " at step 2"));
+  CHECK(has(again.out, "step 3/4"));
+  CHECK_FALSE(has(again.out, "step 1/4"));
+  const std::string rows = read_file(log);
+  CHECK(std::count(rows.begin(), rows.end(), '\n') == 1 + 4 + 2);  // header, 4 steps, 2 evals
+  CHECK(has(rows, "\neval,4,"));
+  // Finished: resuming it again has no step left.
+  expect_failure(dir,
+                 tiny({"--steps", "4", "--lr-schedule", "cosine", "--warmup-steps", "1",
+                       "--clip-grad-norm", "1", "--eval-every", "2", "--resume", state}),
+                 {"is at step 4 already"});
+  // Another trajectory is refused, naming the flag.
+  expect_failure(
+      dir, tiny({"--steps", "6", "--resume", state}),
+      {"saved by a run with --lr-schedule cosine", "this run has --lr-schedule constant"});
+  const Result ev = regen_run(dir, {"eval", "--model", "transformer-tiny", "--load", state,
+                                    "--eval-batches", "3", "--device", "cpu"});
+  REQUIRE_MESSAGE(ev.status == 0, ev.err);
+  CHECK(has(ev.out, "perplexity"));
+  CHECK(has(ev.out, "memory (no tape, no saved tensors): peak allocated"));
 }

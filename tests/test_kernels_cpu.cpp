@@ -23,8 +23,10 @@
 #include "regen/core/tensor.h"
 #include "regen/kernels/kernels.h"
 #include "regen/kernels/unary_ops.h"
+#include "tests/dry_paths.h"
 
 using namespace regen;
+using regen::testing::check_dry_path;
 
 namespace {
 
@@ -354,6 +356,24 @@ TEST_CASE("cpu sum_all: against a loop, same bits at 1 and 2 threads, allocator 
   CHECK(std::fabs(got - ref) <= 1e-12 * 50000);
 }
 
+TEST_CASE("cpu sum_squares: the sum of squares in double, same bits at 1 and 2 threads") {
+  for (int64_t n : {int64_t{0}, int64_t{3}, int64_t{4097}, int64_t{100003}}) {
+    const std::vector<float> x = cast<float>(random_values(static_cast<size_t>(n), 43, -3, 3));
+    double ref = 0;
+    for (float v : x) ref += static_cast<double>(v) * static_cast<double>(v);
+    float one = -1, two = -2;
+    with_threads(1, [&] { cpu::sum_squares<float>(x.data(), &one, n); });
+    with_threads(2, [&] { cpu::sum_squares<float>(x.data(), &two, n); });
+    // Chunks of 4096 summed in order: the double total is within a few ulps of the loop's.
+    CHECK(std::fabs(one - static_cast<float>(ref)) <= 1e-6 * std::fabs(ref));
+    CHECK(std::memcmp(&one, &two, sizeof(float)) == 0);
+  }
+  const float three_four[2] = {3.0f, -4.0f};
+  float y = 0;
+  cpu::sum_squares<float>(three_four, &y, 2);
+  CHECK(y == 25.0f);
+}
+
 TEST_CASE("cpu dropout: keep iff philox_word(seed, stream, i) >= p * 2^32, scale 1 / (1 - p)") {
   for (int64_t n : {int64_t{1}, int64_t{6}, kBig}) {
     const std::vector<float> x = cast<float>(random_values(static_cast<size_t>(n), 51));
@@ -413,55 +433,7 @@ TEST_CASE("cpu permute: a 4-d permutation against index arithmetic") {
   CHECK(bad == 0);
 }
 
-// ---- Dry paths ----------------------------------------------------------------------------------
-
-namespace {
-
-// One workspace request or free the allocator saw: (alloc or free, requested bytes).
-using ScratchEvents = std::vector<std::pair<MemoryEventKind, int64_t>>;
-
-// Runs body(begin) on the CPU allocator, or in a dry run (DryRunScope, its tensors on the Null
-// arena: any read or write of their bytes would fault). body makes its tensors, calls begin(),
-// then launches; returns the workspace-category allocs and frees after begin(), in order.
-template <class Body>
-ScratchEvents scratch_events(bool dry, const Body& body) {
-  std::unique_ptr<DryRunScope> scope;
-  if (dry) scope = std::make_unique<DryRunScope>(Device::cpu());
-  CachingAllocator& a = allocator_for(Device::cpu());
-  REQUIRE(!a.event_log_enabled());
-  body([&a] {
-    a.clear_events();
-    a.set_event_log(true);
-  });
-  ScratchEvents out;
-  for (const MemoryEvent& e : a.events()) {
-    if (e.category != Category::workspace) continue;
-    if (e.kind == MemoryEventKind::alloc || e.kind == MemoryEventKind::free) {
-      out.emplace_back(e.kind, e.requested);
-    }
-  }
-  a.set_event_log(false);
-  a.clear_events();
-  if (dry) CHECK(scope->allocator().stats().live_blocks == 0);
-  return out;
-}
-
-// The dry run's scratch events equal the real call's; `scratch` says whether there are any.
-template <class Body>
-void check_dry_path(const std::string& what, bool scratch, const Body& body) {
-  CAPTURE(what);
-  const int64_t real_allocs = allocator_for(Device::cpu()).stats().num_allocs;
-  const ScratchEvents real = scratch_events(false, body);
-  const int64_t before_dry = allocator_for(Device::cpu()).stats().num_allocs;
-  CHECK(before_dry > real_allocs);  // the real call's tensors
-  const ScratchEvents dry = scratch_events(true, body);
-  CHECK(allocator_for(Device::cpu()).stats().num_allocs == before_dry);  // nothing on the real one
-  CHECK(real.empty() == !scratch);
-  CHECK(dry.size() == real.size());
-  CHECK(dry == real);
-}
-
-}  // namespace
+// ---- Dry paths (tests/dry_paths.h) ----------------------------------------------------------
 
 // Each launcher of kernels.h's kDryRunLaunchers, called through REGEN_LAUNCH in a dry run, asks
 // the allocator for the same workspace blocks, of the same sizes, in the same order and nesting, as
@@ -480,7 +452,7 @@ TEST_CASE(
   for (const GemmCase& g : {GemmCase{128, 128, 128, 1, 0}, GemmCase{8, 5, 7, 1, 1},
                             GemmCase{300, 20, 64, 1, 0.5}, GemmCase{6, 9, 0, 1, 2}}) {
     check_dry_path(
-        "gemm " + std::to_string(g.M) + "x" + std::to_string(g.N) + "x" + std::to_string(g.K),
+        cpu, "gemm " + std::to_string(g.M) + "x" + std::to_string(g.N) + "x" + std::to_string(g.K),
         g.K > 0, [&](const auto& begin) {
           Tensor A = f32({g.M, g.K}), B = f32({g.N, g.K}), C = f32({g.M, g.N});
           begin();
@@ -490,7 +462,7 @@ TEST_CASE(
         });
   }
   covered.insert("gemm");
-  check_dry_path("gemm_batched", true, [&](const auto& begin) {
+  check_dry_path(cpu, "gemm_batched", true, [&](const auto& begin) {
     Tensor A = f32({3, 32, 64}), B = f32({3, 32, 48}), C = f32({3, 64, 48});
     begin();
     REGEN_LAUNCH(cpu, float, gemm_batched, true, false, int64_t{3}, int64_t{64}, int64_t{48},
@@ -500,14 +472,20 @@ TEST_CASE(
   });
   covered.insert("gemm_batched");
   for (int64_t n : {int64_t{100}, int64_t{100003}}) {
-    check_dry_path("sum_all " + std::to_string(n), n > 4096, [&](const auto& begin) {
+    check_dry_path(cpu, "sum_all " + std::to_string(n), n > 4096, [&](const auto& begin) {
       Tensor x = f32({n}), y = f32({1});
       begin();
       REGEN_LAUNCH(cpu, float, sum_all, x.data<float>(), y.data<float>(), n);
     });
   }
   covered.insert("sum_all");
-  check_dry_path("cross_entropy_forward", true, [&](const auto& begin) {
+  check_dry_path(cpu, "sum_squares", true, [&](const auto& begin) {
+    Tensor x = f32({100003}), y = f32({1});
+    begin();
+    REGEN_LAUNCH(cpu, float, sum_squares, x.data<float>(), y.data<float>(), int64_t{100003});
+  });
+  covered.insert("sum_squares");
+  check_dry_path(cpu, "cross_entropy_forward", true, [&](const auto& begin) {
     Tensor logits = f32({64, 100}), lse = f32({64}), loss = f32({1});
     Tensor targets = zeros({64}, DType::i64, cpu);
     begin();
@@ -530,19 +508,19 @@ TEST_CASE(
                               std::to_string(s.R) + "x" + std::to_string(s.S) + "/" +
                               std::to_string(s.stride_h);
     const Shape xs{s.N, s.C, s.H, s.W}, ws{s.K, s.C, s.R, s.S}, ys{s.N, s.K, s.P, s.Q};
-    check_dry_path("conv2d_forward" + shape, true, [&](const auto& begin) {
+    check_dry_path(cpu, "conv2d_forward" + shape, true, [&](const auto& begin) {
       Tensor x = f32(xs), w = f32(ws), b = f32({s.K}), y = f32(ys);
       begin();
       REGEN_LAUNCH(cpu, float, conv2d_forward, x.data<float>(), w.data<float>(), b.data<float>(),
                    y.data<float>(), s);
     });
-    check_dry_path("conv2d_backward_data" + shape, true, [&](const auto& begin) {
+    check_dry_path(cpu, "conv2d_backward_data" + shape, true, [&](const auto& begin) {
       Tensor dy = f32(ys), w = f32(ws), dx = f32(xs);
       begin();
       REGEN_LAUNCH(cpu, float, conv2d_backward_data, dy.data<float>(), w.data<float>(),
                    dx.data<float>(), s);
     });
-    check_dry_path("conv2d_backward_filter" + shape, true, [&](const auto& begin) {
+    check_dry_path(cpu, "conv2d_backward_filter" + shape, true, [&](const auto& begin) {
       Tensor x = f32(xs), dy = f32(ys), dw = f32(ws), db = f32({s.K});
       begin();
       REGEN_LAUNCH(cpu, float, conv2d_backward_filter, x.data<float>(), dy.data<float>(),
@@ -554,19 +532,19 @@ TEST_CASE(
     // A 4x4/2 transposed convolution 8 -> 4 channels, 6x6 -> 12x12 (s: the adjoint conv2d's).
     const ConvShape s = make_conv_transpose_shape(2, 8, 6, 6, 4, 4, 4, 2, 2, 1, 1, 0, 0);
     const Shape xs{s.N, s.K, s.P, s.Q}, ws{s.K, s.C, s.R, s.S}, ys{s.N, s.C, s.H, s.W};
-    check_dry_path("conv_transpose2d_forward", true, [&](const auto& begin) {
+    check_dry_path(cpu, "conv_transpose2d_forward", true, [&](const auto& begin) {
       Tensor x = f32(xs), w = f32(ws), b = f32({s.C}), y = f32(ys);
       begin();
       REGEN_LAUNCH(cpu, float, conv_transpose2d_forward, x.data<float>(), w.data<float>(),
                    b.data<float>(), y.data<float>(), s);
     });
-    check_dry_path("conv_transpose2d_backward_data", true, [&](const auto& begin) {
+    check_dry_path(cpu, "conv_transpose2d_backward_data", true, [&](const auto& begin) {
       Tensor dy = f32(ys), w = f32(ws), dx = f32(xs);
       begin();
       REGEN_LAUNCH(cpu, float, conv_transpose2d_backward_data, dy.data<float>(), w.data<float>(),
                    dx.data<float>(), s);
     });
-    check_dry_path("conv_transpose2d_backward_filter", true, [&](const auto& begin) {
+    check_dry_path(cpu, "conv_transpose2d_backward_filter", true, [&](const auto& begin) {
       Tensor x = f32(xs), dy = f32(ys), dw = f32(ws), db = f32({s.C});
       begin();
       REGEN_LAUNCH(cpu, float, conv_transpose2d_backward_filter, x.data<float>(), dy.data<float>(),
@@ -585,14 +563,14 @@ TEST_CASE(
     s.causal = true;
     s.dropout_p = 0.1f;
     const Shape qkv_shape{s.B, S, 3 * s.H * s.Dh}, out_shape{s.B, S, s.H * s.Dh};
-    check_dry_path("attention_forward S=" + std::to_string(S), true, [&](const auto& begin) {
+    check_dry_path(cpu, "attention_forward S=" + std::to_string(S), true, [&](const auto& begin) {
       Tensor qkv = f32(qkv_shape), out = f32(out_shape), lse = f32({s.B, s.H, S});
       Tensor pad = zeros({s.B, S}, DType::i32, cpu);
       begin();
       REGEN_LAUNCH(cpu, float, attention_forward, qkv.data<float>(), pad.data<int32_t>(),
                    out.data<float>(), lse.data<float>(), s);
     });
-    check_dry_path("attention_backward S=" + std::to_string(S), true, [&](const auto& begin) {
+    check_dry_path(cpu, "attention_backward S=" + std::to_string(S), true, [&](const auto& begin) {
       Tensor dout = f32(out_shape), qkv = f32(qkv_shape), out = f32(out_shape);
       Tensor lse = f32({s.B, s.H, S}), dqkv = f32(qkv_shape);
       Tensor pad = zeros({s.B, S}, DType::i32, cpu);
@@ -610,7 +588,7 @@ TEST_CASE(
   CHECK(covered == listed);
 
   // A launcher without a dry path is skipped: on the Null arena's addresses it would fault.
-  check_dry_path("unary_forward (no dry path)", false, [&](const auto& begin) {
+  check_dry_path(cpu, "unary_forward (no dry path)", false, [&](const auto& begin) {
     Tensor x = f32({1000}), y = f32({1000});
     begin();
     REGEN_LAUNCH(cpu, float, unary_forward, unary::relu{}, x.data<float>(), y.data<float>(),

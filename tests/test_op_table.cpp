@@ -1,6 +1,8 @@
 // The op table (tests/op_table.h) on the CPU: every op kind of the op list has a row, and every row
 // a reference; every row passes the f64 gradcheck; every row's f64 and f32 outputs and gradients
-// agree with its reference (an f64 formula or PyTorch's stored values).
+// agree with its reference (an f64 formula or PyTorch's stored values); every row run dry requests
+// the scratch its real run requests (the same check runs on cuda:0 in
+// tests/cuda/test_cuda_dry_run.cpp).
 #include <doctest/doctest.h>
 
 #include "tests/op_table.h"
@@ -57,4 +59,13 @@ TEST_CASE("op table: f64 and f32 outputs and gradients agree with the reference 
     check_against_reference(c, DType::f64, Device::cpu());
     check_against_reference(c, DType::f32, Device::cpu());
   }
+}
+
+// Each row's forward and backward in a dry run (core/allocator.h DryRunScope) request the workspace
+// blocks a real run requests, in order: no launcher an op reaches takes scratch without a dry path
+// (kernels/kernels.h, cpu::kDryRunLaunchers).
+TEST_CASE("op table: every row run dry requests the scratch its real run requests on the CPU") {
+  const int with_scratch = check_op_table_dry_runs(Device::cpu());
+  MESSAGE(with_scratch, " rows take scratch");
+  CHECK(with_scratch > 0);  // the GEMM, convolution and attention rows at least
 }

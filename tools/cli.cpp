@@ -6,12 +6,14 @@
 #include <algorithm>
 #include <cstdio>
 #include <map>
+#include <memory>
 #include <new>
 
 #include "regen/core/error.h"
 #include "regen/tools/cli.h"
 #include "tools/command.h"
 #include "tools/common.h"
+#include "tools/distributed.h"
 
 namespace regen::tool {
 namespace {
@@ -23,10 +25,20 @@ std::vector<Command>& commands() {
   return list;
 }
 
-int run_cli(int argc, char** argv) {
+namespace {
+
+// The command line, run in `job`: every error becomes one message on stderr, named after the rank
+// under mpirun, and an exit status.
+int run_commands(int argc, char** argv, JobScope& job) {
+  const std::string prefix = job.error_prefix();
   CLI::App app{"regen: deep-learning training with built-in rematerialization"};
   // Before the subcommands are added: they copy their parent's failure message.
-  app.failure_message(cli_failure_message);
+  app.failure_message([prefix](const CLI::App* a, const CLI::Error& e) {
+    std::string msg = cli_failure_message(a, e);
+    const std::string head = "regen: error: ";
+    if (!prefix.empty() && msg.rfind(head, 0) == 0) msg.insert(head.size(), prefix);
+    return msg;
+  });
   app.require_subcommand(1);
   app.set_help_all_flag("--help-all", "show help for every subcommand");
   const std::string exit_status =
@@ -56,14 +68,18 @@ int run_cli(int argc, char** argv) {
     sub->footer(exit_status);
     c.setup(*sub);
   }
+  // Under mpirun: once every rank's flags parsed, before any command runs, the ranks must have
+  // been given the same command (a rank with other steps or another batch would wait forever).
+  const std::vector<std::string> args(argv + 1, argv + argc);
+  app.parse_complete_callback([args] { check_same_command_line(args); });
   // An unknown command is named as such (CLI11 would say only that one is required).
   if (argc > 1 && argv[1][0] != '-') {
     std::vector<std::string> names;
     for (const CLI::App* sub : app.get_subcommands({})) names.push_back(sub->get_name());
     if (std::find(names.begin(), names.end(), argv[1]) == names.end()) {
       std::fprintf(stderr,
-                   "regen: error: unknown command '%s'; the commands are %s (regen --help)\n",
-                   argv[1], join_names(names).c_str());
+                   "regen: error: %sunknown command '%s'; the commands are %s (regen --help)\n",
+                   prefix.c_str(), argv[1], join_names(names).c_str());
       return kUsageError;
     }
   }
@@ -75,20 +91,34 @@ int run_cli(int argc, char** argv) {
     return app.exit(e) == 0 ? 0 : kUsageError;
   } catch (const regen::Error& e) {
     std::fflush(stdout);
-    std::fprintf(stderr, "regen: error: %s\n", e.what());
+    std::fprintf(stderr, "regen: error: %s%s\n", prefix.c_str(), e.what());
     return 1;
   } catch (const std::bad_alloc&) {
     std::fflush(stdout);
     std::fprintf(stderr,
-                 "regen: error: out of host memory (std::bad_alloc): the batch or the model is too "
-                 "large for this machine's memory; try a smaller --batch\n");
+                 "regen: error: %sout of host memory (std::bad_alloc): the batch or the model is "
+                 "too large for this machine's memory; try a smaller --batch\n",
+                 prefix.c_str());
     return 1;
   } catch (const std::exception& e) {
     std::fflush(stdout);
-    std::fprintf(stderr, "regen: error: %s\n", e.what());
+    std::fprintf(stderr, "regen: error: %s%s\n", prefix.c_str(), e.what());
     return 1;
   }
   return 0;
+}
+
+}  // namespace
+
+int run_cli(int argc, char** argv) {
+  std::unique_ptr<JobScope> job;
+  try {
+    job = std::make_unique<JobScope>();  // MPI first, under mpirun (tools/distributed.h)
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "regen: error: %s\n", e.what());
+    return 1;
+  }
+  return job->finish(run_commands(argc, argv, *job));
 }
 
 }  // namespace regen::tool

@@ -13,6 +13,7 @@
 #include "regen/core/numeric.h"
 #include "tools/command.h"
 #include "tools/common.h"
+#include "tools/distributed.h"
 
 namespace regen::tool {
 namespace {
@@ -186,7 +187,7 @@ void run(Flags f) {
       j << ",\n  \"ratio_regen_over_torch\": " << num;
     }
     j << "\n}\n";
-    write_file_atomic(f.json, j.str());
+    if (output_rank()) write_file_atomic(f.json, j.str());
     std::printf("  wrote %s\n", f.json.c_str());
   }
 }

@@ -10,6 +10,7 @@
 #include "regen/remat/estimate.h"
 #include "tools/command.h"
 #include "tools/common.h"
+#include "tools/distributed.h"
 
 namespace regen::tool {
 namespace {
@@ -45,6 +46,7 @@ void run(const Flags& f) {
   EstimateOptions o;
   o.optimizer = f.m.optimizer;
   o.momentum = f.m.momentum;
+  o.masks = f.m.masks;
   o.policy = parse_estimate_policy(f.policy);
   if (!f.csv.empty()) check_output_path("--csv", f.csv);
   const MemoryTerms est = estimate_memory(c, f.m.batch, o);
@@ -110,7 +112,7 @@ void run(const Flags& f) {
         format_bytes(exact.peak_allocated).c_str(), format_bytes(exact.scratch_at_peak).c_str());
   }
   if (!f.csv.empty()) {
-    write_file_atomic(f.csv, csv.str());
+    if (output_rank()) write_file_atomic(f.csv, csv.str());
     std::printf("wrote %s\n", f.csv.c_str());
   }
 }

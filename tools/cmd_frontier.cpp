@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <optional>
 #include <sstream>
 
 #include "regen/core/io.h"
@@ -23,6 +24,7 @@
 #include "regen/remat/profiler.h"
 #include "tools/command.h"
 #include "tools/common.h"
+#include "tools/distributed.h"
 
 namespace regen::tool {
 namespace {
@@ -34,6 +36,8 @@ struct Flags {
   double milp_time_limit = 60;
   std::string budget_of = "reserved";
   std::string layout = "caching";
+  std::string offload = "none";
+  std::string transfer = "profile";
   int points = 40;
   int execute = 3;
   int steps = 3;
@@ -131,8 +135,14 @@ bool same_plan(const Plan& a, const Plan& b) {
     return a.policy == b.policy && a.limit == b.limit && a.feasible == b.feasible;
   }
   if (a.keep_chain != b.keep_chain || a.decisions != b.decisions ||
-      a.regenerations.size() != b.regenerations.size()) {
+      a.regenerations.size() != b.regenerations.size() || a.optimizer_state != b.optimizer_state ||
+      a.offloads.size() != b.offloads.size()) {
     return false;
+  }
+  for (size_t i = 0; i < a.offloads.size(); ++i) {
+    if (a.offloads[i].free_after != b.offloads[i].free_after ||
+        a.offloads[i].prefetch_before != b.offloads[i].prefetch_before)
+      return false;
   }
   for (size_t i = 0; i < a.regenerations.size(); ++i) {
     if (a.regenerations[i].node != b.regenerations[i].node ||
@@ -168,7 +178,8 @@ std::string time_verdict(double measured_ms, double predicted_ms) {
 // peaks fell short of the prediction would not show in the highest).
 bool exact(const MeasuredRun& m, const SimResult& predicted) {
   return m.peak == predicted.peak_allocated && m.reserved == predicted.peak_reserved &&
-         m.steps_exact == m.steps_predicted;
+         m.host_peak == predicted.host_peak_allocated &&
+         m.host_reserved == predicted.host_peak_reserved && m.steps_exact == m.steps_predicted;
 }
 
 // As the budget falls (points[i] -> points[i + 1]): the peak never rises, the time never falls,
@@ -251,7 +262,9 @@ std::string csv_text(const Context& c, const std::vector<PolicyFrontier>& fronti
         "predicted_peak_allocated,predicted_peak_reserved,predicted_ms,profiled_ms,overhead_pct,"
         "recompute_ms,replays,recomputed,planning_ms,executed,measured_peak_allocated,"
         "measured_peak_reserved,measured_ms,exact,chain,plan_id,measured_recompute_ms,"
-        "measured_over_predicted,budget_of,limit,layout,math\n";
+        "measured_over_predicted,budget_of,limit,layout,math,offloaded,optimizer_state,"
+        "predicted_host_peak_allocated,predicted_stall_ms,measured_host_peak_allocated,"
+        "measured_stall_ms\n";
   const std::string head = p.model + "," + std::to_string(p.batch) + "," + p.device + "," +
                            std::to_string(p.threads) + ",";
   const double base_ms = c.none.predicted.time_ms;
@@ -279,12 +292,20 @@ std::string csv_text(const Context& c, const std::vector<PolicyFrontier>& fronti
       os << ",";
     }
     os << "," << budget_of_name(plan.budget_of) << "," << plan.limit << ","
-       << (plan.planned_layout ? "planned" : "caching") << "," << c.math << "\n";
+       << (plan.planned_layout ? "planned" : "caching") << "," << c.math << "," << plan.offloaded()
+       << "," << state_place_name(plan.optimizer_state) << "," << r.host_peak_allocated << ","
+       << fmt("%.4f", r.stall_ms) << ",";
+    if (executed) {
+      os << m.host_peak << "," << fmt("%.4f", m.stall_ms);
+    } else {
+      os << ",";
+    }
+    os << "\n";
   };
   row("none", c.no_remat_peak, c.none, 0, c.base_measured, c.base);
   // The lower bound: a floor, not a plan (its peak column holds the bound).
   os << head << "lower_bound," << c.lower_bound << "," << fraction(c.lower_bound) << ",,"
-     << c.lower_bound << ",,,,,,,,,0,,,,,,,,,allocated,0,," << c.math << "\n";
+     << c.lower_bound << ",,,,,,,,,0,,,,,,,,,allocated,0,," << c.math << ",,,,,,\n";
   for (const PolicyFrontier& pf : frontiers) {
     for (const Point& pt : pf.points)
       row(pf.spec.label, pt.budget, pt.plan, pt.plan_id, pt.executed, pt.measured);
@@ -366,7 +387,17 @@ std::string measured_line(const MeasuredRun& m, const SimResult& r) {
                 m.reserved == r.peak_reserved ? "exact" : "DIFFERS", format_ms(m.ms).c_str(),
                 format_ms(r.time_ms).c_str(), r.time_ms > 0 ? m.ms / r.time_ms : 0.0,
                 time_verdict(m.ms, r.time_ms).c_str());
-  return buf;
+  std::string out = buf;
+  if (r.host_peak_allocated > 0 || m.host_peak > 0) {
+    std::snprintf(buf, sizeof buf,
+                  "; host tier peak %s (predicted %s, %s), waited %s for copies "
+                  "(predicted %s)",
+                  format_bytes(m.host_peak).c_str(), format_bytes(r.host_peak_allocated).c_str(),
+                  m.host_peak == r.host_peak_allocated ? "exact" : "DIFFERS",
+                  format_ms(m.stall_ms).c_str(), format_ms(r.stall_ms).c_str());
+    out += buf;
+  }
+  return out;
 }
 
 void run(Flags f, const Given& given) {
@@ -434,12 +465,16 @@ void run(Flags f, const Given& given) {
   // The output folder and every file written in it. A second frontier into the same folder
   // stops here; a failed run leaves the folder as it was (its outputs are committed together at
   // the end, and a folder it made is removed again).
-  const OutputFolder out_folder(f.out, "--out");
+  // Under mpirun rank 0 owns the folder and writes the files.
+  std::optional<OutputFolder> out_folder;
   const std::string csv_path = f.out + "/frontier.csv";
   const std::string profile_path = f.out + "/profile.json";
-  check_output_path("--out", csv_path);
-  if (!loaded) check_output_path("--out", profile_path);
-  if (f.plot) check_output_path("--out", f.out + "/frontier.png");
+  if (output_rank()) {
+    out_folder.emplace(f.out, "--out");
+    check_output_path("--out", csv_path);
+    if (!loaded) check_output_path("--out", profile_path);
+    if (f.plot) check_output_path("--out", f.out + "/frontier.png");
+  }
 
   if (!loaded) {
     std::printf("profiling %s batch %lld (2 warm-up steps, 3 instrumented)\n", f.m.model.c_str(),
@@ -468,7 +503,15 @@ void run(Flags f, const Given& given) {
   none_options.cache = &cache;
   c.none = make_plan(sim, "none", Budget(), none_options);
   c.no_remat_peak = peak_of(c.none.predicted, none_options.budget_of);
-  c.lower_bound = memory_lower_bound(profile);
+  // The budgets reach down to the lowest bound of the fates the policies may use.
+  OffloadMode widest = parse_offload_mode(f.offload);
+  for (const PolicySpec& spec : specs) {
+    if (spec.offload_given && spec.offload != OffloadMode::none) {
+      widest =
+          widest == OffloadMode::none || widest == spec.offload ? spec.offload : OffloadMode::all;
+    }
+  }
+  c.lower_bound = memory_lower_bound(profile, widest);
   const int64_t hi = c.no_remat_peak;
   const int64_t lo = std::max<int64_t>(1, std::min(c.lower_bound, hi));
   std::vector<int64_t> budgets;  // falling, both ends included
@@ -515,6 +558,8 @@ void run(Flags f, const Given& given) {
         po.budget_of = parse_budget_of(f.budget_of);
         po.planned_layout = f.layout == "planned";
         po.cache = &cache;
+        apply_offload_flags(po, f.offload, f.transfer, profile);
+        if (spec.offload_given) po.offload = spec.offload;
         pt.plan = make_plan(sim, spec.policy, budget, po);
       } catch (const Error& e) {
         REGEN_FAIL("planning ", spec.label, " at budget ", format_bytes(b), ": ", e.message());
@@ -627,7 +672,9 @@ void run(Flags f, const Given& given) {
         "of the predicted step time\n",
         n_run, n_exact, n_within);
   }
-  // The outputs, committed together: a run that failed above changed nothing.
+  // The outputs, committed together: a run that failed above changed nothing. Under mpirun rank 0
+  // writes them (every rank planned from rank 0's profile: remat/distributed.h).
+  if (!output_rank()) return;
   if (loaded) {
     write_file_atomic(csv_path, csv_text(c, frontiers));
   } else {
@@ -666,6 +713,7 @@ void setup(CLI::App& app) {
       ->check(non_empty("one or more comma-separated planners"));
   add_budget_of_flag(app, f->budget_of);
   add_layout_flag(app, f->layout);
+  add_offload_flags(app, f->offload, f->transfer);
   app.add_option("--milp-time-limit", f->milp_time_limit,
                  "seconds the milp policy's solver may take per budget")
       ->check(number_in(0.1, 86400))

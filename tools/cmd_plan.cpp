@@ -8,6 +8,7 @@
 #include "regen/remat/report.h"
 #include "tools/command.h"
 #include "tools/common.h"
+#include "tools/distributed.h"
 
 namespace regen::tool {
 namespace {
@@ -20,6 +21,8 @@ struct Flags {
   std::string budget_of = "reserved";
   std::string layout = "caching";
   double milp_time_limit = 60;
+  std::string offload = "none";
+  std::string transfer = "profile";
   std::string out = "plan.json";
   std::string decisions = "decisions.csv";
 };
@@ -46,6 +49,7 @@ void setup(CLI::App& app) {
       ->capture_default_str();
   add_budget_of_flag(app, f->budget_of);
   add_layout_flag(app, f->layout);
+  add_offload_flags(app, f->offload, f->transfer);
   app.add_option(
          "--milp-time-limit", f->milp_time_limit,
          "seconds the milp policy's solver may take (the plan's note says whether it proved "
@@ -66,13 +70,16 @@ void setup(CLI::App& app) {
     po.milp_time_limit_s = f->milp_time_limit;
     po.budget_of = parse_budget_of(f->budget_of);
     po.planned_layout = f->layout == "planned";
+    apply_offload_flags(po, f->offload, f->transfer, p);
     const Plan plan = make_plan(sim, f->policy, Budget::parse(f->budget), po);
     // Both outputs written in full before either replaces its file.
     const std::string decisions = decisions_csv(p, plan);
-    AtomicFileWriter csv(f->decisions);
-    csv.write(decisions.data(), decisions.size());
-    save_plan(plan, p, f->out);
-    csv.commit();
+    if (output_rank()) {  // under mpirun rank 0 writes
+      AtomicFileWriter csv(f->decisions);
+      csv.write(decisions.data(), decisions.size());
+      save_plan(plan, p, f->out);
+      csv.commit();
+    }
     std::printf("plan %s for %s batch %d on %s, budget %s (%s %s)\n", plan.policy.c_str(),
                 p.model.c_str(), static_cast<int>(p.batch), p.device.c_str(),
                 plan.budget_text.c_str(),
@@ -98,6 +105,7 @@ void setup(CLI::App& app) {
                   }())
                       .c_str());
     }
+    std::printf("%s", describe_offload(plan, p).c_str());
     std::printf(
         "  predicted peak allocated %s, reserved %s (no remat %s %s); limit %s; lower bound "
         "%s allocated\n",
@@ -112,9 +120,10 @@ void setup(CLI::App& app) {
     }
     std::printf(
         "  predicted step %.3f s (profiled %.3f s + %.3f s of recomputation in %lld op "
-        "replays); planned in %.1f ms\n",
+        "replays + %.3f s waiting for copies); planned in %.1f ms\n",
         plan.predicted.time_ms / 1000, p.iteration_ms / 1000, plan.predicted.recompute_ms / 1000,
-        static_cast<long long>(plan.predicted.replays), plan.planning_ms);
+        static_cast<long long>(plan.predicted.replays), plan.predicted.stall_ms / 1000,
+        plan.planning_ms);
     std::printf("wrote %s and %s\n", f->out.c_str(), f->decisions.c_str());
   });
 }

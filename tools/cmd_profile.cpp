@@ -1,12 +1,14 @@
 // `regen profile`: stage 1. Profiles training iterations of a model and writes profile.json, a
 // readable table (profile.txt) and a Chrome trace (trace.json).
 #include <cstdio>
+#include <optional>
 
 #include "regen/core/io.h"
 #include "regen/remat/profiler.h"
 #include "regen/remat/report.h"
 #include "tools/command.h"
 #include "tools/common.h"
+#include "tools/distributed.h"
 
 namespace regen::tool {
 namespace {
@@ -34,13 +36,18 @@ void setup(CLI::App& app) {
   app.add_flag("--full", f->full, "print every op and activation, not only the largest");
   app.callback([f] {
     f->m.validate();  // the flags before the folder
-    // Made if missing (and removed again if the run fails), locked against a second writer.
-    const OutputFolder out(f->out, "--out");
-    std::vector<std::pair<std::string, std::string>> outputs;
-    for (const char* name : {"/profile.json", "/profile.txt", "/trace.json"}) {
-      outputs.emplace_back("--out", f->out + name);
+    // Made if missing (and removed again if the run fails), locked against a second writer: a
+    // second profile into the same folder stops here. Under mpirun rank 0 owns the folder and
+    // writes the files.
+    std::optional<OutputFolder> out;
+    if (output_rank()) {
+      out.emplace(f->out, "--out");
+      std::vector<std::pair<std::string, std::string>> outputs;
+      for (const char* name : {"/profile.json", "/profile.txt", "/trace.json"}) {
+        outputs.emplace_back("--out", f->out + name);
+      }
+      check_distinct_files(outputs, data_inputs(f->m));
     }
-    check_distinct_files(outputs, data_inputs(f->m));
     auto s = make_session(f->m);
     ProfileOptions po;
     po.warmup = f->warmup;
@@ -50,9 +57,11 @@ void setup(CLI::App& app) {
     p.run = run_flags(f->m);
     const std::string table = profile_table(p, true);
     // The three files together: all written and synced before the first replaces an old one.
-    write_files_atomic({{f->out + "/profile.json", profile_to_json(p)},
-                        {f->out + "/profile.txt", table},
-                        {f->out + "/trace.json", profile_trace(p)}});
+    if (output_rank()) {
+      write_files_atomic({{f->out + "/profile.json", profile_to_json(p)},
+                          {f->out + "/profile.txt", table},
+                          {f->out + "/trace.json", profile_trace(p)}});
+    }
     std::printf("%s", f->full ? table.c_str() : profile_table(p, false).c_str());
     std::printf(
         "\nwrote %s/profile.json, %s/profile.txt (every op and activation) and "

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <sstream>
 
 #include "regen/core/io.h"
@@ -18,6 +19,7 @@
 #include "regen/remat/report.h"
 #include "tools/command.h"
 #include "tools/common.h"
+#include "tools/distributed.h"
 
 namespace regen::tool {
 namespace {
@@ -29,6 +31,8 @@ struct Flags {
   std::string budgets = "50%";
   std::string budget_of = "reserved";
   std::string layout = "caching";
+  std::string offload = "none";
+  std::string transfer = "profile";
   int steps = 3;
   std::string out = "sweep";
   bool plot = false;
@@ -80,8 +84,11 @@ void run(const Flags& f) {
   const std::string math = math_mode(f.m, resolve_device(f.m.device));
   // The flags are right: the folder now. A second sweep into it stops here; a failed sweep leaves
   // it as it was (every output is committed together at the end, and a folder it made is removed).
-  const OutputFolder out_folder(f.out, "--out");
-  check_output_path("--out", f.out + "/" + f.m.model + "_summary.txt");  // the folder takes files
+  std::optional<OutputFolder> out_folder;  // under mpirun, rank 0's
+  if (output_rank()) {
+    out_folder.emplace(f.out, "--out");
+    check_output_path("--out", f.out + "/" + f.m.model + "_summary.txt");  // the folder takes files
+  }
   std::vector<std::pair<std::string, std::string>> outputs;
   std::vector<SweepRow> rows;
   std::string tables;
@@ -133,6 +140,8 @@ void run(const Flags& f) {
       po.budget_of = parse_budget_of(f.budget_of);
       po.planned_layout = f.layout == "planned";
       po.cache = &cache;
+      apply_offload_flags(po, f.offload, f.transfer, profile);
+      if (spec.offload_given) po.offload = spec.offload;
       for (const std::string& btext : budgets) {
         Plan plan;
         if (btext == "lowest") {
@@ -238,6 +247,7 @@ void run(const Flags& f) {
   outputs.emplace_back(stem + "_summary.txt", tables);
   outputs.emplace_back(stem + "_summary.csv", with_column(summary_csv(rows), "math", math));
   outputs.emplace_back(stem + "_timeline.csv", with_column(timelines, "math", math));
+  if (!output_rank()) return;  // under mpirun rank 0 writes
   write_files_atomic(outputs);
   std::printf("\n%s", tables.c_str());
   std::printf(
@@ -273,6 +283,7 @@ void setup(CLI::App& app) {
       ->capture_default_str();
   add_budget_of_flag(app, f->budget_of);
   add_layout_flag(app, f->layout);
+  add_offload_flags(app, f->offload, f->transfer);
   app.add_option("--steps", f->steps, "measured steps per run (the first is not timed)")
       ->check(integer_in(2, 1000))
       ->capture_default_str();

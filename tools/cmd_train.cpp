@@ -7,10 +7,17 @@
 #include <cstdio>
 #include <iostream>
 
+#include <memory>
+
+#include "regen/core/io.h"
 #include "regen/core/numeric.h"
+#include "regen/dist/data_parallel.h"
+#include "regen/dist/world.h"
+#include "regen/models/metrics_log.h"
 #include "regen/remat/pipeline.h"
 #include "tools/command.h"
 #include "tools/common.h"
+#include "tools/distributed.h"
 
 namespace regen::tool {
 namespace {
@@ -24,58 +31,226 @@ struct TrainFlags {
   std::string budget_of = "reserved";
   std::string layout = "caching";
   std::string chain = "auto";
+  std::string offload = "none";
+  std::string transfer = "profile";
   std::string profile_file, plan_file;
   int profile_steps = 2;
   std::string progress = "auto";
   bool layout_given = false;  // --layout on the command line (with --plan, the plan has its own)
+  // The training state (exact resume) and the metrics log.
+  std::string save_state, resume, log;
+  int64_t save_every = 0;
 };
 
+// "1h02m", "3m05s", "12s".
+std::string format_eta(double seconds) {
+  if (!std::isfinite(seconds) || seconds < 0) return "?";
+  const long long s = static_cast<long long>(seconds + 0.5);
+  char buf[32];
+  if (s >= 3600) {
+    std::snprintf(buf, sizeof buf, "%lldh%02lldm", s / 3600, (s % 3600) / 60);
+  } else if (s >= 60) {
+    std::snprintf(buf, sizeof buf, "%lldm%02llds", s / 60, s % 60);
+  } else {
+    std::snprintf(buf, sizeof buf, "%llds", s);
+  }
+  return buf;
+}
+
+// `eta_s`: the seconds the remaining steps should take (negative: not known yet).
 void print_step(bool bar, int64_t step, int64_t steps, const StepResult& r, int64_t batch,
-                int64_t peak) {
+                int64_t peak, double eta_s) {
   const double sps = r.ms > 0 ? 1000.0 * batch / r.ms : 0;
+  char extra[96] = "";
+  int n = 0;
+  if (r.lr > 0) n += std::snprintf(extra + n, sizeof extra - n, " lr %.3g", r.lr);
+  if (r.grad_norm >= 0)
+    n += std::snprintf(extra + n, sizeof extra - n, " | grad norm %.3g", r.grad_norm);
+  const std::string eta = step == steps ? std::string("done") : format_eta(eta_s);
   if (bar) {
     const int width = 24;
     const int done = static_cast<int>(width * step / steps);
-    std::printf("\rstep %lld/%lld [%s%s] loss %.4f | %s/step | %.1f samples/s | peak %s ",
-                static_cast<long long>(step), static_cast<long long>(steps),
-                std::string(static_cast<size_t>(done), '=').c_str(),
-                std::string(static_cast<size_t>(width - done), ' ').c_str(), r.loss,
-                format_ms(r.ms).c_str(), sps, format_bytes(peak).c_str());
+    std::printf(
+        "\rstep %lld/%lld [%s%s] loss %.4f%s | %s/step | %.1f samples/s | peak %s | ETA %s ",
+        static_cast<long long>(step), static_cast<long long>(steps),
+        std::string(static_cast<size_t>(done), '=').c_str(),
+        std::string(static_cast<size_t>(width - done), ' ').c_str(), r.loss, extra,
+        format_ms(r.ms).c_str(), sps, format_bytes(peak).c_str(), eta.c_str());
     if (step == steps) std::printf("\n");
   } else {
-    std::printf("step %lld/%lld loss %.4f time %s samples/s %.1f peak %s\n",
-                static_cast<long long>(step), static_cast<long long>(steps), r.loss,
-                format_ms(r.ms).c_str(), sps, format_bytes(peak).c_str());
+    std::printf("step %lld/%lld loss %.4f%s time %s samples/s %.1f peak %s eta %s\n",
+                static_cast<long long>(step), static_cast<long long>(steps), r.loss, extra,
+                format_ms(r.ms).c_str(), sps, format_bytes(peak).c_str(), eta.c_str());
   }
   std::fflush(stdout);
 }
 
+// The job's data parallelism, under the header.
+void print_data_parallel(const dist::DataParallel& dp, const SessionOptions& m,
+                         const dist::World& world) {
+  int64_t bytes = 0;
+  for (const dist::BucketInfo& b : dp.buckets()) {
+    bytes += b.elements * static_cast<int64_t>(dtype_size(b.dtype));
+  }
+  const dist::DataParallelOptions& o = dp.options();
+  std::printf(
+      "data parallel: %d ranks (%s collectives on %s), global batch %lld (%lld per rank), shard "
+      "%s, %zu gradient buckets of %s in all (the first up to %s, then up to %s; %d in flight)\n",
+      world.size(), dp.communicator().backend(), dp.communicator().device().str().c_str(),
+      static_cast<long long>(m.batch * world.size()), static_cast<long long>(m.batch),
+      dist::shard_mode_name(o.shard), dp.buckets().size(), format_bytes(bytes).c_str(),
+      format_bytes(o.first_bucket_bytes).c_str(), format_bytes(o.bucket_bytes).c_str(),
+      o.max_in_flight);
+}
+
+// Every rank's figures, printed by rank 0: communication and how much backward hid, peaks, and
+// under a plan whether each rank's steps measured exactly the predicted peaks.
+void print_rank_summary(dist::World& world, const std::vector<dist::SyncStats>& steps,
+                        int64_t peak_alloc, int64_t peak_reserved, const RematPipeline& pipe,
+                        int64_t profiled) {
+  // Medians over the steps after the first (which pays first-touch costs), like the step time.
+  std::vector<double> comm, exposed, gather;
+  for (size_t i = steps.size() > 1 ? 1 : 0; i < steps.size(); ++i) {
+    comm.push_back(steps[i].backward_comm_ms);
+    exposed.push_back(steps[i].exposed_ms);
+    gather.push_back(steps[i].optimizer_comm_ms + steps[i].optimizer_wait_ms);
+  }
+  const double c = comm.empty() ? 0 : median(comm), e = exposed.empty() ? 0 : median(exposed);
+  const double g = gather.empty() ? 0 : median(gather);
+  const std::vector<double> all_comm = world.all_gather(c), all_exposed = world.all_gather(e);
+  const std::vector<double> all_gather_ms = world.all_gather(g);
+  const std::vector<int64_t> all_alloc = world.all_gather(peak_alloc);
+  const std::vector<int64_t> all_reserved = world.all_gather(peak_reserved);
+  const std::vector<int64_t> all_checked = world.all_gather(pipe.predicted_steps());
+  const std::vector<int64_t> all_exact = world.all_gather(pipe.exact_steps());
+  const bool planned = pipe.has_plan();
+  std::printf("  per rank (medians over the steps after the first%s):\n",
+              profiled > 0 ? "; peaks over every step" : "");
+  for (int r = 0; r < world.size(); ++r) {
+    const size_t i = static_cast<size_t>(r);
+    const double hidden =
+        all_comm[i] > 0 ? 100.0 * std::max(0.0, 1.0 - all_exposed[i] / all_comm[i]) : 100.0;
+    std::printf(
+        "    rank %d: gradient communication %s per step, %s of it exposed (%.0f%% hidden behind "
+        "backward)%s; peak allocated %s, reserved %s",
+        r, format_ms(all_comm[i]).c_str(), format_ms(all_exposed[i]).c_str(), hidden,
+        all_gather_ms[i] > 0 ? (", parameter gather " + format_ms(all_gather_ms[i])).c_str() : "",
+        format_bytes(all_alloc[i]).c_str(), format_bytes(all_reserved[i]).c_str());
+    if (planned) {
+      std::printf(
+          "; %s",
+          all_exact[i] == all_checked[i]
+              ? ("exact on all " + std::to_string(all_checked[i]) + " steps under the plan").c_str()
+              : ("exact on " + std::to_string(all_exact[i]) + " of " +
+                 std::to_string(all_checked[i]) + " steps under the plan")
+                    .c_str());
+    }
+    std::printf("\n");
+  }
+}
+
 void run(const TrainFlags& f) {
   REGEN_CHECK(f.steps > 0, "--steps must be a positive integer, got ", f.steps);
+  // Under mpirun each rank has its own data position (and, under ZeRO, optimizer shard): a
+  // training state is one process's (remat/session.h save_training_state refuses it too).
+  REGEN_CHECK(!dist::world().distributed() || (f.save_state.empty() && f.resume.empty()),
+              f.save_state.empty() ? "--resume" : "--save-state",
+              ": a training state under mpirun is not supported yet (each rank has its own "
+              "data position and, under ZeRO, its own optimizer shard); save weights with --save, "
+              "or train in one process");
   // Mistakes in the outputs fail now, not after the last step.
   // --save may name the --load file: the checkpoint is read whole before the first step and
-  // replaced atomically after the last, so training on from a checkpoint in place is safe.
-  if (!f.save.empty()) {
+  // replaced atomically after the last, so training on from a checkpoint in place is safe; so may
+  // --save-state name the --resume file.
+  {
+    std::vector<std::pair<std::string, std::string>> outputs;
+    if (!f.save.empty()) outputs.emplace_back("--save", f.save);
+    if (!f.save_state.empty()) outputs.emplace_back("--save-state", f.save_state);
+    if (!f.log.empty()) outputs.emplace_back("--log", f.log);
     std::vector<std::pair<std::string, std::string>> inputs = data_inputs(f.m);
     inputs.insert(inputs.end(), {{"--profile", f.profile_file}, {"--plan", f.plan_file}});
-    check_distinct_files({{"--save", f.save}}, inputs);
+    if (f.resume != f.save_state) inputs.emplace_back("--resume", f.resume);
+    if (!outputs.empty()) check_distinct_files(outputs, inputs);
   }
   // With a loaded profile, no step without remat runs here: its plan's prediction is checked
   // against the device below; otherwise the profiling step must fit as it is.
-  const bool planned_only = (f.policy != "none" || !f.plan_file.empty()) && !f.profile_file.empty();
-  auto s = make_session(f.m, planned_only ? Preflight::model : Preflight::step);
+  // --compress holds what a plan retains narrow: a run with it profiles and plans (none at least).
+  const bool remat = f.policy != "none" || !f.plan_file.empty() || f.m.compress != "none";
+  const bool planned_only = remat && !f.profile_file.empty();
+  SessionOptions options = f.m;
+  // The cosine schedule spans the run's steps unless told otherwise.
+  if (options.schedule_steps == 0 && options.lr_schedule == "cosine")
+    options.schedule_steps = f.steps;
+  if (!f.log.empty()) options.grad_norm = true;  // the log has a column for it
+  auto s = make_session(options, planned_only ? Preflight::model : Preflight::step);
   const int threads = omp_get_max_threads();
   const std::string math = math_mode(f.m, s->device);
   if (!f.load.empty()) {
     const size_t n = load_checkpoint(*s, f.load);
     std::printf("loaded %s (%zu tensors)\n", f.load.c_str(), n);
   }
+  int64_t start = 0;  // optimizer steps already taken (a resumed run)
+  std::string resumed_plan;
+  if (!f.resume.empty()) {
+    const std::map<std::string, std::string> meta = resume_training_state(*s, f.resume);
+    start = s->trainer->optimizer_steps();
+    REGEN_CHECK(start < f.steps, "--resume ", f.resume, " is at step ", start,
+                " already: --steps (", f.steps,
+                ") counts every step of the run, so it must be more");
+    const auto plan = meta.find("plan");
+    resumed_plan = plan == meta.end() ? "no plan" : plan->second;
+    std::printf("resumed %s at step %lld (data at %s; its steps ran under %s)\n", f.resume.c_str(),
+                static_cast<long long>(start),
+                s->data->position().empty() ? "its start" : s->data->position().c_str(),
+                resumed_plan.c_str());
+  }
+  std::unique_ptr<MetricsLog> log;
+  // Under mpirun rank 0 writes the log.
+  if (!f.log.empty() && output_rank()) {
+    log = std::make_unique<MetricsLog>(f.log, /*append=*/start > 0);
+  }
+  // Per optimizer step, every rank's under mpirun.
+  const int64_t examples = f.m.batch * f.m.accumulate * dist::world().size();
   std::printf(
       "training %s (%lld parameters) on %s, math %s, %d threads: batch %lld, %lld steps, "
       "%s lr %g; data: %s\n",
       f.m.model.c_str(), static_cast<long long>(s->model->num_parameters()),
       s->device.str().c_str(), math.c_str(), threads, static_cast<long long>(f.m.batch),
       static_cast<long long>(f.steps), f.m.optimizer.c_str(), f.m.lr, s->data->describe().c_str());
+  {
+    std::string loop;
+    if (f.m.accumulate > 1) {
+      loop += "  " + std::to_string(f.m.accumulate) + " micro-batches of " +
+              std::to_string(f.m.batch) + " per step (" + std::to_string(examples) +
+              " examples; batch norm normalizes each micro-batch)\n";
+    }
+    const LrSchedule& sch = *s->trainer->schedule();
+    if (sch.kind != LrSchedule::Kind::constant || sch.warmup > 0) {
+      char buf[200];
+      std::snprintf(
+          buf, sizeof buf, "  lr schedule %s%s", schedule_kind_name(sch.kind),
+          sch.warmup > 0 ? (", warm-up " + std::to_string(sch.warmup) + " steps").c_str() : "");
+      loop += buf;
+      if (sch.kind == LrSchedule::Kind::cosine)
+        loop += " to " + number_text(sch.min) + " over " + std::to_string(sch.horizon) + " steps";
+      if (sch.kind == LrSchedule::Kind::step)
+        loop +=
+            ", x" + number_text(sch.gamma) + " every " + std::to_string(sch.step_size) + " steps";
+      loop += "\n";
+    }
+    if (f.m.clip_grad_norm > 0)
+      loop += "  gradients clipped to a global norm of " + number_text(f.m.clip_grad_norm) + "\n";
+    if (s->eval_data) {
+      loop += "  evaluation every " + std::to_string(f.m.eval_every) + " steps on " +
+              s->eval_data->describe() + "\n";
+    }
+    std::printf("%s", loop.c_str());
+  }
+  // Data parallelism under mpirun: each rank's batch is --batch; samples/s count every rank's.
+  dist::World& world = dist::world();
+  const auto* dp = dynamic_cast<const dist::DataParallel*>(s->sync.get());
+  if (dp != nullptr) print_data_parallel(*dp, f.m, world);
+  std::fflush(stdout);
 
   // What the device reports before training (CUDA): set beside the allocator's reserved bytes.
   uint64_t free_before = 0, total_mem = 0;
@@ -86,8 +261,10 @@ void run(const TrainFlags& f) {
   int64_t done = 0;
   std::vector<double> losses, times;
   int64_t peak_alloc = 0, peak_reserved = 0;
+  int64_t host_alloc = 0, host_reserved = 0;  // the host tier's, under an offload plan
   MemoryStats peak_stats;
   StepResult first_inexact;  // the first step under the plan whose peaks were not the predicted
+  std::vector<dist::SyncStats> comm_steps;  // data parallelism: each step's communication
   auto record = [&](const StepResult& r) {
     if (r.predicted && !r.exact() && !first_inexact.predicted) first_inexact = r;
     losses.push_back(r.loss);
@@ -95,8 +272,16 @@ void run(const TrainFlags& f) {
     if (r.memory.allocated.peak > peak_alloc) peak_stats = r.memory;
     peak_alloc = std::max(peak_alloc, r.memory.allocated.peak);
     peak_reserved = std::max(peak_reserved, r.memory.reserved.peak);
+    if (r.host_predicted) {
+      host_alloc = std::max(host_alloc, r.host_memory.allocated.peak);
+      host_reserved = std::max(host_reserved, r.host_memory.reserved.peak);
+    }
   };
-  if (f.policy != "none" || !f.plan_file.empty()) {
+  if (remat) {
+    REGEN_CHECK(!f.profile_file.empty() || start + std::max(1, f.profile_steps) < f.steps,
+                "--steps ", f.steps, " leaves no step to run under the plan after step ", start,
+                " and ", std::max(1, f.profile_steps),
+                " profiling step(s): raise --steps, lower --profile-steps or pass --profile");
     if (!f.profile_file.empty()) {
       Profile loaded = load_profile(f.profile_file);
       REGEN_CHECK(loaded.model == f.m.model && loaded.batch == f.m.batch &&
@@ -104,13 +289,19 @@ void run(const TrainFlags& f) {
                   "--profile ", f.profile_file, " is for ", loaded.model, " batch ", loaded.batch,
                   " on ", loaded.device, ", not ", f.m.model, " batch ", f.m.batch, " on ",
                   s->device.str());
-      check_profile_run(loaded, f.m, "--profile " + f.profile_file);
+      check_profile_run(loaded, options, "--profile " + f.profile_file);
       pipe.use_profile(std::move(loaded));
     } else {
       ProfileOptions po;
       po.warmup = 0;
       po.iterations = std::max(1, f.profile_steps);
       po.model_name = f.m.model;
+      int64_t at = start;
+      // The profiling steps train too: they are in the log (not in the summary, which is the
+      // plan's).
+      po.on_step = [&](const StepResult& r) {
+        if (log) log->step(++at, r, examples);
+      };
       std::printf("profiling %d step(s) without remat...\n", po.iterations);
       pipe.profile(po);
       done = po.iterations;
@@ -130,6 +321,7 @@ void run(const TrainFlags& f) {
       po.chain = parse_chain(f.chain);
       po.budget_of = parse_budget_of(f.budget_of);
       po.planned_layout = f.layout == "planned";
+      apply_offload_flags(po, f.offload, f.transfer, profile);
       pipe.plan(f.policy, Budget::parse(f.budget), po);
     }
     const Plan& plan = pipe.current_plan();
@@ -153,6 +345,14 @@ void run(const TrainFlags& f) {
           format_bytes(plan.predicted.peak_allocated).c_str(),
           format_bytes(plan.predicted.peak_reserved).c_str(),
           format_bytes(plan.no_remat_peak).c_str(), plan.predicted.time_ms / 1000.0);
+    }
+    std::printf("%s", describe_offload(plan, profile).c_str());
+    if (plan.predicted.narrowed > 0) {
+      std::printf(
+          "  --compress %s: %lld retained activations held narrow between forward and "
+          "backward, %.1f ms of conversions predicted per step\n",
+          f.m.compress.c_str(), static_cast<long long>(plan.predicted.narrowed),
+          plan.predicted.compress_ms);
     }
     // A plan that does not fit its budget is refused now, with the simulated numbers, rather
     // than found out by an out-of-memory error in the middle of a step.
@@ -194,9 +394,43 @@ void run(const TrainFlags& f) {
   }
 
   std::string mode = f.progress;
-  if (mode == "auto") mode = stdout_is_terminal() ? "bar" : "plain";
+  // Under mpirun a rank's stdout is a terminal of Open MPI's even when the job's output goes to a
+  // file: plain lines there.
+  if (mode == "auto") mode = stdout_is_terminal() && !world.distributed() ? "bar" : "plain";
   const int64_t every = f.steps <= 50 ? 1 : f.steps / 20;
-  for (int64_t i = done; i < f.steps; ++i) {
+  // Evaluation between steps: without the plan's hooks and layout (they are the training step's),
+  // under its limit (the budget holds for the whole run).
+  const auto run_eval = [&](int64_t step) {
+    pipe.finish();
+    const int64_t limit = pipe.has_plan() ? pipe.current_plan().limit : 0;
+    EvalResult e;
+    {
+      LimitScope scope(s->trainer->allocator(), limit);
+      try {
+        e = evaluate_session(*s);
+      } catch (const OutOfMemory& oom) {
+        if (mode == "bar") std::printf("\n");
+        REGEN_FAIL("evaluation after step ", step, " ran out of memory under the plan's limit ",
+                   format_bytes(limit), ": ", oom.message(), "; pass a smaller --eval-batch (now ",
+                   f.m.evaluation_batch(), ")");
+      }
+    }
+    if (mode == "bar") std::printf("\n");
+    std::printf(
+        "eval after step %lld: %s; %s, %.1f examples/s; peak allocated %s, reserved %s (the "
+        "model's state %s; no tape, no saved tensors)\n",
+        static_cast<long long>(step), eval_summary(e).c_str(), format_ms(e.ms).c_str(),
+        e.ms > 0 ? 1000.0 * static_cast<double>(e.examples) / e.ms : 0.0,
+        format_bytes(e.memory.allocated.peak).c_str(), format_bytes(e.memory.reserved.peak).c_str(),
+        format_bytes(e.persistent).c_str());
+    std::fflush(stdout);
+    if (log) log->eval(step, e);
+  };
+  const auto state_meta = [&] {
+    return pipe.has_plan() ? plan_identity(pipe.current_plan())
+                           : std::map<std::string, std::string>{{"plan", "no plan"}};
+  };
+  for (int64_t i = start + done; i < f.steps; ++i) {
     // Under the plan, from the first step on; an out-of-memory error names what it predicted.
     const StepResult r = pipe.step();
     // A step can leave a parameter or gradient not finite while its loss still is (the next
@@ -216,8 +450,19 @@ void run(const TrainFlags& f) {
                  f.m.lr, ")");
     }
     record(r);
+    if (log) log->step(i + 1, r, examples);
+    if (dp != nullptr) comm_steps.push_back(dp->last_step());
     if (mode != "none" && ((i + 1) % every == 0 || i + 1 == f.steps)) {
-      print_step(mode == "bar", i + 1, f.steps, r, f.m.batch, r.memory.allocated.peak);
+      // The time left: the median step so far (the first, which warms up, left out once there
+      // are others) times the steps left.
+      std::vector<double> seen(times.size() > 1 ? times.begin() + 1 : times.begin(), times.end());
+      const double eta =
+          seen.empty() ? -1 : median(seen) * static_cast<double>(f.steps - i - 1) / 1000.0;
+      print_step(mode == "bar", i + 1, f.steps, r, examples, r.memory.allocated.peak, eta);
+    }
+    if (f.m.eval_every > 0 && ((i + 1) % f.m.eval_every == 0 || i + 1 == f.steps)) run_eval(i + 1);
+    if (f.save_every > 0 && (i + 1) % f.save_every == 0 && i + 1 < f.steps) {
+      save_training_state(*s, f.save_state, state_meta());
     }
   }
   pipe.finish();
@@ -233,7 +478,7 @@ void run(const TrainFlags& f) {
       std::printf(
           "  step time %s (a single step, warm-up included: no later steps to take a "
           "median over), %.1f samples/s\n",
-          format_ms(times[0]).c_str(), times[0] > 0 ? 1000.0 * f.m.batch / times[0] : 0.0);
+          format_ms(times[0]).c_str(), times[0] > 0 ? 1000.0 * examples / times[0] : 0.0);
     } else {
       const std::vector<double> steady(times.begin() + 1, times.end());
       const double med = median(steady);
@@ -242,7 +487,7 @@ void run(const TrainFlags& f) {
               ? "the second step; the first is left out as warm-up"
               : "median of the " + std::to_string(steady.size()) + " steps after the first";
       std::printf("  step time %s (%s), %.1f samples/s\n", format_ms(med).c_str(), which.c_str(),
-                  med > 0 ? 1000.0 * f.m.batch / med : 0.0);
+                  med > 0 ? 1000.0 * examples / med : 0.0);
     }
     std::printf("  peak memory: allocated %s, reserved %s\n", format_bytes(peak_alloc).c_str(),
                 format_bytes(peak_reserved).c_str());
@@ -292,6 +537,20 @@ void run(const TrainFlags& f) {
                                   .c_str()
                             : "",
         exec->regen_ms() / 1000.0);
+    if (plan.uses_host()) {
+      const OffloadCounters& c = exec->offload();
+      std::printf(
+          "  host tier: predicted peak allocated %s, reserved %s; measured %s, %s; last step "
+          "copied %s out and %s back, waited %.1f ms for copies (predicted %.1f ms on the "
+          "transfer model; %s)\n",
+          format_bytes(plan.predicted.host_peak_allocated).c_str(),
+          format_bytes(plan.predicted.host_peak_reserved).c_str(), format_bytes(host_alloc).c_str(),
+          format_bytes(host_reserved).c_str(), format_bytes(c.bytes_to_host).c_str(),
+          format_bytes(c.bytes_to_device).c_str(), c.stall_ms, plan.predicted.stall_ms,
+          s->device.is_cpu() ? "on the CPU the copies are memcpy on helper threads: the times "
+                               "say nothing of a GPU's"
+                             : "measured with events on the compute stream");
+    }
     if (done > 0) {
       std::printf(
           "  (the first %lld step(s) ran without remat to profile; pass --profile FILE from "
@@ -299,14 +558,23 @@ void run(const TrainFlags& f) {
           static_cast<long long>(done));
     }
   }
+  if (dp != nullptr) {
+    print_rank_summary(world, comm_steps, peak_alloc, peak_reserved, pipe, done);
+  }
   if (!f.save.empty()) {
-    save_checkpoint(*s, f.save, f.steps);
+    save_checkpoint(*s, f.save, f.steps);  // under mpirun, by rank 0
     std::printf("  saved %s\n", f.save.c_str());
   }
+  if (!f.save_state.empty()) {
+    save_training_state(*s, f.save_state, state_meta());
+    std::printf("  saved the training state at step %lld to %s (--resume it)\n",
+                static_cast<long long>(s->trainer->optimizer_steps()), f.save_state.c_str());
+  }
+  if (log) std::printf("  metrics in %s\n", log->path().c_str());
   // A step whose peaks were not the predicted ones breaks regen's promise: an error (the
   // training itself went as it should, and its checkpoint is written above).
   REGEN_CHECK(
-      !first_inexact.predicted, "step ", pipe.first_inexact_step() + done,
+      !first_inexact.predicted, "step ", pipe.first_inexact_step() + done + start,
       " under the plan measured a peak of ", format_bytes(first_inexact.memory.allocated.peak),
       " allocated and ", format_bytes(first_inexact.memory.reserved.peak),
       " reserved where the plan predicted ", format_bytes(first_inexact.predicted_allocated),
@@ -314,7 +582,7 @@ void run(const TrainFlags& f) {
       ": the prediction did not hold (a bug in regen: please report it with the command)");
   // Under DTR the evictions and replays are predicted as well (RematPipeline::step counts a
   // step exact only when they were the predicted ones).
-  REGEN_CHECK(pipe.first_inexact_step() == 0, "step ", pipe.first_inexact_step() + done,
+  REGEN_CHECK(pipe.first_inexact_step() == 0, "step ", pipe.first_inexact_step() + done + start,
               " under the ", pipe.has_plan() ? pipe.current_plan().policy : std::string(),
               " plan made other evictions or replays than the simulation predicted: the "
               "prediction did not hold (a bug in regen: please report it with the command)");
@@ -341,6 +609,7 @@ void setup(CLI::App& app) {
       ->check(budget_text());
   add_budget_of_flag(app, f->budget_of);
   CLI::Option* layout = add_layout_flag(app, f->layout);
+  add_offload_flags(app, f->offload, f->transfer);
   app.add_option("--chain", f->chain,
                  "regeneration chains: keep, drop (mu-TWO's model) or auto (see `regen plan`)")
       ->check(CLI::IsMember(chain_names()))
@@ -353,6 +622,24 @@ void setup(CLI::App& app) {
   app.add_option("--profile-steps", f->profile_steps, "steps profiled before planning")
       ->check(positive_integer(kIntMax))
       ->capture_default_str();
+  add_training_flags(app, f->m);
+  app.add_option("--save-state", f->save_state,
+                 "write the training state to FILE.safetensors after the last step (and every "
+                 "--save-every steps): weights, optimizer state, step, RNG and data position, the "
+                 "plan's identity; --resume continues it bitwise")
+      ->check(non_empty("a file name"));
+  app.add_option("--save-every", f->save_every,
+                 "with --save-state: also write it every N steps (atomically)")
+      ->check(non_negative_integer())
+      ->capture_default_str();
+  app.add_option("--resume", f->resume,
+                 "continue the run whose --save-state wrote FILE: its step, optimizer state, "
+                 "schedule position, RNG and data position; --steps counts the whole run");
+  app.add_option("--log", f->log,
+                 "write every step's metrics to FILE: .csv, or JSON lines for any other name "
+                 "(step, loss, lr, grad norm, samples/s, peaks, evaluation); tools/plot.py curves "
+                 "draws them")
+      ->check(non_empty("a file name"));
   app.add_option("--progress", f->progress, "auto, bar, plain or none")
       ->check(CLI::IsMember({"auto", "bar", "plain", "none"}))
       ->capture_default_str();
@@ -368,6 +655,10 @@ void setup(CLI::App& app) {
                 f->policy,
                 " evicts at run time under the caching allocator's limit, with no "
                 "placement to plan; use --layout caching");
+    REGEN_CHECK(f->save_every == 0 || !f->save_state.empty(),
+                "--save-every needs --save-state FILE (where to write the state)");
+    REGEN_CHECK(f->resume.empty() || f->load.empty(),
+                "give either --resume (the whole training state) or --load (weights), not both");
     REGEN_CHECK(f->policy == "none" || f->plan_file.empty(), "give either --policy or --plan");
     // A bad budget fails now, not after the profiling steps.
     if (!f->budget.empty()) {
@@ -377,7 +668,7 @@ void setup(CLI::App& app) {
     }
     // Without --profile the first --profile-steps steps run without remat: at least one step
     // must be left to run under the plan, or its peak could not be measured.
-    const bool remat = f->policy != "none" || !f->plan_file.empty();
+    const bool remat = f->policy != "none" || !f->plan_file.empty() || f->m.compress != "none";
     REGEN_CHECK(
         !remat || !f->profile_file.empty() || f->steps > std::max<int64_t>(1, f->profile_steps),
         "--steps ", f->steps, " leaves no step to run under the plan after ",

@@ -264,6 +264,108 @@ void add_model_flags(CLI::App& app, SessionOptions& o, bool with_batch,
   app.add_option("--conv", o.conv, "CUDA convolution: native (regen's kernels) or cudnn")
       ->capture_default_str();
   add_math_flags(app, o.math, o.tf32, math_default);
+  // Data parallelism under mpirun (docs/distributed.md); a process alone ignores them.
+  app.add_option("--shard", o.shard,
+                 "under mpirun, what each rank keeps: none (data parallelism like DDP), optimizer "
+                 "(ZeRO-1: 1/N of the optimizer state) or gradients (ZeRO-2: and 1/N of the "
+                 "gradients)")
+      ->check(CLI::IsMember({"none", "optimizer", "gradients"}))
+      ->capture_default_str();
+  const OptionRange bucket = SessionOptions::range("bucket_size");
+  app.add_option_function<std::string>(
+         "--bucket-size", [&o](const std::string& text) { o.bucket_size = parse_bytes(text); },
+         "under mpirun, the gradient buckets' size (bytes: 25MiB, 4MB, 1048576; default 25MiB)")
+      ->type_name("BYTES")
+      ->check(CLI::Validator(
+          [bucket](const std::string& text) -> std::string {
+            int64_t bytes = 0;
+            try {
+              bytes = parse_bytes(text);
+            } catch (const Error& e) {
+              return e.message();
+            }
+            const std::string problem = bucket.problem(static_cast<double>(bytes));
+            return problem.empty() ? "" : problem + " bytes, got '" + text + "'";
+          },
+          "BYTES"));
+  add_pack_flags(app, o);
+}
+
+void add_eval_flags(CLI::App& app, SessionOptions& o) {
+  app.add_option("--eval-batches", o.eval_batches,
+                 "evaluate on at most this many batches of the held-out split (0: all of it)")
+      ->check(in_range(SessionOptions::range("eval_batches")))
+      ->capture_default_str();
+  app.add_option("--eval-batch", o.eval_batch,
+                 "examples per evaluation batch (0: --batch times --accumulate)")
+      ->check(in_range(SessionOptions::range("eval_batch")))
+      ->capture_default_str();
+  app.add_option("--eval-split", o.eval_split,
+                 "the fraction of a text file held out at its end for evaluation, which training "
+                 "then skips (0: 0.1 when evaluating, else the file trains whole); CIFAR-10 "
+                 "evaluates on test_batch.bin, synthetic data on examples no training step draws")
+      ->check(in_range(SessionOptions::range("eval_split")))
+      ->capture_default_str();
+}
+
+void add_training_flags(CLI::App& app, SessionOptions& o, bool with_eval) {
+  app.add_option("--accumulate", o.accumulate,
+                 "gradient accumulation: micro-batches of --batch examples per optimizer step (the "
+                 "step's gradients are those of the mean over batch x accumulate examples; batch "
+                 "norm normalizes each micro-batch on its own)")
+      ->check(in_range(SessionOptions::range("accumulate")))
+      ->capture_default_str();
+  app.add_option("--lr-schedule", o.lr_schedule,
+                 "learning-rate schedule after the warm-up: constant, step (x --lr-gamma every "
+                 "--lr-step-size steps, torch's StepLR) or cosine (to --lr-min over "
+                 "--schedule-steps, torch's CosineAnnealingLR)")
+      ->capture_default_str();
+  app.add_option("--warmup-steps", o.warmup_steps,
+                 "linear warm-up: step t < W uses lr * (t + 1) / W, then the schedule starts")
+      ->check(in_range(SessionOptions::range("warmup_steps")))
+      ->capture_default_str();
+  app.add_option("--schedule-steps", o.schedule_steps,
+                 "the steps the cosine schedule spans, warm-up included (0: --steps); give the "
+                 "full run's when a run stops early to be resumed")
+      ->check(in_range(SessionOptions::range("schedule_steps")))
+      ->capture_default_str();
+  app.add_option("--lr-step-size", o.lr_step_size, "step schedule: steps between decays")
+      ->check(in_range(SessionOptions::range("lr_step_size")))
+      ->capture_default_str();
+  app.add_option("--lr-gamma", o.lr_gamma, "step schedule: the factor of each decay")
+      ->check(in_range(SessionOptions::range("lr_gamma")))
+      ->capture_default_str();
+  app.add_option("--lr-min", o.lr_min, "cosine schedule: the final learning rate")
+      ->check(in_range(SessionOptions::range("lr_min")))
+      ->capture_default_str();
+  app.add_option("--clip-grad-norm", o.clip_grad_norm,
+                 "clip the global L2 norm of the gradients to this before each update (0: off; "
+                 "torch.nn.utils.clip_grad_norm_)")
+      ->check(in_range(SessionOptions::range("clip_grad_norm")))
+      ->capture_default_str();
+  if (!with_eval) return;
+  app.add_option("--eval-every", o.eval_every,
+                 "evaluate on the held-out split every N optimizer steps and after the last one "
+                 "(0: never): top-1 accuracy and loss for image classifiers, loss and perplexity "
+                 "for language models")
+      ->check(in_range(SessionOptions::range("eval_every")))
+      ->capture_default_str();
+  add_eval_flags(app, o);
+}
+
+void add_pack_flags(CLI::App& app, SessionOptions& o) {
+  app.add_option_function<std::string>(
+         "--masks", [&o](const std::string& v) { o.masks = v == "on"; },
+         "packed saves: relu keeps a 1-bit mask where nothing else saves its output, max_pool2d "
+         "its argmax as window positions in a few bits; training is bitwise the same (default: "
+         "on)")
+      ->type_name("on|off")
+      ->check(CLI::IsMember({"on", "off"}));
+  app.add_option("--compress", o.compress,
+                 "lossy: hold the activations a plan retains as bf16 or fp16 between their last "
+                 "forward use and backward (none, bf16 or fp16; training is then no longer bitwise "
+                 "that of none; with no --policy, the run profiles and plans with none)")
+      ->capture_default_str();
 }
 
 void add_math_flags(CLI::App& app, std::string& math, bool& tf32, const std::string& default_help) {
@@ -388,6 +490,57 @@ CLI::Option* add_layout_flag(CLI::App& app, std::string& layout) {
                   "reserved bytes close to allocated)")
       ->check(CLI::IsMember({"caching", "planned"}))
       ->capture_default_str();
+}
+
+void add_offload_flags(CLI::App& app, std::string& offload, std::string& transfer) {
+  app.add_option("--offload", offload,
+                 "what dp and milp may move to the device's host tier: none, activations (saved "
+                 "activations, copied out after their producer and back before backward needs "
+                 "them), optimizer (the optimizer state between steps) or all")
+      ->check(CLI::IsMember(offload_mode_names()))
+      ->capture_default_str();
+  app.add_option("--transfer", transfer,
+                 "the transfer model that times copies to and from the host tier: profile (the "
+                 "one the profile measured), FILE.json (regen bench copy --json), step:F (copying "
+                 "every saved activation once, one way, takes F of the profiled step: 0.4 is an "
+                 "H100 ResNet-152 step against PCIe 5) or gbps:B[,LATENCY_MS]")
+      ->check(non_empty("a transfer model"))
+      ->capture_default_str();
+}
+
+void apply_offload_flags(PlanOptions& po, const std::string& offload, const std::string& transfer,
+                         const Profile& p) {
+  po.offload = parse_offload_mode(offload);
+  // The profile's own model is the default; resolving it here names the flag when it has none and
+  // the plan needs one.
+  if (transfer != "profile" || p.transfer.valid()) po.transfer = transfer_for(transfer, p);
+}
+
+std::string describe_offload(const Plan& plan, const Profile& p) {
+  if (!plan.uses_host()) return "";
+  char buf[512];
+  std::string out;
+  if (plan.offloaded() > 0) {
+    std::snprintf(buf, sizeof buf, "  offload %lld saved tensors (%s) to the host tier\n",
+                  static_cast<long long>(plan.offloaded()),
+                  format_bytes(plan.offloaded_bytes(p)).c_str());
+    out += buf;
+  }
+  if (plan.optimizer_state == StatePlace::host) {
+    out +=
+        "  the optimizer state lives on the host tier, streamed through the device by the "
+        "update\n";
+  }
+  std::snprintf(buf, sizeof buf,
+                "  predicted host tier peak allocated %s, reserved %s; %s copied out, %s back; "
+                "the step waits %.1f ms for copies (transfer model: %s)\n",
+                format_bytes(plan.predicted.host_peak_allocated).c_str(),
+                format_bytes(plan.predicted.host_peak_reserved).c_str(),
+                format_bytes(plan.predicted.bytes_to_host).c_str(),
+                format_bytes(plan.predicted.bytes_to_device).c_str(), plan.predicted.stall_ms,
+                plan.transfer.str().c_str());
+  out += buf;
+  return out;
 }
 
 }  // namespace regen::tool

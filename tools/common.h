@@ -48,9 +48,20 @@ std::string cli_failure_message(const CLI::App* app, const CLI::Error& e);
 void add_model_flags(CLI::App& app, SessionOptions& options, bool with_batch = true,
                      const std::string& math_default = "fp32");
 
+// The training loop's flags (remat/session.h, SessionOptions' training-loop group, which holds
+// their ranges and checks): --accumulate, --lr-schedule, --warmup-steps, --schedule-steps,
+// --lr-step-size, --lr-gamma, --lr-min, --clip-grad-norm, and with `with_eval` --eval-every,
+// --eval-batches, --eval-batch, --eval-split.
+void add_training_flags(CLI::App& app, SessionOptions& options, bool with_eval = true);
+// The evaluation flags alone (--eval-batches, --eval-batch, --eval-split; regen eval).
+void add_eval_flags(CLI::App& app, SessionOptions& options);
+
 // --math fp32|tf32 and its synonym --tf32; `default_help` says what the command does without them
 // ("fp32", or "tf32 on a CUDA device, fp32 on the CPU").
 void add_math_flags(CLI::App& app, std::string& math, bool& tf32, const std::string& default_help);
+// --masks on|off (SessionOptions::masks): packed saves; --compress none|bf16|fp16
+// (SessionOptions::compress, checked by validate).
+void add_pack_flags(CLI::App& app, SessionOptions& options);
 // The benchmarks' default math mode on CUDA (what people run on Hopper; training and everything
 // else default to fp32), and what their help says of it.
 inline constexpr char kBenchMath[] = "tf32";
@@ -60,6 +71,16 @@ inline constexpr char kBenchMathHelp[] = "tf32 on a CUDA device, fp32 on the CPU
 void add_budget_of_flag(CLI::App& app, std::string& budget_of);
 // --layout caching|planned: where a planned step's blocks go (PlanOptions::planned_layout).
 CLI::Option* add_layout_flag(CLI::App& app, std::string& layout);
+
+// --offload none|activations|optimizer|all (PlanOptions::offload: what dp and milp may move to
+// the host tier) and --transfer (the transfer model that times the copies: profile, FILE.json from
+// `regen bench copy`, step:F or gbps:B[,LATENCY_MS]; transfer.h transfer_for).
+void add_offload_flags(CLI::App& app, std::string& offload, std::string& transfer);
+// Sets PlanOptions::offload and ::transfer from those flags, for plans made on profile `p`.
+void apply_offload_flags(PlanOptions& po, const std::string& offload, const std::string& transfer,
+                         const Profile& p);
+// The lines a command prints about a plan's offloads ("" when it keeps nothing on the host tier).
+std::string describe_offload(const Plan& plan, const Profile& p);
 
 // "a,b,,c" -> {"a", "b", "c"} (empty items dropped).
 std::vector<std::string> split_commas(const std::string& s);

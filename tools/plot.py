@@ -5,9 +5,13 @@
   <model>_timeline.png      memory by category over one iteration (no remat and each plan)
   frontier.png              predicted peak vs predicted step overhead, one curve per policy,
                             executed plans as hollow markers at their measured values
+  curves.png                training curves of a `regen train --log` file (CSV or JSON lines):
+                            training and evaluation loss, accuracy or perplexity, learning rate,
+                            gradient norm, samples/s and peak memory against the step
 Usage: python3 tools/plot.py --summary DIR/M_summary.csv --timeline DIR/M_timeline.csv \
          --model M --out DIR
        python3 tools/plot.py --frontier DIR/frontier.csv --out DIR
+       python3 tools/plot.py --curves LOG.csv [LOG2.jsonl ...] --out DIR
 """
 import argparse
 import csv
@@ -24,7 +28,7 @@ except ImportError:
              "(or REGEN_WITH_PLOTS=1 bash scripts/install-deps.sh)")
 
 CATEGORIES = ["parameter", "gradient", "optimizer_state", "activation", "workspace", "input",
-              "other"]
+              "other", "communication"]
 
 
 def read_rows(path):
@@ -176,6 +180,71 @@ def plot_frontier(path, out):
     return target
 
 
+def read_log(path):
+    """A `regen train --log` file: CSV (by its .csv name) or JSON lines; numbers or None."""
+    import json
+    rows = []
+    with open(path, newline="") as f:
+        if path.endswith(".csv"):
+            for r in csv.DictReader(f):
+                rows.append({k: (r[k] if k == "kind" else (float(r[k]) if r[k] != "" else None))
+                             for k in r})
+        else:
+            for line in f:
+                if line.strip():
+                    rows.append(json.loads(line))
+    return rows
+
+
+def plot_curves(paths, out):
+    """One figure of six panels; every log a line in each (a resumed run continues its curve)."""
+    panels = [("loss", "loss (train solid, eval dashed)"), ("metric", "eval accuracy / perplexity"),
+              ("lr", "learning rate"), ("grad_norm", "gradient norm (before clipping)"),
+              ("samples_per_s", "samples/s"), ("peak", "peak reserved (MiB)")]
+    fig, axes = plt.subplots(2, 3, figsize=(15, 8))
+    for path in paths:
+        rows = read_log(path)
+        name = os.path.basename(path)
+        train = [r for r in rows if r["kind"] == "train"]
+        ev = [r for r in rows if r["kind"] == "eval"]
+        steps = [r["step"] for r in train]
+
+        def series(rs, key):
+            pts = [(r["step"], r[key]) for r in rs if r.get(key) is not None]
+            return [p[0] for p in pts], [p[1] for p in pts]
+
+        for ax, (key, title) in zip(axes.flat, panels):
+            ax.set_title(title)
+            ax.set_xlabel("step")
+            if key == "loss":
+                line, = ax.plot(steps, [r["loss"] for r in train], label=name)
+                x, y = series(ev, "loss")
+                if x:
+                    ax.plot(x, y, "--o", color=line.get_color())
+            elif key == "metric":
+                for k, style in (("accuracy", "-o"), ("perplexity", "-s")):
+                    x, y = series(ev, k)
+                    if x:
+                        ax.plot(x, y, style, label=f"{name} {k}")
+            elif key == "peak":
+                x, y = series(train, "peak_reserved")
+                ax.plot(x, [v / 2**20 for v in y], label=name)
+            else:
+                x, y = series(train, key)
+                if x:
+                    ax.plot(x, y, label=name)
+    for ax in axes.flat:
+        if ax.lines:
+            ax.legend(fontsize=7)
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    os.makedirs(out, exist_ok=True)
+    target = os.path.join(out, "curves.png")
+    fig.savefig(target, dpi=90)
+    plt.close(fig)
+    return target
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -183,8 +252,16 @@ def main():
     ap.add_argument("--timeline")
     ap.add_argument("--model")
     ap.add_argument("--frontier", help="frontier.csv of `regen frontier` (draws frontier.png)")
+    ap.add_argument("--curves", nargs="+",
+                    help="`regen train --log` files, CSV or JSON lines (draws curves.png)")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
+    if a.curves:
+        for p in a.curves:
+            if not os.path.isfile(p):
+                sys.exit(f"plot.py: no such file: {p}")
+        print(f"wrote {plot_curves(a.curves, a.out)}")
+        return
     if a.frontier:
         if not os.path.isfile(a.frontier):
             sys.exit(f"plot.py: no such file: {a.frontier}")

@@ -235,5 +235,48 @@ class CudaArena final : public Arena {
 std::unique_ptr<Arena> make_cuda_arena(int device_index) {
   return std::make_unique<CudaArena>(device_index);
 }
+
+namespace {
+// Page-locked host memory (the host tier of a CUDA device): what cudaMemcpyAsync needs to copy
+// while kernels run, instead of staging through a driver buffer and waiting for the host.
+class PinnedHostArena final : public Arena {
+ public:
+  explicit PinnedHostArena(int index) : index_(index) { cuda::DeviceGuard check_exists(index); }
+  void* map(size_t bytes) override {
+    cuda::DeviceGuard guard(index_);
+    void* p = nullptr;
+    const cudaError_t err = cudaHostAlloc(&p, bytes, cudaHostAllocDefault);
+    if (err == cudaErrorMemoryAllocation) {
+      cudaGetLastError();
+      return nullptr;
+    }
+    REGEN_CUDA_CHECK(err);
+    return p;
+  }
+  // Never throws (see CudaArena::unmap). Copies into or out of a segment are waited for before
+  // its last block is freed, so nothing queued still reads it.
+  void unmap(void* base, size_t bytes) override {
+    try {
+      cuda::DeviceGuard guard(index_);
+      REGEN_CUDA_CHECK(cudaFreeHost(base));
+    } catch (const std::exception& e) {
+      cudaGetLastError();
+      std::fprintf(stderr,
+                   "regen: pinned host memory of cuda:%d: returning %zu bytes at %p "
+                   "failed: %s\n",
+                   index_, bytes, base, e.what());
+    }
+  }
+  Device device() const override { return Device::cpu(); }
+  std::string name() const override { return "pinned host of cuda:" + std::to_string(index_); }
+
+ private:
+  int index_;
+};
+}  // namespace
+
+std::unique_ptr<Arena> make_pinned_host_arena(int device_index) {
+  return std::make_unique<PinnedHostArena>(device_index);
+}
 }  // namespace regen
 #endif

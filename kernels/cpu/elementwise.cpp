@@ -100,12 +100,19 @@ void sum_rows(const T* x, T* y, int64_t rows, int64_t cols) {
   }
 }
 
-template <class T>
-void sum_all(const T* x, T* y, int64_t n) {
+namespace {
+// One term of a sum (sum_all) or of a sum of squares (sum_squares), in double.
+template <bool Square, class T>
+double term(T v) {
+  const double d = static_cast<double>(v);
+  return Square ? d * d : d;
+}
+template <class T, bool Square>
+void reduce_all(const T* x, T* y, int64_t n) {
   if (n <= kChunk) {               // one chunk: no scratch
     if (dry_run_active()) return;  // nothing to request
     double acc = 0;
-    for (int64_t i = 0; i < n; ++i) acc += static_cast<double>(x[i]);
+    for (int64_t i = 0; i < n; ++i) acc += term<Square>(x[i]);
     y[0] = static_cast<T>(acc);
     return;
   }
@@ -119,12 +126,24 @@ void sum_all(const T* x, T* y, int64_t n) {
   for (int64_t c = 0; c < chunks; ++c) {
     const int64_t lo = c * kChunk, hi = std::min(n, lo + kChunk);
     double acc = 0;
-    for (int64_t i = lo; i < hi; ++i) acc += static_cast<double>(x[i]);
+    for (int64_t i = lo; i < hi; ++i) acc += term<Square>(x[i]);
     partial[c] = acc;
   }
   double total = 0;
   for (int64_t c = 0; c < chunks; ++c) total += partial[c];
   y[0] = static_cast<T>(total);
+}
+
+}  // namespace
+
+template <class T>
+void sum_all(const T* x, T* y, int64_t n) {
+  reduce_all<T, false>(x, y, n);
+}
+
+template <class T>
+void sum_squares(const T* x, T* y, int64_t n) {
+  reduce_all<T, true>(x, y, n);
 }
 
 // Element i is kept iff philox_word(seed, stream, i) >= threshold. philox_word(.., i) is word i%4
@@ -186,6 +205,24 @@ void permute(const T* x, T* y, const PermuteShape& s) {
   }
 }
 
+template <class T>
+void narrow_to_half(const T* x, uint16_t* y, int64_t n, Compression c) {
+  static_assert(std::is_same<T, float>::value, "saved activations narrow from f32");
+  REGEN_CHECK(c != Compression::none, "narrow_to_half: no 16-bit format given");
+#pragma omp parallel for schedule(static) if (n > kParallelMin)
+  for (int64_t i = 0; i < n; ++i) y[i] = half::narrow(x[i], c);
+}
+
+template <class T>
+void widen_from_half(const uint16_t* x, T* y, int64_t n, Compression c) {
+  static_assert(std::is_same<T, float>::value, "saved activations widen to f32");
+  REGEN_CHECK(c != Compression::none, "widen_from_half: no 16-bit format given");
+#pragma omp parallel for schedule(static) if (n > kParallelMin)
+  for (int64_t i = 0; i < n; ++i) y[i] = half::widen(x[i], c);
+}
+template void narrow_to_half<float>(const float*, uint16_t*, int64_t, Compression);
+template void widen_from_half<float>(const uint16_t*, float*, int64_t, Compression);
+
 #define REGEN_INSTANTIATE(T)                                                           \
   template void fill<T>(T*, int64_t, T);                                               \
   template void copy<T>(const T*, T*, int64_t);                                        \
@@ -196,6 +233,7 @@ void permute(const T* x, T* y, const PermuteShape& s) {
   template void fill_from_scalar<T>(const T*, T*, int64_t, T);                         \
   template void sum_rows<T>(const T*, T*, int64_t, int64_t);                           \
   template void sum_all<T>(const T*, T*, int64_t);                                     \
+  template void sum_squares<T>(const T*, T*, int64_t);                                 \
   template void dropout_forward<T>(const T*, T*, int64_t, float, uint64_t, uint64_t);  \
   template void dropout_backward<T>(const T*, T*, int64_t, float, uint64_t, uint64_t); \
   template void permute<T>(const T*, T*, const PermuteShape&);

@@ -1,4 +1,5 @@
-// CPU pooling (declared in kernels/kernels.h): max pooling with an argmax index per output,
+// CPU pooling (declared in kernels/kernels.h): max pooling with an argmax index per output (or
+// packed window positions, shapes.h pool_code_bits),
 // average pooling with count_include_pad=True, and global average pooling; forward and backward.
 // Work is split over (image, channel) planes and every plane is written by one thread, so the
 // backward scatters need no atomics and sum in a fixed order.
@@ -72,6 +73,68 @@ void maxpool2d_backward(const T* dy, const int32_t* argmax, T* dx, const PoolSha
   }
 }
 
+// One output at a time, visiting its window in the order the row-at-a-time loop above visits it
+// (rows, then kernel columns), so the maximum and its position are the same bit for bit.
+template <class T>
+void maxpool2d_forward_packed(const T* x, T* y, uint32_t* codes, const PoolShape& s) {
+  const int64_t planes = s.N * s.C, hw = s.H * s.W, pq = s.P * s.Q;
+  const int bits = pool_code_bits(s);
+  const int64_t per_word = 32 / bits, words = pool_code_words_per_plane(s);
+#pragma omp parallel for schedule(static) if (planes * pq * s.kh * s.kw > kParallelMin)
+  for (int64_t i = 0; i < planes; ++i) {
+    const T* in = x + i * hw;
+    for (int64_t wd = 0; wd < words; ++wd) {
+      uint32_t word = 0;
+      for (int64_t e = 0; e < per_word; ++e) {
+        const int64_t j = wd * per_word + e;
+        if (j >= pq) break;
+        const int64_t p = j / s.Q, q = j % s.Q;
+        const int64_t top = p * s.stride_h - s.pad_h, left = q * s.stride_w - s.pad_w;
+        int64_t h0, h1, w0, w1;
+        window(p, s.stride_h, s.pad_h, s.kh, s.H, h0, h1);
+        window(q, s.stride_w, s.pad_w, s.kw, s.W, w0, w1);
+        T best = T(0);
+        int64_t best_h = -1, best_w = -1;
+        for (int64_t h = h0; h < h1; ++h) {
+          for (int64_t w = w0; w < w1; ++w) {
+            const T v = in[h * s.W + w];
+            if (best_h < 0 || v > best || (v != v && best == best)) {
+              best = v;
+              best_h = h;
+              best_w = w;
+            }
+          }
+        }
+        y[i * pq + j] = best;
+        const uint32_t code = static_cast<uint32_t>((best_h - top) * s.kw + (best_w - left));
+        word |= code << (e * bits);
+      }
+      codes[i * words + wd] = word;
+    }
+  }
+}
+
+template <class T>
+void maxpool2d_backward_packed(const T* dy, const uint32_t* codes, T* dx, const PoolShape& s) {
+  const int64_t planes = s.N * s.C, hw = s.H * s.W, pq = s.P * s.Q;
+  const int bits = pool_code_bits(s);
+  const int64_t per_word = 32 / bits, words = pool_code_words_per_plane(s);
+  const uint32_t field = bits == 32 ? 0xffffffffu : (1u << bits) - 1u;
+#pragma omp parallel for schedule(static) if (planes * (pq + hw) > kParallelMin)
+  for (int64_t i = 0; i < planes; ++i) {
+    T* out = dx + i * hw;
+    std::fill(out, out + hw, T(0));
+    // In output order, as the argmax form adds.
+    for (int64_t j = 0; j < pq; ++j) {
+      const uint32_t code = (codes[i * words + j / per_word] >> ((j % per_word) * bits)) & field;
+      const int64_t p = j / s.Q, q = j % s.Q;
+      const int64_t h = p * s.stride_h - s.pad_h + static_cast<int64_t>(code) / s.kw;
+      const int64_t w = q * s.stride_w - s.pad_w + static_cast<int64_t>(code) % s.kw;
+      out[h * s.W + w] += dy[i * pq + j];
+    }
+  }
+}
+
 template <class T>
 void avgpool2d_forward(const T* x, T* y, const PoolShape& s) {
   const int64_t planes = s.N * s.C, hw = s.H * s.W, pq = s.P * s.Q;
@@ -141,12 +204,14 @@ void global_avgpool_backward(const T* dy, T* dx, int64_t NC, int64_t HW) {
   }
 }
 
-#define REGEN_INSTANTIATE(T)                                                           \
-  template void maxpool2d_forward<T>(const T*, T*, int32_t*, const PoolShape&);        \
-  template void maxpool2d_backward<T>(const T*, const int32_t*, T*, const PoolShape&); \
-  template void avgpool2d_forward<T>(const T*, T*, const PoolShape&);                  \
-  template void avgpool2d_backward<T>(const T*, T*, const PoolShape&);                 \
-  template void global_avgpool_forward<T>(const T*, T*, int64_t, int64_t);             \
+#define REGEN_INSTANTIATE(T)                                                                   \
+  template void maxpool2d_forward<T>(const T*, T*, int32_t*, const PoolShape&);                \
+  template void maxpool2d_backward<T>(const T*, const int32_t*, T*, const PoolShape&);         \
+  template void maxpool2d_forward_packed<T>(const T*, T*, uint32_t*, const PoolShape&);        \
+  template void maxpool2d_backward_packed<T>(const T*, const uint32_t*, T*, const PoolShape&); \
+  template void avgpool2d_forward<T>(const T*, T*, const PoolShape&);                          \
+  template void avgpool2d_backward<T>(const T*, T*, const PoolShape&);                         \
+  template void global_avgpool_forward<T>(const T*, T*, int64_t, int64_t);                     \
   template void global_avgpool_backward<T>(const T*, T*, int64_t, int64_t);
 REGEN_INSTANTIATE(float)
 REGEN_INSTANTIATE(double)

@@ -751,6 +751,7 @@ void attention_backward(const float* dout, const float* qkv, const float* out, c
       s.Dh % 4 == 0 && detail::aligned16(qkv) && detail::aligned16(dout) && detail::aligned16(dqkv);
   const int64_t rows = s.B * s.H * s.S;
   Workspace ws(detail::device(), static_cast<uint64_t>(rows) * sizeof(float));
+  if (dry_run_active()) return;  // the dry path (kernels.h): the row terms, requested and unused
   p.dvec = ws.as<float>();
   attention_dvec_kernel<<<static_cast<unsigned>(detail::ceil_div(rows, 8)), 256, 0, stream()>>>(
       dout, out, ws.as<float>(), rows, p.S, p.H, p.Dh);

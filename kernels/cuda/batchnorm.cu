@@ -269,6 +269,7 @@ void batchnorm_forward_train(const float* x, const float* gamma, const float* be
   // [partial: C*chunks*2 doubles | coef_a: C floats | coef_b: C floats]
   Workspace ws(detail::device(), static_cast<uint64_t>(C * p.chunks * 2) * sizeof(double) +
                                      2 * static_cast<uint64_t>(C) * sizeof(float));
+  if (dry_run_active()) return;  // the dry path (kernels.h): the workspace, requested and unused
   double* partial = ws.as<double>();
   float* coef_a = reinterpret_cast<float*>(partial + C * p.chunks * 2);
   float* coef_b = coef_a + C;
@@ -290,6 +291,7 @@ void batchnorm_forward_eval(const float* x, const float* gamma, const float* bet
   check_shape(name, N, C, HW);
   if (C == 0 || N * HW == 0) return;
   Workspace ws(detail::device(), 2 * static_cast<uint64_t>(C) * sizeof(float));
+  if (dry_run_active()) return;  // the dry path (kernels.h): the workspace, requested and unused
   float* coef_a = ws.as<float>();
   float* coef_b = coef_a + C;
   bn_eval_coef_kernel<<<detail::grid_blocks(C, kThreads), kThreads, 0, stream()>>>(
@@ -311,6 +313,7 @@ void batchnorm_backward(const float* dy, const float* x, const float* gamma, con
   const Partition p = partition(N, HW);
   // [partial: C*chunks*2 doubles | coef: 3*C doubles]
   Workspace ws(detail::device(), static_cast<uint64_t>(C * p.chunks * 2 + 3 * C) * sizeof(double));
+  if (dry_run_active()) return;  // the dry path (kernels.h): the workspace, requested and unused
   double* partial = ws.as<double>();
   double* coef = partial + C * p.chunks * 2;
   launch_partial<Sums::backward>(name, x, dy, mean, C, HW, p, partial);
@@ -336,6 +339,7 @@ void batchnorm_backward_eval(const float* dy, const float* x, const float* gamma
   Workspace ws(detail::device(),
                (sums ? static_cast<uint64_t>(C * p.chunks * 2) * sizeof(double) : 0) +
                    static_cast<uint64_t>(C) * sizeof(float));
+  if (dry_run_active()) return;  // the dry path (kernels.h): the workspace, requested and unused
   double* partial = sums ? ws.as<double>() : nullptr;
   float* k = sums ? reinterpret_cast<float*>(partial + C * p.chunks * 2) : ws.as<float>();
   if (sums) launch_partial<Sums::backward>(name, x, dy, running_mean, C, HW, p, partial);

@@ -8,7 +8,8 @@
 // One cuBLAS handle per device, bound to regen::cuda::stream(). Its workspace is one persistent
 // Storage per device (category workspace, tag "cublas.workspace", 32 MiB, NVIDIA's recommended
 // size on Hopper), created with the handle by kernels::prepare_device (the trainer's canonical
-// start) or else by the first GEMM. Persistent rather than per call because cuBLAS keeps the
+// start, and dry_run_step before its scope, which counts the block from its start: DryRunScope) or
+// else by the first GEMM. Persistent rather than per call because cuBLAS keeps the
 // pointer between calls: a per-call buffer would have to be re-registered on every GEMM and would
 // put a 32 MiB alloc/free pair around each product in the memory trace. Without it cuBLAS would
 // cudaMalloc a workspace itself, outside the allocator. Determinism: cuBLAS gives the same bits run
@@ -48,6 +49,9 @@ cublasHandle_t blas_handle() {
   if (static_cast<int>(devices.size()) <= d) devices.resize(d + 1);
   BlasDevice& dev = devices[d];
   if (!dev.handle) {
+    // Inside a dry run the workspace would come from the scope's Null arena and outlive it.
+    REGEN_CHECK(!dry_run_active(), "cuBLAS on cuda:", d,
+                " is not set up: call kernels::prepare_device before a dry run on the device");
     TagScope tag("cublas.workspace");
     exit_check_ignore_tag("cublas.workspace");  // lives as long as the process, by design
     dev.workspace =

@@ -552,6 +552,7 @@ void launch_igemm(const char* name, Problem pr, float* final_out, int64_t out_si
   Workspace ws(
       detail::device(),
       split.splits > 1 ? static_cast<uint64_t>(split.splits) * out_size * sizeof(float) : 0);
+  if (dry_run_active()) return;  // the dry path (kernels.h): the partials, requested and unused
   pr.out = split.splits > 1 ? ws.as<float>() : final_out;
   const dim3 grid(static_cast<unsigned>(gx), static_cast<unsigned>(gy),
                   static_cast<unsigned>(split.splits));
@@ -576,6 +577,7 @@ void launch_dgrad(const char* name, DataGradProblem pr) {
   pr.partials = split.splits > 1;
   Workspace ws(detail::device(),
                pr.partials ? static_cast<uint64_t>(split.splits) * size * sizeof(float) : 0);
+  if (dry_run_active()) return;  // the dry path (kernels.h): the partials, requested and unused
   float* dx = pr.out;
   if (pr.partials) pr.out = ws.as<float>();
   const dim3 grid(static_cast<unsigned>(gx), static_cast<unsigned>(gy),
@@ -626,8 +628,11 @@ void native_forward(const float* x, const float* w, const float* bias, float* y,
   pr.pw = i32(s.pad_w);
   const int Kpad = i32(detail::ceil_div(pr.Kdim, kBK) * kBK);
   Workspace table_ws(detail::device(), static_cast<uint64_t>(Kpad) * sizeof(int4));
-  build_table(name, table_ws.as<int4>(), pr.Kdim, Kpad, i32(s.R * s.S), i32(s.S), i32(s.H * s.W),
-              pr.W, 1, -kBig);
+  // The dry path (kernels.h): the table's and launch_igemm's workspaces, no kernel.
+  if (!dry_run_active()) {
+    build_table(name, table_ws.as<int4>(), pr.Kdim, Kpad, i32(s.R * s.S), i32(s.S), i32(s.H * s.W),
+                pr.W, 1, -kBig);
+  }
   pr.table = table_ws.as<int4>();
   const int64_t out_size = s.N * s.K * s.P * s.Q;
   // Split partials get the bias in the reduction, unsplit tiles in the writer.
@@ -672,6 +677,8 @@ void native_backward_data(const float* dy, const float* w, float* dx, const Conv
   }
   Workspace ws(detail::device(), bytes);
   char* base = static_cast<char*>(ws.data());
+  // The dry path (kernels.h): this workspace and each phase's partials (launch_dgrad), no kernel.
+  const bool dry = dry_run_active();
   for (size_t i = 0; i < phases.size(); ++i) {
     const Phase& ph = phases[i];
     DataGradProblem pr{};
@@ -695,6 +702,7 @@ void native_backward_data(const float* dy, const float* w, float* dx, const Conv
     pr.KPQ = i32(s.K * s.P * s.Q);
     pr.CHW = i32(s.C * s.H * s.W);
     if (pr.Kdim == 0) {  // no tap reaches these rows and columns
+      if (dry) continue;
       dgrad_zero_kernel<<<detail::grid_blocks(static_cast<int64_t>(pr.M) * pr.Ncol, 256), 256, 0,
                           stream()>>>(pr);
       REGEN_CUDA_LAUNCH_CHECK(name);
@@ -703,11 +711,13 @@ void native_backward_data(const float* dy, const float* w, float* dx, const Conv
     const int Kpad = i32(detail::ceil_div(pr.Kdim, kBK) * kBK);
     auto* table = reinterpret_cast<int4*>(base + table_at[i]);
     auto* wt = reinterpret_cast<float*>(base + wt_at[i]);
-    build_table(name, table, pr.Kdim, Kpad, ph.Rs * ph.Ss, ph.Ss, i32(s.P * s.Q), 0, 0, kBig);
-    transpose_filter_kernel<<<detail::grid_blocks(static_cast<int64_t>(pr.Kdim) * s.C, 256), 256, 0,
-                              stream()>>>(w, wt, i32(s.K), i32(s.C), i32(s.R), i32(s.S), ph.r0,
-                                          ph.s0, sh, sw, ph.Rs, ph.Ss);
-    REGEN_CUDA_LAUNCH_CHECK(name);
+    if (!dry) {
+      build_table(name, table, pr.Kdim, Kpad, ph.Rs * ph.Ss, ph.Ss, i32(s.P * s.Q), 0, 0, kBig);
+      transpose_filter_kernel<<<detail::grid_blocks(static_cast<int64_t>(pr.Kdim) * s.C, 256), 256,
+                                0, stream()>>>(w, wt, i32(s.K), i32(s.C), i32(s.R), i32(s.S), ph.r0,
+                                               ph.s0, sh, sw, ph.Rs, ph.Ss);
+      REGEN_CUDA_LAUNCH_CHECK(name);
+    }
     pr.table = table;
     pr.wt = wt;
     launch_dgrad(name, pr);
@@ -741,6 +751,7 @@ void native_backward_filter(const float* x, const float* dy, float* dw, const Co
 
 void dbias(const float* dy, float* db, const ConvShape& s) {
   REGEN_CHECK(s.K <= 0x7fffffff, "conv2d_backward_filter: too many channels");
+  if (dry_run_active()) return;  // no workspace: nothing for a dry path to request
   conv_dbias_kernel<<<static_cast<unsigned>(s.K), 256, 0, stream()>>>(dy, db, s.N, s.K, s.P * s.Q);
   REGEN_CUDA_LAUNCH_CHECK("conv2d_backward_filter (dbias)");
 }

@@ -198,6 +198,7 @@ void forward(const float* x, const float* w, const float* bias, float* y, const 
   Plan& p = plan_for(s);
   if (!p.have_fwd) no_algo("forward", s);
   Workspace ws(detail::device(), p.fwd_bytes);
+  if (dry_run_active()) return;  // the dry path (kernels.h): the chosen algorithm's workspace
   const float one = 1.0f, zero = 0.0f;
   REGEN_CUDNN_CHECK(cudnnConvolutionForward(handle(), &one, p.x, x, p.w, w, p.fwd_conv, p.fwd,
                                             ws.data(), p.fwd_bytes, &zero, p.y, y));
@@ -208,6 +209,7 @@ void backward_data(const float* dy, const float* w, float* dx, const ConvShape& 
   Plan& p = plan_for(s);
   if (!p.have_bwd_data) no_algo("backward-data", s);
   Workspace ws(detail::device(), p.bwd_data_bytes);
+  if (dry_run_active()) return;  // the dry path (kernels.h): the chosen algorithm's workspace
   const float one = 1.0f, zero = 0.0f;
   REGEN_CUDNN_CHECK(cudnnConvolutionBackwardData(handle(), &one, p.w, w, p.y, dy, p.bwd_data_conv,
                                                  p.bwd_data, ws.data(), p.bwd_data_bytes, &zero,
@@ -218,6 +220,7 @@ void backward_filter(const float* x, const float* dy, float* dw, const ConvShape
   Plan& p = plan_for(s);
   if (!p.have_bwd_filter) no_algo("backward-filter", s);
   Workspace ws(detail::device(), p.bwd_filter_bytes);
+  if (dry_run_active()) return;  // the dry path (kernels.h): the chosen algorithm's workspace
   const float one = 1.0f, zero = 0.0f;
   REGEN_CUDNN_CHECK(cudnnConvolutionBackwardFilter(handle(), &one, p.x, x, p.y, dy,
                                                    p.bwd_filter_conv, p.bwd_filter, ws.data(),

@@ -4,7 +4,9 @@
 // cuDNN, whichever set_conv_algo chose): forward = conv2d backward-data (+ bias), backward-data =
 // conv2d forward, backward-filter = conv2d backward-filter with dy and x as its input and output
 // gradient. Bias: an element-wise add per plane; dbias: one block per channel, a fixed-order block
-// reduction in double (no atomics: the same bits on every run).
+// reduction in double (no atomics: the same bits on every run). The dry path (kernels.h) is
+// conv2d's: its passes request their workspaces; the bias kernels take none and are skipped.
+#include "regen/core/dry_run.h"
 #include "regen/kernels/cuda/common.cuh"
 #include "regen/kernels/cuda/cuda_kernels.h"
 
@@ -40,7 +42,7 @@ __global__ void __launch_bounds__(kThreads)
 void conv_transpose2d_forward(const float* x, const float* w, const float* bias, float* y,
                               const ConvShape& s) {
   conv2d_backward_data(x, w, y, s);
-  if (!bias) return;
+  if (!bias || dry_run_active()) return;
   const int64_t hw = s.H * s.W, total = s.N * s.C * hw;
   if (total == 0) return;
   add_bias_kernel<<<detail::grid_blocks(total, kThreads), kThreads, 0, stream()>>>(y, bias, s.C, hw,
@@ -59,6 +61,7 @@ void conv_transpose2d_backward_filter(const float* x, const float* dy, float* dw
   if (!dbias) return;
   REGEN_CHECK(s.C > 0 && s.C <= 0x7fffffff, "conv_transpose2d_backward_filter: ", s.C,
               " output channels");
+  if (dry_run_active()) return;
   channel_sum_kernel<<<static_cast<unsigned>(s.C), kThreads, 0, stream()>>>(dy, dbias, s.N, s.C,
                                                                             s.H * s.W);
   REGEN_CUDA_LAUNCH_CHECK("conv_transpose2d_backward_filter (dbias)");

@@ -186,9 +186,13 @@ void check_shape(const char* name, int64_t M, int64_t V) {
 void cross_entropy_forward(const float* logits, const int64_t* targets, float* loss, float* lse,
                            int64_t M, int64_t V, int64_t ignore_index) {
   check_shape("cross_entropy_forward", M, V);
-  if (M == 0) return fill(loss, 1, 0.0f);
+  if (M == 0) {
+    if (!dry_run_active()) fill(loss, 1, 0.0f);
+    return;
+  }
   // [bad_row (8 bytes) | pad to 256 | row_loss (M doubles)]
   Workspace ws(detail::device(), 256 + static_cast<uint64_t>(M) * sizeof(double));
+  if (dry_run_active()) return;  // the dry path (kernels.h): the workspace, requested and unused
   auto* bad_row = ws.as<unsigned long long>();
   double* row_loss = reinterpret_cast<double*>(static_cast<char*>(ws.data()) + 256);
   REGEN_CUDA_CHECK(cudaMemsetAsync(bad_row, 0xff, sizeof(unsigned long long), stream()));
@@ -209,6 +213,7 @@ void cross_entropy_backward(const float* dloss, const float* logits, const int64
   if (M == 0) return;
   // [bad_row (8 bytes) | scale (4 bytes)]
   Workspace ws(detail::device(), 16);
+  if (dry_run_active()) return;  // the dry path (kernels.h): the workspace, requested and unused
   auto* bad_row = ws.as<unsigned long long>();
   float* scale = reinterpret_cast<float*>(static_cast<char*>(ws.data()) + 8);
   REGEN_CUDA_CHECK(cudaMemsetAsync(bad_row, 0xff, sizeof(unsigned long long), stream()));
@@ -227,6 +232,7 @@ void linear_cross_entropy_scale(const float* dloss, const int64_t* targets, floa
   check_shape("linear_cross_entropy", M, V);
   // [bad_row (8 bytes)]
   Workspace ws(detail::device(), 8);
+  if (dry_run_active()) return;  // the dry path (kernels.h): the workspace, requested and unused
   auto* bad_row = ws.as<unsigned long long>();
   REGEN_CUDA_CHECK(cudaMemsetAsync(bad_row, 0xff, sizeof(unsigned long long), stream()));
   ce_count_kernel<<<1, 1024, 0, stream()>>>(targets, M, V, ignore_index, dloss, scale, bad_row);

@@ -7,6 +7,7 @@
 #ifdef REGEN_WITH_CUDA
 #include <cstdint>
 
+#include "regen/kernels/half.h"
 #include "regen/kernels/shapes.h"
 
 namespace regen::cuda {
@@ -40,10 +41,13 @@ struct UnaryLaunchers {
 const UnaryLaunchers* unary_launchers();
 void sum_rows(const float* x, float* y, int64_t rows, int64_t cols);
 void sum_all(const float* x, float* y, int64_t n);
+void sum_squares(const float* x, float* y, int64_t n);  // y[0] = sum x[i]^2 (in double)
 void dropout_forward(const float* x, float* y, int64_t n, float p, uint64_t seed, uint64_t stream);
 void dropout_backward(const float* dy, float* dx, int64_t n, float p, uint64_t seed,
                       uint64_t stream);
 void permute(const float* x, float* y, const PermuteShape& s);
+void narrow_to_half(const float* x, uint16_t* y, int64_t n, Compression c);
+void widen_from_half(const uint16_t* x, float* y, int64_t n, Compression c);
 // Slices along one dimension (kernels/cuda/slice.cu).
 void slice_copy(const float* x, float* y, const SliceShape& s);
 
@@ -80,6 +84,9 @@ void batchnorm_backward_eval(const float* dy, const float* x, const float* gamma
 // Pooling.
 void maxpool2d_forward(const float* x, float* y, int32_t* argmax, const PoolShape& s);
 void maxpool2d_backward(const float* dy, const int32_t* argmax, float* dx, const PoolShape& s);
+void maxpool2d_forward_packed(const float* x, float* y, uint32_t* codes, const PoolShape& s);
+void maxpool2d_backward_packed(const float* dy, const uint32_t* codes, float* dx,
+                               const PoolShape& s);
 void avgpool2d_forward(const float* x, float* y, const PoolShape& s);
 void avgpool2d_backward(const float* dy, float* dx, const PoolShape& s);
 void global_avgpool_forward(const float* x, float* y, int64_t NC, int64_t HW);

@@ -161,6 +161,13 @@ struct ToDouble {
   __device__ double operator()(float v) const { return static_cast<double>(v); }
 };
 // out: (1) float from a double
+struct SquareToDouble {
+  __device__ double operator()(float v) const {
+    const double d = static_cast<double>(v);
+    return d * d;
+  }
+};
+
 __global__ void round_to_float_kernel(const double* in, float* out) {
   out[0] = static_cast<float>(in[0]);
 }
@@ -304,8 +311,13 @@ void fill_from_scalar(const float* s, float* y, int64_t n, float alpha) {
 // x: (rows, cols) -> y: (cols)
 void sum_rows(const float* x, float* y, int64_t rows, int64_t cols) {
   REGEN_CHECK(rows >= 0 && cols >= 0, "sum_rows: negative shape (", rows, ", ", cols, ")");
+  // The dry path (kernels.h): the partials' workspace when there is one, requested and unused.
+  const bool dry = dry_run_active();
   if (cols == 0) return;
-  if (rows == 0) return fill(y, cols, 0.0f);
+  if (rows == 0) {
+    if (!dry) fill(y, cols, 0.0f);
+    return;
+  }
   // The chunking depends only on the shape, so the summation order is fixed.
   int64_t chunks = detail::ceil_div(rows, kRowsPerChunk);
   if (chunks > kMaxChunks) chunks = kMaxChunks;
@@ -315,12 +327,14 @@ void sum_rows(const float* x, float* y, int64_t rows, int64_t cols) {
   REGEN_CHECK(col_tiles <= 0x7fffffff, "sum_rows: ", cols, " columns are too many");
   const dim3 grid(static_cast<unsigned>(col_tiles), static_cast<unsigned>(chunks));
   if (chunks == 1) {
+    if (dry) return;
     column_partial_kernel<<<grid, dim3(kColTile, kRowLanes), 0, stream()>>>(
         x, rows, cols, rows_per_chunk, nullptr, y);
     REGEN_CUDA_LAUNCH_CHECK("sum_rows");
     return;
   }
   Workspace ws(detail::device(), static_cast<uint64_t>(chunks * cols) * sizeof(double));
+  if (dry) return;
   column_partial_kernel<<<grid, dim3(kColTile, kRowLanes), 0, stream()>>>(
       x, rows, cols, rows_per_chunk, ws.as<double>(), nullptr);
   REGEN_CUDA_LAUNCH_CHECK("sum_rows");
@@ -332,19 +346,43 @@ void sum_rows(const float* x, float* y, int64_t rows, int64_t cols) {
 // x: (n) -> y: (1)
 void sum_all(const float* x, float* y, int64_t n) {
   REGEN_CHECK(n >= 0, "sum_all: negative size ", n);
-  if (n == 0) return fill(y, 1, 0.0f);
+  // The dry path (kernels.h): CUB's size query (no data read), then the workspace, unused.
+  const bool dry = dry_run_active();
+  if (n == 0) {
+    if (!dry) fill(y, 1, 0.0f);
+    return;
+  }
   size_t temp_bytes = 0;
   REGEN_CUDA_CHECK(
       cub::DeviceReduce::TransformReduce(nullptr, temp_bytes, x, static_cast<double*>(nullptr), n,
                                          ::cuda::std::plus<double>{}, ToDouble{}, 0.0, stream()));
   // One buffer: the double result first (8-byte aligned), CUB's scratch after it at 256 bytes.
   Workspace ws(detail::device(), 256 + temp_bytes);
+  if (dry) return;
   double* total = ws.as<double>();
   void* temp = static_cast<char*>(ws.data()) + 256;
   REGEN_CUDA_CHECK(cub::DeviceReduce::TransformReduce(
       temp, temp_bytes, x, total, n, ::cuda::std::plus<double>{}, ToDouble{}, 0.0, stream()));
   round_to_float_kernel<<<1, 1, 0, stream()>>>(total, y);
   REGEN_CUDA_LAUNCH_CHECK("sum_all");
+}
+
+// x: (n) -> y: (1), the sum of squares in double
+void sum_squares(const float* x, float* y, int64_t n) {
+  REGEN_CHECK(n >= 0, "sum_squares: negative size ", n);
+  if (n == 0) return fill(y, 1, 0.0f);
+  size_t temp_bytes = 0;
+  REGEN_CUDA_CHECK(cub::DeviceReduce::TransformReduce(
+      nullptr, temp_bytes, x, static_cast<double*>(nullptr), n, ::cuda::std::plus<double>{},
+      SquareToDouble{}, 0.0, stream()));
+  // One buffer: the double result first (8-byte aligned), CUB's scratch after it at 256 bytes.
+  Workspace ws(detail::device(), 256 + temp_bytes);
+  double* total = ws.as<double>();
+  void* temp = static_cast<char*>(ws.data()) + 256;
+  REGEN_CUDA_CHECK(cub::DeviceReduce::TransformReduce(
+      temp, temp_bytes, x, total, n, ::cuda::std::plus<double>{}, SquareToDouble{}, 0.0, stream()));
+  round_to_float_kernel<<<1, 1, 0, stream()>>>(total, y);
+  REGEN_CUDA_LAUNCH_CHECK("sum_squares");
 }
 
 void dropout_forward(const float* x, float* y, int64_t n, float p, uint64_t seed,
@@ -364,6 +402,34 @@ void dropout_forward(const float* x, float* y, int64_t n, float p, uint64_t seed
 void dropout_backward(const float* dy, float* dx, int64_t n, float p, uint64_t seed,
                       uint64_t stream_id) {
   dropout_forward(dy, dx, n, p, seed, stream_id);  // the same mask and scale
+}
+
+namespace {
+// x: (n) -> y: (n), the conversions of kernels/half.h (the CPU loops' functions).
+__global__ void narrow_kernel(const float* x, uint16_t* y, int64_t n, Compression c) {
+  for (int64_t i = dev::global_thread(); i < n; i += dev::grid_stride())
+    y[i] = half::narrow(x[i], c);
+}
+__global__ void widen_kernel(const uint16_t* x, float* y, int64_t n, Compression c) {
+  for (int64_t i = dev::global_thread(); i < n; i += dev::grid_stride())
+    y[i] = half::widen(x[i], c);
+}
+}  // namespace
+
+void narrow_to_half(const float* x, uint16_t* y, int64_t n, Compression c) {
+  REGEN_CHECK(n >= 0 && c != Compression::none, "narrow_to_half: size ", n,
+              " and a 16-bit format are needed");
+  if (n == 0) return;
+  narrow_kernel<<<grid_blocks(n, kThreads), kThreads, 0, stream()>>>(x, y, n, c);
+  REGEN_CUDA_LAUNCH_CHECK("narrow_to_half");
+}
+
+void widen_from_half(const uint16_t* x, float* y, int64_t n, Compression c) {
+  REGEN_CHECK(n >= 0 && c != Compression::none, "widen_from_half: size ", n,
+              " and a 16-bit format are needed");
+  if (n == 0) return;
+  widen_kernel<<<grid_blocks(n, kThreads), kThreads, 0, stream()>>>(x, y, n, c);
+  REGEN_CUDA_LAUNCH_CHECK("widen_from_half");
 }
 
 void permute(const float* x, float* y, const PermuteShape& s) {

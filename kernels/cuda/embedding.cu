@@ -165,6 +165,7 @@ void embedding_forward(const float* weight, const int64_t* ids, float* y, int64_
   check_shape("embedding_forward", n, V, D);
   if (n == 0) return;
   Workspace ws(detail::device(), sizeof(unsigned long long));
+  if (dry_run_active()) return;  // the dry path (kernels.h): the workspace, requested and unused
   auto* bad = ws.as<unsigned long long>();
   REGEN_CUDA_CHECK(cudaMemsetAsync(bad, 0xff, sizeof(unsigned long long), stream()));
   embedding_forward_kernel<<<static_cast<unsigned>(n), kThreads, 0, stream()>>>(weight, ids, y, V,
@@ -180,8 +181,12 @@ void embedding_backward(const float* dy, const int64_t* ids, float* dweight, int
   const char* name = "embedding_backward";
   check_shape(name, n, V, D);
   if (D == 0) return;
-  REGEN_CUDA_CHECK(
-      cudaMemsetAsync(dweight, 0, static_cast<size_t>(V * D) * sizeof(float), stream()));
+  // The dry path (kernels.h): CUB's size query (no data read), then the workspace, unused.
+  const bool dry = dry_run_active();
+  if (!dry) {
+    REGEN_CUDA_CHECK(
+        cudaMemsetAsync(dweight, 0, static_cast<size_t>(V * D) * sizeof(float), stream()));
+  }
   if (n == 0) return;
   int end_bit = 1;
   while (end_bit < 31 && (int64_t{1} << end_bit) < V) ++end_bit;  // ids < V fit in end_bit bits
@@ -198,6 +203,7 @@ void embedding_backward(const float* dy, const int64_t* ids, float* dweight, int
   const uint64_t array_bytes = round256(n * 4), mark_bytes = round256(n);
   const uint64_t partial_bytes = round256(2 * detail::ceil_div(n, kChunk) * D * 4);
   Workspace ws(detail::device(), 256 + 4 * array_bytes + mark_bytes + partial_bytes + sort_bytes);
+  if (dry) return;
   char* base = static_cast<char*>(ws.data());
   auto* bad = reinterpret_cast<unsigned long long*>(base);
   auto* keys = reinterpret_cast<uint32_t*>(base + 256);

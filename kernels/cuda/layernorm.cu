@@ -380,6 +380,7 @@ void launch_backward_warp(const float* dy, const float* x, const float* gamma, c
   parts = detail::ceil_div(M, rows_per_block);
   const bool params = dgamma || dbeta;
   Workspace ws(detail::device(), params ? 2 * static_cast<uint64_t>(parts * N) * sizeof(float) : 0);
+  if (dry_run_active()) return;  // the dry path (kernels.h): the workspace, requested and unused
   float* partial_g = params ? ws.as<float>() : nullptr;
   float* partial_b = params ? partial_g + parts * N : nullptr;
   ln_backward_warp_kernel<kMaxVec, kWarps>
@@ -403,7 +404,11 @@ void layernorm_backward(const float* dy, const float* x, const float* gamma, con
                         int64_t N) {
   check_shape("layernorm_backward", M, N);
   if (N == 0) return;
+  // The dry path (kernels.h): the partials' workspace of the path a real call takes (it depends
+  // on N and on the pointers' alignment, which a dry run's addresses keep), no kernel.
+  const bool dry = dry_run_active();
   if (M == 0) {
+    if (dry) return;
     if (dgamma) fill(dgamma, N, 0.0f);
     if (dbeta) fill(dbeta, N, 0.0f);
     return;
@@ -416,9 +421,11 @@ void layernorm_backward(const float* dy, const float* x, const float* gamma, con
     }
     return;
   }
-  ln_backward_block_kernel<<<static_cast<unsigned>(M), kBlockThreads, 0, stream()>>>(
-      dy, x, gamma, mean, rstd, dx, N);
-  REGEN_CUDA_LAUNCH_CHECK("layernorm_backward");
+  if (!dry) {
+    ln_backward_block_kernel<<<static_cast<unsigned>(M), kBlockThreads, 0, stream()>>>(
+        dy, x, gamma, mean, rstd, dx, N);
+    REGEN_CUDA_LAUNCH_CHECK("layernorm_backward");
+  }
   if (!dgamma && !dbeta) return;
   constexpr int64_t kRowsPerChunk = 256, kMaxChunks = 128;
   int64_t chunks = detail::ceil_div(M, kRowsPerChunk);
@@ -427,6 +434,7 @@ void layernorm_backward(const float* dy, const float* x, const float* gamma, con
   chunks = detail::ceil_div(M, rows_per_chunk);
   Workspace ws(detail::device(),
                chunks > 1 ? 2 * static_cast<uint64_t>(chunks * N) * sizeof(double) : 0);
+  if (dry) return;
   double* partial_g = chunks > 1 ? ws.as<double>() : nullptr;
   double* partial_b = chunks > 1 ? partial_g + chunks * N : nullptr;
   const dim3 grid(static_cast<unsigned>(detail::ceil_div(N, 32)), static_cast<unsigned>(chunks));

@@ -5,6 +5,7 @@
 // element visits the outputs whose windows cover it, in increasing (p, q) order, so no atomics
 // are needed and the sum order equals the CPU's scatter order (maxpool backward is bit-identical
 // to the CPU; avgpool backward too unless the host compiler contracts dy * inv + acc).
+// The packed forms keep each argmax as its position in the window (shapes.h pool_code_bits).
 // maxpool: padding never competes, the first maximum in row-major window order wins ties, a NaN
 // once seen is kept; argmax is the index into the (H, W) plane. avgpool: count_include_pad (the
 // divisor is always kh*kw).
@@ -104,6 +105,74 @@ __global__ void maxpool_backward_kernel(const float* dy, const int32_t* argmax, 
   }
 }
 
+// The packed argmax (shapes.h pool_code_bits): one thread per code word, i.e. per `per_word`
+// consecutive outputs of a plane, each computed as maxpool_forward_kernel computes it.
+// x: (planes, H, W) -> y: (planes, P, Q), codes: (planes, words)
+__global__ void maxpool_forward_packed_kernel(const float* x, float* y, uint32_t* codes,
+                                              PoolParams s, int bits, int per_word, int words) {
+  const int64_t total = s.planes * words;
+  const int pq_total = s.P * s.Q;
+  for (int64_t i = dev::global_thread(); i < total; i += dev::grid_stride()) {
+    const int64_t plane = i / words;
+    const int wd = static_cast<int>(i - plane * words);
+    const float* in = x + plane * s.H * s.W;
+    uint32_t word = 0;
+    for (int e = 0; e < per_word; ++e) {
+      const int pq = wd * per_word + e;
+      if (pq >= pq_total) break;
+      const int p = pq / s.Q, q = pq - p * s.Q;
+      int h0, h1, w0, w1;
+      window(p, s.sh, s.ph, s.kh, s.H, h0, h1);
+      window(q, s.sw, s.pw, s.kw, s.W, w0, w1);
+      int best_h = h0, best_w = w0;
+      float best = in[h0 * s.W + w0];
+      for (int h = h0; h < h1; ++h) {
+        for (int w = w0; w < w1; ++w) {
+          const float v = in[h * s.W + w];
+          if (v > best || (isnan(v) && !isnan(best))) {
+            best = v;
+            best_h = h;
+            best_w = w;
+          }
+        }
+      }
+      y[plane * pq_total + pq] = best;
+      const uint32_t code =
+          static_cast<uint32_t>((best_h - (p * s.sh - s.ph)) * s.kw + (best_w - (q * s.sw - s.pw)));
+      word |= code << (e * bits);
+    }
+    codes[i] = word;
+  }
+}
+
+// dy: (planes, P, Q), codes: (planes, words) -> dx: (planes, H, W), gathered in increasing
+// (p, q) order like maxpool_backward_kernel.
+__global__ void maxpool_backward_packed_kernel(const float* dy, const uint32_t* codes, float* dx,
+                                               PoolParams s, int bits, int per_word, int words) {
+  const int64_t total = s.planes * s.H * s.W;
+  const uint32_t field = bits == 32 ? 0xffffffffu : (1u << bits) - 1u;
+  for (int64_t i = dev::global_thread(); i < total; i += dev::grid_stride()) {
+    const int64_t plane = i / (static_cast<int64_t>(s.H) * s.W);
+    const int hw = static_cast<int>(i - plane * s.H * s.W);
+    const int h = hw / s.W, w = hw - h * s.W;
+    int p0, p1, q0, q1;
+    covering(h, s.sh, s.ph, s.kh, s.P, p0, p1);
+    covering(w, s.sw, s.pw, s.kw, s.Q, q0, q1);
+    const int64_t base = plane * s.P * s.Q;
+    const uint32_t* plane_codes = codes + plane * words;
+    float acc = 0.0f;
+    for (int p = p0; p < p1; ++p) {
+      for (int q = q0; q < q1; ++q) {
+        const int pq = p * s.Q + q;
+        const uint32_t code = (plane_codes[pq / per_word] >> ((pq % per_word) * bits)) & field;
+        const int at = (h - (p * s.sh - s.ph)) * s.kw + (w - (q * s.sw - s.pw));
+        if (code == static_cast<uint32_t>(at)) acc += dy[base + pq];
+      }
+    }
+    dx[i] = acc;
+  }
+}
+
 // x: (planes, H, W) -> y: (planes, P, Q); the window sum in double, times 1/(kh*kw).
 __global__ void avgpool_forward_kernel(const float* x, float* y, PoolParams s, double inv) {
   const int64_t total = s.planes * s.P * s.Q;
@@ -181,6 +250,29 @@ void maxpool2d_backward(const float* dy, const int32_t* argmax, float* dx, const
   maxpool_backward_kernel<<<detail::grid_blocks(total, kThreads), kThreads, 0, stream()>>>(
       dy, argmax, dx, p);
   REGEN_CUDA_LAUNCH_CHECK("maxpool2d_backward");
+}
+
+void maxpool2d_forward_packed(const float* x, float* y, uint32_t* codes, const PoolShape& s) {
+  const PoolParams p = params("maxpool2d_forward_packed", s);
+  const int bits = pool_code_bits(s);
+  const int64_t words = pool_code_words_per_plane(s);
+  const int64_t total = p.planes * words;
+  if (total == 0) return;
+  maxpool_forward_packed_kernel<<<detail::grid_blocks(total, kThreads), kThreads, 0, stream()>>>(
+      x, y, codes, p, bits, 32 / bits, static_cast<int>(words));
+  REGEN_CUDA_LAUNCH_CHECK("maxpool2d_forward_packed");
+}
+
+void maxpool2d_backward_packed(const float* dy, const uint32_t* codes, float* dx,
+                               const PoolShape& s) {
+  const PoolParams p = params("maxpool2d_backward_packed", s);
+  const int bits = pool_code_bits(s);
+  const int64_t words = pool_code_words_per_plane(s);
+  const int64_t total = p.planes * p.H * p.W;
+  if (total == 0) return;
+  maxpool_backward_packed_kernel<<<detail::grid_blocks(total, kThreads), kThreads, 0, stream()>>>(
+      dy, codes, dx, p, bits, 32 / bits, static_cast<int>(words));
+  REGEN_CUDA_LAUNCH_CHECK("maxpool2d_backward_packed");
 }
 
 void avgpool2d_forward(const float* x, float* y, const PoolShape& s) {

@@ -1,6 +1,7 @@
 // The CUDA launchers of the unary element-wise ops (kernels/unary_ops.h): one grid-stride kernel
 // template over the functor, with a float4 variant when every pointer is 16-byte aligned (the tail
-// finished by the scalar kernel), instantiated for every functor of REGEN_UNARY_OPS. The functors
+// finished by the scalar kernel), instantiated for every functor of REGEN_UNARY_OPS, and the
+// packed-mask forms (a warp ballot per mask word) for the functors that have one. The functors
 // are the CPU loops' (kernels/cpu/unary.cpp). Tests: the op table on CUDA
 // (tests/cuda/test_cuda_op_table.cpp) against the f64 references, tests/cuda/test_cuda_ops.cpp
 // against the CPU loops.
@@ -42,13 +43,44 @@ __global__ void unary_backward_kernel4(const float4* dy, const float4* s, float4
   }
 }
 
+// The packed-mask forward: each warp takes 32 consecutive elements, aligned to 32, so the warp's
+// ballot is one mask word (kThreads and the grid stride are multiples of 32, and the loop
+// condition is the same for every lane of a warp, so all 32 lanes reach each ballot).
+// x, y: (n); mask: (mask_words(n))
+template <class F>
+__global__ void unary_forward_mask_kernel(const float* x, float* y, uint32_t* mask, int64_t n) {
+  constexpr bool reads_output = F::reads == unary::Reads::output;
+  const int lane = static_cast<int>(threadIdx.x & 31);
+  for (int64_t i = dev::global_thread(); i - lane < n; i += dev::grid_stride()) {
+    bool bit = false;
+    if (i < n) {
+      const float in = x[i];
+      const float out = F::value(in);
+      y[i] = out;
+      bit = F::mask(reads_output ? out : in);
+    }
+    const unsigned word = __ballot_sync(dev::kFullMask, bit);
+    if (lane == 0) mask[i >> 5] = word;
+  }
+}
+// dy, dx: (n); mask: (mask_words(n))
+template <class F>
+__global__ void unary_backward_mask_kernel(const float* dy, const uint32_t* mask, float* dx,
+                                           int64_t n) {
+  for (int64_t i = dev::global_thread(); i < n; i += dev::grid_stride()) {
+    dx[i] = F::grad_masked(dy[i], ((mask[i >> 5] >> (i & 31)) & 1u) != 0);
+  }
+}
+
 template <class F>
 struct Name;
-#define REGEN_UNARY_NAME(name)                                 \
-  template <>                                                  \
-  struct Name<unary::name> {                                   \
-    static constexpr const char* forward = #name "_forward";   \
-    static constexpr const char* backward = #name "_backward"; \
+#define REGEN_UNARY_NAME(name)                                           \
+  template <>                                                            \
+  struct Name<unary::name> {                                             \
+    static constexpr const char* forward = #name "_forward";             \
+    static constexpr const char* backward = #name "_backward";           \
+    static constexpr const char* forward_mask = #name "_forward_mask";   \
+    static constexpr const char* backward_mask = #name "_backward_mask"; \
   };
 REGEN_UNARY_OPS(REGEN_UNARY_NAME)
 #undef REGEN_UNARY_NAME
@@ -94,10 +126,41 @@ void unary_backward(F, const float* dy, const float* s, float* dx, int64_t n) {
   }
 }
 
-#define REGEN_UNARY_INSTANTIATE(name)                                                        \
-  template void unary_forward<unary::name>(unary::name, const float*, float*, int64_t);      \
-  template void unary_backward<unary::name>(unary::name, const float*, const float*, float*, \
-                                            int64_t);
+template <class F>
+void unary_forward_mask(F, const float* x, float* y, uint32_t* mask, int64_t n) {
+  if constexpr (unary::has_mask<F>::value) {
+    REGEN_CHECK(n >= 0, Name<F>::forward_mask, ": negative size ", n);
+    if (n == 0) return;
+    const int64_t warps = mask_words(n);
+    unary_forward_mask_kernel<F>
+        <<<grid_blocks(warps * 32, kThreads), kThreads, 0, stream()>>>(x, y, mask, n);
+    REGEN_CUDA_LAUNCH_CHECK(Name<F>::forward_mask);
+  } else {
+    REGEN_FAIL(Name<F>::forward_mask, ": the op has no packed mask form");
+  }
+}
+
+template <class F>
+void unary_backward_mask(F, const float* dy, const uint32_t* mask, float* dx, int64_t n) {
+  if constexpr (unary::has_mask<F>::value) {
+    REGEN_CHECK(n >= 0, Name<F>::backward_mask, ": negative size ", n);
+    if (n == 0) return;
+    unary_backward_mask_kernel<F>
+        <<<grid_blocks(n, kThreads), kThreads, 0, stream()>>>(dy, mask, dx, n);
+    REGEN_CUDA_LAUNCH_CHECK(Name<F>::backward_mask);
+  } else {
+    REGEN_FAIL(Name<F>::backward_mask, ": the op has no packed mask form");
+  }
+}
+
+#define REGEN_UNARY_INSTANTIATE(name)                                                         \
+  template void unary_forward<unary::name>(unary::name, const float*, float*, int64_t);       \
+  template void unary_backward<unary::name>(unary::name, const float*, const float*, float*,  \
+                                            int64_t);                                         \
+  template void unary_forward_mask<unary::name>(unary::name, const float*, float*, uint32_t*, \
+                                                int64_t);                                     \
+  template void unary_backward_mask<unary::name>(unary::name, const float*, const uint32_t*,  \
+                                                 float*, int64_t);
 REGEN_UNARY_OPS(REGEN_UNARY_INSTANTIATE)
 #undef REGEN_UNARY_INSTANTIATE
 

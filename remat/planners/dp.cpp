@@ -19,40 +19,108 @@ namespace {
 
 using Decisions = std::vector<Decision>;
 
-// The dp planner simulates at most this many of the programme's plans (planning time).
+// The dp planner simulates at most this many of the programme's plans (planning time), and this
+// many more of each offload family's.
 constexpr size_t kDpSimulated = 192;
+constexpr size_t kDpSimulatedPerFamily = 48;
 // Budget levels of the programme (its memory resolution is the no-remat peak over this).
 constexpr int kDpLevels = 1024;
 
+TransferModel transfer_of(const Simulator& sim, const PlanOptions& options) {
+  return options.transfer.valid() ? options.transfer : sim.profile().transfer;
+}
+
 DpCache& dp_cache(const Simulator& sim, const PlanOptions& options) {
-  DpCache& memo = cache_for(sim, options).dp();
+  const TransferModel transfer = transfer_of(sim, options);
+  const bool offload = options.offload != OffloadMode::none;
+  if (offload) {
+    REGEN_CHECK(transfer.valid(), "dp with offload (", offload_mode_name(options.offload),
+                ") needs a transfer model to time the copies, and the profile of ",
+                sim.profile().model, " has none: give one (--transfer, regen bench copy)");
+  }
+  const std::string variant =
+      offload ? std::string(offload_mode_name(options.offload)) + " " + transfer.str() : "";
+  DpCache& memo = cache_for(sim, options).dp(variant);
   if (memo.built) return memo;
   const Profile& p = sim.profile();
-  const ChainModel model = build_chain_model(p);
-  memo.note = model.note;
-  memo.cands = chain_plans(p, model, kDpLevels);
-  memo.points = {{-1, sim.run(build_schedule(p, Decisions(p.saved.size(), Decision::retain)))}};
-  // At most kDpSimulated of them, evenly spread from the largest budget level to the lowest.
-  const std::vector<ChainPlan>& cands = memo.cands;
-  const size_t nc = cands.size(), take = std::min(nc, kDpSimulated);
-  for (size_t k = 0; k < take; ++k) {
-    const size_t i = take == 1 ? 0 : k * (nc - 1) / (take - 1);
-    if (memo.points.back().cand == static_cast<int64_t>(i)) continue;
-    memo.points.push_back(
-        {static_cast<int64_t>(i),
-         sim.run(build_schedule(p, cands[i].decisions, false, cands[i].regenerations))});
+  memo.transfer = transfer;
+  {
+    DpCache::Family base;
+    base.offload.name = "no offload";
+    const ChainModel model = build_chain_model(p);
+    base.note = model.note;
+    base.cands = chain_plans(p, model, kDpLevels);
+    memo.families.push_back(std::move(base));
+  }
+  if (offload) {
+    for (OffloadFamily& f : offload_families(p, offloads_activations(options.offload),
+                                             offloads_optimizer(options.offload), transfer)) {
+      DpCache::Family fam;
+      const ChainModel model = build_chain_model(p, &f.change);
+      fam.note = model.note;
+      fam.cands = chain_plans(p, model, kDpLevels);
+      fam.offload = std::move(f);
+      memo.families.push_back(std::move(fam));
+    }
+  }
+  memo.points = {{0, -1, sim.run(build_schedule(p, Decisions(p.saved.size(), Decision::retain)))}};
+  for (size_t fi = 0; fi < memo.families.size(); ++fi) {
+    // At most kDpSimulated of the family's plans (kDpSimulatedPerFamily for an offload family),
+    // evenly spread from the largest budget level to the lowest; an offload family's own plan
+    // (nothing recomputed) first.
+    const std::vector<ChainPlan>& cands = memo.families[fi].cands;
+    if (fi > 0) memo.points.push_back({static_cast<int64_t>(fi), -1, SimResult()});
+    const size_t nc = cands.size(),
+                 take = std::min(nc, fi == 0 ? kDpSimulated : kDpSimulatedPerFamily);
+    for (size_t k = 0; k < take; ++k) {
+      const size_t i = take == 1 ? 0 : k * (nc - 1) / (take - 1);
+      if (memo.points.back().family == static_cast<int64_t>(fi) &&
+          memo.points.back().cand == static_cast<int64_t>(i))
+        continue;
+      memo.points.push_back({static_cast<int64_t>(fi), static_cast<int64_t>(i), SimResult()});
+    }
+  }
+  for (size_t k = 1; k < memo.points.size(); ++k) {
+    DpCache::Point& pt = memo.points[k];
+    pt.r = sim.run(dp_schedule(p, memo, pt));
   }
   memo.built = true;
   return memo;
 }
 
-Schedule dp_schedule(const Profile& p, const DpCache& memo, const DpCache::Point& pt) {
-  if (pt.cand < 0) return build_schedule(p, Decisions(p.saved.size(), Decision::retain));
-  const ChainPlan& c = memo.cands[static_cast<size_t>(pt.cand)];
-  return build_schedule(p, c.decisions, false, c.regenerations);
+}  // namespace
+
+Plan dp_point_plan(const Profile& p, const DpCache& memo, const DpCache::Point& pt) {
+  const DpCache::Family& fam = memo.families[static_cast<size_t>(pt.family)];
+  Plan plan;
+  plan.decisions.assign(p.saved.size(), Decision::retain);
+  plan.keep_chain = true;
+  if (pt.cand >= 0) {
+    const ChainPlan& c = fam.cands[static_cast<size_t>(pt.cand)];
+    plan.decisions = c.decisions;
+    plan.regenerations = c.regenerations;
+    plan.keep_chain = false;
+  }
+  for (int32_t s : fam.offload.saved) {
+    REGEN_ASSERT(plan.decisions[static_cast<size_t>(s)] == Decision::retain);
+    plan.decisions[static_cast<size_t>(s)] = Decision::offload;
+  }
+  plan.optimizer_state = fam.offload.optimizer_state;
+  plan.transfer = memo.transfer;
+  if (plan.offloaded() > 0) {
+    plan.offloads =
+        offload_points(p, plan.decisions, plan.keep_chain, plan.regenerations, memo.transfer);
+  }
+  return plan;
 }
 
-}  // namespace
+Schedule dp_schedule(const Profile& p, const DpCache& memo, const DpCache::Point& pt) {
+  if (pt.family == 0 && pt.cand < 0)
+    return build_schedule(p, Decisions(p.saved.size(), Decision::retain));
+  return plan_schedule(p, dp_point_plan(p, memo, pt));
+}
+
+namespace {}  // namespace
 
 int64_t dp_lowest(const Simulator& sim, const PlanOptions& options) {
   const BudgetOf of = options.budget_of;
@@ -93,14 +161,12 @@ Plan plan_dp(const Simulator& sim, const Budget& budget, const PlanOptions& opti
   plan.budget_text = budget.str();
   plan.budget_of = of;
   plan.keep_chain = false;
-  const Decisions all_retain(p.saved.size(), Decision::retain);
   const DpCache& memo = dp_cache(sim, options);
   const SimResult& none = memo.points.front().r;
   plan.no_remat_peak = peak_of(none, of);
   plan.budget_bytes = budget.resolve(peak_of(none, of));
-  plan.lower_bound = memory_lower_bound(p);
+  plan.lower_bound = memory_lower_bound(p, options.offload);
   using Point = DpCache::Point;
-  const std::vector<ChainPlan>& cands = memo.cands;
   const std::vector<Point>& points = memo.points;
   auto schedule_of = [&](const Point& pt) { return dp_schedule(p, memo, pt); };
   // Fastest first (ties: the lower peak, then the earlier, larger-budget plan).
@@ -201,12 +267,14 @@ Plan plan_dp(const Simulator& sim, const Budget& budget, const PlanOptions& opti
     }
   }
   REGEN_ASSERT(best);
-  if (best->cand < 0) {
-    plan.decisions = all_retain;
-    plan.keep_chain = true;
-  } else {
-    plan.decisions = cands[static_cast<size_t>(best->cand)].decisions;
-    plan.regenerations = cands[static_cast<size_t>(best->cand)].regenerations;
+  {
+    Plan chosen_plan = dp_point_plan(p, memo, *best);
+    plan.decisions = std::move(chosen_plan.decisions);
+    plan.regenerations = std::move(chosen_plan.regenerations);
+    plan.keep_chain = chosen_plan.keep_chain;
+    plan.offloads = std::move(chosen_plan.offloads);
+    plan.optimizer_state = chosen_plan.optimizer_state;
+    plan.transfer = chosen_plan.transfer;
   }
   plan.predicted = std::move(chosen);
   plan.lowest_peak = lowest;
@@ -216,8 +284,15 @@ Plan plan_dp(const Simulator& sim, const Budget& budget, const PlanOptions& opti
     plan.lowest_peak = std::min(plan.lowest_peak, peak_of(plan.predicted, of));
   }
   if (fits && of == BudgetOf::reserved) plan.limit = limit_for(plan.predicted, plan.budget_bytes);
-  plan.note = memo.note + "; the programme yields " + std::to_string(cands.size()) + " plans, " +
-              std::to_string(points.size() - 1) + " simulated";
+  const DpCache::Family& fam = memo.families[static_cast<size_t>(best->family)];
+  size_t yielded = 0;
+  for (const DpCache::Family& f : memo.families) yielded += f.cands.size();
+  plan.note = fam.note + "; the programme yields " + std::to_string(yielded) + " plans" +
+              (memo.families.size() > 1
+                   ? " over " + std::to_string(memo.families.size()) + " offload families"
+                   : std::string()) +
+              ", " + std::to_string(points.size() - 1) + " simulated";
+  if (best->family > 0) plan.note += "; offloads: " + fam.offload.name;
   return plan;
 }
 

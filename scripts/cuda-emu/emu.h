@@ -80,6 +80,18 @@ T __shfl_xor_sync(unsigned, T v, int lane_mask) {
   std::memcpy(&out, &other, sizeof(T));
   return out;
 }
+// Every lane of the warp must call it (as the kernels that use it guarantee).
+inline unsigned __ballot_sync(unsigned, bool pred) {
+  const unsigned t = emu::linear_tid(), warp = t >> 5;
+  emu::g_block->slots[t] = pred ? 1 : 0;
+  emu::g_block->warp_bar[warp]->arrive_and_wait();
+  unsigned word = 0;
+  for (unsigned lane = 0; lane < 32; ++lane) {
+    if (emu::g_block->slots[warp * 32 + lane]) word |= 1u << lane;
+  }
+  emu::g_block->warp_bar[warp]->arrive_and_wait();
+  return word;
+}
 template <class T>
 T __ldg(const T* p) {
   return *p;

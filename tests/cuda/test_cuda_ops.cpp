@@ -405,6 +405,27 @@ void unary_case(F, const char* name, const std::vector<float>& x, const std::vec
   const float* ds = b.in(s, misalign);
   float* ddx = b.out("dx", ref_dx, tol, misalign);
   b.run([&] { cuda::unary_backward(F{}, dg, ds, ddx, n); });
+  if constexpr (unary::has_mask<F>::value) {
+    // The packed-mask forms: the mask words bit for bit (a warp ballot per word on the GPU), y
+    // and dx as the plain forms.
+    std::vector<uint32_t> mask(static_cast<size_t>(mask_words(n)));
+    std::vector<float> my(un), mdx(un);
+    cpu::unary_forward_mask<float>(F{}, x.data(), my.data(), mask.data(), n);
+    cpu::unary_backward_mask<float>(F{}, g.data(), mask.data(), mdx.data(), n);
+    const std::vector<int32_t> words(mask.begin(), mask.end());
+    Case m(std::string(name) + "_forward_mask" + tag);
+    const float* mx = m.in(x, misalign);
+    float* myd = m.out("y", my, tol, misalign);
+    int32_t* mw = m.out("mask", words, kExact);
+    m.run([&] { cuda::unary_forward_mask(F{}, mx, myd, reinterpret_cast<uint32_t*>(mw), n); });
+    Case mb(std::string(name) + "_backward_mask" + tag);
+    const float* mg = mb.in(g, misalign);
+    const int32_t* mwi = mb.in(words);
+    float* mdd = mb.out("dx", mdx, tol, misalign);
+    mb.run([&] {
+      cuda::unary_backward_mask(F{}, mg, reinterpret_cast<const uint32_t*>(mwi), mdd, n);
+    });
+  }
 }
 
 void elementwise_cases(Rng& rng, int64_t n, bool misalign) {
@@ -453,6 +474,27 @@ void elementwise_cases(Rng& rng, int64_t n, bool misalign) {
 #define REGEN_UNARY_CUDA_CASE(name) unary_case(unary::name{}, #name, x, g, n, misalign, tag);
   REGEN_UNARY_OPS(REGEN_UNARY_CUDA_CASE)
 #undef REGEN_UNARY_CUDA_CASE
+  // Saved activations narrowed to 16 bits and widened back (kernels/half.h): the same integer
+  // arithmetic on both sides, bit for bit; values from the subnormal range of fp16 to past its
+  // largest.
+  for (Compression cm : {Compression::bf16, Compression::fp16}) {
+    std::vector<float> wide_in(un);
+    for (size_t i = 0; i < un; ++i)
+      wide_in[i] = x[i] * std::ldexp(1.0f, static_cast<int>(i % 44) - 28);
+    std::vector<uint16_t> h(un);
+    std::vector<float> w(un);
+    cpu::narrow_to_half<float>(wide_in.data(), h.data(), n, cm);
+    cpu::widen_from_half<float>(h.data(), w.data(), n, cm);
+    const char* fmt = cm == Compression::bf16 ? "bf16" : "fp16";
+    Case c(str("narrow_to_half %s", fmt) + tag);
+    const float* dwi = c.in(wide_in, misalign);
+    uint16_t* dh = c.out("y", h, kExact);
+    c.run([&] { cuda::narrow_to_half(dwi, dh, n, cm); });
+    Case b(str("widen_from_half %s", fmt) + tag);
+    const uint16_t* dhi = b.in(h);
+    float* dw = b.out("y", w, kExact, misalign);
+    b.run([&] { cuda::widen_from_half(dhi, dw, n, cm); });
+  }
   for (float p : {0.0f, 0.1f, 0.5f, 1.0f}) {
     // Same Philox words, threshold and float scale as the CPU: bit-identical.
     std::vector<float> ref(un), ref_dx(un);
@@ -475,6 +517,15 @@ void elementwise_cases(Rng& rng, int64_t n, bool misalign) {
     const float* dx = c.in(x, misalign);
     float* y = c.out("y", ref, Tol{1e-6, 1e-6, 1e-12});
     c.run([&] { cuda::sum_all(dx, y, n); });
+  }
+  {
+    // sum_squares (gradient clipping): double accumulation on both sides, different order.
+    std::vector<float> ref(1);
+    cpu::sum_squares<float>(x.data(), ref.data(), n);
+    Case c("sum_squares" + tag);
+    const float* dx = c.in(x, misalign);
+    float* y = c.out("y", ref, Tol{1e-6, 1e-6, 1e-12});
+    c.run([&] { cuda::sum_squares(dx, y, n); });
   }
 }
 
@@ -896,6 +947,27 @@ void pool_case(Rng& rng, const PoolShape& s) {
     const int32_t* da = c.in(arg);
     float* ddx = c.out("dx", dx, kExact);  // the same additions in the same order
     c.run([&] { cuda::maxpool2d_backward(ddy, da, ddx, s); });
+  }
+  {
+    // The packed argmax (window positions, kernels/shapes.h pool_code_bits): the code words bit
+    // for bit, and the gradient the same additions in the same order.
+    std::vector<uint32_t> codes(static_cast<size_t>(s.N * s.C * pool_code_words_per_plane(s)));
+    std::vector<float> yp(ny), dxp(nx);
+    cpu::maxpool2d_forward_packed<float>(x.data(), yp.data(), codes.data(), s);
+    cpu::maxpool2d_backward_packed<float>(dy.data(), codes.data(), dxp.data(), s);
+    const std::vector<int32_t> words(codes.begin(), codes.end());
+    Case c("maxpool2d_forward_packed" + tag);
+    const float* dx = c.in(x);
+    float* dyp = c.out("y", yp, kExact);
+    int32_t* dc = c.out("codes", words, kExact);
+    c.run([&] { cuda::maxpool2d_forward_packed(dx, dyp, reinterpret_cast<uint32_t*>(dc), s); });
+    Case b("maxpool2d_backward_packed" + tag);
+    const float* ddy = b.in(dy);
+    const int32_t* dci = b.in(words);
+    float* ddx = b.out("dx", dxp, kExact);
+    b.run([&] {
+      cuda::maxpool2d_backward_packed(ddy, reinterpret_cast<const uint32_t*>(dci), ddx, s);
+    });
   }
   {
     const auto xa = rng.uniform(nx);

@@ -10,7 +10,7 @@ import regen
 
 def test_import_and_registries():
     assert regen.__version__
-    assert set(regen.build) == {"cuda", "cudnn", "milp"}
+    assert set(regen.build) == {"cuda", "cudnn", "milp", "mpi", "nccl"}
     models = regen.models()
     assert list(models)[:5] == ["resnet18", "resnet34", "resnet50", "resnet101", "resnet152"]
     assert "transformer-tiny" in models and all(models.values())
@@ -128,3 +128,21 @@ def test_module_level_profile():
     assert q is m.profile_in_use and q.num_saved == p.num_saved
     with pytest.raises(regen.Error, match="options go to the Model"):
         regen.profile(m, seq_len=16)
+
+
+def test_masks_and_compress():
+    # Packed saves change no bit of training; the Transformer with dropout packs each layer's relu.
+    args = dict(batch=2, device="cpu", seed=3, dropout=0.1)
+    # One model at a time: dropout draws from the process's stream, which a model's seed resets.
+    on = regen.Model("transformer-tiny", **args)
+    on_losses = [r.loss for r in on.train(2)]
+    assert on.profile(iterations=1).run["--masks"] == "on"
+    off = regen.Model("transformer-tiny", masks=False, **args)
+    assert [r.loss for r in off.train(2)] == on_losses
+    # compress='bf16' with policy 'none' still plans (the plan holds what it retains narrow), and
+    # every step under it measures the predicted peaks.
+    lossy = regen.Model("transformer-tiny", compress="bf16", **args)
+    steps = lossy.train(3, policy="none", profile_steps=1)
+    plan = lossy.plan_in_use
+    assert plan.predicted.narrowed > 0 and plan.predicted.compress_ms > 0
+    assert [s.peak_allocated for s in steps[1:]] == [plan.peak_allocated] * 2

@@ -63,6 +63,8 @@ def test_bad_model_options(kwargs, match):
     ("resnet-tiny", dict(weight_decay=-1), r"^weight_decay=-1: must be a finite number >= 0$"),
     ("resnet-tiny", dict(conv="fast"), r"^conv='fast': must be native or cudnn$"),
     ("resnet-tiny", dict(math="fp16"), r"^math='fp16': must be fp32 or tf32$"),
+    ("resnet-tiny", dict(compress="bf17"), r"^compress='bf17': must be none, bf16 or fp16$"),
+    ("resnet-tiny", dict(masks="on"), r"masks.*True or False"),
     ("resnet-tiny", dict(math="fp32", tf32=True),
      r"^tf32=True \(the same as math='tf32'\) conflicts with math='fp32'"),
     ("resnet-tiny", dict(tf32=True), r"^tf32=True applies to CUDA devices"),
@@ -111,8 +113,8 @@ def test_bad_decisions(profile):
     with pytest.raises(regen.Error, match="bools or 0/1 integers"):
         regen.simulate(profile, np.full(n, 0.5))
     bad = np.zeros(n, dtype=np.int64)
-    bad[3] = 2
-    with pytest.raises(regen.Error, match=r"decisions\[3\] is 2"):
+    bad[3] = 3  # fate codes are 0-2 (2: offload)
+    with pytest.raises(regen.Error, match=r"decisions\[3\] is 3"):
         regen.simulate(profile, bad)
     # Recomputing a saved tensor that is not a candidate (an input of the model).
     not_cand = int(np.flatnonzero(~profile.saved()["candidate"])[0])

@@ -8,8 +8,8 @@ struct DeviceRadixSort {
   static cudaError_t SortPairs(void* temp, size_t& bytes, const K* kin, K* kout, const V* vin,
                                V* vout, N n, int begin_bit = 0, int end_bit = sizeof(K) * 8,
                                cudaStream_t = nullptr) {
-    if (!temp) {
-      bytes = 16;
+    if (!temp) {  // a size that grows with n, as CUB's does, so callers must pass n to the query
+      bytes = 512 + static_cast<size_t>(n) * (sizeof(K) + sizeof(V));
       return cudaSuccess;
     }
     std::vector<size_t> idx(n);

@@ -1,0 +1,464 @@
+// Data parallelism with ZeRO sharding (data_parallel.h).
+#include "regen/dist/data_parallel.h"
+
+#include <algorithm>
+#include <cstring>
+#include <set>
+
+#include "regen/core/error.h"
+#include "regen/dist/world.h"
+
+namespace regen::dist {
+
+// Parameters and buffers are placed at multiples of this many elements inside a bucket, and every
+// rank's chunk starts at one: 512 bytes of f32, the allocator's own block alignment, which the
+// kernels' vector loads rely on.
+constexpr int64_t kAlignElements = 128;
+
+const char* shard_mode_name(ShardMode mode) {
+  switch (mode) {
+    case ShardMode::none:
+      return "none";
+    case ShardMode::optimizer:
+      return "optimizer";
+    case ShardMode::gradients:
+      return "gradients";
+  }
+  return "?";
+}
+
+ShardMode parse_shard_mode(const std::string& name) {
+  for (ShardMode m : {ShardMode::none, ShardMode::optimizer, ShardMode::gradients}) {
+    if (name == shard_mode_name(m)) return m;
+  }
+  REGEN_FAIL("shard mode '", name, "': must be none, optimizer (ZeRO-1) or gradients (ZeRO-2)");
+}
+
+double SyncStats::hidden_share() const {
+  if (backward_comm_ms <= 0) return 1.0;
+  return std::clamp(1.0 - exposed_ms / backward_comm_ms, 0.0, 1.0);
+}
+
+struct DataParallel::Slot {
+  std::shared_ptr<TensorImpl> param;
+  std::string name;
+  Shape shape;
+  int64_t numel = 0;
+  int64_t offset = 0;  // in its bucket, elements
+  int32_t bucket = -1;
+};
+
+struct DataParallel::Bucket {
+  DType dtype = DType::f32;
+  int64_t elements = 0, chunk = 0;
+  std::vector<int32_t> slots;
+  std::string tag;
+  Tensor flat_param;  // optimizer, gradients: its parameters, each a view of its part (persistent)
+  Tensor flat_grad;   // none, optimizer: the gradients of its parameters (persistent)
+  Tensor shard_grad;  // gradients: this rank's averaged chunk (persistent)
+  Tensor live;        // gradients: the flat gradient, during backward only
+  Tensor scratch;     // the collective's scratch, while in flight
+  Work reduce, gather;
+  int32_t pending = 0;
+  bool launched = false;
+};
+
+namespace {
+
+int64_t round_up(int64_t n, int64_t m) {
+  return (n + m - 1) / m * m;
+}
+
+uint64_t element_bytes(DType d) {
+  return static_cast<uint64_t>(dtype_size(d));
+}
+
+void* offset_ptr(const Tensor& t, int64_t elements) {
+  return static_cast<char*>(t.raw_data()) + element_bytes(t.dtype()) * elements;
+}
+
+// Buffers a failed step may still have in a collective: kept for the rest of the process (which
+// is ending: the job aborts), so that a collective a live peer completes never writes into memory
+// the allocator gave to something else.
+std::vector<Tensor>& kept_forever() {
+  static auto* kept = new std::vector<Tensor>();
+  return *kept;
+}
+
+}  // namespace
+
+DataParallel::DataParallel(Model& model, Communicator& comm, const DataParallelOptions& options)
+    : model_(model), comm_(comm), options_(options) {
+  REGEN_CHECK(options.bucket_bytes >= 1024, "data parallelism: buckets of ", options.bucket_bytes,
+              " bytes are too small (at least 1 KiB)");
+  REGEN_CHECK(options.first_bucket_bytes >= 1024, "data parallelism: a first bucket of ",
+              options.first_bucket_bytes, " bytes is too small (at least 1 KiB)");
+  REGEN_CHECK(options.max_in_flight >= 1, "data parallelism: max_in_flight must be at least 1");
+  REGEN_CHECK(model.device() == comm.device(), "data parallelism: the model is on ",
+              model.device().str(), " but the communicator reduces ", comm.device().str());
+  const int ranks = comm.size();
+  // Reverse registration order: roughly the order backward finishes the gradients in.
+  NamedTensors params = model.named_parameters();
+  std::reverse(params.begin(), params.end());
+  auto close = [&](Bucket& b) {
+    b.elements = round_up(std::max<int64_t>(b.elements, 1), kAlignElements * ranks);
+    b.chunk = b.elements / ranks;
+  };
+  std::set<const TensorImpl*> seen;
+  for (const auto& [name, p] : params) {
+    if (!p.requires_grad()) continue;
+    REGEN_CHECK(seen.insert(p.impl().get()).second, "data parallelism: parameter '", name,
+                "' is registered twice (tied weights are not supported)");
+    REGEN_CHECK(p.dtype() == DType::f32 || p.dtype() == DType::f64, "data parallelism: parameter '",
+                name, "' is ", dtype_name(p.dtype()), " (f32 and f64 are reduced)");
+    const int64_t numel = p.numel();
+    const uint64_t bytes = element_bytes(p.dtype()) * static_cast<uint64_t>(numel);
+    bool fresh = buckets_.empty() || buckets_.back().dtype != p.dtype();
+    if (!fresh) {
+      const Bucket& b = buckets_.back();
+      const int64_t limit =
+          buckets_.size() == 1 ? options.first_bucket_bytes : options.bucket_bytes;
+      const int64_t used = static_cast<int64_t>(element_bytes(b.dtype)) * b.elements;
+      fresh = used + static_cast<int64_t>(bytes) > limit;
+    }
+    if (fresh) {
+      if (!buckets_.empty()) close(buckets_.back());
+      buckets_.emplace_back();
+      buckets_.back().dtype = p.dtype();
+      buckets_.back().tag = "ddp.bucket" + std::to_string(buckets_.size() - 1);
+    }
+    Bucket& b = buckets_.back();
+    Slot s;
+    s.param = p.impl();
+    s.name = name;
+    s.shape = p.shape();
+    s.numel = numel;
+    s.offset = b.elements;
+    s.bucket = static_cast<int32_t>(buckets_.size() - 1);
+    b.elements = round_up(b.elements + numel, kAlignElements);
+    b.slots.push_back(static_cast<int32_t>(slots_.size()));
+    slots_.push_back(std::move(s));
+  }
+  if (!buckets_.empty()) close(buckets_.back());
+  for (const Bucket& b : buckets_) {
+    REGEN_CHECK(b.elements < (int64_t{1} << 31), "data parallelism: a bucket of ", b.elements,
+                " elements is more than the collectives address (a parameter over 2^31 elements)");
+    info_.push_back({b.elements, b.chunk, static_cast<int64_t>(b.slots.size()), b.dtype});
+  }
+  // ZeRO: the parameters move into flat buckets, each a view of its part, so that this rank's
+  // chunk of a bucket is one tensor: the optimizer's parameter, with optimizer state of the same
+  // size on every rank, updated in place and then all-gathered in place. A bucket at a time, so
+  // the move needs one bucket's bytes more than the parameters, not twice them.
+  if (options_.shard != ShardMode::none) {
+    const Device device = model.device();
+    for (Bucket& b : buckets_) {
+      {
+        CategoryScope cat(Category::parameter);
+        TagScope tag(b.tag + ".param");
+        b.flat_param = zeros({b.elements}, b.dtype, device);
+      }
+      for (int32_t si : b.slots) {
+        const Slot& s = slots_[static_cast<size_t>(si)];
+        TensorImpl* p = s.param.get();
+        const Tensor view = b.flat_param.narrow0(s.offset, s.numel);
+        copy_bytes(view.raw_data(), device, Tensor(s.param).raw_data(), device, view.nbytes());
+        std::weak_ptr<Storage> old = p->storage;
+        p->storage = view.impl()->storage;
+        p->offset_bytes = view.impl()->offset_bytes;
+        REGEN_CHECK(old.expired(), "data parallelism with --shard ", shard_mode_name(options.shard),
+                    ": parameter '", s.name,
+                    "' shares its memory with another tensor (a view "
+                    "kept by the model?), which would not follow it into its bucket");
+      }
+      Tensor piece = b.flat_param.narrow0(comm.rank() * b.chunk, b.chunk);
+      piece.impl()->name = b.tag + ".shard" + std::to_string(comm.rank());
+      pieces_.push_back(std::move(piece));
+    }
+  }
+}
+
+DataParallel::~DataParallel() {
+  if (in_step_) abandon();
+}
+
+bool DataParallel::dry() const {
+  return dry_run_active();
+}
+
+std::vector<Tensor> DataParallel::optimizer_parameters() const {
+  if (options_.shard == ShardMode::none) return model_.parameters();
+  return pieces_;
+}
+
+void DataParallel::prepare() {
+  REGEN_CHECK(!prepared_, "data parallelism: prepare() runs once");
+  prepared_ = true;
+  const Device device = model_.device();
+  const int64_t me = comm_.rank();
+  for (Bucket& b : buckets_) {
+    if (options_.shard == ShardMode::gradients) {
+      CategoryScope cat(Category::gradient);
+      TagScope tag(b.tag + ".grad_shard");
+      b.shard_grad = zeros({b.chunk}, b.dtype, device);
+      for (int32_t si : b.slots) slots_[static_cast<size_t>(si)].param->grad.reset();
+    } else {
+      CategoryScope cat(Category::gradient);
+      TagScope tag(b.tag + ".grad");
+      b.flat_grad = zeros({b.elements}, b.dtype, device);
+      for (int32_t si : b.slots) {
+        Slot& s = slots_[static_cast<size_t>(si)];
+        s.param->grad = b.flat_grad.narrow0(s.offset, s.numel).reshape(s.shape).impl();
+      }
+    }
+  }
+  // ZeRO: the gradient of this rank's chunk of each bucket: its averaged part.
+  for (size_t k = 0; k < pieces_.size(); ++k) {
+    Bucket& b = buckets_[k];
+    const Tensor g = options_.shard == ShardMode::gradients
+                         ? b.shard_grad
+                         : b.flat_grad.narrow0(me * b.chunk, b.chunk);
+    pieces_[k].impl()->grad = g.impl();
+  }
+  // Every rank starts from rank 0's parameters and buffers, as DDP does.
+  if (comm_.size() > 1 && !dry()) {
+    std::vector<Work> works;
+    for (const NamedTensors& all : {model_.named_parameters(), model_.named_buffers()}) {
+      for (const auto& kv : all) {
+        if (kv.second.numel() == 0) continue;
+        works.push_back(comm_.broadcast(kv.second.raw_data(), kv.second.nbytes(), 0));
+      }
+    }
+    for (const Work& w : works) comm_.wait(w);
+  }
+}
+
+void DataParallel::begin_step() {
+  REGEN_CHECK(prepared_, "data parallelism: begin_step() before prepare()");
+  REGEN_CHECK(
+      !in_step_,
+      "data parallelism: the previous step failed on this rank part-way, so its "
+      "collectives no longer match the other ranks': the job cannot go on (start it again)");
+  in_step_ = true;
+  building_ = SyncStats();
+  building_.buckets = static_cast<int64_t>(buckets_.size());
+  step_work_.clear();
+  for (Bucket& b : buckets_) {
+    b.launched = false;
+    b.reduce.reset();
+    b.gather.reset();
+  }
+  // ZeRO-1: the optimizer zeroed only this rank's slices; the buckets fill whole.
+  if (options_.shard == ShardMode::optimizer) {
+    for (Bucket& b : buckets_) zero_(b.flat_grad);
+  }
+}
+
+void DataParallel::on_backward_start(Tape& tape) {
+  const size_t nodes = tape.nodes().size();
+  ready_at_.assign(nodes, {});
+  touch_at_.assign(nodes, {});
+  std::vector<char> active(nodes, 0);
+  for (int32_t n : tape.backward_order()) active[static_cast<size_t>(n)] = 1;
+  std::vector<int32_t> first_touch(buckets_.size(), -1);
+  for (Bucket& b : buckets_) b.pending = 0;
+  for (size_t si = 0; si < slots_.size(); ++si) {
+    const Slot& s = slots_[si];
+    const TensorImpl* p = s.param.get();
+    // Its gradient is final after the backward of its first active consumer (forward order):
+    // backward runs the nodes in reverse, and only a consumer accumulates into a leaf's gradient.
+    int32_t final_node = -1, first_node = -1;
+    if (p->tape_value >= 0 && p->tape_epoch == tape.epoch()) {
+      for (int32_t c : tape.value(p->tape_value).consumers) {
+        if (!active[static_cast<size_t>(c)]) continue;
+        final_node = final_node < 0 ? c : std::min(final_node, c);
+        first_node = std::max(first_node, c);
+      }
+    }
+    if (final_node < 0) continue;  // no gradient this step: ready from the start
+    Bucket& b = buckets_[static_cast<size_t>(s.bucket)];
+    ++b.pending;
+    ready_at_[static_cast<size_t>(final_node)].push_back(static_cast<int32_t>(si));
+    first_touch[static_cast<size_t>(s.bucket)] =
+        std::max(first_touch[static_cast<size_t>(s.bucket)], first_node);
+  }
+  for (size_t bi = 0; bi < buckets_.size(); ++bi) {
+    if (options_.shard == ShardMode::gradients && first_touch[bi] >= 0) {
+      touch_at_[static_cast<size_t>(first_touch[bi])].push_back(static_cast<int32_t>(bi));
+    }
+  }
+  // Buckets no gradient reaches this step are ready now (their gradients are zero).
+  for (Bucket& b : buckets_) {
+    if (b.pending > 0) continue;
+    if (options_.shard == ShardMode::gradients) bind_gradients(b);
+    launch(b);
+  }
+}
+
+void DataParallel::bind_gradients(Bucket& b) {
+  {
+    CategoryScope cat(Category::communication);
+    TagScope tag(b.tag);
+    b.live = zeros({b.elements}, b.dtype, model_.device());
+  }
+  for (int32_t si : b.slots) {
+    Slot& s = slots_[static_cast<size_t>(si)];
+    REGEN_CHECK(s.param->grad == nullptr, "data parallelism: parameter '", s.name,
+                "' has a gradient before its bucket was made");
+    s.param->grad = b.live.narrow0(s.offset, s.numel).reshape(s.shape).impl();
+  }
+}
+
+void DataParallel::on_backward_begin(Tape&, int32_t node) {
+  if (static_cast<size_t>(node) >= touch_at_.size()) return;
+  for (int32_t bi : touch_at_[static_cast<size_t>(node)]) {
+    bind_gradients(buckets_[static_cast<size_t>(bi)]);
+  }
+}
+
+void DataParallel::on_backward_end(Tape&, int32_t node) {
+  if (static_cast<size_t>(node) >= ready_at_.size()) return;
+  for (int32_t si : ready_at_[static_cast<size_t>(node)]) {
+    Bucket& b = buckets_[static_cast<size_t>(slots_[static_cast<size_t>(si)].bucket)];
+    if (--b.pending == 0) launch(b);
+  }
+}
+
+void DataParallel::on_backward_finish(Tape&) {
+  for (Bucket& b : buckets_) {
+    if (!b.launched) {
+      if (options_.shard == ShardMode::gradients && !b.live.defined()) bind_gradients(b);
+      launch(b);
+    }
+  }
+}
+
+void DataParallel::launch(Bucket& b) {
+  while (static_cast<int>(in_flight_.size()) >= options_.max_in_flight) retire_oldest();
+  b.launched = true;
+  const int64_t scratch = comm_.scratch_elements(b.chunk);
+  if (scratch > 0) {
+    CategoryScope cat(Category::communication);
+    TagScope tag(b.tag + ".scratch");
+    b.scratch = empty({scratch}, b.dtype, model_.device());
+  }
+  in_flight_.push_back(static_cast<int32_t>(&b - buckets_.data()));
+  if (dry()) return;
+  const bool zero2 = options_.shard == ShardMode::gradients;
+  const Tensor& src = zero2 ? b.live : b.flat_grad;
+  void* out = zero2 ? b.shard_grad.raw_data() : offset_ptr(b.flat_grad, comm_.rank() * b.chunk);
+  b.reduce = comm_.reduce_scatter_mean(b.dtype, src.raw_data(), out, b.chunk,
+                                       b.scratch.defined() ? b.scratch.raw_data() : nullptr);
+  step_work_.push_back(b.reduce);
+  if (options_.shard == ShardMode::none) {
+    b.gather = comm_.all_gather(b.dtype, b.flat_grad.raw_data(), b.chunk);
+    step_work_.push_back(b.gather);
+  }
+}
+
+void DataParallel::retire_oldest() {
+  Bucket& b = buckets_[static_cast<size_t>(in_flight_.front())];
+  in_flight_.erase(in_flight_.begin());
+  if (b.reduce) comm_.wait(b.reduce);
+  if (b.gather) comm_.wait(b.gather);
+  b.scratch = Tensor();
+  if (options_.shard == ShardMode::gradients) {
+    for (int32_t si : b.slots) slots_[static_cast<size_t>(si)].param->grad.reset();
+    b.live = Tensor();
+  }
+}
+
+void DataParallel::end_backward() {
+  while (!in_flight_.empty()) retire_oldest();
+}
+
+void DataParallel::end_optimizer() {
+  if (options_.shard == ShardMode::none || dry()) return;
+  // Each rank updated its chunk of every bucket in place; every rank's chunk to every rank.
+  for (Bucket& b : buckets_) {
+    b.gather = comm_.all_gather(b.dtype, b.flat_param.raw_data(), b.chunk);
+    step_work_.push_back(b.gather);
+  }
+  for (Bucket& b : buckets_) comm_.wait(b.gather);
+}
+
+double DataParallel::reduce_loss(double loss) {
+  const bool was_dry = dry();
+  in_step_ = false;
+  if (was_dry) return loss;
+  // The figures of the step, now that the device is synchronized.
+  SyncStats st = building_;
+  for (Bucket& b : buckets_) {
+    for (const Work* w : {&b.reduce, &b.gather}) {
+      if (!*w) continue;
+      comm_.resolve(*w);
+    }
+  }
+  for (const Work& w : step_work_) {
+    st.bytes += static_cast<int64_t>(w->bytes);
+  }
+  for (const Bucket& b : buckets_) {
+    const bool gathered_params = options_.shard != ShardMode::none;
+    if (b.reduce) {
+      st.backward_comm_ms += b.reduce->busy_ms;
+      st.exposed_ms += b.reduce->stalled_ms;
+    }
+    if (b.gather) {
+      if (gathered_params) {
+        st.optimizer_comm_ms += b.gather->busy_ms;
+        st.optimizer_wait_ms += b.gather->stalled_ms;
+      } else {
+        st.backward_comm_ms += b.gather->busy_ms;
+        st.exposed_ms += b.gather->stalled_ms;
+      }
+    }
+  }
+  stats_ = st;
+  if (comm_.size() == 1) return loss;
+  // The mean of the ranks' losses, summed in rank order: the same number on every rank.
+  const std::vector<double> all = world().all_gather(loss);
+  double sum = 0;
+  for (double l : all) sum += l;
+  return sum / static_cast<double>(all.size());
+}
+
+void DataParallel::abandon() {
+  for (Bucket& b : buckets_) {
+    for (Tensor* t : {&b.scratch, &b.live, &b.flat_param, &b.flat_grad, &b.shard_grad}) {
+      if (t->defined()) kept_forever().push_back(*t);
+    }
+  }
+}
+
+// ---- ShardedSource ----------------------------------------------------------------------------
+
+ShardedSource::ShardedSource(std::unique_ptr<DataSource> inner, int rank, int ranks)
+    : inner_(std::move(inner)), rank_(rank), ranks_(ranks) {
+  REGEN_CHECK(ranks >= 1 && rank >= 0 && rank < ranks, "ShardedSource: rank ", rank, " of ", ranks);
+}
+
+Batch ShardedSource::next(int64_t batch_size, Device device) {
+  inner_->skip(static_cast<int64_t>(rank_) * batch_size);
+  Batch b = inner_->next(batch_size, device);
+  inner_->skip(static_cast<int64_t>(ranks_ - 1 - rank_) * batch_size);
+  return b;
+}
+
+std::string ShardedSource::describe() const {
+  return inner_->describe() + ", shard " + std::to_string(rank_) + " of " + std::to_string(ranks_) +
+         " of every global batch";
+}
+
+void ShardedSource::skip(int64_t samples) {
+  inner_->skip(samples * ranks_);
+}
+
+uint64_t rank_seed(uint64_t seed, int rank) {
+  if (rank == 0) return seed;
+  // splitmix64 of the seed and the rank.
+  uint64_t z = seed + 0x9E3779B97F4A7C15ull * static_cast<uint64_t>(rank + 1);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+}  // namespace regen::dist

@@ -1,0 +1,83 @@
+// The training metrics log (metrics_log.h).
+#include "regen/models/metrics_log.h"
+
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+
+#include "regen/core/error.h"
+
+namespace regen {
+namespace {
+
+// A number for the log: empty (CSV) or null (JSON) when absent (negative) or not finite.
+std::string field(double v, bool csv, bool present) {
+  if (!present || !std::isfinite(v)) return csv ? "" : "null";
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%.9g", v);
+  return buf;
+}
+
+}  // namespace
+
+MetricsLog::MetricsLog(const std::string& path, bool append) : path_(path) {
+  const auto dot = path.find_last_of('.');
+  csv_ = dot != std::string::npos && path.substr(dot) == ".csv";
+  f_ = std::fopen(path.c_str(), append ? "a" : "w");
+  REGEN_CHECK(f_ != nullptr, "--log ", path,
+              ": cannot open it for writing: ", std::strerror(errno));
+  if (csv_ && std::ftell(f_) == 0) {
+    std::fputs(
+        "kind,step,loss,lr,grad_norm,samples_per_s,ms,peak_allocated,peak_reserved,accuracy,"
+        "perplexity\n",
+        f_);
+    std::fflush(f_);
+  }
+}
+
+MetricsLog::~MetricsLog() {
+  if (f_) std::fclose(f_);
+}
+
+void MetricsLog::row(const char* kind, int64_t step, double loss, double lr, double grad_norm,
+                     double sps, double ms, int64_t peak_allocated, int64_t peak_reserved,
+                     double accuracy, double perplexity) {
+  const bool c = csv_;
+  const std::string v[] = {field(loss, c, true),
+                           field(lr, c, lr >= 0),
+                           field(grad_norm, c, grad_norm >= 0),
+                           field(sps, c, sps >= 0),
+                           field(ms, c, true),
+                           field(accuracy, c, accuracy >= 0),
+                           field(perplexity, c, perplexity >= 0)};
+  if (c) {
+    std::fprintf(f_, "%s,%lld,%s,%s,%s,%s,%s,%lld,%lld,%s,%s\n", kind, static_cast<long long>(step),
+                 v[0].c_str(), v[1].c_str(), v[2].c_str(), v[3].c_str(), v[4].c_str(),
+                 static_cast<long long>(peak_allocated), static_cast<long long>(peak_reserved),
+                 v[5].c_str(), v[6].c_str());
+  } else {
+    std::fprintf(f_,
+                 "{\"kind\": \"%s\", \"step\": %lld, \"loss\": %s, \"lr\": %s, \"grad_norm\": %s, "
+                 "\"samples_per_s\": %s, \"ms\": %s, \"peak_allocated\": %lld, "
+                 "\"peak_reserved\": %lld, \"accuracy\": %s, \"perplexity\": %s}\n",
+                 kind, static_cast<long long>(step), v[0].c_str(), v[1].c_str(), v[2].c_str(),
+                 v[3].c_str(), v[4].c_str(), static_cast<long long>(peak_allocated),
+                 static_cast<long long>(peak_reserved), v[5].c_str(), v[6].c_str());
+  }
+  std::fflush(f_);
+  REGEN_CHECK(!std::ferror(f_), "--log ", path_, ": writing failed: ", std::strerror(errno));
+}
+
+void MetricsLog::step(int64_t step, const StepResult& r, int64_t examples) {
+  const double sps = r.ms > 0 ? 1000.0 * static_cast<double>(examples) / r.ms : -1;
+  row("train", step, r.loss, r.lr, r.grad_norm, sps, r.ms, r.memory.allocated.peak,
+      r.memory.reserved.peak, -1, -1);
+}
+
+void MetricsLog::eval(int64_t step, const EvalResult& r) {
+  const double sps = r.ms > 0 ? 1000.0 * static_cast<double>(r.examples) / r.ms : -1;
+  row("eval", step, r.loss, -1, -1, sps, r.ms, r.memory.allocated.peak, r.memory.reserved.peak,
+      r.accuracy, r.perplexity);
+}
+
+}  // namespace regen

@@ -1,0 +1,80 @@
+# Data parallelism from Python: the keywords (checked as the command line checks its flags),
+# regen.world() in a process alone, and, with MPI built and mpiexec present, two ranks of a script
+# under mpirun: the same loss on both, every shard mode the same parameters, and an uncaught
+# exception on one rank ending the job with a message naming it.
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import regen
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(shard="stage3"), r"^shard='stage3': must be none, optimizer or gradients"),
+    (dict(bucket_size=100), r"^bucket_size=100: must be an integer from 1024"),
+    (dict(bucket_size="lots"), r"^bucket_size='lots'"),
+    (dict(shard=3), r"^shard=3: must be a str"),
+])
+def test_bad_data_parallel_options(kwargs, match):
+    with pytest.raises(regen.Error, match=match):
+        regen.Model("resnet-tiny", batch=2, device="cpu", **kwargs)
+
+
+def test_world_alone():
+    w = regen.world()
+    assert (w["rank"], w["size"], w["mpi"]) == (0, 1, False)
+    # Alone, the data-parallel options change nothing: a model trains as without them.
+    m = regen.Model("resnet-tiny", batch=2, device="cpu", shard="gradients", bucket_size="64KiB")
+    assert len(m.train(1)) == 1
+
+
+SCRIPT = textwrap.dedent("""
+    import sys, numpy as np, regen
+    w = regen.world()
+    out = {}
+    for shard in ("none", "optimizer", "gradients"):
+        m = regen.Model("transformer-tiny", batch=4, device="cpu", threads=1, shard=shard,
+                        bucket_size="16KiB", dropout=0.0)
+        loss = m.train(3)[-1].loss
+        out[shard] = (loss, np.concatenate([v.ravel() for v in m.state_dict().values()]))
+    same = all(np.array_equal(out["none"][1], out[s][1]) for s in out)
+    print("rank", w["rank"], "of", w["size"], "loss", out["none"][0], "same", same, flush=True)
+    if len(sys.argv) > 1 and w["rank"] == 1:
+        raise RuntimeError("rank 1 stops here")
+""")
+
+
+def mpirun(tmp_path, *args):
+    script = tmp_path / "dp.py"
+    script.write_text(SCRIPT)
+    cmd = [shutil.which("mpiexec"), "--allow-run-as-root", "--oversubscribe", "--bind-to", "none",
+           "-np", "2", sys.executable, str(script), *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=os.environ)
+
+
+needs_mpi = pytest.mark.skipif(not regen.build["mpi"] or shutil.which("mpiexec") is None,
+                               reason="regen built without MPI, or no mpiexec")
+
+
+@needs_mpi
+def test_two_ranks_under_mpirun(tmp_path):
+    r = mpirun(tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = sorted(line for line in r.stdout.splitlines() if line.startswith("rank "))
+    assert len(lines) == 2, r.stdout
+    assert lines[0].startswith("rank 0 of 2") and lines[1].startswith("rank 1 of 2")
+    # The same global loss on both ranks, and ZeRO-1 and ZeRO-2 bitwise plain's parameters.
+    assert lines[0].split("loss")[1] == lines[1].split("loss")[1]
+    assert all(line.endswith("same True") for line in lines)
+
+
+@needs_mpi
+def test_an_uncaught_exception_on_one_rank_ends_the_job(tmp_path):
+    r = mpirun(tmp_path, "fail")
+    assert r.returncode != 0
+    assert "regen: error: rank 1 of 2: an uncaught Python exception ends the job" in r.stderr
+    assert "RuntimeError: rank 1 stops here" in r.stderr
