@@ -148,12 +148,13 @@ std::vector<uint64_t> layout_holes(const AllocatorState& state) {
 std::shared_ptr<const PlannedLayout> plan_layout(const Simulator& sim, const Schedule& s,
                                                  int64_t* peak) {
   std::vector<SimOptions::Request> requests;
+  std::vector<uint64_t> holes;  // the profile's start, less the optimizer state a plan moves out
   SimOptions o;
   o.requests = &requests;
+  o.start_holes = &holes;
   sim.run(s, o);
   if (peak) *peak = live_peak(requests);
-  return std::make_shared<const PlannedLayout>(
-      place_requests(requests, layout_holes(sim.profile().start_state)));
+  return std::make_shared<const PlannedLayout>(place_requests(requests, holes));
 }
 
 }  // namespace regen

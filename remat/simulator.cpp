@@ -1,6 +1,8 @@
 // The simulator (simulator.h).
 #include "regen/remat/simulator.h"
 
+#include "regen/remat/layout.h"
+
 #include <algorithm>
 #include <functional>
 #include <map>
@@ -182,6 +184,7 @@ SimResult Simulator::run(const Schedule& s, const SimOptions& opt) const {
     sim.reset_peak();
     host.reset_peak();
   }
+  if (opt.start_holes) *opt.start_holes = layout_holes(sim.snapshot_state());
   const int64_t flushes_before = sim.stats().num_cache_flushes;
   // The limit, as the allocator applies it: to segments it maps from here on (the persistent
   // ones may already pass it; a plan then does not fit, planner.h fit_schedule).

@@ -74,6 +74,10 @@ struct SimOptions {
   int64_t limit = 0;
   // A planned layout installed before the step, as training with it installs it (layout.h).
   std::shared_ptr<const PlannedLayout> layout;
+  // When given: the free blocks of the device's segments at the step's start, after the optimizer
+  // state moved to the host tier when the schedule keeps it there: the holes a planned layout is
+  // placed in (layout.h plan_layout).
+  std::vector<uint64_t>* start_holes = nullptr;
   // When given: every request of the step in order, its rounded size and when it was made and
   // freed (positions in the sequence of requests and frees; end = -1: alive at the step's end).
   struct Request {
