@@ -212,6 +212,16 @@ void check_offload_model(const ModelConfig& cfg, int64_t batch, const std::strin
     CHECK(plan.predicted.bytes_to_host == plan.predicted.bytes_to_device);
     check_exact_training(cfg, batch, p, plan, ref, o);
   }
+  SUBCASE("optimizer state on the host tier with a planned layout: placed where the state left") {
+    // The layout's holes are the device's free blocks after the state moved to the host tier, not
+    // the profile's start (a layout placed in those was refused when installed).
+    Plan plan = offload_everything(sim, StatePlace::host, fast);
+    plan.planned_layout = true;
+    ensure_planned_layout(sim, plan);
+    REQUIRE(plan.layout != nullptr);
+    CHECK(plan.uses_host());
+    check_exact_training(cfg, batch, p, plan, ref, o);
+  }
   SUBCASE("offload, recompute and host optimizer state in one plan, under a reserved budget") {
     const Plan off = offload_everything(sim, StatePlace::host, fast);
     // Recompute every candidate dp would not offload... here: every other candidate.
