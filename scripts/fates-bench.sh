@@ -40,11 +40,7 @@ for t in "step:0.4" profile; do
   for b in 50% 40% 33% 25% 15% lowest; do
     bb=${b//%/}
     plan r152b32 dp-$bb-$tt --policy dp --budget $b --layout planned --transfer $t
-    # A plan that keeps the optimizer state on the host tier does not take the planned layout yet
-    # (its move to the host changes the persistent segments): the low budgets plan with caching.
-    layout=planned
-    case $b in 15%|lowest) layout=caching ;; esac
-    plan r152b32 dpall-$bb-$tt --policy dp --budget $b --layout $layout --offload all --transfer $t
+    plan r152b32 dpall-$bb-$tt --policy dp --budget $b --layout planned --offload all --transfer $t
   done
 done
 echo "end $(date -u) $(uptime)"
