@@ -466,7 +466,7 @@ TEST_CASE("dp with offload: lower budgets, exact and bitwise, monotone, above it
 // The U-Net's long skips: dp pins them (read across stages), so without offload its lowest budget
 // stays well above mu-TWO's, which recomputes them again and again; offloaded, they leave the
 // device for most of the step, and dp reaches mu-TWO's lowest at a fraction of its cost
-// (docs/results.md has the issue's case, batch 8 at 96x96 and width 16).
+// (docs/results.md, "Every fate", has the issue's case, batch 8 at 96x96 and width 16).
 TEST_CASE("dp with offload reaches mutwo's lowest on the U-Net, at a fraction of its cost") {
   static const bool registered = [] {
     unet::register_unet();
