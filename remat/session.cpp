@@ -933,7 +933,9 @@ std::map<std::string, std::string> resume_training_state(Session& s, const std::
   std::stable_partition(ordered.begin(), ordered.end(), [](const auto& kv) {
     return kv.first == "optimizer" || kv.first == "lr_schedule";
   });
-  for (const auto& [key, now] : ordered) {
+  for (const auto& entry : ordered) {
+    const std::string& key = entry.first;  // a plain reference: lambdas below capture it
+    const std::string& now = entry.second;
     const auto it = meta.find("train." + key);
     const std::string then = it == meta.end() ? "(not recorded)" : it->second;
     if (then == now) continue;
