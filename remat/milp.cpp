@@ -834,7 +834,9 @@ Solved solve(const Lp& lp, int64_t budget, const MilpOptions& opt,
   out.seconds = h.seconds;
   out.status.assign(bytes.data() + sizeof h, h.status_size);
   out.x.resize(h.x_size);
-  std::memcpy(out.x.data(), bytes.data() + sizeof h + h.status_size, h.x_size * sizeof(double));
+  if (h.x_size > 0) {  // an empty vector's data() may be null, which memcpy may not take
+    std::memcpy(out.x.data(), bytes.data() + sizeof h + h.status_size, h.x_size * sizeof(double));
+  }
   return out;
 }
 

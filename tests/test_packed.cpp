@@ -29,7 +29,8 @@ namespace {
 // Bitwise equality of float vectors (NaNs and signed zeros included).
 template <class T>
 bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
+  return a.size() == b.size() &&
+         (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0);
 }
 
 // Values with every case a mask must get right: signed zeros, infinities, NaN, denormals, and
