@@ -171,6 +171,16 @@ TEST_CASE("remat: a budget below the lower bound is reported as infeasible") {
   CHECK(m.lowest_peak <= b.predicted.peak_reserved);  // both budgets bound reserved bytes
 }
 
+// The U-Net of examples/unet, registered once per process: the cases that use it run in one
+// process when the suite runs whole (the "direct:" entries of tests/CMakeLists.txt).
+static void register_unet_once() {
+  static const bool registered = [] {
+    unet::register_unet();
+    return true;
+  }();
+  (void)registered;
+}
+
 // memory_lower_bound is a floor for every plan: every planner at budgets of both kinds, with and
 // without a planned layout, random plans in both chain modes and the plan that evicts every
 // candidate, all simulated (the simulation is the measured run: check_model compares them, and
@@ -179,11 +189,7 @@ TEST_CASE("remat: a budget below the lower bound is reported as infeasible") {
 // size in mutwo's plan: a bound that summed the profiled block sizes was 574,464 bytes above that
 // plan's peak.
 TEST_CASE("remat: no plan goes below memory_lower_bound (U-Net, transformer-tiny, resnet)") {
-  static const bool registered = [] {
-    unet::register_unet();
-    return true;
-  }();
-  (void)registered;
+  register_unet_once();
   const std::vector<std::pair<ModelConfig, int64_t>> cases = {
       {model_preset("unet"), 16}, {model_preset("transformer-tiny"), 4}, {remat_resnet(), 8}};
   for (const auto& [cfg, batch] : cases) {
@@ -263,11 +269,7 @@ TEST_CASE("remat: no plan goes below memory_lower_bound (U-Net, transformer-tiny
 // 52 MiB, which were reported as their lowest, while blocks met 46 MiB and mutwo 34 MiB under the
 // allocator's limit. A plan that does not fit names the lowest in its note and lowest_peak.
 TEST_CASE("remat: lowest is the lowest budget each policy meets (U-Net, transformer-tiny)") {
-  static const bool registered = [] {
-    unet::register_unet();
-    return true;
-  }();
-  (void)registered;
+  register_unet_once();
   for (const auto& [cfg, batch] : std::vector<std::pair<ModelConfig, int64_t>>{
            {model_preset("unet"), 16}, {model_preset("transformer-tiny"), 4}}) {
     const Profile profile = profile_of(cfg, batch, 1);
