@@ -7,11 +7,7 @@
 
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define REGEN_HD __host__ __device__ __forceinline__
-#else
-#define REGEN_HD inline
-#endif
+#include "regen/core/host_device.h"
 
 namespace regen {
 

@@ -10,13 +10,7 @@
 #include <cstdint>
 #include <cstring>
 
-#ifndef REGEN_HD
-#if defined(__CUDACC__)
-#define REGEN_HD __host__ __device__ __forceinline__
-#else
-#define REGEN_HD inline
-#endif
-#endif
+#include "regen/core/host_device.h"
 
 namespace regen {
 

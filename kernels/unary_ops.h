@@ -30,13 +30,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#ifndef REGEN_HD
-#if defined(__CUDACC__)
-#define REGEN_HD __host__ __device__ __forceinline__
-#else
-#define REGEN_HD inline
-#endif
-#endif
+#include "regen/core/host_device.h"
 
 namespace regen {
 namespace unary {
