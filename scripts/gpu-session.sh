@@ -61,7 +61,8 @@
 #                same commands on the CPU (a dry run of the phase without a GPU)
 # Usage: bash scripts/gpu-session.sh PHASE [PHASE...]
 # Environment: OUT (default out/gpu), GPU_SESSION_S (seconds for the whole call, default 570),
-# GPU_SESSION_BUILD (build folder, default build-gpu), GPU_SANITIZE_RUNS (the sanitize phase's
+# GPU_SESSION_BUILD (build folder, default build-gpu), GPU_RESNET_BATCHES and
+# GPU_TRANSFORMER_BATCHES (the sweeps' batches, default as above), GPU_SANITIZE_RUNS (the sanitize phase's
 # runs, default all: memcheck_ops memcheck_op_table memcheck_autograd racecheck_ops synccheck_ops
 # memcheck_remat racecheck_conv).
 set -uo pipefail
@@ -99,6 +100,13 @@ if [ ! -f /usr/local/cuda/include/cudnn.h ]; then
   cudnn_root=$(python3 -c 'import nvidia.cudnn, os; print(os.path.dirname(nvidia.cudnn.__file__))' \
                2> /dev/null || true)
   [ -n "$cudnn_root" ] && export LD_LIBRARY_PATH="$cudnn_root/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
+
+# Plots (regen sweep --plot): regen prefers Debian's /usr/bin/python3, which on the device image
+# has no matplotlib; the python3 first on PATH there has it.
+if [ -z "${REGEN_PYTHON:-}" ] && ! /usr/bin/python3 -c 'import matplotlib' 2> /dev/null &&
+   python3 -c 'import matplotlib' 2> /dev/null; then
+  REGEN_PYTHON=$(command -v python3); export REGEN_PYTHON
 fi
 
 sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer \
@@ -319,8 +327,8 @@ torch_baseline() {  # torch_baseline MODEL BATCHES SHARE
   log "torch_baseline $1 exit $?"; cat "$work/torch_$1.txt" | grep -v Warning | tail -14
 }
 
-phase_resnet() { sweep resnet152 16,32,64,128 200; }
-phase_transformer() { sweep transformer 32,64,128,256 200; }
+phase_resnet() { sweep resnet152 "${GPU_RESNET_BATCHES:-16,32,64,128}" 200; }
+phase_transformer() { sweep transformer "${GPU_TRANSFORMER_BATCHES:-32,64,128,256}" 200; }
 phase_torch() {
   torch_baseline resnet152 16,32,64,128 240
   torch_baseline transformer 32,64,128,256 240

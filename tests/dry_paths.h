@@ -33,6 +33,15 @@ ScratchEvents scratch_events(Device device, bool dry, const Body& body) {
   if (dry) scope = std::make_unique<DryRunScope>(device);
   CachingAllocator& a = allocator_for(device);
   REQUIRE(!a.event_log_enabled());
+  // The log goes off however body ends: a launch that throws must not leave it on for the test
+  // cases after this one.
+  struct LogOff {
+    CachingAllocator& a;
+    ~LogOff() {
+      a.set_event_log(false);
+      a.clear_events();
+    }
+  } log_off{a};
   body([&a] {
     a.clear_events();
     a.set_event_log(true);
@@ -45,8 +54,6 @@ ScratchEvents scratch_events(Device device, bool dry, const Body& body) {
       out.emplace_back(e.kind, e.requested);
     }
   }
-  a.set_event_log(false);
-  a.clear_events();
   if (dry) CHECK(scope->allocator().stats().live_blocks == scope->kept_blocks());
   return out;
 }

@@ -665,11 +665,15 @@ void native_backward_data(const float* dy, const float* w, float* dx, const Conv
     }
   }
   // [per phase with taps: table (Kpad int4) | sub-filter (K*Rs*Ss*C floats)], in phase order.
+  // Each table starts on a 16-byte boundary: the kernel reads its entries as int4, and a
+  // sub-filter of an odd number of floats (K*Rs*Ss*C = 9*3*3*3 = 243 for a phase of a 7x7
+  // stride-2 layer with 9 filters over 3 channels) would leave the next phase's table misaligned.
   std::vector<uint64_t> table_at(phases.size()), wt_at(phases.size());
   uint64_t bytes = 0;
   for (size_t i = 0; i < phases.size(); ++i) {
     const int64_t kdim = s.K * phases[i].Rs * phases[i].Ss;
     if (kdim == 0) continue;
+    bytes = (bytes + alignof(int4) - 1) / alignof(int4) * alignof(int4);
     table_at[i] = bytes;
     bytes += static_cast<uint64_t>(detail::ceil_div(kdim, kBK) * kBK) * sizeof(int4);
     wt_at[i] = bytes;
@@ -711,6 +715,8 @@ void native_backward_data(const float* dy, const float* w, float* dx, const Conv
     const int Kpad = i32(detail::ceil_div(pr.Kdim, kBK) * kBK);
     auto* table = reinterpret_cast<int4*>(base + table_at[i]);
     auto* wt = reinterpret_cast<float*>(base + wt_at[i]);
+    REGEN_CHECK(detail::aligned16(table), name, ": the reduction table of phase ", i,
+                " is not 16-byte aligned");
     if (!dry) {
       build_table(name, table, pr.Kdim, Kpad, ph.Rs * ph.Ss, ph.Ss, i32(s.P * s.Q), 0, 0, kBig);
       transpose_filter_kernel<<<detail::grid_blocks(static_cast<int64_t>(pr.Kdim) * s.C, 256), 256,

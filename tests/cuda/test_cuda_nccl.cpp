@@ -117,11 +117,16 @@ TEST_CASE("NCCL on one rank: plans predict ZeRO-2's bucket gradients to the byte
   po.warmup = 1;
   po.iterations = 2;
   pipe.profile(po);
-  for (const char* budget : {"95%", "80%"}) {
+  // "lowest" always has a plan: on the GPU the first run found none at 95% or 80% (the lowest
+  // that dp reaches there, printed below, is what says why).
+  for (const char* budget : {"95%", "80%", "lowest"}) {
     const Plan& plan = pipe.plan("dp", Budget::parse(budget));
+    MESSAGE(budget << ": " << (plan.feasible ? "feasible" : "infeasible") << ", no-remat peak "
+                   << plan.no_remat_peak << " B, lowest " << plan.lowest_peak << " B, predicted "
+                   << plan.predicted.peak_reserved << " B reserved (" << plan.note << ")");
     if (!plan.feasible) continue;
     for (int i = 0; i < 3; ++i) CHECK(pipe.step().exact());
   }
-  CHECK(pipe.predicted_steps() > 0);
+  CHECK(pipe.predicted_steps() >= 3);
   CHECK(pipe.exact_steps() == pipe.predicted_steps());
 }
