@@ -2,6 +2,7 @@
 #include "regen/remat/offload.h"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <unordered_map>
 
@@ -166,6 +167,69 @@ LevelChange level_change(const Profile& p, const std::vector<int32_t>& saved, St
     }
   }
   return c;
+}
+
+std::vector<std::pair<std::string, std::vector<int32_t>>> plan_offload_sets(
+    const Profile& p, const std::vector<Decision>& decisions,
+    const std::vector<Regeneration>& regenerations, const TransferModel& transfer) {
+  std::vector<std::pair<std::string, std::vector<int32_t>>> out;
+  if (p.accumulate > 1 || !transfer.valid()) return out;
+  REGEN_CHECK(decisions.size() == p.saved.size(), "plan_offload_sets: ", decisions.size(),
+              " decisions for ", p.saved.size(), " saved tensors");
+  std::vector<Decision> d = decisions;
+  bool any = false;
+  for (const ProfileSaved& sv : p.saved) {
+    Decision& x = d[static_cast<size_t>(sv.index)];
+    if (sv.offloadable && x == Decision::retain) {
+      x = Decision::offload;
+      any = true;
+    }
+  }
+  if (!any) return out;
+  // Every retained offloadable tensor offloaded, each copy at its latest point: the schedule's
+  // timeline (with the plan's regeneration programs) says when each is needed back.
+  OffloadSpec naive;
+  naive.transfer = transfer;
+  const Schedule s = build_schedule(p, d, false, regenerations, naive);
+  const StepTimeline t = step_timeline(p, s);
+  double forward_ms = 0;
+  for (const Marker& m : p.markers) {
+    if (m.kind == MarkerKind::backward_start) forward_ms = m.time_ms;
+  }
+  struct Cand {
+    int32_t s;
+    double gap, out_ms;
+  };
+  std::vector<Cand> cands;
+  for (const OffloadOp& op : s.offloads) {
+    const ProfileSaved& sv = p.saved[static_cast<size_t>(op.saved)];
+    const double gap = t.bwd_reach[static_cast<size_t>(op.wait_before)] -
+                       t.fwd_end[static_cast<size_t>(sv.last_fwd_use)];
+    if (gap <= op.to_host_ms + op.to_device_ms) continue;
+    cands.push_back({op.saved, gap, op.to_host_ms});
+  }
+  std::stable_sort(cands.begin(), cands.end(),
+                   [](const Cand& a, const Cand& b) { return a.gap > b.gap; });
+  for (double f : {0.25, 0.5, 1.0, 2.0, std::numeric_limits<double>::infinity()}) {
+    const double budget_ms = std::isinf(f) ? f : f * forward_ms;
+    std::vector<int32_t> set;
+    double used = 0;
+    for (const Cand& c : cands) {
+      if (used + c.out_ms > budget_ms) continue;
+      used += c.out_ms;
+      set.push_back(c.s);
+    }
+    std::sort(set.begin(), set.end());
+    if (set.empty()) continue;
+    bool seen = false;
+    for (const auto& o : out) seen = seen || o.second == set;
+    if (seen) continue;
+    out.emplace_back(std::isinf(f) ? std::string("what the plan retains, off long enough")
+                                   : "the plan's longest off first, " +
+                                         std::to_string(f).substr(0, 4) + " forward pass of copies",
+                     std::move(set));
+  }
+  return out;
 }
 
 std::vector<OffloadFamily> offload_families(const Profile& p, bool activations, bool optimizer,

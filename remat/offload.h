@@ -59,4 +59,16 @@ struct OffloadFamily {
 std::vector<OffloadFamily> offload_families(const Profile& p, bool activations, bool optimizer,
                                             const TransferModel& transfer);
 
+// Offload sets derived from a plan that recomputes (one of dp's, from a family that offloads no
+// activation): the offloadable tensors it retains, longest off the device first under that plan's
+// own schedule (a checkpoint that a regeneration reads is needed when that program runs, not at
+// its own backward), each up to what the copy queue out carries in 1/4, 1/2, 1 and 2 forward
+// passes, and all of them off for longer than their two copies. These are the sets the families
+// above miss at low budgets: they are ranked on the step without recomputation, where a
+// checkpoint dp holds through most of backward looks like any other tensor. (name, ascending set)
+// pairs; identical sets once; none when nothing qualifies.
+std::vector<std::pair<std::string, std::vector<int32_t>>> plan_offload_sets(
+    const Profile& p, const std::vector<Decision>& decisions,
+    const std::vector<Regeneration>& regenerations, const TransferModel& transfer);
+
 }  // namespace regen
