@@ -1,4 +1,6 @@
 // The dispatch helpers of kernels/kernels.h.
+#include <chrono>
+
 #include "regen/core/error.h"
 #include "regen/kernels/kernels.h"
 #ifdef REGEN_WITH_CUDA
@@ -43,6 +45,53 @@ void after_cuda_launcher(const char* launcher) {
   if (cuda::sync_launches()) cuda::check_launch_completed(launcher);
 #else
   (void)launcher;
+#endif
+}
+
+struct DeviceTimeline::Impl {
+  Device device;
+  std::vector<std::chrono::steady_clock::time_point> host;
+#ifdef REGEN_WITH_CUDA
+  cuda::StreamTimeline stream;
+#endif
+};
+
+DeviceTimeline::DeviceTimeline(Device device) : impl_(std::make_unique<Impl>()) {
+  impl_->device = device;
+}
+DeviceTimeline::~DeviceTimeline() = default;
+DeviceTimeline::DeviceTimeline(DeviceTimeline&&) noexcept = default;
+DeviceTimeline& DeviceTimeline::operator=(DeviceTimeline&&) noexcept = default;
+
+void DeviceTimeline::mark() {
+#ifdef REGEN_WITH_CUDA
+  if (impl_->device.is_cuda()) {
+    cuda::set_device(impl_->device.index);
+    impl_->stream.record();
+    return;
+  }
+#endif
+  impl_->host.push_back(std::chrono::steady_clock::now());
+}
+
+std::vector<double> DeviceTimeline::elapsed() {
+#ifdef REGEN_WITH_CUDA
+  if (impl_->device.is_cuda()) {
+    cuda::set_device(impl_->device.index);
+    return impl_->stream.elapsed();
+  }
+#endif
+  std::vector<double> out(impl_->host.size(), 0.0);
+  for (size_t i = 1; i < out.size(); ++i) {
+    out[i] = std::chrono::duration<double, std::milli>(impl_->host[i] - impl_->host[0]).count();
+  }
+  return out;
+}
+
+void DeviceTimeline::clear() {
+  impl_->host.clear();
+#ifdef REGEN_WITH_CUDA
+  impl_->stream.clear();
 #endif
 }
 

@@ -12,7 +12,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <type_traits>
+#include <vector>
 
 #include "regen/core/dry_run.h"
 #include "regen/core/types.h"
@@ -356,6 +358,26 @@ void after_cuda_launcher(const char* launcher);
 // Creates what a device keeps for the whole run (CUDA: stream, library handles and their
 // workspaces), so it is allocated before the first training step.
 void prepare_device(Device device);
+
+// Points on a device's own clock, to time queued work without waiting for it (the profiler's
+// device timing): on CUDA, events on the compute stream, so the host runs ahead as it does in
+// training and a gap between two points is the device's work between them, or its wait for the
+// host; on the CPU, the host clock. mark() adds a point; elapsed() waits for the device and
+// returns each point's milliseconds after the first; clear() starts again (CUDA keeps its events).
+class DeviceTimeline {
+ public:
+  explicit DeviceTimeline(Device device);
+  ~DeviceTimeline();
+  DeviceTimeline(DeviceTimeline&&) noexcept;
+  DeviceTimeline& operator=(DeviceTimeline&&) noexcept;
+  void mark();
+  std::vector<double> elapsed();
+  void clear();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
 }  // namespace kernels
 
 }  // namespace regen

@@ -242,10 +242,11 @@ class PyModel {
   const ProfilePtr& profile() const { return profile_; }
   const std::shared_ptr<PlanHandle>& plan() const { return plan_; }
 
-  ProfilePtr run_profile(int iterations, int warmup) {
+  ProfilePtr run_profile(int iterations, int warmup, const std::string& op_timing = "sync") {
     REGEN_CHECK(iterations >= 1, "profile: iterations must be >= 1, got ", iterations);
     REGEN_CHECK(warmup >= 0, "profile: warmup must be >= 0, got ", warmup);
     ProfileOptions po;
+    po.op_timing = parse_op_timing(op_timing, "profile: op_timing");
     po.warmup = warmup;
     po.iterations = iterations;
     po.model_name = options_.model;
@@ -619,9 +620,10 @@ Restores a training state written by save_state() or ``regen train --save-state`
 which must have been built with the same trajectory options (refused otherwise, naming the
 keyword); returns the file's metadata.)doc")
       .def("profile", &PyModel::run_profile, pb::arg("iterations") = 2, pb::arg("warmup") = 0,
+           pb::arg("op_timing") = "sync",
            "Profiles ``iterations`` instrumented steps (after ``warmup`` plain ones; all of them "
-           "train) "
-           "and returns the Profile, which the model then plans with")
+           "train) and returns the Profile, which the model then plans with. ``op_timing`` "
+           "'sync' or 'device' (regen profile --op-timing)")
       .def("use_profile", &PyModel::use_profile, pb::arg("profile"),
            "Plans with a profile made earlier; refused when it was made for another model, batch, "
            "device or settings")
@@ -716,21 +718,23 @@ keyword); returns the file's metadata.)doc")
   m.def(
       "profile",
       [](const pb::object& model, const pb::object& batch, const std::string& device,
-         int iterations, int warmup, const pb::kwargs& kw) {
+         int iterations, int warmup, const std::string& op_timing, const pb::kwargs& kw) {
         if (pb::isinstance<PyModel>(model)) {
           REGEN_CHECK(kw.size() == 0,
                       "profile: model options go to the Model, not to profile() of one");
-          return model.cast<PyModel&>().run_profile(iterations, warmup);
+          return model.cast<PyModel&>().run_profile(iterations, warmup, op_timing);
         }
         REGEN_CHECK(pb::isinstance<pb::str>(model),
                     "profile: model must be a registered model's name or a Model");
         PyModel built(model.cast<std::string>(), batch, device, kw);
-        return built.run_profile(iterations, warmup);
+        return built.run_profile(iterations, warmup, op_timing);
       },
       pb::arg("model"), pb::arg("batch") = 4, pb::arg("device") = "auto", pb::kw_only(),
-      pb::arg("iterations") = 2, pb::arg("warmup") = 0, R"doc(
+      pb::arg("iterations") = 2, pb::arg("warmup") = 0, pb::arg("op_timing") = "sync", R"doc(
 Stage 1: builds the model (a name and Model options, or an existing Model) and profiles
-``iterations`` training steps; returns the Profile.)doc");
+``iterations`` training steps; returns the Profile. ``op_timing``: 'sync' (the device waited for
+at every op boundary) or 'device' (points on the device's own clock: CUDA events, no waits), as
+regen profile --op-timing.)doc");
 
   m.def(
       "estimate",

@@ -368,6 +368,9 @@ of equal-length columns (numpy arrays, or lists for text and lists), ready for
       .def_property_readonly("threads", [](const ProfileHandle& h) { return h.profile.threads; })
       .def_property_readonly("date", [](const ProfileHandle& h) { return h.profile.date; })
       .def_property_readonly(
+          "op_timing", [](const ProfileHandle& h) { return op_timing_name(h.profile.op_timing); },
+          "How its op times were taken: 'sync' or 'device' (regen profile --op-timing)")
+      .def_property_readonly(
           "iterations", [](const ProfileHandle& h) { return h.profile.iterations; },
           "Instrumented iterations the times are medians of")
       .def_property_readonly(

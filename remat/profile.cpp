@@ -109,6 +109,16 @@ DType parse_dtype(const std::string& s, const std::string& origin) {
 
 }  // namespace
 
+const char* op_timing_name(OpTiming t) {
+  return t == OpTiming::device ? "device" : "sync";
+}
+
+OpTiming parse_op_timing(const std::string& text, const std::string& origin) {
+  if (text == "sync") return OpTiming::sync;
+  if (text == "device") return OpTiming::device;
+  REGEN_FAIL(origin, ": unknown op timing '", text, "': expected sync or device");
+}
+
 std::string profile_to_json(const Profile& p) {
   json j;
   j["format"] = "regen-profile-1";
@@ -120,6 +130,7 @@ std::string profile_to_json(const Profile& p) {
   j["iterations"] = p.iterations;
   if (p.accumulate != 1) j["accumulate"] = p.accumulate;
   j["run"] = p.run;
+  if (p.op_timing != OpTiming::sync) j["op_timing"] = op_timing_name(p.op_timing);
   if (p.compress != Compression::none) {
     j["compress"] = compression_name(p.compress);
     const CompressCost& c = p.compress_cost;
@@ -252,6 +263,8 @@ Profile parse_profile_json(const std::string& text, const std::string& origin) {
     p.iterations = j.at("iterations").get<int>();
     p.accumulate = j.value("accumulate", int64_t{1});
     if (j.contains("run")) p.run = j.at("run").get<std::map<std::string, std::string>>();
+    if (j.contains("op_timing"))
+      p.op_timing = parse_op_timing(j.at("op_timing").get<std::string>(), origin + ": op_timing");
     if (j.contains("compress")) {
       p.compress = parse_compression(j.at("compress").get<std::string>(), origin + ": compress");
       const json& c = j.at("compress_cost");

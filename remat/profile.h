@@ -115,6 +115,18 @@ struct CompressCost {
   }
 };
 
+// How a profile's op times were taken (ProfileOptions::op_timing). sync: the device is waited
+// for at every marker and the host clock read, so an op's time is its own with nothing queued
+// before it; on an asynchronous device (CUDA) that adds a launch and a drain to every op, and the
+// profiled step runs slower than training's. device: the markers are points on the device's own
+// clock (kernels::DeviceTimeline: events on the compute stream) and nothing waits, so the step
+// runs as in training and an op's time is the device's time between its points, or its wait for
+// the host. On the CPU both read the host clock (sync waits for nothing there).
+enum class OpTiming { sync, device };
+const char* op_timing_name(OpTiming t);
+// Throws regen::Error naming `origin` and the two names for anything else.
+OpTiming parse_op_timing(const std::string& text, const std::string& origin);
+
 struct Profile {
   // What was profiled.
   std::string model;
@@ -136,6 +148,7 @@ struct Profile {
   // (schedule.h). The event log is of the step without it. compress_cost: its time model.
   Compression compress = Compression::none;
   CompressCost compress_cost;
+  OpTiming op_timing = OpTiming::sync;  // "op_timing" in profile.json when device
   // The graph.
   std::vector<ProfileNode> nodes;
   std::vector<ProfileValue> values;

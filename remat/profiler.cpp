@@ -26,7 +26,8 @@ std::string today() {
 // Records one instrumented iteration.
 class Recorder final : public TapeHooks, public StepObserver {
  public:
-  explicit Recorder(Device device) : device_(device) {}
+  Recorder(Device device, bool device_timing)
+      : device_(device), device_timing_(device_timing), timeline_(device) {}
 
   // StepObserver
   void on_iteration_begin(CachingAllocator& a) override {
@@ -44,6 +45,11 @@ class Recorder final : public TapeHooks, public StepObserver {
   void on_optimizer_end(CachingAllocator&) override { mark(MarkerKind::optimizer_end, -1); }
   void on_iteration_end(CachingAllocator& a) override {
     mark(MarkerKind::iteration_end, -1);
+    if (device_timing_) {  // every marker's point, now that the device has passed the last
+      const std::vector<double> ms = timeline_.elapsed();
+      REGEN_ASSERT(ms.size() == markers_.size());
+      for (size_t i = 0; i < ms.size(); ++i) markers_[i].time_ms = ms[i];
+    }
     events_ = a.events();
     a.set_event_log(false);
     stats_ = a.stats();
@@ -125,17 +131,23 @@ class Recorder final : public TapeHooks, public StepObserver {
   void on_backward_finish(Tape&) override { mark(MarkerKind::backward_finish, -1); }
 
   void mark(MarkerKind kind, int32_t node) {
-    kernels::synchronize(device_);  // op timings on an asynchronous device
     Marker m;
     m.kind = kind;
     m.node = node;
     m.position = alloc_ ? alloc_->event_count() : 0;
-    m.time_ms =
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0_).count();
+    if (device_timing_) {
+      timeline_.mark();  // its time once the iteration ends
+    } else {
+      kernels::synchronize(device_);  // op timings on an asynchronous device
+      m.time_ms =
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0_).count();
+    }
     markers_.push_back(m);
   }
 
   Device device_;
+  bool device_timing_ = false;
+  kernels::DeviceTimeline timeline_;
   CachingAllocator* alloc_ = nullptr;
   std::chrono::steady_clock::time_point t0_;
   AllocatorState state_;
@@ -189,10 +201,11 @@ Profile profile_training(Trainer& trainer, const ProfileOptions& options) {
     const StepResult r = trainer.step();
     if (options.on_step) options.on_step(r);
   }
+  const bool device_timing = options.op_timing == OpTiming::device && !dry_run_active();
   std::vector<Recorder> runs;
   runs.reserve(static_cast<size_t>(options.iterations));
   for (int i = 0; i < options.iterations; ++i) {
-    runs.emplace_back(trainer.device());
+    runs.emplace_back(trainer.device(), device_timing);
     Recorder& r = runs.back();
     const HooksScope hooks(&r);
     const StepResult result = trainer.step(&r);
@@ -246,6 +259,7 @@ Profile profile_training(Trainer& trainer, const ProfileOptions& options) {
   p.threads = omp_get_max_threads();
   p.date = today();
   p.iterations = options.iterations;
+  p.op_timing = device_timing ? OpTiming::device : OpTiming::sync;
   p.start_state = first.state_;
   p.markers = first.markers_;
   p.accumulate = trainer.accumulation();

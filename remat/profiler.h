@@ -26,6 +26,9 @@ struct ProfileOptions {
   // (transfer.h measure_transfer, a few sizes up to 16 MiB: tens of ms) into Profile::transfer.
   // Not in a dry run.
   bool measure_transfer = true;
+  // How op times are taken (profile.h OpTiming): sync, or on the device's own clock. A dry run
+  // reads the host clock either way (it queues no work).
+  OpTiming op_timing = OpTiming::sync;
 };
 
 // Extra hooks (e.g. a remat executor) may be installed on the tape while profiling; the

@@ -100,7 +100,9 @@ std::string packed_saves_table(const Profile& p, bool full) {
 std::string profile_table(const Profile& p, bool full) {
   std::ostringstream os;
   os << "Profile of " << p.model << ", batch " << p.batch << " on " << p.device << " (" << p.threads
-     << " threads), " << p.date << "; times are medians of " << p.iterations << " iterations\n";
+     << " threads), " << p.date << "; times are medians of " << p.iterations << " iterations"
+     << (p.op_timing == OpTiming::device ? ", on the device's clock (--op-timing device)" : "")
+     << "\n";
   os << "Iteration " << fmt("%.1f", p.iteration_ms) << " ms: forward " << fmt("%.1f", p.forward_ms)
      << " ms, backward " << fmt("%.1f", p.backward_ms) << " ms, optimizer "
      << fmt("%.1f", p.optimizer_ms) << " ms; " << p.nodes.size() << " ops, "

@@ -51,6 +51,12 @@
 #                sweeps
 #   fit          the largest batch whose plan fits 16 GiB for none, blocks and mutwo (both models),
 #                each then trained for 3 steps to measure its peak
+#   timing       the time model: ResNet-152 and the Transformer at batch 32 swept with mutwo and dp at
+#                70%, 50% and lowest from a profile taken with --op-timing device (CUDA events, no
+#                waits at op boundaries) and, beside it, with the default sync timing: each run's
+#                predicted overhead over its profiled step against the measured one over the
+#                trained no-remat step (the second run found sync's profiled step 15% slower than
+#                training's and its predicted overheads about half the measured)
 #   offload      the offload fate on the device: regen bench copy (pinned host memory, copy streams:
 #                the measured transfer model), test_cuda_offload (exact peaks of the device and its
 #                host tier, bitwise training), then ResNet-152 at batch 32 (TF32) profiled once and
@@ -366,6 +372,32 @@ phase_fit() {  # the largest batch whose plan fits 16 GiB: doubling, then bisect
     done
   done
   rm -rf "$work"/fit_*_b*/trace.json
+}
+
+# timing: see the header. One sweep per model and timing; then, per run, the predicted and the
+# measured overhead (profile.json's iteration_ms is the profiled step).
+phase_timing() {
+  local model t d
+  for model in resnet152 transformer; do
+    for t in device sync; do
+      d="$work/timing_${model}_$t"
+      limited 150 "$regen" sweep --device cuda --math tf32 --model "$model" --batches 32 \
+        --policies mutwo,dp --budgets 70%,50%,lowest --steps 4 --op-timing "$t" --out "$d" \
+        > "$d.txt" 2>&1
+      log "regen sweep $model batch 32 --op-timing $t exit $?"
+      python3 - "$d" "$model" "$t" << 'PY' 2>&1 | tee -a "$work/timing.txt"
+import csv, json, sys
+d, model, t = sys.argv[1:4]
+it = json.load(open(f"{d}/{model}_b32_profile.json"))["measured"]["iteration_ms"] / 1e3
+for r in csv.DictReader(open(f"{d}/{model}_summary.csv")):
+    meas = float(r["final_time_s"]) / float(r["initial_time_s"]) - 1
+    pred = float(r["predicted_time_s"]) / it - 1
+    print(f"{model},{t},{r['policy']},{r['budget']},profiled {it*1e3:.1f} ms,"
+          f"trained {float(r['initial_time_s'])*1e3:.1f} ms,predicted {pred*100:+.1f}%,"
+          f"measured {meas*100:+.1f}%")
+PY
+    done
+  done
 }
 
 # offload: see the header. The suite, then one profile and three plans of dp with every fate.

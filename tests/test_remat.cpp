@@ -316,6 +316,46 @@ TEST_CASE("remat: lowest is the lowest budget each policy meets (U-Net, transfor
   }
 }
 
+TEST_CASE("remat: op timing on the device's clock: same graph and events, ordered times") {
+  const ModelConfig cfg = model_preset("transformer-tiny");
+  const Profile sync = profile_of(cfg, 2, 1);
+  fresh_allocator(Device::cpu());
+  Run base = make_run(cfg, 2, Device::cpu());
+  ProfileOptions po;
+  po.warmup = 1;
+  po.iterations = 2;
+  po.model_name = cfg.name;
+  po.op_timing = OpTiming::device;
+  const Profile dev = profile_training(*base.trainer, po);
+  CHECK(sync.op_timing == OpTiming::sync);
+  CHECK(dev.op_timing == OpTiming::device);
+  // Timing changes no memory event and no marker's place in them.
+  REQUIRE(dev.events.size() == sync.events.size());
+  for (size_t i = 0; i < dev.events.size(); ++i) {
+    CHECK(dev.events[i].bytes == sync.events[i].bytes);
+    CHECK(dev.events[i].kind == sync.events[i].kind);
+  }
+  REQUIRE(dev.markers.size() == sync.markers.size());
+  double last = 0;
+  for (size_t i = 0; i < dev.markers.size(); ++i) {
+    CHECK(dev.markers[i].position == sync.markers[i].position);
+    CHECK(dev.markers[i].time_ms >= last);  // a clock: never backwards
+    last = dev.markers[i].time_ms;
+  }
+  CHECK(dev.iteration_ms > 0);
+  CHECK(Simulator(dev)
+            .run(build_schedule(dev, std::vector<Decision>(dev.saved.size(), Decision::retain)))
+            .peak_allocated == dev.peak_allocated);
+  // profile.json keeps it; the table says it; a bad name is refused with its origin.
+  CHECK(parse_profile_json(profile_to_json(dev), "dev").op_timing == OpTiming::device);
+  CHECK(profile_to_json(sync).find("op_timing") == std::string::npos);
+  CHECK(profile_table(dev, false).find("device's clock") != std::string::npos);
+  CHECK(error_of([] {
+          parse_op_timing("events", "--op-timing");
+        }).find("--op-timing: unknown op timing 'events': expected sync or device") !=
+        std::string::npos);
+}
+
 TEST_CASE("remat: malformed profile and plan files give clear errors") {
   const std::string dir = "/tmp/regen_remat_" + std::to_string(::getpid());
   const Profile profile = profile_of(model_preset("transformer-tiny"), 2, 1);

@@ -19,6 +19,7 @@ struct Flags {
   int iterations = 3;
   std::string out = ".";
   bool full = false;
+  std::string op_timing = "sync";
 };
 
 void setup(CLI::App& app) {
@@ -34,6 +35,7 @@ void setup(CLI::App& app) {
                  "folder for profile.json, profile.txt and trace.json (created if missing)")
       ->capture_default_str();
   app.add_flag("--full", f->full, "print every op and activation, not only the largest");
+  add_op_timing_flag(app, f->op_timing);
   app.callback([f] {
     f->m.validate();  // the flags before the folder
     // Made if missing (and removed again if the run fails), locked against a second writer: a
@@ -53,6 +55,7 @@ void setup(CLI::App& app) {
     po.warmup = f->warmup;
     po.iterations = f->iterations;
     po.model_name = f->m.model;
+    po.op_timing = parse_op_timing(f->op_timing, "--op-timing");
     Profile p = profile_training(*s->trainer, po);
     p.run = run_flags(f->m);
     const std::string table = profile_table(p, true);

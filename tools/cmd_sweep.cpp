@@ -36,6 +36,7 @@ struct Flags {
   int steps = 3;
   std::string out = "sweep";
   bool plot = false;
+  std::string op_timing = "sync";
 };
 
 // `csv` with a last column `name` holding `value` on every row (a column added at the end leaves
@@ -112,6 +113,7 @@ void run(const Flags& f) {
       po.warmup = 2;
       po.iterations = 3;
       po.model_name = f.m.model;
+      po.op_timing = parse_op_timing(f.op_timing, "--op-timing");
       profile = profile_training(*s->trainer, po);
       profile.run = run_flags(f.m);
     }
@@ -289,6 +291,7 @@ void setup(CLI::App& app) {
       ->capture_default_str();
   app.add_option("--out", f->out, "output folder (created if missing)")->capture_default_str();
   app.add_flag("--plot", f->plot, "draw PNG plots with tools/plot.py (matplotlib)");
+  add_op_timing_flag(app, f->op_timing);
   app.callback([f] { run(*f); });
 }
 REGEN_COMMAND("sweep",

@@ -492,6 +492,16 @@ CLI::Option* add_layout_flag(CLI::App& app, std::string& layout) {
       ->capture_default_str();
 }
 
+void add_op_timing_flag(CLI::App& app, std::string& op_timing) {
+  app.add_option("--op-timing", op_timing,
+                 "how ops are timed: sync (the device is waited for at every op boundary: each "
+                 "op's own time, and on CUDA a slower step than training's) or device (points "
+                 "on the device's clock, CUDA events, and nothing waits: the step runs as in "
+                 "training); the same on the CPU")
+      ->check(CLI::IsMember({"sync", "device"}))
+      ->capture_default_str();
+}
+
 void add_offload_flags(CLI::App& app, std::string& offload, std::string& transfer) {
   app.add_option("--offload", offload,
                  "what dp and milp may move to the device's host tier: none, activations (saved "

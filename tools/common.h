@@ -71,6 +71,8 @@ inline constexpr char kBenchMathHelp[] = "tf32 on a CUDA device, fp32 on the CPU
 void add_budget_of_flag(CLI::App& app, std::string& budget_of);
 // --layout caching|planned: where a planned step's blocks go (PlanOptions::planned_layout).
 CLI::Option* add_layout_flag(CLI::App& app, std::string& layout);
+// --op-timing sync|device: how the profiler times ops (ProfileOptions::op_timing).
+void add_op_timing_flag(CLI::App& app, std::string& op_timing);
 
 // --offload none|activations|optimizer|all (PlanOptions::offload: what dp and milp may move to
 // the host tier) and --transfer (the transfer model that times the copies: profile, FILE.json from

@@ -127,6 +127,32 @@ void synchronize() {
   REGEN_CUDA_CHECK(cudaStreamSynchronize(stream()));
 }
 
+StreamTimeline::~StreamTimeline() {
+  for (cudaEvent_t e : events_) cudaEventDestroy(e);  // never throws
+}
+
+void StreamTimeline::record() {
+  if (used_ == events_.size()) {
+    cudaEvent_t e = nullptr;
+    REGEN_CUDA_CHECK(cudaEventCreate(&e));
+    events_.push_back(e);
+  }
+  REGEN_CUDA_CHECK(cudaEventRecord(events_[used_], stream()));
+  ++used_;
+}
+
+std::vector<double> StreamTimeline::elapsed() {
+  std::vector<double> out(used_, 0.0);
+  if (used_ == 0) return out;
+  REGEN_CUDA_CHECK(cudaEventSynchronize(events_[used_ - 1]));
+  for (size_t i = 1; i < used_; ++i) {
+    float ms = 0;
+    REGEN_CUDA_CHECK(cudaEventElapsedTime(&ms, events_[0], events_[i]));
+    out[i] = ms;
+  }
+  return out;
+}
+
 void memcpy(void* dst, const void* src, uint64_t bytes, cudaMemcpyKind kind) {
   if (bytes == 0) return;
   REGEN_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, stream()));

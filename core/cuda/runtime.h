@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "regen/core/error.h"
 
@@ -82,6 +83,25 @@ void copy_between_devices(void* dst, int dst_device, const void* src, int src_de
 void memset_zero(void* dst, uint64_t bytes);
 // cudaMemGetInfo of the current device.
 void mem_get_info(uint64_t& free_bytes, uint64_t& total_bytes);
+
+// Points on the current device's compute stream, timed by the device (the profiler's device
+// timing, kernels::DeviceTimeline): record() queues an event after the work queued so far and
+// returns at once; elapsed() waits for the last point and returns each point's milliseconds after
+// the first. The events are created as needed and reused after clear().
+class StreamTimeline {
+ public:
+  StreamTimeline() = default;
+  ~StreamTimeline();
+  StreamTimeline(const StreamTimeline&) = delete;
+  StreamTimeline& operator=(const StreamTimeline&) = delete;
+  void record();
+  std::vector<double> elapsed();
+  void clear() { used_ = 0; }
+
+ private:
+  std::vector<cudaEvent_t> events_;
+  size_t used_ = 0;
+};
 
 // Makes `index` the current device for the guard's lifetime, then restores the previous one.
 // The constructor throws like set_device; the destructor never throws (a failure to restore is

@@ -1,6 +1,7 @@
 // The runtime side of the host emulation (scripts/cuda-emu): runs a grid block after block, one
 // OS thread per CUDA thread; stands in for the CUDA runtime calls regen makes and for
 // core/cuda/runtime.cpp; "device" memory is host memory from a host-backed CUDA arena.
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include "emu.h"
@@ -124,6 +125,25 @@ void memset_zero(void* d, uint64_t n) {
 }
 void mem_get_info(uint64_t& f, uint64_t& t) {
   f = t = 1ull << 34;
+}
+// Every emulated launch has run when it returns: the host clock is the device's. The emulation's
+// events are the recorded times, each in a double the event pointer owns.
+StreamTimeline::~StreamTimeline() {
+  for (cudaEvent_t e : events_) delete reinterpret_cast<double*>(e);
+}
+void StreamTimeline::record() {
+  static const auto t0 = std::chrono::steady_clock::now();
+  if (used_ == events_.size()) events_.push_back(reinterpret_cast<cudaEvent_t>(new double(0)));
+  *reinterpret_cast<double*>(events_[used_]) =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  ++used_;
+}
+std::vector<double> StreamTimeline::elapsed() {
+  std::vector<double> out(used_, 0.0);
+  for (size_t i = 1; i < used_; ++i) {
+    out[i] = *reinterpret_cast<double*>(events_[i]) - *reinterpret_cast<double*>(events_[0]);
+  }
+  return out;
 }
 DeviceGuard::DeviceGuard(int index) : previous_(0), index_(index) {}
 DeviceGuard::~DeviceGuard() {}

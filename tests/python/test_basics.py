@@ -128,6 +128,14 @@ def test_module_level_profile():
     assert q is m.profile_in_use and q.num_saved == p.num_saved
     with pytest.raises(regen.Error, match="options go to the Model"):
         regen.profile(m, seq_len=16)
+    # Op times on the device's clock: the same graph, the timing recorded; a bad name refused
+    # as the command line refuses it.
+    assert p.op_timing == "sync"
+    d = regen.profile("transformer-tiny", batch=2, device="cpu", iterations=1, seq_len=32,
+                      op_timing="device")
+    assert d.op_timing == "device" and d.num_saved == p.num_saved and d.iteration_ms > 0
+    with pytest.raises(regen.Error, match="op_timing: unknown op timing 'events'"):
+        m.profile(iterations=1, op_timing="events")
 
 
 def test_masks_and_compress():
