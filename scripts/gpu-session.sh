@@ -4,14 +4,17 @@
 # sessions; what a command writes under $OUT comes back (at most 8 files), so each phase packs its
 # results into one tarball, also when it fails or runs out of time.
 #
-# Before the first call, here: `bash scripts/gpu-deps.sh` (copies the header-only dependencies into
-# the git-ignored .gpu-deps/), then call the device tool with carry [".gpu-deps"]. Suggested calls
-# (each ends inside the 10-minute limit: every long command gets a share of GPU_SESSION_S):
-#   1. bash scripts/gpu-session.sh probe build test
-#   2. bash scripts/gpu-session.sh sanitize kernels
-#   3. bash scripts/gpu-session.sh resnet transformer
-#   4. bash scripts/gpu-session.sh torch fit
-# A warm machine keeps build-gpu between calls; on a fresh one, `build` comes first again.
+# Before the first call, here: `bash scripts/gpu-prebuild.sh` (about 3 minutes from a built
+# build-gpu: the regen tool and the CUDA suites, stripped and packed into the git-ignored
+# build-pack/, 12.5 MiB), then call the device tool with carry ["build-pack"] and
+# GPU_SESSION_BUILD=build-carry. A session's 15 minutes of device time held two calls on
+# 2026-11-27 (a start costs about 30 s; each call ends inside the 10-minute limit, every long
+# command with a share of GPU_SESSION_S):
+#   1. GPU_SESSION_S=450 ... prebuilt probe test peaks kernels            (2.5 minutes)
+#   2. GPU_SESSION_S=540 ... prebuilt test timing offload steps sanitize  (9 minutes; fixes rerun)
+# and then, in a later session: resnet transformer torch fit batches.
+# Building on the device instead (`bash scripts/gpu-deps.sh` here, carry [".gpu-deps"], phase
+# build) costs minutes of device time; a warm machine keeps build-gpu between calls.
 #
 # Every phase runs with REGEN_REQUIRE_GPU=1: a GPU suite that finds no GPU, or a CUDA runtime that
 # fails, is a failure here, never a skip.
@@ -119,6 +122,10 @@ sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanit
             /usr/local/cuda/compute-sanitizer/compute-sanitizer 2> /dev/null | head -1)
 
 phase_prebuilt() {
+  if [ ! -f "$build/SOURCE_DIR" ] && [ -f build-pack/build-carry.tar.xz ]; then
+    mkdir -p "$build" && tar -xJf build-pack/build-carry.tar.xz -C "$build" --strip-components=1 &&
+      log "unpacked build-pack/build-carry.tar.xz into $build"
+  fi
   [ -f "$build/SOURCE_DIR" ] || { log "$build has no SOURCE_DIR: not made by scripts/gpu-prebuild.sh"; return 1; }
   local src missing d
   src=$(cat "$build/SOURCE_DIR")
