@@ -181,9 +181,16 @@ struct Model {
   std::string fixed_where;
 };
 
+// Whether the programme decides s: a candidate that no offload family offloads (an offloaded
+// tensor is there whenever something reads it, copied back first, as a non-candidate is).
+bool decided(const ProfileSaved& s, const LevelChange* change) {
+  return s.candidate &&
+         !(change && !change->offloaded.empty() && change->offloaded[static_cast<size_t>(s.index)]);
+}
+
 class Builder {
  public:
-  explicit Builder(const Profile& p) : p_(p) {}
+  Builder(const Profile& p, const LevelChange* change) : p_(p), change_(change) {}
 
   Model build() {
     const Profile& p = p_;
@@ -192,12 +199,16 @@ class Builder {
     Model m;
     std::vector<char> tracked(ns, 0);
     for (const ProfileSaved& s : p.saved) {
-      if (s.candidate) {
+      if (decided(s, change_)) {
         tracked[static_cast<size_t>(s.index)] = 1;
         m.cands.push_back(s.index);
       }
     }
-    const Levels L = no_remat_levels(p, tracked);
+    Levels L = no_remat_levels(p, tracked);
+    if (change_ && !change_->delta.empty()) {
+      REGEN_ASSERT(change_->delta.size() == L.allocated.size());
+      for (size_t i = 0; i < L.allocated.size(); ++i) L.allocated[i] += change_->delta[i];
+    }
     const NodeWindows w = node_windows(p);
     const int64_t ne = static_cast<int64_t>(p.events.size());
     std::unordered_map<uint64_t, int64_t> block_bytes;  // allocation id -> block size
@@ -244,7 +255,7 @@ class Builder {
       if (root.leaf) return Need::none;
       if (root.saved >= 0) {
         const ProfileSaved& s = sv(root.saved);
-        if (s.candidate) {
+        if (decided(s, change_)) {
           if (r <= s.first_bw_rank) {
             s_out = s.index;
             return Need::maybe;
@@ -508,7 +519,7 @@ class Builder {
             if (i > k + 1) m.lp.row({{a[i - 1], 1.0}, {a[i], -1.0}}, 0, kInf);
           }
           int qc = -1;
-          if (val.saved >= 0 && sv(val.saved).candidate) {
+          if (val.saved >= 0 && decided(sv(val.saved), change_)) {
             const std::vector<int>& qs = m.q[static_cast<size_t>(val.saved)];
             if (static_cast<size_t>(r) < qs.size()) qc = qs[static_cast<size_t>(r)];
           }
@@ -582,6 +593,7 @@ class Builder {
   }
 
   const Profile& p_;
+  const LevelChange* change_;
 };
 
 struct Solved {
@@ -924,11 +936,30 @@ Plan plan_milp(const Simulator& sim, int64_t budget_bytes, const MilpOptions& op
   }
   plan.keep_chain = false;
   plan.decisions.assign(p.saved.size(), Decision::retain);
-  plan.lower_bound = memory_lower_bound(p);
+  const LevelChange* change = nullptr;
+  if (opt.offload) {  // the family's offloads and optimizer state, in every plan below
+    REGEN_CHECK(opt.transfer.valid(), "plan_milp: an offload family needs a transfer model");
+    for (int32_t s : opt.offload->saved) {
+      REGEN_CHECK(s >= 0 && static_cast<size_t>(s) < p.saved.size() &&
+                      p.saved[static_cast<size_t>(s)].offloadable,
+                  "plan_milp: the offload family names saved tensor ", s,
+                  ", which is not an offloadable one of this profile");
+      plan.decisions[static_cast<size_t>(s)] = Decision::offload;
+    }
+    plan.optimizer_state = opt.offload->optimizer_state;
+    plan.transfer = opt.transfer;
+    if (plan.offloaded() > 0)
+      plan.offloads = offload_points(p, plan.decisions, false, {}, opt.transfer);
+    change = &opt.offload->change;
+  }
+  plan.lower_bound = memory_lower_bound(p, opt.mode);
   plan.budget_of = opt.budget_of;
   const BudgetOf of = opt.budget_of;
+  // The no-remat peak is the step's with nothing recomputed or offloaded; `none` below is the
+  // plan that only offloads (the family's, when given).
+  plan.no_remat_peak = peak_of(
+      sim.run(build_schedule(p, std::vector<Decision>(p.saved.size(), Decision::retain))), of);
   const SimResult none = sim.run(plan_schedule(p, plan));
-  plan.no_remat_peak = peak_of(none, of);
   const PlanFit none_fit =
       fit_schedule(sim, plan_schedule(p, plan), budget_bytes, of, &none, opt.planned_layout);
   plan.predicted = none_fit.result;
@@ -953,7 +984,7 @@ Plan plan_milp(const Simulator& sim, int64_t budget_bytes, const MilpOptions& op
 
   plan_fits = false;
   if (std::none_of(p.saved.begin(), p.saved.end(),
-                   [](const ProfileSaved& s) { return s.candidate; })) {
+                   [&](const ProfileSaved& s) { return decided(s, change); })) {
     rep.status = "infeasible";
     plan.note = "budget " + format_bytes(budget_bytes) +
                 " cannot be met by milp: no saved tensor "
@@ -961,7 +992,7 @@ Plan plan_milp(const Simulator& sim, int64_t budget_bytes, const MilpOptions& op
                 format_bytes(plan.lower_bound);
     return finish(plan);
   }
-  Model m = Builder(p).build();
+  Model m = Builder(p, change).build();
   rep.variables = static_cast<int64_t>(m.lp.lb.size());
   rep.binaries = m.lp.binaries;
   rep.constraints = static_cast<int64_t>(m.lp.rows.size());
@@ -1018,6 +1049,11 @@ Plan plan_milp(const Simulator& sim, int64_t budget_bytes, const MilpOptions& op
           model_ms += p.nodes[static_cast<size_t>(n)].fwd_ms;
         }
       }
+    }
+    // The copies' points follow the regenerations (a program that reads an offloaded tensor
+    // needs it back before it runs).
+    if (cand.offloaded() > 0) {
+      cand.offloads = offload_points(p, cand.decisions, false, cand.regenerations, cand.transfer);
     }
     const SimResult unlimited = sim.run(plan_schedule(p, cand));
     PlanFit fit =

@@ -33,6 +33,7 @@
 #include <cstdint>
 #include <string>
 
+#include "regen/remat/offload.h"
 #include "regen/remat/planner.h"
 
 namespace regen {
@@ -51,6 +52,13 @@ struct MilpOptions {
   BudgetOf budget_of = BudgetOf::reserved;
   // Judge each plan by its run with a planned layout (PlanOptions::planned_layout).
   bool planned_layout = false;
+  // Offload (the milp policy gives dp's choice): these tensors are offloaded and the optimizer
+  // state lives where the family says, in every plan; the programme chooses retain or recompute
+  // for the other candidates, on the levels the family changes (offload.h level_change), as dp's
+  // programme does for a family. `transfer` times the copies; `mode` sets the lower bound.
+  const OffloadFamily* offload = nullptr;
+  TransferModel transfer;
+  OffloadMode mode = OffloadMode::none;
 };
 
 struct MilpReport {

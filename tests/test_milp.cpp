@@ -11,6 +11,7 @@
 #include <set>
 
 #include "regen/remat/milp.h"
+#include "regen/remat/transfer.h"
 #include "tests/remat_suite.h"
 #include "tests/test_util.h"
 
@@ -464,6 +465,68 @@ TEST_CASE("milp: a time limit of milliseconds returns a plan no slower than the 
 // budget dp meets, which milp meets too), and its plan is the lowest it has, dp's answer there,
 // not the no-remat plan it used to return when the MILP proved the budget out of reach. Its
 // answer is never worse than dp's, and `lowest` gives a budget it meets, at most dp's lowest.
+TEST_CASE("milp with offload: dp's family offloaded, the rest decided, never worse than dp") {
+  if (!milp_available()) return;
+  const Profile p = profile_of(remat_resnet(), 8, 1);
+  const Simulator sim(p);
+  PlanCache cache(sim);
+  PlanOptions o;
+  o.budget_of = BudgetOf::allocated;
+  o.offload = OffloadMode::all;
+  o.transfer = transfer_for("step:0.4", p);
+  o.milp_time_limit_s = 10;
+  o.cache = &cache;
+  const Plan low = lowest_plan(sim, "dp", o);
+  REQUIRE(low.uses_host());
+  int decided_by_milp = 0;
+  for (int k = 1; k <= 3; ++k) {
+    // Budgets between dp's lowest and the no-remat peak, where dp offloads.
+    const int64_t b = low.budget_bytes + (low.no_remat_peak - low.budget_bytes) * k / 8;
+    const Plan d = make_plan(sim, "dp", Budget::parse(std::to_string(b)), o);
+    const Plan m = make_plan(sim, "milp", Budget::parse(std::to_string(b)), o);
+    CAPTURE(b);
+    CAPTURE(m.note);
+    REQUIRE(d.feasible);
+    CHECK(m.feasible);
+    CHECK(m.predicted.peak_allocated <= b);
+    CHECK(m.predicted.time_ms <= d.predicted.time_ms + 1e-9);
+    CHECK(m.no_remat_peak == d.no_remat_peak);
+    if (m.policy != "milp" || !d.uses_host()) continue;
+    ++decided_by_milp;
+    // The MILP's own plan: dp's offloads and optimizer state, its own recomputation, and the
+    // copies' points for its regenerations; the simulation of it is what it predicts.
+    CHECK(m.optimizer_state == d.optimizer_state);
+    for (size_t s = 0; s < p.saved.size(); ++s) {
+      CHECK((m.decisions[s] == Fate::offload) == (d.decisions[s] == Fate::offload));
+    }
+    const std::vector<Offload> pts =
+        offload_points(p, m.decisions, false, m.regenerations, m.transfer);
+    REQUIRE(m.offloads.size() == pts.size());
+    for (size_t i = 0; i < pts.size(); ++i) {
+      CHECK(m.offloads[i].saved == pts[i].saved);
+      CHECK(m.offloads[i].free_after == pts[i].free_after);
+      CHECK(m.offloads[i].prefetch_before == pts[i].prefetch_before);
+    }
+    CHECK(sim.run(plan_schedule(p, m)).peak_allocated == m.predicted.peak_allocated);
+  }
+  MESSAGE(decided_by_milp, " of 3 budgets answered by the MILP's own plan (the others: dp's kept)");
+  // A family naming a tensor that cannot be offloaded is refused, by index.
+  OffloadFamily bad;
+  for (const ProfileSaved& s : p.saved) {
+    if (!s.offloadable) {
+      bad.saved.push_back(s.index);
+      break;
+    }
+  }
+  if (!bad.saved.empty()) {
+    MilpOptions mo;
+    mo.offload = &bad;
+    mo.transfer = o.transfer;
+    CHECK(error_of([&] { plan_milp(sim, low.no_remat_peak, mo); }).find("not an offloadable one") !=
+          std::string::npos);
+  }
+}
+
 TEST_CASE("milp: an infeasible budget is reported, with the lowest plan, never worse than dp") {
   if (!milp_available()) return;
   const Profile profile = profile_of(model_preset("transformer-tiny"), 4, 1);

@@ -31,6 +31,21 @@ Plan plan_milp_policy(const Simulator& sim, const Budget& budget, const PlanOpti
   mo.planned_layout = options.planned_layout;
   // dp's plan as the solver's first incumbent.
   if (plan.feasible) mo.start = &plan;
+  // With offload: dp's choice of what to offload (its plan's family), and the programme's choice
+  // of what to recompute around it.
+  OffloadFamily family;
+  if (options.offload != OffloadMode::none && plan.uses_host()) {
+    for (const ProfileSaved& s : sim.profile().saved) {
+      if (plan.decisions[static_cast<size_t>(s.index)] == Decision::offload)
+        family.saved.push_back(s.index);
+    }
+    family.optimizer_state = plan.optimizer_state;
+    family.change =
+        level_change(sim.profile(), family.saved, family.optimizer_state, plan.transfer);
+    mo.offload = &family;
+    mo.transfer = plan.transfer;
+  }
+  mo.mode = options.offload;
   MilpReport report;
   Plan milp = plan_milp(sim, plan.budget_bytes, mo, &report);
   milp.budget_text = plan.budget_text;
