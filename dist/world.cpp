@@ -202,19 +202,27 @@ std::vector<std::string> World::all_gather(const std::string& text) {
   return out;
 }
 
+// Each rank's `bytes` bytes at `value` into `out` (size() * bytes), by rank; `out` already holds
+// this rank's value at every place.
+void World::all_gather_bytes(const void* value, int bytes, void* out) {
+#ifdef REGEN_WITH_MPI
+  if (size_ > 1) MPI_Allgather(value, bytes, MPI_BYTE, out, bytes, MPI_BYTE, g_control);
+#else
+  (void)value;
+  (void)bytes;
+  (void)out;
+#endif
+}
+
 std::vector<double> World::all_gather(double value) {
   std::vector<double> out(static_cast<size_t>(size_), value);
-#ifdef REGEN_WITH_MPI
-  if (size_ > 1) MPI_Allgather(&value, 1, MPI_DOUBLE, out.data(), 1, MPI_DOUBLE, g_control);
-#endif
+  all_gather_bytes(&value, sizeof value, out.data());
   return out;
 }
 
 std::vector<int64_t> World::all_gather(int64_t value) {
   std::vector<int64_t> out(static_cast<size_t>(size_), value);
-#ifdef REGEN_WITH_MPI
-  if (size_ > 1) MPI_Allgather(&value, 1, MPI_INT64_T, out.data(), 1, MPI_INT64_T, g_control);
-#endif
+  all_gather_bytes(&value, sizeof value, out.data());
   return out;
 }
 

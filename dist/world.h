@@ -63,6 +63,7 @@ class World {
   friend void finalize();
   World() = default;
   void init();
+  void all_gather_bytes(const void* value, int bytes, void* out);
   int rank_ = 0, size_ = 1, local_rank_ = 0;
   bool mpi_ = false;
 };
