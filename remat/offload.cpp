@@ -10,6 +10,40 @@
 
 namespace regen {
 
+namespace {
+
+// A tensor the offload families may offload: how long it is off the device on a timeline, its
+// copy out, and (offload_families) its recompute time per byte.
+struct OffloadCand {
+  int32_t s;
+  double gap, out_ms, cost;
+};
+
+// Taken in `order`, every tensor whose copy out still fits what the copy queue out carries in
+// `budget_ms`; ascending.
+std::vector<int32_t> within_copy_budget(const std::vector<OffloadCand>& order, double budget_ms) {
+  std::vector<int32_t> set;
+  double used = 0;
+  for (const OffloadCand& c : order) {
+    if (used + c.out_ms > budget_ms) continue;
+    used += c.out_ms;
+    set.push_back(c.s);
+  }
+  std::sort(set.begin(), set.end());
+  return set;
+}
+
+// The profiled forward pass (to the backward_start marker).
+double forward_ms_of(const Profile& p) {
+  double forward_ms = 0;
+  for (const Marker& m : p.markers) {
+    if (m.kind == MarkerKind::backward_start) forward_ms = m.time_ms;
+  }
+  return forward_ms;
+}
+
+}  // namespace
+
 StepTimeline step_timeline(const Profile& p, const Schedule& s) {
   StepTimeline t;
   t.fwd_end.assign(p.nodes.size(), -1);
@@ -192,34 +226,19 @@ std::vector<std::pair<std::string, std::vector<int32_t>>> plan_offload_sets(
   naive.transfer = transfer;
   const Schedule s = build_schedule(p, d, false, regenerations, naive);
   const StepTimeline t = step_timeline(p, s);
-  double forward_ms = 0;
-  for (const Marker& m : p.markers) {
-    if (m.kind == MarkerKind::backward_start) forward_ms = m.time_ms;
-  }
-  struct Cand {
-    int32_t s;
-    double gap, out_ms;
-  };
-  std::vector<Cand> cands;
+  const double forward_ms = forward_ms_of(p);
+  std::vector<OffloadCand> cands;
   for (const OffloadOp& op : s.offloads) {
     const ProfileSaved& sv = p.saved[static_cast<size_t>(op.saved)];
     const double gap = t.bwd_reach[static_cast<size_t>(op.wait_before)] -
                        t.fwd_end[static_cast<size_t>(sv.last_fwd_use)];
     if (gap <= op.to_host_ms + op.to_device_ms) continue;
-    cands.push_back({op.saved, gap, op.to_host_ms});
+    cands.push_back({op.saved, gap, op.to_host_ms, 0});
   }
   std::stable_sort(cands.begin(), cands.end(),
-                   [](const Cand& a, const Cand& b) { return a.gap > b.gap; });
+                   [](const OffloadCand& a, const OffloadCand& b) { return a.gap > b.gap; });
   for (double f : {0.25, 0.5, 1.0, 2.0, std::numeric_limits<double>::infinity()}) {
-    const double budget_ms = std::isinf(f) ? f : f * forward_ms;
-    std::vector<int32_t> set;
-    double used = 0;
-    for (const Cand& c : cands) {
-      if (used + c.out_ms > budget_ms) continue;
-      used += c.out_ms;
-      set.push_back(c.s);
-    }
-    std::sort(set.begin(), set.end());
+    std::vector<int32_t> set = within_copy_budget(cands, std::isinf(f) ? f : f * forward_ms);
     if (set.empty()) continue;
     bool seen = false;
     for (const auto& o : out) seen = seen || o.second == set;
@@ -242,15 +261,8 @@ std::vector<OffloadFamily> offload_families(const Profile& p, bool activations, 
   if (activations && transfer.valid()) {
     const Schedule none = build_schedule(p, std::vector<Decision>(p.saved.size(), Fate::retain));
     const StepTimeline t = step_timeline(p, none);
-    double forward_ms = 0;
-    for (const Marker& m : p.markers) {
-      if (m.kind == MarkerKind::backward_start) forward_ms = m.time_ms;
-    }
-    struct Cand {
-      int32_t s;
-      double gap, out_ms, cost;
-    };
-    std::vector<Cand> cands;
+    const double forward_ms = forward_ms_of(p);
+    std::vector<OffloadCand> cands;
     for (const ProfileSaved& sv : p.saved) {
       if (!sv.offloadable) continue;
       const int32_t reader = p.backward_order[static_cast<size_t>(sv.first_bw_rank)];
@@ -262,32 +274,22 @@ std::vector<OffloadFamily> offload_families(const Profile& p, bool activations, 
                                        : std::numeric_limits<double>::infinity();
       cands.push_back({sv.index, gap, out_ms, cost});
     }
-    std::vector<Cand> by_gap = cands, by_cost = cands;
+    std::vector<OffloadCand> by_gap = cands, by_cost = cands;
     std::stable_sort(by_gap.begin(), by_gap.end(),
-                     [](const Cand& a, const Cand& b) { return a.gap > b.gap; });
-    std::stable_sort(by_cost.begin(), by_cost.end(), [](const Cand& a, const Cand& b) {
-      return a.cost != b.cost ? a.cost > b.cost : a.gap > b.gap;
-    });
-    auto prefix = [&](const std::vector<Cand>& order, double budget_ms) {
-      std::vector<int32_t> set;
-      double used = 0;
-      for (const Cand& c : order) {
-        if (used + c.out_ms > budget_ms) continue;
-        used += c.out_ms;
-        set.push_back(c.s);
-      }
-      std::sort(set.begin(), set.end());
-      return set;
-    };
+                     [](const OffloadCand& a, const OffloadCand& b) { return a.gap > b.gap; });
+    std::stable_sort(by_cost.begin(), by_cost.end(),
+                     [](const OffloadCand& a, const OffloadCand& b) {
+                       return a.cost != b.cost ? a.cost > b.cost : a.gap > b.gap;
+                     });
     for (const auto& [order, label] : {std::make_pair(&by_gap, "longest off first"),
                                        std::make_pair(&by_cost, "costliest first")}) {
       for (double f : {0.25, 0.5, 1.0, 2.0}) {
-        sets.push_back(prefix(*order, f * forward_ms));
+        sets.push_back(within_copy_budget(*order, f * forward_ms));
         names.push_back(std::string(label) + ", " + std::to_string(f).substr(0, 4) +
                         " forward pass of copies");
       }
     }
-    sets.push_back(prefix(by_gap, std::numeric_limits<double>::infinity()));
+    sets.push_back(within_copy_budget(by_gap, std::numeric_limits<double>::infinity()));
     names.push_back("every offloadable tensor off long enough");
   }
   for (int st = optimizer ? 0 : 1; st < 2; ++st) {

@@ -55,11 +55,12 @@ void add_derived_families(const Simulator& sim, DpCache& memo) {
   const size_t first_new = memo.points.size();
   for (size_t k : sources) {
     if (peaks.size() == kDpDerivedSources) break;
-    const DpCache::Point src = memo.points[k];
-    if (std::find(peaks.begin(), peaks.end(), src.r.peak_allocated) != peaks.end()) continue;
-    peaks.push_back(src.r.peak_allocated);
-    const DpCache::Family& from = memo.families[static_cast<size_t>(src.family)];
-    const ChainPlan c = from.cands[static_cast<size_t>(src.cand)];
+    // By value: the loop below grows memo.points and memo.families.
+    const int64_t peak = memo.points[k].r.peak_allocated;
+    if (std::find(peaks.begin(), peaks.end(), peak) != peaks.end()) continue;
+    peaks.push_back(peak);
+    const DpCache::Family& from = memo.families[static_cast<size_t>(memo.points[k].family)];
+    const ChainPlan c = from.cands[static_cast<size_t>(memo.points[k].cand)];
     const StatePlace state = from.offload.optimizer_state;
     const std::string from_note = from.note;
     for (auto& [name, set] : plan_offload_sets(p, c.decisions, c.regenerations, memo.transfer)) {
