@@ -2,7 +2,6 @@
 #include "regen/remat/dtr.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <iterator>
 #include <limits>
@@ -462,14 +461,14 @@ void DtrEngine::end_step() {
 
 class DtrExecutor::TapeRuntime final : public DtrRuntime {
  public:
-  TapeRuntime(const Profile& p, CachingAllocator& a) : p_(p), a_(a) {}
+  TapeRuntime(const Profile& p, CachingAllocator& a, ReplayTimer& timer)
+      : p_(p), a_(a), timer_(timer) {}
   void evict(int32_t saved) override { tape().evict(saved); }
   void run_program(const RegenProgram& prog,
                    const std::function<void(size_t)>& after_step) override {
-    const auto t0 = std::chrono::steady_clock::now();
+    timer_.start();
     run_program_on_tape(tape(), p_, prog, after_step);
-    regen_ms +=
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    timer_.stop();
   }
   uint64_t block_id(int32_t saved) const override {
     const SavedTensor& s = tape().saved_tensor(saved);
@@ -477,12 +476,12 @@ class DtrExecutor::TapeRuntime final : public DtrRuntime {
     return s.storage->alloc_id();
   }
   std::vector<BlockInfo> layout() const override { return a_.snapshot(); }
-  double regen_ms = 0;  // wall time of the programs in the current step
 
  private:
   static Tape& tape() { return Tape::current(); }
   const Profile& p_;
   CachingAllocator& a_;
+  ReplayTimer& timer_;  // the executor's
 };
 
 namespace {
@@ -498,7 +497,7 @@ Schedule all_retain(const Profile& p) {
 DtrExecutor::DtrExecutor(const Profile& profile, DtrOptions options, CachingAllocator& allocator)
     : RematExecutor(profile, all_retain(profile)),
       allocator_(allocator),
-      runtime_(std::make_unique<TapeRuntime>(profile, allocator)),
+      runtime_(std::make_unique<TapeRuntime>(profile, allocator, timer_)),
       engine_(std::make_unique<DtrEngine>(profile, options, *runtime_)) {
   saved_upto_.assign(p_.nodes.size(), 0);
   std::vector<size_t> born(p_.nodes.size(), 0);
@@ -518,7 +517,7 @@ void DtrExecutor::on_forward_begin(Tape& tape, int32_t node) {
   REGEN_CHECK(got.kind == want.kind, "remat: op ", node, " is ", op_name(got.kind), " '",
               tag_name(got.tag), "' but the profile has ", want.op, " '", want.name,
               "': the model changed since profiling; profile again");
-  if (node == 0) runtime_->regen_ms = 0;
+  if (node == 0) timer_.restart();
   engine_->before_forward(node);
 }
 
@@ -553,7 +552,7 @@ void DtrExecutor::on_backward_finish(Tape&) {
   engine_->end_step();
   evictions_ = engine_->last().evictions;
   replays_ = engine_->last().replays;
-  regen_ms_ = runtime_->regen_ms;
+  timer_.finish();
 }
 
 bool DtrExecutor::regenerate(Tape&, int32_t saved) {

@@ -1,7 +1,7 @@
 // The remat executor (executor.h).
 #include "regen/remat/executor.h"
 
-#include <chrono>
+#include <utility>
 
 #include "regen/kernels/kernels.h"
 #include "regen/remat/compress.h"
@@ -114,7 +114,10 @@ class RematExecutor::StateStream final : public OptimizerHooks {
 };
 
 RematExecutor::RematExecutor(const Profile& profile, Schedule schedule)
-    : p_(profile), schedule_(std::move(schedule)), device_(Device::parse(profile.device)) {
+    : p_(profile),
+      timer_(Device::parse(profile.device)),
+      schedule_(std::move(schedule)),
+      device_(Device::parse(profile.device)) {
   REGEN_CHECK(schedule_.evict_after.size() == p_.nodes.size(), "executor: the schedule has ",
               schedule_.evict_after.size(), " forward nodes, the profile ", p_.nodes.size());
   host_copy_.resize(schedule_.offloads.size());
@@ -326,16 +329,30 @@ int64_t run_program_on_tape(Tape& tape, const Profile& p, const RegenProgram& pr
   interpret_program<Tensor>(p, prog, replay, restore, [&](size_t i) {
     if (after_step) after_step(i);
   });
-  kernels::synchronize(
-      tape.value_tensor_device(p.saved[static_cast<size_t>(prog.targets[0])].value));
   return replays;
 }
 
+void ReplayTimer::finish() {
+  std::swap(cur_, last_);
+  cur_.clear();
+  read_ = false;
+}
+
+double ReplayTimer::last_ms() {
+  if (!read_) {
+    // Pairs of marks; an unpaired last one (a program that threw) is not counted.
+    const std::vector<double> t = last_.elapsed();
+    last_ms_ = 0;
+    for (size_t i = 0; i + 1 < t.size(); i += 2) last_ms_ += t[i + 1] - t[i];
+    read_ = true;
+  }
+  return last_ms_;
+}
+
 void RematExecutor::run_program(Tape& tape, const RegenProgram& prog) {
-  const auto t0 = std::chrono::steady_clock::now();
+  timer_.start();
   cur_replays_ += run_program_on_tape(tape, p_, prog);
-  cur_regen_ms_ +=
-      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  timer_.stop();
 }
 
 void RematExecutor::on_backward_begin(Tape& tape, int32_t node) {
@@ -374,9 +391,8 @@ void RematExecutor::on_backward_finish(Tape&) {
   cur_narrowed_ = 0;
   evictions_ = cur_evictions_;
   replays_ = cur_replays_;
-  regen_ms_ = cur_regen_ms_;
+  timer_.finish();
   cur_evictions_ = cur_replays_ = 0;
-  cur_regen_ms_ = 0;
 }
 
 bool RematExecutor::regenerate(Tape&, int32_t saved) {

@@ -11,10 +11,33 @@
 #include <string>
 
 #include "regen/core/copy_queue.h"
+#include "regen/kernels/kernels.h"
 #include "regen/models/optim.h"
 #include "regen/remat/planner.h"
 
 namespace regen {
+
+// The time a step's regeneration programs take on the device: a mark before and after each
+// program on the device's own clock (kernels::DeviceTimeline: CUDA events on the compute stream,
+// so the host never waits for the device mid-step and keeps the queue full; on the CPU the host
+// clock, whose kernels are done when they return), summed when read. start()/stop() around a
+// program; finish() makes the marks so far the last finished iteration's and starts again;
+// last_ms() reads them, waiting for the device to pass the last mark (the trainer has waited for
+// it already when a step's figures are read).
+class ReplayTimer {
+ public:
+  explicit ReplayTimer(Device device) : cur_(device), last_(device) {}
+  void start() { cur_.mark(); }
+  void stop() { cur_.mark(); }
+  void restart() { cur_.clear(); }  // drops the marks of the iteration in progress
+  void finish();
+  double last_ms();
+
+ private:
+  kernels::DeviceTimeline cur_, last_;
+  bool read_ = true;  // last_ms_ is the sum of last_'s marks
+  double last_ms_ = 0;
+};
 
 // What the executor's offloads did in the last finished step (its copy queues' figures).
 struct OffloadCounters {
@@ -41,7 +64,8 @@ class RematExecutor : public TapeHooks {
   int64_t evictions() const { return evictions_; }
   int64_t narrowed() const { return narrowed_; }  // saved tensors held narrow (compression)
   int64_t replays() const { return replays_; }
-  double regen_ms() const { return regen_ms_; }
+  // The regeneration programs' time on the device (ReplayTimer).
+  double regen_ms() const { return timer_.last_ms(); }
   // Of the last finished step (taken when its optimizer step ends: optimizer_hooks() must be
   // installed on the trainer's optimizer, as RematPipeline does).
   const OffloadCounters& offload() const { return offload_; }
@@ -62,7 +86,7 @@ class RematExecutor : public TapeHooks {
   void check_node(const Tape& tape, int32_t node, const std::vector<Tensor>& outputs) const;
   const Profile& p_;
   int64_t evictions_ = 0, replays_ = 0, narrowed_ = 0;
-  double regen_ms_ = 0;
+  mutable ReplayTimer timer_;  // reading it may wait for the device
 
  private:
   class StateStream;
@@ -77,7 +101,6 @@ class RematExecutor : public TapeHooks {
 
   Schedule schedule_;
   int64_t cur_evictions_ = 0, cur_replays_ = 0;
-  double cur_regen_ms_ = 0;
   // Offload: the queues (made on first use), per offload op its host copy, its new device block
   // while it is copied back, and the tickets of its two copies.
   Device device_;
@@ -91,8 +114,9 @@ class RematExecutor : public TapeHooks {
 };
 
 // Runs one regeneration program on the tape (interpret_program with tensors: Tape::replay, then
-// Tape::restore for each restored output) and returns the number of ops it replayed. The device
-// is synchronized at the end, so a caller's timing covers the kernels.
+// Tape::restore for each restored output) and returns the number of ops it replayed. It waits for
+// nothing: on an asynchronous device the program's kernels are queued behind the step's others
+// (a caller times them with a ReplayTimer).
 // after_step, when given, runs after each step (interpret_program).
 int64_t run_program_on_tape(Tape& tape, const Profile& p, const RegenProgram& prog,
                             const std::function<void(size_t)>& after_step = {});

@@ -21,6 +21,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <map>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -676,10 +677,20 @@ TEST_CASE("cli: --layout planned needs a plan and agrees with a loaded one") {
   REQUIRE(regen_run(dir, {"profile", "--model", "transformer-tiny", "--out", profile_dir}).status ==
           0);
   const std::string profile = profile_dir + "/profile.json", plan = dir.file("p.json");
-  REQUIRE(
+  const Result planned =
       regen_run(dir, {"plan", "--profile", profile, "--policy", "dp", "--budget", "90%",
-                      "--budget-of", "allocated", "--out", plan, "--decisions", dir.file("d.csv")})
-          .status == 0);
+                      "--budget-of", "allocated", "--out", plan, "--decisions", dir.file("d.csv")});
+  REQUIRE(planned.status == 0);
+  {
+    // The summary counts the programs the replays run in: one per backward node that needs any.
+    std::smatch m;
+    REQUIRE(std::regex_search(planned.out, m,
+                              std::regex("in ([0-9]+) op replays in ([0-9]+) programs")));
+    const long replays = std::stol(m[1]), programs = std::stol(m[2]);
+    CHECK(replays > 0);
+    CHECK(programs > 0);
+    CHECK(programs <= replays);
+  }
   expect_failure(dir, tiny({"--profile", profile, "--plan", plan, "--layout", "planned"}),
                  {"--layout planned contradicts --plan", "made without a planned layout"});
   const Result same = regen_run(

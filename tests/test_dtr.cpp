@@ -338,7 +338,11 @@ int check_dtr_training(const ModelConfig& cfg, int64_t batch, const Profile& pro
     pipe.use_plan(plan);
     REQUIRE(pipe.dtr_executor() != nullptr);
     Trace got;
-    for (const StepResult& s : pipe.train(kSteps)) {
+    const std::vector<StepResult> steps = pipe.train(kSteps);
+    // The last step's regeneration time: its programs alone, on the device's clock.
+    if (plan.predicted.replays > 0) CHECK(pipe.dtr_executor()->regen_ms() > 0);
+    CHECK(pipe.dtr_executor()->regen_ms() < steps.back().ms);
+    for (const StepResult& s : steps) {
       got.losses.push_back(s.loss);
       got.memory.push_back(s.memory);
       CHECK(s.memory.allocated.peak == plan.predicted.peak_allocated);

@@ -6,6 +6,7 @@
 
 #include <unistd.h>
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <functional>
 
@@ -354,6 +355,55 @@ TEST_CASE("remat: op timing on the device's clock: same graph and events, ordere
           parse_op_timing("events", "--op-timing");
         }).find("--op-timing: unknown op timing 'events': expected sync or device") !=
         std::string::npos);
+}
+
+TEST_CASE("remat: the replay timer sums its programs, one iteration at a time") {
+  // On the CPU the device's clock is the host's, so the marks bracket known work: the sum counts
+  // the time between each start and its stop, never the time between programs.
+  using Clock = std::chrono::steady_clock;
+  auto ms = [](Clock::time_point a, Clock::time_point b) {
+    return std::chrono::duration<double, std::milli>(b - a).count();
+  };
+  auto busy = [](double wait_ms) {
+    const auto t0 = Clock::now();
+    while (std::chrono::duration<double, std::milli>(Clock::now() - t0).count() < wait_ms) {
+    }
+  };
+  ReplayTimer timer(Device::cpu());
+  CHECK(timer.last_ms() == 0);  // nothing finished yet
+  const auto t0 = Clock::now();
+  timer.start();
+  busy(5);
+  timer.stop();
+  const auto g0 = Clock::now();
+  busy(20);  // between programs: not counted
+  const auto g1 = Clock::now();
+  timer.start();
+  busy(3);
+  timer.stop();
+  const auto t1 = Clock::now();
+  timer.finish();
+  const double first = timer.last_ms();
+  CHECK(first >= 8);
+  CHECK(first <= ms(t0, t1) - ms(g0, g1));
+  CHECK(timer.last_ms() == first);  // read once, kept
+  // The next iteration starts from nothing: one short program, and a program whose marks were
+  // dropped by restart() (an iteration begun again) is not counted.
+  timer.start();
+  busy(50);
+  timer.stop();
+  timer.restart();
+  const auto t2 = Clock::now();
+  timer.start();
+  busy(2);
+  timer.stop();
+  const auto t3 = Clock::now();
+  timer.finish();
+  CHECK(timer.last_ms() >= 2);
+  CHECK(timer.last_ms() <= ms(t2, t3));
+  // An iteration without programs took no regeneration time.
+  timer.finish();
+  CHECK(timer.last_ms() == 0);
 }
 
 TEST_CASE("remat: malformed profile and plan files give clear errors") {

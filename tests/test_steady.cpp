@@ -138,10 +138,20 @@ void check_twenty_steps(const ModelConfig& cfg, int64_t batch, BudgetOf of, bool
   const Plan& plan = pipe.plan("dp", budget, options);
   REQUIRE(plan.feasible);
   if (of == BudgetOf::allocated) CHECK(plan.recomputed() > 0);
-  const std::vector<StepResult> steps = pipe.train(20);
+  // Each step's regeneration time (the executor's ReplayTimer), read as the step ends.
+  std::vector<double> regen_ms;
+  const std::vector<StepResult> steps = pipe.train(20, [&](int64_t, const StepResult&) {
+    regen_ms.push_back(pipe.executor()->regen_ms());
+    return true;
+  });
   REQUIRE(steps.size() == 20);
+  REQUIRE(regen_ms.size() == 20);
   for (size_t i = 0; i < steps.size(); ++i) {
     CAPTURE(i);
+    // That step's programs alone: more than nothing when it replays, less than the whole step.
+    if (plan.predicted.replays > 0) CHECK(regen_ms[i] > 0);
+    if (plan.predicted.replays == 0) CHECK(regen_ms[i] == 0);
+    CHECK(regen_ms[i] < steps[i].ms);
     CHECK(steps[i].predicted);
     CHECK(steps[i].memory.allocated.peak == plan.predicted.peak_allocated);
     CHECK(steps[i].memory.reserved.peak == plan.predicted.peak_reserved);

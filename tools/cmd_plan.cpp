@@ -1,6 +1,7 @@
 // `regen plan`: stage 2. Plans a profile under a budget with one policy and writes plan.json and
 // decisions.csv; the prediction comes from the exact simulator.
 #include <cstdio>
+#include <string>
 
 #include "regen/core/io.h"
 #include "regen/remat/dtr.h"
@@ -118,12 +119,18 @@ void setup(CLI::App& app) {
       std::printf("  at the limit the allocator empties its cache %lld time(s) per step\n",
                   static_cast<long long>(plan.predicted.cache_flushes));
     }
+    // A static plan's replays run in one program per backward node that needs them (DTR decides
+    // its own at run time).
+    const std::string programs =
+        dtr_policy(plan.policy)
+            ? std::string()
+            : " in " + std::to_string(plan_schedule(p, plan).programs.size()) + " programs";
     std::printf(
         "  predicted step %.3f s (profiled %.3f s + %.3f s of recomputation in %lld op "
-        "replays + %.3f s waiting for copies); planned in %.1f ms\n",
+        "replays%s + %.3f s waiting for copies); planned in %.1f ms\n",
         plan.predicted.time_ms / 1000, p.iteration_ms / 1000, plan.predicted.recompute_ms / 1000,
-        static_cast<long long>(plan.predicted.replays), plan.predicted.stall_ms / 1000,
-        plan.planning_ms);
+        static_cast<long long>(plan.predicted.replays), programs.c_str(),
+        plan.predicted.stall_ms / 1000, plan.planning_ms);
     std::printf("wrote %s and %s\n", f->out.c_str(), f->decisions.c_str());
   });
 }

@@ -18,6 +18,7 @@ class CudaCopyQueue final : public CopyQueue {
   CudaCopyQueue(int index, CopyDirection direction) : index_(index), direction_(direction) {
     cuda::DeviceGuard guard(index_);
     REGEN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    REGEN_CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
   }
   // Never throws: a failure is printed.
   ~CudaCopyQueue() override {
@@ -25,6 +26,9 @@ class CudaCopyQueue final : public CopyQueue {
       drain();
       take_stall_ms();
       cuda::DeviceGuard guard(index_);
+      for (cudaEvent_t e : free_done_) REGEN_CUDA_CHECK(cudaEventDestroy(e));
+      for (cudaEvent_t e : free_timed_) REGEN_CUDA_CHECK(cudaEventDestroy(e));
+      REGEN_CUDA_CHECK(cudaEventDestroy(ready_));
       REGEN_CUDA_CHECK(cudaStreamDestroy(stream_));
     } catch (const std::exception& e) {
       cudaGetLastError();
@@ -44,17 +48,15 @@ class CudaCopyQueue final : public CopyQueue {
     j.src = std::move(src);
     if (!dry_run_active() && j.src->bytes() > 0) {
       // After everything the compute stream has queued: the source's producer, and the last
-      // kernels that used the destination block before the allocator handed it out again.
-      cudaEvent_t ready = nullptr;
-      REGEN_CUDA_CHECK(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
-      REGEN_CUDA_CHECK(cudaEventRecord(ready, cuda::stream()));
-      REGEN_CUDA_CHECK(cudaStreamWaitEvent(stream_, ready, 0));
-      REGEN_CUDA_CHECK(cudaEventDestroy(ready));  // released once the wait has seen it
+      // kernels that used the destination block before the allocator handed it out again. The
+      // wait takes the event's state when it is called, so one event serves every copy.
+      REGEN_CUDA_CHECK(cudaEventRecord(ready_, cuda::stream()));
+      REGEN_CUDA_CHECK(cudaStreamWaitEvent(stream_, ready_, 0));
       const cudaMemcpyKind kind =
           direction_ == CopyDirection::to_host ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice;
       REGEN_CUDA_CHECK(
           cudaMemcpyAsync(j.dst->data(), j.src->data(), j.src->bytes(), kind, stream_));
-      REGEN_CUDA_CHECK(cudaEventCreateWithFlags(&j.done, cudaEventDisableTiming));
+      j.done = take_event(free_done_, cudaEventDisableTiming);
       REGEN_CUDA_CHECK(cudaEventRecord(j.done, stream_));
     }
     const uint64_t ticket = ++issued_;
@@ -75,13 +77,13 @@ class CudaCopyQueue final : public CopyQueue {
     cuda::DeviceGuard guard(index_);
     // The compute stream waits for the copy's end; events around the wait time it.
     Stall s;
-    REGEN_CUDA_CHECK(cudaEventCreate(&s.before));
-    REGEN_CUDA_CHECK(cudaEventCreate(&s.after));
-    REGEN_CUDA_CHECK(cudaEventRecord(s.before, cuda::stream()));
+    s.before = take_event(free_timed_, cudaEventDefault);
+    stalls_.push_back(s);  // from here the queue owns it, whatever fails below
+    stalls_.back().after = take_event(free_timed_, cudaEventDefault);
+    free_done_.push_back(j.done);  // the wait below takes its state: it can be recorded again
+    REGEN_CUDA_CHECK(cudaEventRecord(stalls_.back().before, cuda::stream()));
     REGEN_CUDA_CHECK(cudaStreamWaitEvent(cuda::stream(), j.done, 0));
-    REGEN_CUDA_CHECK(cudaEventRecord(s.after, cuda::stream()));
-    REGEN_CUDA_CHECK(cudaEventDestroy(j.done));
-    stalls_.push_back(s);
+    REGEN_CUDA_CHECK(cudaEventRecord(stalls_.back().after, cuda::stream()));
     // The storages go now: kernels queued from here on run after the copy, and a later copy into
     // a block freed here waits for them (issue's event).
   }
@@ -90,7 +92,7 @@ class CudaCopyQueue final : public CopyQueue {
     cuda::DeviceGuard guard(index_);
     REGEN_CUDA_CHECK(cudaStreamSynchronize(stream_));
     for (auto& kv : jobs_) {
-      if (kv.second.done) REGEN_CUDA_CHECK(cudaEventDestroy(kv.second.done));
+      if (kv.second.done) free_done_.push_back(kv.second.done);
     }
     jobs_.clear();
   }
@@ -99,15 +101,18 @@ class CudaCopyQueue final : public CopyQueue {
     if (stalls_.empty()) return 0;
     cuda::DeviceGuard guard(index_);
     REGEN_CUDA_CHECK(cudaStreamSynchronize(cuda::stream()));
+    std::vector<Stall> read;
+    read.swap(stalls_);
+    for (const Stall& s : read) {  // back to the pool, whatever fails below
+      if (s.before) free_timed_.push_back(s.before);
+      if (s.after) free_timed_.push_back(s.after);
+    }
     double total = 0;
-    for (const Stall& s : stalls_) {
+    for (const Stall& s : read) {
       float ms = 0;
       REGEN_CUDA_CHECK(cudaEventElapsedTime(&ms, s.before, s.after));
       total += ms;
-      REGEN_CUDA_CHECK(cudaEventDestroy(s.before));
-      REGEN_CUDA_CHECK(cudaEventDestroy(s.after));
     }
-    stalls_.clear();
     return total;
   }
   uint64_t copies() const override { return copies_; }
@@ -122,9 +127,27 @@ class CudaCopyQueue final : public CopyQueue {
     cudaEvent_t before = nullptr, after = nullptr;
   };
 
+  // An event of the pool, or a new one with `flags` when it is empty.
+  static cudaEvent_t take_event(std::vector<cudaEvent_t>& pool, unsigned flags) {
+    if (!pool.empty()) {
+      cudaEvent_t e = pool.back();
+      pool.pop_back();
+      return e;
+    }
+    cudaEvent_t e = nullptr;
+    REGEN_CUDA_CHECK(cudaEventCreateWithFlags(&e, flags));
+    return e;
+  }
+
   int index_;
   CopyDirection direction_;
   cudaStream_t stream_ = nullptr;
+  // Events are made once and recorded again (a wait takes an event's state when it is called):
+  // a copy otherwise cost four creations and destructions of events. `ready_` orders each copy
+  // after the compute stream's queue; the pools hold the copies' `done` events (no timing) and
+  // the timed ones around the compute stream's waits, free for reuse.
+  cudaEvent_t ready_ = nullptr;
+  std::vector<cudaEvent_t> free_done_, free_timed_;
   std::map<uint64_t, Job> jobs_;
   std::vector<Stall> stalls_;
   uint64_t issued_ = 0, copies_ = 0, bytes_ = 0;
