@@ -59,7 +59,8 @@
 #                waits at op boundaries) and, beside it, with the default sync timing: each run's
 #                predicted overhead over its profiled step against the measured one over the
 #                trained no-remat step (the second run found sync's profiled step 15% slower than
-#                training's and its predicted overheads about half the measured)
+#                training's and its predicted overheads about half the measured), and each plan's
+#                regeneration programs' time on the device's clock against their predicted time
 #   offload      the offload fate on the device: regen bench copy (pinned host memory, copy streams:
 #                the measured transfer model), test_cuda_offload (exact peaks of the device and its
 #                host tier, bitwise training), then ResNet-152 at batch 32 (TF32) profiled once and
@@ -399,9 +400,13 @@ it = json.load(open(f"{d}/{model}_b32_profile.json"))["measured"]["iteration_ms"
 for r in csv.DictReader(open(f"{d}/{model}_summary.csv")):
     meas = float(r["final_time_s"]) / float(r["initial_time_s"]) - 1
     pred = float(r["predicted_time_s"]) / it - 1
+    # recompute_s: the programs' time on the device's clock (events, since 2026-11-27): where
+    # a plan's extra time goes, in its programs or elsewhere in the step.
+    rec_pred = float(r["predicted_time_s"]) - it
     print(f"{model},{t},{r['policy']},{r['budget']},profiled {it*1e3:.1f} ms,"
           f"trained {float(r['initial_time_s'])*1e3:.1f} ms,predicted {pred*100:+.1f}%,"
-          f"measured {meas*100:+.1f}%")
+          f"measured {meas*100:+.1f}%,extra step {(float(r['final_time_s']) - float(r['initial_time_s']))*1e3:.1f} ms,"
+          f"programs predicted {rec_pred*1e3:.1f} ms,measured {float(r['recompute_s'])*1e3:.1f} ms")
 PY
     done
   done
