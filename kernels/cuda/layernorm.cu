@@ -197,22 +197,52 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
 }
 
-// partial: (parts, N) floats -> out: (N), parts summed in order in double. Block (32, 8): lane
-// tx owns a column, the 8 row lanes stride the parts and are combined in a fixed order.
-__global__ void column_sum_kernel(const float* partial, int64_t parts, int64_t N, float* out) {
-  __shared__ double acc[8][32];
+// partial_g, partial_b: (parts, N) floats -> dgamma, dbeta: (N), each column's parts summed in
+// double in a fixed order (deterministic). Either pair may be null. Block (32, kSumLanes): lane tx
+// owns a column; row lane ty sums parts ty, ty + kSumLanes, ... in that order, four parts of both
+// outputs loaded before any is added (eight loads in flight, where one at a time left a thread
+// waiting out each load's latency), and the row lanes are combined in order. One launch for both.
+constexpr int kSumLanes = 16;
+__global__ void __launch_bounds__(32 * kSumLanes)
+    column_sums_kernel(const float* partial_g, const float* partial_b, int64_t parts, int64_t N,
+                       float* dgamma, float* dbeta) {
+  __shared__ double acc_g[kSumLanes][32], acc_b[kSumLanes][32];
   const int64_t c = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
-  double s = 0.0;
+  const bool want_g = dgamma != nullptr, want_b = dbeta != nullptr;
+  double sg = 0.0, sb = 0.0;
   if (c < N) {
-    for (int64_t p = threadIdx.y; p < parts; p += 8) s += static_cast<double>(partial[p * N + c]);
+    int64_t p = threadIdx.y;
+    constexpr int64_t kStep = kSumLanes;
+    for (; p + 3 * kStep < parts; p += 4 * kStep) {
+      float g[4] = {0.f, 0.f, 0.f, 0.f}, b[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        if (want_g) g[k] = partial_g[(p + k * kStep) * N + c];
+        if (want_b) b[k] = partial_b[(p + k * kStep) * N + c];
+      }
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        sg += static_cast<double>(g[k]);
+        sb += static_cast<double>(b[k]);
+      }
+    }
+    for (; p < parts; p += kStep) {
+      if (want_g) sg += static_cast<double>(partial_g[p * N + c]);
+      if (want_b) sb += static_cast<double>(partial_b[p * N + c]);
+    }
   }
-  acc[threadIdx.y][threadIdx.x] = s;
+  acc_g[threadIdx.y][threadIdx.x] = sg;
+  acc_b[threadIdx.y][threadIdx.x] = sb;
   __syncthreads();
   if (threadIdx.y == 0 && c < N) {
-    double t = acc[0][threadIdx.x];
+    double tg = acc_g[0][threadIdx.x], tb = acc_b[0][threadIdx.x];
 #pragma unroll
-    for (int k = 1; k < 8; ++k) t += acc[k][threadIdx.x];
-    out[c] = static_cast<float>(t);
+    for (int k = 1; k < kSumLanes; ++k) {
+      tg += acc_g[k][threadIdx.x];
+      tb += acc_b[k][threadIdx.x];
+    }
+    if (want_g) dgamma[c] = static_cast<float>(tg);
+    if (want_b) dbeta[c] = static_cast<float>(tb);
   }
 }
 
@@ -391,9 +421,8 @@ void launch_backward_warp(const float* dy, const float* x, const float* gamma, c
   REGEN_CUDA_LAUNCH_CHECK("layernorm_backward");
   if (!params) return;
   const unsigned tiles = static_cast<unsigned>(detail::ceil_div(N, 32));
-  if (dgamma) column_sum_kernel<<<tiles, dim3(32, 8), 0, stream()>>>(partial_g, parts, N, dgamma);
-  REGEN_CUDA_LAUNCH_CHECK("layernorm_backward");
-  if (dbeta) column_sum_kernel<<<tiles, dim3(32, 8), 0, stream()>>>(partial_b, parts, N, dbeta);
+  column_sums_kernel<<<tiles, dim3(32, kSumLanes), 0, stream()>>>(partial_g, partial_b, parts, N,
+                                                                  dgamma, dbeta);
   REGEN_CUDA_LAUNCH_CHECK("layernorm_backward");
 }
 }  // namespace

@@ -95,6 +95,8 @@ TEST_CASE("emu layernorm") {
   layernorm_case(rng, 17, 512, false, false);
   layernorm_case(rng, 9, 512, true, true);
   layernorm_case(rng, 300, 64, true, false);
+  // Enough blocks of partial sums (79) for the column sums' four-at-a-time loop and its tail.
+  layernorm_case(rng, 2500, 64, true, false);
 }
 #endif
 

@@ -5,7 +5,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include "emu.h"
+#include <map>
+
 #include "regen/core/allocator.h"
+#include "regen/core/copy_queue.h"
 #include "regen/core/cuda/runtime.h"
 
 thread_local uint3 threadIdx;
@@ -160,8 +163,52 @@ class HostArena final : public Arena {
   Device device() const override { return Device::cuda(0); }
   std::string name() const override { return "emu-cuda:0"; }
 };
+// The host tier of the emulated device (core/cuda/runtime.cpp pins it): plain host memory.
+class PinnedStandIn final : public Arena {
+ public:
+  void* map(size_t bytes) override {
+    return std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096);
+  }
+  void unmap(void* p, size_t) override { std::free(p); }
+  Device device() const override { return Device::cpu(); }
+  std::string name() const override { return "emu pinned host of cuda:0"; }
+};
+// The emulated device's copy queue (core/cuda/copy_queue.cpp makes a stream of its own): each
+// copy is made when it is issued, since every emulated launch has run when it returns; a ticket
+// still holds both storages until it is waited for, and is waited for once, as on a GPU.
+class EmuCopyQueue final : public CopyQueue {
+ public:
+  explicit EmuCopyQueue(CopyDirection d) : direction_(d) {}
+  uint64_t issue(std::shared_ptr<Storage> dst, std::shared_ptr<Storage> src) override {
+    REGEN_CHECK(dst && src && dst->bytes() == src->bytes(), "copy queue (",
+                copy_direction_name(direction_), ") of emu-cuda:0: the two storages differ in size");
+    if (!dry_run_active() && src->bytes() > 0) std::memmove(dst->data(), src->data(), src->bytes());
+    bytes_ += src->bytes();
+    jobs_.emplace(++issued_, std::make_pair(std::move(dst), std::move(src)));
+    return issued_;
+  }
+  void wait(uint64_t ticket) override {
+    REGEN_CHECK(jobs_.erase(ticket) == 1, "copy queue (", copy_direction_name(direction_),
+                ") of emu-cuda:0: ticket ", ticket, " was never issued or was waited for already");
+  }
+  void drain() override { jobs_.clear(); }
+  double take_stall_ms() override { return 0; }
+  uint64_t copies() const override { return issued_; }
+  uint64_t bytes() const override { return bytes_; }
+
+ private:
+  CopyDirection direction_;
+  std::map<uint64_t, std::pair<std::shared_ptr<Storage>, std::shared_ptr<Storage>>> jobs_;
+  uint64_t issued_ = 0, bytes_ = 0;
+};
 }  // namespace
 std::unique_ptr<Arena> make_cuda_arena(int) {
   return std::make_unique<HostArena>();
+}
+std::unique_ptr<Arena> make_pinned_host_arena(int) {
+  return std::make_unique<PinnedStandIn>();
+}
+std::unique_ptr<CopyQueue> make_cuda_copy_queue(int, CopyDirection direction) {
+  return std::make_unique<EmuCopyQueue>(direction);
 }
 }  // namespace regen
