@@ -4,8 +4,8 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include "emu.h"
 #include <map>
+#include "emu.h"
 
 #include "regen/core/allocator.h"
 #include "regen/core/copy_queue.h"
@@ -181,7 +181,8 @@ class EmuCopyQueue final : public CopyQueue {
   explicit EmuCopyQueue(CopyDirection d) : direction_(d) {}
   uint64_t issue(std::shared_ptr<Storage> dst, std::shared_ptr<Storage> src) override {
     REGEN_CHECK(dst && src && dst->bytes() == src->bytes(), "copy queue (",
-                copy_direction_name(direction_), ") of emu-cuda:0: the two storages differ in size");
+                copy_direction_name(direction_),
+                ") of emu-cuda:0: the two storages differ in size");
     if (!dry_run_active() && src->bytes() > 0) std::memmove(dst->data(), src->data(), src->bytes());
     bytes_ += src->bytes();
     jobs_.emplace(++issued_, std::make_pair(std::move(dst), std::move(src)));
