@@ -223,6 +223,13 @@ void RematExecutor::check_node(const Tape& tape, int32_t node,
               "profile again");
 }
 
+void RematExecutor::on_forward_begin(Tape&, int32_t node) {
+  if (node != 0) return;
+  timer_.restart();
+  cur_evictions_ = cur_replays_ = cur_narrowed_ = 0;
+  narrow_.clear();  // empty unless an iteration threw: its tape is gone
+}
+
 void RematExecutor::on_forward_end(Tape& tape, int32_t node, const std::vector<Tensor>& outputs) {
   check_node(tape, node, outputs);
   auto check_saved = [&](int32_t s) {

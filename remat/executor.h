@@ -53,6 +53,9 @@ class RematExecutor : public TapeHooks {
   RematExecutor(const Profile& profile, Schedule schedule);
   ~RematExecutor() override;
 
+  // Node 0 starts an iteration from nothing: what an earlier one that threw had counted or
+  // timed is dropped.
+  void on_forward_begin(Tape& tape, int32_t node) override;
   void on_forward_end(Tape& tape, int32_t node, const std::vector<Tensor>& outputs) override;
   void on_backward_start(Tape& tape) override;
   void on_backward_begin(Tape& tape, int32_t node) override;
