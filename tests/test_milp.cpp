@@ -610,7 +610,7 @@ TEST_CASE(
     // Five profiled iterations, each op's time their median: dp is a heuristic over measured
     // times, and on some timings it is more than 3% from the optimum (transformer-tiny at 10%,
     // with every op's time scaled by noise of 50%: 4.8% in one draw of eight; a profile of two
-    // iterations taken beside a compile of the CUDA emulation: 49%). With two iterations one
+    // iterations taken beside a run of the CUDA emulation, hundreds of threads: 49%). With two, one
     // burst of load on the machine moved an op's time by half of it.
     const Profile p = profile_of(c.cfg, c.batch, 5);
     const Simulator sim(p);
