@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <utility>
 #include "emu.h"
 
 #include "regen/core/allocator.h"
@@ -154,24 +155,21 @@ DeviceGuard::~DeviceGuard() {}
 
 namespace regen {
 namespace {
+// Host memory for the emulated device's arena (Device::cuda(0)) and for its host tier
+// (Device::cpu(), which core/cuda/runtime.cpp pins on a GPU).
 class HostArena final : public Arena {
  public:
+  HostArena(Device device, std::string name) : device_(device), name_(std::move(name)) {}
   void* map(size_t bytes) override {
     return std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096);
   }
   void unmap(void* p, size_t) override { std::free(p); }
-  Device device() const override { return Device::cuda(0); }
-  std::string name() const override { return "emu-cuda:0"; }
-};
-// The host tier of the emulated device (core/cuda/runtime.cpp pins it): plain host memory.
-class PinnedStandIn final : public Arena {
- public:
-  void* map(size_t bytes) override {
-    return std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096);
-  }
-  void unmap(void* p, size_t) override { std::free(p); }
-  Device device() const override { return Device::cpu(); }
-  std::string name() const override { return "emu pinned host of cuda:0"; }
+  Device device() const override { return device_; }
+  std::string name() const override { return name_; }
+
+ private:
+  Device device_;
+  std::string name_;
 };
 // The emulated device's copy queue (core/cuda/copy_queue.cpp makes a stream of its own): each
 // copy is made when it is issued, since every emulated launch has run when it returns; a ticket
@@ -204,10 +202,10 @@ class EmuCopyQueue final : public CopyQueue {
 };
 }  // namespace
 std::unique_ptr<Arena> make_cuda_arena(int) {
-  return std::make_unique<HostArena>();
+  return std::make_unique<HostArena>(Device::cuda(0), "emu-cuda:0");
 }
 std::unique_ptr<Arena> make_pinned_host_arena(int) {
-  return std::make_unique<PinnedStandIn>();
+  return std::make_unique<HostArena>(Device::cpu(), "emu pinned host of cuda:0");
 }
 std::unique_ptr<CopyQueue> make_cuda_copy_queue(int, CopyDirection direction) {
   return std::make_unique<EmuCopyQueue>(direction);
