@@ -370,17 +370,18 @@ TEST_CASE("remat: the replay timer sums its programs, one iteration at a time") 
     }
   };
   ReplayTimer timer(Device::cpu());
+  auto program = [&](double wait_ms) {  // a program that takes at least wait_ms
+    timer.start();
+    busy(wait_ms);
+    timer.stop();
+  };
   CHECK(timer.last_ms() == 0);  // nothing finished yet
   const auto t0 = Clock::now();
-  timer.start();
-  busy(5);
-  timer.stop();
+  program(5);
   const auto g0 = Clock::now();
   busy(20);  // between programs: not counted
   const auto g1 = Clock::now();
-  timer.start();
-  busy(3);
-  timer.stop();
+  program(3);
   const auto t1 = Clock::now();
   timer.finish();
   const double first = timer.last_ms();
@@ -389,14 +390,10 @@ TEST_CASE("remat: the replay timer sums its programs, one iteration at a time") 
   CHECK(timer.last_ms() == first);  // read once, kept
   // The next iteration starts from nothing: one short program, and a program whose marks were
   // dropped by restart() (an iteration begun again) is not counted.
-  timer.start();
-  busy(50);
-  timer.stop();
+  program(50);
   timer.restart();
   const auto t2 = Clock::now();
-  timer.start();
-  busy(2);
-  timer.stop();
+  program(2);
   const auto t3 = Clock::now();
   timer.finish();
   CHECK(timer.last_ms() >= 2);
