@@ -36,9 +36,13 @@ test: build
 SANITIZE_SKIP ?= ^(20 steps of (ResNet|the Transformer) under a dp plan|milp: dp is within 3%|package: installed)
 # Line tables only (-g1): the sanitizers' reports keep their files and lines; the objects are 2.5x
 # smaller and compile 10-20% faster than with -g (remat/planners/dp.cpp, 2026-11-27).
+# Without the Python module (REGEN_PYTHON=OFF): its seven pybind11 sources are not compiled a second
+# time, and its tests drive the library code the C++ suites run here; `make test` runs them
+# (uninstrumented).
 sanitize: deps
 	@cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-	  "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG" -DREGEN_CUDA=OFF -DREGEN_SANITIZE=ON > /dev/null
+	  "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG" -DREGEN_CUDA=OFF -DREGEN_PYTHON=OFF \
+	  -DREGEN_SANITIZE=ON > /dev/null
 	@cmake --build $(ASAN_BUILD) -j $(JOBS)
 	@cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
 	  ctest --output-on-failure -j $(JOBS) -E '$(SANITIZE_SKIP)'

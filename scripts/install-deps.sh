@@ -7,6 +7,9 @@ set -euo pipefail
 
 packages=(cmake make g++ pkg-config libeigen3-dev doctest-dev nlohmann-json3-dev libcli11-dev
           coinor-libcbc-dev
+          # Builds compile through it when present (CMakeLists.txt, REGEN_CCACHE): a fresh clone,
+          # the sanitizer build and CI take what an earlier build on the machine compiled.
+          ccache
           # Data-parallel training under mpirun (REGEN_MPI=AUTO builds it when MPI is found).
           libopenmpi-dev openmpi-bin
           # The Python module (REGEN_PYTHON=AUTO builds it when these are present) and its tests;
