@@ -12,8 +12,8 @@
 //     from step T on.
 // Clipping scales every gradient by min(1, max_norm / (norm + 1e-6)), norm being the global L2
 // norm of all gradients together (torch.nn.utils.clip_grad_norm_).
-// Tests: tests/test_schedule.cpp (against torch 1.13's schedulers and clip_grad_norm_, from
-// tools/make_reference.py's tests/data/schedule_reference.safetensors).
+// Tests: tests/test_training.cpp (against torch 1.13's schedulers and clip_grad_norm_, from
+// tools/make_training_reference.py's tests/data/training_reference.safetensors).
 #pragma once
 
 #include <cstdint>

@@ -52,7 +52,7 @@ class RematPipeline {
   const Simulator& simulator() const;      // over the current profile
 
   // ---- Stage 2 -------------------------------------------------------------------------------
-  // Any registered planner (planner.h planner_names()). The plan is kept even when it does not
+  // Any registered planner (planner.h policy_names()). The plan is kept even when it does not
   // fit its budget (Plan::feasible says so); step() runs it without a limit then.
   const Plan& plan(const std::string& policy, const Budget& budget,
                    const PlanOptions& options = {});

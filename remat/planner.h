@@ -157,8 +157,8 @@ std::vector<std::string> chain_names();  // "auto", "keep", "drop"
 // Throws regen::Error naming the known modes for an unknown one.
 Chain parse_chain(const std::string& text);
 
-// The registered planners' names, built-in ones first ("none", "blocks", "sqrt", "mutwo", "dp",
-// "milp"), then those a program registered, in registration order (register_planner below).
+// The registered planners' names, built-in ones first (planners/builtin.h builtin_planners(), in
+// its order), then those a program registered, in registration order (register_planner below).
 std::vector<std::string> policy_names();
 // The same without "none": the policies that rematerialize (for help texts and error messages).
 std::vector<std::string> remat_policy_names();

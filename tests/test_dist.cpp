@@ -4,7 +4,7 @@
 // ZeRO-2 update this rank's chunk of flat buckets, which is every element), and the allocator
 // requests it adds (flat buckets, ZeRO-2's bucket gradients in the communication category) must
 // be predicted to the byte: by the dry run of the first step and by the simulator under remat
-// plans. Two ranks under mpirun: tests/mpi/test_mpi.cpp.
+// plans. Two ranks under mpirun: tests/test_mpi.cpp.
 #include <doctest/doctest.h>
 
 #include <cstdio>
