@@ -146,480 +146,581 @@ Simulator::Simulator(const Profile& p) : p_(p) {
   }
 }
 
-SimResult Simulator::run(const Schedule& s, const SimOptions& opt) const {
-  const Profile& p = p_;
-  CachingAllocator sim(make_null_arena(Device::cpu()));
-  sim.restore_state(p.start_state);
-  SimResult res;
-  REGEN_CHECK(s.offload_issue_after.size() == p.nodes.size() &&
-                  s.prefetch_wait_before.size() == p.nodes.size(),
-              "simulator: the schedule was not built for this profile");
-  // With gradient accumulation the step replays one micro-batch's events K times (the markers'
-  // times are the first micro-batch's); the copy timeline is not replayed that way yet.
-  REGEN_CHECK(p.accumulate == 1 || (s.offloads.empty() && s.optimizer_state == StatePlace::device),
-              "simulator: offloading (saved tensors or optimizer state on the host tier) with "
-              "gradient accumulation (",
-              p.accumulate,
-              " micro-batches) is not supported yet: "
-              "--offload none, or --accumulate 1");
-  REGEN_CHECK(!opt.dtr || (s.offloads.empty() && s.optimizer_state == StatePlace::device),
-              "simulator: DTR runs without offloads");
-  // The host tier: the optimizer state, when it lives there, moved there before the step in
-  // allocation order (the pipeline does the same, RematPipeline), which frees the device blocks in
-  // that order; then the step's canonical start empties the device's cache.
-  CachingAllocator host(make_null_arena(Device::cpu()));
-  std::vector<std::vector<Block*>> host_state(s.state_groups.size());
-  if (s.optimizer_state == StatePlace::host) {
-    for (size_t g = 0; g < s.state_groups.size(); ++g) {
-      const StateGroup& grp = s.state_groups[g];
-      for (size_t k = 0; k < grp.block.size(); ++k) {
-        host_state[g].push_back(host.allocate(static_cast<uint64_t>(grp.requested[k]),
-                                              Category::optimizer_state, intern_tag(grp.tag[k])));
-        Block* b = sim.block_by_id(grp.block[k]);
-        REGEN_CHECK(b, "simulator: optimizer state block ", grp.block[k], " is not live");
-        sim.free(b);
-      }
-    }
-    sim.empty_cache();
-    sim.reset_peak();
-    host.reset_peak();
+// One replay of the step under a schedule (Simulator::run): the simulated device and host
+// allocators, the blocks standing for the profile's allocations, the copy queues' clocks and the
+// DTR engine, with a method per concern. Made and used once, never copied (blocks' references and
+// the DTR runtime point into it).
+class Simulator::Run {
+ public:
+  Run(const Simulator& owner, const Schedule& s, const SimOptions& opt)
+      : sim_owner_(owner),
+        p_(owner.p_),
+        s_(s),
+        opt_(opt),
+        sim_(make_null_arena(Device::cpu())),
+        host_(make_null_arena(Device::cpu())),
+        host_copy_(s.offloads.size(), nullptr),
+        copy_end_(s.offloads.size(), 0) {}
+  Run(const Run&) = delete;
+  Run& operator=(const Run&) = delete;
+
+  SimResult result() {
+    check_schedule();
+    if (!start()) return std::move(res_);
+    replay_step();
+    finish();
+    return std::move(res_);
   }
-  if (opt.start_holes) *opt.start_holes = layout_holes(sim.snapshot_state());
-  const int64_t flushes_before = sim.stats().num_cache_flushes;
-  // The limit, as the allocator applies it: to segments it maps from here on (the persistent
-  // ones may already pass it; a plan then does not fit, planner.h fit_schedule).
-  if (opt.limit > 0) sim.set_limit(opt.limit);
-  res.limit = opt.limit;
+
+ private:
+  void check_schedule() const;
+  bool start();
+  void move_state_to_host();
+  void index_blocks();
+  void start_dtr();
+  Block* alloc(uint64_t requested, Category c, uint32_t tag);
+  void free(Block* b);
+  void after_change();
+  Block*& live_block(int32_t saved, const char* when);
+  void run_program(const RegenProgram& prog, const std::function<void(size_t)>& after_step = {});
+  double issue_copy(double now, double ms, double& queue_free, double& busy);
+  double wait_copy(double now, double end);
+  uint32_t value_tag(int32_t saved) const;
+  void run_state_stream(double t0);
+  void on_marker(const Marker& m);
+  void dtr_marker(const Marker& m);
+  void after_forward(int32_t node, double now);
+  void before_backward(int32_t node, double now);
+  void record_timeline(const Marker& m);
+  void replay_events(size_t from, size_t to, size_t lo, size_t hi);
+  void replay_step();
+  void finish();
+  std::string where(int64_t marker) const;
+
+  const Simulator& sim_owner_;
+  const Profile& p_;
+  const Schedule& s_;
+  const SimOptions& opt_;
+  SimResult res_;
+  CachingAllocator sim_;   // the device
+  CachingAllocator host_;  // the host tier
+  int64_t flushes_before_ = 0;
   // Every request and free of the step, for the requests trace (and its times).
-  int64_t clock = 0;
-  std::unordered_map<const Block*, size_t> request_of;
-  auto alloc_ = [&](uint64_t requested, Category c, uint32_t tag) {
-    Block* b = sim.allocate(requested, c, tag);
-    if (opt.requests) {
-      request_of[b] = opt.requests->size();
-      opt.requests->push_back({CachingAllocator::round_size(requested), clock, -1});
-    }
-    ++clock;
-    return b;
-  };
-  auto free_ = [&](Block* b) {
-    if (opt.requests) {
-      auto it = request_of.find(b);
-      if (it != request_of.end()) {
-        (*opt.requests)[it->second].end = clock;
-        request_of.erase(it);
-      }
-    }
-    sim.free(b);
-    ++clock;
-  };
-  if (opt.requests) opt.requests->clear();
-  if (opt.layout) {
-    try {
-      sim.set_planned_layout(opt.layout);
-    } catch (const OutOfMemory& e) {
-      res.oom = true;
-      res.oom_message = e.message();
-      res.oom_at = "iteration_begin";
-      res.peak_allocated = sim.stats().allocated.peak;
-      res.peak_reserved = sim.stats().reserved.peak;
-      res.next_limit = sim.lowest_refused();
-      return res;
-    }
-  }
-  std::unordered_map<uint64_t, Block*> live;  // base allocation id -> simulated block
-  for (const AllocatorState::SegmentRec& seg : p.start_state.segments) {
-    for (const BlockInfo& b : seg.blocks) {
-      if (b.allocated && sim.block_by_id(b.id)) live[b.id] = sim.block_by_id(b.id);
-    }
-  }
-  std::vector<uint64_t> saved_base(p.saved.size(), 0);
-  for (size_t i = 0; i < p.saved.size(); ++i) {
-    saved_base[i] = p.values[static_cast<size_t>(p.saved[i].value)].alloc_id;
-  }
+  int64_t clock_ = 0;
+  std::unordered_map<const Block*, size_t> request_of_;
+  std::unordered_map<uint64_t, Block*> live_;  // base allocation id -> simulated block
+  std::vector<uint64_t> saved_base_;           // per saved tensor: its base allocation id
   // Compression: each narrowed tensor's narrow block while it is narrow.
-  std::vector<Block*> narrow_block(s.narrowed > 0 ? p.saved.size() : 0, nullptr);
-  REGEN_CHECK(s.narrowed == 0 || !opt.dtr, "simulator: DTR runs without compression");
-  int64_t best = sim.stats().allocated.current;
-  std::vector<LiveBlockRec> best_live;
-  int64_t last_marker = -1, best_marker = -1;
-  // With top_live, the live set is listed each time the running maximum rises (costly; reports
-  // only).
-  auto after_change = [&]() {
-    if (!opt.top_live) return;
-    const int64_t cur = sim.stats().allocated.current;
-    if (cur > best) {
-      best = cur;
-      best_marker = last_marker;
-      best_live.clear();
-      for (const BlockInfo& b : sim.snapshot()) {
-        if (b.allocated)
-          best_live.push_back({tag_name(b.tag), b.category, static_cast<int64_t>(b.size)});
-      }
-    }
-  };
-
-  // The regeneration programs, interpreted by the code the executor runs (schedule.h
-  // interpret_program), with blocks for tensors.
-  std::unordered_map<Block*, int> refs;  // the program's transient blocks: references to each
-  std::function<void(Block*)> free_block = free_;
-  auto run_program = [&](const RegenProgram& prog,
-                         const std::function<void(size_t)>& after_step = {}) {
-    auto replay = [&](const ReplayStep& st, const auto& lookup) {
-      const ProfileNode& n = p.nodes[static_cast<size_t>(st.node)];
-      std::unordered_map<uint64_t, Block*> local;
-      for (const WindowEvent& w : windows_[static_cast<size_t>(st.node)]) {
-        if (w.alloc) {
-          local[w.block_id] = alloc_(static_cast<uint64_t>(w.requested), w.category, w.tag);
-          after_change();
-        } else {
-          free_(local.at(w.block_id));  // the constructor checked the window's frees
-          local.erase(w.block_id);
-        }
-      }
-      std::vector<BlockRef> outputs(n.outputs.size());
-      for (size_t k = 0; k < n.outputs.size(); ++k) {
-        if (n.is_view && k == 0) {
-          // A view shares its input's block: another reference when the program made it.
-          if (const BlockRef* in = lookup(n.inputs[0])) outputs[k] = *in;
-        } else {
-          // The constructor checked that each output is its own allocation of the window.
-          const ProfileValue& val = p.values[static_cast<size_t>(n.outputs[k])];
-          outputs[k] = BlockRef::owned(local.at(val.alloc_id), &refs, &free_block);
-        }
-      }
-      return outputs;
-    };
-    auto restore = [&](int32_t saved, BlockRef&& out) {
-      Block* b = out.adopt();  // the saved tensor's now: its own free comes from the event log
-      live[saved_base[static_cast<size_t>(saved)]] = b;
-      return BlockRef::borrowed(b);
-    };
-    std::map<int64_t, BlockRef> left =
-        interpret_program<BlockRef>(p, prog, replay, restore, [&](size_t i) {
-          if (after_step) after_step(i);
-        });
-    for (const auto& kv : left) REGEN_ASSERT(!kv.second.is_owned());  // the program released them
-    REGEN_ASSERT(refs.empty());
-  };
-
+  std::vector<Block*> narrow_block_;
+  // The running maximum of allocated bytes and the live set there (opt.top_live).
+  int64_t best_ = 0;
+  std::vector<LiveBlockRec> best_live_;
+  int64_t last_marker_ = -1, best_marker_ = -1;
+  // A regeneration program's transient blocks: references to each.
+  std::unordered_map<Block*, int> refs_;
+  std::function<void(Block*)> free_block_ = [this](Block* b) { free(b); };
   // DTR: the engine decides at the markers where the executor's hooks run, and when the
   // allocator asks (its eviction handler).
-  std::unique_ptr<SimRuntime> dtr_runtime;
-  std::unique_ptr<DtrEngine> dtr;
-  std::unique_ptr<EvictionScope> dtr_handler;
-  if (opt.dtr) {
-    REGEN_CHECK(!opt.layout, "simulator: DTR runs without a planned layout");
-    auto evict_saved = [&](int32_t sv) {
-      auto it = live.find(saved_base[static_cast<size_t>(sv)]);
-      REGEN_CHECK(it != live.end() && it->second, "simulator: DTR evicts saved tensor ", sv,
-                  ", which is not live");
-      free_(it->second);
-      it->second = nullptr;  // its base free, if any, no longer frees anything
-    };
-    auto block_of = [&](int32_t sv) -> uint64_t {
-      auto it = live.find(saved_base[static_cast<size_t>(sv)]);
-      REGEN_CHECK(it != live.end() && it->second, "simulator: saved tensor ", sv, " is not live");
-      return it->second->id();
-    };
-    dtr_runtime = std::make_unique<SimRuntime>(
-        sim, evict_saved,
-        [&](const RegenProgram& prog, const std::function<void(size_t)>& after_step) {
-          run_program(prog, after_step);
-        },
-        block_of);
-    dtr = std::make_unique<DtrEngine>(p, *opt.dtr, *dtr_runtime);
-    DtrEngine* engine = dtr.get();
-    dtr_handler = std::make_unique<EvictionScope>(
-        sim, [engine](const EvictionRequest& r) { return engine->evict_for(r); });
-  }
-
-  bool repeating = false;  // in the second or a later micro-batch of an accumulated step
+  std::unique_ptr<SimRuntime> dtr_runtime_;
+  std::unique_ptr<DtrEngine> dtr_;
+  std::unique_ptr<EvictionScope> dtr_handler_;
+  bool repeating_ = false;  // in the second or a later micro-batch of an accumulated step
   // Offload: the host copies, and the copy queues' timeline. The compute clock is the profiled
   // marker's time plus what the step has added so far (regeneration programs, waits for copies);
   // each queue runs its copies in issue order, one at a time.
-  std::vector<Block*> host_copy(s.offloads.size(), nullptr);
-  std::vector<double> copy_end(s.offloads.size(), 0);
-  double shift = 0, to_host_free = 0, to_device_free = 0;
-  auto issue_copy = [&](double now, double ms, double& queue_free, double& busy) {
-    const double start = std::max(now, queue_free);
-    queue_free = start + ms;
-    busy += ms;
-    return queue_free;
-  };
-  auto wait_copy = [&](double now, double end) {  // the compute's clock after the wait
-    if (end <= now) return now;
-    res.stall_ms += end - now;
-    shift += end - now;
-    return end;
-  };
-  auto value_tag = [&](int32_t saved) {
-    return intern_tag(
-        p.nodes[static_cast<size_t>(p.saved[static_cast<size_t>(saved)].producer)].name);
-  };
-  auto after_host_change = [&]() {};
-  // Optimizer state on the host tier: each parameter's state copied into device blocks, updated,
-  // copied back, one parameter ahead and one behind (the executor's order, executor.cpp).
-  auto run_state_stream = [&](double t0) {
-    const size_t ng = s.state_groups.size();
-    std::vector<std::vector<Block*>> dev(ng);
-    std::vector<double> in_end(ng, 0), out_end(ng, 0);
-    double t = t0, updates = 0;
-    auto issue_in = [&](size_t g) {
-      const StateGroup& grp = s.state_groups[g];
-      for (size_t k = 0; k < grp.block.size(); ++k) {
-        dev[g].push_back(alloc_(static_cast<uint64_t>(grp.requested[k]), Category::optimizer_state,
-                                intern_tag(grp.tag[k])));
-        after_change();
-        in_end[g] = issue_copy(t, grp.to_device_ms[k], to_device_free, res.to_device_busy_ms);
-        res.bytes_to_device += grp.requested[k];
-      }
-    };
-    auto issue_out = [&](size_t g) {
-      const StateGroup& grp = s.state_groups[g];
-      for (size_t k = 0; k < grp.block.size(); ++k) {
-        out_end[g] = issue_copy(t, grp.to_host_ms[k], to_host_free, res.to_host_busy_ms);
-        res.bytes_to_host += grp.requested[k];
-      }
-    };
-    auto finish = [&](size_t g) {
-      t = std::max(t, out_end[g]);
-      for (Block* b : dev[g]) free_(b);
-      dev[g].clear();
-    };
-    for (size_t g = 0; g < ng; ++g) {
-      if (g == 0) issue_in(0);
-      if (g + 1 < ng) issue_in(g + 1);
-      t = std::max(t, in_end[g]);
-      t += s.state_groups[g].update_ms;
-      updates += s.state_groups[g].update_ms;
-      issue_out(g);
-      if (g > 0) finish(g - 1);
-    }
-    if (ng > 0) finish(ng - 1);
-    // The profiled step already holds the updates; what is left is waiting for copies.
-    const double waited = std::max(0.0, t - t0 - updates);
-    res.stall_ms += waited;
-    shift += waited;
-  };
+  std::vector<Block*> host_copy_;
+  std::vector<double> copy_end_;
+  double shift_ = 0, to_host_free_ = 0, to_device_free_ = 0;
+};
 
-  auto on_marker = [&](const Marker& m) {
-    last_marker = &m - p.markers.data();
-    const double now = m.time_ms + shift;
-    if (dtr) {
-      switch (m.kind) {
-        case MarkerKind::fwd_begin:
-          dtr->before_forward(m.node);
-          break;
-        case MarkerKind::fwd_end:
-          dtr->after_forward(m.node);
-          break;
-        case MarkerKind::backward_start:
-          dtr->backward_start();
-          break;
-        case MarkerKind::bwd_begin:
-          dtr->before_backward(m.node);
-          break;
-        case MarkerKind::bwd_end:
-          dtr->after_backward(m.node);
-          break;
-        case MarkerKind::backward_finish:
-          dtr->end_step();
-          break;
-        default:
-          break;
-      }
-    }
-    if (m.kind == MarkerKind::iteration_begin && !repeating) {
-      // The planned step's requests, like the allocator's, count from here.
-      sim.begin_planned_step();
-      if (opt.requests) {
-        opt.requests->clear();
-        request_of.clear();
-      }
-    }
-    if (m.kind == MarkerKind::fwd_end) {
-      for (int32_t sv : s.evict_after[static_cast<size_t>(m.node)]) {
-        auto it = live.find(saved_base[static_cast<size_t>(sv)]);
-        REGEN_CHECK(it != live.end() && it->second, "simulator: saved tensor ", sv,
-                    " is not live when its eviction is scheduled");
-        free_(it->second);
-        it->second = nullptr;  // its base free, if any, no longer frees anything
-      }
-      double t = now;
-      for (int32_t i : s.offload_issue_after[static_cast<size_t>(m.node)]) {
-        const OffloadOp& op = s.offloads[static_cast<size_t>(i)];
-        host_copy[static_cast<size_t>(i)] =
-            host.allocate(op.bytes, Category::activation, value_tag(op.saved));
-        after_host_change();
-        copy_end[static_cast<size_t>(i)] =
-            issue_copy(t, op.to_host_ms, to_host_free, res.to_host_busy_ms);
-        res.bytes_to_host += static_cast<int64_t>(op.bytes);
-        ++res.offloads;
-      }
-      for (int32_t i : s.offload_free_after[static_cast<size_t>(m.node)]) {
-        const OffloadOp& op = s.offloads[static_cast<size_t>(i)];
-        t = wait_copy(t, copy_end[static_cast<size_t>(i)]);
-        auto it = live.find(saved_base[static_cast<size_t>(op.saved)]);
-        REGEN_CHECK(it != live.end() && it->second, "simulator: saved tensor ", op.saved,
-                    " is not live when its offload frees it");
-        free_(it->second);
-        it->second = nullptr;
-      }
-      // Then the narrowings, as the executor makes them: the narrow form, then the f32 block goes;
-      // each takes the time model's narrowing time on the compute clock.
-      for (int32_t sv : s.narrow_after[static_cast<size_t>(m.node)]) {
-        auto it = live.find(saved_base[static_cast<size_t>(sv)]);
-        REGEN_CHECK(it != live.end() && it->second, "simulator: saved tensor ", sv,
-                    " is not live when its narrowing is scheduled");
-        const ProfileSaved& saved = p.saved[static_cast<size_t>(sv)];
-        const uint64_t bytes = p.values[static_cast<size_t>(saved.value)].bytes;
-        narrow_block[static_cast<size_t>(sv)] =
-            alloc_(narrow_bytes(bytes), Category::activation, narrow_tag(p, sv));
-        after_change();
-        shift += p.compress_cost.narrow_ms(bytes);
-        free_(it->second);
-        it->second = nullptr;
-      }
-    } else if (m.kind == MarkerKind::bwd_begin) {
-      double t = now;
-      for (int32_t i : s.prefetch_issue_before[static_cast<size_t>(m.node)]) {
-        const OffloadOp& op = s.offloads[static_cast<size_t>(i)];
-        // A new device block for it: the saved tensor's from here (its base free frees it).
-        live[saved_base[static_cast<size_t>(op.saved)]] =
-            alloc_(op.bytes, Category::activation, value_tag(op.saved));
-        after_change();
-        copy_end[static_cast<size_t>(i)] =
-            issue_copy(t, op.to_device_ms, to_device_free, res.to_device_busy_ms);
-        res.bytes_to_device += static_cast<int64_t>(op.bytes);
-      }
-      for (int32_t i : s.prefetch_wait_before[static_cast<size_t>(m.node)]) {
-        t = wait_copy(t, copy_end[static_cast<size_t>(i)]);
-        host.free(host_copy[static_cast<size_t>(i)]);
-        host_copy[static_cast<size_t>(i)] = nullptr;
-      }
-      // Widenings after the copies back and before the program: the f32 block, then the narrow
-      // form goes; the base free of the tensor frees the widened block.
-      for (int32_t sv : s.widen_before[static_cast<size_t>(m.node)]) {
-        const ProfileSaved& saved = p.saved[static_cast<size_t>(sv)];
-        const ProfileValue& root = p.values[static_cast<size_t>(saved.value)];
-        Block* wide = alloc_(root.bytes, Category::activation, widen_tag(p, sv));
-        after_change();
-        REGEN_CHECK(narrow_block[static_cast<size_t>(sv)] != nullptr, "simulator: saved tensor ",
-                    sv, " is widened but was not narrowed");
-        free_(narrow_block[static_cast<size_t>(sv)]);
-        narrow_block[static_cast<size_t>(sv)] = nullptr;
-        live[saved_base[static_cast<size_t>(sv)]] = wide;
-        shift += p.compress_cost.widen_ms(root.bytes);
-      }
-      const int32_t pi = s.program_of_node[static_cast<size_t>(m.node)];
-      if (pi >= 0) {
-        run_program(s.programs[static_cast<size_t>(pi)]);
-        shift += s.programs[static_cast<size_t>(pi)].time_ms;
-      }
-    } else if (m.kind == MarkerKind::optimizer_begin && !s.state_groups.empty()) {
-      run_state_stream(now);
-    }
-    if (opt.timeline) {
-      TimelinePoint tp;
-      tp.time_ms = m.time_ms;
-      tp.label = std::string(marker_name(m.kind)) +
-                 (m.node >= 0 ? " " + p.nodes[static_cast<size_t>(m.node)].name : "");
-      MemoryStats st = sim.stats();
-      for (int i = 0; i < kNumCategories; ++i) tp.allocated_by[i] = st.allocated_by[i].current;
-      tp.reserved = st.reserved.current;
-      res.timeline.push_back(std::move(tp));
-    }
-  };
+void Simulator::Run::check_schedule() const {
+  REGEN_CHECK(s_.offload_issue_after.size() == p_.nodes.size() &&
+                  s_.prefetch_wait_before.size() == p_.nodes.size(),
+              "simulator: the schedule was not built for this profile");
+  // With gradient accumulation the step replays one micro-batch's events K times (the markers'
+  // times are the first micro-batch's); the copy timeline is not replayed that way yet.
+  REGEN_CHECK(
+      p_.accumulate == 1 || (s_.offloads.empty() && s_.optimizer_state == StatePlace::device),
+      "simulator: offloading (saved tensors or optimizer state on the host tier) with "
+      "gradient accumulation (",
+      p_.accumulate,
+      " micro-batches) is not supported yet: "
+      "--offload none, or --accumulate 1");
+  REGEN_CHECK(!opt_.dtr || (s_.offloads.empty() && s_.optimizer_state == StatePlace::device),
+              "simulator: DTR runs without offloads");
+  REGEN_CHECK(s_.narrowed == 0 || !opt_.dtr, "simulator: DTR runs without compression");
+  REGEN_CHECK(!opt_.dtr || !opt_.layout, "simulator: DTR runs without a planned layout");
+}
 
-  // Events [from, to) with the markers at positions from..to whose indices are in [lo, hi).
-  auto replay_events = [&](size_t from, size_t to, size_t lo, size_t hi) {
-    for (size_t i = from; i <= to; ++i) {
-      for (size_t m : markers_at_[i]) {
-        if (m >= lo && m < hi) on_marker(p.markers[m]);
+// The allocators at the step's start: the profile's state, the optimizer state on the host tier
+// when the schedule puts it there, the limit and the planned layout. False when the layout does
+// not fit under the limit (res_ says so).
+bool Simulator::Run::start() {
+  sim_.restore_state(p_.start_state);
+  if (s_.optimizer_state == StatePlace::host) move_state_to_host();
+  if (opt_.start_holes) *opt_.start_holes = layout_holes(sim_.snapshot_state());
+  flushes_before_ = sim_.stats().num_cache_flushes;
+  // The limit, as the allocator applies it: to segments it maps from here on (the persistent
+  // ones may already pass it; a plan then does not fit, planner.h fit_schedule).
+  if (opt_.limit > 0) sim_.set_limit(opt_.limit);
+  res_.limit = opt_.limit;
+  if (opt_.requests) opt_.requests->clear();
+  if (opt_.layout) {
+    try {
+      sim_.set_planned_layout(opt_.layout);
+    } catch (const OutOfMemory& e) {
+      res_.oom = true;
+      res_.oom_message = e.message();
+      res_.oom_at = "iteration_begin";
+      res_.peak_allocated = sim_.stats().allocated.peak;
+      res_.peak_reserved = sim_.stats().reserved.peak;
+      res_.next_limit = sim_.lowest_refused();
+      return false;
+    }
+  }
+  index_blocks();
+  if (s_.narrowed > 0) narrow_block_.assign(p_.saved.size(), nullptr);
+  best_ = sim_.stats().allocated.current;
+  if (opt_.dtr) start_dtr();
+  return true;
+}
+
+// The host tier: the optimizer state moved there before the step in allocation order (the
+// pipeline does the same, RematPipeline), which frees the device blocks in that order; then the
+// step's canonical start empties the device's cache.
+void Simulator::Run::move_state_to_host() {
+  for (const StateGroup& grp : s_.state_groups) {
+    for (size_t k = 0; k < grp.block.size(); ++k) {
+      host_.allocate(static_cast<uint64_t>(grp.requested[k]), Category::optimizer_state,
+                     intern_tag(grp.tag[k]));
+      Block* b = sim_.block_by_id(grp.block[k]);
+      REGEN_CHECK(b, "simulator: optimizer state block ", grp.block[k], " is not live");
+      sim_.free(b);
+    }
+  }
+  sim_.empty_cache();
+  sim_.reset_peak();
+  host_.reset_peak();
+}
+
+// The blocks live at the start, and each saved tensor's base allocation.
+void Simulator::Run::index_blocks() {
+  for (const AllocatorState::SegmentRec& seg : p_.start_state.segments) {
+    for (const BlockInfo& b : seg.blocks) {
+      if (b.allocated && sim_.block_by_id(b.id)) live_[b.id] = sim_.block_by_id(b.id);
+    }
+  }
+  saved_base_.assign(p_.saved.size(), 0);
+  for (size_t i = 0; i < p_.saved.size(); ++i) {
+    saved_base_[i] = p_.values[static_cast<size_t>(p_.saved[i].value)].alloc_id;
+  }
+}
+
+void Simulator::Run::start_dtr() {
+  auto evict_saved = [this](int32_t sv) {
+    Block*& b = live_block(sv, "when DTR evicts it");
+    free(b);
+    b = nullptr;  // its base free, if any, no longer frees anything
+  };
+  auto block_of = [this](int32_t sv) -> uint64_t {
+    return live_block(sv, "when DTR looks it up")->id();
+  };
+  dtr_runtime_ = std::make_unique<SimRuntime>(
+      sim_, evict_saved,
+      [this](const RegenProgram& prog, const std::function<void(size_t)>& after_step) {
+        run_program(prog, after_step);
+      },
+      block_of);
+  dtr_ = std::make_unique<DtrEngine>(p_, *opt_.dtr, *dtr_runtime_);
+  DtrEngine* engine = dtr_.get();
+  dtr_handler_ = std::make_unique<EvictionScope>(
+      sim_, [engine](const EvictionRequest& r) { return engine->evict_for(r); });
+}
+
+Block* Simulator::Run::alloc(uint64_t requested, Category c, uint32_t tag) {
+  Block* b = sim_.allocate(requested, c, tag);
+  if (opt_.requests) {
+    request_of_[b] = opt_.requests->size();
+    opt_.requests->push_back({CachingAllocator::round_size(requested), clock_, -1});
+  }
+  ++clock_;
+  after_change();
+  return b;
+}
+
+void Simulator::Run::free(Block* b) {
+  if (opt_.requests) {
+    auto it = request_of_.find(b);
+    if (it != request_of_.end()) {
+      (*opt_.requests)[it->second].end = clock_;
+      request_of_.erase(it);
+    }
+  }
+  sim_.free(b);
+  ++clock_;
+}
+
+// With top_live, the live set is listed each time the running maximum rises (costly; reports
+// only).
+void Simulator::Run::after_change() {
+  if (!opt_.top_live) return;
+  const int64_t cur = sim_.stats().allocated.current;
+  if (cur <= best_) return;
+  best_ = cur;
+  best_marker_ = last_marker_;
+  best_live_.clear();
+  for (const BlockInfo& b : sim_.snapshot()) {
+    if (b.allocated)
+      best_live_.push_back({tag_name(b.tag), b.category, static_cast<int64_t>(b.size)});
+  }
+}
+
+// The block of a saved tensor that must be live now (`when` says at what point, for the error).
+Block*& Simulator::Run::live_block(int32_t saved, const char* when) {
+  auto it = live_.find(saved_base_[static_cast<size_t>(saved)]);
+  REGEN_CHECK(it != live_.end() && it->second, "simulator: saved tensor ", saved, " is not live ",
+              when);
+  return it->second;
+}
+
+// A regeneration program, interpreted by the code the executor runs (schedule.h
+// interpret_program), with blocks for tensors.
+void Simulator::Run::run_program(const RegenProgram& prog,
+                                 const std::function<void(size_t)>& after_step) {
+  auto replay = [&](const ReplayStep& st, const auto& lookup) {
+    const ProfileNode& n = p_.nodes[static_cast<size_t>(st.node)];
+    std::unordered_map<uint64_t, Block*> local;
+    for (const WindowEvent& w : sim_owner_.windows_[static_cast<size_t>(st.node)]) {
+      if (w.alloc) {
+        local[w.block_id] = alloc(static_cast<uint64_t>(w.requested), w.category, w.tag);
+      } else {
+        free(local.at(w.block_id));  // the constructor checked the window's frees
+        local.erase(w.block_id);
       }
-      if (i == to) break;
-      const ProfileEvent& e = p.events[i];
-      if (e.kind == MemoryEventKind::alloc) {
-        live[e.block_id] = alloc_(static_cast<uint64_t>(e.requested), e.category, tags_[i]);
-        after_change();
-      } else if (e.kind == MemoryEventKind::free) {
-        auto it = live.find(e.block_id);
-        REGEN_CHECK(it != live.end(), "simulator: the profile frees block ", e.block_id,
-                    " that was never allocated");
-        if (it->second) free_(it->second);
-        live.erase(it);
+    }
+    std::vector<BlockRef> outputs(n.outputs.size());
+    for (size_t k = 0; k < n.outputs.size(); ++k) {
+      if (n.is_view && k == 0) {
+        // A view shares its input's block: another reference when the program made it.
+        if (const BlockRef* in = lookup(n.inputs[0])) outputs[k] = *in;
+      } else {
+        // The constructor checked that each output is its own allocation of the window.
+        const ProfileValue& val = p_.values[static_cast<size_t>(n.outputs[k])];
+        outputs[k] = BlockRef::owned(local.at(val.alloc_id), &refs_, &free_block_);
       }
-      // Segment events follow from the allocations; the simulated allocator makes its own.
+    }
+    return outputs;
+  };
+  auto restore = [&](int32_t saved, BlockRef&& out) {
+    Block* b = out.adopt();  // the saved tensor's now: its own free comes from the event log
+    live_[saved_base_[static_cast<size_t>(saved)]] = b;
+    return BlockRef::borrowed(b);
+  };
+  std::map<int64_t, BlockRef> left =
+      interpret_program<BlockRef>(p_, prog, replay, restore, [&](size_t i) {
+        if (after_step) after_step(i);
+      });
+  for (const auto& kv : left) REGEN_ASSERT(!kv.second.is_owned());  // the program released them
+  REGEN_ASSERT(refs_.empty());
+}
+
+// A copy issued at `now` on a queue that is free from `queue_free`: when it ends.
+double Simulator::Run::issue_copy(double now, double ms, double& queue_free, double& busy) {
+  const double start = std::max(now, queue_free);
+  queue_free = start + ms;
+  busy += ms;
+  return queue_free;
+}
+
+// The compute's clock after waiting at `now` for a copy that ends at `end`.
+double Simulator::Run::wait_copy(double now, double end) {
+  if (end <= now) return now;
+  res_.stall_ms += end - now;
+  shift_ += end - now;
+  return end;
+}
+
+uint32_t Simulator::Run::value_tag(int32_t saved) const {
+  return intern_tag(
+      p_.nodes[static_cast<size_t>(p_.saved[static_cast<size_t>(saved)].producer)].name);
+}
+
+// Optimizer state on the host tier: each parameter's state copied into device blocks, updated,
+// copied back, one parameter ahead and one behind (the executor's order, executor.cpp).
+void Simulator::Run::run_state_stream(double t0) {
+  const size_t ng = s_.state_groups.size();
+  std::vector<std::vector<Block*>> dev(ng);
+  std::vector<double> in_end(ng, 0), out_end(ng, 0);
+  double t = t0, updates = 0;
+  auto issue_in = [&](size_t g) {
+    const StateGroup& grp = s_.state_groups[g];
+    for (size_t k = 0; k < grp.block.size(); ++k) {
+      dev[g].push_back(alloc(static_cast<uint64_t>(grp.requested[k]), Category::optimizer_state,
+                             intern_tag(grp.tag[k])));
+      in_end[g] = issue_copy(t, grp.to_device_ms[k], to_device_free_, res_.to_device_busy_ms);
+      res_.bytes_to_device += grp.requested[k];
     }
   };
+  auto issue_out = [&](size_t g) {
+    const StateGroup& grp = s_.state_groups[g];
+    for (size_t k = 0; k < grp.block.size(); ++k) {
+      out_end[g] = issue_copy(t, grp.to_host_ms[k], to_host_free_, res_.to_host_busy_ms);
+      res_.bytes_to_host += grp.requested[k];
+    }
+  };
+  auto finish_group = [&](size_t g) {
+    t = std::max(t, out_end[g]);
+    for (Block* b : dev[g]) free(b);
+    dev[g].clear();
+  };
+  for (size_t g = 0; g < ng; ++g) {
+    if (g == 0) issue_in(0);
+    if (g + 1 < ng) issue_in(g + 1);
+    t = std::max(t, in_end[g]);
+    t += s_.state_groups[g].update_ms;
+    updates += s_.state_groups[g].update_ms;
+    issue_out(g);
+    if (g > 0) finish_group(g - 1);
+  }
+  if (ng > 0) finish_group(ng - 1);
+  // The profiled step already holds the updates; what is left is waiting for copies.
+  const double waited = std::max(0.0, t - t0 - updates);
+  res_.stall_ms += waited;
+  shift_ += waited;
+}
+
+void Simulator::Run::on_marker(const Marker& m) {
+  last_marker_ = &m - p_.markers.data();
+  const double now = m.time_ms + shift_;
+  if (dtr_) dtr_marker(m);
+  if (m.kind == MarkerKind::iteration_begin && !repeating_) {
+    // The planned step's requests, like the allocator's, count from here.
+    sim_.begin_planned_step();
+    if (opt_.requests) {
+      opt_.requests->clear();
+      request_of_.clear();
+    }
+  }
+  if (m.kind == MarkerKind::fwd_end) {
+    after_forward(m.node, now);
+  } else if (m.kind == MarkerKind::bwd_begin) {
+    before_backward(m.node, now);
+  } else if (m.kind == MarkerKind::optimizer_begin && !s_.state_groups.empty()) {
+    run_state_stream(now);
+  }
+  if (opt_.timeline) record_timeline(m);
+}
+
+void Simulator::Run::dtr_marker(const Marker& m) {
+  switch (m.kind) {
+    case MarkerKind::fwd_begin:
+      dtr_->before_forward(m.node);
+      break;
+    case MarkerKind::fwd_end:
+      dtr_->after_forward(m.node);
+      break;
+    case MarkerKind::backward_start:
+      dtr_->backward_start();
+      break;
+    case MarkerKind::bwd_begin:
+      dtr_->before_backward(m.node);
+      break;
+    case MarkerKind::bwd_end:
+      dtr_->after_backward(m.node);
+      break;
+    case MarkerKind::backward_finish:
+      dtr_->end_step();
+      break;
+    default:
+      break;
+  }
+}
+
+// After a node's forward: its scheduled evictions, the offload copies it issues and the blocks
+// whose copies it waits for, then the narrowings, as the executor makes them.
+void Simulator::Run::after_forward(int32_t node, double now) {
+  const size_t n = static_cast<size_t>(node);
+  for (int32_t sv : s_.evict_after[n]) {
+    Block*& b = live_block(sv, "when its eviction is scheduled");
+    free(b);
+    b = nullptr;  // its base free, if any, no longer frees anything
+  }
+  double t = now;
+  for (int32_t i : s_.offload_issue_after[n]) {
+    const OffloadOp& op = s_.offloads[static_cast<size_t>(i)];
+    host_copy_[static_cast<size_t>(i)] =
+        host_.allocate(op.bytes, Category::activation, value_tag(op.saved));
+    copy_end_[static_cast<size_t>(i)] =
+        issue_copy(t, op.to_host_ms, to_host_free_, res_.to_host_busy_ms);
+    res_.bytes_to_host += static_cast<int64_t>(op.bytes);
+    ++res_.offloads;
+  }
+  for (int32_t i : s_.offload_free_after[n]) {
+    const OffloadOp& op = s_.offloads[static_cast<size_t>(i)];
+    t = wait_copy(t, copy_end_[static_cast<size_t>(i)]);
+    Block*& b = live_block(op.saved, "when its offload frees it");
+    free(b);
+    b = nullptr;
+  }
+  // The narrow form, then the f32 block goes; each takes the time model's narrowing time on the
+  // compute clock.
+  for (int32_t sv : s_.narrow_after[n]) {
+    Block*& b = live_block(sv, "when its narrowing is scheduled");
+    const ProfileSaved& saved = p_.saved[static_cast<size_t>(sv)];
+    const uint64_t bytes = p_.values[static_cast<size_t>(saved.value)].bytes;
+    narrow_block_[static_cast<size_t>(sv)] =
+        alloc(narrow_bytes(bytes), Category::activation, narrow_tag(p_, sv));
+    shift_ += p_.compress_cost.narrow_ms(bytes);
+    free(b);
+    b = nullptr;
+  }
+}
+
+// Before a node's backward: the copies back it issues and waits for, the widenings (after the
+// copies, before the program), then its regeneration program.
+void Simulator::Run::before_backward(int32_t node, double now) {
+  const size_t n = static_cast<size_t>(node);
+  double t = now;
+  for (int32_t i : s_.prefetch_issue_before[n]) {
+    const OffloadOp& op = s_.offloads[static_cast<size_t>(i)];
+    // A new device block for it: the saved tensor's from here (its base free frees it).
+    live_[saved_base_[static_cast<size_t>(op.saved)]] =
+        alloc(op.bytes, Category::activation, value_tag(op.saved));
+    copy_end_[static_cast<size_t>(i)] =
+        issue_copy(t, op.to_device_ms, to_device_free_, res_.to_device_busy_ms);
+    res_.bytes_to_device += static_cast<int64_t>(op.bytes);
+  }
+  for (int32_t i : s_.prefetch_wait_before[n]) {
+    t = wait_copy(t, copy_end_[static_cast<size_t>(i)]);
+    host_.free(host_copy_[static_cast<size_t>(i)]);
+    host_copy_[static_cast<size_t>(i)] = nullptr;
+  }
+  // The f32 block, then the narrow form goes; the base free of the tensor frees the widened block.
+  for (int32_t sv : s_.widen_before[n]) {
+    const ProfileSaved& saved = p_.saved[static_cast<size_t>(sv)];
+    const ProfileValue& root = p_.values[static_cast<size_t>(saved.value)];
+    Block* wide = alloc(root.bytes, Category::activation, widen_tag(p_, sv));
+    REGEN_CHECK(narrow_block_[static_cast<size_t>(sv)] != nullptr, "simulator: saved tensor ", sv,
+                " is widened but was not narrowed");
+    free(narrow_block_[static_cast<size_t>(sv)]);
+    narrow_block_[static_cast<size_t>(sv)] = nullptr;
+    live_[saved_base_[static_cast<size_t>(sv)]] = wide;
+    shift_ += p_.compress_cost.widen_ms(root.bytes);
+  }
+  const int32_t pi = s_.program_of_node[n];
+  if (pi >= 0) {
+    run_program(s_.programs[static_cast<size_t>(pi)]);
+    shift_ += s_.programs[static_cast<size_t>(pi)].time_ms;
+  }
+}
+
+void Simulator::Run::record_timeline(const Marker& m) {
+  TimelinePoint tp;
+  tp.time_ms = m.time_ms;
+  tp.label = where(&m - p_.markers.data());
+  MemoryStats st = sim_.stats();
+  for (int i = 0; i < kNumCategories; ++i) tp.allocated_by[i] = st.allocated_by[i].current;
+  tp.reserved = st.reserved.current;
+  res_.timeline.push_back(std::move(tp));
+}
+
+// Events [from, to) with the markers at positions from..to whose indices are in [lo, hi).
+void Simulator::Run::replay_events(size_t from, size_t to, size_t lo, size_t hi) {
+  for (size_t i = from; i <= to; ++i) {
+    for (size_t m : sim_owner_.markers_at_[i]) {
+      if (m >= lo && m < hi) on_marker(p_.markers[m]);
+    }
+    if (i == to) break;
+    const ProfileEvent& e = p_.events[i];
+    if (e.kind == MemoryEventKind::alloc) {
+      live_[e.block_id] =
+          alloc(static_cast<uint64_t>(e.requested), e.category, sim_owner_.tags_[i]);
+    } else if (e.kind == MemoryEventKind::free) {
+      auto it = live_.find(e.block_id);
+      REGEN_CHECK(it != live_.end(), "simulator: the profile frees block ", e.block_id,
+                  " that was never allocated");
+      if (it->second) free(it->second);
+      live_.erase(it);
+    }
+    // Segment events follow from the allocations; the simulated allocator makes its own.
+  }
+}
+
+// The step's events and markers: once, or with gradient accumulation the first micro-batch's
+// events (and markers, the micro_batch_end one included) once per micro-batch, then the
+// optimizer's. Under a limit, running out of memory ends the replay and is the result.
+void Simulator::Run::replay_step() {
   try {
-    const int64_t micro = p.micro_batch_marker();
+    const int64_t micro = p_.micro_batch_marker();
     if (micro < 0) {
-      replay_events(0, p.events.size(), 0, p.markers.size());
+      replay_events(0, p_.events.size(), 0, p_.markers.size());
     } else {
-      // Gradient accumulation: the first micro-batch's events (and markers, the micro_batch_end
-      // one included) once per micro-batch, then the optimizer's.
-      const size_t end = static_cast<size_t>(p.markers[static_cast<size_t>(micro)].position);
+      const size_t end = static_cast<size_t>(p_.markers[static_cast<size_t>(micro)].position);
       const size_t split = static_cast<size_t>(micro) + 1;
-      for (int64_t k = 0; k < p.accumulate; ++k) {
-        repeating = k > 0;
+      for (int64_t k = 0; k < p_.accumulate; ++k) {
+        repeating_ = k > 0;
         replay_events(0, end, 0, split);
       }
-      repeating = false;
-      replay_events(end, p.events.size(), split, p.markers.size());
+      repeating_ = false;
+      replay_events(end, p_.events.size(), split, p_.markers.size());
     }
   } catch (const OutOfMemory& e) {
-    if (opt.limit <= 0) throw;  // the null arena never runs out without a limit
-    res.oom = true;
-    res.oom_message = e.message();
-    if (last_marker >= 0) {
-      const Marker& m = p.markers[static_cast<size_t>(last_marker)];
-      res.oom_at = std::string(marker_name(m.kind)) +
-                   (m.node >= 0 ? " " + p.nodes[static_cast<size_t>(m.node)].name : "");
-    }
+    if (opt_.limit <= 0) throw;  // the null arena never runs out without a limit
+    res_.oom = true;
+    res_.oom_message = e.message();
+    if (last_marker_ >= 0) res_.oom_at = where(last_marker_);
   }
-  res.cache_flushes = sim.stats().num_cache_flushes - flushes_before;
-  if (opt.limit > 0) res.next_limit = sim.lowest_refused();
-  if (dtr) {
-    if (dtr->in_step()) dtr->end_step();  // ran out of memory in the middle
-    if (opt.dtr_stats) *opt.dtr_stats = dtr->last();
-    dtr_handler.reset();
-  }
-  for (const std::vector<int32_t>& e : s.evict_after)
-    res.evictions += static_cast<int64_t>(e.size());
+}
 
-  const MemoryStats st = sim.stats();
-  res.peak_allocated = st.allocated.peak;
-  res.peak_reserved = st.reserved.peak;
-  res.peak_requested = st.requested.peak;
-  res.allocated_by_at_peak = st.allocated_by_at_peak;
-  for (int i = 0; i < kNumCategories; ++i) res.peak_by[i] = st.allocated_by[i].peak;
-  std::stable_sort(best_live.begin(), best_live.end(),
+// The result: peaks of both tiers, what ran, and the step's time.
+void Simulator::Run::finish() {
+  res_.cache_flushes = sim_.stats().num_cache_flushes - flushes_before_;
+  if (opt_.limit > 0) res_.next_limit = sim_.lowest_refused();
+  if (dtr_) {
+    if (dtr_->in_step()) dtr_->end_step();  // ran out of memory in the middle
+    if (opt_.dtr_stats) *opt_.dtr_stats = dtr_->last();
+    dtr_handler_.reset();
+  }
+  for (const std::vector<int32_t>& e : s_.evict_after)
+    res_.evictions += static_cast<int64_t>(e.size());
+  const MemoryStats st = sim_.stats();
+  res_.peak_allocated = st.allocated.peak;
+  res_.peak_reserved = st.reserved.peak;
+  res_.peak_requested = st.requested.peak;
+  res_.allocated_by_at_peak = st.allocated_by_at_peak;
+  for (int i = 0; i < kNumCategories; ++i) res_.peak_by[i] = st.allocated_by[i].peak;
+  std::stable_sort(best_live_.begin(), best_live_.end(),
                    [](const LiveBlockRec& a, const LiveBlockRec& b) { return a.bytes > b.bytes; });
-  if (opt.top_live > 0 && static_cast<int>(best_live.size()) > opt.top_live) {
-    best_live.resize(static_cast<size_t>(opt.top_live));
+  if (opt_.top_live > 0 && static_cast<int>(best_live_.size()) > opt_.top_live) {
+    best_live_.resize(static_cast<size_t>(opt_.top_live));
   }
-  res.live_at_peak = std::move(best_live);
-  if (best_marker >= 0) {
-    const Marker& m = p.markers[static_cast<size_t>(best_marker)];
-    res.peak_at = std::string(marker_name(m.kind)) +
-                  (m.node >= 0 ? " " + p.nodes[static_cast<size_t>(m.node)].name : "");
-  }
-  res.recompute_ms = s.recompute_ms;
-  res.replays = s.replays;
-  res.narrowed = s.narrowed;
-  res.compress_ms = s.compress_ms;
+  res_.live_at_peak = std::move(best_live_);
+  if (best_marker_ >= 0) res_.peak_at = where(best_marker_);
+  res_.recompute_ms = s_.recompute_ms;
+  res_.replays = s_.replays;
+  res_.narrowed = s_.narrowed;
+  res_.compress_ms = s_.compress_ms;
   // Every micro-batch recomputes, narrows and widens what the schedule says; evictions, replays
   // and narrowed tensors above are one micro-batch's, as the executor counts them (per backward).
-  res.time_ms = p.iteration_ms +
-                static_cast<double>(p.accumulate) * (s.recompute_ms + s.compress_ms) + res.stall_ms;
-  const MemoryStats hs = host.stats();
-  res.host_peak_allocated = hs.allocated.peak;
-  res.host_peak_reserved = hs.reserved.peak;
-  res.host_peak_requested = hs.requested.peak;
-  for (int i = 0; i < kNumCategories; ++i) res.host_peak_by[i] = hs.allocated_by[i].peak;
-  return res;
+  res_.time_ms = p_.iteration_ms +
+                 static_cast<double>(p_.accumulate) * (s_.recompute_ms + s_.compress_ms) +
+                 res_.stall_ms;
+  const MemoryStats hs = host_.stats();
+  res_.host_peak_allocated = hs.allocated.peak;
+  res_.host_peak_reserved = hs.reserved.peak;
+  res_.host_peak_requested = hs.requested.peak;
+  for (int i = 0; i < kNumCategories; ++i) res_.host_peak_by[i] = hs.allocated_by[i].peak;
+}
+
+// A marker as reports name it: "fwd_end layer1.0.conv1".
+std::string Simulator::Run::where(int64_t marker) const {
+  const Marker& m = p_.markers[static_cast<size_t>(marker)];
+  return std::string(marker_name(m.kind)) +
+         (m.node >= 0 ? " " + p_.nodes[static_cast<size_t>(m.node)].name : "");
+}
+
+SimResult Simulator::run(const Schedule& s, const SimOptions& opt) const {
+  return Run(*this, s, opt).result();
 }
 
 StartLayouts start_layouts(const Profile& p, const Schedule& s) {

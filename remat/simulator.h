@@ -14,7 +14,7 @@
 
 namespace regen {
 
-struct DtrOptions;  // dtr.h
+struct DtrOptions;  // planner.h
 struct DtrStats;
 
 struct LiveBlockRec {
@@ -100,6 +100,7 @@ class Simulator {
   const Profile& profile() const { return p_; }
 
  private:
+  class Run;  // one replay of the step (simulator.cpp)
   struct WindowEvent {
     bool alloc;
     uint64_t block_id;
