@@ -188,96 +188,119 @@ bool decided(const ProfileSaved& s, const LevelChange* change) {
          !(change && !change->offloaded.empty() && change->offloaded[static_cast<size_t>(s.index)]);
 }
 
+// Builds the Model: the columns and rows in a fixed order (column indices follow it), a method per
+// family of them.
 class Builder {
  public:
-  Builder(const Profile& p, const LevelChange* change) : p_(p), change_(change) {}
+  Builder(const Profile& p, const LevelChange* change)
+      : p_(p),
+        change_(change),
+        ns_(p.saved.size()),
+        nn_(p.nodes.size()),
+        nb_(static_cast<int32_t>(p.backward_order.size())) {}
 
   Model build() {
-    const Profile& p = p_;
-    const size_t ns = p.saved.size(), nn = p.nodes.size();
-    const int32_t nb = static_cast<int32_t>(p.backward_order.size());
-    Model m;
-    std::vector<char> tracked(ns, 0);
-    for (const ProfileSaved& s : p.saved) {
+    track_candidates();
+    index_profile();
+    // e.
+    m_.e.assign(ns_, -1);
+    for (int32_t s : m_.cands) m_.e[static_cast<size_t>(s)] = m_.lp.binary();
+    add_replay_columns();
+    add_restore_columns();
+    add_replay_inputs();
+    add_forward_sums();
+    add_backward_sums();
+    add_phase_rows();
+    for (int32_t r = 0; r < nb_; ++r) add_program_rows(r);
+    return std::move(m_);
+  }
+
+ private:
+  int64_t bs(int32_t s) const { return L_.block_bytes[static_cast<size_t>(s)]; }
+  const ProfileSaved& sv(int32_t s) const { return p_.saved[static_cast<size_t>(s)]; }
+
+  // The candidates the programme decides, and the no-remat levels with them tracked (moved by the
+  // offload family's change).
+  void track_candidates() {
+    std::vector<char> tracked(ns_, 0);
+    for (const ProfileSaved& s : p_.saved) {
       if (decided(s, change_)) {
         tracked[static_cast<size_t>(s.index)] = 1;
-        m.cands.push_back(s.index);
+        m_.cands.push_back(s.index);
       }
     }
-    Levels L = no_remat_levels(p, tracked);
+    L_ = no_remat_levels(p_, tracked);
     if (change_ && !change_->delta.empty()) {
-      REGEN_ASSERT(change_->delta.size() == L.allocated.size());
-      for (size_t i = 0; i < L.allocated.size(); ++i) L.allocated[i] += change_->delta[i];
+      REGEN_ASSERT(change_->delta.size() == L_.allocated.size());
+      for (size_t i = 0; i < L_.allocated.size(); ++i) L_.allocated[i] += change_->delta[i];
     }
-    const NodeWindows w = node_windows(p);
-    const int64_t ne = static_cast<int64_t>(p.events.size());
-    std::unordered_map<uint64_t, int64_t> block_bytes;  // allocation id -> block size
-    for (const ProfileEvent& ev : p.events) {
-      if (ev.kind == MemoryEventKind::alloc) block_bytes[ev.block_id] = ev.bytes;
-    }
-    auto bs = [&](int32_t s) { return L.block_bytes[static_cast<size_t>(s)]; };
-    auto sv = [&](int32_t s) -> const ProfileSaved& { return p.saved[static_cast<size_t>(s)]; };
+  }
 
+  // What the rows read of the profile: node windows, block sizes, which nodes can be replayed, and
+  // the nodes reading each root's storage.
+  void index_profile() {
+    w_ = node_windows(p_);
+    ne_ = static_cast<int64_t>(p_.events.size());
+    for (const ProfileEvent& ev : p_.events) {
+      if (ev.kind == MemoryEventKind::alloc) block_bytes_[ev.block_id] = ev.bytes;
+    }
     // Values recomputable from leaves still readable in backward (as finalize_profile derives).
-    std::vector<char> replayable(p.values.size(), 1);
-    for (const ProfileValue& v : p.values) {
+    std::vector<char> replayable(p_.values.size(), 1);
+    for (const ProfileValue& v : p_.values) {
       if (v.leaf) {
         replayable[static_cast<size_t>(v.id)] = v.available;
         continue;
       }
-      for (int64_t in : p.nodes[static_cast<size_t>(v.producer)].inputs) {
+      for (int64_t in : p_.nodes[static_cast<size_t>(v.producer)].inputs) {
         if (in >= 0 && !replayable[static_cast<size_t>(in)])
           replayable[static_cast<size_t>(v.id)] = 0;
       }
     }
-    std::vector<char> node_ok(nn, 1);
-    for (const ProfileNode& n : p.nodes) {
+    node_ok_.assign(nn_, 1);
+    for (const ProfileNode& n : p_.nodes) {
       for (int64_t in : n.inputs) {
         if (in >= 0 && !replayable[static_cast<size_t>(in)])
-          node_ok[static_cast<size_t>(n.index)] = 0;
+          node_ok_[static_cast<size_t>(n.index)] = 0;
       }
     }
-    // Nodes reading each root's storage (through any value sharing it).
-    std::vector<std::vector<int32_t>> root_readers(p.values.size());
-    for (const ProfileValue& v : p.values) {
-      for (int32_t c : v.consumers) root_readers[static_cast<size_t>(v.root)].push_back(c);
+    root_readers_.assign(p_.values.size(), {});
+    for (const ProfileValue& v : p_.values) {
+      for (int32_t c : v.consumers) root_readers_[static_cast<size_t>(v.root)].push_back(c);
     }
-    for (auto& r : root_readers) {
+    for (auto& r : root_readers_) {
       std::sort(r.begin(), r.end());
       r.erase(std::unique(r.begin(), r.end()), r.end());
     }
+  }
 
-    // What a replay at rank r must do about input v.
-    auto need = [&](int64_t v, int32_t r, int32_t& s_out) -> Need {
-      const ProfileValue& val = p.values[static_cast<size_t>(v)];
-      if (val.leaf) return Need::none;
-      const ProfileValue& root = p.values[static_cast<size_t>(val.root)];
-      if (root.leaf) return Need::none;
-      if (root.saved >= 0) {
-        const ProfileSaved& s = sv(root.saved);
-        if (decided(s, change_)) {
-          if (r <= s.first_bw_rank) {
-            s_out = s.index;
-            return Need::maybe;
-          }
-          return r <= s.last_bw_rank ? Need::none : Need::replay;
+  // What a replay at rank r must do about input v.
+  Need need(int64_t v, int32_t r, int32_t& s_out) const {
+    const ProfileValue& val = p_.values[static_cast<size_t>(v)];
+    if (val.leaf) return Need::none;
+    const ProfileValue& root = p_.values[static_cast<size_t>(val.root)];
+    if (root.leaf) return Need::none;
+    if (root.saved >= 0) {
+      const ProfileSaved& s = sv(root.saved);
+      if (decided(s, change_)) {
+        if (r <= s.first_bw_rank) {
+          s_out = s.index;
+          return Need::maybe;
         }
         return r <= s.last_bw_rank ? Need::none : Need::replay;
       }
-      return Need::replay;
-    };
+      return r <= s.last_bw_rank ? Need::none : Need::replay;
+    }
+    return Need::replay;
+  }
 
-    // e.
-    m.e.assign(ns, -1);
-    for (int32_t s : m.cands) m.e[static_cast<size_t>(s)] = m.lp.binary();
-
-    // R: per rank, the nodes a regeneration might replay, then those that can be replayed.
-    m.rcol.assign(static_cast<size_t>(nb), std::vector<int>(nn, -1));
-    m.closure.assign(static_cast<size_t>(nb), {});
-    for (int32_t r = 0; r < nb; ++r) {
-      std::vector<char> seen(nn, 0);
+  // R: per rank, the nodes a regeneration might replay, then those that can be replayed.
+  void add_replay_columns() {
+    m_.rcol.assign(static_cast<size_t>(nb_), std::vector<int>(nn_, -1));
+    m_.closure.assign(static_cast<size_t>(nb_), {});
+    for (int32_t r = 0; r < nb_; ++r) {
+      std::vector<char> seen(nn_, 0);
       std::vector<int32_t> stack;
-      for (int32_t s : m.cands) {
+      for (int32_t s : m_.cands) {
         if (sv(s).first_bw_rank >= r && !seen[static_cast<size_t>(sv(s).producer)]) {
           seen[static_cast<size_t>(sv(s).producer)] = 1;
           stack.push_back(sv(s).producer);
@@ -286,80 +309,85 @@ class Builder {
       while (!stack.empty()) {
         const int32_t n = stack.back();
         stack.pop_back();
-        for (int64_t in : p.nodes[static_cast<size_t>(n)].inputs) {
+        for (int64_t in : p_.nodes[static_cast<size_t>(n)].inputs) {
           if (in < 0) continue;
           int32_t s2 = -1;
           if (need(in, r, s2) == Need::none) continue;
-          const int32_t prod = p.values[static_cast<size_t>(in)].producer;
+          const int32_t prod = p_.values[static_cast<size_t>(in)].producer;
           if (!seen[static_cast<size_t>(prod)]) {
             seen[static_cast<size_t>(prod)] = 1;
             stack.push_back(prod);
           }
         }
       }
-      std::vector<int>& rc = m.rcol[static_cast<size_t>(r)];
-      for (size_t n = 0; n < nn; ++n) {
-        if (!seen[n] || !node_ok[n]) continue;
+      std::vector<int>& rc = m_.rcol[static_cast<size_t>(r)];
+      for (size_t n = 0; n < nn_; ++n) {
+        if (!seen[n] || !node_ok_[n]) continue;
         bool ok = true;
-        for (int64_t in : p.nodes[n].inputs) {
+        for (int64_t in : p_.nodes[n].inputs) {
           int32_t s2 = -1;
           if (in >= 0 && need(in, r, s2) == Need::replay &&
-              rc[static_cast<size_t>(p.values[static_cast<size_t>(in)].producer)] < 0) {
+              rc[static_cast<size_t>(p_.values[static_cast<size_t>(in)].producer)] < 0) {
             ok = false;
           }
         }
         if (!ok) continue;
-        const double cost = kObjScale * (std::max(p.nodes[n].fwd_ms, 0.0) + kFreeNodeMs);
-        rc[n] = m.lp.binary(cost);
-        m.closure[static_cast<size_t>(r)].push_back(static_cast<int32_t>(n));
+        const double cost = kObjScale * (std::max(p_.nodes[n].fwd_ms, 0.0) + kFreeNodeMs);
+        rc[n] = m_.lp.binary(cost);
+        m_.closure[static_cast<size_t>(r)].push_back(static_cast<int32_t>(n));
       }
     }
+  }
 
-    // Q, with sum_r Q[r][s] = e[s] and Q[r][s] <= R[r][prod(s)].
-    m.q.assign(ns, {});
-    for (int32_t s : m.cands) {
+  // Q, with sum_r Q[r][s] = e[s] and Q[r][s] <= R[r][prod(s)].
+  void add_restore_columns() {
+    m_.q.assign(ns_, {});
+    for (int32_t s : m_.cands) {
       const ProfileSaved& x = sv(s);
-      std::vector<int>& qs = m.q[static_cast<size_t>(s)];
+      std::vector<int>& qs = m_.q[static_cast<size_t>(s)];
       qs.assign(static_cast<size_t>(x.first_bw_rank) + 1, -1);
-      std::vector<std::pair<int, double>> sum = {{m.e[static_cast<size_t>(s)], -1.0}};
+      std::vector<std::pair<int, double>> sum = {{m_.e[static_cast<size_t>(s)], -1.0}};
       for (int32_t r = 0; r <= x.first_bw_rank; ++r) {
-        const int rp = m.rcol[static_cast<size_t>(r)][static_cast<size_t>(x.producer)];
+        const int rp = m_.rcol[static_cast<size_t>(r)][static_cast<size_t>(x.producer)];
         if (rp < 0) continue;
-        const int c = m.lp.binary();
+        const int c = m_.lp.binary();
         qs[static_cast<size_t>(r)] = c;
         sum.push_back({c, 1.0});
-        m.lp.row({{c, 1.0}, {rp, -1.0}}, -kInf, 0);
+        m_.lp.row({{c, 1.0}, {rp, -1.0}}, -kInf, 0);
       }
-      m.lp.row(std::move(sum), 0, 0);
+      m_.lp.row(std::move(sum), 0, 0);
     }
-    // Suffix sums U[r][s] = sum_{r' >= r} Q[r'][s] (1 - S_pre[r][s]), made on demand.
-    std::map<std::pair<int32_t, int32_t>, int> ucache;
-    std::function<int(int32_t, int32_t)> U = [&](int32_t r, int32_t s) -> int {
-      const std::vector<int>& qs = m.q[static_cast<size_t>(s)];
-      if (r >= static_cast<int32_t>(qs.size())) return -1;
-      auto it = ucache.find({r, s});
-      if (it != ucache.end()) return it->second;
-      const int rest = U(r + 1, s);
-      const int here = qs[static_cast<size_t>(r)];
-      int c = -1;
-      if (rest < 0) {
-        c = here;
-      } else if (here < 0) {
-        c = rest;
-      } else {
-        c = m.lp.continuous();
-        m.lp.row({{c, 1.0}, {here, -1.0}, {rest, -1.0}}, 0, 0);
-      }
-      ucache[{r, s}] = c;
-      return c;
-    };
-    // Replays need their inputs.
-    for (int32_t r = 0; r < nb; ++r) {
-      const std::vector<int>& rc = m.rcol[static_cast<size_t>(r)];
-      for (int32_t n : m.closure[static_cast<size_t>(r)]) {
+  }
+
+  // Suffix sums U[r][s] = sum_{r' >= r} Q[r'][s] (1 - S_pre[r][s]), made on demand.
+  int U(int32_t r, int32_t s) {
+    const std::vector<int>& qs = m_.q[static_cast<size_t>(s)];
+    if (r >= static_cast<int32_t>(qs.size())) return -1;
+    auto it = ucache_.find({r, s});
+    if (it != ucache_.end()) return it->second;
+    const int rest = U(r + 1, s);
+    const int here = qs[static_cast<size_t>(r)];
+    int c = -1;
+    if (rest < 0) {
+      c = here;
+    } else if (here < 0) {
+      c = rest;
+    } else {
+      c = m_.lp.continuous();
+      m_.lp.row({{c, 1.0}, {here, -1.0}, {rest, -1.0}}, 0, 0);
+    }
+    ucache_[{r, s}] = c;
+    return c;
+  }
+
+  // Replays need their inputs.
+  void add_replay_inputs() {
+    for (int32_t r = 0; r < nb_; ++r) {
+      const std::vector<int>& rc = m_.rcol[static_cast<size_t>(r)];
+      for (int32_t n : m_.closure[static_cast<size_t>(r)]) {
         const int rn = rc[static_cast<size_t>(n)];
         std::vector<int64_t> ins;
-        for (int64_t in : p.nodes[static_cast<size_t>(n)].inputs) {
+        for (int64_t in : p_.nodes[static_cast<size_t>(n)].inputs) {
           if (in >= 0) ins.push_back(in);
         }
         std::sort(ins.begin(), ins.end());
@@ -368,232 +396,259 @@ class Builder {
           int32_t s2 = -1;
           const Need k = need(in, r, s2);
           if (k == Need::none) continue;
-          const int rp = rc[static_cast<size_t>(p.values[static_cast<size_t>(in)].producer)];
+          const int rp = rc[static_cast<size_t>(p_.values[static_cast<size_t>(in)].producer)];
           if (k == Need::replay) {
             REGEN_ASSERT(rp >= 0);
-            m.lp.row({{rn, 1.0}, {rp, -1.0}}, -kInf, 0);
+            m_.lp.row({{rn, 1.0}, {rp, -1.0}}, -kInf, 0);
           } else {
             const int u = U(r, s2);
             if (u < 0) continue;  // never restored at or after r: resident if evicted
             std::vector<std::pair<int, double>> t = {{rn, 1.0}, {u, 1.0}};
             if (rp >= 0) t.push_back({rp, -1.0});
-            m.lp.row(std::move(t), -kInf, 1);
+            m_.lp.row(std::move(t), -kInf, 1);
           }
         }
       }
     }
-
-    // Forward: Ecum[n] = sum_{s: lastfwd(s) < n} b(s) e[s], a running sum.
-    std::vector<int> ecum(nn + 1, -1);
-    {
-      std::vector<std::vector<int32_t>> by_last(nn);
-      for (int32_t s : m.cands) by_last[static_cast<size_t>(sv(s).last_fwd_use)].push_back(s);
-      for (size_t n = 1; n <= nn; ++n) {
-        ecum[n] = ecum[n - 1];
-        if (by_last[n - 1].empty()) continue;
-        const int c = m.lp.continuous();
-        std::vector<std::pair<int, double>> t = {{c, 1.0}};
-        if (ecum[n - 1] >= 0) t.push_back({ecum[n - 1], -1.0});
-        for (int32_t s : by_last[n - 1]) t.push_back({m.e[static_cast<size_t>(s)], -mib(bs(s))});
-        m.lp.row(std::move(t), 0, 0);
-        ecum[n] = c;
-      }
-    }
-    // Mvar[r] (index r + 1; Mvar[-1] at 0) = sum_{s: r < first(s)} b(s) S_post[r][s].
-    std::vector<int> mvar(static_cast<size_t>(nb) + 1, -1);
-    {
-      int64_t total = 0;
-      for (int32_t s : m.cands) total += bs(s);
-      mvar[0] = m.lp.continuous();
-      std::vector<std::pair<int, double>> t = {{mvar[0], 1.0}};
-      if (ecum[nn] >= 0) t.push_back({ecum[nn], 1.0});
-      m.lp.row(std::move(t), mib(total), mib(total));
-      for (int32_t r = 0; r < nb; ++r) {
-        const int c = m.lp.continuous();
-        mvar[static_cast<size_t>(r) + 1] = c;
-        std::vector<std::pair<int, double>> row = {{c, 1.0}, {mvar[static_cast<size_t>(r)], -1.0}};
-        int64_t leaving = 0;
-        for (int32_t s : m.cands) {
-          const ProfileSaved& x = sv(s);
-          if (r > x.first_bw_rank) continue;
-          const int qc = m.q[static_cast<size_t>(s)][static_cast<size_t>(r)];
-          if (qc >= 0) row.push_back({qc, -mib(bs(s))});
-          if (x.first_bw_rank == r) leaving += bs(s);
-        }
-        m.lp.row(std::move(row), -mib(leaving), -mib(leaving));
-      }
-    }
-
-    // Pieces of the event log.
-    auto alive = [&](int32_t s, int64_t level) {
-      const int64_t a = L.alloc_at[static_cast<size_t>(s)], f = L.free_at[static_cast<size_t>(s)];
-      return a >= 0 && a < level && (f < 0 || level <= f);
-    };
-    std::vector<int64_t> cuts;
-    for (int32_t s : m.cands) {
-      if (L.alloc_at[static_cast<size_t>(s)] >= 0)
-        cuts.push_back(L.alloc_at[static_cast<size_t>(s)] + 1);
-      if (L.free_at[static_cast<size_t>(s)] >= 0)
-        cuts.push_back(L.free_at[static_cast<size_t>(s)] + 1);
-    }
-    std::sort(cuts.begin(), cuts.end());
-    cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
-    // phase: 0 forward node idx, 1 after the forward pass, 2 backward rank idx
-    auto phase_rows = [&](int64_t a, int64_t b, int kind, int32_t idx) {
-      if (a > b) return;
-      std::vector<int64_t> starts = {a};
-      for (auto it = std::upper_bound(cuts.begin(), cuts.end(), a); it != cuts.end() && *it <= b;
-           ++it) {
-        starts.push_back(*it);
-      }
-      for (size_t k = 0; k < starts.size(); ++k) {
-        const int64_t pa = starts[k], pb = k + 1 < starts.size() ? starts[k + 1] - 1 : b;
-        int64_t fixed = L.max_rest(pa, pb);
-        std::vector<std::pair<int, double>> t;
-        for (int32_t s : m.cands) {
-          if (!alive(s, pa)) continue;
-          const ProfileSaved& x = sv(s);
-          if (kind == 2 && idx < x.first_bw_rank) continue;  // in Mvar[idx]
-          fixed += bs(s);
-        }
-        if (kind == 0 && ecum[static_cast<size_t>(idx)] >= 0) {
-          // Candidates whose last forward use is before idx are alive here (allocated in
-          // forward, freed in backward) and evicted with e: -b e.
-          t.push_back({ecum[static_cast<size_t>(idx)], -1.0});
-        }
-        if (kind == 1 && ecum[nn] >= 0) t.push_back({ecum[nn], -1.0});
-        if (kind == 2) t.push_back({mvar[static_cast<size_t>(idx) + 1], 1.0});
-        add_budget_row(m, std::move(t), fixed, pa, pb);
-      }
-    };
-    for (size_t n = 0; n < nn; ++n) {
-      const int64_t a = n == 0 ? 0 : w.fwd_end[n - 1] + 1;
-      phase_rows(a, w.fwd_end[n], 0, static_cast<int32_t>(n));
-    }
-    {
-      const int64_t a = w.fwd_end[nn - 1] + 1;
-      const int64_t b = nb > 0 ? w.bwd_begin[static_cast<size_t>(p.backward_order[0])] : ne;
-      phase_rows(a, b, 1, -1);
-    }
-    for (int32_t r = 0; r < nb; ++r) {
-      const int64_t a =
-          w.bwd_begin[static_cast<size_t>(p.backward_order[static_cast<size_t>(r)])] + 1;
-      const int64_t b =
-          r + 1 < nb
-              ? w.bwd_begin[static_cast<size_t>(p.backward_order[static_cast<size_t>(r) + 1])]
-              : ne;
-      phase_rows(a, b, 2, r);
-    }
-
-    // Programs.
-    for (int32_t r = 0; r < nb; ++r) {
-      const std::vector<int32_t>& cl = m.closure[static_cast<size_t>(r)];
-      if (cl.empty()) continue;
-      const std::vector<int>& rc = m.rcol[static_cast<size_t>(r)];
-      const int64_t at = w.bwd_begin[static_cast<size_t>(p.backward_order[static_cast<size_t>(r)])];
-      int64_t fixed = L.rest(at);
-      for (int32_t s : m.cands) {
-        if (sv(s).first_bw_rank < r && alive(s, at)) fixed += bs(s);
-      }
-      std::vector<size_t> pos(p.nodes.size(), 0);
-      for (size_t k = 0; k < cl.size(); ++k) pos[static_cast<size_t>(cl[k])] = k;
-      // Held replayed values, per position in cl.
-      std::vector<std::vector<std::pair<int, double>>> held(cl.size());
-      for (size_t k = 0; k < cl.size(); ++k) {
-        const int32_t mnode = cl[k];
-        for (int64_t v : p.nodes[static_cast<size_t>(mnode)].outputs) {
-          const ProfileValue& val = p.values[static_cast<size_t>(v)];
-          if (val.root != v || val.alloc_id == 0) continue;
-          auto bb = block_bytes.find(val.alloc_id);
-          if (bb == block_bytes.end() || bb->second <= 0) continue;
-          std::vector<int32_t> readers;
-          for (int32_t c : root_readers[static_cast<size_t>(v)]) {
-            if (c > mnode && rc[static_cast<size_t>(c)] >= 0) readers.push_back(c);
-          }
-          if (readers.empty()) continue;
-          const size_t last = pos[static_cast<size_t>(readers.back())];
-          std::vector<int> a(cl.size(), -1);
-          for (size_t i = k + 1; i <= last; ++i) {
-            a[i] = m.lp.continuous(0, 1);
-            held[i].push_back({a[i], mib(bb->second)});
-            if (i > k + 1) m.lp.row({{a[i - 1], 1.0}, {a[i], -1.0}}, 0, kInf);
-          }
-          int qc = -1;
-          if (val.saved >= 0 && decided(sv(val.saved), change_)) {
-            const std::vector<int>& qs = m.q[static_cast<size_t>(val.saved)];
-            if (static_cast<size_t>(r) < qs.size()) qc = qs[static_cast<size_t>(r)];
-          }
-          for (int32_t c : readers) {
-            std::vector<std::pair<int, double>> t = {{a[pos[static_cast<size_t>(c)]], 1.0},
-                                                     {rc[static_cast<size_t>(mnode)], -1.0},
-                                                     {rc[static_cast<size_t>(c)], -1.0}};
-            if (qc >= 0) t.push_back({qc, 1.0});
-            m.lp.row(std::move(t), -1, kInf);
-            // Tighter, when c's replay forces m's: c reads v's storage through a value that is
-            // never resident at r (A >= R[c]), or through a candidate's that is evicted and
-            // restored only after r (A >= R[c] + U[r+1] - 1).
-            for (int64_t in : p.nodes[static_cast<size_t>(c)].inputs) {
-              if (in < 0 || p.values[static_cast<size_t>(in)].root != v) continue;
-              int32_t s2 = -1;
-              const Need k2 = need(in, r, s2);
-              const int ac = a[pos[static_cast<size_t>(c)]], rcc = rc[static_cast<size_t>(c)];
-              if (k2 == Need::replay) {
-                m.lp.row({{ac, 1.0}, {rcc, -1.0}}, 0, kInf);
-              } else if (k2 == Need::maybe) {
-                const int u = U(r + 1, s2);
-                if (u >= 0) m.lp.row({{ac, 1.0}, {rcc, -1.0}, {u, -1.0}}, -1, kInf);
-              }
-            }
-          }
-        }
-      }
-      int tcol = -1;  // targets restored by the replayed nodes so far
-      for (size_t k = 0; k < cl.size(); ++k) {
-        const int32_t n = cl[k];
-        std::vector<std::pair<int, double>> t = {{mvar[static_cast<size_t>(r)], 1.0}};
-        if (tcol >= 0) t.push_back({tcol, 1.0});
-        const int64_t own =
-            L.own_peak(w.fwd_begin[static_cast<size_t>(n)], w.fwd_end[static_cast<size_t>(n)]);
-        t.push_back({rc[static_cast<size_t>(n)], mib(own)});
-        for (const auto& h : held[k]) t.push_back(h);
-        add_budget_row(m, std::move(t), fixed, at, at);
-        // Targets n produces.
-        std::vector<std::pair<int, double>> adds;
-        for (int32_t s : m.cands) {
-          if (sv(s).producer != n) continue;
-          const std::vector<int>& qs = m.q[static_cast<size_t>(s)];
-          if (static_cast<size_t>(r) < qs.size() && qs[static_cast<size_t>(r)] >= 0) {
-            adds.push_back({qs[static_cast<size_t>(r)], -mib(bs(s))});
-          }
-        }
-        if (!adds.empty() && k + 1 < cl.size()) {
-          const int c = m.lp.continuous();
-          adds.push_back({c, 1.0});
-          if (tcol >= 0) adds.push_back({tcol, -1.0});
-          m.lp.row(std::move(adds), 0, 0);
-          tcol = c;
-        }
-      }
-    }
-    return m;
   }
 
- private:
-  void add_budget_row(Model& m, std::vector<std::pair<int, double>> t, int64_t fixed, int64_t a,
-                      int64_t b) {
+  // Forward: Ecum[n] = sum_{s: lastfwd(s) < n} b(s) e[s], a running sum.
+  void add_forward_sums() {
+    ecum_.assign(nn_ + 1, -1);
+    std::vector<std::vector<int32_t>> by_last(nn_);
+    for (int32_t s : m_.cands) by_last[static_cast<size_t>(sv(s).last_fwd_use)].push_back(s);
+    for (size_t n = 1; n <= nn_; ++n) {
+      ecum_[n] = ecum_[n - 1];
+      if (by_last[n - 1].empty()) continue;
+      const int c = m_.lp.continuous();
+      std::vector<std::pair<int, double>> t = {{c, 1.0}};
+      if (ecum_[n - 1] >= 0) t.push_back({ecum_[n - 1], -1.0});
+      for (int32_t s : by_last[n - 1]) t.push_back({m_.e[static_cast<size_t>(s)], -mib(bs(s))});
+      m_.lp.row(std::move(t), 0, 0);
+      ecum_[n] = c;
+    }
+  }
+
+  // Mvar[r] (index r + 1; Mvar[-1] at 0) = sum_{s: r < first(s)} b(s) S_post[r][s].
+  void add_backward_sums() {
+    mvar_.assign(static_cast<size_t>(nb_) + 1, -1);
+    int64_t total = 0;
+    for (int32_t s : m_.cands) total += bs(s);
+    mvar_[0] = m_.lp.continuous();
+    std::vector<std::pair<int, double>> t = {{mvar_[0], 1.0}};
+    if (ecum_[nn_] >= 0) t.push_back({ecum_[nn_], 1.0});
+    m_.lp.row(std::move(t), mib(total), mib(total));
+    for (int32_t r = 0; r < nb_; ++r) {
+      const int c = m_.lp.continuous();
+      mvar_[static_cast<size_t>(r) + 1] = c;
+      std::vector<std::pair<int, double>> row = {{c, 1.0}, {mvar_[static_cast<size_t>(r)], -1.0}};
+      int64_t leaving = 0;
+      for (int32_t s : m_.cands) {
+        const ProfileSaved& x = sv(s);
+        if (r > x.first_bw_rank) continue;
+        const int qc = m_.q[static_cast<size_t>(s)][static_cast<size_t>(r)];
+        if (qc >= 0) row.push_back({qc, -mib(bs(s))});
+        if (x.first_bw_rank == r) leaving += bs(s);
+      }
+      m_.lp.row(std::move(row), -mib(leaving), -mib(leaving));
+    }
+  }
+
+  bool alive(int32_t s, int64_t level) const {
+    const int64_t a = L_.alloc_at[static_cast<size_t>(s)], f = L_.free_at[static_cast<size_t>(s)];
+    return a >= 0 && a < level && (f < 0 || level <= f);
+  }
+
+  // Budget rows over the event log: per forward node, after the forward pass, per backward rank,
+  // each cut into pieces where a candidate is allocated or freed.
+  void add_phase_rows() {
+    for (int32_t s : m_.cands) {
+      if (L_.alloc_at[static_cast<size_t>(s)] >= 0)
+        cuts_.push_back(L_.alloc_at[static_cast<size_t>(s)] + 1);
+      if (L_.free_at[static_cast<size_t>(s)] >= 0)
+        cuts_.push_back(L_.free_at[static_cast<size_t>(s)] + 1);
+    }
+    std::sort(cuts_.begin(), cuts_.end());
+    cuts_.erase(std::unique(cuts_.begin(), cuts_.end()), cuts_.end());
+    for (size_t n = 0; n < nn_; ++n) {
+      const int64_t a = n == 0 ? 0 : w_.fwd_end[n - 1] + 1;
+      phase_rows(a, w_.fwd_end[n], Phase::forward, static_cast<int32_t>(n));
+    }
+    {
+      const int64_t a = w_.fwd_end[nn_ - 1] + 1;
+      const int64_t b = nb_ > 0 ? w_.bwd_begin[static_cast<size_t>(p_.backward_order[0])] : ne_;
+      phase_rows(a, b, Phase::between, -1);
+    }
+    for (int32_t r = 0; r < nb_; ++r) {
+      const int64_t a =
+          w_.bwd_begin[static_cast<size_t>(p_.backward_order[static_cast<size_t>(r)])] + 1;
+      const int64_t b =
+          r + 1 < nb_
+              ? w_.bwd_begin[static_cast<size_t>(p_.backward_order[static_cast<size_t>(r) + 1])]
+              : ne_;
+      phase_rows(a, b, Phase::backward, r);
+    }
+  }
+
+  // forward: idx is the forward node; between: after the forward pass; backward: idx is the rank.
+  enum class Phase { forward, between, backward };
+  void phase_rows(int64_t a, int64_t b, Phase kind, int32_t idx) {
+    if (a > b) return;
+    std::vector<int64_t> starts = {a};
+    for (auto it = std::upper_bound(cuts_.begin(), cuts_.end(), a); it != cuts_.end() && *it <= b;
+         ++it) {
+      starts.push_back(*it);
+    }
+    for (size_t k = 0; k < starts.size(); ++k) {
+      const int64_t pa = starts[k], pb = k + 1 < starts.size() ? starts[k + 1] - 1 : b;
+      int64_t fixed = L_.max_rest(pa, pb);
+      std::vector<std::pair<int, double>> t;
+      for (int32_t s : m_.cands) {
+        if (!alive(s, pa)) continue;
+        const ProfileSaved& x = sv(s);
+        if (kind == Phase::backward && idx < x.first_bw_rank) continue;  // in Mvar[idx]
+        fixed += bs(s);
+      }
+      if (kind == Phase::forward && ecum_[static_cast<size_t>(idx)] >= 0) {
+        // Candidates whose last forward use is before idx are alive here (allocated in
+        // forward, freed in backward) and evicted with e: -b e.
+        t.push_back({ecum_[static_cast<size_t>(idx)], -1.0});
+      }
+      if (kind == Phase::between && ecum_[nn_] >= 0) t.push_back({ecum_[nn_], -1.0});
+      if (kind == Phase::backward) t.push_back({mvar_[static_cast<size_t>(idx) + 1], 1.0});
+      add_budget_row(std::move(t), fixed, pa, pb);
+    }
+  }
+
+  // The regeneration program at rank r: the replayed values it holds at each of its nodes, then a
+  // budget row per node.
+  void add_program_rows(int32_t r) {
+    const std::vector<int32_t>& cl = m_.closure[static_cast<size_t>(r)];
+    if (cl.empty()) return;
+    const std::vector<int>& rc = m_.rcol[static_cast<size_t>(r)];
+    const int64_t at = w_.bwd_begin[static_cast<size_t>(p_.backward_order[static_cast<size_t>(r)])];
+    int64_t fixed = L_.rest(at);
+    for (int32_t s : m_.cands) {
+      if (sv(s).first_bw_rank < r && alive(s, at)) fixed += bs(s);
+    }
+    const std::vector<std::vector<std::pair<int, double>>> held = held_values(r);
+    int tcol = -1;  // targets restored by the replayed nodes so far
+    for (size_t k = 0; k < cl.size(); ++k) {
+      const int32_t n = cl[k];
+      std::vector<std::pair<int, double>> t = {{mvar_[static_cast<size_t>(r)], 1.0}};
+      if (tcol >= 0) t.push_back({tcol, 1.0});
+      const int64_t own =
+          L_.own_peak(w_.fwd_begin[static_cast<size_t>(n)], w_.fwd_end[static_cast<size_t>(n)]);
+      t.push_back({rc[static_cast<size_t>(n)], mib(own)});
+      for (const auto& h : held[k]) t.push_back(h);
+      add_budget_row(std::move(t), fixed, at, at);
+      // Targets n produces.
+      std::vector<std::pair<int, double>> adds;
+      for (int32_t s : m_.cands) {
+        if (sv(s).producer != n) continue;
+        const std::vector<int>& qs = m_.q[static_cast<size_t>(s)];
+        if (static_cast<size_t>(r) < qs.size() && qs[static_cast<size_t>(r)] >= 0) {
+          adds.push_back({qs[static_cast<size_t>(r)], -mib(bs(s))});
+        }
+      }
+      if (!adds.empty() && k + 1 < cl.size()) {
+        const int c = m_.lp.continuous();
+        adds.push_back({c, 1.0});
+        if (tcol >= 0) adds.push_back({tcol, -1.0});
+        m_.lp.row(std::move(adds), 0, 0);
+        tcol = c;
+      }
+    }
+  }
+
+  // Per position in rank r's program: the replayed values held there, as (column, MiB) terms.
+  std::vector<std::vector<std::pair<int, double>>> held_values(int32_t r) {
+    const std::vector<int32_t>& cl = m_.closure[static_cast<size_t>(r)];
+    const std::vector<int>& rc = m_.rcol[static_cast<size_t>(r)];
+    std::vector<size_t> pos(p_.nodes.size(), 0);
+    for (size_t k = 0; k < cl.size(); ++k) pos[static_cast<size_t>(cl[k])] = k;
+    std::vector<std::vector<std::pair<int, double>>> held(cl.size());
+    for (size_t k = 0; k < cl.size(); ++k) {
+      const int32_t mnode = cl[k];
+      for (int64_t v : p_.nodes[static_cast<size_t>(mnode)].outputs) {
+        const ProfileValue& val = p_.values[static_cast<size_t>(v)];
+        if (val.root != v || val.alloc_id == 0) continue;
+        auto bb = block_bytes_.find(val.alloc_id);
+        if (bb == block_bytes_.end() || bb->second <= 0) continue;
+        std::vector<int32_t> readers;
+        for (int32_t c : root_readers_[static_cast<size_t>(v)]) {
+          if (c > mnode && rc[static_cast<size_t>(c)] >= 0) readers.push_back(c);
+        }
+        if (readers.empty()) continue;
+        const size_t last = pos[static_cast<size_t>(readers.back())];
+        std::vector<int> a(cl.size(), -1);
+        for (size_t i = k + 1; i <= last; ++i) {
+          a[i] = m_.lp.continuous(0, 1);
+          held[i].push_back({a[i], mib(bb->second)});
+          if (i > k + 1) m_.lp.row({{a[i - 1], 1.0}, {a[i], -1.0}}, 0, kInf);
+        }
+        int qc = -1;
+        if (val.saved >= 0 && decided(sv(val.saved), change_)) {
+          const std::vector<int>& qs = m_.q[static_cast<size_t>(val.saved)];
+          if (static_cast<size_t>(r) < qs.size()) qc = qs[static_cast<size_t>(r)];
+        }
+        for (int32_t c : readers) {
+          std::vector<std::pair<int, double>> t = {{a[pos[static_cast<size_t>(c)]], 1.0},
+                                                   {rc[static_cast<size_t>(mnode)], -1.0},
+                                                   {rc[static_cast<size_t>(c)], -1.0}};
+          if (qc >= 0) t.push_back({qc, 1.0});
+          m_.lp.row(std::move(t), -1, kInf);
+          tighten_held(r, v, c, a[pos[static_cast<size_t>(c)]]);
+        }
+      }
+    }
+    return held;
+  }
+
+  // Tighter, when c's replay forces the held value's: c reads v's storage through a value that is
+  // never resident at r (A >= R[c]), or through a candidate's that is evicted and restored only
+  // after r (A >= R[c] + U[r+1] - 1).
+  void tighten_held(int32_t r, int64_t v, int32_t c, int ac) {
+    const int rcc = m_.rcol[static_cast<size_t>(r)][static_cast<size_t>(c)];
+    for (int64_t in : p_.nodes[static_cast<size_t>(c)].inputs) {
+      if (in < 0 || p_.values[static_cast<size_t>(in)].root != v) continue;
+      int32_t s2 = -1;
+      const Need k2 = need(in, r, s2);
+      if (k2 == Need::replay) {
+        m_.lp.row({{ac, 1.0}, {rcc, -1.0}}, 0, kInf);
+      } else if (k2 == Need::maybe) {
+        const int u = U(r + 1, s2);
+        if (u >= 0) m_.lp.row({{ac, 1.0}, {rcc, -1.0}, {u, -1.0}}, -1, kInf);
+      }
+    }
+  }
+
+  void add_budget_row(std::vector<std::pair<int, double>> t, int64_t fixed, int64_t a, int64_t b) {
     Lp::merge(t);
     if (t.empty()) {
-      if (mib(fixed) > m.fixed_need) {
-        m.fixed_need = mib(fixed);
-        m.fixed_where = "event levels " + std::to_string(a) + ".." + std::to_string(b);
+      if (mib(fixed) > m_.fixed_need) {
+        m_.fixed_need = mib(fixed);
+        m_.fixed_where = "event levels " + std::to_string(a) + ".." + std::to_string(b);
       }
       return;
     }
-    m.lp.budget_row(std::move(t), mib(fixed));
+    m_.lp.budget_row(std::move(t), mib(fixed));
   }
 
   const Profile& p_;
   const LevelChange* change_;
+  const size_t ns_, nn_;  // saved tensors, nodes
+  const int32_t nb_;      // backward ranks
+  Model m_;
+  Levels L_;
+  NodeWindows w_;
+  int64_t ne_ = 0;                                     // events
+  std::unordered_map<uint64_t, int64_t> block_bytes_;  // allocation id -> block size
+  std::vector<char> node_ok_;                          // per node: replayable from its inputs
+  std::vector<std::vector<int32_t>> root_readers_;     // per root: nodes reading its storage
+  std::map<std::pair<int32_t, int32_t>, int> ucache_;  // U's columns
+  std::vector<int> ecum_, mvar_;                       // the running sums' columns
+  std::vector<int64_t> cuts_;  // event levels where a candidate is allocated or freed
 };
 
 struct Solved {
