@@ -14,9 +14,8 @@
 namespace regen {
 
 std::optional<DtrOptions> dtr_policy(const std::string& policy) {
-  if (policy == "dtr") return DtrOptions{};
-  if (policy == "dtr-coop") return DtrOptions{true};
-  return std::nullopt;
+  const PlannerInfo* p = find_planner(policy);
+  return p ? p->at_step_time : std::nullopt;
 }
 
 // ---- The engine ---------------------------------------------------------------------------------

@@ -20,16 +20,12 @@
 #include <vector>
 
 #include "regen/remat/executor.h"
+#include "regen/remat/planner.h"
 
 namespace regen {
 
-struct DtrOptions {
-  // Coop: evict the cheapest window of address-contiguous blocks (free ones and evictable saved
-  // tensors) that frees room for the request in one piece; DTR's own choice when no window can.
-  bool coop = false;
-};
-
-// The DTR options of a policy name ("dtr", "dtr-coop"); nullopt for any other policy.
+// The DTR options of a registered policy that decides at step time (PlannerInfo::at_step_time:
+// "dtr", "dtr-coop"); nullopt for any other policy, or a name no planner has.
 std::optional<DtrOptions> dtr_policy(const std::string& policy);
 
 // What one step of DTR did.

@@ -214,11 +214,22 @@ void register_planner(PlannerInfo info) {
   add_planner(std::move(info));
 }
 
-const PlannerInfo& planner_info(const std::string& name) {
+const PlannerInfo* find_planner(const std::string& name) {
   for (const PlannerInfo& p : planners()) {
-    if (p.name == name) return p;
+    if (p.name == name) return &p;
   }
-  REGEN_FAIL("unknown policy '", name, "': known policies are ", join_names(policy_names()));
+  return nullptr;
+}
+
+const PlannerInfo& planner_info(const std::string& name) {
+  const PlannerInfo* p = find_planner(name);
+  REGEN_CHECK(p, "unknown policy '", name, "': known policies are ", join_names(policy_names()));
+  return *p;
+}
+
+bool planner_available(const std::string& name) {
+  const PlannerInfo& p = planner_info(name);
+  return !p.available || p.available();
 }
 
 std::string planner_help() {
@@ -328,14 +339,16 @@ Plan searched_lowest_plan(const PlannerInfo& planner, const Simulator& sim,
 }
 
 // The lowest budget `policy` meets with `options`, for the note of a plan that does not fit;
-// remembered in the cache. milp: dp's, which it meets (searching below it takes MILP solves;
-// lowest_plan does). The second member says whether it is the policy's own lowest.
+// remembered in the cache. A planner with lowest_noted_by (milp) notes that planner's (dp's, which
+// it meets: searching below it takes MILP solves; lowest_plan does). The second member says whether
+// it is the policy's own lowest.
 std::pair<int64_t, bool> noted_lowest(const Simulator& sim, const std::string& policy,
                                       const PlanOptions& options) {
   const PlannerInfo& planner = planner_info(policy);
-  const bool milp = policy == "milp";
-  const std::string key = (milp ? std::string("dp") : policy) + " " +
-                          chain_names()[static_cast<size_t>(options.chain)] + " " +
+  if (!planner.lowest_noted_by.empty()) {
+    return {noted_lowest(sim, planner.lowest_noted_by, options).first, false};
+  }
+  const std::string key = policy + " " + chain_names()[static_cast<size_t>(options.chain)] + " " +
                           budget_of_name(options.budget_of) +
                           (options.planned_layout ? " planned" : " caching") +
                           (options.offload == OffloadMode::none
@@ -345,17 +358,11 @@ std::pair<int64_t, bool> noted_lowest(const Simulator& sim, const std::string& p
   std::map<std::string, int64_t>& known = cache_for(sim, options).lowest;
   auto it = known.find(key);
   if (it == known.end()) {
-    int64_t low = 0;
-    if (milp) {
-      low = dp_lowest(sim, options);
-    } else if (planner.lowest) {
-      low = planner.lowest(sim, options).budget_bytes;
-    } else {
-      low = searched_lowest_plan(planner, sim, options).budget_bytes;
-    }
+    const int64_t low = planner.lowest ? planner.lowest(sim, options).budget_bytes
+                                       : searched_lowest_plan(planner, sim, options).budget_bytes;
     it = known.emplace(key, low).first;
   }
-  return {it->second, !milp};
+  return {it->second, true};
 }
 
 }  // namespace

@@ -265,16 +265,37 @@ using PlannerFn = std::function<Plan(const Simulator&, const Budget&, const Plan
 // The planner's plan at the lowest budget (of options.budget_of) it meets with those options, with
 // budget_bytes that budget (lowest_plan).
 using LowestFn = std::function<Plan(const Simulator&, const PlanOptions&)>;
+// DTR's engine options (dtr.h): a planner that decides at step time runs the engine with them.
+struct DtrOptions {
+  // Coop: evict the cheapest window of address-contiguous blocks (free ones and evictable saved
+  // tensors) that frees room for the request in one piece; DTR's own choice when no window can.
+  bool coop = false;
+};
 struct PlannerInfo {
   std::string name;  // what --policy takes: letters, digits, '-' and '_'
   std::string help;  // one line, for --help and error messages
   PlannerFn plan;
   LowestFn lowest = nullptr;  // optional: without it lowest_plan searches (see there)
+  // What callers ask of a planner, instead of its name:
+  // - it decides at step time (DTR), its engine with these options: its plan carries no
+  //   decisions to place ahead (no planned layout), and the step runs the engine (dtr_policy);
+  std::optional<DtrOptions> at_step_time = std::nullopt;
+  // - it may take minutes per budget beyond small graphs (a solver): left out of frontiers and
+  //   sweeps unless named;
+  bool slow = false;
+  // - whether this build can run it (null: always; milp: when built with CBC);
+  bool (*available)() = nullptr;
+  // - the planner whose lowest budget make_plan notes beside this one's plans that do not fit
+  //   ("": its own; milp: dp's, which it meets, since searching below that takes solves).
+  std::string lowest_noted_by = "";
 };
 // Adds a planner under its name: make_plan, RematPipeline::plan and every --policy flag then
 // know it. Throws regen::Error for a name already taken or not of the form above.
 void register_planner(PlannerInfo info);
 const PlannerInfo& planner_info(const std::string& name);  // throws listing the names
+const PlannerInfo* find_planner(const std::string& name);  // nullptr for a name no planner has
+// planner_info(name).available, or true when it has no such test.
+bool planner_available(const std::string& name);
 // "none: retain everything; blocks: ..." for help texts.
 std::string planner_help();
 

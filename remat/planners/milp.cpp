@@ -104,6 +104,9 @@ PlannerInfo milp_planner() {
       "exact mixed-integer programme over the executor's plans (Checkmate), CBC, from dp's plan";
   info.plan = plan_milp_policy;
   info.lowest = milp_lowest;
+  info.slow = true;
+  info.available = milp_available;
+  info.lowest_noted_by = "dp";
   return info;
 }
 
