@@ -378,4 +378,57 @@ std::string why_not_writable(const std::string& given) {
   return "";
 }
 
+std::string resolved_path(const std::string& path) {
+  char buf[PATH_MAX];
+  if (::realpath(path.c_str(), buf)) return buf;  // an existing file (through links)
+  const auto slash = path.find_last_of('/');
+  const std::string dir =
+      slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
+  const std::string name = slash == std::string::npos ? path : path.substr(slash + 1);
+  if (::realpath(dir.c_str(), buf)) return std::string(buf) + "/" + name;
+  return path;
+}
+
+namespace {
+
+// A file to compare: its resolved path, and its device and inode when it exists (a hard link has
+// another path but the same inode).
+struct FileIdentity {
+  std::string resolved;
+  bool exists = false;
+  dev_t dev = 0;
+  ino_t ino = 0;
+  explicit FileIdentity(const std::string& path) : resolved(resolved_path(path)) {
+    struct stat st;
+    if (::stat(path.c_str(), &st) == 0) {
+      exists = true;
+      dev = st.st_dev;
+      ino = st.st_ino;
+    }
+  }
+  bool same(const FileIdentity& o) const {
+    if (exists && o.exists) return dev == o.dev && ino == o.ino;
+    return resolved == o.resolved;
+  }
+};
+
+}  // namespace
+
+void check_distinct_files(const std::vector<NamedFile>& outputs,
+                          const std::vector<NamedFile>& inputs) {
+  std::vector<std::pair<FileIdentity, const std::string*>> seen;  // (file, its name)
+  for (const NamedFile& f : inputs) {
+    if (!f.path.empty()) seen.emplace_back(FileIdentity(f.path), &f.name);
+  }
+  for (const NamedFile& f : outputs) {
+    if (f.path.empty()) continue;
+    FileIdentity id(f.path);
+    for (const auto& [other, other_name] : seen) {
+      REGEN_CHECK(!id.same(other), f.name, " is the same file as ", *other_name,
+                  ": give each output its own path, never an input's");
+    }
+    seen.emplace_back(std::move(id), &f.name);
+  }
+}
+
 }  // namespace regen

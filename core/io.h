@@ -1,6 +1,7 @@
 // File helpers: atomic writes (temporary file in the same folder, fsync, rename), so a crash or
 // a full disk never leaves a half-written checkpoint, profile or table behind; whole-file reads;
-// an up-front check that an output path can be written. Tests: tests/test_cli.cpp.
+// an up-front check that an output path can be written, and that no output is an input. Tests:
+// tests/test_cli.cpp, tests/python/test_files.py.
 #pragma once
 
 #include <cstdint>
@@ -93,5 +94,23 @@ std::string read_file(const std::string& path);
 // exists and accepts a new file (by creating and removing a temporary one) and that `path` is
 // not a directory. Leaves nothing behind. For commands that write results only at the end.
 std::string why_not_writable(const std::string& path);
+
+// `path` with its folder resolved through links and relative parts (the file itself need not
+// exist; an existing one is resolved through links too), to tell whether two paths name one file.
+// A path whose folder does not exist comes back as given.
+std::string resolved_path(const std::string& path);
+
+// A file a command reads or writes, as its messages name it: `name` is the whole phrase
+// ("--save out.safetensors", "--data", "save_state('x.st'): 'x.st'", "data='text:d.txt'").
+struct NamedFile {
+  std::string name;
+  std::string path;  // empty: nothing to check
+};
+// Throws regen::Error when an output is the same file as an input or as an earlier output
+// (through symbolic and hard links and relative paths): "<output's name> is the same file as
+// <the other's name>: give each output its own path, never an input's". Writing it would replace
+// what is read, or what another output holds. Checks nothing else (why_not_writable does).
+void check_distinct_files(const std::vector<NamedFile>& outputs,
+                          const std::vector<NamedFile>& inputs);
 
 }  // namespace regen

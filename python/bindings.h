@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "regen/core/io.h"
 #include "regen/models/model.h"
 #include "regen/remat/planner.h"
 #include "regen/remat/simulator.h"
@@ -36,6 +37,9 @@ struct ProfileHandle {
   ProfileHandle& operator=(const ProfileHandle&) = delete;
   const Profile profile;
   const Simulator sim;
+  // The file it was read from: "load_profile('p.json')" and its resolved path (core/io.h
+  // resolved_path); an empty path when it was made here.
+  NamedFile source;
   // What planners find on it whatever the budget (regen.plan passes it: dp's programme is built
   // once per profile).
   mutable PlanCache cache;
@@ -56,7 +60,31 @@ ProfilePtr make_profile_handle(Profile p);
 struct PlanHandle {
   Plan plan;
   ProfilePtr profile;
+  NamedFile source = {};  // the file it was read from ("load_plan('q.json')"), as ProfileHandle's
 };
+
+// An integer argument checked as the command line checks its flag: in `range`, else regen.Error
+// "train: steps=0: must be a positive integer" (`call`: "train"); a bool, a float or another type
+// is refused naming its type, an integer beyond int64 with the range's words.
+int64_t int_arg(const std::string& call, const std::string& key, const pb::handle& v,
+                const OptionRange& range);
+// `path` as Python writes it, quoted: 'runs/m.csv'.
+std::string path_text(const std::string& path);
+
+// Files: no write from Python replaces a file that something reads or that holds another output
+// (core/io.h check_distinct_files, the command line's check of its outputs). Every live Model
+// registers what it reads (its data, a state it resumed, a checkpoint it loaded, the files its
+// profile and plan were read from; model.cpp). Refuses writing `path` when it is one of those, or
+// one of `inputs` (the writer's own: a plan's profile file); `call` names the write in the
+// message: "Plan.save('p.json'): 'p.json' is the same file as load_profile('p.json'): ...".
+// `own`: the file the object written was read from (a profile saved over its own file): not
+// refused. `writer`: a Model writing (model.cpp), whose own files it checks itself.
+class PyModel;
+void check_write(const std::string& call, const std::string& path,
+                 const std::vector<NamedFile>& inputs = {}, const NamedFile& own = {},
+                 const PyModel* writer = nullptr);
+// `source` of a handle read from `path` by `call` ("load_profile").
+NamedFile source_file(const std::string& call, const std::string& path);
 
 // "60%", "2GiB", a number of bytes, or None.
 Budget budget_from(const pb::object& budget);

@@ -4,6 +4,7 @@
 // keywords), and a RematPipeline to profile, plan and train under a plan. State dicts cross as
 // numpy arrays; checkpoints are `regen train --save` files.
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -222,7 +223,48 @@ std::string format_ms(double ms) {
   return buf;
 }
 
+// The Models alive in this process, whose files no write from Python may replace (check_write).
+// Never destroyed: a Model the interpreter frees late in its shutdown still finds it.
+std::vector<const PyModel*>& live_models() {
+  static auto* models = new std::vector<const PyModel*>;
+  return *models;
+}
+
 }  // namespace
+
+int64_t int_arg(const std::string& call, const std::string& key, const pb::handle& v,
+                const OptionRange& range) {
+  double d = 0;
+  try {
+    d = integer_value(key, v);
+  } catch (const Error& e) {
+    REGEN_FAIL(call, ": ", e.message());
+  }
+  if (range.problem(d).empty())
+    return pb::int_(pb::reinterpret_borrow<pb::object>(v)).cast<int64_t>();
+  // OptionRange::problem's words, with the bounds written whole (number_text writes 1000 as
+  // 1e+03).
+  const auto whole = [](double x) { return std::to_string(static_cast<long long>(x)); };
+  std::string problem;
+  if ((range.lo == 0 || range.lo == 1) && d >= range.lo) {
+    problem = "must be at most " + whole(range.hi);
+  } else if (range.lo == 1) {
+    problem = "must be a positive integer";
+  } else if (range.lo == 0) {
+    problem = "must be a non-negative integer";
+  } else {
+    problem = "must be an integer from " + whole(range.lo) + " to " + whole(range.hi);
+  }
+  REGEN_FAIL(call, ": ", option_error(key, text_of(v), problem, OptionStyle::keyword));
+}
+
+std::string path_text(const std::string& path) {
+  return text_of(pb::str(path));
+}
+
+NamedFile source_file(const std::string& call, const std::string& path) {
+  return {call + "(" + path_text(path) + ")", resolved_path(path)};
+}
 
 class PyModel {
  public:
@@ -234,6 +276,79 @@ class PyModel {
     allocator_for(resolve_device(options_.device, options_.style)).empty_cache();
     session_ = make_session(options_);
     pipe_ = std::make_unique<RematPipeline>(*session_->trainer);
+    const std::string data = option_setting("data", path_text(options_.data), options_.style);
+    for (const std::string& f : options_.data_files()) note(Role::data, data, f);
+    live_models().push_back(this);
+  }
+  ~PyModel() {
+    auto& live = live_models();
+    live.erase(std::remove(live.begin(), live.end(), this), live.end());
+  }
+  PyModel(const PyModel&) = delete;
+  PyModel& operator=(const PyModel&) = delete;
+
+  // What a Model does with a file; each file keeps its role for the Model's life.
+  enum class Role { data, load, resume, save, save_state, log };
+
+  // The files this Model reads (its data, a loaded checkpoint, a resumed state, the files its
+  // profile and plan were read from), named with `suffix` ("of another live Model(...)").
+  void add_reads(std::vector<NamedFile>& out, const std::string& suffix) const {
+    for (const RoleFile& f : files_) {
+      if (f.role == Role::data || f.role == Role::load || f.role == Role::resume)
+        out.push_back({f.file.name + suffix, f.file.path});
+    }
+    add_sources(out, suffix);
+  }
+  // The files its profile and plan were read from.
+  void add_sources(std::vector<NamedFile>& out, const std::string& suffix) const {
+    if (profile_ && !profile_->source.path.empty())
+      out.push_back({profile_->source.name + suffix, profile_->source.path});
+    if (plan_ && !plan_->source.path.empty())
+      out.push_back({plan_->source.name + suffix, plan_->source.path});
+  }
+
+  // Refuses writing `path` in `role` (`call` names the write: "save_state('x')") when it is a file
+  // this Model reads, one it wrote in another role (a log is never replaced by a checkpoint), or
+  // one another live Model reads. As the command line's --save may name its --load file and
+  // --save-state its --resume file, a checkpoint may be saved over the one loaded, and a state
+  // over the one resumed: each is read whole first and replaced atomically.
+  void check_output(Role role, const std::string& call, const std::string& path) const {
+    std::vector<NamedFile> inputs;
+    for (const RoleFile& f : files_) {
+      if (f.role == role || (role == Role::save && f.role == Role::load) ||
+          (role == Role::save_state && f.role == Role::resume))
+        continue;
+      inputs.push_back(f.file);
+    }
+    add_sources(inputs, "");
+    check_write(call, path, inputs, {}, this);
+  }
+
+  // A metrics log train() may open: not a file in use (check_output), and a name whose
+  // extension says what it holds. The log is CSV for a name ending in ".csv" and JSON lines for any
+  // other: "m.CSV" would get JSON lines under a CSV name, so another case is refused.
+  void check_log(const std::string& path) const {
+    const std::string call = "train(log=" + path_text(path) + ")";
+    REGEN_CHECK(!path.empty() && path.back() != '/', call, ": give a file name");
+    const auto dot = path.find_last_of("./");
+    if (dot != std::string::npos && path[dot] == '.') {
+      std::string ext = path.substr(dot);
+      std::string lower = ext;
+      for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+      REGEN_CHECK(lower != ".csv" || ext == ".csv", call, ": a CSV log's name ends in '.csv' (",
+                  path_text(ext), " would be written as JSON lines); write ",
+                  path_text(path.substr(0, dot) + ".csv"), ", or another extension for JSON lines");
+    }
+    check_output(Role::log, call, path);
+  }
+
+  // Records a file read or written in `role` (after the call succeeded), named by `call`.
+  void note(Role role, const std::string& call, const std::string& path) {
+    const std::string resolved = resolved_path(path);
+    for (const RoleFile& f : files_) {
+      if (f.role == role && f.file.path == resolved) return;
+    }
+    files_.push_back({role, {call, resolved}});
   }
 
   const SessionOptions& options() const { return options_; }
@@ -243,8 +358,9 @@ class PyModel {
   const std::shared_ptr<PlanHandle>& plan() const { return plan_; }
 
   ProfilePtr run_profile(int iterations, int warmup, const std::string& op_timing = "sync") {
-    REGEN_CHECK(iterations >= 1, "profile: iterations must be >= 1, got ", iterations);
-    REGEN_CHECK(warmup >= 0, "profile: warmup must be >= 0, got ", warmup);
+    REGEN_CHECK(iterations >= 1, "profile: iterations=", iterations,
+                ": must be a positive integer");
+    REGEN_CHECK(warmup >= 0, "profile: warmup=", warmup, ": must be a non-negative integer");
     ProfileOptions po;
     po.op_timing = parse_op_timing(op_timing, "profile: op_timing");
     po.warmup = warmup;
@@ -340,12 +456,7 @@ class PyModel {
 
   std::vector<StepResult> train(int64_t steps, const pb::object& progress,
                                 const std::string& log_path = "") {
-    REGEN_CHECK(steps >= 1, "train: steps must be >= 1, got ", steps);
-    std::unique_ptr<MetricsLog> log;
-    if (!log_path.empty()) {
-      log = std::make_unique<MetricsLog>(log_path, session_->trainer->optimizer_steps() > 0);
-    }
-    evals_.clear();
+    REGEN_CHECK(steps >= 1, "train: steps=", steps, ": must be a positive integer");
     if (plan_) {
       const Plan& p = plan_->plan;
       REGEN_CHECK(p.feasible,
@@ -354,7 +465,30 @@ class PyModel {
                                         p.predicted.oom_at
                                   : std::string(),
                   ". Use a larger budget, another policy, or budget_of='allocated'");
+      // As `regen train` checks it: a plan whose steps reserve more than the device has.
+      const int64_t have = available_memory(session_->device);
+      REGEN_CHECK(have <= 0 || p.predicted.peak_reserved <= have, "the plan's steps reserve ",
+                  format_bytes(p.predicted.peak_reserved), " (exact, simulated), but ",
+                  session_->device.str(), " has ", format_bytes(have),
+                  " available; plan with a budget of at most that, or use a smaller batch");
     }
+    // Refusals first: a refused call leaves an existing log as it was.
+    std::unique_ptr<MetricsLog> log;
+    if (!log_path.empty()) {
+      const std::string call = "train(log=" + path_text(log_path) + ")";
+      check_log(log_path);
+      try {
+        log = std::make_unique<MetricsLog>(log_path, session_->trainer->optimizer_steps() > 0);
+      } catch (const Error& e) {
+        // The library's message names the command line's flag ("--log FILE: ...").
+        std::string why = e.message();
+        const std::string flag = "--log " + log_path + ": ";
+        if (why.rfind(flag, 0) == 0) why = why.substr(flag.size());
+        REGEN_FAIL(call, ": ", why);
+      }
+      note(Role::log, call, log_path);
+    }
+    evals_.clear();
     // The plan's hooks, allocator limit and layout come off when the call returns or raises: the
     // model lives on in Python, and another model's steps must not run under this one's limit.
     struct Finish {
@@ -411,7 +545,100 @@ class PyModel {
   ProfilePtr profile_;
   std::shared_ptr<PlanHandle> plan_;
   std::vector<std::pair<int64_t, EvalResult>> evals_;  // the last train() call's evaluations
+  struct RoleFile {
+    Role role;
+    NamedFile file;  // the call that used it ("save('c.st')") and its resolved path
+  };
+  std::vector<RoleFile> files_;
 };
+
+void check_write(const std::string& call, const std::string& path,
+                 const std::vector<NamedFile>& inputs, const NamedFile& own,
+                 const PyModel* writer) {
+  std::vector<NamedFile> all = inputs;
+  for (const PyModel* m : live_models()) {
+    if (m == writer) continue;
+    m->add_reads(all, std::string(writer ? " of another" : " of a") + " live Model('" +
+                          m->options().model + "')");
+  }
+  if (!own.path.empty()) {
+    // The object written over the file it was read from: the same content again.
+    const std::string self = resolved_path(path);
+    all.erase(
+        std::remove_if(all.begin(), all.end(),
+                       [&](const NamedFile& f) { return f.path == own.path && self == own.path; }),
+        all.end());
+  }
+  check_distinct_files({{call + ": " + path_text(path), path}}, all);
+}
+
+namespace {
+
+// profile()'s iterations and warmup, in the ranges of `regen profile --iterations --warmup`.
+std::pair<int, int> profile_counts(const pb::object& iterations, const pb::object& warmup) {
+  const double int_max = std::numeric_limits<int>::max();
+  return {
+      static_cast<int>(
+          int_arg("profile", "iterations", iterations, OptionRange::integers(1, int_max))),
+      static_cast<int>(int_arg("profile", "warmup", warmup, OptionRange::integers(0, int_max)))};
+}
+
+// Model.train's planning keywords, checked as `regen train` checks --policy, --plan, --budget,
+// --layout, --chain, --budget-of, --offload and --transfer: each applies to planning with a
+// policy, so with a plan (which carries its own) or without either it would be ignored; a budget
+// needs a policy, a planned layout a plan.
+void check_planning_arguments(const PyModel& s, const pb::object& policy, const pb::object& budget,
+                              const std::string& chain, const std::string& budget_of,
+                              const std::string& layout, const pb::object& plan,
+                              const std::string& offload, const std::string& transfer) {
+  if (!plan.is_none()) {
+    REGEN_CHECK(policy.is_none(), "train: give a plan or a policy, not both");
+    const auto h = plan.cast<std::shared_ptr<PlanHandle>>();
+    REGEN_CHECK(h != nullptr, "train: plan is None");
+    REGEN_CHECK(budget.is_none(), "train: budget=", text_of(budget),
+                " applies to planning with policy=; plan= carries its own budget (",
+                h->plan.budget_text.empty() ? std::string("none") : h->plan.budget_text, ")");
+    REGEN_CHECK(layout != "planned" || h->plan.planned_layout,
+                "train: layout='planned' contradicts plan=, which was made without a planned "
+                "layout (plan(..., layout='planned')): leave layout out, the plan carries its own");
+  } else if (policy.is_none()) {
+    const std::string policies = join_names(remat_policy_names());
+    REGEN_CHECK(budget.is_none(), "train: budget=", text_of(budget),
+                " needs a policy= (a rematerialization planner: ", policies, ")");
+    REGEN_CHECK(layout != "planned",
+                "train: layout='planned' places the blocks of a rematerialization plan: give "
+                "policy= (one of ",
+                policies, ") or plan=");
+  } else {
+    REGEN_CHECK(pb::isinstance<pb::str>(policy),
+                "train: policy must be a planner's name (str), "
+                "one of regen.policies()");
+    const std::string name = policy.cast<std::string>();
+    REGEN_CHECK(layout != "planned" || !dtr_policy(name), "train: layout='planned': policy='", name,
+                "' evicts at run time under the caching allocator's limit, with no placement to "
+                "plan; use layout='caching'");
+    REGEN_CHECK(layout != "planned" || name != "none" || !budget.is_none() ||
+                    s.options().compress != "none",
+                "train: layout='planned' places the blocks of a rematerialization plan, and "
+                "policy='none' without a budget runs without one: give a policy= (one of ",
+                join_names(remat_policy_names()), ")");
+    if (name != "none" || !budget.is_none() || s.options().compress != "none") return;
+  }
+  // Keywords that only planning reads, left at their defaults unless a policy plans.
+  const std::pair<const char*, std::pair<std::string, const char*>> planning[] = {
+      {"chain", {chain, "auto"}},
+      {"budget_of", {budget_of, "reserved"}},
+      {"offload", {offload, "none"}},
+      {"transfer", {transfer, "profile"}}};
+  for (const auto& [key, value] : planning) {
+    REGEN_CHECK(value.first == value.second, "train: ", key, "=", path_text(value.first),
+                " applies to planning with a policy",
+                plan.is_none() ? ": give policy= (one of " + join_names(remat_policy_names()) + ")"
+                               : std::string("; plan= carries its own"));
+  }
+}
+
+}  // namespace
 
 void bind_model(pb::module_& m) {
   pb::class_<StepResult>(m, "StepResult",
@@ -529,14 +756,22 @@ time for exact memory figures: another live model's tensors count in the allocat
           "One training step (under the plan in use); returns a StepResult")
       .def(
           "train",
-          [](PyModel& s, int64_t steps, const pb::object& policy, const pb::object& budget,
-             const std::string& chain, const std::string& budget_of, const std::string& layout,
-             const pb::object& plan, int profile_steps, const pb::object& progress,
-             const std::string& offload, const std::string& transfer, const std::string& log,
-             const pb::kwargs& kw) {
+          [](PyModel& s, const pb::object& steps_arg, const pb::object& policy,
+             const pb::object& budget, const std::string& chain, const std::string& budget_of,
+             const std::string& layout, const pb::object& plan, const pb::object& profile_steps_arg,
+             const pb::object& progress, const std::string& offload, const std::string& transfer,
+             const std::string& log, const pb::kwargs& kw) {
+            // Everything checked before the first step (profiling steps train too), as the
+            // command line checks its flags before it starts.
+            const int64_t steps = int_arg("train", "steps", steps_arg, OptionRange::integers(1));
+            const int profile_steps = static_cast<int>(
+                int_arg("train", "profile_steps", profile_steps_arg,
+                        OptionRange::integers(1, std::numeric_limits<int>::max())));
+            check_planning_arguments(s, policy, budget, chain, budget_of, layout, plan, offload,
+                                     transfer);
+            if (!log.empty()) s.check_log(log);
             s.set_training_options(kw);
             if (!plan.is_none()) {
-              REGEN_CHECK(policy.is_none(), "train: give a plan or a policy, not both");
               s.install(plan.cast<std::shared_ptr<PlanHandle>>());
             } else if (!policy.is_none()) {
               const std::string name = policy.cast<std::string>();
@@ -547,8 +782,6 @@ time for exact memory figures: another live model's tensors count in the allocat
                 if (!s.profile()) s.run_profile(profile_steps, 0);
                 s.make(name, budget, chain, budget_of, layout, offload, transfer);
               }
-            } else {
-              REGEN_CHECK(budget.is_none(), "train: a budget needs a policy (regen.policies())");
             }
             return s.train(steps, progress, log);
           },
@@ -600,9 +833,16 @@ eval_every or eval_split trains on the whole of a text file, whose tail it then 
       .def(
           "save_state",
           [](PyModel& s, const std::string& path) {
+            const std::string call = "save_state(" + path_text(path) + ")";
+            s.check_output(PyModel::Role::save_state, call, path);
+            // Before the first step the optimizer has no state yet: made now (zeroed, with no
+            // update counted, as the first step makes it), so the file holds every tensor resume()
+            // reads and a state at step 0 resumes like any other.
+            s.session().trainer->prepare();
             save_training_state(s.session(), path,
                                 s.plan() ? plan_identity(s.plan()->plan)
                                          : std::map<std::string, std::string>{{"plan", "no plan"}});
+            s.note(PyModel::Role::save_state, call, path);
           },
           pb::arg("path"), R"doc(
 Writes the training state (safetensors, atomically): weights, optimizer state, optimizer step, RNG
@@ -613,17 +853,24 @@ Model built with the same options continues it bitwise (as ``regen train --save-
           [](PyModel& s, const std::string& path) {
             pb::dict d;
             for (const auto& [k, v] : resume_training_state(s.session(), path)) d[pb::str(k)] = v;
+            s.note(PyModel::Role::resume, "resume(" + path_text(path) + ")", path);
             return d;
           },
           pb::arg("path"), R"doc(
 Restores a training state written by save_state() or ``regen train --save-state`` into this Model,
 which must have been built with the same trajectory options (refused otherwise, naming the
 keyword); returns the file's metadata.)doc")
-      .def("profile", &PyModel::run_profile, pb::arg("iterations") = 2, pb::arg("warmup") = 0,
-           pb::arg("op_timing") = "sync",
-           "Profiles ``iterations`` instrumented steps (after ``warmup`` plain ones; all of them "
-           "train) and returns the Profile, which the model then plans with. ``op_timing`` "
-           "'sync' or 'device' (regen profile --op-timing)")
+      .def(
+          "profile",
+          [](PyModel& s, const pb::object& iterations, const pb::object& warmup,
+             const std::string& op_timing) {
+            const auto [i, w] = profile_counts(iterations, warmup);
+            return s.run_profile(i, w, op_timing);
+          },
+          pb::arg("iterations") = 2, pb::arg("warmup") = 0, pb::arg("op_timing") = "sync",
+          "Profiles ``iterations`` instrumented steps (after ``warmup`` plain ones; all of them "
+          "train) and returns the Profile, which the model then plans with. ``op_timing`` "
+          "'sync' or 'device' (regen profile --op-timing)")
       .def("use_profile", &PyModel::use_profile, pb::arg("profile"),
            "Plans with a profile made earlier; refused when it was made for another model, batch, "
            "device or settings")
@@ -640,13 +887,10 @@ keyword); returns the file's metadata.)doc")
       .def(
           "set_limit",
           [](PyModel& s, const pb::object& limit) {
-            int64_t v = -1;
-            if (!limit.is_none()) {
-              REGEN_CHECK(pb::isinstance<pb::int_>(limit) && !pb::isinstance<pb::bool_>(limit),
-                          "set_limit: limit must be a number of bytes (int) or None");
-              v = limit.cast<int64_t>();
-              REGEN_CHECK(v >= 0, "set_limit: limit must be >= 0 bytes (0: none), got ", v);
-            }
+            // Bytes (0: none), or None: the plan's again.
+            const int64_t v = limit.is_none()
+                                  ? -1
+                                  : int_arg("set_limit", "limit", limit, OptionRange::integers(0));
             s.pipe().set_limit(v);
           },
           pb::arg("limit"),
@@ -692,12 +936,19 @@ keyword); returns the file's metadata.)doc")
       .def(
           "save",
           [](PyModel& s, const std::string& path) {
+            const std::string call = "save(" + path_text(path) + ")";
+            s.check_output(PyModel::Role::save, call, path);
             save_checkpoint(s.session(), path, s.pipe().steps_done());
+            s.note(PyModel::Role::save, call, path);
           },
           pb::arg("path"), "Writes a checkpoint (safetensors, as `regen train --save`), atomically")
       .def(
           "load",
-          [](PyModel& s, const std::string& path) { return load_checkpoint(s.session(), path); },
+          [](PyModel& s, const std::string& path) {
+            const size_t n = load_checkpoint(s.session(), path);
+            s.note(PyModel::Role::load, "load(" + path_text(path) + ")", path);
+            return n;
+          },
           pb::arg("path"),
           "Loads a checkpoint saved from this model's configuration; returns the tensor count")
       .def("__repr__", [](PyModel& s) {
@@ -718,7 +969,9 @@ keyword); returns the file's metadata.)doc")
   m.def(
       "profile",
       [](const pb::object& model, const pb::object& batch, const std::string& device,
-         int iterations, int warmup, const std::string& op_timing, const pb::kwargs& kw) {
+         const pb::object& iterations_arg, const pb::object& warmup_arg,
+         const std::string& op_timing, const pb::kwargs& kw) {
+        const auto [iterations, warmup] = profile_counts(iterations_arg, warmup_arg);
         if (pb::isinstance<PyModel>(model)) {
           REGEN_CHECK(kw.size() == 0,
                       "profile: model options go to the Model, not to profile() of one");
@@ -738,10 +991,11 @@ regen profile --op-timing.)doc");
 
   m.def(
       "estimate",
-      [](const std::string& model, int64_t batch, const std::string& policy, bool compare,
-         const pb::kwargs& kw) {
-        REGEN_CHECK(batch > 0, "estimate: batch must be positive, got ", batch);
-        SessionOptions f = options_from(model, pb::int_(batch), "cpu", kw);
+      [](const std::string& model, const pb::object& batch_arg, const std::string& policy,
+         bool compare, const pb::kwargs& kw) {
+        // Checked as Model's options are ("batch=0: must be a positive integer").
+        SessionOptions f = options_from(model, batch_arg, "cpu", kw);
+        const int64_t batch = f.batch;
         f.validate();
         const ModelConfig c = f.model_config();
         EstimateOptions o;

@@ -449,7 +449,10 @@ of equal-length columns (numpy arrays, or lists for text and lists), ready for
           "blocked)")
       .def(
           "save",
-          [](const ProfileHandle& h, const std::string& path) { save_profile(h.profile, path); },
+          [](const ProfileHandle& h, const std::string& path) {
+            check_write("Profile.save(" + path_text(path) + ")", path, {}, h.source);
+            save_profile(h.profile, path);
+          },
           pb::arg("path"), "Writes profile.json (atomically), as `regen profile` does")
       .def("__repr__", [](const ProfileHandle& h) {
         const Profile& p = h.profile;
@@ -459,7 +462,11 @@ of equal-length columns (numpy arrays, or lists for text and lists), ready for
       });
   m.def(
       "load_profile",
-      [](const std::string& path) { return make_profile_handle(load_profile(path)); },
+      [](const std::string& path) {
+        ProfilePtr h = make_profile_handle(load_profile(path));
+        h->source = source_file("load_profile", path);
+        return h;
+      },
       pb::arg("path"),
       "Reads a profile.json (from `regen profile` or Profile.save), validated and "
       "replayed against its recorded peaks");
@@ -734,6 +741,13 @@ limit from a budget.)doc");
       .def(
           "save",
           [](const PlanHandle& h, const std::string& path) {
+            // Never over the profile.json it was made for, as `regen plan --out` never is.
+            std::vector<NamedFile> inputs;
+            if (!h.profile->source.path.empty()) {
+              inputs.push_back(
+                  {h.profile->source.name + " (the plan's profile)", h.profile->source.path});
+            }
+            check_write("Plan.save(" + path_text(path) + ")", path, inputs, h.source);
             save_plan(h.plan, h.profile->profile, path);
           },
           pb::arg("path"), "Writes plan.json (atomically), as `regen plan` does")
@@ -758,11 +772,12 @@ limit from a budget.)doc");
         REGEN_CHECK(profile != nullptr, "plan: profile is None");
         PlanOptions o =
             plan_options(chain, budget_of, layout, offload, transfer, &profile->profile);
-        REGEN_CHECK(std::isfinite(milp_time_limit) && milp_time_limit > 0,
-                    "plan: milp_time_limit must "
-                    "be a positive number of seconds, got ",
-                    milp_time_limit);
-        REGEN_CHECK(milp_threads >= 1, "plan: milp_threads must be >= 1, got ", milp_threads);
+        // The range of `regen plan --milp-time-limit` (0.1 s to a day).
+        REGEN_CHECK(milp_time_limit >= 0.1 && milp_time_limit <= 86400,
+                    "plan: milp_time_limit=", number_text(milp_time_limit),
+                    ": must be a number of seconds from 0.1 to 86400");
+        REGEN_CHECK(milp_threads >= 1, "plan: milp_threads=", milp_threads,
+                    ": must be a positive integer");
         o.milp_time_limit_s = milp_time_limit;
         o.milp_threads = milp_threads;
         o.cache = &profile->cache;
@@ -823,7 +838,7 @@ model. Execute it with Model.use_plan or Model.train(plan=...).)doc");
         REGEN_CHECK(profile != nullptr, "load_plan: profile is None");
         Plan plan = load_plan(path, profile->profile);
         judge_loaded_plan(profile->sim, plan);
-        return PlanHandle{std::move(plan), profile};
+        return PlanHandle{std::move(plan), profile, source_file("load_plan", path)};
       },
       pb::arg("path"), pb::arg("profile"),
       "Reads a plan.json made for ``profile`` and judges it again on it");
@@ -847,11 +862,30 @@ model. Execute it with Model.use_plan or Model.train(plan=...).)doc");
       "'all'");
   m.def(
       "measure_transfer",
-      [](const std::string& device, const std::vector<int64_t>& sizes, int repeats) {
-        REGEN_CHECK(repeats >= 1, "measure_transfer: repeats must be >= 1, got ", repeats);
+      [](const std::string& device, const std::vector<pb::object>& sizes,
+         const pb::object& repeats_arg) {
+        // The ranges of `regen bench copy --repeats --sizes`.
+        const int repeats = static_cast<int>(
+            int_arg("measure_transfer", "repeats", repeats_arg, OptionRange::integers(1, 1000)));
+        REGEN_CHECK(!sizes.empty(), "measure_transfer: sizes is empty: give at least one size");
         std::vector<uint64_t> s;
-        for (int64_t b : sizes) {
-          REGEN_CHECK(b > 0, "measure_transfer: sizes must be positive byte counts, got ", b);
+        for (const pb::object& size : sizes) {
+          // Bytes, or text as --sizes takes it ("4MiB").
+          int64_t b = 0;
+          if (pb::isinstance<pb::str>(size)) {
+            try {
+              b = parse_bytes(size.cast<std::string>());
+            } catch (const Error& e) {
+              REGEN_FAIL("measure_transfer: sizes: ", path_text(size.cast<std::string>()), ": ",
+                         e.message());
+            }
+          } else {
+            b = int_arg("measure_transfer", "sizes", size,
+                        OptionRange::integers(1, static_cast<double>(int64_t{1} << 40)));
+          }
+          REGEN_CHECK(b > 0 && b <= (int64_t{1} << 40),
+                      "measure_transfer: sizes: ", pb::str(pb::repr(size)).cast<std::string>(),
+                      " must be between 1 byte and 1 TiB");
           s.push_back(static_cast<uint64_t>(b));
         }
         const Device d = resolve_device(device, OptionStyle::keyword);

@@ -181,6 +181,7 @@ alive. ``t.numpy()`` returns a copy, from any device.)doc")
             meta[k.cast<std::string>()] = v.cast<std::string>();
           }
         }
+        check_write("save_safetensors(" + path_text(path) + ")", path);
         save_safetensors(path, list, meta);
       },
       pb::arg("path"), pb::arg("tensors"), pb::arg("metadata") = pb::none(),

@@ -428,37 +428,15 @@ void check_output_path(const std::string& flag, const std::string& path) {
   REGEN_CHECK(why.empty(), flag, " ", path, ": cannot write there: ", why);
 }
 
-namespace {
-
-// A path with its folder resolved (the file itself need not exist), to compare two paths.
-std::string resolved_path(const std::string& path) {
-  const auto slash = path.find_last_of('/');
-  const std::string dir =
-      slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
-  const std::string name = slash == std::string::npos ? path : path.substr(slash + 1);
-  char buf[PATH_MAX];
-  if (::realpath(path.c_str(), buf)) return buf;  // an existing file (through links)
-  if (::realpath(dir.c_str(), buf)) return std::string(buf) + "/" + name;
-  return path;
-}
-
-}  // namespace
-
 void check_distinct_files(const std::vector<std::pair<std::string, std::string>>& outputs,
                           const std::vector<std::pair<std::string, std::string>>& inputs) {
-  std::vector<std::pair<std::string, std::string>> seen;  // (resolved path, flag)
-  for (const auto& [flag, path] : inputs) {
-    if (!path.empty()) seen.emplace_back(resolved_path(path), flag);
-  }
+  std::vector<NamedFile> outs, ins;
   for (const auto& [flag, path] : outputs) {
     check_output_path(flag, path);
-    const std::string r = resolved_path(path);
-    for (const auto& [other, other_flag] : seen) {
-      REGEN_CHECK(other != r, flag, " ", path, " is the same file as ", other_flag,
-                  ": give each output its own path, never an input's");
-    }
-    seen.emplace_back(r, flag);
+    outs.push_back({flag + " " + path, path});
   }
+  for (const auto& [flag, path] : inputs) ins.push_back({flag, path});
+  regen::check_distinct_files(outs, ins);  // core/io.h
 }
 
 std::vector<std::pair<std::string, std::string>> data_inputs(const SessionOptions& options) {
