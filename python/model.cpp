@@ -342,6 +342,15 @@ class PyModel {
     check_output(Role::log, call, path);
   }
 
+  // Refuses `call` from train()'s progress callback when it would change the step under way (its
+  // plan, profile, limit, weights or options): the running loop checked them before its first
+  // step (a plan that does not fit, for one). Saving, evaluating and reading stay allowed.
+  void check_idle(const char* call) const {
+    REGEN_CHECK(!training_, call,
+                ": the Model is training (this is a call from train()'s progress callback); call "
+                "it after train() returns (progress may return False to stop)");
+  }
+
   // Records a file read or written in `role` (after the call succeeded), named by `call`.
   void note(Role role, const std::string& call, const std::string& path) {
     const std::string resolved = resolved_path(path);
@@ -358,6 +367,7 @@ class PyModel {
   const std::shared_ptr<PlanHandle>& plan() const { return plan_; }
 
   ProfilePtr run_profile(int iterations, int warmup, const std::string& op_timing = "sync") {
+    check_idle("profile");
     REGEN_CHECK(iterations >= 1, "profile: iterations=", iterations,
                 ": must be a positive integer");
     REGEN_CHECK(warmup >= 0, "profile: warmup=", warmup, ": must be a non-negative integer");
@@ -373,6 +383,7 @@ class PyModel {
   }
 
   void use_profile(const ProfilePtr& p) {
+    check_idle("use_profile");
     REGEN_CHECK(p != nullptr, "use_profile: profile is None");
     if (p == profile_) return;
     check_profile_run(p->profile, options_, "the profile");
@@ -385,6 +396,7 @@ class PyModel {
                                    const std::string& chain, const std::string& budget_of,
                                    const std::string& layout, const std::string& offload,
                                    const std::string& transfer) {
+    check_idle("plan");
     REGEN_CHECK(profile_ != nullptr,
                 "plan: the model has no profile; call profile() or use_profile() first");
     PlanOptions o = plan_options(chain, budget_of, layout, offload, transfer, &profile_->profile);
@@ -396,6 +408,7 @@ class PyModel {
   }
 
   void install(const std::shared_ptr<PlanHandle>& h) {
+    check_idle("use_plan");
     REGEN_CHECK(h != nullptr, "use_plan: plan is None");
     use_profile(h->profile);
     pipe_->use_plan(h->plan);
@@ -403,6 +416,7 @@ class PyModel {
   }
 
   void clear_plan() {
+    check_idle("clear_plan");
     pipe_->clear_plan();
     plan_.reset();
   }
@@ -413,6 +427,7 @@ class PyModel {
   // (SessionOptions::validate), against the profile in use (clipping changes the step), then set on
   // the trainer.
   void set_training_options(const pb::dict& kw) {
+    check_idle("train");
     if (kw.size() == 0) return;
     SessionOptions o = options_;
     for (const auto& [k, v] : kw) {
@@ -457,6 +472,7 @@ class PyModel {
   std::vector<StepResult> train(int64_t steps, const pb::object& progress,
                                 const std::string& log_path = "") {
     REGEN_CHECK(steps >= 1, "train: steps=", steps, ": must be a positive integer");
+    check_idle("train");
     if (plan_) {
       const Plan& p = plan_->plan;
       REGEN_CHECK(p.feasible,
@@ -489,6 +505,11 @@ class PyModel {
       note(Role::log, call, log_path);
     }
     evals_.clear();
+    struct Busy {
+      bool& training;
+      explicit Busy(bool& t) : training(t) { training = true; }
+      ~Busy() { training = false; }
+    } busy{training_};
     // The plan's hooks, allocator limit and layout come off when the call returns or raises: the
     // model lives on in Python, and another model's steps must not run under this one's limit.
     struct Finish {
@@ -550,6 +571,7 @@ class PyModel {
     NamedFile file;  // the call that used it ("save('c.st')") and its resolved path
   };
   std::vector<RoleFile> files_;
+  bool training_ = false;  // inside train(): its progress callback may call back
 };
 
 void check_write(const std::string& call, const std::string& path,
@@ -797,7 +819,10 @@ steps, which train too), planned, and every step runs under the plan; ``policy='
 plan (with ``compress``, it plans none: the activations it retains are held narrow). With ``plan``: under that Plan (made for this model's configuration, e.g. by make_plan).
 Without either: under the plan in use, if any. A plan that does not fit its budget is refused
 before the first step. ``progress(step, result)`` is called after each step; returning False
-stops. A loss, parameter or gradient that is not finite raises regen.Error.
+stops; it may save and evaluate, not change the step under way (plan, train, ...). A loss, parameter
+or gradient that is not finite raises regen.Error. Every argument is checked before the first step:
+counts in the command line's ranges, and planning keywords (budget, chain, budget_of, layout,
+offload, transfer) are refused where they would be ignored (no policy, policy='none', or plan=).
 
 The training loop's keywords, checked as the Model's (SessionOptions): ``lr_schedule`` ('constant',
 'step', 'cosine'), ``warmup_steps``, ``schedule_steps`` (cosine's horizon), ``lr_step_size``,
@@ -847,10 +872,14 @@ eval_every or eval_split trains on the whole of a text file, whose tail it then 
           pb::arg("path"), R"doc(
 Writes the training state (safetensors, atomically): weights, optimizer state, optimizer step, RNG
 and data position, the options that shape the trajectory and the plan's identity. resume() on a
-Model built with the same options continues it bitwise (as ``regen train --save-state``).)doc")
+Model built with the same options continues it bitwise (as ``regen train --save-state``), also from
+a state saved before the first step. Refused over a file the Model reads (its data, a loaded
+checkpoint) or wrote otherwise (a log, a checkpoint), or that another live Model reads; the state
+it resumed may be replaced.)doc")
       .def(
           "resume",
           [](PyModel& s, const std::string& path) {
+            s.check_idle("resume");
             pb::dict d;
             for (const auto& [k, v] : resume_training_state(s.session(), path)) d[pb::str(k)] = v;
             s.note(PyModel::Role::resume, "resume(" + path_text(path) + ")", path);
@@ -888,6 +917,7 @@ keyword); returns the file's metadata.)doc")
           "set_limit",
           [](PyModel& s, const pb::object& limit) {
             // Bytes (0: none), or None: the plan's again.
+            s.check_idle("set_limit");
             const int64_t v = limit.is_none()
                                   ? -1
                                   : int_arg("set_limit", "limit", limit, OptionRange::integers(0));
@@ -920,6 +950,7 @@ keyword); returns the file's metadata.)doc")
       .def(
           "load_state_dict",
           [](PyModel& s, const pb::dict& state, bool strict) {
+            s.check_idle("load_state_dict");
             NamedTensors list;
             for (const auto& [k, v] : state) {
               REGEN_CHECK(pb::isinstance<pb::str>(k),
@@ -941,10 +972,13 @@ keyword); returns the file's metadata.)doc")
             save_checkpoint(s.session(), path, s.pipe().steps_done());
             s.note(PyModel::Role::save, call, path);
           },
-          pb::arg("path"), "Writes a checkpoint (safetensors, as `regen train --save`), atomically")
+          pb::arg("path"),
+          "Writes a checkpoint (safetensors, as `regen train --save`), atomically; refused over a "
+          "file in use (the data, a log, a training state; the loaded checkpoint may be replaced)")
       .def(
           "load",
           [](PyModel& s, const std::string& path) {
+            s.check_idle("load");
             const size_t n = load_checkpoint(s.session(), path);
             s.note(PyModel::Role::load, "load(" + path_text(path) + ")", path);
             return n;

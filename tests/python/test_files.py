@@ -269,3 +269,32 @@ def test_a_refused_train_leaves_its_log_as_it_was(tmp_path):
     with pytest.raises(regen.Error, match="does not fit its budget"):
         m.train(1, plan=plan, log=str(log))
     assert log.read_text() == "kind,step\n" and m.steps_done == 0
+
+
+def test_progress_may_save_but_not_change_the_step_under_way(tmp_path):
+    # The loop checked its plan before the first step: a plan installed from the progress callback
+    # (one that does not fit, say) would run unchecked. Saving a state there is what it is for.
+    m = regen.Model(**SMALL)
+    m.profile(iterations=1)
+    m.plan("blocks")
+    done = m.steps_done
+    state = str(tmp_path / "every.safetensors")
+
+    def save(step, result):
+        m.save_state(state)
+
+    m.train(2, progress=save)
+    assert regen.load_safetensors(state)[1]["optimizer_steps"] == str(done + 2)
+    for name, call in [("plan", lambda: m.plan("blocks", "70%", budget_of="allocated")),
+                       ("train", lambda: m.train(1)), ("clear_plan", m.clear_plan),
+                       ("profile", lambda: m.profile(iterations=1)), ("set_limit",
+                                                                        lambda: m.set_limit(0)),
+                       ("resume", lambda: m.resume(state))]:
+        def progress(step, result):
+            call()
+
+        with pytest.raises(regen.Error, match=rf"^{name}: the Model is training \(this is a call "
+                                              r"from train\(\)'s progress callback\)"):
+            m.train(2, progress=progress)
+    assert m.steps_done == done + 2 + 6  # each refused after the first of its two steps
+    assert m.train(1)[0].exact
