@@ -636,15 +636,28 @@ void check_planning_arguments(const PyModel& s, const pb::object& policy, const 
                 "train: policy must be a planner's name (str), "
                 "one of regen.policies()");
     const std::string name = policy.cast<std::string>();
+    // Known, with a budget that reads, and the keywords planning takes (the transfer model is
+    // read once there is a profile): each fails now, not after the profiling steps.
+    try {
+      planner_info(name);
+      budget_from(budget);
+      plan_options(chain, budget_of, layout, offload);
+    } catch (const Error& e) {
+      REGEN_FAIL("train: ", e.message());
+    }
     REGEN_CHECK(layout != "planned" || !dtr_policy(name), "train: layout='planned': policy='", name,
                 "' evicts at run time under the caching allocator's limit, with no placement to "
                 "plan; use layout='caching'");
-    REGEN_CHECK(layout != "planned" || name != "none" || !budget.is_none() ||
-                    s.options().compress != "none",
+    if (name != "none") return;
+    // 'none' plans nothing (with compress: a plan of none, holding what it retains narrow).
+    REGEN_CHECK(budget.is_none(), "train: budget=", text_of(budget),
+                " needs a policy= (a rematerialization planner: ", join_names(remat_policy_names()),
+                "); policy='none' plans nothing");
+    if (s.options().compress != "none") return;
+    REGEN_CHECK(layout != "planned",
                 "train: layout='planned' places the blocks of a rematerialization plan, and "
-                "policy='none' without a budget runs without one: give a policy= (one of ",
+                "policy='none' plans nothing: give a policy= (one of ",
                 join_names(remat_policy_names()), ")");
-    if (name != "none" || !budget.is_none() || s.options().compress != "none") return;
   }
   // Keywords that only planning reads, left at their defaults unless a policy plans.
   const std::pair<const char*, std::pair<std::string, const char*>> planning[] = {

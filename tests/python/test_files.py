@@ -206,6 +206,13 @@ def test_a_failed_write_leaves_nothing_behind(tmp_path):
     (lambda m: m.train(1, transfer="gbps:10"), r"^train: transfer='gbps:10' applies to"),
     (lambda m: m.train(1, policy="none", offload="all"), r"^train: offload='all' applies to"),
     (lambda m: m.train(1, budget="50%"), r"^train: budget='50%' needs a policy="),
+    (lambda m: m.train(1, policy="none", budget="80%"),
+     r"^train: budget='80%' needs a policy= \(a rematerialization planner: blocks, .*\); "
+     r"policy='none' plans nothing$"),
+    (lambda m: m.train(1, policy="bloks"), r"^train: unknown policy 'bloks': known policies are"),
+    (lambda m: m.train(1, policy="dp", budget="60 percent"), r"^train: .*60 percent"),
+    (lambda m: m.train(1, policy="dp", budget="60%", chain="both"), r"^train: .*'both'"),
+    (lambda m: m.train(1, policy="dp", offload="disk"), r"^train: offload='disk'"),
     (lambda m: m.set_limit(-1), r"^set_limit: limit=-1: must be a non-negative integer$"),
     (lambda m: m.set_limit(2**70), r"^set_limit: limit=1180591620717411303424: must be at most"),
     (lambda m: m.train(1, log="m.CSV"),
