@@ -14,6 +14,8 @@
 namespace regen::py {
 namespace {
 
+constexpr double kIntMax = 2147483647.0;  // for arguments held in an int
+
 // Every live handle by its simulator, so a planner written in Python gets the Profile object it
 // was called for.
 std::map<const Simulator*, std::weak_ptr<ProfileHandle>>& owners() {
@@ -563,12 +565,13 @@ of equal-length columns (numpy arrays, or lists for text and lists), ready for
       "simulate",
       [](const ProfilePtr& profile, const pb::object& decisions, const std::string& chain,
          const pb::object& regenerations, const pb::object& budget, const std::string& budget_of,
-         int64_t limit, bool timeline, int top_live, const std::string& optimizer_state,
-         const std::string& transfer) {
+         const pb::object& limit_arg, bool timeline, const pb::object& top_live_arg,
+         const std::string& optimizer_state, const std::string& transfer) {
         REGEN_CHECK(profile != nullptr, "simulate: profile is None");
         const Profile& p = profile->profile;
-        REGEN_CHECK(limit >= 0, "simulate: limit must be >= 0 bytes (0: none), got ", limit);
-        REGEN_CHECK(top_live >= 0, "simulate: top_live must be >= 0, got ", top_live);
+        const int64_t limit = int_arg("simulate", "limit", limit_arg, OptionRange::integers(0));
+        const int top_live = static_cast<int>(
+            int_arg("simulate", "top_live", top_live_arg, OptionRange::integers(0, kIntMax)));
         Plan draft;
         draft.decisions = decisions_from(decisions, p);
         draft.keep_chain = keep_chain_from(chain, "simulate");
@@ -621,10 +624,12 @@ tier) are what executing the decisions measures.)doc");
 
   m.def(
       "simulate_dtr",
-      [](const ProfilePtr& profile, int64_t limit, bool coop, bool timeline, int top_live) {
+      [](const ProfilePtr& profile, const pb::object& limit_arg, bool coop, bool timeline,
+         const pb::object& top_live_arg) {
         REGEN_CHECK(profile != nullptr, "simulate_dtr: profile is None");
-        REGEN_CHECK(limit >= 0, "simulate_dtr: limit must be >= 0 bytes (0: none), got ", limit);
-        REGEN_CHECK(top_live >= 0, "simulate_dtr: top_live must be >= 0, got ", top_live);
+        const int64_t limit = int_arg("simulate_dtr", "limit", limit_arg, OptionRange::integers(0));
+        const int top_live = static_cast<int>(
+            int_arg("simulate_dtr", "top_live", top_live_arg, OptionRange::integers(0, kIntMax)));
         SimOptions o;
         o.timeline = timeline;
         o.top_live = top_live;
@@ -767,7 +772,7 @@ limit from a budget.)doc");
       "plan",
       [](const ProfilePtr& profile, const std::string& policy, const pb::object& budget,
          const std::string& chain, const std::string& budget_of, const std::string& layout,
-         double milp_time_limit, int milp_threads, const std::string& offload,
+         double milp_time_limit, const pb::object& milp_threads_arg, const std::string& offload,
          const std::string& transfer) {
         REGEN_CHECK(profile != nullptr, "plan: profile is None");
         PlanOptions o =
@@ -776,8 +781,8 @@ limit from a budget.)doc");
         REGEN_CHECK(milp_time_limit >= 0.1 && milp_time_limit <= 86400,
                     "plan: milp_time_limit=", number_text(milp_time_limit),
                     ": must be a number of seconds from 0.1 to 86400");
-        REGEN_CHECK(milp_threads >= 1, "plan: milp_threads=", milp_threads,
-                    ": must be a positive integer");
+        const int milp_threads = static_cast<int>(
+            int_arg("plan", "milp_threads", milp_threads_arg, OptionRange::integers(1, kIntMax)));
         o.milp_time_limit_s = milp_time_limit;
         o.milp_threads = milp_threads;
         o.cache = &profile->cache;

@@ -262,6 +262,14 @@ def test_module_arguments_the_command_line_checks(call, match):
 
 def test_milp_time_limit_in_the_command_lines_range():
     p = regen.Model(**SMALL).profile(iterations=1)
+    d = [False] * p.num_saved
+    with pytest.raises(regen.Error, match=r"^simulate: limit=-1: must be a non-negative integer$"):
+        regen.simulate(p, d, limit=-1)
+    with pytest.raises(regen.Error, match=r"^simulate_dtr: top_live=2147483648: must be at most "
+                                          r"2147483647$"):
+        regen.simulate_dtr(p, top_live=2**31)
+    with pytest.raises(regen.Error, match=r"^plan: milp_threads=0: must be a positive integer$"):
+        regen.plan(p, "dp", "80%", milp_threads=0)
     with pytest.raises(regen.Error, match=r"^plan: milp_time_limit=0.01: must be a number of "
                                           r"seconds from 0.1 to 86400$"):
         regen.plan(p, "milp", "80%", milp_time_limit=0.01)
