@@ -638,9 +638,9 @@ void check_planning_arguments(const PyModel& s, const pb::object& policy, const 
     const std::string name = policy.cast<std::string>();
     // Known, with a budget that reads, and the keywords planning takes (the transfer model is
     // read once there is a profile): each fails now, not after the profiling steps.
+    budget_from(budget);  // its message names the keyword: "budget='' is empty (...)"
     try {
       planner_info(name);
-      budget_from(budget);
       plan_options(chain, budget_of, layout, offload);
     } catch (const Error& e) {
       REGEN_FAIL("train: ", e.message());

@@ -16,6 +16,15 @@ namespace {
 
 constexpr double kIntMax = 2147483647.0;  // for arguments held in an int
 
+// A hard limit in bytes (0: none): "simulate: limit must be >= 0 bytes (0: none), got -1"; beyond
+// the bytes an int64 holds, the range's words.
+int64_t limit_arg(const char* call, const pb::object& v) {
+  if (PyIndex_Check(v.ptr()) && !pb::isinstance<pb::bool_>(v) && pb::int_(v) < pb::int_(0)) {
+    REGEN_FAIL(call, ": limit must be >= 0 bytes (0: none), got ", pb::str(v).cast<std::string>());
+  }
+  return int_arg(call, "limit", v, OptionRange::integers(0));
+}
+
 // Every live handle by its simulator, so a planner written in Python gets the Profile object it
 // was called for.
 std::map<const Simulator*, std::weak_ptr<ProfileHandle>>& owners() {
@@ -565,11 +574,11 @@ of equal-length columns (numpy arrays, or lists for text and lists), ready for
       "simulate",
       [](const ProfilePtr& profile, const pb::object& decisions, const std::string& chain,
          const pb::object& regenerations, const pb::object& budget, const std::string& budget_of,
-         const pb::object& limit_arg, bool timeline, const pb::object& top_live_arg,
+         const pb::object& limit_value, bool timeline, const pb::object& top_live_arg,
          const std::string& optimizer_state, const std::string& transfer) {
         REGEN_CHECK(profile != nullptr, "simulate: profile is None");
         const Profile& p = profile->profile;
-        const int64_t limit = int_arg("simulate", "limit", limit_arg, OptionRange::integers(0));
+        const int64_t limit = limit_arg("simulate", limit_value);
         const int top_live = static_cast<int>(
             int_arg("simulate", "top_live", top_live_arg, OptionRange::integers(0, kIntMax)));
         Plan draft;
@@ -624,10 +633,10 @@ tier) are what executing the decisions measures.)doc");
 
   m.def(
       "simulate_dtr",
-      [](const ProfilePtr& profile, const pb::object& limit_arg, bool coop, bool timeline,
+      [](const ProfilePtr& profile, const pb::object& limit_value, bool coop, bool timeline,
          const pb::object& top_live_arg) {
         REGEN_CHECK(profile != nullptr, "simulate_dtr: profile is None");
-        const int64_t limit = int_arg("simulate_dtr", "limit", limit_arg, OptionRange::integers(0));
+        const int64_t limit = limit_arg("simulate_dtr", limit_value);
         const int top_live = static_cast<int>(
             int_arg("simulate_dtr", "top_live", top_live_arg, OptionRange::integers(0, kIntMax)));
         SimOptions o;
