@@ -312,8 +312,10 @@ class PyModel {
   // one another live Model reads. As the command line's --save may name its --load file and
   // --save-state its --resume file, a checkpoint may be saved over the one loaded, and a state
   // over the one resumed: each is read whole first and replaced atomically.
-  void check_output(Role role, const std::string& call, const std::string& path) const {
-    std::vector<NamedFile> inputs;
+  // `also`: other files the call reads.
+  void check_output(Role role, const std::string& call, const std::string& path,
+                    const std::vector<NamedFile>& also = {}) const {
+    std::vector<NamedFile> inputs = also;
     for (const RoleFile& f : files_) {
       if (f.role == role || (role == Role::save && f.role == Role::load) ||
           (role == Role::save_state && f.role == Role::resume))
@@ -327,7 +329,7 @@ class PyModel {
   // A metrics log train() may open: not a file in use (check_output), and a name whose
   // extension says what it holds. The log is CSV for a name ending in ".csv" and JSON lines for any
   // other: "m.CSV" would get JSON lines under a CSV name, so another case is refused.
-  void check_log(const std::string& path) const {
+  void check_log(const std::string& path, const std::vector<NamedFile>& also = {}) const {
     const std::string call = "train(log=" + path_text(path) + ")";
     REGEN_CHECK(!path.empty() && path.back() != '/', call, ": give a file name");
     const auto dot = path.find_last_of("./");
@@ -339,7 +341,7 @@ class PyModel {
                   path_text(ext), " would be written as JSON lines); write ",
                   path_text(path.substr(0, dot) + ".csv"), ", or another extension for JSON lines");
     }
-    check_output(Role::log, call, path);
+    check_output(Role::log, call, path, also);
   }
 
   // Refuses `call` from train()'s progress callback when it would change the step under way (its
@@ -804,7 +806,15 @@ time for exact memory figures: another live model's tensors count in the allocat
                         OptionRange::integers(1, std::numeric_limits<int>::max())));
             check_planning_arguments(s, policy, budget, chain, budget_of, layout, plan, offload,
                                      transfer);
-            if (!log.empty()) s.check_log(log);
+            if (!log.empty()) {
+              // A transfer model read from a file (regen bench copy --json) is an input too.
+              std::vector<NamedFile> reads;
+              if (transfer != "profile" && transfer.rfind("step:", 0) != 0 &&
+                  transfer.rfind("gbps:", 0) != 0) {
+                reads.push_back({"transfer=" + path_text(transfer), transfer});
+              }
+              s.check_log(log, reads);
+            }
             s.set_training_options(kw);
             if (!plan.is_none()) {
               s.install(plan.cast<std::shared_ptr<PlanHandle>>());

@@ -207,6 +207,8 @@ def test_a_failed_write_leaves_nothing_behind(tmp_path):
     (lambda m: m.train(1, budget_of="allocated"), r"^train: budget_of='allocated' applies to"),
     (lambda m: m.train(1, transfer="gbps:10"), r"^train: transfer='gbps:10' applies to"),
     (lambda m: m.train(1, policy="none", offload="all"), r"^train: offload='all' applies to"),
+    (lambda m: m.train(2, policy="dp", offload="all", transfer="t.json", log="./t.json"),
+     r"^train\(log='./t.json'\): './t.json' is the same file as transfer='t.json'"),
     (lambda m: m.train(1, budget="50%"), r"^train: budget='50%' needs a policy="),
     (lambda m: m.train(1, policy="none", budget="80%"),
      r"^train: budget='80%' needs a policy= \(a rematerialization planner: blocks, .*\); "
