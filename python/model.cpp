@@ -353,6 +353,20 @@ class PyModel {
                 "it after train() returns (progress may return False to stop)");
   }
 
+  // Runs `write` on the metrics log; its errors name train()'s keyword, not the command line's
+  // flag ("--log FILE: cannot open it for writing: ..." from the library).
+  template <class F>
+  static void logged(const std::string& path, F&& write) {
+    try {
+      write();
+    } catch (const Error& e) {
+      std::string why = e.message();
+      const std::string flag = "--log " + path + ": ";
+      if (why.rfind(flag, 0) == 0) why = why.substr(flag.size());
+      REGEN_FAIL("train(log=", path_text(path), "): ", why);
+    }
+  }
+
   // Records a file read or written in `role` (after the call succeeded), named by `call`.
   void note(Role role, const std::string& call, const std::string& path) {
     const std::string resolved = resolved_path(path);
@@ -495,15 +509,9 @@ class PyModel {
     if (!log_path.empty()) {
       const std::string call = "train(log=" + path_text(log_path) + ")";
       check_log(log_path);
-      try {
+      logged(log_path, [&] {
         log = std::make_unique<MetricsLog>(log_path, session_->trainer->optimizer_steps() > 0);
-      } catch (const Error& e) {
-        // The library's message names the command line's flag ("--log FILE: ...").
-        std::string why = e.message();
-        const std::string flag = "--log " + log_path + ": ";
-        if (why.rfind(flag, 0) == 0) why = why.substr(flag.size());
-        REGEN_FAIL(call, ": ", why);
-      }
+      });
       note(Role::log, call, log_path);
     }
     evals_.clear();
@@ -526,14 +534,14 @@ class PyModel {
                   " (not finite); try a lower lr (this model uses lr=", number_text(options_.lr),
                   ")");
       out.push_back(r);
-      if (log) log->step(r.optimizer_step, r, examples);
+      if (log) logged(log_path, [&] { log->step(r.optimizer_step, r, examples); });
       if (options_.eval_every > 0 && (r.optimizer_step % options_.eval_every == 0 || i == steps)) {
         pipe_->finish();
         const int64_t limit = plan_ ? plan_->plan.limit : 0;
         LimitScope scope(session_->trainer->allocator(), limit);  // the budget holds for eval too
         const EvalResult e = evaluate_session(*session_);
         evals_.emplace_back(r.optimizer_step, e);
-        if (log) log->eval(r.optimizer_step, e);
+        if (log) logged(log_path, [&] { log->eval(r.optimizer_step, e); });
       }
       bool stop = i == steps;
       if (!progress.is_none()) {

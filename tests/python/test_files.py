@@ -318,3 +318,11 @@ def test_progress_may_save_but_not_change_the_step_under_way(tmp_path):
             m.train(2, progress=progress)
     assert m.steps_done == done + 2 + 6  # each refused after the first of its two steps
     assert m.train(1)[0].exact
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_a_log_that_cannot_be_written_names_the_keyword():
+    m = regen.Model(**SMALL)
+    with pytest.raises(regen.Error, match=r"^train\(log='/dev/full'\): writing failed: No space"):
+        m.train(2, log="/dev/full")
+    assert m.steps_done == 1  # stopped at the first row that could not be written
