@@ -10,6 +10,7 @@
 #include <limits>
 
 #include "python/bindings.h"
+#include "regen/dist/world.h"
 #include "regen/models/metrics_log.h"
 #include "regen/remat/estimate.h"
 #include "regen/remat/pipeline.h"
@@ -509,9 +510,12 @@ class PyModel {
     if (!log_path.empty()) {
       const std::string call = "train(log=" + path_text(log_path) + ")";
       check_log(log_path);
-      logged(log_path, [&] {
-        log = std::make_unique<MetricsLog>(log_path, session_->trainer->optimizer_steps() > 0);
-      });
+      // Under mpirun rank 0 writes the log, as `regen train --log` (every rank has the same loss).
+      if (dist::world().rank() == 0) {
+        logged(log_path, [&] {
+          log = std::make_unique<MetricsLog>(log_path, session_->trainer->optimizer_steps() > 0);
+        });
+      }
       note(Role::log, call, log_path);
     }
     evals_.clear();
@@ -527,7 +531,8 @@ class PyModel {
       ~Finish() { pipe.finish(); }
     } finish{*pipe_};
     std::vector<StepResult> out;
-    const int64_t examples = options_.batch * options_.accumulate;
+    // Per optimizer step, every rank's under mpirun (the log's samples/s, as the command line's).
+    const int64_t examples = options_.batch * options_.accumulate * dist::world().size();
     for (int64_t i = 1; i <= steps; ++i) {
       StepResult r = pipe_->step();
       REGEN_CHECK(std::isfinite(r.loss), "training diverged: the loss of step ", i, " is ", r.loss,

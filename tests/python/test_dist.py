@@ -39,7 +39,9 @@ SCRIPT = textwrap.dedent("""
     for shard in ("none", "optimizer", "gradients"):
         m = regen.Model("transformer-tiny", batch=4, device="cpu", threads=1, shard=shard,
                         bucket_size="16KiB", dropout=0.0)
-        loss = m.train(3)[-1].loss
+        # One log, written by rank 0 (as regen train --log): three rows, not six.
+        log = sys.argv[1] + "/dp.csv" if shard == "none" else ""
+        loss = m.train(3, log=log)[-1].loss
         out[shard] = (loss, np.concatenate([v.ravel() for v in m.state_dict().values()]))
     same = all(np.array_equal(out["none"][1], out[s][1]) for s in out)
     # Each rank writes its line to a file of its own: mpirun forwards the ranks' standard output in
@@ -75,6 +77,9 @@ def test_two_ranks_under_mpirun(tmp_path):
     # The same global loss on both ranks, and ZeRO-1 and ZeRO-2 bitwise plain's parameters.
     assert lines[0].split("loss")[1] == lines[1].split("loss")[1]
     assert all(line.endswith("same True") for line in lines)
+    rows = (tmp_path / "dp.csv").read_text().splitlines()
+    assert rows[0].startswith("kind,step,") and [r.split(",")[:2] for r in rows[1:]] == [
+        ["train", "1"], ["train", "2"], ["train", "3"]]
 
 
 @needs_mpi
