@@ -383,7 +383,9 @@ class PyModel {
   const ProfilePtr& profile() const { return profile_; }
   const std::shared_ptr<PlanHandle>& plan() const { return plan_; }
 
-  ProfilePtr run_profile(int iterations, int warmup, const std::string& op_timing = "sync") {
+  // `log`: train()'s metrics log, which keeps the profiling steps (they train), as regen train's.
+  ProfilePtr run_profile(int iterations, int warmup, const std::string& op_timing = "sync",
+                         MetricsLog* log = nullptr, const std::string& log_path = "") {
     check_idle("profile");
     REGEN_CHECK(iterations >= 1, "profile: iterations=", iterations,
                 ": must be a positive integer");
@@ -394,6 +396,12 @@ class PyModel {
     po.iterations = iterations;
     po.model_name = options_.model;
     po.run = run_flags(options_);
+    int64_t at = session_->trainer->optimizer_steps();  // the step a logged row is of
+    if (log) {
+      po.on_step = [&, log](const StepResult& r) {
+        logged(log_path, [&] { log->step(++at, r, examples_per_step()); });
+      };
+    }
     plan_.reset();
     profile_ = make_profile_handle(pipe_->profile(po));
     return profile_;
@@ -486,8 +494,32 @@ class PyModel {
 
   const std::vector<std::pair<int64_t, EvalResult>>& evaluations() const { return evals_; }
 
+  // The metrics log of train(log=`path`) (checked: check_log), opened to append once the model
+  // has trained; null on the ranks but 0 under mpirun, where rank 0 writes it as `regen train
+  // --log` does (every rank has the same loss).
+  std::unique_ptr<MetricsLog> open_log(const std::string& path) {
+    const std::string call = "train(log=" + path_text(path) + ")";
+    check_log(path);
+    std::unique_ptr<MetricsLog> log;
+    if (dist::world().rank() == 0) {
+      logged(path, [&] {
+        log = std::make_unique<MetricsLog>(path, session_->trainer->optimizer_steps() > 0);
+      });
+    }
+    note(Role::log, call, path);
+    return log;
+  }
+
+  // The examples of an optimizer step, every rank's under mpirun (the log's samples/s, as the
+  // command line's).
+  int64_t examples_per_step() const {
+    return options_.batch * options_.accumulate * dist::world().size();
+  }
+
+  // `log`: the log of `log_path` when the caller opened it already (to keep profiling steps).
   std::vector<StepResult> train(int64_t steps, const pb::object& progress,
-                                const std::string& log_path = "") {
+                                const std::string& log_path = "",
+                                std::unique_ptr<MetricsLog> log = nullptr) {
     REGEN_CHECK(steps >= 1, "train: steps=", steps, ": must be a positive integer");
     check_idle("train");
     if (plan_) {
@@ -506,18 +538,7 @@ class PyModel {
                   " available; plan with a budget of at most that, or use a smaller batch");
     }
     // Refusals first: a refused call leaves an existing log as it was.
-    std::unique_ptr<MetricsLog> log;
-    if (!log_path.empty()) {
-      const std::string call = "train(log=" + path_text(log_path) + ")";
-      check_log(log_path);
-      // Under mpirun rank 0 writes the log, as `regen train --log` (every rank has the same loss).
-      if (dist::world().rank() == 0) {
-        logged(log_path, [&] {
-          log = std::make_unique<MetricsLog>(log_path, session_->trainer->optimizer_steps() > 0);
-        });
-      }
-      note(Role::log, call, log_path);
-    }
+    if (!log && !log_path.empty()) log = open_log(log_path);
     evals_.clear();
     struct Busy {
       bool& training;
@@ -531,8 +552,7 @@ class PyModel {
       ~Finish() { pipe.finish(); }
     } finish{*pipe_};
     std::vector<StepResult> out;
-    // Per optimizer step, every rank's under mpirun (the log's samples/s, as the command line's).
-    const int64_t examples = options_.batch * options_.accumulate * dist::world().size();
+    const int64_t examples = examples_per_step();
     for (int64_t i = 1; i <= steps; ++i) {
       StepResult r = pipe_->step();
       REGEN_CHECK(std::isfinite(r.loss), "training diverged: the loss of step ", i, " is ", r.loss,
@@ -829,6 +849,7 @@ time for exact memory figures: another live model's tensors count in the allocat
               s.check_log(log, reads);
             }
             s.set_training_options(kw);
+            std::unique_ptr<MetricsLog> metrics;
             if (!plan.is_none()) {
               s.install(plan.cast<std::shared_ptr<PlanHandle>>());
             } else if (!policy.is_none()) {
@@ -837,11 +858,15 @@ time for exact memory figures: another live model's tensors count in the allocat
               if (name == "none" && budget.is_none() && s.options().compress == "none") {
                 s.clear_plan();
               } else {
-                if (!s.profile()) s.run_profile(profile_steps, 0);
+                if (!s.profile()) {
+                  // The profiling steps train: the log keeps them, as regen train's does.
+                  if (!log.empty()) metrics = s.open_log(log);
+                  s.run_profile(profile_steps, 0, "sync", metrics.get(), log);
+                }
                 s.make(name, budget, chain, budget_of, layout, offload, transfer);
               }
             }
-            return s.train(steps, progress, log);
+            return s.train(steps, progress, log, std::move(metrics));
           },
           pb::arg("steps") = 1, pb::kw_only(), pb::arg("policy") = pb::none(),
           pb::arg("budget") = pb::none(), pb::arg("chain") = "auto",

@@ -326,3 +326,13 @@ def test_a_log_that_cannot_be_written_names_the_keyword():
     with pytest.raises(regen.Error, match=r"^train\(log='/dev/full'\): writing failed: No space"):
         m.train(2, log="/dev/full")
     assert m.steps_done == 1  # stopped at the first row that could not be written
+
+
+def test_the_log_keeps_the_profiling_steps(tmp_path):
+    # train(policy=) profiles first, and those steps train: the log has them, as regen train's.
+    m = regen.Model(**SMALL)
+    log = tmp_path / "m.csv"
+    m.train(2, policy="blocks", profile_steps=2, log=str(log))
+    rows = log.read_text().splitlines()
+    assert [r.split(",")[:2] for r in rows[1:]] == [["train", str(i)] for i in range(1, 5)]
+    assert m.optimizer_steps == 4
