@@ -332,7 +332,10 @@ class PyModel {
   // other: "m.CSV" would get JSON lines under a CSV name, so another case is refused.
   void check_log(const std::string& path, const std::vector<NamedFile>& also = {}) const {
     const std::string call = "train(log=" + path_text(path) + ")";
-    REGEN_CHECK(!path.empty() && path.back() != '/', call, ": give a file name");
+    // As --log is checked (io.h why_not_writable): a folder that exists and takes a new file, and
+    // a regular file (a FIFO with no reader would block the open for ever).
+    const std::string why = why_not_writable(path);
+    REGEN_CHECK(why.empty(), call, ": cannot write there: ", why);
     const auto dot = path.find_last_of("./");
     if (dot != std::string::npos && path[dot] == '.') {
       std::string ext = path.substr(dot);

@@ -320,12 +320,21 @@ def test_progress_may_save_but_not_change_the_step_under_way(tmp_path):
     assert m.train(1)[0].exact
 
 
-@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
-def test_a_log_that_cannot_be_written_names_the_keyword():
+def test_a_log_that_cannot_be_written_is_refused_before_the_first_step(tmp_path):
+    # As regen train checks --log: a FIFO with no reader would block the open for ever.
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
     m = regen.Model(**SMALL)
-    with pytest.raises(regen.Error, match=r"^train\(log='/dev/full'\): writing failed: No space"):
-        m.train(2, log="/dev/full")
-    assert m.steps_done == 1  # stopped at the first row that could not be written
+    with pytest.raises(regen.Error, match=r"^train\(log='.*fifo'\): cannot write there: .* is a "
+                                          r"FIFO; regen writes only regular files"):
+        m.train(2, log=str(fifo))
+    with pytest.raises(regen.Error, match=r"^train\(log='.*no_such_dir/m.csv'\): cannot write "
+                                          r"there: folder .* does not exist"):
+        m.train(2, log=str(tmp_path / "no_such_dir" / "m.csv"))
+    with pytest.raises(regen.Error, match=r"^train\(log='.*/'\): cannot write there: .* names a "
+                                          r"folder"):
+        m.train(2, log=str(tmp_path) + "/")
+    assert m.steps_done == 0
 
 
 def test_the_log_keeps_the_profiling_steps(tmp_path):
