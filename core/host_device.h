@@ -1,5 +1,5 @@
 // REGEN_HD: a function compiled for the host and, under nvcc, for the device too, so the CPU and
-// CUDA kernels run the same code (core/philox.h, kernels/unary_ops.h, kernels/half.h).
+// CUDA kernels run the same code (core/philox.h, kernels/unary_ops.h, core/half.h).
 #pragma once
 
 #if defined(__CUDACC__)

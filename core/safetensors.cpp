@@ -27,6 +27,10 @@ const char* st_dtype(DType t) {
       return "I32";
     case DType::i64:
       return "I64";
+    case DType::bf16:
+      return "BF16";
+    case DType::f16:
+      return "F16";
   }
   return "?";
 }
@@ -62,6 +66,10 @@ bool parse_st_dtype(const std::string& s, DType& out) {
     out = DType::i32;
   else if (s == "I64")
     out = DType::i64;
+  else if (s == "BF16")
+    out = DType::bf16;
+  else if (s == "F16")
+    out = DType::f16;
   else
     return false;
   return true;
@@ -170,7 +178,8 @@ SafetensorsFile load_safetensors(const std::string& path) {
     Entry e;
     e.name = it.key();
     REGEN_CHECK(v["dtype"].is_string() && parse_st_dtype(v["dtype"].get<std::string>(), e.dtype),
-                where, " has unsupported dtype ", v["dtype"].dump(), " (F32, F64, I32, I64 only)");
+                where, " has unsupported dtype ", v["dtype"].dump(),
+                " (F32, F64, I32, I64, BF16, F16 only)");
     REGEN_CHECK(v["shape"].is_array(), where, " has a non-array shape");
     for (const auto& d : v["shape"]) {
       REGEN_CHECK(d.is_number_integer() && d.get<int64_t>() >= 0, where, " has a bad dimension ",

@@ -23,7 +23,7 @@ struct SafetensorsFile {
 void save_safetensors(const std::string& path,
                       const std::vector<std::pair<std::string, Tensor>>& tensors,
                       const std::map<std::string, std::string>& metadata = {});
-// Loads every tensor onto the CPU (F32, F64, I32, I64; anything else is an error).
+// Loads every tensor onto the CPU (F32, F64, I32, I64, BF16, F16; anything else is an error).
 SafetensorsFile load_safetensors(const std::string& path);
 
 }  // namespace regen

@@ -184,6 +184,12 @@ void convert_from(D* dst, const void* src, DType st, int64_t n) {
     case DType::i64:
       convert(dst, static_cast<const int64_t*>(src), n);
       break;
+    case DType::bf16:
+      convert(dst, static_cast<const bfloat16*>(src), n);
+      break;
+    case DType::f16:
+      convert(dst, static_cast<const float16*>(src), n);
+      break;
   }
 }
 
@@ -200,6 +206,12 @@ void convert_any(void* dst, DType dt, const void* src, DType st, int64_t n) {
       break;
     case DType::i64:
       convert_from(static_cast<int64_t*>(dst), src, st, n);
+      break;
+    case DType::bf16:
+      convert_from(static_cast<bfloat16*>(dst), src, st, n);
+      break;
+    case DType::f16:
+      convert_from(static_cast<float16*>(dst), src, st, n);
       break;
   }
 }
@@ -242,6 +254,12 @@ void with_typed(void* p, DType dtype, F f) {
     case DType::i64:
       f(static_cast<int64_t*>(p));
       break;
+    case DType::bf16:
+      f(static_cast<bfloat16*>(p));
+      break;
+    case DType::f16:
+      f(static_cast<float16*>(p));
+      break;
   }
 }
 
@@ -264,6 +282,12 @@ void fill_host(void* p, DType dt, int64_t n, double v) {
       break;
     case DType::i64:
       fill_typed(static_cast<int64_t*>(p), n, v);
+      break;
+    case DType::bf16:
+      fill_typed(static_cast<bfloat16*>(p), n, v);
+      break;
+    case DType::f16:
+      fill_typed(static_cast<float16*>(p), n, v);
       break;
   }
 }
@@ -397,10 +421,13 @@ Tensor arange(double start, double end, double step, DType dtype, Device device)
 Tensor uniform(const Shape& shape, double low, double high, Generator& gen, DType dtype,
                Device device) {
   check_shape(shape, dtype, "uniform");
-  REGEN_CHECK(is_floating(dtype), "uniform: dtype must be f32 or f64, got ", dtype_name(dtype));
+  REGEN_CHECK(is_floating(dtype), "uniform: dtype must be a float (f32, f64, bf16, f16), got ",
+              dtype_name(dtype));
   REGEN_CHECK(std::isfinite(low) && std::isfinite(high), "uniform: bounds must be finite, got [",
               low, ", ", high, ")");
   REGEN_CHECK(low <= high, "uniform: low ", low, " > high ", high);
+  // A 16-bit float takes the f32 draw, rounded: the same stream position as f32 advances.
+  if (is_low_precision(dtype)) return uniform(shape, low, high, gen, DType::f32, device).to(dtype);
   const int64_t n = shape_numel(shape);
   const uint64_t seed = gen.seed, base = gen.offset;
   const uint64_t words =
@@ -431,7 +458,8 @@ Tensor uniform(const Shape& shape, double low, double high, Generator& gen, DTyp
 Tensor normal(const Shape& shape, double mean, double stddev, Generator& gen, DType dtype,
               Device device) {
   check_shape(shape, dtype, "normal");
-  REGEN_CHECK(is_floating(dtype), "normal: dtype must be f32 or f64, got ", dtype_name(dtype));
+  REGEN_CHECK(is_floating(dtype), "normal: dtype must be a float (f32, f64, bf16, f16), got ",
+              dtype_name(dtype));
   REGEN_CHECK(stddev >= 0, "normal: stddev must be non-negative, got ", stddev);
   const int64_t n = shape_numel(shape);
   const uint64_t seed = gen.seed, base = gen.offset;

@@ -20,8 +20,22 @@ const char* dtype_name(DType t) {
       return "i32";
     case DType::i64:
       return "i64";
+    case DType::bf16:
+      return "bf16";
+    case DType::f16:
+      return "f16";
   }
   return "?";
+}
+
+DType parse_dtype(const std::string& name) {
+  std::vector<std::string> known;
+  for (int i = 0; i < kNumDTypes; ++i) {
+    const DType t = static_cast<DType>(i);
+    if (name == dtype_name(t)) return t;
+    known.push_back(dtype_name(t));
+  }
+  REGEN_FAIL("unknown dtype '", name, "': known dtypes are ", join_names(known));
 }
 
 std::ostream& operator<<(std::ostream& os, DType t) {

@@ -6,9 +6,15 @@
 #include <string>
 #include <vector>
 
+#include "regen/core/half.h"
+
 namespace regen {
 
-enum class DType : uint8_t { f32, f64, i32, i64 };
+// bf16 and f16 hold 16-bit floats (core/half.h: bfloat16, IEEE binary16) for mixed precision:
+// storage in 16 bits, arithmetic in f32. New dtypes go at the end: the order is not written
+// anywhere, but nothing is gained by moving the old ones.
+enum class DType : uint8_t { f32, f64, i32, i64, bf16, f16 };
+constexpr int kNumDTypes = 6;
 
 inline size_t dtype_size(DType t) {
   switch (t) {
@@ -20,12 +26,21 @@ inline size_t dtype_size(DType t) {
       return 4;
     case DType::i64:
       return 8;
+    case DType::bf16:
+    case DType::f16:
+      return 2;
   }
   return 0;
 }
-const char* dtype_name(DType t);
+const char* dtype_name(DType t);  // "f32", "f64", "i32", "i64", "bf16", "f16"
+// The dtype of a name dtype_name gives; throws regen::Error naming the known ones otherwise.
+DType parse_dtype(const std::string& name);
 inline bool is_floating(DType t) {
-  return t == DType::f32 || t == DType::f64;
+  return t == DType::f32 || t == DType::f64 || t == DType::bf16 || t == DType::f16;
+}
+// The 16-bit floats, which store low precision and compute in f32.
+inline bool is_low_precision(DType t) {
+  return t == DType::bf16 || t == DType::f16;
 }
 std::ostream& operator<<(std::ostream& os, DType t);
 
@@ -47,6 +62,14 @@ struct dtype_of<int32_t> {
 template <>
 struct dtype_of<int64_t> {
   static constexpr DType value = DType::i64;
+};
+template <>
+struct dtype_of<bfloat16> {
+  static constexpr DType value = DType::bf16;
+};
+template <>
+struct dtype_of<float16> {
+  static constexpr DType value = DType::f16;
 };
 
 enum class DeviceType : uint8_t { cpu, cuda };

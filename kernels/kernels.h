@@ -428,17 +428,18 @@ class DeviceTimeline {
 #endif
 
 // REGEN_FLOATING(dtype, what, fn, args...): calls fn<float>(args...) or fn<double>(args...).
-#define REGEN_FLOATING(dtype, what, fn, ...)                                      \
-  do {                                                                            \
-    switch (dtype) {                                                              \
-      case ::regen::DType::f32:                                                   \
-        fn<float>(__VA_ARGS__);                                                   \
-        break;                                                                    \
-      case ::regen::DType::f64:                                                   \
-        fn<double>(__VA_ARGS__);                                                  \
-        break;                                                                    \
-      default:                                                                    \
-        REGEN_FAIL(what, ": expected a floating-point tensor (f32 or f64), got ", \
-                   ::regen::dtype_name(dtype));                                   \
-    }                                                                             \
+#define REGEN_FLOATING(dtype, what, fn, ...)                                                  \
+  do {                                                                                        \
+    switch (dtype) {                                                                          \
+      case ::regen::DType::f32:                                                               \
+        fn<float>(__VA_ARGS__);                                                               \
+        break;                                                                                \
+      case ::regen::DType::f64:                                                               \
+        fn<double>(__VA_ARGS__);                                                              \
+        break;                                                                                \
+      default:                                                                                \
+        REGEN_FAIL(what, ": expected an f32 or f64 tensor, got ", ::regen::dtype_name(dtype), \
+                   " (bf16 and f16 tensors hold data and convert with to(); "                 \
+                   "no op computes on them yet)");                                            \
+    }                                                                                         \
   } while (0)

@@ -1,7 +1,9 @@
 // Tensors across the boundary: regen.Tensor exposes a CPU tensor's memory through the buffer
 // protocol (np.asarray(t) is a view that keeps the tensor alive); .numpy() copies, from any
 // device. Arrays coming in are copied into new CPU tensors. safetensors files load and save as
-// dicts of arrays.
+// dicts of arrays. f16 tensors are NumPy's float16 both ways; NumPy has no bfloat16, so a bf16
+// tensor comes out of .numpy() as float32 (exactly: every bf16 value is an f32 one) and shares no
+// memory.
 #include <cstring>
 
 #include "python/bindings.h"
@@ -22,6 +24,10 @@ pb::dtype numpy_dtype(DType t) {
       return pb::dtype::of<int32_t>();
     case DType::i64:
       return pb::dtype::of<int64_t>();
+    case DType::f16:
+      return pb::dtype("float16");
+    case DType::bf16:
+      return pb::dtype::of<float>();  // tensor_to_numpy widens it
   }
   REGEN_FAIL("unknown dtype");
 }
@@ -36,8 +42,13 @@ std::string format_of(DType t) {
       return pb::format_descriptor<int32_t>::format();
     case DType::i64:
       return pb::format_descriptor<int64_t>::format();
+    case DType::f16:
+      return "e";  // the buffer protocol's half float
+    case DType::bf16:
+      break;
   }
-  REGEN_FAIL("unknown dtype");
+  REGEN_FAIL("a bf16 tensor shares no memory with NumPy, which has no bfloat16: .numpy() copies ",
+             "it as float32");
 }
 
 const char* dtype_text(DType t) {
@@ -50,6 +61,10 @@ const char* dtype_text(DType t) {
       return "int32";
     case DType::i64:
       return "int64";
+    case DType::f16:
+      return "float16";
+    case DType::bf16:
+      return "bfloat16";
   }
   return "?";
 }
@@ -83,6 +98,7 @@ pb::array tensor_to_numpy(const Tensor& t) {
   REGEN_CHECK(t.defined(), "the tensor is undefined");
   REGEN_CHECK(t.has_storage(), "tensor ", t.name().empty() ? t.str() : "'" + t.name() + "'",
               " has no storage (evicted by a plan?)");
+  if (t.dtype() == DType::bf16) return tensor_to_numpy(t.to(DType::f32));
   std::vector<pb::ssize_t> shape(t.shape().begin(), t.shape().end());
   pb::array out(numpy_dtype(t.dtype()), shape);
   if (t.nbytes() > 0)
@@ -104,8 +120,19 @@ Tensor tensor_from_numpy(const pb::handle& obj, const std::string& what) {
       copy_if<int32_t>(a, DType::i32, out) || copy_if<int64_t>(a, DType::i64, out)) {
     return out;
   }
+  if (a.dtype().is(pb::dtype("float16"))) {
+    // No C++ type of pybind11's stands for float16: the bytes, in C order, are copied as they are.
+    const pb::array c = pb::module_::import("numpy").attr("ascontiguousarray")(a);
+    Shape shape(static_cast<size_t>(c.ndim()));
+    for (size_t i = 0; i < shape.size(); ++i)
+      shape[i] = static_cast<int64_t>(c.shape(static_cast<pb::ssize_t>(i)));
+    out = empty(shape, DType::f16, Device::cpu());
+    if (out.nbytes() > 0) std::memcpy(out.raw_data(), c.data(), out.nbytes());
+    return out;
+  }
   REGEN_FAIL(what, " has numpy dtype ", pb::str(a.dtype()).cast<std::string>(),
-             "; regen tensors are float32, float64, int32 or int64 (convert it with .astype)");
+             "; regen tensors are float32, float64, float16, int32 or int64 (convert it with "
+             ".astype)");
 }
 
 void bind_tensors(pb::module_& m) {
@@ -131,7 +158,7 @@ alive. ``t.numpy()`` returns a copy, from any device.)doc")
                              })
       .def_property_readonly(
           "dtype", [](const Tensor& t) { return dtype_text(t.dtype()); },
-          "'float32', 'float64', 'int32' or 'int64'")
+          "'float32', 'float64', 'int32', 'int64', 'float16' or 'bfloat16'")
       .def_property_readonly("device", [](const Tensor& t) { return t.device().str(); })
       .def_property_readonly("name", [](const Tensor& t) { return t.name(); })
       .def_property_readonly("numel", &Tensor::numel)

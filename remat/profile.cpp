@@ -101,8 +101,8 @@ OpKind parse_op(const std::string& s, const std::string& origin) {
 }
 
 DType parse_dtype(const std::string& s, const std::string& origin) {
-  for (DType t : {DType::f32, DType::f64, DType::i32, DType::i64}) {
-    if (s == dtype_name(t)) return t;
+  for (int i = 0; i < kNumDTypes; ++i) {
+    if (s == dtype_name(static_cast<DType>(i))) return static_cast<DType>(i);
   }
   REGEN_FAIL(origin, ": unknown dtype '", s, "'");
 }

@@ -34,6 +34,16 @@ class Net : public Module {
 
 }  // namespace
 
+TEST_CASE("an op given a bf16 or f16 tensor refuses it by name (they are storage dtypes so far)") {
+  for (DType dt : {DType::bf16, DType::f16}) {
+    const Tensor x = zeros({2, 3}, dt), w = zeros({4, 3}, dt);
+    const std::string e = error_of([&] { linear(x, w); });
+    CHECK(e.find(std::string("linear: expected an f32 or f64 tensor, got ") + dtype_name(dt)) !=
+          std::string::npos);
+    CHECK(e.find("no op computes on them yet") != std::string::npos);
+  }
+}
+
 TEST_CASE("named saves: backward reads what forward saved by its name, and nothing else") {
   Generator g(2);
   Tensor w = uniform({4, 3}, -1, 1, g).set_requires_grad(true);

@@ -299,6 +299,78 @@ TEST_CASE("creation functions and safetensors keep tensor data in allocator memo
   CHECK(watch.largest() >= static_cast<uint64_t>(n) * 8);
 }
 
+TEST_CASE(
+    "bf16 and f16 tensors: 2 bytes an element, rounded to nearest even, in allocator memory") {
+  CHECK(dtype_size(DType::bf16) == 2);
+  CHECK(dtype_size(DType::f16) == 2);
+  CHECK(is_floating(DType::bf16));
+  CHECK(is_low_precision(DType::f16));
+  CHECK(!is_low_precision(DType::f32));
+  for (int i = 0; i < kNumDTypes; ++i) {
+    CHECK(parse_dtype(dtype_name(static_cast<DType>(i))) == static_cast<DType>(i));
+  }
+  CHECK(error_of([] { parse_dtype("bfloat16"); })
+            .find("unknown dtype 'bfloat16': known dtypes are "
+                  "f32, f64, i32, i64, bf16, f16") != std::string::npos);
+
+  // Values whose 16-bit neighbours are known: ties go to the even neighbour; binary16 overflows
+  // past 65504 + half an ulp, keeps subnormals and flushes below half the smallest one.
+  const std::vector<float> x = {1.0f,
+                                1.0f + 0x1p-8f,      // bf16: a tie between 1 and 1 + 2^-7: 1
+                                1.0f + 3 * 0x1p-8f,  // bf16: a tie: up to 1 + 2^-6 (even)
+                                1.0f + 0x1p-11f,     // f16: a tie: 1
+                                65504.0f,
+                                65520.0f,  // f16: the largest, then infinity
+                                0x1p-24f,
+                                0x1p-26f,   // f16: the smallest subnormal; zero
+                                -3.0e38f};  // finite in bf16, past f16's range
+  const Tensor t = from_vector<float>(x, {static_cast<int64_t>(x.size())});
+  const int64_t before = allocator_for(Device::cpu()).stats().requested.current;
+  const Tensor b = t.to(DType::bf16), h = t.to(DType::f16);
+  CHECK(b.nbytes() == 2 * x.size());
+  CHECK(allocator_for(Device::cpu()).stats().requested.current - before ==
+        static_cast<int64_t>(4 * x.size()));
+  const std::vector<bfloat16> bv = b.to_vector<bfloat16>();
+  const std::vector<float16> hv = h.to_vector<float16>();
+  for (size_t i = 0; i < x.size(); ++i) {
+    CHECK(bv[i].bits == half::to_bf16(x[i]));
+    CHECK(hv[i].bits == half::to_fp16(x[i]));
+  }
+  const std::vector<float> bf = b.to(DType::f32).to_vector<float>();
+  const std::vector<float> hf = h.to(DType::f32).to_vector<float>();
+  CHECK(bf[1] == 1.0f);
+  CHECK(bf[2] == 1.0f + 0x1p-6f);
+  CHECK(hf[3] == 1.0f);
+  CHECK(hf[4] == 65504.0f);
+  CHECK(std::isinf(hf[5]));
+  CHECK(hf[6] == 0x1p-24f);
+  CHECK(hf[7] == 0.0f);
+  CHECK(std::isinf(hf[8]));
+  CHECK(std::isfinite(bf[8]));
+  // Every conversion passes through f32: f64 and integers to bf16 are their f32's rounding.
+  const Tensor d = from_vector<double>({1.0 + 0x1p-9, 3.0}, {2});
+  CHECK(d.to(DType::bf16).to(DType::f64).to_vector<double>() ==
+        d.to(DType::f32).to(DType::bf16).to(DType::f64).to_vector<double>());
+  CHECK(from_vector<int64_t>({257, -3}, {2}).to(DType::bf16).to(DType::f32).to_vector<float>() ==
+        std::vector<float>{256.0f, -3.0f});
+}
+
+TEST_CASE("bf16 and f16 random tensors are the f32 draws rounded, at the same stream position") {
+  for (DType dt : {DType::bf16, DType::f16}) {
+    Generator g1(11), g2(11);
+    const Tensor lo = uniform({33}, -2, 3, g1, dt), hi = uniform({33}, -2, 3, g2);
+    CHECK(g1.offset == g2.offset);
+    CHECK(lo.to(DType::f32).to_vector<float>() == hi.to(dt).to(DType::f32).to_vector<float>());
+    const Tensor n1 = normal({9}, 0.5, 2, g1, dt), n2 = normal({9}, 0.5, 2, g2);
+    CHECK(g1.offset == g2.offset);
+    CHECK(n1.to(DType::f32).to_vector<float>() == n2.to(dt).to(DType::f32).to_vector<float>());
+  }
+  const Tensor b = zeros({4}, DType::bf16);
+  CHECK(b.to(DType::f32).to_vector<float>() == std::vector<float>(4, 0.0f));
+  CHECK(full({2}, 1.5, DType::f16).to(DType::f32).to_vector<float>() ==
+        std::vector<float>{1.5f, 1.5f});
+}
+
 TEST_CASE("tensor creation, shapes and read-back") {
   Tensor z = zeros({2, 3});
   CHECK(z.shape() == Shape{2, 3});

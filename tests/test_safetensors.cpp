@@ -57,6 +57,26 @@ TEST_CASE("safetensors: round trip of every dtype with metadata") {
   std::remove(path.c_str());
 }
 
+TEST_CASE(
+    "safetensors: BF16 and F16 tensors round trip bitwise, under the dtype names torch writes") {
+  const std::string path = tmp_path("half.safetensors");
+  Generator g(5);
+  const Tensor x = uniform({7, 3}, -100, 100, g);
+  const Tensor b = x.to(DType::bf16), h = x.to(DType::f16);
+  save_safetensors(path, {{"b", b}, {"h", h}});
+  const std::string raw = read_file(path);
+  CHECK(raw.find("\"dtype\":\"BF16\"") != std::string::npos);
+  CHECK(raw.find("\"dtype\":\"F16\"") != std::string::npos);
+  SafetensorsFile f = load_safetensors(path);
+  REQUIRE(f.tensors.size() == 2);
+  REQUIRE(f.find("b")->dtype() == DType::bf16);
+  REQUIRE(f.find("h")->dtype() == DType::f16);
+  CHECK(f.find("b")->nbytes() == 7 * 3 * 2);
+  CHECK(f.find("b")->to(DType::f32).to_vector<float>() == b.to(DType::f32).to_vector<float>());
+  CHECK(f.find("h")->to(DType::f32).to_vector<float>() == h.to(DType::f32).to_vector<float>());
+  std::remove(path.c_str());
+}
+
 TEST_CASE("safetensors: writes are atomic and leave no temporary files") {
   const std::string path = tmp_path("atomic.safetensors");
   save_safetensors(path, {{"x", ones({4})}});
@@ -100,11 +120,12 @@ TEST_CASE("safetensors: damaged files give errors naming the file and the proble
   msg = error_of([&] { load_safetensors(path); });
   CHECK(msg.find("not valid JSON") != std::string::npos);
 
-  // Unsupported dtype, bad shape/offset agreement, overlap.
-  write_raw(path, R"({"x":{"dtype":"BF16","shape":[2],"data_offsets":[0,4]}})",
-            std::string(4, '\0'));
+  // Unsupported dtype (U8: torch writes it for uint8 tensors), bad shape/offset agreement,
+  // overlap.
+  write_raw(path, R"({"x":{"dtype":"U8","shape":[4],"data_offsets":[0,4]}})", std::string(4, '\0'));
   msg = error_of([&] { load_safetensors(path); });
-  CHECK(msg.find("unsupported dtype") != std::string::npos);
+  CHECK(msg.find("unsupported dtype \"U8\" (F32, F64, I32, I64, BF16, F16 only)") !=
+        std::string::npos);
   write_raw(path, R"({"x":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})",
             std::string(8, '\0'));
   msg = error_of([&] { load_safetensors(path); });

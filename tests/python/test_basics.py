@@ -1,5 +1,7 @@
 # The module, models, tensors and files from Python; a step checked against the command line's.
+import json
 import os
+import struct
 import subprocess
 
 import numpy as np
@@ -80,6 +82,27 @@ def test_safetensors_and_checkpoints(tmp_path):
         np.testing.assert_array_equal(v, a.state_dict()[k])
     _, meta = regen.load_safetensors(ckpt)
     assert meta["model"] == "resnet-tiny" and meta["steps"] == "2"
+
+def test_safetensors_f16_and_bf16(tmp_path):
+    # float16 arrays are F16 tensors and come back as float16, bit for bit.
+    h = np.array([[1.5, -65504.0, 2.0 ** -24], [0.0, np.inf, -3.25]], dtype=np.float16)
+    path = str(tmp_path / "h.safetensors")
+    regen.save_safetensors(path, {"h": h})
+    back, _ = regen.load_safetensors(path)
+    assert back["h"].dtype == np.float16
+    np.testing.assert_array_equal(back["h"].view(np.uint16), h.view(np.uint16))
+    # A BF16 tensor (as torch writes one): NumPy has no bfloat16, so it comes back as float32,
+    # exactly the values the 16 bits hold (the top half of each float32).
+    values = np.array([1.0, -2.5, 3.140625, 1.0e38], dtype=np.float32)
+    bits = (values.view(np.uint32) >> 16).astype("<u2")
+    header = json.dumps({"b": {"dtype": "BF16", "shape": [4], "data_offsets": [0, 8]}}).encode()
+    raw = str(tmp_path / "b.safetensors")
+    with open(raw, "wb") as f:
+        f.write(struct.pack("<Q", len(header)) + header + bits.tobytes())
+    back, _ = regen.load_safetensors(raw)
+    assert back["b"].dtype == np.float32
+    np.testing.assert_array_equal(back["b"], (bits.astype(np.uint32) << 16).view(np.float32))
+
 
 
 @pytest.mark.parametrize("name,extra", [("resnet-tiny", []), ("transformer-tiny", ["--seq-len", "32"])])
