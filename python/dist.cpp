@@ -4,7 +4,11 @@
 // replaces sys.excepthook: an exception no one catches is printed with the rank that raised it and
 // then ends the whole job (MPI_Abort), so that no other rank waits for it forever. regen.world()
 // says where this process is.
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdio>
+#include <string>
 
 #include "python/bindings.h"
 #include "regen/dist/world.h"
@@ -32,10 +36,30 @@ void bind_dist(pb::module_& m) {
   sys.attr("excepthook") =
       pb::cpp_function([previous](pb::object type, pb::object value, pb::object tb) {
         dist::World& w = dist::world();
-        std::fprintf(stderr, "regen: error: %s: an uncaught Python exception ends the job:\n",
-                     w.describe().c_str());
-        previous(type, value, tb);
-        if (w.distributed()) w.abort(1);
+        const std::string head =
+            "regen: error: " + w.describe() + ": an uncaught Python exception ends the job:\n";
+        if (!w.distributed()) {
+          std::fprintf(stderr, "%s", head.c_str());
+          previous(type, value, tb);
+          return;
+        }
+        // Under mpirun the whole report goes out in one write, then the job ends: the launcher
+        // forwards a rank's output in the pieces it reads, and its own abort notice could land
+        // inside a traceback written line by line.
+        std::string text = head;
+        for (const pb::handle line :
+             pb::module_::import("traceback").attr("format_exception")(type, value, tb)) {
+          text += line.cast<std::string>();
+        }
+        pb::module_::import("sys").attr("stderr").attr("flush")();
+        std::fflush(stderr);
+        for (size_t done = 0; done < text.size();) {
+          const ssize_t n = ::write(2, text.data() + done, text.size() - done);
+          if (n < 0 && errno == EINTR) continue;
+          if (n <= 0) break;
+          done += static_cast<size_t>(n);
+        }
+        w.abort(1);
       });
 }
 
