@@ -22,6 +22,7 @@
 #include <filesystem>
 #include <map>
 #include <regex>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -1658,4 +1659,173 @@ TEST_CASE(
   REQUIRE_MESSAGE(ev.status == 0, ev.err);
   CHECK(has(ev.out, "perplexity"));
   CHECK(has(ev.out, "memory (no tape, no saved tensors): peak allocated"));
+}
+
+// A hostile-input battery's findings, each with its siblings: every count a person gives is
+// bounded (nothing runs longer than its work needs), every number is read in decimal, a flag that
+// would be ignored is refused naming it, and messages name the command's own flags.
+TEST_CASE("cli: counts bounded, numbers decimal, ignored flags refused, each named") {
+  TempDir dir;
+  // Counts: a global batch's divisors are found at once, and every batch has a bound.
+  expect_failure(dir,
+                 {"choose", "--model", "resnet-tiny", "--image-size", "32", "--global-batch",
+                  "99999999999", "--budget", "4MiB"},
+                 {"--global-batch must be at most 16777216, got 99999999999"});
+  expect_failure(dir, tiny({"--batch", "16777217"}),
+                 {"--batch must be at most 16777216, got 16777217"});
+  expect_failure(dir, tiny({"--eval-batch", "16777217"}),
+                 {"--eval-batch must be at most 16777216, got 16777217"});
+  expect_failure(dir,
+                 {"sweep", "--model", "transformer-tiny", "--batches", "2,16777217", "--out",
+                  dir.file("sweep")},
+                 {"--batches '2,16777217': each item must be at most 16777216, got 16777217"});
+  expect_failure(dir,
+                 {"choose", "--model", "transformer-tiny", "--global-batch", "8", "--micro-batches",
+                  "0x2", "--budget", "4MiB"},
+                 {"--micro-batches '0x2': each item", "(not an integer)"});
+  // The estimate's range is the step's bytes: refused where they could pass 64-bit counts.
+  expect_failure(
+      dir, {"estimate", "--model", "resnet-tiny", "--batch", "2", "--image-size", "1099511627776"},
+      {"estimate: a step of model 'resnet-tiny' at batch 2", "lower the batch"});
+  expect_failure(dir,
+                 {"estimate", "--model", "bert-base", "--batch", "16777216", "--seq-len", "1000000",
+                  "--compare"},
+                 {"estimate: a step of model 'bert-base' at batch 16777216", "1 EiB"});
+  // Numbers are decimal everywhere, --transfer's included.
+  expect_failure(dir,
+                 tiny({"--policy", "dp", "--budget", "50%", "--offload", "activations",
+                       "--transfer", "step:0x10"}),
+                 {"--transfer 'step:0x10'", "'0x10' is not a number"});
+  // Flags that would be ignored: --offload without a planner, --transfer without --offload,
+  // another schedule's settings, a warm-up longer than the run.
+  expect_failure(dir, tiny({"--offload", "activations"}),
+                 {"--offload activations", "no plan is made here", "--policy dp"});
+  expect_failure(dir, tiny({"--transfer", "step:0.4"}),
+                 {"--transfer step:0.4", "--offload is none"});
+  expect_failure(dir, tiny({"--lr-schedule", "cosine", "--lr-gamma", "0.5"}),
+                 {"--lr-gamma applies to --lr-schedule step, not to --lr-schedule cosine"});
+  expect_failure(dir, tiny({"--lr-schedule", "cosine", "--lr-step-size", "2"}),
+                 {"--lr-step-size applies to --lr-schedule step"});
+  expect_failure(dir, tiny({"--lr-schedule", "step", "--lr-step-size", "2", "--lr-min", "0.01"}),
+                 {"--lr-min applies to --lr-schedule cosine, not to --lr-schedule step"});
+  expect_failure(
+      dir, tiny({"--schedule-steps", "10"}),
+      {"--schedule-steps applies to --lr-schedule cosine, not to --lr-schedule constant"});
+  expect_failure(dir, tiny({"--steps", "3", "--warmup-steps", "5"}),
+                 {"--warmup-steps 5 is more than --steps 3", "would never finish"});
+  // A bad value is named before any combination of flags that involves it.
+  expect_failure(dir, tiny({"--compress", "bf17", "--steps", "1"}),
+                 {"--compress must be none, bf16 or fp16, got 'bf17'"});
+  // choose names its own flags; batch norm's smallest micro-batch is skipped, not fatal.
+  expect_failure(dir,
+                 {"choose", "--model", "resnet-tiny", "--global-batch", "4", "--micro-batches", "1",
+                  "--budget", "64MiB"},
+                 {"--micro-batches: micro-batch 1 at --image-size 32", "micro-batch 2 or more"});
+  const Result chose =
+      regen_run(dir, {"choose", "--model", "resnet-tiny", "--image-size", "32", "--global-batch",
+                      "2", "--policies", "none", "--budget", "1GiB", "--device", "cpu"});
+  CAPTURE(chose.err);
+  CHECK(chose.status == 0);
+  CHECK(has(chose.out, "micro-batch 1 skipped: micro-batch 1 at --image-size 32"));
+  CHECK(has(chose.out, "fastest that fits 1GiB: --batch 2 --accumulate 1"));
+  CHECK_FALSE(has(chose.out + chose.err, "--batch 2 or more"));
+}
+
+// Files: --load is an input like every other, a log named .CSV is CSV, and what a writer killed
+// while saving left is swept when the file is read.
+TEST_CASE("cli: --load is never an output, .CSV logs, temporaries swept by readers") {
+  TempDir dir;
+  const std::string ckpt = dir.file("ckpt.safetensors");
+  REQUIRE(regen_run(dir, tiny({"--steps", "1", "--batch", "2", "--save", ckpt})).status == 0);
+  for (const char* out : {"--log", "--save-state"}) {
+    expect_failure(dir, tiny({"--steps", "1", "--batch", "2", "--load", ckpt, out, ckpt}),
+                   {std::string(out) + " " + ckpt + " is the same file as --load"});
+  }
+  // --load X --save X trains on in place, as before.
+  REQUIRE(regen_run(dir, tiny({"--steps", "1", "--batch", "2", "--load", ckpt, "--save", ckpt}))
+              .status == 0);
+  // The metrics log's format by its extension in any case.
+  const std::string log = dir.file("run.CSV");
+  REQUIRE(regen_run(dir, tiny({"--steps", "2", "--batch", "2", "--log", log})).status == 0);
+  CHECK(read_file(log).rfind("kind,step,loss", 0) == 0);
+  // A killed writer's temporary (pid 2^22 + 1 is above Linux's pid_max default) goes when the
+  // file is read (--load, --resume, eval), not only when it is written again.
+  const std::string dead = ckpt + ".tmp.4194305.3";
+  write_file_atomic(dead, "left by a killed writer");
+  REQUIRE(regen_run(dir, {"eval", "--model", "transformer-tiny", "--load", ckpt, "--batch", "2",
+                          "--eval-batches", "1", "--device", "cpu"})
+              .status == 0);
+  CHECK_FALSE(std::filesystem::exists(dead));
+  write_file_atomic(dead, "left by a killed writer");
+  CHECK(load_safetensors(ckpt).metadata.at("model") == "transformer-tiny");
+  CHECK_FALSE(std::filesystem::exists(dead));
+}
+
+namespace {
+
+// Whether two safetensors files hold the same tensors, bit for bit (f32 weights and i64 counts).
+bool same_tensors(const std::string& a, const std::string& b) {
+  const SafetensorsFile x = load_safetensors(a), y = load_safetensors(b);
+  if (x.tensors.size() != y.tensors.size()) return false;
+  for (const auto& [name, t] : x.tensors) {
+    const Tensor* u = y.find(name);
+    if (u == nullptr || u->shape() != t.shape() || u->dtype() != t.dtype()) return false;
+    const auto bits = [](const auto& v) {
+      return std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof v[0]);
+    };
+    if (t.dtype() == DType::f32 && bits(t.to_vector<float>()) != bits(u->to_vector<float>()))
+      return false;
+    if (t.dtype() == DType::i64 && bits(t.to_vector<int64_t>()) != bits(u->to_vector<int64_t>()))
+      return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+// A run planned from a --profile file, stopped and resumed: the resumed process's persistent
+// tensors are where a run from the start has them (the training state's tensors are read after
+// them), so every step after the resume starts from the profiled state, its peaks are the
+// predicted ones, and its losses are the uninterrupted run's bitwise. And a profile set a killed
+// writer left mixed is refused.
+TEST_CASE("cli: a run planned from --profile resumes exactly, and a mixed profile set is refused") {
+  TempDir dir;
+  const std::string prof = dir.file("P");
+  const Result profiled = regen_run(dir, {"profile", "--model", "transformer-tiny", "--batch", "4",
+                                          "--device", "cpu", "--out", prof});
+  REQUIRE_MESSAGE(profiled.status == 0, profiled.err);
+  const auto run = [&](std::vector<std::string> more) {
+    std::vector<std::string> args =
+        tiny({"--batch", "4", "--device", "cpu", "--profile", prof + "/profile.json", "--policy",
+              "dp", "--budget", "lowest"});
+    args.insert(args.end(), more.begin(), more.end());
+    return regen_run(dir, args);
+  };
+  const std::string whole_state = dir.file("whole.st"), state = dir.file("s.st");
+  const Result whole = run({"--steps", "5", "--save-state", whole_state});
+  REQUIRE_MESSAGE(whole.status == 0, whole.err);
+  CHECK(has(whole.out, "exact on every one of the 5 steps under the plan"));
+  const Result first = run({"--steps", "3", "--save-state", state});
+  REQUIRE_MESSAGE(first.status == 0, first.err);
+  const Result rest = run({"--steps", "5", "--resume", state, "--save-state", state});
+  CAPTURE(rest.out);
+  REQUIRE_MESSAGE(rest.status == 0, rest.err);
+  CHECK(has(rest.out, "exact on every one of the 2 steps under the plan"));
+  // The weights, the optimizer state and its counts after step 5: the uninterrupted run's, bit
+  // for bit (and so every loss on the way).
+  CHECK(same_tensors(state, whole_state));
+
+  // profile.txt of another run beside profile.json: what a kill between the renames leaves.
+  const std::string other = dir.file("Q");
+  REQUIRE(regen_run(dir, {"profile", "--model", "transformer-tiny", "--batch", "2", "--device",
+                          "cpu", "--out", other})
+              .status == 0);
+  CHECK(read_file(prof + "/profile.txt").rfind("# regen profile set ", 0) == 0);
+  CHECK(read_file(prof + "/trace.json").rfind("{\"regen_profile_set\":\"", 0) == 0);
+  REQUIRE(nlohmann::json::parse(read_file(prof + "/trace.json")).contains("traceEvents"));
+  write_file_atomic(prof + "/profile.txt", read_file(other + "/profile.txt"));
+  expect_failure(dir,
+                 {"plan", "--profile", prof + "/profile.json", "--policy", "dp", "--budget", "70%",
+                  "--out", dir.file("plan.json"), "--decisions", dir.file("d.csv")},
+                 {"profile.txt beside it are not one set", "profile again"});
 }

@@ -48,7 +48,7 @@ void run(const Flags& f) {
   o.momentum = f.m.momentum;
   o.masks = f.m.masks;
   o.policy = parse_estimate_policy(f.policy);
-  if (!f.csv.empty()) check_output_path("--csv", f.csv);
+  if (!f.csv.empty()) check_distinct_files({{"--csv", f.csv}}, data_inputs(f.m));
   const MemoryTerms est = estimate_memory(c, f.m.batch, o);
   MemoryTerms exact;
   if (f.compare) exact = measure_memory_terms(dry_profile(c, f.m.batch, o), o.policy);
@@ -127,7 +127,8 @@ void setup(CLI::App& app) {
       ->capture_default_str();
   app.add_flag("--compare", f->compare,
                "also the exact terms, from a dry run of the step (shapes only, no kernels: "
-               "milliseconds on any size), and each term's error");
+               "milliseconds at usual sizes; a batch whose dry run would take minutes is "
+               "refused), and each term's error");
   app.add_option("--csv", f->csv, "write the terms (and with --compare the exact ones) as CSV");
   app.callback([f] { run(*f); });
 }
