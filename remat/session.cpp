@@ -417,6 +417,11 @@ void check_preflight(const Session& s, Preflight preflight) {
 
 namespace {
 
+// make_session's probe of a large batch's dry run: from this batch on, and past this many
+// allocator requests (about a second of dry run each 100000 on a CPU core).
+constexpr int64_t kProbeBatch = 64;
+constexpr double kMaxDryRequests = 2e6;
+
 // Applies the threads and the CUDA settings (conv, and math as math_mode gives it for `device`).
 void apply_runtime_options(const SessionOptions& o, Device device) {
   if (o.threads > 0) omp_set_num_threads(static_cast<int>(o.threads));
@@ -583,6 +588,38 @@ std::unique_ptr<Session> make_session(const SessionOptions& options, Preflight p
     o.weight_decay = options.weight_decay;
     return std::make_unique<AdamW>(std::move(params), o);
   };
+  // A dry run's time grows with the batch: no kernel runs, but the kernels request their scratch
+  // as they would (per sample and head, per tile). Before a large batch's, two small steps run
+  // dry tell how its requests and its peak grow: a step that would take millions of requests
+  // to measure (minutes) and is far past the memory available is refused from them, roughly.
+  if (preflight == Preflight::step && options.batch >= kProbeBatch) {
+    const int64_t have = available_memory(s->device);
+    DryRunResult one, two;
+    try {
+      one = dry_run_step(c, 1, s->device, make_optimizer, make_sync, setup_trainer);
+      two = dry_run_step(c, 2, s->device, make_optimizer, make_sync, setup_trainer);
+    } catch (const Error&) {
+      // A batch this small cannot run (batch norm on 1x1 maps...): the full dry run says why.
+      one = two = DryRunResult{};
+    }
+    const auto grown = [&](double at1, double at2) {
+      return at1 + std::max(0.0, at2 - at1) * static_cast<double>(options.batch - 1);
+    };
+    const double requests = grown(static_cast<double>(one.memory.num_allocs),
+                                  static_cast<double>(two.memory.num_allocs));
+    const double need = grown(static_cast<double>(one.memory.allocated.peak),
+                              static_cast<double>(two.memory.allocated.peak));
+    if (have > 0 && requests > kMaxDryRequests && need > 2.0 * static_cast<double>(have)) {
+      char about[64];
+      std::snprintf(about, sizeof about, "%.3g", requests);
+      REGEN_FAIL(size_options(*s), " is too large for memory: one ", c.name,
+                 " training step without remat needs about ",
+                 format_bytes(static_cast<int64_t>(std::min(need, 9e18))),
+                 " (grown from dry runs at batch 1 and 2; the exact dry run would make about ",
+                 about, " requests, minutes of work), but ", s->device.str(), " has ",
+                 format_bytes(have), " available; ", smaller(options));
+    }
+  }
   // The first step, run dry: its memory, exact, before any of it is used; first, with masks on,
   // which ops save packed forms (a dry forward pass of its own).
   try {

@@ -228,8 +228,15 @@ TEST_CASE("cli: mistakes in flags give one clear line and a non-zero exit") {
                  {"--steps 3 leaves no step", "--profile-steps"});
   // Too large for memory: refused before anything is built, with the exact size from a dry run
   // of the first step (or the request no memory could serve), naming the flags to change.
+  // Every batch is bounded (SessionOptions::kMaxBatch); below the bound, a batch far too large
+  // is refused from two small dry runs at once, where its own would take minutes.
   expect_failure(dir, tiny({"--batch", "100000000000"}),
-                 {"--batch 100000000000 at --seq-len 16 is too large for any memory", "dry run"});
+                 {"--batch must be at most 16777216, got 100000000000"});
+  expect_failure(dir, tiny({"--batch", "16777216"}),
+                 {"--batch 16777216 at --seq-len 16 is too large for memory",
+                  "grown from dry runs at batch 1 and 2", "use a smaller --batch"});
+  expect_failure(dir, tiny({"--batch", "16777216", "--seq-len", "1000000"}),
+                 {"--batch 16777216 at --seq-len 1000000 is too large", "dry run"});
   expect_failure(
       dir, {"train", "--model", "resnet152", "--batch", "9999", "--steps", "1", "--device", "cpu"},
       {"--batch 9999 at --image-size 224 is too large for memory",
@@ -1203,7 +1210,8 @@ TEST_CASE("cli: --math and --tf32: defaults, conflicts, the CPU, and the math co
                                               "predicted_host_peak_allocated",
                                               "predicted_stall_ms",
                                               "measured_host_peak_allocated",
-                                              "measured_stall_ms"};
+                                              "measured_stall_ms",
+                                              "measured_cpu_cores"};
     CHECK(std::vector<std::string>(math + 1, header.end()) ==
           (math + 1 == header.end() ? std::vector<std::string>{} : offload));
     return rows;
