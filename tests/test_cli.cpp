@@ -1837,3 +1837,36 @@ TEST_CASE("cli: a run planned from --profile resumes exactly, and a mixed profil
                   "--out", dir.file("plan.json"), "--decisions", dir.file("d.csv")},
                  {"profile.txt beside it are not one set", "profile again"});
 }
+
+// A resume compares --eval-split only where it sets the training data (a text file's held-out
+// tail), and train's summary says how much CPU time its steps had (a CPU step below 0.75 cores
+// of its wall time waited for other work).
+TEST_CASE("cli: resume compares --eval-split only for data it splits; CPU time in the summary") {
+  TempDir dir;
+  const std::string state = dir.file("s.st");
+  const Result first = regen_run(dir, tiny({"--steps", "2", "--batch", "2", "--eval-every", "2",
+                                            "--eval-batches", "1", "--save-state", state}));
+  REQUIRE_MESSAGE(first.status == 0, first.err);
+  CHECK(has(first.out, "CPU time: "));
+  CHECK(has(first.out, "cores over the step's wall time (median; "));
+  // Synthetic data: the resumed run evaluates or not, as it likes.
+  const Result resumed = regen_run(dir, tiny({"--steps", "3", "--batch", "2", "--resume", state}));
+  CHECK_MESSAGE(resumed.status == 0, resumed.err);
+  // A text file trains on its bytes before the held-out tail: that must not change.
+  std::string text;
+  for (int i = 0; i < 400; ++i) text += "the quick brown fox jumps over the lazy dog. ";
+  write_file_atomic(dir.file("corpus.txt"), text);
+  const std::vector<std::string> on_text = {
+      "--vocab", "256", "--data", "text:" + dir.file("corpus.txt"), "--batch", "2"};
+  std::vector<std::string> args = tiny(on_text);
+  for (const char* a : {"--steps", "2", "--eval-every", "2", "--eval-batches", "1", "--save-state"})
+    args.push_back(a);
+  args.push_back(dir.file("t.st"));
+  const Result text_run = regen_run(dir, args);
+  REQUIRE_MESSAGE(text_run.status == 0, text_run.err);
+  std::vector<std::string> again = tiny(on_text);
+  for (const char* a : {"--steps", "3", "--resume"}) again.push_back(a);
+  again.push_back(dir.file("t.st"));
+  expect_failure(dir, again,
+                 {"saved by a run with --eval-split 0.1", "this run has --eval-split 0"});
+}
