@@ -331,10 +331,11 @@ Profile dry_profile(const ModelConfig& config, int64_t batch, const EstimateOpti
   // No kernel runs, but the CPU kernels request their scratch as they would run (per sample and
   // head, per tile): the events of a dry step grow with the batch. Two small steps tell how fast;
   // a step that would record more than kMaxDryEvents (minutes and gigabytes) is refused.
-  if (batch > 2) {
-    const double e1 = static_cast<double>(dry_profile_of(config, 1, o).events.size());
+  // Batches 2 and 3: batch norm trains on any map of two values a channel.
+  if (batch > 3) {
     const double e2 = static_cast<double>(dry_profile_of(config, 2, o).events.size());
-    const double events = e1 + std::max(0.0, e2 - e1) * static_cast<double>(batch - 1);
+    const double e3 = static_cast<double>(dry_profile_of(config, 3, o).events.size());
+    const double events = e2 + std::max(0.0, e3 - e2) * static_cast<double>(batch - 2);
     char count[32];
     std::snprintf(count, sizeof count, "%.3g", events);
     REGEN_CHECK(events <= kMaxDryEvents, "dry profile: a step of model '", config.name,

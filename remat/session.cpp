@@ -594,16 +594,17 @@ std::unique_ptr<Session> make_session(const SessionOptions& options, Preflight p
   // to measure (minutes) and is far past the memory available is refused from them, roughly.
   if (preflight == Preflight::step && options.batch >= kProbeBatch) {
     const int64_t have = available_memory(s->device);
+    // Batches 2 and 3: batch norm trains on any map of two values a channel.
     DryRunResult one, two;
     try {
-      one = dry_run_step(c, 1, s->device, make_optimizer, make_sync, setup_trainer);
-      two = dry_run_step(c, 2, s->device, make_optimizer, make_sync, setup_trainer);
+      one = dry_run_step(c, 2, s->device, make_optimizer, make_sync, setup_trainer);
+      two = dry_run_step(c, 3, s->device, make_optimizer, make_sync, setup_trainer);
     } catch (const Error&) {
-      // A batch this small cannot run (batch norm on 1x1 maps...): the full dry run says why.
+      // A batch this small cannot run (a model's own check): the full dry run says why.
       one = two = DryRunResult{};
     }
-    const auto grown = [&](double at1, double at2) {
-      return at1 + std::max(0.0, at2 - at1) * static_cast<double>(options.batch - 1);
+    const auto grown = [&](double at2, double at3) {
+      return at2 + std::max(0.0, at3 - at2) * static_cast<double>(options.batch - 2);
     };
     const double requests = grown(static_cast<double>(one.memory.num_allocs),
                                   static_cast<double>(two.memory.num_allocs));
@@ -615,7 +616,7 @@ std::unique_ptr<Session> make_session(const SessionOptions& options, Preflight p
       REGEN_FAIL(size_options(*s), " is too large for memory: one ", c.name,
                  " training step without remat needs about ",
                  format_bytes(static_cast<int64_t>(std::min(need, 9e18))),
-                 " (grown from dry runs at batch 1 and 2; the exact dry run would make about ",
+                 " (grown from dry runs at batch 2 and 3; the exact dry run would make about ",
                  about, " requests, minutes of work), but ", s->device.str(), " has ",
                  format_bytes(have), " available; ", smaller(options));
     }

@@ -234,7 +234,7 @@ TEST_CASE("cli: mistakes in flags give one clear line and a non-zero exit") {
                  {"--batch must be at most 16777216, got 100000000000"});
   expect_failure(dir, tiny({"--batch", "16777216"}),
                  {"--batch 16777216 at --seq-len 16 is too large for memory",
-                  "grown from dry runs at batch 1 and 2", "use a smaller --batch"});
+                  "grown from dry runs at batch 2 and 3", "use a smaller --batch"});
   expect_failure(dir, tiny({"--batch", "16777216", "--seq-len", "1000000"}),
                  {"--batch 16777216 at --seq-len 1000000 is too large", "dry run"});
   expect_failure(
@@ -1869,4 +1869,18 @@ TEST_CASE("cli: resume compares --eval-split only for data it splits; CPU time i
   again.push_back(dir.file("t.st"));
   expect_failure(dir, again,
                  {"saved by a run with --eval-split 0.1", "this run has --eval-split 0"});
+}
+
+// --transfer times copies to the host tier: with nothing offloaded (no --offload, no policy+MODE)
+// sweep and frontier refuse it, as train and plan do.
+TEST_CASE("cli: sweep and frontier refuse a --transfer with nothing to offload") {
+  TempDir dir;
+  expect_failure(dir,
+                 {"sweep", "--model", "transformer-tiny", "--batches", "2", "--policies", "dp",
+                  "--budgets", "50%", "--transfer", "step:0.4", "--out", dir.file("s")},
+                 {"--transfer step:0.4", "--offload is none"});
+  expect_failure(dir,
+                 {"frontier", "--model", "transformer-tiny", "--batch", "2", "--policies", "dp",
+                  "--transfer", "step:0.4", "--out", dir.file("f")},
+                 {"--transfer step:0.4", "--offload is none"});
 }

@@ -417,6 +417,12 @@ void run(Flags f, const Given& given) {
   // Everything that can be checked without work, first.
   const std::vector<PolicySpec> specs =
       parse_policies(f.policies, f.budget_of == "reserved" && f.layout == "caching");
+  // A --transfer with nothing to offload (no --offload, no policy+MODE) would time no copy.
+  if (std::none_of(specs.begin(), specs.end(), [](const PolicySpec& s) {
+        return s.offload_given && s.offload != OffloadMode::none;
+      })) {
+    check_offload_flags(f.offload, f.transfer, /*planning=*/true);
+  }
   const bool model_given = given.has(given.model) || given.has(given.batch);
   Profile profile;
   const bool loaded = !f.profile.empty();

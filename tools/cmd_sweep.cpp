@@ -80,6 +80,13 @@ void run(const Flags& f) {
                 "' is the baseline every batch runs anyway (use ", join_names(remat_policy_names()),
                 ", each with an optional :", join_names(chain_names(), ", :"), " chain mode)");
   }
+  // A --transfer with nothing to offload (no --offload, no policy+MODE) would time no copy.
+  if (std::none_of(policies.begin(), policies.end(), [](const std::string& p) {
+        const PolicySpec spec = parse_policy_spec(p);
+        return spec.offload_given && spec.offload != OffloadMode::none;
+      })) {
+    check_offload_flags(f.offload, f.transfer, /*planning=*/true);
+  }
   for (const std::string& b : budgets) Budget::parse(b);  // fails early on a bad budget
   // Every batch's session options checked before any work (make_session checks them again).
   for (int64_t batch : batches) at_batch(f.m, batch).validate();
