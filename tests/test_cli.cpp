@@ -1694,11 +1694,16 @@ TEST_CASE("cli: counts bounded, numbers decimal, ignored flags refused, each nam
   // The estimate's range is the step's bytes: refused where they could pass 64-bit counts.
   expect_failure(
       dir, {"estimate", "--model", "resnet-tiny", "--batch", "2", "--image-size", "1099511627776"},
-      {"estimate: a step of model 'resnet-tiny' at batch 2", "lower the batch"});
-  expect_failure(dir,
-                 {"estimate", "--model", "bert-base", "--batch", "16777216", "--seq-len", "1000000",
-                  "--compare"},
-                 {"estimate: a step of model 'bert-base' at batch 16777216", "1 EiB"});
+      {"--batch 2 --image-size 1099511627776: estimate: a step of model 'resnet-tiny' at batch 2",
+       "lower the batch"});
+  expect_failure(
+      dir,
+      {"estimate", "--model", "bert-base", "--batch", "16777216", "--seq-len", "1000000",
+       "--compare"},
+      {"--batch 16777216 --seq-len 1000000: estimate: a step of model 'bert-base'", "1 EiB"});
+  expect_failure(dir, {"estimate", "--model", "bert-base", "--batch", "1000000", "--compare"},
+                 {"--batch 1000000: dry profile: a step of model 'bert-base' at batch 1000000",
+                  "allocator events", "profile a smaller batch"});
   // Numbers are decimal everywhere, --transfer's included.
   expect_failure(dir,
                  tiny({"--policy", "dp", "--budget", "50%", "--offload", "activations",

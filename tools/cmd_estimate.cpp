@@ -49,9 +49,20 @@ void run(const Flags& f) {
   o.masks = f.m.masks;
   o.policy = parse_estimate_policy(f.policy);
   if (!f.csv.empty()) check_distinct_files({{"--csv", f.csv}}, data_inputs(f.m));
-  const MemoryTerms est = estimate_memory(c, f.m.batch, o);
-  MemoryTerms exact;
-  if (f.compare) exact = measure_memory_terms(dry_profile(c, f.m.batch, o), o.policy);
+  // A size refused (bytes past what 64-bit counts hold, a dry run too long) is named by its flags.
+  std::string sizes = "--batch " + std::to_string(f.m.batch);
+  for (const auto& [key, value] : f.m.model_options) {
+    const ModelOption* opt = model_info(f.m.model).input.option(key);
+    if (opt && (opt->sizes_step || opt->sizes_parameters))
+      sizes += " " + f.m.name(key) + " " + option_value_text(*opt, value);
+  }
+  MemoryTerms est, exact;
+  try {
+    est = estimate_memory(c, f.m.batch, o);
+    if (f.compare) exact = measure_memory_terms(dry_profile(c, f.m.batch, o), o.policy);
+  } catch (const Error& e) {
+    REGEN_FAIL(sizes, ": ", e.message());
+  }
   std::printf("estimate of one training step of %s; %s%s; policy %s (%s)\n",
               describe(c, f.m.batch).c_str(), o.optimizer.c_str(),
               o.optimizer == "sgd" ? (" momentum " + fmt_g(o.momentum)).c_str() : "",
