@@ -119,8 +119,8 @@ std::string write_target(const std::string& path) {
   return buf;
 }
 
-// Removes what an earlier writer of `path` left when it was killed before it could clean up
-// (SIGKILL, a power cut): temporaries `path.tmp.PID.N` of processes that no longer exist.
+}  // namespace
+
 void sweep_stale_temporaries(const std::string& path) {
   const std::string folder = folder_of(path);
   const auto slash = path.find_last_of('/');
@@ -143,7 +143,17 @@ void sweep_stale_temporaries(const std::string& path) {
   }
 }
 
-}  // namespace
+void sweep_stale_temporaries_of(const std::string& path) {
+  if (path.empty()) return;
+  struct stat st;
+  if (::lstat(path.c_str(), &st) == 0 && S_ISLNK(st.st_mode)) {
+    char buf[PATH_MAX];
+    if (::realpath(path.c_str(), buf) == nullptr) return;  // a link to nothing: nothing written
+    sweep_stale_temporaries(buf);
+    return;
+  }
+  sweep_stale_temporaries(path);
+}
 
 AtomicFileWriter::AtomicFileWriter(const std::string& path) {
   REGEN_CHECK(!path.empty(), "cannot write to an empty path");
@@ -221,6 +231,14 @@ void write_file_atomic(const std::string& path, const std::string& content) {
   AtomicFileWriter out(path);
   out.write(content.data(), content.size());
   out.commit();
+}
+
+std::string content_id(const std::string& text) {
+  uint64_t h = 1469598103934665603ull;
+  for (const unsigned char c : text) h = (h ^ c) * 1099511628211ull;
+  char buf[20];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
+  return buf;
 }
 
 void write_files_atomic(const std::vector<std::pair<std::string, std::string>>& path_and_content) {
@@ -312,6 +330,7 @@ OutputFolder::~OutputFolder() {
 
 std::string read_file(const std::string& path) {
   REGEN_CHECK(!path.empty(), "cannot read an empty path");
+  sweep_stale_temporaries_of(path);
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   REGEN_CHECK(fd >= 0, "cannot open '", path, "': ", std::strerror(errno));
   struct stat st;

@@ -50,6 +50,11 @@ class AtomicFileWriter {
 // crash in that window could leave some new files beside old ones.
 void write_files_atomic(const std::vector<std::pair<std::string, std::string>>& path_and_content);
 
+// An id of `text` (FNV-1a, 64 bits, as 16 hex digits): files of one set carry the id of the one
+// renamed last, so that a reader finds a set a killed writer left mixed (regen profile's
+// profile.json, profile.txt and trace.json: remat/simulator.h load_profile).
+std::string content_id(const std::string& text);
+
 // Holds an exclusive advisory lock (flock) on a folder while a command writes into it, so that a
 // second regen process writing the same folder stops at once with an error naming `flag` and
 // the folder, instead of leaving its files mixed with the first's. Released when destroyed (or
@@ -87,8 +92,16 @@ class OutputFolder {
 // Writes `content` to `path` atomically (one AtomicFileWriter). Throws regen::Error naming the path
 // on failure; on every failure path the descriptor is closed and the temporary file removed.
 void write_file_atomic(const std::string& path, const std::string& content);
-// Reads a whole regular file. Throws regen::Error naming the path when it does not exist, is a
-// directory or cannot be read.
+// What a writer of `path` killed before it could clean up (SIGKILL, a power cut) left beside it:
+// its temporaries `path.tmp.PID.N` of processes that no longer exist are removed (others, and
+// those of live processes, are left alone; a folder that cannot be written is left as it is).
+// Every AtomicFileWriter of `path` sweeps first, and so does every reader of a file (read_file,
+// load_safetensors): a run killed while it saved leaves nothing once the file is written or read
+// again. sweep_stale_temporaries_of follows a symbolic link to the file written through it.
+void sweep_stale_temporaries(const std::string& path);
+void sweep_stale_temporaries_of(const std::string& path);
+// Reads a whole regular file (after sweep_stale_temporaries_of). Throws regen::Error naming the
+// path when it does not exist, is a directory or cannot be read.
 std::string read_file(const std::string& path);
 // Why `path` cannot be written by write_file_atomic, or "" when it can: checks that its folder
 // exists and accepts a new file (by creating and removing a temporary one) and that `path` is

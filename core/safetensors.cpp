@@ -123,6 +123,7 @@ void save_safetensors(const std::string& path,
 SafetensorsFile load_safetensors(const std::string& path) {
   // Only the header is read into a string; tensor data goes from the file straight into each
   // tensor's storage (allocator memory), never through a file-sized buffer.
+  sweep_stale_temporaries_of(path);  // what a writer killed while saving left (io.h)
   ReadFd file_fd;
   file_fd.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   REGEN_CHECK(file_fd.fd >= 0, "cannot open '", path, "': ", std::strerror(errno));

@@ -572,6 +572,11 @@ std::unique_ptr<DataSource> make_training_source(const std::string& spec, const 
   return d.make_split(arg, m, seed, holdout, style);
 }
 
+bool data_split_by_holdout(const std::string& spec, const ModelConfig& m, OptionStyle style) {
+  std::string arg;
+  return data_kind_of(spec, m, style, arg).make_split != nullptr;
+}
+
 std::unique_ptr<DataSource> make_shape_source(const ModelConfig& model) {
   return std::make_unique<ShapeSource>(model);
 }

@@ -63,6 +63,12 @@ std::unique_ptr<DataSource> make_training_source(const std::string& spec, const 
                                                  uint64_t seed, double holdout,
                                                  OptionStyle style = OptionStyle::flag);
 
+// Whether the training examples of the data `spec` names depend on the held-out fraction (a text
+// file trains on its bytes before the held-out tail; CIFAR-10 and synthetic data hold out
+// examples of their own): what a training state compares of --eval-split.
+bool data_split_by_holdout(const std::string& spec, const ModelConfig& model,
+                           OptionStyle style = OptionStyle::flag);
+
 // spec: "" (the model's first data kind, synthetic for the built-in ones), "NAME" or "NAME:ARG",
 // one of the data kinds of the model registered as model.name (ModelInput::data). Checks the spec
 // against the model and its sizes; a missing, truncated or malformed file is a regen::Error naming

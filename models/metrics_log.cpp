@@ -1,6 +1,7 @@
 // The training metrics log (metrics_log.h).
 #include "regen/models/metrics_log.h"
 
+#include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
@@ -21,8 +22,11 @@ std::string field(double v, bool csv, bool present) {
 }  // namespace
 
 MetricsLog::MetricsLog(const std::string& path, bool append) : path_(path) {
+  // The extension in any case: run.CSV is CSV too.
   const auto dot = path.find_last_of('.');
-  csv_ = dot != std::string::npos && path.substr(dot) == ".csv";
+  std::string ext = dot == std::string::npos ? std::string() : path.substr(dot);
+  for (char& ch : ext) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  csv_ = ext == ".csv";
   f_ = std::fopen(path.c_str(), append ? "a" : "w");
   REGEN_CHECK(f_ != nullptr, "--log ", path,
               ": cannot open it for writing: ", std::strerror(errno));

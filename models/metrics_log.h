@@ -1,6 +1,7 @@
 // The training metrics log (--log FILE, regen.Model.train(log=)): one row per training step and
 // one per evaluation, written and flushed as they happen, so the file is whole up to the last step
-// that finished. FILE.csv is CSV with a header; any other name (FILE.jsonl) is JSON lines. Columns:
+// that finished. FILE.csv (.CSV too) is CSV with a header; any other name (FILE.jsonl) is JSON
+// lines. Columns:
 // kind (train or eval), step (optimizer steps done), loss, lr, grad_norm (empty/null when not
 // computed), samples_per_s, ms, peak_allocated, peak_reserved (bytes, the allocator's peaks over
 // the step or the evaluation), accuracy, perplexity (evaluation rows, as the model reports them).

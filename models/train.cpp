@@ -1,6 +1,8 @@
 // The training step with a canonical start (train.h).
 #include "regen/models/train.h"
 
+#include <time.h>
+
 #include <chrono>
 #include <cmath>
 
@@ -8,6 +10,12 @@
 #include "regen/models/optim.h"
 
 namespace regen {
+
+double process_cpu_ms() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) * 1e3 + static_cast<double>(ts.tv_nsec) * 1e-6;
+}
 
 Trainer::Trainer(Model& model, Optimizer& optimizer, DataSource& data, int64_t batch_size,
                  Device device)
@@ -72,6 +80,7 @@ StepResult Trainer::step(StepObserver* observer) {
   alloc.reset_peak();
   alloc.begin_planned_step();  // with a planned layout installed, its first request is next
   const auto t0 = std::chrono::steady_clock::now();
+  const double cpu0 = process_cpu_ms();
   if (observer) observer->on_iteration_begin(alloc);
   StepResult r;
   if (has_schedule_) optimizer_.set_lr(schedule_.at(optimizer_steps_));
@@ -114,6 +123,7 @@ StepResult Trainer::step(StepObserver* observer) {
     loss = Tensor();
     update();
     r.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    r.cpu_ms = process_cpu_ms() - cpu0;
     if (observer) observer->on_iteration_end(alloc);
   } else {
     // The session refuses accumulation under data parallelism (each micro-batch's backward would
@@ -148,6 +158,7 @@ StepResult Trainer::step(StepObserver* observer) {
     r.loss = sum / k;
     update();
     r.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    r.cpu_ms = process_cpu_ms() - cpu0;
     if (observer) observer->on_iteration_end(alloc);
   }
   r.memory = alloc.stats();

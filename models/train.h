@@ -66,7 +66,9 @@ class StepObserver {
 
 struct StepResult {
   double loss = 0;
-  double ms = 0;       // wall time of the iteration (device synchronized)
+  double ms = 0;  // wall time of the iteration (device synchronized)
+  // The process's CPU time over the iteration, all threads (cpu_cores).
+  double cpu_ms = 0;
   MemoryStats memory;  // allocator statistics, peaks over this iteration
   // A step run under a remat plan at the plan's own limit (RematPipeline::step): the peaks the
   // plan predicted for it, which the measured ones (memory.allocated.peak, memory.reserved.peak)
@@ -86,6 +88,11 @@ struct StepResult {
   bool host_predicted = false;
   MemoryStats host_memory;
   int64_t predicted_host_allocated = 0, predicted_host_reserved = 0;
+  // cpu_ms / ms: the cores' worth of CPU time the step had over its wall time. A step on the CPU
+  // never sleeps (its main thread computes or waits for its own threads, which spin): below 1
+  // (kBusyCores), it was descheduled for other processes' work, and its time is the machine's
+  // load as much as the step's. Parallel parts add up to the thread count.
+  double cpu_cores() const { return ms > 0 ? cpu_ms / ms : 0.0; }
   bool exact() const {
     return predicted && memory.allocated.peak == predicted_allocated &&
            memory.reserved.peak == predicted_reserved &&
@@ -93,6 +100,9 @@ struct StepResult {
                                 host_memory.reserved.peak == predicted_host_reserved));
   }
 };
+
+// The process's CPU time so far, all threads, in milliseconds (CLOCK_PROCESS_CPUTIME_ID).
+double process_cpu_ms();
 
 class Trainer {
  public:

@@ -4,6 +4,7 @@
 #include "regen/remat/estimate.h"
 
 #include <algorithm>
+#include <cstdio>
 
 #include "regen/autograd/ops.h"
 #include "regen/core/error.h"
@@ -233,6 +234,29 @@ const char* estimate_arch_name(EstimateArch a) {
   return "none";
 }
 
+namespace {
+
+// Bytes above every term of a step of the closed forms, in floating point (the terms themselves
+// are int64 products that could wrap): what the estimate must be able to count.
+double bytes_bound(const ModelConfig& c, int64_t batch, EstimateArch arch) {
+  const double N = static_cast<double>(batch);
+  if (arch == EstimateArch::resnet) {
+    double blocks = 2;
+    for (const int64_t b : c.blocks) blocks += static_cast<double>(b);
+    const double R = static_cast<double>(c.image_size), K = static_cast<double>(c.num_classes);
+    const double widest = static_cast<double>(c.base_width) * 8 * (c.bottleneck ? 4 : 1);
+    const double params = widest * widest * 9 * blocks + widest * K + K;
+    return 8 * (N * R * R * widest * blocks + N * K) + 16 * params;
+  }
+  const double S = static_cast<double>(c.seq_len), d = static_cast<double>(c.d_model);
+  const double L = static_cast<double>(c.layers) + 2, V = static_cast<double>(c.vocab);
+  const double f = static_cast<double>(c.ff), h = static_cast<double>(c.heads);
+  const double params = (2 * V + S) * d + L * (4 * d * d + 2 * d * f + 8 * d + f) + V;
+  return 8 * N * S * (2 * V + L * (8 * d + 2 * f + h + 4)) + 16 * params;
+}
+
+}  // namespace
+
 MemoryTerms estimate_memory(const ModelConfig& config, int64_t batch, const EstimateOptions& o) {
   REGEN_CHECK(batch > 0, "estimate: the batch must be positive, got ", batch);
   optimizer_state(o, 0);  // an unknown optimizer is refused whatever the model
@@ -241,6 +265,7 @@ MemoryTerms estimate_memory(const ModelConfig& config, int64_t batch, const Esti
               "' has no closed form (the built-in ResNets and Transformers have one: resnet18, "
               "resnet34, resnet50, resnet101, resnet152, resnet-tiny, transformer, bert-base, "
               "transformer-tiny); a dry profile gives any model's terms exactly (--compare)");
+  check_estimable(config, batch);
   return arch == EstimateArch::resnet ? resnet_terms(config, batch, o)
                                       : transformer_terms(config, batch, o);
 }
@@ -281,9 +306,51 @@ MemoryTerms measure_memory_terms(const Profile& p, EstimatePolicy policy) {
   return t;
 }
 
+void check_estimable(const ModelConfig& config, int64_t batch) {
+  const EstimateArch arch = estimate_arch(config);
+  if (arch == EstimateArch::none) return;
+  const double bound = bytes_bound(config, batch, arch);
+  char bytes[32];
+  std::snprintf(bytes, sizeof bytes, "%.3g", bound);
+  REGEN_CHECK(bound < kMaxEstimateBytes, "estimate: a step of model '", config.name, "' at batch ",
+              batch, " with these sizes may come to about ", bytes,
+              " bytes, more than 2^60 (1 EiB): past any device's memory and near what 64-bit "
+              "byte counts hold; lower the batch or the model's sizes");
+}
+
+namespace {
+
+Profile dry_profile_of(const ModelConfig& config, int64_t batch, const EstimateOptions& o);
+
+}  // namespace
+
 Profile dry_profile(const ModelConfig& config, int64_t batch, const EstimateOptions& o) {
   optimizer_state(o, 0);
   REGEN_CHECK(batch > 0, "dry profile: the batch must be positive, got ", batch);
+  check_estimable(config, batch);
+  // No kernel runs, but the CPU kernels request their scratch as they would run (per sample and
+  // head, per tile): the events of a dry step grow with the batch. Two small steps tell how fast;
+  // a step that would record more than kMaxDryEvents (minutes and gigabytes) is refused.
+  // Batches 2 and 3: batch norm trains on any map of two values a channel.
+  if (batch > 3) {
+    const double e2 = static_cast<double>(dry_profile_of(config, 2, o).events.size());
+    const double e3 = static_cast<double>(dry_profile_of(config, 3, o).events.size());
+    const double events = e2 + std::max(0.0, e3 - e2) * static_cast<double>(batch - 2);
+    char count[32];
+    std::snprintf(count, sizeof count, "%.3g", events);
+    REGEN_CHECK(events <= kMaxDryEvents, "dry profile: a step of model '", config.name,
+                "' at batch ", batch, " would record about ", count,
+                " allocator events (its kernels request scratch space per sample), more than ",
+                static_cast<int64_t>(kMaxDryEvents),
+                ": too long to run even dry; profile a smaller batch (the closed form needs "
+                "no run)");
+  }
+  return dry_profile_of(config, batch, o);
+}
+
+namespace {
+
+Profile dry_profile_of(const ModelConfig& config, int64_t batch, const EstimateOptions& o) {
   const Device cpu = Device::cpu();
   kernels::prepare_device(cpu);
   std::shared_ptr<const PackedSaves> packed;
@@ -314,5 +381,7 @@ Profile dry_profile(const ModelConfig& config, int64_t batch, const EstimateOpti
   }
   return p;
 }
+
+}  // namespace
 
 }  // namespace regen

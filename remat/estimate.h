@@ -63,6 +63,15 @@ const char* estimate_arch_name(EstimateArch a);  // "none", "resnet", "transform
 // regen::Error for a model without a closed form (estimate_arch) or an unknown optimizer.
 MemoryTerms estimate_memory(const ModelConfig& config, int64_t batch, const EstimateOptions& o);
 
+// The most bytes a step may come to for estimate_memory and dry_profile (2^60, 1 EiB): far past
+// any device's memory, and below what the terms' 64-bit byte counts hold.
+inline constexpr double kMaxEstimateBytes = 1152921504606846976.0;
+// Refuses, with a regen::Error naming the model and the batch, a configuration and batch whose
+// step could come to more than kMaxEstimateBytes (by a bound of the closed forms computed in
+// floating point, so that nothing wraps): estimate_memory and dry_profile call it first. Models
+// without a closed form pass.
+void check_estimable(const ModelConfig& config, int64_t batch);
+
 // The same terms from a profile of the step: parameters, gradients and optimizer state from the
 // blocks live at its start, the inputs it allocates and keeps, the saved activations (all of them,
 // or what the blocks planner retains), and the peak of the step simulated without remat or under
@@ -70,9 +79,15 @@ MemoryTerms estimate_memory(const ModelConfig& config, int64_t batch, const Esti
 // is `backward`.
 MemoryTerms measure_memory_terms(const Profile& profile, EstimatePolicy policy);
 
+// The most allocator events a dry profile may record (dry_profile refuses a batch whose step
+// would record more, from two small steps' counts): a few seconds of a dry run.
+inline constexpr double kMaxDryEvents = 2e6;
+
 // One step of `config` on the CPU, profiled dry (core/allocator.h DryRunScope: every request a
-// real step makes, on the Null arena, no kernel run), in milliseconds whatever the size; its
-// timings mean nothing, its graph and memory are exact. The optimizer as `o` says.
+// real step makes, on the Null arena, no kernel run), in milliseconds at usual sizes; its
+// timings mean nothing, its graph and memory are exact. The optimizer as `o` says. Its kernels
+// still request their scratch as they would run, so its time grows with the batch: a batch whose
+// step would record more than kMaxDryEvents events is refused (check_estimable first).
 Profile dry_profile(const ModelConfig& config, int64_t batch, const EstimateOptions& o);
 
 }  // namespace regen

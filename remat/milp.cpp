@@ -75,6 +75,16 @@
 
 namespace regen {
 
+double milp_round_limit(double limit_s, double elapsed_s, int round) {
+  const double left = limit_s - elapsed_s;
+  if (round <= 1) return std::max(left, 0.01);
+  return left >= 0.01 ? left : -1.0;
+}
+
+double milp_stop_after(double limit_s) {
+  return limit_s + std::max(2.0, limit_s);
+}
+
 #if !defined(REGEN_WITH_MILP)
 
 bool milp_available() {
@@ -859,7 +869,16 @@ Solved solve(const Lp& lp, int64_t budget, const MilpOptions& opt,
   ::close(fds[1]);
   std::string bytes;
   char buf[1 << 16];
+  // CBC checks its limit between steps of its search: a long first LP relaxation overruns a
+  // small one. Past milp_stop_after the child is stopped, and the round has no solution.
+  const auto stop_at = std::chrono::steady_clock::now() +
+                       std::chrono::duration<double>(milp_stop_after(opt.time_limit_s));
+  bool overran = false;
   while (g_stop_signal == 0) {
+    if (std::chrono::steady_clock::now() >= stop_at) {
+      overran = true;
+      break;
+    }
     pollfd p{fds[0], POLLIN, 0};
     const int r = ::poll(&p, 1, 100);
     if (r < 0 && errno != EINTR) break;
@@ -871,9 +890,16 @@ Solved solve(const Lp& lp, int64_t budget, const MilpOptions& opt,
   }
   ::close(fds[0]);
   const int stop = g_stop_signal;
-  if (stop != 0) ::kill(pid, SIGKILL);
+  if (stop != 0 || overran) ::kill(pid, SIGKILL);
   int status = 0;
   while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (overran && stop == 0) {
+    Solved out;
+    out.time_limit = true;
+    out.seconds = milp_stop_after(opt.time_limit_s);
+    out.status = "time limit (no solution: the solver ran past its limit and was stopped)";
+    return out;
   }
   if (stop != 0) {
     signals.restore();
@@ -1028,6 +1054,7 @@ Plan plan_milp(const Simulator& sim, int64_t budget_bytes, const MilpOptions& op
     out.lowest_peak = std::min(out.lowest_peak, peak_of(out.predicted, of));
     out.planning_ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    rep.total_s = out.planning_ms / 1000.0;
     if (report) *report = rep;
     return out;
   };
@@ -1073,7 +1100,16 @@ Plan plan_milp(const Simulator& sim, int64_t budget_bytes, const MilpOptions& op
              format_bytes(internal);
       break;
     }
-    const Solved s = solve(m.lp, internal, opt, start);
+    // One limit for the whole call: this round gets what is left of it.
+    MilpOptions round_opt = opt;
+    round_opt.time_limit_s = milp_round_limit(
+        opt.time_limit_s,
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), round);
+    if (round_opt.time_limit_s < 0) {
+      stop = "time limit reached after " + std::to_string(round - 1) + " round(s)";
+      break;
+    }
+    const Solved s = solve(m.lp, internal, round_opt, start);
     rep.solve_s += s.seconds;
     if (!s.has_solution) {
       rep.status = s.status;
@@ -1156,14 +1192,16 @@ Plan plan_milp(const Simulator& sim, int64_t budget_bytes, const MilpOptions& op
   rep.rounds = last_rounds;
   rep.internal_budget = last_internal;
   rep.solve_s = solve_s;
-  char buf[400];
+  rep.total_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  char buf[480];
   std::snprintf(
       buf, sizeof buf,
       "milp: %s, recompute %.3f ms (bound %.3f ms, gap %s), %d round(s), internal budget %s, "
-      "%lld variables (%lld binary), %lld rows, %.2f s solving",
+      "%lld variables (%lld binary), %lld rows, %.2f s solving, %.2f s in all (limit %g s)",
       rep.status.c_str(), rep.objective_ms, rep.bound_ms, percent(rep.gap).c_str(), rep.rounds,
       format_bytes(rep.internal_budget).c_str(), static_cast<long long>(rep.variables),
-      static_cast<long long>(rep.binaries), static_cast<long long>(rep.constraints), rep.solve_s);
+      static_cast<long long>(rep.binaries), static_cast<long long>(rep.constraints), rep.solve_s,
+      rep.total_s, opt.time_limit_s);
   plan.note = buf;
   if (!start_note.empty()) plan.note += "; " + start_note;
   const bool fits = have && best_fits;

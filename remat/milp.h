@@ -39,7 +39,10 @@
 namespace regen {
 
 struct MilpOptions {
-  double time_limit_s = 60;     // per solve
+  // Seconds for the whole plan_milp call: building the programme, every round's solve and the
+  // simulations between them share it (milp_round_limit); a solver that overruns its round's
+  // share is stopped (milp_stop_after) and the round has no solution.
+  double time_limit_s = 60;
   double relative_gap = 1e-4;   // stop when proven within this gap
   int max_rounds = 4;           // re-solves with a lower internal budget when the exact simulation
                                 // exceeds the budget
@@ -67,10 +70,21 @@ struct MilpReport {
   double bound_ms = 0;      // best lower bound the solver proved (last round's model)
   double gap = 0;           // (objective - bound) / objective, 0 when proven optimal
   double solve_s = 0;       // total solver time over rounds
+  double total_s = 0;       // the whole call: building, solving, simulating
   int rounds = 0;
   int64_t internal_budget = 0;                           // budget the last round's model used
   int64_t variables = 0, binaries = 0, constraints = 0;  // of the last round's model
 };
+
+// The solver's time limit for round `round` (1-based) of a plan_milp call limited to `limit_s`
+// seconds, `elapsed_s` seconds after it started: what is left of the limit, at least 0.01 s for
+// the first round (which always solves); negative when a later round has no time left (the call
+// stops with the best plan so far).
+double milp_round_limit(double limit_s, double elapsed_s, int round);
+// When a solve given `limit_s` seconds is stopped (CBC checks its limit only between steps of its
+// search, and its first LP relaxation can run long past a small one): twice the limit, and at
+// least 2 s past it (a loaded machine's slow start is not an overrun).
+double milp_stop_after(double limit_s);
 
 // Whether regen was built with CBC (REGEN_MILP; plan_milp throws without it).
 bool milp_available();

@@ -68,13 +68,14 @@ void check_math(const std::string& math, bool tf32, OptionStyle style) {
 }  // namespace
 
 OptionRange SessionOptions::range(const std::string& key) {
-  if (key == "batch") return OptionRange::integers(1);
+  if (key == "batch") return OptionRange::integers(1, static_cast<double>(kMaxBatch));
   if (key == "threads") return OptionRange::integers(1, kMaxThreads);
   if (key == "lr" || key == "weight_decay") return OptionRange::numbers(0);
   if (key == "momentum") return OptionRange::numbers(0, 1);
   if (key == "accumulate") return OptionRange::integers(1, 1 << 20);
+  if (key == "eval_batch") return OptionRange::integers(0, static_cast<double>(kMaxBatch));
   if (key == "warmup_steps" || key == "schedule_steps" || key == "lr_step_size" ||
-      key == "eval_every" || key == "eval_batches" || key == "eval_batch") {
+      key == "eval_every" || key == "eval_batches") {
     return OptionRange::integers(0);
   }
   if (key == "lr_gamma" || key == "lr_min" || key == "clip_grad_norm") {
@@ -123,6 +124,16 @@ void SessionOptions::validate() const {
               option_setting("schedule_steps", std::to_string(schedule_steps), style),
               " steps, which must be more than ",
               option_setting("warmup_steps", std::to_string(warmup_steps), style));
+  // Another schedule's settings would be ignored without a word: refused, naming both options.
+  const auto other_schedule = [&](const char* key, bool set, const char* schedule) {
+    REGEN_CHECK(!set || lr_schedule == schedule, name(key), " applies to ",
+                given("lr_schedule", schedule), ", not to ", given("lr_schedule", lr_schedule),
+                ": drop it, or pass ", given("lr_schedule", schedule));
+  };
+  other_schedule("lr_step_size", lr_step_size != 0, "step");
+  other_schedule("lr_gamma", lr_gamma != 0.1, "step");
+  other_schedule("lr_min", lr_min != 0, "cosine");
+  other_schedule("schedule_steps", schedule_steps != 0, "cosine");
   check_one_of(*this, "shard", shard, {"none", "optimizer", "gradients"});
   // Bytes, named as integers (check_range writes numbers shortly: 1e+02).
   const std::string bucket_problem = range("bucket_size").problem(static_cast<double>(bucket_size));
@@ -186,6 +197,14 @@ double SessionOptions::holdout() const {
 
 int64_t SessionOptions::evaluation_batch() const {
   return eval_batch > 0 ? eval_batch : batch * accumulate;
+}
+
+void SessionOptions::check_steps(int64_t steps) const {
+  REGEN_CHECK(warmup_steps <= steps,
+              option_setting("warmup_steps", std::to_string(warmup_steps), style), " is more than ",
+              option_setting("steps", std::to_string(steps), style),
+              ": the warm-up would never finish (the learning rate would not reach ", name("lr"),
+              "); lower ", name("warmup_steps"), " or raise ", name("steps"));
 }
 
 ModelConfig SessionOptions::model_config() const {
@@ -398,6 +417,11 @@ void check_preflight(const Session& s, Preflight preflight) {
 
 namespace {
 
+// make_session's probe of a large batch's dry run: from this batch on, and past this many
+// allocator requests (about a second of dry run each 100000 on a CPU core).
+constexpr int64_t kProbeBatch = 64;
+constexpr double kMaxDryRequests = 2e6;
+
 // Applies the threads and the CUDA settings (conv, and math as math_mode gives it for `device`).
 void apply_runtime_options(const SessionOptions& o, Device device) {
   if (o.threads > 0) omp_set_num_threads(static_cast<int>(o.threads));
@@ -564,6 +588,39 @@ std::unique_ptr<Session> make_session(const SessionOptions& options, Preflight p
     o.weight_decay = options.weight_decay;
     return std::make_unique<AdamW>(std::move(params), o);
   };
+  // A dry run's time grows with the batch: no kernel runs, but the kernels request their scratch
+  // as they would (per sample and head, per tile). Before a large batch's, two small steps run
+  // dry tell how its requests and its peak grow: a step that would take millions of requests
+  // to measure (minutes) and is far past the memory available is refused from them, roughly.
+  if (preflight == Preflight::step && options.batch >= kProbeBatch) {
+    const int64_t have = available_memory(s->device);
+    // Batches 2 and 3: batch norm trains on any map of two values a channel.
+    DryRunResult one, two;
+    try {
+      one = dry_run_step(c, 2, s->device, make_optimizer, make_sync, setup_trainer);
+      two = dry_run_step(c, 3, s->device, make_optimizer, make_sync, setup_trainer);
+    } catch (const Error&) {
+      // A batch this small cannot run (a model's own check): the full dry run says why.
+      one = two = DryRunResult{};
+    }
+    const auto grown = [&](double at2, double at3) {
+      return at2 + std::max(0.0, at3 - at2) * static_cast<double>(options.batch - 2);
+    };
+    const double requests = grown(static_cast<double>(one.memory.num_allocs),
+                                  static_cast<double>(two.memory.num_allocs));
+    const double need = grown(static_cast<double>(one.memory.allocated.peak),
+                              static_cast<double>(two.memory.allocated.peak));
+    if (have > 0 && requests > kMaxDryRequests && need > 2.0 * static_cast<double>(have)) {
+      char about[64];
+      std::snprintf(about, sizeof about, "%.3g", requests);
+      REGEN_FAIL(size_options(*s), " is too large for memory: one ", c.name,
+                 " training step without remat needs about ",
+                 format_bytes(static_cast<int64_t>(std::min(need, 9e18))),
+                 " (grown from dry runs at batch 2 and 3; the exact dry run would make about ",
+                 about, " requests, minutes of work), but ", s->device.str(), " has ",
+                 format_bytes(have), " available; ", smaller(options));
+    }
+  }
   // The first step, run dry: its memory, exact, before any of it is used; first, with masks on,
   // which ops save packed forms (a dry forward pass of its own).
   try {
@@ -825,6 +882,10 @@ size_t load_weights(Session& s, const SafetensorsFile& all, const std::string& p
 }  // namespace
 
 size_t load_checkpoint(Session& s, const std::string& path) {
+  // The step's persistent tensors first, where a run that loads nothing places them: the file's
+  // tensors, read next and freed once copied, then leave the allocator's live blocks as they
+  // would be (a plan from a profile checks them at every step's start).
+  s.trainer->prepare();
   return load_weights(s, load_safetensors(path), path);
 }
 
@@ -849,8 +910,10 @@ std::map<std::string, std::string> trajectory_options(const SessionOptions& o) {
     r["lr_gamma"] = number_text(o.lr_gamma);
   }
   r["clip_grad_norm"] = number_text(o.clip_grad_norm);
-  r["eval_split"] = number_text(o.holdout());  // what a text file's training part is
   const ModelConfig c = o.model_config();
+  // What a text file's training part is; other data hold out examples of their own, and their
+  // training examples do not depend on it.
+  if (data_split_by_holdout(o.data, c, o.style)) r["eval_split"] = number_text(o.holdout());
   for (const ModelOption& opt : model_info(o.model).input.options) {
     r[opt.key] = option_value_text(opt, opt.get(c));
   }
@@ -909,6 +972,10 @@ std::map<std::string, std::string> resume_training_state(Session& s, const std::
   REGEN_CHECK(!dist::world().distributed(),
               "resuming a training state under mpirun is not supported yet (a state is written by "
               "one process); resume in one process");
+  // Gradients and optimizer state in their places first, as a run from the first step has them
+  // after its first: the file's tensors, read next and freed once copied, must not take those
+  // places (a plan made from a profile checks every step's start against the profiled one's).
+  s.trainer->prepare();
   const SafetensorsFile file = load_safetensors(path);
   const auto& meta = file.metadata;
   const OptionStyle style = s.options.style;
@@ -976,7 +1043,6 @@ std::map<std::string, std::string> resume_training_state(Session& s, const std::
   }
   REGEN_CHECK(have_counts, what, " ", path, ": no optimizer/steps (the file is damaged)");
   load_weights(s, file, path);
-  s.trainer->prepare();  // gradients and optimizer state in their places, then the values
   try {
     s.optimizer->load_state(state, counts);
   } catch (const Error& e) {
@@ -1012,10 +1078,11 @@ MeasuredRun measure_training(const SessionOptions& o, int steps, const Profile* 
     pipe.use_plan(*plan);
     pipe.set_limit(limit);
   }
-  std::vector<double> ms;
+  std::vector<double> ms, cores;
   MeasuredRun r;
   for (const StepResult& st : pipe.train(steps)) {
     ms.push_back(st.ms);
+    cores.push_back(st.cpu_cores());
     r.peak = std::max(r.peak, st.memory.allocated.peak);
     r.reserved = std::max(r.reserved, st.memory.reserved.peak);
     if (st.host_predicted) {
@@ -1039,7 +1106,9 @@ MeasuredRun measure_training(const SessionOptions& o, int steps, const Profile* 
   }
   // The first step pays first-touch costs; the median of the rest is the step time.
   if (ms.size() > 1) ms.erase(ms.begin());
+  if (cores.size() > 1) cores.erase(cores.begin());
   r.ms = median(ms);
+  if (s->device.is_cpu()) r.cpu_cores = median(cores);
   return r;
 }
 

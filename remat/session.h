@@ -97,6 +97,11 @@ struct SessionOptions {
   OptionStyle style = OptionStyle::flag;
 
   static constexpr int64_t kMaxThreads = 1024;  // libgomp fails far above the cores any CPU has
+  // The largest batch (and micro-batch, evaluation batch, global batch): 2^24 examples, far above
+  // what any device holds for the smallest model, and small enough that counts derived from it
+  // (examples x accumulation, batch x sizes of a sample) stay far from int64's limit and loops over
+  // a batch's divisors end at once.
+  static constexpr int64_t kMaxBatch = int64_t{1} << 24;
   // The range of a session option with one ("batch", "threads", "lr", "momentum",
   // "weight_decay", "bucket_size"); the command line's validators take theirs from here.
   static OptionRange range(const std::string& key);
@@ -122,6 +127,10 @@ struct SessionOptions {
   double holdout() const;
   // The evaluation batch size (eval_batch, or batch * accumulate).
   int64_t evaluation_batch() const;
+  // The options against a run of `steps` optimizer steps in all (a resumed run's included): a
+  // warm-up longer than the run, which would never reach the learning rate, is refused naming both
+  // options as `style` says.
+  void check_steps(int64_t steps) const;
 };
 
 // "auto": cuda:0 when regen was built with CUDA and a GPU is visible, else cpu. A device that is
@@ -250,7 +259,16 @@ struct MeasuredRun {
   // last step waited for copies.
   int64_t host_peak = 0, host_reserved = 0;
   double stall_ms = 0;
+  // On the CPU, the median over the timed steps of their CPU time over wall time, in cores
+  // (StepResult::cpu_cores); below kBusyCores the steps waited for other work on the machine and
+  // their times are not the step's own. 0 on a GPU.
+  double cpu_cores = 0;
 };
+// The cores' worth of CPU time over wall time (StepResult::cpu_cores) a CPU step must reach to
+// count as having run undisturbed (MeasuredRun::cpu_cores, regen train's summary): below it, its
+// time is the machine's load as much as the step's, and is not compared with a prediction as its
+// error (as tools/torch_baseline.py reports the CPU time of PyTorch's steps).
+inline constexpr double kBusyCores = 0.75;
 // A fresh session (make_session) on an emptied allocator and `steps` steps through a
 // RematPipeline: without `plan`, no rematerialization; with it (made for `profile`), every step
 // under the plan, its limit (or `limit` when >= 0) and its planned layout. An out-of-memory error

@@ -1,6 +1,8 @@
 // The simulator (simulator.h).
 #include "regen/remat/simulator.h"
 
+#include <sys/stat.h>
+
 #include "regen/remat/layout.h"
 
 #include <algorithm>
@@ -763,8 +765,53 @@ Profile profile_from_json(const std::string& text, const std::string& origin) {
   return p;
 }
 
+namespace {
+
+// How the set's other files carry profile.json's id: the table's first line, the trace's first key.
+const char kSetLine[] = "# regen profile set ";
+const char kSetKey[] = "{\"regen_profile_set\":\"";
+
+// The id a sibling carries ("" when it carries none).
+std::string sibling_set_id(const std::string& text, const std::string& head) {
+  if (text.compare(0, head.size(), head) != 0) return "";
+  const size_t end = text.find_first_of(" \"\n", head.size());
+  return text.substr(head.size(), end == std::string::npos ? std::string::npos : end - head.size());
+}
+
+}  // namespace
+
+std::vector<std::pair<std::string, std::string>> profile_set_files(const std::string& dir,
+                                                                   const std::string& json,
+                                                                   const std::string& txt,
+                                                                   const std::string& trace) {
+  const std::string id = content_id(json);
+  REGEN_CHECK(!trace.empty() && trace[0] == '{', "profile_set_files: the trace is not an object");
+  return {
+      {dir + "/profile.txt",
+       kSetLine + id + " (the id of profile.json beside it: regen refuses a mixed set)\n" + txt},
+      {dir + "/trace.json", kSetKey + id + "\"," + trace.substr(1)},
+      {dir + "/profile.json", json}};
+}
+
 Profile load_profile(const std::string& path) {
-  return profile_from_json(read_file(path), "profile '" + path + "'");
+  const std::string text = read_file(path);
+  const auto slash = path.find_last_of('/');
+  if ((slash == std::string::npos ? path : path.substr(slash + 1)) == "profile.json") {
+    const std::string dir = slash == std::string::npos ? "." : path.substr(0, slash + 1);
+    const std::string id = content_id(text);
+    for (const auto& [name, head] : {std::make_pair(std::string("profile.txt"), kSetLine),
+                                     std::make_pair(std::string("trace.json"), kSetKey)}) {
+      const std::string sibling = (slash == std::string::npos ? "" : dir) + name;
+      struct stat st;
+      if (::stat(sibling.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
+      const std::string theirs = sibling_set_id(read_file(sibling), head);
+      REGEN_CHECK(theirs.empty() || theirs == id, "profile '", path, "' and ", sibling,
+                  " beside it are not one set (", sibling, " is of profile ", theirs, ", this is ",
+                  id,
+                  "): a run of `regen profile` was stopped while it replaced them; profile again");
+    }
+  }
+  return profile_from_json(text, "profile '" + path + "'");
 }
 
 }  // namespace regen

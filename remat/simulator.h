@@ -127,6 +127,17 @@ StartLayouts start_layouts(const Profile& p, const Schedule& s);
 // peaks must be the ones the file records as measured, or it was edited or damaged. Throws
 // regen::Error naming `origin` (the file) and the problem.
 Profile profile_from_json(const std::string& text, const std::string& origin);
+// Reads a profile file. A file named profile.json is one of `regen profile`'s set (profile.json,
+// profile.txt, trace.json): the others carry its content's id (profile_set_files) and are renamed
+// before it, so a writer killed between the renames leaves siblings with another id, and the
+// profile is refused naming them (profile again). A sibling without an id (written before sets
+// had them, or by hand) is not compared.
 Profile load_profile(const std::string& path);
+// The set `regen profile` writes for a profile.json of text `json` in `dir`, in the order they are
+// renamed (profile.json last): the table `txt` and the trace `trace` marked with json's id.
+std::vector<std::pair<std::string, std::string>> profile_set_files(const std::string& dir,
+                                                                   const std::string& json,
+                                                                   const std::string& txt,
+                                                                   const std::string& trace);
 
 }  // namespace regen

@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -172,10 +173,14 @@ int64_t saved_activation_bytes(const Profile& p) {
 
 TransferModel transfer_for(const std::string& spec, const Profile& p) {
   auto number = [&](const std::string& text, const char* what) {
+    // Decimal only, as every number flag: strtod would also read "0x10" as 16.
+    const bool decimal = !text.empty() &&
+                         (std::isdigit(static_cast<unsigned char>(text[0])) || text[0] == '.') &&
+                         text.find_first_not_of("0123456789.eE+-") == std::string::npos;
     char* end = nullptr;
-    const double v = std::strtod(text.c_str(), &end);
-    REGEN_CHECK(!text.empty() && end && *end == 0 && std::isfinite(v), "--transfer '", spec,
-                "': ", what, " '", text, "' is not a number");
+    const double v = decimal ? std::strtod(text.c_str(), &end) : 0.0;
+    REGEN_CHECK(decimal && end && *end == 0 && std::isfinite(v), "--transfer '", spec, "': ", what,
+                " '", text, "' is not a number (write it in decimal: 0.4, 25)");
     return v;
   };
   if (spec == "profile") {

@@ -22,6 +22,7 @@
 #include <filesystem>
 #include <map>
 #include <regex>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -227,8 +228,15 @@ TEST_CASE("cli: mistakes in flags give one clear line and a non-zero exit") {
                  {"--steps 3 leaves no step", "--profile-steps"});
   // Too large for memory: refused before anything is built, with the exact size from a dry run
   // of the first step (or the request no memory could serve), naming the flags to change.
+  // Every batch is bounded (SessionOptions::kMaxBatch); below the bound, a batch far too large
+  // is refused from two small dry runs at once, where its own would take minutes.
   expect_failure(dir, tiny({"--batch", "100000000000"}),
-                 {"--batch 100000000000 at --seq-len 16 is too large for any memory", "dry run"});
+                 {"--batch must be at most 16777216, got 100000000000"});
+  expect_failure(dir, tiny({"--batch", "16777216"}),
+                 {"--batch 16777216 at --seq-len 16 is too large for memory",
+                  "grown from dry runs at batch 2 and 3", "use a smaller --batch"});
+  expect_failure(dir, tiny({"--batch", "16777216", "--seq-len", "1000000"}),
+                 {"--batch 16777216 at --seq-len 1000000 is too large", "dry run"});
   expect_failure(
       dir, {"train", "--model", "resnet152", "--batch", "9999", "--steps", "1", "--device", "cpu"},
       {"--batch 9999 at --image-size 224 is too large for memory",
@@ -1202,7 +1210,8 @@ TEST_CASE("cli: --math and --tf32: defaults, conflicts, the CPU, and the math co
                                               "predicted_host_peak_allocated",
                                               "predicted_stall_ms",
                                               "measured_host_peak_allocated",
-                                              "measured_stall_ms"};
+                                              "measured_stall_ms",
+                                              "measured_cpu_cores"};
     CHECK(std::vector<std::string>(math + 1, header.end()) ==
           (math + 1 == header.end() ? std::vector<std::string>{} : offload));
     return rows;
@@ -1658,4 +1667,225 @@ TEST_CASE(
   REQUIRE_MESSAGE(ev.status == 0, ev.err);
   CHECK(has(ev.out, "perplexity"));
   CHECK(has(ev.out, "memory (no tape, no saved tensors): peak allocated"));
+}
+
+// A hostile-input battery's findings, each with its siblings: every count a person gives is
+// bounded (nothing runs longer than its work needs), every number is read in decimal, a flag that
+// would be ignored is refused naming it, and messages name the command's own flags.
+TEST_CASE("cli: counts bounded, numbers decimal, ignored flags refused, each named") {
+  TempDir dir;
+  // Counts: a global batch's divisors are found at once, and every batch has a bound.
+  expect_failure(dir,
+                 {"choose", "--model", "resnet-tiny", "--image-size", "32", "--global-batch",
+                  "99999999999", "--budget", "4MiB"},
+                 {"--global-batch must be at most 16777216, got 99999999999"});
+  expect_failure(dir, tiny({"--batch", "16777217"}),
+                 {"--batch must be at most 16777216, got 16777217"});
+  expect_failure(dir, tiny({"--eval-batch", "16777217"}),
+                 {"--eval-batch must be at most 16777216, got 16777217"});
+  expect_failure(dir,
+                 {"sweep", "--model", "transformer-tiny", "--batches", "2,16777217", "--out",
+                  dir.file("sweep")},
+                 {"--batches '2,16777217': each item must be at most 16777216, got 16777217"});
+  expect_failure(dir,
+                 {"choose", "--model", "transformer-tiny", "--global-batch", "8", "--micro-batches",
+                  "0x2", "--budget", "4MiB"},
+                 {"--micro-batches '0x2': each item", "(not an integer)"});
+  // The estimate's range is the step's bytes: refused where they could pass 64-bit counts.
+  expect_failure(
+      dir, {"estimate", "--model", "resnet-tiny", "--batch", "2", "--image-size", "1099511627776"},
+      {"--batch 2 --image-size 1099511627776: estimate: a step of model 'resnet-tiny' at batch 2",
+       "lower the batch"});
+  expect_failure(
+      dir,
+      {"estimate", "--model", "bert-base", "--batch", "16777216", "--seq-len", "1000000",
+       "--compare"},
+      {"--batch 16777216 --seq-len 1000000: estimate: a step of model 'bert-base'", "1 EiB"});
+  expect_failure(dir, {"estimate", "--model", "bert-base", "--batch", "1000000", "--compare"},
+                 {"--batch 1000000: dry profile: a step of model 'bert-base' at batch 1000000",
+                  "allocator events", "profile a smaller batch"});
+  // Numbers are decimal everywhere, --transfer's included.
+  expect_failure(dir,
+                 tiny({"--policy", "dp", "--budget", "50%", "--offload", "activations",
+                       "--transfer", "step:0x10"}),
+                 {"--transfer 'step:0x10'", "'0x10' is not a number"});
+  // Flags that would be ignored: --offload without a planner, --transfer without --offload,
+  // another schedule's settings, a warm-up longer than the run.
+  expect_failure(dir, tiny({"--offload", "activations"}),
+                 {"--offload activations", "no plan is made here", "--policy dp"});
+  expect_failure(dir, tiny({"--transfer", "step:0.4"}),
+                 {"--transfer step:0.4", "--offload is none"});
+  expect_failure(dir, tiny({"--lr-schedule", "cosine", "--lr-gamma", "0.5"}),
+                 {"--lr-gamma applies to --lr-schedule step, not to --lr-schedule cosine"});
+  expect_failure(dir, tiny({"--lr-schedule", "cosine", "--lr-step-size", "2"}),
+                 {"--lr-step-size applies to --lr-schedule step"});
+  expect_failure(dir, tiny({"--lr-schedule", "step", "--lr-step-size", "2", "--lr-min", "0.01"}),
+                 {"--lr-min applies to --lr-schedule cosine, not to --lr-schedule step"});
+  expect_failure(
+      dir, tiny({"--schedule-steps", "10"}),
+      {"--schedule-steps applies to --lr-schedule cosine, not to --lr-schedule constant"});
+  expect_failure(dir, tiny({"--steps", "3", "--warmup-steps", "5"}),
+                 {"--warmup-steps 5 is more than --steps 3", "would never finish"});
+  // A bad value is named before any combination of flags that involves it.
+  expect_failure(dir, tiny({"--compress", "bf17", "--steps", "1"}),
+                 {"--compress must be none, bf16 or fp16, got 'bf17'"});
+  // choose names its own flags; batch norm's smallest micro-batch is skipped, not fatal.
+  expect_failure(dir,
+                 {"choose", "--model", "resnet-tiny", "--global-batch", "4", "--micro-batches", "1",
+                  "--budget", "64MiB"},
+                 {"--micro-batches: micro-batch 1 at --image-size 32", "micro-batch 2 or more"});
+  const Result chose =
+      regen_run(dir, {"choose", "--model", "resnet-tiny", "--image-size", "32", "--global-batch",
+                      "2", "--policies", "none", "--budget", "1GiB", "--device", "cpu"});
+  CAPTURE(chose.err);
+  CHECK(chose.status == 0);
+  CHECK(has(chose.out, "micro-batch 1 skipped: micro-batch 1 at --image-size 32"));
+  CHECK(has(chose.out, "fastest that fits 1GiB: --batch 2 --accumulate 1"));
+  CHECK_FALSE(has(chose.out + chose.err, "--batch 2 or more"));
+}
+
+// Files: --load is an input like every other, a log named .CSV is CSV, and what a writer killed
+// while saving left is swept when the file is read.
+TEST_CASE("cli: --load is never an output, .CSV logs, temporaries swept by readers") {
+  TempDir dir;
+  const std::string ckpt = dir.file("ckpt.safetensors");
+  REQUIRE(regen_run(dir, tiny({"--steps", "1", "--batch", "2", "--save", ckpt})).status == 0);
+  for (const char* out : {"--log", "--save-state"}) {
+    expect_failure(dir, tiny({"--steps", "1", "--batch", "2", "--load", ckpt, out, ckpt}),
+                   {std::string(out) + " " + ckpt + " is the same file as --load"});
+  }
+  // --load X --save X trains on in place, as before.
+  REQUIRE(regen_run(dir, tiny({"--steps", "1", "--batch", "2", "--load", ckpt, "--save", ckpt}))
+              .status == 0);
+  // The metrics log's format by its extension in any case.
+  const std::string log = dir.file("run.CSV");
+  REQUIRE(regen_run(dir, tiny({"--steps", "2", "--batch", "2", "--log", log})).status == 0);
+  CHECK(read_file(log).rfind("kind,step,loss", 0) == 0);
+  // A killed writer's temporary (pid 2^22 + 1 is above Linux's pid_max default) goes when the
+  // file is read (--load, --resume, eval), not only when it is written again.
+  const std::string dead = ckpt + ".tmp.4194305.3";
+  write_file_atomic(dead, "left by a killed writer");
+  REQUIRE(regen_run(dir, {"eval", "--model", "transformer-tiny", "--load", ckpt, "--batch", "2",
+                          "--eval-batches", "1", "--device", "cpu"})
+              .status == 0);
+  CHECK_FALSE(std::filesystem::exists(dead));
+  write_file_atomic(dead, "left by a killed writer");
+  CHECK(load_safetensors(ckpt).metadata.at("model") == "transformer-tiny");
+  CHECK_FALSE(std::filesystem::exists(dead));
+}
+
+namespace {
+
+// Whether two safetensors files hold the same tensors, bit for bit (f32 weights and i64 counts).
+bool same_tensors(const std::string& a, const std::string& b) {
+  const SafetensorsFile x = load_safetensors(a), y = load_safetensors(b);
+  if (x.tensors.size() != y.tensors.size()) return false;
+  for (const auto& [name, t] : x.tensors) {
+    const Tensor* u = y.find(name);
+    if (u == nullptr || u->shape() != t.shape() || u->dtype() != t.dtype()) return false;
+    const auto bits = [](const auto& v) {
+      return std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof v[0]);
+    };
+    if (t.dtype() == DType::f32 && bits(t.to_vector<float>()) != bits(u->to_vector<float>()))
+      return false;
+    if (t.dtype() == DType::i64 && bits(t.to_vector<int64_t>()) != bits(u->to_vector<int64_t>()))
+      return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+// A run planned from a --profile file, stopped and resumed: the resumed process's persistent
+// tensors are where a run from the start has them (the training state's tensors are read after
+// them), so every step after the resume starts from the profiled state, its peaks are the
+// predicted ones, and its losses are the uninterrupted run's bitwise. And a profile set a killed
+// writer left mixed is refused.
+TEST_CASE("cli: a run planned from --profile resumes exactly, and a mixed profile set is refused") {
+  TempDir dir;
+  const std::string prof = dir.file("P");
+  const Result profiled = regen_run(dir, {"profile", "--model", "transformer-tiny", "--batch", "4",
+                                          "--device", "cpu", "--out", prof});
+  REQUIRE_MESSAGE(profiled.status == 0, profiled.err);
+  const auto run = [&](std::vector<std::string> more) {
+    std::vector<std::string> args =
+        tiny({"--batch", "4", "--device", "cpu", "--profile", prof + "/profile.json", "--policy",
+              "dp", "--budget", "lowest"});
+    args.insert(args.end(), more.begin(), more.end());
+    return regen_run(dir, args);
+  };
+  const std::string whole_state = dir.file("whole.st"), state = dir.file("s.st");
+  const Result whole = run({"--steps", "5", "--save-state", whole_state});
+  REQUIRE_MESSAGE(whole.status == 0, whole.err);
+  CHECK(has(whole.out, "exact on every one of the 5 steps under the plan"));
+  const Result first = run({"--steps", "3", "--save-state", state});
+  REQUIRE_MESSAGE(first.status == 0, first.err);
+  const Result rest = run({"--steps", "5", "--resume", state, "--save-state", state});
+  CAPTURE(rest.out);
+  REQUIRE_MESSAGE(rest.status == 0, rest.err);
+  CHECK(has(rest.out, "exact on every one of the 2 steps under the plan"));
+  // The weights, the optimizer state and its counts after step 5: the uninterrupted run's, bit
+  // for bit (and so every loss on the way).
+  CHECK(same_tensors(state, whole_state));
+
+  // profile.txt of another run beside profile.json: what a kill between the renames leaves.
+  const std::string other = dir.file("Q");
+  REQUIRE(regen_run(dir, {"profile", "--model", "transformer-tiny", "--batch", "2", "--device",
+                          "cpu", "--out", other})
+              .status == 0);
+  CHECK(read_file(prof + "/profile.txt").rfind("# regen profile set ", 0) == 0);
+  CHECK(read_file(prof + "/trace.json").rfind("{\"regen_profile_set\":\"", 0) == 0);
+  REQUIRE(nlohmann::json::parse(read_file(prof + "/trace.json")).contains("traceEvents"));
+  write_file_atomic(prof + "/profile.txt", read_file(other + "/profile.txt"));
+  expect_failure(dir,
+                 {"plan", "--profile", prof + "/profile.json", "--policy", "dp", "--budget", "70%",
+                  "--out", dir.file("plan.json"), "--decisions", dir.file("d.csv")},
+                 {"profile.txt beside it are not one set", "profile again"});
+}
+
+// A resume compares --eval-split only where it sets the training data (a text file's held-out
+// tail), and train's summary says how much CPU time its steps had (a CPU step below 0.75 cores
+// of its wall time waited for other work).
+TEST_CASE("cli: resume compares --eval-split only for data it splits; CPU time in the summary") {
+  TempDir dir;
+  const std::string state = dir.file("s.st");
+  const Result first = regen_run(dir, tiny({"--steps", "2", "--batch", "2", "--eval-every", "2",
+                                            "--eval-batches", "1", "--save-state", state}));
+  REQUIRE_MESSAGE(first.status == 0, first.err);
+  CHECK(has(first.out, "CPU time: "));
+  CHECK(has(first.out, "cores over the step's wall time (median; "));
+  // Synthetic data: the resumed run evaluates or not, as it likes.
+  const Result resumed = regen_run(dir, tiny({"--steps", "3", "--batch", "2", "--resume", state}));
+  CHECK_MESSAGE(resumed.status == 0, resumed.err);
+  // A text file trains on its bytes before the held-out tail: that must not change.
+  std::string text;
+  for (int i = 0; i < 400; ++i) text += "the quick brown fox jumps over the lazy dog. ";
+  write_file_atomic(dir.file("corpus.txt"), text);
+  const std::vector<std::string> on_text = {
+      "--vocab", "256", "--data", "text:" + dir.file("corpus.txt"), "--batch", "2"};
+  std::vector<std::string> args = tiny(on_text);
+  for (const char* a : {"--steps", "2", "--eval-every", "2", "--eval-batches", "1", "--save-state"})
+    args.push_back(a);
+  args.push_back(dir.file("t.st"));
+  const Result text_run = regen_run(dir, args);
+  REQUIRE_MESSAGE(text_run.status == 0, text_run.err);
+  std::vector<std::string> again = tiny(on_text);
+  for (const char* a : {"--steps", "3", "--resume"}) again.push_back(a);
+  again.push_back(dir.file("t.st"));
+  expect_failure(dir, again,
+                 {"saved by a run with --eval-split 0.1", "this run has --eval-split 0"});
+}
+
+// --transfer times copies to the host tier: with nothing offloaded (no --offload, no policy+MODE)
+// sweep and frontier refuse it, as train and plan do.
+TEST_CASE("cli: sweep and frontier refuse a --transfer with nothing to offload") {
+  TempDir dir;
+  expect_failure(dir,
+                 {"sweep", "--model", "transformer-tiny", "--batches", "2", "--policies", "dp",
+                  "--budgets", "50%", "--transfer", "step:0.4", "--out", dir.file("s")},
+                 {"--transfer step:0.4", "--offload is none"});
+  expect_failure(dir,
+                 {"frontier", "--model", "transformer-tiny", "--batch", "2", "--policies", "dp",
+                  "--transfer", "step:0.4", "--out", dir.file("f")},
+                 {"--transfer step:0.4", "--offload is none"});
 }

@@ -650,3 +650,26 @@ TEST_CASE(
   // the ResNets at 70% and 90%) keep it from being vacuous.
   CHECK(proven >= 6);
 }
+
+// The time limit holds for the whole plan_milp call: each round's solver gets what is left of it
+// (the first at least 10 ms), a later round with nothing left is not started, and a solver that
+// runs past its share is stopped at twice it (2 s past it at least). The mechanism, not timings.
+TEST_CASE("milp: rounds share one time limit, and an overrunning solve is stopped") {
+  CHECK(milp_round_limit(1.0, 0.25, 1) == doctest::Approx(0.75));
+  CHECK(milp_round_limit(0.1, 0.5, 1) == doctest::Approx(0.01));  // the first round always runs
+  CHECK(milp_round_limit(1.0, 0.6, 2) == doctest::Approx(0.4));
+  CHECK(milp_round_limit(1.0, 1.2, 2) < 0);  // no time left: the call stops
+  CHECK(milp_round_limit(1.0, 0.995, 3) < 0);
+  CHECK(milp_stop_after(0.1) == doctest::Approx(2.1));
+  CHECK(milp_stop_after(60) == doctest::Approx(120));
+  if (!milp_available()) return;
+  const Profile profile = profile_of(model_preset("transformer-tiny"), 4, 1);
+  const Simulator sim(profile);
+  const int64_t lower = memory_lower_bound(profile), none = profile.peak_allocated;
+  MilpOptions opt = quick(0.05);
+  MilpReport rep;
+  const Plan plan = plan_milp(sim, lower + (none - lower) / 4, opt, &rep);
+  CAPTURE(plan.note);
+  CHECK(rep.total_s >= rep.solve_s);
+  CHECK(plan.note.find("s in all (limit 0.05 s)") != std::string::npos);
+}

@@ -5,9 +5,12 @@
 // 0 for success and for --help.
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
+#include <exception>
 #include <map>
 #include <memory>
 #include <new>
+#include <string>
 
 #include "regen/core/error.h"
 #include "regen/tools/cli.h"
@@ -110,7 +113,37 @@ int run_commands(int argc, char** argv, JobScope& job) {
 
 }  // namespace
 
+namespace {
+
+// What std::terminate does in the tool: an exception that could not be caught where it was
+// thrown (out of an OpenMP region's threads, a destructor or a noexcept function) still becomes
+// one message and exit status 1, as a caught one does; anything else aborts as before.
+[[noreturn]] void report_terminate() {
+  const char* what = nullptr;
+  std::string message;
+  if (const std::exception_ptr e = std::current_exception()) {
+    try {
+      std::rethrow_exception(e);
+    } catch (const std::bad_alloc&) {
+      what =
+          "out of host memory (std::bad_alloc): the batch or the model is too large for this "
+          "machine's memory; try a smaller --batch";
+    } catch (const std::exception& x) {
+      message = x.what();
+      what = message.c_str();
+    } catch (...) {
+    }
+  }
+  if (what == nullptr) std::abort();
+  std::fflush(stdout);
+  std::fprintf(stderr, "regen: error: %s\n", what);
+  std::_Exit(1);
+}
+
+}  // namespace
+
 int run_cli(int argc, char** argv) {
+  std::set_terminate(report_terminate);
   std::unique_ptr<JobScope> job;
   try {
     job = std::make_unique<JobScope>();  // MPI first, under mpirun (tools/distributed.h)

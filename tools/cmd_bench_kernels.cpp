@@ -530,9 +530,13 @@ void run(Options o) {
 
 void setup(CLI::App& app) {
   auto o = std::make_shared<Options>();
+  // Each item read in decimal and bounded, as every count (CLI11 alone would read "0x10").
   app.add_option("--batch", o->batches, "batch sizes (ResNet-152 and Transformer)")
+      ->check(positive_integer(SessionOptions::kMaxBatch))
       ->capture_default_str();
-  app.add_option("--seq", o->seqs, "Transformer sequence lengths")->capture_default_str();
+  app.add_option("--seq", o->seqs, "Transformer sequence lengths")
+      ->check(positive_integer(1 << 20))
+      ->capture_default_str();
   app.add_option("--repeats", o->repeats, "timed runs per measurement (the median is reported)")
       ->capture_default_str()
       ->check(positive_integer(kIntMax));

@@ -10,11 +10,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
+#include "regen/core/io.h"
 #include "regen/core/tensor.h"
 #include "regen/kernels/kernels.h"
 #include "tools/command.h"
@@ -107,6 +107,7 @@ void run(const std::string& device_text, int threads, int repeats, const std::st
       resolve_device(device_text);  // a device that is not there fails before the header
   const std::string math = math_mode(math_flag, tf32_flag, dev, kBenchMath);
   REGEN_CHECK(repeats > 0, "bench ops: --repeats must be positive, got ", repeats);
+  if (!json_path.empty()) check_output_path("--json", json_path);  // before the timings, not after
   if (threads > 0) omp_set_num_threads(threads);
   threads = omp_get_max_threads();
 #ifdef REGEN_WITH_CUDA
@@ -207,9 +208,7 @@ void run(const std::string& device_text, int threads, int repeats, const std::st
                            {"gflops", r.gflops},
                            {"best_seconds", r.best_seconds}});
     }
-    std::ofstream f(json_path);
-    REGEN_CHECK(f.good(), "bench ops: cannot write ", json_path);
-    f << j.dump(1) << "\n";
+    write_file_atomic(json_path, j.dump(1) + "\n");
   }
 }
 

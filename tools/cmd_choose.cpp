@@ -48,29 +48,55 @@ struct Row {
   double measured_ms = 0;
 };
 
-std::vector<int64_t> micro_sizes(const ChooseFlags& f) {
-  std::vector<int64_t> out;
-  if (f.micro_batches.empty()) {
-    for (int64_t b = 1; b <= f.global_batch; ++b) {
-      if (f.global_batch % b == 0) out.push_back(b);
-    }
-    return out;
+// The divisors of n, rising, by trial division up to sqrt(n).
+std::vector<int64_t> divisors(int64_t n) {
+  std::vector<int64_t> low, high;
+  for (int64_t d = 1; d <= n / d; ++d) {
+    if (n % d != 0) continue;
+    low.push_back(d);
+    if (d != n / d) high.push_back(n / d);
   }
-  for (const std::string& t : split_commas(f.micro_batches)) {
-    int64_t b = 0;
-    try {
-      b = std::stoll(t);
-    } catch (const std::exception&) {
-    }
-    REGEN_CHECK(b > 0 && std::to_string(b) == t, "--micro-batches '", f.micro_batches, "': '", t,
-                "' is not a positive integer");
+  low.insert(low.end(), high.rbegin(), high.rend());
+  return low;
+}
+
+// A session's message about its batch, told of a micro-batch: choose has no --batch flag.
+std::string as_micro_batch(std::string message) {
+  const std::string flag = "--batch ";
+  for (size_t at = message.find(flag); at != std::string::npos; at = message.find(flag, at)) {
+    message.replace(at, flag.size(), "micro-batch ");
+    at += flag.size();
+  }
+  return message;
+}
+
+// The micro-batch sizes to profile: those given (each dividing the global batch and one the
+// model can train), or every divisor of the global batch the model can train as a micro-batch
+// (batch norm cannot train a micro-batch of 1 at small images), each skipped one named.
+std::vector<int64_t> micro_sizes(const ChooseFlags& f) {
+  const bool given = !f.micro_batches.empty();
+  const std::vector<int64_t> candidates =
+      given ? positive_integers("--micro-batches", f.micro_batches, SessionOptions::kMaxBatch)
+            : divisors(f.global_batch);
+  std::vector<int64_t> out;
+  for (const int64_t b : candidates) {
     REGEN_CHECK(f.global_batch % b == 0, "--micro-batches: ", b, " does not divide --global-batch ",
                 f.global_batch, " (a step is a whole number of micro-batches)");
-    REGEN_CHECK(std::find(out.begin(), out.end(), b) == out.end(), "--micro-batches: ", b,
-                " is listed twice");
+    SessionOptions o = f.m;
+    o.batch = b;
+    o.accumulate = f.global_batch / b;
+    try {
+      o.validate();
+    } catch (const Error& e) {
+      if (given) REGEN_FAIL("--micro-batches: ", as_micro_batch(e.message()));
+      std::printf("  micro-batch %lld skipped: %s\n", static_cast<long long>(b),
+                  as_micro_batch(e.message()).c_str());
+      continue;
+    }
     out.push_back(b);
   }
-  REGEN_CHECK(!out.empty(), "--micro-batches is empty");
+  REGEN_CHECK(!out.empty(), "no micro-batch size of --global-batch ", f.global_batch,
+              " can train model '", f.m.model, "' (see above): raise --global-batch");
   return out;
 }
 
@@ -93,6 +119,19 @@ std::string csv_of(const std::vector<Row>& rows, const ChooseFlags& f) {
 
 void run(const ChooseFlags& f) {
   REGEN_CHECK(f.global_batch > 0, "--global-batch is required: the examples of one optimizer step");
+  {
+    // The options alone, before the micro-batch sizes: a bad value is named as given.
+    SessionOptions o = f.m;
+    o.batch = 1;
+    o.accumulate = 1;
+    try {
+      o.validate();
+    } catch (const Error& e) {
+      // The batch is choose's own to split; any other option is the user's.
+      if (e.message().find("--batch ") == std::string::npos) throw;
+    }
+    if (f.execute > 0) o.check_steps(f.steps);
+  }
   const std::vector<int64_t> micros = micro_sizes(f);
   const std::vector<std::string> policies = split_commas(f.policies);
   REGEN_CHECK(!policies.empty(), "--policies is empty");
@@ -125,7 +164,6 @@ void run(const ChooseFlags& f) {
     SessionOptions o = f.m;
     o.batch = b;
     o.accumulate = f.global_batch / b;
-    o.validate();
     std::printf("  micro-batch %lld x %lld: profiling %d step(s)...", static_cast<long long>(b),
                 static_cast<long long>(o.accumulate), 1 + f.profile_iterations);
     std::fflush(stdout);
@@ -140,7 +178,7 @@ void run(const ChooseFlags& f) {
       profile = profile_training(*s->trainer, pro);
       profile.run = run_flags(o);
     } catch (const Error& e) {
-      std::printf(" skipped: %s\n", e.message().c_str());
+      std::printf(" skipped: %s\n", as_micro_batch(e.message()).c_str());
       continue;
     }
     std::printf(" step %s, peak %s allocated, %s reserved without remat\n",
@@ -253,7 +291,7 @@ void setup(CLI::App& app) {
   app.add_option("--global-batch", f->global_batch,
                  "examples per optimizer step, split into micro-batches x accumulation steps")
       ->required()
-      ->check(positive_integer());
+      ->check(positive_integer(SessionOptions::kMaxBatch));
   app.add_option("--micro-batches", f->micro_batches,
                  "micro-batch sizes to try, each dividing --global-batch (default: every divisor)");
   app.add_option("--policies", f->policies,

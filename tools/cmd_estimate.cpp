@@ -48,10 +48,21 @@ void run(const Flags& f) {
   o.momentum = f.m.momentum;
   o.masks = f.m.masks;
   o.policy = parse_estimate_policy(f.policy);
-  if (!f.csv.empty()) check_output_path("--csv", f.csv);
-  const MemoryTerms est = estimate_memory(c, f.m.batch, o);
-  MemoryTerms exact;
-  if (f.compare) exact = measure_memory_terms(dry_profile(c, f.m.batch, o), o.policy);
+  if (!f.csv.empty()) check_distinct_files({{"--csv", f.csv}}, data_inputs(f.m));
+  // A size refused (bytes past what 64-bit counts hold, a dry run too long) is named by its flags.
+  std::string sizes = "--batch " + std::to_string(f.m.batch);
+  for (const auto& [key, value] : f.m.model_options) {
+    const ModelOption* opt = model_info(f.m.model).input.option(key);
+    if (opt && (opt->sizes_step || opt->sizes_parameters))
+      sizes += " " + f.m.name(key) + " " + option_value_text(*opt, value);
+  }
+  MemoryTerms est, exact;
+  try {
+    est = estimate_memory(c, f.m.batch, o);
+    if (f.compare) exact = measure_memory_terms(dry_profile(c, f.m.batch, o), o.policy);
+  } catch (const Error& e) {
+    REGEN_FAIL(sizes, ": ", e.message());
+  }
   std::printf("estimate of one training step of %s; %s%s; policy %s (%s)\n",
               describe(c, f.m.batch).c_str(), o.optimizer.c_str(),
               o.optimizer == "sgd" ? (" momentum " + fmt_g(o.momentum)).c_str() : "",
@@ -127,7 +138,8 @@ void setup(CLI::App& app) {
       ->capture_default_str();
   app.add_flag("--compare", f->compare,
                "also the exact terms, from a dry run of the step (shapes only, no kernels: "
-               "milliseconds on any size), and each term's error");
+               "milliseconds at usual sizes; a batch whose dry run would take minutes is "
+               "refused), and each term's error");
   app.add_option("--csv", f->csv, "write the terms (and with --compare the exact ones) as CSV");
   app.callback([f] { run(*f); });
 }

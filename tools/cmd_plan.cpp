@@ -53,14 +53,17 @@ void setup(CLI::App& app) {
   add_offload_flags(app, f->offload, f->transfer);
   app.add_option(
          "--milp-time-limit", f->milp_time_limit,
-         "seconds the milp policy's solver may take (the plan's note says whether it proved "
-         "the optimum)")
+         "seconds the milp policy's programme may take, built and solved over every round "
+         "(dp's plan, its start, comes first; with --budget lowest, each of its budgets gets "
+         "this); a solver past it is stopped; the plan's note says whether it proved the "
+         "optimum and the time taken")
       ->check(number_in(0.1, 86400))
       ->capture_default_str();
   app.add_option("--out", f->out, "where to write the plan")->capture_default_str();
   app.add_option("--decisions", f->decisions, "where to write decisions.csv")
       ->capture_default_str();
   app.callback([f] {
+    check_offload_flags(f->offload, f->transfer, f->policy != "none");
     // Outputs checked before any work: writable, distinct, and never the profile read.
     check_distinct_files({{"--out", f->out}, {"--decisions", f->decisions}},
                          {{"--profile", f->profile}});

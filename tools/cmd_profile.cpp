@@ -6,6 +6,7 @@
 #include "regen/core/io.h"
 #include "regen/remat/profiler.h"
 #include "regen/remat/report.h"
+#include "regen/remat/simulator.h"
 #include "tools/command.h"
 #include "tools/common.h"
 #include "tools/distributed.h"
@@ -59,11 +60,11 @@ void setup(CLI::App& app) {
     Profile p = profile_training(*s->trainer, po);
     p.run = run_flags(f->m);
     const std::string table = profile_table(p, true);
-    // The three files together: all written and synced before the first replaces an old one.
+    // The three files together: all written and synced before the first replaces an old one;
+    // profile.json is renamed last, and the others carry its id, so that a kill between the
+    // renames leaves a set load_profile refuses (simulator.h profile_set_files).
     if (output_rank()) {
-      write_files_atomic({{f->out + "/profile.json", profile_to_json(p)},
-                          {f->out + "/profile.txt", table},
-                          {f->out + "/trace.json", profile_trace(p)}});
+      write_files_atomic(profile_set_files(f->out, profile_to_json(p), table, profile_trace(p)));
     }
     std::printf("%s", f->full ? table.c_str() : profile_table(p, false).c_str());
     std::printf(

@@ -71,13 +71,21 @@ SessionOptions at_batch(SessionOptions o, int64_t batch) {
 }
 
 void run(const Flags& f) {
-  const std::vector<int64_t> batches = positive_integers("--batches", f.batches);
+  const std::vector<int64_t> batches =
+      positive_integers("--batches", f.batches, SessionOptions::kMaxBatch);
   const std::vector<std::string> policies = list_items("--policies", f.policies);
   const std::vector<std::string> budgets = list_items("--budgets", f.budgets);
   for (const std::string& p : policies) {
     REGEN_CHECK(parse_policy_spec(p).policy != "none", "--policies: '", p,
                 "' is the baseline every batch runs anyway (use ", join_names(remat_policy_names()),
                 ", each with an optional :", join_names(chain_names(), ", :"), " chain mode)");
+  }
+  // A --transfer with nothing to offload (no --offload, no policy+MODE) would time no copy.
+  if (std::none_of(policies.begin(), policies.end(), [](const std::string& p) {
+        const PolicySpec spec = parse_policy_spec(p);
+        return spec.offload_given && spec.offload != OffloadMode::none;
+      })) {
+    check_offload_flags(f.offload, f.transfer, /*planning=*/true);
   }
   for (const std::string& b : budgets) Budget::parse(b);  // fails early on a bad budget
   // Every batch's session options checked before any work (make_session checks them again).
@@ -88,7 +96,12 @@ void run(const Flags& f) {
   std::optional<OutputFolder> out_folder;  // under mpirun, rank 0's
   if (output_rank()) {
     out_folder.emplace(f.out, "--out");
-    check_output_path("--out", f.out + "/" + f.m.model + "_summary.txt");  // the folder takes files
+    // The folder takes files, and none of the tables is the training data.
+    const std::string stem = f.out + "/" + f.m.model;
+    check_distinct_files({{"--out", stem + "_summary.txt"},
+                          {"--out", stem + "_summary.csv"},
+                          {"--out", stem + "_timeline.csv"}},
+                         data_inputs(f.m));
   }
   std::vector<std::pair<std::string, std::string>> outputs;
   std::vector<SweepRow> rows;
@@ -199,13 +212,21 @@ void run(const Flags& f) {
                            got.reserved == plan.predicted.peak_reserved &&
                            got.steps_exact == got.steps_predicted;
         std::printf(
-            "   %s @ %s: peak allocated %s, reserved %s (predicted %s, %s%s)%s, step %.3f s, "
+            "   %s @ %s: peak allocated %s, reserved %s (predicted %s, %s%s)%s, step %.3f s%s, "
             "recompute %.3f s, %s%s\n",
             policy.c_str(), plan.budget_text.c_str(), format_bytes(got.peak).c_str(),
             format_bytes(got.reserved).c_str(), format_bytes(plan.predicted.peak_allocated).c_str(),
             format_bytes(plan.predicted.peak_reserved).c_str(), exact ? ", exact" : ", DIFFERS",
             plan.limit > 0 ? (" under the limit " + format_bytes(plan.limit)).c_str() : "",
-            got.ms / 1000, got.regen_ms / 1000,
+            got.ms / 1000,
+            // A CPU run that waited for other processes: its time is not the step's own.
+            got.cpu_cores > 0 && got.cpu_cores < kBusyCores
+                ? (" (the steps had " + std::to_string(got.cpu_cores).substr(0, 4) +
+                   " cores' CPU time over their wall time: they waited for other work; predicted " +
+                   format_ms(plan.predicted.time_ms) + ")")
+                      .c_str()
+                : "",
+            got.regen_ms / 1000,
             (dtr_policy(plan.policy)
                  ? std::to_string(plan.predicted.evictions) + " evictions and " +
                        std::to_string(got.replays) + " replays per step at run time (predicted " +
@@ -250,6 +271,12 @@ void run(const Flags& f) {
   outputs.emplace_back(stem + "_summary.csv", with_column(summary_csv(rows), "math", math));
   outputs.emplace_back(stem + "_timeline.csv", with_column(timelines, "math", math));
   if (!output_rank()) return;  // under mpirun rank 0 writes
+  {
+    // The profiles' and decisions' names follow the batches and budgets: never the data's.
+    std::vector<std::pair<std::string, std::string>> paths;
+    for (const auto& o : outputs) paths.emplace_back("--out", o.first);
+    check_distinct_files(paths, data_inputs(f.m));
+  }
   write_files_atomic(outputs);
   std::printf("\n%s", tables.c_str());
   std::printf(

@@ -169,8 +169,19 @@ void run(const TrainFlags& f) {
     if (!f.log.empty()) outputs.emplace_back("--log", f.log);
     std::vector<std::pair<std::string, std::string>> inputs = data_inputs(f.m);
     inputs.insert(inputs.end(), {{"--profile", f.profile_file}, {"--plan", f.plan_file}});
-    if (f.resume != f.save_state) inputs.emplace_back("--resume", f.resume);
     if (!outputs.empty()) check_distinct_files(outputs, inputs);
+    // --load and --resume against every output but the one that may replace them in place.
+    for (const auto& [input, in_place] :
+         {std::make_pair(std::string("--load"), std::string("--save")),
+          std::make_pair(std::string("--resume"), std::string("--save-state"))}) {
+      const std::string& path = input == "--load" ? f.load : f.resume;
+      if (path.empty()) continue;
+      std::vector<std::pair<std::string, std::string>> others;
+      for (const auto& out : outputs) {
+        if (out.first != in_place) others.push_back(out);
+      }
+      if (!others.empty()) check_distinct_files(others, {{input, path}});
+    }
   }
   // With a loaded profile, no step without remat runs here: its plan's prediction is checked
   // against the device below; otherwise the profiling step must fit as it is.
@@ -259,7 +270,7 @@ void run(const TrainFlags& f) {
   // Remat: a profile (measured now, or loaded) and a plan, run by the pipeline.
   RematPipeline pipe(*s->trainer);
   int64_t done = 0;
-  std::vector<double> losses, times;
+  std::vector<double> losses, times, cpu_cores;
   int64_t peak_alloc = 0, peak_reserved = 0;
   int64_t host_alloc = 0, host_reserved = 0;  // the host tier's, under an offload plan
   MemoryStats peak_stats;
@@ -269,6 +280,7 @@ void run(const TrainFlags& f) {
     if (r.predicted && !r.exact() && !first_inexact.predicted) first_inexact = r;
     losses.push_back(r.loss);
     times.push_back(r.ms);
+    cpu_cores.push_back(r.cpu_cores());
     if (r.memory.allocated.peak > peak_alloc) peak_stats = r.memory;
     peak_alloc = std::max(peak_alloc, r.memory.allocated.peak);
     peak_reserved = std::max(peak_reserved, r.memory.reserved.peak);
@@ -489,6 +501,20 @@ void run(const TrainFlags& f) {
       std::printf("  step time %s (%s), %.1f samples/s\n", format_ms(med).c_str(), which.c_str(),
                   med > 0 ? 1000.0 * examples / med : 0.0);
     }
+    // On the CPU: did the steps have their threads' cores? A step that waited for other
+    // processes measured the machine's load, not the step (nor a plan's predicted time).
+    if (s->device.is_cpu()) {
+      const std::vector<double> steady(
+          cpu_cores.size() > 1 ? cpu_cores.begin() + 1 : cpu_cores.begin(), cpu_cores.end());
+      const double cores = median(steady);
+      std::printf("  CPU time: %.2f cores over the step's wall time (median; %d threads)%s\n",
+                  cores, threads,
+                  cores < kBusyCores
+                      ? ": the steps waited for other work on this machine, so their times are "
+                        "the machine's load as much as the step's (not a plan's error); time on a "
+                        "quiet machine"
+                      : "");
+    }
     std::printf("  peak memory: allocated %s, reserved %s\n", format_bytes(peak_alloc).c_str(),
                 format_bytes(peak_reserved).c_str());
     std::printf("  at the peak:");
@@ -644,6 +670,10 @@ void setup(CLI::App& app) {
       ->check(CLI::IsMember({"auto", "bar", "plain", "none"}))
       ->capture_default_str();
   app.callback([f, layout] {
+    // The session's own options first: a bad value is named before any combination of flags.
+    f->m.validate();
+    f->m.check_steps(f->steps);
+    check_offload_flags(f->offload, f->transfer, f->policy != "none");
     REGEN_CHECK(f->plan_file.empty() || !f->profile_file.empty(), "--plan needs --profile");
     f->layout_given = layout->count() > 0;
     // Without a plan nothing is placed: a planned layout would be silently ignored.

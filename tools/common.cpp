@@ -405,9 +405,10 @@ std::vector<std::string> list_items(const std::string& flag, const std::string& 
   return items;
 }
 
-std::vector<int64_t> positive_integers(const std::string& flag, const std::string& text) {
+std::vector<int64_t> positive_integers(const std::string& flag, const std::string& text,
+                                       int64_t max) {
   std::vector<int64_t> values;
-  const CLI::Validator positive = positive_integer();
+  const CLI::Validator positive = positive_integer(max);
   for (const std::string& item : list_items(flag, text)) {
     std::string copy = item;
     const std::string bad = positive(copy);
@@ -494,6 +495,15 @@ void add_offload_flags(CLI::App& app, std::string& offload, std::string& transfe
                  "H100 ResNet-152 step against PCIe 5) or gbps:B[,LATENCY_MS]")
       ->check(non_empty("a transfer model"))
       ->capture_default_str();
+}
+
+void check_offload_flags(const std::string& offload, const std::string& transfer, bool planning) {
+  REGEN_CHECK(offload == "none" || planning, "--offload ", offload,
+              " is what a planner may move to the host tier, and no plan is made here: give "
+              "--policy dp or --policy milp (the planners that offload)");
+  REGEN_CHECK(transfer == "profile" || offload != "none", "--transfer ", transfer,
+              " times copies to and from the host tier, and --offload is none: give --offload "
+              "activations, optimizer or all, or drop --transfer");
 }
 
 void apply_offload_flags(PlanOptions& po, const std::string& offload, const std::string& transfer,

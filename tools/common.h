@@ -78,6 +78,10 @@ void add_op_timing_flag(CLI::App& app, std::string& op_timing);
 // the host tier) and --transfer (the transfer model that times the copies: profile, FILE.json from
 // `regen bench copy`, step:F or gbps:B[,LATENCY_MS]; transfer.h transfer_for).
 void add_offload_flags(CLI::App& app, std::string& offload, std::string& transfer);
+// Refuses flags that would be ignored: --offload other than none when no plan is made here
+// (`planning` false: no --policy, or a --plan file with offloads of its own), and a --transfer
+// other than profile with --offload none (it times copies that no plan makes).
+void check_offload_flags(const std::string& offload, const std::string& transfer, bool planning);
 // Sets PlanOptions::offload and ::transfer from those flags, for plans made on profile `p`.
 void apply_offload_flags(PlanOptions& po, const std::string& offload, const std::string& transfer,
                          const Profile& p);
@@ -89,8 +93,10 @@ std::vector<std::string> split_commas(const std::string& s);
 // The items of a comma-separated list flag: a regen::Error naming `flag` when the list is empty,
 // an item is empty ("a,,b") or an item is listed twice (each would run twice).
 std::vector<std::string> list_items(const std::string& flag, const std::string& text);
-// The same for a list of positive decimal integers ("2abc" and "2.9" are not batch 2).
-std::vector<int64_t> positive_integers(const std::string& flag, const std::string& text);
+// The same for a list of positive decimal integers ("2abc" and "2.9" are not batch 2), each at
+// most `max`.
+std::vector<int64_t> positive_integers(const std::string& flag, const std::string& text,
+                                       int64_t max = std::numeric_limits<int64_t>::max());
 
 // Throws regen::Error naming the flag when `path` cannot be written (io.h why_not_writable):
 // call before a long run for every output it will write at the end.

@@ -181,11 +181,11 @@ def plot_frontier(path, out):
 
 
 def read_log(path):
-    """A `regen train --log` file: CSV (by its .csv name) or JSON lines; numbers or None."""
+    """A `regen train --log` file: CSV (a .csv name, any case) or JSON lines; numbers or None."""
     import json
     rows = []
     with open(path, newline="") as f:
-        if path.endswith(".csv"):
+        if path.lower().endswith(".csv"):
             for r in csv.DictReader(f):
                 rows.append({k: (r[k] if k == "kind" else (float(r[k]) if r[k] != "" else None))
                              for k in r})

@@ -49,10 +49,12 @@ Plan plan_milp_policy(const Simulator& sim, const Budget& budget, const PlanOpti
   MilpReport report;
   Plan milp = plan_milp(sim, plan.budget_bytes, mo, &report);
   milp.budget_text = plan.budget_text;
-  char buf[256];
+  char buf[400];
   std::snprintf(buf, sizeof buf,
-                "MILP %s in %.1f s (%d round%s; %lld variables, %lld binary, %lld rows)",
-                report.status.c_str(), report.solve_s, report.rounds, report.rounds == 1 ? "" : "s",
+                "MILP %s in %.1f s of solving, %.1f s in all with building and simulating "
+                "(limit %g s; %d round%s; %lld variables, %lld binary, %lld rows)",
+                report.status.c_str(), report.solve_s, report.total_s, mo.time_limit_s,
+                report.rounds, report.rounds == 1 ? "" : "s",
                 static_cast<long long>(report.variables), static_cast<long long>(report.binaries),
                 static_cast<long long>(report.constraints));
   if (better_plan(plan, milp)) {
