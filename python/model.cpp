@@ -4,7 +4,6 @@
 // keywords), and a RematPipeline to profile, plan and train under a plan. State dicts cross as
 // numpy arrays; checkpoints are `regen train --save` files.
 #include <algorithm>
-#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -327,24 +326,14 @@ class PyModel {
     check_write(call, path, inputs, {}, this);
   }
 
-  // A metrics log train() may open: not a file in use (check_output), and a name whose
-  // extension says what it holds. The log is CSV for a name ending in ".csv" and JSON lines for any
-  // other: "m.CSV" would get JSON lines under a CSV name, so another case is refused.
+  // A metrics log train() may open: not a file in use (check_output). The log is CSV for a name
+  // ending in ".csv" in any case, JSON lines for any other (models/metrics_log.h).
   void check_log(const std::string& path, const std::vector<NamedFile>& also = {}) const {
     const std::string call = "train(log=" + path_text(path) + ")";
     // As --log is checked (io.h why_not_writable): a folder that exists and takes a new file, and
     // a regular file (a FIFO with no reader would block the open for ever).
     const std::string why = why_not_writable(path);
     REGEN_CHECK(why.empty(), call, ": cannot write there: ", why);
-    const auto dot = path.find_last_of("./");
-    if (dot != std::string::npos && path[dot] == '.') {
-      std::string ext = path.substr(dot);
-      std::string lower = ext;
-      for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-      REGEN_CHECK(lower != ".csv" || ext == ".csv", call, ": a CSV log's name ends in '.csv' (",
-                  path_text(ext), " would be written as JSON lines); write ",
-                  path_text(path.substr(0, dot) + ".csv"), ", or another extension for JSON lines");
-    }
     check_output(Role::log, call, path, also);
   }
 
