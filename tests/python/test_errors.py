@@ -31,7 +31,7 @@ def profile():
     (dict(optimizer="adam"), r"^optimizer='adam': must be sgd or adamw"),
     (dict(seq_len=16), r"^seq_len=16 does not apply to model 'resnet-tiny' "
                        r"\(its options: image_size, num_classes\)"),
-    (dict(batch=10**12), "too large"),
+    (dict(batch=10**12), r"^batch=1000000000000: must be at most 16777216"),
     (dict(data="cifar10:/nonexistent"), r"^data='cifar10:/nonexistent': cannot open"),
     (dict(data="text:/x"), r"bad data='text:/x': model 'resnet-tiny' takes synthetic, cifar10:DIR"),
 ])
