@@ -6,6 +6,7 @@
 #include "regen/remat/layout.h"
 
 #include <algorithm>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <memory>
@@ -771,8 +772,13 @@ namespace {
 const char kSetLine[] = "# regen profile set ";
 const char kSetKey[] = "{\"regen_profile_set\":\"";
 
-// The id a sibling carries ("" when it carries none).
-std::string sibling_set_id(const std::string& text, const std::string& head) {
+// The id a sibling carries ("" when it carries none), from its first bytes only: a trace runs to
+// megabytes, and the id is at its start.
+std::string sibling_set_id(const std::string& path, const std::string& head) {
+  std::ifstream f(path, std::ios::binary);
+  std::string text(head.size() + 128, '\0');
+  f.read(&text[0], static_cast<std::streamsize>(text.size()));
+  text.resize(static_cast<size_t>(f.gcount()));
   if (text.compare(0, head.size(), head) != 0) return "";
   const size_t end = text.find_first_of(" \"\n", head.size());
   return text.substr(head.size(), end == std::string::npos ? std::string::npos : end - head.size());
@@ -804,7 +810,7 @@ Profile load_profile(const std::string& path) {
       const std::string sibling = (slash == std::string::npos ? "" : dir) + name;
       struct stat st;
       if (::stat(sibling.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
-      const std::string theirs = sibling_set_id(read_file(sibling), head);
+      const std::string theirs = sibling_set_id(sibling, head);
       REGEN_CHECK(theirs.empty() || theirs == id, "profile '", path, "' and ", sibling,
                   " beside it are not one set (", sibling, " is of profile ", theirs, ", this is ",
                   id,
