@@ -78,6 +78,23 @@ class BlockRef {
   std::function<void(Block*)>* free_ = nullptr;
 };
 
+// The host tier: the optimizer state moved there before the step in allocation order (the
+// pipeline does the same, RematPipeline), which frees the device blocks in that order; then the
+// step's canonical start empties the device's cache. `who` names the caller in errors.
+void move_optimizer_state(const Schedule& s, CachingAllocator& dev, CachingAllocator& host,
+                          const char* who) {
+  for (const StateGroup& grp : s.state_groups) {
+    for (size_t k = 0; k < grp.block.size(); ++k) {
+      host.allocate(static_cast<uint64_t>(grp.requested[k]), Category::optimizer_state,
+                    intern_tag(grp.tag[k]));
+      Block* b = dev.block_by_id(grp.block[k]);
+      REGEN_CHECK(b, who, ": optimizer state block ", grp.block[k], " is not live");
+      dev.free(b);
+    }
+  }
+  dev.empty_cache();
+}
+
 // The simulator's side of the DTR engine (dtr.h): simulated blocks for tensors.
 class SimRuntime final : public DtrRuntime {
  public:
@@ -288,20 +305,8 @@ bool Simulator::Run::start() {
   return true;
 }
 
-// The host tier: the optimizer state moved there before the step in allocation order (the
-// pipeline does the same, RematPipeline), which frees the device blocks in that order; then the
-// step's canonical start empties the device's cache.
 void Simulator::Run::move_state_to_host() {
-  for (const StateGroup& grp : s_.state_groups) {
-    for (size_t k = 0; k < grp.block.size(); ++k) {
-      host_.allocate(static_cast<uint64_t>(grp.requested[k]), Category::optimizer_state,
-                     intern_tag(grp.tag[k]));
-      Block* b = sim_.block_by_id(grp.block[k]);
-      REGEN_CHECK(b, "simulator: optimizer state block ", grp.block[k], " is not live");
-      sim_.free(b);
-    }
-  }
-  sim_.empty_cache();
+  move_optimizer_state(s_, sim_, host_, "simulator");
   sim_.reset_peak();
   host_.reset_peak();
 }
@@ -730,18 +735,7 @@ StartLayouts start_layouts(const Profile& p, const Schedule& s) {
   CachingAllocator dev(make_null_arena(Device::cpu()));
   CachingAllocator host(make_null_arena(Device::cpu()));
   dev.restore_state(p.start_state);
-  if (s.optimizer_state == StatePlace::host) {
-    for (const StateGroup& g : s.state_groups) {
-      for (size_t k = 0; k < g.block.size(); ++k) {
-        host.allocate(static_cast<uint64_t>(g.requested[k]), Category::optimizer_state,
-                      intern_tag(g.tag[k]));
-        Block* b = dev.block_by_id(g.block[k]);
-        REGEN_CHECK(b, "start layout: optimizer state block ", g.block[k], " is not live");
-        dev.free(b);
-      }
-    }
-    dev.empty_cache();
-  }
+  if (s.optimizer_state == StatePlace::host) move_optimizer_state(s, dev, host, "start layout");
   return {dev.live_layout(), host.live_layout()};
 }
 
