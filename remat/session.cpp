@@ -1108,7 +1108,10 @@ MeasuredRun measure_training(const SessionOptions& o, int steps, const Profile* 
   if (ms.size() > 1) ms.erase(ms.begin());
   if (cores.size() > 1) cores.erase(cores.begin());
   r.ms = median(ms);
-  if (s->device.is_cpu()) r.cpu_cores = median(cores);
+  if (s->device.is_cpu()) {
+    r.cpu_cores = median(cores);
+    r.threads = omp_get_max_threads();
+  }
   return r;
 }
 

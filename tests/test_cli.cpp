@@ -1844,8 +1844,8 @@ TEST_CASE("cli: a run planned from --profile resumes exactly, and a mixed profil
 }
 
 // A resume compares --eval-split only where it sets the training data (a text file's held-out
-// tail), and train's summary says how much CPU time its steps had (a CPU step below 0.75 cores
-// of its wall time waited for other work).
+// tail), and train's summary says how much CPU time its steps had (a CPU step below 0.75 of each
+// thread's core, in CPU time over its wall time, waited for other work).
 TEST_CASE(
     "cli: resume compares --eval-split only for data it splits, and the summary gives CPU time") {
   TempDir dir;

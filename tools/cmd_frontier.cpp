@@ -171,7 +171,7 @@ std::string signed_pct(double fraction) {  // 0.1234 -> "+12.3%"
 // "within 10%" or "off by +23.4%": measured step against the predicted one.
 // Whether a CPU run's steps waited for other work on the machine (MeasuredRun::cpu_cores).
 bool waited(const MeasuredRun& m) {
-  return m.cpu_cores > 0 && m.cpu_cores < kBusyCores;
+  return waited_for_other_work(m.cpu_cores, m.threads);
 }
 
 std::string time_verdict(const MeasuredRun& m, double predicted_ms) {

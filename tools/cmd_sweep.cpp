@@ -220,7 +220,7 @@ void run(const Flags& f) {
             plan.limit > 0 ? (" under the limit " + format_bytes(plan.limit)).c_str() : "",
             got.ms / 1000,
             // A CPU run that waited for other processes: its time is not the step's own.
-            got.cpu_cores > 0 && got.cpu_cores < kBusyCores
+            waited_for_other_work(got.cpu_cores, got.threads)
                 ? (" (the steps had " + std::to_string(got.cpu_cores).substr(0, 4) +
                    " cores' CPU time over their wall time: they waited for other work; predicted " +
                    format_ms(plan.predicted.time_ms) + ")")

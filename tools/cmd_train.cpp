@@ -509,7 +509,7 @@ void run(const TrainFlags& f) {
       const double cores = median(steady);
       std::printf("  CPU time: %.2f cores over the step's wall time (median; %d threads)%s\n",
                   cores, threads,
-                  cores < kBusyCores
+                  waited_for_other_work(cores, threads)
                       ? ": the steps waited for other work on this machine, so their times are "
                         "the machine's load as much as the step's (not a plan's error); time on a "
                         "quiet machine"
