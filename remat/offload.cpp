@@ -237,12 +237,24 @@ std::vector<std::pair<std::string, std::vector<int32_t>>> plan_offload_sets(
   }
   std::stable_sort(cands.begin(), cands.end(),
                    [](const OffloadCand& a, const OffloadCand& b) { return a.gap > b.gap; });
+  // Each larger copy budget keeps what the smaller one chose and adds to it, longest off first, so
+  // the sets are nested. (Chosen afresh at each budget, a long copy that fits only the larger one
+  // could crowd out many small ones the smaller budget took: the sets then depended on the
+  // profile's timings in a way no budget order explains.)
+  std::vector<char> taken(cands.size(), 0);
+  std::vector<int32_t> chosen;
+  double used = 0;
   for (double f : {0.25, 0.5, 1.0, 2.0, std::numeric_limits<double>::infinity()}) {
-    std::vector<int32_t> set = within_copy_budget(cands, std::isinf(f) ? f : f * forward_ms);
-    if (set.empty()) continue;
-    bool seen = false;
-    for (const auto& o : out) seen = seen || o.second == set;
-    if (seen) continue;
+    const double budget = std::isinf(f) ? f : f * forward_ms;
+    for (size_t i = 0; i < cands.size(); ++i) {
+      if (taken[i] || used + cands[i].out_ms > budget) continue;
+      taken[i] = 1;
+      used += cands[i].out_ms;
+      chosen.push_back(cands[i].s);
+    }
+    std::vector<int32_t> set = chosen;
+    std::sort(set.begin(), set.end());
+    if (set.empty() || (!out.empty() && out.back().second == set)) continue;
     out.emplace_back(std::isinf(f) ? std::string("what the plan retains, off long enough")
                                    : "the plan's longest off first, " +
                                          std::to_string(f).substr(0, 4) + " forward pass of copies",

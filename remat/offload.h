@@ -63,7 +63,8 @@ std::vector<OffloadFamily> offload_families(const Profile& p, bool activations, 
 // activation): the offloadable tensors it retains, longest off the device first under that plan's
 // own schedule (a checkpoint that a regeneration reads is needed when that program runs, not at
 // its own backward), each up to what the copy queue out carries in 1/4, 1/2, 1 and 2 forward
-// passes, and all of them off for longer than their two copies. These are the sets the families
+// passes, and all of them off for longer than their two copies; each set holds the one before it
+// (a larger budget adds to what the smaller one chose). These are the sets the families
 // above miss at low budgets: they are ranked on the step without recomputation, where a
 // checkpoint dp holds through most of backward looks like any other tensor. (name, ascending set)
 // pairs; identical sets once; none when nothing qualifies.
