@@ -219,7 +219,7 @@ std::unique_ptr<Model> make_model(const ModelConfig& config, Device device = Dev
 // ---- The model registry -----------------------------------------------------------------------
 // A model by name: its preset (the values its options override), how to build it, and what it
 // takes as input. A program that links regen registers its own models, and the session
-// (remat/session.h), `--model NAME`, regen.Model(NAME), make_model, the profiler, the planners
+// (session/session.h), `--model NAME`, regen.Model(NAME), make_model, the profiler, the planners
 // and RematPipeline then treat them as the built-in ones.
 struct ModelInfo {
   std::string name;    // letters, digits, '-', '_' and '.'
@@ -234,7 +234,7 @@ struct ModelInfo {
 // same key.
 void register_model(ModelInfo info);
 const ModelInfo& model_info(const std::string& name);  // throws listing the names
-// The keys the training session takes itself (remat/session.h SessionOptions), which no model
+// The keys the training session takes itself (session/options.h SessionOptions), which no model
 // option may use: model, batch, device, optimizer, lr, ...
 const std::vector<std::string>& session_option_keys();
 // Every option key of the registered models, once, in registration order, with the models that

@@ -1,5 +1,5 @@
 // regen.Model: a registered model built by name with its options, with its optimizer, data and
-// trainer made by the library's session (remat/session.h make_session), as `regen train` makes
+// trainer made by the library's session (session/session.h make_session), as `regen train` makes
 // them: the same options, the same checks (SessionOptions::validate, its messages naming the
 // keywords), and a RematPipeline to profile, plan and train under a plan. State dicts cross as
 // numpy arrays; checkpoints are `regen train --save` files.
@@ -13,7 +13,10 @@
 #include "regen/models/metrics_log.h"
 #include "regen/remat/estimate.h"
 #include "regen/remat/pipeline.h"
-#include "regen/remat/session.h"
+#include "regen/session/checkpoint.h"
+#include "regen/session/records.h"
+#include "regen/session/session.h"
+#include "regen/session/training_run.h"
 
 namespace regen::py {
 namespace {
@@ -375,6 +378,45 @@ class PyModel {
   const ProfilePtr& profile() const { return profile_; }
   const std::shared_ptr<PlanHandle>& plan() const { return plan_; }
 
+  // Model.train as an observer of the library's training loop (TrainingRun): the metrics log
+  // (its errors named by train()'s keyword), the evaluations it keeps (Model.evaluations), and the
+  // progress callback, whose False stops the run.
+  class Observer : public TrainingObserver {
+   public:
+    Observer(PyModel& m, pb::object progress, MetricsLog* log, std::string log_path)
+        : m_(m), progress_(std::move(progress)), log_(log), log_path_(std::move(log_path)) {}
+    void on_step(const TrainingRun& run, const StepEvent& e) override {
+      if (log_) logged(log_path_, [&] { log_->step(e.step, *e.result, run.examples_per_step()); });
+    }
+    void on_eval(const TrainingRun&, int64_t step, const EvalResult& e) override {
+      m_.evals_.emplace_back(step, e);
+      if (log_) logged(log_path_, [&] { log_->eval(step, e); });
+    }
+    bool on_step_end(const TrainingRun&, const StepEvent& e) override {
+      bool keep_going = true;
+      if (!progress_.is_none()) {
+        pb::object keep = progress_(e.index, *e.result);
+        if (!keep.is_none() && !pb::isinstance<pb::bool_>(keep)) {
+          throw pb::type_error(
+              "progress(step, result) must return None, True or False (False "
+              "stops training), but it returned a value of type '" +
+              pb::str(keep.get_type().attr("__name__")).cast<std::string>() + "' after step " +
+              std::to_string(e.index));
+        }
+        keep_going = keep.is_none() || keep.cast<bool>();
+      }
+      if (keep_going && e.index < e.count && PyErr_CheckSignals() != 0)
+        throw pb::error_already_set();
+      return keep_going;
+    }
+
+   private:
+    PyModel& m_;
+    pb::object progress_;
+    MetricsLog* log_;
+    std::string log_path_;
+  };
+
   // `log`: train()'s metrics log, which keeps the profiling steps (they train), as regen train's.
   ProfilePtr run_profile(int iterations, int warmup, const std::string& op_timing = "sync",
                          MetricsLog* log = nullptr, const std::string& log_path = "") {
@@ -388,14 +430,12 @@ class PyModel {
     po.iterations = iterations;
     po.model_name = options_.model;
     po.run = run_flags(options_);
-    int64_t at = session_->trainer->optimizer_steps();  // the step a logged row is of
-    if (log) {
-      po.on_step = [&, log](const StepResult& r) {
-        logged(log_path, [&] { log->step(++at, r, examples_per_step()); });
-      };
-    }
     plan_.reset();
-    profile_ = make_profile_handle(pipe_->profile(po));
+    // The profiling steps train: the library's training loop takes them, and the log keeps them.
+    Observer observer(*this, pb::none(), log, log_path);
+    TrainingRun run(*session_, *pipe_);
+    run.observe(observer);
+    profile_ = make_profile_handle(run.profile(po));
     return profile_;
   }
 
@@ -514,21 +554,10 @@ class PyModel {
                                 std::unique_ptr<MetricsLog> log = nullptr) {
     REGEN_CHECK(steps >= 1, "train: steps=", steps, ": must be a positive integer");
     check_idle("train");
-    if (plan_) {
-      const Plan& p = plan_->plan;
-      REGEN_CHECK(p.feasible,
-                  "the plan does not fit its budget, so training stops before it starts: ", p.note,
-                  p.predicted.oom ? "; under the limit the simulated step runs out of memory at " +
-                                        p.predicted.oom_at
-                                  : std::string(),
-                  ". Use a larger budget, another policy, or budget_of='allocated'");
-      // As `regen train` checks it: a plan whose steps reserve more than the device has.
-      const int64_t have = available_memory(session_->device);
-      REGEN_CHECK(have <= 0 || p.predicted.peak_reserved <= have, "the plan's steps reserve ",
-                  format_bytes(p.predicted.peak_reserved), " (exact, simulated), but ",
-                  session_->device.str(), " has ", format_bytes(have),
-                  " available; plan with a budget of at most that, or use a smaller batch");
-    }
+    // A plan that does not fit its budget, or the device, is refused before the first step, as
+    // `regen train` refuses it: the same loop.
+    TrainingRun run(*session_, *pipe_);
+    run.check_plan();
     // Refusals first: a refused call leaves an existing log as it was.
     if (!log && !log_path.empty()) log = open_log(log_path);
     evals_.clear();
@@ -543,46 +572,12 @@ class PyModel {
       RematPipeline& pipe;
       ~Finish() { pipe.finish(); }
     } finish{*pipe_};
-    std::vector<StepResult> out;
-    const int64_t examples = examples_per_step();
-    for (int64_t i = 1; i <= steps; ++i) {
-      StepResult r = pipe_->step();
-      REGEN_CHECK(std::isfinite(r.loss), "training diverged: the loss of step ", i, " is ", r.loss,
-                  " (not finite); try a lower lr (this model uses lr=", number_text(options_.lr),
-                  ")");
-      out.push_back(r);
-      if (log) logged(log_path, [&] { log->step(r.optimizer_step, r, examples); });
-      if (options_.eval_every > 0 && (r.optimizer_step % options_.eval_every == 0 || i == steps)) {
-        pipe_->finish();
-        const int64_t limit = plan_ ? plan_->plan.limit : 0;
-        LimitScope scope(session_->trainer->allocator(), limit);  // the budget holds for eval too
-        const EvalResult e = evaluate_session(*session_);
-        evals_.emplace_back(r.optimizer_step, e);
-        if (log) logged(log_path, [&] { log->eval(r.optimizer_step, e); });
-      }
-      bool stop = i == steps;
-      if (!progress.is_none()) {
-        pb::object keep = progress(i, r);
-        if (!keep.is_none() && !pb::isinstance<pb::bool_>(keep)) {
-          throw pb::type_error(
-              "progress(step, result) must return None, True or False (False "
-              "stops training), but it returned a value of type '" +
-              pb::str(keep.get_type().attr("__name__")).cast<std::string>() + "' after step " +
-              std::to_string(i));
-        }
-        stop = stop || (!keep.is_none() && !keep.cast<bool>());
-      }
-      if (stop) {
-        // A parameter or gradient can stop being finite while the loss still is: read them after
-        // the last step, so a model that is not finite is never handed back as trained.
-        const std::string bad = first_non_finite(*session_->model);
-        REGEN_CHECK(bad.empty(), "training diverged: after step ", i, " the ", bad,
-                    " (not finite); try a lower lr (this model uses lr=", number_text(options_.lr),
-                    ")");
-        break;
-      }
-      if (PyErr_CheckSignals() != 0) throw pb::error_already_set();
-    }
+    Observer observer(*this, progress, log.get(), log_path);
+    run.observe(observer);
+    std::vector<StepResult> out = run.run(steps);
+    // Every step under the plan measured the predicted peaks (and, under DTR, evictions and
+    // replays), as `regen train` checks them.
+    run.check_predictions();
     return out;
   }
 

@@ -9,7 +9,7 @@
 #include "python/bindings.h"
 #include "regen/core/allocator.h"
 #include "regen/remat/dtr.h"
-#include "regen/remat/session.h"
+#include "regen/session/session.h"
 
 namespace regen::py {
 namespace {

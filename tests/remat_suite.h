@@ -19,7 +19,7 @@
 #include "regen/models/optim.h"
 #include "regen/models/train.h"
 #include "regen/remat/pipeline.h"
-#include "regen/remat/session.h"
+#include "regen/session/session.h"
 
 namespace regen::testing {
 
@@ -45,7 +45,7 @@ inline SessionOptions run_options(const ModelConfig& cfg, int64_t batch, Device 
   return o;
 }
 
-// A run made by the library's session (remat/session.h), as `regen train` makes one.
+// A run made by the library's session (session/session.h), as `regen train` makes one.
 inline Run make_run(const ModelConfig& cfg, int64_t batch, Device device) {
   std::unique_ptr<Session> s = make_session(run_options(cfg, batch, device), Preflight::none);
   Run r;

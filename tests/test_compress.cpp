@@ -20,7 +20,8 @@
 #include "regen/remat/compress.h"
 #include "regen/remat/offload.h"
 #include "regen/remat/pipeline.h"
-#include "regen/remat/session.h"
+#include "regen/session/records.h"
+#include "regen/session/session.h"
 #include "tests/remat_suite.h"
 #include "tests/test_util.h"
 

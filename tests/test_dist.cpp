@@ -25,7 +25,7 @@
 #include "regen/models/optim.h"
 #include "regen/models/train.h"
 #include "regen/remat/pipeline.h"
-#include "regen/remat/session.h"
+#include "regen/session/session.h"
 #include "tests/test_util.h"
 
 using namespace regen;

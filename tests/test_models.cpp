@@ -2,7 +2,7 @@
 // and parameter counts, the Transformer presets' names and counts, train/eval behaviour of batch
 // norm and dropout, state-dict round trips through safetensors, load_state_dict's messages, the
 // data sources' batches and the Trainer's canonical start (models/train.h); a model registered
-// from outside with its own input (options, checks, data) through the session (remat/session.h).
+// from outside with its own input (options, checks, data) through the session (session/session.h).
 // Reference counts: len(torchvision.models.resnetN().state_dict()) and sum(p.numel()) of its
 // parameters (torchvision 0.14); the Transformer's from torch.nn.TransformerEncoderLayer's
 // 3,152,384 parameters at d_model 512, feed-forward 2048.
@@ -26,7 +26,9 @@
 #include "regen/models/model.h"
 #include "regen/models/optim.h"
 #include "regen/models/train.h"
-#include "regen/remat/session.h"
+#include "regen/session/checkpoint.h"
+#include "regen/session/records.h"
+#include "regen/session/session.h"
 #include "tests/test_util.h"
 
 using namespace regen;

@@ -19,7 +19,8 @@
 #include "regen/kernels/kernels.h"
 #include "regen/kernels/unary_ops.h"
 #include "regen/remat/pipeline.h"
-#include "regen/remat/session.h"
+#include "regen/session/records.h"
+#include "regen/session/session.h"
 #include "tests/test_util.h"
 
 using namespace regen;

@@ -15,11 +15,14 @@
 #include <sstream>
 
 #include "regen/core/io.h"
+#include "regen/core/numeric.h"
 #include "regen/core/safetensors.h"
 #include "regen/models/evaluate.h"
 #include "regen/models/metrics_log.h"
 #include "regen/remat/pipeline.h"
-#include "regen/remat/session.h"
+#include "regen/session/checkpoint.h"
+#include "regen/session/session.h"
+#include "regen/session/training_run.h"
 #include "test_util.h"
 
 using namespace regen;
@@ -510,4 +513,149 @@ TEST_CASE("training: the metrics log writes a row per step and evaluation, CSV o
   CHECK(row.find("\"kind\": \"train\", \"step\": 1, \"loss\": 2.5, \"lr\": 0.1, \"grad_norm\": "
                  "null") == 1);
   expect_error([] { MetricsLog("/nonexistent-dir/x.csv"); }, {"--log /nonexistent-dir/x.csv"});
+}
+
+// ---------------------------------------------------------------------------------------------
+// The one training loop (session/training_run.h): what its observers hear and when, what it
+// keeps, and what it refuses, as the command line and Python drive it.
+
+namespace {
+
+// Writes down every hook in order: "profile 1", "step 3", "eval 3", "end 3", "abort".
+struct Recorder final : TrainingObserver {
+  std::vector<std::string> calls;
+  int64_t stop_at = -1;  // on_step_end returns false after this step
+  std::vector<int64_t> indices, counts;
+  void on_step(const TrainingRun&, const StepEvent& e) override {
+    calls.push_back((e.profiling ? "profile " : "step ") + std::to_string(e.step));
+    indices.push_back(e.index);
+    counts.push_back(e.count);
+    REQUIRE(e.result != nullptr);
+    CHECK(e.result->optimizer_step == e.step);
+  }
+  void on_eval(const TrainingRun&, int64_t step, const EvalResult& e) override {
+    calls.push_back("eval " + std::to_string(step));
+    CHECK(e.examples > 0);
+  }
+  bool on_step_end(const TrainingRun&, const StepEvent& e) override {
+    calls.push_back("end " + std::to_string(e.step));
+    return e.step != stop_at;
+  }
+  void on_abort(const TrainingRun&) override { calls.push_back("abort"); }
+};
+
+SessionOptions tiny_session() {
+  SessionOptions o;
+  o.model = "resnet-tiny";
+  o.batch = 2;
+  o.threads = 1;
+  return o;
+}
+
+std::string joined(const std::vector<std::string>& v) {
+  std::string out;
+  for (const std::string& s : v) out += (out.empty() ? "" : ", ") + s;
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("training: a TrainingRun tells its observers of every step, evaluation and stop") {
+  SessionOptions o = tiny_session();
+  o.eval_every = 2;
+  o.eval_batches = 1;
+  auto s = make_session(o);
+  RematPipeline pipe(*s->trainer);
+  TrainingRun run(*s, pipe);
+  Recorder rec;
+  run.observe(rec);
+  ProfileOptions po;
+  po.warmup = 1;
+  po.iterations = 1;
+  run.profile(po);
+  // The profiling steps train and are heard as such, without an evaluation or an end.
+  CHECK(joined(rec.calls) == "profile 1, profile 2");
+  CHECK(rec.counts == std::vector<int64_t>{2, 2});
+  pipe.plan("dp", Budget::parse("lowest"));
+  rec.calls.clear();
+  rec.indices.clear();
+  rec.counts.clear();
+  const std::vector<StepResult> out = run.run(3);
+  // Steps 3..5 of the session: evaluation after each even step and after the last.
+  CHECK(joined(rec.calls) == "step 3, end 3, step 4, eval 4, end 4, step 5, eval 5, end 5");
+  CHECK(rec.indices == std::vector<int64_t>{1, 2, 3});
+  CHECK(rec.counts == std::vector<int64_t>{3, 3, 3});
+  REQUIRE(out.size() == 3);
+  // What the run keeps is the steps' own figures.
+  const TrainingStats& st = run.stats();
+  REQUIRE(st.losses.size() == 3);
+  int64_t peak = 0, reserved = 0;
+  for (size_t i = 0; i < out.size(); ++i) {
+    CHECK(st.losses[i] == out[i].loss);
+    CHECK(st.ms[i] == out[i].ms);
+    peak = std::max(peak, out[i].memory.allocated.peak);
+    reserved = std::max(reserved, out[i].memory.reserved.peak);
+  }
+  CHECK(st.peak_allocated == peak);
+  CHECK(st.peak_reserved == reserved);
+  CHECK(st.median_ms() == doctest::Approx(median({out[1].ms, out[2].ms})));
+  // Every step ran under the plan and measured its predicted peaks.
+  CHECK(pipe.predicted_steps() == 3);
+  CHECK(pipe.exact_steps() == 3);
+  CHECK_NOTHROW(run.check_predictions());
+
+  // An observer that says stop ends the run after that step; the others still hear of it.
+  Recorder second;
+  second.stop_at = 6;
+  run.observe(second);
+  rec.calls.clear();
+  CHECK(run.run(10).size() == 1);
+  // (step 6 is evaluated: eval_every 2)
+  CHECK(joined(second.calls) == "step 6, eval 6, end 6");
+  CHECK(joined(rec.calls) == "step 6, eval 6, end 6");
+}
+
+TEST_CASE("training: a TrainingRun refuses a plan over its budget and stops on divergence") {
+  SUBCASE("a plan that does not fit its budget, before any step") {
+    auto s = make_session(tiny_session());
+    RematPipeline pipe(*s->trainer);
+    TrainingRun run(*s, pipe);
+    Recorder rec;
+    run.observe(rec);
+    pipe.profile();
+    pipe.plan("dp", Budget::parse("1KiB"));
+    REQUIRE(!pipe.current_plan().feasible);
+    const int64_t before = s->trainer->optimizer_steps();
+    for (const OptionStyle style : {OptionStyle::flag, OptionStyle::keyword}) {
+      s->options.style = style;
+      const std::string e = regen::testing::error_of([&] { run.run(2); });
+      CHECK(e.find("the plan does not fit its budget") != std::string::npos);
+      CHECK(e.find(style == OptionStyle::flag ? "--budget" : "budget_of='allocated'") !=
+            std::string::npos);
+    }
+    CHECK(s->trainer->optimizer_steps() == before);
+    CHECK(rec.calls.empty());
+  }
+  SUBCASE("a loss that is not finite, named by its step, the observers told first") {
+    SessionOptions o = tiny_session();
+    o.lr = 1e30;
+    auto s = make_session(o);
+    RematPipeline pipe(*s->trainer);
+    TrainingRun run(*s, pipe);
+    Recorder rec;
+    run.observe(rec);
+    const std::string e = regen::testing::error_of([&] { run.run(5); });
+    CHECK(e.find("training diverged") != std::string::npos);
+    CHECK(e.find("--lr") != std::string::npos);
+    REQUIRE(!rec.calls.empty());
+    CHECK(rec.calls.back() == "abort");
+  }
+  SUBCASE("measure_training measures whatever the values") {
+    SessionOptions o = tiny_session();
+    o.lr = 1e30;
+    const MeasuredRun m = measure_training(o, 3);
+    CHECK(m.peak > 0);
+    CHECK(m.reserved >= m.peak);
+    CHECK(m.ms > 0);
+  }
 }

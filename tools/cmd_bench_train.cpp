@@ -96,19 +96,14 @@ void run(Flags f) {
   auto s = make_session(f.m);
   const ModelConfig& c = s->config;
   const int threads = omp_get_max_threads();
-  for (int i = 0; i < f.warmup; ++i) {
-    const StepResult r = s->trainer->step();
-    check_finite_loss(r.loss, i + 1, f.m.lr);
-  }
-  std::vector<double> ms;
-  int64_t peak = 0, peak_reserved = 0;
-  for (int i = 0; i < f.steps; ++i) {
-    const StepResult r = s->trainer->step();
-    check_finite_loss(r.loss, f.warmup + i + 1, f.m.lr);
-    ms.push_back(r.ms);
-    peak = std::max(peak, r.memory.allocated.peak);
-    peak_reserved = std::max(peak_reserved, r.memory.reserved.peak);
-  }
+  // The library's training loop, without a plan: the warm-up steps, then the timed ones (a loss
+  // or weight that is not finite stops either).
+  RematPipeline pipe(*s->trainer);
+  if (f.warmup > 0) TrainingRun(*s, pipe).run(f.warmup);
+  TrainingRun timed(*s, pipe);
+  timed.run(f.steps);
+  const std::vector<double>& ms = timed.stats().ms;
+  const int64_t peak = timed.stats().peak_allocated, peak_reserved = timed.stats().peak_reserved;
   const double med = median(ms);
   const double lo = *std::min_element(ms.begin(), ms.end());
   const double hi = *std::max_element(ms.begin(), ms.end());

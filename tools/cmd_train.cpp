@@ -15,6 +15,7 @@
 #include "regen/dist/world.h"
 #include "regen/models/metrics_log.h"
 #include "regen/remat/pipeline.h"
+#include "regen/session/training_run.h"
 #include "tools/command.h"
 #include "tools/common.h"
 #include "tools/distributed.h"
@@ -149,10 +150,190 @@ void print_rank_summary(dist::World& world, const std::vector<dist::SyncStats>& 
   }
 }
 
+// The plan's identity in a training state (plan_identity), or "no plan".
+std::map<std::string, std::string> state_identity(const RematPipeline& pipe) {
+  return pipe.has_plan() ? plan_identity(pipe.current_plan())
+                         : std::map<std::string, std::string>{{"plan", "no plan"}};
+}
+
+// What `regen train` shows of the steps and writes of them: progress lines or a bar, evaluations,
+// the metrics log (profiling steps included: they train), the training state every --save-every
+// steps, and each step's communication under mpirun.
+class ConsoleObserver : public TrainingObserver {
+ public:
+  ConsoleObserver(const TrainFlags& f, MetricsLog* log, const dist::DataParallel* dp,
+                  int64_t examples, const dist::World& world)
+      : f_(f), log_(log), dp_(dp), examples_(examples) {
+    mode_ = f.progress;
+    // Under mpirun a rank's stdout is a terminal of Open MPI's even when the job's output goes
+    // to a file: plain lines there.
+    if (mode_ == "auto") mode_ = stdout_is_terminal() && !world.distributed() ? "bar" : "plain";
+    every_ = f.steps <= 50 ? 1 : f.steps / 20;
+  }
+  // The steps between progress lines.
+  int64_t every() const { return every_; }
+  const std::vector<dist::SyncStats>& comm_steps() const { return comm_steps_; }
+
+  void on_step(const TrainingRun& run, const StepEvent& e) override {
+    const StepResult& r = *e.result;
+    if (log_) log_->step(e.step, r, examples_);
+    if (e.profiling) return;
+    if (dp_ != nullptr) comm_steps_.push_back(dp_->last_step());
+    if (mode_ != "none" && (e.step % every_ == 0 || e.step == f_.steps)) {
+      // The time left: the median step so far (the first, which warms up, left out once there
+      // are others) times the steps left.
+      const std::vector<double>& times = run.stats().ms;
+      const double eta =
+          times.empty() ? -1
+                        : run.stats().median_ms() * static_cast<double>(f_.steps - e.step) / 1000.0;
+      print_step(mode_ == "bar", e.step, f_.steps, r, examples_, r.memory.allocated.peak, eta);
+    }
+  }
+
+  void on_eval(const TrainingRun&, int64_t step, const EvalResult& e) override {
+    if (mode_ == "bar") std::printf("\n");
+    std::printf(
+        "eval after step %lld: %s; %s, %.1f examples/s; peak allocated %s, reserved %s (the "
+        "model's state %s; no tape, no saved tensors)\n",
+        static_cast<long long>(step), eval_summary(e).c_str(), format_ms(e.ms).c_str(),
+        e.ms > 0 ? 1000.0 * static_cast<double>(e.examples) / e.ms : 0.0,
+        format_bytes(e.memory.allocated.peak).c_str(), format_bytes(e.memory.reserved.peak).c_str(),
+        format_bytes(e.persistent).c_str());
+    std::fflush(stdout);
+    if (log_) log_->eval(step, e);
+  }
+
+  bool on_step_end(const TrainingRun& run, const StepEvent& e) override {
+    if (f_.save_every > 0 && e.step % f_.save_every == 0 && e.step < f_.steps)
+      save_training_state(run.session(), f_.save_state, state_identity(run.pipe()));
+    return true;
+  }
+
+  void on_abort(const TrainingRun&) override {
+    if (mode_ == "bar") std::printf("\n");
+    std::fflush(stdout);
+  }
+
+ private:
+  const TrainFlags& f_;
+  MetricsLog* log_;
+  const dist::DataParallel* dp_;
+  int64_t examples_;
+  std::string mode_;
+  int64_t every_ = 1;
+  std::vector<dist::SyncStats> comm_steps_;  // data parallelism: each step's communication
+};
+
+// The plan in use, under the header: what it recomputes (or evicts at step time), offloads and
+// holds narrow, and what it predicts.
+void print_plan(const Plan& plan, const Profile& profile, const std::string& compress) {
+  const PlannerInfo* planner = find_planner(plan.policy);
+  if (planner != nullptr && planner->at_step_time) {
+    std::printf(
+        "plan %s, budget %s (%s): no plan, the saved tensors to evict are chosen while the "
+        "steps run; predicted peak allocated %s, reserved %s (no remat %s), %lld evictions "
+        "and %lld op replays per step, predicted step %.3f s\n",
+        plan.policy.c_str(), plan.budget_text.c_str(), budget_of_name(plan.budget_of),
+        format_bytes(plan.predicted.peak_allocated).c_str(),
+        format_bytes(plan.predicted.peak_reserved).c_str(),
+        format_bytes(plan.no_remat_peak).c_str(), static_cast<long long>(plan.predicted.evictions),
+        static_cast<long long>(plan.predicted.replays), plan.predicted.time_ms / 1000.0);
+  } else {
+    std::printf(
+        "plan %s, budget %s (%s): recompute %lld of %zu saved tensors; predicted peak "
+        "allocated %s, reserved %s (no remat %s), predicted step %.3f s\n",
+        plan.policy.c_str(), plan.budget_text.c_str(), budget_of_name(plan.budget_of),
+        static_cast<long long>(plan.recomputed()), profile.saved.size(),
+        format_bytes(plan.predicted.peak_allocated).c_str(),
+        format_bytes(plan.predicted.peak_reserved).c_str(),
+        format_bytes(plan.no_remat_peak).c_str(), plan.predicted.time_ms / 1000.0);
+  }
+  std::printf("%s", describe_offload(plan, profile).c_str());
+  if (plan.predicted.narrowed > 0) {
+    std::printf(
+        "  --compress %s: %lld retained activations held narrow between forward and "
+        "backward, %.1f ms of conversions predicted per step\n",
+        compress.c_str(), static_cast<long long>(plan.predicted.narrowed),
+        plan.predicted.compress_ms);
+  }
+}
+
+// Where the plan's steps run: the allocator's limit, and the planned layout's placement.
+void print_plan_placement(const Plan& plan) {
+  if (plan.limit > 0) {
+    std::printf("  the steps run with the allocator's hard limit at %s\n",
+                format_bytes(plan.limit).c_str());
+  }
+  if (plan.layout) {
+    const PlannedLayout& l = *plan.layout;
+    const size_t in_holes = static_cast<size_t>(
+        std::count_if(l.bin.begin(), l.bin.end(), [](int32_t b) { return b >= 0; }));
+    uint64_t hole_bytes = 0;
+    for (uint64_t h : l.holes) hole_bytes += h;
+    std::printf(
+        "  the steps run with a planned layout: of the step's %zu requests, %zu in the %zu "
+        "free blocks of the persistent segments (%s), %zu in one arena of %s\n",
+        l.rounded.size(), in_holes, l.holes.size(),
+        format_bytes(static_cast<int64_t>(hole_bytes)).c_str(), l.rounded.size() - in_holes,
+        format_bytes(l.size).c_str());
+  }
+}
+
+// The plan's predictions beside what the steps measured, in the summary.
+void print_remat_summary(const RematPipeline& pipe, const TrainingStats& st, Device device,
+                         int64_t profiled) {
+  const RematExecutor* exec = pipe.executor();
+  const Plan& plan = pipe.current_plan();
+  // Every step under the plan is checked, not only the highest peak: each must measure exactly
+  // the predicted peaks (RematPipeline::step).
+  const int64_t checked = pipe.predicted_steps(), exact_steps = pipe.exact_steps();
+  const std::string verdict =
+      checked == exact_steps
+          ? (checked == 1
+                 ? std::string("exact on the one step under the plan")
+                 : "exact on every one of the " + std::to_string(checked) + " steps under the plan")
+          : "differs on " + std::to_string(checked - exact_steps) + " of " +
+                std::to_string(checked) + " steps under the plan";
+  std::printf(
+      "  remat %s: predicted peak allocated %s, reserved %s; measured %s, %s (%s)%s; "
+      "%lld evictions and %lld replays per step%s, %.3f s of recomputation\n",
+      plan.policy.c_str(), format_bytes(plan.predicted.peak_allocated).c_str(),
+      format_bytes(plan.predicted.peak_reserved).c_str(), format_bytes(st.peak_allocated).c_str(),
+      format_bytes(st.peak_reserved).c_str(), verdict.c_str(),
+      plan.limit > 0 ? (", under the limit " + format_bytes(plan.limit)).c_str() : "",
+      static_cast<long long>(exec->evictions()), static_cast<long long>(exec->replays()),
+      pipe.dtr_executor() ? (" (predicted " + std::to_string(plan.predicted.evictions) + " and " +
+                             std::to_string(plan.predicted.replays) + ")")
+                                .c_str()
+                          : "",
+      exec->regen_ms() / 1000.0);
+  if (plan.uses_host()) {
+    const OffloadCounters& c = exec->offload();
+    std::printf(
+        "  host tier: predicted peak allocated %s, reserved %s; measured %s, %s; last step "
+        "copied %s out and %s back, waited %.1f ms for copies (predicted %.1f ms on the "
+        "transfer model; %s)\n",
+        format_bytes(plan.predicted.host_peak_allocated).c_str(),
+        format_bytes(plan.predicted.host_peak_reserved).c_str(),
+        format_bytes(st.host_peak_allocated).c_str(), format_bytes(st.host_peak_reserved).c_str(),
+        format_bytes(c.bytes_to_host).c_str(), format_bytes(c.bytes_to_device).c_str(), c.stall_ms,
+        plan.predicted.stall_ms,
+        device.is_cpu() ? "on the CPU the copies are memcpy on helper threads: the times "
+                          "say nothing of a GPU's"
+                        : "measured with events on the compute stream");
+  }
+  if (profiled > 0) {
+    std::printf(
+        "  (the first %lld step(s) ran without remat to profile; pass --profile FILE from "
+        "`regen profile` to plan from the start)\n",
+        static_cast<long long>(profiled));
+  }
+}
+
 void run(const TrainFlags& f) {
   REGEN_CHECK(f.steps > 0, "--steps must be a positive integer, got ", f.steps);
   // Under mpirun each rank has its own data position (and, under ZeRO, optimizer shard): a
-  // training state is one process's (remat/session.h save_training_state refuses it too).
+  // training state is one process's (session/checkpoint.h save_training_state refuses it too).
   REGEN_CHECK(!dist::world().distributed() || (f.save_state.empty() && f.resume.empty()),
               f.save_state.empty() ? "--resume" : "--save-state",
               ": a training state under mpirun is not supported yet (each rank has its own "
@@ -267,28 +448,15 @@ void run(const TrainFlags& f) {
   uint64_t free_before = 0, total_mem = 0;
   const bool device_info = cuda_memory_info(s->device, free_before, total_mem);
 
+  // The run's console and metrics log: an observer of the library's training loop.
+  ConsoleObserver console(f, log.get(), dp, examples, world);
   // Remat: a profile (measured now, or loaded) and a plan, run by the pipeline.
   RematPipeline pipe(*s->trainer);
+  TrainingRunOptions ro;
+  ro.scan_every = console.every();  // on the CPU, at each progress line
+  TrainingRun training(*s, pipe, ro);
+  training.observe(console);
   int64_t done = 0;
-  std::vector<double> losses, times, cpu_cores;
-  int64_t peak_alloc = 0, peak_reserved = 0;
-  int64_t host_alloc = 0, host_reserved = 0;  // the host tier's, under an offload plan
-  MemoryStats peak_stats;
-  StepResult first_inexact;  // the first step under the plan whose peaks were not the predicted
-  std::vector<dist::SyncStats> comm_steps;  // data parallelism: each step's communication
-  auto record = [&](const StepResult& r) {
-    if (r.predicted && !r.exact() && !first_inexact.predicted) first_inexact = r;
-    losses.push_back(r.loss);
-    times.push_back(r.ms);
-    cpu_cores.push_back(r.cpu_cores());
-    if (r.memory.allocated.peak > peak_alloc) peak_stats = r.memory;
-    peak_alloc = std::max(peak_alloc, r.memory.allocated.peak);
-    peak_reserved = std::max(peak_reserved, r.memory.reserved.peak);
-    if (r.host_predicted) {
-      host_alloc = std::max(host_alloc, r.host_memory.allocated.peak);
-      host_reserved = std::max(host_reserved, r.host_memory.reserved.peak);
-    }
-  };
   if (remat) {
     REGEN_CHECK(!f.profile_file.empty() || start + std::max(1, f.profile_steps) < f.steps,
                 "--steps ", f.steps, " leaves no step to run under the plan after step ", start,
@@ -308,14 +476,10 @@ void run(const TrainFlags& f) {
       po.warmup = 0;
       po.iterations = std::max(1, f.profile_steps);
       po.model_name = f.m.model;
-      int64_t at = start;
       // The profiling steps train too: they are in the log (not in the summary, which is the
       // plan's).
-      po.on_step = [&](const StepResult& r) {
-        if (log) log->step(++at, r, examples);
-      };
       std::printf("profiling %d step(s) without remat...\n", po.iterations);
-      pipe.profile(po);
+      training.profile(po);
       done = po.iterations;
     }
     const Profile& profile = pipe.current_profile();
@@ -336,177 +500,40 @@ void run(const TrainFlags& f) {
       apply_offload_flags(po, f.offload, f.transfer, profile);
       pipe.plan(f.policy, Budget::parse(f.budget), po);
     }
-    const Plan& plan = pipe.current_plan();
-    if (dtr_policy(plan.policy)) {
-      std::printf(
-          "plan %s, budget %s (%s): no plan, the saved tensors to evict are chosen while the "
-          "steps run; predicted peak allocated %s, reserved %s (no remat %s), %lld evictions "
-          "and %lld op replays per step, predicted step %.3f s\n",
-          plan.policy.c_str(), plan.budget_text.c_str(), budget_of_name(plan.budget_of),
-          format_bytes(plan.predicted.peak_allocated).c_str(),
-          format_bytes(plan.predicted.peak_reserved).c_str(),
-          format_bytes(plan.no_remat_peak).c_str(),
-          static_cast<long long>(plan.predicted.evictions),
-          static_cast<long long>(plan.predicted.replays), plan.predicted.time_ms / 1000.0);
-    } else {
-      std::printf(
-          "plan %s, budget %s (%s): recompute %lld of %zu saved tensors; predicted peak "
-          "allocated %s, reserved %s (no remat %s), predicted step %.3f s\n",
-          plan.policy.c_str(), plan.budget_text.c_str(), budget_of_name(plan.budget_of),
-          static_cast<long long>(plan.recomputed()), profile.saved.size(),
-          format_bytes(plan.predicted.peak_allocated).c_str(),
-          format_bytes(plan.predicted.peak_reserved).c_str(),
-          format_bytes(plan.no_remat_peak).c_str(), plan.predicted.time_ms / 1000.0);
-    }
-    std::printf("%s", describe_offload(plan, profile).c_str());
-    if (plan.predicted.narrowed > 0) {
-      std::printf(
-          "  --compress %s: %lld retained activations held narrow between forward and "
-          "backward, %.1f ms of conversions predicted per step\n",
-          f.m.compress.c_str(), static_cast<long long>(plan.predicted.narrowed),
-          plan.predicted.compress_ms);
-    }
-    // A plan that does not fit its budget is refused now, with the simulated numbers, rather
-    // than found out by an out-of-memory error in the middle of a step.
-    REGEN_CHECK(plan.feasible,
-                "the plan does not fit its budget, so training stops before it "
-                "starts: ",
-                plan.note,
-                plan.predicted.oom ? "; under the limit the simulated step "
-                                     "runs out of memory at " +
-                                         plan.predicted.oom_at
-                                   : std::string(),
-                dtr_policy(plan.policy) ? ". Pass a larger --budget or another --policy"
-                                        : ". Pass a larger --budget, another --policy, or "
-                                          "--budget-of allocated");
-    {
-      const int64_t have = available_memory(s->device);
-      REGEN_CHECK(have <= 0 || plan.predicted.peak_reserved <= have, "the plan's steps reserve ",
-                  format_bytes(plan.predicted.peak_reserved), " (exact, simulated), but ",
-                  s->device.str(), " has ", format_bytes(have),
-                  " available; pass a --budget of at most that, or a smaller --batch");
-    }
-    if (plan.limit > 0) {
-      std::printf("  the steps run with the allocator's hard limit at %s\n",
-                  format_bytes(plan.limit).c_str());
-    }
-    if (plan.layout) {
-      const PlannedLayout& l = *plan.layout;
-      const size_t in_holes = static_cast<size_t>(
-          std::count_if(l.bin.begin(), l.bin.end(), [](int32_t b) { return b >= 0; }));
-      uint64_t hole_bytes = 0;
-      for (uint64_t h : l.holes) hole_bytes += h;
-      std::printf(
-          "  the steps run with a planned layout: of the step's %zu requests, %zu in the %zu "
-          "free blocks of the persistent segments (%s), %zu in one arena of %s\n",
-          l.rounded.size(), in_holes, l.holes.size(),
-          format_bytes(static_cast<int64_t>(hole_bytes)).c_str(), l.rounded.size() - in_holes,
-          format_bytes(l.size).c_str());
-    }
+    print_plan(pipe.current_plan(), profile, f.m.compress);
+    // A plan that does not fit its budget, or the device, is refused now (with the simulated
+    // numbers) rather than found out by an out-of-memory error in the middle of a step.
+    training.check_plan();
+    print_plan_placement(pipe.current_plan());
   }
-
-  std::string mode = f.progress;
-  // Under mpirun a rank's stdout is a terminal of Open MPI's even when the job's output goes to a
-  // file: plain lines there.
-  if (mode == "auto") mode = stdout_is_terminal() && !world.distributed() ? "bar" : "plain";
-  const int64_t every = f.steps <= 50 ? 1 : f.steps / 20;
-  // Evaluation between steps: without the plan's hooks and layout (they are the training step's),
-  // under its limit (the budget holds for the whole run).
-  const auto run_eval = [&](int64_t step) {
-    pipe.finish();
-    const int64_t limit = pipe.has_plan() ? pipe.current_plan().limit : 0;
-    EvalResult e;
-    {
-      LimitScope scope(s->trainer->allocator(), limit);
-      try {
-        e = evaluate_session(*s);
-      } catch (const OutOfMemory& oom) {
-        if (mode == "bar") std::printf("\n");
-        REGEN_FAIL("evaluation after step ", step, " ran out of memory under the plan's limit ",
-                   format_bytes(limit), ": ", oom.message(), "; pass a smaller --eval-batch (now ",
-                   f.m.evaluation_batch(), ")");
-      }
-    }
-    if (mode == "bar") std::printf("\n");
-    std::printf(
-        "eval after step %lld: %s; %s, %.1f examples/s; peak allocated %s, reserved %s (the "
-        "model's state %s; no tape, no saved tensors)\n",
-        static_cast<long long>(step), eval_summary(e).c_str(), format_ms(e.ms).c_str(),
-        e.ms > 0 ? 1000.0 * static_cast<double>(e.examples) / e.ms : 0.0,
-        format_bytes(e.memory.allocated.peak).c_str(), format_bytes(e.memory.reserved.peak).c_str(),
-        format_bytes(e.persistent).c_str());
-    std::fflush(stdout);
-    if (log) log->eval(step, e);
-  };
-  const auto state_meta = [&] {
-    return pipe.has_plan() ? plan_identity(pipe.current_plan())
-                           : std::map<std::string, std::string>{{"plan", "no plan"}};
-  };
-  for (int64_t i = start + done; i < f.steps; ++i) {
-    // Under the plan, from the first step on; an out-of-memory error names what it predicted.
-    const StepResult r = pipe.step();
-    // A step can leave a parameter or gradient not finite while its loss still is (the next
-    // step's loss then is not): every parameter and gradient is read, on the CPU in place, at
-    // each progress line (every step up to 50 steps) and after the last step, so a model that
-    // is not finite is never saved; on a GPU after the last step only (a copy to the host).
-    const bool at_line = (i + 1) % every == 0 || i + 1 == f.steps;
-    const bool scan = std::isfinite(r.loss) && (s->device.is_cpu() ? at_line : i + 1 == f.steps);
-    const std::string bad = scan ? first_non_finite(*s->model) : std::string();
-    if (!std::isfinite(r.loss) || !bad.empty()) {
-      if (mode == "bar") std::printf("\n");
-      std::fflush(stdout);
-      check_finite_loss(r.loss, i + 1, f.m.lr);
-      REGEN_FAIL("training diverged: after step ", i + 1, " the ", bad,
-                 " (not finite); try a "
-                 "lower --lr (this run used ",
-                 f.m.lr, ")");
-    }
-    record(r);
-    if (log) log->step(i + 1, r, examples);
-    if (dp != nullptr) comm_steps.push_back(dp->last_step());
-    if (mode != "none" && ((i + 1) % every == 0 || i + 1 == f.steps)) {
-      // The time left: the median step so far (the first, which warms up, left out once there
-      // are others) times the steps left.
-      std::vector<double> seen(times.size() > 1 ? times.begin() + 1 : times.begin(), times.end());
-      const double eta =
-          seen.empty() ? -1 : median(seen) * static_cast<double>(f.steps - i - 1) / 1000.0;
-      print_step(mode == "bar", i + 1, f.steps, r, examples, r.memory.allocated.peak, eta);
-    }
-    if (f.m.eval_every > 0 && ((i + 1) % f.m.eval_every == 0 || i + 1 == f.steps)) run_eval(i + 1);
-    if (f.save_every > 0 && (i + 1) % f.save_every == 0 && i + 1 < f.steps) {
-      save_training_state(*s, f.save_state, state_meta());
-    }
-  }
-  pipe.finish();
+  training.run(f.steps - start - done);
+  const TrainingStats& st = training.stats();
 
   // Summary. The first timed step warms caches and the allocator: the median leaves it out
   // when there are later steps.
   std::printf("\nsummary: %s on %s, batch %lld, %lld steps, math %s\n", f.m.model.c_str(),
               s->device.str().c_str(), static_cast<long long>(f.m.batch),
               static_cast<long long>(f.steps), math.c_str());
-  if (!losses.empty()) {
-    std::printf("  loss %.4f -> %.4f\n", losses.front(), losses.back());
-    if (times.size() == 1) {
+  if (!st.losses.empty()) {
+    std::printf("  loss %.4f -> %.4f\n", st.losses.front(), st.losses.back());
+    const double med = st.median_ms();
+    if (st.ms.size() == 1) {
       std::printf(
           "  step time %s (a single step, warm-up included: no later steps to take a "
           "median over), %.1f samples/s\n",
-          format_ms(times[0]).c_str(), times[0] > 0 ? 1000.0 * examples / times[0] : 0.0);
+          format_ms(med).c_str(), med > 0 ? 1000.0 * examples / med : 0.0);
     } else {
-      const std::vector<double> steady(times.begin() + 1, times.end());
-      const double med = median(steady);
+      const size_t steady = st.ms.size() - 1;
       const std::string which =
-          steady.size() == 1
-              ? "the second step; the first is left out as warm-up"
-              : "median of the " + std::to_string(steady.size()) + " steps after the first";
+          steady == 1 ? "the second step; the first is left out as warm-up"
+                      : "median of the " + std::to_string(steady) + " steps after the first";
       std::printf("  step time %s (%s), %.1f samples/s\n", format_ms(med).c_str(), which.c_str(),
                   med > 0 ? 1000.0 * examples / med : 0.0);
     }
     // On the CPU: did the steps have their threads' cores? A step that waited for other
     // processes measured the machine's load, not the step (nor a plan's predicted time).
     if (s->device.is_cpu()) {
-      const std::vector<double> steady(
-          cpu_cores.size() > 1 ? cpu_cores.begin() + 1 : cpu_cores.begin(), cpu_cores.end());
-      const double cores = median(steady);
+      const double cores = st.median_cpu_cores();
       std::printf("  CPU time: %.2f cores over the step's wall time (median; %d threads)%s\n",
                   cores, threads,
                   waited_for_other_work(cores, threads)
@@ -515,13 +542,13 @@ void run(const TrainFlags& f) {
                         "quiet machine"
                       : "");
     }
-    std::printf("  peak memory: allocated %s, reserved %s\n", format_bytes(peak_alloc).c_str(),
-                format_bytes(peak_reserved).c_str());
+    std::printf("  peak memory: allocated %s, reserved %s\n",
+                format_bytes(st.peak_allocated).c_str(), format_bytes(st.peak_reserved).c_str());
     std::printf("  at the peak:");
     for (int c = 0; c < kNumCategories; ++c) {
-      if (peak_stats.allocated_by_at_peak[c]) {
+      if (st.at_peak.allocated_by_at_peak[c]) {
         std::printf(" %s %s;", category_name(static_cast<Category>(c)),
-                    format_bytes(peak_stats.allocated_by_at_peak[c]).c_str());
+                    format_bytes(st.at_peak.allocated_by_at_peak[c]).c_str());
       }
     }
     std::printf("\n");
@@ -536,82 +563,27 @@ void run(const TrainFlags& f) {
         format_bytes(static_cast<int64_t>(total_mem - free_before)).c_str(),
         format_bytes(static_cast<int64_t>(total_mem)).c_str(),
         format_bytes(static_cast<int64_t>(total - free_after)).c_str(),
-        format_bytes(a.stats().reserved.current).c_str(), format_bytes(peak_reserved).c_str());
+        format_bytes(a.stats().reserved.current).c_str(), format_bytes(st.peak_reserved).c_str());
   }
-  if (const RematExecutor* exec = pipe.executor()) {
-    const Plan& plan = pipe.current_plan();
-    // Every step under the plan is checked, not only the highest peak: each must measure exactly
-    // the predicted peaks (RematPipeline::step).
-    const int64_t checked = pipe.predicted_steps(), exact_steps = pipe.exact_steps();
-    const std::string verdict =
-        checked == exact_steps
-            ? (checked == 1 ? std::string("exact on the one step under the plan")
-                            : "exact on every one of the " + std::to_string(checked) +
-                                  " steps under the plan")
-            : "differs on " + std::to_string(checked - exact_steps) + " of " +
-                  std::to_string(checked) + " steps under the plan";
-    std::printf(
-        "  remat %s: predicted peak allocated %s, reserved %s; measured %s, %s (%s)%s; "
-        "%lld evictions and %lld replays per step%s, %.3f s of recomputation\n",
-        plan.policy.c_str(), format_bytes(plan.predicted.peak_allocated).c_str(),
-        format_bytes(plan.predicted.peak_reserved).c_str(), format_bytes(peak_alloc).c_str(),
-        format_bytes(peak_reserved).c_str(), verdict.c_str(),
-        plan.limit > 0 ? (", under the limit " + format_bytes(plan.limit)).c_str() : "",
-        static_cast<long long>(exec->evictions()), static_cast<long long>(exec->replays()),
-        pipe.dtr_executor() ? (" (predicted " + std::to_string(plan.predicted.evictions) + " and " +
-                               std::to_string(plan.predicted.replays) + ")")
-                                  .c_str()
-                            : "",
-        exec->regen_ms() / 1000.0);
-    if (plan.uses_host()) {
-      const OffloadCounters& c = exec->offload();
-      std::printf(
-          "  host tier: predicted peak allocated %s, reserved %s; measured %s, %s; last step "
-          "copied %s out and %s back, waited %.1f ms for copies (predicted %.1f ms on the "
-          "transfer model; %s)\n",
-          format_bytes(plan.predicted.host_peak_allocated).c_str(),
-          format_bytes(plan.predicted.host_peak_reserved).c_str(), format_bytes(host_alloc).c_str(),
-          format_bytes(host_reserved).c_str(), format_bytes(c.bytes_to_host).c_str(),
-          format_bytes(c.bytes_to_device).c_str(), c.stall_ms, plan.predicted.stall_ms,
-          s->device.is_cpu() ? "on the CPU the copies are memcpy on helper threads: the times "
-                               "say nothing of a GPU's"
-                             : "measured with events on the compute stream");
-    }
-    if (done > 0) {
-      std::printf(
-          "  (the first %lld step(s) ran without remat to profile; pass --profile FILE from "
-          "`regen profile` to plan from the start)\n",
-          static_cast<long long>(done));
-    }
-  }
+  if (pipe.executor() != nullptr) print_remat_summary(pipe, st, s->device, done);
   if (dp != nullptr) {
-    print_rank_summary(world, comm_steps, peak_alloc, peak_reserved, pipe, done);
+    print_rank_summary(world, console.comm_steps(), st.peak_allocated, st.peak_reserved, pipe,
+                       done);
   }
   if (!f.save.empty()) {
     save_checkpoint(*s, f.save, f.steps);  // under mpirun, by rank 0
     std::printf("  saved %s\n", f.save.c_str());
   }
   if (!f.save_state.empty()) {
-    save_training_state(*s, f.save_state, state_meta());
+    save_training_state(*s, f.save_state, state_identity(pipe));
     std::printf("  saved the training state at step %lld to %s (--resume it)\n",
                 static_cast<long long>(s->trainer->optimizer_steps()), f.save_state.c_str());
   }
   if (log) std::printf("  metrics in %s\n", log->path().c_str());
-  // A step whose peaks were not the predicted ones breaks regen's promise: an error (the
-  // training itself went as it should, and its checkpoint is written above).
-  REGEN_CHECK(
-      !first_inexact.predicted, "step ", pipe.first_inexact_step() + done + start,
-      " under the plan measured a peak of ", format_bytes(first_inexact.memory.allocated.peak),
-      " allocated and ", format_bytes(first_inexact.memory.reserved.peak),
-      " reserved where the plan predicted ", format_bytes(first_inexact.predicted_allocated),
-      " and ", format_bytes(first_inexact.predicted_reserved),
-      ": the prediction did not hold (a bug in regen: please report it with the command)");
-  // Under DTR the evictions and replays are predicted as well (RematPipeline::step counts a
-  // step exact only when they were the predicted ones).
-  REGEN_CHECK(pipe.first_inexact_step() == 0, "step ", pipe.first_inexact_step() + done + start,
-              " under the ", pipe.has_plan() ? pipe.current_plan().policy : std::string(),
-              " plan made other evictions or replays than the simulation predicted: the "
-              "prediction did not hold (a bug in regen: please report it with the command)");
+  // A step whose peaks (or, under DTR, evictions and replays) were not the predicted ones breaks
+  // regen's promise: an error (the training itself went as it should, and its checkpoint is
+  // written above).
+  training.check_predictions(done + start);
 }
 
 void setup(CLI::App& app) {

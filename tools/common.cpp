@@ -446,11 +446,6 @@ std::vector<std::pair<std::string, std::string>> data_inputs(const SessionOption
   return inputs;
 }
 
-void check_finite_loss(double loss, int64_t step, double lr) {
-  REGEN_CHECK(std::isfinite(loss), "training diverged: the loss of step ", step, " is ", loss,
-              " (not finite); try a lower --lr (this run used ", lr, ")");
-}
-
 void add_budget_of_flag(CLI::App& app, std::string& budget_of) {
   app.add_option("--budget-of", budget_of,
                  "what --budget bounds: reserved (what the device sees: the steps run with the "

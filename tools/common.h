@@ -1,5 +1,5 @@
 // The flags shared by the regen subcommands: CLI11 validators with messages a user can act on, the
-// session's flags (the library's SessionOptions, remat/session.h, which holds their ranges and
+// session's flags (the library's SessionOptions, session/options.h, which holds their ranges and
 // every check: the command line only parses), the flags of every registered model's options, and
 // the checks of output paths. Tests: tests/test_cli.cpp.
 #pragma once
@@ -12,7 +12,10 @@
 #include <utility>
 #include <vector>
 
-#include "regen/remat/session.h"
+#include "regen/session/checkpoint.h"
+#include "regen/session/records.h"
+#include "regen/session/session.h"
+#include "regen/session/training_run.h"
 #include "tools/output.h"
 
 namespace regen::tool {
@@ -48,7 +51,7 @@ std::string cli_failure_message(const CLI::App* app, const CLI::Error& e);
 void add_model_flags(CLI::App& app, SessionOptions& options, bool with_batch = true,
                      const std::string& math_default = "fp32");
 
-// The training loop's flags (remat/session.h, SessionOptions' training-loop group, which holds
+// The training loop's flags (session/options.h, SessionOptions' training-loop group, which holds
 // their ranges and checks): --accumulate, --lr-schedule, --warmup-steps, --schedule-steps,
 // --lr-step-size, --lr-gamma, --lr-min, --clip-grad-norm, and with `with_eval` --eval-every,
 // --eval-batches, --eval-batch, --eval-split.
@@ -108,9 +111,5 @@ void check_distinct_files(const std::vector<std::pair<std::string, std::string>>
 
 // The files a session's --data reads, as (flag, path) inputs for check_distinct_files.
 std::vector<std::pair<std::string, std::string>> data_inputs(const SessionOptions& options);
-
-// A training step's loss that is nan or inf: throws regen::Error naming the step, the value and
-// the learning rate, suggesting a lower --lr.
-void check_finite_loss(double loss, int64_t step, double lr);
 
 }  // namespace regen::tool

@@ -7,7 +7,7 @@
 // pixel, from the model's own synthetic scenes.
 //
 // The program registers it as model "unet" and runs the three stages on it with every registered
-// planner, each run a session of the library (remat/session.h) as `regen train` makes: the
+// planner, each run a session of the library (session/session.h) as `regen train` makes: the
 // reference training without remat, one profile, then for each budget (of allocated bytes, of
 // reserved ones for DTR) and planner a plan and three steps under it. It checks, and prints, that
 // every step's measured peaks equal the plan's predicted ones to the byte and are not below the
@@ -26,7 +26,7 @@
 #include "regen/core/error.h"
 #include "regen/remat/dtr.h"
 #include "regen/remat/pipeline.h"
-#include "regen/remat/session.h"
+#include "regen/session/session.h"
 #include "unet_model.h"
 
 namespace {

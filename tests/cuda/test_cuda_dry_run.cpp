@@ -21,7 +21,7 @@
 
 #include "regen/kernels/unary_ops.h"
 #include "regen/models/train.h"
-#include "regen/remat/session.h"
+#include "regen/session/session.h"
 #include "tests/dry_paths.h"
 #include "tests/op_table.h"
 

@@ -1,0 +1,49 @@
+// Checkpoints (weights) and training states (an exact resume) of a session. Tests:
+// tests/test_cli.cpp, tests/test_training.cpp, tests/python/test_training.py.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "regen/remat/planner.h"
+#include "regen/session/session.h"
+
+namespace regen {
+
+// The first parameter of `model`, or gradient of one, that holds a value that is not finite:
+// "gradient of 'fc.weight' holds nan at flat index 3", or "" when all are finite. CPU tensors are
+// read in place; a CUDA tensor is copied to the host one at a time.
+std::string first_non_finite(const Model& model);
+
+// Checkpoints: the state dict (safetensors, atomically) with metadata naming the model and the
+// options that shape its parameters (ModelOption::sizes_parameters, and those it records);
+// loading compares that metadata with the session's model before the names, and refuses weights
+// that are not finite. Returns the number of tensors loaded.
+void save_checkpoint(const Session& s, const std::string& path, int64_t steps);
+size_t load_checkpoint(Session& s, const std::string& path);
+
+// The state of a training run, to resume it exactly (--save-state, --resume; regen.Model.save_state
+// and resume): one safetensors file with the checkpoint's tensors and metadata, the optimizer's
+// state tensors ("optimizer/<parameter>.<key>") and update counts ("optimizer/steps", i64), and
+// metadata: the optimizer steps taken (the schedule's position), the dropout RNG's seed and
+// stream, the data source's position, the options that shape the trajectory ("train.<key>": batch,
+// accumulation, optimizer and its settings, schedule, clipping, seed, data, every model option),
+// and `extra` (the plan's identity, plan_identity). torch's safetensors reads it; load_checkpoint
+// (and --load) take its weights alone.
+void save_training_state(const Session& s, const std::string& path,
+                         const std::map<std::string, std::string>& extra = {});
+// Restores a training state into a freshly made session: refuses, naming the option and both
+// values, a file whose trajectory options differ from the session's; then the weights, the
+// optimizer state, the step count, the RNG and the data position. A run resumed at step k then
+// computes bitwise what the run that saved it would have computed from step k on, with or without
+// a remat plan (remat changes no value). Returns the file's metadata (steps in "optimizer_steps").
+std::map<std::string, std::string> resume_training_state(Session& s, const std::string& path);
+// The options a training state records and compares ("batch": "8", "lr_schedule": "cosine", ...).
+std::map<std::string, std::string> trajectory_options(const SessionOptions& o);
+// A plan's identity for a training state's metadata: its policy, budget and a hash of its
+// decisions ("plan": "dp, budget 50% of reserved bytes, 12 of 340 recomputed, decisions 3f2a...").
+std::map<std::string, std::string> plan_identity(const Plan& plan);
+
+}  // namespace regen

@@ -1,0 +1,135 @@
+// What profiles record (records.h).
+#include "regen/session/records.h"
+
+#include <omp.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <sstream>
+
+#include "regen/core/numeric.h"
+#include "regen/core/safetensors.h"
+#include "regen/dist/data_parallel.h"
+#include "regen/dist/world.h"
+#include "regen/remat/compress.h"
+#include "regen/remat/pipeline.h"
+
+#ifdef REGEN_WITH_CUDA
+#include "regen/core/cuda/runtime.h"
+#include "regen/kernels/cuda/cuda_kernels.h"
+#endif
+
+namespace regen {
+
+// ---------------------------------------------------------------------------------------------
+// What profiles record
+
+std::map<std::string, std::string> run_flags(const SessionOptions& o) {
+  const ModelConfig c = o.model_config();
+  const Device device = resolve_device(o.device, o.style);
+  std::map<std::string, std::string> r;
+  r["--optimizer"] = o.optimizer;
+  if (o.optimizer == "sgd") {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%g", o.momentum);
+    r["--momentum"] = buf;
+  }
+  r["--threads"] = std::to_string(o.threads > 0 ? o.threads : omp_get_max_threads());
+  r["--data"] = o.data.empty() ? "synthetic" : o.data.substr(0, o.data.find(':'));
+  for (const ModelOption& opt : model_info(o.model).input.options) {
+    r[option_name(opt.key, OptionStyle::flag)] = option_value_text(opt, opt.get(c));
+  }
+  r["--math"] = math_mode(o, device);  // fp32 on the CPU
+  if (device.is_cuda()) r["--conv"] = o.conv;
+  // What the step allocates besides forward and backward: micro-batches, the gradient norm.
+  r["--accumulate"] = std::to_string(o.accumulate);
+  r["--grad-norm"] = o.clip_grad_norm > 0 || o.grad_norm ? "on" : "off";
+  // Data parallelism: the ranks, and what shapes each rank's step (a process alone records none).
+  const dist::World& world = dist::world();
+  if (world.distributed()) {
+    r["--ranks"] = std::to_string(world.size());
+    r["--shard"] = o.shard;
+    r["--bucket-size"] = std::to_string(o.bucket_size);
+  }
+  r["--masks"] = o.masks ? "on" : "off";
+  r["--compress"] = o.compress;
+  return r;
+}
+
+namespace {
+// Flags a profile made before they were recorded ran with these values.
+const std::map<std::string, std::string>& flags_before_recorded() {
+  static const std::map<std::string, std::string> m = {{"--accumulate", "1"},
+                                                       {"--grad-norm", "off"}};
+  return m;
+}
+}  // namespace
+
+std::string profile_math(const Profile& p) {
+  const auto math = p.run.find("--math");
+  if (math != p.run.end()) return math->second;
+  const auto tf32 = p.run.find("--tf32");
+  return tf32 != p.run.end() && tf32->second == "on" ? "tf32" : "fp32";
+}
+
+void check_profile_run(const Profile& p, const SessionOptions& o, const std::string& what) {
+  const std::map<std::string, std::string> now = run_flags(o);
+  // The optimizer first: other flags (its momentum) follow from it.
+  std::vector<std::pair<std::string, std::string>> recorded(p.run.begin(), p.run.end());
+  // A flag recorded since (a profile of any age has the step of its value then): compared too.
+  // Only a profile that recorded flags at all (an empty set is a profile from before them).
+  if (!p.run.empty()) {
+    for (const auto& [flag, value] : flags_before_recorded()) {
+      if (p.run.count(flag) == 0) recorded.emplace_back(flag, value);
+    }
+  }
+  std::stable_partition(recorded.begin(), recorded.end(),
+                        [](const auto& kv) { return kv.first == "--optimizer"; });
+  // Profiles written before packed saves were made without them.
+  if (p.run.count("--masks") == 0 && !p.run.empty()) recorded.emplace_back("--masks", "off");
+  if (p.run.count("--compress") == 0 && !p.run.empty()) {
+    recorded.emplace_back("--compress", compression_name(p.compress));
+  }
+  for (auto [flag, then] : recorded) {
+    if (flag == "--tf32") {  // written before --math
+      flag = "--math";
+      then = profile_math(p);
+    }
+    const auto it = now.find(flag);
+    const std::string here = it == now.end() ? "(none)" : it->second;
+    if (here == then) continue;
+    // An option whose profile depends on less than its value (ModelOption::profile_key).
+    const ModelOption* opt = nullptr;
+    for (const ModelOption& m : model_info(o.model).input.options) {
+      if (option_name(m.key, OptionStyle::flag) == flag) opt = &m;
+    }
+    if (opt && opt->profile_key && it != now.end()) {
+      char* end_then = nullptr;
+      char* end_here = nullptr;
+      const double v_then = std::strtod(then.c_str(), &end_then);
+      const double v_here = std::strtod(here.c_str(), &end_here);
+      if (*end_then == '\0' && *end_here == '\0' &&
+          opt->profile_key(v_then) == opt->profile_key(v_here)) {
+        continue;
+      }
+    }
+    // The flag as `o.style` names it: "--seq-len" -> "seq_len".
+    std::string key = flag.substr(2);
+    std::replace(key.begin(), key.end(), '-', '_');
+    const std::string was = option_setting(key, then, o.style);
+    REGEN_FAIL(what, " was made with ", was,
+               o.style == OptionStyle::keyword ? ", but this model has " : ", but this run has ",
+               option_setting(key, here, o.style), ": its memory and times are another step's (",
+               "pass ", was, ", or profile again)");
+  }
+  // A profile of one process records no ranks.
+  const auto ranks = now.find("--ranks");
+  REGEN_CHECK(ranks == now.end() || p.run.count("--ranks"), what,
+              " was made by one process, but this run has ", ranks->second,
+              " ranks (mpirun): each rank's step also reduces gradients, which the profile does "
+              "not have; profile under mpirun with the same ranks");
+}
+
+}  // namespace regen
