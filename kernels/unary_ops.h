@@ -14,7 +14,7 @@
 //   kernels/cuda/unary.cu      the CUDA launchers (float): cuda::unary_forward / unary_backward;
 //   autograd/op_list.h         the OpKind entries;
 //   autograd/ops_unary.cpp     each OpDef, its registration and the function `Tensor name(x)`
-//                              (declared in autograd/ops_unary.h);
+//                              (declared in autograd/ops_unary.h; python/ops.cpp binds it);
 //   tests/op_table.h           each op-table row (the f64 reference formula is the test's own,
 //                              tests/op_reference.h), so the gradcheck, the CPU and CUDA value
 //                              checks and the CUDA tests (tests/cuda/test_cuda_ops.cpp) need no

@@ -3,12 +3,17 @@
 // regen.tensor() to make a tensor from an array. An op records a node on the tape when one of its
 // inputs requires grad (a parameter, or regen.tensor(..., requires_grad=True)), exactly as the same
 // op called from C++ does: every byte backward reads is a SavedTensor the planners see.
-// Tests: tests/python/test_models.py.
+// The unary element-wise ops are bound from their list (REGEN_UNARY_OPS, kernels/unary_ops.h), so
+// an op added to the list is in regen.ops with no edit here; regen.ops.unary_names() lists them.
+// Tests: tests/python/test_models.py, tests/python/test_unary_ops.py.
 #include <memory>
 #include <optional>
+#include <string>
+#include <vector>
 
 #include "python/bindings.h"
 #include "regen/autograd/ops.h"
+#include "regen/autograd/ops_unary.h"
 
 namespace regen::py {
 namespace {
@@ -50,6 +55,17 @@ void bind_scope(pb::module_& m, const char* cls, const char* doc) {
            })
       .def("__exit__", [](WithScope<Scope>& s, const pb::object&, const pb::object&,
                           const pb::object&) { s.exit(); });
+}
+
+// The docstring of unary op F, from its name in the list and what its node saves.
+template <class F>
+std::string unary_doc() {
+  const std::string name = unary::name_of<F>::value;
+  const char* saved = F::reads == unary::Reads::output ? "output" : "input";
+  return "The element-wise op '" + name +
+         "' of regen's unary op list (kernels/unary_ops.h), on float32 or float64 x; its node "
+         "saves its " +
+         saved + (unary::has_mask<F>::value ? ", or a 1-bit mask of it where packed" : "");
 }
 
 }  // namespace
@@ -127,8 +143,21 @@ void bind_ops(pb::module_& m) {
       pb::arg("x"), pb::arg("weight"), pb::arg("bias") = pb::none(), pb::arg("stride") = 1,
       pb::arg("padding") = 0, pb::arg("output_padding") = 0,
       "Transposed 2-D convolution: x (N, C, H, W), weight (C, out, kh, kw)");
-  ops.def("relu", &relu, pb::arg("x"));
-  ops.def("gelu", &gelu, pb::arg("x"), "The exact (erf) GELU");
+  // Every unary op of the list, by the name the list gives it (relu, gelu, gelu_tanh, ...).
+#define REGEN_BIND_UNARY(name)                                                         \
+  ops.def(#name, static_cast<Tensor (*)(const Tensor&)>(&::regen::name), pb::arg("x"), \
+          unary_doc<unary::name>().c_str());
+  REGEN_UNARY_OPS(REGEN_BIND_UNARY)
+#undef REGEN_BIND_UNARY
+  ops.def(
+      "unary_names",
+      [] {
+#define REGEN_UNARY_NAME(name) #name,
+        return std::vector<std::string>{REGEN_UNARY_OPS(REGEN_UNARY_NAME)};
+#undef REGEN_UNARY_NAME
+      },
+      "The names of the unary element-wise ops, in the order of regen's list "
+      "(kernels/unary_ops.h); each is a function of regen.ops");
   ops.def("add", &add, pb::arg("a"), pb::arg("b"), "Element-wise a + b (the same shape)");
   ops.def("mul", &mul, pb::arg("a"), pb::arg("b"), "Element-wise a * b (the same shape)");
   ops.def("scale", &scale, pb::arg("x"), pb::arg("alpha"), "alpha * x");
