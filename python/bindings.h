@@ -22,6 +22,7 @@
 #include "regen/models/model.h"
 #include "regen/remat/planner.h"
 #include "regen/remat/simulator.h"
+#include "regen/session/plan_request.h"
 
 namespace regen::py {
 
@@ -93,9 +94,13 @@ Budget budget_from(const pb::object& budget);
 // 'OFFLOAD', ...); throws regen::Error naming the length or the entry that is wrong.
 std::vector<Decision> decisions_from(const pb::object& decisions, const Profile& p);
 pb::array_t<bool> decisions_to_array(const std::vector<Decision>& d);
-// PlanOptions from the Python arguments (chain 'auto'|'keep'|'drop', budget_of, layout; offload
-// 'none'|'activations'|'optimizer'|'all' and transfer, a --transfer text, for plans on
-// `profile`); throws regen::Error naming a bad one.
+// The plan request of the Python arguments (chain 'auto'|'keep'|'drop', budget_of, layout; offload
+// 'none'|'activations'|'optimizer'|'all' and transfer, a --transfer text), its messages naming
+// keywords (session/plan_request.h); and its PlanOptions for plans on `profile`, which throws
+// regen::Error naming a bad one.
+PlanRequest plan_request(const std::string& chain, const std::string& budget_of,
+                         const std::string& layout, const std::string& offload = "none",
+                         const std::string& transfer = "profile");
 PlanOptions plan_options(const std::string& chain, const std::string& budget_of,
                          const std::string& layout, const std::string& offload = "none",
                          const std::string& transfer = "profile", const Profile* profile = nullptr);

@@ -14,6 +14,7 @@
 #include "regen/remat/estimate.h"
 #include "regen/remat/pipeline.h"
 #include "regen/session/checkpoint.h"
+#include "regen/session/plan_request.h"
 #include "regen/session/records.h"
 #include "regen/session/session.h"
 #include "regen/session/training_run.h"
@@ -658,19 +659,26 @@ void check_planning_arguments(const PyModel& s, const pb::object& policy, const 
                 "train: policy must be a planner's name (str), "
                 "one of regen.policies()");
     const std::string name = policy.cast<std::string>();
-    // Known, with a budget that reads, and the keywords planning takes (the transfer model is
-    // read once there is a profile): each fails now, not after the profiling steps.
+    // Known, with a budget that reads, and the keywords planning takes checked as the command
+    // line checks them (session/plan_request.h; the transfer model is read once there is a
+    // profile): each fails now, not after the profiling steps.
     budget_from(budget);  // its message names the keyword: "budget='' is empty (...)"
+    if (name != "none") {
+      PlanRequest r = plan_request(chain, budget_of, layout, offload, transfer);
+      r.policy = name;
+      try {
+        r.validate(s.options().compress != "none");
+      } catch (const Error& e) {
+        REGEN_FAIL("train: ", e.message());
+      }
+      return;
+    }
     try {
       planner_info(name);
       plan_options(chain, budget_of, layout, offload);
     } catch (const Error& e) {
       REGEN_FAIL("train: ", e.message());
     }
-    REGEN_CHECK(layout != "planned" || !dtr_policy(name), "train: layout='planned': policy='", name,
-                "' evicts at run time under the caching allocator's limit, with no placement to "
-                "plan; use layout='caching'");
-    if (name != "none") return;
     // 'none' plans nothing (with compress: a plan of none, holding what it retains narrow).
     REGEN_CHECK(budget.is_none(), "train: budget=", text_of(budget),
                 " needs a policy= (a rematerialization planner: ", join_names(remat_policy_names()),

@@ -318,28 +318,23 @@ pb::array_t<bool> decisions_to_array(const std::vector<Decision>& d) {
   return column<bool>(d.size(), [&](size_t i) { return d[i] == Decision::recompute; });
 }
 
+PlanRequest plan_request(const std::string& chain, const std::string& budget_of,
+                         const std::string& layout, const std::string& offload,
+                         const std::string& transfer) {
+  PlanRequest r;
+  r.style = OptionStyle::keyword;
+  r.chain = chain;
+  r.budget_of = budget_of;
+  r.layout = layout;
+  r.offload = offload;
+  r.transfer = transfer;
+  return r;
+}
+
 PlanOptions plan_options(const std::string& chain, const std::string& budget_of,
                          const std::string& layout, const std::string& offload,
                          const std::string& transfer, const Profile* profile) {
-  PlanOptions o;
-  o.chain = parse_chain(chain);
-  o.budget_of = parse_budget_of(budget_of);
-  REGEN_CHECK(layout == "caching" || layout == "planned",
-              "layout must be 'caching' or 'planned', got '", layout, "'");
-  o.planned_layout = layout == "planned";
-  try {
-    o.offload = parse_offload_mode(offload);
-  } catch (const Error& e) {
-    REGEN_FAIL("offload='", offload, "': ", e.message());
-  }
-  if (profile && (transfer != "profile" || profile->transfer.valid())) {
-    try {
-      o.transfer = transfer_for(transfer, *profile);
-    } catch (const Error& e) {
-      REGEN_FAIL("transfer='", transfer, "': ", e.message());
-    }
-  }
-  return o;
+  return plan_request(chain, budget_of, layout, offload, transfer).options(profile);
 }
 
 pb::dict transfer_dict(const TransferModel& t) {

@@ -22,6 +22,7 @@
 #include "regen/remat/dtr.h"
 #include "regen/remat/executor.h"
 #include "regen/remat/profiler.h"
+#include "regen/session/plan_request.h"
 #include "tools/command.h"
 #include "tools/common.h"
 #include "tools/distributed.h"
@@ -33,11 +34,9 @@ struct Flags {
   SessionOptions m;
   std::string profile;
   std::string policies;  // empty: every policy but none and milp
-  double milp_time_limit = 60;
-  std::string budget_of = "reserved";
-  std::string layout = "caching";
-  std::string offload = "none";
-  std::string transfer = "profile";
+  // --budget-of, --layout, --offload, --transfer and --milp-time-limit (the policies and budgets
+  // are the frontier's own).
+  PlanRequest plan;
   int points = 40;
   int execute = 3;
   int steps = 3;
@@ -416,12 +415,12 @@ std::string measured_line(const MeasuredRun& m, const SimResult& r) {
 void run(Flags f, const Given& given) {
   // Everything that can be checked without work, first.
   const std::vector<PolicySpec> specs =
-      parse_policies(f.policies, f.budget_of == "reserved" && f.layout == "caching");
+      parse_policies(f.policies, f.plan.budget_of == "reserved" && f.plan.layout == "caching");
   // A --transfer with nothing to offload (no --offload, no policy+MODE) would time no copy.
   if (std::none_of(specs.begin(), specs.end(), [](const PolicySpec& s) {
         return s.offload_given && s.offload != OffloadMode::none;
       })) {
-    check_offload_flags(f.offload, f.transfer, /*planning=*/true);
+    check_offload_request(f.plan.offload, f.plan.transfer, /*planning=*/true);
   }
   const bool model_given = given.has(given.model) || given.has(given.batch);
   Profile profile;
@@ -523,12 +522,12 @@ void run(Flags f, const Given& given) {
   c.profile = &profile;
   c.math = profile_math(profile);
   PlanOptions none_options;
-  none_options.budget_of = parse_budget_of(f.budget_of);
+  none_options.budget_of = parse_budget_of(f.plan.budget_of);
   none_options.cache = &cache;
   c.none = make_plan(sim, "none", Budget(), none_options);
   c.no_remat_peak = peak_of(c.none.predicted, none_options.budget_of);
   // The budgets reach down to the lowest bound of the fates the policies may use.
-  OffloadMode widest = parse_offload_mode(f.offload);
+  OffloadMode widest = parse_offload_mode(f.plan.offload);
   for (const PolicySpec& spec : specs) {
     if (spec.offload_given && spec.offload != OffloadMode::none) {
       widest =
@@ -576,13 +575,9 @@ void run(Flags f, const Given& given) {
       Point pt;
       pt.budget = b;
       try {
-        PlanOptions po;
+        PlanOptions po = f.plan.options(&profile);
         po.chain = spec.chain;
-        po.milp_time_limit_s = f.milp_time_limit;
-        po.budget_of = parse_budget_of(f.budget_of);
-        po.planned_layout = f.layout == "planned";
         po.cache = &cache;
-        apply_offload_flags(po, f.offload, f.transfer, profile);
         if (spec.offload_given) po.offload = spec.offload;
         pt.plan = make_plan(sim, spec.policy, budget, po);
       } catch (const Error& e) {
@@ -740,10 +735,10 @@ void setup(CLI::App& app) {
                      join_names(default_planners()) +
                      " (milp only when named: it is for small graphs)")
       ->check(non_empty("one or more comma-separated planners"));
-  add_budget_of_flag(app, f->budget_of);
-  add_layout_flag(app, f->layout);
-  add_offload_flags(app, f->offload, f->transfer);
-  app.add_option("--milp-time-limit", f->milp_time_limit,
+  add_budget_of_flag(app, f->plan.budget_of);
+  add_layout_flag(app, f->plan.layout);
+  add_offload_flags(app, f->plan.offload, f->plan.transfer);
+  app.add_option("--milp-time-limit", f->plan.milp_time_limit_s,
                  "seconds the milp policy's programme may take per budget, built and solved "
                  "over every round (a solver past it is stopped)")
       ->check(number_in(0.1, 86400))

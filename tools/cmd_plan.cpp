@@ -7,6 +7,7 @@
 #include "regen/remat/dtr.h"
 #include "regen/remat/planner.h"
 #include "regen/remat/report.h"
+#include "regen/session/plan_request.h"
 #include "tools/command.h"
 #include "tools/common.h"
 #include "tools/distributed.h"
@@ -16,14 +17,11 @@ namespace {
 
 struct Flags {
   std::string profile = "profile.json";
-  std::string policy = "mutwo";
-  std::string budget;
-  std::string chain = "auto";
-  std::string budget_of = "reserved";
-  std::string layout = "caching";
-  double milp_time_limit = 60;
-  std::string offload = "none";
-  std::string transfer = "profile";
+  PlanRequest plan = [] {
+    PlanRequest r;
+    r.policy = "mutwo";
+    return r;
+  }();
   std::string out = "plan.json";
   std::string decisions = "decisions.csv";
 };
@@ -32,27 +30,27 @@ void setup(CLI::App& app) {
   auto f = std::make_shared<Flags>();
   app.add_option("--profile", f->profile, "profile.json from `regen profile`")
       ->capture_default_str();
-  app.add_option("--policy", f->policy,
+  app.add_option("--policy", f->plan.policy,
                  "rematerialization policy, one of the registered planners: " + planner_help())
       ->check(CLI::IsMember(policy_names()))
       ->capture_default_str();
-  app.add_option("--budget", f->budget,
+  app.add_option("--budget", f->plan.budget_text,
                  "bytes (2GiB, 1.5GB), a % of the no-remat peak (60%), or lowest (the lowest "
                  "budget the policy meets)")
       ->check(budget_text());
   app.add_option(
-         "--chain", f->chain,
+         "--chain", f->plan.chain,
          "what a regeneration keeps of the evicted tensors it recomputes on the way: keep "
          "(those backward still needs), drop (mu-TWO's and Capuchin's model) or auto "
          "(each planner's own: mutwo plans both and keeps the better; blocks, sqrt keep; dp "
          "and milp decide what each regeneration keeps and take no keep)")
       ->check(CLI::IsMember(chain_names()))
       ->capture_default_str();
-  add_budget_of_flag(app, f->budget_of);
-  add_layout_flag(app, f->layout);
-  add_offload_flags(app, f->offload, f->transfer);
+  add_budget_of_flag(app, f->plan.budget_of);
+  add_layout_flag(app, f->plan.layout);
+  add_offload_flags(app, f->plan.offload, f->plan.transfer);
   app.add_option(
-         "--milp-time-limit", f->milp_time_limit,
+         "--milp-time-limit", f->plan.milp_time_limit_s,
          "seconds the milp policy's programme may take, built and solved over every round "
          "(dp's plan, its start, comes first; with --budget lowest, each of its budgets gets "
          "this); a solver past it is stopped; the plan's note says whether it proved the "
@@ -63,19 +61,14 @@ void setup(CLI::App& app) {
   app.add_option("--decisions", f->decisions, "where to write decisions.csv")
       ->capture_default_str();
   app.callback([f] {
-    check_offload_flags(f->offload, f->transfer, f->policy != "none");
+    if (!f->plan.budget_text.empty()) f->plan.set_budget(f->plan.budget_text);
+    f->plan.validate();
     // Outputs checked before any work: writable, distinct, and never the profile read.
     check_distinct_files({{"--out", f->out}, {"--decisions", f->decisions}},
                          {{"--profile", f->profile}});
     const Profile p = load_profile(f->profile);
     const Simulator sim(p);
-    PlanOptions po;
-    po.chain = parse_chain(f->chain);
-    po.milp_time_limit_s = f->milp_time_limit;
-    po.budget_of = parse_budget_of(f->budget_of);
-    po.planned_layout = f->layout == "planned";
-    apply_offload_flags(po, f->offload, f->transfer, p);
-    const Plan plan = make_plan(sim, f->policy, Budget::parse(f->budget), po);
+    const Plan plan = f->plan.make(sim, p);
     // Both outputs written in full before either replaces its file.
     const std::string decisions = decisions_csv(p, plan);
     if (output_rank()) {  // under mpirun rank 0 writes

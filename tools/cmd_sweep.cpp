@@ -17,6 +17,7 @@
 #include "regen/remat/executor.h"
 #include "regen/remat/profiler.h"
 #include "regen/remat/report.h"
+#include "regen/session/plan_request.h"
 #include "tools/command.h"
 #include "tools/common.h"
 #include "tools/distributed.h"
@@ -29,10 +30,7 @@ struct Flags {
   std::string batches = "4,8";
   std::string policies = "mutwo";
   std::string budgets = "50%";
-  std::string budget_of = "reserved";
-  std::string layout = "caching";
-  std::string offload = "none";
-  std::string transfer = "profile";
+  PlanRequest plan;  // --budget-of, --layout, --offload, --transfer (the policies are the sweep's)
   int steps = 3;
   std::string out = "sweep";
   bool plot = false;
@@ -85,7 +83,7 @@ void run(const Flags& f) {
         const PolicySpec spec = parse_policy_spec(p);
         return spec.offload_given && spec.offload != OffloadMode::none;
       })) {
-    check_offload_flags(f.offload, f.transfer, /*planning=*/true);
+    check_offload_request(f.plan.offload, f.plan.transfer, /*planning=*/true);
   }
   for (const std::string& b : budgets) Budget::parse(b);  // fails early on a bad budget
   // Every batch's session options checked before any work (make_session checks them again).
@@ -150,12 +148,9 @@ void run(const Flags& f) {
     }
     for (const std::string& policy : policies) {
       const PolicySpec spec = parse_policy_spec(policy);
-      PlanOptions po;
+      PlanOptions po = f.plan.options(&profile);
       po.chain = spec.chain;
-      po.budget_of = parse_budget_of(f.budget_of);
-      po.planned_layout = f.layout == "planned";
       po.cache = &cache;
-      apply_offload_flags(po, f.offload, f.transfer, profile);
       if (spec.offload_given) po.offload = spec.offload;
       for (const std::string& btext : budgets) {
         Plan plan;
@@ -310,9 +305,9 @@ void setup(CLI::App& app) {
                  "comma-separated budgets: bytes, % of the no-remat peak, or lowest (the lowest "
                  "budget the policy meets, within 1%, at the least recomputation)")
       ->capture_default_str();
-  add_budget_of_flag(app, f->budget_of);
-  add_layout_flag(app, f->layout);
-  add_offload_flags(app, f->offload, f->transfer);
+  add_budget_of_flag(app, f->plan.budget_of);
+  add_layout_flag(app, f->plan.layout);
+  add_offload_flags(app, f->plan.offload, f->plan.transfer);
   app.add_option("--steps", f->steps, "measured steps per run (the first is not timed)")
       ->check(integer_in(2, 1000))
       ->capture_default_str();

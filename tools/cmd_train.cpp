@@ -15,6 +15,7 @@
 #include "regen/dist/world.h"
 #include "regen/models/metrics_log.h"
 #include "regen/remat/pipeline.h"
+#include "regen/session/plan_request.h"
 #include "regen/session/training_run.h"
 #include "tools/command.h"
 #include "tools/common.h"
@@ -27,13 +28,7 @@ struct TrainFlags {
   SessionOptions m;
   int64_t steps = 20;
   std::string save, load;
-  std::string policy = "none";
-  std::string budget;
-  std::string budget_of = "reserved";
-  std::string layout = "caching";
-  std::string chain = "auto";
-  std::string offload = "none";
-  std::string transfer = "profile";
+  PlanRequest plan;  // --policy, --budget, --budget-of, --layout, --chain, --offload, --transfer
   std::string profile_file, plan_file;
   int profile_steps = 2;
   std::string progress = "auto";
@@ -367,7 +362,7 @@ void run(const TrainFlags& f) {
   // With a loaded profile, no step without remat runs here: its plan's prediction is checked
   // against the device below; otherwise the profiling step must fit as it is.
   // --compress holds what a plan retains narrow: a run with it profiles and plans (none at least).
-  const bool remat = f.policy != "none" || !f.plan_file.empty() || f.m.compress != "none";
+  const bool remat = f.plan.plans() || !f.plan_file.empty() || f.m.compress != "none";
   const bool planned_only = remat && !f.profile_file.empty();
   SessionOptions options = f.m;
   // The cosine schedule spans the run's steps unless told otherwise.
@@ -485,20 +480,15 @@ void run(const TrainFlags& f) {
     const Profile& profile = pipe.current_profile();
     if (!f.plan_file.empty()) {
       Plan loaded = load_plan(f.plan_file, profile);
-      REGEN_CHECK(!f.layout_given || (f.layout == "planned") == loaded.planned_layout, "--layout ",
-                  f.layout, " contradicts --plan ", f.plan_file, ", which was made ",
-                  loaded.planned_layout ? "with" : "without",
+      REGEN_CHECK(!f.layout_given || (f.plan.layout == "planned") == loaded.planned_layout,
+                  "--layout ", f.plan.layout, " contradicts --plan ", f.plan_file,
+                  ", which was made ", loaded.planned_layout ? "with" : "without",
                   " a planned layout (regen plan --layout): leave --layout out, the plan "
                   "carries its own");
       judge_loaded_plan(pipe.simulator(), loaded);
       pipe.use_plan(std::move(loaded));
     } else {
-      PlanOptions po;
-      po.chain = parse_chain(f.chain);
-      po.budget_of = parse_budget_of(f.budget_of);
-      po.planned_layout = f.layout == "planned";
-      apply_offload_flags(po, f.offload, f.transfer, profile);
-      pipe.plan(f.policy, Budget::parse(f.budget), po);
+      pipe.plan(f.plan.policy, f.plan.budget, f.plan.options(&profile));
     }
     print_plan(pipe.current_plan(), profile, f.m.compress);
     // A plan that does not fit its budget, or the device, is refused now (with the simulated
@@ -597,18 +587,18 @@ void setup(CLI::App& app) {
                  "(torchvision / torch.nn names; atomic)")
       ->check(non_empty("a file name"));
   app.add_option("--load", f->load, "start from FILE.safetensors");
-  app.add_option("--policy", f->policy,
+  app.add_option("--policy", f->plan.policy,
                  "rematerialization policy, one of the registered planners: " + planner_help())
       ->check(CLI::IsMember(policy_names()))
       ->capture_default_str();
-  app.add_option("--budget", f->budget,
+  app.add_option("--budget", f->plan.budget_text,
                  "memory budget: bytes (2GiB, 1.5GB), a % of the no-remat peak (60%), or lowest "
                  "(the lowest budget the policy meets)")
       ->check(budget_text());
-  add_budget_of_flag(app, f->budget_of);
-  CLI::Option* layout = add_layout_flag(app, f->layout);
-  add_offload_flags(app, f->offload, f->transfer);
-  app.add_option("--chain", f->chain,
+  add_budget_of_flag(app, f->plan.budget_of);
+  CLI::Option* layout = add_layout_flag(app, f->plan.layout);
+  add_offload_flags(app, f->plan.offload, f->plan.transfer);
+  app.add_option("--chain", f->plan.chain,
                  "regeneration chains: keep, drop (mu-TWO's model) or auto (see `regen plan`)")
       ->check(CLI::IsMember(chain_names()))
       ->capture_default_str();
@@ -645,32 +635,19 @@ void setup(CLI::App& app) {
     // The session's own options first: a bad value is named before any combination of flags.
     f->m.validate();
     f->m.check_steps(f->steps);
-    check_offload_flags(f->offload, f->transfer, f->policy != "none");
     REGEN_CHECK(f->plan_file.empty() || !f->profile_file.empty(), "--plan needs --profile");
     f->layout_given = layout->count() > 0;
-    // Without a plan nothing is placed: a planned layout would be silently ignored.
-    REGEN_CHECK(f->layout != "planned" || f->policy != "none" || !f->plan_file.empty(),
-                "--layout planned places the blocks of a rematerialization plan: give --policy "
-                "(one of ",
-                join_names(remat_policy_names()), ") or --plan");
-    REGEN_CHECK(f->layout != "planned" || !dtr_policy(f->policy), "--layout planned: --policy ",
-                f->policy,
-                " evicts at run time under the caching allocator's limit, with no "
-                "placement to plan; use --layout caching");
+    // The plan asked for, checked whole (a bad budget fails now, not after the profiling steps).
+    if (!f->plan.budget_text.empty()) f->plan.set_budget(f->plan.budget_text);
+    f->plan.validate(f->m.compress != "none", !f->plan_file.empty());
     REGEN_CHECK(f->save_every == 0 || !f->save_state.empty(),
                 "--save-every needs --save-state FILE (where to write the state)");
     REGEN_CHECK(f->resume.empty() || f->load.empty(),
                 "give either --resume (the whole training state) or --load (weights), not both");
-    REGEN_CHECK(f->policy == "none" || f->plan_file.empty(), "give either --policy or --plan");
-    // A bad budget fails now, not after the profiling steps.
-    if (!f->budget.empty()) {
-      REGEN_CHECK(f->policy != "none", "--budget ", f->budget,
-                  " needs a rematerialization --policy (", join_names(remat_policy_names()), ")");
-      Budget::parse(f->budget);
-    }
+    REGEN_CHECK(!f->plan.plans() || f->plan_file.empty(), "give either --policy or --plan");
     // Without --profile the first --profile-steps steps run without remat: at least one step
     // must be left to run under the plan, or its peak could not be measured.
-    const bool remat = f->policy != "none" || !f->plan_file.empty() || f->m.compress != "none";
+    const bool remat = f->plan.plans() || !f->plan_file.empty() || f->m.compress != "none";
     REGEN_CHECK(
         !remat || !f->profile_file.empty() || f->steps > std::max<int64_t>(1, f->profile_steps),
         "--steps ", f->steps, " leaves no step to run under the plan after ",

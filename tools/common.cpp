@@ -492,23 +492,6 @@ void add_offload_flags(CLI::App& app, std::string& offload, std::string& transfe
       ->capture_default_str();
 }
 
-void check_offload_flags(const std::string& offload, const std::string& transfer, bool planning) {
-  REGEN_CHECK(offload == "none" || planning, "--offload ", offload,
-              " is what a planner may move to the host tier, and no plan is made here: give "
-              "--policy dp or --policy milp (the planners that offload)");
-  REGEN_CHECK(transfer == "profile" || offload != "none", "--transfer ", transfer,
-              " times copies to and from the host tier, and --offload is none: give --offload "
-              "activations, optimizer or all, or drop --transfer");
-}
-
-void apply_offload_flags(PlanOptions& po, const std::string& offload, const std::string& transfer,
-                         const Profile& p) {
-  po.offload = parse_offload_mode(offload);
-  // The profile's own model is the default; resolving it here names the flag when it has none and
-  // the plan needs one.
-  if (transfer != "profile" || p.transfer.valid()) po.transfer = transfer_for(transfer, p);
-}
-
 std::string describe_offload(const Plan& plan, const Profile& p) {
   if (!plan.uses_host()) return "";
   char buf[512];

@@ -81,13 +81,6 @@ void add_op_timing_flag(CLI::App& app, std::string& op_timing);
 // the host tier) and --transfer (the transfer model that times the copies: profile, FILE.json from
 // `regen bench copy`, step:F or gbps:B[,LATENCY_MS]; transfer.h transfer_for).
 void add_offload_flags(CLI::App& app, std::string& offload, std::string& transfer);
-// Refuses flags that would be ignored: --offload other than none when no plan is made here
-// (`planning` false: no --policy, or a --plan file with offloads of its own), and a --transfer
-// other than profile with --offload none (it times copies that no plan makes).
-void check_offload_flags(const std::string& offload, const std::string& transfer, bool planning);
-// Sets PlanOptions::offload and ::transfer from those flags, for plans made on profile `p`.
-void apply_offload_flags(PlanOptions& po, const std::string& offload, const std::string& transfer,
-                         const Profile& p);
 // The lines a command prints about a plan's offloads ("" when it keeps nothing on the host tier).
 std::string describe_offload(const Plan& plan, const Profile& p);
 
