@@ -342,96 +342,109 @@ double rounding_gamma(int64_t n, double u) {
   return static_cast<double>(n) * u / (1.0 - n * u);
 }
 
+// One operand layout and dtype pair, under the three modes: C = op(A) op(B), C = op(A) op(B) +
+// bias, C += op(A) op(B).
 void check_gemm_lowp(int64_t M, int64_t N, int64_t K, DType ta_dtype, DType tb_dtype, bool trans_a,
-                     bool trans_b, bool bias, bool accumulate) {
-  const std::string what = std::string("gemm_lowp ") + dtype_name(ta_dtype) + " x " +
-                           dtype_name(tb_dtype) + " M=" + std::to_string(M) +
-                           " N=" + std::to_string(N) + " K=" + std::to_string(K) +
-                           (trans_a ? " A^T" : "") + (trans_b ? " B^T" : "") +
-                           (bias ? " bias" : "") + (accumulate ? " accumulate" : "");
-  CAPTURE(what);
+                     bool trans_b) {
   const Stored A =
       trans_a ? make_stored(K, M, ta_dtype, 1 + M) : make_stored(M, K, ta_dtype, 1 + M);
   const Stored B =
       trans_b ? make_stored(N, K, tb_dtype, 2 + N) : make_stored(K, N, tb_dtype, 2 + N);
-  std::vector<float> bias_v(static_cast<size_t>(M));
-  for (int64_t m = 0; m < M; ++m) bias_v[m] = 2.0f * philox_uniform01(philox_word(5, 0, m)) - 1.0f;
-  const int64_t ldc = N + 5;
-  // C's start: random values under accumulation, NaN otherwise (it must be ignored); its padding
-  // columns a sentinel that must survive.
-  std::vector<float> c0(static_cast<size_t>(M * ldc), -7.5f);
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t n = 0; n < N; ++n)
-      c0[m * ldc + n] = accumulate ? 2.0f * philox_uniform01(philox_word(6, m, n)) - 1.0f
-                                   : std::numeric_limits<float>::quiet_NaN();
-  const float* bias_p = bias ? bias_v.data() : nullptr;
-
-  std::vector<float> got = c0, got2 = c0, want = c0;
-  cpu::gemm_lowp(trans_a, trans_b, M, N, K, ta_dtype, A.data(), A.ld, tb_dtype, B.data(), B.ld,
-                 bias_p, accumulate, got.data(), ldc);
-  with_threads(1, [&] {
-    cpu::gemm_lowp(trans_a, trans_b, M, N, K, ta_dtype, A.data(), A.ld, tb_dtype, B.data(), B.ld,
-                   bias_p, accumulate, got2.data(), ldc);
-  });
   const PlainA pa{A.wide.data(), A.ld, trans_a};
   const PlainB pb{B.wide.data(), B.ld, trans_b};
-  cpu::packed::gemm<float>(M, N, K, pa, pb, bias_p, accumulate, {want.data(), ldc, N, 0});
-
-  // The strongest check: the same bits as the f32 packed GEMM on the widened operands (padding
-  // included), and at every thread count.
-  CHECK_MESSAGE(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)) == 0,
-                "differs from the f32 packed GEMM on widened operands");
-  CHECK_MESSAGE(std::memcmp(got.data(), got2.data(), got.size() * sizeof(float)) == 0,
-                "differs between the default thread count and one thread");
-
-  // Against float64. Each C element is s = c + sum_k a_k b_k, c the bias, C's old value or 0.
-  // The f32 GEMM computes each depth block's sum as a chain of FMAs from 0 and adds the block sums
-  // to c in order; an FMA rounds a_k b_k + partial once, so every operation is one rounding of an
-  // exact result, and a term (c or a product) passes through at most K + 1 of them: the FMAs left
-  // in its block and one addition per block from its own, and the first block's FMAs plus the
-  // number of blocks is at most K + 1 since every later block holds at least one k. Hence
-  // |computed - s| <= rounding_gamma(K + 1, 2^-24) (|c| + sum_k |a_k b_k|). The float64 value: the
-  // widened operands have at most 24 significant bits, so each product is exact in float64 (48 <=
-  // 53 bits) and its K additions are within rounding_gamma(K + 1, 2^-53) of the same magnitude.
-  // The bound used is the sum of the two, plus the same again in float64 for the rounding of the
-  // bound itself (the values lie in [-1, 1]: no term is near the underflow threshold, where an
-  // absolute term would be needed).
-  int64_t bad = 0;
-  double worst = 0.0;
+  std::vector<float> bias_v(static_cast<size_t>(M));
+  for (int64_t m = 0; m < M; ++m) bias_v[m] = 2.0f * philox_uniform01(philox_word(5, 0, m)) - 1.0f;
+  // The float64 products, summed, and the sums of their magnitudes (see the bound below).
+  std::vector<double> dot(static_cast<size_t>(M * N)), mag_dot(dot.size());
   for (int64_t m = 0; m < M; ++m) {
     for (int64_t n = 0; n < N; ++n) {
-      const double c = accumulate ? c0[m * ldc + n] : bias ? bias_v[m] : 0.0;
-      double s = c, mag = std::fabs(c);
+      double s = 0.0, mag = 0.0;
       for (int64_t k = 0; k < K; ++k) {
         const double t = static_cast<double>(pa.at(m, k)) * pb.at(k, n);
         s += t;
         mag += std::fabs(t);
       }
-      const double tol =
-          (rounding_gamma(K + 1, 0x1p-24) + 2 * rounding_gamma(K + 1, 0x1p-53)) * mag;
-      const double err = std::fabs(static_cast<double>(got[m * ldc + n]) - s);
-      worst = std::max(worst, mag > 0 ? err / mag : err);
-      if (!(err <= tol)) {
-        if (bad < 5) {
-          std::printf("%s: C(%lld, %lld) = %.9g, float64 %.17g, error %.3g > bound %.3g\n",
-                      what.c_str(), static_cast<long long>(m), static_cast<long long>(n),
-                      static_cast<double>(got[m * ldc + n]), s, err, tol);
-        }
-        ++bad;
-      }
+      dot[m * N + n] = s;
+      mag_dot[m * N + n] = mag;
     }
   }
-  CHECK_MESSAGE(bad == 0, bad, " elements outside the float64 bound (worst error / magnitude ",
-                worst, ")");
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t n = N; n < ldc; ++n) REQUIRE(got[m * ldc + n] == -7.5f);
+  const int64_t ldc = N + 5;
+  for (int mode = 0; mode < 3; ++mode) {
+    const bool bias = mode == 1, accumulate = mode == 2;
+    const std::string what = std::string("gemm_lowp ") + dtype_name(ta_dtype) + " x " +
+                             dtype_name(tb_dtype) + " M=" + std::to_string(M) +
+                             " N=" + std::to_string(N) + " K=" + std::to_string(K) +
+                             (trans_a ? " A^T" : "") + (trans_b ? " B^T" : "") +
+                             (bias ? " bias" : "") + (accumulate ? " accumulate" : "");
+    CAPTURE(what);
+    // C's start: random values under accumulation, NaN otherwise (it must be ignored); its
+    // padding columns a sentinel that must survive.
+    std::vector<float> c0(static_cast<size_t>(M * ldc), -7.5f);
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t n = 0; n < N; ++n)
+        c0[m * ldc + n] = accumulate ? 2.0f * philox_uniform01(philox_word(6, m, n)) - 1.0f
+                                     : std::numeric_limits<float>::quiet_NaN();
+    const float* bias_p = bias ? bias_v.data() : nullptr;
+
+    std::vector<float> got = c0, got2 = c0, want = c0;
+    cpu::gemm_lowp(trans_a, trans_b, M, N, K, ta_dtype, A.data(), A.ld, tb_dtype, B.data(), B.ld,
+                   bias_p, accumulate, got.data(), ldc);
+    with_threads(1, [&] {
+      cpu::gemm_lowp(trans_a, trans_b, M, N, K, ta_dtype, A.data(), A.ld, tb_dtype, B.data(), B.ld,
+                     bias_p, accumulate, got2.data(), ldc);
+    });
+    cpu::packed::gemm<float>(M, N, K, pa, pb, bias_p, accumulate, {want.data(), ldc, N, 0});
+
+    // The strongest check: the same bits as the f32 packed GEMM on the widened operands (padding
+    // included), and at every thread count.
+    CHECK_MESSAGE(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)) == 0,
+                  "differs from the f32 packed GEMM on widened operands");
+    CHECK_MESSAGE(std::memcmp(got.data(), got2.data(), got.size() * sizeof(float)) == 0,
+                  "differs between the default thread count and one thread");
+
+    // Against float64. Each C element is s = c + sum_k a_k b_k, c the bias, C's old value or 0.
+    // The f32 GEMM computes each depth block's sum as a chain of FMAs from 0 and adds the block
+    // sums to c in order; an FMA rounds a_k b_k + partial once, so every operation is one rounding
+    // of an exact result, and a term (c or a product) passes through at most K + 1 of them: the
+    // FMAs left in its block and one addition per block from its own, and the first block's FMAs
+    // plus the number of blocks is at most K + 1 since every later block holds at least one k.
+    // Hence |computed - s| <= rounding_gamma(K + 1, 2^-24) (|c| + sum_k |a_k b_k|). The float64
+    // value: the widened operands have at most 24 significant bits, so each product is exact in
+    // float64 (48 <= 53 bits) and its K + 1 additions are within rounding_gamma(K + 1, 2^-53) of
+    // the same magnitude. The bound used is the sum of the two, plus the same again in float64 for
+    // the rounding of the bound itself (the values lie in [-1, 1]: no term is near the underflow
+    // threshold, where an absolute term would be needed).
+    const double rel = rounding_gamma(K + 1, 0x1p-24) + 2 * rounding_gamma(K + 1, 0x1p-53);
+    int64_t bad = 0;
+    double worst = 0.0;
+    for (int64_t m = 0; m < M; ++m) {
+      for (int64_t n = 0; n < N; ++n) {
+        const double c = accumulate ? c0[m * ldc + n] : bias ? bias_v[m] : 0.0;
+        const double s = c + dot[m * N + n], mag = std::fabs(c) + mag_dot[m * N + n];
+        const double err = std::fabs(static_cast<double>(got[m * ldc + n]) - s);
+        worst = std::max(worst, mag > 0 ? err / mag : err);
+        if (!(err <= rel * mag)) {
+          if (bad < 5) {
+            std::printf("%s: C(%lld, %lld) = %.9g, float64 %.17g, error %.3g > bound %.3g\n",
+                        what.c_str(), static_cast<long long>(m), static_cast<long long>(n),
+                        static_cast<double>(got[m * ldc + n]), s, err, rel * mag);
+          }
+          ++bad;
+        }
+      }
+    }
+    CHECK_MESSAGE(bad == 0, bad, " elements outside the float64 bound (worst error / magnitude ",
+                  worst, ")");
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t n = N; n < ldc; ++n) REQUIRE(got[m * ldc + n] == -7.5f);
+  }
 }
 
 }  // namespace
 
 TEST_CASE("gemm_lowp: bf16 and f16 operands equal the f32 packed GEMM on widened operands") {
   const int64_t shapes[][3] = {
-      {1, 1, 1},      {17, 33, 65}, {128, 257, 300},  // the brief's shapes; K = 300: two blocks
+      {1, 1, 1},      {17, 33, 65}, {128, 257, 300},  // edge tiles; K = 300: two depth blocks
       {300, 40, 20},  {5, 3, 700},  {9, 49, 256},     // rows split; three blocks; one full block
       {3, 4000, 257}, {8, 48, 0},                     // a column block past kNC; K = 0
   };
@@ -440,9 +453,7 @@ TEST_CASE("gemm_lowp: bf16 and f16 operands equal the f32 packed GEMM on widened
                             {DType::f16, DType::bf16},  {DType::f32, DType::f32}};
   for (const auto& s : shapes)
     for (const auto& p : pairs)
-      for (int t = 0; t < 4; ++t)
-        for (int mode = 0; mode < 3; ++mode)
-          check_gemm_lowp(s[0], s[1], s[2], p[0], p[1], t & 1, t & 2, mode == 1, mode == 2);
+      for (int t = 0; t < 4; ++t) check_gemm_lowp(s[0], s[1], s[2], p[0], p[1], t & 1, t & 2);
 }
 
 TEST_CASE(
