@@ -1,0 +1,30 @@
+// A GEMM whose operands may be stored in 16 bits (bf16 or f16; core/half.h) and whose result and
+// accumulation are f32, as under PyTorch's autocast: C (M, N) = op(A) op(B) [+ bias], or
+// C += op(A) op(B). The operands are widened to f32 while they are packed
+// (kernels/cpu/widening_sources.h), so the multiply is the f32 packed GEMM of
+// kernels/cpu/packed_gemm.h and C is, bit for bit, what that GEMM gives on the widened operands;
+// it is also independent of the thread count and the same in AVX2 and AVX-512 builds, as there.
+// Tests: tests/test_lowp_kernels.cpp (bitwise against the f32 packed GEMM on widened operands, and
+// against a float64 product within a rounding-error bound).
+#pragma once
+
+#include <cstdint>
+
+#include "regen/core/types.h"
+
+namespace regen::cpu {
+
+// Shapes and strides as cpu::gemm's (kernels/kernels.h), with alpha = 1:
+//   A: (M, K) with rows lda apart, or, when trans_a, stored (K, M) with rows lda apart;
+//   B: (K, N) with rows ldb apart, or, when trans_b, stored (N, K) with rows ldb apart;
+//   C: (M, N) f32, rows ldc apart.
+// a_dtype and b_dtype are each f32, bf16 or f16 (A and B point at elements of that type).
+// Without accumulate, C = op(A) op(B) + bias[m] (bias, of M floats, per row of C, or null for
+// none), and C's prior contents are ignored; with accumulate, C += op(A) op(B) and bias is not
+// used (as the packed GEMM's). Sums are f32 over k in order, per depth block of the packed GEMM.
+// In a dry run (core/dry_run.h) the packing workspace is requested and nothing is computed.
+void gemm_lowp(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, DType a_dtype,
+               const void* A, int64_t lda, DType b_dtype, const void* B, int64_t ldb,
+               const float* bias, bool accumulate, float* C, int64_t ldc);
+
+}  // namespace regen::cpu
