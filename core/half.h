@@ -77,30 +77,27 @@ REGEN_HD float from_fp16(uint16_t h) {
 
 }  // namespace half
 
-// The element types of bf16 and f16 tensors: 16 bits of storage, converted to and from f32 as
-// above. Arithmetic is done in f32 (a conversion to float, then back), never in 16 bits.
-struct bfloat16 {
+// The element types of bf16 and f16 tensors: 16 bits of storage in format F, converted to and
+// from f32 as above. Arithmetic is done in f32 (a conversion to float, then back), never in 16
+// bits. Two formats, two distinct types (dtype_of tells them apart), one definition.
+enum class HalfFormat : uint8_t { bf16, fp16 };
+template <HalfFormat F>
+struct Half16 {
   uint16_t bits;  // uninitialized by default, as a float is
-  bfloat16() = default;
-  REGEN_HD explicit bfloat16(float f) : bits(half::to_bf16(f)) {}
-  REGEN_HD operator float() const { return half::from_bf16(bits); }
-  static REGEN_HD bfloat16 from_bits(uint16_t b) {
-    bfloat16 h;
+  Half16() = default;
+  REGEN_HD explicit Half16(float f)
+      : bits(F == HalfFormat::bf16 ? half::to_bf16(f) : half::to_fp16(f)) {}
+  REGEN_HD operator float() const {
+    return F == HalfFormat::bf16 ? half::from_bf16(bits) : half::from_fp16(bits);
+  }
+  static REGEN_HD Half16 from_bits(uint16_t b) {
+    Half16 h;
     h.bits = b;
     return h;
   }
 };
-struct float16 {
-  uint16_t bits;
-  float16() = default;
-  REGEN_HD explicit float16(float f) : bits(half::to_fp16(f)) {}
-  REGEN_HD operator float() const { return half::from_fp16(bits); }
-  static REGEN_HD float16 from_bits(uint16_t b) {
-    float16 h;
-    h.bits = b;
-    return h;
-  }
-};
+using bfloat16 = Half16<HalfFormat::bf16>;
+using float16 = Half16<HalfFormat::fp16>;
 static_assert(sizeof(bfloat16) == 2 && sizeof(float16) == 2, "16-bit element types");
 
 }  // namespace regen
