@@ -381,6 +381,16 @@ void DataParallel::end_optimizer() {
   for (Bucket& b : buckets_) comm_.wait(b.gather);
 }
 
+double DataParallel::reduce_squared_norm(double local) {
+  // Every rank holds every reduced gradient: its own sum is the global one.
+  if (options_.shard == ShardMode::none || comm_.size() == 1) return local;
+  // Each holds a shard (the optimizer's pieces): the ranks' sums added in rank order, the same
+  // number on every rank.
+  double sum = 0;
+  for (double v : world().all_gather(local)) sum += v;
+  return sum;
+}
+
 double DataParallel::reduce_loss(double loss) {
   const bool was_dry = dry();
   in_step_ = false;

@@ -98,6 +98,7 @@ class DataParallel final : public GradientSync, private TapeHooks {
   void end_backward() override;
   void end_optimizer() override;
   double reduce_loss(double loss) override;
+  double reduce_squared_norm(double local) override;
 
   const DataParallelOptions& options() const { return options_; }
   Communicator& communicator() const { return comm_; }

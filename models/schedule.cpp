@@ -90,6 +90,10 @@ double host_sum(const Tensor& t) {
 }  // namespace
 
 double gradient_norm(const std::vector<Tensor>& params) {
+  return std::sqrt(gradient_sum_squares(params));
+}
+
+double gradient_sum_squares(const std::vector<Tensor>& params) {
   // The gradients by device and dtype; one block of per-tensor sums for each group.
   std::map<std::pair<std::string, int>, std::vector<Tensor>> groups;
   for (const Tensor& p : params) {
@@ -113,7 +117,15 @@ double gradient_norm(const std::vector<Tensor>& params) {
     if (dry_run_active()) continue;  // shapes only (a dry run): the block taken, no values to read
     total += first.dtype() == DType::f64 ? host_sum<double>(sums) : host_sum<float>(sums);
   }
-  return std::sqrt(total);
+  return total;
+}
+
+void scale_gradients(const std::vector<Tensor>& params, double coef) {
+  for (const Tensor& p : params) {
+    const Tensor g = p.grad();
+    if (g.defined() && g.numel() > 0)
+      REGEN_FLOATING(g.dtype(), "gradient clipping", scale_launch, g, coef);
+  }
 }
 
 double clip_gradient_norm(const std::vector<Tensor>& params, double max_norm) {
@@ -121,13 +133,7 @@ double clip_gradient_norm(const std::vector<Tensor>& params, double max_norm) {
               max_norm, " must be a finite number > 0");
   const double norm = gradient_norm(params);
   const double coef = max_norm / (norm + 1e-6);
-  if (coef < 1.0) {
-    for (const Tensor& p : params) {
-      const Tensor g = p.grad();
-      if (g.defined() && g.numel() > 0)
-        REGEN_FLOATING(g.dtype(), "gradient clipping", scale_launch, g, coef);
-    }
-  }
+  if (coef < 1.0) scale_gradients(params, coef);
   return norm;
 }
 

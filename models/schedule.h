@@ -50,6 +50,11 @@ LrSchedule::Kind parse_schedule_kind(const std::string& text);
 // with per-tensor sums of squares in double (kernels' sum_squares) taken from the allocator in one
 // block (category workspace, tag "grad_norm"). 0 when no parameter has a gradient.
 double gradient_norm(const std::vector<Tensor>& params);
+// The sum of the squares of the gradients' values (gradient_norm's square, before the root), and
+// every gradient scaled by `coef`: the two halves of clipping, for a caller that reduces the sum
+// across ranks in between (Trainer under ZeRO).
+double gradient_sum_squares(const std::vector<Tensor>& params);
+void scale_gradients(const std::vector<Tensor>& params, double coef);
 // torch.nn.utils.clip_grad_norm_(params, max_norm): scales every gradient by
 // max_norm / (norm + 1e-6) when that is below 1; returns the norm before clipping.
 double clip_gradient_norm(const std::vector<Tensor>& params, double max_norm);

@@ -91,10 +91,15 @@ StepResult Trainer::step(StepObserver* observer) {
   auto update = [&] {
     if (sync_) sync_->end_backward();
     if (observer) observer->on_optimizer_begin(alloc);
-    if (clip_ > 0) {
-      r.grad_norm = clip_gradient_norm(optimizer_.params(), clip_);
-    } else if (track_norm_) {
-      r.grad_norm = gradient_norm(optimizer_.params());
+    if (clip_ > 0 || track_norm_) {
+      // clip_grad_norm_'s arithmetic, with the sum of squares reduced across the ranks when each
+      // holds a shard of the gradients (ZeRO): the global norm on every rank.
+      const std::vector<Tensor>& params = optimizer_.params();
+      double squares = gradient_sum_squares(params);
+      if (sync_ && !dry_run_active()) squares = sync_->reduce_squared_norm(squares);
+      r.grad_norm = std::sqrt(squares);
+      const double coef = clip_ > 0 ? clip_ / (r.grad_norm + 1e-6) : 1.0;
+      if (coef < 1.0) scale_gradients(params, coef);
     }
     optimizer_.step();
     if (sync_) sync_->end_optimizer();

@@ -47,6 +47,10 @@ class GradientSync {
   virtual void end_optimizer() = 0;
   // The step's loss as reported: the mean over the ranks of each rank's loss.
   virtual double reduce_loss(double loss) = 0;
+  // The squared global gradient norm from this rank's sum of squares over optimizer_parameters()'s
+  // gradients: itself when every rank holds every gradient, the sum over the ranks when each holds
+  // a shard of them (ZeRO), the same number on every rank. Clipping and the logged norm use it.
+  virtual double reduce_squared_norm(double local) { return local; }
 };
 
 // Observers of a step's phases (the profiler is one).

@@ -276,10 +276,6 @@ std::unique_ptr<Session> make_session(const SessionOptions& options, Preflight p
                 " under mpirun: gradient accumulation is not supported with data parallelism yet "
                 "(each micro-batch's backward would reduce its gradients); a larger batch per rank "
                 "or more ranks give the same global batch");
-    REGEN_CHECK(options.shard == "none" || (options.clip_grad_norm == 0 && !options.grad_norm),
-                option_setting("shard", options.shard, options.style),
-                " with gradient clipping or the gradient norm: under ZeRO a rank holds a shard of "
-                "the gradients, and the global norm across ranks is not computed yet; shard none");
   }
   // The data before the model: a wrong file fails before a large model is built.
   std::unique_ptr<DataSource> data =
