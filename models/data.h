@@ -21,8 +21,8 @@ class DataSource {
   virtual std::string describe() const = 0;
   // Where the source is in its stream, as text ("" for a source that keeps no position), and
   // setting it back: a run resumed from a checkpoint draws the batches the stopped run would have
-  // drawn next (session/checkpoint.h save_training_state). set_position throws regen::Error for text it
-  // did not write; the default takes only "".
+  // drawn next (session/checkpoint.h save_training_state). set_position throws regen::Error for
+  // text it did not write; the default takes only "".
   virtual std::string position() const { return ""; }
   virtual void set_position(const std::string& position);
   // Passes over the next `samples` samples of the stream without making them, exactly as if

@@ -7,8 +7,8 @@
 #include <ctime>
 
 #include "regen/core/io.h"
-#include "regen/session/session.h"
 #include "regen/remat/transfer.h"
+#include "regen/session/session.h"
 #include "tools/command.h"
 #include "tools/common.h"
 
