@@ -11,6 +11,19 @@
 
 #include "regen/autograd/tape.h"
 
+// The op list's entries for the ops this header declares, in OpKind order (autograd/op_list.h
+// makes the OpKind enum from them and the unary list): a new op's entry and its function are added
+// in this one file. Only autograd/op_list.h expands it; the rest of the library sees OpKind as an
+// opaque enum.
+// clang-format off
+#define REGEN_DECLARED_OPS(X) \
+  X(linear) X(matmul) X(bmm) X(conv2d) X(batchnorm2d) X(add) X(mul) \
+  X(scale) X(max_pool2d) X(avg_pool2d) X(global_avg_pool) X(reshape) X(transpose) \
+  X(permute) X(embedding) X(layernorm) X(softmax) X(attention) X(dropout) X(cross_entropy) \
+  X(sum) X(mean) X(linear_cross_entropy) X(concat) X(split) X(narrow) X(upsample2x) \
+  X(conv_transpose2d)
+// clang-format on
+
 namespace regen {
 
 // ---- Attribute records (trivially copyable; stored in Node::attrs) --------------------------

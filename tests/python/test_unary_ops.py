@@ -1,6 +1,7 @@
 # The unary element-wise ops from Python: regen.ops binds every entry of regen's unary op list
 # (kernels/unary_ops.h, listed by regen.ops.unary_names()), and gelu_tanh's float32 value and
-# gradient match the tanh-approximation GELU computed by numpy in float64.
+# gradient match the tanh-approximation GELU computed by numpy in float64. Every op registered from
+# its own file (regen.ops.function_names()) is in regen.ops too.
 import numpy as np
 import pytest
 
@@ -88,3 +89,13 @@ def test_gelu_tanh_is_not_the_exact_gelu():
 def test_the_existing_bindings_keep_their_name_and_argument(name):
     x = np.array([-1.5, 0.0, 2.0])
     assert getattr(ops, name)(x=regen.tensor(x)).shape == (3,)
+
+
+def test_every_registered_function_is_in_regen_ops():
+    # The ops bound from their own files' registration (REGEN_REGISTER_FUNCTION), beside the lists.
+    names = ops.function_names()
+    assert len(names) == len(set(names))
+    for name in names:
+        op = getattr(ops, name, None)
+        assert callable(op), f"regen.ops has no '{name}', a registered function"
+        assert op.__doc__
