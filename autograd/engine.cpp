@@ -49,6 +49,7 @@ Tensor BackwardContext::read_saved(bool output, int index) const {
               "what forward saved)");
   const Value& val = tape_.value(v);
   tape_.ensure_resident(tape_.value(val.root).saved);
+  for (TapeHooks* h : tape_.hooks_) h->on_saved_read(tape_, node_.index, v);
   return tape_.value_tensor(v);
 }
 

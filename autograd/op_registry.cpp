@@ -7,6 +7,7 @@
 #include <cstring>
 #include <string>
 
+#include "regen/autograd/functions.h"
 #include "regen/kernels/kernels.h"
 
 namespace regen {
@@ -51,6 +52,32 @@ OpKind op_kind_by_name(const std::string& name) {
     if (name == kOpNames[i]) return static_cast<OpKind>(i);
   }
   return kNoOpKind;
+}
+
+// ---- Functions bound into Python (autograd/functions.h)
+// ------------------------------------------
+
+namespace {
+std::vector<OpFunction>& function_registry() {
+  static std::vector<OpFunction> functions;
+  return functions;
+}
+}  // namespace
+
+bool register_function(const OpFunction& f) {
+  function_registry().push_back(f);
+  return true;
+}
+
+const std::vector<OpFunction>& registered_functions() {
+  const std::vector<OpFunction>& fs = function_registry();
+  for (size_t i = 0; i < fs.size(); ++i) {
+    for (size_t j = 0; j < i; ++j) {
+      REGEN_CHECK(std::strcmp(fs[i].name, fs[j].name) != 0, "function ", fs[i].name,
+                  " is registered twice (REGEN_REGISTER_FUNCTION)");
+    }
+  }
+  return fs;
 }
 
 const char* saved_state_name(SavedState s) {

@@ -11,6 +11,19 @@
 
 #include "regen/autograd/tape.h"
 
+// The op list's entries for the ops this header declares, in OpKind order (autograd/op_list.h
+// makes the OpKind enum from them and the unary list): a new op's entry and its function are added
+// in this one file. Only autograd/op_list.h expands it; the rest of the library sees OpKind as an
+// opaque enum.
+// clang-format off
+#define REGEN_DECLARED_OPS(X) \
+  X(linear) X(matmul) X(bmm) X(conv2d) X(batchnorm2d) X(add) X(mul) \
+  X(scale) X(max_pool2d) X(avg_pool2d) X(global_avg_pool) X(reshape) X(transpose) \
+  X(permute) X(embedding) X(layernorm) X(softmax) X(attention) X(dropout) X(cross_entropy) \
+  X(sum) X(mean) X(linear_cross_entropy) X(concat) X(split) X(narrow) X(upsample2x) \
+  X(conv_transpose2d) X(rmsnorm)
+// clang-format on
+
 namespace regen {
 
 // ---- Attribute records (trivially copyable; stored in Node::attrs) --------------------------
@@ -161,6 +174,9 @@ Tensor conv_transpose2d(const Tensor& x, const Tensor& weight, const Tensor& bia
 Tensor embedding(const Tensor& ids, const Tensor& weight);
 // Over the last dimension; gamma, beta: (D). Saves x, gamma and the row mean and 1/std (hidden).
 Tensor layernorm(const Tensor& x, const Tensor& gamma, const Tensor& beta, double eps = 1e-5);
+// Over the last dimension: x * rstd * weight, rstd = 1/sqrt(mean(x^2) + eps) per row (RMSNorm);
+// weight: (D). Saves x, weight and the row rstd (hidden). Python: regen.ops.rmsnorm.
+Tensor rmsnorm(const Tensor& x, const Tensor& weight, double eps = 1e-6);
 // Over the last dimension. Saves its output.
 Tensor softmax(const Tensor& x);
 

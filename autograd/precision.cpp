@@ -42,6 +42,7 @@ const std::vector<NamedRule>& rules() {
       {"batchnorm2d",
        {kFollow, false, true, "16 bits in and out; batch statistics and running stats in fp32"}},
       {"layernorm", {kFollow, false, true, "16 bits in and out; mean and rstd in fp32"}},
+      {"rmsnorm", {kFollow, false, true, "16 bits in and out; rstd in fp32"}},
       {"add", {kFollow, false, false, "element-wise (fp32 beside 16 bits: fp32)"}},
       {"mul", {kFollow, false, false, "element-wise"}},
       {"scale", {kFollow, false, false, "element-wise"}},

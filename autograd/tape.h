@@ -150,6 +150,10 @@ class TapeHooks {
   virtual void on_backward_start(Tape&) {}
   virtual void on_backward_begin(Tape&, int32_t /*node*/) {}
   virtual void on_backward_end(Tape&, int32_t /*node*/) {}
+  // The backward of `node` read saved value `value` (one of its Node::saved) through
+  // BackwardContext::saved_input / saved_output, after it was made resident. The op table checks
+  // with it that every op's backward reads everything the op saved (tests/test_op_table.cpp).
+  virtual void on_saved_read(Tape&, int32_t /*node*/, int64_t /*value*/) {}
   virtual void on_backward_finish(Tape&) {}
   // An op's inputs may include saved tensors a remat runtime evicted (DTR, remat/dtr.h): the
   // runtime makes them resident again in on_forward_begin, which runs before the op reads them;

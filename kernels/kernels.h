@@ -6,6 +6,11 @@
 //   regen::cpu::<name><T>   kernels/cpu/<op>.cpp, T = float or double; the reference.
 //   regen::cuda::<name>     kernels/cuda/<op>.cu, float; same arguments as the CPU launcher.
 //
+// A launcher declared with REGEN_LAUNCHER (below) is declared once for both devices: its one
+// parameter list, written in T, declares cpu::<name><T> and cuda::<name><T>; kernels/cpu/ defines
+// the template for float and double, kernels/cuda/ for float. The older launchers below are
+// declared twice (here and in kernels/cuda/cuda_kernels.h).
+//
 // Gradient conventions: launchers that produce gradients write (=) them; the autograd
 // engine accumulates (+=) into parameters.
 #pragma once
@@ -20,6 +25,32 @@
 #include "regen/core/types.h"
 #include "regen/kernels/half.h"
 #include "regen/kernels/shapes.h"
+
+// REGEN_LAUNCHER(name, (parameters written in T)): one declaration of a launcher for the CPU and
+// CUDA, at namespace regen scope: cpu::name<T> (a kernels/cpu/*.cpp defines it and instantiates it
+// for float and double) and, in a CUDA build, cuda::name<T> (a kernels/cuda/*.cu defines it and
+// instantiates it for float). REGEN_LAUNCH calls cuda::name(args...), whose float pointers deduce
+// T, so pass typed pointers (`p.defined() ? p.data<T>() : nullptr`, not a bare nullptr). It stands
+// in this file, or beside the one op that calls the launcher (in its autograd/ops_<op>.cpp); either
+// way a definition that differs from it fails to link, naming the launcher. Shapes go in a comment
+// beside it, as for the launchers below.
+#ifdef REGEN_WITH_CUDA
+#define REGEN_LAUNCHER(name, params) \
+  namespace cpu {                    \
+  template <class T>                 \
+  void name params;                  \
+  }                                  \
+  namespace cuda {                   \
+  template <class T>                 \
+  void name params;                  \
+  }
+#else
+#define REGEN_LAUNCHER(name, params) \
+  namespace cpu {                    \
+  template <class T>                 \
+  void name params;                  \
+  }
+#endif
 
 namespace regen {
 
@@ -387,7 +418,8 @@ class DeviceTimeline {
 #endif
 
 // REGEN_LAUNCH(device, T, name, args...): the one dispatch point. CPU: cpu::name<T>(args...);
-// CUDA: cuda::name(args...) for T = float; anything else is a clear regen::Error.
+// CUDA: cuda::name(args...) for T = float (a REGEN_LAUNCHER template deduces T = float from the
+// arguments); anything else is a clear regen::Error.
 // In a dry run (dry_run_active(); DryRunScope, core/allocator.h) every launcher is skipped except
 // those of the device's kDryRunLaunchers (cpu:: or cuda::, above), whose dry paths request the
 // Workspace blocks a real call requests and return. So the dry run's allocator sees the real

@@ -5,6 +5,8 @@
 // op called from C++ does: every byte backward reads is a SavedTensor the planners see.
 // The unary element-wise ops are bound from their list (REGEN_UNARY_OPS, kernels/unary_ops.h), so
 // an op added to the list is in regen.ops with no edit here; regen.ops.unary_names() lists them.
+// So is every op its own file registers (REGEN_REGISTER_FUNCTION, autograd/functions.h);
+// regen.ops.function_names() lists those.
 // Tests: tests/python/test_models.py, tests/python/test_unary_ops.py.
 #include <memory>
 #include <optional>
@@ -12,6 +14,7 @@
 #include <vector>
 
 #include "python/bindings.h"
+#include "regen/autograd/functions.h"
 #include "regen/autograd/ops.h"
 #include "regen/autograd/ops_unary.h"
 
@@ -66,6 +69,39 @@ std::string unary_doc() {
          "' of regen's unary op list (kernels/unary_ops.h), on float32 or float64 x; its node "
          "saves its " +
          saved + (unary::has_mask<F>::value ? ", or a 1-bit mask of it where packed" : "");
+}
+
+// Binds a registered function: its tensors, then its numbers, positionally or by name; a number
+// left out takes its default.
+void bind_function(pb::module_& ops, const OpFunction& f) {
+  ops.def(
+      f.name,
+      [f](const pb::args& args, const pb::kwargs& kwargs) {
+        const size_t nt = f.tensors.size(), nn = f.numbers.size();
+        REGEN_CHECK(args.size() <= nt + nn, f.name, ": takes ", nt + nn, " arguments, got ",
+                    args.size());
+        std::vector<pb::object> given(nt + nn);
+        for (size_t i = 0; i < args.size(); ++i) given[i] = args[i];
+        for (const auto& kv : kwargs) {
+          const std::string key = kv.first.cast<std::string>();
+          size_t i = 0;
+          while (i < nt + nn && key != (i < nt ? f.tensors[i] : f.numbers[i - nt].first)) ++i;
+          REGEN_CHECK(i < nt + nn, f.name, ": no argument named '", key, "'");
+          REGEN_CHECK(!given[i], f.name, ": argument '", key, "' given twice");
+          given[i] = pb::reinterpret_borrow<pb::object>(kv.second);
+        }
+        std::vector<Tensor> tensors;
+        for (size_t i = 0; i < nt; ++i) {
+          REGEN_CHECK(given[i], f.name, ": missing argument '", f.tensors[i], "'");
+          tensors.push_back(given[i].cast<Tensor>());
+        }
+        std::vector<double> numbers;
+        for (size_t i = 0; i < nn; ++i) {
+          numbers.push_back(given[nt + i] ? given[nt + i].cast<double>() : f.numbers[i].second);
+        }
+        return f.call(tensors, numbers);
+      },
+      f.doc);
 }
 
 }  // namespace
@@ -212,6 +248,16 @@ void bind_ops(pb::module_& m) {
           pb::arg("ignore_index") = -100, "Mean cross-entropy of logits (N, C) against ids (N)");
   ops.def("sum", &sum, pb::arg("x"), "The sum of every element (a scalar)");
   ops.def("mean", &mean, pb::arg("x"), "The mean of every element (a scalar)");
+  // Every op registered from its own file (autograd/functions.h).
+  std::vector<std::string> names;
+  for (const OpFunction& f : registered_functions()) {
+    bind_function(ops, f);
+    names.emplace_back(f.name);
+  }
+  ops.def(
+      "function_names", [names] { return names; },
+      "The ops bound from their own files' registration (REGEN_REGISTER_FUNCTION, regen's "
+      "autograd/functions.h); each is a function of regen.ops");
 }
 
 }  // namespace regen::py

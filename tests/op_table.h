@@ -321,6 +321,28 @@ inline std::vector<OpCase> op_table() {
        {real({3, 6}), real({6}, 0.5, 1.5), real({6})},
        [=](const std::vector<Tensor>& x) { return layernorm(at(x, 0), at(x, 1), at(x, 2)); },
        smooth});
+  // rmsnorm's reference: each row times 1/sqrt(mean of its squares + eps), times weight, in f64.
+  // Rows of 40 (a warp per row on CUDA, a partial block of rows) and of 1100 (a block per row).
+  auto rmsnorm_reference = [](const std::vector<Tensor>& x) {
+    const std::vector<double> v = x[0].to_vector<double>(), w = x[1].to_vector<double>();
+    std::vector<double> y(v.size());
+    for (size_t r = 0; r < v.size() / w.size(); ++r) {
+      double squares = 0;
+      for (size_t j = 0; j < w.size(); ++j) squares += v[r * w.size() + j] * v[r * w.size() + j];
+      const double rstd = 1 / std::sqrt(squares / static_cast<double>(w.size()) + 1e-6);
+      for (size_t j = 0; j < w.size(); ++j) y[r * w.size() + j] = v[r * w.size() + j] * rstd * w[j];
+    }
+    return y;
+  };
+  for (int64_t cols : {40, 1100}) {
+    const int64_t rows = cols == 40 ? 11 : 2;
+    t.push_back({"rmsnorm " + std::to_string(rows) + "x" + std::to_string(cols),
+                 OpKind::rmsnorm,
+                 {real({rows, cols}), real({cols}, 0.5, 1.5)},
+                 [=](const std::vector<Tensor>& x) { return rmsnorm(at(x, 0), at(x, 1), 1e-6); },
+                 smooth});
+    t.back().formula = rmsnorm_reference;
+  }
   t.push_back({"softmax",
                OpKind::softmax,
                {real({3, 7}, -2, 2)},

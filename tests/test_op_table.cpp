@@ -1,8 +1,8 @@
 // The op table (tests/op_table.h) on the CPU: every op kind of the op list has a row, and every row
 // a reference; every row passes the f64 gradcheck; every row's f64 and f32 outputs and gradients
-// agree with its reference (an f64 formula or PyTorch's stored values); every row run dry requests
-// the scratch its real run requests (the same check runs on cuda:0 in
-// tests/cuda/test_cuda_dry_run.cpp).
+// agree with its reference (an f64 formula or PyTorch's stored values); every backward reads every
+// tensor its op saved; every row run dry requests the scratch its real run requests (the same check
+// runs on cuda:0 in tests/cuda/test_cuda_dry_run.cpp).
 #include <doctest/doctest.h>
 
 #include "tests/op_table.h"
@@ -51,6 +51,63 @@ TEST_CASE("op table: the f64 gradcheck of every row") {
     ++checked;
   }
   CHECK(checked >= kNumOpKinds);
+}
+
+namespace {
+// Which saved values each node's backward read (TapeHooks::on_saved_read), against what the node
+// saved (Node::saved).
+struct SavedReads : TapeHooks {
+  struct Ran {
+    Node node;
+    std::vector<int64_t> read;
+    // What saved value v is to the node: "input i" or "output k".
+    std::string name(int64_t v) const {
+      for (size_t i = 0; i < node.inputs.size(); ++i) {
+        if (node.inputs[i] == v) return "input " + std::to_string(i);
+      }
+      for (size_t k = 0; k < node.outputs.size(); ++k) {
+        if (node.outputs[k] == v) return "output " + std::to_string(k);
+      }
+      return "value " + std::to_string(v);
+    }
+  };
+  std::vector<Ran> ran;
+  void on_backward_begin(Tape& tape, int32_t node) override {
+    ran.push_back({tape.node(node), {}});
+  }
+  void on_saved_read(Tape&, int32_t, int64_t value) override { ran.back().read.push_back(value); }
+};
+}  // namespace
+
+// An op saves only what its backward needs (OpDef::saves): a saved tensor its backward never reads
+// holds memory through the whole forward for nothing, and the planner counts it. Every node of
+// every row (the op's own and the helpers a row calls) must read each value it saved.
+TEST_CASE("op table: every backward reads every tensor its op saved") {
+  for (const OpCase& c : op_table()) {
+    if (!c.differentiable) continue;
+    CAPTURE(c.name);
+    std::vector<Tensor> in = op_inputs(c, DType::f64, Device::cpu());
+    for (size_t i = 0; i < in.size(); ++i) {
+      if (c.inputs[i].kind == OpInput::Kind::real && c.inputs[i].grad)
+        in[i].set_requires_grad(true);
+    }
+    SavedReads reads;
+    {
+      HooksScope scope(&reads);
+      Tensor out = c.fn(in);
+      Tape::current().backward(out, ones(out.shape(), DType::f64, Device::cpu()));
+    }
+    bool ran_op = false;
+    for (const SavedReads::Ran& r : reads.ran) {
+      ran_op = ran_op || r.node.kind == c.kind;
+      for (int64_t v : r.node.saved) {
+        CHECK_MESSAGE(std::find(r.read.begin(), r.read.end(), v) != r.read.end(), "op ",
+                      std::string(op_name(r.node.kind)), " saves its ", r.name(v),
+                      " but its backward never reads it: drop it from its OpDef::saves");
+      }
+    }
+    CHECK_MESSAGE(ran_op, "no backward of op ", std::string(op_name(c.kind)), " ran");
+  }
 }
 
 TEST_CASE("op table: f64 and f32 outputs and gradients agree with the reference on the CPU") {

@@ -8,7 +8,8 @@
 // buffer has canary bytes before and after it (inputs and outputs), checked after each run, to
 // catch out-of-bounds writes. Every case runs twice on the GPU and the two runs must agree bit for
 // bit (determinism: the remat feature needs identical gradients with and without recomputation).
-// Tolerances are stated per case and summarized in docs/kernels.md.
+// Tolerances are stated per case and summarized in docs/kernels.md. The host emulation runs the
+// same cases at smaller shapes (REGEN_CUDA_EMU, below).
 //
 // A family whose CPU reference is not in the tree (REGEN_HAVE_CPU_<FAMILY>=0, set by
 // tests/CMakeLists.txt) is compiled out and reported as a failure by "cpu references present".
@@ -58,6 +59,15 @@
 #ifndef REGEN_HAVE_CPU_OPTIM
 #define REGEN_HAVE_CPU_OPTIM 0
 #endif
+
+// The host emulation (scripts/cuda-emu/run.sh ops) compiles this file with REGEN_CUDA_EMU=1
+// (scripts/cuda-emu/emu_ops.cpp): each TEST_CASE then runs its kEmulated branch, the same cases at
+// shapes an emulator finishes in minutes. One list of cases serves the GPU and the emulation: a new
+// family adds its TEST_CASE here, with both sets of shapes, and nothing in scripts/cuda-emu.
+#ifndef REGEN_CUDA_EMU
+#define REGEN_CUDA_EMU 0
+#endif
+constexpr bool kEmulated = REGEN_CUDA_EMU != 0;
 
 namespace {
 
@@ -1394,6 +1404,19 @@ TEST_CASE("cpu references present") {
 
 TEST_CASE("gemm") {
   use_gpu();
+  if (kEmulated) {  // scripts/cuda-emu: shapes an emulator finishes in minutes
+    Rng rng(1);
+    for (bool ta : {false, true}) {
+      for (bool tb : {false, true}) {
+        gemm_case(rng, ta, tb, 1, 1, 1, 1.0f, 0.0f, false);
+        gemm_case(rng, ta, tb, 17, 33, 9, 0.5f, 1.0f, false);
+        gemm_case(rng, ta, tb, 30, 67, 20, 1.0f, -0.5f, false);
+        gemm_batched_case(rng, ta, tb, 5, 33, 17, 40);
+      }
+    }
+    gemm_case(rng, false, false, 0, 5, 3, 1.0f, 0.0f, false);
+    return;
+  }
   Rng rng(1);
   for (bool ta : {false, true}) {
     for (bool tb : {false, true}) {
@@ -1415,6 +1438,26 @@ TEST_CASE("gemm") {
 
 TEST_CASE("elementwise") {
   use_gpu();
+  if (kEmulated) {  // scripts/cuda-emu: shapes an emulator finishes in minutes
+    Rng rng(2);
+    for (int64_t n : {int64_t{1}, int64_t{7}, int64_t{1000}, int64_t{4099}}) {
+      elementwise_cases(rng, n, false);
+      elementwise_cases(rng, n, true);
+    }
+    broadcast_case(rng, 1000, 1000);
+    broadcast_case(rng, 512 * 3, 3);
+    broadcast_case(rng, 4 * 512, 512);
+    broadcast_case(rng, 7 * 130, 130);
+    sum_rows_case(rng, 1, 5);
+    sum_rows_case(rng, 1000, 3);
+    sum_rows_case(rng, 1100, 40);
+    sum_rows_case(rng, 3, 700);
+    permute_case(rng, {2, 3, 4, 5}, {0, 2, 1, 3});
+    permute_case(rng, {2, 8, 3, 2, 16}, {2, 0, 3, 1, 4});
+    permute_case(rng, {2, 3, 1, 4, 5, 3}, {5, 4, 3, 2, 1, 0});
+    permute_case(rng, {7}, {0});
+    return;
+  }
   Rng rng(2);
   for (int64_t n : {int64_t{1}, int64_t{7}, int64_t{1000}, int64_t{(1 << 20) + 3}}) {
     elementwise_cases(rng, n, false);
@@ -1440,6 +1483,37 @@ TEST_CASE("elementwise") {
 #if REGEN_HAVE_CPU_CONV2D
 TEST_CASE("conv2d native") {
   use_gpu();
+  if (kEmulated) {  // scripts/cuda-emu: shapes an emulator finishes in minutes
+    {
+      Rng rng(5);
+      for (const ConvShape& s : remat_resnet_convs())
+        conv_case(rng, s, false, cuda::ConvAlgo::native);
+    }
+    {
+      Rng rng(3);
+      for (const ConvShape& s : odd_convs()) {
+        conv_case(rng, s, false, cuda::ConvAlgo::native);
+        conv_case(rng, s, true, cuda::ConvAlgo::native);
+      }
+      conv_case(rng, make_conv_shape(1, 16, 10, 10, 32, 3, 3, 1, 1, 1, 1), false,
+                cuda::ConvAlgo::native);
+      conv_case(rng, make_conv_shape(1, 16, 10, 10, 32, 3, 3, 2, 2, 1, 1), false,
+                cuda::ConvAlgo::native);
+      conv_case(rng, make_conv_shape(2, 8, 9, 9, 16, 1, 1, 2, 2, 0, 0), true,
+                cuda::ConvAlgo::native);
+      conv_case(rng, make_conv_shape(1, 3, 20, 20, 16, 7, 7, 2, 2, 3, 3), false,
+                cuda::ConvAlgo::native);
+      conv_case(rng, make_conv_shape(1, 64, 4, 4, 16, 3, 3, 1, 1, 1, 1), true,
+                cuda::ConvAlgo::native);  // split-K fwd
+      conv_case(rng, make_conv_shape(2, 4, 16, 16, 8, 3, 3, 1, 1, 1, 1), true,
+                cuda::ConvAlgo::native);  // split-K wgrad
+      conv_case(rng, make_conv_shape(1, 20, 12, 12, 70, 3, 3, 1, 1, 1, 1), false,
+                cuda::ConvAlgo::native);
+      conv_case(rng, make_conv_shape(8, 2, 64, 64, 4, 3, 3, 1, 1, 1, 1), true,
+                cuda::ConvAlgo::native);  // 128 splits
+    }
+    return;
+  }
   Rng rng(3);
   for (const ConvShape& s : odd_convs()) {
     conv_case(rng, s, false, cuda::ConvAlgo::native);
@@ -1461,6 +1535,21 @@ TEST_CASE("conv2d cudnn") {
 #if REGEN_HAVE_CPU_CONV2D
 TEST_CASE("conv_transpose2d native") {
   use_gpu();
+  if (kEmulated) {  // scripts/cuda-emu: shapes an emulator finishes in minutes
+    Rng rng(14);
+    const ConvShape shapes[] = {
+        make_conv_transpose_shape(2, 16, 4, 4, 8, 2, 2, 2, 2, 0, 0, 0, 0),
+        make_conv_transpose_shape(1, 8, 5, 5, 4, 3, 3, 2, 2, 1, 1, 1, 1),
+        make_conv_transpose_shape(1, 3, 7, 5, 5, 3, 3, 1, 1, 1, 1, 0, 0),
+        make_conv_transpose_shape(2, 5, 4, 6, 7, 3, 2, 3, 2, 1, 0, 2, 1),
+        make_conv_transpose_shape(1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0),
+    };
+    for (const ConvShape& s : shapes) {
+      conv_transpose_case(rng, s, false, cuda::ConvAlgo::native);
+      conv_transpose_case(rng, s, true, cuda::ConvAlgo::native);
+    }
+    return;
+  }
   Rng rng(14);
   for (const ConvShape& s : conv_transpose_shapes()) {
     conv_transpose_case(rng, s, false, cuda::ConvAlgo::native);
@@ -1480,6 +1569,16 @@ TEST_CASE("conv_transpose2d cudnn") {
 
 TEST_CASE("slice_copy") {
   use_gpu();
+  if (kEmulated) {  // scripts/cuda-emu: shapes an emulator finishes in minutes
+    Rng rng(16);
+    slice_case(rng, 2, 4, 16, 4, 0, 12, 4, false);  // float4 path
+    slice_case(rng, 2, 4, 16, 4, 0, 12, 8, true);   // x unaligned: scalar path
+    slice_case(rng, 3, 2, 5, 7, 4, 2, 0, false);
+    slice_case(rng, 1, 3001, 1, 3700, 699, 3001, 0, false);
+    slice_case(rng, 100, 1, 3, 4, 3, 2, 1, false);
+    slice_case(rng, 4, 0, 7, 3, 1, 5, 2, false);
+    return;
+  }
   Rng rng(16);
   // concat of NCHW tensors along channels (U-Net skips): aligned rows, the float4 path.
   slice_case(rng, 2, 64, 32 * 32, 64, 0, 128, 64, false);
@@ -1493,6 +1592,15 @@ TEST_CASE("slice_copy") {
 
 TEST_CASE("upsample2x") {
   use_gpu();
+  if (kEmulated) {  // scripts/cuda-emu: shapes an emulator finishes in minutes
+    Rng rng(17);
+    upsample_case(rng, 4, 9, 7);
+    upsample_case(rng, 3, 7, 5);
+    upsample_case(rng, 2, 1, 1);
+    upsample_case(rng, 1, 1, 9);
+    upsample_case(rng, 5, 6, 1);
+    return;
+  }
   Rng rng(17);
   upsample_case(rng, 2 * 64, 32, 32);  // a U-Net decoder level
   upsample_case(rng, 3, 7, 5);
@@ -1504,6 +1612,14 @@ TEST_CASE("upsample2x") {
 #if REGEN_HAVE_CPU_BATCHNORM
 TEST_CASE("batchnorm") {
   use_gpu();
+  if (kEmulated) {  // scripts/cuda-emu: shapes an emulator finishes in minutes
+    Rng rng(5);
+    batchnorm_case(rng, 2, 3, 5, true);
+    batchnorm_case(rng, 1, 7, 1, true);
+    batchnorm_case(rng, 2, 5, 300, true);
+    batchnorm_case(rng, 3, 4, 2000, false);
+    return;
+  }
   Rng rng(5);
   batchnorm_case(rng, 2, 3, 5, true);
   batchnorm_case(rng, 1, 7, 1, true);  // one value per channel: the unbiased variance falls back
@@ -1516,6 +1632,17 @@ TEST_CASE("batchnorm") {
 #if REGEN_HAVE_CPU_POOL
 TEST_CASE("pool") {
   use_gpu();
+  if (kEmulated) {  // scripts/cuda-emu: shapes an emulator finishes in minutes
+    Rng rng(6);
+    pool_case(rng, make_pool_shape(1, 4, 20, 20, 3, 3, 2, 2, 1, 1));
+    pool_case(rng, make_pool_shape(1, 3, 7, 9, 3, 3, 1, 1, 1, 1));
+    pool_case(rng, make_pool_shape(2, 2, 9, 8, 2, 2, 2, 2, 0, 0));
+    pool_case(rng, make_pool_shape(1, 4, 10, 7, 4, 3, 3, 2, 2, 1));
+    global_pool_case(rng, 40, 49);
+    global_pool_case(rng, 5, 1);
+    global_pool_case(rng, 3, 1000);
+    return;
+  }
   Rng rng(6);
   pool_case(rng, make_pool_shape(2, 64, 112, 112, 3, 3, 2, 2, 1, 1));  // ResNet stem max pool
   pool_case(rng, make_pool_shape(1, 3, 7, 9, 3, 3, 1, 1, 1, 1));
@@ -1530,6 +1657,23 @@ TEST_CASE("pool") {
 #if REGEN_HAVE_CPU_EMBEDDING
 TEST_CASE("embedding") {
   use_gpu();
+  if (kEmulated) {  // scripts/cuda-emu: shapes an emulator finishes in minutes
+    Rng rng(7);
+    embedding_case(rng, 300, 50, 70);
+    embedding_case(rng, 7, 5, 3);
+    embedding_case(rng, 100, 3, 130);
+    embedding_case(rng, 700, 1, 33, embedding_ids(rng, {700}));
+    embedding_case(rng, 905, 3, 70, embedding_ids(rng, {300, 600, 5}));
+    embedding_case(rng, 600, 4, 5, embedding_ids(rng, {256, 257, 0, 87}));
+    const std::vector<float> w(5 * 4, 1.0f), dy(3 * 4, 1.0f);
+    const std::vector<int64_t> ids{0, 5, 2};
+    DeviceArray<float> dw(w), ddy(dy), y(12), dweight(20);
+    DeviceArray<int64_t> dids(ids);
+    CHECK_THROWS_AS(cuda::embedding_forward(dw.ptr(), dids.ptr(), y.ptr(), 3, 5, 4), regen::Error);
+    CHECK_THROWS_AS(cuda::embedding_backward(ddy.ptr(), dids.ptr(), dweight.ptr(), 3, 5, 4),
+                    regen::Error);
+    return;
+  }
   Rng rng(7);
   embedding_case(rng, 2 * 128, 30000, 512);
   embedding_case(rng, 7, 5, 3);
@@ -1558,6 +1702,19 @@ TEST_CASE("embedding") {
 #if REGEN_HAVE_CPU_LAYERNORM
 TEST_CASE("layernorm") {
   use_gpu();
+  if (kEmulated) {  // scripts/cuda-emu: shapes an emulator finishes in minutes
+    Rng rng(8);
+    layernorm_case(rng, 5, 7, true, false);
+    layernorm_case(rng, 33, 512, true, false);
+    layernorm_case(rng, 9, 768, true, false);
+    layernorm_case(rng, 3, 2048, true, false);
+    layernorm_case(rng, 17, 512, false, false);
+    layernorm_case(rng, 9, 512, true, true);
+    layernorm_case(rng, 300, 64, true, false);
+    // Enough blocks of partial sums (79) for the column sums' four-at-a-time loop and its tail.
+    layernorm_case(rng, 2500, 64, true, false);
+    return;
+  }
   Rng rng(8);
   layernorm_case(rng, 2 * 128, 512, true, false);  // Transformer d_model 512
   layernorm_case(rng, 2 * 128, 768, true, false);  // bert-base
@@ -1572,6 +1729,14 @@ TEST_CASE("layernorm") {
 #if REGEN_HAVE_CPU_SOFTMAX
 TEST_CASE("softmax") {
   use_gpu();
+  if (kEmulated) {  // scripts/cuda-emu: shapes an emulator finishes in minutes
+    Rng rng(9);
+    softmax_case(rng, 3, 1);
+    softmax_case(rng, 17, 100);
+    softmax_case(rng, 5, 1000);
+    softmax_case(rng, 2, 3000);
+    return;
+  }
   Rng rng(9);
   softmax_case(rng, 3, 1);
   softmax_case(rng, 17, 100);
@@ -1584,6 +1749,24 @@ TEST_CASE("softmax") {
 #if REGEN_HAVE_CPU_CROSS_ENTROPY
 TEST_CASE("cross_entropy") {
   use_gpu();
+  if (kEmulated) {  // scripts/cuda-emu: shapes an emulator finishes in minutes
+    Rng rng(10);
+    cross_entropy_case(rng, 5, 3, 0);
+    cross_entropy_case(rng, 4, 7, 1);
+    cross_entropy_case(rng, 33, 100, 5);
+    cross_entropy_case(rng, 3, 2000, 2);
+    const std::vector<float> logits(2 * 3, 0.5f), dloss{1.0f}, lse(2, 0.0f);
+    const std::vector<int64_t> targets{1, 3};
+    DeviceArray<float> dl(logits), dd(dloss), dlse(lse), loss(1), lse_out(2), dg(6);
+    DeviceArray<int64_t> dt(targets);
+    CHECK_THROWS_AS(
+        cuda::cross_entropy_forward(dl.ptr(), dt.ptr(), loss.ptr(), lse_out.ptr(), 2, 3, -100),
+        regen::Error);
+    CHECK_THROWS_AS(cuda::cross_entropy_backward(dd.ptr(), dl.ptr(), dt.ptr(), dlse.ptr(), dg.ptr(),
+                                                 2, 3, -100),
+                    regen::Error);
+    return;
+  }
   Rng rng(10);
   cross_entropy_case(rng, 2 * 128, 30000, 5);
   cross_entropy_case(rng, 5, 3, 0);
@@ -1604,6 +1787,16 @@ TEST_CASE("cross_entropy") {
 #if REGEN_HAVE_CPU_CROSS_ENTROPY
 TEST_CASE("linear_cross_entropy") {
   use_gpu();
+  if (kEmulated) {  // scripts/cuda-emu: shapes an emulator finishes in minutes
+    Rng rng(13);
+    linear_cross_entropy_case(rng, 5, 3, 0, true);
+    linear_cross_entropy_case(rng, 7, 300, 3, true);
+    linear_cross_entropy_case(rng, 9, 1000, 0, false);
+    linear_cross_entropy_case(rng, 1, 7, 0, true);
+    linear_cross_entropy_case(rng, 4, 7, 1, true);  // every row ignored
+    linear_cross_entropy_errors();
+    return;
+  }
   Rng rng(13);
   // The seed Transformer's automatic chunk (256 rows of 30000 classes) and odd shapes.
   linear_cross_entropy_case(rng, 256, 30000, 5, true);
@@ -1617,6 +1810,17 @@ TEST_CASE("linear_cross_entropy") {
 #if REGEN_HAVE_CPU_ATTENTION
 TEST_CASE("attention") {
   use_gpu();
+  if (kEmulated) {  // scripts/cuda-emu: shapes an emulator finishes in minutes
+    Rng rng(11);
+    attention_case(rng, attn(1, 77, 3, 5, true, 0.0f), true);
+    attention_case(rng, attn(2, 70, 2, 64, false, 0.2f), true);
+    attention_case(rng, attn(2, 128, 1, 64, true, 0.1f), true);
+    attention_case(rng, attn(1, 64, 1, 128, true, 0.0f), false);
+    attention_case(rng, attn(1, 66, 1, 96, false, 0.3f), false);
+    attention_case(rng, attn(3, 1, 2, 16, false, 0.0f), false);
+    attention_case(rng, attn(1, 40, 1, 8, false, 1.0f), false);
+    return;
+  }
   Rng rng(11);
   // Transformer shapes: d_model 512 = 8 heads x 64, seq 128.
   attention_case(rng, attn(2, 128, 8, 64, false, 0.0f), false);
@@ -1635,6 +1839,12 @@ TEST_CASE("attention") {
 #if REGEN_HAVE_CPU_OPTIM
 TEST_CASE("optim") {
   use_gpu();
+  if (kEmulated) {  // scripts/cuda-emu: shapes an emulator finishes in minutes
+    Rng rng(12);
+    optim_cases(rng, 1);
+    optim_cases(rng, 1003);
+    return;
+  }
   Rng rng(12);
   optim_cases(rng, 1);
   optim_cases(rng, 100003);

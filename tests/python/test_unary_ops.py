@@ -1,6 +1,8 @@
 # The unary element-wise ops from Python: regen.ops binds every entry of regen's unary op list
 # (kernels/unary_ops.h, listed by regen.ops.unary_names()), and gelu_tanh's float32 value and
-# gradient match the tanh-approximation GELU computed by numpy in float64.
+# gradient match the tanh-approximation GELU computed by numpy in float64. Every op registered from
+# its own file (regen.ops.function_names()) is in regen.ops too, and rmsnorm, bound that way, matches
+# numpy in float64.
 import numpy as np
 import pytest
 
@@ -88,3 +90,29 @@ def test_gelu_tanh_is_not_the_exact_gelu():
 def test_the_existing_bindings_keep_their_name_and_argument(name):
     x = np.array([-1.5, 0.0, 2.0])
     assert getattr(ops, name)(x=regen.tensor(x)).shape == (3,)
+
+
+def test_every_registered_function_is_in_regen_ops():
+    # The ops bound from their own files' registration (REGEN_REGISTER_FUNCTION), beside the lists.
+    names = ops.function_names()
+    assert len(names) == len(set(names))
+    for name in names:
+        op = getattr(ops, name, None)
+        assert callable(op), f"regen.ops has no '{name}', a registered function"
+        assert op.__doc__
+
+
+def test_rmsnorm_from_its_registration_matches_numpy():
+    # regen.ops.rmsnorm is bound from autograd/ops_rmsnorm.cpp's registration alone.
+    rng = np.random.default_rng(1)
+    xv, wv = rng.standard_normal((4, 9)), rng.uniform(0.5, 1.5, 9)
+    x = regen.tensor(xv, requires_grad=True)
+    w = regen.tensor(wv, requires_grad=True)
+    y = ops.rmsnorm(x, w, eps=1e-3)
+    xhat = xv / np.sqrt((xv**2).mean(-1, keepdims=True) + 1e-3)
+    assert np.allclose(y.numpy(), xhat * wv, rtol=1e-12, atol=1e-12)
+    ops.sum(y).backward()
+    assert np.allclose(w.grad.numpy(), xhat.sum(0), rtol=1e-12, atol=1e-12)
+    assert x.grad.shape == x.shape and np.isfinite(x.grad.numpy()).all()
+    with pytest.raises(Exception, match="no argument named 'epsilon'"):
+        ops.rmsnorm(x, w, epsilon=1e-3)
