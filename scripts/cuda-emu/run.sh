@@ -24,10 +24,10 @@ done
 for f in "$ROOT"/kernels/cuda/*.cu; do python3 "$HERE/transform.py" "$f" "$B/gen/$(basename "$f" .cu).cpp" > /dev/null; done
 srcs=$(ls "$B"/gen/*.cpp "$ROOT"/kernels/cuda/*.cpp "$ROOT"/kernels/cpu/*.cpp "$ROOT"/kernels/dispatch.cpp \
   "$ROOT"/autograd/*.cpp "$ROOT"/core/*.cpp "$ROOT"/models/*.cpp "$ROOT"/dist/*.cpp \
-  "$ROOT"/remat/*.cpp "$ROOT"/remat/planners/*.cpp "$HERE"/emu_runtime.cpp)
+  "$ROOT"/remat/*.cpp "$ROOT"/remat/planners/*.cpp "$ROOT"/session/*.cpp "$HERE"/emu_runtime.cpp)
 # One object per source, named after its folder and file; rebuilt when the source, or any header
 # of the tree (coarse, but a changed inline function reaches every object that uses it), is newer.
-newest_header=$(find "$ROOT"/core "$ROOT"/kernels "$ROOT"/autograd "$ROOT"/models "$ROOT"/dist "$ROOT"/remat \
+newest_header=$(find "$ROOT"/core "$ROOT"/kernels "$ROOT"/autograd "$ROOT"/models "$ROOT"/dist "$ROOT"/remat "$ROOT"/session \
   "$HERE" \( -name '*.h' -o -name '*.cuh' \) -printf '%T@ %p\n' | sort -n | tail -1 | cut -d' ' -f2-)
 export newest_header
 echo "$srcs" | xargs -P "$JOBS" -I{} sh -c '
