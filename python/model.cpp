@@ -543,12 +543,6 @@ class PyModel {
     return log;
   }
 
-  // The examples of an optimizer step, every rank's under mpirun (the log's samples/s, as the
-  // command line's).
-  int64_t examples_per_step() const {
-    return options_.batch * options_.accumulate * dist::world().size();
-  }
-
   // `log`: the log of `log_path` when the caller opened it already (to keep profiling steps).
   std::vector<StepResult> train(int64_t steps, const pb::object& progress,
                                 const std::string& log_path = "",
