@@ -151,6 +151,11 @@ std::map<std::string, std::string> state_identity(const RematPipeline& pipe) {
                          : std::map<std::string, std::string>{{"plan", "no plan"}};
 }
 
+// The steps between progress lines of a run of `steps` steps: every one up to 50, else 20 lines.
+int64_t progress_every(int64_t steps) {
+  return steps <= 50 ? 1 : steps / 20;
+}
+
 // What `regen train` shows of the steps and writes of them: progress lines or a bar, evaluations,
 // the metrics log (profiling steps included: they train), the training state every --save-every
 // steps, and each step's communication under mpirun.
@@ -163,10 +168,8 @@ class ConsoleObserver : public TrainingObserver {
     // Under mpirun a rank's stdout is a terminal of Open MPI's even when the job's output goes
     // to a file: plain lines there.
     if (mode_ == "auto") mode_ = stdout_is_terminal() && !world.distributed() ? "bar" : "plain";
-    every_ = f.steps <= 50 ? 1 : f.steps / 20;
+    every_ = progress_every(f.steps);
   }
-  // The steps between progress lines.
-  int64_t every() const { return every_; }
   const std::vector<dist::SyncStats>& comm_steps() const { return comm_steps_; }
 
   void on_step(const TrainingRun& run, const StepEvent& e) override {
@@ -396,8 +399,13 @@ void run(const TrainFlags& f) {
   if (!f.log.empty() && output_rank()) {
     log = std::make_unique<MetricsLog>(f.log, /*append=*/start > 0);
   }
+  // The library's training loop, through the pipeline (a profile and plan under remat below).
+  RematPipeline pipe(*s->trainer);
+  TrainingRunOptions ro;
+  ro.scan_every = progress_every(f.steps);  // on the CPU, at each progress line
+  TrainingRun training(*s, pipe, ro);
   // Per optimizer step, every rank's under mpirun.
-  const int64_t examples = f.m.batch * f.m.accumulate * dist::world().size();
+  const int64_t examples = training.examples_per_step();
   std::printf(
       "training %s (%lld parameters) on %s, math %s, %d threads: batch %lld, %lld steps, "
       "%s lr %g; data: %s\n",
@@ -445,12 +453,8 @@ void run(const TrainFlags& f) {
 
   // The run's console and metrics log: an observer of the library's training loop.
   ConsoleObserver console(f, log.get(), dp, examples, world);
-  // Remat: a profile (measured now, or loaded) and a plan, run by the pipeline.
-  RematPipeline pipe(*s->trainer);
-  TrainingRunOptions ro;
-  ro.scan_every = console.every();  // on the CPU, at each progress line
-  TrainingRun training(*s, pipe, ro);
   training.observe(console);
+  // Remat: a profile (measured now, or loaded) and a plan, run by the pipeline.
   int64_t done = 0;
   if (remat) {
     REGEN_CHECK(!f.profile_file.empty() || start + std::max(1, f.profile_steps) < f.steps,
