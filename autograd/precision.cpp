@@ -67,6 +67,54 @@ const std::vector<NamedRule>& rules() {
 
 }  // namespace
 
+const char* precision_name(Precision p) {
+  switch (p) {
+    case Precision::fp32:
+      return "fp32";
+    case Precision::tf32:
+      return "tf32";
+    case Precision::bf16:
+      return "bf16";
+    case Precision::fp16:
+      return "fp16";
+  }
+  return "?";
+}
+
+Precision parse_precision(const std::string& name) {
+  for (Precision p : {Precision::fp32, Precision::tf32, Precision::bf16, Precision::fp16}) {
+    if (name == precision_name(p)) return p;
+  }
+  REGEN_FAIL("unknown precision '", name, "' (expected fp32, tf32, bf16 or fp16)");
+}
+
+DType low_dtype(Precision p) {
+  switch (p) {
+    case Precision::bf16:
+      return DType::bf16;
+    case Precision::fp16:
+      return DType::f16;
+    default:
+      return DType::f32;
+  }
+}
+
+namespace {
+thread_local DType tl_autocast = DType::f32;
+}  // namespace
+
+AutocastScope::AutocastScope(DType low) : saved_(tl_autocast) {
+  REGEN_CHECK(low == DType::f32 || is_low_precision(low),
+              "autocast casts to bf16 or f16 (or is off: f32), not ", dtype_name(low));
+  tl_autocast = low;
+}
+AutocastScope::~AutocastScope() {
+  tl_autocast = saved_;
+}
+DType autocast_dtype() {
+  return tl_autocast;
+}
+
 const char* precision_class_name(PrecisionClass c) {
   switch (c) {
     case PrecisionClass::low:
@@ -102,6 +150,7 @@ DType compute_dtype(OpKind kind, DType low, const std::vector<DType>& inputs) {
   if (rule.inputs == PrecisionClass::fp32) return DType::f32;
   if (inputs.empty()) return DType::f32;
   const DType first = inputs.front();
+  if (rule.fp32_statistics) return first;
   const bool agree = std::all_of(inputs.begin(), inputs.end(), [&](DType d) { return d == first; });
   return agree ? first : DType::f32;
 }

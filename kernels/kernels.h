@@ -471,7 +471,48 @@ class DeviceTimeline {
         break;                                                                                \
       default:                                                                                \
         REGEN_FAIL(what, ": expected an f32 or f64 tensor, got ", ::regen::dtype_name(dtype), \
-                   " (bf16 and f16 tensors hold data and convert with to(); "                 \
-                   "no op computes on them yet)");                                            \
+                   " (this op has no 16-bit path yet; docs/precision.md lists those that do)"); \
     }                                                                                         \
   } while (0)
+
+// REGEN_FLOATING_LOWP(dtype, what, fn, args...): as REGEN_FLOATING, and fn<bfloat16>(args...) or
+// fn<float16>(args...) for the 16-bit dtypes (an op with a 16-bit path: its kernels store 16 bits
+// and compute in acc_t<T>, below).
+#define REGEN_FLOATING_LOWP(dtype, what, fn, ...)                                              \
+  do {                                                                                         \
+    switch (dtype) {                                                                           \
+      case ::regen::DType::f32:                                                                \
+        fn<float>(__VA_ARGS__);                                                                \
+        break;                                                                                 \
+      case ::regen::DType::f64:                                                                \
+        fn<double>(__VA_ARGS__);                                                               \
+        break;                                                                                 \
+      case ::regen::DType::bf16:                                                               \
+        fn<::regen::bfloat16>(__VA_ARGS__);                                                    \
+        break;                                                                                 \
+      case ::regen::DType::f16:                                                                \
+        fn<::regen::float16>(__VA_ARGS__);                                                     \
+        break;                                                                                 \
+      default:                                                                                 \
+        REGEN_FAIL(what, ": expected a floating tensor (f32, f64, bf16, f16), got ",           \
+                   ::regen::dtype_name(dtype));                                                \
+    }                                                                                          \
+  } while (0)
+
+namespace regen {
+// acc_t<T>: the type a kernel on elements of type T computes and sums in: float for the 16-bit
+// element types (core/half.h), which are storage only, and T itself otherwise. A 16-bit kernel
+// widens what it reads to acc_t<T>, computes there, and rounds once when it stores.
+template <class T>
+struct accumulate_type {
+  using type = T;
+};
+template <HalfFormat F>
+struct accumulate_type<Half16<F>> {
+  using type = float;
+};
+template <class T>
+using acc_t = typename accumulate_type<T>::type;
+template <class T>
+constexpr bool is_half_v = !std::is_same<acc_t<T>, T>::value;
+}  // namespace regen

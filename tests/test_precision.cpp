@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <set>
+#include <stdexcept>
 #include <string>
 
 #include "regen/autograd/precision.h"
@@ -56,6 +57,11 @@ TEST_CASE("precision: each class gives the dtypes it promises") {
     CHECK(output_dtype(kind("add"), low, {low, DType::f32}) == DType::f32);
     CHECK(output_dtype(kind("add"), low, {DType::bf16, DType::f16}) == DType::f32);
     CHECK(output_dtype(kind("layernorm"), low, {low}) == low);
+    // An op with fp32 statistics computes in its input's dtype and reads its f32 parameters.
+    CHECK(output_dtype(kind("layernorm"), low, {low, DType::f32, DType::f32}) == low);
+    CHECK(output_dtype(kind("batchnorm2d"), low, {low, DType::f32, DType::f32}) == low);
+    CHECK(output_dtype(kind("layernorm"), low, {DType::f32, DType::f32, DType::f32}) ==
+          DType::f32);
     CHECK(precision_rule(kind("layernorm")).fp32_statistics);
     CHECK(precision_rule(kind("batchnorm2d")).fp32_statistics);
     CHECK(!precision_rule(kind("add")).fp32_statistics);
@@ -64,4 +70,39 @@ TEST_CASE("precision: each class gives the dtypes it promises") {
   CHECK(regen::testing::error_of([] {
           compute_dtype(kind("linear"), DType::f32, {});
         }).find("bf16 or f16") != std::string::npos);
+}
+
+TEST_CASE("precision: the run's precision by name, its 16-bit dtype, and the autocast scope") {
+  for (const Precision p : {Precision::fp32, Precision::tf32, Precision::bf16, Precision::fp16}) {
+    CHECK(parse_precision(precision_name(p)) == p);
+  }
+  CHECK(low_dtype(Precision::bf16) == DType::bf16);
+  CHECK(low_dtype(Precision::fp16) == DType::f16);
+  CHECK(low_dtype(Precision::fp32) == DType::f32);
+  CHECK(low_dtype(Precision::tf32) == DType::f32);
+  CHECK(is_mixed(Precision::bf16));
+  CHECK(!is_mixed(Precision::tf32));
+  const std::string e = regen::testing::error_of([] { parse_precision("bfloat16"); });
+  CHECK(e.find("'bfloat16'") != std::string::npos);
+  CHECK(e.find("fp32, tf32, bf16 or fp16") != std::string::npos);
+
+  CHECK(autocast_dtype() == DType::f32);
+  {
+    AutocastScope on(DType::bf16);
+    CHECK(autocast_dtype() == DType::bf16);
+    {
+      AutocastScope off(DType::f32);
+      CHECK(autocast_dtype() == DType::f32);
+    }
+    CHECK(autocast_dtype() == DType::bf16);
+  }
+  CHECK(autocast_dtype() == DType::f32);
+  try {
+    AutocastScope on(DType::f16);
+    throw std::runtime_error("leaving");
+  } catch (const std::runtime_error&) {
+  }
+  CHECK(autocast_dtype() == DType::f32);
+  CHECK(regen::testing::error_of([] { AutocastScope s(DType::i64); }).find("bf16 or f16") !=
+        std::string::npos);
 }
