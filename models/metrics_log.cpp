@@ -33,7 +33,7 @@ MetricsLog::MetricsLog(const std::string& path, bool append) : path_(path) {
   if (csv_ && std::ftell(f_) == 0) {
     std::fputs(
         "kind,step,loss,lr,grad_norm,samples_per_s,ms,peak_allocated,peak_reserved,accuracy,"
-        "perplexity\n",
+        "perplexity,loss_scale,skipped\n",
         f_);
     std::fflush(f_);
   }
@@ -45,7 +45,7 @@ MetricsLog::~MetricsLog() {
 
 void MetricsLog::row(const char* kind, int64_t step, double loss, double lr, double grad_norm,
                      double sps, double ms, int64_t peak_allocated, int64_t peak_reserved,
-                     double accuracy, double perplexity) {
+                     double accuracy, double perplexity, double loss_scale, int skipped) {
   const bool c = csv_;
   const std::string v[] = {field(loss, c, true),
                            field(lr, c, lr >= 0),
@@ -53,20 +53,25 @@ void MetricsLog::row(const char* kind, int64_t step, double loss, double lr, dou
                            field(sps, c, sps >= 0),
                            field(ms, c, true),
                            field(accuracy, c, accuracy >= 0),
-                           field(perplexity, c, perplexity >= 0)};
+                           field(perplexity, c, perplexity >= 0),
+                           field(loss_scale, c, loss_scale > 0),
+                           skipped < 0 ? (c ? "" : "null") : std::to_string(skipped)};
   if (c) {
-    std::fprintf(f_, "%s,%lld,%s,%s,%s,%s,%s,%lld,%lld,%s,%s\n", kind, static_cast<long long>(step),
-                 v[0].c_str(), v[1].c_str(), v[2].c_str(), v[3].c_str(), v[4].c_str(),
-                 static_cast<long long>(peak_allocated), static_cast<long long>(peak_reserved),
-                 v[5].c_str(), v[6].c_str());
+    std::fprintf(f_, "%s,%lld,%s,%s,%s,%s,%s,%lld,%lld,%s,%s,%s,%s\n", kind,
+                 static_cast<long long>(step), v[0].c_str(), v[1].c_str(), v[2].c_str(),
+                 v[3].c_str(), v[4].c_str(), static_cast<long long>(peak_allocated),
+                 static_cast<long long>(peak_reserved), v[5].c_str(), v[6].c_str(), v[7].c_str(),
+                 v[8].c_str());
   } else {
     std::fprintf(f_,
                  "{\"kind\": \"%s\", \"step\": %lld, \"loss\": %s, \"lr\": %s, \"grad_norm\": %s, "
                  "\"samples_per_s\": %s, \"ms\": %s, \"peak_allocated\": %lld, "
-                 "\"peak_reserved\": %lld, \"accuracy\": %s, \"perplexity\": %s}\n",
+                 "\"peak_reserved\": %lld, \"accuracy\": %s, \"perplexity\": %s, "
+                 "\"loss_scale\": %s, \"skipped\": %s}\n",
                  kind, static_cast<long long>(step), v[0].c_str(), v[1].c_str(), v[2].c_str(),
                  v[3].c_str(), v[4].c_str(), static_cast<long long>(peak_allocated),
-                 static_cast<long long>(peak_reserved), v[5].c_str(), v[6].c_str());
+                 static_cast<long long>(peak_reserved), v[5].c_str(), v[6].c_str(), v[7].c_str(),
+                 v[8].c_str());
   }
   std::fflush(f_);
   REGEN_CHECK(!std::ferror(f_), "--log ", path_, ": writing failed: ", std::strerror(errno));
@@ -75,13 +80,13 @@ void MetricsLog::row(const char* kind, int64_t step, double loss, double lr, dou
 void MetricsLog::step(int64_t step, const StepResult& r, int64_t examples) {
   const double sps = r.ms > 0 ? 1000.0 * static_cast<double>(examples) / r.ms : -1;
   row("train", step, r.loss, r.lr, r.grad_norm, sps, r.ms, r.memory.allocated.peak,
-      r.memory.reserved.peak, -1, -1);
+      r.memory.reserved.peak, -1, -1, r.loss_scale, r.loss_scale > 0 ? (r.skipped ? 1 : 0) : -1);
 }
 
 void MetricsLog::eval(int64_t step, const EvalResult& r) {
   const double sps = r.ms > 0 ? 1000.0 * static_cast<double>(r.examples) / r.ms : -1;
   row("eval", step, r.loss, -1, -1, sps, r.ms, r.memory.allocated.peak, r.memory.reserved.peak,
-      r.accuracy, r.perplexity);
+      r.accuracy, r.perplexity, 0, -1);
 }
 
 }  // namespace regen

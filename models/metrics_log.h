@@ -4,7 +4,9 @@
 // lines. Columns:
 // kind (train or eval), step (optimizer steps done), loss, lr, grad_norm (empty/null when not
 // computed), samples_per_s, ms, peak_allocated, peak_reserved (bytes, the allocator's peaks over
-// the step or the evaluation), accuracy, perplexity (evaluation rows, as the model reports them).
+// the step or the evaluation), accuracy, perplexity (evaluation rows, as the model reports them),
+// loss_scale and skipped (fp16 training rows: the step's loss scale, and 1 when its gradients
+// overflowed and the optimizer skipped it, else 0; empty/null otherwise).
 // tools/plot.py curves FILE draws them. Tests: tests/test_training.cpp, tests/test_cli.cpp.
 #pragma once
 
@@ -35,7 +37,7 @@ class MetricsLog {
  private:
   void row(const char* kind, int64_t step, double loss, double lr, double grad_norm, double sps,
            double ms, int64_t peak_allocated, int64_t peak_reserved, double accuracy,
-           double perplexity);
+           double perplexity, double loss_scale, int skipped);
   std::string path_;
   bool csv_ = false;
   std::FILE* f_ = nullptr;

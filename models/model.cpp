@@ -228,7 +228,8 @@ const std::vector<std::string>& session_option_keys() {
       "conv",           "math",           "tf32",         "accumulate",   "lr_schedule",
       "warmup_steps",   "schedule_steps", "lr_step_size", "lr_gamma",     "lr_min",
       "clip_grad_norm", "grad_norm",      "eval_every",   "eval_batches", "eval_batch",
-      "eval_split",     "shard",          "bucket_size",  "masks",        "compress"};
+      "eval_split",     "shard",          "bucket_size",  "masks",        "compress",
+      "precision"};
   return keys;
 }
 

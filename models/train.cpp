@@ -67,6 +67,37 @@ void Trainer::set_clip_grad_norm(double max_norm) {
   clip_ = max_norm;
 }
 
+void LossScale::update(bool finite) {
+  if (finite) {
+    if (++good_steps >= kGrowthInterval) {
+      scale *= kGrowth;
+      good_steps = 0;
+    }
+    return;
+  }
+  ++skipped;
+  good_steps = 0;
+  scale *= kBackoff;
+  REGEN_CHECK(scale >= kFloor, "fp16 training: the loss scale fell to ", scale, " after ", skipped,
+              " steps skipped for gradients that overflowed (inf or NaN): they overflow fp16 even "
+              "unscaled, so training cannot go on in fp16 (train in bf16, which has f32's range, "
+              "or lower the learning rate)");
+}
+
+void Trainer::set_precision(Precision p) {
+  REGEN_CHECK(!prepared_, "trainer: the precision is set before the first step");
+  precision_ = p;
+}
+
+void Trainer::set_loss_scale(const LossScale& s) {
+  REGEN_CHECK(std::isfinite(s.scale) && s.scale >= LossScale::kFloor && s.good_steps >= 0 &&
+                  s.good_steps < LossScale::kGrowthInterval && s.skipped >= 0,
+              "trainer: a loss scale of ", s.scale, " with ", s.good_steps, " good steps and ",
+              s.skipped, " skipped is not one a run reaches (a scale >= ", LossScale::kFloor,
+              ", good steps below ", LossScale::kGrowthInterval, ")");
+  loss_scale_ = s;
+}
+
 void Trainer::set_optimizer_steps(int64_t n) {
   REGEN_CHECK(n >= 0, "trainer: optimizer steps ", n, " must be >= 0");
   optimizer_steps_ = n;
@@ -88,20 +119,60 @@ StepResult Trainer::step(StepObserver* observer) {
   r.micro_batches = accumulation_;
   // Under data parallelism: every gradient reduced, then clipping (or the norm alone) and the
   // update inside the optimizer's window, then ZeRO's gathers.
+  const bool scaled = precision_ == Precision::fp16;
+  if (scaled) r.loss_scale = loss_scale_.scale;
+  // The forward pass, under autocast in a mixed precision.
+  auto forward = [&](const Batch& batch) {
+    AutocastScope autocast(low_dtype(precision_));
+    PackedSavesScope packed(packed_saves_.get());
+    return model_.forward_loss(batch.input, batch.target);
+  };
+  // Backward from `loss` times `factor` (1/k for k micro-batches) and, in fp16, the loss scale.
+  auto run_backward = [&](const Tensor& loss, double factor) {
+    const double seed_value = factor * (scaled ? loss_scale_.scale : 1.0);
+    Tensor seed;
+    if (seed_value != 1.0) {
+      CategoryScope cat(Category::gradient);
+      seed = full(loss.shape(), seed_value, loss.dtype(), loss.device());
+    }
+    if (sync_) {
+      const HooksScope hooks(&sync_->backward_hooks());
+      Tape::current().backward(loss, seed);
+    } else {
+      Tape::current().backward(loss, seed);
+    }
+  };
+  // Under data parallelism: every gradient reduced, then clipping (or the norm alone) and the
+  // update inside the optimizer's window, then ZeRO's gathers.
   auto update = [&] {
     if (sync_) sync_->end_backward();
     if (observer) observer->on_optimizer_begin(alloc);
-    if (clip_ > 0 || track_norm_) {
-      // clip_grad_norm_'s arithmetic, with the sum of squares reduced across the ranks when each
-      // holds a shard of the gradients (ZeRO): the global norm on every rank.
-      const std::vector<Tensor>& params = optimizer_.params();
+    const std::vector<Tensor>& params = optimizer_.params();
+    bool finite = true;
+    if (scaled) {
+      // GradScaler's unscale_: the gradients divided by the scale before anything reads them,
+      // then the overflow check over every rank's gradients (the global sum of squares is
+      // finite exactly when every gradient is).
+      scale_gradients(params, 1.0 / loss_scale_.scale);
       double squares = gradient_sum_squares(params);
       if (sync_ && !dry_run_active()) squares = sync_->reduce_squared_norm(squares);
-      r.grad_norm = std::sqrt(squares);
+      finite = std::isfinite(squares) || dry_run_active();
+      if (finite) r.grad_norm = std::sqrt(squares);
+    }
+    if (finite && (clip_ > 0 || track_norm_)) {
+      // clip_grad_norm_'s arithmetic, with the sum of squares reduced across the ranks when each
+      // holds a shard of the gradients (ZeRO): the global norm on every rank.
+      if (!scaled) {
+        double squares = gradient_sum_squares(params);
+        if (sync_ && !dry_run_active()) squares = sync_->reduce_squared_norm(squares);
+        r.grad_norm = std::sqrt(squares);
+      }
       const double coef = clip_ > 0 ? clip_ / (r.grad_norm + 1e-6) : 1.0;
       if (coef < 1.0) scale_gradients(params, coef);
     }
-    optimizer_.step();
+    if (finite) optimizer_.step();
+    if (scaled && !dry_run_active()) loss_scale_.update(finite);
+    r.skipped = !finite;
     if (sync_) sync_->end_optimizer();
     ++optimizer_steps_;
     r.optimizer_step = optimizer_steps_;
@@ -113,18 +184,9 @@ StepResult Trainer::step(StepObserver* observer) {
     model_.check_batch(batch);
     optimizer_.zero_grad();
     if (sync_) sync_->begin_step();
-    Tensor loss;
-    {
-      PackedSavesScope packed(packed_saves_.get());
-      loss = model_.forward_loss(batch.input, batch.target);
-    }
+    Tensor loss = forward(batch);
     r.loss = loss.dtype() == DType::f64 ? loss.item<double>() : loss.item<float>();
-    if (sync_) {
-      const HooksScope hooks(&sync_->backward_hooks());
-      backward(loss);
-    } else {
-      backward(loss);
-    }
+    run_backward(loss, 1.0);
     loss = Tensor();
     update();
     r.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
@@ -143,20 +205,11 @@ StepResult Trainer::step(StepObserver* observer) {
       {
         Batch batch = data_.next(batch_size_, device_);
         model_.check_batch(batch);
-        Tensor loss;
-        {
-          PackedSavesScope packed(packed_saves_.get());
-          loss = model_.forward_loss(batch.input, batch.target);
-        }
+        Tensor loss = forward(batch);
         sum += loss.dtype() == DType::f64 ? loss.item<double>() : loss.item<float>();
         // The gradient of the mean over all micro-batches: backward's seed is 1/k, not 1 (the
         // block backward would take for its seed of ones, taken here).
-        Tensor seed;
-        {
-          CategoryScope cat(Category::gradient);
-          seed = full(loss.shape(), 1.0 / k, loss.dtype(), loss.device());
-        }
-        Tape::current().backward(loss, seed);
+        run_backward(loss, 1.0 / k);
       }
       if (observer) observer->on_micro_batch_end(alloc, i);
     }
@@ -171,7 +224,8 @@ StepResult Trainer::step(StepObserver* observer) {
   return r;
 }
 
-PackedSaves learn_packed_saves(const ModelConfig& config, int64_t batch_size, Device device) {
+PackedSaves learn_packed_saves(const ModelConfig& config, int64_t batch_size, Device device,
+                               Precision precision) {
   Tape& tape = Tape::current();
   REGEN_CHECK(tape.empty(), "learn_packed_saves: the calling thread's tape holds ",
               tape.nodes().size(),
@@ -187,7 +241,11 @@ PackedSaves learn_packed_saves(const ModelConfig& config, int64_t batch_size, De
     model->prepare_inputs(device);
     Batch batch = data->next(batch_size, device);
     model->check_batch(batch);
-    Tensor loss = model->forward_loss(batch.input, batch.target);
+    Tensor loss;
+    {
+      AutocastScope autocast(low_dtype(precision));
+      loss = model->forward_loss(batch.input, batch.target);
+    }
     decisions = decide_packed_saves(tape);
     loss = Tensor();
     tape.clear();

@@ -11,6 +11,7 @@
 #include <memory>
 #include <vector>
 
+#include "regen/autograd/precision.h"
 #include "regen/kernels/half.h"
 #include "regen/models/data.h"
 #include "regen/models/model.h"
@@ -86,6 +87,12 @@ struct StepResult {
   double grad_norm = -1;
   int64_t micro_batches = 1;
   int64_t optimizer_step = 0;
+  // fp16 (Trainer::set_precision): the loss scale the step's backward ran with (0 in any other
+  // precision), and whether its gradients held an inf or a NaN, so that the optimizer skipped it
+  // (the scale was then halved; the schedule's position still moved on, as PyTorch's
+  // GradScaler leaves the scheduler to the loop).
+  double loss_scale = 0;
+  bool skipped = false;
   // A step whose plan keeps tensors or optimizer state on the device's host tier (offload,
   // host_allocator_for): the host tier's statistics over the step and its predicted peaks, which
   // must equal them as well.
@@ -107,6 +114,26 @@ struct StepResult {
 
 // The process's CPU time so far, all threads, in milliseconds (CLOCK_PROCESS_CPUTIME_ID).
 double process_cpu_ms();
+
+// fp16's dynamic loss scale, with torch.cuda.amp.GradScaler's defaults: backward runs from the
+// loss times `scale`, so that small gradients stay above fp16's smallest numbers; the gradients
+// are divided by it before clipping and the update. A step whose gradients hold an inf or a NaN
+// (an overflow) is skipped and halves the scale; kGrowthInterval good steps in a row double it.
+// A scale below kFloor means the gradients overflow fp16 even unscaled: the run ends with an error
+// that says so. bf16 has f32's range and needs no scaling.
+struct LossScale {
+  static constexpr double kInitial = 65536.0;
+  static constexpr double kGrowth = 2.0;
+  static constexpr double kBackoff = 0.5;
+  static constexpr int64_t kGrowthInterval = 2000;
+  static constexpr double kFloor = 1.0;
+  double scale = kInitial;
+  int64_t good_steps = 0;  // steps without an overflow since the scale last changed
+  int64_t skipped = 0;     // steps skipped for an overflow, in this run and those it resumed
+  // After a step whose unscaled gradients were `finite` or not: the scale's next value and the
+  // counts; throws regen::Error when the scale falls below kFloor.
+  void update(bool finite);
+};
 
 class Trainer {
  public:
@@ -155,6 +182,14 @@ class Trainer {
   // its steps record it.
   void set_compression(Compression c) { compression_ = c; }
   Compression compression() const { return compression_; }
+  // The precision the steps train in (autograd/precision.h): under bf16 and fp16 each forward pass
+  // runs under autocast (AutocastScope) and fp16 scales the loss (LossScale); set before the
+  // first step. fp32 (the default) and tf32 change nothing here (tf32 is the CUDA math mode).
+  void set_precision(Precision p);
+  Precision precision() const { return precision_; }
+  // fp16's loss scale now (a resumed run sets back the stopped run's).
+  const LossScale& loss_scale() const { return loss_scale_; }
+  void set_loss_scale(const LossScale& s);
 
  private:
   Model& model_;
@@ -172,6 +207,8 @@ class Trainer {
   GradientSync* sync_ = nullptr;
   std::shared_ptr<const PackedSaves> packed_saves_;
   Compression compression_ = Compression::none;
+  Precision precision_ = Precision::fp32;
+  LossScale loss_scale_;
 };
 
 // The packed-save decisions for the step of `config` at `batch_size` on `device`: its forward pass
@@ -180,7 +217,9 @@ class Trainer {
 // stream counter is put back afterwards, so the steps that follow draw the dropout masks they
 // would draw without it. The calling thread's tape must be empty (nothing recorded and not yet
 // released by backward).
-PackedSaves learn_packed_saves(const ModelConfig& config, int64_t batch_size, Device device);
+// `precision`: the steps' (a mixed precision's forward pass records the casts autocast makes).
+PackedSaves learn_packed_saves(const ModelConfig& config, int64_t batch_size, Device device,
+                               Precision precision = Precision::fp32);
 
 // The first training step of a configuration, run dry (core/allocator.h, DryRunScope): a model,
 // its optimizer (from `make_optimizer`) and a trainer built inside the scope, one step on a batch

@@ -169,6 +169,8 @@ SessionOptions options_from(const std::string& name, const pb::object& batch,
       o.compress = str_value(key, v);
     } else if (key == "math") {
       o.math = str_value(key, v);
+    } else if (key == "precision") {
+      o.precision = str_value(key, v);
     } else if (key == "shard") {
       o.shard = str_value(key, v);
     } else if (key == "bucket_size") {
@@ -751,7 +753,9 @@ A registered model (regen.models()) with its optimizer, data and trainer: the li
 ``regen train`` builds it: ``Model("resnet-tiny", batch=4, device="cpu", lr=0.05)``. Options (None:
 the preset's or the session's default): the session's optimizer ('sgd' or 'adamw'), lr, momentum,
 weight_decay, seed, threads (at most 1024; 0: OpenMP's), data ('', or one of the model's data kinds:
-regen.model_input(name)), conv, math ('fp32' or 'tf32'), tf32, masks (packed saves, default True),
+regen.model_input(name)), conv, math ('fp32' or 'tf32'), tf32, precision ('fp32', 'tf32', 'bf16' or
+'fp16': bf16 and fp16 train as PyTorch's autocast, fp16 with a dynamic loss scale), masks (packed
+saves, default True),
 compress ('none', 'bf16' or 'fp16': lossy, steps under a plan hold retained activations narrow);
 the training loop's accumulate (micro-batches per step), lr_schedule, warmup_steps, schedule_steps,
 lr_step_size, lr_gamma, lr_min, clip_grad_norm, grad_norm, eval_every, eval_batches, eval_batch,

@@ -163,6 +163,7 @@ std::map<std::string, std::string> trajectory_options(const SessionOptions& o) {
     r["lr_gamma"] = number_text(o.lr_gamma);
   }
   r["clip_grad_norm"] = number_text(o.clip_grad_norm);
+  r["precision"] = precision_name(resolve_precision(o, resolve_device(o.device, o.style)));
   const ModelConfig c = o.model_config();
   // What a text file's training part is; other data hold out examples of their own, and their
   // training examples do not depend on it.
@@ -212,6 +213,11 @@ void save_training_state(const Session& s, const std::string& path,
     if (opt.sizes_parameters || opt.recorded) meta[opt.key] = option_value_text(opt, opt.get(c));
   }
   for (const auto& [key, value] : trajectory_options(s.options)) meta["train." + key] = value;
+  if (t.precision() == Precision::fp16) {  // the loss scale goes on where it stopped
+    meta["loss_scale"] = number_text(t.loss_scale().scale);
+    meta["loss_scale_good_steps"] = std::to_string(t.loss_scale().good_steps);
+    meta["loss_scale_skipped"] = std::to_string(t.loss_scale().skipped);
+  }
   NamedTensors tensors = s.model->state_dict();
   for (const auto& [name, st] : s.optimizer->named_state())
     tensors.emplace_back(kOptimizerPrefix + name, st);
@@ -257,7 +263,10 @@ std::map<std::string, std::string> resume_training_state(Session& s, const std::
     const std::string& key = entry.first;  // a plain reference: lambdas below capture it
     const std::string& now = entry.second;
     const auto it = meta.find("train." + key);
-    const std::string then = it == meta.end() ? "(not recorded)" : it->second;
+    // States saved before the precision was recorded trained in fp32.
+    const std::string then = it != meta.end()       ? it->second
+                             : key == "precision" ? "fp32"
+                                                  : "(not recorded)";
     if (then == now) continue;
     const bool text = key == "optimizer" || key == "data" || key == "lr_schedule";
     const auto setting = [&](const std::string& v) {
@@ -302,6 +311,22 @@ std::map<std::string, std::string> resume_training_state(Session& s, const std::
     REGEN_FAIL(what, " ", path, ": ", e.message());
   }
   s.trainer->set_optimizer_steps(static_cast<int64_t>(steps));
+  if (s.trainer->precision() == Precision::fp16) {
+    LossScale scale;
+    const auto text = meta.find("loss_scale");
+    REGEN_CHECK(text != meta.end(), what, " ", path, ": an fp16 state without its loss scale");
+    char* end = nullptr;
+    scale.scale = std::strtod(text->second.c_str(), &end);
+    REGEN_CHECK(end && *end == '\0' && !text->second.empty(), what, " ", path, ": loss_scale '",
+                text->second, "' is not a number");
+    scale.good_steps = static_cast<int64_t>(number("loss_scale_good_steps"));
+    scale.skipped = static_cast<int64_t>(number("loss_scale_skipped"));
+    try {
+      s.trainer->set_loss_scale(scale);
+    } catch (const Error& e) {
+      REGEN_FAIL(what, " ", path, ": ", e.message());
+    }
+  }
   const auto pos = meta.find("data_position");
   s.data->set_position(pos == meta.end() ? "" : pos->second);
   set_rng_state(seed, rng_stream);

@@ -65,6 +65,26 @@ void check_math(const std::string& math, bool tf32, OptionStyle style) {
               ": give one of them");
 }
 
+// What resolve_precision and validate refuse whatever the device: a precision beside a math mode
+// that says otherwise.
+void check_precision(const SessionOptions& o) {
+  if (o.precision.empty()) return;
+  check_one_of(o, "precision", o.precision, {"fp32", "tf32", "bf16", "fp16"});
+  if (o.math.empty() && !o.tf32) return;
+  const std::string math = !o.math.empty() ? o.math : "tf32";
+  if (math == o.precision) return;
+  const bool kw = o.style == OptionStyle::keyword;
+  const std::string given = !o.math.empty()
+                                ? option_setting("math", kw ? "'" + o.math + "'" : o.math, o.style)
+                                : (kw ? "tf32=True" : "--tf32");
+  const bool mixed = o.precision == "bf16" || o.precision == "fp16";
+  REGEN_FAIL(option_setting("precision", kw ? "'" + o.precision + "'" : o.precision, o.style),
+             " conflicts with ", given,
+             mixed ? ": the math mode is fp32 runs' (a mixed precision computes its GEMMs from "
+                     "16-bit copies); drop it"
+                   : ": the math mode and the precision say the same thing; give one of them");
+}
+
 }  // namespace
 
 OptionRange SessionOptions::range(const std::string& key) {
@@ -97,6 +117,15 @@ void SessionOptions::validate() const {
   check_one_of(*this, "conv", conv, {"native", "cudnn"});
   check_one_of(*this, "compress", compress, {"none", "bf16", "fp16"});
   check_math(math, tf32, style);
+  check_precision(*this);
+  if ((precision == "bf16" || precision == "fp16") && compress != "none") {
+    const bool kw = style == OptionStyle::keyword;
+    REGEN_FAIL(name("compress"), " ", kw ? "'" + compress + "'" : compress, " with ",
+               option_setting("precision", kw ? "'" + precision + "'" : precision, style),
+               ": under a mixed precision the ops that save most (convolutions, GEMMs, attention) "
+               "already save 16-bit copies, and compressing the rest is not supported yet; drop ",
+               name("compress"));
+  }
   // The training loop's options, then how they combine.
   check_range(*this, "accumulate", static_cast<double>(accumulate));
   check_one_of(*this, "lr_schedule", lr_schedule, {"constant", "step", "cosine"});
@@ -285,7 +314,37 @@ std::string math_mode(const std::string& math, bool tf32, Device device,
 }
 
 std::string math_mode(const SessionOptions& o, Device device, const std::string& default_math) {
+  if (!o.precision.empty()) {
+    return resolve_precision(o, device, default_math) == Precision::tf32 ? "tf32" : "fp32";
+  }
   return math_mode(o.math, o.tf32, device, default_math, o.style);
+}
+
+Precision resolve_precision(const SessionOptions& o, Device device,
+                            const std::string& default_math) {
+  check_precision(o);
+  if (o.precision.empty()) {
+    return math_mode(o.math, o.tf32, device, default_math, o.style) == "tf32" ? Precision::tf32
+                                                                              : Precision::fp32;
+  }
+  const Precision p = parse_precision(o.precision);
+  const bool kw = o.style == OptionStyle::keyword;
+  const std::string setting =
+      option_setting("precision", kw ? "'" + o.precision + "'" : o.precision, o.style);
+  if (p == Precision::tf32) {
+    REGEN_CHECK(device.is_cuda(), setting,
+                " applies to CUDA devices (cuBLAS and cuDNN may use TF32 tensor cores); on ",
+                device.str(), " pass ", option_setting("precision", kw ? "'fp32'" : "fp32", o.style),
+                ", bf16 or fp16");
+  }
+  if (is_mixed(p)) {
+    REGEN_CHECK(device.is_cpu(), setting, " trains on the CPU only so far: regen's CUDA kernels ",
+                "have no 16-bit paths yet (", device.str(), "); pass ",
+                option_setting("device", kw ? "'cpu'" : "cpu", o.style), ", or ",
+                option_setting("precision", kw ? "'fp32'" : "fp32", o.style), " or tf32 on ",
+                device.str());
+  }
+  return p;
 }
 
 Budget parse_budget_option(const std::string& text, const std::string& key, OptionStyle style) {

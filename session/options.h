@@ -43,6 +43,12 @@ struct SessionOptions {
   // same as math "tf32" (--tf32, regen.Model(tf32=True)).
   std::string math;
   bool tf32 = false;
+  // The precision the run trains in (autograd/precision.h): fp32, tf32, bf16 or fp16; "" when not
+  // given (resolve_precision gives the default: the math mode's fp32 or tf32). --precision,
+  // precision=. fp32 and tf32 say what --math says (its synonyms, kept); bf16 and fp16 train under
+  // autocast with f32 master weights, and fp16 scales the loss (models/train.h LossScale).
+  // docs/precision.md.
+  std::string precision;
   // ---- The training loop (models/train.h, models/schedule.h, models/evaluate.h) ----------------
   // Micro-batches per optimizer step (--accumulate): `batch` is the micro-batch, and each step's
   // gradients are those of the mean loss over batch * accumulate examples.
@@ -133,8 +139,17 @@ Device resolve_device(const std::string& text, OptionStyle style = OptionStyle::
 std::string math_mode(const std::string& math, bool tf32, Device device,
                       const std::string& default_math = "fp32",
                       OptionStyle style = OptionStyle::flag);
+// With `o.precision` given, the math mode it implies (tf32 for tf32, else fp32).
 std::string math_mode(const SessionOptions& o, Device device,
                       const std::string& default_math = "fp32");
+
+// The precision a run on `device` trains in: `o.precision` when given, else the math mode's (fp32
+// or tf32, as math_mode gives it with `default_math`). Throws regen::Error naming the options for
+// a precision that is not one of fp32, tf32, bf16, fp16, for --precision beside a --math or --tf32
+// that says otherwise (or beside bf16 and fp16, which have no math mode), for tf32 asked of the
+// CPU, and for bf16 or fp16 on a CUDA device (regen's CUDA kernels have no 16-bit paths yet).
+Precision resolve_precision(const SessionOptions& o, Device device,
+                            const std::string& default_math = "fp32");
 
 // A budget as a person writes it ("60%", "2GiB"); empty text is refused ("leave it out to plan
 // without a budget"), naming the option `key` as `style` says.

@@ -51,7 +51,6 @@ bool PlanRequest::at_step_time() const {
 
 void PlanRequest::validate(bool compress, bool given_plan) const {
   const bool keyword = style == OptionStyle::keyword;
-  const auto name = [&](const std::string& key) { return option_name(key, style); };
   // As keywords: policy=, budget= (the command line's --policy, --budget).
   const auto ask = [&](const std::string& key) { return keyword ? key + "=" : "--" + key; };
   planner_info(policy);  // its message names the policy and lists the known ones

@@ -41,11 +41,14 @@ std::map<std::string, std::string> run_flags(const SessionOptions& o) {
   for (const ModelOption& opt : model_info(o.model).input.options) {
     r[option_name(opt.key, OptionStyle::flag)] = option_value_text(opt, opt.get(c));
   }
-  r["--math"] = math_mode(o, device);  // fp32 on the CPU
+  // The precision (fp32 on the CPU unless asked; it holds the CUDA math mode, --math, too).
+  r["--precision"] = precision_name(resolve_precision(o, device));
   if (device.is_cuda()) r["--conv"] = o.conv;
   // What the step allocates besides forward and backward: micro-batches, the gradient norm.
   r["--accumulate"] = std::to_string(o.accumulate);
-  r["--grad-norm"] = o.clip_grad_norm > 0 || o.grad_norm ? "on" : "off";
+  // fp16's loss scaling checks the gradients for overflow through their norm at every step.
+  r["--grad-norm"] =
+      o.clip_grad_norm > 0 || o.grad_norm || o.precision == "fp16" ? "on" : "off";
   // Data parallelism: the ranks, and what shapes each rank's step (a process alone records none).
   const dist::World& world = dist::world();
   if (world.distributed()) {
@@ -68,6 +71,8 @@ const std::map<std::string, std::string>& flags_before_recorded() {
 }  // namespace
 
 std::string profile_math(const Profile& p) {
+  const auto precision = p.run.find("--precision");
+  if (precision != p.run.end()) return precision->second == "tf32" ? "tf32" : "fp32";
   const auto math = p.run.find("--math");
   if (math != p.run.end()) return math->second;
   const auto tf32 = p.run.find("--tf32");
@@ -92,11 +97,17 @@ void check_profile_run(const Profile& p, const SessionOptions& o, const std::str
   if (p.run.count("--compress") == 0 && !p.run.empty()) {
     recorded.emplace_back("--compress", compression_name(p.compress));
   }
+  // Profiles written before --precision recorded the math mode (--math, or --tf32 before it), or
+  // nothing: they ran in fp32 or tf32.
+  if (p.run.count("--precision") == 0 && !p.run.empty()) {
+    recorded.erase(std::remove_if(recorded.begin(), recorded.end(),
+                                  [](const auto& kv) {
+                                    return kv.first == "--math" || kv.first == "--tf32";
+                                  }),
+                   recorded.end());
+    recorded.emplace_back("--precision", profile_math(p));
+  }
   for (auto [flag, then] : recorded) {
-    if (flag == "--tf32") {  // written before --math
-      flag = "--math";
-      then = profile_math(p);
-    }
     const auto it = now.find(flag);
     const std::string here = it == now.end() ? "(none)" : it->second;
     if (here == then) continue;

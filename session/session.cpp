@@ -257,6 +257,7 @@ std::unique_ptr<Session> make_session(const SessionOptions& options, Preflight p
   s->options = options;
   s->config = options.model_config();  // validates every option first
   s->device = resolve_device(options.device, options.style);
+  s->precision = resolve_precision(options, s->device);
   apply_runtime_options(options, s->device);
   const ModelConfig& c = s->config;
   REGEN_CHECK(options.conv == "native" || s->device.is_cuda(),
@@ -293,6 +294,7 @@ std::unique_ptr<Session> make_session(const SessionOptions& options, Preflight p
   // The packed-save decisions are learned just before the dry run (below), which uses them too.
   Session* const session = s.get();
   auto setup_trainer = [&options, session](Trainer& t) {
+    t.set_precision(session->precision);
     t.set_accumulation(options.accumulate);
     t.set_clip_grad_norm(options.clip_grad_norm);
     t.set_track_grad_norm(options.grad_norm);
@@ -359,7 +361,7 @@ std::unique_ptr<Session> make_session(const SessionOptions& options, Preflight p
   try {
     if (options.masks) {
       s->packed_saves =
-          std::make_shared<const PackedSaves>(learn_packed_saves(c, options.batch, s->device));
+          std::make_shared<const PackedSaves>(learn_packed_saves(c, options.batch, s->device, s->precision));
     }
     s->preflight =
         dry_run_step(c, options.batch, s->device, make_optimizer, make_sync, setup_trainer);
@@ -397,6 +399,7 @@ EvalResult evaluate_session(Session& s) {
     const double holdout = o.holdout() > 0 ? o.holdout() : kDefaultHoldout;
     s.eval_data = make_eval_source(o.data, s.config, o.seed, holdout, o.style);
   }
+  AutocastScope autocast(low_dtype(s.precision));
   return evaluate(*s.model, *s.eval_data, o.evaluation_batch(), o.eval_batches);
 }
 

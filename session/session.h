@@ -29,6 +29,8 @@ namespace regen {
 struct Session {
   SessionOptions options;
   Device device;
+  // What the run trains in (resolve_precision): the trainer's, and evaluate_session's autocast.
+  Precision precision = Precision::fp32;
   ModelConfig config;
   std::unique_ptr<Model> model;
   std::unique_ptr<Optimizer> optimizer;

@@ -65,7 +65,8 @@ void TrainingRun::abort_with(const std::string& message) {
 }
 
 void TrainingRun::check_loss(const StepResult& r) {
-  if (!options_.check_finite || std::isfinite(r.loss)) return;
+  // An fp16 step that overflowed was skipped (the loss scale halved): not a divergence.
+  if (!options_.check_finite || std::isfinite(r.loss) || r.skipped) return;
   const SessionOptions& o = session_.options;
   abort_with(detail::str_cat("training diverged: the loss of step ", r.optimizer_step, " is ",
                              r.loss, " (not finite); try a lower ", o.name("lr"),

@@ -788,13 +788,13 @@ TEST_CASE("cli: --help lists every flag") {
         "--momentum", "--weight-decay",  "--seed",     "--threads",      "--data",
         "--conv",     "--tf32",          "--math",     "--steps",        "--save",
         "--load",     "--policy",        "--budget",   "--chain",        "--profile",
-        "--plan",     "--profile-steps", "--progress", "--lm-head-chunk"}) {
+        "--plan",     "--profile-steps", "--progress", "--lm-head-chunk", "--precision"}) {
     CHECK_MESSAGE(has(r.out, flag), "train --help lacks ", flag);
   }
   const Result b = regen_run(dir, {"bench", "train", "--help"});
   CHECK(b.status == 0);
   for (const char* flag : {"--model", "--batch", "--vocab", "--warmup", "--steps", "--json",
-                           "--torch-csv", "--threads", "--math", "--tf32"}) {
+                           "--torch-csv", "--threads", "--math", "--tf32", "--precision"}) {
     CHECK_MESSAGE(has(b.out, flag), "bench train --help lacks ", flag);
   }
   const Result all = regen_run(dir, {"--help-all"});
@@ -1184,8 +1184,8 @@ TEST_CASE("cli: --math and --tf32: defaults, conflicts, the CPU, and the math co
       regen_run(dir, tiny({"--steps", "2", "--batch", "2", "--math", "fp32", "--device", "cpu"}));
   CAPTURE(train.err);
   REQUIRE(train.status == 0);
-  CHECK(has(train.out, "on cpu, math fp32, "));
-  CHECK(has(train.out, "summary: transformer-tiny on cpu, batch 2, 2 steps, math fp32"));
+  CHECK(has(train.out, "on cpu, precision fp32, "));
+  CHECK(has(train.out, "summary: transformer-tiny on cpu, batch 2, 2 steps, precision fp32"));
   const Result bench = regen_run(dir, {"bench", "train", "--model", "transformer-tiny", "--batch",
                                        "2", "--warmup", "0", "--steps", "1", "--device", "cpu"});
   REQUIRE(bench.status == 0);
@@ -1231,7 +1231,7 @@ TEST_CASE("cli: --math and --tf32: defaults, conflicts, the CPU, and the math co
     for (const auto& row : rows) CHECK(row.at("math") == "fp32");
   }
   const std::string profile = sw + "/transformer-tiny_b2_profile.json";
-  CHECK(has(read_file(profile), "\"--math\": \"fp32\""));
+  CHECK(has(read_file(profile), "\"--precision\": \"fp32\""));
   const std::string fr = dir.file("fr");
   const Result frontier = regen_run(
       dir, {"frontier", "--profile", profile, "--points", "2", "--policies", "sqrt", "--out", fr});
@@ -1243,9 +1243,9 @@ TEST_CASE("cli: --math and --tf32: defaults, conflicts, the CPU, and the math co
   for (const auto& row : fr_rows) CHECK(row.at("math") == "fp32");
 
   // Profiles written before --math recorded --tf32 on|off (on CUDA): off is --math fp32, on is
-  // --math tf32, and a run is checked against that.
+  // --math tf32 (and both, before --precision, that precision), and a run is checked against that.
   nlohmann::json j = nlohmann::json::parse(read_file(profile));
-  j["run"].erase("--math");
+  j["run"].erase("--precision");
   j["run"]["--tf32"] = "off";
   const std::string old_off = dir.file("old_off.json");
   write_file_atomic(old_off, j.dump());
@@ -1259,7 +1259,8 @@ TEST_CASE("cli: --math and --tf32: defaults, conflicts, the CPU, and the math co
   write_file_atomic(old_on, j.dump());
   expect_failure(dir,
                  tiny({"--batch", "2", "--device", "cpu", "--profile", old_on, "--policy", "sqrt"}),
-                 {"was made with --math tf32, but this run has --math fp32", "pass --math tf32"});
+                 {"was made with --precision tf32, but this run has --precision fp32",
+                  "pass --precision tf32"});
   Profile p;
   CHECK(profile_math(p) == "fp32");
   p.run["--tf32"] = "on";

@@ -500,9 +500,23 @@ TEST_CASE("training: the metrics log writes a row per step and evaluation, CSV o
   for (std::string line; std::getline(in, line);) lines.push_back(line);
   REQUIRE(lines.size() == 4);
   CHECK(lines[0].rfind("kind,step,loss,lr,grad_norm,samples_per_s", 0) == 0);
-  CHECK(lines[1] == "train,1,2.5,0.1,,80,100,1000,2048,,");
-  CHECK(lines[2] == "eval,1,1.5,,,2000,5,0,0,0.75,");
+  CHECK(lines[1] == "train,1,2.5,0.1,,80,100,1000,2048,,,,");
+  CHECK(lines[2] == "eval,1,1.5,,,2000,5,0,0,0.75,,,");
   CHECK(lines[3].rfind("train,2,", 0) == 0);
+  {
+    // fp16's steps: the loss scale, and whether the step was skipped for an overflow.
+    StepResult h = r;
+    h.loss_scale = 32768;
+    h.skipped = true;
+    MetricsLog log(csv.path, /*append=*/true);
+    log.step(3, h, 8);
+  }
+  std::ifstream again(csv.path);
+  lines.clear();
+  for (std::string line; std::getline(again, line);) lines.push_back(line);
+  REQUIRE(lines.size() == 5);
+  CHECK(lines[0].find(",perplexity,loss_scale,skipped") != std::string::npos);
+  CHECK(lines[4] == "train,3,2.5,0.1,,80,100,1000,2048,,,32768,1");
   {
     MetricsLog log(jsonl.path);
     log.step(1, r, 8);

@@ -1,6 +1,6 @@
 // `regen train`: trains a registered model from the command line, optionally under a memory budget
 // with a rematerialization policy (profile, plan, then train with the plan). The header and the
-// summary name the math mode (--math: fp32 unless asked; always fp32 on the CPU).
+// summary name the precision (--precision, which holds the math mode: fp32 unless asked).
 #include <omp.h>
 #include <algorithm>
 #include <cmath>
@@ -57,11 +57,15 @@ std::string format_eta(double seconds) {
 void print_step(bool bar, int64_t step, int64_t steps, const StepResult& r, int64_t batch,
                 int64_t peak, double eta_s) {
   const double sps = r.ms > 0 ? 1000.0 * batch / r.ms : 0;
-  char extra[96] = "";
+  char extra[160] = "";
   int n = 0;
   if (r.lr > 0) n += std::snprintf(extra + n, sizeof extra - n, " lr %.3g", r.lr);
   if (r.grad_norm >= 0)
     n += std::snprintf(extra + n, sizeof extra - n, " | grad norm %.3g", r.grad_norm);
+  if (r.loss_scale > 0) {
+    n += std::snprintf(extra + n, sizeof extra - n, " | scale %g%s", r.loss_scale,
+                       r.skipped ? " (overflow: step skipped)" : "");
+  }
   const std::string eta = step == steps ? std::string("done") : format_eta(eta_s);
   if (bar) {
     const int width = 24;
@@ -374,7 +378,7 @@ void run(const TrainFlags& f) {
   if (!f.log.empty()) options.grad_norm = true;  // the log has a column for it
   auto s = make_session(options, planned_only ? Preflight::model : Preflight::step);
   const int threads = omp_get_max_threads();
-  const std::string math = math_mode(f.m, s->device);
+  const std::string math = precision_name(s->precision);
   if (!f.load.empty()) {
     const size_t n = load_checkpoint(*s, f.load);
     std::printf("loaded %s (%zu tensors)\n", f.load.c_str(), n);
@@ -407,7 +411,7 @@ void run(const TrainFlags& f) {
   // Per optimizer step, every rank's under mpirun.
   const int64_t examples = training.examples_per_step();
   std::printf(
-      "training %s (%lld parameters) on %s, math %s, %d threads: batch %lld, %lld steps, "
+      "training %s (%lld parameters) on %s, precision %s, %d threads: batch %lld, %lld steps, "
       "%s lr %g; data: %s\n",
       f.m.model.c_str(), static_cast<long long>(s->model->num_parameters()),
       s->device.str().c_str(), math.c_str(), threads, static_cast<long long>(f.m.batch),
@@ -505,7 +509,7 @@ void run(const TrainFlags& f) {
 
   // Summary. The first timed step warms caches and the allocator: the median leaves it out
   // when there are later steps.
-  std::printf("\nsummary: %s on %s, batch %lld, %lld steps, math %s\n", f.m.model.c_str(),
+  std::printf("\nsummary: %s on %s, batch %lld, %lld steps, precision %s\n", f.m.model.c_str(),
               s->device.str().c_str(), static_cast<long long>(f.m.batch),
               static_cast<long long>(f.steps), math.c_str());
   if (!st.losses.empty()) {

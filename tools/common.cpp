@@ -264,6 +264,11 @@ void add_model_flags(CLI::App& app, SessionOptions& o, bool with_batch,
   app.add_option("--conv", o.conv, "CUDA convolution: native (regen's kernels) or cudnn")
       ->capture_default_str();
   add_math_flags(app, o.math, o.tf32, math_default);
+  app.add_option("--precision", o.precision,
+                 "what the run trains in: fp32, tf32 (CUDA: TF32 tensor cores, as --math tf32), "
+                 "bf16 or fp16 (mixed precision as PyTorch's autocast: convolutions, GEMMs and "
+                 "attention from 16-bit copies with fp32 accumulation, fp32 master weights; fp16 "
+                 "scales the loss); default: the math mode's");
   // Data parallelism under mpirun (docs/distributed.md); a process alone ignores them.
   app.add_option("--shard", o.shard,
                  "under mpirun, what each rank keeps: none (data parallelism like DDP), optimizer "
