@@ -33,6 +33,17 @@ inline void check_defined(const char* op, const Tensor& t, const char* what) {
   REGEN_CHECK(t.defined(), op, ": ", what, " is undefined");
 }
 
+// The parameters of an op whose statistics stay f32 (layernorm, rmsnorm, batchnorm2d: the precision
+// policy's fp32_statistics) beside its input x: of x's dtype, or f32 beside a 16-bit x.
+inline void check_param_dtype(const char* op, const Tensor& x, const Tensor& param,
+                              const char* name) {
+  const bool lowp = is_low_precision(x.dtype());
+  const DType want = lowp ? DType::f32 : x.dtype();
+  REGEN_CHECK(param.dtype() == want, op, ": dtype mismatch: ", name, " ", param.str(), " must be ",
+              dtype_name(want), " beside input ", x.str(),
+              lowp ? " (a 16-bit input reads f32 parameters and keeps f32 statistics)" : "");
+}
+
 inline Tensor empty_like(const Tensor& t) {
   return empty(t.shape(), t.dtype(), t.device());
 }

@@ -8,10 +8,30 @@
 // Training forward updates running_mean/running_var in place (a side effect on two inputs, as in
 // PyTorch) except when the remat runtime replays it: a replay must leave no trace.
 // Gradient checks: tests/test_gradcheck_vision.cpp; running stats and replay:
-// tests/test_ops_vision.cpp.
+// tests/test_ops_vision.cpp. A 16-bit x (bf16, f16; the precision policy's fp32_statistics) reads
+// f32 gamma, beta and running stats, writes a 16-bit y and f32 hidden statistics, and gives a
+// 16-bit dx and f32 dgamma and dbeta: tests/test_amp_ops.cpp.
 #include "regen/autograd/op_util.h"
 
 namespace regen {
+
+// The 16-bit launchers (T = bfloat16, float16; CPU only for now): x, y, dy, dx: (N, C, HW) in T;
+// every (C) array in f32. As batchnorm_* in kernels/kernels.h otherwise.
+REGEN_LAUNCHER(batchnorm_forward_train_lowp,
+               (const T* x, const float* gamma, const float* beta, T* y, float* mean, float* invstd,
+                float* running_mean, float* running_var, int64_t N, int64_t C, int64_t HW,
+                double momentum, double eps))
+REGEN_LAUNCHER(batchnorm_forward_eval_lowp,
+               (const T* x, const float* gamma, const float* beta, const float* running_mean,
+                const float* running_var, T* y, int64_t N, int64_t C, int64_t HW, double eps))
+REGEN_LAUNCHER(batchnorm_backward_lowp,
+               (const T* dy, const T* x, const float* gamma, const float* mean, const float* invstd,
+                T* dx, float* dgamma, float* dbeta, int64_t N, int64_t C, int64_t HW))
+REGEN_LAUNCHER(batchnorm_backward_eval_lowp,
+               (const T* dy, const T* x, const float* gamma, const float* running_mean,
+                const float* running_var, T* dx, float* dgamma, float* dbeta, int64_t N, int64_t C,
+                int64_t HW, double eps))
+
 using namespace detail;
 
 namespace {
@@ -22,31 +42,45 @@ BnDims bn_dims(const Shape& x) {
   return {x[0], x[1], x[2] * x[3]};
 }
 
+// P: the dtype of the per-channel arrays, acc_t<T> (f32 beside a 16-bit x).
 template <class T>
 void bn_fwd(OpContext& c) {
+  using P = acc_t<T>;
   const Tensor &x = c.inputs[0], &gamma = c.inputs[1], &beta = c.inputs[2];
   const Tensor &rmean = c.inputs[3], &rvar = c.inputs[4];
   const BatchNormAttrs& a = c.attr<BatchNormAttrs>();
   const BnDims d = bn_dims(x.shape());
   const Device dev = x.device();
   Tensor y = empty_like(x);
-  Tensor s0 = empty({d.C}, x.dtype(), dev), s1 = empty({d.C}, x.dtype(), dev);
+  Tensor s0 = empty({d.C}, gamma.dtype(), dev), s1 = empty({d.C}, gamma.dtype(), dev);
   if (a.training) {
-    T* rm = c.replay ? nullptr : rmean.data<T>();
-    T* rv = c.replay ? nullptr : rvar.data<T>();
-    REGEN_LAUNCH(dev, T, batchnorm_forward_train, x.data<T>(), gamma.data<T>(), beta.data<T>(),
-                 y.data<T>(), s0.data<T>(), s1.data<T>(), rm, rv, d.N, d.C, d.HW, a.momentum,
-                 a.eps);
+    P* rm = c.replay ? nullptr : rmean.data<P>();
+    P* rv = c.replay ? nullptr : rvar.data<P>();
+    if constexpr (is_half_v<T>) {
+      REGEN_LAUNCH(dev, T, batchnorm_forward_train_lowp, x.data<T>(), gamma.data<P>(),
+                   beta.data<P>(), y.data<T>(), s0.data<P>(), s1.data<P>(), rm, rv, d.N, d.C, d.HW,
+                   a.momentum, a.eps);
+    } else {
+      REGEN_LAUNCH(dev, T, batchnorm_forward_train, x.data<T>(), gamma.data<T>(), beta.data<T>(),
+                   y.data<T>(), s0.data<T>(), s1.data<T>(), rm, rv, d.N, d.C, d.HW, a.momentum,
+                   a.eps);
+    }
   } else {
-    REGEN_LAUNCH(dev, T, batchnorm_forward_eval, x.data<T>(), gamma.data<T>(), beta.data<T>(),
-                 rmean.data<T>(), rvar.data<T>(), y.data<T>(), d.N, d.C, d.HW, a.eps);
-    REGEN_LAUNCH(dev, T, copy, rmean.data<T>(), s0.data<T>(), d.C);
-    REGEN_LAUNCH(dev, T, copy, rvar.data<T>(), s1.data<T>(), d.C);
+    if constexpr (is_half_v<T>) {
+      REGEN_LAUNCH(dev, T, batchnorm_forward_eval_lowp, x.data<T>(), gamma.data<P>(),
+                   beta.data<P>(), rmean.data<P>(), rvar.data<P>(), y.data<T>(), d.N, d.C, d.HW,
+                   a.eps);
+    } else {
+      REGEN_LAUNCH(dev, T, batchnorm_forward_eval, x.data<T>(), gamma.data<T>(), beta.data<T>(),
+                   rmean.data<T>(), rvar.data<T>(), y.data<T>(), d.N, d.C, d.HW, a.eps);
+    }
+    REGEN_LAUNCH(dev, P, copy, rmean.data<P>(), s0.data<P>(), d.C);
+    REGEN_LAUNCH(dev, P, copy, rvar.data<P>(), s1.data<P>(), d.C);
   }
   c.outputs = {y, s0, s1};
 }
 void bn_forward(OpContext& c) {
-  REGEN_FLOATING(c.inputs[0].dtype(), "batchnorm2d", bn_fwd, c);
+  REGEN_FLOATING_LOWP(c.inputs[0].dtype(), "batchnorm2d", bn_fwd, c);
 }
 
 template <class T>
@@ -60,10 +94,19 @@ void bn_bwd(BackwardContext& c) {
   Tensor dx = c.needs_grad(0) ? empty_like(x) : Tensor();
   Tensor dgamma = c.needs_grad(1) ? empty_like(gamma) : Tensor();
   Tensor dbeta = c.needs_grad(2) ? empty_like(gamma) : Tensor();
+  using P = acc_t<T>;
   T* dx_p = dx.defined() ? dx.data<T>() : nullptr;
-  T* dg_p = dgamma.defined() ? dgamma.data<T>() : nullptr;
-  T* db_p = dbeta.defined() ? dbeta.data<T>() : nullptr;
-  if (a.training) {
+  P* dg_p = dgamma.defined() ? dgamma.data<P>() : nullptr;
+  P* db_p = dbeta.defined() ? dbeta.data<P>() : nullptr;
+  if constexpr (is_half_v<T>) {
+    if (a.training) {
+      REGEN_LAUNCH(dev, T, batchnorm_backward_lowp, dy.data<T>(), x.data<T>(), gamma.data<P>(),
+                   s0.data<P>(), s1.data<P>(), dx_p, dg_p, db_p, d.N, d.C, d.HW);
+    } else {
+      REGEN_LAUNCH(dev, T, batchnorm_backward_eval_lowp, dy.data<T>(), x.data<T>(), gamma.data<P>(),
+                   s0.data<P>(), s1.data<P>(), dx_p, dg_p, db_p, d.N, d.C, d.HW, a.eps);
+    }
+  } else if (a.training) {
     REGEN_LAUNCH(dev, T, batchnorm_backward, dy.data<T>(), x.data<T>(), gamma.data<T>(),
                  s0.data<T>(), s1.data<T>(), dx_p, dg_p, db_p, d.N, d.C, d.HW);
   } else {
@@ -75,7 +118,7 @@ void bn_bwd(BackwardContext& c) {
   if (dbeta.defined()) c.set_grad_input(2, dbeta);
 }
 void bn_backward(BackwardContext& c) {
-  REGEN_FLOATING(c.grad_output(0).dtype(), "batchnorm2d backward", bn_bwd, c);
+  REGEN_FLOATING_LOWP(c.grad_output(0).dtype(), "batchnorm2d backward", bn_bwd, c);
 }
 // x, gamma and the two hidden statistics (batch or running, see the file comment).
 void bn_saves(const AttrBlob&, SaveList& s) {
@@ -101,7 +144,7 @@ Tensor batchnorm2d(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                                                           {"running_mean", &running_mean},
                                                           {"running_var", &running_var}};
   for (const auto& [name, t] : params) {
-    check_same_dtype("batchnorm2d", x, *t);
+    check_param_dtype("batchnorm2d", x, *t, name);
     REGEN_CHECK(t->shape() == cs, "batchnorm2d: ", name, " ", sh(t->shape()),
                 " does not match the ", x.size(1), " channels of input ", sh(x.shape()));
   }

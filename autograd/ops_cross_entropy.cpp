@@ -54,6 +54,11 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore
   check_defined("cross_entropy", logits, "logits");
   check_defined("cross_entropy", targets, "targets");
   check_floating("cross_entropy", logits);
+  // An fp32-class op (docs/precision.md): autocast hands it f32 logits; it has no 16-bit path.
+  REGEN_CHECK(
+      !is_low_precision(logits.dtype()), "cross_entropy: logits ", logits.str(),
+      " are 16-bit; the loss is computed in f32 only (an fp32-class op): cast the logits to "
+      "f32 first (autocast does)");
   REGEN_CHECK(targets.dtype() == DType::i64, "cross_entropy: targets ", targets.str(),
               " must be i64");
   REGEN_CHECK(logits.dim() == 2 && logits.size(1) > 0 && targets.dim() == 1 &&

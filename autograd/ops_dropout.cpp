@@ -1,9 +1,19 @@
 // dropout: inverted dropout whose mask is a Philox stream drawn when the op is called and kept in
 // the node's attributes; backward and remat replays regenerate the mask, so nothing is saved.
-// Gradient check: tests/test_gradcheck_nlp.cpp; mask statistics and replay: tests/test_ops_nlp.cpp.
+// A 16-bit input (bf16, f16) runs the launchers below (kernels/cpu/dropout_lowp.cpp), which draw
+// the f32 kernel's mask: the same elements are kept. Gradient check: tests/test_gradcheck_nlp.cpp;
+// mask statistics and replay: tests/test_ops_nlp.cpp; 16-bit: tests/test_amp_ops.cpp.
 #include "regen/autograd/op_util.h"
 
 namespace regen {
+
+// x, y: (n) 16-bit (T = bfloat16, float16); the mask and scale of dropout_forward (kernels.h),
+// computed in f32 and rounded once. CPU only for now.
+REGEN_LAUNCHER(dropout_forward_lowp,
+               (const T* x, T* y, int64_t n, float p, uint64_t seed, uint64_t stream))
+REGEN_LAUNCHER(dropout_backward_lowp,
+               (const T* dy, T* dx, int64_t n, float p, uint64_t seed, uint64_t stream))
+
 using namespace detail;
 
 namespace {
@@ -12,12 +22,17 @@ void dropout_fwd(OpContext& c) {
   const DropoutAttrs& a = c.attr<DropoutAttrs>();
   const Tensor& x = c.inputs[0];
   Tensor y = empty_like(x);
-  REGEN_LAUNCH(x.device(), T, dropout_forward, x.data<T>(), y.data<T>(), x.numel(), a.p, a.seed,
-               a.stream);
+  if constexpr (is_half_v<T>) {
+    REGEN_LAUNCH(x.device(), T, dropout_forward_lowp, x.data<T>(), y.data<T>(), x.numel(), a.p,
+                 a.seed, a.stream);
+  } else {
+    REGEN_LAUNCH(x.device(), T, dropout_forward, x.data<T>(), y.data<T>(), x.numel(), a.p, a.seed,
+                 a.stream);
+  }
   c.outputs = {y};
 }
 void dropout_forward_op(OpContext& c) {
-  REGEN_FLOATING(c.inputs[0].dtype(), "dropout", dropout_fwd, c);
+  REGEN_FLOATING_LOWP(c.inputs[0].dtype(), "dropout", dropout_fwd, c);
 }
 
 template <class T>
@@ -25,12 +40,17 @@ void dropout_bwd(BackwardContext& c) {
   const DropoutAttrs& a = c.attr<DropoutAttrs>();
   const Tensor& dy = c.grad_output(0);
   Tensor dx = empty_like(dy);
-  REGEN_LAUNCH(dy.device(), T, dropout_backward, dy.data<T>(), dx.data<T>(), dy.numel(), a.p,
-               a.seed, a.stream);
+  if constexpr (is_half_v<T>) {
+    REGEN_LAUNCH(dy.device(), T, dropout_backward_lowp, dy.data<T>(), dx.data<T>(), dy.numel(), a.p,
+                 a.seed, a.stream);
+  } else {
+    REGEN_LAUNCH(dy.device(), T, dropout_backward, dy.data<T>(), dx.data<T>(), dy.numel(), a.p,
+                 a.seed, a.stream);
+  }
   c.set_grad_input(0, dx);
 }
 void dropout_backward_op(BackwardContext& c) {
-  REGEN_FLOATING(c.grad_output(0).dtype(), "dropout backward", dropout_bwd, c);
+  REGEN_FLOATING_LOWP(c.grad_output(0).dtype(), "dropout backward", dropout_bwd, c);
 }
 constexpr OpDef kDropout{"dropout", 1, 1, false, dropout_forward_op, dropout_backward_op, no_saves};
 REGEN_REGISTER_OP(dropout, kDropout);

@@ -19,7 +19,7 @@ void embedding_fwd(OpContext& c) {
   c.outputs = {y};
 }
 void embedding_forward_op(OpContext& c) {
-  REGEN_FLOATING(c.inputs[1].dtype(), "embedding", embedding_fwd, c);
+  REGEN_FLOATING_LOWP(c.inputs[1].dtype(), "embedding", embedding_fwd, c);
 }
 
 template <class T>
@@ -34,7 +34,7 @@ void embedding_bwd(BackwardContext& c) {
   c.set_grad_input(1, dw);
 }
 void embedding_backward_op(BackwardContext& c) {
-  REGEN_FLOATING(c.grad_output(0).dtype(), "embedding backward", embedding_bwd, c);
+  REGEN_FLOATING_LOWP(c.grad_output(0).dtype(), "embedding backward", embedding_bwd, c);
 }
 void embedding_saves(const AttrBlob&, SaveList& s) {
   s.input(0);

@@ -1,26 +1,46 @@
 // layernorm over the last dimension, with the row mean and 1/std as hidden outputs that backward
-// reads (kernels/cpu/layernorm.cpp). Gradient check: tests/test_gradcheck_nlp.cpp; values:
-// tests/test_ops_nlp.cpp.
+// reads (kernels/cpu/layernorm.cpp). A 16-bit x (bf16, f16; the precision policy's fp32_statistics)
+// reads f32 gamma and beta and writes a 16-bit y, f32 mean and rstd, f32 dgamma and dbeta and a
+// 16-bit dx; it saves the 16-bit x. Gradient check: tests/test_gradcheck_nlp.cpp; values:
+// tests/test_ops_nlp.cpp; 16-bit: tests/test_amp_ops.cpp.
 #include "regen/autograd/op_util.h"
 
 namespace regen {
+
+// The 16-bit launchers (T = bfloat16, float16; CPU only for now): x, y, dy, dx: (M, N) in T;
+// gamma, beta, dgamma, dbeta: (N) and mean, rstd: (M) in f32. As layernorm_forward/backward
+// (kernels/kernels.h) otherwise.
+REGEN_LAUNCHER(layernorm_forward_lowp, (const T* x, const float* gamma, const float* beta, T* y,
+                                        float* mean, float* rstd, int64_t M, int64_t N, double eps))
+REGEN_LAUNCHER(layernorm_backward_lowp,
+               (const T* dy, const T* x, const float* gamma, const float* mean, const float* rstd,
+                T* dx, float* dgamma, float* dbeta, int64_t M, int64_t N))
+
 using namespace detail;
 
 namespace {
+// P: the dtype of the parameters and statistics, acc_t<T> (f32 beside a 16-bit x).
 template <class T>
 void layernorm_fwd(OpContext& c) {
+  using P = acc_t<T>;
   const Tensor &x = c.inputs[0], &gamma = c.inputs[1], &beta = c.inputs[2];
   const int64_t N = x.size(-1), M = x.numel() / N;
   const Shape rows(x.shape().begin(), x.shape().end() - 1);
   Tensor y = empty_like(x);
-  Tensor mean = empty(rows, x.dtype(), x.device());
-  Tensor rstd = empty(rows, x.dtype(), x.device());
-  REGEN_LAUNCH(x.device(), T, layernorm_forward, x.data<T>(), gamma.data<T>(), beta.data<T>(),
-               y.data<T>(), mean.data<T>(), rstd.data<T>(), M, N, c.attr<LayerNormAttrs>().eps);
+  Tensor mean = empty(rows, gamma.dtype(), x.device());
+  Tensor rstd = empty(rows, gamma.dtype(), x.device());
+  if constexpr (is_half_v<T>) {
+    REGEN_LAUNCH(x.device(), T, layernorm_forward_lowp, x.data<T>(), gamma.data<P>(),
+                 beta.data<P>(), y.data<T>(), mean.data<P>(), rstd.data<P>(), M, N,
+                 c.attr<LayerNormAttrs>().eps);
+  } else {
+    REGEN_LAUNCH(x.device(), T, layernorm_forward, x.data<T>(), gamma.data<T>(), beta.data<T>(),
+                 y.data<T>(), mean.data<T>(), rstd.data<T>(), M, N, c.attr<LayerNormAttrs>().eps);
+  }
   c.outputs = {y, mean, rstd};
 }
 void layernorm_forward_op(OpContext& c) {
-  REGEN_FLOATING(c.inputs[0].dtype(), "layernorm", layernorm_fwd, c);
+  REGEN_FLOATING_LOWP(c.inputs[0].dtype(), "layernorm", layernorm_fwd, c);
 }
 
 template <class T>
@@ -33,16 +53,23 @@ void layernorm_bwd(BackwardContext& c) {
   Tensor dx = empty_like(x);
   Tensor dgamma = c.needs_grad(1) ? empty_like(gamma) : Tensor();
   Tensor dbeta = c.needs_grad(2) ? empty_like(gamma) : Tensor();
-  REGEN_LAUNCH(dy.device(), T, layernorm_backward, dy.data<T>(), x.data<T>(), gamma.data<T>(),
-               mean.data<T>(), rstd.data<T>(), dx.data<T>(),
-               dgamma.defined() ? dgamma.data<T>() : nullptr,
-               dbeta.defined() ? dbeta.data<T>() : nullptr, M, N);
+  using P = acc_t<T>;
+  P* dgamma_p = dgamma.defined() ? dgamma.data<P>() : nullptr;
+  P* dbeta_p = dbeta.defined() ? dbeta.data<P>() : nullptr;
+  if constexpr (is_half_v<T>) {
+    REGEN_LAUNCH(dy.device(), T, layernorm_backward_lowp, dy.data<T>(), x.data<T>(),
+                 gamma.data<P>(), mean.data<P>(), rstd.data<P>(), dx.data<T>(), dgamma_p, dbeta_p,
+                 M, N);
+  } else {
+    REGEN_LAUNCH(dy.device(), T, layernorm_backward, dy.data<T>(), x.data<T>(), gamma.data<T>(),
+                 mean.data<T>(), rstd.data<T>(), dx.data<T>(), dgamma_p, dbeta_p, M, N);
+  }
   if (c.needs_grad(0)) c.set_grad_input(0, dx);
   c.set_grad_input(1, dgamma);
   c.set_grad_input(2, dbeta);
 }
 void layernorm_backward_op(BackwardContext& c) {
-  REGEN_FLOATING(c.grad_output(0).dtype(), "layernorm backward", layernorm_bwd, c);
+  REGEN_FLOATING_LOWP(c.grad_output(0).dtype(), "layernorm backward", layernorm_bwd, c);
 }
 void layernorm_saves(const AttrBlob&, SaveList& s) {
   s.input(0).input(1).output(1).output(2);
@@ -57,8 +84,8 @@ Tensor layernorm(const Tensor& x, const Tensor& gamma, const Tensor& beta, doubl
   check_defined("layernorm", gamma, "gamma");
   check_defined("layernorm", beta, "beta");
   check_floating("layernorm", x);
-  check_same_dtype("layernorm", x, gamma);
-  check_same_dtype("layernorm", x, beta);
+  check_param_dtype("layernorm", x, gamma, "gamma");
+  check_param_dtype("layernorm", x, beta, "beta");
   REGEN_CHECK(x.dim() >= 1 && x.size(-1) > 0 && gamma.shape() == Shape{x.size(-1)} &&
                   beta.shape() == gamma.shape(),
               "layernorm: input ", sh(x.shape()), ", gamma ", sh(gamma.shape()), " and beta ",

@@ -38,7 +38,7 @@ void maxpool_fwd(OpContext& c) {
   c.outputs = {y, argmax};
 }
 void maxpool_forward(OpContext& c) {
-  REGEN_FLOATING(c.inputs[0].dtype(), "max_pool2d", maxpool_fwd, c);
+  REGEN_FLOATING_LOWP(c.inputs[0].dtype(), "max_pool2d", maxpool_fwd, c);
 }
 template <class T>
 void maxpool_bwd(BackwardContext& c) {
@@ -56,7 +56,7 @@ void maxpool_bwd(BackwardContext& c) {
   c.set_grad_input(0, dx);
 }
 void maxpool_backward(BackwardContext& c) {
-  REGEN_FLOATING(c.grad_output(0).dtype(), "max_pool2d backward", maxpool_bwd, c);
+  REGEN_FLOATING_LOWP(c.grad_output(0).dtype(), "max_pool2d backward", maxpool_bwd, c);
 }
 void maxpool_saves(const AttrBlob&, SaveList& s) {
   s.output(1);
@@ -77,7 +77,7 @@ void avgpool_fwd(OpContext& c) {
   c.outputs = {y};
 }
 void avgpool_forward(OpContext& c) {
-  REGEN_FLOATING(c.inputs[0].dtype(), "avg_pool2d", avgpool_fwd, c);
+  REGEN_FLOATING_LOWP(c.inputs[0].dtype(), "avg_pool2d", avgpool_fwd, c);
 }
 template <class T>
 void avgpool_bwd(BackwardContext& c) {
@@ -88,7 +88,7 @@ void avgpool_bwd(BackwardContext& c) {
   c.set_grad_input(0, dx);
 }
 void avgpool_backward(BackwardContext& c) {
-  REGEN_FLOATING(c.grad_output(0).dtype(), "avg_pool2d backward", avgpool_bwd, c);
+  REGEN_FLOATING_LOWP(c.grad_output(0).dtype(), "avg_pool2d backward", avgpool_bwd, c);
 }
 constexpr OpDef kAvgPool{"avg_pool2d", 1, 1, false, avgpool_forward, avgpool_backward, no_saves};
 REGEN_REGISTER_OP(avg_pool2d, kAvgPool);
@@ -102,7 +102,7 @@ void gap_fwd(OpContext& c) {
   c.outputs = {y};
 }
 void gap_forward(OpContext& c) {
-  REGEN_FLOATING(c.inputs[0].dtype(), "global_avg_pool", gap_fwd, c);
+  REGEN_FLOATING_LOWP(c.inputs[0].dtype(), "global_avg_pool", gap_fwd, c);
 }
 template <class T>
 void gap_bwd(BackwardContext& c) {
@@ -114,7 +114,7 @@ void gap_bwd(BackwardContext& c) {
   c.set_grad_input(0, dx);
 }
 void gap_backward(BackwardContext& c) {
-  REGEN_FLOATING(c.grad_output(0).dtype(), "global_avg_pool backward", gap_bwd, c);
+  REGEN_FLOATING_LOWP(c.grad_output(0).dtype(), "global_avg_pool backward", gap_bwd, c);
 }
 constexpr OpDef kGap{"global_avg_pool", 1, 1, false, gap_forward, gap_backward, no_saves};
 REGEN_REGISTER_OP(global_avg_pool, kGap);

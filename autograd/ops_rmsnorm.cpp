@@ -16,6 +16,13 @@ REGEN_LAUNCHER(rmsnorm_forward,
 // when not null.
 REGEN_LAUNCHER(rmsnorm_backward, (const T* dy, const T* x, const T* weight, const T* rstd, T* dx,
                                   T* dweight, int64_t M, int64_t N))
+// The 16-bit forms (T = bfloat16, float16; CPU only for now): x, y, dy, dx in T; weight, rstd and
+// dweight in f32 (the precision policy's fp32_statistics). A 16-bit rmsnorm saves its 16-bit x.
+REGEN_LAUNCHER(rmsnorm_forward_lowp, (const T* x, const float* weight, T* y, float* rstd, int64_t M,
+                                      int64_t N, double eps))
+REGEN_LAUNCHER(rmsnorm_backward_lowp,
+               (const T* dy, const T* x, const float* weight, const float* rstd, T* dx,
+                float* dweight, int64_t M, int64_t N))
 
 using namespace detail;
 
@@ -29,13 +36,18 @@ void rmsnorm_fwd(OpContext& c) {
   const Tensor &x = c.inputs[0], &weight = c.inputs[1];
   const int64_t N = x.size(-1), M = x.numel() / N;
   Tensor y = empty_like(x);
-  Tensor rstd = empty(Shape(x.shape().begin(), x.shape().end() - 1), x.dtype(), x.device());
-  REGEN_LAUNCH(x.device(), T, rmsnorm_forward, x.data<T>(), weight.data<T>(), y.data<T>(),
-               rstd.data<T>(), M, N, c.attr<RMSNormAttrs>().eps);
+  Tensor rstd = empty(Shape(x.shape().begin(), x.shape().end() - 1), weight.dtype(), x.device());
+  if constexpr (is_half_v<T>) {
+    REGEN_LAUNCH(x.device(), T, rmsnorm_forward_lowp, x.data<T>(), weight.data<float>(),
+                 y.data<T>(), rstd.data<float>(), M, N, c.attr<RMSNormAttrs>().eps);
+  } else {
+    REGEN_LAUNCH(x.device(), T, rmsnorm_forward, x.data<T>(), weight.data<T>(), y.data<T>(),
+                 rstd.data<T>(), M, N, c.attr<RMSNormAttrs>().eps);
+  }
   c.outputs = {y, rstd};
 }
 void rmsnorm_forward_op(OpContext& c) {
-  REGEN_FLOATING(c.inputs[0].dtype(), "rmsnorm", rmsnorm_fwd, c);
+  REGEN_FLOATING_LOWP(c.inputs[0].dtype(), "rmsnorm", rmsnorm_fwd, c);
 }
 
 template <class T>
@@ -45,14 +57,21 @@ void rmsnorm_bwd(BackwardContext& c) {
   const int64_t N = x.size(-1), M = x.numel() / N;
   Tensor dx = c.needs_grad(0) ? empty_like(x) : Tensor();
   Tensor dweight = c.needs_grad(1) ? empty_like(weight) : Tensor();
-  REGEN_LAUNCH(dy.device(), T, rmsnorm_backward, dy.data<T>(), x.data<T>(), weight.data<T>(),
-               rstd.data<T>(), dx.defined() ? dx.data<T>() : nullptr,
-               dweight.defined() ? dweight.data<T>() : nullptr, M, N);
+  using P = acc_t<T>;
+  T* dx_p = dx.defined() ? dx.data<T>() : nullptr;
+  P* dweight_p = dweight.defined() ? dweight.data<P>() : nullptr;
+  if constexpr (is_half_v<T>) {
+    REGEN_LAUNCH(dy.device(), T, rmsnorm_backward_lowp, dy.data<T>(), x.data<T>(), weight.data<P>(),
+                 rstd.data<P>(), dx_p, dweight_p, M, N);
+  } else {
+    REGEN_LAUNCH(dy.device(), T, rmsnorm_backward, dy.data<T>(), x.data<T>(), weight.data<T>(),
+                 rstd.data<T>(), dx_p, dweight_p, M, N);
+  }
   c.set_grad_input(0, dx);
   c.set_grad_input(1, dweight);
 }
 void rmsnorm_backward_op(BackwardContext& c) {
-  REGEN_FLOATING(c.grad_output(0).dtype(), "rmsnorm backward", rmsnorm_bwd, c);
+  REGEN_FLOATING_LOWP(c.grad_output(0).dtype(), "rmsnorm backward", rmsnorm_bwd, c);
 }
 void rmsnorm_saves(const AttrBlob&, SaveList& s) {
   s.input(0).input(1).output(1);
@@ -66,7 +85,7 @@ Tensor rmsnorm(const Tensor& x, const Tensor& weight, double eps) {
   check_defined("rmsnorm", x, "input");
   check_defined("rmsnorm", weight, "weight");
   check_floating("rmsnorm", x);
-  check_same_dtype("rmsnorm", x, weight);
+  check_param_dtype("rmsnorm", x, weight, "weight");
   REGEN_CHECK(x.dim() >= 1 && x.size(-1) > 0 && weight.shape() == Shape{x.size(-1)},
               "rmsnorm: input ", sh(x.shape()), " and weight ", sh(weight.shape()),
               " do not match (expected (..., D) and (D) with D > 0)");

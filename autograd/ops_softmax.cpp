@@ -15,7 +15,7 @@ void softmax_fwd(OpContext& c) {
   c.outputs = {y};
 }
 void softmax_forward_op(OpContext& c) {
-  REGEN_FLOATING(c.inputs[0].dtype(), "softmax", softmax_fwd, c);
+  REGEN_FLOATING_LOWP(c.inputs[0].dtype(), "softmax", softmax_fwd, c);
 }
 
 template <class T>
@@ -28,7 +28,7 @@ void softmax_bwd(BackwardContext& c) {
   c.set_grad_input(0, dx);
 }
 void softmax_backward_op(BackwardContext& c) {
-  REGEN_FLOATING(c.grad_output(0).dtype(), "softmax backward", softmax_bwd, c);
+  REGEN_FLOATING_LOWP(c.grad_output(0).dtype(), "softmax backward", softmax_bwd, c);
 }
 void softmax_saves(const AttrBlob&, SaveList& s) {
   s.output(0);

@@ -50,9 +50,9 @@ struct UnaryOp {
                  s.numel());
     c.set_grad_input(0, dx);
   }
-  static void forward(OpContext& c) { REGEN_FLOATING(c.inputs[0].dtype(), kName, fwd, c); }
+  static void forward(OpContext& c) { REGEN_FLOATING_LOWP(c.inputs[0].dtype(), kName, fwd, c); }
   static void backward(BackwardContext& c) {
-    REGEN_FLOATING(c.grad_output(0).dtype(), kName, bwd, c);
+    REGEN_FLOATING_LOWP(c.grad_output(0).dtype(), kName, bwd, c);
   }
   static void saves(const AttrBlob&, SaveList& s) {
     if (kHasMask && s.packed()) {

@@ -25,7 +25,7 @@ void upsample_fwd(OpContext& c) {
   c.outputs = {y};
 }
 void upsample_forward(OpContext& c) {
-  REGEN_FLOATING(c.inputs[0].dtype(), "upsample2x", upsample_fwd, c);
+  REGEN_FLOATING_LOWP(c.inputs[0].dtype(), "upsample2x", upsample_fwd, c);
 }
 
 template <class T>
@@ -43,7 +43,7 @@ void upsample_bwd(BackwardContext& c) {
   c.set_grad_input(0, dx);
 }
 void upsample_backward(BackwardContext& c) {
-  REGEN_FLOATING(c.grad_output(0).dtype(), "upsample2x backward", upsample_bwd, c);
+  REGEN_FLOATING_LOWP(c.grad_output(0).dtype(), "upsample2x backward", upsample_bwd, c);
 }
 constexpr OpDef kUpsample{"upsample2x", 1, 1, false, upsample_forward, upsample_backward, no_saves};
 REGEN_REGISTER_OP(upsample2x, kUpsample);

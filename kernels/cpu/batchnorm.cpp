@@ -3,7 +3,11 @@
 // Every per-channel reduction is summed by one thread, image by image, in double, into a fixed
 // set of partial sums: the result is identical on every run and does not depend on the thread
 // count. Forward reads x twice (statistics, normalize), backward reads dy and x twice. Tests:
-// tests/test_ops_vision.cpp (running stats, replay), tests/test_gradcheck_vision.cpp (gradients).
+// tests/test_ops_vision.cpp (running stats, replay), tests/test_gradcheck_vision.cpp (gradients),
+// tests/test_amp_ops.cpp (16-bit). The 16-bit launchers (batchnorm_*_lowp, declared beside the op
+// in autograd/ops_batchnorm.cpp) read x and dy and write y and dx in bf16 or f16, with gamma, beta,
+// the statistics, the running stats, dgamma and dbeta in f32: the same templates, arithmetic in f32
+// or double, one rounding per stored element.
 #include <omp.h>
 
 #include <algorithm>
@@ -80,19 +84,23 @@ void channel_grad_sums(const T* dy, const T* x, int64_t N, int64_t C, int64_t HW
 
 // y = x * a[c] + b[c] over channel c.
 template <class T>
-void channel_affine(const T* x, T* y, int64_t N, int64_t C, int64_t HW, int64_t c, T a, T b) {
+void channel_affine(const T* x, T* y, int64_t N, int64_t C, int64_t HW, int64_t c, acc_t<T> a,
+                    acc_t<T> b) {
+  using A = acc_t<T>;
   for (int64_t n = 0; n < N; ++n) {
     const T* p = x + (n * C + c) * HW;
     T* q = y + (n * C + c) * HW;
-    for (int64_t i = 0; i < HW; ++i) q[i] = p[i] * a + b;
+    for (int64_t i = 0; i < HW; ++i) q[i] = T(A(p[i]) * a + b);
   }
 }
-}  // namespace
 
-template <class T>
-void batchnorm_forward_train(const T* x, const T* gamma, const T* beta, T* y, T* mean, T* invstd,
-                             T* running_mean, T* running_var, int64_t N, int64_t C, int64_t HW,
-                             double momentum, double eps) {
+// T: the element type of x, y, dy, dx; P: of every per-channel array (T, or f32 beside a 16-bit
+// T).
+template <class T, class P>
+void batchnorm_forward_train_impl(const T* x, const P* gamma, const P* beta, T* y, P* mean,
+                                  P* invstd, P* running_mean, P* running_var, int64_t N, int64_t C,
+                                  int64_t HW, double momentum, double eps) {
+  using A = acc_t<T>;
   const int64_t M = N * HW;
 #pragma omp parallel for schedule(static) if (M * C > kParallelMin)
   for (int64_t c = 0; c < C; ++c) {
@@ -106,38 +114,40 @@ void batchnorm_forward_train(const T* x, const T* gamma, const T* beta, T* y, T*
     const double sq = std::max(0.0, s2 - s1 * d);  // sum (x - mu)^2
     const double var = M > 0 ? sq / static_cast<double>(M) : 0.0;
     const double is = 1.0 / std::sqrt(var + eps);
-    mean[c] = static_cast<T>(mu);
-    invstd[c] = static_cast<T>(is);
+    mean[c] = static_cast<P>(mu);
+    invstd[c] = static_cast<P>(is);
     const double a = static_cast<double>(gamma[c]) * is;
-    channel_affine(x, y, N, C, HW, c, static_cast<T>(a),
-                   static_cast<T>(static_cast<double>(beta[c]) - mu * a));
+    channel_affine(x, y, N, C, HW, c, static_cast<A>(a),
+                   static_cast<A>(static_cast<double>(beta[c]) - mu * a));
     if (running_mean && running_var) {
       const double unbiased = M > 1 ? sq / static_cast<double>(M - 1) : var;
-      running_mean[c] = static_cast<T>((1.0 - momentum) * running_mean[c] + momentum * mu);
-      running_var[c] = static_cast<T>((1.0 - momentum) * running_var[c] + momentum * unbiased);
+      running_mean[c] = static_cast<P>((1.0 - momentum) * running_mean[c] + momentum * mu);
+      running_var[c] = static_cast<P>((1.0 - momentum) * running_var[c] + momentum * unbiased);
     }
   }
 }
 
-template <class T>
-void batchnorm_forward_eval(const T* x, const T* gamma, const T* beta, const T* running_mean,
-                            const T* running_var, T* y, int64_t N, int64_t C, int64_t HW,
-                            double eps) {
+template <class T, class P>
+void batchnorm_forward_eval_impl(const T* x, const P* gamma, const P* beta, const P* running_mean,
+                                 const P* running_var, T* y, int64_t N, int64_t C, int64_t HW,
+                                 double eps) {
+  using A = acc_t<T>;
 #pragma omp parallel for schedule(static) if (N * HW * C > kParallelMin)
   for (int64_t c = 0; c < C; ++c) {
     const double is = 1.0 / std::sqrt(static_cast<double>(running_var[c]) + eps);
     const double a = static_cast<double>(gamma[c]) * is;
     const double b = static_cast<double>(beta[c]) - static_cast<double>(running_mean[c]) * a;
-    channel_affine(x, y, N, C, HW, c, static_cast<T>(a), static_cast<T>(b));
+    channel_affine(x, y, N, C, HW, c, static_cast<A>(a), static_cast<A>(b));
   }
 }
 
 // With xhat = (x - mean) * invstd and M = N*HW elements per channel:
 //   dbeta = sum dy, dgamma = sum dy * xhat,
 //   dx = gamma * invstd * (dy - dbeta / M - xhat * dgamma / M).
-template <class T>
-void batchnorm_backward(const T* dy, const T* x, const T* gamma, const T* mean, const T* invstd,
-                        T* dx, T* dgamma, T* dbeta, int64_t N, int64_t C, int64_t HW) {
+template <class T, class P>
+void batchnorm_backward_impl(const T* dy, const T* x, const P* gamma, const P* mean,
+                             const P* invstd, T* dx, P* dgamma, P* dbeta, int64_t N, int64_t C,
+                             int64_t HW) {
   const int64_t M = N * HW;
 #pragma omp parallel for schedule(static) if (M * C > kParallelMin)
   for (int64_t c = 0; c < C; ++c) {
@@ -145,8 +155,8 @@ void batchnorm_backward(const T* dy, const T* x, const T* gamma, const T* mean, 
     double sum_dy, sum_dy_xhat;
     channel_grad_sums(dy, x, N, C, HW, c, mu, sum_dy, sum_dy_xhat);
     sum_dy_xhat *= is;
-    if (dbeta) dbeta[c] = static_cast<T>(sum_dy);
-    if (dgamma) dgamma[c] = static_cast<T>(sum_dy_xhat);
+    if (dbeta) dbeta[c] = static_cast<P>(sum_dy);
+    if (dgamma) dgamma[c] = static_cast<P>(sum_dy_xhat);
     if (!dx || M == 0) continue;
     // dx = k * dy + k_x * x + k_0, folded per channel.
     const double k = static_cast<double>(gamma[c]) * is;
@@ -165,10 +175,11 @@ void batchnorm_backward(const T* dy, const T* x, const T* gamma, const T* mean, 
 }
 
 // Eval mode normalizes with constants: dx = dy * gamma / sqrt(running_var + eps).
-template <class T>
-void batchnorm_backward_eval(const T* dy, const T* x, const T* gamma, const T* running_mean,
-                             const T* running_var, T* dx, T* dgamma, T* dbeta, int64_t N, int64_t C,
-                             int64_t HW, double eps) {
+template <class T, class P>
+void batchnorm_backward_eval_impl(const T* dy, const T* x, const P* gamma, const P* running_mean,
+                                  const P* running_var, T* dx, P* dgamma, P* dbeta, int64_t N,
+                                  int64_t C, int64_t HW, double eps) {
+  using A = acc_t<T>;
 #pragma omp parallel for schedule(static) if (N * HW * C > kParallelMin)
   for (int64_t c = 0; c < C; ++c) {
     const double is = 1.0 / std::sqrt(static_cast<double>(running_var[c]) + eps);
@@ -176,19 +187,55 @@ void batchnorm_backward_eval(const T* dy, const T* x, const T* gamma, const T* r
     if (dgamma || dbeta) {
       double sum_dy, sum_dy_xhat;
       channel_grad_sums(dy, x, N, C, HW, c, mu, sum_dy, sum_dy_xhat);
-      if (dbeta) dbeta[c] = static_cast<T>(sum_dy);
-      if (dgamma) dgamma[c] = static_cast<T>(sum_dy_xhat * is);
+      if (dbeta) dbeta[c] = static_cast<P>(sum_dy);
+      if (dgamma) dgamma[c] = static_cast<P>(sum_dy_xhat * is);
     }
     if (dx) {
-      const T k = static_cast<T>(static_cast<double>(gamma[c]) * is);
+      const A k = static_cast<A>(static_cast<double>(gamma[c]) * is);
       for (int64_t n = 0; n < N; ++n) {
         const T* g = dy + (n * C + c) * HW;
         T* q = dx + (n * C + c) * HW;
-        for (int64_t i = 0; i < HW; ++i) q[i] = g[i] * k;
+        for (int64_t i = 0; i < HW; ++i) q[i] = T(A(g[i]) * k);
       }
     }
   }
 }
+}  // namespace
+
+// The launchers: P = T (f32, f64), or f32 beside a 16-bit T (the _lowp forms).
+#define REGEN_BN_LAUNCHERS(suffix, P_OF)                                                           \
+  template <class T>                                                                               \
+  void batchnorm_forward_train##suffix(const T* x, const P_OF* gamma, const P_OF* beta, T* y,      \
+                                       P_OF* mean, P_OF* invstd, P_OF* running_mean,               \
+                                       P_OF* running_var, int64_t N, int64_t C, int64_t HW,        \
+                                       double momentum, double eps) {                              \
+    batchnorm_forward_train_impl<T, P_OF>(x, gamma, beta, y, mean, invstd, running_mean,           \
+                                          running_var, N, C, HW, momentum, eps);                   \
+  }                                                                                                \
+  template <class T>                                                                               \
+  void batchnorm_forward_eval##suffix(const T* x, const P_OF* gamma, const P_OF* beta,             \
+                                      const P_OF* running_mean, const P_OF* running_var, T* y,     \
+                                      int64_t N, int64_t C, int64_t HW, double eps) {              \
+    batchnorm_forward_eval_impl<T, P_OF>(x, gamma, beta, running_mean, running_var, y, N, C, HW,   \
+                                         eps);                                                     \
+  }                                                                                                \
+  template <class T>                                                                               \
+  void batchnorm_backward##suffix(const T* dy, const T* x, const P_OF* gamma, const P_OF* mean,    \
+                                  const P_OF* invstd, T* dx, P_OF* dgamma, P_OF* dbeta, int64_t N, \
+                                  int64_t C, int64_t HW) {                                         \
+    batchnorm_backward_impl<T, P_OF>(dy, x, gamma, mean, invstd, dx, dgamma, dbeta, N, C, HW);     \
+  }                                                                                                \
+  template <class T>                                                                               \
+  void batchnorm_backward_eval##suffix(const T* dy, const T* x, const P_OF* gamma,                 \
+                                       const P_OF* running_mean, const P_OF* running_var, T* dx,   \
+                                       P_OF* dgamma, P_OF* dbeta, int64_t N, int64_t C,            \
+                                       int64_t HW, double eps) {                                   \
+    batchnorm_backward_eval_impl<T, P_OF>(dy, x, gamma, running_mean, running_var, dx, dgamma,     \
+                                          dbeta, N, C, HW, eps);                                   \
+  }
+REGEN_BN_LAUNCHERS(, T)
+REGEN_BN_LAUNCHERS(_lowp, float)
+#undef REGEN_BN_LAUNCHERS
 
 #define REGEN_INSTANTIATE(T)                                                                     \
   template void batchnorm_forward_train<T>(const T*, const T*, const T*, T*, T*, T*, T*, T*,     \
@@ -202,5 +249,22 @@ void batchnorm_backward_eval(const T* dy, const T* x, const T* gamma, const T* r
 REGEN_INSTANTIATE(float)
 REGEN_INSTANTIATE(double)
 #undef REGEN_INSTANTIATE
+
+#define REGEN_INSTANTIATE_LOWP(T)                                                                  \
+  template void batchnorm_forward_train_lowp<T>(const T*, const float*, const float*, T*, float*,  \
+                                                float*, float*, float*, int64_t, int64_t, int64_t, \
+                                                double, double);                                   \
+  template void batchnorm_forward_eval_lowp<T>(const T*, const float*, const float*, const float*, \
+                                               const float*, T*, int64_t, int64_t, int64_t,        \
+                                               double);                                            \
+  template void batchnorm_backward_lowp<T>(const T*, const T*, const float*, const float*,         \
+                                           const float*, T*, float*, float*, int64_t, int64_t,     \
+                                           int64_t);                                               \
+  template void batchnorm_backward_eval_lowp<T>(const T*, const T*, const float*, const float*,    \
+                                                const float*, T*, float*, float*, int64_t,         \
+                                                int64_t, int64_t, double);
+REGEN_INSTANTIATE_LOWP(bfloat16)
+REGEN_INSTANTIATE_LOWP(float16)
+#undef REGEN_INSTANTIATE_LOWP
 
 }  // namespace regen::cpu

@@ -1,6 +1,10 @@
 // CPU embedding lookup and its dense gradient (declared in kernels/kernels.h).
 // Ids are validated before any thread starts, so a bad id throws from the calling thread.
-// Tests: tests/test_gradcheck_nlp.cpp (gradient), tests/test_ops_nlp.cpp (errors, values).
+// A 16-bit table (bfloat16, float16) gathers its rows exactly; its gradient adds each token's row
+// in f32 and rounds after each add (a row used by k tokens is rounded k times; a table's gradient
+// is normally an f32 master weight's, where this does not arise). Tests:
+// tests/test_gradcheck_nlp.cpp (gradient), tests/test_ops_nlp.cpp (errors, values),
+// tests/test_amp_ops.cpp (16-bit).
 #include <omp.h>
 
 #include <algorithm>
@@ -43,10 +47,21 @@ void embedding_backward(const T* dy, const int64_t* ids, T* dweight, int64_t n, 
     for (int64_t i = 0; i < n; ++i) {
       const T* src = dy + i * D;
       T* dst = dweight + ids[i] * D;
-      for (int64_t c = c0; c < c1; ++c) dst[c] += src[c];
+      if constexpr (is_half_v<T>) {
+        for (int64_t c = c0; c < c1; ++c) dst[c] = T(static_cast<float>(dst[c]) + src[c]);
+      } else {
+        for (int64_t c = c0; c < c1; ++c) dst[c] += src[c];
+      }
     }
   }
 }
+
+#define REGEN_INSTANTIATE(T)                                                                   \
+  template void embedding_forward<T>(const T*, const int64_t*, T*, int64_t, int64_t, int64_t); \
+  template void embedding_backward<T>(const T*, const int64_t*, T*, int64_t, int64_t, int64_t);
+REGEN_INSTANTIATE(bfloat16)
+REGEN_INSTANTIATE(float16)
+#undef REGEN_INSTANTIATE
 
 template void embedding_forward<float>(const float*, const int64_t*, float*, int64_t, int64_t,
                                        int64_t);

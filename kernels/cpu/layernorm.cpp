@@ -1,7 +1,11 @@
 // CPU layer normalization over the last dimension (declared in kernels/kernels.h), with the
 // biased variance and eps inside the square root, as torch.nn.functional.layer_norm. Row sums and
 // the dgamma/dbeta column sums accumulate in double in a fixed order, so results do not depend on
-// the thread count. Tests: tests/test_ops_nlp.cpp (values), tests/test_gradcheck_nlp.cpp.
+// the thread count. The 16-bit launchers (layernorm_forward_lowp / layernorm_backward_lowp,
+// declared beside the op in autograd/ops_layernorm.cpp) read x and dy and write y and dx in bf16 or
+// f16, with gamma, beta, mean, rstd, dgamma and dbeta in f32; they run the same template with the
+// arithmetic in f32 (acc_t) and round once per stored element. Tests: tests/test_ops_nlp.cpp
+// (values), tests/test_gradcheck_nlp.cpp, tests/test_amp_ops.cpp (16-bit against f32).
 #include <omp.h>
 
 #include <algorithm>
@@ -13,11 +17,13 @@ namespace regen::cpu {
 namespace {
 constexpr int64_t kParallelMin = 1 << 14;  // elements below which one thread is faster
 constexpr int64_t kColumnBlock = 64;       // columns one dgamma/dbeta task owns
-}  // namespace
 
-template <class T>
-void layernorm_forward(const T* x, const T* gamma, const T* beta, T* y, T* mean, T* rstd, int64_t M,
-                       int64_t N, double eps) {
+// T: the element type of x, y, dy, dx; P: of gamma, beta, the statistics and their gradients
+// (T, or f32 beside a 16-bit T). Arithmetic is in A = acc_t<T>.
+template <class T, class P>
+void layernorm_forward_impl(const T* x, const P* gamma, const P* beta, T* y, P* mean, P* rstd,
+                            int64_t M, int64_t N, double eps) {
+  using A = acc_t<T>;
 #pragma omp parallel for schedule(static) if (M * N > kParallelMin)
   for (int64_t r = 0; r < M; ++r) {
     const T* xr = x + r * N;
@@ -32,37 +38,38 @@ void layernorm_forward(const T* x, const T* gamma, const T* beta, T* y, T* mean,
       sq += d * d;
     }
     const double rs = 1.0 / std::sqrt(sq / static_cast<double>(N) + eps);
-    const T mu_t = static_cast<T>(mu), rs_t = static_cast<T>(rs);
+    const A mu_t = static_cast<A>(mu), rs_t = static_cast<A>(rs);
     for (int64_t j = 0; j < N; ++j) {
-      const T xhat = (xr[j] - mu_t) * rs_t;
-      yr[j] = (gamma ? xhat * gamma[j] : xhat) + (beta ? beta[j] : T(0));
+      const A xhat = (A(xr[j]) - mu_t) * rs_t;
+      yr[j] = T((gamma ? xhat * A(gamma[j]) : xhat) + (beta ? A(beta[j]) : A(0)));
     }
-    mean[r] = mu_t;
-    rstd[r] = rs_t;
+    mean[r] = P(mu_t);
+    rstd[r] = P(rs_t);
   }
 }
 
-template <class T>
-void layernorm_backward(const T* dy, const T* x, const T* gamma, const T* mean, const T* rstd,
-                        T* dx, T* dgamma, T* dbeta, int64_t M, int64_t N) {
+template <class T, class P>
+void layernorm_backward_impl(const T* dy, const T* x, const P* gamma, const P* mean, const P* rstd,
+                             T* dx, P* dgamma, P* dbeta, int64_t M, int64_t N) {
+  using A = acc_t<T>;
   // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) with g = dy * gamma.
 #pragma omp parallel for schedule(static) if (M * N > kParallelMin)
   for (int64_t r = 0; r < M; ++r) {
     const T *xr = x + r * N, *dyr = dy + r * N;
     T* dxr = dx + r * N;
-    const T mu = mean[r], rs = rstd[r];
+    const A mu = mean[r], rs = rstd[r];
     double sum_g = 0, sum_gx = 0;
     for (int64_t j = 0; j < N; ++j) {
-      const T g = gamma ? dyr[j] * gamma[j] : dyr[j];
+      const A g = gamma ? A(dyr[j]) * A(gamma[j]) : A(dyr[j]);
       sum_g += static_cast<double>(g);
-      sum_gx += static_cast<double>(g) * static_cast<double>((xr[j] - mu) * rs);
+      sum_gx += static_cast<double>(g) * static_cast<double>((A(xr[j]) - mu) * rs);
     }
-    const T a = static_cast<T>(sum_g / static_cast<double>(N));
-    const T b = static_cast<T>(sum_gx / static_cast<double>(N));
+    const A a = static_cast<A>(sum_g / static_cast<double>(N));
+    const A b = static_cast<A>(sum_gx / static_cast<double>(N));
     for (int64_t j = 0; j < N; ++j) {
-      const T g = gamma ? dyr[j] * gamma[j] : dyr[j];
-      const T xhat = (xr[j] - mu) * rs;
-      dxr[j] = rs * (g - a - xhat * b);
+      const A g = gamma ? A(dyr[j]) * A(gamma[j]) : A(dyr[j]);
+      const A xhat = (A(xr[j]) - mu) * rs;
+      dxr[j] = T(rs * (g - a - xhat * b));
     }
   }
   if (!dgamma && !dbeta) return;
@@ -74,18 +81,51 @@ void layernorm_backward(const T* dy, const T* x, const T* gamma, const T* mean, 
     double acc_g[kColumnBlock] = {0}, acc_b[kColumnBlock] = {0};
     for (int64_t r = 0; r < M; ++r) {
       const T *xr = x + r * N, *dyr = dy + r * N;
-      const T mu = mean[r], rs = rstd[r];
+      const A mu = mean[r], rs = rstd[r];
       for (int64_t c = c0; c < c1; ++c) {
-        acc_g[c - c0] += static_cast<double>(dyr[c]) * static_cast<double>((xr[c] - mu) * rs);
-        acc_b[c - c0] += static_cast<double>(dyr[c]);
+        const A g = dyr[c];
+        acc_g[c - c0] += static_cast<double>(g) * static_cast<double>((A(xr[c]) - mu) * rs);
+        acc_b[c - c0] += static_cast<double>(g);
       }
     }
     for (int64_t c = c0; c < c1; ++c) {
-      if (dgamma) dgamma[c] = static_cast<T>(acc_g[c - c0]);
-      if (dbeta) dbeta[c] = static_cast<T>(acc_b[c - c0]);
+      if (dgamma) dgamma[c] = static_cast<P>(acc_g[c - c0]);
+      if (dbeta) dbeta[c] = static_cast<P>(acc_b[c - c0]);
     }
   }
 }
+}  // namespace
+
+template <class T>
+void layernorm_forward(const T* x, const T* gamma, const T* beta, T* y, T* mean, T* rstd, int64_t M,
+                       int64_t N, double eps) {
+  layernorm_forward_impl<T, T>(x, gamma, beta, y, mean, rstd, M, N, eps);
+}
+template <class T>
+void layernorm_backward(const T* dy, const T* x, const T* gamma, const T* mean, const T* rstd,
+                        T* dx, T* dgamma, T* dbeta, int64_t M, int64_t N) {
+  layernorm_backward_impl<T, T>(dy, x, gamma, mean, rstd, dx, dgamma, dbeta, M, N);
+}
+template <class T>
+void layernorm_forward_lowp(const T* x, const float* gamma, const float* beta, T* y, float* mean,
+                            float* rstd, int64_t M, int64_t N, double eps) {
+  layernorm_forward_impl<T, float>(x, gamma, beta, y, mean, rstd, M, N, eps);
+}
+template <class T>
+void layernorm_backward_lowp(const T* dy, const T* x, const float* gamma, const float* mean,
+                             const float* rstd, T* dx, float* dgamma, float* dbeta, int64_t M,
+                             int64_t N) {
+  layernorm_backward_impl<T, float>(dy, x, gamma, mean, rstd, dx, dgamma, dbeta, M, N);
+}
+
+#define REGEN_INSTANTIATE_LOWP(T)                                                           \
+  template void layernorm_forward_lowp<T>(const T*, const float*, const float*, T*, float*, \
+                                          float*, int64_t, int64_t, double);                \
+  template void layernorm_backward_lowp<T>(const T*, const T*, const float*, const float*,  \
+                                           const float*, T*, float*, float*, int64_t, int64_t);
+REGEN_INSTANTIATE_LOWP(bfloat16)
+REGEN_INSTANTIATE_LOWP(float16)
+#undef REGEN_INSTANTIATE_LOWP
 
 template void layernorm_forward<float>(const float*, const float*, const float*, float*, float*,
                                        float*, int64_t, int64_t, double);

@@ -3,7 +3,12 @@
 // average pooling with count_include_pad=True, and global average pooling; forward and backward.
 // Work is split over (image, channel) planes and every plane is written by one thread, so the
 // backward scatters need no atomics and sum in a fixed order.
-// Tests: tests/test_ops_vision.cpp (against nested loops), tests/test_gradcheck_vision.cpp.
+// 16-bit planes (bfloat16, float16) compare and sum in f32 (acc_t) and round once per output; their
+// backward scatters are gathers instead (each input element sums, in f32 and in the scatter's
+// order, the outputs whose window holds it, and is rounded once), so each 16-bit result is the f32
+// kernel's on the widened inputs, rounded.
+// Tests: tests/test_ops_vision.cpp (against nested loops), tests/test_gradcheck_vision.cpp,
+// tests/test_amp_ops.cpp (16-bit against f32).
 #include <omp.h>
 
 #include <algorithm>
@@ -21,6 +26,42 @@ inline void window(int64_t p, int64_t stride, int64_t pad, int64_t k, int64_t ex
   const int64_t start = p * stride - pad;
   lo = std::max<int64_t>(start, 0);
   hi = std::min<int64_t>(start + k, extent);
+}
+
+// Outputs [lo, hi) along one axis (of `outputs` positions) whose window covers input row h: the
+// inverse of window().
+inline void covering(int64_t h, int64_t stride, int64_t pad, int64_t k, int64_t outputs,
+                     int64_t& lo, int64_t& hi) {
+  const int64_t first = h + pad - k;  // p * stride > first
+  lo = first < 0 ? 0 : first / stride + 1;
+  hi = std::min<int64_t>((h + pad) / stride + 1, outputs);
+}
+
+// The 16-bit backward of max pooling, as a gather: dx[h, w] sums dy over the outputs (in output
+// order) whose chosen element is (h, w); `chosen(i, j)` is output j's plane index in plane i.
+template <class T, class Chosen>
+void maxpool2d_backward_gather(const T* dy, T* dx, const PoolShape& s, Chosen chosen) {
+  const int64_t planes = s.N * s.C, hw = s.H * s.W, pq = s.P * s.Q;
+#pragma omp parallel for schedule(static) if (planes * (pq + hw) > kParallelMin)
+  for (int64_t i = 0; i < planes; ++i) {
+    for (int64_t h = 0; h < s.H; ++h) {
+      int64_t p0, p1;
+      covering(h, s.stride_h, s.pad_h, s.kh, s.P, p0, p1);
+      for (int64_t w = 0; w < s.W; ++w) {
+        int64_t q0, q1;
+        covering(w, s.stride_w, s.pad_w, s.kw, s.Q, q0, q1);
+        const int64_t at = h * s.W + w;
+        float acc = 0.0f;
+        for (int64_t p = p0; p < p1; ++p) {
+          for (int64_t q = q0; q < q1; ++q) {
+            const int64_t j = p * s.Q + q;
+            if (chosen(i, j) == at) acc += static_cast<float>(dy[i * pq + j]);
+          }
+        }
+        dx[i * hw + at] = T(acc);
+      }
+    }
+  }
 }
 }  // namespace
 
@@ -49,10 +90,10 @@ void maxpool2d_forward(const T* x, T* y, int32_t* argmax, const PoolShape& s) {
           const int64_t q_hi = last < 0 ? 0 : std::min<int64_t>(s.Q, last / s.stride_w + 1);
           for (int64_t q = q_lo; q < q_hi; ++q) {
             const int64_t at = q * s.stride_w + shift;
-            const T v = row[at];
-            const T b = best[q];
+            const acc_t<T> v = row[at];
+            const acc_t<T> b = best[q];
             const bool take = best_at[q] < 0 || v > b || (v != v && b == b);
-            best[q] = take ? v : b;
+            best[q] = T(take ? v : b);
             best_at[q] = take ? static_cast<int32_t>(h * s.W + at) : best_at[q];
           }
         }
@@ -63,13 +104,19 @@ void maxpool2d_forward(const T* x, T* y, int32_t* argmax, const PoolShape& s) {
 
 template <class T>
 void maxpool2d_backward(const T* dy, const int32_t* argmax, T* dx, const PoolShape& s) {
-  const int64_t planes = s.N * s.C, hw = s.H * s.W, pq = s.P * s.Q;
+  if constexpr (is_half_v<T>) {
+    const int64_t pq = s.P * s.Q;
+    maxpool2d_backward_gather(dy, dx, s,
+                              [&](int64_t i, int64_t j) -> int64_t { return argmax[i * pq + j]; });
+  } else {
+    const int64_t planes = s.N * s.C, hw = s.H * s.W, pq = s.P * s.Q;
 #pragma omp parallel for schedule(static) if (planes * (pq + hw) > kParallelMin)
-  for (int64_t i = 0; i < planes; ++i) {
-    T* out = dx + i * hw;
-    std::fill(out, out + hw, T(0));
-    // Overlapping windows can pick the same element: add in output order.
-    for (int64_t j = 0; j < pq; ++j) out[argmax[i * pq + j]] += dy[i * pq + j];
+    for (int64_t i = 0; i < planes; ++i) {
+      T* out = dx + i * hw;
+      std::fill(out, out + hw, T(0));
+      // Overlapping windows can pick the same element: add in output order.
+      for (int64_t j = 0; j < pq; ++j) out[argmax[i * pq + j]] += dy[i * pq + j];
+    }
   }
 }
 
@@ -93,11 +140,11 @@ void maxpool2d_forward_packed(const T* x, T* y, uint32_t* codes, const PoolShape
         int64_t h0, h1, w0, w1;
         window(p, s.stride_h, s.pad_h, s.kh, s.H, h0, h1);
         window(q, s.stride_w, s.pad_w, s.kw, s.W, w0, w1);
-        T best = T(0);
+        acc_t<T> best = 0;
         int64_t best_h = -1, best_w = -1;
         for (int64_t h = h0; h < h1; ++h) {
           for (int64_t w = w0; w < w1; ++w) {
-            const T v = in[h * s.W + w];
+            const acc_t<T> v = in[h * s.W + w];
             if (best_h < 0 || v > best || (v != v && best == best)) {
               best = v;
               best_h = h;
@@ -105,7 +152,7 @@ void maxpool2d_forward_packed(const T* x, T* y, uint32_t* codes, const PoolShape
             }
           }
         }
-        y[i * pq + j] = best;
+        y[i * pq + j] = T(best);
         const uint32_t code = static_cast<uint32_t>((best_h - top) * s.kw + (best_w - left));
         word |= code << (e * bits);
       }
@@ -120,17 +167,27 @@ void maxpool2d_backward_packed(const T* dy, const uint32_t* codes, T* dx, const 
   const int bits = pool_code_bits(s);
   const int64_t per_word = 32 / bits, words = pool_code_words_per_plane(s);
   const uint32_t field = bits == 32 ? 0xffffffffu : (1u << bits) - 1u;
-#pragma omp parallel for schedule(static) if (planes * (pq + hw) > kParallelMin)
-  for (int64_t i = 0; i < planes; ++i) {
-    T* out = dx + i * hw;
-    std::fill(out, out + hw, T(0));
-    // In output order, as the argmax form adds.
-    for (int64_t j = 0; j < pq; ++j) {
+  if constexpr (is_half_v<T>) {
+    maxpool2d_backward_gather(dy, dx, s, [&](int64_t i, int64_t j) -> int64_t {
       const uint32_t code = (codes[i * words + j / per_word] >> ((j % per_word) * bits)) & field;
       const int64_t p = j / s.Q, q = j % s.Q;
       const int64_t h = p * s.stride_h - s.pad_h + static_cast<int64_t>(code) / s.kw;
       const int64_t w = q * s.stride_w - s.pad_w + static_cast<int64_t>(code) % s.kw;
-      out[h * s.W + w] += dy[i * pq + j];
+      return h * s.W + w;
+    });
+  } else {
+#pragma omp parallel for schedule(static) if (planes * (pq + hw) > kParallelMin)
+    for (int64_t i = 0; i < planes; ++i) {
+      T* out = dx + i * hw;
+      std::fill(out, out + hw, T(0));
+      // In output order, as the argmax form adds.
+      for (int64_t j = 0; j < pq; ++j) {
+        const uint32_t code = (codes[i * words + j / per_word] >> ((j % per_word) * bits)) & field;
+        const int64_t p = j / s.Q, q = j % s.Q;
+        const int64_t h = p * s.stride_h - s.pad_h + static_cast<int64_t>(code) / s.kw;
+        const int64_t w = q * s.stride_w - s.pad_w + static_cast<int64_t>(code) % s.kw;
+        out[h * s.W + w] += dy[i * pq + j];
+      }
     }
   }
 }
@@ -163,20 +220,42 @@ void avgpool2d_forward(const T* x, T* y, const PoolShape& s) {
 template <class T>
 void avgpool2d_backward(const T* dy, T* dx, const PoolShape& s) {
   const int64_t planes = s.N * s.C, hw = s.H * s.W, pq = s.P * s.Q;
-  const T inv = static_cast<T>(1.0 / static_cast<double>(s.kh * s.kw));
+  const acc_t<T> inv = static_cast<acc_t<T>>(1.0 / static_cast<double>(s.kh * s.kw));
+  if constexpr (is_half_v<T>) {
+    // A gather: input (h, w) adds g = dy * inv of the windows that hold it, in the order the
+    // scatter below adds them (outputs row by row), in f32.
 #pragma omp parallel for schedule(static) if (planes * pq * s.kh * s.kw > kParallelMin)
-  for (int64_t i = 0; i < planes; ++i) {
-    T* out = dx + i * hw;
-    std::fill(out, out + hw, T(0));
-    for (int64_t p = 0; p < s.P; ++p) {
-      int64_t h0, h1;
-      window(p, s.stride_h, s.pad_h, s.kh, s.H, h0, h1);
-      for (int64_t q = 0; q < s.Q; ++q) {
-        int64_t w0, w1;
-        window(q, s.stride_w, s.pad_w, s.kw, s.W, w0, w1);
-        const T g = dy[i * pq + p * s.Q + q] * inv;
-        for (int64_t h = h0; h < h1; ++h) {
-          for (int64_t w = w0; w < w1; ++w) out[h * s.W + w] += g;
+    for (int64_t i = 0; i < planes; ++i) {
+      for (int64_t h = 0; h < s.H; ++h) {
+        int64_t p0, p1;
+        covering(h, s.stride_h, s.pad_h, s.kh, s.P, p0, p1);
+        for (int64_t w = 0; w < s.W; ++w) {
+          int64_t q0, q1;
+          covering(w, s.stride_w, s.pad_w, s.kw, s.Q, q0, q1);
+          float acc = 0.0f;
+          for (int64_t p = p0; p < p1; ++p) {
+            for (int64_t q = q0; q < q1; ++q)
+              acc += static_cast<float>(dy[i * pq + p * s.Q + q]) * inv;
+          }
+          dx[i * hw + h * s.W + w] = T(acc);
+        }
+      }
+    }
+  } else {
+#pragma omp parallel for schedule(static) if (planes * pq * s.kh * s.kw > kParallelMin)
+    for (int64_t i = 0; i < planes; ++i) {
+      T* out = dx + i * hw;
+      std::fill(out, out + hw, T(0));
+      for (int64_t p = 0; p < s.P; ++p) {
+        int64_t h0, h1;
+        window(p, s.stride_h, s.pad_h, s.kh, s.H, h0, h1);
+        for (int64_t q = 0; q < s.Q; ++q) {
+          int64_t w0, w1;
+          window(q, s.stride_w, s.pad_w, s.kw, s.W, w0, w1);
+          const T g = dy[i * pq + p * s.Q + q] * inv;
+          for (int64_t h = h0; h < h1; ++h) {
+            for (int64_t w = w0; w < w1; ++w) out[h * s.W + w] += g;
+          }
         }
       }
     }
@@ -215,6 +294,8 @@ void global_avgpool_backward(const T* dy, T* dx, int64_t NC, int64_t HW) {
   template void global_avgpool_backward<T>(const T*, T*, int64_t, int64_t);
 REGEN_INSTANTIATE(float)
 REGEN_INSTANTIATE(double)
+REGEN_INSTANTIATE(bfloat16)
+REGEN_INSTANTIATE(float16)
 #undef REGEN_INSTANTIATE
 
 }  // namespace regen::cpu

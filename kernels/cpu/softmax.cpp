@@ -1,7 +1,9 @@
 // CPU softmax over the last dimension (declared in kernels/kernels.h). The row maximum is
 // subtracted before exponentiating, and row sums accumulate in double. Rows are independent, so
 // results do not depend on the thread count. Tests: tests/test_ops_nlp.cpp (values, including
-// large logits), tests/test_gradcheck_nlp.cpp.
+// large logits), tests/test_gradcheck_nlp.cpp. A 16-bit row (bfloat16, float16) computes in f32 as
+// the f32 kernel does (the exponentials are computed twice, for the sum and for the output, rather
+// than stored) and rounds each output once: tests/test_amp_ops.cpp.
 #include <omp.h>
 
 #include <algorithm>
@@ -20,15 +22,22 @@ void softmax_forward(const T* x, T* y, int64_t M, int64_t N) {
   for (int64_t r = 0; r < M; ++r) {
     const T* xr = x + r * N;
     T* yr = y + r * N;
-    T mx = -INFINITY;
-    for (int64_t j = 0; j < N; ++j) mx = std::max(mx, xr[j]);
+    using A = acc_t<T>;
+    A mx = -INFINITY;
+    for (int64_t j = 0; j < N; ++j) mx = std::max(mx, static_cast<A>(xr[j]));
     double sum = 0;
-    for (int64_t j = 0; j < N; ++j) {
-      yr[j] = std::exp(xr[j] - mx);
-      sum += static_cast<double>(yr[j]);
+    if constexpr (is_half_v<T>) {
+      for (int64_t j = 0; j < N; ++j) sum += static_cast<double>(std::exp(A(xr[j]) - mx));
+      const A inv = static_cast<A>(1.0 / sum);
+      for (int64_t j = 0; j < N; ++j) yr[j] = T(std::exp(A(xr[j]) - mx) * inv);
+    } else {
+      for (int64_t j = 0; j < N; ++j) {
+        yr[j] = std::exp(xr[j] - mx);
+        sum += static_cast<double>(yr[j]);
+      }
+      const T inv = static_cast<T>(1.0 / sum);
+      for (int64_t j = 0; j < N; ++j) yr[j] *= inv;
     }
-    const T inv = static_cast<T>(1.0 / sum);
-    for (int64_t j = 0; j < N; ++j) yr[j] *= inv;
   }
 }
 
@@ -41,8 +50,9 @@ void softmax_backward(const T* dy, const T* y, T* dx, int64_t M, int64_t N) {
     T* dxr = dx + r * N;
     double dot = 0;
     for (int64_t j = 0; j < N; ++j) dot += static_cast<double>(dyr[j]) * static_cast<double>(yr[j]);
-    const T d = static_cast<T>(dot);
-    for (int64_t j = 0; j < N; ++j) dxr[j] = yr[j] * (dyr[j] - d);
+    using A = acc_t<T>;
+    const A d = static_cast<A>(dot);
+    for (int64_t j = 0; j < N; ++j) dxr[j] = T(A(yr[j]) * (A(dyr[j]) - d));
   }
 }
 
@@ -50,5 +60,10 @@ template void softmax_forward<float>(const float*, float*, int64_t, int64_t);
 template void softmax_forward<double>(const double*, double*, int64_t, int64_t);
 template void softmax_backward<float>(const float*, const float*, float*, int64_t, int64_t);
 template void softmax_backward<double>(const double*, const double*, double*, int64_t, int64_t);
+template void softmax_forward<bfloat16>(const bfloat16*, bfloat16*, int64_t, int64_t);
+template void softmax_forward<float16>(const float16*, float16*, int64_t, int64_t);
+template void softmax_backward<bfloat16>(const bfloat16*, const bfloat16*, bfloat16*, int64_t,
+                                         int64_t);
+template void softmax_backward<float16>(const float16*, const float16*, float16*, int64_t, int64_t);
 
 }  // namespace regen::cpu

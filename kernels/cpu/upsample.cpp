@@ -13,7 +13,8 @@
 // order, the same as the CUDA kernels' (kernels/cuda/upsample.cu). All weights are exact binary
 // fractions.
 //
-// Work is split over planes (OpenMP).
+// 16-bit planes (bfloat16, float16) compute in f32 (acc_t) and round once per output, so each
+// result is the f32 kernel's on the widened input, rounded. Work is split over planes (OpenMP).
 // Tests: tests/test_ops_upsample.cpp (against loops and PyTorch values),
 // tests/test_gradcheck_upsample.cpp.
 #include <omp.h>
@@ -64,7 +65,7 @@ void upsample2x_nearest_forward(const T* x, T* y, int64_t NC, int64_t H, int64_t
     for (int64_t h = 0; h < H; ++h) {
       const T* in = x + (i * H + h) * W;
       T* out = y + (i * 2 * H + 2 * h) * W2;
-      for (int64_t w = 0; w < W2; ++w) out[w] = in[w >> 1];
+      for (int64_t w = 0; w < W2; ++w) out[w] = in[w >> 1];  // a copy: exact in any dtype
       for (int64_t w = 0; w < W2; ++w) out[W2 + w] = out[w];
     }
   }
@@ -72,6 +73,7 @@ void upsample2x_nearest_forward(const T* x, T* y, int64_t NC, int64_t H, int64_t
 
 template <class T>
 void upsample2x_nearest_backward(const T* dy, T* dx, int64_t NC, int64_t H, int64_t W) {
+  using A = acc_t<T>;
   const int64_t W2 = 2 * W;
 #pragma omp parallel for schedule(static) if (NC * H * W * 4 > kParallelMin)
   for (int64_t i = 0; i < NC; ++i) {
@@ -80,7 +82,7 @@ void upsample2x_nearest_backward(const T* dy, T* dx, int64_t NC, int64_t H, int6
       const T* bottom = top + W2;
       T* out = dx + (i * H + h) * W;
       for (int64_t w = 0; w < W; ++w) {
-        out[w] = (top[2 * w] + top[2 * w + 1]) + (bottom[2 * w] + bottom[2 * w + 1]);
+        out[w] = T((A(top[2 * w]) + A(top[2 * w + 1])) + (A(bottom[2 * w]) + A(bottom[2 * w + 1])));
       }
     }
   }
@@ -88,24 +90,26 @@ void upsample2x_nearest_backward(const T* dy, T* dx, int64_t NC, int64_t H, int6
 
 template <class T>
 void upsample2x_bilinear_forward(const T* x, T* y, int64_t NC, int64_t H, int64_t W) {
+  using A = acc_t<T>;
   const int64_t H2 = 2 * H, W2 = 2 * W;
 #pragma omp parallel for schedule(static) if (NC * H * W * 4 > kParallelMin)
   for (int64_t i = 0; i < NC; ++i) {
     const T* in = x + i * H * W;
     for (int64_t oh = 0; oh < H2; ++oh) {
       int64_t h0, h1;
-      T lh1;
+      A lh1;
       source(oh, H, h0, h1, lh1);
-      const T lh0 = T(1) - lh1;
+      const A lh0 = A(1) - lh1;
       const T* r0 = in + h0 * W;
       const T* r1 = in + h1 * W;
       T* out = y + (i * H2 + oh) * W2;
       for (int64_t ow = 0; ow < W2; ++ow) {
         int64_t w0, w1;
-        T lw1;
+        A lw1;
         source(ow, W, w0, w1, lw1);
-        const T lw0 = T(1) - lw1;
-        out[ow] = lh0 * (lw0 * r0[w0] + lw1 * r0[w1]) + lh1 * (lw0 * r1[w0] + lw1 * r1[w1]);
+        const A lw0 = A(1) - lw1;
+        out[ow] = T(lh0 * (lw0 * A(r0[w0]) + lw1 * A(r0[w1])) +
+                    lh1 * (lw0 * A(r1[w0]) + lw1 * A(r1[w1])));
       }
     }
   }
@@ -113,26 +117,27 @@ void upsample2x_bilinear_forward(const T* x, T* y, int64_t NC, int64_t H, int64_
 
 template <class T>
 void upsample2x_bilinear_backward(const T* dy, T* dx, int64_t NC, int64_t H, int64_t W) {
+  using A = acc_t<T>;
   const int64_t W2 = 2 * W;
 #pragma omp parallel for schedule(static) if (NC * H * W * 4 > kParallelMin)
   for (int64_t i = 0; i < NC; ++i) {
     const T* g = dy + i * 4 * H * W;
     for (int64_t h = 0; h < H; ++h) {
       int64_t oh0;
-      T wh[4];
+      A wh[4];
       const int nh = readers(h, H, oh0, wh);
       for (int64_t w = 0; w < W; ++w) {
         int64_t ow0;
-        T ww[4];
+        A ww[4];
         const int nw = readers(w, W, ow0, ww);
-        T acc = T(0);
+        A acc = A(0);
         for (int a = 0; a < nh; ++a) {
           const T* row = g + (oh0 + a) * W2 + ow0;
-          T part = T(0);
-          for (int b = 0; b < nw; ++b) part += ww[b] * row[b];
+          A part = A(0);
+          for (int b = 0; b < nw; ++b) part += ww[b] * A(row[b]);
           acc += wh[a] * part;
         }
-        dx[(i * H + h) * W + w] = acc;
+        dx[(i * H + h) * W + w] = T(acc);
       }
     }
   }
@@ -145,6 +150,8 @@ void upsample2x_bilinear_backward(const T* dy, T* dx, int64_t NC, int64_t H, int
   template void upsample2x_bilinear_backward<T>(const T*, T*, int64_t, int64_t, int64_t);
 REGEN_INSTANTIATE(float)
 REGEN_INSTANTIATE(double)
+REGEN_INSTANTIATE(bfloat16)
+REGEN_INSTANTIATE(float16)
 #undef REGEN_INSTANTIATE
 
 }  // namespace regen::cpu
