@@ -3,7 +3,8 @@
 // output) and the key-padding mask when there is one; it recomputes the probabilities, so nothing
 // of size S x S is saved. Dropout draws its Philox stream when the op is called, so a remat replay
 // sees the same mask. bf16 and f16 qkv (autocast's class low): a 16-bit output, the saved lse in
-// f32, products and softmax in f32, a 16-bit dqkv (tests/test_amp_gemm_ops.cpp). Gradient check: tests/test_gradcheck_nlp.cpp; values: tests/test_ops_nlp.cpp.
+// f32, products and softmax in f32, a 16-bit dqkv (tests/test_amp_gemm_ops.cpp). Gradient check:
+// tests/test_gradcheck_nlp.cpp; values: tests/test_ops_nlp.cpp.
 #include <cmath>
 
 #include "regen/autograd/op_util.h"
@@ -52,7 +53,8 @@ void attention_bwd(BackwardContext& c) {
   const AttentionShape s = attention_shape(qkv.shape(), a);
   Tensor dqkv = empty_like(qkv);
   REGEN_LAUNCH(dout.device(), T, attention_backward, dout.data<T>(), qkv.data<T>(), out.data<T>(),
-               lse.data<acc_t<T>>(), mask.defined() ? mask.data<int32_t>() : nullptr, dqkv.data<T>(), s);
+               lse.data<acc_t<T>>(), mask.defined() ? mask.data<int32_t>() : nullptr,
+               dqkv.data<T>(), s);
   c.set_grad_input(0, dqkv);
 }
 void attention_backward_op(BackwardContext& c) {

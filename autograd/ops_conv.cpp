@@ -70,8 +70,8 @@ void conv_bwd(BackwardContext& c) {
   } else if (need_bias) {
     if constexpr (is_half_v<T>) {  // the 16-bit filter launcher sums dbias alone (dw null)
       Tensor db = empty({s.K}, dy.dtype(), dev);
-      REGEN_LAUNCH(dev, T, conv2d_backward_filter, x.data<T>(), dy.data<T>(), nullptr,
-                   db.data<T>(), s);
+      REGEN_LAUNCH(dev, T, conv2d_backward_filter, x.data<T>(), dy.data<T>(), nullptr, db.data<T>(),
+                   s);
       c.set_grad_input(2, db);
     } else {
       c.set_grad_input(2, conv_bias_grad<T>(dy, s));

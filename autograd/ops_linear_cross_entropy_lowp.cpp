@@ -54,8 +54,8 @@ template <class E>
 void chunk_logits(const Tensor& x, const Tensor& w, const Dims& d, int64_t r0, int64_t rows,
                   float* logits) {
   const DType dt = dtype_of<E>::value;
-  cpu::gemm_lowp(false, true, rows, d.V, d.K, dt, x.data<E>() + r0 * d.K, d.K, dt, w.data<E>(),
-                 d.K, nullptr, false, logits, d.V);
+  cpu::gemm_lowp(false, true, rows, d.V, d.K, dt, x.data<E>() + r0 * d.K, d.K, dt, w.data<E>(), d.K,
+                 nullptr, false, logits, d.V);
 }
 
 template <class E>
@@ -120,8 +120,8 @@ void backward(BackwardContext& c) {
   } else {
     const int64_t* t = targets.data<int64_t>();
     Workspace scale(dev, sizeof(float));
-    REGEN_LAUNCH(dev, float, linear_cross_entropy_scale, dloss.data<float>(), t,
-                 scale.as<float>(), d.M, d.V, a.ignore_index);
+    REGEN_LAUNCH(dev, float, linear_cross_entropy_scale, dloss.data<float>(), t, scale.as<float>(),
+                 d.M, d.V, a.ignore_index);
     Workspace logits(dev, static_cast<uint64_t>(d.chunk * d.V) * sizeof(float));
     const std::unique_ptr<Workspace> bias = widened_bias<E>(b, d.V);
     const bool several = d.chunk < d.M;
@@ -145,8 +145,8 @@ void backward(BackwardContext& c) {
         store(dx_tile->as<float>(), dx.data<E>() + r0 * d.K, rows * d.K);
       }
       if (want_dw) {  // dW (V, K) (+)= dlogits_c^T (V, rows) * x_c (rows, K), in f32
-        cpu::gemm_lowp(true, false, d.V, d.K, rows, DType::f32, dl, d.V, dt,
-                       x.data<E>() + r0 * d.K, d.K, nullptr, !first, dw_sum->as<float>(), d.K);
+        cpu::gemm_lowp(true, false, d.V, d.K, rows, DType::f32, dl, d.V, dt, x.data<E>() + r0 * d.K,
+                       d.K, nullptr, !first, dw_sum->as<float>(), d.K);
       }
       if (want_db) {
         if (first) {

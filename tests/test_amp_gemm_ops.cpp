@@ -67,7 +67,8 @@ Tensor absolute(const Tensor& t) {
 void check_lowp(const std::string& what, const Tensor& got, DType dt, const Tensor& ref,
                 const std::vector<double>& slack) {
   REQUIRE(got.defined());
-  CHECK_MESSAGE(got.dtype() == dt, what, " is ", got.str(), ", expected ", std::string(dtype_name(dt)));
+  CHECK_MESSAGE(got.dtype() == dt, what, " is ", got.str(), ", expected ",
+                std::string(dtype_name(dt)));
   REQUIRE(got.shape() == ref.shape());
   const std::vector<double> a = values(got), b = values(ref);
   REQUIRE(slack.size() == a.size());
@@ -84,9 +85,9 @@ void check_lowp(const std::string& what, const Tensor& got, DType dt, const Tens
   }
   CHECK_MESSAGE(bad == 0, what, " (", std::string(dtype_name(dt)), "): ", bad, " of ", a.size(),
                 " values out of bound, first at ", first,
-                first >= 0 ? " (" + std::to_string(a[first]) + " against " +
-                                 std::to_string(b[first]) + ")"
-                           : std::string(),
+                first >= 0
+                    ? " (" + std::to_string(a[first]) + " against " + std::to_string(b[first]) + ")"
+                    : std::string(),
                 "; worst error / bound ", worst);
 }
 
@@ -142,8 +143,8 @@ void check_dry_run(const OpFn& fn, const std::vector<Shape>& shapes, DType dt,
     if (targets.defined()) in.push_back(targets.to(Device::cpu()));
     begin();
     Tensor y = fn(in);
-    const Tensor cot = y.dtype() == DType::f32 ? ones(y.shape(), DType::f32)
-                                               : input(y.shape(), dt, 99).low;
+    const Tensor cot =
+        y.dtype() == DType::f32 ? ones(y.shape(), DType::f32) : input(y.shape(), dt, 99).low;
     Tape::current().backward(y, cot);
   };
   const regen::testing::ScratchEvents real = scratch_events(Device::cpu(), false, body);
@@ -173,13 +174,16 @@ void check_bilinear(const std::string& name, const OpFn& fn, const Shape& xs, co
     const Input g = input(ys, dt, 4);
     const Run low = run(fn, {x.low, w.low, b.low}, g.low);
     const Run ref = run(fn, {x.wide, w.wide, b.wide}, g.wide);
-    const Run mag = run(fn, {absolute(x.wide), absolute(w.wide), absolute(b.wide)},
-                        absolute(g.wide));
+    const Run mag =
+        run(fn, {absolute(x.wide), absolute(w.wide), absolute(b.wide)}, absolute(g.wide));
     check_lowp(name + " output", low.y, dt, ref.y, bilinear_slack(mag.y, n_y, dt));
     REQUIRE(low.grads.size() == 3);
-    check_lowp(name + " dx", low.grads[0], dt, ref.grads[0], bilinear_slack(mag.grads[0], n_dx, dt));
-    check_lowp(name + " dw", low.grads[1], dt, ref.grads[1], bilinear_slack(mag.grads[1], n_dw, dt));
-    check_lowp(name + " db", low.grads[2], dt, ref.grads[2], bilinear_slack(mag.grads[2], n_db, dt));
+    check_lowp(name + " dx", low.grads[0], dt, ref.grads[0],
+               bilinear_slack(mag.grads[0], n_dx, dt));
+    check_lowp(name + " dw", low.grads[1], dt, ref.grads[1],
+               bilinear_slack(mag.grads[1], n_dw, dt));
+    check_lowp(name + " db", low.grads[2], dt, ref.grads[2],
+               bilinear_slack(mag.grads[2], n_db, dt));
     // Saved: the 16-bit x and weight, half the bytes of the f32 run's.
     CHECK(low.saved_bytes == sorted(saved16));
     std::vector<uint64_t> half_of_ref;
@@ -289,7 +293,7 @@ void check_attention(const char* name, bool causal, bool mask, float dropout_p) 
   Tensor pad_mask;
   if (mask) {
     std::vector<int32_t> m(static_cast<size_t>(B * S), 0);
-    m[5] = m[6] = 1;                  // batch 0: the last two keys are padding
+    m[5] = m[6] = 1;                   // batch 0: the last two keys are padding
     for (int64_t j = 0; j < S; ++j) {  // batch 1: every key but the second padded
       m[static_cast<size_t>(S + j)] = j == 1 ? 0 : 1;
     }
@@ -377,7 +381,7 @@ TEST_CASE("amp gemm ops: linear_cross_entropy in bf16 and f16: an f32 loss, 16-b
     };
     for (DType dt : kLow) {
       const std::string dtype = dtype_name(dt);
-    CAPTURE(dtype);
+      CAPTURE(dtype);
       const Input x = input({M, K}, dt, 31), w = input({V, K}, dt, 32), b = input({V}, dt, 33);
       const Tensor one = ones({}, DType::f32);
       const Run low = run(fn, {x.low, w.low, b.low, targets}, one);

@@ -218,8 +218,7 @@ void attention_forward_lowp(const E* qkv, const int32_t* key_pad, E* out, float*
       float* lse_bh = lse + (b * s.H + h) * S;
       gemm_lowp(false, true, S, S, Dh, dt, q, v.ld_qkv, dt, k, v.ld_qkv, nullptr, false, P, S);
       if (!dry) forward_rows<float>(P, lse_bh, v, s, s.scale, threshold, keep_scale);
-      gemm_lowp(false, false, S, Dh, S, DType::f32, P, S, dt, val, v.ld_qkv, nullptr, false, o,
-                Dh);
+      gemm_lowp(false, false, S, Dh, S, DType::f32, P, S, dt, val, v.ld_qkv, nullptr, false, o, Dh);
       if (!dry) store_rows(o, out + v.out_offset, S, Dh, v.D);
     }
   }
@@ -268,13 +267,11 @@ void attention_backward_lowp(const E* dout, const E* qkv, const E* out, const fl
 
 }  // namespace
 
+namespace {
+// f32 and f64.
 template <class T>
-void attention_forward(const T* qkv, const int32_t* key_pad, T* out,
-                       typename accumulate_type<T>::type* lse, const AttentionShape& s) {
-  if constexpr (is_half_v<T>) {
-    attention_forward_lowp(qkv, key_pad, out, lse, s);
-    return;
-  } else {
+void attention_forward_wide(const T* qkv, const int32_t* key_pad, T* out, T* lse,
+                            const AttentionShape& s) {
   const int64_t S = s.S, Dh = s.Dh;
   const uint64_t threshold = keep_threshold(s.dropout_p);
   const T keep_scale = s.dropout_p < 1.0f ? T(1) / (T(1) - static_cast<T>(s.dropout_p)) : T(0);
@@ -293,17 +290,11 @@ void attention_forward(const T* qkv, const int32_t* key_pad, T* out,
       gemm<T>(false, false, S, Dh, S, T(1), P, S, val, v.ld_qkv, T(0), out + v.out_offset, v.D);
     }
   }
-  }
 }
 
 template <class T>
-void attention_backward(const T* dout, const T* qkv, const T* out,
-                        const typename accumulate_type<T>::type* lse, const int32_t* key_pad,
-                        T* dqkv, const AttentionShape& s) {
-  if constexpr (is_half_v<T>) {
-    attention_backward_lowp(dout, qkv, out, lse, key_pad, dqkv, s);
-    return;
-  } else {
+void attention_backward_wide(const T* dout, const T* qkv, const T* out, const T* lse,
+                             const int32_t* key_pad, T* dqkv, const AttentionShape& s) {
   const int64_t S = s.S, Dh = s.Dh;
   const uint64_t threshold = keep_threshold(s.dropout_p);
   const T keep_scale = s.dropout_p < 1.0f ? T(1) / (T(1) - static_cast<T>(s.dropout_p)) : T(0);
@@ -333,6 +324,27 @@ void attention_backward(const T* dout, const T* qkv, const T* out,
       gemm<T>(true, false, S, Dh, S, T(1), Bm, S, q, v.ld_qkv, T(0), dk, v.ld_qkv);   // dS^T q
     }
   }
+}
+}  // namespace
+
+template <class T>
+void attention_forward(const T* qkv, const int32_t* key_pad, T* out,
+                       typename accumulate_type<T>::type* lse, const AttentionShape& s) {
+  if constexpr (is_half_v<T>) {
+    attention_forward_lowp(qkv, key_pad, out, lse, s);
+  } else {
+    attention_forward_wide(qkv, key_pad, out, lse, s);
+  }
+}
+
+template <class T>
+void attention_backward(const T* dout, const T* qkv, const T* out,
+                        const typename accumulate_type<T>::type* lse, const int32_t* key_pad,
+                        T* dqkv, const AttentionShape& s) {
+  if constexpr (is_half_v<T>) {
+    attention_backward_lowp(dout, qkv, out, lse, key_pad, dqkv, s);
+  } else {
+    attention_backward_wide(dout, qkv, out, lse, key_pad, dqkv, s);
   }
 }
 

@@ -9,8 +9,8 @@
 // (kernels.h, kDryRunLaunchers) only conv2d's passes run, on their dry path; the bias loops do not.
 // 16-bit tensors (bf16, f16) take conv2d's 16-bit passes (f32 products and sums, one rounding per
 // element); the forward adds the bias in f32 before that rounding (conv2d_lowp.h).
-// Tests: tests/test_amp_gemm_ops.cpp (16-bit), tests/test_ops_upsample.cpp (against scatter loops and PyTorch values),
-// tests/test_gradcheck_upsample.cpp.
+// Tests: tests/test_amp_gemm_ops.cpp (16-bit), tests/test_ops_upsample.cpp (against scatter loops
+// and PyTorch values), tests/test_gradcheck_upsample.cpp.
 #include <omp.h>
 
 #include "regen/kernels/cpu/conv2d_lowp.h"
