@@ -126,7 +126,9 @@ void conv2d_forward(const T* x, const T* w, const T* bias, T* y, const ConvShape
 // dy: (N, K, P, Q), w: (K, C, R, S) -> dx: (N, C, H, W)
 template <class T>
 void conv2d_backward_data(const T* dy, const T* w, T* dx, const ConvShape& s);
-// x: (N, C, H, W), dy: (N, K, P, Q) -> dw: (K, C, R, S), dbias: (K) or null
+// x: (N, C, H, W), dy: (N, K, P, Q) -> dw: (K, C, R, S), dbias: (K) or null. For bf16 and f16
+// (T = bfloat16, float16; CPU only) dw may be null too: the bias gradient alone.
+// The 16-bit launchers (CPU) compute in f32 and round each output element once.
 template <class T>
 void conv2d_backward_filter(const T* x, const T* dy, T* dw, T* dbias, const ConvShape& s);
 
@@ -233,14 +235,20 @@ void softmax_backward(const T* dy, const T* y, T* dx, int64_t M, int64_t N);
 // ---- Fused multi-head attention (kernels/cpu/attention.cpp) -------------------------------------
 // qkv: (B, S, 3*H*Dh); key_pad: (B, S), nonzero = padded key, or null; out: (B, S, H*Dh);
 // lse: (B, H, S), logsumexp of the scaled, masked scores (-inf for a row with no visible key,
-// whose output is 0).
+// whose output is 0), in T's accumulation type (f32 for bf16 and f16: acc_t, the end of this
+// file; the CPU computes those in f32 from the 16-bit qkv and rounds out once).
+}  // namespace cpu
 template <class T>
-void attention_forward(const T* qkv, const int32_t* key_pad, T* out, T* lse,
-                       const AttentionShape& s);
+struct accumulate_type;  // defined with acc_t, below
+namespace cpu {
+template <class T>
+void attention_forward(const T* qkv, const int32_t* key_pad, T* out,
+                       typename accumulate_type<T>::type* lse, const AttentionShape& s);
 // dout: (B, S, H*Dh) -> dqkv: (B, S, 3*H*Dh), written.
 template <class T>
-void attention_backward(const T* dout, const T* qkv, const T* out, const T* lse,
-                        const int32_t* key_pad, T* dqkv, const AttentionShape& s);
+void attention_backward(const T* dout, const T* qkv, const T* out,
+                        const typename accumulate_type<T>::type* lse, const int32_t* key_pad,
+                        T* dqkv, const AttentionShape& s);
 
 // ---- Cross-entropy fused with log-softmax (kernels/cpu/cross_entropy.cpp) -----------------------
 // logits: (M, V), targets: (M) -> loss: (1), the mean over rows whose target != ignore_index (0
