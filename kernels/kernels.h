@@ -468,43 +468,43 @@ class DeviceTimeline {
 #endif
 
 // REGEN_FLOATING(dtype, what, fn, args...): calls fn<float>(args...) or fn<double>(args...).
-#define REGEN_FLOATING(dtype, what, fn, ...)                                                  \
-  do {                                                                                        \
-    switch (dtype) {                                                                          \
-      case ::regen::DType::f32:                                                               \
-        fn<float>(__VA_ARGS__);                                                               \
-        break;                                                                                \
-      case ::regen::DType::f64:                                                               \
-        fn<double>(__VA_ARGS__);                                                              \
-        break;                                                                                \
-      default:                                                                                \
-        REGEN_FAIL(what, ": expected an f32 or f64 tensor, got ", ::regen::dtype_name(dtype), \
+#define REGEN_FLOATING(dtype, what, fn, ...)                                                    \
+  do {                                                                                          \
+    switch (dtype) {                                                                            \
+      case ::regen::DType::f32:                                                                 \
+        fn<float>(__VA_ARGS__);                                                                 \
+        break;                                                                                  \
+      case ::regen::DType::f64:                                                                 \
+        fn<double>(__VA_ARGS__);                                                                \
+        break;                                                                                  \
+      default:                                                                                  \
+        REGEN_FAIL(what, ": expected an f32 or f64 tensor, got ", ::regen::dtype_name(dtype),   \
                    " (this op has no 16-bit path yet; docs/precision.md lists those that do)"); \
-    }                                                                                         \
+    }                                                                                           \
   } while (0)
 
 // REGEN_FLOATING_LOWP(dtype, what, fn, args...): as REGEN_FLOATING, and fn<bfloat16>(args...) or
 // fn<float16>(args...) for the 16-bit dtypes (an op with a 16-bit path: its kernels store 16 bits
 // and compute in acc_t<T>, below).
-#define REGEN_FLOATING_LOWP(dtype, what, fn, ...)                                              \
-  do {                                                                                         \
-    switch (dtype) {                                                                           \
-      case ::regen::DType::f32:                                                                \
-        fn<float>(__VA_ARGS__);                                                                \
-        break;                                                                                 \
-      case ::regen::DType::f64:                                                                \
-        fn<double>(__VA_ARGS__);                                                               \
-        break;                                                                                 \
-      case ::regen::DType::bf16:                                                               \
-        fn<::regen::bfloat16>(__VA_ARGS__);                                                    \
-        break;                                                                                 \
-      case ::regen::DType::f16:                                                                \
-        fn<::regen::float16>(__VA_ARGS__);                                                     \
-        break;                                                                                 \
-      default:                                                                                 \
-        REGEN_FAIL(what, ": expected a floating tensor (f32, f64, bf16, f16), got ",           \
-                   ::regen::dtype_name(dtype));                                                \
-    }                                                                                          \
+#define REGEN_FLOATING_LOWP(dtype, what, fn, ...)                                    \
+  do {                                                                               \
+    switch (dtype) {                                                                 \
+      case ::regen::DType::f32:                                                      \
+        fn<float>(__VA_ARGS__);                                                      \
+        break;                                                                       \
+      case ::regen::DType::f64:                                                      \
+        fn<double>(__VA_ARGS__);                                                     \
+        break;                                                                       \
+      case ::regen::DType::bf16:                                                     \
+        fn<::regen::bfloat16>(__VA_ARGS__);                                          \
+        break;                                                                       \
+      case ::regen::DType::f16:                                                      \
+        fn<::regen::float16>(__VA_ARGS__);                                           \
+        break;                                                                       \
+      default:                                                                       \
+        REGEN_FAIL(what, ": expected a floating tensor (f32, f64, bf16, f16), got ", \
+                   ::regen::dtype_name(dtype));                                      \
+    }                                                                                \
   } while (0)
 
 namespace regen {

@@ -1,7 +1,7 @@
 // The run's precision as the session layer takes it (session/options.h resolve_precision): the
 // one switch with its synonyms, what it refuses, how profiles and training states record it, and
-// fp16's dynamic loss scale (models/train.h LossScale). The ops' 16-bit paths: tests/test_autocast.cpp
-// and tests/test_amp_*.cpp; the policy's table: tests/test_precision.cpp.
+// fp16's dynamic loss scale (models/train.h LossScale). The ops' 16-bit paths:
+// tests/test_autocast.cpp and tests/test_amp_*.cpp; the policy's table: tests/test_precision.cpp.
 #include <doctest/doctest.h>
 
 #include <string>
