@@ -92,9 +92,9 @@ void check_near(const std::string& what, const Tensor& got, const Tensor& ref, d
   }
   CHECK_MESSAGE(bad == 0, what, ": ", bad, " of ", a.size(), " out of tolerance (rel ", rel,
                 ", abs ", abs, "), first at ", first,
-                first >= 0 ? " (" + std::to_string(a[first]) + " against " +
-                                 std::to_string(b[first]) + ")"
-                           : std::string(),
+                first >= 0
+                    ? " (" + std::to_string(a[first]) + " against " + std::to_string(b[first]) + ")"
+                    : std::string(),
                 "; worst err / (|ref| + abs) = ", worst);
 }
 
@@ -108,8 +108,8 @@ TEST_CASE("cast: values bitwise as core/half.h, in every direction") {
   Generator g(7);
   const std::vector<float> u = uniform({3000}, -1.0, 1.0, g, DType::f32).to_vector<float>();
   for (size_t i = 0; i < u.size(); ++i) xs.push_back(u[i] * std::ldexp(1.0f, int(i % 40) - 20));
-  for (uint32_t b : {0x3f808000u, 0x3f818000u, 0x00000001u, 0x387fc000u, 0x7f800000u,
-                     0xff800000u, 0x7fc00001u, 0x477ff000u, 0x33000000u, 0x80000000u}) {
+  for (uint32_t b : {0x3f808000u, 0x3f818000u, 0x00000001u, 0x387fc000u, 0x7f800000u, 0xff800000u,
+                     0x7fc00001u, 0x477ff000u, 0x33000000u, 0x80000000u}) {
     float f;
     std::memcpy(&f, &b, 4);
     xs.push_back(f);
@@ -167,7 +167,8 @@ TEST_CASE("cast: same dtype is x itself, no node; backward casts the gradient ba
 
 // ---- Autocast insertion ------------------------------------------------------------------------
 
-TEST_CASE("autocast: linear on f32 computes in bf16, saves bf16, and the weight's gradient is f32") {
+TEST_CASE(
+    "autocast: linear on f32 computes in bf16, saves bf16, and the weight's gradient is f32") {
   Tape::current().clear();
   const int64_t M = 6, K = 40, N = 5;
   Generator g(3);
@@ -193,7 +194,8 @@ TEST_CASE("autocast: linear on f32 computes in bf16, saves bf16, and the weight'
       const Value& val = tape.value(v);
       CHECK(val.dtype == DType::bf16);
       REQUIRE(val.saved >= 0);
-      CHECK(tape.saved_tensor(val.saved).bytes == static_cast<uint64_t>(2 * shape_numel(val.shape)));
+      CHECK(tape.saved_tensor(val.saved).bytes ==
+            static_cast<uint64_t>(2 * shape_numel(val.shape)));
     }
     for (int64_t v : lin.inputs) CHECK(tape.value(v).dtype == DType::bf16);
     // A replay of the recorded linear node reproduces its output bit for bit.
@@ -338,7 +340,7 @@ struct LowpCase {
   std::string name;
   std::vector<Shape> inputs;
   std::function<Tensor(const std::vector<Tensor>&)> fn;
-  bool exact = false;  // one f32 op per element, rounded once: bitwise the f32 result rounded
+  bool exact = false;   // one f32 op per element, rounded once: bitwise the f32 result rounded
   double rel_ulps = 1;  // otherwise: rel_ulps u |ref| + abs
   double abs = 0;
   double abs_ulps = 0;  // and abs_ulps u more
@@ -389,49 +391,93 @@ TEST_CASE("16-bit paths: bf16 and f16 against the f32 op on the same rounded inp
   // different orders, by at most 2 K^2 2^-24 apart, then the 16-bit result is rounded once.
   auto gemm_abs = [](double K) { return 2.0 * K * K * std::ldexp(1.0, -24); };
   std::vector<LowpCase> cases = {
-      {"linear with bias", {{7, 33}, {9, 33}, {9}},
-       [](const std::vector<Tensor>& x) { return linear(x[0], x[1], x[2]); }, false, 1,
+      {"linear with bias",
+       {{7, 33}, {9, 33}, {9}},
+       [](const std::vector<Tensor>& x) { return linear(x[0], x[1], x[2]); },
+       false,
+       1,
        gemm_abs(34)},
-      {"linear on a 3-d input without bias", {{2, 5, 20}, {6, 20}},
-       [](const std::vector<Tensor>& x) { return linear(x[0], x[1]); }, false, 1, gemm_abs(20)},
-      {"matmul", {{11, 24}, {24, 13}},
-       [](const std::vector<Tensor>& x) { return matmul(x[0], x[1]); }, false, 1, gemm_abs(24)},
-      {"bmm", {{3, 6, 10}, {3, 10, 7}},
-       [](const std::vector<Tensor>& x) { return bmm(x[0], x[1]); }, false, 1, gemm_abs(10)},
-      {"bmm trans_a trans_b", {{3, 10, 6}, {3, 7, 10}},
-       [](const std::vector<Tensor>& x) { return bmm(x[0], x[1], true, true); }, false, 1,
+      {"linear on a 3-d input without bias",
+       {{2, 5, 20}, {6, 20}},
+       [](const std::vector<Tensor>& x) { return linear(x[0], x[1]); },
+       false,
+       1,
+       gemm_abs(20)},
+      {"matmul",
+       {{11, 24}, {24, 13}},
+       [](const std::vector<Tensor>& x) { return matmul(x[0], x[1]); },
+       false,
+       1,
+       gemm_abs(24)},
+      {"bmm",
+       {{3, 6, 10}, {3, 10, 7}},
+       [](const std::vector<Tensor>& x) { return bmm(x[0], x[1]); },
+       false,
+       1,
        gemm_abs(10)},
-      {"add", {{5, 8}, {5, 8}}, [](const std::vector<Tensor>& x) { return add(x[0], x[1]); },
-       true},
+      {"bmm trans_a trans_b",
+       {{3, 10, 6}, {3, 7, 10}},
+       [](const std::vector<Tensor>& x) { return bmm(x[0], x[1], true, true); },
+       false,
+       1,
+       gemm_abs(10)},
+      {"add", {{5, 8}, {5, 8}}, [](const std::vector<Tensor>& x) { return add(x[0], x[1]); }, true},
       // The broadcast operand's gradient is a sum over rows, rounded once.
-      {"add broadcast", {{4, 3, 8}, {8}},
-       [](const std::vector<Tensor>& x) { return add(x[0], x[1]); }, false, 1, 1e-6},
-      {"mul", {{5, 8}, {5, 8}}, [](const std::vector<Tensor>& x) { return mul(x[0], x[1]); },
-       true},
+      {"add broadcast",
+       {{4, 3, 8}, {8}},
+       [](const std::vector<Tensor>& x) { return add(x[0], x[1]); },
+       false,
+       1,
+       1e-6},
+      {"mul", {{5, 8}, {5, 8}}, [](const std::vector<Tensor>& x) { return mul(x[0], x[1]); }, true},
       // The broadcast operand's gradient sums products dy a that were each rounded to 16 bits
       // first (as PyTorch's does): u per term of magnitude at most 1, 6 terms.
-      {"mul broadcast", {{6, 8}, {8}},
-       [](const std::vector<Tensor>& x) { return mul(x[0], x[1]); }, false, 1, 1e-6, 6},
-      {"scale by 1/3", {{5, 8}}, [](const std::vector<Tensor>& x) { return scale(x[0], 1.0 / 3); },
+      {"mul broadcast",
+       {{6, 8}, {8}},
+       [](const std::vector<Tensor>& x) { return mul(x[0], x[1]); },
+       false,
+       1,
+       1e-6,
+       6},
+      {"scale by 1/3",
+       {{5, 8}},
+       [](const std::vector<Tensor>& x) { return scale(x[0], 1.0 / 3); },
        true},
       // sum rounds once; mean rounds the sum, then the scaled sum (2 u).
       {"sum", {{5, 9}}, [](const std::vector<Tensor>& x) { return sum(x[0]); }, false, 1, 1e-6},
       {"mean", {{5, 9}}, [](const std::vector<Tensor>& x) { return mean(x[0]); }, false, 2, 1e-6},
-      {"reshape then scale", {{4, 6}},
-       [](const std::vector<Tensor>& x) { return scale(reshape(x[0], {3, 8}), 1.0); }, true},
-      {"transpose", {{3, 4, 5}}, [](const std::vector<Tensor>& x) { return transpose(x[0], 0, 2); },
+      {"reshape then scale",
+       {{4, 6}},
+       [](const std::vector<Tensor>& x) {
+         return scale(reshape(x[0], {3, 8}), 1.0);
+       },
        true},
-      {"permute", {{3, 4, 5}},
-       [](const std::vector<Tensor>& x) { return permute(x[0], {1, 2, 0}); }, true},
-      {"concat", {{2, 3, 4}, {2, 5, 4}},
-       [](const std::vector<Tensor>& x) { return concat({x[0], x[1]}, 1); }, true},
-      {"split (pieces concatenated back, swapped)", {{3, 10}},
+      {"transpose",
+       {{3, 4, 5}},
+       [](const std::vector<Tensor>& x) { return transpose(x[0], 0, 2); },
+       true},
+      {"permute",
+       {{3, 4, 5}},
+       [](const std::vector<Tensor>& x) {
+         return permute(x[0], {1, 2, 0});
+       },
+       true},
+      {"concat",
+       {{2, 3, 4}, {2, 5, 4}},
+       [](const std::vector<Tensor>& x) {
+         return concat({x[0], x[1]}, 1);
+       },
+       true},
+      {"split (pieces concatenated back, swapped)",
+       {{3, 10}},
        [](const std::vector<Tensor>& x) {
          const std::vector<Tensor> p = split(x[0], {4, 6}, 1);
          return concat({p[1], p[0]}, 1);
        },
        true},
-      {"narrow", {{4, 9}}, [](const std::vector<Tensor>& x) { return narrow(x[0], 1, 2, 5); },
+      {"narrow",
+       {{4, 9}},
+       [](const std::vector<Tensor>& x) { return narrow(x[0], 1, 2, 5); },
        true},
   };
   for (const LowpCase& c : cases) {
@@ -459,8 +505,8 @@ TEST_CASE("16-bit paths: gradient accumulation sums in f32 and rounds once") {
       const float p = static_cast<float>(1.0 / 3) * c, q = static_cast<float>(1.0 / 7) * c;
       float expect;
       if (dt == DType::bf16) {
-        expect = static_cast<float>(bfloat16(static_cast<float>(bfloat16(p)) +
-                                             static_cast<float>(bfloat16(q))));
+        expect = static_cast<float>(
+            bfloat16(static_cast<float>(bfloat16(p)) + static_cast<float>(bfloat16(q))));
       } else {
         expect = static_cast<float>(
             float16(static_cast<float>(float16(p)) + static_cast<float>(float16(q))));
@@ -476,7 +522,10 @@ TEST_CASE("16-bit paths: a gradient of the wrong dtype is a clear error") {
   Tensor x = rounded({2, 3}, DType::bf16, 31);
   x.set_requires_grad(true);
   const Tensor y = scale(x, 2.0);
-  expect_error([&] { Tape::current().backward(y, ones({2, 3}, DType::f32)); },
-               {"backward", "gradient", "does not match"});
+  expect_error(
+      [&] {
+        Tape::current().backward(y, ones({2, 3}, DType::f32));
+      },
+      {"backward", "gradient", "does not match"});
   Tape::current().clear();
 }

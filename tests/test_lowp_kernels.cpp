@@ -508,8 +508,8 @@ TEST_CASE("gemm_lowp_store: the f32 result rounded once per element, in strips, 
           // mode 1: alpha 0.5, beta -2, the bias.
           const float alpha = mode ? 0.5f : 1.0f, beta = mode ? -2.0f : 0.0f;
           std::vector<uint16_t> c = c_old.narrow;
-          cpu::gemm_lowp_store(ta, tb, M, N, K, dt, A.data(), A.ld, dt, B.data(), B.ld, alpha,
-                               beta, dt, mode ? bias.data() : nullptr, dt, c.data(), ldc);
+          cpu::gemm_lowp_store(ta, tb, M, N, K, dt, A.data(), A.ld, dt, B.data(), B.ld, alpha, beta,
+                               dt, mode ? bias.data() : nullptr, dt, c.data(), ldc);
           int64_t bad = 0;
           for (int64_t m = 0; m < M; ++m) {
             for (int64_t n = 0; n < N; ++n) {
@@ -541,15 +541,17 @@ TEST_CASE("gemm_lowp_store: a dry run requests the real call's blocks and writes
                          h.data(), 300, 1.0f, 0.0f, DType::bf16, nullptr, DType::bf16, c.data(),
                          600);
   };
-  const testing::ScratchEvents real = testing::scratch_events(Device::cpu(), false, [&](const auto& begin) {
-    begin();
-    call();
-  });
+  const testing::ScratchEvents real =
+      testing::scratch_events(Device::cpu(), false, [&](const auto& begin) {
+        begin();
+        call();
+      });
   std::fill(c.begin(), c.end(), uint16_t{0x1234});
-  const testing::ScratchEvents dry = testing::scratch_events(Device::cpu(), true, [&](const auto& begin) {
-    begin();
-    call();
-  });
+  const testing::ScratchEvents dry =
+      testing::scratch_events(Device::cpu(), true, [&](const auto& begin) {
+        begin();
+        call();
+      });
   CHECK(!real.empty());
   CHECK(dry == real);
   CHECK(std::all_of(c.begin(), c.end(), [](uint16_t v) { return v == 0x1234; }));

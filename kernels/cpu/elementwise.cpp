@@ -271,19 +271,19 @@ REGEN_INSTANTIATE(double)
 
 // The 16-bit types: the kernels of add, mul, scale, sum and mean (forward and backward), the
 // gradient accumulation of the autograd engine, and the copies of the shape ops (permute).
-#define REGEN_INSTANTIATE_HALF(T)                                      \
-  template void fill<T>(T*, int64_t, T);                               \
-  template void copy<T>(const T*, T*, int64_t);                        \
-  template void add<T>(const T*, const T*, T*, int64_t, int64_t);      \
-  template void add_inplace<T>(T*, const T*, int64_t);                 \
-  template void mul<T>(const T*, const T*, T*, int64_t, int64_t);      \
-  template void scale<T>(const T*, T*, int64_t, T);                    \
-  template void fill_from_scalar<T>(const T*, T*, int64_t, T);         \
-  template void sum_rows<T>(const T*, T*, int64_t, int64_t);           \
-  template void sum_all<T>(const T*, T*, int64_t);                     \
-  template void sum_squares<T>(const T*, T*, int64_t);                 \
-  template void permute<T>(const T*, T*, const PermuteShape&);          \
-  template void scale_f32<T>(const T*, T*, int64_t, float);            \
+#define REGEN_INSTANTIATE_HALF(T)                                 \
+  template void fill<T>(T*, int64_t, T);                          \
+  template void copy<T>(const T*, T*, int64_t);                   \
+  template void add<T>(const T*, const T*, T*, int64_t, int64_t); \
+  template void add_inplace<T>(T*, const T*, int64_t);            \
+  template void mul<T>(const T*, const T*, T*, int64_t, int64_t); \
+  template void scale<T>(const T*, T*, int64_t, T);               \
+  template void fill_from_scalar<T>(const T*, T*, int64_t, T);    \
+  template void sum_rows<T>(const T*, T*, int64_t, int64_t);      \
+  template void sum_all<T>(const T*, T*, int64_t);                \
+  template void sum_squares<T>(const T*, T*, int64_t);            \
+  template void permute<T>(const T*, T*, const PermuteShape&);    \
+  template void scale_f32<T>(const T*, T*, int64_t, float);       \
   template void fill_from_scalar_f32<T>(const T*, T*, int64_t, float);
 REGEN_INSTANTIATE_HALF(bfloat16)
 REGEN_INSTANTIATE_HALF(float16)

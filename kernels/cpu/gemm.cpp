@@ -112,7 +112,7 @@ void scale_c(int64_t M, int64_t N, T beta, T* C, int64_t ldc) {
 namespace {
 template <class T>
 void gemm_eigen(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A,
-          int64_t lda, const T* B, int64_t ldb, T beta, T* C, int64_t ldc) {
+                int64_t lda, const T* B, int64_t ldb, T beta, T* C, int64_t ldc) {
   REGEN_CHECK(M >= 0 && N >= 0 && K >= 0, "gemm: negative size M=", M, " N=", N, " K=", K);
   if (M == 0 || N == 0) return;
   if (!dry_run_active()) scale_c(M, N, beta, C, ldc);
@@ -164,11 +164,12 @@ template void gemm_batched<float>(bool, bool, int64_t, int64_t, int64_t, int64_t
 template void gemm_batched<double>(bool, bool, int64_t, int64_t, int64_t, int64_t, double,
                                    const double*, int64_t, int64_t, const double*, int64_t, int64_t,
                                    double, double*, int64_t, int64_t);
-#define REGEN_INSTANTIATE_HALF(T)                                                                  \
-  template void gemm<T>(bool, bool, int64_t, int64_t, int64_t, T, const T*, int64_t, const T*,     \
-                        int64_t, T, T*, int64_t);                                                  \
-  template void gemm_batched<T>(bool, bool, int64_t, int64_t, int64_t, int64_t, T, const T*,       \
-                                int64_t, int64_t, const T*, int64_t, int64_t, T, T*, int64_t, int64_t);
+#define REGEN_INSTANTIATE_HALF(T)                                                              \
+  template void gemm<T>(bool, bool, int64_t, int64_t, int64_t, T, const T*, int64_t, const T*, \
+                        int64_t, T, T*, int64_t);                                              \
+  template void gemm_batched<T>(bool, bool, int64_t, int64_t, int64_t, int64_t, T, const T*,   \
+                                int64_t, int64_t, const T*, int64_t, int64_t, T, T*, int64_t,  \
+                                int64_t);
 REGEN_INSTANTIATE_HALF(bfloat16)
 REGEN_INSTANTIATE_HALF(float16)
 #undef REGEN_INSTANTIATE_HALF

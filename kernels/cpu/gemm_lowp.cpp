@@ -8,8 +8,8 @@
 #include <algorithm>
 
 #include "regen/core/error.h"
-#include "regen/core/tensor.h"
 #include "regen/core/half.h"
+#include "regen/core/tensor.h"
 #include "regen/kernels/cpu/widening_sources.h"
 
 namespace regen::cpu {
@@ -48,7 +48,8 @@ inline float load_wide(DType dtype, const void* p, int64_t n) {
 
 void check_operand_dtype(const char* what, DType dtype) {
   REGEN_CHECK(dtype == DType::f32 || dtype == DType::bf16 || dtype == DType::f16,
-              "gemm_lowp_store: ", what, " is ", dtype_name(dtype), "; it must be f32, bf16 or f16");
+              "gemm_lowp_store: ", what, " is ", dtype_name(dtype),
+              "; it must be f32, bf16 or f16");
 }
 
 // Rows [0, rows) of C (ldc apart) = round(alpha * acc + beta * C + bias[n]) from the f32 strip acc
