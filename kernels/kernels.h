@@ -85,6 +85,13 @@ void scale(const T* x, T* y, int64_t n, T alpha);  // y = alpha*x
 // y[i] = alpha * s[0] for i < n (backward of sum/mean; s is one element on the device)
 template <class T>
 void fill_from_scalar(const T* s, T* y, int64_t n, T alpha);
+// scale and fill_from_scalar with an f32 factor, for the 16-bit types (bfloat16, float16), whose
+// own 8 or 11 bits would round factors such as 1/n or 1/sqrt(d): y = round(alpha * x) per element.
+// CPU only (called directly, not through REGEN_LAUNCH; no scratch).
+template <class T>
+void scale_f32(const T* x, T* y, int64_t n, float alpha);
+template <class T>
+void fill_from_scalar_f32(const T* s, T* y, int64_t n, float alpha);
 // The unary element-wise ops (relu, gelu, ...): cpu::unary_forward / unary_backward, in
 // kernels/unary_ops.h.
 // x: (rows, cols) -> y: (cols), y[c] = sum_r x[r, c]  (bias gradients)

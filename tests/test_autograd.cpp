@@ -41,6 +41,8 @@ TEST_CASE("an op without a 16-bit path refuses a bf16 or f16 tensor by name") {
     CHECK(e.find("cross_entropy: logits") != std::string::npos);
     CHECK(e.find(dtype_name(dt)) != std::string::npos);
     CHECK(e.find("are 16-bit; the loss is computed in f32 only") != std::string::npos);
+    const Tensor x = zeros({2, 3}, dt), w = zeros({4, 3}, dt);
+    CHECK(linear(x, w).dtype() == dt);  // linear has one
   }
 }
 
