@@ -16,6 +16,7 @@ namespace regen {
 // ---- Gradient accumulation --------------------------------------------------------------------
 
 namespace {
+// dst += src; a 16-bit gradient is summed in f32 per element and rounded once (cpu::add_inplace).
 template <class T>
 void add_inplace_typed(const Tensor& dst, const Tensor& src) {
   REGEN_LAUNCH(dst.device(), T, add_inplace, dst.data<T>(), src.data<T>(), dst.numel());
@@ -26,7 +27,7 @@ void accumulate_into(const Tensor& dst, const Tensor& src) {
   REGEN_CHECK(
       dst.shape() == src.shape() && dst.dtype() == src.dtype() && dst.device() == src.device(),
       "gradient accumulation: ", dst.str(), " += ", src.str(), " do not match");
-  REGEN_FLOATING(dst.dtype(), "gradient accumulation", add_inplace_typed, dst, src);
+  REGEN_FLOATING_LOWP(dst.dtype(), "gradient accumulation", add_inplace_typed, dst, src);
 }
 
 // ---- BackwardContext ----------------------------------------------------------------------------
@@ -87,6 +88,11 @@ void BackwardContext::set_grad_input(int input, Tensor g) {
   const Value& val = tape_.value(v);
   REGEN_CHECK(g.shape() == val.shape, op_name(node_.kind), " backward: gradient of input ", input,
               " has shape ", sh(g.shape()), ", expected ", sh(val.shape));
+  // A gradient has its value's dtype (a bf16 activation's gradient is bf16; a master weight's,
+  // through cast's backward, f32).
+  REGEN_CHECK(g.dtype() == val.dtype, op_name(node_.kind), " backward: gradient of input ", input,
+              " is ", dtype_name(g.dtype()), ", expected ", dtype_name(val.dtype),
+              " (the dtype of the value it is the gradient of)");
   grad_inputs_[input] = std::move(g);
 }
 
@@ -95,8 +101,9 @@ void BackwardContext::set_grad_input(int input, Tensor g) {
 void Tape::accumulate_grad(int64_t id, Tensor g, std::vector<Tensor>& grads) {
   const Value& v = value(id);
   if (!v.requires_grad) return;
-  REGEN_CHECK(g.shape() == v.shape, "backward: gradient of shape ", sh(g.shape()),
-              " for a value of shape ", sh(v.shape));
+  REGEN_CHECK(g.shape() == v.shape && g.dtype() == v.dtype, "backward: gradient ",
+              dtype_name(g.dtype()), sh(g.shape()), " for a value ", dtype_name(v.dtype),
+              sh(v.shape), " (a gradient has its value's shape and dtype)");
   if (v.producer < 0) {
     // A leaf (parameter): gradients accumulate (+=) in the gradient category.
     TensorImpl* leaf = v.leaf.get();

@@ -21,7 +21,7 @@
   X(scale) X(max_pool2d) X(avg_pool2d) X(global_avg_pool) X(reshape) X(transpose) \
   X(permute) X(embedding) X(layernorm) X(softmax) X(attention) X(dropout) X(cross_entropy) \
   X(sum) X(mean) X(linear_cross_entropy) X(concat) X(split) X(narrow) X(upsample2x) \
-  X(conv_transpose2d) X(rmsnorm)
+  X(conv_transpose2d) X(rmsnorm) X(cast)
 // clang-format on
 
 namespace regen {
@@ -211,6 +211,12 @@ Tensor linear_cross_entropy(const Tensor& x, const Tensor& weight, const Tensor&
 // The chunk size chunk_rows = 0 resolves to for M rows of V classes of `elem_bytes` each:
 // about 32 MiB of logits, spread evenly over the fewest chunks (at least 1 row, at most M).
 int64_t linear_cross_entropy_auto_rows(int64_t M, int64_t V, int64_t elem_bytes = 4);
+
+// x converted to `dtype` (f32, f64, bf16, f16; rounded to nearest even, through f32: see
+// kernels/cpu/convert.h cast); x itself, with no node recorded, when it already has that dtype.
+// Backward casts the gradient back to x's dtype. Saves nothing. Autocast (AutocastScope,
+// autograd/precision.h) records it in front of ops whose rule asks for another dtype.
+Tensor cast(const Tensor& x, DType dtype);
 
 Tensor sum(const Tensor& x);   // -> scalar (shape {}); saves nothing
 Tensor mean(const Tensor& x);  // -> scalar; saves nothing

@@ -2,7 +2,9 @@
 // and the flash-style CUDA kernels). Backward reads qkv, the output, the row logsumexp (a hidden
 // output) and the key-padding mask when there is one; it recomputes the probabilities, so nothing
 // of size S x S is saved. Dropout draws its Philox stream when the op is called, so a remat replay
-// sees the same mask. Gradient check: tests/test_gradcheck_nlp.cpp; values: tests/test_ops_nlp.cpp.
+// sees the same mask. bf16 and f16 qkv (autocast's class low): a 16-bit output, the saved lse in
+// f32, products and softmax in f32, a 16-bit dqkv (tests/test_amp_gemm_ops.cpp). Gradient check:
+// tests/test_gradcheck_nlp.cpp; values: tests/test_ops_nlp.cpp.
 #include <cmath>
 
 #include "regen/autograd/op_util.h"
@@ -31,14 +33,15 @@ void attention_fwd(OpContext& c) {
   const Tensor& qkv = c.inputs[0];
   const AttentionShape s = attention_shape(qkv.shape(), a);
   Tensor out = empty({s.B, s.S, s.H * s.Dh}, qkv.dtype(), qkv.device());
-  Tensor lse = empty({s.B, s.H, s.S}, qkv.dtype(), qkv.device());
+  // The row statistics stay f32 for 16-bit qkv (acc_t); out has qkv's dtype.
+  Tensor lse = empty({s.B, s.H, s.S}, dtype_of<acc_t<T>>::value, qkv.device());
   const int32_t* pad = a.has_mask ? c.inputs[1].data<int32_t>() : nullptr;
-  REGEN_LAUNCH(qkv.device(), T, attention_forward, qkv.data<T>(), pad, out.data<T>(), lse.data<T>(),
-               s);
+  REGEN_LAUNCH(qkv.device(), T, attention_forward, qkv.data<T>(), pad, out.data<T>(),
+               lse.data<acc_t<T>>(), s);
   c.outputs = {out, lse};
 }
 void attention_forward_op(OpContext& c) {
-  REGEN_FLOATING(c.inputs[0].dtype(), "attention", attention_fwd, c);
+  REGEN_FLOATING_LOWP(c.inputs[0].dtype(), "attention", attention_fwd, c);
 }
 
 template <class T>
@@ -50,11 +53,12 @@ void attention_bwd(BackwardContext& c) {
   const AttentionShape s = attention_shape(qkv.shape(), a);
   Tensor dqkv = empty_like(qkv);
   REGEN_LAUNCH(dout.device(), T, attention_backward, dout.data<T>(), qkv.data<T>(), out.data<T>(),
-               lse.data<T>(), mask.defined() ? mask.data<int32_t>() : nullptr, dqkv.data<T>(), s);
+               lse.data<acc_t<T>>(), mask.defined() ? mask.data<int32_t>() : nullptr,
+               dqkv.data<T>(), s);
   c.set_grad_input(0, dqkv);
 }
 void attention_backward_op(BackwardContext& c) {
-  REGEN_FLOATING(c.grad_output(0).dtype(), "attention backward", attention_bwd, c);
+  REGEN_FLOATING_LOWP(c.grad_output(0).dtype(), "attention backward", attention_bwd, c);
 }
 void attention_saves(const AttrBlob& attrs, SaveList& s) {
   s.input(0).output(0).output(1);

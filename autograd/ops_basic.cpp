@@ -1,9 +1,39 @@
 // linear, matmul, bmm, add, mul, scale, reshape/flatten, sum, mean (relu and gelu: ops_unary.cpp).
-// Gradient checks: tests/test_gradcheck.cpp.
+// Each has a 16-bit path (bf16, f16; docs/precision.md) on the CPU: GEMMs through the widening
+// GEMM (f32 sums, C rounded once per element; kernels/cpu/gemm_lowp.h), element-wise ops computing
+// each element in f32 and rounding it once, reductions summed wide and rounded once. sum and mean
+// are fp32-class (autocast gives them f32), but called on a 16-bit tensor they return its dtype.
+// Gradient checks: tests/test_gradcheck.cpp; 16-bit paths: tests/test_autocast.cpp.
 #include "regen/autograd/op_util.h"
+#include "regen/autograd/precision.h"
+#include "regen/kernels/cpu/gemm_lowp.h"
 
 namespace regen {
 using namespace detail;
+
+namespace {
+// Under autocast an op's inputs may differ in dtype: Tape::apply casts them as the op's precision
+// rule says. Otherwise they must agree.
+void check_same_dtype_or_autocast(const char* op, const Tensor& a, const Tensor& b) {
+  if (autocast_dtype() == DType::f32) check_same_dtype(op, a, b);
+}
+// A 16-bit kernel called directly (its f32 factor or bias does not fit REGEN_LAUNCH's typed
+// arguments): the CPU only, as every 16-bit path is yet.
+void require_cpu(const char* launcher, const Tensor& t) {
+  if (!t.device().is_cpu()) kernels::unsupported(launcher, t.device(), t.dtype());
+}
+// y = alpha * x, with alpha in f32 for the 16-bit types (a 16-bit alpha would be rounded).
+template <class T>
+void launch_scale(const Tensor& x, const Tensor& y, int64_t n, double alpha) {
+  if constexpr (is_half_v<T>) {
+    require_cpu("scale", x);
+    if (!dry_run_active())
+      cpu::scale_f32<T>(x.data<T>(), y.data<T>(), n, static_cast<float>(alpha));
+  } else {
+    REGEN_LAUNCH(x.device(), T, scale, x.data<T>(), y.data<T>(), n, static_cast<T>(alpha));
+  }
+}
+}  // namespace
 
 ShapeAttr ShapeAttr::of(const Shape& s) {
   REGEN_CHECK(s.size() <= 8, "shapes of more than 8 dimensions are not supported: ", sh(s));
@@ -23,6 +53,17 @@ void linear_fwd(OpContext& c) {
   Shape ys = x.shape();
   ys.back() = out;
   Tensor y = empty(ys, x.dtype(), x.device());
+  if constexpr (is_half_v<T>) {
+    if (b.defined()) {
+      // y = round(x w^T + b): the bias added in f32 before the one rounding of each element.
+      require_cpu("gemm", x);
+      constexpr DType dt = dtype_of<T>::value;
+      cpu::gemm_lowp_store(false, true, M, out, in, dt, x.data<T>(), in, dt, w.data<T>(), in, 1.0f,
+                           0.0f, b.dtype(), b.data<T>(), dt, y.data<T>(), out);
+      c.outputs = {y};
+      return;
+    }
+  }
   // y (M, out) = x (M, in) * w^T (in, out)
   REGEN_LAUNCH(x.device(), T, gemm, false, true, M, out, in, T(1), x.data<T>(), in, w.data<T>(), in,
                T(0), y.data<T>(), out);
@@ -32,7 +73,7 @@ void linear_fwd(OpContext& c) {
   c.outputs = {y};
 }
 void linear_forward(OpContext& c) {
-  REGEN_FLOATING(c.inputs[0].dtype(), "linear", linear_fwd, c);
+  REGEN_FLOATING_LOWP(c.inputs[0].dtype(), "linear", linear_fwd, c);
 }
 
 template <class T>
@@ -60,7 +101,7 @@ void linear_bwd(BackwardContext& c) {
   }
 }
 void linear_backward(BackwardContext& c) {
-  REGEN_FLOATING(c.grad_output(0).dtype(), "linear backward", linear_bwd, c);
+  REGEN_FLOATING_LOWP(c.grad_output(0).dtype(), "linear backward", linear_bwd, c);
 }
 void linear_saves(const AttrBlob&, SaveList& s) {
   s.input(0).input(1);
@@ -73,12 +114,12 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   check_defined("linear", x, "input");
   check_defined("linear", weight, "weight");
   check_floating("linear", x);
-  check_same_dtype("linear", x, weight);
+  check_same_dtype_or_autocast("linear", x, weight);
   REGEN_CHECK(weight.dim() == 2 && x.dim() >= 1 && x.size(-1) == weight.size(1), "linear: input ",
               sh(x.shape()), " does not match weight ", sh(weight.shape()),
               " (expected (..., in) and (out, in))");
   if (bias.defined()) {
-    check_same_dtype("linear", x, bias);
+    check_same_dtype_or_autocast("linear", x, bias);
     REGEN_CHECK(bias.shape() == Shape{weight.size(0)}, "linear: bias ", sh(bias.shape()),
                 " does not match weight ", sh(weight.shape()));
   }
@@ -116,7 +157,7 @@ void bmm_fwd(OpContext& c) {
   c.outputs = {y};
 }
 void bmm_forward(OpContext& c) {
-  REGEN_FLOATING(c.inputs[0].dtype(), "bmm", bmm_fwd, c);
+  REGEN_FLOATING_LOWP(c.inputs[0].dtype(), "bmm", bmm_fwd, c);
 }
 
 template <class T>
@@ -151,7 +192,7 @@ void bmm_bwd(BackwardContext& c) {
   }
 }
 void bmm_backward(BackwardContext& c) {
-  REGEN_FLOATING(c.grad_output(0).dtype(), "bmm backward", bmm_bwd, c);
+  REGEN_FLOATING_LOWP(c.grad_output(0).dtype(), "bmm backward", bmm_bwd, c);
 }
 void bmm_saves(const AttrBlob&, SaveList& s) {
   s.input(0).input(1);
@@ -166,7 +207,7 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   check_defined("matmul", a, "a");
   check_defined("matmul", b, "b");
   check_floating("matmul", a);
-  check_same_dtype("matmul", a, b);
+  check_same_dtype_or_autocast("matmul", a, b);
   REGEN_CHECK(a.dim() == 2 && b.dim() == 2 && a.size(1) == b.size(0), "matmul: shapes ",
               sh(a.shape()), " and ", sh(b.shape()), " do not multiply (expected (M, K), (K, N))");
   return apply_op(OpKind::matmul, BmmAttrs{}, {a, b})[0];
@@ -176,7 +217,7 @@ Tensor bmm(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
   check_defined("bmm", a, "a");
   check_defined("bmm", b, "b");
   check_floating("bmm", a);
-  check_same_dtype("bmm", a, b);
+  check_same_dtype_or_autocast("bmm", a, b);
   REGEN_CHECK(a.dim() == 3 && b.dim() == 3 && a.size(0) == b.size(0), "bmm: shapes ", sh(a.shape()),
               " and ", sh(b.shape()), " are not batches of equal count");
   const BmmAttrs at{trans_a, trans_b};
@@ -195,7 +236,7 @@ void check_broadcast(const char* op, const Tensor& a, const Tensor& b) {
   check_defined(op, a, "a");
   check_defined(op, b, "b");
   check_floating(op, a);
-  check_same_dtype(op, a, b);
+  check_same_dtype_or_autocast(op, a, b);
   bool ok = b.dim() <= a.dim();
   for (int64_t i = 1; ok && i <= b.dim(); ++i) ok = a.size(-i) == b.size(-i);
   REGEN_CHECK(ok, op, ": shapes ", sh(a.shape()), " and ", sh(b.shape()),
@@ -220,7 +261,7 @@ void add_fwd(OpContext& c) {
   c.outputs = {y};
 }
 void add_forward_op(OpContext& c) {
-  REGEN_FLOATING(c.inputs[0].dtype(), "add", add_fwd, c);
+  REGEN_FLOATING_LOWP(c.inputs[0].dtype(), "add", add_fwd, c);
 }
 template <class T>
 void add_bwd(BackwardContext& c) {
@@ -232,7 +273,7 @@ void add_bwd(BackwardContext& c) {
   }
 }
 void add_backward_op(BackwardContext& c) {
-  REGEN_FLOATING(c.grad_output(0).dtype(), "add backward", add_bwd, c);
+  REGEN_FLOATING_LOWP(c.grad_output(0).dtype(), "add backward", add_bwd, c);
 }
 constexpr OpDef kAdd{"add", 1, 1, false, add_forward_op, add_backward_op, no_saves};
 REGEN_REGISTER_OP(add, kAdd);
@@ -245,7 +286,7 @@ void mul_fwd(OpContext& c) {
   c.outputs = {y};
 }
 void mul_forward_op(OpContext& c) {
-  REGEN_FLOATING(c.inputs[0].dtype(), "mul", mul_fwd, c);
+  REGEN_FLOATING_LOWP(c.inputs[0].dtype(), "mul", mul_fwd, c);
 }
 template <class T>
 void mul_bwd(BackwardContext& c) {
@@ -258,14 +299,15 @@ void mul_bwd(BackwardContext& c) {
     c.set_grad_input(0, da);
   }
   if (c.needs_grad(1)) {
-    Tensor prod = empty_like(a);  // db = reduce(dy * a)
+    // db = reduce(dy * a); in 16 bits each product is rounded before the sum, as PyTorch's is.
+    Tensor prod = empty_like(a);
     REGEN_LAUNCH(dy.device(), T, mul, dy.data<T>(), a.data<T>(), prod.data<T>(), a.numel(),
                  a.numel());
     c.set_grad_input(1, reduce_to<T>(prod, b.shape()));
   }
 }
 void mul_backward_op(BackwardContext& c) {
-  REGEN_FLOATING(c.grad_output(0).dtype(), "mul backward", mul_bwd, c);
+  REGEN_FLOATING_LOWP(c.grad_output(0).dtype(), "mul backward", mul_bwd, c);
 }
 void mul_saves(const AttrBlob&, SaveList& s) {
   s.input(0).input(1);
@@ -277,23 +319,21 @@ template <class T>
 void scale_fwd(OpContext& c) {
   const Tensor& x = c.inputs[0];
   Tensor y = empty_like(x);
-  REGEN_LAUNCH(x.device(), T, scale, x.data<T>(), y.data<T>(), x.numel(),
-               static_cast<T>(c.attr<ScaleAttrs>().alpha));
+  launch_scale<T>(x, y, x.numel(), c.attr<ScaleAttrs>().alpha);
   c.outputs = {y};
 }
 void scale_forward_op(OpContext& c) {
-  REGEN_FLOATING(c.inputs[0].dtype(), "scale", scale_fwd, c);
+  REGEN_FLOATING_LOWP(c.inputs[0].dtype(), "scale", scale_fwd, c);
 }
 template <class T>
 void scale_bwd(BackwardContext& c) {
   const Tensor& dy = c.grad_output(0);
   Tensor dx = empty_like(dy);
-  REGEN_LAUNCH(dy.device(), T, scale, dy.data<T>(), dx.data<T>(), dy.numel(),
-               static_cast<T>(c.attr<ScaleAttrs>().alpha));
+  launch_scale<T>(dy, dx, dy.numel(), c.attr<ScaleAttrs>().alpha);
   c.set_grad_input(0, dx);
 }
 void scale_backward_op(BackwardContext& c) {
-  REGEN_FLOATING(c.grad_output(0).dtype(), "scale backward", scale_bwd, c);
+  REGEN_FLOATING_LOWP(c.grad_output(0).dtype(), "scale backward", scale_bwd, c);
 }
 constexpr OpDef kScale{"scale", 1, 1, false, scale_forward_op, scale_backward_op, no_saves};
 REGEN_REGISTER_OP(scale, kScale);
@@ -358,26 +398,32 @@ void sum_fwd(OpContext& c) {
   const Tensor& x = c.inputs[0];
   Tensor y = empty({}, x.dtype(), x.device());
   REGEN_LAUNCH(x.device(), T, sum_all, x.data<T>(), y.data<T>(), x.numel());
-  if (c.attr<ScaleAttrs>().alpha != 1.0) {
-    REGEN_LAUNCH(x.device(), T, scale, y.data<T>(), y.data<T>(), 1,
-                 static_cast<T>(c.attr<ScaleAttrs>().alpha));
-  }
+  // A 16-bit mean rounds twice: the sum, then the scaled sum (autocast gives sum and mean f32).
+  if (c.attr<ScaleAttrs>().alpha != 1.0) launch_scale<T>(y, y, 1, c.attr<ScaleAttrs>().alpha);
   c.outputs = {y};
 }
 void sum_forward_op(OpContext& c) {
-  REGEN_FLOATING(c.inputs[0].dtype(), "sum", sum_fwd, c);
+  REGEN_FLOATING_LOWP(c.inputs[0].dtype(), "sum", sum_fwd, c);
 }
 template <class T>
 void sum_bwd(BackwardContext& c) {
   const Tensor& dy = c.grad_output(0);
   const Shape& xs = c.tape().value(c.node().inputs[0]).shape;
   Tensor dx = empty(xs, dy.dtype(), dy.device());
-  REGEN_LAUNCH(dy.device(), T, fill_from_scalar, dy.data<T>(), dx.data<T>(), dx.numel(),
-               static_cast<T>(c.attr<ScaleAttrs>().alpha));
+  if constexpr (is_half_v<T>) {
+    require_cpu("fill_from_scalar", dy);
+    if (!dry_run_active()) {
+      cpu::fill_from_scalar_f32<T>(dy.data<T>(), dx.data<T>(), dx.numel(),
+                                   static_cast<float>(c.attr<ScaleAttrs>().alpha));
+    }
+  } else {
+    REGEN_LAUNCH(dy.device(), T, fill_from_scalar, dy.data<T>(), dx.data<T>(), dx.numel(),
+                 static_cast<T>(c.attr<ScaleAttrs>().alpha));
+  }
   c.set_grad_input(0, dx);
 }
 void sum_backward_op(BackwardContext& c) {
-  REGEN_FLOATING(c.grad_output(0).dtype(), "sum backward", sum_bwd, c);
+  REGEN_FLOATING_LOWP(c.grad_output(0).dtype(), "sum backward", sum_bwd, c);
 }
 constexpr OpDef kSum{"sum", 1, 1, false, sum_forward_op, sum_backward_op, no_saves};
 constexpr OpDef kMean{"mean", 1, 1, false, sum_forward_op, sum_backward_op, no_saves};

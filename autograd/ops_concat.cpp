@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "regen/autograd/op_util.h"
+#include "regen/autograd/precision.h"
 
 namespace regen {
 using namespace detail;
@@ -69,7 +70,7 @@ void concat_fwd(OpContext& c) {
   c.outputs = {y};
 }
 void concat_forward(OpContext& c) {
-  REGEN_FLOATING(c.inputs[0].dtype(), "concat", concat_fwd, c);
+  REGEN_FLOATING_LOWP(c.inputs[0].dtype(), "concat", concat_fwd, c);
 }
 
 template <class T>
@@ -92,7 +93,7 @@ void concat_bwd(BackwardContext& c) {
   }
 }
 void concat_backward(BackwardContext& c) {
-  REGEN_FLOATING(c.grad_output(0).dtype(), "concat backward", concat_bwd, c);
+  REGEN_FLOATING_LOWP(c.grad_output(0).dtype(), "concat backward", concat_bwd, c);
 }
 constexpr OpDef kConcat{"concat", 1, 1, false, concat_forward, concat_backward, no_saves};
 REGEN_REGISTER_OP(concat, kConcat);
@@ -116,7 +117,7 @@ void split_fwd(OpContext& c) {
   }
 }
 void split_forward(OpContext& c) {
-  REGEN_FLOATING(c.inputs[0].dtype(), "split", split_fwd, c);
+  REGEN_FLOATING_LOWP(c.inputs[0].dtype(), "split", split_fwd, c);
 }
 
 template <class T>
@@ -149,11 +150,11 @@ void split_bwd(BackwardContext& c) {
 }
 void split_backward(BackwardContext& c) {
   const SplitAttrs& a = c.attr<SplitAttrs>();
-  DType dtype = DType::f32;
+  DType dtype = c.tape().value(c.node().inputs[0]).dtype;  // each gradient has its value's
   for (int k = 0; k < a.count; ++k) {
     if (c.grad_output(k).defined()) dtype = c.grad_output(k).dtype();
   }
-  REGEN_FLOATING(dtype, "split backward", split_bwd, c);
+  REGEN_FLOATING_LOWP(dtype, "split backward", split_bwd, c);
 }
 constexpr OpDef kSplit{"split",       kVariableOutputs, kVariableOutputs, false,
                        split_forward, split_backward,   no_saves};
@@ -173,7 +174,7 @@ void narrow_fwd(OpContext& c) {
   c.outputs = {y};
 }
 void narrow_forward(OpContext& c) {
-  REGEN_FLOATING(c.inputs[0].dtype(), "narrow", narrow_fwd, c);
+  REGEN_FLOATING_LOWP(c.inputs[0].dtype(), "narrow", narrow_fwd, c);
 }
 
 template <class T>
@@ -189,7 +190,7 @@ void narrow_bwd(BackwardContext& c) {
   c.set_grad_input(0, dx);
 }
 void narrow_backward(BackwardContext& c) {
-  REGEN_FLOATING(c.grad_output(0).dtype(), "narrow backward", narrow_bwd, c);
+  REGEN_FLOATING_LOWP(c.grad_output(0).dtype(), "narrow backward", narrow_bwd, c);
 }
 constexpr OpDef kNarrow{"narrow", 1, 1, false, narrow_forward, narrow_backward, no_saves};
 REGEN_REGISTER_OP(narrow, kNarrow);
@@ -212,7 +213,8 @@ Tensor concat(const std::vector<Tensor>& tensors, int64_t dim) {
   const int d = resolve_dim("concat", dim, first);
   for (size_t i = 1; i < tensors.size(); ++i) {
     const Tensor& t = tensors[i];
-    check_same_dtype("concat", first, t);
+    // Under autocast the pieces may differ: Tape::apply casts them (to f32 when they differ).
+    if (autocast_dtype() == DType::f32) check_same_dtype("concat", first, t);
     bool match = t.dim() == first.dim();
     for (int64_t k = 0; match && k < first.dim(); ++k) match = k == d || t.size(k) == first.size(k);
     REGEN_CHECK(match, "concat: tensor ", i, " ", sh(t.shape()), " does not match tensor 0 ",

@@ -1,4 +1,7 @@
 // conv2d: the op over the kernels of kernels/cpu/conv2d.cpp (and their CUDA counterparts).
+// bf16 and f16 (autocast's class low): 16-bit x, weight and bias in, 16-bit y out, products and
+// sums in f32 (the kernels round once per element); dx and dw have the operands' dtype. Saves the
+// 16-bit x and weight. Tests of the 16-bit path: tests/test_amp_gemm_ops.cpp.
 // Gradient checks: tests/test_gradcheck_vision.cpp; forward values and errors:
 // tests/test_ops_vision.cpp.
 #include "regen/autograd/op_util.h"
@@ -22,7 +25,7 @@ void conv_fwd(OpContext& c) {
   c.outputs = {y};
 }
 void conv_forward(OpContext& c) {
-  REGEN_FLOATING(c.inputs[0].dtype(), "conv2d", conv_fwd, c);
+  REGEN_FLOATING_LOWP(c.inputs[0].dtype(), "conv2d", conv_fwd, c);
 }
 
 // The bias gradient alone (the weight needs none, e.g. a frozen weight): dbias[k] is the sum of
@@ -65,11 +68,18 @@ void conv_bwd(BackwardContext& c) {
     c.set_grad_input(1, dw);
     if (need_bias) c.set_grad_input(2, db);
   } else if (need_bias) {
-    c.set_grad_input(2, conv_bias_grad<T>(dy, s));
+    if constexpr (is_half_v<T>) {  // the 16-bit filter launcher sums dbias alone (dw null)
+      Tensor db = empty({s.K}, dy.dtype(), dev);
+      REGEN_LAUNCH(dev, T, conv2d_backward_filter, x.data<T>(), dy.data<T>(), nullptr, db.data<T>(),
+                   s);
+      c.set_grad_input(2, db);
+    } else {
+      c.set_grad_input(2, conv_bias_grad<T>(dy, s));
+    }
   }
 }
 void conv_backward(BackwardContext& c) {
-  REGEN_FLOATING(c.grad_output(0).dtype(), "conv2d backward", conv_bwd, c);
+  REGEN_FLOATING_LOWP(c.grad_output(0).dtype(), "conv2d backward", conv_bwd, c);
 }
 void conv_saves(const AttrBlob&, SaveList& s) {
   s.input(0).input(1);

@@ -2,7 +2,8 @@
 // which run conv2d's kernels on the ConvShape of the conv2d this op is the adjoint of
 // (make_conv_transpose_shape in kernels/shapes.h). Its own op kind with its own backward: the
 // input gradient is a conv2d of dy with the weight, the weight gradient a correlation of dy with
-// x, the bias gradient the per-channel sums of dy. Saves x and weight.
+// x, the bias gradient the per-channel sums of dy. Saves x and weight. bf16 and f16 as conv2d's
+// (ops_conv.cpp): 16 bits in and out, f32 inside; tests/test_amp_gemm_ops.cpp.
 // Gradient checks: tests/test_gradcheck_upsample.cpp; forward values and errors:
 // tests/test_ops_upsample.cpp.
 #include "regen/autograd/op_util.h"
@@ -26,7 +27,7 @@ void convt_fwd(OpContext& c) {
   c.outputs = {y};
 }
 void convt_forward(OpContext& c) {
-  REGEN_FLOATING(c.inputs[0].dtype(), "conv_transpose2d", convt_fwd, c);
+  REGEN_FLOATING_LOWP(c.inputs[0].dtype(), "conv_transpose2d", convt_fwd, c);
 }
 
 template <class T>
@@ -53,7 +54,7 @@ void convt_bwd(BackwardContext& c) {
   }
 }
 void convt_backward(BackwardContext& c) {
-  REGEN_FLOATING(c.grad_output(0).dtype(), "conv_transpose2d backward", convt_bwd, c);
+  REGEN_FLOATING_LOWP(c.grad_output(0).dtype(), "conv_transpose2d backward", convt_bwd, c);
 }
 void convt_saves(const AttrBlob&, SaveList& s) {
   s.input(0).input(1);

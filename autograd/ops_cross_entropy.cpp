@@ -3,6 +3,8 @@
 // backward reads with the logits and targets.
 // linear_cross_entropy: the same loss of linear(x, weight, bias) computed chunk by chunk of rows,
 // so the (M, V) logits and their gradient never exist (the LM head of models/transformer.cpp).
+// bf16 and f16 inputs take the path of autograd/ops_linear_cross_entropy_lowp.cpp (f32 logits,
+// lse and loss; 16-bit gradients).
 // Gradient checks: tests/test_gradcheck_nlp.cpp; values and errors: tests/test_ops_nlp.cpp.
 #include "regen/autograd/op_util.h"
 
@@ -10,6 +12,11 @@
 #include <memory>
 
 namespace regen {
+namespace detail {
+// bf16 and f16 inputs: autograd/ops_linear_cross_entropy_lowp.cpp.
+void linear_cross_entropy_forward_lowp(OpContext& c);
+void linear_cross_entropy_backward_lowp(BackwardContext& c);
+}  // namespace detail
 using namespace detail;
 
 namespace {
@@ -128,6 +135,7 @@ void lce_fwd(OpContext& c) {
   c.outputs = {loss, lse};
 }
 void lce_forward_op(OpContext& c) {
+  if (is_low_precision(c.inputs[0].dtype())) return linear_cross_entropy_forward_lowp(c);
   REGEN_FLOATING(c.inputs[0].dtype(), "linear_cross_entropy", lce_fwd, c);
 }
 
@@ -190,6 +198,7 @@ void lce_bwd(BackwardContext& c) {
   c.set_grad_input(2, db);
 }
 void lce_backward_op(BackwardContext& c) {
+  if (is_low_precision(c.saved_input(0).dtype())) return linear_cross_entropy_backward_lowp(c);
   REGEN_FLOATING(c.grad_output(0).dtype(), "linear_cross_entropy backward", lce_bwd, c);
 }
 void lce_saves(const AttrBlob& attrs, SaveList& s) {
@@ -237,8 +246,10 @@ Tensor linear_cross_entropy(const Tensor& x, const Tensor& weight, const Tensor&
   a.ignore_index = ignore_index;
   a.has_bias = bias.defined();
   a.chunk_rows = chunk_rows > 0 ? chunk_rows
-                                : linear_cross_entropy_auto_rows(x.size(0), weight.size(0),
-                                                                 dtype_size(x.dtype()));
+                                : linear_cross_entropy_auto_rows(
+                                      x.size(0), weight.size(0),
+                                      // 16-bit inputs: the chunk's logits are f32
+                                      is_low_precision(x.dtype()) ? 4 : dtype_size(x.dtype()));
   return apply_op(OpKind::linear_cross_entropy, a, {x, weight, bias, targets})[0];
 }
 

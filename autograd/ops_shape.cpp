@@ -33,7 +33,7 @@ void permute_fwd(OpContext& c) {
   c.outputs = {y};
 }
 void permute_forward(OpContext& c) {
-  REGEN_FLOATING(c.inputs[0].dtype(), "permute", permute_fwd, c);
+  REGEN_FLOATING_LOWP(c.inputs[0].dtype(), "permute", permute_fwd, c);
 }
 
 template <class T>
@@ -50,7 +50,7 @@ void permute_bwd(BackwardContext& c) {
   c.set_grad_input(0, dx);
 }
 void permute_backward(BackwardContext& c) {
-  REGEN_FLOATING(c.grad_output(0).dtype(), "permute backward", permute_bwd, c);
+  REGEN_FLOATING_LOWP(c.grad_output(0).dtype(), "permute backward", permute_bwd, c);
 }
 constexpr OpDef kPermute{"permute", 1, 1, false, permute_forward, permute_backward, no_saves};
 constexpr OpDef kTranspose{"transpose", 1, 1, false, permute_forward, permute_backward, no_saves};

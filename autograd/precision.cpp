@@ -61,6 +61,9 @@ const std::vector<NamedRule>& rules() {
       {"concat", {kFollow, false, false, "a copy (fp32 beside 16 bits: fp32)"}},
       {"split", {kFollow, false, false, "a copy"}},
       {"narrow", {kFollow, false, false, "a copy"}},
+      {"cast",
+       {kFollow, false, false,
+        "the conversion autocast records: never itself cast (its output dtype is its attribute)"}},
   };
   return r;
 }

@@ -6,6 +6,9 @@
 #include <algorithm>
 #include <atomic>
 
+#include "regen/autograd/op_list.h"
+#include "regen/autograd/ops.h"
+#include "regen/autograd/precision.h"
 #include "regen/kernels/kernels.h"
 
 namespace regen {
@@ -126,8 +129,34 @@ int64_t Tape::register_input(const Tensor& t) {
   return values_.back().id;
 }
 
+void Tape::autocast_inputs(OpKind kind, std::vector<Tensor>& inputs) {
+  const DType low = autocast_dtype();
+  std::vector<DType> floating;
+  for (const Tensor& t : inputs) {
+    if (t.defined() && is_floating(t.dtype())) floating.push_back(t.dtype());
+  }
+  if (floating.empty()) return;
+  const bool statistics = precision_rule(kind).fp32_statistics;
+  const DType compute = compute_dtype(kind, low, floating);
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    Tensor& t = inputs[i];
+    if (!t.defined() || !is_floating(t.dtype())) continue;  // ids, masks, targets stay as they are
+    // An op that keeps fp32 statistics computes in its first input's dtype and reads its
+    // parameters (the other inputs) in f32.
+    const DType want = statistics && i > 0 ? DType::f32 : compute;
+    if (t.dtype() != want) t = cast(t, want);  // recorded on this tape like any op
+  }
+}
+
 std::vector<Tensor> Tape::apply(OpKind kind, const AttrBlob& attrs, std::vector<Tensor> inputs) {
   const OpDef& def = op_def(kind);
+  // Autocast: the inputs cast to the dtypes the op's precision rule asks for, each by a recorded
+  // cast node, before the op is recorded. Never in backward (gradients keep their values' dtypes)
+  // nor for a cast itself; replays (Tape::replay) run recorded nodes, casts included, and do not
+  // come through here. Grad mode off (evaluation) autocasts too.
+  if (autocast_dtype() != DType::f32 && !in_backward_ && kind != OpKind::cast) {
+    autocast_inputs(kind, inputs);
+  }
   // Inputs: all on one device, all with their bytes.
   const Tensor* first = nullptr;
   for (const Tensor& t : inputs) {

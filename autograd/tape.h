@@ -328,7 +328,12 @@ class Tape {
 
   // Records (when grad mode is on and an input requires grad) and runs an op. Strong exception
   // guarantee: if the op throws (bad input found by a kernel, OutOfMemory, ...), the tape, its
-  // blocks, values and saved tensors and the inputs' tape fields are as they were before the call.
+  // blocks, values and saved tensors and the inputs' tape fields are as they were before the call
+  // (under autocast, the cast nodes recorded for its inputs stay: they are whole nodes, which
+  // nothing reads, and backward skips them).
+  // Under autocast (AutocastScope, autograd/precision.h; not in backward, not for cast itself) the
+  // op's floating inputs are first cast, by recorded cast nodes, to the dtypes its precision rule
+  // gives (autograd/precision.cpp).
   std::vector<Tensor> apply(OpKind kind, const AttrBlob& attrs, std::vector<Tensor> inputs);
 
   // Runs backward from a scalar (or from `grad` of the loss's shape), accumulates parameter
@@ -368,6 +373,9 @@ class Tape {
  private:
   friend class BackwardContext;
   int64_t register_input(const Tensor& t);
+  // Autocast (autograd/precision.h AutocastScope): replaces each floating input whose dtype differs
+  // from what op `kind`'s precision rule asks for under the scope's 16-bit dtype by cast(input).
+  void autocast_inputs(OpKind kind, std::vector<Tensor>& inputs);
   // apply's recording path; apply undoes what it did if it throws. `hooks_begun` counts the
   // hooks whose on_forward_begin was called (they get on_forward_abort).
   std::vector<Tensor> record(const OpDef& def, OpKind kind, const AttrBlob& attrs,

@@ -85,6 +85,13 @@ void scale(const T* x, T* y, int64_t n, T alpha);  // y = alpha*x
 // y[i] = alpha * s[0] for i < n (backward of sum/mean; s is one element on the device)
 template <class T>
 void fill_from_scalar(const T* s, T* y, int64_t n, T alpha);
+// scale and fill_from_scalar with an f32 factor, for the 16-bit types (bfloat16, float16), whose
+// own 8 or 11 bits would round factors such as 1/n or 1/sqrt(d): y = round(alpha * x) per element.
+// CPU only (called directly, not through REGEN_LAUNCH; no scratch).
+template <class T>
+void scale_f32(const T* x, T* y, int64_t n, float alpha);
+template <class T>
+void fill_from_scalar_f32(const T* s, T* y, int64_t n, float alpha);
 // The unary element-wise ops (relu, gelu, ...): cpu::unary_forward / unary_backward, in
 // kernels/unary_ops.h.
 // x: (rows, cols) -> y: (cols), y[c] = sum_r x[r, c]  (bias gradients)
@@ -126,7 +133,9 @@ void conv2d_forward(const T* x, const T* w, const T* bias, T* y, const ConvShape
 // dy: (N, K, P, Q), w: (K, C, R, S) -> dx: (N, C, H, W)
 template <class T>
 void conv2d_backward_data(const T* dy, const T* w, T* dx, const ConvShape& s);
-// x: (N, C, H, W), dy: (N, K, P, Q) -> dw: (K, C, R, S), dbias: (K) or null
+// x: (N, C, H, W), dy: (N, K, P, Q) -> dw: (K, C, R, S), dbias: (K) or null. For bf16 and f16
+// (T = bfloat16, float16; CPU only) dw may be null too: the bias gradient alone.
+// The 16-bit launchers (CPU) compute in f32 and round each output element once.
 template <class T>
 void conv2d_backward_filter(const T* x, const T* dy, T* dw, T* dbias, const ConvShape& s);
 
@@ -233,14 +242,20 @@ void softmax_backward(const T* dy, const T* y, T* dx, int64_t M, int64_t N);
 // ---- Fused multi-head attention (kernels/cpu/attention.cpp) -------------------------------------
 // qkv: (B, S, 3*H*Dh); key_pad: (B, S), nonzero = padded key, or null; out: (B, S, H*Dh);
 // lse: (B, H, S), logsumexp of the scaled, masked scores (-inf for a row with no visible key,
-// whose output is 0).
+// whose output is 0), in T's accumulation type (f32 for bf16 and f16: acc_t, the end of this
+// file; the CPU computes those in f32 from the 16-bit qkv and rounds out once).
+}  // namespace cpu
 template <class T>
-void attention_forward(const T* qkv, const int32_t* key_pad, T* out, T* lse,
-                       const AttentionShape& s);
+struct accumulate_type;  // defined with acc_t, below
+namespace cpu {
+template <class T>
+void attention_forward(const T* qkv, const int32_t* key_pad, T* out,
+                       typename accumulate_type<T>::type* lse, const AttentionShape& s);
 // dout: (B, S, H*Dh) -> dqkv: (B, S, 3*H*Dh), written.
 template <class T>
-void attention_backward(const T* dout, const T* qkv, const T* out, const T* lse,
-                        const int32_t* key_pad, T* dqkv, const AttentionShape& s);
+void attention_backward(const T* dout, const T* qkv, const T* out,
+                        const typename accumulate_type<T>::type* lse, const int32_t* key_pad,
+                        T* dqkv, const AttentionShape& s);
 
 // ---- Cross-entropy fused with log-softmax (kernels/cpu/cross_entropy.cpp) -----------------------
 // logits: (M, V), targets: (M) -> loss: (1), the mean over rows whose target != ignore_index (0
@@ -460,43 +475,43 @@ class DeviceTimeline {
 #endif
 
 // REGEN_FLOATING(dtype, what, fn, args...): calls fn<float>(args...) or fn<double>(args...).
-#define REGEN_FLOATING(dtype, what, fn, ...)                                                  \
-  do {                                                                                        \
-    switch (dtype) {                                                                          \
-      case ::regen::DType::f32:                                                               \
-        fn<float>(__VA_ARGS__);                                                               \
-        break;                                                                                \
-      case ::regen::DType::f64:                                                               \
-        fn<double>(__VA_ARGS__);                                                              \
-        break;                                                                                \
-      default:                                                                                \
-        REGEN_FAIL(what, ": expected an f32 or f64 tensor, got ", ::regen::dtype_name(dtype), \
+#define REGEN_FLOATING(dtype, what, fn, ...)                                                    \
+  do {                                                                                          \
+    switch (dtype) {                                                                            \
+      case ::regen::DType::f32:                                                                 \
+        fn<float>(__VA_ARGS__);                                                                 \
+        break;                                                                                  \
+      case ::regen::DType::f64:                                                                 \
+        fn<double>(__VA_ARGS__);                                                                \
+        break;                                                                                  \
+      default:                                                                                  \
+        REGEN_FAIL(what, ": expected an f32 or f64 tensor, got ", ::regen::dtype_name(dtype),   \
                    " (this op has no 16-bit path yet; docs/precision.md lists those that do)"); \
-    }                                                                                         \
+    }                                                                                           \
   } while (0)
 
 // REGEN_FLOATING_LOWP(dtype, what, fn, args...): as REGEN_FLOATING, and fn<bfloat16>(args...) or
 // fn<float16>(args...) for the 16-bit dtypes (an op with a 16-bit path: its kernels store 16 bits
 // and compute in acc_t<T>, below).
-#define REGEN_FLOATING_LOWP(dtype, what, fn, ...)                                              \
-  do {                                                                                         \
-    switch (dtype) {                                                                           \
-      case ::regen::DType::f32:                                                                \
-        fn<float>(__VA_ARGS__);                                                                \
-        break;                                                                                 \
-      case ::regen::DType::f64:                                                                \
-        fn<double>(__VA_ARGS__);                                                               \
-        break;                                                                                 \
-      case ::regen::DType::bf16:                                                               \
-        fn<::regen::bfloat16>(__VA_ARGS__);                                                    \
-        break;                                                                                 \
-      case ::regen::DType::f16:                                                                \
-        fn<::regen::float16>(__VA_ARGS__);                                                     \
-        break;                                                                                 \
-      default:                                                                                 \
-        REGEN_FAIL(what, ": expected a floating tensor (f32, f64, bf16, f16), got ",           \
-                   ::regen::dtype_name(dtype));                                                \
-    }                                                                                          \
+#define REGEN_FLOATING_LOWP(dtype, what, fn, ...)                                    \
+  do {                                                                               \
+    switch (dtype) {                                                                 \
+      case ::regen::DType::f32:                                                      \
+        fn<float>(__VA_ARGS__);                                                      \
+        break;                                                                       \
+      case ::regen::DType::f64:                                                      \
+        fn<double>(__VA_ARGS__);                                                     \
+        break;                                                                       \
+      case ::regen::DType::bf16:                                                     \
+        fn<::regen::bfloat16>(__VA_ARGS__);                                          \
+        break;                                                                       \
+      case ::regen::DType::f16:                                                      \
+        fn<::regen::float16>(__VA_ARGS__);                                           \
+        break;                                                                       \
+      default:                                                                       \
+        REGEN_FAIL(what, ": expected a floating tensor (f32, f64, bf16, f16), got ", \
+                   ::regen::dtype_name(dtype));                                      \
+    }                                                                                \
   } while (0)
 
 namespace regen {

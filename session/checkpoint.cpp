@@ -264,7 +264,7 @@ std::map<std::string, std::string> resume_training_state(Session& s, const std::
     const std::string& now = entry.second;
     const auto it = meta.find("train." + key);
     // States saved before the precision was recorded trained in fp32.
-    const std::string then = it != meta.end()       ? it->second
+    const std::string then = it != meta.end()     ? it->second
                              : key == "precision" ? "fp32"
                                                   : "(not recorded)";
     if (then == now) continue;

@@ -334,8 +334,8 @@ Precision resolve_precision(const SessionOptions& o, Device device,
   if (p == Precision::tf32) {
     REGEN_CHECK(device.is_cuda(), setting,
                 " applies to CUDA devices (cuBLAS and cuDNN may use TF32 tensor cores); on ",
-                device.str(), " pass ", option_setting("precision", kw ? "'fp32'" : "fp32", o.style),
-                ", bf16 or fp16");
+                device.str(), " pass ",
+                option_setting("precision", kw ? "'fp32'" : "fp32", o.style), ", bf16 or fp16");
   }
   if (is_mixed(p)) {
     REGEN_CHECK(device.is_cpu(), setting, " trains on the CPU only so far: regen's CUDA kernels ",

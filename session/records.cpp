@@ -47,8 +47,7 @@ std::map<std::string, std::string> run_flags(const SessionOptions& o) {
   // What the step allocates besides forward and backward: micro-batches, the gradient norm.
   r["--accumulate"] = std::to_string(o.accumulate);
   // fp16's loss scaling checks the gradients for overflow through their norm at every step.
-  r["--grad-norm"] =
-      o.clip_grad_norm > 0 || o.grad_norm || o.precision == "fp16" ? "on" : "off";
+  r["--grad-norm"] = o.clip_grad_norm > 0 || o.grad_norm || o.precision == "fp16" ? "on" : "off";
   // Data parallelism: the ranks, and what shapes each rank's step (a process alone records none).
   const dist::World& world = dist::world();
   if (world.distributed()) {
@@ -100,11 +99,10 @@ void check_profile_run(const Profile& p, const SessionOptions& o, const std::str
   // Profiles written before --precision recorded the math mode (--math, or --tf32 before it), or
   // nothing: they ran in fp32 or tf32.
   if (p.run.count("--precision") == 0 && !p.run.empty()) {
-    recorded.erase(std::remove_if(recorded.begin(), recorded.end(),
-                                  [](const auto& kv) {
-                                    return kv.first == "--math" || kv.first == "--tf32";
-                                  }),
-                   recorded.end());
+    recorded.erase(
+        std::remove_if(recorded.begin(), recorded.end(),
+                       [](const auto& kv) { return kv.first == "--math" || kv.first == "--tf32"; }),
+        recorded.end());
     recorded.emplace_back("--precision", profile_math(p));
   }
   for (auto [flag, then] : recorded) {

@@ -360,8 +360,8 @@ std::unique_ptr<Session> make_session(const SessionOptions& options, Preflight p
   // which ops save packed forms (a dry forward pass of its own).
   try {
     if (options.masks) {
-      s->packed_saves =
-          std::make_shared<const PackedSaves>(learn_packed_saves(c, options.batch, s->device, s->precision));
+      s->packed_saves = std::make_shared<const PackedSaves>(
+          learn_packed_saves(c, options.batch, s->device, s->precision));
     }
     s->preflight =
         dry_run_step(c, options.batch, s->device, make_optimizer, make_sync, setup_trainer);

@@ -384,6 +384,30 @@ inline std::vector<OpCase> op_table() {
                {real({3, 4})},
                [=](const std::vector<Tensor>& x) { return mean(at(x, 0)); },
                lin});
+  // cast there and back through the other of f32 and f64 (f64 -> f32 -> f64 rounds each value to
+  // f32 once; f32 -> f64 -> f32 is exact): two cast nodes whose gradients pass through unchanged.
+  // The f64 gradcheck's steps (1e-2) move the f32 rounding by at most 2^-24 relative: a numerical
+  // derivative within about 6e-6 of 1.
+  {
+    GradcheckOptions cast_tol = lin;
+    cast_tol.atol = 1e-5;
+    cast_tol.rtol = 1e-5;
+    t.push_back({"cast to the other of f32 and f64 and back",
+                 OpKind::cast,
+                 {real({4, 5})},
+                 [=](const std::vector<Tensor>& x) {
+                   const DType d = at(x, 0).dtype();
+                   return cast(cast(at(x, 0), d == DType::f64 ? DType::f32 : DType::f64), d);
+                 },
+                 cast_tol});
+    t.back().f32_rtol = 0;
+    t.back().f64_rtol = 0;
+    t.back().formula = [](const std::vector<Tensor>& x) {
+      std::vector<double> y = x[0].to_vector<double>();
+      for (double& v : y) v = static_cast<double>(static_cast<float>(v));
+      return y;
+    };
+  }
   return t;
 }
 

@@ -783,11 +783,11 @@ TEST_CASE("cli: --help lists every flag") {
   const Result r = regen_run(dir, {"train", "--help"});
   CHECK(r.status == 0);
   for (const char* flag :
-       {"--model",    "--batch",         "--device",   "--image-size",   "--num-classes",
-        "--seq-len",  "--vocab",         "--dropout",  "--optimizer",    "--lr",
-        "--momentum", "--weight-decay",  "--seed",     "--threads",      "--data",
-        "--conv",     "--tf32",          "--math",     "--steps",        "--save",
-        "--load",     "--policy",        "--budget",   "--chain",        "--profile",
+       {"--model",    "--batch",         "--device",   "--image-size",    "--num-classes",
+        "--seq-len",  "--vocab",         "--dropout",  "--optimizer",     "--lr",
+        "--momentum", "--weight-decay",  "--seed",     "--threads",       "--data",
+        "--conv",     "--tf32",          "--math",     "--steps",         "--save",
+        "--load",     "--policy",        "--budget",   "--chain",         "--profile",
         "--plan",     "--profile-steps", "--progress", "--lm-head-chunk", "--precision"}) {
     CHECK_MESSAGE(has(r.out, flag), "train --help lacks ", flag);
   }

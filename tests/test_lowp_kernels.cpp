@@ -29,6 +29,7 @@
 #include "regen/kernels/cpu/gemm_lowp.h"
 #include "regen/kernels/cpu/packed_gemm.h"
 #include "regen/kernels/kernels.h"
+#include "tests/dry_paths.h"
 
 using namespace regen;
 
@@ -476,6 +477,84 @@ TEST_CASE(
                    nullptr, false, out.data(), 64);
   }
   CHECK(std::all_of(out.begin(), out.end(), [](float v) { return v == 3.0f; }));
+}
+
+TEST_CASE("gemm_lowp_store: the f32 result rounded once per element, in strips, with bias") {
+  // Bitwise against gemm_lowp's f32 C (itself bitwise the f32 packed GEMM, above) with alpha,
+  // beta and the column bias applied in f32 and each element rounded once to C's dtype. Shapes
+  // with more rows than one strip (lowp_strip_rows) cut the product into strips, which must not
+  // change a bit; K = 300 spans two depth blocks.
+  const int64_t shapes[][3] = {{5, 7, 9}, {300, 4000, 300}, {1100, 1000, 33}, {8, 48, 0}};
+  for (const auto& sh : shapes) {
+    const int64_t M = sh[0], N = sh[1], K = sh[2];
+    for (DType dt : {DType::bf16, DType::f16}) {
+      for (int t = 0; t < 4; ++t) {
+        const bool ta = t & 1, tb = t & 2;
+        CAPTURE(M);
+        CAPTURE(N);
+        CAPTURE(K);
+        CAPTURE(dtype_name(dt));
+        CAPTURE(t);
+        const Stored A = ta ? make_stored(K, M, dt, 11) : make_stored(M, K, dt, 11);
+        const Stored B = tb ? make_stored(N, K, dt, 12) : make_stored(K, N, dt, 12);
+        const Stored bias = make_stored(1, N, dt, 13);
+        const Stored c_old = make_stored(M, N, dt, 14);  // ld = N + 3
+        const int64_t ldc = c_old.ld;
+        std::vector<float> acc(static_cast<size_t>(M * N));
+        cpu::gemm_lowp(ta, tb, M, N, K, dt, A.data(), A.ld, dt, B.data(), B.ld, nullptr, false,
+                       acc.data(), N);
+        for (int mode = 0; mode < 2; ++mode) {
+          // mode 0: alpha 1, beta 0 (C's NaN padding and old values ignored), no bias;
+          // mode 1: alpha 0.5, beta -2, the bias.
+          const float alpha = mode ? 0.5f : 1.0f, beta = mode ? -2.0f : 0.0f;
+          std::vector<uint16_t> c = c_old.narrow;
+          cpu::gemm_lowp_store(ta, tb, M, N, K, dt, A.data(), A.ld, dt, B.data(), B.ld, alpha, beta,
+                               dt, mode ? bias.data() : nullptr, dt, c.data(), ldc);
+          int64_t bad = 0;
+          for (int64_t m = 0; m < M; ++m) {
+            for (int64_t n = 0; n < N; ++n) {
+              float v = alpha * acc[static_cast<size_t>(m * N + n)];
+              if (mode) v += beta * c_old.wide[static_cast<size_t>(m * ldc + n)];
+              if (mode) v += bias.wide[static_cast<size_t>(n)];
+              const uint16_t want = dt == DType::bf16 ? half::to_bf16(v) : half::to_fp16(v);
+              bad += c[static_cast<size_t>(m * ldc + n)] != want;
+            }
+            for (int64_t n = N; n < ldc; ++n) {
+              bad += c[static_cast<size_t>(m * ldc + n)] !=
+                     c_old.narrow[static_cast<size_t>(m * ldc + n)];
+            }
+          }
+          CHECK(bad == 0);
+        }
+      }
+    }
+  }
+  CHECK(cpu::lowp_strip_rows(100000, 4096) == 256);
+  CHECK(cpu::lowp_strip_rows(3, 4096) == 3);
+  CHECK(cpu::lowp_strip_rows(1000, 1 << 22) == 8);
+}
+
+TEST_CASE("gemm_lowp_store: a dry run requests the real call's blocks and writes nothing") {
+  std::vector<uint16_t> h(600 * 600, 0x3c00), c(600 * 600, 0x1234);
+  auto call = [&] {
+    cpu::gemm_lowp_store(false, true, 600, 600, 300, DType::bf16, h.data(), 600, DType::bf16,
+                         h.data(), 300, 1.0f, 0.0f, DType::bf16, nullptr, DType::bf16, c.data(),
+                         600);
+  };
+  const testing::ScratchEvents real =
+      testing::scratch_events(Device::cpu(), false, [&](const auto& begin) {
+        begin();
+        call();
+      });
+  std::fill(c.begin(), c.end(), uint16_t{0x1234});
+  const testing::ScratchEvents dry =
+      testing::scratch_events(Device::cpu(), true, [&](const auto& begin) {
+        begin();
+        call();
+      });
+  CHECK(!real.empty());
+  CHECK(dry == real);
+  CHECK(std::all_of(c.begin(), c.end(), [](uint16_t v) { return v == 0x1234; }));
 }
 
 // ---- Throughput (hidden: run with --no-skip)

@@ -1,11 +1,20 @@
 // The run's precision as the session layer takes it (session/options.h resolve_precision): the
 // one switch with its synonyms, what it refuses, how profiles and training states record it, and
-// fp16's dynamic loss scale (models/train.h LossScale). The ops' 16-bit paths: tests/test_autocast.cpp
-// and tests/test_amp_*.cpp; the policy's table: tests/test_precision.cpp.
+// fp16's dynamic loss scale (models/train.h LossScale). The ops' 16-bit paths:
+// tests/test_autocast.cpp and tests/test_amp_*.cpp; the policy's table: tests/test_precision.cpp.
 #include <doctest/doctest.h>
 
-#include <string>
+#include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "regen/remat/offload.h"
+#include "regen/remat/pipeline.h"
+#include "regen/remat/transfer.h"
 #include "regen/session/checkpoint.h"
 #include "regen/session/records.h"
 #include "regen/session/session.h"
@@ -15,6 +24,14 @@ using namespace regen;
 using regen::testing::error_of;
 
 namespace {
+
+// A temporary file name in the test's folder, removed when the object goes.
+struct TempFile {
+  std::string path;
+  explicit TempFile(const std::string& name)
+      : path("test_mixed_precision_" + std::to_string(::getpid()) + "_" + name) {}
+  ~TempFile() { std::remove(path.c_str()); }
+};
 
 bool has(const std::string& text, const std::string& piece) {
   return text.find(piece) != std::string::npos;
@@ -27,6 +44,53 @@ SessionOptions tiny(OptionStyle style = OptionStyle::flag) {
   o.batch = 2;
   o.style = style;
   return o;
+}
+
+SessionOptions lm(const std::string& precision) {
+  SessionOptions o = tiny();
+  o.batch = 4;
+  o.optimizer = "adamw";
+  o.lr = 0.01;
+  o.clip_grad_norm = 0.5;  // dropout stays on: the planned run must draw the same masks
+  o.precision = precision;
+  return o;
+}
+
+// ResNet-50's block counts at 1/8 width on 32x32 images, with batch norm and momentum.
+SessionOptions resnet(const std::string& precision) {
+  SessionOptions o;
+  o.model = "resnet-tiny";
+  ModelConfig c = model_preset("resnet-tiny");
+  c.blocks = {3, 4, 6, 3};
+  c.image_size = 32;
+  o.config = c;
+  o.batch = 4;
+  o.device = "cpu";
+  o.lr = 0.05;
+  o.precision = precision;
+  return o;
+}
+
+bool same_bits(const NamedTensors& a, const NamedTensors& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const Tensor& x = a[i].second;
+    const Tensor& y = b[i].second;
+    if (a[i].first != b[i].first || x.nbytes() != y.nbytes() || x.dtype() != y.dtype() ||
+        !std::equal(static_cast<const char*>(x.raw_data()),
+                    static_cast<const char*>(x.raw_data()) + x.nbytes(),
+                    static_cast<const char*>(y.raw_data()))) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// The bytes of the saved tensors of a profile's step that are activations, by dtype width.
+int64_t saved_bytes(const Profile& p) {
+  int64_t n = 0;
+  for (const ProfileSaved& t : p.saved) n += static_cast<int64_t>(t.bytes);
+  return n;
 }
 
 }  // namespace
@@ -162,4 +226,167 @@ TEST_CASE("precision: fp16's loss scale grows, backs off and stops at its floor 
   const std::string e = error_of([&] { s.update(false); });
   CHECK(has(e, "fp16 training: the loss scale fell to 0.5 after 18 steps skipped"));
   CHECK(has(e, "train in bf16"));
+}
+
+TEST_CASE(
+    "mixed precision: bf16 and fp16 steps under plans are predicted exactly on every step, and "
+    "training under a plan is bitwise training without one") {
+  for (const bool is_resnet : {false, true}) {
+    for (const char* precision : {"bf16", "fp16"}) {
+      CAPTURE(is_resnet);
+      CAPTURE(precision);
+      const SessionOptions o = is_resnet ? resnet(precision) : lm(precision);
+      const int64_t n = 4;
+      // The run without a plan.
+      auto plain = make_session(o);
+      CHECK(plain->precision == parse_precision(precision));
+      std::vector<double> losses;
+      for (int64_t i = 0; i < n; ++i) {
+        const StepResult r = plain->trainer->step();
+        CHECK(std::isfinite(r.loss));
+        CHECK((r.loss_scale > 0) == (std::string(precision) == "fp16"));
+        losses.push_back(r.loss);
+      }
+      // The same run profiled at its first step, then under a dp plan.
+      auto planned = make_session(o);
+      RematPipeline pipe(*planned->trainer);
+      ProfileOptions po;
+      po.warmup = 0;
+      po.iterations = 1;
+      const Profile& prof = pipe.profile(po);
+      CHECK(prof.run.at("--precision") == precision);
+      PlanOptions opt;
+      opt.budget_of = BudgetOf::allocated;
+      const Plan& plan = pipe.plan("dp", Budget::parse("75%"), opt);
+      REQUIRE_MESSAGE(plan.feasible, plan.note);
+      CHECK(plan.recomputed() > 0);
+      for (int64_t i = 1; i < n; ++i) {
+        const StepResult r = pipe.step();
+        CHECK_MESSAGE(r.exact(), "step ", i + 1, ": measured ", r.memory.allocated.peak, "/",
+                      r.memory.reserved.peak, ", predicted ", r.predicted_allocated, "/",
+                      r.predicted_reserved);
+        CHECK(r.loss == losses[static_cast<size_t>(i)]);
+      }
+      pipe.finish();
+      CHECK(same_bits(plain->model->state_dict(), planned->model->state_dict()));
+      // Master weights stay f32.
+      for (const auto& [name, t] : planned->model->state_dict()) {
+        CAPTURE(name);
+        CHECK((t.dtype() == DType::f32 || t.dtype() == DType::i64));
+      }
+    }
+  }
+}
+
+TEST_CASE(
+    "mixed precision: a bf16 step saves about half the activation bytes of fp32, and DTR and "
+    "offloading plans are exact in bf16") {
+  Profile p32, p16;
+  for (const char* precision : {"fp32", "bf16"}) {
+    auto s = make_session(lm(precision));
+    RematPipeline pipe(*s->trainer);
+    ProfileOptions po;
+    po.warmup = 0;
+    po.iterations = 1;
+    const Profile& p = pipe.profile(po);
+    (std::string(precision) == "fp32" ? p32 : p16) = p;
+    if (std::string(precision) == "fp32") continue;
+    // An offloading plan and DTR in bf16.
+    PlanOptions off;
+    off.budget_of = BudgetOf::allocated;
+    off.offload = OffloadMode::all;
+    off.transfer = transfer_for("step:0.4", p);
+    const Plan& plan = pipe.plan("dp", Budget::parse("60%"), off);
+    REQUIRE_MESSAGE(plan.feasible, plan.note);
+    for (int i = 0; i < 2; ++i) {
+      const StepResult r = pipe.step();
+      CHECK_MESSAGE(r.exact(), "offload step ", i, ": measured ", r.memory.allocated.peak,
+                    ", predicted ", r.predicted_allocated);
+    }
+    PlanOptions dtr;
+    dtr.budget_of = BudgetOf::reserved;
+    const Plan& d = pipe.plan("dtr", Budget::parse("90%"), dtr);
+    REQUIRE_MESSAGE(d.feasible, d.note);
+    for (int i = 0; i < 2; ++i) {
+      const StepResult r = pipe.step();
+      CHECK_MESSAGE(r.exact(), "dtr step ", i, ": measured ", r.memory.reserved.peak,
+                    ", predicted ", r.predicted_reserved);
+    }
+    pipe.finish();
+  }
+  const double ratio =
+      static_cast<double>(saved_bytes(p16)) / static_cast<double>(saved_bytes(p32));
+  MESSAGE("saved bytes: fp32 ", saved_bytes(p32), ", bf16 ", saved_bytes(p16), " (", ratio, "x)");
+  // The tiny Transformer's saved tensors are mostly the 16-bit operands of its GEMMs and
+  // attention; its f32 statistics, ids and the embedding's f32 rows keep it above one half.
+  CHECK(ratio < 0.75);
+  CHECK(ratio > 0.45);
+}
+
+TEST_CASE(
+    "mixed precision: an fp16 step whose gradients overflow is skipped, halves the scale and "
+    "leaves the weights as they were") {
+  auto s = make_session(lm("fp16"));
+  s->trainer->step();
+  const NamedTensors before = [&] {
+    NamedTensors out;
+    for (const auto& [name, t] : s->model->state_dict()) out.emplace_back(name, t.clone());
+    return out;
+  }();
+  LossScale huge;
+  huge.scale = std::ldexp(1.0, 60);  // the loss times 2^60 overflows fp16 at once
+  s->trainer->set_loss_scale(huge);
+  const StepResult r = s->trainer->step();
+  CHECK(r.skipped);
+  CHECK(r.loss_scale == std::ldexp(1.0, 60));
+  CHECK(std::isfinite(r.loss));
+  CHECK(s->trainer->loss_scale().scale == std::ldexp(1.0, 59));
+  CHECK(s->trainer->loss_scale().skipped == 1);
+  CHECK(same_bits(before, s->model->state_dict()));
+  CHECK(s->trainer->optimizer_steps() == 2);  // the schedule moves on, as GradScaler's loops do
+  // A sane scale trains again.
+  LossScale sane;
+  sane.scale = 1024;
+  s->trainer->set_loss_scale(sane);
+  const StepResult next = s->trainer->step();
+  CHECK(!next.skipped);
+  CHECK(!same_bits(before, s->model->state_dict()));
+}
+
+TEST_CASE(
+    "mixed precision: a resume in another precision is refused, an fp16 state keeps its loss "
+    "scale, and an fp32 checkpoint loads into a bf16 run with f32 master weights") {
+  TempFile state("fp16.safetensors"), weights("fp32.safetensors");
+  {
+    auto s = make_session(lm("fp16"));
+    s->trainer->step();
+    LossScale odd;
+    odd.scale = 4096;
+    odd.good_steps = 7;
+    odd.skipped = 3;
+    s->trainer->set_loss_scale(odd);
+    save_training_state(*s, state.path);
+  }
+  {
+    auto s = make_session(lm("fp16"));
+    resume_training_state(*s, state.path);
+    CHECK(s->trainer->loss_scale().scale == 4096);
+    CHECK(s->trainer->loss_scale().good_steps == 7);
+    CHECK(s->trainer->loss_scale().skipped == 3);
+  }
+  const std::string e = error_of([&] { resume_training_state(*make_session(lm("bf16")), state.path); });
+  CHECK(has(e, "saved by a run with --precision fp16"));
+  CHECK(has(e, "this run has --precision bf16"));
+  {
+    auto s = make_session(lm("fp32"));
+    s->trainer->step();
+    save_checkpoint(*s, weights.path, 1);
+  }
+  auto b = make_session(lm("bf16"));
+  CHECK(load_checkpoint(*b, weights.path) == b->model->state_dict().size());
+  for (const auto& [name, t] : b->model->state_dict()) {
+    CAPTURE(name);
+    CHECK((t.dtype() == DType::f32 || t.dtype() == DType::i64));
+  }
+  CHECK(std::isfinite(b->trainer->step().loss));
 }

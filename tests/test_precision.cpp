@@ -60,8 +60,7 @@ TEST_CASE("precision: each class gives the dtypes it promises") {
     // An op with fp32 statistics computes in its input's dtype and reads its f32 parameters.
     CHECK(output_dtype(kind("layernorm"), low, {low, DType::f32, DType::f32}) == low);
     CHECK(output_dtype(kind("batchnorm2d"), low, {low, DType::f32, DType::f32}) == low);
-    CHECK(output_dtype(kind("layernorm"), low, {DType::f32, DType::f32, DType::f32}) ==
-          DType::f32);
+    CHECK(output_dtype(kind("layernorm"), low, {DType::f32, DType::f32, DType::f32}) == DType::f32);
     CHECK(precision_rule(kind("layernorm")).fp32_statistics);
     CHECK(precision_rule(kind("batchnorm2d")).fp32_statistics);
     CHECK(!precision_rule(kind("add")).fp32_statistics);

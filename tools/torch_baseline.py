@@ -25,8 +25,10 @@ skips it (CPU times only).
 On the CPU the script also reports the fastest step and the median step's process CPU time (all
 threads), and prints each step's wall and CPU time: on a machine shared with other work, a step
 whose CPU time is well below threads x wall time waited for the other work.
+With --autocast bf16 (or fp16) every mode trains its forward pass and loss under torch.autocast,
+as PyTorch's mixed-precision recipe does.
 CSV columns: model, batch, mode, math, step_s (median), peak_bytes, peak_kind, live_before_bytes,
-base_bytes, step_min_s, step_cpu_s (CPU only), memory_budget (compile rows), error; on CUDA,
+base_bytes, step_min_s, step_cpu_s (CPU only), memory_budget (compile rows), error, autocast; on CUDA,
 live_before_bytes and base_bytes are torch.cuda.memory_allocated at those two moments.
 
 Examples:
@@ -184,9 +186,17 @@ def run(a, name, batch, mode, device, heap, memory_budget=None):
         fconfig.activation_memory_budget = memory_budget
         step_model = torch.compile(model)
 
+    autocast = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(a.autocast)
+
     def step():
         opt.zero_grad(set_to_none=False)
-        loss = loss_fn(step_model(x), y)
+        if autocast is None:
+            loss = loss_fn(step_model(x), y)
+        else:
+            # As PyTorch's AMP recipe: the forward pass and the loss under autocast, backward and
+            # the optimizer outside it (on the CPU, fp16 has no GradScaler; bf16 needs none).
+            with torch.autocast(device.type, dtype=autocast):
+                loss = loss_fn(step_model(x), y)
         loss.backward()
         opt.step()
         return loss
@@ -231,6 +241,9 @@ def main():
     ap.add_argument("--math", choices=["fp32", "tf32"], default="fp32",
                     help="fp32: TF32 off for both matmuls and convolutions (PyTorch's convolutions "
                          "default to TF32); tf32: on for both")
+    ap.add_argument("--autocast", choices=["none", "bf16", "fp16"], default="none",
+                    help="train every mode under torch.autocast in this dtype (the CSV's autocast "
+                         "column); PyTorch's CPU autocast takes bf16")
     ap.add_argument("--image-size", type=int, default=224)
     ap.add_argument("--seq-len", type=int, default=128)
     ap.add_argument("--dropout", type=float, default=0.1)
@@ -262,7 +275,7 @@ def main():
         # The first columns are what `regen bench train --torch-csv` reads; keep them first.
         w.writerow(["model", "batch", "mode", "math", "step_s", "peak_bytes", "peak_kind",
                     "live_before_bytes", "base_bytes", "step_min_s", "step_cpu_s", "memory_budget",
-                    "error"])
+                    "error", "autocast"])
 
     def add_row(row):
         if w:
@@ -281,7 +294,7 @@ def main():
                 print(f"{a.model} batch {batch} {label}: failed: {type(e).__name__}: {e}",
                       flush=True)
                 add_row([a.model, batch, mode, a.math, "", "", "", "", "", "", "",
-                         "" if budget is None else budget, f"{type(e).__name__}"])
+                         "" if budget is None else budget, f"{type(e).__name__}", a.autocast])
                 if device.type == "cuda":
                     torch.cuda.empty_cache()
                 continue
@@ -295,7 +308,7 @@ def main():
                            f"{mem['base'] / 2**20:.1f} MiB")
             else:
                 mem_txt = "peak heap n/a"
-            print(f"{a.model} batch {batch} {label} ({a.math}, {device}, "
+            print(f"{a.model} batch {batch} {label} ({a.math}, autocast {a.autocast}, {device}, "
                   f"{torch.get_num_threads()} threads, torch {torch.__version__}): "
                   f"median step {t:.4f} s"
                   + (f" (min {mem['step_min']:.4f} s, CPU {mem['step_cpu']:.4f} s)" if cpu else "")
@@ -307,7 +320,8 @@ def main():
             add_row([a.model, batch, mode, a.math, f"{t:.6f}", blank(peak),
                      mem["kind"] if peak is not None else "", blank(mem["live_before"]),
                      blank(mem["base"]), f"{mem['step_min']:.6f}",
-                     f"{mem['step_cpu']:.6f}" if cpu else "", "" if budget is None else budget, ""])
+                     f"{mem['step_cpu']:.6f}" if cpu else "", "" if budget is None else budget, "",
+                     a.autocast])
             if device.type == "cuda":
                 torch.cuda.empty_cache()
     if out:

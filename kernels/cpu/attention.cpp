@@ -15,7 +15,10 @@
 // kDryRunLaunchers) the buffers and every gemm's packing are requested in the same order, and the
 // row-wise work is skipped.
 //
-// Tests: tests/test_ops_nlp.cpp (values vs plain loops, masks, dropout bits),
+// 16-bit qkv (bf16, f16): attention_forward_lowp / attention_backward_lowp below, f32 inside.
+//
+// Tests: tests/test_amp_gemm_ops.cpp (16-bit), tests/test_ops_nlp.cpp (values vs plain loops,
+// masks, dropout bits),
 // tests/test_gradcheck_nlp.cpp (gradients).
 #include <omp.h>
 
@@ -24,6 +27,8 @@
 
 #include "regen/core/philox.h"
 #include "regen/core/tensor.h"
+#include "regen/kernels/cpu/convert.h"
+#include "regen/kernels/cpu/gemm_lowp.h"
 #include "regen/kernels/kernels.h"
 
 namespace regen::cpu {
@@ -87,14 +92,188 @@ inline bool masked(const HeadView& v, bool causal, int64_t i, int64_t j) {
   return (v.key_pad && v.key_pad[j] != 0) || (causal && j > i);
 }
 
+// Forward, rows of one (batch, head): P (S, S) holds the scores (times score_scale, applied here
+// when it is not 1) and becomes the probabilities, dropped out; lse_bh: (S) the rows' logsumexp.
+// A is the type the scores are computed in (f32 for 16-bit tensors).
+template <class A>
+void forward_rows(A* P, A* lse_bh, const HeadView& v, const AttentionShape& s, A score_scale,
+                  uint64_t threshold, A keep_scale) {
+  const int64_t S = s.S;
+  const bool dropout = threshold > 0;
+#pragma omp parallel for schedule(static) if (S * S > kParallelMin)
+  for (int64_t i = 0; i < S; ++i) {
+    A* row = P + i * S;
+    if (score_scale != A(1)) {
+      for (int64_t j = 0; j < S; ++j) row[j] *= score_scale;
+    }
+    A mx = -INFINITY;
+    for (int64_t j = 0; j < S; ++j) {
+      if (masked(v, s.causal, i, j)) row[j] = -INFINITY;
+      mx = std::max(mx, row[j]);
+    }
+    if (mx == -INFINITY) {  // no visible key: output 0, and backward sees P = 0
+      lse_bh[i] = -INFINITY;
+      std::fill(row, row + S, A(0));
+      continue;
+    }
+    double sum = 0;
+    for (int64_t j = 0; j < S; ++j) {
+      row[j] = std::exp(row[j] - mx);  // a masked score gives exp(-inf) = 0
+      sum += static_cast<double>(row[j]);
+    }
+    lse_bh[i] = static_cast<A>(static_cast<double>(mx) + std::log(sum));
+    const A inv = static_cast<A>(1.0 / sum);
+    if (!dropout) {
+      for (int64_t j = 0; j < S; ++j) row[j] *= inv;
+    } else {
+      PhiloxWords words(s.seed, s.stream);
+      const uint64_t base = v.dropout_base + static_cast<uint64_t>(i * S);
+      const A kept = inv * keep_scale;
+      for (int64_t j = 0; j < S; ++j) {
+        row[j] = words(base + static_cast<uint64_t>(j)) >= threshold ? row[j] * kept : A(0);
+      }
+    }
+  }
+}
+
+// Backward, rows of one (batch, head): Am (S, S) holds the scores (times score_scale, applied
+// here when it is not 1) and becomes Pd, the dropped-out probabilities; Bm (S, S) holds
+// dPd = dO v^T and becomes dS, with `scale` folded in. dO, O: this head's (S, Dh) rows, v.D apart,
+// of element type T (16-bit or A).
+template <class A, class T>
+void backward_rows(A* Am, A* Bm, const A* lse_bh, const T* dO, const T* O, const HeadView& v,
+                   const AttentionShape& s, A score_scale, A scale, uint64_t threshold,
+                   A keep_scale) {
+  const int64_t S = s.S, Dh = s.Dh;
+  const bool dropout = threshold > 0;
+#pragma omp parallel for schedule(static) if (S * S > kParallelMin)
+  for (int64_t i = 0; i < S; ++i) {
+    A* a = Am + i * S;
+    A* bm = Bm + i * S;
+    const A l = lse_bh[i];
+    if (l == -INFINITY) {  // a row with no visible key contributes nothing
+      std::fill(a, a + S, A(0));
+      std::fill(bm, bm + S, A(0));
+      continue;
+    }
+    if (score_scale != A(1)) {
+      for (int64_t j = 0; j < S; ++j) a[j] *= score_scale;
+    }
+    // <dO_i, O_i> = sum_j P_ij dP_ij, the softmax-backward row term (dropout included).
+    double dot = 0;
+    for (int64_t d = 0; d < Dh; ++d) {
+      dot += static_cast<double>(static_cast<A>(dO[i * v.D + d])) *
+             static_cast<double>(static_cast<A>(O[i * v.D + d]));
+    }
+    const A row_term = static_cast<A>(dot);
+    if (!dropout) {
+      for (int64_t j = 0; j < S; ++j) {
+        const A p = masked(v, s.causal, i, j) ? A(0) : std::exp(a[j] - l);
+        a[j] = p;
+        bm[j] = p * (bm[j] - row_term) * scale;
+      }
+    } else {
+      PhiloxWords words(s.seed, s.stream);
+      const uint64_t base = v.dropout_base + static_cast<uint64_t>(i * S);
+      for (int64_t j = 0; j < S; ++j) {
+        const A p = masked(v, s.causal, i, j) ? A(0) : std::exp(a[j] - l);
+        const A m = words(base + static_cast<uint64_t>(j)) >= threshold ? keep_scale : A(0);
+        a[j] = p * m;                                // Pd, for dV
+        bm[j] = p * (bm[j] * m - row_term) * scale;  // dS, scale folded in for dQ and dK
+      }
+    }
+  }
+}
+
+// dst (rows, cols), rows ld apart = src (rows, cols) contiguous, rounded once to 16 bits.
+template <class E>
+void store_rows(const float* src, E* dst, int64_t rows, int64_t cols, int64_t ld) {
+  for (int64_t i = 0; i < rows; ++i) convert::narrow_span(src + i * cols, dst + i * ld, cols);
+}
+
+// ---- 16-bit qkv (bf16, f16) ---------------------------------------------------------------------
+// The products by cpu::gemm_lowp (16-bit operands widened as they are packed, f32 accumulation,
+// f32 C): scores and P in f32 (the scale applied to the f32 scores), the softmax and lse in f32,
+// P v from the f32 P and the 16-bit v into an f32 (S, Dh) buffer that is rounded once into out.
+// Backward alike: every S x S matrix f32, dV, dQ, dK each into the f32 buffer, then rounded once.
+// The dropout mask is the f32 path's: the same Philox words at the same indices.
+template <class E>
+void attention_forward_lowp(const E* qkv, const int32_t* key_pad, E* out, float* lse,
+                            const AttentionShape& s) {
+  const int64_t S = s.S, Dh = s.Dh;
+  const DType dt = dtype_of<E>::value;
+  const uint64_t threshold = keep_threshold(s.dropout_p);
+  const float keep_scale = s.dropout_p < 1.0f ? 1.0f / (1.0f - s.dropout_p) : 0.0f;
+  Workspace ws(Device::cpu(), static_cast<uint64_t>(S * S) * sizeof(float));
+  Workspace out_ws(Device::cpu(), static_cast<uint64_t>(S * Dh) * sizeof(float));
+  float* P = ws.as<float>();
+  float* o = out_ws.as<float>();
+  const bool dry = dry_run_active();
+  for (int64_t b = 0; b < s.B; ++b) {
+    for (int64_t h = 0; h < s.H; ++h) {
+      const HeadView v = head_view(s, b, h, key_pad);
+      const E* q = qkv + v.qkv_offset;
+      const E* k = q + v.D;
+      const E* val = q + 2 * v.D;
+      float* lse_bh = lse + (b * s.H + h) * S;
+      gemm_lowp(false, true, S, S, Dh, dt, q, v.ld_qkv, dt, k, v.ld_qkv, nullptr, false, P, S);
+      if (!dry) forward_rows<float>(P, lse_bh, v, s, s.scale, threshold, keep_scale);
+      gemm_lowp(false, false, S, Dh, S, DType::f32, P, S, dt, val, v.ld_qkv, nullptr, false, o, Dh);
+      if (!dry) store_rows(o, out + v.out_offset, S, Dh, v.D);
+    }
+  }
+}
+
+template <class E>
+void attention_backward_lowp(const E* dout, const E* qkv, const E* out, const float* lse,
+                             const int32_t* key_pad, E* dqkv, const AttentionShape& s) {
+  const int64_t S = s.S, Dh = s.Dh;
+  const DType dt = dtype_of<E>::value;
+  const uint64_t threshold = keep_threshold(s.dropout_p);
+  const float keep_scale = s.dropout_p < 1.0f ? 1.0f / (1.0f - s.dropout_p) : 0.0f;
+  Workspace ws(Device::cpu(), 2 * static_cast<uint64_t>(S * S) * sizeof(float));
+  Workspace grad_ws(Device::cpu(), static_cast<uint64_t>(S * Dh) * sizeof(float));
+  float* A = ws.as<float>();
+  float* Bm = A + S * S;
+  float* g = grad_ws.as<float>();
+  const bool dry = dry_run_active();
+  for (int64_t b = 0; b < s.B; ++b) {
+    for (int64_t h = 0; h < s.H; ++h) {
+      const HeadView v = head_view(s, b, h, key_pad);
+      const E* q = qkv + v.qkv_offset;
+      const E* k = q + v.D;
+      const E* val = q + 2 * v.D;
+      const E* dO = dout + v.out_offset;
+      const E* O = out + v.out_offset;
+      E* dq = dqkv + v.qkv_offset;
+      E* dk = dq + v.D;
+      E* dv = dq + 2 * v.D;
+      const float* lse_bh = lse + (b * s.H + h) * S;
+      gemm_lowp(false, true, S, S, Dh, dt, q, v.ld_qkv, dt, k, v.ld_qkv, nullptr, false, A, S);
+      gemm_lowp(false, true, S, S, Dh, dt, dO, v.D, dt, val, v.ld_qkv, nullptr, false, Bm, S);
+      if (!dry) {
+        backward_rows<float>(A, Bm, lse_bh, dO, O, v, s, s.scale, s.scale, threshold, keep_scale);
+      }
+      // dv = Pd^T dO, dq = dS k, dk = dS^T q, each through g
+      gemm_lowp(true, false, S, Dh, S, DType::f32, A, S, dt, dO, v.D, nullptr, false, g, Dh);
+      if (!dry) store_rows(g, dv, S, Dh, v.ld_qkv);
+      gemm_lowp(false, false, S, Dh, S, DType::f32, Bm, S, dt, k, v.ld_qkv, nullptr, false, g, Dh);
+      if (!dry) store_rows(g, dq, S, Dh, v.ld_qkv);
+      gemm_lowp(true, false, S, Dh, S, DType::f32, Bm, S, dt, q, v.ld_qkv, nullptr, false, g, Dh);
+      if (!dry) store_rows(g, dk, S, Dh, v.ld_qkv);
+    }
+  }
+}
+
 }  // namespace
 
+namespace {
+// f32 and f64.
 template <class T>
-void attention_forward(const T* qkv, const int32_t* key_pad, T* out, T* lse,
-                       const AttentionShape& s) {
+void attention_forward_wide(const T* qkv, const int32_t* key_pad, T* out, T* lse,
+                            const AttentionShape& s) {
   const int64_t S = s.S, Dh = s.Dh;
   const uint64_t threshold = keep_threshold(s.dropout_p);
-  const bool dropout = threshold > 0;
   const T keep_scale = s.dropout_p < 1.0f ? T(1) / (T(1) - static_cast<T>(s.dropout_p)) : T(0);
   Workspace ws(Device::cpu(), static_cast<uint64_t>(S * S) * sizeof(T));
   T* P = ws.as<T>();
@@ -107,50 +286,17 @@ void attention_forward(const T* qkv, const int32_t* key_pad, T* out, T* lse,
       const T* val = q + 2 * v.D;
       T* lse_bh = lse + (b * s.H + h) * S;
       gemm<T>(false, true, S, S, Dh, static_cast<T>(s.scale), q, v.ld_qkv, k, v.ld_qkv, T(0), P, S);
-      if (!dry) {
-#pragma omp parallel for schedule(static) if (S * S > kParallelMin)
-        for (int64_t i = 0; i < S; ++i) {
-          T* row = P + i * S;
-          T mx = -INFINITY;
-          for (int64_t j = 0; j < S; ++j) {
-            if (masked(v, s.causal, i, j)) row[j] = -INFINITY;
-            mx = std::max(mx, row[j]);
-          }
-          if (mx == -INFINITY) {  // no visible key: output 0, and backward sees P = 0
-            lse_bh[i] = -INFINITY;
-            std::fill(row, row + S, T(0));
-            continue;
-          }
-          double sum = 0;
-          for (int64_t j = 0; j < S; ++j) {
-            row[j] = std::exp(row[j] - mx);  // a masked score gives exp(-inf) = 0
-            sum += static_cast<double>(row[j]);
-          }
-          lse_bh[i] = static_cast<T>(static_cast<double>(mx) + std::log(sum));
-          const T inv = static_cast<T>(1.0 / sum);
-          if (!dropout) {
-            for (int64_t j = 0; j < S; ++j) row[j] *= inv;
-          } else {
-            PhiloxWords words(s.seed, s.stream);
-            const uint64_t base = v.dropout_base + static_cast<uint64_t>(i * S);
-            const T kept = inv * keep_scale;
-            for (int64_t j = 0; j < S; ++j) {
-              row[j] = words(base + static_cast<uint64_t>(j)) >= threshold ? row[j] * kept : T(0);
-            }
-          }
-        }
-      }
+      if (!dry) forward_rows<T>(P, lse_bh, v, s, T(1), threshold, keep_scale);
       gemm<T>(false, false, S, Dh, S, T(1), P, S, val, v.ld_qkv, T(0), out + v.out_offset, v.D);
     }
   }
 }
 
 template <class T>
-void attention_backward(const T* dout, const T* qkv, const T* out, const T* lse,
-                        const int32_t* key_pad, T* dqkv, const AttentionShape& s) {
+void attention_backward_wide(const T* dout, const T* qkv, const T* out, const T* lse,
+                             const int32_t* key_pad, T* dqkv, const AttentionShape& s) {
   const int64_t S = s.S, Dh = s.Dh;
   const uint64_t threshold = keep_threshold(s.dropout_p);
-  const bool dropout = threshold > 0;
   const T keep_scale = s.dropout_p < 1.0f ? T(1) / (T(1) - static_cast<T>(s.dropout_p)) : T(0);
   const T scale = static_cast<T>(s.scale);
   // A: scores, then P, then the dropped-out Pd that dV needs. B: dPd = dout v^T, then dS.
@@ -172,45 +318,33 @@ void attention_backward(const T* dout, const T* qkv, const T* out, const T* lse,
       const T* lse_bh = lse + (b * s.H + h) * S;
       gemm<T>(false, true, S, S, Dh, scale, q, v.ld_qkv, k, v.ld_qkv, T(0), A, S);
       gemm<T>(false, true, S, S, Dh, T(1), dO, v.D, val, v.ld_qkv, T(0), Bm, S);
-      if (!dry) {
-#pragma omp parallel for schedule(static) if (S * S > kParallelMin)
-        for (int64_t i = 0; i < S; ++i) {
-          T* a = A + i * S;
-          T* bm = Bm + i * S;
-          const T l = lse_bh[i];
-          if (l == -INFINITY) {  // a row with no visible key contributes nothing
-            std::fill(a, a + S, T(0));
-            std::fill(bm, bm + S, T(0));
-            continue;
-          }
-          // <dO_i, O_i> = sum_j P_ij dP_ij, the softmax-backward row term (dropout included).
-          double dot = 0;
-          for (int64_t d = 0; d < Dh; ++d) {
-            dot += static_cast<double>(dO[i * v.D + d]) * static_cast<double>(O[i * v.D + d]);
-          }
-          const T row_term = static_cast<T>(dot);
-          if (!dropout) {
-            for (int64_t j = 0; j < S; ++j) {
-              const T p = masked(v, s.causal, i, j) ? T(0) : std::exp(a[j] - l);
-              a[j] = p;
-              bm[j] = p * (bm[j] - row_term) * scale;
-            }
-          } else {
-            PhiloxWords words(s.seed, s.stream);
-            const uint64_t base = v.dropout_base + static_cast<uint64_t>(i * S);
-            for (int64_t j = 0; j < S; ++j) {
-              const T p = masked(v, s.causal, i, j) ? T(0) : std::exp(a[j] - l);
-              const T m = words(base + static_cast<uint64_t>(j)) >= threshold ? keep_scale : T(0);
-              a[j] = p * m;                                // Pd, for dV
-              bm[j] = p * (bm[j] * m - row_term) * scale;  // dS, scale folded in for dQ and dK
-            }
-          }
-        }
-      }
+      if (!dry) backward_rows<T>(A, Bm, lse_bh, dO, O, v, s, T(1), scale, threshold, keep_scale);
       gemm<T>(true, false, S, Dh, S, T(1), A, S, dO, v.D, T(0), dv, v.ld_qkv);        // Pd^T dO
       gemm<T>(false, false, S, Dh, S, T(1), Bm, S, k, v.ld_qkv, T(0), dq, v.ld_qkv);  // dS k
       gemm<T>(true, false, S, Dh, S, T(1), Bm, S, q, v.ld_qkv, T(0), dk, v.ld_qkv);   // dS^T q
     }
+  }
+}
+}  // namespace
+
+template <class T>
+void attention_forward(const T* qkv, const int32_t* key_pad, T* out,
+                       typename accumulate_type<T>::type* lse, const AttentionShape& s) {
+  if constexpr (is_half_v<T>) {
+    attention_forward_lowp(qkv, key_pad, out, lse, s);
+  } else {
+    attention_forward_wide(qkv, key_pad, out, lse, s);
+  }
+}
+
+template <class T>
+void attention_backward(const T* dout, const T* qkv, const T* out,
+                        const typename accumulate_type<T>::type* lse, const int32_t* key_pad,
+                        T* dqkv, const AttentionShape& s) {
+  if constexpr (is_half_v<T>) {
+    attention_backward_lowp(dout, qkv, out, lse, key_pad, dqkv, s);
+  } else {
+    attention_backward_wide(dout, qkv, out, lse, key_pad, dqkv, s);
   }
 }
 
@@ -222,5 +356,15 @@ template void attention_backward<float>(const float*, const float*, const float*
                                         const int32_t*, float*, const AttentionShape&);
 template void attention_backward<double>(const double*, const double*, const double*, const double*,
                                          const int32_t*, double*, const AttentionShape&);
+template void attention_forward<bfloat16>(const bfloat16*, const int32_t*, bfloat16*, float*,
+                                          const AttentionShape&);
+template void attention_forward<float16>(const float16*, const int32_t*, float16*, float*,
+                                         const AttentionShape&);
+template void attention_backward<bfloat16>(const bfloat16*, const bfloat16*, const bfloat16*,
+                                           const float*, const int32_t*, bfloat16*,
+                                           const AttentionShape&);
+template void attention_backward<float16>(const float16*, const float16*, const float16*,
+                                          const float*, const int32_t*, float16*,
+                                          const AttentionShape&);
 
 }  // namespace regen::cpu

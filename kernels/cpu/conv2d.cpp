@@ -20,7 +20,15 @@
 // Determinism: the packed GEMM sums every element in a fixed order with fixed block sizes, col2im
 // sums each (image, channel) plane on one thread in a fixed order, and bias gradients are summed
 // per channel in image order: results are identical run to run, for any thread count.
-// Tests: tests/test_ops_vision.cpp (against nested loops), tests/test_gradcheck_vision.cpp.
+//
+// 16-bit operands (T = bfloat16 or float16): the same passes on the f32 packed GEMM, whose panels
+// are packed from the 16-bit tensors (the implicit im2col copies 16-bit pixels, then each panel is
+// widened to f32 in L1), so every product and sum is f32. The GEMM writes f32 into a workspace of
+// whole images (output planes, dcol, or dx being folded) and each output element is rounded to
+// 16 bits once, after the bias (if any) is added in f32. Backward-filter writes f32 (K, CRS) into
+// a workspace and rounds it once; the bias gradient is summed in double and rounded once.
+// Tests: tests/test_ops_vision.cpp (against nested loops), tests/test_gradcheck_vision.cpp,
+// tests/test_amp_gemm_ops.cpp (16-bit against f32).
 #include <omp.h>
 
 #include <algorithm>
@@ -28,7 +36,10 @@
 #include <limits>
 
 #include "regen/core/tensor.h"
+#include "regen/kernels/cpu/conv2d_lowp.h"
+#include "regen/kernels/cpu/convert.h"
 #include "regen/kernels/cpu/packed_gemm.h"
+#include "regen/kernels/cpu/widening_sources.h"
 #include "regen/kernels/kernels.h"
 
 namespace regen::cpu {
@@ -317,10 +328,169 @@ bool is_pointwise(const ConvShape& s) {
   return s.R == 1 && s.S == 1 && s.stride_h == 1 && s.stride_w == 1 && s.pad_h == 0 && s.pad_w == 0;
 }
 
-}  // namespace
+// ---- 16-bit operands --------------------------------------------------------------------------
+// Packers of f32 panels from 16-bit sources: P packs the panel in E (the layout an f32 packer
+// would write, zero padding included), then it is widened in place into the f32 panel. The copy
+// stays in L1; a zero widens to zero, so the panel is the f32 one of the widened operand.
+template <class E, class P>
+struct WidenA {
+  P packer;
+  void pack(int64_t m0, int64_t rows, int64_t k0, int64_t kc, float* dst) const {
+    E panel[packed::kMR * packed::kKC];
+    packer.pack(m0, rows, k0, kc, panel);
+    convert::widen_span(panel, dst, packed::kMR * kc);
+  }
+};
+template <class E, class P>
+struct WidenB {
+  P packer;
+  void pack(int64_t k0, int64_t kc, int64_t j0, int64_t cols, int64_t w, float* dst) const {
+    // w <= kNR<float>: the f32 GEMM's panel width; the source may write kSlack<E> past the end.
+    E panel[packed::kNR<float> * packed::kKC + packed::kSlack<E>];
+    packer.pack(k0, kc, j0, cols, w, panel);
+    convert::widen_span(panel, dst, kc * w);
+  }
+};
+
+// Images per tile of an f32 output workspace of `image_elems` floats per image: as many as
+// kWorkspaceBudget holds, at least one. Depends on the shape only (the dry run's sizes).
+int64_t f32_tile_images(int64_t image_elems, int64_t N) {
+  const int64_t bytes = std::max<int64_t>(image_elems * static_cast<int64_t>(sizeof(float)), 1);
+  return std::clamp<int64_t>(static_cast<int64_t>(kWorkspaceBudget) / bytes, 1, N);
+}
+
+// y (planes, plane) = acc (planes, plane) [+ bias[i % channels] per plane i], rounded once to E.
+// acc is f32 workspace and is overwritten.
+template <class E>
+void store_planes(float* acc, E* y, int64_t planes, int64_t channels, int64_t plane,
+                  const E* bias) {
+#pragma omp parallel for schedule(static) if (planes * plane > kParallelMin)
+  for (int64_t i = 0; i < planes; ++i) {
+    float* a = acc + i * plane;
+    if (bias) {
+      const float b = static_cast<float>(bias[i % channels]);
+      for (int64_t j = 0; j < plane; ++j) a[j] += b;
+    }
+    convert::narrow_span(a, y + i * plane, plane);
+  }
+}
+
+template <class E>
+void forward_lowp(const E* x, const E* w, const E* bias, E* y, const ConvShape& s) {
+  const int64_t crs = s.C * s.R * s.S, pq = s.P * s.Q, kpq = s.K * pq;
+  const int64_t images = f32_tile_images(kpq, s.N);
+  Workspace ws(Device::cpu(), static_cast<uint64_t>(images * kpq) * sizeof(float));
+  float* acc = ws.as<float>();  // (images, K, PQ)
+  const packed::WideningA<E> a{w, crs, false};
+  for (int64_t n0 = 0; n0 < s.N; n0 += images) {
+    const int64_t ng = std::min(images, s.N - n0);
+    const WidenB<E, BRows<E, ColSource<E>>> b{{{x, s, n0 * pq}}};
+    packed::gemm<float>(s.K, ng * pq, crs, a, b, nullptr, false, {acc, pq, pq, kpq});
+    if (!dry_run_active()) store_planes(acc, y + n0 * kpq, ng * s.K, s.K, pq, bias);
+  }
+}
+
+template <class E>
+void backward_data_lowp(const E* dy, const E* w, const E* bias, E* dx, const ConvShape& s) {
+  const int64_t crs = s.C * s.R * s.S, pq = s.P * s.Q, hw = s.H * s.W, chw = s.C * hw;
+  const bool dry = dry_run_active();
+  if (is_pointwise(s)) {  // dx (C, cols) = w^T * dy, w stored (K, C)
+    const int64_t images = f32_tile_images(chw, s.N);
+    Workspace ws(Device::cpu(), static_cast<uint64_t>(images * chw) * sizeof(float));
+    float* acc = ws.as<float>();
+    const packed::WideningA<E> a{w, s.C, true};
+    for (int64_t n0 = 0; n0 < s.N; n0 += images) {
+      const int64_t ng = std::min(images, s.N - n0);
+      const WidenB<E, BRows<E, DySource<E>>> b{{{dy, s.K, pq, n0 * pq}}};
+      packed::gemm<float>(s.C, ng * pq, s.K, a, b, nullptr, false, {acc, pq, pq, chw});
+      if (!dry) store_planes(acc, dx + n0 * chw, ng * s.C, s.C, hw, bias);
+    }
+    return;
+  }
+  if (s.stride_h == 1 && s.stride_w == 1 && s.pad_h < s.R && s.pad_w < s.S &&
+      s.P * s.Q >= kFlipMinPixels) {
+    // As the f32 path: a convolution of dy with the flipped weights (a 16-bit bit copy).
+    const ConvShape t = make_conv_shape(s.N, s.K, s.P, s.Q, s.C, s.R, s.S, 1, 1, s.R - 1 - s.pad_h,
+                                        s.S - 1 - s.pad_w);
+    const int64_t krs = s.K * s.R * s.S, rs = s.R * s.S;
+    Workspace flip_ws(Device::cpu(), static_cast<uint64_t>(s.C * krs) * sizeof(E));
+    E* flipped = flip_ws.as<E>();
+    if (!dry) {
+#pragma omp parallel for schedule(static) if (s.C * krs > kParallelMin)
+      for (int64_t c = 0; c < s.C; ++c) {
+        for (int64_t k = 0; k < s.K; ++k) {
+          const E* src = w + (k * s.C + c) * rs;
+          E* dst = flipped + (c * s.K + k) * rs;
+          for (int64_t i = 0; i < rs; ++i) dst[i] = src[rs - 1 - i];
+        }
+      }
+    }
+    const int64_t images = f32_tile_images(chw, s.N);
+    Workspace ws(Device::cpu(), static_cast<uint64_t>(images * chw) * sizeof(float));
+    float* acc = ws.as<float>();
+    const packed::WideningA<E> a{flipped, krs, false};
+    for (int64_t n0 = 0; n0 < s.N; n0 += images) {
+      const int64_t ng = std::min(images, s.N - n0);
+      const WidenB<E, BRows<E, ColSource<E>>> b{{{dy, t, n0 * hw}}};
+      packed::gemm<float>(s.C, ng * hw, krs, a, b, nullptr, false, {acc, hw, hw, chw});
+      if (!dry) store_planes(acc, dx + n0 * chw, ng * s.C, s.C, hw, bias);
+    }
+    return;
+  }
+  // dcol in f32 per tile (as the f32 path's tiles, sized for f32), folded into an f32 dx of the
+  // tile's images, which is rounded once when all its rows are folded.
+  const int64_t image_bytes = static_cast<int64_t>(sizeof(float)) * crs * pq;
+  const int64_t budget = static_cast<int64_t>(kWorkspaceBudget);
+  const int64_t images = std::clamp<int64_t>(budget / std::max<int64_t>(image_bytes, 1), 1, s.N);
+  const int64_t rows =
+      image_bytes <= budget
+          ? s.P
+          : std::clamp<int64_t>(budget / std::max<int64_t>(image_bytes / s.P, 1), 1, s.P);
+  Workspace col_ws(Device::cpu(), static_cast<uint64_t>(crs * images * rows * s.Q) * sizeof(float));
+  Workspace dx_ws(Device::cpu(), static_cast<uint64_t>(images * chw) * sizeof(float));
+  float* col = col_ws.as<float>();
+  float* acc = dx_ws.as<float>();
+  const packed::WideningA<E> a{w, crs, true};  // w^T (CRS, K), w stored (K, CRS)
+  const int64_t whole = std::numeric_limits<int64_t>::max();
+  for (int64_t n0 = 0; n0 < s.N; n0 += images) {
+    const int64_t ng = std::min(images, s.N - n0);
+    if (!dry) fill<float>(acc, ng * chw, 0.0f);  // col2im accumulates
+    for (int64_t p0 = 0; p0 < s.P; p0 += rows) {
+      const int64_t p1 = std::min(s.P, p0 + rows), cols = ng * (p1 - p0) * s.Q;
+      const WidenB<E, BRows<E, DySource<E>>> b{{{dy, s.K, pq, n0 * pq + p0 * s.Q}}};
+      packed::gemm<float>(crs, cols, s.K, a, b, nullptr, false, {col, cols, whole, 0});
+      if (!dry) col2im(col, cols, ng, p0, p1, acc, s);
+    }
+    if (!dry) store_planes(acc, dx + n0 * chw, ng * s.C, s.C, hw, bias);
+  }
+}
+
+template <class E>
+void backward_filter_lowp(const E* x, const E* dy, E* dw, E* dbias, const ConvShape& s) {
+  const int64_t crs = s.C * s.R * s.S, pq = s.P * s.Q;
+  if (dbias && !dry_run_active()) {
+#pragma omp parallel for schedule(static) if (s.N * s.K * pq > kParallelMin)
+    for (int64_t k = 0; k < s.K; ++k) {
+      double acc = 0;
+      for (int64_t n = 0; n < s.N; ++n) {
+        const E* row = dy + (n * s.K + k) * pq;
+        for (int64_t j = 0; j < pq; ++j) acc += static_cast<double>(static_cast<float>(row[j]));
+      }
+      dbias[k] = E(static_cast<float>(acc));
+    }
+  }
+  if (!dw) return;  // the bias gradient alone
+  Workspace ws(Device::cpu(), static_cast<uint64_t>(s.K * crs) * sizeof(float));
+  float* acc = ws.as<float>();  // (K, CRS)
+  const WidenA<E, ARows<E, DySource<E>>> a{{{dy, s.K, pq, 0}}};
+  const WidenB<E, BCols<E, ColSource<E>>> b{{{x, s, 0}}};
+  packed::gemm<float>(s.K, crs, s.N * pq, a, b, nullptr, false,
+                      {acc, crs, std::numeric_limits<int64_t>::max(), 0});
+  if (!dry_run_active()) store_planes<E>(acc, dw, s.K, s.K, crs, nullptr);
+}
 
 template <class T>
-void conv2d_forward(const T* x, const T* w, const T* bias, T* y, const ConvShape& s) {
+void conv2d_forward_wide(const T* x, const T* w, const T* bias, T* y, const ConvShape& s) {
   const int64_t crs = s.C * s.R * s.S, pq = s.P * s.Q;
   const ARows<T, ViewSource<T>> a{{w, crs}};
   const BRows<T, ColSource<T>> b{{x, s, 0}};
@@ -328,7 +498,7 @@ void conv2d_forward(const T* x, const T* w, const T* bias, T* y, const ConvShape
 }
 
 template <class T>
-void conv2d_backward_data(const T* dy, const T* w, T* dx, const ConvShape& s) {
+void conv2d_backward_data_wide(const T* dy, const T* w, T* dx, const ConvShape& s) {
   const int64_t crs = s.C * s.R * s.S, pq = s.P * s.Q, chw = s.C * s.H * s.W;
   const bool dry = dry_run_active();  // the GEMMs request their scratch; nothing else runs
   if (is_pointwise(s)) {              // dx (C, cols) = w^T * dy, no folding needed
@@ -389,7 +559,7 @@ void conv2d_backward_data(const T* dy, const T* w, T* dx, const ConvShape& s) {
 }
 
 template <class T>
-void conv2d_backward_filter(const T* x, const T* dy, T* dw, T* dbias, const ConvShape& s) {
+void conv2d_backward_filter_wide(const T* x, const T* dy, T* dw, T* dbias, const ConvShape& s) {
   const int64_t crs = s.C * s.R * s.S, pq = s.P * s.Q;
   if (dbias && !dry_run_active()) {
     // Per output channel, images in order, in double: deterministic and accurate.
@@ -409,12 +579,55 @@ void conv2d_backward_filter(const T* x, const T* dy, T* dw, T* dbias, const Conv
                   {dw, crs, std::numeric_limits<int64_t>::max(), 0});
 }
 
+}  // namespace
+
+// f32 and f64: the passes above; bf16 and f16: the 16-bit passes (f32 GEMMs, one rounding).
+template <class T>
+void conv2d_forward(const T* x, const T* w, const T* bias, T* y, const ConvShape& s) {
+  if constexpr (is_half_v<T>) {
+    forward_lowp(x, w, bias, y, s);
+  } else {
+    conv2d_forward_wide(x, w, bias, y, s);
+  }
+}
+
+template <class T>
+void conv2d_backward_data(const T* dy, const T* w, T* dx, const ConvShape& s) {
+  if constexpr (is_half_v<T>) {
+    backward_data_lowp<T>(dy, w, nullptr, dx, s);
+  } else {
+    conv2d_backward_data_wide(dy, w, dx, s);
+  }
+}
+
+template <class T>
+void conv2d_backward_filter(const T* x, const T* dy, T* dw, T* dbias, const ConvShape& s) {
+  if constexpr (is_half_v<T>) {
+    backward_filter_lowp(x, dy, dw, dbias, s);
+  } else {
+    conv2d_backward_filter_wide(x, dy, dw, dbias, s);
+  }
+}
+
 #define REGEN_INSTANTIATE(T)                                                           \
   template void conv2d_forward<T>(const T*, const T*, const T*, T*, const ConvShape&); \
   template void conv2d_backward_data<T>(const T*, const T*, T*, const ConvShape&);     \
   template void conv2d_backward_filter<T>(const T*, const T*, T*, T*, const ConvShape&);
 REGEN_INSTANTIATE(float)
 REGEN_INSTANTIATE(double)
+REGEN_INSTANTIATE(bfloat16)
+REGEN_INSTANTIATE(float16)
 #undef REGEN_INSTANTIATE
+
+template <class T>
+void conv2d_backward_data_with_bias(const T* dy, const T* w, const T* bias, T* dx,
+                                    const ConvShape& s) {
+  backward_data_lowp<T>(dy, w, bias, dx, s);
+}
+template void conv2d_backward_data_with_bias<bfloat16>(const bfloat16*, const bfloat16*,
+                                                       const bfloat16*, bfloat16*,
+                                                       const ConvShape&);
+template void conv2d_backward_data_with_bias<float16>(const float16*, const float16*,
+                                                      const float16*, float16*, const ConvShape&);
 
 }  // namespace regen::cpu

@@ -31,6 +31,7 @@
 #endif
 
 #include "regen/core/half.h"
+#include "regen/core/types.h"
 
 // GCC 12's AVX-512 shifts and conversions start from _mm512_undefined_*, and when inlined they trip
 // -Wmaybe-uninitialized (GCC bug 105593), as in kernels/cpu/gemm.cpp; the lanes are all written.
@@ -45,6 +46,13 @@ void narrow(const float* x, bfloat16* y, int64_t n);
 void narrow(const float* x, float16* y, int64_t n);
 void widen(const bfloat16* x, float* y, int64_t n);
 void widen(const float16* x, float* y, int64_t n);
+// The cast op's conversion (autograd/ops_cast.cpp; declared in kernels/kernels.h): y (n) of dtype
+// `to` = x (n) of dtype `from`, each of f32, f64, bf16, f16. Every conversion goes through f32:
+// widening is exact, f64 -> f32 rounds to nearest even, and f32 -> bf16/f16 is narrow above; so
+// bf16 <-> f16 is one rounding (bf16 -> f16 may overflow or go subnormal; f16 -> bf16 may lose
+// mantissa bits), and f64 -> bf16/f16 rounds twice (to f32, then to 16 bits), as a cast through
+// f32 would. Split over the OpenMP threads as narrow and widen are; nothing in a dry run.
+void cast(const void* x, DType from, void* y, DType to, int64_t n);
 
 namespace convert {
 

@@ -35,11 +35,19 @@ void copy(const T* x, T* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = x[i];
 }
 
+// The 16-bit element types (core/half.h) compute in acc_t<T> (f32): each element is widened, the
+// arithmetic done in f32, and the result rounded once as it is stored. For f32 and f64 the casts
+// are no-ops.
+template <class T>
+inline acc_t<T> wide(T v) {
+  return static_cast<acc_t<T>>(v);
+}
+
 template <class T>
 void add(const T* a, const T* b, T* y, int64_t n, int64_t nb) {
   if (nb == n) {
 #pragma omp parallel for schedule(static) if (n > kParallelMin)
-    for (int64_t i = 0; i < n; ++i) y[i] = a[i] + b[i];
+    for (int64_t i = 0; i < n; ++i) y[i] = T(wide(a[i]) + wide(b[i]));
     return;
   }
   const int64_t rows = n / nb;
@@ -47,21 +55,21 @@ void add(const T* a, const T* b, T* y, int64_t n, int64_t nb) {
   for (int64_t r = 0; r < rows; ++r) {
     const T* ar = a + r * nb;
     T* yr = y + r * nb;
-    for (int64_t j = 0; j < nb; ++j) yr[j] = ar[j] + b[j];
+    for (int64_t j = 0; j < nb; ++j) yr[j] = T(wide(ar[j]) + wide(b[j]));
   }
 }
 
 template <class T>
 void add_inplace(T* y, const T* x, int64_t n) {
 #pragma omp parallel for schedule(static) if (n > kParallelMin)
-  for (int64_t i = 0; i < n; ++i) y[i] += x[i];
+  for (int64_t i = 0; i < n; ++i) y[i] = T(wide(y[i]) + wide(x[i]));
 }
 
 template <class T>
 void mul(const T* a, const T* b, T* y, int64_t n, int64_t nb) {
   if (nb == n) {
 #pragma omp parallel for schedule(static) if (n > kParallelMin)
-    for (int64_t i = 0; i < n; ++i) y[i] = a[i] * b[i];
+    for (int64_t i = 0; i < n; ++i) y[i] = T(wide(a[i]) * wide(b[i]));
     return;
   }
   const int64_t rows = n / nb;
@@ -69,19 +77,39 @@ void mul(const T* a, const T* b, T* y, int64_t n, int64_t nb) {
   for (int64_t r = 0; r < rows; ++r) {
     const T* ar = a + r * nb;
     T* yr = y + r * nb;
-    for (int64_t j = 0; j < nb; ++j) yr[j] = ar[j] * b[j];
+    for (int64_t j = 0; j < nb; ++j) yr[j] = T(wide(ar[j]) * wide(b[j]));
   }
 }
 
 template <class T>
 void scale(const T* x, T* y, int64_t n, T alpha) {
+  const acc_t<T> a = wide(alpha);
 #pragma omp parallel for schedule(static) if (n > kParallelMin)
-  for (int64_t i = 0; i < n; ++i) y[i] = alpha * x[i];
+  for (int64_t i = 0; i < n; ++i) y[i] = T(a * wide(x[i]));
+}
+
+template <class T>
+void scale_f32(const T* x, T* y, int64_t n, float alpha) {
+#pragma omp parallel for schedule(static) if (n > kParallelMin)
+  for (int64_t i = 0; i < n; ++i) y[i] = T(alpha * static_cast<float>(x[i]));
+}
+
+template <class T>
+void fill_from_scalar_f32(const T* s, T* y, int64_t n, float alpha) {
+  fill<T>(y, n, T(alpha * static_cast<float>(s[0])));
 }
 
 template <class T>
 void fill_from_scalar(const T* s, T* y, int64_t n, T alpha) {
-  fill<T>(y, n, alpha * s[0]);
+  fill<T>(y, n, T(wide(alpha) * wide(s[0])));
+}
+
+// A sum kept in double, stored as T: for the 16-bit types through f32 (double -> f32 -> 16 bits
+// can differ from one rounding only when the f32 value is a tie of the 16-bit format, far below
+// the 16-bit roundoff that a sum of 16-bit terms carries anyway).
+template <class T>
+T round_from_double(double v) {
+  return T(static_cast<acc_t<T>>(v));
 }
 
 template <class T>
@@ -96,7 +124,7 @@ void sum_rows(const T* x, T* y, int64_t rows, int64_t cols) {
       const T* row = x + r * cols;
       for (int64_t c = c0; c < c1; ++c) acc[c - c0] += static_cast<double>(row[c]);
     }
-    for (int64_t c = c0; c < c1; ++c) y[c] = static_cast<T>(acc[c - c0]);
+    for (int64_t c = c0; c < c1; ++c) y[c] = round_from_double<T>(acc[c - c0]);
   }
 }
 
@@ -113,7 +141,7 @@ void reduce_all(const T* x, T* y, int64_t n) {
     if (dry_run_active()) return;  // nothing to request
     double acc = 0;
     for (int64_t i = 0; i < n; ++i) acc += term<Square>(x[i]);
-    y[0] = static_cast<T>(acc);
+    y[0] = round_from_double<T>(acc);
     return;
   }
   // One partial sum per chunk, in workspace from the allocator (taken before the parallel region,
@@ -131,7 +159,7 @@ void reduce_all(const T* x, T* y, int64_t n) {
   }
   double total = 0;
   for (int64_t c = 0; c < chunks; ++c) total += partial[c];
-  y[0] = static_cast<T>(total);
+  y[0] = round_from_double<T>(total);
 }
 
 }  // namespace
@@ -240,5 +268,25 @@ template void widen_from_half<float>(const uint16_t*, float*, int64_t, Compressi
 REGEN_INSTANTIATE(float)
 REGEN_INSTANTIATE(double)
 #undef REGEN_INSTANTIATE
+
+// The 16-bit types: the kernels of add, mul, scale, sum and mean (forward and backward), the
+// gradient accumulation of the autograd engine, and the copies of the shape ops (permute).
+#define REGEN_INSTANTIATE_HALF(T)                                 \
+  template void fill<T>(T*, int64_t, T);                          \
+  template void copy<T>(const T*, T*, int64_t);                   \
+  template void add<T>(const T*, const T*, T*, int64_t, int64_t); \
+  template void add_inplace<T>(T*, const T*, int64_t);            \
+  template void mul<T>(const T*, const T*, T*, int64_t, int64_t); \
+  template void scale<T>(const T*, T*, int64_t, T);               \
+  template void fill_from_scalar<T>(const T*, T*, int64_t, T);    \
+  template void sum_rows<T>(const T*, T*, int64_t, int64_t);      \
+  template void sum_all<T>(const T*, T*, int64_t);                \
+  template void sum_squares<T>(const T*, T*, int64_t);            \
+  template void permute<T>(const T*, T*, const PermuteShape&);    \
+  template void scale_f32<T>(const T*, T*, int64_t, float);       \
+  template void fill_from_scalar_f32<T>(const T*, T*, int64_t, float);
+REGEN_INSTANTIATE_HALF(bfloat16)
+REGEN_INSTANTIATE_HALF(float16)
+#undef REGEN_INSTANTIATE_HALF
 
 }  // namespace regen::cpu

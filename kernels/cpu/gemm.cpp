@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "regen/core/tensor.h"
+#include "regen/kernels/cpu/gemm_lowp.h"
 #include "regen/kernels/kernels.h"
 
 namespace regen::cpu {
@@ -108,9 +109,10 @@ void scale_c(int64_t M, int64_t N, T beta, T* C, int64_t ldc) {
 
 }  // namespace
 
+namespace {
 template <class T>
-void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A,
-          int64_t lda, const T* B, int64_t ldb, T beta, T* C, int64_t ldc) {
+void gemm_eigen(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A,
+                int64_t lda, const T* B, int64_t ldb, T beta, T* C, int64_t ldc) {
   REGEN_CHECK(M >= 0 && N >= 0 && K >= 0, "gemm: negative size M=", M, " N=", N, " K=", K);
   if (M == 0 || N == 0) return;
   if (!dry_run_active()) scale_c(M, N, beta, C, ldc);
@@ -124,6 +126,21 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, 
     gemm_impl<T, Cm, R>(M, N, K, alpha, A, lda, B, ldb, C, ldc);
   else
     gemm_impl<T, Cm, Cm>(M, N, K, alpha, A, lda, B, ldb, C, ldc);
+}
+}  // namespace
+
+template <class T>
+void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A,
+          int64_t lda, const T* B, int64_t ldb, T beta, T* C, int64_t ldc) {
+  if constexpr (is_half_v<T>) {
+    // 16-bit operands and C: the widening packed GEMM, f32 sums, C rounded once per element
+    // (kernels/cpu/gemm_lowp.h); its dry path requests its strip and packing workspace.
+    constexpr DType dt = dtype_of<T>::value;
+    gemm_lowp_store(trans_a, trans_b, M, N, K, dt, A, lda, dt, B, ldb, static_cast<float>(alpha),
+                    static_cast<float>(beta), dt, nullptr, dt, C, ldc);
+  } else {
+    gemm_eigen<T>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  }
 }
 
 template <class T>
@@ -147,5 +164,14 @@ template void gemm_batched<float>(bool, bool, int64_t, int64_t, int64_t, int64_t
 template void gemm_batched<double>(bool, bool, int64_t, int64_t, int64_t, int64_t, double,
                                    const double*, int64_t, int64_t, const double*, int64_t, int64_t,
                                    double, double*, int64_t, int64_t);
+#define REGEN_INSTANTIATE_HALF(T)                                                              \
+  template void gemm<T>(bool, bool, int64_t, int64_t, int64_t, T, const T*, int64_t, const T*, \
+                        int64_t, T, T*, int64_t);                                              \
+  template void gemm_batched<T>(bool, bool, int64_t, int64_t, int64_t, int64_t, T, const T*,   \
+                                int64_t, int64_t, const T*, int64_t, int64_t, T, T*, int64_t,  \
+                                int64_t);
+REGEN_INSTANTIATE_HALF(bfloat16)
+REGEN_INSTANTIATE_HALF(float16)
+#undef REGEN_INSTANTIATE_HALF
 
 }  // namespace regen::cpu

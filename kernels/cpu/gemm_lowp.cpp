@@ -3,8 +3,13 @@
 // Tests: tests/test_lowp_kernels.cpp.
 #include "regen/kernels/cpu/gemm_lowp.h"
 
+#include <omp.h>
+
+#include <algorithm>
+
 #include "regen/core/error.h"
 #include "regen/core/half.h"
+#include "regen/core/tensor.h"
 #include "regen/kernels/cpu/widening_sources.h"
 
 namespace regen::cpu {
@@ -29,7 +34,89 @@ void with_source(const char* operand, DType dtype, const void* p, int64_t ld, bo
   }
 }
 
+// Element n of an f32, bf16 or f16 array, widened to f32.
+inline float load_wide(DType dtype, const void* p, int64_t n) {
+  switch (dtype) {
+    case DType::bf16:
+      return static_cast<float>(static_cast<const bfloat16*>(p)[n]);
+    case DType::f16:
+      return static_cast<float>(static_cast<const float16*>(p)[n]);
+    default:
+      return static_cast<const float*>(p)[n];
+  }
+}
+
+void check_operand_dtype(const char* what, DType dtype) {
+  REGEN_CHECK(dtype == DType::f32 || dtype == DType::bf16 || dtype == DType::f16,
+              "gemm_lowp_store: ", what, " is ", dtype_name(dtype),
+              "; it must be f32, bf16 or f16");
+}
+
+// Rows [0, rows) of C (ldc apart) = round(alpha * acc + beta * C + bias[n]) from the f32 strip acc
+// (rows, N), in C's dtype. Each row is independent: the threads change no bit.
+template <class TC>
+void store_strip(const float* acc, int64_t rows, int64_t N, float alpha, float beta,
+                 DType bias_dtype, const void* bias, TC* C, int64_t ldc) {
+#pragma omp parallel for schedule(static) if (rows * N > (1 << 15) && !omp_in_parallel())
+  for (int64_t i = 0; i < rows; ++i) {
+    const float* a = acc + i * N;
+    TC* c = C + i * ldc;
+    for (int64_t n = 0; n < N; ++n) {
+      float v = alpha * a[n];
+      if (beta != 0.0f) v += beta * static_cast<float>(c[n]);
+      if (bias) v += load_wide(bias_dtype, bias, n);
+      c[n] = TC(v);
+    }
+  }
+}
+
 }  // namespace
+
+int64_t lowp_strip_rows(int64_t M, int64_t N) {
+  constexpr int64_t kStripFloats = int64_t{1} << 20, kRowMultiple = 8;
+  int64_t rows = kStripFloats / std::max<int64_t>(N, 1) / kRowMultiple * kRowMultiple;
+  rows = std::max(rows, kRowMultiple);
+  return std::max<int64_t>(std::min(rows, M), 1);
+}
+
+void gemm_lowp_store(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, DType a_dtype,
+                     const void* A, int64_t lda, DType b_dtype, const void* B, int64_t ldb,
+                     float alpha, float beta, DType bias_dtype, const void* bias, DType c_dtype,
+                     void* C, int64_t ldc) {
+  check_operand_dtype("C", c_dtype);
+  if (bias) check_operand_dtype("the bias", bias_dtype);
+  REGEN_CHECK(M >= 0 && N >= 0 && K >= 0, "gemm_lowp_store: negative size M=", M, " N=", N,
+              " K=", K);
+  REGEN_CHECK(ldc >= N, "gemm_lowp_store: ldc=", ldc, " is less than N=", N);
+  if (M == 0 || N == 0) return;
+  const int64_t strip = lowp_strip_rows(M, N);
+  Workspace ws(Device::cpu(), static_cast<uint64_t>(strip * N) * sizeof(float));
+  const bool dry = dry_run_active();
+  float* acc = ws.as<float>();
+  const size_t a_size = dtype_size(a_dtype), c_size = dtype_size(c_dtype);
+  for (int64_t m0 = 0; m0 < M; m0 += strip) {
+    const int64_t rows = std::min(strip, M - m0);
+    // Rows m0.. of op(A): rows of A as stored, or columns when A is stored (K, M).
+    const void* a_rows =
+        static_cast<const char*>(A) + static_cast<size_t>(trans_a ? m0 : m0 * lda) * a_size;
+    gemm_lowp(trans_a, trans_b, rows, N, K, a_dtype, a_rows, lda, b_dtype, B, ldb, nullptr, false,
+              acc, N);
+    if (dry) continue;  // the dry path: each strip's packing workspace, requested and unused
+    void* c_rows = static_cast<char*>(C) + static_cast<size_t>(m0 * ldc) * c_size;
+    switch (c_dtype) {
+      case DType::bf16:
+        store_strip(acc, rows, N, alpha, beta, bias_dtype, bias, static_cast<bfloat16*>(c_rows),
+                    ldc);
+        break;
+      case DType::f16:
+        store_strip(acc, rows, N, alpha, beta, bias_dtype, bias, static_cast<float16*>(c_rows),
+                    ldc);
+        break;
+      default:
+        store_strip(acc, rows, N, alpha, beta, bias_dtype, bias, static_cast<float*>(c_rows), ldc);
+    }
+  }
+}
 
 void gemm_lowp(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, DType a_dtype,
                const void* A, int64_t lda, DType b_dtype, const void* B, int64_t ldb,

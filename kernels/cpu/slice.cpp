@@ -33,5 +33,8 @@ void slice_copy(const T* x, T* y, const SliceShape& s) {
 
 template void slice_copy<float>(const float*, float*, const SliceShape&);
 template void slice_copy<double>(const double*, double*, const SliceShape&);
+// 16-bit tensors: a bit copy, like the others.
+template void slice_copy<bfloat16>(const bfloat16*, bfloat16*, const SliceShape&);
+template void slice_copy<float16>(const float16*, float16*, const SliceShape&);
 
 }  // namespace regen::cpu
