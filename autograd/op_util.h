@@ -5,6 +5,7 @@
 
 #include "regen/autograd/op_list.h"
 #include "regen/autograd/ops.h"
+#include "regen/autograd/precision.h"
 #include "regen/kernels/kernels.h"
 
 namespace regen::detail {
@@ -25,6 +26,11 @@ constexpr bool same_name(const char* a, const char* b) {
 
 inline void check_same_dtype(const char* op, const Tensor& a, const Tensor& b) {
   REGEN_CHECK(a.dtype() == b.dtype(), op, ": dtype mismatch between ", a.str(), " and ", b.str());
+}
+// Under autocast an op's floating inputs may differ in dtype: Tape::apply casts them as the op's
+// precision rule says before the op runs. Otherwise they must agree.
+inline void check_same_dtype_or_autocast(const char* op, const Tensor& a, const Tensor& b) {
+  if (autocast_dtype() == DType::f32) check_same_dtype(op, a, b);
 }
 inline void check_floating(const char* op, const Tensor& t) {
   REGEN_CHECK(is_floating(t.dtype()), op, ": expected a floating-point tensor, got ", t.str());

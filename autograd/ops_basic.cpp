@@ -12,11 +12,6 @@ namespace regen {
 using namespace detail;
 
 namespace {
-// Under autocast an op's inputs may differ in dtype: Tape::apply casts them as the op's precision
-// rule says. Otherwise they must agree.
-void check_same_dtype_or_autocast(const char* op, const Tensor& a, const Tensor& b) {
-  if (autocast_dtype() == DType::f32) check_same_dtype(op, a, b);
-}
 // A 16-bit kernel called directly (its f32 factor or bias does not fit REGEN_LAUNCH's typed
 // arguments): the CPU only, as every 16-bit path is yet.
 void require_cpu(const char* launcher, const Tensor& t) {

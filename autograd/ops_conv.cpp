@@ -98,14 +98,14 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, int64_t
   check_defined("conv2d", x, "input");
   check_defined("conv2d", weight, "weight");
   check_floating("conv2d", x);
-  check_same_dtype("conv2d", x, weight);
+  check_same_dtype_or_autocast("conv2d", x, weight);
   REGEN_CHECK(x.dim() == 4, "conv2d: input ", sh(x.shape()), " must be 4-D (N, C, H, W)");
   REGEN_CHECK(weight.dim() == 4, "conv2d: weight ", sh(weight.shape()),
               " must be 4-D (K, C, R, S)");
   REGEN_CHECK(x.size(1) == weight.size(1), "conv2d: input ", sh(x.shape()), " has ", x.size(1),
               " channels but weight ", sh(weight.shape()), " expects ", weight.size(1));
   if (bias.defined()) {
-    check_same_dtype("conv2d", x, bias);
+    check_same_dtype_or_autocast("conv2d", x, bias);
     REGEN_CHECK(bias.shape() == Shape{weight.size(0)}, "conv2d: bias ", sh(bias.shape()),
                 " does not match weight ", sh(weight.shape()), " (expected [", weight.size(0),
                 "])");

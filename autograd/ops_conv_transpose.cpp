@@ -77,14 +77,14 @@ Tensor conv_transpose2d(const Tensor& x, const Tensor& weight, const Tensor& bia
   check_defined(op, x, "input");
   check_defined(op, weight, "weight");
   check_floating(op, x);
-  check_same_dtype(op, x, weight);
+  check_same_dtype_or_autocast(op, x, weight);
   REGEN_CHECK(x.dim() == 4, op, ": input ", sh(x.shape()), " must be 4-D (N, C_in, H, W)");
   REGEN_CHECK(weight.dim() == 4, op, ": weight ", sh(weight.shape()),
               " must be 4-D (C_in, C_out, kH, kW)");
   REGEN_CHECK(x.size(1) == weight.size(0), op, ": input ", sh(x.shape()), " has ", x.size(1),
               " channels but weight ", sh(weight.shape()), " expects ", weight.size(0));
   if (bias.defined()) {
-    check_same_dtype(op, x, bias);
+    check_same_dtype_or_autocast(op, x, bias);
     REGEN_CHECK(bias.shape() == Shape{weight.size(1)}, op, ": bias ", sh(bias.shape()),
                 " does not match weight ", sh(weight.shape()), " (expected [", weight.size(1),
                 "])");

@@ -63,7 +63,8 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore
   check_floating("cross_entropy", logits);
   // An fp32-class op (docs/precision.md): autocast hands it f32 logits; it has no 16-bit path.
   REGEN_CHECK(
-      !is_low_precision(logits.dtype()), "cross_entropy: logits ", logits.str(),
+      !is_low_precision(logits.dtype()) || autocast_dtype() != DType::f32, "cross_entropy: logits ",
+      logits.str(),
       " are 16-bit; the loss is computed in f32 only (an fp32-class op): cast the logits to "
       "f32 first (autocast does)");
   REGEN_CHECK(targets.dtype() == DType::i64, "cross_entropy: targets ", targets.str(),
@@ -227,7 +228,7 @@ Tensor linear_cross_entropy(const Tensor& x, const Tensor& weight, const Tensor&
   check_defined(op, weight, "weight");
   check_defined(op, targets, "targets");
   check_floating(op, x);
-  check_same_dtype(op, x, weight);
+  check_same_dtype_or_autocast(op, x, weight);
   REGEN_CHECK(targets.dtype() == DType::i64, op, ": targets ", targets.str(), " must be i64");
   REGEN_CHECK(
       x.dim() == 2 && weight.dim() == 2 && x.size(1) == weight.size(1) && weight.size(0) > 0, op,
@@ -236,7 +237,7 @@ Tensor linear_cross_entropy(const Tensor& x, const Tensor& weight, const Tensor&
   REGEN_CHECK(targets.dim() == 1 && targets.size(0) == x.size(0), op, ": input ", sh(x.shape()),
               " and targets ", sh(targets.shape()), " do not match (expected (M, K) and (M))");
   if (bias.defined()) {
-    check_same_dtype(op, x, bias);
+    check_same_dtype_or_autocast(op, x, bias);
     REGEN_CHECK(bias.shape() == Shape{weight.size(0)}, op, ": bias ", sh(bias.shape()),
                 " does not match weight ", sh(weight.shape()), " (expected (V))");
   }
