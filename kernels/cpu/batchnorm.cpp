@@ -54,7 +54,7 @@ void channel_moments(const T* x, int64_t N, int64_t C, int64_t HW, int64_t c, do
   double a[kLanes] = {}, b[kLanes] = {};
   for (int64_t n = 0; n < N; ++n) {
     const T* p = x + (n * C + c) * HW;
-    if constexpr (is_half_v<T>) {
+    if constexpr (lowp::kBlocksFor<T>) {
       lowp::for_blocks(
           p, HW, [&](int64_t, const float* v, int64_t len) { add_moments(v, len, shift, a, b); });
     } else {
@@ -95,7 +95,7 @@ void channel_grad_sums(const T* dy, const T* x, int64_t N, int64_t C, int64_t HW
   for (int64_t n = 0; n < N; ++n) {
     const T* g = dy + (n * C + c) * HW;
     const T* p = x + (n * C + c) * HW;
-    if constexpr (is_half_v<T>) {
+    if constexpr (lowp::kBlocksFor<T>) {
       lowp::for_blocks2(g, p, HW, [&](int64_t, const float* gv, const float* pv, int64_t len) {
         add_grad_sums(gv, pv, len, mean, a, b);
       });
@@ -119,7 +119,7 @@ void channel_affine(const T* x, T* y, int64_t N, int64_t C, int64_t HW, int64_t 
   for (int64_t n = 0; n < N; ++n) {
     const T* p = x + (n * C + c) * HW;
     T* q = y + (n * C + c) * HW;
-    if constexpr (is_half_v<T>) {
+    if constexpr (lowp::kBlocksFor<T>) {
       float out[lowp::kBlock];
       lowp::for_blocks(p, HW, [&](int64_t i0, const float* v, int64_t len) {
         for (int64_t i = 0; i < len; ++i) out[i] = v[i] * a + b;
@@ -204,7 +204,7 @@ void batchnorm_backward_impl(const T* dy, const T* x, const P* gamma, const P* m
       const T* g = dy + (n * C + c) * HW;
       const T* p = x + (n * C + c) * HW;
       T* q = dx + (n * C + c) * HW;
-      if constexpr (is_half_v<T>) {
+      if constexpr (lowp::kBlocksFor<T>) {
         float out[lowp::kBlock];
         lowp::for_blocks2(g, p, HW, [&](int64_t i0, const float* gv, const float* pv, int64_t len) {
           for (int64_t i = 0; i < len; ++i) {
@@ -244,7 +244,7 @@ void batchnorm_backward_eval_impl(const T* dy, const T* x, const P* gamma, const
       for (int64_t n = 0; n < N; ++n) {
         const T* g = dy + (n * C + c) * HW;
         T* q = dx + (n * C + c) * HW;
-        if constexpr (is_half_v<T>) {
+        if constexpr (lowp::kBlocksFor<T>) {
           float out[lowp::kBlock];
           lowp::for_blocks(g, HW, [&](int64_t i0, const float* v, int64_t len) {
             for (int64_t i = 0; i < len; ++i) out[i] = v[i] * k;

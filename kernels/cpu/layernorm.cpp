@@ -103,7 +103,7 @@ void layernorm_backward_impl(const T* dy, const T* x, const P* gamma, const P* m
     T* dxr = dx + r * N;
     const A mu = mean[r], rs = rstd[r];
     double sum_g = 0, sum_gx = 0;
-    if constexpr (is_half_v<T>) {
+    if constexpr (lowp::kBlocksFor<T>) {
       lowp::for_blocks2(dyr, xr, N, [&](int64_t j0, const float* dv, const float* xv, int64_t len) {
         const P* gm = gamma ? gamma + j0 : nullptr;
         for (int64_t j = 0; j < len; ++j) {
@@ -158,7 +158,7 @@ void layernorm_backward_impl(const T* dy, const T* x, const P* gamma, const P* m
     for (int64_t r = 0; r < M; ++r) {
       const T *xr = x + r * N, *dyr = dy + r * N;
       const A mu = mean[r], rs = rstd[r];
-      if constexpr (is_half_v<T>) {
+      if constexpr (lowp::kBlocksFor<T>) {
         float dv[kColumnBlock], xv[kColumnBlock];
         convert::widen_span(dyr + c0, dv, c1 - c0);
         convert::widen_span(xr + c0, xv, c1 - c0);

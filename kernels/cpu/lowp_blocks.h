@@ -10,10 +10,19 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "regen/kernels/cpu/convert.h"
 
 namespace regen::cpu::lowp {
+
+// Whether a kernel's reductions and the loops that read two 16-bit arrays go through blocks for
+// T: f16, whose scalar conversion branches and does not vectorize. bf16's conversion is a shift
+// that vectorizes inline, and its per-element loops there are faster than blocks (measured by
+// tests/test_amp_ops.cpp's bench case); bf16 takes blocks where they save work (softmax's
+// exponentials) or where its loops did not vectorize (pools, upsampling's forward).
+template <class T>
+constexpr bool kBlocksFor = std::is_same<T, float16>::value;
 
 // Elements per stack block (a multiple of 8 and 32: batchnorm's partial-sum lanes keep their
 // element-to-lane assignment across blocks). 2 KiB of f32.

@@ -91,21 +91,10 @@ void rmsnorm_backward_impl(const T* dy, const T* x, const P* weight, const P* rs
         }
       }
       const A b = static_cast<A>(sum_gx / static_cast<double>(N));
-      if constexpr (is_half_v<T> && !std::is_same<T, float16>::value) {
-        // (f16 converts element by element here: the compiler fuses this loop's multiply-adds
-        // differently there than over f32 buffers, and a blocked loop would change some results.)
-        float out[lowp::kBlock];
-        lowp::for_blocks2(dyr, xr, N,
-                          [&](int64_t j0, const float* dv, const float* xv, int64_t len) {
-                            const P* w = weight + j0;
-                            for (int64_t j = 0; j < len; ++j)
-                              out[j] = rs * (dv[j] * A(w[j]) - xv[j] * rs * b);
-                            convert::narrow_span(out, dxr + j0, len);
-                          });
-      } else {
-        for (int64_t j = 0; j < N; ++j) {
-          dxr[j] = T(rs * (A(dyr[j]) * A(weight[j]) - A(xr[j]) * rs * b));
-        }
+      // Element by element for both formats: bf16's conversion vectorizes inline, and over f32
+      // buffers the compiler fuses f16's multiply-adds differently (one-ulp changes).
+      for (int64_t j = 0; j < N; ++j) {
+        dxr[j] = T(rs * (A(dyr[j]) * A(weight[j]) - A(xr[j]) * rs * b));
       }
     }
   }
@@ -119,7 +108,7 @@ void rmsnorm_backward_impl(const T* dy, const T* x, const P* weight, const P* rs
     for (int64_t r = 0; r < M; ++r) {
       const T *xr = x + r * N, *dyr = dy + r * N;
       const A rs = rstd[r];
-      if constexpr (is_half_v<T>) {
+      if constexpr (lowp::kBlocksFor<T>) {
         float dv[kColumnBlock], xv[kColumnBlock];
         convert::widen_span(dyr + c0, dv, c1 - c0);
         convert::widen_span(xr + c0, xv, c1 - c0);

@@ -76,7 +76,7 @@ void softmax_backward(const T* dy, const T* y, T* dx, int64_t M, int64_t N) {
     T* dxr = dx + r * N;
     double dot = 0;
     using A = acc_t<T>;
-    if constexpr (is_half_v<T>) {
+    if constexpr (lowp::kBlocksFor<T>) {
       lowp::for_blocks2(dyr, yr, N, [&](int64_t, const float* g, const float* v, int64_t len) {
         for (int64_t j = 0; j < len; ++j)
           dot += static_cast<double>(g[j]) * static_cast<double>(v[j]);

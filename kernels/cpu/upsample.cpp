@@ -184,7 +184,7 @@ void upsample2x_bilinear_backward(const T* dy, T* dx, int64_t NC, int64_t H, int
       int64_t oh0;
       A wh[4];
       const int nh = readers(h, H, oh0, wh);
-      if constexpr (is_half_v<T>) {
+      if constexpr (lowp::kBlocksFor<T>) {
         if (W2 <= lowp::kRowMax) {
           float rows[4][lowp::kRowMax], o[lowp::kRowMax / 2];
           for (int a = 0; a < nh; ++a) convert::widen_span(g + (oh0 + a) * W2, rows[a], W2);
