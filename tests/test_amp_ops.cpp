@@ -11,8 +11,12 @@
 // its bound holds. Also: the dtypes of outputs, gradients and saved tensors, and the errors of
 // mixes that are not allowed.
 #include <doctest/doctest.h>
+#include <omp.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <functional>
 #include <string>
 #include <vector>
@@ -22,6 +26,9 @@
 #include "regen/autograd/tape.h"
 #include "regen/core/half.h"
 #include "regen/core/tensor.h"
+#include "regen/kernels/kernels.h"
+#include "regen/kernels/shapes.h"
+#include "regen/kernels/unary_ops.h"
 #include "tests/test_util.h"
 
 using namespace regen;
@@ -388,4 +395,429 @@ TEST_CASE("amp ops: mixes that are not allowed name the op and the dtypes") {
         cross_entropy(zeros({2, 5}, DType::bf16), zeros({2}, DType::i64));
       },
       {"cross_entropy", "bf16", "f32"});
+}
+
+// ---- Bit for bit against per-element references
+// -------------------------------------------------- The 16-bit kernels widen rows and planes into
+// f32 buffers (kernels/cpu/lowp_blocks.h) for speed; each reference below converts one element at a
+// time (core/half.h) and runs the same f32 expressions in the same order, as the kernels did before
+// they were blocked. Results must be equal bit for bit, on shapes that end inside a block and a
+// vector and that exceed a block.
+
+namespace regen {
+// The 16-bit launchers declared beside their ops (autograd/ops_*.cpp); a declaration that differs
+// from theirs fails to link.
+REGEN_LAUNCHER(dropout_forward_lowp,
+               (const T* x, T* y, int64_t n, float p, uint64_t seed, uint64_t stream))
+REGEN_LAUNCHER(layernorm_forward_lowp, (const T* x, const float* gamma, const float* beta, T* y,
+                                        float* mean, float* rstd, int64_t M, int64_t N, double eps))
+REGEN_LAUNCHER(layernorm_backward_lowp,
+               (const T* dy, const T* x, const float* gamma, const float* mean, const float* rstd,
+                T* dx, float* dgamma, float* dbeta, int64_t M, int64_t N))
+REGEN_LAUNCHER(rmsnorm_forward,
+               (const T* x, const T* weight, T* y, T* rstd, int64_t M, int64_t N, double eps))
+REGEN_LAUNCHER(rmsnorm_backward, (const T* dy, const T* x, const T* weight, const T* rstd, T* dx,
+                                  T* dweight, int64_t M, int64_t N))
+REGEN_LAUNCHER(rmsnorm_forward_lowp, (const T* x, const float* weight, T* y, float* rstd, int64_t M,
+                                      int64_t N, double eps))
+REGEN_LAUNCHER(rmsnorm_backward_lowp,
+               (const T* dy, const T* x, const float* weight, const float* rstd, T* dx,
+                float* dweight, int64_t M, int64_t N))
+REGEN_LAUNCHER(batchnorm_forward_train_lowp,
+               (const T* x, const float* gamma, const float* beta, T* y, float* mean, float* invstd,
+                float* running_mean, float* running_var, int64_t N, int64_t C, int64_t HW,
+                double momentum, double eps))
+REGEN_LAUNCHER(batchnorm_backward_lowp,
+               (const T* dy, const T* x, const float* gamma, const float* mean, const float* invstd,
+                T* dx, float* dgamma, float* dbeta, int64_t N, int64_t C, int64_t HW))
+}  // namespace regen
+
+namespace {
+
+template <class H>
+std::vector<H> random_h(int64_t n, uint64_t seed, double lo, double hi) {
+  std::vector<H> out;
+  for (float f : random_values(n, seed, lo, hi)) out.push_back(H(f));
+  return out;
+}
+
+template <class H>
+void check_same_bits(const std::vector<H>& got, const std::vector<H>& want,
+                     const std::string& what) {
+  REQUIRE(got.size() == want.size());
+  int64_t bad = 0, first = -1;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (got[i].bits != want[i].bits && bad++ == 0) first = static_cast<int64_t>(i);
+  }
+  CHECK_MESSAGE(bad == 0, what, ": ", bad, " of ", got.size(), " elements differ, first at ", first,
+                bad ? " (got bits " + std::to_string(got[static_cast<size_t>(first)].bits) +
+                          ", want " + std::to_string(want[static_cast<size_t>(first)].bits) + ")"
+                    : std::string());
+}
+
+template <class H>
+void ref_softmax(const std::vector<H>& x, std::vector<H>& y, int64_t M, int64_t N) {
+  for (int64_t r = 0; r < M; ++r) {
+    float mx = -INFINITY;
+    for (int64_t j = 0; j < N; ++j) mx = std::max(mx, static_cast<float>(x[r * N + j]));
+    double sum = 0;
+    for (int64_t j = 0; j < N; ++j) sum += static_cast<double>(std::exp(float(x[r * N + j]) - mx));
+    const float inv = static_cast<float>(1.0 / sum);
+    for (int64_t j = 0; j < N; ++j) y[r * N + j] = H(std::exp(float(x[r * N + j]) - mx) * inv);
+  }
+}
+
+template <class H>
+void ref_softmax_backward(const std::vector<H>& dy, const std::vector<H>& y, std::vector<H>& dx,
+                          int64_t M, int64_t N) {
+  for (int64_t r = 0; r < M; ++r) {
+    double dot = 0;
+    for (int64_t j = 0; j < N; ++j) {
+      dot += static_cast<double>(dy[r * N + j]) * static_cast<double>(y[r * N + j]);
+    }
+    const float d = static_cast<float>(dot);
+    for (int64_t j = 0; j < N; ++j)
+      dx[r * N + j] = H(float(y[r * N + j]) * (float(dy[r * N + j]) - d));
+  }
+}
+
+template <class H>
+void ref_layernorm(const std::vector<H>& x, const std::vector<float>& g,
+                   const std::vector<float>& b, std::vector<H>& y, int64_t M, int64_t N) {
+  for (int64_t r = 0; r < M; ++r) {
+    const H* xr = x.data() + r * N;
+    double sum = 0;
+    for (int64_t j = 0; j < N; ++j) sum += static_cast<double>(xr[j]);
+    const double mu = sum / static_cast<double>(N);
+    double sq = 0;
+    for (int64_t j = 0; j < N; ++j) {
+      const double d = static_cast<double>(xr[j]) - mu;
+      sq += d * d;
+    }
+    const float mu_t = static_cast<float>(mu);
+    const float rs_t = static_cast<float>(1.0 / std::sqrt(sq / static_cast<double>(N) + 1e-5));
+    // Written as the kernel's loop (gamma and beta may be null there), so that the compiler
+    // fuses its multiply-add, or not, as it does in the kernel.
+    const float *gp = g.data(), *bp = b.data();
+    for (int64_t j = 0; j < N; ++j) {
+      const float xhat = (float(xr[j]) - mu_t) * rs_t;
+      y[r * N + j] = H((gp ? xhat * gp[j] : xhat) + (bp ? bp[j] : 0.0f));
+    }
+  }
+}
+
+template <class H>
+void ref_layernorm_backward(const std::vector<H>& dy, const std::vector<H>& x,
+                            const std::vector<float>& g, const std::vector<float>& mean,
+                            const std::vector<float>& rstd, std::vector<H>& dx, int64_t M,
+                            int64_t N) {
+  for (int64_t r = 0; r < M; ++r) {
+    const H *xr = x.data() + r * N, *dyr = dy.data() + r * N;
+    const float mu = mean[r], rs = rstd[r];
+    double sum_g = 0, sum_gx = 0;
+    for (int64_t j = 0; j < N; ++j) {
+      const float gj = float(dyr[j]) * g[j];
+      sum_g += static_cast<double>(gj);
+      sum_gx += static_cast<double>(gj) * static_cast<double>((float(xr[j]) - mu) * rs);
+    }
+    const float a = static_cast<float>(sum_g / static_cast<double>(N));
+    const float b = static_cast<float>(sum_gx / static_cast<double>(N));
+    for (int64_t j = 0; j < N; ++j) {
+      const float gj = float(dyr[j]) * g[j];
+      const float xhat = (float(xr[j]) - mu) * rs;
+      dx[r * N + j] = H(rs * (gj - a - xhat * b));
+    }
+  }
+}
+
+template <class H>
+void ref_rmsnorm(const std::vector<H>& x, const std::vector<float>& w, std::vector<H>& y, int64_t M,
+                 int64_t N) {
+  for (int64_t r = 0; r < M; ++r) {
+    const H* xr = x.data() + r * N;
+    double sq = 0;
+    for (int64_t j = 0; j < N; ++j) {
+      const double v = static_cast<float>(xr[j]);
+      sq += v * v;
+    }
+    const float rs = static_cast<float>(1.0 / std::sqrt(sq / static_cast<double>(N) + 1e-6));
+    for (int64_t j = 0; j < N; ++j) y[r * N + j] = H(float(xr[j]) * rs * w[j]);
+  }
+}
+
+template <class H>
+void ref_avgpool(const std::vector<H>& x, std::vector<H>& y, const PoolShape& s) {
+  const double inv = 1.0 / static_cast<double>(s.kh * s.kw);
+  for (int64_t i = 0; i < s.N * s.C; ++i) {
+    for (int64_t p = 0; p < s.P; ++p) {
+      for (int64_t q = 0; q < s.Q; ++q) {
+        double acc = 0;
+        for (int64_t h = std::max<int64_t>(p * s.stride_h - s.pad_h, 0);
+             h < std::min(p * s.stride_h - s.pad_h + s.kh, s.H); ++h) {
+          for (int64_t w = std::max<int64_t>(q * s.stride_w - s.pad_w, 0);
+               w < std::min(q * s.stride_w - s.pad_w + s.kw, s.W); ++w) {
+            acc += static_cast<double>(x[(i * s.H + h) * s.W + w]);
+          }
+        }
+        y[(i * s.P + p) * s.Q + q] = static_cast<H>(acc * inv);
+      }
+    }
+  }
+}
+
+template <class H>
+void ref_upsample_bilinear(const std::vector<H>& x, std::vector<H>& y, int64_t NC, int64_t Hi,
+                           int64_t W) {
+  // Output i of an axis of extent n reads i0 and min(i0 + 1, n - 1) (kernels/cpu/upsample.cpp).
+  const auto src = [](int64_t i, int64_t n, int64_t& i0, int64_t& i1, float& l1) {
+    const int64_t k = i >> 1;
+    i0 = (i & 1) ? k : (k == 0 ? 0 : k - 1);
+    l1 = (i & 1) ? 0.25f : (k == 0 ? 0.0f : 0.75f);
+    i1 = i0 < n - 1 ? i0 + 1 : i0;
+  };
+  for (int64_t i = 0; i < NC; ++i) {
+    for (int64_t oh = 0; oh < 2 * Hi; ++oh) {
+      int64_t h0, h1;
+      float lh1;
+      src(oh, Hi, h0, h1, lh1);
+      const float lh0 = 1.0f - lh1;
+      const H* r0 = x.data() + (i * Hi + h0) * W;
+      const H* r1 = x.data() + (i * Hi + h1) * W;
+      for (int64_t ow = 0; ow < 2 * W; ++ow) {
+        int64_t w0, w1;
+        float lw1;
+        src(ow, W, w0, w1, lw1);
+        const float lw0 = 1.0f - lw1;
+        y[(i * 2 * Hi + oh) * 2 * W + ow] = H(lh0 * (lw0 * float(r0[w0]) + lw1 * float(r0[w1])) +
+                                              lh1 * (lw0 * float(r1[w0]) + lw1 * float(r1[w1])));
+      }
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("amp ops: blocked 16-bit kernels equal per-element references bit for bit", H,
+                   bfloat16, float16) {
+  // Rows shorter than a vector, ending inside a block, and longer than the softmax row buffer.
+  for (const auto& [M, N] :
+       std::vector<std::pair<int64_t, int64_t>>{{3, 7}, {4, 1000}, {2, 5000}}) {
+    CAPTURE(N);
+    const std::vector<H> x = random_h<H>(M * N, 71, -6, 6), dy = random_h<H>(M * N, 72, -1, 1);
+    const std::vector<float> g = random_values(N, 73, 0.5, 1.5), b = random_values(N, 74, -1, 1);
+    std::vector<H> got(static_cast<size_t>(M * N)), want(got.size());
+    std::vector<float> mean(static_cast<size_t>(M)), rstd(mean.size()), dg(g.size()), db(g.size());
+    cpu::softmax_forward(x.data(), got.data(), M, N);
+    ref_softmax(x, want, M, N);
+    check_same_bits(got, want, "softmax");
+    const std::vector<H> y = got;
+    cpu::softmax_backward(dy.data(), y.data(), got.data(), M, N);
+    ref_softmax_backward(dy, y, want, M, N);
+    check_same_bits(got, want, "softmax backward");
+    cpu::layernorm_forward_lowp(x.data(), g.data(), b.data(), got.data(), mean.data(), rstd.data(),
+                                M, N, 1e-5);
+    ref_layernorm(x, g, b, want, M, N);
+    check_same_bits(got, want, "layernorm");
+    cpu::layernorm_backward_lowp(dy.data(), x.data(), g.data(), mean.data(), rstd.data(),
+                                 got.data(), dg.data(), db.data(), M, N);
+    ref_layernorm_backward(dy, x, g, mean, rstd, want, M, N);
+    check_same_bits(got, want, "layernorm backward");
+    cpu::rmsnorm_forward_lowp(x.data(), g.data(), got.data(), rstd.data(), M, N, 1e-6);
+    ref_rmsnorm(x, g, want, M, N);
+    check_same_bits(got, want, "rmsnorm");
+  }
+  for (const auto& [Hi, W] : std::vector<std::pair<int64_t, int64_t>>{{5, 4}, {9, 37}, {3, 300}}) {
+    CAPTURE(W);
+    const int64_t NC = 3;
+    const std::vector<H> x = random_h<H>(NC * Hi * W, 81, -3, 3);
+    std::vector<H> got(static_cast<size_t>(4 * NC * Hi * W)), want(got.size());
+    cpu::upsample2x_bilinear_forward(x.data(), got.data(), NC, Hi, W);
+    ref_upsample_bilinear(x, want, NC, Hi, W);
+    check_same_bits(got, want, "upsample2x bilinear");
+    const PoolShape s = make_pool_shape(1, NC, Hi, W, 3, 3, 2, 2, 1, 1);
+    std::vector<H> pg(static_cast<size_t>(NC * s.P * s.Q)), pw(pg.size());
+    cpu::avgpool2d_forward(x.data(), pg.data(), s);
+    ref_avgpool(x, pw, s);
+    check_same_bits(pg, pw, "avg_pool2d");
+  }
+}
+
+// ---- Throughput (hidden: run with --no-skip)
+// ------------------------------------------------------ The CPU kernels of these ops in f32, bf16
+// and f16, one thread, called directly (no tape): the milliseconds of each, the median of
+// interleaved repetitions (f32, bf16, f16 in turn, so a load that changes over the run weighs on
+// all three alike), and the 16-bit ones' ratio to f32 (issue 36's target: at most 1).
+
+namespace {
+
+// The arrays of one dtype T for the bench: x, dy (n), y, dx (n * 4: upsampling's output), f32
+// parameters and statistics.
+template <class T>
+struct BenchArrays {
+  std::vector<T> x, dy, y, dx;
+  std::vector<float> p0, p1, s0, s1, g0, g1;
+  std::vector<int32_t> argmax;
+  explicit BenchArrays(int64_t n) {
+    const std::vector<float> v = random_values(n, 1, -3, 3), g = random_values(4 * n, 2, -1, 1);
+    for (float f : v) x.push_back(T(f));
+    for (float f : g) dy.push_back(T(f));
+    y.resize(static_cast<size_t>(4 * n));
+    dx.resize(static_cast<size_t>(4 * n));
+    argmax.resize(static_cast<size_t>(n));
+    for (auto* p : {&p0, &p1, &s0, &s1, &g0, &g1}) p->assign(static_cast<size_t>(n), 1.0f);
+  }
+};
+
+// The parameters and statistics: T itself for f32, f32 beside a 16-bit T.
+template <class T>
+struct BenchOps {
+  BenchArrays<T>& a;
+  static constexpr int64_t kRows = 4096, kCols = 1024;          // (M, N) of the row ops
+  static constexpr int64_t kN = 32, kC = 64, kH = 32, kW = 32;  // (N, C, H, W) of the image ops
+  static constexpr int64_t kNumel = kRows * kCols;
+
+  void run(const std::string& op) {
+    const int64_t M = kRows, N = kCols;
+    const PoolShape pool = make_pool_shape(kN, kC, kH, kW, 3, 3, 2, 2, 1, 1);
+    if (op == "relu") {
+      cpu::unary_forward(unary::relu{}, a.x.data(), a.y.data(), kNumel);
+    } else if (op == "gelu") {
+      cpu::unary_forward(unary::gelu{}, a.x.data(), a.y.data(), kNumel);
+    } else if (op == "dropout") {
+      if constexpr (is_half_v<T>) {
+        cpu::dropout_forward_lowp(a.x.data(), a.y.data(), kNumel, 0.1f, 7, 0);
+      } else {
+        cpu::dropout_forward(a.x.data(), a.y.data(), kNumel, 0.1f, 7, 0);
+      }
+    } else if (op == "layernorm") {
+      if constexpr (is_half_v<T>) {
+        cpu::layernorm_forward_lowp(a.x.data(), a.p0.data(), a.p1.data(), a.y.data(), a.s0.data(),
+                                    a.s1.data(), M, N, 1e-5);
+      } else {
+        cpu::layernorm_forward(a.x.data(), a.p0.data(), a.p1.data(), a.y.data(), a.s0.data(),
+                               a.s1.data(), M, N, 1e-5);
+      }
+    } else if (op == "layernorm bwd") {
+      if constexpr (is_half_v<T>) {
+        cpu::layernorm_backward_lowp(a.dy.data(), a.x.data(), a.p0.data(), a.s0.data(), a.s1.data(),
+                                     a.dx.data(), a.g0.data(), a.g1.data(), M, N);
+      } else {
+        cpu::layernorm_backward(a.dy.data(), a.x.data(), a.p0.data(), a.s0.data(), a.s1.data(),
+                                a.dx.data(), a.g0.data(), a.g1.data(), M, N);
+      }
+    } else if (op == "rmsnorm") {
+      if constexpr (is_half_v<T>) {
+        cpu::rmsnorm_forward_lowp(a.x.data(), a.p0.data(), a.y.data(), a.s0.data(), M, N, 1e-6);
+      } else {
+        cpu::rmsnorm_forward(a.x.data(), a.p0.data(), a.y.data(), a.s0.data(), M, N, 1e-6);
+      }
+    } else if (op == "rmsnorm bwd") {
+      if constexpr (is_half_v<T>) {
+        cpu::rmsnorm_backward_lowp(a.dy.data(), a.x.data(), a.p0.data(), a.s0.data(), a.dx.data(),
+                                   a.g0.data(), M, N);
+      } else {
+        cpu::rmsnorm_backward(a.dy.data(), a.x.data(), a.p0.data(), a.s0.data(), a.dx.data(),
+                              a.g0.data(), M, N);
+      }
+    } else if (op == "softmax") {
+      cpu::softmax_forward(a.x.data(), a.y.data(), M, N);
+    } else if (op == "softmax bwd") {
+      cpu::softmax_backward(a.dy.data(), a.y.data(), a.dx.data(), M, N);
+    } else if (op == "batchnorm") {
+      if constexpr (is_half_v<T>) {
+        cpu::batchnorm_forward_train_lowp(a.x.data(), a.p0.data(), a.p1.data(), a.y.data(),
+                                          a.s0.data(), a.s1.data(), a.g0.data(), a.g1.data(), kN,
+                                          kC, kH * kW, 0.1, 1e-5);
+      } else {
+        cpu::batchnorm_forward_train(a.x.data(), a.p0.data(), a.p1.data(), a.y.data(), a.s0.data(),
+                                     a.s1.data(), a.g0.data(), a.g1.data(), kN, kC, kH * kW, 0.1,
+                                     1e-5);
+      }
+    } else if (op == "batchnorm bwd") {
+      if constexpr (is_half_v<T>) {
+        cpu::batchnorm_backward_lowp(a.dy.data(), a.x.data(), a.p0.data(), a.s0.data(), a.s1.data(),
+                                     a.dx.data(), a.g0.data(), a.g1.data(), kN, kC, kH * kW);
+      } else {
+        cpu::batchnorm_backward(a.dy.data(), a.x.data(), a.p0.data(), a.s0.data(), a.s1.data(),
+                                a.dx.data(), a.g0.data(), a.g1.data(), kN, kC, kH * kW);
+      }
+    } else if (op == "max_pool2d 3x3/2") {
+      cpu::maxpool2d_forward(a.x.data(), a.y.data(), a.argmax.data(), pool);
+    } else if (op == "max_pool2d bwd") {
+      cpu::maxpool2d_backward(a.dy.data(), a.argmax.data(), a.dx.data(), pool);
+    } else if (op == "avg_pool2d 3x3/2") {
+      cpu::avgpool2d_forward(a.x.data(), a.y.data(), pool);
+    } else if (op == "avg_pool2d bwd") {
+      cpu::avgpool2d_backward(a.dy.data(), a.dx.data(), pool);
+    } else if (op == "upsample2x bilinear") {
+      cpu::upsample2x_bilinear_forward(a.x.data(), a.y.data(), kN * kC, kH, kW);
+    } else if (op == "upsample bilinear bwd") {
+      cpu::upsample2x_bilinear_backward(a.dy.data(), a.dx.data(), kN * kC, kH, kW);
+    } else if (op == "upsample nearest bwd") {
+      cpu::upsample2x_nearest_backward(a.dy.data(), a.dx.data(), kN * kC, kH, kW);
+    } else {
+      FAIL("no bench op ", op);
+    }
+  }
+};
+
+}  // namespace
+
+TEST_CASE("bench: f32, bf16 and f16 CPU kernels of the follow-class and norm ops" *
+          doctest::skip()) {
+  const std::vector<std::string> ops = {"relu",
+                                        "gelu",
+                                        "dropout",
+                                        "layernorm",
+                                        "layernorm bwd",
+                                        "rmsnorm",
+                                        "rmsnorm bwd",
+                                        "softmax",
+                                        "softmax bwd",
+                                        "batchnorm",
+                                        "batchnorm bwd",
+                                        "max_pool2d 3x3/2",
+                                        "max_pool2d bwd",
+                                        "avg_pool2d 3x3/2",
+                                        "avg_pool2d bwd",
+                                        "upsample2x bilinear",
+                                        "upsample bilinear bwd",
+                                        "upsample nearest bwd"};
+  const int64_t n = BenchOps<float>::kNumel;
+  BenchArrays<float> af(n);
+  BenchArrays<bfloat16> ab(n);
+  BenchArrays<float16> ah(n);
+  BenchOps<float> f{af};
+  BenchOps<bfloat16> b{ab};
+  BenchOps<float16> h{ah};
+  const int before = omp_get_max_threads();
+  omp_set_num_threads(1);
+  std::printf(
+      "CPU, 1 thread, ms (median of 7 interleaved runs); rows (4096, 1024), images "
+      "(32, 64, 32, 32), pools 3x3 stride 2 pad 1\n");
+  std::printf("%-24s %9s %9s %9s %10s %10s\n", "op", "f32", "bf16", "f16", "bf16/f32", "f16/f32");
+  const auto ms = [](auto&& fn) {
+    const auto start = std::chrono::steady_clock::now();
+    fn();
+    return 1e3 * std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  };
+  const auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  for (const std::string& op : ops) {
+    std::vector<double> tf, tb, th;
+    f.run(op);  // warm-up; the backward cases read what the forward ones before them wrote
+    b.run(op);
+    h.run(op);
+    for (int r = 0; r < 7; ++r) {
+      tf.push_back(ms([&] { f.run(op); }));
+      tb.push_back(ms([&] { b.run(op); }));
+      th.push_back(ms([&] { h.run(op); }));
+    }
+    const double mf = median(tf), mb = median(tb), mh = median(th);
+    std::printf("%-24s %9.2f %9.2f %9.2f %10.2f %10.2f\n", op.c_str(), mf, mb, mh, mb / mf,
+                mh / mf);
+  }
+  omp_set_num_threads(before);
 }

@@ -7,12 +7,15 @@
 // tests/test_amp_ops.cpp (16-bit). The 16-bit launchers (batchnorm_*_lowp, declared beside the op
 // in autograd/ops_batchnorm.cpp) read x and dy and write y and dx in bf16 or f16, with gamma, beta,
 // the statistics, the running stats, dgamma and dbeta in f32: the same templates, arithmetic in f32
-// or double, one rounding per stored element.
+// or double, one rounding per stored element. Their planes are widened block by block into f32
+// stack buffers (kernels/cpu/lowp_blocks.h) that run the same expressions, with each element in the
+// same partial sum, so the bits are those of converting element by element.
 #include <omp.h>
 
 #include <algorithm>
 #include <cmath>
 
+#include "regen/kernels/cpu/lowp_blocks.h"
 #include "regen/kernels/kernels.h"
 
 namespace regen::cpu {
@@ -20,6 +23,27 @@ namespace {
 constexpr int64_t kParallelMin = 1 << 14;  // elements; below this one thread is faster
 
 constexpr int kLanes = 8;  // independent partial sums: lets the reductions vectorize
+
+// Adds element i of p[0, len) (f32, f64, or 16 bits widened) into partial sums a[i % kLanes] and
+// b[i % kLanes], in order. A 16-bit plane comes in blocks of lowp::kBlock, a multiple of kLanes,
+// so every element meets the same partial sums in the same order as in one call.
+template <class S>
+void add_moments(const S* p, int64_t len, double shift, double* a, double* b) {
+  int64_t i = 0;
+  for (; i + kLanes <= len; i += kLanes) {
+    for (int j = 0; j < kLanes; ++j) {
+      const double d = static_cast<double>(p[i + j]) - shift;
+      a[j] += d;
+      b[j] += d * d;
+    }
+  }
+  for (; i < len; ++i) {
+    const double d = static_cast<double>(p[i]) - shift;
+    a[i % kLanes] += d;
+    b[i % kLanes] += d * d;
+  }
+}
+static_assert(lowp::kBlock % kLanes == 0, "16-bit blocks keep each element's partial sum");
 
 // Over channel c of x (N, C, HW): s1 = sum (x - shift), s2 = sum (x - shift)^2, in double.
 // Each of kLanes partial sums runs over a fixed subset of the elements and they are combined in
@@ -30,18 +54,11 @@ void channel_moments(const T* x, int64_t N, int64_t C, int64_t HW, int64_t c, do
   double a[kLanes] = {}, b[kLanes] = {};
   for (int64_t n = 0; n < N; ++n) {
     const T* p = x + (n * C + c) * HW;
-    int64_t i = 0;
-    for (; i + kLanes <= HW; i += kLanes) {
-      for (int j = 0; j < kLanes; ++j) {
-        const double d = static_cast<double>(p[i + j]) - shift;
-        a[j] += d;
-        b[j] += d * d;
-      }
-    }
-    for (; i < HW; ++i) {
-      const double d = static_cast<double>(p[i]) - shift;
-      a[i % kLanes] += d;
-      b[i % kLanes] += d * d;
+    if constexpr (lowp::kBlocksFor<T>) {
+      lowp::for_blocks(
+          p, HW, [&](int64_t, const float* v, int64_t len) { add_moments(v, len, shift, a, b); });
+    } else {
+      add_moments(p, HW, shift, a, b);
     }
   }
   s1 = 0;
@@ -49,6 +66,24 @@ void channel_moments(const T* x, int64_t N, int64_t C, int64_t HW, int64_t c, do
   for (int j = 0; j < kLanes; ++j) {
     s1 += a[j];
     s2 += b[j];
+  }
+}
+
+// As add_moments, for channel_grad_sums: a += dy, b += dy * (x - mean).
+template <class S>
+void add_grad_sums(const S* g, const S* p, int64_t len, double mean, double* a, double* b) {
+  int64_t i = 0;
+  for (; i + kLanes <= len; i += kLanes) {
+    for (int j = 0; j < kLanes; ++j) {
+      const double d = static_cast<double>(g[i + j]);
+      a[j] += d;
+      b[j] += d * (static_cast<double>(p[i + j]) - mean);
+    }
+  }
+  for (; i < len; ++i) {
+    const double d = static_cast<double>(g[i]);
+    a[i % kLanes] += d;
+    b[i % kLanes] += d * (static_cast<double>(p[i]) - mean);
   }
 }
 
@@ -60,18 +95,12 @@ void channel_grad_sums(const T* dy, const T* x, int64_t N, int64_t C, int64_t HW
   for (int64_t n = 0; n < N; ++n) {
     const T* g = dy + (n * C + c) * HW;
     const T* p = x + (n * C + c) * HW;
-    int64_t i = 0;
-    for (; i + kLanes <= HW; i += kLanes) {
-      for (int j = 0; j < kLanes; ++j) {
-        const double d = static_cast<double>(g[i + j]);
-        a[j] += d;
-        b[j] += d * (static_cast<double>(p[i + j]) - mean);
-      }
-    }
-    for (; i < HW; ++i) {
-      const double d = static_cast<double>(g[i]);
-      a[i % kLanes] += d;
-      b[i % kLanes] += d * (static_cast<double>(p[i]) - mean);
+    if constexpr (lowp::kBlocksFor<T>) {
+      lowp::for_blocks2(g, p, HW, [&](int64_t, const float* gv, const float* pv, int64_t len) {
+        add_grad_sums(gv, pv, len, mean, a, b);
+      });
+    } else {
+      add_grad_sums(g, p, HW, mean, a, b);
     }
   }
   sum_dy = 0;
@@ -90,7 +119,15 @@ void channel_affine(const T* x, T* y, int64_t N, int64_t C, int64_t HW, int64_t 
   for (int64_t n = 0; n < N; ++n) {
     const T* p = x + (n * C + c) * HW;
     T* q = y + (n * C + c) * HW;
-    for (int64_t i = 0; i < HW; ++i) q[i] = T(A(p[i]) * a + b);
+    if constexpr (lowp::kBlocksFor<T>) {
+      float out[lowp::kBlock];
+      lowp::for_blocks(p, HW, [&](int64_t i0, const float* v, int64_t len) {
+        for (int64_t i = 0; i < len; ++i) out[i] = v[i] * a + b;
+        convert::narrow_span(out, q + i0, len);
+      });
+    } else {
+      for (int64_t i = 0; i < HW; ++i) q[i] = T(A(p[i]) * a + b);
+    }
   }
 }
 
@@ -167,8 +204,20 @@ void batchnorm_backward_impl(const T* dy, const T* x, const P* gamma, const P* m
       const T* g = dy + (n * C + c) * HW;
       const T* p = x + (n * C + c) * HW;
       T* q = dx + (n * C + c) * HW;
-      for (int64_t i = 0; i < HW; ++i) {
-        q[i] = static_cast<T>(k * static_cast<double>(g[i]) + kx * static_cast<double>(p[i]) + k0);
+      if constexpr (lowp::kBlocksFor<T>) {
+        float out[lowp::kBlock];
+        lowp::for_blocks2(g, p, HW, [&](int64_t i0, const float* gv, const float* pv, int64_t len) {
+          for (int64_t i = 0; i < len; ++i) {
+            out[i] = static_cast<float>(k * static_cast<double>(gv[i]) +
+                                        kx * static_cast<double>(pv[i]) + k0);
+          }
+          convert::narrow_span(out, q + i0, len);
+        });
+      } else {
+        for (int64_t i = 0; i < HW; ++i) {
+          q[i] =
+              static_cast<T>(k * static_cast<double>(g[i]) + kx * static_cast<double>(p[i]) + k0);
+        }
       }
     }
   }
@@ -195,7 +244,15 @@ void batchnorm_backward_eval_impl(const T* dy, const T* x, const P* gamma, const
       for (int64_t n = 0; n < N; ++n) {
         const T* g = dy + (n * C + c) * HW;
         T* q = dx + (n * C + c) * HW;
-        for (int64_t i = 0; i < HW; ++i) q[i] = T(A(g[i]) * k);
+        if constexpr (lowp::kBlocksFor<T>) {
+          float out[lowp::kBlock];
+          lowp::for_blocks(g, HW, [&](int64_t i0, const float* v, int64_t len) {
+            for (int64_t i = 0; i < len; ++i) out[i] = v[i] * k;
+            convert::narrow_span(out, q + i0, len);
+          });
+        } else {
+          for (int64_t i = 0; i < HW; ++i) q[i] = T(A(g[i]) * k);
+        }
       }
     }
   }

@@ -10,6 +10,7 @@
 #include <algorithm>
 
 #include "regen/core/error.h"
+#include "regen/kernels/cpu/convert.h"
 #include "regen/kernels/kernels.h"
 
 namespace regen::cpu {
@@ -48,7 +49,13 @@ void embedding_backward(const T* dy, const int64_t* ids, T* dweight, int64_t n, 
       const T* src = dy + i * D;
       T* dst = dweight + ids[i] * D;
       if constexpr (is_half_v<T>) {
-        for (int64_t c = c0; c < c1; ++c) dst[c] = T(static_cast<float>(dst[c]) + src[c]);
+        // Widened, added and narrowed 64 columns at a time (kernels/cpu/convert.h): the bits of
+        // T(float(dst) + float(src)) per element.
+        float a[kColumnBlock], g[kColumnBlock];
+        convert::widen_span(dst + c0, a, c1 - c0);
+        convert::widen_span(src + c0, g, c1 - c0);
+        for (int64_t c = 0; c < c1 - c0; ++c) a[c] += g[c];
+        convert::narrow_span(a, dst + c0, c1 - c0);
       } else {
         for (int64_t c = c0; c < c1; ++c) dst[c] += src[c];
       }

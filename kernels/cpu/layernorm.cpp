@@ -4,19 +4,28 @@
 // the thread count. The 16-bit launchers (layernorm_forward_lowp / layernorm_backward_lowp,
 // declared beside the op in autograd/ops_layernorm.cpp) read x and dy and write y and dx in bf16 or
 // f16, with gamma, beta, mean, rstd, dgamma and dbeta in f32; they run the same template with the
-// arithmetic in f32 (acc_t) and round once per stored element. Tests: tests/test_ops_nlp.cpp
-// (values), tests/test_gradcheck_nlp.cpp, tests/test_amp_ops.cpp (16-bit against f32).
+// arithmetic in f32 (acc_t) and round once per stored element; their rows are widened block by
+// block into f32 stack buffers (kernels/cpu/lowp_blocks.h) and run the same expressions as the
+// per-element loops, so the bits are those of converting element by element. Tests:
+// tests/test_ops_nlp.cpp (values), tests/test_gradcheck_nlp.cpp, tests/test_amp_ops.cpp (16-bit
+// against f32).
 #include <omp.h>
 
 #include <algorithm>
 #include <cmath>
 
+#include "regen/kernels/cpu/lowp_blocks.h"
 #include "regen/kernels/kernels.h"
 
 namespace regen::cpu {
 namespace {
 constexpr int64_t kParallelMin = 1 << 14;  // elements below which one thread is faster
 constexpr int64_t kColumnBlock = 64;       // columns one dgamma/dbeta task owns
+// f16's output loops (y, dx) convert element by element: the compiler fuses (or not) their
+// multiply-adds differently there than in a loop over f32 buffers, so a blocked loop would change
+// some f16 results by one unit in the last place. The statistics' sums are blocked for both.
+template <class T>
+constexpr bool kOutputPerElement = std::is_same<T, float16>::value;
 
 // T: the element type of x, y, dy, dx; P: of gamma, beta, the statistics and their gradients
 // (T, or f32 beside a 16-bit T). Arithmetic is in A = acc_t<T>.
@@ -29,19 +38,54 @@ void layernorm_forward_impl(const T* x, const P* gamma, const P* beta, T* y, P* 
     const T* xr = x + r * N;
     T* yr = y + r * N;
     double sum = 0;
-    for (int64_t j = 0; j < N; ++j) sum += static_cast<double>(xr[j]);
-    const double mu = sum / static_cast<double>(N);
-    // Two passes: the centred sum of squares does not cancel catastrophically.
     double sq = 0;
-    for (int64_t j = 0; j < N; ++j) {
-      const double d = static_cast<double>(xr[j]) - mu;
-      sq += d * d;
-    }
-    const double rs = 1.0 / std::sqrt(sq / static_cast<double>(N) + eps);
-    const A mu_t = static_cast<A>(mu), rs_t = static_cast<A>(rs);
-    for (int64_t j = 0; j < N; ++j) {
-      const A xhat = (A(xr[j]) - mu_t) * rs_t;
-      yr[j] = T((gamma ? xhat * A(gamma[j]) : xhat) + (beta ? A(beta[j]) : A(0)));
+    A mu_t, rs_t;
+    if constexpr (is_half_v<T>) {
+      lowp::for_blocks(xr, N, [&](int64_t, const float* v, int64_t len) {
+        for (int64_t j = 0; j < len; ++j) sum += static_cast<double>(v[j]);
+      });
+      const double mu = sum / static_cast<double>(N);
+      lowp::for_blocks(xr, N, [&](int64_t, const float* v, int64_t len) {
+        for (int64_t j = 0; j < len; ++j) {
+          const double d = static_cast<double>(v[j]) - mu;
+          sq += d * d;
+        }
+      });
+      const double rs = 1.0 / std::sqrt(sq / static_cast<double>(N) + eps);
+      mu_t = static_cast<A>(mu);
+      rs_t = static_cast<A>(rs);
+      if constexpr (kOutputPerElement<T>) {
+        for (int64_t j = 0; j < N; ++j) {
+          const A xhat = (A(xr[j]) - mu_t) * rs_t;
+          yr[j] = T((gamma ? xhat * A(gamma[j]) : xhat) + (beta ? A(beta[j]) : A(0)));
+        }
+      } else {
+        float out[lowp::kBlock];
+        lowp::for_blocks(xr, N, [&](int64_t j0, const float* v, int64_t len) {
+          const P* g = gamma ? gamma + j0 : nullptr;
+          const P* b = beta ? beta + j0 : nullptr;
+          for (int64_t j = 0; j < len; ++j) {
+            const A xhat = (v[j] - mu_t) * rs_t;
+            out[j] = (g ? xhat * A(g[j]) : xhat) + (b ? A(b[j]) : A(0));
+          }
+          convert::narrow_span(out, yr + j0, len);
+        });
+      }
+    } else {
+      for (int64_t j = 0; j < N; ++j) sum += static_cast<double>(xr[j]);
+      const double mu = sum / static_cast<double>(N);
+      // Two passes: the centred sum of squares does not cancel catastrophically.
+      for (int64_t j = 0; j < N; ++j) {
+        const double d = static_cast<double>(xr[j]) - mu;
+        sq += d * d;
+      }
+      const double rs = 1.0 / std::sqrt(sq / static_cast<double>(N) + eps);
+      mu_t = static_cast<A>(mu);
+      rs_t = static_cast<A>(rs);
+      for (int64_t j = 0; j < N; ++j) {
+        const A xhat = (A(xr[j]) - mu_t) * rs_t;
+        yr[j] = T((gamma ? xhat * A(gamma[j]) : xhat) + (beta ? A(beta[j]) : A(0)));
+      }
     }
     mean[r] = P(mu_t);
     rstd[r] = P(rs_t);
@@ -59,17 +103,49 @@ void layernorm_backward_impl(const T* dy, const T* x, const P* gamma, const P* m
     T* dxr = dx + r * N;
     const A mu = mean[r], rs = rstd[r];
     double sum_g = 0, sum_gx = 0;
-    for (int64_t j = 0; j < N; ++j) {
-      const A g = gamma ? A(dyr[j]) * A(gamma[j]) : A(dyr[j]);
-      sum_g += static_cast<double>(g);
-      sum_gx += static_cast<double>(g) * static_cast<double>((A(xr[j]) - mu) * rs);
-    }
-    const A a = static_cast<A>(sum_g / static_cast<double>(N));
-    const A b = static_cast<A>(sum_gx / static_cast<double>(N));
-    for (int64_t j = 0; j < N; ++j) {
-      const A g = gamma ? A(dyr[j]) * A(gamma[j]) : A(dyr[j]);
-      const A xhat = (A(xr[j]) - mu) * rs;
-      dxr[j] = T(rs * (g - a - xhat * b));
+    if constexpr (lowp::kBlocksFor<T>) {
+      lowp::for_blocks2(dyr, xr, N, [&](int64_t j0, const float* dv, const float* xv, int64_t len) {
+        const P* gm = gamma ? gamma + j0 : nullptr;
+        for (int64_t j = 0; j < len; ++j) {
+          const A g = gm ? dv[j] * A(gm[j]) : dv[j];
+          sum_g += static_cast<double>(g);
+          sum_gx += static_cast<double>(g) * static_cast<double>((xv[j] - mu) * rs);
+        }
+      });
+      const A a = static_cast<A>(sum_g / static_cast<double>(N));
+      const A b = static_cast<A>(sum_gx / static_cast<double>(N));
+      if constexpr (kOutputPerElement<T>) {
+        for (int64_t j = 0; j < N; ++j) {
+          const A g = gamma ? A(dyr[j]) * A(gamma[j]) : A(dyr[j]);
+          const A xhat = (A(xr[j]) - mu) * rs;
+          dxr[j] = T(rs * (g - a - xhat * b));
+        }
+      } else {
+        float out[lowp::kBlock];
+        lowp::for_blocks2(dyr, xr, N,
+                          [&](int64_t j0, const float* dv, const float* xv, int64_t len) {
+                            const P* gm = gamma ? gamma + j0 : nullptr;
+                            for (int64_t j = 0; j < len; ++j) {
+                              const A g = gm ? dv[j] * A(gm[j]) : dv[j];
+                              const A xhat = (xv[j] - mu) * rs;
+                              out[j] = rs * (g - a - xhat * b);
+                            }
+                            convert::narrow_span(out, dxr + j0, len);
+                          });
+      }
+    } else {
+      for (int64_t j = 0; j < N; ++j) {
+        const A g = gamma ? A(dyr[j]) * A(gamma[j]) : A(dyr[j]);
+        sum_g += static_cast<double>(g);
+        sum_gx += static_cast<double>(g) * static_cast<double>((A(xr[j]) - mu) * rs);
+      }
+      const A a = static_cast<A>(sum_g / static_cast<double>(N));
+      const A b = static_cast<A>(sum_gx / static_cast<double>(N));
+      for (int64_t j = 0; j < N; ++j) {
+        const A g = gamma ? A(dyr[j]) * A(gamma[j]) : A(dyr[j]);
+        const A xhat = (A(xr[j]) - mu) * rs;
+        dxr[j] = T(rs * (g - a - xhat * b));
+      }
     }
   }
   if (!dgamma && !dbeta) return;
@@ -82,10 +158,21 @@ void layernorm_backward_impl(const T* dy, const T* x, const P* gamma, const P* m
     for (int64_t r = 0; r < M; ++r) {
       const T *xr = x + r * N, *dyr = dy + r * N;
       const A mu = mean[r], rs = rstd[r];
-      for (int64_t c = c0; c < c1; ++c) {
-        const A g = dyr[c];
-        acc_g[c - c0] += static_cast<double>(g) * static_cast<double>((A(xr[c]) - mu) * rs);
-        acc_b[c - c0] += static_cast<double>(g);
+      if constexpr (lowp::kBlocksFor<T>) {
+        float dv[kColumnBlock], xv[kColumnBlock];
+        convert::widen_span(dyr + c0, dv, c1 - c0);
+        convert::widen_span(xr + c0, xv, c1 - c0);
+        for (int64_t c = 0; c < c1 - c0; ++c) {
+          const A g = dv[c];
+          acc_g[c] += static_cast<double>(g) * static_cast<double>((xv[c] - mu) * rs);
+          acc_b[c] += static_cast<double>(g);
+        }
+      } else {
+        for (int64_t c = c0; c < c1; ++c) {
+          const A g = dyr[c];
+          acc_g[c - c0] += static_cast<double>(g) * static_cast<double>((A(xr[c]) - mu) * rs);
+          acc_b[c - c0] += static_cast<double>(g);
+        }
       }
     }
     for (int64_t c = c0; c < c1; ++c) {

@@ -6,7 +6,9 @@
 // 16-bit planes (bfloat16, float16) compare and sum in f32 (acc_t) and round once per output; their
 // backward scatters are gathers instead (each input element sums, in f32 and in the scatter's
 // order, the outputs whose window holds it, and is rounded once), so each 16-bit result is the f32
-// kernel's on the widened inputs, rounded.
+// kernel's on the widened inputs, rounded. A plane of at most lowp::kPlaneMax elements is widened
+// whole into an f32 stack buffer (kernels/cpu/lowp_blocks.h) and runs the f32 plane loops, its
+// output narrowed once; a larger one converts element by element, with the same bits.
 // Tests: tests/test_ops_vision.cpp (against nested loops), tests/test_gradcheck_vision.cpp,
 // tests/test_amp_ops.cpp (16-bit against f32).
 #include <omp.h>
@@ -14,6 +16,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "regen/kernels/cpu/lowp_blocks.h"
 #include "regen/kernels/kernels.h"
 
 namespace regen::cpu {
@@ -37,29 +40,135 @@ inline void covering(int64_t h, int64_t stride, int64_t pad, int64_t k, int64_t 
   hi = std::min<int64_t>((h + pad) / stride + 1, outputs);
 }
 
-// The 16-bit backward of max pooling, as a gather: dx[h, w] sums dy over the outputs (in output
-// order) whose chosen element is (h, w); `chosen(i, j)` is output j's plane index in plane i.
+// Whether a 16-bit plane (P*Q outputs of H*W inputs) is widened whole.
+inline bool plane_fits(const PoolShape& s) {
+  return s.H * s.W <= lowp::kPlaneMax && s.P * s.Q <= lowp::kPlaneMax;
+}
+
+// For each 16-bit plane i (in parallel): the plane's `in_count` elements of `in` widened into a
+// stack buffer, body(i, widened, out) writing `out_count` f32 results, narrowed into `out`.
+template <class T, class Body>
+void over_widened_planes(const T* in, int64_t in_count, T* out, int64_t out_count, int64_t planes,
+                         int64_t work, Body body) {
+#pragma omp parallel for schedule(static) if (work > kParallelMin)
+  for (int64_t i = 0; i < planes; ++i) {
+    float a[lowp::kPlaneMax], b[lowp::kPlaneMax];
+    convert::widen_span(in + i * in_count, a, in_count);
+    body(i, static_cast<const float*>(a), b);
+    convert::narrow_span(b, out + i * out_count, out_count);
+  }
+}
+
+// The 16-bit backward of max pooling, as a gather over one plane: dx[h, w] sums dy over the
+// outputs (in output order) whose chosen element is (h, w); `chosen(j)` is output j's plane index.
+// D: the element type of dy and dx (16 bits, or f32 for a widened plane).
+template <class D, class Chosen>
+void maxpool2d_gather_plane(const D* dy, D* dx, const PoolShape& s, Chosen chosen) {
+  for (int64_t h = 0; h < s.H; ++h) {
+    int64_t p0, p1;
+    covering(h, s.stride_h, s.pad_h, s.kh, s.P, p0, p1);
+    for (int64_t w = 0; w < s.W; ++w) {
+      int64_t q0, q1;
+      covering(w, s.stride_w, s.pad_w, s.kw, s.Q, q0, q1);
+      const int64_t at = h * s.W + w;
+      float acc = 0.0f;
+      for (int64_t p = p0; p < p1; ++p) {
+        for (int64_t q = q0; q < q1; ++q) {
+          const int64_t j = p * s.Q + q;
+          if (chosen(j) == at) acc += static_cast<float>(dy[j]);
+        }
+      }
+      dx[at] = D(acc);
+    }
+  }
+}
+
+// The 16-bit backward of max pooling; `chosen(i, j)` is output j's plane index in plane i.
 template <class T, class Chosen>
 void maxpool2d_backward_gather(const T* dy, T* dx, const PoolShape& s, Chosen chosen) {
   const int64_t planes = s.N * s.C, hw = s.H * s.W, pq = s.P * s.Q;
+  if (plane_fits(s)) {
+    over_widened_planes(
+        dy, pq, dx, hw, planes, planes * (pq + hw), [&](int64_t i, const float* g, float* out) {
+          maxpool2d_gather_plane(g, out, s, [&](int64_t j) { return chosen(i, j); });
+        });
+    return;
+  }
 #pragma omp parallel for schedule(static) if (planes * (pq + hw) > kParallelMin)
   for (int64_t i = 0; i < planes; ++i) {
-    for (int64_t h = 0; h < s.H; ++h) {
-      int64_t p0, p1;
-      covering(h, s.stride_h, s.pad_h, s.kh, s.P, p0, p1);
-      for (int64_t w = 0; w < s.W; ++w) {
-        int64_t q0, q1;
-        covering(w, s.stride_w, s.pad_w, s.kw, s.Q, q0, q1);
-        const int64_t at = h * s.W + w;
-        float acc = 0.0f;
-        for (int64_t p = p0; p < p1; ++p) {
-          for (int64_t q = q0; q < q1; ++q) {
-            const int64_t j = p * s.Q + q;
-            if (chosen(i, j) == at) acc += static_cast<float>(dy[i * pq + j]);
-          }
+    maxpool2d_gather_plane(dy + i * pq, dx + i * hw, s, [&](int64_t j) { return chosen(i, j); });
+  }
+}
+
+// Max pooling of one plane: in (H, W) -> out (P, Q) and each output's plane index. D: the
+// element type of in and out (T, or f32 for a widened 16-bit plane).
+template <class D>
+void maxpool2d_plane(const D* in, D* out, int32_t* argmax, const PoolShape& s) {
+  for (int64_t p = 0; p < s.P; ++p) {
+    D* best = out + p * s.Q;
+    int32_t* best_at = argmax + p * s.Q;
+    std::fill(best_at, best_at + s.Q, -1);
+    std::fill(best, best + s.Q, D(0));
+    int64_t h0, h1;
+    window(p, s.stride_h, s.pad_h, s.kh, s.H, h0, h1);
+    // Window elements in row-major order, each for a whole row of outputs at once: the q
+    // iterations are independent, unlike a running max over one window. Padding never
+    // competes; the first maximum wins ties; a NaN, once seen, is kept (as PyTorch).
+    for (int64_t h = h0; h < h1; ++h) {
+      const D* row = in + h * s.W;
+      for (int64_t kw = 0; kw < s.kw; ++kw) {
+        const int64_t shift = kw - s.pad_w;  // q reads row[q*sw + shift]
+        const int64_t q_lo = shift >= 0 ? 0 : (-shift + s.stride_w - 1) / s.stride_w;
+        const int64_t last = s.W - 1 - shift;
+        const int64_t q_hi = last < 0 ? 0 : std::min<int64_t>(s.Q, last / s.stride_w + 1);
+        for (int64_t q = q_lo; q < q_hi; ++q) {
+          const int64_t at = q * s.stride_w + shift;
+          const acc_t<D> v = row[at];
+          const acc_t<D> b = best[q];
+          const bool take = best_at[q] < 0 || v > b || (v != v && b == b);
+          best[q] = D(take ? v : b);
+          best_at[q] = take ? static_cast<int32_t>(h * s.W + at) : best_at[q];
         }
-        dx[i * hw + at] = T(acc);
       }
+    }
+  }
+}
+
+// Average pooling of one plane (count_include_pad: the divisor is kh*kw). D as above.
+template <class D>
+void avgpool2d_plane(const D* in, D* out, const PoolShape& s) {
+  const double inv = 1.0 / static_cast<double>(s.kh * s.kw);
+  for (int64_t p = 0; p < s.P; ++p) {
+    int64_t h0, h1;
+    window(p, s.stride_h, s.pad_h, s.kh, s.H, h0, h1);
+    for (int64_t q = 0; q < s.Q; ++q) {
+      int64_t w0, w1;
+      window(q, s.stride_w, s.pad_w, s.kw, s.W, w0, w1);
+      double acc = 0;
+      for (int64_t h = h0; h < h1; ++h) {
+        for (int64_t w = w0; w < w1; ++w) acc += static_cast<double>(in[h * s.W + w]);
+      }
+      out[p * s.Q + q] = static_cast<D>(acc * inv);
+    }
+  }
+}
+
+// The 16-bit backward of average pooling over one plane, as a gather: input (h, w) adds
+// g = dy * inv of the windows that hold it, in the order the f32 scatter adds them (outputs row by
+// row), in f32. D: the element type of dy and dx (16 bits, or f32 for a widened plane).
+template <class D>
+void avgpool2d_gather_plane(const D* dy, D* dx, const PoolShape& s, float inv) {
+  for (int64_t h = 0; h < s.H; ++h) {
+    int64_t p0, p1;
+    covering(h, s.stride_h, s.pad_h, s.kh, s.P, p0, p1);
+    for (int64_t w = 0; w < s.W; ++w) {
+      int64_t q0, q1;
+      covering(w, s.stride_w, s.pad_w, s.kw, s.Q, q0, q1);
+      float acc = 0.0f;
+      for (int64_t p = p0; p < p1; ++p) {
+        for (int64_t q = q0; q < q1; ++q) acc += static_cast<float>(dy[p * s.Q + q]) * inv;
+      }
+      dx[h * s.W + w] = D(acc);
     }
   }
 }
@@ -68,38 +177,17 @@ void maxpool2d_backward_gather(const T* dy, T* dx, const PoolShape& s, Chosen ch
 template <class T>
 void maxpool2d_forward(const T* x, T* y, int32_t* argmax, const PoolShape& s) {
   const int64_t planes = s.N * s.C, hw = s.H * s.W, pq = s.P * s.Q;
-#pragma omp parallel for schedule(static) if (planes * pq * s.kh * s.kw > kParallelMin)
-  for (int64_t i = 0; i < planes; ++i) {
-    const T* in = x + i * hw;
-    for (int64_t p = 0; p < s.P; ++p) {
-      T* best = y + i * pq + p * s.Q;
-      int32_t* best_at = argmax + i * pq + p * s.Q;
-      std::fill(best_at, best_at + s.Q, -1);
-      std::fill(best, best + s.Q, T(0));
-      int64_t h0, h1;
-      window(p, s.stride_h, s.pad_h, s.kh, s.H, h0, h1);
-      // Window elements in row-major order, each for a whole row of outputs at once: the q
-      // iterations are independent, unlike a running max over one window. Padding never
-      // competes; the first maximum wins ties; a NaN, once seen, is kept (as PyTorch).
-      for (int64_t h = h0; h < h1; ++h) {
-        const T* row = in + h * s.W;
-        for (int64_t kw = 0; kw < s.kw; ++kw) {
-          const int64_t shift = kw - s.pad_w;  // q reads row[q*sw + shift]
-          const int64_t q_lo = shift >= 0 ? 0 : (-shift + s.stride_w - 1) / s.stride_w;
-          const int64_t last = s.W - 1 - shift;
-          const int64_t q_hi = last < 0 ? 0 : std::min<int64_t>(s.Q, last / s.stride_w + 1);
-          for (int64_t q = q_lo; q < q_hi; ++q) {
-            const int64_t at = q * s.stride_w + shift;
-            const acc_t<T> v = row[at];
-            const acc_t<T> b = best[q];
-            const bool take = best_at[q] < 0 || v > b || (v != v && b == b);
-            best[q] = T(take ? v : b);
-            best_at[q] = take ? static_cast<int32_t>(h * s.W + at) : best_at[q];
-          }
-        }
-      }
+  const int64_t work = planes * pq * s.kh * s.kw;
+  if constexpr (is_half_v<T>) {
+    if (plane_fits(s)) {
+      over_widened_planes(x, hw, y, pq, planes, work, [&](int64_t i, const float* in, float* out) {
+        maxpool2d_plane(in, out, argmax + i * pq, s);
+      });
+      return;
     }
   }
+#pragma omp parallel for schedule(static) if (work > kParallelMin)
+  for (int64_t i = 0; i < planes; ++i) maxpool2d_plane(x + i * hw, y + i * pq, argmax + i * pq, s);
 }
 
 template <class T>
@@ -195,54 +283,31 @@ void maxpool2d_backward_packed(const T* dy, const uint32_t* codes, T* dx, const 
 template <class T>
 void avgpool2d_forward(const T* x, T* y, const PoolShape& s) {
   const int64_t planes = s.N * s.C, hw = s.H * s.W, pq = s.P * s.Q;
-  // count_include_pad: padded positions count in the divisor (always kh*kw, as no window runs
-  // past the padded input).
-  const double inv = 1.0 / static_cast<double>(s.kh * s.kw);
-#pragma omp parallel for schedule(static) if (planes * pq * s.kh * s.kw > kParallelMin)
-  for (int64_t i = 0; i < planes; ++i) {
-    const T* in = x + i * hw;
-    for (int64_t p = 0; p < s.P; ++p) {
-      int64_t h0, h1;
-      window(p, s.stride_h, s.pad_h, s.kh, s.H, h0, h1);
-      for (int64_t q = 0; q < s.Q; ++q) {
-        int64_t w0, w1;
-        window(q, s.stride_w, s.pad_w, s.kw, s.W, w0, w1);
-        double acc = 0;
-        for (int64_t h = h0; h < h1; ++h) {
-          for (int64_t w = w0; w < w1; ++w) acc += static_cast<double>(in[h * s.W + w]);
-        }
-        y[i * pq + p * s.Q + q] = static_cast<T>(acc * inv);
-      }
+  const int64_t work = planes * pq * s.kh * s.kw;
+  if constexpr (is_half_v<T>) {
+    if (plane_fits(s)) {
+      over_widened_planes(x, hw, y, pq, planes, work, [&](int64_t, const float* in, float* out) {
+        avgpool2d_plane(in, out, s);
+      });
+      return;
     }
   }
+#pragma omp parallel for schedule(static) if (work > kParallelMin)
+  for (int64_t i = 0; i < planes; ++i) avgpool2d_plane(x + i * hw, y + i * pq, s);
 }
 
 template <class T>
 void avgpool2d_backward(const T* dy, T* dx, const PoolShape& s) {
   const int64_t planes = s.N * s.C, hw = s.H * s.W, pq = s.P * s.Q;
+  const int64_t work = planes * pq * s.kh * s.kw;
   const acc_t<T> inv = static_cast<acc_t<T>>(1.0 / static_cast<double>(s.kh * s.kw));
   if constexpr (is_half_v<T>) {
-    // A gather: input (h, w) adds g = dy * inv of the windows that hold it, in the order the
-    // scatter below adds them (outputs row by row), in f32.
-#pragma omp parallel for schedule(static) if (planes * pq * s.kh * s.kw > kParallelMin)
-    for (int64_t i = 0; i < planes; ++i) {
-      for (int64_t h = 0; h < s.H; ++h) {
-        int64_t p0, p1;
-        covering(h, s.stride_h, s.pad_h, s.kh, s.P, p0, p1);
-        for (int64_t w = 0; w < s.W; ++w) {
-          int64_t q0, q1;
-          covering(w, s.stride_w, s.pad_w, s.kw, s.Q, q0, q1);
-          float acc = 0.0f;
-          for (int64_t p = p0; p < p1; ++p) {
-            for (int64_t q = q0; q < q1; ++q)
-              acc += static_cast<float>(dy[i * pq + p * s.Q + q]) * inv;
-          }
-          dx[i * hw + h * s.W + w] = T(acc);
-        }
-      }
-    }
+    // Element by element: over a widened plane the compiler fuses the gather's multiply-add
+    // differently, which would change some results by one unit in the last place.
+#pragma omp parallel for schedule(static) if (work > kParallelMin)
+    for (int64_t i = 0; i < planes; ++i) avgpool2d_gather_plane(dy + i * pq, dx + i * hw, s, inv);
   } else {
-#pragma omp parallel for schedule(static) if (planes * pq * s.kh * s.kw > kParallelMin)
+#pragma omp parallel for schedule(static) if (work > kParallelMin)
     for (int64_t i = 0; i < planes; ++i) {
       T* out = dx + i * hw;
       std::fill(out, out + hw, T(0));
@@ -268,7 +333,13 @@ void global_avgpool_forward(const T* x, T* y, int64_t NC, int64_t HW) {
   for (int64_t i = 0; i < NC; ++i) {
     const T* in = x + i * HW;
     double acc = 0;
-    for (int64_t j = 0; j < HW; ++j) acc += static_cast<double>(in[j]);
+    if constexpr (is_half_v<T>) {
+      lowp::for_blocks(in, HW, [&](int64_t, const float* v, int64_t len) {
+        for (int64_t j = 0; j < len; ++j) acc += static_cast<double>(v[j]);
+      });
+    } else {
+      for (int64_t j = 0; j < HW; ++j) acc += static_cast<double>(in[j]);
+    }
     y[i] = static_cast<T>(HW > 0 ? acc / static_cast<double>(HW) : 0.0);
   }
 }

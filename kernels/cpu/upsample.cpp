@@ -14,13 +14,17 @@
 // fractions.
 //
 // 16-bit planes (bfloat16, float16) compute in f32 (acc_t) and round once per output, so each
-// result is the f32 kernel's on the widened input, rounded. Work is split over planes (OpenMP).
+// result is the f32 kernel's on the widened input, rounded. The rows they read (at most
+// lowp::kRowMax wide) are widened into f32 stack buffers (kernels/cpu/lowp_blocks.h) and each
+// output row is narrowed once, the same expressions on the same values as converting element by
+// element; wider rows do that instead. Work is split over planes (OpenMP).
 // Tests: tests/test_ops_upsample.cpp (against loops and PyTorch values),
 // tests/test_gradcheck_upsample.cpp.
 #include <omp.h>
 
 #include <cstdint>
 
+#include "regen/kernels/cpu/lowp_blocks.h"
 #include "regen/kernels/kernels.h"
 
 namespace regen::cpu {
@@ -81,12 +85,41 @@ void upsample2x_nearest_backward(const T* dy, T* dx, int64_t NC, int64_t H, int6
       const T* top = dy + (i * 2 * H + 2 * h) * W2;
       const T* bottom = top + W2;
       T* out = dx + (i * H + h) * W;
+      if constexpr (is_half_v<T>) {
+        if (W2 <= lowp::kRowMax) {
+          float t[lowp::kRowMax], b[lowp::kRowMax], o[lowp::kRowMax / 2];
+          convert::widen_span(top, t, W2);
+          convert::widen_span(bottom, b, W2);
+          for (int64_t w = 0; w < W; ++w) {
+            o[w] = (t[2 * w] + t[2 * w + 1]) + (b[2 * w] + b[2 * w + 1]);
+          }
+          convert::narrow_span(o, out, W);
+          continue;
+        }
+      }
       for (int64_t w = 0; w < W; ++w) {
         out[w] = T((A(top[2 * w]) + A(top[2 * w + 1])) + (A(bottom[2 * w]) + A(bottom[2 * w + 1])));
       }
     }
   }
 }
+
+namespace {
+// Output row `out` (2W) of bilinear upsampling from input rows r0, r1 (W) with row weights lh0,
+// lh1. R: the element type of the input rows (16 bits, or f32 for widened rows), O: of the output
+// row.
+template <class A, class R, class O>
+inline void bilinear_row(const R* r0, const R* r1, A lh0, A lh1, O* out, int64_t W) {
+  for (int64_t ow = 0; ow < 2 * W; ++ow) {
+    int64_t w0, w1;
+    A lw1;
+    source(ow, W, w0, w1, lw1);
+    const A lw0 = A(1) - lw1;
+    out[ow] =
+        O(lh0 * (lw0 * A(r0[w0]) + lw1 * A(r0[w1])) + lh1 * (lw0 * A(r1[w0]) + lw1 * A(r1[w1])));
+  }
+}
+}  // namespace
 
 template <class T>
 void upsample2x_bilinear_forward(const T* x, T* y, int64_t NC, int64_t H, int64_t W) {
@@ -103,17 +136,42 @@ void upsample2x_bilinear_forward(const T* x, T* y, int64_t NC, int64_t H, int64_
       const T* r0 = in + h0 * W;
       const T* r1 = in + h1 * W;
       T* out = y + (i * H2 + oh) * W2;
-      for (int64_t ow = 0; ow < W2; ++ow) {
-        int64_t w0, w1;
-        A lw1;
-        source(ow, W, w0, w1, lw1);
-        const A lw0 = A(1) - lw1;
-        out[ow] = T(lh0 * (lw0 * A(r0[w0]) + lw1 * A(r0[w1])) +
-                    lh1 * (lw0 * A(r1[w0]) + lw1 * A(r1[w1])));
+      if constexpr (is_half_v<T>) {
+        if (W2 <= lowp::kRowMax) {
+          float a[lowp::kRowMax / 2], b[lowp::kRowMax / 2], o[lowp::kRowMax];
+          convert::widen_span(r0, a, W);
+          convert::widen_span(r1, b, W);
+          bilinear_row<A>(a, b, lh0, lh1, o, W);
+          convert::narrow_span(o, out, W2);
+          continue;
+        }
       }
+      bilinear_row<A>(r0, r1, lh0, lh1, out, W);
     }
   }
 }
+
+namespace {
+// Input row `out` (W) of bilinear upsampling's backward: each element gathers the gradient rows
+// rows[0, nh) (2W each; weights wh) over the outputs that read it.
+template <class A, class R, class O>
+inline void bilinear_gather_row(const R* const (&rows)[4], int nh, const A (&wh)[4], O* out,
+                                int64_t W) {
+  for (int64_t w = 0; w < W; ++w) {
+    int64_t ow0;
+    A ww[4];
+    const int nw = readers(w, W, ow0, ww);
+    A acc = A(0);
+    for (int a = 0; a < nh; ++a) {
+      const R* row = rows[a] + ow0;
+      A part = A(0);
+      for (int b = 0; b < nw; ++b) part += ww[b] * A(row[b]);
+      acc += wh[a] * part;
+    }
+    out[w] = O(acc);
+  }
+}
+}  // namespace
 
 template <class T>
 void upsample2x_bilinear_backward(const T* dy, T* dx, int64_t NC, int64_t H, int64_t W) {
@@ -126,19 +184,19 @@ void upsample2x_bilinear_backward(const T* dy, T* dx, int64_t NC, int64_t H, int
       int64_t oh0;
       A wh[4];
       const int nh = readers(h, H, oh0, wh);
-      for (int64_t w = 0; w < W; ++w) {
-        int64_t ow0;
-        A ww[4];
-        const int nw = readers(w, W, ow0, ww);
-        A acc = A(0);
-        for (int a = 0; a < nh; ++a) {
-          const T* row = g + (oh0 + a) * W2 + ow0;
-          A part = A(0);
-          for (int b = 0; b < nw; ++b) part += ww[b] * A(row[b]);
-          acc += wh[a] * part;
+      if constexpr (lowp::kBlocksFor<T>) {
+        if (W2 <= lowp::kRowMax) {
+          float rows[4][lowp::kRowMax], o[lowp::kRowMax / 2];
+          for (int a = 0; a < nh; ++a) convert::widen_span(g + (oh0 + a) * W2, rows[a], W2);
+          const float* r[4] = {rows[0], rows[1], rows[2], rows[3]};
+          bilinear_gather_row<A>(r, nh, wh, o, W);
+          convert::narrow_span(o, dx + (i * H + h) * W, W);
+          continue;
         }
-        dx[(i * H + h) * W + w] = T(acc);
       }
+      const T* r[4] = {};
+      for (int a = 0; a < nh; ++a) r[a] = g + (oh0 + a) * W2;
+      bilinear_gather_row<A>(r, nh, wh, dx + (i * H + h) * W, W);
     }
   }
 }
