@@ -23,6 +23,9 @@ constexpr size_t kMaxStages = 96;
 // ones are always held.
 constexpr double kCheapToHold = 1.0 / 16;
 constexpr int kMaxEnumerated = 10;
+// The options (held subsets) a stage offers the programme at most: its choice codes must stay
+// below kCutBase (the programme's, below) with every backward mode.
+constexpr int kMaxStageOptions = 80;
 // Weights of bytes against time that pick the holds (classes 1..) of every stage.
 constexpr double kHoldWeights[] = {0.25, 1.0, 4.0};
 // Shares of a stage's bytes that pick the other holds.
@@ -411,6 +414,17 @@ void describe_stage(const Profile& p, const Levels& L, const NodeWindows& W,
     }
     chosen.push_back(x);
   }
+  // The programme codes a choice as option * kBackwardModes + mode below kCutBase: a long front
+  // (a large merged stage) is thinned to evenly spaced options, the first (fewest bytes held) and
+  // the last (the whole interior) always kept.
+  const size_t max_options = static_cast<size_t>(kMaxStageOptions);
+  if (chosen.size() > max_options) {
+    std::vector<const Subset*> thin;
+    for (size_t i = 0; i < max_options; ++i) {
+      thin.push_back(chosen[i * (chosen.size() - 1) / (max_options - 1)]);
+    }
+    chosen = std::move(thin);
+  }
   for (const Subset* x : chosen) {
     ChainOption o;
     o.keep = x->keep;
@@ -730,6 +744,8 @@ constexpr float kInf = std::numeric_limits<float>::infinity();
 constexpr int16_t kNone = -1;
 constexpr int16_t kCutBase =
     512;  // choice codes: option * kBackwardModes + backward mode (< kCutBase), or cuts
+static_assert(kMaxStageOptions * static_cast<int>(kBackwardModes) < kCutBase,
+              "a stage's options must fit the programme's choice codes");
 
 class Programme {
  public:

@@ -354,7 +354,10 @@ Profile dry_profile_of(const ModelConfig& config, int64_t batch, const EstimateO
   const Device cpu = Device::cpu();
   kernels::prepare_device(cpu);
   std::shared_ptr<const PackedSaves> packed;
-  if (o.masks) packed = std::make_shared<const PackedSaves>(learn_packed_saves(config, batch, cpu));
+  if (o.masks) {
+    packed =
+        std::make_shared<const PackedSaves>(learn_packed_saves(config, batch, cpu, o.precision));
+  }
   DryRunScope scope(cpu);
   Profile p;
   try {
@@ -369,6 +372,7 @@ Profile dry_profile_of(const ModelConfig& config, int64_t batch, const EstimateO
     }
     std::unique_ptr<DataSource> data = make_shape_source(config);
     Trainer trainer(*model, *optimizer, *data, batch, cpu);
+    trainer.set_precision(o.precision);
     trainer.set_packed_saves(packed);
     ProfileOptions po;
     po.warmup = 0;

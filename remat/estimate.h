@@ -12,6 +12,7 @@
 #include <memory>
 #include <string>
 
+#include "regen/autograd/precision.h"
 #include "regen/models/model.h"
 #include "regen/models/optim.h"
 #include "regen/remat/profile.h"
@@ -30,6 +31,8 @@ struct EstimateOptions {
   // Packed saves (SessionOptions::masks): relu's 1-bit masks and max_pool2d's packed argmax where
   // the step keeps them (autograd/tape.h PackedSaves).
   bool masks = true;
+  // The precision the step trains in (dry_profile only: the closed forms count an fp32 step).
+  Precision precision = Precision::fp32;
 };
 
 // Bytes of one step, by term. The closed forms count requested bytes (elements x element size);

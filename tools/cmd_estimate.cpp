@@ -48,6 +48,12 @@ void run(const Flags& f) {
   o.momentum = f.m.momentum;
   o.masks = f.m.masks;
   o.policy = parse_estimate_policy(f.policy);
+  o.precision = resolve_precision(f.m, Device::cpu());
+  // The closed forms count an fp32 step; a mixed precision's terms come from its dry run.
+  const bool closed = !is_mixed(o.precision);
+  REGEN_CHECK(closed || f.compare, "--precision ", precision_name(o.precision),
+              ": the closed forms count an fp32 step; pass --compare for the exact terms of a ",
+              precision_name(o.precision), " step from its dry run");
   if (!f.csv.empty()) check_distinct_files({{"--csv", f.csv}}, data_inputs(f.m));
   // A size refused (bytes past what 64-bit counts hold, a dry run too long) is named by its flags.
   std::string sizes = "--batch " + std::to_string(f.m.batch);
@@ -58,13 +64,13 @@ void run(const Flags& f) {
   }
   MemoryTerms est, exact;
   try {
-    est = estimate_memory(c, f.m.batch, o);
+    if (closed) est = estimate_memory(c, f.m.batch, o);
     if (f.compare) exact = measure_memory_terms(dry_profile(c, f.m.batch, o), o.policy);
   } catch (const Error& e) {
     REGEN_FAIL(sizes, ": ", e.message());
   }
-  std::printf("estimate of one training step of %s; %s%s; policy %s (%s)\n",
-              describe(c, f.m.batch).c_str(), o.optimizer.c_str(),
+  std::printf("estimate of one training step of %s; precision %s; %s%s; policy %s (%s)\n",
+              describe(c, f.m.batch).c_str(), precision_name(o.precision), o.optimizer.c_str(),
               o.optimizer == "sgd" ? (" momentum " + fmt_g(o.momentum)).c_str() : "",
               estimate_policy_name(o.policy),
               o.policy == EstimatePolicy::none ? "every saved activation held"
@@ -86,20 +92,21 @@ void run(const Flags& f) {
          "exact_bytes,error_pct\n";
   for (const auto& [name, member] : terms) {
     const int64_t a = est.*member;
-    std::printf("  %-16s %14s", name, format_bytes(a).c_str());
+    std::printf("  %-16s %14s", name, closed ? format_bytes(a).c_str() : "-");
     std::string err;
     if (f.compare) {
       const int64_t b = exact.*member;
       char buf[32];
       std::snprintf(buf, sizeof buf, "%+.1f%%", b != 0 ? 100.0 * double(a - b) / double(b) : 0.0);
-      err = b != 0 ? buf : (a == 0 ? "0" : "-");
+      err = !closed ? "-" : b != 0 ? buf : (a == 0 ? "0" : "-");
       std::printf(" %14s %9s", format_bytes(b).c_str(), err.c_str());
     }
     std::printf("\n");
     csv << c.name << "," << estimate_arch_name(estimate_arch(c)) << "," << f.m.batch << ","
         << (estimate_arch(c) == EstimateArch::resnet ? c.image_size : 0) << ","
         << (estimate_arch(c) == EstimateArch::transformer ? c.seq_len : 0) << ","
-        << estimate_policy_name(o.policy) << "," << o.optimizer << "," << name << "," << a << ","
+        << estimate_policy_name(o.policy) << "," << o.optimizer << "," << name << ","
+        << (closed ? std::to_string(a) : "") << ","
         << (f.compare ? std::to_string(exact.*member) : "") << ","
         << (f.compare && !err.empty() && err != "-" ? err.substr(0, err.size() - 1) : "") << "\n";
   }
