@@ -27,7 +27,10 @@ int64_t top1_hits(const Tensor& logits, const Tensor& target) {
                                          f.push_back(static_cast<float>(d));
                                        return f;
                                      }()
-                                   : logits.to_vector<float>();
+                                   : is_low_precision(logits.dtype())
+                                         // A mixed precision's 16-bit scores, widened exactly.
+                                         ? logits.to(DType::f32).to_vector<float>()
+                                         : logits.to_vector<float>();
   const std::vector<int64_t> t = target.to_vector<int64_t>();
   int64_t hits = 0;
   for (size_t r = 0; r < t.size(); ++r) {

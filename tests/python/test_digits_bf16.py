@@ -76,19 +76,10 @@ def test_resnet_tiny_bf16_on_digits_within_torch_autocast_spread(tmp_path):
     pytest.importorskip("sklearn", reason="the digits come from python3-sklearn")
     train, test = write_digits_cifar(str(tmp_path))
     assert (train, test) == (1297, 500)
-    try:
-        m = regen.Model("resnet-tiny", batch=BATCH, device="cpu", image_size=32, num_classes=10,
-                        data="cifar10:" + str(tmp_path), lr=LR, momentum=MOMENTUM,
-                        weight_decay=WD, lr_schedule="cosine", warmup_steps=WARMUP,
-                        schedule_steps=STEPS, eval_batch=100, precision="bf16")
-    except regen.Error as e:
-        # 2026-11-28, main after amp-core: resnet-tiny's bf16 step stops in conv2d ("dtype
-        # mismatch between bf16[16, 8, 8, 8] and f32[8, 8, 1, 1]": the weight is not cast). Until
-        # the ResNet's ops take bf16 under autocast, this is an expected failure; once they do,
-        # the comparison below runs in full.
-        if "dtype mismatch" in str(e) or "no 16-bit path" in str(e):
-            pytest.xfail(f"resnet-tiny does not train in bf16 yet: {e}")
-        raise
+    m = regen.Model("resnet-tiny", batch=BATCH, device="cpu", image_size=32, num_classes=10,
+                    data="cifar10:" + str(tmp_path), lr=LR, momentum=MOMENTUM, weight_decay=WD,
+                    lr_schedule="cosine", warmup_steps=WARMUP, schedule_steps=STEPS, eval_batch=100,
+                    precision="bf16")
     state, _ = regen.load_safetensors(FIXTURE)
     m.load_state_dict({k: v for k, v in state.items() if k in m.state_dict()})
     early = [m.step().loss for _ in TORCH_BF16_FIRST_LOSSES]
