@@ -120,7 +120,7 @@ void SessionOptions::validate() const {
   check_precision(*this);
   if ((precision == "bf16" || precision == "fp16") && compress != "none") {
     const bool kw = style == OptionStyle::keyword;
-    REGEN_FAIL(name("compress"), " ", kw ? "'" + compress + "'" : compress, " with ",
+    REGEN_FAIL(option_setting("compress", kw ? "'" + compress + "'" : compress, style), " with ",
                option_setting("precision", kw ? "'" + precision + "'" : precision, style),
                ": under a mixed precision the ops that save most (convolutions, GEMMs, attention) "
                "already save 16-bit copies, and compressing the rest is not supported yet; drop ",
