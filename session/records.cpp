@@ -69,6 +69,11 @@ const std::map<std::string, std::string>& flags_before_recorded() {
 }
 }  // namespace
 
+std::string profile_precision(const Profile& p) {
+  const auto precision = p.run.find("--precision");
+  return precision != p.run.end() ? precision->second : profile_math(p);
+}
+
 std::string profile_math(const Profile& p) {
   const auto precision = p.run.find("--precision");
   if (precision != p.run.end()) return precision->second == "tf32" ? "tf32" : "fp32";

@@ -22,5 +22,8 @@ void check_profile_run(const Profile& p, const SessionOptions& o, const std::str
 // The math mode a profile's steps ran with: its --math (fp32 on the CPU), or its --tf32 on|off
 // (CUDA profiles written before --math), else fp32 (profiles from before either was recorded).
 std::string profile_math(const Profile& p);
+// The precision a profile's steps ran in: its --precision, else its math mode (profiles from
+// before --precision ran in fp32 or tf32).
+std::string profile_precision(const Profile& p);
 
 }  // namespace regen

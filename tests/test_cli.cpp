@@ -848,7 +848,15 @@ TEST_CASE("cli: bench train prints what it measured and writes --json atomically
   CHECK(has(peer.out,
             "python3 tools/torch_baseline.py --device cpu --threads 2 --model "
             "transformer --batches 1 --seq-len 4 --dropout 0.1 --lr 0.1 --modes eager "
-            "--math fp32 --warmup 0 --steps 1 --csv torch.csv"));
+            "--math fp32 --autocast none --warmup 0 --steps 1 --csv torch.csv"));
+  // In bf16, PyTorch's peer trains under autocast, and a CSV row without autocast is not it.
+  const Result bf16 = regen_run(
+      dir, {"bench", "train", "--model", "transformer", "--seq-len", "4", "--batch", "1",
+            "--warmup", "0", "--steps", "1", "--threads", "2", "--precision", "bf16"});
+  CAPTURE(bf16.err);
+  CHECK(bf16.status == 0);
+  CHECK(has(bf16.out, "precision bf16"));
+  CHECK(has(bf16.out, "--math fp32 --autocast bf16 --warmup 0"));
 }
 
 namespace {
@@ -1189,7 +1197,7 @@ TEST_CASE("cli: --math and --tf32: defaults, conflicts, the CPU, and the math co
   const Result bench = regen_run(dir, {"bench", "train", "--model", "transformer-tiny", "--batch",
                                        "2", "--warmup", "0", "--steps", "1", "--device", "cpu"});
   REQUIRE(bench.status == 0);
-  CHECK(has(bench.out, "math fp32"));
+  CHECK(has(bench.out, "precision fp32"));
   const std::string ops_json = dir.file("ops.json");
   const Result ops = regen_run(
       dir, {"bench", "ops", "--only", "gemm 256x3136x64", "--repeats", "1", "--json", ops_json});

@@ -27,9 +27,10 @@ struct Flags {
 };
 
 // The eager step time (s) of `model` at `batch` in torch_baseline.py's CSV (columns model,
-// batch, mode, math, step_s, peak_bytes, error), or 0 when the file has no such row.
+// batch, mode, math, step_s, ..., autocast), trained under `autocast` (none, bf16 or fp16), or 0
+// when the file has no such row.
 double torch_step_seconds(const std::string& path, const std::string& model, int64_t batch,
-                          const std::string& math) {
+                          const std::string& math, const std::string& autocast) {
   std::istringstream in(read_file(path));
   std::string line;
   std::getline(in, line);
@@ -44,6 +45,9 @@ double torch_step_seconds(const std::string& path, const std::string& model, int
         cells[2] != "eager" || cells[3] != math || cells[4].empty()) {
       continue;
     }
+    // The autocast column (14th; files written before it trained without autocast).
+    const std::string ac = cells.size() > 13 && !cells[13].empty() ? cells[13] : "none";
+    if (ac != autocast) continue;
     return std::stod(cells[4]);
   }
   return 0;
@@ -53,7 +57,7 @@ double torch_step_seconds(const std::string& path, const std::string& model, int
 // it has no equivalent (it builds the presets with their default classes and vocabulary and
 // trains with SGD, momentum 0.9).
 std::string torch_baseline_command(const Flags& f, const ModelConfig& c, Device device, int threads,
-                                   const std::string& math) {
+                                   const std::string& math, const std::string& autocast) {
   // tools/torch_baseline.py's models, by name.
   const bool resnet = c.name == "resnet18" || c.name == "resnet34" || c.name == "resnet50" ||
                       c.name == "resnet101" || c.name == "resnet152";
@@ -67,12 +71,12 @@ std::string torch_baseline_command(const Flags& f, const ModelConfig& c, Device 
   char buf[512];
   std::snprintf(buf, sizeof buf,
                 "python3 tools/torch_baseline.py --device %s --threads %d --model %s --batches "
-                "%lld %s %d%s --lr %g --modes eager --math %s --warmup %d --steps %d --csv "
-                "torch.csv",
+                "%lld %s %d%s --lr %g --modes eager --math %s --autocast %s --warmup %d --steps %d "
+                "--csv torch.csv",
                 device.is_cpu() ? "cpu" : "cuda", threads, c.name.c_str(),
                 static_cast<long long>(f.m.batch), resnet ? "--image-size" : "--seq-len",
                 static_cast<int>(resnet ? c.image_size : c.seq_len), dropout, f.m.lr, math.c_str(),
-                f.warmup, f.steps);
+                autocast.c_str(), f.warmup, f.steps);
   return buf;
 }
 
@@ -91,8 +95,13 @@ void run(Flags f) {
     inputs.emplace_back("--torch-csv", f.torch_csv);
     check_distinct_files({{"--json", f.json}}, inputs);
   }
-  f.m.math = math_mode(f.m, resolve_device(f.m.device), kBenchMath);
-  const std::string& math = f.m.math;
+  // The precision (TF32 by default on a GPU: kBenchMath); its math mode names PyTorch's peer run,
+  // and a mixed precision runs the peer under autocast.
+  const Device device = resolve_device(f.m.device);
+  const Precision precision = resolve_precision(f.m, device, kBenchMath);
+  if (f.m.precision.empty()) f.m.math = math_mode(f.m, device, kBenchMath);
+  const std::string math = precision == Precision::tf32 ? "tf32" : "fp32";
+  const std::string autocast = is_mixed(precision) ? precision_name(precision) : "none";
   auto s = make_session(f.m);
   const ModelConfig& c = s->config;
   const int threads = omp_get_max_threads();
@@ -116,9 +125,10 @@ void run(Flags f) {
              option_setting(o.key, option_value_text(o, o.get(c)), OptionStyle::flag);
   }
   if (shape.empty()) shape = "the preset's sizes";
-  std::printf("bench train: %s batch %lld, %s, on %s, %d threads, math %s (regen, %s lr %g)\n",
+  std::printf("bench train: %s batch %lld, %s, on %s, %d threads, precision %s (regen, %s lr %g)\n",
               c.name.c_str(), static_cast<long long>(f.m.batch), shape.c_str(),
-              s->device.str().c_str(), threads, math.c_str(), f.m.optimizer.c_str(), f.m.lr);
+              s->device.str().c_str(), threads, precision_name(precision), f.m.optimizer.c_str(),
+              f.m.lr);
   std::printf("  step time: median %s, min %s, max %s over %d timed steps after %d warm-up\n",
               format_ms(med).c_str(), format_ms(lo).c_str(), format_ms(hi).c_str(), f.steps,
               f.warmup);
@@ -127,16 +137,17 @@ void run(Flags f) {
 
   double torch_s = 0;
   if (!f.torch_csv.empty()) {
-    torch_s = torch_step_seconds(f.torch_csv, c.name, f.m.batch, math);
+    torch_s = torch_step_seconds(f.torch_csv, c.name, f.m.batch, math, autocast);
     if (torch_s > 0) {
       std::printf("  PyTorch (%s): median step %s; regen / PyTorch = %.2f\n", f.torch_csv.c_str(),
                   format_ms(torch_s * 1000).c_str(), med / 1000 / torch_s);
     } else {
-      std::printf("  PyTorch: %s has no eager %s row for %s batch %lld\n", f.torch_csv.c_str(),
-                  math.c_str(), c.name.c_str(), static_cast<long long>(f.m.batch));
+      std::printf("  PyTorch: %s has no eager %s row (autocast %s) for %s batch %lld\n",
+                  f.torch_csv.c_str(), math.c_str(), autocast.c_str(), c.name.c_str(),
+                  static_cast<long long>(f.m.batch));
     }
   } else {
-    const std::string peer = torch_baseline_command(f, c, s->device, threads, math);
+    const std::string peer = torch_baseline_command(f, c, s->device, threads, math, autocast);
     if (!peer.empty()) {
       std::printf(
           "  PyTorch on the same model, batch and threads: %s (then --torch-csv torch.csv "
@@ -159,6 +170,7 @@ void run(Flags f) {
     };
     j << "{\n  \"tool\": \"regen bench train\",\n  \"model\": " << json_string(c.name)
       << ",\n  \"batch\": " << f.m.batch << ",\n  \"math\": \"" << math
+      << "\",\n  \"precision\": \"" << precision_name(precision)
       << "\",\n  \"device\": " << json_string(s->device.str()) << ",\n  \"threads\": " << threads
       << ",\n";
     for (const ModelOption& o : options) {

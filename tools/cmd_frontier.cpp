@@ -520,7 +520,7 @@ void run(Flags f, const Given& given) {
   PlanCache cache(sim);
   Context c;
   c.profile = &profile;
-  c.math = profile_math(profile);
+  c.math = profile_precision(profile);  // fp32, tf32, bf16 or fp16
   PlanOptions none_options;
   none_options.budget_of = parse_budget_of(f.plan.budget_of);
   none_options.cache = &cache;

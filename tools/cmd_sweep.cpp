@@ -88,7 +88,8 @@ void run(const Flags& f) {
   for (const std::string& b : budgets) Budget::parse(b);  // fails early on a bad budget
   // Every batch's session options checked before any work (make_session checks them again).
   for (int64_t batch : batches) at_batch(f.m, batch).validate();
-  const std::string math = math_mode(f.m, resolve_device(f.m.device));
+  // The precision (fp32 or tf32: the math mode; or bf16, fp16), in the tables' math column.
+  const std::string math = precision_name(resolve_precision(f.m, resolve_device(f.m.device)));
   // The flags are right: the folder now. A second sweep into it stops here; a failed sweep leaves
   // it as it was (every output is committed together at the end, and a folder it made is removed).
   std::optional<OutputFolder> out_folder;  // under mpirun, rank 0's
