@@ -332,84 +332,43 @@ void print_remat_summary(const RematPipeline& pipe, const TrainingStats& st, Dev
   }
 }
 
-void run(const TrainFlags& f) {
-  REGEN_CHECK(f.steps > 0, "--steps must be a positive integer, got ", f.steps);
-  // Under mpirun each rank has its own data position (and, under ZeRO, optimizer shard): a
-  // training state is one process's (session/checkpoint.h save_training_state refuses it too).
-  REGEN_CHECK(!dist::world().distributed() || (f.save_state.empty() && f.resume.empty()),
-              f.save_state.empty() ? "--resume" : "--save-state",
-              ": a training state under mpirun is not supported yet (each rank has its own "
-              "data position and, under ZeRO, its own optimizer shard); save weights with --save, "
-              "or train in one process");
-  // Mistakes in the outputs fail now, not after the last step.
-  // --save may name the --load file: the checkpoint is read whole before the first step and
-  // replaced atomically after the last, so training on from a checkpoint in place is safe; so may
-  // --save-state name the --resume file.
-  {
-    std::vector<std::pair<std::string, std::string>> outputs;
-    if (!f.save.empty()) outputs.emplace_back("--save", f.save);
-    if (!f.save_state.empty()) outputs.emplace_back("--save-state", f.save_state);
-    if (!f.log.empty()) outputs.emplace_back("--log", f.log);
-    std::vector<std::pair<std::string, std::string>> inputs = data_inputs(f.m);
-    inputs.insert(inputs.end(), {{"--profile", f.profile_file}, {"--plan", f.plan_file}});
-    if (!outputs.empty()) check_distinct_files(outputs, inputs);
-    // --load and --resume against every output but the one that may replace them in place.
-    for (const auto& [input, in_place] :
-         {std::make_pair(std::string("--load"), std::string("--save")),
-          std::make_pair(std::string("--resume"), std::string("--save-state"))}) {
-      const std::string& path = input == "--load" ? f.load : f.resume;
-      if (path.empty()) continue;
-      std::vector<std::pair<std::string, std::string>> others;
-      for (const auto& out : outputs) {
-        if (out.first != in_place) others.push_back(out);
-      }
-      if (!others.empty()) check_distinct_files(others, {{input, path}});
+// What the device reported before the steps (CUDA; known false on the CPU).
+struct DeviceMemoryBefore {
+  bool known = false;
+  uint64_t free = 0, total = 0;
+};
+
+// Mistakes in the outputs fail now, not after the last step.
+// --save may name the --load file: the checkpoint is read whole before the first step and
+// replaced atomically after the last, so training on from a checkpoint in place is safe; so may
+// --save-state name the --resume file.
+void check_output_files(const TrainFlags& f) {
+  std::vector<std::pair<std::string, std::string>> outputs;
+  if (!f.save.empty()) outputs.emplace_back("--save", f.save);
+  if (!f.save_state.empty()) outputs.emplace_back("--save-state", f.save_state);
+  if (!f.log.empty()) outputs.emplace_back("--log", f.log);
+  std::vector<std::pair<std::string, std::string>> inputs = data_inputs(f.m);
+  inputs.insert(inputs.end(), {{"--profile", f.profile_file}, {"--plan", f.plan_file}});
+  if (!outputs.empty()) check_distinct_files(outputs, inputs);
+  // --load and --resume against every output but the one that may replace them in place.
+  for (const auto& [input, in_place] :
+       {std::make_pair(std::string("--load"), std::string("--save")),
+        std::make_pair(std::string("--resume"), std::string("--save-state"))}) {
+    const std::string& path = input == "--load" ? f.load : f.resume;
+    if (path.empty()) continue;
+    std::vector<std::pair<std::string, std::string>> others;
+    for (const auto& out : outputs) {
+      if (out.first != in_place) others.push_back(out);
     }
+    if (!others.empty()) check_distinct_files(others, {{input, path}});
   }
-  // With a loaded profile, no step without remat runs here: its plan's prediction is checked
-  // against the device below; otherwise the profiling step must fit as it is.
-  // --compress holds what a plan retains narrow: a run with it profiles and plans (none at least).
-  const bool remat = f.plan.plans() || !f.plan_file.empty() || f.m.compress != "none";
-  const bool planned_only = remat && !f.profile_file.empty();
-  SessionOptions options = f.m;
-  // The cosine schedule spans the run's steps unless told otherwise.
-  if (options.schedule_steps == 0 && options.lr_schedule == "cosine")
-    options.schedule_steps = f.steps;
-  if (!f.log.empty()) options.grad_norm = true;  // the log has a column for it
-  auto s = make_session(options, planned_only ? Preflight::model : Preflight::step);
-  const int threads = omp_get_max_threads();
+}
+
+// The run's first lines: the model, device, precision and data, then the training loop's
+// settings that are not the defaults.
+void print_header(const TrainFlags& f, const Session& session, int64_t examples, int threads) {
+  const Session* s = &session;
   const std::string math = precision_name(s->precision);
-  if (!f.load.empty()) {
-    const size_t n = load_checkpoint(*s, f.load);
-    std::printf("loaded %s (%zu tensors)\n", f.load.c_str(), n);
-  }
-  int64_t start = 0;  // optimizer steps already taken (a resumed run)
-  std::string resumed_plan;
-  if (!f.resume.empty()) {
-    const std::map<std::string, std::string> meta = resume_training_state(*s, f.resume);
-    start = s->trainer->optimizer_steps();
-    REGEN_CHECK(start < f.steps, "--resume ", f.resume, " is at step ", start,
-                " already: --steps (", f.steps,
-                ") counts every step of the run, so it must be more");
-    const auto plan = meta.find("plan");
-    resumed_plan = plan == meta.end() ? "no plan" : plan->second;
-    std::printf("resumed %s at step %lld (data at %s; its steps ran under %s)\n", f.resume.c_str(),
-                static_cast<long long>(start),
-                s->data->position().empty() ? "its start" : s->data->position().c_str(),
-                resumed_plan.c_str());
-  }
-  std::unique_ptr<MetricsLog> log;
-  // Under mpirun rank 0 writes the log.
-  if (!f.log.empty() && output_rank()) {
-    log = std::make_unique<MetricsLog>(f.log, /*append=*/start > 0);
-  }
-  // The library's training loop, through the pipeline (a profile and plan under remat below).
-  RematPipeline pipe(*s->trainer);
-  TrainingRunOptions ro;
-  ro.scan_every = progress_every(f.steps);  // on the CPU, at each progress line
-  TrainingRun training(*s, pipe, ro);
-  // Per optimizer step, every rank's under mpirun.
-  const int64_t examples = training.examples_per_step();
   std::printf(
       "training %s (%lld parameters) on %s, precision %s, %d threads: batch %lld, %lld steps, "
       "%s lr %g; data: %s\n",
@@ -445,68 +404,65 @@ void run(const TrainFlags& f) {
     }
     std::printf("%s", loop.c_str());
   }
-  // Data parallelism under mpirun: each rank's batch is --batch; samples/s count every rank's.
-  dist::World& world = dist::world();
-  const auto* dp = dynamic_cast<const dist::DataParallel*>(s->sync.get());
-  if (dp != nullptr) print_data_parallel(*dp, f.m, world);
-  std::fflush(stdout);
+}
 
-  // What the device reports before training (CUDA): set beside the allocator's reserved bytes.
-  uint64_t free_before = 0, total_mem = 0;
-  const bool device_info = cuda_memory_info(s->device, free_before, total_mem);
-
-  // The run's console and metrics log: an observer of the library's training loop.
-  ConsoleObserver console(f, log.get(), dp, examples, world);
-  training.observe(console);
-  // Remat: a profile (measured now, or loaded) and a plan, run by the pipeline.
+// Remat: a profile (measured now, or loaded from --profile) and a plan (made now, or loaded from
+// --plan), installed in the pipeline and checked before the first planned step. Returns the steps
+// the profiling took (0 with a loaded profile).
+int64_t prepare_remat(const TrainFlags& f, const SessionOptions& options, Session& session,
+                      RematPipeline& pipe, TrainingRun& training, int64_t start) {
+  Session* s = &session;
   int64_t done = 0;
-  if (remat) {
-    REGEN_CHECK(!f.profile_file.empty() || start + std::max(1, f.profile_steps) < f.steps,
-                "--steps ", f.steps, " leaves no step to run under the plan after step ", start,
-                " and ", std::max(1, f.profile_steps),
-                " profiling step(s): raise --steps, lower --profile-steps or pass --profile");
-    if (!f.profile_file.empty()) {
-      Profile loaded = load_profile(f.profile_file);
-      REGEN_CHECK(loaded.model == f.m.model && loaded.batch == f.m.batch &&
-                      loaded.device == s->device.str(),
-                  "--profile ", f.profile_file, " is for ", loaded.model, " batch ", loaded.batch,
-                  " on ", loaded.device, ", not ", f.m.model, " batch ", f.m.batch, " on ",
-                  s->device.str());
-      check_profile_run(loaded, options, "--profile " + f.profile_file);
-      pipe.use_profile(std::move(loaded));
-    } else {
-      ProfileOptions po;
-      po.warmup = 0;
-      po.iterations = std::max(1, f.profile_steps);
-      po.model_name = f.m.model;
-      // The profiling steps train too: they are in the log (not in the summary, which is the
-      // plan's).
-      std::printf("profiling %d step(s) without remat...\n", po.iterations);
-      training.profile(po);
-      done = po.iterations;
-    }
-    const Profile& profile = pipe.current_profile();
-    if (!f.plan_file.empty()) {
-      Plan loaded = load_plan(f.plan_file, profile);
-      REGEN_CHECK(!f.layout_given || (f.plan.layout == "planned") == loaded.planned_layout,
-                  "--layout ", f.plan.layout, " contradicts --plan ", f.plan_file,
-                  ", which was made ", loaded.planned_layout ? "with" : "without",
-                  " a planned layout (regen plan --layout): leave --layout out, the plan "
-                  "carries its own");
-      judge_loaded_plan(pipe.simulator(), loaded);
-      pipe.use_plan(std::move(loaded));
-    } else {
-      pipe.plan(f.plan.policy, f.plan.budget, f.plan.options(&profile));
-    }
-    print_plan(pipe.current_plan(), profile, f.m.compress);
-    // A plan that does not fit its budget, or the device, is refused now (with the simulated
-    // numbers) rather than found out by an out-of-memory error in the middle of a step.
-    training.check_plan();
-    print_plan_placement(pipe.current_plan());
+  REGEN_CHECK(!f.profile_file.empty() || start + std::max(1, f.profile_steps) < f.steps, "--steps ",
+              f.steps, " leaves no step to run under the plan after step ", start, " and ",
+              std::max(1, f.profile_steps),
+              " profiling step(s): raise --steps, lower --profile-steps or pass --profile");
+  if (!f.profile_file.empty()) {
+    Profile loaded = load_profile(f.profile_file);
+    REGEN_CHECK(
+        loaded.model == f.m.model && loaded.batch == f.m.batch && loaded.device == s->device.str(),
+        "--profile ", f.profile_file, " is for ", loaded.model, " batch ", loaded.batch, " on ",
+        loaded.device, ", not ", f.m.model, " batch ", f.m.batch, " on ", s->device.str());
+    check_profile_run(loaded, options, "--profile " + f.profile_file);
+    pipe.use_profile(std::move(loaded));
+  } else {
+    ProfileOptions po;
+    po.warmup = 0;
+    po.iterations = std::max(1, f.profile_steps);
+    po.model_name = f.m.model;
+    // The profiling steps train too: they are in the log (not in the summary, which is the
+    // plan's).
+    std::printf("profiling %d step(s) without remat...\n", po.iterations);
+    training.profile(po);
+    done = po.iterations;
   }
-  training.run(f.steps - start - done);
-  const TrainingStats& st = training.stats();
+  const Profile& profile = pipe.current_profile();
+  if (!f.plan_file.empty()) {
+    Plan loaded = load_plan(f.plan_file, profile);
+    REGEN_CHECK(!f.layout_given || (f.plan.layout == "planned") == loaded.planned_layout,
+                "--layout ", f.plan.layout, " contradicts --plan ", f.plan_file,
+                ", which was made ", loaded.planned_layout ? "with" : "without",
+                " a planned layout (regen plan --layout): leave --layout out, the plan "
+                "carries its own");
+    judge_loaded_plan(pipe.simulator(), loaded);
+    pipe.use_plan(std::move(loaded));
+  } else {
+    pipe.plan(f.plan.policy, f.plan.budget, f.plan.options(&profile));
+  }
+  print_plan(pipe.current_plan(), profile, f.m.compress);
+  // A plan that does not fit its budget, or the device, is refused now (with the simulated
+  // numbers) rather than found out by an out-of-memory error in the middle of a step.
+  training.check_plan();
+  print_plan_placement(pipe.current_plan());
+  return done;
+}
 
+// The summary: losses, the step time and the CPU cores it had, the peaks and what held them, and
+// (CUDA) what the device reports beside the allocator.
+void print_summary(const TrainFlags& f, const Session& session, const TrainingStats& st,
+                   int64_t examples, int threads, const DeviceMemoryBefore& before) {
+  const Session* s = &session;
+  const std::string math = precision_name(s->precision);
   // Summary. The first timed step warms caches and the allocator: the median leaves it out
   // when there are later steps.
   std::printf("\nsummary: %s on %s, batch %lld, %lld steps, precision %s\n", f.m.model.c_str(),
@@ -551,18 +507,93 @@ void run(const TrainFlags& f) {
     }
     std::printf("\n");
   }
-  if (device_info) {
+  if (before.known) {
     uint64_t free_after = 0, total = 0;
     cuda_memory_info(s->device, free_after, total);
     const CachingAllocator& a = allocator_for(s->device);
     std::printf(
         "  device memory (cudaMemGetInfo): %s used of %s before the steps, %s after; the "
         "allocator reserves %s now (peak %s)\n",
-        format_bytes(static_cast<int64_t>(total_mem - free_before)).c_str(),
-        format_bytes(static_cast<int64_t>(total_mem)).c_str(),
+        format_bytes(static_cast<int64_t>(before.total - before.free)).c_str(),
+        format_bytes(static_cast<int64_t>(before.total)).c_str(),
         format_bytes(static_cast<int64_t>(total - free_after)).c_str(),
         format_bytes(a.stats().reserved.current).c_str(), format_bytes(st.peak_reserved).c_str());
   }
+}
+
+void run(const TrainFlags& f) {
+  REGEN_CHECK(f.steps > 0, "--steps must be a positive integer, got ", f.steps);
+  // Under mpirun each rank has its own data position (and, under ZeRO, optimizer shard): a
+  // training state is one process's (session/checkpoint.h save_training_state refuses it too).
+  REGEN_CHECK(!dist::world().distributed() || (f.save_state.empty() && f.resume.empty()),
+              f.save_state.empty() ? "--resume" : "--save-state",
+              ": a training state under mpirun is not supported yet (each rank has its own "
+              "data position and, under ZeRO, its own optimizer shard); save weights with --save, "
+              "or train in one process");
+  check_output_files(f);
+  // With a loaded profile, no step without remat runs here: its plan's prediction is checked
+  // against the device below; otherwise the profiling step must fit as it is.
+  // --compress holds what a plan retains narrow: a run with it profiles and plans (none at least).
+  const bool remat = f.plan.plans() || !f.plan_file.empty() || f.m.compress != "none";
+  const bool planned_only = remat && !f.profile_file.empty();
+  SessionOptions options = f.m;
+  // The cosine schedule spans the run's steps unless told otherwise.
+  if (options.schedule_steps == 0 && options.lr_schedule == "cosine")
+    options.schedule_steps = f.steps;
+  if (!f.log.empty()) options.grad_norm = true;  // the log has a column for it
+  auto s = make_session(options, planned_only ? Preflight::model : Preflight::step);
+  const int threads = omp_get_max_threads();
+  if (!f.load.empty()) {
+    const size_t n = load_checkpoint(*s, f.load);
+    std::printf("loaded %s (%zu tensors)\n", f.load.c_str(), n);
+  }
+  int64_t start = 0;  // optimizer steps already taken (a resumed run)
+  std::string resumed_plan;
+  if (!f.resume.empty()) {
+    const std::map<std::string, std::string> meta = resume_training_state(*s, f.resume);
+    start = s->trainer->optimizer_steps();
+    REGEN_CHECK(start < f.steps, "--resume ", f.resume, " is at step ", start,
+                " already: --steps (", f.steps,
+                ") counts every step of the run, so it must be more");
+    const auto plan = meta.find("plan");
+    resumed_plan = plan == meta.end() ? "no plan" : plan->second;
+    std::printf("resumed %s at step %lld (data at %s; its steps ran under %s)\n", f.resume.c_str(),
+                static_cast<long long>(start),
+                s->data->position().empty() ? "its start" : s->data->position().c_str(),
+                resumed_plan.c_str());
+  }
+  std::unique_ptr<MetricsLog> log;
+  // Under mpirun rank 0 writes the log.
+  if (!f.log.empty() && output_rank()) {
+    log = std::make_unique<MetricsLog>(f.log, /*append=*/start > 0);
+  }
+  // The library's training loop, through the pipeline (a profile and plan under remat below).
+  RematPipeline pipe(*s->trainer);
+  TrainingRunOptions ro;
+  ro.scan_every = progress_every(f.steps);  // on the CPU, at each progress line
+  TrainingRun training(*s, pipe, ro);
+  // Per optimizer step, every rank's under mpirun.
+  const int64_t examples = training.examples_per_step();
+  print_header(f, *s, examples, threads);
+  // Data parallelism under mpirun: each rank's batch is --batch; samples/s count every rank's.
+  dist::World& world = dist::world();
+  const auto* dp = dynamic_cast<const dist::DataParallel*>(s->sync.get());
+  if (dp != nullptr) print_data_parallel(*dp, f.m, world);
+  std::fflush(stdout);
+
+  // What the device reports before training (CUDA): set beside the allocator's reserved bytes.
+  DeviceMemoryBefore before;
+  before.known = cuda_memory_info(s->device, before.free, before.total);
+
+  // The run's console and metrics log: an observer of the library's training loop.
+  ConsoleObserver console(f, log.get(), dp, examples, world);
+  training.observe(console);
+  // Remat: a profile (measured now, or loaded) and a plan, run by the pipeline.
+  const int64_t done = remat ? prepare_remat(f, options, *s, pipe, training, start) : 0;
+  training.run(f.steps - start - done);
+  const TrainingStats& st = training.stats();
+
+  print_summary(f, *s, st, examples, threads, before);
   if (pipe.executor() != nullptr) print_remat_summary(pipe, st, s->device, done);
   if (dp != nullptr) {
     print_rank_summary(world, console.comm_steps(), st.peak_allocated, st.peak_reserved, pipe,
