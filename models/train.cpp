@@ -104,6 +104,12 @@ void Trainer::set_optimizer_steps(int64_t n) {
 }
 
 StepResult Trainer::step(StepObserver* observer) {
+  // ZeRO-2 makes the gradients during backward and frees all but this rank's shard of them once
+  // reduced, so there is nothing to accumulate micro-batches into: refused before the step starts.
+  REGEN_CHECK(accumulation_ == 1 || sync_ == nullptr || !sync_->manages_gradients(),
+              "gradient accumulation (", accumulation_,
+              " micro-batches) with gradients sharded across the ranks (ZeRO-2) is not "
+              "supported: shard the optimizer state only (ZeRO-1), or one micro-batch per step");
   prepare();
   CachingAllocator& alloc = allocator();
   kernels::synchronize(device_);
@@ -200,12 +206,6 @@ StepResult Trainer::step(StepObserver* observer) {
     // under them: its buckets reduce the sums, overlapped with its backward (DDP's no_sync). The
     // sync's own allocations (its collectives' scratch) come in the last micro-batch only; the
     // profiler keeps that one and the simulator replays the others without them.
-    // ZeRO-2 makes the gradients during backward and frees all but this rank's shard of them
-    // once reduced, so there is nothing to accumulate into between micro-batches: refused.
-    REGEN_CHECK(sync_ == nullptr || !sync_->manages_gradients(),
-                "gradient accumulation (", accumulation_,
-                " micro-batches) with gradients sharded across the ranks (ZeRO-2) is not "
-                "supported: shard the optimizer state only (ZeRO-1), or one micro-batch per step");
     optimizer_.zero_grad();
     if (sync_) sync_->begin_step();
     const double k = static_cast<double>(accumulation_);

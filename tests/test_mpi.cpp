@@ -257,8 +257,8 @@ TEST_CASE("two ranks: a training state, and accumulation under ZeRO-2, are refus
   INFO(r.out);
   CHECK(r.status != 0);
   CHECK(r.status != 137);
-  CHECK(has(r.out,
-            "--accumulate 2 with --shard gradients (ZeRO-2) under mpirun is not supported: "));
+  CHECK(
+      has(r.out, "--accumulate 2 with --shard gradients (ZeRO-2) under mpirun is not supported: "));
   CHECK(has(r.out, "use --shard optimizer (ZeRO-1) or --accumulate 1"));
   const std::string state = (dir.path / "state.safetensors").string();
   r = mpi_train(2, with(base, {"--save-state", state}));
@@ -303,12 +303,14 @@ TEST_CASE("two ranks with --accumulate 2 and 3 agree with one process at the glo
   for (const std::string k : {"2", "3"}) {
     CAPTURE(k);
     const std::string two_path = dir.file("two_" + k + ".safetensors");
-    const Result two = mpi_train(
-        2, with(base, {"--batch", "2", "--accumulate", k, "--save", two_path}));
+    const Result two =
+        mpi_train(2, with(base, {"--batch", "2", "--accumulate", k, "--save", two_path}));
     INFO(two.out);
     REQUIRE(two.status == 0);
-    CHECK(has(two.out, "data parallel: 2 ranks (mpi collectives on cpu), global batch 4 (2 per "
-                       "rank) x " + k + " micro-batches, reduced once per step"));
+    CHECK(has(two.out,
+              "data parallel: 2 ranks (mpi collectives on cpu), global batch 4 (2 per "
+              "rank) x " +
+                  k + " micro-batches, reduced once per step"));
     const std::string one_path = dir.file("one_" + k + ".safetensors");
     const Result one = run(regen_args(
         with({"train"}, with(base, {"--batch", "4", "--accumulate", k, "--save", one_path}))));
@@ -345,11 +347,17 @@ TEST_CASE("two ranks with --accumulate: each rank measures its predicted peaks o
         CAPTURE(shard);
         CAPTURE(recompute);
         CAPTURE(k);
-        std::vector<std::string> args = {
-            "--model",   "resnet-tiny", "--image-size",  "64",    "--batch",    "8",
-            "--threads", "1",           "--steps",       "5",     "--progress", "none",
-            "--shard",   shard,         "--bucket-size", "64KiB", "--policy",   "dp",
-            "--accumulate", k, "--layout", k == "3" ? "planned" : "caching"};
+        std::vector<std::string> args = {"--model",       "resnet-tiny",
+                                         "--image-size",  "64",
+                                         "--batch",       "8",
+                                         "--threads",     "1",
+                                         "--steps",       "5",
+                                         "--progress",    "none",
+                                         "--shard",       shard,
+                                         "--bucket-size", "64KiB",
+                                         "--policy",      "dp",
+                                         "--accumulate",  k,
+                                         "--layout",      k == "3" ? "planned" : "caching"};
         args = with(args, recompute ? std::vector<std::string>{"--budget", "85%", "--budget-of",
                                                                "allocated"}
                                     : std::vector<std::string>{"--budget", "100%"});
