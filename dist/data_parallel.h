@@ -32,6 +32,13 @@
 // allocator's request sequence is the same at every step and on every rank, the profiler records
 // it, and the simulator predicts each rank's peaks to the byte. Under a dry run (DryRunScope)
 // nothing is communicated and the same blocks are taken.
+//
+// Gradient accumulation (Trainer::set_accumulation): begin_step() once per step, then only the
+// last micro-batch's backward runs under backward_hooks() (DDP's no_sync for the others): the
+// earlier ones add their gradients into the flat buckets locally, and the last one's buckets
+// reduce the sums as its backward finishes them. Its scratch is therefore the only
+// communication-category request of a micro-batch, in the last one only (Profile::accumulate).
+// Not under ZeRO-2 (gradients), whose whole gradients exist only during one backward: refused.
 // docs/distributed.md. Tests: tests/test_dist.cpp, tests/mpi/.
 #pragma once
 

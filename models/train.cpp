@@ -104,6 +104,12 @@ void Trainer::set_optimizer_steps(int64_t n) {
 }
 
 StepResult Trainer::step(StepObserver* observer) {
+  // ZeRO-2 makes the gradients during backward and frees all but this rank's shard of them once
+  // reduced, so there is nothing to accumulate micro-batches into: refused before the step starts.
+  REGEN_CHECK(accumulation_ == 1 || sync_ == nullptr || !sync_->manages_gradients(),
+              "gradient accumulation (", accumulation_,
+              " micro-batches) with gradients sharded across the ranks (ZeRO-2) is not "
+              "supported: shard the optimizer state only (ZeRO-1), or one micro-batch per step");
   prepare();
   CachingAllocator& alloc = allocator();
   kernels::synchronize(device_);
@@ -128,14 +134,16 @@ StepResult Trainer::step(StepObserver* observer) {
     return model_.forward_loss(batch.input, batch.target);
   };
   // Backward from `loss` times `factor` (1/k for k micro-batches) and, in fp16, the loss scale.
-  auto run_backward = [&](const Tensor& loss, double factor) {
+  // `reduce`: under data parallelism, with the sync's hooks (its buckets reduce the gradients as
+  // backward finishes them); without them the gradients only accumulate here, as DDP's no_sync.
+  auto run_backward = [&](const Tensor& loss, double factor, bool reduce) {
     const double seed_value = factor * (scaled ? loss_scale_.scale : 1.0);
     Tensor seed;
     if (seed_value != 1.0) {
       CategoryScope cat(Category::gradient);
       seed = full(loss.shape(), seed_value, loss.dtype(), loss.device());
     }
-    if (sync_) {
+    if (sync_ && reduce) {
       const HooksScope hooks(&sync_->backward_hooks());
       Tape::current().backward(loss, seed);
     } else {
@@ -186,19 +194,20 @@ StepResult Trainer::step(StepObserver* observer) {
     if (sync_) sync_->begin_step();
     Tensor loss = forward(batch);
     r.loss = loss.dtype() == DType::f64 ? loss.item<double>() : loss.item<float>();
-    run_backward(loss, 1.0);
+    run_backward(loss, 1.0, true);
     loss = Tensor();
     update();
     r.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     r.cpu_ms = process_cpu_ms() - cpu0;
     if (observer) observer->on_iteration_end(alloc);
   } else {
-    // The session refuses accumulation under data parallelism (each micro-batch's backward would
-    // reduce its gradients).
-    REGEN_CHECK(sync_ == nullptr,
-                "gradient accumulation under data parallelism is not supported: one micro-batch "
-                "per step, or one process");
+    // Under data parallelism, the first k - 1 micro-batches run backward without the sync's
+    // hooks (their gradients add up in this rank's buffers, as in one process) and the last one
+    // under them: its buckets reduce the sums, overlapped with its backward (DDP's no_sync). The
+    // sync's own allocations (its collectives' scratch) come in the last micro-batch only; the
+    // profiler keeps that one and the simulator replays the others without them.
     optimizer_.zero_grad();
+    if (sync_) sync_->begin_step();
     const double k = static_cast<double>(accumulation_);
     double sum = 0;
     for (int64_t i = 0; i < accumulation_; ++i) {
@@ -209,7 +218,7 @@ StepResult Trainer::step(StepObserver* observer) {
         sum += loss.dtype() == DType::f64 ? loss.item<double>() : loss.item<float>();
         // The gradient of the mean over all micro-batches: backward's seed is 1/k, not 1 (the
         // block backward would take for its seed of ones, taken here).
-        run_backward(loss, 1.0 / k);
+        run_backward(loss, 1.0 / k, i + 1 == accumulation_);
       }
       if (observer) observer->on_micro_batch_end(alloc, i);
     }

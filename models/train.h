@@ -157,7 +157,10 @@ class Trainer {
   // persistent and live across the micro-batches; every micro-batch's batch and activations are
   // freed before the next one starts, so each repeats the first one's allocations (the profiler
   // checks it). Batch norm computes its statistics over each micro-batch, as in PyTorch. k = 1 is
-  // the plain step.
+  // the plain step. Under a GradientSync, only the last micro-batch's backward runs under its
+  // hooks (DDP's no_sync for the others): the gradients are reduced once per step, and the sync's
+  // allocations come in the last micro-batch only. Not with a sync that manages the gradients
+  // (ZeRO-2): refused.
   void set_accumulation(int64_t k);
   int64_t accumulation() const { return accumulation_; }
   // The learning rate of every later step comes from `s` at the optimizer step index (below).

@@ -77,9 +77,9 @@ enum class MarkerKind : uint8_t {
   optimizer_begin,
   optimizer_end,
   iteration_end,
-  // With gradient accumulation: the end of the first micro-batch (its batch gone). The events
-  // before it are one micro-batch's, which the step repeats Profile::accumulate times; the events
-  // after it are the optimizer's.
+  // With gradient accumulation: the end of the profiled micro-batch (the last; its batch gone).
+  // The events before it are one micro-batch's, which the step repeats Profile::accumulate times
+  // (Profile::accumulate); the events after it are the optimizer's.
   micro_batch_end,
 };
 const char* marker_name(MarkerKind k);
@@ -136,8 +136,12 @@ struct Profile {
   std::string date;
   int iterations = 0;  // instrumented iterations the timings are medians of
   // Micro-batches per step (Trainer::set_accumulation). Above 1, the graph, events and markers up
-  // to the micro_batch_end marker are the first micro-batch's (the profiler checks that the others
-  // made the same requests), and the simulator replays them `accumulate` times before the rest.
+  // to the micro_batch_end marker are one micro-batch's, and the simulator replays them
+  // `accumulate` times before the rest. They are the last micro-batch's: under data parallelism
+  // it alone runs backward under the sync's hooks, and its requests of category communication
+  // (the collectives' scratch) are the sync's, which the simulator leaves out of the micro-batches
+  // before it; the profiler checks that every micro-batch made the first one's requests besides
+  // those. (Profiles written before kept the first micro-batch, which has none: the same replay.)
   int64_t accumulate = 1;
   // The flags besides model, batch and device that shape the step, with the values it ran with
   // ("--optimizer": "adamw", ...); a run planned from the profile must match them. Empty in

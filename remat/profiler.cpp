@@ -55,8 +55,10 @@ class Recorder final : public TapeHooks, public StepObserver {
     stats_ = a.stats();
   }
   void on_micro_batch_end(CachingAllocator& a, int64_t index) override {
-    // The graph and allocation ids are the first micro-batch's: the later ones repeat it.
-    if (index == 0) mark(MarkerKind::micro_batch_end, -1);
+    // The graph and allocation ids are the last micro-batch's (each one records them over the
+    // one before): under data parallelism only the last one communicates, and the profile keeps
+    // it.
+    mark(MarkerKind::micro_batch_end, -1);
     micro_ends_.push_back({a.event_count(), markers_.size()});
     micro_ = index + 1;
   }
@@ -65,7 +67,6 @@ class Recorder final : public TapeHooks, public StepObserver {
   void on_forward_begin(Tape&, int32_t node) override { mark(MarkerKind::fwd_begin, node); }
   void on_forward_end(Tape& tape, int32_t node, const std::vector<Tensor>& outputs) override {
     mark(MarkerKind::fwd_end, node);
-    if (micro_ > 0) return;
     const Node& n = tape.node(node);
     for (size_t k = 0; k < outputs.size(); ++k) {
       const auto& storage = outputs[k].impl()->storage;
@@ -76,7 +77,6 @@ class Recorder final : public TapeHooks, public StepObserver {
   }
   void on_backward_start(Tape& tape) override {
     mark(MarkerKind::backward_start, -1);
-    if (micro_ > 0) return;
     // The graph as plain records, with no reference to any storage: a copy of the tape's Values
     // would hold what they hold (a small leaf's `held` storage, a leaf's tensor), keep it alive
     // into the next step and shift that step's allocator state.
@@ -162,7 +162,8 @@ class Recorder final : public TapeHooks, public StepObserver {
   std::vector<ProfileSaved> saved_;
   std::vector<int32_t> backward_order_;
   std::vector<std::string> blocks_;
-  // With accumulation: per micro-batch, the event count and marker count at its end.
+  // With accumulation: per micro-batch, the event count and marker count at its end (its
+  // micro_batch_end marker included).
   struct MicroEnd {
     uint64_t events;
     size_t markers;
@@ -268,19 +269,26 @@ Profile profile_training(Trainer& trainer, const ProfileOptions& options) {
     const std::vector<Recorder::MicroEnd>& ends = first.micro_ends_;
     REGEN_CHECK(static_cast<int64_t>(ends.size()) == p.accumulate, "profile: ", ends.size(),
                 " micro-batches ended in a step of ", p.accumulate);
-    // Each later micro-batch must make the first one's requests and frees, in order (their
-    // segments differ: the later ones find the first one's in the cache).
-    auto requests = [&](uint64_t from, uint64_t to) {
+    // Each micro-batch must make the first one's requests and frees, in order (their segments
+    // differ: the later ones find the first one's in the cache), except that under data
+    // parallelism the last one also makes the sync's (category communication: its collectives'
+    // scratch), which the earlier ones, run without the sync's hooks, do not.
+    auto requests = [&](uint64_t from, uint64_t to, bool with_communication) {
       std::vector<MemoryEvent> out;
       for (uint64_t i = from; i < to; ++i) {
         const MemoryEvent& e = first.events_[i];
-        if (e.kind == MemoryEventKind::alloc || e.kind == MemoryEventKind::free) out.push_back(e);
+        if (e.kind != MemoryEventKind::alloc && e.kind != MemoryEventKind::free) continue;
+        if (!with_communication && e.category == Category::communication) continue;
+        out.push_back(e);
       }
       return out;
     };
-    const std::vector<MemoryEvent> one = requests(0, ends[0].events);
+    const std::vector<MemoryEvent> one = requests(0, ends[0].events, true);
     std::map<uint64_t, std::string> open;  // blocks the first micro-batch leaves allocated
     for (const MemoryEvent& e : one) {
+      REGEN_CHECK(e.category != Category::communication, "profile: the first micro-batch of an ",
+                  "accumulated step communicates ('", tag_name(e.tag),
+                  "'): only the last one may, under data parallelism");
       if (e.kind == MemoryEventKind::alloc) open[e.block_id] = tag_name(e.tag);
       if (e.kind == MemoryEventKind::free) open.erase(e.block_id);
     }
@@ -289,23 +297,33 @@ Profile profile_training(Trainer& trainer, const ProfileOptions& options) {
                 open.empty() ? "" : open.begin()->second,
                 "'), so the micro-batches do not repeat: release what a micro-batch makes");
     for (size_t k = 1; k < ends.size(); ++k) {
-      const std::vector<MemoryEvent> other = requests(ends[k - 1].events, ends[k].events);
+      const bool last = k + 1 == ends.size();
+      const std::vector<MemoryEvent> other = requests(ends[k - 1].events, ends[k].events, !last);
       size_t e = 0;
       while (e < one.size() && e < other.size() && same_request(one[e], other[e])) ++e;
       REGEN_CHECK(e == one.size() && e == other.size(), "profile: micro-batch ", k + 1,
                   " made other requests than micro-batch 1 (at request ", e + 1,
                   "): the model is not static and cannot be planned");
+      // The same markers too (iteration_begin is the first micro-batch's besides its own).
+      REGEN_CHECK(ends[k].markers - ends[k - 1].markers == ends[0].markers - 1,
+                  "profile: micro-batch ", k + 1, " ran another graph than micro-batch 1 (",
+                  ends[k].markers - ends[k - 1].markers, " markers, not ", ends[0].markers - 1,
+                  "): the model is not static and cannot be planned");
     }
-    // The profile keeps the first micro-batch and what follows the last one.
-    const uint64_t cut_from = ends.front().events, cut_to = ends.back().events;
-    events.assign(first.events_.begin(), first.events_.begin() + static_cast<int64_t>(cut_from));
-    events.insert(events.end(), first.events_.begin() + static_cast<int64_t>(cut_to),
-                  first.events_.end());
-    p.markers.assign(first.markers_.begin(),
-                     first.markers_.begin() + static_cast<int64_t>(ends.front().markers));
-    for (size_t m = ends.back().markers; m < first.markers_.size(); ++m) {
+    // The profile keeps the last micro-batch (the graph and allocation ids are its own) and what
+    // follows it, behind the iteration_begin marker. Its markers' times are moved back by the
+    // earlier micro-batches', so that they are one micro-batch's from the start; the optimizer's
+    // keep theirs (the step's).
+    const size_t last_events = static_cast<size_t>(ends[ends.size() - 2].events);
+    const size_t last_markers = ends[ends.size() - 2].markers;
+    const size_t tail_markers = ends.back().markers;
+    events.assign(first.events_.begin() + static_cast<int64_t>(last_events), first.events_.end());
+    const double shift = first.markers_[last_markers].time_ms - first.markers_[1].time_ms;
+    p.markers.assign(first.markers_.begin(), first.markers_.begin() + 1);
+    for (size_t m = last_markers; m < first.markers_.size(); ++m) {
       Marker mk = first.markers_[m];
-      mk.position -= cut_to - cut_from;
+      mk.position -= last_events;
+      if (m < tail_markers) mk.time_ms -= shift;
       p.markers.push_back(mk);
     }
   }

@@ -245,6 +245,10 @@ class Simulator::Run {
   std::unique_ptr<DtrEngine> dtr_;
   std::unique_ptr<EvictionScope> dtr_handler_;
   bool repeating_ = false;  // in the second or a later micro-batch of an accumulated step
+  // In a micro-batch before the last of an accumulated step: the profile's micro-batch is the
+  // last one, whose sync communicates; the earlier ones run without its hooks and make none of
+  // its requests (category communication).
+  bool no_sync_ = false;
   // Offload: the host copies, and the copy queues' timeline. The compute clock is the profiled
   // marker's time plus what the step has added so far (regeneration programs, waits for copies);
   // each queue runs its copies in issue order, one at a time.
@@ -640,6 +644,7 @@ void Simulator::Run::replay_events(size_t from, size_t to, size_t lo, size_t hi)
     }
     if (i == to) break;
     const ProfileEvent& e = p_.events[i];
+    if (no_sync_ && e.category == Category::communication) continue;
     if (e.kind == MemoryEventKind::alloc) {
       live_[e.block_id] =
           alloc(static_cast<uint64_t>(e.requested), e.category, sim_owner_.tags_[i]);
@@ -654,9 +659,10 @@ void Simulator::Run::replay_events(size_t from, size_t to, size_t lo, size_t hi)
   }
 }
 
-// The step's events and markers: once, or with gradient accumulation the first micro-batch's
-// events (and markers, the micro_batch_end one included) once per micro-batch, then the
-// optimizer's. Under a limit, running out of memory ends the replay and is the result.
+// The step's events and markers: once, or with gradient accumulation the profiled micro-batch's
+// events (and markers, the micro_batch_end one included) once per micro-batch, the ones before the
+// last without the data-parallel sync's requests (Profile::accumulate), then the optimizer's.
+// Under a limit, running out of memory ends the replay and is the result.
 void Simulator::Run::replay_step() {
   try {
     const int64_t micro = p_.micro_batch_marker();
@@ -667,9 +673,11 @@ void Simulator::Run::replay_step() {
       const size_t split = static_cast<size_t>(micro) + 1;
       for (int64_t k = 0; k < p_.accumulate; ++k) {
         repeating_ = k > 0;
+        no_sync_ = k + 1 < p_.accumulate;
         replay_events(0, end, 0, split);
       }
       repeating_ = false;
+      no_sync_ = false;
       replay_events(end, p_.events.size(), split, p_.markers.size());
     }
   } catch (const OutOfMemory& e) {

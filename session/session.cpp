@@ -271,12 +271,16 @@ std::unique_ptr<Session> make_session(const SessionOptions& options, Preflight p
   dist::World& world = dist::world();
   check_same_on_every_rank(options, s->device);
   if (world.distributed()) {
-    // What the training loop does that data parallelism does not carry yet (docs/distributed.md).
-    REGEN_CHECK(options.accumulate == 1,
+    // Accumulation runs the micro-batches before the last without the sync (DDP's no_sync), their
+    // gradients adding up in each rank's buffers; ZeRO-2 keeps no whole gradients between
+    // micro-batches to add into (docs/distributed.md).
+    REGEN_CHECK(options.accumulate == 1 || options.shard != "gradients",
                 option_setting("accumulate", std::to_string(options.accumulate), options.style),
-                " under mpirun: gradient accumulation is not supported with data parallelism yet "
-                "(each micro-batch's backward would reduce its gradients); a larger batch per rank "
-                "or more ranks give the same global batch");
+                " with ", option_setting("shard", options.shard, options.style),
+                " (ZeRO-2) under mpirun is not supported: ZeRO-2 keeps only this rank's shard of "
+                "the gradients, so there is nothing to accumulate the micro-batches into; use ",
+                option_setting("shard", "optimizer", options.style), " (ZeRO-1) or ",
+                option_setting("accumulate", "1", options.style));
   }
   // The data before the model: a wrong file fails before a large model is built.
   std::unique_ptr<DataSource> data =

@@ -143,6 +143,35 @@ TEST_CASE("one rank: data parallelism trains bitwise as without it, in every sha
   }
 }
 
+// Accumulation under a sync runs the micro-batches before the last without its hooks: the
+// gradients add up in the flat buckets as in one process, and the last backward reduces them
+// (over one rank, the value itself), so the run is bitwise the plain accumulated one. ZeRO-2
+// keeps no whole gradients between micro-batches: the trainer refuses it, naming both options.
+TEST_CASE("one rank: accumulated steps under data parallelism train bitwise as without it") {
+  for (const int64_t k : {int64_t{2}, int64_t{3}}) {
+    DpRun base = make_dp_run("transformer-tiny", 2, nullptr);
+    base.trainer->set_accumulation(k);
+    std::vector<double> losses;
+    for (int i = 0; i < 3; ++i) losses.push_back(base.trainer->step().loss);
+    const auto want = params_of(*base.model);
+    for (dist::ShardMode mode : {dist::ShardMode::none, dist::ShardMode::optimizer}) {
+      CAPTURE(k);
+      CAPTURE(dist::shard_mode_name(mode));
+      DpRun r = make_dp_run("transformer-tiny", 2, &mode);
+      r.trainer->set_accumulation(k);
+      for (int i = 0; i < 3; ++i) CHECK(r.trainer->step().loss == losses[static_cast<size_t>(i)]);
+      CHECK(params_of(*r.model) == want);
+    }
+  }
+  const dist::ShardMode zero2 = dist::ShardMode::gradients;
+  DpRun r = make_dp_run("transformer-tiny", 2, &zero2);
+  r.trainer->set_accumulation(2);
+  expect_error([&] { r.trainer->step(); },
+               {"gradient accumulation (2 micro-batches) with gradients sharded across the ranks "
+                "(ZeRO-2) is not supported",
+                "shard the optimizer state only (ZeRO-1), or one micro-batch per step"});
+}
+
 TEST_CASE("one rank: the dry run of the first step takes exactly what the step takes") {
   for (dist::ShardMode mode : kModes) {
     CAPTURE(dist::shard_mode_name(mode));

@@ -250,20 +250,128 @@ TEST_CASE("a bad flag on one rank ends the job with an error naming the rank") {
 
 // What the training loop does that data parallelism does not carry yet is refused by name, on
 // every rank, before a model is built (docs/distributed.md, "What was not done").
-TEST_CASE("two ranks: accumulation and a training state are refused") {
+TEST_CASE("two ranks: a training state, and accumulation under ZeRO-2, are refused") {
   TempDir dir;
   const std::vector<std::string> base = with({"--model", "resnet-tiny", "--batch", "2"}, kTiny);
-  Result r = mpi_train(2, with(base, {"--accumulate", "2"}));
+  Result r = mpi_train(2, with(base, {"--accumulate", "2", "--shard", "gradients"}));
   INFO(r.out);
   CHECK(r.status != 0);
   CHECK(r.status != 137);
-  CHECK(has(r.out, "--accumulate 2 under mpirun: gradient accumulation is not supported"));
+  CHECK(
+      has(r.out, "--accumulate 2 with --shard gradients (ZeRO-2) under mpirun is not supported: "));
+  CHECK(has(r.out, "use --shard optimizer (ZeRO-1) or --accumulate 1"));
   const std::string state = (dir.path / "state.safetensors").string();
   r = mpi_train(2, with(base, {"--save-state", state}));
   INFO(r.out);
   CHECK(r.status != 0);
   CHECK(has(r.out, "--save-state: a training state under mpirun is not supported yet"));
   CHECK(!fs::exists(state));
+}
+
+// Gradient accumulation as DDP's no_sync: the micro-batches before the last add their gradients
+// up on each rank, the last one's backward reduces the sums. Two ranks at batch 2 with k
+// micro-batches read, micro-batch by micro-batch, the global batches of 4 that one process at
+// batch 4 with k micro-batches reads, so the runs agree up to the order of the sums: each rank's
+// micro-batch gradient is a mean of 2 samples' and the ranks' are averaged, where one process
+// takes the mean of 4; the k micro-batches are added in the same order in both. That is a few f32
+// roundings (unit 2^-24, 6e-8) per gradient element and step, relative to the gradient, carried
+// by SGD into parameters that move by lr * gradient per step: after 4 steps the parameters
+// differ by well under 1e-5 of their largest value (the bound of the test without accumulation,
+// two ranks at batch 4 against one at 8; measured here: about 1.1e-7, two f32 units at the
+// largest parameter). A micro-batch's gradient lost, counted twice or not divided by k would be
+// off by a part of a whole update (lr 0.05 times a gradient), orders of magnitude above the bound.
+// (Reducing every micro-batch would be exact in arithmetic, the mean being linear; the next test
+// catches it: its scratch in every micro-batch is not the predicted step.) ZeRO-1 keeps plain data
+// parallelism's parameters bitwise.
+TEST_CASE("two ranks with --accumulate 2 and 3 agree with one process at the global batch") {
+  TempDir dir;
+  {
+    std::ofstream f(dir.file("text.txt"));
+    for (int i = 0; i < 400; ++i) f << "sentence " << i << " of a small corpus, in bytes.\n";
+  }
+  const std::vector<std::string> base =
+      with(kTiny, {"--model", "transformer-tiny", "--vocab", "256", "--dropout", "0", "--data",
+                   "text:" + dir.file("text.txt"), "--lr", "0.05", "--bucket-size", "32KiB"});
+  auto losses = [](const std::string& out) {
+    std::vector<std::string> l;
+    for (size_t at = out.find("/4 loss "); at != std::string::npos;
+         at = out.find("/4 loss ", at + 1)) {
+      l.push_back(out.substr(at + 8, 6));
+    }
+    return l;
+  };
+  for (const std::string k : {"2", "3"}) {
+    CAPTURE(k);
+    const std::string two_path = dir.file("two_" + k + ".safetensors");
+    const Result two =
+        mpi_train(2, with(base, {"--batch", "2", "--accumulate", k, "--save", two_path}));
+    INFO(two.out);
+    REQUIRE(two.status == 0);
+    CHECK(has(two.out,
+              "data parallel: 2 ranks (mpi collectives on cpu), global batch 4 (2 per "
+              "rank) x " +
+                  k + " micro-batches, reduced once per step"));
+    const std::string one_path = dir.file("one_" + k + ".safetensors");
+    const Result one = run(regen_args(
+        with({"train"}, with(base, {"--batch", "4", "--accumulate", k, "--save", one_path}))));
+    INFO(one.out);
+    REQUIRE(one.status == 0);
+    CHECK(losses(two.out).size() == 4);
+    CHECK(losses(two.out) == losses(one.out));
+    const double worst = worst_relative(one_path, two_path);
+    MESSAGE("--accumulate " << k << ": worst relative parameter difference " << worst);
+    CHECK(worst < 1e-5);
+    CHECK(worst > 0);  // reductions of a different order: not bitwise
+    // ZeRO-1 with accumulation: the same parameters, bitwise.
+    const std::string z1_path = dir.file("z1_" + k + ".safetensors");
+    const Result z1 = mpi_train(2, with(base, {"--batch", "2", "--accumulate", k, "--shard",
+                                               "optimizer", "--save", z1_path}));
+    INFO(z1.out);
+    REQUIRE(z1.status == 0);
+    CHECK(same(two_path, z1_path));
+  }
+}
+
+// The last micro-batch communicates (its buckets' scratch) and the others do not: the profile
+// keeps the last one and the simulator replays the others without the sync's requests, so every
+// rank measures its predicted peaks on every step, under a plan that recomputes (dp at 85% of
+// the allocated peak) and under one that recomputes nothing (dp at 100%: the profiled step's own
+// replay), with the optimizer state sharded or not; with 3 micro-batches under the planned
+// layout, which serves the step's k-th request at a planned place and refuses a request of another
+// size (a simulated micro-batch with the scratch where the real one has none would shift every
+// request after it).
+TEST_CASE("two ranks with --accumulate: each rank measures its predicted peaks on every step") {
+  for (const std::string shard : {"none", "optimizer"}) {
+    for (const bool recompute : {true, false}) {
+      for (const std::string k : {"2", "3"}) {
+        CAPTURE(shard);
+        CAPTURE(recompute);
+        CAPTURE(k);
+        std::vector<std::string> args = {"--model",       "resnet-tiny",
+                                         "--image-size",  "64",
+                                         "--batch",       "8",
+                                         "--threads",     "1",
+                                         "--steps",       "5",
+                                         "--progress",    "none",
+                                         "--shard",       shard,
+                                         "--bucket-size", "64KiB",
+                                         "--policy",      "dp",
+                                         "--accumulate",  k,
+                                         "--layout",      k == "3" ? "planned" : "caching"};
+        args = with(args, recompute ? std::vector<std::string>{"--budget", "85%", "--budget-of",
+                                                               "allocated"}
+                                    : std::vector<std::string>{"--budget", "100%"});
+        const Result r = mpi_train(2, args);
+        INFO(r.out);
+        REQUIRE(r.status == 0);
+        CHECK(has(r.out, "exact on every one of the 3 steps under the plan"));
+        CHECK(has(r.out, "recompute 0 of") != recompute);
+        CHECK(has(r.out, "; exact on all 3 steps under the plan\n    rank 1:"));
+        CHECK(has(r.out, "rank 1: gradient communication"));
+        CHECK(has(r.out, "; exact on all 3 steps under the plan\n"));
+      }
+    }
+  }
 }
 
 // Under ZeRO a rank holds a shard of the gradients: the global norm is its shard's sum of squares

@@ -94,10 +94,14 @@ void print_data_parallel(const dist::DataParallel& dp, const SessionOptions& m,
   }
   const dist::DataParallelOptions& o = dp.options();
   std::printf(
-      "data parallel: %d ranks (%s collectives on %s), global batch %lld (%lld per rank), shard "
-      "%s, %zu gradient buckets of %s in all (the first up to %s, then up to %s; %d in flight)\n",
+      "data parallel: %d ranks (%s collectives on %s), global batch %lld (%lld per rank)%s, "
+      "shard %s, %zu gradient buckets of %s in all (the first up to %s, then up to %s; %d in "
+      "flight)\n",
       world.size(), dp.communicator().backend(), dp.communicator().device().str().c_str(),
       static_cast<long long>(m.batch * world.size()), static_cast<long long>(m.batch),
+      m.accumulate > 1
+          ? (" x " + std::to_string(m.accumulate) + " micro-batches, reduced once per step").c_str()
+          : "",
       dist::shard_mode_name(o.shard), dp.buckets().size(), format_bytes(bytes).c_str(),
       format_bytes(o.first_bucket_bytes).c_str(), format_bytes(o.bucket_bytes).c_str(),
       o.max_in_flight);
