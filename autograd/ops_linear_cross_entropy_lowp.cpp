@@ -5,16 +5,18 @@
 //   forward   logits_c (rows, V) = x_c W^T by cpu::gemm_lowp (16-bit operands, f32 sums) into an
 //             f32 workspace; bias widened to f32 once; lse (M) and the loss are f32 (the row
 //             kernels of kernels/cpu/cross_entropy.cpp at T = float).
-//   backward  by vocabulary tiles W_t (n rows of W, tile_rows below) and, inside each tile, the
-//             forward's chunks of rows: the f32 logits block (rows, n) = x_c W_t^T and, with the
-//             saved f32 lse, its gradient dlogits = (softmax - onehot) g, computed alone (each
+//   backward  by vocabulary tiles W_t (n rows of W, tile_rows below) and, inside each tile,
+//             blocks of rows x_c (backward_block_rows: a (rows, n) block is at most the
+//             forward's (chunk, V) buffer): the f32 logits block (rows, n) = x_c W_t^T and, with
+//             the saved f32 lse, its gradient dlogits = (softmax - onehot) g, computed alone (each
 //             element needs its logit and its row's lse only); then dW_t (+)= dlogits^T x_c and
 //             db_t (+)= its column sums in f32 (n, K) and (n) tiles, rounded once into the 16-bit
-//             dw and db when the tile's last chunk is done, and dx_c (+)= dlogits W_t into an f32
+//             dw and db when the tile's last block is done, and dx_c (+)= dlogits W_t into an f32
 //             (M, K) sum over the tiles, rounded once into the 16-bit dx at the end. No (V, K) f32
-//             buffer exists: the working memory is the (chunk, n) block, the (n, K) tile and the
-//             (M, K) dx sum (seed Transformer, batch 32: 3.9 + 7.3 + 8 MiB). Each logit is
-//             computed once per tile, as often as before in all (the same products, re-tiled).
+//             buffer exists: the working memory is the block, the (n, K) tile and the (M, K) dx
+//             sum (seed Transformer: 14.6 + 7.3 + 2 MiB at batch 8, 29.3 + 7.3 + 8 MiB at batch
+//             32, against 32 + 58.6 + 0.5 MiB before). Each logit is computed once per tile, as
+//             often as before in all (the same products, re-tiled).
 // Gradients have the operands' dtype; the loss's gradient is f32. CPU only (a 16-bit input on a
 // CUDA device is a clear error). Tests: tests/test_amp_gemm_ops.cpp.
 #include <algorithm>
@@ -114,6 +116,16 @@ int64_t tile_rows(int64_t V, int64_t K) {
   return (V + tiles - 1) / tiles;
 }
 
+// Rows per block of the backward: as many as keep a (rows, tile) f32 block within the forward's
+// (chunk, V) logits buffer (so chunk_rows still bounds the op's working memory), M split evenly.
+// Fewer, larger GEMMs than one block per forward chunk: on a loaded machine every GEMM call's
+// threads wait for each other once, and the smaller blocks were measured slower for it.
+int64_t backward_block_rows(const Dims& d, int64_t tile) {
+  const int64_t most = std::max<int64_t>(1, d.chunk * d.V / tile);
+  const int64_t blocks = (d.M + most - 1) / most;
+  return (d.M + blocks - 1) / blocks;
+}
+
 // block (rows, n) f32: in, the logits x_c W_t^T of rows [r0, r0 + rows) and vocabulary columns
 // [v0, v0 + n); out, their gradient g exp(logit + bias - lse) less g at the row's target, 0 on an
 // ignored row (targets, lse: the chunk's rows; bias: all V, or null). The arithmetic of
@@ -174,25 +186,25 @@ void backward(BackwardContext& c) {
                  d.M, d.V, a.ignore_index);
     const float g = dry ? 0.0f : scale.as<float>()[0];
     const std::unique_ptr<Workspace> bias = widened_bias<E>(b, d.V);
-    const int64_t tile = tile_rows(d.V, d.K);
-    const bool several = d.chunk < d.M;
+    const int64_t tile = tile_rows(d.V, d.K), block_rows = backward_block_rows(d, tile);
+    const bool several = block_rows < d.M;
     const DType dt = dtype_of<E>::value;
     const E* xs = x.data<E>();
     const uint64_t f = sizeof(float);
-    Workspace block(dev, static_cast<uint64_t>(d.chunk * tile) * f);
+    Workspace block(dev, static_cast<uint64_t>(block_rows * tile) * f);
     std::unique_ptr<Workspace> dx_sum, dw_tile, db_tile, colsum;
     if (want_dx) dx_sum = std::make_unique<Workspace>(dev, static_cast<uint64_t>(d.M * d.K) * f);
     if (want_dw) dw_tile = std::make_unique<Workspace>(dev, static_cast<uint64_t>(tile * d.K) * f);
     if (want_db) db_tile = std::make_unique<Workspace>(dev, static_cast<uint64_t>(tile) * f);
     if (want_db && several)
       colsum = std::make_unique<Workspace>(dev, static_cast<uint64_t>(tile) * f);
-    // Tiles outside, chunks inside: a tile's dW and db are complete after its last chunk and are
-    // rounded then; dx sums over the tiles in dx_sum and is rounded after the last one.
+    // Tiles outside, blocks of rows inside: a tile's dW and db are complete after its last block
+    // and are rounded then; dx sums over the tiles in dx_sum and is rounded after the last one.
     for (int64_t v0 = 0; v0 < d.V; v0 += tile) {
       const int64_t n = std::min(tile, d.V - v0);
       const E* wt = w.data<E>() + v0 * d.K;
-      for (int64_t r0 = 0; r0 < d.M; r0 += d.chunk) {
-        const int64_t rows = std::min(d.chunk, d.M - r0);
+      for (int64_t r0 = 0; r0 < d.M; r0 += block_rows) {
+        const int64_t rows = std::min(block_rows, d.M - r0);
         const bool first = r0 == 0;
         float* dl = block.as<float>();
         // logits (rows, n) = x_c (rows, K) * W_t^T (K, n), then their gradient in place

@@ -438,11 +438,13 @@ TEST_CASE("amp gemm ops: linear_cross_entropy in bf16 and f16: an f32 loss, 16-b
   check_linear_cross_entropy(10, 12, 17, false);
 }
 
-// The backward's vocabulary tiles: V = 9000 is 3 tiles of 3000 rows; every target tile, the last
-// column and the chunks inside each tile are crossed, and dW and db are rounded tile by tile.
+// The backward's vocabulary tiles: V = 9000 is 3 tiles of 3000 rows, and with chunks of 4 rows
+// its blocks are 12 rows (as many floats as the forward's (4, V) buffer): 3 blocks of 10 rows in
+// each tile. The targets fall in every tile and the last column; dW and db are rounded tile by
+// tile.
 TEST_CASE("amp gemm ops: linear_cross_entropy in bf16 and f16 over several vocabulary tiles") {
-  check_linear_cross_entropy(10, 12, 9000, true);
-  check_linear_cross_entropy(10, 12, 9000, false);
+  check_linear_cross_entropy(30, 12, 9000, true);
+  check_linear_cross_entropy(30, 12, 9000, false);
 }
 
 TEST_CASE("amp gemm ops: 16-bit inputs of mixed dtypes are refused, naming the op") {
