@@ -367,32 +367,44 @@ TEST_CASE("amp gemm ops: attention in bf16 and f16 against f32 on the same value
 
 // ---- linear_cross_entropy ----------------------------------------------------------------------
 
-TEST_CASE("amp gemm ops: linear_cross_entropy in bf16 and f16: an f32 loss, 16-bit gradients") {
-  const int64_t M = 10, K = 12, V = 17;
+// linear_cross_entropy on (M, K) x, (V, K) weight and, with_bias, a (V) bias, row 4 ignored, the
+// targets spread over the vocabulary (so over its backward's tiles when V is above one tile: 4096
+// rows at most, autograd/ops_linear_cross_entropy_lowp.cpp), with chunks of 4 rows and automatic.
+void check_linear_cross_entropy(int64_t M, int64_t K, int64_t V, bool with_bias) {
   std::vector<int64_t> tv(static_cast<size_t>(M));
-  for (int64_t i = 0; i < M; ++i) tv[static_cast<size_t>(i)] = (i * 7 + 3) % V;
-  tv[4] = -100;  // ignored
+  for (int64_t i = 0; i < M; ++i) tv[static_cast<size_t>(i)] = (i * (V / M + 7) + 3) % V;
+  tv[static_cast<size_t>(M - 1)] = V - 1;  // the last column
+  tv[4] = -100;                            // ignored
   const Tensor targets = from_vector<int64_t>(tv, {M});
   const int64_t counted = M - 1;
   for (int64_t chunk : {int64_t{4}, int64_t{0}}) {  // several chunks; one (automatic)
     CAPTURE(chunk);
     const OpFn fn = [&](const std::vector<Tensor>& in) {
-      return linear_cross_entropy(in[0], in[1], in[2], in[3], -100, chunk);
+      return with_bias ? linear_cross_entropy(in[0], in[1], in[2], in[3], -100, chunk)
+                       : linear_cross_entropy(in[0], in[1], Tensor(), in[2], -100, chunk);
     };
     for (DType dt : kLow) {
       const std::string dtype = dtype_name(dt);
       CAPTURE(dtype);
       const Input x = input({M, K}, dt, 31), w = input({V, K}, dt, 32), b = input({V}, dt, 33);
       const Tensor one = ones({}, DType::f32);
-      const Run low = run(fn, {x.low, w.low, b.low, targets}, one);
-      const Run ref = run(fn, {x.wide, w.wide, b.wide, targets}, one);
+      const Run low = run(fn,
+                          with_bias ? std::vector<Tensor>{x.low, w.low, b.low, targets}
+                                    : std::vector<Tensor>{x.low, w.low, targets},
+                          one);
+      const Run ref = run(fn,
+                          with_bias ? std::vector<Tensor>{x.wide, w.wide, b.wide, targets}
+                                    : std::vector<Tensor>{x.wide, w.wide, targets},
+                          one);
       REQUIRE(low.y.dtype() == DType::f32);
       // Saved: x, weight, bias in 16 bits, targets, and lse (M) in f32.
-      CHECK(low.saved_bytes == sorted({bytes({M, K}, dt), bytes({V, K}, dt), bytes({V}, dt),
-                                       bytes({M}, DType::i64), bytes({M}, DType::f32)}));
-      // With |x|, |w|, |b| <= 1 a logit sums K + 1 terms of at most 1: each run's f32 logit is
-      // within (K + 1)^2 u32 of the exact one, so e = 2 (K + 1)^2 u32 between the runs. The
-      // loss, lse - logit[target] averaged, moves by at most 2 e plus V u32 for lse's sum (the
+      std::vector<uint64_t> saved = {bytes({M, K}, dt), bytes({V, K}, dt), bytes({M}, DType::i64),
+                                     bytes({M}, DType::f32)};
+      if (with_bias) saved.push_back(bytes({V}, dt));
+      CHECK(low.saved_bytes == sorted(saved));
+      // With |x|, |w|, |b| <= 1 a logit sums at most K + 1 terms of at most 1: each run's f32
+      // logit is within (K + 1)^2 u32 of the exact one, so e = 2 (K + 1)^2 u32 between the runs.
+      // The loss, lse - logit[target] averaged, moves by at most 2 e plus V u32 for lse's sum (the
       // loss is never rounded to 16 bits: a bf16 loss would be off by up to u |loss|, far more).
       const double e = 2.0 * (K + 1) * (K + 1) * kU32;
       const double loss_bound = 2 * e + 2 * V * kU32 * (1 + std::fabs(ref.y.item<float>()));
@@ -400,23 +412,39 @@ TEST_CASE("amp gemm ops: linear_cross_entropy in bf16 and f16: an f32 loss, 16-b
             loss_bound);
       // dlogits = (softmax - onehot) / counted: each |dlogit| <= 1 / counted, a row's sum of
       // |dlogit| <= 2 / counted; a logit error e moves a probability by at most 2 p e. So
-      //   dx (sums V terms dlogit w): 2 V u32 (2 / counted) + 4 e / counted;
+      //   dx (sums V terms dlogit w, in any order: the 16-bit run sums tile by tile):
+      //     2 V u32 (2 / counted) + 4 e / counted;
       //   dw (sums M terms dlogit x) and db (M terms dlogit): (2 M u32 + 2 e) M / counted.
+      // Each bound has u |ref| for the one rounding to 16 bits on top (check_lowp).
       const double sc = 1.0 / counted;
-      REQUIRE(low.grads.size() == 3);
+      REQUIRE(low.grads.size() == (with_bias ? 3u : 2u));
       check_lowp("linear_cross_entropy dx", low.grads[0], dt, ref.grads[0],
                  std::vector<double>(M * K, 2 * V * kU32 * 2 * sc + 4 * e * sc));
       check_lowp("linear_cross_entropy dw", low.grads[1], dt, ref.grads[1],
                  std::vector<double>(V * K, (2 * M * kU32 + 2 * e) * M * sc));
-      check_lowp("linear_cross_entropy db", low.grads[2], dt, ref.grads[2],
-                 std::vector<double>(V, (2 * M * kU32 + 2 * e) * M * sc));
-      check_dry_run(
-          [&](const std::vector<Tensor>& in) {
-            return linear_cross_entropy(in[0], in[1], in[2], in[3], -100, chunk);
-          },
-          {{M, K}, {V, K}, {V}}, dt, targets);
+      if (with_bias) {
+        check_lowp("linear_cross_entropy db", low.grads[2], dt, ref.grads[2],
+                   std::vector<double>(V, (2 * M * kU32 + 2 * e) * M * sc));
+      }
+      std::vector<Shape> shapes = {{M, K}, {V, K}};
+      if (with_bias) shapes.push_back({V});
+      check_dry_run(fn, shapes, dt, targets);
     }
   }
+}
+
+TEST_CASE("amp gemm ops: linear_cross_entropy in bf16 and f16: an f32 loss, 16-bit gradients") {
+  check_linear_cross_entropy(10, 12, 17, true);
+  check_linear_cross_entropy(10, 12, 17, false);
+}
+
+// The backward's vocabulary tiles: V = 9000 is 3 tiles of 3000 rows, and with chunks of 4 rows
+// its blocks are 12 rows (as many floats as the forward's (4, V) buffer): 3 blocks of 10 rows in
+// each tile. The targets fall in every tile and the last column; dW and db are rounded tile by
+// tile.
+TEST_CASE("amp gemm ops: linear_cross_entropy in bf16 and f16 over several vocabulary tiles") {
+  check_linear_cross_entropy(30, 12, 9000, true);
+  check_linear_cross_entropy(30, 12, 9000, false);
 }
 
 TEST_CASE("amp gemm ops: 16-bit inputs of mixed dtypes are refused, naming the op") {
