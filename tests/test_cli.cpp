@@ -850,9 +850,9 @@ TEST_CASE("cli: bench train prints what it measured and writes --json atomically
             "transformer --batches 1 --seq-len 4 --dropout 0.1 --lr 0.1 --modes eager "
             "--math fp32 --autocast none --warmup 0 --steps 1 --csv torch.csv"));
   // In bf16, PyTorch's peer trains under autocast, and a CSV row without autocast is not it.
-  const Result bf16 = regen_run(
-      dir, {"bench", "train", "--model", "transformer", "--seq-len", "4", "--batch", "1",
-            "--warmup", "0", "--steps", "1", "--threads", "2", "--precision", "bf16"});
+  const Result bf16 =
+      regen_run(dir, {"bench", "train", "--model", "transformer", "--seq-len", "4", "--batch", "1",
+                      "--warmup", "0", "--steps", "1", "--threads", "2", "--precision", "bf16"});
   CAPTURE(bf16.err);
   CHECK(bf16.status == 0);
   CHECK(has(bf16.out, "precision bf16"));
