@@ -16,7 +16,7 @@
 #include "regen/models/evaluate.h"
 #include "regen/models/optim.h"
 #include "regen/models/train.h"
-#include "regen/remat/planner.h"
+#include "regen/remat/plan/planner.h"
 
 namespace regen {
 

@@ -20,7 +20,7 @@
 #include <string>
 #include <vector>
 
-#include "regen/remat/profile.h"
+#include "regen/remat/profile/profile.h"
 #include "regen/session/options.h"
 
 namespace regen {

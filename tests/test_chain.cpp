@@ -9,7 +9,7 @@
 #include <algorithm>
 
 #include "regen/models/layers.h"
-#include "regen/remat/chain.h"
+#include "regen/remat/plan/chain.h"
 #include "tests/remat_suite.h"
 
 using namespace regen;

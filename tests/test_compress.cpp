@@ -17,9 +17,9 @@
 
 #include "regen/kernels/half.h"
 #include "regen/kernels/kernels.h"
-#include "regen/remat/compress.h"
-#include "regen/remat/offload.h"
-#include "regen/remat/pipeline.h"
+#include "regen/remat/execute/pipeline.h"
+#include "regen/remat/plan/compress.h"
+#include "regen/remat/plan/offload.h"
 #include "regen/session/records.h"
 #include "regen/session/session.h"
 #include "tests/remat_suite.h"

@@ -15,8 +15,8 @@
 
 #include "regen/autograd/ops.h"
 #include "regen/core/io.h"
-#include "regen/remat/dtr.h"
-#include "regen/remat/pipeline.h"
+#include "regen/remat/execute/dtr.h"
+#include "regen/remat/execute/pipeline.h"
 #include "tests/remat_suite.h"
 #include "tests/test_util.h"
 

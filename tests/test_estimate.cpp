@@ -15,7 +15,7 @@
 #include <cstdio>
 #include <string>
 
-#include "regen/remat/estimate.h"
+#include "regen/remat/profile/estimate.h"
 #include "tests/remat_suite.h"
 #include "tests/test_util.h"
 

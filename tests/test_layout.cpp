@@ -12,7 +12,7 @@
 #include <random>
 
 #include "regen/core/io.h"
-#include "regen/remat/layout.h"
+#include "regen/remat/plan/layout.h"
 #include "tests/allocator_suite.h"
 #include "tests/remat_suite.h"
 #include "tests/test_util.h"

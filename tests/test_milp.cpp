@@ -10,8 +10,8 @@
 #include <functional>
 #include <set>
 
-#include "regen/remat/milp.h"
-#include "regen/remat/transfer.h"
+#include "regen/remat/plan/milp.h"
+#include "regen/remat/profile/transfer.h"
 #include "tests/remat_suite.h"
 #include "tests/test_util.h"
 

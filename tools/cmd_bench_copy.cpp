@@ -7,7 +7,7 @@
 #include <ctime>
 
 #include "regen/core/io.h"
-#include "regen/remat/transfer.h"
+#include "regen/remat/profile/transfer.h"
 #include "regen/session/session.h"
 #include "tools/command.h"
 #include "tools/common.h"

@@ -7,7 +7,7 @@
 #include <sstream>
 
 #include "regen/core/io.h"
-#include "regen/remat/estimate.h"
+#include "regen/remat/profile/estimate.h"
 #include "tools/command.h"
 #include "tools/common.h"
 #include "tools/distributed.h"
