@@ -1,4 +1,4 @@
-// The analytic memory model (remat/estimate.h) against the exact terms of the step:
+// The analytic memory model (remat/profile/estimate.h) against the exact terms of the step:
 //  - parameters, gradients, optimizer state, inputs and the saved activations (without remat and
 //    with every block checkpointed) are exact to the byte on ResNets (bottleneck and basic
 //    blocks) and Transformers (relu and gelu, dropout on and off, fused, chunked and unfused

@@ -697,7 +697,7 @@ void run(Flags f, const Given& given) {
                      : "");
   }
   // The outputs, committed together: a run that failed above changed nothing. Under mpirun rank 0
-  // writes them (every rank planned from rank 0's profile: remat/distributed.h).
+  // writes them (every rank planned from rank 0's profile: remat/profile/distributed.h).
   if (!output_rank()) return;
   if (loaded) {
     write_file_atomic(csv_path, csv_text(c, frontiers));

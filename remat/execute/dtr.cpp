@@ -485,7 +485,7 @@ class DtrExecutor::TapeRuntime final : public DtrRuntime {
 
 namespace {
 Schedule all_retain(const Profile& p) {
-  // DTR evicts whole saved tensors; it does not run with narrowed ones (compress.h).
+  // DTR evicts whole saved tensors; it does not run with narrowed ones (remat/plan/compress.h).
   REGEN_CHECK(p.compress == Compression::none, "dtr and dtr-coop do not run with --compress ",
               compression_name(p.compress),
               ": they evict saved tensors as they are; use another --policy, or --compress none");

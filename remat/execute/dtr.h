@@ -80,7 +80,8 @@ class DtrEngine {
   const DtrStats& last() const { return last_; }    // the last finished step
   const DtrOptions& options() const { return o_; }
   // Whether DTR may evict saved tensor `s` at all: produced in the step and recomputable from
-  // what stays readable (profile.h ProfileSaved: not a leaf, every leaf it needs available).
+  // what stays readable (remat/profile/profile.h ProfileSaved: not a leaf, every leaf it needs
+  // available).
   bool eligible(int32_t s) const { return eligible_[static_cast<size_t>(s)] != 0; }
   // DTR's score of a resident saved tensor now: the cost of recomputing it and its evicted
   // neighbourhood over (bytes x staleness); the lowest is evicted first.
@@ -168,8 +169,8 @@ SimResult simulate_dtr(const Simulator& sim, const DtrOptions& options, int64_t 
 
 // The dtr and dtr-coop planners (registered as such): a plan with no recompute decisions, whose
 // prediction is DTR's simulated step under the budget's limit (or a lower one when that runs out
-// of memory: a limit is not monotonic, planner.h fit_schedule). A reserved budget only: DTR
-// evicts when the allocator's hard limit refuses a request; an allocated budget or a planned
+// of memory: a limit is not monotonic, remat/plan/planner.h fit_schedule). A reserved budget only:
+// DTR evicts when the allocator's hard limit refuses a request; an allocated budget or a planned
 // layout gives an infeasible plan that says so.
 Plan plan_dtr(const Simulator& sim, const Budget& budget, const PlanOptions& options,
               const DtrOptions& dtr);

@@ -17,10 +17,10 @@ std::string state_key(const std::string& tag) {
 
 // Streams each parameter's host-tier state through the device around its update, one parameter
 // ahead (copied in) and one behind (copied out), in the order the simulator replays
-// (simulator.cpp, run_state_stream): before the first update its state and the next one's are
-// copied in; before each later update the next one's; after each update its state is copied out
-// and the previous one's device blocks go once their copy is done; the last ones go when the step
-// ends.
+// (remat/simulate/simulator.cpp, run_state_stream): before the first update its state and the next
+// one's are copied in; before each later update the next one's; after each update its state is
+// copied out and the previous one's device blocks go once their copy is done; the last ones go when
+// the step ends.
 class RematExecutor::StateStream final : public OptimizerHooks {
  public:
   explicit StateStream(RematExecutor& ex) : ex_(ex) {}

@@ -52,8 +52,8 @@ class RematPipeline {
   const Simulator& simulator() const;      // over the current profile
 
   // ---- Stage 2 -------------------------------------------------------------------------------
-  // Any registered planner (planner.h policy_names()). The plan is kept even when it does not
-  // fit its budget (Plan::feasible says so); step() runs it without a limit then.
+  // Any registered planner (remat/plan/planner.h policy_names()). The plan is kept even when it
+  // does not fit its budget (Plan::feasible says so); step() runs it without a limit then.
   const Plan& plan(const std::string& policy, const Budget& budget,
                    const PlanOptions& options = {});
   // A plan made elsewhere for this profile: by make_plan, by judge_loaded_plan, or by hand (its

@@ -1,8 +1,9 @@
 // A plan's decisions turned into the exact sequence of evictions and regenerations of one
-// iteration. The simulator (simulator.h) and the executor (executor.h) both consume this one
-// Schedule, and both run its regeneration programs through one interpreter (interpret_program
-// below), so the allocations they make come in the same order: that is what makes the predicted
-// peak equal the measured one. docs/remat.md ("Schedule") walks through an example.
+// iteration. The simulator (remat/simulate/simulator.h) and the executor (executor.h) both consume
+// this one Schedule, and both run its regeneration programs through one interpreter
+// (interpret_program below), so the allocations they make come in the same order: that is what
+// makes the predicted peak equal the measured one. docs/remat.md ("Schedule") walks through an
+// example.
 #pragma once
 
 #include <cstdint>
@@ -47,7 +48,7 @@ std::vector<std::string> fate_words();  // "retain", "recompute", "offload"
 // runs, a new device block is allocated and the copy back issued; the step waits for it before the
 // first backward node that reads the tensor (or a regeneration program that does) runs, restores
 // it into the saved tensor and frees the host copy. Planners choose the points from the transfer
-// model (offload_points, offload.h) so that copies end before they are waited for.
+// model (offload_points, remat/plan/offload.h) so that copies end before they are waited for.
 struct Offload {
   int32_t saved = -1;
   int32_t free_after = -1;       // a forward node
@@ -134,8 +135,8 @@ struct Schedule {
   // Optimizer state on the host tier: the groups streamed through the device, in update order.
   StatePlace optimizer_state = StatePlace::device;
   std::vector<StateGroup> state_groups;
-  // Compression (compress.h; the profile's mode): the retained saved tensors held narrow (an
-  // offloaded tensor is copied in full; a recomputed one is not held at all). At the end of
+  // Compression (remat/plan/compress.h; the profile's mode): the retained saved tensors held narrow
+  // (an offloaded tensor is copied in full; a recomputed one is not held at all). At the end of
   // forward node n, after its evictions and its offloads' copies and frees, each of narrow_after[n]
   // is narrowed (its narrow form allocated, converted, its f32 block freed); before backward node
   // j's program, after its copies back, each of widen_before[j] is widened (its f32 block

@@ -174,8 +174,8 @@ int64_t lowest_fitting_budget(const Simulator& sim, const Schedule& s, BudgetOf 
 // ---- Lower bound ------------------------------------------------------------------------------
 
 // Every plan replays the profiled iteration's events in order, with its evictions and regeneration
-// programs inserted between them (simulator.h), so at the point where the profiled run had made its
-// first i events a plan's step holds at least:
+// programs inserted between them (remat/simulate/simulator.h), so at the point where the profiled
+// run had made its first i events a plan's step holds at least:
 //  - the blocks of the start state not freed yet, at their exact sizes (every run restores them);
 //  - every block allocated by those events and not freed by them that no plan can evict (all but
 //    the storages of candidate saved tensors; build_schedule refuses to evict anything else);

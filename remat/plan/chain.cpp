@@ -31,7 +31,8 @@ constexpr double kHoldWeights[] = {0.25, 1.0, 4.0};
 // Shares of a stage's bytes that pick the other holds.
 constexpr double kHoldShares[] = {0.1, 0.2, 0.4};
 
-// Replays inside one stage for many resident sets: need() of schedule.cpp on flat arrays.
+// Replays inside one stage for many resident sets: need() of remat/execute/schedule.cpp on flat
+// arrays.
 class LocalReplay {
  public:
   explicit LocalReplay(const Profile& p)

@@ -24,9 +24,9 @@
 //   backward     a dropped segment [s, t] is re-run from its input when backward reaches t:
 //                stage s restores an option and [s+1, t] follows, or s..i-1 are re-run to
 //                restore the input of i only, [i, t] is solved, then [s, i-1] (Rotor's recursion).
-// Memory comes from the profiled iteration's levels (liveness.h): what no decision over the
-// tracked tensors changes, plus the tracked tensors a plan holds. Every plan the programme yields
-// is then simulated exactly; the dp policy (planner.h) keeps the fastest one that fits.
+// Memory comes from the profiled iteration's levels (remat/simulate/liveness.h): what no decision
+// over the tracked tensors changes, plus the tracked tensors a plan holds. Every plan the programme
+// yields is then simulated exactly; the dp policy (planner.h) keeps the fastest one that fits.
 #pragma once
 
 #include <array>

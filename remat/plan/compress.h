@@ -1,9 +1,9 @@
 // Lossy compression of saved activations (--compress bf16|fp16; docs/remat.md, "Compression"):
 // a retained saved tensor is narrowed to 16 bits after its last forward use (its f32 bytes freed)
 // and widened back before backward first needs it. Which tensors may be (compressible), the names
-// of the modes, and the time model the profiler measures. The schedule (schedule.h) places the
-// narrowings and widenings; the simulator and the executor perform them in its order, so the
-// predicted peaks stay exact. Tests: tests/test_compress.cpp.
+// of the modes, and the time model the profiler measures. The schedule (remat/execute/schedule.h)
+// places the narrowings and widenings; the simulator and the executor perform them in its order, so
+// the predicted peaks stay exact. Tests: tests/test_compress.cpp.
 #pragma once
 
 #include <string>

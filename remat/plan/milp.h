@@ -2,24 +2,25 @@
 // 2020) over the plans the executor runs, solved with CBC. It is the ground truth the heuristic
 // planners are measured against.
 //
-// The plans it chooses from are the ones build_schedule (schedule.h) turns into programs with
-// keep_chain = false: a RETAIN/RECOMPUTE decision per candidate saved tensor (a recomputed one is
-// evicted after its last forward use), and explicit regenerations: before backward node j, the
-// listed evicted tensors are regenerated and restored, and stay resident until their last
-// backward use. Every evicted tensor is restored exactly once, at or before its first backward
-// use; a program replays the minimal set of forward nodes from resident tensors, in forward order,
-// and keeps nothing but its targets. The cost is the forward medians of the replayed nodes.
+// The plans it chooses from are the ones build_schedule (remat/execute/schedule.h) turns into
+// programs with keep_chain = false: a RETAIN/RECOMPUTE decision per candidate saved tensor (a
+// recomputed one is evicted after its last forward use), and explicit regenerations: before
+// backward node j, the listed evicted tensors are regenerated and restored, and stay resident until
+// their last backward use. Every evicted tensor is restored exactly once, at or before its first
+// backward use; a program replays the minimal set of forward nodes from resident tensors, in
+// forward order, and keeps nothing but its targets. The cost is the forward medians of the replayed
+// nodes.
 //
-// Memory is modelled on the profiled iteration's levels (liveness.h) with the tracked set = the
-// candidates: at every stretch of the event log between two points where the plan or a candidate's
-// allocation or free changes what is alive, the highest level of everything else plus the
-// candidates the plan holds there; inside every regeneration program, before each replayed node,
-// what the program holds (the targets restored so far, the replayed values a later replayed node
-// still reads) plus the node's own forward peak. This is exact while every block is in the small
-// pool (<= 1 MiB); a large cached block is not split when 1 MiB or less would remain, so large
-// tensors' block sizes depend on the plan. The returned plan is therefore simulated exactly; when
-// it is over the budget, the MILP is solved again with the internal budget lowered by the model's
-// error on that plan (MilpOptions::max_rounds).
+// Memory is modelled on the profiled iteration's levels (remat/simulate/liveness.h) with the
+// tracked set = the candidates: at every stretch of the event log between two points where the plan
+// or a candidate's allocation or free changes what is alive, the highest level of everything else
+// plus the candidates the plan holds there; inside every regeneration program, before each replayed
+// node, what the program holds (the targets restored so far, the replayed values a later replayed
+// node still reads) plus the node's own forward peak. This is exact while every block is in the
+// small pool (<= 1 MiB); a large cached block is not split when 1 MiB or less would remain, so
+// large tensors' block sizes depend on the plan. The returned plan is therefore simulated exactly;
+// when it is over the budget, the MILP is solved again with the internal budget lowered by the
+// model's error on that plan (MilpOptions::max_rounds).
 //
 // The solve runs in a child process: SIGINT, SIGTERM or SIGHUP stops it at once and reaches the
 // planning process as if no solver ran (by default it dies of it; plan_milp throws otherwise), and

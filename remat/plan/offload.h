@@ -1,6 +1,6 @@
-// Choosing where an offloaded tensor's copies happen (the Offload points of schedule.h), from the
-// transfer model and the profiled step's timeline. docs/remat.md ("Offload"); tests:
-// tests/test_offload.cpp.
+// Choosing where an offloaded tensor's copies happen (the Offload points of
+// remat/execute/schedule.h), from the transfer model and the profiled step's timeline.
+// docs/remat.md ("Offload"); tests: tests/test_offload.cpp.
 #pragma once
 
 #include <string>

@@ -1,5 +1,5 @@
 // The planner registry, make_plan, lowest_plan, finish_plan and PlanCache (planner.h). The built-in
-// planners are in remat/planners/ (one file each), the parts they share in planner_parts.cpp,
+// planners are in remat/plan/planners/ (one file each), the parts they share in planner_parts.cpp,
 // budgets in budget.cpp, plan files in plan_io.cpp.
 #include "regen/remat/plan/planner.h"
 

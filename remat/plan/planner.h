@@ -1,6 +1,6 @@
 // Stage 2: planners behind one interface. Each returns a Plan: a RETAIN/RECOMPUTE decision per
 // saved tensor, checked against the budget with the exact simulator. Planners are registered by
-// name (register_planner); the built-in ones sit in remat/planners/, one file each, registered
+// name (register_planner); the built-in ones sit in remat/plan/planners/, one file each, registered
 // through the same PlannerInfo, and share the parts in planner_parts.h:
 //   none    retain everything
 //   blocks  torch.utils.checkpoint per residual block / encoder layer: keep each block's input,
@@ -116,12 +116,13 @@ struct Plan {
   // to a reserved budget below every plan, the lowest limit its plan runs under.
   // `predicted` is the simulation under it, and training must set it to run as predicted.
   int64_t limit = 0;
-  std::vector<Decision> decisions;  // one fate per saved tensor (schedule.h Fate)
+  std::vector<Decision> decisions;  // one fate per saved tensor (remat/execute/schedule.h Fate)
   bool keep_chain = true;
-  std::vector<Regeneration> regenerations;  // explicit ones (schedule.h); most planners have none
-  // Offload: the points of every tensor whose fate is offload (schedule.h Offload; finish_plan
-  // chooses them with offload_points when a draft has none), where the optimizer state lives
-  // between steps, and the transfer model that times the copies (the profile's, unless the
+  // Explicit regenerations (remat/execute/schedule.h); most planners have none.
+  std::vector<Regeneration> regenerations;
+  // Offload: the points of every tensor whose fate is offload (remat/execute/schedule.h Offload;
+  // finish_plan chooses them with offload_points when a draft has none), where the optimizer state
+  // lives between steps, and the transfer model that times the copies (the profile's, unless the
   // planner was given another: PlanOptions::transfer). plan.json stores all three.
   std::vector<Offload> offloads;
   StatePlace optimizer_state = StatePlace::device;
@@ -212,7 +213,7 @@ std::vector<MutwoPick> mutwo_picks(const Profile& p);
 // PlanOptions::cache to every plan it makes on that simulator (a frontier of 40 budgets builds dp's
 // programme once); make_plan makes one for the call when none is given. Not thread-safe: one
 // planner call at a time per cache.
-struct DpCache;  // remat/planners/dp.h
+struct DpCache;  // remat/plan/planners/dp.h
 class PlanCache {
  public:
   explicit PlanCache(const Simulator& sim);
@@ -224,8 +225,8 @@ class PlanCache {
   DpCache& dp(const std::string& variant = "");
   std::optional<std::vector<MutwoPick>> mutwo_picks;
   std::map<std::string, int64_t> lowest;  // by policy, chain mode, budget kind and layout
-  // DTR's lowest limit found (remat/dtr.cpp) and the reserved peak under it, by variant (true:
-  // dtr-coop); a frontier asks at many budgets and the search runs dozens of simulations.
+  // DTR's lowest limit found (remat/execute/dtr.cpp) and the reserved peak under it, by variant
+  // (true: dtr-coop); a frontier asks at many budgets and the search runs dozens of simulations.
   struct DtrLowest {
     int64_t limit = 0, peak = 0;
   };
@@ -265,7 +266,8 @@ using PlannerFn = std::function<Plan(const Simulator&, const Budget&, const Plan
 // The planner's plan at the lowest budget (of options.budget_of) it meets with those options, with
 // budget_bytes that budget (lowest_plan).
 using LowestFn = std::function<Plan(const Simulator&, const PlanOptions&)>;
-// DTR's engine options (dtr.h): a planner that decides at step time runs the engine with them.
+// DTR's engine options (remat/execute/dtr.h): a planner that decides at step time runs the engine
+// with them.
 struct DtrOptions {
   // Coop: evict the cheapest window of address-contiguous blocks (free ones and evictable saved
   // tensors) that frees room for the request in one piece; DTR's own choice when no window can.

@@ -1,7 +1,7 @@
 // The parts the built-in planners are made of, for planners registered outside regen too
 // (register_planner, planner.h): comparing two answers to one budget, the prefix search blocks and
 // mutwo share, and planning in both chain modes to keep the better answer. Each built-in planner
-// sits in its own file under remat/planners/ and is registered through the same PlannerInfo an
+// sits in its own file under remat/plan/planners/ and is registered through the same PlannerInfo an
 // outside planner gives register_planner. Tests: tests/test_remat.cpp, tests/test_pipeline.cpp.
 #pragma once
 

@@ -2,8 +2,8 @@
 #include "regen/remat/profile/profile.h"
 
 // nlohmann/json's messages then name the field that was wrong ("(/nodes/3/fwd_ms) type must be
-// number"), so a damaged file is reported by its field (json_error.h). The macro puts this file's
-// json types in an ABI namespace of their own, so the other files' json is not affected.
+// number"), so a damaged file is reported by its field (remat/json_error.h). The macro puts this
+// file's json types in an ABI namespace of their own, so the other files' json is not affected.
 #define JSON_DIAGNOSTICS 1
 #include <nlohmann/json.hpp>
 

@@ -103,7 +103,7 @@ struct ProfileEvent {
 
 // The time model of narrowing and widening saved activations (--compress): milliseconds as
 // fixed + per_mib * MiB of f32, per direction, measured on the profiled device
-// (remat/compress.h measure_compress_cost).
+// (remat/plan/compress.h measure_compress_cost).
 struct CompressCost {
   double narrow_fixed_ms = 0, narrow_ms_per_mib = 0;
   double widen_fixed_ms = 0, widen_ms_per_mib = 0;
@@ -145,7 +145,8 @@ struct Profile {
   std::map<std::string, std::string> run;
   // How the run holds retained activations between forward and backward (--compress; the
   // trainer's setting): every plan's schedule narrows the compressible ones it retains
-  // (schedule.h). The event log is of the step without it. compress_cost: its time model.
+  // (remat/execute/schedule.h). The event log is of the step without it. compress_cost: its time
+  // model.
   Compression compress = Compression::none;
   CompressCost compress_cost;
   OpTiming op_timing = OpTiming::sync;  // "op_timing" in profile.json when device
@@ -182,7 +183,8 @@ NodeWindows node_windows(const Profile& p);
 
 // JSON (profile.json). save is atomic. parse_profile_json checks structure and cross-references
 // and throws regen::Error naming `origin` and the first problem; load_profile and
-// profile_from_json (simulator.h) also replay its event log against its recorded peaks.
+// profile_from_json (remat/simulate/simulator.h) also replay its event log against its recorded
+// peaks.
 void save_profile(const Profile& p, const std::string& path);
 std::string profile_to_json(const Profile& p);
 Profile parse_profile_json(const std::string& text, const std::string& origin);

@@ -363,8 +363,9 @@ Profile profile_training(Trainer& trainer, const ProfileOptions& options) {
   p.forward_ms = median(fw);
   p.backward_ms = median(bw);
   p.optimizer_ms = median(opt);
-  // The trainer's compression: its plans' schedules narrow what they retain (compress.h); the
-  // conversions' time model is measured now, after the instrumented steps.
+  // The trainer's compression: its plans' schedules narrow what they retain
+  // (remat/plan/compress.h); the conversions' time model is measured now, after the instrumented
+  // steps.
   p.compress = trainer.compression();
   p.compress_cost = measure_compress_cost(trainer.device(), p.compress);
   validate_profile(p, "profile of " + p.model);

@@ -5,8 +5,8 @@
 // parameters, gradients, optimizer state, the batch, workspaces, activation gradients and every
 // saved tensor the planner leaves alone. A plan's memory at a point is that rest plus the tracked
 // tensors the plan holds there (plus what a regeneration holds while it runs). The chain DP
-// (remat/chain.h) and the MILP (remat/milp.h) both build their cost models on it; the exact
-// simulator (simulator.h) then checks their plans.
+// (remat/plan/chain.h) and the MILP (remat/plan/milp.h) both build their cost models on it; the
+// exact simulator (simulator.h) then checks their plans.
 #pragma once
 
 #include <cstdint>

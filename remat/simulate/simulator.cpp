@@ -95,7 +95,7 @@ void move_optimizer_state(const Schedule& s, CachingAllocator& dev, CachingAlloc
   dev.empty_cache();
 }
 
-// The simulator's side of the DTR engine (dtr.h): simulated blocks for tensors.
+// The simulator's side of the DTR engine (remat/execute/dtr.h): simulated blocks for tensors.
 class SimRuntime final : public DtrRuntime {
  public:
   using Program = std::function<void(const RegenProgram&, const std::function<void(size_t)>&)>;
@@ -281,7 +281,7 @@ bool Simulator::Run::start() {
   if (opt_.start_holes) *opt_.start_holes = layout_holes(sim_.snapshot_state());
   flushes_before_ = sim_.stats().num_cache_flushes;
   // The limit, as the allocator applies it: to segments it maps from here on (the persistent
-  // ones may already pass it; a plan then does not fit, planner.h fit_schedule).
+  // ones may already pass it; a plan then does not fit, remat/plan/planner.h fit_schedule).
   if (opt_.limit > 0) sim_.set_limit(opt_.limit);
   res_.limit = opt_.limit;
   if (opt_.requests) opt_.requests->clear();
@@ -391,7 +391,7 @@ Block*& Simulator::Run::live_block(int32_t saved, const char* when) {
   return it->second;
 }
 
-// A regeneration program, interpreted by the code the executor runs (schedule.h
+// A regeneration program, interpreted by the code the executor runs (remat/execute/schedule.h
 // interpret_program), with blocks for tensors.
 void Simulator::Run::run_program(const RegenProgram& prog,
                                  const std::function<void(size_t)>& after_step) {
@@ -454,7 +454,8 @@ uint32_t Simulator::Run::value_tag(int32_t saved) const {
 }
 
 // Optimizer state on the host tier: each parameter's state copied into device blocks, updated,
-// copied back, one parameter ahead and one behind (the executor's order, executor.cpp).
+// copied back, one parameter ahead and one behind (the executor's order,
+// remat/execute/executor.cpp).
 void Simulator::Run::run_state_stream(double t0) {
   const size_t ng = s_.state_groups.size();
   std::vector<std::vector<Block*>> dev(ng);

@@ -14,7 +14,7 @@
 
 namespace regen {
 
-struct DtrOptions;  // planner.h
+struct DtrOptions;  // remat/plan/planner.h
 struct DtrStats;
 
 struct LiveBlockRec {
@@ -40,7 +40,7 @@ struct SimResult {
   double recompute_ms = 0;
   int64_t replays = 0;
   int64_t evictions = 0;   // saved tensors evicted (a schedule's, or those DTR chose)
-  int64_t narrowed = 0;    // saved tensors held narrow (compression; schedule.h)
+  int64_t narrowed = 0;    // saved tensors held narrow (compression; remat/execute/schedule.h)
   double compress_ms = 0;  // their narrowings and widenings, by the profile's time model
   std::vector<TimelinePoint> timeline;
   // With a limit: whether the step runs out of memory under it, the allocator's message and the
@@ -72,11 +72,12 @@ struct SimOptions {
   // that budget sets it: at the limit the allocator maps the smallest segment that fits, then
   // empties its cache, then runs out of memory (docs/memory.md), and the simulation follows it.
   int64_t limit = 0;
-  // A planned layout installed before the step, as training with it installs it (layout.h).
+  // A planned layout installed before the step, as training with it installs it
+  // (remat/plan/layout.h).
   std::shared_ptr<const PlannedLayout> layout;
   // When given: the free blocks of the device's segments at the step's start, after the optimizer
   // state moved to the host tier when the schedule keeps it there: the holes a planned layout is
-  // placed in (layout.h plan_layout).
+  // placed in (remat/plan/layout.h plan_layout).
   std::vector<uint64_t>* start_holes = nullptr;
   // When given: every request of the step in order, its rounded size and when it was made and
   // freed (positions in the sequence of requests and frees; end = -1: alive at the step's end).
@@ -85,9 +86,9 @@ struct SimOptions {
     int64_t begin = 0, end = -1;
   };
   std::vector<Request>* requests = nullptr;
-  // DTR (dtr.h) decides evictions and regenerations while the step runs: its engine is driven at
-  // the markers, with the allocator's eviction handler pointing at it (simulate_dtr sets these;
-  // the schedule is then all-retain). dtr_stats receives what it did.
+  // DTR (remat/execute/dtr.h) decides evictions and regenerations while the step runs: its engine
+  // is driven at the markers, with the allocator's eviction handler pointing at it (simulate_dtr
+  // sets these; the schedule is then all-retain). dtr_stats receives what it did.
   const DtrOptions* dtr = nullptr;
   DtrStats* dtr_stats = nullptr;
 };
@@ -123,9 +124,9 @@ struct StartLayouts {
 };
 StartLayouts start_layouts(const Profile& p, const Schedule& s);
 
-// A profile.json's text or file: parse_profile_json (profile.h), then its event log replayed: the
-// peaks must be the ones the file records as measured, or it was edited or damaged. Throws
-// regen::Error naming `origin` (the file) and the problem.
+// A profile.json's text or file: parse_profile_json (remat/profile/profile.h), then its event log
+// replayed: the peaks must be the ones the file records as measured, or it was edited or damaged.
+// Throws regen::Error naming `origin` (the file) and the problem.
 Profile profile_from_json(const std::string& text, const std::string& origin);
 // Reads a profile file. A file named profile.json is one of `regen profile`'s set (profile.json,
 // profile.txt, trace.json): the others carry its content's id (profile_set_files) and are renamed

@@ -1,6 +1,6 @@
 // The built-in planners, each in its own file of this folder and each a PlannerInfo like the one a
-// program gives register_planner (planner.h): the registry registers these first, in this order,
-// through the same checks. builtin_planners() lists them.
+// program gives register_planner (remat/plan/planner.h): the registry registers these first, in
+// this order, through the same checks. builtin_planners() lists them.
 #pragma once
 
 #include <vector>

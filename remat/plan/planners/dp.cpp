@@ -1,6 +1,6 @@
 // The "dp" planner: a dynamic programme over the chain of blocks (after Rotor and Rockmate; the
-// programme is chain.h's) for every budget level at once. Every distinct plan it yields (up to
-// kDpSimulated, spread from the largest budget to the lowest) is simulated exactly with the
+// programme is remat/plan/chain.h's) for every budget level at once. Every distinct plan it yields
+// (up to kDpSimulated, spread from the largest budget to the lowest) is simulated exactly with the
 // all-retain plan; the answer is the fastest that fits. The set does not depend on the budget, so
 // as the budget falls the chosen peak never rises and the predicted time never falls
 // (tests/test_chain.cpp). The programme and the simulations are kept in the caller's PlanCache: a
@@ -30,9 +30,9 @@ TransferModel transfer_of(const Simulator& sim, const PlanOptions& options) {
   return options.transfer.valid() ? options.transfer : sim.profile().transfer;
 }
 
-// The families derived from plans (offload.h plan_offload_sets): the kDpDerivedSources lowest
-// distinct peaks among the points of the families that offload no activation (no offload, and
-// the optimizer state alone), each with the tensors it retains offloaded as well, in the sets
+// The families derived from plans (remat/plan/offload.h plan_offload_sets): the kDpDerivedSources
+// lowest distinct peaks among the points of the families that offload no activation (no offload,
+// and the optimizer state alone), each with the tensors it retains offloaded as well, in the sets
 // plan_offload_sets gives: one family per set, its only candidate the source's plan. Low budgets
 // are where they matter: there dp holds checkpoints through most of backward, and the families
 // ranked on the step without recomputation offload other tensors. (Planning each set afresh, on

@@ -1,5 +1,5 @@
 // The "dp" planner's parts the milp planner and PlanCache use (dp.cpp; the programme itself is
-// chain.h's).
+// remat/plan/chain.h's).
 #pragma once
 
 #include <string>
@@ -15,8 +15,8 @@ namespace regen {
 // plans for every budget level, and the exact simulation of each plan dp judges (the all-retain
 // plan first). PlanCache::dp() holds it; dp.cpp fills it on first use.
 // With offload (PlanOptions::offload), the programme is solved once more per offload family
-// (offload.h offload_families): the family's tensors offloaded, the rest planned on the levels that
-// leaves; every point's plan is simulated with its copies and their waits.
+// (remat/plan/offload.h offload_families): the family's tensors offloaded, the rest planned on the
+// levels that leaves; every point's plan is simulated with its copies and their waits.
 struct DpCache {
   struct Family {
     OffloadFamily offload;  // the base family (index 0) offloads nothing

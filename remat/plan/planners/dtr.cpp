@@ -1,5 +1,5 @@
-// The "dtr" and "dtr-coop" planners: DTR at run time, no plan (remat/dtr.h holds the engine and
-// plan_dtr). Registered as every built-in planner is (builtin.h); tests/test_dtr.cpp.
+// The "dtr" and "dtr-coop" planners: DTR at run time, no plan (remat/execute/dtr.h holds the engine
+// and plan_dtr). Registered as every built-in planner is (builtin.h); tests/test_dtr.cpp.
 #include "regen/remat/execute/dtr.h"
 #include "regen/remat/plan/planners/builtin.h"
 

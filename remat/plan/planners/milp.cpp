@@ -1,7 +1,8 @@
-// The "milp" planner: the exact mixed-integer programme over the executor's plans (milp.h, after
-// Checkmate), solved with CBC from dp's plan. Its answer is never worse than dp's: where the
-// MILP's memory model refuses dp's plan, proves the budget out of its reach while dp's plan fits,
-// or returns nothing that reaches as low, dp's plan is kept and the note says so.
+// The "milp" planner: the exact mixed-integer programme over the executor's plans
+// (remat/plan/milp.h, after Checkmate), solved with CBC from dp's plan. Its answer is never worse
+// than dp's: where the MILP's memory model refuses dp's plan, proves the budget out of its reach
+// while dp's plan fits, or returns nothing that reaches as low, dp's plan is kept and the note says
+// so.
 #include <algorithm>
 #include <cstdio>
 
