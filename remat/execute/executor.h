@@ -3,6 +3,8 @@
 // node it runs the Schedule's regeneration program (replaying producer ops from retained
 // tensors, recursively); the tape releases every saved tensor after its last backward use. The
 // simulator replays the same Schedule, so the measured peak equals the predicted one.
+// remat/execute/ is stage 3: this executor, the Schedule it runs, DTR's runtime and the pipeline
+// that drives a step under a plan (docs/architecture.md, "remat").
 #pragma once
 
 #include <functional>

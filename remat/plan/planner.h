@@ -21,6 +21,8 @@
 //   auto    blocks and sqrt: keep; mutwo: plan both and take the better one (fits the budget, then
 //           the lower predicted step time; when neither fits, the lower peak)
 // docs/remat.md describes each one on the real data structures.
+// remat/plan/ is stage 2: this interface, the planners' models and parts, plan files; the
+// built-in planners are in remat/plan/planners/ (docs/architecture.md, "remat").
 #pragma once
 
 #include <functional>

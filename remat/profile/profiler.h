@@ -2,6 +2,8 @@
 // event log on and tape hooks marking every node's forward and backward, and builds a Profile:
 // the graph, the exact allocation sequence with markers, the layout the iteration started from,
 // and median timings. `regen profile` writes it as profile.json, a table and a Chrome trace.
+// remat/profile/ is stage 1: this, the Profile it makes, and what is measured or estimated beside
+// it (docs/architecture.md, "remat").
 #pragma once
 
 #include <functional>

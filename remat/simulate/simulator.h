@@ -3,6 +3,8 @@
 // iteration started from, with a Schedule's evictions and regenerations inserted where the
 // executor performs them. Same requests, same allocator algorithm: the predicted peaks equal the
 // measured ones to the byte (tests/test_remat.cpp checks it for every planner).
+// remat/simulate/ sits between stages 2 and 3: this simulator and the memory levels the
+// planners' models read (docs/architecture.md, "remat").
 #pragma once
 
 #include <array>
