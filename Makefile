@@ -35,7 +35,7 @@ test: build
 # installed package's test, which builds examples/ again. `make test` runs all of them.
 SANITIZE_SKIP ?= ^(20 steps of (ResNet|the Transformer) under a dp plan|milp: dp is within 3%|package: installed)
 # Line tables only (-g1): the sanitizers' reports keep their files and lines; the objects are 2.5x
-# smaller and compile 10-20% faster than with -g (remat/planners/dp.cpp, 2026-11-27).
+# smaller and compile 10-20% faster than with -g (remat/plan/planners/dp.cpp, 2026-11-27).
 # Without the Python module (REGEN_PYTHON=OFF): its seven pybind11 sources are not compiled a second
 # time, and its tests drive the library code the C++ suites run here; `make test` runs them
 # (uninstrumented).

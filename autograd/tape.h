@@ -155,8 +155,8 @@ class TapeHooks {
   // with it that every op's backward reads everything the op saved (tests/test_op_table.cpp).
   virtual void on_saved_read(Tape&, int32_t /*node*/, int64_t /*value*/) {}
   virtual void on_backward_finish(Tape&) {}
-  // An op's inputs may include saved tensors a remat runtime evicted (DTR, remat/dtr.h): the
-  // runtime makes them resident again in on_forward_begin, which runs before the op reads them;
+  // An op's inputs may include saved tensors a remat runtime evicted (DTR, remat/execute/dtr.h):
+  // the runtime makes them resident again in on_forward_begin, which runs before the op reads them;
   // the tape checks that it did.
   // Backward is about to read saved tensor `saved` while it is evicted. Return true after making
   // it resident; false lets the next hook try (and finally the engine throws).
@@ -342,7 +342,7 @@ class Tape {
   // Drops everything recorded (e.g. after a forward-only evaluation with grad mode on).
   void clear();
 
-  // ---- For the remat runtime (remat/executor.cpp) ----
+  // ---- For the remat runtime (remat/execute/executor.cpp) ----
   // A tensor for value `id`: a leaf that requires grad is returned itself; anything else is
   // built on its root's storage, which must be a resident saved tensor or a leaf that is still
   // alive (a leaf the tape holds only weakly fails with an error once its owner released it).

@@ -257,8 +257,8 @@ struct Block {
 
 // A planned layout (docs/memory.md, "The planned layout"): every request a training step makes,
 // in order, with where its block lies, decided ahead of time from the step's exact sequence of
-// requests (remat/layout.h plans it from a profile and a plan). A block lies either in one of the
-// free blocks the persistent segments hold when the layout is installed (their holes), or in
+// requests (remat/plan/layout.h plans it from a profile and a plan). A block lies either in one of
+// the free blocks the persistent segments hold when the layout is installed (their holes), or in
 // one arena of `size` bytes mapped for the layout.
 struct PlannedLayout {
   int64_t size = 0;               // the arena's bytes
@@ -279,8 +279,8 @@ struct EvictionRequest {
   uint32_t tag = 0;
 };
 // Consulted with such a request before the allocator gives up. It may free blocks (a runtime
-// that can drop tensors and make them again later: DTR, remat/dtr.h) and returns true when it
-// freed at least one, after which the allocator tries the request again from the start (cached
+// that can drop tensors and make them again later: DTR, remat/execute/dtr.h) and returns true when
+// it freed at least one, after which the allocator tries the request again from the start (cached
 // blocks, then segments, then the cache flush); false means it has nothing left to free, and the
 // request fails with OutOfMemory. It runs without the allocator's lock held, so it may call
 // free() and snapshot(), but it must not allocate.

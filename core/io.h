@@ -52,7 +52,7 @@ void write_files_atomic(const std::vector<std::pair<std::string, std::string>>& 
 
 // An id of `text` (FNV-1a, 64 bits, as 16 hex digits): files of one set carry the id of the one
 // renamed last, so that a reader finds a set a killed writer left mixed (regen profile's
-// profile.json, profile.txt and trace.json: remat/simulator.h load_profile).
+// profile.json, profile.txt and trace.json: remat/simulate/simulator.h load_profile).
 std::string content_id(const std::string& text);
 
 // Holds an exclusive advisory lock (flock) on a folder while a command writes into it, so that a

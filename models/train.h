@@ -181,8 +181,8 @@ class Trainer {
   }
   const PackedSaves* packed_saves() const { return packed_saves_.get(); }
   // How the run holds retained activations between forward and backward (--compress): the remat
-  // runtime narrows them (remat/schedule.h); the trainer carries the setting so that profiles of
-  // its steps record it.
+  // runtime narrows them (remat/execute/schedule.h); the trainer carries the setting so that
+  // profiles of its steps record it.
   void set_compression(Compression c) { compression_ = c; }
   Compression compression() const { return compression_; }
   // The precision the steps train in (autograd/precision.h): under bf16 and fp16 each forward pass

@@ -20,8 +20,8 @@
 
 #include "regen/core/io.h"
 #include "regen/models/model.h"
-#include "regen/remat/planner.h"
-#include "regen/remat/simulator.h"
+#include "regen/remat/plan/planner.h"
+#include "regen/remat/simulate/simulator.h"
 #include "regen/session/plan_request.h"
 
 namespace regen::py {

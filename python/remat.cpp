@@ -8,7 +8,7 @@
 
 #include "python/bindings.h"
 #include "regen/core/allocator.h"
-#include "regen/remat/dtr.h"
+#include "regen/remat/execute/dtr.h"
 #include "regen/session/session.h"
 
 namespace regen::py {

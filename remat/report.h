@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "regen/remat/planner.h"
+#include "regen/remat/plan/planner.h"
 
 namespace regen {
 

@@ -2,11 +2,11 @@
 """Every repository path cited in a comment or a document names a file or folder that exists.
 
 Comments and docs point readers at files ("Tests: tests/test_training.cpp", "see
-remat/planners/dp.cpp"); a file that moves or never existed leaves the pointer stale. This script
-reads every tracked C++/CUDA, Python, shell, CMake and Markdown file, takes the text of its comments
-(all of a Markdown file), finds the paths that start at one of the repository's top-level folders
-and end in a file name or a folder, and fails naming each one that is not there, with where it is
-cited. CI runs it beside the format check (.ci/run).
+remat/plan/planners/dp.cpp"); a file that moves or never existed leaves the pointer stale. This
+script reads every tracked C++/CUDA, Python, shell, CMake and Markdown file, takes the text of its
+comments (all of a Markdown file), finds the paths that start at one of the repository's top-level
+folders and end in a file name or a folder, and fails naming each one that is not there, with where
+it is cited. CI runs it beside the format check (.ci/run).
 
     python3 scripts/check-paths.py          # exit 1 and a line per stale path, else exit 0
 """
@@ -66,7 +66,7 @@ def main():
                 p = m.group(1).rstrip(".")
                 full = os.path.join(TOP, p)
                 if not FILE_END.search(p) and not os.path.isdir(full):
-                    continue  # a path pattern or a name, not a file ("remat/planners/<name>")
+                    continue  # a path pattern or a name, not a file ("remat/plan/planners/<name>")
                 if not os.path.exists(full):
                     stale.append(f"{f}:{n}: {p} does not exist")
     for s in stale:

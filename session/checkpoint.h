@@ -7,7 +7,7 @@
 #include <map>
 #include <string>
 
-#include "regen/remat/planner.h"
+#include "regen/remat/plan/planner.h"
 #include "regen/session/session.h"
 
 namespace regen {

@@ -13,8 +13,8 @@
 #include "regen/core/safetensors.h"
 #include "regen/dist/data_parallel.h"
 #include "regen/dist/world.h"
-#include "regen/remat/compress.h"
-#include "regen/remat/pipeline.h"
+#include "regen/remat/execute/pipeline.h"
+#include "regen/remat/plan/compress.h"
 
 #ifdef REGEN_WITH_CUDA
 #include "regen/core/cuda/runtime.h"

@@ -16,7 +16,7 @@
 #include "regen/models/evaluate.h"
 #include "regen/models/optim.h"
 #include "regen/models/train.h"
-#include "regen/remat/planner.h"
+#include "regen/remat/plan/planner.h"
 
 namespace regen {
 
@@ -83,8 +83,8 @@ struct SessionOptions {
   // a 1-bit mask, max_pool2d its argmax in 4 bits for 3x3 windows). Training is bitwise the same
   // either way. --masks on|off, masks=True|False.
   bool masks = true;
-  // Lossy compression of saved activations (remat/compress.h): none, or bf16 or fp16, where every
-  // plan holds the activations it retains narrow between their last forward use and backward
+  // Lossy compression of saved activations (remat/plan/compress.h): none, or bf16 or fp16, where
+  // every plan holds the activations it retains narrow between their last forward use and backward
   // (training is then no longer bitwise that of none). Applies to steps run under a plan (a run
   // with --compress profiles and plans, policy none at least). --compress, compress=.
   std::string compress = "none";

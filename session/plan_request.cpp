@@ -1,7 +1,7 @@
 // Plans as a person asks for them (plan_request.h).
 #include "regen/session/plan_request.h"
 
-#include "regen/remat/transfer.h"
+#include "regen/remat/profile/transfer.h"
 
 namespace regen {
 

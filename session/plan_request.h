@@ -15,9 +15,9 @@
 
 #include <string>
 
-#include "regen/remat/planner.h"
-#include "regen/remat/profile.h"
-#include "regen/remat/simulator.h"
+#include "regen/remat/plan/planner.h"
+#include "regen/remat/profile/profile.h"
+#include "regen/remat/simulate/simulator.h"
 #include "regen/session/options.h"
 
 namespace regen {

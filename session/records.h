@@ -5,7 +5,7 @@
 #include <map>
 #include <string>
 
-#include "regen/remat/profile.h"
+#include "regen/remat/profile/profile.h"
 #include "regen/session/options.h"
 
 namespace regen {

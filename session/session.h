@@ -9,7 +9,7 @@
 //   o.batch = 8;
 //   o.model_options["image_size"] = 128;
 //   auto s = regen::make_session(o);          // validates, dry-runs, builds
-//   regen::RematPipeline pipe(*s->trainer);   // profile, plan (remat/pipeline.h)
+//   regen::RematPipeline pipe(*s->trainer);   // profile, plan (remat/execute/pipeline.h)
 //   regen::TrainingRun run(*s, pipe);         // train (training_run.h)
 #pragma once
 
@@ -20,7 +20,7 @@
 #include <string>
 #include <vector>
 
-#include "regen/remat/profile.h"
+#include "regen/remat/profile/profile.h"
 #include "regen/session/options.h"
 
 namespace regen {

@@ -27,7 +27,7 @@
 #include <string>
 #include <vector>
 
-#include "regen/remat/pipeline.h"
+#include "regen/remat/execute/pipeline.h"
 #include "regen/session/session.h"
 
 namespace regen {

@@ -15,7 +15,7 @@
 
 #include "regen/core/allocator.h"
 #include "regen/core/error.h"
-#include "regen/remat/simulator.h"
+#include "regen/remat/simulate/simulator.h"
 
 namespace regen::testing {
 

@@ -17,8 +17,8 @@ function(step what)
   set(last_output "${out}" PARENT_SCOPE)
 endfunction()
 step("install" ${CMAKE_COMMAND} --install ${BUILD} --prefix ${WORK}/prefix)
-foreach(f include/regen/remat/pipeline.h include/regen/session/session.h include/regen/core/tensor.h
-          lib/cmake/regen/regenConfig.cmake lib/cmake/regen/regenTargets.cmake
+foreach(f include/regen/remat/execute/pipeline.h include/regen/session/session.h
+          include/regen/core/tensor.h lib/cmake/regen/regenConfig.cmake lib/cmake/regen/regenTargets.cmake
           lib/cmake/regen/RegenExtension.cmake)
   if(NOT EXISTS ${WORK}/prefix/${f})
     message(FATAL_ERROR "the installed package has no ${f}")

@@ -18,7 +18,7 @@
 #include "regen/kernels/kernels.h"
 #include "regen/models/optim.h"
 #include "regen/models/train.h"
-#include "regen/remat/pipeline.h"
+#include "regen/remat/execute/pipeline.h"
 #include "regen/session/session.h"
 
 namespace regen::testing {

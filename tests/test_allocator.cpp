@@ -16,7 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "regen/core/tensor.h"
-#include "regen/remat/layout.h"
+#include "regen/remat/plan/layout.h"
 #include "tests/allocator_suite.h"
 
 #if defined(__SANITIZE_ADDRESS__)

@@ -1,4 +1,4 @@
-// The dp planner (remat/chain.h): the chain model of real profiles, the frontier's properties
+// The dp planner (remat/plan/chain.h): the chain model of real profiles, the frontier's properties
 // (as the budget falls the planned peak never rises and the predicted time never falls; a plan
 // said feasible fits), plans that fit what the model predicts, and a network with long skips
 // (a U-Net-like model defined here, outside the presets) whose skips are pinned and whose plans
@@ -9,7 +9,7 @@
 #include <algorithm>
 
 #include "regen/models/layers.h"
-#include "regen/remat/chain.h"
+#include "regen/remat/plan/chain.h"
 #include "tests/remat_suite.h"
 
 using namespace regen;

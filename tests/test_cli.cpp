@@ -30,12 +30,12 @@
 
 #include "regen/core/io.h"
 #include "regen/core/safetensors.h"
-#include "regen/remat/dtr.h"
-#include "regen/remat/executor.h"
-#include "regen/remat/milp.h"
-#include "regen/remat/planner.h"
-#include "regen/remat/profiler.h"
-#include "regen/remat/transfer.h"
+#include "regen/remat/execute/dtr.h"
+#include "regen/remat/execute/executor.h"
+#include "regen/remat/plan/milp.h"
+#include "regen/remat/plan/planner.h"
+#include "regen/remat/profile/profiler.h"
+#include "regen/remat/profile/transfer.h"
 #include "tests/test_util.h"
 #include "tools/common.h"
 

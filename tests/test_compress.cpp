@@ -1,4 +1,4 @@
-// Lossy compression of saved activations (remat/compress.h, --compress bf16|fp16): the 16-bit
+// Lossy compression of saved activations (remat/plan/compress.h, --compress bf16|fp16): the 16-bit
 // conversions of kernels/half.h against a rounding written here in double (and GCC's _Float16
 // where the compiler has it), the CPU launchers, and training under plans with compression:
 // every step's peaks exactly the predicted ones, and the gradients bit for bit those of a run
@@ -17,9 +17,9 @@
 
 #include "regen/kernels/half.h"
 #include "regen/kernels/kernels.h"
-#include "regen/remat/compress.h"
-#include "regen/remat/offload.h"
-#include "regen/remat/pipeline.h"
+#include "regen/remat/execute/pipeline.h"
+#include "regen/remat/plan/compress.h"
+#include "regen/remat/plan/offload.h"
 #include "regen/session/records.h"
 #include "regen/session/session.h"
 #include "tests/remat_suite.h"

@@ -24,7 +24,7 @@
 #include "regen/dist/world.h"
 #include "regen/models/optim.h"
 #include "regen/models/train.h"
-#include "regen/remat/pipeline.h"
+#include "regen/remat/execute/pipeline.h"
 #include "regen/session/session.h"
 #include "tests/test_util.h"
 

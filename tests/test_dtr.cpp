@@ -1,4 +1,4 @@
-// DTR simulated exactly (remat/dtr.h) and the allocator's eviction handler it runs through:
+// DTR simulated exactly (remat/execute/dtr.h) and the allocator's eviction handler it runs through:
 //  - the handler is consulted before OutOfMemory at the same point on the CPU, Null and direct
 //    arenas: one sequence with evictions decides identically on all three;
 //  - the engine's heuristic (cost of the evicted neighbourhood over bytes x staleness), its
@@ -15,8 +15,8 @@
 
 #include "regen/autograd/ops.h"
 #include "regen/core/io.h"
-#include "regen/remat/dtr.h"
-#include "regen/remat/pipeline.h"
+#include "regen/remat/execute/dtr.h"
+#include "regen/remat/execute/pipeline.h"
 #include "tests/remat_suite.h"
 #include "tests/test_util.h"
 

@@ -1,4 +1,4 @@
-// The analytic memory model (remat/estimate.h) against the exact terms of the step:
+// The analytic memory model (remat/profile/estimate.h) against the exact terms of the step:
 //  - parameters, gradients, optimizer state, inputs and the saved activations (without remat and
 //    with every block checkpointed) are exact to the byte on ResNets (bottleneck and basic
 //    blocks) and Transformers (relu and gelu, dropout on and off, fused, chunked and unfused
@@ -15,7 +15,7 @@
 #include <cstdio>
 #include <string>
 
-#include "regen/remat/estimate.h"
+#include "regen/remat/profile/estimate.h"
 #include "tests/remat_suite.h"
 #include "tests/test_util.h"
 

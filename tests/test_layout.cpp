@@ -1,18 +1,18 @@
-// The planned layout (remat/layout.h, CachingAllocator::set_planned_layout): offsets that never
-// overlap two blocks alive at once, on random lifetimes and on a hand-checked case; the allocator
-// serving a random sequence from its layout (blocks disjoint in the randomized check of the
-// allocator tests, bytes written and read back, statistics exact); a step that is not the planned
-// one, a malformed layout and an arena past the limit refused with what was wrong; and training
-// with planned layouts: the same losses, gradients and parameters bitwise, the predicted peaks to
-// the byte, reserved bytes equal to the persistent segments plus the planned arena, reserved
-// budgets met under the hard limit and one byte less refused; plan.json keeps the layout.
+// The planned layout (remat/plan/layout.h, CachingAllocator::set_planned_layout): offsets that
+// never overlap two blocks alive at once, on random lifetimes and on a hand-checked case; the
+// allocator serving a random sequence from its layout (blocks disjoint in the randomized check of
+// the allocator tests, bytes written and read back, statistics exact); a step that is not the
+// planned one, a malformed layout and an arena past the limit refused with what was wrong; and
+// training with planned layouts: the same losses, gradients and parameters bitwise, the predicted
+// peaks to the byte, reserved bytes equal to the persistent segments plus the planned arena,
+// reserved budgets met under the hard limit and one byte less refused; plan.json keeps the layout.
 #include <doctest/doctest.h>
 
 #include <unistd.h>
 #include <random>
 
 #include "regen/core/io.h"
-#include "regen/remat/layout.h"
+#include "regen/remat/plan/layout.h"
 #include "tests/allocator_suite.h"
 #include "tests/remat_suite.h"
 #include "tests/test_util.h"

@@ -1,5 +1,5 @@
-// The MILP planner (remat/milp.h): on a hand-made chain it finds the optimum that exhaustive search
-// over every plan it can express finds; on transformer-tiny and a ResNet whose activations
+// The MILP planner (remat/plan/milp.h): on a hand-made chain it finds the optimum that exhaustive
+// search over every plan it can express finds; on transformer-tiny and a ResNet whose activations
 // dominate, its plans meet the budget, execute bitwise identically to training without remat with
 // the peaks the simulator predicted, are no slower than mutwo's, and cost no less as the budget
 // falls. Without CBC, plan_milp says how to get it.
@@ -10,8 +10,8 @@
 #include <functional>
 #include <set>
 
-#include "regen/remat/milp.h"
-#include "regen/remat/transfer.h"
+#include "regen/remat/plan/milp.h"
+#include "regen/remat/profile/transfer.h"
 #include "tests/remat_suite.h"
 #include "tests/test_util.h"
 

@@ -12,10 +12,10 @@
 #include <string>
 #include <vector>
 
-#include "regen/remat/estimate.h"
-#include "regen/remat/offload.h"
-#include "regen/remat/pipeline.h"
-#include "regen/remat/transfer.h"
+#include "regen/remat/execute/pipeline.h"
+#include "regen/remat/plan/offload.h"
+#include "regen/remat/profile/estimate.h"
+#include "regen/remat/profile/transfer.h"
 #include "regen/session/checkpoint.h"
 #include "regen/session/records.h"
 #include "regen/session/session.h"

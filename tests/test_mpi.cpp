@@ -24,7 +24,7 @@
 
 #include "regen/core/io.h"
 #include "regen/core/safetensors.h"
-#include "regen/remat/simulator.h"
+#include "regen/remat/simulate/simulator.h"
 #include "tests/test_util.h"
 
 using namespace regen;

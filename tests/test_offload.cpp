@@ -14,8 +14,8 @@
 #include "examples/unet/unet_model.h"
 #include "regen/core/copy_queue.h"
 #include "regen/core/io.h"
-#include "regen/remat/offload.h"
-#include "regen/remat/planners/dp.h"
+#include "regen/remat/plan/offload.h"
+#include "regen/remat/plan/planners/dp.h"
 #include "regen/remat/report.h"
 #include "tests/offload_suite.h"
 

@@ -18,7 +18,7 @@
 #include "regen/autograd/ops.h"
 #include "regen/kernels/kernels.h"
 #include "regen/kernels/unary_ops.h"
-#include "regen/remat/pipeline.h"
+#include "regen/remat/execute/pipeline.h"
 #include "regen/session/records.h"
 #include "regen/session/session.h"
 #include "tests/test_util.h"

@@ -11,10 +11,10 @@
 
 #include "regen/autograd/ops.h"
 #include "regen/models/layers.h"
-#include "regen/remat/pipeline.h"
-#include "regen/remat/planner_parts.h"
-#include "regen/remat/planners/builtin.h"
-#include "regen/remat/planners/dp.h"
+#include "regen/remat/execute/pipeline.h"
+#include "regen/remat/plan/planner_parts.h"
+#include "regen/remat/plan/planners/builtin.h"
+#include "regen/remat/plan/planners/dp.h"
 #include "tests/remat_suite.h"
 #include "tests/test_util.h"
 

@@ -5,7 +5,7 @@
 
 #include <string>
 
-#include "regen/remat/pipeline.h"
+#include "regen/remat/execute/pipeline.h"
 #include "regen/session/plan_request.h"
 #include "regen/session/session.h"
 #include "test_util.h"

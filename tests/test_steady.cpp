@@ -17,7 +17,7 @@
 
 #include "regen/models/optim.h"
 #include "regen/models/train.h"
-#include "regen/remat/pipeline.h"
+#include "regen/remat/execute/pipeline.h"
 #include "remat_suite.h"
 #include "test_util.h"
 

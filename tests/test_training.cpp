@@ -19,7 +19,7 @@
 #include "regen/core/safetensors.h"
 #include "regen/models/evaluate.h"
 #include "regen/models/metrics_log.h"
-#include "regen/remat/pipeline.h"
+#include "regen/remat/execute/pipeline.h"
 #include "regen/session/checkpoint.h"
 #include "regen/session/session.h"
 #include "regen/session/training_run.h"

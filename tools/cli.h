@@ -1,6 +1,6 @@
 // The regen command line as a function. `regen` itself is main() calling it; a program that links
 // regen::cli, registers its own models (models/model.h register_model) and planners
-// (remat/planner.h register_planner) and then calls it gets every subcommand (train, profile,
+// (remat/plan/planner.h register_planner) and then calls it gets every subcommand (train, profile,
 // plan, sweep, frontier, bench ...) for them too, through the same code:
 //
 //   int main(int argc, char** argv) {

@@ -1,13 +1,14 @@
 // `regen bench copy`: times copies between a device and its host tier on the copy queues the
 // offload executor uses (core/copy_queue.h: cudaMemcpyAsync on a copy stream from pinned memory;
 // a helper thread's memcpy on the CPU), fits the transfer model (latency + bytes / bandwidth, per
-// direction; remat/transfer.h) and prints both. --json writes the model, which `regen plan`,
-// `train`, `frontier` and `sweep` take as --transfer FILE.json (profiles store their own).
+// direction; remat/profile/transfer.h) and prints both. --json writes the model, which
+// `regen plan`, `train`, `frontier` and `sweep` take as --transfer FILE.json (profiles store
+// their own).
 #include <cstdio>
 #include <ctime>
 
 #include "regen/core/io.h"
-#include "regen/remat/transfer.h"
+#include "regen/remat/profile/transfer.h"
 #include "regen/session/session.h"
 #include "tools/command.h"
 #include "tools/common.h"

@@ -11,8 +11,8 @@
 #include <sstream>
 
 #include "regen/core/io.h"
-#include "regen/remat/dtr.h"
-#include "regen/remat/profiler.h"
+#include "regen/remat/execute/dtr.h"
+#include "regen/remat/profile/profiler.h"
 #include "tools/command.h"
 #include "tools/common.h"
 

@@ -1,4 +1,4 @@
-// `regen estimate`: the analytic memory model (remat/estimate.h), with no run: parameters,
+// `regen estimate`: the analytic memory model (remat/profile/estimate.h), with no run: parameters,
 // gradients, optimizer state, inputs, the activations saved for backward without remat or with
 // every block checkpointed, what backward adds, and the peak. With --compare, the same terms
 // exactly from a dry profile of the step (no kernel runs; milliseconds) and the error of each.
@@ -7,7 +7,7 @@
 #include <sstream>
 
 #include "regen/core/io.h"
-#include "regen/remat/estimate.h"
+#include "regen/remat/profile/estimate.h"
 #include "tools/command.h"
 #include "tools/common.h"
 #include "tools/distributed.h"

@@ -19,9 +19,9 @@
 #include <sstream>
 
 #include "regen/core/io.h"
-#include "regen/remat/dtr.h"
-#include "regen/remat/executor.h"
-#include "regen/remat/profiler.h"
+#include "regen/remat/execute/dtr.h"
+#include "regen/remat/execute/executor.h"
+#include "regen/remat/profile/profiler.h"
 #include "regen/session/plan_request.h"
 #include "tools/command.h"
 #include "tools/common.h"
@@ -697,7 +697,7 @@ void run(Flags f, const Given& given) {
                      : "");
   }
   // The outputs, committed together: a run that failed above changed nothing. Under mpirun rank 0
-  // writes them (every rank planned from rank 0's profile: remat/distributed.h).
+  // writes them (every rank planned from rank 0's profile: remat/profile/distributed.h).
   if (!output_rank()) return;
   if (loaded) {
     write_file_atomic(csv_path, csv_text(c, frontiers));

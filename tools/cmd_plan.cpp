@@ -4,8 +4,8 @@
 #include <string>
 
 #include "regen/core/io.h"
-#include "regen/remat/dtr.h"
-#include "regen/remat/planner.h"
+#include "regen/remat/execute/dtr.h"
+#include "regen/remat/plan/planner.h"
 #include "regen/remat/report.h"
 #include "regen/session/plan_request.h"
 #include "tools/command.h"

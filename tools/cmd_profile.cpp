@@ -4,9 +4,9 @@
 #include <optional>
 
 #include "regen/core/io.h"
-#include "regen/remat/profiler.h"
+#include "regen/remat/profile/profiler.h"
 #include "regen/remat/report.h"
-#include "regen/remat/simulator.h"
+#include "regen/remat/simulate/simulator.h"
 #include "tools/command.h"
 #include "tools/common.h"
 #include "tools/distributed.h"

@@ -13,9 +13,9 @@
 #include <sstream>
 
 #include "regen/core/io.h"
-#include "regen/remat/dtr.h"
-#include "regen/remat/executor.h"
-#include "regen/remat/profiler.h"
+#include "regen/remat/execute/dtr.h"
+#include "regen/remat/execute/executor.h"
+#include "regen/remat/profile/profiler.h"
 #include "regen/remat/report.h"
 #include "regen/session/plan_request.h"
 #include "tools/command.h"

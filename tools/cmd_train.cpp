@@ -14,7 +14,7 @@
 #include "regen/dist/data_parallel.h"
 #include "regen/dist/world.h"
 #include "regen/models/metrics_log.h"
-#include "regen/remat/pipeline.h"
+#include "regen/remat/execute/pipeline.h"
 #include "regen/session/plan_request.h"
 #include "regen/session/training_run.h"
 #include "tools/command.h"

@@ -24,8 +24,8 @@
 #include <vector>
 
 #include "regen/core/error.h"
-#include "regen/remat/dtr.h"
-#include "regen/remat/pipeline.h"
+#include "regen/remat/execute/dtr.h"
+#include "regen/remat/execute/pipeline.h"
 #include "regen/session/session.h"
 #include "unet_model.h"
 

@@ -24,7 +24,7 @@ done
 for f in "$ROOT"/kernels/cuda/*.cu; do python3 "$HERE/transform.py" "$f" "$B/gen/$(basename "$f" .cu).cpp" > /dev/null; done
 srcs=$(ls "$B"/gen/*.cpp "$ROOT"/kernels/cuda/*.cpp "$ROOT"/kernels/cpu/*.cpp "$ROOT"/kernels/dispatch.cpp \
   "$ROOT"/autograd/*.cpp "$ROOT"/core/*.cpp "$ROOT"/models/*.cpp "$ROOT"/dist/*.cpp \
-  "$ROOT"/remat/*.cpp "$ROOT"/remat/planners/*.cpp "$ROOT"/session/*.cpp "$HERE"/emu_runtime.cpp)
+  "$ROOT"/remat/*.cpp "$ROOT"/remat/*/*.cpp "$ROOT"/remat/plan/planners/*.cpp "$ROOT"/session/*.cpp "$HERE"/emu_runtime.cpp)
 # One object per source, named after its folder and file; rebuilt when the source, or any header
 # of the tree (coarse, but a changed inline function reaches every object that uses it), is newer.
 newest_header=$(find "$ROOT"/core "$ROOT"/kernels "$ROOT"/autograd "$ROOT"/models "$ROOT"/dist "$ROOT"/remat "$ROOT"/session \
@@ -35,7 +35,8 @@ echo "$srcs" | xargs -P "$JOBS" -I{} sh -c '
   if [ ! -f $obj ] || [ $src -nt $obj ] || [ "$newest_header" -nt $obj ]; then
     $CXXCMD -c $src -o $obj || exit 255
   fi'
-objs=$(ls "$B"/obj/*.o)
+# The objects of today's sources only: one left in $B by a file since moved or removed would clash.
+objs=$(for src in $srcs; do echo "$B/obj/$(basename "$(dirname "$src")")_$(basename "$src" .cpp).o"; done)
 build_test() {  # name source
   $CXXCMD $defs -c "$2" -o "$B/$1.o"
   $CXXCMD -o "$B/$1" "$B/$1.o" $objs -lpthread

@@ -13,7 +13,7 @@
 #include "regen/dist/data_parallel.h"
 #include "regen/dist/world.h"
 #include "regen/models/optim.h"
-#include "regen/remat/pipeline.h"
+#include "regen/remat/execute/pipeline.h"
 #include "tests/test_util.h"
 
 using namespace regen;

@@ -6,7 +6,7 @@
 #include <memory>
 #include <string>
 
-#include "regen/remat/planner.h"
+#include "regen/remat/plan/planner.h"
 #include "tests/fuzz/fuzz_util.h"
 
 namespace {
