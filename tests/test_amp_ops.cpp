@@ -301,7 +301,7 @@ TEST_CASE_TEMPLATE("amp ops: softmax 16-bit, backward from the rounded saved out
                std::string("softmax gradient ") + dtype_name(dtype_h<H>()));
 }
 
-TEST_CASE_TEMPLATE("amp ops: embedding gathers 16-bit rows; repeated ids round per add", H,
+TEST_CASE_TEMPLATE("amp ops: embedding gathers 16-bit rows, and repeated ids round per add", H,
                    bfloat16, float16) {
   const int64_t V = 7, D = 150;
   const std::vector<int64_t> id_values = {3, 0, 3, 6, 3, 1, 6, 2};  // row 3 three times, 6 twice

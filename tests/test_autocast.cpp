@@ -141,7 +141,7 @@ TEST_CASE("cast: values bitwise as core/half.h, in every direction") {
   CHECK(bad == 0);
 }
 
-TEST_CASE("cast: same dtype is x itself, no node; backward casts the gradient back") {
+TEST_CASE("cast: same dtype is x itself with no node, and backward casts the gradient back") {
   Tape::current().clear();
   Tensor x = rounded({3, 4}, DType::f32, 1);
   x.set_requires_grad(true);
