@@ -1713,6 +1713,10 @@ TEST_CASE("cli: counts bounded, numbers decimal, ignored flags refused, each nam
   expect_failure(dir, {"estimate", "--model", "bert-base", "--batch", "1000000", "--compare"},
                  {"--batch 1000000: dry profile: a step of model 'bert-base' at batch 1000000",
                   "allocator events", "profile a smaller batch"});
+  // The closed forms count an fp32 step: a mixed precision's terms come from its dry run only.
+  expect_failure(dir, {"estimate", "--model", "transformer-tiny", "--precision", "bf16"},
+                 {"--precision bf16: the closed forms count an fp32 step",
+                  "pass --compare for the exact terms of a bf16 step"});
   // Numbers are decimal everywhere, --transfer's included.
   expect_failure(dir,
                  tiny({"--policy", "dp", "--budget", "50%", "--offload", "activations",

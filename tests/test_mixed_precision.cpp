@@ -227,6 +227,18 @@ TEST_CASE("precision: fp16's loss scale grows, backs off and stops at its floor 
   const std::string e = error_of([&] { s.update(false); });
   CHECK(has(e, "fp16 training: the loss scale fell to 0.5 after 18 steps skipped"));
   CHECK(has(e, "train in bf16"));
+  // A trainer takes only a scale a run reaches, and its precision before the first step.
+  auto session = make_session(lm("fp16"));
+  LossScale bad;
+  bad.scale = 0.5;
+  CHECK(has(error_of([&] { session->trainer->set_loss_scale(bad); }),
+            "a loss scale of 0.5 with 0 good steps and 0 skipped is not one a run reaches"));
+  bad.scale = 1024;
+  bad.good_steps = LossScale::kGrowthInterval;
+  CHECK(has(error_of([&] { session->trainer->set_loss_scale(bad); }), "good steps below 2000"));
+  session->trainer->step();
+  CHECK(has(error_of([&] { session->trainer->set_precision(Precision::bf16); }),
+            "the precision is set before the first step"));
 }
 
 TEST_CASE(
