@@ -156,27 +156,19 @@ StepResult Trainer::step(StepObserver* observer) {
     if (sync_) sync_->end_backward();
     if (observer) observer->on_optimizer_begin(alloc);
     const std::vector<Tensor>& params = optimizer_.params();
+    // GradScaler's unscale_ (fp16): the gradients divided by the scale before anything reads them.
+    if (scaled) scale_gradients(params, 1.0 / loss_scale_.scale);
     bool finite = true;
-    if (scaled) {
-      // GradScaler's unscale_: the gradients divided by the scale before anything reads them,
-      // then the overflow check over every rank's gradients (the global sum of squares is
-      // finite exactly when every gradient is).
-      scale_gradients(params, 1.0 / loss_scale_.scale);
+    if (scaled || clip_ > 0 || track_norm_) {
+      // clip_grad_norm_'s arithmetic, with the sum of squares reduced across the ranks when each
+      // holds a shard of the gradients (ZeRO): the global norm on every rank. In fp16 it is also
+      // the overflow check: the global sum of squares is finite exactly when every gradient is.
       double squares = gradient_sum_squares(params);
       if (sync_ && !dry_run_active()) squares = sync_->reduce_squared_norm(squares);
-      finite = std::isfinite(squares) || dry_run_active();
+      finite = !scaled || std::isfinite(squares) || dry_run_active();
       if (finite) r.grad_norm = std::sqrt(squares);
-    }
-    if (finite && (clip_ > 0 || track_norm_)) {
-      // clip_grad_norm_'s arithmetic, with the sum of squares reduced across the ranks when each
-      // holds a shard of the gradients (ZeRO): the global norm on every rank.
-      if (!scaled) {
-        double squares = gradient_sum_squares(params);
-        if (sync_ && !dry_run_active()) squares = sync_->reduce_squared_norm(squares);
-        r.grad_norm = std::sqrt(squares);
-      }
       const double coef = clip_ > 0 ? clip_ / (r.grad_norm + 1e-6) : 1.0;
-      if (coef < 1.0) scale_gradients(params, coef);
+      if (finite && coef < 1.0) scale_gradients(params, coef);
     }
     if (finite) optimizer_.step();
     if (scaled && !dry_run_active()) loss_scale_.update(finite);

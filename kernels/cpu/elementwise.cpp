@@ -251,27 +251,9 @@ void widen_from_half(const uint16_t* x, T* y, int64_t n, Compression c) {
 template void narrow_to_half<float>(const float*, uint16_t*, int64_t, Compression);
 template void widen_from_half<float>(const uint16_t*, float*, int64_t, Compression);
 
-#define REGEN_INSTANTIATE(T)                                                           \
-  template void fill<T>(T*, int64_t, T);                                               \
-  template void copy<T>(const T*, T*, int64_t);                                        \
-  template void add<T>(const T*, const T*, T*, int64_t, int64_t);                      \
-  template void add_inplace<T>(T*, const T*, int64_t);                                 \
-  template void mul<T>(const T*, const T*, T*, int64_t, int64_t);                      \
-  template void scale<T>(const T*, T*, int64_t, T);                                    \
-  template void fill_from_scalar<T>(const T*, T*, int64_t, T);                         \
-  template void sum_rows<T>(const T*, T*, int64_t, int64_t);                           \
-  template void sum_all<T>(const T*, T*, int64_t);                                     \
-  template void sum_squares<T>(const T*, T*, int64_t);                                 \
-  template void dropout_forward<T>(const T*, T*, int64_t, float, uint64_t, uint64_t);  \
-  template void dropout_backward<T>(const T*, T*, int64_t, float, uint64_t, uint64_t); \
-  template void permute<T>(const T*, T*, const PermuteShape&);
-REGEN_INSTANTIATE(float)
-REGEN_INSTANTIATE(double)
-#undef REGEN_INSTANTIATE
-
-// The 16-bit types: the kernels of add, mul, scale, sum and mean (forward and backward), the
+// Every floating type: the kernels of add, mul, scale, sum and mean (forward and backward), the
 // gradient accumulation of the autograd engine, and the copies of the shape ops (permute).
-#define REGEN_INSTANTIATE_HALF(T)                                 \
+#define REGEN_INSTANTIATE_ANY(T)                                  \
   template void fill<T>(T*, int64_t, T);                          \
   template void copy<T>(const T*, T*, int64_t);                   \
   template void add<T>(const T*, const T*, T*, int64_t, int64_t); \
@@ -282,11 +264,24 @@ REGEN_INSTANTIATE(double)
   template void sum_rows<T>(const T*, T*, int64_t, int64_t);      \
   template void sum_all<T>(const T*, T*, int64_t);                \
   template void sum_squares<T>(const T*, T*, int64_t);            \
-  template void permute<T>(const T*, T*, const PermuteShape&);    \
-  template void scale_f32<T>(const T*, T*, int64_t, float);       \
+  template void permute<T>(const T*, T*, const PermuteShape&);
+// f32 and f64: dropout too (the 16-bit dropout is kernels/cpu/dropout_lowp.cpp).
+#define REGEN_INSTANTIATE(T)                                                          \
+  REGEN_INSTANTIATE_ANY(T)                                                            \
+  template void dropout_forward<T>(const T*, T*, int64_t, float, uint64_t, uint64_t); \
+  template void dropout_backward<T>(const T*, T*, int64_t, float, uint64_t, uint64_t);
+REGEN_INSTANTIATE(float)
+REGEN_INSTANTIATE(double)
+#undef REGEN_INSTANTIATE
+
+// The 16-bit types: factors in f32 too (scale_f32, fill_from_scalar_f32).
+#define REGEN_INSTANTIATE_HALF(T)                           \
+  REGEN_INSTANTIATE_ANY(T)                                  \
+  template void scale_f32<T>(const T*, T*, int64_t, float); \
   template void fill_from_scalar_f32<T>(const T*, T*, int64_t, float);
 REGEN_INSTANTIATE_HALF(bfloat16)
 REGEN_INSTANTIATE_HALF(float16)
 #undef REGEN_INSTANTIATE_HALF
+#undef REGEN_INSTANTIATE_ANY
 
 }  // namespace regen::cpu
