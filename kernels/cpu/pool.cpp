@@ -5,8 +5,8 @@
 // backward scatters need no atomics and sum in a fixed order.
 // 16-bit planes (bfloat16, float16) compare and sum in f32 (acc_t) and round once per output; their
 // backward scatters are gathers instead (each input element sums, in f32 and in the scatter's
-// order, the outputs whose window holds it, and is rounded once), so each 16-bit result is the f32
-// kernel's on the widened inputs, rounded. A plane of at most lowp::kPlaneMax elements is widened
+// order, the outputs whose window holds it, and is rounded once; a widened plane scatters in f32),
+// so each 16-bit result is the f32 kernel's on the widened inputs, rounded. A plane of at most lowp::kPlaneMax elements is widened
 // whole into an f32 stack buffer (kernels/cpu/lowp_blocks.h) and runs the f32 plane loops, its
 // output narrowed once; a larger one converts element by element, with the same bits.
 // Tests: tests/test_ops_vision.cpp (against nested loops), tests/test_gradcheck_vision.cpp,
@@ -88,9 +88,13 @@ template <class T, class Chosen>
 void maxpool2d_backward_gather(const T* dy, T* dx, const PoolShape& s, Chosen chosen) {
   const int64_t planes = s.N * s.C, hw = s.H * s.W, pq = s.P * s.Q;
   if (plane_fits(s)) {
+    // A widened plane scatters in f32, in output order: each element receives the same additions
+    // in the same order as the gather below, so the same bits, without visiting every window that
+    // covers each element.
     over_widened_planes(
         dy, pq, dx, hw, planes, planes * (pq + hw), [&](int64_t i, const float* g, float* out) {
-          maxpool2d_gather_plane(g, out, s, [&](int64_t j) { return chosen(i, j); });
+          std::fill(out, out + hw, 0.0f);
+          for (int64_t j = 0; j < pq; ++j) out[chosen(i, j)] += g[j];
         });
     return;
   }
@@ -149,6 +153,27 @@ void avgpool2d_plane(const D* in, D* out, const PoolShape& s) {
         for (int64_t w = w0; w < w1; ++w) acc += static_cast<double>(in[h * s.W + w]);
       }
       out[p * s.Q + q] = static_cast<D>(acc * inv);
+    }
+  }
+}
+
+// The backward of average pooling over one plane (f32 or f64): each output adds g = dy * inv to
+// its window, outputs row by row. Never inlined, so the f32 kernel and a widened 16-bit plane run
+// the same machine code: the compiler cannot fuse the multiply-add one way here and another there.
+template <class D>
+__attribute__((noinline)) void avgpool2d_scatter_plane(const D* dy, D* out, const PoolShape& s,
+                                                       D inv) {
+  std::fill(out, out + s.H * s.W, D(0));
+  for (int64_t p = 0; p < s.P; ++p) {
+    int64_t h0, h1;
+    window(p, s.stride_h, s.pad_h, s.kh, s.H, h0, h1);
+    for (int64_t q = 0; q < s.Q; ++q) {
+      int64_t w0, w1;
+      window(q, s.stride_w, s.pad_w, s.kw, s.W, w0, w1);
+      const D g = dy[p * s.Q + q] * inv;
+      for (int64_t h = h0; h < h1; ++h) {
+        for (int64_t w = w0; w < w1; ++w) out[h * s.W + w] += g;
+      }
     }
   }
 }
@@ -302,28 +327,19 @@ void avgpool2d_backward(const T* dy, T* dx, const PoolShape& s) {
   const int64_t work = planes * pq * s.kh * s.kw;
   const acc_t<T> inv = static_cast<acc_t<T>>(1.0 / static_cast<double>(s.kh * s.kw));
   if constexpr (is_half_v<T>) {
-    // Element by element: over a widened plane the compiler fuses the gather's multiply-add
-    // differently, which would change some results by one unit in the last place.
+    if (plane_fits(s)) {
+      // The f32 kernel's own plane function on the widened plane, so the same bits.
+      over_widened_planes(dy, pq, dx, hw, planes, work, [&](int64_t, const float* g, float* out) {
+        avgpool2d_scatter_plane(g, out, s, inv);
+      });
+      return;
+    }
+    // Element by element: a larger plane does not fit the stack buffer.
 #pragma omp parallel for schedule(static) if (work > kParallelMin)
     for (int64_t i = 0; i < planes; ++i) avgpool2d_gather_plane(dy + i * pq, dx + i * hw, s, inv);
   } else {
 #pragma omp parallel for schedule(static) if (work > kParallelMin)
-    for (int64_t i = 0; i < planes; ++i) {
-      T* out = dx + i * hw;
-      std::fill(out, out + hw, T(0));
-      for (int64_t p = 0; p < s.P; ++p) {
-        int64_t h0, h1;
-        window(p, s.stride_h, s.pad_h, s.kh, s.H, h0, h1);
-        for (int64_t q = 0; q < s.Q; ++q) {
-          int64_t w0, w1;
-          window(q, s.stride_w, s.pad_w, s.kw, s.W, w0, w1);
-          const T g = dy[i * pq + p * s.Q + q] * inv;
-          for (int64_t h = h0; h < h1; ++h) {
-            for (int64_t w = w0; w < w1; ++w) out[h * s.W + w] += g;
-          }
-        }
-      }
-    }
+    for (int64_t i = 0; i < planes; ++i) avgpool2d_scatter_plane(dy + i * pq, dx + i * hw, s, inv);
   }
 }
 
