@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <memory>
+#include <unordered_map>
 
 #include "regen/autograd/op_list.h"
 #include "regen/autograd/ops.h"
@@ -129,6 +131,59 @@ int64_t Tape::register_input(const Tensor& t) {
   return values_.back().id;
 }
 
+namespace {
+// Autocast's copies of the weights, as PyTorch's autocast cache keeps them: a parameter (a leaf
+// that requires grad) cast again to the same dtype within one recording of a tape reuses its first
+// copy while the tape holds it (a saved tensor: some op's backward reads it), so a weight read by
+// two ops in a forward is copied once and the planner sees one saved tensor with two readers. The
+// cache holds value ids, not bytes: it keeps no copy alive, so it changes no lifetime and nothing a
+// plan decides. A copy no op saved is gone after its op and is made again at the next use; one a
+// remat runtime evicted is read as any evicted input (the reading op's hooks make it resident).
+struct WeightCopies {
+  const Tape* tape = nullptr;
+  uint64_t epoch = 0;
+  struct Entry {
+    std::weak_ptr<TensorImpl> weight;  // the weight itself: its address may be reused
+    int64_t copy = -1;                 // the copy's value id in this recording
+  };
+  std::unordered_map<const TensorImpl*, Entry> copies;
+};
+thread_local WeightCopies g_weight_copies;
+
+WeightCopies& weight_copies(const Tape& tape) {
+  WeightCopies& w = g_weight_copies;
+  if (w.tape != &tape || w.epoch != tape.epoch()) {
+    w.copies.clear();
+    w.tape = &tape;
+    w.epoch = tape.epoch();
+  }
+  return w;
+}
+
+// Value `id` of `tape` (a weight's copy) as an input tensor, if it has dtype `want` and the tape
+// holds its bytes as a saved tensor, resident or evicted; else an undefined tensor.
+Tensor held_copy(const Tape& tape, int64_t id, DType want) {
+  const Value& v = tape.value(id);
+  if (v.dtype != want || v.root != v.id) return Tensor();
+  if (v.saved < 0) return Tensor();
+  const SavedTensor& s = tape.saved_tensor(v.saved);
+  if (!s.storage || !(s.state == SavedState::resident || s.state == SavedState::evicted)) {
+    return Tensor();
+  }
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = s.storage;
+  impl->offset_bytes = v.offset_bytes;
+  impl->shape = v.shape;
+  impl->dtype = v.dtype;
+  impl->device = v.device;
+  impl->requires_grad = v.requires_grad;
+  impl->produced = true;
+  impl->tape_value = v.id;
+  impl->tape_epoch = tape.epoch();
+  return Tensor(std::move(impl));
+}
+}  // namespace
+
 void Tape::autocast_inputs(OpKind kind, std::vector<Tensor>& inputs) {
   const DType low = autocast_dtype();
   std::vector<DType> floating;
@@ -144,7 +199,27 @@ void Tape::autocast_inputs(OpKind kind, std::vector<Tensor>& inputs) {
     // An op that keeps fp32 statistics computes in its first input's dtype and reads its
     // parameters (the other inputs) in f32.
     const DType want = statistics && i > 0 ? DType::f32 : compute;
-    if (t.dtype() != want) t = cast(t, want);  // recorded on this tape like any op
+    if (t.dtype() == want) continue;
+    const TensorImpl* impl = t.impl().get();
+    if (!(impl->requires_grad && !impl->produced && grad_mode_enabled())) {
+      t = cast(t, want);  // recorded on this tape like any op
+      continue;
+    }
+    // A weight: its copy of this recording while the tape holds it, else a new one remembered.
+    auto& copies = weight_copies(*this).copies;
+    auto it = copies.find(impl);
+    if (it != copies.end() && it->second.weight.lock() == t.impl()) {
+      Tensor held = held_copy(*this, it->second.copy, want);
+      if (held.defined()) {
+        t = std::move(held);
+        continue;
+      }
+    }
+    Tensor c = cast(t, want);
+    if (c.impl()->tape_epoch == epoch_ && c.impl()->tape_value >= 0) {
+      copies[impl] = {t.impl(), c.impl()->tape_value};
+    }
+    t = std::move(c);
   }
 }
 

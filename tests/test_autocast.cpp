@@ -245,6 +245,77 @@ TEST_CASE(
   for (float v : b.grad().to_vector<float>()) CHECK(v == static_cast<float>(M));
 }
 
+TEST_CASE("autocast: a weight used twice in one forward is copied once, as autocast's cache") {
+  const int64_t M = 4, D = 24;
+  Generator g(11);
+  const Tensor x = uniform({M, D}, -1.0, 1.0, g, DType::f32);
+  Tensor w = uniform({D, D}, -0.5, 0.5, g, DType::f32);
+  Tensor w2 = uniform({D, D}, -0.5, 0.5, g, DType::f32);
+  w.set_requires_grad(true);
+  w2.set_requires_grad(true);
+  auto count = [](OpKind kind) {
+    int n = 0;
+    for (const Node& node : Tape::current().nodes()) n += node.kind == kind ? 1 : 0;
+    return n;
+  };
+  // y = linear(linear(linear(x, w), w2), w): w is read by two ops, w2 by one.
+  Tape::current().clear();
+  Tensor loss;
+  {
+    AutocastScope autocast(DType::bf16);
+    const Tensor y = linear(linear(linear(x, w), w2), w);
+    CHECK(count(OpKind::cast) == 2);  // one copy of w, one of w2 (x needs no gradient)
+    const Tape& tape = Tape::current();
+    // Both linears that read w read the same value: one saved tensor with two readers.
+    std::vector<int64_t> w_reads;
+    for (const Node& node : tape.nodes()) {
+      if (node.kind == OpKind::linear) w_reads.push_back(node.inputs[1]);
+    }
+    REQUIRE(w_reads.size() == 3);
+    CHECK(w_reads[0] == w_reads[2]);
+    CHECK(w_reads[0] != w_reads[1]);
+    loss = sum(y);
+  }
+  backward(loss);
+  const std::vector<float> once = w.grad().to_vector<float>();
+  const std::vector<float> once2 = w2.grad().to_vector<float>();
+
+  // The same forward with the copies made by hand, twice for w. w2's gradient is the same bits.
+  // w's differs by where the two readers' gradients meet: on the one copy they are summed and
+  // rounded to bf16 once (as in PyTorch, whose autocast cache also keeps one copy), on two copies
+  // each is widened and the sum stays f32; so within bf16's unit roundoff of the sum.
+  Tape::current().clear();
+  w.impl()->grad.reset();
+  w2.impl()->grad.reset();
+  {
+    AutocastScope autocast(DType::bf16);
+    const Tensor a = cast(w, DType::bf16), b = cast(w, DType::bf16), c = cast(w2, DType::bf16);
+    loss = sum(linear(linear(linear(x, a), c), b));
+    CHECK(count(OpKind::cast) == 4);  // three by hand, x's not recorded, the sum's input
+  }
+  backward(loss);
+  const std::vector<float> twice = w.grad().to_vector<float>();
+  REQUIRE(twice.size() == once.size());
+  int bad = 0, differ = 0;
+  for (size_t i = 0; i < once.size(); ++i) {
+    differ += once[i] != twice[i] ? 1 : 0;
+    bad += std::fabs(once[i] - twice[i]) > unit_roundoff(DType::bf16) * std::fabs(twice[i]) ? 1 : 0;
+  }
+  CHECK(bad == 0);
+  CHECK(differ > 0);  // the sums do meet in bf16 on the one copy
+  CHECK(w2.grad().to_vector<float>() == once2);
+
+  // A new recording makes new copies: the cache lives for one recording of the tape.
+  Tape::current().clear();
+  {
+    AutocastScope autocast(DType::bf16);
+    const Tensor y = linear(x, w);
+    CHECK(count(OpKind::cast) == 1);
+    CHECK(y.dtype() == DType::bf16);
+  }
+  Tape::current().clear();
+}
+
 TEST_CASE("autocast: integer inputs stay, fp32 ops get f32, grad mode off autocasts too") {
   Tape::current().clear();
   AutocastScope autocast(DType::f16);
