@@ -40,7 +40,8 @@ void check_tile(Isa isa, int nv, int64_t kc, int64_t rows, bool accumulate, bool
   for (size_t i = 0; i < c.size(); ++i) c[i] = accumulate ? value<T>(i, 4) : sentinel;
   const std::vector<T> before = c;
   const Run<T> runs[2] = {{0, split, c.data()}, {split, w - 1, c.data() + split + gap}};
-  tile(nv, kc, a.data(), b.data(), runs, 2, rows, ld, accumulate, with_bias ? bias.data() : nullptr);
+  tile(nv, kc, a.data(), b.data(), runs, 2, rows, ld, accumulate,
+       with_bias ? bias.data() : nullptr);
 
   std::vector<bool> written(c.size(), false);
   int bad = 0;
@@ -62,15 +63,17 @@ void check_tile(Isa isa, int nv, int64_t kc, int64_t rows, bool accumulate, bool
                           ? err <= 2.0 * (kc + 2) * std::numeric_limits<T>::epsilon() * (mag + 1)
                           : c[at] == want;
       if (!ok && bad++ < 3) {
-        MESSAGE(std::string(isa_name(isa)), " row ", i, " col ", j, ": got ", c[at], ", want ", want);
+        MESSAGE(std::string(isa_name(isa)), " row ", i, " col ", j, ": got ", c[at], ", want ",
+                want);
       }
     }
   }
   for (size_t at = 0; at < c.size(); ++at) {
-    if (!written[at] && c[at] != before[at] && bad++ < 6) MESSAGE(std::string(isa_name(isa)), " wrote ", at);
+    if (!written[at] && c[at] != before[at] && bad++ < 6)
+      MESSAGE(std::string(isa_name(isa)), " wrote ", at);
   }
-  INFO(std::string(isa_name(isa)), " nv=", nv, " kc=", kc, " rows=", rows, " accumulate=", accumulate,
-       " bias=", with_bias, " worst error ", worst);
+  INFO(std::string(isa_name(isa)), " nv=", nv, " kc=", kc, " rows=", rows,
+       " accumulate=", accumulate, " bias=", with_bias, " worst error ", worst);
   CHECK(bad == 0);
 }
 
