@@ -4,21 +4,21 @@
 // through tests/test_ops_vision.cpp.
 //
 // C (M, N) = A (M, K) * B (K, N) [+ C] [+ bias per row]. The loop nest is the usual one of
-// GotoBLAS/BLIS: column blocks of NC, depth blocks of KC packed into panels (B as KC x NR panels
-// that stay in L1, A as MR x KC panels), and an MR x NR register tile of FMAs: 512-bit with
-// AVX-512, 256-bit with AVX2+FMA, a portable scalar tile elsewhere. Eigen's tile is 3x4 vectors x
-// nr=4 columns; with MR=8 rows of 3 vectors the AVX-512 tile keeps 24 of the 32 zmm registers
-// accumulating, which is what lets conv run near the FMA peak on AVX-512 machines. AVX2 has 16
-// ymm registers: it computes the same 8 x NR tile from the same panels as sub-tiles of 4 rows x 3
-// ymm (12 accumulators, 3 vectors of B, a broadcast of A), each reading its rows of the A panel
-// and its columns of the B panel with the panels' strides. Packing is therefore the same on every
+// GotoBLAS/BLIS: column blocks of NC, depth blocks of KC packed into panels (B as KC x NR panels,
+// A as MR x KC panels), and an MR x NR register tile of FMAs. The tile is compiled once per
+// instruction set and chosen at run time (packed_tile.cpp): 512-bit with AVX-512 (8 rows x 3 zmm,
+// 24 of the 32 registers accumulating, which is what lets conv run near the FMA peak), 256-bit
+// with AVX2+FMA, a portable scalar tile elsewhere. AVX2 has 16 ymm registers: it computes the
+// same 8 x NR tile from the same panels as sub-tiles of 4 rows x 3 ymm (12 accumulators, 3
+// vectors of B, a broadcast of A), each reading its rows of the A panel and its columns of the B
+// panel with the panels' strides (packed_tile_simd.h). Packing is therefore the same on every
 // ISA: a narrower AVX2 panel (NR = 24) was measured slower, its packing calls costing twice as
 // much per column (docs/kernels.md, "The CPU packed GEMM").
 //
 // Determinism: every C element is summed over K in the same order (KC blocks in order, k in
 // order inside) by exactly one thread; block sizes are constants. Results therefore do not depend
 // on the thread count. Nor do they depend on the tile: every element is one chain of fused
-// multiply-adds per KC block, plus C or the bias added alike, so AVX2 and AVX-512 builds agree
+// multiply-adds per KC block, plus C or the bias added alike, so the AVX2 and AVX-512 tiles agree
 // bit for bit (the scalar tile, whose multiply-adds the compiler may or may not fuse, can differ).
 // The workspace (each thread's packed A and B) depends on M, N, K and the thread count only, the
 // same on every ISA. In a dry run (core/dry_run.h) gemm requests that workspace and returns.
@@ -28,9 +28,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
-#include <immintrin.h>
-#endif
 
 #include "regen/core/dry_run.h"
 #include "regen/core/tensor.h"
@@ -75,219 +72,23 @@ struct Run {
 };
 constexpr int kMaxRuns = 8;
 
-#ifdef __AVX512F__
+// The register tile, compiled once per instruction set (kernels/cpu/packed_tile*.cpp) and chosen
+// at run time from what the CPU reports, so one build serves AVX2 and AVX-512 machines: rows [0,
+// rows) of C, at the runs' columns, = [C +] a_panel (kMR per k) * b_panel (nv * kLanes per k)
+// [+ bias[row]] (the bias only when not accumulating). Lanes outside the runs are never touched.
 template <class T>
-struct Vec;
-template <>
-struct Vec<float> {
-  static constexpr int kWidth = 16;  // lanes
-  using V = __m512;
-  using Mask = __mmask16;
-  static V zero() { return _mm512_setzero_ps(); }
-  static V load(const float* p) { return _mm512_loadu_ps(p); }
-  static V bcast(const float* p) { return _mm512_set1_ps(*p); }
-  static V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
-  static V add(V a, V b) { return _mm512_add_ps(a, b); }
-  static void store(float* p, V v) { _mm512_storeu_ps(p, v); }
-  static Mask mask(int64_t lo, int64_t hi) {  // lanes [lo, hi)
-    return static_cast<Mask>(((1u << hi) - 1u) & ~((1u << lo) - 1u));
-  }
-  static V mask_load(Mask m, const float* p) { return _mm512_maskz_loadu_ps(m, p); }
-  static void mask_store(float* p, Mask m, V v) { _mm512_mask_storeu_ps(p, m, v); }
-};
-template <>
-struct Vec<double> {
-  static constexpr int kWidth = 8;
-  using V = __m512d;
-  using Mask = __mmask8;
-  static V zero() { return _mm512_setzero_pd(); }
-  static V load(const double* p) { return _mm512_loadu_pd(p); }
-  static V bcast(const double* p) { return _mm512_set1_pd(*p); }
-  static V fma(V a, V b, V c) { return _mm512_fmadd_pd(a, b, c); }
-  static V add(V a, V b) { return _mm512_add_pd(a, b); }
-  static void store(double* p, V v) { _mm512_storeu_pd(p, v); }
-  static Mask mask(int64_t lo, int64_t hi) {  // lanes [lo, hi)
-    return static_cast<Mask>(((1u << hi) - 1u) & ~((1u << lo) - 1u));
-  }
-  static V mask_load(Mask m, const double* p) { return _mm512_maskz_loadu_pd(m, p); }
-  static void mask_store(double* p, Mask m, V v) { _mm512_mask_storeu_pd(p, m, v); }
-};
-#elif defined(__AVX2__) && defined(__FMA__)
-// AVX2 has no mask registers: a mask is a vector whose lanes are all ones (kept) or zeros.
-// maskload reads zeros and maskstore writes nothing in the lanes left out, so edge columns
-// touch no byte outside their run, as with AVX-512's masks.
+using TileFn = void (*)(int nv, int64_t kc, const T* a, const T* b, const Run<T>* runs, int nruns,
+                        int64_t rows, int64_t ld, bool accumulate, const T* bias);
+
+enum class Isa { generic, avx2, avx512 };
+const char* isa_name(Isa isa);
+// The best tile this CPU runs, or the one named by the environment variable REGEN_CPU_ISA
+// (generic, avx2, avx512: for measurements and tests; one the CPU lacks is an error). Decided on
+// the first call.
+Isa tile_isa();
+// The tile for `isa`, or nullptr when this build or this CPU has none.
 template <class T>
-struct Vec;
-template <>
-struct Vec<float> {
-  static constexpr int kWidth = 8;
-  using V = __m256;
-  using Mask = __m256i;
-  static V zero() { return _mm256_setzero_ps(); }
-  static V load(const float* p) { return _mm256_loadu_ps(p); }
-  static V bcast(const float* p) { return _mm256_broadcast_ss(p); }
-  static V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
-  static V add(V a, V b) { return _mm256_add_ps(a, b); }
-  static void store(float* p, V v) { _mm256_storeu_ps(p, v); }
-  static Mask mask(int64_t lo, int64_t hi) {  // lanes [lo, hi): lo <= lane < hi
-    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-    return _mm256_andnot_si256(_mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(lo)), lane),
-                               _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(hi)), lane));
-  }
-  static V mask_load(Mask m, const float* p) { return _mm256_maskload_ps(p, m); }
-  static void mask_store(float* p, Mask m, V v) { _mm256_maskstore_ps(p, m, v); }
-};
-template <>
-struct Vec<double> {
-  static constexpr int kWidth = 4;
-  using V = __m256d;
-  using Mask = __m256i;
-  static V zero() { return _mm256_setzero_pd(); }
-  static V load(const double* p) { return _mm256_loadu_pd(p); }
-  static V bcast(const double* p) { return _mm256_broadcast_sd(p); }
-  static V fma(V a, V b, V c) { return _mm256_fmadd_pd(a, b, c); }
-  static V add(V a, V b) { return _mm256_add_pd(a, b); }
-  static void store(double* p, V v) { _mm256_storeu_pd(p, v); }
-  static Mask mask(int64_t lo, int64_t hi) {  // lanes [lo, hi): lo <= lane < hi
-    const __m256i lane = _mm256_setr_epi64x(0, 1, 2, 3);
-    return _mm256_andnot_si256(_mm256_cmpgt_epi64(_mm256_set1_epi64x(lo), lane),
-                               _mm256_cmpgt_epi64(_mm256_set1_epi64x(hi), lane));
-  }
-  static V mask_load(Mask m, const double* p) { return _mm256_maskload_pd(p, m); }
-  static void mask_store(double* p, Mask m, V v) { _mm256_maskstore_pd(p, m, v); }
-};
-#endif
-
-#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
-// Sub-tiles: kSubRows rows x at most kSubVectors of the ISA's vectors, in registers.
-#ifdef __AVX512F__
-constexpr int kSubRows = kMR;  // the whole tile at once: 8 x 3 zmm, 24 of the 32 registers
-#else
-constexpr int kSubRows = 4;  // 4 x 3 ymm: 12 accumulators, 3 vectors of B, 1 broadcast of A
-#endif
-constexpr int kSubVectors = 3;
-
-// acc = rows [0, R) of an A panel (kMR per k) x vectors [0, SV) of a B panel (LDB per k), each
-// element summed over k in order. The sums live in a local array whose loops are unrolled before
-// GCC splits it into registers: summed straight into the caller's array (indexed at run time
-// there), with AVX2's 16 ymm registers GCC kept that array on the stack and stored all of it on
-// every k.
-template <class T, int R, int SV, int LDB>
-__attribute__((always_inline)) inline void multiply_panels(int64_t kc, const T* a, const T* b,
-                                                           typename Vec<T>::V (&acc)[R][SV]) {
-  using W = Vec<T>;
-  typename W::V sum[R][SV];
-#pragma GCC unroll 8
-  for (int i = 0; i < R; ++i)
-#pragma GCC unroll 3
-    for (int v = 0; v < SV; ++v) sum[i][v] = W::zero();
-  for (int64_t k = 0; k < kc; ++k, a += kMR, b += LDB) {
-    typename W::V bv[SV];
-#pragma GCC unroll 3
-    for (int v = 0; v < SV; ++v) bv[v] = W::load(b + v * W::kWidth);
-#pragma GCC unroll 8
-    for (int i = 0; i < R; ++i) {
-      const typename W::V av = W::bcast(a + i);
-#pragma GCC unroll 3
-      for (int v = 0; v < SV; ++v) sum[i][v] = W::fma(av, bv[v], sum[i][v]);
-    }
-  }
-#pragma GCC unroll 8
-  for (int i = 0; i < R; ++i)
-#pragma GCC unroll 3
-    for (int v = 0; v < SV; ++v) acc[i][v] = sum[i][v];
-}
-
-// Rows [r0, r0 + R) (those below `rows`) and the SV vectors from tile column c0 of C (row stride
-// ld, columns given by runs) = [C +] a_panel * b_panel [+ bias[row]]. Lanes outside the runs are
-// never touched (masked).
-template <class T, int R, int SV, int LDB>
-void sub_tile(int64_t kc, const T* a, const T* b, int64_t r0, int64_t c0, const Run<T>* runs,
-              int nruns, int64_t rows, int64_t ld, bool accumulate, const T* bias) {
-  using W = Vec<T>;
-  constexpr int L = W::kWidth;
-  typename W::V acc[R][SV];
-  multiply_panels<T, R, SV, LDB>(kc, a + r0, b + c0, acc);
-  for (int i = 0; i < R && r0 + i < rows; ++i) {
-    for (int v = 0; v < SV; ++v) {
-      typename W::V r = acc[i][v];
-      if (!accumulate && bias) r = W::add(r, W::bcast(bias + r0 + i));
-      const int64_t first = c0 + v * L;  // tile column of lane 0
-      for (int s = 0; s < nruns; ++s) {
-        const int64_t lo = std::max<int64_t>(runs[s].start, first);
-        const int64_t hi = std::min<int64_t>(runs[s].end, first + L);
-        if (lo >= hi) continue;
-        // Address of lane 0 of this vector within the run's row (lanes outside it are masked).
-        T* p = runs[s].p + (r0 + i) * ld + (first - runs[s].start);
-        if (lo == first && hi == first + L) {
-          W::store(p, accumulate ? W::add(W::load(p), r) : r);
-        } else {
-          const typename W::Mask m = W::mask(lo - first, hi - first);
-          W::mask_store(p, m, accumulate ? W::add(W::mask_load(m, p), r) : r);
-        }
-      }
-    }
-  }
-}
-
-// Rows [0, rows) of C = [C +] a_panel * b_panel [+ bias[row]], NV 512-bit vectors wide (the
-// packing unit): sub-tiles of kSubRows rows by at most kSubVectors of the ISA's vectors, each
-// reading its part of the panels with their strides. With AVX-512 that is the whole tile.
-template <class T, int NV>
-void tile(int64_t kc, const T* a, const T* b, const Run<T>* runs, int nruns, int64_t rows,
-          int64_t ld, bool accumulate, const T* bias) {
-  constexpr int L = Vec<T>::kWidth, LDB = NV * kLanes<T>, Y = LDB / L;  // Y vectors per row
-  // Y = 4 splits 2 + 2, not 3 + 1: a sub-tile one vector wide would have 4 independent FMA
-  // chains, where two FMA pipes of latency 4 need 8 to stay busy.
-  constexpr int first = Y <= kSubVectors ? Y : (Y + 1) / 2, second = Y - first;
-  static_assert(first <= kSubVectors && second <= kSubVectors, "tile wider than two sub-tiles");
-  for (int64_t r0 = 0; r0 < rows; r0 += kSubRows) {
-    sub_tile<T, kSubRows, first, LDB>(kc, a, b, r0, 0, runs, nruns, rows, ld, accumulate, bias);
-    if constexpr (second > 0) {
-      sub_tile<T, kSubRows, second, LDB>(kc, a, b, r0, first * L, runs, nruns, rows, ld, accumulate,
-                                         bias);
-    }
-  }
-}
-#else
-// Portable tile with the same summation order (one accumulator per element, k in order).
-template <class T, int NV>
-void tile(int64_t kc, const T* a, const T* b, const Run<T>* runs, int nruns, int64_t rows,
-          int64_t ld, bool accumulate, const T* bias) {
-  constexpr int NR = NV * kLanes<T>;
-  T acc[kMR][NR] = {};
-  for (int64_t k = 0; k < kc; ++k, a += kMR, b += NR)
-    for (int i = 0; i < kMR; ++i)
-      for (int j = 0; j < NR; ++j) acc[i][j] += a[i] * b[j];
-  for (int64_t i = 0; i < rows; ++i)
-    for (int s = 0; s < nruns; ++s)
-      for (int64_t j = runs[s].start; j < runs[s].end; ++j) {
-        T* p = runs[s].p + i * ld + (j - runs[s].start);
-        T r = acc[i][j];
-        if (accumulate)
-          r = *p + r;
-        else if (bias)
-          r = r + bias[i];
-        *p = r;
-      }
-}
-#endif
-
-template <class T>
-void run_tile(int nv, int64_t kc, const T* a, const T* b, const Run<T>* runs, int nruns,
-              int64_t rows, int64_t ld, bool accumulate, const T* bias) {
-  switch (nv) {
-    case 1:
-      tile<T, 1>(kc, a, b, runs, nruns, rows, ld, accumulate, bias);
-      break;
-    case 2:
-      tile<T, 2>(kc, a, b, runs, nruns, rows, ld, accumulate, bias);
-      break;
-    default:
-      tile<T, 3>(kc, a, b, runs, nruns, rows, ld, accumulate, bias);
-      break;
-  }
-}
+TileFn<T> tile_kernel(Isa isa);
 
 // ---- The loop nest ------------------------------------------------------------------------------
 
@@ -331,6 +132,7 @@ void gemm(int64_t M, int64_t N, int64_t K, const SrcA& a, const SrcB& b, const T
                static_cast<uint64_t>(shared_elems + threads * (a_elems + b_elems)) * sizeof(T));
   if (dry_run_active()) return;  // the dry path (kernels.h): the scratch, requested and unused
   T* const shared = ws.as<T>();  // block pc, panel ip at shared + row_panels*kMR*pc + ip*kMR*kc
+  const TileFn<T> run_tile = tile_kernel<T>(tile_isa());
 #pragma omp parallel num_threads(threads)
   {
     const int t = omp_get_thread_num(), nt = omp_get_num_threads();
@@ -392,15 +194,15 @@ void gemm(int64_t M, int64_t N, int64_t K, const SrcA& a, const SrcB& b, const T
                 for (int s = 0; s < nruns; ++s) {
                   at_rows[s] = {runs[s].start, runs[s].end, runs[s].p + m0 * c.ld};
                 }
-                run_tile<T>(static_cast<int>(w / L), kc, ap, bp, at_rows, nruns, rows, c.ld, acc,
-                            bias_rows);
+                run_tile(static_cast<int>(w / L), kc, ap, bp, at_rows, nruns, rows, c.ld, acc,
+                         bias_rows);
                 continue;
               }
               // More image boundaries in this panel than kMaxRuns (planes of a few pixels):
               // compute into a spill tile, then add column by column with the same arithmetic.
               T spill[kMR * kNR<T>];
               const Run<T> whole{0, w, spill};
-              run_tile<T>(static_cast<int>(w / L), kc, ap, bp, &whole, 1, kMR, w, false, nullptr);
+              run_tile(static_cast<int>(w / L), kc, ap, bp, &whole, 1, kMR, w, false, nullptr);
               for (int64_t j = 0; j < cols; ++j) {
                 T* col = c.at(m0, n0 + j);
                 for (int64_t i = 0; i < rows; ++i) {

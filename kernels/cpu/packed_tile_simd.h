@@ -1,0 +1,117 @@
+// The SIMD register tile of the packed GEMM (packed_gemm.h), written once over a vector type W.
+// Included only by the translation units that compile it for one instruction set
+// (packed_tile_avx2.cpp, packed_tile_avx512.cpp, each with its own -m flags); their W is local to
+// the file, so every instantiation here is too and no code built for one ISA can be linked in
+// where another is expected. For the same reason this file calls no function of the standard
+// library. W provides: kWidth (lanes), V, Mask, zero, load, bcast, fma, add, store, mask,
+// mask_load, mask_store. Tested by tests/test_packed_tile.cpp (bitwise against a std::fma chain).
+#pragma once
+
+#include <cstdint>
+
+#include "regen/kernels/cpu/packed_gemm.h"
+
+namespace regen::cpu::packed::simd {
+
+// acc = rows [0, R) of an A panel (kMR per k) x vectors [0, SV) of a B panel (LDB per k), each
+// element one chain of fused multiply-adds over k in order. The sums live in a local array whose
+// loops are unrolled before GCC splits it into registers: summed straight into the caller's array
+// (indexed at run time there), with AVX2's 16 ymm registers GCC kept that array on the stack and
+// stored all of it on every k.
+template <class W, int R, int SV, int LDB, class T>
+__attribute__((always_inline)) inline void multiply_panels(int64_t kc, const T* a, const T* b,
+                                                           typename W::V (&acc)[R][SV]) {
+  typename W::V sum[R][SV];
+#pragma GCC unroll 8
+  for (int i = 0; i < R; ++i)
+#pragma GCC unroll 3
+    for (int v = 0; v < SV; ++v) sum[i][v] = W::zero();
+  for (int64_t k = 0; k < kc; ++k, a += kMR, b += LDB) {
+    typename W::V bv[SV];
+#pragma GCC unroll 3
+    for (int v = 0; v < SV; ++v) bv[v] = W::load(b + v * W::kWidth);
+#pragma GCC unroll 8
+    for (int i = 0; i < R; ++i) {
+      const typename W::V av = W::bcast(a + i);
+#pragma GCC unroll 3
+      for (int v = 0; v < SV; ++v) sum[i][v] = W::fma(av, bv[v], sum[i][v]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < R; ++i)
+#pragma GCC unroll 3
+    for (int v = 0; v < SV; ++v) acc[i][v] = sum[i][v];
+}
+
+// Rows [r0, r0 + R) (those below `rows`) and the SV vectors from tile column c0 of C (row stride
+// ld, columns given by runs) = [C +] a_panel * b_panel [+ bias[row]]. Lanes outside the runs are
+// never touched (masked).
+template <class W, int R, int SV, int LDB, class T>
+void sub_tile(int64_t kc, const T* a, const T* b, int64_t r0, int64_t c0, const Run<T>* runs,
+              int nruns, int64_t rows, int64_t ld, bool accumulate, const T* bias) {
+  constexpr int L = W::kWidth;
+  typename W::V acc[R][SV];
+  multiply_panels<W, R, SV, LDB>(kc, a + r0, b + c0, acc);
+  for (int i = 0; i < R && r0 + i < rows; ++i) {
+    for (int v = 0; v < SV; ++v) {
+      typename W::V r = acc[i][v];
+      if (!accumulate && bias) r = W::add(r, W::bcast(bias + r0 + i));
+      const int64_t first = c0 + v * L;  // tile column of lane 0
+      for (int s = 0; s < nruns; ++s) {
+        const int64_t lo = runs[s].start > first ? runs[s].start : first;
+        const int64_t hi = runs[s].end < first + L ? runs[s].end : first + L;
+        if (lo >= hi) continue;
+        // Address of lane 0 of this vector within the run's row (lanes outside it are masked).
+        T* p = runs[s].p + (r0 + i) * ld + (first - runs[s].start);
+        if (lo == first && hi == first + L) {
+          W::store(p, accumulate ? W::add(W::load(p), r) : r);
+        } else {
+          const typename W::Mask m = W::mask(lo - first, hi - first);
+          W::mask_store(p, m, accumulate ? W::add(W::mask_load(m, p), r) : r);
+        }
+      }
+    }
+  }
+}
+
+// The tile, NV 512-bit vectors wide (the packing unit), as sub-tiles of SubRows rows by at most
+// 3 of the ISA's vectors, each reading its part of the panels with their strides. With AVX-512
+// (SubRows = kMR, 3 zmm) that is the whole tile at once: 24 accumulators of the 32 registers.
+// With AVX2 (SubRows = 4, 3 ymm) it is four sub-tiles of 12 accumulators, 3 vectors of B and a
+// broadcast of A: all 16 registers.
+template <class W, int SubRows, int NV, class T>
+void tile(int64_t kc, const T* a, const T* b, const Run<T>* runs, int nruns, int64_t rows,
+          int64_t ld, bool accumulate, const T* bias) {
+  constexpr int kSubVectors = 3;
+  constexpr int L = W::kWidth, LDB = NV * kLanes<T>, Y = LDB / L;  // Y vectors per row
+  // Y = 4 splits 2 + 2, not 3 + 1: a sub-tile one vector wide would have 4 independent FMA
+  // chains, where two FMA pipes of latency 4 need 8 to stay busy.
+  constexpr int first = Y <= kSubVectors ? Y : (Y + 1) / 2, second = Y - first;
+  static_assert(first <= kSubVectors && second <= kSubVectors, "tile wider than two sub-tiles");
+  for (int64_t r0 = 0; r0 < rows; r0 += SubRows) {
+    sub_tile<W, SubRows, first, LDB>(kc, a, b, r0, 0, runs, nruns, rows, ld, accumulate, bias);
+    if constexpr (second > 0) {
+      sub_tile<W, SubRows, second, LDB>(kc, a, b, r0, first * L, runs, nruns, rows, ld, accumulate,
+                                        bias);
+    }
+  }
+}
+
+// The TileFn of packed_gemm.h: nv selects the instantiation.
+template <class W, int SubRows, class T>
+void run_tile(int nv, int64_t kc, const T* a, const T* b, const Run<T>* runs, int nruns,
+              int64_t rows, int64_t ld, bool accumulate, const T* bias) {
+  switch (nv) {
+    case 1:
+      tile<W, SubRows, 1>(kc, a, b, runs, nruns, rows, ld, accumulate, bias);
+      break;
+    case 2:
+      tile<W, SubRows, 2>(kc, a, b, runs, nruns, rows, ld, accumulate, bias);
+      break;
+    default:
+      tile<W, SubRows, 3>(kc, a, b, runs, nruns, rows, ld, accumulate, bias);
+      break;
+  }
+}
+
+}  // namespace regen::cpu::packed::simd
