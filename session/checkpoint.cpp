@@ -217,7 +217,7 @@ int64_t meta_int(const std::map<std::string, std::string>& meta, const char* key
 // The ranks that saved a state (1 for one process, and for states from before they were recorded).
 int saved_ranks(const std::map<std::string, std::string>& meta) {
   const int64_t n = meta_int(meta, "ranks");
-  return n < 1 ? 1 : static_cast<int>(n);
+  return n < 1 ? 1 : static_cast<int>(std::min<int64_t>(n, int64_t{1} << 24));
 }
 
 // What the state now at `path` is made of, read from its first file's header: its rank count and
