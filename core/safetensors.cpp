@@ -84,9 +84,11 @@ const Tensor* SafetensorsFile::find(const std::string& name) const {
   return nullptr;
 }
 
-void save_safetensors(const std::string& path,
-                      const std::vector<std::pair<std::string, Tensor>>& tensors,
-                      const std::map<std::string, std::string>& metadata) {
+namespace {
+// The whole file into `out`, uncommitted.
+void write_to(AtomicFileWriter& out, const std::string& path,
+              const std::vector<std::pair<std::string, Tensor>>& tensors,
+              const std::map<std::string, std::string>& metadata) {
   nlohmann::ordered_json header;
   if (!metadata.empty()) header["__metadata__"] = metadata;
   std::set<std::string> names;
@@ -109,7 +111,6 @@ void save_safetensors(const std::string& path,
   const uint64_t hlen = json.size();
   unsigned char len_bytes[8];
   for (int i = 0; i < 8; ++i) len_bytes[i] = static_cast<unsigned char>((hlen >> (8 * i)) & 0xff);
-  AtomicFileWriter out(path);
   out.write(len_bytes, 8);
   out.write(json.data(), json.size());
   for (const auto& kv : tensors) {
@@ -117,40 +118,89 @@ void save_safetensors(const std::string& path,
     const Tensor host = kv.second.device().is_cpu() ? kv.second : kv.second.to(Device::cpu());
     if (host.nbytes()) out.write(host.raw_data(), host.nbytes());
   }
+}
+}  // namespace
+
+void save_safetensors(const std::string& path,
+                      const std::vector<std::pair<std::string, Tensor>>& tensors,
+                      const std::map<std::string, std::string>& metadata) {
+  AtomicFileWriter out(path);
+  write_to(out, path, tensors, metadata);
   out.commit();
+}
+
+void write_safetensors(AtomicFileWriter& out, const std::string& path,
+                       const std::vector<std::pair<std::string, Tensor>>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  write_to(out, path, tensors, metadata);
+  out.sync();
+}
+
+namespace {
+// An open safetensors file and its parsed header.
+struct Header {
+  ReadFd fd;
+  uint64_t file_size = 0, data_start = 0;
+  nlohmann::json json;
+};
+
+void read_header(const std::string& path, Header& h) {
+  h.fd.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  REGEN_CHECK(h.fd.fd >= 0, "cannot open '", path, "': ", std::strerror(errno));
+  struct stat st;
+  REGEN_CHECK(::fstat(h.fd.fd, &st) == 0 && S_ISREG(st.st_mode), "cannot open '", path,
+              "': not a regular file");
+  const uint64_t file_size = static_cast<uint64_t>(st.st_size);
+  REGEN_CHECK(file_size >= 8, "safetensors '", path, "': file is ", file_size,
+              " bytes, too short for a header (truncated?)");
+  unsigned char len_bytes[8];
+  REGEN_CHECK(read_at(h.fd.fd, len_bytes, 8, 0), "reading '", path, "' failed");
+  uint64_t hlen = 0;
+  for (int i = 0; i < 8; ++i) hlen |= static_cast<uint64_t>(len_bytes[i]) << (8 * i);
+  REGEN_CHECK(hlen <= file_size - 8, "safetensors '", path, "': header length ", hlen,
+              " exceeds the file size ", file_size, " (truncated or not a safetensors file)");
+  std::string header_text(static_cast<size_t>(hlen), '\0');
+  REGEN_CHECK(read_at(h.fd.fd, header_text.data(), hlen, 8), "reading the header of '", path,
+              "' failed");
+  try {
+    h.json = nlohmann::json::parse(header_text);
+  } catch (const std::exception& e) {
+    REGEN_FAIL("safetensors '", path, "': header is not valid JSON: ", e.what());
+  }
+  REGEN_CHECK(h.json.is_object(), "safetensors '", path, "': header is not a JSON object");
+  h.file_size = file_size;
+  h.data_start = 8 + hlen;
+}
+
+std::map<std::string, std::string> metadata_of(const std::string& path, const nlohmann::json& v) {
+  REGEN_CHECK(v.is_object(), "safetensors '", path, "': __metadata__ is not an object");
+  std::map<std::string, std::string> out;
+  for (auto m = v.begin(); m != v.end(); ++m) {
+    REGEN_CHECK(m.value().is_string(), "safetensors '", path, "': metadata '", m.key(),
+                "' is not a string");
+    out[m.key()] = m.value().get<std::string>();
+  }
+  return out;
+}
+}  // namespace
+
+std::map<std::string, std::string> read_safetensors_metadata(const std::string& path) {
+  Header h;
+  read_header(path, h);
+  const auto it = h.json.find("__metadata__");
+  return it == h.json.end() ? std::map<std::string, std::string>{} : metadata_of(path, *it);
 }
 
 SafetensorsFile load_safetensors(const std::string& path) {
   // Only the header is read into a string; tensor data goes from the file straight into each
   // tensor's storage (allocator memory), never through a file-sized buffer.
   sweep_stale_temporaries_of(path);  // what a writer killed while saving left (io.h)
-  ReadFd file_fd;
-  file_fd.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  REGEN_CHECK(file_fd.fd >= 0, "cannot open '", path, "': ", std::strerror(errno));
-  struct stat st;
-  REGEN_CHECK(::fstat(file_fd.fd, &st) == 0 && S_ISREG(st.st_mode), "cannot open '", path,
-              "': not a regular file");
-  const uint64_t file_size = static_cast<uint64_t>(st.st_size);
-  REGEN_CHECK(file_size >= 8, "safetensors '", path, "': file is ", file_size,
-              " bytes, too short for a header (truncated?)");
-  unsigned char len_bytes[8];
-  REGEN_CHECK(read_at(file_fd.fd, len_bytes, 8, 0), "reading '", path, "' failed");
-  uint64_t hlen = 0;
-  for (int i = 0; i < 8; ++i) hlen |= static_cast<uint64_t>(len_bytes[i]) << (8 * i);
-  REGEN_CHECK(hlen <= file_size - 8, "safetensors '", path, "': header length ", hlen,
-              " exceeds the file size ", file_size, " (truncated or not a safetensors file)");
-  std::string header_text(static_cast<size_t>(hlen), '\0');
-  REGEN_CHECK(read_at(file_fd.fd, header_text.data(), hlen, 8), "reading the header of '", path,
-              "' failed");
-  nlohmann::json header;
-  try {
-    header = nlohmann::json::parse(header_text);
-  } catch (const std::exception& e) {
-    REGEN_FAIL("safetensors '", path, "': header is not valid JSON: ", e.what());
-  }
-  REGEN_CHECK(header.is_object(), "safetensors '", path, "': header is not a JSON object");
-  const uint64_t data_start = 8 + hlen;
-  const uint64_t data_size = file_size - data_start;
+  Header h;
+  read_header(path, h);
+  ReadFd& file_fd = h.fd;
+  const nlohmann::json& header = h.json;
+  const uint64_t data_start = h.data_start;
+  const uint64_t data_size = h.file_size - data_start;
 
   struct Entry {
     std::string name;
@@ -162,13 +212,7 @@ SafetensorsFile load_safetensors(const std::string& path) {
   SafetensorsFile file;
   for (auto it = header.begin(); it != header.end(); ++it) {
     if (it.key() == "__metadata__") {
-      REGEN_CHECK(it.value().is_object(), "safetensors '", path,
-                  "': __metadata__ is not an object");
-      for (auto m = it.value().begin(); m != it.value().end(); ++m) {
-        REGEN_CHECK(m.value().is_string(), "safetensors '", path, "': metadata '", m.key(),
-                    "' is not a string");
-        file.metadata[m.key()] = m.value().get<std::string>();
-      }
+      file.metadata = metadata_of(path, it.value());
       continue;
     }
     const auto& v = it.value();

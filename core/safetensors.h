@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "regen/core/io.h"
 #include "regen/core/tensor.h"
 
 namespace regen {
@@ -23,6 +24,15 @@ struct SafetensorsFile {
 void save_safetensors(const std::string& path,
                       const std::vector<std::pair<std::string, Tensor>>& tensors,
                       const std::map<std::string, std::string>& metadata = {});
+// As save_safetensors, into `out` (opened on `path`), flushed to disk but not committed: the caller
+// commits it, or lets it go to remove the temporary. A set of files that must appear together
+// writes each so and commits none before all were written (session/checkpoint.cpp: a training
+// state under mpirun, a file per rank).
+void write_safetensors(AtomicFileWriter& out, const std::string& path,
+                       const std::vector<std::pair<std::string, Tensor>>& tensors,
+                       const std::map<std::string, std::string>& metadata = {});
+// The "__metadata__" of a safetensors file, reading its header only (empty when it has none).
+std::map<std::string, std::string> read_safetensors_metadata(const std::string& path);
 // Loads every tensor onto the CPU (F32, F64, I32, I64, BF16, F16; anything else is an error).
 SafetensorsFile load_safetensors(const std::string& path);
 

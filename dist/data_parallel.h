@@ -151,6 +151,10 @@ class ShardedSource final : public DataSource {
   Batch next(int64_t batch_size, Device device) override;
   std::string describe() const override;
   void skip(int64_t samples) override;
+  // The inner stream's position: every rank's moves by whole global batches, so it is the same on
+  // every rank, the position of one process at the global batch (a training state records it).
+  std::string position() const override { return inner_->position(); }
+  void set_position(const std::string& position) override { inner_->set_position(position); }
 
  private:
   std::unique_ptr<DataSource> inner_;

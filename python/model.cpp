@@ -929,7 +929,9 @@ and data position, the options that shape the trajectory and the plan's identity
 Model built with the same options continues it bitwise (as ``regen train --save-state``), also from
 a state saved before the first step. Refused over a file the Model reads (its data, a loaded
 checkpoint) or wrote otherwise (a log, a checkpoint), or that another live Model reads; the state
-it resumed may be replaced.)doc")
+it resumed may be replaced. Under mpirun every rank calls it: a file per rank (rank 0's at
+``path``, rank r's at ``path.rank<r>-of-<N>.a`` or ``.b``), all written or none
+(docs/distributed.md).)doc")
       .def(
           "resume",
           [](PyModel& s, const std::string& path) {
@@ -942,7 +944,8 @@ it resumed may be replaced.)doc")
           pb::arg("path"), R"doc(
 Restores a training state written by save_state() or ``regen train --save-state`` into this Model,
 which must have been built with the same trajectory options (refused otherwise, naming the
-keyword); returns the file's metadata.)doc")
+keyword); returns the file's metadata. Under mpirun every rank calls it and reads its own file;
+refused on every rank when the rank count or the shard mode is not the saved one.)doc")
       .def(
           "profile",
           [](PyModel& s, const pb::object& iterations, const pb::object& warmup,

@@ -32,6 +32,17 @@ size_t load_checkpoint(Session& s, const std::string& path);
 // accumulation, optimizer and its settings, schedule, clipping, seed, data, every model option),
 // and `extra` (the plan's identity, plan_identity). torch's safetensors reads it; load_checkpoint
 // (and --load) take its weights alone.
+//
+// Under mpirun (N ranks) every rank calls it, and the state is a file per rank, each rank's whole
+// state (its weights and buffers, its optimizer state, which under ZeRO is its shard, its dropout
+// stream): rank 0's at `path` (which names the save: "ranks", "shard", "bucket_size", "slot",
+// "save_id"), rank r's at `path`.rank<r>-of-<N>.<slot>, the slot ("a" or "b") being the one the
+// state replaced did not use. The files appear together or not at all: each rank writes a
+// temporary and flushes it, the ranks agree that all did, ranks 1.. rename theirs into the unused
+// slot, then rank 0 renames its file over `path` (the commit point), and the replaced state's rank
+// files are removed. A failure on any rank removes every rank's temporary (and any renamed file)
+// and throws, on every rank, regen::Error naming the rank and its file; a crash before rank 0's
+// rename leaves the old state whole, one after it the new (docs/distributed.md).
 void save_training_state(const Session& s, const std::string& path,
                          const std::map<std::string, std::string>& extra = {});
 // Restores a training state into a freshly made session: refuses, naming the option and both
@@ -39,6 +50,10 @@ void save_training_state(const Session& s, const std::string& path,
 // optimizer state, the step count, the RNG and the data position. A run resumed at step k then
 // computes bitwise what the run that saved it would have computed from step k on, with or without
 // a remat plan (remat changes no value). Returns the file's metadata (steps in "optimizer_steps").
+// Under mpirun every rank calls it and reads its own file; refused on every rank, naming both
+// values, when the rank count, the shard mode or (under ZeRO) the bucket size is not the saved
+// one (a state is not resharded; one process's state is not resumed under mpirun, nor the
+// reverse), and when a rank's file is missing or of another save.
 std::map<std::string, std::string> resume_training_state(Session& s, const std::string& path);
 // The options a training state records and compares ("batch": "8", "lr_schedule": "cosine", ...).
 std::map<std::string, std::string> trajectory_options(const SessionOptions& o);

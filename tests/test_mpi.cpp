@@ -4,13 +4,15 @@
 // process at batch 2B (the same global batch, from the text loader's shards) within f32 rounding;
 // each rank's peaks equal its plan's prediction to the byte; ZeRO lowers what a rank keeps; and a
 // rank that fails (a bad flag, other options, a killed process) ends the job with an error naming
-// it, within a time limit. CI runs this as root: mpirun gets --allow-run-as-root and
+// it, within a time limit; a training state is a file per rank, written together, and a resumed
+// run is bitwise the uninterrupted one. CI runs this as root: mpirun gets --allow-run-as-root and
 // --oversubscribe. Built only with MPI (CMake REGEN_MPI).
 #include <doctest/doctest.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -248,24 +250,230 @@ TEST_CASE("a bad flag on one rank ends the job with an error naming the rank") {
   CHECK(has(r.out, "regen: error: rank 1 of 2: --batch must be a positive integer, got 0"));
 }
 
-// What the training loop does that data parallelism does not carry yet is refused by name, on
-// every rank, before a model is built (docs/distributed.md, "What was not done").
-TEST_CASE("two ranks: a training state, and accumulation under ZeRO-2, are refused") {
-  TempDir dir;
+// What the training loop does that data parallelism does not carry is refused by name, on every
+// rank, before a model is built (docs/distributed.md, "Gradient accumulation").
+TEST_CASE("two ranks: accumulation under ZeRO-2 is refused") {
   const std::vector<std::string> base = with({"--model", "resnet-tiny", "--batch", "2"}, kTiny);
-  Result r = mpi_train(2, with(base, {"--accumulate", "2", "--shard", "gradients"}));
+  const Result r = mpi_train(2, with(base, {"--accumulate", "2", "--shard", "gradients"}));
   INFO(r.out);
   CHECK(r.status != 0);
   CHECK(r.status != 137);
   CHECK(
       has(r.out, "--accumulate 2 with --shard gradients (ZeRO-2) under mpirun is not supported: "));
   CHECK(has(r.out, "use --shard optimizer (ZeRO-1) or --accumulate 1"));
-  const std::string state = (dir.path / "state.safetensors").string();
-  r = mpi_train(2, with(base, {"--save-state", state}));
+}
+
+// ---- Training states under mpirun: a file per rank, written together -----------------------
+
+namespace {
+
+// The loss column of a --log CSV file's training rows, as written (9 significant digits).
+std::vector<std::string> logged_losses(const std::string& path) {
+  std::vector<std::string> out;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("train,", 0) != 0) continue;
+    std::istringstream fields(line);
+    std::string kind, step, loss;
+    std::getline(fields, kind, ',');
+    std::getline(fields, step, ',');
+    std::getline(fields, loss, ',');
+    out.push_back(step + ":" + loss);
+  }
+  return out;
+}
+
+// The files in `dir` (names only, sorted).
+std::vector<std::string> listing(const fs::path& dir) {
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir)) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+// transformer-tiny with dropout (each rank's own stream) on text (the data position), AdamW
+// (two state tensors per parameter, sharded under ZeRO): what a resumed run must carry on.
+std::vector<std::string> resume_base(const TempDir& dir, const std::string& shard,
+                                     const std::string& precision) {
+  {
+    std::ofstream f(dir.file("text.txt"));
+    for (int i = 0; i < 200; ++i) f << "line " << i << " of a resumed corpus.\n";
+  }
+  return {"--model",       "transformer-tiny",
+          "--vocab",       "256",
+          "--data",        "text:" + dir.file("text.txt"),
+          "--dropout",     "0.1",
+          "--optimizer",   "adamw",
+          "--batch",       "2",
+          "--threads",     "1",
+          "--progress",    "plain",
+          "--bucket-size", "16KiB",
+          "--shard",       shard,
+          "--precision",   precision};
+}
+
+}  // namespace
+
+// A run of 4 steps against one of 2 steps, saved, then resumed for 2 more: bitwise the same
+// weights, buffers and optimizer state on every rank (each rank's file compared tensor by
+// tensor) and the same losses (the log's 9 significant digits, which tell floats apart), in every
+// shard mode, in fp32 and bf16. The uninterrupted run saves every step (--save-every 1): the
+// periodic saves alternate the slots, and the replaced state's rank file is removed each time.
+// Two test cases, so that ctest runs them side by side.
+static void check_bitwise_resume(const std::string& precision) {
+  CAPTURE(precision);
+  for (const std::string shard : {"none", "optimizer", "gradients"}) {
+    CAPTURE(shard);
+    {
+      TempDir dir;
+      const std::vector<std::string> base = resume_base(dir, shard, precision);
+      const std::string whole = dir.file("whole.st"), split = dir.file("split.st");
+      Result r = mpi_train(2, with(base, {"--steps", "4", "--save-state", whole, "--save-every",
+                                          "1", "--log", dir.file("whole.csv")}));
+      INFO(r.out);
+      REQUIRE(r.status == 0);
+      // Saves at steps 1, 2, 3 and 4: slots a, b, a, b; a's file went with the step-3 state.
+      CHECK(fs::exists(whole + ".rank1-of-2.b"));
+      CHECK_FALSE(fs::exists(whole + ".rank1-of-2.a"));
+      r = mpi_train(
+          2, with(base, {"--steps", "2", "--save-state", split, "--log", dir.file("split.csv")}));
+      INFO(r.out);
+      REQUIRE(r.status == 0);
+      CHECK(fs::exists(split + ".rank1-of-2.a"));
+      r = mpi_train(2, with(base, {"--steps", "4", "--resume", split, "--save-state", split,
+                                   "--log", dir.file("split.csv")}));
+      INFO(r.out);
+      REQUIRE(r.status == 0);
+      CHECK(has(r.out, "resumed " + split + " at step 2"));
+      CHECK(fs::exists(split + ".rank1-of-2.b"));
+      CHECK_FALSE(fs::exists(split + ".rank1-of-2.a"));
+      CHECK(same(whole, split));
+      CHECK(same(whole + ".rank1-of-2.b", split + ".rank1-of-2.b"));
+      const std::vector<std::string> losses = logged_losses(dir.file("whole.csv"));
+      CHECK(losses.size() == 4);
+      CHECK(losses == logged_losses(dir.file("split.csv")));
+      // Each rank keeps its own dropout stream and, under ZeRO, its own optimizer shard.
+      const auto m0 = load_safetensors(whole).metadata;
+      const auto m1 = load_safetensors(whole + ".rank1-of-2.b").metadata;
+      CHECK(m0.at("ranks") == "2");
+      CHECK(m0.at("shard") == shard);
+      CHECK(m0.at("save_id") == m1.at("save_id"));
+      CHECK(m0.at("rng_stream") != "");
+      CHECK(m0.at("data_position") == m1.at("data_position"));
+      if (shard != "none") {
+        CHECK_FALSE(same(whole, whole + ".rank1-of-2.b"));
+      }
+    }
+  }
+}
+
+TEST_CASE("two ranks: a resumed run is bitwise the uninterrupted one, in every shard mode, fp32") {
+  check_bitwise_resume("fp32");
+}
+
+TEST_CASE("two ranks: a resumed run is bitwise the uninterrupted one, in every shard mode, bf16") {
+  check_bitwise_resume("bf16");
+}
+
+TEST_CASE("two ranks: a state of another rank count, shard mode or save is refused, naming both") {
+  TempDir dir;
+  const std::vector<std::string> base = resume_base(dir, "optimizer", "fp32");
+  const std::string state = dir.file("state.st");
+  Result r = mpi_train(2, with(base, {"--steps", "2", "--save-state", state}));
+  INFO(r.out);
+  REQUIRE(r.status == 0);
+  const std::vector<std::string> more = {"--steps", "3", "--resume", state};
+  // Another shard mode.
+  std::vector<std::string> other = base;
+  other[other.size() - 3] = "none";  // --shard's value
+  REQUIRE(other[other.size() - 4] == "--shard");
+  r = mpi_train(2, with(other, more));
   INFO(r.out);
   CHECK(r.status != 0);
-  CHECK(has(r.out, "--save-state: a training state under mpirun is not supported yet"));
-  CHECK(!fs::exists(state));
+  CHECK(r.status != 137);
+  CHECK(has(r.out, "--resume " + state +
+                       " was saved with --shard optimizer, but this run has --shard none: a "
+                       "training state is not resharded"));
+  // One process.
+  r = run(regen_args(with({"train"}, with(base, more))));
+  INFO(r.out);
+  CHECK(r.status != 0);
+  CHECK(has(r.out, "--resume " + state +
+                       " was saved by 2 ranks under mpirun (--shard optimizer), but this run has "
+                       "one process"));
+  CHECK(has(r.out, "resume it under mpirun -np 2 with --shard optimizer"));
+  // Three ranks.
+  r = run(mpirun() + " -np 3 " + regen_args(with({"train"}, with(base, more))));
+  INFO(r.out);
+  CHECK(r.status != 0);
+  CHECK(r.status != 137);
+  CHECK(has(r.out, "but this run has 3 ranks under mpirun"));
+  // One process's state under mpirun.
+  const std::string single = dir.file("single.st");
+  r = run(regen_args(with({"train"}, with(base, {"--steps", "2", "--save-state", single}))));
+  INFO(r.out);
+  REQUIRE(r.status == 0);
+  r = mpi_train(2, with(base, {"--steps", "3", "--resume", single}));
+  INFO(r.out);
+  CHECK(r.status != 0);
+  CHECK(has(r.out, "--resume " + single +
+                       " was saved by one process, but this run has 2 ranks under mpirun"));
+  // A rank file of another save, then none.
+  const std::string other_state = dir.file("other.st");
+  r = mpi_train(2, with(base, {"--steps", "1", "--save-state", other_state}));
+  INFO(r.out);
+  REQUIRE(r.status == 0);
+  fs::copy_file(other_state + ".rank1-of-2.a", state + ".rank1-of-2.a",
+                fs::copy_options::overwrite_existing);
+  r = mpi_train(2, with(base, more));
+  INFO(r.out);
+  CHECK(r.status != 0);
+  CHECK(r.status != 137);
+  CHECK(has(r.out, "rank 1 of 2's file " + state + ".rank1-of-2.a is not of the save that " +
+                       state + " names"));
+  fs::remove(state + ".rank1-of-2.a");
+  r = mpi_train(2, with(base, more));
+  INFO(r.out);
+  CHECK(r.status != 0);
+  CHECK(r.status != 137);
+  CHECK(has(r.out, "rank 1 of 2's file " + state + ".rank1-of-2.a is missing"));
+}
+
+// Rank 1 cannot write its file (a folder stands at its name): no rank's file appears, no
+// temporary is left, the error names the rank and the file; and a state saved before keeps every
+// file as it was and still resumes.
+TEST_CASE("two ranks: a save that fails on one rank writes no file and keeps the state before") {
+  TempDir dir;
+  const std::vector<std::string> base = resume_base(dir, "gradients", "fp32");
+  const std::string fresh = dir.file("fresh.st");
+  fs::create_directories(fresh + ".rank1-of-2.a");
+  const std::vector<std::string> before = listing(dir.path);
+  Result r = mpi_train(2, with(base, {"--steps", "1", "--save-state", fresh}));
+  INFO(r.out);
+  CHECK(r.status != 0);
+  CHECK(r.status != 137);
+  CHECK(has(r.out, "--save-state " + fresh + ": rank 1 of 2 could not write " + fresh +
+                       ".rank1-of-2.a: "));
+  CHECK(has(r.out, "no file of the state was written"));
+  CHECK(listing(dir.path) == before);
+  // A state of 1 step in slot a; its next save (slot b) fails on rank 1.
+  const std::string state = dir.file("state.st");
+  r = mpi_train(2, with(base, {"--steps", "1", "--save-state", state}));
+  INFO(r.out);
+  REQUIRE(r.status == 0);
+  const std::string rank0 = read_file(state), rank1 = read_file(state + ".rank1-of-2.a");
+  fs::create_directories(state + ".rank1-of-2.b");
+  r = mpi_train(2, with(base, {"--steps", "2", "--resume", state, "--save-state", state}));
+  INFO(r.out);
+  CHECK(r.status != 0);
+  CHECK(has(r.out, "rank 1 of 2 could not write " + state + ".rank1-of-2.b"));
+  CHECK(read_file(state) == rank0);
+  CHECK(read_file(state + ".rank1-of-2.a") == rank1);
+  fs::remove(state + ".rank1-of-2.b");
+  r = mpi_train(2, with(base, {"--steps", "2", "--resume", state}));
+  INFO(r.out);
+  CHECK(r.status == 0);
+  CHECK(has(r.out, "resumed " + state + " at step 1"));
 }
 
 // Gradient accumulation as DDP's no_sync: the micro-batches before the last add their gradients

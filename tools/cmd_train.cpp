@@ -527,13 +527,6 @@ void print_summary(const TrainFlags& f, const Session& session, const TrainingSt
 
 void run(const TrainFlags& f) {
   REGEN_CHECK(f.steps > 0, "--steps must be a positive integer, got ", f.steps);
-  // Under mpirun each rank has its own data position (and, under ZeRO, optimizer shard): a
-  // training state is one process's (session/checkpoint.h save_training_state refuses it too).
-  REGEN_CHECK(!dist::world().distributed() || (f.save_state.empty() && f.resume.empty()),
-              f.save_state.empty() ? "--resume" : "--save-state",
-              ": a training state under mpirun is not supported yet (each rank has its own "
-              "data position and, under ZeRO, its own optimizer shard); save weights with --save, "
-              "or train in one process");
   check_output_files(f);
   // With a loaded profile, no step without remat runs here: its plan's prediction is checked
   // against the device below; otherwise the profiling step must fit as it is.
@@ -609,8 +602,16 @@ void run(const TrainFlags& f) {
   }
   if (!f.save_state.empty()) {
     save_training_state(*s, f.save_state, state_identity(pipe));
-    std::printf("  saved the training state at step %lld to %s (--resume it)\n",
-                static_cast<long long>(s->trainer->optimizer_steps()), f.save_state.c_str());
+    if (world.distributed()) {
+      std::printf(
+          "  saved the training state at step %lld to %s and a file per rank beside it "
+          "(%s.rank<r>-of-%d.a or .b; --resume it under mpirun -np %d)\n",
+          static_cast<long long>(s->trainer->optimizer_steps()), f.save_state.c_str(),
+          f.save_state.c_str(), world.size(), world.size());
+    } else {
+      std::printf("  saved the training state at step %lld to %s (--resume it)\n",
+                  static_cast<long long>(s->trainer->optimizer_steps()), f.save_state.c_str());
+    }
   }
   if (log) std::printf("  metrics in %s\n", log->path().c_str());
   // A step whose peaks (or, under DTR, evictions and replays) were not the predicted ones breaks
@@ -657,10 +658,14 @@ void setup(CLI::App& app) {
   app.add_option("--save-state", f->save_state,
                  "write the training state to FILE.safetensors after the last step (and every "
                  "--save-every steps): weights, optimizer state, step, RNG and data position, the "
-                 "plan's identity; --resume continues it bitwise")
+                 "plan's identity; --resume continues it bitwise. Under mpirun -np N, a file per "
+                 "rank, written together or not at all: rank 0's at FILE, rank r's at "
+                 "FILE.rank<r>-of-<N>.a or .b (the slot FILE names); resume with the same rank "
+                 "count and --shard")
       ->check(non_empty("a file name"));
   app.add_option("--save-every", f->save_every,
-                 "with --save-state: also write it every N steps (atomically)")
+                 "with --save-state: also write it every N steps (atomically; under mpirun "
+                 "every rank's file together)")
       ->check(non_negative_integer())
       ->capture_default_str();
   app.add_option("--resume", f->resume,

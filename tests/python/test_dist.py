@@ -88,3 +88,47 @@ def test_an_uncaught_exception_on_one_rank_ends_the_job(tmp_path):
     assert r.returncode != 0
     assert "regen: error: rank 1 of 2: an uncaught Python exception ends the job" in r.stderr
     assert "RuntimeError: rank 1 stops here" in r.stderr
+
+
+RESUME_SCRIPT = textwrap.dedent("""
+    import sys, numpy as np, regen
+    d = sys.argv[1]
+    w = regen.world()
+    kw = dict(batch=2, device="cpu", threads=1, shard="optimizer", bucket_size="16KiB",
+              optimizer="adamw")
+    whole = regen.Model("transformer-tiny", **kw)
+    losses = [r.loss for r in whole.train(4)]
+    first = regen.Model("transformer-tiny", **kw)
+    first.train(2)
+    first.save_state(d + "/state.st")
+    resumed = regen.Model("transformer-tiny", **kw)
+    resumed.resume(d + "/state.st")
+    losses_resumed = [r.loss for r in resumed.train(2)]
+    same = losses[2:] == losses_resumed and all(
+        np.array_equal(x, y)
+        for x, y in zip(whole.state_dict().values(), resumed.state_dict().values()))
+    try:
+        regen.Model("transformer-tiny", **dict(kw, shard="none")).resume(d + "/state.st")
+        refused = "not refused"
+    except regen.Error as e:
+        refused = str(e)
+    with open(d + "/rank%d.txt" % w["rank"], "w") as f:
+        f.write("same %s\\n%s\\n" % (same, refused))
+""")
+
+
+@needs_mpi
+def test_save_state_and_resume_under_mpirun(tmp_path):
+    # A file per rank, written together; a resumed run bitwise the uninterrupted one; another
+    # shard mode refused on every rank, naming both (docs/distributed.md, "Training states").
+    script = tmp_path / "resume.py"
+    script.write_text(RESUME_SCRIPT)
+    cmd = [shutil.which("mpiexec"), "--allow-run-as-root", "--oversubscribe", "--bind-to", "none",
+           "-np", "2", sys.executable, str(script), str(tmp_path)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=os.environ)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert (tmp_path / "state.st").exists() and (tmp_path / "state.st.rank1-of-2.a").exists()
+    for rank in (0, 1):
+        same, refused = (tmp_path / ("rank%d.txt" % rank)).read_text().splitlines()[:2]
+        assert same == "same True"
+        assert "was saved with shard='optimizer', but this run has shard='none'" in refused
