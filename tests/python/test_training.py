@@ -49,14 +49,14 @@ def test_schedule_and_clipping_in_train():
         m.train(1, image_size=64)
 
 
-def test_resume_is_bitwise_the_run_that_never_stopped():
+def test_resume_is_bitwise_the_run_that_never_stopped(tmp_path):
     opts = dict(LM, optimizer="adamw", lr=0.01, lr_schedule="cosine", warmup_steps=1,
                 schedule_steps=6, clip_grad_norm=0.5)
     full = regen.Model(**opts)
     full.train(6)
     first = regen.Model(**opts)
     first.train(3)
-    path = "test_training_state.safetensors"
+    path = str(tmp_path / "test_training_state.safetensors")
     first.save_state(path)
     resumed = regen.Model(**opts)
     meta = resumed.resume(path)
