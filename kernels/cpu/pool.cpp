@@ -6,11 +6,11 @@
 // 16-bit planes (bfloat16, float16) compare and sum in f32 (acc_t) and round once per output; their
 // backward scatters are gathers instead (each input element sums, in f32 and in the scatter's
 // order, the outputs whose window holds it, and is rounded once; a widened plane scatters in f32),
-// so each 16-bit result is the f32 kernel's on the widened inputs, rounded. A plane of at most lowp::kPlaneMax elements is widened
-// whole into an f32 stack buffer (kernels/cpu/lowp_blocks.h) and runs the f32 plane loops, its
-// output narrowed once; a larger one converts element by element, with the same bits.
-// Tests: tests/test_ops_vision.cpp (against nested loops), tests/test_gradcheck_vision.cpp,
-// tests/test_amp_ops.cpp (16-bit against f32).
+// so each 16-bit result is the f32 kernel's on the widened inputs, rounded. A plane of at most
+// lowp::kPlaneMax elements is widened whole into an f32 stack buffer (kernels/cpu/lowp_blocks.h)
+// and runs the f32 plane loops, its output narrowed once; a larger one converts element by element,
+// with the same bits. Tests: tests/test_ops_vision.cpp (against nested loops),
+// tests/test_gradcheck_vision.cpp, tests/test_amp_ops.cpp (16-bit against f32).
 #include <omp.h>
 
 #include <algorithm>
@@ -91,11 +91,11 @@ void maxpool2d_backward_gather(const T* dy, T* dx, const PoolShape& s, Chosen ch
     // A widened plane scatters in f32, in output order: each element receives the same additions
     // in the same order as the gather below, so the same bits, without visiting every window that
     // covers each element.
-    over_widened_planes(
-        dy, pq, dx, hw, planes, planes * (pq + hw), [&](int64_t i, const float* g, float* out) {
-          std::fill(out, out + hw, 0.0f);
-          for (int64_t j = 0; j < pq; ++j) out[chosen(i, j)] += g[j];
-        });
+    over_widened_planes(dy, pq, dx, hw, planes, planes * (pq + hw),
+                        [&](int64_t i, const float* g, float* out) {
+                          std::fill(out, out + hw, 0.0f);
+                          for (int64_t j = 0; j < pq; ++j) out[chosen(i, j)] += g[j];
+                        });
     return;
   }
 #pragma omp parallel for schedule(static) if (planes * (pq + hw) > kParallelMin)
