@@ -239,6 +239,73 @@ TEST_CASE("two ranks: ZeRO-1 halves the optimizer state a rank keeps, ZeRO-2 the
   CHECK(z2.at("optimizer_state") == z1.at("optimizer_state"));
 }
 
+// ZeRO-3: each rank keeps its chunk of every parameter, which every op reads all-gathered (a
+// gather_shards node) and whose gradient backward reduce-scatters with the rank-order mean of
+// --shard none's buckets; the optimizer steps element-wise. So the parameters after the steps, and
+// the losses, are --shard none's bitwise.
+TEST_CASE("two ranks: ZeRO-3 (--shard parameters) gives plain's parameters and losses bitwise") {
+  TempDir dir;
+  auto losses = [](const std::string& out) {
+    std::vector<std::string> l;
+    for (size_t at = out.find("/4 loss "); at != std::string::npos;
+         at = out.find("/4 loss ", at + 1)) {
+      l.push_back(out.substr(at + 8, 8));
+    }
+    return l;
+  };
+  for (const std::string model : {"resnet-tiny", "transformer-tiny"}) {
+    CAPTURE(model);
+    const std::vector<std::string> base =
+        with(kTiny, {"--model", model, "--batch", "4", "--optimizer", "adamw", "--lr", "0.01"});
+    std::map<std::string, Result> runs;
+    for (const std::string shard : {"none", "parameters"}) {
+      const Result r = mpi_train(
+          2, with(base, {"--shard", shard, "--save", dir.file(model + "_" + shard + ".st")}));
+      INFO(r.out);
+      REQUIRE(r.status == 0);
+      CHECK(has(r.out, "shard " + shard));
+      runs[shard] = r;
+    }
+    CHECK(losses(runs["none"].out).size() == 4);
+    CHECK(losses(runs["parameters"].out) == losses(runs["none"].out));
+    CHECK(same(dir.file(model + "_none.st"), dir.file(model + "_parameters.st")));
+  }
+}
+
+TEST_CASE("two ranks, ZeRO-3 under a plan: each rank measures its predicted peaks on every step") {
+  for (const std::string model : {"resnet-tiny", "transformer-tiny"}) {
+    CAPTURE(model);
+    const Result r = mpi_train(2, {"--model",    model,        "--batch",     "8",
+                                   "--threads",  "1",          "--steps",     "5",
+                                   "--progress", "none",       "--shard",     "parameters",
+                                   "--policy",   "dp",         "--budget",    "85%",
+                                   "--budget-of", "allocated"});
+    INFO(r.out);
+    REQUIRE(r.status == 0);
+    CHECK(has(r.out, "exact on every one of the 3 steps under the plan"));
+    CHECK_FALSE(has(r.out, "recompute 0 of"));  // the plan recomputes
+    CHECK(has(r.out, "; exact on all 3 steps under the plan\n    rank 1:"));
+  }
+}
+
+TEST_CASE("two ranks: ZeRO-3 with accumulation, bf16 or a training state is refused") {
+  TempDir dir;
+  const std::vector<std::string> base = with(
+      kTiny, {"--model", "transformer-tiny", "--batch", "2", "--shard", "parameters"});
+  Result r = mpi_train(2, with(base, {"--accumulate", "2"}));
+  CHECK(r.status != 0);
+  CHECK(has(r.out, "--accumulate 2 with --shard parameters (ZeRO-3) under mpirun is not "
+                   "supported"));
+  r = mpi_train(2, with(base, {"--precision", "bf16"}));
+  CHECK(r.status != 0);
+  CHECK(has(r.out, "--precision bf16 with --shard parameters (ZeRO-3) under mpirun is not "
+                   "supported"));
+  r = mpi_train(2, with(base, {"--save-state", dir.file("z3.st")}));
+  CHECK(r.status != 0);
+  CHECK(has(r.out, " with --shard parameters (ZeRO-3) under mpirun is not supported: a training "
+                   "state holds whole parameters"));
+}
+
 TEST_CASE("a bad flag on one rank ends the job with an error naming the rank") {
   const std::string cmd =
       mpirun() + " -np 1 " + regen_args(with({"train", "--model", "resnet-tiny"}, kTiny)) +
