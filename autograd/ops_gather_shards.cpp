@@ -1,8 +1,7 @@
 // gather_shards: ZeRO-3's whole parameter from every rank's shard (autograd/sharded_parameters.h),
 // and the registry of sharded parameters that Tape::apply consults. Forward: the shard copied into
-// its place in a flat buffer of ranks x chunk elements, all-gathered in place; the output is the
-// parameter's shape over that buffer's first elements (a view: the padding past the parameter's end
-// goes with it). Backward: the gradient copied into a flat buffer (zero past the end) and
+// its place in a flat buffer of ranks x chunk elements (the output itself when the chunks fill it
+// exactly), all-gathered in place; the output is the parameter's first elements. Backward: the gradient copied into a flat buffer (zero past the end) and
 // reduce-scattered: this rank's chunk, averaged over the ranks, is the shard's gradient (the engine
 // adds it into the leaf's). Every buffer comes from the allocator and a dry run takes the same ones
 // (nothing is communicated). Tests: tests/op_table.h (one rank: the identity), tests/test_mpi.cpp.
@@ -34,15 +33,24 @@ void gather_shards_forward(OpContext& c) {
   const Tensor& shard = c.inputs[0];  // (chunk,)
   const int64_t chunk = shard.numel();
   const int ranks = a.collectives->ranks();
-  // flat: (ranks * chunk), rank r's chunk at r * chunk
-  Tensor flat = empty({chunk * ranks}, shard.dtype(), shard.device());
+  // The output owns exactly the parameter's bytes (a saved tensor's storage is its value's). When
+  // the chunks fill it, they are gathered into it; otherwise into a staging buffer of ranks x
+  // chunk elements (category communication), whose first elements are copied out.
+  Tensor out = empty(a.shape.shape(), shard.dtype(), shard.device());
+  Tensor flat = out;
+  if (chunk * ranks != a.numel) {
+    CategoryScope cat(Category::communication);
+    flat = empty({chunk * ranks}, shard.dtype(), shard.device());
+  }
   if (!dry_run_active() && chunk > 0) {
     copy_bytes(element_ptr(flat, a.collectives->rank() * chunk), flat.device(), shard.raw_data(),
                shard.device(), shard.nbytes());
     a.collectives->all_gather(shard.dtype(), flat.raw_data(), chunk);
+    if (!flat.same(out)) {
+      copy_bytes(out.raw_data(), out.device(), flat.raw_data(), flat.device(), out.nbytes());
+    }
   }
-  const Tensor whole = a.numel == flat.numel() ? flat : flat.narrow0(0, a.numel);
-  c.outputs = {whole.reshape(a.shape.shape())};
+  c.outputs = {out};
 }
 
 void gather_shards_backward(BackwardContext& c) {
