@@ -1,10 +1,11 @@
 // gather_shards: ZeRO-3's whole parameter from every rank's shard (autograd/sharded_parameters.h),
 // and the registry of sharded parameters that Tape::apply consults. Forward: the shard copied into
 // its place in a flat buffer of ranks x chunk elements (the output itself when the chunks fill it
-// exactly), all-gathered in place; the output is the parameter's first elements. Backward: the gradient copied into a flat buffer (zero past the end) and
-// reduce-scattered: this rank's chunk, averaged over the ranks, is the shard's gradient (the engine
-// adds it into the leaf's). Every buffer comes from the allocator and a dry run takes the same ones
-// (nothing is communicated). Tests: tests/op_table.h (one rank: the identity), tests/test_mpi.cpp.
+// exactly), all-gathered in place; the output is the parameter's first elements. Backward: the
+// gradient copied into a flat buffer (zero past the end) and reduce-scattered: this rank's chunk,
+// averaged over the ranks, is the shard's gradient (the engine adds it into the leaf's). Every
+// buffer comes from the allocator and a dry run takes the same ones (nothing is communicated).
+// Tests: tests/op_table.h (one rank: the identity), tests/test_mpi.cpp.
 #include <atomic>
 #include <mutex>
 #include <unordered_map>
@@ -101,9 +102,9 @@ Tensor gather_shards(const Tensor& shard, const Shape& shape, ShardCollectives* 
               shard.str(), " must be a 1-D floating tensor");
   int64_t numel = 1;
   for (int64_t d : shape) numel *= d;
-  REGEN_CHECK(numel <= shard.numel() * collectives->ranks(), "gather_shards: ",
-              collectives->ranks(), " shards of ", shard.numel(), " elements cannot hold ",
-              sh(shape));
+  REGEN_CHECK(numel <= shard.numel() * collectives->ranks(),
+              "gather_shards: ", collectives->ranks(), " shards of ", shard.numel(),
+              " elements cannot hold ", sh(shape));
   GatherShardsAttrs a;
   a.collectives = collectives;
   a.numel = numel;

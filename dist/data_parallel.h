@@ -21,10 +21,11 @@
 //   parameters ZeRO-3: no buckets. Each parameter is cut in N equal chunks (padded to a multiple
 //              of 128 elements) and a rank keeps its chunk, its chunk's gradient and optimizer
 //              state; the whole parameter's bytes are dropped. Every op that reads the parameter
-//              reads a recorded gather_shards node's output instead (autograd/sharded_parameters.h):
-//              all-gathered before use, freed after its last reader (or kept, or gathered again
-//              for backward, as a remat plan decides), its gradient reduce-scattered in the node's
-//              backward. The collectives run blocking, from the ops (not overlapped).
+//              reads a recorded gather_shards node's output instead
+//              (autograd/sharded_parameters.h): all-gathered before use, freed after its last
+//              reader (or kept, or gathered again for backward, as a remat plan decides), its
+//              gradient reduce-scattered in the node's backward. The collectives run blocking, from
+//              the ops (not overlapped).
 // The reduction is the same in all three (each rank's chunk of a bucket averaged in rank order),
 // so the parameters after a step are bitwise the same in every mode and on every rank.
 //
@@ -159,7 +160,7 @@ class DataParallel final : public GradientSync, private TapeHooks, private Shard
   std::vector<Slot> slots_;
   std::vector<Bucket> buckets_;
   std::vector<BucketInfo> info_;
-  std::vector<Tensor> pieces_;  // ZeRO: this rank's chunk of each bucket (the optimizer's)
+  std::vector<Tensor> pieces_;    // ZeRO: this rank's chunk of each bucket (the optimizer's)
   std::vector<Sharded> sharded_;  // ZeRO-3: every parameter that requires grad
   std::vector<int32_t> in_flight_;
   std::vector<Work> step_work_;  // this step's collectives, for the figures

@@ -340,7 +340,8 @@ void save_training_state(const Session& s, const std::string& path,
               option_setting("save_state", path, s.options.style), " with ",
               option_setting("shard", s.options.shard, s.options.style),
               " (ZeRO-3) under mpirun is not supported: a training state holds whole parameters; "
-              "use ", option_setting("shard", "gradients", s.options.style),
+              "use ",
+              option_setting("shard", "gradients", s.options.style),
               " (ZeRO-2), or save the weights alone (",
               option_setting("save", path, s.options.style), ")");
   std::map<std::string, std::string> meta = state_metadata(s, extra);

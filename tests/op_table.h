@@ -419,8 +419,7 @@ inline std::vector<OpCase> op_table() {
       int ranks() const override { return 1; }
       int64_t scratch_elements(int64_t) const override { return 0; }
       void all_gather(DType, void*, int64_t) override {}
-      void reduce_scatter_mean(DType dtype, void* data, void* out, int64_t chunk,
-                               void*) override {
+      void reduce_scatter_mean(DType dtype, void* data, void* out, int64_t chunk, void*) override {
         std::memmove(out, data, static_cast<size_t>(chunk) * dtype_size(dtype));
       }
     };

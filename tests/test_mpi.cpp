@@ -293,13 +293,13 @@ TEST_CASE("two ranks, ZeRO-3 under a plan: each rank measures its predicted peak
   for (const std::string model : {"resnet-tiny", "transformer-tiny"}) {
     CAPTURE(model);
     // resnet-tiny at 64x64, so that activations, not parameters, make the peak (as above).
-    const std::vector<std::string> size =
-        model == "resnet-tiny" ? std::vector<std::string>{"--image-size", "64"}
-                               : std::vector<std::string>{};
-    const Result r = mpi_train(
-        2, with(size, {"--model", model, "--batch", "8", "--threads", "1", "--steps", "5",
-                       "--progress", "none", "--shard", "parameters", "--policy", "dp",
-                       "--budget", "85%", "--budget-of", "allocated"}));
+    const std::vector<std::string> size = model == "resnet-tiny"
+                                              ? std::vector<std::string>{"--image-size", "64"}
+                                              : std::vector<std::string>{};
+    const Result r =
+        mpi_train(2, with(size, {"--model", model, "--batch", "8", "--threads", "1", "--steps", "5",
+                                 "--progress", "none", "--shard", "parameters", "--policy", "dp",
+                                 "--budget", "85%", "--budget-of", "allocated"}));
     INFO(r.out);
     REQUIRE(r.status == 0);
     CHECK(has(r.out, "exact on every one of the 3 steps under the plan"));
@@ -310,20 +310,23 @@ TEST_CASE("two ranks, ZeRO-3 under a plan: each rank measures its predicted peak
 
 TEST_CASE("two ranks: ZeRO-3 with accumulation, bf16 or a training state is refused") {
   TempDir dir;
-  const std::vector<std::string> base = with(
-      kTiny, {"--model", "transformer-tiny", "--batch", "2", "--shard", "parameters"});
+  const std::vector<std::string> base =
+      with(kTiny, {"--model", "transformer-tiny", "--batch", "2", "--shard", "parameters"});
   Result r = mpi_train(2, with(base, {"--accumulate", "2"}));
   CHECK(r.status != 0);
-  CHECK(has(r.out, "--accumulate 2 with --shard parameters (ZeRO-3) under mpirun is not "
-                   "supported"));
+  CHECK(has(r.out,
+            "--accumulate 2 with --shard parameters (ZeRO-3) under mpirun is not "
+            "supported"));
   r = mpi_train(2, with(base, {"--precision", "bf16"}));
   CHECK(r.status != 0);
-  CHECK(has(r.out, "--precision bf16 with --shard parameters (ZeRO-3) under mpirun is not "
-                   "supported"));
+  CHECK(has(r.out,
+            "--precision bf16 with --shard parameters (ZeRO-3) under mpirun is not "
+            "supported"));
   r = mpi_train(2, with(base, {"--save-state", dir.file("z3.st")}));
   CHECK(r.status != 0);
-  CHECK(has(r.out, " with --shard parameters (ZeRO-3) under mpirun is not supported: a training "
-                   "state holds whole parameters"));
+  CHECK(has(r.out,
+            " with --shard parameters (ZeRO-3) under mpirun is not supported: a training "
+            "state holds whole parameters"));
 }
 
 TEST_CASE("a bad flag on one rank ends the job with an error naming the rank") {
