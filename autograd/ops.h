@@ -21,7 +21,7 @@
   X(scale) X(max_pool2d) X(avg_pool2d) X(global_avg_pool) X(reshape) X(transpose) \
   X(permute) X(embedding) X(layernorm) X(softmax) X(attention) X(dropout) X(cross_entropy) \
   X(sum) X(mean) X(linear_cross_entropy) X(concat) X(split) X(narrow) X(upsample2x) \
-  X(conv_transpose2d) X(rmsnorm) X(cast)
+  X(conv_transpose2d) X(rmsnorm) X(cast) X(gather_shards)
 // clang-format on
 
 namespace regen {

@@ -64,6 +64,9 @@ const std::vector<NamedRule>& rules() {
       {"cast",
        {kFollow, false, false,
         "the conversion autocast records: never itself cast (its output dtype is its attribute)"}},
+      {"gather_shards",
+       {kFollow, false, false,
+        "ZeRO-3's all-gather of a parameter's shards: the master weights' dtype, as stored"}},
   };
   return r;
 }

@@ -11,6 +11,7 @@
 #include "regen/autograd/op_list.h"
 #include "regen/autograd/ops.h"
 #include "regen/autograd/precision.h"
+#include "regen/autograd/sharded_parameters.h"
 #include "regen/kernels/kernels.h"
 
 namespace regen {
@@ -225,6 +226,14 @@ void Tape::autocast_inputs(OpKind kind, std::vector<Tensor>& inputs) {
 
 std::vector<Tensor> Tape::apply(OpKind kind, const AttrBlob& attrs, std::vector<Tensor> inputs) {
   const OpDef& def = op_def(kind);
+  // ZeRO-3 (autograd/sharded_parameters.h): a parameter whose bytes data parallelism dropped is
+  // read as its whole, all-gathered from every rank's shard by a gather_shards node recorded here
+  // (replays run that node again). Before autocast, which then casts the whole parameter.
+  if (kind != OpKind::gather_shards && any_sharded_parameters()) {
+    for (Tensor& t : inputs) {
+      if (t.defined() && !t.impl()->produced && t.requires_grad()) t = gathered_parameter(t);
+    }
+  }
   // Autocast: the inputs cast to the dtypes the op's precision rule asks for, each by a recorded
   // cast node, before the op is recorded. Never in backward (gradients keep their values' dtypes)
   // nor for a cast itself; replays (Tape::replay) run recorded nodes, casts included, and do not

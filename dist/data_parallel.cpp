@@ -23,15 +23,19 @@ const char* shard_mode_name(ShardMode mode) {
       return "optimizer";
     case ShardMode::gradients:
       return "gradients";
+    case ShardMode::parameters:
+      return "parameters";
   }
   return "?";
 }
 
 ShardMode parse_shard_mode(const std::string& name) {
-  for (ShardMode m : {ShardMode::none, ShardMode::optimizer, ShardMode::gradients}) {
+  for (ShardMode m :
+       {ShardMode::none, ShardMode::optimizer, ShardMode::gradients, ShardMode::parameters}) {
     if (name == shard_mode_name(m)) return m;
   }
-  REGEN_FAIL("shard mode '", name, "': must be none, optimizer (ZeRO-1) or gradients (ZeRO-2)");
+  REGEN_FAIL("shard mode '", name,
+             "': must be none, optimizer (ZeRO-1), gradients (ZeRO-2) or parameters (ZeRO-3)");
 }
 
 double SyncStats::hidden_share() const {
@@ -46,6 +50,14 @@ struct DataParallel::Slot {
   int64_t numel = 0;
   int64_t offset = 0;  // in its bucket, elements
   int32_t bucket = -1;
+};
+
+// ZeRO-3: a parameter and this rank's chunk of it.
+struct DataParallel::Sharded {
+  Tensor full;   // the model's parameter: no bytes once sharded (but while whole for a save)
+  Tensor shard;  // (chunk,), requires grad; its gradient persistent (category gradient)
+  std::string name;
+  int64_t chunk = 0;
 };
 
 struct DataParallel::Bucket {
@@ -112,6 +124,14 @@ DataParallel::DataParallel(Model& model, Communicator& comm, const DataParallelO
     REGEN_CHECK(p.dtype() == DType::f32 || p.dtype() == DType::f64, "data parallelism: parameter '",
                 name, "' is ", dtype_name(p.dtype()), " (f32 and f64 are reduced)");
     const int64_t numel = p.numel();
+    if (options.shard == ShardMode::parameters) {
+      Sharded z;
+      z.full = p;
+      z.name = name;
+      z.chunk = round_up(std::max<int64_t>((numel + ranks - 1) / ranks, 1), kAlignElements);
+      sharded_.push_back(std::move(z));
+      continue;
+    }
     const uint64_t bytes = element_bytes(p.dtype()) * static_cast<uint64_t>(numel);
     bool fresh = buckets_.empty() || buckets_.back().dtype != p.dtype();
     if (!fresh) {
@@ -123,6 +143,17 @@ DataParallel::DataParallel(Model& model, Communicator& comm, const DataParallelO
     }
     if (fresh) {
       if (!buckets_.empty()) close(buckets_.back());
+      // ZeRO-3: this rank's chunk of every parameter, the optimizer's parameter from the start (its
+      // values arrive in prepare(), after rank 0's parameters did).
+      for (Sharded& z : sharded_) {
+        {
+          CategoryScope cat(Category::parameter);
+          TagScope tag(z.name + ".shard");
+          z.shard = zeros({z.chunk}, z.full.dtype(), model.device());
+        }
+        z.shard.set_requires_grad(true);
+        z.shard.impl()->name = z.name + ".shard" + std::to_string(comm.rank());
+      }
       buckets_.emplace_back();
       buckets_.back().dtype = p.dtype();
       buckets_.back().tag = "ddp.bucket" + std::to_string(buckets_.size() - 1);
@@ -140,6 +171,17 @@ DataParallel::DataParallel(Model& model, Communicator& comm, const DataParallelO
     slots_.push_back(std::move(s));
   }
   if (!buckets_.empty()) close(buckets_.back());
+  // ZeRO-3: this rank's chunk of every parameter, the optimizer's parameter from the start (its
+  // values arrive in prepare(), after rank 0's parameters did).
+  for (Sharded& z : sharded_) {
+    {
+      CategoryScope cat(Category::parameter);
+      TagScope tag(z.name + ".shard");
+      z.shard = zeros({z.chunk}, z.full.dtype(), model.device());
+    }
+    z.shard.set_requires_grad(true);
+    z.shard.impl()->name = z.name + ".shard" + std::to_string(comm.rank());
+  }
   for (const Bucket& b : buckets_) {
     REGEN_CHECK(b.elements < (int64_t{1} << 31), "data parallelism: a bucket of ", b.elements,
                 " elements is more than the collectives address (a parameter over 2^31 elements)");
@@ -149,7 +191,7 @@ DataParallel::DataParallel(Model& model, Communicator& comm, const DataParallelO
   // chunk of a bucket is one tensor: the optimizer's parameter, with optimizer state of the same
   // size on every rank, updated in place and then all-gathered in place. A bucket at a time, so
   // the move needs one bucket's bytes more than the parameters, not twice them.
-  if (options_.shard != ShardMode::none) {
+  if (options_.shard == ShardMode::optimizer || options_.shard == ShardMode::gradients) {
     const Device device = model.device();
     for (Bucket& b : buckets_) {
       {
@@ -179,6 +221,7 @@ DataParallel::DataParallel(Model& model, Communicator& comm, const DataParallelO
 
 DataParallel::~DataParallel() {
   if (in_step_) abandon();
+  for (const Sharded& z : sharded_) unregister_sharded_parameter(z.full);
 }
 
 bool DataParallel::dry() const {
@@ -187,6 +230,11 @@ bool DataParallel::dry() const {
 
 std::vector<Tensor> DataParallel::optimizer_parameters() const {
   if (options_.shard == ShardMode::none) return model_.parameters();
+  if (options_.shard == ShardMode::parameters) {
+    std::vector<Tensor> shards;
+    for (const Sharded& z : sharded_) shards.push_back(z.shard);
+    return shards;
+  }
   return pieces_;
 }
 
@@ -230,6 +278,79 @@ void DataParallel::prepare() {
     }
     for (const Work& w : works) comm_.wait(w);
   }
+  if (options_.shard == ShardMode::parameters) shard_parameters();
+}
+
+void DataParallel::shard_parameters() {
+  const Device device = model_.device();
+  const int64_t me = comm_.rank();
+  for (Sharded& z : sharded_) {
+    const DType dtype = z.full.dtype();
+    const int64_t begin = std::min(me * z.chunk, z.full.numel());
+    const int64_t n = std::min(z.chunk, z.full.numel() - begin);
+    if (n > 0 && !dry()) {
+      copy_bytes(z.shard.raw_data(), device, offset_ptr(z.full, begin), device,
+                 element_bytes(dtype) * static_cast<uint64_t>(n));
+    }
+    {
+      CategoryScope cat(Category::gradient);
+      TagScope tag(z.name + ".grad_shard");
+      z.shard.impl()->grad = zeros({z.chunk}, dtype, device).impl();
+    }
+    // The whole parameter's bytes go: from now on ops read it gathered (Tape::apply).
+    TensorImpl* p = z.full.impl().get();
+    p->grad.reset();
+    std::weak_ptr<Storage> old = p->storage;
+    p->storage.reset();
+    REGEN_CHECK(old.expired(), "data parallelism with --shard parameters: parameter '", z.name,
+                "' shares its memory with another tensor (a view kept by the model?), so its "
+                "bytes could not be dropped");
+    register_sharded_parameter(z.full, z.shard, this);
+  }
+}
+
+void DataParallel::all_gather(DType dtype, void* data, int64_t chunk) {
+  const Work w = comm_.all_gather(dtype, data, chunk);
+  comm_.wait(w);
+  if (in_step_) step_work_.push_back(w);
+}
+
+void DataParallel::reduce_scatter_mean(DType dtype, void* data, void* out, int64_t chunk,
+                                       void* scratch) {
+  const Work w = comm_.reduce_scatter_mean(dtype, data, out, chunk, scratch);
+  comm_.wait(w);
+  if (in_step_) step_work_.push_back(w);
+}
+
+void DataParallel::gather_whole_parameters() {
+  for (Sharded& z : sharded_) {
+    Tensor flat;
+    {
+      CategoryScope cat(Category::parameter);
+      TagScope tag(z.name);
+      flat = empty({z.chunk * comm_.size()}, z.shard.dtype(), model_.device());
+    }
+    if (!dry()) {
+      copy_bytes(offset_ptr(flat, comm_.rank() * z.chunk), model_.device(), z.shard.raw_data(),
+                 model_.device(), z.shard.nbytes());
+      comm_.wait(comm_.all_gather(z.shard.dtype(), flat.raw_data(), z.chunk));
+    }
+    TensorImpl* p = z.full.impl().get();
+    p->storage = flat.impl()->storage;
+    p->offset_bytes = 0;
+  }
+}
+
+void DataParallel::drop_whole_parameters() {
+  for (Sharded& z : sharded_) z.full.impl()->storage.reset();
+}
+
+WholeParameters::WholeParameters(GradientSync* sync) : dp_(dynamic_cast<DataParallel*>(sync)) {
+  if (dp_) dp_->gather_whole_parameters();
+}
+
+WholeParameters::~WholeParameters() {
+  if (dp_) dp_->drop_whole_parameters();
 }
 
 void DataParallel::begin_step() {
@@ -405,6 +526,14 @@ double DataParallel::reduce_loss(double loss) {
   }
   for (const Work& w : step_work_) {
     st.bytes += static_cast<int64_t>(w->bytes);
+  }
+  if (options_.shard == ShardMode::parameters) {
+    // ZeRO-3's gathers and reduce-scatters ran blocking, from the ops: nothing hidden.
+    for (const Work& w : step_work_) {
+      comm_.resolve(w);
+      st.backward_comm_ms += w->busy_ms;
+      st.exposed_ms += w->busy_ms;
+    }
   }
   for (const Bucket& b : buckets_) {
     const bool gathered_params = options_.shard != ShardMode::none;

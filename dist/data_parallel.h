@@ -18,6 +18,14 @@
 //   gradients  ZeRO-2: as optimizer, and the gradients are sharded too: a bucket's flat gradient
 //              exists only from the first backward node that writes into it until its
 //              reduce-scatter is done; what stays is this rank's averaged chunk.
+//   parameters ZeRO-3: no buckets. Each parameter is cut in N equal chunks (padded to a multiple
+//              of 128 elements) and a rank keeps its chunk, its chunk's gradient and optimizer
+//              state; the whole parameter's bytes are dropped. Every op that reads the parameter
+//              reads a recorded gather_shards node's output instead
+//              (autograd/sharded_parameters.h): all-gathered before use, freed after its last
+//              reader (or kept, or gathered again for backward, as a remat plan decides), its
+//              gradient reduce-scattered in the node's backward. The collectives run blocking, from
+//              the ops (not overlapped).
 // The reduction is the same in all three (each rank's chunk of a bucket averaged in rank order),
 // so the parameters after a step are bitwise the same in every mode and on every rank.
 //
@@ -47,6 +55,7 @@
 #include <string>
 #include <vector>
 
+#include "regen/autograd/sharded_parameters.h"
 #include "regen/autograd/tape.h"
 #include "regen/dist/communicator.h"
 #include "regen/models/data.h"
@@ -55,8 +64,8 @@
 
 namespace regen::dist {
 
-enum class ShardMode { none, optimizer, gradients };
-const char* shard_mode_name(ShardMode mode);  // "none", "optimizer", "gradients"
+enum class ShardMode { none, optimizer, gradients, parameters };
+const char* shard_mode_name(ShardMode mode);  // "none", "optimizer", "gradients", "parameters"
 // Throws regen::Error naming the value and the three names.
 ShardMode parse_shard_mode(const std::string& name);
 
@@ -87,7 +96,7 @@ struct BucketInfo {
   DType dtype = DType::f32;
 };
 
-class DataParallel final : public GradientSync, private TapeHooks {
+class DataParallel final : public GradientSync, private TapeHooks, private ShardCollectives {
  public:
   // The model's parameters that require grad, bucketed; `comm` must outlive this. Nothing is
   // allocated until prepare() (the trainer's, before its first step).
@@ -98,7 +107,9 @@ class DataParallel final : public GradientSync, private TapeHooks {
 
   // GradientSync
   void prepare() override;
-  bool manages_gradients() const override { return options_.shard == ShardMode::gradients; }
+  bool manages_gradients() const override {
+    return options_.shard == ShardMode::gradients || options_.shard == ShardMode::parameters;
+  }
   std::vector<Tensor> optimizer_parameters() const override;
   void begin_step() override;
   TapeHooks& backward_hooks() override { return *this; }
@@ -112,7 +123,23 @@ class DataParallel final : public GradientSync, private TapeHooks {
   const std::vector<BucketInfo>& buckets() const { return info_; }
   const SyncStats& last_step() const { return stats_; }
 
+  // ZeRO-3: every parameter whole on every rank (all-gathered, category parameter) until
+  // drop_whole_parameters(); every rank calls both, in the same order (a checkpoint's save).
+  // Nothing in the other modes.
+  void gather_whole_parameters();
+  void drop_whole_parameters();
+
  private:
+  struct Sharded;
+  // ShardCollectives (ZeRO-3's gather_shards nodes): blocking collectives on comm_.
+  int rank() const override { return comm_.rank(); }
+  int ranks() const override { return comm_.size(); }
+  int64_t scratch_elements(int64_t chunk) const override { return comm_.scratch_elements(chunk); }
+  void all_gather(DType dtype, void* data, int64_t chunk) override;
+  void reduce_scatter_mean(DType dtype, void* data, void* out, int64_t chunk,
+                           void* scratch) override;
+  void shard_parameters();  // ZeRO-3, in prepare()
+
   struct Slot;
   struct Bucket;
   // TapeHooks
@@ -133,12 +160,25 @@ class DataParallel final : public GradientSync, private TapeHooks {
   std::vector<Slot> slots_;
   std::vector<Bucket> buckets_;
   std::vector<BucketInfo> info_;
-  std::vector<Tensor> pieces_;  // ZeRO: this rank's chunk of each bucket (the optimizer's)
+  std::vector<Tensor> pieces_;    // ZeRO: this rank's chunk of each bucket (the optimizer's)
+  std::vector<Sharded> sharded_;  // ZeRO-3: every parameter that requires grad
   std::vector<int32_t> in_flight_;
   std::vector<Work> step_work_;  // this step's collectives, for the figures
   std::vector<std::vector<int32_t>> ready_at_, touch_at_;  // by backward node: slots, buckets
   bool prepared_ = false, in_step_ = false;
   SyncStats stats_, building_;
+};
+
+// A checkpoint's save under ZeRO-3: the whole parameters for its lifetime (every rank makes one).
+class WholeParameters {
+ public:
+  explicit WholeParameters(GradientSync* sync);
+  ~WholeParameters();
+  WholeParameters(const WholeParameters&) = delete;
+  WholeParameters& operator=(const WholeParameters&) = delete;
+
+ private:
+  DataParallel* dp_ = nullptr;
 };
 
 // Rank `rank` of `ranks`'s shard of every global batch of `inner`: each next(n) skips the n

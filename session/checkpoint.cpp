@@ -57,6 +57,7 @@ double value_at(const Tensor& t, int64_t i) {
 
 std::string first_non_finite(const Model& model) {
   for (const auto& [name, p] : model.named_parameters()) {
+    if (!p.has_storage()) continue;  // ZeRO-3 dropped its bytes: each rank keeps a shard
     for (const bool grad : {false, true}) {
       const Tensor t = grad ? p.grad() : p;
       const int64_t i = first_bad(t);
@@ -75,6 +76,8 @@ void save_checkpoint(const Session& s, const std::string& path, int64_t steps) {
   // Under mpirun rank 0 writes (every rank holds the same parameters); the others wait until the
   // file is there.
   dist::World& world = dist::world();
+  // ZeRO-3: every rank gathers the whole parameters for rank 0 to write, and drops them after.
+  const dist::WholeParameters whole(s.sync.get());
   if (world.rank() != 0) {
     world.barrier();
     return;
@@ -333,6 +336,14 @@ std::string exception_text(const std::exception& e) {
 void save_training_state(const Session& s, const std::string& path,
                          const std::map<std::string, std::string>& extra) {
   dist::World& world = dist::world();
+  REGEN_CHECK(!world.distributed() || s.options.shard != "parameters",
+              option_setting("save_state", path, s.options.style), " with ",
+              option_setting("shard", s.options.shard, s.options.style),
+              " (ZeRO-3) under mpirun is not supported: a training state holds whole parameters; "
+              "use ",
+              option_setting("shard", "gradients", s.options.style),
+              " (ZeRO-2), or save the weights alone (",
+              option_setting("save", path, s.options.style), ")");
   std::map<std::string, std::string> meta = state_metadata(s, extra);
   const NamedTensors tensors = state_tensors(s);
   const int rank = world.rank(), ranks = world.size();

@@ -163,7 +163,7 @@ void SessionOptions::validate() const {
   other_schedule("lr_gamma", lr_gamma != 0.1, "step");
   other_schedule("lr_min", lr_min != 0, "cosine");
   other_schedule("schedule_steps", schedule_steps != 0, "cosine");
-  check_one_of(*this, "shard", shard, {"none", "optimizer", "gradients"});
+  check_one_of(*this, "shard", shard, {"none", "optimizer", "gradients", "parameters"});
   // Bytes, named as integers (check_range writes numbers shortly: 1e+02).
   const std::string bucket_problem = range("bucket_size").problem(static_cast<double>(bucket_size));
   if (!bucket_problem.empty()) {

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cstring>
 #include <functional>
 #include <string>
 #include <vector>
@@ -19,6 +20,7 @@
 #include "regen/autograd/op_list.h"
 #include "regen/autograd/ops.h"
 #include "regen/autograd/ops_unary.h"
+#include "regen/autograd/sharded_parameters.h"
 #include "regen/core/philox.h"
 #include "regen/core/safetensors.h"
 #include "tests/dry_paths.h"
@@ -405,6 +407,36 @@ inline std::vector<OpCase> op_table() {
     t.back().formula = [](const std::vector<Tensor>& x) {
       std::vector<double> y = x[0].to_vector<double>();
       for (double& v : y) v = static_cast<double>(static_cast<float>(v));
+      return y;
+    };
+  }
+  // gather_shards over one rank (ZeRO-3's gather, autograd/sharded_parameters.h): a shard of 256
+  // elements holds the whole (4, 60) parameter and 16 elements of padding; forward is the first 240
+  // elements, backward their gradient with zeros in the padding. Two ranks: tests/test_mpi.cpp.
+  {
+    struct OneRank final : ShardCollectives {
+      int rank() const override { return 0; }
+      int ranks() const override { return 1; }
+      int64_t scratch_elements(int64_t) const override { return 0; }
+      void all_gather(DType, void*, int64_t) override {}
+      void reduce_scatter_mean(DType dtype, void* data, void* out, int64_t chunk, void*) override {
+        std::memmove(out, data, static_cast<size_t>(chunk) * dtype_size(dtype));
+      }
+    };
+    static OneRank one_rank;
+    t.push_back({"gather_shards of one rank",
+                 OpKind::gather_shards,
+                 {real({256})},
+                 [=](const std::vector<Tensor>& x) {
+                   return gather_shards(at(x, 0), {4, 60}, &one_rank);
+                 },
+                 lin});
+    // A copy: bitwise in f64; in f32 the f64 inputs rounded once (f32's unit roundoff, 2^-24).
+    t.back().f32_rtol = 0x1p-24;
+    t.back().f64_rtol = 0;
+    t.back().formula = [](const std::vector<Tensor>& x) {
+      std::vector<double> y = x[0].to_vector<double>();
+      y.resize(240);
       return y;
     };
   }

@@ -368,7 +368,8 @@ TEST_CASE("the launch environment is read, and a bad value is named") {
 TEST_CASE("shard modes and bucket sizes are checked as options") {
   SessionOptions o;
   o.shard = "stage3";
-  expect_error([&] { o.validate(); }, {"--shard", "stage3", "none, optimizer or gradients"});
+  expect_error([&] { o.validate(); },
+               {"--shard", "stage3", "none, optimizer, gradients or parameters"});
   o.shard = "gradients";
   o.bucket_size = 100;
   expect_error([&] { o.validate(); }, {"--bucket-size", "100"});

@@ -239,6 +239,96 @@ TEST_CASE("two ranks: ZeRO-1 halves the optimizer state a rank keeps, ZeRO-2 the
   CHECK(z2.at("optimizer_state") == z1.at("optimizer_state"));
 }
 
+// ZeRO-3: each rank keeps its chunk of every parameter, which every op reads all-gathered (a
+// gather_shards node) and whose gradient backward reduce-scatters with the rank-order mean of
+// --shard none's buckets; the optimizer steps element-wise. So the parameters after the steps, and
+// the losses, are --shard none's bitwise.
+TEST_CASE("two ranks: ZeRO-3 (--shard parameters) gives plain's parameters and losses bitwise") {
+  TempDir dir;
+  auto losses = [](const std::string& out) {
+    std::vector<std::string> l;
+    for (size_t at = out.find("/4 loss "); at != std::string::npos;
+         at = out.find("/4 loss ", at + 1)) {
+      l.push_back(out.substr(at + 8, 8));
+    }
+    return l;
+  };
+  for (const std::string model : {"resnet-tiny", "transformer-tiny"}) {
+    CAPTURE(model);
+    const std::vector<std::string> base =
+        with(kTiny, {"--model", model, "--batch", "4", "--optimizer", "adamw", "--lr", "0.01"});
+    std::map<std::string, Result> runs;
+    // "lowest": the dp plan at the lowest budget it meets, which frees most gathered parameters
+    // after forward and gathers them again in backward (replays of their gather_shards nodes).
+    for (const std::string run_name : {"none", "parameters", "lowest"}) {
+      const std::string shard = run_name == "none" ? "none" : "parameters";
+      std::vector<std::string> args =
+          with(base, {"--shard", shard, "--save", dir.file(model + "_" + run_name + ".st")});
+      if (run_name == "lowest") {
+        args = with(args, {"--policy", "dp", "--budget", "lowest", "--budget-of", "allocated"});
+      }
+      const Result r = mpi_train(2, args);
+      INFO(r.out);
+      REQUIRE(r.status == 0);
+      CHECK(has(r.out, "shard " + shard));
+      if (run_name == "lowest") {
+        CHECK_FALSE(has(r.out, "recompute 0 of"));
+        CHECK(has(r.out, "; exact on all 2 steps under the plan\n    rank 1:"));
+        CHECK(has(r.out, "rank 1: gradient communication"));
+      }
+      runs[run_name] = r;
+    }
+    CHECK(losses(runs["none"].out).size() == 4);
+    CHECK(losses(runs["parameters"].out) == losses(runs["none"].out));
+    // Under a policy the first two steps profile and print no loss line: the last two compare.
+    const std::vector<std::string> none_losses = losses(runs["none"].out);
+    CHECK(losses(runs["lowest"].out) ==
+          std::vector<std::string>(none_losses.end() - 2, none_losses.end()));
+    CHECK(same(dir.file(model + "_none.st"), dir.file(model + "_parameters.st")));
+    CHECK(same(dir.file(model + "_none.st"), dir.file(model + "_lowest.st")));
+  }
+}
+
+TEST_CASE("two ranks, ZeRO-3 under a plan: each rank measures its predicted peaks on every step") {
+  for (const std::string model : {"resnet-tiny", "transformer-tiny"}) {
+    CAPTURE(model);
+    // resnet-tiny at 64x64, so that activations, not parameters, make the peak (as above).
+    const std::vector<std::string> size = model == "resnet-tiny"
+                                              ? std::vector<std::string>{"--image-size", "64"}
+                                              : std::vector<std::string>{};
+    const Result r =
+        mpi_train(2, with(size, {"--model", model, "--batch", "8", "--threads", "1", "--steps", "5",
+                                 "--progress", "none", "--shard", "parameters", "--policy", "dp",
+                                 "--budget", "85%", "--budget-of", "allocated"}));
+    INFO(r.out);
+    REQUIRE(r.status == 0);
+    CHECK(has(r.out, "exact on every one of the 3 steps under the plan"));
+    CHECK_FALSE(has(r.out, "recompute 0 of"));  // the plan recomputes
+    CHECK(has(r.out, "; exact on all 3 steps under the plan\n    rank 1:"));
+  }
+}
+
+TEST_CASE("two ranks: ZeRO-3 with accumulation, bf16 or a training state is refused") {
+  TempDir dir;
+  const std::vector<std::string> base =
+      with(kTiny, {"--model", "transformer-tiny", "--batch", "2", "--shard", "parameters"});
+  Result r = mpi_train(2, with(base, {"--accumulate", "2"}));
+  CHECK(r.status != 0);
+  CHECK(has(r.out,
+            "--accumulate 2 with --shard parameters (ZeRO-3) under mpirun is not "
+            "supported"));
+  r = mpi_train(2, with(base, {"--precision", "bf16"}));
+  CHECK(r.status != 0);
+  CHECK(has(r.out,
+            "--precision bf16 with --shard parameters (ZeRO-3) under mpirun is not "
+            "supported"));
+  r = mpi_train(2, with(base, {"--save-state", dir.file("z3.st")}));
+  CHECK(r.status != 0);
+  CHECK(has(r.out,
+            " with --shard parameters (ZeRO-3) under mpirun is not supported: a training "
+            "state holds whole parameters"));
+}
+
 TEST_CASE("a bad flag on one rank ends the job with an error naming the rank") {
   const std::string cmd =
       mpirun() + " -np 1 " + regen_args(with({"train", "--model", "resnet-tiny"}, kTiny)) +

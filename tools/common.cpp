@@ -272,9 +272,10 @@ void add_model_flags(CLI::App& app, SessionOptions& o, bool with_batch,
   // Data parallelism under mpirun (docs/distributed.md); a process alone ignores them.
   app.add_option("--shard", o.shard,
                  "under mpirun, what each rank keeps: none (data parallelism like DDP), optimizer "
-                 "(ZeRO-1: 1/N of the optimizer state) or gradients (ZeRO-2: and 1/N of the "
-                 "gradients)")
-      ->check(CLI::IsMember({"none", "optimizer", "gradients"}))
+                 "(ZeRO-1: 1/N of the optimizer state), gradients (ZeRO-2: and 1/N of the "
+                 "gradients) or parameters (ZeRO-3: and 1/N of the parameters, gathered for "
+                 "each use)")
+      ->check(CLI::IsMember({"none", "optimizer", "gradients", "parameters"}))
       ->capture_default_str();
   const OptionRange bucket = SessionOptions::range("bucket_size");
   app.add_option_function<std::string>(

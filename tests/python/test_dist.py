@@ -14,7 +14,7 @@ import regen
 
 
 @pytest.mark.parametrize("kwargs,match", [
-    (dict(shard="stage3"), r"^shard='stage3': must be none, optimizer or gradients"),
+    (dict(shard="stage3"), r"^shard='stage3': must be none, optimizer, gradients or parameters"),
     (dict(bucket_size=100), r"^bucket_size=100: must be an integer from 1024"),
     (dict(bucket_size="lots"), r"^bucket_size='lots'"),
     (dict(shard=3), r"^shard=3: must be a str"),

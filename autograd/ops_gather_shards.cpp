@@ -1,0 +1,146 @@
+// gather_shards: ZeRO-3's whole parameter from every rank's shard (autograd/sharded_parameters.h),
+// and the registry of sharded parameters that Tape::apply consults. Forward: the shard copied into
+// its place in a flat buffer of ranks x chunk elements (the output itself when the chunks fill it
+// exactly), all-gathered in place; the output is the parameter's first elements. Backward: the
+// gradient copied into a flat buffer (zero past the end) and reduce-scattered: this rank's chunk,
+// averaged over the ranks, is the shard's gradient (the engine adds it into the leaf's). Every
+// buffer comes from the allocator and a dry run takes the same ones (nothing is communicated).
+// Tests: tests/op_table.h (one rank: the identity), tests/test_mpi.cpp.
+#include <atomic>
+#include <mutex>
+#include <unordered_map>
+
+#include "regen/autograd/op_util.h"
+#include "regen/autograd/sharded_parameters.h"
+
+namespace regen {
+
+using namespace detail;
+
+namespace {
+
+struct GatherShardsAttrs {
+  ShardCollectives* collectives = nullptr;
+  int64_t numel = 0;  // of the whole parameter
+  ShapeAttr shape;
+};
+
+char* element_ptr(const Tensor& t, int64_t elements) {
+  return static_cast<char*>(t.raw_data()) + static_cast<int64_t>(dtype_size(t.dtype())) * elements;
+}
+
+void gather_shards_forward(OpContext& c) {
+  const GatherShardsAttrs& a = c.attr<GatherShardsAttrs>();
+  const Tensor& shard = c.inputs[0];  // (chunk,)
+  const int64_t chunk = shard.numel();
+  const int ranks = a.collectives->ranks();
+  // The output owns exactly the parameter's bytes (a saved tensor's storage is its value's). When
+  // the chunks fill it, they are gathered into it; otherwise into a staging buffer of ranks x
+  // chunk elements (category communication), whose first elements are copied out.
+  Tensor out = empty(a.shape.shape(), shard.dtype(), shard.device());
+  Tensor flat = out;
+  if (chunk * ranks != a.numel) {
+    CategoryScope cat(Category::communication);
+    flat = empty({chunk * ranks}, shard.dtype(), shard.device());
+  }
+  if (!dry_run_active() && chunk > 0) {
+    copy_bytes(element_ptr(flat, a.collectives->rank() * chunk), flat.device(), shard.raw_data(),
+               shard.device(), shard.nbytes());
+    a.collectives->all_gather(shard.dtype(), flat.raw_data(), chunk);
+    if (!flat.same(out)) {
+      copy_bytes(out.raw_data(), out.device(), flat.raw_data(), flat.device(), out.nbytes());
+    }
+  }
+  c.outputs = {out};
+}
+
+void gather_shards_backward(BackwardContext& c) {
+  const GatherShardsAttrs& a = c.node().attr<GatherShardsAttrs>();
+  const Tensor& dy = c.grad_output(0);  // the parameter's shape
+  const Value& in = c.tape().value(c.node().inputs[0]);
+  const int64_t chunk = in.shape.empty() ? 1 : in.shape[0];
+  const int ranks = a.collectives->ranks();
+  Tensor flat, scratch;
+  {
+    CategoryScope cat(Category::communication);
+    flat = empty({chunk * ranks}, dy.dtype(), dy.device());
+    const int64_t s = a.collectives->scratch_elements(chunk);
+    if (s > 0) scratch = empty({s}, dy.dtype(), dy.device());
+  }
+  Tensor dx = empty({chunk}, dy.dtype(), dy.device());
+  if (!dry_run_active()) {
+    copy_bytes(flat.raw_data(), flat.device(), dy.raw_data(), dy.device(), dy.nbytes());
+    if (flat.numel() > a.numel) zero_(flat.narrow0(a.numel, flat.numel() - a.numel));
+    a.collectives->reduce_scatter_mean(dy.dtype(), flat.raw_data(), dx.raw_data(), chunk,
+                                       scratch.defined() ? scratch.raw_data() : nullptr);
+  }
+  c.set_grad_input(0, dx);
+}
+
+constexpr OpDef kGatherShards{"gather_shards",        1,       1, false, gather_shards_forward,
+                              gather_shards_backward, no_saves};
+REGEN_REGISTER_OP(gather_shards, kGatherShards);
+
+struct Registered {
+  std::weak_ptr<TensorImpl> full;  // its address may be reused once it is gone
+  Tensor shard;
+  ShardCollectives* collectives = nullptr;
+};
+std::mutex g_mutex;
+std::unordered_map<const TensorImpl*, Registered>& registry() {
+  static auto* r = new std::unordered_map<const TensorImpl*, Registered>();
+  return *r;
+}
+std::atomic<int64_t> g_registered{0};
+
+}  // namespace
+
+Tensor gather_shards(const Tensor& shard, const Shape& shape, ShardCollectives* collectives) {
+  check_defined("gather_shards", shard, "shard");
+  REGEN_CHECK(collectives != nullptr, "gather_shards: no collectives");
+  REGEN_CHECK(shard.dim() == 1 && is_floating(shard.dtype()), "gather_shards: the shard ",
+              shard.str(), " must be a 1-D floating tensor");
+  int64_t numel = 1;
+  for (int64_t d : shape) numel *= d;
+  REGEN_CHECK(numel <= shard.numel() * collectives->ranks(),
+              "gather_shards: ", collectives->ranks(), " shards of ", shard.numel(),
+              " elements cannot hold ", sh(shape));
+  GatherShardsAttrs a;
+  a.collectives = collectives;
+  a.numel = numel;
+  a.shape = ShapeAttr::of(shape);
+  return apply_op(OpKind::gather_shards, a, {shard})[0];
+}
+
+void register_sharded_parameter(const Tensor& full, const Tensor& shard,
+                                ShardCollectives* collectives) {
+  REGEN_CHECK(full.defined() && shard.defined() && collectives != nullptr,
+              "register_sharded_parameter: undefined parameter, shard or collectives");
+  std::lock_guard<std::mutex> lock(g_mutex);
+  auto& r = registry();
+  if (r.erase(full.impl().get()) == 0) ++g_registered;
+  r[full.impl().get()] = {full.impl(), shard, collectives};
+}
+
+void unregister_sharded_parameter(const Tensor& full) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  if (registry().erase(full.impl().get()) > 0) --g_registered;
+}
+
+bool any_sharded_parameters() {
+  return g_registered.load(std::memory_order_relaxed) > 0;
+}
+
+Tensor gathered_parameter(const Tensor& full) {
+  if (!full.defined()) return full;
+  Registered entry;
+  {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    const auto it = registry().find(full.impl().get());
+    if (it == registry().end() || it->second.full.lock() != full.impl()) return full;
+    entry = it->second;
+  }
+  return gather_shards(entry.shard, full.shape(), entry.collectives);
+}
+
+}  // namespace regen

@@ -1,0 +1,54 @@
+// ZeRO-3's sharded parameters as the tape sees them (docs/distributed.md, "ZeRO-3"). A parameter
+// whose bytes data parallelism dropped (each rank keeps only its shard: a flat leaf that requires
+// grad) is registered here; every op that reads the parameter then reads the output of a recorded
+// `gather_shards` node instead (Tape::apply), whose input is the shard and whose output is the
+// whole parameter, all-gathered from every rank. The output is a tape value like any op's: an op
+// that saves the weight saves it, so a remat plan keeps it from forward to backward or frees it
+// and gathers again for backward (a replay of the node, collective on every rank in the same
+// order, since every rank runs the same plan). Backward reduce-scatters the whole gradient into
+// the shard's gradient: each rank's chunk of it averaged over the ranks in rank order, the same
+// sum DataParallel's buckets take under --shard none.
+//
+// Autograd sits below dist: the collectives go through ShardCollectives, which dist implements.
+// The op is in autograd/ops_gather_shards.cpp; tests: tests/test_dist.cpp (one rank),
+// tests/test_mpi.cpp (two ranks).
+#pragma once
+
+#include <cstdint>
+
+#include "regen/core/tensor.h"
+
+namespace regen {
+
+// The collectives a gather_shards node runs, blocking: a node's output is whole when its forward
+// returns, and the shard's gradient reduced when its backward does.
+class ShardCollectives {
+ public:
+  virtual ~ShardCollectives() = default;
+  virtual int rank() const = 0;
+  virtual int ranks() const = 0;
+  // Elements of scratch reduce_scatter_mean needs for chunks of `chunk` elements.
+  virtual int64_t scratch_elements(int64_t chunk) const = 0;
+  // `data` holds ranks() chunks of `chunk` elements; every rank's own chunk to every rank.
+  virtual void all_gather(DType dtype, void* data, int64_t chunk) = 0;
+  // `out` (chunk elements) = the mean over the ranks of their chunk rank() of `data`.
+  virtual void reduce_scatter_mean(DType dtype, void* data, void* out, int64_t chunk,
+                                   void* scratch) = 0;
+};
+
+// The op: the whole parameter of shape `shape` from every rank's `shard` (1-D, chunk elements).
+Tensor gather_shards(const Tensor& shard, const Shape& shape, ShardCollectives* collectives);
+
+// `full` (a parameter) is read from now on as the all-gather of `shard` (a 1-D leaf that requires
+// grad, of chunk elements: rank r keeps elements [r chunk, (r + 1) chunk) of the flattened
+// parameter, zero past its end). `collectives` must outlive the registration.
+void register_sharded_parameter(const Tensor& full, const Tensor& shard,
+                                ShardCollectives* collectives);
+void unregister_sharded_parameter(const Tensor& full);
+// The whole parameter `full` stands for: a recorded gather_shards node's output (grad mode on), a
+// plain all-gather otherwise; `full` itself when it is not registered.
+Tensor gathered_parameter(const Tensor& full);
+// Any parameter registered (a cheap test for Tape::apply).
+bool any_sharded_parameters();
+
+}  // namespace regen
