@@ -117,6 +117,7 @@ ModelInput GPT2::input() {
       OptionRange::integers(-1, 2147483647), &ModelConfig::head_chunk_rows);
   head.recorded = true;  // how a run computed its loss; the head's parameters are the same
   in.options.push_back(head);
+  in.decay_matrices_only = true;
   return in;
 }
 
