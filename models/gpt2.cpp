@@ -5,6 +5,7 @@
 
 #include "regen/autograd/ops_unary.h"
 #include "regen/models/data.h"
+#include "regen/models/gpt2_llmc.h"
 
 namespace regen {
 
@@ -117,6 +118,7 @@ ModelInput GPT2::input() {
       OptionRange::integers(-1, 2147483647), &ModelConfig::head_chunk_rows);
   head.recorded = true;  // how a run computed its loss; the head's parameters are the same
   in.options.push_back(head);
+  in.data.push_back(llmc_tokens_data());
   in.decay_matrices_only = true;
   return in;
 }
