@@ -72,7 +72,8 @@ struct GPT2::Block : public Module {
     const double residual_std = kInitStd / std::sqrt(2.0 * static_cast<double>(c.layers));
     ln_1 = &register_module("ln_1", std::make_unique<LayerNorm>("ln_1", C, device));
     auto attn = std::make_unique<Group>("attn");
-    c_attn = &attn->add("c_attn", std::make_unique<Dense>("c_attn", C, 3 * C, kInitStd, gen, device));
+    c_attn =
+        &attn->add("c_attn", std::make_unique<Dense>("c_attn", C, 3 * C, kInitStd, gen, device));
     attn_proj =
         &attn->add("c_proj", std::make_unique<Dense>("c_proj", C, C, residual_std, gen, device));
     register_module("attn", std::move(attn));
@@ -125,9 +126,9 @@ ModelInput GPT2::input() {
 
 GPT2::GPT2(const ModelConfig& c, Device device)
     : Model(c), padded_vocab_(gpt2_padded_vocab(c.vocab)) {
-  REGEN_CHECK(c.vocab > 0 && c.seq_len > 0 && c.d_model > 0 && c.layers > 0 && c.ff > 0,
-              "GPT-2 '", c.name, "': sizes must be positive (vocab ", c.vocab, ", seq_len ",
-              c.seq_len, ", d_model ", c.d_model, ", layers ", c.layers, ", ff ", c.ff, ")");
+  REGEN_CHECK(c.vocab > 0 && c.seq_len > 0 && c.d_model > 0 && c.layers > 0 && c.ff > 0, "GPT-2 '",
+              c.name, "': sizes must be positive (vocab ", c.vocab, ", seq_len ", c.seq_len,
+              ", d_model ", c.d_model, ", layers ", c.layers, ", ff ", c.ff, ")");
   REGEN_CHECK(c.heads > 0 && c.d_model % c.heads == 0, "GPT-2 '", c.name, "': d_model ", c.d_model,
               " is not divisible by ", c.heads, " heads");
   REGEN_CHECK(c.head_chunk_rows >= -1, "GPT-2 '", c.name, "': head_chunk_rows ", c.head_chunk_rows,
@@ -135,8 +136,8 @@ GPT2::GPT2(const ModelConfig& c, Device device)
   Generator gen(c.seed);
   const int64_t C = c.d_model;
   auto wte = std::make_unique<Group>("wte");
-  wte_ = &wte->add_parameter("weight", init_normal("wte.weight", {padded_vocab_, C}, kInitStd, gen,
-                                                   device));
+  wte_ = &wte->add_parameter("weight",
+                             init_normal("wte.weight", {padded_vocab_, C}, kInitStd, gen, device));
   // The padded rows are never a token and never a class: zero, as llm.c writes them.
   if (padded_vocab_ > c.vocab) {
     Tensor pad = wte_->narrow0(c.vocab, padded_vocab_ - c.vocab);

@@ -76,8 +76,8 @@ LlmcHeader parse_header(const std::string& bytes, const std::string& path) {
               " is smaller than the vocabulary ", h.vocab);
   REGEN_CHECK(h.channels <= (1 << 16) && h.layers <= (1 << 12) && h.max_seq_len <= (1 << 24) &&
                   h.padded_vocab <= (1 << 24),
-              who, ": sizes too large to be a GPT-2 (maxT ", h.max_seq_len, ", Vp ",
-              h.padded_vocab, ", L ", h.layers, ", C ", h.channels, ")");
+              who, ": sizes too large to be a GPT-2 (maxT ", h.max_seq_len, ", Vp ", h.padded_vocab,
+              ", L ", h.layers, ", C ", h.channels, ")");
   const int64_t elem = h.version == 3 ? 4 : 2;
   const int64_t want = kHeaderBytes + parameter_count(h) * elem;
   REGEN_CHECK(static_cast<int64_t>(bytes.size()) == want, who, " has ", bytes.size(),
@@ -96,9 +96,9 @@ const GPT2& as_gpt2(const Model& model, const std::string& path) {
 }
 
 std::string model_sizes(const ModelConfig& c, int64_t padded) {
-  return "vocab " + std::to_string(c.vocab) + " (padded " + std::to_string(padded) +
-         "), seq_len " + std::to_string(c.seq_len) + ", layers " + std::to_string(c.layers) +
-         ", heads " + std::to_string(c.heads) + ", d_model " + std::to_string(c.d_model);
+  return "vocab " + std::to_string(c.vocab) + " (padded " + std::to_string(padded) + "), seq_len " +
+         std::to_string(c.seq_len) + ", layers " + std::to_string(c.layers) + ", heads " +
+         std::to_string(c.heads) + ", d_model " + std::to_string(c.d_model);
 }
 
 }  // namespace
@@ -175,8 +175,9 @@ void save_llmc_checkpoint(const Model& model, const std::string& path) {
               "' has a feed-forward width ", c.ff, ", not 4 x d_model (", 4 * c.d_model,
               ") as llm.c's format assumes");
   const int64_t limit = std::numeric_limits<int32_t>::max();
-  REGEN_CHECK(c.seq_len <= limit && c.vocab <= limit && g.padded_vocab() <= limit, "llm.c checkpoint '",
-              path, "': sizes do not fit its int32 header (", model_sizes(c, g.padded_vocab()), ")");
+  REGEN_CHECK(c.seq_len <= limit && c.vocab <= limit && g.padded_vocab() <= limit,
+              "llm.c checkpoint '", path, "': sizes do not fit its int32 header (",
+              model_sizes(c, g.padded_vocab()), ")");
   std::vector<int32_t> header(kHeaderInts, 0);
   header[0] = kLlmcCheckpointMagic;
   header[1] = 3;
@@ -266,14 +267,14 @@ class TokenShard final : public DataSource {
   Batch next(int64_t n, Device device) override {
     std::vector<int64_t> in(static_cast<size_t>(n * seq_)), out(in.size());
     for (int64_t i = 0; i < n; ++i) {
-      const int64_t start = static_cast<int64_t>(counter_++ % static_cast<uint64_t>(windows_)) * seq_;
+      const int64_t start =
+          static_cast<int64_t>(counter_++ % static_cast<uint64_t>(windows_)) * seq_;
       for (int64_t t = 0; t < seq_; ++t) {
         in[static_cast<size_t>(i * seq_ + t)] = tokens_[static_cast<size_t>(start + t)];
         out[static_cast<size_t>(i * seq_ + t)] = tokens_[static_cast<size_t>(start + t + 1)];
       }
     }
-    return batch_on_device({{n, seq_}, {}, std::move(in)}, {{n, seq_}, {}, std::move(out)},
-                           device);
+    return batch_on_device({{n, seq_}, {}, std::move(in)}, {{n, seq_}, {}, std::move(out)}, device);
   }
   std::string describe() const override {
     return "llm.c tokens " + path_ + " (" + std::to_string(tokens_.size()) + " tokens, " +
@@ -297,10 +298,8 @@ DataKind llmc_tokens_data() {
   d.arg = "FILE";
   d.help = "an llm.c token shard (a header of 256 int32, magic 20240520, then uint16 tokens)";
   d.make = [](const std::string& path, const ModelConfig& m, uint64_t, OptionStyle style) {
-    const std::string what =
-        option_setting("data", style == OptionStyle::keyword ? "'tokens:" + path + "'"
-                                                             : "tokens:" + path,
-                       style);
+    const std::string what = option_setting(
+        "data", style == OptionStyle::keyword ? "'tokens:" + path + "'" : "tokens:" + path, style);
     return std::unique_ptr<DataSource>(std::make_unique<TokenShard>(path, what, m));
   };
   return d;

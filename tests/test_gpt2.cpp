@@ -82,12 +82,20 @@ TEST_CASE("gpt2: presets, parameter names, shapes and counts") {
   auto model = make_model(c);
   const NamedTensors p = model->named_parameters();
   CHECK(model->num_parameters() == count(c));
-  const std::vector<std::string> want = {
-      "wte.weight",          "wpe.weight",          "h.0.ln_1.weight",          "h.0.ln_1.bias",
-      "h.0.attn.c_attn.weight", "h.0.attn.c_attn.bias", "h.0.attn.c_proj.weight",
-      "h.0.attn.c_proj.bias",   "h.0.ln_2.weight",      "h.0.ln_2.bias",
-      "h.0.mlp.c_fc.weight",    "h.0.mlp.c_fc.bias",    "h.0.mlp.c_proj.weight",
-      "h.0.mlp.c_proj.bias"};
+  const std::vector<std::string> want = {"wte.weight",
+                                         "wpe.weight",
+                                         "h.0.ln_1.weight",
+                                         "h.0.ln_1.bias",
+                                         "h.0.attn.c_attn.weight",
+                                         "h.0.attn.c_attn.bias",
+                                         "h.0.attn.c_proj.weight",
+                                         "h.0.attn.c_proj.bias",
+                                         "h.0.ln_2.weight",
+                                         "h.0.ln_2.bias",
+                                         "h.0.mlp.c_fc.weight",
+                                         "h.0.mlp.c_fc.bias",
+                                         "h.0.mlp.c_proj.weight",
+                                         "h.0.mlp.c_proj.bias"};
   REQUIRE(p.size() == 2 + 12 * static_cast<size_t>(c.layers) + 2);
   for (size_t i = 0; i < want.size(); ++i) CHECK(p[i].first == want[i]);
   CHECK(p[p.size() - 2].first == "ln_f.weight");
@@ -123,8 +131,9 @@ TEST_CASE("gpt2: initialization scales and the zero padded rows") {
   CHECK(find(again->named_parameters(), "wte.weight")->to_vector<float>() == wte);
 }
 
-TEST_CASE("gpt2: logits over the real vocabulary; fused and unfused losses agree; no gradient "
-          "reaches a padded row") {
+TEST_CASE(
+    "gpt2: logits over the real vocabulary; fused and unfused losses agree; no gradient "
+    "reaches a padded row") {
   ModelConfig c = model_preset("gpt2-tiny");
   const Tensor x = tokens(3, 16, c.vocab, 1), y = tokens(3, 16, c.vocab, 2);
   c.head_chunk_rows = -1;
@@ -142,7 +151,8 @@ TEST_CASE("gpt2: logits over the real vocabulary; fused and unfused losses agree
   CHECK(a == doctest::Approx(std::log(100.0)).epsilon(0.01));
   CHECK(std::fabs(a - b) <= 1e-6 * std::fabs(a));
   for (auto* m : {unfused.get(), fused.get()}) {
-    const std::vector<float> g = find(m->named_parameters(), "wte.weight")->grad().to_vector<float>();
+    const std::vector<float> g =
+        find(m->named_parameters(), "wte.weight")->grad().to_vector<float>();
     for (int64_t i = c.vocab * c.d_model; i < 128 * c.d_model; ++i) REQUIRE(g[i] == 0.0f);
     double norm = 0;
     for (int64_t i = 0; i < c.vocab * c.d_model; ++i) norm += std::fabs(g[i]);
@@ -238,8 +248,8 @@ TEST_CASE("gpt2: 20 AdamW steps give PyTorch's losses (gpt2-tiny, fp32)") {
     CHECK(finals == 2 * 4 * c.layers + 2 + 1);
     // 20 Adam steps of lr 3e-3 move a weight by up to 0.06; the runs agree to 2e-5 of that.
     CHECK(worst_weight <= 1e-6);
-    MESSAGE("gpt2-tiny, head ", chunk < 0 ? std::string("unfused") : std::string("fused"), ": losses ", want.front(), " -> ",
-            want.back(), ", worst relative loss error ", worst, ", worst final weight error ",
-            worst_weight);
+    MESSAGE("gpt2-tiny, head ", chunk < 0 ? std::string("unfused") : std::string("fused"),
+            ": losses ", want.front(), " -> ", want.back(), ", worst relative loss error ", worst,
+            ", worst final weight error ", worst_weight);
   }
 }

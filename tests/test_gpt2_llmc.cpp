@@ -35,7 +35,8 @@ struct TempDir {
 };
 
 void write_bytes(const std::string& path, const std::string& bytes) {
-  std::ofstream(path, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  std::ofstream(path, std::ios::binary)
+      .write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
 }
 
 int32_t int_at(const std::string& bytes, size_t i) {
@@ -148,7 +149,9 @@ TEST_CASE("gpt2 llm.c checkpoint: bad files are clear errors naming the file") {
   expect_error([&] { load_llmc_checkpoint(*model, variant("version.bin", version)); },
                {"version.bin", "version 4"});
   expect_error(
-      [&] { load_llmc_checkpoint(*model, variant("short.bin", bytes.substr(0, bytes.size() - 8))); },
+      [&] {
+        load_llmc_checkpoint(*model, variant("short.bin", bytes.substr(0, bytes.size() - 8)));
+      },
       {"short.bin", "truncated"});
   expect_error([&] { load_llmc_checkpoint(*model, variant("tiny.bin", bytes.substr(0, 100))); },
                {"tiny.bin", "100 bytes", "header"});
@@ -187,7 +190,7 @@ TEST_CASE("gpt2 llm.c tokens: shards and --data tokens:FILE in llm.c's batch lay
   REQUIRE(b.input.shape() == Shape{2, 16});
   const std::vector<int64_t> in = b.input.to_vector<int64_t>(), out = b.target.to_vector<int64_t>();
   for (int64_t i = 0; i < 32; ++i) {
-    CHECK(in[static_cast<size_t>(i)] == i);  // B * T consecutive tokens ...
+    CHECK(in[static_cast<size_t>(i)] == i);       // B * T consecutive tokens ...
     CHECK(out[static_cast<size_t>(i)] == i + 1);  // ... and the next ones as targets
   }
   src->skip(3);  // windows 2, 3, 4
