@@ -13,6 +13,7 @@
 #include "regen/models/gpt2.h"
 #include "regen/models/model.h"
 #include "regen/models/optim.h"
+#include "regen/session/session.h"
 #include "tests/test_util.h"
 
 using namespace regen;
@@ -252,4 +253,32 @@ TEST_CASE("gpt2: 20 AdamW steps give PyTorch's losses (gpt2-tiny, fp32)") {
             ": losses ", want.front(), " -> ", want.back(), ", worst relative loss error ", worst,
             ", worst final weight error ", worst_weight);
   }
+}
+
+TEST_CASE(
+    "gpt2: a session's AdamW decays GPT-2's matrices only, and other models' every "
+    "parameter") {
+  SessionOptions o;
+  o.model = "gpt2-tiny";
+  o.batch = 2;
+  o.device = "cpu";
+  o.optimizer = "adamw";
+  o.weight_decay = 0.1;
+  auto s = make_session(o);
+  const auto* adamw = dynamic_cast<const AdamW*>(&s->trainer->optimizer());
+  REQUIRE(adamw != nullptr);
+  CHECK(adamw->options().decay == DecayScope::matrices);
+  for (const char* decayed :
+       {"wte.weight", "wpe.weight", "h.0.attn.c_attn.weight", "h.1.mlp.c_proj.weight"}) {
+    CHECK_MESSAGE(adamw->decays(decayed), decayed);
+  }
+  for (const char* kept : {"h.0.ln_1.weight", "h.0.attn.c_attn.bias", "ln_f.bias"}) {
+    CHECK_MESSAGE(!adamw->decays(kept), kept);
+  }
+  o.model = "transformer-tiny";
+  auto t = make_session(o);
+  const auto* all = dynamic_cast<const AdamW*>(&t->trainer->optimizer());
+  REQUIRE(all != nullptr);
+  CHECK(all->options().decay == DecayScope::all);
+  CHECK(all->decays("encoder.layers.0.norm1.bias"));
 }
