@@ -99,6 +99,37 @@ def adamw(model, lr, weight_decay, betas=(0.9, 0.999), eps=1e-8):
                               {"params": rest, "weight_decay": 0.0}], lr=lr, betas=betas, eps=eps)
 
 
+def load_llmc_checkpoint(path):
+    """A GPT2 with the sizes and float32 weights of an llm.c checkpoint (version 3: a header of
+    256 int32, magic 20240326, then the parameters in llm.c's order, models/gpt2_llmc.h)."""
+    with open(path, "rb") as f:
+        header = struct.unpack("<256i", f.read(1024))
+        blob = f.read()
+    if header[0] != 20240326 or header[1] != 3:
+        raise ValueError(f"{path}: not an llm.c float32 checkpoint (magic {header[0]}, "
+                         f"version {header[1]})")
+    maxT, V, L, NH, C, Vp = header[2:8]
+    model = GPT2(V, maxT, C, L, NH)
+    if padded_vocab(V) != Vp:
+        raise ValueError(f"{path}: padded vocabulary {Vp}, not {padded_vocab(V)}")
+    values = torch.frombuffer(bytearray(blob), dtype=torch.float32)
+    kinds = ["ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias",
+             "attn.c_proj.weight", "attn.c_proj.bias", "ln_2.weight", "ln_2.bias",
+             "mlp.c_fc.weight", "mlp.c_fc.bias", "mlp.c_proj.weight", "mlp.c_proj.bias"]
+    order = ["wte.weight", "wpe.weight"] + [f"h.{i}.{k}" for k in kinds for i in range(L)] + \
+        ["ln_f.weight", "ln_f.bias"]
+    params = dict(model.named_parameters())
+    at = 0
+    with torch.no_grad():
+        for name in order:
+            p = params[name]
+            p.copy_(values[at:at + p.numel()].reshape(p.shape))
+            at += p.numel()
+    if at != values.numel():
+        raise ValueError(f"{path}: {values.numel()} parameters, the header's sizes need {at}")
+    return model
+
+
 _DTYPES = {"F32": torch.float32, "F64": torch.float64, "I64": torch.int64, "I32": torch.int32}
 
 
