@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <limits>
 
 #include "regen/core/half.h"
@@ -18,10 +20,11 @@ namespace {
 constexpr int64_t kHeaderInts = 256;
 constexpr int64_t kHeaderBytes = kHeaderInts * 4;
 
-std::vector<int32_t> header_of(const std::string& bytes, const std::string& what,
+// The first 256 int32 of a file of `size` bytes whose first bytes are `bytes`.
+std::vector<int32_t> header_of(const std::string& bytes, int64_t size, const std::string& what,
                                const std::string& path) {
-  REGEN_CHECK(static_cast<int64_t>(bytes.size()) >= kHeaderBytes, what, " '", path, "' has ",
-              bytes.size(), " bytes, less than its header of 256 int32 (1024 bytes)");
+  REGEN_CHECK(size >= kHeaderBytes && static_cast<int64_t>(bytes.size()) >= kHeaderBytes, what,
+              " '", path, "' has ", size, " bytes, less than its header of 256 int32 (1024 bytes)");
   std::vector<int32_t> h(kHeaderInts);
   std::memcpy(h.data(), bytes.data(), kHeaderBytes);
   return h;
@@ -52,8 +55,9 @@ int64_t parameter_count(const LlmcHeader& h) {
   return h.padded_vocab * C + h.max_seq_len * C + h.layers * (12 * C * C + 13 * C) + 2 * C;
 }
 
-LlmcHeader parse_header(const std::string& bytes, const std::string& path) {
-  const std::vector<int32_t> v = header_of(bytes, "llm.c checkpoint", path);
+// `bytes`: the file's first bytes (its header at least, or all of it); `size`: the file's size.
+LlmcHeader parse_header(const std::string& bytes, int64_t size, const std::string& path) {
+  const std::vector<int32_t> v = header_of(bytes, size, "llm.c checkpoint", path);
   const std::string who = "llm.c checkpoint '" + path + "'";
   REGEN_CHECK(v[0] == kLlmcCheckpointMagic, who, ": bad magic ", v[0], " (expected ",
               kLlmcCheckpointMagic, "; a token shard has ", kLlmcTokensMagic, ")");
@@ -80,11 +84,10 @@ LlmcHeader parse_header(const std::string& bytes, const std::string& path) {
               ", L ", h.layers, ", C ", h.channels, ")");
   const int64_t elem = h.version == 3 ? 4 : 2;
   const int64_t want = kHeaderBytes + parameter_count(h) * elem;
-  REGEN_CHECK(static_cast<int64_t>(bytes.size()) == want, who, " has ", bytes.size(),
-              " bytes, but its header (maxT ", h.max_seq_len, ", V ", h.vocab, ", L ", h.layers,
-              ", NH ", h.heads, ", C ", h.channels, ", Vp ", h.padded_vocab, ", ",
-              h.version == 3 ? "float32" : "bfloat16", ") needs ", want,
-              static_cast<int64_t>(bytes.size()) < want ? " (truncated)" : "");
+  REGEN_CHECK(size == want, who, " has ", size, " bytes, but its header (maxT ", h.max_seq_len,
+              ", V ", h.vocab, ", L ", h.layers, ", NH ", h.heads, ", C ", h.channels, ", Vp ",
+              h.padded_vocab, ", ", h.version == 3 ? "float32" : "bfloat16", ") needs ", want,
+              size < want ? " (truncated)" : "");
   return h;
 }
 
@@ -108,7 +111,16 @@ bool is_llmc_checkpoint_path(const std::string& path) {
 }
 
 LlmcHeader read_llmc_header(const std::string& path) {
-  return parse_header(read_file(path), path);
+  // The header and the size only: the parameters are not read.
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
+  REGEN_CHECK(in.good() && std::filesystem::is_regular_file(path), "llm.c checkpoint '", path,
+              "': cannot open it as a file");
+  const int64_t size = static_cast<int64_t>(in.tellg());
+  std::string head(static_cast<size_t>(std::min<int64_t>(size, kHeaderBytes)), '\0');
+  in.seekg(0);
+  in.read(&head[0], static_cast<std::streamsize>(head.size()));
+  REGEN_CHECK(in.good() || head.empty(), "llm.c checkpoint '", path, "': cannot read it");
+  return parse_header(head, size, path);
 }
 
 ModelConfig gpt2_config_from_llmc(const std::string& path, ModelConfig base) {
@@ -125,7 +137,7 @@ ModelConfig gpt2_config_from_llmc(const std::string& path, ModelConfig base) {
 void load_llmc_checkpoint(Model& model, const std::string& path) {
   const GPT2& g = as_gpt2(model, path);
   const std::string bytes = read_file(path);
-  const LlmcHeader h = parse_header(bytes, path);
+  const LlmcHeader h = parse_header(bytes, static_cast<int64_t>(bytes.size()), path);
   const ModelConfig& c = model.config();
   REGEN_CHECK(h.vocab == c.vocab && h.padded_vocab == g.padded_vocab() &&
                   h.max_seq_len == c.seq_len && h.layers == c.layers && h.heads == c.heads &&
@@ -207,7 +219,8 @@ void save_llmc_checkpoint(const Model& model, const std::string& path) {
 
 namespace {
 std::vector<uint16_t> parse_tokens(const std::string& bytes, const std::string& path) {
-  const std::vector<int32_t> h = header_of(bytes, "llm.c token shard", path);
+  const std::vector<int32_t> h =
+      header_of(bytes, static_cast<int64_t>(bytes.size()), "llm.c token shard", path);
   const std::string who = "llm.c token shard '" + path + "'";
   REGEN_CHECK(h[0] == kLlmcTokensMagic, who, ": bad magic ", h[0], " (expected ", kLlmcTokensMagic,
               "; a checkpoint has ", kLlmcCheckpointMagic, ")");

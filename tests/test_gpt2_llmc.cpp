@@ -156,6 +156,9 @@ TEST_CASE("gpt2 llm.c checkpoint: bad files are clear errors naming the file") {
   expect_error([&] { load_llmc_checkpoint(*model, variant("tiny.bin", bytes.substr(0, 100))); },
                {"tiny.bin", "100 bytes", "header"});
   expect_error([&] { read_llmc_header(dir.file("missing.bin")); }, {"missing.bin"});
+  // The header alone is read, and checked against the file's size.
+  expect_error([&] { read_llmc_header(dir.file("short.bin")); }, {"short.bin", "truncated"});
+  expect_error([&] { read_llmc_header(dir.file("tiny.bin")); }, {"tiny.bin", "100 bytes"});
   ModelConfig bigger = model_preset("gpt2-tiny");
   bigger.vocab = 300;
   auto other = make_model(bigger);
