@@ -1,7 +1,9 @@
 // GPT2 (gpt2.h).
 #include "regen/models/gpt2.h"
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "regen/autograd/ops_unary.h"
 #include "regen/models/data.h"
@@ -201,7 +203,10 @@ Tensor GPT2::forward_loss(const Tensor& tokens, const Tensor& target) {
               target.defined() ? target.str() : std::string("nothing"));
   const Tensor h = hidden(tokens);
   ModuleScope scope("lm_head");
-  return linear_cross_entropy(reshape(h, {-1, config_.d_model}), head_weight(), Tensor(),
+  // All Vp rows of wte, with the padded classes' logits at -inf (head_mask_): they take no
+  // probability, so their gradient is 0 and their rows of wte get none, without a copy of the
+  // real rows (which head_weight() makes for forward()).
+  return linear_cross_entropy(reshape(h, {-1, config_.d_model}), *wte_, head_mask_,
                               target.reshape({-1}), -100, config_.head_chunk_rows);
 }
 
@@ -216,6 +221,12 @@ void GPT2::prepare_inputs(Device device) {
   CategoryScope cat(Category::input);
   TagScope tag("positions");
   positions_ = arange(config_.seq_len, DType::i64, device);
+  if (padded_vocab_ > config_.vocab) {
+    TagScope mask("head_mask");
+    std::vector<float> m(static_cast<size_t>(padded_vocab_), 0.0f);
+    std::fill(m.begin() + config_.vocab, m.end(), -std::numeric_limits<float>::infinity());
+    head_mask_ = from_vector<float>(m, {padded_vocab_}, device);
+  }
 }
 
 void GPT2::check_batch(const Batch& b) const {

@@ -4,9 +4,10 @@
 //   x = x + attn.c_proj(attention(attn.c_attn(ln_1(x)), causal))
 //   x = x + mlp.c_proj(gelu_tanh(mlp.c_fc(ln_2(x))))
 // then ln_f and the LM head, which is wte itself (tied). The vocabulary V is padded to Vp, a
-// multiple of 128 (gpt2: 50257 -> 50304), as llm.c pads it; the padded rows of wte start at zero,
-// the head and the loss use only the first V rows (so a padded row gets no probability and no
-// gradient), and forward() returns logits over the V real tokens.
+// multiple of 128 (gpt2: 50257 -> 50304), as llm.c pads it; the padded rows of wte start at zero
+// and are never a class: forward() returns logits over the V real tokens (the first V rows of
+// wte, copied), and the fused head and loss of training take all Vp rows with a bias of -inf on
+// the padded classes, so a padded row gets no probability and no gradient, as in llm.c.
 // Parameter names (llm.c's and Hugging Face's, with nn.Linear's (out, in) weights): wte.weight,
 // wpe.weight, h.<i>.{ln_1, attn.c_attn, attn.c_proj, ln_2, mlp.c_fc, mlp.c_proj}.{weight,bias},
 // ln_f.{weight,bias}. Initialization as GPT-2 (nanoGPT): every matrix and embedding normal with
@@ -49,6 +50,9 @@ class GPT2 : public Model {
   std::vector<Block*> blocks_;
   LayerNorm* ln_f_;
   Tensor positions_;  // arange(seq_len) on the model's device, created before the first step
+  // (Vp) f32: 0 for the real classes, -inf for the padded ones: the fused head's bias, created
+  // with the positions; undefined when V == Vp.
+  Tensor head_mask_;
 };
 
 }  // namespace regen
