@@ -256,16 +256,48 @@ void write_llmc_tokens(const std::string& path, const std::vector<uint16_t>& tok
 
 namespace {
 
+// A shard's tokens, every one checked against the model's vocabulary.
+std::vector<uint16_t> shard_tokens(const std::string& path, const std::string& what,
+                                   const ModelConfig& m) {
+  std::vector<uint16_t> tokens = read_llmc_tokens(path);
+  REGEN_CHECK(!tokens.empty(), what, ": '", path, "' holds no tokens");
+  const auto top = std::max_element(tokens.begin(), tokens.end());
+  REGEN_CHECK(*top < m.vocab, what, ": '", path, "' has token ", *top, " at position ",
+              top - tokens.begin(), ", outside the vocabulary of model '", m.name, "' (", m.vocab,
+              ")");
+  return tokens;
+}
+
+// The tokens held out at the end of a shard for evaluation: floor(holdout * count).
+int64_t held_out_tokens(size_t count, double holdout) {
+  return static_cast<int64_t>(static_cast<double>(count) * holdout);
+}
+
+Batch windows_batch(const std::vector<uint16_t>& tokens, int64_t first_token, int64_t n,
+                    int64_t seq, Device device) {
+  std::vector<int64_t> in(static_cast<size_t>(n * seq)), out(in.size());
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t t = 0; t < seq; ++t) {
+      const size_t at = static_cast<size_t>(first_token + i * seq + t);
+      in[static_cast<size_t>(i * seq + t)] = tokens[at];
+      out[static_cast<size_t>(i * seq + t)] = tokens[at + 1];
+    }
+  }
+  return batch_on_device({{n, seq}, {}, std::move(in)}, {{n, seq}, {}, std::move(out)}, device);
+}
+
 class TokenShard final : public DataSource {
  public:
-  TokenShard(const std::string& path, const std::string& what, const ModelConfig& m)
-      : path_(path), seq_(m.seq_len), tokens_(read_llmc_tokens(path)) {
+  // With `holdout` > 0, the shard's last floor(holdout * count) tokens are left out (the held-out
+  // split).
+  TokenShard(const std::string& path, const std::string& what, const ModelConfig& m,
+             double holdout = 0)
+      : path_(path), seq_(m.seq_len), tokens_(shard_tokens(path, what, m)) {
+    held_out_ = held_out_tokens(tokens_.size(), holdout);
+    tokens_.resize(tokens_.size() - static_cast<size_t>(held_out_));
     REGEN_CHECK(static_cast<int64_t>(tokens_.size()) > seq_, what, ": '", path, "' has ",
-                tokens_.size(), " tokens; it needs more than the sequence length ", seq_);
-    const auto top = std::max_element(tokens_.begin(), tokens_.end());
-    REGEN_CHECK(*top < m.vocab, what, ": '", path, "' has token ", *top, " at position ",
-                top - tokens_.begin(), ", outside the vocabulary of model '", m.name, "' (",
-                m.vocab, ")");
+                tokens_.size(), " tokens", held_out_ > 0 ? " before its held-out tail" : "",
+                "; it needs more than the sequence length ", seq_);
     windows_ = (static_cast<int64_t>(tokens_.size()) - 1) / seq_;
   }
   std::string position() const override { return "sample=" + std::to_string(counter_); }
@@ -291,7 +323,8 @@ class TokenShard final : public DataSource {
   }
   std::string describe() const override {
     return "llm.c tokens " + path_ + " (" + std::to_string(tokens_.size()) + " tokens, " +
-           std::to_string(windows_) + " windows of " + std::to_string(seq_) + ")";
+           std::to_string(windows_) + " windows of " + std::to_string(seq_) +
+           (held_out_ > 0 ? ", the last " + std::to_string(held_out_) + " held out" : "") + ")";
   }
   void skip(int64_t samples) override { counter_ += static_cast<uint64_t>(samples); }
 
@@ -299,9 +332,52 @@ class TokenShard final : public DataSource {
   std::string path_;
   int64_t seq_;
   std::vector<uint16_t> tokens_;
+  int64_t held_out_ = 0;
   int64_t windows_ = 0;
   uint64_t counter_ = 0;
 };
+
+// The held-out tail of a shard: its windows of seq_len tokens in order.
+class TokenEval final : public EvalSource {
+ public:
+  TokenEval(const std::string& path, const std::string& what, const ModelConfig& m, double holdout)
+      : path_(path), seq_(m.seq_len) {
+    std::vector<uint16_t> all = shard_tokens(path, what, m);
+    const int64_t tail = held_out_tokens(all.size(), holdout);
+    tokens_.assign(all.end() - tail, all.end());
+    size_ = tail > 0 ? (tail - 1) / seq_ : 0;
+    REGEN_CHECK(size_ >= 1, what, ": the held-out last ", tail, " tokens of '", path,
+                "' (a fraction ", holdout, " of ", all.size(),
+                ") hold no window of the sequence length ", seq_,
+                " and its next token: a longer shard, a larger held-out fraction or a shorter "
+                "sequence");
+  }
+  int64_t size() const override { return size_; }
+  void reset() override { pos_ = 0; }
+  Batch next(int64_t n, Device device) override {
+    REGEN_CHECK(n > 0 && pos_ < size_, "evaluation data ", describe(), ": no examples left (",
+                size_, " in all)");
+    const int64_t take = std::min(n, size_ - pos_);
+    Batch b = windows_batch(tokens_, pos_ * seq_, take, seq_, device);
+    pos_ += take;
+    return b;
+  }
+  std::string describe() const override {
+    return "llm.c tokens " + path_ + " (the last " + std::to_string(tokens_.size()) + " tokens, " +
+           std::to_string(size_) + " windows of " + std::to_string(seq_) + ")";
+  }
+
+ private:
+  std::string path_;
+  int64_t seq_;
+  std::vector<uint16_t> tokens_;
+  int64_t size_ = 0, pos_ = 0;
+};
+
+std::string tokens_setting(const std::string& path, OptionStyle style) {
+  return option_setting(
+      "data", style == OptionStyle::keyword ? "'tokens:" + path + "'" : "tokens:" + path, style);
+}
 
 }  // namespace
 
@@ -311,9 +387,19 @@ DataKind llmc_tokens_data() {
   d.arg = "FILE";
   d.help = "an llm.c token shard (a header of 256 int32, magic 20240520, then uint16 tokens)";
   d.make = [](const std::string& path, const ModelConfig& m, uint64_t, OptionStyle style) {
-    const std::string what = option_setting(
-        "data", style == OptionStyle::keyword ? "'tokens:" + path + "'" : "tokens:" + path, style);
-    return std::unique_ptr<DataSource>(std::make_unique<TokenShard>(path, what, m));
+    return std::unique_ptr<DataSource>(
+        std::make_unique<TokenShard>(path, tokens_setting(path, style), m));
+  };
+  d.held_out = "the last part of FILE (--eval-split, 10% by default), which training then skips";
+  d.make_eval = [](const std::string& path, const ModelConfig& m, uint64_t, double holdout,
+                   OptionStyle style) {
+    return std::unique_ptr<EvalSource>(
+        std::make_unique<TokenEval>(path, tokens_setting(path, style), m, holdout));
+  };
+  d.make_split = [](const std::string& path, const ModelConfig& m, uint64_t, double holdout,
+                    OptionStyle style) {
+    return std::unique_ptr<DataSource>(
+        std::make_unique<TokenShard>(path, tokens_setting(path, style), m, holdout));
   };
   return d;
 }

@@ -47,8 +47,9 @@ void write_llmc_tokens(const std::string& path, const std::vector<uint16_t>& tok
 
 // `--data tokens:FILE`: an llm.c token shard. Sample k is the window of seq_len tokens that
 // starts at token (k mod W) * seq_len, W = (count - 1) / seq_len, with its next tokens as
-// targets: B consecutive samples are llm.c's batch of B * T + 1 consecutive tokens. Refuses a
-// shard with a token at or above the model's vocabulary.
+// targets: B consecutive samples are llm.c's batch of B * T + 1 consecutive tokens. Its held-out
+// split (--eval-every) is the shard's last --eval-split fraction, in windows, which training then
+// skips. Refuses a shard with a token at or above the model's vocabulary.
 DataKind llmc_tokens_data();
 
 // Whether `path` names an llm.c checkpoint by its extension (.bin).

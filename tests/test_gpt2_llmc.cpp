@@ -205,6 +205,23 @@ TEST_CASE("gpt2 llm.c tokens: shards and --data tokens:FILE in llm.c's batch lay
   CHECK(src->next(1, Device::cpu()).input.to_vector<int64_t>()[0] == 16);
   expect_error([&] { src->set_position("epoch=1"); }, {"sample=N"});
 
+  // A held-out tail of 20% (20 tokens): one window of 16 and its next token, in order; training
+  // then draws from the first 80 tokens only ((80 - 1) / 16 = 4 windows).
+  auto eval = make_eval_source("tokens:" + path, c, 0, 0.2);
+  REQUIRE(eval->size() == 1);
+  const Batch e = eval->next(4, Device::cpu());
+  CHECK(e.input.shape() == Shape{1, 16});
+  CHECK(e.input.to_vector<int64_t>()[0] == 80);
+  CHECK(e.target.to_vector<int64_t>()[15] == 96);
+  auto train = make_training_source("tokens:" + path, c, 0, 0.2);
+  CHECK_MESSAGE(
+      train->describe().find("4 windows of 16, the last 20 held out") != std::string::npos,
+      train->describe());
+  train->skip(4);
+  CHECK(train->next(1, Device::cpu()).input.to_vector<int64_t>()[0] == 0);  // wrapped
+  expect_error([&] { make_eval_source("tokens:" + path, c, 0, 0.1); },
+               {"train.bin", "held-out last 10 tokens", "no window"});
+
   tokens[42] = 100;  // the vocabulary is 100: ids 0..99
   write_llmc_tokens(dir.file("big.bin"), tokens);
   expect_error([&] { make_data_source("tokens:" + dir.file("big.bin"), c, 0); },
