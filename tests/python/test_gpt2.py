@@ -26,6 +26,9 @@ def counting_tokens(n, vocab=100, seed=0):
 
 
 def test_gpt2_tiny_trains_on_llmc_tokens_and_round_trips_its_checkpoint(tmp_path):
+    models = regen.models()
+    assert {"gpt2", "gpt2-medium", "gpt2-tiny"} <= set(models)
+    assert "124M" in models["gpt2"]
     shard = str(tmp_path / "train.bin")
     write_shard(shard, counting_tokens(4000))
     m = regen.Model("gpt2-tiny", batch=8, device="cpu", threads=1, optimizer="adamw", lr=3e-3,
