@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 
+#include "regen/models/gpt2.h"
 #include "regen/models/resnet.h"
 #include "regen/models/transformer.h"
 
@@ -168,6 +169,36 @@ ModelConfig transformer_preset(const std::string& name) {
   return c;
 }
 
+// GPT-2 (OpenAI's sizes; vocabulary 50257, padded to 50304 in the model) and a tiny one for tests.
+ModelConfig gpt2_preset(const std::string& name) {
+  ModelConfig c;
+  c.name = name;
+  c.vocab = 50257;
+  c.seq_len = 1024;
+  c.d_model = 768;
+  c.layers = 12;
+  c.heads = 12;
+  c.dropout = 0.0f;  // GPT-2 here has no dropout
+  c.gelu = true;
+  if (name == "gpt2-medium") {
+    c.d_model = 1024;
+    c.layers = 24;
+    c.heads = 16;
+  } else if (name == "gpt2-tiny") {
+    c.vocab = 100;  // padded to 128: the tests see the padding
+    c.seq_len = 16;
+    c.d_model = 32;
+    c.layers = 2;
+    c.heads = 4;
+  }
+  c.ff = 4 * c.d_model;
+  return c;
+}
+
+std::unique_ptr<Model> build_gpt2(const ModelConfig& config, Device device) {
+  return std::make_unique<GPT2>(config, device);
+}
+
 std::unique_ptr<Model> build_resnet(const ModelConfig& config, Device device) {
   return std::make_unique<ResNet>(config, device);
 }
@@ -207,6 +238,14 @@ std::vector<ModelInfo>& registry() {
     transformer("bert-base",
                 "BERT-base sizes: d_model 768, 12 layers, 12 heads, ff 3072, seq 512, GELU");
     transformer("transformer-tiny", "d_model 32, 2 layers, 4 heads, ff 64, vocab 101, seq 16");
+    auto gpt2 = [&](const char* name, const char* help) {
+      out.push_back({name, help, gpt2_preset(name), build_gpt2, GPT2::input()});
+    };
+    gpt2("gpt2",
+         "GPT-2 124M: pre-norm decoder, 12 layers, 12 heads, width 768, context 1024, vocab 50257 "
+         "(padded to 50304), head tied to the token embedding");
+    gpt2("gpt2-medium", "GPT-2 350M: 24 layers, 16 heads, width 1024, context 1024, vocab 50257");
+    gpt2("gpt2-tiny", "GPT-2 for tests: 2 layers, 4 heads, width 32, context 16, vocab 100");
     return out;
   }();
   return models;

@@ -170,6 +170,10 @@ struct ModelInput {
   // last dimension of forward()'s output, one class per target) and "perplexity" (exp of the mean
   // loss per target).
   std::vector<std::string> metrics;
+  // Whether AdamW's weight decay (--weight-decay) applies to the model's matrices only (parameters
+  // of two or more dimensions: optim.h DecayScope::matrices), as GPT-2 is trained, instead of to
+  // every parameter (torch.optim.AdamW's single group, the default).
+  bool decay_matrices_only = false;
   // Refuses a configuration or batch size the model cannot train (too small an image for its
   // downsamplings, too few values per batch-norm channel), naming the options as `style` says;
   // may be empty.

@@ -147,9 +147,9 @@ void sgd_launch(const Tensor& p, const Tensor& g, const Tensor& buf, const SGDOp
 
 template <class T>
 void adamw_launch(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v,
-                  const AdamWOptions& o, double lr, int64_t step) {
+                  const AdamWOptions& o, double weight_decay, double lr, int64_t step) {
   REGEN_LAUNCH(p.device(), T, adamw_step, p.data<T>(), g.data<T>(), m.data<T>(), v.data<T>(),
-               p.numel(), lr, o.beta1, o.beta2, o.eps, o.weight_decay, step);
+               p.numel(), lr, o.beta1, o.beta2, o.eps, weight_decay, step);
 }
 }  // namespace
 
@@ -192,6 +192,10 @@ AdamW::AdamW(std::vector<Tensor> params, const AdamWOptions& options)
   REGEN_CHECK(options.eps >= 0.0, "AdamW: eps ", options.eps, " must be >= 0");
   REGEN_CHECK(options.weight_decay >= 0.0, "AdamW: weight_decay ", options.weight_decay,
               " must be >= 0");
+  for (const Tensor& p : params_) {
+    decays_.push_back(options.weight_decay > 0.0 &&
+                      (options.decay == DecayScope::all || p.dim() >= 2));
+  }
 }
 
 void AdamW::create_state(size_t i, ParamState& state) {
@@ -207,7 +211,7 @@ void AdamW::update(size_t i, const Tensor& grad, ParamState& state) {
   if (!m.defined()) m = make_state(i, "exp_avg", true);
   if (!v.defined()) v = make_state(i, "exp_avg_sq", true);
   REGEN_FLOATING(params_[i].dtype(), "AdamW step", adamw_launch, params_[i], grad, m, v, options_,
-                 lr_, state.steps);
+                 decays_[i] ? options_.weight_decay : 0.0, lr_, state.steps);
 }
 
 }  // namespace regen

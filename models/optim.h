@@ -136,24 +136,34 @@ class SGD : public Optimizer {
   SGDOptions options_;
 };
 
+// The parameters weight decay applies to: every one (torch.optim.AdamW given all parameters in
+// one group), or the matrices only: the parameters of two or more dimensions (linear weights and
+// embeddings), not the biases nor the layer norms' gains and shifts, as nanoGPT's two parameter
+// groups and llm.c's CUDA trainer decay GPT-2.
+enum class DecayScope { all, matrices };
+
 struct AdamWOptions {
   double lr = 1e-3;
   double beta1 = 0.9, beta2 = 0.999;
   double eps = 1e-8;
   double weight_decay = 1e-2;
+  DecayScope decay = DecayScope::all;
 };
 
-// torch.optim.AdamW: p *= 1 - lr * weight_decay; Adam moments with bias correction.
-// State: "exp_avg", "exp_avg_sq".
+// torch.optim.AdamW: p *= 1 - lr * weight_decay (for the parameters options.decay selects);
+// Adam moments with bias correction. State: "exp_avg", "exp_avg_sq".
 class AdamW : public Optimizer {
  public:
   AdamW(std::vector<Tensor> params, const AdamWOptions& options);
   const AdamWOptions& options() const { return options_; }
+  // Whether parameter `name` is decayed (options().weight_decay > 0 and in options().decay).
+  bool decays(const std::string& name) const { return decays_[index_of(name)]; }
 
  private:
   void update(size_t i, const Tensor& grad, ParamState& state) override;
   void create_state(size_t i, ParamState& state) override;
   AdamWOptions options_;
+  std::vector<bool> decays_;  // per parameter, in params() order
 };
 
 }  // namespace regen

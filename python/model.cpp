@@ -10,6 +10,7 @@
 
 #include "python/bindings.h"
 #include "regen/dist/world.h"
+#include "regen/models/gpt2_llmc.h"
 #include "regen/models/metrics_log.h"
 #include "regen/remat/execute/pipeline.h"
 #include "regen/remat/profile/estimate.h"
@@ -1026,22 +1027,34 @@ refused on every rank when the rank count or the shard mode is not the saved one
           [](PyModel& s, const std::string& path) {
             const std::string call = "save(" + path_text(path) + ")";
             s.check_output(PyModel::Role::save, call, path);
-            save_checkpoint(s.session(), path, s.pipe().steps_done());
+            if (is_llmc_checkpoint_path(path)) {
+              save_llmc_checkpoint(*s.session().model, path);
+            } else {
+              save_checkpoint(s.session(), path, s.pipe().steps_done());
+            }
             s.note(PyModel::Role::save, call, path);
           },
           pb::arg("path"),
-          "Writes a checkpoint (safetensors, as `regen train --save`), atomically; refused over a "
-          "file in use (the data, a log, a training state; the loaded checkpoint may be replaced)")
+          "Writes a checkpoint (safetensors, as `regen train --save`; a GPT-2 to a .bin path as an "
+          "llm.c checkpoint), atomically; refused over a file in use (the data, a log, a training "
+          "state; the loaded checkpoint may be replaced)")
       .def(
           "load",
           [](PyModel& s, const std::string& path) {
             s.check_idle("load");
-            const size_t n = load_checkpoint(s.session(), path);
+            size_t n = 0;
+            if (is_llmc_checkpoint_path(path)) {
+              load_llmc_checkpoint(*s.session().model, path);
+              n = s.session().model->named_parameters().size();
+            } else {
+              n = load_checkpoint(s.session(), path);
+            }
             s.note(PyModel::Role::load, "load(" + path_text(path) + ")", path);
             return n;
           },
           pb::arg("path"),
-          "Loads a checkpoint saved from this model's configuration; returns the tensor count")
+          "Loads a checkpoint saved from this model's configuration (a GPT-2 also from an llm.c "
+          "checkpoint, a .bin path); returns the tensor count")
       .def("__repr__", [](PyModel& s) {
         return "regen.Model(" + s.options().model + ", batch " + std::to_string(s.options().batch) +
                " on " + s.session().device.str() + ", " +

@@ -343,6 +343,16 @@ std::unique_ptr<Session> make_session(const SessionOptions& options, Preflight p
     AdamWOptions o;
     o.lr = options.lr;
     o.weight_decay = options.weight_decay;
+    if (model_info(model.config().name).input.decay_matrices_only) {
+      o.decay = DecayScope::matrices;
+      // Sharded optimizer state is flat pieces of buckets, which mix matrices and biases.
+      REGEN_CHECK(!sync || options.weight_decay == 0.0 || options.shard == "none", "model '",
+                  model.config().name, "' decays its matrices only, which ",
+                  option_setting("shard", options.shard, options.style),
+                  " cannot select yet (its optimizer holds flat pieces of buckets): use ",
+                  option_setting("shard", "none", options.style), " or ",
+                  option_setting("weight_decay", "0", options.style));
+    }
     return std::make_unique<AdamW>(std::move(params), o);
   };
   // A dry run's time grows with the batch: no kernel runs, but the kernels request their scratch

@@ -185,7 +185,7 @@ TEST_CASE("models: Transformer presets have torch.nn names and parameter counts"
 
 TEST_CASE("models: preset names and unknown names") {
   const auto names = model_preset_names();
-  CHECK(names.size() == 9);
+  CHECK(names.size() == 12);  // 6 ResNets, 3 Transformers, 3 GPT-2s
   for (const std::string& n : names) CHECK(model_preset(n).name == n);
   const std::string msg = error_of([] { model_preset("resnet7"); });
   CHECK(msg.find("unknown model 'resnet7'") != std::string::npos);

@@ -13,6 +13,7 @@
 #include "regen/core/numeric.h"
 #include "regen/dist/data_parallel.h"
 #include "regen/dist/world.h"
+#include "regen/models/gpt2_llmc.h"
 #include "regen/models/metrics_log.h"
 #include "regen/remat/execute/pipeline.h"
 #include "regen/session/plan_request.h"
@@ -540,7 +541,11 @@ void run(const TrainFlags& f) {
   if (!f.log.empty()) options.grad_norm = true;  // the log has a column for it
   auto s = make_session(options, planned_only ? Preflight::model : Preflight::step);
   const int threads = omp_get_max_threads();
-  if (!f.load.empty()) {
+  if (!f.load.empty() && is_llmc_checkpoint_path(f.load)) {
+    load_llmc_checkpoint(*s->model, f.load);
+    std::printf("loaded %s (llm.c checkpoint, %zu tensors)\n", f.load.c_str(),
+                s->model->named_parameters().size());
+  } else if (!f.load.empty()) {
     const size_t n = load_checkpoint(*s, f.load);
     std::printf("loaded %s (%zu tensors)\n", f.load.c_str(), n);
   }
@@ -596,7 +601,11 @@ void run(const TrainFlags& f) {
     print_rank_summary(world, console.comm_steps(), st.peak_allocated, st.peak_reserved, pipe,
                        done);
   }
-  if (!f.save.empty()) {
+  if (!f.save.empty() && is_llmc_checkpoint_path(f.save)) {
+    if (world.rank() == 0) save_llmc_checkpoint(*s->model, f.save);  // every rank holds the same
+    world.barrier();
+    std::printf("  saved %s (llm.c checkpoint)\n", f.save.c_str());
+  } else if (!f.save.empty()) {
     save_checkpoint(*s, f.save, f.steps);  // under mpirun, by rank 0
     std::printf("  saved %s\n", f.save.c_str());
   }
@@ -628,9 +637,12 @@ void setup(CLI::App& app) {
       ->capture_default_str();
   app.add_option("--save", f->save,
                  "write the model's parameters and buffers to FILE.safetensors "
-                 "(torchvision / torch.nn names; atomic)")
+                 "(torchvision / torch.nn names; atomic), or a GPT-2's to FILE.bin as an llm.c "
+                 "checkpoint")
       ->check(non_empty("a file name"));
-  app.add_option("--load", f->load, "start from FILE.safetensors");
+  app.add_option("--load", f->load,
+                 "start from FILE.safetensors, or a GPT-2 from an llm.c checkpoint FILE.bin (its "
+                 "sizes must be the model's)");
   app.add_option("--policy", f->plan.policy,
                  "rematerialization policy, one of the registered planners: " + planner_help())
       ->check(CLI::IsMember(policy_names()))

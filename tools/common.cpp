@@ -259,8 +259,9 @@ void add_model_flags(CLI::App& app, SessionOptions& o, bool with_batch,
                      " (default: OpenMP's)")
       ->check(in_range(SessionOptions::range("threads")));
   app.add_option("--data", o.data,
-                 "the model's data: synthetic (default), cifar10:DIR (CIFAR-10 binary batches) or "
-                 "text:FILE (UTF-8 text as byte tokens) for the built-in models");
+                 "the model's data: synthetic (default), cifar10:DIR (CIFAR-10 binary batches), "
+                 "text:FILE (UTF-8 text as byte tokens) for the built-in models, or tokens:FILE "
+                 "(an llm.c token shard) for GPT-2");
   app.add_option("--conv", o.conv, "CUDA convolution: native (regen's kernels) or cudnn")
       ->capture_default_str();
   add_math_flags(app, o.math, o.tf32, math_default);
