@@ -389,6 +389,39 @@ inline constexpr const char* kDryRunLaunchers[] = {
 constexpr bool has_dry_run_path(const char* launcher) {
   return kernels::listed(kDryRunLaunchers, launcher);
 }
+// The CUDA launchers with a 16-bit form (T = bfloat16, float16: core/half.h's element types, whose
+// f32 conversions are __host__ __device__, so a kernel's bits are the CPU's conversions'): each
+// loads 16 bits, computes in f32 (acc_t) and rounds once on store, as its CPU launcher does
+// (kernels/cuda/cuda_kernels.h declares them). REGEN_LAUNCH sends a 16-bit call of any other
+// launcher to kernels::unsupported. docs/precision.md lists them by op; tests/cuda/test_cuda_ops.cpp
+// checks each against its CPU launcher on the same 16-bit inputs.
+inline constexpr const char* kHalfLaunchers[] = {
+    "fill",
+    "copy",
+    "add",
+    "add_inplace",
+    "mul",
+    "scale",
+    "fill_from_scalar",
+    "sum_rows",
+    "sum_all",
+    "sum_squares",
+    "permute",
+    "slice_copy",
+    "dropout_forward_lowp",
+    "dropout_backward_lowp",
+    "unary_forward",
+    "unary_backward",
+    "unary_forward_mask",
+    "unary_backward_mask",
+    "softmax_forward",
+    "softmax_backward",
+    "gemm",
+    "gemm_batched",
+};
+constexpr bool has_half_path(const char* launcher) {
+  return kernels::listed(kHalfLaunchers, launcher);
+}
 }  // namespace cuda
 
 namespace kernels {
@@ -433,8 +466,9 @@ class DeviceTimeline {
 #endif
 
 // REGEN_LAUNCH(device, T, name, args...): the one dispatch point. CPU: cpu::name<T>(args...);
-// CUDA: cuda::name(args...) for T = float (a REGEN_LAUNCHER template deduces T = float from the
-// arguments); anything else is a clear regen::Error.
+// CUDA: cuda::name(args...) for T = float, and for T = bfloat16 or float16 when the launcher is one
+// of cuda::kHalfLaunchers (a REGEN_LAUNCHER template, or the 16-bit overload beside a float
+// launcher, deduces T from the typed arguments); anything else is a clear regen::Error.
 // In a dry run (dry_run_active(); DryRunScope, core/allocator.h) every launcher is skipped except
 // those of the device's kDryRunLaunchers (cpu:: or cuda::, above), whose dry paths request the
 // Workspace blocks a real call requests and return. So the dry run's allocator sees the real
@@ -452,7 +486,8 @@ class DeviceTimeline {
       break; /* a dry run: shapes and blocks only */                               \
     if ((device).is_cpu()) {                                                       \
       ::regen::cpu::name<T>(__VA_ARGS__);                                          \
-    } else if constexpr (std::is_same<T, float>::value) {                          \
+    } else if constexpr (std::is_same<T, float>::value ||                          \
+                         (::regen::is_half_v<T> && ::regen::cuda::has_half_path(#name))) { \
       ::regen::kernels::use_device(device);                                        \
       ::regen::cuda::name(__VA_ARGS__);                                            \
       ::regen::kernels::after_cuda_launcher(#name);                                \

@@ -1379,6 +1379,307 @@ void optim_cases(Rng& rng, int64_t n) {
 }
 #endif
 
+
+// ---- 16-bit (bf16, f16) launchers against the CPU's 16-bit launchers
+// ---------------------------------------------------------- Both sides read the same 16-bit
+// inputs, compute in f32 and round once on store. Where both run the same f32 expressions in the
+// same order (element-wise maps, dropout, copies) the results agree bit for bit. Elsewhere the f32
+// values may differ by f32 roundoff (a libm ulp, another summation order), and the one rounding to
+// 16 bits can then differ by one 16-bit ulp: at most 2u relative, u = 2^-8 (bf16) or 2^-11 (f16);
+// a reduction of length L adds its f32 difference, L * 2^-24 times the sum of |terms| (atol).
+
+}  // namespace
+namespace regen {
+// The 16-bit launchers declared beside their ops (autograd/ops_*.cpp); a declaration that differs
+// from theirs fails to link.
+REGEN_LAUNCHER(dropout_forward_lowp,
+               (const T* x, T* y, int64_t n, float p, uint64_t seed, uint64_t stream))
+REGEN_LAUNCHER(dropout_backward_lowp,
+               (const T* dy, T* dx, int64_t n, float p, uint64_t seed, uint64_t stream))
+}  // namespace regen
+namespace {
+
+// The unit roundoff of a 16-bit element type.
+template <class H>
+constexpr double unit_roundoff() {
+  return std::is_same<H, bfloat16>::value ? 0x1p-8 : 0x1p-11;
+}
+template <class H>
+const char* half_name() {
+  return std::is_same<H, bfloat16>::value ? "bf16" : "f16";
+}
+// One 16-bit rounding apart, after f32 values that differ by `length` roundoffs of f32 on terms
+// whose magnitudes sum to `scale`.
+// The normalized mean squared error is then at most (2u)^2, plus atol^2 for small references.
+template <class H>
+Tol half_tol(int64_t length = 1, double scale = 1.0) {
+  const double atol = static_cast<double>(length) * 0x1p-24 * scale, rtol = 2.0 * unit_roundoff<H>();
+  return {atol, rtol, rtol * rtol + atol * atol};
+}
+template <class H>
+std::vector<H> to_half(const std::vector<float>& v) {
+  std::vector<H> out;
+  out.reserve(v.size());
+  for (float f : v) out.push_back(H(f));
+  return out;
+}
+
+template <class H, class F>
+void half_unary_case(F f, const char* name, const std::vector<H>& x, const std::vector<H>& g,
+                     int64_t n, bool misalign, const std::string& tag);
+
+template <class H>
+void half_elementwise_cases(Rng& rng, int64_t n, bool misalign) {
+  const size_t un = static_cast<size_t>(n);
+  const auto x = to_half<H>(rng.uniform(un)), z = to_half<H>(rng.uniform(un));
+  const std::string tag = str(" %s n=%lld%s", half_name<H>(), static_cast<long long>(n),
+                              misalign ? " misaligned" : "");
+  {
+    std::vector<H> ref(un);
+    cpu::add<H>(x.data(), z.data(), ref.data(), n, n);
+    Case c("add" + tag);
+    const H *dx = c.in(x, misalign), *dz = c.in(z, misalign);
+    H* y = c.out("y", ref, kExact, misalign);
+    c.run([&] { cuda::add(dx, dz, y, n, n); });
+  }
+  {
+    std::vector<H> ref(un);
+    cpu::mul<H>(x.data(), z.data(), ref.data(), n, n);
+    Case c("mul" + tag);
+    const H *dx = c.in(x, misalign), *dz = c.in(z, misalign);
+    H* y = c.out("y", ref, kExact, misalign);
+    c.run([&] { cuda::mul(dx, dz, y, n, n); });
+  }
+  {
+    std::vector<H> ref(un);
+    cpu::scale<H>(x.data(), ref.data(), n, H(0.3f));
+    Case c("scale" + tag);
+    const H* dx = c.in(x, misalign);
+    H* y = c.out("y", ref, kExact, misalign);
+    c.run([&] { cuda::scale(dx, y, n, H(0.3f)); });
+  }
+  {
+    std::vector<H> ref(un);
+    cpu::scale_f32<H>(x.data(), ref.data(), n, 1.0f / 3.0f);
+    Case c("scale_f32" + tag);
+    const H* dx = c.in(x, misalign);
+    H* y = c.out("y", ref, kExact, misalign);
+    c.run([&] { cuda::scale_f32(dx, y, n, 1.0f / 3.0f); });
+  }
+  {
+    std::vector<H> ref(un);
+    cpu::fill<H>(ref.data(), n, H(-1.25f));
+    Case c("fill" + tag);
+    H* y = c.out("y", ref, kExact, misalign);
+    c.run([&] { cuda::fill(y, n, H(-1.25f)); });
+  }
+  {
+    std::vector<H> ref(un);
+    cpu::fill_from_scalar_f32<H>(x.data(), ref.data(), n, 1.0f / 7.0f);
+    Case c("fill_from_scalar_f32" + tag);
+    const H* dx = c.in(std::vector<H>{x[0]});
+    H* y = c.out("y", ref, kExact, misalign);
+    c.run([&] { cuda::fill_from_scalar_f32(dx, y, n, 1.0f / 7.0f); });
+  }
+  {
+    auto ref = x;
+    cpu::add_inplace<H>(ref.data(), z.data(), n);
+    Case c("add_inplace" + tag);
+    const H* dz = c.in(z, misalign);
+    H* y = c.inout("y", x, ref, kExact);
+    c.run([&] { cuda::add_inplace(y, dz, n); });
+  }
+  {
+    std::vector<H> ref(un);
+    cpu::copy<H>(x.data(), ref.data(), n);
+    Case c("copy" + tag);
+    const H* dx = c.in(x, misalign);
+    H* y = c.out("y", ref, kExact, misalign);
+    c.run([&] { cuda::copy(dx, y, n); });
+  }
+  for (float p : {0.0f, 0.25f}) {
+    std::vector<H> ref(un);
+    cpu::dropout_forward_lowp<H>(x.data(), ref.data(), n, p, 1234, 7);
+    Case c(str("dropout p=%g", p) + tag);
+    const H* dx = c.in(x, misalign);
+    H* y = c.out("y", ref, kExact, misalign);
+    c.run([&] { cuda::dropout_backward_lowp<H>(dx, y, n, p, 1234, 7); });
+  }
+  {  // sum_all and sum_squares: double sums on both sides, one rounding
+    std::vector<H> ref(1), ref2(1);
+    cpu::sum_all<H>(x.data(), ref.data(), n);
+    cpu::sum_squares<H>(x.data(), ref2.data(), n);
+    Case c("sum_all sum_squares" + tag);
+    const H* dx = c.in(x, misalign);
+    H* y = c.out("sum", ref, half_tol<H>(), misalign);
+    H* y2 = c.out("sum of squares", ref2, half_tol<H>(), misalign);
+    c.run([&] {
+      cuda::sum_all(dx, y, n);
+      cuda::sum_squares(dx, y2, n);
+    });
+  }
+  // Every op of the unary list: the CPU's 16-bit loop (widen, the f32 functor, round once); CUDA's
+  // libm may differ from the host's by an f32 ulp, so one 16-bit rounding apart.
+  const auto g = to_half<H>(rng.uniform(un));
+#define REGEN_UNARY_HALF_CASE(name) half_unary_case<H>(unary::name{}, #name, x, g, n, misalign, tag);
+  REGEN_UNARY_OPS(REGEN_UNARY_HALF_CASE)
+#undef REGEN_UNARY_HALF_CASE
+}
+
+template <class H, class F>
+void half_unary_case(F f, const char* name, const std::vector<H>& x, const std::vector<H>& g,
+                     int64_t n, bool misalign, const std::string& tag) {
+  const size_t un = static_cast<size_t>(n);
+  const Tol tol = half_tol<H>(1, 1e-30);
+  std::vector<H> y(un), dx(un);
+  cpu::unary_forward<H>(f, x.data(), y.data(), n);
+  const std::vector<H>& s = F::reads == unary::Reads::output ? y : x;
+  cpu::unary_backward<H>(f, g.data(), s.data(), dx.data(), n);
+  {
+    Case c(str("%s_forward", name) + tag);
+    const H* dxin = c.in(x, misalign);
+    H* dy = c.out("y", y, tol, misalign);
+    c.run([&] { cuda::unary_forward(f, dxin, dy, n); });
+  }
+  {
+    Case c(str("%s_backward", name) + tag);
+    const H *dg = c.in(g, misalign), *ds = c.in(s, misalign);
+    H* ddx = c.out("dx", dx, tol, misalign);
+    c.run([&] { cuda::unary_backward(f, dg, ds, ddx, n); });
+  }
+  if constexpr (unary::has_mask<F>::value) {
+    std::vector<H> ym(un), dxm(un);
+    std::vector<uint32_t> mask(static_cast<size_t>(mask_words(n)));
+    cpu::unary_forward_mask<H>(f, x.data(), ym.data(), mask.data(), n);
+    cpu::unary_backward_mask<H>(f, g.data(), mask.data(), dxm.data(), n);
+    Case c(str("%s_forward_mask backward_mask", name) + tag);
+    const H *dxin = c.in(x, misalign), *dg = c.in(g, misalign);
+    H* dy = c.out("y", ym, tol, misalign);
+    uint32_t* dm = c.out("mask", mask, kExact);
+    H* ddx = c.out("dx", dxm, tol, misalign);
+    c.run([&] {
+      cuda::unary_forward_mask(f, dxin, dy, dm, n);
+      cuda::unary_backward_mask(f, dg, dm, ddx, n);
+    });
+  }
+}
+
+template <class H>
+void half_reduction_cases(Rng& rng, int64_t rows, int64_t cols) {
+  const auto x = to_half<H>(rng.uniform(static_cast<size_t>(rows * cols)));
+  const auto b = to_half<H>(rng.uniform(static_cast<size_t>(cols)));
+  const std::string tag = str(" %s (%lld, %lld)", half_name<H>(), static_cast<long long>(rows),
+                              static_cast<long long>(cols));
+  {
+    std::vector<H> ref(static_cast<size_t>(cols));
+    cpu::sum_rows<H>(x.data(), ref.data(), rows, cols);
+    Case c("sum_rows" + tag);
+    const H* dx = c.in(x);
+    H* y = c.out("y", ref, half_tol<H>());
+    c.run([&] { cuda::sum_rows(dx, y, rows, cols); });
+  }
+  {
+    std::vector<H> ref(x.size()), ref2(x.size());
+    cpu::add<H>(x.data(), b.data(), ref.data(), rows * cols, cols);
+    cpu::mul<H>(x.data(), b.data(), ref2.data(), rows * cols, cols);
+    Case c("add mul broadcast" + tag);
+    const H *dx = c.in(x), *db = c.in(b);
+    H* y = c.out("add", ref, kExact);
+    H* y2 = c.out("mul", ref2, kExact);
+    c.run([&] {
+      cuda::add(dx, db, y, rows * cols, cols);
+      cuda::mul(dx, db, y2, rows * cols, cols);
+    });
+  }
+  {  // softmax over rows of `cols`: f32 max, exponentials and sum (the CPU sums in double)
+    std::vector<H> y(x.size()), dxr(x.size());
+    const auto g = to_half<H>(rng.uniform(x.size()));
+    cpu::softmax_forward<H>(x.data(), y.data(), rows, cols);
+    cpu::softmax_backward<H>(g.data(), y.data(), dxr.data(), rows, cols);
+    Case c("softmax" + tag);
+    const H *dx = c.in(x), *dg = c.in(g), *dyin = c.in(y);
+    H* dy = c.out("y", y, half_tol<H>(cols));
+    H* ddx = c.out("dx", dxr, half_tol<H>(cols));
+    c.run([&] {
+      cuda::softmax_forward(dx, dy, rows, cols);
+      cuda::softmax_backward(dg, dyin, ddx, rows, cols);
+    });
+  }
+}
+
+template <class H>
+void half_copy_cases(Rng& rng) {
+  const std::string tag = str(" %s", half_name<H>());
+  {
+    const int64_t shape[] = {2, 3, 4, 5}, perm[] = {0, 2, 1, 3};
+    PermuteShape ps;
+    ps.ndim = 4;
+    for (int d = 0; d < 4; ++d) {
+      ps.shape[d] = shape[d];
+      ps.perm[d] = perm[d];
+    }
+    const auto x = to_half<H>(rng.uniform(120));
+    std::vector<H> ref(x.size());
+    cpu::permute<H>(x.data(), ref.data(), ps);
+    Case c("permute" + tag);
+    const H* dx = c.in(x);
+    H* y = c.out("y", ref, kExact);
+    c.run([&] { cuda::permute(dx, y, ps); });
+  }
+  // slice_copy: the float4 path (8 elements), the 2-element path, the 1-element path.
+  const struct {
+    int64_t outer, len, inner, x_dim, x_start, y_dim, y_start;
+    bool misalign;
+  } slices[] = {{2, 4, 16, 4, 0, 12, 8, false},
+                {3, 2, 5, 7, 4, 2, 0, false},
+                {2, 2, 2, 6, 2, 4, 2, false},
+                {2, 4, 16, 4, 0, 12, 8, true}};
+  for (const auto& q : slices) {
+    SliceShape sh{q.outer, q.len, q.inner, q.x_dim, q.x_start, q.y_dim, q.y_start};
+    const auto x = to_half<H>(rng.uniform(static_cast<size_t>(q.outer * q.x_dim * q.inner)));
+    const auto y0 = to_half<H>(rng.uniform(static_cast<size_t>(q.outer * q.y_dim * q.inner)));
+    auto ref = y0;
+    cpu::slice_copy<H>(x.data(), ref.data(), sh);
+    Case c(str("slice_copy len=%lld inner=%lld%s", static_cast<long long>(q.len),
+               static_cast<long long>(q.inner), q.misalign ? " misaligned" : "") +
+           tag);
+    const H* dx = c.in(x, q.misalign);
+    H* y = c.inout("y", y0, ref, kExact);
+    c.run([&] { cuda::slice_copy(dx, y, sh); });
+  }
+}
+
+// 16-bit GEMMs (cublasGemmEx, f32 accumulation) against cpu::gemm<H> (the widening GEMM): the f32
+// sums of K products in different orders, then one rounding each.
+template <class H>
+void half_gemm_case(Rng& rng, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
+                    float beta, int64_t batch) {
+  const int64_t lda = (ta ? M : K) + 3, ldb = (tb ? K : N) + 1, ldc = N + 2;
+  const int64_t sa = (ta ? K : M) * lda, sb = (tb ? N : K) * ldb, sc = M * ldc;
+  const auto A = to_half<H>(rng.uniform(static_cast<size_t>(batch * sa)));
+  const auto B = to_half<H>(rng.uniform(static_cast<size_t>(batch * sb)));
+  const auto C0 = to_half<H>(rng.uniform(static_cast<size_t>(batch * sc)));
+  auto ref = C0;
+  const H ha(alpha), hb(beta);
+  if (batch == 1) {
+    cpu::gemm<H>(ta, tb, M, N, K, ha, A.data(), lda, B.data(), ldb, hb, ref.data(), ldc);
+  } else {
+    cpu::gemm_batched<H>(ta, tb, batch, M, N, K, ha, A.data(), lda, sa, B.data(), ldb, sb, hb,
+                         ref.data(), ldc, sc);
+  }
+  Case c(str("gemm%s %s ta=%d tb=%d batch=%lld M=%lld N=%lld K=%lld",
+             batch == 1 ? "" : "_batched", half_name<H>(), ta, tb, static_cast<long long>(batch),
+             static_cast<long long>(M), static_cast<long long>(N), static_cast<long long>(K)));
+  const H *dA = c.in(A), *dB = c.in(B);
+  H* dC = c.inout("C", C0, ref, half_tol<H>(K, static_cast<double>(K) + 1.0));
+  c.run([&] {
+    if (batch == 1) {
+      cuda::gemm(ta, tb, M, N, K, ha, dA, lda, dB, ldb, hb, dC, ldc);
+    } else {
+      cuda::gemm_batched(ta, tb, batch, M, N, K, ha, dA, lda, sa, dB, ldb, sb, hb, dC, ldc, sc);
+    }
+  });
+}
 }  // namespace
 
 // ---- The table
@@ -1478,6 +1779,48 @@ TEST_CASE("elementwise") {
   permute_case(rng, {2, 128, 3, 8, 64}, {2, 0, 3, 1, 4});
   permute_case(rng, {2, 3, 1, 4, 5, 3}, {5, 4, 3, 2, 1, 0});
   permute_case(rng, {7}, {0});
+}
+
+TEST_CASE("16-bit elementwise, unary, dropout, reductions") {
+  use_gpu();
+  const std::vector<int64_t> sizes = kEmulated ? std::vector<int64_t>{1, 7, 1000, 4099}
+                                               : std::vector<int64_t>{1, 7, 1000, (1 << 20) + 3};
+  Rng rng(40);
+  for (int64_t n : sizes) {
+    for (bool misalign : {false, true}) {
+      half_elementwise_cases<bfloat16>(rng, n, misalign);
+      half_elementwise_cases<float16>(rng, n, misalign);
+    }
+  }
+  const std::vector<std::pair<int64_t, int64_t>> shapes =
+      kEmulated ? std::vector<std::pair<int64_t, int64_t>>{{1, 5}, {1100, 40}, {3, 700}, {2, 1500}}
+                : std::vector<std::pair<int64_t, int64_t>>{
+                      {1, 5}, {256, 2048}, {70000, 33}, {3, 70000}, {64, 1000}};
+  for (const auto& [rows, cols] : shapes) {
+    half_reduction_cases<bfloat16>(rng, rows, cols);
+    half_reduction_cases<float16>(rng, rows, cols);
+  }
+  half_copy_cases<bfloat16>(rng);
+  half_copy_cases<float16>(rng);
+}
+
+TEST_CASE("16-bit gemm") {
+  use_gpu();
+  Rng rng(41);
+  for (bool ta : {false, true}) {
+    for (bool tb : {false, true}) {
+      half_gemm_case<bfloat16>(rng, ta, tb, 17, 33, 9, 0.5f, 1.0f, 1);
+      half_gemm_case<float16>(rng, ta, tb, 30, 67, 20, 1.0f, -0.5f, 1);
+      half_gemm_case<bfloat16>(rng, ta, tb, 5, 33, 17, 1.0f, 0.0f, 3);
+      half_gemm_case<float16>(rng, ta, tb, 5, 33, 17, 1.0f, 0.0f, 3);
+    }
+  }
+  if (!kEmulated) {
+    half_gemm_case<bfloat16>(rng, false, true, 256, 2048, 512, 1.0f, 0.0f, 1);
+    half_gemm_case<float16>(rng, true, false, 512, 2048, 256, 1.0f, 1.0f, 1);
+    half_gemm_case<bfloat16>(rng, false, true, 128, 128, 64, 1.0f, 0.0f, 16);
+  }
+  half_gemm_case<bfloat16>(rng, false, false, 0, 5, 3, 1.0f, 0.0f, 1);  // empty
 }
 
 #if REGEN_HAVE_CPU_CONV2D
