@@ -4,7 +4,8 @@
 // scratch, which comes from the allocator through core's Workspace (category workspace).
 //
 //   regen::cpu::<name><T>   kernels/cpu/<op>.cpp, T = float or double; the reference.
-//   regen::cuda::<name>     kernels/cuda/<op>.cu, float; same arguments as the CPU launcher.
+//   regen::cuda::<name>     kernels/cuda/<op>.cu, float; same arguments as the CPU launcher; and
+//                           bfloat16 / float16 for the launchers of cuda::kHalfLaunchers (below).
 //
 // A launcher declared with REGEN_LAUNCHER (below) is declared once for both devices: its one
 // parameter list, written in T, declares cpu::<name><T> and cuda::<name><T>; kernels/cpu/ defines
@@ -348,6 +349,18 @@ inline constexpr const char* kDryRunLaunchers[] = {
     "conv_transpose2d_backward_filter",
     "attention_forward",
     "attention_backward",
+    "maxpool2d_forward",
+    "maxpool2d_backward",
+    "maxpool2d_forward_packed",
+    "maxpool2d_backward_packed",
+    "avgpool2d_forward",
+    "avgpool2d_backward",
+    "global_avgpool_forward",
+    "global_avgpool_backward",
+    "batchnorm_forward_train_lowp",
+    "batchnorm_forward_eval_lowp",
+    "batchnorm_backward_lowp",
+    "batchnorm_backward_eval_lowp",
 };
 constexpr bool has_dry_run_path(const char* launcher) {
   return kernels::listed(kDryRunLaunchers, launcher);
@@ -357,7 +370,7 @@ constexpr bool has_dry_run_path(const char* launcher) {
 namespace cuda {
 // CUDA (kernels/cuda/): conv2d's index tables, transposed sub-filters and split-K partials (or
 // cuDNN's per-pass workspace), conv_transpose2d through conv2d's passes, the reductions' partial
-// sums (sum_rows, batchnorm, layernorm), CUB's scratch (sum_all's reduce, embedding_backward's
+// sums (sum_rows, batchnorm, layernorm, and their 16-bit forms), CUB's scratch (sum_all's reduce, embedding_backward's
 // sort), the flags of the launchers that report a bad id or target, attention_backward's row
 // terms. A dry path skips every kernel launch, copy, memset and library call that touches device
 // data, and every read-back; sizes that depend on the device (CUB's temp-storage queries, cuDNN's
@@ -378,9 +391,14 @@ inline constexpr const char* kDryRunLaunchers[] = {
     "batchnorm_forward_eval",
     "batchnorm_backward",
     "batchnorm_backward_eval",
+    "batchnorm_forward_train_lowp",
+    "batchnorm_forward_eval_lowp",
+    "batchnorm_backward_lowp",
+    "batchnorm_backward_eval_lowp",
     "embedding_forward",
     "embedding_backward",
     "layernorm_backward",
+    "layernorm_backward_lowp",
     "attention_backward",
     "cross_entropy_forward",
     "cross_entropy_backward",
@@ -418,6 +436,30 @@ inline constexpr const char* kHalfLaunchers[] = {
     "softmax_backward",
     "gemm",
     "gemm_batched",
+    "layernorm_forward_lowp",
+    "layernorm_backward_lowp",
+    "rmsnorm_forward_lowp",
+    "rmsnorm_backward_lowp",
+    "embedding_forward",
+    "embedding_backward",
+    "upsample2x_nearest_forward",
+    "upsample2x_nearest_backward",
+    "upsample2x_bilinear_forward",
+    "upsample2x_bilinear_backward",
+    "attention_forward",
+    "attention_backward",
+    "maxpool2d_forward",
+    "maxpool2d_backward",
+    "maxpool2d_forward_packed",
+    "maxpool2d_backward_packed",
+    "avgpool2d_forward",
+    "avgpool2d_backward",
+    "global_avgpool_forward",
+    "global_avgpool_backward",
+    "batchnorm_forward_train_lowp",
+    "batchnorm_forward_eval_lowp",
+    "batchnorm_backward_lowp",
+    "batchnorm_backward_eval_lowp",
 };
 constexpr bool has_half_path(const char* launcher) {
   return kernels::listed(kHalfLaunchers, launcher);

@@ -192,6 +192,49 @@ template <class T>
 void softmax_forward(const T* x, T* y, int64_t M, int64_t N);
 template <class T>
 void softmax_backward(const T* dy, const T* y, T* dx, int64_t M, int64_t N);
+template <class T>
+void upsample2x_nearest_forward(const T* x, T* y, int64_t NC, int64_t H, int64_t W);
+template <class T>
+void upsample2x_nearest_backward(const T* dy, T* dx, int64_t NC, int64_t H, int64_t W);
+template <class T>
+void upsample2x_bilinear_forward(const T* x, T* y, int64_t NC, int64_t H, int64_t W);
+template <class T>
+void upsample2x_bilinear_backward(const T* dy, T* dx, int64_t NC, int64_t H, int64_t W);
+// embedding_backward's sums are rounded to T after each addition, as the CPU's 16-bit loop adds
+// each row into the stored 16-bit gradient (bit for bit for an id used at most
+// kEmbeddingChunkRows times; longer runs add their chunks' rounded sums).
+template <class T>
+void embedding_forward(const T* weight, const int64_t* ids, T* y, int64_t n, int64_t V, int64_t D);
+template <class T>
+void embedding_backward(const T* dy, const int64_t* ids, T* dweight, int64_t n, int64_t V,
+                        int64_t D);
+template <class T>
+void maxpool2d_forward(const T* x, T* y, int32_t* argmax, const PoolShape& s);
+template <class T>
+void maxpool2d_backward(const T* dy, const int32_t* argmax, T* dx, const PoolShape& s);
+template <class T>
+void maxpool2d_forward_packed(const T* x, T* y, uint32_t* codes, const PoolShape& s);
+template <class T>
+void maxpool2d_backward_packed(const T* dy, const uint32_t* codes, T* dx, const PoolShape& s);
+template <class T>
+void avgpool2d_forward(const T* x, T* y, const PoolShape& s);
+template <class T>
+void avgpool2d_backward(const T* dy, T* dx, const PoolShape& s);
+template <class T>
+void global_avgpool_forward(const T* x, T* y, int64_t NC, int64_t HW);
+template <class T>
+void global_avgpool_backward(const T* dy, T* dx, int64_t NC, int64_t HW);
+// Attention with 16-bit qkv, out, dout and dqkv: tiles widened to f32 as they are loaded, scores,
+// softmax and products in f32, out and dqkv rounded once; lse f32 (kernels/cuda/attention.cu).
+template <class T>
+void attention_forward(const T* qkv, const int32_t* key_pad, T* out, float* lse,
+                       const AttentionShape& s);
+template <class T>
+void attention_backward(const T* dout, const T* qkv, const T* out, const float* lse,
+                        const int32_t* key_pad, T* dqkv, const AttentionShape& s);
+// The 16-bit layer and RMS norms (layernorm_forward_lowp, ..., rmsnorm_backward_lowp: 16-bit x,
+// y, dy, dx; f32 parameters and statistics) are declared beside their ops (REGEN_LAUNCHER in
+// autograd/ops_layernorm.cpp, ops_rmsnorm.cpp), as dropout_forward_lowp is (ops_dropout.cpp).
 // GEMMs with 16-bit A, B and C through cublasGemmEx (CUDA_R_16BF / CUDA_R_16F operands,
 // CUBLAS_COMPUTE_32F: f32 accumulation, tensor cores on a GPU that has them; alpha and beta in
 // f32, C rounded once per element), as cpu::gemm<T>'s widening GEMM (kernels/cpu/gemm_lowp.h).

@@ -349,6 +349,33 @@ void use_gpu() {
   cuda::set_device(0);
 }
 
+// ---- 16-bit helpers (the "16-bit" cases below) ---------------------------------------------------
+
+// The unit roundoff of a 16-bit element type.
+template <class H>
+constexpr double unit_roundoff() {
+  return std::is_same<H, bfloat16>::value ? 0x1p-8 : 0x1p-11;
+}
+template <class H>
+const char* half_name() {
+  return std::is_same<H, bfloat16>::value ? "bf16" : "f16";
+}
+// One 16-bit rounding apart, after f32 values that differ by `length` roundoffs of f32 on terms
+// whose magnitudes sum to `scale`.
+// The normalized mean squared error is then at most (2u)^2, plus atol^2 for small references.
+template <class H>
+Tol half_tol(int64_t length = 1, double scale = 1.0) {
+  const double atol = static_cast<double>(length) * 0x1p-24 * scale, rtol = 2.0 * unit_roundoff<H>();
+  return {atol, rtol, rtol * rtol + atol * atol};
+}
+template <class H>
+std::vector<H> to_half(const std::vector<float>& v) {
+  std::vector<H> out;
+  out.reserve(v.size());
+  for (float f : v) out.push_back(H(f));
+  return out;
+}
+
 // ---- GEMM
 // -----------------------------------------------------------------------------------------
 
@@ -1324,6 +1351,51 @@ void attention_case(Rng& rng, AttentionShape s, bool pad_mask) {
   }
 }
 
+// 16-bit qkv and dout against the CPU's 16-bit attention (f32 scores, softmax and products on
+// widened inputs, out and dqkv rounded once): the float case's f32 tolerances, plus one 16-bit
+// rounding (2u relative).
+template <class H>
+void half_attention_case(Rng& rng, AttentionShape s, bool pad_mask) {
+  const int64_t D = s.H * s.Dh;
+  const size_t nqkv = static_cast<size_t>(s.B * s.S * 3 * D),
+               nout = static_cast<size_t>(s.B * s.S * D);
+  const auto qkv = to_half<H>(rng.uniform(nqkv)), dout = to_half<H>(rng.uniform(nout));
+  std::vector<int32_t> key_pad(static_cast<size_t>(s.B * s.S), 0);
+  if (pad_mask) {
+    for (int64_t b = 0; b < s.B; ++b) {
+      for (int64_t j = s.S - b * s.S / 4; j < s.S; ++j)
+        key_pad[static_cast<size_t>(b * s.S + j)] = 1;
+    }
+    key_pad[0] = 1;
+  }
+  const int32_t* kp = pad_mask ? key_pad.data() : nullptr;
+  std::vector<H> out(nout), dqkv(nqkv);
+  std::vector<float> lse(static_cast<size_t>(s.B * s.H * s.S));
+  cpu::attention_forward<H>(qkv.data(), kp, out.data(), lse.data(), s);
+  cpu::attention_backward<H>(dout.data(), qkv.data(), out.data(), lse.data(), kp, dqkv.data(), s);
+  const double u2 = 2.0 * unit_roundoff<H>();
+  const std::string tag =
+      str(" %s B=%lld S=%lld H=%lld Dh=%lld%s%s dropout=%g", half_name<H>(), (long long)s.B,
+          (long long)s.S, (long long)s.H, (long long)s.Dh, s.causal ? " causal" : "",
+          pad_mask ? " key_pad" : "", s.dropout_p);
+  {
+    Case c("attention_forward" + tag);
+    const H* dq = c.in(qkv);
+    const int32_t* dk = pad_mask ? c.in(key_pad) : nullptr;
+    H* dout_ = c.out("out", out, Tol{2e-5, 1e-4 + u2, u2 * u2 + 1e-9});
+    float* dlse = c.out("lse", lse, Tol{1e-5, 1e-5, 1e-11});
+    c.run([&] { cuda::attention_forward(dq, dk, dout_, dlse, s); });
+  }
+  {
+    Case c("attention_backward" + tag);
+    const H *ddo = c.in(dout), *dq = c.in(qkv), *dout_ = c.in(out);
+    const float* dlse = c.in(lse);
+    const int32_t* dk = pad_mask ? c.in(key_pad) : nullptr;
+    H* dg = c.out("dqkv", dqkv, Tol{1e-4, 1e-3 + u2, u2 * u2 + 1e-8});
+    c.run([&] { cuda::attention_backward(ddo, dq, dout_, dlse, dk, dg, s); });
+  }
+}
+
 AttentionShape attn(int64_t B, int64_t S, int64_t H, int64_t Dh, bool causal, float dropout) {
   AttentionShape s;
   s.B = B;
@@ -1396,33 +1468,32 @@ REGEN_LAUNCHER(dropout_forward_lowp,
                (const T* x, T* y, int64_t n, float p, uint64_t seed, uint64_t stream))
 REGEN_LAUNCHER(dropout_backward_lowp,
                (const T* dy, T* dx, int64_t n, float p, uint64_t seed, uint64_t stream))
+REGEN_LAUNCHER(layernorm_forward_lowp, (const T* x, const float* gamma, const float* beta, T* y,
+                                        float* mean, float* rstd, int64_t M, int64_t N, double eps))
+REGEN_LAUNCHER(layernorm_backward_lowp,
+               (const T* dy, const T* x, const float* gamma, const float* mean, const float* rstd,
+                T* dx, float* dgamma, float* dbeta, int64_t M, int64_t N))
+REGEN_LAUNCHER(rmsnorm_forward_lowp, (const T* x, const float* weight, T* y, float* rstd, int64_t M,
+                                      int64_t N, double eps))
+REGEN_LAUNCHER(rmsnorm_backward_lowp,
+               (const T* dy, const T* x, const float* weight, const float* rstd, T* dx,
+                float* dweight, int64_t M, int64_t N))
+REGEN_LAUNCHER(batchnorm_forward_train_lowp,
+               (const T* x, const float* gamma, const float* beta, T* y, float* mean, float* invstd,
+                float* running_mean, float* running_var, int64_t N, int64_t C, int64_t HW,
+                double momentum, double eps))
+REGEN_LAUNCHER(batchnorm_forward_eval_lowp,
+               (const T* x, const float* gamma, const float* beta, const float* running_mean,
+                const float* running_var, T* y, int64_t N, int64_t C, int64_t HW, double eps))
+REGEN_LAUNCHER(batchnorm_backward_lowp,
+               (const T* dy, const T* x, const float* gamma, const float* mean, const float* invstd,
+                T* dx, float* dgamma, float* dbeta, int64_t N, int64_t C, int64_t HW))
+REGEN_LAUNCHER(batchnorm_backward_eval_lowp,
+               (const T* dy, const T* x, const float* gamma, const float* running_mean,
+                const float* running_var, T* dx, float* dgamma, float* dbeta, int64_t N, int64_t C,
+                int64_t HW, double eps))
 }  // namespace regen
 namespace {
-
-// The unit roundoff of a 16-bit element type.
-template <class H>
-constexpr double unit_roundoff() {
-  return std::is_same<H, bfloat16>::value ? 0x1p-8 : 0x1p-11;
-}
-template <class H>
-const char* half_name() {
-  return std::is_same<H, bfloat16>::value ? "bf16" : "f16";
-}
-// One 16-bit rounding apart, after f32 values that differ by `length` roundoffs of f32 on terms
-// whose magnitudes sum to `scale`.
-// The normalized mean squared error is then at most (2u)^2, plus atol^2 for small references.
-template <class H>
-Tol half_tol(int64_t length = 1, double scale = 1.0) {
-  const double atol = static_cast<double>(length) * 0x1p-24 * scale, rtol = 2.0 * unit_roundoff<H>();
-  return {atol, rtol, rtol * rtol + atol * atol};
-}
-template <class H>
-std::vector<H> to_half(const std::vector<float>& v) {
-  std::vector<H> out;
-  out.reserve(v.size());
-  for (float f : v) out.push_back(H(f));
-  return out;
-}
 
 template <class H, class F>
 void half_unary_case(F f, const char* name, const std::vector<H>& x, const std::vector<H>& g,
@@ -1680,6 +1751,206 @@ void half_gemm_case(Rng& rng, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
     }
   });
 }
+
+// Layer and RMS norms with 16-bit x, dy, y, dx and f32 parameters and statistics. Row statistics
+// in double on both sides for layer norm (mean and rstd agree to f32 roundoff), in f32 on the GPU
+// for RMS norm's sum of squares (N f32 roundoffs); y and dx one 16-bit rounding apart; the f32
+// parameter gradients sum M terms.
+template <class H>
+void half_norm_cases(Rng& rng, int64_t M, int64_t N) {
+  const size_t n = static_cast<size_t>(M * N);
+  const auto x = to_half<H>(rng.uniform(n, -2.0f, 2.0f)), g = to_half<H>(rng.uniform(n));
+  const auto gamma = rng.uniform(static_cast<size_t>(N), 0.5f, 1.5f);
+  const auto beta = rng.uniform(static_cast<size_t>(N));
+  const std::string tag = str(" %s (%lld, %lld)", half_name<H>(), static_cast<long long>(M),
+                              static_cast<long long>(N));
+  const Tol stat_tol{1e-6, static_cast<double>(N) * 0x1p-24 + 1e-6, 1e-10};
+  const Tol param_tol{1e-7 * static_cast<double>(M) * 8.0 + 1e-5, 1e-4, 1e-8};
+  {
+    std::vector<H> y(n), dx(n);
+    std::vector<float> mean(static_cast<size_t>(M)), rstd(mean.size()), dgamma(gamma.size()),
+        dbeta(gamma.size());
+    cpu::layernorm_forward_lowp<H>(x.data(), gamma.data(), beta.data(), y.data(), mean.data(),
+                                   rstd.data(), M, N, 1e-5);
+    cpu::layernorm_backward_lowp<H>(g.data(), x.data(), gamma.data(), mean.data(), rstd.data(),
+                                    dx.data(), dgamma.data(), dbeta.data(), M, N);
+    Case c("layernorm_lowp" + tag);
+    const H *dxin = c.in(x), *dg = c.in(g);
+    const float *dgm = c.in(gamma), *dbt = c.in(beta), *dmean = c.in(mean), *drstd = c.in(rstd);
+    H* dy = c.out("y", y, half_tol<H>(4, 8.0));
+    float* om = c.out("mean", mean, stat_tol);
+    float* orr = c.out("rstd", rstd, stat_tol);
+    H* odx = c.out("dx", dx, half_tol<H>(N, 8.0));
+    float* odg = c.out("dgamma", dgamma, param_tol);
+    float* odb = c.out("dbeta", dbeta, param_tol);
+    c.run([&] {
+      cuda::layernorm_forward_lowp(dxin, dgm, dbt, dy, om, orr, M, N, 1e-5);
+      cuda::layernorm_backward_lowp(dg, dxin, dgm, dmean, drstd, odx, odg, odb, M, N);
+    });
+  }
+  {
+    std::vector<H> y(n), dx(n);
+    std::vector<float> rstd(static_cast<size_t>(M)), dw(gamma.size());
+    cpu::rmsnorm_forward_lowp<H>(x.data(), gamma.data(), y.data(), rstd.data(), M, N, 1e-6);
+    cpu::rmsnorm_backward_lowp<H>(g.data(), x.data(), gamma.data(), rstd.data(), dx.data(),
+                                  dw.data(), M, N);
+    Case c("rmsnorm_lowp" + tag);
+    const H *dxin = c.in(x), *dg = c.in(g);
+    const float *dgm = c.in(gamma), *drstd = c.in(rstd);
+    H* dy = c.out("y", y, half_tol<H>(N, 8.0));
+    float* orr = c.out("rstd", rstd, stat_tol);
+    H* odx = c.out("dx", dx, half_tol<H>(N, 8.0));
+    float* odw = c.out("dweight", dw, param_tol);
+    c.run([&] {
+      cuda::rmsnorm_forward_lowp(dxin, dgm, dy, orr, M, N, 1e-6);
+      cuda::rmsnorm_backward_lowp(dg, dxin, dgm, drstd, odx, odw, M, N);
+    });
+  }
+}
+
+// Embedding rows copied (bit for bit) and their gradients summed in token order with a 16-bit
+// rounding after each addition on both sides (bit for bit while every id is used at most
+// kEmbeddingChunkRows times, as here).
+template <class H>
+void half_embedding_case(Rng& rng, int64_t n, int64_t V, int64_t D) {
+  const auto w = to_half<H>(rng.uniform(static_cast<size_t>(V * D)));
+  const auto g = to_half<H>(rng.uniform(static_cast<size_t>(n * D)));
+  const auto ids = rng.ints(static_cast<size_t>(n), 0, V - 1);
+  std::vector<H> y(static_cast<size_t>(n * D)), dw(w.size());
+  cpu::embedding_forward<H>(w.data(), ids.data(), y.data(), n, V, D);
+  cpu::embedding_backward<H>(g.data(), ids.data(), dw.data(), n, V, D);
+  Case c(str("embedding %s n=%lld V=%lld D=%lld", half_name<H>(), static_cast<long long>(n),
+             static_cast<long long>(V), static_cast<long long>(D)));
+  const H *dwin = c.in(w), *dg = c.in(g);
+  const int64_t* dids = c.in(ids);
+  H* oy = c.out("y", y, kExact);
+  H* odw = c.out("dweight", dw, kExact);
+  c.run([&] {
+    cuda::embedding_forward(dwin, dids, oy, n, V, D);
+    cuda::embedding_backward(dg, dids, odw, n, V, D);
+  });
+}
+
+// 2x upsampling: nearest's copies and 2x2 sums in the CPU's order (bit for bit); bilinear's
+// weighted sums, which the host compiler may contract into FMAs (one 16-bit rounding apart).
+template <class H>
+void half_upsample_case(Rng& rng, int64_t NC, int64_t Hh, int64_t W) {
+  const auto x = to_half<H>(rng.uniform(static_cast<size_t>(NC * Hh * W)));
+  const auto g = to_half<H>(rng.uniform(static_cast<size_t>(NC * 4 * Hh * W)));
+  std::vector<H> yn(g.size()), yb(g.size()), dn(x.size()), db(x.size());
+  cpu::upsample2x_nearest_forward<H>(x.data(), yn.data(), NC, Hh, W);
+  cpu::upsample2x_bilinear_forward<H>(x.data(), yb.data(), NC, Hh, W);
+  cpu::upsample2x_nearest_backward<H>(g.data(), dn.data(), NC, Hh, W);
+  cpu::upsample2x_bilinear_backward<H>(g.data(), db.data(), NC, Hh, W);
+  Case c(str("upsample2x %s NC=%lld H=%lld W=%lld", half_name<H>(), static_cast<long long>(NC),
+             static_cast<long long>(Hh), static_cast<long long>(W)));
+  const H *dx = c.in(x), *dg = c.in(g);
+  H* oyn = c.out("nearest y", yn, kExact);
+  H* oyb = c.out("bilinear y", yb, half_tol<H>(4, 2.0));
+  H* odn = c.out("nearest dx", dn, kExact);
+  H* odb = c.out("bilinear dx", db, half_tol<H>(16, 4.0));
+  c.run([&] {
+    cuda::upsample2x_nearest_forward(dx, oyn, NC, Hh, W);
+    cuda::upsample2x_bilinear_forward(dx, oyb, NC, Hh, W);
+    cuda::upsample2x_nearest_backward(dg, odn, NC, Hh, W);
+    cuda::upsample2x_bilinear_backward(dg, odb, NC, Hh, W);
+  });
+}
+
+// Pooling on 16-bit planes: maxima are copies (bit for bit, the same argmax and codes); max
+// backward sums in f32 in the same order; average pooling sums in double (forward) or f32
+// (backward, which the host may contract into FMAs: one 16-bit rounding apart).
+template <class H>
+void half_pool_case(Rng& rng, const PoolShape& s) {
+  const size_t nx = static_cast<size_t>(s.N * s.C * s.H * s.W),
+               ny = static_cast<size_t>(s.N * s.C * s.P * s.Q);
+  const auto x = to_half<H>(rng.coarse(nx)), xa = to_half<H>(rng.uniform(nx));
+  const auto dy = to_half<H>(rng.uniform(ny));
+  std::vector<H> y(ny), dx(nx), yp(ny), dxp(nx), ya(ny), dxa(nx), yg(s.N * s.C), dxg(nx);
+  std::vector<int32_t> arg(ny);
+  std::vector<uint32_t> codes(static_cast<size_t>(s.N * s.C * pool_code_words_per_plane(s)));
+  cpu::maxpool2d_forward<H>(x.data(), y.data(), arg.data(), s);
+  cpu::maxpool2d_backward<H>(dy.data(), arg.data(), dx.data(), s);
+  cpu::maxpool2d_forward_packed<H>(x.data(), yp.data(), codes.data(), s);
+  cpu::maxpool2d_backward_packed<H>(dy.data(), codes.data(), dxp.data(), s);
+  cpu::avgpool2d_forward<H>(xa.data(), ya.data(), s);
+  cpu::avgpool2d_backward<H>(dy.data(), dxa.data(), s);
+  const int64_t NC = s.N * s.C, HW = s.H * s.W;
+  const auto gy = to_half<H>(rng.uniform(static_cast<size_t>(NC)));
+  cpu::global_avgpool_forward<H>(xa.data(), yg.data(), NC, HW);
+  cpu::global_avgpool_backward<H>(gy.data(), dxg.data(), NC, HW);
+  Case c(str("pool %s N=%lld C=%lld H=%lld W=%lld k=%lldx%lld stride=%lldx%lld", half_name<H>(),
+             (long long)s.N, (long long)s.C, (long long)s.H, (long long)s.W, (long long)s.kh,
+             (long long)s.kw, (long long)s.stride_h, (long long)s.stride_w));
+  const H *dxin = c.in(x), *dxain = c.in(xa), *ddy = c.in(dy), *dgy = c.in(gy);
+  H* oy = c.out("max y", y, kExact);
+  int32_t* oarg = c.out("argmax", arg, kExact);
+  H* odx = c.out("max dx", dx, kExact);
+  H* oyp = c.out("packed y", yp, kExact);
+  uint32_t* ocodes = c.out("codes", codes, kExact);
+  H* odxp = c.out("packed dx", dxp, kExact);
+  H* oya = c.out("avg y", ya, half_tol<H>());
+  H* odxa = c.out("avg dx", dxa, half_tol<H>(s.kh * s.kw, 2.0));
+  H* oyg = c.out("global avg y", yg, half_tol<H>());
+  H* odxg = c.out("global avg dx", dxg, kExact);
+  c.run([&] {
+    cuda::maxpool2d_forward(dxin, oy, oarg, s);
+    cuda::maxpool2d_backward(ddy, oarg, odx, s);
+    cuda::maxpool2d_forward_packed(dxin, oyp, ocodes, s);
+    cuda::maxpool2d_backward_packed(ddy, ocodes, odxp, s);
+    cuda::avgpool2d_forward(dxain, oya, s);
+    cuda::avgpool2d_backward(ddy, odxa, s);
+    cuda::global_avgpool_forward(dxain, oyg, NC, HW);
+    cuda::global_avgpool_backward(dgy, odxg, NC, HW);
+  });
+}
+
+// Batch norm with 16-bit x, dy, y, dx and f32 parameters, statistics and running stats: the
+// statistics and the dx coefficients in double on both sides (f32 roundoff apart), y and dx one
+// 16-bit rounding apart.
+template <class H>
+void half_batchnorm_case(Rng& rng, int64_t N, int64_t C, int64_t HW) {
+  const size_t n = static_cast<size_t>(N * C * HW), c = static_cast<size_t>(C);
+  const auto x = to_half<H>(rng.uniform(n, -1.0f, 3.0f)), g = to_half<H>(rng.uniform(n));
+  const auto gamma = rng.uniform(c, 0.5f, 1.5f), beta = rng.uniform(c);
+  const auto rm0 = rng.uniform(c), rv0 = rng.uniform(c, 0.5f, 2.0f);
+  std::vector<H> y(n), ye(n), dx(n), dxe(n);
+  std::vector<float> mean(c), invstd(c), rm = rm0, rv = rv0, dg(c), db(c), dge(c), dbe(c);
+  cpu::batchnorm_forward_train_lowp<H>(x.data(), gamma.data(), beta.data(), y.data(), mean.data(),
+                                       invstd.data(), rm.data(), rv.data(), N, C, HW, 0.1, 1e-5);
+  cpu::batchnorm_forward_eval_lowp<H>(x.data(), gamma.data(), beta.data(), rm0.data(), rv0.data(),
+                                      ye.data(), N, C, HW, 1e-5);
+  cpu::batchnorm_backward_lowp<H>(g.data(), x.data(), gamma.data(), mean.data(), invstd.data(),
+                                  dx.data(), dg.data(), db.data(), N, C, HW);
+  cpu::batchnorm_backward_eval_lowp<H>(g.data(), x.data(), gamma.data(), rm0.data(), rv0.data(),
+                                       dxe.data(), dge.data(), dbe.data(), N, C, HW, 1e-5);
+  const Tol stat{1e-6, 1e-6, 1e-12};
+  const Tol sums{1e-6 * static_cast<double>(N * HW) * 0x1p-10, 1e-5, 1e-10};
+  Case cs(str("batchnorm_lowp %s N=%lld C=%lld HW=%lld", half_name<H>(), (long long)N,
+              (long long)C, (long long)HW));
+  const H *dxin = cs.in(x), *dg_in = cs.in(g);
+  const float *dgm = cs.in(gamma), *dbt = cs.in(beta), *drm0 = cs.in(rm0), *drv0 = cs.in(rv0);
+  const float *dmean_in = cs.in(mean), *dinv_in = cs.in(invstd);
+  H* oy = cs.out("train y", y, half_tol<H>(2, 4.0));
+  float* om = cs.out("mean", mean, stat);
+  float* oi = cs.out("invstd", invstd, stat);
+  float* orm = cs.inout("running_mean", rm0, rm, stat);
+  float* orv = cs.inout("running_var", rv0, rv, stat);
+  H* oye = cs.out("eval y", ye, half_tol<H>(2, 4.0));
+  H* odx = cs.out("dx", dx, half_tol<H>(4, 4.0));
+  float* odg = cs.out("dgamma", dg, sums);
+  float* odb = cs.out("dbeta", db, sums);
+  H* odxe = cs.out("eval dx", dxe, half_tol<H>());
+  float* odge = cs.out("eval dgamma", dge, sums);
+  float* odbe = cs.out("eval dbeta", dbe, sums);
+  cs.run([&] {
+    cuda::batchnorm_forward_train_lowp(dxin, dgm, dbt, oy, om, oi, orm, orv, N, C, HW, 0.1, 1e-5);
+    cuda::batchnorm_forward_eval_lowp(dxin, dgm, dbt, drm0, drv0, oye, N, C, HW, 1e-5);
+    cuda::batchnorm_backward_lowp(dg_in, dxin, dgm, dmean_in, dinv_in, odx, odg, odb, N, C, HW);
+    cuda::batchnorm_backward_eval_lowp(dg_in, dxin, dgm, drm0, drv0, odxe, odge, odbe, N, C, HW,
+                                       1e-5);
+  });
+}
 }  // namespace
 
 // ---- The table
@@ -1821,6 +2092,29 @@ TEST_CASE("16-bit gemm") {
     half_gemm_case<bfloat16>(rng, false, true, 128, 128, 64, 1.0f, 0.0f, 16);
   }
   half_gemm_case<bfloat16>(rng, false, false, 0, 5, 3, 1.0f, 0.0f, 1);  // empty
+}
+
+TEST_CASE("16-bit norms, batchnorm, embedding, pooling, upsampling") {
+  use_gpu();
+  Rng rng(42);
+  const std::vector<std::pair<int64_t, int64_t>> norms =
+      kEmulated ? std::vector<std::pair<int64_t, int64_t>>{{3, 5}, {17, 64}, {2, 1500}}
+                : std::vector<std::pair<int64_t, int64_t>>{{3, 5}, {256, 512}, {300, 1000},
+                                                           {4, 3000}, {600, 768}};
+  for (const auto& [M, N] : norms) {
+    half_norm_cases<bfloat16>(rng, M, N);
+    half_norm_cases<float16>(rng, M, N);
+  }
+  half_embedding_case<bfloat16>(rng, kEmulated ? 40 : 4096, 17, kEmulated ? 24 : 512);
+  half_embedding_case<float16>(rng, kEmulated ? 40 : 4096, 17, kEmulated ? 24 : 512);
+  half_batchnorm_case<bfloat16>(rng, 2, 3, 25);
+  half_batchnorm_case<float16>(rng, 2, 4, kEmulated ? 2100 : 4100);
+  if (!kEmulated) half_batchnorm_case<bfloat16>(rng, 8, 64, 56 * 56);
+  half_pool_case<bfloat16>(rng, make_pool_shape(1, 3, 7, 9, 3, 3, 1, 1, 1, 1));
+  half_pool_case<float16>(rng, make_pool_shape(2, 2, 9, 8, 2, 2, 2, 2, 0, 0));
+  if (!kEmulated) half_pool_case<bfloat16>(rng, make_pool_shape(2, 64, 112, 112, 3, 3, 2, 2, 1, 1));
+  half_upsample_case<bfloat16>(rng, 3, 5, 7);
+  half_upsample_case<float16>(rng, kEmulated ? 2 : 64, kEmulated ? 8 : 32, kEmulated ? 6 : 32);
 }
 
 #if REGEN_HAVE_CPU_CONV2D
@@ -2151,6 +2445,18 @@ TEST_CASE("linear_cross_entropy") {
 #endif
 
 #if REGEN_HAVE_CPU_ATTENTION
+TEST_CASE("16-bit attention") {
+  use_gpu();
+  Rng rng(43);
+  half_attention_case<bfloat16>(rng, attn(1, 77, 3, 5, true, 0.0f), true);
+  half_attention_case<float16>(rng, attn(2, 70, 2, 64, false, 0.2f), true);
+  half_attention_case<bfloat16>(rng, attn(1, 66, 1, 96, false, 0.0f), false);
+  if (!kEmulated) {
+    half_attention_case<bfloat16>(rng, attn(2, 128, 8, 64, true, 0.1f), true);
+    half_attention_case<float16>(rng, attn(2, 130, 2, 96, false, 0.0f), false);
+  }
+}
+
 TEST_CASE("attention") {
   use_gpu();
   if (kEmulated) {  // scripts/cuda-emu: shapes an emulator finishes in minutes
