@@ -349,18 +349,6 @@ inline constexpr const char* kDryRunLaunchers[] = {
     "conv_transpose2d_backward_filter",
     "attention_forward",
     "attention_backward",
-    "maxpool2d_forward",
-    "maxpool2d_backward",
-    "maxpool2d_forward_packed",
-    "maxpool2d_backward_packed",
-    "avgpool2d_forward",
-    "avgpool2d_backward",
-    "global_avgpool_forward",
-    "global_avgpool_backward",
-    "batchnorm_forward_train_lowp",
-    "batchnorm_forward_eval_lowp",
-    "batchnorm_backward_lowp",
-    "batchnorm_backward_eval_lowp",
 };
 constexpr bool has_dry_run_path(const char* launcher) {
   return kernels::listed(kDryRunLaunchers, launcher);
@@ -370,14 +358,14 @@ constexpr bool has_dry_run_path(const char* launcher) {
 namespace cuda {
 // CUDA (kernels/cuda/): conv2d's index tables, transposed sub-filters and split-K partials (or
 // cuDNN's per-pass workspace), conv_transpose2d through conv2d's passes, the reductions' partial
-// sums (sum_rows, batchnorm, layernorm, and their 16-bit forms), CUB's scratch (sum_all's reduce, embedding_backward's
-// sort), the flags of the launchers that report a bad id or target, attention_backward's row
-// terms. A dry path skips every kernel launch, copy, memset and library call that touches device
-// data, and every read-back; sizes that depend on the device (CUB's temp-storage queries, cuDNN's
-// algorithm and its workspace) are computed as the real call computes them, so a dry run on a CUDA
-// device needs that device. cuBLAS (gemm, gemm_batched) takes no scratch per call: its workspace
-// is kept for the process (kernels/cuda/blas.cpp), and a dry run counts it from the start
-// (DryRunScope, core/allocator.h).
+// sums (sum_rows, batchnorm, layernorm, and their 16-bit forms), CUB's scratch (sum_all's reduce,
+// embedding_backward's sort), the flags of the launchers that report a bad id or target,
+// attention_backward's row terms. A dry path skips every kernel launch, copy, memset and library
+// call that touches device data, and every read-back; sizes that depend on the device (CUB's
+// temp-storage queries, cuDNN's algorithm and its workspace) are computed as the real call computes
+// them, so a dry run on a CUDA device needs that device. cuBLAS (gemm, gemm_batched) takes no
+// scratch per call: its workspace is kept for the process (kernels/cuda/blas.cpp), and a dry run
+// counts it from the start (DryRunScope, core/allocator.h).
 inline constexpr const char* kDryRunLaunchers[] = {
     "sum_rows",
     "sum_all",
@@ -411,8 +399,8 @@ constexpr bool has_dry_run_path(const char* launcher) {
 // f32 conversions are __host__ __device__, so a kernel's bits are the CPU's conversions'): each
 // loads 16 bits, computes in f32 (acc_t) and rounds once on store, as its CPU launcher does
 // (kernels/cuda/cuda_kernels.h declares them). REGEN_LAUNCH sends a 16-bit call of any other
-// launcher to kernels::unsupported. docs/precision.md lists them by op; tests/cuda/test_cuda_ops.cpp
-// checks each against its CPU launcher on the same 16-bit inputs.
+// launcher to kernels::unsupported. docs/precision.md lists them by op;
+// tests/cuda/test_cuda_ops.cpp checks each against its CPU launcher on the same 16-bit inputs.
 inline constexpr const char* kHalfLaunchers[] = {
     "fill",
     "copy",
@@ -520,22 +508,22 @@ class DeviceTimeline {
 // launcher, kernels::after_cuda_launcher checks its work when REGEN_CUDA_SYNC=1 (not in a dry run:
 // there is none).
 #ifdef REGEN_WITH_CUDA
-#define REGEN_LAUNCH(device, T, name, ...)                                         \
-  do {                                                                             \
-    if (::regen::dry_run_active() &&                                               \
-        !((device).is_cpu() ? ::regen::cpu::has_dry_run_path(#name)                \
-                            : ::regen::cuda::has_dry_run_path(#name)))             \
-      break; /* a dry run: shapes and blocks only */                               \
-    if ((device).is_cpu()) {                                                       \
-      ::regen::cpu::name<T>(__VA_ARGS__);                                          \
-    } else if constexpr (std::is_same<T, float>::value ||                          \
+#define REGEN_LAUNCH(device, T, name, ...)                                                 \
+  do {                                                                                     \
+    if (::regen::dry_run_active() &&                                                       \
+        !((device).is_cpu() ? ::regen::cpu::has_dry_run_path(#name)                        \
+                            : ::regen::cuda::has_dry_run_path(#name)))                     \
+      break; /* a dry run: shapes and blocks only */                                       \
+    if ((device).is_cpu()) {                                                               \
+      ::regen::cpu::name<T>(__VA_ARGS__);                                                  \
+    } else if constexpr (std::is_same<T, float>::value ||                                  \
                          (::regen::is_half_v<T> && ::regen::cuda::has_half_path(#name))) { \
-      ::regen::kernels::use_device(device);                                        \
-      ::regen::cuda::name(__VA_ARGS__);                                            \
-      ::regen::kernels::after_cuda_launcher(#name);                                \
-    } else {                                                                       \
-      ::regen::kernels::unsupported(#name, (device), ::regen::dtype_of<T>::value); \
-    }                                                                              \
+      ::regen::kernels::use_device(device);                                                \
+      ::regen::cuda::name(__VA_ARGS__);                                                    \
+      ::regen::kernels::after_cuda_launcher(#name);                                        \
+    } else {                                                                               \
+      ::regen::kernels::unsupported(#name, (device), ::regen::dtype_of<T>::value);         \
+    }                                                                                      \
   } while (0)
 #else
 #define REGEN_LAUNCH(device, T, name, ...)                                         \

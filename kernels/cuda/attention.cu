@@ -35,9 +35,9 @@
 // Probabilities and dS are staged transposed with the owning thread's four rows packed into one
 // float4 ([key][4*ty + a]), so the P V style products read one float4 per key.
 #include <cfloat>
-#include <type_traits>
 #include <map>
 #include <mutex>
+#include <type_traits>
 #include <utility>
 
 #include "regen/core/philox.h"
@@ -344,7 +344,8 @@ __global__ void attention_dvec_kernel(const T* dout, const T* out, float* dvec, 
   const T* y = out + row * Dh;
   double acc = 0.0;
   for (int d = lane; d < Dh; d += 32) {
-    acc += static_cast<double>(static_cast<float>(g[d])) * static_cast<double>(static_cast<float>(y[d]));
+    acc += static_cast<double>(static_cast<float>(g[d])) *
+           static_cast<double>(static_cast<float>(y[d]));
   }
   acc = dev::warp_sum(acc);
   if (lane == 0) {
@@ -371,9 +372,9 @@ __device__ __forceinline__ void load_row_stats(float* lse_s, float* d_s, const P
 // P and dS of one (query, key) pair from the recomputed score and dPd = dO . V.
 // Returns P (dropped out, for dV) in pd and dS (without the softmax scale) in ds.
 template <class P>
-__device__ __forceinline__ void probs_and_grads(const P& p, float score, float dpd,
-                                                float lse_i, float d_i, bool visible, bool keep,
-                                                float& pd, float& ds) {
+__device__ __forceinline__ void probs_and_grads(const P& p, float score, float dpd, float lse_i,
+                                                float d_i, bool visible, bool keep, float& pd,
+                                                float& ds) {
   const float prob = (visible && lse_i != -INFINITY) ? expf(score * p.scale - lse_i) : 0.0f;
   float dp = dpd;
   pd = prob;
@@ -812,11 +813,10 @@ void attention_backward(const T* dout, const T* qkv, const T* out, const float* 
                         const int32_t* key_pad, T* dqkv, const AttentionShape& s) {
   backward(dout, qkv, out, lse, key_pad, dqkv, s);
 }
-#define REGEN_ATTENTION_HALF(T)                                                                \
-  template void attention_forward<T>(const T*, const int32_t*, T*, float*,                    \
-                                     const AttentionShape&);                                   \
-  template void attention_backward<T>(const T*, const T*, const T*, const float*,              \
-                                      const int32_t*, T*, const AttentionShape&);
+#define REGEN_ATTENTION_HALF(T)                                                                    \
+  template void attention_forward<T>(const T*, const int32_t*, T*, float*, const AttentionShape&); \
+  template void attention_backward<T>(const T*, const T*, const T*, const float*, const int32_t*,  \
+                                      T*, const AttentionShape&);
 REGEN_ATTENTION_HALF(bfloat16)
 REGEN_ATTENTION_HALF(float16)
 #undef REGEN_ATTENTION_HALF

@@ -40,8 +40,7 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t c = blockIdx.y, chunk = blockIdx.x;
   const int64_t e0 = chunk * chunk_elems;
   const int64_t e1 = e0 + chunk_elems < E ? e0 + chunk_elems : E;
-  const double shift =
-      kind == Sums::stats ? wide(x, c * HW) : static_cast<double>(center[c]);
+  const double shift = kind == Sums::stats ? wide(x, c * HW) : static_cast<double>(center[c]);
   // (n, hw) of this thread's element, advanced by kThreads elements per step without division.
   int64_t e = e0 + threadIdx.x;
   int64_t n = e / HW, hw = e - n * HW;
@@ -240,8 +239,8 @@ void check_shape(const char* name, int64_t N, int64_t C, int64_t HW) {
 }
 
 template <Sums kind, class T>
-void launch_partial(const char* name, const T* x, const T* dy, const float* center,
-                    int64_t C, int64_t HW, const Partition& p, double* partial) {
+void launch_partial(const char* name, const T* x, const T* dy, const float* center, int64_t C,
+                    int64_t HW, const Partition& p, double* partial) {
   if (p.E == 0) {
     REGEN_CUDA_CHECK(cudaMemsetAsync(
         partial, 0, static_cast<size_t>(C * p.chunks * 2) * sizeof(double), stream()));
@@ -267,9 +266,9 @@ void launch_elementwise(const char* name, int64_t total, Kernel k32, Kernel k64,
 // x, y: (N, C, HW); gamma, beta, mean, invstd, running_mean, running_var: (C). One body for float
 // and the 16-bit T (x, y, dy, dx); every (C) array f32.
 template <class T>
-void bn_forward_train(const T* x, const float* gamma, const float* beta, T* y,
-                             float* mean, float* invstd, float* running_mean, float* running_var,
-                             int64_t N, int64_t C, int64_t HW, double momentum, double eps) {
+void bn_forward_train(const T* x, const float* gamma, const float* beta, T* y, float* mean,
+                      float* invstd, float* running_mean, float* running_var, int64_t N, int64_t C,
+                      int64_t HW, double momentum, double eps) {
   const char* name = "batchnorm_forward_train";
   check_shape(name, N, C, HW);
   if (C == 0) return;
@@ -293,9 +292,8 @@ void bn_forward_train(const T* x, const float* gamma, const float* beta, T* y,
 }
 
 template <class T>
-void bn_forward_eval(const T* x, const float* gamma, const float* beta,
-                            const float* running_mean, const float* running_var, T* y,
-                            int64_t N, int64_t C, int64_t HW, double eps) {
+void bn_forward_eval(const T* x, const float* gamma, const float* beta, const float* running_mean,
+                     const float* running_var, T* y, int64_t N, int64_t C, int64_t HW, double eps) {
   const char* name = "batchnorm_forward_eval";
   check_shape(name, N, C, HW);
   if (C == 0 || N * HW == 0) return;
@@ -315,8 +313,8 @@ void bn_forward_eval(const T* x, const float* gamma, const float* beta,
 // dy, x, dx: (N, C, HW); dx, dgamma, dbeta may be null (not computed).
 template <class T>
 void bn_backward(const T* dy, const T* x, const float* gamma, const float* mean,
-                        const float* invstd, T* dx, float* dgamma, float* dbeta, int64_t N,
-                        int64_t C, int64_t HW) {
+                 const float* invstd, T* dx, float* dgamma, float* dbeta, int64_t N, int64_t C,
+                 int64_t HW) {
   const char* name = "batchnorm_backward";
   check_shape(name, N, C, HW);
   if (C == 0) return;
@@ -333,15 +331,14 @@ void bn_backward(const T* dy, const T* x, const float* gamma, const float* mean,
   if (!dx) return;
   const int64_t total = p.E * C;
   launch_elementwise(name, total, bn_backward_apply_kernel<uint32_t, T>,
-                     bn_backward_apply_kernel<int64_t, T>, dy, x, dx, static_cast<const double*>(coef),
-                     total, C, HW);
+                     bn_backward_apply_kernel<int64_t, T>, dy, x, dx,
+                     static_cast<const double*>(coef), total, C, HW);
 }
 
 template <class T>
-void bn_backward_eval(const T* dy, const T* x, const float* gamma,
-                             const float* running_mean, const float* running_var, T* dx,
-                             float* dgamma, float* dbeta, int64_t N, int64_t C, int64_t HW,
-                             double eps) {
+void bn_backward_eval(const T* dy, const T* x, const float* gamma, const float* running_mean,
+                      const float* running_var, T* dx, float* dgamma, float* dbeta, int64_t N,
+                      int64_t C, int64_t HW, double eps) {
   const char* name = "batchnorm_backward_eval";
   check_shape(name, N, C, HW);
   if (C == 0) return;
@@ -418,18 +415,18 @@ void batchnorm_backward_eval_lowp(const T* dy, const T* x, const float* gamma,
                                   double eps) {
   bn_backward_eval(dy, x, gamma, running_mean, running_var, dx, dgamma, dbeta, N, C, HW, eps);
 }
-#define REGEN_BATCHNORM_HALF(T)                                                                 \
-  template void batchnorm_forward_train_lowp<T>(const T*, const float*, const float*, T*,      \
-                                                float*, float*, float*, float*, int64_t,       \
-                                                int64_t, int64_t, double, double);             \
-  template void batchnorm_forward_eval_lowp<T>(const T*, const float*, const float*,           \
-                                               const float*, const float*, T*, int64_t,        \
-                                               int64_t, int64_t, double);                      \
-  template void batchnorm_backward_lowp<T>(const T*, const T*, const float*, const float*,     \
-                                           const float*, T*, float*, float*, int64_t, int64_t, \
-                                           int64_t);                                           \
-  template void batchnorm_backward_eval_lowp<T>(const T*, const T*, const float*, const float*, \
-                                                const float*, T*, float*, float*, int64_t,     \
+#define REGEN_BATCHNORM_HALF(T)                                                                    \
+  template void batchnorm_forward_train_lowp<T>(const T*, const float*, const float*, T*, float*,  \
+                                                float*, float*, float*, int64_t, int64_t, int64_t, \
+                                                double, double);                                   \
+  template void batchnorm_forward_eval_lowp<T>(const T*, const float*, const float*, const float*, \
+                                               const float*, T*, int64_t, int64_t, int64_t,        \
+                                               double);                                            \
+  template void batchnorm_backward_lowp<T>(const T*, const T*, const float*, const float*,         \
+                                           const float*, T*, float*, float*, int64_t, int64_t,     \
+                                           int64_t);                                               \
+  template void batchnorm_backward_eval_lowp<T>(const T*, const T*, const float*, const float*,    \
+                                                const float*, T*, float*, float*, int64_t,         \
                                                 int64_t, int64_t, double);
 REGEN_BATCHNORM_HALF(bfloat16)
 REGEN_BATCHNORM_HALF(float16)

@@ -314,7 +314,8 @@ void fill_from_scalar(const float* s, float* y, int64_t n, float alpha) {
   REGEN_CUDA_LAUNCH_CHECK("fill_from_scalar");
 }
 
-// x: (rows, cols) -> y: (cols); one body for float and the 16-bit types (double sums, one rounding).
+// x: (rows, cols) -> y: (cols); one body for float and the 16-bit types (double sums, one
+// rounding).
 template <class T>
 void sum_rows(const T* x, T* y, int64_t rows, int64_t cols) {
   REGEN_CHECK(rows >= 0 && cols >= 0, "sum_rows: negative shape (", rows, ", ", cols, ")");
@@ -345,8 +346,8 @@ void sum_rows(const T* x, T* y, int64_t rows, int64_t cols) {
   column_partial_kernel<T><<<grid, dim3(kColTile, kRowLanes), 0, stream()>>>(
       x, rows, cols, rows_per_chunk, ws.as<double>(), nullptr);
   REGEN_CUDA_LAUNCH_CHECK("sum_rows");
-  column_final_kernel<T><<<grid_blocks(cols, kThreads), kThreads, 0, stream()>>>(ws.as<double>(),
-                                                                              chunks, cols, y);
+  column_final_kernel<T>
+      <<<grid_blocks(cols, kThreads), kThreads, 0, stream()>>>(ws.as<double>(), chunks, cols, y);
   REGEN_CUDA_LAUNCH_CHECK("sum_rows");
 }
 
@@ -361,9 +362,9 @@ void sum_all(const T* x, T* y, int64_t n) {
     return;
   }
   size_t temp_bytes = 0;
-  REGEN_CUDA_CHECK(
-      cub::DeviceReduce::TransformReduce(nullptr, temp_bytes, x, static_cast<double*>(nullptr), n,
-                                         ::cuda::std::plus<double>{}, ToDouble<T>{}, 0.0, stream()));
+  REGEN_CUDA_CHECK(cub::DeviceReduce::TransformReduce(
+      nullptr, temp_bytes, x, static_cast<double*>(nullptr), n, ::cuda::std::plus<double>{},
+      ToDouble<T>{}, 0.0, stream()));
   // One buffer: the double result first (8-byte aligned), CUB's scratch after it at 256 bytes.
   Workspace ws(detail::device(), 256 + temp_bytes);
   if (dry) return;
@@ -388,8 +389,9 @@ void sum_squares(const T* x, T* y, int64_t n) {
   Workspace ws(detail::device(), 256 + temp_bytes);
   double* total = ws.as<double>();
   void* temp = static_cast<char*>(ws.data()) + 256;
-  REGEN_CUDA_CHECK(cub::DeviceReduce::TransformReduce(
-      temp, temp_bytes, x, total, n, ::cuda::std::plus<double>{}, SquareToDouble<T>{}, 0.0, stream()));
+  REGEN_CUDA_CHECK(cub::DeviceReduce::TransformReduce(temp, temp_bytes, x, total, n,
+                                                      ::cuda::std::plus<double>{},
+                                                      SquareToDouble<T>{}, 0.0, stream()));
   round_to_float_kernel<T><<<1, 1, 0, stream()>>>(total, y);
   REGEN_CUDA_LAUNCH_CHECK("sum_squares");
 }
@@ -488,7 +490,7 @@ void permute(const float* x, float* y, const PermuteShape& s) {
   permute<float>(x, y, s);
 }
 
-// ---- 16-bit forms (bfloat16, float16) ------------------------------------------------------------
+// ---- 16-bit forms (bfloat16, float16) ---------------------------------------------------------
 // Each element widened to f32, computed there, rounded once on store: the CPU's 16-bit loops
 // (kernels/cpu/elementwise.cpp, dropout_lowp.cpp), element for element. Plain grid-stride loops.
 
@@ -545,7 +547,8 @@ void launch_half_binary(const char* name, const T* a, const T* b, T* y, int64_t 
   REGEN_CHECK(n >= 0 && nb > 0 && n % nb == 0, name, ": ", nb, " broadcast elements do not divide ",
               n);
   if (n == 0) return;
-  half_binary_kernel<T, Op><<<grid_blocks(n, kThreads), kThreads, 0, stream()>>>(a, b, y, n, nb, op);
+  half_binary_kernel<T, Op>
+      <<<grid_blocks(n, kThreads), kThreads, 0, stream()>>>(a, b, y, n, nb, op);
   REGEN_CUDA_LAUNCH_CHECK(name);
 }
 template <class T, class Op>
@@ -605,8 +608,7 @@ void fill_from_scalar_f32(const T* s, T* y, int64_t n, float alpha) {
   REGEN_CUDA_LAUNCH_CHECK("fill_from_scalar");
 }
 template <class T>
-void dropout_forward_lowp(const T* x, T* y, int64_t n, float p, uint64_t seed,
-                          uint64_t stream_id) {
+void dropout_forward_lowp(const T* x, T* y, int64_t n, float p, uint64_t seed, uint64_t stream_id) {
   REGEN_CHECK(n >= 0, "dropout_forward: negative size ", n);
   REGEN_CHECK(p >= 0.0f && p <= 1.0f, "dropout_forward: probability ", p, " is not in [0, 1]");
   if (n == 0) return;
@@ -622,21 +624,21 @@ void dropout_backward_lowp(const T* dy, T* dx, int64_t n, float p, uint64_t seed
   dropout_forward_lowp<T>(dy, dx, n, p, seed, stream_id);  // the same mask and scale
 }
 
-#define REGEN_ELEMENTWISE_HALF(T)                                                            \
-  template void fill<T>(T*, int64_t, T);                                                     \
-  template void copy<T>(const T*, T*, int64_t);                                              \
-  template void add<T>(const T*, const T*, T*, int64_t, int64_t);                            \
-  template void add_inplace<T>(T*, const T*, int64_t);                                       \
-  template void mul<T>(const T*, const T*, T*, int64_t, int64_t);                            \
-  template void scale<T>(const T*, T*, int64_t, T);                                          \
-  template void scale_f32<T>(const T*, T*, int64_t, float);                                  \
-  template void fill_from_scalar<T>(const T*, T*, int64_t, T);                               \
-  template void fill_from_scalar_f32<T>(const T*, T*, int64_t, float);                       \
-  template void sum_rows<T>(const T*, T*, int64_t, int64_t);                                 \
-  template void sum_all<T>(const T*, T*, int64_t);                                           \
-  template void sum_squares<T>(const T*, T*, int64_t);                                       \
-  template void permute<T>(const T*, T*, const PermuteShape&);                               \
-  template void dropout_forward_lowp<T>(const T*, T*, int64_t, float, uint64_t, uint64_t);   \
+#define REGEN_ELEMENTWISE_HALF(T)                                                          \
+  template void fill<T>(T*, int64_t, T);                                                   \
+  template void copy<T>(const T*, T*, int64_t);                                            \
+  template void add<T>(const T*, const T*, T*, int64_t, int64_t);                          \
+  template void add_inplace<T>(T*, const T*, int64_t);                                     \
+  template void mul<T>(const T*, const T*, T*, int64_t, int64_t);                          \
+  template void scale<T>(const T*, T*, int64_t, T);                                        \
+  template void scale_f32<T>(const T*, T*, int64_t, float);                                \
+  template void fill_from_scalar<T>(const T*, T*, int64_t, T);                             \
+  template void fill_from_scalar_f32<T>(const T*, T*, int64_t, float);                     \
+  template void sum_rows<T>(const T*, T*, int64_t, int64_t);                               \
+  template void sum_all<T>(const T*, T*, int64_t);                                         \
+  template void sum_squares<T>(const T*, T*, int64_t);                                     \
+  template void permute<T>(const T*, T*, const PermuteShape&);                             \
+  template void dropout_forward_lowp<T>(const T*, T*, int64_t, float, uint64_t, uint64_t); \
   template void dropout_backward_lowp<T>(const T*, T*, int64_t, float, uint64_t, uint64_t);
 REGEN_ELEMENTWISE_HALF(bfloat16)
 REGEN_ELEMENTWISE_HALF(float16)

@@ -130,7 +130,8 @@ __global__ void __launch_bounds__(kThreads)
       acc = add_rounded<T>(acc, a3);
     }
     for (; t < end; ++t) {
-      acc = add_rounded<T>(acc, static_cast<float>(dy[static_cast<int64_t>(sorted_pos[t]) * D + c]));
+      acc =
+          add_rounded<T>(acc, static_cast<float>(dy[static_cast<int64_t>(sorted_pos[t]) * D + c]));
     }
     if (whole) {
       out[c] = T(acc);
@@ -178,16 +179,15 @@ void check_shape(const char* name, int64_t n, int64_t V, int64_t D) {
 
 // weight: (V, D), ids: (n) -> y: (n, D); float or 16-bit T (a copy of rows).
 template <class T>
-void embedding_forward(const T* weight, const int64_t* ids, T* y, int64_t n, int64_t V,
-                       int64_t D) {
+void embedding_forward(const T* weight, const int64_t* ids, T* y, int64_t n, int64_t V, int64_t D) {
   check_shape("embedding_forward", n, V, D);
   if (n == 0) return;
   Workspace ws(detail::device(), sizeof(unsigned long long));
   if (dry_run_active()) return;  // the dry path (kernels.h): the workspace, requested and unused
   auto* bad = ws.as<unsigned long long>();
   REGEN_CUDA_CHECK(cudaMemsetAsync(bad, 0xff, sizeof(unsigned long long), stream()));
-  embedding_forward_kernel<T><<<static_cast<unsigned>(n), kThreads, 0, stream()>>>(weight, ids, y, V,
-                                                                                D, bad);
+  embedding_forward_kernel<T>
+      <<<static_cast<unsigned>(n), kThreads, 0, stream()>>>(weight, ids, y, V, D, bad);
   REGEN_CUDA_LAUNCH_CHECK("embedding_forward");
   const unsigned long long first_bad = detail::read_back(bad);
   if (first_bad != kNone) report_bad_id("embedding_forward", first_bad, ids, V);
@@ -204,8 +204,7 @@ void embedding_backward(const T* dy, const int64_t* ids, T* dweight, int64_t n, 
   // The dry path (kernels.h): CUB's size query (no data read), then the workspace, unused.
   const bool dry = dry_run_active();
   if (!dry) {
-    REGEN_CUDA_CHECK(
-        cudaMemsetAsync(dweight, 0, static_cast<size_t>(V * D) * sizeof(T), stream()));
+    REGEN_CUDA_CHECK(cudaMemsetAsync(dweight, 0, static_cast<size_t>(V * D) * sizeof(T), stream()));
   }
   if (n == 0) return;
   int end_bit = 1;

@@ -475,8 +475,8 @@ void backward_general(const T* dy, const T* x, const float* gamma, const float* 
                       const float* rstd, T* dx, float* dgamma, float* dbeta, int64_t M, int64_t N) {
   const bool dry = dry_run_active();
   if (!dry && dx) {
-    ln_backward_block_kernel<T><<<static_cast<unsigned>(M), kBlockThreads, 0, stream()>>>(
-        dy, x, gamma, mean, rstd, dx, N);
+    ln_backward_block_kernel<T>
+        <<<static_cast<unsigned>(M), kBlockThreads, 0, stream()>>>(dy, x, gamma, mean, rstd, dx, N);
     REGEN_CUDA_LAUNCH_CHECK("layernorm_backward");
   }
   if (!dgamma && !dbeta) return;
@@ -529,10 +529,10 @@ void layernorm_backward_lowp(const T* dy, const T* x, const float* gamma, const 
   }
   backward_general(dy, x, gamma, mean, rstd, dx, dgamma, dbeta, M, N);
 }
-#define REGEN_LAYERNORM_HALF(T)                                                                 \
-  template void layernorm_forward_lowp<T>(const T*, const float*, const float*, T*, float*,    \
-                                          float*, int64_t, int64_t, double);                   \
-  template void layernorm_backward_lowp<T>(const T*, const T*, const float*, const float*,     \
+#define REGEN_LAYERNORM_HALF(T)                                                             \
+  template void layernorm_forward_lowp<T>(const T*, const float*, const float*, T*, float*, \
+                                          float*, int64_t, int64_t, double);                \
+  template void layernorm_backward_lowp<T>(const T*, const T*, const float*, const float*,  \
                                            const float*, T*, float*, float*, int64_t, int64_t);
 REGEN_LAYERNORM_HALF(bfloat16)
 REGEN_LAYERNORM_HALF(float16)

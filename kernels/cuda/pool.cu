@@ -110,8 +110,8 @@ __global__ void maxpool_backward_kernel(const T* dy, const int32_t* argmax, T* d
 // consecutive outputs of a plane, each computed as maxpool_forward_kernel computes it.
 // x: (planes, H, W) -> y: (planes, P, Q), codes: (planes, words)
 template <class T>
-__global__ void maxpool_forward_packed_kernel(const T* x, T* y, uint32_t* codes,
-                                              PoolParams s, int bits, int per_word, int words) {
+__global__ void maxpool_forward_packed_kernel(const T* x, T* y, uint32_t* codes, PoolParams s,
+                                              int bits, int per_word, int words) {
   const int64_t total = s.planes * words;
   const int pq_total = s.P * s.Q;
   for (int64_t i = dev::global_thread(); i < total; i += dev::grid_stride()) {
@@ -249,8 +249,8 @@ void maxpool2d_forward(const T* x, T* y, int32_t* argmax, const PoolShape& s) {
   const PoolParams p = params("maxpool2d_forward", s);
   const int64_t total = p.planes * p.P * p.Q;
   if (total == 0) return;
-  maxpool_forward_kernel<T><<<detail::grid_blocks(total, kThreads), kThreads, 0, stream()>>>(
-      x, y, argmax, p);
+  maxpool_forward_kernel<T>
+      <<<detail::grid_blocks(total, kThreads), kThreads, 0, stream()>>>(x, y, argmax, p);
   REGEN_CUDA_LAUNCH_CHECK("maxpool2d_forward");
 }
 
@@ -259,8 +259,8 @@ void maxpool2d_backward(const T* dy, const int32_t* argmax, T* dx, const PoolSha
   const PoolParams p = params("maxpool2d_backward", s);
   const int64_t total = p.planes * p.H * p.W;
   if (total == 0) return;
-  maxpool_backward_kernel<T><<<detail::grid_blocks(total, kThreads), kThreads, 0, stream()>>>(
-      dy, argmax, dx, p);
+  maxpool_backward_kernel<T>
+      <<<detail::grid_blocks(total, kThreads), kThreads, 0, stream()>>>(dy, argmax, dx, p);
   REGEN_CUDA_LAUNCH_CHECK("maxpool2d_backward");
 }
 
@@ -283,8 +283,9 @@ void maxpool2d_backward_packed(const T* dy, const uint32_t* codes, T* dx, const 
   const int64_t words = pool_code_words_per_plane(s);
   const int64_t total = p.planes * p.H * p.W;
   if (total == 0) return;
-  maxpool_backward_packed_kernel<T><<<detail::grid_blocks(total, kThreads), kThreads, 0, stream()>>>(
-      dy, codes, dx, p, bits, 32 / bits, static_cast<int>(words));
+  maxpool_backward_packed_kernel<T>
+      <<<detail::grid_blocks(total, kThreads), kThreads, 0, stream()>>>(
+          dy, codes, dx, p, bits, 32 / bits, static_cast<int>(words));
   REGEN_CUDA_LAUNCH_CHECK("maxpool2d_backward_packed");
 }
 
@@ -294,8 +295,8 @@ void avgpool2d_forward(const T* x, T* y, const PoolShape& s) {
   const int64_t total = p.planes * p.P * p.Q;
   if (total == 0) return;
   const double inv = 1.0 / static_cast<double>(s.kh * s.kw);
-  avgpool_forward_kernel<T><<<detail::grid_blocks(total, kThreads), kThreads, 0, stream()>>>(x, y, p,
-                                                                                          inv);
+  avgpool_forward_kernel<T>
+      <<<detail::grid_blocks(total, kThreads), kThreads, 0, stream()>>>(x, y, p, inv);
   REGEN_CUDA_LAUNCH_CHECK("avgpool2d_forward");
 }
 
@@ -305,8 +306,8 @@ void avgpool2d_backward(const T* dy, T* dx, const PoolShape& s) {
   const int64_t total = p.planes * p.H * p.W;
   if (total == 0) return;
   const float inv = static_cast<float>(1.0 / static_cast<double>(s.kh * s.kw));
-  avgpool_backward_kernel<T><<<detail::grid_blocks(total, kThreads), kThreads, 0, stream()>>>(dy, dx,
-                                                                                           p, inv);
+  avgpool_backward_kernel<T>
+      <<<detail::grid_blocks(total, kThreads), kThreads, 0, stream()>>>(dy, dx, p, inv);
   REGEN_CUDA_LAUNCH_CHECK("avgpool2d_backward");
 }
 
@@ -317,8 +318,9 @@ void global_avgpool_forward(const T* x, T* y, int64_t NC, int64_t HW) {
   constexpr int kWarps = kThreads / 32;
   REGEN_CHECK(detail::ceil_div(NC, kWarps) <= 0x7fffffff, "global_avgpool_forward: ", NC,
               " rows are too many");
-  global_avgpool_forward_kernel<T><<<static_cast<unsigned>(detail::ceil_div(NC, kWarps)), kThreads, 0,
-                                  stream()>>>(x, y, NC, HW);
+  global_avgpool_forward_kernel<T>
+      <<<static_cast<unsigned>(detail::ceil_div(NC, kWarps)), kThreads, 0, stream()>>>(x, y, NC,
+                                                                                       HW);
   REGEN_CUDA_LAUNCH_CHECK("global_avgpool_forward");
 }
 
@@ -327,14 +329,14 @@ void global_avgpool_backward(const T* dy, T* dx, int64_t NC, int64_t HW) {
   REGEN_CHECK(NC >= 0 && HW >= 0, "global_avgpool_backward: negative shape (", NC, ", ", HW, ")");
   if (NC == 0 || HW == 0) return;
   const double inv = 1.0 / static_cast<double>(HW);
-  global_avgpool_backward_kernel<T><<<detail::grid_blocks(NC * HW, kThreads), kThreads, 0, stream()>>>(
-      dy, dx, NC, HW, inv);
+  global_avgpool_backward_kernel<T>
+      <<<detail::grid_blocks(NC * HW, kThreads), kThreads, 0, stream()>>>(dy, dx, NC, HW, inv);
   REGEN_CUDA_LAUNCH_CHECK("global_avgpool_backward");
 }
 
 // The float launchers, and the 16-bit forms: maxima are copies (bit for bit); sums in f32 or double
 // as the float kernels', rounded once.
-#define REGEN_POOL(T)                                                                           \
+#define REGEN_POOL(T)                                                                          \
   template void maxpool2d_forward<T>(const T*, T*, int32_t*, const PoolShape&);                \
   template void maxpool2d_backward<T>(const T*, const int32_t*, T*, const PoolShape&);         \
   template void maxpool2d_forward_packed<T>(const T*, T*, uint32_t*, const PoolShape&);        \

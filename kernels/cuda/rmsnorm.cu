@@ -1,8 +1,8 @@
 // CUDA RMS normalization over the last dimension, float and, as rmsnorm_forward_lowp /
-// rmsnorm_backward_lowp, 16-bit x and dy with f32 weight and rstd (declared once for the CPU and CUDA beside
-// its op, autograd/ops_rmsnorm.cpp; CPU reference kernels/cpu/rmsnorm.cpp; tested on cuda:0 against
-// the op table's f64 reference by tests/cuda/test_cuda_op_table.cpp, and without a GPU by
-// scripts/cuda-emu/run.sh optable).
+// rmsnorm_backward_lowp, 16-bit x and dy with f32 weight and rstd (declared once for the CPU and
+// CUDA beside its op, autograd/ops_rmsnorm.cpp; CPU reference kernels/cpu/rmsnorm.cpp; tested on
+// cuda:0 against the op table's f64 reference by tests/cuda/test_cuda_op_table.cpp, and without a
+// GPU by scripts/cuda-emu/run.sh optable).
 //
 // Rows of at most kWarpRowMax elements: one warp per row, kRowsPerBlock rows a block; longer rows:
 // one block of kBlockThreads per row. Row sums in float, combined in a fixed order (warp_sum,
@@ -51,7 +51,8 @@ __global__ void __launch_bounds__(kRowThreads* kRows)
   sq = row_sum<kRowThreads>(sq, scratch);
   const float rs = 1.0f / sqrtf(sq / static_cast<float>(N) + eps);
   T* yr = y + row * N;
-  for (int64_t c = t; c < N; c += kRowThreads) yr[c] = T(static_cast<float>(xr[c]) * rs * weight[c]);
+  for (int64_t c = t; c < N; c += kRowThreads)
+    yr[c] = T(static_cast<float>(xr[c]) * rs * weight[c]);
   if (t == 0) rstd[row] = rs;
 }
 
@@ -178,7 +179,7 @@ template void rmsnorm_forward<float>(const float*, const float*, float*, float*,
                                      double);
 template void rmsnorm_backward<float>(const float*, const float*, const float*, const float*,
                                       float*, float*, int64_t, int64_t);
-#define REGEN_RMSNORM_HALF(T)                                                                  \
+#define REGEN_RMSNORM_HALF(T)                                                                 \
   template void rmsnorm_forward_lowp<T>(const T*, const float*, T*, float*, int64_t, int64_t, \
                                         double);                                              \
   template void rmsnorm_backward_lowp<T>(const T*, const T*, const float*, const float*, T*,  \

@@ -48,8 +48,7 @@ __global__ void __launch_bounds__(kThreads)
 
 // x, y: (M, N), one block per row.
 template <class T>
-__global__ void __launch_bounds__(kThreads)
-    softmax_block_kernel(const T* x, T* y, int64_t N) {
+__global__ void __launch_bounds__(kThreads) softmax_block_kernel(const T* x, T* y, int64_t N) {
   __shared__ float scratch[32];
   const T* xr = x + static_cast<int64_t>(blockIdx.x) * N;
   T* yr = y + static_cast<int64_t>(blockIdx.x) * N;
@@ -110,7 +109,8 @@ void softmax_forward(const T* x, T* y, int64_t M, int64_t N) {
   if (N <= 128) {
     softmax_warp_kernel<T, 4><<<warp_blocks, kThreads, 0, stream()>>>(x, y, M, static_cast<int>(N));
   } else if (N <= 1024) {
-    softmax_warp_kernel<T, 32><<<warp_blocks, kThreads, 0, stream()>>>(x, y, M, static_cast<int>(N));
+    softmax_warp_kernel<T, 32>
+        <<<warp_blocks, kThreads, 0, stream()>>>(x, y, M, static_cast<int>(N));
   } else {
     REGEN_CHECK(M <= 0x7fffffff, "softmax_forward: ", M, " rows are too many");
     softmax_block_kernel<T><<<static_cast<unsigned>(M), kThreads, 0, stream()>>>(x, y, N);
@@ -125,12 +125,12 @@ void softmax_backward(const T* dy, const T* y, T* dx, int64_t M, int64_t N) {
   if (M == 0 || N == 0) return;
   if (N <= 1024) {
     const unsigned blocks = static_cast<unsigned>(detail::ceil_div(M, kWarpsPerBlock));
-    softmax_backward_warp_kernel<T><<<blocks, kThreads, 0, stream()>>>(dy, y, dx, M,
-                                                                    static_cast<int>(N));
+    softmax_backward_warp_kernel<T>
+        <<<blocks, kThreads, 0, stream()>>>(dy, y, dx, M, static_cast<int>(N));
   } else {
     REGEN_CHECK(M <= 0x7fffffff, "softmax_backward: ", M, " rows are too many");
-    softmax_backward_block_kernel<T><<<static_cast<unsigned>(M), kThreads, 0, stream()>>>(dy, y, dx,
-                                                                                       N);
+    softmax_backward_block_kernel<T>
+        <<<static_cast<unsigned>(M), kThreads, 0, stream()>>>(dy, y, dx, N);
   }
   REGEN_CUDA_LAUNCH_CHECK("softmax_backward");
 }

@@ -180,7 +180,7 @@ const UnaryLaunchers* unary_launchers() {
   return kUnaryLaunchers;
 }
 
-// ---- 16-bit forms (bfloat16, float16) ------------------------------------------------------------
+// ---- 16-bit forms (bfloat16, float16) ---------------------------------------------------------
 // The CPU's 16-bit loops (kernels/cpu/unary.cpp) element for element: each element widened to f32,
 // the f32 functor, one rounding on store; the mask of an op that reads its output is taken from
 // the stored (rounded) value, as the CPU's is.
@@ -260,12 +260,11 @@ void unary_backward_mask(F, const T* dy, const uint32_t* mask, T* dx, int64_t n)
   }
 }
 
-#define REGEN_UNARY_INSTANTIATE_HALF_T(T, name)                                                   \
-  template void unary_forward<T, unary::name>(unary::name, const T*, T*, int64_t);                \
-  template void unary_backward<T, unary::name>(unary::name, const T*, const T*, T*, int64_t);     \
-  template void unary_forward_mask<T, unary::name>(unary::name, const T*, T*, uint32_t*,          \
-                                                   int64_t);                                      \
-  template void unary_backward_mask<T, unary::name>(unary::name, const T*, const uint32_t*, T*,   \
+#define REGEN_UNARY_INSTANTIATE_HALF_T(T, name)                                                    \
+  template void unary_forward<T, unary::name>(unary::name, const T*, T*, int64_t);                 \
+  template void unary_backward<T, unary::name>(unary::name, const T*, const T*, T*, int64_t);      \
+  template void unary_forward_mask<T, unary::name>(unary::name, const T*, T*, uint32_t*, int64_t); \
+  template void unary_backward_mask<T, unary::name>(unary::name, const T*, const uint32_t*, T*,    \
                                                     int64_t);
 #define REGEN_UNARY_INSTANTIATE_HALF(name)       \
   REGEN_UNARY_INSTANTIATE_HALF_T(bfloat16, name) \

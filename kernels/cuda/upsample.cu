@@ -80,7 +80,8 @@ __global__ void nearest_backward_kernel(const T* dy, T* dx, Planes s) {
     const int hw = static_cast<int>(i - p * plane), h = hw / s.W, w = hw - h * s.W;
     const T* top = dy + p * 4 * plane + (2 * h) * W2 + 2 * w;
     const T* bottom = top + W2;
-    dx[i] = T(__fadd_rn(__fadd_rn(ld(top, 0), ld(top, 1)), __fadd_rn(ld(bottom, 0), ld(bottom, 1))));
+    dx[i] =
+        T(__fadd_rn(__fadd_rn(ld(top, 0), ld(top, 1)), __fadd_rn(ld(bottom, 0), ld(bottom, 1))));
   }
 }
 
@@ -135,7 +136,8 @@ void upsample2x_nearest_forward(const T* x, T* y, int64_t NC, int64_t H, int64_t
   const Planes s = params("upsample2x_nearest_forward", NC, H, W);
   const int64_t total = NC * 4 * H * W;
   if (total == 0) return;
-  nearest_forward_kernel<T><<<detail::grid_blocks(total, kThreads), kThreads, 0, stream()>>>(x, y, s);
+  nearest_forward_kernel<T>
+      <<<detail::grid_blocks(total, kThreads), kThreads, 0, stream()>>>(x, y, s);
   REGEN_CUDA_LAUNCH_CHECK("upsample2x_nearest_forward");
 }
 
@@ -144,8 +146,8 @@ void upsample2x_nearest_backward(const T* dy, T* dx, int64_t NC, int64_t H, int6
   const Planes s = params("upsample2x_nearest_backward", NC, H, W);
   const int64_t total = NC * H * W;
   if (total == 0) return;
-  nearest_backward_kernel<T><<<detail::grid_blocks(total, kThreads), kThreads, 0, stream()>>>(dy, dx,
-                                                                                           s);
+  nearest_backward_kernel<T>
+      <<<detail::grid_blocks(total, kThreads), kThreads, 0, stream()>>>(dy, dx, s);
   REGEN_CUDA_LAUNCH_CHECK("upsample2x_nearest_backward");
 }
 
@@ -154,7 +156,8 @@ void upsample2x_bilinear_forward(const T* x, T* y, int64_t NC, int64_t H, int64_
   const Planes s = params("upsample2x_bilinear_forward", NC, H, W);
   const int64_t total = NC * 4 * H * W;
   if (total == 0) return;
-  bilinear_forward_kernel<T><<<detail::grid_blocks(total, kThreads), kThreads, 0, stream()>>>(x, y, s);
+  bilinear_forward_kernel<T>
+      <<<detail::grid_blocks(total, kThreads), kThreads, 0, stream()>>>(x, y, s);
   REGEN_CUDA_LAUNCH_CHECK("upsample2x_bilinear_forward");
 }
 
@@ -163,16 +166,16 @@ void upsample2x_bilinear_backward(const T* dy, T* dx, int64_t NC, int64_t H, int
   const Planes s = params("upsample2x_bilinear_backward", NC, H, W);
   const int64_t total = NC * H * W;
   if (total == 0) return;
-  bilinear_backward_kernel<T><<<detail::grid_blocks(total, kThreads), kThreads, 0, stream()>>>(dy, dx,
-                                                                                            s);
+  bilinear_backward_kernel<T>
+      <<<detail::grid_blocks(total, kThreads), kThreads, 0, stream()>>>(dy, dx, s);
   REGEN_CUDA_LAUNCH_CHECK("upsample2x_bilinear_backward");
 }
 
 // The float launchers, and the 16-bit forms (each output's f32 value rounded once).
-#define REGEN_UPSAMPLE(T)                                                                      \
-  template void upsample2x_nearest_forward<T>(const T*, T*, int64_t, int64_t, int64_t);       \
-  template void upsample2x_nearest_backward<T>(const T*, T*, int64_t, int64_t, int64_t);      \
-  template void upsample2x_bilinear_forward<T>(const T*, T*, int64_t, int64_t, int64_t);      \
+#define REGEN_UPSAMPLE(T)                                                                \
+  template void upsample2x_nearest_forward<T>(const T*, T*, int64_t, int64_t, int64_t);  \
+  template void upsample2x_nearest_backward<T>(const T*, T*, int64_t, int64_t, int64_t); \
+  template void upsample2x_bilinear_forward<T>(const T*, T*, int64_t, int64_t, int64_t); \
   template void upsample2x_bilinear_backward<T>(const T*, T*, int64_t, int64_t, int64_t);
 REGEN_UPSAMPLE(bfloat16)
 REGEN_UPSAMPLE(float16)

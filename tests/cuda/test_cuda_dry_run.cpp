@@ -270,18 +270,18 @@ TEST_CASE(
       Tensor x = bf16({N, C, HW}), g = f32({C}), b = f32({C}), y = bf16({N, C, HW});
       Tensor rm = f32({C}), rv = ones({C}, DType::f32, kGpu);
       begin();
-      REGEN_LAUNCH(kGpu, bfloat16, batchnorm_forward_eval_lowp, x.data<bfloat16>(),
-                   g.data<float>(), b.data<float>(), rm.data<float>(), rv.data<float>(),
-                   y.data<bfloat16>(), N, C, HW, 1e-5);
+      REGEN_LAUNCH(kGpu, bfloat16, batchnorm_forward_eval_lowp, x.data<bfloat16>(), g.data<float>(),
+                   b.data<float>(), rm.data<float>(), rv.data<float>(), y.data<bfloat16>(), N, C,
+                   HW, 1e-5);
     });
     cov.check("batchnorm_backward_lowp", what, true, [&](const auto& begin) {
       Tensor dy = bf16({N, C, HW}), x = bf16({N, C, HW}), g = f32({C}), mean = f32({C});
       Tensor invstd = ones({C}, DType::f32, kGpu), dx = bf16({N, C, HW}), dg = f32({C}),
              db = f32({C});
       begin();
-      REGEN_LAUNCH(kGpu, bfloat16, batchnorm_backward_lowp, dy.data<bfloat16>(),
-                   x.data<bfloat16>(), g.data<float>(), mean.data<float>(), invstd.data<float>(),
-                   dx.data<bfloat16>(), dg.data<float>(), db.data<float>(), N, C, HW);
+      REGEN_LAUNCH(kGpu, bfloat16, batchnorm_backward_lowp, dy.data<bfloat16>(), x.data<bfloat16>(),
+                   g.data<float>(), mean.data<float>(), invstd.data<float>(), dx.data<bfloat16>(),
+                   dg.data<float>(), db.data<float>(), N, C, HW);
     });
     cov.check("batchnorm_backward_eval_lowp", what, true, [&](const auto& begin) {
       Tensor dy = bf16({N, C, HW}), x = bf16({N, C, HW}), g = f32({C}), rm = f32({C});

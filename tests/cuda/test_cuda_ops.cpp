@@ -349,7 +349,8 @@ void use_gpu() {
   cuda::set_device(0);
 }
 
-// ---- 16-bit helpers (the "16-bit" cases below) ---------------------------------------------------
+// ---- 16-bit helpers (the "16-bit" cases below)
+// ---------------------------------------------------
 
 // The unit roundoff of a 16-bit element type.
 template <class H>
@@ -365,7 +366,8 @@ const char* half_name() {
 // The normalized mean squared error is then at most (2u)^2, plus atol^2 for small references.
 template <class H>
 Tol half_tol(int64_t length = 1, double scale = 1.0) {
-  const double atol = static_cast<double>(length) * 0x1p-24 * scale, rtol = 2.0 * unit_roundoff<H>();
+  const double atol = static_cast<double>(length) * 0x1p-24 * scale,
+               rtol = 2.0 * unit_roundoff<H>();
   return {atol, rtol, rtol * rtol + atol * atol};
 }
 template <class H>
@@ -1374,10 +1376,9 @@ void half_attention_case(Rng& rng, AttentionShape s, bool pad_mask) {
   cpu::attention_forward<H>(qkv.data(), kp, out.data(), lse.data(), s);
   cpu::attention_backward<H>(dout.data(), qkv.data(), out.data(), lse.data(), kp, dqkv.data(), s);
   const double u2 = 2.0 * unit_roundoff<H>();
-  const std::string tag =
-      str(" %s B=%lld S=%lld H=%lld Dh=%lld%s%s dropout=%g", half_name<H>(), (long long)s.B,
-          (long long)s.S, (long long)s.H, (long long)s.Dh, s.causal ? " causal" : "",
-          pad_mask ? " key_pad" : "", s.dropout_p);
+  const std::string tag = str(" %s B=%lld S=%lld H=%lld Dh=%lld%s%s dropout=%g", half_name<H>(),
+                              (long long)s.B, (long long)s.S, (long long)s.H, (long long)s.Dh,
+                              s.causal ? " causal" : "", pad_mask ? " key_pad" : "", s.dropout_p);
   {
     Case c("attention_forward" + tag);
     const H* dq = c.in(qkv);
@@ -1451,14 +1452,13 @@ void optim_cases(Rng& rng, int64_t n) {
 }
 #endif
 
-
-// ---- 16-bit (bf16, f16) launchers against the CPU's 16-bit launchers
-// ---------------------------------------------------------- Both sides read the same 16-bit
-// inputs, compute in f32 and round once on store. Where both run the same f32 expressions in the
-// same order (element-wise maps, dropout, copies) the results agree bit for bit. Elsewhere the f32
-// values may differ by f32 roundoff (a libm ulp, another summation order), and the one rounding to
-// 16 bits can then differ by one 16-bit ulp: at most 2u relative, u = 2^-8 (bf16) or 2^-11 (f16);
-// a reduction of length L adds its f32 difference, L * 2^-24 times the sum of |terms| (atol).
+// ---- 16-bit (bf16, f16) launchers against the CPU's 16-bit launchers ----------------------------
+// Both sides read the same 16-bit inputs, compute in f32 and round once on store. Where both run
+// the same f32 expressions in the same order (element-wise maps, dropout, copies) the results agree
+// bit for bit. Elsewhere the f32 values may differ by f32 roundoff (a libm ulp, another summation
+// order), and the one rounding to 16 bits can then differ by one 16-bit ulp: at most 2u relative, u
+// = 2^-8 (bf16) or 2^-11 (f16); a reduction of length L adds its f32 difference, L * 2^-24 times
+// the sum of |terms| (atol).
 
 }  // namespace
 namespace regen {
@@ -1503,8 +1503,8 @@ template <class H>
 void half_elementwise_cases(Rng& rng, int64_t n, bool misalign) {
   const size_t un = static_cast<size_t>(n);
   const auto x = to_half<H>(rng.uniform(un)), z = to_half<H>(rng.uniform(un));
-  const std::string tag = str(" %s n=%lld%s", half_name<H>(), static_cast<long long>(n),
-                              misalign ? " misaligned" : "");
+  const std::string tag =
+      str(" %s n=%lld%s", half_name<H>(), static_cast<long long>(n), misalign ? " misaligned" : "");
   {
     std::vector<H> ref(un);
     cpu::add<H>(x.data(), z.data(), ref.data(), n, n);
@@ -1592,7 +1592,8 @@ void half_elementwise_cases(Rng& rng, int64_t n, bool misalign) {
   // Every op of the unary list: the CPU's 16-bit loop (widen, the f32 functor, round once); CUDA's
   // libm may differ from the host's by an f32 ulp, so one 16-bit rounding apart.
   const auto g = to_half<H>(rng.uniform(un));
-#define REGEN_UNARY_HALF_CASE(name) half_unary_case<H>(unary::name{}, #name, x, g, n, misalign, tag);
+#define REGEN_UNARY_HALF_CASE(name) \
+  half_unary_case<H>(unary::name{}, #name, x, g, n, misalign, tag);
   REGEN_UNARY_OPS(REGEN_UNARY_HALF_CASE)
 #undef REGEN_UNARY_HALF_CASE
 }
@@ -1738,9 +1739,9 @@ void half_gemm_case(Rng& rng, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
     cpu::gemm_batched<H>(ta, tb, batch, M, N, K, ha, A.data(), lda, sa, B.data(), ldb, sb, hb,
                          ref.data(), ldc, sc);
   }
-  Case c(str("gemm%s %s ta=%d tb=%d batch=%lld M=%lld N=%lld K=%lld",
-             batch == 1 ? "" : "_batched", half_name<H>(), ta, tb, static_cast<long long>(batch),
-             static_cast<long long>(M), static_cast<long long>(N), static_cast<long long>(K)));
+  Case c(str("gemm%s %s ta=%d tb=%d batch=%lld M=%lld N=%lld K=%lld", batch == 1 ? "" : "_batched",
+             half_name<H>(), ta, tb, static_cast<long long>(batch), static_cast<long long>(M),
+             static_cast<long long>(N), static_cast<long long>(K)));
   const H *dA = c.in(A), *dB = c.in(B);
   H* dC = c.inout("C", C0, ref, half_tol<H>(K, static_cast<double>(K) + 1.0));
   c.run([&] {
@@ -1762,8 +1763,8 @@ void half_norm_cases(Rng& rng, int64_t M, int64_t N) {
   const auto x = to_half<H>(rng.uniform(n, -2.0f, 2.0f)), g = to_half<H>(rng.uniform(n));
   const auto gamma = rng.uniform(static_cast<size_t>(N), 0.5f, 1.5f);
   const auto beta = rng.uniform(static_cast<size_t>(N));
-  const std::string tag = str(" %s (%lld, %lld)", half_name<H>(), static_cast<long long>(M),
-                              static_cast<long long>(N));
+  const std::string tag =
+      str(" %s (%lld, %lld)", half_name<H>(), static_cast<long long>(M), static_cast<long long>(N));
   const Tol stat_tol{1e-6, static_cast<double>(N) * 0x1p-24 + 1e-6, 1e-10};
   const Tol param_tol{1e-7 * static_cast<double>(M) * 8.0 + 1e-5, 1e-4, 1e-8};
   {
@@ -1926,8 +1927,8 @@ void half_batchnorm_case(Rng& rng, int64_t N, int64_t C, int64_t HW) {
                                        dxe.data(), dge.data(), dbe.data(), N, C, HW, 1e-5);
   const Tol stat{1e-6, 1e-6, 1e-12};
   const Tol sums{1e-6 * static_cast<double>(N * HW) * 0x1p-10, 1e-5, 1e-10};
-  Case cs(str("batchnorm_lowp %s N=%lld C=%lld HW=%lld", half_name<H>(), (long long)N,
-              (long long)C, (long long)HW));
+  Case cs(str("batchnorm_lowp %s N=%lld C=%lld HW=%lld", half_name<H>(), (long long)N, (long long)C,
+              (long long)HW));
   const H *dxin = cs.in(x), *dg_in = cs.in(g);
   const float *dgm = cs.in(gamma), *dbt = cs.in(beta), *drm0 = cs.in(rm0), *drv0 = cs.in(rv0);
   const float *dmean_in = cs.in(mean), *dinv_in = cs.in(invstd);
@@ -2099,8 +2100,8 @@ TEST_CASE("16-bit norms, batchnorm, embedding, pooling, upsampling") {
   Rng rng(42);
   const std::vector<std::pair<int64_t, int64_t>> norms =
       kEmulated ? std::vector<std::pair<int64_t, int64_t>>{{3, 5}, {17, 64}, {2, 1500}}
-                : std::vector<std::pair<int64_t, int64_t>>{{3, 5}, {256, 512}, {300, 1000},
-                                                           {4, 3000}, {600, 768}};
+                : std::vector<std::pair<int64_t, int64_t>>{
+                      {3, 5}, {256, 512}, {300, 1000}, {4, 3000}, {600, 768}};
   for (const auto& [M, N] : norms) {
     half_norm_cases<bfloat16>(rng, M, N);
     half_norm_cases<float16>(rng, M, N);

@@ -83,7 +83,8 @@ inline void emu_gemm_store(void* p, cudaDataType_t t, int64_t i, float v) {
   if (t == CUDA_R_32F) {
     static_cast<float*>(p)[i] = v;
   } else {
-    static_cast<uint16_t*>(p)[i] = t == CUDA_R_16BF ? regen::half::to_bf16(v) : regen::half::to_fp16(v);
+    static_cast<uint16_t*>(p)[i] =
+        t == CUDA_R_16BF ? regen::half::to_bf16(v) : regen::half::to_fp16(v);
   }
 }
 // cuBLAS's rules for CUBLAS_COMPUTE_32F with a float scale: A and B of one type; 16BF or 16F
