@@ -4,7 +4,8 @@
 // scratch, which comes from the allocator through core's Workspace (category workspace).
 //
 //   regen::cpu::<name><T>   kernels/cpu/<op>.cpp, T = float or double; the reference.
-//   regen::cuda::<name>     kernels/cuda/<op>.cu, float; same arguments as the CPU launcher.
+//   regen::cuda::<name>     kernels/cuda/<op>.cu, float; same arguments as the CPU launcher; and
+//                           bfloat16 / float16 for the launchers of cuda::kHalfLaunchers (below).
 //
 // A launcher declared with REGEN_LAUNCHER (below) is declared once for both devices: its one
 // parameter list, written in T, declares cpu::<name><T> and cuda::<name><T>; kernels/cpu/ defines
@@ -357,14 +358,14 @@ constexpr bool has_dry_run_path(const char* launcher) {
 namespace cuda {
 // CUDA (kernels/cuda/): conv2d's index tables, transposed sub-filters and split-K partials (or
 // cuDNN's per-pass workspace), conv_transpose2d through conv2d's passes, the reductions' partial
-// sums (sum_rows, batchnorm, layernorm), CUB's scratch (sum_all's reduce, embedding_backward's
-// sort), the flags of the launchers that report a bad id or target, attention_backward's row
-// terms. A dry path skips every kernel launch, copy, memset and library call that touches device
-// data, and every read-back; sizes that depend on the device (CUB's temp-storage queries, cuDNN's
-// algorithm and its workspace) are computed as the real call computes them, so a dry run on a CUDA
-// device needs that device. cuBLAS (gemm, gemm_batched) takes no scratch per call: its workspace
-// is kept for the process (kernels/cuda/blas.cpp), and a dry run counts it from the start
-// (DryRunScope, core/allocator.h).
+// sums (sum_rows, batchnorm, layernorm, and their 16-bit forms), CUB's scratch (sum_all's reduce,
+// embedding_backward's sort), the flags of the launchers that report a bad id or target,
+// attention_backward's row terms. A dry path skips every kernel launch, copy, memset and library
+// call that touches device data, and every read-back; sizes that depend on the device (CUB's
+// temp-storage queries, cuDNN's algorithm and its workspace) are computed as the real call computes
+// them, so a dry run on a CUDA device needs that device. cuBLAS (gemm, gemm_batched) takes no
+// scratch per call: its workspace is kept for the process (kernels/cuda/blas.cpp), and a dry run
+// counts it from the start (DryRunScope, core/allocator.h).
 inline constexpr const char* kDryRunLaunchers[] = {
     "sum_rows",
     "sum_all",
@@ -378,9 +379,14 @@ inline constexpr const char* kDryRunLaunchers[] = {
     "batchnorm_forward_eval",
     "batchnorm_backward",
     "batchnorm_backward_eval",
+    "batchnorm_forward_train_lowp",
+    "batchnorm_forward_eval_lowp",
+    "batchnorm_backward_lowp",
+    "batchnorm_backward_eval_lowp",
     "embedding_forward",
     "embedding_backward",
     "layernorm_backward",
+    "layernorm_backward_lowp",
     "attention_backward",
     "cross_entropy_forward",
     "cross_entropy_backward",
@@ -388,6 +394,63 @@ inline constexpr const char* kDryRunLaunchers[] = {
 };
 constexpr bool has_dry_run_path(const char* launcher) {
   return kernels::listed(kDryRunLaunchers, launcher);
+}
+// The CUDA launchers with a 16-bit form (T = bfloat16, float16: core/half.h's element types, whose
+// f32 conversions are __host__ __device__, so a kernel's bits are the CPU's conversions'): each
+// loads 16 bits, computes in f32 (acc_t) and rounds once on store, as its CPU launcher does
+// (kernels/cuda/cuda_kernels.h declares them). REGEN_LAUNCH sends a 16-bit call of any other
+// launcher to kernels::unsupported. docs/precision.md lists them by op;
+// tests/cuda/test_cuda_ops.cpp checks each against its CPU launcher on the same 16-bit inputs.
+inline constexpr const char* kHalfLaunchers[] = {
+    "fill",
+    "copy",
+    "add",
+    "add_inplace",
+    "mul",
+    "scale",
+    "fill_from_scalar",
+    "sum_rows",
+    "sum_all",
+    "sum_squares",
+    "permute",
+    "slice_copy",
+    "dropout_forward_lowp",
+    "dropout_backward_lowp",
+    "unary_forward",
+    "unary_backward",
+    "unary_forward_mask",
+    "unary_backward_mask",
+    "softmax_forward",
+    "softmax_backward",
+    "gemm",
+    "gemm_batched",
+    "layernorm_forward_lowp",
+    "layernorm_backward_lowp",
+    "rmsnorm_forward_lowp",
+    "rmsnorm_backward_lowp",
+    "embedding_forward",
+    "embedding_backward",
+    "upsample2x_nearest_forward",
+    "upsample2x_nearest_backward",
+    "upsample2x_bilinear_forward",
+    "upsample2x_bilinear_backward",
+    "attention_forward",
+    "attention_backward",
+    "maxpool2d_forward",
+    "maxpool2d_backward",
+    "maxpool2d_forward_packed",
+    "maxpool2d_backward_packed",
+    "avgpool2d_forward",
+    "avgpool2d_backward",
+    "global_avgpool_forward",
+    "global_avgpool_backward",
+    "batchnorm_forward_train_lowp",
+    "batchnorm_forward_eval_lowp",
+    "batchnorm_backward_lowp",
+    "batchnorm_backward_eval_lowp",
+};
+constexpr bool has_half_path(const char* launcher) {
+  return kernels::listed(kHalfLaunchers, launcher);
 }
 }  // namespace cuda
 
@@ -433,8 +496,9 @@ class DeviceTimeline {
 #endif
 
 // REGEN_LAUNCH(device, T, name, args...): the one dispatch point. CPU: cpu::name<T>(args...);
-// CUDA: cuda::name(args...) for T = float (a REGEN_LAUNCHER template deduces T = float from the
-// arguments); anything else is a clear regen::Error.
+// CUDA: cuda::name(args...) for T = float, and for T = bfloat16 or float16 when the launcher is one
+// of cuda::kHalfLaunchers (a REGEN_LAUNCHER template, or the 16-bit overload beside a float
+// launcher, deduces T from the typed arguments); anything else is a clear regen::Error.
 // In a dry run (dry_run_active(); DryRunScope, core/allocator.h) every launcher is skipped except
 // those of the device's kDryRunLaunchers (cpu:: or cuda::, above), whose dry paths request the
 // Workspace blocks a real call requests and return. So the dry run's allocator sees the real
@@ -444,21 +508,22 @@ class DeviceTimeline {
 // launcher, kernels::after_cuda_launcher checks its work when REGEN_CUDA_SYNC=1 (not in a dry run:
 // there is none).
 #ifdef REGEN_WITH_CUDA
-#define REGEN_LAUNCH(device, T, name, ...)                                         \
-  do {                                                                             \
-    if (::regen::dry_run_active() &&                                               \
-        !((device).is_cpu() ? ::regen::cpu::has_dry_run_path(#name)                \
-                            : ::regen::cuda::has_dry_run_path(#name)))             \
-      break; /* a dry run: shapes and blocks only */                               \
-    if ((device).is_cpu()) {                                                       \
-      ::regen::cpu::name<T>(__VA_ARGS__);                                          \
-    } else if constexpr (std::is_same<T, float>::value) {                          \
-      ::regen::kernels::use_device(device);                                        \
-      ::regen::cuda::name(__VA_ARGS__);                                            \
-      ::regen::kernels::after_cuda_launcher(#name);                                \
-    } else {                                                                       \
-      ::regen::kernels::unsupported(#name, (device), ::regen::dtype_of<T>::value); \
-    }                                                                              \
+#define REGEN_LAUNCH(device, T, name, ...)                                                 \
+  do {                                                                                     \
+    if (::regen::dry_run_active() &&                                                       \
+        !((device).is_cpu() ? ::regen::cpu::has_dry_run_path(#name)                        \
+                            : ::regen::cuda::has_dry_run_path(#name)))                     \
+      break; /* a dry run: shapes and blocks only */                                       \
+    if ((device).is_cpu()) {                                                               \
+      ::regen::cpu::name<T>(__VA_ARGS__);                                                  \
+    } else if constexpr (std::is_same<T, float>::value ||                                  \
+                         (::regen::is_half_v<T> && ::regen::cuda::has_half_path(#name))) { \
+      ::regen::kernels::use_device(device);                                                \
+      ::regen::cuda::name(__VA_ARGS__);                                                    \
+      ::regen::kernels::after_cuda_launcher(#name);                                        \
+    } else {                                                                               \
+      ::regen::kernels::unsupported(#name, (device), ::regen::dtype_of<T>::value);         \
+    }                                                                                      \
   } while (0)
 #else
 #define REGEN_LAUNCH(device, T, name, ...)                                         \

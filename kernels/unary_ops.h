@@ -172,6 +172,15 @@ template <class F>
 void unary_forward_mask(F, const float* x, float* y, uint32_t* mask, int64_t n);
 template <class F>
 void unary_backward_mask(F, const float* dy, const uint32_t* mask, float* dx, int64_t n);
+// The 16-bit forms (T = bfloat16, float16; kernels/cuda/unary.cu): the CPU's 16-bit loops.
+template <class T, class F>
+void unary_forward(F, const T* x, T* y, int64_t n);
+template <class T, class F>
+void unary_backward(F, const T* dy, const T* s, T* dx, int64_t n);
+template <class T, class F>
+void unary_forward_mask(F, const T* x, T* y, uint32_t* mask, int64_t n);
+template <class T, class F>
+void unary_backward_mask(F, const T* dy, const uint32_t* mask, T* dx, int64_t n);
 }  // namespace cuda
 #endif
 

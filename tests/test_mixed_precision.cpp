@@ -135,7 +135,7 @@ TEST_CASE("precision: one switch, its default and its synonyms, per device") {
   CHECK(has(e, "--precision bf16 conflicts with --math fp32"));
   CHECK(has(e, "drop it"));
   o.math = "";
-  // Not a precision; tf32 of the CPU; bf16 on CUDA, which has no 16-bit kernels yet.
+  // Not a precision; tf32 of the CPU; bf16 on CUDA, where some ops have no 16-bit kernels yet.
   o.precision = "bfloat16";
   e = error_of([&] { o.validate(); });
   CHECK(has(e, "--precision"));
@@ -148,6 +148,8 @@ TEST_CASE("precision: one switch, its default and its synonyms, per device") {
   e = error_of([&] { resolve_precision(o, gpu); });
   CHECK(has(e, "--precision fp16 trains on the CPU only so far"));
   CHECK(has(e, "cuda:0"));
+  CHECK(has(e, "conv2d"));  // what is missing, by name
+  CHECK(has(e, "linear_cross_entropy"));
   // Python's keywords.
   SessionOptions k = tiny(OptionStyle::keyword);
   k.precision = "fp32";

@@ -25,6 +25,11 @@
 // >= p * 2^32, the CPU's rule and element index, so the masks agree bit for bit. Each tile's
 // 64 x 64 keep bits are generated once into shared memory (one Philox call per four keys).
 //
+// bf16 and f16 (attention_forward<T>, attention_backward<T>): Q, K, V and dO are widened to f32 as
+// their tiles are loaded, so the scores, the online softmax and every product run in f32 exactly
+// as for float; out and dqkv are rounded once as they are stored; lse and the row terms D stay f32
+// (the CPU's 16-bit contract, kernels/cpu/attention.cpp).
+//
 // Shared tiles are row-major [row][d] with a row stride of head_dim + 4 floats, read as float4
 // along d: 16 threads reading 16 different rows at the same column hit 16 different bank groups.
 // Probabilities and dS are staged transposed with the owning thread's four rows packed into one
@@ -32,6 +37,7 @@
 #include <cfloat>
 #include <map>
 #include <mutex>
+#include <type_traits>
 #include <utility>
 
 #include "regen/core/philox.h"
@@ -46,22 +52,29 @@ constexpr int kTile = 64;      // queries per block and keys per tile
 constexpr int kThreads = 256;  // 16 x 16
 constexpr int kPStride = kTile + 4;
 
-struct AttnParams {
-  const float* qkv;        // (B, S, 3, H, Dh)
+// T: the element type of qkv, out, dout and dqkv (float, or 16-bit: widened as tiles are loaded,
+// every product and softmax term in f32, rounded once as out and dqkv are stored); lse and D f32.
+template <class T>
+struct AttnParamsT {
+  const T* qkv;            // (B, S, 3, H, Dh)
   const int32_t* key_pad;  // (B, S) or null
-  float* out;              // forward: (B, S, H*Dh)
+  T* out;                  // forward: (B, S, H*Dh)
   float* lse;              // forward: (B, H, S)
-  const float* dout;       // backward: (B, S, H*Dh)
-  const float* o;          // backward: (B, S, H*Dh), the forward output
+  const T* dout;           // backward: (B, S, H*Dh)
+  const T* o;              // backward: (B, S, H*Dh), the forward output
   const float* lse_in;     // backward: (B, H, S)
   const float* dvec;       // backward: (B, H, S), D_i
-  float* dqkv;             // backward: (B, S, 3, H, Dh)
+  T* dqkv;                 // backward: (B, S, 3, H, Dh)
   int B, S, H, Dh, D;
   float scale;
   bool causal, dropout, vec4;
   float keep_scale;
   uint64_t threshold, seed, stream;
 };
+using AttnParams = AttnParamsT<float>;
+// vec4 (float4 loads and stores) is the float kernels' only: 16-bit tiles go element by element.
+template <class T>
+constexpr bool kIsF32 = std::is_same<T, float>::value;
 
 __device__ __forceinline__ float dot4(float4 a, float4 b, float acc) {
   acc = fmaf(a.x, b.x, acc);
@@ -75,11 +88,18 @@ __device__ __forceinline__ float comp(const float4& v, int e) {
 
 // Copies rows [row0, row0 + 64) of a (rows, ld) matrix's columns [0, Dh) into dst [64][kD + 4];
 // rows past `rows` and columns past Dh become 0.
-template <int kD>
-__device__ __forceinline__ void load_tile(float* dst, const float* src, int64_t ld, int row0,
-                                          int rows, int Dh, bool vec4) {
+template <int kD, class T>
+__device__ __forceinline__ void load_tile(float* dst, const T* src, int64_t ld, int row0, int rows,
+                                          int Dh, bool vec4) {
   constexpr int kStride = kD + 4;
-  if (vec4) {
+  if constexpr (!kIsF32<T>) {
+    for (int f = threadIdx.x; f < kTile * kD; f += kThreads) {
+      const int r = f / kD, d = f - r * kD;
+      dst[r * kStride + d] = (row0 + r < rows && d < Dh)
+                                 ? static_cast<float>(src[static_cast<int64_t>(row0 + r) * ld + d])
+                                 : 0.0f;
+    }
+  } else if (vec4) {
     constexpr int kVec = kD / 4;
     for (int f = threadIdx.x; f < kTile * kVec; f += kThreads) {
       const int r = f / kVec, d4 = f - r * kVec;
@@ -99,7 +119,8 @@ __device__ __forceinline__ void load_tile(float* dst, const float* src, int64_t 
 }
 
 // masked[j] = 1 when key j0 + j is padding or past the end.
-__device__ __forceinline__ void load_key_mask(int* masked, const AttnParams& p, int b, int j0) {
+template <class P>
+__device__ __forceinline__ void load_key_mask(int* masked, const P& p, int b, int j0) {
   if (threadIdx.x < kTile) {
     const int j = j0 + threadIdx.x;
     masked[threadIdx.x] =
@@ -109,7 +130,8 @@ __device__ __forceinline__ void load_key_mask(int* masked, const AttnParams& p, 
 
 // Keep bits of the dropout mask for queries [i0, i0+64) x keys [j0, j0+64) of head bh:
 // bit (j & 31) of words[i * 2 + j / 32]. Thread t makes 16 bits: row t / 4, keys 16*(t % 4)...
-__device__ __forceinline__ void make_keep_bits(uint32_t* words, const AttnParams& p, int bh, int i0,
+template <class P>
+__device__ __forceinline__ void make_keep_bits(uint32_t* words, const P& p, int bh, int i0,
                                                int j0) {
   const int r = threadIdx.x >> 2, g = threadIdx.x & 3;
   const int i = i0 + r;
@@ -156,9 +178,9 @@ struct Smem {
 
 // ---- Forward ------------------------------------------------------------------------------------
 
-template <int kD>
+template <int kD, class T>
 __global__ void __launch_bounds__(kThreads, kD <= 64 ? 2 : 1)
-    attention_forward_kernel(const AttnParams p) {
+    attention_forward_kernel(const AttnParamsT<T> p) {
   constexpr int kStride = kD + 4, kHalves = kD / 64;
   using L = Smem<kD>;
   extern __shared__ __align__(16) float smem[];
@@ -173,9 +195,9 @@ __global__ void __launch_bounds__(kThreads, kD <= 64 ? 2 : 1)
   const int bh = blockIdx.y, b = bh / p.H, h = bh - b * p.H;
   const int i0 = blockIdx.x * kTile;
   const int64_t ld = 3 * static_cast<int64_t>(p.D);
-  const float* q_base = p.qkv + static_cast<int64_t>(b) * p.S * ld + static_cast<int64_t>(h) * p.Dh;
-  const float* k_base = q_base + p.D;
-  const float* v_base = q_base + 2 * p.D;
+  const T* q_base = p.qkv + static_cast<int64_t>(b) * p.S * ld + static_cast<int64_t>(h) * p.Dh;
+  const T* k_base = q_base + p.D;
+  const T* v_base = q_base + 2 * p.D;
   load_tile<kD>(Qs, q_base, ld, i0, p.S, p.Dh, p.vec4);
 
   float o[4][4 * kHalves];
@@ -287,20 +309,19 @@ __global__ void __launch_bounds__(kThreads, kD <= 64 ? 2 : 1)
     const int i = i0 + ty + 16 * a;
     if (i >= p.S) continue;
     const float inv = l[a] > 0.0f ? 1.0f / l[a] : 0.0f;
-    float* out_row =
-        p.out + (static_cast<int64_t>(b) * p.S + i) * p.D + static_cast<int64_t>(h) * p.Dh;
+    T* out_row = p.out + (static_cast<int64_t>(b) * p.S + i) * p.D + static_cast<int64_t>(h) * p.Dh;
 #pragma unroll
     for (int hf = 0; hf < kHalves; ++hf) {
       const int d = 64 * hf + 4 * tx;
       if (d >= p.Dh) continue;
-      if (p.vec4) {
+      if (kIsF32<T> && p.vec4) {
         *reinterpret_cast<float4*>(out_row + d) =
             make_float4(o[a][4 * hf] * inv, o[a][4 * hf + 1] * inv, o[a][4 * hf + 2] * inv,
                         o[a][4 * hf + 3] * inv);
       } else {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          if (d + e < p.Dh) out_row[d + e] = o[a][4 * hf + e] * inv;
+          if (d + e < p.Dh) out_row[d + e] = T(o[a][4 * hf + e] * inv);
         }
       }
     }
@@ -313,15 +334,19 @@ __global__ void __launch_bounds__(kThreads, kD <= 64 ? 2 : 1)
 // ---- Backward -----------------------------------------------------------------------------------
 
 // dvec[(b*H + h)*S + i] = <dout, out> over the head's Dh columns; one warp per (b, i, h) row.
-__global__ void attention_dvec_kernel(const float* dout, const float* out, float* dvec,
-                                      int64_t rows, int S, int H, int Dh) {
+template <class T>
+__global__ void attention_dvec_kernel(const T* dout, const T* out, float* dvec, int64_t rows, int S,
+                                      int H, int Dh) {
   const int lane = threadIdx.x & 31;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + (threadIdx.x >> 5);
   if (row >= rows) return;
-  const float* g = dout + row * Dh;  // rows (b, i, h) are contiguous runs of Dh in (B, S, H*Dh)
-  const float* y = out + row * Dh;
+  const T* g = dout + row * Dh;  // rows (b, i, h) are contiguous runs of Dh in (B, S, H*Dh)
+  const T* y = out + row * Dh;
   double acc = 0.0;
-  for (int d = lane; d < Dh; d += 32) acc += static_cast<double>(g[d]) * static_cast<double>(y[d]);
+  for (int d = lane; d < Dh; d += 32) {
+    acc += static_cast<double>(static_cast<float>(g[d])) *
+           static_cast<double>(static_cast<float>(y[d]));
+  }
   acc = dev::warp_sum(acc);
   if (lane == 0) {
     const int64_t bi = row / H;
@@ -333,8 +358,9 @@ __global__ void attention_dvec_kernel(const float* dout, const float* out, float
 }
 
 // Loads lse and D for query rows [i0, i0 + 64) of head bh into shared memory.
-__device__ __forceinline__ void load_row_stats(float* lse_s, float* d_s, const AttnParams& p,
-                                               int bh, int i0) {
+template <class P>
+__device__ __forceinline__ void load_row_stats(float* lse_s, float* d_s, const P& p, int bh,
+                                               int i0) {
   if (threadIdx.x < kTile) {
     const int i = i0 + threadIdx.x;
     const bool ok = i < p.S;
@@ -345,9 +371,10 @@ __device__ __forceinline__ void load_row_stats(float* lse_s, float* d_s, const A
 
 // P and dS of one (query, key) pair from the recomputed score and dPd = dO . V.
 // Returns P (dropped out, for dV) in pd and dS (without the softmax scale) in ds.
-__device__ __forceinline__ void probs_and_grads(const AttnParams& p, float score, float dpd,
-                                                float lse_i, float d_i, bool visible, bool keep,
-                                                float& pd, float& ds) {
+template <class P>
+__device__ __forceinline__ void probs_and_grads(const P& p, float score, float dpd, float lse_i,
+                                                float d_i, bool visible, bool keep, float& pd,
+                                                float& ds) {
   const float prob = (visible && lse_i != -INFINITY) ? expf(score * p.scale - lse_i) : 0.0f;
   float dp = dpd;
   pd = prob;
@@ -359,9 +386,9 @@ __device__ __forceinline__ void probs_and_grads(const AttnParams& p, float score
 }
 
 // dK, dV of key tile blockIdx.x of head blockIdx.y.
-template <int kD>
+template <int kD, class T>
 __global__ void __launch_bounds__(kThreads, kD <= 64 ? 2 : 1)
-    attention_dkdv_kernel(const AttnParams p) {
+    attention_dkdv_kernel(const AttnParamsT<T> p) {
   constexpr int kStride = kD + 4, kHalves = kD / 64;
   using L = Smem<kD>;
   extern __shared__ __align__(16) float smem[];
@@ -380,9 +407,8 @@ __global__ void __launch_bounds__(kThreads, kD <= 64 ? 2 : 1)
   const int bh = blockIdx.y, b = bh / p.H, h = bh - b * p.H;
   const int j0 = blockIdx.x * kTile;
   const int64_t ld = 3 * static_cast<int64_t>(p.D);
-  const float* q_base = p.qkv + static_cast<int64_t>(b) * p.S * ld + static_cast<int64_t>(h) * p.Dh;
-  const float* do_base =
-      p.dout + static_cast<int64_t>(b) * p.S * p.D + static_cast<int64_t>(h) * p.Dh;
+  const T* q_base = p.qkv + static_cast<int64_t>(b) * p.S * ld + static_cast<int64_t>(h) * p.Dh;
+  const T* do_base = p.dout + static_cast<int64_t>(b) * p.S * p.D + static_cast<int64_t>(h) * p.Dh;
   load_tile<kD>(Ks, q_base + p.D, ld, j0, p.S, p.Dh, p.vec4);
   load_tile<kD>(Vs, q_base + 2 * p.D, ld, j0, p.S, p.Dh, p.vec4);
   load_key_mask(masked, p, b, j0);
@@ -491,14 +517,14 @@ __global__ void __launch_bounds__(kThreads, kD <= 64 ? 2 : 1)
   for (int a = 0; a < 4; ++a) {
     const int j = j0 + ty + 16 * a;
     if (j >= p.S) continue;
-    float* dk_row =
+    T* dk_row =
         p.dqkv + (static_cast<int64_t>(b) * p.S + j) * ld + p.D + static_cast<int64_t>(h) * p.Dh;
-    float* dv_row = dk_row + p.D;
+    T* dv_row = dk_row + p.D;
 #pragma unroll
     for (int hf = 0; hf < kHalves; ++hf) {
       const int d = 64 * hf + 4 * tx;
       if (d >= p.Dh) continue;
-      if (p.vec4) {
+      if (kIsF32<T> && p.vec4) {
         *reinterpret_cast<float4*>(dk_row + d) =
             make_float4(dk[a][4 * hf] * p.scale, dk[a][4 * hf + 1] * p.scale,
                         dk[a][4 * hf + 2] * p.scale, dk[a][4 * hf + 3] * p.scale);
@@ -508,8 +534,8 @@ __global__ void __launch_bounds__(kThreads, kD <= 64 ? 2 : 1)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           if (d + e < p.Dh) {
-            dk_row[d + e] = dk[a][4 * hf + e] * p.scale;
-            dv_row[d + e] = dv[a][4 * hf + e];
+            dk_row[d + e] = T(dk[a][4 * hf + e] * p.scale);
+            dv_row[d + e] = T(dv[a][4 * hf + e]);
           }
         }
       }
@@ -518,9 +544,9 @@ __global__ void __launch_bounds__(kThreads, kD <= 64 ? 2 : 1)
 }
 
 // dQ of query tile blockIdx.x of head blockIdx.y.
-template <int kD>
+template <int kD, class T>
 __global__ void __launch_bounds__(kThreads, kD <= 64 ? 2 : 1)
-    attention_dq_kernel(const AttnParams p) {
+    attention_dq_kernel(const AttnParamsT<T> p) {
   constexpr int kStride = kD + 4, kHalves = kD / 64;
   using L = Smem<kD>;
   extern __shared__ __align__(16) float smem[];
@@ -538,9 +564,8 @@ __global__ void __launch_bounds__(kThreads, kD <= 64 ? 2 : 1)
   const int bh = blockIdx.y, b = bh / p.H, h = bh - b * p.H;
   const int i0 = blockIdx.x * kTile;
   const int64_t ld = 3 * static_cast<int64_t>(p.D);
-  const float* q_base = p.qkv + static_cast<int64_t>(b) * p.S * ld + static_cast<int64_t>(h) * p.Dh;
-  const float* do_base =
-      p.dout + static_cast<int64_t>(b) * p.S * p.D + static_cast<int64_t>(h) * p.Dh;
+  const T* q_base = p.qkv + static_cast<int64_t>(b) * p.S * ld + static_cast<int64_t>(h) * p.Dh;
+  const T* do_base = p.dout + static_cast<int64_t>(b) * p.S * p.D + static_cast<int64_t>(h) * p.Dh;
   load_tile<kD>(Qs, q_base, ld, i0, p.S, p.Dh, p.vec4);
   load_tile<kD>(dOs, do_base, p.D, i0, p.S, p.Dh, p.vec4);
   load_row_stats(lse_s, d_s, p, bh, i0);
@@ -641,20 +666,19 @@ __global__ void __launch_bounds__(kThreads, kD <= 64 ? 2 : 1)
   for (int a = 0; a < 4; ++a) {
     const int i = i0 + ty + 16 * a;
     if (i >= p.S) continue;
-    float* dq_row =
-        p.dqkv + (static_cast<int64_t>(b) * p.S + i) * ld + static_cast<int64_t>(h) * p.Dh;
+    T* dq_row = p.dqkv + (static_cast<int64_t>(b) * p.S + i) * ld + static_cast<int64_t>(h) * p.Dh;
 #pragma unroll
     for (int hf = 0; hf < kHalves; ++hf) {
       const int d = 64 * hf + 4 * tx;
       if (d >= p.Dh) continue;
-      if (p.vec4) {
+      if (kIsF32<T> && p.vec4) {
         *reinterpret_cast<float4*>(dq_row + d) =
             make_float4(dq[a][4 * hf] * p.scale, dq[a][4 * hf + 1] * p.scale,
                         dq[a][4 * hf + 2] * p.scale, dq[a][4 * hf + 3] * p.scale);
       } else {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          if (d + e < p.Dh) dq_row[d + e] = dq[a][4 * hf + e] * p.scale;
+          if (d + e < p.Dh) dq_row[d + e] = T(dq[a][4 * hf + e] * p.scale);
         }
       }
     }
@@ -663,7 +687,8 @@ __global__ void __launch_bounds__(kThreads, kD <= 64 ? 2 : 1)
 
 // ---- Launchers ----------------------------------------------------------------------------------
 
-AttnParams make_params(const char* name, const AttentionShape& s) {
+template <class T>
+AttnParamsT<T> make_params(const char* name, const AttentionShape& s) {
   REGEN_CHECK(s.B > 0 && s.S > 0 && s.H > 0 && s.Dh > 0, name, ": bad shape B=", s.B, " S=", s.S,
               " H=", s.H, " Dh=", s.Dh);
   REGEN_CHECK(s.Dh <= 128, name, ": head dim ", s.Dh, " is above the CUDA kernels' limit of 128");
@@ -672,7 +697,7 @@ AttnParams make_params(const char* name, const AttentionShape& s) {
               ": sequence length ", s.S, " is too large");
   REGEN_CHECK(s.dropout_p >= 0.0f && s.dropout_p <= 1.0f, name, ": dropout probability ",
               s.dropout_p, " is not in [0, 1]");
-  AttnParams p{};
+  AttnParamsT<T> p{};
   p.B = static_cast<int>(s.B);
   p.S = static_cast<int>(s.S);
   p.H = static_cast<int>(s.H);
@@ -707,64 +732,93 @@ void allow_shared_memory(const void* kernel, size_t smem) {
   have = smem;
 }
 
-template <class Kernel>
-void launch(const char* name, Kernel kernel, dim3 grid, size_t smem, const AttnParams& p) {
+template <class Kernel, class P>
+void launch(const char* name, Kernel kernel, dim3 grid, size_t smem, const P& p) {
   allow_shared_memory(reinterpret_cast<const void*>(kernel), smem);
   kernel<<<grid, kThreads, smem, stream()>>>(p);
   REGEN_CUDA_LAUNCH_CHECK(name);
 }
 
-}  // namespace
-
-// qkv: (B, S, 3*H*Dh), key_pad: (B, S) or null -> out: (B, S, H*Dh), lse: (B, H, S)
-void attention_forward(const float* qkv, const int32_t* key_pad, float* out, float* lse,
-                       const AttentionShape& s) {
+// qkv: (B, S, 3*H*Dh), key_pad: (B, S) or null -> out: (B, S, H*Dh), lse: (B, H, S). One body
+// for float and the 16-bit T.
+template <class T>
+void forward(const T* qkv, const int32_t* key_pad, T* out, float* lse, const AttentionShape& s) {
   const char* name = "attention_forward";
-  AttnParams p = make_params(name, s);
+  AttnParamsT<T> p = make_params<T>(name, s);
   p.qkv = qkv;
   p.key_pad = key_pad;
   p.out = out;
   p.lse = lse;
-  p.vec4 = s.Dh % 4 == 0 && detail::aligned16(qkv) && detail::aligned16(out);
+  p.vec4 = kIsF32<T> && s.Dh % 4 == 0 && detail::aligned16(qkv) && detail::aligned16(out);
   const dim3 grid(static_cast<unsigned>((s.S + kTile - 1) / kTile),
                   static_cast<unsigned>(s.B * s.H));
   if (s.Dh <= 64) {
-    launch(name, attention_forward_kernel<64>, grid, Smem<64>::bytes(Smem<64>::forward_floats), p);
-  } else {
-    launch(name, attention_forward_kernel<128>, grid, Smem<128>::bytes(Smem<128>::forward_floats),
+    launch(name, attention_forward_kernel<64, T>, grid, Smem<64>::bytes(Smem<64>::forward_floats),
            p);
+  } else {
+    launch(name, attention_forward_kernel<128, T>, grid,
+           Smem<128>::bytes(Smem<128>::forward_floats), p);
   }
 }
 
 // dout: (B, S, H*Dh) -> dqkv: (B, S, 3*H*Dh), written
-void attention_backward(const float* dout, const float* qkv, const float* out, const float* lse,
-                        const int32_t* key_pad, float* dqkv, const AttentionShape& s) {
+template <class T>
+void backward(const T* dout, const T* qkv, const T* out, const float* lse, const int32_t* key_pad,
+              T* dqkv, const AttentionShape& s) {
   const char* name = "attention_backward";
-  AttnParams p = make_params(name, s);
+  AttnParamsT<T> p = make_params<T>(name, s);
   p.qkv = qkv;
   p.key_pad = key_pad;
   p.dout = dout;
   p.o = out;
   p.lse_in = lse;
   p.dqkv = dqkv;
-  p.vec4 =
-      s.Dh % 4 == 0 && detail::aligned16(qkv) && detail::aligned16(dout) && detail::aligned16(dqkv);
+  p.vec4 = kIsF32<T> && s.Dh % 4 == 0 && detail::aligned16(qkv) && detail::aligned16(dout) &&
+           detail::aligned16(dqkv);
   const int64_t rows = s.B * s.H * s.S;
   Workspace ws(detail::device(), static_cast<uint64_t>(rows) * sizeof(float));
   if (dry_run_active()) return;  // the dry path (kernels.h): the row terms, requested and unused
   p.dvec = ws.as<float>();
-  attention_dvec_kernel<<<static_cast<unsigned>(detail::ceil_div(rows, 8)), 256, 0, stream()>>>(
+  attention_dvec_kernel<T><<<static_cast<unsigned>(detail::ceil_div(rows, 8)), 256, 0, stream()>>>(
       dout, out, ws.as<float>(), rows, p.S, p.H, p.Dh);
   REGEN_CUDA_LAUNCH_CHECK(name);
   const dim3 grid(static_cast<unsigned>((s.S + kTile - 1) / kTile),
                   static_cast<unsigned>(s.B * s.H));
   if (s.Dh <= 64) {
-    launch(name, attention_dkdv_kernel<64>, grid, Smem<64>::bytes(Smem<64>::dkdv_floats), p);
-    launch(name, attention_dq_kernel<64>, grid, Smem<64>::bytes(Smem<64>::dq_floats), p);
+    launch(name, attention_dkdv_kernel<64, T>, grid, Smem<64>::bytes(Smem<64>::dkdv_floats), p);
+    launch(name, attention_dq_kernel<64, T>, grid, Smem<64>::bytes(Smem<64>::dq_floats), p);
   } else {
-    launch(name, attention_dkdv_kernel<128>, grid, Smem<128>::bytes(Smem<128>::dkdv_floats), p);
-    launch(name, attention_dq_kernel<128>, grid, Smem<128>::bytes(Smem<128>::dq_floats), p);
+    launch(name, attention_dkdv_kernel<128, T>, grid, Smem<128>::bytes(Smem<128>::dkdv_floats), p);
+    launch(name, attention_dq_kernel<128, T>, grid, Smem<128>::bytes(Smem<128>::dq_floats), p);
   }
 }
+
+}  // namespace
+
+void attention_forward(const float* qkv, const int32_t* key_pad, float* out, float* lse,
+                       const AttentionShape& s) {
+  forward(qkv, key_pad, out, lse, s);
+}
+void attention_backward(const float* dout, const float* qkv, const float* out, const float* lse,
+                        const int32_t* key_pad, float* dqkv, const AttentionShape& s) {
+  backward(dout, qkv, out, lse, key_pad, dqkv, s);
+}
+template <class T>
+void attention_forward(const T* qkv, const int32_t* key_pad, T* out, float* lse,
+                       const AttentionShape& s) {
+  forward(qkv, key_pad, out, lse, s);
+}
+template <class T>
+void attention_backward(const T* dout, const T* qkv, const T* out, const float* lse,
+                        const int32_t* key_pad, T* dqkv, const AttentionShape& s) {
+  backward(dout, qkv, out, lse, key_pad, dqkv, s);
+}
+#define REGEN_ATTENTION_HALF(T)                                                                    \
+  template void attention_forward<T>(const T*, const int32_t*, T*, float*, const AttentionShape&); \
+  template void attention_backward<T>(const T*, const T*, const T*, const float*, const int32_t*,  \
+                                      T*, const AttentionShape&);
+REGEN_ATTENTION_HALF(bfloat16)
+REGEN_ATTENTION_HALF(float16)
+#undef REGEN_ATTENTION_HALF
 
 }  // namespace regen::cuda

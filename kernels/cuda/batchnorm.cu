@@ -26,16 +26,21 @@ enum class Sums { stats, backward };
 // stats:    s1 = sum(x - K), s2 = sum((x - K)^2), K = x[0, c, 0]
 // backward: s1 = sum(dy),    s2 = sum(dy * (x - center[c]))
 // partial: (C, chunks, 2) doubles.
-template <Sums kind>
+// T: the element type of x and dy (float, or 16-bit, widened as it is read).
+template <class T>
+__device__ __forceinline__ double wide(const T* p, int64_t i) {
+  return static_cast<double>(static_cast<float>(p[i]));
+}
+
+template <Sums kind, class T>
 __global__ void __launch_bounds__(kThreads)
-    bn_partial_kernel(const float* x, const float* dy, const float* center, int64_t C, int64_t HW,
+    bn_partial_kernel(const T* x, const T* dy, const float* center, int64_t C, int64_t HW,
                       int64_t E, int64_t chunk_elems, double* partial) {
   __shared__ double scratch[32];
   const int64_t c = blockIdx.y, chunk = blockIdx.x;
   const int64_t e0 = chunk * chunk_elems;
   const int64_t e1 = e0 + chunk_elems < E ? e0 + chunk_elems : E;
-  const double shift =
-      kind == Sums::stats ? static_cast<double>(x[c * HW]) : static_cast<double>(center[c]);
+  const double shift = kind == Sums::stats ? wide(x, c * HW) : static_cast<double>(center[c]);
   // (n, hw) of this thread's element, advanced by kThreads elements per step without division.
   int64_t e = e0 + threadIdx.x;
   int64_t n = e / HW, hw = e - n * HW;
@@ -43,12 +48,12 @@ __global__ void __launch_bounds__(kThreads)
   double s1 = 0.0, s2 = 0.0;
   for (; e < e1; e += kThreads) {
     const int64_t off = (n * C + c) * HW + hw;
-    const double xv = static_cast<double>(x[off]) - shift;
+    const double xv = wide(x, off) - shift;
     if (kind == Sums::stats) {
       s1 += xv;
       s2 += xv * xv;
     } else {
-      const double g = static_cast<double>(dy[off]);
+      const double g = wide(dy, off);
       s1 += g;
       s2 += g * xv;
     }
@@ -82,7 +87,8 @@ __device__ __forceinline__ double ddiv(double a, double b) {
 
 // One thread per channel: finish the statistics, update the running stats, and form the affine
 // coefficients y = x * coef_a[c] + coef_b[c].
-__global__ void bn_stats_final_kernel(const float* x, const double* partial, int64_t chunks,
+template <class T>
+__global__ void bn_stats_final_kernel(const T* x, const double* partial, int64_t chunks,
                                       const float* gamma, const float* beta, float* mean,
                                       float* invstd, float* running_mean, float* running_var,
                                       int64_t C, int64_t HW, int64_t E, double momentum, double eps,
@@ -96,7 +102,7 @@ __global__ void bn_stats_final_kernel(const float* x, const double* partial, int
     double mu = 0.0, var = 0.0;
     if (E > 0) {
       const double shifted_mean = s1 / static_cast<double>(E);
-      mu = static_cast<double>(x[c * HW]) + shifted_mean;
+      mu = static_cast<double>(static_cast<float>(x[c * HW])) + shifted_mean;
       var = s2 / static_cast<double>(E) - shifted_mean * shifted_mean;
       if (var < 0.0) var = 0.0;
     }
@@ -131,12 +137,12 @@ __global__ void bn_eval_coef_kernel(const float* gamma, const float* beta,
 }
 
 // x, y: (N, C, HW): y = x * a[c] + b[c]. Index arithmetic in Index (32-bit when it fits).
-template <class Index>
-__global__ void bn_affine_kernel(const float* x, float* y, const float* a, const float* b,
-                                 int64_t total, int64_t C, int64_t HW) {
+template <class Index, class T>
+__global__ void bn_affine_kernel(const T* x, T* y, const float* a, const float* b, int64_t total,
+                                 int64_t C, int64_t HW) {
   for (int64_t i = dev::global_thread(); i < total; i += dev::grid_stride()) {
     const Index c = (static_cast<Index>(i) / static_cast<Index>(HW)) % static_cast<Index>(C);
-    y[i] = __fadd_rn(__fmul_rn(x[i], a[c]), b[c]);
+    y[i] = T(__fadd_rn(__fmul_rn(static_cast<float>(x[i]), a[c]), b[c]));
   }
 }
 
@@ -167,14 +173,15 @@ __global__ void bn_backward_final_kernel(const double* partial, int64_t chunks, 
 }
 
 // dy, x, dx: (N, C, HW): dx = (float)(k*dy + kx*x + k0) in double.
-template <class Index>
-__global__ void bn_backward_apply_kernel(const float* dy, const float* x, float* dx,
-                                         const double* coef, int64_t total, int64_t C, int64_t HW) {
+template <class Index, class T>
+__global__ void bn_backward_apply_kernel(const T* dy, const T* x, T* dx, const double* coef,
+                                         int64_t total, int64_t C, int64_t HW) {
   for (int64_t i = dev::global_thread(); i < total; i += dev::grid_stride()) {
     const Index c = (static_cast<Index>(i) / static_cast<Index>(HW)) % static_cast<Index>(C);
     const double k = coef[c * 3], kx = coef[c * 3 + 1], k0 = coef[c * 3 + 2];
-    dx[i] = static_cast<float>(
-        dadd(dadd(dmul(k, static_cast<double>(dy[i])), dmul(kx, static_cast<double>(x[i]))), k0));
+    const double g = static_cast<double>(static_cast<float>(dy[i]));
+    const double v = static_cast<double>(static_cast<float>(x[i]));
+    dx[i] = T(static_cast<float>(dadd(dadd(dmul(k, g), dmul(kx, v)), k0)));
   }
 }
 
@@ -199,12 +206,12 @@ __global__ void bn_backward_eval_final_kernel(const double* partial, int64_t chu
 }
 
 // dy, dx: (N, C, HW): dx = dy * k[c]
-template <class Index>
-__global__ void bn_scale_kernel(const float* dy, float* dx, const float* k, int64_t total,
-                                int64_t C, int64_t HW) {
+template <class Index, class T>
+__global__ void bn_scale_kernel(const T* dy, T* dx, const float* k, int64_t total, int64_t C,
+                                int64_t HW) {
   for (int64_t i = dev::global_thread(); i < total; i += dev::grid_stride()) {
     const Index c = (static_cast<Index>(i) / static_cast<Index>(HW)) % static_cast<Index>(C);
-    dx[i] = __fmul_rn(dy[i], k[c]);
+    dx[i] = T(__fmul_rn(static_cast<float>(dy[i]), k[c]));
   }
 }
 
@@ -231,16 +238,16 @@ void check_shape(const char* name, int64_t N, int64_t C, int64_t HW) {
               " channels are more than the CUDA kernels support (65535)");
 }
 
-template <Sums kind>
-void launch_partial(const char* name, const float* x, const float* dy, const float* center,
-                    int64_t C, int64_t HW, const Partition& p, double* partial) {
+template <Sums kind, class T>
+void launch_partial(const char* name, const T* x, const T* dy, const float* center, int64_t C,
+                    int64_t HW, const Partition& p, double* partial) {
   if (p.E == 0) {
     REGEN_CUDA_CHECK(cudaMemsetAsync(
         partial, 0, static_cast<size_t>(C * p.chunks * 2) * sizeof(double), stream()));
     return;
   }
   const dim3 grid(static_cast<unsigned>(p.chunks), static_cast<unsigned>(C));
-  bn_partial_kernel<kind>
+  bn_partial_kernel<kind, T>
       <<<grid, kThreads, 0, stream()>>>(x, dy, center, C, HW, p.E, p.chunk_elems, partial);
   REGEN_CUDA_LAUNCH_CHECK(name);
 }
@@ -256,12 +263,12 @@ void launch_elementwise(const char* name, int64_t total, Kernel k32, Kernel k64,
   REGEN_CUDA_LAUNCH_CHECK(name);
 }
 
-}  // namespace
-
-// x, y: (N, C, HW); gamma, beta, mean, invstd, running_mean, running_var: (C)
-void batchnorm_forward_train(const float* x, const float* gamma, const float* beta, float* y,
-                             float* mean, float* invstd, float* running_mean, float* running_var,
-                             int64_t N, int64_t C, int64_t HW, double momentum, double eps) {
+// x, y: (N, C, HW); gamma, beta, mean, invstd, running_mean, running_var: (C). One body for float
+// and the 16-bit T (x, y, dy, dx); every (C) array f32.
+template <class T>
+void bn_forward_train(const T* x, const float* gamma, const float* beta, T* y, float* mean,
+                      float* invstd, float* running_mean, float* running_var, int64_t N, int64_t C,
+                      int64_t HW, double momentum, double eps) {
   const char* name = "batchnorm_forward_train";
   check_shape(name, N, C, HW);
   if (C == 0) return;
@@ -273,20 +280,20 @@ void batchnorm_forward_train(const float* x, const float* gamma, const float* be
   double* partial = ws.as<double>();
   float* coef_a = reinterpret_cast<float*>(partial + C * p.chunks * 2);
   float* coef_b = coef_a + C;
-  launch_partial<Sums::stats>(name, x, nullptr, nullptr, C, HW, p, partial);
-  bn_stats_final_kernel<<<detail::grid_blocks(C, kThreads), kThreads, 0, stream()>>>(
+  launch_partial<Sums::stats>(name, x, static_cast<const T*>(nullptr), nullptr, C, HW, p, partial);
+  bn_stats_final_kernel<T><<<detail::grid_blocks(C, kThreads), kThreads, 0, stream()>>>(
       x, partial, p.chunks, gamma, beta, mean, invstd, running_mean, running_var, C, HW, p.E,
       momentum, eps, coef_a, coef_b);
   REGEN_CUDA_LAUNCH_CHECK(name);
   const int64_t total = p.E * C;
-  launch_elementwise(name, total, bn_affine_kernel<uint32_t>, bn_affine_kernel<int64_t>, x, y,
+  launch_elementwise(name, total, bn_affine_kernel<uint32_t, T>, bn_affine_kernel<int64_t, T>, x, y,
                      static_cast<const float*>(coef_a), static_cast<const float*>(coef_b), total, C,
                      HW);
 }
 
-void batchnorm_forward_eval(const float* x, const float* gamma, const float* beta,
-                            const float* running_mean, const float* running_var, float* y,
-                            int64_t N, int64_t C, int64_t HW, double eps) {
+template <class T>
+void bn_forward_eval(const T* x, const float* gamma, const float* beta, const float* running_mean,
+                     const float* running_var, T* y, int64_t N, int64_t C, int64_t HW, double eps) {
   const char* name = "batchnorm_forward_eval";
   check_shape(name, N, C, HW);
   if (C == 0 || N * HW == 0) return;
@@ -298,15 +305,16 @@ void batchnorm_forward_eval(const float* x, const float* gamma, const float* bet
       gamma, beta, running_mean, running_var, C, eps, coef_a, coef_b);
   REGEN_CUDA_LAUNCH_CHECK(name);
   const int64_t total = N * C * HW;
-  launch_elementwise(name, total, bn_affine_kernel<uint32_t>, bn_affine_kernel<int64_t>, x, y,
+  launch_elementwise(name, total, bn_affine_kernel<uint32_t, T>, bn_affine_kernel<int64_t, T>, x, y,
                      static_cast<const float*>(coef_a), static_cast<const float*>(coef_b), total, C,
                      HW);
 }
 
 // dy, x, dx: (N, C, HW); dx, dgamma, dbeta may be null (not computed).
-void batchnorm_backward(const float* dy, const float* x, const float* gamma, const float* mean,
-                        const float* invstd, float* dx, float* dgamma, float* dbeta, int64_t N,
-                        int64_t C, int64_t HW) {
+template <class T>
+void bn_backward(const T* dy, const T* x, const float* gamma, const float* mean,
+                 const float* invstd, T* dx, float* dgamma, float* dbeta, int64_t N, int64_t C,
+                 int64_t HW) {
   const char* name = "batchnorm_backward";
   check_shape(name, N, C, HW);
   if (C == 0) return;
@@ -322,15 +330,15 @@ void batchnorm_backward(const float* dy, const float* x, const float* gamma, con
   REGEN_CUDA_LAUNCH_CHECK(name);
   if (!dx) return;
   const int64_t total = p.E * C;
-  launch_elementwise(name, total, bn_backward_apply_kernel<uint32_t>,
-                     bn_backward_apply_kernel<int64_t>, dy, x, dx, static_cast<const double*>(coef),
-                     total, C, HW);
+  launch_elementwise(name, total, bn_backward_apply_kernel<uint32_t, T>,
+                     bn_backward_apply_kernel<int64_t, T>, dy, x, dx,
+                     static_cast<const double*>(coef), total, C, HW);
 }
 
-void batchnorm_backward_eval(const float* dy, const float* x, const float* gamma,
-                             const float* running_mean, const float* running_var, float* dx,
-                             float* dgamma, float* dbeta, int64_t N, int64_t C, int64_t HW,
-                             double eps) {
+template <class T>
+void bn_backward_eval(const T* dy, const T* x, const float* gamma, const float* running_mean,
+                      const float* running_var, T* dx, float* dgamma, float* dbeta, int64_t N,
+                      int64_t C, int64_t HW, double eps) {
   const char* name = "batchnorm_backward_eval";
   check_shape(name, N, C, HW);
   if (C == 0) return;
@@ -348,8 +356,80 @@ void batchnorm_backward_eval(const float* dy, const float* x, const float* gamma
   REGEN_CUDA_LAUNCH_CHECK(name);
   if (!dx) return;
   const int64_t total = p.E * C;
-  launch_elementwise(name, total, bn_scale_kernel<uint32_t>, bn_scale_kernel<int64_t>, dy, dx,
+  launch_elementwise(name, total, bn_scale_kernel<uint32_t, T>, bn_scale_kernel<int64_t, T>, dy, dx,
                      static_cast<const float*>(k), total, C, HW);
 }
+
+}  // namespace
+
+void batchnorm_forward_train(const float* x, const float* gamma, const float* beta, float* y,
+                             float* mean, float* invstd, float* running_mean, float* running_var,
+                             int64_t N, int64_t C, int64_t HW, double momentum, double eps) {
+  bn_forward_train(x, gamma, beta, y, mean, invstd, running_mean, running_var, N, C, HW, momentum,
+                   eps);
+}
+void batchnorm_forward_eval(const float* x, const float* gamma, const float* beta,
+                            const float* running_mean, const float* running_var, float* y,
+                            int64_t N, int64_t C, int64_t HW, double eps) {
+  bn_forward_eval(x, gamma, beta, running_mean, running_var, y, N, C, HW, eps);
+}
+void batchnorm_backward(const float* dy, const float* x, const float* gamma, const float* mean,
+                        const float* invstd, float* dx, float* dgamma, float* dbeta, int64_t N,
+                        int64_t C, int64_t HW) {
+  bn_backward(dy, x, gamma, mean, invstd, dx, dgamma, dbeta, N, C, HW);
+}
+void batchnorm_backward_eval(const float* dy, const float* x, const float* gamma,
+                             const float* running_mean, const float* running_var, float* dx,
+                             float* dgamma, float* dbeta, int64_t N, int64_t C, int64_t HW,
+                             double eps) {
+  bn_backward_eval(dy, x, gamma, running_mean, running_var, dx, dgamma, dbeta, N, C, HW, eps);
+}
+
+// The 16-bit launchers (declared beside the op, autograd/ops_batchnorm.cpp): x, y, dy, dx bf16 or
+// f16, widened as they are read; statistics, parameters and their gradients f32 (in double where
+// the float kernels are); y and dx rounded once. Their dry paths are the float launchers'.
+template <class T>
+void batchnorm_forward_train_lowp(const T* x, const float* gamma, const float* beta, T* y,
+                                  float* mean, float* invstd, float* running_mean,
+                                  float* running_var, int64_t N, int64_t C, int64_t HW,
+                                  double momentum, double eps) {
+  bn_forward_train(x, gamma, beta, y, mean, invstd, running_mean, running_var, N, C, HW, momentum,
+                   eps);
+}
+template <class T>
+void batchnorm_forward_eval_lowp(const T* x, const float* gamma, const float* beta,
+                                 const float* running_mean, const float* running_var, T* y,
+                                 int64_t N, int64_t C, int64_t HW, double eps) {
+  bn_forward_eval(x, gamma, beta, running_mean, running_var, y, N, C, HW, eps);
+}
+template <class T>
+void batchnorm_backward_lowp(const T* dy, const T* x, const float* gamma, const float* mean,
+                             const float* invstd, T* dx, float* dgamma, float* dbeta, int64_t N,
+                             int64_t C, int64_t HW) {
+  bn_backward(dy, x, gamma, mean, invstd, dx, dgamma, dbeta, N, C, HW);
+}
+template <class T>
+void batchnorm_backward_eval_lowp(const T* dy, const T* x, const float* gamma,
+                                  const float* running_mean, const float* running_var, T* dx,
+                                  float* dgamma, float* dbeta, int64_t N, int64_t C, int64_t HW,
+                                  double eps) {
+  bn_backward_eval(dy, x, gamma, running_mean, running_var, dx, dgamma, dbeta, N, C, HW, eps);
+}
+#define REGEN_BATCHNORM_HALF(T)                                                                    \
+  template void batchnorm_forward_train_lowp<T>(const T*, const float*, const float*, T*, float*,  \
+                                                float*, float*, float*, int64_t, int64_t, int64_t, \
+                                                double, double);                                   \
+  template void batchnorm_forward_eval_lowp<T>(const T*, const float*, const float*, const float*, \
+                                               const float*, T*, int64_t, int64_t, int64_t,        \
+                                               double);                                            \
+  template void batchnorm_backward_lowp<T>(const T*, const T*, const float*, const float*,         \
+                                           const float*, T*, float*, float*, int64_t, int64_t,     \
+                                           int64_t);                                               \
+  template void batchnorm_backward_eval_lowp<T>(const T*, const T*, const float*, const float*,    \
+                                                const float*, T*, float*, float*, int64_t,         \
+                                                int64_t, int64_t, double);
+REGEN_BATCHNORM_HALF(bfloat16)
+REGEN_BATCHNORM_HALF(float16)
+#undef REGEN_BATCHNORM_HALF
 
 }  // namespace regen::cuda

@@ -5,6 +5,12 @@
 // stride ldc is the column-major (N, M) matrix C^T with the same leading dimension, and
 // C^T = op(B)^T op(A)^T, so every call swaps the operands (B first) and the sizes (N, M).
 //
+// 16-bit GEMMs (T = bfloat16, float16): cublasGemmEx with A, B and C in CUDA_R_16BF or CUDA_R_16F
+// and CUBLAS_COMPUTE_32F: products summed in f32 (on tensor cores where the GPU has them), alpha
+// and beta in f32, C rounded once per element, the contract of cpu::gemm<T> (kernels/cpu/gemm.cpp,
+// kernels/cpu/gemm_lowp.h). cuBLAS's order of the f32 sums is its own, so the CPU and the GPU agree
+// to f32 roundoff before the one rounding (tests/cuda/test_cuda_ops.cpp).
+//
 // One cuBLAS handle per device, bound to regen::cuda::stream(). Its workspace is one persistent
 // Storage per device (category workspace, tag "cublas.workspace", 32 MiB, NVIDIA's recommended
 // size on Hopper), created with the handle by kernels::prepare_device (the trainer's canonical
@@ -19,6 +25,7 @@
 
 #include <memory>
 #include <mutex>
+#include <type_traits>
 #include <vector>
 
 #include "regen/core/allocator.h"
@@ -26,6 +33,7 @@
 #include "regen/kernels/cuda/check.h"
 #include "regen/kernels/cuda/cuda_kernels.h"
 #include "regen/kernels/cuda/launch.h"
+#include "regen/kernels/kernels.h"
 
 namespace regen::cuda {
 namespace {
@@ -84,6 +92,13 @@ void check_gemm_args(const char* name, bool trans_a, bool trans_b, int64_t M, in
               ", trans_b=", trans_b, ")");
 }
 
+// The cuBLAS type of a 16-bit element type.
+template <class T>
+constexpr cudaDataType_t cuda_type() {
+  static_assert(is_half_v<T>, "a 16-bit element type");
+  return std::is_same<T, bfloat16>::value ? CUDA_R_16BF : CUDA_R_16F;
+}
+
 }  // namespace
 
 void set_tf32(bool enabled) {
@@ -119,5 +134,43 @@ void gemm_batched(bool trans_a, bool trans_b, int64_t batch, int64_t M, int64_t 
                                                   ldb, stride_b, A, lda, stride_a, &beta, C, ldc,
                                                   stride_c, batch));
 }
+
+// 16-bit A, B, C: f32 accumulation, one rounding of C (the header's 16-bit note).
+template <class T>
+void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A,
+          int64_t lda, const T* B, int64_t ldb, T beta, T* C, int64_t ldc) {
+  check_gemm_args("gemm", trans_a, trans_b, M, N, K, lda, ldb, ldc);
+  if (M == 0 || N == 0) return;
+  cublasHandle_t h = blas_handle();
+  const float a = static_cast<float>(alpha), b = static_cast<float>(beta);
+  constexpr cudaDataType_t t = cuda_type<T>();
+  REGEN_CUBLAS_CHECK(cublasGemmEx_64(h, op(trans_b), op(trans_a), N, M, K, &a, B, t, ldb, A, t, lda,
+                                     &b, C, t, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+template <class T>
+void gemm_batched(bool trans_a, bool trans_b, int64_t batch, int64_t M, int64_t N, int64_t K,
+                  T alpha, const T* A, int64_t lda, int64_t stride_a, const T* B, int64_t ldb,
+                  int64_t stride_b, T beta, T* C, int64_t ldc, int64_t stride_c) {
+  check_gemm_args("gemm_batched", trans_a, trans_b, M, N, K, lda, ldb, ldc);
+  REGEN_CHECK(batch >= 0, "gemm_batched: negative batch ", batch);
+  if (batch == 0 || M == 0 || N == 0) return;
+  cublasHandle_t h = blas_handle();
+  const float a = static_cast<float>(alpha), b = static_cast<float>(beta);
+  constexpr cudaDataType_t t = cuda_type<T>();
+  REGEN_CUBLAS_CHECK(cublasGemmStridedBatchedEx_64(
+      h, op(trans_b), op(trans_a), N, M, K, &a, B, t, ldb, stride_b, A, t, lda, stride_a, &b, C, t,
+      ldc, stride_c, batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+#define REGEN_GEMM_HALF(T)                                                                     \
+  template void gemm<T>(bool, bool, int64_t, int64_t, int64_t, T, const T*, int64_t, const T*, \
+                        int64_t, T, T*, int64_t);                                              \
+  template void gemm_batched<T>(bool, bool, int64_t, int64_t, int64_t, int64_t, T, const T*,   \
+                                int64_t, int64_t, const T*, int64_t, int64_t, T, T*, int64_t,  \
+                                int64_t);
+REGEN_GEMM_HALF(bfloat16)
+REGEN_GEMM_HALF(float16)
+#undef REGEN_GEMM_HALF
 
 }  // namespace regen::cuda

@@ -7,6 +7,8 @@
 #ifdef REGEN_WITH_CUDA
 #include <cstdint>
 
+#include "regen/core/half.h"
+#include "regen/core/types.h"
 #include "regen/kernels/half.h"
 #include "regen/kernels/shapes.h"
 
@@ -151,6 +153,98 @@ void sgd_step(float* param, const float* grad, float* momentum_buf, int64_t n, d
 void adamw_step(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, int64_t n,
                 double lr, double beta1, double beta2, double eps, double weight_decay,
                 int64_t step);
+
+// ---- 16-bit forms (T = bfloat16 or float16; cuda::kHalfLaunchers, kernels/kernels.h) -----------
+// Overloads of the float launchers above for 16-bit tensors, defined for bfloat16 and float16
+// only (a float call picks the float launcher). Each element is widened to f32, computed there and
+// rounded once on store, as the CPU's 16-bit launchers do; reductions sum in double or f32 as the
+// float launcher does, rounded once. Shapes as the float launchers'.
+template <class T>
+void fill(T* y, int64_t n, T value);
+template <class T>
+void copy(const T* x, T* y, int64_t n);
+template <class T>
+void add(const T* a, const T* b, T* y, int64_t n, int64_t nb);
+template <class T>
+void add_inplace(T* y, const T* x, int64_t n);
+template <class T>
+void mul(const T* a, const T* b, T* y, int64_t n, int64_t nb);
+template <class T>
+void scale(const T* x, T* y, int64_t n, T alpha);
+template <class T>
+void fill_from_scalar(const T* s, T* y, int64_t n, T alpha);
+// scale and fill_from_scalar with an f32 factor (cpu::scale_f32, cpu::fill_from_scalar_f32).
+template <class T>
+void scale_f32(const T* x, T* y, int64_t n, float alpha);
+template <class T>
+void fill_from_scalar_f32(const T* s, T* y, int64_t n, float alpha);
+template <class T>
+void sum_rows(const T* x, T* y, int64_t rows, int64_t cols);
+template <class T>
+void sum_all(const T* x, T* y, int64_t n);
+template <class T>
+void sum_squares(const T* x, T* y, int64_t n);
+template <class T>
+void permute(const T* x, T* y, const PermuteShape& s);
+template <class T>
+void slice_copy(const T* x, T* y, const SliceShape& s);
+template <class T>
+void softmax_forward(const T* x, T* y, int64_t M, int64_t N);
+template <class T>
+void softmax_backward(const T* dy, const T* y, T* dx, int64_t M, int64_t N);
+template <class T>
+void upsample2x_nearest_forward(const T* x, T* y, int64_t NC, int64_t H, int64_t W);
+template <class T>
+void upsample2x_nearest_backward(const T* dy, T* dx, int64_t NC, int64_t H, int64_t W);
+template <class T>
+void upsample2x_bilinear_forward(const T* x, T* y, int64_t NC, int64_t H, int64_t W);
+template <class T>
+void upsample2x_bilinear_backward(const T* dy, T* dx, int64_t NC, int64_t H, int64_t W);
+// embedding_backward's sums are rounded to T after each addition, as the CPU's 16-bit loop adds
+// each row into the stored 16-bit gradient (bit for bit for an id used at most
+// kEmbeddingChunkRows times; longer runs add their chunks' rounded sums).
+template <class T>
+void embedding_forward(const T* weight, const int64_t* ids, T* y, int64_t n, int64_t V, int64_t D);
+template <class T>
+void embedding_backward(const T* dy, const int64_t* ids, T* dweight, int64_t n, int64_t V,
+                        int64_t D);
+template <class T>
+void maxpool2d_forward(const T* x, T* y, int32_t* argmax, const PoolShape& s);
+template <class T>
+void maxpool2d_backward(const T* dy, const int32_t* argmax, T* dx, const PoolShape& s);
+template <class T>
+void maxpool2d_forward_packed(const T* x, T* y, uint32_t* codes, const PoolShape& s);
+template <class T>
+void maxpool2d_backward_packed(const T* dy, const uint32_t* codes, T* dx, const PoolShape& s);
+template <class T>
+void avgpool2d_forward(const T* x, T* y, const PoolShape& s);
+template <class T>
+void avgpool2d_backward(const T* dy, T* dx, const PoolShape& s);
+template <class T>
+void global_avgpool_forward(const T* x, T* y, int64_t NC, int64_t HW);
+template <class T>
+void global_avgpool_backward(const T* dy, T* dx, int64_t NC, int64_t HW);
+// Attention with 16-bit qkv, out, dout and dqkv: tiles widened to f32 as they are loaded, scores,
+// softmax and products in f32, out and dqkv rounded once; lse f32 (kernels/cuda/attention.cu).
+template <class T>
+void attention_forward(const T* qkv, const int32_t* key_pad, T* out, float* lse,
+                       const AttentionShape& s);
+template <class T>
+void attention_backward(const T* dout, const T* qkv, const T* out, const float* lse,
+                        const int32_t* key_pad, T* dqkv, const AttentionShape& s);
+// The 16-bit layer and RMS norms (layernorm_forward_lowp, ..., rmsnorm_backward_lowp: 16-bit x,
+// y, dy, dx; f32 parameters and statistics) are declared beside their ops (REGEN_LAUNCHER in
+// autograd/ops_layernorm.cpp, ops_rmsnorm.cpp), as dropout_forward_lowp is (ops_dropout.cpp).
+// GEMMs with 16-bit A, B and C through cublasGemmEx (CUDA_R_16BF / CUDA_R_16F operands,
+// CUBLAS_COMPUTE_32F: f32 accumulation, tensor cores on a GPU that has them; alpha and beta in
+// f32, C rounded once per element), as cpu::gemm<T>'s widening GEMM (kernels/cpu/gemm_lowp.h).
+template <class T>
+void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A,
+          int64_t lda, const T* B, int64_t ldb, T beta, T* C, int64_t ldc);
+template <class T>
+void gemm_batched(bool trans_a, bool trans_b, int64_t batch, int64_t M, int64_t N, int64_t K,
+                  T alpha, const T* A, int64_t lda, int64_t stride_a, const T* B, int64_t ldb,
+                  int64_t stride_b, T beta, T* C, int64_t ldc, int64_t stride_c);
 
 // ---- Settings ----------------------------------------------------------------------------------
 enum class ConvAlgo { native, cudnn };

@@ -14,6 +14,7 @@
 #include <cub/device/device_reduce.cuh>
 #include <cuda/std/functional>
 
+#include "regen/core/half.h"
 #include "regen/core/philox.h"
 #include "regen/core/tensor.h"
 #include "regen/kernels/cuda/common.cuh"
@@ -157,19 +158,22 @@ __global__ void fill_from_scalar_kernel(const float* s, float* y, int64_t n, flo
 // ---- Reductions
 // -----------------------------------------------------------------------------------
 
+template <class T = float>
 struct ToDouble {
-  __device__ double operator()(float v) const { return static_cast<double>(v); }
+  __device__ double operator()(T v) const { return static_cast<double>(static_cast<float>(v)); }
 };
-// out: (1) float from a double
+template <class T = float>
 struct SquareToDouble {
-  __device__ double operator()(float v) const {
-    const double d = static_cast<double>(v);
+  __device__ double operator()(T v) const {
+    const double d = static_cast<double>(static_cast<float>(v));
     return d * d;
   }
 };
 
-__global__ void round_to_float_kernel(const double* in, float* out) {
-  out[0] = static_cast<float>(in[0]);
+// out: (1) float, or a 16-bit T through f32 (the CPU's round_from_double).
+template <class T>
+__global__ void round_to_float_kernel(const double* in, T* out) {
+  out[0] = T(static_cast<float>(in[0]));
 }
 
 constexpr int kColTile = 32;  // columns per block (one per lane)
@@ -180,8 +184,9 @@ constexpr int kMaxChunks = 256;
 // x: (rows, cols); partial: (chunks, cols) doubles, or y: (cols) floats when chunks == 1.
 // Block (32, 8): lane tx owns column c; the 8 row lanes stride over the chunk's rows, and their
 // sums are combined in a fixed order through shared memory.
-__global__ void column_partial_kernel(const float* x, int64_t rows, int64_t cols,
-                                      int64_t rows_per_chunk, double* partial, float* y) {
+template <class T>
+__global__ void column_partial_kernel(const T* x, int64_t rows, int64_t cols,
+                                      int64_t rows_per_chunk, double* partial, T* y) {
   __shared__ double acc[kRowLanes][kColTile];
   const int64_t c = static_cast<int64_t>(blockIdx.x) * kColTile + threadIdx.x;
   const int64_t r0 = static_cast<int64_t>(blockIdx.y) * rows_per_chunk;
@@ -190,7 +195,7 @@ __global__ void column_partial_kernel(const float* x, int64_t rows, int64_t cols
   double s = 0.0;
   if (c < cols) {
     for (int64_t r = r0 + threadIdx.y; r < r1; r += kRowLanes)
-      s += static_cast<double>(x[r * cols + c]);
+      s += static_cast<double>(static_cast<float>(x[r * cols + c]));
   }
   acc[threadIdx.y][threadIdx.x] = s;
   __syncthreads();
@@ -199,18 +204,19 @@ __global__ void column_partial_kernel(const float* x, int64_t rows, int64_t cols
 #pragma unroll
     for (int k = 1; k < kRowLanes; ++k) t += acc[k][threadIdx.x];
     if (y) {
-      y[c] = static_cast<float>(t);
+      y[c] = T(static_cast<float>(t));
     } else {
       partial[static_cast<int64_t>(blockIdx.y) * cols + c] = t;
     }
   }
 }
 // partial: (chunks, cols) -> y: (cols), chunks summed in order.
-__global__ void column_final_kernel(const double* partial, int64_t chunks, int64_t cols, float* y) {
+template <class T>
+__global__ void column_final_kernel(const double* partial, int64_t chunks, int64_t cols, T* y) {
   for (int64_t c = dev::global_thread(); c < cols; c += dev::grid_stride()) {
     double t = 0.0;
     for (int64_t k = 0; k < chunks; ++k) t += partial[k * cols + c];
-    y[c] = static_cast<float>(t);
+    y[c] = T(static_cast<float>(t));
   }
 }
 
@@ -254,8 +260,8 @@ struct PermuteParams {
 
 // x: s.shape -> y: permuted, one thread per output element. Index arithmetic in Index (32-bit
 // when every offset fits, which avoids 64-bit division in the common case).
-template <class Index>
-__global__ void permute_kernel(const float* x, float* y, int64_t n, PermuteParams p) {
+template <class Index, class T>
+__global__ void permute_kernel(const T* x, T* y, int64_t n, PermuteParams p) {
   for (int64_t o = dev::global_thread(); o < n; o += dev::grid_stride()) {
     Index rem = static_cast<Index>(o), src = 0;
 #pragma unroll
@@ -308,14 +314,16 @@ void fill_from_scalar(const float* s, float* y, int64_t n, float alpha) {
   REGEN_CUDA_LAUNCH_CHECK("fill_from_scalar");
 }
 
-// x: (rows, cols) -> y: (cols)
-void sum_rows(const float* x, float* y, int64_t rows, int64_t cols) {
+// x: (rows, cols) -> y: (cols); one body for float and the 16-bit types (double sums, one
+// rounding).
+template <class T>
+void sum_rows(const T* x, T* y, int64_t rows, int64_t cols) {
   REGEN_CHECK(rows >= 0 && cols >= 0, "sum_rows: negative shape (", rows, ", ", cols, ")");
   // The dry path (kernels.h): the partials' workspace when there is one, requested and unused.
   const bool dry = dry_run_active();
   if (cols == 0) return;
   if (rows == 0) {
-    if (!dry) fill(y, cols, 0.0f);
+    if (!dry) fill(y, cols, T(0.0f));
     return;
   }
   // The chunking depends only on the shape, so the summation order is fixed.
@@ -328,60 +336,63 @@ void sum_rows(const float* x, float* y, int64_t rows, int64_t cols) {
   const dim3 grid(static_cast<unsigned>(col_tiles), static_cast<unsigned>(chunks));
   if (chunks == 1) {
     if (dry) return;
-    column_partial_kernel<<<grid, dim3(kColTile, kRowLanes), 0, stream()>>>(
+    column_partial_kernel<T><<<grid, dim3(kColTile, kRowLanes), 0, stream()>>>(
         x, rows, cols, rows_per_chunk, nullptr, y);
     REGEN_CUDA_LAUNCH_CHECK("sum_rows");
     return;
   }
   Workspace ws(detail::device(), static_cast<uint64_t>(chunks * cols) * sizeof(double));
   if (dry) return;
-  column_partial_kernel<<<grid, dim3(kColTile, kRowLanes), 0, stream()>>>(
+  column_partial_kernel<T><<<grid, dim3(kColTile, kRowLanes), 0, stream()>>>(
       x, rows, cols, rows_per_chunk, ws.as<double>(), nullptr);
   REGEN_CUDA_LAUNCH_CHECK("sum_rows");
-  column_final_kernel<<<grid_blocks(cols, kThreads), kThreads, 0, stream()>>>(ws.as<double>(),
-                                                                              chunks, cols, y);
+  column_final_kernel<T>
+      <<<grid_blocks(cols, kThreads), kThreads, 0, stream()>>>(ws.as<double>(), chunks, cols, y);
   REGEN_CUDA_LAUNCH_CHECK("sum_rows");
 }
 
 // x: (n) -> y: (1)
-void sum_all(const float* x, float* y, int64_t n) {
+template <class T>
+void sum_all(const T* x, T* y, int64_t n) {
   REGEN_CHECK(n >= 0, "sum_all: negative size ", n);
   // The dry path (kernels.h): CUB's size query (no data read), then the workspace, unused.
   const bool dry = dry_run_active();
   if (n == 0) {
-    if (!dry) fill(y, 1, 0.0f);
+    if (!dry) fill(y, 1, T(0.0f));
     return;
   }
   size_t temp_bytes = 0;
-  REGEN_CUDA_CHECK(
-      cub::DeviceReduce::TransformReduce(nullptr, temp_bytes, x, static_cast<double*>(nullptr), n,
-                                         ::cuda::std::plus<double>{}, ToDouble{}, 0.0, stream()));
+  REGEN_CUDA_CHECK(cub::DeviceReduce::TransformReduce(
+      nullptr, temp_bytes, x, static_cast<double*>(nullptr), n, ::cuda::std::plus<double>{},
+      ToDouble<T>{}, 0.0, stream()));
   // One buffer: the double result first (8-byte aligned), CUB's scratch after it at 256 bytes.
   Workspace ws(detail::device(), 256 + temp_bytes);
   if (dry) return;
   double* total = ws.as<double>();
   void* temp = static_cast<char*>(ws.data()) + 256;
   REGEN_CUDA_CHECK(cub::DeviceReduce::TransformReduce(
-      temp, temp_bytes, x, total, n, ::cuda::std::plus<double>{}, ToDouble{}, 0.0, stream()));
-  round_to_float_kernel<<<1, 1, 0, stream()>>>(total, y);
+      temp, temp_bytes, x, total, n, ::cuda::std::plus<double>{}, ToDouble<T>{}, 0.0, stream()));
+  round_to_float_kernel<T><<<1, 1, 0, stream()>>>(total, y);
   REGEN_CUDA_LAUNCH_CHECK("sum_all");
 }
 
 // x: (n) -> y: (1), the sum of squares in double
-void sum_squares(const float* x, float* y, int64_t n) {
+template <class T>
+void sum_squares(const T* x, T* y, int64_t n) {
   REGEN_CHECK(n >= 0, "sum_squares: negative size ", n);
-  if (n == 0) return fill(y, 1, 0.0f);
+  if (n == 0) return fill(y, 1, T(0.0f));
   size_t temp_bytes = 0;
   REGEN_CUDA_CHECK(cub::DeviceReduce::TransformReduce(
       nullptr, temp_bytes, x, static_cast<double*>(nullptr), n, ::cuda::std::plus<double>{},
-      SquareToDouble{}, 0.0, stream()));
+      SquareToDouble<T>{}, 0.0, stream()));
   // One buffer: the double result first (8-byte aligned), CUB's scratch after it at 256 bytes.
   Workspace ws(detail::device(), 256 + temp_bytes);
   double* total = ws.as<double>();
   void* temp = static_cast<char*>(ws.data()) + 256;
-  REGEN_CUDA_CHECK(cub::DeviceReduce::TransformReduce(
-      temp, temp_bytes, x, total, n, ::cuda::std::plus<double>{}, SquareToDouble{}, 0.0, stream()));
-  round_to_float_kernel<<<1, 1, 0, stream()>>>(total, y);
+  REGEN_CUDA_CHECK(cub::DeviceReduce::TransformReduce(temp, temp_bytes, x, total, n,
+                                                      ::cuda::std::plus<double>{},
+                                                      SquareToDouble<T>{}, 0.0, stream()));
+  round_to_float_kernel<T><<<1, 1, 0, stream()>>>(total, y);
   REGEN_CUDA_LAUNCH_CHECK("sum_squares");
 }
 
@@ -432,7 +443,8 @@ void widen_from_half(const uint16_t* x, float* y, int64_t n, Compression c) {
   REGEN_CUDA_LAUNCH_CHECK("widen_from_half");
 }
 
-void permute(const float* x, float* y, const PermuteShape& s) {
+template <class T>
+void permute(const T* x, T* y, const PermuteShape& s) {
   REGEN_CHECK(s.ndim >= 1 && s.ndim <= 6, "permute: ", s.ndim, " dimensions (1 to 6 supported)");
   PermuteParams p{};
   const int pad = 6 - s.ndim;
@@ -458,11 +470,178 @@ void permute(const float* x, float* y, const PermuteShape& s) {
   }
   if (n == 0) return;
   if (n <= 0x7fffffff) {
-    permute_kernel<uint32_t><<<grid_blocks(n, kThreads), kThreads, 0, stream()>>>(x, y, n, p);
+    permute_kernel<uint32_t, T><<<grid_blocks(n, kThreads), kThreads, 0, stream()>>>(x, y, n, p);
   } else {
-    permute_kernel<int64_t><<<grid_blocks(n, kThreads), kThreads, 0, stream()>>>(x, y, n, p);
+    permute_kernel<int64_t, T><<<grid_blocks(n, kThreads), kThreads, 0, stream()>>>(x, y, n, p);
   }
   REGEN_CUDA_LAUNCH_CHECK("permute");
 }
+
+void sum_rows(const float* x, float* y, int64_t rows, int64_t cols) {
+  sum_rows<float>(x, y, rows, cols);
+}
+void sum_all(const float* x, float* y, int64_t n) {
+  sum_all<float>(x, y, n);
+}
+void sum_squares(const float* x, float* y, int64_t n) {
+  sum_squares<float>(x, y, n);
+}
+void permute(const float* x, float* y, const PermuteShape& s) {
+  permute<float>(x, y, s);
+}
+
+// ---- 16-bit forms (bfloat16, float16) ---------------------------------------------------------
+// Each element widened to f32, computed there, rounded once on store: the CPU's 16-bit loops
+// (kernels/cpu/elementwise.cpp, dropout_lowp.cpp), element for element. Plain grid-stride loops.
+
+namespace {
+// a, y: (n); b: (nb) broadcast over the leading dimensions (nb == n: element-wise).
+template <class T, class Op>
+__global__ void half_binary_kernel(const T* a, const T* b, T* y, int64_t n, int64_t nb, Op op) {
+  for (int64_t i = dev::global_thread(); i < n; i += dev::grid_stride()) {
+    const float u = static_cast<float>(a[i]);
+    const float v = static_cast<float>(b[nb == n ? i : i % nb]);
+    y[i] = T(op(u, v));
+  }
+}
+// x, y: (n)
+template <class T, class Op>
+__global__ void half_unary_kernel(const T* x, T* y, int64_t n, Op op) {
+  for (int64_t i = dev::global_thread(); i < n; i += dev::grid_stride())
+    y[i] = T(op(static_cast<float>(x[i])));
+}
+// y: (n) = value (its bits)
+template <class T>
+__global__ void half_fill_kernel(T* y, int64_t n, T value) {
+  for (int64_t i = dev::global_thread(); i < n; i += dev::grid_stride()) y[i] = value;
+}
+// y: (n) = round(alpha * s[0]), s: (1)
+template <class T>
+__global__ void half_fill_from_scalar_kernel(const T* s, T* y, int64_t n, float alpha) {
+  const T value(alpha * static_cast<float>(s[0]));
+  for (int64_t i = dev::global_thread(); i < n; i += dev::grid_stride()) y[i] = value;
+}
+// x, y: (n); the f32 kernel's Philox blocks and threshold, the kept value x * keep_scale in f32.
+template <class T>
+__global__ void half_dropout_kernel(const T* x, T* y, int64_t n, uint64_t threshold,
+                                    float keep_scale, uint64_t seed, uint64_t subsequence) {
+  const int64_t groups = (n + 3) / 4;
+  const PhiloxKey key{static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32)};
+  for (int64_t g = dev::global_thread(); g < groups; g += dev::grid_stride()) {
+    const uint64_t block = static_cast<uint64_t>(g);
+    uint32_t words[4];
+    philox4x32_10({static_cast<uint32_t>(block), static_cast<uint32_t>(block >> 32),
+                   static_cast<uint32_t>(subsequence), static_cast<uint32_t>(subsequence >> 32)},
+                  key, words);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int64_t i = 4 * g + e;
+      if (i < n) y[i] = T(words[e] >= threshold ? static_cast<float>(x[i]) * keep_scale : 0.0f);
+    }
+  }
+}
+
+template <class T, class Op>
+void launch_half_binary(const char* name, const T* a, const T* b, T* y, int64_t n, int64_t nb,
+                        Op op) {
+  REGEN_CHECK(n >= 0 && nb > 0 && n % nb == 0, name, ": ", nb, " broadcast elements do not divide ",
+              n);
+  if (n == 0) return;
+  half_binary_kernel<T, Op>
+      <<<grid_blocks(n, kThreads), kThreads, 0, stream()>>>(a, b, y, n, nb, op);
+  REGEN_CUDA_LAUNCH_CHECK(name);
+}
+template <class T, class Op>
+void launch_half_unary(const char* name, const T* x, T* y, int64_t n, Op op) {
+  REGEN_CHECK(n >= 0, name, ": negative size ", n);
+  if (n == 0) return;
+  half_unary_kernel<T, Op><<<grid_blocks(n, kThreads), kThreads, 0, stream()>>>(x, y, n, op);
+  REGEN_CUDA_LAUNCH_CHECK(name);
+}
+}  // namespace
+
+template <class T>
+void fill(T* y, int64_t n, T value) {
+  REGEN_CHECK(n >= 0, "fill: negative size ", n);
+  if (n == 0) return;
+  half_fill_kernel<T><<<grid_blocks(n, kThreads), kThreads, 0, stream()>>>(y, n, value);
+  REGEN_CUDA_LAUNCH_CHECK("fill");
+}
+template <class T>
+void copy(const T* x, T* y, int64_t n) {
+  REGEN_CHECK(n >= 0, "copy: negative size ", n);
+  if (n == 0 || x == y) return;
+  REGEN_CUDA_CHECK(cudaMemcpyAsync(y, x, static_cast<size_t>(n) * sizeof(T),
+                                   cudaMemcpyDeviceToDevice, stream()));
+}
+template <class T>
+void add(const T* a, const T* b, T* y, int64_t n, int64_t nb) {
+  launch_half_binary("add", a, b, y, n, nb, AddOp{});
+}
+template <class T>
+void add_inplace(T* y, const T* x, int64_t n) {
+  launch_half_binary("add_inplace", y, x, y, n, n > 0 ? n : 1, AddOp{});
+}
+template <class T>
+void mul(const T* a, const T* b, T* y, int64_t n, int64_t nb) {
+  launch_half_binary("mul", a, b, y, n, nb, MulOp{});
+}
+template <class T>
+void scale(const T* x, T* y, int64_t n, T alpha) {
+  // The CPU's scale<T>: the 16-bit alpha widened (its rounding is the caller's).
+  launch_half_unary("scale", x, y, n, ScaleOp{static_cast<float>(alpha)});
+}
+template <class T>
+void scale_f32(const T* x, T* y, int64_t n, float alpha) {
+  launch_half_unary("scale", x, y, n, ScaleOp{alpha});
+}
+template <class T>
+void fill_from_scalar(const T* s, T* y, int64_t n, T alpha) {
+  fill_from_scalar_f32(s, y, n, static_cast<float>(alpha));
+}
+template <class T>
+void fill_from_scalar_f32(const T* s, T* y, int64_t n, float alpha) {
+  REGEN_CHECK(n >= 0, "fill_from_scalar: negative size ", n);
+  if (n == 0) return;
+  half_fill_from_scalar_kernel<T>
+      <<<grid_blocks(n, kThreads), kThreads, 0, stream()>>>(s, y, n, alpha);
+  REGEN_CUDA_LAUNCH_CHECK("fill_from_scalar");
+}
+template <class T>
+void dropout_forward_lowp(const T* x, T* y, int64_t n, float p, uint64_t seed, uint64_t stream_id) {
+  REGEN_CHECK(n >= 0, "dropout_forward: negative size ", n);
+  REGEN_CHECK(p >= 0.0f && p <= 1.0f, "dropout_forward: probability ", p, " is not in [0, 1]");
+  if (n == 0) return;
+  const float keep_scale = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f;  // the f32 kernel's
+  const int64_t groups = (n + 3) / 4;
+  half_dropout_kernel<T><<<grid_blocks(groups, kThreads), kThreads, 0, stream()>>>(
+      x, y, n, dropout_threshold(p), keep_scale, seed, stream_id);
+  REGEN_CUDA_LAUNCH_CHECK("dropout_forward");
+}
+template <class T>
+void dropout_backward_lowp(const T* dy, T* dx, int64_t n, float p, uint64_t seed,
+                           uint64_t stream_id) {
+  dropout_forward_lowp<T>(dy, dx, n, p, seed, stream_id);  // the same mask and scale
+}
+
+#define REGEN_ELEMENTWISE_HALF(T)                                                          \
+  template void fill<T>(T*, int64_t, T);                                                   \
+  template void copy<T>(const T*, T*, int64_t);                                            \
+  template void add<T>(const T*, const T*, T*, int64_t, int64_t);                          \
+  template void add_inplace<T>(T*, const T*, int64_t);                                     \
+  template void mul<T>(const T*, const T*, T*, int64_t, int64_t);                          \
+  template void scale<T>(const T*, T*, int64_t, T);                                        \
+  template void scale_f32<T>(const T*, T*, int64_t, float);                                \
+  template void fill_from_scalar<T>(const T*, T*, int64_t, T);                             \
+  template void fill_from_scalar_f32<T>(const T*, T*, int64_t, float);                     \
+  template void sum_rows<T>(const T*, T*, int64_t, int64_t);                               \
+  template void sum_all<T>(const T*, T*, int64_t);                                         \
+  template void sum_squares<T>(const T*, T*, int64_t);                                     \
+  template void permute<T>(const T*, T*, const PermuteShape&);                             \
+  template void dropout_forward_lowp<T>(const T*, T*, int64_t, float, uint64_t, uint64_t); \
+  template void dropout_backward_lowp<T>(const T*, T*, int64_t, float, uint64_t, uint64_t);
+REGEN_ELEMENTWISE_HALF(bfloat16)
+REGEN_ELEMENTWISE_HALF(float16)
+#undef REGEN_ELEMENTWISE_HALF
 
 }  // namespace regen::cuda

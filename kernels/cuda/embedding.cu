@@ -32,19 +32,27 @@ namespace {
 constexpr int kThreads = 128;
 constexpr unsigned long long kNone = ~0ull;
 
+// A sum of T values kept in f32: rounded to T after every addition for the 16-bit types, as the
+// CPU's 16-bit backward adds each row into the stored 16-bit gradient; as is for float.
+template <class T>
+__device__ __forceinline__ float add_rounded(float acc, float v) {
+  return static_cast<float>(T(__fadd_rn(acc, v)));
+}
+
 // weight: (V, D), ids: (n) -> y: (n, D). One block per token.
+template <class T>
 __global__ void __launch_bounds__(kThreads)
-    embedding_forward_kernel(const float* weight, const int64_t* ids, float* y, int64_t V,
-                             int64_t D, unsigned long long* bad) {
+    embedding_forward_kernel(const T* weight, const int64_t* ids, T* y, int64_t V, int64_t D,
+                             unsigned long long* bad) {
   const int64_t i = blockIdx.x;
   const int64_t id = ids[i];
-  float* out = y + i * D;
+  T* out = y + i * D;
   if (id < 0 || id >= V) {
     if (threadIdx.x == 0) atomicMin(bad, static_cast<unsigned long long>(i));
-    for (int64_t c = threadIdx.x; c < D; c += kThreads) out[c] = 0.0f;
+    for (int64_t c = threadIdx.x; c < D; c += kThreads) out[c] = T(0.0f);
     return;
   }
-  const float* row = weight + id * D;
+  const T* row = weight + id * D;
   for (int64_t c = threadIdx.x; c < D; c += kThreads) out[c] = row[c];
 }
 
@@ -83,10 +91,11 @@ __device__ __forceinline__ int64_t partial_slot(int64_t k, bool full) {
 }
 
 // Block k sums the chunk starting at sorted index k (other blocks exit at once): into dweight's
-// row when the chunk is its whole run, else into its partial row.
+// row when the chunk is its whole run, else into its partial row (f32 holding T's values).
+template <class T>
 __global__ void __launch_bounds__(kThreads)
-    embedding_chunk_kernel(const float* dy, const uint32_t* sorted_keys, const int32_t* sorted_pos,
-                           const uint8_t* marks, int64_t n, int64_t D, float* dweight,
+    embedding_chunk_kernel(const T* dy, const uint32_t* sorted_keys, const int32_t* sorted_pos,
+                           const uint8_t* marks, int64_t n, int64_t D, T* dweight,
                            float* partials) {
   const int64_t k = blockIdx.x;
   const uint8_t mark = marks[k];
@@ -104,43 +113,52 @@ __global__ void __launch_bounds__(kThreads)
   }
   const int64_t end = lo;
   const bool run_ends = end == n || sorted_keys[end] != key;
-  float* out = mark == kRunStart && run_ends ? dweight + static_cast<int64_t>(key) * D
-                                             : partials + partial_slot(k, end - k == kChunk) * D;
+  const bool whole = mark == kRunStart && run_ends;
+  T* out = dweight + static_cast<int64_t>(key) * D;
+  float* part = partials + partial_slot(k, end - k == kChunk) * D;
   for (int64_t c = threadIdx.x; c < D; c += kThreads) {
     float acc = 0.0f;
     int64_t t = k;
     for (; t + 4 <= end; t += 4) {  // four independent loads, then four ordered additions
-      const float a0 = dy[static_cast<int64_t>(sorted_pos[t]) * D + c];
-      const float a1 = dy[static_cast<int64_t>(sorted_pos[t + 1]) * D + c];
-      const float a2 = dy[static_cast<int64_t>(sorted_pos[t + 2]) * D + c];
-      const float a3 = dy[static_cast<int64_t>(sorted_pos[t + 3]) * D + c];
-      acc = __fadd_rn(acc, a0);
-      acc = __fadd_rn(acc, a1);
-      acc = __fadd_rn(acc, a2);
-      acc = __fadd_rn(acc, a3);
+      const float a0 = static_cast<float>(dy[static_cast<int64_t>(sorted_pos[t]) * D + c]);
+      const float a1 = static_cast<float>(dy[static_cast<int64_t>(sorted_pos[t + 1]) * D + c]);
+      const float a2 = static_cast<float>(dy[static_cast<int64_t>(sorted_pos[t + 2]) * D + c]);
+      const float a3 = static_cast<float>(dy[static_cast<int64_t>(sorted_pos[t + 3]) * D + c]);
+      acc = add_rounded<T>(acc, a0);
+      acc = add_rounded<T>(acc, a1);
+      acc = add_rounded<T>(acc, a2);
+      acc = add_rounded<T>(acc, a3);
     }
-    for (; t < end; ++t) acc = __fadd_rn(acc, dy[static_cast<int64_t>(sorted_pos[t]) * D + c]);
-    out[c] = acc;
+    for (; t < end; ++t) {
+      acc =
+          add_rounded<T>(acc, static_cast<float>(dy[static_cast<int64_t>(sorted_pos[t]) * D + c]));
+    }
+    if (whole) {
+      out[c] = T(acc);
+    } else {
+      part[c] = acc;
+    }
   }
 }
 
 // Block k, when k starts a run longer than R, adds the run's partial rows in chunk order into its
 // dweight row (other blocks exit at once).
+template <class T>
 __global__ void __launch_bounds__(kThreads)
     embedding_combine_kernel(const uint32_t* sorted_keys, const uint8_t* marks, int64_t n,
-                             int64_t D, const float* partials, float* dweight) {
+                             int64_t D, const float* partials, T* dweight) {
   const int64_t k = blockIdx.x;
   if (marks[k] != kRunStart) return;
   const uint32_t key = sorted_keys[k];
   if (k + kChunk >= n || sorted_keys[k + kChunk] != key) return;  // one chunk: already written
-  float* out = dweight + static_cast<int64_t>(key) * D;
+  T* out = dweight + static_cast<int64_t>(key) * D;
   for (int64_t c = threadIdx.x; c < D; c += kThreads) {
     float acc = 0.0f;
     for (int64_t s = k; s < n && sorted_keys[s] == key; s += kChunk) {
       const bool full = s + kChunk <= n && sorted_keys[s + kChunk - 1] == key;
-      acc = __fadd_rn(acc, partials[partial_slot(s, full) * D + c]);
+      acc = add_rounded<T>(acc, partials[partial_slot(s, full) * D + c]);
     }
-    out[c] = acc;
+    out[c] = T(acc);
   }
 }
 
@@ -159,24 +177,26 @@ void check_shape(const char* name, int64_t n, int64_t V, int64_t D) {
 
 }  // namespace
 
-// weight: (V, D), ids: (n) -> y: (n, D)
-void embedding_forward(const float* weight, const int64_t* ids, float* y, int64_t n, int64_t V,
-                       int64_t D) {
+// weight: (V, D), ids: (n) -> y: (n, D); float or 16-bit T (a copy of rows).
+template <class T>
+void embedding_forward(const T* weight, const int64_t* ids, T* y, int64_t n, int64_t V, int64_t D) {
   check_shape("embedding_forward", n, V, D);
   if (n == 0) return;
   Workspace ws(detail::device(), sizeof(unsigned long long));
   if (dry_run_active()) return;  // the dry path (kernels.h): the workspace, requested and unused
   auto* bad = ws.as<unsigned long long>();
   REGEN_CUDA_CHECK(cudaMemsetAsync(bad, 0xff, sizeof(unsigned long long), stream()));
-  embedding_forward_kernel<<<static_cast<unsigned>(n), kThreads, 0, stream()>>>(weight, ids, y, V,
-                                                                                D, bad);
+  embedding_forward_kernel<T>
+      <<<static_cast<unsigned>(n), kThreads, 0, stream()>>>(weight, ids, y, V, D, bad);
   REGEN_CUDA_LAUNCH_CHECK("embedding_forward");
   const unsigned long long first_bad = detail::read_back(bad);
   if (first_bad != kNone) report_bad_id("embedding_forward", first_bad, ids, V);
 }
 
-// dy: (n, D), ids: (n) -> dweight: (V, D), written
-void embedding_backward(const float* dy, const int64_t* ids, float* dweight, int64_t n, int64_t V,
+// dy: (n, D), ids: (n) -> dweight: (V, D), written; float or 16-bit T (each addition rounded to T,
+// as the CPU's 16-bit loop: the CPU's bits for an id used at most kEmbeddingChunkRows times).
+template <class T>
+void embedding_backward(const T* dy, const int64_t* ids, T* dweight, int64_t n, int64_t V,
                         int64_t D) {
   const char* name = "embedding_backward";
   check_shape(name, n, V, D);
@@ -184,8 +204,7 @@ void embedding_backward(const float* dy, const int64_t* ids, float* dweight, int
   // The dry path (kernels.h): CUB's size query (no data read), then the workspace, unused.
   const bool dry = dry_run_active();
   if (!dry) {
-    REGEN_CUDA_CHECK(
-        cudaMemsetAsync(dweight, 0, static_cast<size_t>(V * D) * sizeof(float), stream()));
+    REGEN_CUDA_CHECK(cudaMemsetAsync(dweight, 0, static_cast<size_t>(V * D) * sizeof(T), stream()));
   }
   if (n == 0) return;
   int end_bit = 1;
@@ -223,14 +242,29 @@ void embedding_backward(const float* dy, const int64_t* ids, float* dweight, int
   embedding_mark_chunks_kernel<<<detail::grid_blocks(n, 256), 256, 0, stream()>>>(sorted_keys, n,
                                                                                   marks);
   REGEN_CUDA_LAUNCH_CHECK(name);
-  embedding_chunk_kernel<<<static_cast<unsigned>(n), kThreads, 0, stream()>>>(
+  embedding_chunk_kernel<T><<<static_cast<unsigned>(n), kThreads, 0, stream()>>>(
       dy, sorted_keys, sorted_pos, marks, n, D, dweight, partials);
   REGEN_CUDA_LAUNCH_CHECK(name);
-  embedding_combine_kernel<<<static_cast<unsigned>(n), kThreads, 0, stream()>>>(
+  embedding_combine_kernel<T><<<static_cast<unsigned>(n), kThreads, 0, stream()>>>(
       sorted_keys, marks, n, D, partials, dweight);
   REGEN_CUDA_LAUNCH_CHECK(name);
   const unsigned long long first_bad = detail::read_back(bad);
   if (first_bad != kNone) report_bad_id(name, first_bad, ids, V);
 }
+
+void embedding_forward(const float* weight, const int64_t* ids, float* y, int64_t n, int64_t V,
+                       int64_t D) {
+  embedding_forward<float>(weight, ids, y, n, V, D);
+}
+void embedding_backward(const float* dy, const int64_t* ids, float* dweight, int64_t n, int64_t V,
+                        int64_t D) {
+  embedding_backward<float>(dy, ids, dweight, n, V, D);
+}
+#define REGEN_EMBEDDING_HALF(T)                                                                \
+  template void embedding_forward<T>(const T*, const int64_t*, T*, int64_t, int64_t, int64_t); \
+  template void embedding_backward<T>(const T*, const int64_t*, T*, int64_t, int64_t, int64_t);
+REGEN_EMBEDDING_HALF(bfloat16)
+REGEN_EMBEDDING_HALF(float16)
+#undef REGEN_EMBEDDING_HALF
 
 }  // namespace regen::cuda

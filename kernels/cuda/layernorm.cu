@@ -1,4 +1,6 @@
-// CUDA layer normalization over the last dimension (declared in kernels/cuda/cuda_kernels.h;
+// CUDA layer normalization over the last dimension (declared in kernels/cuda/cuda_kernels.h; the
+// 16-bit launchers layernorm_forward_lowp / layernorm_backward_lowp beside the op,
+// autograd/ops_layernorm.cpp, take the general path below with 16-bit x, y, dy, dx;
 // CPU reference kernels/cpu/layernorm.cpp; test tests/cuda/test_cuda_ops.cpp; timed by
 // `regen bench kernels` against HBM bandwidth).
 //
@@ -248,26 +250,29 @@ __global__ void __launch_bounds__(32 * kSumLanes)
 
 // ---- General path: one block per row -----------------------------------------------------------
 
-// x, y: (M, N); one block per row.
+// x, y: (M, N) of T (float, or 16-bit: widened on load, rounded once on store); one block per row.
+template <class T>
 __global__ void __launch_bounds__(kBlockThreads)
-    ln_forward_block_kernel(const float* x, const float* gamma, const float* beta, float* y,
-                            float* mean, float* rstd, int64_t N, double eps) {
+    ln_forward_block_kernel(const T* x, const float* gamma, const float* beta, T* y, float* mean,
+                            float* rstd, int64_t N, double eps) {
   __shared__ double scratch[32];
   const int64_t row = blockIdx.x;
-  const float* xr = x + row * N;
+  const T* xr = x + row * N;
   double s = 0.0;
-  for (int64_t c = threadIdx.x; c < N; c += kBlockThreads) s += static_cast<double>(xr[c]);
+  for (int64_t c = threadIdx.x; c < N; c += kBlockThreads)
+    s += static_cast<double>(static_cast<float>(xr[c]));
   const double mu = dev::block_sum(s, scratch) / static_cast<double>(N);
   double sq = 0.0;
   for (int64_t c = threadIdx.x; c < N; c += kBlockThreads) {
-    const double d = static_cast<double>(xr[c]) - mu;
+    const double d = static_cast<double>(static_cast<float>(xr[c])) - mu;
     sq += d * d;
   }
   const double rs = 1.0 / sqrt(dev::block_sum(sq, scratch) / static_cast<double>(N) + eps);
   const float mu_f = static_cast<float>(mu), rs_f = static_cast<float>(rs);
-  float* yr = y + row * N;
+  T* yr = y + row * N;
   for (int64_t c = threadIdx.x; c < N; c += kBlockThreads) {
-    yr[c] = ln_out(xr[c], mu_f, rs_f, gamma ? gamma[c] : 1.0f, beta ? beta[c] : 0.0f);
+    yr[c] = T(ln_out(static_cast<float>(xr[c]), mu_f, rs_f, gamma ? gamma[c] : 1.0f,
+                     beta ? beta[c] : 0.0f));
   }
   if (threadIdx.x == 0) {
     mean[row] = mu_f;
@@ -275,34 +280,38 @@ __global__ void __launch_bounds__(kBlockThreads)
   }
 }
 
-// dy, x, dx: (M, N); one block per row.
+// dy, x, dx: (M, N) of T; one block per row.
+template <class T>
 __global__ void __launch_bounds__(kBlockThreads)
-    ln_backward_block_kernel(const float* dy, const float* x, const float* gamma, const float* mean,
-                             const float* rstd, float* dx, int64_t N) {
+    ln_backward_block_kernel(const T* dy, const T* x, const float* gamma, const float* mean,
+                             const float* rstd, T* dx, int64_t N) {
   __shared__ double scratch[32];
   const int64_t row = blockIdx.x;
-  const float *xr = x + row * N, *dyr = dy + row * N;
+  const T *xr = x + row * N, *dyr = dy + row * N;
   const float mu = mean[row], rs = rstd[row];
   double sum_g = 0.0, sum_gx = 0.0;
   for (int64_t c = threadIdx.x; c < N; c += kBlockThreads) {
-    const float g = gamma ? __fmul_rn(dyr[c], gamma[c]) : dyr[c];
-    const float xhat = __fmul_rn(__fsub_rn(xr[c], mu), rs);
+    const float d = static_cast<float>(dyr[c]);
+    const float g = gamma ? __fmul_rn(d, gamma[c]) : d;
+    const float xhat = __fmul_rn(__fsub_rn(static_cast<float>(xr[c]), mu), rs);
     sum_g += static_cast<double>(g);
     sum_gx += static_cast<double>(g) * static_cast<double>(xhat);
   }
   const float a = static_cast<float>(dev::block_sum(sum_g, scratch) / static_cast<double>(N));
   const float b = static_cast<float>(dev::block_sum(sum_gx, scratch) / static_cast<double>(N));
-  float* dxr = dx + row * N;
+  T* dxr = dx + row * N;
   for (int64_t c = threadIdx.x; c < N; c += kBlockThreads) {
-    const float g = gamma ? __fmul_rn(dyr[c], gamma[c]) : dyr[c];
-    const float xhat = __fmul_rn(__fsub_rn(xr[c], mu), rs);
-    dxr[c] = ln_dx(g, a, xhat, b, rs);
+    const float d = static_cast<float>(dyr[c]);
+    const float g = gamma ? __fmul_rn(d, gamma[c]) : d;
+    const float xhat = __fmul_rn(__fsub_rn(static_cast<float>(xr[c]), mu), rs);
+    dxr[c] = T(ln_dx(g, a, xhat, b, rs));
   }
 }
 
 // dgamma/dbeta partial column sums over a chunk of rows. Block (32, 8), grid (column tiles,
 // chunks). partial_g, partial_b: (chunks, N) doubles, or the outputs directly when chunks == 1.
-__global__ void ln_param_partial_kernel(const float* dy, const float* x, const float* mean,
+template <class T>
+__global__ void ln_param_partial_kernel(const T* dy, const T* x, const float* mean,
                                         const float* rstd, int64_t M, int64_t N,
                                         int64_t rows_per_chunk, double* partial_g,
                                         double* partial_b, float* dgamma, float* dbeta) {
@@ -313,8 +322,8 @@ __global__ void ln_param_partial_kernel(const float* dy, const float* x, const f
   double g = 0.0, b = 0.0;
   if (c < N) {
     for (int64_t r = r0 + threadIdx.y; r < r1; r += 8) {
-      const float d = dy[r * N + c];
-      const float xhat = __fmul_rn(__fsub_rn(x[r * N + c], mean[r]), rstd[r]);
+      const float d = static_cast<float>(dy[r * N + c]);
+      const float xhat = __fmul_rn(__fsub_rn(static_cast<float>(x[r * N + c]), mean[r]), rstd[r]);
       g += static_cast<double>(d) * static_cast<double>(xhat);
       b += static_cast<double>(d);
     }
@@ -391,13 +400,17 @@ void layernorm_forward(const float* x, const float* gamma, const float* beta, fl
           <<<blocks, kWarps * 32, 0, stream()>>>(x4, g4, b4, y4, mean, rstd, M, nvec, eps);
     }
   } else {
-    ln_forward_block_kernel<<<static_cast<unsigned>(M), kBlockThreads, 0, stream()>>>(
+    ln_forward_block_kernel<float><<<static_cast<unsigned>(M), kBlockThreads, 0, stream()>>>(
         x, gamma, beta, y, mean, rstd, N, eps);
   }
   REGEN_CUDA_LAUNCH_CHECK("layernorm_forward");
 }
 
 namespace {
+template <class T>
+void backward_general(const T* dy, const T* x, const float* gamma, const float* mean,
+                      const float* rstd, T* dx, float* dgamma, float* dbeta, int64_t M, int64_t N);
+
 template <int kMaxVec, int kWarps>
 void launch_backward_warp(const float* dy, const float* x, const float* gamma, const float* mean,
                           const float* rstd, float* dx, float* dgamma, float* dbeta, int64_t M,
@@ -450,9 +463,20 @@ void layernorm_backward(const float* dy, const float* x, const float* gamma, con
     }
     return;
   }
-  if (!dry) {
-    ln_backward_block_kernel<<<static_cast<unsigned>(M), kBlockThreads, 0, stream()>>>(
-        dy, x, gamma, mean, rstd, dx, N);
+  backward_general(dy, x, gamma, mean, rstd, dx, dgamma, dbeta, M, N);
+}
+
+namespace {
+// The general path's backward (any N), for float and the 16-bit T: dx by one block per row, then
+// dgamma/dbeta by column chunks (a workspace of partials when there is more than one chunk: the
+// dry path requests it too).
+template <class T>
+void backward_general(const T* dy, const T* x, const float* gamma, const float* mean,
+                      const float* rstd, T* dx, float* dgamma, float* dbeta, int64_t M, int64_t N) {
+  const bool dry = dry_run_active();
+  if (!dry && dx) {
+    ln_backward_block_kernel<T>
+        <<<static_cast<unsigned>(M), kBlockThreads, 0, stream()>>>(dy, x, gamma, mean, rstd, dx, N);
     REGEN_CUDA_LAUNCH_CHECK("layernorm_backward");
   }
   if (!dgamma && !dbeta) return;
@@ -467,7 +491,7 @@ void layernorm_backward(const float* dy, const float* x, const float* gamma, con
   double* partial_g = chunks > 1 ? ws.as<double>() : nullptr;
   double* partial_b = chunks > 1 ? partial_g + chunks * N : nullptr;
   const dim3 grid(static_cast<unsigned>(detail::ceil_div(N, 32)), static_cast<unsigned>(chunks));
-  ln_param_partial_kernel<<<grid, dim3(32, 8), 0, stream()>>>(
+  ln_param_partial_kernel<T><<<grid, dim3(32, 8), 0, stream()>>>(
       dy, x, mean, rstd, M, N, rows_per_chunk, partial_g, partial_b, dgamma, dbeta);
   REGEN_CUDA_LAUNCH_CHECK("layernorm_backward");
   if (chunks > 1) {
@@ -476,5 +500,42 @@ void layernorm_backward(const float* dy, const float* x, const float* gamma, con
     REGEN_CUDA_LAUNCH_CHECK("layernorm_backward");
   }
 }
+
+}  // namespace
+
+// The 16-bit launchers (declared beside the op, autograd/ops_layernorm.cpp): x, y, dy, dx bf16 or
+// f16; gamma, beta, mean, rstd, dgamma, dbeta f32. The general path's kernels on widened elements
+// (row sums in double, mean and rstd rounded to f32 as the CPU's), one rounding per stored element.
+template <class T>
+void layernorm_forward_lowp(const T* x, const float* gamma, const float* beta, T* y, float* mean,
+                            float* rstd, int64_t M, int64_t N, double eps) {
+  check_shape("layernorm_forward", M, N);
+  if (M == 0 || N == 0) return;
+  ln_forward_block_kernel<T><<<static_cast<unsigned>(M), kBlockThreads, 0, stream()>>>(
+      x, gamma, beta, y, mean, rstd, N, eps);
+  REGEN_CUDA_LAUNCH_CHECK("layernorm_forward");
+}
+template <class T>
+void layernorm_backward_lowp(const T* dy, const T* x, const float* gamma, const float* mean,
+                             const float* rstd, T* dx, float* dgamma, float* dbeta, int64_t M,
+                             int64_t N) {
+  check_shape("layernorm_backward", M, N);
+  if (N == 0) return;
+  if (M == 0) {
+    if (dry_run_active()) return;
+    if (dgamma) fill(dgamma, N, 0.0f);
+    if (dbeta) fill(dbeta, N, 0.0f);
+    return;
+  }
+  backward_general(dy, x, gamma, mean, rstd, dx, dgamma, dbeta, M, N);
+}
+#define REGEN_LAYERNORM_HALF(T)                                                             \
+  template void layernorm_forward_lowp<T>(const T*, const float*, const float*, T*, float*, \
+                                          float*, int64_t, int64_t, double);                \
+  template void layernorm_backward_lowp<T>(const T*, const T*, const float*, const float*,  \
+                                           const float*, T*, float*, float*, int64_t, int64_t);
+REGEN_LAYERNORM_HALF(bfloat16)
+REGEN_LAYERNORM_HALF(float16)
+#undef REGEN_LAYERNORM_HALF
 
 }  // namespace regen::cuda

@@ -56,7 +56,8 @@ __device__ __forceinline__ void covering(int h, int stride, int pad, int k, int 
 }
 
 // x: (planes, H, W) -> y, argmax: (planes, P, Q)
-__global__ void maxpool_forward_kernel(const float* x, float* y, int32_t* argmax, PoolParams s) {
+template <class T>
+__global__ void maxpool_forward_kernel(const T* x, T* y, int32_t* argmax, PoolParams s) {
   const int64_t total = s.planes * s.P * s.Q;
   for (int64_t i = dev::global_thread(); i < total; i += dev::grid_stride()) {
     const int64_t plane = i / (static_cast<int64_t>(s.P) * s.Q);
@@ -65,26 +66,26 @@ __global__ void maxpool_forward_kernel(const float* x, float* y, int32_t* argmax
     int h0, h1, w0, w1;
     window(p, s.sh, s.ph, s.kh, s.H, h0, h1);
     window(q, s.sw, s.pw, s.kw, s.W, w0, w1);
-    const float* in = x + plane * s.H * s.W;
+    const T* in = x + plane * s.H * s.W;
     int best_at = h0 * s.W + w0;
-    float best = in[best_at];
+    float best = static_cast<float>(in[best_at]);
     for (int h = h0; h < h1; ++h) {
       for (int w = w0; w < w1; ++w) {
-        const float v = in[h * s.W + w];
+        const float v = static_cast<float>(in[h * s.W + w]);
         if (v > best || (isnan(v) && !isnan(best))) {
           best = v;
           best_at = h * s.W + w;
         }
       }
     }
-    y[i] = best;
+    y[i] = T(best);  // a value of x: exact
     argmax[i] = best_at;
   }
 }
 
 // dy, argmax: (planes, P, Q) -> dx: (planes, H, W), gathered.
-__global__ void maxpool_backward_kernel(const float* dy, const int32_t* argmax, float* dx,
-                                        PoolParams s) {
+template <class T>
+__global__ void maxpool_backward_kernel(const T* dy, const int32_t* argmax, T* dx, PoolParams s) {
   const int64_t total = s.planes * s.H * s.W;
   for (int64_t i = dev::global_thread(); i < total; i += dev::grid_stride()) {
     const int64_t plane = i / (static_cast<int64_t>(s.H) * s.W);
@@ -98,24 +99,25 @@ __global__ void maxpool_backward_kernel(const float* dy, const int32_t* argmax, 
     for (int p = p0; p < p1; ++p) {
       for (int q = q0; q < q1; ++q) {
         const int64_t o = base + p * s.Q + q;
-        if (argmax[o] == hw) acc += dy[o];
+        if (argmax[o] == hw) acc += static_cast<float>(dy[o]);
       }
     }
-    dx[i] = acc;
+    dx[i] = T(acc);
   }
 }
 
 // The packed argmax (shapes.h pool_code_bits): one thread per code word, i.e. per `per_word`
 // consecutive outputs of a plane, each computed as maxpool_forward_kernel computes it.
 // x: (planes, H, W) -> y: (planes, P, Q), codes: (planes, words)
-__global__ void maxpool_forward_packed_kernel(const float* x, float* y, uint32_t* codes,
-                                              PoolParams s, int bits, int per_word, int words) {
+template <class T>
+__global__ void maxpool_forward_packed_kernel(const T* x, T* y, uint32_t* codes, PoolParams s,
+                                              int bits, int per_word, int words) {
   const int64_t total = s.planes * words;
   const int pq_total = s.P * s.Q;
   for (int64_t i = dev::global_thread(); i < total; i += dev::grid_stride()) {
     const int64_t plane = i / words;
     const int wd = static_cast<int>(i - plane * words);
-    const float* in = x + plane * s.H * s.W;
+    const T* in = x + plane * s.H * s.W;
     uint32_t word = 0;
     for (int e = 0; e < per_word; ++e) {
       const int pq = wd * per_word + e;
@@ -125,10 +127,10 @@ __global__ void maxpool_forward_packed_kernel(const float* x, float* y, uint32_t
       window(p, s.sh, s.ph, s.kh, s.H, h0, h1);
       window(q, s.sw, s.pw, s.kw, s.W, w0, w1);
       int best_h = h0, best_w = w0;
-      float best = in[h0 * s.W + w0];
+      float best = static_cast<float>(in[h0 * s.W + w0]);
       for (int h = h0; h < h1; ++h) {
         for (int w = w0; w < w1; ++w) {
-          const float v = in[h * s.W + w];
+          const float v = static_cast<float>(in[h * s.W + w]);
           if (v > best || (isnan(v) && !isnan(best))) {
             best = v;
             best_h = h;
@@ -136,7 +138,7 @@ __global__ void maxpool_forward_packed_kernel(const float* x, float* y, uint32_t
           }
         }
       }
-      y[plane * pq_total + pq] = best;
+      y[plane * pq_total + pq] = T(best);
       const uint32_t code =
           static_cast<uint32_t>((best_h - (p * s.sh - s.ph)) * s.kw + (best_w - (q * s.sw - s.pw)));
       word |= code << (e * bits);
@@ -147,7 +149,8 @@ __global__ void maxpool_forward_packed_kernel(const float* x, float* y, uint32_t
 
 // dy: (planes, P, Q), codes: (planes, words) -> dx: (planes, H, W), gathered in increasing
 // (p, q) order like maxpool_backward_kernel.
-__global__ void maxpool_backward_packed_kernel(const float* dy, const uint32_t* codes, float* dx,
+template <class T>
+__global__ void maxpool_backward_packed_kernel(const T* dy, const uint32_t* codes, T* dx,
                                                PoolParams s, int bits, int per_word, int words) {
   const int64_t total = s.planes * s.H * s.W;
   const uint32_t field = bits == 32 ? 0xffffffffu : (1u << bits) - 1u;
@@ -166,15 +169,16 @@ __global__ void maxpool_backward_packed_kernel(const float* dy, const uint32_t* 
         const int pq = p * s.Q + q;
         const uint32_t code = (plane_codes[pq / per_word] >> ((pq % per_word) * bits)) & field;
         const int at = (h - (p * s.sh - s.ph)) * s.kw + (w - (q * s.sw - s.pw));
-        if (code == static_cast<uint32_t>(at)) acc += dy[base + pq];
+        if (code == static_cast<uint32_t>(at)) acc += static_cast<float>(dy[base + pq]);
       }
     }
-    dx[i] = acc;
+    dx[i] = T(acc);
   }
 }
 
 // x: (planes, H, W) -> y: (planes, P, Q); the window sum in double, times 1/(kh*kw).
-__global__ void avgpool_forward_kernel(const float* x, float* y, PoolParams s, double inv) {
+template <class T>
+__global__ void avgpool_forward_kernel(const T* x, T* y, PoolParams s, double inv) {
   const int64_t total = s.planes * s.P * s.Q;
   for (int64_t i = dev::global_thread(); i < total; i += dev::grid_stride()) {
     const int64_t plane = i / (static_cast<int64_t>(s.P) * s.Q);
@@ -183,17 +187,18 @@ __global__ void avgpool_forward_kernel(const float* x, float* y, PoolParams s, d
     int h0, h1, w0, w1;
     window(p, s.sh, s.ph, s.kh, s.H, h0, h1);
     window(q, s.sw, s.pw, s.kw, s.W, w0, w1);
-    const float* in = x + plane * s.H * s.W;
+    const T* in = x + plane * s.H * s.W;
     double acc = 0.0;
     for (int h = h0; h < h1; ++h) {
-      for (int w = w0; w < w1; ++w) acc += static_cast<double>(in[h * s.W + w]);
+      for (int w = w0; w < w1; ++w) acc += static_cast<double>(static_cast<float>(in[h * s.W + w]));
     }
-    y[i] = static_cast<float>(__dmul_rn(acc, inv));
+    y[i] = T(static_cast<float>(__dmul_rn(acc, inv)));
   }
 }
 
 // dy: (planes, P, Q) -> dx: (planes, H, W), gathered: dx = sum over covering windows of dy * inv.
-__global__ void avgpool_backward_kernel(const float* dy, float* dx, PoolParams s, float inv) {
+template <class T>
+__global__ void avgpool_backward_kernel(const T* dy, T* dx, PoolParams s, float inv) {
   const int64_t total = s.planes * s.H * s.W;
   for (int64_t i = dev::global_thread(); i < total; i += dev::grid_stride()) {
     const int64_t plane = i / (static_cast<int64_t>(s.H) * s.W);
@@ -205,114 +210,168 @@ __global__ void avgpool_backward_kernel(const float* dy, float* dx, PoolParams s
     const int64_t base = plane * s.P * s.Q;
     float acc = 0.0f;
     for (int p = p0; p < p1; ++p) {
-      for (int q = q0; q < q1; ++q) acc = __fadd_rn(acc, __fmul_rn(dy[base + p * s.Q + q], inv));
+      for (int q = q0; q < q1; ++q) {
+        acc = __fadd_rn(acc, __fmul_rn(static_cast<float>(dy[base + p * s.Q + q]), inv));
+      }
     }
-    dx[i] = acc;
+    dx[i] = T(acc);
   }
 }
 
 // x: (NC, HW) -> y: (NC); one warp per row, double sums.
-__global__ void global_avgpool_forward_kernel(const float* x, float* y, int64_t NC, int64_t HW) {
+template <class T>
+__global__ void global_avgpool_forward_kernel(const T* x, T* y, int64_t NC, int64_t HW) {
   const int lane = threadIdx.x & 31;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + (threadIdx.x >> 5);
   if (row >= NC) return;
-  const float* in = x + row * HW;
+  const T* in = x + row * HW;
   double acc = 0.0;
-  for (int64_t j = lane; j < HW; j += 32) acc += static_cast<double>(in[j]);
+  for (int64_t j = lane; j < HW; j += 32) acc += static_cast<double>(static_cast<float>(in[j]));
   acc = dev::warp_sum(acc);
-  if (lane == 0) y[row] = static_cast<float>(HW > 0 ? acc / static_cast<double>(HW) : 0.0);
+  if (lane == 0) y[row] = T(static_cast<float>(HW > 0 ? acc / static_cast<double>(HW) : 0.0));
 }
 
 // dy: (NC) -> dx: (NC, HW), dx = dy / HW
-__global__ void global_avgpool_backward_kernel(const float* dy, float* dx, int64_t NC, int64_t HW,
+template <class T>
+__global__ void global_avgpool_backward_kernel(const T* dy, T* dx, int64_t NC, int64_t HW,
                                                double inv) {
   const int64_t total = NC * HW;
   for (int64_t i = dev::global_thread(); i < total; i += dev::grid_stride()) {
-    dx[i] = static_cast<float>(__dmul_rn(static_cast<double>(dy[i / HW]), inv));
+    const double g = static_cast<double>(static_cast<float>(dy[i / HW]));
+    dx[i] = T(static_cast<float>(__dmul_rn(g, inv)));
   }
 }
 
 }  // namespace
 
-void maxpool2d_forward(const float* x, float* y, int32_t* argmax, const PoolShape& s) {
+template <class T>
+void maxpool2d_forward(const T* x, T* y, int32_t* argmax, const PoolShape& s) {
   const PoolParams p = params("maxpool2d_forward", s);
   const int64_t total = p.planes * p.P * p.Q;
   if (total == 0) return;
-  maxpool_forward_kernel<<<detail::grid_blocks(total, kThreads), kThreads, 0, stream()>>>(
-      x, y, argmax, p);
+  maxpool_forward_kernel<T>
+      <<<detail::grid_blocks(total, kThreads), kThreads, 0, stream()>>>(x, y, argmax, p);
   REGEN_CUDA_LAUNCH_CHECK("maxpool2d_forward");
 }
 
-void maxpool2d_backward(const float* dy, const int32_t* argmax, float* dx, const PoolShape& s) {
+template <class T>
+void maxpool2d_backward(const T* dy, const int32_t* argmax, T* dx, const PoolShape& s) {
   const PoolParams p = params("maxpool2d_backward", s);
   const int64_t total = p.planes * p.H * p.W;
   if (total == 0) return;
-  maxpool_backward_kernel<<<detail::grid_blocks(total, kThreads), kThreads, 0, stream()>>>(
-      dy, argmax, dx, p);
+  maxpool_backward_kernel<T>
+      <<<detail::grid_blocks(total, kThreads), kThreads, 0, stream()>>>(dy, argmax, dx, p);
   REGEN_CUDA_LAUNCH_CHECK("maxpool2d_backward");
 }
 
-void maxpool2d_forward_packed(const float* x, float* y, uint32_t* codes, const PoolShape& s) {
+template <class T>
+void maxpool2d_forward_packed(const T* x, T* y, uint32_t* codes, const PoolShape& s) {
   const PoolParams p = params("maxpool2d_forward_packed", s);
   const int bits = pool_code_bits(s);
   const int64_t words = pool_code_words_per_plane(s);
   const int64_t total = p.planes * words;
   if (total == 0) return;
-  maxpool_forward_packed_kernel<<<detail::grid_blocks(total, kThreads), kThreads, 0, stream()>>>(
+  maxpool_forward_packed_kernel<T><<<detail::grid_blocks(total, kThreads), kThreads, 0, stream()>>>(
       x, y, codes, p, bits, 32 / bits, static_cast<int>(words));
   REGEN_CUDA_LAUNCH_CHECK("maxpool2d_forward_packed");
 }
 
-void maxpool2d_backward_packed(const float* dy, const uint32_t* codes, float* dx,
-                               const PoolShape& s) {
+template <class T>
+void maxpool2d_backward_packed(const T* dy, const uint32_t* codes, T* dx, const PoolShape& s) {
   const PoolParams p = params("maxpool2d_backward_packed", s);
   const int bits = pool_code_bits(s);
   const int64_t words = pool_code_words_per_plane(s);
   const int64_t total = p.planes * p.H * p.W;
   if (total == 0) return;
-  maxpool_backward_packed_kernel<<<detail::grid_blocks(total, kThreads), kThreads, 0, stream()>>>(
-      dy, codes, dx, p, bits, 32 / bits, static_cast<int>(words));
+  maxpool_backward_packed_kernel<T>
+      <<<detail::grid_blocks(total, kThreads), kThreads, 0, stream()>>>(
+          dy, codes, dx, p, bits, 32 / bits, static_cast<int>(words));
   REGEN_CUDA_LAUNCH_CHECK("maxpool2d_backward_packed");
 }
 
-void avgpool2d_forward(const float* x, float* y, const PoolShape& s) {
+template <class T>
+void avgpool2d_forward(const T* x, T* y, const PoolShape& s) {
   const PoolParams p = params("avgpool2d_forward", s);
   const int64_t total = p.planes * p.P * p.Q;
   if (total == 0) return;
   const double inv = 1.0 / static_cast<double>(s.kh * s.kw);
-  avgpool_forward_kernel<<<detail::grid_blocks(total, kThreads), kThreads, 0, stream()>>>(x, y, p,
-                                                                                          inv);
+  avgpool_forward_kernel<T>
+      <<<detail::grid_blocks(total, kThreads), kThreads, 0, stream()>>>(x, y, p, inv);
   REGEN_CUDA_LAUNCH_CHECK("avgpool2d_forward");
 }
 
-void avgpool2d_backward(const float* dy, float* dx, const PoolShape& s) {
+template <class T>
+void avgpool2d_backward(const T* dy, T* dx, const PoolShape& s) {
   const PoolParams p = params("avgpool2d_backward", s);
   const int64_t total = p.planes * p.H * p.W;
   if (total == 0) return;
   const float inv = static_cast<float>(1.0 / static_cast<double>(s.kh * s.kw));
-  avgpool_backward_kernel<<<detail::grid_blocks(total, kThreads), kThreads, 0, stream()>>>(dy, dx,
-                                                                                           p, inv);
+  avgpool_backward_kernel<T>
+      <<<detail::grid_blocks(total, kThreads), kThreads, 0, stream()>>>(dy, dx, p, inv);
   REGEN_CUDA_LAUNCH_CHECK("avgpool2d_backward");
 }
 
-void global_avgpool_forward(const float* x, float* y, int64_t NC, int64_t HW) {
+template <class T>
+void global_avgpool_forward(const T* x, T* y, int64_t NC, int64_t HW) {
   REGEN_CHECK(NC >= 0 && HW >= 0, "global_avgpool_forward: negative shape (", NC, ", ", HW, ")");
   if (NC == 0) return;
   constexpr int kWarps = kThreads / 32;
   REGEN_CHECK(detail::ceil_div(NC, kWarps) <= 0x7fffffff, "global_avgpool_forward: ", NC,
               " rows are too many");
-  global_avgpool_forward_kernel<<<static_cast<unsigned>(detail::ceil_div(NC, kWarps)), kThreads, 0,
-                                  stream()>>>(x, y, NC, HW);
+  global_avgpool_forward_kernel<T>
+      <<<static_cast<unsigned>(detail::ceil_div(NC, kWarps)), kThreads, 0, stream()>>>(x, y, NC,
+                                                                                       HW);
   REGEN_CUDA_LAUNCH_CHECK("global_avgpool_forward");
 }
 
-void global_avgpool_backward(const float* dy, float* dx, int64_t NC, int64_t HW) {
+template <class T>
+void global_avgpool_backward(const T* dy, T* dx, int64_t NC, int64_t HW) {
   REGEN_CHECK(NC >= 0 && HW >= 0, "global_avgpool_backward: negative shape (", NC, ", ", HW, ")");
   if (NC == 0 || HW == 0) return;
   const double inv = 1.0 / static_cast<double>(HW);
-  global_avgpool_backward_kernel<<<detail::grid_blocks(NC * HW, kThreads), kThreads, 0, stream()>>>(
-      dy, dx, NC, HW, inv);
+  global_avgpool_backward_kernel<T>
+      <<<detail::grid_blocks(NC * HW, kThreads), kThreads, 0, stream()>>>(dy, dx, NC, HW, inv);
   REGEN_CUDA_LAUNCH_CHECK("global_avgpool_backward");
+}
+
+// The float launchers, and the 16-bit forms: maxima are copies (bit for bit); sums in f32 or double
+// as the float kernels', rounded once.
+#define REGEN_POOL(T)                                                                          \
+  template void maxpool2d_forward<T>(const T*, T*, int32_t*, const PoolShape&);                \
+  template void maxpool2d_backward<T>(const T*, const int32_t*, T*, const PoolShape&);         \
+  template void maxpool2d_forward_packed<T>(const T*, T*, uint32_t*, const PoolShape&);        \
+  template void maxpool2d_backward_packed<T>(const T*, const uint32_t*, T*, const PoolShape&); \
+  template void avgpool2d_forward<T>(const T*, T*, const PoolShape&);                          \
+  template void avgpool2d_backward<T>(const T*, T*, const PoolShape&);                         \
+  template void global_avgpool_forward<T>(const T*, T*, int64_t, int64_t);                     \
+  template void global_avgpool_backward<T>(const T*, T*, int64_t, int64_t);
+REGEN_POOL(bfloat16)
+REGEN_POOL(float16)
+#undef REGEN_POOL
+void maxpool2d_forward(const float* x, float* y, int32_t* argmax, const PoolShape& s) {
+  maxpool2d_forward<float>(x, y, argmax, s);
+}
+void maxpool2d_backward(const float* dy, const int32_t* argmax, float* dx, const PoolShape& s) {
+  maxpool2d_backward<float>(dy, argmax, dx, s);
+}
+void maxpool2d_forward_packed(const float* x, float* y, uint32_t* codes, const PoolShape& s) {
+  maxpool2d_forward_packed<float>(x, y, codes, s);
+}
+void maxpool2d_backward_packed(const float* dy, const uint32_t* codes, float* dx,
+                               const PoolShape& s) {
+  maxpool2d_backward_packed<float>(dy, codes, dx, s);
+}
+void avgpool2d_forward(const float* x, float* y, const PoolShape& s) {
+  avgpool2d_forward<float>(x, y, s);
+}
+void avgpool2d_backward(const float* dy, float* dx, const PoolShape& s) {
+  avgpool2d_backward<float>(dy, dx, s);
+}
+void global_avgpool_forward(const float* x, float* y, int64_t NC, int64_t HW) {
+  global_avgpool_forward<float>(x, y, NC, HW);
+}
+void global_avgpool_backward(const float* dy, float* dx, int64_t NC, int64_t HW) {
+  global_avgpool_backward<float>(dy, dx, NC, HW);
 }
 
 }  // namespace regen::cuda

@@ -32,10 +32,11 @@ __global__ void slice_copy_kernel(const V* x, V* y, SliceParams<V, Index> p) {
   }
 }
 
-// Launches with elements of V (float or float4: `width` floats each); every size is in floats
+// Launches with elements of V (`width` elements of the tensor's type each: float or float4 for
+// f32; uint16_t, float or float4 for the 16-bit types); every size is in the tensor's elements
 // and divisible by width.
 template <class V>
-void launch(const float* x, float* y, const SliceShape& s, int64_t width) {
+void launch(const void* x, void* y, const SliceShape& s, int64_t width) {
   const int64_t outer = s.outer, row = s.len * s.inner / width;
   const int64_t xs = s.x_dim * s.inner / width, xo = s.x_start * s.inner / width;
   const int64_t ys = s.y_dim * s.inner / width, yo = s.y_start * s.inner / width;
@@ -44,8 +45,8 @@ void launch(const float* x, float* y, const SliceShape& s, int64_t width) {
   const int64_t span = std::max(outer * std::max(xs, ys), total) +
                        static_cast<int64_t>(detail::kMaxGridBlocks) * kThreads;
   const unsigned blocks = detail::grid_blocks(total, kThreads);
-  const V* xv = reinterpret_cast<const V*>(x);
-  V* yv = reinterpret_cast<V*>(y);
+  const V* xv = static_cast<const V*>(x);
+  V* yv = static_cast<V*>(y);
   if (span < (int64_t{1} << 32)) {
     const SliceParams<V, uint32_t> p{static_cast<uint32_t>(outer), static_cast<uint32_t>(row),
                                      static_cast<uint32_t>(xs),    static_cast<uint32_t>(xo),
@@ -57,24 +58,46 @@ void launch(const float* x, float* y, const SliceShape& s, int64_t width) {
   }
 }
 
-}  // namespace
-
-void slice_copy(const float* x, float* y, const SliceShape& s) {
+// A copy of 32-bit or 16-bit elements (bits only); width: how many fit a float4.
+template <class T>
+void slice_copy_bits(const T* x, T* y, const SliceShape& s) {
   REGEN_CHECK(s.outer >= 0 && s.len >= 0 && s.inner >= 0 && s.x_start >= 0 && s.y_start >= 0 &&
                   s.x_start + s.len <= s.x_dim && s.y_start + s.len <= s.y_dim,
               "slice_copy: bad shape outer=", s.outer, " len=", s.len, " inner=", s.inner,
               " x rows [", s.x_start, ", +len) of ", s.x_dim, ", y rows [", s.y_start,
               ", +len) of ", s.y_dim);
   if (s.outer == 0 || s.len == 0 || s.inner == 0) return;
-  const bool vec4 = detail::aligned16(x) && detail::aligned16(y) && (s.len * s.inner) % 4 == 0 &&
-                    (s.x_dim * s.inner) % 4 == 0 && (s.x_start * s.inner) % 4 == 0 &&
-                    (s.y_dim * s.inner) % 4 == 0 && (s.y_start * s.inner) % 4 == 0;
-  if (vec4) {
-    launch<float4>(x, y, s, 4);
-  } else {
+  // Whether every row start and length is a multiple of w elements (and the pointers aligned).
+  auto fits = [&](int64_t w, bool aligned) {
+    return aligned && (s.len * s.inner) % w == 0 && (s.x_dim * s.inner) % w == 0 &&
+           (s.x_start * s.inner) % w == 0 && (s.y_dim * s.inner) % w == 0 &&
+           (s.y_start * s.inner) % w == 0;
+  };
+  constexpr int64_t per4 = 16 / sizeof(T);  // elements per float4
+  const bool a16 = detail::aligned16(x) && detail::aligned16(y);
+  if (fits(per4, a16)) {
+    launch<float4>(x, y, s, per4);
+  } else if (sizeof(T) == 4) {
     launch<float>(x, y, s, 1);
+  } else if (fits(2, (reinterpret_cast<uintptr_t>(x) & 3u) == 0 &&
+                         (reinterpret_cast<uintptr_t>(y) & 3u) == 0)) {
+    launch<float>(x, y, s, 2);
+  } else {
+    launch<uint16_t>(x, y, s, 1);
   }
   REGEN_CUDA_LAUNCH_CHECK("slice_copy");
 }
+
+}  // namespace
+
+void slice_copy(const float* x, float* y, const SliceShape& s) {
+  slice_copy_bits(x, y, s);
+}
+template <class T>
+void slice_copy(const T* x, T* y, const SliceShape& s) {
+  slice_copy_bits(x, y, s);
+}
+template void slice_copy<bfloat16>(const bfloat16*, bfloat16*, const SliceShape&);
+template void slice_copy<float16>(const float16*, float16*, const SliceShape&);
 
 }  // namespace regen::cuda

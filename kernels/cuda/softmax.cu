@@ -14,19 +14,19 @@ constexpr int kThreads = 256;
 constexpr int kWarpsPerBlock = kThreads / 32;
 
 // x, y: (M, N), N <= 32 * kPerLane; one warp per row.
-template <int kPerLane>
+template <class T, int kPerLane>
 __global__ void __launch_bounds__(kThreads)
-    softmax_warp_kernel(const float* x, float* y, int64_t M, int N) {
+    softmax_warp_kernel(const T* x, T* y, int64_t M, int N) {
   const int lane = threadIdx.x & 31;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
   if (row >= M) return;  // whole warps leave together
-  const float* xr = x + row * N;
+  const T* xr = x + row * N;
   float v[kPerLane];
   float mx = -INFINITY;
 #pragma unroll
   for (int k = 0; k < kPerLane; ++k) {
     const int c = lane + 32 * k;
-    v[k] = c < N ? xr[c] : -INFINITY;
+    v[k] = c < N ? static_cast<float>(xr[c]) : -INFINITY;
     mx = fmaxf(mx, v[k]);
   }
   mx = dev::warp_max(mx);
@@ -38,54 +38,59 @@ __global__ void __launch_bounds__(kThreads)
   }
   sum = dev::warp_sum(sum);
   const float inv = 1.0f / sum;
-  float* yr = y + row * N;
+  T* yr = y + row * N;
 #pragma unroll
   for (int k = 0; k < kPerLane; ++k) {
     const int c = lane + 32 * k;
-    if (c < N) yr[c] = v[k] * inv;
+    if (c < N) yr[c] = T(v[k] * inv);
   }
 }
 
 // x, y: (M, N), one block per row.
-__global__ void __launch_bounds__(kThreads)
-    softmax_block_kernel(const float* x, float* y, int64_t N) {
+template <class T>
+__global__ void __launch_bounds__(kThreads) softmax_block_kernel(const T* x, T* y, int64_t N) {
   __shared__ float scratch[32];
-  const float* xr = x + static_cast<int64_t>(blockIdx.x) * N;
-  float* yr = y + static_cast<int64_t>(blockIdx.x) * N;
+  const T* xr = x + static_cast<int64_t>(blockIdx.x) * N;
+  T* yr = y + static_cast<int64_t>(blockIdx.x) * N;
   float mx = -INFINITY;
-  for (int64_t c = threadIdx.x; c < N; c += kThreads) mx = fmaxf(mx, xr[c]);
+  for (int64_t c = threadIdx.x; c < N; c += kThreads) mx = fmaxf(mx, static_cast<float>(xr[c]));
   mx = dev::block_max(mx, scratch);
   float sum = 0.0f;
-  for (int64_t c = threadIdx.x; c < N; c += kThreads) sum += expf(xr[c] - mx);
+  for (int64_t c = threadIdx.x; c < N; c += kThreads) sum += expf(static_cast<float>(xr[c]) - mx);
   sum = dev::block_sum(sum, scratch);
   const float inv = 1.0f / sum;
-  for (int64_t c = threadIdx.x; c < N; c += kThreads) yr[c] = expf(xr[c] - mx) * inv;
+  for (int64_t c = threadIdx.x; c < N; c += kThreads)
+    yr[c] = T(expf(static_cast<float>(xr[c]) - mx) * inv);
 }
 
 // dy, y, dx: (M, N); dx = y * (dy - <dy, y>), one warp per row.
+template <class T>
 __global__ void __launch_bounds__(kThreads)
-    softmax_backward_warp_kernel(const float* dy, const float* y, float* dx, int64_t M, int N) {
+    softmax_backward_warp_kernel(const T* dy, const T* y, T* dx, int64_t M, int N) {
   const int lane = threadIdx.x & 31;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
   if (row >= M) return;
-  const float *dyr = dy + row * N, *yr = y + row * N;
+  const T *dyr = dy + row * N, *yr = y + row * N;
   float dot = 0.0f;
-  for (int c = lane; c < N; c += 32) dot += dyr[c] * yr[c];
+  for (int c = lane; c < N; c += 32) dot += static_cast<float>(dyr[c]) * static_cast<float>(yr[c]);
   dot = dev::warp_sum(dot);
-  float* dxr = dx + row * N;
-  for (int c = lane; c < N; c += 32) dxr[c] = yr[c] * (dyr[c] - dot);
+  T* dxr = dx + row * N;
+  for (int c = lane; c < N; c += 32)
+    dxr[c] = T(static_cast<float>(yr[c]) * (static_cast<float>(dyr[c]) - dot));
 }
 
 // One block per row.
+template <class T>
 __global__ void __launch_bounds__(kThreads)
-    softmax_backward_block_kernel(const float* dy, const float* y, float* dx, int64_t N) {
+    softmax_backward_block_kernel(const T* dy, const T* y, T* dx, int64_t N) {
   __shared__ float scratch[32];
   const int64_t base = static_cast<int64_t>(blockIdx.x) * N;
   float dot = 0.0f;
-  for (int64_t c = threadIdx.x; c < N; c += kThreads) dot += dy[base + c] * y[base + c];
+  for (int64_t c = threadIdx.x; c < N; c += kThreads)
+    dot += static_cast<float>(dy[base + c]) * static_cast<float>(y[base + c]);
   dot = dev::block_sum(dot, scratch);
   for (int64_t c = threadIdx.x; c < N; c += kThreads)
-    dx[base + c] = y[base + c] * (dy[base + c] - dot);
+    dx[base + c] = T(static_cast<float>(y[base + c]) * (static_cast<float>(dy[base + c]) - dot));
 }
 
 void check_shape(const char* name, int64_t M, int64_t N) {
@@ -95,36 +100,51 @@ void check_shape(const char* name, int64_t M, int64_t N) {
 
 }  // namespace
 
-// x, y: (M, N)
-void softmax_forward(const float* x, float* y, int64_t M, int64_t N) {
+// x, y: (M, N); float or 16-bit T (f32 max, exponentials and sums; one rounding on store).
+template <class T>
+void softmax_forward(const T* x, T* y, int64_t M, int64_t N) {
   check_shape("softmax_forward", M, N);
   if (M == 0 || N == 0) return;
   const unsigned warp_blocks = static_cast<unsigned>(detail::ceil_div(M, kWarpsPerBlock));
   if (N <= 128) {
-    softmax_warp_kernel<4><<<warp_blocks, kThreads, 0, stream()>>>(x, y, M, static_cast<int>(N));
+    softmax_warp_kernel<T, 4><<<warp_blocks, kThreads, 0, stream()>>>(x, y, M, static_cast<int>(N));
   } else if (N <= 1024) {
-    softmax_warp_kernel<32><<<warp_blocks, kThreads, 0, stream()>>>(x, y, M, static_cast<int>(N));
+    softmax_warp_kernel<T, 32>
+        <<<warp_blocks, kThreads, 0, stream()>>>(x, y, M, static_cast<int>(N));
   } else {
     REGEN_CHECK(M <= 0x7fffffff, "softmax_forward: ", M, " rows are too many");
-    softmax_block_kernel<<<static_cast<unsigned>(M), kThreads, 0, stream()>>>(x, y, N);
+    softmax_block_kernel<T><<<static_cast<unsigned>(M), kThreads, 0, stream()>>>(x, y, N);
   }
   REGEN_CUDA_LAUNCH_CHECK("softmax_forward");
 }
 
 // dy, y, dx: (M, N)
-void softmax_backward(const float* dy, const float* y, float* dx, int64_t M, int64_t N) {
+template <class T>
+void softmax_backward(const T* dy, const T* y, T* dx, int64_t M, int64_t N) {
   check_shape("softmax_backward", M, N);
   if (M == 0 || N == 0) return;
   if (N <= 1024) {
     const unsigned blocks = static_cast<unsigned>(detail::ceil_div(M, kWarpsPerBlock));
-    softmax_backward_warp_kernel<<<blocks, kThreads, 0, stream()>>>(dy, y, dx, M,
-                                                                    static_cast<int>(N));
+    softmax_backward_warp_kernel<T>
+        <<<blocks, kThreads, 0, stream()>>>(dy, y, dx, M, static_cast<int>(N));
   } else {
     REGEN_CHECK(M <= 0x7fffffff, "softmax_backward: ", M, " rows are too many");
-    softmax_backward_block_kernel<<<static_cast<unsigned>(M), kThreads, 0, stream()>>>(dy, y, dx,
-                                                                                       N);
+    softmax_backward_block_kernel<T>
+        <<<static_cast<unsigned>(M), kThreads, 0, stream()>>>(dy, y, dx, N);
   }
   REGEN_CUDA_LAUNCH_CHECK("softmax_backward");
 }
+
+void softmax_forward(const float* x, float* y, int64_t M, int64_t N) {
+  softmax_forward<float>(x, y, M, N);
+}
+void softmax_backward(const float* dy, const float* y, float* dx, int64_t M, int64_t N) {
+  softmax_backward<float>(dy, y, dx, M, N);
+}
+template void softmax_forward<bfloat16>(const bfloat16*, bfloat16*, int64_t, int64_t);
+template void softmax_forward<float16>(const float16*, float16*, int64_t, int64_t);
+template void softmax_backward<bfloat16>(const bfloat16*, const bfloat16*, bfloat16*, int64_t,
+                                         int64_t);
+template void softmax_backward<float16>(const float16*, const float16*, float16*, int64_t, int64_t);
 
 }  // namespace regen::cuda

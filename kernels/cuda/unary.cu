@@ -180,4 +180,97 @@ const UnaryLaunchers* unary_launchers() {
   return kUnaryLaunchers;
 }
 
+// ---- 16-bit forms (bfloat16, float16) ---------------------------------------------------------
+// The CPU's 16-bit loops (kernels/cpu/unary.cpp) element for element: each element widened to f32,
+// the f32 functor, one rounding on store; the mask of an op that reads its output is taken from
+// the stored (rounded) value, as the CPU's is.
+namespace {
+template <class T, class F>
+__global__ void half_unary_forward_kernel(const T* x, T* y, int64_t n) {
+  for (int64_t i = dev::global_thread(); i < n; i += dev::grid_stride())
+    y[i] = T(F::value(static_cast<float>(x[i])));
+}
+template <class T, class F>
+__global__ void half_unary_backward_kernel(const T* dy, const T* s, T* dx, int64_t n) {
+  for (int64_t i = dev::global_thread(); i < n; i += dev::grid_stride())
+    dx[i] = T(F::grad(static_cast<float>(dy[i]), static_cast<float>(s[i])));
+}
+template <class T, class F>
+__global__ void half_unary_forward_mask_kernel(const T* x, T* y, uint32_t* mask, int64_t n) {
+  constexpr bool reads_output = F::reads == unary::Reads::output;
+  const int lane = static_cast<int>(threadIdx.x & 31);
+  for (int64_t i = dev::global_thread(); i - lane < n; i += dev::grid_stride()) {
+    bool bit = false;
+    if (i < n) {
+      const float in = static_cast<float>(x[i]);
+      const T out(F::value(in));
+      y[i] = out;
+      bit = F::mask(reads_output ? static_cast<float>(out) : in);
+    }
+    const unsigned word = __ballot_sync(dev::kFullMask, bit);
+    if (lane == 0) mask[i >> 5] = word;
+  }
+}
+template <class T, class F>
+__global__ void half_unary_backward_mask_kernel(const T* dy, const uint32_t* mask, T* dx,
+                                                int64_t n) {
+  for (int64_t i = dev::global_thread(); i < n; i += dev::grid_stride()) {
+    dx[i] = T(F::grad_masked(static_cast<float>(dy[i]), ((mask[i >> 5] >> (i & 31)) & 1u) != 0));
+  }
+}
+}  // namespace
+
+template <class T, class F>
+void unary_forward(F, const T* x, T* y, int64_t n) {
+  REGEN_CHECK(n >= 0, Name<F>::forward, ": negative size ", n);
+  if (n == 0) return;
+  half_unary_forward_kernel<T, F><<<grid_blocks(n, kThreads), kThreads, 0, stream()>>>(x, y, n);
+  REGEN_CUDA_LAUNCH_CHECK(Name<F>::forward);
+}
+template <class T, class F>
+void unary_backward(F, const T* dy, const T* s, T* dx, int64_t n) {
+  REGEN_CHECK(n >= 0, Name<F>::backward, ": negative size ", n);
+  if (n == 0) return;
+  half_unary_backward_kernel<T, F>
+      <<<grid_blocks(n, kThreads), kThreads, 0, stream()>>>(dy, s, dx, n);
+  REGEN_CUDA_LAUNCH_CHECK(Name<F>::backward);
+}
+template <class T, class F>
+void unary_forward_mask(F, const T* x, T* y, uint32_t* mask, int64_t n) {
+  if constexpr (unary::has_mask<F>::value) {
+    REGEN_CHECK(n >= 0, Name<F>::forward_mask, ": negative size ", n);
+    if (n == 0) return;
+    half_unary_forward_mask_kernel<T, F>
+        <<<grid_blocks(mask_words(n) * 32, kThreads), kThreads, 0, stream()>>>(x, y, mask, n);
+    REGEN_CUDA_LAUNCH_CHECK(Name<F>::forward_mask);
+  } else {
+    REGEN_FAIL(Name<F>::forward_mask, ": the op has no packed mask form");
+  }
+}
+template <class T, class F>
+void unary_backward_mask(F, const T* dy, const uint32_t* mask, T* dx, int64_t n) {
+  if constexpr (unary::has_mask<F>::value) {
+    REGEN_CHECK(n >= 0, Name<F>::backward_mask, ": negative size ", n);
+    if (n == 0) return;
+    half_unary_backward_mask_kernel<T, F>
+        <<<grid_blocks(n, kThreads), kThreads, 0, stream()>>>(dy, mask, dx, n);
+    REGEN_CUDA_LAUNCH_CHECK(Name<F>::backward_mask);
+  } else {
+    REGEN_FAIL(Name<F>::backward_mask, ": the op has no packed mask form");
+  }
+}
+
+#define REGEN_UNARY_INSTANTIATE_HALF_T(T, name)                                                    \
+  template void unary_forward<T, unary::name>(unary::name, const T*, T*, int64_t);                 \
+  template void unary_backward<T, unary::name>(unary::name, const T*, const T*, T*, int64_t);      \
+  template void unary_forward_mask<T, unary::name>(unary::name, const T*, T*, uint32_t*, int64_t); \
+  template void unary_backward_mask<T, unary::name>(unary::name, const T*, const uint32_t*, T*,    \
+                                                    int64_t);
+#define REGEN_UNARY_INSTANTIATE_HALF(name)       \
+  REGEN_UNARY_INSTANTIATE_HALF_T(bfloat16, name) \
+  REGEN_UNARY_INSTANTIATE_HALF_T(float16, name)
+REGEN_UNARY_OPS(REGEN_UNARY_INSTANTIATE_HALF)
+#undef REGEN_UNARY_INSTANTIATE_HALF
+#undef REGEN_UNARY_INSTANTIATE_HALF_T
+
 }  // namespace regen::cuda

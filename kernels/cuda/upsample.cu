@@ -53,31 +53,41 @@ __device__ __forceinline__ int readers(int h, int n, int& lo, float (&w)[4]) {
 }
 
 // x: (NC, H, W) -> y: (NC, 2H, 2W)
-__global__ void nearest_forward_kernel(const float* x, float* y, Planes s) {
+// A 16-bit element widened to f32 (float as is).
+template <class T>
+__device__ __forceinline__ float ld(const T* p, int64_t i) {
+  return static_cast<float>(p[i]);
+}
+
+template <class T>
+__global__ void nearest_forward_kernel(const T* x, T* y, Planes s) {
   const int W2 = 2 * s.W, plane = 4 * s.H * s.W;
   const int64_t total = s.NC * plane;
   for (int64_t i = dev::global_thread(); i < total; i += dev::grid_stride()) {
     const int64_t p = i / plane;
     const int hw = static_cast<int>(i - p * plane), oh = hw / W2, ow = hw - oh * W2;
-    y[i] = x[p * s.H * s.W + (oh >> 1) * s.W + (ow >> 1)];
+    y[i] = x[p * s.H * s.W + (oh >> 1) * s.W + (ow >> 1)];  // a copy: the same bits
   }
 }
 
 // dy: (NC, 2H, 2W) -> dx: (NC, H, W), each 2x2 block summed as (top pair) + (bottom pair).
-__global__ void nearest_backward_kernel(const float* dy, float* dx, Planes s) {
+template <class T>
+__global__ void nearest_backward_kernel(const T* dy, T* dx, Planes s) {
   const int W2 = 2 * s.W, plane = s.H * s.W;
   const int64_t total = s.NC * plane;
   for (int64_t i = dev::global_thread(); i < total; i += dev::grid_stride()) {
     const int64_t p = i / plane;
     const int hw = static_cast<int>(i - p * plane), h = hw / s.W, w = hw - h * s.W;
-    const float* top = dy + p * 4 * plane + (2 * h) * W2 + 2 * w;
-    const float* bottom = top + W2;
-    dx[i] = __fadd_rn(__fadd_rn(top[0], top[1]), __fadd_rn(bottom[0], bottom[1]));
+    const T* top = dy + p * 4 * plane + (2 * h) * W2 + 2 * w;
+    const T* bottom = top + W2;
+    dx[i] =
+        T(__fadd_rn(__fadd_rn(ld(top, 0), ld(top, 1)), __fadd_rn(ld(bottom, 0), ld(bottom, 1))));
   }
 }
 
 // x: (NC, H, W) -> y: (NC, 2H, 2W)
-__global__ void bilinear_forward_kernel(const float* x, float* y, Planes s) {
+template <class T>
+__global__ void bilinear_forward_kernel(const T* x, T* y, Planes s) {
   const int W2 = 2 * s.W, plane = 4 * s.H * s.W;
   const int64_t total = s.NC * plane;
   for (int64_t i = dev::global_thread(); i < total; i += dev::grid_stride()) {
@@ -88,16 +98,17 @@ __global__ void bilinear_forward_kernel(const float* x, float* y, Planes s) {
     source(oh, s.H, h0, h1, lh1);
     source(ow, s.W, w0, w1, lw1);
     const float lh0 = 1.0f - lh1, lw0 = 1.0f - lw1;
-    const float* r0 = x + p * s.H * s.W + h0 * s.W;
-    const float* r1 = x + p * s.H * s.W + h1 * s.W;
-    const float top = __fadd_rn(__fmul_rn(lw0, r0[w0]), __fmul_rn(lw1, r0[w1]));
-    const float bottom = __fadd_rn(__fmul_rn(lw0, r1[w0]), __fmul_rn(lw1, r1[w1]));
-    y[i] = __fadd_rn(__fmul_rn(lh0, top), __fmul_rn(lh1, bottom));
+    const T* r0 = x + p * s.H * s.W + h0 * s.W;
+    const T* r1 = x + p * s.H * s.W + h1 * s.W;
+    const float top = __fadd_rn(__fmul_rn(lw0, ld(r0, w0)), __fmul_rn(lw1, ld(r0, w1)));
+    const float bottom = __fadd_rn(__fmul_rn(lw0, ld(r1, w0)), __fmul_rn(lw1, ld(r1, w1)));
+    y[i] = T(__fadd_rn(__fmul_rn(lh0, top), __fmul_rn(lh1, bottom)));
   }
 }
 
 // dy: (NC, 2H, 2W) -> dx: (NC, H, W), gathered row by row of dy.
-__global__ void bilinear_backward_kernel(const float* dy, float* dx, Planes s) {
+template <class T>
+__global__ void bilinear_backward_kernel(const T* dy, T* dx, Planes s) {
   const int W2 = 2 * s.W, plane = s.H * s.W;
   const int64_t total = s.NC * plane;
   for (int64_t i = dev::global_thread(); i < total; i += dev::grid_stride()) {
@@ -106,52 +117,80 @@ __global__ void bilinear_backward_kernel(const float* dy, float* dx, Planes s) {
     int oh0, ow0;
     float wh[4], ww[4];
     const int nh = readers(h, s.H, oh0, wh), nw = readers(w, s.W, ow0, ww);
-    const float* g = dy + p * 4 * plane;
+    const T* g = dy + p * 4 * plane;
     float acc = 0.0f;
     for (int a = 0; a < nh; ++a) {
-      const float* row = g + (oh0 + a) * W2 + ow0;
+      const T* row = g + (oh0 + a) * W2 + ow0;
       float part = 0.0f;
-      for (int b = 0; b < nw; ++b) part = __fadd_rn(part, __fmul_rn(ww[b], row[b]));
+      for (int b = 0; b < nw; ++b) part = __fadd_rn(part, __fmul_rn(ww[b], ld(row, b)));
       acc = __fadd_rn(acc, __fmul_rn(wh[a], part));
     }
-    dx[i] = acc;
+    dx[i] = T(acc);
   }
 }
 
 }  // namespace
 
-void upsample2x_nearest_forward(const float* x, float* y, int64_t NC, int64_t H, int64_t W) {
+template <class T>
+void upsample2x_nearest_forward(const T* x, T* y, int64_t NC, int64_t H, int64_t W) {
   const Planes s = params("upsample2x_nearest_forward", NC, H, W);
   const int64_t total = NC * 4 * H * W;
   if (total == 0) return;
-  nearest_forward_kernel<<<detail::grid_blocks(total, kThreads), kThreads, 0, stream()>>>(x, y, s);
+  nearest_forward_kernel<T>
+      <<<detail::grid_blocks(total, kThreads), kThreads, 0, stream()>>>(x, y, s);
   REGEN_CUDA_LAUNCH_CHECK("upsample2x_nearest_forward");
 }
 
-void upsample2x_nearest_backward(const float* dy, float* dx, int64_t NC, int64_t H, int64_t W) {
+template <class T>
+void upsample2x_nearest_backward(const T* dy, T* dx, int64_t NC, int64_t H, int64_t W) {
   const Planes s = params("upsample2x_nearest_backward", NC, H, W);
   const int64_t total = NC * H * W;
   if (total == 0) return;
-  nearest_backward_kernel<<<detail::grid_blocks(total, kThreads), kThreads, 0, stream()>>>(dy, dx,
-                                                                                           s);
+  nearest_backward_kernel<T>
+      <<<detail::grid_blocks(total, kThreads), kThreads, 0, stream()>>>(dy, dx, s);
   REGEN_CUDA_LAUNCH_CHECK("upsample2x_nearest_backward");
 }
 
-void upsample2x_bilinear_forward(const float* x, float* y, int64_t NC, int64_t H, int64_t W) {
+template <class T>
+void upsample2x_bilinear_forward(const T* x, T* y, int64_t NC, int64_t H, int64_t W) {
   const Planes s = params("upsample2x_bilinear_forward", NC, H, W);
   const int64_t total = NC * 4 * H * W;
   if (total == 0) return;
-  bilinear_forward_kernel<<<detail::grid_blocks(total, kThreads), kThreads, 0, stream()>>>(x, y, s);
+  bilinear_forward_kernel<T>
+      <<<detail::grid_blocks(total, kThreads), kThreads, 0, stream()>>>(x, y, s);
   REGEN_CUDA_LAUNCH_CHECK("upsample2x_bilinear_forward");
 }
 
-void upsample2x_bilinear_backward(const float* dy, float* dx, int64_t NC, int64_t H, int64_t W) {
+template <class T>
+void upsample2x_bilinear_backward(const T* dy, T* dx, int64_t NC, int64_t H, int64_t W) {
   const Planes s = params("upsample2x_bilinear_backward", NC, H, W);
   const int64_t total = NC * H * W;
   if (total == 0) return;
-  bilinear_backward_kernel<<<detail::grid_blocks(total, kThreads), kThreads, 0, stream()>>>(dy, dx,
-                                                                                            s);
+  bilinear_backward_kernel<T>
+      <<<detail::grid_blocks(total, kThreads), kThreads, 0, stream()>>>(dy, dx, s);
   REGEN_CUDA_LAUNCH_CHECK("upsample2x_bilinear_backward");
+}
+
+// The float launchers, and the 16-bit forms (each output's f32 value rounded once).
+#define REGEN_UPSAMPLE(T)                                                                \
+  template void upsample2x_nearest_forward<T>(const T*, T*, int64_t, int64_t, int64_t);  \
+  template void upsample2x_nearest_backward<T>(const T*, T*, int64_t, int64_t, int64_t); \
+  template void upsample2x_bilinear_forward<T>(const T*, T*, int64_t, int64_t, int64_t); \
+  template void upsample2x_bilinear_backward<T>(const T*, T*, int64_t, int64_t, int64_t);
+REGEN_UPSAMPLE(bfloat16)
+REGEN_UPSAMPLE(float16)
+#undef REGEN_UPSAMPLE
+void upsample2x_nearest_forward(const float* x, float* y, int64_t NC, int64_t H, int64_t W) {
+  upsample2x_nearest_forward<float>(x, y, NC, H, W);
+}
+void upsample2x_nearest_backward(const float* dy, float* dx, int64_t NC, int64_t H, int64_t W) {
+  upsample2x_nearest_backward<float>(dy, dx, NC, H, W);
+}
+void upsample2x_bilinear_forward(const float* x, float* y, int64_t NC, int64_t H, int64_t W) {
+  upsample2x_bilinear_forward<float>(x, y, NC, H, W);
+}
+void upsample2x_bilinear_backward(const float* dy, float* dx, int64_t NC, int64_t H, int64_t W) {
+  upsample2x_bilinear_backward<float>(dy, dx, NC, H, W);
 }
 
 }  // namespace regen::cuda

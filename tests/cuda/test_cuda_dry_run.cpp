@@ -25,6 +25,28 @@
 #include "tests/dry_paths.h"
 #include "tests/op_table.h"
 
+namespace regen {
+// The 16-bit launchers with scratch, declared beside their ops (autograd/ops_batchnorm.cpp,
+// ops_layernorm.cpp); a declaration that differs from theirs fails to link.
+REGEN_LAUNCHER(batchnorm_forward_train_lowp,
+               (const T* x, const float* gamma, const float* beta, T* y, float* mean, float* invstd,
+                float* running_mean, float* running_var, int64_t N, int64_t C, int64_t HW,
+                double momentum, double eps))
+REGEN_LAUNCHER(batchnorm_forward_eval_lowp,
+               (const T* x, const float* gamma, const float* beta, const float* running_mean,
+                const float* running_var, T* y, int64_t N, int64_t C, int64_t HW, double eps))
+REGEN_LAUNCHER(batchnorm_backward_lowp,
+               (const T* dy, const T* x, const float* gamma, const float* mean, const float* invstd,
+                T* dx, float* dgamma, float* dbeta, int64_t N, int64_t C, int64_t HW))
+REGEN_LAUNCHER(batchnorm_backward_eval_lowp,
+               (const T* dy, const T* x, const float* gamma, const float* running_mean,
+                const float* running_var, T* dx, float* dgamma, float* dbeta, int64_t N, int64_t C,
+                int64_t HW, double eps))
+REGEN_LAUNCHER(layernorm_backward_lowp,
+               (const T* dy, const T* x, const float* gamma, const float* mean, const float* rstd,
+                T* dx, float* dgamma, float* dbeta, int64_t M, int64_t N))
+}  // namespace regen
+
 using namespace regen;
 using namespace regen::testing;
 
@@ -34,6 +56,9 @@ const Device kGpu = Device::cuda(0);
 
 Tensor f32(const Shape& shape) {
   return zeros(shape, DType::f32, kGpu);
+}
+Tensor bf16(const Shape& shape) {
+  return zeros(shape, DType::bf16, kGpu);
 }
 
 std::string conv_text(const ConvShape& s) {
@@ -226,6 +251,62 @@ TEST_CASE(
                      HW, 1e-5);
       });
     }
+  }
+
+  // The 16-bit batch norms (bf16 x, y, dy, dx; f32 statistics): the float launchers' workspace.
+  for (const auto& shape : {std::array<int64_t, 3>{2, 3, 5}, {2, 4, 4100}}) {
+    const int64_t N = shape[0], C = shape[1], HW = shape[2];
+    const std::string what =
+        " bf16 " + std::to_string(N) + "x" + std::to_string(C) + "x" + std::to_string(HW);
+    cov.check("batchnorm_forward_train_lowp", what, true, [&](const auto& begin) {
+      Tensor x = bf16({N, C, HW}), g = f32({C}), b = f32({C}), y = bf16({N, C, HW});
+      Tensor mean = f32({C}), invstd = f32({C}), rm = f32({C}), rv = f32({C});
+      begin();
+      REGEN_LAUNCH(kGpu, bfloat16, batchnorm_forward_train_lowp, x.data<bfloat16>(),
+                   g.data<float>(), b.data<float>(), y.data<bfloat16>(), mean.data<float>(),
+                   invstd.data<float>(), rm.data<float>(), rv.data<float>(), N, C, HW, 0.1, 1e-5);
+    });
+    cov.check("batchnorm_forward_eval_lowp", what, true, [&](const auto& begin) {
+      Tensor x = bf16({N, C, HW}), g = f32({C}), b = f32({C}), y = bf16({N, C, HW});
+      Tensor rm = f32({C}), rv = ones({C}, DType::f32, kGpu);
+      begin();
+      REGEN_LAUNCH(kGpu, bfloat16, batchnorm_forward_eval_lowp, x.data<bfloat16>(), g.data<float>(),
+                   b.data<float>(), rm.data<float>(), rv.data<float>(), y.data<bfloat16>(), N, C,
+                   HW, 1e-5);
+    });
+    cov.check("batchnorm_backward_lowp", what, true, [&](const auto& begin) {
+      Tensor dy = bf16({N, C, HW}), x = bf16({N, C, HW}), g = f32({C}), mean = f32({C});
+      Tensor invstd = ones({C}, DType::f32, kGpu), dx = bf16({N, C, HW}), dg = f32({C}),
+             db = f32({C});
+      begin();
+      REGEN_LAUNCH(kGpu, bfloat16, batchnorm_backward_lowp, dy.data<bfloat16>(), x.data<bfloat16>(),
+                   g.data<float>(), mean.data<float>(), invstd.data<float>(), dx.data<bfloat16>(),
+                   dg.data<float>(), db.data<float>(), N, C, HW);
+    });
+    cov.check("batchnorm_backward_eval_lowp", what, true, [&](const auto& begin) {
+      Tensor dy = bf16({N, C, HW}), x = bf16({N, C, HW}), g = f32({C}), rm = f32({C});
+      Tensor rv = ones({C}, DType::f32, kGpu), dx = bf16({N, C, HW}), dg = f32({C}), db = f32({C});
+      begin();
+      REGEN_LAUNCH(kGpu, bfloat16, batchnorm_backward_eval_lowp, dy.data<bfloat16>(),
+                   x.data<bfloat16>(), g.data<float>(), rm.data<float>(), rv.data<float>(),
+                   dx.data<bfloat16>(), dg.data<float>(), db.data<float>(), N, C, HW, 1e-5);
+    });
+  }
+
+  // The 16-bit layer norm backward (the block path always): partials from more than 256 rows.
+  for (const auto& mn : {std::pair<int64_t, int64_t>{300, 64}, {9, 768}}) {
+    const int64_t M = mn.first, N = mn.second;
+    cov.check("layernorm_backward_lowp", " bf16 " + std::to_string(M) + "x" + std::to_string(N),
+              M > 256, [&](const auto& begin) {
+                Tensor dy = bf16({M, N}), x = bf16({M, N}), g = f32({N}), mean = f32({M});
+                Tensor rstd = ones({M}, DType::f32, kGpu), dx = bf16({M, N}), dg = f32({N}),
+                       db = f32({N});
+                begin();
+                REGEN_LAUNCH(kGpu, bfloat16, layernorm_backward_lowp, dy.data<bfloat16>(),
+                             x.data<bfloat16>(), g.data<float>(), mean.data<float>(),
+                             rstd.data<float>(), dx.data<bfloat16>(), dg.data<float>(),
+                             db.data<float>(), M, N);
+              });
   }
 
   // Embedding: the bad-id flag; backward's keys, sort (CUB's scratch), marks and partial rows.

@@ -349,6 +349,35 @@ void use_gpu() {
   cuda::set_device(0);
 }
 
+// ---- 16-bit helpers (the "16-bit" cases below)
+// ---------------------------------------------------
+
+// The unit roundoff of a 16-bit element type.
+template <class H>
+constexpr double unit_roundoff() {
+  return std::is_same<H, bfloat16>::value ? 0x1p-8 : 0x1p-11;
+}
+template <class H>
+const char* half_name() {
+  return std::is_same<H, bfloat16>::value ? "bf16" : "f16";
+}
+// One 16-bit rounding apart, after f32 values that differ by `length` roundoffs of f32 on terms
+// whose magnitudes sum to `scale`.
+// The normalized mean squared error is then at most (2u)^2, plus atol^2 for small references.
+template <class H>
+Tol half_tol(int64_t length = 1, double scale = 1.0) {
+  const double atol = static_cast<double>(length) * 0x1p-24 * scale,
+               rtol = 2.0 * unit_roundoff<H>();
+  return {atol, rtol, rtol * rtol + atol * atol};
+}
+template <class H>
+std::vector<H> to_half(const std::vector<float>& v) {
+  std::vector<H> out;
+  out.reserve(v.size());
+  for (float f : v) out.push_back(H(f));
+  return out;
+}
+
 // ---- GEMM
 // -----------------------------------------------------------------------------------------
 
@@ -1324,6 +1353,50 @@ void attention_case(Rng& rng, AttentionShape s, bool pad_mask) {
   }
 }
 
+// 16-bit qkv and dout against the CPU's 16-bit attention (f32 scores, softmax and products on
+// widened inputs, out and dqkv rounded once): the float case's f32 tolerances, plus one 16-bit
+// rounding (2u relative).
+template <class H>
+void half_attention_case(Rng& rng, AttentionShape s, bool pad_mask) {
+  const int64_t D = s.H * s.Dh;
+  const size_t nqkv = static_cast<size_t>(s.B * s.S * 3 * D),
+               nout = static_cast<size_t>(s.B * s.S * D);
+  const auto qkv = to_half<H>(rng.uniform(nqkv)), dout = to_half<H>(rng.uniform(nout));
+  std::vector<int32_t> key_pad(static_cast<size_t>(s.B * s.S), 0);
+  if (pad_mask) {
+    for (int64_t b = 0; b < s.B; ++b) {
+      for (int64_t j = s.S - b * s.S / 4; j < s.S; ++j)
+        key_pad[static_cast<size_t>(b * s.S + j)] = 1;
+    }
+    key_pad[0] = 1;
+  }
+  const int32_t* kp = pad_mask ? key_pad.data() : nullptr;
+  std::vector<H> out(nout), dqkv(nqkv);
+  std::vector<float> lse(static_cast<size_t>(s.B * s.H * s.S));
+  cpu::attention_forward<H>(qkv.data(), kp, out.data(), lse.data(), s);
+  cpu::attention_backward<H>(dout.data(), qkv.data(), out.data(), lse.data(), kp, dqkv.data(), s);
+  const double u2 = 2.0 * unit_roundoff<H>();
+  const std::string tag = str(" %s B=%lld S=%lld H=%lld Dh=%lld%s%s dropout=%g", half_name<H>(),
+                              (long long)s.B, (long long)s.S, (long long)s.H, (long long)s.Dh,
+                              s.causal ? " causal" : "", pad_mask ? " key_pad" : "", s.dropout_p);
+  {
+    Case c("attention_forward" + tag);
+    const H* dq = c.in(qkv);
+    const int32_t* dk = pad_mask ? c.in(key_pad) : nullptr;
+    H* dout_ = c.out("out", out, Tol{2e-5, 1e-4 + u2, u2 * u2 + 1e-9});
+    float* dlse = c.out("lse", lse, Tol{1e-5, 1e-5, 1e-11});
+    c.run([&] { cuda::attention_forward(dq, dk, dout_, dlse, s); });
+  }
+  {
+    Case c("attention_backward" + tag);
+    const H *ddo = c.in(dout), *dq = c.in(qkv), *dout_ = c.in(out);
+    const float* dlse = c.in(lse);
+    const int32_t* dk = pad_mask ? c.in(key_pad) : nullptr;
+    H* dg = c.out("dqkv", dqkv, Tol{1e-4, 1e-3 + u2, u2 * u2 + 1e-8});
+    c.run([&] { cuda::attention_backward(ddo, dq, dout_, dlse, dk, dg, s); });
+  }
+}
+
 AttentionShape attn(int64_t B, int64_t S, int64_t H, int64_t Dh, bool causal, float dropout) {
   AttentionShape s;
   s.B = B;
@@ -1379,6 +1452,506 @@ void optim_cases(Rng& rng, int64_t n) {
 }
 #endif
 
+// ---- 16-bit (bf16, f16) launchers against the CPU's 16-bit launchers ----------------------------
+// Both sides read the same 16-bit inputs, compute in f32 and round once on store. Where both run
+// the same f32 expressions in the same order (element-wise maps, dropout, copies) the results agree
+// bit for bit. Elsewhere the f32 values may differ by f32 roundoff (a libm ulp, another summation
+// order), and the one rounding to 16 bits can then differ by one 16-bit ulp: at most 2u relative, u
+// = 2^-8 (bf16) or 2^-11 (f16); a reduction of length L adds its f32 difference, L * 2^-24 times
+// the sum of |terms| (atol).
+
+}  // namespace
+namespace regen {
+// The 16-bit launchers declared beside their ops (autograd/ops_*.cpp); a declaration that differs
+// from theirs fails to link.
+REGEN_LAUNCHER(dropout_forward_lowp,
+               (const T* x, T* y, int64_t n, float p, uint64_t seed, uint64_t stream))
+REGEN_LAUNCHER(dropout_backward_lowp,
+               (const T* dy, T* dx, int64_t n, float p, uint64_t seed, uint64_t stream))
+REGEN_LAUNCHER(layernorm_forward_lowp, (const T* x, const float* gamma, const float* beta, T* y,
+                                        float* mean, float* rstd, int64_t M, int64_t N, double eps))
+REGEN_LAUNCHER(layernorm_backward_lowp,
+               (const T* dy, const T* x, const float* gamma, const float* mean, const float* rstd,
+                T* dx, float* dgamma, float* dbeta, int64_t M, int64_t N))
+REGEN_LAUNCHER(rmsnorm_forward_lowp, (const T* x, const float* weight, T* y, float* rstd, int64_t M,
+                                      int64_t N, double eps))
+REGEN_LAUNCHER(rmsnorm_backward_lowp,
+               (const T* dy, const T* x, const float* weight, const float* rstd, T* dx,
+                float* dweight, int64_t M, int64_t N))
+REGEN_LAUNCHER(batchnorm_forward_train_lowp,
+               (const T* x, const float* gamma, const float* beta, T* y, float* mean, float* invstd,
+                float* running_mean, float* running_var, int64_t N, int64_t C, int64_t HW,
+                double momentum, double eps))
+REGEN_LAUNCHER(batchnorm_forward_eval_lowp,
+               (const T* x, const float* gamma, const float* beta, const float* running_mean,
+                const float* running_var, T* y, int64_t N, int64_t C, int64_t HW, double eps))
+REGEN_LAUNCHER(batchnorm_backward_lowp,
+               (const T* dy, const T* x, const float* gamma, const float* mean, const float* invstd,
+                T* dx, float* dgamma, float* dbeta, int64_t N, int64_t C, int64_t HW))
+REGEN_LAUNCHER(batchnorm_backward_eval_lowp,
+               (const T* dy, const T* x, const float* gamma, const float* running_mean,
+                const float* running_var, T* dx, float* dgamma, float* dbeta, int64_t N, int64_t C,
+                int64_t HW, double eps))
+}  // namespace regen
+namespace {
+
+template <class H, class F>
+void half_unary_case(F f, const char* name, const std::vector<H>& x, const std::vector<H>& g,
+                     int64_t n, bool misalign, const std::string& tag);
+
+template <class H>
+void half_elementwise_cases(Rng& rng, int64_t n, bool misalign) {
+  const size_t un = static_cast<size_t>(n);
+  const auto x = to_half<H>(rng.uniform(un)), z = to_half<H>(rng.uniform(un));
+  const std::string tag =
+      str(" %s n=%lld%s", half_name<H>(), static_cast<long long>(n), misalign ? " misaligned" : "");
+  {
+    std::vector<H> ref(un);
+    cpu::add<H>(x.data(), z.data(), ref.data(), n, n);
+    Case c("add" + tag);
+    const H *dx = c.in(x, misalign), *dz = c.in(z, misalign);
+    H* y = c.out("y", ref, kExact, misalign);
+    c.run([&] { cuda::add(dx, dz, y, n, n); });
+  }
+  {
+    std::vector<H> ref(un);
+    cpu::mul<H>(x.data(), z.data(), ref.data(), n, n);
+    Case c("mul" + tag);
+    const H *dx = c.in(x, misalign), *dz = c.in(z, misalign);
+    H* y = c.out("y", ref, kExact, misalign);
+    c.run([&] { cuda::mul(dx, dz, y, n, n); });
+  }
+  {
+    std::vector<H> ref(un);
+    cpu::scale<H>(x.data(), ref.data(), n, H(0.3f));
+    Case c("scale" + tag);
+    const H* dx = c.in(x, misalign);
+    H* y = c.out("y", ref, kExact, misalign);
+    c.run([&] { cuda::scale(dx, y, n, H(0.3f)); });
+  }
+  {
+    std::vector<H> ref(un);
+    cpu::scale_f32<H>(x.data(), ref.data(), n, 1.0f / 3.0f);
+    Case c("scale_f32" + tag);
+    const H* dx = c.in(x, misalign);
+    H* y = c.out("y", ref, kExact, misalign);
+    c.run([&] { cuda::scale_f32(dx, y, n, 1.0f / 3.0f); });
+  }
+  {
+    std::vector<H> ref(un);
+    cpu::fill<H>(ref.data(), n, H(-1.25f));
+    Case c("fill" + tag);
+    H* y = c.out("y", ref, kExact, misalign);
+    c.run([&] { cuda::fill(y, n, H(-1.25f)); });
+  }
+  {
+    std::vector<H> ref(un);
+    cpu::fill_from_scalar_f32<H>(x.data(), ref.data(), n, 1.0f / 7.0f);
+    Case c("fill_from_scalar_f32" + tag);
+    const H* dx = c.in(std::vector<H>{x[0]});
+    H* y = c.out("y", ref, kExact, misalign);
+    c.run([&] { cuda::fill_from_scalar_f32(dx, y, n, 1.0f / 7.0f); });
+  }
+  {
+    auto ref = x;
+    cpu::add_inplace<H>(ref.data(), z.data(), n);
+    Case c("add_inplace" + tag);
+    const H* dz = c.in(z, misalign);
+    H* y = c.inout("y", x, ref, kExact);
+    c.run([&] { cuda::add_inplace(y, dz, n); });
+  }
+  {
+    std::vector<H> ref(un);
+    cpu::copy<H>(x.data(), ref.data(), n);
+    Case c("copy" + tag);
+    const H* dx = c.in(x, misalign);
+    H* y = c.out("y", ref, kExact, misalign);
+    c.run([&] { cuda::copy(dx, y, n); });
+  }
+  for (float p : {0.0f, 0.25f}) {
+    std::vector<H> ref(un);
+    cpu::dropout_forward_lowp<H>(x.data(), ref.data(), n, p, 1234, 7);
+    Case c(str("dropout p=%g", p) + tag);
+    const H* dx = c.in(x, misalign);
+    H* y = c.out("y", ref, kExact, misalign);
+    c.run([&] { cuda::dropout_backward_lowp<H>(dx, y, n, p, 1234, 7); });
+  }
+  {  // sum_all and sum_squares: double sums on both sides, one rounding
+    std::vector<H> ref(1), ref2(1);
+    cpu::sum_all<H>(x.data(), ref.data(), n);
+    cpu::sum_squares<H>(x.data(), ref2.data(), n);
+    Case c("sum_all sum_squares" + tag);
+    const H* dx = c.in(x, misalign);
+    H* y = c.out("sum", ref, half_tol<H>(), misalign);
+    H* y2 = c.out("sum of squares", ref2, half_tol<H>(), misalign);
+    c.run([&] {
+      cuda::sum_all(dx, y, n);
+      cuda::sum_squares(dx, y2, n);
+    });
+  }
+  // Every op of the unary list: the CPU's 16-bit loop (widen, the f32 functor, round once); CUDA's
+  // libm may differ from the host's by an f32 ulp, so one 16-bit rounding apart.
+  const auto g = to_half<H>(rng.uniform(un));
+#define REGEN_UNARY_HALF_CASE(name) \
+  half_unary_case<H>(unary::name{}, #name, x, g, n, misalign, tag);
+  REGEN_UNARY_OPS(REGEN_UNARY_HALF_CASE)
+#undef REGEN_UNARY_HALF_CASE
+}
+
+template <class H, class F>
+void half_unary_case(F f, const char* name, const std::vector<H>& x, const std::vector<H>& g,
+                     int64_t n, bool misalign, const std::string& tag) {
+  const size_t un = static_cast<size_t>(n);
+  const Tol tol = half_tol<H>(1, 1e-30);
+  std::vector<H> y(un), dx(un);
+  cpu::unary_forward<H>(f, x.data(), y.data(), n);
+  const std::vector<H>& s = F::reads == unary::Reads::output ? y : x;
+  cpu::unary_backward<H>(f, g.data(), s.data(), dx.data(), n);
+  {
+    Case c(str("%s_forward", name) + tag);
+    const H* dxin = c.in(x, misalign);
+    H* dy = c.out("y", y, tol, misalign);
+    c.run([&] { cuda::unary_forward(f, dxin, dy, n); });
+  }
+  {
+    Case c(str("%s_backward", name) + tag);
+    const H *dg = c.in(g, misalign), *ds = c.in(s, misalign);
+    H* ddx = c.out("dx", dx, tol, misalign);
+    c.run([&] { cuda::unary_backward(f, dg, ds, ddx, n); });
+  }
+  if constexpr (unary::has_mask<F>::value) {
+    std::vector<H> ym(un), dxm(un);
+    std::vector<uint32_t> mask(static_cast<size_t>(mask_words(n)));
+    cpu::unary_forward_mask<H>(f, x.data(), ym.data(), mask.data(), n);
+    cpu::unary_backward_mask<H>(f, g.data(), mask.data(), dxm.data(), n);
+    Case c(str("%s_forward_mask backward_mask", name) + tag);
+    const H *dxin = c.in(x, misalign), *dg = c.in(g, misalign);
+    H* dy = c.out("y", ym, tol, misalign);
+    uint32_t* dm = c.out("mask", mask, kExact);
+    H* ddx = c.out("dx", dxm, tol, misalign);
+    c.run([&] {
+      cuda::unary_forward_mask(f, dxin, dy, dm, n);
+      cuda::unary_backward_mask(f, dg, dm, ddx, n);
+    });
+  }
+}
+
+template <class H>
+void half_reduction_cases(Rng& rng, int64_t rows, int64_t cols) {
+  const auto x = to_half<H>(rng.uniform(static_cast<size_t>(rows * cols)));
+  const auto b = to_half<H>(rng.uniform(static_cast<size_t>(cols)));
+  const std::string tag = str(" %s (%lld, %lld)", half_name<H>(), static_cast<long long>(rows),
+                              static_cast<long long>(cols));
+  {
+    std::vector<H> ref(static_cast<size_t>(cols));
+    cpu::sum_rows<H>(x.data(), ref.data(), rows, cols);
+    Case c("sum_rows" + tag);
+    const H* dx = c.in(x);
+    H* y = c.out("y", ref, half_tol<H>());
+    c.run([&] { cuda::sum_rows(dx, y, rows, cols); });
+  }
+  {
+    std::vector<H> ref(x.size()), ref2(x.size());
+    cpu::add<H>(x.data(), b.data(), ref.data(), rows * cols, cols);
+    cpu::mul<H>(x.data(), b.data(), ref2.data(), rows * cols, cols);
+    Case c("add mul broadcast" + tag);
+    const H *dx = c.in(x), *db = c.in(b);
+    H* y = c.out("add", ref, kExact);
+    H* y2 = c.out("mul", ref2, kExact);
+    c.run([&] {
+      cuda::add(dx, db, y, rows * cols, cols);
+      cuda::mul(dx, db, y2, rows * cols, cols);
+    });
+  }
+  {  // softmax over rows of `cols`: f32 max, exponentials and sum (the CPU sums in double)
+    std::vector<H> y(x.size()), dxr(x.size());
+    const auto g = to_half<H>(rng.uniform(x.size()));
+    cpu::softmax_forward<H>(x.data(), y.data(), rows, cols);
+    cpu::softmax_backward<H>(g.data(), y.data(), dxr.data(), rows, cols);
+    Case c("softmax" + tag);
+    const H *dx = c.in(x), *dg = c.in(g), *dyin = c.in(y);
+    H* dy = c.out("y", y, half_tol<H>(cols));
+    H* ddx = c.out("dx", dxr, half_tol<H>(cols));
+    c.run([&] {
+      cuda::softmax_forward(dx, dy, rows, cols);
+      cuda::softmax_backward(dg, dyin, ddx, rows, cols);
+    });
+  }
+}
+
+template <class H>
+void half_copy_cases(Rng& rng) {
+  const std::string tag = str(" %s", half_name<H>());
+  {
+    const int64_t shape[] = {2, 3, 4, 5}, perm[] = {0, 2, 1, 3};
+    PermuteShape ps;
+    ps.ndim = 4;
+    for (int d = 0; d < 4; ++d) {
+      ps.shape[d] = shape[d];
+      ps.perm[d] = perm[d];
+    }
+    const auto x = to_half<H>(rng.uniform(120));
+    std::vector<H> ref(x.size());
+    cpu::permute<H>(x.data(), ref.data(), ps);
+    Case c("permute" + tag);
+    const H* dx = c.in(x);
+    H* y = c.out("y", ref, kExact);
+    c.run([&] { cuda::permute(dx, y, ps); });
+  }
+  // slice_copy: the float4 path (8 elements), the 2-element path, the 1-element path.
+  const struct {
+    int64_t outer, len, inner, x_dim, x_start, y_dim, y_start;
+    bool misalign;
+  } slices[] = {{2, 4, 16, 4, 0, 12, 8, false},
+                {3, 2, 5, 7, 4, 2, 0, false},
+                {2, 2, 2, 6, 2, 4, 2, false},
+                {2, 4, 16, 4, 0, 12, 8, true}};
+  for (const auto& q : slices) {
+    SliceShape sh{q.outer, q.len, q.inner, q.x_dim, q.x_start, q.y_dim, q.y_start};
+    const auto x = to_half<H>(rng.uniform(static_cast<size_t>(q.outer * q.x_dim * q.inner)));
+    const auto y0 = to_half<H>(rng.uniform(static_cast<size_t>(q.outer * q.y_dim * q.inner)));
+    auto ref = y0;
+    cpu::slice_copy<H>(x.data(), ref.data(), sh);
+    Case c(str("slice_copy len=%lld inner=%lld%s", static_cast<long long>(q.len),
+               static_cast<long long>(q.inner), q.misalign ? " misaligned" : "") +
+           tag);
+    const H* dx = c.in(x, q.misalign);
+    H* y = c.inout("y", y0, ref, kExact);
+    c.run([&] { cuda::slice_copy(dx, y, sh); });
+  }
+}
+
+// 16-bit GEMMs (cublasGemmEx, f32 accumulation) against cpu::gemm<H> (the widening GEMM): the f32
+// sums of K products in different orders, then one rounding each.
+template <class H>
+void half_gemm_case(Rng& rng, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
+                    float beta, int64_t batch) {
+  const int64_t lda = (ta ? M : K) + 3, ldb = (tb ? K : N) + 1, ldc = N + 2;
+  const int64_t sa = (ta ? K : M) * lda, sb = (tb ? N : K) * ldb, sc = M * ldc;
+  const auto A = to_half<H>(rng.uniform(static_cast<size_t>(batch * sa)));
+  const auto B = to_half<H>(rng.uniform(static_cast<size_t>(batch * sb)));
+  const auto C0 = to_half<H>(rng.uniform(static_cast<size_t>(batch * sc)));
+  auto ref = C0;
+  const H ha(alpha), hb(beta);
+  if (batch == 1) {
+    cpu::gemm<H>(ta, tb, M, N, K, ha, A.data(), lda, B.data(), ldb, hb, ref.data(), ldc);
+  } else {
+    cpu::gemm_batched<H>(ta, tb, batch, M, N, K, ha, A.data(), lda, sa, B.data(), ldb, sb, hb,
+                         ref.data(), ldc, sc);
+  }
+  Case c(str("gemm%s %s ta=%d tb=%d batch=%lld M=%lld N=%lld K=%lld", batch == 1 ? "" : "_batched",
+             half_name<H>(), ta, tb, static_cast<long long>(batch), static_cast<long long>(M),
+             static_cast<long long>(N), static_cast<long long>(K)));
+  const H *dA = c.in(A), *dB = c.in(B);
+  H* dC = c.inout("C", C0, ref, half_tol<H>(K, static_cast<double>(K) + 1.0));
+  c.run([&] {
+    if (batch == 1) {
+      cuda::gemm(ta, tb, M, N, K, ha, dA, lda, dB, ldb, hb, dC, ldc);
+    } else {
+      cuda::gemm_batched(ta, tb, batch, M, N, K, ha, dA, lda, sa, dB, ldb, sb, hb, dC, ldc, sc);
+    }
+  });
+}
+
+// Layer and RMS norms with 16-bit x, dy, y, dx and f32 parameters and statistics. Row statistics
+// in double on both sides for layer norm (mean and rstd agree to f32 roundoff), in f32 on the GPU
+// for RMS norm's sum of squares (N f32 roundoffs); y and dx one 16-bit rounding apart; the f32
+// parameter gradients sum M terms.
+template <class H>
+void half_norm_cases(Rng& rng, int64_t M, int64_t N) {
+  const size_t n = static_cast<size_t>(M * N);
+  const auto x = to_half<H>(rng.uniform(n, -2.0f, 2.0f)), g = to_half<H>(rng.uniform(n));
+  const auto gamma = rng.uniform(static_cast<size_t>(N), 0.5f, 1.5f);
+  const auto beta = rng.uniform(static_cast<size_t>(N));
+  const std::string tag =
+      str(" %s (%lld, %lld)", half_name<H>(), static_cast<long long>(M), static_cast<long long>(N));
+  const Tol stat_tol{1e-6, static_cast<double>(N) * 0x1p-24 + 1e-6, 1e-10};
+  const Tol param_tol{1e-7 * static_cast<double>(M) * 8.0 + 1e-5, 1e-4, 1e-8};
+  {
+    std::vector<H> y(n), dx(n);
+    std::vector<float> mean(static_cast<size_t>(M)), rstd(mean.size()), dgamma(gamma.size()),
+        dbeta(gamma.size());
+    cpu::layernorm_forward_lowp<H>(x.data(), gamma.data(), beta.data(), y.data(), mean.data(),
+                                   rstd.data(), M, N, 1e-5);
+    cpu::layernorm_backward_lowp<H>(g.data(), x.data(), gamma.data(), mean.data(), rstd.data(),
+                                    dx.data(), dgamma.data(), dbeta.data(), M, N);
+    Case c("layernorm_lowp" + tag);
+    const H *dxin = c.in(x), *dg = c.in(g);
+    const float *dgm = c.in(gamma), *dbt = c.in(beta), *dmean = c.in(mean), *drstd = c.in(rstd);
+    H* dy = c.out("y", y, half_tol<H>(4, 8.0));
+    float* om = c.out("mean", mean, stat_tol);
+    float* orr = c.out("rstd", rstd, stat_tol);
+    H* odx = c.out("dx", dx, half_tol<H>(N, 8.0));
+    float* odg = c.out("dgamma", dgamma, param_tol);
+    float* odb = c.out("dbeta", dbeta, param_tol);
+    c.run([&] {
+      cuda::layernorm_forward_lowp(dxin, dgm, dbt, dy, om, orr, M, N, 1e-5);
+      cuda::layernorm_backward_lowp(dg, dxin, dgm, dmean, drstd, odx, odg, odb, M, N);
+    });
+  }
+  {
+    std::vector<H> y(n), dx(n);
+    std::vector<float> rstd(static_cast<size_t>(M)), dw(gamma.size());
+    cpu::rmsnorm_forward_lowp<H>(x.data(), gamma.data(), y.data(), rstd.data(), M, N, 1e-6);
+    cpu::rmsnorm_backward_lowp<H>(g.data(), x.data(), gamma.data(), rstd.data(), dx.data(),
+                                  dw.data(), M, N);
+    Case c("rmsnorm_lowp" + tag);
+    const H *dxin = c.in(x), *dg = c.in(g);
+    const float *dgm = c.in(gamma), *drstd = c.in(rstd);
+    H* dy = c.out("y", y, half_tol<H>(N, 8.0));
+    float* orr = c.out("rstd", rstd, stat_tol);
+    H* odx = c.out("dx", dx, half_tol<H>(N, 8.0));
+    float* odw = c.out("dweight", dw, param_tol);
+    c.run([&] {
+      cuda::rmsnorm_forward_lowp(dxin, dgm, dy, orr, M, N, 1e-6);
+      cuda::rmsnorm_backward_lowp(dg, dxin, dgm, drstd, odx, odw, M, N);
+    });
+  }
+}
+
+// Embedding rows copied (bit for bit) and their gradients summed in token order with a 16-bit
+// rounding after each addition on both sides (bit for bit while every id is used at most
+// kEmbeddingChunkRows times, as here).
+template <class H>
+void half_embedding_case(Rng& rng, int64_t n, int64_t V, int64_t D) {
+  const auto w = to_half<H>(rng.uniform(static_cast<size_t>(V * D)));
+  const auto g = to_half<H>(rng.uniform(static_cast<size_t>(n * D)));
+  const auto ids = rng.ints(static_cast<size_t>(n), 0, V - 1);
+  std::vector<H> y(static_cast<size_t>(n * D)), dw(w.size());
+  cpu::embedding_forward<H>(w.data(), ids.data(), y.data(), n, V, D);
+  cpu::embedding_backward<H>(g.data(), ids.data(), dw.data(), n, V, D);
+  Case c(str("embedding %s n=%lld V=%lld D=%lld", half_name<H>(), static_cast<long long>(n),
+             static_cast<long long>(V), static_cast<long long>(D)));
+  const H *dwin = c.in(w), *dg = c.in(g);
+  const int64_t* dids = c.in(ids);
+  H* oy = c.out("y", y, kExact);
+  H* odw = c.out("dweight", dw, kExact);
+  c.run([&] {
+    cuda::embedding_forward(dwin, dids, oy, n, V, D);
+    cuda::embedding_backward(dg, dids, odw, n, V, D);
+  });
+}
+
+// 2x upsampling: nearest's copies and 2x2 sums in the CPU's order (bit for bit); bilinear's
+// weighted sums, which the host compiler may contract into FMAs (one 16-bit rounding apart).
+template <class H>
+void half_upsample_case(Rng& rng, int64_t NC, int64_t Hh, int64_t W) {
+  const auto x = to_half<H>(rng.uniform(static_cast<size_t>(NC * Hh * W)));
+  const auto g = to_half<H>(rng.uniform(static_cast<size_t>(NC * 4 * Hh * W)));
+  std::vector<H> yn(g.size()), yb(g.size()), dn(x.size()), db(x.size());
+  cpu::upsample2x_nearest_forward<H>(x.data(), yn.data(), NC, Hh, W);
+  cpu::upsample2x_bilinear_forward<H>(x.data(), yb.data(), NC, Hh, W);
+  cpu::upsample2x_nearest_backward<H>(g.data(), dn.data(), NC, Hh, W);
+  cpu::upsample2x_bilinear_backward<H>(g.data(), db.data(), NC, Hh, W);
+  Case c(str("upsample2x %s NC=%lld H=%lld W=%lld", half_name<H>(), static_cast<long long>(NC),
+             static_cast<long long>(Hh), static_cast<long long>(W)));
+  const H *dx = c.in(x), *dg = c.in(g);
+  H* oyn = c.out("nearest y", yn, kExact);
+  H* oyb = c.out("bilinear y", yb, half_tol<H>(4, 2.0));
+  H* odn = c.out("nearest dx", dn, kExact);
+  H* odb = c.out("bilinear dx", db, half_tol<H>(16, 4.0));
+  c.run([&] {
+    cuda::upsample2x_nearest_forward(dx, oyn, NC, Hh, W);
+    cuda::upsample2x_bilinear_forward(dx, oyb, NC, Hh, W);
+    cuda::upsample2x_nearest_backward(dg, odn, NC, Hh, W);
+    cuda::upsample2x_bilinear_backward(dg, odb, NC, Hh, W);
+  });
+}
+
+// Pooling on 16-bit planes: maxima are copies (bit for bit, the same argmax and codes); max
+// backward sums in f32 in the same order; average pooling sums in double (forward) or f32
+// (backward, which the host may contract into FMAs: one 16-bit rounding apart).
+template <class H>
+void half_pool_case(Rng& rng, const PoolShape& s) {
+  const size_t nx = static_cast<size_t>(s.N * s.C * s.H * s.W),
+               ny = static_cast<size_t>(s.N * s.C * s.P * s.Q);
+  const auto x = to_half<H>(rng.coarse(nx)), xa = to_half<H>(rng.uniform(nx));
+  const auto dy = to_half<H>(rng.uniform(ny));
+  std::vector<H> y(ny), dx(nx), yp(ny), dxp(nx), ya(ny), dxa(nx), yg(s.N * s.C), dxg(nx);
+  std::vector<int32_t> arg(ny);
+  std::vector<uint32_t> codes(static_cast<size_t>(s.N * s.C * pool_code_words_per_plane(s)));
+  cpu::maxpool2d_forward<H>(x.data(), y.data(), arg.data(), s);
+  cpu::maxpool2d_backward<H>(dy.data(), arg.data(), dx.data(), s);
+  cpu::maxpool2d_forward_packed<H>(x.data(), yp.data(), codes.data(), s);
+  cpu::maxpool2d_backward_packed<H>(dy.data(), codes.data(), dxp.data(), s);
+  cpu::avgpool2d_forward<H>(xa.data(), ya.data(), s);
+  cpu::avgpool2d_backward<H>(dy.data(), dxa.data(), s);
+  const int64_t NC = s.N * s.C, HW = s.H * s.W;
+  const auto gy = to_half<H>(rng.uniform(static_cast<size_t>(NC)));
+  cpu::global_avgpool_forward<H>(xa.data(), yg.data(), NC, HW);
+  cpu::global_avgpool_backward<H>(gy.data(), dxg.data(), NC, HW);
+  Case c(str("pool %s N=%lld C=%lld H=%lld W=%lld k=%lldx%lld stride=%lldx%lld", half_name<H>(),
+             (long long)s.N, (long long)s.C, (long long)s.H, (long long)s.W, (long long)s.kh,
+             (long long)s.kw, (long long)s.stride_h, (long long)s.stride_w));
+  const H *dxin = c.in(x), *dxain = c.in(xa), *ddy = c.in(dy), *dgy = c.in(gy);
+  H* oy = c.out("max y", y, kExact);
+  int32_t* oarg = c.out("argmax", arg, kExact);
+  H* odx = c.out("max dx", dx, kExact);
+  H* oyp = c.out("packed y", yp, kExact);
+  uint32_t* ocodes = c.out("codes", codes, kExact);
+  H* odxp = c.out("packed dx", dxp, kExact);
+  H* oya = c.out("avg y", ya, half_tol<H>());
+  H* odxa = c.out("avg dx", dxa, half_tol<H>(s.kh * s.kw, 2.0));
+  H* oyg = c.out("global avg y", yg, half_tol<H>());
+  H* odxg = c.out("global avg dx", dxg, kExact);
+  c.run([&] {
+    cuda::maxpool2d_forward(dxin, oy, oarg, s);
+    cuda::maxpool2d_backward(ddy, oarg, odx, s);
+    cuda::maxpool2d_forward_packed(dxin, oyp, ocodes, s);
+    cuda::maxpool2d_backward_packed(ddy, ocodes, odxp, s);
+    cuda::avgpool2d_forward(dxain, oya, s);
+    cuda::avgpool2d_backward(ddy, odxa, s);
+    cuda::global_avgpool_forward(dxain, oyg, NC, HW);
+    cuda::global_avgpool_backward(dgy, odxg, NC, HW);
+  });
+}
+
+// Batch norm with 16-bit x, dy, y, dx and f32 parameters, statistics and running stats: the
+// statistics and the dx coefficients in double on both sides (f32 roundoff apart), y and dx one
+// 16-bit rounding apart.
+template <class H>
+void half_batchnorm_case(Rng& rng, int64_t N, int64_t C, int64_t HW) {
+  const size_t n = static_cast<size_t>(N * C * HW), c = static_cast<size_t>(C);
+  const auto x = to_half<H>(rng.uniform(n, -1.0f, 3.0f)), g = to_half<H>(rng.uniform(n));
+  const auto gamma = rng.uniform(c, 0.5f, 1.5f), beta = rng.uniform(c);
+  const auto rm0 = rng.uniform(c), rv0 = rng.uniform(c, 0.5f, 2.0f);
+  std::vector<H> y(n), ye(n), dx(n), dxe(n);
+  std::vector<float> mean(c), invstd(c), rm = rm0, rv = rv0, dg(c), db(c), dge(c), dbe(c);
+  cpu::batchnorm_forward_train_lowp<H>(x.data(), gamma.data(), beta.data(), y.data(), mean.data(),
+                                       invstd.data(), rm.data(), rv.data(), N, C, HW, 0.1, 1e-5);
+  cpu::batchnorm_forward_eval_lowp<H>(x.data(), gamma.data(), beta.data(), rm0.data(), rv0.data(),
+                                      ye.data(), N, C, HW, 1e-5);
+  cpu::batchnorm_backward_lowp<H>(g.data(), x.data(), gamma.data(), mean.data(), invstd.data(),
+                                  dx.data(), dg.data(), db.data(), N, C, HW);
+  cpu::batchnorm_backward_eval_lowp<H>(g.data(), x.data(), gamma.data(), rm0.data(), rv0.data(),
+                                       dxe.data(), dge.data(), dbe.data(), N, C, HW, 1e-5);
+  const Tol stat{1e-6, 1e-6, 1e-12};
+  const Tol sums{1e-6 * static_cast<double>(N * HW) * 0x1p-10, 1e-5, 1e-10};
+  Case cs(str("batchnorm_lowp %s N=%lld C=%lld HW=%lld", half_name<H>(), (long long)N, (long long)C,
+              (long long)HW));
+  const H *dxin = cs.in(x), *dg_in = cs.in(g);
+  const float *dgm = cs.in(gamma), *dbt = cs.in(beta), *drm0 = cs.in(rm0), *drv0 = cs.in(rv0);
+  const float *dmean_in = cs.in(mean), *dinv_in = cs.in(invstd);
+  H* oy = cs.out("train y", y, half_tol<H>(2, 4.0));
+  float* om = cs.out("mean", mean, stat);
+  float* oi = cs.out("invstd", invstd, stat);
+  float* orm = cs.inout("running_mean", rm0, rm, stat);
+  float* orv = cs.inout("running_var", rv0, rv, stat);
+  H* oye = cs.out("eval y", ye, half_tol<H>(2, 4.0));
+  H* odx = cs.out("dx", dx, half_tol<H>(4, 4.0));
+  float* odg = cs.out("dgamma", dg, sums);
+  float* odb = cs.out("dbeta", db, sums);
+  H* odxe = cs.out("eval dx", dxe, half_tol<H>());
+  float* odge = cs.out("eval dgamma", dge, sums);
+  float* odbe = cs.out("eval dbeta", dbe, sums);
+  cs.run([&] {
+    cuda::batchnorm_forward_train_lowp(dxin, dgm, dbt, oy, om, oi, orm, orv, N, C, HW, 0.1, 1e-5);
+    cuda::batchnorm_forward_eval_lowp(dxin, dgm, dbt, drm0, drv0, oye, N, C, HW, 1e-5);
+    cuda::batchnorm_backward_lowp(dg_in, dxin, dgm, dmean_in, dinv_in, odx, odg, odb, N, C, HW);
+    cuda::batchnorm_backward_eval_lowp(dg_in, dxin, dgm, drm0, drv0, odxe, odge, odbe, N, C, HW,
+                                       1e-5);
+  });
+}
 }  // namespace
 
 // ---- The table
@@ -1478,6 +2051,71 @@ TEST_CASE("elementwise") {
   permute_case(rng, {2, 128, 3, 8, 64}, {2, 0, 3, 1, 4});
   permute_case(rng, {2, 3, 1, 4, 5, 3}, {5, 4, 3, 2, 1, 0});
   permute_case(rng, {7}, {0});
+}
+
+TEST_CASE("16-bit elementwise, unary, dropout, reductions") {
+  use_gpu();
+  const std::vector<int64_t> sizes = kEmulated ? std::vector<int64_t>{1, 7, 1000, 4099}
+                                               : std::vector<int64_t>{1, 7, 1000, (1 << 20) + 3};
+  Rng rng(40);
+  for (int64_t n : sizes) {
+    for (bool misalign : {false, true}) {
+      half_elementwise_cases<bfloat16>(rng, n, misalign);
+      half_elementwise_cases<float16>(rng, n, misalign);
+    }
+  }
+  const std::vector<std::pair<int64_t, int64_t>> shapes =
+      kEmulated ? std::vector<std::pair<int64_t, int64_t>>{{1, 5}, {1100, 40}, {3, 700}, {2, 1500}}
+                : std::vector<std::pair<int64_t, int64_t>>{
+                      {1, 5}, {256, 2048}, {70000, 33}, {3, 70000}, {64, 1000}};
+  for (const auto& [rows, cols] : shapes) {
+    half_reduction_cases<bfloat16>(rng, rows, cols);
+    half_reduction_cases<float16>(rng, rows, cols);
+  }
+  half_copy_cases<bfloat16>(rng);
+  half_copy_cases<float16>(rng);
+}
+
+TEST_CASE("16-bit gemm") {
+  use_gpu();
+  Rng rng(41);
+  for (bool ta : {false, true}) {
+    for (bool tb : {false, true}) {
+      half_gemm_case<bfloat16>(rng, ta, tb, 17, 33, 9, 0.5f, 1.0f, 1);
+      half_gemm_case<float16>(rng, ta, tb, 30, 67, 20, 1.0f, -0.5f, 1);
+      half_gemm_case<bfloat16>(rng, ta, tb, 5, 33, 17, 1.0f, 0.0f, 3);
+      half_gemm_case<float16>(rng, ta, tb, 5, 33, 17, 1.0f, 0.0f, 3);
+    }
+  }
+  if (!kEmulated) {
+    half_gemm_case<bfloat16>(rng, false, true, 256, 2048, 512, 1.0f, 0.0f, 1);
+    half_gemm_case<float16>(rng, true, false, 512, 2048, 256, 1.0f, 1.0f, 1);
+    half_gemm_case<bfloat16>(rng, false, true, 128, 128, 64, 1.0f, 0.0f, 16);
+  }
+  half_gemm_case<bfloat16>(rng, false, false, 0, 5, 3, 1.0f, 0.0f, 1);  // empty
+}
+
+TEST_CASE("16-bit norms, batchnorm, embedding, pooling, upsampling") {
+  use_gpu();
+  Rng rng(42);
+  const std::vector<std::pair<int64_t, int64_t>> norms =
+      kEmulated ? std::vector<std::pair<int64_t, int64_t>>{{3, 5}, {17, 64}, {2, 1500}}
+                : std::vector<std::pair<int64_t, int64_t>>{
+                      {3, 5}, {256, 512}, {300, 1000}, {4, 3000}, {600, 768}};
+  for (const auto& [M, N] : norms) {
+    half_norm_cases<bfloat16>(rng, M, N);
+    half_norm_cases<float16>(rng, M, N);
+  }
+  half_embedding_case<bfloat16>(rng, kEmulated ? 40 : 4096, 17, kEmulated ? 24 : 512);
+  half_embedding_case<float16>(rng, kEmulated ? 40 : 4096, 17, kEmulated ? 24 : 512);
+  half_batchnorm_case<bfloat16>(rng, 2, 3, 25);
+  half_batchnorm_case<float16>(rng, 2, 4, kEmulated ? 2100 : 4100);
+  if (!kEmulated) half_batchnorm_case<bfloat16>(rng, 8, 64, 56 * 56);
+  half_pool_case<bfloat16>(rng, make_pool_shape(1, 3, 7, 9, 3, 3, 1, 1, 1, 1));
+  half_pool_case<float16>(rng, make_pool_shape(2, 2, 9, 8, 2, 2, 2, 2, 0, 0));
+  if (!kEmulated) half_pool_case<bfloat16>(rng, make_pool_shape(2, 64, 112, 112, 3, 3, 2, 2, 1, 1));
+  half_upsample_case<bfloat16>(rng, 3, 5, 7);
+  half_upsample_case<float16>(rng, kEmulated ? 2 : 64, kEmulated ? 8 : 32, kEmulated ? 6 : 32);
 }
 
 #if REGEN_HAVE_CPU_CONV2D
@@ -1808,6 +2446,18 @@ TEST_CASE("linear_cross_entropy") {
 #endif
 
 #if REGEN_HAVE_CPU_ATTENTION
+TEST_CASE("16-bit attention") {
+  use_gpu();
+  Rng rng(43);
+  half_attention_case<bfloat16>(rng, attn(1, 77, 3, 5, true, 0.0f), true);
+  half_attention_case<float16>(rng, attn(2, 70, 2, 64, false, 0.2f), true);
+  half_attention_case<bfloat16>(rng, attn(1, 66, 1, 96, false, 0.0f), false);
+  if (!kEmulated) {
+    half_attention_case<bfloat16>(rng, attn(2, 128, 8, 64, true, 0.1f), true);
+    half_attention_case<float16>(rng, attn(2, 130, 2, 96, false, 0.0f), false);
+  }
+}
+
 TEST_CASE("attention") {
   use_gpu();
   if (kEmulated) {  // scripts/cuda-emu: shapes an emulator finishes in minutes
