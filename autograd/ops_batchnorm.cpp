@@ -12,25 +12,9 @@
 // f32 gamma, beta and running stats, writes a 16-bit y and f32 hidden statistics, and gives a
 // 16-bit dx and f32 dgamma and dbeta: tests/test_amp_ops.cpp.
 #include "regen/autograd/op_util.h"
+#include "regen/kernels/lowp_launchers.h"
 
 namespace regen {
-
-// The 16-bit launchers (T = bfloat16, float16; CPU only for now): x, y, dy, dx: (N, C, HW) in T;
-// every (C) array in f32. As batchnorm_* in kernels/kernels.h otherwise.
-REGEN_LAUNCHER(batchnorm_forward_train_lowp,
-               (const T* x, const float* gamma, const float* beta, T* y, float* mean, float* invstd,
-                float* running_mean, float* running_var, int64_t N, int64_t C, int64_t HW,
-                double momentum, double eps))
-REGEN_LAUNCHER(batchnorm_forward_eval_lowp,
-               (const T* x, const float* gamma, const float* beta, const float* running_mean,
-                const float* running_var, T* y, int64_t N, int64_t C, int64_t HW, double eps))
-REGEN_LAUNCHER(batchnorm_backward_lowp,
-               (const T* dy, const T* x, const float* gamma, const float* mean, const float* invstd,
-                T* dx, float* dgamma, float* dbeta, int64_t N, int64_t C, int64_t HW))
-REGEN_LAUNCHER(batchnorm_backward_eval_lowp,
-               (const T* dy, const T* x, const float* gamma, const float* running_mean,
-                const float* running_var, T* dx, float* dgamma, float* dbeta, int64_t N, int64_t C,
-                int64_t HW, double eps))
 
 using namespace detail;
 

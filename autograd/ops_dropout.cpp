@@ -1,18 +1,12 @@
 // dropout: inverted dropout whose mask is a Philox stream drawn when the op is called and kept in
 // the node's attributes; backward and remat replays regenerate the mask, so nothing is saved.
-// A 16-bit input (bf16, f16) runs the launchers below (kernels/cpu/dropout_lowp.cpp), which draw
+// A 16-bit input (bf16, f16) runs dropout_*_lowp (kernels/lowp_launchers.h), which draw
 // the f32 kernel's mask: the same elements are kept. Gradient check: tests/test_gradcheck_nlp.cpp;
 // mask statistics and replay: tests/test_ops_nlp.cpp; 16-bit: tests/test_amp_ops.cpp.
 #include "regen/autograd/op_util.h"
+#include "regen/kernels/lowp_launchers.h"
 
 namespace regen {
-
-// x, y: (n) 16-bit (T = bfloat16, float16); the mask and scale of dropout_forward (kernels.h),
-// computed in f32 and rounded once. CPU only for now.
-REGEN_LAUNCHER(dropout_forward_lowp,
-               (const T* x, T* y, int64_t n, float p, uint64_t seed, uint64_t stream))
-REGEN_LAUNCHER(dropout_backward_lowp,
-               (const T* dy, T* dx, int64_t n, float p, uint64_t seed, uint64_t stream))
 
 using namespace detail;
 

@@ -4,17 +4,9 @@
 // 16-bit dx; it saves the 16-bit x. Gradient check: tests/test_gradcheck_nlp.cpp; values:
 // tests/test_ops_nlp.cpp; 16-bit: tests/test_amp_ops.cpp.
 #include "regen/autograd/op_util.h"
+#include "regen/kernels/lowp_launchers.h"
 
 namespace regen {
-
-// The 16-bit launchers (T = bfloat16, float16; CPU only for now): x, y, dy, dx: (M, N) in T;
-// gamma, beta, dgamma, dbeta: (N) and mean, rstd: (M) in f32. As layernorm_forward/backward
-// (kernels/kernels.h) otherwise.
-REGEN_LAUNCHER(layernorm_forward_lowp, (const T* x, const float* gamma, const float* beta, T* y,
-                                        float* mean, float* rstd, int64_t M, int64_t N, double eps))
-REGEN_LAUNCHER(layernorm_backward_lowp,
-               (const T* dy, const T* x, const float* gamma, const float* mean, const float* rstd,
-                T* dx, float* dgamma, float* dbeta, int64_t M, int64_t N))
 
 using namespace detail;
 

@@ -6,6 +6,7 @@
 // (tests/op_table.h): f64 gradcheck, an f64 reference, CPU f32 and f64 and CUDA f32 values.
 #include "regen/autograd/functions.h"
 #include "regen/autograd/op_util.h"
+#include "regen/kernels/lowp_launchers.h"
 
 namespace regen {
 
@@ -16,13 +17,8 @@ REGEN_LAUNCHER(rmsnorm_forward,
 // when not null.
 REGEN_LAUNCHER(rmsnorm_backward, (const T* dy, const T* x, const T* weight, const T* rstd, T* dx,
                                   T* dweight, int64_t M, int64_t N))
-// The 16-bit forms (T = bfloat16, float16; CPU only for now): x, y, dy, dx in T; weight, rstd and
-// dweight in f32 (the precision policy's fp32_statistics). A 16-bit rmsnorm saves its 16-bit x.
-REGEN_LAUNCHER(rmsnorm_forward_lowp, (const T* x, const float* weight, T* y, float* rstd, int64_t M,
-                                      int64_t N, double eps))
-REGEN_LAUNCHER(rmsnorm_backward_lowp,
-               (const T* dy, const T* x, const float* weight, const float* rstd, T* dx,
-                float* dweight, int64_t M, int64_t N))
+// The 16-bit forms (rmsnorm_*_lowp): kernels/lowp_launchers.h. A 16-bit rmsnorm saves its 16-bit
+// x.
 
 using namespace detail;
 

@@ -27,6 +27,7 @@
 #include "regen/core/half.h"
 #include "regen/core/tensor.h"
 #include "regen/kernels/kernels.h"
+#include "regen/kernels/lowp_launchers.h"
 #include "regen/kernels/shapes.h"
 #include "regen/kernels/unary_ops.h"
 #include "tests/test_util.h"
@@ -405,31 +406,12 @@ TEST_CASE("amp ops: mixes that are not allowed name the op and the dtypes") {
 // vector and that exceed a block.
 
 namespace regen {
-// The 16-bit launchers declared beside their ops (autograd/ops_*.cpp); a declaration that differs
-// from theirs fails to link.
-REGEN_LAUNCHER(dropout_forward_lowp,
-               (const T* x, T* y, int64_t n, float p, uint64_t seed, uint64_t stream))
-REGEN_LAUNCHER(layernorm_forward_lowp, (const T* x, const float* gamma, const float* beta, T* y,
-                                        float* mean, float* rstd, int64_t M, int64_t N, double eps))
-REGEN_LAUNCHER(layernorm_backward_lowp,
-               (const T* dy, const T* x, const float* gamma, const float* mean, const float* rstd,
-                T* dx, float* dgamma, float* dbeta, int64_t M, int64_t N))
+// rmsnorm's f32 launchers, declared beside its op (autograd/ops_rmsnorm.cpp; a declaration that
+// differs from that one fails to link); the 16-bit ones are in kernels/lowp_launchers.h.
 REGEN_LAUNCHER(rmsnorm_forward,
                (const T* x, const T* weight, T* y, T* rstd, int64_t M, int64_t N, double eps))
 REGEN_LAUNCHER(rmsnorm_backward, (const T* dy, const T* x, const T* weight, const T* rstd, T* dx,
                                   T* dweight, int64_t M, int64_t N))
-REGEN_LAUNCHER(rmsnorm_forward_lowp, (const T* x, const float* weight, T* y, float* rstd, int64_t M,
-                                      int64_t N, double eps))
-REGEN_LAUNCHER(rmsnorm_backward_lowp,
-               (const T* dy, const T* x, const float* weight, const float* rstd, T* dx,
-                float* dweight, int64_t M, int64_t N))
-REGEN_LAUNCHER(batchnorm_forward_train_lowp,
-               (const T* x, const float* gamma, const float* beta, T* y, float* mean, float* invstd,
-                float* running_mean, float* running_var, int64_t N, int64_t C, int64_t HW,
-                double momentum, double eps))
-REGEN_LAUNCHER(batchnorm_backward_lowp,
-               (const T* dy, const T* x, const float* gamma, const float* mean, const float* invstd,
-                T* dx, float* dgamma, float* dbeta, int64_t N, int64_t C, int64_t HW))
 }  // namespace regen
 
 namespace {

@@ -19,33 +19,12 @@
 #include <set>
 #include <string>
 
+#include "regen/kernels/lowp_launchers.h"
 #include "regen/kernels/unary_ops.h"
 #include "regen/models/train.h"
 #include "regen/session/session.h"
 #include "tests/dry_paths.h"
 #include "tests/op_table.h"
-
-namespace regen {
-// The 16-bit launchers with scratch, declared beside their ops (autograd/ops_batchnorm.cpp,
-// ops_layernorm.cpp); a declaration that differs from theirs fails to link.
-REGEN_LAUNCHER(batchnorm_forward_train_lowp,
-               (const T* x, const float* gamma, const float* beta, T* y, float* mean, float* invstd,
-                float* running_mean, float* running_var, int64_t N, int64_t C, int64_t HW,
-                double momentum, double eps))
-REGEN_LAUNCHER(batchnorm_forward_eval_lowp,
-               (const T* x, const float* gamma, const float* beta, const float* running_mean,
-                const float* running_var, T* y, int64_t N, int64_t C, int64_t HW, double eps))
-REGEN_LAUNCHER(batchnorm_backward_lowp,
-               (const T* dy, const T* x, const float* gamma, const float* mean, const float* invstd,
-                T* dx, float* dgamma, float* dbeta, int64_t N, int64_t C, int64_t HW))
-REGEN_LAUNCHER(batchnorm_backward_eval_lowp,
-               (const T* dy, const T* x, const float* gamma, const float* running_mean,
-                const float* running_var, T* dx, float* dgamma, float* dbeta, int64_t N, int64_t C,
-                int64_t HW, double eps))
-REGEN_LAUNCHER(layernorm_backward_lowp,
-               (const T* dy, const T* x, const float* gamma, const float* mean, const float* rstd,
-                T* dx, float* dgamma, float* dbeta, int64_t M, int64_t N))
-}  // namespace regen
 
 using namespace regen;
 using namespace regen::testing;

@@ -30,6 +30,7 @@
 #include "regen/core/error.h"
 #include "regen/core/tensor.h"
 #include "regen/kernels/kernels.h"
+#include "regen/kernels/lowp_launchers.h"
 #include "regen/kernels/unary_ops.h"
 
 #ifndef REGEN_HAVE_CPU_CONV2D
@@ -1459,41 +1460,6 @@ void optim_cases(Rng& rng, int64_t n) {
 // order), and the one rounding to 16 bits can then differ by one 16-bit ulp: at most 2u relative, u
 // = 2^-8 (bf16) or 2^-11 (f16); a reduction of length L adds its f32 difference, L * 2^-24 times
 // the sum of |terms| (atol).
-
-}  // namespace
-namespace regen {
-// The 16-bit launchers declared beside their ops (autograd/ops_*.cpp); a declaration that differs
-// from theirs fails to link.
-REGEN_LAUNCHER(dropout_forward_lowp,
-               (const T* x, T* y, int64_t n, float p, uint64_t seed, uint64_t stream))
-REGEN_LAUNCHER(dropout_backward_lowp,
-               (const T* dy, T* dx, int64_t n, float p, uint64_t seed, uint64_t stream))
-REGEN_LAUNCHER(layernorm_forward_lowp, (const T* x, const float* gamma, const float* beta, T* y,
-                                        float* mean, float* rstd, int64_t M, int64_t N, double eps))
-REGEN_LAUNCHER(layernorm_backward_lowp,
-               (const T* dy, const T* x, const float* gamma, const float* mean, const float* rstd,
-                T* dx, float* dgamma, float* dbeta, int64_t M, int64_t N))
-REGEN_LAUNCHER(rmsnorm_forward_lowp, (const T* x, const float* weight, T* y, float* rstd, int64_t M,
-                                      int64_t N, double eps))
-REGEN_LAUNCHER(rmsnorm_backward_lowp,
-               (const T* dy, const T* x, const float* weight, const float* rstd, T* dx,
-                float* dweight, int64_t M, int64_t N))
-REGEN_LAUNCHER(batchnorm_forward_train_lowp,
-               (const T* x, const float* gamma, const float* beta, T* y, float* mean, float* invstd,
-                float* running_mean, float* running_var, int64_t N, int64_t C, int64_t HW,
-                double momentum, double eps))
-REGEN_LAUNCHER(batchnorm_forward_eval_lowp,
-               (const T* x, const float* gamma, const float* beta, const float* running_mean,
-                const float* running_var, T* y, int64_t N, int64_t C, int64_t HW, double eps))
-REGEN_LAUNCHER(batchnorm_backward_lowp,
-               (const T* dy, const T* x, const float* gamma, const float* mean, const float* invstd,
-                T* dx, float* dgamma, float* dbeta, int64_t N, int64_t C, int64_t HW))
-REGEN_LAUNCHER(batchnorm_backward_eval_lowp,
-               (const T* dy, const T* x, const float* gamma, const float* running_mean,
-                const float* running_var, T* dx, float* dgamma, float* dbeta, int64_t N, int64_t C,
-                int64_t HW, double eps))
-}  // namespace regen
-namespace {
 
 template <class H, class F>
 void half_unary_case(F f, const char* name, const std::vector<H>& x, const std::vector<H>& g,
