@@ -133,7 +133,7 @@ TEST_CASE("gpt2: initialization scales and the zero padded rows") {
 }
 
 TEST_CASE(
-    "gpt2: logits over the real vocabulary; fused and unfused losses agree; no gradient "
+    "gpt2: logits over the real vocabulary, fused and unfused losses agree, no gradient "
     "reaches a padded row") {
   ModelConfig c = model_preset("gpt2-tiny");
   const Tensor x = tokens(3, 16, c.vocab, 1), y = tokens(3, 16, c.vocab, 2);
