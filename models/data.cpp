@@ -694,6 +694,17 @@ ModelInput image_classifier_input(int64_t min_image_size) {
   return in;
 }
 
+ModelOption lm_head_chunk_option() {
+  ModelOption head = integer_option(
+      "lm_head_chunk",
+      "LM head + loss in training: 0 fused and chunked automatically (about 32 MiB of logits per "
+      "chunk; the default), N fused with N rows per chunk, -1 unfused (the whole (batch x seq, "
+      "vocab) logits, as PyTorch)",
+      OptionRange::integers(-1, 2147483647), &ModelConfig::head_chunk_rows);
+  head.recorded = true;  // how a run computed its loss; the head's parameters are the same
+  return head;
+}
+
 ModelInput token_lm_input() {
   ModelInput in;
   in.help = "tokens (B, S) i64 with next-token targets (B, S) i64";

@@ -109,6 +109,9 @@ ModelInput image_classifier_input(int64_t min_image_size = 1);
 // files as byte tokens (which need a vocabulary of 256); options --seq-len and --vocab (at least
 // 2).
 ModelInput token_lm_input();
+// --lm-head-chunk (ModelConfig::head_chunk_rows), for the language models whose head and loss run
+// fused (linear_cross_entropy): the Transformer's and GPT-2's.
+ModelOption lm_head_chunk_option();
 // The data kinds above, for inputs of other models: synthetic class-labelled images; CIFAR-10
 // (32x32 images, 10 labels); token motifs; byte tokens of a text file.
 DataKind synthetic_images_data();

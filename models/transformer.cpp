@@ -20,14 +20,7 @@ ModelInput TransformerLM::input() {
                                      OptionRange::numbers(0.0, 0.99), &ModelConfig::dropout);
   dropout.profile_key = [](double p) { return p == 0 ? std::string("off") : std::string("on"); };
   in.options.push_back(dropout);
-  ModelOption head = integer_option(
-      "lm_head_chunk",
-      "LM head + loss in training: 0 fused and chunked automatically (about 32 MiB of logits per "
-      "chunk; the default), N fused with N rows per chunk, -1 unfused (the whole (batch x seq, "
-      "vocab) logits, as PyTorch)",
-      OptionRange::integers(-1, 2147483647), &ModelConfig::head_chunk_rows);
-  head.recorded = true;  // how a run computed its loss; the head's parameters are the same
-  in.options.push_back(head);
+  in.options.push_back(lm_head_chunk_option());
   return in;
 }
 
