@@ -223,9 +223,11 @@ __global__ void column_final_kernel(const double* partial, int64_t chunks, int64
 // ---- Dropout
 // ----------------------------------------------------------------------------------------
 
-// x, y: (n). Thread g handles elements 4g..4g+3, which are the four words of Philox block g.
-__global__ void dropout_kernel(const float* x, float* y, int64_t n, uint64_t threshold,
-                               float keep_scale, uint64_t seed, uint64_t subsequence) {
+// x, y: (n). Thread g handles elements 4g..4g+3, which are the four words of Philox block g. T:
+// float, or a 16-bit type whose kept value x * keep_scale is computed in f32 and rounded once.
+template <class T>
+__global__ void dropout_kernel(const T* x, T* y, int64_t n, uint64_t threshold, float keep_scale,
+                               uint64_t seed, uint64_t subsequence) {
   const int64_t groups = (n + 3) / 4;
   const PhiloxKey key{static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32)};
   for (int64_t g = dev::global_thread(); g < groups; g += dev::grid_stride()) {
@@ -237,7 +239,7 @@ __global__ void dropout_kernel(const float* x, float* y, int64_t n, uint64_t thr
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int64_t i = 4 * g + e;
-      if (i < n) y[i] = words[e] >= threshold ? x[i] * keep_scale : 0.0f;
+      if (i < n) y[i] = T(words[e] >= threshold ? static_cast<float>(x[i]) * keep_scale : 0.0f);
     }
   }
 }
@@ -246,6 +248,20 @@ uint64_t dropout_threshold(float p) {  // the CPU's rule: keep iff word >= p * 2
   if (p <= 0.0f) return 0;
   if (p >= 1.0f) return uint64_t{1} << 32;
   return static_cast<uint64_t>(static_cast<double>(p) * 4294967296.0);
+}
+
+// dropout_forward for T = float and the 16-bit types: the same mask, the same scale.
+template <class T>
+void launch_dropout(const T* x, T* y, int64_t n, float p, uint64_t seed, uint64_t stream_id) {
+  REGEN_CHECK(n >= 0, "dropout_forward: negative size ", n);
+  REGEN_CHECK(p >= 0.0f && p <= 1.0f, "dropout_forward: probability ", p, " is not in [0, 1]");
+  if (n == 0) return;
+  // The CPU computes the scale in float as 1 / (1 - p); so does this line, bit for bit.
+  const float keep_scale = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f;
+  const int64_t groups = (n + 3) / 4;
+  dropout_kernel<T><<<grid_blocks(groups, kThreads), kThreads, 0, stream()>>>(
+      x, y, n, dropout_threshold(p), keep_scale, seed, stream_id);
+  REGEN_CUDA_LAUNCH_CHECK("dropout_forward");
 }
 
 // ---- Permute
@@ -398,16 +414,7 @@ void sum_squares(const T* x, T* y, int64_t n) {
 
 void dropout_forward(const float* x, float* y, int64_t n, float p, uint64_t seed,
                      uint64_t stream_id) {
-  REGEN_CHECK(n >= 0, "dropout_forward: negative size ", n);
-  REGEN_CHECK(p >= 0.0f && p <= 1.0f, "dropout_forward: probability ", p, " is not in [0, 1]");
-  if (n == 0) return;
-  const uint64_t threshold = dropout_threshold(p);
-  // The CPU computes the scale in float as 1 / (1 - p); so does this line, bit for bit.
-  const float keep_scale = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f;
-  const int64_t groups = (n + 3) / 4;
-  dropout_kernel<<<grid_blocks(groups, kThreads), kThreads, 0, stream()>>>(
-      x, y, n, threshold, keep_scale, seed, stream_id);
-  REGEN_CUDA_LAUNCH_CHECK("dropout_forward");
+  launch_dropout(x, y, n, p, seed, stream_id);
 }
 
 void dropout_backward(const float* dy, float* dx, int64_t n, float p, uint64_t seed,
@@ -521,26 +528,6 @@ __global__ void half_fill_from_scalar_kernel(const T* s, T* y, int64_t n, float 
   const T value(alpha * static_cast<float>(s[0]));
   for (int64_t i = dev::global_thread(); i < n; i += dev::grid_stride()) y[i] = value;
 }
-// x, y: (n); the f32 kernel's Philox blocks and threshold, the kept value x * keep_scale in f32.
-template <class T>
-__global__ void half_dropout_kernel(const T* x, T* y, int64_t n, uint64_t threshold,
-                                    float keep_scale, uint64_t seed, uint64_t subsequence) {
-  const int64_t groups = (n + 3) / 4;
-  const PhiloxKey key{static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32)};
-  for (int64_t g = dev::global_thread(); g < groups; g += dev::grid_stride()) {
-    const uint64_t block = static_cast<uint64_t>(g);
-    uint32_t words[4];
-    philox4x32_10({static_cast<uint32_t>(block), static_cast<uint32_t>(block >> 32),
-                   static_cast<uint32_t>(subsequence), static_cast<uint32_t>(subsequence >> 32)},
-                  key, words);
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int64_t i = 4 * g + e;
-      if (i < n) y[i] = T(words[e] >= threshold ? static_cast<float>(x[i]) * keep_scale : 0.0f);
-    }
-  }
-}
-
 template <class T, class Op>
 void launch_half_binary(const char* name, const T* a, const T* b, T* y, int64_t n, int64_t nb,
                         Op op) {
@@ -609,14 +596,7 @@ void fill_from_scalar_f32(const T* s, T* y, int64_t n, float alpha) {
 }
 template <class T>
 void dropout_forward_lowp(const T* x, T* y, int64_t n, float p, uint64_t seed, uint64_t stream_id) {
-  REGEN_CHECK(n >= 0, "dropout_forward: negative size ", n);
-  REGEN_CHECK(p >= 0.0f && p <= 1.0f, "dropout_forward: probability ", p, " is not in [0, 1]");
-  if (n == 0) return;
-  const float keep_scale = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f;  // the f32 kernel's
-  const int64_t groups = (n + 3) / 4;
-  half_dropout_kernel<T><<<grid_blocks(groups, kThreads), kThreads, 0, stream()>>>(
-      x, y, n, dropout_threshold(p), keep_scale, seed, stream_id);
-  REGEN_CUDA_LAUNCH_CHECK("dropout_forward");
+  launch_dropout(x, y, n, p, seed, stream_id);
 }
 template <class T>
 void dropout_backward_lowp(const T* dy, T* dx, int64_t n, float p, uint64_t seed,
