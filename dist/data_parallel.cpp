@@ -143,17 +143,6 @@ DataParallel::DataParallel(Model& model, Communicator& comm, const DataParallelO
     }
     if (fresh) {
       if (!buckets_.empty()) close(buckets_.back());
-      // ZeRO-3: this rank's chunk of every parameter, the optimizer's parameter from the start (its
-      // values arrive in prepare(), after rank 0's parameters did).
-      for (Sharded& z : sharded_) {
-        {
-          CategoryScope cat(Category::parameter);
-          TagScope tag(z.name + ".shard");
-          z.shard = zeros({z.chunk}, z.full.dtype(), model.device());
-        }
-        z.shard.set_requires_grad(true);
-        z.shard.impl()->name = z.name + ".shard" + std::to_string(comm.rank());
-      }
       buckets_.emplace_back();
       buckets_.back().dtype = p.dtype();
       buckets_.back().tag = "ddp.bucket" + std::to_string(buckets_.size() - 1);
