@@ -694,6 +694,12 @@ ModelInput image_classifier_input(int64_t min_image_size) {
   return in;
 }
 
+void check_lm_targets(const ModelConfig& c, const Tensor& tokens, const Tensor& target) {
+  REGEN_CHECK(target.defined() && target.dtype() == DType::i64 && target.shape() == tokens.shape(),
+              c.name, ": expected targets i64 ", sh(tokens.shape()), ", got ",
+              target.defined() ? target.str() : std::string("nothing"));
+}
+
 ModelOption lm_head_chunk_option() {
   ModelOption head = integer_option(
       "lm_head_chunk",

@@ -112,6 +112,8 @@ ModelInput token_lm_input();
 // --lm-head-chunk (ModelConfig::head_chunk_rows), for the language models whose head and loss run
 // fused (linear_cross_entropy): the Transformer's and GPT-2's.
 ModelOption lm_head_chunk_option();
+// The fused head's targets: i64 of the tokens' shape, else an error naming the model.
+void check_lm_targets(const ModelConfig& c, const Tensor& tokens, const Tensor& target);
 // The data kinds above, for inputs of other models: synthetic class-labelled images; CIFAR-10
 // (32x32 images, 10 labels); token motifs; byte tokens of a text file.
 DataKind synthetic_images_data();

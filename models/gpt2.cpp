@@ -191,9 +191,7 @@ Tensor GPT2::forward(const Tensor& tokens) {
 
 Tensor GPT2::forward_loss(const Tensor& tokens, const Tensor& target) {
   if (config_.head_chunk_rows < 0) return Model::forward_loss(tokens, target);
-  REGEN_CHECK(target.defined() && target.dtype() == DType::i64 && target.shape() == tokens.shape(),
-              config_.name, ": expected targets i64 ", sh(tokens.shape()), ", got ",
-              target.defined() ? target.str() : std::string("nothing"));
+  check_lm_targets(config_, tokens, target);
   const Tensor h = hidden(tokens);
   ModuleScope scope("lm_head");
   // All Vp rows of wte, with the padded classes' logits at -inf (head_mask_): they take no

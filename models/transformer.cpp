@@ -77,9 +77,7 @@ Tensor TransformerLM::forward(const Tensor& tokens) {
 
 Tensor TransformerLM::forward_loss(const Tensor& tokens, const Tensor& target) {
   if (config_.head_chunk_rows < 0) return Model::forward_loss(tokens, target);
-  REGEN_CHECK(target.defined() && target.dtype() == DType::i64 && target.shape() == tokens.shape(),
-              config_.name, ": expected targets i64 ", sh(tokens.shape()), ", got ",
-              target.defined() ? target.str() : std::string("nothing"));
+  check_lm_targets(config_, tokens, target);
   const Tensor h = hidden(tokens);
   // The head's parameters under the head's scope; the op is the head and the loss at once.
   ModuleScope scope("lm_head");
