@@ -36,6 +36,8 @@ Examples:
       --image-size 224 --modes eager,checkpoint --csv torch_resnet152_cpu.csv
   python3 tools/torch_baseline.py --device cuda --model transformer --batches 32,64,128,256 \
       --modes eager,checkpoint,compile --math fp32 --csv torch_transformer.csv
+  python3 tools/torch_baseline.py --device cpu --threads 2 --model gpt2 --seq-len 1024 \
+      --batches 4 --modes eager --csv torch_gpt2_cpu.csv
 """
 import argparse
 import ctypes
@@ -53,6 +55,10 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from torch_models import RESNETS, ResNet, TransformerLM, lm_loss  # noqa: E402
+import torch_gpt2  # noqa: E402
+
+# GPT-2's sizes (models/gpt2.h): vocabulary, context, width, layers, heads.
+GPT2S = {"gpt2": (50257, 1024, 768, 12, 12), "gpt2-medium": (50257, 1024, 1024, 24, 16)}
 
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -150,6 +156,13 @@ def build(name, image_size, seq_len, dropout):
         return TransformerLM(30000, seq_len, 512, 6, 8, 2048, dropout), "transformer"
     if name == "bert-base":
         return TransformerLM(30000, max(seq_len, 512), 768, 12, 12, 3072, dropout), "transformer"
+    if name in GPT2S:
+        vocab, context, width, layers, heads = GPT2S[name]
+        if seq_len > context:
+            sys.exit(f"--seq-len {seq_len}: {name}'s context is {context}")
+        # nanoGPT's attention where this PyTorch has it (2.0+), else the written-out one.
+        sdpa = hasattr(torch.nn.functional, "scaled_dot_product_attention")
+        return torch_gpt2.GPT2(vocab, context, width, layers, heads, sdpa), "gpt2"
     sys.exit(f"unknown model {name}")
 
 
@@ -174,6 +187,14 @@ def run(a, name, batch, mode, device, heap, memory_budget=None):
         x = torch.randn(batch, 3, a.image_size, a.image_size, device=device)
         y = torch.randint(0, 1000, (batch,), device=device)
         loss_fn = torch.nn.functional.cross_entropy
+    elif family == "gpt2":
+        vocab = GPT2S[name][0]
+        x = torch.randint(0, vocab, (batch, a.seq_len), device=device)
+        y = torch.randint(0, vocab, (batch, a.seq_len), device=device)
+
+        def loss_fn(logits, targets):
+            return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                                     targets.reshape(-1))
     else:
         x = torch.randint(0, 30000, (batch, a.seq_len), device=device)
         y = torch.randint(0, 30000, (batch, a.seq_len), device=device)
@@ -234,7 +255,8 @@ def run(a, name, batch, mode, device, heap, memory_budget=None):
 def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="resnet152")
+    ap.add_argument("--model", default="resnet152",
+                    help="resnet18..resnet152, transformer, bert-base, gpt2 or gpt2-medium")
     ap.add_argument("--batches", default="4")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--modes", default="eager")

@@ -4,8 +4,12 @@ multiple of 128, wpe.weight, h.<i>.{ln_1, attn.c_attn, attn.c_proj, ln_2, mlp.c_
 mlp.c_proj}.{weight,bias}, ln_f.{weight,bias}), its AdamW parameter groups (weight decay on the
 matrices only) and a reader of safetensors files, so a reference can start from weights regen wrote.
 
-Works with PyTorch 1.13 (no scaled_dot_product_attention: the causal attention is written out).
-Used by tools/make_gpt2_reference.py.
+Works with PyTorch 1.13 (no scaled_dot_product_attention: the causal attention is written out,
+which the parity references use). With `sdpa=True` (PyTorch 2.0+) the attention is
+F.scaled_dot_product_attention(is_causal=True), as nanoGPT trains it: tools/torch_baseline.py's
+`--model gpt2` speed baseline. With `checkpoint_blocks` set, every block runs under
+torch.utils.checkpoint (non-reentrant). Used by tools/make_gpt2_reference.py and
+tools/torch_baseline.py.
 """
 import json
 import math
@@ -21,9 +25,10 @@ def padded_vocab(vocab):
 
 
 class Block(nn.Module):
-    def __init__(self, width, heads):
+    def __init__(self, width, heads, sdpa=False):
         super().__init__()
         self.heads = heads
+        self.sdpa = sdpa
         self.ln_1 = nn.LayerNorm(width)
         self.attn = nn.Module()
         self.attn.c_attn = nn.Linear(width, 3 * width)
@@ -38,6 +43,9 @@ class Block(nn.Module):
         q, k, v = self.attn.c_attn(x).split(C, dim=2)
         heads = [t.view(B, S, self.heads, C // self.heads).transpose(1, 2) for t in (q, k, v)]
         q, k, v = heads
+        if self.sdpa:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            return self.attn.c_proj(y.transpose(1, 2).reshape(B, S, C))
         scores = q @ k.transpose(-2, -1) / math.sqrt(C // self.heads)
         future = torch.ones(S, S, dtype=torch.bool).triu(1)
         scores = scores.masked_fill(future, float("-inf"))
@@ -51,12 +59,13 @@ class Block(nn.Module):
 
 
 class GPT2(nn.Module):
-    def __init__(self, vocab, context, width, layers, heads):
+    def __init__(self, vocab, context, width, layers, heads, sdpa=False):
         super().__init__()
         self.vocab = vocab
+        self.checkpoint_blocks = False
         self.wte = nn.Embedding(padded_vocab(vocab), width)
         self.wpe = nn.Embedding(context, width)
-        self.h = nn.ModuleList([Block(width, heads) for _ in range(layers)])
+        self.h = nn.ModuleList([Block(width, heads, sdpa) for _ in range(layers)])
         self.ln_f = nn.LayerNorm(width)
         self.init_weights(layers)
 
@@ -80,9 +89,13 @@ class GPT2(nn.Module):
         """tokens (B, S) -> logits (B, S, V) over the real vocabulary: the head is wte's first V
         rows, so a padded row is never a class and gets no gradient."""
         S = tokens.shape[1]
-        x = self.wte(tokens) + self.wpe(torch.arange(S))
+        x = self.wte(tokens) + self.wpe(torch.arange(S, device=tokens.device))
         for block in self.h:
-            x = block(x)
+            if self.checkpoint_blocks:
+                from torch.utils.checkpoint import checkpoint
+                x = checkpoint(block, x, use_reentrant=False)
+            else:
+                x = block(x)
         return self.ln_f(x) @ self.wte.weight[: self.vocab].t()
 
 
