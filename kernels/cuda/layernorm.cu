@@ -1,11 +1,13 @@
 // CUDA layer normalization over the last dimension (declared in kernels/cuda/cuda_kernels.h; the
 // 16-bit launchers layernorm_forward_lowp / layernorm_backward_lowp beside the op,
-// autograd/ops_layernorm.cpp, take the general path below with 16-bit x, y, dy, dx;
-// CPU reference kernels/cpu/layernorm.cpp; test tests/cuda/test_cuda_ops.cpp; timed by
-// `regen bench kernels` against HBM bandwidth).
+// autograd/ops_layernorm.cpp, take the same two paths with 16-bit x, y, dy, dx and f32 gamma,
+// beta and statistics; CPU reference kernels/cpu/layernorm.cpp; test tests/cuda/test_cuda_ops.cpp;
+// timed by `regen bench kernels` against HBM bandwidth).
 //
-// Fast path (N % 4 == 0, N <= 1024, 16-byte aligned pointers, the Transformer case): one warp per
-// row, the row held in registers as float4 (x read once); row sums in double like the CPU, so
+// Fast path (rows of at most 1024 elements in whole 16-byte packs: N % 4 == 0 in f32, N % 8 == 0
+// in bf16/f16; 16-byte aligned pointers; the Transformer and GPT-2 cases): one warp per row, the
+// row held in registers as 128-bit packs (x read once, 16-bit elements widened in registers, each
+// output rounded once on store); row sums in double like the CPU, so
 // mean and rstd round to the CPU's floats. Backward is fused: each block owns a fixed range of
 // rows, every lane keeps dgamma/dbeta partials for its own columns, the block's warps combine them
 // in warp order through shared memory, and a second kernel sums the per-block partials column by
@@ -31,42 +33,60 @@ __device__ __forceinline__ float ln_out(float x, float mu, float rs, float g, fl
 __device__ __forceinline__ float ln_dx(float g, float a, float xhat, float b, float rs) {
   return __fmul_rn(rs, __fsub_rn(__fsub_rn(g, a), __fmul_rn(xhat, b)));
 }
-__device__ __forceinline__ float4 load4(const float4* p, int64_t i) {
-  return p[i];
+// kN elements of T in 16 bytes (4 floats, 8 bf16 or f16): the fast path's unit of loads and
+// stores, one 128-bit access each.
+template <class T>
+struct alignas(16) Pack {
+  static constexpr int kN = 16 / static_cast<int>(sizeof(T));
+  T e[kN];
+};
+template <class T>
+__device__ __forceinline__ float elem(const Pack<T>& p, int e) {
+  return static_cast<float>(p.e[e]);
 }
-__device__ __forceinline__ float get(const float4& v, int e) {
-  return e == 0 ? v.x : e == 1 ? v.y : e == 2 ? v.z : v.w;
-}
-__device__ __forceinline__ void set(float4& v, int e, float f) {
-  if (e == 0)
-    v.x = f;
-  else if (e == 1)
-    v.y = f;
-  else if (e == 2)
-    v.z = f;
-  else
-    v.w = f;
+// kN f32 values of gamma or beta beside a pack of T (one or two 128-bit loads).
+template <class T>
+struct alignas(16) Params {
+  float e[Pack<T>::kN];
+};
+template <class T>
+__device__ __forceinline__ Params<T> load_params(const float* p, int idx, float fill) {
+  Params<T> out;
+  if (p) {
+    out = reinterpret_cast<const Params<T>*>(p)[idx];
+  } else {
+#pragma unroll
+    for (int e = 0; e < Pack<T>::kN; ++e) out.e[e] = fill;
+  }
+  return out;
 }
 
 // ---- Fast path: one warp per row ------------------------------------------------------------
 
-// x, y: (M, N) as (M, nvec) float4; gamma, beta: (nvec) float4 or null; mean, rstd: (M).
-template <int kMaxVec, int kWarps>
+// x, y: (M, N) of T as (M, nvec) packs of kN; gamma, beta: (N) f32 or null; mean, rstd: (M).
+// Row sums in double, four elements at a time as ((a + b) + (c + d)).
+template <class T, int kMaxVec, int kWarps>
 __global__ void __launch_bounds__(kWarps * 32)
-    ln_forward_warp_kernel(const float4* x, const float4* gamma, const float4* beta, float4* y,
+    ln_forward_warp_kernel(const Pack<T>* x, const float* gamma, const float* beta, Pack<T>* y,
                            float* mean, float* rstd, int64_t M, int nvec, double eps) {
+  constexpr int kN = Pack<T>::kN;
   const int lane = threadIdx.x & 31;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
   if (row >= M) return;
-  const int N = nvec * 4;
-  float4 v[kMaxVec];
+  const int N = nvec * kN;
+  Pack<T> v[kMaxVec];
   double s = 0.0;
 #pragma unroll
   for (int k = 0; k < kMaxVec; ++k) {
     const int idx = lane + 32 * k;
-    v[k] = idx < nvec ? load4(x, row * nvec + idx) : make_float4(0.f, 0.f, 0.f, 0.f);
-    s += (static_cast<double>(v[k].x) + static_cast<double>(v[k].y)) +
-         (static_cast<double>(v[k].z) + static_cast<double>(v[k].w));
+    if (idx < nvec) {
+      v[k] = x[row * nvec + idx];
+#pragma unroll
+      for (int q = 0; q < kN; q += 4) {
+        s += (static_cast<double>(elem(v[k], q)) + static_cast<double>(elem(v[k], q + 1))) +
+             (static_cast<double>(elem(v[k], q + 2)) + static_cast<double>(elem(v[k], q + 3)));
+      }
+    }
   }
   const double mu = dev::warp_sum(s) / N;
   double sq = 0.0;
@@ -74,8 +94,8 @@ __global__ void __launch_bounds__(kWarps * 32)
   for (int k = 0; k < kMaxVec; ++k) {
     if (lane + 32 * k < nvec) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const double d = static_cast<double>(get(v[k], e)) - mu;
+      for (int e = 0; e < kN; ++e) {
+        const double d = static_cast<double>(elem(v[k], e)) - mu;
         sq += d * d;
       }
     }
@@ -86,13 +106,13 @@ __global__ void __launch_bounds__(kWarps * 32)
   for (int k = 0; k < kMaxVec; ++k) {
     const int idx = lane + 32 * k;
     if (idx < nvec) {
-      const float4 g = gamma ? gamma[idx] : make_float4(1.f, 1.f, 1.f, 1.f);
-      const float4 b = beta ? beta[idx] : make_float4(0.f, 0.f, 0.f, 0.f);
-      float4 out;
+      const Params<T> g = load_params<T>(gamma, idx, 1.0f);
+      const Params<T> b = load_params<T>(beta, idx, 0.0f);
+      Pack<T> out;
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
+      for (int e = 0; e < kN; ++e) {
         // Without gamma the CPU adds beta to xhat directly; ln_out with g = 1 is the same value.
-        set(out, e, ln_out(get(v[k], e), mu_f, rs_f, get(g, e), get(b, e)));
+        out.e[e] = T(ln_out(elem(v[k], e), mu_f, rs_f, g.e[e], b.e[e]));
       }
       y[row * nvec + idx] = out;
     }
@@ -103,26 +123,27 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
 }
 
-// dy, x, dx: (M, nvec) float4; gamma: (nvec) or null; mean, rstd: (M).
+// dy, x, dx: (M, nvec) packs of T; gamma: (N) f32 or null; mean, rstd: (M).
 // partial_g, partial_b: (gridDim.x, N) per-block column sums, or null when not wanted.
-template <int kMaxVec, int kWarps>
+template <class T, int kMaxVec, int kWarps>
 __global__ void __launch_bounds__(kWarps * 32)
-    ln_backward_warp_kernel(const float4* dy, const float4* x, const float4* gamma,
-                            const float* mean, const float* rstd, float4* dx, float* partial_g,
+    ln_backward_warp_kernel(const Pack<T>* dy, const Pack<T>* x, const float* gamma,
+                            const float* mean, const float* rstd, Pack<T>* dx, float* partial_g,
                             float* partial_b, int64_t M, int nvec, int64_t rows_per_block) {
-  __shared__ float4 sg[256], sb[256];  // N <= 1024 columns
+  constexpr int kN = Pack<T>::kN;
+  __shared__ float sg[1024], sb[1024];  // N <= 1024 columns
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int N = nvec * 4;
+  const int N = nvec * kN;
   const int64_t r0 = static_cast<int64_t>(blockIdx.x) * rows_per_block;
   const int64_t r1 = r0 + rows_per_block < M ? r0 + rows_per_block : M;
-  float4 acc_g[kMaxVec], acc_b[kMaxVec];
+  float acc_g[kMaxVec][kN], acc_b[kMaxVec][kN];
 #pragma unroll
   for (int k = 0; k < kMaxVec; ++k) {
-    acc_g[k] = make_float4(0.f, 0.f, 0.f, 0.f);
-    acc_b[k] = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+    for (int e = 0; e < kN; ++e) acc_g[k][e] = acc_b[k][e] = 0.f;
   }
   for (int64_t row = r0 + warp; row < r1; row += kWarps) {
-    float4 xv[kMaxVec], dv[kMaxVec];
+    Pack<T> xv[kMaxVec], dv[kMaxVec];
     const float mu = mean[row], rs = rstd[row];
     double sum_g = 0.0, sum_gx = 0.0;
 #pragma unroll
@@ -131,11 +152,11 @@ __global__ void __launch_bounds__(kWarps * 32)
       if (idx < nvec) {
         xv[k] = x[row * nvec + idx];
         dv[k] = dy[row * nvec + idx];
-        const float4 gm = gamma ? gamma[idx] : make_float4(1.f, 1.f, 1.f, 1.f);
+        const Params<T> gm = load_params<T>(gamma, idx, 1.0f);
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const float g = gamma ? __fmul_rn(get(dv[k], e), get(gm, e)) : get(dv[k], e);
-          const float xhat = __fmul_rn(__fsub_rn(get(xv[k], e), mu), rs);
+        for (int e = 0; e < kN; ++e) {
+          const float g = gamma ? __fmul_rn(elem(dv[k], e), gm.e[e]) : elem(dv[k], e);
+          const float xhat = __fmul_rn(__fsub_rn(elem(xv[k], e), mu), rs);
           sum_g += static_cast<double>(g);
           sum_gx += static_cast<double>(g) * static_cast<double>(xhat);
         }
@@ -147,16 +168,16 @@ __global__ void __launch_bounds__(kWarps * 32)
     for (int k = 0; k < kMaxVec; ++k) {
       const int idx = lane + 32 * k;
       if (idx < nvec) {
-        const float4 gm = gamma ? gamma[idx] : make_float4(1.f, 1.f, 1.f, 1.f);
-        float4 out;
+        const Params<T> gm = load_params<T>(gamma, idx, 1.0f);
+        Pack<T> out;
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const float d = get(dv[k], e);
-          const float g = gamma ? __fmul_rn(d, get(gm, e)) : d;
-          const float xhat = __fmul_rn(__fsub_rn(get(xv[k], e), mu), rs);
-          set(out, e, ln_dx(g, a, xhat, b, rs));
-          set(acc_g[k], e, get(acc_g[k], e) + d * xhat);
-          set(acc_b[k], e, get(acc_b[k], e) + d);
+        for (int e = 0; e < kN; ++e) {
+          const float d = elem(dv[k], e);
+          const float g = gamma ? __fmul_rn(d, gm.e[e]) : d;
+          const float xhat = __fmul_rn(__fsub_rn(elem(xv[k], e), mu), rs);
+          out.e[e] = T(ln_dx(g, a, xhat, b, rs));
+          acc_g[k][e] += d * xhat;
+          acc_b[k][e] += d;
         }
         dx[row * nvec + idx] = out;
       }
@@ -170,32 +191,20 @@ __global__ void __launch_bounds__(kWarps * 32)
       for (int k = 0; k < kMaxVec; ++k) {
         const int idx = lane + 32 * k;
         if (idx < nvec) {
-          if (w == 0) {
-            sg[idx] = acc_g[k];
-            sb[idx] = acc_b[k];
-          } else {
-            float4 g = sg[idx], b = sb[idx];
-            g.x += acc_g[k].x;
-            g.y += acc_g[k].y;
-            g.z += acc_g[k].z;
-            g.w += acc_g[k].w;
-            b.x += acc_b[k].x;
-            b.y += acc_b[k].y;
-            b.z += acc_b[k].z;
-            b.w += acc_b[k].w;
-            sg[idx] = g;
-            sb[idx] = b;
+#pragma unroll
+          for (int e = 0; e < kN; ++e) {
+            const int c = idx * kN + e;
+            sg[c] = w == 0 ? acc_g[k][e] : sg[c] + acc_g[k][e];
+            sb[c] = w == 0 ? acc_b[k][e] : sb[c] + acc_b[k][e];
           }
         }
       }
     }
     __syncthreads();
   }
-  const float* sgf = reinterpret_cast<const float*>(sg);
-  const float* sbf = reinterpret_cast<const float*>(sb);
   for (int c = threadIdx.x; c < N; c += kWarps * 32) {
-    if (partial_g) partial_g[static_cast<int64_t>(blockIdx.x) * N + c] = sgf[c];
-    if (partial_b) partial_b[static_cast<int64_t>(blockIdx.x) * N + c] = sbf[c];
+    if (partial_g) partial_g[static_cast<int64_t>(blockIdx.x) * N + c] = sg[c];
+    if (partial_b) partial_b[static_cast<int64_t>(blockIdx.x) * N + c] = sb[c];
   }
 }
 
@@ -362,8 +371,11 @@ __global__ void ln_param_final_kernel(const double* partial_g, const double* par
   }
 }
 
+// The warp path takes rows of at most 1024 elements in whole 16-byte packs, every pointer 16-byte
+// aligned (gamma and beta are read in packs' widths of f32 too).
+template <class T>
 bool fast_path(int64_t N, std::initializer_list<const void*> pointers) {
-  if (N % 4 != 0 || N > 1024) return false;
+  if (N % Pack<T>::kN != 0 || N > 1024) return false;
   for (const void* p : pointers) {
     if (p && !detail::aligned16(p)) return false;
   }
@@ -377,28 +389,35 @@ void check_shape(const char* name, int64_t M, int64_t N) {
 
 }  // namespace
 
+namespace {
+// The warp path's forward: (4, 8 warps) packs per lane up to 128 packs a row, else (8, 4 warps).
+template <class T>
+void forward_warp(const T* x, const float* gamma, const float* beta, T* y, float* mean, float* rstd,
+                  int64_t M, int64_t N, double eps) {
+  const int nvec = static_cast<int>(N / Pack<T>::kN);
+  const auto* xp = reinterpret_cast<const Pack<T>*>(x);
+  auto* yp = reinterpret_cast<Pack<T>*>(y);
+  if (nvec <= 32 * 4) {
+    constexpr int kWarps = 8;
+    const unsigned blocks = static_cast<unsigned>(detail::ceil_div(M, kWarps));
+    ln_forward_warp_kernel<T, 4, kWarps>
+        <<<blocks, kWarps * 32, 0, stream()>>>(xp, gamma, beta, yp, mean, rstd, M, nvec, eps);
+  } else {
+    constexpr int kWarps = 4;
+    const unsigned blocks = static_cast<unsigned>(detail::ceil_div(M, kWarps));
+    ln_forward_warp_kernel<T, 8, kWarps>
+        <<<blocks, kWarps * 32, 0, stream()>>>(xp, gamma, beta, yp, mean, rstd, M, nvec, eps);
+  }
+}
+}  // namespace
+
 // x, y: (M, N); gamma, beta: (N) or null; mean, rstd: (M)
 void layernorm_forward(const float* x, const float* gamma, const float* beta, float* y, float* mean,
                        float* rstd, int64_t M, int64_t N, double eps) {
   check_shape("layernorm_forward", M, N);
   if (M == 0 || N == 0) return;
-  if (fast_path(N, {x, gamma, beta, y})) {
-    const int nvec = static_cast<int>(N / 4);
-    const auto* x4 = reinterpret_cast<const float4*>(x);
-    const auto* g4 = reinterpret_cast<const float4*>(gamma);
-    const auto* b4 = reinterpret_cast<const float4*>(beta);
-    auto* y4 = reinterpret_cast<float4*>(y);
-    if (nvec <= 32 * 4) {
-      constexpr int kWarps = 8;
-      const unsigned blocks = static_cast<unsigned>(detail::ceil_div(M, kWarps));
-      ln_forward_warp_kernel<4, kWarps>
-          <<<blocks, kWarps * 32, 0, stream()>>>(x4, g4, b4, y4, mean, rstd, M, nvec, eps);
-    } else {
-      constexpr int kWarps = 4;
-      const unsigned blocks = static_cast<unsigned>(detail::ceil_div(M, kWarps));
-      ln_forward_warp_kernel<8, kWarps>
-          <<<blocks, kWarps * 32, 0, stream()>>>(x4, g4, b4, y4, mean, rstd, M, nvec, eps);
-    }
+  if (fast_path<float>(N, {x, gamma, beta, y})) {
+    forward_warp(x, gamma, beta, y, mean, rstd, M, N, eps);
   } else {
     ln_forward_block_kernel<float><<<static_cast<unsigned>(M), kBlockThreads, 0, stream()>>>(
         x, gamma, beta, y, mean, rstd, N, eps);
@@ -411,9 +430,9 @@ template <class T>
 void backward_general(const T* dy, const T* x, const float* gamma, const float* mean,
                       const float* rstd, T* dx, float* dgamma, float* dbeta, int64_t M, int64_t N);
 
-template <int kMaxVec, int kWarps>
-void launch_backward_warp(const float* dy, const float* x, const float* gamma, const float* mean,
-                          const float* rstd, float* dx, float* dgamma, float* dbeta, int64_t M,
+template <class T, int kMaxVec, int kWarps>
+void launch_backward_warp(const T* dy, const T* x, const float* gamma, const float* mean,
+                          const float* rstd, T* dx, float* dgamma, float* dbeta, int64_t M,
                           int64_t N) {
   // The row partition depends only on M: blocks of rows_per_block rows, at most kMaxParts blocks.
   constexpr int64_t kMaxParts = 512;
@@ -426,17 +445,27 @@ void launch_backward_warp(const float* dy, const float* x, const float* gamma, c
   if (dry_run_active()) return;  // the dry path (kernels.h): the workspace, requested and unused
   float* partial_g = params ? ws.as<float>() : nullptr;
   float* partial_b = params ? partial_g + parts * N : nullptr;
-  ln_backward_warp_kernel<kMaxVec, kWarps>
+  ln_backward_warp_kernel<T, kMaxVec, kWarps>
       <<<static_cast<unsigned>(parts), kWarps * 32, 0, stream()>>>(
-          reinterpret_cast<const float4*>(dy), reinterpret_cast<const float4*>(x),
-          reinterpret_cast<const float4*>(gamma), mean, rstd, reinterpret_cast<float4*>(dx),
-          partial_g, partial_b, M, static_cast<int>(N / 4), rows_per_block);
+          reinterpret_cast<const Pack<T>*>(dy), reinterpret_cast<const Pack<T>*>(x), gamma, mean,
+          rstd, reinterpret_cast<Pack<T>*>(dx), partial_g, partial_b, M,
+          static_cast<int>(N / Pack<T>::kN), rows_per_block);
   REGEN_CUDA_LAUNCH_CHECK("layernorm_backward");
   if (!params) return;
   const unsigned tiles = static_cast<unsigned>(detail::ceil_div(N, 32));
   column_sums_kernel<<<tiles, dim3(32, kSumLanes), 0, stream()>>>(partial_g, partial_b, parts, N,
                                                                   dgamma, dbeta);
   REGEN_CUDA_LAUNCH_CHECK("layernorm_backward");
+}
+
+template <class T>
+void backward_warp(const T* dy, const T* x, const float* gamma, const float* mean,
+                   const float* rstd, T* dx, float* dgamma, float* dbeta, int64_t M, int64_t N) {
+  if (N / Pack<T>::kN <= 32 * 4) {
+    launch_backward_warp<T, 4, 8>(dy, x, gamma, mean, rstd, dx, dgamma, dbeta, M, N);
+  } else {
+    launch_backward_warp<T, 8, 4>(dy, x, gamma, mean, rstd, dx, dgamma, dbeta, M, N);
+  }
 }
 }  // namespace
 
@@ -455,12 +484,8 @@ void layernorm_backward(const float* dy, const float* x, const float* gamma, con
     if (dbeta) fill(dbeta, N, 0.0f);
     return;
   }
-  if (fast_path(N, {dy, x, gamma, dx})) {
-    if (N / 4 <= 32 * 4) {
-      launch_backward_warp<4, 8>(dy, x, gamma, mean, rstd, dx, dgamma, dbeta, M, N);
-    } else {
-      launch_backward_warp<8, 4>(dy, x, gamma, mean, rstd, dx, dgamma, dbeta, M, N);
-    }
+  if (fast_path<float>(N, {dy, x, gamma, dx})) {
+    backward_warp(dy, x, gamma, mean, rstd, dx, dgamma, dbeta, M, N);
     return;
   }
   backward_general(dy, x, gamma, mean, rstd, dx, dgamma, dbeta, M, N);
@@ -504,15 +529,19 @@ void backward_general(const T* dy, const T* x, const float* gamma, const float* 
 }  // namespace
 
 // The 16-bit launchers (declared beside the op, autograd/ops_layernorm.cpp): x, y, dy, dx bf16 or
-// f16; gamma, beta, mean, rstd, dgamma, dbeta f32. The general path's kernels on widened elements
-// (row sums in double, mean and rstd rounded to f32 as the CPU's), one rounding per stored element.
+// f16; gamma, beta, mean, rstd, dgamma, dbeta f32. The kernels above on widened elements (row
+// sums in double, mean and rstd rounded to f32 as the CPU's), one rounding per stored element.
 template <class T>
 void layernorm_forward_lowp(const T* x, const float* gamma, const float* beta, T* y, float* mean,
                             float* rstd, int64_t M, int64_t N, double eps) {
   check_shape("layernorm_forward", M, N);
   if (M == 0 || N == 0) return;
-  ln_forward_block_kernel<T><<<static_cast<unsigned>(M), kBlockThreads, 0, stream()>>>(
-      x, gamma, beta, y, mean, rstd, N, eps);
+  if (fast_path<T>(N, {x, gamma, beta, y})) {
+    forward_warp(x, gamma, beta, y, mean, rstd, M, N, eps);
+  } else {
+    ln_forward_block_kernel<T><<<static_cast<unsigned>(M), kBlockThreads, 0, stream()>>>(
+        x, gamma, beta, y, mean, rstd, N, eps);
+  }
   REGEN_CUDA_LAUNCH_CHECK("layernorm_forward");
 }
 template <class T>
@@ -525,6 +554,10 @@ void layernorm_backward_lowp(const T* dy, const T* x, const float* gamma, const 
     if (dry_run_active()) return;
     if (dgamma) fill(dgamma, N, 0.0f);
     if (dbeta) fill(dbeta, N, 0.0f);
+    return;
+  }
+  if (dx && fast_path<T>(N, {dy, x, gamma, dx})) {
+    backward_warp(dy, x, gamma, mean, rstd, dx, dgamma, dbeta, M, N);
     return;
   }
   backward_general(dy, x, gamma, mean, rstd, dx, dgamma, dbeta, M, N);
