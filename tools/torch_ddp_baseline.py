@@ -16,10 +16,18 @@ own measurements of its last sampled iteration (avg_backward_compute_time,
 avg_backward_comm_time, avg_backward_compute_comm_overlap_time, in ns, from
 model._get_ddp_logging_data(), when this PyTorch records them; empty otherwise).
 
-Baseline only: run it from a virtual environment with PyTorch from PyPI, outside regen's build
-(docs/results.md, "Data parallelism"):
-  /work/venv-torch/bin/python tools/torch_ddp_baseline.py --ranks 2 --threads 1 \
-      --model resnet50 --batch 8 --image-size 128 --csv ddp.csv
+--shard names what each rank keeps, as regen's flag does, with PyTorch's counterpart of each:
+none (DDP), optimizer (DDP with torch.distributed.optim.ZeroRedundancyOptimizer: ZeRO-1),
+gradients (FSDP2's fully_shard on every residual block / layer and the root, with
+reshard_after_forward=False: parameters stay whole from forward to backward, gradients and
+optimizer state sharded, as ZeRO-2 / FSDP's SHARD_GRAD_OP) and parameters (fully_shard with
+reshard_after_forward=True: ZeRO-3 / FULL_SHARD). FSDP2 needs PyTorch 2.6 or later; the CSV's
+shard column says which ran (DDP's logging columns stay empty under FSDP).
+
+Baseline only: run it with a virtual environment's python holding PyTorch from PyPI, outside
+regen's build (docs/results.md, "Data parallelism"):
+  VENV/bin/python tools/torch_ddp_baseline.py --ranks 2 --threads 1 \
+      --model resnet50 --batch 8 --image-size 128 --shard parameters --csv fsdp.csv
 """
 import argparse
 import csv
@@ -73,13 +81,40 @@ def worker(a):
     heap = preloaded_heap_counter()
     torch.manual_seed(0)  # the same initial model on every rank (DDP broadcasts rank 0's anyway)
     model, family = build(a.model, a.image_size, a.seq_len, a.dropout)
-    model = DDP(model.train(), bucket_cap_mb=a.bucket_mb)
-    opt = torch.optim.SGD(model.parameters(), lr=a.lr, momentum=0.9)
+    model = model.train()
+    if a.shard in ("none", "optimizer"):
+        model = DDP(model, bucket_cap_mb=a.bucket_mb)
+    else:
+        from torch.distributed.fsdp import fully_shard
+        # Every residual block / layer is its own FSDP unit (gathered and freed on its own), then
+        # the root (the stem, embeddings, head).
+        blocks = [m for m in model.modules()
+                  if type(m).__name__ in ("BasicBlock", "Bottleneck", "Block")
+                  or isinstance(m, torch.nn.TransformerEncoderLayer)]
+        reshard = a.shard == "parameters"
+        for m in blocks:
+            fully_shard(m, reshard_after_forward=reshard)
+        fully_shard(model, reshard_after_forward=reshard)
+    if a.shard == "optimizer":
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+        opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.SGD,
+                                      lr=a.lr, momentum=0.9)
+    else:
+        opt = torch.optim.SGD(model.parameters(), lr=a.lr, momentum=0.9)
     torch.manual_seed(1 + rank)  # each rank its own samples
     if family == "resnet":
         x = torch.randn(a.batch, 3, a.image_size, a.image_size)
         y = torch.randint(0, 1000, (a.batch,))
         loss_fn = torch.nn.functional.cross_entropy
+    elif family == "gpt2":
+        from torch_baseline import GPT2S
+        vocab = GPT2S[a.model][0]
+        x = torch.randint(0, vocab, (a.batch, a.seq_len))
+        y = torch.randint(0, vocab, (a.batch, a.seq_len))
+
+        def loss_fn(logits, targets):
+            return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                                     targets.reshape(-1))
     else:
         x = torch.randint(0, 30000, (a.batch, a.seq_len))
         y = torch.randint(0, 30000, (a.batch, a.seq_len))
@@ -103,15 +138,19 @@ def worker(a):
         step()
         times.append(time.perf_counter() - t0)
     peak = heap.peak() if heap else None
-    ddp_log = {}
+    keys = ("avg_backward_compute_time", "avg_backward_comm_time",
+            "avg_backward_compute_comm_overlap_time")
+    ddp_log = {k: "" for k in keys}  # the same columns in every row, DDP's or FSDP's
     try:
+        if a.shard not in ("none", "optimizer"):
+            raise AttributeError("FSDP keeps no DDP logging data")
         data = model._get_ddp_logging_data()
-        for k in ("avg_backward_compute_time", "avg_backward_comm_time",
-                  "avg_backward_compute_comm_overlap_time"):
+        for k in keys:
             ddp_log[k] = data.get(k, "")
     except Exception:  # noqa: BLE001 (older or newer PyTorch: no such data)
         pass
     mine = dict(model=a.model, batch=a.batch, ranks=ranks, rank=rank, threads=a.threads,
+                shard=a.shard,
                 step_s=statistics.median(times), step_min_s=min(times),
                 samples_per_s=a.batch * ranks / statistics.median(times),
                 peak_bytes=peak if peak is not None else "",
@@ -121,7 +160,7 @@ def worker(a):
     dist.all_gather_object(rows, mine)
     if rank == 0:
         for r in rows:
-            print("ddp gloo: " + ", ".join(f"{k}={v}" for k, v in r.items()), flush=True)
+            print(f"{'ddp' if a.shard in ('none', 'optimizer') else 'fsdp'} gloo: " + ", ".join(f"{k}={v}" for k, v in r.items()), flush=True)
         if a.csv:
             new = not os.path.exists(a.csv)
             with open(a.csv, "a", newline="") as f:
@@ -143,6 +182,8 @@ def main():
     p.add_argument("--dropout", type=float, default=0.1)
     p.add_argument("--lr", type=float, default=0.1)
     p.add_argument("--bucket-mb", type=float, default=25)
+    p.add_argument("--shard", choices=["none", "optimizer", "gradients", "parameters"],
+                   default="none", help="what each rank keeps (see above)")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--csv", default="")
