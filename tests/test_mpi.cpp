@@ -514,10 +514,18 @@ static void check_bitwise_resume(const std::string& precision) {
         // Each rank's file has its chunks; rank 0's also the whole weights (gathered for the
         // save), which one process loads with --load; rank 1's has no whole parameter.
         const auto t0 = tensors(whole), t1 = tensors(whole + ".rank1-of-2.b");
-        CHECK(t0.count("shard/wte") == 1);
-        CHECK(t1.count("shard/wte") == 1);
-        CHECK(t0.count("wte") == 1);
-        CHECK(t1.count("wte") == 0);
+        const std::string w = "encoder.layers.0.linear1.weight";
+        REQUIRE(t0.count(w) == 1);
+        REQUIRE(t0.count("shard/" + w) == 1);
+        REQUIRE(t1.count("shard/" + w) == 1);
+        CHECK(t1.count(w) == 0);
+        // Chunks of 128-element multiples covering the weight, padded: half of it each.
+        CHECK(t0.at("shard/" + w).numel() == t1.at("shard/" + w).numel());
+        CHECK(t0.at("shard/" + w).numel() * 2 >= t0.at(w).numel());
+        CHECK(t0.at("shard/" + w).numel() * 2 < t0.at(w).numel() + 2 * 128);
+        // Rank 0's chunk is the first elements of its whole weight, bitwise.
+        CHECK(std::memcmp(t0.at("shard/" + w).raw_data(), t0.at(w).raw_data(),
+                          t0.at("shard/" + w).nbytes()) == 0);
         r = run(regen_args({"train", "--model", "transformer-tiny", "--vocab", "256", "--load",
                             whole, "--steps", "1", "--threads", "1", "--progress", "none"}));
         INFO(r.out);
