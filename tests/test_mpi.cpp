@@ -386,6 +386,27 @@ TEST_CASE("two ranks: ZeRO-3 of GPT-2's tied embedding is --shard none's bitwise
   check_zero3_against_none("gpt2-tiny", {"--accumulate", "2"}, 5);
 }
 
+// --load under ZeRO-3: every rank loads into whole parameters (gathered for the load, dropped
+// after) and keeps its chunk of them, so training on from a checkpoint is --shard none's bitwise.
+TEST_CASE("two ranks: ZeRO-3 loads a checkpoint as --shard none does, bitwise") {
+  TempDir dir;
+  const std::vector<std::string> base =
+      with(kTiny, {"--model", "resnet-tiny", "--batch", "4", "--optimizer", "adamw"});
+  const std::string init = dir.file("init.safetensors");
+  Result r = run(regen_args(with({"train"}, with(base, {"--save", init}))));
+  INFO(r.out);
+  REQUIRE(r.status == 0);
+  for (const std::string shard : {"none", "parameters"}) {
+    r = mpi_train(2, with(base, {"--shard", shard, "--load", init, "--save",
+                                 dir.file(shard + ".safetensors")}));
+    INFO(r.out);
+    REQUIRE(r.status == 0);
+    CHECK(has(r.out, "loaded " + init));
+  }
+  CHECK(same(dir.file("none.safetensors"), dir.file("parameters.safetensors")));
+  CHECK_FALSE(same(init, dir.file("none.safetensors")));
+}
+
 TEST_CASE("a bad flag on one rank ends the job with an error naming the rank") {
   const std::string cmd =
       mpirun() + " -np 1 " + regen_args(with({"train", "--model", "resnet-tiny"}, kTiny)) +
