@@ -279,7 +279,9 @@ std::unique_ptr<Session> make_session(const SessionOptions& options, Preflight p
                 " with ", option_setting("shard", options.shard, options.style),
                 " (ZeRO-2) under mpirun is not supported: ZeRO-2 keeps only this rank's shard of "
                 "the gradients, so there is nothing to accumulate the micro-batches into; use ",
-                option_setting("shard", "optimizer", options.style), " (ZeRO-1) or ",
+                option_setting("shard", "optimizer", options.style), " (ZeRO-1), ",
+                option_setting("shard", "parameters", options.style),
+                " (ZeRO-3: whole gradients kept across the micro-batches) or ",
                 option_setting("accumulate", "1", options.style));
   }
   // The data before the model: a wrong file fails before a large model is built.

@@ -428,7 +428,9 @@ TEST_CASE("two ranks: accumulation under ZeRO-2 is refused") {
   CHECK(r.status != 137);
   CHECK(
       has(r.out, "--accumulate 2 with --shard gradients (ZeRO-2) under mpirun is not supported: "));
-  CHECK(has(r.out, "use --shard optimizer (ZeRO-1) or --accumulate 1"));
+  CHECK(has(r.out,
+            "use --shard optimizer (ZeRO-1), --shard parameters (ZeRO-3: whole gradients kept "
+            "across the micro-batches) or --accumulate 1"));
 }
 
 // ---- Training states under mpirun: a file per rank, written together -----------------------
