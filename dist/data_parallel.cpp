@@ -328,8 +328,7 @@ ShardCollectives::Gradient DataParallel::shard_gradient(const TensorImpl* shard,
                                                         DType dtype, Device device, int64_t chunk) {
   const auto it = sharded_by_shard_.find(shard);
   REGEN_CHECK(it != sharded_by_shard_.end(),
-              "data parallelism: gather_shards of a shard this "
-              "rank does not keep");
+              "data parallelism: gather_shards of a shard this rank does not keep");
   Sharded& z = sharded_[it->second];
   REGEN_CHECK(dtype == z.shard.dtype() && device == z.shard.device() && chunk == z.chunk,
               "data parallelism: the gradient of '", z.name, "' does not match its shard");
