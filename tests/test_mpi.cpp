@@ -369,6 +369,21 @@ TEST_CASE("two ranks: ZeRO-3 with --accumulate 2 is --shard none's bitwise, with
   for (const std::string model : {"resnet-tiny", "transformer-tiny"}) {
     check_zero3_against_none(model, {"--accumulate", "2"}, 5);
   }
+  // Three micro-batches under the planned layout, which serves the step's k-th request at a
+  // planned place: a micro-batch that made a request the simulator does not replay (the
+  // reduction's, before the last) would be refused there.
+  const Result r =
+      mpi_train(2, {"--model",   "resnet-tiny", "--image-size", "64",  "--batch",     "8",
+                    "--threads", "1",           "--steps",      "5",   "--progress",  "none",
+                    "--shard",   "parameters",  "--accumulate", "3",   "--layout",    "planned",
+                    "--policy",  "dp",          "--budget",     "85%", "--budget-of", "allocated"});
+  INFO(r.out);
+  REQUIRE(r.status == 0);
+  CHECK_FALSE(has(r.out, "recompute 0 of"));
+  CHECK(has(r.out, "; exact on all 3 steps under the plan\n    rank 1:"));
+  const size_t rank1 = r.out.find("    rank 1:");
+  REQUIRE(rank1 != std::string::npos);
+  CHECK(has(r.out.substr(rank1), "exact on all 3 steps under the plan"));
 }
 
 // fp16 on transformer-tiny only: resnet-tiny's first fp16 steps overflow at the initial loss scale
