@@ -1,11 +1,13 @@
 // gather_shards: ZeRO-3's whole parameter from every rank's shard (autograd/sharded_parameters.h),
 // and the registry of sharded parameters that Tape::apply consults. Forward: the shard copied into
 // its place in a flat buffer of ranks x chunk elements (the output itself when the chunks fill it
-// exactly), all-gathered in place; the output is the parameter's first elements. Backward: the
-// gradient copied into a flat buffer (zero past the end) and reduce-scattered: this rank's chunk,
-// averaged over the ranks, is the shard's gradient (the engine adds it into the leaf's). Every
-// buffer comes from the allocator and a dry run takes the same ones (nothing is communicated).
-// Tests: tests/op_table.h (one rank: the identity), tests/test_mpi.cpp.
+// exactly, else a staging buffer, category workspace), all-gathered in place; the output is the
+// parameter's first elements. Backward: the gradient added into the parameter's whole gradient
+// (ShardCollectives::shard_gradient: zero past the end), and at the parameter's last use that
+// buffer reduce-scattered: this rank's chunk, averaged over the ranks, is the shard's gradient (the
+// engine adds it into the leaf's). Every buffer comes from the allocator and a dry run takes the
+// same ones (nothing is communicated). Tests: tests/op_table.h (one rank: the identity),
+// tests/test_mpi.cpp.
 #include <atomic>
 #include <mutex>
 #include <unordered_map>
@@ -36,11 +38,12 @@ void gather_shards_forward(OpContext& c) {
   const int ranks = a.collectives->ranks();
   // The output owns exactly the parameter's bytes (a saved tensor's storage is its value's). When
   // the chunks fill it, they are gathered into it; otherwise into a staging buffer of ranks x
-  // chunk elements (category communication), whose first elements are copied out.
+  // chunk elements (category workspace, not communication: every micro-batch of an accumulated
+  // step makes it, and only the last may communicate), whose first elements are copied out.
   Tensor out = empty(a.shape.shape(), shard.dtype(), shard.device());
   Tensor flat = out;
   if (chunk * ranks != a.numel) {
-    CategoryScope cat(Category::communication);
+    CategoryScope cat(Category::workspace);
     flat = empty({chunk * ranks}, shard.dtype(), shard.device());
   }
   if (!dry_run_active() && chunk > 0) {
@@ -59,21 +62,31 @@ void gather_shards_backward(BackwardContext& c) {
   const Tensor& dy = c.grad_output(0);  // the parameter's shape
   const Value& in = c.tape().value(c.node().inputs[0]);
   const int64_t chunk = in.shape.empty() ? 1 : in.shape[0];
-  const int ranks = a.collectives->ranks();
-  Tensor flat, scratch;
+  // The parameter's whole gradient so far: this use's gradient added to it, as --shard none adds
+  // every use's into the parameter's gradient (in backward order).
+  ShardCollectives::Gradient g =
+      a.collectives->shard_gradient(in.leaf.get(), c.node().index, dy.dtype(), dy.device(), chunk);
+  REGEN_CHECK(g.whole.defined() && g.whole.numel() == chunk * a.collectives->ranks() &&
+                  g.whole.dtype() == dy.dtype(),
+              "gather_shards: the whole gradient of a shard of ", chunk, " elements is ",
+              g.whole.defined() ? g.whole.str() : std::string("undefined"));
+  if (!dry_run_active()) accumulate_into(g.whole.narrow0(0, a.numel).reshape(dy.shape()), dy);
+  if (!g.reduce) return;  // a later node (or micro-batch) reduces it
+  Tensor scratch, dx;
   {
+    // The reduction's buffers, communication: in an accumulated step only the last micro-batch
+    // makes them.
     CategoryScope cat(Category::communication);
-    flat = empty({chunk * ranks}, dy.dtype(), dy.device());
     const int64_t s = a.collectives->scratch_elements(chunk);
     if (s > 0) scratch = empty({s}, dy.dtype(), dy.device());
+    dx = empty({chunk}, dy.dtype(), dy.device());
   }
-  Tensor dx = empty({chunk}, dy.dtype(), dy.device());
   if (!dry_run_active()) {
-    copy_bytes(flat.raw_data(), flat.device(), dy.raw_data(), dy.device(), dy.nbytes());
-    if (flat.numel() > a.numel) zero_(flat.narrow0(a.numel, flat.numel() - a.numel));
-    a.collectives->reduce_scatter_mean(dy.dtype(), flat.raw_data(), dx.raw_data(), chunk,
+    a.collectives->reduce_scatter_mean(dy.dtype(), g.whole.raw_data(), dx.raw_data(), chunk,
                                        scratch.defined() ? scratch.raw_data() : nullptr);
   }
+  g.whole = Tensor();  // a buffer of this reduction alone goes before the engine adds dx
+  scratch = Tensor();
   c.set_grad_input(0, dx);
 }
 
@@ -94,6 +107,12 @@ std::unordered_map<const TensorImpl*, Registered>& registry() {
 std::atomic<int64_t> g_registered{0};
 
 }  // namespace
+
+ShardCollectives::Gradient ShardCollectives::shard_gradient(const TensorImpl*, int32_t, DType dtype,
+                                                            Device device, int64_t chunk) {
+  CategoryScope cat(Category::communication);
+  return {zeros({chunk * ranks()}, dtype, device), true};
+}
 
 Tensor gather_shards(const Tensor& shard, const Shape& shape, ShardCollectives* collectives) {
   check_defined("gather_shards", shard, "shard");

@@ -5,9 +5,13 @@
 // whole parameter, all-gathered from every rank. The output is a tape value like any op's: an op
 // that saves the weight saves it, so a remat plan keeps it from forward to backward or frees it
 // and gathers again for backward (a replay of the node, collective on every rank in the same
-// order, since every rank runs the same plan). Backward reduce-scatters the whole gradient into
-// the shard's gradient: each rank's chunk of it averaged over the ranks in rank order, the same
-// sum DataParallel's buckets take under --shard none.
+// order, since every rank runs the same plan). Backward adds the gradient of its output into the
+// parameter's whole gradient (ShardCollectives::shard_gradient says where: a buffer of the step, or
+// one kept across micro-batches), and the node that finishes it reduce-scatters it into the
+// shard's gradient: each rank's chunk averaged over the ranks in rank order, the same sum
+// DataParallel's buckets take under --shard none. A parameter read by several ops is gathered
+// for each, and its uses' gradients are summed whole, in backward order, before one
+// reduce-scatter: the additions --shard none makes into the parameter's gradient.
 //
 // Autograd sits below dist: the collectives go through ShardCollectives, which dist implements.
 // The op is in autograd/ops_gather_shards.cpp; tests: tests/test_dist.cpp (one rank),
@@ -34,6 +38,17 @@ class ShardCollectives {
   // `out` (chunk elements) = the mean over the ranks of their chunk rank() of `data`.
   virtual void reduce_scatter_mean(DType dtype, void* data, void* out, int64_t chunk,
                                    void* scratch) = 0;
+  // Where the backward of gather_shards node `node` (of the tape running backward) adds the
+  // gradient of its output: `whole`, ranks() x chunk elements of the parameter's dtype (zero past
+  // its end; the parameter's gradient so far), and whether this node then reduce-scatters it into
+  // the gradient of `shard` (its last use in backward). This default, for a caller that runs no
+  // step (a test): a new zeroed buffer (category communication), reduced at once.
+  struct Gradient {
+    Tensor whole;
+    bool reduce = true;
+  };
+  virtual Gradient shard_gradient(const TensorImpl* shard, int32_t node, DType dtype, Device device,
+                                  int64_t chunk);
 };
 
 // The op: the whole parameter of shape `shape` from every rank's `shard` (1-D, chunk elements).

@@ -58,6 +58,11 @@ struct DataParallel::Sharded {
   Tensor shard;  // (chunk,), requires grad; its gradient persistent (category gradient)
   std::string name;
   int64_t chunk = 0;
+  // Its whole gradient (ranks x chunk elements): under accumulation kept across the step's
+  // micro-batches (persistent, category gradient); else `live` from its first use in backward to
+  // its last (category communication).
+  Tensor whole_grad, live;
+  int32_t last_node = -1;  // the gather_shards node whose backward reduces it, this backward
 };
 
 struct DataParallel::Bucket {
@@ -170,6 +175,7 @@ DataParallel::DataParallel(Model& model, Communicator& comm, const DataParallelO
     }
     z.shard.set_requires_grad(true);
     z.shard.impl()->name = z.name + ".shard" + std::to_string(comm.rank());
+    sharded_by_shard_[z.shard.impl().get()] = static_cast<size_t>(&z - sharded_.data());
   }
   for (const Bucket& b : buckets_) {
     REGEN_CHECK(b.elements < (int64_t{1} << 31), "data parallelism: a bucket of ", b.elements,
@@ -286,6 +292,13 @@ void DataParallel::shard_parameters() {
       TagScope tag(z.name + ".grad_shard");
       z.shard.impl()->grad = zeros({z.chunk}, dtype, device).impl();
     }
+    if (options_.accumulate > 1) {
+      // The micro-batches add up every use's gradient whole, as one process does in the
+      // parameter's gradient; the last one reduce-scatters the sum (shard_gradient).
+      CategoryScope cat(Category::gradient);
+      TagScope tag(z.name + ".grad");
+      z.whole_grad = zeros({z.chunk * comm_.size()}, dtype, device);
+    }
     // The whole parameter's bytes go: from now on ops read it gathered (Tape::apply).
     TensorImpl* p = z.full.impl().get();
     p->grad.reset();
@@ -311,6 +324,29 @@ void DataParallel::reduce_scatter_mean(DType dtype, void* data, void* out, int64
   if (in_step_) step_work_.push_back(w);
 }
 
+ShardCollectives::Gradient DataParallel::shard_gradient(const TensorImpl* shard, int32_t node,
+                                                        DType dtype, Device device, int64_t chunk) {
+  const auto it = sharded_by_shard_.find(shard);
+  REGEN_CHECK(it != sharded_by_shard_.end(),
+              "data parallelism: gather_shards of a shard this rank does not keep");
+  Sharded& z = sharded_[it->second];
+  REGEN_CHECK(dtype == z.shard.dtype() && device == z.shard.device() && chunk == z.chunk,
+              "data parallelism: the gradient of '", z.name, "' does not match its shard");
+  // Outside the step's reduction (a micro-batch before the last, under accumulation) the
+  // gradient only adds up in the whole gradient kept across micro-batches.
+  const bool reduce = syncing_ && node == z.last_node;
+  if (z.whole_grad.defined()) return {z.whole_grad, reduce};
+  if (!syncing_) return ShardCollectives::shard_gradient(shard, node, dtype, device, chunk);
+  if (!z.live.defined()) {
+    CategoryScope cat(Category::communication);
+    TagScope tag(z.name + ".grad_whole");
+    z.live = zeros({z.chunk * comm_.size()}, dtype, device);
+  }
+  Gradient g{z.live, reduce};
+  if (reduce) z.live = Tensor();  // freed once reduced
+  return g;
+}
+
 void DataParallel::gather_whole_parameters() {
   for (Sharded& z : sharded_) {
     Tensor flat;
@@ -327,6 +363,29 @@ void DataParallel::gather_whole_parameters() {
     TensorImpl* p = z.full.impl().get();
     p->storage = flat.impl()->storage;
     p->offset_bytes = 0;
+  }
+}
+
+NamedTensors DataParallel::parameter_shards() const {
+  NamedTensors out;
+  for (const Sharded& z : sharded_) out.emplace_back(z.name, z.shard);
+  return out;
+}
+
+void DataParallel::shard_whole_parameters() {
+  const Device device = model_.device();
+  const int64_t me = comm_.rank();
+  for (Sharded& z : sharded_) {
+    REGEN_CHECK(z.full.has_storage(), "data parallelism: parameter '", z.name,
+                "' is not whole (shard_whole_parameters outside gather_whole_parameters)");
+    if (dry()) continue;
+    const int64_t begin = std::min(me * z.chunk, z.full.numel());
+    const int64_t n = std::min(z.chunk, z.full.numel() - begin);
+    zero_(z.shard);
+    if (n > 0) {
+      copy_bytes(z.shard.raw_data(), device, offset_ptr(z.full, begin), device,
+                 element_bytes(z.shard.dtype()) * static_cast<uint64_t>(n));
+    }
   }
 }
 
@@ -361,6 +420,12 @@ void DataParallel::begin_step() {
   if (options_.shard == ShardMode::optimizer) {
     for (Bucket& b : buckets_) zero_(b.flat_grad);
   }
+  // ZeRO-3 under accumulation: the whole gradients start at zero, as the gradients of one process.
+  if (!dry()) {
+    for (Sharded& z : sharded_) {
+      if (z.whole_grad.defined()) zero_(z.whole_grad);
+    }
+  }
 }
 
 void DataParallel::on_backward_start(Tape& tape) {
@@ -369,6 +434,17 @@ void DataParallel::on_backward_start(Tape& tape) {
   touch_at_.assign(nodes, {});
   std::vector<char> active(nodes, 0);
   for (int32_t n : tape.backward_order()) active[static_cast<size_t>(n)] = 1;
+  // ZeRO-3: a parameter's whole gradient is final after the backward of its first gather_shards
+  // node (forward order) that backward runs, which reduces it.
+  syncing_ = true;
+  for (Sharded& z : sharded_) {
+    z.last_node = -1;
+    const TensorImpl* s = z.shard.impl().get();
+    if (s->tape_value < 0 || s->tape_epoch != tape.epoch()) continue;
+    for (int32_t c : tape.value(s->tape_value).consumers) {
+      if (active[static_cast<size_t>(c)] && (z.last_node < 0 || c < z.last_node)) z.last_node = c;
+    }
+  }
   std::vector<int32_t> first_touch(buckets_.size(), -1);
   for (Bucket& b : buckets_) b.pending = 0;
   for (size_t si = 0; si < slots_.size(); ++si) {
@@ -434,6 +510,11 @@ void DataParallel::on_backward_end(Tape&, int32_t node) {
 }
 
 void DataParallel::on_backward_finish(Tape&) {
+  syncing_ = false;
+  for (Sharded& z : sharded_) {
+    REGEN_CHECK(!z.live.defined(), "data parallelism: the whole gradient of '", z.name,
+                "' was not reduced in backward");
+  }
   for (Bucket& b : buckets_) {
     if (!b.launched) {
       if (options_.shard == ShardMode::gradients && !b.live.defined()) bind_gradients(b);
@@ -552,6 +633,11 @@ double DataParallel::reduce_loss(double loss) {
 void DataParallel::abandon() {
   for (Bucket& b : buckets_) {
     for (Tensor* t : {&b.scratch, &b.live, &b.flat_param, &b.flat_grad, &b.shard_grad}) {
+      if (t->defined()) kept_forever().push_back(*t);
+    }
+  }
+  for (Sharded& z : sharded_) {
+    for (Tensor* t : {&z.live, &z.whole_grad}) {
       if (t->defined()) kept_forever().push_back(*t);
     }
   }

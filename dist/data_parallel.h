@@ -23,9 +23,10 @@
 //              state; the whole parameter's bytes are dropped. Every op that reads the parameter
 //              reads a recorded gather_shards node's output instead
 //              (autograd/sharded_parameters.h): all-gathered before use, freed after its last
-//              reader (or kept, or gathered again for backward, as a remat plan decides), its
-//              gradient reduce-scattered in the node's backward. The collectives run blocking, from
-//              the ops (not overlapped).
+//              reader (or kept, or gathered again for backward, as a remat plan decides). Backward
+//              adds each use's gradient into the parameter's whole gradient (shard_gradient) and
+//              the parameter's last use reduce-scatters it into the shard's gradient. The
+//              collectives run blocking, from the ops (not overlapped).
 // The reduction is the same in all three (each rank's chunk of a bucket averaged in rank order),
 // so the parameters after a step are bitwise the same in every mode and on every rank.
 //
@@ -47,12 +48,16 @@
 // reduce the sums as its backward finishes them. Its scratch is therefore the only
 // communication-category request of a micro-batch, in the last one only (Profile::accumulate).
 // Not under ZeRO-2 (gradients), whose whole gradients exist only during one backward: refused.
+// Under ZeRO-3 (parameters) every parameter's whole gradient is kept across the micro-batches
+// (persistent, category gradient, made in prepare() when `accumulate` > 1): the micro-batches
+// before the last add into it, and the last reduce-scatters the sums.
 // docs/distributed.md. Tests: tests/test_dist.cpp, tests/mpi/.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "regen/autograd/sharded_parameters.h"
@@ -74,6 +79,8 @@ struct DataParallelOptions {
   int64_t bucket_bytes = int64_t{25} << 20;       // DDP's bucket_cap_mb
   int64_t first_bucket_bytes = int64_t{1} << 20;  // the first bucket ready: small, to start early
   int max_in_flight = 2;
+  // Micro-batches per step (Trainer::set_accumulation): ZeRO-3 keeps whole gradients across them.
+  int64_t accumulate = 1;
 };
 
 // What the last step communicated and how much of it backward hid.
@@ -110,6 +117,7 @@ class DataParallel final : public GradientSync, private TapeHooks, private Shard
   bool manages_gradients() const override {
     return options_.shard == ShardMode::gradients || options_.shard == ShardMode::parameters;
   }
+  bool supports_accumulation() const override { return options_.shard != ShardMode::gradients; }
   std::vector<Tensor> optimizer_parameters() const override;
   void begin_step() override;
   TapeHooks& backward_hooks() override { return *this; }
@@ -128,6 +136,12 @@ class DataParallel final : public GradientSync, private TapeHooks, private Shard
   // Nothing in the other modes.
   void gather_whole_parameters();
   void drop_whole_parameters();
+  // ZeRO-3: this rank's chunk of every sharded parameter (1-D, padded with zeros), by the
+  // parameter's name: what a training state keeps of it on each rank. Empty in the other modes.
+  NamedTensors parameter_shards() const;
+  // ZeRO-3: each shard set from the whole parameter (while gather_whole_parameters() holds them,
+  // after a load into them: --load); every rank calls it.
+  void shard_whole_parameters();
 
  private:
   struct Sharded;
@@ -138,6 +152,8 @@ class DataParallel final : public GradientSync, private TapeHooks, private Shard
   void all_gather(DType dtype, void* data, int64_t chunk) override;
   void reduce_scatter_mean(DType dtype, void* data, void* out, int64_t chunk,
                            void* scratch) override;
+  Gradient shard_gradient(const TensorImpl* shard, int32_t node, DType dtype, Device device,
+                          int64_t chunk) override;
   void shard_parameters();  // ZeRO-3, in prepare()
 
   struct Slot;
@@ -162,6 +178,8 @@ class DataParallel final : public GradientSync, private TapeHooks, private Shard
   std::vector<BucketInfo> info_;
   std::vector<Tensor> pieces_;    // ZeRO: this rank's chunk of each bucket (the optimizer's)
   std::vector<Sharded> sharded_;  // ZeRO-3: every parameter that requires grad
+  std::unordered_map<const TensorImpl*, size_t> sharded_by_shard_;
+  bool syncing_ = false;  // in a backward under backward_hooks() (the step's reduction)
   std::vector<int32_t> in_flight_;
   std::vector<Work> step_work_;  // this step's collectives, for the figures
   std::vector<std::vector<int32_t>> ready_at_, touch_at_;  // by backward node: slots, buckets

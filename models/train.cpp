@@ -106,7 +106,7 @@ void Trainer::set_optimizer_steps(int64_t n) {
 StepResult Trainer::step(StepObserver* observer) {
   // ZeRO-2 makes the gradients during backward and frees all but this rank's shard of them once
   // reduced, so there is nothing to accumulate micro-batches into: refused before the step starts.
-  REGEN_CHECK(accumulation_ == 1 || sync_ == nullptr || !sync_->manages_gradients(),
+  REGEN_CHECK(accumulation_ == 1 || sync_ == nullptr || sync_->supports_accumulation(),
               "gradient accumulation (", accumulation_,
               " micro-batches) with gradients sharded across the ranks (ZeRO-2) is not "
               "supported: shard the optimizer state only (ZeRO-1), or one micro-batch per step");

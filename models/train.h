@@ -35,6 +35,9 @@ class GradientSync {
   // True when the parameters' gradients are made by the sync during backward (ZeRO-2): prepare()
   // then creates none for them.
   virtual bool manages_gradients() const = 0;
+  // True when micro-batches can add up their gradients before one reduction (--accumulate):
+  // not when the sync keeps no whole gradients between backward passes (ZeRO-2).
+  virtual bool supports_accumulation() const { return !manages_gradients(); }
   // The tensors the optimizer updates: the model's parameters, or this rank's shard of them.
   virtual std::vector<Tensor> optimizer_parameters() const = 0;
   // After optimizer.zero_grad(), before the forward pass.

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <memory>
+#include <set>
 #include <sstream>
 
 #include "regen/core/io.h"
@@ -97,13 +98,26 @@ void save_checkpoint(const Session& s, const std::string& path, int64_t steps) {
 namespace {
 constexpr const char* kStateFormat = "regen-training-state-1";
 constexpr const char* kOptimizerPrefix = "optimizer/";  // never in a torch.nn state dict name
+// ZeRO-3: a rank's chunk of a parameter in its training state's file ("shard/NAME").
+constexpr const char* kShardPrefix = "shard/";
+
+bool starts_with(const std::string& s, const char* prefix) {
+  return s.rfind(prefix, 0) == 0;
+}
+
+// The session's ZeRO-3 data parallelism, or null (one process, another shard mode).
+dist::DataParallel* zero3(const Session& s) {
+  auto* dp = dynamic_cast<dist::DataParallel*>(s.sync.get());
+  return dp != nullptr && dp->options().shard == dist::ShardMode::parameters ? dp : nullptr;
+}
 
 // The weights of a checkpoint or training state, loaded into the session's model.
 size_t load_weights(Session& s, const SafetensorsFile& all, const std::string& path) {
   SafetensorsFile file;
   file.metadata = all.metadata;
   for (const auto& kv : all.tensors) {
-    if (kv.first.rfind(kOptimizerPrefix, 0) != 0) file.tensors.push_back(kv);
+    if (!starts_with(kv.first, kOptimizerPrefix) && !starts_with(kv.first, kShardPrefix))
+      file.tensors.push_back(kv);
   }
   const ModelConfig& c = s.config;
   const OptionStyle style = s.options.style;
@@ -132,7 +146,11 @@ size_t load_weights(Session& s, const SafetensorsFile& all, const std::string& p
                 " at flat index ", i, " (weights must be finite)");
   }
   try {
+    // ZeRO-3: the parameters whole for the load (every rank loads), then each rank's chunk of them.
+    dist::DataParallel* dp = zero3(s);
+    const dist::WholeParameters whole(dp);
     s.model->load_state_dict(file.tensors);
+    if (dp) dp->shard_whole_parameters();
   } catch (const Error& e) {
     REGEN_FAIL("checkpoint ", path, " does not fit model ", c.name,
                model == meta.end() ? " (it names no model)" : "", ": ", e.message());
@@ -317,7 +335,21 @@ std::map<std::string, std::string> state_metadata(const Session& s,
 }
 
 NamedTensors state_tensors(const Session& s) {
-  NamedTensors tensors = s.model->state_dict();
+  NamedTensors tensors;
+  if (const dist::DataParallel* dp = zero3(s)) {
+    // ZeRO-3: every rank's chunks; rank 0's file also has the whole weights (gathered for the save:
+    // --load reads them), the others' the buffers only.
+    std::set<std::string> sharded;
+    for (const auto& [name, shard] : dp->parameter_shards()) {
+      sharded.insert(name);
+      tensors.emplace_back(kShardPrefix + name, shard);
+    }
+    for (const auto& [name, t] : s.model->state_dict()) {
+      if (dist::world().rank() == 0 || sharded.count(name) == 0) tensors.emplace_back(name, t);
+    }
+  } else {
+    tensors = s.model->state_dict();
+  }
   for (const auto& [name, st] : s.optimizer->named_state())
     tensors.emplace_back(kOptimizerPrefix + name, st);
   const std::vector<int64_t> steps = s.optimizer->step_counts();
@@ -336,14 +368,9 @@ std::string exception_text(const std::exception& e) {
 void save_training_state(const Session& s, const std::string& path,
                          const std::map<std::string, std::string>& extra) {
   dist::World& world = dist::world();
-  REGEN_CHECK(!world.distributed() || s.options.shard != "parameters",
-              option_setting("save_state", path, s.options.style), " with ",
-              option_setting("shard", s.options.shard, s.options.style),
-              " (ZeRO-3) under mpirun is not supported: a training state holds whole parameters; "
-              "use ",
-              option_setting("shard", "gradients", s.options.style),
-              " (ZeRO-2), or save the weights alone (",
-              option_setting("save", path, s.options.style), ")");
+  // ZeRO-3: the whole parameters on every rank for the time of the save (rank 0's file holds
+  // them), as a checkpoint's save gathers them.
+  const dist::WholeParameters whole(zero3(s));
   std::map<std::string, std::string> meta = state_metadata(s, extra);
   const NamedTensors tensors = state_tensors(s);
   const int rank = world.rank(), ranks = world.size();
@@ -501,7 +528,8 @@ void check_layout(const Session& s, const std::map<std::string, std::string>& me
               ": a training state is not resharded (under ZeRO each rank's file holds its shard of "
               "the optimizer state); pass ",
               shard_setting(then_shard));
-  if (now_shard == "none") return;
+  // ZeRO-3's chunks depend on the rank count alone.
+  if (now_shard == "none" || now_shard == "parameters") return;
   const int64_t then_bucket = meta_int(meta, "bucket_size");
   REGEN_CHECK(then_bucket == s.options.bucket_size, what, " ", path, " was saved with ",
               option_setting("bucket_size", std::to_string(then_bucket), s.options.style),
@@ -581,13 +609,60 @@ StateContents check_state(const Session& s, const SafetensorsFile& file, const s
   return c;
 }
 
+// ZeRO-3: this rank's chunks from its file's "shard/NAME" tensors, the buffers by name (rank 0's
+// whole weights are for --load; the chunks are what the rank trains).
+void load_zero3_weights(Session& s, dist::DataParallel& dp, const SafetensorsFile& file,
+                        const std::string& path) {
+  const std::string what = resume_call(s);
+  std::map<std::string, Tensor> chunks;
+  NamedTensors rest;
+  const NamedTensors shards = dp.parameter_shards();
+  std::set<std::string> sharded;
+  for (const auto& kv : shards) sharded.insert(kv.first);
+  for (const auto& [name, t] : file.tensors) {
+    if (starts_with(name, kOptimizerPrefix)) continue;
+    const int64_t i = first_bad(t);
+    REGEN_CHECK(i < 0, what, " ", path, ": tensor '", name, "' holds ", value_at(t, i),
+                " at flat index ", i, " (weights must be finite)");
+    if (starts_with(name, kShardPrefix)) {
+      chunks[name.substr(std::string(kShardPrefix).size())] = t;
+    } else if (sharded.count(name) == 0) {
+      rest.emplace_back(name, t);
+    }
+  }
+  for (const auto& [name, shard] : shards) {
+    const auto it = chunks.find(name);
+    REGEN_CHECK(it != chunks.end(), what, " ", path, ": no chunk of parameter '", name,
+                "' (a state saved with --shard parameters holds each rank's, as shard/", name, ")");
+    REGEN_CHECK(it->second.shape() == shard.shape() && it->second.dtype() == shard.dtype(), what,
+                " ", path, ": the chunk of '", name, "' is ", it->second.str(),
+                ", but this rank's is ", shard.str());
+  }
+  for (const auto& [name, t] : s.model->state_dict()) {
+    if (sharded.count(name) > 0) continue;
+    REGEN_CHECK(
+        std::any_of(rest.begin(), rest.end(), [&](const auto& kv) { return kv.first == name; }),
+        what, " ", path, ": no '", name, "' (the file is damaged)");
+  }
+  try {
+    s.model->load_state_dict(rest, /*strict=*/false);
+  } catch (const Error& e) {
+    REGEN_FAIL(what, " ", path, " does not fit model ", s.config.name, ": ", e.message());
+  }
+  for (const auto& [name, shard] : shards) Tensor(shard).copy_from(chunks.at(name));
+}
+
 // Restores what check_state read: the weights, the optimizer state, the step count, the loss
 // scale, the data position and the RNG.
 void apply_state(Session& s, const SafetensorsFile& file, const StateContents& c,
                  const std::string& path) {
   const auto& meta = file.metadata;
   const std::string what = resume_call(s);
-  load_weights(s, file, path);
+  if (dist::DataParallel* dp = zero3(s)) {
+    load_zero3_weights(s, *dp, file, path);
+  } else {
+    load_weights(s, file, path);
+  }
   try {
     s.optimizer->load_state(c.optimizer, c.counts);
   } catch (const Error& e) {

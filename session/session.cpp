@@ -279,26 +279,10 @@ std::unique_ptr<Session> make_session(const SessionOptions& options, Preflight p
                 " with ", option_setting("shard", options.shard, options.style),
                 " (ZeRO-2) under mpirun is not supported: ZeRO-2 keeps only this rank's shard of "
                 "the gradients, so there is nothing to accumulate the micro-batches into; use ",
-                option_setting("shard", "optimizer", options.style), " (ZeRO-1) or ",
+                option_setting("shard", "optimizer", options.style), " (ZeRO-1), ",
+                option_setting("shard", "parameters", options.style),
+                " (ZeRO-3: whole gradients kept across the micro-batches) or ",
                 option_setting("accumulate", "1", options.style));
-  }
-  if (world.distributed() && options.shard == "parameters") {
-    // ZeRO-3 (docs/distributed.md): each micro-batch's backward would reduce-scatter its own
-    // gradients (not one sum as --shard none reduces), and the mixed precisions are not checked
-    // against --shard none: refused, naming both.
-    REGEN_CHECK(options.accumulate == 1,
-                option_setting("accumulate", std::to_string(options.accumulate), options.style),
-                " with ", option_setting("shard", options.shard, options.style),
-                " (ZeRO-3) under mpirun is not supported: every micro-batch's backward would "
-                "reduce-scatter its own gradients; use ",
-                option_setting("shard", "optimizer", options.style), " (ZeRO-1) or ",
-                option_setting("accumulate", "1", options.style));
-    REGEN_CHECK(s->precision == Precision::fp32 || s->precision == Precision::tf32,
-                option_setting("precision", precision_name(s->precision), options.style), " with ",
-                option_setting("shard", options.shard, options.style),
-                " (ZeRO-3) under mpirun is not supported (ZeRO-3 is exact in fp32 only); use ",
-                option_setting("precision", "fp32", options.style), " or ",
-                option_setting("shard", "gradients", options.style), " (ZeRO-2)");
   }
   // The data before the model: a wrong file fails before a large model is built.
   std::unique_ptr<DataSource> data =
@@ -327,6 +311,7 @@ std::unique_ptr<Session> make_session(const SessionOptions& options, Preflight p
     dist::DataParallelOptions o;
     o.shard = dist::parse_shard_mode(options.shard);
     o.bucket_bytes = options.bucket_size;
+    o.accumulate = options.accumulate;
     o.first_bucket_bytes = std::min(o.first_bucket_bytes, o.bucket_bytes);
     return std::make_unique<dist::DataParallel>(model, dist::communicator_for(model.device()), o);
   };
