@@ -1,0 +1,384 @@
+// The tensor-core convolution (kernels/cuda/conv2d_tc.h) and the primitives under it
+// (kernels/cuda/mma.cuh), on a GPU (exits 77, skipped, without one) and in the host emulation
+// (scripts/cuda-emu/run.sh tc, which compiles this file with REGEN_CUDA_EMU=1: smaller shapes).
+//
+// - ldmatrix: every lane's registers against the PTX ISA's layout, written out here
+//   independently of the emulator, for .x1/.x2/.x4 with and without .trans (exact).
+// - One 16x8x16 mma tile through ldmatrix, for bf16, f16 and TF32, against a host GEMM: small
+//   integers first (every product and sum exact, so the result must be exact: an element in a
+//   wrong register changes it), then random values of the dtype with a roundoff bound.
+// - The forward convolution against the CPU reference (regen::cpu::conv2d_forward<float>; with
+//   dilation, which ConvShape lacks, a direct sum in double here) on inputs rounded to the dtype
+//   (TF32: to nearest, ties away from zero, as the kernel rounds). Per element,
+//   |y - ref| <= 2 n u sum|x w| + u_out |ref| + u_out, with n = C R S + 1 terms, u = 2^-24 (f32
+//   accumulation, on either side) and u_out the unit roundoff of the output type (bf16 2^-8,
+//   f16 2^-11, f32 2^-24); shapes with odd sizes that exercise every bound (rows past N P Q,
+//   channels past K, C not a multiple of a chunk, padding, stride, dilation, several pipeline
+//   laps). Outputs start as NaN (an element never written shows), canaries around y, and two
+//   runs agree bit for bit.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "regen/core/cuda/runtime.h"
+#include "regen/core/error.h"
+#include "regen/core/half.h"
+#include "regen/core/tensor.h"
+#include "regen/kernels/cuda/conv2d_tc.h"
+#include "regen/kernels/kernels.h"
+
+#ifndef REGEN_CUDA_EMU
+#define REGEN_CUDA_EMU 0
+#endif
+
+namespace {
+
+using namespace regen;
+constexpr bool kEmulated = REGEN_CUDA_EMU != 0;
+
+// A device array of n elements with 64 canary bytes on each side.
+template <class T>
+class Buffer {
+ public:
+  explicit Buffer(size_t n) : n_(n) {
+    storage_ =
+        std::make_shared<Storage>(Device::cuda(0), n * sizeof(T) + 2 * kGuard, Category::other);
+    std::vector<unsigned char> bytes(n * sizeof(T) + 2 * kGuard, kCanary);
+    cuda::memcpy(storage_->data(), bytes.data(), bytes.size(), cudaMemcpyHostToDevice);
+  }
+  explicit Buffer(const std::vector<T>& v) : Buffer(v.size()) {
+    cuda::memcpy(ptr(), v.data(), n_ * sizeof(T), cudaMemcpyHostToDevice);
+  }
+  T* ptr() const {
+    return reinterpret_cast<T*>(static_cast<unsigned char*>(storage_->data()) + kGuard);
+  }
+  void poison() {
+    std::vector<unsigned char> bytes(n_ * sizeof(T), 0xFF);  // NaN in every float type here
+    cuda::memcpy(ptr(), bytes.data(), bytes.size(), cudaMemcpyHostToDevice);
+  }
+  std::vector<T> download() const {
+    std::vector<T> out(n_);
+    cuda::memcpy(out.data(), ptr(), n_ * sizeof(T), cudaMemcpyDeviceToHost);
+    return out;
+  }
+  size_t damaged_canaries() const {
+    std::vector<unsigned char> bytes(n_ * sizeof(T) + 2 * kGuard);
+    cuda::memcpy(bytes.data(), storage_->data(), bytes.size(), cudaMemcpyDeviceToHost);
+    size_t bad = 0;
+    for (size_t i = 0; i < kGuard; ++i) {
+      bad += bytes[i] != kCanary;
+      bad += bytes[kGuard + n_ * sizeof(T) + i] != kCanary;
+    }
+    return bad;
+  }
+
+ private:
+  static constexpr size_t kGuard = 64;  // a multiple of 16: the data stays 16-byte aligned
+  static constexpr unsigned char kCanary = 0xA5;
+  size_t n_;
+  std::shared_ptr<Storage> storage_;
+};
+
+// ---- The dtypes
+// -----------------------------------------------------------------------------------
+
+// f32 -> TF32, to nearest with ties away from zero (cvt.rna.tf32.f32), for finite inputs.
+float tf32_rna(float f) {
+  return half::float_of((half::bits_of(f) + 0x1000u) & 0xffffe000u);
+}
+template <class T>
+float round_to(float v) {
+  if constexpr (std::is_same<T, float>::value) {
+    return tf32_rna(v);
+  } else {
+    return static_cast<float>(T(v));
+  }
+}
+template <class T>
+double unit_roundoff() {  // of the output type
+  if constexpr (std::is_same<T, bfloat16>::value) return std::ldexp(1.0, -8);
+  if constexpr (std::is_same<T, float16>::value) return std::ldexp(1.0, -11);
+  return std::ldexp(1.0, -24);
+}
+template <class T>
+const char* dtype_name() {
+  if constexpr (std::is_same<T, bfloat16>::value) return "bf16";
+  if constexpr (std::is_same<T, float16>::value) return "f16";
+  return "tf32";
+}
+template <class T>
+std::vector<T> to_dtype(const std::vector<float>& v) {
+  std::vector<T> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = T(v[i]);
+  return out;
+}
+
+// ---- ldmatrix
+// ------------------------------------------------------------------------------------
+
+TEST_CASE("tc: ldmatrix .x1, .x2, .x4 and .trans give every lane the PTX ISA's fragment") {
+  for (int count : {1, 2, 4}) {
+    for (bool trans : {false, true}) {
+      std::vector<uint16_t> src(count * 64);
+      for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<uint16_t>(0x1000 + i);
+      Buffer<uint16_t> d_src(src);
+      Buffer<uint32_t> d_out(32 * count);
+      d_out.poison();
+      cuda::tc::ldmatrix_probe(count, trans, d_src.ptr(), d_out.ptr());
+      const std::vector<uint32_t> out = d_out.download();
+      int wrong = 0;
+      for (int lane = 0; lane < 32; ++lane) {
+        const int g = lane / 4, t = lane % 4;
+        for (int j = 0; j < count; ++j) {
+          // Matrix j, row-major (row, col) at src[64 j + 8 row + col]. Without .trans lane gets
+          // (g, 2t) and (g, 2t + 1); with .trans (2t, g) and (2t + 1, g); the first in the low
+          // half.
+          auto at = [&](int row, int col) { return uint32_t{src[64 * j + 8 * row + col]}; };
+          const uint32_t want =
+              trans ? at(2 * t, g) | at(2 * t + 1, g) << 16 : at(g, 2 * t) | at(g, 2 * t + 1) << 16;
+          const uint32_t got = out[lane * count + j];
+          if (got != want && ++wrong <= 4) {
+            MESSAGE("x" << count << (trans ? ".trans" : "") << " lane " << lane << " reg " << j
+                        << ": got 0x" << std::hex << got << " want 0x" << want << std::dec);
+          }
+        }
+      }
+      CHECK_MESSAGE(wrong == 0, "ldmatrix .x" << count << (trans ? ".trans" : "") << ": " << wrong
+                                              << " registers wrong");
+      CHECK(d_out.damaged_canaries() == 0);
+    }
+  }
+}
+
+// ---- One mma tile
+// ---------------------------------------------------------------------------------
+
+// D = A B, A: (16, 16), B: (16, 8) (k, n), through kernels/cuda/mma.cuh; tol 0 means exact.
+template <class T>
+void check_tile(const std::vector<float>& a, const std::vector<float>& b, bool b_trans,
+                bool exact) {
+  std::vector<double> ref(128, 0.0), absum(128, 0.0);
+  for (int i = 0; i < 16; ++i)
+    for (int j = 0; j < 8; ++j)
+      for (int k = 0; k < 16; ++k) {
+        ref[i * 8 + j] += double(a[i * 16 + k]) * b[k * 8 + j];
+        absum[i * 8 + j] += std::fabs(double(a[i * 16 + k]) * b[k * 8 + j]);
+      }
+  std::vector<T> ta(256), tb(128);
+  for (int i = 0; i < 256; ++i) ta[i] = T(a[i]);
+  for (int i = 0; i < 128; ++i) tb[i] = T(b[i]);
+  Buffer<T> d_a(ta), d_b(tb);
+  Buffer<float> d_d(128);
+  d_d.poison();
+  cuda::tc::mma_tile_probe<T>(d_a.ptr(), d_b.ptr(), d_d.ptr(), b_trans);
+  const std::vector<float> d = d_d.download();
+  int wrong = 0;
+  double worst = 0;
+  for (int e = 0; e < 128; ++e) {
+    const double tol = exact ? 0.0 : 2 * 16 * std::ldexp(1.0, -24) * absum[e];
+    const double diff = std::fabs(double(d[e]) - ref[e]);
+    if (!(diff <= tol)) {
+      if (++wrong <= 4) {
+        MESSAGE(dtype_name<T>() << " D(" << e / 8 << ", " << e % 8 << ") = " << d[e] << ", host "
+                                << ref[e]);
+      }
+    }
+    if (std::isfinite(diff)) worst = std::max(worst, diff);
+  }
+  CHECK_MESSAGE(wrong == 0, dtype_name<T>() << (b_trans ? " (B via .trans)" : "") << ": " << wrong
+                                            << " of 128 wrong, worst |diff| " << worst
+                                            << (exact ? " (exact expected)" : ""));
+  CHECK(d_d.damaged_canaries() == 0);
+}
+
+template <class T>
+void tile_cases() {
+  std::mt19937 gen(1234);
+  std::uniform_int_distribution<int> small(-8, 8);
+  std::uniform_real_distribution<float> unit(-1.f, 1.f);
+  // Distinct small integers: exact in every dtype, products and sums exact in f32.
+  std::vector<float> a(256), b(128);
+  for (float& v : a) v = static_cast<float>(small(gen));
+  for (float& v : b) v = static_cast<float>(small(gen));
+  // Rows and columns that differ everywhere: no permutation of fragments gives the same D.
+  for (int i = 0; i < 16; ++i) a[i * 16 + i % 16] = static_cast<float>(9 + i);
+  for (int k = 0; k < 16; ++k) b[k * 8 + k % 8] = static_cast<float>(-9 - k);
+  const bool is_tf32 = std::is_same<T, float>::value;
+  for (bool b_trans : {false, true}) {
+    if (is_tf32 && b_trans) continue;  // TF32 operands are 32-bit: ldmatrix .trans does not apply
+    check_tile<T>(a, b, b_trans, true);
+    for (float& v : a) v = round_to<T>(unit(gen));
+    for (float& v : b) v = round_to<T>(unit(gen));
+    check_tile<T>(a, b, b_trans, false);
+  }
+}
+
+TEST_CASE("tc: one 16x8x16 mma tile from ldmatrix fragments equals a host GEMM, bf16") {
+  tile_cases<bfloat16>();
+}
+TEST_CASE("tc: one 16x8x16 mma tile from ldmatrix fragments equals a host GEMM, f16") {
+  tile_cases<float16>();
+}
+TEST_CASE(
+    "tc: one 16x8x16 mma tile (two m16n8k8) from ldmatrix fragments equals a host GEMM, tf32") {
+  tile_cases<float>();
+}
+
+// ---- The forward convolution
+// ----------------------------------------------------------------------
+
+struct Case {
+  int64_t N, C, H, W, K, R, S, sh, sw, ph, pw, dh, dw;
+  bool bias;
+};
+
+template <class T>
+void check_forward(const Case& c) {
+  const cuda::tc::ConvTcShape s = cuda::tc::make_conv_tc_shape(c.N, c.C, c.H, c.W, c.K, c.R, c.S,
+                                                               c.sh, c.sw, c.ph, c.pw, c.dh, c.dw);
+  char label[200];
+  std::snprintf(label, sizeof label,
+                "%s N=%lld C=%lld %lldx%lld K=%lld %lldx%lld stride %lldx%lld pad %lldx%lld "
+                "dil %lldx%lld%s",
+                dtype_name<T>(), (long long)c.N, (long long)c.C, (long long)c.H, (long long)c.W,
+                (long long)c.K, (long long)c.R, (long long)c.S, (long long)c.sh, (long long)c.sw,
+                (long long)c.ph, (long long)c.pw, (long long)c.dh, (long long)c.dw,
+                c.bias ? " bias" : "");
+  const int64_t nx = s.N * s.C * s.H * s.W, nw = s.K * s.C * s.R * s.S, ny = s.N * s.K * s.P * s.Q;
+  std::mt19937 gen(static_cast<unsigned>(nx * 31 + nw));
+  std::uniform_real_distribution<float> unit(-1.f, 1.f);
+  std::vector<float> x(nx), w(nw), bias(s.K);
+  for (float& v : x) v = unit(gen);
+  for (float& v : w) v = unit(gen);
+  for (float& v : bias) v = unit(gen);
+  // What the kernel multiplies: the inputs in the dtype (TF32: rounded by the kernel itself).
+  std::vector<float> xr(nx), wr(nw), br(s.K);
+  for (int64_t i = 0; i < nx; ++i) xr[i] = round_to<T>(x[i]);
+  for (int64_t i = 0; i < nw; ++i) wr[i] = round_to<T>(w[i]);
+  for (int64_t i = 0; i < s.K; ++i)
+    br[i] = std::is_same<T, float>::value ? bias[i] : round_to<T>(bias[i]);
+  if (!c.bias) std::fill(br.begin(), br.end(), 0.f);
+
+  // The direct sum in double and sum |x w| + |b|, per output.
+  std::vector<double> direct(ny), absum(ny);
+  for (int64_t n = 0; n < s.N; ++n)
+    for (int64_t k = 0; k < s.K; ++k)
+      for (int64_t p = 0; p < s.P; ++p)
+        for (int64_t q = 0; q < s.Q; ++q) {
+          double acc = br[k], aacc = std::fabs(br[k]);
+          for (int64_t ci = 0; ci < s.C; ++ci)
+            for (int64_t r = 0; r < s.R; ++r)
+              for (int64_t t = 0; t < s.S; ++t) {
+                const int64_t h = p * s.stride_h - s.pad_h + r * s.dil_h;
+                const int64_t wi = q * s.stride_w - s.pad_w + t * s.dil_w;
+                if (h < 0 || h >= s.H || wi < 0 || wi >= s.W) continue;
+                const double prod = double(xr[((n * s.C + ci) * s.H + h) * s.W + wi]) *
+                                    wr[((k * s.C + ci) * s.R + r) * s.S + t];
+                acc += prod;
+                aacc += std::fabs(prod);
+              }
+          const int64_t o = ((n * s.K + k) * s.P + p) * s.Q + q;
+          direct[o] = acc;
+          absum[o] = aacc;
+        }
+  // The CPU reference where it applies (dilation 1).
+  std::vector<double> ref = direct;
+  if (s.dil_h == 1 && s.dil_w == 1) {
+    const ConvShape cs = make_conv_shape(s.N, s.C, s.H, s.W, s.K, s.R, s.S, s.stride_h, s.stride_w,
+                                         s.pad_h, s.pad_w);
+    std::vector<float> yc(ny);
+    cpu::conv2d_forward<float>(xr.data(), wr.data(), c.bias ? br.data() : nullptr, yc.data(), cs);
+    for (int64_t i = 0; i < ny; ++i) ref[i] = yc[i];
+  }
+
+  Buffer<T> d_x(std::is_same<T, float>::value ? to_dtype<T>(x) : to_dtype<T>(xr));
+  Buffer<T> d_w(std::is_same<T, float>::value ? to_dtype<T>(w) : to_dtype<T>(wr));
+  Buffer<T> d_b(to_dtype<T>(br));
+  Buffer<T> d_y(ny);
+  std::vector<T> first;
+  for (int run = 0; run < 2; ++run) {
+    d_y.poison();
+    cuda::tc::conv2d_forward_tc<T>(d_x.ptr(), d_w.ptr(), c.bias ? d_b.ptr() : nullptr, d_y.ptr(),
+                                   s);
+    cuda::synchronize();
+    const std::vector<T> y = d_y.download();
+    if (run == 1) {
+      CHECK_MESSAGE(std::memcmp(y.data(), first.data(), ny * sizeof(T)) == 0,
+                    label << ": two runs differ");
+      break;
+    }
+    first = y;
+    const double u = std::ldexp(1.0, -24), u_out = unit_roundoff<T>();
+    const double n_terms = static_cast<double>(s.C * s.R * s.S + 1);
+    int64_t bad = 0, nonfinite = 0;
+    double worst = 0, worst_ratio = 0, err2 = 0, ref2 = 0;
+    for (int64_t i = 0; i < ny; ++i) {
+      const double got = static_cast<float>(y[i]);
+      if (!std::isfinite(got)) {
+        if (++nonfinite <= 4) MESSAGE(label << ": y[" << i << "] = " << got << " (never written?)");
+        continue;
+      }
+      const double tol = 2 * n_terms * u * absum[i] + u_out * std::fabs(ref[i]) + u_out;
+      const double diff = std::fabs(got - ref[i]);
+      err2 += diff * diff;
+      ref2 += ref[i] * ref[i];
+      worst = std::max(worst, diff);
+      worst_ratio = std::max(worst_ratio, diff / tol);
+      if (diff > tol && ++bad <= 4) {
+        MESSAGE(label << ": y[" << i << "] = " << got << ", reference " << ref[i] << ", tol "
+                      << tol);
+      }
+      // The direct double sum and the CPU reference agree too (a check of this test's sum).
+      CHECK(std::fabs(direct[i] - ref[i]) <= 2 * n_terms * u * absum[i] + 1e-30);
+    }
+    MESSAGE(label << ": " << ny << " outputs, worst |diff| " << worst << " = " << worst_ratio
+                  << " of its tolerance, nmse " << (ref2 > 0 ? err2 / ref2 : err2));
+    CHECK_MESSAGE(nonfinite == 0, label << ": " << nonfinite << " outputs not finite");
+    CHECK_MESSAGE(bad == 0, label << ": " << bad << " outputs out of tolerance");
+    CHECK_MESSAGE(d_y.damaged_canaries() == 0, label << ": writes outside y");
+  }
+}
+
+std::vector<Case> forward_cases() {
+  // N C H W K R S sh sw ph pw dh dw bias
+  std::vector<Case> cases = {
+      {2, 3, 7, 7, 5, 3, 3, 1, 1, 1, 1, 1, 1, true},      // C below one chunk, K below a tile
+      {1, 13, 9, 11, 70, 3, 2, 2, 1, 1, 0, 1, 1, false},  // K over one block column, odd C
+      {3, 20, 8, 8, 17, 3, 3, 1, 1, 2, 2, 2, 2, true},    // dilation, rows past N P Q, 7-12 laps
+      {2, 40, 5, 6, 9, 1, 1, 1, 1, 0, 0, 1, 1, false},    // 1x1
+      {1, 5, 12, 10, 8, 5, 3, 3, 2, 2, 1, 1, 2, true},    // uneven stride, pad and dilation
+  };
+  if (!kEmulated) {
+    cases.push_back({4, 64, 28, 28, 128, 3, 3, 1, 1, 1, 1, 1, 1, true});
+    cases.push_back({2, 3, 64, 64, 64, 7, 7, 2, 2, 3, 3, 1, 1, false});
+    cases.push_back({8, 256, 14, 14, 256, 1, 1, 1, 1, 0, 0, 1, 1, false});
+    cases.push_back({2, 130, 17, 19, 200, 3, 3, 2, 2, 1, 1, 1, 1, true});
+  }
+  return cases;
+}
+
+TEST_CASE("tc: conv2d forward on tensor cores against the CPU reference, bf16") {
+  for (const Case& c : forward_cases()) check_forward<bfloat16>(c);
+}
+TEST_CASE("tc: conv2d forward on tensor cores against the CPU reference, f16") {
+  for (const Case& c : forward_cases()) check_forward<float16>(c);
+}
+TEST_CASE("tc: conv2d forward on tensor cores against the CPU reference, tf32") {
+  for (const Case& c : forward_cases()) check_forward<float>(c);
+}
+
+TEST_CASE("tc: a kernel that does not fit its padded input is a clear error") {
+  CHECK_THROWS_WITH_AS(cuda::tc::make_conv_tc_shape(1, 3, 5, 5, 4, 3, 3, 1, 1, 0, 0, 3, 3),
+                       doctest::Contains("does not fit input 5x5"), Error);
+  CHECK_THROWS_WITH_AS(cuda::tc::make_conv_tc_shape(1, 3, 5, 5, 4, 3, 3, 1, 1, 0, 0, 0, 1),
+                       doctest::Contains("dilation 0x1 must be positive"), Error);
+}
+
+}  // namespace
