@@ -1,11 +1,11 @@
-// The tensor-core convolution (declared in kernels/cuda/conv2d_tc.h; primitives in
-// kernels/cuda/mma.cuh; CPU reference kernels/cpu/conv2d.cpp; test
+// The tensor-core convolution, forward and backward-data (declared in kernels/cuda/conv2d_tc.h;
+// primitives in kernels/cuda/mma.cuh; CPU reference kernels/cpu/conv2d.cpp; test
 // tests/cuda/test_cuda_conv_tc.cpp, on a GPU and in the host emulation).
 //
 // Forward as an implicit GEMM over NHWC copies of the operands:
 //
-//   C[m = (n,p,q), k] = sum over kk = (r,s,c) of xh[n, p*sh-ph+r*dh, q*sw-pw+s*dw, c] * wh[k,
-//   r,s,c]
+//   C[m = (n,p,q), k] = sum over kk = (r,s,c) of
+//                         xh[n, p*sh-ph+r*dh, q*sw-pw+s*dw, c] * wh[k, r,s,c]
 //
 // xh is x in NHWC and wh is w in (K, R, S, C), both with C padded with zeros to Cp, a multiple of
 // one 16-byte chunk (8 bf16/f16 elements, 4 TF32 ones), so every chunk of the reduction index lies
@@ -21,6 +21,9 @@
 // same chunk addressing serves the 16-bit types (m16n8k16: 2 chunks of k per mma) and TF32
 // (m16n8k8: 2 chunks of 4-byte elements, which ldmatrix moves as pairs of b16). The epilogue adds
 // the bias and writes y in NCHW straight from the accumulator fragments.
+//
+// Backward-data runs the same kernel as a stride-1 convolution of dy (in NHWC, spread out by the
+// stride with zero rows and columns) with the filter flipped and transposed (conv2d_tc.h).
 //
 // Determinism: each output is one warp's fixed sequence of mma over the reduction, the same on
 // every run. Indices are 32-bit: every tensor (and each NHWC copy) has fewer than 2^31 elements.
@@ -119,12 +122,48 @@ __global__ void to_krsc_kernel(const T* w, T* wh, int K, int C, int RS, int Cp) 
   }
 }
 
+// Backward-data's operands. dy: (N, K, P, Q) -> dyh: (N, Hu, Wu, Kp), Hu = (P-1)*sh + 1, dy spread
+// out with sh-1 (sw-1) zero rows (columns) between its rows (columns), channels k >= K zero; the
+// strided pass is then a stride-1 convolution. One thread per element (the stride-1 case takes
+// to_nhwc_kernel instead).
+template <class T>
+__global__ void to_nhwc_spread_kernel(const T* dy, T* dyh, int N, int K, int P, int Q, int sh,
+                                      int sw, int Kp) {
+  const int Hu = (P - 1) * sh + 1, Wu = (Q - 1) * sw + 1;
+  const int64_t total = static_cast<int64_t>(N) * Hu * Wu * Kp;
+  for (int64_t i = dev::global_thread(); i < total; i += dev::grid_stride()) {
+    const int k = static_cast<int>(i % Kp);
+    const int64_t pix = i / Kp;
+    const int n = static_cast<int>(pix / (Hu * Wu)), ij = static_cast<int>(pix % (Hu * Wu));
+    const int a = ij / Wu, b = ij - a * Wu;
+    const bool on = k < K && a % sh == 0 && b % sw == 0;
+    dyh[i] = on ? to_operand(dy[((static_cast<int64_t>(n) * K + k) * P + a / sh) * Q + b / sw])
+                : zero_of<T>();
+  }
+}
+// w: (K, C, R, S) -> wt: (C, R, S, Kp), the filter flipped in r and s and with K and C exchanged:
+// wt[c, r, s, k] = w[k, c, R-1-r, S-1-s], channels k >= K zero.
+template <class T>
+__global__ void to_crsk_flipped_kernel(const T* w, T* wt, int K, int C, int R, int S, int Kp) {
+  const int64_t total = static_cast<int64_t>(C) * R * S * Kp;
+  for (int64_t i = dev::global_thread(); i < total; i += dev::grid_stride()) {
+    const int k = static_cast<int>(i % Kp);
+    const int64_t crs = i / Kp;
+    const int c = static_cast<int>(crs / (R * S)), rs = static_cast<int>(crs % (R * S));
+    const int r = rs / S, t = rs - r * S;
+    wt[i] =
+        k < K
+            ? to_operand(w[((static_cast<int64_t>(k) * C + c) * R + (R - 1 - r)) * S + (S - 1 - t)])
+            : zero_of<T>();
+  }
+}
+
 struct FwdParams {
-  const void* xh;    // (N, H, W, Cp)
-  const void* wh;    // (K, R, S, Cp) = (K, Kg)
-  const void* bias;  // (K) or null
-  void* y;           // (N, K, P, Q)
-  int H, W, Cp, K, S, P, Q, sh, sw, ph, pw, dh, dw;
+  const void* xh;                                    // (N, H, W, Cp)
+  const void* wh;                                    // (K, R, S, Cp) = (K, Kg)
+  const void* bias;                                  // (K) or null
+  void* y;                                           // (N, K, P, Q)
+  int H, W, Cp, K, S, P, Q, sh, sw, ph, pw, dh, dw;  // ph, pw < 0 in backward-data
   int M, Kg, PQ;  // GEMM sizes: M = N*P*Q rows, Kg = R*S*Cp reduction
 };
 
@@ -367,56 +406,148 @@ ConvTcShape conv_tc_shape(const ConvShape& s) {
                             s.pad_w, 1, 1);
 }
 
+namespace {
+
+template <class T>
+const char* pass_name(bool backward) {
+  if (std::is_same<T, float>::value) {
+    return backward ? "conv2d_backward_data_tc (tf32)" : "conv2d_forward_tc (tf32)";
+  }
+  if (std::is_same<T, bfloat16>::value) {
+    return backward ? "conv2d_backward_data_tc (bf16)" : "conv2d_forward_tc (bf16)";
+  }
+  return backward ? "conv2d_backward_data_tc (f16)" : "conv2d_forward_tc (f16)";
+}
+
+// The reduction's channels padded to whole chunks.
+template <class T>
+int64_t padded(int64_t channels) {
+  constexpr int64_t per = Elem<T>::kPerChunk;
+  return (channels + per - 1) / per * per;
+}
+
+// The operand sizes (elements) of one pass: the NHWC input and the (cols, R, S, Cp) filter.
+struct PassSizes {
+  int64_t in_h, in_w, cp, in_elems, w_elems;
+};
+template <class T>
+PassSizes pass_sizes(const ConvTcShape& s, bool backward) {
+  PassSizes z;
+  if (!backward) {
+    z.in_h = s.H, z.in_w = s.W, z.cp = padded<T>(s.C);
+    z.w_elems = s.K * s.R * s.S * z.cp;
+  } else {
+    z.in_h = (s.P - 1) * s.stride_h + 1, z.in_w = (s.Q - 1) * s.stride_w + 1, z.cp = padded<T>(s.K);
+    z.w_elems = s.C * s.R * s.S * z.cp;
+  }
+  z.in_elems = s.N * z.in_h * z.in_w * z.cp;
+  return z;
+}
+template <class T>
+uint64_t pass_workspace_bytes(const PassSizes& z) {
+  return round_up_256(static_cast<uint64_t>(z.in_elems) * sizeof(T)) +
+         round_up_256(static_cast<uint64_t>(z.w_elems) * sizeof(T));
+}
+
+// The GEMM of either pass over operands already in the kernel's layouts: out (N, cols, P, Q) from
+// in (N, in_h, in_w, Cp) and wt (cols, R, S, Cp), with the given stride, padding (backward-data's
+// may be negative) and dilation.
+template <class T>
+void launch_gemm(const char* name, const T* in, const T* wt, const T* bias, T* out, int64_t N,
+                 const PassSizes& z, int64_t cols, int64_t R, int64_t S, int64_t P, int64_t Q,
+                 int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t dh, int64_t dw) {
+  const int64_t M = N * P * Q, Kg = R * S * z.cp;
+  const int64_t gx = detail::ceil_div(M, kBM), gy = detail::ceil_div(cols, kBN);
+  REGEN_CHECK(gy <= 65535, name, ": ", cols, " output channels are too many");
+  FwdParams p;
+  p.xh = in, p.wh = wt, p.bias = bias, p.y = out;
+  p.H = static_cast<int>(z.in_h), p.W = static_cast<int>(z.in_w), p.Cp = static_cast<int>(z.cp);
+  p.K = static_cast<int>(cols), p.S = static_cast<int>(S);
+  p.P = static_cast<int>(P), p.Q = static_cast<int>(Q);
+  p.sh = static_cast<int>(sh), p.sw = static_cast<int>(sw);
+  p.ph = static_cast<int>(ph), p.pw = static_cast<int>(pw);
+  p.dh = static_cast<int>(dh), p.dw = static_cast<int>(dw);
+  p.M = static_cast<int>(M), p.Kg = static_cast<int>(Kg), p.PQ = static_cast<int>(P * Q);
+  const dim3 grid(static_cast<unsigned>(gx), static_cast<unsigned>(gy));
+  conv_fwd_tc_kernel<T><<<grid, kThreads, kSmemBytes, stream()>>>(p);
+  REGEN_CUDA_LAUNCH_CHECK(name);
+}
+
+template <class T>
+void copy_to_nhwc(const char* name, const T* x, T* xh, int64_t N, int64_t C, int64_t HW,
+                  int64_t Cp) {
+  const dim3 grid(static_cast<unsigned>(detail::ceil_div(HW, 32)),
+                  static_cast<unsigned>(detail::ceil_div(Cp, 32)), static_cast<unsigned>(N));
+  to_nhwc_kernel<T><<<grid, dim3(32, 8), 0, stream()>>>(x, xh, static_cast<int>(C),
+                                                        static_cast<int>(HW), static_cast<int>(Cp));
+  REGEN_CUDA_LAUNCH_CHECK(name);
+}
+
+}  // namespace
+
 template <class T>
 uint64_t conv2d_forward_tc_workspace_bytes(const ConvTcShape& s) {
-  constexpr int64_t per = Elem<T>::kPerChunk;
-  const int64_t Cp = (s.C + per - 1) / per * per;
-  return round_up_256(static_cast<uint64_t>(s.N * s.H * s.W * Cp) * sizeof(T)) +
-         round_up_256(static_cast<uint64_t>(s.K * s.R * s.S * Cp) * sizeof(T));
+  return pass_workspace_bytes<T>(pass_sizes<T>(s, false));
+}
+template <class T>
+uint64_t conv2d_backward_data_tc_workspace_bytes(const ConvTcShape& s) {
+  return pass_workspace_bytes<T>(pass_sizes<T>(s, true));
 }
 
 template <class T>
 void conv2d_forward_tc(const T* x, const T* w, const T* bias, T* y, const ConvTcShape& s) {
-  const char* name = std::is_same<T, float>::value      ? "conv2d_forward_tc (tf32)"
-                     : std::is_same<T, bfloat16>::value ? "conv2d_forward_tc (bf16)"
-                                                        : "conv2d_forward_tc (f16)";
-  constexpr int64_t per = Elem<T>::kPerChunk;
-  const int64_t Cp = (s.C + per - 1) / per * per;
-  const int64_t M = s.N * s.P * s.Q, Kg = s.R * s.S * Cp;
-  check_int32(name, "x (N, H, W, C padded)", s.N * s.H * s.W * Cp);
-  check_int32(name, "w (K, R, S, C padded)", s.K * Kg);
-  check_int32(name, "y", M * s.K);
-  const int64_t gx = detail::ceil_div(M, kBM), gy = detail::ceil_div(s.K, kBN);
-  REGEN_CHECK(gy <= 65535 && s.N <= 65535, name, ": K=", s.K, " or N=", s.N, " too large");
-  const uint64_t x_bytes = round_up_256(static_cast<uint64_t>(s.N * s.H * s.W * Cp) * sizeof(T));
-  Workspace ws(detail::device(), conv2d_forward_tc_workspace_bytes<T>(s));
+  const char* name = pass_name<T>(false);
+  const PassSizes z = pass_sizes<T>(s, false);
+  check_int32(name, "x (N, H, W, C padded)", z.in_elems);
+  check_int32(name, "w (K, R, S, C padded)", z.w_elems);
+  check_int32(name, "y", s.N * s.K * s.P * s.Q);
+  Workspace ws(detail::device(), pass_workspace_bytes<T>(z));
   if (dry_run_active()) return;  // the dry path: the layout copies' block, requested and unused
   require_tensor_cores(name);
   T* xh = ws.as<T>();
-  T* wh = reinterpret_cast<T*>(static_cast<unsigned char*>(ws.data()) + x_bytes);
-  const int HW = static_cast<int>(s.H * s.W);
-  const dim3 tgrid(static_cast<unsigned>(detail::ceil_div(HW, 32)),
-                   static_cast<unsigned>(detail::ceil_div(Cp, 32)), static_cast<unsigned>(s.N));
-  to_nhwc_kernel<T>
-      <<<tgrid, dim3(32, 8), 0, stream()>>>(x, xh, static_cast<int>(s.C), HW, static_cast<int>(Cp));
-  REGEN_CUDA_LAUNCH_CHECK(name);
-  const int64_t w_total = s.K * Kg;
-  to_krsc_kernel<T><<<detail::grid_blocks(w_total, 256), 256, 0, stream()>>>(
+  T* wh = reinterpret_cast<T*>(static_cast<unsigned char*>(ws.data()) +
+                               round_up_256(static_cast<uint64_t>(z.in_elems) * sizeof(T)));
+  copy_to_nhwc(name, x, xh, s.N, s.C, s.H * s.W, z.cp);
+  to_krsc_kernel<T><<<detail::grid_blocks(z.w_elems, 256), 256, 0, stream()>>>(
       w, wh, static_cast<int>(s.K), static_cast<int>(s.C), static_cast<int>(s.R * s.S),
-      static_cast<int>(Cp));
+      static_cast<int>(z.cp));
   REGEN_CUDA_LAUNCH_CHECK(name);
-  FwdParams p;
-  p.xh = xh, p.wh = wh, p.bias = bias, p.y = y;
-  p.H = static_cast<int>(s.H), p.W = static_cast<int>(s.W), p.Cp = static_cast<int>(Cp);
-  p.K = static_cast<int>(s.K), p.S = static_cast<int>(s.S);
-  p.P = static_cast<int>(s.P), p.Q = static_cast<int>(s.Q);
-  p.sh = static_cast<int>(s.stride_h), p.sw = static_cast<int>(s.stride_w);
-  p.ph = static_cast<int>(s.pad_h), p.pw = static_cast<int>(s.pad_w);
-  p.dh = static_cast<int>(s.dil_h), p.dw = static_cast<int>(s.dil_w);
-  p.M = static_cast<int>(M), p.Kg = static_cast<int>(Kg), p.PQ = static_cast<int>(s.P * s.Q);
-  const dim3 grid(static_cast<unsigned>(gx), static_cast<unsigned>(gy));
-  conv_fwd_tc_kernel<T><<<grid, kThreads, kSmemBytes, stream()>>>(p);
+  launch_gemm(name, xh, wh, bias, y, s.N, z, s.K, s.R, s.S, s.P, s.Q, s.stride_h, s.stride_w,
+              s.pad_h, s.pad_w, s.dil_h, s.dil_w);
+}
+
+// dx[n, c, h, w] = sum over (k, r, s) of dy[n, k, (h + ph - r dh) / sh, (w + pw - s dw) / sw]
+// w[k, c, r, s], the terms whose division is inexact or out of range zero: a stride-1 forward
+// convolution of dy spread out by the stride (to_nhwc_spread_kernel) with the flipped, transposed
+// filter, padding dh (R-1) - ph (which may be negative), dilation dh, output H x W.
+template <class T>
+void conv2d_backward_data_tc(const T* dy, const T* w, T* dx, const ConvTcShape& s) {
+  const char* name = pass_name<T>(true);
+  const PassSizes z = pass_sizes<T>(s, true);
+  check_int32(name, "dy (N, P, Q spread by the stride, K padded)", z.in_elems);
+  check_int32(name, "w (C, R, S, K padded)", z.w_elems);
+  check_int32(name, "dx", s.N * s.C * s.H * s.W);
+  Workspace ws(detail::device(), pass_workspace_bytes<T>(z));
+  if (dry_run_active()) return;  // the dry path: the layout copies' block, requested and unused
+  require_tensor_cores(name);
+  T* dyh = ws.as<T>();
+  T* wt = reinterpret_cast<T*>(static_cast<unsigned char*>(ws.data()) +
+                               round_up_256(static_cast<uint64_t>(z.in_elems) * sizeof(T)));
+  if (s.stride_h == 1 && s.stride_w == 1) {
+    copy_to_nhwc(name, dy, dyh, s.N, s.K, s.P * s.Q, z.cp);
+  } else {
+    to_nhwc_spread_kernel<T><<<detail::grid_blocks(z.in_elems, 256), 256, 0, stream()>>>(
+        dy, dyh, static_cast<int>(s.N), static_cast<int>(s.K), static_cast<int>(s.P),
+        static_cast<int>(s.Q), static_cast<int>(s.stride_h), static_cast<int>(s.stride_w),
+        static_cast<int>(z.cp));
+    REGEN_CUDA_LAUNCH_CHECK(name);
+  }
+  to_crsk_flipped_kernel<T><<<detail::grid_blocks(z.w_elems, 256), 256, 0, stream()>>>(
+      w, wt, static_cast<int>(s.K), static_cast<int>(s.C), static_cast<int>(s.R),
+      static_cast<int>(s.S), static_cast<int>(z.cp));
   REGEN_CUDA_LAUNCH_CHECK(name);
+  launch_gemm<T>(name, dyh, wt, nullptr, dx, s.N, z, s.C, s.R, s.S, s.H, s.W, 1, 1,
+                 s.dil_h * (s.R - 1) - s.pad_h, s.dil_w * (s.S - 1) - s.pad_w, s.dil_h, s.dil_w);
 }
 
 void ldmatrix_probe(int count, bool trans, const uint16_t* src, uint32_t* out) {
@@ -437,6 +568,8 @@ void mma_tile_probe(const T* a, const T* b, float* d, bool b_trans) {
 #define REGEN_CONV_TC(T)                                                                    \
   template void conv2d_forward_tc<T>(const T*, const T*, const T*, T*, const ConvTcShape&); \
   template uint64_t conv2d_forward_tc_workspace_bytes<T>(const ConvTcShape&);               \
+  template void conv2d_backward_data_tc<T>(const T*, const T*, T*, const ConvTcShape&);     \
+  template uint64_t conv2d_backward_data_tc_workspace_bytes<T>(const ConvTcShape&);         \
   template void mma_tile_probe<T>(const T*, const T*, float*, bool);
 REGEN_CONV_TC(bfloat16)
 REGEN_CONV_TC(float16)

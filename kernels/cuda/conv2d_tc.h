@@ -1,8 +1,9 @@
-// The tensor-core convolution (kernels/cuda/conv2d_tc.cu): 2-D convolution forward as an implicit
-// GEMM on mma.sync, in bf16 and f16 (m16n8k16) and TF32 (m16n8k8), accumulating in f32. Not yet
-// reached from the ops' dispatch (`--conv native` runs kernels/cuda/conv2d.cu); see
-// docs/kernels.md, "Tensor-core convolution". Tests: tests/cuda/test_cuda_conv_tc.cpp, on a GPU
-// and in the host emulation (scripts/cuda-emu/run.sh tc).
+// The tensor-core convolution (kernels/cuda/conv2d_tc.cu): 2-D convolution forward and
+// backward-data as implicit GEMMs on mma.sync, in bf16 and f16 (m16n8k16) and TF32 (m16n8k8),
+// accumulating in f32. Not yet reached from the ops' dispatch (`--conv native` runs
+// kernels/cuda/conv2d.cu); see docs/kernels.md, "Tensor-core convolution". Tests:
+// tests/cuda/test_cuda_conv_tc.cpp, on a GPU and in the host emulation (scripts/cuda-emu/run.sh
+// tc).
 #pragma once
 
 #ifdef REGEN_WITH_CUDA
@@ -42,6 +43,17 @@ void conv2d_forward_tc(const T* x, const T* w, const T* bias, T* y, const ConvTc
 // The Workspace bytes conv2d_forward_tc<T> requests (one block) for shape s.
 template <class T>
 uint64_t conv2d_forward_tc_workspace_bytes(const ConvTcShape& s);
+
+// Backward-data: dy: (N, K, P, Q), w: (K, C, R, S) -> dx: (N, C, H, W), written. The same GEMM
+// kernel as the forward, over dy in NHWC spread out by the stride (zeros between its rows and
+// columns, so the pass is a stride-1 convolution) with the filter flipped in R and S and
+// transposed to (C, R, S, K); a stride of sh x sw multiplies sh*sw - 1 of every sh*sw terms by
+// zero (the phase decomposition of kernels/cuda/conv2d.cu would skip them; not done yet). T and
+// the rounding as in the forward.
+template <class T>
+void conv2d_backward_data_tc(const T* dy, const T* w, T* dx, const ConvTcShape& s);
+template <class T>
+uint64_t conv2d_backward_data_tc_workspace_bytes(const ConvTcShape& s);
 
 // ---- Probes of the primitives of kernels/cuda/mma.cuh (tests only) ----------------------------
 // One warp loads `count` (1, 2 or 4) 8x8 matrices of 16-bit elements, src: (count, 8, 8)

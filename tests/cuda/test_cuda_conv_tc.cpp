@@ -10,7 +10,7 @@
 // - The forward convolution against the CPU reference (regen::cpu::conv2d_forward<float>; with
 //   dilation, which ConvShape lacks, a direct sum in double here) on inputs rounded to the dtype
 //   (TF32: to nearest, ties away from zero, as the kernel rounds). Per element,
-//   |y - ref| <= 2 n u sum|x w| + u_out |ref| + u_out, with n = C R S + 1 terms, u = 2^-24 (f32
+//   |y - ref| <= (1 + u_out) 2 n u sum|x w| + u_out |ref|, with n = C R S + 1 terms, u = 2^-24 (f32
 //   accumulation, on either side) and u_out the unit roundoff of the output type (bf16 2^-8,
 //   f16 2^-11, f32 2^-24); shapes with odd sizes that exercise every bound (rows past N P Q,
 //   channels past K, C not a multiple of a chunk, padding, stride, dilation, several pipeline
@@ -186,15 +186,16 @@ void check_tile(const std::vector<float>& a, const std::vector<float>& b, bool b
     const double diff = std::fabs(double(d[e]) - ref[e]);
     if (!(diff <= tol)) {
       if (++wrong <= 4) {
-        MESSAGE(dtype_name<T>() << " D(" << e / 8 << ", " << e % 8 << ") = " << d[e] << ", host "
-                                << ref[e]);
+        MESSAGE(std::string(dtype_name<T>())
+                << " D(" << e / 8 << ", " << e % 8 << ") = " << d[e] << ", host " << ref[e]);
       }
     }
     if (std::isfinite(diff)) worst = std::max(worst, diff);
   }
-  CHECK_MESSAGE(wrong == 0, dtype_name<T>() << (b_trans ? " (B via .trans)" : "") << ": " << wrong
-                                            << " of 128 wrong, worst |diff| " << worst
-                                            << (exact ? " (exact expected)" : ""));
+  CHECK_MESSAGE(wrong == 0, std::string(dtype_name<T>())
+                                << (b_trans ? " (B via .trans)" : "") << ": " << wrong
+                                << " of 128 wrong, worst |diff| " << worst
+                                << (exact ? " (exact expected)" : ""));
   CHECK(d_d.damaged_canaries() == 0);
 }
 
@@ -210,13 +211,14 @@ void tile_cases() {
   // Rows and columns that differ everywhere: no permutation of fragments gives the same D.
   for (int i = 0; i < 16; ++i) a[i * 16 + i % 16] = static_cast<float>(9 + i);
   for (int k = 0; k < 16; ++k) b[k * 8 + k % 8] = static_cast<float>(-9 - k);
+  std::vector<float> ra(256), rb(128);  // random values of the dtype
+  for (float& v : ra) v = round_to<T>(unit(gen));
+  for (float& v : rb) v = round_to<T>(unit(gen));
   const bool is_tf32 = std::is_same<T, float>::value;
   for (bool b_trans : {false, true}) {
     if (is_tf32 && b_trans) continue;  // TF32 operands are 32-bit: ldmatrix .trans does not apply
     check_tile<T>(a, b, b_trans, true);
-    for (float& v : a) v = round_to<T>(unit(gen));
-    for (float& v : b) v = round_to<T>(unit(gen));
-    check_tile<T>(a, b, b_trans, false);
+    check_tile<T>(ra, rb, b_trans, false);
   }
 }
 
@@ -239,33 +241,100 @@ struct Case {
   bool bias;
 };
 
-template <class T>
-void check_forward(const Case& c) {
-  const cuda::tc::ConvTcShape s = cuda::tc::make_conv_tc_shape(c.N, c.C, c.H, c.W, c.K, c.R, c.S,
-                                                               c.sh, c.sw, c.ph, c.pw, c.dh, c.dw);
+std::string describe(const char* dtype, const Case& c) {
   char label[200];
   std::snprintf(label, sizeof label,
                 "%s N=%lld C=%lld %lldx%lld K=%lld %lldx%lld stride %lldx%lld pad %lldx%lld "
                 "dil %lldx%lld%s",
-                dtype_name<T>(), (long long)c.N, (long long)c.C, (long long)c.H, (long long)c.W,
+                dtype, (long long)c.N, (long long)c.C, (long long)c.H, (long long)c.W,
                 (long long)c.K, (long long)c.R, (long long)c.S, (long long)c.sh, (long long)c.sw,
                 (long long)c.ph, (long long)c.pw, (long long)c.dh, (long long)c.dw,
                 c.bias ? " bias" : "");
+  return label;
+}
+
+// Runs `launch` (which writes out) twice on a NaN-filled output and compares the first result with
+// ref per element within (1 + u_out) 2 n u absum + u_out |ref| (the f32 sums' error on either side,
+// then one rounding to the output type); the second must match the first bit for bit.
+// direct (the sum in double) must agree with ref within the f32 part of that bound.
+template <class T, class Launch>
+void check_pass(const std::string& label, Buffer<T>& out, const std::vector<double>& ref,
+                const std::vector<double>& direct, const std::vector<double>& absum, double n_terms,
+                Launch&& launch) {
+  const int64_t n = static_cast<int64_t>(ref.size());
+  std::vector<T> first;
+  for (int run = 0; run < 2; ++run) {
+    out.poison();
+    launch();
+    cuda::synchronize();
+    const std::vector<T> y = out.download();
+    if (run == 1) {
+      CHECK_MESSAGE(std::memcmp(y.data(), first.data(), n * sizeof(T)) == 0,
+                    label << ": two runs differ");
+      break;
+    }
+    first = y;
+    const double u = std::ldexp(1.0, -24), u_out = unit_roundoff<T>();
+    int64_t bad = 0, nonfinite = 0, ref_disagree = 0;
+    double worst = 0, worst_ratio = 0, err2 = 0, ref2 = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      if (std::fabs(direct[i] - ref[i]) > 2 * n_terms * u * absum[i]) ++ref_disagree;
+      const double got = static_cast<float>(y[i]);
+      if (!std::isfinite(got)) {
+        if (++nonfinite <= 4) MESSAGE(label << ": [" << i << "] = " << got << " (never written?)");
+        continue;
+      }
+      const double tol = (1 + u_out) * 2 * n_terms * u * absum[i] + u_out * std::fabs(ref[i]);
+      const double diff = std::fabs(got - ref[i]);
+      err2 += diff * diff;
+      ref2 += ref[i] * ref[i];
+      worst = std::max(worst, diff);
+      worst_ratio = std::max(worst_ratio, diff / tol);
+      if (diff > tol && ++bad <= 4) {
+        MESSAGE(label << ": [" << i << "] = " << got << ", reference " << ref[i] << ", tol "
+                      << tol);
+      }
+    }
+    MESSAGE(label << ": " << n << " outputs, worst |diff| " << worst << " = " << worst_ratio
+                  << " of its tolerance, nmse " << (ref2 > 0 ? err2 / ref2 : err2));
+    CHECK_MESSAGE(ref_disagree == 0,
+                  label << ": the CPU reference and the direct sum differ at " << ref_disagree);
+    CHECK_MESSAGE(nonfinite == 0, label << ": " << nonfinite << " outputs not finite");
+    CHECK_MESSAGE(bad == 0, label << ": " << bad << " outputs out of tolerance");
+    CHECK_MESSAGE(out.damaged_canaries() == 0, label << ": writes outside the output");
+  }
+}
+
+// The operands of a case: random values in [-1, 1] and the same rounded to the dtype.
+template <class T>
+struct Operands {
+  std::vector<float> raw, rounded;
+  Operands(int64_t n, std::mt19937& gen) : raw(n), rounded(n) {
+    std::uniform_real_distribution<float> unit(-1.f, 1.f);
+    for (int64_t i = 0; i < n; ++i) {
+      raw[i] = unit(gen);
+      rounded[i] = round_to<T>(raw[i]);
+    }
+  }
+  // What the launcher is given: TF32 takes f32 and rounds itself; 16-bit types are the rounding.
+  std::vector<T> device_values() const {
+    return std::is_same<T, float>::value ? to_dtype<T>(raw) : to_dtype<T>(rounded);
+  }
+};
+
+template <class T>
+void check_forward(const Case& c) {
+  const cuda::tc::ConvTcShape s = cuda::tc::make_conv_tc_shape(c.N, c.C, c.H, c.W, c.K, c.R, c.S,
+                                                               c.sh, c.sw, c.ph, c.pw, c.dh, c.dw);
+  const std::string label = std::string("forward ") + describe(dtype_name<T>(), c);
   const int64_t nx = s.N * s.C * s.H * s.W, nw = s.K * s.C * s.R * s.S, ny = s.N * s.K * s.P * s.Q;
   std::mt19937 gen(static_cast<unsigned>(nx * 31 + nw));
+  const Operands<T> x(nx, gen), w(nw, gen);
+  std::vector<float> br(s.K, 0.f);  // the bias is added in f32: not rounded for TF32
   std::uniform_real_distribution<float> unit(-1.f, 1.f);
-  std::vector<float> x(nx), w(nw), bias(s.K);
-  for (float& v : x) v = unit(gen);
-  for (float& v : w) v = unit(gen);
-  for (float& v : bias) v = unit(gen);
-  // What the kernel multiplies: the inputs in the dtype (TF32: rounded by the kernel itself).
-  std::vector<float> xr(nx), wr(nw), br(s.K);
-  for (int64_t i = 0; i < nx; ++i) xr[i] = round_to<T>(x[i]);
-  for (int64_t i = 0; i < nw; ++i) wr[i] = round_to<T>(w[i]);
-  for (int64_t i = 0; i < s.K; ++i)
-    br[i] = std::is_same<T, float>::value ? bias[i] : round_to<T>(bias[i]);
-  if (!c.bias) std::fill(br.begin(), br.end(), 0.f);
-
+  if (c.bias) {
+    for (float& v : br) v = std::is_same<T, float>::value ? unit(gen) : round_to<T>(unit(gen));
+  }
   // The direct sum in double and sum |x w| + |b|, per output.
   std::vector<double> direct(ny), absum(ny);
   for (int64_t n = 0; n < s.N; ++n)
@@ -279,8 +348,8 @@ void check_forward(const Case& c) {
                 const int64_t h = p * s.stride_h - s.pad_h + r * s.dil_h;
                 const int64_t wi = q * s.stride_w - s.pad_w + t * s.dil_w;
                 if (h < 0 || h >= s.H || wi < 0 || wi >= s.W) continue;
-                const double prod = double(xr[((n * s.C + ci) * s.H + h) * s.W + wi]) *
-                                    wr[((k * s.C + ci) * s.R + r) * s.S + t];
+                const double prod = double(x.rounded[((n * s.C + ci) * s.H + h) * s.W + wi]) *
+                                    w.rounded[((k * s.C + ci) * s.R + r) * s.S + t];
                 acc += prod;
                 aacc += std::fabs(prod);
               }
@@ -294,59 +363,57 @@ void check_forward(const Case& c) {
     const ConvShape cs = make_conv_shape(s.N, s.C, s.H, s.W, s.K, s.R, s.S, s.stride_h, s.stride_w,
                                          s.pad_h, s.pad_w);
     std::vector<float> yc(ny);
-    cpu::conv2d_forward<float>(xr.data(), wr.data(), c.bias ? br.data() : nullptr, yc.data(), cs);
+    cpu::conv2d_forward<float>(x.rounded.data(), w.rounded.data(), c.bias ? br.data() : nullptr,
+                               yc.data(), cs);
     for (int64_t i = 0; i < ny; ++i) ref[i] = yc[i];
   }
-
-  Buffer<T> d_x(std::is_same<T, float>::value ? to_dtype<T>(x) : to_dtype<T>(xr));
-  Buffer<T> d_w(std::is_same<T, float>::value ? to_dtype<T>(w) : to_dtype<T>(wr));
-  Buffer<T> d_b(to_dtype<T>(br));
-  Buffer<T> d_y(ny);
-  std::vector<T> first;
-  for (int run = 0; run < 2; ++run) {
-    d_y.poison();
+  Buffer<T> d_x(x.device_values()), d_w(w.device_values()), d_b(to_dtype<T>(br)), d_y(ny);
+  check_pass<T>(label, d_y, ref, direct, absum, static_cast<double>(s.C * s.R * s.S + 1), [&] {
     cuda::tc::conv2d_forward_tc<T>(d_x.ptr(), d_w.ptr(), c.bias ? d_b.ptr() : nullptr, d_y.ptr(),
                                    s);
-    cuda::synchronize();
-    const std::vector<T> y = d_y.download();
-    if (run == 1) {
-      CHECK_MESSAGE(std::memcmp(y.data(), first.data(), ny * sizeof(T)) == 0,
-                    label << ": two runs differ");
-      break;
-    }
-    first = y;
-    const double u = std::ldexp(1.0, -24), u_out = unit_roundoff<T>();
-    const double n_terms = static_cast<double>(s.C * s.R * s.S + 1);
-    int64_t bad = 0, nonfinite = 0;
-    double worst = 0, worst_ratio = 0, err2 = 0, ref2 = 0;
-    for (int64_t i = 0; i < ny; ++i) {
-      const double got = static_cast<float>(y[i]);
-      if (!std::isfinite(got)) {
-        if (++nonfinite <= 4) MESSAGE(label << ": y[" << i << "] = " << got << " (never written?)");
-        continue;
-      }
-      const double tol = 2 * n_terms * u * absum[i] + u_out * std::fabs(ref[i]) + u_out;
-      const double diff = std::fabs(got - ref[i]);
-      err2 += diff * diff;
-      ref2 += ref[i] * ref[i];
-      worst = std::max(worst, diff);
-      worst_ratio = std::max(worst_ratio, diff / tol);
-      if (diff > tol && ++bad <= 4) {
-        MESSAGE(label << ": y[" << i << "] = " << got << ", reference " << ref[i] << ", tol "
-                      << tol);
-      }
-      // The direct double sum and the CPU reference agree too (a check of this test's sum).
-      CHECK(std::fabs(direct[i] - ref[i]) <= 2 * n_terms * u * absum[i] + 1e-30);
-    }
-    MESSAGE(label << ": " << ny << " outputs, worst |diff| " << worst << " = " << worst_ratio
-                  << " of its tolerance, nmse " << (ref2 > 0 ? err2 / ref2 : err2));
-    CHECK_MESSAGE(nonfinite == 0, label << ": " << nonfinite << " outputs not finite");
-    CHECK_MESSAGE(bad == 0, label << ": " << bad << " outputs out of tolerance");
-    CHECK_MESSAGE(d_y.damaged_canaries() == 0, label << ": writes outside y");
-  }
+  });
 }
 
-std::vector<Case> forward_cases() {
+template <class T>
+void check_backward_data(const Case& c) {
+  const cuda::tc::ConvTcShape s = cuda::tc::make_conv_tc_shape(c.N, c.C, c.H, c.W, c.K, c.R, c.S,
+                                                               c.sh, c.sw, c.ph, c.pw, c.dh, c.dw);
+  const std::string label = std::string("backward-data ") + describe(dtype_name<T>(), c);
+  const int64_t ndy = s.N * s.K * s.P * s.Q, nw = s.K * s.C * s.R * s.S, nx = s.N * s.C * s.H * s.W;
+  std::mt19937 gen(static_cast<unsigned>(ndy * 17 + nw));
+  const Operands<T> dy(ndy, gen), w(nw, gen);
+  std::vector<double> direct(nx, 0.0), absum(nx, 0.0);
+  for (int64_t n = 0; n < s.N; ++n)
+    for (int64_t k = 0; k < s.K; ++k)
+      for (int64_t p = 0; p < s.P; ++p)
+        for (int64_t q = 0; q < s.Q; ++q)
+          for (int64_t ci = 0; ci < s.C; ++ci)
+            for (int64_t r = 0; r < s.R; ++r)
+              for (int64_t t = 0; t < s.S; ++t) {
+                const int64_t h = p * s.stride_h - s.pad_h + r * s.dil_h;
+                const int64_t wi = q * s.stride_w - s.pad_w + t * s.dil_w;
+                if (h < 0 || h >= s.H || wi < 0 || wi >= s.W) continue;
+                const double prod = double(dy.rounded[((n * s.K + k) * s.P + p) * s.Q + q]) *
+                                    w.rounded[((k * s.C + ci) * s.R + r) * s.S + t];
+                const int64_t o = ((n * s.C + ci) * s.H + h) * s.W + wi;
+                direct[o] += prod;
+                absum[o] += std::fabs(prod);
+              }
+  std::vector<double> ref = direct;
+  if (s.dil_h == 1 && s.dil_w == 1) {
+    const ConvShape cs = make_conv_shape(s.N, s.C, s.H, s.W, s.K, s.R, s.S, s.stride_h, s.stride_w,
+                                         s.pad_h, s.pad_w);
+    std::vector<float> dxc(nx);
+    cpu::conv2d_backward_data<float>(dy.rounded.data(), w.rounded.data(), dxc.data(), cs);
+    for (int64_t i = 0; i < nx; ++i) ref[i] = dxc[i];
+  }
+  Buffer<T> d_dy(dy.device_values()), d_w(w.device_values()), d_dx(nx);
+  check_pass<T>(label, d_dx, ref, direct, absum, static_cast<double>(s.K * s.R * s.S + 1), [&] {
+    cuda::tc::conv2d_backward_data_tc<T>(d_dy.ptr(), d_w.ptr(), d_dx.ptr(), s);
+  });
+}
+
+std::vector<Case> conv_cases() {
   // N C H W K R S sh sw ph pw dh dw bias
   std::vector<Case> cases = {
       {2, 3, 7, 7, 5, 3, 3, 1, 1, 1, 1, 1, 1, true},      // C below one chunk, K below a tile
@@ -354,6 +421,8 @@ std::vector<Case> forward_cases() {
       {3, 20, 8, 8, 17, 3, 3, 1, 1, 2, 2, 2, 2, true},    // dilation, rows past N P Q, 7-12 laps
       {2, 40, 5, 6, 9, 1, 1, 1, 1, 0, 0, 1, 1, false},    // 1x1
       {1, 5, 12, 10, 8, 5, 3, 3, 2, 2, 1, 1, 2, true},    // uneven stride, pad and dilation
+      {1, 6, 5, 5, 4, 1, 1, 2, 2, 1, 1, 1, 1, true},      // 1x1 padded: backward pads by -1
+      {2, 7, 8, 9, 12, 3, 3, 2, 2, 0, 0, 1, 1, false},    // the last input row reaches no output
   };
   if (!kEmulated) {
     cases.push_back({4, 64, 28, 28, 128, 3, 3, 1, 1, 1, 1, 1, 1, true});
@@ -365,13 +434,23 @@ std::vector<Case> forward_cases() {
 }
 
 TEST_CASE("tc: conv2d forward on tensor cores against the CPU reference, bf16") {
-  for (const Case& c : forward_cases()) check_forward<bfloat16>(c);
+  for (const Case& c : conv_cases()) check_forward<bfloat16>(c);
 }
 TEST_CASE("tc: conv2d forward on tensor cores against the CPU reference, f16") {
-  for (const Case& c : forward_cases()) check_forward<float16>(c);
+  for (const Case& c : conv_cases()) check_forward<float16>(c);
 }
 TEST_CASE("tc: conv2d forward on tensor cores against the CPU reference, tf32") {
-  for (const Case& c : forward_cases()) check_forward<float>(c);
+  for (const Case& c : conv_cases()) check_forward<float>(c);
+}
+
+TEST_CASE("tc: conv2d backward-data on tensor cores against the CPU reference, bf16") {
+  for (const Case& c : conv_cases()) check_backward_data<bfloat16>(c);
+}
+TEST_CASE("tc: conv2d backward-data on tensor cores against the CPU reference, f16") {
+  for (const Case& c : conv_cases()) check_backward_data<float16>(c);
+}
+TEST_CASE("tc: conv2d backward-data on tensor cores against the CPU reference, tf32") {
+  for (const Case& c : conv_cases()) check_backward_data<float>(c);
 }
 
 TEST_CASE("tc: a kernel that does not fit its padded input is a clear error") {
