@@ -27,6 +27,7 @@
 //
 // Determinism: each output is one warp's fixed sequence of mma over the reduction, the same on
 // every run. Indices are 32-bit: every tensor (and each NHWC copy) has fewer than 2^31 elements.
+#include <algorithm>
 #include <type_traits>
 
 #include "regen/core/tensor.h"
@@ -158,6 +159,51 @@ __global__ void to_crsk_flipped_kernel(const T* w, T* wt, int K, int C, int R, i
   }
 }
 
+// Backward-filter's operands: dw (K, CRS) is a GEMM reducing over npq = (n, p, q), with rows crs
+// from colt (CRS, NPQp) and columns k from dyt (K, NPQp), both npq-contiguous, npq >= NPQ zero.
+// colt[(c,r,s), (n,p,q)] = x[n, c, p sh - ph + r dh, q sw - pw + s dw] (zero outside x): the im2col
+// matrix, transposed and materialized, since no layout of x makes its chunks contiguous.
+struct Geom {
+  int N, C, H, W, K, R, S, P, Q, sh, sw, ph, pw, dh, dw;
+};
+template <class T>
+__global__ void im2col_t_kernel(const T* x, T* colt, Geom g, int NPQp) {
+  const int PQ = g.P * g.Q, NPQ = g.N * PQ, RS = g.R * g.S;
+  const int64_t total = static_cast<int64_t>(g.C) * RS * NPQp;
+  for (int64_t i = dev::global_thread(); i < total; i += dev::grid_stride()) {
+    const int npq = static_cast<int>(i % NPQp), crs = static_cast<int>(i / NPQp);
+    T v = zero_of<T>();
+    if (npq < NPQ) {
+      const int n = npq / PQ, pq = npq - n * PQ, oh = pq / g.Q, ow = pq - oh * g.Q;
+      const int c = crs / RS, rs = crs - c * RS, r = rs / g.S, t = rs - r * g.S;
+      const int h = oh * g.sh - g.ph + r * g.dh, w = ow * g.sw - g.pw + t * g.dw;
+      if (h >= 0 && h < g.H && w >= 0 && w < g.W) {
+        v = to_operand(x[((static_cast<int64_t>(n) * g.C + c) * g.H + h) * g.W + w]);
+      }
+    }
+    colt[i] = v;
+  }
+}
+// dy: (N, K, PQ) -> dyt: (K, NPQp).
+template <class T>
+__global__ void dy_t_kernel(const T* dy, T* dyt, int N, int K, int PQ, int NPQp) {
+  const int64_t total = static_cast<int64_t>(K) * NPQp;
+  for (int64_t i = dev::global_thread(); i < total; i += dev::grid_stride()) {
+    const int npq = static_cast<int>(i % NPQp), k = static_cast<int>(i / NPQp);
+    const int n = npq / PQ, pq = npq - n * PQ;
+    dyt[i] = n < N ? to_operand(dy[(static_cast<int64_t>(n) * K + k) * PQ + pq]) : zero_of<T>();
+  }
+}
+// out[i] = the split partials part[z][i] summed in z order, rounded once to T.
+template <class T>
+__global__ void split_sum_kernel(const float* part, int splits, int64_t n, T* out) {
+  for (int64_t i = dev::global_thread(); i < n; i += dev::grid_stride()) {
+    float acc = 0.0f;
+    for (int z = 0; z < splits; ++z) acc += part[z * n + i];
+    out[i] = T(acc);
+  }
+}
+
 struct FwdParams {
   const void* xh;                                    // (N, H, W, Cp)
   const void* wh;                                    // (K, R, S, Cp) = (K, Kg)
@@ -165,9 +211,13 @@ struct FwdParams {
   void* y;                                           // (N, K, P, Q)
   int H, W, Cp, K, S, P, Q, sh, sw, ph, pw, dh, dw;  // ph, pw < 0 in backward-data
   int M, Kg, PQ;  // GEMM sizes: M = N*P*Q rows, Kg = R*S*Cp reduction
+  // Split-K: block z reduces tiles [z kt_per_split, (z+1) kt_per_split) of the reduction and
+  // writes its partial output at y + z split_stride (one split: everything, at y).
+  int kt_per_split;
+  int64_t split_stride;
 };
 
-template <class T>
+template <class T, class OutT>
 __global__ void __launch_bounds__(kThreads) conv_fwd_tc_kernel(FwdParams p) {
   extern __shared__ __align__(16) float smem[];
   unsigned char* const sbase = reinterpret_cast<unsigned char*>(smem);
@@ -231,16 +281,18 @@ __global__ void __launch_bounds__(kThreads) conv_fwd_tc_kernel(FwdParams p) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
 
-  const int KT = (p.Kg + kBK - 1) / kBK;
+  // This block's tiles of the reduction: [kt0, kt0 + KT).
+  const int KT_all = (p.Kg + kBK - 1) / kBK, kt0 = blockIdx.z * p.kt_per_split;
+  const int KT = min(KT_all - kt0, p.kt_per_split);
   for (int st = 0; st < kStages - 1; ++st) {
-    if (st < KT) load_stage(st, st);
+    if (st < KT) load_stage(st, kt0 + st);
     cp_async_commit();  // an empty group keeps the count of groups per iteration fixed
   }
   for (int kt = 0; kt < KT; ++kt) {
     cp_async_wait<kStages - 2>();  // stage kt has landed (for this thread's copies) ...
     __syncthreads();               // ... for every thread's; and every warp is done with stage kt-1
     const int next = kt + kStages - 1;
-    if (next < KT) load_stage(next % kStages, next);  // into stage kt-1's buffer
+    if (next < KT) load_stage(next % kStages, kt0 + next);  // into stage kt-1's buffer
     cp_async_commit();
     const unsigned char* const sA = sbase + (kt % kStages) * kStageBytes;
     const unsigned char* const sB = sA + kBM * kRowBytes;
@@ -273,7 +325,7 @@ __global__ void __launch_bounds__(kThreads) conv_fwd_tc_kernel(FwdParams p) {
   cp_async_wait<0>();  // only empty groups remain; nothing is in flight at exit
 
   const T* bias = static_cast<const T*>(p.bias);
-  T* y = static_cast<T*>(p.y);
+  OutT* const y = static_cast<OutT*>(p.y) + blockIdx.z * p.split_stride;
 #pragma unroll
   for (int mi = 0; mi < 4; ++mi) {
 #pragma unroll
@@ -286,7 +338,7 @@ __global__ void __launch_bounds__(kThreads) conv_fwd_tc_kernel(FwdParams p) {
         const int n = m / p.PQ, pq = m - n * p.PQ;
         float v = acc[mi][ni][e];
         if (bias) v += static_cast<float>(bias[k]);
-        y[(static_cast<int64_t>(n) * p.K + k) * p.PQ + pq] = T(v);
+        y[(static_cast<int64_t>(n) * p.K + k) * p.PQ + pq] = OutT(v);
       }
     }
   }
@@ -452,14 +504,17 @@ uint64_t pass_workspace_bytes(const PassSizes& z) {
 // The GEMM of either pass over operands already in the kernel's layouts: out (N, cols, P, Q) from
 // in (N, in_h, in_w, Cp) and wt (cols, R, S, Cp), with the given stride, padding (backward-data's
 // may be negative) and dilation.
-template <class T>
-void launch_gemm(const char* name, const T* in, const T* wt, const T* bias, T* out, int64_t N,
+template <class T, class OutT>
+void launch_gemm(const char* name, const T* in, const T* wt, const T* bias, OutT* out, int64_t N,
                  const PassSizes& z, int64_t cols, int64_t R, int64_t S, int64_t P, int64_t Q,
-                 int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t dh, int64_t dw) {
+                 int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t dh, int64_t dw,
+                 int splits = 1, int kt_per_split = 1 << 30) {
   const int64_t M = N * P * Q, Kg = R * S * z.cp;
   const int64_t gx = detail::ceil_div(M, kBM), gy = detail::ceil_div(cols, kBN);
   REGEN_CHECK(gy <= 65535, name, ": ", cols, " output channels are too many");
   FwdParams p;
+  p.kt_per_split = kt_per_split;
+  p.split_stride = N * cols * P * Q;
   p.xh = in, p.wh = wt, p.bias = bias, p.y = out;
   p.H = static_cast<int>(z.in_h), p.W = static_cast<int>(z.in_w), p.Cp = static_cast<int>(z.cp);
   p.K = static_cast<int>(cols), p.S = static_cast<int>(S);
@@ -468,8 +523,9 @@ void launch_gemm(const char* name, const T* in, const T* wt, const T* bias, T* o
   p.ph = static_cast<int>(ph), p.pw = static_cast<int>(pw);
   p.dh = static_cast<int>(dh), p.dw = static_cast<int>(dw);
   p.M = static_cast<int>(M), p.Kg = static_cast<int>(Kg), p.PQ = static_cast<int>(P * Q);
-  const dim3 grid(static_cast<unsigned>(gx), static_cast<unsigned>(gy));
-  conv_fwd_tc_kernel<T><<<grid, kThreads, kSmemBytes, stream()>>>(p);
+  const dim3 grid(static_cast<unsigned>(gx), static_cast<unsigned>(gy),
+                  static_cast<unsigned>(splits));
+  conv_fwd_tc_kernel<T, OutT><<<grid, kThreads, kSmemBytes, stream()>>>(p);
   REGEN_CUDA_LAUNCH_CHECK(name);
 }
 
@@ -550,6 +606,88 @@ void conv2d_backward_data_tc(const T* dy, const T* w, T* dx, const ConvTcShape& 
                  s.dil_h * (s.R - 1) - s.pad_h, s.dil_w * (s.S - 1) - s.pad_w, s.dil_h, s.dil_w);
 }
 
+namespace {
+
+// Backward-filter's sizes: the GEMM as a 1x1 convolution of one image of 1 x CRS pixels with NPQp
+// channels (colt) by the filter (K, 1, 1, NPQp) (dyt), and its split of the reduction.
+struct FilterPlan {
+  PassSizes z;
+  int64_t crs, npqp, splits, kt_per_split;
+};
+template <class T>
+FilterPlan filter_plan(const ConvTcShape& s) {
+  FilterPlan f;
+  f.crs = s.C * s.R * s.S;
+  f.npqp = padded<T>(s.N * s.P * s.Q);
+  f.z.in_h = 1, f.z.in_w = f.crs, f.z.cp = f.npqp;
+  f.z.in_elems = f.crs * f.npqp, f.z.w_elems = s.K * f.npqp;
+  // The output is small and the reduction long: enough splits for about two blocks per SM of an
+  // H100 (264), each at least 8 tiles of the reduction; the partials are summed in split order.
+  const int64_t tiles = detail::ceil_div(f.crs, kBM) * detail::ceil_div(s.K, kBN);
+  const int64_t kt_all = detail::ceil_div(f.npqp, kChunks * Elem<T>::kPerChunk);
+  int64_t splits = std::min(detail::ceil_div(264, tiles), detail::ceil_div(kt_all, 8));
+  splits = std::max<int64_t>(1, std::min<int64_t>(splits, 64));
+  f.kt_per_split = detail::ceil_div(kt_all, splits);
+  f.splits = detail::ceil_div(kt_all, f.kt_per_split);
+  return f;
+}
+template <class T>
+uint64_t filter_workspace_bytes(const ConvTcShape& s, const FilterPlan& f) {
+  return pass_workspace_bytes<T>(f.z) +
+         (f.splits > 1 ? round_up_256(static_cast<uint64_t>(f.splits * s.K * f.crs) * 4) : 0);
+}
+
+}  // namespace
+
+template <class T>
+uint64_t conv2d_backward_filter_tc_workspace_bytes(const ConvTcShape& s) {
+  return filter_workspace_bytes<T>(s, filter_plan<T>(s));
+}
+
+template <class T>
+void conv2d_backward_filter_tc(const T* x, const T* dy, T* dw, const ConvTcShape& s) {
+  const char* name = std::is_same<T, float>::value      ? "conv2d_backward_filter_tc (tf32)"
+                     : std::is_same<T, bfloat16>::value ? "conv2d_backward_filter_tc (bf16)"
+                                                        : "conv2d_backward_filter_tc (f16)";
+  const FilterPlan f = filter_plan<T>(s);
+  check_int32(name, "the im2col matrix (C R S, N P Q padded)", f.z.in_elems);
+  check_int32(name, "dy (K, N P Q padded)", f.z.w_elems);
+  check_int32(name, "x", s.N * s.C * s.H * s.W);
+  check_int32(name, "dy", s.N * s.K * s.P * s.Q);
+  Workspace ws(detail::device(), filter_workspace_bytes<T>(s, f));
+  if (dry_run_active()) return;  // the dry path: the operands' and partials' block, unused
+  require_tensor_cores(name);
+  unsigned char* base = static_cast<unsigned char*>(ws.data());
+  T* colt = reinterpret_cast<T*>(base);
+  base += round_up_256(static_cast<uint64_t>(f.z.in_elems) * sizeof(T));
+  T* dyt = reinterpret_cast<T*>(base);
+  base += round_up_256(static_cast<uint64_t>(f.z.w_elems) * sizeof(T));
+  float* partials = reinterpret_cast<float*>(base);
+  Geom g;
+  g.N = static_cast<int>(s.N), g.C = static_cast<int>(s.C), g.H = static_cast<int>(s.H);
+  g.W = static_cast<int>(s.W), g.K = static_cast<int>(s.K), g.R = static_cast<int>(s.R);
+  g.S = static_cast<int>(s.S), g.P = static_cast<int>(s.P), g.Q = static_cast<int>(s.Q);
+  g.sh = static_cast<int>(s.stride_h), g.sw = static_cast<int>(s.stride_w);
+  g.ph = static_cast<int>(s.pad_h), g.pw = static_cast<int>(s.pad_w);
+  g.dh = static_cast<int>(s.dil_h), g.dw = static_cast<int>(s.dil_w);
+  im2col_t_kernel<T><<<detail::grid_blocks(f.z.in_elems, 256), 256, 0, stream()>>>(
+      x, colt, g, static_cast<int>(f.npqp));
+  REGEN_CUDA_LAUNCH_CHECK(name);
+  dy_t_kernel<T><<<detail::grid_blocks(f.z.w_elems, 256), 256, 0, stream()>>>(
+      dy, dyt, g.N, g.K, g.P * g.Q, static_cast<int>(f.npqp));
+  REGEN_CUDA_LAUNCH_CHECK(name);
+  if (f.splits == 1) {
+    launch_gemm<T, T>(name, colt, dyt, nullptr, dw, 1, f.z, s.K, 1, 1, 1, f.crs, 1, 1, 0, 0, 1, 1);
+    return;
+  }
+  launch_gemm<T, float>(name, colt, dyt, nullptr, partials, 1, f.z, s.K, 1, 1, 1, f.crs, 1, 1, 0, 0,
+                        1, 1, static_cast<int>(f.splits), static_cast<int>(f.kt_per_split));
+  const int64_t n = s.K * f.crs;
+  split_sum_kernel<T><<<detail::grid_blocks(n, 256), 256, 0, stream()>>>(
+      partials, static_cast<int>(f.splits), n, dw);
+  REGEN_CUDA_LAUNCH_CHECK(name);
+}
+
 void ldmatrix_probe(int count, bool trans, const uint16_t* src, uint32_t* out) {
   REGEN_CHECK(count == 1 || count == 2 || count == 4, "ldmatrix_probe: count ", count,
               " is not 1, 2 or 4");
@@ -570,6 +708,8 @@ void mma_tile_probe(const T* a, const T* b, float* d, bool b_trans) {
   template uint64_t conv2d_forward_tc_workspace_bytes<T>(const ConvTcShape&);               \
   template void conv2d_backward_data_tc<T>(const T*, const T*, T*, const ConvTcShape&);     \
   template uint64_t conv2d_backward_data_tc_workspace_bytes<T>(const ConvTcShape&);         \
+  template void conv2d_backward_filter_tc<T>(const T*, const T*, T*, const ConvTcShape&);   \
+  template uint64_t conv2d_backward_filter_tc_workspace_bytes<T>(const ConvTcShape&);       \
   template void mma_tile_probe<T>(const T*, const T*, float*, bool);
 REGEN_CONV_TC(bfloat16)
 REGEN_CONV_TC(float16)

@@ -1,5 +1,5 @@
-// The tensor-core convolution (kernels/cuda/conv2d_tc.cu): 2-D convolution forward and
-// backward-data as implicit GEMMs on mma.sync, in bf16 and f16 (m16n8k16) and TF32 (m16n8k8),
+// The tensor-core convolution (kernels/cuda/conv2d_tc.cu): 2-D convolution forward, backward-data
+// and backward-filter as GEMMs on mma.sync, in bf16 and f16 (m16n8k16) and TF32 (m16n8k8),
 // accumulating in f32. Not yet reached from the ops' dispatch (`--conv native` runs
 // kernels/cuda/conv2d.cu); see docs/kernels.md, "Tensor-core convolution". Tests:
 // tests/cuda/test_cuda_conv_tc.cpp, on a GPU and in the host emulation (scripts/cuda-emu/run.sh
@@ -54,6 +54,17 @@ template <class T>
 void conv2d_backward_data_tc(const T* dy, const T* w, T* dx, const ConvTcShape& s);
 template <class T>
 uint64_t conv2d_backward_data_tc_workspace_bytes(const ConvTcShape& s);
+
+// Backward-filter: x: (N, C, H, W), dy: (N, K, P, Q) -> dw: (K, C, R, S), written (not
+// accumulated; no bias gradient: that is a per-channel sum of dy, for the native reduction). The
+// same GEMM kernel over the im2col matrix of x, transposed to (C R S, N P Q) and materialized in
+// the Workspace (C R S N P Q elements: no layout of x makes its chunks contiguous), and dy
+// transposed to (K, N P Q); the long reduction is split (up to 64 ways, partials in f32, summed in
+// a fixed order). T and the rounding as in the forward.
+template <class T>
+void conv2d_backward_filter_tc(const T* x, const T* dy, T* dw, const ConvTcShape& s);
+template <class T>
+uint64_t conv2d_backward_filter_tc_workspace_bytes(const ConvTcShape& s);
 
 // ---- Probes of the primitives of kernels/cuda/mma.cuh (tests only) ----------------------------
 // One warp loads `count` (1, 2 or 4) 8x8 matrices of 16-bit elements, src: (count, 8, 8)

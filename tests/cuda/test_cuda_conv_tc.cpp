@@ -411,6 +411,46 @@ void check_backward_data(const Case& c) {
   });
 }
 
+template <class T>
+void check_backward_filter(const Case& c) {
+  const cuda::tc::ConvTcShape s = cuda::tc::make_conv_tc_shape(c.N, c.C, c.H, c.W, c.K, c.R, c.S,
+                                                               c.sh, c.sw, c.ph, c.pw, c.dh, c.dw);
+  const std::string label = std::string("backward-filter ") + describe(dtype_name<T>(), c);
+  const int64_t nx = s.N * s.C * s.H * s.W, ndy = s.N * s.K * s.P * s.Q, nw = s.K * s.C * s.R * s.S;
+  std::mt19937 gen(static_cast<unsigned>(nx * 7 + ndy));
+  const Operands<T> x(nx, gen), dy(ndy, gen);
+  std::vector<double> direct(nw, 0.0), absum(nw, 0.0);
+  for (int64_t n = 0; n < s.N; ++n)
+    for (int64_t k = 0; k < s.K; ++k)
+      for (int64_t p = 0; p < s.P; ++p)
+        for (int64_t q = 0; q < s.Q; ++q)
+          for (int64_t ci = 0; ci < s.C; ++ci)
+            for (int64_t r = 0; r < s.R; ++r)
+              for (int64_t t = 0; t < s.S; ++t) {
+                const int64_t h = p * s.stride_h - s.pad_h + r * s.dil_h;
+                const int64_t wi = q * s.stride_w - s.pad_w + t * s.dil_w;
+                if (h < 0 || h >= s.H || wi < 0 || wi >= s.W) continue;
+                const double prod = double(dy.rounded[((n * s.K + k) * s.P + p) * s.Q + q]) *
+                                    x.rounded[((n * s.C + ci) * s.H + h) * s.W + wi];
+                const int64_t o = ((k * s.C + ci) * s.R + r) * s.S + t;
+                direct[o] += prod;
+                absum[o] += std::fabs(prod);
+              }
+  std::vector<double> ref = direct;
+  if (s.dil_h == 1 && s.dil_w == 1) {
+    const ConvShape cs = make_conv_shape(s.N, s.C, s.H, s.W, s.K, s.R, s.S, s.stride_h, s.stride_w,
+                                         s.pad_h, s.pad_w);
+    std::vector<float> dwc(nw);
+    cpu::conv2d_backward_filter<float>(x.rounded.data(), dy.rounded.data(), dwc.data(), nullptr,
+                                       cs);
+    for (int64_t i = 0; i < nw; ++i) ref[i] = dwc[i];
+  }
+  Buffer<T> d_x(x.device_values()), d_dy(dy.device_values()), d_dw(nw);
+  check_pass<T>(label, d_dw, ref, direct, absum, static_cast<double>(s.N * s.P * s.Q + 1), [&] {
+    cuda::tc::conv2d_backward_filter_tc<T>(d_x.ptr(), d_dy.ptr(), d_dw.ptr(), s);
+  });
+}
+
 std::vector<Case> conv_cases() {
   // N C H W K R S sh sw ph pw dh dw bias
   std::vector<Case> cases = {
@@ -421,6 +461,7 @@ std::vector<Case> conv_cases() {
       {1, 5, 12, 10, 8, 5, 3, 3, 2, 2, 1, 1, 2, true},    // uneven stride, pad and dilation
       {1, 6, 5, 5, 4, 1, 1, 2, 2, 1, 1, 1, 1, true},      // 1x1 padded: backward pads by -1
       {2, 7, 8, 9, 12, 3, 3, 2, 2, 0, 0, 1, 1, false},    // the last input row reaches no output
+      {2, 6, 20, 20, 10, 3, 3, 1, 1, 1, 1, 1, 1, false},  // backward-filter splits its reduction
   };
   if (!kEmulated) {
     cases.push_back({4, 64, 28, 28, 128, 3, 3, 1, 1, 1, 1, 1, 1, true});
@@ -449,6 +490,16 @@ TEST_CASE("tc: conv2d backward-data on tensor cores against the CPU reference, f
 }
 TEST_CASE("tc: conv2d backward-data on tensor cores against the CPU reference, tf32") {
   for (const Case& c : conv_cases()) check_backward_data<float>(c);
+}
+
+TEST_CASE("tc: conv2d backward-filter on tensor cores against the CPU reference, bf16") {
+  for (const Case& c : conv_cases()) check_backward_filter<bfloat16>(c);
+}
+TEST_CASE("tc: conv2d backward-filter on tensor cores against the CPU reference, f16") {
+  for (const Case& c : conv_cases()) check_backward_filter<float16>(c);
+}
+TEST_CASE("tc: conv2d backward-filter on tensor cores against the CPU reference, tf32") {
+  for (const Case& c : conv_cases()) check_backward_filter<float>(c);
 }
 
 TEST_CASE("tc: a kernel that does not fit its padded input is a clear error") {
