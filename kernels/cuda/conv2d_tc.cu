@@ -1,4 +1,4 @@
-// The tensor-core convolution, forward and backward-data (declared in kernels/cuda/conv2d_tc.h;
+// The tensor-core convolution, all three passes (declared in kernels/cuda/conv2d_tc.h;
 // primitives in kernels/cuda/mma.cuh; CPU reference kernels/cpu/conv2d.cpp; test
 // tests/cuda/test_cuda_conv_tc.cpp, on a GPU and in the host emulation).
 //
@@ -23,7 +23,9 @@
 // the bias and writes y in NCHW straight from the accumulator fragments.
 //
 // Backward-data runs the same kernel as a stride-1 convolution of dy (in NHWC, spread out by the
-// stride with zero rows and columns) with the filter flipped and transposed (conv2d_tc.h).
+// stride with zero rows and columns) with the filter flipped and transposed; backward-filter as a
+// 1x1 convolution over the transposed im2col matrix of x and dy transposed, its long reduction
+// split across blocks into f32 partials summed in a fixed order (conv2d_tc.h).
 //
 // Determinism: each output is one warp's fixed sequence of mma over the reduction, the same on
 // every run. Indices are 32-bit: every tensor (and each NHWC copy) has fewer than 2^31 elements.

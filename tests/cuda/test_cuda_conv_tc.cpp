@@ -7,12 +7,13 @@
 // - One 16x8x16 mma tile through ldmatrix, for bf16, f16 and TF32, against a host GEMM: small
 //   integers first (every product and sum exact, so the result must be exact: an element in a
 //   wrong register changes it), then random values of the dtype with a roundoff bound.
-// - The forward convolution against the CPU reference (regen::cpu::conv2d_forward<float>; with
-//   dilation, which ConvShape lacks, a direct sum in double here) on inputs rounded to the dtype
+// - Forward, backward-data and backward-filter against the CPU references
+//   (regen::cpu::conv2d_forward<float> and the two backward passes; with dilation, which ConvShape
+//   lacks, a direct sum in double here) on inputs rounded to the dtype
 //   (TF32: to nearest, ties away from zero, as the kernel rounds). Per element,
-//   |y - ref| <= (1 + u_out) 2 n u sum|x w| + u_out |ref|, with n = C R S + 1 terms, u = 2^-24 (f32
-//   accumulation, on either side) and u_out the unit roundoff of the output type (bf16 2^-8,
-//   f16 2^-11, f32 2^-24); shapes with odd sizes that exercise every bound (rows past N P Q,
+//   |y - ref| <= (1 + u_out) 2 n u sum|x w| + u_out |ref|, with n the reduction length + 1, u =
+//   2^-24 (f32 accumulation, on either side) and u_out the unit roundoff of the output type (bf16
+//   2^-8, f16 2^-11, f32 2^-24); shapes with odd sizes that exercise every bound (rows past N P Q,
 //   channels past K, C not a multiple of a chunk, padding, stride, dilation, several pipeline
 //   laps). Outputs start as NaN (an element never written shows), canaries around y, and two
 //   runs agree bit for bit.
