@@ -534,6 +534,8 @@ void launch_gemm(const char* name, const T* in, const T* wt, const T* bias, OutT
 template <class T>
 void copy_to_nhwc(const char* name, const T* x, T* xh, int64_t N, int64_t C, int64_t HW,
                   int64_t Cp) {
+  REGEN_CHECK(N <= 65535 && detail::ceil_div(Cp, 32) <= 65535, name, ": batch ", N, " or ", Cp,
+              " channels too many for the layout copy's grid (at most 65535 and 2097120)");
   const dim3 grid(static_cast<unsigned>(detail::ceil_div(HW, 32)),
                   static_cast<unsigned>(detail::ceil_div(Cp, 32)), static_cast<unsigned>(N));
   to_nhwc_kernel<T><<<grid, dim3(32, 8), 0, stream()>>>(x, xh, static_cast<int>(C),
