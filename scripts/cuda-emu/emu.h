@@ -130,3 +130,4 @@ template <class T>
 cudaError_t cudaFuncSetAttribute(T*, cudaFuncAttribute, int) {
   return cudaSuccess;
 }
+#include "emu_mma.h"  // mma, ldmatrix and cp.async for kernels/cuda/mma.cuh

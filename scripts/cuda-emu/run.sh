@@ -2,7 +2,7 @@
 # Builds regen's CUDA kernels for a host emulation of the CUDA execution model and runs the
 # CUDA-vs-CPU checks on small shapes (README.md). Not part of the CMake build or of CI: a
 # verification aid for machines without a GPU. Usage:
-#   scripts/cuda-emu/run.sh [ops|optable|allocator|autograd|remat|dryrun|all] [doctest args, e.g. -tc="emu conv2d"]
+#   scripts/cuda-emu/run.sh [ops|optable|allocator|autograd|remat|dryrun|tc|all] [doctest args, e.g. -tc="emu conv2d"]
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 HERE=$ROOT/scripts/cuda-emu
@@ -60,6 +60,9 @@ case $what in
   dryrun) CXXCMD="$CXXCMD -DREGEN_TEST_DATA=\"$ROOT/tests/data\"" \
             build_test emu_dryrun "$(wrap tests/cuda/test_cuda_dry_run.cpp emu_dryrun_main)"
           run emu_dryrun "$@" ;;
-  all) "$0" ops "$@"; "$0" optable; "$0" allocator; "$0" autograd; "$0" remat; "$0" dryrun ;;
-  *) echo "usage: $0 [ops|optable|allocator|autograd|remat|dryrun|all] [doctest args]" >&2; exit 2 ;;
+  tc) CXXCMD="$CXXCMD -DREGEN_CUDA_EMU=1" \
+        build_test emu_tc "$(wrap tests/cuda/test_cuda_conv_tc.cpp emu_tc_main)"
+      run emu_tc "$@" ;;
+  all) "$0" ops "$@"; "$0" optable; "$0" allocator; "$0" autograd; "$0" remat; "$0" dryrun; "$0" tc ;;
+  *) echo "usage: $0 [ops|optable|allocator|autograd|remat|dryrun|tc|all] [doctest args]" >&2; exit 2 ;;
 esac
