@@ -56,10 +56,11 @@ double value_at(const Tensor& t, int64_t i) {
 }
 }  // namespace
 
-std::string first_non_finite(const Model& model) {
+std::string first_non_finite(const Model& model, bool gradients) {
   for (const auto& [name, p] : model.named_parameters()) {
     if (!p.has_storage()) continue;  // ZeRO-3 dropped its bytes: each rank keeps a shard
     for (const bool grad : {false, true}) {
+      if (grad && !gradients) continue;
       const Tensor t = grad ? p.grad() : p;
       const int64_t i = first_bad(t);
       if (i >= 0) {

@@ -14,8 +14,10 @@ namespace regen {
 
 // The first parameter of `model`, or gradient of one, that holds a value that is not finite:
 // "gradient of 'fc.weight' holds nan at flat index 3", or "" when all are finite. CPU tensors are
-// read in place; a CUDA tensor is copied to the host one at a time.
-std::string first_non_finite(const Model& model);
+// read in place; a CUDA tensor is copied to the host one at a time. Without `gradients` only the
+// parameters are read: after an fp16 step that overflowed and was skipped, the gradients hold the
+// inf or NaN that made the loss scaler skip it, and the parameters are the step before's.
+std::string first_non_finite(const Model& model, bool gradients = true);
 
 // Checkpoints: the state dict (safetensors, atomically) with metadata naming the model and the
 // options that shape its parameters (ModelOption::sizes_parameters, and those it records);

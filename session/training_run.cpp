@@ -74,9 +74,10 @@ void TrainingRun::check_loss(const StepResult& r) {
                              ")"));
 }
 
-void TrainingRun::scan_parameters(int64_t step) {
+void TrainingRun::scan_parameters(int64_t step, bool skipped) {
   if (!options_.check_finite) return;
-  const std::string bad = first_non_finite(*session_.model);
+  // A skipped fp16 step's gradients hold what overflowed (its update was not applied).
+  const std::string bad = first_non_finite(*session_.model, !skipped);
   if (bad.empty()) return;
   const SessionOptions& o = session_.options;
   abort_with(detail::str_cat("training diverged: after step ", step, " the ", bad,
@@ -190,7 +191,7 @@ std::vector<StepResult> TrainingRun::run(int64_t steps) {
     bool scanned = false;
     if (i == steps ||
         (on_cpu && options_.scan_every > 0 && r.optimizer_step % options_.scan_every == 0)) {
-      scan_parameters(r.optimizer_step);
+      scan_parameters(r.optimizer_step, r.skipped);
       scanned = true;
     }
     record(r);
@@ -205,7 +206,7 @@ std::vector<StepResult> TrainingRun::run(int64_t steps) {
         (r.optimizer_step % o.eval_every == 0 || i == steps))
       evaluate(r.optimizer_step);
     if (!notify_step_end(e) && i < steps) {
-      if (!scanned) scan_parameters(r.optimizer_step);
+      if (!scanned) scan_parameters(r.optimizer_step, r.skipped);
       break;
     }
   }

@@ -127,7 +127,7 @@ class TrainingRun {
   bool notify_step_end(const StepEvent& e);
   [[noreturn]] void abort_with(const std::string& message);
   void check_loss(const StepResult& r);
-  void scan_parameters(int64_t step);
+  void scan_parameters(int64_t step, bool skipped);  // skipped: the step's update was not applied
   void record(const StepResult& r);
 
   Session& session_;

@@ -19,6 +19,7 @@
 #include "regen/session/checkpoint.h"
 #include "regen/session/records.h"
 #include "regen/session/session.h"
+#include "regen/session/training_run.h"
 #include "test_util.h"
 
 using namespace regen;
@@ -384,6 +385,33 @@ TEST_CASE(
   const StepResult next = s->trainer->step();
   CHECK(!next.skipped);
   CHECK(!same_bits(before, s->model->state_dict()));
+}
+
+TEST_CASE(
+    "mixed precision: a training run goes on through skipped fp16 steps (their gradients are not "
+    "finite) and still stops on a parameter that is not") {
+  auto s = make_session(lm("fp16"));
+  RematPipeline pipe(*s->trainer);
+  TrainingRunOptions ro;
+  ro.scan_every = 1;  // parameters and gradients read after every step
+  ro.evaluate = false;
+  TrainingRun run(*s, pipe, ro);
+  LossScale huge;
+  huge.scale = std::ldexp(1.0, 60);  // every step's scaled loss overflows fp16 at once
+  s->trainer->set_loss_scale(huge);
+  std::vector<StepResult> out;
+  CHECK_NOTHROW(out = run.run(2));
+  REQUIRE(out.size() == 2);
+  CHECK(out[0].skipped);
+  CHECK(out[1].skipped);
+  CHECK(s->trainer->loss_scale().skipped == 2);
+  // The gradients the skipped steps left are not finite; the parameters are.
+  CHECK(first_non_finite(*s->model) != "");
+  CHECK(first_non_finite(*s->model, false) == "");
+  // A parameter that is not finite stops the run, skipped step or not.
+  Tensor w = s->model->named_parameters().front().second;
+  w.data<float>()[0] = std::nanf("");
+  CHECK_THROWS_WITH_AS(run.run(1), doctest::Contains("training diverged"), Error);
 }
 
 TEST_CASE(
