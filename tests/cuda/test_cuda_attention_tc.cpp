@@ -11,7 +11,8 @@
 //   dqkv once as they are stored: u_T times the sum of the absolute products, plus u_T |ref|;
 // - f32 sums of n_qk terms in the scores (a relative error of P of 2 Dh u scale max_j sum|q k|)
 //   and of n_pv terms in P V, dS K, ... and in the row sums, on both sides (twice);
-// - f16 only: a P or dS below f16's normal range rounds with an absolute error up to 2^-25.
+// - f16 only: a P, dS or output below f16's normal range rounds with an absolute error up to
+//   2^-25.
 // Each case also checks: outputs start as NaN (an element never written shows), canaries around
 // every output, two runs agree bit for bit, and (causal cases) the non-causal reference is out of
 // tolerance somewhere, so the tolerance can tell a wrong mask.
@@ -339,7 +340,7 @@ void run_case(const Case& c) {
           const int64_t row = ((b * S + j) * 3) * D + h * Dh + d;
           const double kref = dqkv_ref[row + D], vref = dqkv_ref[row + 2 * D];
           ck.add(label + " dk", row + D, static_cast<float>(dqkv_first[row + D]), kref,
-                 s.scale * kv_tol + uT * std::fabs(kref) + 1e-30);
+                 s.scale * kv_tol + uT * std::fabs(kref) + sub);
           cv.add(label + " dv", row + 2 * D, static_cast<float>(dqkv_first[row + 2 * D]), vref,
                  uT * (pg + std::fabs(vref)) + pg_f32 + sub * (pg_sub + 1) + 1e-30);
         }
@@ -351,7 +352,7 @@ void run_case(const Case& c) {
           const int64_t row = ((b * S + i) * 3) * D + h * Dh + d;
           const double qref = dqkv_ref[row];
           cq.add(label + " dq", row, static_cast<float>(dqkv_first[row]), qref,
-                 s.scale * q_tol + uT * std::fabs(qref) + 1e-30);
+                 s.scale * q_tol + uT * std::fabs(qref) + sub);
         }
       }
     }
