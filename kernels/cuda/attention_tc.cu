@@ -500,15 +500,20 @@ __global__ void __launch_bounds__(kThreads) flash_dq_kernel(const FlashParams p)
 
 // ---- Launchers ----------------------------------------------------------------------------------
 
-void require_tensor_cores(const char* name) {
+// Whether the current device has the bf16/f16 mma of sm_80 (asked once per device).
+bool tensor_cores_present() {
 #ifndef REGEN_CUDA_EMU_MMA
+  static std::mutex mutex;
+  static std::map<int, bool> known;
+  const int dev = current_device();
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = known.find(dev);
+  if (it != known.end()) return it->second;
   int major = 0;
-  REGEN_CUDA_CHECK(
-      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, current_device()));
-  REGEN_CHECK(major >= 8, name, ": needs tensor cores with bf16 mma (compute capability 8.0 ",
-              "or later); device ", current_device(), " has ", major, ".x");
+  REGEN_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  return known[dev] = major >= 8;
 #else
-  (void)name;
+  return true;
 #endif
 }
 
@@ -566,6 +571,7 @@ const char* attention_tc_unsupported(const AttentionShape& s, const void* const*
   for (int i = 0; i < n_ptrs; ++i) {
     if (ptrs[i] && !detail::aligned16(ptrs[i])) return "a tensor is not 16-byte aligned";
   }
+  if (!tensor_cores_present()) return "the device is older than compute capability 8.0";
   return nullptr;
 }
 
@@ -575,7 +581,6 @@ void attention_forward_tc(const T* qkv, const int32_t* key_pad, T* out, float* l
   const char* name = "attention_forward_tc";
   const void* ptrs[] = {qkv, out};
   FlashParams p = make_params<T>(name, s, ptrs, 2);
-  require_tensor_cores(name);
   p.qkv = qkv;
   p.key_pad = key_pad;
   p.out = out;
@@ -598,7 +603,6 @@ void attention_backward_tc(const T* dout, const T* qkv, const T* out, const floa
   const int64_t rows = s.B * s.H * s.S;
   Workspace ws(detail::device(), static_cast<uint64_t>(rows) * sizeof(float));
   if (dry_run_active()) return;  // the dry path (kernels.h): the row terms, requested and unused
-  require_tensor_cores(name);
   p.qkv = qkv;
   p.key_pad = key_pad;
   p.dout = dout;

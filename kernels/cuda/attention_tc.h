@@ -19,15 +19,15 @@ namespace regen::cuda::tc {
 // Why the tensor-core kernels cannot take this call, or null when they can. They take: a head dim
 // (s.Dh) of 64 or 128; no dropout (s.dropout_p == 0); B*H <= 65535; qkv (and every other tensor)
 // under 2^31 elements; each pointer 16-byte aligned (every row of q, k, v, out, dout then starts
-// on a 16-byte boundary, as cp.async needs). The device check (compute capability 8.0 or later)
-// is the launchers' own. `ptrs` are the call's tensors (null entries are skipped).
+// on a 16-byte boundary, as cp.async needs); a current device of compute capability 8.0 or later
+// (asked once per device). `ptrs` are the call's tensors (null entries are skipped). A dispatch
+// asks this first and runs kernels/cuda/attention.cu when it answers a reason.
 const char* attention_tc_unsupported(const AttentionShape& s, const void* const* ptrs, int n_ptrs);
 
 // qkv: (B, S, 3*H*Dh), key_pad: (B, S) (nonzero = padded key) or null -> out: (B, S, H*Dh)
 // (T, written), lse: (B, H, S) (f32, written: the natural-log logsumexp of the scaled, masked
 // scores, -inf for a row with no visible key, whose output is 0). T = bfloat16 or float16. Throws a
-// regen::Error naming the reason when attention_tc_unsupported answers one, or when the device is
-// older than compute capability 8.0.
+// regen::Error naming the reason when attention_tc_unsupported answers one.
 template <class T>
 void attention_forward_tc(const T* qkv, const int32_t* key_pad, T* out, float* lse,
                           const AttentionShape& s);
