@@ -2,7 +2,7 @@
 # Builds regen's CUDA kernels for a host emulation of the CUDA execution model and runs the
 # CUDA-vs-CPU checks on small shapes (README.md). Not part of the CMake build or of CI: a
 # verification aid for machines without a GPU. Usage:
-#   scripts/cuda-emu/run.sh [ops|optable|allocator|autograd|remat|dryrun|tc|all] [doctest args, e.g. -tc="emu conv2d"]
+#   scripts/cuda-emu/run.sh [ops|optable|allocator|autograd|remat|dryrun|tc|flash|all] [doctest args, e.g. -tc="emu conv2d"]
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 HERE=$ROOT/scripts/cuda-emu
@@ -63,6 +63,9 @@ case $what in
   tc) CXXCMD="$CXXCMD -DREGEN_CUDA_EMU=1" \
         build_test emu_tc "$(wrap tests/cuda/test_cuda_conv_tc.cpp emu_tc_main)"
       run emu_tc "$@" ;;
-  all) "$0" ops "$@"; "$0" optable; "$0" allocator; "$0" autograd; "$0" remat; "$0" dryrun; "$0" tc ;;
-  *) echo "usage: $0 [ops|optable|allocator|autograd|remat|dryrun|tc|all] [doctest args]" >&2; exit 2 ;;
+  flash) CXXCMD="$CXXCMD -DREGEN_CUDA_EMU=1" \
+           build_test emu_flash "$(wrap tests/cuda/test_cuda_attention_tc.cpp emu_flash_main)"
+         run emu_flash "$@" ;;
+  all) "$0" ops "$@"; "$0" optable; "$0" allocator; "$0" autograd; "$0" remat; "$0" dryrun; "$0" tc; "$0" flash ;;
+  *) echo "usage: $0 [ops|optable|allocator|autograd|remat|dryrun|tc|flash|all] [doctest args]" >&2; exit 2 ;;
 esac
