@@ -42,6 +42,7 @@
 
 #include "regen/core/philox.h"
 #include "regen/core/tensor.h"
+#include "regen/kernels/cuda/attention_tc.h"
 #include "regen/kernels/cuda/common.cuh"
 #include "regen/kernels/cuda/cuda_kernels.h"
 
@@ -803,14 +804,30 @@ void attention_backward(const float* dout, const float* qkv, const float* out, c
                         const int32_t* key_pad, float* dqkv, const AttentionShape& s) {
   backward(dout, qkv, out, lse, key_pad, dqkv, s);
 }
+// The 16-bit forms take the tensor-core flash kernels (kernels/cuda/attention_tc.h: head dim 64 or
+// 128, no dropout, 16-byte aligned tensors, compute capability 8.0 or later) wherever those take
+// the call, else the kernels above. Both are deterministic, so a replay under a plan gives the
+// first pass's bits; they differ from each other within the 16-bit rounding of P (docs/kernels.md,
+// "Tensor-core attention"). The backward of either requests the same workspace (B*H*S floats), so
+// the dry path's requests do not depend on which runs.
 template <class T>
 void attention_forward(const T* qkv, const int32_t* key_pad, T* out, float* lse,
                        const AttentionShape& s) {
+  const void* ptrs[] = {qkv, out};
+  if (tc::attention_tc_unsupported(s, ptrs, 2) == nullptr) {
+    tc::attention_forward_tc(qkv, key_pad, out, lse, s);
+    return;
+  }
   forward(qkv, key_pad, out, lse, s);
 }
 template <class T>
 void attention_backward(const T* dout, const T* qkv, const T* out, const float* lse,
                         const int32_t* key_pad, T* dqkv, const AttentionShape& s) {
+  const void* ptrs[] = {dout, qkv, out, dqkv};
+  if (tc::attention_tc_unsupported(s, ptrs, 4) == nullptr) {
+    tc::attention_backward_tc(dout, qkv, out, lse, key_pad, dqkv, s);
+    return;
+  }
   backward(dout, qkv, out, lse, key_pad, dqkv, s);
 }
 #define REGEN_ATTENTION_HALF(T)                                                                    \

@@ -2,10 +2,11 @@
 // forward and backward on mma.sync m16n8k16 in bf16 and f16 with f32 softmax statistics and
 // accumulators, on the packed qkv layout of kernels/shapes.h (AttentionShape) and with the same
 // pointer arguments as the FP32 / 16-bit kernels of kernels/cuda/attention.cu, so a caller can
-// choose either. Not yet reached from the op's dispatch (autograd/ops_attention.cpp runs
-// cuda::attention_forward / attention_backward); see docs/kernels.md, "Tensor-core attention".
-// CPU reference kernels/cpu/attention.cpp; tests tests/cuda/test_cuda_attention_tc.cpp, on a GPU
-// and in the host emulation (scripts/cuda-emu/run.sh flash).
+// choose either. The 16-bit cuda::attention_forward / attention_backward
+// (kernels/cuda/attention.cu) call these wherever attention_tc_unsupported answers null; see
+// docs/kernels.md, "Tensor-core attention". CPU reference kernels/cpu/attention.cpp; tests
+// tests/cuda/test_cuda_attention_tc.cpp, on a GPU and in the host emulation
+// (scripts/cuda-emu/run.sh flash).
 #pragma once
 
 #ifdef REGEN_WITH_CUDA
