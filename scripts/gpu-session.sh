@@ -35,13 +35,18 @@
 #   sanitize     compute-sanitizer: memcheck with REGEN_ALLOC_DIRECT=1 (every block its own
 #                cudaMalloc of its exact size, so an overrun of a tensor is seen, not hidden inside a
 #                cached segment) over the op, op-table, autograd and remat suites; racecheck and
-#                synccheck over the kernels with shared memory and barriers. No leak check: the
+#                synccheck over the kernels with shared memory and barriers, and all three over
+#                the tensor-core suites (test_cuda_conv_tc, test_cuda_attention_tc). No leak check: the
 #                process-wide allocators and the library handles are kept on purpose
 #   peaks        the first figures, when a call has room for little else: regen sweep on ResNet-152
 #                and the Transformer at batch 32 (no remat, dp at 50% and lowest: predicted against
 #                measured peaks), regen bench train at batch 32 and PyTorch eager beside it (TF32)
 #   steps        regen bench train beside PyTorch eager at batch 32, TF32 and FP32, both models; and
 #                ResNet-152 with cuDNN's convolution (--conv cudnn)
+#   bf16         mixed precision on the device: regen bench train --precision bf16 beside PyTorch
+#                eager under autocast bf16 (TF32 elsewhere), both models at batch 32, and ResNet-152
+#                with cuDNN's bf16 convolution; regen sweep in bf16 (no remat, dp at 50%: predicted
+#                against measured peaks) for both models
 #   batches      dp at 50% at more batch sizes (ResNet-152 16 and 64, Transformer 64 and 128)
 #   kernels      regen bench kernels (native vs cuDNN convolution, attention, layernorm, GEMM), in
 #                TF32 (the benchmark default) and in strict FP32
@@ -74,7 +79,7 @@
 # GPU_SESSION_BUILD (build folder, default build-gpu), GPU_RESNET_BATCHES and
 # GPU_TRANSFORMER_BATCHES (the sweeps' batches, default as above), GPU_SANITIZE_RUNS (the sanitize phase's
 # runs, default all: memcheck_ops memcheck_op_table memcheck_autograd racecheck_ops synccheck_ops
-# memcheck_remat racecheck_conv).
+# memcheck_remat racecheck_conv memcheck_tc racecheck_tc synccheck_tc).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${OUT:-out/gpu}"
@@ -200,6 +205,34 @@ phase_steps() {
   done
 }
 
+# bf16: the mixed-precision step against PyTorch's autocast, and its predicted peaks on the device.
+phase_bf16() {
+  local model status=0
+  for model in transformer resnet152; do
+    limited 60 "$regen" bench train --device cuda --precision bf16 --model "$model" --batch 32 \
+      --warmup 3 --steps 10 --json "$work/bench_train_${model}_b32_bf16.json" \
+      > "$work/bench_train_${model}_b32_bf16.txt" 2>&1
+    log "regen bench train $model b32 bf16 exit $?"; grep -E "step time|peak" "$work/bench_train_${model}_b32_bf16.txt"
+    PYTHONUNBUFFERED=1 limited 90 env -u LD_LIBRARY_PATH python3 tools/torch_baseline.py --device cuda \
+      --model "$model" --batches 32 --modes eager --math tf32 --autocast bf16 --warmup 3 --steps 10 \
+      --csv "$work/torch_eager_${model}_b32_bf16.csv" > "$work/torch_eager_${model}_b32_bf16.txt" 2>&1
+    log "torch_baseline $model eager b32 autocast bf16 exit $?"; tail -1 "$work/torch_eager_${model}_b32_bf16.csv"
+  done
+  limited 60 "$regen" bench train --device cuda --precision bf16 --model resnet152 --batch 32 --conv cudnn \
+    --warmup 3 --steps 10 --json "$work/bench_train_resnet152_b32_bf16_cudnn.json" \
+    > "$work/bench_train_resnet152_b32_bf16_cudnn.txt" 2>&1
+  log "regen bench train resnet152 b32 bf16 --conv cudnn exit $?"
+  grep -E "step time|peak" "$work/bench_train_resnet152_b32_bf16_cudnn.txt"
+  for model in transformer resnet152; do
+    limited 120 "$regen" sweep --device cuda --precision bf16 --model "$model" --batches 32 \
+      --policies dp --budgets 50% --steps 3 --out "$work/sweep_${model}_b32_bf16" \
+      > "$work/sweep_${model}_b32_bf16.txt" 2>&1
+    log "regen sweep $model b32 bf16 exit $?" ; grep -E "^   |no remat|error" "$work/sweep_${model}_b32_bf16.txt"
+    grep -q "exact" "$work/sweep_${model}_b32_bf16.txt" || status=1
+  done
+  return $status
+}
+
 # batches: peak memory and step time against batch size (dp at 50%, predicted against measured).
 phase_batches() {
   local spec model b
@@ -293,13 +326,13 @@ phase_sanitize() {
     log "this machine runs gVisor: compute-sanitizer refuses the device there (Firecracker only)"
     return 1
   fi
-  local status=0 run
+  local status=0 run tc_rc
   # The kernels with shared memory and barriers; racecheck takes minutes over the convolutions
   # (their ResNet-152-sized cases), so they are a run of their own, last.
   local shared="attention,layernorm,softmax,cross_entropy,linear_cross_entropy,batchnorm,embedding,pool"
   local convs="conv2d*,conv_transpose2d*"
   for run in ${GPU_SANITIZE_RUNS:-memcheck_ops memcheck_op_table memcheck_autograd racecheck_ops \
-             synccheck_ops memcheck_remat racecheck_conv}; do
+             synccheck_ops memcheck_remat racecheck_conv memcheck_tc racecheck_tc synccheck_tc}; do
     case $run in
       memcheck_ops) sanitize_run memcheck ops 150 test_cuda_ops ;;
       memcheck_op_table) sanitize_run memcheck op_table 90 test_cuda_op_table ;;
@@ -308,6 +341,12 @@ phase_sanitize() {
       synccheck_ops) sanitize_run synccheck ops 60 test_cuda_ops -tc="$shared,$convs" ;;
       memcheck_remat) sanitize_run memcheck remat 180 test_cuda_remat ;;
       racecheck_conv) sanitize_run racecheck conv 300 test_cuda_ops -tc="$convs" ;;
+      memcheck_tc) sanitize_run memcheck conv_tc 90 test_cuda_conv_tc; tc_rc=$?
+        sanitize_run memcheck attention_tc 90 test_cuda_attention_tc && [ $tc_rc -eq 0 ] ;;
+      racecheck_tc) sanitize_run racecheck conv_tc 120 test_cuda_conv_tc; tc_rc=$?
+        sanitize_run racecheck attention_tc 120 test_cuda_attention_tc && [ $tc_rc -eq 0 ] ;;
+      synccheck_tc) sanitize_run synccheck conv_tc 60 test_cuda_conv_tc; tc_rc=$?
+        sanitize_run synccheck attention_tc 60 test_cuda_attention_tc && [ $tc_rc -eq 0 ] ;;
       *) log "unknown sanitizer run $run"; false ;;
     esac || status=1
   done
