@@ -1,6 +1,7 @@
 // The three stages over one Trainer (pipeline.h).
 #include "regen/remat/execute/pipeline.h"
 
+#include "regen/autograd/tape.h"
 #include "regen/core/error.h"
 
 namespace regen {
@@ -287,6 +288,15 @@ StepResult RematPipeline::step(StepObserver* observer) {
     throw;
   } catch (...) {
     trainer_.set_step_capture(nullptr);
+#ifdef REGEN_WITH_CUDA
+    if (graph_ && !graph_->captured()) {
+      // A capture that failed half-way: the step's tensors (on the tape, in the executor) are
+      // planned blocks, which must go before the layout can.
+      Tape::current().clear();
+      hooks_.reset();
+      eviction_.reset();
+    }
+#endif
     drop_graph();
     throw;
   }
