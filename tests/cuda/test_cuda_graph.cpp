@@ -224,13 +224,13 @@ TEST_CASE("cuda graph: on is refused before the first step, auto trains uncaptur
 
 TEST_CASE("cuda graph: a host read while capturing is refused, naming the copy") {
   kernels::prepare_device(kGpu);
-  Tensor t = full({4}, 1.5, DType::f32, kGpu);
+  Tensor t = full({1}, 1.5, DType::f32, kGpu);
   cuda::begin_capture();
   CHECK(cuda::capturing());
   CHECK_THROWS_WITH_AS(t.item<float>(), doctest::Contains("while the step is captured"), Error);
   cuda::abandon_capture();
   CHECK(!cuda::capturing());
-  CHECK(t.to_vector<float>() == std::vector<float>{1.5f, 1.5f, 1.5f, 1.5f});
+  CHECK(t.item<float>() == 1.5f);  // after the capture, the read is allowed again
 }
 
 TEST_CASE("cuda graph: captured work runs at each launch, in order, not at capture") {
