@@ -285,7 +285,9 @@ Block* CachingAllocator::allocate(uint64_t bytes, Category category, uint32_t ta
     }
     pb->size = rounded;
     planned_live_.insert(pb);
-    return finish_allocation_locked(pb, bytes, category, tag, memory);
+    Block* out = finish_allocation_locked(pb, bytes, category, tag, memory);
+    planned_served_.push_back(reinterpret_cast<uintptr_t>(out->ptr()));
+    return out;
   }
   Block* b = find_or_map_locked(rounded, small, category, tag);
   // Before giving up, the eviction handler may free blocks; then everything is tried again. It
@@ -669,6 +671,22 @@ void CachingAllocator::begin_planned_step() {
               " block(s) of the previous one are live");
   planned_next_ = 0;
   planned_active_ = !layout_->rounded.empty();
+  planned_served_.clear();
+}
+
+std::vector<uintptr_t> CachingAllocator::planned_served() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return planned_served_;
+}
+
+uintptr_t CachingAllocator::planned_address(size_t k) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  REGEN_CHECK(layout_ && k < layout_->rounded.size(), "planned layout: no request ", k,
+              " (the layout has ", layout_ ? layout_->rounded.size() : 0, ")");
+  const int32_t bin = layout_->bin.empty() ? -1 : layout_->bin[k];
+  if (bin < 0) return planned_segment_->base + layout_->offset[k];
+  const Block* hole = planned_holes_[static_cast<size_t>(bin)];
+  return reinterpret_cast<uintptr_t>(hole->ptr()) + layout_->offset[k];
 }
 
 EventLogBaseline CachingAllocator::baseline_locked() const {

@@ -354,6 +354,12 @@ class CachingAllocator {
   bool has_planned_layout() const;
   // The next request is the planned step's first (Trainer::step calls it at the step's start).
   void begin_planned_step();
+  // With a planned layout: the addresses the step's requests got from it since
+  // begin_planned_step(), in request order (a CUDA graph captured over the step holds them,
+  // remat/execute/cuda_graph.h), and the address the layout gives request k: its hole's or the
+  // arena's base plus its planned offset.
+  std::vector<uintptr_t> planned_served() const;
+  uintptr_t planned_address(size_t k) const;
 
   void set_event_log(bool enabled);
   bool event_log_enabled() const;
@@ -449,7 +455,8 @@ class CachingAllocator {
   size_t planned_next_ = 0;      // the step's next request
   bool planned_active_ = false;  // between begin_planned_step() and the layout's last request
   std::unordered_set<Block*> planned_live_;
-  std::vector<Block*> planned_holes_;  // taken from the pools while the layout is installed
+  std::vector<Block*> planned_holes_;      // taken from the pools while the layout is installed
+  std::vector<uintptr_t> planned_served_;  // planned_served()
 };
 
 // The process-wide allocator of a device. cpu: host memory; cuda:N: the CUDA arena (only in a

@@ -81,6 +81,10 @@ BatchNorm2d::BatchNorm2d(const std::string& name, int64_t channels, Device devic
       &register_buffer("running_var", init_const(name + ".running_var", {channels}, 1.0, device));
 }
 
+void BatchNorm2d::on_replayed_forward() {
+  if (is_training()) ++num_batches_tracked_;  // as forward() counts it
+}
+
 Tensor BatchNorm2d::forward(const Tensor& x) {
   ModuleScope scope(name());
   if (is_training()) ++num_batches_tracked_;

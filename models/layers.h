@@ -46,6 +46,7 @@ class BatchNorm2d : public Module {
  protected:
   void extra_state(NamedTensors& out, const std::string& prefix) const override;
   bool load_extra_state(const std::string& name, const Tensor& value) override;
+  void on_replayed_forward() override;
 
  private:
   Tensor *weight_, *bias_, *running_mean_, *running_var_;

@@ -268,7 +268,7 @@ const std::vector<std::string>& session_option_keys() {
       "warmup_steps",   "schedule_steps", "lr_step_size", "lr_gamma",     "lr_min",
       "clip_grad_norm", "grad_norm",      "eval_every",   "eval_batches", "eval_batch",
       "eval_split",     "shard",          "bucket_size",  "masks",        "compress",
-      "precision"};
+      "precision",      "cuda_graph"};
   return keys;
 }
 

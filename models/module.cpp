@@ -157,6 +157,11 @@ void Module::train(bool on) {
   for (auto& kv : children_) kv.second->train(on);
 }
 
+void Module::replayed_forward() {
+  on_replayed_forward();
+  for (auto& kv : children_) kv.second->replayed_forward();
+}
+
 void Module::to(Device device) {
   CategoryScope cat(Category::parameter);
   auto move = [&](const std::string& name, Tensor& t) {

@@ -48,6 +48,11 @@ class Module {
 
   void zero_grad();
 
+  // A training step whose device work a CUDA graph replayed (remat/execute/cuda_graph.h): the
+  // host state a forward pass moves on (batch norm's num_batches_tracked) moves on as that
+  // forward pass would have moved it, in this module and every child.
+  void replayed_forward();
+
   // Sets every parameter's and buffer's TensorImpl name to its full dotted name (so gradients,
   // optimizer state and memory tags read "layer1.0.conv1.weight.grad").
   void assign_full_names();
@@ -68,6 +73,7 @@ class Module {
     return false;
   }
   virtual void on_train(bool) {}
+  virtual void on_replayed_forward() {}
 
  private:
   void collect(const std::string& prefix, NamedTensors* params, NamedTensors* buffers,

@@ -51,6 +51,12 @@ void Optimizer::step() {
   if (hooks_) hooks_->after_step();
 }
 
+void Optimizer::count_replayed_step() {
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (params_[i].grad().defined()) ++states_[i].steps;
+  }
+}
+
 void Optimizer::replace_state(const std::string& name, const std::string& key, Tensor t) {
   ParamState& s = states_[index_of(name)];
   auto it = s.tensors.find(key);

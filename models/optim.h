@@ -43,6 +43,9 @@ class Optimizer {
   // One update of every parameter that has a gradient; parameters without one are skipped and
   // their state does not advance (as in torch).
   void step();
+  // A step whose kernels a CUDA graph replayed (remat/execute/cuda_graph.h): the step counts of
+  // the parameters step() would update move on, as step() moves them, and nothing else happens.
+  void count_replayed_step();
   // Zeroes every existing gradient in place, keeping its memory.
   void zero_grad();
   // Creates every state tensor now (zeroed) instead of at the first step, so it is allocated

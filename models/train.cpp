@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <utility>
 
 #include "regen/kernels/kernels.h"
 #include "regen/models/optim.h"
@@ -45,8 +46,36 @@ void Trainer::prepare() {
   }
   optimizer_.initialize_state();
   model_.prepare_inputs(device_);
+  if (cuda_graph_ && !graph_state_.defined()) {
+    CategoryScope cat(Category::other);
+    TagScope tag("cuda_graph.state");
+    graph_state_ = zeros({kGraphStateWords}, DType::i64, device_);
+  }
   kernels::synchronize(device_);
   prepared_ = true;
+}
+
+void Trainer::set_cuda_graph(bool on) {
+  REGEN_CHECK(!prepared_, "trainer: CUDA graphs are set before the first step");
+  cuda_graph_ = on;
+}
+
+Batch Trainer::begin_replayed_step(StepResult& r) {
+  REGEN_CHECK(prepared_ && accumulation_ == 1 && precision_ != Precision::fp16 && clip_ == 0 &&
+                  !track_norm_,
+              "trainer: a replayed step follows a captured one (one micro-batch, no loss scale, "
+              "no clipping or norm)");
+  if (has_schedule_) optimizer_.set_lr(schedule_.at(optimizer_steps_));
+  r.lr = optimizer_.lr();
+  r.micro_batches = 1;
+  return data_.next(batch_size_, Device::cpu());
+}
+
+void Trainer::end_replayed_step(StepResult& r) {
+  model_.replayed_forward();
+  optimizer_.count_replayed_step();
+  ++optimizer_steps_;
+  r.optimizer_step = optimizer_steps_;
 }
 
 void Trainer::set_accumulation(int64_t k) {
@@ -127,6 +156,21 @@ StepResult Trainer::step(StepObserver* observer) {
   // update inside the optimizer's window, then ZeRO's gathers.
   const bool scaled = precision_ == Precision::fp16;
   if (scaled) r.loss_scale = loss_scale_.scale;
+  // A captured step (set_step_capture): for this step only; dropped if the step throws.
+  StepCapture* const capture = std::exchange(capture_, nullptr);
+  REGEN_CHECK(!capture || (accumulation_ == 1 && !scaled && clip_ == 0 && !track_norm_),
+              "CUDA graph capture: the step reads device values on the host (",
+              accumulation_ > 1 ? "gradient accumulation"
+              : scaled          ? "fp16's loss scale"
+                                : "the gradient norm",
+              "), which a replayed graph cannot do");
+  struct AbandonOnThrow {
+    StepCapture* c;
+    bool done = false;
+    ~AbandonOnThrow() {
+      if (c && !done) c->abandon();
+    }
+  } abandon_guard{capture};
   // The forward pass, under autocast in a mixed precision.
   auto forward = [&](const Batch& batch) {
     AutocastScope autocast(low_dtype(precision_));
@@ -176,16 +220,25 @@ StepResult Trainer::step(StepObserver* observer) {
     if (sync_) sync_->end_optimizer();
     ++optimizer_steps_;
     r.optimizer_step = optimizer_steps_;
+    if (capture) {  // the captured work runs now, once
+      abandon_guard.done = true;
+      r.loss = capture->end();
+    }
     kernels::synchronize(device_);
     if (observer) observer->on_optimizer_end(alloc);
   };
   if (accumulation_ == 1) {
     Batch batch = data_.next(batch_size_, device_);
     model_.check_batch(batch);
+    if (capture) capture->begin(batch);
     optimizer_.zero_grad();
     if (sync_) sync_->begin_step();
     Tensor loss = forward(batch);
-    r.loss = loss.dtype() == DType::f64 ? loss.item<double>() : loss.item<float>();
+    if (capture) {
+      capture->keep_loss(loss);
+    } else {
+      r.loss = loss.dtype() == DType::f64 ? loss.item<double>() : loss.item<float>();
+    }
     run_backward(loss, 1.0, true);
     loss = Tensor();
     update();

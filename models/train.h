@@ -57,6 +57,25 @@ class GradientSync {
   virtual double reduce_squared_norm(double local) { return local; }
 };
 
+// A CUDA graph's part of one training step (remat/execute/cuda_graph.h CudaGraphStep implements
+// it; the trainer knows only this interface): the step's device work, from the gradients' zeroing
+// to the optimizer's last kernel, is captured instead of run. The host runs the step as always
+// (autograd, the allocator's planned requests), so the graph holds the planned addresses.
+class StepCapture {
+ public:
+  virtual ~StepCapture() = default;
+  // After the batch is on the device and checked, before the gradients are zeroed: capture begins.
+  virtual void begin(const Batch& batch) = 0;
+  // Where an uncaptured step reads the loss on the host (which waits for the device): the loss is
+  // copied, captured, to device memory that end() reads once the graph has run.
+  virtual void keep_loss(const Tensor& loss) = 0;
+  // After the optimizer step: capture ends, the graph is instantiated and run once (the step's
+  // own work); returns the step's loss.
+  virtual double end() = 0;
+  // The step threw while capturing: the capture is dropped. Never throws.
+  virtual void abandon() noexcept = 0;
+};
+
 // Observers of a step's phases (the profiler is one).
 class StepObserver {
  public:
@@ -144,6 +163,22 @@ class Trainer {
   // Creates gradients (zeros) and optimizer state before the first step; step() calls it once.
   void prepare();
   StepResult step(StepObserver* observer = nullptr);
+  // The next step (only) is captured by `capture` (StepCapture): one micro-batch, no host reads of
+  // device values (no loss scaling, clipping or norm). nullptr: none.
+  void set_step_capture(StepCapture* capture) { capture_ = capture; }
+  // CUDA graphs (--cuda-graph): set before the first step, so that prepare() makes the graph's
+  // state block, a persistent tensor of kGraphStateWords 64-bit words (the Philox stream offset
+  // of replays, the loss read back; cuda_graph.h), which profiles and plans then count as any
+  // persistent block. Undefined without it.
+  static constexpr int64_t kGraphStateWords = 2;
+  void set_cuda_graph(bool on);
+  bool cuda_graph() const { return cuda_graph_; }
+  const Tensor& graph_state() const { return graph_state_; }
+  // A step whose device work a CUDA graph replays: the host's part of it. begin_replayed_step sets
+  // the step's learning rate and draws its batch on the host (the graph's batch blocks are to hold
+  // it); end_replayed_step counts the optimizer step. `r` gets what they decide (lr, the counts).
+  Batch begin_replayed_step(StepResult& r);
+  void end_replayed_step(StepResult& r);
   CachingAllocator& allocator() const { return allocator_for(device_); }
   Model& model() { return model_; }
   Optimizer& optimizer() { return optimizer_; }
@@ -174,6 +209,7 @@ class Trainer {
   double clip_grad_norm() const { return clip_; }
   // Computes the gradient norm at every step (StepResult::grad_norm) even without clipping.
   void set_track_grad_norm(bool on) { track_norm_ = on; }
+  bool track_grad_norm() const { return track_norm_; }
   // Optimizer steps taken so far: the schedule's position (set when a run resumes).
   int64_t optimizer_steps() const { return optimizer_steps_; }
   void set_optimizer_steps(int64_t n);
@@ -215,6 +251,9 @@ class Trainer {
   Compression compression_ = Compression::none;
   Precision precision_ = Precision::fp32;
   LossScale loss_scale_;
+  StepCapture* capture_ = nullptr;
+  bool cuda_graph_ = false;
+  Tensor graph_state_;
 };
 
 // The packed-save decisions for the step of `config` at `batch_size` on `device`: its forward pass

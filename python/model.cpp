@@ -168,6 +168,8 @@ SessionOptions options_from(const std::string& name, const pb::object& batch,
       o.conv = str_value(key, v);
     } else if (key == "compress") {
       o.compress = str_value(key, v);
+    } else if (key == "cuda_graph") {
+      o.cuda_graph = str_value(key, v);
     } else if (key == "math") {
       o.math = str_value(key, v);
     } else if (key == "precision") {
@@ -757,7 +759,9 @@ weight_decay, seed, threads (at most 1024; 0: OpenMP's), data ('', or one of the
 regen.model_input(name)), conv, math ('fp32' or 'tf32'), tf32, precision ('fp32', 'tf32', 'bf16' or
 'fp16': bf16 and fp16 train as PyTorch's autocast, fp16 with a dynamic loss scale), masks (packed
 saves, default True),
-compress ('none', 'bf16' or 'fp16': lossy, steps under a plan hold retained activations narrow);
+compress ('none', 'bf16' or 'fp16': lossy, steps under a plan hold retained activations narrow),
+cuda_graph ('off', 'on' or 'auto': the steps under a plan with layout='planned' as one replayed
+CUDA graph, as --cuda-graph);
 the training loop's accumulate (micro-batches per step), lr_schedule, warmup_steps, schedule_steps,
 lr_step_size, lr_gamma, lr_min, clip_grad_norm, grad_norm, eval_every, eval_batches, eval_batch,
 eval_split (as regen train's flags); data parallelism's shard and bucket_size (under mpirun); and

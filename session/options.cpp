@@ -116,6 +116,7 @@ void SessionOptions::validate() const {
   check_range(*this, "weight_decay", weight_decay);
   check_one_of(*this, "conv", conv, {"native", "cudnn"});
   check_one_of(*this, "compress", compress, {"none", "bf16", "fp16"});
+  check_one_of(*this, "cuda_graph", cuda_graph, {"off", "on", "auto"});
   check_math(math, tf32, style);
   check_precision(*this);
   if ((precision == "bf16" || precision == "fp16") && compress != "none") {

@@ -88,6 +88,12 @@ struct SessionOptions {
   // (training is then no longer bitwise that of none). Applies to steps run under a plan (a run
   // with --compress profiles and plans, policy none at least). --compress, compress=.
   std::string compress = "none";
+  // CUDA graphs (remat/execute/cuda_graph.h; docs/memory.md, "One CUDA graph per step"): off,
+  // on or auto. on: every step under a plan with a planned layout after the first is one replayed
+  // graph, and a run whose steps cannot be captured is refused before its first step, naming why;
+  // auto: captured where they can be, else uncaptured with the reason said once. --cuda-graph,
+  // cuda_graph=.
+  std::string cuda_graph = "off";
   // How messages name the options: --image-size (the command line) or image_size= (Python).
   OptionStyle style = OptionStyle::flag;
 

@@ -407,6 +407,9 @@ std::unique_ptr<Session> make_session(const SessionOptions& options, Preflight p
   s->trainer->set_schedule(schedule);
   s->trainer->set_gradient_sync(s->sync.get());
   s->trainer->set_compression(parse_compression(options.compress));
+  // The graph's state block is a persistent tensor made with the others (Trainer::prepare), so
+  // that profiles and plans count it; only a CUDA device captures.
+  if (options.cuda_graph != "off" && s->device.is_cuda()) s->trainer->set_cuda_graph(true);
   return s;
 }
 

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 
 #include "regen/core/numeric.h"
 #include "regen/dist/world.h"
@@ -37,7 +38,22 @@ double TrainingStats::median_cpu_cores() const {
 // The run
 
 TrainingRun::TrainingRun(Session& session, RematPipeline& pipe, TrainingRunOptions options)
-    : session_(session), pipe_(pipe), options_(options) {}
+    : session_(session), pipe_(pipe), options_(options) {
+  pipe_.set_cuda_graph(
+      parse_cuda_graph_mode(session_.options.cuda_graph, session_.options.name("cuda_graph")));
+}
+
+std::string TrainingRun::cuda_graph_setting() const {
+  const SessionOptions& o = session_.options;
+  return option_setting("cuda_graph",
+                        o.style == OptionStyle::keyword ? "'" + o.cuda_graph + "'" : o.cuda_graph,
+                        o.style);
+}
+
+std::string TrainingRun::cuda_graph_refusal() const {
+  if (pipe_.cuda_graph_mode() == CudaGraphMode::off) return "";
+  return pipe_.cuda_graph_refusal();
+}
 
 void TrainingRun::observe(TrainingObserver& observer) {
   observers_.push_back(&observer);
@@ -101,6 +117,12 @@ void TrainingRun::record(const StepResult& r) {
 }
 
 const Profile& TrainingRun::profile(ProfileOptions options) {
+  // --cuda-graph on where no plan could be captured is refused before the profiling steps train.
+  if (pipe_.cuda_graph_mode() == CudaGraphMode::on) {
+    const std::string refusal = cuda_graph_step_refusal(pipe_.trainer());
+    REGEN_CHECK(refusal.empty(), cuda_graph_setting(),
+                ": the steps cannot be captured as one CUDA graph: ", refusal);
+  }
   const auto theirs = options.on_step;
   int64_t index = 0;
   const int64_t count = int64_t{options.warmup} + options.iterations;
@@ -177,6 +199,17 @@ EvalResult TrainingRun::evaluate(int64_t step) {
 std::vector<StepResult> TrainingRun::run(int64_t steps) {
   REGEN_CHECK(steps >= 1, "a training run takes at least one step, got ", steps);
   if (options_.check_plan) check_plan();
+  // CUDA graphs: `on` that cannot capture is refused now, `auto` says once why it does not.
+  const std::string refusal = cuda_graph_refusal();
+  if (!refusal.empty()) {
+    REGEN_CHECK(pipe_.cuda_graph_mode() != CudaGraphMode::on, cuda_graph_setting(),
+                ": the steps cannot be captured as one CUDA graph: ", refusal);
+    if (!graph_note_said_) {
+      std::fprintf(stderr, "regen: %s: the steps run uncaptured: %s\n",
+                   cuda_graph_setting().c_str(), refusal.c_str());
+      graph_note_said_ = true;
+    }
+  }
   const SessionOptions& o = session_.options;
   const bool on_cpu = session_.device.is_cpu();
   std::vector<StepResult> out;

@@ -115,6 +115,12 @@ class TrainingRun {
   // DTR made other evictions or replays than predicted: the prediction did not hold. `offset`: the
   // steps before the pipeline's first (profiling, or a resumed run's), to name the step.
   void check_predictions(int64_t offset = 0) const;
+  // Why the session's --cuda-graph on or auto cannot capture the steps of the pipeline's plan ("":
+  // they can be, or the option is off). run() refuses `on` with it before the first step; under
+  // `auto` it says it once on stderr and the steps run uncaptured.
+  std::string cuda_graph_refusal() const;
+  // "--cuda-graph on" or "cuda_graph='on'", as the session's options name it.
+  std::string cuda_graph_setting() const;
 
   Session& session() const { return session_; }
   RematPipeline& pipe() const { return pipe_; }
@@ -135,6 +141,7 @@ class TrainingRun {
   TrainingRunOptions options_;
   std::vector<TrainingObserver*> observers_;
   TrainingStats stats_;
+  bool graph_note_said_ = false;
 };
 
 // One measured training run (regen sweep, regen frontier): peaks over every step, the median step

@@ -1742,6 +1742,14 @@ TEST_CASE("cli: counts bounded, numbers decimal, ignored flags refused, each nam
   // A bad value is named before any combination of flags that involves it.
   expect_failure(dir, tiny({"--compress", "bf17", "--steps", "1"}),
                  {"--compress must be none, bf16 or fp16, got 'bf17'"});
+  // --cuda-graph on where the steps cannot be captured: refused before training, naming why.
+  expect_failure(dir, tiny({"--cuda-graph", "on", "--steps", "2"}),
+                 {"--cuda-graph on: the steps cannot be captured as one CUDA graph without "
+                  "--layout planned"});
+  expect_failure(dir, tiny({"--cuda-graph", "on", "--layout", "planned", "--steps", "4"}),
+                 {"--cuda-graph on: the steps cannot be captured as one CUDA graph: the device is "
+                  "cpu"});
+  expect_failure(dir, tiny({"--cuda-graph", "always", "--steps", "1"}), {"--cuda-graph"});
   // choose names its own flags; batch norm's smallest micro-batch is skipped, not fatal.
   expect_failure(dir,
                  {"choose", "--model", "resnet-tiny", "--global-batch", "4", "--micro-batches", "1",

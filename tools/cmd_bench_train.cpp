@@ -108,6 +108,20 @@ void run(Flags f) {
   // The library's training loop, without a plan: the warm-up steps, then the timed ones (a loss
   // or weight that is not finite stops either).
   RematPipeline pipe(*s->trainer);
+  // --cuda-graph on|auto: a graph needs every block's address before the step, so the steps run
+  // under plan none with a planned layout (one profiled step first, untimed, as a warm-up is).
+  if (f.m.cuda_graph != "off") {
+    TrainingRun profiling(*s, pipe);
+    ProfileOptions po;
+    po.warmup = 0;
+    po.iterations = 1;
+    po.model_name = f.m.model;
+    po.measure_transfer = false;
+    profiling.profile(po);
+    PlanOptions plan;
+    plan.planned_layout = true;
+    pipe.plan("none", Budget(), plan);
+  }
   if (f.warmup > 0) TrainingRun(*s, pipe).run(f.warmup);
   TrainingRun timed(*s, pipe);
   timed.run(f.steps);
@@ -207,6 +221,12 @@ void setup(CLI::App& app) {
       ->capture_default_str();
   app.add_option("--steps", f->steps, "timed steps")
       ->check(positive_integer(kIntMax))
+      ->capture_default_str();
+  app.add_option("--cuda-graph", f->m.cuda_graph,
+                 "CUDA graphs: on (the steps under plan none with a planned layout, every one "
+                 "after the first a replayed graph; refused where they cannot be captured, naming "
+                 "why), auto (captured where they can be) or off")
+      ->check(CLI::IsMember({"on", "off", "auto"}))
       ->capture_default_str();
   app.add_option("--json", f->json,
                  "also write the figures to FILE (atomic): model, batch, math, device, threads, "

@@ -532,7 +532,8 @@ void run(const TrainFlags& f) {
   // With a loaded profile, no step without remat runs here: its plan's prediction is checked
   // against the device below; otherwise the profiling step must fit as it is.
   // --compress holds what a plan retains narrow: a run with it profiles and plans (none at least).
-  const bool remat = f.plan.plans() || !f.plan_file.empty() || f.m.compress != "none";
+  const bool remat = f.plan.plans() || !f.plan_file.empty() || f.m.compress != "none" ||
+                     (f.m.cuda_graph != "off" && f.plan.layout == "planned");
   const bool planned_only = remat && !f.profile_file.empty();
   SessionOptions options = f.m;
   // The cosine schedule spans the run's steps unless told otherwise.
@@ -667,6 +668,13 @@ void setup(CLI::App& app) {
       ->check(positive_integer(kIntMax))
       ->capture_default_str();
   add_training_flags(app, f->m);
+  app.add_option("--cuda-graph", f->m.cuda_graph,
+                 "CUDA graphs: on (every step under a plan with --layout planned after the first "
+                 "is one replayed graph; refused before training where the steps cannot be "
+                 "captured, naming why), auto (captured where they can be, else said once) or off")
+      ->check(CLI::IsMember({"on", "off", "auto"}))
+      ->capture_default_str();
+
   app.add_option("--save-state", f->save_state,
                  "write the training state to FILE.safetensors after the last step (and every "
                  "--save-every steps): weights, optimizer state, step, RNG and data position, the "
@@ -699,7 +707,8 @@ void setup(CLI::App& app) {
     f->layout_given = layout->count() > 0;
     // The plan asked for, checked whole (a bad budget fails now, not after the profiling steps).
     if (!f->plan.budget_text.empty()) f->plan.set_budget(f->plan.budget_text);
-    f->plan.validate(f->m.compress != "none", !f->plan_file.empty());
+    // With --compress or --cuda-graph, policy none still plans (--layout planned applies).
+    f->plan.validate(f->m.compress != "none" || f->m.cuda_graph != "off", !f->plan_file.empty());
     REGEN_CHECK(f->save_every == 0 || !f->save_state.empty(),
                 "--save-every needs --save-state FILE (where to write the state)");
     REGEN_CHECK(f->resume.empty() || f->load.empty(),
@@ -707,7 +716,14 @@ void setup(CLI::App& app) {
     REGEN_CHECK(!f->plan.plans() || f->plan_file.empty(), "give either --policy or --plan");
     // Without --profile the first --profile-steps steps run without remat: at least one step
     // must be left to run under the plan, or its peak could not be measured.
-    const bool remat = f->plan.plans() || !f->plan_file.empty() || f->m.compress != "none";
+    // --cuda-graph needs every block's address before the step: a plan with a planned layout
+    // (--policy none with --layout planned plans too, without remat).
+    REGEN_CHECK(f->m.cuda_graph != "on" || f->plan.layout == "planned" || !f->plan_file.empty(),
+                "--cuda-graph on: the steps cannot be captured as one CUDA graph without "
+                "--layout planned (a block's address is known before the step only under a "
+                "planned layout)");
+    const bool remat = f->plan.plans() || !f->plan_file.empty() || f->m.compress != "none" ||
+                       (f->m.cuda_graph != "off" && f->plan.layout == "planned");
     REGEN_CHECK(
         !remat || !f->profile_file.empty() || f->steps > std::max<int64_t>(1, f->profile_steps),
         "--steps ", f->steps, " leaves no step to run under the plan after ",

@@ -2,6 +2,8 @@
 // the host compiler against the CUDA runtime API.
 #include "regen/core/cuda/runtime.h"
 
+#include "regen/core/cuda/graph.h"
+
 #ifdef REGEN_WITH_CUDA
 #include <atomic>
 #include <cstdio>
@@ -88,6 +90,7 @@ void set_sync_launches(bool enabled) {
 }
 
 void check_launch_completed(const char* launcher) {
+  if (capturing()) return;  // a captured launch runs when the graph does
   const cudaError_t err = cudaStreamSynchronize(stream());
   if (err != cudaSuccess) {
     REGEN_FAIL("CUDA work queued by ", launcher,
@@ -124,6 +127,9 @@ cudaStream_t stream() {
 }
 
 void synchronize() {
+  // While the step is captured nothing has run, so there is nothing to wait for; a capturing
+  // stream refuses the call (graph.h).
+  if (capturing()) return;
   REGEN_CUDA_CHECK(cudaStreamSynchronize(stream()));
 }
 
@@ -155,6 +161,12 @@ std::vector<double> StreamTimeline::elapsed() {
 
 void memcpy(void* dst, const void* src, uint64_t bytes, cudaMemcpyKind kind) {
   if (bytes == 0) return;
+  if (capturing()) {
+    // A device-to-device copy is captured like a kernel; the host cannot wait for one.
+    if (kind != cudaMemcpyDeviceToDevice) refuse_host_copy_in_capture(bytes, kind);
+    REGEN_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, stream()));
+    return;
+  }
   REGEN_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, stream()));
   REGEN_CUDA_CHECK(cudaStreamSynchronize(stream()));
 }

@@ -40,6 +40,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "regen/core/cuda/graph.h"
 #include "regen/core/philox.h"
 #include "regen/core/tensor.h"
 #include "regen/kernels/cuda/attention_tc.h"
@@ -71,6 +72,8 @@ struct AttnParamsT {
   bool causal, dropout, vec4;
   float keep_scale;
   uint64_t threshold, seed, stream;
+  // Added to `stream` when not null: a captured step's replays move it on (core/cuda/graph.h).
+  const uint64_t* stream_offset;
 };
 using AttnParams = AttnParamsT<float>;
 // vec4 (float4 loads and stores) is the float kernels' only: 16-bit tiles go element by element.
@@ -141,6 +144,7 @@ __device__ __forceinline__ void make_keep_bits(uint32_t* words, const P& p, int 
     const uint64_t e0 = (static_cast<uint64_t>(bh) * p.S + i) * static_cast<uint64_t>(p.S) +
                         static_cast<uint64_t>(j0 + 16 * g);
     const PhiloxKey key{static_cast<uint32_t>(p.seed), static_cast<uint32_t>(p.seed >> 32)};
+    const uint64_t stream = p.stream + (p.stream_offset ? *p.stream_offset : 0);
     uint64_t block = ~0ull;
     uint32_t w[4] = {0, 0, 0, 0};
     for (int cc = 0; cc < 16; ++cc) {
@@ -149,7 +153,7 @@ __device__ __forceinline__ void make_keep_bits(uint32_t* words, const P& p, int 
       if ((e >> 2) != block) {
         block = e >> 2;
         philox4x32_10({static_cast<uint32_t>(block), static_cast<uint32_t>(block >> 32),
-                       static_cast<uint32_t>(p.stream), static_cast<uint32_t>(p.stream >> 32)},
+                       static_cast<uint32_t>(stream), static_cast<uint32_t>(stream >> 32)},
                       key, w);
       }
       if (w[e & 3] >= p.threshold) bits |= 1u << cc;
@@ -715,6 +719,7 @@ AttnParamsT<T> make_params(const char* name, const AttentionShape& s) {
   p.keep_scale = s.dropout_p < 1.0f ? 1.0f / (1.0f - s.dropout_p) : 0.0f;
   p.seed = s.seed;
   p.stream = s.stream;
+  p.stream_offset = p.dropout ? cuda::rng_stream_offset() : nullptr;
   return p;
 }
 

@@ -201,7 +201,7 @@ void cross_entropy_forward(const float* logits, const int64_t* targets, float* l
   REGEN_CUDA_LAUNCH_CHECK("cross_entropy_forward");
   ce_mean_kernel<<<1, 1024, 0, stream()>>>(row_loss, targets, M, ignore_index, loss);
   REGEN_CUDA_LAUNCH_CHECK("cross_entropy_forward");
-  const unsigned long long bad = detail::read_back(bad_row);
+  const unsigned long long bad = detail::read_back_flag(bad_row, kNoBadRow);
   if (bad != kNoBadRow) report_bad_target("cross_entropy_forward", bad, targets, V, ignore_index);
 }
 
@@ -222,7 +222,7 @@ void cross_entropy_backward(const float* dloss, const float* logits, const int64
   ce_backward_kernel<<<static_cast<unsigned>(M), kThreads, 0, stream()>>>(
       logits, targets, lse, scale, dlogits, V, ignore_index);
   REGEN_CUDA_LAUNCH_CHECK("cross_entropy_backward");
-  const unsigned long long bad = detail::read_back(bad_row);
+  const unsigned long long bad = detail::read_back_flag(bad_row, kNoBadRow);
   if (bad != kNoBadRow) report_bad_target("cross_entropy_backward", bad, targets, V, ignore_index);
 }
 
@@ -237,7 +237,7 @@ void linear_cross_entropy_scale(const float* dloss, const int64_t* targets, floa
   REGEN_CUDA_CHECK(cudaMemsetAsync(bad_row, 0xff, sizeof(unsigned long long), stream()));
   ce_count_kernel<<<1, 1024, 0, stream()>>>(targets, M, V, ignore_index, dloss, scale, bad_row);
   REGEN_CUDA_LAUNCH_CHECK("linear_cross_entropy_scale");
-  const unsigned long long bad = detail::read_back(bad_row);
+  const unsigned long long bad = detail::read_back_flag(bad_row, kNoBadRow);
   if (bad != kNoBadRow) report_bad_target("linear_cross_entropy", bad, targets, V, ignore_index);
 }
 

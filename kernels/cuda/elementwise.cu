@@ -14,6 +14,7 @@
 #include <cub/device/device_reduce.cuh>
 #include <cuda/std/functional>
 
+#include "regen/core/cuda/graph.h"
 #include "regen/core/half.h"
 #include "regen/core/philox.h"
 #include "regen/core/tensor.h"
@@ -227,8 +228,10 @@ __global__ void column_final_kernel(const double* partial, int64_t chunks, int64
 // float, or a 16-bit type whose kept value x * keep_scale is computed in f32 and rounded once.
 template <class T>
 __global__ void dropout_kernel(const T* x, T* y, int64_t n, uint64_t threshold, float keep_scale,
-                               uint64_t seed, uint64_t subsequence) {
+                               uint64_t seed, uint64_t stream_id, const uint64_t* stream_offset) {
   const int64_t groups = (n + 3) / 4;
+  // A captured step's replays move its streams on through `stream_offset` (core/cuda/graph.h).
+  const uint64_t subsequence = stream_id + (stream_offset ? *stream_offset : 0);
   const PhiloxKey key{static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32)};
   for (int64_t g = dev::global_thread(); g < groups; g += dev::grid_stride()) {
     const uint64_t block = static_cast<uint64_t>(g);
@@ -260,7 +263,7 @@ void launch_dropout(const T* x, T* y, int64_t n, float p, uint64_t seed, uint64_
   const float keep_scale = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f;
   const int64_t groups = (n + 3) / 4;
   dropout_kernel<T><<<grid_blocks(groups, kThreads), kThreads, 0, stream()>>>(
-      x, y, n, dropout_threshold(p), keep_scale, seed, stream_id);
+      x, y, n, dropout_threshold(p), keep_scale, seed, stream_id, cuda::rng_stream_offset());
   REGEN_CUDA_LAUNCH_CHECK("dropout_forward");
 }
 

@@ -189,7 +189,7 @@ void embedding_forward(const T* weight, const int64_t* ids, T* y, int64_t n, int
   embedding_forward_kernel<T>
       <<<static_cast<unsigned>(n), kThreads, 0, stream()>>>(weight, ids, y, V, D, bad);
   REGEN_CUDA_LAUNCH_CHECK("embedding_forward");
-  const unsigned long long first_bad = detail::read_back(bad);
+  const unsigned long long first_bad = detail::read_back_flag(bad, kNone);
   if (first_bad != kNone) report_bad_id("embedding_forward", first_bad, ids, V);
 }
 
@@ -248,7 +248,7 @@ void embedding_backward(const T* dy, const int64_t* ids, T* dweight, int64_t n, 
   embedding_combine_kernel<T><<<static_cast<unsigned>(n), kThreads, 0, stream()>>>(
       sorted_keys, marks, n, D, partials, dweight);
   REGEN_CUDA_LAUNCH_CHECK(name);
-  const unsigned long long first_bad = detail::read_back(bad);
+  const unsigned long long first_bad = detail::read_back_flag(bad, kNone);
   if (first_bad != kNone) report_bad_id(name, first_bad, ids, V);
 }
 

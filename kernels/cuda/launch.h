@@ -5,6 +5,7 @@
 #ifdef REGEN_WITH_CUDA
 #include <cstdint>
 
+#include "regen/core/cuda/graph.h"
 #include "regen/core/cuda/runtime.h"
 #include "regen/core/types.h"
 
@@ -36,6 +37,15 @@ T read_back(const T* device_ptr) {
   T value{};
   memcpy(&value, device_ptr, sizeof(T), cudaMemcpyDeviceToHost);
   return value;
+}
+
+// A flag a kernel raised for data-dependent errors (bad ids, bad targets), read back to report
+// them; `none` while the compute stream is captured (core/cuda/graph.h): a graph cannot read it,
+// so a captured step's kernels do not check its batch (docs/memory.md, "One CUDA graph per step").
+template <class T>
+T read_back_flag(const T* device_ptr, T none) {
+  if (capturing()) return none;
+  return read_back(device_ptr);
 }
 
 inline bool aligned16(const void* p) {

@@ -1,6 +1,7 @@
 // The three stages over one Trainer (pipeline.h).
 #include "regen/remat/execute/pipeline.h"
 
+#include "regen/autograd/tape.h"
 #include "regen/core/error.h"
 
 namespace regen {
@@ -151,6 +152,7 @@ void RematPipeline::set_plan(Plan plan) {
   exec_.reset();
   dtr_ = nullptr;
   plan_ = std::make_unique<Plan>(std::move(plan));
+  plan_steps_ = 0;
   const std::optional<DtrOptions> dtr = dtr_policy(plan_->policy);
   if (plan_->predicted.peak_at.empty()) {  // where the peak is, for an out-of-memory report
     SimOptions so;
@@ -215,7 +217,31 @@ void RematPipeline::install() {
   hooks_ = std::make_unique<HooksScope>(exec_.get());
 }
 
+void RematPipeline::set_cuda_graph(CudaGraphMode mode) {
+  graph_mode_ = mode;
+  if (mode == CudaGraphMode::off) drop_graph();
+}
+
+std::string RematPipeline::cuda_graph_refusal() const {
+  return regen::cuda_graph_refusal(trainer_, plan_.get(), plan_ && uses_host_tier());
+}
+
+const CudaGraphStep* RematPipeline::cuda_graph() const {
+#ifdef REGEN_WITH_CUDA
+  return graph_.get();
+#else
+  return nullptr;
+#endif
+}
+
+void RematPipeline::drop_graph() {
+#ifdef REGEN_WITH_CUDA
+  graph_.reset();
+#endif
+}
+
 void RematPipeline::finish() {
+  drop_graph();  // its addresses go with the layout
   hooks_.reset();
   eviction_.reset();
   layout_.reset();
@@ -229,15 +255,53 @@ StepResult RematPipeline::step(StepObserver* observer) {
   const bool host = plan_ && uses_host_tier();
   CachingAllocator* host_tier = host ? &host_allocator_for(trainer_.device()) : nullptr;
   StartCheck check(start_, steps_done_ + 1, observer, host_tier, &host_start_);
+#ifdef REGEN_WITH_CUDA
+  // Under a plan that can be captured: the first step warms up, the second is captured, the
+  // later ones replay it (a replay allocates nothing, so the start check has nothing to check).
+  const bool graphed = graph_mode_ != CudaGraphMode::off && plan_ && observer == nullptr &&
+                       cuda_graph_refusal().empty();
+  const bool replay = graphed && graph_ && graph_->captured();
+  if (graphed && !replay && plan_steps_ >= 1) {
+    graph_ = std::make_unique<CudaGraphStep>(trainer_);
+    trainer_.set_step_capture(graph_.get());
+  }
+#else
+  const bool replay = false;
+#endif
   try {
+#ifdef REGEN_WITH_CUDA
+    if (replay) {
+      r = graph_->replay();
+    } else {
+      r = trainer_.step(plan_ ? &check : observer);
+      if (graph_ && graph_->captured() && graph_->replays() == 0) graph_->set_memory(r.memory);
+    }
+#else
     r = trainer_.step(plan_ ? &check : observer);
+#endif
   } catch (const OutOfMemory& e) {
+    trainer_.set_step_capture(nullptr);
+    drop_graph();
     hooks_.reset();  // the rest of the plan goes with the pipeline (its tensors may still be live)
     eviction_.reset();
     if (plan_) rethrow_with_plan(e, *plan_);
     throw;
+  } catch (...) {
+    trainer_.set_step_capture(nullptr);
+#ifdef REGEN_WITH_CUDA
+    if (graph_ && !graph_->captured()) {
+      // A capture that failed half-way: the step's tensors (on the tape, in the executor) are
+      // planned blocks, which must go before the layout can.
+      Tape::current().clear();
+      hooks_.reset();
+      eviction_.reset();
+    }
+#endif
+    drop_graph();
+    throw;
   }
   ++steps_done_;
+  if (plan_) ++plan_steps_;
   if (plan_ && limit_override_ < 0) {
     r.predicted = true;
     r.predicted_allocated = plan_->predicted.peak_allocated;

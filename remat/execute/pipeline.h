@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "regen/remat/execute/cuda_graph.h"
 #include "regen/remat/execute/dtr.h"
 #include "regen/remat/execute/executor.h"
 #include "regen/remat/plan/planner.h"
@@ -82,6 +83,18 @@ class RematPipeline {
   // value: the plan's). For experiments that run a plan under a tighter limit than it was made for.
   void set_limit(int64_t limit);
 
+  // CUDA graphs (cuda_graph.h): with `on` or `auto`, the steps under a plan that can be captured
+  // are: the first after the plan was set runs uncaptured (the warm-up), the next is captured, and
+  // the later ones replay it. Steps with an observer run uncaptured. `off` (the default) drops any
+  // graph.
+  void set_cuda_graph(CudaGraphMode mode);
+  CudaGraphMode cuda_graph_mode() const { return graph_mode_; }
+  // Why the steps under the current plan (or without one) cannot be captured, "" when they can
+  // (cuda_graph_refusal).
+  std::string cuda_graph_refusal() const;
+  // The captured step, once there is one (null before, with the mode off, and after a new plan).
+  const CudaGraphStep* cuda_graph() const;
+
   // Steps run under the plan at its own limit since it was set, and how many of them measured
   // exactly the predicted peaks (StepResult::exact) and, under a DTR plan (dtr.h), made exactly
   // the predicted evictions and replays; the first step that did not (1-based, among those steps;
@@ -119,6 +132,13 @@ class RematPipeline {
   LiveLayout start_;       // the profiled step's start, which every step under the plan must repeat
   LiveLayout host_start_;  // the host tier's (start_layouts)
   bool state_on_host_ = false;  // the optimizer state was moved to the host tier for the plan
+  CudaGraphMode graph_mode_ = CudaGraphMode::off;
+  int64_t plan_steps_ = 0;  // steps run under the current plan (the first is the graph's warm-up)
+#ifdef REGEN_WITH_CUDA
+  std::unique_ptr<CudaGraphStep> graph_;
+#endif
+  // Drops the captured step (a new plan, a layout removed: its addresses no longer hold).
+  void drop_graph();
   // The installed plan, removed in reverse order.
   std::unique_ptr<LimitScope> limit_;
   std::unique_ptr<LayoutScope> layout_;

@@ -18,6 +18,8 @@
 #include <tuple>
 #include <vector>
 
+#include "emu_graph.h"
+
 using std::isnan;
 inline int min(int a, int b) {
   return a < b ? a : b;
@@ -56,9 +58,12 @@ void run_grid(const Cfg& cfg, const std::function<void()>& body);
 template <class... P, class... A>
 void launch(void (*kernel)(P...), Cfg cfg, A&&... args) {
   std::tuple<std::decay_t<P>...> params(std::forward<A>(args)...);
-  run_grid(cfg, [&] {
-    auto copy = params;
-    std::apply(kernel, copy);
+  // While the stream captures, the launch is recorded with its arguments (emu_graph.h).
+  run_or_record([kernel, cfg, params] {
+    run_grid(cfg, [&] {
+      auto copy = params;
+      std::apply(kernel, copy);
+    });
   });
 }
 extern std::mutex atomic_mutex;

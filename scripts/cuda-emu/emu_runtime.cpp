@@ -10,7 +10,16 @@
 
 #include "regen/core/allocator.h"
 #include "regen/core/copy_queue.h"
+#include "regen/core/cuda/graph.h"
 #include "regen/core/cuda/runtime.h"
+
+// A captured graph and its executable: the recorded work, in order (emu_graph.h).
+struct CUgraph_st {
+  std::vector<std::function<void()>> work;
+};
+struct CUgraphExec_st {
+  std::vector<std::function<void()>> work;
+};
 
 thread_local uint3 threadIdx;
 thread_local uint3 blockIdx;
@@ -20,6 +29,16 @@ namespace emu {
 Block* g_block = nullptr;
 std::vector<unsigned char> g_dyn_smem(256 << 10);
 std::mutex atomic_mutex;
+// The graph the (one) emulated stream is capturing into, and whether a call the capture does not
+// support has invalidated it (as cudaStreamSynchronize on a capturing stream does).
+CUgraph_st* g_capture = nullptr;
+bool g_capture_invalidated = false;
+bool capturing() {
+  return g_capture != nullptr;
+}
+void record(std::function<void()> work) {
+  g_capture->work.push_back(std::move(work));
+}
 void run_grid(const Cfg& cfg, const std::function<void()>& body) {
   gridDim = cfg.grid;
   blockDim = cfg.block;
@@ -72,17 +91,69 @@ const char* cudaGetErrorString(cudaError_t) {
   return "emu";
 }
 cudaError_t cudaMemsetAsync(void* p, int v, size_t n, cudaStream_t) {
-  std::memset(p, v, n);
+  emu::run_or_record([=] { std::memset(p, v, n); });
   return cudaSuccess;
 }
 cudaError_t cudaMemcpyAsync(void* d, const void* s, size_t n, cudaMemcpyKind, cudaStream_t) {
-  std::memmove(d, s, n);
+  emu::run_or_record([=] { std::memmove(d, s, n); });
   return cudaSuccess;
 }
 cudaError_t cudaFuncSetAttribute(const void*, cudaFuncAttribute, int) {
   return cudaSuccess;
 }
 cudaError_t cudaStreamSynchronize(cudaStream_t) {
+  if (emu::g_capture) {  // CUDA refuses it and invalidates the capture
+    emu::g_capture_invalidated = true;
+    return cudaErrorStreamCaptureUnsupported;
+  }
+  return cudaSuccess;
+}
+// ---- Stream capture and graphs (emu_graph.h)
+// -----------------------------------------------------
+cudaError_t cudaStreamBeginCapture(cudaStream_t, cudaStreamCaptureMode) {
+  if (emu::g_capture) return cudaErrorIllegalState;
+  emu::g_capture = new CUgraph_st();
+  emu::g_capture_invalidated = false;
+  return cudaSuccess;
+}
+cudaError_t cudaStreamIsCapturing(cudaStream_t, cudaStreamCaptureStatus* status) {
+  *status = !emu::g_capture              ? cudaStreamCaptureStatusNone
+            : emu::g_capture_invalidated ? cudaStreamCaptureStatusInvalidated
+                                         : cudaStreamCaptureStatusActive;
+  return cudaSuccess;
+}
+cudaError_t cudaStreamEndCapture(cudaStream_t, cudaGraph_t* graph) {
+  if (!emu::g_capture) return cudaErrorIllegalState;
+  CUgraph_st* g = std::exchange(emu::g_capture, nullptr);
+  if (std::exchange(emu::g_capture_invalidated, false)) {
+    delete g;
+    *graph = nullptr;
+    return cudaErrorStreamCaptureInvalidated;
+  }
+  *graph = g;
+  return cudaSuccess;
+}
+cudaError_t cudaGraphInstantiateWithFlags(cudaGraphExec_t* exec, cudaGraph_t graph,
+                                          unsigned long long) {
+  if (!graph) return cudaErrorInvalidValue;
+  *exec = new CUgraphExec_st{graph->work};
+  return cudaSuccess;
+}
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsigned long long f) {
+  return cudaGraphInstantiateWithFlags(exec, graph, f);
+}
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t) {
+  if (!exec) return cudaErrorInvalidValue;
+  if (emu::g_capture) return cudaErrorStreamCaptureUnsupported;  // no child graphs here
+  for (const auto& work : exec->work) work();
+  return cudaSuccess;
+}
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
+  delete exec;
+  return cudaSuccess;
+}
+cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
+  delete graph;
   return cudaSuccess;
 }
 }
@@ -111,7 +182,7 @@ bool sync_launches() {
 void set_sync_launches(bool) {}
 void check_launch_completed(const char*) {}
 void copy_between_devices(void* d, int, const void* s, int, uint64_t n) {
-  std::memmove(d, s, n);
+  memcpy(d, s, n, cudaMemcpyDeviceToDevice);
 }
 void set_device(int) {}
 int current_device() {
@@ -121,11 +192,15 @@ cudaStream_t stream() {
   return nullptr;
 }
 void synchronize() {}
-void memcpy(void* d, const void* s, uint64_t n, cudaMemcpyKind) {
-  std::memmove(d, s, n);
+// As core/cuda/runtime.cpp: while the stream captures, a device copy is recorded and a copy to or
+// from the host is refused (graph.h).
+void memcpy(void* d, const void* s, uint64_t n, cudaMemcpyKind kind) {
+  if (n == 0) return;
+  if (emu::capturing() && kind != cudaMemcpyDeviceToDevice) refuse_host_copy_in_capture(n, kind);
+  emu::run_or_record([=] { std::memmove(d, s, n); });
 }
 void memset_zero(void* d, uint64_t n) {
-  std::memset(d, 0, n);
+  emu::run_or_record([=] { std::memset(d, 0, n); });
 }
 void mem_get_info(uint64_t& f, uint64_t& t) {
   f = t = 1ull << 34;

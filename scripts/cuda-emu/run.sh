@@ -2,7 +2,7 @@
 # Builds regen's CUDA kernels for a host emulation of the CUDA execution model and runs the
 # CUDA-vs-CPU checks on small shapes (README.md). Not part of the CMake build or of CI: a
 # verification aid for machines without a GPU. Usage:
-#   scripts/cuda-emu/run.sh [ops|optable|allocator|autograd|remat|dryrun|tc|flash|all] [doctest args, e.g. -tc="emu conv2d"]
+#   scripts/cuda-emu/run.sh [ops|optable|allocator|autograd|remat|dryrun|tc|flash|graph|all] [doctest args, e.g. -tc="emu conv2d"]
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 HERE=$ROOT/scripts/cuda-emu
@@ -24,7 +24,7 @@ done
 for f in "$ROOT"/kernels/cuda/*.cu; do python3 "$HERE/transform.py" "$f" "$B/gen/$(basename "$f" .cu).cpp" > /dev/null; done
 srcs=$(ls "$B"/gen/*.cpp "$ROOT"/kernels/cuda/*.cpp "$ROOT"/kernels/cpu/*.cpp "$ROOT"/kernels/dispatch.cpp \
   "$ROOT"/autograd/*.cpp "$ROOT"/core/*.cpp "$ROOT"/models/*.cpp "$ROOT"/dist/*.cpp \
-  "$ROOT"/remat/*.cpp "$ROOT"/remat/*/*.cpp "$ROOT"/remat/plan/planners/*.cpp "$ROOT"/session/*.cpp "$HERE"/emu_runtime.cpp)
+  "$ROOT"/remat/*.cpp "$ROOT"/remat/*/*.cpp "$ROOT"/remat/plan/planners/*.cpp "$ROOT"/session/*.cpp "$ROOT"/core/cuda/graph.cpp "$HERE"/emu_runtime.cpp)
 # One object per source, named after its folder and file; rebuilt when the source, or any header
 # of the tree (coarse, but a changed inline function reaches every object that uses it), is newer.
 newest_header=$(find "$ROOT"/core "$ROOT"/kernels "$ROOT"/autograd "$ROOT"/models "$ROOT"/dist "$ROOT"/remat "$ROOT"/session \
@@ -66,6 +66,8 @@ case $what in
   flash) CXXCMD="$CXXCMD -DREGEN_CUDA_EMU=1" \
            build_test emu_flash "$(wrap tests/cuda/test_cuda_attention_tc.cpp emu_flash_main)"
          run emu_flash "$@" ;;
-  all) "$0" ops "$@"; "$0" optable; "$0" allocator; "$0" autograd; "$0" remat; "$0" dryrun; "$0" tc; "$0" flash ;;
-  *) echo "usage: $0 [ops|optable|allocator|autograd|remat|dryrun|tc|flash|all] [doctest args]" >&2; exit 2 ;;
+  graph) build_test emu_graph "$(wrap tests/cuda/test_cuda_graph.cpp emu_graph_main)"
+         run emu_graph "$@" ;;
+  all) "$0" ops "$@"; "$0" optable; "$0" allocator; "$0" autograd; "$0" remat; "$0" dryrun; "$0" tc; "$0" flash; "$0" graph ;;
+  *) echo "usage: $0 [ops|optable|allocator|autograd|remat|dryrun|tc|flash|graph|all] [doctest args]" >&2; exit 2 ;;
 esac

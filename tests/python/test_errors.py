@@ -64,6 +64,7 @@ def test_bad_model_options(kwargs, match):
     ("resnet-tiny", dict(conv="fast"), r"^conv='fast': must be native or cudnn$"),
     ("resnet-tiny", dict(math="fp16"), r"^math='fp16': must be fp32 or tf32$"),
     ("resnet-tiny", dict(compress="bf17"), r"^compress='bf17': must be none, bf16 or fp16$"),
+    ("resnet-tiny", dict(cuda_graph="always"), r"^cuda_graph='always': must be off, on or auto$"),
     ("resnet-tiny", dict(masks="on"), r"masks.*True or False"),
     ("resnet-tiny", dict(math="fp32", tf32=True),
      r"^tf32=True \(the same as math='tf32'\) conflicts with math='fp32'"),

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "emu_graph.h"
 #include "regen/core/half.h"
 typedef struct cublasContext* cublasHandle_t;
 typedef enum {
@@ -49,16 +50,21 @@ inline cublasStatus_t cublasSgemm_64(cublasHandle_t, cublasOperation_t ta, cubla
   const int64_t a_rows = ta == CUBLAS_OP_N ? m : k, b_rows = tb == CUBLAS_OP_N ? k : n;
   if (lda < (a_rows > 1 ? a_rows : 1) || ldb < (b_rows > 1 ? b_rows : 1) || ldc < (m > 1 ? m : 1))
     return CUBLAS_STATUS_INVALID_VALUE;
-  for (int64_t j = 0; j < n; ++j)
-    for (int64_t i = 0; i < m; ++i) {
-      double acc = 0;
-      for (int64_t p = 0; p < k; ++p) {
-        const float a = ta == CUBLAS_OP_N ? A[i + p * lda] : A[p + i * lda];
-        const float b = tb == CUBLAS_OP_N ? B[p + j * ldb] : B[j + p * ldb];
-        acc += double(a) * b;
+  // alpha and beta are read at the call (host pointer mode); the product runs now, or when a
+  // captured graph replays (emu_graph.h).
+  const float al = *alpha, be = *beta;
+  emu::run_or_record([=] {
+    for (int64_t j = 0; j < n; ++j)
+      for (int64_t i = 0; i < m; ++i) {
+        double acc = 0;
+        for (int64_t p = 0; p < k; ++p) {
+          const float a = ta == CUBLAS_OP_N ? A[i + p * lda] : A[p + i * lda];
+          const float b = tb == CUBLAS_OP_N ? B[p + j * ldb] : B[j + p * ldb];
+          acc += double(a) * b;
+        }
+        C[i + j * ldc] = float(al * acc + (be == 0.0f ? 0.0 : double(be) * C[i + j * ldc]));
       }
-      C[i + j * ldc] = float(*alpha * acc + (*beta == 0.0f ? 0.0 : double(*beta) * C[i + j * ldc]));
-    }
+  });
   return CUBLAS_STATUS_SUCCESS;
 }
 inline cublasStatus_t cublasSgemmStridedBatched_64(
@@ -104,16 +110,18 @@ inline cublasStatus_t cublasGemmEx_64(cublasHandle_t, cublasOperation_t ta, cubl
       ldb < (b_rows > 1 ? b_rows : 1) || ldc < (m > 1 ? m : 1))
     return CUBLAS_STATUS_INVALID_VALUE;
   const float al = *static_cast<const float*>(alpha), be = *static_cast<const float*>(beta);
-  for (int64_t j = 0; j < n; ++j)
-    for (int64_t i = 0; i < m; ++i) {
-      double acc = 0;
-      for (int64_t p = 0; p < k; ++p) {
-        acc += emu_gemm_load(A, at, ta == CUBLAS_OP_N ? i + p * lda : p + i * lda) *
-               emu_gemm_load(B, bt, tb == CUBLAS_OP_N ? p + j * ldb : j + p * ldb);
+  emu::run_or_record([=] {
+    for (int64_t j = 0; j < n; ++j)
+      for (int64_t i = 0; i < m; ++i) {
+        double acc = 0;
+        for (int64_t p = 0; p < k; ++p) {
+          acc += emu_gemm_load(A, at, ta == CUBLAS_OP_N ? i + p * lda : p + i * lda) *
+                 emu_gemm_load(B, bt, tb == CUBLAS_OP_N ? p + j * ldb : j + p * ldb);
+        }
+        const double old = be == 0.0f ? 0.0 : double(be) * emu_gemm_load(C, ct, i + j * ldc);
+        emu_gemm_store(C, ct, i + j * ldc, float(al * float(acc) + old));
       }
-      const double old = be == 0.0f ? 0.0 : double(be) * emu_gemm_load(C, ct, i + j * ldc);
-      emu_gemm_store(C, ct, i + j * ldc, float(al * float(acc) + old));
-    }
+  });
   return CUBLAS_STATUS_SUCCESS;
 }
 inline cublasStatus_t cublasGemmStridedBatchedEx_64(

@@ -1,5 +1,7 @@
 #pragma once
 #include <cstddef>
+
+#include "emu_graph.h"
 namespace cub {
 struct DeviceReduce {
   template <class In, class Out, class Red, class Tr, class T, class N>
@@ -9,9 +11,11 @@ struct DeviceReduce {
       bytes = 16 + sizeof(T) * ((static_cast<size_t>(n) + 4095) / 4096);
       return cudaSuccess;
     }
-    T acc = init;
-    for (N i = 0; i < n; ++i) acc = red(acc, tr(in[i]));
-    *out = acc;
+    emu::run_or_record([=] {  // now, or when a captured graph replays (emu_graph.h)
+      T acc = init;
+      for (N i = 0; i < n; ++i) acc = red(acc, tr(in[i]));
+      *out = acc;
+    });
     return cudaSuccess;
   }
 };
