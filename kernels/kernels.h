@@ -409,6 +409,8 @@ inline constexpr const char* kHalfLaunchers[] = {
     "mul",
     "scale",
     "fill_from_scalar",
+    "scale_f32",
+    "fill_from_scalar_f32",
     "sum_rows",
     "sum_all",
     "sum_squares",
@@ -448,6 +450,12 @@ inline constexpr const char* kHalfLaunchers[] = {
     "batchnorm_forward_eval_lowp",
     "batchnorm_backward_lowp",
     "batchnorm_backward_eval_lowp",
+    "conv2d_forward",
+    "conv2d_backward_data",
+    "conv2d_backward_filter",
+    "conv_transpose2d_forward",
+    "conv_transpose2d_backward_data",
+    "conv_transpose2d_backward_filter",
 };
 constexpr bool has_half_path(const char* launcher) {
   return kernels::listed(kHalfLaunchers, launcher);
