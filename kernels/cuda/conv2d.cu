@@ -626,7 +626,8 @@ void launch_dgrad(const char* name, DataGradProblem<E> pr) {
   pr.partial = partials ? ws.as<float>() : nullptr;
   const dim3 grid(static_cast<unsigned>(gx), static_cast<unsigned>(gy),
                   static_cast<unsigned>(split.splits));
-  conv_igemm_kernel<DataGradProblem<E>><<<grid, kThreads, 0, stream()>>>(pr);
+  using Problem = DataGradProblem<E>;  // one template argument at the launch (scripts/cuda-emu)
+  conv_igemm_kernel<Problem><<<grid, kThreads, 0, stream()>>>(pr);
   REGEN_CUDA_LAUNCH_CHECK(name);
   if (partials) {
     const float* partial = pr.partial;

@@ -20,8 +20,8 @@
 //   stored element rounded once), any deterministic algorithm cuDNN offers for them (tensor cores
 //   included). A bias is written into the output first (a 16-bit copy, exact) and the convolution
 //   adds its f32 result to it (beta = 1), so the bias is added in f32 before the one rounding, as
-//   the native kernels and the CPU do. Compiled in CUDA builds with cuDNN; not run without a GPU
-//   (the host emulation of scripts/cuda-emu has no cuDNN).
+//   the native kernels and the CPU do (fill_bias_kernel, a plain copy). Compiled in CUDA builds
+//   with cuDNN; not run without a GPU (the host emulation of scripts/cuda-emu has no cuDNN).
 // - Workspaces come from regen's allocator per call (Workspace, category workspace), capped at
 //   kMaxWorkspace; cuDNN never allocates device memory for a convolution itself.
 #ifdef REGEN_WITH_CUDNN
@@ -35,6 +35,7 @@
 
 #include "regen/core/tensor.h"
 #include "regen/kernels/cuda/check.h"
+#include "regen/kernels/cuda/common.cuh"
 #include "regen/kernels/cuda/conv2d_cudnn.h"
 #include "regen/kernels/cuda/cuda_kernels.h"
 #include "regen/kernels/cuda/launch.h"
@@ -45,8 +46,7 @@ namespace {
 constexpr size_t kMaxWorkspace = 1ull << 30;
 
 struct Plan {
-  // bias: (1, K, 1, 1), forward's; bias_c: (1, C, 1, 1), backward-data's (conv_transpose2d).
-  cudnnTensorDescriptor_t x = nullptr, y = nullptr, bias = nullptr, bias_c = nullptr;
+  cudnnTensorDescriptor_t x = nullptr, y = nullptr, bias = nullptr;
   cudnnFilterDescriptor_t w = nullptr;
   // Same geometry; the math type of the pass's algorithm.
   cudnnConvolutionDescriptor_t fwd_conv = nullptr, bwd_data_conv = nullptr,
@@ -158,14 +158,12 @@ Plan& plan_for(const ConvShape& s, cudnnDataType_t dt) {
   REGEN_CUDNN_CHECK(cudnnCreateTensorDescriptor(&p.x));
   REGEN_CUDNN_CHECK(cudnnCreateTensorDescriptor(&p.y));
   REGEN_CUDNN_CHECK(cudnnCreateTensorDescriptor(&p.bias));
-  REGEN_CUDNN_CHECK(cudnnCreateTensorDescriptor(&p.bias_c));
   REGEN_CUDNN_CHECK(cudnnCreateFilterDescriptor(&p.w));
   REGEN_CUDNN_CHECK(cudnnSetTensor4dDescriptor(p.x, CUDNN_TENSOR_NCHW, dt, i32(s.N), i32(s.C),
                                                i32(s.H), i32(s.W)));
   REGEN_CUDNN_CHECK(cudnnSetTensor4dDescriptor(p.y, CUDNN_TENSOR_NCHW, dt, i32(s.N), i32(s.K),
                                                i32(s.P), i32(s.Q)));
   REGEN_CUDNN_CHECK(cudnnSetTensor4dDescriptor(p.bias, CUDNN_TENSOR_NCHW, dt, 1, i32(s.K), 1, 1));
-  REGEN_CUDNN_CHECK(cudnnSetTensor4dDescriptor(p.bias_c, CUDNN_TENSOR_NCHW, dt, 1, i32(s.C), 1, 1));
   REGEN_CUDNN_CHECK(cudnnSetFilter4dDescriptor(p.w, dt, CUDNN_TENSOR_NCHW, i32(s.K), i32(s.C),
                                                i32(s.R), i32(s.S)));
   p.fwd_conv = conv_descriptor(s, dt);
@@ -213,6 +211,23 @@ Plan& plan_for(const ConvShape& s, cudnnDataType_t dt) {
   return plans.emplace(key, p).first->second;
 }
 
+// y: (N, C, HW) = bias[c] per plane, a copy (so exact in any type): the output a 16-bit pass then
+// adds its f32 result to (beta = 1).
+template <class E>
+__global__ void fill_bias_kernel(E* y, const E* bias, int64_t C, int64_t HW, int64_t total) {
+  for (int64_t i = dev::global_thread(); i < total; i += dev::grid_stride()) {
+    y[i] = bias[(i / HW) % C];
+  }
+}
+
+template <class E>
+void fill_bias(E* y, const E* bias, int64_t N, int64_t C, int64_t HW) {
+  const int64_t total = N * C * HW;
+  if (total == 0) return;
+  fill_bias_kernel<E><<<detail::grid_blocks(total, 256), 256, 0, stream()>>>(y, bias, C, HW, total);
+  REGEN_CUDA_LAUNCH_CHECK("cuDNN convolution (bias)");
+}
+
 void no_algo(const char* pass, const ConvShape& s, cudnnDataType_t dt) {
   const char* math = dt == CUDNN_DATA_BFLOAT16 ? "bf16 (f32 compute) "
                      : dt == CUDNN_DATA_HALF   ? "f16 (f32 compute) "
@@ -236,7 +251,7 @@ void forward(const E* x, const E* w, const E* bias, E* y, const ConvShape& s) {
   const float one = 1.0f, zero = 0.0f;
   if (dt != CUDNN_DATA_FLOAT && bias) {
     // y = bias (a copy), then y = conv + y in f32 and one rounding.
-    REGEN_CUDNN_CHECK(cudnnAddTensor(handle(), &one, p.bias, bias, &zero, p.y, y));
+    fill_bias(y, bias, s.N, s.K, s.P * s.Q);
     REGEN_CUDNN_CHECK(cudnnConvolutionForward(handle(), &one, p.x, x, p.w, w, p.fwd_conv, p.fwd,
                                               ws.data(), p.fwd_bytes, &one, p.y, y));
     return;
@@ -255,7 +270,7 @@ void backward_data(const E* dy, const E* w, const E* bias, E* dx, const ConvShap
   if (dry_run_active()) return;  // the dry path (kernels.h): the chosen algorithm's workspace
   const float one = 1.0f, zero = 0.0f;
   // With a bias, dx = bias (a copy) first and the convolution adds its f32 result to it.
-  if (bias) REGEN_CUDNN_CHECK(cudnnAddTensor(handle(), &one, p.bias_c, bias, &zero, p.x, dx));
+  if (bias) fill_bias(dx, bias, s.N, s.C, s.H * s.W);
   REGEN_CUDNN_CHECK(cudnnConvolutionBackwardData(handle(), &one, p.w, w, p.y, dy, p.bwd_data_conv,
                                                  p.bwd_data, ws.data(), p.bwd_data_bytes,
                                                  bias ? &one : &zero, p.x, dx));
