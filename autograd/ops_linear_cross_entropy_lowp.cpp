@@ -95,6 +95,7 @@ template <class E>
 void gemm16(Device dev, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const E* A, int64_t lda,
             const E* B, int64_t ldb, bool accumulate, float* C, int64_t ldc) {
   if (dev.is_cpu()) {
+    const DType dt = dtype_of<E>::value;
     cpu::gemm_lowp(ta, tb, M, N, K, dt, A, lda, dt, B, ldb, nullptr, accumulate, C, ldc);
     return;
   }
