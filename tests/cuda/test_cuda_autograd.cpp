@@ -139,7 +139,7 @@ Tensor squares(const Tensor& y) {
 TEST_CASE("cuda autograd: 16-bit linear with bias, scale, sum, mean, conv, transposed conv") {
   for (const DType dt : {DType::bf16, DType::f16}) {
     compare_lowp(
-        "linear bias, scale, sum",
+        "linear bias, scale, sum", dt,
         [dt](const std::vector<Tensor>& in) {
           // x: (6, 20), w: (9, 20), b: (9)
           const Tensor y = linear(cast(in[0], dt), cast(in[1], dt), cast(in[2], dt));  // 16-bit
@@ -150,20 +150,20 @@ TEST_CASE("cuda autograd: 16-bit linear with bias, scale, sum, mean, conv, trans
         },
         {{6, 20}, {9, 20}, {9}}, 8);
     compare_lowp(
-        "conv2d bias stride 2",
+        "conv2d bias stride 2", dt,
         [dt](const std::vector<Tensor>& in) {
           // x: (2, 3, 7, 7), w: (4, 3, 3, 3), b: (4)
           return squares(conv2d(cast(in[0], dt), cast(in[1], dt), cast(in[2], dt), 2, 1));
         },
         {{2, 3, 7, 7}, {4, 3, 3, 3}, {4}}, 4);
     compare_lowp(
-        "conv2d 1x1 no bias",
+        "conv2d 1x1 no bias", dt,
         [dt](const std::vector<Tensor>& in) {
           return squares(conv2d(cast(in[0], dt), cast(in[1], dt), Tensor(), 1, 0));
         },
         {{2, 5, 4, 4}, {3, 5, 1, 1}}, 4);
     compare_lowp(
-        "conv_transpose2d bias stride 2",
+        "conv_transpose2d bias stride 2", dt,
         [dt](const std::vector<Tensor>& in) {
           // x: (2, 4, 3, 3), w: (4, 3, 3, 3) = (C_in, C_out, kh, kw), b: (3)
           return squares(
@@ -183,7 +183,7 @@ TEST_CASE("cuda autograd: 16-bit fused linear + cross-entropy, with and without 
       // The loss is f32 from f32 logits of the same 16-bit operands: f32 roundoff apart (far
       // below one 16-bit rounding, the bar given).
       compare_lowp(
-          "linear_cross_entropy chunk " + std::to_string(chunk),
+          "linear_cross_entropy chunk " + std::to_string(chunk), dt,
           [&](const std::vector<Tensor>& in) {
             const Tensor t = from_vector<int64_t>(tv, {M}).to(in[0].device());
             return linear_cross_entropy(cast(in[0], dt), cast(in[1], dt), cast(in[2], dt), t, -100,
@@ -191,7 +191,7 @@ TEST_CASE("cuda autograd: 16-bit fused linear + cross-entropy, with and without 
           },
           {{M, K}, {V, K}, {V}}, 1);
       compare_lowp(
-          "linear_cross_entropy no bias chunk " + std::to_string(chunk),
+          "linear_cross_entropy no bias chunk " + std::to_string(chunk), dt,
           [&](const std::vector<Tensor>& in) {
             const Tensor t = from_vector<int64_t>(tv, {M}).to(in[0].device());
             return linear_cross_entropy(cast(in[0], dt), cast(in[1], dt), Tensor(), t, -100, chunk);

@@ -2631,9 +2631,9 @@ TEST_CASE("linear_cross_entropy") {
     half_linear_cross_entropy_case<float16>(rng, 5, 300, 20, 0, 300, false);
     return;
   }
+  Rng rng(13);
   half_linear_cross_entropy_case<bfloat16>(rng, 64, 3000, 256, 1000, 1500, true);
   half_linear_cross_entropy_case<float16>(rng, 33, 501, 64, 0, 501, false);
-  Rng rng(13);
   // The seed Transformer's automatic chunk (256 rows of 30000 classes) and odd shapes.
   linear_cross_entropy_case(rng, 256, 30000, 5, true);
   linear_cross_entropy_case(rng, 187, 30000, 0, false);
