@@ -1,7 +1,8 @@
 // linear, matmul, bmm, add, mul, scale, reshape/flatten, sum, mean (relu and gelu: ops_unary.cpp).
-// Each has a 16-bit path (bf16, f16; docs/precision.md) on the CPU: GEMMs through the widening
-// GEMM (f32 sums, C rounded once per element; kernels/cpu/gemm_lowp.h), element-wise ops computing
-// each element in f32 and rounding it once, reductions summed wide and rounded once. sum and mean
+// Each has a 16-bit path (bf16, f16; docs/precision.md) on the CPU and CUDA: GEMMs through the
+// widening GEMM (f32 sums, C rounded once per element; kernels/cpu/gemm_lowp.h; cuBLAS's GemmEx on
+// CUDA), element-wise ops computing each element in f32 and rounding it once, reductions summed
+// wide and rounded once. sum and mean
 // are fp32-class (autocast gives them f32), but called on a 16-bit tensor they return its dtype.
 // Gradient checks: tests/test_gradcheck.cpp; 16-bit paths: tests/test_autocast.cpp.
 #include "regen/autograd/op_util.h"
@@ -12,18 +13,11 @@ namespace regen {
 using namespace detail;
 
 namespace {
-// A 16-bit kernel called directly (its f32 factor or bias does not fit REGEN_LAUNCH's typed
-// arguments): the CPU only, as every 16-bit path is yet.
-void require_cpu(const char* launcher, const Tensor& t) {
-  if (!t.device().is_cpu()) kernels::unsupported(launcher, t.device(), t.dtype());
-}
 // y = alpha * x, with alpha in f32 for the 16-bit types (a 16-bit alpha would be rounded).
 template <class T>
 void launch_scale(const Tensor& x, const Tensor& y, int64_t n, double alpha) {
   if constexpr (is_half_v<T>) {
-    require_cpu("scale", x);
-    if (!dry_run_active())
-      cpu::scale_f32<T>(x.data<T>(), y.data<T>(), n, static_cast<float>(alpha));
+    REGEN_LAUNCH(x.device(), T, scale_f32, x.data<T>(), y.data<T>(), n, static_cast<float>(alpha));
   } else {
     REGEN_LAUNCH(x.device(), T, scale, x.data<T>(), y.data<T>(), n, static_cast<T>(alpha));
   }
@@ -51,10 +45,19 @@ void linear_fwd(OpContext& c) {
   if constexpr (is_half_v<T>) {
     if (b.defined()) {
       // y = round(x w^T + b): the bias added in f32 before the one rounding of each element.
-      require_cpu("gemm", x);
-      constexpr DType dt = dtype_of<T>::value;
-      cpu::gemm_lowp_store(false, true, M, out, in, dt, x.data<T>(), in, dt, w.data<T>(), in, 1.0f,
-                           0.0f, b.dtype(), b.data<T>(), dt, y.data<T>(), out);
+      if (x.device().is_cpu()) {
+        constexpr DType dt = dtype_of<T>::value;
+        cpu::gemm_lowp_store(false, true, M, out, in, dt, x.data<T>(), in, dt, w.data<T>(), in,
+                             1.0f, 0.0f, b.dtype(), b.data<T>(), dt, y.data<T>(), out);
+      } else {
+        // CUDA: every row of y holds the bias (0 + b, exact), then the GEMM with beta = 1 adds it
+        // to the f32 sums (cuBLAS's f32 epilogue, CUBLAS_COMPUTE_32F) before its one rounding.
+        const Device dev = x.device();
+        REGEN_LAUNCH(dev, T, fill, y.data<T>(), M * out, T(0.0f));
+        REGEN_LAUNCH(dev, T, add, y.data<T>(), b.data<T>(), y.data<T>(), M * out, out);
+        REGEN_LAUNCH(dev, T, gemm, false, true, M, out, in, T(1.0f), x.data<T>(), in, w.data<T>(),
+                     in, T(1.0f), y.data<T>(), out);
+      }
       c.outputs = {y};
       return;
     }
@@ -405,12 +408,9 @@ void sum_bwd(BackwardContext& c) {
   const Tensor& dy = c.grad_output(0);
   const Shape& xs = c.tape().value(c.node().inputs[0]).shape;
   Tensor dx = empty(xs, dy.dtype(), dy.device());
-  if constexpr (is_half_v<T>) {
-    require_cpu("fill_from_scalar", dy);
-    if (!dry_run_active()) {
-      cpu::fill_from_scalar_f32<T>(dy.data<T>(), dx.data<T>(), dx.numel(),
-                                   static_cast<float>(c.attr<ScaleAttrs>().alpha));
-    }
+  if constexpr (is_half_v<T>) {  // the factor in f32 (a 16-bit 1/n would be rounded)
+    REGEN_LAUNCH(dy.device(), T, fill_from_scalar_f32, dy.data<T>(), dx.data<T>(), dx.numel(),
+                 static_cast<float>(c.attr<ScaleAttrs>().alpha));
   } else {
     REGEN_LAUNCH(dy.device(), T, fill_from_scalar, dy.data<T>(), dx.data<T>(), dx.numel(),
                  static_cast<T>(c.attr<ScaleAttrs>().alpha));

@@ -1,7 +1,8 @@
 // conv2d: the op over the kernels of kernels/cpu/conv2d.cpp (and their CUDA counterparts).
 // bf16 and f16 (autocast's class low): 16-bit x, weight and bias in, 16-bit y out, products and
 // sums in f32 (the kernels round once per element); dx and dw have the operands' dtype. Saves the
-// 16-bit x and weight. Tests of the 16-bit path: tests/test_amp_gemm_ops.cpp.
+// 16-bit x and weight. Tests of the 16-bit path: tests/test_amp_gemm_ops.cpp (CPU),
+// tests/cuda/test_cuda_ops.cpp and test_cuda_autograd.cpp (CUDA against the CPU).
 // Gradient checks: tests/test_gradcheck_vision.cpp; forward values and errors:
 // tests/test_ops_vision.cpp.
 #include "regen/autograd/op_util.h"
@@ -70,8 +71,8 @@ void conv_bwd(BackwardContext& c) {
   } else if (need_bias) {
     if constexpr (is_half_v<T>) {  // the 16-bit filter launcher sums dbias alone (dw null)
       Tensor db = empty({s.K}, dy.dtype(), dev);
-      REGEN_LAUNCH(dev, T, conv2d_backward_filter, x.data<T>(), dy.data<T>(), nullptr, db.data<T>(),
-                   s);
+      REGEN_LAUNCH(dev, T, conv2d_backward_filter, x.data<T>(), dy.data<T>(),
+                   static_cast<T*>(nullptr), db.data<T>(), s);
       c.set_grad_input(2, db);
     } else {
       c.set_grad_input(2, conv_bias_grad<T>(dy, s));

@@ -17,11 +17,17 @@
 //             sum (seed Transformer: 14.6 + 7.3 + 2 MiB at batch 8, 29.3 + 7.3 + 8 MiB at batch
 //             32, against 32 + 58.6 + 0.5 MiB before). Each logit is computed once per tile, as
 //             often as before in all (the same products, re-tiled).
-// Gradients have the operands' dtype; the loss's gradient is f32. CPU only (a 16-bit input on a
-// CUDA device is a clear error). Tests: tests/test_amp_gemm_ops.cpp.
+// Gradients have the operands' dtype; the loss's gradient is f32. On CUDA the same steps run on the
+// device: the 16-bit products through cuda::gemm_lowp (cublasGemmEx, f32 C), the products with an
+// f32 dlogits block through the f32 GEMM on a widened (f32) copy of the 16-bit operand (the CPU's
+// gemm_lowp widens it while packing: the same f32 products), dlogits by
+// cuda::linear_cross_entropy_block_dlogits reading the device's scale, and the conversions by
+// cuda::cast. Tests: tests/test_amp_gemm_ops.cpp (CPU), tests/cuda/test_cuda_ops.cpp (CUDA
+// against the CPU).
 #include <algorithm>
 #include <cmath>
 #include <memory>
+#include <type_traits>
 
 #include "regen/autograd/op_util.h"
 #include "regen/kernels/cpu/convert.h"
@@ -39,40 +45,98 @@ Dims dims(const Tensor& x, const Tensor& w, const LinearCrossEntropyAttrs& a) {
   return {M, x.size(1), w.size(0), std::max<int64_t>(1, std::min(a.chunk_rows, M))};
 }
 
-void check_cpu(const char* what, const Tensor& x) {
-  REGEN_CHECK(x.device().is_cpu(), what, ": ", dtype_name(x.dtype()),
-              " inputs have a CPU kernel only; input ", x.str(), " is on ", x.device().str());
+void check_device(const char* what, const Tensor& x) {
+#ifdef REGEN_WITH_CUDA
+  const bool ok = x.device().is_cpu() || x.device().is_cuda();
+#else
+  const bool ok = x.device().is_cpu();
+#endif
+  REGEN_CHECK(ok, what, ": ", dtype_name(x.dtype()), " inputs have no kernel on ", x.device().str(),
+              " (input ", x.str(), ")");
 }
 
-// y (n) 16-bit = x (n) f32, rounded once; nothing in a dry run (its tensors are not memory).
+// y (n) = x (n) converted (f32 <-> 16-bit), on x's device; nothing in a dry run (its tensors are
+// not memory).
+template <class From, class To>
+void convert(Device dev, const From* x, To* y, int64_t n) {
+  if (dry_run_active() || n == 0) return;
+  if (dev.is_cpu()) {
+    if constexpr (std::is_same<From, float>::value) {
+      cpu::narrow(x, y, n);
+    } else {
+      cpu::widen(x, y, n);
+    }
+    return;
+  }
+#ifdef REGEN_WITH_CUDA
+  kernels::use_device(dev);
+  cuda::cast(x, dtype_of<From>::value, y, dtype_of<To>::value, n);
+  kernels::after_cuda_launcher("cast");
+#endif
+}
+
+// y (n) 16-bit = x (n) f32, rounded once.
 template <class E>
-void store(const float* x, E* y, int64_t n) {
-  if (!dry_run_active()) cpu::narrow(x, y, n);
+void store(Device dev, const float* x, E* y, int64_t n) {
+  convert(dev, x, y, n);
 }
 
 // An f32 copy of a 16-bit bias (V), or none.
 template <class E>
 std::unique_ptr<Workspace> widened_bias(const Tensor& b, int64_t V) {
   if (!b.defined()) return nullptr;
-  auto ws = std::make_unique<Workspace>(Device::cpu(), static_cast<uint64_t>(V) * sizeof(float));
-  if (!dry_run_active()) cpu::widen(b.data<E>(), ws->as<float>(), V);
+  auto ws = std::make_unique<Workspace>(b.device(), static_cast<uint64_t>(V) * sizeof(float));
+  convert(b.device(), b.data<E>(), ws->as<float>(), V);
   return ws;
+}
+
+// C (M, N) f32 = op(A) op(B), or += with accumulate; A and B 16-bit (as cpu::gemm_lowp).
+template <class E>
+void gemm16(Device dev, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const E* A, int64_t lda,
+            const E* B, int64_t ldb, bool accumulate, float* C, int64_t ldc) {
+  if (dev.is_cpu()) {
+    const DType dt = dtype_of<E>::value;
+    cpu::gemm_lowp(ta, tb, M, N, K, dt, A, lda, dt, B, ldb, nullptr, accumulate, C, ldc);
+    return;
+  }
+#ifdef REGEN_WITH_CUDA
+  if (dry_run_active()) return;  // cuBLAS's workspace is the handle's, taken before the step
+  kernels::use_device(dev);
+  cuda::gemm_lowp(ta, tb, M, N, K, A, lda, B, ldb, accumulate, C, ldc);
+  kernels::after_cuda_launcher("gemm_lowp");
+#endif
+}
+
+// C (M, N) f32 (+)= op(A) op(B), A f32 and B 16-bit (B (rows_b, cols_b) contiguous). The CPU's
+// gemm_lowp widens B while packing; CUDA widens it into `wide` (rows_b * cols_b floats, on the
+// device; null on the CPU) and runs the f32 GEMM: the same f32 products either way.
+template <class E>
+void gemm_f32_by16(Device dev, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* A,
+                   int64_t lda, const E* B, int64_t ldb, int64_t b_elems, float* wide,
+                   bool accumulate, float* C, int64_t ldc) {
+  if (dev.is_cpu()) {
+    cpu::gemm_lowp(ta, tb, M, N, K, DType::f32, A, lda, dtype_of<E>::value, B, ldb, nullptr,
+                   accumulate, C, ldc);
+    return;
+  }
+  convert(dev, B, wide, b_elems);
+  REGEN_LAUNCH(dev, float, gemm, ta, tb, M, N, K, 1.0f, A, lda, static_cast<const float*>(wide),
+               ldb, accumulate ? 1.0f : 0.0f, C, ldc);
 }
 
 // logits_c (rows, V) f32 = x rows [r0, r0 + rows) (rows, K) * W^T (K, V), 16-bit operands.
 template <class E>
 void chunk_logits(const Tensor& x, const Tensor& w, const Dims& d, int64_t r0, int64_t rows,
                   float* logits) {
-  const DType dt = dtype_of<E>::value;
-  cpu::gemm_lowp(false, true, rows, d.V, d.K, dt, x.data<E>() + r0 * d.K, d.K, dt, w.data<E>(), d.K,
-                 nullptr, false, logits, d.V);
+  gemm16<E>(x.device(), false, true, rows, d.V, d.K, x.data<E>() + r0 * d.K, d.K, w.data<E>(), d.K,
+            false, logits, d.V);
 }
 
 template <class E>
 void forward(OpContext& c) {
   const Tensor &x = c.inputs[0], &w = c.inputs[1], &b = c.inputs[2], &targets = c.inputs[3];
   const LinearCrossEntropyAttrs& a = c.attr<LinearCrossEntropyAttrs>();
-  check_cpu("linear_cross_entropy", x);
+  check_device("linear_cross_entropy", x);
   const Dims d = dims(x, w, a);
   const Device dev = x.device();
   Tensor loss = empty({}, DType::f32, dev);
@@ -161,7 +225,7 @@ void backward(BackwardContext& c) {
   const Tensor b = a.has_bias ? c.saved_input(2) : Tensor();
   const Tensor targets = c.saved_input(3), lse = c.saved_output(1);
   const Tensor& dloss = c.grad_output(0);
-  check_cpu("linear_cross_entropy backward", x);
+  check_device("linear_cross_entropy backward", x);
   REGEN_CHECK(dloss.dtype() == DType::f32 && lse.dtype() == DType::f32,
               "linear_cross_entropy backward: the loss gradient ", dloss.str(), " and lse ",
               lse.str(), " must be f32 for ", dtype_name(x.dtype()), " inputs");
@@ -174,21 +238,19 @@ void backward(BackwardContext& c) {
   Tensor db = want_db ? empty({d.V}, b.dtype(), dev) : Tensor();
   const bool dry = dry_run_active();
   if (d.M == 0) {  // no rows: every gradient is 0
-    if (!dry) {
-      for (const Tensor& g : {dx, dw, db}) {
-        if (g.defined()) std::fill(g.data<E>(), g.data<E>() + g.numel(), E(0.0f));
-      }
+    for (const Tensor& g : {dx, dw, db}) {
+      if (g.defined()) REGEN_LAUNCH(dev, E, fill, g.data<E>(), g.numel(), E(0.0f));
     }
   } else {
     const int64_t* t = targets.data<int64_t>();
     Workspace scale(dev, sizeof(float));
     REGEN_LAUNCH(dev, float, linear_cross_entropy_scale, dloss.data<float>(), t, scale.as<float>(),
                  d.M, d.V, a.ignore_index);
-    const float g = dry ? 0.0f : scale.as<float>()[0];
+    // The CPU reads the scale here; CUDA's block kernel reads it on the device.
+    const float g = dry || !dev.is_cpu() ? 0.0f : scale.as<float>()[0];
     const std::unique_ptr<Workspace> bias = widened_bias<E>(b, d.V);
     const int64_t tile = tile_rows(d.V, d.K), block_rows = backward_block_rows(d, tile);
     const bool several = block_rows < d.M;
-    const DType dt = dtype_of<E>::value;
     const E* xs = x.data<E>();
     const uint64_t f = sizeof(float);
     Workspace block(dev, static_cast<uint64_t>(block_rows * tile) * f);
@@ -198,6 +260,12 @@ void backward(BackwardContext& c) {
     if (want_db) db_tile = std::make_unique<Workspace>(dev, static_cast<uint64_t>(tile) * f);
     if (want_db && several)
       colsum = std::make_unique<Workspace>(dev, static_cast<uint64_t>(tile) * f);
+    // CUDA: f32 copies of W's tile (for dx) and of a block of x's rows (for dW).
+    std::unique_ptr<Workspace> wide_w, wide_x;
+    if (!dev.is_cpu() && want_dx)
+      wide_w = std::make_unique<Workspace>(dev, static_cast<uint64_t>(tile * d.K) * f);
+    if (!dev.is_cpu() && want_dw)
+      wide_x = std::make_unique<Workspace>(dev, static_cast<uint64_t>(block_rows * d.K) * f);
     // Tiles outside, blocks of rows inside: a tile's dW and db are complete after its last block
     // and are rounded then; dx sums over the tiles in dx_sum and is rounded after the last one.
     for (int64_t v0 = 0; v0 < d.V; v0 += tile) {
@@ -208,19 +276,34 @@ void backward(BackwardContext& c) {
         const bool first = r0 == 0;
         float* dl = block.as<float>();
         // logits (rows, n) = x_c (rows, K) * W_t^T (K, n), then their gradient in place
-        cpu::gemm_lowp(false, true, rows, n, d.K, dt, xs + r0 * d.K, d.K, dt, wt, d.K, nullptr,
-                       false, dl, n);
-        if (!dry) {
-          block_dlogits(dl, rows, n, v0, d.V, bias ? bias->as<float>() : nullptr, t + r0,
-                        lse.data<float>() + r0, g, a.ignore_index);
+        gemm16<E>(dev, false, true, rows, n, d.K, xs + r0 * d.K, d.K, wt, d.K, false, dl, n);
+        const float* bias_f = bias ? bias->as<float>() : nullptr;
+        if (dev.is_cpu()) {
+          if (!dry) {
+            block_dlogits(dl, rows, n, v0, d.V, bias_f, t + r0, lse.data<float>() + r0, g,
+                          a.ignore_index);
+          }
+        } else {
+#ifdef REGEN_WITH_CUDA
+          if (!dry) {
+            kernels::use_device(dev);
+            cuda::linear_cross_entropy_block_dlogits(dl, bias_f, t + r0, lse.data<float>() + r0,
+                                                     scale.as<float>(), rows, n, v0, d.V,
+                                                     a.ignore_index);
+            kernels::after_cuda_launcher("linear_cross_entropy_block_dlogits");
+          }
+#endif
         }
         if (want_dx) {  // dx_c (rows, K) (+)= dlogits (rows, n) * W_t (n, K), in f32
-          cpu::gemm_lowp(false, false, rows, d.K, n, DType::f32, dl, n, dt, wt, d.K, nullptr,
-                         v0 > 0, dx_sum->as<float>() + r0 * d.K, d.K);
+          // W_t is widened once per tile on CUDA (at its first block).
+          gemm_f32_by16<E>(dev, false, false, rows, d.K, n, dl, n, wt, d.K, first ? n * d.K : 0,
+                           wide_w ? wide_w->as<float>() : nullptr, v0 > 0,
+                           dx_sum->as<float>() + r0 * d.K, d.K);
         }
         if (want_dw) {  // dW_t (n, K) (+)= dlogits^T (n, rows) * x_c (rows, K), in f32
-          cpu::gemm_lowp(true, false, n, d.K, rows, DType::f32, dl, n, dt, xs + r0 * d.K, d.K,
-                         nullptr, !first, dw_tile->as<float>(), d.K);
+          gemm_f32_by16<E>(dev, true, false, n, d.K, rows, dl, n, xs + r0 * d.K, d.K, rows * d.K,
+                           wide_x ? wide_x->as<float>() : nullptr, !first, dw_tile->as<float>(),
+                           d.K);
         }
         if (want_db) {
           if (first) {
@@ -231,10 +314,10 @@ void backward(BackwardContext& c) {
           }
         }
       }
-      if (want_dw) store(dw_tile->as<float>(), dw.data<E>() + v0 * d.K, n * d.K);
-      if (want_db) store(db_tile->as<float>(), db.data<E>() + v0, n);
+      if (want_dw) store(dev, dw_tile->as<float>(), dw.data<E>() + v0 * d.K, n * d.K);
+      if (want_db) store(dev, db_tile->as<float>(), db.data<E>() + v0, n);
     }
-    if (want_dx) store(dx_sum->as<float>(), dx.data<E>(), d.M * d.K);
+    if (want_dx) store(dev, dx_sum->as<float>(), dx.data<E>(), d.M * d.K);
   }
   c.set_grad_input(0, dx);
   c.set_grad_input(1, dw);

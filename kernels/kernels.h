@@ -88,7 +88,7 @@ template <class T>
 void fill_from_scalar(const T* s, T* y, int64_t n, T alpha);
 // scale and fill_from_scalar with an f32 factor, for the 16-bit types (bfloat16, float16), whose
 // own 8 or 11 bits would round factors such as 1/n or 1/sqrt(d): y = round(alpha * x) per element.
-// CPU only (called directly, not through REGEN_LAUNCH; no scratch).
+// The CPU's and CUDA's (cuda::kHalfLaunchers) for bfloat16 and float16 only; no scratch.
 template <class T>
 void scale_f32(const T* x, T* y, int64_t n, float alpha);
 template <class T>
@@ -135,8 +135,8 @@ void conv2d_forward(const T* x, const T* w, const T* bias, T* y, const ConvShape
 template <class T>
 void conv2d_backward_data(const T* dy, const T* w, T* dx, const ConvShape& s);
 // x: (N, C, H, W), dy: (N, K, P, Q) -> dw: (K, C, R, S), dbias: (K) or null. For bf16 and f16
-// (T = bfloat16, float16; CPU only) dw may be null too: the bias gradient alone.
-// The 16-bit launchers (CPU) compute in f32 and round each output element once.
+// (T = bfloat16, float16) dw may be null too: the bias gradient alone.
+// The 16-bit launchers (CPU and CUDA) compute in f32 and round each output element once.
 template <class T>
 void conv2d_backward_filter(const T* x, const T* dy, T* dw, T* dbias, const ConvShape& s);
 
@@ -409,6 +409,8 @@ inline constexpr const char* kHalfLaunchers[] = {
     "mul",
     "scale",
     "fill_from_scalar",
+    "scale_f32",
+    "fill_from_scalar_f32",
     "sum_rows",
     "sum_all",
     "sum_squares",
@@ -448,6 +450,12 @@ inline constexpr const char* kHalfLaunchers[] = {
     "batchnorm_forward_eval_lowp",
     "batchnorm_backward_lowp",
     "batchnorm_backward_eval_lowp",
+    "conv2d_forward",
+    "conv2d_backward_data",
+    "conv2d_backward_filter",
+    "conv_transpose2d_forward",
+    "conv_transpose2d_backward_data",
+    "conv_transpose2d_backward_filter",
 };
 constexpr bool has_half_path(const char* launcher) {
   return kernels::listed(kHalfLaunchers, launcher);

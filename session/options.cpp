@@ -338,17 +338,27 @@ Precision resolve_precision(const SessionOptions& o, Device device,
                 device.str(), " pass ",
                 option_setting("precision", kw ? "'fp32'" : "fp32", o.style), ", bf16 or fp16");
   }
-  if (is_mixed(p)) {
-    // CUDA has 16-bit kernels for most ops (cuda::kHalfLaunchers, docs/precision.md), but not yet
-    // for every op the built-in models use under autocast: these are still missing.
-    REGEN_CHECK(device.is_cpu(), setting, " trains on the CPU only so far: on ", device.str(),
-                " conv2d and conv_transpose2d, linear with a bias, scale, mean, sum's backward and "
-                "linear_cross_entropy have no 16-bit CUDA path yet; pass ",
-                option_setting("device", kw ? "'cpu'" : "cpu", o.style), ", or ",
-                option_setting("precision", kw ? "'fp32'" : "fp32", o.style), " or tf32 on ",
-                device.str());
+#ifdef REGEN_WITH_CUDA
+  if (is_mixed(p) && device.is_cuda()) {
+    // Every op has a 16-bit CUDA path (cuda::kHalfLaunchers, docs/precision.md); what remains is
+    // whether the device has the format's arithmetic.
+    const cuda::ComputeCapability cc = cuda::compute_capability(device.index);
+    check_precision_capability(p, setting, device, cc.major, cc.minor);
   }
+#endif
   return p;
+}
+
+void check_precision_capability(Precision p, const std::string& setting, Device device, int major,
+                                int minor) {
+  if (!is_mixed(p)) return;
+  const bool bf16 = p == Precision::bf16;
+  const int need = bf16 ? 8 : 7;
+  REGEN_CHECK(major >= need, setting, ": ", device.str(), " has compute capability ", major, ".",
+              minor, ", and ", bf16 ? "bf16" : "fp16", " training needs ", need, ".0 or later (",
+              bf16 ? "bf16 arithmetic and tensor cores came with Ampere; fp16 runs from 7.0"
+                   : "fp16 tensor cores came with Volta",
+              "): pass ", bf16 ? "fp16, " : "", "fp32 or tf32");
 }
 
 Budget parse_budget_option(const std::string& text, const std::string& key, OptionStyle style) {

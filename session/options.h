@@ -153,9 +153,14 @@ std::string math_mode(const SessionOptions& o, Device device,
 // or tf32, as math_mode gives it with `default_math`). Throws regen::Error naming the options for
 // a precision that is not one of fp32, tf32, bf16, fp16, for --precision beside a --math or --tf32
 // that says otherwise (or beside bf16 and fp16, which have no math mode), for tf32 asked of the
-// CPU, and for bf16 or fp16 on a CUDA device (regen's CUDA kernels have no 16-bit paths yet).
+// CPU, and for bf16 or fp16 on a CUDA device that lacks them (check_precision_capability).
 Precision resolve_precision(const SessionOptions& o, Device device,
                             const std::string& default_math = "fp32");
+// Throws regen::Error naming `setting`, the device and its compute capability major.minor when a
+// CUDA device of that capability cannot train in `p`: bf16 needs 8.0 (Ampere) or later, fp16 7.0
+// (Volta) or later; fp32 and tf32 pass (tf32's tensor cores are cuBLAS's and cuDNN's choice).
+void check_precision_capability(Precision p, const std::string& setting, Device device, int major,
+                                int minor);
 
 // A budget as a person writes it ("60%", "2GiB"); empty text is refused ("leave it out to plan
 // without a budget"), naming the option `key` as `style` says.

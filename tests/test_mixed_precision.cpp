@@ -136,7 +136,7 @@ TEST_CASE("precision: one switch, its default and its synonyms, per device") {
   CHECK(has(e, "--precision bf16 conflicts with --math fp32"));
   CHECK(has(e, "drop it"));
   o.math = "";
-  // Not a precision; tf32 of the CPU; bf16 on CUDA, where some ops have no 16-bit kernels yet.
+  // Not a precision; tf32 of the CPU; bf16 and fp16 on a CUDA device too old for them.
   o.precision = "bfloat16";
   e = error_of([&] { o.validate(); });
   CHECK(has(e, "--precision"));
@@ -145,12 +145,19 @@ TEST_CASE("precision: one switch, its default and its synonyms, per device") {
   o.precision = "tf32";
   e = error_of([&] { resolve_precision(o, cpu); });
   CHECK(has(e, "--precision tf32 applies to CUDA devices"));
-  o.precision = "fp16";
-  e = error_of([&] { resolve_precision(o, gpu); });
-  CHECK(has(e, "--precision fp16 trains on the CPU only so far"));
-  CHECK(has(e, "cuda:0"));
-  CHECK(has(e, "conv2d"));  // what is missing, by name
-  CHECK(has(e, "linear_cross_entropy"));
+  // bf16 and fp16 on CUDA: refused only on a device without the format (the capability is the
+  // device's, asked by resolve_precision on a CUDA build; here given).
+  e = error_of([&] { check_precision_capability(Precision::bf16, "--precision bf16", gpu, 7, 5); });
+  CHECK(has(e, "--precision bf16"));
+  CHECK(has(e, "cuda:0 has compute capability 7.5"));
+  CHECK(has(e, "needs 8.0 or later"));
+  CHECK(has(e, "fp16"));  // what to pass instead
+  CHECK_NOTHROW(check_precision_capability(Precision::bf16, "--precision bf16", gpu, 8, 0));
+  CHECK_NOTHROW(check_precision_capability(Precision::fp16, "--precision fp16", gpu, 7, 0));
+  e = error_of([&] { check_precision_capability(Precision::fp16, "--precision fp16", gpu, 6, 1); });
+  CHECK(has(e, "cuda:0 has compute capability 6.1"));
+  CHECK(has(e, "needs 7.0 or later"));
+  CHECK_NOTHROW(check_precision_capability(Precision::fp32, "--precision fp32", gpu, 6, 1));
   // Python's keywords.
   SessionOptions k = tiny(OptionStyle::keyword);
   k.precision = "fp32";

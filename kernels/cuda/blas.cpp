@@ -163,12 +163,28 @@ void gemm_batched(bool trans_a, bool trans_b, int64_t batch, int64_t M, int64_t 
       ldc, stride_c, batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
-#define REGEN_GEMM_HALF(T)                                                                     \
-  template void gemm<T>(bool, bool, int64_t, int64_t, int64_t, T, const T*, int64_t, const T*, \
-                        int64_t, T, T*, int64_t);                                              \
-  template void gemm_batched<T>(bool, bool, int64_t, int64_t, int64_t, int64_t, T, const T*,   \
-                                int64_t, int64_t, const T*, int64_t, int64_t, T, T*, int64_t,  \
-                                int64_t);
+// 16-bit A and B, f32 C: f32 accumulation, C written or accumulated in f32.
+template <class T>
+void gemm_lowp(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const T* A, int64_t lda,
+               const T* B, int64_t ldb, bool accumulate, float* C, int64_t ldc) {
+  check_gemm_args("gemm_lowp", trans_a, trans_b, M, N, K, lda, ldb, ldc);
+  if (M == 0 || N == 0) return;
+  cublasHandle_t h = blas_handle();
+  const float a = 1.0f, b = accumulate ? 1.0f : 0.0f;
+  constexpr cudaDataType_t t = cuda_type<T>();
+  REGEN_CUBLAS_CHECK(cublasGemmEx_64(h, op(trans_b), op(trans_a), N, M, K, &a, B, t, ldb, A, t, lda,
+                                     &b, C, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F,
+                                     CUBLAS_GEMM_DEFAULT));
+}
+
+#define REGEN_GEMM_HALF(T)                                                                       \
+  template void gemm<T>(bool, bool, int64_t, int64_t, int64_t, T, const T*, int64_t, const T*,   \
+                        int64_t, T, T*, int64_t);                                                \
+  template void gemm_batched<T>(bool, bool, int64_t, int64_t, int64_t, int64_t, T, const T*,     \
+                                int64_t, int64_t, const T*, int64_t, int64_t, T, T*, int64_t,    \
+                                int64_t);                                                        \
+  template void gemm_lowp<T>(bool, bool, int64_t, int64_t, int64_t, const T*, int64_t, const T*, \
+                             int64_t, bool, float*, int64_t);
 REGEN_GEMM_HALF(bfloat16)
 REGEN_GEMM_HALF(float16)
 #undef REGEN_GEMM_HALF

@@ -35,6 +35,15 @@
 // of chunks (split-K) whose partial results go to a workspace and are added in chunk order by a
 // second kernel. No atomics anywhere; dbias is a fixed-order block reduction per channel.
 // Indices are 32-bit: every tensor must have fewer than 2^31 elements (checked).
+//
+// 16-bit tensors (E = bfloat16 or float16; kernels.h cuda::kHalfLaunchers): the same kernels, with
+// every element widened to f32 as it is loaded into shared memory, so products and sums are f32;
+// each output is rounded to 16 bits once, in the writer or the split reduction, after the bias (if
+// any) is added in f32, as the CPU's 16-bit passes (kernels/cpu/conv2d.cpp) do. Split partials stay
+// f32. dw is the f32 sum rounded once; dbias is summed in double and rounded once (to f32, then to
+// E, as the CPU does), and a null dw asks for dbias alone. Backward-data may add a per-channel
+// bias before its rounding: conv_transpose2d's 16-bit forward (conv2d_backward_data_with_bias).
+#include <type_traits>
 #include <vector>
 
 #include "regen/core/tensor.h"
@@ -56,6 +65,16 @@ constexpr int kEpilogueFloats = kBN * kCStride;
 constexpr int kSmemFloats = kTileFloats > kEpilogueFloats ? kTileFloats : kEpilogueFloats;
 constexpr int kBig = 1 << 28;  // an offset that makes any bounds test fail, without overflow
 
+// An element widened to f32: through the read-only cache for float, a plain 16-bit load otherwise.
+template <class E>
+__device__ __forceinline__ float ld(const E* p) {
+  if constexpr (std::is_same<E, float>::value) {
+    return __ldg(p);
+  } else {
+    return static_cast<float>(*p);
+  }
+}
+
 // The reduction index table of forward and backward-data: entry kd = {offset, r, s, 0}; entries
 // past Kdim (up to a multiple of kBK) hold an r that fails every bounds test.
 // forward:       kd = (c, r, s) -> offset c*H*W + r*W + s (scale H*W, row W, col 1), invalid -kBig
@@ -76,11 +95,13 @@ __global__ void conv_table_kernel(int4* table, int Kdim, int Kpad, int RS, int S
 // Thread layouts of the loaders: lane/warp of threadIdx.x. The compute layout is fixed:
 // ty = tid / 16 owns tile rows ty*4..ty*4+3 and 64+ty*4..+3, tx = tid % 16 owns columns tx*4..+3.
 
+template <class E>
 struct ForwardProblem {
-  const float* x;     // (N, C, H, W)
-  const float* w;     // (K, C*R*S)
-  const float* bias;  // (K) or null (added by the writer only when not split)
-  float* out;         // y (N, K, P, Q), or split partials (splits, N, K, P, Q)
+  const E* x;      // (N, C, H, W)
+  const E* w;      // (K, C*R*S)
+  const E* bias;   // (K) or null (added by the writer only when not split)
+  E* out;          // y (N, K, P, Q)
+  float* partial;  // split partials (splits, N, K, P, Q), or null: the writer writes y
   const int4* table;
   int M, Ncol, Kdim;  // N*P*Q, K, C*R*S
   int H, W, P, Q, PQ, CHW, KPQ, sh, sw, ph, pw;
@@ -94,7 +115,7 @@ struct ForwardProblem {
     int base[4], h0[4], w0[4];
     int a_m[4], a_k[2];
     int b_k, b_n[4];
-    const float* wrow[4];
+    const E* wrow[4];
     __device__ Loader(const ForwardProblem& pr, int tid, int m0, int n0) {
       const int lane = tid & 31, warp = tid >> 5;
 #pragma unroll
@@ -132,13 +153,13 @@ struct ForwardProblem {
           const int h = h0[i] + e.y, w = w0[i] + e.z;
           a[j * 4 + i] = (static_cast<unsigned>(h) < static_cast<unsigned>(pr.H) &&
                           static_cast<unsigned>(w) < static_cast<unsigned>(pr.W))
-                             ? __ldg(pr.x + base[i] + e.x)
+                             ? ld(pr.x + base[i] + e.x)
                              : 0.0f;
         }
       }
       const int kd = k0 + b_k;
 #pragma unroll
-      for (int i = 0; i < 4; ++i) b[i] = (wrow[i] && kd < kend) ? __ldg(wrow[i] + kd) : 0.0f;
+      for (int i = 0; i < 4; ++i) b[i] = (wrow[i] && kd < kend) ? ld(wrow[i] + kd) : 0.0f;
     }
     __device__ void store(float* As, float* Bs, const float (&a)[kA], const float (&b)[kB]) const {
 #pragma unroll
@@ -161,18 +182,26 @@ struct ForwardProblem {
     }
     __device__ void store(const ForwardProblem& pr, int z, int k, float v) const {
       if (!valid || k >= pr.Ncol) return;
-      if (pr.bias) v += pr.bias[k];
-      pr.out[z * pr.split_stride + offset + static_cast<int64_t>(k) * pr.PQ] = v;
+      const int64_t at = offset + static_cast<int64_t>(k) * pr.PQ;
+      if (pr.partial) {
+        pr.partial[z * pr.split_stride + at] = v;
+        return;
+      }
+      if (pr.bias) v += static_cast<float>(pr.bias[k]);
+      pr.out[at] = E(v);
     }
   };
 };
 
 // One output phase of backward-data (see the top of the file): rows rh + sh*i (i < Hs), columns
 // rw + sw*j (j < Ws), taps (k, a, b) of the phase's sub-filter.
+template <class E>
 struct DataGradProblem {
-  const float* dy;  // (N, K, P, Q)
-  const float* wt;  // the phase's sub-filter, transposed to (K*Rs*Ss, C)
-  float* out;       // dx (N, C, H, W), or split partials (splits, C, M), compact
+  const E* dy;     // (N, K, P, Q)
+  const E* wt;     // the phase's sub-filter, transposed to (K*Rs*Ss, C)
+  const E* bias;   // (C) or null: added to dx in f32 before its rounding (16-bit only)
+  E* out;          // dx (N, C, H, W)
+  float* partial;  // split partials (splits, C, M), compact, or null: the writer writes dx
   const int4* table;
   int M, Ncol, Kdim;   // N*Hs*Ws, C, K*Rs*Ss
   int HWs, Ws;         // the phase's rows times columns, and columns
@@ -181,7 +210,6 @@ struct DataGradProblem {
   int W, HW, P, Q, KPQ, CHW;
   int kchunk;
   int64_t split_stride;
-  bool partials;  // out holds split partials (compact), not dx
 
   static constexpr int kA = 8, kB = 4;
   struct Loader {
@@ -224,15 +252,14 @@ struct DataGradProblem {
           const int p = hh[i] - e.y, q = ww[i] - e.z;
           const bool ok = static_cast<unsigned>(p) < static_cast<unsigned>(pr.P) &&
                           static_cast<unsigned>(q) < static_cast<unsigned>(pr.Q);
-          a[j * 4 + i] = ok ? __ldg(pr.dy + base[i] + e.x + p * pr.Q + q) : 0.0f;
+          a[j * 4 + i] = ok ? ld(pr.dy + base[i] + e.x + p * pr.Q + q) : 0.0f;
         }
       }
       const int c = blockIdx.y * kBN + b_n;
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int kd = k0 + b_k[i];
-        b[i] =
-            (b_valid && kd < kend) ? __ldg(pr.wt + static_cast<int64_t>(kd) * pr.Ncol + c) : 0.0f;
+        b[i] = (b_valid && kd < kend) ? ld(pr.wt + static_cast<int64_t>(kd) * pr.Ncol + c) : 0.0f;
       }
     }
     __device__ void store(float* As, float* Bs, const float (&a)[kA], const float (&b)[kB]) const {
@@ -261,19 +288,22 @@ struct DataGradProblem {
     }
     __device__ void store(const DataGradProblem& pr, int z, int c, float v) const {
       if (!valid || c >= pr.Ncol) return;
-      if (pr.partials) {
-        pr.out[z * pr.split_stride + static_cast<int64_t>(c) * pr.M + m] = v;
+      if (pr.partial) {
+        pr.partial[z * pr.split_stride + static_cast<int64_t>(c) * pr.M + m] = v;
       } else {
-        pr.out[offset + static_cast<int64_t>(c) * pr.HW] = v;
+        if (pr.bias) v += static_cast<float>(pr.bias[c]);
+        pr.out[offset + static_cast<int64_t>(c) * pr.HW] = E(v);
       }
     }
   };
 };
 
+template <class E>
 struct FilterGradProblem {
-  const float* x;     // (N, C, H, W)
-  const float* dy;    // (N, K, P, Q)
-  float* out;         // dw (K, C*R*S), or split partials (splits, K, C*R*S)
+  const E* x;         // (N, C, H, W)
+  const E* dy;        // (N, K, P, Q)
+  E* out;             // dw (K, C*R*S)
+  float* partial;     // split partials (splits, K, C*R*S), or null: the writer writes dw
   int M, Ncol, Kdim;  // C*R*S, K, N*P*Q
   int H, W, HW, CHW, RS, S, Q, PQ, KPQ, sh, sw, ph, pw;
   int kchunk;
@@ -327,12 +357,12 @@ struct FilterGradProblem {
         const int h = hb + rr[i], w = wb + ss[i];
         a[i] = (static_cast<unsigned>(h) < static_cast<unsigned>(pr.H) &&
                 static_cast<unsigned>(w) < static_cast<unsigned>(pr.W))
-                   ? __ldg(pr.x + xbase + coff[i] + h * pr.W + w)
+                   ? ld(pr.x + xbase + coff[i] + h * pr.W + w)
                    : 0.0f;
       }
 #pragma unroll
       for (int i = 0; i < 4; ++i)
-        b[i] = (kd_ok && dy_col[i] >= 0) ? __ldg(pr.dy + dybase + dy_col[i]) : 0.0f;
+        b[i] = (kd_ok && dy_col[i] >= 0) ? ld(pr.dy + dybase + dy_col[i]) : 0.0f;
     }
     __device__ void store(float* As, float* Bs, const float (&a)[kA], const float (&b)[kB]) const {
 #pragma unroll
@@ -350,7 +380,12 @@ struct FilterGradProblem {
     }
     __device__ void store(const FilterGradProblem& pr, int z, int k, float v) const {
       if (!valid || k >= pr.Ncol) return;
-      pr.out[z * pr.split_stride + static_cast<int64_t>(k) * pr.M + m] = v;
+      const int64_t at = static_cast<int64_t>(k) * pr.M + m;
+      if (pr.partial) {
+        pr.partial[z * pr.split_stride + at] = v;
+      } else {
+        pr.out[at] = E(v);
+      }
     }
   };
 };
@@ -429,21 +464,24 @@ __global__ void __launch_bounds__(kThreads, 2) conv_igemm_kernel(const Problem p
   }
 }
 
-// out: (size) = sum over z < splits of partial[z * size + i], in z order (+ bias[(i / PQ) % K]).
-__global__ void split_reduce_kernel(const float* partial, int splits, int64_t size, float* out,
-                                    const float* bias, int64_t PQ, int64_t K) {
+// out: (size) = sum over z < splits of partial[z * size + i], in z order (+ bias[(i / PQ) % K]),
+// rounded once to E.
+template <class E>
+__global__ void split_reduce_kernel(const float* partial, int splits, int64_t size, E* out,
+                                    const E* bias, int64_t PQ, int64_t K) {
   for (int64_t i = dev::global_thread(); i < size; i += dev::grid_stride()) {
     float v = partial[i];
     for (int z = 1; z < splits; ++z) v += partial[z * size + i];
-    if (bias) v += bias[(i / PQ) % K];
-    out[i] = v;
+    if (bias) v += static_cast<float>(bias[(i / PQ) % K]);
+    out[i] = E(v);
   }
 }
 
 // w: (K, C, R, S) -> wt: (K*Rs*Ss, C), the sub-filter of taps r = r0 + sh*a (a < Rs) and
 // s = s0 + sw*b (b < Ss), transposed: row kd = (k*Rs + a)*Ss + b. Stride 1: the whole filter.
-__global__ void transpose_filter_kernel(const float* w, float* wt, int K, int C, int R, int S,
-                                        int r0, int s0, int sh, int sw, int Rs, int Ss) {
+template <class E>
+__global__ void transpose_filter_kernel(const E* w, E* wt, int K, int C, int R, int S, int r0,
+                                        int s0, int sh, int sw, int Rs, int Ss) {
   const int RSs = Rs * Ss;
   const int64_t total = static_cast<int64_t>(K) * C * RSs;
   for (int64_t i = dev::global_thread(); i < total; i += dev::grid_stride()) {
@@ -457,31 +495,36 @@ __global__ void transpose_filter_kernel(const float* w, float* wt, int K, int C,
 }
 
 // Backward-data's split partials (splits, C, M) of one phase -> dx: each value the sum over z in
-// z order, written to its place in dx.
-__global__ void dgrad_reduce_kernel(const DataGradProblem pr, const float* partial, int splits) {
+// z order (+ the channel's bias), rounded once to E and written to its place in dx.
+template <class E>
+__global__ void dgrad_reduce_kernel(const DataGradProblem<E> pr, const float* partial, int splits) {
   const int64_t size = static_cast<int64_t>(pr.Ncol) * pr.M;
   for (int64_t t = dev::global_thread(); t < size; t += dev::grid_stride()) {
     float v = partial[t];
     for (int z = 1; z < splits; ++z) v += partial[z * size + t];
     const int c = static_cast<int>(t / pr.M),
               m = static_cast<int>(t - static_cast<int64_t>(c) * pr.M);
-    pr.out[pr.dx_offset(m) + static_cast<int64_t>(c) * pr.HW] = v;
+    if (pr.bias) v += static_cast<float>(pr.bias[c]);
+    pr.out[pr.dx_offset(m) + static_cast<int64_t>(c) * pr.HW] = E(v);
   }
 }
 
-// A phase of dx that no tap reaches (pr.M rows, pr.Ncol channels): zeros.
-__global__ void dgrad_zero_kernel(const DataGradProblem pr) {
+// A phase of dx that no tap reaches (pr.M rows, pr.Ncol channels): zeros (the bias, if any).
+template <class E>
+__global__ void dgrad_zero_kernel(const DataGradProblem<E> pr) {
   const int64_t size = static_cast<int64_t>(pr.Ncol) * pr.M;
   for (int64_t t = dev::global_thread(); t < size; t += dev::grid_stride()) {
     const int c = static_cast<int>(t / pr.M),
               m = static_cast<int>(t - static_cast<int64_t>(c) * pr.M);
-    pr.out[pr.dx_offset(m) + static_cast<int64_t>(c) * pr.HW] = 0.0f;
+    pr.out[pr.dx_offset(m) + static_cast<int64_t>(c) * pr.HW] = pr.bias ? pr.bias[c] : E(0.0f);
   }
 }
 
-// dy: (N, K, PQ) -> dbias: (K); one block per channel, a fixed-order block reduction in double.
+// dy: (N, K, PQ) -> dbias: (K); one block per channel, a fixed-order block reduction in double,
+// rounded to f32 (then to E).
+template <class E>
 __global__ void __launch_bounds__(256)
-    conv_dbias_kernel(const float* dy, float* dbias, int64_t N, int64_t K, int64_t PQ) {
+    conv_dbias_kernel(const E* dy, E* dbias, int64_t N, int64_t K, int64_t PQ) {
   __shared__ double scratch[32];
   const int64_t k = blockIdx.x;
   const int64_t total = N * PQ;
@@ -490,7 +533,7 @@ __global__ void __launch_bounds__(256)
   const int64_t step_n = 256 / PQ, step_pq = 256 - step_n * PQ;
   double s = 0.0;
   for (; e < total; e += 256) {
-    s += static_cast<double>(dy[(n * K + k) * PQ + pq]);
+    s += static_cast<double>(static_cast<float>(dy[(n * K + k) * PQ + pq]));
     pq += step_pq;
     n += step_n;
     if (pq >= PQ) {
@@ -499,7 +542,7 @@ __global__ void __launch_bounds__(256)
     }
   }
   s = dev::block_sum(s, scratch);
-  if (threadIdx.x == 0) dbias[k] = static_cast<float>(s);
+  if (threadIdx.x == 0) dbias[k] = E(static_cast<float>(s));
 }
 
 // ---- Launch helpers
@@ -541,9 +584,9 @@ Split choose_split(int64_t tiles, int64_t Kdim) {
   return {static_cast<int>(splits), static_cast<int>(kchunk)};
 }
 
-template <class Problem>
-void launch_igemm(const char* name, Problem pr, float* final_out, int64_t out_size,
-                  const float* bias, int64_t PQ, int64_t K) {
+template <class Problem, class E>
+void launch_igemm(const char* name, Problem pr, E* final_out, int64_t out_size, const E* bias,
+                  int64_t PQ, int64_t K) {
   const int64_t gx = detail::ceil_div(pr.M, kBM), gy = detail::ceil_div(pr.Ncol, kBN);
   REGEN_CHECK(gy <= 65535, name, ": ", pr.Ncol, " output columns are too many");
   const Split split = choose_split(gx * gy, pr.Kdim);
@@ -553,13 +596,14 @@ void launch_igemm(const char* name, Problem pr, float* final_out, int64_t out_si
       detail::device(),
       split.splits > 1 ? static_cast<uint64_t>(split.splits) * out_size * sizeof(float) : 0);
   if (dry_run_active()) return;  // the dry path (kernels.h): the partials, requested and unused
-  pr.out = split.splits > 1 ? ws.as<float>() : final_out;
+  pr.out = final_out;
+  pr.partial = split.splits > 1 ? ws.as<float>() : nullptr;
   const dim3 grid(static_cast<unsigned>(gx), static_cast<unsigned>(gy),
                   static_cast<unsigned>(split.splits));
   conv_igemm_kernel<Problem><<<grid, kThreads, 0, stream()>>>(pr);
   REGEN_CUDA_LAUNCH_CHECK(name);
   if (split.splits > 1) {
-    split_reduce_kernel<<<detail::grid_blocks(out_size, 256), 256, 0, stream()>>>(
+    split_reduce_kernel<E><<<detail::grid_blocks(out_size, 256), 256, 0, stream()>>>(
         ws.as<float>(), split.splits, out_size, final_out, bias, PQ, K);
     REGEN_CUDA_LAUNCH_CHECK(name);
   }
@@ -567,28 +611,29 @@ void launch_igemm(const char* name, Problem pr, float* final_out, int64_t out_si
 
 // One phase of backward-data: like launch_igemm, but split partials are laid out compactly
 // (splits, C, M) and reduced into the phase's places in dx.
-void launch_dgrad(const char* name, DataGradProblem pr) {
+template <class E>
+void launch_dgrad(const char* name, DataGradProblem<E> pr) {
   const int64_t gx = detail::ceil_div(pr.M, kBM), gy = detail::ceil_div(pr.Ncol, kBN);
   REGEN_CHECK(gy <= 65535, name, ": ", pr.Ncol, " output columns are too many");
   const Split split = choose_split(gx * gy, pr.Kdim);
   pr.kchunk = split.kchunk;
   const int64_t size = static_cast<int64_t>(pr.Ncol) * pr.M;
   pr.split_stride = size;
-  pr.partials = split.splits > 1;
+  const bool partials = split.splits > 1;
   Workspace ws(detail::device(),
-               pr.partials ? static_cast<uint64_t>(split.splits) * size * sizeof(float) : 0);
+               partials ? static_cast<uint64_t>(split.splits) * size * sizeof(float) : 0);
   if (dry_run_active()) return;  // the dry path (kernels.h): the partials, requested and unused
-  float* dx = pr.out;
-  if (pr.partials) pr.out = ws.as<float>();
+  pr.partial = partials ? ws.as<float>() : nullptr;
   const dim3 grid(static_cast<unsigned>(gx), static_cast<unsigned>(gy),
                   static_cast<unsigned>(split.splits));
-  conv_igemm_kernel<DataGradProblem><<<grid, kThreads, 0, stream()>>>(pr);
+  using Problem = DataGradProblem<E>;  // one template argument at the launch (scripts/cuda-emu)
+  conv_igemm_kernel<Problem><<<grid, kThreads, 0, stream()>>>(pr);
   REGEN_CUDA_LAUNCH_CHECK(name);
-  if (pr.partials) {
-    const float* partial = pr.out;
-    pr.out = dx;
-    dgrad_reduce_kernel<<<detail::grid_blocks(size, 256), 256, 0, stream()>>>(pr, partial,
-                                                                              split.splits);
+  if (partials) {
+    const float* partial = pr.partial;
+    pr.partial = nullptr;
+    dgrad_reduce_kernel<E>
+        <<<detail::grid_blocks(size, 256), 256, 0, stream()>>>(pr, partial, split.splits);
     REGEN_CUDA_LAUNCH_CHECK(name);
   }
 }
@@ -605,11 +650,11 @@ int i32(int64_t v) {
   return static_cast<int>(v);
 }
 
-void native_forward(const float* x, const float* w, const float* bias, float* y,
-                    const ConvShape& s) {
+template <class E>
+void native_forward(const E* x, const E* w, const E* bias, E* y, const ConvShape& s) {
   const char* name = "conv2d_forward";
   check_conv(name, s);
-  ForwardProblem pr{};
+  ForwardProblem<E> pr{};
   pr.x = x;
   pr.w = w;
   pr.M = i32(s.N * s.P * s.Q);
@@ -636,12 +681,13 @@ void native_forward(const float* x, const float* w, const float* bias, float* y,
   pr.table = table_ws.as<int4>();
   const int64_t out_size = s.N * s.K * s.P * s.Q;
   // Split partials get the bias in the reduction, unsplit tiles in the writer.
-  const int64_t gx = detail::ceil_div(pr.M, kBM), gy = detail::ceil_div(pr.Ncol, kBN);
-  pr.bias = choose_split(gx * gy, pr.Kdim).splits > 1 ? nullptr : bias;
+  pr.bias = bias;
   launch_igemm(name, pr, y, out_size, bias, s.P * s.Q, s.K);
 }
 
-void native_backward_data(const float* dy, const float* w, float* dx, const ConvShape& s) {
+// bias: (C) or null, added to dx before its rounding (16-bit conv_transpose2d's forward).
+template <class E>
+void native_backward_data(const E* dy, const E* w, const E* bias, E* dx, const ConvShape& s) {
   const char* name = "conv2d_backward_data";
   check_conv(name, s);
   const int sh = i32(s.stride_h), sw = i32(s.stride_w);
@@ -664,7 +710,7 @@ void native_backward_data(const float* dy, const float* w, float* dx, const Conv
       if (ph.Hs > 0 && ph.Ws > 0) phases.push_back(ph);
     }
   }
-  // [per phase with taps: table (Kpad int4) | sub-filter (K*Rs*Ss*C floats)], in phase order.
+  // [per phase with taps: table (Kpad int4) | sub-filter (K*Rs*Ss*C elements)], in phase order.
   // Each table starts on a 16-byte boundary: the kernel reads its entries as int4, and a
   // sub-filter of an odd number of floats (K*Rs*Ss*C = 9*3*3*3 = 243 for a phase of a 7x7
   // stride-2 layer with 9 filters over 3 channels) would leave the next phase's table misaligned.
@@ -677,7 +723,7 @@ void native_backward_data(const float* dy, const float* w, float* dx, const Conv
     table_at[i] = bytes;
     bytes += static_cast<uint64_t>(detail::ceil_div(kdim, kBK) * kBK) * sizeof(int4);
     wt_at[i] = bytes;
-    bytes += static_cast<uint64_t>(kdim * s.C) * sizeof(float);
+    bytes += static_cast<uint64_t>(kdim * s.C) * sizeof(E);
   }
   Workspace ws(detail::device(), bytes);
   char* base = static_cast<char*>(ws.data());
@@ -685,9 +731,10 @@ void native_backward_data(const float* dy, const float* w, float* dx, const Conv
   const bool dry = dry_run_active();
   for (size_t i = 0; i < phases.size(); ++i) {
     const Phase& ph = phases[i];
-    DataGradProblem pr{};
+    DataGradProblem<E> pr{};
     pr.dy = dy;
     pr.out = dx;
+    pr.bias = bias;
     pr.M = i32(s.N * ph.Hs * ph.Ws);
     pr.Ncol = i32(s.C);
     pr.Kdim = i32(s.K * ph.Rs * ph.Ss);
@@ -707,21 +754,22 @@ void native_backward_data(const float* dy, const float* w, float* dx, const Conv
     pr.CHW = i32(s.C * s.H * s.W);
     if (pr.Kdim == 0) {  // no tap reaches these rows and columns
       if (dry) continue;
-      dgrad_zero_kernel<<<detail::grid_blocks(static_cast<int64_t>(pr.M) * pr.Ncol, 256), 256, 0,
-                          stream()>>>(pr);
+      dgrad_zero_kernel<E>
+          <<<detail::grid_blocks(static_cast<int64_t>(pr.M) * pr.Ncol, 256), 256, 0, stream()>>>(
+              pr);
       REGEN_CUDA_LAUNCH_CHECK(name);
       continue;
     }
     const int Kpad = i32(detail::ceil_div(pr.Kdim, kBK) * kBK);
     auto* table = reinterpret_cast<int4*>(base + table_at[i]);
-    auto* wt = reinterpret_cast<float*>(base + wt_at[i]);
+    auto* wt = reinterpret_cast<E*>(base + wt_at[i]);
     REGEN_CHECK(detail::aligned16(table), name, ": the reduction table of phase ", i,
                 " is not 16-byte aligned");
     if (!dry) {
       build_table(name, table, pr.Kdim, Kpad, ph.Rs * ph.Ss, ph.Ss, i32(s.P * s.Q), 0, 0, kBig);
-      transpose_filter_kernel<<<detail::grid_blocks(static_cast<int64_t>(pr.Kdim) * s.C, 256), 256,
-                                0, stream()>>>(w, wt, i32(s.K), i32(s.C), i32(s.R), i32(s.S), ph.r0,
-                                               ph.s0, sh, sw, ph.Rs, ph.Ss);
+      transpose_filter_kernel<E>
+          <<<detail::grid_blocks(static_cast<int64_t>(pr.Kdim) * s.C, 256), 256, 0, stream()>>>(
+              w, wt, i32(s.K), i32(s.C), i32(s.R), i32(s.S), ph.r0, ph.s0, sh, sw, ph.Rs, ph.Ss);
       REGEN_CUDA_LAUNCH_CHECK(name);
     }
     pr.table = table;
@@ -730,10 +778,11 @@ void native_backward_data(const float* dy, const float* w, float* dx, const Conv
   }
 }
 
-void native_backward_filter(const float* x, const float* dy, float* dw, const ConvShape& s) {
+template <class E>
+void native_backward_filter(const E* x, const E* dy, E* dw, const ConvShape& s) {
   const char* name = "conv2d_backward_filter";
   check_conv(name, s);
-  FilterGradProblem pr{};
+  FilterGradProblem<E> pr{};
   pr.x = x;
   pr.dy = dy;
   pr.M = i32(s.C * s.R * s.S);
@@ -752,14 +801,49 @@ void native_backward_filter(const float* x, const float* dy, float* dw, const Co
   pr.sw = i32(s.stride_w);
   pr.ph = i32(s.pad_h);
   pr.pw = i32(s.pad_w);
-  launch_igemm(name, pr, dw, s.K * s.C * s.R * s.S, nullptr, 1, 1);
+  launch_igemm(name, pr, dw, s.K * s.C * s.R * s.S, static_cast<const E*>(nullptr), 1, 1);
 }
 
-void dbias(const float* dy, float* db, const ConvShape& s) {
+template <class E>
+void dbias(const E* dy, E* db, const ConvShape& s) {
   REGEN_CHECK(s.K <= 0x7fffffff, "conv2d_backward_filter: too many channels");
   if (dry_run_active()) return;  // no workspace: nothing for a dry path to request
-  conv_dbias_kernel<<<static_cast<unsigned>(s.K), 256, 0, stream()>>>(dy, db, s.N, s.K, s.P * s.Q);
+  conv_dbias_kernel<E>
+      <<<static_cast<unsigned>(s.K), 256, 0, stream()>>>(dy, db, s.N, s.K, s.P * s.Q);
   REGEN_CUDA_LAUNCH_CHECK("conv2d_backward_filter (dbias)");
+}
+
+// The passes for any element type: native, or cuDNN when chosen.
+template <class E>
+void forward_any(const E* x, const E* w, const E* bias, E* y, const ConvShape& s) {
+#ifdef REGEN_WITH_CUDNN
+  if (g_conv_algo == ConvAlgo::cudnn) return cudnn_conv::forward(x, w, bias, y, s);
+#endif
+  native_forward(x, w, bias, y, s);
+}
+
+template <class E>
+void backward_data_any(const E* dy, const E* w, const E* bias, E* dx, const ConvShape& s) {
+#ifdef REGEN_WITH_CUDNN
+  if (g_conv_algo == ConvAlgo::cudnn) return cudnn_conv::backward_data(dy, w, bias, dx, s);
+#endif
+  native_backward_data(dy, w, bias, dx, s);
+}
+
+template <class E>
+void backward_filter_any(const E* x, const E* dy, E* dw, E* dbias_out, const ConvShape& s) {
+  if (dw) {
+#ifdef REGEN_WITH_CUDNN
+    if (g_conv_algo == ConvAlgo::cudnn) {
+      cudnn_conv::backward_filter(x, dy, dw, s);
+    } else {
+      native_backward_filter(x, dy, dw, s);
+    }
+#else
+    native_backward_filter(x, dy, dw, s);
+#endif
+  }
+  if (dbias_out) dbias(dy, dbias_out, s);
 }
 
 }  // namespace
@@ -778,32 +862,47 @@ ConvAlgo conv_algo() {
 // x: (N, C, H, W), w: (K, C, R, S), bias: (K) or null -> y: (N, K, P, Q)
 void conv2d_forward(const float* x, const float* w, const float* bias, float* y,
                     const ConvShape& s) {
-#ifdef REGEN_WITH_CUDNN
-  if (g_conv_algo == ConvAlgo::cudnn) return cudnn_conv::forward(x, w, bias, y, s);
-#endif
-  native_forward(x, w, bias, y, s);
+  forward_any(x, w, bias, y, s);
 }
 
 // dy: (N, K, P, Q), w: (K, C, R, S) -> dx: (N, C, H, W)
 void conv2d_backward_data(const float* dy, const float* w, float* dx, const ConvShape& s) {
-#ifdef REGEN_WITH_CUDNN
-  if (g_conv_algo == ConvAlgo::cudnn) return cudnn_conv::backward_data(dy, w, dx, s);
-#endif
-  native_backward_data(dy, w, dx, s);
+  backward_data_any(dy, w, static_cast<const float*>(nullptr), dx, s);
 }
 
 // x: (N, C, H, W), dy: (N, K, P, Q) -> dw: (K, C, R, S), dbias: (K) or null
 void conv2d_backward_filter(const float* x, const float* dy, float* dw, float* dbias_out,
                             const ConvShape& s) {
-#ifdef REGEN_WITH_CUDNN
-  if (g_conv_algo == ConvAlgo::cudnn) {
-    cudnn_conv::backward_filter(x, dy, dw, s);
-    if (dbias_out) dbias(dy, dbias_out, s);
-    return;
-  }
-#endif
-  native_backward_filter(x, dy, dw, s);
-  if (dbias_out) dbias(dy, dbias_out, s);
+  backward_filter_any(x, dy, dw, dbias_out, s);
 }
+
+// The 16-bit forms (cuda_kernels.h): the same passes on 16-bit tensors, f32 inside.
+template <class T>
+void conv2d_forward(const T* x, const T* w, const T* bias, T* y, const ConvShape& s) {
+  forward_any(x, w, bias, y, s);
+}
+template <class T>
+void conv2d_backward_data(const T* dy, const T* w, T* dx, const ConvShape& s) {
+  backward_data_any(dy, w, static_cast<const T*>(nullptr), dx, s);
+}
+template <class T>
+void conv2d_backward_data_with_bias(const T* dy, const T* w, const T* bias, T* dx,
+                                    const ConvShape& s) {
+  backward_data_any(dy, w, bias, dx, s);
+}
+template <class T>
+void conv2d_backward_filter(const T* x, const T* dy, T* dw, T* dbias_out, const ConvShape& s) {
+  backward_filter_any(x, dy, dw, dbias_out, s);
+}
+
+#define REGEN_CONV_HALF(T)                                                             \
+  template void conv2d_forward<T>(const T*, const T*, const T*, T*, const ConvShape&); \
+  template void conv2d_backward_data<T>(const T*, const T*, T*, const ConvShape&);     \
+  template void conv2d_backward_data_with_bias<T>(const T*, const T*, const T*, T*,    \
+                                                  const ConvShape&);                   \
+  template void conv2d_backward_filter<T>(const T*, const T*, T*, T*, const ConvShape&);
+REGEN_CONV_HALF(bfloat16)
+REGEN_CONV_HALF(float16)
+#undef REGEN_CONV_HALF
 
 }  // namespace regen::cuda

@@ -7,11 +7,18 @@
 
 namespace regen::cuda::cudnn_conv {
 
-// Same shapes and semantics as the launchers in kernels/cuda/cuda_kernels.h.
-void forward(const float* x, const float* w, const float* bias, float* y, const ConvShape& s);
-void backward_data(const float* dy, const float* w, float* dx, const ConvShape& s);
+// Same shapes and semantics as the launchers in kernels/cuda/cuda_kernels.h, for E = float and,
+// with f32 compute (CUDNN_DATA_FLOAT convolutions, one rounding of each stored element), for
+// E = bfloat16 and float16.
+template <class E>
+void forward(const E* x, const E* w, const E* bias, E* y, const ConvShape& s);
+// bias: (C) or null, added to dx (conv_transpose2d's forward): for 16-bit E in f32 before the
+// rounding, as the native path and the CPU do.
+template <class E>
+void backward_data(const E* dy, const E* w, const E* bias, E* dx, const ConvShape& s);
 // dw only; dbias is the native deterministic reduction.
-void backward_filter(const float* x, const float* dy, float* dw, const ConvShape& s);
+template <class E>
+void backward_filter(const E* x, const E* dy, E* dw, const ConvShape& s);
 
 }  // namespace regen::cuda::cudnn_conv
 #endif

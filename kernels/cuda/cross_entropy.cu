@@ -13,7 +13,10 @@
 // chunk of rows: linear_cross_entropy_scale validates the targets (one synchronization) and forms
 // dloss / count on the device (ce_count_kernel); forward_rows adds the bias in place and writes
 // the row lse and loss (ce_rows_kernel's arithmetic); forward_loss is ce_mean_kernel;
-// backward_rows turns a chunk of logits into dlogits in place.
+// backward_rows turns a chunk of logits into dlogits in place. The 16-bit path of that op
+// (autograd/ops_linear_cross_entropy_lowp.cpp) tiles the vocabulary in backward: block_dlogits is
+// backward_rows on a (rows, n) block of vocabulary columns [v0, v0 + n), the arithmetic of the
+// CPU's block_dlogits there.
 #include <cstdint>
 
 #include "regen/core/tensor.h"
@@ -168,6 +171,28 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// block: (rows, n) logits of vocabulary columns [v0, v0 + n) -> their gradient in place; bias: all
+// V columns, or null; targets, lse: the block's rows. One block of threads per row.
+__global__ void __launch_bounds__(kThreads)
+    lce_block_dlogits_kernel(float* block, const float* bias, const int64_t* targets,
+                             const float* lse, const float* scale, int64_t n, int64_t v0, int64_t V,
+                             int64_t ignore_index) {
+  const int64_t r = blockIdx.x;
+  const int64_t t = targets[r];
+  float* x = block + r * n;
+  if (t == ignore_index || t < 0 || t >= V) {
+    for (int64_t j = threadIdx.x; j < n; j += kThreads) x[j] = 0.0f;
+    return;
+  }
+  const float g = scale[0], l = lse[r];
+  for (int64_t j = threadIdx.x; j < n; j += kThreads) {
+    const float logit = bias ? x[j] + bias[v0 + j] : x[j];
+    float v = g * expf(logit - l);
+    if (v0 + j == t) v -= g;
+    x[j] = v;
+  }
+}
+
 void check_shape(const char* name, int64_t M, int64_t V) {
   REGEN_CHECK(M >= 0 && V > 0, name, ": bad shape M=", M, " V=", V);
   REGEN_CHECK(M <= 0x7fffffff, name, ": ", M, " rows are too many");
@@ -270,6 +295,19 @@ void linear_cross_entropy_backward_rows(float* logits, const float* bias, const 
   lce_backward_rows_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream()>>>(
       logits, bias, targets, lse, scale, V, ignore_index);
   REGEN_CUDA_LAUNCH_CHECK("linear_cross_entropy_backward_rows");
+}
+
+// block: (rows, n), columns [v0, v0 + n) of V; bias: (V) or null; targets, lse: (rows)
+void linear_cross_entropy_block_dlogits(float* block, const float* bias, const int64_t* targets,
+                                        const float* lse, const float* scale, int64_t rows,
+                                        int64_t n, int64_t v0, int64_t V, int64_t ignore_index) {
+  check_shape("linear_cross_entropy_block_dlogits", rows, V);
+  REGEN_CHECK(n > 0 && v0 >= 0 && v0 + n <= V, "linear_cross_entropy_block_dlogits: columns [", v0,
+              ", ", v0 + n, ") are not inside V = ", V);
+  if (rows == 0) return;
+  lce_block_dlogits_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream()>>>(
+      block, bias, targets, lse, scale, n, v0, V, ignore_index);
+  REGEN_CUDA_LAUNCH_CHECK("linear_cross_entropy_block_dlogits");
 }
 
 }  // namespace regen::cuda

@@ -146,6 +146,14 @@ void linear_cross_entropy_backward_rows(float* logits, const float* bias, const 
                                         const float* lse, const float* scale, int64_t rows,
                                         int64_t V, int64_t ignore_index);
 
+// The 16-bit linear_cross_entropy's backward block (autograd/ops_linear_cross_entropy_lowp.cpp):
+// block (rows, n) f32 logits of vocabulary columns [v0, v0 + n) -> their gradient in place, as
+// linear_cross_entropy_backward_rows on those columns (bias: all V columns, or null; scale: the
+// device scalar of linear_cross_entropy_scale).
+void linear_cross_entropy_block_dlogits(float* block, const float* bias, const int64_t* targets,
+                                        const float* lse, const float* scale, int64_t rows,
+                                        int64_t n, int64_t v0, int64_t V, int64_t ignore_index);
+
 // Fused optimizer updates.
 void sgd_step(float* param, const float* grad, float* momentum_buf, int64_t n, double lr,
               double momentum, double dampening, double weight_decay, bool nesterov,
@@ -235,6 +243,39 @@ void attention_backward(const T* dout, const T* qkv, const T* out, const float* 
 // The 16-bit layer and RMS norms (layernorm_forward_lowp, ..., rmsnorm_backward_lowp: 16-bit x,
 // y, dy, dx; f32 parameters and statistics) are declared beside their ops (REGEN_LAUNCHER in
 // autograd/ops_layernorm.cpp, ops_rmsnorm.cpp), as dropout_forward_lowp is (ops_dropout.cpp).
+// Convolution with 16-bit x, w, bias, y, dy, dx, dw, dbias (kernels/cuda/conv2d.cu, native or
+// cuDNN as set_conv_algo chose): products and sums in f32, each output rounded once after the bias
+// is added in f32; dw the f32 sum rounded once, dbias summed in double and rounded once; dw may be
+// null (the bias gradient alone), as cpu::conv2d_backward_filter<T>'s.
+template <class T>
+void conv2d_forward(const T* x, const T* w, const T* bias, T* y, const ConvShape& s);
+template <class T>
+void conv2d_backward_data(const T* dy, const T* w, T* dx, const ConvShape& s);
+template <class T>
+void conv2d_backward_filter(const T* x, const T* dy, T* dw, T* dbias, const ConvShape& s);
+// conv2d's backward-data with bias: (C) or null added to every plane of channel c in f32 before
+// the one rounding (cpu::conv2d_backward_data_with_bias, kernels/cpu/conv2d_lowp.h): the 16-bit
+// conv_transpose2d forward.
+template <class T>
+void conv2d_backward_data_with_bias(const T* dy, const T* w, const T* bias, T* dx,
+                                    const ConvShape& s);
+// Transposed convolution over the 16-bit conv2d passes (kernels/cuda/conv_transpose2d.cu).
+template <class T>
+void conv_transpose2d_forward(const T* x, const T* w, const T* bias, T* y, const ConvShape& s);
+template <class T>
+void conv_transpose2d_backward_data(const T* dy, const T* w, T* dx, const ConvShape& s);
+template <class T>
+void conv_transpose2d_backward_filter(const T* x, const T* dy, T* dw, T* dbias, const ConvShape& s);
+// C (M, N) f32 = op(A) op(B), or C += op(A) op(B) with accumulate, A and B 16-bit (cublasGemmEx
+// with CUDA_R_32F C, CUBLAS_COMPUTE_32F; kernels/cuda/blas.cpp): cpu::gemm_lowp's contract
+// (kernels/cpu/gemm_lowp.h) without its bias, for the 16-bit linear_cross_entropy. Shapes and
+// strides as gemm's.
+template <class T>
+void gemm_lowp(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const T* A, int64_t lda,
+               const T* B, int64_t ldb, bool accumulate, float* C, int64_t ldc);
+// A tensor's elements converted between f32, f64, bf16 and f16 (kernels/cuda/cast.cu), bitwise
+// cpu::cast's (kernels/cpu/convert.h).
+void cast(const void* x, DType from, void* y, DType to, int64_t n);
 // GEMMs with 16-bit A, B and C through cublasGemmEx (CUDA_R_16BF / CUDA_R_16F operands,
 // CUBLAS_COMPUTE_32F: f32 accumulation, tensor cores on a GPU that has them; alpha and beta in
 // f32, C rounded once per element), as cpu::gemm<T>'s widening GEMM (kernels/cpu/gemm_lowp.h).
@@ -247,6 +288,12 @@ void gemm_batched(bool trans_a, bool trans_b, int64_t batch, int64_t M, int64_t 
                   int64_t stride_b, T beta, T* C, int64_t ldc, int64_t stride_c);
 
 // ---- Settings ----------------------------------------------------------------------------------
+// A device's compute capability (kernels/cuda/device_info.cpp); throws regen::Error when the
+// runtime cannot answer.
+struct ComputeCapability {
+  int major = 0, minor = 0;
+};
+ComputeCapability compute_capability(int device);
 enum class ConvAlgo { native, cudnn };
 // Which convolution the conv2d launchers run (default native). cudnn in a build without cuDNN is
 // a regen::Error.

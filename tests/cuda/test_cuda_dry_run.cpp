@@ -59,11 +59,14 @@ struct Coverage {
   }
 };
 
-// conv2d's and conv_transpose2d's passes with the algorithm set now (set_conv_algo, set_tf32).
+// conv2d's and conv_transpose2d's passes with the algorithm set now (set_conv_algo, set_tf32), on
+// tensors of T (float, or bfloat16 for the 16-bit passes).
 // `native`: the native kernels, whose scratch this knows (forward: the index table always;
 // backward-data: tables and sub-filters always; backward-filter: only split partials); cuDNN's
 // workspace is its algorithm's, 0 or not.
+template <class T>
 void conv_cases(Coverage& cov, bool native, const std::string& algo) {
+  auto make = [](const Shape& shape) { return zeros(shape, dtype_of<T>::value, kGpu); };
   const std::optional<bool> some = native ? std::optional<bool>(true) : std::nullopt;
   const ConvShape convs[] = {
       make_conv_shape(2, 8, 8, 8, 16, 3, 3, 1, 1, 1, 1),   // one phase, no split
@@ -77,22 +80,20 @@ void conv_cases(Coverage& cov, bool native, const std::string& algo) {
     const std::string what = " " + algo + conv_text(s);
     const Shape xs{s.N, s.C, s.H, s.W}, ws{s.K, s.C, s.R, s.S}, ys{s.N, s.K, s.P, s.Q};
     cov.check("conv2d_forward", what, some, [&](const auto& begin) {
-      Tensor x = f32(xs), w = f32(ws), b = f32({s.K}), y = f32(ys);
+      Tensor x = make(xs), w = make(ws), b = make({s.K}), y = make(ys);
       begin();
-      REGEN_LAUNCH(kGpu, float, conv2d_forward, x.data<float>(), w.data<float>(), b.data<float>(),
-                   y.data<float>(), s);
+      REGEN_LAUNCH(kGpu, T, conv2d_forward, x.data<T>(), w.data<T>(), b.data<T>(), y.data<T>(), s);
     });
     cov.check("conv2d_backward_data", what, some, [&](const auto& begin) {
-      Tensor dy = f32(ys), w = f32(ws), dx = f32(xs);
+      Tensor dy = make(ys), w = make(ws), dx = make(xs);
       begin();
-      REGEN_LAUNCH(kGpu, float, conv2d_backward_data, dy.data<float>(), w.data<float>(),
-                   dx.data<float>(), s);
+      REGEN_LAUNCH(kGpu, T, conv2d_backward_data, dy.data<T>(), w.data<T>(), dx.data<T>(), s);
     });
     cov.check("conv2d_backward_filter", what, std::nullopt, [&](const auto& begin) {
-      Tensor x = f32(xs), dy = f32(ys), dw = f32(ws), db = f32({s.K});
+      Tensor x = make(xs), dy = make(ys), dw = make(ws), db = make({s.K});
       begin();
-      REGEN_LAUNCH(kGpu, float, conv2d_backward_filter, x.data<float>(), dy.data<float>(),
-                   dw.data<float>(), db.data<float>(), s);
+      REGEN_LAUNCH(kGpu, T, conv2d_backward_filter, x.data<T>(), dy.data<T>(), dw.data<T>(),
+                   db.data<T>(), s);
     });
   }
   const ConvShape transposed[] = {
@@ -104,25 +105,24 @@ void conv_cases(Coverage& cov, bool native, const std::string& algo) {
     const std::string what = " " + algo + conv_text(s);
     const Shape xs{s.N, s.K, s.P, s.Q}, ws{s.K, s.C, s.R, s.S}, ys{s.N, s.C, s.H, s.W};
     cov.check("conv_transpose2d_forward", what, some, [&](const auto& begin) {
-      Tensor x = f32(xs), w = f32(ws), b = f32({s.C}), y = f32(ys);
+      Tensor x = make(xs), w = make(ws), b = make({s.C}), y = make(ys);
       begin();
-      REGEN_LAUNCH(kGpu, float, conv_transpose2d_forward, x.data<float>(), w.data<float>(),
-                   b.data<float>(), y.data<float>(), s);
+      REGEN_LAUNCH(kGpu, T, conv_transpose2d_forward, x.data<T>(), w.data<T>(), b.data<T>(),
+                   y.data<T>(), s);
     });
     cov.check("conv_transpose2d_backward_data", what, some, [&](const auto& begin) {
-      Tensor dy = f32(ys), w = f32(ws), dx = f32(xs);
+      Tensor dy = make(ys), w = make(ws), dx = make(xs);
       begin();
-      REGEN_LAUNCH(kGpu, float, conv_transpose2d_backward_data, dy.data<float>(), w.data<float>(),
-                   dx.data<float>(), s);
+      REGEN_LAUNCH(kGpu, T, conv_transpose2d_backward_data, dy.data<T>(), w.data<T>(), dx.data<T>(),
+                   s);
     });
     for (bool with_dw : {true, false}) {
       cov.check("conv_transpose2d_backward_filter", what + (with_dw ? "" : " (dbias only)"),
                 with_dw ? std::nullopt : std::optional<bool>(false), [&](const auto& begin) {
-                  Tensor x = f32(xs), dy = f32(ys), dw = f32(ws), db = f32({s.C});
+                  Tensor x = make(xs), dy = make(ys), dw = make(ws), db = make({s.C});
                   begin();
-                  REGEN_LAUNCH(kGpu, float, conv_transpose2d_backward_filter, x.data<float>(),
-                               dy.data<float>(), with_dw ? dw.data<float>() : nullptr,
-                               db.data<float>(), s);
+                  REGEN_LAUNCH(kGpu, T, conv_transpose2d_backward_filter, x.data<T>(), dy.data<T>(),
+                               with_dw ? dw.data<T>() : static_cast<T*>(nullptr), db.data<T>(), s);
                 });
     }
   }
@@ -169,7 +169,8 @@ TEST_CASE(
   }
 
   cuda::set_conv_algo(cuda::ConvAlgo::native);
-  conv_cases(cov, true, "native");
+  conv_cases<float>(cov, true, "native");
+  conv_cases<bfloat16>(cov, true, "native bf16");  // the same scratch, f32 partials
 #ifdef REGEN_WITH_CUDNN
   {
     // cuDNN's plan (algorithm and workspace size) per shape and math mode, as the real call makes
@@ -178,9 +179,10 @@ TEST_CASE(
     cuda::set_conv_algo(cuda::ConvAlgo::cudnn);
     for (bool tf32 : {false, true}) {
       cuda::set_tf32(tf32);
-      conv_cases(cudnn, false, tf32 ? "cudnn tf32" : "cudnn fp32");
+      conv_cases<float>(cudnn, false, tf32 ? "cudnn tf32" : "cudnn fp32");
     }
     cuda::set_tf32(settings.tf32);
+    conv_cases<bfloat16>(cudnn, false, "cudnn bf16");
     cuda::set_conv_algo(cuda::ConvAlgo::native);
     MESSAGE("cuDNN passes with a workspace: ", cudnn.with_scratch.size(), " of ",
             cudnn.checked.size());

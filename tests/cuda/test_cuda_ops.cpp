@@ -29,6 +29,7 @@
 #include "regen/core/cuda/runtime.h"
 #include "regen/core/error.h"
 #include "regen/core/tensor.h"
+#include "regen/kernels/cpu/gemm_lowp.h"
 #include "regen/kernels/kernels.h"
 #include "regen/kernels/lowp_launchers.h"
 #include "regen/kernels/unary_ops.h"
@@ -872,6 +873,131 @@ std::vector<ConvShape> odd_convs() {
       make_conv_shape(2, 17, 10, 12, 33, 3, 1, 3, 1, 1, 0),
   };
 }
+
+// 16-bit convolution (x, w, bias, dy in H; products and sums in f32, each output rounded once after
+// the bias is added in f32) against the CPU's 16-bit passes on the same 16-bit inputs: f32 sums of
+// the reduction length L in different orders (and split-K chunks), then one 16-bit rounding each.
+// dbias is summed in double on both sides and rounded once; dw alone, dbias alone and both.
+template <class H>
+void half_conv_case(Rng& rng, const ConvShape& s, bool bias, cuda::ConvAlgo algo) {
+  const size_t nx = static_cast<size_t>(s.N * s.C * s.H * s.W),
+               nw = static_cast<size_t>(s.K * s.C * s.R * s.S),
+               ny = static_cast<size_t>(s.N * s.K * s.P * s.Q);
+  const auto x = to_half<H>(rng.uniform(nx)), w = to_half<H>(rng.uniform(nw)),
+             b = to_half<H>(rng.uniform(static_cast<size_t>(s.K))),
+             dy = to_half<H>(rng.uniform(ny));
+  std::vector<H> y(ny), dx(nx), dw(nw), db(static_cast<size_t>(s.K));
+  cpu::conv2d_forward<H>(x.data(), w.data(), bias ? b.data() : nullptr, y.data(), s);
+  cpu::conv2d_backward_data<H>(dy.data(), w.data(), dx.data(), s);
+  cpu::conv2d_backward_filter<H>(x.data(), dy.data(), dw.data(), bias ? db.data() : nullptr, s);
+  const std::string tag =
+      str(" %s%s N=%lld C=%lld H=%lld W=%lld K=%lld R=%lld S=%lld stride=%lldx%lld pad=%lldx%lld%s",
+          half_name<H>(), algo == cuda::ConvAlgo::cudnn ? " cudnn" : " native", (long long)s.N,
+          (long long)s.C, (long long)s.H, (long long)s.W, (long long)s.K, (long long)s.R,
+          (long long)s.S, (long long)s.stride_h, (long long)s.stride_w, (long long)s.pad_h,
+          (long long)s.pad_w, bias ? " bias" : "");
+  // cuDNN may pick Winograd or FFT algorithms, whose f32 error is larger than a direct sum's.
+  const double f32_error = algo == cuda::ConvAlgo::cudnn ? 10.0 : 1.0;
+  auto tol = [&](int64_t L) { return half_tol<H>(L, f32_error * (static_cast<double>(L) + 1.0)); };
+  cuda::set_conv_algo(algo);
+  {
+    Case c("conv2d_forward" + tag);
+    const H *dx_ = c.in(x), *dw_ = c.in(w);
+    const H* db_ = bias ? c.in(b) : nullptr;
+    H* dy_ = c.out("y", y, tol(s.C * s.R * s.S));
+    c.run([&] { cuda::conv2d_forward(dx_, dw_, db_, dy_, s); });
+  }
+  {
+    Case c("conv2d_backward_data" + tag);
+    const H *ddy = c.in(dy), *dw_ = c.in(w);
+    H* ddx = c.out("dx", dx, tol(s.K * s.R * s.S));
+    c.run([&] { cuda::conv2d_backward_data(ddy, dw_, ddx, s); });
+  }
+  {
+    Case c("conv2d_backward_filter" + tag);
+    const H *dx_ = c.in(x), *ddy = c.in(dy);
+    H* ddw = c.out("dw", dw, tol(s.N * s.P * s.Q));
+    H* ddb = bias ? c.out("dbias", db, half_tol<H>()) : nullptr;
+    c.run([&] { cuda::conv2d_backward_filter(dx_, ddy, ddw, ddb, s); });
+  }
+  if (bias) {  // the bias gradient alone (dw null), as ops_conv.cpp asks of the 16-bit launcher
+    Case c("conv2d_backward_filter (dbias only)" + tag);
+    const H *dx_ = c.in(x), *ddy = c.in(dy);
+    H* ddb = c.out("dbias", db, half_tol<H>());
+    c.run([&] { cuda::conv2d_backward_filter(dx_, ddy, static_cast<H*>(nullptr), ddb, s); });
+  }
+  cuda::set_conv_algo(cuda::ConvAlgo::native);
+}
+
+// The same for the transposed convolution (s: the ConvShape of the conv2d it is the adjoint of).
+template <class H>
+void half_conv_transpose_case(Rng& rng, const ConvShape& s, bool bias, cuda::ConvAlgo algo) {
+  const size_t nx = static_cast<size_t>(s.N * s.K * s.P * s.Q),
+               nw = static_cast<size_t>(s.K * s.C * s.R * s.S),
+               ny = static_cast<size_t>(s.N * s.C * s.H * s.W);
+  const auto x = to_half<H>(rng.uniform(nx)), w = to_half<H>(rng.uniform(nw)),
+             b = to_half<H>(rng.uniform(static_cast<size_t>(s.C))),
+             dy = to_half<H>(rng.uniform(ny));
+  std::vector<H> y(ny), dx(nx), dw(nw), db(static_cast<size_t>(s.C));
+  cpu::conv_transpose2d_forward<H>(x.data(), w.data(), bias ? b.data() : nullptr, y.data(), s);
+  cpu::conv_transpose2d_backward_data<H>(dy.data(), w.data(), dx.data(), s);
+  cpu::conv_transpose2d_backward_filter<H>(x.data(), dy.data(), dw.data(),
+                                           bias ? db.data() : nullptr, s);
+  const std::string tag = str(
+      " %s%s N=%lld Cin=%lld H=%lld W=%lld Cout=%lld R=%lld S=%lld stride=%lldx%lld pad=%lldx%lld"
+      " out=%lldx%lld%s",
+      half_name<H>(), algo == cuda::ConvAlgo::cudnn ? " cudnn" : " native", (long long)s.N,
+      (long long)s.K, (long long)s.P, (long long)s.Q, (long long)s.C, (long long)s.R,
+      (long long)s.S, (long long)s.stride_h, (long long)s.stride_w, (long long)s.pad_h,
+      (long long)s.pad_w, (long long)s.H, (long long)s.W, bias ? " bias" : "");
+  // cuDNN may pick Winograd or FFT algorithms, whose f32 error is larger than a direct sum's.
+  const double f32_error = algo == cuda::ConvAlgo::cudnn ? 10.0 : 1.0;
+  auto tol = [&](int64_t L) { return half_tol<H>(L, f32_error * (static_cast<double>(L) + 1.0)); };
+  cuda::set_conv_algo(algo);
+  {
+    Case c("conv_transpose2d_forward" + tag);
+    const H *dx_ = c.in(x), *dw_ = c.in(w);
+    const H* db_ = bias ? c.in(b) : nullptr;
+    H* dy_ = c.out("y", y, tol(s.K * s.R * s.S));
+    c.run([&] { cuda::conv_transpose2d_forward(dx_, dw_, db_, dy_, s); });
+  }
+  {
+    Case c("conv_transpose2d_backward_data" + tag);
+    const H *ddy = c.in(dy), *dw_ = c.in(w);
+    H* ddx = c.out("dx", dx, tol(s.C * s.R * s.S));
+    c.run([&] { cuda::conv_transpose2d_backward_data(ddy, dw_, ddx, s); });
+  }
+  {
+    Case c("conv_transpose2d_backward_filter" + tag);
+    const H *dx_ = c.in(x), *ddy = c.in(dy);
+    H* ddw = c.out("dw", dw, tol(s.N * s.H * s.W));
+    H* ddb = bias ? c.out("dbias", db, half_tol<H>()) : nullptr;
+    c.run([&] { cuda::conv_transpose2d_backward_filter(dx_, ddy, ddw, ddb, s); });
+  }
+  cuda::set_conv_algo(cuda::ConvAlgo::native);
+}
+
+// Shapes for the 16-bit convolutions: stride 1 and 2, a 1x1, a 7x7 stem, split-K in forward and
+// in the filter gradient, more than 64 output channels (two column tiles), a phase no tap reaches.
+std::vector<ConvShape> half_convs() {
+  return {
+      make_conv_shape(1, 3, 7, 5, 5, 3, 3, 1, 1, 1, 1),
+      make_conv_shape(2, 5, 9, 9, 7, 1, 1, 2, 2, 0, 0),
+      make_conv_shape(1, 3, 20, 20, 16, 7, 7, 2, 2, 3, 3),
+      make_conv_shape(1, 64, 4, 4, 16, 3, 3, 1, 1, 1, 1),  // split-K forward
+      make_conv_shape(2, 4, 16, 16, 8, 3, 3, 1, 1, 1, 1),  // split-K filter gradient
+      make_conv_shape(1, 2, 8, 8, 129, 2, 2, 2, 2, 0, 0),  // three column tiles
+      make_conv_shape(2, 17, 10, 12, 33, 3, 1, 3, 1, 1, 0),
+  };
+}
+std::vector<ConvShape> half_conv_transposes() {
+  return {
+      make_conv_transpose_shape(2, 16, 4, 4, 8, 2, 2, 2, 2, 0, 0, 0, 0),
+      make_conv_transpose_shape(1, 8, 5, 5, 4, 3, 3, 2, 2, 1, 1, 1, 1),
+      make_conv_transpose_shape(2, 5, 4, 6, 7, 3, 2, 3, 2, 1, 0, 2, 1),
+      make_conv_transpose_shape(1, 64, 3, 3, 4, 3, 3, 1, 1, 1, 1, 0, 0),  // split-K backward-data
+  };
+}
 #endif
 
 // ---- Batch normalization
@@ -1284,6 +1410,71 @@ void linear_cross_entropy_case(Rng& rng, int64_t rows, int64_t V, int64_t ignore
   const float* dscale2 = bw.in(scale);
   bw.run([&] {
     cuda::linear_cross_entropy_backward_rows(dg, db2, dt4, dlse2, dscale2, rows, V, ignore_index);
+  });
+}
+
+// The 16-bit fused head's CUDA pieces (autograd/ops_linear_cross_entropy_lowp.cpp): the GEMM of
+// 16-bit operands into f32 logits (cuda::gemm_lowp against cpu::gemm_lowp: f32 sums of K products
+// in different orders) written and accumulated, and a vocabulary block's dlogits (against the
+// columns [v0, v0 + n) of cpu::linear_cross_entropy_backward_rows on the whole row: the same
+// arithmetic on a tile).
+template <class H>
+void half_linear_cross_entropy_case(Rng& rng, int64_t rows, int64_t V, int64_t K, int64_t v0,
+                                    int64_t n, bool with_bias) {
+  const int64_t ignore_index = -100;
+  const DType dt = dtype_of<H>::value;
+  const auto x = to_half<H>(rng.uniform(static_cast<size_t>(rows * K)));
+  const auto w = to_half<H>(rng.uniform(static_cast<size_t>(V * K)));
+  const auto c0 = rng.uniform(static_cast<size_t>(rows * V));
+  std::vector<float> logits(static_cast<size_t>(rows * V)), acc = c0;
+  cpu::gemm_lowp(false, true, rows, V, K, dt, x.data(), K, dt, w.data(), K, nullptr, false,
+                 logits.data(), V);
+  cpu::gemm_lowp(false, true, rows, V, K, dt, x.data(), K, dt, w.data(), K, nullptr, true,
+                 acc.data(), V);
+  const std::string tag = str(" %s rows=%lld V=%lld K=%lld", half_name<H>(), (long long)rows,
+                              (long long)V, (long long)K);
+  {
+    Case c("gemm_lowp" + tag);
+    const H *dx = c.in(x), *dw = c.in(w);
+    float* out = c.out("logits", logits, dot_tol(K));
+    float* sum = c.inout("accumulated", c0, acc, dot_tol(K + 1));
+    c.run([&] {
+      cuda::gemm_lowp(false, true, rows, V, K, dx, K, dw, K, false, out, V);
+      cuda::gemm_lowp(false, true, rows, V, K, dx, K, dw, K, true, sum, V);
+    });
+  }
+  auto targets = rng.ints(static_cast<size_t>(rows), 0, V - 1);
+  targets[0] = ignore_index;
+  if (rows > 2) targets[2] = v0;  // a target inside the block
+  const auto bias = rng.uniform(static_cast<size_t>(V), -1, 1);
+  const float* b = with_bias ? bias.data() : nullptr;
+  std::vector<float> biased = logits, lse(static_cast<size_t>(rows)), scale(1);
+  std::vector<double> row_loss(static_cast<size_t>(rows));
+  const std::vector<float> dloss{0.75f};
+  cpu::linear_cross_entropy_forward_rows<float>(biased.data(), b, targets.data(), lse.data(),
+                                                row_loss.data(), rows, V, ignore_index);
+  cpu::linear_cross_entropy_scale<float>(dloss.data(), targets.data(), scale.data(), rows, V,
+                                         ignore_index);
+  std::vector<float> full = logits;
+  cpu::linear_cross_entropy_backward_rows<float>(full.data(), b, targets.data(), lse.data(),
+                                                 scale.data(), rows, V, ignore_index);
+  std::vector<float> block(static_cast<size_t>(rows * n)), ref(block.size());
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t j = 0; j < n; ++j) {
+      block[static_cast<size_t>(r * n + j)] = logits[static_cast<size_t>(r * V + v0 + j)];
+      ref[static_cast<size_t>(r * n + j)] = full[static_cast<size_t>(r * V + v0 + j)];
+    }
+  }
+  Case c("linear_cross_entropy_block_dlogits" + tag +
+         str(" v0=%lld n=%lld%s", (long long)v0, (long long)n, with_bias ? " bias" : ""));
+  float* dblock = c.inout("dlogits", block, ref, Tol{1e-10, 1e-4, 1e-10});
+  const float* db = with_bias ? c.in(bias) : nullptr;
+  const int64_t* dtg = c.in(targets);
+  const float* dlse = c.in(lse);
+  const float* dscale = c.in(scale);
+  c.run([&] {
+    cuda::linear_cross_entropy_block_dlogits(dblock, db, dtg, dlse, dscale, rows, n, v0, V,
+                                             ignore_index);
   });
 }
 
@@ -2139,6 +2330,43 @@ TEST_CASE("conv2d cudnn") {
 #endif
 
 #if REGEN_HAVE_CPU_CONV2D
+TEST_CASE("conv2d and conv_transpose2d 16-bit native") {
+  use_gpu();
+  Rng rng(16);
+  for (const ConvShape& s : half_convs()) {
+    half_conv_case<bfloat16>(rng, s, true, cuda::ConvAlgo::native);
+    half_conv_case<float16>(rng, s, false, cuda::ConvAlgo::native);
+  }
+  half_conv_case<float16>(rng, half_convs()[1], true, cuda::ConvAlgo::native);
+  for (const ConvShape& s : half_conv_transposes()) {
+    half_conv_transpose_case<bfloat16>(rng, s, true, cuda::ConvAlgo::native);
+    half_conv_transpose_case<float16>(rng, s, s.K > 8, cuda::ConvAlgo::native);
+  }
+  if (kEmulated) return;
+  for (const ConvShape& s : remat_resnet_convs())
+    half_conv_case<bfloat16>(rng, s, false, cuda::ConvAlgo::native);
+  for (const ConvShape& s : resnet152_convs(2))
+    half_conv_case<float16>(rng, s, false, cuda::ConvAlgo::native);
+  for (const ConvShape& s : conv_transpose_shapes())
+    half_conv_transpose_case<bfloat16>(rng, s, true, cuda::ConvAlgo::native);
+}
+#ifdef REGEN_WITH_CUDNN
+// cuDNN's 16-bit convolutions (f32 compute) as the comparison path: a GPU only (not emulated).
+TEST_CASE("conv2d and conv_transpose2d 16-bit cudnn") {
+  use_gpu();
+  if (kEmulated) return;
+  Rng rng(17);
+  for (const ConvShape& s : half_convs()) {
+    half_conv_case<bfloat16>(rng, s, true, cuda::ConvAlgo::cudnn);
+    half_conv_case<float16>(rng, s, true, cuda::ConvAlgo::cudnn);
+  }
+  for (const ConvShape& s : half_conv_transposes()) {
+    half_conv_transpose_case<bfloat16>(rng, s, true, cuda::ConvAlgo::cudnn);
+    half_conv_transpose_case<float16>(rng, s, true, cuda::ConvAlgo::cudnn);
+  }
+}
+#endif
+
 TEST_CASE("conv_transpose2d native") {
   use_gpu();
   if (kEmulated) {  // scripts/cuda-emu: shapes an emulator finishes in minutes
@@ -2401,9 +2629,13 @@ TEST_CASE("linear_cross_entropy") {
     linear_cross_entropy_case(rng, 1, 7, 0, true);
     linear_cross_entropy_case(rng, 4, 7, 1, true);  // every row ignored
     linear_cross_entropy_errors();
+    half_linear_cross_entropy_case<bfloat16>(rng, 6, 37, 12, 10, 17, true);
+    half_linear_cross_entropy_case<float16>(rng, 5, 300, 20, 0, 300, false);
     return;
   }
   Rng rng(13);
+  half_linear_cross_entropy_case<bfloat16>(rng, 64, 3000, 256, 1000, 1500, true);
+  half_linear_cross_entropy_case<float16>(rng, 33, 501, 64, 0, 501, false);
   // The seed Transformer's automatic chunk (256 rows of 30000 classes) and odd shapes.
   linear_cross_entropy_case(rng, 256, 30000, 5, true);
   linear_cross_entropy_case(rng, 187, 30000, 0, false);

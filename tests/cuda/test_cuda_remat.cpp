@@ -3,7 +3,7 @@
 // (allocated and reserved) equal the simulator's to the byte every step, and feasible budgets are
 // met. Also: one training step on cuda:0 against the same step on the CPU (every op's forward
 // output, the loss, and every parameter gradient where gradients are well conditioned, within
-// FP32 tolerance). Skipped (exit 77) without a GPU.
+// FP32 tolerance); and two bf16 and fp16 steps against the CPU's. Skipped (exit 77) without a GPU.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -92,7 +92,69 @@ void compare_with_cpu(const ModelConfig& cfg, int64_t batch, double rtol, bool g
   CHECK(worst <= rtol);
 }
 
+// Counts the forward ops whose output is 16-bit (each a place where the two devices round).
+struct LowpCounter final : TapeHooks {
+  int64_t rounded = 0;
+  void on_forward_end(Tape&, int32_t, const std::vector<Tensor>& outputs) override {
+    for (const Tensor& t : outputs) {
+      if (t.defined() && (t.dtype() == DType::bf16 || t.dtype() == DType::f16)) {
+        ++rounded;
+        break;
+      }
+    }
+  }
+};
+
+// Two training steps in `precision` (bf16 or fp16) on cuda:0 against the same steps on the CPU:
+// every op on its 16-bit path on both devices. The devices sum in f32 in different orders, so a
+// stored 16-bit element may land one rounding (2u) apart at each of the L ops that round; taken as
+// independent, the loss moves by about 2u sqrt(L) of itself, the bar for both steps' losses (the
+// second after an update from the first step's gradients).
+void compare_mixed_with_cpu(const ModelConfig& cfg, int64_t batch, const std::string& precision) {
+  auto make = [&](Device device) {
+    SessionOptions o = run_options(cfg, batch, device);
+    o.precision = precision;
+    std::unique_ptr<Session> s = make_session(o, Preflight::none);
+    Run r;
+    r.model = std::move(s->model);
+    r.opt = std::move(s->optimizer);
+    r.data = std::move(s->data);
+    r.trainer = std::move(s->trainer);
+    return r;
+  };
+  CAPTURE(cfg.name);
+  CAPTURE(precision);
+  fresh_allocator(Device::cpu());
+  Run cpu = make(Device::cpu());
+  LowpCounter counter;
+  const Trace c = train(cpu, 2, &counter);
+  fresh_allocator(kGpu);
+  Run gpu = make(kGpu);
+  const Trace g = train(gpu, 2, nullptr);
+  const double u = precision == "bf16" ? 0x1p-8 : 0x1p-11;
+  const int64_t L = counter.rounded / 2;  // per step
+  REQUIRE(L > 0);                         // the steps did run in 16 bits
+  const double rtol = 2 * u * std::sqrt(static_cast<double>(L));
+  for (size_t i = 0; i < 2; ++i) {
+    const double rel = std::fabs(g.losses[i] - c.losses[i]) / std::fabs(c.losses[i]);
+    MESSAGE(cfg.name << " " << precision << " step " << i + 1 << ": loss cpu " << c.losses[i]
+                     << " cuda " << g.losses[i] << ", relative difference " << rel << " (bar "
+                     << rtol << ", " << L << " rounding ops)");
+    CHECK(std::isfinite(g.losses[i]));
+    CHECK(rel <= rtol);
+  }
+}
+
 }  // namespace
+
+// Mixed precision on cuda:0 (docs/precision.md, CUDA): small enough for the host emulation, whose
+// remat suite runs it (scripts/cuda-emu/run.sh remat -tc="*mixed*").
+TEST_CASE("cuda mixed precision: two bf16 and fp16 steps of resnet-tiny and transformer-tiny") {
+  for (const std::string p : {"bf16", "fp16"}) {
+    compare_mixed_with_cpu(model_preset("transformer-tiny"), 2, p);
+    compare_mixed_with_cpu(model_preset("resnet-tiny"), 2, p);
+  }
+}
 
 TEST_CASE("cuda remat: transformer-tiny, every planner: bitwise, exact peaks, budgets met") {
   check_model(model_preset("transformer-tiny"), 4,

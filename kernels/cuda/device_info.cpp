@@ -1,0 +1,24 @@
+// What regen asks of a CUDA device beyond the runtime's basics (declared in
+// kernels/cuda/cuda_kernels.h): its compute capability, for the precision check of
+// session/options.cpp (bf16 needs 8.0). The host emulation (scripts/cuda-emu) has no device to
+// ask: its stand-in answers the capability the build targets by default (stand-ins/
+// emu_device_attributes.h).
+#include <cuda_runtime.h>
+
+#include "regen/core/cuda/runtime.h"
+#include "regen/kernels/cuda/cuda_kernels.h"
+
+#if __has_include("emu_device_attributes.h")
+#include "emu_device_attributes.h"
+#endif
+
+namespace regen::cuda {
+
+ComputeCapability compute_capability(int device) {
+  ComputeCapability cc;
+  REGEN_CUDA_CHECK(cudaDeviceGetAttribute(&cc.major, cudaDevAttrComputeCapabilityMajor, device));
+  REGEN_CUDA_CHECK(cudaDeviceGetAttribute(&cc.minor, cudaDevAttrComputeCapabilityMinor, device));
+  return cc;
+}
+
+}  // namespace regen::cuda
