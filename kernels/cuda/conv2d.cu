@@ -43,12 +43,15 @@
 // f32. dw is the f32 sum rounded once; dbias is summed in double and rounded once (to f32, then to
 // E, as the CPU does), and a null dw asks for dbias alone. Backward-data may add a per-channel
 // bias before its rounding: conv_transpose2d's 16-bit forward (conv2d_backward_data_with_bias).
+#include <map>
+#include <mutex>
 #include <type_traits>
 #include <vector>
 
 #include "regen/core/tensor.h"
 #include "regen/kernels/cuda/common.cuh"
 #include "regen/kernels/cuda/conv2d_cudnn.h"
+#include "regen/kernels/cuda/conv2d_tc.h"
 #include "regen/kernels/cuda/cuda_kernels.h"
 
 namespace regen::cuda {
@@ -813,12 +816,37 @@ void dbias(const E* dy, E* db, const ConvShape& s) {
   REGEN_CUDA_LAUNCH_CHECK("conv2d_backward_filter (dbias)");
 }
 
-// The passes for any element type: native, or cuDNN when chosen.
+// Whether the native 16-bit passes run on tensor cores (kernels/cuda/conv2d_tc.h): bf16 and f16
+// on a device of compute capability 8.0 or later (asked once per device). f32 stays on the
+// CUDA-core kernels above (TF32 through conv2d_tc is not chosen: regen's own f32 convolution is
+// strict FP32). The filter gradient stays on native_backward_filter: the tensor-core one
+// materializes an im2col matrix of x in its workspace (C R S N P Q elements, about 115 MB for a
+// ResNet 3x3 layer at batch 32 in bf16), a transient the memory planner would have to fit at every
+// layer's backward.
+template <class E>
+bool tensor_core_pass(const ConvShape& s) {
+  if constexpr (std::is_same<E, float>::value) {
+    return false;
+  } else {
+    static std::mutex mutex;
+    static std::map<int, bool> known;
+    const int dev = detail::device().index;
+    std::lock_guard<std::mutex> lock(mutex);
+    auto it = known.find(dev);
+    if (it == known.end()) it = known.emplace(dev, compute_capability(dev).major >= 8).first;
+    return it->second && s.N * s.C * s.H * s.W < (int64_t{1} << 31) &&
+           s.N * s.K * s.P * s.Q < (int64_t{1} << 31) && s.K * s.C * s.R * s.S < (int64_t{1} << 31);
+  }
+}
+
+// The passes for any element type: native (on tensor cores in 16-bit where tensor_core_pass),
+// or cuDNN when chosen.
 template <class E>
 void forward_any(const E* x, const E* w, const E* bias, E* y, const ConvShape& s) {
 #ifdef REGEN_WITH_CUDNN
   if (g_conv_algo == ConvAlgo::cudnn) return cudnn_conv::forward(x, w, bias, y, s);
 #endif
+  if (tensor_core_pass<E>(s)) return tc::conv2d_forward_tc(x, w, bias, y, tc::conv_tc_shape(s));
   native_forward(x, w, bias, y, s);
 }
 
@@ -827,6 +855,9 @@ void backward_data_any(const E* dy, const E* w, const E* bias, E* dx, const Conv
 #ifdef REGEN_WITH_CUDNN
   if (g_conv_algo == ConvAlgo::cudnn) return cudnn_conv::backward_data(dy, w, bias, dx, s);
 #endif
+  // The tensor-core pass adds no bias (conv_transpose2d's forward passes one): native then.
+  if (!bias && tensor_core_pass<E>(s))
+    return tc::conv2d_backward_data_tc(dy, w, dx, tc::conv_tc_shape(s));
   native_backward_data(dy, w, bias, dx, s);
 }
 

@@ -90,7 +90,13 @@ std::string cuda_graph_refusal(const Trainer& trainer, const Plan* plan, bool ho
     return "the plan keeps tensors or optimizer state on the host tier (offload): its copies and "
            "their waits run on the copy queues' own streams, which are not captured yet";
   }
-  return "";
+  // The gap that stops every capture today (docs/memory.md, "One CUDA graph per step"): refused
+  // here, before the first step, so `on` names it and `auto` trains uncaptured, rather than a
+  // capture failing half-way through a step.
+  return "backward's seed of ones is filled in host memory and copied to the device at every step "
+         "(core/tensor.cpp fills `full` on the host), which a graph cannot replay: the capture of "
+         "a "
+         "step is not complete yet";
 }
 
 #ifdef REGEN_WITH_CUDA
