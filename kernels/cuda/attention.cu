@@ -723,24 +723,9 @@ AttnParamsT<T> make_params(const char* name, const AttentionShape& s) {
   return p;
 }
 
-// Raises the kernel's dynamic shared-memory limit on the current device to `smem`. The attribute
-// stays with the kernel on its device, so the driver call is made once per (kernel, device), again
-// only when a launch needs more than was set.
-void allow_shared_memory(const void* kernel, size_t smem) {
-  static std::mutex mutex;
-  static std::map<std::pair<const void*, int>, size_t> allowed;
-  const std::pair<const void*, int> key{kernel, current_device()};
-  std::lock_guard<std::mutex> lock(mutex);
-  size_t& have = allowed[key];
-  if (smem <= have) return;
-  REGEN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        static_cast<int>(smem)));
-  have = smem;
-}
-
 template <class Kernel, class P>
 void launch(const char* name, Kernel kernel, dim3 grid, size_t smem, const P& p) {
-  allow_shared_memory(reinterpret_cast<const void*>(kernel), smem);
+  detail::allow_shared_memory(reinterpret_cast<const void*>(kernel), smem);
   kernel<<<grid, kThreads, smem, stream()>>>(p);
   REGEN_CUDA_LAUNCH_CHECK(name);
 }

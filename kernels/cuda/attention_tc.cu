@@ -517,22 +517,9 @@ bool tensor_cores_present() {
 #endif
 }
 
-// Raises a kernel's dynamic shared-memory limit on the current device once per (kernel, device).
-void allow_shared_memory(const void* kernel, size_t smem) {
-  static std::mutex mutex;
-  static std::map<std::pair<const void*, int>, size_t> allowed;
-  const std::pair<const void*, int> key{kernel, current_device()};
-  std::lock_guard<std::mutex> lock(mutex);
-  size_t& have = allowed[key];
-  if (smem <= have) return;
-  REGEN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        static_cast<int>(smem)));
-  have = smem;
-}
-
 template <class Kernel>
 void launch(const char* name, Kernel kernel, dim3 grid, size_t smem, const FlashParams& p) {
-  allow_shared_memory(reinterpret_cast<const void*>(kernel), smem);
+  detail::allow_shared_memory(reinterpret_cast<const void*>(kernel), smem);
   kernel<<<grid, kThreads, smem, stream()>>>(p);
   REGEN_CUDA_LAUNCH_CHECK(name);
 }

@@ -1,9 +1,13 @@
 // Host-side helpers shared by the CUDA launchers (kernels/cuda/*.cu, *.cpp): the current device,
-// grid sizing for grid-stride loops, and reading a small result back to the host.
+// grid sizing for grid-stride loops, a kernel's dynamic shared-memory limit, and reading a small
+// result back to the host.
 #pragma once
 
 #ifdef REGEN_WITH_CUDA
 #include <cstdint>
+#include <map>
+#include <mutex>
+#include <utility>
 
 #include "regen/core/cuda/graph.h"
 #include "regen/core/cuda/runtime.h"
@@ -46,6 +50,21 @@ template <class T>
 T read_back_flag(const T* device_ptr, T none) {
   if (capturing()) return none;
   return read_back(device_ptr);
+}
+
+// Raises a kernel's dynamic shared-memory limit on the current device to `smem`. The attribute
+// stays with the kernel on its device, so the driver call is made once per (kernel, device), again
+// only when a launch needs more than was set.
+inline void allow_shared_memory(const void* kernel, size_t smem) {
+  static std::mutex mutex;
+  static std::map<std::pair<const void*, int>, size_t> allowed;
+  const std::pair<const void*, int> key{kernel, current_device()};
+  std::lock_guard<std::mutex> lock(mutex);
+  size_t& have = allowed[key];
+  if (smem <= have) return;
+  REGEN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        static_cast<int>(smem)));
+  have = smem;
 }
 
 inline bool aligned16(const void* p) {
