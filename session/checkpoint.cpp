@@ -639,7 +639,8 @@ void load_zero3_weights(Session& s, dist::DataParallel& dp, const SafetensorsFil
                 " ", path, ": the chunk of '", name, "' is ", it->second.str(),
                 ", but this rank's is ", shard.str());
   }
-  for (const auto& [name, t] : s.model->state_dict()) {
+  for (const auto& entry : s.model->state_dict()) {
+    const std::string& name = entry.first;  // a plain reference: a lambda cannot capture a binding
     if (sharded.count(name) > 0) continue;
     REGEN_CHECK(
         std::any_of(rest.begin(), rest.end(), [&](const auto& kv) { return kv.first == name; }),
