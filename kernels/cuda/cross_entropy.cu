@@ -149,30 +149,9 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// logits: (rows, V) chunk without bias, in place -> dlogits; lse, targets: (rows); scale: (1).
-// One block per row; the same expression per element as ce_backward_kernel.
-__global__ void __launch_bounds__(kThreads)
-    lce_backward_rows_kernel(float* logits, const float* bias, const int64_t* targets,
-                             const float* lse, const float* scale, int64_t V,
-                             int64_t ignore_index) {
-  const int64_t r = blockIdx.x;
-  const int64_t t = targets[r];
-  float* x = logits + r * V;
-  if (t == ignore_index || t < 0 || t >= V) {
-    for (int64_t j = threadIdx.x; j < V; j += kThreads) x[j] = 0.0f;
-    return;
-  }
-  const float g = scale[0], l = lse[r];
-  for (int64_t j = threadIdx.x; j < V; j += kThreads) {
-    const float logit = bias ? x[j] + bias[j] : x[j];
-    float v = g * expf(logit - l);
-    if (j == t) v -= g;
-    x[j] = v;
-  }
-}
-
 // block: (rows, n) logits of vocabulary columns [v0, v0 + n) -> their gradient in place; bias: all
-// V columns, or null; targets, lse: the block's rows. One block of threads per row.
+// V columns, or null; targets, lse: the block's rows. One block of threads per row; the same
+// expression per element as ce_backward_kernel. A whole chunk of rows is the block v0 = 0, n = V.
 __global__ void __launch_bounds__(kThreads)
     lce_block_dlogits_kernel(float* block, const float* bias, const int64_t* targets,
                              const float* lse, const float* scale, int64_t n, int64_t v0, int64_t V,
@@ -292,8 +271,8 @@ void linear_cross_entropy_backward_rows(float* logits, const float* bias, const 
                                         int64_t V, int64_t ignore_index) {
   check_shape("linear_cross_entropy_backward_rows", rows, V);
   if (rows == 0) return;
-  lce_backward_rows_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream()>>>(
-      logits, bias, targets, lse, scale, V, ignore_index);
+  lce_block_dlogits_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream()>>>(
+      logits, bias, targets, lse, scale, V, 0, V, ignore_index);
   REGEN_CUDA_LAUNCH_CHECK("linear_cross_entropy_backward_rows");
 }
 
