@@ -43,14 +43,13 @@
 // kernels/cuda/attention.cu; those calls stay there), 16-byte aligned tensors. Indices within a
 // (batch, head) are 32-bit; the batch and head offsets are 64-bit.
 #include <cmath>
-#include <map>
-#include <mutex>
 #include <type_traits>
 #include <utility>
 
 #include "regen/core/tensor.h"
 #include "regen/kernels/cuda/attention_tc.h"
 #include "regen/kernels/cuda/common.cuh"
+#include "regen/kernels/cuda/cuda_kernels.h"
 #include "regen/kernels/cuda/mma.cuh"
 #include "regen/kernels/kernels.h"
 
@@ -503,15 +502,7 @@ __global__ void __launch_bounds__(kThreads) flash_dq_kernel(const FlashParams p)
 // Whether the current device has the bf16/f16 mma of sm_80 (asked once per device).
 bool tensor_cores_present() {
 #ifndef REGEN_CUDA_EMU_MMA
-  static std::mutex mutex;
-  static std::map<int, bool> known;
-  const int dev = current_device();
-  std::lock_guard<std::mutex> lock(mutex);
-  auto it = known.find(dev);
-  if (it != known.end()) return it->second;
-  int major = 0;
-  REGEN_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-  return known[dev] = major >= 8;
+  return has_tensor_cores(current_device());
 #else
   return true;
 #endif

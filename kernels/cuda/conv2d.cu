@@ -43,8 +43,6 @@
 // f32. dw is the f32 sum rounded once; dbias is summed in double and rounded once (to f32, then to
 // E, as the CPU does), and a null dw asks for dbias alone. Backward-data may add a per-channel
 // bias before its rounding: conv_transpose2d's 16-bit forward (conv2d_backward_data_with_bias).
-#include <map>
-#include <mutex>
 #include <type_traits>
 #include <vector>
 
@@ -817,7 +815,7 @@ void dbias(const E* dy, E* db, const ConvShape& s) {
 }
 
 // Whether the native 16-bit passes run on tensor cores (kernels/cuda/conv2d_tc.h): bf16 and f16
-// on a device of compute capability 8.0 or later (asked once per device). f32 stays on the
+// on a device of compute capability 8.0 or later (has_tensor_cores). f32 stays on the
 // CUDA-core kernels above (TF32 through conv2d_tc is not chosen: regen's own f32 convolution is
 // strict FP32). The filter gradient stays on native_backward_filter: the tensor-core one
 // materializes an im2col matrix of x in its workspace (C R S N P Q elements, about 115 MB for a
@@ -828,13 +826,7 @@ bool tensor_core_pass(const ConvShape& s) {
   if constexpr (std::is_same<E, float>::value) {
     return false;
   } else {
-    static std::mutex mutex;
-    static std::map<int, bool> known;
-    const int dev = detail::device().index;
-    std::lock_guard<std::mutex> lock(mutex);
-    auto it = known.find(dev);
-    if (it == known.end()) it = known.emplace(dev, compute_capability(dev).major >= 8).first;
-    return it->second && s.N * s.C * s.H * s.W < (int64_t{1} << 31) &&
+    return has_tensor_cores(current_device()) && s.N * s.C * s.H * s.W < (int64_t{1} << 31) &&
            s.N * s.K * s.P * s.Q < (int64_t{1} << 31) && s.K * s.C * s.R * s.S < (int64_t{1} << 31);
   }
 }

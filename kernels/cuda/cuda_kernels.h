@@ -294,6 +294,9 @@ struct ComputeCapability {
   int major = 0, minor = 0;
 };
 ComputeCapability compute_capability(int device);
+// Whether `device` has the bf16/f16 mma of sm_80 (compute capability 8.0 or later), asked of the
+// runtime once per device: the tensor-core convolution and attention are chosen by it.
+bool has_tensor_cores(int device);
 enum class ConvAlgo { native, cudnn };
 // Which convolution the conv2d launchers run (default native). cudnn in a build without cuDNN is
 // a regen::Error.

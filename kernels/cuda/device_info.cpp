@@ -5,6 +5,9 @@
 // emu_device_attributes.h).
 #include <cuda_runtime.h>
 
+#include <map>
+#include <mutex>
+
 #include "regen/core/cuda/runtime.h"
 #include "regen/kernels/cuda/cuda_kernels.h"
 
@@ -19,6 +22,15 @@ ComputeCapability compute_capability(int device) {
   REGEN_CUDA_CHECK(cudaDeviceGetAttribute(&cc.major, cudaDevAttrComputeCapabilityMajor, device));
   REGEN_CUDA_CHECK(cudaDeviceGetAttribute(&cc.minor, cudaDevAttrComputeCapabilityMinor, device));
   return cc;
+}
+
+bool has_tensor_cores(int device) {
+  static std::mutex mutex;
+  static std::map<int, bool> known;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = known.find(device);
+  if (it == known.end()) it = known.emplace(device, compute_capability(device).major >= 8).first;
+  return it->second;
 }
 
 }  // namespace regen::cuda
