@@ -62,10 +62,12 @@ std::string torch_baseline_command(const Flags& f, const ModelConfig& c, Device 
   const bool resnet = c.name == "resnet18" || c.name == "resnet34" || c.name == "resnet50" ||
                       c.name == "resnet101" || c.name == "resnet152";
   const bool lm = c.name == "transformer" || c.name == "bert-base";
-  const bool known = (resnet && c.num_classes == 1000) || (lm && c.vocab == 30000);
+  const bool gpt2 = c.name == "gpt2" || c.name == "gpt2-medium";
+  const bool known = (resnet && c.num_classes == 1000) || (lm && c.vocab == 30000) ||
+                     (gpt2 && c.vocab == 50257);
   if (!known || f.m.optimizer != "sgd" || f.m.momentum != 0.9 || f.m.weight_decay != 0) return "";
   char dropout[48] = "";
-  if (!resnet) {
+  if (lm) {
     std::snprintf(dropout, sizeof dropout, " --dropout %g", static_cast<double>(c.dropout));
   }
   char buf[512];
@@ -170,8 +172,8 @@ void run(Flags f) {
     } else {
       std::printf(
           "  PyTorch: tools/torch_baseline.py has no peer for this configuration (it "
-          "runs resnet18..152 with 1000 classes and transformer / bert-base with a "
-          "30000 vocabulary, SGD with momentum 0.9)\n");
+          "runs resnet18..152 with 1000 classes, transformer / bert-base with a "
+          "30000 vocabulary and gpt2 / gpt2-medium with 50257, SGD with momentum 0.9)\n");
     }
   }
 
