@@ -192,6 +192,11 @@ void gemm_suite() {
       {131, 97, 83, 1.5, 0.0},     // 2.1e6 flops, M >= N: rows split across threads
       {70, 160, 100, 0.75, -1.0},  // 2.2e6 flops, N > M: columns split across threads
       {64, 300, 129, 1.0, 1.0},    // 5e6 flops, K not a multiple of any block
+      // f32 from 8e6 flops with both sides of C at least 32: the packed GEMM (kernels/cpu/gemm.cpp)
+      {96, 120, 400, 1.0, 0.0},   // rows split, K past one depth block of 256
+      {200, 64, 330, 1.0, 1.0},   // accumulate into C
+      {48, 257, 700, 2.5, 0.0},   // columns split, alpha applied after the sums
+      {100, 100, 500, 0.5, 0.5},  // a beta the packed GEMM has no form for: Eigen
   };
   uint64_t seed = 100;
   for (const GemmCase& c : cases) {
@@ -209,6 +214,104 @@ void gemm_suite() {
 TEST_CASE("cpu gemm: all transposes, padded strides, alpha and beta, 1 and 2 threads") {
   gemm_suite<float>();
   gemm_suite<double>();
+}
+
+TEST_CASE("cpu gemm: f32 on the packed GEMM gives the same bits at 1 and 2 threads") {
+  for (const bool ta : {false, true}) {
+    for (const bool tb : {false, true}) {
+      const int64_t M = 150, N = 130, K = 600;  // 23 MFLOP: the packed GEMM
+      std::vector<float> A(static_cast<size_t>(M * K)), B(static_cast<size_t>(K * N));
+      for (size_t i = 0; i < A.size(); ++i) A[i] = std::sin(0.37f * static_cast<float>(i));
+      for (size_t i = 0; i < B.size(); ++i) B[i] = std::cos(0.11f * static_cast<float>(i));
+      std::vector<float> C1(static_cast<size_t>(M * N)), C2(C1.size());
+      const int64_t lda = ta ? M : K, ldb = tb ? K : N;
+      with_threads(1, [&] {
+        cpu::gemm<float>(ta, tb, M, N, K, 1.0f, A.data(), lda, B.data(), ldb, 0.0f, C1.data(), N);
+      });
+      with_threads(2, [&] {
+        cpu::gemm<float>(ta, tb, M, N, K, 1.0f, A.data(), lda, B.data(), ldb, 0.0f, C2.data(), N);
+      });
+      CHECK_MESSAGE(std::memcmp(C1.data(), C2.data(), C1.size() * sizeof(float)) == 0, "ta=", ta,
+                    " tb=", tb);
+    }
+  }
+}
+
+TEST_CASE("unary tanh_f32: within 2 ulp of tanh, odd, specials, the same bits vectorized") {
+  // Every 37th float from 0 to 12 (past 10 every result is 1), against the double tanh: the error
+  // in units of the last place of the correctly rounded value.
+  double worst = 0;
+  float worst_x = 0;
+  int64_t odd_fails = 0;
+  for (uint32_t b = 0;; b += 37) {
+    float x;
+    std::memcpy(&x, &b, sizeof x);
+    if (x > 12.0f) break;
+    const double want = std::tanh(static_cast<double>(x));
+    const float w = static_cast<float>(want);
+    const double ulp =
+        w == 0.0f ? std::numeric_limits<float>::denorm_min()
+                  : static_cast<double>(std::nextafter(w, std::numeric_limits<float>::infinity())) -
+                        static_cast<double>(w);
+    const float got = unary::tanh_f32(x);
+    const double err = std::fabs(static_cast<double>(got) - want) / ulp;
+    if (err > worst) worst = err, worst_x = x;
+    odd_fails += unary::tanh_f32(-x) != -got;
+  }
+  CHECK_MESSAGE(worst <= 2.0, "worst ", worst, " ulp at ", worst_x);
+  CHECK(odd_fails == 0);
+  const float inf = std::numeric_limits<float>::infinity();
+  CHECK(unary::tanh_f32(inf) == 1.0f);
+  CHECK(unary::tanh_f32(-inf) == -1.0f);
+  CHECK(unary::tanh_f32(1e30f) == 1.0f);
+  CHECK(std::isnan(unary::tanh_f32(std::numeric_limits<float>::quiet_NaN())));
+  CHECK(unary::tanh_f32(0.0f) == 0.0f);
+  CHECK(std::signbit(unary::tanh_f32(-0.0f)));
+  CHECK(unary::tanh_f32(1e-30f) == 1e-30f);
+
+  // gelu_tanh's CPU loops (vectorized where the compiler can, with a scalar or masked remainder)
+  // give an element the same bits wherever it falls: at 1 and 2 threads, and shifted by one
+  // element (another split between the vector body and the remainder). Forward and backward.
+  const int64_t n = 50001;  // above the parallel threshold, odd
+  std::vector<float> x(static_cast<size_t>(n)), dy(x.size());
+  for (int64_t i = 0; i < n; ++i) {
+    x[static_cast<size_t>(i)] = -14.0f + 28.0f * static_cast<float>(i) / static_cast<float>(n);
+    dy[static_cast<size_t>(i)] = std::cos(static_cast<float>(i));
+  }
+  x[7] = inf;
+  x[8] = -inf;
+  x[9] = std::numeric_limits<float>::quiet_NaN();
+  x[10] = -0.0f;
+  auto run = [&](int threads, int64_t shift, std::vector<float>& y, std::vector<float>& dx) {
+    y.assign(x.size(), 0.0f);
+    dx.assign(x.size(), 0.0f);
+    with_threads(threads, [&] {
+      cpu::unary_forward<float>(unary::gelu_tanh{}, x.data() + shift, y.data() + shift, n - shift);
+      cpu::unary_backward<float>(unary::gelu_tanh{}, dy.data() + shift, x.data() + shift,
+                                 dx.data() + shift, n - shift);
+    });
+  };
+  std::vector<float> y1, dx1, y2, dx2, y3, dx3;
+  run(1, 0, y1, dx1);
+  run(2, 0, y2, dx2);
+  run(1, 1, y3, dx3);
+  const size_t bytes = (x.size() - 1) * sizeof(float);
+  CHECK(std::memcmp(y1.data(), y2.data(), x.size() * sizeof(float)) == 0);
+  CHECK(std::memcmp(dx1.data(), dx2.data(), x.size() * sizeof(float)) == 0);
+  CHECK(std::memcmp(y1.data() + 1, y3.data() + 1, bytes) == 0);
+  CHECK(std::memcmp(dx1.data() + 1, dx3.data() + 1, bytes) == 0);
+  // And the values are gelu_tanh's: against the double formula, within 6e-7 |x| (a few f32
+  // roundings of a value below |x|; for x < 0, 1 + tanh cancels, so the bound is on |x|, not on
+  // the value).
+  int64_t off = 0;
+  for (int64_t i = 11; i < n; ++i) {
+    const double v = x[static_cast<size_t>(i)];
+    const double want = 0.5 * v * (1 + std::tanh(0.7978845608028654 * (v + 0.044715 * v * v * v)));
+    off += !(std::fabs(y1[static_cast<size_t>(i)] - want) <= 6e-7 * std::fabs(v));
+  }
+  CHECK(off == 0);
+  CHECK(y1[7] == inf);
+  CHECK(std::isnan(y1[9]));
 }
 
 TEST_CASE("cpu gemm: K = 0 scales C by beta, M or N = 0 touches nothing") {
