@@ -54,11 +54,11 @@ REGEN_HD double exp_(double x) {
 }
 // tanh in f32 from operations a CPU loop vectorizes (GCC: AVX-512 and AVX2, kernels/cpu/unary.cpp
 // is compiled with -fno-trapping-math so the selects need no masks) and CUDA runs alike, every
-// multiply-add an explicit fma, so both give the same bits: libm's scalar tanhf kept GPT-2's
-// gelu_tanh at about 7 ns per element on the CPU. Within 1.6 ulp of the correctly rounded tanh
-// over every float (checked exhaustively against the double tanh when it was written; libm's
-// tanhf: 2.2), odd, tanh(-0) = -0, +-1 at +-inf, NaN for NaN. tests/test_kernels_cpu.cpp checks
-// it against std::tanh on a dense sweep.
+// multiply-add an explicit fma so that no compiler contracts them its own way: libm's scalar tanhf
+// kept GPT-2's gelu_tanh at about 7 ns per element on the CPU. Within 1.6 ulp of the correctly
+// rounded tanh over every float (checked exhaustively against the double tanh when it was written;
+// libm's tanhf: 2.2), odd, tanh(-0) = -0, +-1 at +-inf, NaN for NaN. tests/test_kernels_cpu.cpp
+// checks it against std::tanh on a dense sweep.
 REGEN_HD float float_from_bits(int32_t i) {
 #if defined(__CUDA_ARCH__)
   return __int_as_float(i);
