@@ -627,6 +627,56 @@ TEST_CASE("attention: threaded rows match one thread and repeated runs are bit-i
               "attention S=70 out");
 }
 
+TEST_CASE("attention: causal rows by blocks (S past 256) match the whole f64 products") {
+  // S = 520: row blocks of 256, 256 and 8 (kernels/cpu/attention.cpp); key padding (a row of the
+  // second batch sees no key) and dropout. The f32 and bf16 launchers run by row blocks, the f64
+  // one the whole S x S products: forward and backward from the same inputs (bf16's, widened).
+  const int64_t B = 2, S = 520, H = 2, Dh = 16, D = H * Dh;
+  std::vector<int32_t> pad(static_cast<size_t>(B * S), 0);
+  pad[static_cast<size_t>(S + 0)] = 1;  // batch 1, query 0 sees no key
+  for (int64_t j = 300; j < 310; ++j) pad[static_cast<size_t>(j)] = 1;
+  AttentionShape s = make_shape(B, S, H, Dh, true);
+  s.dropout_p = 0.1f;
+  s.seed = 9;
+  s.stream = 4;
+  const Tensor qkv16 = rand_t<float>({B, S, 3 * D}, 31, -2, 2).to(DType::bf16);
+  const Tensor dout16 = rand_t<float>({B, S, D}, 32).to(DType::bf16);
+  const Tensor qkv32 = qkv16.to(DType::f32), dout32 = dout16.to(DType::f32);
+  const Tensor qkv64 = qkv16.to(DType::f64), dout64 = dout16.to(DType::f64);
+  auto run = [&](auto zero, const Tensor& qkv, const Tensor& dout) {
+    using T = decltype(zero);
+    using Acc = typename accumulate_type<T>::type;
+    std::vector<T> out(static_cast<size_t>(B * S * D)), dqkv(static_cast<size_t>(B * S * 3 * D));
+    std::vector<Acc> lse(static_cast<size_t>(B * H * S));
+    cpu::attention_forward<T>(qkv.data<T>(), pad.data(), out.data(), lse.data(), s);
+    cpu::attention_backward<T>(dout.data<T>(), qkv.data<T>(), out.data(), lse.data(), pad.data(),
+                               dqkv.data(), s);
+    std::vector<double> o, g;
+    for (const T& x : out) o.push_back(static_cast<double>(static_cast<float>(x)));
+    for (const T& x : dqkv) g.push_back(static_cast<double>(static_cast<float>(x)));
+    if constexpr (std::is_same_v<T, double>) {
+      o.assign(out.begin(), out.end());
+      g.assign(dqkv.begin(), dqkv.end());
+    }
+    return std::make_pair(o, g);
+  };
+  const auto ref = run(0.0, qkv64, dout64);
+  const auto f32 = run(0.0f, qkv32, dout32);
+  const auto b16 = run(bfloat16(0.0f), qkv16, dout16);
+  // f32: sums of up to 520 terms of size 1, rounded in f32 (2^-24 each).
+  check_close(f32.first, ref.first, 1e-5, 1e-4, "f32 causal blocks out");
+  check_close(f32.second, ref.second, 1e-5, 1e-4, "f32 causal blocks dqkv");
+  // bf16: the output rounded once to bf16 (2^-9 relative). The gradients also read that rounded
+  // output (the softmax-backward row term <dO, O>), so their error scales with the largest
+  // gradient, not with each element: 2^-7 of it (a few bf16 roundings), plus 2^-9 relative.
+  double largest = 0;
+  for (double g : ref.second) largest = std::max(largest, std::fabs(g));
+  check_close(b16.first, ref.first, 1e-4, 4e-3, "bf16 causal blocks out");
+  check_close(b16.second, ref.second, largest / 128, 4e-3, "bf16 causal blocks dqkv");
+  // The row that sees no key: output 0 and no gradient through its query.
+  for (int64_t d = 0; d < D; ++d) CHECK(f32.first[static_cast<size_t>(S * D + d)] == 0.0);
+}
+
 // ---- optimizers ---------------------------------------------------------------------------------
 
 namespace {

@@ -24,16 +24,36 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "regen/core/philox.h"
 #include "regen/core/tensor.h"
 #include "regen/kernels/cpu/convert.h"
 #include "regen/kernels/cpu/gemm_lowp.h"
+#include "regen/kernels/cpu/packed_gemm.h"
 #include "regen/kernels/kernels.h"
 
 namespace regen::cpu {
 namespace {
 constexpr int64_t kParallelMin = 1 << 12;  // S*S elements below which rows stay on one thread
+
+// Causal attention past one block of kCausalRows rows runs by row blocks: block [r0, r1) needs the
+// keys [0, r1) only, so the products and the row work skip the masked upper triangle (at S = 1024,
+// 62.5% of the full products). The block is the packed GEMM's depth block, so every sum runs over
+// the same depth blocks in the same order as the whole product would, and the skipped terms are
+// the masked ones (exact zeros): by construction the sums should be the whole products' for finite
+// inputs (not compared bit for bit; tests/test_ops_nlp.cpp checks them against f64 whole
+// products). The products go to the packed GEMM (gemm_lowp, f32 sums) directly; f64 keeps the
+// whole products.
+constexpr int64_t kCausalRows = packed::kKC;
+bool causal_blocks(const AttentionShape& s) {
+  return s.causal && s.S > kCausalRows;
+}
+
+// Rows [0, rows) x [0, cols) of an f32 matrix, rows ld apart, set to zero.
+void zero_rows(float* p, int64_t rows, int64_t cols, int64_t ld) {
+  for (int64_t i = 0; i < rows; ++i) std::fill(p + i * ld, p + i * ld + cols, 0.0f);
+}
 
 // The dropout rule of kernels/kernels.h (shared with dropout_forward): keep element i iff
 // philox_word(seed, stream, i) >= p * 2^32, then scale by 1 / (1 - p).
@@ -95,41 +115,43 @@ inline bool masked(const HeadView& v, bool causal, int64_t i, int64_t j) {
 // Forward, rows of one (batch, head): P (S, S) holds the scores (times score_scale, applied here
 // when it is not 1) and becomes the probabilities, dropped out; lse_bh: (S) the rows' logsumexp.
 // A is the type the scores are computed in (f32 for 16-bit tensors).
+// Rows [i0, i1) only, and of each only the keys [0, cols) (the causal row blocks: the keys past
+// the block's last row are masked for all of its rows, and never computed).
 template <class A>
 void forward_rows(A* P, A* lse_bh, const HeadView& v, const AttentionShape& s, A score_scale,
-                  uint64_t threshold, A keep_scale) {
+                  uint64_t threshold, A keep_scale, int64_t i0, int64_t i1, int64_t cols) {
   const int64_t S = s.S;
   const bool dropout = threshold > 0;
-#pragma omp parallel for schedule(static) if (S * S > kParallelMin)
-  for (int64_t i = 0; i < S; ++i) {
+#pragma omp parallel for schedule(static) if ((i1 - i0) * cols > kParallelMin)
+  for (int64_t i = i0; i < i1; ++i) {
     A* row = P + i * S;
     if (score_scale != A(1)) {
-      for (int64_t j = 0; j < S; ++j) row[j] *= score_scale;
+      for (int64_t j = 0; j < cols; ++j) row[j] *= score_scale;
     }
     A mx = -INFINITY;
-    for (int64_t j = 0; j < S; ++j) {
+    for (int64_t j = 0; j < cols; ++j) {
       if (masked(v, s.causal, i, j)) row[j] = -INFINITY;
       mx = std::max(mx, row[j]);
     }
     if (mx == -INFINITY) {  // no visible key: output 0, and backward sees P = 0
       lse_bh[i] = -INFINITY;
-      std::fill(row, row + S, A(0));
+      std::fill(row, row + cols, A(0));
       continue;
     }
     double sum = 0;
-    for (int64_t j = 0; j < S; ++j) {
+    for (int64_t j = 0; j < cols; ++j) {
       row[j] = std::exp(row[j] - mx);  // a masked score gives exp(-inf) = 0
       sum += static_cast<double>(row[j]);
     }
     lse_bh[i] = static_cast<A>(static_cast<double>(mx) + std::log(sum));
     const A inv = static_cast<A>(1.0 / sum);
     if (!dropout) {
-      for (int64_t j = 0; j < S; ++j) row[j] *= inv;
+      for (int64_t j = 0; j < cols; ++j) row[j] *= inv;
     } else {
       PhiloxWords words(s.seed, s.stream);
       const uint64_t base = v.dropout_base + static_cast<uint64_t>(i * S);
       const A kept = inv * keep_scale;
-      for (int64_t j = 0; j < S; ++j) {
+      for (int64_t j = 0; j < cols; ++j) {
         row[j] = words(base + static_cast<uint64_t>(j)) >= threshold ? row[j] * kept : A(0);
       }
     }
@@ -140,24 +162,25 @@ void forward_rows(A* P, A* lse_bh, const HeadView& v, const AttentionShape& s, A
 // here when it is not 1) and becomes Pd, the dropped-out probabilities; Bm (S, S) holds
 // dPd = dO v^T and becomes dS, with `scale` folded in. dO, O: this head's (S, Dh) rows, v.D apart,
 // of element type T (16-bit or A).
+// Rows [i0, i1) and keys [0, cols), as forward_rows.
 template <class A, class T>
 void backward_rows(A* Am, A* Bm, const A* lse_bh, const T* dO, const T* O, const HeadView& v,
                    const AttentionShape& s, A score_scale, A scale, uint64_t threshold,
-                   A keep_scale) {
+                   A keep_scale, int64_t i0, int64_t i1, int64_t cols) {
   const int64_t S = s.S, Dh = s.Dh;
   const bool dropout = threshold > 0;
-#pragma omp parallel for schedule(static) if (S * S > kParallelMin)
-  for (int64_t i = 0; i < S; ++i) {
+#pragma omp parallel for schedule(static) if ((i1 - i0) * cols > kParallelMin)
+  for (int64_t i = i0; i < i1; ++i) {
     A* a = Am + i * S;
     A* bm = Bm + i * S;
     const A l = lse_bh[i];
     if (l == -INFINITY) {  // a row with no visible key contributes nothing
-      std::fill(a, a + S, A(0));
-      std::fill(bm, bm + S, A(0));
+      std::fill(a, a + cols, A(0));
+      std::fill(bm, bm + cols, A(0));
       continue;
     }
     if (score_scale != A(1)) {
-      for (int64_t j = 0; j < S; ++j) a[j] *= score_scale;
+      for (int64_t j = 0; j < cols; ++j) a[j] *= score_scale;
     }
     // <dO_i, O_i> = sum_j P_ij dP_ij, the softmax-backward row term (dropout included).
     double dot = 0;
@@ -167,7 +190,7 @@ void backward_rows(A* Am, A* Bm, const A* lse_bh, const T* dO, const T* O, const
     }
     const A row_term = static_cast<A>(dot);
     if (!dropout) {
-      for (int64_t j = 0; j < S; ++j) {
+      for (int64_t j = 0; j < cols; ++j) {
         const A p = masked(v, s.causal, i, j) ? A(0) : std::exp(a[j] - l);
         a[j] = p;
         bm[j] = p * (bm[j] - row_term) * scale;
@@ -175,7 +198,7 @@ void backward_rows(A* Am, A* Bm, const A* lse_bh, const T* dO, const T* O, const
     } else {
       PhiloxWords words(s.seed, s.stream);
       const uint64_t base = v.dropout_base + static_cast<uint64_t>(i * S);
-      for (int64_t j = 0; j < S; ++j) {
+      for (int64_t j = 0; j < cols; ++j) {
         const A p = masked(v, s.causal, i, j) ? A(0) : std::exp(a[j] - l);
         const A m = words(base + static_cast<uint64_t>(j)) >= threshold ? keep_scale : A(0);
         a[j] = p * m;                                // Pd, for dV
@@ -216,9 +239,16 @@ void attention_forward_lowp(const E* qkv, const int32_t* key_pad, E* out, float*
       const E* k = q + v.D;
       const E* val = q + 2 * v.D;
       float* lse_bh = lse + (b * s.H + h) * S;
-      gemm_lowp(false, true, S, S, Dh, dt, q, v.ld_qkv, dt, k, v.ld_qkv, nullptr, false, P, S);
-      if (!dry) forward_rows<float>(P, lse_bh, v, s, s.scale, threshold, keep_scale);
-      gemm_lowp(false, false, S, Dh, S, DType::f32, P, S, dt, val, v.ld_qkv, nullptr, false, o, Dh);
+      const int64_t block = causal_blocks(s) ? kCausalRows : S;
+      for (int64_t r0 = 0; r0 < S; r0 += block) {
+        const int64_t r1 = std::min(S, r0 + block), rows = r1 - r0, keys = block < S ? r1 : S;
+        gemm_lowp(false, true, rows, keys, Dh, dt, q + r0 * v.ld_qkv, v.ld_qkv, dt, k, v.ld_qkv,
+                  nullptr, false, P + r0 * S, S);
+        if (!dry)
+          forward_rows<float>(P, lse_bh, v, s, s.scale, threshold, keep_scale, r0, r1, keys);
+        gemm_lowp(false, false, rows, Dh, keys, DType::f32, P + r0 * S, S, dt, val, v.ld_qkv,
+                  nullptr, false, o + r0 * Dh, Dh);
+      }
       if (!dry) store_rows(o, out + v.out_offset, S, Dh, v.D);
     }
   }
@@ -231,8 +261,11 @@ void attention_backward_lowp(const E* dout, const E* qkv, const E* out, const fl
   const DType dt = dtype_of<E>::value;
   const uint64_t threshold = keep_threshold(s.dropout_p);
   const float keep_scale = s.dropout_p < 1.0f ? 1.0f / (1.0f - s.dropout_p) : 0.0f;
+  // By causal row blocks, dV and dK are sums over the blocks: each has its own f32 buffer then.
+  const bool blocks = causal_blocks(s);
   Workspace ws(Device::cpu(), 2 * static_cast<uint64_t>(S * S) * sizeof(float));
-  Workspace grad_ws(Device::cpu(), static_cast<uint64_t>(S * Dh) * sizeof(float));
+  Workspace grad_ws(Device::cpu(),
+                    (blocks ? 3 : 1) * static_cast<uint64_t>(S * Dh) * sizeof(float));
   float* A = ws.as<float>();
   float* Bm = A + S * S;
   float* g = grad_ws.as<float>();
@@ -249,10 +282,46 @@ void attention_backward_lowp(const E* dout, const E* qkv, const E* out, const fl
       E* dk = dq + v.D;
       E* dv = dq + 2 * v.D;
       const float* lse_bh = lse + (b * s.H + h) * S;
+      if (blocks) {
+        float* gv = g;
+        float* gq = g + S * Dh;
+        float* gk = g + 2 * S * Dh;
+        if (!dry) {
+          zero_rows(gv, S, Dh, Dh);
+          zero_rows(gk, S, Dh, Dh);
+        }
+        for (int64_t r0 = 0; r0 < S; r0 += kCausalRows) {
+          const int64_t r1 = std::min(S, r0 + kCausalRows), rows = r1 - r0;
+          float* a = A + r0 * S;
+          float* bm = Bm + r0 * S;
+          gemm_lowp(false, true, rows, r1, Dh, dt, q + r0 * v.ld_qkv, v.ld_qkv, dt, k, v.ld_qkv,
+                    nullptr, false, a, S);
+          gemm_lowp(false, true, rows, r1, Dh, dt, dO + r0 * v.D, v.D, dt, val, v.ld_qkv, nullptr,
+                    false, bm, S);
+          if (!dry) {
+            backward_rows<float>(A, Bm, lse_bh, dO, O, v, s, s.scale, s.scale, threshold,
+                                 keep_scale, r0, r1, r1);
+          }
+          // dv[0, r1) += Pd^T dO, dq[r0, r1) = dS k, dk[0, r1) += dS^T q
+          gemm_lowp(true, false, r1, Dh, rows, DType::f32, a, S, dt, dO + r0 * v.D, v.D, nullptr,
+                    true, gv, Dh);
+          gemm_lowp(false, false, rows, Dh, r1, DType::f32, bm, S, dt, k, v.ld_qkv, nullptr, false,
+                    gq + r0 * Dh, Dh);
+          gemm_lowp(true, false, r1, Dh, rows, DType::f32, bm, S, dt, q + r0 * v.ld_qkv, v.ld_qkv,
+                    nullptr, true, gk, Dh);
+        }
+        if (!dry) {
+          store_rows(gv, dv, S, Dh, v.ld_qkv);
+          store_rows(gq, dq, S, Dh, v.ld_qkv);
+          store_rows(gk, dk, S, Dh, v.ld_qkv);
+        }
+        continue;
+      }
       gemm_lowp(false, true, S, S, Dh, dt, q, v.ld_qkv, dt, k, v.ld_qkv, nullptr, false, A, S);
       gemm_lowp(false, true, S, S, Dh, dt, dO, v.D, dt, val, v.ld_qkv, nullptr, false, Bm, S);
       if (!dry) {
-        backward_rows<float>(A, Bm, lse_bh, dO, O, v, s, s.scale, s.scale, threshold, keep_scale);
+        backward_rows<float>(A, Bm, lse_bh, dO, O, v, s, s.scale, s.scale, threshold, keep_scale, 0,
+                             S, S);
       }
       // dv = Pd^T dO, dq = dS k, dk = dS^T q, each through g
       gemm_lowp(true, false, S, Dh, S, DType::f32, A, S, dt, dO, v.D, nullptr, false, g, Dh);
@@ -285,8 +354,21 @@ void attention_forward_wide(const T* qkv, const int32_t* key_pad, T* out, T* lse
       const T* k = q + v.D;
       const T* val = q + 2 * v.D;
       T* lse_bh = lse + (b * s.H + h) * S;
+      if constexpr (std::is_same_v<T, float>) {
+        if (causal_blocks(s)) {
+          for (int64_t r0 = 0; r0 < S; r0 += kCausalRows) {
+            const int64_t r1 = std::min(S, r0 + kCausalRows), rows = r1 - r0;
+            gemm_lowp(false, true, rows, r1, Dh, DType::f32, q + r0 * v.ld_qkv, v.ld_qkv,
+                      DType::f32, k, v.ld_qkv, nullptr, false, P + r0 * S, S);
+            if (!dry) forward_rows<T>(P, lse_bh, v, s, s.scale, threshold, keep_scale, r0, r1, r1);
+            gemm_lowp(false, false, rows, Dh, r1, DType::f32, P + r0 * S, S, DType::f32, val,
+                      v.ld_qkv, nullptr, false, out + v.out_offset + r0 * v.D, v.D);
+          }
+          continue;
+        }
+      }
       gemm<T>(false, true, S, S, Dh, static_cast<T>(s.scale), q, v.ld_qkv, k, v.ld_qkv, T(0), P, S);
-      if (!dry) forward_rows<T>(P, lse_bh, v, s, T(1), threshold, keep_scale);
+      if (!dry) forward_rows<T>(P, lse_bh, v, s, T(1), threshold, keep_scale, 0, S, S);
       gemm<T>(false, false, S, Dh, S, T(1), P, S, val, v.ld_qkv, T(0), out + v.out_offset, v.D);
     }
   }
@@ -316,9 +398,40 @@ void attention_backward_wide(const T* dout, const T* qkv, const T* out, const T*
       T* dk = dq + v.D;
       T* dv = dq + 2 * v.D;
       const T* lse_bh = lse + (b * s.H + h) * S;
+      if constexpr (std::is_same_v<T, float>) {
+        if (causal_blocks(s)) {
+          if (!dry) {
+            zero_rows(dv, S, Dh, v.ld_qkv);
+            zero_rows(dk, S, Dh, v.ld_qkv);
+          }
+          for (int64_t r0 = 0; r0 < S; r0 += kCausalRows) {
+            const int64_t r1 = std::min(S, r0 + kCausalRows), rows = r1 - r0;
+            T* a = A + r0 * S;
+            T* bm = Bm + r0 * S;
+            const DType f = DType::f32;
+            gemm_lowp(false, true, rows, r1, Dh, f, q + r0 * v.ld_qkv, v.ld_qkv, f, k, v.ld_qkv,
+                      nullptr, false, a, S);
+            gemm_lowp(false, true, rows, r1, Dh, f, dO + r0 * v.D, v.D, f, val, v.ld_qkv, nullptr,
+                      false, bm, S);
+            if (!dry) {
+              backward_rows<T>(A, Bm, lse_bh, dO, O, v, s, scale, scale, threshold, keep_scale, r0,
+                               r1, r1);
+            }
+            // dv[0, r1) += Pd^T dO, dq[r0, r1) = dS k, dk[0, r1) += dS^T q
+            gemm_lowp(true, false, r1, Dh, rows, f, a, S, f, dO + r0 * v.D, v.D, nullptr, true, dv,
+                      v.ld_qkv);
+            gemm_lowp(false, false, rows, Dh, r1, f, bm, S, f, k, v.ld_qkv, nullptr, false,
+                      dq + r0 * v.ld_qkv, v.ld_qkv);
+            gemm_lowp(true, false, r1, Dh, rows, f, bm, S, f, q + r0 * v.ld_qkv, v.ld_qkv, nullptr,
+                      true, dk, v.ld_qkv);
+          }
+          continue;
+        }
+      }
       gemm<T>(false, true, S, S, Dh, scale, q, v.ld_qkv, k, v.ld_qkv, T(0), A, S);
       gemm<T>(false, true, S, S, Dh, T(1), dO, v.D, val, v.ld_qkv, T(0), Bm, S);
-      if (!dry) backward_rows<T>(A, Bm, lse_bh, dO, O, v, s, T(1), scale, threshold, keep_scale);
+      if (!dry)
+        backward_rows<T>(A, Bm, lse_bh, dO, O, v, s, T(1), scale, threshold, keep_scale, 0, S, S);
       gemm<T>(true, false, S, Dh, S, T(1), A, S, dO, v.D, T(0), dv, v.ld_qkv);        // Pd^T dO
       gemm<T>(false, false, S, Dh, S, T(1), Bm, S, k, v.ld_qkv, T(0), dq, v.ld_qkv);  // dS k
       gemm<T>(true, false, S, Dh, S, T(1), Bm, S, q, v.ld_qkv, T(0), dk, v.ld_qkv);   // dS^T q
