@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <type_traits>
 
@@ -292,6 +293,32 @@ void fill_host(void* p, DType dt, int64_t n, double v) {
   }
 }
 
+#ifdef REGEN_WITH_CUDA
+// The bits of `v` in dt, converted by the same static_cast as fill_typed (so bf16 and f16 round
+// alike, 1e30 in f16 is inf, -0.0 keeps its sign), in the low bytes of the result.
+uint64_t fill_bits(DType dt, double v) {
+  uint64_t bits = 0;
+  with_typed(&bits, dt, [&](auto* p) {
+    using T = std::remove_pointer_t<decltype(p)>;
+    const T value = static_cast<T>(v);
+    std::memcpy(&bits, &value, sizeof(T));
+  });
+  return bits;
+}
+
+// fill_ on CUDA: a pattern fill on the compute stream (core/cuda/fill.cu), or a memset when every
+// byte of the pattern is zero (+0.0 and integer 0; -0.0 has its sign bit and takes the fill).
+void fill_cuda(const Tensor& t, double value) {
+  cuda::set_device(t.device().index);
+  const uint64_t bits = fill_bits(t.dtype(), value);
+  if (bits == 0) {
+    cuda::memset_zero(t.raw_data(), t.nbytes());
+    return;
+  }
+  cuda::fill_pattern(t.raw_data(), t.numel(), static_cast<int>(dtype_size(t.dtype())), bits);
+}
+#endif
+
 // The largest f32 value strictly below `high` (compared as real numbers), but not below lo: the
 // top of [low, high) in f32. With low == high it is lo (the range holds no other value).
 float below_f32(double high, float lo) {
@@ -358,9 +385,8 @@ void fill_(const Tensor& t, double value) {
     return;
   }
 #ifdef REGEN_WITH_CUDA
-  if (value == 0.0) {
-    cuda::set_device(t.device().index);
-    cuda::memset_zero(t.raw_data(), t.nbytes());
+  if (t.device().is_cuda()) {
+    fill_cuda(t, value);
     return;
   }
 #endif
@@ -390,6 +416,13 @@ Tensor ones(const Shape& shape, DType dtype, Device device) {
 
 Tensor full(const Shape& shape, double value, DType dtype, Device device) {
   check_shape(shape, dtype, "full");
+#ifdef REGEN_WITH_CUDA
+  if (device.is_cuda()) {
+    Tensor t = empty(shape, dtype, device);
+    fill_(t, value);  // on the device: no staging tensor, nothing a CUDA graph could not capture
+    return t;
+  }
+#endif
   return make_on_host(shape, dtype, device,
                       [&](void* p) { fill_host(p, dtype, shape_numel(shape), value); });
 }

@@ -142,7 +142,7 @@ struct Generator {
 
 // Every creation function throws regen::Error, naming itself, the shape and the dtype, for a
 // negative dimension or a byte size that overflows int64_t. Data is written straight into the
-// new tensor (through a host staging tensor from the allocator for a CUDA tensor).
+// new tensor (zeros, ones, full on CUDA by a device fill, others through a host staging tensor).
 Tensor empty(const Shape& shape, DType dtype = DType::f32, Device device = Device::cpu());
 Tensor zeros(const Shape& shape, DType dtype = DType::f32, Device device = Device::cpu());
 Tensor ones(const Shape& shape, DType dtype = DType::f32, Device device = Device::cpu());

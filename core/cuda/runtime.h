@@ -81,6 +81,10 @@ void memcpy(void* dst, const void* src, uint64_t bytes, cudaMemcpyKind kind);
 void copy_between_devices(void* dst, int dst_device, const void* src, int src_device,
                           uint64_t bytes);
 void memset_zero(void* dst, uint64_t bytes);
+// Sets `count` elements of `width` bytes (2, 4 or 8) at dst to the low `width` bytes of `pattern`,
+// on the compute stream, and returns at once (core/cuda/fill.cu): fill_, full and ones on CUDA,
+// with the value converted to its bits on the host.
+void fill_pattern(void* dst, int64_t count, int width, uint64_t pattern);
 // cudaMemGetInfo of the current device.
 void mem_get_info(uint64_t& free_bytes, uint64_t& total_bytes);
 

@@ -77,26 +77,21 @@ std::string cuda_graph_refusal(const Trainer& trainer, const Plan* plan, bool ho
     return "no plan: a step's block addresses are known before it runs only under a plan with "
            "--layout planned";
   }
-  if (!plan->planned_layout || !plan->layout) {
-    return "the plan runs with the caching allocator's placement (--layout caching): a block's "
-           "address is known only when it is requested; plan with --layout planned";
-  }
+  // DTR first: no layout would help it, so its refusal names the reason that matters.
   if (dtr_policy(plan->policy)) {
     return "policy " + plan->policy +
            " evicts and regenerates as the step runs (DTR), so the step is not the same at every "
            "iteration";
   }
+  if (!plan->planned_layout || !plan->layout) {
+    return "the plan runs with the caching allocator's placement (--layout caching): a block's "
+           "address is known only when it is requested; plan with --layout planned";
+  }
   if (host_tier) {
     return "the plan keeps tensors or optimizer state on the host tier (offload): its copies and "
            "their waits run on the copy queues' own streams, which are not captured yet";
   }
-  // The gap that stops every capture today (docs/memory.md, "One CUDA graph per step"): refused
-  // here, before the first step, so `on` names it and `auto` trains uncaptured, rather than a
-  // capture failing half-way through a step.
-  return "backward's seed of ones is filled in host memory and copied to the device at every step "
-         "(core/tensor.cpp fills `full` on the host), which a graph cannot replay: the capture of "
-         "a "
-         "step is not complete yet";
+  return "";
 }
 
 #ifdef REGEN_WITH_CUDA

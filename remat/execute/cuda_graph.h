@@ -34,8 +34,8 @@ const char* cuda_graph_mode_name(CudaGraphMode mode);
 
 // Why the steps of `trainer` under `plan` (nullptr: no plan) cannot be one CUDA graph, "" when they
 // can: each condition the capture needs, in this order: a CUDA device; the trainer's graph state
-// (Trainer::set_cuda_graph, made before the profile); a plan with a planned layout; not a DTR
-// policy (evictions decided at run time); nothing on the host tier (offload's copies and their
+// (Trainer::set_cuda_graph, made before the profile); a plan; not a DTR policy (evictions decided
+// at run time); a planned layout; nothing on the host tier (offload's copies and their
 // waits run on the copy queues' own streams); no data parallelism (the collectives are not
 // captured yet); one micro-batch; not fp16 (the loss scale's overflow check reads the gradients'
 // norm on the host and may skip the step); no clipping or gradient norm (read on the host); SGD

@@ -21,7 +21,7 @@ for fam in conv2d batchnorm pool embedding layernorm softmax attention cross_ent
   up=$(echo "$fam" | tr a-z A-Z)
   if [ -f "$ROOT/kernels/cpu/$fam.cpp" ]; then defs="$defs -DREGEN_HAVE_CPU_$up=1"; else defs="$defs -DREGEN_HAVE_CPU_$up=0"; fi
 done
-for f in "$ROOT"/kernels/cuda/*.cu; do python3 "$HERE/transform.py" "$f" "$B/gen/$(basename "$f" .cu).cpp" > /dev/null; done
+for f in "$ROOT"/kernels/cuda/*.cu "$ROOT"/core/cuda/*.cu; do python3 "$HERE/transform.py" "$f" "$B/gen/$(basename "$f" .cu).cpp" > /dev/null; done
 srcs=$(ls "$B"/gen/*.cpp "$ROOT"/kernels/cuda/*.cpp "$ROOT"/kernels/cpu/*.cpp "$ROOT"/kernels/dispatch.cpp \
   "$ROOT"/autograd/*.cpp "$ROOT"/core/*.cpp "$ROOT"/models/*.cpp "$ROOT"/dist/*.cpp \
   "$ROOT"/remat/*.cpp "$ROOT"/remat/*/*.cpp "$ROOT"/remat/plan/planners/*.cpp "$ROOT"/session/*.cpp "$ROOT"/core/cuda/graph.cpp "$HERE"/emu_runtime.cpp)

@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "regen/core/allocator.h"
 #include "regen/core/cuda/runtime.h"
 #include "regen/core/error.h"
 #include "regen/core/tensor.h"
@@ -2700,3 +2701,72 @@ TEST_CASE("optim") {
   optim_cases(rng, 100003);
 }
 #endif
+
+// ---- fill_, full and ones on CUDA (core/cuda/fill.cu) -----------------------------------------
+
+namespace {
+
+// The bytes of a tensor, copied to the host.
+std::vector<unsigned char> bytes_of(const Tensor& t) {
+  const Tensor host = t.to(Device::cpu());
+  const auto* p = static_cast<const unsigned char*>(host.raw_data());
+  return std::vector<unsigned char>(p, p + host.nbytes());
+}
+
+// The first element's bits, as an unsigned integer of the element's width.
+uint64_t first_bits(const Tensor& t) {
+  const std::vector<unsigned char> b = bytes_of(t);
+  uint64_t bits = 0;
+  std::memcpy(&bits, b.data(), dtype_size(t.dtype()));
+  return bits;
+}
+
+}  // namespace
+
+TEST_CASE("cuda fill: full, ones and fill_ give the host fill's bits for every dtype") {
+  use_gpu();
+  const Device gpu = Device::cuda(0);
+  // 1 element, a partial block, several blocks; on a GPU also more than the grid's cap of blocks
+  // (the grid-stride loop).
+  std::vector<int64_t> sizes = {1, 37, 1000};
+  if (!kEmulated) sizes.push_back(3'000'001);
+  const std::vector<double> float_values = {1.0, 0.1, -0.0, 1e30, -2.5, 65519.0, 1e-8, 3.0e38};
+  const std::vector<double> int_values = {1.0, 0.1, -0.0, -2.5, 3.7, 2e9, -7.0};
+  for (DType dt : {DType::f32, DType::f64, DType::i32, DType::i64, DType::bf16, DType::f16}) {
+    const std::vector<double>& values = is_floating(dt) ? float_values : int_values;
+    for (int64_t n : sizes) {
+      for (double v : values) {
+        INFO(dtype_name(dt) << " n=" << n << " value=" << v);
+        const Tensor host = full({n}, v, dt, Device::cpu());
+        const MemoryStats cpu_before = allocator_for(Device::cpu()).stats();
+        const Tensor dev = full({n}, v, dt, gpu);
+        // No host staging tensor: the CPU allocator served nothing for the device's fill.
+        CHECK(allocator_for(Device::cpu()).stats().num_allocs == cpu_before.num_allocs);
+        CHECK(bytes_of(dev) == bytes_of(host));
+        // fill_ over a tensor that holds another value, then a zero fill (the memset).
+        Tensor filled = full({n}, 7.0, dt, gpu);
+        fill_(filled, v);
+        CHECK(bytes_of(filled) == bytes_of(host));
+        fill_(filled, 0.0);
+        CHECK(bytes_of(filled) == bytes_of(zeros({n}, dt, Device::cpu())));
+      }
+    }
+  }
+  // The bits themselves, for the values that round or overflow.
+  CHECK(first_bits(full({3}, 0.1, DType::bf16, gpu)) == 0x3DCDu);
+  CHECK(first_bits(full({3}, 0.1, DType::f16, gpu)) == 0x2E66u);
+  CHECK(first_bits(full({3}, 1e30, DType::f16, gpu)) == 0x7C00u);   // +inf
+  CHECK(first_bits(full({3}, -1e30, DType::f16, gpu)) == 0xFC00u);  // -inf
+  CHECK(first_bits(full({3}, -0.0, DType::bf16, gpu)) == 0x8000u);
+  CHECK(first_bits(full({3}, -0.0, DType::f16, gpu)) == 0x8000u);
+  CHECK(first_bits(full({3}, -0.0, DType::f32, gpu)) == 0x80000000u);
+  CHECK(first_bits(full({3}, -0.0, DType::f64, gpu)) == 0x8000000000000000u);
+  CHECK(first_bits(full({3}, 0.1, DType::f32, gpu)) == 0x3DCCCCCDu);
+  CHECK(first_bits(full({3}, 0.1, DType::f64, gpu)) == 0x3FB999999999999Au);
+  CHECK(first_bits(full({3}, -7.0, DType::i32, gpu)) == 0xFFFFFFF9u);
+  CHECK(first_bits(full({3}, -7.0, DType::i64, gpu)) == 0xFFFFFFFFFFFFFFF9u);
+  CHECK(first_bits(ones({5}, DType::bf16, gpu)) == 0x3F80u);
+  CHECK(first_bits(ones({5}, DType::f16, gpu)) == 0x3C00u);
+  // An empty tensor: nothing to fill, no launch.
+  CHECK(full({0}, 2.0, DType::f32, gpu).numel() == 0);
+}
