@@ -274,11 +274,14 @@ TEST_CASE(
     });
   }
 
-  // The 16-bit layer norm backward (the block path always): partials from more than 256 rows.
-  for (const auto& mn : {std::pair<int64_t, int64_t>{300, 64}, {9, 768}}) {
+  // The 16-bit layer norm backward: the warp path (N a multiple of 8 up to 1024, aligned) always
+  // takes its per-block partials; the block path (any other N) takes partials from more than 256
+  // rows only.
+  for (const auto& mn : {std::pair<int64_t, int64_t>{300, 64}, {9, 768}, {300, 1030}, {9, 1030}}) {
     const int64_t M = mn.first, N = mn.second;
+    const bool warp = N % 8 == 0 && N <= 1024;
     cov.check("layernorm_backward_lowp", " bf16 " + std::to_string(M) + "x" + std::to_string(N),
-              M > 256, [&](const auto& begin) {
+              warp || M > 256, [&](const auto& begin) {
                 Tensor dy = bf16({M, N}), x = bf16({M, N}), g = f32({N}), mean = f32({M});
                 Tensor rstd = ones({M}, DType::f32, kGpu), dx = bf16({M, N}), dg = f32({N}),
                        db = f32({N});
