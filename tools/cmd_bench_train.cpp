@@ -63,8 +63,8 @@ std::string torch_baseline_command(const Flags& f, const ModelConfig& c, Device 
                       c.name == "resnet101" || c.name == "resnet152";
   const bool lm = c.name == "transformer" || c.name == "bert-base";
   const bool gpt2 = c.name == "gpt2" || c.name == "gpt2-medium";
-  const bool known = (resnet && c.num_classes == 1000) || (lm && c.vocab == 30000) ||
-                     (gpt2 && c.vocab == 50257);
+  const bool known =
+      (resnet && c.num_classes == 1000) || (lm && c.vocab == 30000) || (gpt2 && c.vocab == 50257);
   if (!known || f.m.optimizer != "sgd" || f.m.momentum != 0.9 || f.m.weight_decay != 0) return "";
   char dropout[48] = "";
   if (lm) {
