@@ -265,8 +265,6 @@ StepResult RematPipeline::step(StepObserver* observer) {
     graph_ = std::make_unique<CudaGraphStep>(trainer_);
     trainer_.set_step_capture(graph_.get());
   }
-#else
-  const bool replay = false;
 #endif
   try {
 #ifdef REGEN_WITH_CUDA
