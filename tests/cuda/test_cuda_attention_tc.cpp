@@ -35,7 +35,7 @@
 #include "regen/kernels/cuda/attention_tc.h"
 #include "regen/kernels/kernels.h"
 
-#include "guarded_buffer.h"
+#include "tests/cuda/guarded_buffer.h"
 
 #ifndef REGEN_CUDA_EMU
 #define REGEN_CUDA_EMU 0
@@ -46,7 +46,7 @@ namespace {
 using namespace regen;
 constexpr bool kEmulated = REGEN_CUDA_EMU != 0;
 
-using test::Buffer;
+using test::DeviceArray;
 
 template <class T>
 double unit_roundoff() {
@@ -178,9 +178,9 @@ void run_case(const Case& c) {
   auto p_rel = [&](const Head& hd, int64_t i) { return 2 * (Dh * hd.qk_abs[i] + 16) * u; };
 
   // ---- The forward on the device ----------------------------------------------------------------
-  Buffer<T> d_qkv(qkv), d_out(B * S * D), d_dout(dout), d_out_t(out_t), d_dqkv(B * S * 3 * D);
-  Buffer<float> d_lse(B * H * S), d_lse_ref(lse_ref);
-  Buffer<int32_t> d_pad(c.pad ? pad : std::vector<int32_t>(1, 0));
+  DeviceArray<T> d_qkv(qkv), d_out(B * S * D), d_dout(dout), d_out_t(out_t), d_dqkv(B * S * 3 * D);
+  DeviceArray<float> d_lse(B * H * S), d_lse_ref(lse_ref);
+  DeviceArray<int32_t> d_pad(c.pad ? pad : std::vector<int32_t>(1, 0));
   const int32_t* pad_dev = c.pad ? d_pad.ptr() : nullptr;
   std::vector<T> out_first;
   std::vector<float> lse_first;
@@ -358,8 +358,8 @@ TEST_CASE("flash: calls the kernels do not take are refused with the reason") {
   s.Dh = 80;
   CHECK(std::string(cuda::tc::attention_tc_unsupported(s, nullptr, 0)) ==
         "head dim is not 64 or 128");
-  Buffer<bfloat16> qkv(3 * 8 * 80), out(8 * 80);
-  Buffer<float> lse(8);
+  DeviceArray<bfloat16> qkv(3 * 8 * 80), out(8 * 80);
+  DeviceArray<float> lse(8);
   CHECK_THROWS_WITH_AS(
       cuda::tc::attention_forward_tc<bfloat16>(qkv.ptr(), nullptr, out.ptr(), lse.ptr(), s),
       doctest::Contains("head dim is not 64 or 128"), Error);

@@ -35,7 +35,7 @@
 #include "regen/kernels/cuda/conv2d_tc.h"
 #include "regen/kernels/kernels.h"
 
-#include "guarded_buffer.h"
+#include "tests/cuda/guarded_buffer.h"
 
 #ifndef REGEN_CUDA_EMU
 #define REGEN_CUDA_EMU 0
@@ -46,7 +46,7 @@ namespace {
 using namespace regen;
 constexpr bool kEmulated = REGEN_CUDA_EMU != 0;
 
-using test::Buffer;
+using test::DeviceArray;
 
 // ---- The dtypes
 // -----------------------------------------------------------------------------------
@@ -91,8 +91,8 @@ TEST_CASE("tc: ldmatrix .x1, .x2, .x4 and .trans give every lane the PTX ISA's f
       const std::string what = "ldmatrix .x" + std::to_string(count) + (trans ? ".trans" : "");
       std::vector<uint16_t> src(count * 64);
       for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<uint16_t>(0x1000 + i);
-      Buffer<uint16_t> d_src(src);
-      Buffer<uint32_t> d_out(32 * count);
+      DeviceArray<uint16_t> d_src(src);
+      DeviceArray<uint32_t> d_out(32 * count);
       d_out.poison();
       cuda::tc::ldmatrix_probe(count, trans, d_src.ptr(), d_out.ptr());
       const std::vector<uint32_t> out = d_out.download();
@@ -136,8 +136,8 @@ void check_tile(const std::vector<float>& a, const std::vector<float>& b, bool b
   std::vector<T> ta(256), tb(128);
   for (int i = 0; i < 256; ++i) ta[i] = T(a[i]);
   for (int i = 0; i < 128; ++i) tb[i] = T(b[i]);
-  Buffer<T> d_a(ta), d_b(tb);
-  Buffer<float> d_d(128);
+  DeviceArray<T> d_a(ta), d_b(tb);
+  DeviceArray<float> d_d(128);
   d_d.poison();
   cuda::tc::mma_tile_probe<T>(d_a.ptr(), d_b.ptr(), d_d.ptr(), b_trans);
   const std::vector<float> d = d_d.download();
@@ -218,7 +218,7 @@ std::string describe(const char* dtype, const Case& c) {
 // then one rounding to the output type); the second must match the first bit for bit.
 // direct (the sum in double) must agree with ref within the f32 part of that bound.
 template <class T, class Launch>
-void check_pass(const std::string& label, Buffer<T>& out, const std::vector<double>& ref,
+void check_pass(const std::string& label, DeviceArray<T>& out, const std::vector<double>& ref,
                 const std::vector<double>& direct, const std::vector<double>& absum, double n_terms,
                 Launch&& launch) {
   const int64_t n = static_cast<int64_t>(ref.size());
@@ -327,7 +327,7 @@ void check_forward(const Case& c) {
                                yc.data(), cs);
     for (int64_t i = 0; i < ny; ++i) ref[i] = yc[i];
   }
-  Buffer<T> d_x(x.device_values()), d_w(w.device_values()), d_b(to_dtype<T>(br)), d_y(ny);
+  DeviceArray<T> d_x(x.device_values()), d_w(w.device_values()), d_b(to_dtype<T>(br)), d_y(ny);
   check_pass<T>(label, d_y, ref, direct, absum, static_cast<double>(s.C * s.R * s.S + 1), [&] {
     cuda::tc::conv2d_forward_tc<T>(d_x.ptr(), d_w.ptr(), c.bias ? d_b.ptr() : nullptr, d_y.ptr(),
                                    s);
@@ -367,7 +367,7 @@ void check_backward_data(const Case& c) {
     cpu::conv2d_backward_data<float>(dy.rounded.data(), w.rounded.data(), dxc.data(), cs);
     for (int64_t i = 0; i < nx; ++i) ref[i] = dxc[i];
   }
-  Buffer<T> d_dy(dy.device_values()), d_w(w.device_values()), d_dx(nx);
+  DeviceArray<T> d_dy(dy.device_values()), d_w(w.device_values()), d_dx(nx);
   check_pass<T>(label, d_dx, ref, direct, absum, static_cast<double>(s.K * s.R * s.S + 1), [&] {
     cuda::tc::conv2d_backward_data_tc<T>(d_dy.ptr(), d_w.ptr(), d_dx.ptr(), s);
   });
@@ -407,7 +407,7 @@ void check_backward_filter(const Case& c) {
                                        cs);
     for (int64_t i = 0; i < nw; ++i) ref[i] = dwc[i];
   }
-  Buffer<T> d_x(x.device_values()), d_dy(dy.device_values()), d_dw(nw);
+  DeviceArray<T> d_x(x.device_values()), d_dy(dy.device_values()), d_dw(nw);
   check_pass<T>(label, d_dw, ref, direct, absum, static_cast<double>(s.N * s.P * s.Q + 1), [&] {
     cuda::tc::conv2d_backward_filter_tc<T>(d_x.ptr(), d_dy.ptr(), d_dw.ptr(), s);
   });

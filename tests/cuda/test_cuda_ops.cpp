@@ -34,6 +34,7 @@
 #include "regen/kernels/kernels.h"
 #include "regen/kernels/lowp_launchers.h"
 #include "regen/kernels/unary_ops.h"
+#include "tests/cuda/guarded_buffer.h"
 
 #ifndef REGEN_HAVE_CPU_CONV2D
 #define REGEN_HAVE_CPU_CONV2D 0
@@ -76,58 +77,7 @@ namespace {
 
 using namespace regen;
 
-// ---- Device buffers with canaries -------------------------------------------------------------
-
-constexpr size_t kGuard = 64;            // elements of canary on each side
-constexpr unsigned char kCanary = 0xA5;  // every canary byte
-constexpr unsigned char kPoison = 0xFF;  // outputs start as all-ones bytes: a NaN for floats
-
-// A device array of n elements of T, with kGuard canary elements before and after it. With
-// `misalign` the data starts one element later, so 16-byte-aligned fast paths are not taken.
-template <class T>
-class DeviceArray {
- public:
-  explicit DeviceArray(size_t n, bool misalign = false)
-      : n_(n), offset_(kGuard + (misalign ? 1 : 0)), total_(n + 2 * kGuard + 1) {
-    storage_ = std::make_shared<Storage>(Device::cuda(0), total_ * sizeof(T), Category::other);
-    std::vector<unsigned char> bytes(total_ * sizeof(T), kCanary);
-    cuda::memcpy(storage_->data(), bytes.data(), bytes.size(), cudaMemcpyHostToDevice);
-  }
-  DeviceArray(const std::vector<T>& values, bool misalign = false)
-      : DeviceArray(values.size(), misalign) {
-    upload(values);
-  }
-  T* ptr() const { return static_cast<T*>(storage_->data()) + offset_; }
-  size_t size() const { return n_; }
-  void upload(const std::vector<T>& values) {
-    REQUIRE(values.size() == n_);
-    cuda::memcpy(ptr(), values.data(), n_ * sizeof(T), cudaMemcpyHostToDevice);
-  }
-  void poison() {
-    std::vector<unsigned char> bytes(n_ * sizeof(T), kPoison);
-    cuda::memcpy(ptr(), bytes.data(), bytes.size(), cudaMemcpyHostToDevice);
-  }
-  std::vector<T> download() const {
-    std::vector<T> out(n_);
-    cuda::memcpy(out.data(), ptr(), n_ * sizeof(T), cudaMemcpyDeviceToHost);
-    return out;
-  }
-  // Number of canary bytes that changed.
-  size_t damaged_canaries() const {
-    std::vector<unsigned char> bytes(total_ * sizeof(T));
-    cuda::memcpy(bytes.data(), storage_->data(), bytes.size(), cudaMemcpyDeviceToHost);
-    size_t bad = 0;
-    const size_t lo = offset_ * sizeof(T), hi = (offset_ + n_) * sizeof(T);
-    for (size_t i = 0; i < bytes.size(); ++i) {
-      if ((i < lo || i >= hi) && bytes[i] != kCanary) ++bad;
-    }
-    return bad;
-  }
-
- private:
-  size_t n_, offset_, total_;
-  std::shared_ptr<Storage> storage_;
-};
+using test::DeviceArray;
 
 // ---- Comparison ---------------------------------------------------------------------------------
 
