@@ -101,9 +101,12 @@ void gemm_impl(int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda
   }
 }
 
+// C = beta * C (beta = 0 ignores C, NaNs included); rows split over threads when C is large (each
+// element is one multiplication: the same bits at any thread count).
 template <class T>
 void scale_c(int64_t M, int64_t N, T beta, T* C, int64_t ldc) {
   if (beta == T(1)) return;
+#pragma omp parallel for schedule(static) if (M * N > (1 << 15) && !omp_in_parallel())
   for (int64_t i = 0; i < M; ++i) {
     T* row = C + i * ldc;
     if (beta == T(0)) {
@@ -156,13 +159,7 @@ bool gemm_packed_f32(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K
   const packed::CView<float> c{C, ldc, N, 0};
   packed::gemm<float>(M, N, K, packed::WideningA<float>{A, lda, trans_a},
                       packed::WideningB<float>{B, ldb, trans_b}, nullptr, accumulate, c);
-  if (alpha != 1.0f && !dry_run_active()) {
-#pragma omp parallel for schedule(static) if (M * N > (1 << 15) && !omp_in_parallel())
-    for (int64_t i = 0; i < M; ++i) {
-      float* row = C + i * ldc;
-      for (int64_t j = 0; j < N; ++j) row[j] *= alpha;
-    }
-  }
+  if (!dry_run_active()) scale_c(M, N, alpha, C, ldc);  // alpha is not 0 here
   return true;
 }
 
