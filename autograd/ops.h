@@ -102,6 +102,11 @@ struct LinearCrossEntropyAttrs {
   int64_t ignore_index = -100;
   int64_t chunk_rows = 1;  // resolved at record time (>= 1), so a replay chunks the same way
   bool has_bias = false;
+  // Which gradients the forward computes for a unit loss gradient and saves as hidden outputs 2
+  // (input), 3 (weight) and 4 (bias), for backward to scale by the loss's gradient: resolved at
+  // record time (the inputs that require grad, when the op is recorded; f32 and f64 inputs only),
+  // so a replay computes the same.
+  bool forward_dx = false, forward_dw = false, forward_db = false;
 };
 
 // ---- Ops ------------------------------------------------------------------------------------
@@ -198,13 +203,18 @@ Tensor dropout(const Tensor& x, float p, bool training = true);
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index = -100);
 
 // cross_entropy(linear(x, weight, bias), targets, ignore_index) without the (M, V) logits: rows
-// are processed chunk_rows at a time, each chunk's logits computed into a workspace (and, in
-// backward, recomputed and turned into dlogits in place), in a fixed chunk order (deterministic).
-// x: (M, K), weight: (V, K), bias: (V) or undefined, targets: (M) i64 -> scalar mean over
-// targets != ignore_index (0 when there are none). chunk_rows = 0 picks the rows whose (rows, V)
-// chunk of logits is about 32 MiB (linear_cross_entropy_auto_rows). Saves x, weight, bias,
-// targets and the row logsumexp (hidden output): never an (M, V) tensor. Its working memory is
-// one (chunk_rows, V) workspace in forward and in backward.
+// are processed chunk_rows at a time, each chunk's logits computed into a workspace, in a fixed
+// chunk order (deterministic). x: (M, K), weight: (V, K), bias: (V) or undefined, targets: (M) i64
+// -> scalar mean over targets != ignore_index (0 when there are none). chunk_rows = 0 picks the
+// rows whose (rows, V) chunk of logits is about 32 MiB (linear_cross_entropy_auto_rows). Never an
+// (M, V) tensor; the working memory is one (chunk_rows, V) workspace.
+// f32 and f64, recorded: the forward turns each chunk's logits into their gradient for a unit
+// loss gradient at once and computes the gradients of x, weight and bias (those that require
+// grad) from it; it saves those (x's shape, weight's, bias's) and backward only scales them by
+// the loss's gradient: three GEMMs in all, not four (a backward that recomputed the logits).
+// bf16 and f16: saves x, weight, bias, targets and the row logsumexp (hidden output) and
+// recomputes the logits in backward, by vocabulary tiles, so that a scaled fp16 loss's gradients
+// are formed in f32 before they are rounded to 16 bits.
 Tensor linear_cross_entropy(const Tensor& x, const Tensor& weight, const Tensor& bias,
                             const Tensor& targets, int64_t ignore_index = -100,
                             int64_t chunk_rows = 0);

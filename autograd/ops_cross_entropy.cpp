@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <memory>
+#include <vector>
 
 namespace regen {
 namespace detail {
@@ -81,13 +82,20 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore
 // Forward, per chunk of rows [r0, r0 + rows): logits_c = x_c W^T (gemm into one workspace reused
 // by every chunk), then linear_cross_entropy_forward_rows adds the bias in place and writes the
 // rows' lse and loss (double); the loss is their sum over counted rows, in row order.
-// Backward, per chunk: recompute logits_c, linear_cross_entropy_backward_rows turns them into
-// dlogits_c = (softmax - onehot) * dloss / count in place, then dx_c = dlogits_c W (written),
-// dW (+)= dlogits_c^T x_c (the first chunk writes, later ones accumulate: beta 1) and db (+)= the
-// column sums. Chunks run in a fixed order, so the result is the same bits every run.
-// Working memory (all from the allocator, category workspace): forward, one (chunk, V) logits
-// buffer and M doubles; backward, one (chunk, V) buffer, one scalar and, with a bias and more than
-// one chunk, V column sums. The GEMMs' own workspaces come on top, as for any GEMM.
+// Recorded f32 and f64 (LinearCrossEntropyAttrs::forward_dx/dw/db), the same chunk goes on:
+// linear_cross_entropy_backward_rows turns it into dlogits_c = (softmax - onehot) / count in place
+// (the gradient for a loss gradient of 1), then dx_c = dlogits_c W (written), dW (+)= dlogits_c^T
+// x_c (the first chunk writes, later ones accumulate: beta 1) and db (+)= the column sums, into the
+// hidden outputs 2, 3 and 4, which the node saves. Backward multiplies them in place by the loss's
+// gradient (nothing to do for the usual 1: x * 1 is x) and hands them on as the gradients. The
+// logits are computed once per step, where a backward that recomputed them computed them twice
+// (four GEMMs of (M, V, K) instead of three); what the node keeps is the size of x, W and b, as
+// the backward's gradients were, and x itself is no longer saved. A backward's gradients are the
+// bits the recomputing backward gave for a loss gradient of 1 (or a power of 2). Chunks run in a
+// fixed order, so the result is the same bits every run.
+// Working memory (all from the allocator, category workspace): one (chunk, V) logits buffer, M
+// doubles, two scalars and, with a bias gradient and more than one chunk, V column sums. The GEMMs'
+// own workspaces come on top, as for any GEMM.
 
 namespace {
 
@@ -101,113 +109,140 @@ LceDims lce_dims(const Tensor& x, const Tensor& w, const LinearCrossEntropyAttrs
   return {M, x.size(1), w.size(0), std::max<int64_t>(1, std::min(a.chunk_rows, M))};
 }
 
+bool lce_forward_grads(const LinearCrossEntropyAttrs& a) {
+  return a.forward_dx || a.forward_dw || a.forward_db;
+}
+
 template <class T>
 void lce_fwd(OpContext& c) {
   const Tensor &x = c.inputs[0], &w = c.inputs[1], &b = c.inputs[2], &targets = c.inputs[3];
   const LinearCrossEntropyAttrs& a = c.attr<LinearCrossEntropyAttrs>();
   const LceDims d = lce_dims(x, w, a);
   const Device dev = x.device();
+  const bool want_dx = a.forward_dx, want_dw = a.forward_dw, want_db = a.has_bias && a.forward_db;
   Tensor loss = empty({}, x.dtype(), dev);
   Tensor lse = empty({d.M}, x.dtype(), dev);
+  // The gradients' slots: an empty tensor where one is not computed (every slot is filled).
+  Tensor dx = want_dx ? empty_like(x) : empty({0}, x.dtype(), dev);
+  Tensor dw = want_dw ? empty_like(w) : empty({0}, x.dtype(), dev);
+  Tensor db = want_db ? empty({d.V}, x.dtype(), dev) : empty({0}, x.dtype(), dev);
   const int64_t* t = targets.data<int64_t>();
   // Bad targets fail before any product is computed.
   REGEN_LAUNCH(dev, T, linear_cross_entropy_scale, static_cast<const T*>(nullptr), t,
                static_cast<T*>(nullptr), d.M, d.V, a.ignore_index);
-  if (d.M == 0) {
-    REGEN_LAUNCH(dev, T, fill, loss.data<T>(), 1, T(0));
-    c.outputs = {loss, lse};
+  if (d.M == 0) {  // no rows: the loss and every gradient are 0
+    for (const Tensor& z : {loss, dx, dw, db}) {
+      if (z.numel() > 0) REGEN_LAUNCH(dev, T, fill, z.data<T>(), z.numel(), T(0));
+    }
+    c.outputs = {loss, lse, dx, dw, db};
     return;
   }
   const T* bias = b.defined() ? b.data<T>() : nullptr;
   {
     Workspace row_loss(dev, static_cast<uint64_t>(d.M) * sizeof(double));
     Workspace logits(dev, static_cast<uint64_t>(d.chunk * d.V) * sizeof(T));
-    for (int64_t r0 = 0; r0 < d.M; r0 += d.chunk) {
-      const int64_t rows = std::min(d.chunk, d.M - r0);
-      // logits_c (rows, V) = x_c (rows, K) * W^T (K, V)
-      REGEN_LAUNCH(dev, T, gemm, false, true, rows, d.V, d.K, T(1), x.data<T>() + r0 * d.K, d.K,
-                   w.data<T>(), d.K, T(0), logits.as<T>(), d.V);
-      REGEN_LAUNCH(dev, T, linear_cross_entropy_forward_rows, logits.as<T>(), bias, t + r0,
-                   lse.data<T>() + r0, row_loss.as<double>() + r0, rows, d.V, a.ignore_index);
+    const bool grads = want_dx || want_dw || want_db;
+    // scale = 1 / count: linear_cross_entropy_scale of a unit loss gradient, on the device.
+    std::unique_ptr<Workspace> scale, colsum;
+    if (grads) {
+      scale = std::make_unique<Workspace>(dev, 2 * sizeof(T));
+      REGEN_LAUNCH(dev, T, fill, scale->as<T>() + 1, 1, T(1));
+      REGEN_LAUNCH(dev, T, linear_cross_entropy_scale, scale->as<T>() + 1, t, scale->as<T>(), d.M,
+                   d.V, a.ignore_index);
     }
-    REGEN_LAUNCH(dev, T, linear_cross_entropy_forward_loss, row_loss.as<double>(), t,
-                 loss.data<T>(), d.M, a.ignore_index);
-  }
-  c.outputs = {loss, lse};
-}
-void lce_forward_op(OpContext& c) {
-  if (is_low_precision(c.inputs[0].dtype())) return linear_cross_entropy_forward_lowp(c);
-  REGEN_FLOATING(c.inputs[0].dtype(), "linear_cross_entropy", lce_fwd, c);
-}
-
-template <class T>
-void lce_bwd(BackwardContext& c) {
-  const LinearCrossEntropyAttrs& a = c.attr<LinearCrossEntropyAttrs>();
-  const Tensor x = c.saved_input(0), w = c.saved_input(1);
-  const Tensor b = a.has_bias ? c.saved_input(2) : Tensor();
-  const Tensor targets = c.saved_input(3), lse = c.saved_output(1);
-  const Tensor& dloss = c.grad_output(0);
-  const LceDims d = lce_dims(x, w, a);
-  const Device dev = dloss.device();
-  const bool want_dx = c.needs_grad(0), want_dw = c.needs_grad(1);
-  const bool want_db = a.has_bias && c.needs_grad(2);
-  Tensor dx = want_dx ? empty_like(x) : Tensor();
-  Tensor dw = want_dw ? empty_like(w) : Tensor();
-  Tensor db = want_db ? empty({d.V}, dloss.dtype(), dev) : Tensor();
-  if (d.M == 0) {  // no rows: every gradient is 0
-    for (const Tensor& g : {dx, dw, db}) {
-      if (g.defined()) REGEN_LAUNCH(dev, T, fill, g.data<T>(), g.numel(), T(0));
-    }
-  } else {
-    const int64_t* t = targets.data<int64_t>();
-    const T* bias = b.defined() ? b.data<T>() : nullptr;
-    Workspace scale(dev, sizeof(T));
-    REGEN_LAUNCH(dev, T, linear_cross_entropy_scale, dloss.data<T>(), t, scale.as<T>(), d.M, d.V,
-                 a.ignore_index);
-    Workspace logits(dev, static_cast<uint64_t>(d.chunk * d.V) * sizeof(T));
-    const bool several = d.chunk < d.M;
-    std::unique_ptr<Workspace> colsum;
-    if (want_db && several) colsum = std::make_unique<Workspace>(dev, d.V * sizeof(T));
+    if (want_db && d.chunk < d.M) colsum = std::make_unique<Workspace>(dev, d.V * sizeof(T));
     for (int64_t r0 = 0; r0 < d.M; r0 += d.chunk) {
       const int64_t rows = std::min(d.chunk, d.M - r0);
       const bool first = r0 == 0;
-      T* dl = logits.as<T>();
+      T* l = logits.as<T>();
+      // logits_c (rows, V) = x_c (rows, K) * W^T (K, V)
       REGEN_LAUNCH(dev, T, gemm, false, true, rows, d.V, d.K, T(1), x.data<T>() + r0 * d.K, d.K,
-                   w.data<T>(), d.K, T(0), dl, d.V);
-      REGEN_LAUNCH(dev, T, linear_cross_entropy_backward_rows, dl, bias, t + r0, lse.data<T>() + r0,
-                   scale.as<T>(), rows, d.V, a.ignore_index);
+                   w.data<T>(), d.K, T(0), l, d.V);
+      REGEN_LAUNCH(dev, T, linear_cross_entropy_forward_rows, l, bias, t + r0, lse.data<T>() + r0,
+                   row_loss.as<double>() + r0, rows, d.V, a.ignore_index);
+      if (!grads) continue;
+      // dlogits_c in place; forward_rows added the bias already.
+      REGEN_LAUNCH(dev, T, linear_cross_entropy_backward_rows, l, static_cast<const T*>(nullptr),
+                   t + r0, lse.data<T>() + r0, scale->as<T>(), rows, d.V, a.ignore_index);
       if (want_dx) {  // dx_c (rows, K) = dlogits_c (rows, V) * W (V, K)
-        REGEN_LAUNCH(dev, T, gemm, false, false, rows, d.K, d.V, T(1), dl, d.V, w.data<T>(), d.K,
+        REGEN_LAUNCH(dev, T, gemm, false, false, rows, d.K, d.V, T(1), l, d.V, w.data<T>(), d.K,
                      T(0), dx.data<T>() + r0 * d.K, d.K);
       }
       if (want_dw) {  // dW (V, K) (+)= dlogits_c^T (V, rows) * x_c (rows, K)
-        REGEN_LAUNCH(dev, T, gemm, true, false, d.V, d.K, rows, T(1), dl, d.V,
+        REGEN_LAUNCH(dev, T, gemm, true, false, d.V, d.K, rows, T(1), l, d.V,
                      x.data<T>() + r0 * d.K, d.K, first ? T(0) : T(1), dw.data<T>(), d.K);
       }
       if (want_db) {
         if (first) {
-          REGEN_LAUNCH(dev, T, sum_rows, dl, db.data<T>(), rows, d.V);
+          REGEN_LAUNCH(dev, T, sum_rows, l, db.data<T>(), rows, d.V);
         } else {
-          REGEN_LAUNCH(dev, T, sum_rows, dl, colsum->as<T>(), rows, d.V);
+          REGEN_LAUNCH(dev, T, sum_rows, l, colsum->as<T>(), rows, d.V);
           REGEN_LAUNCH(dev, T, add_inplace, db.data<T>(), colsum->as<T>(), d.V);
         }
       }
     }
+    REGEN_LAUNCH(dev, T, linear_cross_entropy_forward_loss, row_loss.as<double>(), t,
+                 loss.data<T>(), d.M, a.ignore_index);
   }
-  c.set_grad_input(0, dx);
-  c.set_grad_input(1, dw);
-  c.set_grad_input(2, db);
+  c.outputs = {loss, lse, dx, dw, db};
+}
+void lce_forward_op(OpContext& c) {
+  if (is_low_precision(c.inputs[0].dtype())) {
+    REGEN_CHECK(!lce_forward_grads(c.attr<LinearCrossEntropyAttrs>()),
+                "linear_cross_entropy: ", dtype_name(c.inputs[0].dtype()),
+                " inputs compute their gradients in backward, yet the node asks the forward for "
+                "them");
+    linear_cross_entropy_forward_lowp(c);
+    // The gradient slots the 16-bit path leaves empty.
+    const Device dev = c.inputs[0].device();
+    const DType dt = c.inputs[0].dtype();
+    c.outputs.resize(2);
+    for (int k = 0; k < 3; ++k) c.outputs.push_back(empty({0}, dt, dev));
+    return;
+  }
+  REGEN_FLOATING(c.inputs[0].dtype(), "linear_cross_entropy", lce_fwd, c);
+}
+
+// The forward's gradients (unit loss gradient) times the loss's gradient, in place, handed on.
+template <class T>
+void lce_bwd(BackwardContext& c) {
+  const LinearCrossEntropyAttrs& a = c.attr<LinearCrossEntropyAttrs>();
+  const Tensor& dloss = c.grad_output(0);
+  const Device dev = dloss.device();
+  // A loss gradient of exactly 1 (loss.backward()) changes no bit: the CPU skips the products.
+  const bool unit = dev.is_cpu() && !dry_run_active() && dloss.data<T>()[0] == T(1);
+  const bool wanted[3] = {a.forward_dx, a.forward_dw, a.has_bias && a.forward_db};
+  for (int i = 0; i < 3; ++i) {
+    if (!wanted[i]) continue;
+    Tensor g = c.saved_output(2 + i);
+    if (!unit && g.numel() > 0) {
+      REGEN_LAUNCH(dev, T, mul, g.data<T>(), dloss.data<T>(), g.data<T>(), g.numel(), 1);
+    }
+    c.set_grad_input(i, g);
+  }
 }
 void lce_backward_op(BackwardContext& c) {
-  if (is_low_precision(c.saved_input(0).dtype())) return linear_cross_entropy_backward_lowp(c);
+  if (!lce_forward_grads(c.attr<LinearCrossEntropyAttrs>())) {
+    REGEN_CHECK(is_low_precision(c.saved_input(0).dtype()),
+                "linear_cross_entropy backward: ", c.saved_input(0).str(),
+                " input, and the forward computed no gradient");
+    return linear_cross_entropy_backward_lowp(c);
+  }
   REGEN_FLOATING(c.grad_output(0).dtype(), "linear_cross_entropy backward", lce_bwd, c);
 }
 void lce_saves(const AttrBlob& attrs, SaveList& s) {
+  const LinearCrossEntropyAttrs& a = attrs.as<LinearCrossEntropyAttrs>();
+  if (lce_forward_grads(a)) {
+    if (a.forward_dx) s.output(2);
+    if (a.forward_dw) s.output(3);
+    if (a.has_bias && a.forward_db) s.output(4);
+    return;
+  }
   s.input(0).input(1);
-  if (attrs.as<LinearCrossEntropyAttrs>().has_bias) s.input(2);
+  if (a.has_bias) s.input(2);
   s.input(3).output(1);
 }
-constexpr OpDef kLinearCrossEntropy{"linear_cross_entropy", 2,        1, false, lce_forward_op,
+constexpr OpDef kLinearCrossEntropy{"linear_cross_entropy", 5,        1, false, lce_forward_op,
                                     lce_backward_op,        lce_saves};
 REGEN_REGISTER_OP(linear_cross_entropy, kLinearCrossEntropy);
 }  // namespace
@@ -246,6 +281,20 @@ Tensor linear_cross_entropy(const Tensor& x, const Tensor& weight, const Tensor&
   LinearCrossEntropyAttrs a;
   a.ignore_index = ignore_index;
   a.has_bias = bias.defined();
+  // The gradients the forward computes: those of the inputs that require grad, when the op is
+  // recorded (grad mode on) and computes in f32 or f64 (autocast may hand it 16-bit inputs, whose
+  // gradients backward computes).
+  DType compute = x.dtype();
+  if (autocast_dtype() != DType::f32) {
+    std::vector<DType> floating = {x.dtype(), weight.dtype()};
+    if (bias.defined()) floating.push_back(bias.dtype());
+    compute = compute_dtype(OpKind::linear_cross_entropy, autocast_dtype(), floating);
+  }
+  if (grad_mode_enabled() && !is_low_precision(compute)) {
+    a.forward_dx = x.requires_grad();
+    a.forward_dw = weight.requires_grad();
+    a.forward_db = bias.defined() && bias.requires_grad();
+  }
   a.chunk_rows = chunk_rows > 0 ? chunk_rows
                                 : linear_cross_entropy_auto_rows(
                                       x.size(0), weight.size(0),

@@ -386,6 +386,50 @@ TEST_CASE_TEMPLATE("linear_cross_entropy: loss and gradients equal cross_entropy
   check_close(got3.dw, ref3.dw, atol, rtol, "ignore_index 3 dW");
 }
 
+TEST_CASE_TEMPLATE(
+    "linear_cross_entropy: a loss gradient other than 1, and only some inputs requiring grad", T,
+    float, double) {
+  // The forward's gradients are for a loss gradient of 1; backward scales them by the real one
+  // (here 3, an upstream scale): against the unfused op under the same scale.
+  const int64_t M = 23, K = 9, V = 41;
+  const Tensor x0 = rand_t<T>({M, K}, 71, -2, 2), w0 = rand_t<T>({V, K}, 72),
+               b0 = rand_t<T>({V}, 73);
+  std::vector<int64_t> tv;
+  for (int64_t r = 0; r < M; ++r) tv.push_back(r % 4 == 1 ? -100 : (r * 5) % V);
+  const Tensor targets = from_vector<int64_t>(tv, {M});
+  const double atol = std::is_same<T, float>::value ? 6e-6 : 1e-14;
+  const double rtol = std::is_same<T, float>::value ? 6e-5 : 1e-12;
+  // Which of x, w, b require grad: all, the weight alone, the input alone, no bias gradient.
+  const bool needs[4][3] = {
+      {true, true, true}, {false, true, false}, {true, false, false}, {true, true, false}};
+  for (const auto& need : needs) {
+    std::vector<std::vector<double>> grads[2];
+    for (const bool fused : {false, true}) {
+      Tensor x = x0.clone().set_requires_grad(need[0]), w = w0.clone().set_requires_grad(need[1]);
+      Tensor b = b0.clone().set_requires_grad(need[2]);
+      Tensor loss = fused ? linear_cross_entropy(x, w, b, targets, -100, 7)
+                          : cross_entropy(linear(x, w, b), targets);
+      if (fused) {
+        const LinearCrossEntropyAttrs& a =
+            Tape::current().nodes().back().attr<LinearCrossEntropyAttrs>();
+        CHECK(a.forward_dx == need[0]);
+        CHECK(a.forward_dw == need[1]);
+        CHECK(a.forward_db == need[2]);
+      }
+      backward(scale(loss, 3.0));
+      for (int i = 0; i < 3; ++i) {
+        const Tensor& p = i == 0 ? x : i == 1 ? w : b;
+        CHECK(p.grad().defined() == need[i]);
+        grads[fused].push_back(need[i] ? as_double<T>(p.grad()) : std::vector<double>{});
+      }
+    }
+    for (int i = 0; i < 3; ++i) {
+      check_close(grads[1][static_cast<size_t>(i)], grads[0][static_cast<size_t>(i)], atol, rtol,
+                  "gradient " + std::to_string(i));
+    }
+  }
+}
+
 TEST_CASE(
     "linear_cross_entropy: every row ignored gives 0 and zero gradients, like cross_entropy") {
   const int64_t M = 6, K = 4, V = 7;
@@ -403,7 +447,7 @@ TEST_CASE(
   CHECK(ref.loss == 0.0);
 }
 
-TEST_CASE("linear_cross_entropy: saves x, weight, bias, targets and lse, and never holds (M, V)") {
+TEST_CASE("linear_cross_entropy: saves its gradients from the forward, and never holds (M, V)") {
   const int64_t M = 64, K = 8, V = 1000, chunk = 16;
   Tensor x = rand_t<float>({M, K}, 61).set_requires_grad(true);
   Tensor w = rand_t<float>({V, K}, 62).set_requires_grad(true);
@@ -413,6 +457,7 @@ TEST_CASE("linear_cross_entropy: saves x, weight, bias, targets and lse, and nev
   CachingAllocator& alloc = allocator_for(Device::cpu());
   const int ws = static_cast<int>(Category::workspace);
   const int64_t logits_bytes = M * V * 4, chunk_bytes = chunk * V * 4;
+  const int64_t grad_bytes = x.nbytes() + w.nbytes() + b.nbytes();
   alloc.reset_peak();
   const int64_t before = alloc.stats().requested.current;
   Tensor loss = linear_cross_entropy(x, w, b, targets, -100, chunk);
@@ -420,25 +465,41 @@ TEST_CASE("linear_cross_entropy: saves x, weight, bias, targets and lse, and nev
     Tape& tape = Tape::current();
     const Node& n = tape.nodes().back();
     REQUIRE(n.kind == OpKind::linear_cross_entropy);
-    CHECK(n.attr<LinearCrossEntropyAttrs>().chunk_rows == chunk);
+    const LinearCrossEntropyAttrs& a = n.attr<LinearCrossEntropyAttrs>();
+    CHECK(a.chunk_rows == chunk);
+    CHECK((a.forward_dx && a.forward_dw && a.forward_db));
+    // What it saves: the three gradients (for a unit loss gradient), none of its inputs.
     uint64_t saved_bytes = 0;
     for (int64_t v : n.saved) saved_bytes += tape.value(v).bytes;
-    CHECK(n.saved.size() == 5);
-    CHECK(saved_bytes == x.nbytes() + w.nbytes() + b.nbytes() + targets.nbytes() + M * 4);
-    // What the forward leaves: the loss and the lse.
-    CHECK(alloc.stats().requested.current - before == 4 + M * 4);
+    CHECK(n.saved.size() == 3);
+    CHECK(saved_bytes == static_cast<uint64_t>(grad_bytes));
+    // What the forward leaves: the loss and the gradients (the lse is not kept).
+    CHECK(alloc.stats().requested.current - before == 4 + grad_bytes);
   }
   const MemoryStats fwd = alloc.stats();
-  // The largest workspace is the chunk of logits (and the GEMM's blocking buffers beside it).
+  // The largest workspace is the chunk of logits (and the GEMMs' blocking buffers beside it).
   CHECK(fwd.requested_by[ws].peak >= chunk_bytes);
-  CHECK(fwd.requested.peak - before < logits_bytes / 2);
+  // The gradients, the chunk and the GEMMs' buffers: less than the logits alone.
+  CHECK(fwd.requested.peak - before < logits_bytes);
   alloc.reset_peak();
   const int64_t before_bwd = alloc.stats().requested.current;
   backward(loss);
   const MemoryStats bwd = alloc.stats();
-  CHECK(bwd.requested_by[ws].peak >= chunk_bytes);
-  // dW, dx and db, the chunk, the GEMMs' buffers: less than the logits alone.
-  CHECK(bwd.requested.peak - before_bwd < logits_bytes);
+  // Backward scales the saved gradients in place: no workspace, and nothing beyond the leaves'
+  // first gradients (copies: the tape still holds the saved ones while the node runs) and the
+  // loss's gradient (4 bytes).
+  CHECK(bwd.requested_by[ws].peak - fwd.requested_by[ws].current == 0);
+  CHECK(bwd.requested.peak - before_bwd <= grad_bytes + 4);
+  CHECK(x.grad().defined());
+  // No grad mode: nothing computed beyond the loss, nothing saved.
+  {
+    NoGradScope no_grad;
+    alloc.reset_peak();
+    const int64_t before_eval = alloc.stats().requested.current;
+    Tensor l = linear_cross_entropy(x, w, b, targets, -100, chunk);
+    CHECK(alloc.stats().requested.current - before_eval == 4);
+    CHECK(alloc.stats().requested.peak - before_eval < grad_bytes + chunk_bytes);
+  }
   // Unfused, the step holds the logits and their gradient at once.
   x.impl()->grad.reset();
   w.impl()->grad.reset();

@@ -156,10 +156,13 @@ Simulator::Simulator(const Profile& p) : p_(p) {
       }
     }
     // A replay makes the node's outputs from its window's allocations: each one of its own,
-    // still live when the window ends.
+    // still live when the window ends. An empty output (0 bytes: a slot the op left unused, such
+    // as a gradient linear_cross_entropy's forward was not asked for) has no allocation.
     const ProfileNode& node = p.nodes[n];
     for (size_t k = node.is_view ? 1 : 0; k < node.outputs.size(); ++k) {
-      const uint64_t id = p.values[static_cast<size_t>(node.outputs[k])].alloc_id;
+      const ProfileValue& out = p.values[static_cast<size_t>(node.outputs[k])];
+      const uint64_t id = out.alloc_id;
+      if (id == 0 && out.bytes == 0) continue;
       REGEN_CHECK(mine.erase(id) == 1, "profile: output ", k, " of node ", n, " (", node.name,
                   ") is not an allocation of its own forward (block ", id, ")");
     }
@@ -416,8 +419,10 @@ void Simulator::Run::run_program(const RegenProgram& prog,
         // A view shares its input's block: another reference when the program made it.
         if (const BlockRef* in = lookup(n.inputs[0])) outputs[k] = *in;
       } else {
-        // The constructor checked that each output is its own allocation of the window.
+        // The constructor checked that each output is its own allocation of the window, or empty
+        // (no block: nothing reads it).
         const ProfileValue& val = p_.values[static_cast<size_t>(n.outputs[k])];
+        if (val.alloc_id == 0 && val.bytes == 0) continue;
         outputs[k] = BlockRef::owned(local.at(val.alloc_id), &refs_, &free_block_);
       }
     }
