@@ -32,6 +32,7 @@
 #include "regen/autograd/op_util.h"
 #include "regen/kernels/cpu/convert.h"
 #include "regen/kernels/cpu/gemm_lowp.h"
+#include "regen/kernels/unary_ops.h"
 
 namespace regen::detail {
 
@@ -193,8 +194,9 @@ int64_t backward_block_rows(const Dims& d, int64_t tile) {
 // block (rows, n) f32: in, the logits x_c W_t^T of rows [r0, r0 + rows) and vocabulary columns
 // [v0, v0 + n); out, their gradient g exp(logit + bias - lse) less g at the row's target, 0 on an
 // ignored row (targets, lse: the chunk's rows; bias: all V, or null). The arithmetic of
-// linear_cross_entropy_backward_rows (kernels/cpu/cross_entropy.cpp) on a tile of its columns:
-// each element depends on its own logit and its row's lse only, so a tile is computed alone.
+// linear_cross_entropy_backward_rows (kernels/cpu/cross_entropy.cpp) on a tile of its columns,
+// with its exp_f32: each element depends on its own logit and its row's lse only, so a tile is
+// computed alone.
 // Rows are independent: the threads change no bit.
 void block_dlogits(float* block, int64_t rows, int64_t n, int64_t v0, int64_t V, const float* bias,
                    const int64_t* targets, const float* lse, float g, int64_t ignore_index) {
@@ -210,9 +212,9 @@ void block_dlogits(float* block, int64_t rows, int64_t n, int64_t v0, int64_t V,
     const float l = lse[r];
     if (bias) {
       const float* bt = bias + v0;
-      for (int64_t j = 0; j < n; ++j) x[j] = g * std::exp((x[j] + bt[j]) - l);
+      for (int64_t j = 0; j < n; ++j) x[j] = g * unary::exp_f32((x[j] + bt[j]) - l);
     } else {
-      for (int64_t j = 0; j < n; ++j) x[j] = g * std::exp(x[j] - l);
+      for (int64_t j = 0; j < n; ++j) x[j] = g * unary::exp_f32(x[j] - l);
     }
     if (t >= v0 && t < v0 + n) x[t - v0] -= g;
   }

@@ -99,6 +99,36 @@ REGEN_HD float tanh_f32(float x) {
   const float t = a < 0.55f ? small : large;
   return a == a ? ::copysignf(t, x) : x;
 }
+// exp in f32 the same way (operations a CPU loop vectorizes and CUDA runs alike, explicit fmas):
+// e^x = 2^n e^r, n = rint(x / ln 2), r = x - n ln 2 with ln 2 in two parts (the first's 15 bits
+// times |n| <= 150 are exact), e^r by its Taylor series to r^7 (|r| <= ln 2 / 2: truncation 5e-9
+// relative), and 2^n applied as two powers of two, 2^floor(n/2) then 2^ceil(n/2), so that a
+// subnormal result is rounded once. x is held to [-104, 89] first (NaN to -104, returned as itself
+// below): exp(x) is 0 below -103.98 and inf above 88.73 in f32 anyway. Within 0.94 ulp of the
+// correctly rounded exp over every float (checked exhaustively against the double exp when it was
+// written; tests/test_kernels_cpu.cpp checks a dense sweep within 2); exp(0) = 1, exp(-inf) = 0,
+// exp(inf) = inf. The softmax rows of kernels/cpu/cross_entropy.cpp run on it: libm's scalar expf
+// kept them at about 2 ns per element, 6x slower.
+REGEN_HD float exp_f32(float x) {
+  float c = x > -104.0f ? x : -104.0f;
+  c = c < 89.0f ? c : 89.0f;
+  const float n = ::rintf(c * 1.44269504088896341f);
+  float r = ::fmaf(n, -0.693145751953125f, c);
+  r = ::fmaf(n, -1.428606820309417e-6f, r);
+  float e = 1.0f / 5040.0f;
+  e = ::fmaf(e, r, 1.0f / 720.0f);
+  e = ::fmaf(e, r, 1.0f / 120.0f);
+  e = ::fmaf(e, r, 1.0f / 24.0f);
+  e = ::fmaf(e, r, 1.0f / 6.0f);
+  e = ::fmaf(e, r, 0.5f);
+  e = ::fmaf(e, r, 1.0f);
+  e = ::fmaf(e, r, 1.0f);
+  const int32_t k = static_cast<int32_t>(n);  // in [-150, 129]
+  const int32_t h = k >> 1;                   // floor(k / 2): both halves in [-75, 65]
+  e = e * float_from_bits((h + 127) << 23);
+  e = e * float_from_bits((k - h + 127) << 23);
+  return x == x ? e : x;
+}
 REGEN_HD float tanh_(float x) {
   return tanh_f32(x);
 }

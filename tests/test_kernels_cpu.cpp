@@ -237,6 +237,46 @@ TEST_CASE("cpu gemm: f32 on the packed GEMM gives the same bits at 1 and 2 threa
   }
 }
 
+TEST_CASE("unary exp_f32: within 2 ulp of exp down to the subnormals, and specials") {
+  // Every 37th float of either sign over [-104, 89] (beyond, exp is 0 or inf in f32), against the
+  // double exp: the error in units of the last place of the correctly rounded value (a subnormal
+  // result's unit is the smallest subnormal).
+  double worst = 0;
+  float worst_x = 0;
+  int64_t checked = 0;
+  for (const uint32_t sign : {0u, 0x80000000u}) {
+    for (uint32_t b = 0;; b += 37) {
+      const uint32_t bits = sign | b;
+      float x;
+      std::memcpy(&x, &bits, sizeof x);
+      if (x > 89.0f || x < -104.0f) break;
+      const double want = std::exp(static_cast<double>(x));
+      const float w = static_cast<float>(want);
+      if (std::isinf(w)) continue;
+      const double ulp =
+          w == 0.0f
+              ? std::numeric_limits<float>::denorm_min()
+              : static_cast<double>(std::nextafter(w, std::numeric_limits<float>::infinity())) -
+                    static_cast<double>(w);
+      const double err = std::fabs(static_cast<double>(unary::exp_f32(x)) - want) / ulp;
+      if (err > worst) worst = err, worst_x = x;
+      ++checked;
+    }
+  }
+  CHECK(checked > 40000000);
+  CHECK_MESSAGE(worst <= 2.0, "worst ", worst, " ulp at ", worst_x);
+  const float inf = std::numeric_limits<float>::infinity();
+  CHECK(unary::exp_f32(0.0f) == 1.0f);
+  CHECK(unary::exp_f32(-0.0f) == 1.0f);
+  CHECK(unary::exp_f32(inf) == inf);
+  CHECK(unary::exp_f32(89.0f) == inf);
+  CHECK(unary::exp_f32(-inf) == 0.0f);
+  CHECK(unary::exp_f32(-1e30f) == 0.0f);
+  CHECK(unary::exp_f32(-103.0f) > 0.0f);  // a subnormal, not flushed
+  CHECK(std::isnan(unary::exp_f32(std::numeric_limits<float>::quiet_NaN())));
+  CHECK(unary::exp_f32(1.0f) == doctest::Approx(2.718281828).epsilon(1e-7));
+}
+
 TEST_CASE("unary tanh_f32: within 2 ulp of tanh, odd, specials, the same bits vectorized") {
   // Every 37th float from 0 to 12 (past 10 every result is 1), against the double tanh: the error
   // in units of the last place of the correctly rounded value.
