@@ -24,6 +24,7 @@
 #include "regen/core/philox.h"
 #include "regen/core/tensor.h"
 #include "regen/kernels/cpu/packed_gemm.h"
+#include "regen/kernels/cpu/philox_lanes.h"
 #include "regen/kernels/kernels.h"
 #include "regen/kernels/unary_ops.h"
 #include "tests/dry_paths.h"
@@ -600,6 +601,28 @@ TEST_CASE("cpu sum_squares: the sum of squares in double, same bits at 1 and 2 t
   float y = 0;
   cpu::sum_squares<float>(three_four, &y, 2);
   CHECK(y == 25.0f);
+}
+
+TEST_CASE("cpu philox_words: philox_word's bits at every start, length and block counter") {
+  const uint64_t seed = 0xfedcba9876543210ull, stream = (uint64_t{5} << 32) + 3;
+  // Starts at each word of a block, runs shorter and longer than one pass (64 words), and block
+  // counters past 2^32 (their high half in the counter's second word).
+  for (const uint64_t base : {uint64_t{0}, uint64_t{1000}, (uint64_t{1} << 34) - 70}) {
+    for (uint64_t off = 0; off < 5; ++off) {
+      for (const int64_t count : {int64_t{0}, int64_t{1}, int64_t{3}, int64_t{63}, int64_t{64},
+                                  int64_t{65}, int64_t{200}}) {
+        std::vector<uint32_t> got(static_cast<size_t>(count) + 1, 0xdeadbeefu);
+        cpu::philox_words(seed, stream, base + off, count, got.data());
+        int64_t wrong = 0;
+        for (int64_t k = 0; k < count; ++k) {
+          wrong += got[static_cast<size_t>(k)] !=
+                   philox_word(seed, stream, base + off + static_cast<uint64_t>(k));
+        }
+        CHECK_MESSAGE(wrong == 0, "base ", base, " + ", off, ", ", count, " words");
+        CHECK(got[static_cast<size_t>(count)] == 0xdeadbeefu);  // nothing past the run
+      }
+    }
+  }
 }
 
 TEST_CASE("cpu dropout: keep iff philox_word(seed, stream, i) >= p * 2^32, scale 1 / (1 - p)") {

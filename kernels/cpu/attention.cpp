@@ -31,6 +31,8 @@
 #include "regen/kernels/cpu/convert.h"
 #include "regen/kernels/cpu/gemm_lowp.h"
 #include "regen/kernels/cpu/packed_gemm.h"
+#include "regen/kernels/cpu/philox_lanes.h"
+#include "regen/kernels/cpu/softmax_rows.h"
 #include "regen/kernels/kernels.h"
 
 namespace regen::cpu {
@@ -63,30 +65,9 @@ uint64_t keep_threshold(float p) {
   return static_cast<uint64_t>(static_cast<double>(p) * 4294967296.0);
 }
 
-// philox_word(seed, stream, i) for increasing i, computing each four-word block once.
-class PhiloxWords {
- public:
-  PhiloxWords(uint64_t seed, uint64_t stream)
-      : key_{static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32)},
-        stream_lo_(static_cast<uint32_t>(stream)),
-        stream_hi_(static_cast<uint32_t>(stream >> 32)) {}
-  uint32_t operator()(uint64_t element) {
-    const uint64_t block = element >> 2;
-    if (block != block_) {
-      philox4x32_10({static_cast<uint32_t>(block), static_cast<uint32_t>(block >> 32), stream_lo_,
-                     stream_hi_},
-                    key_, words_);
-      block_ = block;
-    }
-    return words_[element & 3];
-  }
-
- private:
-  PhiloxKey key_;
-  uint32_t stream_lo_, stream_hi_;
-  uint64_t block_ = ~uint64_t{0};
-  uint32_t words_[4] = {0, 0, 0, 0};
-};
+// A row's dropout words come this many at a time from philox_words (kernels/cpu/philox_lanes.h):
+// the bits of philox_word for each score, drawn 16 Philox blocks per vectorized pass.
+constexpr int64_t kWordRun = 256;
 
 struct HeadView {
   int64_t D, ld_qkv;       // model width and qkv row stride (3*D)
@@ -128,33 +109,73 @@ void forward_rows(A* P, A* lse_bh, const HeadView& v, const AttentionShape& s, A
     if (score_scale != A(1)) {
       for (int64_t j = 0; j < cols; ++j) row[j] *= score_scale;
     }
-    A mx = -INFINITY;
     for (int64_t j = 0; j < cols; ++j) {
       if (masked(v, s.causal, i, j)) row[j] = -INFINITY;
-      mx = std::max(mx, row[j]);
     }
+    const A mx = row_max(row, cols);
     if (mx == -INFINITY) {  // no visible key: output 0, and backward sees P = 0
       lse_bh[i] = -INFINITY;
       std::fill(row, row + cols, A(0));
       continue;
     }
-    double sum = 0;
-    for (int64_t j = 0; j < cols; ++j) {
-      row[j] = std::exp(row[j] - mx);  // a masked score gives exp(-inf) = 0
-      sum += static_cast<double>(row[j]);
-    }
+    // A masked score gives exp(-inf) = 0.
+    const double sum = row_exp_in_place(row, cols, mx);
     lse_bh[i] = static_cast<A>(static_cast<double>(mx) + std::log(sum));
     const A inv = static_cast<A>(1.0 / sum);
     if (!dropout) {
       for (int64_t j = 0; j < cols; ++j) row[j] *= inv;
     } else {
-      PhiloxWords words(s.seed, s.stream);
       const uint64_t base = v.dropout_base + static_cast<uint64_t>(i * S);
       const A kept = inv * keep_scale;
-      for (int64_t j = 0; j < cols; ++j) {
-        row[j] = words(base + static_cast<uint64_t>(j)) >= threshold ? row[j] * kept : A(0);
+      uint32_t words[kWordRun];
+      for (int64_t j0 = 0; j0 < cols; j0 += kWordRun) {
+        const int64_t len = std::min(kWordRun, cols - j0);
+        philox_words(s.seed, s.stream, base + static_cast<uint64_t>(j0), len, words);
+        for (int64_t e = 0; e < len; ++e) {
+          row[j0 + e] = words[e] >= threshold ? row[j0 + e] * kept : A(0);
+        }
       }
     }
+  }
+}
+
+// Keys [j0, j1) of one backward row: p = exp(a - l) (0 where key_pad marks the key, or for every
+// key when `masked`), then a = p m (Pd, for dV) and bm = p (bm m - row_term) scale (dS, scale
+// folded in for dQ and dK), m = keep_scale or 0 by the key's dropout word (words[j - j0]; m = 1
+// without dropout: words null). Split by the caller so that the common spans (no padding) have no
+// per-key mask test and vectorize.
+template <class A>
+void ds_span(A* a, A* bm, int64_t j0, int64_t j1, const int32_t* key_pad, A l, A row_term, A scale,
+             const uint32_t* words, uint64_t threshold, A keep_scale, bool masked = false) {
+  if (masked) {
+    for (int64_t j = j0; j < j1; ++j) {
+      const A m = !words ? A(1) : words[j - j0] >= threshold ? keep_scale : A(0);
+      a[j] = A(0) * m;
+      bm[j] = A(0) * (bm[j] * m - row_term) * scale;
+    }
+    return;
+  }
+  if (!words) {
+    if (key_pad) {
+      for (int64_t j = j0; j < j1; ++j) {
+        const A p = key_pad[j] != 0 ? A(0) : row_exp(a[j] - l);
+        a[j] = p;
+        bm[j] = p * (bm[j] - row_term) * scale;
+      }
+    } else {
+      for (int64_t j = j0; j < j1; ++j) {
+        const A p = row_exp(a[j] - l);
+        a[j] = p;
+        bm[j] = p * (bm[j] - row_term) * scale;
+      }
+    }
+    return;
+  }
+  for (int64_t j = j0; j < j1; ++j) {
+    const A p = key_pad && key_pad[j] != 0 ? A(0) : row_exp(a[j] - l);
+    const A m = words[j - j0] >= threshold ? keep_scale : A(0);
+    a[j] = p * m;
+    bm[j] = p * (bm[j] * m - row_term) * scale;
   }
 }
 
@@ -189,20 +210,20 @@ void backward_rows(A* Am, A* Bm, const A* lse_bh, const T* dO, const T* O, const
              static_cast<double>(static_cast<A>(O[i * v.D + d]));
     }
     const A row_term = static_cast<A>(dot);
+    // Keys past `visible` are masked (causal); below it, masked only where padded.
+    const int64_t visible = s.causal ? std::min(cols, i + 1) : cols;
     if (!dropout) {
-      for (int64_t j = 0; j < cols; ++j) {
-        const A p = masked(v, s.causal, i, j) ? A(0) : std::exp(a[j] - l);
-        a[j] = p;
-        bm[j] = p * (bm[j] - row_term) * scale;
-      }
+      ds_span<A>(a, bm, 0, visible, v.key_pad, l, row_term, scale, nullptr, 0, A(1));
+      ds_span<A>(a, bm, visible, cols, nullptr, l, row_term, scale, nullptr, 0, A(1), true);
     } else {
-      PhiloxWords words(s.seed, s.stream);
       const uint64_t base = v.dropout_base + static_cast<uint64_t>(i * S);
-      for (int64_t j = 0; j < cols; ++j) {
-        const A p = masked(v, s.causal, i, j) ? A(0) : std::exp(a[j] - l);
-        const A m = words(base + static_cast<uint64_t>(j)) >= threshold ? keep_scale : A(0);
-        a[j] = p * m;                                // Pd, for dV
-        bm[j] = p * (bm[j] * m - row_term) * scale;  // dS, scale folded in for dQ and dK
+      uint32_t words[kWordRun];
+      for (int64_t j0 = 0; j0 < cols; j0 += kWordRun) {
+        const int64_t j1 = std::min(j0 + kWordRun, cols), split = std::clamp(visible, j0, j1);
+        philox_words(s.seed, s.stream, base + static_cast<uint64_t>(j0), j1 - j0, words);
+        ds_span<A>(a, bm, j0, split, v.key_pad, l, row_term, scale, words, threshold, keep_scale);
+        ds_span<A>(a, bm, split, j1, nullptr, l, row_term, scale, words + (split - j0), threshold,
+                   keep_scale, true);
       }
     }
   }

@@ -12,8 +12,8 @@
 #include <cmath>
 
 #include "regen/core/tensor.h"
+#include "regen/kernels/cpu/softmax_rows.h"
 #include "regen/kernels/kernels.h"
-#include "regen/kernels/unary_ops.h"
 
 namespace regen::cpu {
 namespace {
@@ -31,54 +31,6 @@ int64_t check_targets(const int64_t* targets, int64_t M, int64_t V, int64_t igno
     ++counted;
   }
   return counted;
-}
-
-// The row pieces every softmax row here is made of, written so that GCC vectorizes them (this
-// file is compiled with -fno-trapping-math, as unary.cpp): f32 rows take exp_f32
-// (kernels/unary_ops.h), f64 rows libm's exp. Sums and maxima run in kLanes independent lanes
-// combined in lane order at the end, so a row's bits depend on its values only, never on the
-// threads.
-constexpr int64_t kLanes = 16;
-inline float row_exp(float x) {
-  return unary::exp_f32(x);
-}
-inline double row_exp(double x) {
-  return std::exp(x);
-}
-
-// The largest of x[0, n) (NaNs passed over, as std::max(m, x) does); -inf for n = 0.
-template <class T>
-T row_max(const T* x, int64_t n) {
-  T m[kLanes];
-  for (int64_t l = 0; l < kLanes; ++l) m[l] = -INFINITY;
-  int64_t j = 0;
-  for (; j + kLanes <= n; j += kLanes) {
-    for (int64_t l = 0; l < kLanes; ++l) m[l] = x[j + l] > m[l] ? x[j + l] : m[l];
-  }
-  for (; j < n; ++j) m[0] = x[j] > m[0] ? x[j] : m[0];
-  T mx = m[0];
-  for (int64_t l = 1; l < kLanes; ++l) mx = m[l] > mx ? m[l] : mx;
-  return mx;
-}
-
-// sum over x[0, n) of exp(x - mx), in double.
-template <class T>
-double row_sum_exp(const T* x, int64_t n, T mx) {
-  double s[kLanes] = {};
-  int64_t j = 0;
-  for (; j + kLanes <= n; j += kLanes) {
-    for (int64_t l = 0; l < kLanes; ++l) s[l] += static_cast<double>(row_exp(x[j + l] - mx));
-  }
-  for (; j < n; ++j) s[0] += static_cast<double>(row_exp(x[j] - mx));
-  double sum = 0;
-  for (int64_t l = 0; l < kLanes; ++l) sum += s[l];
-  return sum;
-}
-
-// y[j] = g * exp(x[j] - l) over [0, n) (y may be x).
-template <class T>
-void row_scaled_softmax(const T* x, T* y, int64_t n, T l, T g) {
-  for (int64_t j = 0; j < n; ++j) y[j] = g * row_exp(x[j] - l);
 }
 }  // namespace
 

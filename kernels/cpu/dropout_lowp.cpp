@@ -1,18 +1,18 @@
 // CPU dropout on 16-bit tensors (bfloat16, float16): the launchers dropout_forward_lowp and
 // dropout_backward_lowp, declared beside their op in autograd/ops_dropout.cpp. The mask is the one
 // of kernels/kernels.h's dropout rule (element i kept iff philox_word(seed, stream, i) >= p *
-// 2^32), drawn exactly as the f32 kernel draws it (kernels/cpu/elementwise.cpp: one Philox block
-// per four consecutive elements), so a 16-bit dropout keeps the same elements as the f32 one and
-// each kept value is the f32 value x * (1 / (1 - p)) rounded once. Blocks of kBlock elements are
-// widened into an f32 buffer on the stack (kernels/cpu/convert.h), scaled and narrowed back. Tests:
-// tests/test_amp_ops.cpp (against the f32 op on the same rounded input).
+// 2^32), drawn exactly as the f32 kernel draws it (kernels/cpu/philox_lanes.h's philox_words), so a
+// 16-bit dropout keeps the same elements as the f32 one and each kept value is the f32 value x * (1
+// / (1 - p)) rounded once. Blocks of kBlock elements are widened into an f32 buffer on the stack
+// (kernels/cpu/convert.h), scaled and narrowed back. Tests: tests/test_amp_ops.cpp (against the f32
+// op on the same rounded input).
 #include <omp.h>
 
 #include <algorithm>
 #include <cstdint>
 
-#include "regen/core/philox.h"
 #include "regen/kernels/cpu/convert.h"
+#include "regen/kernels/cpu/philox_lanes.h"
 #include "regen/kernels/kernels.h"
 
 namespace regen::cpu {
@@ -33,25 +33,16 @@ void dropout_forward_lowp(const T* x, T* y, int64_t n, float p, uint64_t seed, u
   static_assert(is_half_v<T>, "dropout_forward_lowp is the 16-bit path");
   const uint64_t threshold = keep_threshold(p);
   const float keep_scale = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f;  // as the f32 kernel's T(1)/(1-p)
-  const PhiloxKey key{static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32)};
-  const uint32_t stream_lo = static_cast<uint32_t>(stream);
-  const uint32_t stream_hi = static_cast<uint32_t>(stream >> 32);
   const int64_t blocks = (n + kBlock - 1) / kBlock;
 #pragma omp parallel for schedule(static) if (n > kParallelMin)
   for (int64_t b = 0; b < blocks; ++b) {
     const int64_t i0 = b * kBlock, len = std::min(kBlock, n - i0);
     float buf[kBlock];
+    uint32_t words[kBlock];
     convert::widen_span(x + i0, buf, len);
-    for (int64_t k = 0; k < len; k += 4) {
-      const uint64_t block = static_cast<uint64_t>((i0 + k) / 4);
-      uint32_t words[4];
-      philox4x32_10(
-          {static_cast<uint32_t>(block), static_cast<uint32_t>(block >> 32), stream_lo, stream_hi},
-          key, words);
-      const int64_t count = std::min<int64_t>(4, len - k);
-      for (int64_t e = 0; e < count; ++e) {
-        buf[k + e] = words[e] >= threshold ? buf[k + e] * keep_scale : 0.0f;
-      }
+    philox_words(seed, stream, static_cast<uint64_t>(i0), len, words);
+    for (int64_t e = 0; e < len; ++e) {
+      buf[e] = words[e] >= threshold ? buf[e] * keep_scale : 0.0f;
     }
     convert::narrow_span(buf, y + i0, len);
   }

@@ -8,6 +8,7 @@
 
 #include "regen/core/philox.h"
 #include "regen/core/tensor.h"
+#include "regen/kernels/cpu/philox_lanes.h"
 #include "regen/kernels/kernels.h"
 
 namespace regen::cpu {
@@ -174,27 +175,27 @@ void sum_squares(const T* x, T* y, int64_t n) {
   reduce_all<T, true>(x, y, n);
 }
 
-// Element i is kept iff philox_word(seed, stream, i) >= threshold. philox_word(.., i) is word i%4
-// of Philox block i/4, so each block is computed once and serves four consecutive elements
-// (the CUDA kernel does the same, one block per thread: masks agree bit for bit).
+// Element i is kept iff philox_word(seed, stream, i) >= threshold (the CUDA kernel draws the same
+// words, one Philox block per thread: masks agree bit for bit). The words come kDropoutRun at a
+// time from philox_words (kernels/cpu/philox_lanes.h), 16 blocks per vectorized pass.
+constexpr int64_t kDropoutRun = 256;
 template <class T>
 void dropout_forward(const T* x, T* y, int64_t n, float p, uint64_t seed, uint64_t stream) {
   const uint64_t threshold = dropout_threshold(p);
+  if (threshold > 0xFFFFFFFFull) {  // p >= 1: no word reaches it, every element is dropped
+    fill<T>(y, n, T(0));
+    return;
+  }
+  const uint32_t t32 = static_cast<uint32_t>(threshold);
   const T keep_scale = p < 1.0f ? T(1) / (T(1) - static_cast<T>(p)) : T(0);
-  const PhiloxKey key{static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32)};
-  const uint32_t stream_lo = static_cast<uint32_t>(stream);
-  const uint32_t stream_hi = static_cast<uint32_t>(stream >> 32);
-  const int64_t blocks = (n + 3) / 4;
+  const int64_t runs = (n + kDropoutRun - 1) / kDropoutRun;
 #pragma omp parallel for schedule(static) if (n > kParallelMin)
-  for (int64_t b = 0; b < blocks; ++b) {
-    const uint64_t block = static_cast<uint64_t>(b);
-    uint32_t words[4];
-    philox4x32_10(
-        {static_cast<uint32_t>(block), static_cast<uint32_t>(block >> 32), stream_lo, stream_hi},
-        key, words);
-    const int64_t i0 = 4 * b, count = std::min<int64_t>(4, n - i0);
-    for (int64_t e = 0; e < count; ++e) {
-      y[i0 + e] = words[e] >= threshold ? x[i0 + e] * keep_scale : T(0);
+  for (int64_t r = 0; r < runs; ++r) {
+    const int64_t i0 = r * kDropoutRun, len = std::min(kDropoutRun, n - i0);
+    uint32_t words[kDropoutRun];
+    philox_words(seed, stream, static_cast<uint64_t>(i0), len, words);
+    for (int64_t e = 0; e < len; ++e) {
+      y[i0 + e] = words[e] >= t32 ? x[i0 + e] * keep_scale : T(0);
     }
   }
 }

@@ -1,0 +1,66 @@
+// Philox words for a run of consecutive elements of one stream on the CPU, many blocks at once:
+// the bits of philox_word (core/philox.h) for every element, in a form GCC vectorizes. Each of
+// kPhiloxLanes blocks is one lane of four counter arrays, and a round is the same few operations
+// across the lanes (the 32 x 32 -> 64-bit products become vpmuludq on AVX2 and AVX-512), where the
+// scalar philox4x32_10 runs one block's ten dependent rounds at a time. The dropout kernels
+// (elementwise.cpp, dropout_lowp.cpp) and the attention's dropout (attention.cpp) draw their masks
+// through it. tests/test_kernels_cpu.cpp checks it against philox_word at every offset.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+#include "regen/core/philox.h"
+
+namespace regen::cpu {
+
+constexpr int64_t kPhiloxLanes = 16;  // blocks per pass: 64 words
+
+// words[k] = philox_word(seed, stream, first + k) for k in [0, count).
+inline void philox_words(uint64_t seed, uint64_t stream, uint64_t first, int64_t count,
+                         uint32_t* words) {
+  constexpr uint32_t kM0 = 0xD2511F53u, kM1 = 0xCD9E8D57u;
+  constexpr uint32_t kW0 = 0x9E3779B9u, kW1 = 0xBB67AE85u;
+  const uint32_t key0 = static_cast<uint32_t>(seed), key1 = static_cast<uint32_t>(seed >> 32);
+  const uint32_t s_lo = static_cast<uint32_t>(stream), s_hi = static_cast<uint32_t>(stream >> 32);
+  uint64_t block = first >> 2;
+  int64_t skip = static_cast<int64_t>(first & 3);  // words of the first block before `first`
+  int64_t k = 0;
+  while (k < count) {
+    uint32_t c0[kPhiloxLanes], c1[kPhiloxLanes], c2[kPhiloxLanes], c3[kPhiloxLanes];
+    for (int64_t l = 0; l < kPhiloxLanes; ++l) {
+      const uint64_t b = block + static_cast<uint64_t>(l);
+      c0[l] = static_cast<uint32_t>(b);
+      c1[l] = static_cast<uint32_t>(b >> 32);
+      c2[l] = s_lo;
+      c3[l] = s_hi;
+    }
+    uint32_t k0 = key0, k1 = key1;
+    for (int round = 0; round < 10; ++round) {
+      for (int64_t l = 0; l < kPhiloxLanes; ++l) {
+        const uint64_t p0 = static_cast<uint64_t>(kM0) * c0[l];
+        const uint64_t p1 = static_cast<uint64_t>(kM1) * c2[l];
+        const uint32_t n0 = static_cast<uint32_t>(p1 >> 32) ^ c1[l] ^ k0;
+        const uint32_t n2 = static_cast<uint32_t>(p0 >> 32) ^ c3[l] ^ k1;
+        c0[l] = n0;
+        c1[l] = static_cast<uint32_t>(p1);
+        c2[l] = n2;
+        c3[l] = static_cast<uint32_t>(p0);
+      }
+      k0 += kW0;
+      k1 += kW1;
+    }
+    // Element 4 l + e of this pass is word e of lane l.
+    const int64_t take = std::min<int64_t>(4 * kPhiloxLanes - skip, count - k);
+    for (int64_t i = 0; i < take; ++i) {
+      const int64_t w = skip + i, l = w >> 2;
+      const uint32_t* c[4] = {c0, c1, c2, c3};
+      words[k + i] = c[w & 3][l];
+    }
+    k += take;
+    skip = 0;
+    block += kPhiloxLanes;
+  }
+}
+
+}  // namespace regen::cpu
