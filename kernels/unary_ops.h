@@ -68,6 +68,23 @@ REGEN_HD float float_from_bits(int32_t i) {
   return f;
 #endif
 }
+// exp(y - n ln 2) for n = rint(y / ln 2), which `n` receives: r = y - n ln 2 with ln 2 in two
+// parts (the first's 15 bits times |n| < 2^9 are exact), then e^r by its Taylor series to r^7
+// (|r| <= ln 2 / 2: truncation 6e-9 relative), every step an explicit fma. tanh_f32 and exp_f32
+// scale it by 2^n.
+REGEN_HD float exp_reduced(float y, float& n) {
+  n = ::rintf(y * 1.44269504088896341f);
+  float r = ::fmaf(n, -0.693145751953125f, y);
+  r = ::fmaf(n, -1.428606820309417e-6f, r);
+  float e = 1.0f / 5040.0f;
+  e = ::fmaf(e, r, 1.0f / 720.0f);
+  e = ::fmaf(e, r, 1.0f / 120.0f);
+  e = ::fmaf(e, r, 1.0f / 24.0f);
+  e = ::fmaf(e, r, 1.0f / 6.0f);
+  e = ::fmaf(e, r, 0.5f);
+  e = ::fmaf(e, r, 1.0f);
+  return ::fmaf(e, r, 1.0f);
+}
 REGEN_HD float tanh_f32(float x) {
   const float a = ::fabsf(x);
   // |x| < 0.55: x + x z P(z), z = x^2; P is a least-squares fit (relative error of tanh 1.1e-9
@@ -78,51 +95,29 @@ REGEN_HD float tanh_f32(float x) {
   p = ::fmaf(z, p, 0.13332601690918566f);
   p = ::fmaf(z, p, -0.33333318045898347f);
   const float small = ::fmaf(a * z, p, a);
-  // Otherwise 1 - 2 / (e + 1), e = exp(2|x|) = 2^n exp(r): n = rint(2|x| / ln 2), r reduced with
-  // ln 2 in two parts (the first's 16 bits times n < 2^5 are exact), exp(r) by its Taylor series
-  // to r^7 (|r| <= ln 2 / 2: truncation 6e-9 relative). Past |x| = 10, tanh rounds to 1: 2|x| is
-  // held at 20 there (and for NaN, returned as itself below), so n stays small.
+  // Otherwise 1 - 2 / (e + 1), e = exp(2|x|) = 2^n exp(r) (exp_reduced). Past |x| = 10, tanh
+  // rounds to 1: 2|x| is held at 20 there (and for NaN, returned as itself below), so n < 2^5.
   const float y = a < 10.0f ? 2.0f * a : 20.0f;
-  const float n = ::rintf(y * 1.44269504088896341f);
-  float r = ::fmaf(n, -0.693145751953125f, y);
-  r = ::fmaf(n, -1.428606820309417e-6f, r);
-  float e = 1.0f / 5040.0f;
-  e = ::fmaf(e, r, 1.0f / 720.0f);
-  e = ::fmaf(e, r, 1.0f / 120.0f);
-  e = ::fmaf(e, r, 1.0f / 24.0f);
-  e = ::fmaf(e, r, 1.0f / 6.0f);
-  e = ::fmaf(e, r, 0.5f);
-  e = ::fmaf(e, r, 1.0f);
-  e = ::fmaf(e, r, 1.0f);
+  float n;
+  float e = exp_reduced(y, n);
   e = e * float_from_bits((static_cast<int32_t>(n) + 127) << 23);
   const float large = 1.0f - 2.0f / (e + 1.0f);
   const float t = a < 0.55f ? small : large;
   return a == a ? ::copysignf(t, x) : x;
 }
 // exp in f32 the same way (operations a CPU loop vectorizes and CUDA runs alike, explicit fmas):
-// e^x = 2^n e^r, n = rint(x / ln 2), r = x - n ln 2 with ln 2 in two parts (the first's 15 bits
-// times |n| <= 150 are exact), e^r by its Taylor series to r^7 (|r| <= ln 2 / 2: truncation 5e-9
-// relative), and 2^n applied as two powers of two, 2^floor(n/2) then 2^ceil(n/2), so that a
-// subnormal result is rounded once. x is held to [-104, 89] first (NaN to -104, returned as itself
-// below): exp(x) is 0 below -103.98 and inf above 88.73 in f32 anyway. Within 0.94 ulp of the
-// correctly rounded exp over every float (checked exhaustively against the double exp when it was
-// written; tests/test_kernels_cpu.cpp checks a dense sweep within 2); exp(0) = 1, exp(-inf) = 0,
-// exp(inf) = inf. The softmax rows of kernels/cpu/cross_entropy.cpp run on it: libm's scalar expf
-// kept them at about 2 ns per element, 6x slower.
+// e^x = 2^n e^r (exp_reduced, |n| <= 150), 2^n applied as two powers of two, 2^floor(n/2) then
+// 2^ceil(n/2), so that a subnormal result is rounded once. x is held to [-104, 89] first (NaN to
+// -104, returned as itself below): exp(x) is 0 below -103.98 and inf above 88.73 in f32 anyway.
+// Within 0.94 ulp of the correctly rounded exp over every float (checked exhaustively against the
+// double exp when it was written; tests/test_kernels_cpu.cpp checks a dense sweep within 2); exp(0)
+// = 1, exp(-inf) = 0, exp(inf) = inf. The softmax rows of kernels/cpu/cross_entropy.cpp run on it:
+// libm's scalar expf kept them at about 2 ns per element, 6x slower.
 REGEN_HD float exp_f32(float x) {
   float c = x > -104.0f ? x : -104.0f;
   c = c < 89.0f ? c : 89.0f;
-  const float n = ::rintf(c * 1.44269504088896341f);
-  float r = ::fmaf(n, -0.693145751953125f, c);
-  r = ::fmaf(n, -1.428606820309417e-6f, r);
-  float e = 1.0f / 5040.0f;
-  e = ::fmaf(e, r, 1.0f / 720.0f);
-  e = ::fmaf(e, r, 1.0f / 120.0f);
-  e = ::fmaf(e, r, 1.0f / 24.0f);
-  e = ::fmaf(e, r, 1.0f / 6.0f);
-  e = ::fmaf(e, r, 0.5f);
-  e = ::fmaf(e, r, 1.0f);
-  e = ::fmaf(e, r, 1.0f);
+  float n;
+  float e = exp_reduced(c, n);
   const int32_t k = static_cast<int32_t>(n);  // in [-150, 129]
   const int32_t h = k >> 1;                   // floor(k / 2): both halves in [-75, 65]
   e = e * float_from_bits((h + 127) << 23);
