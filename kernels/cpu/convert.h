@@ -35,8 +35,11 @@
 
 // GCC 12's AVX-512 shifts and conversions start from _mm512_undefined_*, and when inlined they trip
 // -Wmaybe-uninitialized (GCC bug 105593), as in kernels/cpu/gemm.cpp; the lanes are all written.
+// Clang has no such warning (and would warn about the unknown name).
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 
 namespace regen::cpu {
 
@@ -182,4 +185,6 @@ inline void widen_span(const float* x, float* y, int64_t n) {
 }  // namespace convert
 }  // namespace regen::cpu
 
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop
+#endif
