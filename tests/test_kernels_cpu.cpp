@@ -24,7 +24,7 @@
 #include "regen/core/philox.h"
 #include "regen/core/tensor.h"
 #include "regen/kernels/cpu/packed_gemm.h"
-#include "regen/kernels/cpu/philox_lanes.h"
+#include "regen/kernels/cpu/philox_words.h"
 #include "regen/kernels/kernels.h"
 #include "regen/kernels/unary_ops.h"
 #include "tests/dry_paths.h"

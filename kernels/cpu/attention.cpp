@@ -31,7 +31,7 @@
 #include "regen/kernels/cpu/convert.h"
 #include "regen/kernels/cpu/gemm_lowp.h"
 #include "regen/kernels/cpu/packed_gemm.h"
-#include "regen/kernels/cpu/philox_lanes.h"
+#include "regen/kernels/cpu/philox_words.h"
 #include "regen/kernels/cpu/softmax_rows.h"
 #include "regen/kernels/kernels.h"
 
@@ -65,8 +65,8 @@ uint64_t keep_threshold(float p) {
   return static_cast<uint64_t>(static_cast<double>(p) * 4294967296.0);
 }
 
-// A row's dropout words come this many at a time from philox_words (kernels/cpu/philox_lanes.h):
-// the bits of philox_word for each score, drawn 16 Philox blocks per vectorized pass.
+// A row's dropout words come this many at a time from philox_words (kernels/cpu/philox_words.h):
+// the bits of philox_word for each score, drawn before the loop that applies them.
 constexpr int64_t kWordRun = 256;
 
 struct HeadView {

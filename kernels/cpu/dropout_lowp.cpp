@@ -1,7 +1,7 @@
 // CPU dropout on 16-bit tensors (bfloat16, float16): the launchers dropout_forward_lowp and
 // dropout_backward_lowp, declared beside their op in autograd/ops_dropout.cpp. The mask is the one
 // of kernels/kernels.h's dropout rule (element i kept iff philox_word(seed, stream, i) >= p *
-// 2^32), drawn exactly as the f32 kernel draws it (kernels/cpu/philox_lanes.h's philox_words), so a
+// 2^32), drawn exactly as the f32 kernel draws it (kernels/cpu/philox_words.h's philox_words), so a
 // 16-bit dropout keeps the same elements as the f32 one and each kept value is the f32 value x * (1
 // / (1 - p)) rounded once. Blocks of kBlock elements are widened into an f32 buffer on the stack
 // (kernels/cpu/convert.h), scaled and narrowed back. Tests: tests/test_amp_ops.cpp (against the f32
@@ -12,7 +12,7 @@
 #include <cstdint>
 
 #include "regen/kernels/cpu/convert.h"
-#include "regen/kernels/cpu/philox_lanes.h"
+#include "regen/kernels/cpu/philox_words.h"
 #include "regen/kernels/kernels.h"
 
 namespace regen::cpu {

@@ -8,7 +8,7 @@
 
 #include "regen/core/philox.h"
 #include "regen/core/tensor.h"
-#include "regen/kernels/cpu/philox_lanes.h"
+#include "regen/kernels/cpu/philox_words.h"
 #include "regen/kernels/kernels.h"
 
 namespace regen::cpu {
@@ -177,7 +177,8 @@ void sum_squares(const T* x, T* y, int64_t n) {
 
 // Element i is kept iff philox_word(seed, stream, i) >= threshold (the CUDA kernel draws the same
 // words, one Philox block per thread: masks agree bit for bit). The words come kDropoutRun at a
-// time from philox_words (kernels/cpu/philox_lanes.h), 16 blocks per vectorized pass.
+// time from philox_words (kernels/cpu/philox_words.h) into an array, and a separate loop, which
+// GCC vectorizes, applies them.
 constexpr int64_t kDropoutRun = 256;
 template <class T>
 void dropout_forward(const T* x, T* y, int64_t n, float p, uint64_t seed, uint64_t stream) {
