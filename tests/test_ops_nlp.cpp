@@ -431,6 +431,33 @@ TEST_CASE_TEMPLATE(
 }
 
 TEST_CASE(
+    "linear_cross_entropy: a node whose attributes disagree with its dtype is refused by name") {
+  // linear_cross_entropy() sets forward_dx/dw/db from the inputs; a node recorded with other
+  // attributes (apply_op directly) fails clearly instead of computing nothing.
+  const int64_t M = 6, K = 4, V = 9;
+  const Tensor targets = from_vector<int64_t>({0, 1, 2, 3, 4, 5}, {M});
+  Tensor x = rand_t<float>({M, K}, 81).set_requires_grad(true);
+  const Tensor w = rand_t<float>({V, K}, 82);
+  LinearCrossEntropyAttrs a;
+  a.chunk_rows = 4;
+  // 16-bit inputs compute their gradients in backward: the forward refuses to be asked for them.
+  a.forward_dx = true;
+  expect_error(
+      [&] {
+        apply_op(OpKind::linear_cross_entropy, a,
+                 {cast(x, DType::bf16), cast(w, DType::bf16), Tensor(), targets});
+      },
+      {"linear_cross_entropy: bf16 inputs compute their gradients in backward"});
+  Tape::current().clear();
+  // f32 inputs recorded without any forward gradient: backward says so.
+  a.forward_dx = false;
+  Tensor loss = apply_op(OpKind::linear_cross_entropy, a, {x, w, Tensor(), targets})[0];
+  expect_error([&] { backward(loss); },
+               {"linear_cross_entropy backward", "the forward computed no gradient"});
+  Tape::current().clear();
+}
+
+TEST_CASE(
     "linear_cross_entropy: every row ignored gives 0 and zero gradients, like cross_entropy") {
   const int64_t M = 6, K = 4, V = 7;
   const Tensor x = rand_t<float>({M, K}, 51), w = rand_t<float>({V, K}, 52),
