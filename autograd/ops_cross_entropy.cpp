@@ -127,9 +127,17 @@ void lce_fwd(OpContext& c) {
   Tensor dw = want_dw ? empty_like(w) : empty({0}, x.dtype(), dev);
   Tensor db = want_db ? empty({d.V}, x.dtype(), dev) : empty({0}, x.dtype(), dev);
   const int64_t* t = targets.data<int64_t>();
-  // Bad targets fail before any product is computed.
-  REGEN_LAUNCH(dev, T, linear_cross_entropy_scale, static_cast<const T*>(nullptr), t,
-               static_cast<T*>(nullptr), d.M, d.V, a.ignore_index);
+  const bool grads = want_dx || want_dw || want_db;
+  // Bad targets fail before any product is computed. With gradients to make, the same call forms
+  // scale[0] = 1 / count on the device: linear_cross_entropy_scale of a unit loss gradient
+  // (scale[1]).
+  std::unique_ptr<Workspace> scale;
+  if (grads) {
+    scale = std::make_unique<Workspace>(dev, 2 * sizeof(T));
+    REGEN_LAUNCH(dev, T, fill, scale->as<T>() + 1, 1, T(1));
+  }
+  REGEN_LAUNCH(dev, T, linear_cross_entropy_scale, grads ? scale->as<T>() + 1 : nullptr, t,
+               grads ? scale->as<T>() : nullptr, d.M, d.V, a.ignore_index);
   if (d.M == 0) {  // no rows: the loss and every gradient are 0
     for (const Tensor& z : {loss, dx, dw, db}) {
       if (z.numel() > 0) REGEN_LAUNCH(dev, T, fill, z.data<T>(), z.numel(), T(0));
@@ -141,15 +149,7 @@ void lce_fwd(OpContext& c) {
   {
     Workspace row_loss(dev, static_cast<uint64_t>(d.M) * sizeof(double));
     Workspace logits(dev, static_cast<uint64_t>(d.chunk * d.V) * sizeof(T));
-    const bool grads = want_dx || want_dw || want_db;
-    // scale = 1 / count: linear_cross_entropy_scale of a unit loss gradient, on the device.
-    std::unique_ptr<Workspace> scale, colsum;
-    if (grads) {
-      scale = std::make_unique<Workspace>(dev, 2 * sizeof(T));
-      REGEN_LAUNCH(dev, T, fill, scale->as<T>() + 1, 1, T(1));
-      REGEN_LAUNCH(dev, T, linear_cross_entropy_scale, scale->as<T>() + 1, t, scale->as<T>(), d.M,
-                   d.V, a.ignore_index);
-    }
+    std::unique_ptr<Workspace> colsum;
     if (want_db && d.chunk < d.M) colsum = std::make_unique<Workspace>(dev, d.V * sizeof(T));
     for (int64_t r0 = 0; r0 < d.M; r0 += d.chunk) {
       const int64_t rows = std::min(d.chunk, d.M - r0);
