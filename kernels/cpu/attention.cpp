@@ -57,14 +57,6 @@ void zero_rows(float* p, int64_t rows, int64_t cols, int64_t ld) {
   for (int64_t i = 0; i < rows; ++i) std::fill(p + i * ld, p + i * ld + cols, 0.0f);
 }
 
-// The dropout rule of kernels/kernels.h (shared with dropout_forward): keep element i iff
-// philox_word(seed, stream, i) >= p * 2^32, then scale by 1 / (1 - p).
-uint64_t keep_threshold(float p) {
-  if (p <= 0.0f) return 0;
-  if (p >= 1.0f) return uint64_t{1} << 32;
-  return static_cast<uint64_t>(static_cast<double>(p) * 4294967296.0);
-}
-
 // A row's dropout words come this many at a time from philox_words (kernels/cpu/philox_words.h):
 // the bits of philox_word for each score, drawn before the loop that applies them.
 constexpr int64_t kWordRun = 256;
@@ -246,7 +238,7 @@ void attention_forward_lowp(const E* qkv, const int32_t* key_pad, E* out, float*
                             const AttentionShape& s) {
   const int64_t S = s.S, Dh = s.Dh;
   const DType dt = dtype_of<E>::value;
-  const uint64_t threshold = keep_threshold(s.dropout_p);
+  const uint64_t threshold = dropout_threshold(s.dropout_p);
   const float keep_scale = s.dropout_p < 1.0f ? 1.0f / (1.0f - s.dropout_p) : 0.0f;
   Workspace ws(Device::cpu(), static_cast<uint64_t>(S * S) * sizeof(float));
   Workspace out_ws(Device::cpu(), static_cast<uint64_t>(S * Dh) * sizeof(float));
@@ -280,7 +272,7 @@ void attention_backward_lowp(const E* dout, const E* qkv, const E* out, const fl
                              const int32_t* key_pad, E* dqkv, const AttentionShape& s) {
   const int64_t S = s.S, Dh = s.Dh;
   const DType dt = dtype_of<E>::value;
-  const uint64_t threshold = keep_threshold(s.dropout_p);
+  const uint64_t threshold = dropout_threshold(s.dropout_p);
   const float keep_scale = s.dropout_p < 1.0f ? 1.0f / (1.0f - s.dropout_p) : 0.0f;
   // By causal row blocks, dV and dK are sums over the blocks: each has its own f32 buffer then.
   const bool blocks = causal_blocks(s);
@@ -363,7 +355,7 @@ template <class T>
 void attention_forward_wide(const T* qkv, const int32_t* key_pad, T* out, T* lse,
                             const AttentionShape& s) {
   const int64_t S = s.S, Dh = s.Dh;
-  const uint64_t threshold = keep_threshold(s.dropout_p);
+  const uint64_t threshold = dropout_threshold(s.dropout_p);
   const T keep_scale = s.dropout_p < 1.0f ? T(1) / (T(1) - static_cast<T>(s.dropout_p)) : T(0);
   Workspace ws(Device::cpu(), static_cast<uint64_t>(S * S) * sizeof(T));
   T* P = ws.as<T>();
@@ -399,7 +391,7 @@ template <class T>
 void attention_backward_wide(const T* dout, const T* qkv, const T* out, const T* lse,
                              const int32_t* key_pad, T* dqkv, const AttentionShape& s) {
   const int64_t S = s.S, Dh = s.Dh;
-  const uint64_t threshold = keep_threshold(s.dropout_p);
+  const uint64_t threshold = dropout_threshold(s.dropout_p);
   const T keep_scale = s.dropout_p < 1.0f ? T(1) / (T(1) - static_cast<T>(s.dropout_p)) : T(0);
   const T scale = static_cast<T>(s.scale);
   // A: scores, then P, then the dropped-out Pd that dV needs. B: dPd = dout v^T, then dS.

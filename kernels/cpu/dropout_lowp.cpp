@@ -19,19 +19,12 @@ namespace regen::cpu {
 namespace {
 constexpr int64_t kParallelMin = 1 << 15;  // below this, threads cost more than they save
 constexpr int64_t kBlock = 512;            // elements per block: a multiple of 4 (Philox words)
-
-// The same threshold as the f32 kernel: keep iff word >= p * 2^32; p >= 1 drops everything.
-uint64_t keep_threshold(float p) {
-  if (p <= 0.0f) return 0;
-  if (p >= 1.0f) return uint64_t{1} << 32;
-  return static_cast<uint64_t>(static_cast<double>(p) * 4294967296.0);
-}
 }  // namespace
 
 template <class T>
 void dropout_forward_lowp(const T* x, T* y, int64_t n, float p, uint64_t seed, uint64_t stream) {
   static_assert(is_half_v<T>, "dropout_forward_lowp is the 16-bit path");
-  const uint64_t threshold = keep_threshold(p);
+  const uint64_t threshold = dropout_threshold(p);
   const float keep_scale = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f;  // as the f32 kernel's T(1)/(1-p)
   const int64_t blocks = (n + kBlock - 1) / kBlock;
 #pragma omp parallel for schedule(static) if (n > kParallelMin)

@@ -15,13 +15,6 @@ namespace regen::cpu {
 namespace {
 constexpr int64_t kParallelMin = 1 << 15;  // below this, threads cost more than they save
 constexpr int64_t kChunk = 4096;           // reduction chunk (fixed: thread-count independent)
-
-uint64_t dropout_threshold(float p) {
-  // keep iff word >= p * 2^32; p >= 1 drops everything (threshold above any word).
-  if (p <= 0.0f) return 0;
-  if (p >= 1.0f) return uint64_t{1} << 32;
-  return static_cast<uint64_t>(static_cast<double>(p) * 4294967296.0);
-}
 }  // namespace
 
 template <class T>

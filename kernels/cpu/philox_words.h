@@ -20,6 +20,15 @@
 
 namespace regen::cpu {
 
+// The dropout rule of kernels/kernels.h: element i is kept iff philox_word(seed, stream, i) >= this
+// threshold, p * 2^32; p <= 0 keeps everything (0), p >= 1 drops everything (2^32, above any
+// word). The f32 and 16-bit dropouts and the attention's dropout share it.
+inline uint64_t dropout_threshold(float p) {
+  if (p <= 0.0f) return 0;
+  if (p >= 1.0f) return uint64_t{1} << 32;
+  return static_cast<uint64_t>(static_cast<double>(p) * 4294967296.0);
+}
+
 constexpr int64_t kPhiloxLanes = 16;  // blocks per pass of the AVX-512 form: 64 words
 
 // words[k] = philox_word(seed, stream, first + k) for k in [0, count).
