@@ -5,7 +5,9 @@
 // past the end untouched and nothing done in a dry run; and the mixed-precision GEMM of
 // kernels/cpu/gemm_lowp.h, bit for bit against the f32 packed GEMM (kernels/cpu/packed_gemm.h) on
 // the widened operands, packed by plain loops here, and against a float64 product within a
-// rounding-error bound, over odd shapes, transposes, padded strides, bias and accumulation.
+// rounding-error bound, over odd shapes, transposes, padded strides, bias and accumulation; bf16 x
+// bf16 (summed in depth pairs) the same bits on every SIMD tile the CPU has (the bf16 pair tile
+// among them where present), through gemm_lowp_store and conv2d's three passes.
 // Hidden cases (doctest::skip; run with --no-skip): every one of the 2^32 f32 patterns narrowed,
 // and the throughput figures (conversion GB/s, GEMM GFLOP/s against the f32 GEMMs).
 #include <doctest/doctest.h>
@@ -16,6 +18,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <string>
 #include <type_traits>
@@ -28,6 +31,7 @@
 #include "regen/kernels/cpu/convert.h"
 #include "regen/kernels/cpu/gemm_lowp.h"
 #include "regen/kernels/cpu/packed_gemm.h"
+#include "regen/kernels/cpu/widening_sources.h"
 #include "regen/kernels/kernels.h"
 #include "tests/dry_paths.h"
 
@@ -314,26 +318,40 @@ Stored make_stored(int64_t rows, int64_t cols, DType dtype, uint64_t seed) {
   return s;
 }
 
-// Plain f32 packing of op(A) and op(B), element by element, in packed_gemm.h's panel layout.
+// Plain f32 packing of op(A) and op(B), element by element, in packed_gemm.h's panel layout. With
+// `pairs` (the order of a bf16 x bf16 product, kernels/cpu/widening_sources.h), the depth is
+// `depth` rounded up to even, 0 past `depth`, and each pair is packed odd element first.
 struct PlainA {
   const float* p;
   int64_t ld;
   bool trans;
+  bool pairs;
+  int64_t depth;
   float at(int64_t m, int64_t k) const { return trans ? p[k * ld + m] : p[m * ld + k]; }
+  float packed_at(int64_t m, int64_t k) const {
+    if (pairs) k ^= 1;
+    return k < depth ? at(m, k) : 0.0f;
+  }
   void pack(int64_t m0, int64_t rows, int64_t k0, int64_t kc, float* dst) const {
     for (int64_t k = 0; k < kc; ++k)
       for (int64_t i = 0; i < cpu::packed::kMR; ++i)
-        dst[k * cpu::packed::kMR + i] = i < rows ? at(m0 + i, k0 + k) : 0.0f;
+        dst[k * cpu::packed::kMR + i] = i < rows ? packed_at(m0 + i, k0 + k) : 0.0f;
   }
 };
 struct PlainB {
   const float* p;
   int64_t ld;
   bool trans;
+  bool pairs;
+  int64_t depth;
   float at(int64_t k, int64_t n) const { return trans ? p[n * ld + k] : p[k * ld + n]; }
+  float packed_at(int64_t k, int64_t n) const {
+    if (pairs) k ^= 1;
+    return k < depth ? at(k, n) : 0.0f;
+  }
   void pack(int64_t k0, int64_t kc, int64_t j0, int64_t cols, int64_t w, float* dst) const {
     for (int64_t k = 0; k < kc; ++k)
-      for (int64_t j = 0; j < w; ++j) dst[k * w + j] = j < cols ? at(k0 + k, j0 + j) : 0.0f;
+      for (int64_t j = 0; j < w; ++j) dst[k * w + j] = j < cols ? packed_at(k0 + k, j0 + j) : 0.0f;
   }
 };
 
@@ -351,8 +369,11 @@ void check_gemm_lowp(int64_t M, int64_t N, int64_t K, DType ta_dtype, DType tb_d
       trans_a ? make_stored(K, M, ta_dtype, 1 + M) : make_stored(M, K, ta_dtype, 1 + M);
   const Stored B =
       trans_b ? make_stored(N, K, tb_dtype, 2 + N) : make_stored(K, N, tb_dtype, 2 + N);
-  const PlainA pa{A.wide.data(), A.ld, trans_a};
-  const PlainB pb{B.wide.data(), B.ld, trans_b};
+  // bf16 x bf16 multiplies depth pairs, odd element first (gemm_lowp.h).
+  const bool pairs = ta_dtype == DType::bf16 && tb_dtype == DType::bf16;
+  const int64_t packed_depth = pairs ? K + K % 2 : K;
+  const PlainA pa{A.wide.data(), A.ld, trans_a, pairs, K};
+  const PlainB pb{B.wide.data(), B.ld, trans_b, pairs, K};
   std::vector<float> bias_v(static_cast<size_t>(M));
   for (int64_t m = 0; m < M; ++m) bias_v[m] = 2.0f * philox_uniform01(philox_word(5, 0, m)) - 1.0f;
   // The float64 products, summed, and the sums of their magnitudes (see the bound below).
@@ -394,14 +415,28 @@ void check_gemm_lowp(int64_t M, int64_t N, int64_t K, DType ta_dtype, DType tb_d
       cpu::gemm_lowp(trans_a, trans_b, M, N, K, ta_dtype, A.data(), A.ld, tb_dtype, B.data(), B.ld,
                      bias_p, accumulate, got2.data(), ldc);
     });
-    cpu::packed::gemm<float>(M, N, K, pa, pb, bias_p, accumulate, {want.data(), ldc, N, 0});
+    cpu::packed::gemm<float>(M, N, packed_depth, pa, pb, bias_p, accumulate,
+                             {want.data(), ldc, N, 0});
 
     // The strongest check: the same bits as the f32 packed GEMM on the widened operands (padding
-    // included), and at every thread count.
+    // included; for bf16 x bf16 packed in pairs, odd first), and at every thread count. On a CPU
+    // with the bf16 pair tile gemm_lowp runs it, so the f32 tiles on swapped pairs are run here
+    // too (and where it has none, the pair tile is what the CPU lacks).
     CHECK_MESSAGE(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)) == 0,
                   "differs from the f32 packed GEMM on widened operands");
     CHECK_MESSAGE(std::memcmp(got.data(), got2.data(), got.size() * sizeof(float)) == 0,
                   "differs between the default thread count and one thread");
+    if (pairs) {
+      std::vector<float> swapped = c0;
+      const auto* a16 = reinterpret_cast<const bfloat16*>(A.narrow.data());
+      const auto* b16 = reinterpret_cast<const bfloat16*>(B.narrow.data());
+      cpu::packed::gemm<float>(M, N, packed_depth,
+                               cpu::packed::WideningA<bfloat16>{a16, A.ld, trans_a, true, K},
+                               cpu::packed::WideningB<bfloat16>{b16, B.ld, trans_b, true, K},
+                               bias_p, accumulate, {swapped.data(), ldc, N, 0});
+      CHECK_MESSAGE(std::memcmp(swapped.data(), want.data(), got.size() * sizeof(float)) == 0,
+                    "the widening sources with swapped pairs differ from plain packing");
+    }
 
     // Against float64. Each C element is s = c + sum_k a_k b_k, c the bias, C's old value or 0.
     // The f32 GEMM computes each depth block's sum as a chain of FMAs from 0 and adds the block
@@ -644,4 +679,104 @@ TEST_CASE("bench: conversion GB/s and gemm_lowp GFLOP/s against the f32 GEMMs" *
                 flops / hf / 1e9, f32 / hf, flops / hft / 1e9, f32t / hft);
     std::printf("  gemm_lowp bf16 x f32           %6.1f (%.2f)\n", flops / bfx / 1e9, f32 / bfx);
   });
+}
+
+// ---- bf16 in depth pairs: the same bits on every SIMD tile
+// ----------------------------------------
+
+namespace {
+
+// The SIMD tiles this build and CPU have: the bf16 pair tile's ISA (where present) first.
+std::vector<cpu::packed::Isa> simd_isas() {
+  using cpu::packed::Isa;
+  std::vector<Isa> isas;
+  for (Isa isa : {Isa::avx512_bf16, Isa::avx512, Isa::avx2})
+    if (cpu::packed::tile_kernel<float>(isa) != nullptr) isas.push_back(isa);
+  return isas;
+}
+
+std::vector<bfloat16> random_bf16(int64_t n, uint64_t seed) {
+  std::vector<bfloat16> v(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i)
+    v[i] = bfloat16(2.0f * philox_uniform01(philox_word(seed, 9, i)) - 1.0f);
+  return v;
+}
+
+// f(outputs) under every SIMD tile: each run's outputs must equal the first's, bit for bit.
+void check_same_on_every_tile(const std::string& what,
+                              const std::function<std::vector<bfloat16>()>& run) {
+  const auto isas = simd_isas();
+  std::vector<bfloat16> first;
+  for (size_t i = 0; i < isas.size(); ++i) {
+    cpu::packed::ScopedTileIsa scope(isas[i]);
+    const std::vector<bfloat16> got = run();
+    if (i == 0) {
+      first = got;
+      continue;
+    }
+    int64_t differ = 0;
+    for (size_t j = 0; j < got.size(); ++j) differ += got[j].bits != first[j].bits;
+    CHECK_MESSAGE(differ == 0, what, ": ", differ, " of ", got.size(), " elements under ",
+                  std::string(cpu::packed::isa_name(isas[i])), " differ from ",
+                  std::string(cpu::packed::isa_name(isas[0])));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("bf16 pairs: gemm_lowp_store gives the same bits on every SIMD tile the CPU has") {
+  MESSAGE("SIMD tiles compared: ", simd_isas().size());
+  const int64_t shapes[][3] = {{17, 33, 65}, {128, 257, 300}, {300, 40, 513}, {5, 3, 1}};
+  for (const auto& s : shapes) {
+    const int64_t M = s[0], N = s[1], K = s[2];
+    const auto a = random_bf16(M * K, 1), b = random_bf16(K * N, 2);
+    for (int t = 0; t < 4; ++t) {
+      const bool ta = t & 1, tb = t & 2;
+      check_same_on_every_tile(
+          "gemm M=" + std::to_string(M) + " N=" + std::to_string(N) + " K=" + std::to_string(K) +
+              (ta ? " A^T" : "") + (tb ? " B^T" : ""),
+          [&] {
+            std::vector<bfloat16> c(static_cast<size_t>(M * N));
+            cpu::gemm_lowp_store(ta, tb, M, N, K, DType::bf16, a.data(), ta ? M : K, DType::bf16,
+                                 b.data(), tb ? K : N, 1.0f, 0.0f, DType::bf16, nullptr,
+                                 DType::bf16, c.data(), N);
+            return c;
+          });
+    }
+  }
+}
+
+TEST_CASE("bf16 pairs: conv2d's three passes give the same bits on every SIMD tile the CPU has") {
+  // (N, C, H, W, K, R, S, stride, pad): a 1x1 (backward-data as w^T dy), a stride-1 3x3 on planes
+  // of 100 pixels or more (backward-data as a convolution with flipped weights), a strided 3x3
+  // (backward-data through dcol and col2im), and an odd depth (C R S = 3 * 7 * 7 = 147).
+  const int64_t shapes[][9] = {{2, 24, 9, 9, 16, 1, 1, 1, 0},
+                               {2, 9, 12, 12, 10, 3, 3, 1, 1},
+                               {3, 8, 11, 13, 12, 3, 3, 2, 1},
+                               {2, 3, 20, 20, 8, 7, 7, 2, 3}};
+  for (const auto& v : shapes) {
+    const ConvShape s =
+        make_conv_shape(v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[7], v[8], v[8]);
+    const auto x = random_bf16(s.N * s.C * s.H * s.W, 3), w = random_bf16(s.K * s.C * s.R * s.S, 4);
+    const auto bias = random_bf16(s.K, 5), dy = random_bf16(s.N * s.K * s.P * s.Q, 6);
+    const std::string shape = "conv N=" + std::to_string(s.N) + " C=" + std::to_string(s.C) +
+                              " K=" + std::to_string(s.K) + " R=" + std::to_string(s.R) +
+                              " stride " + std::to_string(v[7]);
+    check_same_on_every_tile(shape + " forward", [&] {
+      std::vector<bfloat16> y(static_cast<size_t>(s.N * s.K * s.P * s.Q));
+      cpu::conv2d_forward<bfloat16>(x.data(), w.data(), bias.data(), y.data(), s);
+      return y;
+    });
+    check_same_on_every_tile(shape + " backward-data", [&] {
+      std::vector<bfloat16> dx(x.size());
+      cpu::conv2d_backward_data<bfloat16>(dy.data(), w.data(), dx.data(), s);
+      return dx;
+    });
+    check_same_on_every_tile(shape + " backward-filter", [&] {
+      std::vector<bfloat16> dw(w.size()), db(bias.size());
+      cpu::conv2d_backward_filter<bfloat16>(x.data(), dy.data(), dw.data(), db.data(), s);
+      dw.insert(dw.end(), db.begin(), db.end());
+      return dw;
+    });
+  }
 }

@@ -23,17 +23,20 @@
 //
 // 16-bit operands (T = bfloat16 or float16): the same passes on the f32 packed GEMM, whose panels
 // are packed from the 16-bit tensors (the implicit im2col copies 16-bit pixels, then each panel is
-// widened to f32 in L1), so every product and sum is f32. The GEMM writes f32 into a workspace of
-// whole images (output planes, dcol, or dx being folded) and each output element is rounded to
-// 16 bits once, after the bias (if any) is added in f32. Backward-filter writes f32 (K, CRS) into
-// a workspace and rounds it once; the bias gradient is summed in double and rounded once.
+// widened to f32 in L1), so every product and sum is f32; bf16 in depth pairs, as gemm_lowp's
+// (on the bf16 pair tile where the CPU has it, kernels/cpu/gemm_lowp.h). The GEMM writes f32 into a
+// workspace of whole images (output planes, dcol, or dx being folded) and each output element is
+// rounded to 16 bits once, after the bias (if any) is added in f32. Backward-filter writes f32 (K,
+// CRS) into a workspace and rounds it once; the bias gradient is summed in double and rounded once.
 // Tests: tests/test_ops_vision.cpp (against nested loops), tests/test_gradcheck_vision.cpp,
 // tests/test_amp_gemm_ops.cpp (16-bit against f32).
 #include <omp.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 
 #include "regen/core/tensor.h"
 #include "regen/kernels/cpu/conv2d_lowp.h"
@@ -352,6 +355,93 @@ struct WidenB {
   }
 };
 
+// bf16 x bf16 in depth pairs, as gemm_lowp's (kernels/cpu/gemm_lowp.h): the GEMM's depth is the
+// operand's `depth` rounded up to even, 0 past it. PairA/PairB pack the bf16 pair tile's 32-bit
+// words (packed_gemm.h, bf16_pair_tile; k0 and kc count words) from P's bf16 panel; SwapA/SwapB
+// pack f32 panels with each depth pair swapped, which give the f32 tiles the same sums.
+inline uint32_t pair_word(bfloat16 even, bfloat16 odd) {
+  return static_cast<uint32_t>(even.bits) | static_cast<uint32_t>(odd.bits) << 16;
+}
+template <class P>
+struct PairA {
+  P packer;
+  int64_t depth;
+  void pack(int64_t m0, int64_t rows, int64_t k0, int64_t kc, float* dst) const {
+    constexpr int64_t MR = packed::kMR;
+    bfloat16 panel[MR * packed::kKC];
+    const int64_t have = std::min(2 * kc, depth - 2 * k0);
+    packer.pack(m0, rows, 2 * k0, have, panel);
+    std::fill(panel + have * MR, panel + 2 * kc * MR, bfloat16());
+    for (int64_t kk = 0; kk < kc; ++kk) {
+      uint32_t words[MR];
+      for (int64_t i = 0; i < MR; ++i)
+        words[i] = pair_word(panel[2 * kk * MR + i], panel[(2 * kk + 1) * MR + i]);
+      std::memcpy(dst + kk * MR, words, sizeof words);
+    }
+  }
+};
+template <class P>
+struct PairB {
+  P packer;
+  int64_t depth;
+  void pack(int64_t k0, int64_t kc, int64_t j0, int64_t cols, int64_t w, float* dst) const {
+    bfloat16 panel[packed::kNR<float> * packed::kKC + packed::kSlack<bfloat16>];
+    const int64_t have = std::min(2 * kc, depth - 2 * k0);
+    packer.pack(2 * k0, have, j0, cols, w, panel);
+    std::fill(panel + have * w, panel + 2 * kc * w, bfloat16());
+    for (int64_t kk = 0; kk < kc; ++kk) {
+      const bfloat16* even = panel + 2 * kk * w;
+      const bfloat16* odd = even + w;
+      uint32_t* d = reinterpret_cast<uint32_t*>(dst + kk * w);
+      for (int64_t j = 0; j < w; ++j) d[j] = pair_word(even[j], odd[j]);
+    }
+  }
+};
+template <class P>
+struct SwapA {
+  P packer;
+  int64_t depth;
+  void pack(int64_t m0, int64_t rows, int64_t k0, int64_t kc, float* dst) const {
+    constexpr int64_t MR = packed::kMR;
+    bfloat16 panel[MR * packed::kKC];
+    const int64_t have = std::min(kc, depth - k0);
+    packer.pack(m0, rows, k0, have, panel);
+    std::fill(panel + have * MR, panel + kc * MR, bfloat16());
+    for (int64_t k = 0; k < kc; ++k) convert::widen_span(panel + (k ^ 1) * MR, dst + k * MR, MR);
+  }
+};
+template <class P>
+struct SwapB {
+  P packer;
+  int64_t depth;
+  void pack(int64_t k0, int64_t kc, int64_t j0, int64_t cols, int64_t w, float* dst) const {
+    bfloat16 panel[packed::kNR<float> * packed::kKC + packed::kSlack<bfloat16>];
+    const int64_t have = std::min(kc, depth - k0);
+    packer.pack(k0, have, j0, cols, w, panel);
+    std::fill(panel + have * w, panel + kc * w, bfloat16());
+    for (int64_t k = 0; k < kc; ++k) convert::widen_span(panel + (k ^ 1) * w, dst + k * w, w);
+  }
+};
+
+// C (M, N) f32 = op(A) op(B) of 16-bit operands given as packers of E panels (ARows, BCols, ...):
+// f16 widened panel by panel (WidenA, WidenB), bf16 in depth pairs (above).
+template <class E, class PA, class PB>
+void gemm_16(int64_t M, int64_t N, int64_t K, const PA& a, const PB& b,
+             const packed::CView<float>& c) {
+  if constexpr (std::is_same_v<E, bfloat16>) {
+    const int64_t even = K + K % 2;
+    if (const packed::TileFn<float> tile = packed::bf16_pair_tile(packed::tile_isa())) {
+      const packed::WordTile<float> words{tile, 2};
+      packed::gemm<float>(M, N, even / 2, PairA<PA>{a, K}, PairB<PB>{b, K}, nullptr, false, c,
+                          &words);
+    } else {
+      packed::gemm<float>(M, N, even, SwapA<PA>{a, K}, SwapB<PB>{b, K}, nullptr, false, c);
+    }
+  } else {
+    packed::gemm<float>(M, N, K, WidenA<E, PA>{a}, WidenB<E, PB>{b}, nullptr, false, c);
+  }
+}
+
 // Images per tile of an f32 output workspace of `image_elems` floats per image: as many as
 // kWorkspaceBudget holds, at least one. Depends on the shape only (the dry run's sizes).
 int64_t f32_tile_images(int64_t image_elems, int64_t N) {
@@ -381,11 +471,11 @@ void forward_lowp(const E* x, const E* w, const E* bias, E* y, const ConvShape& 
   const int64_t images = f32_tile_images(kpq, s.N);
   Workspace ws(Device::cpu(), static_cast<uint64_t>(images * kpq) * sizeof(float));
   float* acc = ws.as<float>();  // (images, K, PQ)
-  const packed::WideningA<E> a{w, crs, false};
+  const ARows<E, ViewSource<E>> a{{w, crs}};
   for (int64_t n0 = 0; n0 < s.N; n0 += images) {
     const int64_t ng = std::min(images, s.N - n0);
-    const WidenB<E, BRows<E, ColSource<E>>> b{{{x, s, n0 * pq}}};
-    packed::gemm<float>(s.K, ng * pq, crs, a, b, nullptr, false, {acc, pq, pq, kpq});
+    const BRows<E, ColSource<E>> b{{x, s, n0 * pq}};
+    gemm_16<E>(s.K, ng * pq, crs, a, b, {acc, pq, pq, kpq});
     if (!dry_run_active()) store_planes(acc, y + n0 * kpq, ng * s.K, s.K, pq, bias);
   }
 }
@@ -398,11 +488,11 @@ void backward_data_lowp(const E* dy, const E* w, const E* bias, E* dx, const Con
     const int64_t images = f32_tile_images(chw, s.N);
     Workspace ws(Device::cpu(), static_cast<uint64_t>(images * chw) * sizeof(float));
     float* acc = ws.as<float>();
-    const packed::WideningA<E> a{w, s.C, true};
+    const ACols<E, ViewSource<E>> a{{w, s.C}};
     for (int64_t n0 = 0; n0 < s.N; n0 += images) {
       const int64_t ng = std::min(images, s.N - n0);
-      const WidenB<E, BRows<E, DySource<E>>> b{{{dy, s.K, pq, n0 * pq}}};
-      packed::gemm<float>(s.C, ng * pq, s.K, a, b, nullptr, false, {acc, pq, pq, chw});
+      const BRows<E, DySource<E>> b{{dy, s.K, pq, n0 * pq}};
+      gemm_16<E>(s.C, ng * pq, s.K, a, b, {acc, pq, pq, chw});
       if (!dry) store_planes(acc, dx + n0 * chw, ng * s.C, s.C, hw, bias);
     }
     return;
@@ -428,11 +518,11 @@ void backward_data_lowp(const E* dy, const E* w, const E* bias, E* dx, const Con
     const int64_t images = f32_tile_images(chw, s.N);
     Workspace ws(Device::cpu(), static_cast<uint64_t>(images * chw) * sizeof(float));
     float* acc = ws.as<float>();
-    const packed::WideningA<E> a{flipped, krs, false};
+    const ARows<E, ViewSource<E>> a{{flipped, krs}};
     for (int64_t n0 = 0; n0 < s.N; n0 += images) {
       const int64_t ng = std::min(images, s.N - n0);
-      const WidenB<E, BRows<E, ColSource<E>>> b{{{dy, t, n0 * hw}}};
-      packed::gemm<float>(s.C, ng * hw, krs, a, b, nullptr, false, {acc, hw, hw, chw});
+      const BRows<E, ColSource<E>> b{{dy, t, n0 * hw}};
+      gemm_16<E>(s.C, ng * hw, krs, a, b, {acc, hw, hw, chw});
       if (!dry) store_planes(acc, dx + n0 * chw, ng * s.C, s.C, hw, bias);
     }
     return;
@@ -450,15 +540,15 @@ void backward_data_lowp(const E* dy, const E* w, const E* bias, E* dx, const Con
   Workspace dx_ws(Device::cpu(), static_cast<uint64_t>(images * chw) * sizeof(float));
   float* col = col_ws.as<float>();
   float* acc = dx_ws.as<float>();
-  const packed::WideningA<E> a{w, crs, true};  // w^T (CRS, K), w stored (K, CRS)
+  const ACols<E, ViewSource<E>> a{{w, crs}};  // w^T (CRS, K), w stored (K, CRS)
   const int64_t whole = std::numeric_limits<int64_t>::max();
   for (int64_t n0 = 0; n0 < s.N; n0 += images) {
     const int64_t ng = std::min(images, s.N - n0);
     if (!dry) fill<float>(acc, ng * chw, 0.0f);  // col2im accumulates
     for (int64_t p0 = 0; p0 < s.P; p0 += rows) {
       const int64_t p1 = std::min(s.P, p0 + rows), cols = ng * (p1 - p0) * s.Q;
-      const WidenB<E, BRows<E, DySource<E>>> b{{{dy, s.K, pq, n0 * pq + p0 * s.Q}}};
-      packed::gemm<float>(crs, cols, s.K, a, b, nullptr, false, {col, cols, whole, 0});
+      const BRows<E, DySource<E>> b{{dy, s.K, pq, n0 * pq + p0 * s.Q}};
+      gemm_16<E>(crs, cols, s.K, a, b, {col, cols, whole, 0});
       if (!dry) col2im(col, cols, ng, p0, p1, acc, s);
     }
     if (!dry) store_planes(acc, dx + n0 * chw, ng * s.C, s.C, hw, bias);
@@ -482,10 +572,9 @@ void backward_filter_lowp(const E* x, const E* dy, E* dw, E* dbias, const ConvSh
   if (!dw) return;  // the bias gradient alone
   Workspace ws(Device::cpu(), static_cast<uint64_t>(s.K * crs) * sizeof(float));
   float* acc = ws.as<float>();  // (K, CRS)
-  const WidenA<E, ARows<E, DySource<E>>> a{{{dy, s.K, pq, 0}}};
-  const WidenB<E, BCols<E, ColSource<E>>> b{{{x, s, 0}}};
-  packed::gemm<float>(s.K, crs, s.N * pq, a, b, nullptr, false,
-                      {acc, crs, std::numeric_limits<int64_t>::max(), 0});
+  const ARows<E, DySource<E>> a{{dy, s.K, pq, 0}};
+  const BCols<E, ColSource<E>> b{{x, s, 0}};
+  gemm_16<E>(s.K, crs, s.N * pq, a, b, {acc, crs, std::numeric_limits<int64_t>::max(), 0});
   if (!dry_run_active()) store_planes<E>(acc, dw, s.K, s.K, crs, nullptr);
 }
 

@@ -1,5 +1,6 @@
 // The mixed-precision GEMM of kernels/cpu/gemm_lowp.h: the widening sources of
-// kernels/cpu/widening_sources.h for each operand's storage type, fed to the f32 packed GEMM.
+// kernels/cpu/widening_sources.h for each operand's storage type, fed to the f32 packed GEMM, and
+// for bf16 x bf16 the depth pairs (the bf16 pair tile, or the f32 tiles with pairs swapped).
 // Tests: tests/test_lowp_kernels.cpp.
 #include "regen/kernels/cpu/gemm_lowp.h"
 
@@ -128,6 +129,25 @@ void gemm_lowp(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, DTyp
               trans_b ? " (B stored (N, K))" : "");
   // C's columns form one "image" of N columns: CView's image split never happens.
   const packed::CView<float> c{C, ldc, N > 0 ? N : 1, 0};
+  if (a_dtype == DType::bf16 && b_dtype == DType::bf16) {
+    // Depth pairs (kernels/cpu/widening_sources.h): the bf16 pair tile where the CPU has one, or
+    // the f32 tiles on widened panels with each pair swapped; the same sums either way.
+    const int64_t even = K + K % 2;
+    if (const packed::TileFn<float> pairs = packed::bf16_pair_tile(packed::tile_isa())) {
+      const auto* a16 = static_cast<const uint16_t*>(A);
+      const auto* b16 = static_cast<const uint16_t*>(B);
+      const packed::WordTile<float> words{pairs, 2};
+      packed::gemm<float>(M, N, even / 2, packed::PairWordsA{a16, lda, trans_a, K},
+                          packed::PairWordsB{b16, ldb, trans_b, K}, bias, accumulate, c, &words);
+      return;
+    }
+    const auto* a16 = static_cast<const bfloat16*>(A);
+    const auto* b16 = static_cast<const bfloat16*>(B);
+    packed::gemm<float>(M, N, even, packed::WideningA<bfloat16>{a16, lda, trans_a, true, K},
+                        packed::WideningB<bfloat16>{b16, ldb, trans_b, true, K}, bias, accumulate,
+                        c);
+    return;
+  }
   with_source<packed::WideningA>("A", a_dtype, A, lda, trans_a, [&](const auto& a) {
     with_source<packed::WideningB>("B", b_dtype, B, ldb, trans_b, [&](const auto& b) {
       packed::gemm<float>(M, N, K, a, b, bias, accumulate, c);

@@ -4,8 +4,12 @@
 // (kernels/cpu/widening_sources.h), so the multiply is the f32 packed GEMM of
 // kernels/cpu/packed_gemm.h and C is, bit for bit, what that GEMM gives on the widened operands;
 // it is also independent of the thread count and the same in AVX2 and AVX-512 builds, as there.
-// Tests: tests/test_lowp_kernels.cpp (bitwise against the f32 packed GEMM on widened operands, and
-// against a float64 product within a rounding-error bound).
+// bf16 x bf16 is summed in depth pairs, odd element first (a zero element past an odd K): on a CPU
+// with AVX-512 BF16 by VDPBF16PS (packed_gemm.h, bf16_pair_tile), at twice the f32 rate, and
+// elsewhere by the f32 tiles on panels packed in that order, with the same bits, except that the
+// instruction takes subnormal inputs, products and sums as zero.
+// Tests: tests/test_lowp_kernels.cpp (bitwise against the f32 packed GEMM on widened operands,
+// pairs swapped for bf16 x bf16, and against a float64 product within a rounding-error bound).
 #pragma once
 
 #include <cstdint>
@@ -21,7 +25,8 @@ namespace regen::cpu {
 // a_dtype and b_dtype are each f32, bf16 or f16 (A and B point at elements of that type).
 // Without accumulate, C = op(A) op(B) + bias[m] (bias, of M floats, per row of C, or null for
 // none), and C's prior contents are ignored; with accumulate, C += op(A) op(B) and bias is not
-// used (as the packed GEMM's). Sums are f32 over k in order, per depth block of the packed GEMM.
+// used (as the packed GEMM's). Sums are f32 over k in order (bf16 x bf16: in pairs, odd first),
+// per depth block of the packed GEMM.
 // In a dry run (core/dry_run.h) the packing workspace is requested and nothing is computed.
 void gemm_lowp(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, DType a_dtype,
                const void* A, int64_t lda, DType b_dtype, const void* B, int64_t ldb,

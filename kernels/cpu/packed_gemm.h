@@ -20,6 +20,7 @@
 // on the thread count. Nor do they depend on the tile: every element is one chain of fused
 // multiply-adds per KC block, plus C or the bias added alike, so the AVX2 and AVX-512 tiles agree
 // bit for bit (the scalar tile, whose multiply-adds the compiler may or may not fuse, can differ).
+// The bf16 pair tile (bf16_pair_tile) sums in pairs; gemm_lowp gives the other tiles its order.
 // The workspace (each thread's packed A and B) depends on M, N, K and the thread count only, the
 // same on every ISA. In a dry run (core/dry_run.h) gemm requests that workspace and returns.
 #pragma once
@@ -80,22 +81,57 @@ template <class T>
 using TileFn = void (*)(int nv, int64_t kc, const T* a, const T* b, const Run<T>* runs, int nruns,
                         int64_t rows, int64_t ld, bool accumulate, const T* bias);
 
-enum class Isa { generic, avx2, avx512 };
+// avx512_bf16 is avx512 plus the bf16 dot product (VDPBF16PS), which only the bf16 pair tile below
+// uses; its f32 and f64 tiles are avx512's.
+enum class Isa { generic, avx2, avx512, avx512_bf16 };
 const char* isa_name(Isa isa);
 // The best tile this CPU runs, or the one named by the environment variable REGEN_CPU_ISA
-// (generic, avx2, avx512: for measurements and tests; one the CPU lacks is an error). Decided on
-// the first call.
+// (generic, avx2, avx512, avx512bf16: for measurements and tests; one the CPU lacks is an error).
+// Decided on the first call.
 Isa tile_isa();
+// For tests: while one lives, tile_isa() answers `isa` (which this build and CPU must have, or
+// the constructor throws), so one process can compare the tiles' results. Not for concurrent use.
+class ScopedTileIsa {
+ public:
+  explicit ScopedTileIsa(Isa isa);
+  ~ScopedTileIsa();
+  ScopedTileIsa(const ScopedTileIsa&) = delete;
+  ScopedTileIsa& operator=(const ScopedTileIsa&) = delete;
+
+ private:
+  int previous_;
+};
 // The tile for `isa`, or nullptr when this build or this CPU has none.
 template <class T>
 TileFn<T> tile_kernel(Isa isa);
+
+// The bf16 pair tile: a TileFn<float> whose panels hold, in each 32-bit word, two bf16 values of
+// consecutive depth (the even one in the low half), and whose multiply is VDPBF16PS: per word,
+// C += a_odd b_odd, then C += a_even b_even, each an f32 addition of an exact product rounded once
+// (a fused multiply-add on the widened values), with subnormal inputs and results taken as zero.
+// nullptr unless `isa` is avx512_bf16 and this build and CPU have it. gemm_lowp (gemm_lowp.cpp)
+// uses it for bf16 x bf16 products and, elsewhere, packs the widened operands with each depth
+// pair swapped, so that the f32 tiles give the same bits (kernels/cpu/widening_sources.h).
+TileFn<float> bf16_pair_tile(Isa isa);
+
+// A tile whose packed words each hold `depth_per_word` consecutive depth elements (the bf16 pair
+// tile: 2). gemm's K, the sources' k0 and kc and the tile's kc then count words; the depth blocks
+// hold kKC / depth_per_word words (kKC depth elements, as the f32 GEMM's), and the workspace and
+// the thread count are those of the f32 GEMM of depth K * depth_per_word, so they do not depend on
+// which tile runs.
+template <class T>
+struct WordTile {
+  TileFn<T> tile;
+  int depth_per_word;
+};
 
 // ---- The loop nest ------------------------------------------------------------------------------
 
 // A packs rows [m0, m0 + rows) x depth [k0, k0 + kc) as dst[k * kMR + i] (rows >= `rows` zero);
 // B packs depth [k0, k0 + kc) x columns [j0, j0 + cols) as dst[k * w + j] (columns >= cols zero).
 //   a.pack(m0, rows, k0, kc, dst)      b.pack(k0, kc, j0, cols, w, dst)
-// C = A * B (+ bias[m] when bias is non-null), or C += A * B when accumulate.
+// C = A * B (+ bias[m] when bias is non-null), or C += A * B when accumulate. `words`, when
+// given, replaces the ISA's tile (WordTile above).
 //
 // Threads split the larger of M and N. Splitting columns, A is packed once for all threads up
 // front; splitting rows, each thread packs all of B into its own buffers. Either way the threads
@@ -103,7 +139,7 @@ TileFn<T> tile_kernel(Isa isa);
 // whenever another process holds one of the cores.
 template <class T, class SrcA, class SrcB>
 void gemm(int64_t M, int64_t N, int64_t K, const SrcA& a, const SrcB& b, const T* bias,
-          bool accumulate, const CView<T>& c) {
+          bool accumulate, const CView<T>& c, const WordTile<T>* words = nullptr) {
   if (M <= 0 || N <= 0) return;
   if (K == 0) {  // C = bias (or unchanged when accumulating)
     if (accumulate || dry_run_active()) return;
@@ -112,8 +148,10 @@ void gemm(int64_t M, int64_t N, int64_t K, const SrcA& a, const SrcB& b, const T
     return;
   }
   constexpr int L = kLanes<T>, NR = kNR<T>;
+  const int64_t per_word = words ? words->depth_per_word : 1;
+  const int64_t depth = K * per_word, kc_words = kKC / per_word;
   const int64_t row_panels = (M + kMR - 1) / kMR, col_vectors = (N + L - 1) / L;
-  const bool small = 2.0 * M * N * K < 4e6;
+  const bool small = 2.0 * M * N * depth < 4e6;
   // Split the larger dimension, so the operand packed twice is the smaller one. Columns are
   // dealt in whole vectors, rows in whole panels.
   const bool split_rows = M >= N;
@@ -124,24 +162,25 @@ void gemm(int64_t M, int64_t N, int64_t K, const SrcA& a, const SrcB& b, const T
   // When threads split the columns, all of them need all of A: it is packed once, together,
   // before the threads part (the one barrier of the call), instead of once per thread.
   const bool shared_a = threads > 1 && !split_rows;
-  const int64_t kc_max = std::min(K, kKC);
-  const int64_t shared_elems = shared_a ? row_panels * kMR * K : 0;
+  // Sized for depth elements; packed words (per_word > 1) use the front of each part.
+  const int64_t kc_max = std::min(depth, kKC);
+  const int64_t shared_elems = shared_a ? row_panels * kMR * depth : 0;
   const int64_t a_elems = shared_a ? 0 : std::min<int64_t>(kMCPanels, row_panels) * kMR * kc_max;
   const int64_t b_elems = std::min<int64_t>(col_vectors * L, kNC) * kc_max + kSlack<T>;
   Workspace ws(Device::cpu(),
                static_cast<uint64_t>(shared_elems + threads * (a_elems + b_elems)) * sizeof(T));
   if (dry_run_active()) return;  // the dry path (kernels.h): the scratch, requested and unused
   T* const shared = ws.as<T>();  // block pc, panel ip at shared + row_panels*kMR*pc + ip*kMR*kc
-  const TileFn<T> run_tile = tile_kernel<T>(tile_isa());
+  const TileFn<T> run_tile = words ? words->tile : tile_kernel<T>(tile_isa());
 #pragma omp parallel num_threads(threads)
   {
     const int t = omp_get_thread_num(), nt = omp_get_num_threads();
     if (shared_a) {
-      const int64_t blocks = (K + kKC - 1) / kKC;
+      const int64_t blocks = (K + kc_words - 1) / kc_words;
 #pragma omp for schedule(static)
       for (int64_t i = 0; i < blocks * row_panels; ++i) {
-        const int64_t pc = i / row_panels * kKC, ip = i % row_panels, m0 = ip * kMR;
-        const int64_t kc = std::min(kKC, K - pc);
+        const int64_t pc = i / row_panels * kc_words, ip = i % row_panels, m0 = ip * kMR;
+        const int64_t kc = std::min(kc_words, K - pc);
         a.pack(m0, std::min<int64_t>(kMR, M - m0), pc, kc,
                shared + row_panels * kMR * pc + ip * kMR * kc);
       }
@@ -154,8 +193,8 @@ void gemm(int64_t M, int64_t N, int64_t K, const SrcA& a, const SrcB& b, const T
     for (int64_t jc = n_lo; jc < n_hi; jc += kNC) {
       const int64_t nc = std::min(kNC, n_hi - jc);
       const int64_t panels = (nc + NR - 1) / NR;
-      for (int64_t pc = 0; pc < K; pc += kKC) {
-        const int64_t kc = std::min(kKC, K - pc);
+      for (int64_t pc = 0; pc < K; pc += kc_words) {
+        const int64_t kc = std::min(kc_words, K - pc);
         const bool acc = accumulate || pc > 0;
         const T* first_bias = pc == 0 ? bias : nullptr;
         for (int64_t jp = 0; jp < panels; ++jp) {

@@ -2,12 +2,18 @@
 // matrices and pack them as f32 panels, widening as they copy (kernels/cpu/convert.h). The panels
 // are the ones an f32 source would pack from the widened matrix, value for value and in the same
 // layout, so the f32 register tile that multiplies them gives C bit for bit as the f32 GEMM on
-// widened operands does: the accumulation is f32 whatever the storage. Used by
-// kernels/cpu/gemm_lowp.cpp; tests: tests/test_lowp_kernels.cpp.
+// widened operands does: the accumulation is f32 whatever the storage.
+//
+// For a bf16 x bf16 product, gemm_lowp multiplies depth pairs: the bf16 pair tile where the CPU
+// has one (PairWordsA/B below pack its 32-bit words), and elsewhere the f32 tiles on widened panels
+// whose depth pairs are swapped (swap_pairs): both sum each pair odd element first, so both give
+// the same bits (packed_gemm.h, bf16_pair_tile). Used by kernels/cpu/gemm_lowp.cpp and conv2d.cpp;
+// tests: tests/test_lowp_kernels.cpp.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 
 #include "regen/kernels/cpu/convert.h"
 #include "regen/kernels/cpu/packed_gemm.h"
@@ -16,13 +22,21 @@ namespace regen::cpu::packed {
 
 // The left operand A (M, K), element E (float, bfloat16 or float16): stored row-major with rows
 // ld apart (A(m, k) = p[m * ld + k]), or, when trans, stored (K, M) (A(m, k) = p[k * ld + m]).
+// With swap_pairs, the GEMM's depth is `depth` rounded up to even, A(m, k) is 0 for k >= depth,
+// and the panel holds depth k0 + (k ^ 1) at k (k0 and kc are even: the blocks' kKC is).
 template <class E>
 struct WideningA {
   const E* p;
   int64_t ld;
   bool trans;
+  bool swap_pairs = false;
+  int64_t depth = 0;  // with swap_pairs: A's depth
   // dst[k * kMR + i] = A(m0 + i, k0 + k) for i < rows, 0 for the panel's rows past them.
   void pack(int64_t m0, int64_t rows, int64_t k0, int64_t kc, float* dst) const {
+    if (swap_pairs) {
+      pack_swapped(m0, rows, k0, kc, dst);
+      return;
+    }
     if (trans) {  // each k's rows are contiguous in the source
       for (int64_t k = 0; k < kc; ++k) {
         float* d = dst + k * kMR;
@@ -42,17 +56,50 @@ struct WideningA {
       for (int64_t i = rows; i < kMR; ++i) d[i] = 0.0f;
     }
   }
+  void pack_swapped(int64_t m0, int64_t rows, int64_t k0, int64_t kc, float* dst) const {
+    const int64_t have = std::max<int64_t>(0, std::min(kc, depth - k0));  // depth left, <= kc
+    if (trans) {
+      for (int64_t k = 0; k < kc; ++k) {
+        float* d = dst + k * kMR;
+        const int64_t from = k ^ 1;
+        if (from < have) {
+          convert::widen_span(p + (k0 + from) * ld + m0, d, rows);
+          std::fill(d + rows, d + kMR, 0.0f);
+        } else {
+          std::fill(d, d + kMR, 0.0f);
+        }
+      }
+      return;
+    }
+    float rows_buf[kMR * kKC];
+    for (int64_t i = 0; i < rows; ++i) {
+      convert::widen_span(p + (m0 + i) * ld + k0, rows_buf + i * kc, have);
+      std::fill(rows_buf + i * kc + have, rows_buf + (i + 1) * kc, 0.0f);
+    }
+    for (int64_t k = 0; k < kc; ++k) {
+      float* d = dst + k * kMR;
+      for (int64_t i = 0; i < rows; ++i) d[i] = rows_buf[i * kc + (k ^ 1)];
+      for (int64_t i = rows; i < kMR; ++i) d[i] = 0.0f;
+    }
+  }
 };
 
 // The right operand B (K, N): stored row-major with rows ld apart (B(k, n) = p[k * ld + n]), or,
 // when trans, stored (N, K) (B(k, n) = p[n * ld + k]).
+// swap_pairs and depth as WideningA's.
 template <class E>
 struct WideningB {
   const E* p;
   int64_t ld;
   bool trans;
+  bool swap_pairs = false;
+  int64_t depth = 0;
   // dst[k * w + j] = B(k0 + k, j0 + j) for j < cols, 0 for the columns from cols to w.
   void pack(int64_t k0, int64_t kc, int64_t j0, int64_t cols, int64_t w, float* dst) const {
+    if (swap_pairs) {
+      pack_swapped(k0, kc, j0, cols, w, dst);
+      return;
+    }
     if (!trans) {
       for (int64_t k = 0; k < kc; ++k) {
         float* d = dst + k * w;
@@ -68,6 +115,104 @@ struct WideningB {
       float* d = dst + k * w;
       for (int64_t j = 0; j < cols; ++j) d[j] = cols_buf[j * kc + k];
       for (int64_t j = cols; j < w; ++j) d[j] = 0.0f;
+    }
+  }
+  void pack_swapped(int64_t k0, int64_t kc, int64_t j0, int64_t cols, int64_t w, float* dst) const {
+    const int64_t have = std::max<int64_t>(0, std::min(kc, depth - k0));
+    if (!trans) {
+      for (int64_t k = 0; k < kc; ++k) {
+        float* d = dst + k * w;
+        const int64_t from = k ^ 1;
+        if (from < have) {
+          convert::widen_span(p + (k0 + from) * ld + j0, d, cols);
+          std::fill(d + cols, d + w, 0.0f);
+        } else {
+          std::fill(d, d + w, 0.0f);
+        }
+      }
+      return;
+    }
+    float cols_buf[kNR<float> * kKC];
+    for (int64_t j = 0; j < cols; ++j) {
+      convert::widen_span(p + (j0 + j) * ld + k0, cols_buf + j * kc, have);
+      std::fill(cols_buf + j * kc + have, cols_buf + (j + 1) * kc, 0.0f);
+    }
+    for (int64_t k = 0; k < kc; ++k) {
+      float* d = dst + k * w;
+      for (int64_t j = 0; j < cols; ++j) d[j] = cols_buf[j * kc + (k ^ 1)];
+      for (int64_t j = cols; j < w; ++j) d[j] = 0.0f;
+    }
+  }
+};
+
+// ---- bf16 pairs for the bf16 pair tile (packed_gemm.h, bf16_pair_tile) --------------------------
+
+// Word kk of a depth pair: the bits of op(X)(., 2kk) in the low half and op(X)(., 2kk + 1) in the
+// high half, 0 past `depth`. Stored into the float panel by memcpy (the tile moves it bit for bit).
+inline void put_word(float* dst, uint32_t word) {
+  std::memcpy(dst, &word, sizeof word);
+}
+
+// The left operand A (M, K) in bf16, as WideningA's (trans alike); k0 and kc count words (depth
+// pairs), and A's depth is `depth` elements. dst word (kk * kMR + i) = pair kk of row m0 + i.
+struct PairWordsA {
+  const uint16_t* p;  // the bf16 bits
+  int64_t ld;
+  bool trans;
+  int64_t depth;
+  void pack(int64_t m0, int64_t rows, int64_t k0, int64_t kc, float* dst) const {
+    for (int64_t kk = 0; kk < kc; ++kk) {
+      const int64_t k = 2 * (k0 + kk);
+      float* d = dst + kk * kMR;
+      for (int64_t i = 0; i < rows; ++i) {
+        const int64_t m = m0 + i;
+        const uint32_t lo = k < depth ? (trans ? p[k * ld + m] : p[m * ld + k]) : 0;
+        const uint32_t hi = k + 1 < depth ? (trans ? p[(k + 1) * ld + m] : p[m * ld + k + 1]) : 0;
+        put_word(d + i, lo | hi << 16);
+      }
+      for (int64_t i = rows; i < kMR; ++i) put_word(d + i, 0);
+    }
+  }
+};
+
+// The right operand B (K, N) in bf16, as WideningB's; k0 and kc count words. dst word (kk * w + j)
+// = pair kk of column j0 + j, 0 for the columns from cols to w.
+struct PairWordsB {
+  const uint16_t* p;
+  int64_t ld;
+  bool trans;
+  int64_t depth;
+  void pack(int64_t k0, int64_t kc, int64_t j0, int64_t cols, int64_t w, float* dst) const {
+    if (!trans) {  // two rows of B interleaved per word row
+      for (int64_t kk = 0; kk < kc; ++kk) {
+        const int64_t k = 2 * (k0 + kk);
+        const uint16_t* even = p + k * ld + j0;
+        const uint16_t* odd = even + ld;
+        uint32_t* d = reinterpret_cast<uint32_t*>(dst + kk * w);
+        if (k + 1 < depth) {
+          for (int64_t j = 0; j < cols; ++j) d[j] = even[j] | static_cast<uint32_t>(odd[j]) << 16;
+        } else {
+          for (int64_t j = 0; j < cols; ++j) d[j] = even[j];
+        }
+        for (int64_t j = cols; j < w; ++j) d[j] = 0;
+      }
+      return;
+    }
+    // Each column's depth is contiguous: its words are copied whole into a buffer that stays in
+    // L1, then transposed into the panel.
+    uint32_t cols_buf[kNR<float> * (kKC / 2)];
+    const int64_t have = std::max<int64_t>(0, std::min(2 * kc, depth - 2 * k0));  // elements
+    for (int64_t j = 0; j < cols; ++j) {
+      uint32_t* b = cols_buf + j * kc;
+      const uint16_t* col = p + (j0 + j) * ld + 2 * k0;
+      std::memcpy(b, col, static_cast<size_t>(have / 2) * sizeof(uint32_t));
+      if (have % 2) b[have / 2] = col[have - 1];
+      for (int64_t kk = (have + 1) / 2; kk < kc; ++kk) b[kk] = 0;
+    }
+    for (int64_t kk = 0; kk < kc; ++kk) {
+      uint32_t* d = reinterpret_cast<uint32_t*>(dst + kk * w);
+      for (int64_t j = 0; j < cols; ++j) d[j] = cols_buf[j * kc + kk];
+      for (int64_t j = cols; j < w; ++j) d[j] = 0;
     }
   }
 };
