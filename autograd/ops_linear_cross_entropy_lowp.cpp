@@ -9,16 +9,18 @@
 //             blocks of rows x_c (backward_block_rows: a (rows, n) block is at most the
 //             forward's (chunk, V) buffer): the f32 logits block (rows, n) = x_c W_t^T and, with
 //             the saved f32 lse, its gradient dlogits = (softmax - onehot) g, computed alone (each
-//             element needs its logit and its row's lse only); then dW_t (+)= dlogits^T x_c and
-//             db_t (+)= its column sums in f32 (n, K) and (n) tiles, rounded once into the 16-bit
+//             element needs its logit and its row's lse only). For bf16 inputs dlogits are then
+//             rounded to bf16 (autocast's bf16 gradient of the logits), so the two products below
+//             are bf16 x bf16; f16 keeps them f32. Then dW_t (+)= dlogits^T x_c and db_t (+)= the
+//             f32 dlogits' column sums in f32 (n, K) and (n) tiles, rounded once into the 16-bit
 //             dw and db when the tile's last block is done, and dx_c (+)= dlogits W_t into an f32
 //             (M, K) sum over the tiles, rounded once into the 16-bit dx at the end. No (V, K) f32
-//             buffer exists: the working memory is the block, the (n, K) tile and the (M, K) dx
-//             sum (seed Transformer: 14.6 + 7.3 + 2 MiB at batch 8, 29.3 + 7.3 + 8 MiB at batch
-//             32, against 32 + 58.6 + 0.5 MiB before). Each logit is computed once per tile, as
-//             often as before in all (the same products, re-tiled).
+//             buffer exists: the working memory is the block (and its bf16 copy), the (n, K) tile
+//             and the (M, K) dx sum (seed Transformer: 14.6 + 7.3 + 2 MiB at batch 8, 29.3 + 7.3
+//             + 8 MiB at batch 32, against 32 + 58.6 + 0.5 MiB before). Each logit is computed
+//             once per tile, as often as before in all (the same products, re-tiled).
 // Gradients have the operands' dtype; the loss's gradient is f32. On CUDA the same steps run on the
-// device: the 16-bit products through cuda::gemm_lowp (cublasGemmEx, f32 C), the products with an
+// device: the 16-bit products through cuda::gemm_lowp (cublasGemmEx, f32 C), f16's products with an
 // f32 dlogits block through the f32 GEMM on a widened (f32) copy of the 16-bit operand (the CPU's
 // gemm_lowp widens it while packing: the same f32 products), dlogits by
 // cuda::linear_cross_entropy_block_dlogits reading the device's scale, and the conversions by
@@ -184,11 +186,17 @@ int64_t tile_rows(int64_t V, int64_t K) {
 // Rows per block of the backward: as many as keep a (rows, tile) f32 block within the forward's
 // (chunk, V) logits buffer (so chunk_rows still bounds the op's working memory), M split evenly.
 // Fewer, larger GEMMs than one block per forward chunk: on a loaded machine every GEMM call's
-// threads wait for each other once, and the smaller blocks were measured slower for it.
-int64_t backward_block_rows(const Dims& d, int64_t tile) {
-  const int64_t most = std::max<int64_t>(1, d.chunk * d.V / tile);
-  const int64_t blocks = (d.M + most - 1) / most;
-  return (d.M + blocks - 1) / blocks;
+// threads wait for each other once, and the smaller blocks were measured slower for it. With a
+// bf16 copy of the block (low_copy), at most 2/3 of those rows, so the block and its copy (6
+// bytes per element) take no more than the f32 block alone would: the bf16 gradients do not
+// raise the op's working memory.
+int64_t backward_block_rows(const Dims& d, int64_t tile, bool low_copy) {
+  const auto split = [&](int64_t most) {
+    const int64_t blocks = (d.M + most - 1) / most;
+    return (d.M + blocks - 1) / blocks;
+  };
+  const int64_t rows = split(std::max<int64_t>(1, d.chunk * d.V / tile));
+  return low_copy ? split(std::max<int64_t>(1, rows * 2 / 3)) : rows;
 }
 
 // block (rows, n) f32: in, the logits x_c W_t^T of rows [r0, r0 + rows) and vocabulary columns
@@ -251,7 +259,15 @@ void backward(BackwardContext& c) {
     // The CPU reads the scale here; CUDA's block kernel reads it on the device.
     const float g = dry || !dev.is_cpu() ? 0.0f : scale.as<float>()[0];
     const std::unique_ptr<Workspace> bias = widened_bias<E>(b, d.V);
-    const int64_t tile = tile_rows(d.V, d.K), block_rows = backward_block_rows(d, tile);
+    // bf16: the block's dlogits rounded to bf16 (dl16), as autocast's bf16 gradient of the
+    // logits, so dx and dW are bf16 x bf16 products (the CPU's bf16 pair tile, tensor cores on
+    // CUDA). f16 keeps them f32 (a small probability times the loss's gradient would lose its
+    // bits in f16's range), and on CUDA f32 copies of W's tile (for dx) and of a block of x's rows
+    // (for dW) serve its f32 products.
+    constexpr bool bf16_dlogits = std::is_same<E, bfloat16>::value;
+    const bool low_copy = bf16_dlogits && (want_dx || want_dw);
+    const int64_t tile = tile_rows(d.V, d.K);
+    const int64_t block_rows = backward_block_rows(d, tile, low_copy);
     const bool several = block_rows < d.M;
     const E* xs = x.data<E>();
     const uint64_t f = sizeof(float);
@@ -262,11 +278,12 @@ void backward(BackwardContext& c) {
     if (want_db) db_tile = std::make_unique<Workspace>(dev, static_cast<uint64_t>(tile) * f);
     if (want_db && several)
       colsum = std::make_unique<Workspace>(dev, static_cast<uint64_t>(tile) * f);
-    // CUDA: f32 copies of W's tile (for dx) and of a block of x's rows (for dW).
-    std::unique_ptr<Workspace> wide_w, wide_x;
-    if (!dev.is_cpu() && want_dx)
+    std::unique_ptr<Workspace> dl16, wide_w, wide_x;
+    if (low_copy)
+      dl16 = std::make_unique<Workspace>(dev, static_cast<uint64_t>(block_rows * tile) * sizeof(E));
+    if (!bf16_dlogits && !dev.is_cpu() && want_dx)
       wide_w = std::make_unique<Workspace>(dev, static_cast<uint64_t>(tile * d.K) * f);
-    if (!dev.is_cpu() && want_dw)
+    if (!bf16_dlogits && !dev.is_cpu() && want_dw)
       wide_x = std::make_unique<Workspace>(dev, static_cast<uint64_t>(block_rows * d.K) * f);
     // Tiles outside, blocks of rows inside: a tile's dW and db are complete after its last block
     // and are rounded then; dx sums over the tiles in dx_sum and is rounded after the last one.
@@ -296,16 +313,30 @@ void backward(BackwardContext& c) {
           }
 #endif
         }
-        if (want_dx) {  // dx_c (rows, K) (+)= dlogits (rows, n) * W_t (n, K), in f32
-          // W_t is widened once per tile on CUDA (at its first block).
-          gemm_f32_by16<E>(dev, false, false, rows, d.K, n, dl, n, wt, d.K, first ? n * d.K : 0,
-                           wide_w ? wide_w->as<float>() : nullptr, v0 > 0,
-                           dx_sum->as<float>() + r0 * d.K, d.K);
+        const E* dl_low = nullptr;  // bf16: the rounded dlogits
+        if (dl16) {
+          store(dev, static_cast<const float*>(dl), dl16->as<E>(), rows * n);
+          dl_low = dl16->as<E>();
         }
-        if (want_dw) {  // dW_t (n, K) (+)= dlogits^T (n, rows) * x_c (rows, K), in f32
-          gemm_f32_by16<E>(dev, true, false, n, d.K, rows, dl, n, xs + r0 * d.K, d.K, rows * d.K,
-                           wide_x ? wide_x->as<float>() : nullptr, !first, dw_tile->as<float>(),
-                           d.K);
+        if (want_dx) {  // dx_c (rows, K) (+)= dlogits (rows, n) * W_t (n, K), f32 sums
+          if (dl_low) {
+            gemm16<E>(dev, false, false, rows, d.K, n, dl_low, n, wt, d.K, v0 > 0,
+                      dx_sum->as<float>() + r0 * d.K, d.K);
+          } else {  // W_t is widened once per tile on CUDA (at its first block)
+            gemm_f32_by16<E>(dev, false, false, rows, d.K, n, dl, n, wt, d.K, first ? n * d.K : 0,
+                             wide_w ? wide_w->as<float>() : nullptr, v0 > 0,
+                             dx_sum->as<float>() + r0 * d.K, d.K);
+          }
+        }
+        if (want_dw) {  // dW_t (n, K) (+)= dlogits^T (n, rows) * x_c (rows, K), f32 sums
+          if (dl_low) {
+            gemm16<E>(dev, true, false, n, d.K, rows, dl_low, n, xs + r0 * d.K, d.K, !first,
+                      dw_tile->as<float>(), d.K);
+          } else {
+            gemm_f32_by16<E>(dev, true, false, n, d.K, rows, dl, n, xs + r0 * d.K, d.K, rows * d.K,
+                             wide_x ? wide_x->as<float>() : nullptr, !first, dw_tile->as<float>(),
+                             d.K);
+          }
         }
         if (want_db) {
           if (first) {

@@ -415,13 +415,17 @@ void check_linear_cross_entropy(int64_t M, int64_t K, int64_t V, bool with_bias)
       //   dx (sums V terms dlogit w, in any order: the 16-bit run sums tile by tile):
       //     2 V u32 (2 / counted) + 4 e / counted;
       //   dw (sums M terms dlogit x) and db (M terms dlogit): (2 M u32 + 2 e) M / counted.
-      // Each bound has u |ref| for the one rounding to 16 bits on top (check_lowp).
+      // Each bound has u |ref| for the one rounding to 16 bits on top (check_lowp). bf16 rounds
+      // dlogits to bf16 before the products of dx and dw (as autocast's bf16 logits gradient):
+      // each term moves by at most u |dlogit| |w or x|, so dx by u (2 / counted) more and dw by
+      // u M / counted more (db sums the f32 dlogits).
       const double sc = 1.0 / counted;
+      const double rounded = dt == DType::bf16 ? unit_roundoff(dt) : 0.0;
       REQUIRE(low.grads.size() == (with_bias ? 3u : 2u));
       check_lowp("linear_cross_entropy dx", low.grads[0], dt, ref.grads[0],
-                 std::vector<double>(M * K, 2 * V * kU32 * 2 * sc + 4 * e * sc));
+                 std::vector<double>(M * K, 2 * V * kU32 * 2 * sc + 4 * e * sc + 2 * rounded * sc));
       check_lowp("linear_cross_entropy dw", low.grads[1], dt, ref.grads[1],
-                 std::vector<double>(V * K, (2 * M * kU32 + 2 * e) * M * sc));
+                 std::vector<double>(V * K, (2 * M * kU32 + 2 * e) * M * sc + rounded * M * sc));
       if (with_bias) {
         check_lowp("linear_cross_entropy db", low.grads[2], dt, ref.grads[2],
                    std::vector<double>(V, (2 * M * kU32 + 2 * e) * M * sc));
