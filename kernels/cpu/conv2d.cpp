@@ -42,7 +42,6 @@
 #include "regen/kernels/cpu/conv2d_lowp.h"
 #include "regen/kernels/cpu/convert.h"
 #include "regen/kernels/cpu/packed_gemm.h"
-#include "regen/kernels/cpu/widening_sources.h"
 #include "regen/kernels/kernels.h"
 
 namespace regen::cpu {

@@ -7,8 +7,9 @@
 // For a bf16 x bf16 product, gemm_lowp multiplies depth pairs: the bf16 pair tile where the CPU
 // has one (PairWordsA/B below pack its 32-bit words), and elsewhere the f32 tiles on widened panels
 // whose depth pairs are swapped (swap_pairs): both sum each pair odd element first, so both give
-// the same bits (packed_gemm.h, bf16_pair_tile). Used by kernels/cpu/gemm_lowp.cpp and conv2d.cpp;
-// tests: tests/test_lowp_kernels.cpp.
+// the same bits (packed_gemm.h, bf16_pair_tile). Used by kernels/cpu/gemm_lowp.cpp and gemm.cpp
+// (conv2d.cpp packs its 16-bit panels with its own sources, in the same orders); tests:
+// tests/test_lowp_kernels.cpp.
 #pragma once
 
 #include <algorithm>
