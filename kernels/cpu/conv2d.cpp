@@ -358,6 +358,24 @@ struct WidenB {
 // operand's `depth` rounded up to even, 0 past it. PairA/PairB pack the bf16 pair tile's 32-bit
 // words (packed_gemm.h, bf16_pair_tile; k0 and kc count words) from P's bf16 panel; SwapA/SwapB
 // pack f32 panels with each depth pair swapped, which give the f32 tiles the same sums.
+
+// P's bf16 panel of depth [k0, k0 + kc) (A's layout: rows m0.., panel[k * kMR + i]; B's: columns
+// j0.., panel[k * w + j]), its depth past `depth` zero (P packs only the depth that exists).
+template <class P>
+void packed_depth(const P& packer, int64_t m0, int64_t rows, int64_t k0, int64_t kc, int64_t depth,
+                  bfloat16* panel) {
+  const int64_t have = std::min(kc, depth - k0);
+  packer.pack(m0, rows, k0, have, panel);
+  std::fill(panel + have * packed::kMR, panel + kc * packed::kMR, bfloat16());
+}
+template <class P>
+void packed_depth(const P& packer, int64_t k0, int64_t kc, int64_t j0, int64_t cols, int64_t w,
+                  int64_t depth, bfloat16* panel) {
+  const int64_t have = std::min(kc, depth - k0);
+  packer.pack(k0, have, j0, cols, w, panel);
+  std::fill(panel + have * w, panel + kc * w, bfloat16());
+}
+
 inline uint32_t pair_word(bfloat16 even, bfloat16 odd) {
   return static_cast<uint32_t>(even.bits) | static_cast<uint32_t>(odd.bits) << 16;
 }
@@ -368,9 +386,7 @@ struct PairA {
   void pack(int64_t m0, int64_t rows, int64_t k0, int64_t kc, float* dst) const {
     constexpr int64_t MR = packed::kMR;
     bfloat16 panel[MR * packed::kKC];
-    const int64_t have = std::min(2 * kc, depth - 2 * k0);
-    packer.pack(m0, rows, 2 * k0, have, panel);
-    std::fill(panel + have * MR, panel + 2 * kc * MR, bfloat16());
+    packed_depth(packer, m0, rows, 2 * k0, 2 * kc, depth, panel);
     for (int64_t kk = 0; kk < kc; ++kk) {
       uint32_t words[MR];
       for (int64_t i = 0; i < MR; ++i)
@@ -385,9 +401,7 @@ struct PairB {
   int64_t depth;
   void pack(int64_t k0, int64_t kc, int64_t j0, int64_t cols, int64_t w, float* dst) const {
     bfloat16 panel[packed::kNR<float> * packed::kKC + packed::kSlack<bfloat16>];
-    const int64_t have = std::min(2 * kc, depth - 2 * k0);
-    packer.pack(2 * k0, have, j0, cols, w, panel);
-    std::fill(panel + have * w, panel + 2 * kc * w, bfloat16());
+    packed_depth(packer, 2 * k0, 2 * kc, j0, cols, w, depth, panel);
     for (int64_t kk = 0; kk < kc; ++kk) {
       const bfloat16* even = panel + 2 * kk * w;
       const bfloat16* odd = even + w;
@@ -403,9 +417,7 @@ struct SwapA {
   void pack(int64_t m0, int64_t rows, int64_t k0, int64_t kc, float* dst) const {
     constexpr int64_t MR = packed::kMR;
     bfloat16 panel[MR * packed::kKC];
-    const int64_t have = std::min(kc, depth - k0);
-    packer.pack(m0, rows, k0, have, panel);
-    std::fill(panel + have * MR, panel + kc * MR, bfloat16());
+    packed_depth(packer, m0, rows, k0, kc, depth, panel);
     for (int64_t k = 0; k < kc; ++k) convert::widen_span(panel + (k ^ 1) * MR, dst + k * MR, MR);
   }
 };
@@ -415,9 +427,7 @@ struct SwapB {
   int64_t depth;
   void pack(int64_t k0, int64_t kc, int64_t j0, int64_t cols, int64_t w, float* dst) const {
     bfloat16 panel[packed::kNR<float> * packed::kKC + packed::kSlack<bfloat16>];
-    const int64_t have = std::min(kc, depth - k0);
-    packer.pack(k0, have, j0, cols, w, panel);
-    std::fill(panel + have * w, panel + kc * w, bfloat16());
+    packed_depth(packer, k0, kc, j0, cols, w, depth, panel);
     for (int64_t k = 0; k < kc; ++k) convert::widen_span(panel + (k ^ 1) * w, dst + k * w, w);
   }
 };

@@ -21,6 +21,14 @@
 
 namespace regen::cpu::packed {
 
+// dst[0, n) = src[0, n) widened and dst[n, width) = 0; with src null, dst[0, width) = 0.
+template <class E>
+void widen_or_zero(const E* src, float* dst, int64_t n, int64_t width) {
+  if (src == nullptr) n = 0;
+  if (n > 0) convert::widen_span(src, dst, n);
+  std::fill(dst + n, dst + width, 0.0f);
+}
+
 // The left operand A (M, K), element E (float, bfloat16 or float16): stored row-major with rows
 // ld apart (A(m, k) = p[m * ld + k]), or, when trans, stored (K, M) (A(m, k) = p[k * ld + m]).
 // With swap_pairs, the GEMM's depth is `depth` rounded up to even, A(m, k) is 0 for k >= depth,
@@ -59,24 +67,16 @@ struct WideningA {
   }
   void pack_swapped(int64_t m0, int64_t rows, int64_t k0, int64_t kc, float* dst) const {
     const int64_t have = std::max<int64_t>(0, std::min(kc, depth - k0));  // depth left, <= kc
-    if (trans) {
+    if (trans) {  // depth k's rows from source row k0 + (k ^ 1), or zeros past the depth
       for (int64_t k = 0; k < kc; ++k) {
-        float* d = dst + k * kMR;
         const int64_t from = k ^ 1;
-        if (from < have) {
-          convert::widen_span(p + (k0 + from) * ld + m0, d, rows);
-          std::fill(d + rows, d + kMR, 0.0f);
-        } else {
-          std::fill(d, d + kMR, 0.0f);
-        }
+        widen_or_zero(from < have ? p + (k0 + from) * ld + m0 : nullptr, dst + k * kMR, rows, kMR);
       }
       return;
     }
     float rows_buf[kMR * kKC];
-    for (int64_t i = 0; i < rows; ++i) {
-      convert::widen_span(p + (m0 + i) * ld + k0, rows_buf + i * kc, have);
-      std::fill(rows_buf + i * kc + have, rows_buf + (i + 1) * kc, 0.0f);
-    }
+    for (int64_t i = 0; i < rows; ++i)
+      widen_or_zero(p + (m0 + i) * ld + k0, rows_buf + i * kc, have, kc);
     for (int64_t k = 0; k < kc; ++k) {
       float* d = dst + k * kMR;
       for (int64_t i = 0; i < rows; ++i) d[i] = rows_buf[i * kc + (k ^ 1)];
@@ -122,22 +122,14 @@ struct WideningB {
     const int64_t have = std::max<int64_t>(0, std::min(kc, depth - k0));
     if (!trans) {
       for (int64_t k = 0; k < kc; ++k) {
-        float* d = dst + k * w;
         const int64_t from = k ^ 1;
-        if (from < have) {
-          convert::widen_span(p + (k0 + from) * ld + j0, d, cols);
-          std::fill(d + cols, d + w, 0.0f);
-        } else {
-          std::fill(d, d + w, 0.0f);
-        }
+        widen_or_zero(from < have ? p + (k0 + from) * ld + j0 : nullptr, dst + k * w, cols, w);
       }
       return;
     }
     float cols_buf[kNR<float> * kKC];
-    for (int64_t j = 0; j < cols; ++j) {
-      convert::widen_span(p + (j0 + j) * ld + k0, cols_buf + j * kc, have);
-      std::fill(cols_buf + j * kc + have, cols_buf + (j + 1) * kc, 0.0f);
-    }
+    for (int64_t j = 0; j < cols; ++j)
+      widen_or_zero(p + (j0 + j) * ld + k0, cols_buf + j * kc, have, kc);
     for (int64_t k = 0; k < kc; ++k) {
       float* d = dst + k * w;
       for (int64_t j = 0; j < cols; ++j) d[j] = cols_buf[j * kc + (k ^ 1)];
