@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "regen/core/error.h"
 #include "regen/kernels/cpu/packed_gemm.h"
 
 using namespace regen::cpu::packed;
@@ -204,4 +205,26 @@ TEST_CASE("packed tile: the chosen tile exists on this CPU") {
   CHECK(has_float);
   CHECK(has_double);
   MESSAGE("packed GEMM tile: ", std::string(isa_name(isa)));
+}
+
+TEST_CASE("packed tile: ScopedTileIsa chooses a tile for its scope, refuses one the CPU lacks") {
+  const Isa before = tile_isa();
+  for (Isa isa : {Isa::avx512_bf16, Isa::avx512, Isa::avx2, Isa::generic}) {
+    const bool present = isa == Isa::avx512_bf16 ? bf16_pair_tile(isa) != nullptr
+                                                 : tile_kernel<float>(isa) != nullptr;
+    CAPTURE(std::string(isa_name(isa)));
+    if (present) {
+      ScopedTileIsa scope(isa);
+      CHECK(tile_isa() == isa);
+    } else {
+      std::string message;
+      try {
+        ScopedTileIsa scope(isa);
+      } catch (const regen::Error& e) {
+        message = e.what();
+      }
+      CHECK(message.find(std::string("has no ") + isa_name(isa) + " tile") != std::string::npos);
+    }
+    CHECK(tile_isa() == before);
+  }
 }
