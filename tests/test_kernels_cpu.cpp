@@ -24,6 +24,7 @@
 #include "regen/core/philox.h"
 #include "regen/core/tensor.h"
 #include "regen/kernels/cpu/packed_gemm.h"
+#include "regen/kernels/cpu/panel_transpose.h"
 #include "regen/kernels/cpu/philox_words.h"
 #include "regen/kernels/kernels.h"
 #include "regen/kernels/unary_ops.h"
@@ -462,6 +463,48 @@ TEST_CASE(
     for (int mode = 0; mode < 4; ++mode) {
       check_packed<float>(c[0], c[1], c[2], c[3], mode & 1, mode & 2);
       check_packed<double>(c[0], c[1], c[2], c[3], mode & 1, mode & 2);
+    }
+  }
+}
+
+namespace {
+// dst[k * stride + i] = src[i * ld + k] (at k ^ 1 with swap_pairs) for i < n, 0 for n <= i < width,
+// and nothing else of dst written, against the loop that says so.
+template <class T>
+void check_panel_transpose(int64_t n, int64_t kc, int64_t ld, int64_t stride, int64_t width,
+                           bool swap_pairs) {
+  std::vector<T> src(static_cast<size_t>(std::max<int64_t>(1, n * ld)));
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<T>(i % 1009) + T(0.25);
+  const T sentinel = T(-7);
+  std::vector<T> dst(static_cast<size_t>(kc * stride + 1), sentinel), want(dst);
+  for (int64_t k = 0; k < kc; ++k) {
+    const int64_t row = swap_pairs ? k ^ 1 : k;
+    for (int64_t i = 0; i < width; ++i) {
+      want[static_cast<size_t>(row * stride + i)] =
+          i < n ? src[static_cast<size_t>(i * ld + k)] : T(0);
+    }
+  }
+  cpu::packed::transpose_into_panel(src.data(), ld, n, kc, dst.data(), stride, width, swap_pairs);
+  int64_t bad = 0;
+  for (size_t i = 0; i < dst.size(); ++i) bad += std::memcmp(&dst[i], &want[i], sizeof(T)) != 0;
+  CHECK_MESSAGE(bad == 0, "panel transpose<", type_name<T>(), "> n=", n, " kc=", kc, " ld=", ld,
+                " stride=", stride, " width=", width, (swap_pairs ? " swapped" : ""), ": ", bad,
+                " elements wrong");
+}
+}  // namespace
+
+TEST_CASE("panel transpose: whole and partial 8 x 8 blocks, strides, zero columns, swapped pairs") {
+  // {n, kc, ld, stride, width}: A panels (stride = width = kMR), B panels (stride = width = w),
+  // depths that end inside a block, sources wider than the depth copied.
+  const int64_t cases[][5] = {
+      {8, 256, 256, 8, 8},    {5, 256, 300, 8, 8},    {8, 18, 40, 8, 8},  {3, 2, 3, 8, 8},
+      {48, 256, 768, 48, 48}, {41, 130, 131, 48, 48}, {16, 8, 8, 16, 16}, {1, 6, 6, 16, 16},
+      {0, 4, 1, 16, 16},      {23, 64, 70, 32, 24},
+  };
+  for (const auto& c : cases) {
+    for (const bool swap : {false, true}) {
+      check_panel_transpose<float>(c[0], c[1], c[2], c[3], c[4], swap);
+      check_panel_transpose<double>(c[0], c[1], c[2], c[3], c[4], swap);
     }
   }
 }

@@ -42,6 +42,7 @@
 #include "regen/kernels/cpu/conv2d_lowp.h"
 #include "regen/kernels/cpu/convert.h"
 #include "regen/kernels/cpu/packed_gemm.h"
+#include "regen/kernels/cpu/panel_transpose.h"
 #include "regen/kernels/kernels.h"
 
 namespace regen::cpu {
@@ -254,11 +255,7 @@ struct ARows {
     // then interleave from L1, instead of writing the panel with a stride.
     T rows_buf[packed::kMR * packed::kKC];
     src.block(m0, rows, k0, kc, rows_buf, kc, 1);
-    for (int64_t k = 0; k < kc; ++k) {
-      T* d = dst + k * packed::kMR;
-      for (int64_t i = 0; i < rows; ++i) d[i] = rows_buf[i * kc + k];
-      for (int64_t i = rows; i < packed::kMR; ++i) d[i] = T(0);
-    }
+    packed::transpose_into_panel(rows_buf, kc, rows, kc, dst, packed::kMR, packed::kMR);
   }
 };
 template <class T, class S>
@@ -285,11 +282,7 @@ struct BCols {
     // As ARows: contiguous copies into an L1-sized buffer, then the transpose into the panel.
     T rows_buf[packed::kNR<T> * packed::kKC + packed::kSlack<T>];
     src.block(j0, cols, k0, kc, rows_buf, kc, 1);
-    for (int64_t k = 0; k < kc; ++k) {
-      T* d = dst + k * w;
-      for (int64_t j = 0; j < cols; ++j) d[j] = rows_buf[j * kc + k];
-      for (int64_t j = cols; j < w; ++j) d[j] = T(0);
-    }
+    packed::transpose_into_panel(rows_buf, kc, cols, kc, dst, w, w);
   }
 };
 

@@ -15,9 +15,11 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "regen/kernels/cpu/convert.h"
 #include "regen/kernels/cpu/packed_gemm.h"
+#include "regen/kernels/cpu/panel_transpose.h"
 
 namespace regen::cpu::packed {
 
@@ -54,16 +56,16 @@ struct WideningA {
       }
       return;
     }
-    // Each row's depth is contiguous: widen rows into a buffer that stays in L1, then interleave
-    // them into the panel, instead of writing the panel with a stride.
+    // Each row's depth is contiguous: f32 rows are transposed into the panel straight from the
+    // source; 16-bit rows are widened into a buffer that stays in L1 first.
+    if constexpr (std::is_same_v<E, float>) {
+      transpose_into_panel(p + m0 * ld + k0, ld, rows, kc, dst, kMR, kMR);
+      return;
+    }
     float rows_buf[kMR * kKC];
     for (int64_t i = 0; i < rows; ++i)
       convert::widen_span(p + (m0 + i) * ld + k0, rows_buf + i * kc, kc);
-    for (int64_t k = 0; k < kc; ++k) {
-      float* d = dst + k * kMR;
-      for (int64_t i = 0; i < rows; ++i) d[i] = rows_buf[i * kc + k];
-      for (int64_t i = rows; i < kMR; ++i) d[i] = 0.0f;
-    }
+    transpose_into_panel(rows_buf, kc, rows, kc, dst, kMR, kMR);
   }
   void pack_swapped(int64_t m0, int64_t rows, int64_t k0, int64_t kc, float* dst) const {
     const int64_t have = std::max<int64_t>(0, std::min(kc, depth - k0));  // depth left, <= kc
@@ -77,11 +79,7 @@ struct WideningA {
     float rows_buf[kMR * kKC];
     for (int64_t i = 0; i < rows; ++i)
       widen_or_zero(p + (m0 + i) * ld + k0, rows_buf + i * kc, have, kc);
-    for (int64_t k = 0; k < kc; ++k) {
-      float* d = dst + k * kMR;
-      for (int64_t i = 0; i < rows; ++i) d[i] = rows_buf[i * kc + (k ^ 1)];
-      for (int64_t i = rows; i < kMR; ++i) d[i] = 0.0f;
-    }
+    transpose_into_panel(rows_buf, kc, rows, kc, dst, kMR, kMR, /*swap_pairs=*/true);
   }
 };
 
@@ -109,14 +107,15 @@ struct WideningB {
       }
       return;
     }
-    float cols_buf[kNR<float> * kKC];  // as WideningA: contiguous runs first, then the transpose
+    // As WideningA's rows: f32 straight from the source, 16 bits widened into a buffer first.
+    if constexpr (std::is_same_v<E, float>) {
+      transpose_into_panel(p + j0 * ld + k0, ld, cols, kc, dst, w, w);
+      return;
+    }
+    float cols_buf[kNR<float> * kKC];
     for (int64_t j = 0; j < cols; ++j)
       convert::widen_span(p + (j0 + j) * ld + k0, cols_buf + j * kc, kc);
-    for (int64_t k = 0; k < kc; ++k) {
-      float* d = dst + k * w;
-      for (int64_t j = 0; j < cols; ++j) d[j] = cols_buf[j * kc + k];
-      for (int64_t j = cols; j < w; ++j) d[j] = 0.0f;
-    }
+    transpose_into_panel(cols_buf, kc, cols, kc, dst, w, w);
   }
   void pack_swapped(int64_t k0, int64_t kc, int64_t j0, int64_t cols, int64_t w, float* dst) const {
     const int64_t have = std::max<int64_t>(0, std::min(kc, depth - k0));
@@ -130,11 +129,7 @@ struct WideningB {
     float cols_buf[kNR<float> * kKC];
     for (int64_t j = 0; j < cols; ++j)
       widen_or_zero(p + (j0 + j) * ld + k0, cols_buf + j * kc, have, kc);
-    for (int64_t k = 0; k < kc; ++k) {
-      float* d = dst + k * w;
-      for (int64_t j = 0; j < cols; ++j) d[j] = cols_buf[j * kc + (k ^ 1)];
-      for (int64_t j = cols; j < w; ++j) d[j] = 0.0f;
-    }
+    transpose_into_panel(cols_buf, kc, cols, kc, dst, w, w, /*swap_pairs=*/true);
   }
 };
 
