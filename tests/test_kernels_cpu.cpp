@@ -18,6 +18,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -487,13 +488,16 @@ void check_panel_transpose(int64_t n, int64_t kc, int64_t ld, int64_t stride, in
   cpu::packed::transpose_into_panel(src.data(), ld, n, kc, dst.data(), stride, width, swap_pairs);
   int64_t bad = 0;
   for (size_t i = 0; i < dst.size(); ++i) bad += std::memcmp(&dst[i], &want[i], sizeof(T)) != 0;
-  CHECK_MESSAGE(bad == 0, "panel transpose<", type_name<T>(), "> n=", n, " kc=", kc, " ld=", ld,
+  const char* type = std::is_same_v<T, uint32_t> ? "u32" : type_name<T>();
+  CHECK_MESSAGE(bad == 0, "panel transpose<", type, "> n=", n, " kc=", kc, " ld=", ld,
                 " stride=", stride, " width=", width, (swap_pairs ? " swapped" : ""), ": ", bad,
                 " elements wrong");
 }
 }  // namespace
 
-TEST_CASE("panel transpose: whole and partial 8 x 8 blocks, strides, zero columns, swapped pairs") {
+TEST_CASE(
+    "panel transpose: whole and partial 8 x 8 blocks, strides, zero columns, swapped pairs, "
+    "words") {
   // {n, kc, ld, stride, width}: A panels (stride = width = kMR), B panels (stride = width = w),
   // depths that end inside a block, sources wider than the depth copied.
   const int64_t cases[][5] = {
@@ -505,6 +509,7 @@ TEST_CASE("panel transpose: whole and partial 8 x 8 blocks, strides, zero column
     for (const bool swap : {false, true}) {
       check_panel_transpose<float>(c[0], c[1], c[2], c[3], c[4], swap);
       check_panel_transpose<double>(c[0], c[1], c[2], c[3], c[4], swap);
+      check_panel_transpose<uint32_t>(c[0], c[1], c[2], c[3], c[4], swap);  // bf16 pair words
     }
   }
 }

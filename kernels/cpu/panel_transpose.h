@@ -5,9 +5,10 @@
 // a copy of n rows of kc into kc rows of width. The scalar loop that did this cost a GEMM of the
 // Transformer's linear layers 8-15% of its time; here 8 x 8 blocks go through eight 256-bit
 // registers (AVX, on every x86-64-v3 and AVX-512 machine), 8 rows of 8 loaded, 8 rows of 8 stored.
-// Only copies: the panel's values, and so the GEMM's bits, are the scalar loop's. `swap_pairs`
-// stores depth k at k ^ 1 (kc even), the order gemm_lowp's swapped panels need
-// (kernels/cpu/widening_sources.h). Tests: tests/test_kernels_cpu.cpp ("panel transpose").
+// Only copies: the panel's values, and so the GEMM's bits, are the scalar loop's; T = uint32_t
+// moves the bf16 pair tile's words (PairWordsA/B) the same way. `swap_pairs` stores depth k at
+// k ^ 1 (kc even), the order gemm_lowp's swapped panels need (both in
+// kernels/cpu/widening_sources.h). Tests: tests/test_kernels_cpu.cpp ("panel transpose").
 #pragma once
 
 #include <algorithm>
@@ -25,11 +26,12 @@ void transpose_into_panel(const T* src, int64_t ld, int64_t n, int64_t kc, T* ds
   const int64_t flip = swap_pairs ? 1 : 0;
   int64_t i0 = 0;
 #if defined(__AVX2__) || defined(__AVX512F__)
-  if constexpr (std::is_same_v<T, float>) {
+  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, uint32_t>) {
     const int64_t k_blocks = kc / 8 * 8;
     for (; i0 + 8 <= n; i0 += 8) {
       for (int64_t k0 = 0; k0 < k_blocks; k0 += 8) {
-        const float* s = src + i0 * ld + k0;
+        // 32-bit words move through the float registers bit for bit (no arithmetic).
+        const float* s = reinterpret_cast<const float*>(src + i0 * ld + k0);
         // Rows r0..r7 of the source block, each 8 depths.
         const __m256 r0 = _mm256_loadu_ps(s), r1 = _mm256_loadu_ps(s + ld);
         const __m256 r2 = _mm256_loadu_ps(s + 2 * ld), r3 = _mm256_loadu_ps(s + 3 * ld);
@@ -50,8 +52,9 @@ void transpose_into_panel(const T* src, int64_t ld, int64_t n, int64_t kc, T* ds
             _mm256_permute2f128_ps(b2, b6, 0x20), _mm256_permute2f128_ps(b3, b7, 0x20),
             _mm256_permute2f128_ps(b0, b4, 0x31), _mm256_permute2f128_ps(b1, b5, 0x31),
             _mm256_permute2f128_ps(b2, b6, 0x31), _mm256_permute2f128_ps(b3, b7, 0x31)};
-        for (int64_t k = 0; k < 8; ++k)
-          _mm256_storeu_ps(dst + (k0 + (k ^ flip)) * stride + i0, c[k]);
+        for (int64_t k = 0; k < 8; ++k) {
+          _mm256_storeu_ps(reinterpret_cast<float*>(dst + (k0 + (k ^ flip)) * stride + i0), c[k]);
+        }
       }
       for (int64_t k = k_blocks; k < kc; ++k) {
         T* d = dst + (k ^ flip) * stride + i0;

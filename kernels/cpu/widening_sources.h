@@ -141,6 +141,21 @@ inline void put_word(float* dst, uint32_t word) {
   std::memcpy(dst, &word, sizeof word);
 }
 
+// n lines of bf16 pairs, line i at src + i * ld, from depth element `first` on (`depth` in all):
+// buf[i * kc + kk] = pair kk of line i, the bits copied whole (low half the even element), an odd
+// last element alone in its word, 0 past the depth.
+inline void copy_words(const uint16_t* src, int64_t ld, int64_t n, int64_t first, int64_t kc,
+                       int64_t depth, uint32_t* buf) {
+  const int64_t have = std::max<int64_t>(0, std::min(2 * kc, depth - first));  // elements
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t* b = buf + i * kc;
+    const uint16_t* line = src + i * ld;
+    std::memcpy(b, line, static_cast<size_t>(have / 2) * sizeof(uint32_t));
+    if (have % 2) b[have / 2] = line[have - 1];
+    for (int64_t kk = (have + 1) / 2; kk < kc; ++kk) b[kk] = 0;
+  }
+}
+
 // The left operand A (M, K) in bf16, as WideningA's (trans alike); k0 and kc count words (depth
 // pairs), and A's depth is `depth` elements. dst word (kk * kMR + i) = pair kk of row m0 + i.
 struct PairWordsA {
@@ -149,6 +164,12 @@ struct PairWordsA {
   bool trans;
   int64_t depth;
   void pack(int64_t m0, int64_t rows, int64_t k0, int64_t kc, float* dst) const {
+    if (!trans) {  // each row's pairs are whole words of the source: as PairWordsB's columns
+      uint32_t rows_buf[kMR * (kKC / 2)];
+      copy_words(p + m0 * ld + 2 * k0, ld, rows, 2 * k0, kc, depth, rows_buf);
+      transpose_into_panel(rows_buf, kc, rows, kc, reinterpret_cast<uint32_t*>(dst), kMR, kMR);
+      return;
+    }
     for (int64_t kk = 0; kk < kc; ++kk) {
       const int64_t k = 2 * (k0 + kk);
       float* d = dst + kk * kMR;
@@ -189,19 +210,8 @@ struct PairWordsB {
     // Each column's depth is contiguous: its words are copied whole into a buffer that stays in
     // L1, then transposed into the panel.
     uint32_t cols_buf[kNR<float> * (kKC / 2)];
-    const int64_t have = std::max<int64_t>(0, std::min(2 * kc, depth - 2 * k0));  // elements
-    for (int64_t j = 0; j < cols; ++j) {
-      uint32_t* b = cols_buf + j * kc;
-      const uint16_t* col = p + (j0 + j) * ld + 2 * k0;
-      std::memcpy(b, col, static_cast<size_t>(have / 2) * sizeof(uint32_t));
-      if (have % 2) b[have / 2] = col[have - 1];
-      for (int64_t kk = (have + 1) / 2; kk < kc; ++kk) b[kk] = 0;
-    }
-    for (int64_t kk = 0; kk < kc; ++kk) {
-      uint32_t* d = reinterpret_cast<uint32_t*>(dst + kk * w);
-      for (int64_t j = 0; j < cols; ++j) d[j] = cols_buf[j * kc + kk];
-      for (int64_t j = cols; j < w; ++j) d[j] = 0;
-    }
+    copy_words(p + j0 * ld + 2 * k0, ld, cols, 2 * k0, kc, depth, cols_buf);
+    transpose_into_panel(cols_buf, kc, cols, kc, reinterpret_cast<uint32_t*>(dst), w, w);
   }
 };
 
