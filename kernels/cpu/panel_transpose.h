@@ -2,9 +2,10 @@
 // (kernels/cpu/packed_gemm.h): A stored (M, K) packs into panels dst[k * kMR + i], B stored
 // (N, K) (a linear layer's weight, read transposed) into dst[k * w + j]. Both are
 //   dst[k * stride + i] = src[i * ld + k]   for i < n and k < kc,   0 for n <= i < width,
-// a copy of n rows of kc into kc rows of width. The scalar loop that did this cost a GEMM of the
-// Transformer's linear layers 8-15% of its time; here 8 x 8 blocks go through eight 256-bit
-// registers (AVX, on every x86-64-v3 and AVX-512 machine), 8 rows of 8 loaded, 8 rows of 8 stored.
+// a copy of n rows of kc into kc rows of width. The scalar loop that did this cost the linear
+// layers' forward GEMMs 3-9% of their time and GPT-2's logits 18% (docs/kernels.md); here 8 x 8
+// blocks go through eight 256-bit registers, 8 rows of 8 loaded, 8 rows of 8 stored, in builds
+// for AVX2 or AVX-512 (x86-64-v3, or -march=native on such a CPU); other builds keep the loop.
 // Only copies: the panel's values, and so the GEMM's bits, are the scalar loop's; T = uint32_t
 // moves the bf16 pair tile's words (PairWordsA/B) the same way. `swap_pairs` stores depth k at
 // k ^ 1 (kc even), the order gemm_lowp's swapped panels need (both in
