@@ -13,6 +13,12 @@
 namespace regen::cpu::packed {
 namespace {
 
+// The mask of lanes [lo, hi) (hi <= 16).
+template <class Mask>
+Mask lane_bits(int64_t lo, int64_t hi) {
+  return static_cast<Mask>(((1u << hi) - 1u) & ~((1u << lo) - 1u));
+}
+
 template <class T>
 struct Zmm;
 template <>
@@ -26,9 +32,7 @@ struct Zmm<float> {
   static V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
   static V add(V a, V b) { return _mm512_add_ps(a, b); }
   static void store(float* p, V v) { _mm512_storeu_ps(p, v); }
-  static Mask mask(int64_t lo, int64_t hi) {  // lanes [lo, hi)
-    return static_cast<Mask>(((1u << hi) - 1u) & ~((1u << lo) - 1u));
-  }
+  static Mask mask(int64_t lo, int64_t hi) { return lane_bits<Mask>(lo, hi); }
   static V mask_load(Mask m, const float* p) { return _mm512_maskz_loadu_ps(m, p); }
   static void mask_store(float* p, Mask m, V v) { _mm512_mask_storeu_ps(p, m, v); }
 };
@@ -43,9 +47,7 @@ struct Zmm<double> {
   static V fma(V a, V b, V c) { return _mm512_fmadd_pd(a, b, c); }
   static V add(V a, V b) { return _mm512_add_pd(a, b); }
   static void store(double* p, V v) { _mm512_storeu_pd(p, v); }
-  static Mask mask(int64_t lo, int64_t hi) {  // lanes [lo, hi)
-    return static_cast<Mask>(((1u << hi) - 1u) & ~((1u << lo) - 1u));
-  }
+  static Mask mask(int64_t lo, int64_t hi) { return lane_bits<Mask>(lo, hi); }
   static V mask_load(Mask m, const double* p) { return _mm512_maskz_loadu_pd(m, p); }
   static void mask_store(double* p, Mask m, V v) { _mm512_mask_storeu_pd(p, m, v); }
 };
