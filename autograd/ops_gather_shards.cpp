@@ -49,11 +49,9 @@ void gather_shards_forward(OpContext& c) {
   if (!dry_run_active() && chunk > 0) {
     copy_bytes(element_ptr(flat, a.collectives->rank() * chunk), flat.device(), shard.raw_data(),
                shard.device(), shard.nbytes());
-    a.collectives->all_gather(shard.dtype(), flat.raw_data(), chunk);
-    if (!flat.same(out)) {
-      copy_bytes(out.raw_data(), out.device(), flat.raw_data(), flat.device(), out.nbytes());
-    }
   }
+  // Called in a dry run too, where an owner that prefetches records the gather it leaves in flight.
+  a.collectives->gather_into(flat, out, chunk);
   c.outputs = {out};
 }
 
@@ -72,22 +70,8 @@ void gather_shards_backward(BackwardContext& c) {
               g.whole.defined() ? g.whole.str() : std::string("undefined"));
   if (!dry_run_active()) accumulate_into(g.whole.narrow0(0, a.numel).reshape(dy.shape()), dy);
   if (!g.reduce) return;  // a later node (or micro-batch) reduces it
-  Tensor scratch, dx;
-  {
-    // The reduction's buffers, communication: in an accumulated step only the last micro-batch
-    // makes them.
-    CategoryScope cat(Category::communication);
-    const int64_t s = a.collectives->scratch_elements(chunk);
-    if (s > 0) scratch = empty({s}, dy.dtype(), dy.device());
-    dx = empty({chunk}, dy.dtype(), dy.device());
-  }
-  if (!dry_run_active()) {
-    a.collectives->reduce_scatter_mean(dy.dtype(), g.whole.raw_data(), dx.raw_data(), chunk,
-                                       scratch.defined() ? scratch.raw_data() : nullptr);
-  }
-  g.whole = Tensor();  // a buffer of this reduction alone goes before the engine adds dx
-  scratch = Tensor();
-  c.set_grad_input(0, dx);
+  Tensor dx = a.collectives->reduce_gradient(in.leaf.get(), std::move(g.whole), chunk);
+  if (dx.defined()) c.set_grad_input(0, dx);  // else the collectives write the shard's gradient
 }
 
 constexpr OpDef kGatherShards{"gather_shards",        1,       1, false, gather_shards_forward,
@@ -112,6 +96,37 @@ ShardCollectives::Gradient ShardCollectives::shard_gradient(const TensorImpl*, i
                                                             Device device, int64_t chunk) {
   CategoryScope cat(Category::communication);
   return {zeros({chunk * ranks()}, dtype, device), true};
+}
+
+void ShardCollectives::gather_into(const Tensor& flat, const Tensor& out, int64_t chunk) {
+  if (dry_run_active() || chunk == 0) return;
+  all_gather(flat.dtype(), flat.raw_data(), chunk);
+  if (!flat.same(out)) {
+    copy_bytes(out.raw_data(), out.device(), flat.raw_data(), flat.device(), out.nbytes());
+  }
+}
+
+Tensor ShardCollectives::gather_parameter(const Tensor& shard, const Shape& shape) {
+  return gather_shards(shard, shape, this);
+}
+
+Tensor ShardCollectives::reduce_gradient(const TensorImpl*, Tensor whole, int64_t chunk) {
+  Tensor scratch, dx;
+  {
+    // The reduction's buffers, communication: in an accumulated step only the last micro-batch
+    // makes them.
+    CategoryScope cat(Category::communication);
+    const int64_t s = scratch_elements(chunk);
+    if (s > 0) scratch = empty({s}, whole.dtype(), whole.device());
+    dx = empty({chunk}, whole.dtype(), whole.device());
+  }
+  if (!dry_run_active()) {
+    reduce_scatter_mean(whole.dtype(), whole.raw_data(), dx.raw_data(), chunk,
+                        scratch.defined() ? scratch.raw_data() : nullptr);
+  }
+  whole = Tensor();  // a buffer of this reduction alone goes before the engine adds dx
+  scratch = Tensor();
+  return dx;
 }
 
 Tensor gather_shards(const Tensor& shard, const Shape& shape, ShardCollectives* collectives) {
@@ -159,7 +174,7 @@ Tensor gathered_parameter(const Tensor& full) {
     if (it == registry().end() || it->second.full.lock() != full.impl()) return full;
     entry = it->second;
   }
-  return gather_shards(entry.shard, full.shape(), entry.collectives);
+  return entry.collectives->gather_parameter(entry.shard, full.shape());
 }
 
 }  // namespace regen

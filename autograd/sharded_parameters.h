@@ -24,8 +24,11 @@
 
 namespace regen {
 
-// The collectives a gather_shards node runs, blocking: a node's output is whole when its forward
-// returns, and the shard's gradient reduced when its backward does.
+// The collectives a gather_shards node runs. By default blocking: a node's output is whole when its
+// forward returns, and the shard's gradient reduced when its backward does. An owner that runs
+// training steps (dist::DataParallel) may instead gather a parameter before the op that reads it
+// asks for it (gather_parameter), and reduce gradients while backward goes on (reduce_gradient),
+// waiting for each at a point the graph fixes.
 class ShardCollectives {
  public:
   virtual ~ShardCollectives() = default;
@@ -35,6 +38,16 @@ class ShardCollectives {
   virtual int64_t scratch_elements(int64_t chunk) const = 0;
   // `data` holds ranks() chunks of `chunk` elements; every rank's own chunk to every rank.
   virtual void all_gather(DType dtype, void* data, int64_t chunk) = 0;
+  // A gather_shards node's collective: every rank's chunk of `flat` (ranks() x chunk elements,
+  // this rank's already in place) to every rank, then, when `flat` is a staging buffer and not
+  // `out`, its first out.numel() elements copied into `out`. Called in dry runs too. This default
+  // runs it blocking (nothing in a dry run); an override may leave it in flight when it issued the
+  // gather itself (gather_parameter), and wait for it before handing `out` to an op.
+  virtual void gather_into(const Tensor& flat, const Tensor& out, int64_t chunk);
+  // The whole parameter for an op that reads it (gathered_parameter): by default a gather_shards
+  // node made now. An override may return one it recorded earlier and left in flight (a prefetch),
+  // finished by then.
+  virtual Tensor gather_parameter(const Tensor& shard, const Shape& shape);
   // `out` (chunk elements) = the mean over the ranks of their chunk rank() of `data`.
   virtual void reduce_scatter_mean(DType dtype, void* data, void* out, int64_t chunk,
                                    void* scratch) = 0;
@@ -49,6 +62,13 @@ class ShardCollectives {
   };
   virtual Gradient shard_gradient(const TensorImpl* shard, int32_t node, DType dtype, Device device,
                                   int64_t chunk);
+  // Reduce-scatters `whole` (a finished whole gradient of shard `shard`, ranks() x chunk elements):
+  // the shard's gradient is this rank's chunk, averaged over the ranks. This default runs it
+  // blocking into a new tensor (category communication) and returns it, for the engine to add into
+  // the shard's gradient. An override may instead write the shard's gradient itself, with the
+  // collective still running when it returns (an undefined tensor): it then keeps `whole` and its
+  // scratch until it waits, at a point the graph fixes, before anything reads the gradient.
+  virtual Tensor reduce_gradient(const TensorImpl* shard, Tensor whole, int64_t chunk);
 };
 
 // The op: the whole parameter of shape `shape` from every rank's `shard` (1-D, chunk elements).

@@ -65,6 +65,19 @@ struct DataParallel::Sharded {
   int32_t last_node = -1;  // the gather_shards node whose backward reduces it, this backward
 };
 
+// ZeRO-3: a parameter's gather issued ahead of the op that reads it.
+struct DataParallel::Prefetched {
+  size_t index = 0;  // into sharded_
+  Tensor out;        // the gathered parameter: the output of its gather_shards node
+  Work work;         // null in a dry run
+};
+
+// ZeRO-3: a shard's gradient reduction in flight, and the buffers it reads until it is done.
+struct DataParallel::ShardReduction {
+  Work work;  // null in a dry run
+  Tensor whole, scratch;
+};
+
 struct DataParallel::Bucket {
   DType dtype = DType::f32;
   int64_t elements = 0, chunk = 0;
@@ -312,6 +325,7 @@ void DataParallel::shard_parameters() {
 }
 
 void DataParallel::all_gather(DType dtype, void* data, int64_t chunk) {
+  if (in_step_) ++building_.gathers;
   const Work w = comm_.all_gather(dtype, data, chunk);
   comm_.wait(w);
   if (in_step_) step_work_.push_back(w);
@@ -345,6 +359,143 @@ ShardCollectives::Gradient DataParallel::shard_gradient(const TensorImpl* shard,
   Gradient g{z.live, reduce};
   if (reduce) z.live = Tensor();  // freed once reduced
   return g;
+}
+
+// ---- ZeRO-3: prefetched gathers ----------------------------------------------------------------
+//
+// In a step's forward (grad mode), when an op asks for parameter i: its gather if one is in flight
+// (waited for), else a gather made now, blocking; then every parameter after i in registration
+// order, through the next one of more than one dimension (a weight, and the biases and norms
+// before it), that no op read yet in this forward, that is not already in flight and whose chunks
+// fill it exactly gets its gather_shards node recorded and its all-gather issued without a wait.
+// Models register their parameters about in the order forward reads them, so the next op's weight
+// is gathered while this op computes. A guess that proves wrong costs memory and a blocking gather,
+// never a wrong value: a parameter read out of order is gathered again, and end_forward() finishes
+// and drops what no op read. Every allocation and free is at a point the forward's order fixes (the
+// gathers' issue, an op's request, end_forward), the same at every step and on every rank, and a
+// dry run takes the same blocks, so peaks stay predicted to the byte. The prefetched parameter's
+// bytes live from its issue: the planner sees it born there, as the tape records it.
+
+Tensor DataParallel::gather_parameter(const Tensor& shard, const Shape& shape) {
+  if (!options_.prefetch || !in_step_ || !grad_mode_enabled() || prefetching_) {
+    return ShardCollectives::gather_parameter(shard, shape);
+  }
+  const auto found = sharded_by_shard_.find(shard.impl().get());
+  REGEN_CHECK(found != sharded_by_shard_.end(),
+              "data parallelism: a gather of a shard this rank does not keep");
+  const size_t i = found->second;
+  Tensor out;
+  const auto it = std::find_if(prefetched_.begin(), prefetched_.end(),
+                               [&](const Prefetched& p) { return p.index == i; });
+  if (it != prefetched_.end()) {
+    finish_prefetch(*it);
+    out = it->out;
+    prefetched_.erase(it);
+    ++building_.prefetched;
+  } else {
+    out = ShardCollectives::gather_parameter(shard, shape);
+  }
+  gathered_[i] = 1;
+  // sharded_ is in reverse registration order: the parameters after i are at i - 1, i - 2, ...
+  for (size_t j = i; j-- > 0;) {
+    const Sharded& z = sharded_[j];
+    const bool in_flight = std::any_of(prefetched_.begin(), prefetched_.end(),
+                                       [&](const Prefetched& p) { return p.index == j; });
+    // Only a parameter its chunks fill exactly: its gather's node then allocates its output and
+    // nothing else, as a blocking one does, so a plan's replay of the node takes what the profile
+    // saw. (The others, gathered through a staging buffer, are the small ones: biases and norms
+    // whose length is not a multiple of ranks x 128.)
+    const bool exact_fit = z.chunk * comm_.size() == z.full.numel();
+    if (!gathered_[j] && !in_flight && exact_fit) {
+      prefetched_.emplace_back();
+      prefetched_.back().index = j;
+      prefetching_ = true;
+      try {
+        Tensor t = ShardCollectives::gather_parameter(z.shard, z.full.shape());
+        prefetched_.back().out = std::move(t);
+      } catch (...) {
+        prefetching_ = false;
+        throw;
+      }
+      prefetching_ = false;
+    }
+    if (z.full.dim() >= 2) break;
+  }
+  return out;
+}
+
+void DataParallel::gather_into(const Tensor& flat, const Tensor& out, int64_t chunk) {
+  if (!prefetching_) {
+    ShardCollectives::gather_into(flat, out, chunk);
+    return;
+  }
+  REGEN_CHECK(!prefetched_.empty() && chunk > 0 && flat.same(out),
+              "data parallelism: a prefetched gather without its record, or through a staging "
+              "buffer");
+  Prefetched& p = prefetched_.back();
+  if (!dry()) {
+    ++building_.gathers;
+    p.work = comm_.all_gather(flat.dtype(), flat.raw_data(), chunk);
+    step_work_.push_back(p.work);
+    overlapped_work_.push_back(p.work);
+  }
+}
+
+void DataParallel::finish_prefetch(Prefetched& p) {
+  if (p.work) comm_.wait(p.work);
+  p.work.reset();
+}
+
+void DataParallel::end_forward() {
+  // What no op read: finished (its collective must end before its buffers go) and dropped.
+  for (Prefetched& p : prefetched_) finish_prefetch(p);
+  prefetched_.clear();
+  std::fill(gathered_.begin(), gathered_.end(), 0);
+}
+
+Tensor DataParallel::reduce_gradient(const TensorImpl* shard, Tensor whole, int64_t chunk) {
+  if (!syncing_) return ShardCollectives::reduce_gradient(shard, std::move(whole), chunk);
+  const auto it = sharded_by_shard_.find(shard);
+  REGEN_CHECK(it != sharded_by_shard_.end(),
+              "data parallelism: a reduction of a shard this rank does not keep");
+  Sharded& z = sharded_[it->second];
+  const Tensor into(z.shard.impl()->grad);
+  REGEN_CHECK(into.defined() && into.numel() == chunk && into.dtype() == whole.dtype() &&
+                  whole.numel() == chunk * comm_.size(),
+              "data parallelism: the gradient of '", z.name, "' does not match its shard");
+  // As the buckets: one more in flight than allowed first waits for the oldest (its buffers go
+  // before this one's scratch is made), so every free happens at a node the graph fixes.
+  while (static_cast<int>(shard_in_flight_.size()) >= options_.max_in_flight) {
+    retire_oldest_shard();
+  }
+  ShardReduction r;
+  r.whole = std::move(whole);
+  const int64_t s = comm_.scratch_elements(chunk);
+  if (s > 0) {
+    CategoryScope cat(Category::communication);
+    TagScope tag(z.name + ".scratch");
+    r.scratch = empty({s}, r.whole.dtype(), r.whole.device());
+  }
+  if (!dry()) {
+    // Written into the shard's gradient, which the optimizer zeroed: what the engine's addition
+    // of a reduced copy would leave there, without the copy.
+    r.work = comm_.reduce_scatter_mean(r.whole.dtype(), r.whole.raw_data(), into.raw_data(), chunk,
+                                       r.scratch.defined() ? r.scratch.raw_data() : nullptr);
+    if (in_step_) {
+      step_work_.push_back(r.work);
+      overlapped_work_.push_back(r.work);
+    }
+  }
+  shard_in_flight_.push_back(std::move(r));
+  return Tensor();
+}
+
+void DataParallel::retire_oldest_shard() {
+  ShardReduction r = std::move(shard_in_flight_.front());
+  shard_in_flight_.erase(shard_in_flight_.begin());
+  if (r.work) comm_.wait(r.work);
+  r.whole = Tensor();
+  r.scratch = Tensor();
 }
 
 void DataParallel::gather_whole_parameters() {
@@ -411,6 +562,10 @@ void DataParallel::begin_step() {
   building_ = SyncStats();
   building_.buckets = static_cast<int64_t>(buckets_.size());
   step_work_.clear();
+  overlapped_work_.clear();
+  REGEN_CHECK(prefetched_.empty(), "data parallelism: gathers prefetched in the last step are ",
+              "still in flight (a forward pass without end_forward?)");
+  gathered_.assign(sharded_.size(), 0);
   for (Bucket& b : buckets_) {
     b.launched = false;
     b.reduce.reset();
@@ -560,6 +715,7 @@ void DataParallel::retire_oldest() {
 
 void DataParallel::end_backward() {
   while (!in_flight_.empty()) retire_oldest();
+  while (!shard_in_flight_.empty()) retire_oldest_shard();
 }
 
 void DataParallel::end_optimizer() {
@@ -598,11 +754,14 @@ double DataParallel::reduce_loss(double loss) {
     st.bytes += static_cast<int64_t>(w->bytes);
   }
   if (options_.shard == ShardMode::parameters) {
-    // ZeRO-3's gathers and reduce-scatters ran blocking, from the ops: nothing hidden.
+    // ZeRO-3's gathers made by the ops ran blocking: nothing of them hidden. Its prefetched
+    // gathers and its reduce-scatters held the step back only while something waited for them.
     for (const Work& w : step_work_) {
       comm_.resolve(w);
       st.backward_comm_ms += w->busy_ms;
-      st.exposed_ms += w->busy_ms;
+      const bool overlapped =
+          std::find(overlapped_work_.begin(), overlapped_work_.end(), w) != overlapped_work_.end();
+      st.exposed_ms += overlapped ? w->stalled_ms : w->busy_ms;
     }
   }
   for (const Bucket& b : buckets_) {
@@ -640,6 +799,18 @@ void DataParallel::abandon() {
     for (Tensor* t : {&z.live, &z.whole_grad}) {
       if (t->defined()) kept_forever().push_back(*t);
     }
+    // A reduction in flight writes into the shard's gradient.
+    if (!shard_in_flight_.empty() && z.shard.impl()->grad) {
+      kept_forever().push_back(Tensor(z.shard.impl()->grad));
+    }
+  }
+  for (ShardReduction& r : shard_in_flight_) {
+    for (Tensor* t : {&r.whole, &r.scratch}) {
+      if (t->defined()) kept_forever().push_back(*t);
+    }
+  }
+  for (Prefetched& p : prefetched_) {
+    if (p.out.defined()) kept_forever().push_back(p.out);
   }
 }
 

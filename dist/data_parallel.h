@@ -23,10 +23,14 @@
 //              state; the whole parameter's bytes are dropped. Every op that reads the parameter
 //              reads a recorded gather_shards node's output instead
 //              (autograd/sharded_parameters.h): all-gathered before use, freed after its last
-//              reader (or kept, or gathered again for backward, as a remat plan decides). Backward
+//              reader (or kept, or gathered again for backward, as a remat plan decides). In a
+//              step's forward each gather is issued ahead, while the ops before its reader
+//              compute (options.prefetch; gather_parameter says which). Backward
 //              adds each use's gradient into the parameter's whole gradient (shard_gradient) and
-//              the parameter's last use reduce-scatters it into the shard's gradient. The
-//              collectives run blocking, from the ops (not overlapped).
+//              the parameter's last use reduce-scatters it into the shard's gradient, left in
+//              flight while backward goes on (at most max_in_flight at once, as the buckets;
+//              end_backward() waits for the rest). Gathers a plan replays in backward run
+//              blocking.
 // The reduction is the same in all three (each rank's chunk of a bucket averaged in rank order),
 // so the parameters after a step are bitwise the same in every mode and on every rank.
 //
@@ -81,6 +85,9 @@ struct DataParallelOptions {
   int max_in_flight = 2;
   // Micro-batches per step (Trainer::set_accumulation): ZeRO-3 keeps whole gradients across them.
   int64_t accumulate = 1;
+  // ZeRO-3: in a step's forward, gather parameters ahead of the ops that read them (DataParallel,
+  // "Prefetch"), so that the gathers run while the ops before compute.
+  bool prefetch = true;
 };
 
 // What the last step communicated and how much of it backward hid.
@@ -91,6 +98,9 @@ struct SyncStats {
   double exposed_ms = 0;         // of which backward and end_backward waited for
   double optimizer_comm_ms = 0;  // ZeRO's parameter gather after the optimizer (not overlapped)
   double optimizer_wait_ms = 0;
+  // ZeRO-3: the parameter gathers of the step (forward, and a plan's in backward), and how many of
+  // them were issued ahead of the op that read them (prefetched).
+  int64_t gathers = 0, prefetched = 0;
   // Share of the buckets' communication that ran while backward computed: 1 - exposed / comm.
   double hidden_share() const;
 };
@@ -120,6 +130,7 @@ class DataParallel final : public GradientSync, private TapeHooks, private Shard
   bool supports_accumulation() const override { return options_.shard != ShardMode::gradients; }
   std::vector<Tensor> optimizer_parameters() const override;
   void begin_step() override;
+  void end_forward() override;
   TapeHooks& backward_hooks() override { return *this; }
   void end_backward() override;
   void end_optimizer() override;
@@ -154,7 +165,19 @@ class DataParallel final : public GradientSync, private TapeHooks, private Shard
                            void* scratch) override;
   Gradient shard_gradient(const TensorImpl* shard, int32_t node, DType dtype, Device device,
                           int64_t chunk) override;
-  void shard_parameters();  // ZeRO-3, in prepare()
+  // In a step's forward (grad mode, options.prefetch): the parameter's prefetched gather if one is
+  // in flight (waited for), else one made now; then the gathers of the parameters after it, in
+  // registration order, through the next one of more than one dimension, are issued and left in
+  // flight: those the next ops should read. Elsewhere the default.
+  Tensor gather_parameter(const Tensor& shard, const Shape& shape) override;
+  void gather_into(const Tensor& flat, const Tensor& out, int64_t chunk) override;
+  struct Prefetched;
+  void finish_prefetch(Prefetched& p);  // waits for its gather, copies a staging buffer out
+  // In the step's reduction: issued into the shard's gradient and left in flight (at most
+  // max_in_flight; end_backward() waits for the rest). Otherwise blocking, as the default.
+  Tensor reduce_gradient(const TensorImpl* shard, Tensor whole, int64_t chunk) override;
+  void retire_oldest_shard();  // waits for the oldest reduction in flight, frees its buffers
+  void shard_parameters();     // ZeRO-3, in prepare()
 
   struct Slot;
   struct Bucket;
@@ -179,6 +202,13 @@ class DataParallel final : public GradientSync, private TapeHooks, private Shard
   std::vector<Tensor> pieces_;    // ZeRO: this rank's chunk of each bucket (the optimizer's)
   std::vector<Sharded> sharded_;  // ZeRO-3: every parameter that requires grad
   std::unordered_map<const TensorImpl*, size_t> sharded_by_shard_;
+  struct ShardReduction;
+  std::vector<ShardReduction> shard_in_flight_;  // ZeRO-3: oldest first
+  // This step's collectives that ran while the step computed (their exposure is their wait).
+  std::vector<Work> overlapped_work_;
+  std::vector<Prefetched> prefetched_;  // ZeRO-3: gathers in flight in this forward, issue order
+  std::vector<char> gathered_;          // by sharded_ index: read by an op in this forward
+  bool prefetching_ = false;            // issuing a prefetch (gather_into leaves it in flight)
   bool syncing_ = false;  // in a backward under backward_hooks() (the step's reduction)
   std::vector<int32_t> in_flight_;
   std::vector<Work> step_work_;  // this step's collectives, for the figures

@@ -173,9 +173,14 @@ StepResult Trainer::step(StepObserver* observer) {
   } abandon_guard{capture};
   // The forward pass, under autocast in a mixed precision.
   auto forward = [&](const Batch& batch) {
-    AutocastScope autocast(low_dtype(precision_));
-    PackedSavesScope packed(packed_saves_.get());
-    return model_.forward_loss(batch.input, batch.target);
+    Tensor loss;
+    {
+      AutocastScope autocast(low_dtype(precision_));
+      PackedSavesScope packed(packed_saves_.get());
+      loss = model_.forward_loss(batch.input, batch.target);
+    }
+    if (sync_) sync_->end_forward();
+    return loss;
   };
   // Backward from `loss` times `factor` (1/k for k micro-batches) and, in fp16, the loss scale.
   // `reduce`: under data parallelism, with the sync's hooks (its buckets reduce the gradients as

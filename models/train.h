@@ -42,6 +42,8 @@ class GradientSync {
   virtual std::vector<Tensor> optimizer_parameters() const = 0;
   // After optimizer.zero_grad(), before the forward pass.
   virtual void begin_step() = 0;
+  // After each forward pass of a step (every micro-batch's), before its backward.
+  virtual void end_forward() {}
   // Observes backward; registered around backward() only, after every other hook (the profiler's
   // markers and a plan's executor run first at each node).
   virtual TapeHooks& backward_hooks() = 0;

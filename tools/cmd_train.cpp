@@ -115,10 +115,13 @@ void print_rank_summary(dist::World& world, const std::vector<dist::SyncStats>& 
                         int64_t profiled) {
   // Medians over the steps after the first (which pays first-touch costs), like the step time.
   std::vector<double> comm, exposed, gather;
+  int64_t gathers = 0, prefetched = 0;  // ZeRO-3, the last step's
   for (size_t i = steps.size() > 1 ? 1 : 0; i < steps.size(); ++i) {
     comm.push_back(steps[i].backward_comm_ms);
     exposed.push_back(steps[i].exposed_ms);
     gather.push_back(steps[i].optimizer_comm_ms + steps[i].optimizer_wait_ms);
+    gathers = steps[i].gathers;
+    prefetched = steps[i].prefetched;
   }
   const double c = comm.empty() ? 0 : median(comm), e = exposed.empty() ? 0 : median(exposed);
   const double g = gather.empty() ? 0 : median(gather);
@@ -128,6 +131,8 @@ void print_rank_summary(dist::World& world, const std::vector<dist::SyncStats>& 
   const std::vector<int64_t> all_reserved = world.all_gather(peak_reserved);
   const std::vector<int64_t> all_checked = world.all_gather(pipe.predicted_steps());
   const std::vector<int64_t> all_exact = world.all_gather(pipe.exact_steps());
+  const std::vector<int64_t> all_gathers = world.all_gather(gathers);
+  const std::vector<int64_t> all_prefetched = world.all_gather(prefetched);
   const bool planned = pipe.has_plan();
   std::printf("  per rank (medians over the steps after the first%s):\n",
               profiled > 0 ? "; peaks over every step" : "");
@@ -135,12 +140,24 @@ void print_rank_summary(dist::World& world, const std::vector<dist::SyncStats>& 
     const size_t i = static_cast<size_t>(r);
     const double hidden =
         all_comm[i] > 0 ? 100.0 * std::max(0.0, 1.0 - all_exposed[i] / all_comm[i]) : 100.0;
-    std::printf(
-        "    rank %d: gradient communication %s per step, %s of it exposed (%.0f%% hidden behind "
-        "backward)%s; peak allocated %s, reserved %s",
-        r, format_ms(all_comm[i]).c_str(), format_ms(all_exposed[i]).c_str(), hidden,
-        all_gather_ms[i] > 0 ? (", parameter gather " + format_ms(all_gather_ms[i])).c_str() : "",
-        format_bytes(all_alloc[i]).c_str(), format_bytes(all_reserved[i]).c_str());
+    if (all_gathers[i] > 0) {
+      // ZeRO-3: the parameters' gathers (forward's, a plan's in backward) and the gradients'
+      // reductions, in the ops.
+      std::printf(
+          "    rank %d: parameter gathers and gradient reductions %s per step, %s of it exposed "
+          "(%.0f%% hidden behind compute; %lld of the last step's %lld gathers prefetched); peak "
+          "allocated %s, reserved %s",
+          r, format_ms(all_comm[i]).c_str(), format_ms(all_exposed[i]).c_str(), hidden,
+          static_cast<long long>(all_prefetched[i]), static_cast<long long>(all_gathers[i]),
+          format_bytes(all_alloc[i]).c_str(), format_bytes(all_reserved[i]).c_str());
+    } else {
+      std::printf(
+          "    rank %d: gradient communication %s per step, %s of it exposed (%.0f%% hidden "
+          "behind backward)%s; peak allocated %s, reserved %s",
+          r, format_ms(all_comm[i]).c_str(), format_ms(all_exposed[i]).c_str(), hidden,
+          all_gather_ms[i] > 0 ? (", parameter gather " + format_ms(all_gather_ms[i])).c_str() : "",
+          format_bytes(all_alloc[i]).c_str(), format_bytes(all_reserved[i]).c_str());
+    }
     if (planned) {
       std::printf(
           "; %s",
