@@ -4,8 +4,11 @@
 // on tokens [s B T, (s + 1) B T + 1) of the shard, the batches regen's `--data tokens:FILE` makes,
 // with llm.c's AdamW (betas 0.9 and 0.999, eps 1e-8; its CPU trainer decays every parameter).
 // Build: cc -O2 -fopenmp -I LLMC_DIR tools/llmc_losses.c -lm -o llmc_losses (no -Ofast: regen
-// does not reassociate float arithmetic either).
+// does not reassociate float arithmetic either). For llm.c's speed, build it as llm.c's own
+// Makefile builds train_gpt2: -Ofast -march=native -fopenmp (OMP_NUM_THREADS sets the threads).
 // Run:   llmc_losses CHECKPOINT.bin TOKENS.bin B T STEPS LR [WEIGHT_DECAY]
+// Each step prints its loss and its wall time (forward, zero_grad, backward, update: what
+// train_gpt2.c's own loop times).
 #define main llmc_train_main
 #include "train_gpt2.c"
 #undef main
@@ -49,11 +52,17 @@ int main(int argc, char** argv) {
       inputs[i] = tokens[at + i];
       targets[i] = tokens[at + i + 1];
     }
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
     gpt2_forward(&model, inputs, targets, B, T);
-    printf("step %d loss %.9g\n", s, model.mean_loss);
+    const float loss = model.mean_loss;
     gpt2_zero_grad(&model);
     gpt2_backward(&model);
     gpt2_update(&model, lr, 0.9f, 0.999f, 1e-8f, weight_decay, s + 1);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    const double ms = (t1.tv_sec - t0.tv_sec) * 1e3 + (t1.tv_nsec - t0.tv_nsec) / 1e6;
+    printf("step %d loss %.9g time_ms %.1f\n", s, loss, ms);
+    fflush(stdout);
   }
   gpt2_free(&model);
   free(tokens);
