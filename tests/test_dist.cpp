@@ -143,6 +143,22 @@ DpRun make_dp_run(const std::string& model, int64_t batch, const dist::ShardMode
   return r;
 }
 
+// The dry run of make_dp_run's first step (batch 4, SGD with momentum) over `comm`.
+DryRunResult dry_run_dp_step(const std::string& model, dist::ShardMode mode,
+                             dist::Communicator& comm) {
+  ModelConfig c = model_preset(model);
+  c.seed = 7;
+  auto make_sync = [&](Model& m) -> std::unique_ptr<GradientSync> {
+    return std::make_unique<dist::DataParallel>(m, comm, dp_options(mode));
+  };
+  auto make_opt = [](Model&, GradientSync* sync) -> std::unique_ptr<Optimizer> {
+    SGDOptions o;
+    o.momentum = 0.9;
+    return std::make_unique<SGD>(sync->optimizer_parameters(), o);
+  };
+  return dry_run_step(c, 4, Device::cpu(), make_opt, make_sync);
+}
+
 std::vector<std::vector<float>> params_of(const Model& m) {
   std::vector<std::vector<float>> out;
   for (const Tensor& p : m.parameters()) out.push_back(p.to_vector<float>());
@@ -235,19 +251,8 @@ TEST_CASE("one rank: accumulated steps under data parallelism train bitwise as w
 TEST_CASE("one rank: the dry run of the first step takes exactly what the step takes") {
   for (dist::ShardMode mode : kModes) {
     CAPTURE(dist::shard_mode_name(mode));
-    ModelConfig c = model_preset("transformer-tiny");
-    c.seed = 7;
-    auto make_sync = [&](Model& m) -> std::unique_ptr<GradientSync> {
-      static std::unique_ptr<dist::Communicator> comm =
-          dist::make_local_communicator(Device::cpu());
-      return std::make_unique<dist::DataParallel>(m, *comm, dp_options(mode));
-    };
-    auto make_opt = [](Model&, GradientSync* sync) -> std::unique_ptr<Optimizer> {
-      SGDOptions o;
-      o.momentum = 0.9;
-      return std::make_unique<SGD>(sync->optimizer_parameters(), o);
-    };
-    const DryRunResult dry = dry_run_step(c, 4, Device::cpu(), make_opt, make_sync);
+    const std::unique_ptr<dist::Communicator> comm = dist::make_local_communicator(Device::cpu());
+    const DryRunResult dry = dry_run_dp_step("transformer-tiny", mode, *comm);
     allocator_for(Device::cpu()).empty_cache();
     DpRun r = make_dp_run("transformer-tiny", 4, &mode);
     const StepResult st = r.trainer->step();
@@ -333,19 +338,8 @@ TEST_CASE("one rank, ZeRO-3: prefetched gathers and reductions in flight, bitwis
     }
 
     // The step's requests, in the dry run and under plans.
-    ModelConfig c = model_preset(model);
-    c.seed = 7;
-    auto make_sync = [&](Model& m) -> std::unique_ptr<GradientSync> {
-      static std::unique_ptr<dist::Communicator> dry_comm =
-          std::make_unique<DeferredCommunicator>();
-      return std::make_unique<dist::DataParallel>(m, *dry_comm, dp_options(mode));
-    };
-    auto make_opt = [](Model&, GradientSync* sync) -> std::unique_ptr<Optimizer> {
-      SGDOptions o;
-      o.momentum = 0.9;
-      return std::make_unique<SGD>(sync->optimizer_parameters(), o);
-    };
-    const DryRunResult dry = dry_run_step(c, 4, Device::cpu(), make_opt, make_sync);
+    DeferredCommunicator dry_comm;
+    const DryRunResult dry = dry_run_dp_step(model, mode, dry_comm);
     allocator_for(Device::cpu()).empty_cache();
     DpRun fresh = make_dp_run(model, 4, &mode, "sgd", true);
     const StepResult st = fresh.trainer->step();
