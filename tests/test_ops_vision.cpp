@@ -13,6 +13,7 @@
 
 #include "regen/autograd/op_list.h"
 #include "regen/autograd/ops.h"
+#include "regen/kernels/cpu/conv2d_winograd.h"
 #include "regen/kernels/kernels.h"
 #include "tests/test_util.h"
 
@@ -251,6 +252,119 @@ TEST_CASE("conv2d gives the same bits with 1 and 2 threads") {
     return out;
   };
   CHECK(run(1) == run(2));
+}
+
+namespace {
+
+// Largest |got - want| over `scale`, where scale is the output's own sum of |x w| terms: an error
+// in units of the magnitude the sum passed through.
+double scaled_error(const std::vector<float>& got, const std::vector<float>& want,
+                    const std::vector<float>& scale) {
+  double worst = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double e = std::fabs(static_cast<double>(got[i]) - static_cast<double>(want[i]));
+    worst = std::max(worst, e / std::max(static_cast<double>(scale[i]), 1e-30));
+  }
+  return worst;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "conv2d f32 3x3 stride 1: Winograd F(2x2, 3x3) against nested loops and the direct path") {
+  struct Case {
+    int64_t N, C, H, W, K, pad;
+  };
+  const Case cases[] = {
+      {4, 17, 17, 15, 20, 1},  // odd planes: the last tile row and column are half outside
+      {15, 300, 6, 5, 70, 1},  // depth past one KC block; K past a row chunk, not a multiple of 8
+      {4, 16, 14, 14, 16, 0},  // no padding: 12x12 outputs (backward-data: padding 2)
+      {3, 24, 13, 16, 33, 2},  // padding 2: 15x18 outputs (backward-data: padding 0)
+      {4, 32, 28, 28, 40, 1},  // 784 tiles, 17 blocks: threads take whole blocks
+      {128, 20, 1, 1, 18, 1},  // 1x1 planes: one tile each, three quarters outside
+  };
+  uint64_t seed = 900;
+  for (const Case& c : cases) {
+    const ConvShape s = make_conv_shape(c.N, c.C, c.H, c.W, c.K, 3, 3, 1, 1, c.pad, c.pad);
+    const std::string name = "x[" + std::to_string(c.N) + "," + std::to_string(c.C) + "," +
+                             std::to_string(c.H) + "," + std::to_string(c.W) + "] K " +
+                             std::to_string(c.K) + " pad " + std::to_string(c.pad);
+    REQUIRE_MESSAGE(cpu::winograd::applies(s), name);
+    seed += 10;
+    Tensor x = rand_t<float>({c.N, c.C, c.H, c.W}, seed),
+           w = rand_t<float>({c.K, c.C, 3, 3}, seed + 1);
+    Tensor b = rand_t<float>({c.K}, seed + 2), dy = rand_t<float>({s.N, s.K, s.P, s.Q}, seed + 3);
+    const std::vector<float> xv = x.to_vector<float>(), wv = w.to_vector<float>();
+    const std::vector<float> bv = b.to_vector<float>(), dyv = dy.to_vector<float>();
+    // The magnitudes each output's sum passes through: the same loops over |x| and |w|.
+    std::vector<float> ax(xv.size()), aw(wv.size()), ady(dyv.size());
+    for (size_t i = 0; i < xv.size(); ++i) ax[i] = std::fabs(xv[i]);
+    for (size_t i = 0; i < wv.size(); ++i) aw[i] = std::fabs(wv[i]);
+    for (size_t i = 0; i < dyv.size(); ++i) ady[i] = std::fabs(dyv[i]);
+    const std::vector<float> want_y = ref_conv_forward<float>(xv, wv, bv.data(), s);
+    const std::vector<float> scale_y = ref_conv_forward<float>(ax, aw, nullptr, s);
+    std::vector<float> want_dx, unused, scale_dx;
+    ref_conv_backward<float>(xv, wv, dyv, s, want_dx, unused);
+    ref_conv_backward<float>(ax, aw, ady, s, scale_dx, unused);
+    auto run = [&](cpu::winograd::Algo algo) {
+      const cpu::winograd::ScopedAlgo scoped(algo);
+      Tensor y = full(dy.shape(), 123.0), dx = full(x.shape(), 123.0);  // stale values
+      cpu::conv2d_forward<float>(x.data<float>(), w.data<float>(), b.data<float>(), y.data<float>(),
+                                 s);
+      cpu::conv2d_backward_data<float>(dy.data<float>(), w.data<float>(), dx.data<float>(), s);
+      return std::vector<std::vector<float>>{y.to_vector<float>(), dx.to_vector<float>()};
+    };
+    const auto wino = run(cpu::winograd::Algo::automatic);
+    const auto direct = run(cpu::winograd::Algo::direct);
+    expect_close(name + " Winograd forward", wino[0], want_y, 2e-4, 1e-4);
+    expect_close(name + " Winograd backward-data", wino[1], want_dx, 2e-4, 1e-4);
+    // Rounding: Winograd's transforms add and halve before they multiply. Measured on these
+    // cases (scaled as above): direct 3.9e-8 to 2.3e-7, Winograd 7.3e-8 to 2.7e-7; the bound
+    // leaves room for other seeds and compilers, and is far below what a wrong tile gives (0.1).
+    const double ey = scaled_error(wino[0], want_y, scale_y);
+    const double edx = scaled_error(wino[1], want_dx, scale_dx);
+    const double dy_direct = scaled_error(direct[0], want_y, scale_y);
+    const double dx_direct = scaled_error(direct[1], want_dx, scale_dx);
+    MESSAGE(name, ": scaled error forward ", ey, " (direct ", dy_direct, "), backward-data ", edx,
+            " (direct ", dx_direct, ")");
+    CHECK_MESSAGE(ey < 4e-6, name);
+    CHECK_MESSAGE(edx < 4e-6, name);
+    CHECK(wino[0] != direct[0]);  // the Winograd path ran, both ways
+    CHECK(wino[1] != direct[1]);
+  }
+  // Where it does not pay, the direct path: too few tiles (ResNet's 7x7 planes at batch 4), a
+  // stride, another kernel size, few channels.
+  CHECK_FALSE(cpu::winograd::applies(make_conv_shape(4, 512, 7, 7, 512, 3, 3, 1, 1, 1, 1)));
+  CHECK(cpu::winograd::applies(make_conv_shape(8, 512, 7, 7, 512, 3, 3, 1, 1, 1, 1)));
+  CHECK_FALSE(cpu::winograd::applies(make_conv_shape(4, 64, 56, 56, 64, 3, 3, 2, 2, 1, 1)));
+  CHECK_FALSE(cpu::winograd::applies(make_conv_shape(4, 64, 56, 56, 64, 5, 5, 1, 1, 2, 2)));
+  CHECK_FALSE(cpu::winograd::applies(make_conv_shape(4, 8, 56, 56, 64, 3, 3, 1, 1, 1, 1)));
+  {
+    const cpu::winograd::ScopedAlgo direct(cpu::winograd::Algo::direct);
+    CHECK_FALSE(cpu::winograd::applies(make_conv_shape(4, 64, 56, 56, 64, 3, 3, 1, 1, 1, 1)));
+  }
+}
+
+TEST_CASE("conv2d f32 Winograd: the same bits with 1 and 2 threads, blocks or rows split") {
+  // 4 x 7 x 7 tiles = 196, five blocks: two threads split the output channels; 16 x 7 x 7 =
+  // 784 tiles, 17 blocks: they split the blocks. One thread takes every block either way.
+  for (const int64_t n : {4, 16}) {
+    const ConvShape s = make_conv_shape(n, 24, 14, 14, 40, 3, 3, 1, 1, 1, 1);
+    REQUIRE(cpu::winograd::applies(s));
+    Tensor x = rand_t<float>({s.N, s.C, s.H, s.W}, 11), w = rand_t<float>({s.K, s.C, 3, 3}, 12);
+    Tensor b = rand_t<float>({s.K}, 13), dy = rand_t<float>({s.N, s.K, s.P, s.Q}, 14);
+    auto run = [&](int threads) {
+      const int saved = omp_get_max_threads();
+      omp_set_num_threads(threads);
+      Tensor y = empty(dy.shape()), dx = empty(x.shape());
+      cpu::conv2d_forward<float>(x.data<float>(), w.data<float>(), b.data<float>(), y.data<float>(),
+                                 s);
+      cpu::conv2d_backward_data<float>(dy.data<float>(), w.data<float>(), dx.data<float>(), s);
+      omp_set_num_threads(saved);
+      return std::vector<std::vector<float>>{y.to_vector<float>(), dx.to_vector<float>()};
+    };
+    CHECK_MESSAGE(run(1) == run(2), "batch ", n);
+  }
 }
 
 TEST_CASE("conv2d results are identical across two runs (forward and both backwards)") {

@@ -17,6 +17,10 @@
 // kDryRunLaunchers) every pass requests that workspace, tile by tile as a real run does, and
 // computes nothing: the packed GEMM returns after its request, the other loops are skipped.
 //
+// f32 3x3 stride-1 convolutions with enough channels and output tiles (conv2d_winograd.h
+// applies()) go to Winograd F(2x2, 3x3) instead, forward and the flipped backward-data alike;
+// REGEN_CPU_CONV=direct keeps them here. The choice depends on the shape only.
+//
 // Determinism: the packed GEMM sums every element in a fixed order with fixed block sizes, col2im
 // sums each (image, channel) plane on one thread in a fixed order, and bias gradients are summed
 // per channel in image order: results are identical run to run, for any thread count.
@@ -40,6 +44,7 @@
 
 #include "regen/core/tensor.h"
 #include "regen/kernels/cpu/conv2d_lowp.h"
+#include "regen/kernels/cpu/conv2d_winograd.h"
 #include "regen/kernels/cpu/convert.h"
 #include "regen/kernels/cpu/packed_gemm.h"
 #include "regen/kernels/cpu/panel_transpose.h"
@@ -582,6 +587,9 @@ void backward_filter_lowp(const E* x, const E* dy, E* dw, E* dbias, const ConvSh
 
 template <class T>
 void conv2d_forward_wide(const T* x, const T* w, const T* bias, T* y, const ConvShape& s) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (winograd::applies(s)) return winograd::forward(x, w, bias, y, s);
+  }
   const int64_t crs = s.C * s.R * s.S, pq = s.P * s.Q;
   const ARows<T, ViewSource<T>> a{{w, crs}};
   const BRows<T, ColSource<T>> b{{x, s, 0}};
@@ -598,14 +606,18 @@ void conv2d_backward_data_wide(const T* dy, const T* w, T* dx, const ConvShape& 
     packed::gemm<T>(s.C, s.N * pq, s.K, a, b, nullptr, false, {dx, pq, pq, chw});
     return;
   }
-  if (s.stride_h == 1 && s.stride_w == 1 && s.pad_h < s.R && s.pad_w < s.S &&
-      s.P * s.Q >= kFlipMinPixels) {
+  const ConvShape flip = s.stride_h == 1 && s.stride_w == 1 && s.pad_h < s.R && s.pad_w < s.S
+                             ? make_conv_shape(s.N, s.K, s.P, s.Q, s.C, s.R, s.S, 1, 1,
+                                               s.R - 1 - s.pad_h, s.S - 1 - s.pad_w)
+                             : ConvShape{};
+  const bool winograd_flip = std::is_same_v<T, float> && flip.N > 0 && winograd::applies(flip);
+  if (flip.N > 0 && (s.P * s.Q >= kFlipMinPixels || winograd_flip)) {
     // With stride 1, dx is itself a convolution: of dy with the weights flipped in space and
     // with K and C swapped, padded by R-1-pad. That needs no dcol and no col2im pass, only a
     // flipped copy of the weights. On small planes the dcol route is faster: its GEMM packs
-    // only dy and w^T, both small there, while this one unfolds dy for every tap.
-    const ConvShape t = make_conv_shape(s.N, s.K, s.P, s.Q, s.C, s.R, s.S, 1, 1, s.R - 1 - s.pad_h,
-                                        s.S - 1 - s.pad_w);
+    // only dy and w^T, both small there, while this one unfolds dy for every tap (unless the
+    // flipped convolution goes to Winograd, conv2d_winograd.h, which unfolds nothing).
+    const ConvShape& t = flip;
     const int64_t krs = s.K * s.R * s.S, rs = s.R * s.S;
     Workspace ws(Device::cpu(), static_cast<uint64_t>(s.C * krs) * sizeof(T));
     T* flipped = ws.as<T>();  // (C, K, R, S): flipped[c][k][r][s] = w[k][c][R-1-r][S-1-s]
@@ -618,6 +630,9 @@ void conv2d_backward_data_wide(const T* dy, const T* w, T* dx, const ConvShape& 
           for (int64_t i = 0; i < rs; ++i) dst[i] = src[rs - 1 - i];
         }
       }
+    }
+    if constexpr (std::is_same_v<T, float>) {
+      if (winograd_flip) return winograd::forward(dy, flipped, nullptr, dx, t);
     }
     const ARows<T, ViewSource<T>> a{{flipped, krs}};
     const BRows<T, ColSource<T>> b{{dy, t, 0}};
