@@ -6,6 +6,8 @@
 #include <cmath>
 #include <cstring>
 
+#include <unistd.h>
+
 #include "regen/core/error.h"
 
 namespace regen {
@@ -21,14 +23,30 @@ std::string field(double v, bool csv, bool present) {
 
 }  // namespace
 
-MetricsLog::MetricsLog(const std::string& path, bool append) : path_(path) {
+MetricsLog::MetricsLog(const std::string& path, bool append) : path_(path), append_(append) {
   // The extension in any case: run.CSV is CSV too.
   const auto dot = path.find_last_of('.');
   std::string ext = dot == std::string::npos ? std::string() : path.substr(dot);
   for (char& ch : ext) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
   csv_ = ext == ".csv";
-  f_ = std::fopen(path.c_str(), append ? "a" : "w");
-  REGEN_CHECK(f_ != nullptr, "--log ", path,
+  // Checked now, opened at the first row: a run that fails before its first step (a profile or a
+  // plan refused) leaves an existing log as it was and creates none.
+  if (std::FILE* probe = std::fopen(path.c_str(), "r+")) {
+    std::fclose(probe);
+    return;
+  }
+  REGEN_CHECK(errno == ENOENT, "--log ", path,
+              ": cannot open it for writing: ", std::strerror(errno));
+  const auto slash = path.find_last_of('/');
+  const std::string dir = slash == std::string::npos ? "." : path.substr(0, slash + 1);
+  REGEN_CHECK(::access(dir.c_str(), W_OK | X_OK) == 0, "--log ", path, ": cannot create it in ",
+              dir, ": ", std::strerror(errno));
+}
+
+void MetricsLog::open() {
+  if (f_ != nullptr) return;
+  f_ = std::fopen(path_.c_str(), append_ ? "a" : "w");
+  REGEN_CHECK(f_ != nullptr, "--log ", path_,
               ": cannot open it for writing: ", std::strerror(errno));
   if (csv_ && std::ftell(f_) == 0) {
     std::fputs(
@@ -46,6 +64,7 @@ MetricsLog::~MetricsLog() {
 void MetricsLog::row(const char* kind, int64_t step, double loss, double lr, double grad_norm,
                      double sps, double ms, int64_t peak_allocated, int64_t peak_reserved,
                      double accuracy, double perplexity, double loss_scale, int skipped) {
+  open();
   const bool c = csv_;
   const std::string v[] = {field(loss, c, true),
                            field(lr, c, lr >= 0),

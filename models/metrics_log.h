@@ -20,9 +20,11 @@ namespace regen {
 
 class MetricsLog {
  public:
-  // Opens `path` for writing (append: keep what it holds and add rows, as a resumed run does; a
-  // CSV header is written only to an empty file). Throws regen::Error naming the path when it
-  // cannot be opened.
+  // A log to `path` (append: keep what it holds and add rows, as a resumed run does; a CSV header
+  // is written only to an empty file). Throws regen::Error naming the path when it cannot be
+  // written: an existing file that cannot be opened for writing, or a folder where it cannot be
+  // created. The file is opened (created, or truncated unless appending) at the first row, so a
+  // run that fails before any step leaves it as it was.
   explicit MetricsLog(const std::string& path, bool append = false);
   ~MetricsLog();
   MetricsLog(const MetricsLog&) = delete;
@@ -38,7 +40,9 @@ class MetricsLog {
   void row(const char* kind, int64_t step, double loss, double lr, double grad_norm, double sps,
            double ms, int64_t peak_allocated, int64_t peak_reserved, double accuracy,
            double perplexity, double loss_scale, int skipped);
+  void open();  // at the first row
   std::string path_;
+  bool append_ = false;
   bool csv_ = false;
   std::FILE* f_ = nullptr;
 };

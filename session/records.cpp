@@ -129,6 +129,28 @@ void check_profile_run(const Profile& p, const SessionOptions& o, const std::str
         continue;
       }
     }
+    // The gradient norm is on for several reasons, not only its own setting.
+    if (flag == "--grad-norm") {
+      const bool on = here == "on";
+      const bool kw = o.style == OptionStyle::keyword;
+      const auto setting = [&](const char* key, bool v) {
+        return kw ? std::string(key) + (v ? "=True" : "=False")
+                  : option_name(key, o.style) + (v ? " on" : " off");
+      };
+      std::string why;
+      if (o.clip_grad_norm > 0) {
+        why = option_name("clip_grad_norm", o.style);
+      } else if (o.precision == "fp16") {
+        why = option_setting("precision", "fp16", o.style);
+      } else if (o.grad_norm) {
+        why = kw ? setting("grad_norm", true) : "--log, or --grad-norm on";
+      }
+      REGEN_FAIL(what, " was made with the gradient norm ", on ? "not computed" : "computed",
+                 " in each step, but this run ", on ? "computes it (" + why + ")" : "does not",
+                 ": its memory and times are another step's (",
+                 on && why.rfind("--log", 0) == 0 ? "pass --grad-norm off, or " : "",
+                 "profile again with ", setting("grad_norm", on), ")");
+    }
     // The flag as `o.style` names it: "--seq-len" -> "seq_len".
     std::string key = flag.substr(2);
     std::replace(key.begin(), key.end(), '-', '_');

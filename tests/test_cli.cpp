@@ -933,6 +933,50 @@ std::vector<std::map<std::string, std::string>> read_csv(const std::string& path
 
 }  // namespace
 
+TEST_CASE("cli: --grad-norm: a metrics log and a profile agree on the gradient norm, or say how") {
+  TempDir dir;
+  const std::vector<std::string> model = {"--model", "transformer-tiny", "--batch", "2"};
+  auto with = [&](std::vector<std::string> head, const std::vector<std::string>& more) {
+    head.insert(head.end(), model.begin(), model.end());
+    head.insert(head.end(), more.begin(), more.end());
+    return head;
+  };
+  const std::string plain = dir.file("plain"), normed = dir.file("normed");
+  REQUIRE(regen_run(dir, with({"profile"}, {"--iterations", "1", "--out", plain})).status == 0);
+  REQUIRE(
+      regen_run(dir, with({"profile"}, {"--iterations", "1", "--grad-norm", "on", "--out", normed}))
+          .status == 0);
+  const std::string log = dir.file("m.csv");
+  const std::vector<std::string> planned = {"--policy",    "dp",        "--budget", "90%",
+                                            "--budget-of", "allocated", "--steps",  "2"};
+  auto planned_from = [&](const std::string& folder, std::vector<std::string> more) {
+    std::vector<std::string> args = planned;
+    args.push_back("--profile");
+    args.push_back(folder + "/profile.json");
+    args.insert(args.end(), more.begin(), more.end());
+    return with({"train"}, args);
+  };
+  // --log computes the norm for its column: a profile without it is refused, naming both ways out.
+  expect_failure(dir, planned_from(plain, {"--log", log}),
+                 {"gradient norm not computed", "--log", "pass --grad-norm off",
+                  "profile again with --grad-norm on"});
+  // Either way out runs, planned exactly.
+  for (const auto& args : {planned_from(plain, {"--log", log, "--grad-norm", "off"}),
+                           planned_from(normed, {"--log", log})}) {
+    const Result r = regen_run(dir, args);
+    CAPTURE(r.err);
+    REQUIRE(r.status == 0);
+    CHECK(has(r.out, "exact on every one"));
+  }
+  // A refused run leaves an existing log as it was (it is opened at the first step's row).
+  expect_failure(dir, planned_from(plain, {"--log", log}), {"pass --grad-norm off"});
+  // The other direction, and a bad value.
+  expect_failure(dir, planned_from(normed, {}),
+                 {"gradient norm computed", "profile again with --grad-norm off"});
+  expect_failure(dir, with({"profile"}, {"--grad-norm", "yes", "--out", dir.file("x")}),
+                 {"--grad-norm", "{on,off}"});
+}
+
 TEST_CASE("cli: frontier plans every policy from the lower bound to the no-remat peak") {
   TempDir dir;
   const Result prof =

@@ -33,7 +33,8 @@ struct TrainFlags {
   std::string profile_file, plan_file;
   int profile_steps = 2;
   std::string progress = "auto";
-  bool layout_given = false;  // --layout on the command line (with --plan, the plan has its own)
+  bool layout_given = false;     // --layout on the command line (with --plan, the plan has its own)
+  bool grad_norm_given = false;  // --grad-norm on the command line (else --log turns it on)
   // The training state (exact resume) and the metrics log.
   std::string save_state, resume, log;
   int64_t save_every = 0;
@@ -556,7 +557,8 @@ void run(const TrainFlags& f) {
   // The cosine schedule spans the run's steps unless told otherwise.
   if (options.schedule_steps == 0 && options.lr_schedule == "cosine")
     options.schedule_steps = f.steps;
-  if (!f.log.empty()) options.grad_norm = true;  // the log has a column for it
+  // The log has a column for the gradient norm: computed unless --grad-norm says otherwise.
+  if (!f.log.empty() && !f.grad_norm_given) options.grad_norm = true;
   auto s = make_session(options, planned_only ? Preflight::model : Preflight::step);
   const int threads = omp_get_max_threads();
   if (!f.load.empty() && is_llmc_checkpoint_path(f.load)) {
@@ -716,12 +718,14 @@ void setup(CLI::App& app) {
   app.add_option("--progress", f->progress, "auto, bar, plain or none")
       ->check(CLI::IsMember({"auto", "bar", "plain", "none"}))
       ->capture_default_str();
-  app.callback([f, layout] {
+  CLI::Option* grad_norm = app.get_option("--grad-norm");
+  app.callback([f, layout, grad_norm] {
     // The session's own options first: a bad value is named before any combination of flags.
     f->m.validate();
     f->m.check_steps(f->steps);
     REGEN_CHECK(f->plan_file.empty() || !f->profile_file.empty(), "--plan needs --profile");
     f->layout_given = layout->count() > 0;
+    f->grad_norm_given = grad_norm->count() > 0;
     // The plan asked for, checked whole (a bad budget fails now, not after the profiling steps).
     if (!f->plan.budget_text.empty()) f->plan.set_budget(f->plan.budget_text);
     // With --compress or --cuda-graph, policy none still plans (--layout planned applies).

@@ -295,6 +295,16 @@ void add_model_flags(CLI::App& app, SessionOptions& o, bool with_batch,
             return problem.empty() ? "" : problem + " bytes, got '" + text + "'";
           },
           "BYTES"));
+  // Part of the step (its scratch and its pass over the gradients), so a profile records it and
+  // a run planned from that profile must match it.
+  app.add_option_function<std::string>(
+         "--grad-norm", [&o](const std::string& v) { o.grad_norm = v == "on"; },
+         "compute the gradients' global L2 norm every step, without clipping: on or off (default "
+         "off; `regen train` turns it on for --log, whose grad_norm column it fills; "
+         "--clip-grad-norm and fp16 compute it anyway). The step's memory and time include it, "
+         "so a profile records it")
+      ->type_name("on|off")
+      ->check(CLI::IsMember({"on", "off"}));
   add_pack_flags(app, o);
 }
 
