@@ -14,7 +14,6 @@
 #include "examples/unet/unet_model.h"
 #include "regen/core/copy_queue.h"
 #include "regen/core/io.h"
-#include "regen/kernels/cpu/conv2d_winograd.h"
 #include "regen/remat/plan/offload.h"
 #include "regen/remat/plan/planners/dp.h"
 #include "regen/remat/report.h"
@@ -541,11 +540,6 @@ TEST_CASE("dp with offload reaches mutwo's lowest on the U-Net, at a fraction of
     return true;
   }();
   (void)registered;
-  // The direct convolutions, profiled and executed: with Winograd's (kernels/cpu/conv2d_winograd.h)
-  // smaller scratch for the U-Net's 3x3 layers, plain dp's lowest budget at this size falls to
-  // mu-TWO's (17.21 MiB both, against 18.21 for dp with the direct convolutions), and the case
-  // no longer shows the pinned skips this test is about.
-  const cpu::winograd::ScopedAlgo direct(cpu::winograd::Algo::direct);
   const ModelConfig cfg = model_preset("unet");
   const Profile p = profile_of(cfg, 8, 1);
   const Simulator sim(p);

@@ -283,6 +283,7 @@ TEST_CASE(
       {4, 32, 28, 28, 40, 1},  // 784 tiles, 17 blocks: threads take whole blocks
       {128, 20, 1, 1, 18, 1},  // 1x1 planes: one tile each, three quarters outside
   };
+  const cpu::winograd::ScopedAlgo winograd(cpu::winograd::Algo::winograd);
   uint64_t seed = 900;
   for (const Case& c : cases) {
     const ConvShape s = make_conv_shape(c.N, c.C, c.H, c.W, c.K, 3, 3, 1, 1, c.pad, c.pad);
@@ -314,7 +315,7 @@ TEST_CASE(
       cpu::conv2d_backward_data<float>(dy.data<float>(), w.data<float>(), dx.data<float>(), s);
       return std::vector<std::vector<float>>{y.to_vector<float>(), dx.to_vector<float>()};
     };
-    const auto wino = run(cpu::winograd::Algo::automatic);
+    const auto wino = run(cpu::winograd::Algo::winograd);
     const auto direct = run(cpu::winograd::Algo::direct);
     expect_close(name + " Winograd forward", wino[0], want_y, 2e-4, 1e-4);
     expect_close(name + " Winograd backward-data", wino[1], want_dx, 2e-4, 1e-4);
@@ -340,7 +341,7 @@ TEST_CASE(
   CHECK_FALSE(cpu::winograd::applies(make_conv_shape(4, 64, 56, 56, 64, 5, 5, 1, 1, 2, 2)));
   CHECK_FALSE(cpu::winograd::applies(make_conv_shape(4, 8, 56, 56, 64, 3, 3, 1, 1, 1, 1)));
   {
-    const cpu::winograd::ScopedAlgo direct(cpu::winograd::Algo::direct);
+    const cpu::winograd::ScopedAlgo direct(cpu::winograd::Algo::direct);  // the default
     CHECK_FALSE(cpu::winograd::applies(make_conv_shape(4, 64, 56, 56, 64, 3, 3, 1, 1, 1, 1)));
   }
 }
@@ -348,6 +349,7 @@ TEST_CASE(
 TEST_CASE("conv2d f32 Winograd: the same bits with 1 and 2 threads, blocks or rows split") {
   // 4 x 7 x 7 tiles = 196, five blocks: two threads split the output channels; 16 x 7 x 7 =
   // 784 tiles, 17 blocks: they split the blocks. One thread takes every block either way.
+  const cpu::winograd::ScopedAlgo winograd(cpu::winograd::Algo::winograd);
   for (const int64_t n : {4, 16}) {
     const ConvShape s = make_conv_shape(n, 24, 14, 14, 40, 3, 3, 1, 1, 1, 1);
     REQUIRE(cpu::winograd::applies(s));

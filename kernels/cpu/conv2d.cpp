@@ -17,9 +17,9 @@
 // kDryRunLaunchers) every pass requests that workspace, tile by tile as a real run does, and
 // computes nothing: the packed GEMM returns after its request, the other loops are skipped.
 //
-// f32 3x3 stride-1 convolutions with enough channels and output tiles (conv2d_winograd.h
-// applies()) go to Winograd F(2x2, 3x3) instead, forward and the flipped backward-data alike;
-// REGEN_CPU_CONV=direct keeps them here. The choice depends on the shape only.
+// With REGEN_CPU_CONV=winograd, f32 3x3 stride-1 convolutions with enough channels and output
+// tiles (conv2d_winograd.h applies()) go to Winograd F(2x2, 3x3) instead, forward and the flipped
+// backward-data alike. The choice depends on the shape only (and the variable).
 //
 // Determinism: the packed GEMM sums every element in a fixed order with fixed block sizes, col2im
 // sums each (image, channel) plane on one thread in a fixed order, and bias gradients are summed

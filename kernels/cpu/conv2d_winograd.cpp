@@ -59,10 +59,11 @@ std::atomic<int> g_algo{-1};
 
 Algo read_env() {
   const char* v = std::getenv("REGEN_CPU_CONV");
-  if (v == nullptr || *v == '\0' || std::string(v) == "auto") return Algo::automatic;
-  REGEN_CHECK(std::string(v) == "direct", "REGEN_CPU_CONV='", v,
-              "': expected auto (Winograd for the 3x3 stride-1 f32 convolutions) or direct");
-  return Algo::direct;
+  if (v == nullptr || *v == '\0' || std::string(v) == "direct") return Algo::direct;
+  REGEN_CHECK(std::string(v) == "winograd", "REGEN_CPU_CONV='", v,
+              "': expected direct (the default) or winograd (F(2x2, 3x3) for the 3x3 stride-1 "
+              "f32 convolutions)");
+  return Algo::winograd;
 }
 
 int64_t ceil_div(int64_t a, int64_t b) {
@@ -229,7 +230,7 @@ ScopedAlgo::~ScopedAlgo() {
 }
 
 bool applies(const ConvShape& s) {
-  return algo() == Algo::automatic && s.R == 3 && s.S == 3 && s.stride_h == 1 && s.stride_w == 1 &&
+  return algo() == Algo::winograd && s.R == 3 && s.S == 3 && s.stride_h == 1 && s.stride_w == 1 &&
          s.pad_h <= 2 && s.pad_w <= 2 && s.C >= kMinChannels && s.K >= kMinChannels &&
          s.N * ceil_div(s.P, 2) * ceil_div(s.Q, 2) >= kMinTiles;
 }

@@ -9,10 +9,13 @@
 
 namespace regen::cpu::winograd {
 
-// Which algorithm conv2d's f32 3x3 stride-1 passes use: automatic (Winograd where applies()
-// holds) or direct (the packed GEMM with implicit im2col, always). Read once from the environment
-// variable REGEN_CPU_CONV (auto or direct; anything else is an error naming the variable).
-enum class Algo { automatic, direct };
+// Which algorithm conv2d's f32 3x3 stride-1 passes use: direct (the packed GEMM with implicit
+// im2col, the default) or winograd (forward() where applies() holds). Read once from the
+// environment variable REGEN_CPU_CONV (direct or winograd; anything else is an error naming the
+// variable). Winograd is not the default: its layers run at 0.57-0.73x the direct path's time,
+// but on the 2-core machine it was measured on, the rest of a ResNet-152 step slowed by as much
+// (docs/kernels.md, "Winograd F(2x2, 3x3), fused").
+enum class Algo { direct, winograd };
 Algo algo();
 // For tests and benchmarks: while one lives, algo() answers `a`. Not for concurrent use.
 class ScopedAlgo {
@@ -26,7 +29,7 @@ class ScopedAlgo {
   int previous_;
 };
 
-// Whether conv2d's f32 passes use forward() for this convolution: algo() is automatic, 3x3,
+// Whether conv2d's f32 passes use forward() for this convolution: algo() is winograd, 3x3,
 // stride 1, padding at most 2, at least 16 input and output channels and at least 128 output
 // tiles (2x2 blocks of output pixels, over the batch). It depends on the shape only, never on
 // the thread count, so results stay independent of it.
