@@ -13,8 +13,9 @@ namespace regen::cpu::winograd {
 // im2col, the default) or winograd (forward() where applies() holds). Read once from the
 // environment variable REGEN_CPU_CONV (direct or winograd; anything else is an error naming the
 // variable). Winograd is not the default: its layers run at 0.57-0.73x the direct path's time,
-// but on the 2-core machine it was measured on, the rest of a ResNet-152 step slowed by as much
-// (docs/kernels.md, "Winograd F(2x2, 3x3), fused").
+// but whole ResNet-152 steps gained only 5% at the median of eleven pairs (0.78-1.11x), within
+// the noise of the machine it was measured on, where profiles showed the rest of the step
+// slowing (docs/kernels.md, "Winograd F(2x2, 3x3), fused").
 enum class Algo { direct, winograd };
 Algo algo();
 // For tests and benchmarks: while one lives, algo() answers `a`. Not for concurrent use.
