@@ -138,17 +138,19 @@ void check_profile_run(const Profile& p, const SessionOptions& o, const std::str
                   : option_name(key, o.style) + (v ? " on" : " off");
       };
       std::string why;
+      bool own = false;  // on by its own setting (or a log's), which can turn it off again
       if (o.clip_grad_norm > 0) {
         why = option_name("clip_grad_norm", o.style);
       } else if (o.precision == "fp16") {
         why = option_setting("precision", "fp16", o.style);
       } else if (o.grad_norm) {
         why = kw ? setting("grad_norm", true) : "--log, or --grad-norm on";
+        own = true;
       }
       REGEN_FAIL(what, " was made with the gradient norm ", on ? "not computed" : "computed",
                  " in each step, but this run ", on ? "computes it (" + why + ")" : "does not",
                  ": its memory and times are another step's (",
-                 on && why.rfind("--log", 0) == 0 ? "pass --grad-norm off, or " : "",
+                 own ? "pass " + setting("grad_norm", false) + ", or " : std::string(),
                  "profile again with ", setting("grad_norm", on), ")");
     }
     // The flag as `o.style` names it: "--seq-len" -> "seq_len".
