@@ -473,6 +473,27 @@ TEST_CASE(
   expect_error([&] { make_eval_source("nope", s->config, 0, 0.1); }, {"nope"});
 }
 
+TEST_CASE("training: the metrics log is checked at once, opened at its first row") {
+  // A log that no row reached leaves an existing file as it was (a run refused before its first
+  // step, from the command line or Python) and creates none.
+  TempFile existing("kept.csv"), fresh("fresh.csv");
+  {
+    std::ofstream out(existing.path);
+    out << "an earlier run's rows\n";
+  }
+  { MetricsLog log(existing.path); }
+  { MetricsLog log(fresh.path); }
+  std::ifstream in(existing.path);
+  std::string line;
+  std::getline(in, line);
+  CHECK(line == "an earlier run's rows");
+  CHECK_FALSE(std::ifstream(fresh.path).good());
+  // What cannot be written is an error at once, naming the log.
+  expect_error([&] { MetricsLog log(existing.path + ".missing/run.csv"); },
+               {"--log", "cannot create it in", "No such file or directory"});
+  expect_error([&] { MetricsLog log("."); }, {"--log .", "cannot open it for writing"});
+}
+
 TEST_CASE("training: the metrics log writes a row per step and evaluation, CSV or JSON lines") {
   TempFile csv("log.csv"), jsonl("log.jsonl");
   StepResult r;
