@@ -617,7 +617,6 @@ void conv2d_backward_data_wide(const T* dy, const T* w, T* dx, const ConvShape& 
     // flipped copy of the weights. On small planes the dcol route is faster: its GEMM packs
     // only dy and w^T, both small there, while this one unfolds dy for every tap (unless the
     // flipped convolution goes to Winograd, conv2d_winograd.h, which unfolds nothing).
-    const ConvShape& t = flip;
     const int64_t krs = s.K * s.R * s.S, rs = s.R * s.S;
     Workspace ws(Device::cpu(), static_cast<uint64_t>(s.C * krs) * sizeof(T));
     T* flipped = ws.as<T>();  // (C, K, R, S): flipped[c][k][r][s] = w[k][c][R-1-r][S-1-s]
@@ -632,10 +631,10 @@ void conv2d_backward_data_wide(const T* dy, const T* w, T* dx, const ConvShape& 
       }
     }
     if constexpr (std::is_same_v<T, float>) {
-      if (winograd_flip) return winograd::forward(dy, flipped, nullptr, dx, t);
+      if (winograd_flip) return winograd::forward(dy, flipped, nullptr, dx, flip);
     }
     const ARows<T, ViewSource<T>> a{{flipped, krs}};
-    const BRows<T, ColSource<T>> b{{dy, t, 0}};
+    const BRows<T, ColSource<T>> b{{dy, flip, 0}};
     packed::gemm<T>(s.C, s.N * s.H * s.W, krs, a, b, nullptr, false,
                     {dx, s.H * s.W, s.H * s.W, chw});
     return;

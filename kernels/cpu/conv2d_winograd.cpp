@@ -108,11 +108,11 @@ TileSites block_tiles(int64_t first, int64_t count, int64_t tiles_h, int64_t til
   return t;
 }
 
-// V[xi] = B^T d B for channels [c0, c1) of the block's patches, written as the register tile's B
+// V[xi] = B^T d B for every channel of the block's patches, written as the register tile's B
 // panels, `width` columns (the tiles rounded up to whole vectors) per depth step:
 // v[xi * vstride + c * width + j]. Columns past the block's tiles are zero.
-void input_transform(const float* x, const ConvShape& s, const TileSites& t, int64_t c0, int64_t c1,
-                     int64_t width, float* v, int64_t vstride) {
+void input_transform(const float* x, const ConvShape& s, const TileSites& t, int64_t width,
+                     float* v, int64_t vstride) {
   const int64_t hw = s.H * s.W, chw = s.C * hw;
   alignas(64) float d[4][4][kBlock];
   // Per tile: the patch's first row and column in the input, and whether all 16 are inside.
@@ -125,7 +125,7 @@ void input_transform(const float* x, const ConvShape& s, const TileSites& t, int
     inside[j] = h0[j] >= 0 && w0[j] >= 0 && h0[j] + 4 <= s.H && w0[j] + 4 <= s.W;
   }
   std::memset(d, 0, sizeof(d));
-  for (int64_t c = c0; c < c1; ++c) {
+  for (int64_t c = 0; c < s.C; ++c) {
     const float* xc = x + c * hw;
     for (int64_t j = 0; j < t.count; ++j) {
       if (inside[j]) {
@@ -293,7 +293,7 @@ void forward(const float* x, const float* w, const float* bias, float* y, const 
       const TileSites sites = block_tiles(first, count, tiles_h, tiles_w);
       const int nv = static_cast<int>(ceil_div(count, kLanes));
       const int64_t width = nv * kLanes;
-      input_transform(x, s, sites, 0, s.C, width, v, vstride);
+      input_transform(x, s, sites, width, v, vstride);
       for (int64_t rc = r_lo; rc < r_hi; rc += kRowChunk / kMR) {
         const int64_t rc_end = std::min(r_hi, rc + kRowChunk / kMR);
         for (int64_t pc = 0; pc < s.C; pc += kKC) {
