@@ -271,7 +271,8 @@ double scaled_error(const std::vector<float>& got, const std::vector<float>& wan
 }  // namespace
 
 TEST_CASE(
-    "conv2d f32 3x3 stride 1: Winograd F(2x2, 3x3) against nested loops and the direct path") {
+    "conv2d f32 3x3 stride 1: Winograd F(2x2, 3x3) against nested loops and the direct path, "
+    "all three passes") {
   struct Case {
     int64_t N, C, H, W, K, pad;
   };
@@ -282,6 +283,7 @@ TEST_CASE(
       {3, 24, 13, 16, 33, 2},  // padding 2: 15x18 outputs (backward-data: padding 0)
       {4, 32, 28, 28, 40, 1},  // 784 tiles, 17 blocks: threads take whole blocks
       {128, 20, 1, 1, 18, 1},  // 1x1 planes: one tile each, three quarters outside
+      {3, 40, 23, 21, 17, 1},  // 396 tiles: backward-filter sums two chunks (240 + 156)
   };
   const cpu::winograd::ScopedAlgo winograd(cpu::winograd::Algo::winograd);
   uint64_t seed = 900;
@@ -304,34 +306,45 @@ TEST_CASE(
     for (size_t i = 0; i < dyv.size(); ++i) ady[i] = std::fabs(dyv[i]);
     const std::vector<float> want_y = ref_conv_forward<float>(xv, wv, bv.data(), s);
     const std::vector<float> scale_y = ref_conv_forward<float>(ax, aw, nullptr, s);
-    std::vector<float> want_dx, unused, scale_dx;
-    ref_conv_backward<float>(xv, wv, dyv, s, want_dx, unused);
-    ref_conv_backward<float>(ax, aw, ady, s, scale_dx, unused);
+    std::vector<float> want_dx, want_dw, scale_dx, scale_dw;
+    ref_conv_backward<float>(xv, wv, dyv, s, want_dx, want_dw);
+    ref_conv_backward<float>(ax, aw, ady, s, scale_dx, scale_dw);
     auto run = [&](cpu::winograd::Algo algo) {
       const cpu::winograd::ScopedAlgo scoped(algo);
       Tensor y = full(dy.shape(), 123.0), dx = full(x.shape(), 123.0);  // stale values
+      Tensor dw = full(w.shape(), 123.0);
       cpu::conv2d_forward<float>(x.data<float>(), w.data<float>(), b.data<float>(), y.data<float>(),
                                  s);
       cpu::conv2d_backward_data<float>(dy.data<float>(), w.data<float>(), dx.data<float>(), s);
-      return std::vector<std::vector<float>>{y.to_vector<float>(), dx.to_vector<float>()};
+      cpu::conv2d_backward_filter<float>(x.data<float>(), dy.data<float>(), dw.data<float>(),
+                                         nullptr, s);
+      return std::vector<std::vector<float>>{y.to_vector<float>(), dx.to_vector<float>(),
+                                             dw.to_vector<float>()};
     };
     const auto wino = run(cpu::winograd::Algo::winograd);
     const auto direct = run(cpu::winograd::Algo::direct);
     expect_close(name + " Winograd forward", wino[0], want_y, 2e-4, 1e-4);
     expect_close(name + " Winograd backward-data", wino[1], want_dx, 2e-4, 1e-4);
+    expect_close(name + " Winograd backward-filter", wino[2], want_dw, 2e-4, 1e-4);
     // Rounding: Winograd's transforms add and halve before they multiply. Measured on these
-    // cases (scaled as above): direct 3.9e-8 to 2.3e-7, Winograd 7.3e-8 to 2.7e-7; the bound
+    // cases (scaled as above): direct 3.9e-8 to 2.3e-7, Winograd 7.3e-8 to 2.7e-7 (forward and
+    // backward-data); backward-filter direct 3.4e-8 to 1.7e-7, Winograd 6.1e-8 to 2.3e-7; the bound
     // leaves room for other seeds and compilers, and is far below what a wrong tile gives (0.1).
     const double ey = scaled_error(wino[0], want_y, scale_y);
     const double edx = scaled_error(wino[1], want_dx, scale_dx);
     const double dy_direct = scaled_error(direct[0], want_y, scale_y);
     const double dx_direct = scaled_error(direct[1], want_dx, scale_dx);
+    const double edw = scaled_error(wino[2], want_dw, scale_dw);
+    const double dw_direct = scaled_error(direct[2], want_dw, scale_dw);
     MESSAGE(name, ": scaled error forward ", ey, " (direct ", dy_direct, "), backward-data ", edx,
-            " (direct ", dx_direct, ")");
+            " (direct ", dx_direct, "), backward-filter ", edw, " (direct ", dw_direct, ")");
     CHECK_MESSAGE(ey < 4e-6, name);
     CHECK_MESSAGE(edx < 4e-6, name);
-    CHECK(wino[0] != direct[0]);  // the Winograd path ran, both ways
+    CHECK_MESSAGE(edw < 4e-6, name);
+    CHECK(wino[0] != direct[0]);  // the Winograd path ran, all three passes
     CHECK(wino[1] != direct[1]);
+    // On 1x1 planes only the centre tap has a gradient, and both paths sum it exactly alike.
+    if (c.H > 1) CHECK(wino[2] != direct[2]);
   }
   // Where it does not pay, the direct path: too few tiles (ResNet's 7x7 planes at batch 4), a
   // stride, another kernel size, few channels.
@@ -341,14 +354,15 @@ TEST_CASE(
   CHECK_FALSE(cpu::winograd::applies(make_conv_shape(4, 64, 56, 56, 64, 5, 5, 1, 1, 2, 2)));
   CHECK_FALSE(cpu::winograd::applies(make_conv_shape(4, 8, 56, 56, 64, 3, 3, 1, 1, 1, 1)));
   {
-    const cpu::winograd::ScopedAlgo direct(cpu::winograd::Algo::direct);  // the default
+    const cpu::winograd::ScopedAlgo direct(cpu::winograd::Algo::direct);  // opt-out
     CHECK_FALSE(cpu::winograd::applies(make_conv_shape(4, 64, 56, 56, 64, 3, 3, 1, 1, 1, 1)));
   }
 }
 
-TEST_CASE("conv2d f32 Winograd: the same bits with 1 and 2 threads, blocks or rows split") {
+TEST_CASE("conv2d f32 Winograd: the same bits with 1, 2 and 3 threads, blocks or rows split") {
   // 4 x 7 x 7 tiles = 196, five blocks: two threads split the output channels; 16 x 7 x 7 =
   // 784 tiles, 17 blocks: they split the blocks. One thread takes every block either way.
+  // Backward-filter: threads take whole xi, over one chunk of tiles (196) or four (784).
   const cpu::winograd::ScopedAlgo winograd(cpu::winograd::Algo::winograd);
   for (const int64_t n : {4, 16}) {
     const ConvShape s = make_conv_shape(n, 24, 14, 14, 40, 3, 3, 1, 1, 1, 1);
@@ -358,14 +372,19 @@ TEST_CASE("conv2d f32 Winograd: the same bits with 1 and 2 threads, blocks or ro
     auto run = [&](int threads) {
       const int saved = omp_get_max_threads();
       omp_set_num_threads(threads);
-      Tensor y = empty(dy.shape()), dx = empty(x.shape());
+      Tensor y = empty(dy.shape()), dx = empty(x.shape()), dw = empty(w.shape());
       cpu::conv2d_forward<float>(x.data<float>(), w.data<float>(), b.data<float>(), y.data<float>(),
                                  s);
       cpu::conv2d_backward_data<float>(dy.data<float>(), w.data<float>(), dx.data<float>(), s);
+      cpu::conv2d_backward_filter<float>(x.data<float>(), dy.data<float>(), dw.data<float>(),
+                                         nullptr, s);
       omp_set_num_threads(saved);
-      return std::vector<std::vector<float>>{y.to_vector<float>(), dx.to_vector<float>()};
+      return std::vector<std::vector<float>>{y.to_vector<float>(), dx.to_vector<float>(),
+                                             dw.to_vector<float>()};
     };
-    CHECK_MESSAGE(run(1) == run(2), "batch ", n);
+    const auto one = run(1);
+    CHECK_MESSAGE(one == run(2), "batch ", n);
+    CHECK_MESSAGE(one == run(3), "batch ", n);
   }
 }
 

@@ -17,9 +17,9 @@
 // kDryRunLaunchers) every pass requests that workspace, tile by tile as a real run does, and
 // computes nothing: the packed GEMM returns after its request, the other loops are skipped.
 //
-// With REGEN_CPU_CONV=winograd, f32 3x3 stride-1 convolutions with enough channels and output
-// tiles (conv2d_winograd.h applies()) go to Winograd F(2x2, 3x3) instead, forward and the flipped
-// backward-data alike. The choice depends on the shape only (and the variable).
+// f32 3x3 stride-1 convolutions with enough channels and output tiles (conv2d_winograd.h
+// applies()) go to Winograd F(2x2, 3x3) instead, all three passes (backward-data as the flipped
+// forward), unless REGEN_CPU_CONV=direct. The choice depends on the shape only (and the variable).
 //
 // Determinism: the packed GEMM sums every element in a fixed order with fixed block sizes, col2im
 // sums each (image, channel) plane on one thread in a fixed order, and bias gradients are summed
@@ -677,6 +677,9 @@ void conv2d_backward_filter_wide(const T* x, const T* dy, T* dw, T* dbias, const
       }
       dbias[k] = static_cast<T>(acc);
     }
+  }
+  if constexpr (std::is_same_v<T, float>) {
+    if (dw && winograd::applies(s)) return winograd::backward_filter(x, dy, dw, s);
   }
   const ARows<T, DySource<T>> a{{dy, s.K, pq, 0}};
   const BCols<T, ColSource<T>> b{{x, s, 0}};

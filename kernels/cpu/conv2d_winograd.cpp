@@ -16,8 +16,13 @@
 // the 16 products for a chunk of output channels on the register tile (packed_gemm.h) into
 // 16 x kRowChunk x 48 floats, and transforms those back into y (adding the bias). Threads take
 // whole blocks when there are at least kBlocksPerThread per thread; otherwise every thread
-// transforms every block and takes its share of the output channels (the input transform is
-// then repeated per thread, which costs less than leaving a core idle on a short block list).
+// runs every block: it transforms its share of the block's channels into panels the threads
+// share, meets the others at a barrier, and takes its share of the output channels.
+//
+// Backward-filter (backward_filter below) is not fused: per chunk of 240 tiles, the threads
+// transform x and dy into row-major matrices (16 of each), then each thread takes whole xi and
+// multiplies dM[xi] by V[xi]^T on the same register tile into dU[xi], summed over the chunks in
+// order; last, dw = G^T dU G per filter.
 //
 // Determinism: an output element is the same sequence of operations (its patch's transform,
 // one fused multiply-add chain over the channels per depth block of the register tile, in
@@ -38,6 +43,7 @@
 #include "regen/core/error.h"
 #include "regen/core/tensor.h"
 #include "regen/kernels/cpu/packed_gemm.h"
+#include "regen/kernels/cpu/panel_transpose.h"
 
 namespace regen::cpu::winograd {
 namespace {
@@ -53,17 +59,23 @@ constexpr int64_t kMR = packed::kMR;
 constexpr int64_t kKC = packed::kKC;
 constexpr int64_t kRowChunk = 64;  // output channels per pass over a block's products
 constexpr int64_t kBlocksPerThread = 4;
+// Backward-filter: tiles per chunk (the products' depth; one depth block of the register tile)
+// and channels per work item of its transforms.
+constexpr int64_t kChunk = 5 * kBlock;
+static_assert(kChunk <= kKC, "a chunk's products are one depth block");
+constexpr int64_t kTransformGroup = 32;
 
 // -1: not read yet; otherwise an Algo. The scoped override replaces it.
 std::atomic<int> g_algo{-1};
 
 Algo read_env() {
   const char* v = std::getenv("REGEN_CPU_CONV");
-  if (v == nullptr || *v == '\0' || std::string(v) == "direct") return Algo::direct;
-  REGEN_CHECK(std::string(v) == "winograd", "REGEN_CPU_CONV='", v,
-              "': expected direct (the default) or winograd (F(2x2, 3x3) for the 3x3 stride-1 "
-              "f32 convolutions)");
-  return Algo::winograd;
+  if (v == nullptr || *v == '\0' || std::string(v) == "winograd") return Algo::winograd;
+  REGEN_CHECK(std::string(v) == "direct", "REGEN_CPU_CONV='", v,
+              "': expected winograd (the default: F(2x2, 3x3) for the f32 3x3 stride-1 "
+              "convolutions with enough channels and tiles) or direct (the packed GEMM for every "
+              "convolution)");
+  return Algo::direct;
 }
 
 int64_t ceil_div(int64_t a, int64_t b) {
@@ -108,11 +120,12 @@ TileSites block_tiles(int64_t first, int64_t count, int64_t tiles_h, int64_t til
   return t;
 }
 
-// V[xi] = B^T d B for every channel of the block's patches, written as the register tile's B
-// panels, `width` columns (the tiles rounded up to whole vectors) per depth step:
-// v[xi * vstride + c * width + j]. Columns past the block's tiles are zero.
+// V[xi] = B^T d B for channels [c_lo, c_hi) of the block's patches, `width` columns (the tiles
+// rounded up to whole vectors) per channel, rows `ld` apart: v[xi * vstride + c * ld + j].
+// Columns past the block's tiles are zero. Forward writes the register tile's B panels (ld ==
+// width); backward-filter writes row-major matrices whose rows span several blocks.
 void input_transform(const float* x, const ConvShape& s, const TileSites& t, int64_t width,
-                     float* v, int64_t vstride) {
+                     int64_t ld, int64_t c_lo, int64_t c_hi, float* v, int64_t vstride) {
   const int64_t hw = s.H * s.W, chw = s.C * hw;
   alignas(64) float d[4][4][kBlock];
   // Per tile: the patch's first row and column in the input, and whether all 16 are inside.
@@ -125,7 +138,7 @@ void input_transform(const float* x, const ConvShape& s, const TileSites& t, int
     inside[j] = h0[j] >= 0 && w0[j] >= 0 && h0[j] + 4 <= s.H && w0[j] + 4 <= s.W;
   }
   std::memset(d, 0, sizeof(d));
-  for (int64_t c = 0; c < s.C; ++c) {
+  for (int64_t c = c_lo; c < c_hi; ++c) {
     const float* xc = x + c * hw;
     for (int64_t j = 0; j < t.count; ++j) {
       if (inside[j]) {
@@ -143,7 +156,7 @@ void input_transform(const float* x, const ConvShape& s, const TileSites& t, int
       }
     }
     // Along the block's tiles, vectorized: t = B^T d, then V = t B.
-    float* out = v + c * width;
+    float* out = v + c * ld;
     for (int b = 0; b < 4; ++b) {
       alignas(64) float r0[kBlock], r1[kBlock], r2[kBlock], r3[kBlock];
       for (int64_t j = 0; j < kBlock; ++j) {
@@ -211,6 +224,78 @@ void output_transform(const float* m, int64_t mstride, int64_t width, const Tile
   }
 }
 
+// dM[xi] = A dy A^T for output channels [k_lo, k_hi) of the block's tiles (the adjoint of
+// output_transform; outputs past the plane's edge have no gradient): rows `ld` apart,
+// g[xi * gstride + k * ld + j], `width` columns, zero past the block's tiles.
+void grad_output_transform(const float* dy, const ConvShape& s, const TileSites& t, int64_t width,
+                           int64_t ld, int64_t k_lo, int64_t k_hi, float* g, int64_t gstride) {
+  const int64_t pq = s.P * s.Q, kpq = s.K * pq;
+  int64_t base[kBlock];
+  bool full[kBlock];  // all four outputs inside the plane
+  for (int64_t j = 0; j < t.count; ++j) {
+    const int64_t p0 = 2 * t.th[j], q0 = 2 * t.tw[j];
+    base[j] = t.n[j] * kpq + p0 * s.Q + q0;
+    full[j] = p0 + 2 <= s.P && q0 + 2 <= s.Q;
+  }
+  alignas(64) float e[2][2][kBlock] = {};  // columns past the tiles stay zero
+  for (int64_t k = k_lo; k < k_hi; ++k) {
+    const float* dk = dy + k * pq;
+    for (int64_t j = 0; j < t.count; ++j) {
+      const float* p = dk + base[j];
+      if (full[j]) {
+        e[0][0][j] = p[0];
+        e[0][1][j] = p[1];
+        e[1][0][j] = p[s.Q];
+        e[1][1][j] = p[s.Q + 1];
+        continue;
+      }
+      const int64_t p0 = 2 * t.th[j], q0 = 2 * t.tw[j];
+      for (int a = 0; a < 2; ++a)
+        for (int b = 0; b < 2; ++b)
+          e[a][b][j] = p0 + a < s.P && q0 + b < s.Q ? p[a * s.Q + b] : 0.0f;
+    }
+    // Rows r = A e (r0 = e0, r1 = e0 + e1, r2 = e0 - e1, r3 = -e1), then each row times A^T.
+    alignas(64) float r[4][2][kBlock];
+    for (int b = 0; b < 2; ++b) {
+      for (int64_t j = 0; j < width; ++j) {
+        r[0][b][j] = e[0][b][j];
+        r[1][b][j] = e[0][b][j] + e[1][b][j];
+        r[2][b][j] = e[0][b][j] - e[1][b][j];
+        r[3][b][j] = -e[1][b][j];
+      }
+    }
+    float* out = g + k * ld;
+    for (int a = 0; a < 4; ++a) {
+      float* o0 = out + (4 * a + 0) * gstride;
+      float* o1 = out + (4 * a + 1) * gstride;
+      float* o2 = out + (4 * a + 2) * gstride;
+      float* o3 = out + (4 * a + 3) * gstride;
+      for (int64_t j = 0; j < width; ++j) {
+        o0[j] = r[a][0][j];
+        o1[j] = r[a][0][j] + r[a][1][j];
+        o2[j] = r[a][0][j] - r[a][1][j];
+        o3[j] = -r[a][1][j];
+      }
+    }
+  }
+}
+
+// dg = G^T du G for one filter: du[4 * a + b] the 4x4 gradient of U, dg[3 * i + j] row-major.
+void filter_gradient(const float* du, float* dg) {
+  float t[3][4];  // G^T du
+  for (int b = 0; b < 4; ++b) {
+    const float u0 = du[b], u1 = du[4 + b], u2 = du[8 + b], u3 = du[12 + b];
+    t[0][b] = u0 + 0.5f * (u1 + u2);
+    t[1][b] = 0.5f * (u1 - u2);
+    t[2][b] = 0.5f * (u1 + u2) + u3;
+  }
+  for (int i = 0; i < 3; ++i) {
+    dg[3 * i + 0] = t[i][0] + 0.5f * (t[i][1] + t[i][2]);
+    dg[3 * i + 1] = 0.5f * (t[i][1] - t[i][2]);
+    dg[3 * i + 2] = 0.5f * (t[i][1] + t[i][2]) + t[i][3];
+  }
+}
+
 }  // namespace
 
 Algo algo() {
@@ -252,9 +337,14 @@ void forward(const float* x, const float* w, const float* bias, float* y, const 
   const bool split_blocks = blocks >= kBlocksPerThread * threads || threads == 1;
   const int64_t vstride = s.C * kBlock;  // one xi's B panels
   const int64_t rows_max = std::min(kRowChunk, row_panels * kMR), mstride = rows_max * kBlock;
-  const int64_t per_thread = 16 * vstride + 16 * mstride;
-  Workspace ws(Device::cpu(),
-               static_cast<uint64_t>(16 * ustride + threads * per_thread) * sizeof(float));
+  // Splitting blocks, each thread has its own B panels; splitting rows, the threads share two
+  // sets (each transforms its share of a block's channels into one while the other may still be
+  // read for the previous block).
+  const int64_t shared_v = split_blocks ? 0 : 2 * 16 * vstride;
+  const int64_t per_thread = (split_blocks ? 16 * vstride : 0) + 16 * mstride;
+  Workspace ws(
+      Device::cpu(),
+      static_cast<uint64_t>(16 * ustride + shared_v + threads * per_thread) * sizeof(float));
   if (dry_run_active()) return;
   float* const u = ws.as<float>();
   // U[xi] as A panels: depth block pc, panel ip at u + xi * ustride + row_panels * kMR * pc +
@@ -282,18 +372,28 @@ void forward(const float* x, const float* w, const float* bias, float* y, const 
       }
     }
     const int t = omp_get_thread_num(), nt = omp_get_num_threads();
-    float* const v = u + 16 * ustride + t * per_thread;
-    float* const m = v + 16 * vstride;
+    float* const mine = u + 16 * ustride + shared_v + t * per_thread;
+    float* const m = mine + (split_blocks ? 16 * vstride : 0);
     const int64_t b_lo = split_blocks ? blocks * t / nt : 0;
     const int64_t b_hi = split_blocks ? blocks * (t + 1) / nt : blocks;
     const int64_t r_lo = split_blocks ? 0 : row_panels * t / nt;
     const int64_t r_hi = split_blocks ? row_panels : row_panels * (t + 1) / nt;
-    for (int64_t blk = b_lo; blk < b_hi && r_lo < r_hi; ++blk) {
+    for (int64_t blk = b_lo; blk < b_hi; ++blk) {
       const int64_t first = blk * kBlock, count = std::min(kBlock, tiles - first);
       const TileSites sites = block_tiles(first, count, tiles_h, tiles_w);
       const int nv = static_cast<int>(ceil_div(count, kLanes));
       const int64_t width = nv * kLanes;
-      input_transform(x, s, sites, width, v, vstride);
+      float* v = mine;
+      if (split_blocks) {
+        input_transform(x, s, sites, width, width, 0, s.C, v, vstride);
+      } else {
+        // Every thread runs every block: one barrier per block, after its share of the transform
+        // (the other set of panels is free: every thread left the block before the last one at
+        // the previous barrier).
+        v = u + 16 * ustride + (blk % 2) * 16 * vstride;
+        input_transform(x, s, sites, width, width, s.C * t / nt, s.C * (t + 1) / nt, v, vstride);
+#pragma omp barrier
+      }
       for (int64_t rc = r_lo; rc < r_hi; rc += kRowChunk / kMR) {
         const int64_t rc_end = std::min(r_hi, rc + kRowChunk / kMR);
         for (int64_t pc = 0; pc < s.C; pc += kKC) {
@@ -310,6 +410,88 @@ void forward(const float* x, const float* w, const float* bias, float* y, const 
         }
         output_transform(m, mstride, width, sites, rc * kMR, std::min(s.K, rc_end * kMR), bias, y,
                          s);
+      }
+    }
+  }
+}
+
+void backward_filter(const float* x, const float* dy, float* dw, const ConvShape& s) {
+  REGEN_CHECK(
+      s.R == 3 && s.S == 3 && s.stride_h == 1 && s.stride_w == 1 && s.pad_h <= 2 && s.pad_w <= 2,
+      "conv2d Winograd F(2x2, 3x3) backward-filter: needs a 3x3 stride-1 convolution with padding "
+      "at most 2, got ",
+      s.R, "x", s.S, " stride ", s.stride_h, "x", s.stride_w, " padding ", s.pad_h, "x", s.pad_w);
+  const int64_t tiles_h = ceil_div(s.P, 2), tiles_w = ceil_div(s.Q, 2);
+  const int64_t tiles = s.N * tiles_h * tiles_w;
+  const int64_t chunk = std::min(kChunk, tiles), ld = ceil_div(chunk, kLanes) * kLanes;
+  const int64_t vstride = s.C * ld, gstride = s.K * ld, ustride = s.K * s.C;
+  const int64_t c_padded = ceil_div(s.C, kLanes) * kLanes;  // the B panels' widths, summed
+  const int64_t per_thread = c_padded * chunk + kMR * chunk + kLanes;
+  // The products: one xi per thread at a time, so at most 16 threads.
+  const int threads =
+      omp_in_parallel() ? 1 : static_cast<int>(std::min<int64_t>(omp_get_max_threads(), 16));
+  Workspace ws(Device::cpu(),
+               static_cast<uint64_t>(16 * (vstride + gstride + ustride) + threads * per_thread) *
+                   sizeof(float));
+  if (dry_run_active()) return;
+  float* const v = ws.as<float>();     // V[xi] (C, chunk) row-major, rows ld apart
+  float* const g = v + 16 * vstride;   // dM[xi] (K, chunk)
+  float* const du = g + 16 * gstride;  // dU[xi] (K, C)
+  const packed::TileFn<float> tile = packed::tile_kernel<float>(packed::tile_isa());
+  const int64_t c_groups = ceil_div(s.C, kTransformGroup),
+                k_groups = ceil_div(s.K, kTransformGroup);
+#pragma omp parallel num_threads(threads)
+  {
+    float* const bp = du + 16 * ustride + omp_get_thread_num() * per_thread;
+    float* const ap = bp + c_padded * chunk;
+    for (int64_t first = 0; first < tiles; first += chunk) {
+      const int64_t count = std::min(chunk, tiles - first);
+      // Both transforms of this chunk's tiles, a group of channels at a time, block by block.
+#pragma omp for schedule(static)
+      for (int64_t item = 0; item < c_groups + k_groups; ++item) {
+        const bool input = item < c_groups;
+        const int64_t lo = (input ? item : item - c_groups) * kTransformGroup;
+        const int64_t hi = std::min(input ? s.C : s.K, lo + kTransformGroup);
+        for (int64_t b0 = 0; b0 < count; b0 += kBlock) {
+          const int64_t n = std::min(kBlock, count - b0);
+          const TileSites sites = block_tiles(first + b0, n, tiles_h, tiles_w);
+          const int64_t width = ceil_div(n, kLanes) * kLanes;
+          if (input) {
+            input_transform(x, s, sites, width, ld, lo, hi, v + b0, vstride);
+          } else {
+            grad_output_transform(dy, s, sites, width, ld, lo, hi, g + b0, gstride);
+          }
+        }
+      }
+      // dU[xi] (+)= dM[xi] V[xi]^T over this chunk's tiles: V's panels packed once per xi, dM's
+      // row panels one at a time, the register tile over every column panel.
+#pragma omp for schedule(static)
+      for (int xi = 0; xi < 16; ++xi) {
+        const float* vx = v + xi * vstride;
+        const float* gx = g + xi * gstride;
+        float* ux = du + xi * ustride;
+        for (int64_t c0 = 0; c0 < s.C; c0 += kBlock) {
+          const int64_t cols = std::min(kBlock, s.C - c0), w = ceil_div(cols, kLanes) * kLanes;
+          packed::transpose_into_panel(vx + c0 * ld, ld, cols, count, bp + c0 * chunk, w, w);
+        }
+        for (int64_t k0 = 0; k0 < s.K; k0 += kMR) {
+          const int64_t rows = std::min(kMR, s.K - k0);
+          packed::transpose_into_panel(gx + k0 * ld, ld, rows, count, ap, kMR, kMR);
+          for (int64_t c0 = 0; c0 < s.C; c0 += kBlock) {
+            const int64_t cols = std::min(kBlock, s.C - c0);
+            const int nv = static_cast<int>(ceil_div(cols, kLanes));
+            const packed::Run<float> run{0, cols, ux + k0 * s.C + c0};
+            tile(nv, count, ap, bp + c0 * chunk, &run, 1, rows, s.C, first > 0, nullptr);
+          }
+        }
+      }
+    }
+#pragma omp for schedule(static)
+    for (int64_t k = 0; k < s.K; ++k) {
+      for (int64_t c = 0; c < s.C; ++c) {
+        float u[16];
+        for (int xi = 0; xi < 16; ++xi) u[xi] = du[xi * ustride + k * s.C + c];
+        filter_gradient(u, dw + (k * s.C + c) * 9);
       }
     }
   }

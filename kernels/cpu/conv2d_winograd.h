@@ -9,13 +9,13 @@
 
 namespace regen::cpu::winograd {
 
-// Which algorithm conv2d's f32 3x3 stride-1 passes use: direct (the packed GEMM with implicit
-// im2col, the default) or winograd (forward() where applies() holds). Read once from the
-// environment variable REGEN_CPU_CONV (direct or winograd; anything else is an error naming the
-// variable). Winograd is not the default: its layers run at 0.57-0.73x the direct path's time,
-// but whole ResNet-152 steps gained only 5% at the median of eleven pairs (0.78-1.11x), within
-// the noise of the machine it was measured on, where profiles showed the rest of the step
-// slowing (docs/kernels.md, "Winograd F(2x2, 3x3), fused").
+// Which algorithm conv2d's f32 3x3 stride-1 passes use: winograd (the default: forward(),
+// backward_filter() and backward-data as a flipped forward(), where applies() holds) or direct
+// (the packed GEMM with implicit im2col, as every other convolution). Read once from the
+// environment variable REGEN_CPU_CONV (winograd or direct; anything else is an error naming the
+// variable). Measured on ResNet-152 (batch 4, 224, 2 threads): whole steps at 0.78-0.92x the
+// direct path's time, alternated step by step in one process (docs/kernels.md, "Winograd F(2x2,
+// 3x3), fused").
 enum class Algo { direct, winograd };
 Algo algo();
 // For tests and benchmarks: while one lives, algo() answers `a`. Not for concurrent use.
@@ -30,7 +30,7 @@ class ScopedAlgo {
   int previous_;
 };
 
-// Whether conv2d's f32 passes use forward() for this convolution: algo() is winograd, 3x3,
+// Whether conv2d's f32 passes use Winograd for this convolution: algo() is winograd, 3x3,
 // stride 1, padding at most 2, at least 16 input and output channels and at least 128 output
 // tiles (2x2 blocks of output pixels, over the batch). It depends on the shape only, never on
 // the thread count, so results stay independent of it.
@@ -43,5 +43,14 @@ bool applies(const ConvShape& s);
 // the workspace is requested and nothing is computed. Deterministic and independent of the
 // thread count: every output is the same chain of operations whichever thread computes it.
 void forward(const float* x, const float* w, const float* bias, float* y, const ConvShape& s);
+
+// dw (K, C, 3, 3) = the filter gradient of forward()'s convolution, from x and dy (N, K, P, Q),
+// written (not accumulated), by F(2x2, 3x3): dU[xi] (K, C) = dM[xi] (K, tiles) * V[xi]^T, with V
+// forward's input transform and dM = A dy A^T per tile, summed over chunks of 240 tiles in order,
+// then dw = G^T dU G. Threads take whole xi (a product's every element is one thread's chain over
+// the tiles in order), so results do not depend on the thread count. Workspace: the chunk's
+// transforms and dU (16 (C + K) 240 + 16 K C floats) and each thread's panels, from the
+// allocator; requested, and nothing computed, in a dry run.
+void backward_filter(const float* x, const float* dy, float* dw, const ConvShape& s);
 
 }  // namespace regen::cpu::winograd
