@@ -13,6 +13,7 @@
 #include "regen/core/safetensors.h"
 #include "regen/dist/data_parallel.h"
 #include "regen/dist/world.h"
+#include "regen/kernels/kernels.h"
 #include "regen/remat/execute/pipeline.h"
 #include "regen/remat/plan/compress.h"
 
@@ -25,6 +26,11 @@ namespace regen {
 
 // ---------------------------------------------------------------------------------------------
 // What profiles record
+
+namespace {
+// What run_flags records the CPU's convolution algorithm as (kernels.h conv2d_algorithm()).
+constexpr const char* kCpuConvVariable = "REGEN_CPU_CONV";
+}  // namespace
 
 std::map<std::string, std::string> run_flags(const SessionOptions& o) {
   const ModelConfig c = o.model_config();
@@ -44,6 +50,8 @@ std::map<std::string, std::string> run_flags(const SessionOptions& o) {
   // The precision (fp32 on the CPU unless asked; it holds the CUDA math mode, --math, too).
   r["--precision"] = precision_name(resolve_precision(o, device));
   if (device.is_cuda()) r["--conv"] = o.conv;
+  // The CPU's 3x3 convolutions: Winograd or the direct GEMM (their workspace and time differ).
+  if (device.is_cpu()) r[kCpuConvVariable] = cpu::conv2d_algorithm();
   // What the step allocates besides forward and backward: micro-batches, the gradient norm.
   r["--accumulate"] = std::to_string(o.accumulate);
   // fp16's loss scaling checks the gradients for overflow through their norm at every step.
@@ -101,6 +109,17 @@ void check_profile_run(const Profile& p, const SessionOptions& o, const std::str
   if (p.run.count("--compress") == 0 && !p.run.empty()) {
     recorded.emplace_back("--compress", compression_name(p.compress));
   }
+  // CPU profiles written before the convolution algorithm was recorded ran the direct path
+  // (Winograd was opt-in then). It matters only where the step has a convolution.
+  const bool has_conv = std::any_of(p.nodes.begin(), p.nodes.end(),
+                                    [](const ProfileNode& n) { return n.op == "conv2d"; });
+  if (!has_conv) {
+    recorded.erase(std::remove_if(recorded.begin(), recorded.end(),
+                                  [](const auto& kv) { return kv.first == kCpuConvVariable; }),
+                   recorded.end());
+  } else if (p.run.count(kCpuConvVariable) == 0 && !p.run.empty() && p.device == "cpu") {
+    recorded.emplace_back(kCpuConvVariable, "direct");
+  }
   // Profiles written before --precision recorded the math mode (--math, or --tf32 before it), or
   // nothing: they ran in fp32 or tf32.
   if (p.run.count("--precision") == 0 && !p.run.empty()) {
@@ -152,6 +171,14 @@ void check_profile_run(const Profile& p, const SessionOptions& o, const std::str
                  ": its memory and times are another step's (",
                  own ? "pass " + setting("grad_norm", false) + ", or " : std::string(),
                  "profile again with ", setting("grad_norm", on), ")");
+    }
+    if (flag == kCpuConvVariable) {
+      REGEN_FAIL(what, " was made with the CPU's 3x3 convolutions by ", then, " (", flag, "=", then,
+                 "), but this run has ", here == "(none)" ? "none: it is not on the CPU" : here,
+                 ": its memory and times are another step's (",
+                 here == "(none)" ? std::string()
+                                  : "set the environment variable " + flag + "=" + then + ", or ",
+                 "profile again)");
     }
     // The flag as `o.style` names it: "--seq-len" -> "seq_len".
     std::string key = flag.substr(2);

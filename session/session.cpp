@@ -15,6 +15,7 @@
 #include "regen/core/safetensors.h"
 #include "regen/dist/data_parallel.h"
 #include "regen/dist/world.h"
+#include "regen/kernels/kernels.h"
 #include "regen/remat/execute/pipeline.h"
 #include "regen/remat/plan/compress.h"
 
@@ -373,6 +374,9 @@ std::unique_ptr<Session> make_session(const SessionOptions& options, Preflight p
                  format_bytes(have), " available; ", smaller(options));
     }
   }
+  // The environment's choice of CPU convolution algorithm (REGEN_CPU_CONV), checked here so that
+  // a bad value is named as itself, not as a size the dry run below could not handle.
+  if (s->device.is_cpu()) cpu::conv2d_algorithm();
   // The first step, run dry: its memory, exact, before any of it is used; first, with masks on,
   // which ops save packed forms (a dry forward pass of its own).
   try {

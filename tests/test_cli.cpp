@@ -1643,6 +1643,40 @@ TEST_CASE("cli: SIGINT stops plan --policy milp: regen dies of it and writes not
   CHECK_FALSE(std::filesystem::exists(decisions));
 }
 
+// REGEN_CPU_CONV picks the CPU's 3x3 convolution algorithm, whose workspace and time a profile
+// holds: a bad value is named as itself (not as a size the dry run failed on), and a profile made
+// with the other algorithm is refused with both ways out.
+TEST_CASE("cli: REGEN_CPU_CONV: a bad value named, a profile of the other algorithm refused") {
+  TempDir dir;
+  const std::vector<std::string> model = {"--model", "resnet-tiny", "--batch",
+                                          "4",       "--device",    "cpu"};
+  auto with = [&](std::vector<std::string> head, const std::vector<std::string>& more) {
+    head.insert(head.end(), model.begin(), model.end());
+    head.insert(head.end(), more.begin(), more.end());
+    return head;
+  };
+  ::setenv("REGEN_CPU_CONV", "fast", 1);
+  const Result bad = regen_run(dir, with({"train"}, {"--steps", "1"}));
+  ::setenv("REGEN_CPU_CONV", "direct", 1);
+  const Result made = regen_run(dir, with({"profile"}, {"--iterations", "1", "--out", dir.path}));
+  const Result same =
+      regen_run(dir, with({"train"}, {"--steps", "1", "--profile", dir.file("profile.json"),
+                                      "--policy", "dp", "--budget", "100%"}));
+  ::unsetenv("REGEN_CPU_CONV");
+  CHECK(bad.status == 1);
+  CHECK(has(bad.err, "REGEN_CPU_CONV='fast': expected winograd (the default"));
+  CHECK_FALSE(has(bad.err, "a dry run"));
+  REQUIRE(made.status == 0);
+  CHECK(has(read_file(dir.file("profile.json")), "\"REGEN_CPU_CONV\": \"direct\""));
+  CHECK_MESSAGE(same.status == 0, same.err);
+  expect_failure(dir,
+                 with({"train"}, {"--steps", "1", "--profile", dir.file("profile.json"), "--policy",
+                                  "dp", "--budget", "100%"}),
+                 {"was made with the CPU's 3x3 convolutions by direct (REGEN_CPU_CONV=direct), "
+                  "but this run has winograd",
+                  "set the environment variable REGEN_CPU_CONV=direct, or profile again"});
+}
+
 // REGEN_MILP_PARAMS passed any name=value to CBC unchecked (preprocess=on crashed CBC at short
 // time limits): it is refused, by name, before any solve, and nothing is written.
 TEST_CASE("cli: REGEN_MILP_PARAMS is refused") {

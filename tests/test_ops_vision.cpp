@@ -15,6 +15,7 @@
 #include "regen/autograd/ops.h"
 #include "regen/kernels/cpu/conv2d_winograd.h"
 #include "regen/kernels/kernels.h"
+#include "regen/session/records.h"
 #include "tests/test_util.h"
 
 using namespace regen;
@@ -385,6 +386,47 @@ TEST_CASE("conv2d f32 Winograd: the same bits with 1, 2 and 3 threads, blocks or
     const auto one = run(1);
     CHECK_MESSAGE(one == run(2), "batch ", n);
     CHECK_MESSAGE(one == run(3), "batch ", n);
+  }
+}
+
+TEST_CASE(
+    "REGEN_CPU_CONV: CPU profiles record the algorithm, and a run with the other is refused") {
+  SessionOptions o;
+  o.model = "resnet-tiny";
+  o.batch = 2;
+  o.device = "cpu";
+  Profile p;
+  p.device = "cpu";
+  ProfileNode conv;
+  conv.op = "conv2d";
+  p.nodes.push_back(conv);
+  {
+    const cpu::winograd::ScopedAlgo direct(cpu::winograd::Algo::direct);
+    CHECK(cpu::conv2d_algorithm() == "direct");
+    p.run = run_flags(o);
+    CHECK(p.run.at("REGEN_CPU_CONV") == "direct");
+    check_profile_run(p, o, "the profile");  // the same algorithm: accepted
+  }
+  {
+    const cpu::winograd::ScopedAlgo winograd(cpu::winograd::Algo::winograd);
+    CHECK(cpu::conv2d_algorithm() == "winograd");
+    expect_error([&] { check_profile_run(p, o, "the profile"); },
+                 {"the profile was made with the CPU's 3x3 convolutions by direct "
+                  "(REGEN_CPU_CONV=direct), but this run has winograd",
+                  "set the environment variable REGEN_CPU_CONV=direct, or profile again"});
+    // A profile from before the algorithm was recorded ran the direct path.
+    p.run.erase("REGEN_CPU_CONV");
+    expect_error([&] { check_profile_run(p, o, "the profile"); },
+                 {"by direct (REGEN_CPU_CONV=direct), but this run has winograd"});
+    // Without a convolution in the step, the algorithm does not matter.
+    Profile no_conv = p;
+    no_conv.nodes.clear();
+    check_profile_run(no_conv, o, "the profile");
+    no_conv.run = run_flags(o);
+    CHECK(no_conv.run.at("REGEN_CPU_CONV") == "winograd");
+    const cpu::winograd::ScopedAlgo direct(cpu::winograd::Algo::direct);
+    check_profile_run(no_conv, o, "the profile");
+    check_profile_run(p, o, "the profile");  // the old profile, on the direct path again
   }
 }
 

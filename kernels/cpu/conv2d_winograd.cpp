@@ -44,6 +44,7 @@
 #include "regen/core/tensor.h"
 #include "regen/kernels/cpu/packed_gemm.h"
 #include "regen/kernels/cpu/panel_transpose.h"
+#include "regen/kernels/kernels.h"
 
 namespace regen::cpu::winograd {
 namespace {
@@ -498,3 +499,9 @@ void backward_filter(const float* x, const float* dy, float* dw, const ConvShape
 }
 
 }  // namespace regen::cpu::winograd
+
+namespace regen::cpu {
+std::string conv2d_algorithm() {
+  return winograd::algo() == winograd::Algo::winograd ? "winograd" : "direct";
+}
+}  // namespace regen::cpu
