@@ -144,6 +144,10 @@ void conv2d_backward_filter(const T* x, const T* dy, T* dw, T* dbias, const Conv
 // from the environment variable REGEN_CPU_CONV (kernels/cpu/conv2d_winograd.h). The two differ in
 // workspace and time, so profiles of CPU steps record it and runs compare it (session/records.cpp).
 std::string conv2d_algorithm();
+// Sets it for the rest of the process, over the variable: "winograd" or "direct" (anything else is
+// an error naming the value). For `regen bench train --cpu-conv`, which compares the two; not for
+// use while a convolution runs.
+void set_conv2d_algorithm(const std::string& name);
 
 // ---- Transposed convolution (kernels/cpu/conv_transpose2d.cpp) ----------------------------------
 // s is the ConvShape of the conv2d whose adjoint this is (make_conv_transpose_shape, shapes.h):

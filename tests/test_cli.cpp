@@ -1677,6 +1677,34 @@ TEST_CASE("cli: REGEN_CPU_CONV: a bad value named, a profile of the other algori
                   "set the environment variable REGEN_CPU_CONV=direct, or profile again"});
 }
 
+// bench train --cpu-conv: one algorithm for the run, or both alternated step by step.
+TEST_CASE(
+    "cli: bench train --cpu-conv both alternates the two algorithms, and says what it refuses") {
+  TempDir dir;
+  const std::vector<std::string> base = {"bench",    "train", "--model",  "resnet-tiny",
+                                         "--batch",  "4",     "--device", "cpu",
+                                         "--warmup", "0",     "--steps",  "2"};
+  auto with = [&](const std::vector<std::string>& more) {
+    std::vector<std::string> args = base;
+    args.insert(args.end(), more.begin(), more.end());
+    return args;
+  };
+  const Result both = regen_run(dir, with({"--cpu-conv", "both"}));
+  CHECK_MESSAGE(both.status == 0, both.err);
+  CHECK(has(both.out, "--cpu-conv both: 2 pairs after 0 warm-up steps each"));
+  CHECK(has(both.out, "winograd: median"));
+  CHECK(has(both.out, "direct:   median"));
+  CHECK(has(both.out, "winograd / direct: median"));
+  const Result direct = regen_run(dir, with({"--cpu-conv", "direct"}));
+  CHECK_MESSAGE(direct.status == 0, direct.err);
+  CHECK(has(direct.out, "step time: median"));
+  expect_failure(dir, with({"--cpu-conv", "both", "--json", dir.file("b.json")}),
+                 {"--cpu-conv both compares the two algorithms and writes no --json"});
+  const Result bad = regen_run(dir, with({"--cpu-conv", "fast"}));
+  CHECK(bad.status == 2);
+  CHECK(has(bad.err, "--cpu-conv: fast not in {winograd,direct,both}"));
+}
+
 // REGEN_MILP_PARAMS passed any name=value to CBC unchecked (preprocess=on crashed CBC at short
 // time limits): it is refused, by name, before any solve, and nothing is written.
 TEST_CASE("cli: REGEN_MILP_PARAMS is refused") {

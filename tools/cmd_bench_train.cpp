@@ -11,6 +11,7 @@
 
 #include "regen/core/io.h"
 #include "regen/core/numeric.h"
+#include "regen/kernels/kernels.h"
 #include "tools/command.h"
 #include "tools/common.h"
 #include "tools/distributed.h"
@@ -24,7 +25,44 @@ struct Flags {
   int steps = 5;
   std::string json;
   std::string torch_csv;
+  std::string cpu_conv;  // "" (the variable's or the default), winograd, direct or both
 };
+
+// --cpu-conv both: the two algorithms alternated step by step in one process (winograd, direct,
+// then direct, winograd, ...), so a drift in the machine's speed falls on both alike; prints each
+// one's median and the median of the pairs' ratios.
+void compare_cpu_conv(const Flags& f, Session& s, RematPipeline& pipe) {
+  auto step_ms = [&](const char* algorithm, int steps) {
+    cpu::set_conv2d_algorithm(algorithm);
+    TrainingRun run(s, pipe);
+    run.run(steps);
+    return run.stats().ms;
+  };
+  if (f.warmup > 0) {
+    step_ms("winograd", f.warmup);
+    step_ms("direct", f.warmup);
+  }
+  std::vector<double> wino, direct, ratio;
+  for (int i = 0; i < f.steps; ++i) {
+    const bool wino_first = i % 2 == 0;
+    const double first = step_ms(wino_first ? "winograd" : "direct", 1)[0];
+    const double second = step_ms(wino_first ? "direct" : "winograd", 1)[0];
+    wino.push_back(wino_first ? first : second);
+    direct.push_back(wino_first ? second : first);
+    ratio.push_back(wino.back() / direct.back());
+  }
+  std::printf(
+      "  --cpu-conv both: %d pairs after %d warm-up steps each, alternated in one process\n"
+      "  winograd: median %s (min %s, max %s)\n  direct:   median %s (min %s, max %s)\n"
+      "  winograd / direct: median %.3f over the pairs (min %.3f, max %.3f)\n",
+      f.steps, f.warmup, format_ms(median(wino)).c_str(),
+      format_ms(*std::min_element(wino.begin(), wino.end())).c_str(),
+      format_ms(*std::max_element(wino.begin(), wino.end())).c_str(),
+      format_ms(median(direct)).c_str(),
+      format_ms(*std::min_element(direct.begin(), direct.end())).c_str(),
+      format_ms(*std::max_element(direct.begin(), direct.end())).c_str(), median(ratio),
+      *std::min_element(ratio.begin(), ratio.end()), *std::max_element(ratio.begin(), ratio.end()));
+}
 
 // The eager step time (s) of `model` at `batch` in torch_baseline.py's CSV (columns model,
 // batch, mode, math, step_s, ..., autocast), trained under `autocast` (none, bf16 or fp16), or 0
@@ -104,6 +142,15 @@ void run(Flags f) {
   if (f.m.precision.empty()) f.m.math = math_mode(f.m, device, kBenchMath);
   const std::string math = precision == Precision::tf32 ? "tf32" : "fp32";
   const std::string autocast = is_mixed(precision) ? precision_name(precision) : "none";
+  if (!f.cpu_conv.empty()) {
+    REGEN_CHECK(device.is_cpu(), "--cpu-conv ", f.cpu_conv,
+                ": the CPU's convolution algorithm, but this run is on ", device.str());
+    REGEN_CHECK(
+        f.cpu_conv != "both" || (f.json.empty() && f.torch_csv.empty() && f.m.cuda_graph == "off"),
+        "--cpu-conv both compares the two algorithms and writes no --json or "
+        "--torch-csv figures: pass winograd or direct with those");
+    cpu::set_conv2d_algorithm(f.cpu_conv == "both" ? "winograd" : f.cpu_conv);
+  }
   auto s = make_session(f.m);
   const ModelConfig& c = s->config;
   const int threads = omp_get_max_threads();
@@ -123,6 +170,13 @@ void run(Flags f) {
     PlanOptions plan;
     plan.planned_layout = true;
     pipe.plan("none", Budget(), plan);
+  }
+  if (f.cpu_conv == "both") {
+    std::printf("bench train: %s batch %lld on %s, %d threads (regen, %s lr %g)\n", c.name.c_str(),
+                static_cast<long long>(f.m.batch), s->device.str().c_str(), threads,
+                f.m.optimizer.c_str(), f.m.lr);
+    compare_cpu_conv(f, *s, pipe);
+    return;
   }
   if (f.warmup > 0) TrainingRun(*s, pipe).run(f.warmup);
   TrainingRun timed(*s, pipe);
@@ -235,6 +289,12 @@ void setup(CLI::App& app) {
                  "the model's options (image_size, seq_len, ...), step_s (median), step_min_s, "
                  "step_max_s, step_ms, "
                  "samples_per_s, peak_bytes");
+  app.add_option("--cpu-conv", f->cpu_conv,
+                 "the CPU's algorithm for f32 3x3 stride-1 convolutions, over the variable "
+                 "REGEN_CPU_CONV: winograd (the default), direct, or both (the two alternated "
+                 "step by step in one process: --steps pairs, each one's median and the median "
+                 "ratio)")
+      ->check(CLI::IsMember({"winograd", "direct", "both"}));
   app.add_option("--torch-csv", f->torch_csv,
                  "CSV from tools/torch_baseline.py --csv (same model, batch, device and threads): "
                  "print the ratio regen / PyTorch");

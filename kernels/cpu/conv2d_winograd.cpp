@@ -504,4 +504,11 @@ namespace regen::cpu {
 std::string conv2d_algorithm() {
   return winograd::algo() == winograd::Algo::winograd ? "winograd" : "direct";
 }
+void set_conv2d_algorithm(const std::string& name) {
+  REGEN_CHECK(name == "winograd" || name == "direct", "the CPU's convolution algorithm '", name,
+              "': expected winograd or direct");
+  winograd::g_algo.store(
+      static_cast<int>(name == "winograd" ? winograd::Algo::winograd : winograd::Algo::direct),
+      std::memory_order_relaxed);
+}
 }  // namespace regen::cpu

@@ -13,9 +13,9 @@ namespace regen::cpu::winograd {
 // backward_filter() and backward-data as a flipped forward(), where applies() holds) or direct
 // (the packed GEMM with implicit im2col, as every other convolution). Read once from the
 // environment variable REGEN_CPU_CONV (winograd or direct; anything else is an error naming the
-// variable). Measured on ResNet-152 (batch 4, 224, 2 threads): whole steps at 0.78-0.92x the
-// direct path's time, alternated step by step in one process (docs/kernels.md, "Winograd F(2x2,
-// 3x3), fused").
+// variable; `regen bench train --cpu-conv` sets it for a run, or alternates the two). Measured on
+// ResNet-152 (batch 4, 224, 2 threads, `--cpu-conv both`): whole steps at 0.83-0.90x the direct
+// path's time (docs/kernels.md, "Winograd F(2x2, 3x3), fused").
 enum class Algo { direct, winograd };
 Algo algo();
 // For tests and benchmarks: while one lives, algo() answers `a`. Not for concurrent use.
