@@ -427,6 +427,12 @@ TEST_CASE(
     const cpu::winograd::ScopedAlgo direct(cpu::winograd::Algo::direct);
     check_profile_run(no_conv, o, "the profile");
     check_profile_run(p, o, "the profile");  // the old profile, on the direct path again
+    // The setter `regen bench train --cpu-conv` uses (inside the scope, which restores it).
+    cpu::set_conv2d_algorithm("winograd");
+    CHECK(cpu::conv2d_algorithm() == "winograd");
+    expect_error([] { cpu::set_conv2d_algorithm("fast"); },
+                 {"the CPU's convolution algorithm 'fast': expected winograd or direct"});
+    CHECK(cpu::conv2d_algorithm() == "winograd");
   }
 }
 

@@ -69,14 +69,22 @@ constexpr int64_t kTransformGroup = 32;
 // -1: not read yet; otherwise an Algo. The scoped override replaces it.
 std::atomic<int> g_algo{-1};
 
+// The Algo a name stands for (as an int), or -1 for a name that is neither.
+int algo_named(const std::string& name) {
+  if (name == "winograd") return static_cast<int>(Algo::winograd);
+  if (name == "direct") return static_cast<int>(Algo::direct);
+  return -1;
+}
+
 Algo read_env() {
   const char* v = std::getenv("REGEN_CPU_CONV");
-  if (v == nullptr || *v == '\0' || std::string(v) == "winograd") return Algo::winograd;
-  REGEN_CHECK(std::string(v) == "direct", "REGEN_CPU_CONV='", v,
+  if (v == nullptr || *v == '\0') return Algo::winograd;
+  const int a = algo_named(v);
+  REGEN_CHECK(a >= 0, "REGEN_CPU_CONV='", v,
               "': expected winograd (the default: F(2x2, 3x3) for the f32 3x3 stride-1 "
               "convolutions with enough channels and tiles) or direct (the packed GEMM for every "
               "convolution)");
-  return Algo::direct;
+  return static_cast<Algo>(a);
 }
 
 int64_t ceil_div(int64_t a, int64_t b) {
@@ -505,10 +513,8 @@ std::string conv2d_algorithm() {
   return winograd::algo() == winograd::Algo::winograd ? "winograd" : "direct";
 }
 void set_conv2d_algorithm(const std::string& name) {
-  REGEN_CHECK(name == "winograd" || name == "direct", "the CPU's convolution algorithm '", name,
-              "': expected winograd or direct");
-  winograd::g_algo.store(
-      static_cast<int>(name == "winograd" ? winograd::Algo::winograd : winograd::Algo::direct),
-      std::memory_order_relaxed);
+  const int a = winograd::algo_named(name);
+  REGEN_CHECK(a >= 0, "the CPU's convolution algorithm '", name, "': expected winograd or direct");
+  winograd::g_algo.store(a, std::memory_order_relaxed);
 }
 }  // namespace regen::cpu
