@@ -675,7 +675,13 @@ TEST_CASE("cpu philox_words: philox_word's bits at every start, length and block
 
 TEST_CASE("cpu dropout: keep iff philox_word(seed, stream, i) >= p * 2^32, scale 1 / (1 - p)") {
   for (int64_t n : {int64_t{1}, int64_t{6}, kBig}) {
-    const std::vector<float> x = cast<float>(random_values(static_cast<size_t>(n), 51));
+    std::vector<float> x = cast<float>(random_values(static_cast<size_t>(n), 51));
+    if (n >= 6) {  // a dropped element is +0.0 whatever x holds; a kept one is x times the scale
+      x[1] = std::numeric_limits<float>::infinity();
+      x[3] = -std::numeric_limits<float>::infinity();
+      x[4] = std::numeric_limits<float>::quiet_NaN();
+      x[5] = -0.0f;
+    }
     const uint64_t seed = 0x123456789abcdefull, stream = (uint64_t{3} << 32) + 17;
     for (float p : {0.0f, 0.3f, 1.0f}) {
       const uint64_t threshold = p <= 0.0f ? 0

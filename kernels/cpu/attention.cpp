@@ -123,9 +123,7 @@ void forward_rows(A* P, A* lse_bh, const HeadView& v, const AttentionShape& s, A
       for (int64_t j0 = 0; j0 < cols; j0 += kWordRun) {
         const int64_t len = std::min(kWordRun, cols - j0);
         philox_words(s.seed, s.stream, base + static_cast<uint64_t>(j0), len, words);
-        for (int64_t e = 0; e < len; ++e) {
-          row[j0 + e] = words[e] >= threshold ? row[j0 + e] * kept : A(0);
-        }
+        apply_dropout_words(words, len, threshold, kept, row + j0, row + j0);
       }
     }
   }

@@ -34,9 +34,7 @@ void dropout_forward_lowp(const T* x, T* y, int64_t n, float p, uint64_t seed, u
     uint32_t words[kBlock];
     convert::widen_span(x + i0, buf, len);
     philox_words(seed, stream, static_cast<uint64_t>(i0), len, words);
-    for (int64_t e = 0; e < len; ++e) {
-      buf[e] = words[e] >= threshold ? buf[e] * keep_scale : 0.0f;
-    }
+    apply_dropout_words(words, len, threshold, keep_scale, buf, buf);
     convert::narrow_span(buf, y + i0, len);
   }
 }

@@ -170,8 +170,8 @@ void sum_squares(const T* x, T* y, int64_t n) {
 
 // Element i is kept iff philox_word(seed, stream, i) >= threshold (the CUDA kernel draws the same
 // words, one Philox block per thread: masks agree bit for bit). The words come kDropoutRun at a
-// time from philox_words (kernels/cpu/philox_words.h) into an array, and a separate loop, which
-// GCC vectorizes, applies them.
+// time from philox_words (kernels/cpu/philox_words.h) into an array, and apply_dropout_words (the
+// same header) applies them in a loop GCC vectorizes.
 constexpr int64_t kDropoutRun = 256;
 template <class T>
 void dropout_forward(const T* x, T* y, int64_t n, float p, uint64_t seed, uint64_t stream) {
@@ -188,9 +188,7 @@ void dropout_forward(const T* x, T* y, int64_t n, float p, uint64_t seed, uint64
     const int64_t i0 = r * kDropoutRun, len = std::min(kDropoutRun, n - i0);
     uint32_t words[kDropoutRun];
     philox_words(seed, stream, static_cast<uint64_t>(i0), len, words);
-    for (int64_t e = 0; e < len; ++e) {
-      y[i0 + e] = words[e] >= t32 ? x[i0 + e] * keep_scale : T(0);
-    }
+    apply_dropout_words(words, len, t32, keep_scale, x + i0, y + i0);
   }
 }
 
