@@ -52,7 +52,7 @@ constexpr uint32_t kW0 = 0x9E3779B9u, kW1 = 0xBB67AE85u;
 #if defined(__AVX512F__)
 // hi and lo halves of c * m in each 32-bit lane.
 inline void mulhilo(__m512i c, __m512i m, __m512i& hi, __m512i& lo) {
-  const __m512i even = _mm512_mul_epu32(c, m);                         // lanes 0, 2, ...: 64 bits
+  const __m512i even = _mm512_mul_epu32(c, m);                        // lanes 0, 2, ...: 64 bits
   const __m512i odd = _mm512_mul_epu32(_mm512_srli_epi64(c, 32), m);  // lanes 1, 3, ...
   hi = _mm512_mask_blend_epi32(0xAAAA, _mm512_srli_epi64(even, 32), odd);
   lo = _mm512_mullo_epi32(c, m);
@@ -65,8 +65,7 @@ inline void pass(uint64_t block, uint32_t key0, uint32_t key1, uint32_t s_lo, ui
       lo_start, _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
   __m512i c1 = _mm512_set1_epi32(static_cast<int>(static_cast<uint32_t>(block >> 32)));
   // A lane whose low word wrapped past 2^32 carries into the high word.
-  c1 = _mm512_mask_add_epi32(c1, _mm512_cmplt_epu32_mask(c0, lo_start), c1,
-                             _mm512_set1_epi32(1));
+  c1 = _mm512_mask_add_epi32(c1, _mm512_cmplt_epu32_mask(c0, lo_start), c1, _mm512_set1_epi32(1));
   __m512i c2 = _mm512_set1_epi32(static_cast<int>(s_lo));
   __m512i c3 = _mm512_set1_epi32(static_cast<int>(s_hi));
   const __m512i m0 = _mm512_set1_epi32(static_cast<int>(kM0));
@@ -112,8 +111,8 @@ inline void pass(uint64_t block, uint32_t key0, uint32_t key1, uint32_t s_lo, ui
   // A lane whose low word wrapped carries into the high word: c0 < start, unsigned, compared
   // signed with the sign bits flipped (all ones where it wrapped, so subtracting adds 1).
   const __m256i flip = _mm256_set1_epi32(static_cast<int>(0x80000000u));
-  const __m256i wrapped = _mm256_cmpgt_epi32(_mm256_xor_si256(lo_start, flip),
-                                             _mm256_xor_si256(c0, flip));
+  const __m256i wrapped =
+      _mm256_cmpgt_epi32(_mm256_xor_si256(lo_start, flip), _mm256_xor_si256(c0, flip));
   c1 = _mm256_sub_epi32(c1, wrapped);
   __m256i c2 = _mm256_set1_epi32(static_cast<int>(s_lo));
   __m256i c3 = _mm256_set1_epi32(static_cast<int>(s_hi));
