@@ -27,21 +27,28 @@ constexpr int kLanes = 8;  // independent partial sums: lets the reductions vect
 // Adds element i of p[0, len) (f32, f64, or 16 bits widened) into partial sums a[i % kLanes] and
 // b[i % kLanes], in order. A 16-bit plane comes in blocks of lowp::kBlock, a multiple of kLanes,
 // so every element meets the same partial sums in the same order as in one call.
+// The partial sums are copied into locals for the loop: through the pointers (which may alias
+// each other) GCC kept every sum in memory, one scalar load and store per element; in locals they
+// are two vectors (the same operations in the same order, so the same bits).
 template <class S>
-void add_moments(const S* p, int64_t len, double shift, double* a, double* b) {
+void add_moments(const S* p, int64_t len, double shift, double* a_out, double* b_out) {
+  double a[kLanes], b[kLanes];
+  std::copy(a_out, a_out + kLanes, a);
+  std::copy(b_out, b_out + kLanes, b);
   int64_t i = 0;
   for (; i + kLanes <= len; i += kLanes) {
-    for (int j = 0; j < kLanes; ++j) {
-      const double d = static_cast<double>(p[i + j]) - shift;
-      a[j] += d;
-      b[j] += d * d;
-    }
+    double d[kLanes];
+    for (int j = 0; j < kLanes; ++j) d[j] = static_cast<double>(p[i + j]) - shift;
+    for (int j = 0; j < kLanes; ++j) a[j] += d[j];
+    for (int j = 0; j < kLanes; ++j) b[j] += d[j] * d[j];
   }
   for (; i < len; ++i) {
     const double d = static_cast<double>(p[i]) - shift;
     a[i % kLanes] += d;
     b[i % kLanes] += d * d;
   }
+  std::copy(a, a + kLanes, a_out);
+  std::copy(b, b + kLanes, b_out);
 }
 static_assert(lowp::kBlock % kLanes == 0, "16-bit blocks keep each element's partial sum");
 
@@ -71,20 +78,25 @@ void channel_moments(const T* x, int64_t N, int64_t C, int64_t HW, int64_t c, do
 
 // As add_moments, for channel_grad_sums: a += dy, b += dy * (x - mean).
 template <class S>
-void add_grad_sums(const S* g, const S* p, int64_t len, double mean, double* a, double* b) {
+void add_grad_sums(const S* g, const S* p, int64_t len, double mean, double* a_out, double* b_out) {
+  double a[kLanes], b[kLanes];
+  std::copy(a_out, a_out + kLanes, a);
+  std::copy(b_out, b_out + kLanes, b);
   int64_t i = 0;
   for (; i + kLanes <= len; i += kLanes) {
-    for (int j = 0; j < kLanes; ++j) {
-      const double d = static_cast<double>(g[i + j]);
-      a[j] += d;
-      b[j] += d * (static_cast<double>(p[i + j]) - mean);
-    }
+    double d[kLanes], e[kLanes];
+    for (int j = 0; j < kLanes; ++j) d[j] = static_cast<double>(g[i + j]);
+    for (int j = 0; j < kLanes; ++j) e[j] = static_cast<double>(p[i + j]) - mean;
+    for (int j = 0; j < kLanes; ++j) a[j] += d[j];
+    for (int j = 0; j < kLanes; ++j) b[j] += d[j] * e[j];
   }
   for (; i < len; ++i) {
     const double d = static_cast<double>(g[i]);
     a[i % kLanes] += d;
     b[i % kLanes] += d * (static_cast<double>(p[i]) - mean);
   }
+  std::copy(a, a + kLanes, a_out);
+  std::copy(b, b + kLanes, b_out);
 }
 
 // Over channel c: sum dy and sum dy * (x - mean), in double, as channel_moments.
