@@ -30,6 +30,10 @@ namespace regen {
 namespace {
 // What run_flags records the CPU's convolution algorithm as (kernels.h conv2d_algorithm()).
 constexpr const char* kCpuConvVariable = "REGEN_CPU_CONV";
+// Under Winograd, the output tiles its forward chooses from (kernels/cpu/conv2d_winograd.h
+// tile_size): F(4x4, 3x3) came later, with its own workspace and times.
+constexpr const char* kWinogradTiles = "winograd-tiles";
+constexpr const char* kWinogradTilesNow = "2x2,4x4";
 }  // namespace
 
 std::map<std::string, std::string> run_flags(const SessionOptions& o) {
@@ -51,7 +55,10 @@ std::map<std::string, std::string> run_flags(const SessionOptions& o) {
   r["--precision"] = precision_name(resolve_precision(o, device));
   if (device.is_cuda()) r["--conv"] = o.conv;
   // The CPU's 3x3 convolutions: Winograd or the direct GEMM (their workspace and time differ).
-  if (device.is_cpu()) r[kCpuConvVariable] = cpu::conv2d_algorithm();
+  if (device.is_cpu()) {
+    r[kCpuConvVariable] = cpu::conv2d_algorithm();
+    if (r[kCpuConvVariable] == "winograd") r[kWinogradTiles] = kWinogradTilesNow;
+  }
   // What the step allocates besides forward and backward: micro-batches, the gradient norm.
   r["--accumulate"] = std::to_string(o.accumulate);
   // fp16's loss scaling checks the gradients for overflow through their norm at every step.
@@ -115,10 +122,16 @@ void check_profile_run(const Profile& p, const SessionOptions& o, const std::str
                                     [](const ProfileNode& n) { return n.op == "conv2d"; });
   if (!has_conv) {
     recorded.erase(std::remove_if(recorded.begin(), recorded.end(),
-                                  [](const auto& kv) { return kv.first == kCpuConvVariable; }),
+                                  [](const auto& kv) {
+                                    return kv.first == kCpuConvVariable ||
+                                           kv.first == kWinogradTiles;
+                                  }),
                    recorded.end());
   } else if (p.run.count(kCpuConvVariable) == 0 && !p.run.empty() && p.device == "cpu") {
     recorded.emplace_back(kCpuConvVariable, "direct");
+  } else if (p.run.count(kWinogradTiles) == 0 && p.run.count(kCpuConvVariable) != 0 &&
+             p.run.at(kCpuConvVariable) == "winograd") {
+    recorded.emplace_back(kWinogradTiles, "2x2");  // before F(4x4, 3x3)
   }
   // Profiles written before --precision recorded the math mode (--math, or --tf32 before it), or
   // nothing: they ran in fp32 or tf32.
@@ -171,6 +184,11 @@ void check_profile_run(const Profile& p, const SessionOptions& o, const std::str
                  ": its memory and times are another step's (",
                  own ? "pass " + setting("grad_norm", false) + ", or " : std::string(),
                  "profile again with ", setting("grad_norm", on), ")");
+    }
+    if (flag == kWinogradTiles) {
+      REGEN_FAIL(what, " was made by a regen whose CPU Winograd convolutions had output tiles of ",
+                 then, " only, but this one's have ", here,
+                 ": its memory and times are another step's (profile again)");
     }
     if (flag == kCpuConvVariable) {
       REGEN_FAIL(what, " was made with the CPU's 3x3 convolutions by ", then, " (", flag, "=", then,

@@ -272,8 +272,8 @@ double scaled_error(const std::vector<float>& got, const std::vector<float>& wan
 }  // namespace
 
 TEST_CASE(
-    "conv2d f32 3x3 stride 1: Winograd F(2x2, 3x3) against nested loops and the direct path, "
-    "all three passes") {
+    "conv2d f32 3x3 stride 1: Winograd F(2x2, 3x3) and F(4x4, 3x3) against nested loops and the "
+    "direct path, all three passes") {
   struct Case {
     int64_t N, C, H, W, K, pad;
   };
@@ -310,8 +310,9 @@ TEST_CASE(
     std::vector<float> want_dx, want_dw, scale_dx, scale_dw;
     ref_conv_backward<float>(xv, wv, dyv, s, want_dx, want_dw);
     ref_conv_backward<float>(ax, aw, ady, s, scale_dx, scale_dw);
-    auto run = [&](cpu::winograd::Algo algo) {
+    auto run = [&](cpu::winograd::Algo algo, int tiles) {
       const cpu::winograd::ScopedAlgo scoped(algo);
+      const cpu::winograd::ScopedTileSize tile(tiles);
       Tensor y = full(dy.shape(), 123.0), dx = full(x.shape(), 123.0);  // stale values
       Tensor dw = full(w.shape(), 123.0);
       cpu::conv2d_forward<float>(x.data<float>(), w.data<float>(), b.data<float>(), y.data<float>(),
@@ -322,31 +323,47 @@ TEST_CASE(
       return std::vector<std::vector<float>>{y.to_vector<float>(), dx.to_vector<float>(),
                                              dw.to_vector<float>()};
     };
-    const auto wino = run(cpu::winograd::Algo::winograd);
-    const auto direct = run(cpu::winograd::Algo::direct);
-    expect_close(name + " Winograd forward", wino[0], want_y, 2e-4, 1e-4);
-    expect_close(name + " Winograd backward-data", wino[1], want_dx, 2e-4, 1e-4);
-    expect_close(name + " Winograd backward-filter", wino[2], want_dw, 2e-4, 1e-4);
-    // Rounding: Winograd's transforms add and halve before they multiply. Measured on these
-    // cases (scaled as above): direct 3.9e-8 to 2.3e-7, Winograd 7.3e-8 to 2.7e-7 (forward and
-    // backward-data); backward-filter direct 3.4e-8 to 1.7e-7, Winograd 6.1e-8 to 2.3e-7; the bound
-    // leaves room for other seeds and compilers, and is far below what a wrong tile gives (0.1).
-    const double ey = scaled_error(wino[0], want_y, scale_y);
-    const double edx = scaled_error(wino[1], want_dx, scale_dx);
+    const auto direct = run(cpu::winograd::Algo::direct, 0);
     const double dy_direct = scaled_error(direct[0], want_y, scale_y);
     const double dx_direct = scaled_error(direct[1], want_dx, scale_dx);
-    const double edw = scaled_error(wino[2], want_dw, scale_dw);
     const double dw_direct = scaled_error(direct[2], want_dw, scale_dw);
-    MESSAGE(name, ": scaled error forward ", ey, " (direct ", dy_direct, "), backward-data ", edx,
-            " (direct ", dx_direct, "), backward-filter ", edw, " (direct ", dw_direct, ")");
-    CHECK_MESSAGE(ey < 4e-6, name);
-    CHECK_MESSAGE(edx < 4e-6, name);
-    CHECK_MESSAGE(edw < 4e-6, name);
-    CHECK(wino[0] != direct[0]);  // the Winograd path ran, all three passes
-    CHECK(wino[1] != direct[1]);
-    // On 1x1 planes only the centre tap has a gradient, and both paths sum it exactly alike.
-    if (c.H > 1) CHECK(wino[2] != direct[2]);
+    for (const int m : {2, 4}) {
+      const std::string at = name + " F(" + std::to_string(m) + "x" + std::to_string(m) + ")";
+      const auto wino = run(cpu::winograd::Algo::winograd, m);
+      // F(4x4)'s transforms scale by up to 8 and 1/24 before the products: sums of 300 channels
+      // land up to 8e-4 from the double sum, where F(2x2) stays within 2e-4.
+      const double atol = m == 2 ? 2e-4 : 2e-3, rtol = m == 2 ? 1e-4 : 1e-3;
+      expect_close(at + " forward", wino[0], want_y, atol, rtol);
+      expect_close(at + " backward-data", wino[1], want_dx, atol, rtol);
+      expect_close(at + " backward-filter", wino[2], want_dw, 2e-4, 1e-4);
+      // Rounding: Winograd's transforms add and scale before they multiply. Measured on these
+      // cases (scaled as above): direct 3.9e-8 to 2.3e-7; F(2x2) 7.3e-8 to 2.7e-7, F(4x4) 4.6e-7
+      // to 2.4e-6 (forward and backward-data); backward-filter (F(2x2) either way) direct 3.4e-8
+      // to 1.7e-7, Winograd 6.1e-8 to 2.3e-7. The bounds leave room for other seeds and
+      // compilers, and are far below what a wrong tile gives (0.1).
+      const double ey = scaled_error(wino[0], want_y, scale_y);
+      const double edx = scaled_error(wino[1], want_dx, scale_dx);
+      const double edw = scaled_error(wino[2], want_dw, scale_dw);
+      MESSAGE(at, ": scaled error forward ", ey, " (direct ", dy_direct, "), backward-data ", edx,
+              " (direct ", dx_direct, "), backward-filter ", edw, " (direct ", dw_direct, ")");
+      const double bound = m == 2 ? 4e-6 : 1.5e-5;
+      CHECK_MESSAGE(ey < bound, at);
+      CHECK_MESSAGE(edx < bound, at);
+      CHECK_MESSAGE(edw < 4e-6, at);
+      CHECK(wino[0] != direct[0]);  // the Winograd path ran, all three passes
+      CHECK(wino[1] != direct[1]);
+      // On 1x1 planes only the centre tap has a gradient, and both paths sum it exactly alike.
+      if (c.H > 1) CHECK(wino[2] != direct[2]);
+    }
   }
+  // tile_size: F(4x4) where the planes split into whole 4x4 tiles, at least 128 of them.
+  CHECK(cpu::winograd::tile_size(make_conv_shape(4, 64, 56, 56, 64, 3, 3, 1, 1, 1, 1)) == 4);
+  CHECK(cpu::winograd::tile_size(make_conv_shape(4, 128, 28, 28, 128, 3, 3, 1, 1, 1, 1)) == 4);
+  CHECK(cpu::winograd::tile_size(make_conv_shape(2, 128, 28, 28, 128, 3, 3, 1, 1, 1, 1)) == 2);
+  CHECK(cpu::winograd::tile_size(make_conv_shape(32, 256, 14, 14, 256, 3, 3, 1, 1, 1, 1)) == 2);
+  CHECK(cpu::winograd::tile_size(make_conv_shape(4, 64, 56, 56, 64, 3, 3, 1, 1, 0, 0)) == 2);
+  CHECK_THROWS_WITH(cpu::winograd::ScopedTileSize(3),
+                    doctest::Contains("Winograd output tiles: 2 or 4 (0 to choose), got 3"));
   // Where it does not pay, the direct path: too few tiles (ResNet's 7x7 planes at batch 4), a
   // stride, another kernel size, few channels.
   CHECK_FALSE(cpu::winograd::applies(make_conv_shape(4, 512, 7, 7, 512, 3, 3, 1, 1, 1, 1)));
@@ -361,10 +378,33 @@ TEST_CASE(
 }
 
 TEST_CASE("conv2d f32 Winograd: the same bits with 1, 2 and 3 threads, blocks or rows split") {
-  // 4 x 7 x 7 tiles = 196, five blocks: two threads split the output channels; 16 x 7 x 7 =
-  // 784 tiles, 17 blocks: they split the blocks. One thread takes every block either way.
-  // Backward-filter: threads take whole xi, over one chunk of tiles (196) or four (784).
+  // F(2x2): 4 x 7 x 7 tiles = 196, five blocks: two threads split the output channels; 16 x 7 x
+  // 7 = 784 tiles, 17 blocks: they split the blocks. F(4x4) (planes of 16 x 16): 4 x 4 x 4 = 64
+  // tiles, two blocks, rows split; 16 x 16 = 256, six blocks, rows split; 64 x 16 = 1024, 22
+  // blocks, blocks split. One thread takes every block either way. Backward-filter: threads take
+  // whole xi, over one chunk of tiles (196) or four (784).
   const cpu::winograd::ScopedAlgo winograd(cpu::winograd::Algo::winograd);
+  {
+    const cpu::winograd::ScopedTileSize four(4);
+    for (const int64_t batch : {4, 16, 64}) {
+      const ConvShape s = make_conv_shape(batch, 24, 16, 16, 40, 3, 3, 1, 1, 1, 1);
+      Tensor x = rand_t<float>({s.N, s.C, s.H, s.W}, 21), w = rand_t<float>({s.K, s.C, 3, 3}, 22);
+      Tensor b = rand_t<float>({s.K}, 23), dy = rand_t<float>({s.N, s.K, s.P, s.Q}, 24);
+      auto run = [&](int threads) {
+        const int saved = omp_get_max_threads();
+        omp_set_num_threads(threads);
+        Tensor y = empty(dy.shape()), dx = empty(x.shape());
+        cpu::conv2d_forward<float>(x.data<float>(), w.data<float>(), b.data<float>(),
+                                   y.data<float>(), s);
+        cpu::conv2d_backward_data<float>(dy.data<float>(), w.data<float>(), dx.data<float>(), s);
+        omp_set_num_threads(saved);
+        return std::vector<std::vector<float>>{y.to_vector<float>(), dx.to_vector<float>()};
+      };
+      const auto one = run(1);
+      CHECK_MESSAGE(one == run(2), "F(4x4), batch ", batch);
+      CHECK_MESSAGE(one == run(3), "F(4x4), batch ", batch);
+    }
+  }
   for (const int64_t n : {4, 16}) {
     const ConvShape s = make_conv_shape(n, 24, 14, 14, 40, 3, 3, 1, 1, 1, 1);
     REQUIRE(cpu::winograd::applies(s));
@@ -418,6 +458,17 @@ TEST_CASE(
     p.run.erase("REGEN_CPU_CONV");
     expect_error([&] { check_profile_run(p, o, "the profile"); },
                  {"by direct (REGEN_CPU_CONV=direct), but this run has winograd"});
+    // A Winograd profile records the output tiles forward chooses from; one from before
+    // F(4x4, 3x3) (no record of them) had other workspace and times.
+    Profile wino = p;
+    wino.run = run_flags(o);
+    CHECK(wino.run.at("winograd-tiles") == "2x2,4x4");
+    check_profile_run(wino, o, "the profile");
+    wino.run.erase("winograd-tiles");
+    expect_error([&] { check_profile_run(wino, o, "the profile"); },
+                 {"the profile was made by a regen whose CPU Winograd convolutions had output "
+                  "tiles of 2x2 only, but this one's have 2x2,4x4",
+                  "(profile again)"});
     // Without a convolution in the step, the algorithm does not matter.
     Profile no_conv = p;
     no_conv.nodes.clear();
@@ -425,6 +476,7 @@ TEST_CASE(
     no_conv.run = run_flags(o);
     CHECK(no_conv.run.at("REGEN_CPU_CONV") == "winograd");
     const cpu::winograd::ScopedAlgo direct(cpu::winograd::Algo::direct);
+    CHECK(run_flags(o).count("winograd-tiles") == 0);
     check_profile_run(no_conv, o, "the profile");
     check_profile_run(p, o, "the profile");  // the old profile, on the direct path again
     // The setter `regen bench train --cpu-conv` uses (inside the scope, which restores it).

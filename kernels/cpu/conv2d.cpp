@@ -18,8 +18,9 @@
 // computes nothing: the packed GEMM returns after its request, the other loops are skipped.
 //
 // f32 3x3 stride-1 convolutions with enough channels and output tiles (conv2d_winograd.h
-// applies()) go to Winograd F(2x2, 3x3) instead, all three passes (backward-data as the flipped
-// forward), unless REGEN_CPU_CONV=direct. The choice depends on the shape only (and the variable).
+// applies()) go to Winograd instead, all three passes (backward-data as the flipped forward;
+// F(4x4, 3x3) or F(2x2, 3x3) by tile_size(), backward-filter F(2x2)), unless REGEN_CPU_CONV=direct.
+// The choice depends on the shape only (and the variable).
 //
 // Determinism: the packed GEMM sums every element in a fixed order with fixed block sizes, col2im
 // sums each (image, channel) plane on one thread in a fixed order, and bias gradients are summed

@@ -1,4 +1,5 @@
-// Winograd F(2x2, 3x3) for f32 3x3 stride-1 convolutions (declared in conv2d_winograd.h).
+// Winograd F(2x2, 3x3) and F(4x4, 3x3) for f32 3x3 stride-1 convolutions (declared in
+// conv2d_winograd.h).
 //
 // Each 2x2 block of outputs ("tile") of an output plane is computed from the 4x4 input patch
 // under it: with d the patch and g a 3x3 filter,
@@ -8,9 +9,14 @@
 // Summed over input channels, the 16 element-wise products become 16 matrix products:
 //   M[xi] (K, tiles) = U[xi] (K, C) * V[xi] (C, tiles),  U = G g G^T,  V = B^T d B,
 // 16 multiply-adds per tile and channel pair where the direct convolution does 36 (2.25x fewer).
+// F(4x4, 3x3) is the same with 6x6 patches, 4x4 outputs and 36 products (36 multiply-adds where
+// the direct convolution does 144); its matrices are beside its transforms below. forward()
+// takes it where tile_size() says (planes of whole 4x4 tiles, enough of them); backward-filter
+// stays F(2x2, 3x3).
 //
-// Fused, so that nothing of size (16, C, tiles) goes through memory: the filters are
-// transformed once per call into the packed GEMM's A panels (16 x K x C floats, shared). Then,
+// Fused, so that nothing of size (16, C, tiles) goes through memory (36 for F(4x4) throughout
+// this paragraph): the filters are transformed once per call into the packed GEMM's A panels
+// (16 x K x C floats, shared). Then,
 // for a block of kBlock = 48 tiles (one register tile's width), a thread transforms the block's
 // input patches for every channel straight into B panels (16 x C x 48 floats, L2-sized), runs
 // the 16 products for a chunk of output channels on the register tile (packed_gemm.h) into
@@ -54,6 +60,11 @@ constexpr int64_t kMinChannels = 16;  // fewer input or output channels: the dir
 // is paid back only over enough tiles: ResNet-152's 7x7 layers at batch 4 (64 tiles) ran at 0.8x
 // and 0.6x the direct path's speed (forward, backward-data), its 14x14 ones (196) at 1.3-1.6x.
 constexpr int64_t kMinTiles = 128;
+// F(4x4, 3x3) where the output planes split into whole 4x4 tiles, at least this many (over the
+// batch). Forward on 2 threads, against F(2x2) (a scratch program, this 2-core Zen 4): ResNet's
+// 56x56 layers 0.68-0.82x the time at batch 4-32, its 28x28 ones 0.67-0.84x; its 14x14 ones
+// (tiles of 16x16, a third more area than the plane) 0.99-1.07x, its 7x7 ones 0.83-1.69x.
+constexpr int64_t kMinTiles4 = 128;
 constexpr int64_t kBlock = packed::kNR<float>;  // tiles per block: one register tile's width
 constexpr int kLanes = packed::kLanes<float>;
 constexpr int64_t kMR = packed::kMR;
@@ -305,6 +316,143 @@ void filter_gradient(const float* du, float* dg) {
   }
 }
 
+// ---- F(4x4, 3x3): 6x6 patches, 4x4 outputs, interpolation points 0, 1, -1, 2, -2 and infinity:
+//   B^T = [4 0 -5 0 1 0; 0 -4 -4 1 1 0; 0 4 -4 -1 1 0; 0 -2 -1 2 1 0; 0 2 -1 -2 1 0; 0 4 0 -5 0 1],
+//   G = [1/4 0 0; -1/6 -1/6 -1/6; -1/6 1/6 -1/6; 1/24 1/12 1/6; 1/24 -1/12 1/6; 0 0 1],
+//   A^T = [1 1 1 1 1 0; 0 1 -1 2 -2 0; 0 1 1 4 4 0; 0 1 -1 8 -8 1].
+// 36 products per 16 outputs where the direct convolution does 144 (4x fewer; F(2x2): 2.25x).
+
+// U = G g G^T for one 3x3 filter g (row-major), u[6 * i + j].
+void filter_transform4(const float* g, float* u) {
+  float t[6][3];  // G g
+  for (int c = 0; c < 3; ++c) {
+    const float g0 = g[c], g1 = g[3 + c], g2 = g[6 + c];
+    t[0][c] = g0 * (1.0f / 4);
+    t[1][c] = -(g0 + g1 + g2) * (1.0f / 6);
+    t[2][c] = -(g0 - g1 + g2) * (1.0f / 6);
+    t[3][c] = g0 * (1.0f / 24) + g1 * (1.0f / 12) + g2 * (1.0f / 6);
+    t[4][c] = g0 * (1.0f / 24) - g1 * (1.0f / 12) + g2 * (1.0f / 6);
+    t[5][c] = g2;
+  }
+  for (int r = 0; r < 6; ++r) {
+    const float a = t[r][0], b = t[r][1], c = t[r][2];
+    u[6 * r + 0] = a * (1.0f / 4);
+    u[6 * r + 1] = -(a + b + c) * (1.0f / 6);
+    u[6 * r + 2] = -(a - b + c) * (1.0f / 6);
+    u[6 * r + 3] = a * (1.0f / 24) + b * (1.0f / 12) + c * (1.0f / 6);
+    u[6 * r + 4] = a * (1.0f / 24) - b * (1.0f / 12) + c * (1.0f / 6);
+    u[6 * r + 5] = c;
+  }
+}
+
+// r = B^T d along one index of six vectors of kBlock (d0..d5 in, r0..r5 out; may not alias).
+inline void b_transpose_6(const float* d0, const float* d1, const float* d2, const float* d3,
+                          const float* d4, const float* d5, float* r0, float* r1, float* r2,
+                          float* r3, float* r4, float* r5, int64_t width) {
+  for (int64_t j = 0; j < width; ++j) {
+    const float a = d4[j] - 4.0f * d2[j], b = d3[j] - 4.0f * d1[j];
+    const float c = d4[j] - d2[j], e = 2.0f * (d3[j] - d1[j]);
+    r0[j] = 4.0f * d0[j] - 5.0f * d2[j] + d4[j];
+    r1[j] = a + b;
+    r2[j] = a - b;
+    r3[j] = c + e;
+    r4[j] = c - e;
+    r5[j] = 4.0f * d1[j] - 5.0f * d3[j] + d5[j];
+  }
+}
+
+// V[xi] = B^T d B for channels [c_lo, c_hi) of the block's 6x6 patches (tile j's patch starts at
+// row 4 th - pad, column 4 tw - pad), into the register tile's B panels: v[xi * vstride + c *
+// width + j], zero past the block's tiles.
+void input_transform4(const float* x, const ConvShape& s, const TileSites& t, int64_t width,
+                      int64_t c_lo, int64_t c_hi, float* v, int64_t vstride) {
+  const int64_t hw = s.H * s.W, chw = s.C * hw;
+  alignas(64) float d[6][6][kBlock];
+  alignas(64) float r[6][6][kBlock];
+  int64_t h0[kBlock], w0[kBlock], base[kBlock];
+  bool inside[kBlock];
+  for (int64_t j = 0; j < t.count; ++j) {
+    h0[j] = 4 * t.th[j] - s.pad_h;
+    w0[j] = 4 * t.tw[j] - s.pad_w;
+    base[j] = t.n[j] * chw + h0[j] * s.W + w0[j];
+    inside[j] = h0[j] >= 0 && w0[j] >= 0 && h0[j] + 6 <= s.H && w0[j] + 6 <= s.W;
+  }
+  std::memset(d, 0, sizeof(d));
+  for (int64_t c = c_lo; c < c_hi; ++c) {
+    const float* xc = x + c * hw;
+    for (int64_t j = 0; j < t.count; ++j) {
+      if (inside[j]) {
+        const float* p = xc + base[j];
+        for (int a = 0; a < 6; ++a)
+          for (int b = 0; b < 6; ++b) d[a][b][j] = p[a * s.W + b];
+        continue;
+      }
+      for (int a = 0; a < 6; ++a) {
+        const int64_t h = h0[j] + a;
+        for (int b = 0; b < 6; ++b) {
+          const int64_t w = w0[j] + b;
+          d[a][b][j] = h >= 0 && h < s.H && w >= 0 && w < s.W ? xc[base[j] + a * s.W + b] : 0.0f;
+        }
+      }
+    }
+    // Columns first (t = B^T d into r), then rows (V = t B) straight into the panels.
+    for (int b = 0; b < 6; ++b) {
+      b_transpose_6(d[0][b], d[1][b], d[2][b], d[3][b], d[4][b], d[5][b], r[0][b], r[1][b], r[2][b],
+                    r[3][b], r[4][b], r[5][b], width);
+    }
+    float* out = v + c * width;
+    for (int a = 0; a < 6; ++a) {
+      float* o = out + 6 * a * vstride;
+      b_transpose_6(r[a][0], r[a][1], r[a][2], r[a][3], r[a][4], r[a][5], o, o + vstride,
+                    o + 2 * vstride, o + 3 * vstride, o + 4 * vstride, o + 5 * vstride, width);
+    }
+  }
+}
+
+// y's 4x4 tiles from M[xi] for output channels [k0, k1): y = A^T M A (+ bias).
+void output_transform4(const float* m, int64_t mstride, int64_t width, const TileSites& t,
+                       int64_t k0, int64_t k1, const float* bias, float* y, const ConvShape& s) {
+  const int64_t pq = s.P * s.Q, kpq = s.K * pq;
+  for (int64_t k = k0; k < k1; ++k) {
+    const float* mk = m + (k - k0) * kBlock;
+    alignas(64) float r[4][6][kBlock];  // A^T M
+    alignas(64) float o[4][4][kBlock];
+    for (int c = 0; c < 6; ++c) {
+      const float* m0 = mk + (0 + c) * mstride;
+      const float* m1 = mk + (6 + c) * mstride;
+      const float* m2 = mk + (12 + c) * mstride;
+      const float* m3 = mk + (18 + c) * mstride;
+      const float* m4 = mk + (24 + c) * mstride;
+      const float* m5 = mk + (30 + c) * mstride;
+      for (int64_t j = 0; j < width; ++j) {
+        const float sp = m1[j] + m2[j], sm = m1[j] - m2[j];
+        const float tp = m3[j] + m4[j], tm = m3[j] - m4[j];
+        r[0][c][j] = m0[j] + sp + tp;
+        r[1][c][j] = sm + 2.0f * tm;
+        r[2][c][j] = sp + 4.0f * tp;
+        r[3][c][j] = sm + 8.0f * tm + m5[j];
+      }
+    }
+    const float b = bias ? bias[k] : 0.0f;
+    for (int a = 0; a < 4; ++a) {
+      for (int64_t j = 0; j < width; ++j) {
+        const float sp = r[a][1][j] + r[a][2][j], sm = r[a][1][j] - r[a][2][j];
+        const float tp = r[a][3][j] + r[a][4][j], tm = r[a][3][j] - r[a][4][j];
+        o[a][0][j] = r[a][0][j] + sp + tp + b;
+        o[a][1][j] = sm + 2.0f * tm + b;
+        o[a][2][j] = sp + 4.0f * tp + b;
+        o[a][3][j] = sm + 8.0f * tm + r[a][5][j] + b;
+      }
+    }
+    for (int64_t j = 0; j < t.count; ++j) {
+      const int64_t p0 = 4 * t.th[j], q0 = 4 * t.tw[j];
+      float* yk = y + t.n[j] * kpq + k * pq;
+      for (int a = 0; a < 4 && p0 + a < s.P; ++a)
+        for (int c = 0; c < 4 && q0 + c < s.Q; ++c) yk[(p0 + a) * s.Q + q0 + c] = o[a][c][j];
+    }
+  }
+}
+
 }  // namespace
 
 Algo algo() {
@@ -323,19 +471,37 @@ ScopedAlgo::~ScopedAlgo() {
   g_algo.store(previous_, std::memory_order_relaxed);
 }
 
+// 0: tile_size() chooses; 2 or 4: the ScopedTileSize override.
+std::atomic<int> g_tile_override{0};
+
+int tile_size(const ConvShape& s) {
+  const int o = g_tile_override.load(std::memory_order_relaxed);
+  if (o != 0) return o;
+  const bool whole = s.P % 4 == 0 && s.Q % 4 == 0;
+  return whole && s.N * (s.P / 4) * (s.Q / 4) >= kMinTiles4 ? 4 : 2;
+}
+
+ScopedTileSize::ScopedTileSize(int m) : previous_(g_tile_override.load()) {
+  REGEN_CHECK(m == 0 || m == 2 || m == 4, "Winograd output tiles: 2 or 4 (0 to choose), got ", m);
+  g_tile_override.store(m);
+}
+ScopedTileSize::~ScopedTileSize() {
+  g_tile_override.store(previous_);
+}
+
 bool applies(const ConvShape& s) {
   return algo() == Algo::winograd && s.R == 3 && s.S == 3 && s.stride_h == 1 && s.stride_w == 1 &&
          s.pad_h <= 2 && s.pad_w <= 2 && s.C >= kMinChannels && s.K >= kMinChannels &&
          s.N * ceil_div(s.P, 2) * ceil_div(s.Q, 2) >= kMinTiles;
 }
 
-void forward(const float* x, const float* w, const float* bias, float* y, const ConvShape& s) {
-  REGEN_CHECK(
-      s.R == 3 && s.S == 3 && s.stride_h == 1 && s.stride_w == 1 && s.pad_h <= 2 && s.pad_w <= 2,
-      "conv2d Winograd F(2x2, 3x3): needs a 3x3 stride-1 convolution with padding at most "
-      "2, got ",
-      s.R, "x", s.S, " stride ", s.stride_h, "x", s.stride_w, " padding ", s.pad_h, "x", s.pad_w);
-  const int64_t tiles_h = ceil_div(s.P, 2), tiles_w = ceil_div(s.Q, 2);
+namespace {
+// forward() with output tiles of M x M (2 or 4): (M + 2)^2 products.
+template <int M>
+void forward_tiles(const float* x, const float* w, const float* bias, float* y,
+                   const ConvShape& s) {
+  constexpr int kXi = (M + 2) * (M + 2);
+  const int64_t tiles_h = ceil_div(s.P, M), tiles_w = ceil_div(s.Q, M);
   const int64_t tiles = s.N * tiles_h * tiles_w, blocks = ceil_div(tiles, kBlock);
   const int64_t row_panels = ceil_div(s.K, kMR), ustride = row_panels * kMR * s.C;
   // Threads: whole blocks each when there are enough; else every thread every block, a share
@@ -349,11 +515,11 @@ void forward(const float* x, const float* w, const float* bias, float* y, const 
   // Splitting blocks, each thread has its own B panels; splitting rows, the threads share two
   // sets (each transforms its share of a block's channels into one while the other may still be
   // read for the previous block).
-  const int64_t shared_v = split_blocks ? 0 : 2 * 16 * vstride;
-  const int64_t per_thread = (split_blocks ? 16 * vstride : 0) + 16 * mstride;
+  const int64_t shared_v = split_blocks ? 0 : 2 * kXi * vstride;
+  const int64_t per_thread = (split_blocks ? kXi * vstride : 0) + kXi * mstride;
   Workspace ws(
       Device::cpu(),
-      static_cast<uint64_t>(16 * ustride + shared_v + threads * per_thread) * sizeof(float));
+      static_cast<uint64_t>(kXi * ustride + shared_v + threads * per_thread) * sizeof(float));
   if (dry_run_active()) return;
   float* const u = ws.as<float>();
   // U[xi] as A panels: depth block pc, panel ip at u + xi * ustride + row_panels * kMR * pc +
@@ -364,25 +530,29 @@ void forward(const float* x, const float* w, const float* bias, float* y, const 
     // A panel's 8 filters at a time, so each xi's 8 values land as one contiguous run.
 #pragma omp for schedule(static)
     for (int64_t ip = 0; ip < row_panels; ++ip) {
-      alignas(64) float g[kMR][16];
+      alignas(64) float g[kMR][kXi];
       for (int64_t c = 0; c < s.C; ++c) {
         const int64_t pc = c / kKC * kKC, kc = std::min(kKC, s.C - pc);
         for (int64_t i = 0; i < kMR; ++i) {
           const int64_t k = ip * kMR + i;
           if (k < s.K) {
-            filter_transform(w + (k * s.C + c) * 9, g[i]);
+            if constexpr (M == 2) {
+              filter_transform(w + (k * s.C + c) * 9, g[i]);
+            } else {
+              filter_transform4(w + (k * s.C + c) * 9, g[i]);
+            }
           } else {
-            std::fill(g[i], g[i] + 16, 0.0f);
+            std::fill(g[i], g[i] + kXi, 0.0f);
           }
         }
         float* dst = u + row_panels * kMR * pc + ip * kMR * kc + (c - pc) * kMR;
-        for (int xi = 0; xi < 16; ++xi)
+        for (int xi = 0; xi < kXi; ++xi)
           for (int64_t i = 0; i < kMR; ++i) dst[xi * ustride + i] = g[i][xi];
       }
     }
     const int t = omp_get_thread_num(), nt = omp_get_num_threads();
-    float* const mine = u + 16 * ustride + shared_v + t * per_thread;
-    float* const m = mine + (split_blocks ? 16 * vstride : 0);
+    float* const mine = u + kXi * ustride + shared_v + t * per_thread;
+    float* const m = mine + (split_blocks ? kXi * vstride : 0);
     const int64_t b_lo = split_blocks ? blocks * t / nt : 0;
     const int64_t b_hi = split_blocks ? blocks * (t + 1) / nt : blocks;
     const int64_t r_lo = split_blocks ? 0 : row_panels * t / nt;
@@ -392,22 +562,29 @@ void forward(const float* x, const float* w, const float* bias, float* y, const 
       const TileSites sites = block_tiles(first, count, tiles_h, tiles_w);
       const int nv = static_cast<int>(ceil_div(count, kLanes));
       const int64_t width = nv * kLanes;
+      auto transform_input = [&](int64_t c_lo, int64_t c_hi, float* dst) {
+        if constexpr (M == 2) {
+          input_transform(x, s, sites, width, width, c_lo, c_hi, dst, vstride);
+        } else {
+          input_transform4(x, s, sites, width, c_lo, c_hi, dst, vstride);
+        }
+      };
       float* v = mine;
       if (split_blocks) {
-        input_transform(x, s, sites, width, width, 0, s.C, v, vstride);
+        transform_input(0, s.C, v);
       } else {
         // Every thread runs every block: one barrier per block, after its share of the transform
         // (the other set of panels is free: every thread left the block before the last one at
         // the previous barrier).
-        v = u + 16 * ustride + (blk % 2) * 16 * vstride;
-        input_transform(x, s, sites, width, width, s.C * t / nt, s.C * (t + 1) / nt, v, vstride);
+        v = u + kXi * ustride + (blk % 2) * kXi * vstride;
+        transform_input(s.C * t / nt, s.C * (t + 1) / nt, v);
 #pragma omp barrier
       }
       for (int64_t rc = r_lo; rc < r_hi; rc += kRowChunk / kMR) {
         const int64_t rc_end = std::min(r_hi, rc + kRowChunk / kMR);
         for (int64_t pc = 0; pc < s.C; pc += kKC) {
           const int64_t kc = std::min(kKC, s.C - pc);
-          for (int xi = 0; xi < 16; ++xi) {
+          for (int xi = 0; xi < kXi; ++xi) {
             const float* bp = v + xi * vstride + pc * width;
             for (int64_t ip = rc; ip < rc_end; ++ip) {
               const float* ap = u + xi * ustride + row_panels * kMR * pc + ip * kMR * kc;
@@ -417,11 +594,27 @@ void forward(const float* x, const float* w, const float* bias, float* y, const 
             }
           }
         }
-        output_transform(m, mstride, width, sites, rc * kMR, std::min(s.K, rc_end * kMR), bias, y,
-                         s);
+        if constexpr (M == 2) {
+          output_transform(m, mstride, width, sites, rc * kMR, std::min(s.K, rc_end * kMR), bias, y,
+                           s);
+        } else {
+          output_transform4(m, mstride, width, sites, rc * kMR, std::min(s.K, rc_end * kMR), bias,
+                            y, s);
+        }
       }
     }
   }
+}
+}  // namespace
+
+void forward(const float* x, const float* w, const float* bias, float* y, const ConvShape& s) {
+  REGEN_CHECK(
+      s.R == 3 && s.S == 3 && s.stride_h == 1 && s.stride_w == 1 && s.pad_h <= 2 && s.pad_w <= 2,
+      "conv2d Winograd: needs a 3x3 stride-1 convolution with padding at most "
+      "2, got ",
+      s.R, "x", s.S, " stride ", s.stride_h, "x", s.stride_w, " padding ", s.pad_h, "x", s.pad_w);
+  if (tile_size(s) == 4) return forward_tiles<4>(x, w, bias, y, s);
+  forward_tiles<2>(x, w, bias, y, s);
 }
 
 void backward_filter(const float* x, const float* dy, float* dw, const ConvShape& s) {

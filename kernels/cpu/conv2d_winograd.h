@@ -1,6 +1,7 @@
-// Winograd F(2x2, 3x3) for the f32 3x3 stride-1 convolutions (forward, and backward-data where it
-// is itself a stride-1 convolution of dy). Internal to kernels/cpu (conv2d.cpp calls it);
-// algorithm, workspace and measurements in docs/kernels.md, "Winograd F(2x2, 3x3), fused".
+// Winograd F(2x2, 3x3) and F(4x4, 3x3) for the f32 3x3 stride-1 convolutions (forward, and
+// backward-data where it is itself a stride-1 convolution of dy; backward-filter by F(2x2, 3x3)).
+// Internal to kernels/cpu (conv2d.cpp calls it); algorithm, workspace and measurements in
+// docs/kernels.md, "Winograd F(2x2, 3x3), fused".
 #pragma once
 
 #include <cstdint>
@@ -36,12 +37,33 @@ class ScopedAlgo {
 // the thread count, so results stay independent of it.
 bool applies(const ConvShape& s);
 
-// y (N, K, P, Q) = conv(x (N, C, H, W), w (K, C, 3, 3)) + bias (K, or null), by F(2x2, 3x3):
-// 16 products of transformed filters (K, C) by transformed input tiles (C, tiles), on the packed
-// GEMM's register tile, a block of 48 tiles at a time. Every byte of scratch comes from the
-// allocator (category workspace), sized by the shape and the thread count only; in a dry run
-// the workspace is requested and nothing is computed. Deterministic and independent of the
-// thread count: every output is the same chain of operations whichever thread computes it.
+// The output tile forward() uses for a convolution that applies(): 4 (F(4x4, 3x3): 36 products
+// per 16 outputs, 4x fewer multiplications than the direct convolution) where the output planes
+// split into whole 4x4 tiles, at least 128 of them over the batch; else 2 (F(2x2, 3x3): 16 per
+// 4, 2.25x fewer). Shape only, like applies(). F(4x4)'s transforms scale by up to 8 and 1/24,
+// so it rounds more: scaled errors of 0.5e-6 to 2.4e-6 against F(2x2)'s 0.7e-7 to 2.7e-7
+// (tests/test_ops_vision.cpp).
+int tile_size(const ConvShape& s);
+// For tests and benchmarks: while one lives, tile_size() answers m (2 or 4; 0: its own choice).
+// Not for concurrent use.
+class ScopedTileSize {
+ public:
+  explicit ScopedTileSize(int m);
+  ~ScopedTileSize();
+  ScopedTileSize(const ScopedTileSize&) = delete;
+  ScopedTileSize& operator=(const ScopedTileSize&) = delete;
+
+ private:
+  int previous_;
+};
+
+// y (N, K, P, Q) = conv(x (N, C, H, W), w (K, C, 3, 3)) + bias (K, or null), by F(m x m, 3x3)
+// with m = tile_size(s): (m + 2)^2 products of transformed filters (K, C) by transformed input
+// tiles (C, tiles), on the packed GEMM's register tile, a block of 48 tiles at a time. Every byte
+// of scratch comes from the allocator (category workspace), sized by the shape and the thread count
+// only; in a dry run the workspace is requested and nothing is computed. Deterministic and
+// independent of the thread count: every output is the same chain of operations whichever thread
+// computes it.
 void forward(const float* x, const float* w, const float* bias, float* y, const ConvShape& s);
 
 // dw (K, C, 3, 3) = the filter gradient of forward()'s convolution, from x and dy (N, K, P, Q),
