@@ -140,41 +140,59 @@ TileSites block_tiles(int64_t first, int64_t count, int64_t tiles_h, int64_t til
   return t;
 }
 
+// The input patches of a block's tiles: A x A values from row M th - pad and column M tw - pad of
+// each tile's image (zero outside the plane), gathered channel by channel into d[a][b][j].
+template <int A, int M>
+class Patches {
+ public:
+  Patches(const ConvShape& s, const TileSites& t) : s_(s), t_(t) {
+    const int64_t chw = s.C * s.H * s.W;
+    for (int64_t j = 0; j < t.count; ++j) {
+      h0_[j] = M * t.th[j] - s.pad_h;
+      w0_[j] = M * t.tw[j] - s.pad_w;
+      base_[j] = t.n[j] * chw + h0_[j] * s.W + w0_[j];
+      inside_[j] = h0_[j] >= 0 && w0_[j] >= 0 && h0_[j] + A <= s.H && w0_[j] + A <= s.W;
+    }
+  }
+  // Channel plane xc's patches; columns past the block's tiles are left as they are.
+  void gather(const float* xc, float (*d)[A][kBlock]) const {
+    for (int64_t j = 0; j < t_.count; ++j) {
+      if (inside_[j]) {
+        const float* p = xc + base_[j];
+        for (int a = 0; a < A; ++a)
+          for (int b = 0; b < A; ++b) d[a][b][j] = p[a * s_.W + b];
+        continue;
+      }
+      for (int a = 0; a < A; ++a) {
+        const int64_t h = h0_[j] + a;
+        for (int b = 0; b < A; ++b) {
+          const int64_t w = w0_[j] + b;
+          d[a][b][j] =
+              h >= 0 && h < s_.H && w >= 0 && w < s_.W ? xc[base_[j] + a * s_.W + b] : 0.0f;
+        }
+      }
+    }
+  }
+
+ private:
+  const ConvShape& s_;
+  const TileSites& t_;
+  int64_t h0_[kBlock], w0_[kBlock], base_[kBlock];
+  bool inside_[kBlock];
+};
+
 // V[xi] = B^T d B for channels [c_lo, c_hi) of the block's patches, `width` columns (the tiles
 // rounded up to whole vectors) per channel, rows `ld` apart: v[xi * vstride + c * ld + j].
 // Columns past the block's tiles are zero. Forward writes the register tile's B panels (ld ==
 // width); backward-filter writes row-major matrices whose rows span several blocks.
 void input_transform(const float* x, const ConvShape& s, const TileSites& t, int64_t width,
                      int64_t ld, int64_t c_lo, int64_t c_hi, float* v, int64_t vstride) {
-  const int64_t hw = s.H * s.W, chw = s.C * hw;
+  const int64_t hw = s.H * s.W;
   alignas(64) float d[4][4][kBlock];
-  // Per tile: the patch's first row and column in the input, and whether all 16 are inside.
-  int64_t h0[kBlock], w0[kBlock], base[kBlock];
-  bool inside[kBlock];
-  for (int64_t j = 0; j < t.count; ++j) {
-    h0[j] = 2 * t.th[j] - s.pad_h;
-    w0[j] = 2 * t.tw[j] - s.pad_w;
-    base[j] = t.n[j] * chw + h0[j] * s.W + w0[j];
-    inside[j] = h0[j] >= 0 && w0[j] >= 0 && h0[j] + 4 <= s.H && w0[j] + 4 <= s.W;
-  }
+  const Patches<4, 2> patches(s, t);
   std::memset(d, 0, sizeof(d));
   for (int64_t c = c_lo; c < c_hi; ++c) {
-    const float* xc = x + c * hw;
-    for (int64_t j = 0; j < t.count; ++j) {
-      if (inside[j]) {
-        const float* p = xc + base[j];
-        for (int a = 0; a < 4; ++a)
-          for (int b = 0; b < 4; ++b) d[a][b][j] = p[a * s.W + b];
-        continue;
-      }
-      for (int a = 0; a < 4; ++a) {
-        const int64_t h = h0[j] + a;
-        for (int b = 0; b < 4; ++b) {
-          const int64_t w = w0[j] + b;
-          d[a][b][j] = h >= 0 && h < s.H && w >= 0 && w < s.W ? xc[base[j] + a * s.W + b] : 0.0f;
-        }
-      }
-    }
+    patches.gather(x + c * hw, d);
     // Along the block's tiles, vectorized: t = B^T d, then V = t B.
     float* out = v + c * ld;
     for (int b = 0; b < 4; ++b) {
@@ -366,35 +384,13 @@ inline void b_transpose_6(const float* d0, const float* d1, const float* d2, con
 // width + j], zero past the block's tiles.
 void input_transform4(const float* x, const ConvShape& s, const TileSites& t, int64_t width,
                       int64_t c_lo, int64_t c_hi, float* v, int64_t vstride) {
-  const int64_t hw = s.H * s.W, chw = s.C * hw;
+  const int64_t hw = s.H * s.W;
   alignas(64) float d[6][6][kBlock];
   alignas(64) float r[6][6][kBlock];
-  int64_t h0[kBlock], w0[kBlock], base[kBlock];
-  bool inside[kBlock];
-  for (int64_t j = 0; j < t.count; ++j) {
-    h0[j] = 4 * t.th[j] - s.pad_h;
-    w0[j] = 4 * t.tw[j] - s.pad_w;
-    base[j] = t.n[j] * chw + h0[j] * s.W + w0[j];
-    inside[j] = h0[j] >= 0 && w0[j] >= 0 && h0[j] + 6 <= s.H && w0[j] + 6 <= s.W;
-  }
+  const Patches<6, 4> patches(s, t);
   std::memset(d, 0, sizeof(d));
   for (int64_t c = c_lo; c < c_hi; ++c) {
-    const float* xc = x + c * hw;
-    for (int64_t j = 0; j < t.count; ++j) {
-      if (inside[j]) {
-        const float* p = xc + base[j];
-        for (int a = 0; a < 6; ++a)
-          for (int b = 0; b < 6; ++b) d[a][b][j] = p[a * s.W + b];
-        continue;
-      }
-      for (int a = 0; a < 6; ++a) {
-        const int64_t h = h0[j] + a;
-        for (int b = 0; b < 6; ++b) {
-          const int64_t w = w0[j] + b;
-          d[a][b][j] = h >= 0 && h < s.H && w >= 0 && w < s.W ? xc[base[j] + a * s.W + b] : 0.0f;
-        }
-      }
-    }
+    patches.gather(x + c * hw, d);
     // Columns first (t = B^T d into r), then rows (V = t B) straight into the panels.
     for (int b = 0; b < 6; ++b) {
       b_transpose_6(d[0][b], d[1][b], d[2][b], d[3][b], d[4][b], d[5][b], r[0][b], r[1][b], r[2][b],
