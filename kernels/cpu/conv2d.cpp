@@ -618,6 +618,10 @@ void conv2d_backward_data_wide(const T* dy, const T* w, T* dx, const ConvShape& 
     // flipped copy of the weights. On small planes the dcol route is faster: its GEMM packs
     // only dy and w^T, both small there, while this one unfolds dy for every tap (unless the
     // flipped convolution goes to Winograd, conv2d_winograd.h, which unfolds nothing).
+    if constexpr (std::is_same_v<T, float>) {
+      // Winograd reads w flipped as it transforms the filters: no flipped copy.
+      if (winograd_flip) return winograd::forward(dy, w, nullptr, dx, flip, true);
+    }
     const int64_t krs = s.K * s.R * s.S, rs = s.R * s.S;
     Workspace ws(Device::cpu(), static_cast<uint64_t>(s.C * krs) * sizeof(T));
     T* flipped = ws.as<T>();  // (C, K, R, S): flipped[c][k][r][s] = w[k][c][R-1-r][S-1-s]
@@ -630,9 +634,6 @@ void conv2d_backward_data_wide(const T* dy, const T* w, T* dx, const ConvShape& 
           for (int64_t i = 0; i < rs; ++i) dst[i] = src[rs - 1 - i];
         }
       }
-    }
-    if constexpr (std::is_same_v<T, float>) {
-      if (winograd_flip) return winograd::forward(dy, flipped, nullptr, dx, flip);
     }
     const ARows<T, ViewSource<T>> a{{flipped, krs}};
     const BRows<T, ColSource<T>> b{{dy, flip, 0}};

@@ -102,22 +102,28 @@ int64_t ceil_div(int64_t a, int64_t b) {
   return (a + b - 1) / b;
 }
 
-// U = G g G^T for one 3x3 filter g (row-major), u[4 * i + j].
-void filter_transform(const float* g, float* u) {
-  float t[4][3];  // G g
+// U = G g G^T for kMR filters at once, one per lane: g[3 * i + j][lane] the filters' taps
+// (row-major), u[4 * i + j][lane]. Vectorized across the filters: each lane is the scalar
+// transform's operations in its order.
+void filter_transform(const float (*g)[kMR], float (*u)[kMR]) {
+  float t[4][3][kMR];  // G g
   for (int c = 0; c < 3; ++c) {
-    const float g0 = g[c], g1 = g[3 + c], g2 = g[6 + c];
-    t[0][c] = g0;
-    t[1][c] = 0.5f * (g0 + g1 + g2);
-    t[2][c] = 0.5f * (g0 - g1 + g2);
-    t[3][c] = g2;
+    for (int l = 0; l < kMR; ++l) {
+      const float g0 = g[c][l], g1 = g[3 + c][l], g2 = g[6 + c][l];
+      t[0][c][l] = g0;
+      t[1][c][l] = 0.5f * (g0 + g1 + g2);
+      t[2][c][l] = 0.5f * (g0 - g1 + g2);
+      t[3][c][l] = g2;
+    }
   }
   for (int r = 0; r < 4; ++r) {
-    const float a = t[r][0], b = t[r][1], c = t[r][2];
-    u[4 * r + 0] = a;
-    u[4 * r + 1] = 0.5f * (a + b + c);
-    u[4 * r + 2] = 0.5f * (a - b + c);
-    u[4 * r + 3] = c;
+    for (int l = 0; l < kMR; ++l) {
+      const float a = t[r][0][l], b = t[r][1][l], c = t[r][2][l];
+      u[4 * r + 0][l] = a;
+      u[4 * r + 1][l] = 0.5f * (a + b + c);
+      u[4 * r + 2][l] = 0.5f * (a - b + c);
+      u[4 * r + 3][l] = c;
+    }
   }
 }
 
@@ -340,26 +346,30 @@ void filter_gradient(const float* du, float* dg) {
 //   A^T = [1 1 1 1 1 0; 0 1 -1 2 -2 0; 0 1 1 4 4 0; 0 1 -1 8 -8 1].
 // 36 products per 16 outputs where the direct convolution does 144 (4x fewer; F(2x2): 2.25x).
 
-// U = G g G^T for one 3x3 filter g (row-major), u[6 * i + j].
-void filter_transform4(const float* g, float* u) {
-  float t[6][3];  // G g
+// U = G g G^T for kMR filters at once, as filter_transform: u[6 * i + j][lane].
+void filter_transform4(const float (*g)[kMR], float (*u)[kMR]) {
+  float t[6][3][kMR];  // G g
   for (int c = 0; c < 3; ++c) {
-    const float g0 = g[c], g1 = g[3 + c], g2 = g[6 + c];
-    t[0][c] = g0 * (1.0f / 4);
-    t[1][c] = -(g0 + g1 + g2) * (1.0f / 6);
-    t[2][c] = -(g0 - g1 + g2) * (1.0f / 6);
-    t[3][c] = g0 * (1.0f / 24) + g1 * (1.0f / 12) + g2 * (1.0f / 6);
-    t[4][c] = g0 * (1.0f / 24) - g1 * (1.0f / 12) + g2 * (1.0f / 6);
-    t[5][c] = g2;
+    for (int l = 0; l < kMR; ++l) {
+      const float g0 = g[c][l], g1 = g[3 + c][l], g2 = g[6 + c][l];
+      t[0][c][l] = g0 * (1.0f / 4);
+      t[1][c][l] = -(g0 + g1 + g2) * (1.0f / 6);
+      t[2][c][l] = -(g0 - g1 + g2) * (1.0f / 6);
+      t[3][c][l] = g0 * (1.0f / 24) + g1 * (1.0f / 12) + g2 * (1.0f / 6);
+      t[4][c][l] = g0 * (1.0f / 24) - g1 * (1.0f / 12) + g2 * (1.0f / 6);
+      t[5][c][l] = g2;
+    }
   }
   for (int r = 0; r < 6; ++r) {
-    const float a = t[r][0], b = t[r][1], c = t[r][2];
-    u[6 * r + 0] = a * (1.0f / 4);
-    u[6 * r + 1] = -(a + b + c) * (1.0f / 6);
-    u[6 * r + 2] = -(a - b + c) * (1.0f / 6);
-    u[6 * r + 3] = a * (1.0f / 24) + b * (1.0f / 12) + c * (1.0f / 6);
-    u[6 * r + 4] = a * (1.0f / 24) - b * (1.0f / 12) + c * (1.0f / 6);
-    u[6 * r + 5] = c;
+    for (int l = 0; l < kMR; ++l) {
+      const float a = t[r][0][l], b = t[r][1][l], c = t[r][2][l];
+      u[6 * r + 0][l] = a * (1.0f / 4);
+      u[6 * r + 1][l] = -(a + b + c) * (1.0f / 6);
+      u[6 * r + 2][l] = -(a - b + c) * (1.0f / 6);
+      u[6 * r + 3][l] = a * (1.0f / 24) + b * (1.0f / 12) + c * (1.0f / 6);
+      u[6 * r + 4][l] = a * (1.0f / 24) - b * (1.0f / 12) + c * (1.0f / 6);
+      u[6 * r + 5][l] = c;
+    }
   }
 }
 
@@ -494,8 +504,8 @@ bool applies(const ConvShape& s) {
 namespace {
 // forward() with output tiles of M x M (2 or 4): (M + 2)^2 products.
 template <int M>
-void forward_tiles(const float* x, const float* w, const float* bias, float* y,
-                   const ConvShape& s) {
+void forward_tiles(const float* x, const float* w, const float* bias, float* y, const ConvShape& s,
+                   bool flipped) {
   constexpr int kXi = (M + 2) * (M + 2);
   const int64_t tiles_h = ceil_div(s.P, M), tiles_w = ceil_div(s.Q, M);
   const int64_t tiles = s.N * tiles_h * tiles_w, blocks = ceil_div(tiles, kBlock);
@@ -526,24 +536,25 @@ void forward_tiles(const float* x, const float* w, const float* bias, float* y,
     // A panel's 8 filters at a time, so each xi's 8 values land as one contiguous run.
 #pragma omp for schedule(static)
     for (int64_t ip = 0; ip < row_panels; ++ip) {
-      alignas(64) float g[kMR][kXi];
+      alignas(64) float g[9][kMR];
+      alignas(64) float ut[kXi][kMR];
       for (int64_t c = 0; c < s.C; ++c) {
         const int64_t pc = c / kKC * kKC, kc = std::min(kKC, s.C - pc);
         for (int64_t i = 0; i < kMR; ++i) {
           const int64_t k = ip * kMR + i;
-          if (k < s.K) {
-            if constexpr (M == 2) {
-              filter_transform(w + (k * s.C + c) * 9, g[i]);
-            } else {
-              filter_transform4(w + (k * s.C + c) * 9, g[i]);
-            }
-          } else {
-            std::fill(g[i], g[i] + kXi, 0.0f);
+          for (int tap = 0; tap < 9; ++tap) {
+            g[tap][i] = k >= s.K  ? 0.0f
+                        : flipped ? w[(c * s.K + k) * 9 + 8 - tap]
+                                  : w[(k * s.C + c) * 9 + tap];
           }
         }
+        if constexpr (M == 2) {
+          filter_transform(g, ut);
+        } else {
+          filter_transform4(g, ut);
+        }
         float* dst = u + row_panels * kMR * pc + ip * kMR * kc + (c - pc) * kMR;
-        for (int xi = 0; xi < kXi; ++xi)
-          for (int64_t i = 0; i < kMR; ++i) dst[xi * ustride + i] = g[i][xi];
+        for (int xi = 0; xi < kXi; ++xi) std::copy(ut[xi], ut[xi] + kMR, dst + xi * ustride);
       }
     }
     const int t = omp_get_thread_num(), nt = omp_get_num_threads();
@@ -603,14 +614,15 @@ void forward_tiles(const float* x, const float* w, const float* bias, float* y,
 }
 }  // namespace
 
-void forward(const float* x, const float* w, const float* bias, float* y, const ConvShape& s) {
+void forward(const float* x, const float* w, const float* bias, float* y, const ConvShape& s,
+             bool flipped) {
   REGEN_CHECK(
       s.R == 3 && s.S == 3 && s.stride_h == 1 && s.stride_w == 1 && s.pad_h <= 2 && s.pad_w <= 2,
       "conv2d Winograd: needs a 3x3 stride-1 convolution with padding at most "
       "2, got ",
       s.R, "x", s.S, " stride ", s.stride_h, "x", s.stride_w, " padding ", s.pad_h, "x", s.pad_w);
-  if (tile_size(s) == 4) return forward_tiles<4>(x, w, bias, y, s);
-  forward_tiles<2>(x, w, bias, y, s);
+  if (tile_size(s) == 4) return forward_tiles<4>(x, w, bias, y, s, flipped);
+  forward_tiles<2>(x, w, bias, y, s, flipped);
 }
 
 void backward_filter(const float* x, const float* dy, float* dw, const ConvShape& s) {

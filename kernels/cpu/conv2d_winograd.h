@@ -64,7 +64,10 @@ class ScopedTileSize {
 // only; in a dry run the workspace is requested and nothing is computed. Deterministic and
 // independent of the thread count: every output is the same chain of operations whichever thread
 // computes it.
-void forward(const float* x, const float* w, const float* bias, float* y, const ConvShape& s);
+// flipped: w is not this convolution's (K, C, 3, 3) but the (C, K, 3, 3) weights of the one whose
+// backward-data it is, read flipped in space with K and C swapped (no flipped copy is made).
+void forward(const float* x, const float* w, const float* bias, float* y, const ConvShape& s,
+             bool flipped = false);
 
 // dw (K, C, 3, 3) = the filter gradient of forward()'s convolution, from x and dy (N, K, P, Q),
 // written (not accumulated), by F(2x2, 3x3): dU[xi] (K, C) = dM[xi] (K, tiles) * V[xi]^T, with V
