@@ -64,11 +64,18 @@ const ConvCase kConvShapes[] = {
 const int64_t kGemmShapes[][3] = {
     {1024, 1024, 1024}, {2048, 2048, 2048}, {256, 3136, 64}, {1024, 196, 256}, {512, 49, 4608}};
 
+// Memory-bound kernels beside them, timed by the bytes they read and write: dropout of the seed
+// Transformer's feed-forward activations at batch 8, batch norm of a ResNet stage-1 output at
+// batch 4.
+const char* const kDropoutCase = "dropout 1024x2048";
+const char* const kBatchnormCase = "batchnorm 4x256x56x56";
+
 struct Row {
   std::string kind, name;
   int count;
-  double seconds, gflops;  // median
+  double seconds, gflops;  // median; gflops is 0 for a memory-bound row
   double best_seconds;
+  double gbytes = 0;  // a memory-bound row's GB/s (bytes read and written over the median)
 };
 
 void sync(Device d) {
@@ -138,6 +145,10 @@ void run(const std::string& device_text, int threads, int repeats, const std::st
       any = any || std::string(cc.name).find(only) != std::string::npos;
       names += std::string(", ") + cc.name;
     }
+    for (const char* name : {kDropoutCase, kBatchnormCase}) {
+      any = any || std::string(name).find(only) != std::string::npos;
+      names += std::string(", ") + name;
+    }
     REGEN_CHECK(any, "--only '", only, "' matches no case; the cases are: ", names);
   }
   Generator gen(1);
@@ -192,6 +203,47 @@ void run(const std::string& device_text, int threads, int repeats, const std::st
         "its count): %.3f s\n",
         total);
   }
+  auto report_bytes = [&](const char* kind, const std::string& name, Timing tm, double bytes) {
+    rows.push_back({kind, name, 1, tm.median, 0.0, tm.best, bytes / tm.median / 1e9});
+    std::printf("%-16s %-24s %5d %10.3f %10.1f %10.3f   GB/s\n", kind, name.c_str(), 1,
+                tm.median * 1e3, rows.back().gbytes, tm.best * 1e3);
+    std::fflush(stdout);
+  };
+  if (only.empty() || std::string(kDropoutCase).find(only) != std::string::npos) {
+    const int64_t n = 1024 * 2048;
+    Tensor x = uniform({n}, -1, 1, gen, DType::f32, dev), y = empty({n}, DType::f32, dev);
+    uint64_t stream = 0;
+    const Timing tm = time_runs(dev, repeats, [&] {
+      REGEN_LAUNCH(dev, float, dropout_forward, x.data<float>(), y.data<float>(), n, 0.1f,
+                   uint64_t{1}, ++stream);
+    });
+    report_bytes("dropout", kDropoutCase, tm, 2.0 * n * sizeof(float));
+  }
+  if (only.empty() || std::string(kBatchnormCase).find(only) != std::string::npos) {
+    const int64_t N = 4, C = 256, HW = 56 * 56, n = N * C * HW;
+    Tensor x = uniform({N, C, HW}, -1, 1, gen, DType::f32, dev);
+    Tensor dy = uniform({N, C, HW}, -1, 1, gen, DType::f32, dev);
+    Tensor y = empty(x.shape(), DType::f32, dev), dx = empty(x.shape(), DType::f32, dev);
+    Tensor gamma = uniform({C}, 0.5, 1.5, gen, DType::f32, dev);
+    Tensor beta = uniform({C}, -0.5, 0.5, gen, DType::f32, dev);
+    Tensor mean = empty({C}, DType::f32, dev), invstd = empty({C}, DType::f32, dev);
+    Tensor dgamma = empty({C}, DType::f32, dev), dbeta = empty({C}, DType::f32, dev);
+    const double plane = static_cast<double>(n) * sizeof(float);
+    // Forward reads x twice (statistics, normalize) and writes y; backward reads dy and x twice
+    // and writes dx.
+    const Timing fwd = time_runs(dev, repeats, [&] {
+      REGEN_LAUNCH(dev, float, batchnorm_forward_train, x.data<float>(), gamma.data<float>(),
+                   beta.data<float>(), y.data<float>(), mean.data<float>(), invstd.data<float>(),
+                   nullptr, nullptr, N, C, HW, 0.1, 1e-5);
+    });
+    report_bytes("batchnorm_fwd", kBatchnormCase, fwd, 3 * plane);
+    const Timing bwd = time_runs(dev, repeats, [&] {
+      REGEN_LAUNCH(dev, float, batchnorm_backward, dy.data<float>(), x.data<float>(),
+                   gamma.data<float>(), mean.data<float>(), invstd.data<float>(),
+                   dx.data<float>(), dgamma.data<float>(), dbeta.data<float>(), N, C, HW);
+    });
+    report_bytes("batchnorm_bwd", kBatchnormCase, bwd, 5 * plane);
+  }
   if (!json_path.empty()) {
     nlohmann::json j;
     j["device"] = dev.str();
@@ -201,12 +253,14 @@ void run(const std::string& device_text, int threads, int repeats, const std::st
     j["conv_step_seconds"] = total;
     j["conv_step_best_seconds"] = best_total;
     for (const Row& r : rows) {
-      j["rows"].push_back({{"kind", r.kind},
-                           {"name", r.name},
-                           {"count", r.count},
-                           {"seconds", r.seconds},
-                           {"gflops", r.gflops},
-                           {"best_seconds", r.best_seconds}});
+      nlohmann::json row = {{"kind", r.kind},
+                            {"name", r.name},
+                            {"count", r.count},
+                            {"seconds", r.seconds},
+                            {"gflops", r.gflops},
+                            {"best_seconds", r.best_seconds}};
+      if (r.gbytes > 0) row["gbytes_per_s"] = r.gbytes;
+      j["rows"].push_back(row);
     }
     write_file_atomic(json_path, j.dump(1) + "\n");
   }
@@ -232,6 +286,7 @@ void setup(CLI::App& app) {
     run(opt->device, opt->threads, opt->repeats, opt->json, opt->only, opt->math, opt->tf32);
   });
 }
-REGEN_COMMAND("bench ops", "time GEMM and conv2d on ResNet-152 shapes", setup);
+REGEN_COMMAND("bench ops",
+              "time GEMM and conv2d on ResNet-152 shapes, dropout and batch norm", setup);
 
 }  // namespace
