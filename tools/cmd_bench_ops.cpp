@@ -239,8 +239,8 @@ void run(const std::string& device_text, int threads, int repeats, const std::st
     report_bytes("batchnorm_fwd", kBatchnormCase, fwd, 3 * plane);
     const Timing bwd = time_runs(dev, repeats, [&] {
       REGEN_LAUNCH(dev, float, batchnorm_backward, dy.data<float>(), x.data<float>(),
-                   gamma.data<float>(), mean.data<float>(), invstd.data<float>(),
-                   dx.data<float>(), dgamma.data<float>(), dbeta.data<float>(), N, C, HW);
+                   gamma.data<float>(), mean.data<float>(), invstd.data<float>(), dx.data<float>(),
+                   dgamma.data<float>(), dbeta.data<float>(), N, C, HW);
     });
     report_bytes("batchnorm_bwd", kBatchnormCase, bwd, 5 * plane);
   }
@@ -253,12 +253,9 @@ void run(const std::string& device_text, int threads, int repeats, const std::st
     j["conv_step_seconds"] = total;
     j["conv_step_best_seconds"] = best_total;
     for (const Row& r : rows) {
-      nlohmann::json row = {{"kind", r.kind},
-                            {"name", r.name},
-                            {"count", r.count},
-                            {"seconds", r.seconds},
-                            {"gflops", r.gflops},
-                            {"best_seconds", r.best_seconds}};
+      nlohmann::json row = {{"kind", r.kind},     {"name", r.name},
+                            {"count", r.count},   {"seconds", r.seconds},
+                            {"gflops", r.gflops}, {"best_seconds", r.best_seconds}};
       if (r.gbytes > 0) row["gbytes_per_s"] = r.gbytes;
       j["rows"].push_back(row);
     }
@@ -286,7 +283,7 @@ void setup(CLI::App& app) {
     run(opt->device, opt->threads, opt->repeats, opt->json, opt->only, opt->math, opt->tf32);
   });
 }
-REGEN_COMMAND("bench ops",
-              "time GEMM and conv2d on ResNet-152 shapes, dropout and batch norm", setup);
+REGEN_COMMAND("bench ops", "time GEMM and conv2d on ResNet-152 shapes, dropout and batch norm",
+              setup);
 
 }  // namespace
