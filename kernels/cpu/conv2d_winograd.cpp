@@ -16,9 +16,9 @@
 //
 // Fused, so that nothing of size (16, C, tiles) goes through memory (36 for F(4x4) throughout
 // this paragraph): the filters are transformed once per call into the packed GEMM's A panels
-// (16 x K x C floats, shared). Then,
-// for a block of kBlock = 48 tiles (one register tile's width), a thread transforms the block's
-// input patches for every channel straight into B panels (16 x C x 48 floats, L2-sized), runs
+// (16 x K x C floats, shared; a panel's 8 filters at a time, vectorized across them). Then, for a
+// block of kBlock = 48 tiles (one register tile's width), a thread transforms the block's input
+// patches for every channel straight into B panels (16 x C x 48 floats, L2-sized), runs
 // the 16 products for a chunk of output channels on the register tile (packed_gemm.h) into
 // 16 x kRowChunk x 48 floats, and transforms those back into y (adding the bias). Threads take
 // whole blocks when there are at least kBlocksPerThread per thread; otherwise every thread
