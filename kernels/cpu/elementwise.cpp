@@ -180,7 +180,6 @@ void dropout_forward(const T* x, T* y, int64_t n, float p, uint64_t seed, uint64
     fill<T>(y, n, T(0));
     return;
   }
-  const uint32_t t32 = static_cast<uint32_t>(threshold);
   const T keep_scale = p < 1.0f ? T(1) / (T(1) - static_cast<T>(p)) : T(0);
   const int64_t runs = (n + kDropoutRun - 1) / kDropoutRun;
 #pragma omp parallel for schedule(static) if (n > kParallelMin)
@@ -188,7 +187,7 @@ void dropout_forward(const T* x, T* y, int64_t n, float p, uint64_t seed, uint64
     const int64_t i0 = r * kDropoutRun, len = std::min(kDropoutRun, n - i0);
     uint32_t words[kDropoutRun];
     philox_words(seed, stream, static_cast<uint64_t>(i0), len, words);
-    apply_dropout_words(words, len, t32, keep_scale, x + i0, y + i0);
+    apply_dropout_words(words, len, threshold, keep_scale, x + i0, y + i0);
   }
 }
 
