@@ -140,9 +140,10 @@ void conv2d_backward_data(const T* dy, const T* w, T* dx, const ConvShape& s);
 // The 16-bit launchers (CPU and CUDA) compute in f32 and round each output element once.
 template <class T>
 void conv2d_backward_filter(const T* x, const T* dy, T* dw, T* dbias, const ConvShape& s);
-// The CPU's algorithm for f32 3x3 stride-1 convolutions: "winograd" (the default) or "direct",
-// from the environment variable REGEN_CPU_CONV (kernels/cpu/conv2d_winograd.h). The two differ in
-// workspace and time, so profiles of CPU steps record it and runs compare it (session/records.cpp).
+// The CPU's algorithm for 3x3 stride-1 convolutions (f32, bf16 and f16): "winograd" (the default)
+// or "direct", from the environment variable REGEN_CPU_CONV (kernels/cpu/conv2d_winograd.h). The
+// two differ in workspace and time, so profiles of CPU steps record it and runs compare it
+// (session/records.cpp).
 std::string conv2d_algorithm();
 // Sets it for the rest of the process, over the variable: "winograd" or "direct" (anything else is
 // an error naming the value). For `regen bench train --cpu-conv`, which compares the two; not for

@@ -34,6 +34,13 @@ constexpr const char* kCpuConvVariable = "REGEN_CPU_CONV";
 // tile_size): F(4x4, 3x3) came later, with its own workspace and times.
 constexpr const char* kWinogradTiles = "winograd-tiles";
 constexpr const char* kWinogradTilesNow = "2x2,4x4";
+// Under Winograd in bf16 or fp16, the element types it takes: 16-bit operands came later (their
+// 3x3 convolutions ran the direct path before, with other workspace and times).
+constexpr const char* kWinogradTypes = "winograd-types";
+constexpr const char* kWinogradTypesNow = "f32,bf16,f16";
+bool is_16_bit(const std::string& precision) {
+  return precision == "bf16" || precision == "fp16";
+}
 }  // namespace
 
 std::map<std::string, std::string> run_flags(const SessionOptions& o) {
@@ -57,7 +64,10 @@ std::map<std::string, std::string> run_flags(const SessionOptions& o) {
   // The CPU's 3x3 convolutions: Winograd or the direct GEMM (their workspace and time differ).
   if (device.is_cpu()) {
     r[kCpuConvVariable] = cpu::conv2d_algorithm();
-    if (r[kCpuConvVariable] == "winograd") r[kWinogradTiles] = kWinogradTilesNow;
+    if (r[kCpuConvVariable] == "winograd") {
+      r[kWinogradTiles] = kWinogradTilesNow;
+      if (is_16_bit(r["--precision"])) r[kWinogradTypes] = kWinogradTypesNow;
+    }
   }
   // What the step allocates besides forward and backward: micro-batches, the gradient norm.
   r["--accumulate"] = std::to_string(o.accumulate);
@@ -124,14 +134,18 @@ void check_profile_run(const Profile& p, const SessionOptions& o, const std::str
     recorded.erase(std::remove_if(recorded.begin(), recorded.end(),
                                   [](const auto& kv) {
                                     return kv.first == kCpuConvVariable ||
-                                           kv.first == kWinogradTiles;
+                                           kv.first == kWinogradTiles || kv.first == kWinogradTypes;
                                   }),
                    recorded.end());
   } else if (p.run.count(kCpuConvVariable) == 0 && !p.run.empty() && p.device == "cpu") {
     recorded.emplace_back(kCpuConvVariable, "direct");
-  } else if (p.run.count(kWinogradTiles) == 0 && p.run.count(kCpuConvVariable) != 0 &&
-             p.run.at(kCpuConvVariable) == "winograd") {
-    recorded.emplace_back(kWinogradTiles, "2x2");  // before F(4x4, 3x3)
+  } else if (p.run.count(kCpuConvVariable) != 0 && p.run.at(kCpuConvVariable) == "winograd") {
+    if (p.run.count(kWinogradTiles) == 0) {
+      recorded.emplace_back(kWinogradTiles, "2x2");  // before F(4x4, 3x3)
+    }
+    if (p.run.count(kWinogradTypes) == 0 && is_16_bit(profile_precision(p))) {
+      recorded.emplace_back(kWinogradTypes, "f32");  // before 16-bit Winograd
+    }
   }
   // Profiles written before --precision recorded the math mode (--math, or --tf32 before it), or
   // nothing: they ran in fp32 or tf32.
@@ -184,6 +198,12 @@ void check_profile_run(const Profile& p, const SessionOptions& o, const std::str
                  ": its memory and times are another step's (",
                  own ? "pass " + setting("grad_norm", false) + ", or " : std::string(),
                  "profile again with ", setting("grad_norm", on), ")");
+    }
+    if (flag == kWinogradTypes) {
+      REGEN_FAIL(what, " was made by a regen whose CPU Winograd convolutions took ", then,
+                 " operands only (its ", profile_precision(p),
+                 " 3x3 convolutions ran the direct path), but this one's take ", here,
+                 ": its memory and times are another step's (profile again)");
     }
     if (flag == kWinogradTiles) {
       REGEN_FAIL(what, " was made by a regen whose CPU Winograd convolutions had output tiles of ",

@@ -13,6 +13,7 @@
 
 #include "regen/autograd/op_list.h"
 #include "regen/autograd/ops.h"
+#include "regen/kernels/cpu/conv2d_lowp.h"
 #include "regen/kernels/cpu/conv2d_winograd.h"
 #include "regen/kernels/kernels.h"
 #include "regen/session/records.h"
@@ -429,6 +430,85 @@ TEST_CASE("conv2d f32 Winograd: the same bits with 1, 2 and 3 threads, blocks or
   }
 }
 
+TEST_CASE_TEMPLATE(
+    "conv2d 16-bit Winograd: f32 Winograd's results on the widened values, rounded once", E,
+    bfloat16, float16) {
+  // The 16-bit passes widen what they read and run f32 Winograd's operations in its order, so
+  // every output is the f32 pass's on the same values, rounded once: the same bits, not a
+  // tolerance. Both tile sizes, odd planes, every padding, blocks or rows split, several
+  // backward-filter chunks; backward-data with a bias (conv_transpose2d's forward).
+  struct Case {
+    int64_t N, C, H, W, K, pad;
+  };
+  const Case cases[] = {
+      {4, 17, 17, 15, 20, 1}, {15, 300, 6, 5, 70, 1}, {4, 16, 14, 14, 16, 0},
+      {3, 24, 13, 16, 33, 2}, {4, 32, 28, 28, 40, 1}, {3, 40, 23, 21, 17, 1},
+  };
+  const DType dt = dtype_of<E>::value;
+  const cpu::winograd::ScopedAlgo winograd(cpu::winograd::Algo::winograd);
+  uint64_t seed = 1300;
+  int64_t dw_differ = 0;
+  for (const Case& c : cases) {
+    const ConvShape s = make_conv_shape(c.N, c.C, c.H, c.W, c.K, 3, 3, 1, 1, c.pad, c.pad);
+    REQUIRE(cpu::winograd::applies(s));
+    seed += 10;
+    // 16-bit tensors and their exact f32 widenings.
+    const Tensor x = rand_t<float>({c.N, c.C, c.H, c.W}, seed).to(dt);
+    const Tensor w = rand_t<float>({c.K, c.C, 3, 3}, seed + 1).to(dt);
+    const Tensor b = rand_t<float>({c.K}, seed + 2).to(dt);
+    const Tensor bx = rand_t<float>({c.C}, seed + 4).to(dt);  // backward-data's bias
+    const Tensor dy = rand_t<float>({s.N, s.K, s.P, s.Q}, seed + 3).to(dt);
+    const Tensor x32 = x.to(DType::f32), w32 = w.to(DType::f32), b32 = b.to(DType::f32);
+    const Tensor bx32 = bx.to(DType::f32), dy32 = dy.to(DType::f32);
+    for (const int m : {2, 4}) {
+      const std::string at = "x[" + std::to_string(c.N) + "," + std::to_string(c.C) + "," +
+                             std::to_string(c.H) + "," + std::to_string(c.W) + "] K " +
+                             std::to_string(c.K) + " pad " + std::to_string(c.pad) + " F(" +
+                             std::to_string(m) + "x" + std::to_string(m) + ")";
+      const cpu::winograd::ScopedTileSize tile(m);
+      Tensor y = full(dy.shape(), 123.0, dt), dx = full(x.shape(), 123.0, dt);  // stale values
+      Tensor dw = full(w.shape(), 123.0, dt), db = full(b.shape(), 123.0, dt);
+      cpu::conv2d_forward<E>(x.data<E>(), w.data<E>(), b.data<E>(), y.data<E>(), s);
+      cpu::conv2d_backward_data_with_bias<E>(dy.data<E>(), w.data<E>(), bx.data<E>(), dx.data<E>(),
+                                             s);
+      cpu::conv2d_backward_filter<E>(x.data<E>(), dy.data<E>(), dw.data<E>(), db.data<E>(), s);
+      Tensor y32 = empty(dy.shape()), dx32 = empty(x.shape()), dw32 = empty(w.shape());
+      Tensor db32 = empty(b.shape());
+      cpu::conv2d_forward<float>(x32.data<float>(), w32.data<float>(), b32.data<float>(),
+                                 y32.data<float>(), s);
+      cpu::conv2d_backward_data<float>(dy32.data<float>(), w32.data<float>(), dx32.data<float>(),
+                                       s);
+      // Winograd's output transform adds the bias last, as here.
+      {
+        float* d = dx32.data<float>();
+        const float* bb = bx32.data<float>();
+        for (int64_t i = 0; i < dx32.numel(); ++i) d[i] += bb[i / (c.H * c.W) % c.C];
+      }
+      cpu::conv2d_backward_filter<float>(x32.data<float>(), dy32.data<float>(), dw32.data<float>(),
+                                         db32.data<float>(), s);
+      const auto bits = [](const Tensor& t) {
+        std::vector<uint16_t> v;
+        for (const E& e : t.to_vector<E>()) v.push_back(e.bits);
+        return v;
+      };
+      CHECK_MESSAGE(bits(y) == bits(y32.to(dt)), at, " forward");
+      CHECK_MESSAGE(bits(dx) == bits(dx32.to(dt)), at, " backward-data");
+      CHECK_MESSAGE(bits(dw) == bits(dw32.to(dt)), at, " backward-filter");
+      CHECK_MESSAGE(bits(db) == bits(db32.to(dt)), at, " bias gradient");
+      // And they are Winograd's: the direct path rounds otherwise somewhere (backward-filter's
+      // few sums, rounded to 16 bits, can all agree on one case, so over all of them).
+      const cpu::winograd::ScopedAlgo direct(cpu::winograd::Algo::direct);
+      Tensor yd = empty(dy.shape(), dt), dwd = empty(w.shape(), dt);
+      cpu::conv2d_forward<E>(x.data<E>(), w.data<E>(), b.data<E>(), yd.data<E>(), s);
+      cpu::conv2d_backward_filter<E>(x.data<E>(), dy.data<E>(), dwd.data<E>(), nullptr, s);
+      CHECK_MESSAGE(bits(yd) != bits(y), at);
+      const auto a = bits(dwd), z = bits(dw);
+      for (size_t i = 0; i < a.size(); ++i) dw_differ += a[i] != z[i];
+    }
+  }
+  CHECK(dw_differ > 0);
+}
+
 TEST_CASE(
     "REGEN_CPU_CONV: CPU profiles record the algorithm, and a run with the other is refused") {
   SessionOptions o;
@@ -468,6 +548,21 @@ TEST_CASE(
     expect_error([&] { check_profile_run(wino, o, "the profile"); },
                  {"the profile was made by a regen whose CPU Winograd convolutions had output "
                   "tiles of 2x2 only, but this one's have 2x2,4x4",
+                  "(profile again)"});
+    // In bf16 and fp16 it also records that Winograd takes 16-bit operands (not in fp32); a
+    // 16-bit profile from before ran those convolutions on the direct path.
+    CHECK(wino.run.count("winograd-types") == 0);
+    SessionOptions o16 = o;
+    o16.precision = "bf16";
+    Profile w16 = p;
+    w16.run = run_flags(o16);
+    CHECK(w16.run.at("winograd-types") == "f32,bf16,f16");
+    check_profile_run(w16, o16, "the profile");
+    w16.run.erase("winograd-types");
+    expect_error([&] { check_profile_run(w16, o16, "the profile"); },
+                 {"the profile was made by a regen whose CPU Winograd convolutions took f32 "
+                  "operands only (its bf16 3x3 convolutions ran the direct path), but this one's "
+                  "take f32,bf16,f16",
                   "(profile again)"});
     // Without a convolution in the step, the algorithm does not matter.
     Profile no_conv = p;

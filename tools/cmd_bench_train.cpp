@@ -290,7 +290,8 @@ void setup(CLI::App& app) {
                  "step_max_s, step_ms, "
                  "samples_per_s, peak_bytes");
   app.add_option("--cpu-conv", f->cpu_conv,
-                 "the CPU's algorithm for f32 3x3 stride-1 convolutions, over the variable "
+                 "the CPU's algorithm for 3x3 stride-1 convolutions (f32, bf16, f16), over the "
+                 "variable "
                  "REGEN_CPU_CONV: winograd (the default), direct, or both (the two alternated "
                  "step by step in one process: --steps pairs, each one's median and the median "
                  "ratio)")

@@ -17,10 +17,10 @@
 // kDryRunLaunchers) every pass requests that workspace, tile by tile as a real run does, and
 // computes nothing: the packed GEMM returns after its request, the other loops are skipped.
 //
-// f32 3x3 stride-1 convolutions with enough channels and output tiles (conv2d_winograd.h
-// applies()) go to Winograd instead, all three passes (backward-data as the flipped forward;
-// F(4x4, 3x3) or F(2x2, 3x3) by tile_size(), backward-filter F(2x2)), unless REGEN_CPU_CONV=direct.
-// The choice depends on the shape only (and the variable).
+// 3x3 stride-1 convolutions with enough channels and output tiles (conv2d_winograd.h
+// applies()), f32, bf16 and f16 alike, go to Winograd instead, all three passes (backward-data as
+// the flipped forward; F(4x4, 3x3) or F(2x2, 3x3) by tile_size(), backward-filter F(2x2)), unless
+// REGEN_CPU_CONV=direct. The choice depends on the shape only (and the variable).
 //
 // Determinism: the packed GEMM sums every element in a fixed order with fixed block sizes, col2im
 // sums each (image, channel) plane on one thread in a fixed order, and bias gradients are summed
@@ -33,6 +33,7 @@
 // workspace of whole images (output planes, dcol, or dx being folded) and each output element is
 // rounded to 16 bits once, after the bias (if any) is added in f32. Backward-filter writes f32 (K,
 // CRS) into a workspace and rounds it once; the bias gradient is summed in double and rounded once.
+// Their Winograd passes widen as they read and round once too (conv2d_winograd.h).
 // Tests: tests/test_ops_vision.cpp (against nested loops), tests/test_gradcheck_vision.cpp,
 // tests/test_amp_gemm_ops.cpp (16-bit against f32).
 #include <omp.h>
@@ -475,6 +476,7 @@ void store_planes(float* acc, E* y, int64_t planes, int64_t channels, int64_t pl
 
 template <class E>
 void forward_lowp(const E* x, const E* w, const E* bias, E* y, const ConvShape& s) {
+  if (winograd::applies(s)) return winograd::forward<E>(x, w, bias, y, s);
   const int64_t crs = s.C * s.R * s.S, pq = s.P * s.Q, kpq = s.K * pq;
   const int64_t images = f32_tile_images(kpq, s.N);
   Workspace ws(Device::cpu(), static_cast<uint64_t>(images * kpq) * sizeof(float));
@@ -505,11 +507,14 @@ void backward_data_lowp(const E* dy, const E* w, const E* bias, E* dx, const Con
     }
     return;
   }
-  if (s.stride_h == 1 && s.stride_w == 1 && s.pad_h < s.R && s.pad_w < s.S &&
-      s.P * s.Q >= kFlipMinPixels) {
+  const ConvShape t = s.stride_h == 1 && s.stride_w == 1 && s.pad_h < s.R && s.pad_w < s.S
+                          ? make_conv_shape(s.N, s.K, s.P, s.Q, s.C, s.R, s.S, 1, 1,
+                                            s.R - 1 - s.pad_h, s.S - 1 - s.pad_w)
+                          : ConvShape{};
+  const bool winograd_flip = t.N > 0 && winograd::applies(t);
+  if (winograd_flip) return winograd::forward<E>(dy, w, bias, dx, t, true);  // as the f32 path
+  if (t.N > 0 && s.P * s.Q >= kFlipMinPixels) {
     // As the f32 path: a convolution of dy with the flipped weights (a 16-bit bit copy).
-    const ConvShape t = make_conv_shape(s.N, s.K, s.P, s.Q, s.C, s.R, s.S, 1, 1, s.R - 1 - s.pad_h,
-                                        s.S - 1 - s.pad_w);
     const int64_t krs = s.K * s.R * s.S, rs = s.R * s.S;
     Workspace flip_ws(Device::cpu(), static_cast<uint64_t>(s.C * krs) * sizeof(E));
     E* flipped = flip_ws.as<E>();
@@ -578,6 +583,7 @@ void backward_filter_lowp(const E* x, const E* dy, E* dw, E* dbias, const ConvSh
     }
   }
   if (!dw) return;  // the bias gradient alone
+  if (winograd::applies(s)) return winograd::backward_filter<E>(x, dy, dw, s);
   Workspace ws(Device::cpu(), static_cast<uint64_t>(s.K * crs) * sizeof(float));
   float* acc = ws.as<float>();  // (K, CRS)
   const ARows<E, DySource<E>> a{{dy, s.K, pq, 0}};
@@ -589,7 +595,7 @@ void backward_filter_lowp(const E* x, const E* dy, E* dw, E* dbias, const ConvSh
 template <class T>
 void conv2d_forward_wide(const T* x, const T* w, const T* bias, T* y, const ConvShape& s) {
   if constexpr (std::is_same_v<T, float>) {
-    if (winograd::applies(s)) return winograd::forward(x, w, bias, y, s);
+    if (winograd::applies(s)) return winograd::forward<T>(x, w, bias, y, s);
   }
   const int64_t crs = s.C * s.R * s.S, pq = s.P * s.Q;
   const ARows<T, ViewSource<T>> a{{w, crs}};
@@ -620,7 +626,7 @@ void conv2d_backward_data_wide(const T* dy, const T* w, T* dx, const ConvShape& 
     // flipped convolution goes to Winograd, conv2d_winograd.h, which unfolds nothing).
     if constexpr (std::is_same_v<T, float>) {
       // Winograd reads w flipped as it transforms the filters: no flipped copy.
-      if (winograd_flip) return winograd::forward(dy, w, nullptr, dx, flip, true);
+      if (winograd_flip) return winograd::forward<T>(dy, w, nullptr, dx, flip, true);
     }
     const int64_t krs = s.K * s.R * s.S, rs = s.R * s.S;
     Workspace ws(Device::cpu(), static_cast<uint64_t>(s.C * krs) * sizeof(T));
@@ -681,7 +687,7 @@ void conv2d_backward_filter_wide(const T* x, const T* dy, T* dw, T* dbias, const
     }
   }
   if constexpr (std::is_same_v<T, float>) {
-    if (dw && winograd::applies(s)) return winograd::backward_filter(x, dy, dw, s);
+    if (dw && winograd::applies(s)) return winograd::backward_filter<T>(x, dy, dw, s);
   }
   const ARows<T, DySource<T>> a{{dy, s.K, pq, 0}};
   const BCols<T, ColSource<T>> b{{x, s, 0}};

@@ -1,5 +1,5 @@
-// Winograd F(2x2, 3x3) and F(4x4, 3x3) for f32 3x3 stride-1 convolutions (declared in
-// conv2d_winograd.h).
+// Winograd F(2x2, 3x3) and F(4x4, 3x3) for 3x3 stride-1 convolutions (declared in
+// conv2d_winograd.h): f32, and bf16 and f16 operands widened to f32 as they are read.
 //
 // Each 2x2 block of outputs ("tile") of an output plane is computed from the 4x4 input patch
 // under it: with d the patch and g a 3x3 filter,
@@ -35,8 +35,15 @@
 // order, the inverse transform, the bias) whichever thread and block computes it, so results do
 // not depend on the thread count. They differ from the direct convolution's in rounding (the
 // transforms add and scale before multiplying): measured in tests/test_ops_vision.cpp.
+//
+// 16-bit operands (bf16, f16): x, w and dy are widened to f32 where they are read (a block's
+// patches gathered as they are, then widened in one vector loop), every transform and product is
+// the f32 path's, and each output (y, dx, dw) is rounded once to 16 bits (a block's tiles narrowed
+// in one vector loop). So a 16-bit pass gives the f32 pass's results on the widened values,
+// rounded once, bit for bit (tests/test_ops_vision.cpp), with the same workspace, on every CPU.
 #include "regen/kernels/cpu/conv2d_winograd.h"
 
+#include <immintrin.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -48,6 +55,7 @@
 #include "regen/core/dry_run.h"
 #include "regen/core/error.h"
 #include "regen/core/tensor.h"
+#include "regen/kernels/cpu/convert.h"
 #include "regen/kernels/cpu/packed_gemm.h"
 #include "regen/kernels/cpu/panel_transpose.h"
 #include "regen/kernels/kernels.h"
@@ -92,7 +100,7 @@ Algo read_env() {
   if (v == nullptr || *v == '\0') return Algo::winograd;
   const int a = algo_named(v);
   REGEN_CHECK(a >= 0, "REGEN_CPU_CONV='", v,
-              "': expected winograd (the default: F(2x2, 3x3) for the f32 3x3 stride-1 "
+              "': expected winograd (the default: F(4x4, 3x3) or F(2x2, 3x3) for the 3x3 stride-1 "
               "convolutions with enough channels and tiles) or direct (the packed GEMM for every "
               "convolution)");
   return static_cast<Algo>(a);
@@ -100,6 +108,21 @@ Algo read_env() {
 
 int64_t ceil_div(int64_t a, int64_t b) {
   return (a + b - 1) / b;
+}
+
+// One element widened to f32, exactly (core/half.h): f16 by the hardware conversion where there
+// is one, except infinities and NaNs (the hardware would quiet a signalling NaN's payload).
+inline float widen(float v) {
+  return v;
+}
+inline float widen(bfloat16 v) {
+  return half::from_bf16(v.bits);
+}
+inline float widen(float16 v) {
+#if defined(__F16C__)
+  if ((v.bits & 0x7c00u) != 0x7c00u) return _cvtsh_ss(v.bits);
+#endif
+  return half::from_fp16(v.bits);
 }
 
 // U = G g G^T for kMR filters at once, one per lane: g[3 * i + j][lane] the filters' taps
@@ -147,8 +170,10 @@ TileSites block_tiles(int64_t first, int64_t count, int64_t tiles_h, int64_t til
 }
 
 // The input patches of a block's tiles: A x A values from row M th - pad and column M tw - pad of
-// each tile's image (zero outside the plane), gathered channel by channel into d[a][b][j].
-template <int A, int M>
+// each tile's image (zero outside the plane), gathered channel by channel into d[a][b][j] as f32.
+// 16-bit elements are gathered as they are, then widened all at once (a vector loop, not a
+// conversion per element).
+template <int A, int M, class E>
 class Patches {
  public:
   Patches(const ConvShape& s, const TileSites& t) : s_(s), t_(t) {
@@ -159,12 +184,30 @@ class Patches {
       base_[j] = t.n[j] * chw + h0_[j] * s.W + w0_[j];
       inside_[j] = h0_[j] >= 0 && w0_[j] >= 0 && h0_[j] + A <= s.H && w0_[j] + A <= s.W;
     }
+    if constexpr (kWiden) std::memset(raw_, 0, sizeof(raw_));  // +0 in both formats
   }
-  // Channel plane xc's patches; columns past the block's tiles are left as they are.
-  void gather(const float* xc, float (*d)[A][kBlock]) const {
+  // Channel plane xc's patches; columns past the block's tiles are left as they are (16-bit
+  // elements: zero).
+  void gather(const E* xc, float (*d)[A][kBlock]) {
+    if constexpr (kWiden) {
+      copy(xc, raw_);
+      // The block's columns rounded up to 16 (whole vectors for any lane count; zero past them).
+      const int64_t w = std::min<int64_t>(kBlock, (t_.count + 15) / 16 * 16);
+      for (int a = 0; a < A; ++a)
+        for (int b = 0; b < A; ++b) convert::widen_span(raw_[a][b], d[a][b], w);
+    } else {
+      copy(xc, d);
+    }
+  }
+
+ private:
+  static constexpr bool kWiden = !std::is_same_v<E, float>;
+  template <class T>
+  void copy(const E* xc, T (*d)[A][kBlock]) const {
+    const T zero(0.0f);
     for (int64_t j = 0; j < t_.count; ++j) {
       if (inside_[j]) {
-        const float* p = xc + base_[j];
+        const E* p = xc + base_[j];
         for (int a = 0; a < A; ++a)
           for (int b = 0; b < A; ++b) d[a][b][j] = p[a * s_.W + b];
         continue;
@@ -174,28 +217,29 @@ class Patches {
         for (int b = 0; b < A; ++b) {
           const int64_t w = w0_[j] + b;
           d[a][b][j] =
-              h >= 0 && h < s_.H && w >= 0 && w < s_.W ? xc[base_[j] + a * s_.W + b] : 0.0f;
+              h >= 0 && h < s_.H && w >= 0 && w < s_.W ? xc[base_[j] + a * s_.W + b] : zero;
         }
       }
     }
   }
 
- private:
   const ConvShape& s_;
   const TileSites& t_;
   int64_t h0_[kBlock], w0_[kBlock], base_[kBlock];
   bool inside_[kBlock];
+  alignas(64) E raw_[kWiden ? A : 1][kWiden ? A : 1][kWiden ? kBlock : 1];
 };
 
 // V[xi] = B^T d B for channels [c_lo, c_hi) of the block's patches, `width` columns (the tiles
 // rounded up to whole vectors) per channel, rows `ld` apart: v[xi * vstride + c * ld + j].
 // Columns past the block's tiles are zero. Forward writes the register tile's B panels (ld ==
 // width); backward-filter writes row-major matrices whose rows span several blocks.
-void input_transform(const float* x, const ConvShape& s, const TileSites& t, int64_t width,
-                     int64_t ld, int64_t c_lo, int64_t c_hi, float* v, int64_t vstride) {
+template <class E>
+void input_transform(const E* x, const ConvShape& s, const TileSites& t, int64_t width, int64_t ld,
+                     int64_t c_lo, int64_t c_hi, float* v, int64_t vstride) {
   const int64_t hw = s.H * s.W;
   alignas(64) float d[4][4][kBlock];
-  const Patches<4, 2> patches(s, t);
+  Patches<4, 2, E> patches(s, t);
   std::memset(d, 0, sizeof(d));
   for (int64_t c = c_lo; c < c_hi; ++c) {
     patches.gather(x + c * hw, d);
@@ -233,11 +277,35 @@ void input_transform(const float* x, const ConvShape& s, const TileSites& t, int
   }
 }
 
+// The block's M x M output tiles o[a][c][j] into yk, one output channel's planes (rounded once to
+// E; 16-bit: all at once, a vector loop); outputs past the plane's edge are dropped.
+template <int M, class E>
+void store_tiles(const float (*o)[M][kBlock], const TileSites& t, E* yk, const ConvShape& s) {
+  const int64_t pq = s.P * s.Q, kpq = s.K * pq;
+  auto scatter = [&](const auto(*v)[M][kBlock]) {
+    for (int64_t j = 0; j < t.count; ++j) {
+      const int64_t p0 = M * t.th[j], q0 = M * t.tw[j];
+      E* yt = yk + t.n[j] * kpq + p0 * s.Q + q0;
+      for (int a = 0; a < M && p0 + a < s.P; ++a)
+        for (int c = 0; c < M && q0 + c < s.Q; ++c) yt[a * s.Q + c] = v[a][c][j];
+    }
+  };
+  if constexpr (std::is_same_v<E, float>) {
+    scatter(o);
+  } else {
+    alignas(64) E narrow[M][M][kBlock];
+    for (int a = 0; a < M; ++a)
+      for (int c = 0; c < M; ++c) convert::narrow_span(o[a][c], narrow[a][c], t.count);
+    scatter(narrow);
+  }
+}
+
 // y's tiles from M[xi] for output channels [k0, k1): y = A^T M A (+ bias). The products wrote
 // the first `width` columns of M (the block's tiles rounded up to whole vectors).
+template <class E>
 void output_transform(const float* m, int64_t mstride, int64_t width, const TileSites& t,
-                      int64_t k0, int64_t k1, const float* bias, float* y, const ConvShape& s) {
-  const int64_t pq = s.P * s.Q, kpq = s.K * pq;
+                      int64_t k0, int64_t k1, const E* bias, E* y, const ConvShape& s) {
+  const int64_t pq = s.P * s.Q;
   for (int64_t k = k0; k < k1; ++k) {
     const float* mk = m + (k - k0) * kBlock;
     alignas(64) float o[2][2][kBlock];
@@ -252,26 +320,22 @@ void output_transform(const float* m, int64_t mstride, int64_t width, const Tile
         r[1][c][j] = m1[j] - m2[j] - m3[j];
       }
     }
-    const float b = bias ? bias[k] : 0.0f;
+    const float b = bias ? widen(bias[k]) : 0.0f;
     for (int a = 0; a < 2; ++a) {
       for (int64_t j = 0; j < width; ++j) {
         o[a][0][j] = r[a][0][j] + r[a][1][j] + r[a][2][j] + b;
         o[a][1][j] = r[a][1][j] - r[a][2][j] - r[a][3][j] + b;
       }
     }
-    for (int64_t j = 0; j < t.count; ++j) {
-      const int64_t p0 = 2 * t.th[j], q0 = 2 * t.tw[j];
-      float* yk = y + t.n[j] * kpq + k * pq;
-      for (int a = 0; a < 2 && p0 + a < s.P; ++a)
-        for (int c = 0; c < 2 && q0 + c < s.Q; ++c) yk[(p0 + a) * s.Q + q0 + c] = o[a][c][j];
-    }
+    store_tiles<2>(o, t, y + k * pq, s);
   }
 }
 
 // dM[xi] = A dy A^T for output channels [k_lo, k_hi) of the block's tiles (the adjoint of
 // output_transform; outputs past the plane's edge have no gradient): rows `ld` apart,
 // g[xi * gstride + k * ld + j], `width` columns, zero past the block's tiles.
-void grad_output_transform(const float* dy, const ConvShape& s, const TileSites& t, int64_t width,
+template <class E>
+void grad_output_transform(const E* dy, const ConvShape& s, const TileSites& t, int64_t width,
                            int64_t ld, int64_t k_lo, int64_t k_hi, float* g, int64_t gstride) {
   const int64_t pq = s.P * s.Q, kpq = s.K * pq;
   int64_t base[kBlock];
@@ -283,20 +347,20 @@ void grad_output_transform(const float* dy, const ConvShape& s, const TileSites&
   }
   alignas(64) float e[2][2][kBlock] = {};  // columns past the tiles stay zero
   for (int64_t k = k_lo; k < k_hi; ++k) {
-    const float* dk = dy + k * pq;
+    const E* dk = dy + k * pq;
     for (int64_t j = 0; j < t.count; ++j) {
-      const float* p = dk + base[j];
+      const E* p = dk + base[j];
       if (full[j]) {
-        e[0][0][j] = p[0];
-        e[0][1][j] = p[1];
-        e[1][0][j] = p[s.Q];
-        e[1][1][j] = p[s.Q + 1];
+        e[0][0][j] = widen(p[0]);
+        e[0][1][j] = widen(p[1]);
+        e[1][0][j] = widen(p[s.Q]);
+        e[1][1][j] = widen(p[s.Q + 1]);
         continue;
       }
       const int64_t p0 = 2 * t.th[j], q0 = 2 * t.tw[j];
       for (int a = 0; a < 2; ++a)
         for (int b = 0; b < 2; ++b)
-          e[a][b][j] = p0 + a < s.P && q0 + b < s.Q ? p[a * s.Q + b] : 0.0f;
+          e[a][b][j] = p0 + a < s.P && q0 + b < s.Q ? widen(p[a * s.Q + b]) : 0.0f;
     }
     // Rows r = A e (r0 = e0, r1 = e0 + e1, r2 = e0 - e1, r3 = -e1), then each row times A^T.
     alignas(64) float r[4][2][kBlock];
@@ -392,12 +456,13 @@ inline void b_transpose_6(const float* d0, const float* d1, const float* d2, con
 // V[xi] = B^T d B for channels [c_lo, c_hi) of the block's 6x6 patches (tile j's patch starts at
 // row 4 th - pad, column 4 tw - pad), into the register tile's B panels: v[xi * vstride + c *
 // width + j], zero past the block's tiles.
-void input_transform4(const float* x, const ConvShape& s, const TileSites& t, int64_t width,
+template <class E>
+void input_transform4(const E* x, const ConvShape& s, const TileSites& t, int64_t width,
                       int64_t c_lo, int64_t c_hi, float* v, int64_t vstride) {
   const int64_t hw = s.H * s.W;
   alignas(64) float d[6][6][kBlock];
   alignas(64) float r[6][6][kBlock];
-  const Patches<6, 4> patches(s, t);
+  Patches<6, 4, E> patches(s, t);
   std::memset(d, 0, sizeof(d));
   for (int64_t c = c_lo; c < c_hi; ++c) {
     patches.gather(x + c * hw, d);
@@ -416,9 +481,10 @@ void input_transform4(const float* x, const ConvShape& s, const TileSites& t, in
 }
 
 // y's 4x4 tiles from M[xi] for output channels [k0, k1): y = A^T M A (+ bias).
+template <class E>
 void output_transform4(const float* m, int64_t mstride, int64_t width, const TileSites& t,
-                       int64_t k0, int64_t k1, const float* bias, float* y, const ConvShape& s) {
-  const int64_t pq = s.P * s.Q, kpq = s.K * pq;
+                       int64_t k0, int64_t k1, const E* bias, E* y, const ConvShape& s) {
+  const int64_t pq = s.P * s.Q;
   for (int64_t k = k0; k < k1; ++k) {
     const float* mk = m + (k - k0) * kBlock;
     alignas(64) float r[4][6][kBlock];  // A^T M
@@ -439,7 +505,7 @@ void output_transform4(const float* m, int64_t mstride, int64_t width, const Til
         r[3][c][j] = sm + 8.0f * tm + m5[j];
       }
     }
-    const float b = bias ? bias[k] : 0.0f;
+    const float b = bias ? widen(bias[k]) : 0.0f;
     for (int a = 0; a < 4; ++a) {
       for (int64_t j = 0; j < width; ++j) {
         const float sp = r[a][1][j] + r[a][2][j], sm = r[a][1][j] - r[a][2][j];
@@ -450,12 +516,7 @@ void output_transform4(const float* m, int64_t mstride, int64_t width, const Til
         o[a][3][j] = sm + 8.0f * tm + r[a][5][j] + b;
       }
     }
-    for (int64_t j = 0; j < t.count; ++j) {
-      const int64_t p0 = 4 * t.th[j], q0 = 4 * t.tw[j];
-      float* yk = y + t.n[j] * kpq + k * pq;
-      for (int a = 0; a < 4 && p0 + a < s.P; ++a)
-        for (int c = 0; c < 4 && q0 + c < s.Q; ++c) yk[(p0 + a) * s.Q + q0 + c] = o[a][c][j];
-    }
+    store_tiles<4>(o, t, y + k * pq, s);
   }
 }
 
@@ -503,9 +564,8 @@ bool applies(const ConvShape& s) {
 
 namespace {
 // forward() with output tiles of M x M (2 or 4): (M + 2)^2 products.
-template <int M>
-void forward_tiles(const float* x, const float* w, const float* bias, float* y, const ConvShape& s,
-                   bool flipped) {
+template <int M, class E>
+void forward_tiles(const E* x, const E* w, const E* bias, E* y, const ConvShape& s, bool flipped) {
   constexpr int kXi = (M + 2) * (M + 2);
   const int64_t tiles_h = ceil_div(s.P, M), tiles_w = ceil_div(s.Q, M);
   const int64_t tiles = s.N * tiles_h * tiles_w, blocks = ceil_div(tiles, kBlock);
@@ -544,8 +604,8 @@ void forward_tiles(const float* x, const float* w, const float* bias, float* y, 
           const int64_t k = ip * kMR + i;
           for (int tap = 0; tap < 9; ++tap) {
             g[tap][i] = k >= s.K  ? 0.0f
-                        : flipped ? w[(c * s.K + k) * 9 + 8 - tap]
-                                  : w[(k * s.C + c) * 9 + tap];
+                        : flipped ? widen(w[(c * s.K + k) * 9 + 8 - tap])
+                                  : widen(w[(k * s.C + c) * 9 + tap]);
           }
         }
         if constexpr (M == 2) {
@@ -614,8 +674,8 @@ void forward_tiles(const float* x, const float* w, const float* bias, float* y, 
 }
 }  // namespace
 
-void forward(const float* x, const float* w, const float* bias, float* y, const ConvShape& s,
-             bool flipped) {
+template <class E>
+void forward(const E* x, const E* w, const E* bias, E* y, const ConvShape& s, bool flipped) {
   REGEN_CHECK(
       s.R == 3 && s.S == 3 && s.stride_h == 1 && s.stride_w == 1 && s.pad_h <= 2 && s.pad_w <= 2,
       "conv2d Winograd: needs a 3x3 stride-1 convolution with padding at most "
@@ -625,7 +685,8 @@ void forward(const float* x, const float* w, const float* bias, float* y, const 
   forward_tiles<2>(x, w, bias, y, s, flipped);
 }
 
-void backward_filter(const float* x, const float* dy, float* dw, const ConvShape& s) {
+template <class E>
+void backward_filter(const E* x, const E* dy, E* dw, const ConvShape& s) {
   REGEN_CHECK(
       s.R == 3 && s.S == 3 && s.stride_h == 1 && s.stride_w == 1 && s.pad_h <= 2 && s.pad_w <= 2,
       "conv2d Winograd F(2x2, 3x3) backward-filter: needs a 3x3 stride-1 convolution with padding "
@@ -698,14 +759,35 @@ void backward_filter(const float* x, const float* dy, float* dw, const ConvShape
     }
 #pragma omp for schedule(static)
     for (int64_t k = 0; k < s.K; ++k) {
-      for (int64_t c = 0; c < s.C; ++c) {
-        float u[16];
-        for (int xi = 0; xi < 16; ++xi) u[xi] = du[xi * ustride + k * s.C + c];
-        filter_gradient(u, dw + (k * s.C + c) * 9);
+      // 16-bit: kGradGroup filters' gradients in f32, then rounded together (a vector loop).
+      constexpr int64_t kGradGroup = 32;
+      float g[kGradGroup * 9];
+      for (int64_t c0 = 0; c0 < s.C; c0 += kGradGroup) {
+        const int64_t n = std::min(kGradGroup, s.C - c0);
+        for (int64_t c = c0; c < c0 + n; ++c) {
+          float u[16];
+          for (int xi = 0; xi < 16; ++xi) u[xi] = du[xi * ustride + k * s.C + c];
+          if constexpr (std::is_same_v<E, float>) {
+            filter_gradient(u, dw + (k * s.C + c) * 9);
+          } else {
+            filter_gradient(u, g + (c - c0) * 9);
+          }
+        }
+        if constexpr (!std::is_same_v<E, float>) {
+          convert::narrow_span(g, dw + (k * s.C + c0) * 9, n * 9);
+        }
       }
     }
   }
 }
+
+#define REGEN_INSTANTIATE(E)                                                          \
+  template void forward<E>(const E*, const E*, const E*, E*, const ConvShape&, bool); \
+  template void backward_filter<E>(const E*, const E*, E*, const ConvShape&);
+REGEN_INSTANTIATE(float)
+REGEN_INSTANTIATE(bfloat16)
+REGEN_INSTANTIATE(float16)
+#undef REGEN_INSTANTIATE
 
 }  // namespace regen::cpu::winograd
 

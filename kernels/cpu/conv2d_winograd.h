@@ -1,4 +1,4 @@
-// Winograd F(2x2, 3x3) and F(4x4, 3x3) for the f32 3x3 stride-1 convolutions (forward, and
+// Winograd F(2x2, 3x3) and F(4x4, 3x3) for the 3x3 stride-1 convolutions (forward, and
 // backward-data where it is itself a stride-1 convolution of dy; backward-filter by F(2x2, 3x3)).
 // Internal to kernels/cpu (conv2d.cpp calls it); algorithm, workspace and measurements in
 // docs/kernels.md, "Winograd F(2x2, 3x3), fused".
@@ -6,13 +6,14 @@
 
 #include <cstdint>
 
+#include "regen/core/half.h"
 #include "regen/kernels/shapes.h"
 
 namespace regen::cpu::winograd {
 
-// Which algorithm conv2d's f32 3x3 stride-1 passes use: winograd (the default: forward(),
-// backward_filter() and backward-data as a flipped forward(), where applies() holds) or direct
-// (the packed GEMM with implicit im2col, as every other convolution). Read once from the
+// Which algorithm conv2d's 3x3 stride-1 passes (f32, bf16, f16) use: winograd (the default:
+// forward(), backward_filter() and backward-data as a flipped forward(), where applies() holds) or
+// direct (the packed GEMM with implicit im2col, as every other convolution). Read once from the
 // environment variable REGEN_CPU_CONV (winograd or direct; anything else is an error naming the
 // variable; `regen bench train --cpu-conv` sets it for a run, or alternates the two). Measured on
 // ResNet-152 (batch 4, 224, 2 threads, `--cpu-conv both`): whole steps at 0.83-0.90x the direct
@@ -31,8 +32,8 @@ class ScopedAlgo {
   int previous_;
 };
 
-// Whether conv2d's f32 passes use Winograd for this convolution: algo() is winograd, 3x3,
-// stride 1, padding at most 2, at least 16 input and output channels and at least 128 output
+// Whether conv2d's f32, bf16 and f16 passes use Winograd for this convolution: algo() is winograd,
+// 3x3, stride 1, padding at most 2, at least 16 input and output channels and at least 128 output
 // tiles (2x2 blocks of output pixels, over the batch). It depends on the shape only, never on
 // the thread count, so results stay independent of it.
 bool applies(const ConvShape& s);
@@ -66,8 +67,10 @@ class ScopedTileSize {
 // computes it.
 // flipped: w is not this convolution's (K, C, 3, 3) but the (C, K, 3, 3) weights of the one whose
 // backward-data it is, read flipped in space with K and C swapped (no flipped copy is made).
-void forward(const float* x, const float* w, const float* bias, float* y, const ConvShape& s,
-             bool flipped = false);
+// E: float, or bfloat16 and float16 (core/half.h), widened as they are read, the transforms and
+// products in f32 as for float, each output rounded once to E.
+template <class E>
+void forward(const E* x, const E* w, const E* bias, E* y, const ConvShape& s, bool flipped = false);
 
 // dw (K, C, 3, 3) = the filter gradient of forward()'s convolution, from x and dy (N, K, P, Q),
 // written (not accumulated), by F(2x2, 3x3): dU[xi] (K, C) = dM[xi] (K, tiles) * V[xi]^T, with V
@@ -76,6 +79,7 @@ void forward(const float* x, const float* w, const float* bias, float* y, const 
 // the tiles in order), so results do not depend on the thread count. Workspace: the chunk's
 // transforms and dU (16 (C + K) 240 + 16 K C floats) and each thread's panels, from the
 // allocator; requested, and nothing computed, in a dry run.
-void backward_filter(const float* x, const float* dy, float* dw, const ConvShape& s);
+template <class E>
+void backward_filter(const E* x, const E* dy, E* dw, const ConvShape& s);
 
 }  // namespace regen::cpu::winograd
