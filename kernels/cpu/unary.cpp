@@ -19,6 +19,7 @@ namespace {
 constexpr int64_t kParallelMin = 1 << 15;  // below this, threads cost more than they save
 // 16-bit paths: elements per block (a multiple of 32, so a mask word never spans two blocks).
 constexpr int64_t kBlock = 512;
+static_assert(kBlock % 32 == 0, "a 16-bit block is whole mask words");
 constexpr int64_t blocks_of(int64_t n) {
   return (n + kBlock - 1) / kBlock;
 }
@@ -110,9 +111,12 @@ void unary_backward_mask(F, const T* dy, const uint32_t* mask, T* dx, int64_t n)
       const int64_t i0 = b * kBlock, len = std::min(kBlock, n - i0);
       float g[kBlock];
       convert::widen_span(dy + i0, g, len);
-      for (int64_t i = 0; i < len; ++i) {
-        const int64_t at = i0 + i;
-        g[i] = F::grad_masked(g[i], ((mask[at >> 5] >> (at & 31)) & 1u) != 0);
+      // Word by word, as the wide form below (a block is whole words: kBlock % 32 == 0).
+      for (int64_t w = 0; w < mask_words(len); ++w) {
+        const uint32_t bits = mask[i0 / 32 + w];
+        float* gw = g + w * 32;
+        const int64_t wl = std::min<int64_t>(32, len - w * 32);
+        for (int64_t j = 0; j < wl; ++j) gw[j] = F::grad_masked(gw[j], ((bits >> j) & 1u) != 0);
       }
       convert::narrow_span(g, dx + i0, len);
     }
