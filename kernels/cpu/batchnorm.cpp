@@ -24,6 +24,18 @@ constexpr int64_t kParallelMin = 1 << 14;  // elements; below this one thread is
 
 constexpr int kLanes = 8;  // independent partial sums: lets the reductions vectorize
 
+// Whether the statistics' sums widen x in blocks (lowp_blocks.h): f16 always; bf16 too where
+// the build lacks AVX-512, whose per-element bf16 loop did not vectorize there (the forward of a
+// (4, 256, 56 x 56) bf16 batch took 2.2-2.7 ms against f32's 1.4-1.9; in blocks 1.4-1.7, this
+// 2-core Zen 4, x86-64-v3 build, 2026-11-30). With AVX-512 the per-element loop was the faster
+// (1.26 ms against 1.50 in blocks). The same sums either way (lowp_blocks.h).
+template <class T>
+#ifdef __AVX512F__
+constexpr bool kWidenBlocks = lowp::kBlocksFor<T>;
+#else
+constexpr bool kWidenBlocks = is_half_v<T>;
+#endif
+
 // Adds element i of p[0, len) (f32, f64, or 16 bits widened) into partial sums a[i % kLanes] and
 // b[i % kLanes], in order. A 16-bit plane comes in blocks of lowp::kBlock, a multiple of kLanes,
 // so every element meets the same partial sums in the same order as in one call.
@@ -61,7 +73,7 @@ void channel_moments(const T* x, int64_t N, int64_t C, int64_t HW, int64_t c, do
   double a[kLanes] = {}, b[kLanes] = {};
   for (int64_t n = 0; n < N; ++n) {
     const T* p = x + (n * C + c) * HW;
-    if constexpr (lowp::kBlocksFor<T>) {
+    if constexpr (kWidenBlocks<T>) {
       lowp::for_blocks(
           p, HW, [&](int64_t, const float* v, int64_t len) { add_moments(v, len, shift, a, b); });
     } else {
