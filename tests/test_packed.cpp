@@ -59,11 +59,24 @@ std::vector<T> tricky_values(int64_t n, uint64_t seed) {
   return v;
 }
 
+// tricky_values for f32 and f64; for bf16 and f16, the f32 values rounded (their infinities, NaN
+// and zeros kept; f32's denormals become signed zeros).
+template <class T>
+std::vector<T> mask_test_values(int64_t n, uint64_t seed) {
+  if constexpr (is_half_v<T>) {
+    std::vector<T> v;
+    for (const float f : tricky_values<float>(n, seed)) v.push_back(T(f));
+    return v;
+  } else {
+    return tricky_values<T>(n, seed);
+  }
+}
+
 template <class T, class F>
 void check_mask_kernels(int64_t n) {
   CAPTURE(n);
-  const std::vector<T> x = tricky_values<T>(n, 7 + static_cast<uint64_t>(n));
-  const std::vector<T> dy = tricky_values<T>(n, 99 + static_cast<uint64_t>(n));
+  const std::vector<T> x = mask_test_values<T>(n, 7 + static_cast<uint64_t>(n));
+  const std::vector<T> dy = mask_test_values<T>(n, 99 + static_cast<uint64_t>(n));
   std::vector<T> y(static_cast<size_t>(n)), y_full(y), dx(y), dx_full(y);
   std::vector<uint32_t> mask(static_cast<size_t>(mask_words(n)) + 1, 0xdeadbeefu);  // + canary
   cpu::unary_forward_mask<T>(F{}, x.data(), y.data(), mask.data(), n);
@@ -75,7 +88,8 @@ void check_mask_kernels(int64_t n) {
   for (int64_t w = 0; w < mask_words(n); ++w) {
     uint32_t expect = 0;
     for (int64_t b = 0; b < 32 && w * 32 + b < n; ++b) {
-      if (y_full[static_cast<size_t>(w * 32 + b)] > T(0)) expect |= 1u << b;
+      if (static_cast<double>(static_cast<acc_t<T>>(y_full[static_cast<size_t>(w * 32 + b)])) > 0)
+        expect |= 1u << b;
     }
     CHECK_MESSAGE(mask[static_cast<size_t>(w)] == expect, "word ", w);
   }
@@ -97,13 +111,19 @@ TEST_CASE("relu's mask: grad_masked(dy, mask(s)) is grad(dy, s) bit for bit, spe
   }
 }
 
-TEST_CASE("cpu unary mask kernels: bits against y > 0, backward equal to the full form") {
+TEST_CASE(
+    "cpu unary mask kernels: bits against y > 0, backward equal to the full form, f32 to bf16") {
   for (int threads : {1, 2}) {
     omp_set_num_threads(threads);
     for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{31}, int64_t{32}, int64_t{33}, int64_t{95},
                       int64_t{40001}}) {
       check_mask_kernels<float, unary::relu>(n);
       check_mask_kernels<double, unary::relu>(n);
+    }
+    // 16 bits: blocks of 512 elements, whole mask words each, and a partial last block and word.
+    for (int64_t n : {int64_t{0}, int64_t{33}, int64_t{512}, int64_t{1000}, int64_t{40001}}) {
+      check_mask_kernels<bfloat16, unary::relu>(n);
+      check_mask_kernels<float16, unary::relu>(n);
     }
   }
   // A functor without a mask has no packed form.
