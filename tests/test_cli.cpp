@@ -1705,6 +1705,40 @@ TEST_CASE(
   CHECK(has(bad.err, "--cpu-conv: fast not in {winograd,direct,both}"));
 }
 
+// bench train --against-precision: two sessions, a step of each alternated.
+TEST_CASE(
+    "cli: bench train --against-precision alternates two precisions, and says what it "
+    "refuses") {
+  TempDir dir;
+  const std::vector<std::string> base = {"bench",    "train", "--model",  "resnet-tiny",
+                                         "--batch",  "4",     "--device", "cpu",
+                                         "--warmup", "1",     "--steps",  "2"};
+  auto with = [&](const std::vector<std::string>& more) {
+    std::vector<std::string> args = base;
+    args.insert(args.end(), more.begin(), more.end());
+    return args;
+  };
+  const Result both = regen_run(dir, with({"--precision", "bf16", "--against-precision", "fp32"}));
+  CHECK_MESSAGE(both.status == 0, both.err);
+  CHECK(has(both.out, "--against-precision fp32: 2 pairs after 1 warm-up steps each"));
+  CHECK(has(both.out, "bf16: median"));
+  CHECK(has(both.out, "fp32: median"));
+  CHECK(has(both.out, "bf16 / fp32: median"));
+  expect_failure(dir, with({"--against-precision", "fp32"}),
+                 {"--against-precision fp32: this run's precision is fp32 too"});
+  expect_failure(dir, with({"--against-precision", "tf32"}),
+                 {"--against-precision tf32 applies to CUDA devices; on cpu"});
+  expect_failure(
+      dir,
+      with({"--precision", "bf16", "--against-precision", "fp32", "--json", dir.file("b.json")}),
+      {"--against-precision fp32 compares two precisions step by step and writes no "
+       "--json"});
+  CHECK_FALSE(std::filesystem::exists(dir.file("b.json")));
+  const Result bad = regen_run(dir, with({"--against-precision", "fp8"}));
+  CHECK(bad.status == 2);
+  CHECK(has(bad.err, "--against-precision: fp8 not in {fp32,tf32,bf16,fp16}"));
+}
+
 // REGEN_MILP_PARAMS passed any name=value to CBC unchecked (preprocess=on crashed CBC at short
 // time limits): it is refused, by name, before any solve, and nothing is written.
 TEST_CASE("cli: REGEN_MILP_PARAMS is refused") {

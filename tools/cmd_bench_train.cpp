@@ -7,6 +7,7 @@
 #include <omp.h>
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <sstream>
 
 #include "regen/core/io.h"
@@ -26,7 +27,26 @@ struct Flags {
   std::string json;
   std::string torch_csv;
   std::string cpu_conv;  // "" (the variable's or the default), winograd, direct or both
+  std::string against;   // --against-precision: "" (none), or the other session's precision
 };
+
+// The median of each side and of the pairs' ratios, printed as compare_cpu_conv and
+// compare_precisions do.
+void print_pairs(const char* a_name, const char* b_name, const std::vector<double>& a,
+                 const std::vector<double>& b, const std::vector<double>& ratio) {
+  const auto line = [](const char* name, const std::vector<double>& v, int width) {
+    std::printf("  %-*s median %s (min %s, max %s)\n", width, (std::string(name) + ":").c_str(),
+                format_ms(median(v)).c_str(),
+                format_ms(*std::min_element(v.begin(), v.end())).c_str(),
+                format_ms(*std::max_element(v.begin(), v.end())).c_str());
+  };
+  const int width = static_cast<int>(std::max(std::strlen(a_name), std::strlen(b_name))) + 1;
+  line(a_name, a, width);
+  line(b_name, b, width);
+  std::printf("  %s / %s: median %.3f over the pairs (min %.3f, max %.3f)\n", a_name, b_name,
+              median(ratio), *std::min_element(ratio.begin(), ratio.end()),
+              *std::max_element(ratio.begin(), ratio.end()));
+}
 
 // --cpu-conv both: the two algorithms alternated step by step in one process (winograd, direct,
 // then direct, winograd, ...), so a drift in the machine's speed falls on both alike; prints each
@@ -52,16 +72,44 @@ void compare_cpu_conv(const Flags& f, Session& s, RematPipeline& pipe) {
     ratio.push_back(wino.back() / direct.back());
   }
   std::printf(
-      "  --cpu-conv both: %d pairs after %d warm-up steps each, alternated in one process\n"
-      "  winograd: median %s (min %s, max %s)\n  direct:   median %s (min %s, max %s)\n"
-      "  winograd / direct: median %.3f over the pairs (min %.3f, max %.3f)\n",
-      f.steps, f.warmup, format_ms(median(wino)).c_str(),
-      format_ms(*std::min_element(wino.begin(), wino.end())).c_str(),
-      format_ms(*std::max_element(wino.begin(), wino.end())).c_str(),
-      format_ms(median(direct)).c_str(),
-      format_ms(*std::min_element(direct.begin(), direct.end())).c_str(),
-      format_ms(*std::max_element(direct.begin(), direct.end())).c_str(), median(ratio),
-      *std::min_element(ratio.begin(), ratio.end()), *std::max_element(ratio.begin(), ratio.end()));
+      "  --cpu-conv both: %d pairs after %d warm-up steps each, alternated in one process\n",
+      f.steps, f.warmup);
+  print_pairs("winograd", "direct", wino, direct, ratio);
+}
+
+// --against-precision P: a second session of the same model in precision P beside this run's, a
+// step of each alternated (this run's first, then P's first, ...) in one process, so a drift in
+// the machine's speed falls on both alike; prints each one's median and the median of the pairs'
+// ratios. Both sessions hold their memory at once.
+void compare_precisions(const Flags& f, Session& s, RematPipeline& pipe, Precision mine) {
+  SessionOptions o = f.m;
+  o.precision = f.against;
+  o.math.clear();
+  o.tf32 = false;
+  auto other = make_session(o);
+  RematPipeline other_pipe(*other->trainer);
+  auto step_ms = [&](bool own, int steps) {
+    TrainingRun run(own ? s : *other, own ? pipe : other_pipe);
+    run.run(steps);
+    return run.stats().ms;
+  };
+  if (f.warmup > 0) {
+    step_ms(true, f.warmup);
+    step_ms(false, f.warmup);
+  }
+  std::vector<double> a, b, ratio;
+  for (int i = 0; i < f.steps; ++i) {
+    const bool own_first = i % 2 == 0;
+    const double first = step_ms(own_first, 1)[0];
+    const double second = step_ms(!own_first, 1)[0];
+    a.push_back(own_first ? first : second);
+    b.push_back(own_first ? second : first);
+    ratio.push_back(a.back() / b.back());
+  }
+  std::printf(
+      "  --against-precision %s: %d pairs after %d warm-up steps each, alternated in one process\n",
+      f.against.c_str(), f.steps, f.warmup);
+  print_pairs(precision_name(mine), precision_name(other->precision), a, b, ratio);
 }
 
 // The eager step time (s) of `model` at `batch` in torch_baseline.py's CSV (columns model,
@@ -151,6 +199,19 @@ void run(Flags f) {
         "--torch-csv figures: pass winograd or direct with those");
     cpu::set_conv2d_algorithm(f.cpu_conv == "both" ? "winograd" : f.cpu_conv);
   }
+  if (!f.against.empty()) {
+    REGEN_CHECK(
+        f.json.empty() && f.torch_csv.empty() && f.m.cuda_graph == "off" && f.cpu_conv != "both",
+        "--against-precision ", f.against,
+        " compares two precisions step by step and writes no --json or --torch-csv "
+        "figures, runs no CUDA graphs and no --cpu-conv both: drop it, or those");
+    REGEN_CHECK(f.against != "tf32" || device.is_cuda(),
+                "--against-precision tf32 applies to CUDA devices; on ", device.str(),
+                " pass fp32, bf16 or fp16");
+    REGEN_CHECK(parse_precision(f.against) != precision, "--against-precision ", f.against,
+                ": this run's precision is ", precision_name(precision),
+                " too (pass --precision for this run's side)");
+  }
   auto s = make_session(f.m);
   const ModelConfig& c = s->config;
   const int threads = omp_get_max_threads();
@@ -176,6 +237,13 @@ void run(Flags f) {
                 static_cast<long long>(f.m.batch), s->device.str().c_str(), threads,
                 f.m.optimizer.c_str(), f.m.lr);
     compare_cpu_conv(f, *s, pipe);
+    return;
+  }
+  if (!f.against.empty()) {
+    std::printf("bench train: %s batch %lld on %s, %d threads (regen, %s lr %g)\n", c.name.c_str(),
+                static_cast<long long>(f.m.batch), s->device.str().c_str(), threads,
+                f.m.optimizer.c_str(), f.m.lr);
+    compare_precisions(f, *s, pipe, precision);
     return;
   }
   if (f.warmup > 0) TrainingRun(*s, pipe).run(f.warmup);
@@ -296,6 +364,12 @@ void setup(CLI::App& app) {
                  "step by step in one process: --steps pairs, each one's median and the median "
                  "ratio)")
       ->check(CLI::IsMember({"winograd", "direct", "both"}));
+  app.add_option("--against-precision", f->against,
+                 "also build the model in this precision (fp32, tf32, bf16 or fp16) and alternate "
+                 "a step of each with this run's, in one process: --steps pairs, each one's "
+                 "median and the median ratio (this run's / this one's); both sessions' memory "
+                 "is held at once")
+      ->check(CLI::IsMember({"fp32", "tf32", "bf16", "fp16"}));
   app.add_option("--torch-csv", f->torch_csv,
                  "CSV from tools/torch_baseline.py --csv (same model, batch, device and threads): "
                  "print the ratio regen / PyTorch");
