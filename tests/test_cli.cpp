@@ -1677,18 +1677,23 @@ TEST_CASE("cli: REGEN_CPU_CONV: a bad value named, a profile of the other algori
                   "set the environment variable REGEN_CPU_CONV=direct, or profile again"});
 }
 
+namespace {
+// `regen bench train` of resnet-tiny, batch 4, on the CPU, 2 timed steps after `warmup`, then
+// `more`.
+std::vector<std::string> bench_tiny(const std::string& warmup,
+                                    const std::vector<std::string>& more) {
+  std::vector<std::string> args = {"bench",    "train", "--model",  "resnet-tiny", "--batch", "4",
+                                   "--device", "cpu",   "--warmup", warmup,        "--steps", "2"};
+  args.insert(args.end(), more.begin(), more.end());
+  return args;
+}
+}  // namespace
+
 // bench train --cpu-conv: one algorithm for the run, or both alternated step by step.
 TEST_CASE(
     "cli: bench train --cpu-conv both alternates the two algorithms, and says what it refuses") {
   TempDir dir;
-  const std::vector<std::string> base = {"bench",    "train", "--model",  "resnet-tiny",
-                                         "--batch",  "4",     "--device", "cpu",
-                                         "--warmup", "0",     "--steps",  "2"};
-  auto with = [&](const std::vector<std::string>& more) {
-    std::vector<std::string> args = base;
-    args.insert(args.end(), more.begin(), more.end());
-    return args;
-  };
+  auto with = [](const std::vector<std::string>& more) { return bench_tiny("0", more); };
   const Result both = regen_run(dir, with({"--cpu-conv", "both"}));
   CHECK_MESSAGE(both.status == 0, both.err);
   CHECK(has(both.out, "--cpu-conv both: 2 pairs after 0 warm-up steps each"));
@@ -1710,14 +1715,7 @@ TEST_CASE(
     "cli: bench train --against-precision alternates two precisions, and says what it "
     "refuses") {
   TempDir dir;
-  const std::vector<std::string> base = {"bench",    "train", "--model",  "resnet-tiny",
-                                         "--batch",  "4",     "--device", "cpu",
-                                         "--warmup", "1",     "--steps",  "2"};
-  auto with = [&](const std::vector<std::string>& more) {
-    std::vector<std::string> args = base;
-    args.insert(args.end(), more.begin(), more.end());
-    return args;
-  };
+  auto with = [](const std::vector<std::string>& more) { return bench_tiny("1", more); };
   const Result both = regen_run(dir, with({"--precision", "bf16", "--against-precision", "fp32"}));
   CHECK_MESSAGE(both.status == 0, both.err);
   CHECK(has(both.out, "--against-precision fp32: 2 pairs after 1 warm-up steps each"));

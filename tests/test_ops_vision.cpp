@@ -538,32 +538,33 @@ TEST_CASE(
     p.run.erase("REGEN_CPU_CONV");
     expect_error([&] { check_profile_run(p, o, "the profile"); },
                  {"by direct (REGEN_CPU_CONV=direct), but this run has winograd"});
-    // A Winograd profile records the output tiles forward chooses from; one from before
-    // F(4x4, 3x3) (no record of them) had other workspace and times.
-    Profile wino = p;
-    wino.run = run_flags(o);
-    CHECK(wino.run.at("winograd-tiles") == "2x2,4x4");
-    check_profile_run(wino, o, "the profile");
-    wino.run.erase("winograd-tiles");
-    expect_error([&] { check_profile_run(wino, o, "the profile"); },
-                 {"the profile was made by a regen whose CPU Winograd convolutions had output "
-                  "tiles of 2x2 only, but this one's have 2x2,4x4",
-                  "(profile again)"});
-    // In bf16 and fp16 it also records that Winograd takes 16-bit operands (not in fp32); a
-    // 16-bit profile from before ran those convolutions on the direct path.
-    CHECK(wino.run.count("winograd-types") == 0);
+    // What a Winograd profile records beside the algorithm: with it the profile is accepted;
+    // without it (a profile from before it was recorded) refused, with `refusal`.
+    auto recorded = [&](const SessionOptions& opts, const std::string& key,
+                        const std::string& value, const std::vector<std::string>& refusal) {
+      Profile q = p;
+      q.run = run_flags(opts);
+      CHECK(q.run.at(key) == value);
+      check_profile_run(q, opts, "the profile");
+      q.run.erase(key);
+      expect_error([&] { check_profile_run(q, opts, "the profile"); }, refusal);
+    };
+    // The output tiles forward chooses from; a profile from before F(4x4, 3x3) had other
+    // workspace and times.
+    recorded(o, "winograd-tiles", "2x2,4x4",
+             {"the profile was made by a regen whose CPU Winograd convolutions had output "
+              "tiles of 2x2 only, but this one's have 2x2,4x4",
+              "(profile again)"});
+    // In bf16 and fp16, that Winograd takes 16-bit operands (not recorded in fp32); a 16-bit
+    // profile from before ran those convolutions on the direct path.
+    CHECK(run_flags(o).count("winograd-types") == 0);
     SessionOptions o16 = o;
     o16.precision = "bf16";
-    Profile w16 = p;
-    w16.run = run_flags(o16);
-    CHECK(w16.run.at("winograd-types") == "f32,bf16,f16");
-    check_profile_run(w16, o16, "the profile");
-    w16.run.erase("winograd-types");
-    expect_error([&] { check_profile_run(w16, o16, "the profile"); },
-                 {"the profile was made by a regen whose CPU Winograd convolutions took f32 "
-                  "operands only (its bf16 3x3 convolutions ran the direct path), but this one's "
-                  "take f32,bf16,f16",
-                  "(profile again)"});
+    recorded(o16, "winograd-types", "f32,bf16,f16",
+             {"the profile was made by a regen whose CPU Winograd convolutions took f32 "
+              "operands only (its bf16 3x3 convolutions ran the direct path), but this one's "
+              "take f32,bf16,f16",
+              "(profile again)"});
     // Without a convolution in the step, the algorithm does not matter.
     Profile no_conv = p;
     no_conv.nodes.clear();
