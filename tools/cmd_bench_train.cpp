@@ -7,7 +7,7 @@
 #include <omp.h>
 #include <algorithm>
 #include <cstdio>
-#include <cstring>
+#include <functional>
 #include <sstream>
 
 #include "regen/core/io.h"
@@ -30,57 +30,52 @@ struct Flags {
   std::string against;   // --against-precision: "" (none), or the other session's precision
 };
 
-// The median of each side and of the pairs' ratios, printed as compare_cpu_conv and
-// compare_precisions do.
-void print_pairs(const char* a_name, const char* b_name, const std::vector<double>& a,
-                 const std::vector<double>& b, const std::vector<double>& ratio) {
-  const auto line = [](const char* name, const std::vector<double>& v, int width) {
-    std::printf("  %-*s median %s (min %s, max %s)\n", width, (std::string(name) + ":").c_str(),
-                format_ms(median(v)).c_str(),
-                format_ms(*std::min_element(v.begin(), v.end())).c_str(),
-                format_ms(*std::max_element(v.begin(), v.end())).c_str());
-  };
-  const int width = static_cast<int>(std::max(std::strlen(a_name), std::strlen(b_name))) + 1;
-  line(a_name, a, width);
-  line(b_name, b, width);
-  std::printf("  %s / %s: median %.3f over the pairs (min %.3f, max %.3f)\n", a_name, b_name,
-              median(ratio), *std::min_element(ratio.begin(), ratio.end()),
+// Two sides of a comparison in one process: f.warmup steps of each, then f.steps pairs of one
+// step each, the first of a pair switching every pair (a first, then b first, ...), so that a
+// drift in the machine's speed falls on both alike. `steps(side_a, n)` runs n steps of a side and
+// returns their times (ms). Prints each side's median and the median of the pairs' ratios a / b.
+void alternate_pairs(const Flags& f, const std::string& a_name, const std::string& b_name,
+                     const std::function<std::vector<double>(bool, int)>& steps) {
+  if (f.warmup > 0) {
+    steps(true, f.warmup);
+    steps(false, f.warmup);
+  }
+  std::vector<double> a, b, ratio;
+  for (int i = 0; i < f.steps; ++i) {
+    const bool a_first = i % 2 == 0;
+    const double first = steps(a_first, 1)[0];
+    const double second = steps(!a_first, 1)[0];
+    a.push_back(a_first ? first : second);
+    b.push_back(a_first ? second : first);
+    ratio.push_back(a.back() / b.back());
+  }
+  const int width = static_cast<int>(std::max(a_name.size(), b_name.size())) + 1;
+  for (const auto& [name, v] : {std::make_pair(a_name, &a), std::make_pair(b_name, &b)}) {
+    std::printf("  %-*s median %s (min %s, max %s)\n", width, (name + ":").c_str(),
+                format_ms(median(*v)).c_str(),
+                format_ms(*std::min_element(v->begin(), v->end())).c_str(),
+                format_ms(*std::max_element(v->begin(), v->end())).c_str());
+  }
+  std::printf("  %s / %s: median %.3f over the pairs (min %.3f, max %.3f)\n", a_name.c_str(),
+              b_name.c_str(), median(ratio), *std::min_element(ratio.begin(), ratio.end()),
               *std::max_element(ratio.begin(), ratio.end()));
 }
 
-// --cpu-conv both: the two algorithms alternated step by step in one process (winograd, direct,
-// then direct, winograd, ...), so a drift in the machine's speed falls on both alike; prints each
-// one's median and the median of the pairs' ratios.
+// --cpu-conv both: the two algorithms alternated step by step (alternate_pairs).
 void compare_cpu_conv(const Flags& f, Session& s, RematPipeline& pipe) {
-  auto step_ms = [&](const char* algorithm, int steps) {
-    cpu::set_conv2d_algorithm(algorithm);
-    TrainingRun run(s, pipe);
-    run.run(steps);
-    return run.stats().ms;
-  };
-  if (f.warmup > 0) {
-    step_ms("winograd", f.warmup);
-    step_ms("direct", f.warmup);
-  }
-  std::vector<double> wino, direct, ratio;
-  for (int i = 0; i < f.steps; ++i) {
-    const bool wino_first = i % 2 == 0;
-    const double first = step_ms(wino_first ? "winograd" : "direct", 1)[0];
-    const double second = step_ms(wino_first ? "direct" : "winograd", 1)[0];
-    wino.push_back(wino_first ? first : second);
-    direct.push_back(wino_first ? second : first);
-    ratio.push_back(wino.back() / direct.back());
-  }
   std::printf(
       "  --cpu-conv both: %d pairs after %d warm-up steps each, alternated in one process\n",
       f.steps, f.warmup);
-  print_pairs("winograd", "direct", wino, direct, ratio);
+  alternate_pairs(f, "winograd", "direct", [&](bool winograd, int steps) {
+    cpu::set_conv2d_algorithm(winograd ? "winograd" : "direct");
+    TrainingRun run(s, pipe);
+    run.run(steps);
+    return run.stats().ms;
+  });
 }
 
 // --against-precision P: a second session of the same model in precision P beside this run's, a
-// step of each alternated (this run's first, then P's first, ...) in one process, so a drift in
-// the machine's speed falls on both alike; prints each one's median and the median of the pairs'
-// ratios. Both sessions hold their memory at once.
+// step of each alternated (alternate_pairs). Both sessions hold their memory at once.
 void compare_precisions(const Flags& f, Session& s, RematPipeline& pipe, Precision mine) {
   SessionOptions o = f.m;
   o.precision = f.against;
@@ -88,28 +83,15 @@ void compare_precisions(const Flags& f, Session& s, RematPipeline& pipe, Precisi
   o.tf32 = false;
   auto other = make_session(o);
   RematPipeline other_pipe(*other->trainer);
-  auto step_ms = [&](bool own, int steps) {
-    TrainingRun run(own ? s : *other, own ? pipe : other_pipe);
-    run.run(steps);
-    return run.stats().ms;
-  };
-  if (f.warmup > 0) {
-    step_ms(true, f.warmup);
-    step_ms(false, f.warmup);
-  }
-  std::vector<double> a, b, ratio;
-  for (int i = 0; i < f.steps; ++i) {
-    const bool own_first = i % 2 == 0;
-    const double first = step_ms(own_first, 1)[0];
-    const double second = step_ms(!own_first, 1)[0];
-    a.push_back(own_first ? first : second);
-    b.push_back(own_first ? second : first);
-    ratio.push_back(a.back() / b.back());
-  }
   std::printf(
       "  --against-precision %s: %d pairs after %d warm-up steps each, alternated in one process\n",
       f.against.c_str(), f.steps, f.warmup);
-  print_pairs(precision_name(mine), precision_name(other->precision), a, b, ratio);
+  alternate_pairs(f, precision_name(mine), precision_name(other->precision),
+                  [&](bool own, int steps) {
+                    TrainingRun run(own ? s : *other, own ? pipe : other_pipe);
+                    run.run(steps);
+                    return run.stats().ms;
+                  });
 }
 
 // The eager step time (s) of `model` at `batch` in torch_baseline.py's CSV (columns model,
