@@ -214,18 +214,15 @@ void run(Flags f) {
     plan.planned_layout = true;
     pipe.plan("none", Budget(), plan);
   }
-  if (f.cpu_conv == "both") {
+  if (f.cpu_conv == "both" || !f.against.empty()) {  // a comparison (refused together above)
     std::printf("bench train: %s batch %lld on %s, %d threads (regen, %s lr %g)\n", c.name.c_str(),
                 static_cast<long long>(f.m.batch), s->device.str().c_str(), threads,
                 f.m.optimizer.c_str(), f.m.lr);
-    compare_cpu_conv(f, *s, pipe);
-    return;
-  }
-  if (!f.against.empty()) {
-    std::printf("bench train: %s batch %lld on %s, %d threads (regen, %s lr %g)\n", c.name.c_str(),
-                static_cast<long long>(f.m.batch), s->device.str().c_str(), threads,
-                f.m.optimizer.c_str(), f.m.lr);
-    compare_precisions(f, *s, pipe, precision);
+    if (f.cpu_conv == "both") {
+      compare_cpu_conv(f, *s, pipe);
+    } else {
+      compare_precisions(f, *s, pipe, precision);
+    }
     return;
   }
   if (f.warmup > 0) TrainingRun(*s, pipe).run(f.warmup);
