@@ -104,9 +104,11 @@ struct LinearCrossEntropyAttrs {
   bool has_bias = false;
   // Which gradients the forward computes for a unit loss gradient and saves as hidden outputs 2
   // (input), 3 (weight) and 4 (bias), for backward to scale by the loss's gradient: resolved at
-  // record time (the inputs that require grad, when the op is recorded; f32 and f64 inputs only),
-  // so a replay computes the same.
+  // record time (the inputs that require grad, when the op is recorded and does not recompute),
+  // so a replay computes the same. 16-bit inputs' are f32 sums, rounded to grad_dtype (the
+  // inputs' dtype) in backward, after the scaling.
   bool forward_dx = false, forward_dw = false, forward_db = false;
+  DType grad_dtype = DType::f32;
 };
 
 // ---- Ops ------------------------------------------------------------------------------------
@@ -208,16 +210,20 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore
 // -> scalar mean over targets != ignore_index (0 when there are none). chunk_rows = 0 picks the
 // rows whose (rows, V) chunk of logits is about 32 MiB (linear_cross_entropy_auto_rows). Never an
 // (M, V) tensor; the working memory is one (chunk_rows, V) workspace.
-// f32 and f64, recorded: the forward turns each chunk's logits into their gradient for a unit
-// loss gradient at once and computes the gradients of x, weight and bias (those that require
-// grad) from it; it saves those (x's shape, weight's, bias's) and backward only scales them by
-// the loss's gradient: three GEMMs in all, not four (a backward that recomputed the logits).
-// bf16 and f16: saves x, weight, bias, targets and the row logsumexp (hidden output) and
-// recomputes the logits in backward, by vocabulary tiles, so that a scaled fp16 loss's gradients
-// are formed in f32 before they are rounded to 16 bits.
+// Recorded, the gradients are made one of two ways (the same values up to the order of f32 sums):
+//  - recompute = false (the default): the forward turns each chunk's logits into their gradient
+//    for a unit loss gradient at once and computes the gradients of x, weight and bias (those
+//    that require grad) from it; it saves those (x's shape, weight's, bias's; f32 sums for 16-bit
+//    inputs) and backward only scales them by the loss's gradient (16-bit inputs: then rounds them
+//    once, so a scaled fp16 loss's gradients are formed in f32 first): three GEMMs in all. The
+//    weight's gradient, (V, K), is held from the forward to the backward.
+//  - recompute = true (f32, bf16, f16): saves x, weight, bias, targets and the row logsumexp
+//    (hidden output) and recomputes the logits in backward, by vocabulary tiles: four GEMMs, and
+//    no (V, K) gradient held across the step; the backward's working set is a block of logits, a
+//    (tile, K) gradient tile and x's gradient.
 Tensor linear_cross_entropy(const Tensor& x, const Tensor& weight, const Tensor& bias,
                             const Tensor& targets, int64_t ignore_index = -100,
-                            int64_t chunk_rows = 0);
+                            int64_t chunk_rows = 0, bool recompute = false);
 // The chunk size chunk_rows = 0 resolves to for M rows of V classes of `elem_bytes` each:
 // about 32 MiB of logits, spread evenly over the fewest chunks (at least 1 row, at most M).
 int64_t linear_cross_entropy_auto_rows(int64_t M, int64_t V, int64_t elem_bytes = 4);

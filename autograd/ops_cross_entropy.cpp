@@ -4,7 +4,8 @@
 // linear_cross_entropy: the same loss of linear(x, weight, bias) computed chunk by chunk of rows,
 // so the (M, V) logits and their gradient never exist (the LM head of models/transformer.cpp).
 // bf16 and f16 inputs take the path of autograd/ops_linear_cross_entropy_lowp.cpp (f32 logits,
-// lse and loss; 16-bit gradients).
+// lse and loss; 16-bit gradients), and so does a backward that recomputes the logits (recompute,
+// f32 inputs too).
 // Gradient checks: tests/test_gradcheck_nlp.cpp; values and errors: tests/test_ops_nlp.cpp.
 #include "regen/autograd/op_util.h"
 
@@ -14,9 +15,15 @@
 
 namespace regen {
 namespace detail {
-// bf16 and f16 inputs: autograd/ops_linear_cross_entropy_lowp.cpp.
+// autograd/ops_linear_cross_entropy_lowp.cpp: 16-bit inputs' forward (with the gradients when the
+// attributes ask for them, f32 sums) and the saved f32 gradients' scaling and rounding; the
+// backward that recomputes the logits (16-bit and f32 inputs).
 void linear_cross_entropy_forward_lowp(OpContext& c);
+void linear_cross_entropy_round_grads_lowp(BackwardContext& c);
 void linear_cross_entropy_backward_lowp(BackwardContext& c);
+// The vocabulary tiles of W the gradients' products go by: at most about 8 MiB of an f32 (rows,
+// K) gradient tile and 4096 rows, V split evenly; a function of V and K alone.
+int64_t linear_cross_entropy_tile_rows(int64_t V, int64_t K);
 }  // namespace detail
 using namespace detail;
 
@@ -151,6 +158,7 @@ void lce_fwd(OpContext& c) {
     Workspace logits(dev, static_cast<uint64_t>(d.chunk * d.V) * sizeof(T));
     std::unique_ptr<Workspace> colsum;
     if (want_db && d.chunk < d.M) colsum = std::make_unique<Workspace>(dev, d.V * sizeof(T));
+    const int64_t tile = linear_cross_entropy_tile_rows(d.V, d.K);
     for (int64_t r0 = 0; r0 < d.M; r0 += d.chunk) {
       const int64_t rows = std::min(d.chunk, d.M - r0);
       const bool first = r0 == 0;
@@ -164,13 +172,20 @@ void lce_fwd(OpContext& c) {
       // dlogits_c in place; forward_rows added the bias already.
       REGEN_LAUNCH(dev, T, linear_cross_entropy_backward_rows, l, static_cast<const T*>(nullptr),
                    t + r0, lse.data<T>() + r0, scale->as<T>(), rows, d.V, a.ignore_index);
-      if (want_dx) {  // dx_c (rows, K) = dlogits_c (rows, V) * W (V, K)
-        REGEN_LAUNCH(dev, T, gemm, false, false, rows, d.K, d.V, T(1), l, d.V, w.data<T>(), d.K,
-                     T(0), dx.data<T>() + r0 * d.K, d.K);
-      }
-      if (want_dw) {  // dW (V, K) (+)= dlogits_c^T (V, rows) * x_c (rows, K)
-        REGEN_LAUNCH(dev, T, gemm, true, false, d.V, d.K, rows, T(1), l, d.V,
-                     x.data<T>() + r0 * d.K, d.K, first ? T(0) : T(1), dw.data<T>(), d.K);
+      // The products by vocabulary tiles: a GEMM packs its operands whole, and dW's, (V, rows),
+      // would take as much memory as the chunk of logits.
+      for (int64_t v0 = 0; v0 < d.V; v0 += tile) {
+        const int64_t n = std::min(tile, d.V - v0);
+        if (want_dx) {  // dx_c (rows, K) (+)= dlogits_c[:, tile] (rows, n) * W_t (n, K)
+          REGEN_LAUNCH(dev, T, gemm, false, false, rows, d.K, n, T(1), l + v0, d.V,
+                       w.data<T>() + v0 * d.K, d.K, v0 > 0 ? T(1) : T(0), dx.data<T>() + r0 * d.K,
+                       d.K);
+        }
+        if (want_dw) {  // dW_t (n, K) (+)= dlogits_c[:, tile]^T (n, rows) * x_c (rows, K)
+          REGEN_LAUNCH(dev, T, gemm, true, false, n, d.K, rows, T(1), l + v0, d.V,
+                       x.data<T>() + r0 * d.K, d.K, first ? T(0) : T(1), dw.data<T>() + v0 * d.K,
+                       d.K);
+        }
       }
       if (want_db) {
         if (first) {
@@ -187,20 +202,12 @@ void lce_fwd(OpContext& c) {
   c.outputs = {loss, lse, dx, dw, db};
 }
 void lce_forward_op(OpContext& c) {
-  if (is_low_precision(c.inputs[0].dtype())) {
-    REGEN_CHECK(!lce_forward_grads(c.attr<LinearCrossEntropyAttrs>()),
-                "linear_cross_entropy: ", dtype_name(c.inputs[0].dtype()),
-                " inputs compute their gradients in backward, yet the node asks the forward for "
-                "them");
-    linear_cross_entropy_forward_lowp(c);
-    // The gradient slots the 16-bit path leaves empty.
-    const Device dev = c.inputs[0].device();
-    const DType dt = c.inputs[0].dtype();
-    c.outputs.resize(2);
-    for (int k = 0; k < 3; ++k) c.outputs.push_back(empty({0}, dt, dev));
-    return;
-  }
-  REGEN_FLOATING(c.inputs[0].dtype(), "linear_cross_entropy", lce_fwd, c);
+  const LinearCrossEntropyAttrs& a = c.attr<LinearCrossEntropyAttrs>();
+  const DType dt = c.inputs[0].dtype();
+  REGEN_CHECK(!lce_forward_grads(a) || a.grad_dtype == dt, "linear_cross_entropy: ", dtype_name(dt),
+              " inputs, yet the node was recorded for ", dtype_name(a.grad_dtype), " gradients");
+  if (is_low_precision(dt)) return linear_cross_entropy_forward_lowp(c);
+  REGEN_FLOATING(dt, "linear_cross_entropy", lce_fwd, c);
 }
 
 // The forward's gradients (unit loss gradient) times the loss's gradient, in place, handed on.
@@ -222,12 +229,16 @@ void lce_bwd(BackwardContext& c) {
   }
 }
 void lce_backward_op(BackwardContext& c) {
-  if (!lce_forward_grads(c.attr<LinearCrossEntropyAttrs>())) {
-    REGEN_CHECK(is_low_precision(c.saved_input(0).dtype()),
+  const LinearCrossEntropyAttrs& a = c.attr<LinearCrossEntropyAttrs>();
+  if (!lce_forward_grads(a)) {
+    const DType dt = c.saved_input(0).dtype();
+    REGEN_CHECK(is_low_precision(dt) || dt == DType::f32,
                 "linear_cross_entropy backward: ", c.saved_input(0).str(),
-                " input, and the forward computed no gradient");
+                " input, and the forward computed no gradient (the logits are recomputed for "
+                "f32, bf16 and f16 only)");
     return linear_cross_entropy_backward_lowp(c);
   }
+  if (is_low_precision(a.grad_dtype)) return linear_cross_entropy_round_grads_lowp(c);
   REGEN_FLOATING(c.grad_output(0).dtype(), "linear_cross_entropy backward", lce_bwd, c);
 }
 void lce_saves(const AttrBlob& attrs, SaveList& s) {
@@ -257,7 +268,8 @@ int64_t linear_cross_entropy_auto_rows(int64_t M, int64_t V, int64_t elem_bytes)
 }
 
 Tensor linear_cross_entropy(const Tensor& x, const Tensor& weight, const Tensor& bias,
-                            const Tensor& targets, int64_t ignore_index, int64_t chunk_rows) {
+                            const Tensor& targets, int64_t ignore_index, int64_t chunk_rows,
+                            bool recompute) {
   const char* op = "linear_cross_entropy";
   check_defined(op, x, "input");
   check_defined(op, weight, "weight");
@@ -281,25 +293,32 @@ Tensor linear_cross_entropy(const Tensor& x, const Tensor& weight, const Tensor&
   LinearCrossEntropyAttrs a;
   a.ignore_index = ignore_index;
   a.has_bias = bias.defined();
-  // The gradients the forward computes: those of the inputs that require grad, when the op is
-  // recorded (grad mode on) and computes in f32 or f64 (autocast may hand it 16-bit inputs, whose
-  // gradients backward computes).
+  // The dtype the op computes in (autocast may hand it 16-bit inputs).
   DType compute = x.dtype();
   if (autocast_dtype() != DType::f32) {
     std::vector<DType> floating = {x.dtype(), weight.dtype()};
     if (bias.defined()) floating.push_back(bias.dtype());
     compute = compute_dtype(OpKind::linear_cross_entropy, autocast_dtype(), floating);
   }
-  if (grad_mode_enabled() && !is_low_precision(compute)) {
+  REGEN_CHECK(!recompute || compute != DType::f64, op,
+              ": recompute (the logits again in backward) takes f32, bf16 and f16 inputs; f64 "
+              "computes its gradients in the forward");
+  // The gradients the forward computes: those of the inputs that require grad, when the op is
+  // recorded (grad mode on) and does not recompute.
+  if (grad_mode_enabled() && !recompute) {
     a.forward_dx = x.requires_grad();
     a.forward_dw = weight.requires_grad();
     a.forward_db = bias.defined() && bias.requires_grad();
+    a.grad_dtype = compute;
   }
-  a.chunk_rows = chunk_rows > 0 ? chunk_rows
-                                : linear_cross_entropy_auto_rows(
-                                      x.size(0), weight.size(0),
-                                      // 16-bit inputs: the chunk's logits are f32
-                                      is_low_precision(x.dtype()) ? 4 : dtype_size(x.dtype()));
+  // The chunk's logits are f32 for 16-bit inputs; bf16's forward gradients also round a chunk's
+  // gradient to bf16 (2 bytes more per logit).
+  const bool bf16_copy = compute == DType::bf16 && lce_forward_grads(a);
+  a.chunk_rows = chunk_rows > 0
+                     ? chunk_rows
+                     : linear_cross_entropy_auto_rows(
+                           x.size(0), weight.size(0),
+                           is_low_precision(compute) ? (bf16_copy ? 6 : 4) : dtype_size(compute));
   return apply_op(OpKind::linear_cross_entropy, a, {x, weight, bias, targets})[0];
 }
 

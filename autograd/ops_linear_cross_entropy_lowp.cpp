@@ -1,31 +1,41 @@
 // linear_cross_entropy with bf16 or f16 x, weight and bias (autocast's class low, with an fp32
 // output: autograd/precision.cpp): the 16-bit path of the op of autograd/ops_cross_entropy.cpp,
-// which hands 16-bit inputs to the two functions here. The chunking is the f32 path's; what
-// differs is where f32 is kept:
-//   forward   logits_c (rows, V) = x_c W^T by cpu::gemm_lowp (16-bit operands, f32 sums) into an
-//             f32 workspace; bias widened to f32 once; lse (M) and the loss are f32 (the row
-//             kernels of kernels/cpu/cross_entropy.cpp at T = float).
-//   backward  by vocabulary tiles W_t (n rows of W, tile_rows below) and, inside each tile,
-//             blocks of rows x_c (backward_block_rows: a (rows, n) block is at most the
-//             forward's (chunk, V) buffer): the f32 logits block (rows, n) = x_c W_t^T and, with
-//             the saved f32 lse, its gradient dlogits = (softmax - onehot) g, computed alone (each
-//             element needs its logit and its row's lse only). For bf16 inputs dlogits are then
-//             rounded to bf16 (autocast's bf16 gradient of the logits), so the two products below
-//             are bf16 x bf16; f16 keeps them f32. Then dW_t (+)= dlogits^T x_c and db_t (+)= the
-//             f32 dlogits' column sums in f32 (n, K) and (n) tiles, rounded once into the 16-bit
-//             dw and db when the tile's last block is done, and dx_c (+)= dlogits W_t into an f32
-//             (M, K) sum over the tiles, rounded once into the 16-bit dx at the end. No (V, K) f32
-//             buffer exists: the working memory is the block (and its bf16 copy), the (n, K) tile
-//             and the (M, K) dx sum (seed Transformer: 14.6 + 7.3 + 2 MiB at batch 8, 29.3 + 7.3
-//             + 8 MiB at batch 32, against 32 + 58.6 + 0.5 MiB before). Each logit is computed
-//             once per tile, as often as before in all (the same products, re-tiled).
+// which hands 16-bit inputs to the functions here, and the backward that recomputes the logits
+// for f32 inputs too. The chunking is the f32 path's; what differs is where f32 is kept. The
+// node's attributes choose how the gradients are made (ops.h, linear_cross_entropy's recompute):
+//   forward            logits_c (rows, V) = x_c W^T by cpu::gemm_lowp (16-bit operands, f32 sums)
+//                      into an f32 workspace; bias widened to f32 once; lse (M) and the loss are
+//                      f32 (the row kernels of kernels/cpu/cross_entropy.cpp at T = float).
+//   gradients in the   (attributes forward_dx/dw/db, the default) each chunk's logits become their
+//   forward            f32 gradient for a unit loss gradient (linear_cross_entropy_backward_rows);
+//                      bf16 rounds it to bf16 (autocast's bf16 gradient of the logits), so the
+//                      products are bf16 x bf16; f16 keeps them f32. By vocabulary tiles W_t:
+//                      dx_c (+)= dlogits_t W_t and dW_t (+)= dlogits_t^T x_c into f32 (M, K) and
+//                      (V, K) outputs, db (+)= the f32 dlogits' column sums: saved, and in backward
+//                      (round_grads) scaled by the loss's gradient, then rounded once to 16 bits
+//                      (so an fp16 loss scale multiplies f32 sums). Three products of (M, V, K);
+//                      the f32 (V, K) sum is held from the forward to the backward (seed
+//                      Transformer: 58.6 MiB).
+//   recomputed in the  (recompute) by vocabulary tiles W_t (n rows of W, tile_rows below) and,
+//   backward           inside each tile, blocks of rows x_c (backward_block_rows: a (rows, n) block
+//                      is at most the forward's (chunk, V) buffer): the f32 logits block (rows, n)
+//                      = x_c W_t^T and, with the saved f32 lse, its gradient dlogits = (softmax -
+//                      onehot) g, computed alone (each element needs its logit and its row's lse
+//                      only), rounded to bf16 for bf16 inputs as above. Then dW_t (+)= dlogits^T
+//                      x_c and db_t (+)= the f32 dlogits' column sums in f32 (n, K) and (n) tiles,
+//                      rounded once into the 16-bit dw and db when the tile's last block is done,
+//                      and dx_c (+)= dlogits W_t into an f32 (M, K) sum over the tiles, rounded
+//                      once into the 16-bit dx at the end (f32 inputs sum into their gradients
+//                      directly). Four products; no (V, K) f32 buffer exists: the working memory is
+//                      the block (and its bf16 copy), the (n, K) tile and the (M, K) dx sum (seed
+//                      Transformer: 14.6 + 7.3 + 2 MiB at batch 8, 29.3 + 7.3 + 8 MiB at batch 32).
 // Gradients have the operands' dtype; the loss's gradient is f32. On CUDA the same steps run on the
 // device: the 16-bit products through cuda::gemm_lowp (cublasGemmEx, f32 C), f16's products with an
-// f32 dlogits block through the f32 GEMM on a widened (f32) copy of the 16-bit operand (the CPU's
-// gemm_lowp widens it while packing: the same f32 products), dlogits by
-// cuda::linear_cross_entropy_block_dlogits reading the device's scale, and the conversions by
-// cuda::cast. Tests: tests/test_amp_gemm_ops.cpp (CPU), tests/cuda/test_cuda_ops.cpp (CUDA
-// against the CPU).
+// f32 dlogits block through the f32 GEMM on a widened (f32) copy of the 16-bit operand's tile or
+// block (the CPU's gemm_lowp widens it while packing: the same f32 products), dlogits by
+// cuda::linear_cross_entropy_block_dlogits (recomputing) or linear_cross_entropy_backward_rows
+// reading the device's scale, and the conversions by cuda::cast. Tests:
+// tests/test_amp_gemm_ops.cpp (CPU), tests/cuda/test_cuda_ops.cpp (CUDA against the CPU).
 #include <algorithm>
 #include <cmath>
 #include <memory>
@@ -37,6 +47,9 @@
 #include "regen/kernels/unary_ops.h"
 
 namespace regen::detail {
+
+// The vocabulary tiles (rows of W) the products go by: ops_cross_entropy.cpp's too.
+int64_t linear_cross_entropy_tile_rows(int64_t V, int64_t K);
 
 namespace {
 
@@ -62,6 +75,7 @@ void check_device(const char* what, const Tensor& x) {
 // not memory).
 template <class From, class To>
 void convert(Device dev, const From* x, To* y, int64_t n) {
+  static_assert(!std::is_same<From, To>::value, "convert: the same type");
   if (dry_run_active() || n == 0) return;
   if (dev.is_cpu()) {
     if constexpr (std::is_same<From, float>::value) {
@@ -84,30 +98,40 @@ void store(Device dev, const float* x, E* y, int64_t n) {
   convert(dev, x, y, n);
 }
 
-// An f32 copy of a 16-bit bias (V), or none.
+// An f32 copy of a 16-bit bias (V), or none (no bias, or an f32 one).
 template <class E>
 std::unique_ptr<Workspace> widened_bias(const Tensor& b, int64_t V) {
-  if (!b.defined()) return nullptr;
-  auto ws = std::make_unique<Workspace>(b.device(), static_cast<uint64_t>(V) * sizeof(float));
-  convert(b.device(), b.data<E>(), ws->as<float>(), V);
-  return ws;
+  if constexpr (std::is_same<E, float>::value) {
+    return nullptr;
+  } else {
+    if (!b.defined()) return nullptr;
+    auto ws = std::make_unique<Workspace>(b.device(), static_cast<uint64_t>(V) * sizeof(float));
+    convert(b.device(), b.data<E>(), ws->as<float>(), V);
+    return ws;
+  }
 }
 
 // C (M, N) f32 = op(A) op(B), or += with accumulate; A and B 16-bit (as cpu::gemm_lowp).
+// f32 operands (the f32 backward that recomputes the logits): the f32 path's GEMM.
 template <class E>
 void gemm16(Device dev, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const E* A, int64_t lda,
             const E* B, int64_t ldb, bool accumulate, float* C, int64_t ldc) {
-  if (dev.is_cpu()) {
-    const DType dt = dtype_of<E>::value;
-    cpu::gemm_lowp(ta, tb, M, N, K, dt, A, lda, dt, B, ldb, nullptr, accumulate, C, ldc);
-    return;
-  }
+  if constexpr (std::is_same<E, float>::value) {
+    REGEN_LAUNCH(dev, float, gemm, ta, tb, M, N, K, 1.0f, A, lda, B, ldb, accumulate ? 1.0f : 0.0f,
+                 C, ldc);
+  } else {
+    if (dev.is_cpu()) {
+      const DType dt = dtype_of<E>::value;
+      cpu::gemm_lowp(ta, tb, M, N, K, dt, A, lda, dt, B, ldb, nullptr, accumulate, C, ldc);
+      return;
+    }
 #ifdef REGEN_WITH_CUDA
-  if (dry_run_active()) return;  // cuBLAS's workspace is the handle's, taken before the step
-  kernels::use_device(dev);
-  cuda::gemm_lowp(ta, tb, M, N, K, A, lda, B, ldb, accumulate, C, ldc);
-  kernels::after_cuda_launcher("gemm_lowp");
+    if (dry_run_active()) return;  // cuBLAS's workspace is the handle's, taken before the step
+    kernels::use_device(dev);
+    cuda::gemm_lowp(ta, tb, M, N, K, A, lda, B, ldb, accumulate, C, ldc);
+    kernels::after_cuda_launcher("gemm_lowp");
 #endif
+  }
 }
 
 // C (M, N) f32 (+)= op(A) op(B), A f32 and B 16-bit (B (rows_b, cols_b) contiguous). The CPU's
@@ -117,14 +141,18 @@ template <class E>
 void gemm_f32_by16(Device dev, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* A,
                    int64_t lda, const E* B, int64_t ldb, int64_t b_elems, float* wide,
                    bool accumulate, float* C, int64_t ldc) {
-  if (dev.is_cpu()) {
-    cpu::gemm_lowp(ta, tb, M, N, K, DType::f32, A, lda, dtype_of<E>::value, B, ldb, nullptr,
-                   accumulate, C, ldc);
-    return;
+  if constexpr (std::is_same<E, float>::value) {
+    gemm16<float>(dev, ta, tb, M, N, K, A, lda, B, ldb, accumulate, C, ldc);
+  } else {
+    if (dev.is_cpu()) {
+      cpu::gemm_lowp(ta, tb, M, N, K, DType::f32, A, lda, dtype_of<E>::value, B, ldb, nullptr,
+                     accumulate, C, ldc);
+      return;
+    }
+    convert(dev, B, wide, b_elems);
+    REGEN_LAUNCH(dev, float, gemm, ta, tb, M, N, K, 1.0f, A, lda, static_cast<const float*>(wide),
+                 ldb, accumulate ? 1.0f : 0.0f, C, ldc);
   }
-  convert(dev, B, wide, b_elems);
-  REGEN_LAUNCH(dev, float, gemm, ta, tb, M, N, K, 1.0f, A, lda, static_cast<const float*>(wide),
-               ldb, accumulate ? 1.0f : 0.0f, C, ldc);
 }
 
 // logits_c (rows, V) f32 = x rows [r0, r0 + rows) (rows, K) * W^T (K, V), 16-bit operands.
@@ -135,39 +163,11 @@ void chunk_logits(const Tensor& x, const Tensor& w, const Dims& d, int64_t r0, i
             false, logits, d.V);
 }
 
+// The bias as f32 for the kernels: f32 inputs' own, 16-bit inputs' widened copy, or null.
 template <class E>
-void forward(OpContext& c) {
-  const Tensor &x = c.inputs[0], &w = c.inputs[1], &b = c.inputs[2], &targets = c.inputs[3];
-  const LinearCrossEntropyAttrs& a = c.attr<LinearCrossEntropyAttrs>();
-  check_device("linear_cross_entropy", x);
-  const Dims d = dims(x, w, a);
-  const Device dev = x.device();
-  Tensor loss = empty({}, DType::f32, dev);
-  Tensor lse = empty({d.M}, DType::f32, dev);
-  const int64_t* t = targets.data<int64_t>();
-  // Bad targets fail before any product is computed.
-  REGEN_LAUNCH(dev, float, linear_cross_entropy_scale, static_cast<const float*>(nullptr), t,
-               static_cast<float*>(nullptr), d.M, d.V, a.ignore_index);
-  if (d.M == 0) {
-    REGEN_LAUNCH(dev, float, fill, loss.data<float>(), 1, 0.0f);
-    c.outputs = {loss, lse};
-    return;
-  }
-  {
-    Workspace row_loss(dev, static_cast<uint64_t>(d.M) * sizeof(double));
-    Workspace logits(dev, static_cast<uint64_t>(d.chunk * d.V) * sizeof(float));
-    const std::unique_ptr<Workspace> bias = widened_bias<E>(b, d.V);
-    for (int64_t r0 = 0; r0 < d.M; r0 += d.chunk) {
-      const int64_t rows = std::min(d.chunk, d.M - r0);
-      chunk_logits<E>(x, w, d, r0, rows, logits.as<float>());
-      REGEN_LAUNCH(dev, float, linear_cross_entropy_forward_rows, logits.as<float>(),
-                   bias ? bias->as<float>() : nullptr, t + r0, lse.data<float>() + r0,
-                   row_loss.as<double>() + r0, rows, d.V, a.ignore_index);
-    }
-    REGEN_LAUNCH(dev, float, linear_cross_entropy_forward_loss, row_loss.as<double>(), t,
-                 loss.data<float>(), d.M, a.ignore_index);
-  }
-  c.outputs = {loss, lse};
+const float* bias_f32(const Tensor& b, const std::unique_ptr<Workspace>& wide) {
+  if constexpr (std::is_same<E, float>::value) return b.defined() ? b.data<float>() : nullptr;
+  return wide ? wide->as<float>() : nullptr;
 }
 
 // The backward's vocabulary tiles: at most kMaxTileRows rows of W and an f32 (rows, K) dW tile of
@@ -175,12 +175,147 @@ void forward(OpContext& c) {
 // alone, so the blocks requested, the order of every sum and the bits of every gradient do not
 // depend on the thread count. For the seed Transformer (V = 30000, K = 512): 8 tiles of 3750 rows,
 // a 7.3 MiB dW tile.
-constexpr int64_t kTileBytes = int64_t{8} << 20, kMaxTileRows = 4096;
 int64_t tile_rows(int64_t V, int64_t K) {
-  const int64_t per_row = std::max<int64_t>(K, 1) * static_cast<int64_t>(sizeof(float));
-  const int64_t most = std::clamp<int64_t>(kTileBytes / per_row, 1, kMaxTileRows);
-  const int64_t tiles = (V + most - 1) / most;
-  return (V + tiles - 1) / tiles;
+  return linear_cross_entropy_tile_rows(V, K);
+}
+
+template <class E>
+void forward(OpContext& c) {
+  const Tensor &x = c.inputs[0], &w = c.inputs[1], &b = c.inputs[2], &targets = c.inputs[3];
+  const LinearCrossEntropyAttrs& a = c.attr<LinearCrossEntropyAttrs>();
+  check_device("linear_cross_entropy", x);
+  const Dims d = dims(x, w, a);
+  const Device dev = x.device();
+  const DType dt = dtype_of<E>::value;
+  const bool want_dx = a.forward_dx, want_dw = a.forward_dw, want_db = a.has_bias && a.forward_db;
+  const bool grads = want_dx || want_dw || want_db;
+  Tensor loss = empty({}, DType::f32, dev);
+  Tensor lse = empty({d.M}, DType::f32, dev);
+  // The gradient slots: f32 sums for a unit loss gradient, or an empty tensor where one is not
+  // computed (every slot is filled).
+  Tensor dx = want_dx ? empty({d.M, d.K}, DType::f32, dev) : empty({0}, dt, dev);
+  Tensor dw = want_dw ? empty({d.V, d.K}, DType::f32, dev) : empty({0}, dt, dev);
+  Tensor db = want_db ? empty({d.V}, DType::f32, dev) : empty({0}, dt, dev);
+  const int64_t* t = targets.data<int64_t>();
+  // Bad targets fail before any product is computed. With gradients to make, the same call forms
+  // scale[0] = 1 / count on the device: linear_cross_entropy_scale of a unit loss gradient
+  // (scale[1]).
+  std::unique_ptr<Workspace> scale;
+  if (grads) {
+    scale = std::make_unique<Workspace>(dev, 2 * sizeof(float));
+    REGEN_LAUNCH(dev, float, fill, scale->as<float>() + 1, 1, 1.0f);
+  }
+  REGEN_LAUNCH(dev, float, linear_cross_entropy_scale, grads ? scale->as<float>() + 1 : nullptr, t,
+               grads ? scale->as<float>() : nullptr, d.M, d.V, a.ignore_index);
+  if (d.M == 0) {  // no rows: the loss and every gradient are 0
+    for (const Tensor& z : {loss, dx, dw, db}) {
+      if (z.numel() > 0) REGEN_LAUNCH(dev, float, fill, z.data<float>(), z.numel(), 0.0f);
+    }
+    c.outputs = {loss, lse, dx, dw, db};
+    return;
+  }
+  {
+    Workspace row_loss(dev, static_cast<uint64_t>(d.M) * sizeof(double));
+    Workspace logits(dev, static_cast<uint64_t>(d.chunk * d.V) * sizeof(float));
+    const std::unique_ptr<Workspace> bias = widened_bias<E>(b, d.V);
+    // bf16: each chunk's dlogits rounded to bf16, as the backward below does, so dx and dW are
+    // bf16 x bf16 products; f16 keeps them f32, and on CUDA its products widen W's tile (dx) and
+    // the chunk of x (dW) into f32 copies. The products go by the backward's vocabulary tiles:
+    // a GEMM packs its operands whole, and dW's, (V, rows), would take as much as the chunk.
+    constexpr bool bf16_dlogits = std::is_same<E, bfloat16>::value;
+    const bool f16_cuda = !bf16_dlogits && !dev.is_cpu();
+    const int64_t tile = tile_rows(d.V, d.K);
+    std::unique_ptr<Workspace> dl16, colsum, wide_w, wide_x;
+    if (bf16_dlogits && (want_dx || want_dw))
+      dl16 = std::make_unique<Workspace>(dev, static_cast<uint64_t>(d.chunk * d.V) * sizeof(E));
+    if (want_db && d.chunk < d.M)
+      colsum = std::make_unique<Workspace>(dev, static_cast<uint64_t>(d.V) * sizeof(float));
+    if (f16_cuda && want_dx)
+      wide_w = std::make_unique<Workspace>(dev, static_cast<uint64_t>(tile * d.K) * sizeof(float));
+    if (f16_cuda && want_dw)
+      wide_x =
+          std::make_unique<Workspace>(dev, static_cast<uint64_t>(d.chunk * d.K) * sizeof(float));
+    for (int64_t r0 = 0; r0 < d.M; r0 += d.chunk) {
+      const int64_t rows = std::min(d.chunk, d.M - r0);
+      const bool first = r0 == 0;
+      float* l = logits.as<float>();
+      chunk_logits<E>(x, w, d, r0, rows, l);
+      REGEN_LAUNCH(dev, float, linear_cross_entropy_forward_rows, l, bias_f32<E>(b, bias), t + r0,
+                   lse.data<float>() + r0, row_loss.as<double>() + r0, rows, d.V, a.ignore_index);
+      if (!grads) continue;
+      // dlogits_c in place; forward_rows added the bias already.
+      REGEN_LAUNCH(dev, float, linear_cross_entropy_backward_rows, l,
+                   static_cast<const float*>(nullptr), t + r0, lse.data<float>() + r0,
+                   scale->as<float>(), rows, d.V, a.ignore_index);
+      const E* dl_low = nullptr;
+      if (dl16) {
+        store(dev, static_cast<const float*>(l), dl16->as<E>(), rows * d.V);
+        dl_low = dl16->as<E>();
+      }
+      const E* xc = x.data<E>() + r0 * d.K;
+      for (int64_t v0 = 0; v0 < d.V; v0 += tile) {
+        const int64_t n = std::min(tile, d.V - v0);
+        const E* wt = w.data<E>() + v0 * d.K;
+        if (want_dx) {  // dx_c (rows, K) (+)= dlogits_c[:, tile] (rows, n) * W_t (n, K)
+          float* dxc = dx.data<float>() + r0 * d.K;
+          if (dl_low) {
+            gemm16<E>(dev, false, false, rows, d.K, n, dl_low + v0, d.V, wt, d.K, v0 > 0, dxc, d.K);
+          } else {
+            gemm_f32_by16<E>(dev, false, false, rows, d.K, n, l + v0, d.V, wt, d.K, n * d.K,
+                             wide_w ? wide_w->as<float>() : nullptr, v0 > 0, dxc, d.K);
+          }
+        }
+        if (want_dw) {  // dW_t (n, K) (+)= dlogits_c[:, tile]^T (n, rows) * x_c (rows, K)
+          float* dwt = dw.data<float>() + v0 * d.K;
+          if (dl_low) {
+            gemm16<E>(dev, true, false, n, d.K, rows, dl_low + v0, d.V, xc, d.K, !first, dwt, d.K);
+          } else {  // x_c is widened once per chunk on CUDA (at its first tile)
+            gemm_f32_by16<E>(dev, true, false, n, d.K, rows, l + v0, d.V, xc, d.K,
+                             v0 == 0 ? rows * d.K : 0, wide_x ? wide_x->as<float>() : nullptr,
+                             !first, dwt, d.K);
+          }
+        }
+      }
+      if (want_db) {  // the f32 dlogits' column sums
+        if (first) {
+          REGEN_LAUNCH(dev, float, sum_rows, l, db.data<float>(), rows, d.V);
+        } else {
+          REGEN_LAUNCH(dev, float, sum_rows, l, colsum->as<float>(), rows, d.V);
+          REGEN_LAUNCH(dev, float, add_inplace, db.data<float>(), colsum->as<float>(), d.V);
+        }
+      }
+    }
+    REGEN_LAUNCH(dev, float, linear_cross_entropy_forward_loss, row_loss.as<double>(), t,
+                 loss.data<float>(), d.M, a.ignore_index);
+  }
+  c.outputs = {loss, lse, dx, dw, db};
+}
+
+// The forward's f32 gradients (a unit loss gradient) times the loss's gradient, in place, then
+// rounded once to the inputs' 16-bit dtype and handed on.
+template <class E>
+void round_grads(BackwardContext& c) {
+  const LinearCrossEntropyAttrs& a = c.attr<LinearCrossEntropyAttrs>();
+  const Tensor& dloss = c.grad_output(0);
+  const Device dev = dloss.device();
+  REGEN_CHECK(dloss.dtype() == DType::f32, "linear_cross_entropy backward: the loss gradient ",
+              dloss.str(), " must be f32 for ", dtype_name(dtype_of<E>::value), " inputs");
+  // A loss gradient of exactly 1 (loss.backward()) changes no bit: the CPU skips the products.
+  const bool unit = dev.is_cpu() && !dry_run_active() && dloss.data<float>()[0] == 1.0f;
+  const bool wanted[3] = {a.forward_dx, a.forward_dw, a.has_bias && a.forward_db};
+  for (int i = 0; i < 3; ++i) {
+    if (!wanted[i]) continue;
+    Tensor g = c.saved_output(2 + i);
+    REGEN_CHECK(g.dtype() == DType::f32, "linear_cross_entropy backward: saved gradient ", g.str(),
+                " must be f32 for ", dtype_name(dtype_of<E>::value), " inputs");
+    if (!unit && g.numel() > 0) {
+      REGEN_LAUNCH(dev, float, mul, g.data<float>(), dloss.data<float>(), g.data<float>(),
+                   g.numel(), 1);
+    }
+    Tensor r = empty(g.shape(), dtype_of<E>::value, dev);
+    store(dev, static_cast<const float*>(g.data<float>()), r.data<E>(), g.numel());
+    c.set_grad_input(i, r);
+  }
 }
 
 // Rows per block of the backward: as many as keep a (rows, tile) f32 block within the forward's
@@ -247,6 +382,8 @@ void backward(BackwardContext& c) {
   Tensor dw = want_dw ? empty_like(w) : Tensor();
   Tensor db = want_db ? empty({d.V}, b.dtype(), dev) : Tensor();
   const bool dry = dry_run_active();
+  // f32 inputs sum straight into their gradients: no f32 tile, no (M, K) sum, no rounding.
+  constexpr bool f32_in = std::is_same<E, float>::value;
   if (d.M == 0) {  // no rows: every gradient is 0
     for (const Tensor& g : {dx, dw, db}) {
       if (g.defined()) REGEN_LAUNCH(dev, E, fill, g.data<E>(), g.numel(), E(0.0f));
@@ -266,6 +403,7 @@ void backward(BackwardContext& c) {
     // (for dW) serve its f32 products.
     constexpr bool bf16_dlogits = std::is_same<E, bfloat16>::value;
     const bool low_copy = bf16_dlogits && (want_dx || want_dw);
+    const bool f16_cuda = !bf16_dlogits && !f32_in && !dev.is_cpu();
     const int64_t tile = tile_rows(d.V, d.K);
     const int64_t block_rows = backward_block_rows(d, tile, low_copy);
     const bool several = block_rows < d.M;
@@ -273,30 +411,41 @@ void backward(BackwardContext& c) {
     const uint64_t f = sizeof(float);
     Workspace block(dev, static_cast<uint64_t>(block_rows * tile) * f);
     std::unique_ptr<Workspace> dx_sum, dw_tile, db_tile, colsum;
-    if (want_dx) dx_sum = std::make_unique<Workspace>(dev, static_cast<uint64_t>(d.M * d.K) * f);
-    if (want_dw) dw_tile = std::make_unique<Workspace>(dev, static_cast<uint64_t>(tile * d.K) * f);
-    if (want_db) db_tile = std::make_unique<Workspace>(dev, static_cast<uint64_t>(tile) * f);
+    if (want_dx && !f32_in)
+      dx_sum = std::make_unique<Workspace>(dev, static_cast<uint64_t>(d.M * d.K) * f);
+    if (want_dw && !f32_in)
+      dw_tile = std::make_unique<Workspace>(dev, static_cast<uint64_t>(tile * d.K) * f);
+    if (want_db && !f32_in)
+      db_tile = std::make_unique<Workspace>(dev, static_cast<uint64_t>(tile) * f);
     if (want_db && several)
       colsum = std::make_unique<Workspace>(dev, static_cast<uint64_t>(tile) * f);
     std::unique_ptr<Workspace> dl16, wide_w, wide_x;
     if (low_copy)
       dl16 = std::make_unique<Workspace>(dev, static_cast<uint64_t>(block_rows * tile) * sizeof(E));
-    if (!bf16_dlogits && !dev.is_cpu() && want_dx)
+    if (f16_cuda && want_dx)
       wide_w = std::make_unique<Workspace>(dev, static_cast<uint64_t>(tile * d.K) * f);
-    if (!bf16_dlogits && !dev.is_cpu() && want_dw)
+    if (f16_cuda && want_dw)
       wide_x = std::make_unique<Workspace>(dev, static_cast<uint64_t>(block_rows * d.K) * f);
     // Tiles outside, blocks of rows inside: a tile's dW and db are complete after its last block
     // and are rounded then; dx sums over the tiles in dx_sum and is rounded after the last one.
     for (int64_t v0 = 0; v0 < d.V; v0 += tile) {
       const int64_t n = std::min(tile, d.V - v0);
       const E* wt = w.data<E>() + v0 * d.K;
+      // Where the f32 sums go: the gradients themselves (f32 inputs) or the f32 sum and tiles.
+      float* const dx_acc = !want_dx ? nullptr : f32_in ? dx.data<float>() : dx_sum->as<float>();
+      float* const dw_acc = !want_dw ? nullptr
+                            : f32_in ? dw.data<float>() + v0 * d.K
+                                     : dw_tile->as<float>();
+      float* const db_acc = !want_db ? nullptr
+                            : f32_in ? db.data<float>() + v0
+                                     : db_tile->as<float>();
       for (int64_t r0 = 0; r0 < d.M; r0 += block_rows) {
         const int64_t rows = std::min(block_rows, d.M - r0);
         const bool first = r0 == 0;
         float* dl = block.as<float>();
         // logits (rows, n) = x_c (rows, K) * W_t^T (K, n), then their gradient in place
         gemm16<E>(dev, false, true, rows, n, d.K, xs + r0 * d.K, d.K, wt, d.K, false, dl, n);
-        const float* bias_f = bias ? bias->as<float>() : nullptr;
+        const float* bias_f = bias_f32<E>(b, bias);
         if (dev.is_cpu()) {
           if (!dry) {
             block_dlogits(dl, rows, n, v0, d.V, bias_f, t + r0, lse.data<float>() + r0, g,
@@ -314,43 +463,48 @@ void backward(BackwardContext& c) {
 #endif
         }
         const E* dl_low = nullptr;  // bf16: the rounded dlogits
-        if (dl16) {
-          store(dev, static_cast<const float*>(dl), dl16->as<E>(), rows * n);
-          dl_low = dl16->as<E>();
+        if constexpr (bf16_dlogits) {
+          if (dl16) {
+            store(dev, static_cast<const float*>(dl), dl16->as<E>(), rows * n);
+            dl_low = dl16->as<E>();
+          }
         }
         if (want_dx) {  // dx_c (rows, K) (+)= dlogits (rows, n) * W_t (n, K), f32 sums
           if (dl_low) {
             gemm16<E>(dev, false, false, rows, d.K, n, dl_low, n, wt, d.K, v0 > 0,
-                      dx_sum->as<float>() + r0 * d.K, d.K);
+                      dx_acc + r0 * d.K, d.K);
           } else {  // W_t is widened once per tile on CUDA (at its first block)
             gemm_f32_by16<E>(dev, false, false, rows, d.K, n, dl, n, wt, d.K, first ? n * d.K : 0,
-                             wide_w ? wide_w->as<float>() : nullptr, v0 > 0,
-                             dx_sum->as<float>() + r0 * d.K, d.K);
+                             wide_w ? wide_w->as<float>() : nullptr, v0 > 0, dx_acc + r0 * d.K,
+                             d.K);
           }
         }
         if (want_dw) {  // dW_t (n, K) (+)= dlogits^T (n, rows) * x_c (rows, K), f32 sums
           if (dl_low) {
-            gemm16<E>(dev, true, false, n, d.K, rows, dl_low, n, xs + r0 * d.K, d.K, !first,
-                      dw_tile->as<float>(), d.K);
+            gemm16<E>(dev, true, false, n, d.K, rows, dl_low, n, xs + r0 * d.K, d.K, !first, dw_acc,
+                      d.K);
           } else {
             gemm_f32_by16<E>(dev, true, false, n, d.K, rows, dl, n, xs + r0 * d.K, d.K, rows * d.K,
-                             wide_x ? wide_x->as<float>() : nullptr, !first, dw_tile->as<float>(),
-                             d.K);
+                             wide_x ? wide_x->as<float>() : nullptr, !first, dw_acc, d.K);
           }
         }
         if (want_db) {
           if (first) {
-            REGEN_LAUNCH(dev, float, sum_rows, dl, db_tile->as<float>(), rows, n);
+            REGEN_LAUNCH(dev, float, sum_rows, dl, db_acc, rows, n);
           } else {
             REGEN_LAUNCH(dev, float, sum_rows, dl, colsum->as<float>(), rows, n);
-            REGEN_LAUNCH(dev, float, add_inplace, db_tile->as<float>(), colsum->as<float>(), n);
+            REGEN_LAUNCH(dev, float, add_inplace, db_acc, colsum->as<float>(), n);
           }
         }
       }
-      if (want_dw) store(dev, dw_tile->as<float>(), dw.data<E>() + v0 * d.K, n * d.K);
-      if (want_db) store(dev, db_tile->as<float>(), db.data<E>() + v0, n);
+      if constexpr (!f32_in) {
+        if (want_dw) store(dev, dw_tile->as<float>(), dw.data<E>() + v0 * d.K, n * d.K);
+        if (want_db) store(dev, db_tile->as<float>(), db.data<E>() + v0, n);
+      }
     }
-    if (want_dx) store(dev, dx_sum->as<float>(), dx.data<E>(), d.M * d.K);
+    if constexpr (!f32_in) {
+      if (want_dx) store(dev, dx_sum->as<float>(), dx.data<E>(), d.M * d.K);
+    }
   }
   c.set_grad_input(0, dx);
   c.set_grad_input(1, dw);
@@ -358,6 +512,14 @@ void backward(BackwardContext& c) {
 }
 
 }  // namespace
+
+int64_t linear_cross_entropy_tile_rows(int64_t V, int64_t K) {
+  constexpr int64_t kTileBytes = int64_t{8} << 20, kMaxTileRows = 4096;
+  const int64_t per_row = std::max<int64_t>(K, 1) * static_cast<int64_t>(sizeof(float));
+  const int64_t most = std::clamp<int64_t>(kTileBytes / per_row, 1, kMaxTileRows);
+  const int64_t tiles = (V + most - 1) / most;
+  return (V + tiles - 1) / tiles;
+}
 
 void linear_cross_entropy_forward_lowp(OpContext& c) {
   switch (c.inputs[0].dtype()) {
@@ -370,6 +532,18 @@ void linear_cross_entropy_forward_lowp(OpContext& c) {
   }
 }
 
+void linear_cross_entropy_round_grads_lowp(BackwardContext& c) {
+  const DType dt = c.attr<LinearCrossEntropyAttrs>().grad_dtype;
+  switch (dt) {
+    case DType::bf16:
+      return round_grads<bfloat16>(c);
+    case DType::f16:
+      return round_grads<float16>(c);
+    default:
+      REGEN_FAIL("linear_cross_entropy backward: the 16-bit path got ", dtype_name(dt));
+  }
+}
+
 void linear_cross_entropy_backward_lowp(BackwardContext& c) {
   const DType dt = c.saved_input(0).dtype();
   switch (dt) {
@@ -377,8 +551,10 @@ void linear_cross_entropy_backward_lowp(BackwardContext& c) {
       return backward<bfloat16>(c);
     case DType::f16:
       return backward<float16>(c);
+    case DType::f32:
+      return backward<float>(c);
     default:
-      REGEN_FAIL("linear_cross_entropy backward: the 16-bit path got ", dtype_name(dt));
+      REGEN_FAIL("linear_cross_entropy backward: the recomputing path got ", dtype_name(dt));
   }
 }
 

@@ -694,6 +694,14 @@ ModelInput image_classifier_input(int64_t min_image_size) {
   return in;
 }
 
+void check_lm_head_recompute(const ModelConfig& c) {
+  REGEN_CHECK(c.head_recompute == 0 || c.head_recompute == 1, c.name, ": head_recompute ",
+              c.head_recompute, " must be 0 (gradients in the forward) or 1 (recomputed logits)");
+  REGEN_CHECK(c.head_recompute == 0 || c.head_chunk_rows >= 0, c.name,
+              ": head_recompute 1 recomputes the fused head's logits, yet head_chunk_rows ",
+              c.head_chunk_rows, " asks for the unfused head (lm_head_chunk -1)");
+}
+
 void check_lm_targets(const ModelConfig& c, const Tensor& tokens, const Tensor& target) {
   REGEN_CHECK(target.defined() && target.dtype() == DType::i64 && target.shape() == tokens.shape(),
               c.name, ": expected targets i64 ", sh(tokens.shape()), ", got ",
@@ -709,6 +717,17 @@ ModelOption lm_head_chunk_option() {
       OptionRange::integers(-1, 2147483647), &ModelConfig::head_chunk_rows);
   head.recorded = true;  // how a run computed its loss; the head's parameters are the same
   return head;
+}
+
+ModelOption lm_head_recompute_option() {
+  ModelOption o = integer_option(
+      "lm_head_recompute",
+      "fused LM head in training: 0 computes its gradients in the forward with the loss (the "
+      "default; the head weight's f32 gradient is held until the backward), 1 recomputes the "
+      "logits in the backward (one product more, and that gradient is not held across the step)",
+      OptionRange::integers(0, 1), &ModelConfig::head_recompute);
+  o.recorded = true;  // how a run computed its gradients; the parameters are the same
+  return o;
 }
 
 ModelInput token_lm_input() {

@@ -112,6 +112,11 @@ ModelInput token_lm_input();
 // --lm-head-chunk (ModelConfig::head_chunk_rows), for the language models whose head and loss run
 // fused (linear_cross_entropy): the Transformer's and GPT-2's.
 ModelOption lm_head_chunk_option();
+// --lm-head-recompute (ModelConfig::head_recompute) for the same models.
+ModelOption lm_head_recompute_option();
+// head_recompute 0 or 1, and 1 only with the fused head (head_chunk_rows >= 0), else an error
+// naming the model and both settings.
+void check_lm_head_recompute(const ModelConfig& c);
 // The fused head's targets: i64 of the tokens' shape, else an error naming the model.
 void check_lm_targets(const ModelConfig& c, const Tensor& tokens, const Tensor& target);
 // The data kinds above, for inputs of other models: synthetic class-labelled images; CIFAR-10

@@ -114,6 +114,7 @@ struct GPT2::Block : public Module {
 ModelInput GPT2::input() {
   ModelInput in = token_lm_input();
   in.options.push_back(lm_head_chunk_option());
+  in.options.push_back(lm_head_recompute_option());
   in.data.push_back(llmc_tokens_data());
   in.decay_matrices_only = true;
   return in;
@@ -128,6 +129,7 @@ GPT2::GPT2(const ModelConfig& c, Device device)
               " is not divisible by ", c.heads, " heads");
   REGEN_CHECK(c.head_chunk_rows >= -1, "GPT-2 '", c.name, "': head_chunk_rows ", c.head_chunk_rows,
               " must be -1 (unfused head), 0 (fused, automatic chunks) or a positive row count");
+  check_lm_head_recompute(c);
   Generator gen(c.seed);
   const int64_t C = c.d_model;
   auto wte = std::make_unique<Group>("wte");
@@ -198,7 +200,8 @@ Tensor GPT2::forward_loss(const Tensor& tokens, const Tensor& target) {
   // probability, so their gradient is 0 and their rows of wte get none, without a copy of the
   // real rows (which head_weight() makes for forward()).
   return linear_cross_entropy(reshape(h, {-1, config_.d_model}), *wte_, head_mask_,
-                              target.reshape({-1}), -100, config_.head_chunk_rows);
+                              target.reshape({-1}), -100, config_.head_chunk_rows,
+                              config_.head_recompute != 0);
 }
 
 Tensor GPT2::loss(const Tensor& logits, const Tensor& target) const {

@@ -44,6 +44,12 @@ struct ModelConfig {
   // automatically (rows whose logits take about 32 MiB); N > 0 fuses with N rows per chunk.
   // Fusing changes no result beyond float rounding and never materializes the logits.
   int64_t head_chunk_rows = 0;
+  // The fused head's gradients: 0 made in the forward with the loss (three products of (rows,
+  // vocab, d_model); the weight's gradient, vocab x d_model f32, held until the backward), 1 made
+  // in the backward from logits computed again (four products, and no such gradient held across
+  // the step: the memory-lean choice). f32, bf16 and fp16; the same values up to the order of f32
+  // sums.
+  int64_t head_recompute = 0;
   uint64_t seed = 0;  // parameter initialization
   // Options of a registered model that have no field above, by key (param_option).
   std::map<std::string, double> params;

@@ -21,6 +21,7 @@ ModelInput TransformerLM::input() {
   dropout.profile_key = [](double p) { return p == 0 ? std::string("off") : std::string("on"); };
   in.options.push_back(dropout);
   in.options.push_back(lm_head_chunk_option());
+  in.options.push_back(lm_head_recompute_option());
   return in;
 }
 
@@ -34,6 +35,7 @@ TransformerLM::TransformerLM(const ModelConfig& c, Device device) : Model(c) {
   REGEN_CHECK(c.head_chunk_rows >= -1, "Transformer '", c.name, "': head_chunk_rows ",
               c.head_chunk_rows,
               " must be -1 (unfused head), 0 (fused, automatic chunks) or a positive row count");
+  check_lm_head_recompute(c);
   Generator gen(c.seed);
   tok_emb_ = &register_module(
       "tok_emb", std::make_unique<Embedding>("tok_emb", c.vocab, c.d_model, gen, device));
@@ -84,7 +86,7 @@ Tensor TransformerLM::forward_loss(const Tensor& tokens, const Tensor& target) {
   Tensor* bias = lm_head_->bias();
   return linear_cross_entropy(reshape(h, {-1, config_.d_model}), lm_head_->weight(),
                               bias ? *bias : Tensor(), target.reshape({-1}), -100,
-                              config_.head_chunk_rows);
+                              config_.head_chunk_rows, config_.head_recompute != 0);
 }
 
 void TransformerLM::prepare_inputs(Device device) {

@@ -766,11 +766,12 @@ the training loop's accumulate (micro-batches per step), lr_schedule, warmup_ste
 lr_step_size, lr_gamma, lr_min, clip_grad_norm, grad_norm, eval_every, eval_batches, eval_batch,
 eval_split (as regen train's flags); data parallelism's shard and bucket_size (under mpirun); and
 the model's own
-(regen.model_options(name)): image_size and num_classes for the ResNets, seq_len, vocab, dropout and
-lm_head_chunk for the Transformers. Every value is checked as the command line checks its flags,
-with the keyword in the message ("threads=5000: must be at most 1024"). The first step runs dry
-before the model is built: a batch too large for the device's memory is refused. Use one model at a
-time for exact memory figures: another live model's tensors count in the allocator's peaks.)doc")
+(regen.model_options(name)): image_size and num_classes for the ResNets, seq_len, vocab, dropout,
+lm_head_chunk and lm_head_recompute for the Transformers. Every value is checked as the command line
+checks its flags, with the keyword in the message ("threads=5000: must be at most 1024"). The first
+step runs dry before the model is built: a batch too large for the device's memory is refused. Use
+one model at a time for exact memory figures: another live model's tensors count in the allocator's
+peaks.)doc")
       .def(pb::init([](const std::string& name, const pb::object& batch, const std::string& device,
                        const pb::kwargs& kw) {
              return std::make_unique<PyModel>(name, batch, device, kw);

@@ -147,6 +147,15 @@ void check_profile_run(const Profile& p, const SessionOptions& o, const std::str
       recorded.emplace_back(kWinogradTypes, "f32");  // before 16-bit Winograd
     }
   }
+  // Profiles with a fused LM head written before --lm-head-recompute: their head took other memory
+  // and time (16-bit heads always recomputed their logits in backward; f32 heads' gradient products
+  // packed a (vocab, rows) operand whole).
+  const bool has_head = std::any_of(p.nodes.begin(), p.nodes.end(), [](const ProfileNode& n) {
+    return n.op == "linear_cross_entropy";
+  });
+  REGEN_CHECK(!has_head || p.run.empty() || p.run.count("--lm-head-recompute") != 0, what,
+              " was made by a regen whose fused LM head (linear_cross_entropy) took other memory "
+              "and time (from before --lm-head-recompute): its step is another's (profile again)");
   // Profiles written before --precision recorded the math mode (--math, or --tf32 before it), or
   // nothing: they ran in fp32 or tf32.
   if (p.run.count("--precision") == 0 && !p.run.empty()) {

@@ -368,9 +368,23 @@ TEST_CASE("amp gemm ops: attention in bf16 and f16 against f32 on the same value
 // ---- linear_cross_entropy ----------------------------------------------------------------------
 
 // linear_cross_entropy on (M, K) x, (V, K) weight and, with_bias, a (V) bias, row 4 ignored, the
-// targets spread over the vocabulary (so over its backward's tiles when V is above one tile: 4096
-// rows at most, autograd/ops_linear_cross_entropy_lowp.cpp), with chunks of 4 rows and automatic.
+// targets spread over the vocabulary (so over its products' tiles when V is above one tile: 4096
+// rows at most, autograd/ops_linear_cross_entropy_lowp.cpp), with chunks of 4 rows and automatic,
+// its gradients made in the forward and recomputed in the backward, for a loss gradient of 1 and
+// of 0.75 (which the forward's f32 gradients are scaled by before they are rounded).
+void check_linear_cross_entropy(int64_t M, int64_t K, int64_t V, bool with_bias, bool recompute,
+                                float cot);
 void check_linear_cross_entropy(int64_t M, int64_t K, int64_t V, bool with_bias) {
+  for (const bool recompute : {false, true}) {
+    for (const float cot : {1.0f, 0.75f}) {
+      CAPTURE(recompute);
+      CAPTURE(cot);
+      check_linear_cross_entropy(M, K, V, with_bias, recompute, cot);
+    }
+  }
+}
+void check_linear_cross_entropy(int64_t M, int64_t K, int64_t V, bool with_bias, bool recompute,
+                                float cot) {
   std::vector<int64_t> tv(static_cast<size_t>(M));
   for (int64_t i = 0; i < M; ++i) tv[static_cast<size_t>(i)] = (i * (V / M + 7) + 3) % V;
   tv[static_cast<size_t>(M - 1)] = V - 1;  // the last column
@@ -380,27 +394,31 @@ void check_linear_cross_entropy(int64_t M, int64_t K, int64_t V, bool with_bias)
   for (int64_t chunk : {int64_t{4}, int64_t{0}}) {  // several chunks; one (automatic)
     CAPTURE(chunk);
     const OpFn fn = [&](const std::vector<Tensor>& in) {
-      return with_bias ? linear_cross_entropy(in[0], in[1], in[2], in[3], -100, chunk)
-                       : linear_cross_entropy(in[0], in[1], Tensor(), in[2], -100, chunk);
+      return with_bias
+                 ? linear_cross_entropy(in[0], in[1], in[2], in[3], -100, chunk, recompute)
+                 : linear_cross_entropy(in[0], in[1], Tensor(), in[2], -100, chunk, recompute);
     };
     for (DType dt : kLow) {
       const std::string dtype = dtype_name(dt);
       CAPTURE(dtype);
       const Input x = input({M, K}, dt, 31), w = input({V, K}, dt, 32), b = input({V}, dt, 33);
-      const Tensor one = ones({}, DType::f32);
+      const Tensor g = full({}, cot, DType::f32);
       const Run low = run(fn,
                           with_bias ? std::vector<Tensor>{x.low, w.low, b.low, targets}
                                     : std::vector<Tensor>{x.low, w.low, targets},
-                          one);
+                          g);
       const Run ref = run(fn,
                           with_bias ? std::vector<Tensor>{x.wide, w.wide, b.wide, targets}
                                     : std::vector<Tensor>{x.wide, w.wide, targets},
-                          one);
+                          g);
       REQUIRE(low.y.dtype() == DType::f32);
-      // Saved: x, weight, bias in 16 bits, targets, and lse (M) in f32.
-      std::vector<uint64_t> saved = {bytes({M, K}, dt), bytes({V, K}, dt), bytes({M}, DType::i64),
-                                     bytes({M}, DType::f32)};
-      if (with_bias) saved.push_back(bytes({V}, dt));
+      // Saved, recomputing: x, weight, bias in 16 bits, targets, and lse (M) in f32. Otherwise
+      // the forward's gradients of x, weight and bias as f32 sums.
+      std::vector<uint64_t> saved =
+          recompute ? std::vector<uint64_t>{bytes({M, K}, dt), bytes({V, K}, dt),
+                                            bytes({M}, DType::i64), bytes({M}, DType::f32)}
+                    : std::vector<uint64_t>{bytes({M, K}, DType::f32), bytes({V, K}, DType::f32)};
+      if (with_bias) saved.push_back(bytes({V}, recompute ? dt : DType::f32));
       CHECK(low.saved_bytes == sorted(saved));
       // With |x|, |w|, |b| <= 1 a logit sums at most K + 1 terms of at most 1: each run's f32
       // logit is within (K + 1)^2 u32 of the exact one, so e = 2 (K + 1)^2 u32 between the runs.
@@ -419,7 +437,8 @@ void check_linear_cross_entropy(int64_t M, int64_t K, int64_t V, bool with_bias)
       // dlogits to bf16 before the products of dx and dw (as autocast's bf16 logits gradient):
       // each term moves by at most u |dlogit| |w or x|, so dx by u (2 / counted) more and dw by
       // u M / counted more (db sums the f32 dlogits).
-      const double sc = 1.0 / counted;
+      // The gradients scale with the loss's gradient, and so do their bounds.
+      const double sc = cot / counted;
       const double rounded = dt == DType::bf16 ? unit_roundoff(dt) : 0.0;
       REQUIRE(low.grads.size() == (with_bias ? 3u : 2u));
       check_lowp("linear_cross_entropy dx", low.grads[0], dt, ref.grads[0],
@@ -449,6 +468,45 @@ TEST_CASE("amp gemm ops: linear_cross_entropy in bf16 and f16: an f32 loss, 16-b
 TEST_CASE("amp gemm ops: linear_cross_entropy in bf16 and f16 over several vocabulary tiles") {
   check_linear_cross_entropy(30, 12, 9000, true);
   check_linear_cross_entropy(30, 12, 9000, false);
+}
+
+// What recompute buys in 16 bits: the forward's gradients hold W's as f32 sums, (V, K) floats,
+// from the forward to the backward, where it is rounded beside them; recomputing, the backward
+// holds one (tile, K) f32 tile and the 16-bit gradient (and the GEMMs' f32 packing of W's tile).
+// V = 9000, K = 512: 3 tiles of 3000 rows (6.1 MB) against an 18.4 MB f32 gradient; measured
+// 28.2 MB against 21.7 MB, asserted with room for the packing's blocking on other CPUs.
+TEST_CASE("amp gemm ops: linear_cross_entropy in bf16 recomputing its logits peaks lower") {
+  const int64_t M = 30, K = 512, V = 9000;
+  std::vector<int64_t> tv;
+  for (int64_t i = 0; i < M; ++i) tv.push_back((i * 307) % V);
+  const Tensor targets = from_vector<int64_t>(tv, {M});
+  const Input x = input({M, K}, DType::bf16, 41), w = input({V, K}, DType::bf16, 42);
+  CachingAllocator& alloc = allocator_for(Device::cpu());
+  int64_t peak[2] = {0, 0};
+  std::vector<float> dw[2];
+  for (const bool recompute : {false, true}) {
+    Tensor xi = x.low.clone().set_requires_grad(true), wi = w.low.clone().set_requires_grad(true);
+    alloc.reset_peak();
+    const int64_t before = alloc.stats().allocated.current;
+    Tensor loss = linear_cross_entropy(xi, wi, Tensor(), targets, -100, 4, recompute);
+    Tape::current().backward(loss);
+    peak[recompute] = alloc.stats().allocated.peak - before;
+    dw[recompute] = wi.grad().to(DType::f32).to_vector<float>();
+  }
+  MESSAGE("peak above the inputs: gradients in the forward ", peak[0], " B, recomputed ", peak[1],
+          " B");
+  const int64_t f32_grad = V * K * 4;
+  CHECK(peak[1] + f32_grad / 4 <= peak[0]);
+  // The same gradient up to the order of f32 sums (far below bf16's step) and one bf16 rounding
+  // each: within two bf16 units of the largest element.
+  REQUIRE(dw[0].size() == dw[1].size());
+  double largest = 0, worst = 0;
+  for (size_t i = 0; i < dw[0].size(); ++i) {
+    largest = std::max(largest, static_cast<double>(std::fabs(dw[0][i])));
+    worst = std::max(worst, static_cast<double>(std::fabs(dw[0][i] - dw[1][i])));
+  }
+  CHECK(largest > 0);
+  CHECK(worst <= 2 * unit_roundoff(DType::bf16) * largest);
 }
 
 TEST_CASE("amp gemm ops: 16-bit inputs of mixed dtypes are refused, naming the op") {

@@ -1405,6 +1405,14 @@ TEST_CASE("cli validators: messages name the requirement and the value") {
   f.model_options["lm_head_chunk"] = -7;
   CHECK(has(error_of([&] { f.validate(); }),
             "--lm-head-chunk must be an integer from -1 to 2147483647"));
+  // --lm-head-recompute: 0 (gradients in the forward) unless given, 1 recomputes the logits.
+  f.model_options.erase("lm_head_chunk");
+  CHECK(f.model_config().head_recompute == 0);
+  f.model_options["lm_head_recompute"] = 1;
+  CHECK(f.model_config().head_recompute == 1);
+  f.model_options["lm_head_recompute"] = 2;
+  CHECK(has(error_of([&] { f.validate(); }), "--lm-head-recompute must be at most 1"));
+  f.model_options.erase("lm_head_recompute");
   f = SessionOptions();
   f.model_options["lm_head_chunk"] = 0;
   CHECK(has(error_of([&] { f.model_config(); }),

@@ -106,6 +106,11 @@ TEST_CASE("estimate: Transformers, exact but for backward's working set (heads, 
   EstimateOptions adamw;
   adamw.optimizer = "adamw";
   check_config(chunked, 4, adamw);
+  ModelConfig recomputed = t;  // the fused head's logits again in backward
+  recomputed.head_recompute = 1;
+  check_config(recomputed, 8, sgd);
+  recomputed.head_chunk_rows = 24;
+  check_config(recomputed, 4, adamw);
 }
 
 TEST_CASE("estimate: the dry profile measures the terms a real profile measures") {

@@ -210,6 +210,34 @@ TEST_CASE("precision: profiles record it, and a run in another precision is refu
   CHECK(has(e, "precision=bf16"));
 }
 
+TEST_CASE("profiles record how the fused LM head makes its gradients, and refuse older heads") {
+  SessionOptions o = tiny();
+  Profile p;
+  p.run = run_flags(o);
+  CHECK(p.run.at("--lm-head-recompute") == "0");
+  ProfileNode head;
+  head.op = "linear_cross_entropy";
+  p.nodes.push_back(head);
+  CHECK_NOTHROW(check_profile_run(p, o, "the profile"));
+  o.model_options["lm_head_recompute"] = 1;
+  std::string e = error_of([&] { check_profile_run(p, o, "the profile"); });
+  CHECK(has(e,
+            "the profile was made with --lm-head-recompute 0, but this run has "
+            "--lm-head-recompute 1"));
+  // A profile of a head from before the option: refused, whatever this run's setting.
+  p.run.erase("--lm-head-recompute");
+  for (const double v : {0.0, 1.0}) {
+    o.model_options["lm_head_recompute"] = v;
+    e = error_of([&] { check_profile_run(p, o, "the profile"); });
+    CHECK(has(e, "the profile was made by a regen whose fused LM head (linear_cross_entropy)"));
+    CHECK(has(e, "profile again"));
+  }
+  // Without the fused head's node (--lm-head-chunk -1) nothing about it is asked.
+  p.nodes.clear();
+  o.model_options["lm_head_recompute"] = 0;
+  CHECK_NOTHROW(check_profile_run(p, o, "the profile"));
+}
+
 TEST_CASE("precision: a training state records it") {
   SessionOptions o = tiny();
   CHECK(trajectory_options(o).at("precision") == "fp32");

@@ -498,6 +498,29 @@ TEST_CASE("train: the fused LM head gives the unfused step's loss and gradients 
   CHECK(error_of([&] { make_model(c); }).find("head_chunk_rows -2") != std::string::npos);
 }
 
+TEST_CASE("train: the fused LM head recomputing its logits gives the same step") {
+  // head_recompute 1: the backward computes the logits again by vocabulary tiles (its lower peak
+  // in 16 bits: tests/test_amp_gemm_ops.cpp).
+  ModelConfig c = model_preset("transformer-tiny");
+  c.vocab = 4000;
+  CHECK(c.head_recompute == 0);  // gradients in the forward: every preset's default
+  const HeadStep forward_grads = head_step(c, 8);
+  c.head_recompute = 1;
+  const HeadStep recomputed = head_step(c, 8);
+  CHECK(std::count(recomputed.kinds.begin(), recomputed.kinds.end(),
+                   OpKind::linear_cross_entropy) == 1);
+  CHECK(recomputed.loss == forward_grads.loss);  // the same forward
+  check_close_scaled(recomputed.grads, forward_grads.grads, 1e-5, "gradient");
+  check_close_scaled(recomputed.params, forward_grads.params, 1e-6, "parameter after the step");
+  // Only with the fused head, and only 0 or 1: refused when the model is built.
+  c.head_chunk_rows = -1;
+  CHECK(error_of([&] { make_model(c); }).find("head_recompute 1 recomputes the fused head") !=
+        std::string::npos);
+  c.head_chunk_rows = 0;
+  c.head_recompute = 2;
+  CHECK(error_of([&] { make_model(c); }).find("head_recompute 2 must be 0") != std::string::npos);
+}
+
 namespace {
 
 // An MLP on images of any size, registered from outside with its own option --hidden: what the

@@ -326,14 +326,15 @@ struct LceResult {
   std::vector<double> dx, dw, db;
 };
 
-// One forward and backward of either the fused op (chunk >= 0) or cross_entropy(linear(...))
-// (chunk < 0) on copies of the same inputs.
+// One forward and backward of either the fused op (chunk >= 0; its gradients made in the forward,
+// or with recompute in the backward) or cross_entropy(linear(...)) (chunk < 0) on copies of the
+// same inputs.
 template <class T>
 LceResult lce_run(const Tensor& x0, const Tensor& w0, const Tensor& b0, const Tensor& targets,
-                  int64_t chunk, int64_t ignore_index = -100) {
+                  int64_t chunk, int64_t ignore_index = -100, bool recompute = false) {
   Tensor x = x0.clone().set_requires_grad(true), w = w0.clone().set_requires_grad(true);
   Tensor b = b0.defined() ? b0.clone().set_requires_grad(true) : Tensor();
-  Tensor loss = chunk >= 0 ? linear_cross_entropy(x, w, b, targets, ignore_index, chunk)
+  Tensor loss = chunk >= 0 ? linear_cross_entropy(x, w, b, targets, ignore_index, chunk, recompute)
                            : cross_entropy(linear(x, w, b), targets, ignore_index);
   LceResult r;
   r.loss = static_cast<double>(loss.template item<T>());
@@ -359,22 +360,26 @@ TEST_CASE_TEMPLATE("linear_cross_entropy: loss and gradients equal cross_entropy
   for (const bool with_bias : {true, false}) {
     const Tensor bias = with_bias ? b : Tensor();
     const LceResult ref = lce_run<T>(x, w, bias, targets, -1);
-    // Chunks that do not divide M, one row, exactly M, more than M, automatic.
-    for (const int64_t chunk : {int64_t{5}, int64_t{1}, M, M + 10, int64_t{0}}) {
-      const std::string what =
-          std::string(with_bias ? "bias" : "no bias") + " chunk " + std::to_string(chunk);
-      CAPTURE(what);
-      const LceResult got = lce_run<T>(x, w, bias, targets, chunk);
-      CHECK(got.loss == doctest::Approx(ref.loss).epsilon(rtol));
-      check_close(got.dx, ref.dx, atol, rtol, what + " dx");
-      check_close(got.dw, ref.dw, atol, rtol, what + " dW");
-      if (with_bias) check_close(got.db, ref.db, atol, rtol, what + " db");
-      // Fixed chunk order: the same bits on a second run.
-      const LceResult again = lce_run<T>(x, w, bias, targets, chunk);
-      CHECK(again.loss == got.loss);
-      CHECK(again.dx == got.dx);
-      CHECK(again.dw == got.dw);
-      CHECK(again.db == got.db);
+    // Chunks that do not divide M, one row, exactly M, more than M, automatic; float also with
+    // the logits recomputed in the backward (f64 computes its gradients in the forward only).
+    for (const bool recompute : {false, true}) {
+      if (recompute && !std::is_same<T, float>::value) continue;
+      for (const int64_t chunk : {int64_t{5}, int64_t{1}, M, M + 10, int64_t{0}}) {
+        const std::string what = std::string(with_bias ? "bias" : "no bias") + " chunk " +
+                                 std::to_string(chunk) + (recompute ? " recompute" : "");
+        CAPTURE(what);
+        const LceResult got = lce_run<T>(x, w, bias, targets, chunk, -100, recompute);
+        CHECK(got.loss == doctest::Approx(ref.loss).epsilon(rtol));
+        check_close(got.dx, ref.dx, atol, rtol, what + " dx");
+        check_close(got.dw, ref.dw, atol, rtol, what + " dW");
+        if (with_bias) check_close(got.db, ref.db, atol, rtol, what + " db");
+        // Fixed chunk and tile order: the same bits on a second run.
+        const LceResult again = lce_run<T>(x, w, bias, targets, chunk, -100, recompute);
+        CHECK(again.loss == got.loss);
+        CHECK(again.dx == got.dx);
+        CHECK(again.dw == got.dw);
+        CHECK(again.db == got.db);
+      }
     }
   }
   // A custom ignore_index that is also a class id.
@@ -402,30 +407,35 @@ TEST_CASE_TEMPLATE(
   // Which of x, w, b require grad: all, the weight alone, the input alone, no bias gradient.
   const bool needs[4][3] = {
       {true, true, true}, {false, true, false}, {true, false, false}, {true, true, false}};
+  // The fused op as recorded (gradients in the forward) and, for float, recomputing.
+  const int runs = std::is_same<T, float>::value ? 3 : 2;
   for (const auto& need : needs) {
-    std::vector<std::vector<double>> grads[2];
-    for (const bool fused : {false, true}) {
+    std::vector<std::vector<double>> grads[3];
+    for (int run = 0; run < runs; ++run) {
+      const bool fused = run > 0, recompute = run == 2;
       Tensor x = x0.clone().set_requires_grad(need[0]), w = w0.clone().set_requires_grad(need[1]);
       Tensor b = b0.clone().set_requires_grad(need[2]);
-      Tensor loss = fused ? linear_cross_entropy(x, w, b, targets, -100, 7)
+      Tensor loss = fused ? linear_cross_entropy(x, w, b, targets, -100, 7, recompute)
                           : cross_entropy(linear(x, w, b), targets);
       if (fused) {
         const LinearCrossEntropyAttrs& a =
             Tape::current().nodes().back().attr<LinearCrossEntropyAttrs>();
-        CHECK(a.forward_dx == need[0]);
-        CHECK(a.forward_dw == need[1]);
-        CHECK(a.forward_db == need[2]);
+        CHECK(a.forward_dx == (need[0] && !recompute));
+        CHECK(a.forward_dw == (need[1] && !recompute));
+        CHECK(a.forward_db == (need[2] && !recompute));
       }
       backward(scale(loss, 3.0));
       for (int i = 0; i < 3; ++i) {
         const Tensor& p = i == 0 ? x : i == 1 ? w : b;
         CHECK(p.grad().defined() == need[i]);
-        grads[fused].push_back(need[i] ? as_double<T>(p.grad()) : std::vector<double>{});
+        grads[run].push_back(need[i] ? as_double<T>(p.grad()) : std::vector<double>{});
       }
     }
-    for (int i = 0; i < 3; ++i) {
-      check_close(grads[1][static_cast<size_t>(i)], grads[0][static_cast<size_t>(i)], atol, rtol,
-                  "gradient " + std::to_string(i));
+    for (int run = 1; run < runs; ++run) {
+      for (int i = 0; i < 3; ++i) {
+        check_close(grads[run][static_cast<size_t>(i)], grads[0][static_cast<size_t>(i)], atol,
+                    rtol, "run " + std::to_string(run) + " gradient " + std::to_string(i));
+      }
     }
   }
 }
@@ -440,20 +450,28 @@ TEST_CASE(
   const Tensor w = rand_t<float>({V, K}, 82);
   LinearCrossEntropyAttrs a;
   a.chunk_rows = 4;
-  // 16-bit inputs compute their gradients in backward: the forward refuses to be asked for them.
+  // Forward gradients recorded for f32 inputs (grad_dtype), handed bf16 ones: refused.
   a.forward_dx = true;
   expect_error(
       [&] {
         apply_op(OpKind::linear_cross_entropy, a,
                  {cast(x, DType::bf16), cast(w, DType::bf16), Tensor(), targets});
       },
-      {"linear_cross_entropy: bf16 inputs compute their gradients in backward"});
+      {"linear_cross_entropy: bf16 inputs, yet the node was recorded for f32 gradients"});
   Tape::current().clear();
-  // f32 inputs recorded without any forward gradient: backward says so.
+  // f64 inputs recorded without any forward gradient: backward says so (only f32, bf16 and f16
+  // recompute the logits).
   a.forward_dx = false;
-  Tensor loss = apply_op(OpKind::linear_cross_entropy, a, {x, w, Tensor(), targets})[0];
+  Tensor xd = cast(x, DType::f64).set_requires_grad(true);
+  Tensor loss =
+      apply_op(OpKind::linear_cross_entropy, a, {xd, cast(w, DType::f64), Tensor(), targets})[0];
   expect_error([&] { backward(loss); },
                {"linear_cross_entropy backward", "the forward computed no gradient"});
+  Tape::current().clear();
+  // And linear_cross_entropy() refuses to record recompute for f64.
+  expect_error(
+      [&] { linear_cross_entropy(xd, cast(w, DType::f64), Tensor(), targets, -100, 4, true); },
+      {"linear_cross_entropy: recompute", "f64"});
   Tape::current().clear();
 }
 

@@ -177,17 +177,19 @@ MemoryTerms transformer_terms(const ModelConfig& c, int64_t B, const EstimateOpt
   const int64_t embedded = BS * d * kF32;  // the embeddings' sum after dropout: layer 0's input
   // Head: the fused linear_cross_entropy computes its gradients in the forward and saves them:
   // the weight's and the bias's, and the input's in place of the input itself (the last layer's
-  // output, counted above, which nothing else saves). Unfused: the logits and one log-sum-exp per
-  // row.
-  const bool fused = c.head_chunk_rows >= 0;
-  const int64_t head = (fused ? V * d + V : BS * V + BS) * kF32;
+  // output, counted above, which nothing else saves). Recomputing (head_recompute), it saves one
+  // log-sum-exp per row besides that input. Unfused: the logits and one log-sum-exp per row.
+  const bool fused = c.head_chunk_rows >= 0, recompute = fused && c.head_recompute != 0;
+  const int64_t head = (!fused ? BS * V + BS : recompute ? BS : V * d + V) * kF32;
   // The head's working set: the chunk of logits (fused: in the forward, where the gradients are
-  // made; the backward only scales them in place) or, unfused, the logits' gradient, the input's
-  // gradient and the weight's and bias's (new tensors, added into the persistent ones).
+  // made; the backward only scales them in place); recomputing, a block of logits as large in the
+  // backward, with the input's, weight's and bias's gradients; unfused, the logits' gradient, the
+  // input's gradient and the weight's and bias's (new tensors, added into the persistent ones).
   const int64_t rows = !fused                  ? BS
                        : c.head_chunk_rows > 0 ? std::min(c.head_chunk_rows, BS)
                                                : linear_cross_entropy_auto_rows(BS, V);
-  const int64_t head_grads = (fused ? rows * V : rows * V + BS * d + V * d + V) * kF32;
+  const int64_t head_grads =
+      (fused && !recompute ? rows * V : rows * V + BS * d + V * d + V) * kF32;
 
   MemoryTerms t;
   t.parameters = params * kF32;

@@ -174,29 +174,35 @@ TEST_CASE("cuda autograd: 16-bit linear with bias, scale, sum, mean, conv, trans
 }
 
 TEST_CASE("cuda autograd: 16-bit fused linear + cross-entropy, with and without bias") {
-  // x: (M, K), weight: (V, K), bias: (V); every fifth row ignored; in chunks of 8 and in one.
+  // x: (M, K), weight: (V, K), bias: (V); every fifth row ignored; in chunks of 8 and in one; the
+  // gradients made in the forward and recomputed in the backward.
   const int64_t M = 21, K = 12, V = 37;
   std::vector<int64_t> tv;
   for (int64_t r = 0; r < M; ++r) tv.push_back(r % 5 == 1 ? -100 : (r * 13) % V);
   for (const DType dt : {DType::bf16, DType::f16}) {
-    for (const int64_t chunk : {int64_t{8}, int64_t{0}}) {
-      // The loss is f32 from f32 logits of the same 16-bit operands: f32 roundoff apart (far
-      // below one 16-bit rounding, the bar given).
-      compare_lowp(
-          "linear_cross_entropy chunk " + std::to_string(chunk), dt,
-          [&](const std::vector<Tensor>& in) {
-            const Tensor t = from_vector<int64_t>(tv, {M}).to(in[0].device());
-            return linear_cross_entropy(cast(in[0], dt), cast(in[1], dt), cast(in[2], dt), t, -100,
-                                        chunk);
-          },
-          {{M, K}, {V, K}, {V}}, 1);
-      compare_lowp(
-          "linear_cross_entropy no bias chunk " + std::to_string(chunk), dt,
-          [&](const std::vector<Tensor>& in) {
-            const Tensor t = from_vector<int64_t>(tv, {M}).to(in[0].device());
-            return linear_cross_entropy(cast(in[0], dt), cast(in[1], dt), Tensor(), t, -100, chunk);
-          },
-          {{M, K}, {V, K}}, 1);
+    for (const bool recompute : {false, true}) {
+      for (const int64_t chunk : {int64_t{8}, int64_t{0}}) {
+        const std::string how =
+            "chunk " + std::to_string(chunk) + (recompute ? " recompute" : " forward gradients");
+        // The loss is f32 from f32 logits of the same 16-bit operands: f32 roundoff apart (far
+        // below one 16-bit rounding, the bar given).
+        compare_lowp(
+            "linear_cross_entropy " + how, dt,
+            [&](const std::vector<Tensor>& in) {
+              const Tensor t = from_vector<int64_t>(tv, {M}).to(in[0].device());
+              return linear_cross_entropy(cast(in[0], dt), cast(in[1], dt), cast(in[2], dt), t,
+                                          -100, chunk, recompute);
+            },
+            {{M, K}, {V, K}, {V}}, 1);
+        compare_lowp(
+            "linear_cross_entropy no bias " + how, dt,
+            [&](const std::vector<Tensor>& in) {
+              const Tensor t = from_vector<int64_t>(tv, {M}).to(in[0].device());
+              return linear_cross_entropy(cast(in[0], dt), cast(in[1], dt), Tensor(), t, -100,
+                                          chunk, recompute);
+            },
+            {{M, K}, {V, K}}, 1);
+      }
     }
   }
 }
@@ -240,18 +246,22 @@ TEST_CASE("cuda autograd: fused linear + cross-entropy in chunks, with and witho
   const int64_t M = 37, K = 24, V = 301;
   std::vector<int64_t> tv;
   for (int64_t r = 0; r < M; ++r) tv.push_back(r % 5 == 1 ? -100 : (r * 13) % V);
-  for (const int64_t chunk : {int64_t{8}, int64_t{0}}) {
-    compare("linear_cross_entropy chunk " + std::to_string(chunk),
-            [&](const std::vector<Tensor>& in) {
-              const Tensor t = from_vector<int64_t>(tv, {M}).to(in[0].device());
-              return linear_cross_entropy(in[0], in[1], in[2], t, -100, chunk);
-            },
-            {{M, K}, {V, K}, {V}});
-    compare("linear_cross_entropy no bias chunk " + std::to_string(chunk),
-            [&](const std::vector<Tensor>& in) {
-              const Tensor t = from_vector<int64_t>(tv, {M}).to(in[0].device());
-              return linear_cross_entropy(in[0], in[1], Tensor(), t, -100, chunk);
-            },
-            {{M, K}, {V, K}});
+  // Gradients made in the forward, and recomputed in the backward.
+  for (const bool recompute : {false, true}) {
+    for (const int64_t chunk : {int64_t{8}, int64_t{0}}) {
+      const std::string how = std::to_string(chunk) + (recompute ? " recompute" : "");
+      compare("linear_cross_entropy chunk " + how,
+              [&](const std::vector<Tensor>& in) {
+                const Tensor t = from_vector<int64_t>(tv, {M}).to(in[0].device());
+                return linear_cross_entropy(in[0], in[1], in[2], t, -100, chunk, recompute);
+              },
+              {{M, K}, {V, K}, {V}});
+      compare("linear_cross_entropy no bias chunk " + how,
+              [&](const std::vector<Tensor>& in) {
+                const Tensor t = from_vector<int64_t>(tv, {M}).to(in[0].device());
+                return linear_cross_entropy(in[0], in[1], Tensor(), t, -100, chunk, recompute);
+              },
+              {{M, K}, {V, K}});
+    }
   }
 }
