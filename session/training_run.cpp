@@ -160,6 +160,18 @@ void TrainingRun::check_plan() const {
                        ? "Pass a larger --budget or another --policy"
                        : "Pass a larger --budget, another --policy, or --budget-of allocated";
     }
+    // A fused LM head making its gradients in the forward holds its weight's f32 gradient across
+    // the step, where no plan can free it: recomputing its logits holds less.
+    const ModelConfig c = o.model_config();
+    const auto& options = model_info(o.model).input.options;
+    const bool head_option = std::any_of(options.begin(), options.end(), [](const ModelOption& m) {
+      return m.key == "lm_head_recompute";
+    });
+    if (head_option && c.head_chunk_rows >= 0 && c.head_recompute == 0) {
+      what_to_do += std::string("; or let the fused LM head recompute its logits in backward (") +
+                    option_setting("lm_head_recompute", "1", o.style) +
+                    "), which holds no f32 gradient of its weight across the step";
+    }
     REGEN_FAIL("the plan does not fit its budget, so training stops before it starts: ", plan.note,
                plan.predicted.oom ? "; under the limit the simulated step runs out of memory at " +
                                         plan.predicted.oom_at

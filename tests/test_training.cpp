@@ -670,6 +670,30 @@ TEST_CASE("training: a TrainingRun refuses a plan over its budget and stops on d
     }
     CHECK(s->trainer->optimizer_steps() == before);
     CHECK(rec.calls.empty());
+    // No LM head: nothing said of one.
+    CHECK(regen::testing::error_of([&] { run.run(2); }).find("lm_head") == std::string::npos);
+  }
+  SUBCASE("a plan over its budget with a fused LM head names its recompute option") {
+    SessionOptions o = tiny_session();
+    o.model = "transformer-tiny";
+    for (const double recompute : {0.0, 1.0}) {
+      o.model_options["lm_head_recompute"] = recompute;
+      auto s = make_session(o);
+      RematPipeline pipe(*s->trainer);
+      TrainingRun run(*s, pipe);
+      pipe.profile();
+      pipe.plan("dp", Budget::parse("1KiB"));
+      REQUIRE(!pipe.current_plan().feasible);
+      for (const OptionStyle style : {OptionStyle::flag, OptionStyle::keyword}) {
+        s->options.style = style;
+        const std::string e = regen::testing::error_of([&] { run.run(2); });
+        CHECK(e.find("the plan does not fit its budget") != std::string::npos);
+        // Only while the head makes its gradients in the forward.
+        const std::string hint =
+            style == OptionStyle::flag ? "(--lm-head-recompute 1)" : "(lm_head_recompute=1)";
+        CHECK((e.find(hint) != std::string::npos) == (recompute == 0.0));
+      }
+    }
   }
   SUBCASE("a loss that is not finite, named by its step, the observers told first") {
     SessionOptions o = tiny_session();
