@@ -38,6 +38,10 @@ constexpr const char* kWinogradTilesNow = "2x2,4x4";
 // 3x3 convolutions ran the direct path before, with other workspace and times).
 constexpr const char* kWinogradTypes = "winograd-types";
 constexpr const char* kWinogradTypesNow = "f32,bf16,f16";
+// In bf16 or fp16 on the CPU, the product size from which the attention's per-head products run
+// on several threads (kernels/cpu/attention.cpp): 4 MFLOP before, with other workspace and times.
+constexpr const char* kLowpAttentionThreads = "attention-16-bit-threads";
+constexpr const char* kLowpAttentionThreadsNow = "from 2 MFLOP";
 bool is_16_bit(const std::string& precision) {
   return precision == "bf16" || precision == "fp16";
 }
@@ -68,6 +72,7 @@ std::map<std::string, std::string> run_flags(const SessionOptions& o) {
       r[kWinogradTiles] = kWinogradTilesNow;
       if (is_16_bit(r["--precision"])) r[kWinogradTypes] = kWinogradTypesNow;
     }
+    if (is_16_bit(r["--precision"])) r[kLowpAttentionThreads] = kLowpAttentionThreadsNow;
   }
   // What the step allocates besides forward and backward: micro-batches, the gradient norm.
   r["--accumulate"] = std::to_string(o.accumulate);
@@ -156,6 +161,18 @@ void check_profile_run(const Profile& p, const SessionOptions& o, const std::str
   REGEN_CHECK(!has_head || p.run.empty() || p.run.count("--lm-head-recompute") != 0, what,
               " was made by a regen whose fused LM head (linear_cross_entropy) took other memory "
               "and time (from before --lm-head-recompute): its step is another's (profile again)");
+  // 16-bit CPU profiles with attention written before its threads were recorded threaded from 4
+  // MFLOP; without attention the setting changes nothing.
+  const bool has_attention = std::any_of(p.nodes.begin(), p.nodes.end(),
+                                         [](const ProfileNode& n) { return n.op == "attention"; });
+  if (!has_attention) {
+    recorded.erase(std::remove_if(recorded.begin(), recorded.end(),
+                                  [](const auto& kv) { return kv.first == kLowpAttentionThreads; }),
+                   recorded.end());
+  } else if (p.run.count(kLowpAttentionThreads) == 0 && !p.run.empty() && p.device == "cpu" &&
+             is_16_bit(profile_precision(p))) {
+    recorded.emplace_back(kLowpAttentionThreads, "from 4 MFLOP");
+  }
   // Profiles written before --precision recorded the math mode (--math, or --tf32 before it), or
   // nothing: they ran in fp32 or tf32.
   if (p.run.count("--precision") == 0 && !p.run.empty()) {
@@ -212,6 +229,11 @@ void check_profile_run(const Profile& p, const SessionOptions& o, const std::str
       REGEN_FAIL(what, " was made by a regen whose CPU Winograd convolutions took ", then,
                  " operands only (its ", profile_precision(p),
                  " 3x3 convolutions ran the direct path), but this one's take ", here,
+                 ": its memory and times are another step's (profile again)");
+    }
+    if (flag == kLowpAttentionThreads) {
+      REGEN_FAIL(what, " was made by a regen whose 16-bit CPU attention ran its per-head products ",
+                 "on several threads ", then, ", but this one's do ", here,
                  ": its memory and times are another step's (profile again)");
     }
     if (flag == kWinogradTiles) {

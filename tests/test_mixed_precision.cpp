@@ -238,6 +238,30 @@ TEST_CASE("profiles record how the fused LM head makes its gradients, and refuse
   CHECK_NOTHROW(check_profile_run(p, o, "the profile"));
 }
 
+TEST_CASE("16-bit CPU profiles record the attention's threading, and refuse it from before") {
+  SessionOptions o = tiny();
+  o.precision = "bf16";
+  Profile p;
+  p.device = "cpu";
+  p.run = run_flags(o);
+  CHECK(p.run.at("attention-16-bit-threads") == "from 2 MFLOP");
+  CHECK(run_flags(tiny()).count("attention-16-bit-threads") == 0);  // fp32: not asked
+  ProfileNode attention;
+  attention.op = "attention";
+  p.nodes.push_back(attention);
+  CHECK_NOTHROW(check_profile_run(p, o, "the profile"));
+  // A bf16 profile with attention from before the setting was recorded: refused by name.
+  p.run.erase("attention-16-bit-threads");
+  const std::string e = error_of([&] { check_profile_run(p, o, "the profile"); });
+  CHECK(has(e,
+            "the profile was made by a regen whose 16-bit CPU attention ran its per-head "
+            "products on several threads from 4 MFLOP, but this one's do from 2 MFLOP"));
+  CHECK(has(e, "profile again"));
+  // Without an attention node the setting changes nothing.
+  p.nodes.clear();
+  CHECK_NOTHROW(check_profile_run(p, o, "the profile"));
+}
+
 TEST_CASE("precision: a training state records it") {
   SessionOptions o = tiny();
   CHECK(trajectory_options(o).at("precision") == "fp32");

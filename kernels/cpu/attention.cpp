@@ -226,6 +226,12 @@ void store_rows(const float* src, E* dst, int64_t rows, int64_t cols, int64_t ld
 }
 
 // ---- 16-bit qkv (bf16, f16) ---------------------------------------------------------------------
+// A head's products thread from 2 MFLOP, as the f32 path's (cpu::gemm) do, rather than the packed
+// GEMM's 4: the seed Transformer's (128, 128, 64) products ran on one thread of two, and its
+// 16-bit attention (forward and backward) took 1.45-1.6x the f32 attention's time on AVX2,
+// 1.07-1.10x after (docs/results.md, fifteenth session).
+constexpr double kHeadParallelFlops = 2e6;
+
 // The products by cpu::gemm_lowp (16-bit operands widened as they are packed, f32 accumulation,
 // f32 C): scores and P in f32 (the scale applied to the f32 scores), the softmax and lse in f32,
 // P v from the f32 P and the 16-bit v into an f32 (S, Dh) buffer that is rounded once into out.
@@ -254,11 +260,11 @@ void attention_forward_lowp(const E* qkv, const int32_t* key_pad, E* out, float*
       for (int64_t r0 = 0; r0 < S; r0 += block) {
         const int64_t r1 = std::min(S, r0 + block), rows = r1 - r0, keys = block < S ? r1 : S;
         gemm_lowp(false, true, rows, keys, Dh, dt, q + r0 * v.ld_qkv, v.ld_qkv, dt, k, v.ld_qkv,
-                  nullptr, false, P + r0 * S, S);
+                  nullptr, false, P + r0 * S, S, kHeadParallelFlops);
         if (!dry)
           forward_rows<float>(P, lse_bh, v, s, s.scale, threshold, keep_scale, r0, r1, keys);
         gemm_lowp(false, false, rows, Dh, keys, DType::f32, P + r0 * S, S, dt, val, v.ld_qkv,
-                  nullptr, false, o + r0 * Dh, Dh);
+                  nullptr, false, o + r0 * Dh, Dh, kHeadParallelFlops);
       }
       if (!dry) store_rows(o, out + v.out_offset, S, Dh, v.D);
     }
@@ -306,20 +312,20 @@ void attention_backward_lowp(const E* dout, const E* qkv, const E* out, const fl
           float* a = A + r0 * S;
           float* bm = Bm + r0 * S;
           gemm_lowp(false, true, rows, r1, Dh, dt, q + r0 * v.ld_qkv, v.ld_qkv, dt, k, v.ld_qkv,
-                    nullptr, false, a, S);
+                    nullptr, false, a, S, kHeadParallelFlops);
           gemm_lowp(false, true, rows, r1, Dh, dt, dO + r0 * v.D, v.D, dt, val, v.ld_qkv, nullptr,
-                    false, bm, S);
+                    false, bm, S, kHeadParallelFlops);
           if (!dry) {
             backward_rows<float>(A, Bm, lse_bh, dO, O, v, s, s.scale, s.scale, threshold,
                                  keep_scale, r0, r1, r1);
           }
           // dv[0, r1) += Pd^T dO, dq[r0, r1) = dS k, dk[0, r1) += dS^T q
           gemm_lowp(true, false, r1, Dh, rows, DType::f32, a, S, dt, dO + r0 * v.D, v.D, nullptr,
-                    true, gv, Dh);
+                    true, gv, Dh, kHeadParallelFlops);
           gemm_lowp(false, false, rows, Dh, r1, DType::f32, bm, S, dt, k, v.ld_qkv, nullptr, false,
-                    gq + r0 * Dh, Dh);
+                    gq + r0 * Dh, Dh, kHeadParallelFlops);
           gemm_lowp(true, false, r1, Dh, rows, DType::f32, bm, S, dt, q + r0 * v.ld_qkv, v.ld_qkv,
-                    nullptr, true, gk, Dh);
+                    nullptr, true, gk, Dh, kHeadParallelFlops);
         }
         if (!dry) {
           store_rows(gv, dv, S, Dh, v.ld_qkv);
@@ -328,18 +334,23 @@ void attention_backward_lowp(const E* dout, const E* qkv, const E* out, const fl
         }
         continue;
       }
-      gemm_lowp(false, true, S, S, Dh, dt, q, v.ld_qkv, dt, k, v.ld_qkv, nullptr, false, A, S);
-      gemm_lowp(false, true, S, S, Dh, dt, dO, v.D, dt, val, v.ld_qkv, nullptr, false, Bm, S);
+      gemm_lowp(false, true, S, S, Dh, dt, q, v.ld_qkv, dt, k, v.ld_qkv, nullptr, false, A, S,
+                kHeadParallelFlops);
+      gemm_lowp(false, true, S, S, Dh, dt, dO, v.D, dt, val, v.ld_qkv, nullptr, false, Bm, S,
+                kHeadParallelFlops);
       if (!dry) {
         backward_rows<float>(A, Bm, lse_bh, dO, O, v, s, s.scale, s.scale, threshold, keep_scale, 0,
                              S, S);
       }
       // dv = Pd^T dO, dq = dS k, dk = dS^T q, each through g
-      gemm_lowp(true, false, S, Dh, S, DType::f32, A, S, dt, dO, v.D, nullptr, false, g, Dh);
+      gemm_lowp(true, false, S, Dh, S, DType::f32, A, S, dt, dO, v.D, nullptr, false, g, Dh,
+                kHeadParallelFlops);
       if (!dry) store_rows(g, dv, S, Dh, v.ld_qkv);
-      gemm_lowp(false, false, S, Dh, S, DType::f32, Bm, S, dt, k, v.ld_qkv, nullptr, false, g, Dh);
+      gemm_lowp(false, false, S, Dh, S, DType::f32, Bm, S, dt, k, v.ld_qkv, nullptr, false, g, Dh,
+                kHeadParallelFlops);
       if (!dry) store_rows(g, dq, S, Dh, v.ld_qkv);
-      gemm_lowp(true, false, S, Dh, S, DType::f32, Bm, S, dt, q, v.ld_qkv, nullptr, false, g, Dh);
+      gemm_lowp(true, false, S, Dh, S, DType::f32, Bm, S, dt, q, v.ld_qkv, nullptr, false, g, Dh,
+                kHeadParallelFlops);
       if (!dry) store_rows(g, dk, S, Dh, v.ld_qkv);
     }
   }

@@ -28,9 +28,12 @@ namespace regen::cpu {
 // used (as the packed GEMM's). Sums are f32 over k in order (bf16 x bf16: in pairs, odd first),
 // per depth block of the packed GEMM.
 // In a dry run (core/dry_run.h) the packing workspace is requested and nothing is computed.
+// A product of fewer than parallel_flops (2 M N K) runs on the calling thread alone; more, on
+// OpenMP's threads, each with its own packing workspace (the bits are the same either way).
 void gemm_lowp(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, DType a_dtype,
                const void* A, int64_t lda, DType b_dtype, const void* B, int64_t ldb,
-               const float* bias, bool accumulate, float* C, int64_t ldc);
+               const float* bias, bool accumulate, float* C, int64_t ldc,
+               double parallel_flops = 4e6 /* packed::kParallelFlops */);
 
 // The same product stored in C's own dtype, rounded once per element:
 //   C (M, N) = round(alpha * op(A) op(B) + beta * C + bias[n])

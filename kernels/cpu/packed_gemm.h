@@ -136,10 +136,13 @@ struct WordTile {
 // Threads split the larger of M and N. Splitting columns, A is packed once for all threads up
 // front; splitting rows, each thread packs all of B into its own buffers. Either way the threads
 // meet at most once per call: a barrier per depth block would stall for a whole scheduler tick
-// whenever another process holds one of the cores.
+// whenever another process holds one of the cores. A product of fewer than parallel_flops
+// (2 M N K) runs on the calling thread alone.
+constexpr double kParallelFlops = 4e6;
 template <class T, class SrcA, class SrcB>
 void gemm(int64_t M, int64_t N, int64_t K, const SrcA& a, const SrcB& b, const T* bias,
-          bool accumulate, const CView<T>& c, const WordTile<T>* words = nullptr) {
+          bool accumulate, const CView<T>& c, const WordTile<T>* words = nullptr,
+          double parallel_flops = kParallelFlops) {
   if (M <= 0 || N <= 0) return;
   if (K == 0) {  // C = bias (or unchanged when accumulating)
     if (accumulate || dry_run_active()) return;
@@ -151,7 +154,7 @@ void gemm(int64_t M, int64_t N, int64_t K, const SrcA& a, const SrcB& b, const T
   const int64_t per_word = words ? words->depth_per_word : 1;
   const int64_t depth = K * per_word, kc_words = kKC / per_word;
   const int64_t row_panels = (M + kMR - 1) / kMR, col_vectors = (N + L - 1) / L;
-  const bool small = 2.0 * M * N * depth < 4e6;
+  const bool small = 2.0 * M * N * depth < parallel_flops;
   // Split the larger dimension, so the operand packed twice is the smaller one. Columns are
   // dealt in whole vectors, rows in whole panels.
   const bool split_rows = M >= N;
