@@ -19,7 +19,8 @@ namespace detail {
 // attributes ask for them, f32 sums) and the saved f32 gradients' scaling and rounding; the
 // backward that recomputes the logits (16-bit and f32 inputs).
 void linear_cross_entropy_forward_lowp(OpContext& c);
-void linear_cross_entropy_round_grads_lowp(BackwardContext& c);
+// g (f32) rounded once to dt (bf16 or f16), a new tensor.
+Tensor linear_cross_entropy_round_lowp(const Tensor& g, DType dt);
 void linear_cross_entropy_backward_lowp(BackwardContext& c);
 // The vocabulary tiles of W the gradients' products go by: at most about 8 MiB of an f32 (rows,
 // K) gradient tile and 4096 rows, V split evenly; a function of V and K alone.
@@ -225,6 +226,8 @@ void lce_bwd(BackwardContext& c) {
     if (!unit && g.numel() > 0) {
       REGEN_LAUNCH(dev, T, mul, g.data<T>(), dloss.data<T>(), g.data<T>(), g.numel(), 1);
     }
+    // 16-bit inputs: their f32 sums, scaled, rounded once to the inputs' dtype.
+    if (is_low_precision(a.grad_dtype)) g = linear_cross_entropy_round_lowp(g, a.grad_dtype);
     c.set_grad_input(i, g);
   }
 }
@@ -238,7 +241,6 @@ void lce_backward_op(BackwardContext& c) {
                 "f32, bf16 and f16 only)");
     return linear_cross_entropy_backward_lowp(c);
   }
-  if (is_low_precision(a.grad_dtype)) return linear_cross_entropy_round_grads_lowp(c);
   REGEN_FLOATING(c.grad_output(0).dtype(), "linear_cross_entropy backward", lce_bwd, c);
 }
 void lce_saves(const AttrBlob& attrs, SaveList& s) {

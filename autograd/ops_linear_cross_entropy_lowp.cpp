@@ -12,8 +12,9 @@
 //                      products are bf16 x bf16; f16 keeps them f32. By vocabulary tiles W_t:
 //                      dx_c (+)= dlogits_t W_t and dW_t (+)= dlogits_t^T x_c into f32 (M, K) and
 //                      (V, K) outputs, db (+)= the f32 dlogits' column sums: saved, and in backward
-//                      (round_grads) scaled by the loss's gradient, then rounded once to 16 bits
-//                      (so an fp16 loss scale multiplies f32 sums). Three products of (M, V, K);
+//                      (the f32 path's, ops_cross_entropy.cpp) scaled by the loss's gradient, then
+//                      rounded once to 16 bits (linear_cross_entropy_round_lowp below; so an fp16
+//                      loss scale multiplies f32 sums). Three products of (M, V, K);
 //                      the f32 (V, K) sum is held from the forward to the backward (seed
 //                      Transformer: 58.6 MiB).
 //   recomputed in the  (recompute) by vocabulary tiles W_t (n rows of W, tile_rows below) and,
@@ -291,33 +292,6 @@ void forward(OpContext& c) {
   c.outputs = {loss, lse, dx, dw, db};
 }
 
-// The forward's f32 gradients (a unit loss gradient) times the loss's gradient, in place, then
-// rounded once to the inputs' 16-bit dtype and handed on.
-template <class E>
-void round_grads(BackwardContext& c) {
-  const LinearCrossEntropyAttrs& a = c.attr<LinearCrossEntropyAttrs>();
-  const Tensor& dloss = c.grad_output(0);
-  const Device dev = dloss.device();
-  REGEN_CHECK(dloss.dtype() == DType::f32, "linear_cross_entropy backward: the loss gradient ",
-              dloss.str(), " must be f32 for ", dtype_name(dtype_of<E>::value), " inputs");
-  // A loss gradient of exactly 1 (loss.backward()) changes no bit: the CPU skips the products.
-  const bool unit = dev.is_cpu() && !dry_run_active() && dloss.data<float>()[0] == 1.0f;
-  const bool wanted[3] = {a.forward_dx, a.forward_dw, a.has_bias && a.forward_db};
-  for (int i = 0; i < 3; ++i) {
-    if (!wanted[i]) continue;
-    Tensor g = c.saved_output(2 + i);
-    REGEN_CHECK(g.dtype() == DType::f32, "linear_cross_entropy backward: saved gradient ", g.str(),
-                " must be f32 for ", dtype_name(dtype_of<E>::value), " inputs");
-    if (!unit && g.numel() > 0) {
-      REGEN_LAUNCH(dev, float, mul, g.data<float>(), dloss.data<float>(), g.data<float>(),
-                   g.numel(), 1);
-    }
-    Tensor r = empty(g.shape(), dtype_of<E>::value, dev);
-    store(dev, static_cast<const float*>(g.data<float>()), r.data<E>(), g.numel());
-    c.set_grad_input(i, r);
-  }
-}
-
 // Rows per block of the backward: as many as keep a (rows, tile) f32 block within the forward's
 // (chunk, V) logits buffer (so chunk_rows still bounds the op's working memory), M split evenly.
 // Fewer, larger GEMMs than one block per forward chunk: on a loaded machine every GEMM call's
@@ -532,16 +506,17 @@ void linear_cross_entropy_forward_lowp(OpContext& c) {
   }
 }
 
-void linear_cross_entropy_round_grads_lowp(BackwardContext& c) {
-  const DType dt = c.attr<LinearCrossEntropyAttrs>().grad_dtype;
-  switch (dt) {
-    case DType::bf16:
-      return round_grads<bfloat16>(c);
-    case DType::f16:
-      return round_grads<float16>(c);
-    default:
-      REGEN_FAIL("linear_cross_entropy backward: the 16-bit path got ", dtype_name(dt));
+Tensor linear_cross_entropy_round_lowp(const Tensor& g, DType dt) {
+  REGEN_CHECK(g.dtype() == DType::f32 && is_low_precision(dt),
+              "linear_cross_entropy backward: the forward's gradient ", g.str(),
+              " is rounded from f32 to bf16 or f16, not to ", dtype_name(dt));
+  Tensor r = empty(g.shape(), dt, g.device());
+  if (dt == DType::bf16) {
+    store(g.device(), g.data<float>(), r.data<bfloat16>(), g.numel());
+  } else {
+    store(g.device(), g.data<float>(), r.data<float16>(), g.numel());
   }
+  return r;
 }
 
 void linear_cross_entropy_backward_lowp(BackwardContext& c) {
