@@ -17,9 +17,10 @@
 //                      loss scale multiplies f32 sums). Three products of (M, V, K);
 //                      the f32 (V, K) sum is held from the forward to the backward (seed
 //                      Transformer: 58.6 MiB).
-//   recomputed in the  (recompute) by vocabulary tiles W_t (n rows of W, tile_rows below) and,
-//   backward           inside each tile, blocks of rows x_c (backward_block_rows: a (rows, n) block
-//                      is at most the forward's (chunk, V) buffer): the f32 logits block (rows, n)
+//   recomputed in the  (recompute) by vocabulary tiles W_t (n rows of W: the tiles of
+//   backward           linear_cross_entropy_tile_rows below) and, inside each tile, blocks of rows
+//                      x_c (backward_block_rows: a (rows, n) block is at most the forward's
+//                      (chunk, V) buffer): the f32 logits block (rows, n)
 //                      = x_c W_t^T and, with the saved f32 lse, its gradient dlogits = (softmax -
 //                      onehot) g, computed alone (each element needs its logit and its row's lse
 //                      only), rounded to bf16 for bf16 inputs as above. Then dW_t (+)= dlogits^T
@@ -171,15 +172,6 @@ const float* bias_f32(const Tensor& b, const std::unique_ptr<Workspace>& wide) {
   return wide ? wide->as<float>() : nullptr;
 }
 
-// The backward's vocabulary tiles: at most kMaxTileRows rows of W and an f32 (rows, K) dW tile of
-// at most kTileBytes, V split evenly (the tiles differ by at most one row). A function of V and K
-// alone, so the blocks requested, the order of every sum and the bits of every gradient do not
-// depend on the thread count. For the seed Transformer (V = 30000, K = 512): 8 tiles of 3750 rows,
-// a 7.3 MiB dW tile.
-int64_t tile_rows(int64_t V, int64_t K) {
-  return linear_cross_entropy_tile_rows(V, K);
-}
-
 template <class E>
 void forward(OpContext& c) {
   const Tensor &x = c.inputs[0], &w = c.inputs[1], &b = c.inputs[2], &targets = c.inputs[3];
@@ -225,7 +217,7 @@ void forward(OpContext& c) {
     // a GEMM packs its operands whole, and dW's, (V, rows), would take as much as the chunk.
     constexpr bool bf16_dlogits = std::is_same<E, bfloat16>::value;
     const bool f16_cuda = !bf16_dlogits && !dev.is_cpu();
-    const int64_t tile = tile_rows(d.V, d.K);
+    const int64_t tile = linear_cross_entropy_tile_rows(d.V, d.K);
     std::unique_ptr<Workspace> dl16, colsum, wide_w, wide_x;
     if (bf16_dlogits && (want_dx || want_dw))
       dl16 = std::make_unique<Workspace>(dev, static_cast<uint64_t>(d.chunk * d.V) * sizeof(E));
@@ -378,7 +370,7 @@ void backward(BackwardContext& c) {
     constexpr bool bf16_dlogits = std::is_same<E, bfloat16>::value;
     const bool low_copy = bf16_dlogits && (want_dx || want_dw);
     const bool f16_cuda = !bf16_dlogits && !f32_in && !dev.is_cpu();
-    const int64_t tile = tile_rows(d.V, d.K);
+    const int64_t tile = linear_cross_entropy_tile_rows(d.V, d.K);
     const int64_t block_rows = backward_block_rows(d, tile, low_copy);
     const bool several = block_rows < d.M;
     const E* xs = x.data<E>();
@@ -487,6 +479,11 @@ void backward(BackwardContext& c) {
 
 }  // namespace
 
+// The vocabulary tiles both ways of making the gradients go by: at most kMaxTileRows rows of W and
+// an f32 (rows, K) dW tile of at most kTileBytes, V split evenly (the tiles differ by at most one
+// row). A function of V and K alone, so the blocks requested, the order of every sum and the bits
+// of every gradient do not depend on the thread count. For the seed Transformer (V = 30000, K =
+// 512): 8 tiles of 3750 rows, a 7.3 MiB dW tile.
 int64_t linear_cross_entropy_tile_rows(int64_t V, int64_t K) {
   constexpr int64_t kTileBytes = int64_t{8} << 20, kMaxTileRows = 4096;
   const int64_t per_row = std::max<int64_t>(K, 1) * static_cast<int64_t>(sizeof(float));
