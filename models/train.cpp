@@ -328,6 +328,20 @@ DryRunResult dry_run_step(const ModelConfig& config, int64_t batch_size, Device 
       });
 }
 
+int64_t dry_run_parameter_bytes(const ModelConfig& config, Device device) {
+  kernels::prepare_device(device);
+  DryRunScope scope(device);
+  int64_t bytes = 0;
+  {
+    std::unique_ptr<Model> model = make_model(config, device);
+    bytes = scope.allocator().stats().allocated.current - scope.kept_bytes();
+  }
+  const MemoryStats left = scope.allocator().stats();
+  REGEN_CHECK(left.live_blocks == scope.kept_blocks(), "dry build of ", config.name, ": ",
+              left.live_blocks - scope.kept_blocks(), " block(s) still allocated after the model");
+  return bytes;
+}
+
 DryRunResult dry_run_step(
     const ModelConfig& config, int64_t batch_size, Device device,
     const std::function<std::unique_ptr<Optimizer>(Model&, GradientSync*)>& make_optimizer,

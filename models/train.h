@@ -288,6 +288,11 @@ struct DryRunResult {
   int64_t persistent = 0;
   int64_t kept = 0;
 };
+// The bytes of a configuration's parameters alone, exact, from a model built dry (no step, no
+// optimizer): what the real run allocates before anything else, so a configuration whose
+// parameters pass the memory available is refused before its step's dry run, whose requests grow
+// with the sizes (an LM head of a billion-token vocabulary makes millions of tile requests).
+int64_t dry_run_parameter_bytes(const ModelConfig& config, Device device);
 // `packed`: the packed-save decisions the real steps record with (nullptr: none).
 DryRunResult dry_run_step(const ModelConfig& config, int64_t batch_size, Device device,
                           const std::function<std::unique_ptr<Optimizer>(Model&)>& make_optimizer,

@@ -118,6 +118,29 @@ int64_t available_memory(Device device) {
   return total > 0 ? static_cast<int64_t>(total) : 0;
 }
 
+namespace {
+
+// A model whose own state passes the memory available: its parameters alone (`alone`, from a
+// model built dry, before the step's dry run) or with their gradients and optimizer state.
+[[noreturn]] void refuse_model_state(const Session& s, int64_t bytes, int64_t have, bool alone) {
+  const ModelConfig& c = s.config;
+  const SessionOptions& o = s.options;
+  std::vector<std::string> sizes;
+  for (const ModelOption& opt : model_info(o.model).input.options) {
+    if (opt.sizes_parameters) {
+      sizes.push_back(o.name(opt.key) + " (now " + option_value_text(opt, opt.get(c)) + ")");
+    }
+  }
+  REGEN_FAIL(c.name, " does not fit in memory: its parameters",
+             alone ? " alone take " : ", gradients and optimizer state take ", format_bytes(bytes),
+             " (exact, from a dry run",
+             alone ? "; their gradients and optimizer state come on top" : "", "), but ",
+             s.device.str(), " has ", format_bytes(have), " available; use a smaller preset",
+             sizes.empty() ? std::string() : " or a smaller " + either(sizes));
+}
+
+}  // namespace
+
 void check_preflight(const Session& s, Preflight preflight) {
   if (preflight == Preflight::none) return;
   const ModelConfig& c = s.config;
@@ -126,18 +149,7 @@ void check_preflight(const Session& s, Preflight preflight) {
   if (have <= 0) return;
   // The model's own state first: no batch size helps there.
   const int64_t state = s.preflight.persistent;
-  if (state > have) {
-    std::vector<std::string> sizes;
-    for (const ModelOption& opt : model_info(o.model).input.options) {
-      if (opt.sizes_parameters) {
-        sizes.push_back(o.name(opt.key) + " (now " + option_value_text(opt, opt.get(c)) + ")");
-      }
-    }
-    REGEN_FAIL(c.name, " does not fit in memory: its parameters, gradients and ",
-               "optimizer state take ", format_bytes(state), " (exact, from a dry run), but ",
-               s.device.str(), " has ", format_bytes(have), " available; use a smaller preset",
-               sizes.empty() ? std::string() : " or a smaller " + either(sizes));
-  }
+  if (state > have) refuse_model_state(s, state, have, false);
   if (preflight == Preflight::model) return;
   // Every tensor of the step, as the real step allocates them, with the kernels' scratch space
   // (GEMM packing, im2col tiles; on CUDA the kernels' partial sums and cuDNN's and CUB's
@@ -341,6 +353,19 @@ std::unique_ptr<Session> make_session(const SessionOptions& options, Preflight p
     }
     return std::make_unique<AdamW>(std::move(params), o);
   };
+  // The parameters alone first, from a model built dry: a model far past the memory (a vocabulary
+  // of billions) is refused at once, where its step's dry run would request its scratch tile by
+  // tile for minutes.
+  if (preflight != Preflight::none) {
+    const int64_t have = available_memory(s->device);
+    int64_t params = 0;
+    try {
+      params = dry_run_parameter_bytes(c, s->device);
+    } catch (const Error&) {
+      params = 0;  // the step's dry run below stops there too, and says why with the sizes
+    }
+    if (have > 0 && params > have) refuse_model_state(*s, params, have, true);
+  }
   // A dry run's time grows with the batch: no kernel runs, but the kernels request their scratch
   // as they would (per sample and head, per tile). Before a large batch's, two small steps run
   // dry tell how its requests and its peak grow: a step that would take millions of requests
