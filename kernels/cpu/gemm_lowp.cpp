@@ -11,6 +11,7 @@
 #include "regen/core/error.h"
 #include "regen/core/half.h"
 #include "regen/core/tensor.h"
+#include "regen/kernels/cpu/convert.h"
 #include "regen/kernels/cpu/widening_sources.h"
 
 namespace regen::cpu {
@@ -35,38 +36,67 @@ void with_source(const char* operand, DType dtype, const void* p, int64_t ld, bo
   }
 }
 
-// Element n of an f32, bf16 or f16 array, widened to f32.
-inline float load_wide(DType dtype, const void* p, int64_t n) {
-  switch (dtype) {
-    case DType::bf16:
-      return static_cast<float>(static_cast<const bfloat16*>(p)[n]);
-    case DType::f16:
-      return static_cast<float>(static_cast<const float16*>(p)[n]);
-    default:
-      return static_cast<const float*>(p)[n];
-  }
-}
-
 void check_operand_dtype(const char* what, DType dtype) {
   REGEN_CHECK(dtype == DType::f32 || dtype == DType::bf16 || dtype == DType::f16,
               "gemm_lowp_store: ", what, " is ", dtype_name(dtype),
               "; it must be f32, bf16 or f16");
 }
 
+// narrow_span for every C dtype: f32 is a copy.
+inline void narrow_to(const float* x, float* y, int64_t n) {
+  convert::widen_span(x, y, n);
+}
+template <class TC>
+inline void narrow_to(const float* x, TC* y, int64_t n) {
+  convert::narrow_span(x, y, n);
+}
+
+// n elements of an f32, bf16 or f16 array from element n0, widened into y.
+inline void widen_from(DType dtype, const void* p, int64_t n0, float* y, int64_t n) {
+  switch (dtype) {
+    case DType::bf16:
+      convert::widen_span(static_cast<const bfloat16*>(p) + n0, y, n);
+      return;
+    case DType::f16:
+      convert::widen_span(static_cast<const float16*>(p) + n0, y, n);
+      return;
+    default:
+      convert::widen_span(static_cast<const float*>(p) + n0, y, n);
+  }
+}
+
 // Rows [0, rows) of C (ldc apart) = round(alpha * acc + beta * C + bias[n]) from the f32 strip acc
-// (rows, N), in C's dtype. Each row is independent: the threads change no bit.
+// (rows, N), in C's dtype: per element v = alpha * acc, then v += beta * C, then v += bias, in f32,
+// rounded once (kernels/cpu/convert.h, bit for bit half.h's). Columns go in chunks of a stack
+// buffer, each term over the whole chunk, so the loops vectorize; with alpha 1, beta 0 and no bias,
+// each row is narrowed straight from the strip. Each row is independent: the threads change no bit.
 template <class TC>
 void store_strip(const float* acc, int64_t rows, int64_t N, float alpha, float beta,
                  DType bias_dtype, const void* bias, TC* C, int64_t ldc) {
+  constexpr int64_t kChunk = 512;
+  const bool plain = alpha == 1.0f && beta == 0.0f && bias == nullptr;
 #pragma omp parallel for schedule(static) if (rows * N > (1 << 15) && !omp_in_parallel())
   for (int64_t i = 0; i < rows; ++i) {
     const float* a = acc + i * N;
     TC* c = C + i * ldc;
-    for (int64_t n = 0; n < N; ++n) {
-      float v = alpha * a[n];
-      if (beta != 0.0f) v += beta * static_cast<float>(c[n]);
-      if (bias) v += load_wide(bias_dtype, bias, n);
-      c[n] = TC(v);
+    if (plain) {
+      narrow_to(a, c, N);
+      continue;
+    }
+    alignas(64) float v[kChunk];
+    alignas(64) float w[kChunk];
+    for (int64_t n0 = 0; n0 < N; n0 += kChunk) {
+      const int64_t len = std::min(kChunk, N - n0);
+      for (int64_t j = 0; j < len; ++j) v[j] = alpha * a[n0 + j];
+      if (beta != 0.0f) {
+        widen_from(dtype_of<TC>::value, c, n0, w, len);
+        for (int64_t j = 0; j < len; ++j) v[j] += beta * w[j];
+      }
+      if (bias) {
+        widen_from(bias_dtype, bias, n0, w, len);
+        for (int64_t j = 0; j < len; ++j) v[j] += w[j];
+      }
+      narrow_to(v, c + n0, len);
     }
   }
 }
