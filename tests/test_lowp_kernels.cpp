@@ -517,9 +517,11 @@ TEST_CASE(
 TEST_CASE("gemm_lowp_store: the f32 result rounded once per element, in strips, with bias") {
   // Bitwise against gemm_lowp's f32 C (itself bitwise the f32 packed GEMM, above) with alpha,
   // beta and the column bias applied in f32 and each element rounded once to C's dtype. Shapes
-  // with more rows than one strip (lowp_strip_rows) cut the product into strips, which must not
-  // change a bit; K = 300 spans two depth blocks.
-  const int64_t shapes[][3] = {{5, 7, 9}, {300, 4000, 300}, {1100, 1000, 33}, {8, 48, 0}};
+  // larger than one strip (lowp_strips) cut the product into strips of rows, or of columns when N
+  // is the longer side ({300, 4000, 300}, {40, 30000, 20}), which must not change a bit; K = 300
+  // spans two depth blocks.
+  const int64_t shapes[][3] = {
+      {5, 7, 9}, {300, 4000, 300}, {1100, 1000, 33}, {40, 30000, 20}, {8, 48, 0}};
   for (const auto& sh : shapes) {
     const int64_t M = sh[0], N = sh[1], K = sh[2];
     for (DType dt : {DType::bf16, DType::f16}) {
@@ -564,9 +566,17 @@ TEST_CASE("gemm_lowp_store: the f32 result rounded once per element, in strips, 
       }
     }
   }
-  CHECK(cpu::lowp_strip_rows(100000, 4096) == 256);
-  CHECK(cpu::lowp_strip_rows(3, 4096) == 3);
-  CHECK(cpu::lowp_strip_rows(1000, 1 << 22) == 8);
+  const auto strips = [](int64_t M, int64_t N) {
+    const cpu::LowpStrips s = cpu::lowp_strips(M, N);
+    return std::make_pair(s.by_columns, s.extent);
+  };
+  CHECK(strips(100000, 4096) == std::make_pair(false, int64_t{256}));
+  CHECK(strips(3, 4096) == std::make_pair(false, int64_t{3}));
+  CHECK(strips(1000, 1000) == std::make_pair(false, int64_t{1000}));    // one strip
+  CHECK(strips(1024, 30000) == std::make_pair(true, int64_t{1024}));    // across the longer side
+  CHECK(strips(1000, 1 << 22) == std::make_pair(true, int64_t{1040}));  // 1048576 / 1000, by 16s
+  CHECK(strips(4000, 4000) == std::make_pair(false, int64_t{256}));
+  CHECK(strips(100, 1 << 30) == std::make_pair(true, int64_t{10480}));
 }
 
 TEST_CASE("gemm_lowp_store: a dry run requests the real call's blocks and writes nothing") {

@@ -65,19 +65,20 @@ inline void widen_from(DType dtype, const void* p, int64_t n0, float* y, int64_t
   }
 }
 
-// Rows [0, rows) of C (ldc apart) = round(alpha * acc + beta * C + bias[n]) from the f32 strip acc
-// (rows, N), in C's dtype: per element v = alpha * acc, then v += beta * C, then v += bias, in f32,
-// rounded once (kernels/cpu/convert.h, bit for bit half.h's). Columns go in chunks of a stack
-// buffer, each term over the whole chunk, so the loops vectorize; with alpha 1, beta 0 and no bias,
-// each row is narrowed straight from the strip. Each row is independent: the threads change no bit.
+// Rows [0, rows) x columns [0, N) of C (ldc apart) = round(alpha * acc + beta * C + bias[n0 + n])
+// from the f32 strip acc (rows, N; rows acc_ld apart), in C's dtype: per element v = alpha * acc,
+// then v += beta * C, then v += bias, in f32, rounded once (kernels/cpu/convert.h, bit for bit
+// half.h's). Columns go in chunks of a stack buffer, each term over the whole chunk, so the loops
+// vectorize; with alpha 1, beta 0 and no bias, each row is narrowed straight from the strip. Each
+// row is independent: the threads change no bit.
 template <class TC>
-void store_strip(const float* acc, int64_t rows, int64_t N, float alpha, float beta,
-                 DType bias_dtype, const void* bias, TC* C, int64_t ldc) {
+void store_strip(const float* acc, int64_t acc_ld, int64_t rows, int64_t N, float alpha, float beta,
+                 DType bias_dtype, const void* bias, int64_t bias_n0, TC* C, int64_t ldc) {
   constexpr int64_t kChunk = 512;
   const bool plain = alpha == 1.0f && beta == 0.0f && bias == nullptr;
 #pragma omp parallel for schedule(static) if (rows * N > (1 << 15) && !omp_in_parallel())
   for (int64_t i = 0; i < rows; ++i) {
-    const float* a = acc + i * N;
+    const float* a = acc + i * acc_ld;
     TC* c = C + i * ldc;
     if (plain) {
       narrow_to(a, c, N);
@@ -93,7 +94,7 @@ void store_strip(const float* acc, int64_t rows, int64_t N, float alpha, float b
         for (int64_t j = 0; j < len; ++j) v[j] += beta * w[j];
       }
       if (bias) {
-        widen_from(bias_dtype, bias, n0, w, len);
+        widen_from(bias_dtype, bias, bias_n0 + n0, w, len);
         for (int64_t j = 0; j < len; ++j) v[j] += w[j];
       }
       narrow_to(v, c + n0, len);
@@ -103,11 +104,20 @@ void store_strip(const float* acc, int64_t rows, int64_t N, float alpha, float b
 
 }  // namespace
 
-int64_t lowp_strip_rows(int64_t M, int64_t N) {
-  constexpr int64_t kStripFloats = int64_t{1} << 20, kRowMultiple = 8;
-  int64_t rows = kStripFloats / std::max<int64_t>(N, 1) / kRowMultiple * kRowMultiple;
-  rows = std::max(rows, kRowMultiple);
-  return std::max<int64_t>(std::min(rows, M), 1);
+LowpStrips lowp_strips(int64_t M, int64_t N) {
+  constexpr int64_t kStripFloats = int64_t{1} << 20, kRowMultiple = 8, kColumnMultiple = 16;
+  LowpStrips s;
+  if (M <= 0 || N <= 0 || M * N <= kStripFloats || N <= M) {
+    int64_t rows = kStripFloats / std::max<int64_t>(N, 1) / kRowMultiple * kRowMultiple;
+    rows = std::max(rows, kRowMultiple);
+    s.extent = std::max<int64_t>(std::min(rows, M), 1);
+    return s;
+  }
+  int64_t cols = kStripFloats / M / kColumnMultiple * kColumnMultiple;
+  cols = std::max(cols, kColumnMultiple);
+  s.by_columns = true;
+  s.extent = std::min(cols, N);
+  return s;
 }
 
 void gemm_lowp_store(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, DType a_dtype,
@@ -120,31 +130,41 @@ void gemm_lowp_store(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K
               " K=", K);
   REGEN_CHECK(ldc >= N, "gemm_lowp_store: ldc=", ldc, " is less than N=", N);
   if (M == 0 || N == 0) return;
-  const int64_t strip = lowp_strip_rows(M, N);
-  Workspace ws(Device::cpu(), static_cast<uint64_t>(strip * N) * sizeof(float));
+  const LowpStrips strips = lowp_strips(M, N);
+  const int64_t strip_floats = strips.extent * (strips.by_columns ? M : N);
+  Workspace ws(Device::cpu(), static_cast<uint64_t>(strip_floats) * sizeof(float));
   const bool dry = dry_run_active();
   float* acc = ws.as<float>();
-  const size_t a_size = dtype_size(a_dtype), c_size = dtype_size(c_dtype);
-  for (int64_t m0 = 0; m0 < M; m0 += strip) {
-    const int64_t rows = std::min(strip, M - m0);
-    // Rows m0.. of op(A): rows of A as stored, or columns when A is stored (K, M).
-    const void* a_rows =
+  const size_t a_size = dtype_size(a_dtype), b_size = dtype_size(b_dtype);
+  const size_t c_size = dtype_size(c_dtype);
+  const int64_t extent = strips.by_columns ? N : M;
+  for (int64_t s0 = 0; s0 < extent; s0 += strips.extent) {
+    const int64_t len = std::min(strips.extent, extent - s0);
+    // Rows s0.. of op(A) (rows of A as stored, or columns when A is stored (K, M)) with all of B,
+    // or all of A with columns s0.. of op(B) (columns of B as stored, or rows when B is stored
+    // (N, K)).
+    const int64_t m0 = strips.by_columns ? 0 : s0, n0 = strips.by_columns ? s0 : 0;
+    const int64_t rows = strips.by_columns ? M : len, cols = strips.by_columns ? len : N;
+    const void* a_part =
         static_cast<const char*>(A) + static_cast<size_t>(trans_a ? m0 : m0 * lda) * a_size;
-    gemm_lowp(trans_a, trans_b, rows, N, K, a_dtype, a_rows, lda, b_dtype, B, ldb, nullptr, false,
-              acc, N);
+    const void* b_part =
+        static_cast<const char*>(B) + static_cast<size_t>(trans_b ? n0 * ldb : n0) * b_size;
+    gemm_lowp(trans_a, trans_b, rows, cols, K, a_dtype, a_part, lda, b_dtype, b_part, ldb, nullptr,
+              false, acc, cols);
     if (dry) continue;  // the dry path: each strip's packing workspace, requested and unused
-    void* c_rows = static_cast<char*>(C) + static_cast<size_t>(m0 * ldc) * c_size;
+    void* c_part = static_cast<char*>(C) + static_cast<size_t>(m0 * ldc + n0) * c_size;
     switch (c_dtype) {
       case DType::bf16:
-        store_strip(acc, rows, N, alpha, beta, bias_dtype, bias, static_cast<bfloat16*>(c_rows),
-                    ldc);
+        store_strip(acc, cols, rows, cols, alpha, beta, bias_dtype, bias, n0,
+                    static_cast<bfloat16*>(c_part), ldc);
         break;
       case DType::f16:
-        store_strip(acc, rows, N, alpha, beta, bias_dtype, bias, static_cast<float16*>(c_rows),
-                    ldc);
+        store_strip(acc, cols, rows, cols, alpha, beta, bias_dtype, bias, n0,
+                    static_cast<float16*>(c_part), ldc);
         break;
       default:
-        store_strip(acc, rows, N, alpha, beta, bias_dtype, bias, static_cast<float*>(c_rows), ldc);
+        store_strip(acc, cols, rows, cols, alpha, beta, bias_dtype, bias, n0,
+                    static_cast<float*>(c_part), ldc);
     }
   }
 }

@@ -39,18 +39,27 @@ void gemm_lowp(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, DTyp
 //   C (M, N) = round(alpha * op(A) op(B) + beta * C + bias[n])
 // with every term in f32 (C's old value and the bias widened; beta = 0 ignores C, NaNs included).
 // c_dtype and bias_dtype are each f32, bf16 or f16; bias holds N elements, one per column of C (a
-// linear layer's bias), or is null. The f32 products are made in row strips of at most
-// lowp_strip_rows(M, N) rows in a workspace (at most about 4 MiB, never (M, N) floats) and each
-// strip is rounded into C; every element's f32 value is bit for bit gemm_lowp's (the strips do not
-// change the order of the sums), so with alpha = 1, beta = 0 and no bias C is gemm_lowp's f32
-// result narrowed (kernels/cpu/convert.h). In a dry run the strip and the packing workspace are
-// requested, in the order of a real call, and nothing is computed.
+// linear layer's bias), or is null. The f32 products are made in strips (lowp_strips) in a
+// workspace of about 4 MiB, never (M, N) floats, and each strip is rounded into C; every element's
+// f32 value is bit for bit gemm_lowp's (strips do not change the order of any element's sums), so
+// with alpha = 1, beta = 0 and no bias C is gemm_lowp's f32 result narrowed
+// (kernels/cpu/convert.h). In a dry run the strip and the packing workspace are requested, in the
+// order of a real call, and nothing is computed.
 void gemm_lowp_store(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, DType a_dtype,
                      const void* A, int64_t lda, DType b_dtype, const void* B, int64_t ldb,
                      float alpha, float beta, DType bias_dtype, const void* bias, DType c_dtype,
                      void* C, int64_t ldc);
-// Rows per strip of gemm_lowp_store: about 2^20 floats of (rows, N), a multiple of 8, at least 8,
-// at most M.
-int64_t lowp_strip_rows(int64_t M, int64_t N);
+// How gemm_lowp_store cuts a product of M x N into strips of about 2^20 floats: by rows (all N
+// columns, `extent` rows a strip: a multiple of 8, at least 8, at most M), or, when the product
+// needs more than one strip and N > M, by columns (all M rows, `extent` columns a strip: a
+// multiple of 16, at least 16, at most N). Each strip packs its part of one operand and all of the
+// other, so the cut goes across the longer side: a (1024, 30000) product (an unfused LM head's
+// logits) in row strips of 32 would pack all of B 32 times, in column strips of 1024 packs A 30
+// times, a thirtieth of it.
+struct LowpStrips {
+  bool by_columns = false;
+  int64_t extent = 1;
+};
+LowpStrips lowp_strips(int64_t M, int64_t N);
 
 }  // namespace regen::cpu
