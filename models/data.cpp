@@ -708,6 +708,16 @@ void check_lm_targets(const ModelConfig& c, const Tensor& tokens, const Tensor& 
               target.defined() ? target.str() : std::string("nothing"));
 }
 
+void check_lm_head_options(const ModelConfig& c, int64_t, OptionStyle style) {
+  REGEN_CHECK(c.head_recompute == 0 || c.head_chunk_rows >= 0,
+              option_setting("lm_head_recompute", std::to_string(c.head_recompute), style),
+              " recomputes the fused LM head's logits in the backward, but ",
+              option_setting("lm_head_chunk", std::to_string(c.head_chunk_rows), style),
+              " asks for the unfused head (the whole logits, saved as PyTorch saves them): pass ",
+              option_setting("lm_head_chunk", "0", style), " (or a row count) with it, or ",
+              option_setting("lm_head_recompute", "0", style));
+}
+
 ModelOption lm_head_chunk_option() {
   ModelOption head = integer_option(
       "lm_head_chunk",

@@ -117,6 +117,9 @@ ModelOption lm_head_recompute_option();
 // head_recompute 0 or 1, and 1 only with the fused head (head_chunk_rows >= 0), else an error
 // naming the model and both settings.
 void check_lm_head_recompute(const ModelConfig& c);
+// The same combination refused by the options' names in the caller's style (--lm-head-recompute,
+// lm_head_recompute=): the ModelInput check of the models with an LM head option.
+void check_lm_head_options(const ModelConfig& c, int64_t batch, OptionStyle style);
 // The fused head's targets: i64 of the tokens' shape, else an error naming the model.
 void check_lm_targets(const ModelConfig& c, const Tensor& tokens, const Tensor& target);
 // The data kinds above, for inputs of other models: synthetic class-labelled images; CIFAR-10

@@ -115,6 +115,7 @@ ModelInput GPT2::input() {
   ModelInput in = token_lm_input();
   in.options.push_back(lm_head_chunk_option());
   in.options.push_back(lm_head_recompute_option());
+  in.check = check_lm_head_options;
   in.data.push_back(llmc_tokens_data());
   in.decay_matrices_only = true;
   return in;

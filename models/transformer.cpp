@@ -22,6 +22,7 @@ ModelInput TransformerLM::input() {
   in.options.push_back(dropout);
   in.options.push_back(lm_head_chunk_option());
   in.options.push_back(lm_head_recompute_option());
+  in.check = check_lm_head_options;
   return in;
 }
 

@@ -220,6 +220,13 @@ TEST_CASE("cli: mistakes in flags give one clear line and a non-zero exit") {
   expect_failure(dir, tiny({"--lm-head-chunk", "auto"}), {"--lm-head-chunk", "'auto'"});
   expect_failure(dir, {"train", "--model", "resnet-tiny", "--lm-head-chunk", "0"},
                  {"--lm-head-chunk does not apply to model 'resnet-tiny'"});
+  expect_failure(dir, tiny({"--lm-head-recompute", "1", "--lm-head-chunk", "-1"}),
+                 {"--lm-head-recompute 1 recomputes the fused LM head's logits",
+                  "--lm-head-chunk -1 asks for the unfused head", "pass --lm-head-chunk 0"});
+  expect_failure(dir,
+                 {"estimate", "--model", "transformer-tiny", "--lm-head-recompute", "1",
+                  "--lm-head-chunk", "-1"},
+                 {"--lm-head-recompute 1 recomputes", "--lm-head-chunk -1"});
   expect_failure(dir, tiny({"--no-such-flag"}), {"--no-such-flag"});
   // Remat with every step spent profiling would have no step under the plan to measure.
   expect_failure(dir, tiny({"--policy", "mutwo", "--steps", "2"}),
@@ -1419,6 +1426,14 @@ TEST_CASE("cli validators: messages name the requirement and the value") {
   CHECK(f.model_config().head_recompute == 1);
   f.model_options["lm_head_recompute"] = 2;
   CHECK(has(error_of([&] { f.validate(); }), "--lm-head-recompute must be at most 1"));
+  // Recomputing needs the fused head: refused with the unfused one, by both flags (estimate,
+  // which runs no dry run, too: below).
+  f.model_options["lm_head_recompute"] = 1;
+  f.model_options["lm_head_chunk"] = -1;
+  CHECK(has(error_of([&] { f.validate(); }),
+            "--lm-head-recompute 1 recomputes the fused LM head's logits in the backward, but "
+            "--lm-head-chunk -1 asks for the unfused head"));
+  f.model_options.erase("lm_head_chunk");
   f.model_options.erase("lm_head_recompute");
   f = SessionOptions();
   f.model_options["lm_head_chunk"] = 0;

@@ -79,7 +79,9 @@ def test_bad_model_options(kwargs, match):
     ("transformer-tiny", dict(lm_head_recompute=2),
      r"^lm_head_recompute=2: must be at most 1$"),
     ("transformer-tiny", dict(lm_head_recompute=1, lm_head_chunk=-1),
-     r"head_recompute 1 recomputes the fused head's logits, yet head_chunk_rows -1"),
+     r"^lm_head_recompute=1 recomputes the fused LM head's logits in the backward, but "
+     r"lm_head_chunk=-1 asks for the unfused head .*: pass lm_head_chunk=0 \(or a row count\) "
+     r"with it, or lm_head_recompute=0$"),
     ("transformer-tiny", dict(image_size=32), r"^image_size=32 does not apply to model"),
     ("transformer-tiny", dict(data="text:/nonexistent"),
      r"^data='text:FILE' feeds byte tokens \(0..255\), but model 'transformer-tiny' has a "
