@@ -42,6 +42,11 @@ constexpr const char* kWinogradTypesNow = "f32,bf16,f16";
 // on several threads (kernels/cpu/attention.cpp): 4 MFLOP before, with other workspace and times.
 constexpr const char* kLowpAttentionThreads = "attention-16-bit-threads";
 constexpr const char* kLowpAttentionThreadsNow = "from 2 MFLOP";
+// In bf16 or fp16 on the CPU, how the 16-bit GEMMs that store 16 bits (kernels/cpu/gemm_lowp.h,
+// gemm_lowp_store: linear, matmul and bmm) cut their products into strips: by rows only before,
+// with other workspace and times where N > M.
+constexpr const char* kLowpStrips = "16-bit-gemm-strips";
+constexpr const char* kLowpStripsNow = "across the longer side";
 bool is_16_bit(const std::string& precision) {
   return precision == "bf16" || precision == "fp16";
 }
@@ -72,7 +77,10 @@ std::map<std::string, std::string> run_flags(const SessionOptions& o) {
       r[kWinogradTiles] = kWinogradTilesNow;
       if (is_16_bit(r["--precision"])) r[kWinogradTypes] = kWinogradTypesNow;
     }
-    if (is_16_bit(r["--precision"])) r[kLowpAttentionThreads] = kLowpAttentionThreadsNow;
+    if (is_16_bit(r["--precision"])) {
+      r[kLowpAttentionThreads] = kLowpAttentionThreadsNow;
+      r[kLowpStrips] = kLowpStripsNow;
+    }
   }
   // What the step allocates besides forward and backward: micro-batches, the gradient norm.
   r["--accumulate"] = std::to_string(o.accumulate);
@@ -173,6 +181,19 @@ void check_profile_run(const Profile& p, const SessionOptions& o, const std::str
              is_16_bit(profile_precision(p))) {
     recorded.emplace_back(kLowpAttentionThreads, "from 4 MFLOP");
   }
+  // 16-bit CPU profiles with a linear, matmul or bmm written before the strips were recorded cut
+  // them by rows; without such an op the setting changes nothing.
+  const bool has_gemm = std::any_of(p.nodes.begin(), p.nodes.end(), [](const ProfileNode& n) {
+    return n.op == "linear" || n.op == "matmul" || n.op == "bmm";
+  });
+  if (!has_gemm) {
+    recorded.erase(std::remove_if(recorded.begin(), recorded.end(),
+                                  [](const auto& kv) { return kv.first == kLowpStrips; }),
+                   recorded.end());
+  } else if (p.run.count(kLowpStrips) == 0 && !p.run.empty() && p.device == "cpu" &&
+             is_16_bit(profile_precision(p))) {
+    recorded.emplace_back(kLowpStrips, "by rows");
+  }
   // Profiles written before --precision recorded the math mode (--math, or --tf32 before it), or
   // nothing: they ran in fp32 or tf32.
   if (p.run.count("--precision") == 0 && !p.run.empty()) {
@@ -234,6 +255,12 @@ void check_profile_run(const Profile& p, const SessionOptions& o, const std::str
     if (flag == kLowpAttentionThreads) {
       REGEN_FAIL(what, " was made by a regen whose 16-bit CPU attention ran its per-head products ",
                  "on several threads ", then, ", but this one's do ", here,
+                 ": its memory and times are another step's (profile again)");
+    }
+    if (flag == kLowpStrips) {
+      REGEN_FAIL(what,
+                 " was made by a regen whose 16-bit CPU GEMMs cut their products into strips ",
+                 then, ", but this one's go ", here,
                  ": its memory and times are another step's (profile again)");
     }
     if (flag == kWinogradTiles) {

@@ -262,6 +262,34 @@ TEST_CASE("16-bit CPU profiles record the attention's threading, and refuse it f
   CHECK_NOTHROW(check_profile_run(p, o, "the profile"));
 }
 
+TEST_CASE(
+    "16-bit CPU profiles record how the 16-bit GEMMs cut their strips, and refuse it from before") {
+  SessionOptions o = tiny();
+  o.precision = "fp16";
+  Profile p;
+  p.device = "cpu";
+  p.run = run_flags(o);
+  CHECK(p.run.at("16-bit-gemm-strips") == "across the longer side");
+  CHECK(run_flags(tiny()).count("16-bit-gemm-strips") == 0);  // fp32: not asked
+  ProfileNode linear;
+  linear.op = "linear";
+  p.nodes.push_back(linear);
+  CHECK_NOTHROW(check_profile_run(p, o, "the profile"));
+  // An fp16 profile with a linear layer from before the strips were recorded: refused by name.
+  p.run.erase("16-bit-gemm-strips");
+  const std::string e = error_of([&] { check_profile_run(p, o, "the profile"); });
+  CHECK(has(e,
+            "the profile was made by a regen whose 16-bit CPU GEMMs cut their products into "
+            "strips by rows, but this one's go across the longer side"));
+  CHECK(has(e, "profile again"));
+  // Without a linear, matmul or bmm node the setting changes nothing; an fp32 profile never had it.
+  p.nodes.clear();
+  CHECK_NOTHROW(check_profile_run(p, o, "the profile"));
+  p.nodes.push_back(linear);
+  p.run = run_flags(tiny());
+  CHECK_NOTHROW(check_profile_run(p, tiny(), "the profile"));
+}
+
 TEST_CASE("precision: a training state records it") {
   SessionOptions o = tiny();
   CHECK(trajectory_options(o).at("precision") == "fp32");
