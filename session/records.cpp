@@ -169,31 +169,27 @@ void check_profile_run(const Profile& p, const SessionOptions& o, const std::str
   REGEN_CHECK(!has_head || p.run.empty() || p.run.count("--lm-head-recompute") != 0, what,
               " was made by a regen whose fused LM head (linear_cross_entropy) took other memory "
               "and time (from before --lm-head-recompute): its step is another's (profile again)");
-  // 16-bit CPU profiles with attention written before its threads were recorded threaded from 4
-  // MFLOP; without attention the setting changes nothing.
-  const bool has_attention = std::any_of(p.nodes.begin(), p.nodes.end(),
-                                         [](const ProfileNode& n) { return n.op == "attention"; });
-  if (!has_attention) {
-    recorded.erase(std::remove_if(recorded.begin(), recorded.end(),
-                                  [](const auto& kv) { return kv.first == kLowpAttentionThreads; }),
-                   recorded.end());
-  } else if (p.run.count(kLowpAttentionThreads) == 0 && !p.run.empty() && p.device == "cpu" &&
-             is_16_bit(profile_precision(p))) {
-    recorded.emplace_back(kLowpAttentionThreads, "from 4 MFLOP");
-  }
-  // 16-bit CPU profiles with a linear, matmul or bmm written before the strips were recorded cut
-  // them by rows; without such an op the setting changes nothing.
-  const bool has_gemm = std::any_of(p.nodes.begin(), p.nodes.end(), [](const ProfileNode& n) {
-    return n.op == "linear" || n.op == "matmul" || n.op == "bmm";
-  });
-  if (!has_gemm) {
-    recorded.erase(std::remove_if(recorded.begin(), recorded.end(),
-                                  [](const auto& kv) { return kv.first == kLowpStrips; }),
-                   recorded.end());
-  } else if (p.run.count(kLowpStrips) == 0 && !p.run.empty() && p.device == "cpu" &&
-             is_16_bit(profile_precision(p))) {
-    recorded.emplace_back(kLowpStrips, "by rows");
-  }
+  // A setting of the 16-bit CPU kernels that changes only the steps with one of `ops`: dropped
+  // from the comparison when the profile has none of them, and taken as `before` for a 16-bit CPU
+  // profile written before it was recorded.
+  const auto lowp_cpu_setting = [&](const char* flag, std::initializer_list<const char*> ops,
+                                    const char* before) {
+    const bool has_op = std::any_of(p.nodes.begin(), p.nodes.end(), [&](const ProfileNode& n) {
+      return std::any_of(ops.begin(), ops.end(), [&](const char* op) { return n.op == op; });
+    });
+    if (!has_op) {
+      recorded.erase(std::remove_if(recorded.begin(), recorded.end(),
+                                    [&](const auto& kv) { return kv.first == flag; }),
+                     recorded.end());
+    } else if (p.run.count(flag) == 0 && !p.run.empty() && p.device == "cpu" &&
+               is_16_bit(profile_precision(p))) {
+      recorded.emplace_back(flag, before);
+    }
+  };
+  // The attention's per-head products threaded from 4 MFLOP before; the 16-bit GEMMs that store
+  // 16 bits cut their products by rows.
+  lowp_cpu_setting(kLowpAttentionThreads, {"attention"}, "from 4 MFLOP");
+  lowp_cpu_setting(kLowpStrips, {"linear", "matmul", "bmm"}, "by rows");
   // Profiles written before --precision recorded the math mode (--math, or --tf32 before it), or
   // nothing: they ran in fp32 or tf32.
   if (p.run.count("--precision") == 0 && !p.run.empty()) {

@@ -238,56 +238,46 @@ TEST_CASE("profiles record how the fused LM head makes its gradients, and refuse
   CHECK_NOTHROW(check_profile_run(p, o, "the profile"));
 }
 
-TEST_CASE("16-bit CPU profiles record the attention's threading, and refuse it from before") {
+namespace {
+
+// A setting of the 16-bit CPU kernels that a 16-bit CPU profile records (not an fp32 one), and a
+// profile with `op` from before it refused by `refusal`; without such a node it changes nothing.
+void check_lowp_cpu_setting(const std::string& precision, const std::string& flag,
+                            const std::string& now, const std::string& op,
+                            const std::string& refusal) {
+  CAPTURE(flag);
   SessionOptions o = tiny();
-  o.precision = "bf16";
+  o.precision = precision;
   Profile p;
   p.device = "cpu";
   p.run = run_flags(o);
-  CHECK(p.run.at("attention-16-bit-threads") == "from 2 MFLOP");
-  CHECK(run_flags(tiny()).count("attention-16-bit-threads") == 0);  // fp32: not asked
-  ProfileNode attention;
-  attention.op = "attention";
-  p.nodes.push_back(attention);
+  CHECK(p.run.at(flag) == now);
+  CHECK(run_flags(tiny()).count(flag) == 0);  // fp32: not asked
+  ProfileNode node;
+  node.op = op;
+  p.nodes.push_back(node);
   CHECK_NOTHROW(check_profile_run(p, o, "the profile"));
-  // A bf16 profile with attention from before the setting was recorded: refused by name.
-  p.run.erase("attention-16-bit-threads");
+  p.run.erase(flag);
   const std::string e = error_of([&] { check_profile_run(p, o, "the profile"); });
-  CHECK(has(e,
-            "the profile was made by a regen whose 16-bit CPU attention ran its per-head "
-            "products on several threads from 4 MFLOP, but this one's do from 2 MFLOP"));
+  CHECK(has(e, refusal));
   CHECK(has(e, "profile again"));
-  // Without an attention node the setting changes nothing.
   p.nodes.clear();
   CHECK_NOTHROW(check_profile_run(p, o, "the profile"));
 }
 
-TEST_CASE(
-    "16-bit CPU profiles record how the 16-bit GEMMs cut their strips, and refuse it from before") {
-  SessionOptions o = tiny();
-  o.precision = "fp16";
-  Profile p;
-  p.device = "cpu";
-  p.run = run_flags(o);
-  CHECK(p.run.at("16-bit-gemm-strips") == "across the longer side");
-  CHECK(run_flags(tiny()).count("16-bit-gemm-strips") == 0);  // fp32: not asked
-  ProfileNode linear;
-  linear.op = "linear";
-  p.nodes.push_back(linear);
-  CHECK_NOTHROW(check_profile_run(p, o, "the profile"));
-  // An fp16 profile with a linear layer from before the strips were recorded: refused by name.
-  p.run.erase("16-bit-gemm-strips");
-  const std::string e = error_of([&] { check_profile_run(p, o, "the profile"); });
-  CHECK(has(e,
-            "the profile was made by a regen whose 16-bit CPU GEMMs cut their products into "
-            "strips by rows, but this one's go across the longer side"));
-  CHECK(has(e, "profile again"));
-  // Without a linear, matmul or bmm node the setting changes nothing; an fp32 profile never had it.
-  p.nodes.clear();
-  CHECK_NOTHROW(check_profile_run(p, o, "the profile"));
-  p.nodes.push_back(linear);
-  p.run = run_flags(tiny());
-  CHECK_NOTHROW(check_profile_run(p, tiny(), "the profile"));
+}  // namespace
+
+TEST_CASE("16-bit CPU profiles record the attention's threading and the GEMMs' strips") {
+  check_lowp_cpu_setting("bf16", "attention-16-bit-threads", "from 2 MFLOP", "attention",
+                         "the profile was made by a regen whose 16-bit CPU attention ran its "
+                         "per-head products on several threads from 4 MFLOP, but this one's do "
+                         "from 2 MFLOP");
+  for (const char* op : {"linear", "matmul", "bmm"}) {
+    check_lowp_cpu_setting("fp16", "16-bit-gemm-strips", "across the longer side", op,
+                           "the profile was made by a regen whose 16-bit CPU GEMMs cut their "
+                           "products into strips by rows, but this one's go across the longer "
+                           "side");
+  }
 }
 
 TEST_CASE("precision: a training state records it") {
