@@ -66,19 +66,19 @@ inline void widen_from(DType dtype, const void* p, int64_t n0, float* y, int64_t
 }
 
 // Rows [0, rows) x columns [0, N) of C (ldc apart) = round(alpha * acc + beta * C + bias[n0 + n])
-// from the f32 strip acc (rows, N; rows acc_ld apart), in C's dtype: per element v = alpha * acc,
+// from the f32 strip acc (rows, N), in C's dtype: per element v = alpha * acc,
 // then v += beta * C, then v += bias, in f32, rounded once (kernels/cpu/convert.h, bit for bit
 // half.h's). Columns go in chunks of a stack buffer, each term over the whole chunk, so the loops
 // vectorize; with alpha 1, beta 0 and no bias, each row is narrowed straight from the strip. Each
 // row is independent: the threads change no bit.
 template <class TC>
-void store_strip(const float* acc, int64_t acc_ld, int64_t rows, int64_t N, float alpha, float beta,
+void store_strip(const float* acc, int64_t rows, int64_t N, float alpha, float beta,
                  DType bias_dtype, const void* bias, int64_t bias_n0, TC* C, int64_t ldc) {
   constexpr int64_t kChunk = 512;
   const bool plain = alpha == 1.0f && beta == 0.0f && bias == nullptr;
 #pragma omp parallel for schedule(static) if (rows * N > (1 << 15) && !omp_in_parallel())
   for (int64_t i = 0; i < rows; ++i) {
-    const float* a = acc + i * acc_ld;
+    const float* a = acc + i * N;
     TC* c = C + i * ldc;
     if (plain) {
       narrow_to(a, c, N);
@@ -155,16 +155,16 @@ void gemm_lowp_store(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K
     void* c_part = static_cast<char*>(C) + static_cast<size_t>(m0 * ldc + n0) * c_size;
     switch (c_dtype) {
       case DType::bf16:
-        store_strip(acc, cols, rows, cols, alpha, beta, bias_dtype, bias, n0,
+        store_strip(acc, rows, cols, alpha, beta, bias_dtype, bias, n0,
                     static_cast<bfloat16*>(c_part), ldc);
         break;
       case DType::f16:
-        store_strip(acc, cols, rows, cols, alpha, beta, bias_dtype, bias, n0,
+        store_strip(acc, rows, cols, alpha, beta, bias_dtype, bias, n0,
                     static_cast<float16*>(c_part), ldc);
         break;
       default:
-        store_strip(acc, cols, rows, cols, alpha, beta, bias_dtype, bias, n0,
-                    static_cast<float*>(c_part), ldc);
+        store_strip(acc, rows, cols, alpha, beta, bias_dtype, bias, n0, static_cast<float*>(c_part),
+                    ldc);
     }
   }
 }
