@@ -128,3 +128,30 @@ TEST_CASE("session: a plan request resolves its options against a profile and pl
   r.transfer = "profile";
   CHECK(!r.options(nullptr).transfer.valid());
 }
+
+TEST_CASE("session: a model's state past the memory is refused with its size and options") {
+  // Parameters that fit with gradients and optimizer state that do not: the check after the
+  // step's dry run (make_session refuses parameters alone past the memory before it:
+  // tests/test_cli.cpp). A state of 2^60 bytes passes any machine's memory.
+  for (const OptionStyle style : {OptionStyle::flag, OptionStyle::keyword}) {
+    Session s;
+    s.options.model = "transformer-tiny";
+    s.options.style = style;
+    s.options.model_options["vocab"] = 5000;
+    s.device = Device::cpu();
+    s.config = s.options.model_config();
+    s.preflight.persistent = int64_t{1} << 60;
+    for (const Preflight p : {Preflight::model, Preflight::step}) {
+      const std::string e = error_of([&] { check_preflight(s, p); });
+      CHECK(has(e,
+                "transformer-tiny does not fit in memory: its parameters, gradients and "
+                "optimizer state take "));
+      CHECK(has(e, " (exact, from a dry run), but cpu has "));
+      CHECK(
+          has(e, style == OptionStyle::flag
+                     ? "use a smaller preset or a smaller --seq-len (now 16) or --vocab (now 5000)"
+                     : "use a smaller preset or a smaller seq_len (now 16) or vocab (now 5000)"));
+    }
+    CHECK(error_of([&] { check_preflight(s, Preflight::none); }).empty());
+  }
+}
