@@ -214,6 +214,7 @@ TEST_CASE_TEMPLATE("conv2d forward, backward-data and backward-filter match nest
       {3, 4, 8, 8, 6, 3, 3, 2, 2, 1, 1},      // 3x3 stride 2
       {2, 5, 7, 9, 4, 1, 1, 1, 1, 0, 0},      // 1x1 stride 1: backward-data writes dx directly
       {1, 6, 33, 35, 3, 1, 1, 1, 1, 0, 0},    // the same, one image, many column panels
+      {3, 20, 13, 11, 24, 1, 1, 1, 1, 0, 0},  // 1x1, 143-pixel planes: tiles straddle images
       {2, 5, 9, 8, 7, 1, 1, 2, 2, 0, 0},      // 1x1 stride 2
       {2, 3, 23, 21, 4, 7, 7, 2, 2, 3, 3},    // 7x7 stride 2 pad 3
       {1, 2, 5, 6, 3, 5, 6, 1, 1, 0, 0},      // kernel as large as the input
@@ -236,24 +237,28 @@ TEST_CASE("conv2d strided backward-data tiles: whole images per tile, or row ban
 }
 
 TEST_CASE("conv2d gives the same bits with 1 and 2 threads") {
-  const ConvShape s = make_conv_shape(3, 40, 20, 20, 48, 3, 3, 1, 1, 1, 1);
-  Tensor x = rand_t<float>({s.N, s.C, s.H, s.W}, 1), w = rand_t<float>({s.K, s.C, 3, 3}, 2);
-  Tensor b = rand_t<float>({s.K}, 3), dy = rand_t<float>({s.N, s.K, s.P, s.Q}, 4);
-  auto run = [&](int threads) {
-    const int saved = omp_get_max_threads();
-    omp_set_num_threads(threads);
-    Tensor y = empty(dy.shape()), dx = empty(x.shape()), dw = empty(w.shape()), db = empty({s.K});
-    cpu::conv2d_forward<float>(x.data<float>(), w.data<float>(), b.data<float>(), y.data<float>(),
-                               s);
-    cpu::conv2d_backward_data<float>(dy.data<float>(), w.data<float>(), dx.data<float>(), s);
-    cpu::conv2d_backward_filter<float>(x.data<float>(), dy.data<float>(), dw.data<float>(),
-                                       db.data<float>(), s);
-    omp_set_num_threads(saved);
-    std::vector<std::vector<float>> out = {y.to_vector<float>(), dx.to_vector<float>(),
-                                           dw.to_vector<float>(), db.to_vector<float>()};
-    return out;
-  };
-  CHECK(run(1) == run(2));
+  // 3x3 (unfolded columns), and 1x1 (the planes read as they are) on planes that do not split
+  // into whole register tiles.
+  for (const ConvShape& s : {make_conv_shape(3, 40, 20, 20, 48, 3, 3, 1, 1, 1, 1),
+                             make_conv_shape(3, 40, 13, 11, 48, 1, 1, 1, 1, 0, 0)}) {
+    Tensor x = rand_t<float>({s.N, s.C, s.H, s.W}, 1), w = rand_t<float>({s.K, s.C, s.R, s.S}, 2);
+    Tensor b = rand_t<float>({s.K}, 3), dy = rand_t<float>({s.N, s.K, s.P, s.Q}, 4);
+    auto run = [&](int threads) {
+      const int saved = omp_get_max_threads();
+      omp_set_num_threads(threads);
+      Tensor y = empty(dy.shape()), dx = empty(x.shape()), dw = empty(w.shape()), db = empty({s.K});
+      cpu::conv2d_forward<float>(x.data<float>(), w.data<float>(), b.data<float>(), y.data<float>(),
+                                 s);
+      cpu::conv2d_backward_data<float>(dy.data<float>(), w.data<float>(), dx.data<float>(), s);
+      cpu::conv2d_backward_filter<float>(x.data<float>(), dy.data<float>(), dw.data<float>(),
+                                         db.data<float>(), s);
+      omp_set_num_threads(saved);
+      std::vector<std::vector<float>> out = {y.to_vector<float>(), dx.to_vector<float>(),
+                                             dw.to_vector<float>(), db.to_vector<float>()};
+      return out;
+    };
+    CHECK(run(1) == run(2));
+  }
 }
 
 namespace {

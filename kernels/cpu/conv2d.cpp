@@ -211,17 +211,20 @@ struct ColSource {
   }
 };
 
-// dy (N, K, PQ) as a (K, N*PQ) matrix, columns from `base` on.
+// Planes (N, K, PQ) as a (K, N*PQ) matrix, columns from `base` on: dy, or the input x (N, C, HW)
+// of a pointwise convolution, whose unfolded matrix is x itself. A block is one copy per row and
+// image (PQ elements where the block spans the plane), where ColSource splits every row into runs
+// of one output row (Q elements) and handles padding and taps it does not have.
 template <class T>
-struct DySource {
-  const T* dy;
+struct PlaneSource {
+  const T* planes;
   int64_t K, pq, base;
   void block(int64_t r0, int64_t nr, int64_t c0, int64_t nc, T* dst, int64_t drs,
              int64_t ds) const {
     for (int64_t g = base + c0, end = g + nc, t = 0; g < end;) {  // runs within one image
       const int64_t img = g / pq, off = g % pq, len = std::min(pq - off, end - g);
       for (int64_t row = 0; row < nr; ++row) {
-        const T* src = dy + (img * K + r0 + row) * pq + off;
+        const T* src = planes + (img * K + r0 + row) * pq + off;
         T* o = dst + row * drs + t * ds;
         if (ds == 1) {
           std::memcpy(o, src, static_cast<size_t>(len) * sizeof(T));
@@ -484,8 +487,12 @@ void forward_lowp(const E* x, const E* w, const E* bias, E* y, const ConvShape& 
   const ARows<E, ViewSource<E>> a{{w, crs}};
   for (int64_t n0 = 0; n0 < s.N; n0 += images) {
     const int64_t ng = std::min(images, s.N - n0);
-    const BRows<E, ColSource<E>> b{{x, s, n0 * pq}};
-    gemm_16<E>(s.K, ng * pq, crs, a, b, {acc, pq, pq, kpq});
+    auto run = [&](const auto& b) { gemm_16<E>(s.K, ng * pq, crs, a, b, {acc, pq, pq, kpq}); };
+    if (is_pointwise(s)) {
+      run(BRows<E, PlaneSource<E>>{{x, s.C, pq, n0 * pq}});
+    } else {
+      run(BRows<E, ColSource<E>>{{x, s, n0 * pq}});
+    }
     if (!dry_run_active()) store_planes(acc, y + n0 * kpq, ng * s.K, s.K, pq, bias);
   }
 }
@@ -501,7 +508,7 @@ void backward_data_lowp(const E* dy, const E* w, const E* bias, E* dx, const Con
     const ACols<E, ViewSource<E>> a{{w, s.C}};
     for (int64_t n0 = 0; n0 < s.N; n0 += images) {
       const int64_t ng = std::min(images, s.N - n0);
-      const BRows<E, DySource<E>> b{{dy, s.K, pq, n0 * pq}};
+      const BRows<E, PlaneSource<E>> b{{dy, s.K, pq, n0 * pq}};
       gemm_16<E>(s.C, ng * pq, s.K, a, b, {acc, pq, pq, chw});
       if (!dry) store_planes(acc, dx + n0 * chw, ng * s.C, s.C, hw, bias);
     }
@@ -560,7 +567,7 @@ void backward_data_lowp(const E* dy, const E* w, const E* bias, E* dx, const Con
     if (!dry) fill<float>(acc, ng * chw, 0.0f);  // col2im accumulates
     for (int64_t p0 = 0; p0 < s.P; p0 += rows) {
       const int64_t p1 = std::min(s.P, p0 + rows), cols = ng * (p1 - p0) * s.Q;
-      const BRows<E, DySource<E>> b{{dy, s.K, pq, n0 * pq + p0 * s.Q}};
+      const BRows<E, PlaneSource<E>> b{{dy, s.K, pq, n0 * pq + p0 * s.Q}};
       gemm_16<E>(crs, cols, s.K, a, b, {col, cols, whole, 0});
       if (!dry) col2im(col, cols, ng, p0, p1, acc, s);
     }
@@ -586,9 +593,15 @@ void backward_filter_lowp(const E* x, const E* dy, E* dw, E* dbias, const ConvSh
   if (winograd::applies(s)) return winograd::backward_filter<E>(x, dy, dw, s);
   Workspace ws(Device::cpu(), static_cast<uint64_t>(s.K * crs) * sizeof(float));
   float* acc = ws.as<float>();  // (K, CRS)
-  const ARows<E, DySource<E>> a{{dy, s.K, pq, 0}};
-  const BCols<E, ColSource<E>> b{{x, s, 0}};
-  gemm_16<E>(s.K, crs, s.N * pq, a, b, {acc, crs, std::numeric_limits<int64_t>::max(), 0});
+  const ARows<E, PlaneSource<E>> a{{dy, s.K, pq, 0}};
+  auto run = [&](const auto& b) {
+    gemm_16<E>(s.K, crs, s.N * pq, a, b, {acc, crs, std::numeric_limits<int64_t>::max(), 0});
+  };
+  if (is_pointwise(s)) {
+    run(BCols<E, PlaneSource<E>>{{x, s.C, pq, 0}});
+  } else {
+    run(BCols<E, ColSource<E>>{{x, s, 0}});
+  }
   if (!dry_run_active()) store_planes<E>(acc, dw, s.K, s.K, crs, nullptr);
 }
 
@@ -599,8 +612,14 @@ void conv2d_forward_wide(const T* x, const T* w, const T* bias, T* y, const Conv
   }
   const int64_t crs = s.C * s.R * s.S, pq = s.P * s.Q;
   const ARows<T, ViewSource<T>> a{{w, crs}};
-  const BRows<T, ColSource<T>> b{{x, s, 0}};
-  packed::gemm<T>(s.K, s.N * pq, crs, a, b, bias, false, {y, pq, pq, s.K * pq});
+  auto run = [&](const auto& b) {
+    packed::gemm<T>(s.K, s.N * pq, crs, a, b, bias, false, {y, pq, pq, s.K * pq});
+  };
+  if (is_pointwise(s)) {  // the unfolded input is x itself
+    run(BRows<T, PlaneSource<T>>{{x, s.C, pq, 0}});
+  } else {
+    run(BRows<T, ColSource<T>>{{x, s, 0}});
+  }
 }
 
 template <class T>
@@ -609,7 +628,7 @@ void conv2d_backward_data_wide(const T* dy, const T* w, T* dx, const ConvShape& 
   const bool dry = dry_run_active();  // the GEMMs request their scratch; nothing else runs
   if (is_pointwise(s)) {              // dx (C, cols) = w^T * dy, no folding needed
     const ACols<T, ViewSource<T>> a{{w, s.C}};
-    const BRows<T, DySource<T>> b{{dy, s.K, pq, 0}};
+    const BRows<T, PlaneSource<T>> b{{dy, s.K, pq, 0}};
     packed::gemm<T>(s.C, s.N * pq, s.K, a, b, nullptr, false, {dx, pq, pq, chw});
     return;
   }
@@ -664,7 +683,7 @@ void conv2d_backward_data_wide(const T* dy, const T* w, T* dx, const ConvShape& 
     const int64_t ng = std::min(images, s.N - n0);
     for (int64_t p0 = 0; p0 < s.P; p0 += rows) {
       const int64_t p1 = std::min(s.P, p0 + rows), cols = ng * (p1 - p0) * s.Q;
-      const BRows<T, DySource<T>> b{{dy, s.K, pq, n0 * pq + p0 * s.Q}};
+      const BRows<T, PlaneSource<T>> b{{dy, s.K, pq, n0 * pq + p0 * s.Q}};
       packed::gemm<T>(crs, cols, s.K, a, b, nullptr, false, {col, cols, whole, 0});
       if (!dry) col2im(col, cols, ng, p0, p1, dx + n0 * chw, s);
     }
@@ -689,10 +708,16 @@ void conv2d_backward_filter_wide(const T* x, const T* dy, T* dw, T* dbias, const
   if constexpr (std::is_same_v<T, float>) {
     if (dw && winograd::applies(s)) return winograd::backward_filter<T>(x, dy, dw, s);
   }
-  const ARows<T, DySource<T>> a{{dy, s.K, pq, 0}};
-  const BCols<T, ColSource<T>> b{{x, s, 0}};
-  packed::gemm<T>(s.K, crs, s.N * pq, a, b, nullptr, false,
-                  {dw, crs, std::numeric_limits<int64_t>::max(), 0});
+  const ARows<T, PlaneSource<T>> a{{dy, s.K, pq, 0}};
+  auto run = [&](const auto& b) {
+    packed::gemm<T>(s.K, crs, s.N * pq, a, b, nullptr, false,
+                    {dw, crs, std::numeric_limits<int64_t>::max(), 0});
+  };
+  if (is_pointwise(s)) {
+    run(BCols<T, PlaneSource<T>>{{x, s.C, pq, 0}});
+  } else {
+    run(BCols<T, ColSource<T>>{{x, s, 0}});
+  }
 }
 
 }  // namespace
