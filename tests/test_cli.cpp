@@ -367,6 +367,7 @@ TEST_CASE("cli: budgets, limits, and outputs that are inputs, each other or not 
                  {"--conv cudnn", "CUDA"});
   expect_failure(dir, {"bench", "ops", "--only", "nosuchcase"},
                  {"--only 'nosuchcase' matches no case", "stem 7x7/2"});
+  CHECK_FALSE(has(regen_run(dir, {"bench", "ops", "--only", "nosuchcase"}).out, "GFLOP/s"));
   {
     // A device that is not there fails before the benchmark's header, naming the flag (no
     // machine has 64 GPUs; builds without CUDA say so).
@@ -846,6 +847,22 @@ TEST_CASE("cli: bench train prints what it measured and writes --json atomically
                                    "--warmup", "0", "--steps", "1", "--torch-csv", csv});
   CHECK(c.status == 0);
   CHECK(has(c.out, "regen / PyTorch = "));
+  // A file without this run's row, or with a step that is not a number, is refused before any
+  // step runs.
+  const Result other = regen_run(dir, {"bench", "train", "--model", "transformer-tiny", "--batch",
+                                       "3", "--warmup", "0", "--steps", "1", "--torch-csv", csv});
+  CHECK(other.status == 1);
+  CHECK(has(other.err, "has no eager fp32 row (autocast none) for transformer-tiny batch 3"));
+  CHECK_FALSE(has(other.out, "step time"));
+  const std::string bad = dir.file("bad.csv");
+  write_file_atomic(bad,
+                    "model,batch,mode,math,step_s,peak_bytes,error\n"
+                    "transformer-tiny,2,eager,fp32,fast,,\n");
+  expect_failure(dir,
+                 {"bench", "train", "--model", "transformer-tiny", "--batch", "2", "--warmup", "0",
+                  "--steps", "1", "--torch-csv", bad},
+                 {"--torch-csv", "bad.csv", "'transformer-tiny,2,eager,fp32,fast,,'",
+                  "not a positive number of seconds"});
   expect_failure(dir, {"bench", "train", "--json", dir.file("no/dir.json")}, {"--json"});
 
   // For a preset tools/torch_baseline.py knows, the command that measures PyTorch alike.

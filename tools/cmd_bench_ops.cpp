@@ -120,10 +120,6 @@ void run(const std::string& device_text, int threads, int repeats, const std::st
 #ifdef REGEN_WITH_CUDA
   cuda::set_tf32(math == "tf32");
 #endif
-  std::printf("# regen bench ops: device %s, %d CPU threads, f32, math %s, median of %d runs\n",
-              dev.str().c_str(), threads, math.c_str(), repeats);
-  std::printf("%-16s %-24s %5s %10s %10s %10s\n", "pass", "shape", "count", "median ms", "GFLOP/s",
-              "best ms");
   std::vector<Row> rows;
   auto report = [&](const char* kind, const std::string& name, int count, Timing tm, double flops) {
     rows.push_back({kind, name, count, tm.median, flops / tm.median / 1e9, tm.best});
@@ -151,6 +147,10 @@ void run(const std::string& device_text, int threads, int repeats, const std::st
     }
     REGEN_CHECK(any, "--only '", only, "' matches no case; the cases are: ", names);
   }
+  std::printf("# regen bench ops: device %s, %d CPU threads, f32, math %s, median of %d runs\n",
+              dev.str().c_str(), threads, math.c_str(), repeats);
+  std::printf("%-16s %-24s %5s %10s %10s %10s\n", "pass", "shape", "count", "median ms", "GFLOP/s",
+              "best ms");
   Generator gen(1);
   for (const auto& g : kGemmShapes) {
     const int64_t M = g[0], N = g[1], K = g[2];

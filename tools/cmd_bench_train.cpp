@@ -6,7 +6,9 @@
 // is printed, written to --json and passed to the PyTorch command, which must match it.
 #include <omp.h>
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <sstream>
 
@@ -116,7 +118,12 @@ double torch_step_seconds(const std::string& path, const std::string& model, int
     // The autocast column (14th; files written before it trained without autocast).
     const std::string ac = cells.size() > 13 && !cells[13].empty() ? cells[13] : "none";
     if (ac != autocast) continue;
-    return std::stod(cells[4]);
+    char* end = nullptr;
+    const double step_s = std::strtod(cells[4].c_str(), &end);
+    REGEN_CHECK(end == cells[4].c_str() + cells[4].size() && std::isfinite(step_s) && step_s > 0,
+                "--torch-csv ", path, ": the step_s of the row '", line,
+                "' is not a positive number of seconds");
+    return step_s;
   }
   return 0;
 }
@@ -197,6 +204,15 @@ void run(Flags f) {
   auto s = make_session(f.m);
   const ModelConfig& c = s->config;
   const int threads = omp_get_max_threads();
+  // PyTorch's step, read before any step runs: a file without the row refuses now, not after the
+  // benchmark.
+  double torch_s = 0;
+  if (!f.torch_csv.empty()) {
+    torch_s = torch_step_seconds(f.torch_csv, c.name, f.m.batch, math, autocast);
+    REGEN_CHECK(torch_s > 0, "--torch-csv ", f.torch_csv, " has no eager ", math, " row (autocast ",
+                autocast, ") for ", c.name, " batch ", f.m.batch,
+                ": nothing to compare this run with (tools/torch_baseline.py --csv writes one)");
+  }
   // The library's training loop, without a plan: the warm-up steps, then the timed ones (a loss
   // or weight that is not finite stops either).
   RematPipeline pipe(*s->trainer);
@@ -252,17 +268,9 @@ void run(Flags f) {
   std::printf("  %.2f samples/s; peak allocated %s, reserved %s\n", sps, format_bytes(peak).c_str(),
               format_bytes(peak_reserved).c_str());
 
-  double torch_s = 0;
   if (!f.torch_csv.empty()) {
-    torch_s = torch_step_seconds(f.torch_csv, c.name, f.m.batch, math, autocast);
-    if (torch_s > 0) {
-      std::printf("  PyTorch (%s): median step %s; regen / PyTorch = %.2f\n", f.torch_csv.c_str(),
-                  format_ms(torch_s * 1000).c_str(), med / 1000 / torch_s);
-    } else {
-      std::printf("  PyTorch: %s has no eager %s row (autocast %s) for %s batch %lld\n",
-                  f.torch_csv.c_str(), math.c_str(), autocast.c_str(), c.name.c_str(),
-                  static_cast<long long>(f.m.batch));
-    }
+    std::printf("  PyTorch (%s): median step %s; regen / PyTorch = %.2f\n", f.torch_csv.c_str(),
+                format_ms(torch_s * 1000).c_str(), med / 1000 / torch_s);
   } else {
     const std::string peer = torch_baseline_command(f, c, s->device, threads, math, autocast);
     if (!peer.empty()) {
