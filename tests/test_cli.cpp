@@ -847,6 +847,19 @@ TEST_CASE("cli: bench train prints what it measured and writes --json atomically
                                    "--warmup", "0", "--steps", "1", "--torch-csv", csv});
   CHECK(c.status == 0);
   CHECK(has(c.out, "regen / PyTorch = "));
+  // As tools/torch_baseline.py writes it: Python's csv rows end in "\r\n", after the autocast
+  // column.
+  const std::string crlf = dir.file("torch_crlf.csv");
+  write_file_atomic(
+      crlf,
+      "model,batch,mode,math,step_s,peak_bytes,peak_kind,live_before_bytes,"
+      "base_bytes,step_min_s,step_cpu_s,memory_budget,error,autocast\r\n"
+      "transformer-tiny,2,eager,fp32,0.002000,1,heap_peak,1,1,0.002,0.004,,,none\r\n");
+  const Result cr = regen_run(dir, {"bench", "train", "--model", "transformer-tiny", "--batch", "2",
+                                    "--warmup", "0", "--steps", "1", "--torch-csv", crlf});
+  CAPTURE(cr.err);
+  CHECK(cr.status == 0);
+  CHECK(has(cr.out, "median step 2.000 ms; regen / PyTorch = "));
   // A file without this run's row, or with a step that is not a number, is refused before any
   // step runs.
   const Result other = regen_run(dir, {"bench", "train", "--model", "transformer-tiny", "--batch",

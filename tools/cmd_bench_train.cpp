@@ -103,10 +103,16 @@ double torch_step_seconds(const std::string& path, const std::string& model, int
                           const std::string& math, const std::string& autocast) {
   std::istringstream in(read_file(path));
   std::string line;
-  std::getline(in, line);
+  // Python's csv module ends its rows with "\r\n": the '\r' is not part of the last cell.
+  auto next_line = [&] {
+    if (!std::getline(in, line)) return false;
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    return true;
+  };
+  next_line();
   REGEN_CHECK(line.rfind("model,batch,mode,math,step_s", 0) == 0, "--torch-csv ", path,
               ": expected the header of tools/torch_baseline.py --csv, got '", line, "'");
-  while (std::getline(in, line)) {
+  while (next_line()) {
     std::vector<std::string> cells;
     std::istringstream row(line);
     std::string cell;
