@@ -333,6 +333,17 @@ bool is_pointwise(const ConvShape& s) {
   return s.R == 1 && s.S == 1 && s.stride_h == 1 && s.stride_w == 1 && s.pad_h == 0 && s.pad_w == 0;
 }
 
+// Calls f with the source of x's unfolded matrix (C R S, N P Q), columns from `base` on: for a
+// pointwise convolution the planes of x themselves (that matrix is x), else the unfolding.
+template <class T, class F>
+void with_unfolded(const T* x, const ConvShape& s, int64_t base, F&& f) {
+  if (is_pointwise(s)) {
+    f(PlaneSource<T>{x, s.C, s.P * s.Q, base});
+  } else {
+    f(ColSource<T>{x, s, base});
+  }
+}
+
 // ---- 16-bit operands --------------------------------------------------------------------------
 // Packers of f32 panels from 16-bit sources: P packs the panel in E (the layout an f32 packer
 // would write, zero padding included), then it is widened in place into the f32 panel. The copy
@@ -487,12 +498,10 @@ void forward_lowp(const E* x, const E* w, const E* bias, E* y, const ConvShape& 
   const ARows<E, ViewSource<E>> a{{w, crs}};
   for (int64_t n0 = 0; n0 < s.N; n0 += images) {
     const int64_t ng = std::min(images, s.N - n0);
-    auto run = [&](const auto& b) { gemm_16<E>(s.K, ng * pq, crs, a, b, {acc, pq, pq, kpq}); };
-    if (is_pointwise(s)) {
-      run(BRows<E, PlaneSource<E>>{{x, s.C, pq, n0 * pq}});
-    } else {
-      run(BRows<E, ColSource<E>>{{x, s, n0 * pq}});
-    }
+    with_unfolded(x, s, n0 * pq, [&](const auto& src) {
+      const BRows<E, std::decay_t<decltype(src)>> b{src};
+      gemm_16<E>(s.K, ng * pq, crs, a, b, {acc, pq, pq, kpq});
+    });
     if (!dry_run_active()) store_planes(acc, y + n0 * kpq, ng * s.K, s.K, pq, bias);
   }
 }
@@ -594,14 +603,10 @@ void backward_filter_lowp(const E* x, const E* dy, E* dw, E* dbias, const ConvSh
   Workspace ws(Device::cpu(), static_cast<uint64_t>(s.K * crs) * sizeof(float));
   float* acc = ws.as<float>();  // (K, CRS)
   const ARows<E, PlaneSource<E>> a{{dy, s.K, pq, 0}};
-  auto run = [&](const auto& b) {
+  with_unfolded(x, s, 0, [&](const auto& src) {
+    const BCols<E, std::decay_t<decltype(src)>> b{src};
     gemm_16<E>(s.K, crs, s.N * pq, a, b, {acc, crs, std::numeric_limits<int64_t>::max(), 0});
-  };
-  if (is_pointwise(s)) {
-    run(BCols<E, PlaneSource<E>>{{x, s.C, pq, 0}});
-  } else {
-    run(BCols<E, ColSource<E>>{{x, s, 0}});
-  }
+  });
   if (!dry_run_active()) store_planes<E>(acc, dw, s.K, s.K, crs, nullptr);
 }
 
@@ -612,14 +617,10 @@ void conv2d_forward_wide(const T* x, const T* w, const T* bias, T* y, const Conv
   }
   const int64_t crs = s.C * s.R * s.S, pq = s.P * s.Q;
   const ARows<T, ViewSource<T>> a{{w, crs}};
-  auto run = [&](const auto& b) {
+  with_unfolded(x, s, 0, [&](const auto& src) {
+    const BRows<T, std::decay_t<decltype(src)>> b{src};
     packed::gemm<T>(s.K, s.N * pq, crs, a, b, bias, false, {y, pq, pq, s.K * pq});
-  };
-  if (is_pointwise(s)) {  // the unfolded input is x itself
-    run(BRows<T, PlaneSource<T>>{{x, s.C, pq, 0}});
-  } else {
-    run(BRows<T, ColSource<T>>{{x, s, 0}});
-  }
+  });
 }
 
 template <class T>
@@ -709,15 +710,11 @@ void conv2d_backward_filter_wide(const T* x, const T* dy, T* dw, T* dbias, const
     if (dw && winograd::applies(s)) return winograd::backward_filter<T>(x, dy, dw, s);
   }
   const ARows<T, PlaneSource<T>> a{{dy, s.K, pq, 0}};
-  auto run = [&](const auto& b) {
+  with_unfolded(x, s, 0, [&](const auto& src) {
+    const BCols<T, std::decay_t<decltype(src)>> b{src};
     packed::gemm<T>(s.K, crs, s.N * pq, a, b, nullptr, false,
                     {dw, crs, std::numeric_limits<int64_t>::max(), 0});
-  };
-  if (is_pointwise(s)) {
-    run(BCols<T, PlaneSource<T>>{{x, s.C, pq, 0}});
-  } else {
-    run(BCols<T, ColSource<T>>{{x, s, 0}});
-  }
+  });
 }
 
 }  // namespace
