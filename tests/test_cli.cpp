@@ -867,15 +867,16 @@ TEST_CASE("cli: bench train prints what it measured and writes --json atomically
   CHECK(other.status == 1);
   CHECK(has(other.err, "has no eager fp32 row (autocast none) for transformer-tiny batch 3"));
   CHECK_FALSE(has(other.out, "step time"));
+  // Decimal only, as every number flag: strtod alone would read "0x1p-9" as 2 ms.
   const std::string bad = dir.file("bad.csv");
-  write_file_atomic(bad,
-                    "model,batch,mode,math,step_s,peak_bytes,error\n"
-                    "transformer-tiny,2,eager,fp32,fast,,\n");
-  expect_failure(dir,
-                 {"bench", "train", "--model", "transformer-tiny", "--batch", "2", "--warmup", "0",
-                  "--steps", "1", "--torch-csv", bad},
-                 {"--torch-csv", "bad.csv", "'transformer-tiny,2,eager,fp32,fast,,'",
-                  "not a positive number of seconds"});
+  for (const std::string step : {"fast", "0x1p-9"}) {
+    const std::string row = "transformer-tiny,2,eager,fp32," + step + ",,";
+    write_file_atomic(bad, "model,batch,mode,math,step_s,peak_bytes,error\n" + row + "\n");
+    expect_failure(dir,
+                   {"bench", "train", "--model", "transformer-tiny", "--batch", "2", "--warmup",
+                    "0", "--steps", "1", "--torch-csv", bad},
+                   {"--torch-csv", "bad.csv", "'" + row + "'", "not a positive number of seconds"});
+  }
   expect_failure(dir, {"bench", "train", "--json", dir.file("no/dir.json")}, {"--json"});
 
   // For a preset tools/torch_baseline.py knows, the command that measures PyTorch alike.

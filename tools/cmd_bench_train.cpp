@@ -124,11 +124,10 @@ double torch_step_seconds(const std::string& path, const std::string& model, int
     // The autocast column (14th; files written before it trained without autocast).
     const std::string ac = cells.size() > 13 && !cells[13].empty() ? cells[13] : "none";
     if (ac != autocast) continue;
-    char* end = nullptr;
-    const double step_s = std::strtod(cells[4].c_str(), &end);
-    REGEN_CHECK(end == cells[4].c_str() + cells[4].size() && std::isfinite(step_s) && step_s > 0,
-                "--torch-csv ", path, ": the step_s of the row '", line,
-                "' is not a positive number of seconds");
+    const double step_s =
+        decimal_number_text(cells[4]) ? std::strtod(cells[4].c_str(), nullptr) : 0.0;
+    REGEN_CHECK(std::isfinite(step_s) && step_s > 0, "--torch-csv ", path,
+                ": the step_s of the row '", line, "' is not a positive number of seconds");
     return step_s;
   }
   return 0;

@@ -69,9 +69,22 @@ CLI::Validator integer_validator(int64_t lo, uint64_t hi, const std::string& req
       description);
 }
 
-// Decimal number text: [+-] digits [. digits] [e|E [+-] digits], or the words inf, infinity and
-// nan (which the range checks then refuse by name). strtod alone would also read hexadecimal
-// ("0x10" as 16, "0x1p3" as 8).
+CLI::Validator number_validator(double lo, double hi, const std::string& requirement,
+                                const std::string& description) {
+  return CLI::Validator(
+      [lo, hi, requirement](const std::string& s) -> std::string {
+        if (!decimal_number_text(s)) {
+          return "must be " + requirement + ", got '" + s + "' (not a number)";
+        }
+        const double v = std::strtod(s.c_str(), nullptr);
+        if (!std::isfinite(v) || v < lo || v > hi) return "must be " + requirement + ", got " + s;
+        return "";
+      },
+      description);
+}
+
+}  // namespace
+
 bool decimal_number_text(const std::string& s) {
   size_t i = 0;
   if (i < s.size() && (s[i] == '+' || s[i] == '-')) ++i;
@@ -94,22 +107,6 @@ bool decimal_number_text(const std::string& s) {
   }
   return i == s.size();
 }
-
-CLI::Validator number_validator(double lo, double hi, const std::string& requirement,
-                                const std::string& description) {
-  return CLI::Validator(
-      [lo, hi, requirement](const std::string& s) -> std::string {
-        if (!decimal_number_text(s)) {
-          return "must be " + requirement + ", got '" + s + "' (not a number)";
-        }
-        const double v = std::strtod(s.c_str(), nullptr);
-        if (!std::isfinite(v) || v < lo || v > hi) return "must be " + requirement + ", got " + s;
-        return "";
-      },
-      description);
-}
-
-}  // namespace
 
 CLI::Validator positive_integer(int64_t max) {
   return integer_validator(1, static_cast<uint64_t>(max), "a positive integer", "POSITIVE");

@@ -31,6 +31,10 @@ CLI::Validator non_negative_integer(uint64_t max = std::numeric_limits<int64_t>:
 CLI::Validator integer_in(int64_t lo, int64_t hi);
 CLI::Validator non_negative_number();  // finite and >= 0
 CLI::Validator number_in(double lo, double hi);
+// Decimal number text: [+-] digits [. digits] [e|E [+-] digits], or the words inf, infinity and
+// nan (which the range checks then refuse by name). strtod alone would also read hexadecimal
+// ("0x10" as 16, "0x1p3" as 8).
+bool decimal_number_text(const std::string& s);
 // A value in a range the library sets (SessionOptions::range, ModelOption::range), with its words.
 CLI::Validator in_range(const OptionRange& range);
 // Budget text the library accepts (parse_budget_option): not empty, and Budget::parse reads it.
