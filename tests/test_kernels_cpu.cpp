@@ -469,35 +469,47 @@ TEST_CASE(
 }
 
 namespace {
-// dst[k * stride + i] = src[i * ld + k] (at k ^ 1 with swap_pairs) for i < n, 0 for n <= i < width,
-// and nothing else of dst written, against the loop that says so.
-template <class T>
+// dst[k * stride + i] = src[i * ld + k] (at k ^ 1 with swap_pairs) for i < n and k < have, 0 for
+// n <= i < width and for have <= k, and nothing else of dst written, against the loop that says
+// so. A 16-bit source S packs f32 (T): its values are every kind of bit pattern (NaN payloads,
+// infinities, subnormals), each expected widened as core/half.h widens it.
+template <class S, class T = S>
 void check_panel_transpose(int64_t n, int64_t kc, int64_t ld, int64_t stride, int64_t width,
-                           bool swap_pairs) {
-  std::vector<T> src(static_cast<size_t>(std::max<int64_t>(1, n * ld)));
-  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<T>(i % 1009) + T(0.25);
+                           bool swap_pairs, int64_t have = std::numeric_limits<int64_t>::max()) {
+  std::vector<S> src(static_cast<size_t>(std::max<int64_t>(1, n * ld)));
+  for (size_t i = 0; i < src.size(); ++i) {
+    if constexpr (std::is_same_v<S, T>) {
+      src[i] = static_cast<T>(i % 1009) + T(0.25);
+    } else {
+      src[i] = S::from_bits(static_cast<uint16_t>(i * 40503u + (i >> 3) * 977u));
+    }
+  }
   const T sentinel = T(-7);
   std::vector<T> dst(static_cast<size_t>(kc * stride + 1), sentinel), want(dst);
   for (int64_t k = 0; k < kc; ++k) {
     const int64_t row = swap_pairs ? k ^ 1 : k;
     for (int64_t i = 0; i < width; ++i) {
       want[static_cast<size_t>(row * stride + i)] =
-          i < n ? src[static_cast<size_t>(i * ld + k)] : T(0);
+          i < n && k < have ? static_cast<T>(src[static_cast<size_t>(i * ld + k)]) : T(0);
     }
   }
-  cpu::packed::transpose_into_panel(src.data(), ld, n, kc, dst.data(), stride, width, swap_pairs);
+  cpu::packed::transpose_into_panel(src.data(), ld, n, kc, dst.data(), stride, width, swap_pairs,
+                                    have);
   int64_t bad = 0;
   for (size_t i = 0; i < dst.size(); ++i) bad += std::memcmp(&dst[i], &want[i], sizeof(T)) != 0;
-  const char* type = std::is_same_v<T, uint32_t> ? "u32" : type_name<T>();
+  const char* type = std::is_same_v<S, uint32_t>   ? "u32"
+                     : std::is_same_v<S, bfloat16> ? "bf16"
+                     : std::is_same_v<S, float16>  ? "f16"
+                                                   : type_name<T>();
   CHECK_MESSAGE(bad == 0, "panel transpose<", type, "> n=", n, " kc=", kc, " ld=", ld,
-                " stride=", stride, " width=", width, (swap_pairs ? " swapped" : ""), ": ", bad,
-                " elements wrong");
+                " stride=", stride, " width=", width, (swap_pairs ? " swapped" : ""),
+                " have=", std::min(have, kc), ": ", bad, " elements wrong");
 }
 }  // namespace
 
 TEST_CASE(
     "panel transpose: whole and partial 8 x 8 blocks, strides, zero columns, swapped pairs, "
-    "words") {
+    "words, 16-bit rows widened, depths cut short") {
   // {n, kc, ld, stride, width}: A panels (stride = width = kMR), B panels (stride = width = w),
   // depths that end inside a block, sources wider than the depth copied.
   const int64_t cases[][5] = {
@@ -510,6 +522,13 @@ TEST_CASE(
       check_panel_transpose<float>(c[0], c[1], c[2], c[3], c[4], swap);
       check_panel_transpose<double>(c[0], c[1], c[2], c[3], c[4], swap);
       check_panel_transpose<uint32_t>(c[0], c[1], c[2], c[3], c[4], swap);  // bf16 pair words
+      // The widening sources' 16-bit rows, whole and ending inside the block (an odd depth's
+      // last pair, a block past the operand's depth).
+      for (const int64_t have : {c[1], c[1] - 1, c[1] / 2 + 3, int64_t{0}}) {
+        check_panel_transpose<bfloat16, float>(c[0], c[1], c[2], c[3], c[4], swap, have);
+        check_panel_transpose<float16, float>(c[0], c[1], c[2], c[3], c[4], swap, have);
+        check_panel_transpose<float>(c[0], c[1], c[2], c[3], c[4], swap, have);
+      }
     }
   }
 }

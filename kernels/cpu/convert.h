@@ -100,6 +100,31 @@ inline void narrow_span(const float* x, bfloat16* y, int64_t n) {
   for (; i < n; ++i) y[i].bits = half::to_bf16(x[i]);
 }
 
+// Eight 16-bit values at x widened into one 256-bit vector, as widen_span does them (so, bit for
+// bit, half.h's): the vector loops of widen_span, and the panel transposes that widen as they read
+// (kernels/cpu/panel_transpose.h).
+#ifdef __AVX2__
+inline __m256 widen8(const bfloat16* x) {
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+#endif
+#if defined(__AVX2__) && defined(__F16C__)
+inline __m256 widen8(const float16* x) {
+  const __m256i abs_mask = _mm256_set1_epi32(0x7fff), inf = _mm256_set1_epi32(0x7c00);
+  const __m256i sign = _mm256_set1_epi32(0x8000), mant = _mm256_set1_epi32(0x3ff);
+  const __m256i exp = _mm256_set1_epi32(0x7f800000);
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x));
+  const __m256i r = _mm256_castps_si256(_mm256_cvtph_ps(h));
+  const __m256i w = _mm256_cvtepu16_epi32(h);
+  const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(w, abs_mask), inf);
+  const __m256i as_is =
+      _mm256_or_si256(_mm256_or_si256(_mm256_slli_epi32(_mm256_and_si256(w, sign), 16), exp),
+                      _mm256_slli_epi32(_mm256_and_si256(w, mant), 13));
+  return _mm256_castsi256_ps(_mm256_blendv_epi8(r, as_is, nan));
+}
+#endif
+
 inline void widen_span(const bfloat16* x, float* y, int64_t n) {
   int64_t i = 0;
 #ifdef __AVX512F__
@@ -109,11 +134,7 @@ inline void widen_span(const bfloat16* x, float* y, int64_t n) {
   }
 #endif
 #ifdef __AVX2__
-  for (; i + 8 <= n; i += 8) {
-    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x + i));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + i),
-                        _mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-  }
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, widen8(x + i));
 #endif
   for (; i < n; ++i) y[i] = half::from_bf16(x[i].bits);
 }
@@ -158,21 +179,7 @@ inline void widen_span(const float16* x, float* y, int64_t n) {
   }
 #endif
 #if defined(__AVX2__) && defined(__F16C__)
-  {
-    const __m256i abs_mask = _mm256_set1_epi32(0x7fff), inf = _mm256_set1_epi32(0x7c00);
-    const __m256i sign = _mm256_set1_epi32(0x8000), mant = _mm256_set1_epi32(0x3ff);
-    const __m256i exp = _mm256_set1_epi32(0x7f800000);
-    for (; i + 8 <= n; i += 8) {
-      const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x + i));
-      const __m256i r = _mm256_castps_si256(_mm256_cvtph_ps(h));
-      const __m256i w = _mm256_cvtepu16_epi32(h);
-      const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(w, abs_mask), inf);
-      const __m256i as_is =
-          _mm256_or_si256(_mm256_or_si256(_mm256_slli_epi32(_mm256_and_si256(w, sign), 16), exp),
-                          _mm256_slli_epi32(_mm256_and_si256(w, mant), 13));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + i), _mm256_blendv_epi8(r, as_is, nan));
-    }
-  }
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, widen8(x + i));
 #endif
   for (; i < n; ++i) y[i] = half::from_fp16(x[i].bits);
 }

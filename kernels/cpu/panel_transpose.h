@@ -9,35 +9,76 @@
 // Only copies: the panel's values, and so the GEMM's bits, are the scalar loop's; T = uint32_t
 // moves the bf16 pair tile's words (PairWordsA/B) the same way. `swap_pairs` stores depth k at
 // k ^ 1 (kc even), the order gemm_lowp's swapped panels need (both in
-// kernels/cpu/widening_sources.h). Tests: tests/test_kernels_cpu.cpp ("panel transpose").
+// kernels/cpu/widening_sources.h). A bf16 or f16 source packs into f32 panels, each value widened
+// as it is loaded (kernels/cpu/convert.h's widen8, the bits of widen_span), so the 16-bit rows
+// need no f32 copy first; depths from `have` on (a 16-bit operand's end inside a swapped depth
+// block) are zeros. Tests: tests/test_kernels_cpu.cpp ("panel transpose").
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <type_traits>
 #if defined(__AVX2__) || defined(__AVX512F__)
 #include <immintrin.h>
 #endif
 
+#include "regen/kernels/cpu/convert.h"
+
 namespace regen::cpu::packed {
 
-template <class T>
-void transpose_into_panel(const T* src, int64_t ld, int64_t n, int64_t kc, T* dst, int64_t stride,
-                          int64_t width, bool swap_pairs = false) {
+namespace detail {
+
+// Whether this build has the 8 x 8 block path for source S into panel T.
+template <class S, class T>
+constexpr bool vector_transpose() {
+#if defined(__AVX2__) || defined(__AVX512F__)
+  if constexpr (std::is_same_v<S, T>)
+    return std::is_same_v<T, float> || std::is_same_v<T, uint32_t>;
+#endif
+#if defined(__AVX2__)
+  if constexpr (std::is_same_v<S, bfloat16>) return std::is_same_v<T, float>;
+#endif
+#if defined(__AVX2__) && defined(__F16C__)
+  if constexpr (std::is_same_v<S, float16>) return std::is_same_v<T, float>;
+#endif
+  return false;
+}
+
+// One source row's 8 depths as a vector of 32-bit lanes.
+#if defined(__AVX2__) || defined(__AVX512F__)
+template <class S>
+inline __m256 load_row8(const S* p) {
+  if constexpr (std::is_same_v<S, float> || std::is_same_v<S, uint32_t>) {
+    // 32-bit words move through the float registers bit for bit (no arithmetic).
+    return _mm256_loadu_ps(reinterpret_cast<const float*>(p));
+  } else {
+    return convert::widen8(p);
+  }
+}
+#endif
+
+}  // namespace detail
+
+template <class S, class T>
+void transpose_into_panel(const S* src, int64_t ld, int64_t n, int64_t kc, T* dst, int64_t stride,
+                          int64_t width, bool swap_pairs = false,
+                          int64_t have = std::numeric_limits<int64_t>::max()) {
+  static_assert(std::is_same_v<S, T> || std::is_same_v<T, float>, "16-bit sources pack f32");
   const int64_t flip = swap_pairs ? 1 : 0;
+  have = std::min(have, kc);
   int64_t i0 = 0;
 #if defined(__AVX2__) || defined(__AVX512F__)
-  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, uint32_t>) {
-    const int64_t k_blocks = kc / 8 * 8;
+  if constexpr (detail::vector_transpose<S, T>()) {
+    const int64_t k_blocks = have > 0 ? have / 8 * 8 : 0;
     for (; i0 + 8 <= n; i0 += 8) {
       for (int64_t k0 = 0; k0 < k_blocks; k0 += 8) {
-        // 32-bit words move through the float registers bit for bit (no arithmetic).
-        const float* s = reinterpret_cast<const float*>(src + i0 * ld + k0);
+        const S* s = src + i0 * ld + k0;
         // Rows r0..r7 of the source block, each 8 depths.
-        const __m256 r0 = _mm256_loadu_ps(s), r1 = _mm256_loadu_ps(s + ld);
-        const __m256 r2 = _mm256_loadu_ps(s + 2 * ld), r3 = _mm256_loadu_ps(s + 3 * ld);
-        const __m256 r4 = _mm256_loadu_ps(s + 4 * ld), r5 = _mm256_loadu_ps(s + 5 * ld);
-        const __m256 r6 = _mm256_loadu_ps(s + 6 * ld), r7 = _mm256_loadu_ps(s + 7 * ld);
+        const __m256 r0 = detail::load_row8(s), r1 = detail::load_row8(s + ld);
+        const __m256 r2 = detail::load_row8(s + 2 * ld), r3 = detail::load_row8(s + 3 * ld);
+        const __m256 r4 = detail::load_row8(s + 4 * ld), r5 = detail::load_row8(s + 5 * ld);
+        const __m256 r6 = detail::load_row8(s + 6 * ld), r7 = detail::load_row8(s + 7 * ld);
         // Pairs of rows interleaved, then quads, then the 128-bit halves exchanged: column k of
         // the block ends in register k.
         const __m256 a0 = _mm256_unpacklo_ps(r0, r1), a1 = _mm256_unpackhi_ps(r0, r1);
@@ -59,14 +100,15 @@ void transpose_into_panel(const T* src, int64_t ld, int64_t n, int64_t kc, T* ds
       }
       for (int64_t k = k_blocks; k < kc; ++k) {
         T* d = dst + (k ^ flip) * stride + i0;
-        for (int64_t i = 0; i < 8; ++i) d[i] = src[(i0 + i) * ld + k];
+        for (int64_t i = 0; i < 8; ++i)
+          d[i] = k < have ? static_cast<T>(src[(i0 + i) * ld + k]) : T(0);
       }
     }
   }
 #endif
   for (int64_t k = 0; k < kc; ++k) {
     T* d = dst + (k ^ flip) * stride;
-    for (int64_t i = i0; i < n; ++i) d[i] = src[i * ld + k];
+    for (int64_t i = i0; i < n; ++i) d[i] = k < have ? static_cast<T>(src[i * ld + k]) : T(0);
     std::fill(d + n, d + width, T(0));
   }
 }

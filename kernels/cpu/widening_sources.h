@@ -56,16 +56,9 @@ struct WideningA {
       }
       return;
     }
-    // Each row's depth is contiguous: f32 rows are transposed into the panel straight from the
-    // source; 16-bit rows are widened into a buffer that stays in L1 first.
-    if constexpr (std::is_same_v<E, float>) {
-      transpose_into_panel(p + m0 * ld + k0, ld, rows, kc, dst, kMR, kMR);
-      return;
-    }
-    float rows_buf[kMR * kKC];
-    for (int64_t i = 0; i < rows; ++i)
-      convert::widen_span(p + (m0 + i) * ld + k0, rows_buf + i * kc, kc);
-    transpose_into_panel(rows_buf, kc, rows, kc, dst, kMR, kMR);
+    // Each row's depth is contiguous: transposed into the panel straight from the source, 16-bit
+    // values widened as they are loaded.
+    transpose_into_panel(p + m0 * ld + k0, ld, rows, kc, dst, kMR, kMR);
   }
   void pack_swapped(int64_t m0, int64_t rows, int64_t k0, int64_t kc, float* dst) const {
     const int64_t have = std::max<int64_t>(0, std::min(kc, depth - k0));  // depth left, <= kc
@@ -76,10 +69,7 @@ struct WideningA {
       }
       return;
     }
-    float rows_buf[kMR * kKC];
-    for (int64_t i = 0; i < rows; ++i)
-      widen_or_zero(p + (m0 + i) * ld + k0, rows_buf + i * kc, have, kc);
-    transpose_into_panel(rows_buf, kc, rows, kc, dst, kMR, kMR, /*swap_pairs=*/true);
+    transpose_into_panel(p + m0 * ld + k0, ld, rows, kc, dst, kMR, kMR, /*swap_pairs=*/true, have);
   }
 };
 
@@ -107,15 +97,8 @@ struct WideningB {
       }
       return;
     }
-    // As WideningA's rows: f32 straight from the source, 16 bits widened into a buffer first.
-    if constexpr (std::is_same_v<E, float>) {
-      transpose_into_panel(p + j0 * ld + k0, ld, cols, kc, dst, w, w);
-      return;
-    }
-    float cols_buf[kNR<float> * kKC];
-    for (int64_t j = 0; j < cols; ++j)
-      convert::widen_span(p + (j0 + j) * ld + k0, cols_buf + j * kc, kc);
-    transpose_into_panel(cols_buf, kc, cols, kc, dst, w, w);
+    // As WideningA's rows: straight from the source, widened as they are loaded.
+    transpose_into_panel(p + j0 * ld + k0, ld, cols, kc, dst, w, w);
   }
   void pack_swapped(int64_t k0, int64_t kc, int64_t j0, int64_t cols, int64_t w, float* dst) const {
     const int64_t have = std::max<int64_t>(0, std::min(kc, depth - k0));
@@ -126,10 +109,7 @@ struct WideningB {
       }
       return;
     }
-    float cols_buf[kNR<float> * kKC];
-    for (int64_t j = 0; j < cols; ++j)
-      widen_or_zero(p + (j0 + j) * ld + k0, cols_buf + j * kc, have, kc);
-    transpose_into_panel(cols_buf, kc, cols, kc, dst, w, w, /*swap_pairs=*/true);
+    transpose_into_panel(p + j0 * ld + k0, ld, cols, kc, dst, w, w, /*swap_pairs=*/true, have);
   }
 };
 
