@@ -463,6 +463,22 @@ TEST_CASE("dtr: a plan survives plan.json, and what DTR cannot run with is refus
   CHECK(loaded.predicted.peak_reserved == plan.predicted.peak_reserved);
   CHECK(loaded.predicted.evictions == plan.predicted.evictions);
   CHECK(loaded.predicted.replays == plan.predicted.replays);
+  // A plan written as not fitting (no limit: its step runs, above the budget) stays that way when
+  // read back, so --plan refuses it as --policy does, for either policy.
+  for (const char* policy : {"dtr", "dtr-coop"}) {
+    CAPTURE(policy);
+    const Plan low = make_plan(sim, policy, Budget::parse("1KiB"), PlanOptions{});
+    REQUIRE(!low.feasible);
+    CHECK(low.limit == 0);
+    const std::string low_path = "test_dtr_low_" + std::to_string(::getpid()) + ".json";
+    save_plan(low, profile, low_path);
+    Plan back = load_plan(low_path, profile);
+    std::remove(low_path.c_str());
+    judge_loaded_plan(sim, back);
+    CHECK(!back.feasible);
+    CHECK(back.predicted.peak_reserved > back.budget_bytes);
+    CHECK(back.note.find("above the budget 1.00 KiB (the plan sets no limit") != std::string::npos);
+  }
   // A DTR plan edited to recompute something is not a DTR plan.
   Plan edited = plan;
   for (size_t s = 0; s < profile.saved.size(); ++s) {

@@ -749,10 +749,18 @@ void judge_dtr_plan(const Simulator& sim, Plan& plan) {
               "': a DTR plan has no explicit regenerations");
   DtrStats st;
   plan.predicted = simulate_dtr(sim, *d, plan.limit, {}, &st);
-  plan.feasible = !plan.predicted.oom;
+  // As when the plan was made (runs): the step runs under the plan's limit and within its budget.
+  // A plan written as not fitting has no limit (limit 0): its step runs, above the budget.
+  plan.feasible = runs(DtrRun{plan.predicted, st}, plan.budget_bytes);
   plan.no_remat_peak = no_remat_peak_of(sim, plan.budget_of);
   plan.lower_bound = memory_lower_bound(sim.profile());
   plan.note = dtr_note(st, *d);
+  if (!plan.predicted.oom && !plan.feasible) {
+    plan.note += "; the step reserves " + format_bytes(plan.predicted.peak_reserved) +
+                 ", above the budget " + format_bytes(plan.budget_bytes) +
+                 (plan.limit == 0 ? " (the plan sets no limit: it was written as not fitting)"
+                                  : std::string());
+  }
 }
 
 Plan lowest_dtr_plan(const Simulator& sim, const PlanOptions& options, const DtrOptions& d) {
