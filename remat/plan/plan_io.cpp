@@ -90,6 +90,11 @@ Plan load_plan(const std::string& path, const Profile& p) {
     REGEN_FAIL(origin, ": not valid JSON: ", json_error_text(e));
   }
   Plan plan;
+  // A count read as a JSON integer (nlohmann would truncate 2.5 and wrap 1e300 or -1).
+  const auto integer = [&](const nlohmann::json& v, const std::string& what) {
+    REGEN_CHECK(v.is_number_integer(), origin, ": ", what, " must be an integer, got ", v.dump());
+    return v.get<int64_t>();
+  };
   try {
     REGEN_CHECK(j.is_object() && j.value("format", "") == "regen-plan-1", origin,
                 ": not a regen plan (expected \"format\": \"regen-plan-1\")");
@@ -107,11 +112,11 @@ Plan load_plan(const std::string& path, const Profile& p) {
     plan.policy = j.at("policy").get<std::string>();
     REGEN_CHECK(!plan.policy.empty(), origin, ": \"policy\" is empty");
     plan.budget_text = j.at("budget").get<std::string>();
-    plan.budget_bytes = j.at("budget_bytes").get<int64_t>();
+    plan.budget_bytes = integer(j.at("budget_bytes"), "budget_bytes");
     REGEN_CHECK(plan.budget_bytes >= 0, origin, ": budget_bytes is negative");
     // Plans written before budgets bounded reserved bytes bound allocated bytes.
     plan.budget_of = parse_budget_of(j.value("budget_of", std::string("allocated")));
-    plan.limit = j.value("limit", int64_t{0});
+    plan.limit = j.contains("limit") ? integer(j.at("limit"), "limit") : 0;
     REGEN_CHECK(plan.limit >= 0, origin, ": limit is negative");
     const std::string layout = j.value("layout", std::string("caching"));
     REGEN_CHECK(layout == "planned" || layout == "caching", origin, ": \"layout\" is '", layout,
@@ -124,8 +129,12 @@ Plan load_plan(const std::string& path, const Profile& p) {
     REGEN_CHECK(d.is_array() && d.size() == p.saved.size(), origin, ": has ", d.size(),
                 " decisions, the profile has ", p.saved.size(), " saved tensors");
     for (const auto& e : d) {
-      const size_t i = e.at("saved").get<size_t>();
-      REGEN_CHECK(i < p.saved.size() && e.at("name").get<std::string>() == p.saved[i].name, origin,
+      const int64_t at = integer(e.at("saved"), "a decision's \"saved\"");
+      REGEN_CHECK(at >= 0 && static_cast<size_t>(at) < p.saved.size(), origin,
+                  ": a decision names saved tensor ", at, ", not one of the profile's 0 to ",
+                  p.saved.size() - 1);
+      const size_t i = static_cast<size_t>(at);
+      REGEN_CHECK(e.at("name").get<std::string>() == p.saved[i].name, origin,
                   ": decision for saved tensor ", i, " names '", e.at("name").get<std::string>(),
                   "', which does not match the profile");
       const std::string v = e.at("decision").get<std::string>();

@@ -256,6 +256,11 @@ Profile parse_profile_json(const std::string& text, const std::string& origin) {
     REGEN_CHECK(j.is_object() && j.value("format", "") == "regen-profile-1", origin,
                 ": not a regen profile (expected \"format\": \"regen-profile-1\")");
     p.model = j.at("model").get<std::string>();
+    // Counts are JSON integers: nlohmann would truncate 2.5 to 2 and wrap 1e30.
+    for (const char* key : {"batch", "threads", "iterations"}) {
+      REGEN_CHECK(j.at(key).is_number_integer(), origin, ": \"", key, "\" must be an integer, got ",
+                  j.at(key).dump());
+    }
     p.batch = j.at("batch").get<int64_t>();
     p.device = j.at("device").get<std::string>();
     p.threads = j.at("threads").get<int>();
@@ -527,6 +532,19 @@ void validate_profile(const Profile& p, const std::string& origin) {
     REGEN_CHECK(mk.node >= -1 && mk.node < nn, origin, ": marker ", m, " names node ", mk.node);
   }
   REGEN_CHECK(p.batch > 0, origin, ": batch must be positive, got ", p.batch);
+  REGEN_CHECK(p.iterations >= 1, origin, ": iterations must be at least 1, got ", p.iterations);
+  try {
+    Device::parse(p.device);
+  } catch (const Error& e) {
+    REGEN_FAIL(origin, ": device '", p.device, "': ", e.message());
+  }
+  // A node saves tensors for its backward only: one that saves and is not in the backward order
+  // means an order cut short (the planner would see fewer readers than the step has).
+  for (int32_t i = 0; i < nn; ++i) {
+    REGEN_CHECK(p.nodes[static_cast<size_t>(i)].saved.empty() || in_backward[static_cast<size_t>(i)],
+                origin, ": node ", i, " saves tensors for its backward but is not in the backward "
+                "order");
+  }
 }
 
 NodeWindows node_windows(const Profile& p) {
