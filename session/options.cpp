@@ -160,6 +160,11 @@ void SessionOptions::validate() const {
                 given("lr_schedule", schedule), ", not to ", given("lr_schedule", lr_schedule),
                 ": drop it, or pass ", given("lr_schedule", schedule));
   };
+  // Cosine decays from lr to lr_min: a floor above the start would make it a rise.
+  REGEN_CHECK(lr_schedule != "cosine" || lr_min <= lr, given("lr_schedule", "cosine"),
+              " decays from ", option_setting("lr", number_text(lr), style), " to ",
+              option_setting("lr_min", number_text(lr_min), style),
+              ", which must not be above it: lower ", name("lr_min"), " or raise ", name("lr"));
   other_schedule("lr_step_size", lr_step_size != 0, "step");
   other_schedule("lr_gamma", lr_gamma != 0.1, "step");
   other_schedule("lr_min", lr_min != 0, "cosine");
@@ -198,6 +203,13 @@ void SessionOptions::validate() const {
   ModelConfig c = config ? *config : info.config;
   for (const auto& [key, value] : model_options) info.input.option(key)->set(c, value);
   check_data_spec(data, c, style);
+  // A held-out fraction is of a text file; other data holds out examples of its own, and the
+  // fraction would be ignored.
+  REGEN_CHECK(eval_split == 0 || data_split_by_holdout(data, c, style),
+              option_setting("eval_split", number_text(eval_split), style),
+              " holds out the end of a text file; this data has held-out examples of its own "
+              "(drop ",
+              name("eval_split"), ")");
   if (info.input.check) info.input.check(c, batch, style);
 }
 

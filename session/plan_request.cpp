@@ -62,6 +62,16 @@ void PlanRequest::validate(bool compress, bool given_plan) const {
   const std::string planners = join_names(remat_policy_names());
   REGEN_CHECK(!budget_given() || plans(), setting("budget", budget_text, style),
               " needs a rematerialization ", ask("policy"), " (", planners, ")");
+  // What only a planner reads is refused at anything but its default when none plans, as the
+  // Python module's train refuses it (a plan file carries its own).
+  const std::pair<const char*, std::pair<const std::string*, const char*>> planning[] = {
+      {"chain", {&chain, "auto"}}, {"budget_of", {&budget_of, "reserved"}}};
+  for (const auto& [key, value] : planning) {
+    REGEN_CHECK(
+        *value.first == value.second || plans(), setting(key, *value.first, style),
+        " applies to planning with a rematerialization ", ask("policy"),
+        given_plan ? std::string("; the plan file carries its own") : " (" + planners + ")");
+  }
   if (layout == "planned") {
     REGEN_CHECK(plans() || compress || given_plan, setting("layout", "planned", style),
                 " places the blocks of a rematerialization plan: give ", ask("policy"), " (one of ",

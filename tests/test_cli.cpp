@@ -1963,6 +1963,29 @@ TEST_CASE("cli: counts bounded, numbers decimal, ignored flags refused, each nam
       {"--schedule-steps applies to --lr-schedule cosine, not to --lr-schedule constant"});
   expect_failure(dir, tiny({"--steps", "3", "--warmup-steps", "5"}),
                  {"--warmup-steps 5 is more than --steps 3", "would never finish"});
+  expect_failure(dir, tiny({"--lr-schedule", "cosine", "--lr", "0.1", "--lr-min", "5"}),
+                 {"--lr-schedule cosine decays from --lr 0.1 to --lr-min 5, which must not be "
+                  "above it"});
+  // What only a planner reads, a profile read only to plan from, and how train evaluates, each
+  // given where nothing would read it.
+  expect_failure(dir, tiny({"--chain", "drop"}),
+                 {"--chain drop applies to planning with a rematerialization --policy"});
+  expect_failure(dir, tiny({"--budget-of", "allocated"}),
+                 {"--budget-of allocated applies to planning with a rematerialization --policy"});
+  expect_failure(dir, tiny({"--profile", dir.file("absent.json")}),
+                 {"--profile ", "absent.json is read to plan from: give --policy P"});
+  expect_failure(dir, tiny({"--eval-batches", "3"}),
+                 {"--eval-batches 3 sets how train evaluates", "only with --eval-every N"});
+  expect_failure(dir, tiny({"--eval-batch", "3"}),
+                 {"--eval-batch 3 sets how train evaluates", "only with --eval-every N"});
+  expect_failure(dir, tiny({"--eval-split", "0.5"}),
+                 {"--eval-split 0.5 holds out the end of a text file; this data has held-out "
+                  "examples of its own"});
+  // Byte counts past what 64 bits hold are named as such, not as not positive.
+  expect_failure(dir, tiny({"--policy", "dp", "--budget", "8388608TiB"}),
+                 {"'8388608TiB' is too large (at most 8 EiB)"});
+  expect_failure(dir, tiny({"--policy", "dp", "--budget", "1e1%"}),
+                 {"bad budget '1e1%': a percentage is written as decimal digits"});
   // A bad value is named before any combination of flags that involves it.
   expect_failure(dir, tiny({"--compress", "bf17", "--steps", "1"}),
                  {"--compress must be none, bf16 or fp16, got 'bf17'"});

@@ -730,6 +730,13 @@ void setup(CLI::App& app) {
     if (!f->plan.budget_text.empty()) f->plan.set_budget(f->plan.budget_text);
     // With --compress or --cuda-graph, policy none still plans (--layout planned applies).
     f->plan.validate(f->m.compress != "none" || f->m.cuda_graph != "off", !f->plan_file.empty());
+    // How to evaluate, given without --eval-every (train evaluates only with it), is ignored.
+    for (const auto& [flag, value] :
+         {std::pair<const char*, int64_t>{"--eval-batches", f->m.eval_batches},
+          {"--eval-batch", f->m.eval_batch}}) {
+      REGEN_CHECK(value == 0 || f->m.eval_every > 0, flag, " ", value,
+                  " sets how train evaluates, which it does only with --eval-every N");
+    }
     REGEN_CHECK(f->save_every == 0 || !f->save_state.empty(),
                 "--save-every needs --save-state FILE (where to write the state)");
     REGEN_CHECK(f->resume.empty() || f->load.empty(),
@@ -745,6 +752,10 @@ void setup(CLI::App& app) {
                 "planned layout)");
     const bool remat = f->plan.plans() || !f->plan_file.empty() || f->m.compress != "none" ||
                        (f->m.cuda_graph != "off" && f->plan.layout == "planned");
+    // A profile is read only to plan from: without a plan it would be ignored, unread.
+    REGEN_CHECK(f->profile_file.empty() || remat, "--profile ", f->profile_file,
+                " is read to plan from: give --policy P (or --plan FILE) with it; without one "
+                "the steps run without a plan and no profile is needed");
     REGEN_CHECK(
         !remat || !f->profile_file.empty() || f->steps > std::max<int64_t>(1, f->profile_steps),
         "--steps ", f->steps, " leaves no step to run under the plan after ",

@@ -22,6 +22,10 @@ LM = dict(name="transformer-tiny", batch=4, device="cpu")
     (dict(lr_schedule="cosine", warmup_steps=5, schedule_steps=5), "must be more than warmup_steps=5"),
     (dict(clip_grad_norm=-1.0), r"^clip_grad_norm=-1: must be a finite number >= 0"),
     (dict(eval_split=0.95), r"^eval_split=0.95: must be a number from 0 to 0.9"),
+    (dict(eval_split=0.5), r"^eval_split=0.5 holds out the end of a text file; this data has "
+                           r"held-out examples of its own"),
+    (dict(lr_schedule="cosine", schedule_steps=5, lr=0.1, lr_min=0.5),
+     r"^lr_schedule='cosine' decays from lr=0.1 to lr_min=0.5, which must not be above it"),
     (dict(warmup_steps="2"), r"^warmup_steps='2': must be an integer \(got a str\)"),
     (dict(grad_norm=1), r"^grad_norm=1: must be True or False"),
 ])
