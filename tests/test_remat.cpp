@@ -484,12 +484,15 @@ TEST_CASE("remat: malformed profile and plan files give clear errors") {
           o.erase(o.begin() + 1, o.end());
         }).find("saves tensors for its backward but is not in the backward order") !=
         std::string::npos);
-  CHECK(damaged([](nlohmann::json& j) { j["batch"] = 2.5; })
-            .find("\"batch\" must be an integer, got 2.5") != std::string::npos);
-  CHECK(damaged([](nlohmann::json& j) { j["batch"] = 1e30; })
-            .find("\"batch\" must be an integer, got 1e+30") != std::string::npos);
-  CHECK(damaged([](nlohmann::json& j) { j["iterations"] = 0; })
-            .find("iterations must be at least 1, got 0") != std::string::npos);
+  CHECK(damaged([](nlohmann::json& j) {
+          j["batch"] = 2.5;
+        }).find("\"batch\" must be an integer, got 2.5") != std::string::npos);
+  CHECK(damaged([](nlohmann::json& j) {
+          j["batch"] = 1e30;
+        }).find("\"batch\" must be an integer, got 1e+30") != std::string::npos);
+  CHECK(damaged([](nlohmann::json& j) {
+          j["iterations"] = 0;
+        }).find("iterations must be at least 1, got 0") != std::string::npos);
   CHECK(damaged([](nlohmann::json& j) { j["device"] = "tpu"; }).find("device 'tpu'") !=
         std::string::npos);
   // The derived fields are written for readers.
@@ -524,12 +527,15 @@ TEST_CASE("remat: malformed profile and plan files give clear errors") {
     return error_of([&] { load_plan(plan_path, profile); });
   };
   save_plan(plan, profile, dir + "_good_plan.json");
-  CHECK(damaged_plan([](nlohmann::json& j) { j["limit"] = 1e300; })
-            .find("limit must be an integer, got 1e+300") != std::string::npos);
-  CHECK(damaged_plan([](nlohmann::json& j) { j["budget_bytes"] = 2.5; })
-            .find("budget_bytes must be an integer, got 2.5") != std::string::npos);
-  CHECK(damaged_plan([](nlohmann::json& j) { j["decisions"][0]["saved"] = -1; })
-            .find("a decision names saved tensor -1, not one of the profile's 0 to") !=
+  CHECK(damaged_plan([](nlohmann::json& j) {
+          j["limit"] = 1e300;
+        }).find("limit must be an integer, got 1e+300") != std::string::npos);
+  CHECK(damaged_plan([](nlohmann::json& j) {
+          j["budget_bytes"] = 2.5;
+        }).find("budget_bytes must be an integer, got 2.5") != std::string::npos);
+  CHECK(damaged_plan([](nlohmann::json& j) {
+          j["decisions"][0]["saved"] = -1;
+        }).find("a decision names saved tensor -1, not one of the profile's 0 to") !=
         std::string::npos);
   std::remove((dir + "_good_plan.json").c_str());
   write_file_atomic(plan_path, "[1, 2]");

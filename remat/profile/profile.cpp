@@ -541,9 +541,11 @@ void validate_profile(const Profile& p, const std::string& origin) {
   // A node saves tensors for its backward only: one that saves and is not in the backward order
   // means an order cut short (the planner would see fewer readers than the step has).
   for (int32_t i = 0; i < nn; ++i) {
-    REGEN_CHECK(p.nodes[static_cast<size_t>(i)].saved.empty() || in_backward[static_cast<size_t>(i)],
-                origin, ": node ", i, " saves tensors for its backward but is not in the backward "
-                "order");
+    REGEN_CHECK(
+        p.nodes[static_cast<size_t>(i)].saved.empty() || in_backward[static_cast<size_t>(i)],
+        origin, ": node ", i,
+        " saves tensors for its backward but is not in the backward "
+        "order");
   }
 }
 
