@@ -163,7 +163,17 @@ int64_t parse_bytes(const std::string& text) {
   REGEN_CHECK(mult > 0, "unknown byte unit '", unit, "' in '", text,
               "': use B, KiB, MiB, GiB, TiB (or KB, MB, GB, TB)");
   REGEN_CHECK(value >= 0 && std::isfinite(value), "byte count '", text, "' must be non-negative");
+  // 2^63 bytes and up do not fit in an int64_t (llround's result would be undefined).
+  REGEN_CHECK(value * mult < 0x1p63, "byte count '", text, "' is too large (at most 8 EiB)");
   return static_cast<int64_t>(std::llround(value * mult));
+}
+
+int64_t parse_count(const std::string& text) {
+  if (text.empty() || text.size() > 19 || text.find_first_not_of("0123456789") != std::string::npos)
+    return -1;
+  uint64_t v = 0;
+  for (const char c : text) v = v * 10 + static_cast<uint64_t>(c - '0');  // < 10^19: no overflow
+  return v > static_cast<uint64_t>(INT64_MAX) ? -1 : static_cast<int64_t>(v);
 }
 
 }  // namespace regen

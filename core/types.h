@@ -114,7 +114,12 @@ std::ostream& operator<<(std::ostream& os, const ShapePrinter& p);
 
 // Human-readable byte counts: "1.50 GiB", "512 B".
 std::string format_bytes(int64_t bytes);
-// Parses "2GiB", "512MiB", "1.5GB", "1048576" (bytes). Throws regen::Error on bad text.
+// Parses "2GiB", "512MiB", "1.5GB", "1048576" (bytes). Throws regen::Error on bad text, and on a
+// count past what an int64_t holds (8 EiB).
 int64_t parse_bytes(const std::string& text);
+// A count written as decimal digits only ("0", "42"; no sign, space or exponent), at most
+// INT64_MAX; -1 for anything else (empty, other characters, or too large). What counters read
+// back from files (a state's step count, a data position) are parsed with.
+int64_t parse_count(const std::string& text);
 
 }  // namespace regen

@@ -37,11 +37,10 @@ std::vector<uint64_t> parse_position(const std::string& text, const std::vector<
     size_t end = ok ? text.find(',', at) : std::string::npos;
     if (end == std::string::npos) end = text.size();
     const std::string digits = ok ? text.substr(at + want.size(), end - at - want.size()) : "";
-    ok = ok && !digits.empty() && digits.size() <= 20 &&
-         digits.find_first_not_of("0123456789") == std::string::npos;
-    REGEN_CHECK(ok, "data ", who, ": cannot read the position '", text, "' (expected ", k, "=N",
-                keys.size() > 1 ? " and the others" : "", ")");
-    out.push_back(std::stoull(digits));
+    const int64_t v = ok ? parse_count(digits) : -1;
+    REGEN_CHECK(v >= 0, "data ", who, ": cannot read the position '", text, "' (expected ", k,
+                "=N, N at most ", INT64_MAX, keys.size() > 1 ? ", and the others" : "", ")");
+    out.push_back(static_cast<uint64_t>(v));
     at = end + 1;
   }
   REGEN_CHECK(at >= text.size(), "data ", who, ": the position '", text, "' has more than ",

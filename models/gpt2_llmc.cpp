@@ -303,11 +303,10 @@ class TokenShard final : public DataSource {
   std::string position() const override { return "sample=" + std::to_string(counter_); }
   void set_position(const std::string& p) override {
     const std::string key = "sample=";
-    const std::string digits = p.rfind(key, 0) == 0 ? p.substr(key.size()) : "";
-    REGEN_CHECK(!digits.empty() && digits.size() <= 20 &&
-                    digits.find_first_not_of("0123456789") == std::string::npos,
-                "data ", describe(), ": cannot read the position '", p, "' (expected sample=N)");
-    counter_ = std::stoull(digits);
+    const int64_t v = p.rfind(key, 0) == 0 ? parse_count(p.substr(key.size())) : -1;
+    REGEN_CHECK(v >= 0, "data ", describe(), ": cannot read the position '", p,
+                "' (expected sample=N, N at most ", INT64_MAX, ")");
+    counter_ = static_cast<uint64_t>(v);
   }
   Batch next(int64_t n, Device device) override {
     std::vector<int64_t> in(static_cast<size_t>(n * seq_)), out(in.size());

@@ -56,6 +56,18 @@ double value_at(const Tensor& t, int64_t i) {
 }
 }  // namespace
 
+std::string first_non_finite(const NamedTensors& tensors) {
+  for (const auto& [name, t] : tensors) {
+    const int64_t i = first_bad(t);
+    if (i >= 0) {
+      std::ostringstream os;
+      os << "tensor '" << name << "' holds " << value_at(t, i) << " at flat index " << i;
+      return os.str();
+    }
+  }
+  return "";
+}
+
 std::string first_non_finite(const Model& model, bool gradients) {
   for (const auto& [name, p] : model.named_parameters()) {
     if (!p.has_storage()) continue;  // ZeRO-3 dropped its bytes: each rank keeps a shard
@@ -141,11 +153,8 @@ size_t load_weights(Session& s, const SafetensorsFile& all, const std::string& p
     }
   }
   // Weights that are not finite would train into NaN silently: refused with the tensor and index.
-  for (const auto& [name, t] : file.tensors) {
-    const int64_t i = first_bad(t);  // f32 and f64 tensors, read in place
-    REGEN_CHECK(i < 0, "checkpoint ", path, ": tensor '", name, "' holds ", value_at(t, i),
-                " at flat index ", i, " (weights must be finite)");
-  }
+  const std::string bad = first_non_finite(file.tensors);  // f32 and f64 tensors, read in place
+  REGEN_CHECK(bad.empty(), "checkpoint ", path, ": ", bad, " (weights must be finite)");
   try {
     // ZeRO-3: the parameters whole for the load (every rank loads), then each rank's chunk of them.
     dist::DataParallel* dp = zero3(s);
@@ -230,10 +239,7 @@ std::string rank_file(const std::string& path, int rank, int ranks, const std::s
 // A number in a state's metadata, or -1 when it is absent or not a number.
 int64_t meta_int(const std::map<std::string, std::string>& meta, const char* key) {
   const auto it = meta.find(key);
-  if (it == meta.end() || it->second.empty() || it->second.size() > 18 ||
-      it->second.find_first_not_of("0123456789") != std::string::npos)
-    return -1;
-  return std::stoll(it->second);
+  return it == meta.end() ? -1 : parse_count(it->second);
 }
 
 // The ranks that saved a state (1 for one process, and for states from before they were recorded).
@@ -580,10 +586,11 @@ StateContents check_state(const Session& s, const SafetensorsFile& file, const s
   }
   auto number = [&](const char* key) -> uint64_t {
     const auto it = meta.find(key);
-    REGEN_CHECK(it != meta.end() && !it->second.empty() &&
-                    it->second.find_first_not_of("0123456789") == std::string::npos,
-                what, " ", path, ": its metadata has no valid '", key, "'");
-    return std::stoull(it->second);
+    REGEN_CHECK(it != meta.end(), what, " ", path, ": its metadata has no '", key, "'");
+    const int64_t v = parse_count(it->second);
+    REGEN_CHECK(v >= 0, what, " ", path, ": its metadata's '", key, "' is '", it->second,
+                "', not a count (decimal digits, at most ", INT64_MAX, ")");
+    return static_cast<uint64_t>(v);
   };
   StateContents c;
   c.steps = number("optimizer_steps");

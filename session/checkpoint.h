@@ -18,6 +18,10 @@ namespace regen {
 // parameters are read: after an fp16 step that overflowed and was skipped, the gradients hold the
 // inf or NaN that made the loss scaler skip it, and the parameters are the step before's.
 std::string first_non_finite(const Model& model, bool gradients = true);
+// The first of `tensors` (f32 and f64; other dtypes are not read) that holds a value that is not
+// finite: "tensor 'fc.weight' holds nan at flat index 0", or "" when all are. What --load,
+// --resume and regen.Model.load, resume and load_state_dict refuse (weights must be finite).
+std::string first_non_finite(const NamedTensors& tensors);
 
 // Checkpoints: the state dict (safetensors, atomically) with metadata naming the model and the
 // options that shape its parameters (ModelOption::sizes_parameters, and those it records);

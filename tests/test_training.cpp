@@ -309,6 +309,28 @@ TEST_CASE(
                {"lr_schedule='cosine'"});
   expect_error([&] { resume_training_state(*make_session(o), weights.path); },
                {"is not a training state", "--save-state"});
+  // Counters edited past what they can hold are named with their key, not left to the library's
+  // conversion (std::stoull's exception), nor wrapped to a negative count.
+  for (const char* key : {"optimizer_steps", "rng_stream", "rng_seed"}) {
+    for (const char* value : {"99999999999999999999", "18446744073709551615", "-3", "1e3", ""}) {
+      CAPTURE(key);
+      CAPTURE(value);
+      SafetensorsFile f = load_safetensors(state.path);
+      f.metadata[key] = value;
+      TempFile edited("edited.safetensors");
+      save_safetensors(edited.path, f.tensors, f.metadata);
+      expect_error([&] { resume_training_state(*make_session(o), edited.path); },
+                   {edited.path, std::string("its metadata's '") + key + "' is '" + value +
+                                     "', not a count (decimal digits, at most "
+                                     "9223372036854775807)"});
+    }
+  }
+  SafetensorsFile f = load_safetensors(state.path);
+  f.metadata["data_position"] = "sample=99999999999999999999";
+  TempFile edited("edited.safetensors");
+  save_safetensors(edited.path, f.tensors, f.metadata);
+  expect_error([&] { resume_training_state(*make_session(o), edited.path); },
+               {"cannot read the position 'sample=99999999999999999999'"});
 }
 
 TEST_CASE(

@@ -35,8 +35,10 @@ Budget Budget::parse(const std::string& text) {
     } catch (const std::exception&) {
       used = 0;
     }
-    REGEN_CHECK(used == text.size() - 1 && v > 0 && v <= 100, "bad budget '", text,
-                "': a percentage must be in (0, 100]");
+    REGEN_CHECK(used == text.size() - 1, "bad budget '", text,
+                "': a percentage is written as decimal digits (and a point) before the %, e.g. "
+                "60% or 12.5%");
+    REGEN_CHECK(v > 0 && v <= 100, "bad budget '", text, "': a percentage must be in (0, 100]");
     b.kind = Kind::fraction;
     b.value = v / 100.0;
     return b;
