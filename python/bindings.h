@@ -71,6 +71,11 @@ int64_t int_arg(const std::string& call, const std::string& key, const pb::handl
                 const OptionRange& range);
 // `path` as Python writes it, quoted: 'runs/m.csv'.
 std::string path_text(const std::string& path);
+// A Python object's type name ("str", "int", "Plan"), for messages about an argument of the wrong
+// type.
+inline std::string type_name_of(const pb::handle& obj) {
+  return pb::str(obj.get_type().attr("__name__")).cast<std::string>();
+}
 
 // Files: no write from Python replaces a file that something reads or that holds another output
 // (core/io.h check_distinct_files, the command line's check of its outputs). Every live Model

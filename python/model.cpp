@@ -406,8 +406,7 @@ class PyModel {
           throw pb::type_error(
               "progress(step, result) must return None, True or False (False "
               "stops training), but it returned a value of type '" +
-              pb::str(keep.get_type().attr("__name__")).cast<std::string>() + "' after step " +
-              std::to_string(e.index));
+              type_name_of(keep) + "' after step " + std::to_string(e.index));
         }
         keep_going = keep.is_none() || keep.cast<bool>();
       }
@@ -637,6 +636,9 @@ void check_planning_arguments(const PyModel& s, const pb::object& policy, const 
                               const std::string& offload, const std::string& transfer) {
   if (!plan.is_none()) {
     REGEN_CHECK(policy.is_none(), "train: give a plan or a policy, not both");
+    REGEN_CHECK(pb::isinstance<PlanHandle>(plan),
+                "train: plan must be a regen.Plan (from regen.plan or regen.load_plan), got type '",
+                type_name_of(plan), "'");
     const auto h = plan.cast<std::shared_ptr<PlanHandle>>();
     REGEN_CHECK(h != nullptr, "train: plan is None");
     REGEN_CHECK(budget.is_none(), "train: budget=", text_of(budget),
@@ -838,6 +840,10 @@ peaks.)doc")
                         OptionRange::integers(1, std::numeric_limits<int>::max())));
             check_planning_arguments(s, policy, budget, chain, budget_of, layout, plan, offload,
                                      transfer);
+            REGEN_CHECK(progress.is_none() || PyCallable_Check(progress.ptr()),
+                        "train: progress must be a function progress(step, result) or None, got "
+                        "type '",
+                        type_name_of(progress), "'");
             if (!log.empty()) {
               // A transfer model read from a file (regen bench copy --json) is an input too.
               std::vector<NamedFile> reads;
@@ -1021,12 +1027,14 @@ refused on every rank when the rank count or the shard mode is not the saved one
               const std::string name = k.cast<std::string>();
               list.emplace_back(name, tensor_from_numpy(v, "load_state_dict: '" + name + "'"));
             }
+            // As a checkpoint's (--load, load): a weight that is not finite would train into NaN.
+            const std::string bad = first_non_finite(list);
+            REGEN_CHECK(bad.empty(), "load_state_dict: ", bad, " (weights must be finite)");
             s.session().model->load_state_dict(list, strict);
           },
           pb::arg("state"), pb::arg("strict") = true,
-          "Copies arrays into the parameters and buffers; shapes and dtypes must match, and with "
-          "strict "
-          "every name both ways")
+          "Copies arrays into the parameters and buffers; shapes and dtypes must match, values "
+          "must be finite, and with strict every name both ways")
       .def(
           "save",
           [](PyModel& s, const std::string& path) {

@@ -170,9 +170,17 @@ pb::dict timeline_table(const SimResult& r) {
 std::vector<Regeneration> regenerations_from(const pb::object& obj) {
   std::vector<Regeneration> out;
   if (obj.is_none()) return out;
+  const char* expected =
+      "regenerations: expected a list of (backward node, [saved indices]) pairs of integers";
+  REGEN_CHECK(!pb::isinstance<pb::str>(obj) && pb::hasattr(obj, "__iter__"), expected,
+              ", got type '", type_name_of(obj), "'");
   for (const pb::handle& item : obj) {
-    const auto pair = item.cast<std::pair<int32_t, std::vector<int32_t>>>();
-    out.push_back({pair.first, pair.second});
+    try {
+      const auto pair = item.cast<std::pair<int32_t, std::vector<int32_t>>>();
+      out.push_back({pair.first, pair.second});
+    } catch (const pb::cast_error&) {
+      REGEN_FAIL(expected, ", got an item ", pb::repr(item).cast<std::string>());
+    }
   }
   return out;
 }
@@ -785,8 +793,9 @@ limit from a budget.)doc");
         REGEN_CHECK(milp_time_limit >= 0.1 && milp_time_limit <= 86400,
                     "plan: milp_time_limit=", number_text(milp_time_limit),
                     ": must be a number of seconds from 0.1 to 86400");
-        const int milp_threads = static_cast<int>(
-            int_arg("plan", "milp_threads", milp_threads_arg, OptionRange::integers(1, kIntMax)));
+        const int milp_threads =
+            static_cast<int>(int_arg("plan", "milp_threads", milp_threads_arg,
+                                     OptionRange::integers(1, SessionOptions::kMaxThreads)));
         o.milp_time_limit_s = milp_time_limit;
         o.milp_threads = milp_threads;
         o.cache = &profile->cache;

@@ -137,6 +137,13 @@ def test_bad_decisions(profile):
         regen.simulate(profile, np.zeros(n, dtype=bool), budget="50%", limit=1 << 20)
     with pytest.raises(regen.Error, match="regeneration"):
         regen.simulate(profile, np.zeros(n, dtype=bool), regenerations=[(0, [5])])
+    # Of the wrong shape or type: named, not pybind11's cast error.
+    with pytest.raises(regen.Error, match=r"^regenerations: expected a list of \(backward node, "
+                                          r"\[saved indices\]\) pairs of integers, got an item "
+                                          r"\[1, 2\]$"):
+        regen.simulate(profile, np.zeros(n, dtype=bool), regenerations=[[1, 2]])
+    with pytest.raises(regen.Error, match=r"^regenerations: .*, got type 'str'$"):
+        regen.simulate(profile, np.zeros(n, dtype=bool), regenerations="x")
 
 
 def test_bad_plans(profile):
@@ -181,6 +188,12 @@ def test_an_infeasible_plan_is_refused_before_training(profile):
     assert m.steps_done == 0
     with pytest.raises(regen.Error, match="plan or a policy"):
         m.train(1, plan=plan, policy="dp")
+    with pytest.raises(regen.Error, match=r"^train: plan must be a regen.Plan \(from regen.plan or "
+                                          r"regen.load_plan\), got type 'str'$"):
+        m.train(1, plan="plan.json")
+    with pytest.raises(regen.Error, match=r"^train: progress must be a function "
+                                          r"progress\(step, result\) or None, got type 'int'$"):
+        m.train(1, progress=5)
     with pytest.raises(regen.Error, match="needs a policy"):
         m.train(1, budget="50%")
     fresh = regen.Model("resnet-tiny", batch=4, device="cpu")
@@ -249,6 +262,14 @@ def test_bad_state_and_files(tmp_path):
         m.load_state_dict({"fc.weight": w})
     with pytest.raises(regen.Error, match="list"):
         m.load_state_dict({"fc.weight": [1.0, 2.0]}, strict=False)
+    # Weights that are not finite are refused as a checkpoint's are (--load, load): else evaluate
+    # answers NaN and save writes a file regen will not load.
+    for bad in (np.nan, np.inf):
+        poisoned = w.copy()
+        poisoned.flat[5] = bad
+        with pytest.raises(regen.Error, match=r"load_state_dict: tensor 'fc.weight' holds -?"
+                                              r"(nan|inf) at flat index 5 \(weights must be"):
+            m.load_state_dict({"fc.weight": poisoned}, strict=False)
     # The weights are unchanged by the refused loads.
     np.testing.assert_array_equal(m.state_dict()["fc.weight"], w)
 

@@ -272,6 +272,8 @@ def test_milp_time_limit_in_the_command_lines_range():
         regen.simulate_dtr(p, top_live=2**31)
     with pytest.raises(regen.Error, match=r"^plan: milp_threads=0: must be a positive integer$"):
         regen.plan(p, "dp", "80%", milp_threads=0)
+    with pytest.raises(regen.Error, match=r"^plan: milp_threads=1000000: must be at most 1024$"):
+        regen.plan(p, "milp", "100%", milp_threads=10**6)
     with pytest.raises(regen.Error, match=r"^plan: milp_time_limit=0.01: must be a number of "
                                           r"seconds from 0.1 to 86400$"):
         regen.plan(p, "milp", "80%", milp_time_limit=0.01)
