@@ -709,13 +709,7 @@ void run(Flags f, const Given& given) {
   std::printf("wrote %s%s\n", csv_path.c_str(), loaded ? "" : (" and " + profile_path).c_str());
 
   if (f.plot) {
-    const std::string cmd = plot_python() + " " REGEN_SOURCE_DIR "/tools/plot.py --frontier '" +
-                            csv_path + "' --out '" + f.out + "'";
-    std::printf("plotting: %s\n", cmd.c_str());
-    std::fflush(stdout);
-    REGEN_CHECK(std::system(cmd.c_str()) == 0,
-                "plotting failed (is python3-matplotlib installed? "
-                "run: REGEN_WITH_PLOTS=1 bash scripts/install-deps.sh)");
+    run_plot({"--frontier", csv_path, "--out", f.out});
   }
 }
 

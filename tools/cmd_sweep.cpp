@@ -281,14 +281,8 @@ void run(const Flags& f) {
       stem.c_str(), stem.c_str(), stem.c_str(), f.out.c_str());
   if (f.plot) {
     // Debian's python3 (with python3-matplotlib) rather than whatever python3 is first on PATH.
-    const std::string python = plot_python();
-    const std::string cmd = python + " " REGEN_SOURCE_DIR "/tools/plot.py --summary " + stem +
-                            "_summary.csv --timeline " + stem + "_timeline.csv --model " +
-                            f.m.model + " --out " + f.out;
-    std::printf("plotting: %s\n", cmd.c_str());
-    REGEN_CHECK(std::system(cmd.c_str()) == 0,
-                "plotting failed (is python3-matplotlib installed? "
-                "run: REGEN_WITH_PLOTS=1 bash scripts/install-deps.sh)");
+    run_plot({"--summary", stem + "_summary.csv", "--timeline", stem + "_timeline.csv", "--model",
+              f.m.model, "--out", f.out});
   }
 }
 
