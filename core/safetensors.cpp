@@ -89,7 +89,9 @@ namespace {
 void write_to(AtomicFileWriter& out, const std::string& path,
               const std::vector<std::pair<std::string, Tensor>>& tensors,
               const std::map<std::string, std::string>& metadata) {
-  nlohmann::ordered_json header;
+  // An object even with no tensors and no metadata (a default json dumps as null, which no
+  // reader takes).
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   std::set<std::string> names;
   uint64_t offset = 0;

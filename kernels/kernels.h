@@ -145,6 +145,11 @@ void conv2d_backward_filter(const T* x, const T* dy, T* dw, T* dbias, const Conv
 // two differ in workspace and time, so profiles of CPU steps record it and runs compare it
 // (session/records.cpp).
 std::string conv2d_algorithm();
+// The CPU's register tile for its GEMMs and convolutions: "avx512bf16", "avx512", "avx2" or
+// "generic", the best this CPU runs or the one the environment variable REGEN_CPU_ISA names
+// (kernels/cpu/packed_gemm.h; a name that is no tile's, or one this CPU lacks, is an error naming
+// the value). Decided on the first call.
+std::string cpu_tile_name();
 // Sets it for the rest of the process, over the variable: "winograd" or "direct" (anything else is
 // an error naming the value). For `regen bench train --cpu-conv`, which compares the two; not for
 // use while a convolution runs.

@@ -333,6 +333,24 @@ std::string math_mode(const SessionOptions& o, Device device, const std::string&
   return math_mode(o.math, o.tf32, device, default_math, o.style);
 }
 
+Precision estimate_precision(const SessionOptions& o, bool exact) {
+  const Precision p = resolve_precision(o, Device::cpu());
+  const bool kw = o.style == OptionStyle::keyword;
+  const auto quoted_setting = [&](const char* key, const std::string& v) {
+    return option_setting(key, kw ? "'" + v + "'" : v, o.style);
+  };
+  REGEN_CHECK(o.conv == "native", quoted_setting("conv", o.conv),
+              " applies to CUDA devices; the estimate counts a CPU step, whose convolution is "
+              "regen's own");
+  REGEN_CHECK(o.compress == "none", quoted_setting("compress", o.compress),
+              " narrows what a remat plan retains; the estimate makes no plan and counts the step "
+              "without it");
+  REGEN_CHECK(!is_mixed(p) || exact, quoted_setting("precision", o.precision),
+              ": the closed forms count an fp32 step; pass ", kw ? "compare=True" : "--compare",
+              " for the exact terms of a ", precision_name(p), " step from its dry run");
+  return p;
+}
+
 Precision resolve_precision(const SessionOptions& o, Device device,
                             const std::string& default_math) {
   check_precision(o);

@@ -156,6 +156,12 @@ std::string math_mode(const SessionOptions& o, Device device,
 // CPU, and for bf16 or fp16 on a CUDA device that lacks them (check_precision_capability).
 Precision resolve_precision(const SessionOptions& o, Device device,
                             const std::string& default_math = "fp32");
+// The precision of an estimate of one CPU training step (regen estimate, regen.estimate): as
+// resolve_precision on the CPU, and refused, naming the option, where the estimate could not
+// count what was asked: a CUDA convolution (conv), compression (a plan's, which the estimate does
+// not make), or a mixed precision's closed forms (they count an fp32 step; `exact`, the dry run's
+// terms, counts any).
+Precision estimate_precision(const SessionOptions& o, bool exact);
 // Throws regen::Error naming `setting`, the device and its compute capability major.minor when a
 // CUDA device of that capability cannot train in `p`: bf16 needs 8.0 (Ampere) or later, fp16 7.0
 // (Volta) or later; fp32 and tf32 pass (tf32's tensor cores are cuBLAS's and cuDNN's choice).

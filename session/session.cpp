@@ -401,7 +401,12 @@ std::unique_ptr<Session> make_session(const SessionOptions& options, Preflight p
   }
   // The environment's choice of CPU convolution algorithm (REGEN_CPU_CONV), checked here so that
   // a bad value is named as itself, not as a size the dry run below could not handle.
-  if (s->device.is_cpu()) cpu::conv2d_algorithm();
+  // The same for the register tile (REGEN_CPU_ISA), which a model without large products (a tiny
+  // Transformer's run on Eigen alone) would otherwise never read.
+  if (s->device.is_cpu()) {
+    cpu::conv2d_algorithm();
+    cpu::cpu_tile_name();
+  }
   // The first step, run dry: its memory, exact, before any of it is used; first, with masks on,
   // which ops save packed forms (a dry forward pass of its own).
   try {

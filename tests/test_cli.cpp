@@ -1719,6 +1719,12 @@ TEST_CASE("cli: REGEN_CPU_CONV: a bad value named, a profile of the other algori
       regen_run(dir, with({"train"}, {"--steps", "1", "--profile", dir.file("profile.json"),
                                       "--policy", "dp", "--budget", "100%"}));
   ::unsetenv("REGEN_CPU_CONV");
+  // REGEN_CPU_ISA alike, for a model whose products never reach the register tile too.
+  ::setenv("REGEN_CPU_ISA", "bogus", 1);
+  const Result bad_isa = regen_run(dir, tiny({"--steps", "1", "--batch", "2"}));
+  ::unsetenv("REGEN_CPU_ISA");
+  CHECK(bad_isa.status == 1);
+  CHECK(has(bad_isa.err, "REGEN_CPU_ISA=bogus is not one of avx512bf16, avx512, avx2, generic"));
   CHECK(bad.status == 1);
   CHECK(has(bad.err, "REGEN_CPU_CONV='fast': expected winograd (the default"));
   CHECK_FALSE(has(bad.err, "a dry run"));
@@ -1941,6 +1947,13 @@ TEST_CASE("cli: counts bounded, numbers decimal, ignored flags refused, each nam
   expect_failure(dir, {"estimate", "--model", "transformer-tiny", "--precision", "bf16"},
                  {"--precision bf16: the closed forms count an fp32 step",
                   "pass --compare for the exact terms of a bf16 step"});
+  // What the estimate of a CPU step without a plan does not count is refused, not ignored.
+  expect_failure(dir, {"estimate", "--model", "resnet-tiny", "--conv", "cudnn"},
+                 {"--conv cudnn applies to CUDA devices; the estimate counts a CPU step"});
+  expect_failure(dir, {"estimate", "--model", "resnet-tiny", "--compress", "bf16"},
+                 {"--compress bf16 narrows what a remat plan retains"});
+  expect_failure(dir, {"bench", "ops", "--threads", "100000"},
+                 {"--threads", "must be at most 1024, got 100000"});
   // Numbers are decimal everywhere, --transfer's included.
   expect_failure(dir,
                  tiny({"--policy", "dp", "--budget", "50%", "--offload", "activations",
@@ -2147,6 +2160,35 @@ TEST_CASE(
 
 // --transfer times copies to the host tier: with nothing offloaded (no --offload, no policy+MODE)
 // sweep and frontier refuse it, as train and plan do.
+// --plot runs tools/plot.py with each path as one argument, never through a shell: a folder named
+// with a space, a quote or a ';' is a folder, and a plot that fails fails the command, naming the
+// python and its status.
+TEST_CASE("cli: --plot passes its paths as they are, with no shell, and its failure is named") {
+  TempDir dir;
+  ::setenv("REGEN_PYTHON", "/bin/false", 1);  // the plot fails at once, as a missing matplotlib
+  std::filesystem::remove("INJECTED_sweep");
+  std::filesystem::remove("INJECTED_frontier");
+  const Result sweep =
+      regen_run(dir, {"sweep", "--model", "transformer-tiny", "--batches", "2", "--policies",
+                      "sqrt", "--budgets", "50%", "--steps", "2", "--device", "cpu", "--out",
+                      dir.file("sw x;touch INJECTED_sweep"), "--plot"});
+  const Result frontier =
+      regen_run(dir, {"frontier", "--model", "transformer-tiny", "--batch", "2", "--device", "cpu",
+                      "--points", "2", "--execute", "0", "--policies", "sqrt", "--out",
+                      dir.file("fr';touch INJECTED_frontier;'"), "--plot"});
+  ::unsetenv("REGEN_PYTHON");
+  for (const Result* r : {&sweep, &frontier}) {
+    CAPTURE(r->err);
+    CHECK(r->status == 1);
+    CHECK(has(r->err, "plotting failed: /bin/false tools/plot.py exited with status 1"));
+  }
+  CHECK_FALSE(std::filesystem::exists("INJECTED_sweep"));
+  CHECK_FALSE(std::filesystem::exists("INJECTED_frontier"));
+  // The outputs before the plot were written under the folder's own name.
+  CHECK(
+      std::filesystem::exists(dir.file("sw x;touch INJECTED_sweep/transformer-tiny_summary.csv")));
+}
+
 TEST_CASE("cli: sweep and frontier refuse a --transfer with nothing to offload") {
   TempDir dir;
   expect_failure(dir,

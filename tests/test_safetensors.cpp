@@ -54,6 +54,13 @@ TEST_CASE("safetensors: round trip of every dtype with metadata") {
   // The header is JSON a Python reader understands: 8-byte length, then the object.
   const std::string raw = read_file(path);
   CHECK(raw[8] == '{');
+  // No tensors and no metadata: still an object ("{}"), which this reader and torch's take (the
+  // header was once JSON null, which none takes).
+  save_safetensors(path, {});
+  CHECK(read_file(path).substr(8, 2) == "{}");
+  const SafetensorsFile none = load_safetensors(path);
+  CHECK(none.tensors.empty());
+  CHECK(none.metadata.empty());
   std::remove(path.c_str());
 }
 

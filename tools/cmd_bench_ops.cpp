@@ -271,8 +271,9 @@ void setup(CLI::App& app) {
   };
   auto opt = std::make_shared<Options>();
   app.add_option("--device", opt->device, "cpu or cuda[:N]")->capture_default_str();
-  app.add_option("--threads", opt->threads, "OpenMP threads (default: OpenMP's choice)")
-      ->check(positive_integer(kIntMax));
+  app.add_option("--threads", opt->threads,
+                 "OpenMP threads, at most 1024 (default: OpenMP's choice)")
+      ->check(positive_integer(SessionOptions::kMaxThreads));
   app.add_option("--repeats", opt->repeats, "timed runs per case (median)")
       ->check(positive_integer(kIntMax))
       ->capture_default_str();

@@ -48,12 +48,9 @@ void run(const Flags& f) {
   o.momentum = f.m.momentum;
   o.masks = f.m.masks;
   o.policy = parse_estimate_policy(f.policy);
-  o.precision = resolve_precision(f.m, Device::cpu());
   // The closed forms count an fp32 step; a mixed precision's terms come from its dry run.
+  o.precision = estimate_precision(f.m, f.compare);
   const bool closed = !is_mixed(o.precision);
-  REGEN_CHECK(closed || f.compare, "--precision ", precision_name(o.precision),
-              ": the closed forms count an fp32 step; pass --compare for the exact terms of a ",
-              precision_name(o.precision), " step from its dry run");
   if (!f.csv.empty()) check_distinct_files({{"--csv", f.csv}}, data_inputs(f.m));
   // A size refused (bytes past what 64-bit counts hold, a dry run too long) is named by its flags.
   std::string sizes = "--batch " + std::to_string(f.m.batch);

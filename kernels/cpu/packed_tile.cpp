@@ -11,6 +11,7 @@
 #include <string>
 
 #include "regen/kernels/cpu/packed_gemm.h"
+#include "regen/kernels/kernels.h"
 
 namespace regen::cpu::packed {
 
@@ -166,3 +167,9 @@ TileFn<float> bf16_pair_tile(Isa isa) {
 }
 
 }  // namespace regen::cpu::packed
+
+namespace regen::cpu {
+std::string cpu_tile_name() {
+  return packed::isa_name(packed::tile_isa());
+}
+}  // namespace regen::cpu
