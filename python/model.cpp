@@ -1112,6 +1112,19 @@ regen profile --op-timing.)doc");
          bool compare, const pb::kwargs& kw) {
         // Checked as Model's options are ("batch=0: must be a positive integer").
         SessionOptions f = options_from(model, batch_arg, "cpu", kw);
+        // The training loop's options change nothing of one step's memory: refused, as regen
+        // estimate has no flags for them.
+        for (const auto& [k, v] : kw) {
+          const std::string key = pb::str(k);
+          for (const char* loop :
+               {"accumulate", "lr_schedule", "warmup_steps", "schedule_steps", "lr_step_size",
+                "lr_gamma", "lr_min", "clip_grad_norm", "eval_every", "eval_batches", "eval_batch",
+                "eval_split", "cuda_graph"}) {
+            REGEN_CHECK(key != loop, "estimate: ", key,
+                        "= applies to training, not to the memory of one step (regen estimate "
+                        "takes no such option)");
+          }
+        }
         const int64_t batch = f.batch;
         f.validate();
         const ModelConfig c = f.model_config();
@@ -1120,6 +1133,14 @@ regen profile --op-timing.)doc");
         o.momentum = f.momentum;
         o.masks = f.masks;
         o.policy = parse_estimate_policy(policy);
+        // As regen estimate: a mixed precision from its dry run only, what it cannot count
+        // refused.
+        try {
+          o.precision = estimate_precision(f, compare);
+        } catch (const Error& e) {
+          REGEN_FAIL("estimate: ", e.message());
+        }
+        const bool closed = !is_mixed(o.precision);
         auto as_dict = [](const MemoryTerms& t, bool measured) {
           pb::dict d;
           d["parameters"] = t.parameters;
@@ -1135,7 +1156,7 @@ regen profile --op-timing.)doc");
           }
           return d;
         };
-        pb::dict out = as_dict(estimate_memory(c, batch, o), false);
+        pb::dict out = closed ? as_dict(estimate_memory(c, batch, o), false) : pb::dict();
         if (compare)
           out["exact"] = as_dict(measure_memory_terms(dry_profile(c, batch, o), o.policy), true);
         return out;
@@ -1147,7 +1168,8 @@ with no run: a dict of bytes by term (parameters, gradients, optimizer_state, in
 saved for backward, backward, peak). ``policy`` 'none' or 'blocks' (every block checkpointed).
 Model options as Model takes them (image_size, seq_len, optimizer, momentum, ...). With
 ``compare``, 'exact' holds the same terms from a dry run of the step (shapes only, no kernels) and
-its peak of allocated bytes.)doc");
+its peak of allocated bytes. A mixed precision (``precision='bf16'`` or ``'fp16'``) needs ``compare``,
+and the dict then holds 'exact' alone (the closed forms count an fp32 step).)doc");
 }
 
 }  // namespace regen::py

@@ -2,6 +2,7 @@
 // plan() with any registered planner, simulate() for any decision vector (the exact simulator,
 // built once per profile), make_plan() for a plan made by hand, and register_planner() for a
 // planner written in Python.
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <mutex>
@@ -819,6 +820,12 @@ dp and milp may move to the device's host tier, timed by ``transfer`` ('profile'
          const std::string& layout, const std::string& policy, const std::string& optimizer_state,
          const std::string& transfer) {
         REGEN_CHECK(profile != nullptr, "make_plan: profile is None");
+        // The label is written to plan.json and read back (load_plan refuses an empty one).
+        REGEN_CHECK(!policy.empty() && std::none_of(policy.begin(), policy.end(),
+                                                    [](unsigned char c) { return c <= ' '; }),
+                    "make_plan: policy=", path_text(policy),
+                    ": the plan's label must be a name (not empty, no spaces or control "
+                    "characters)");
         REGEN_CHECK(!dtr_policy(policy), "make_plan: '", policy,
                     "' is DTR's, which decides while the step runs: use regen.plan(profile, '",
                     policy, "', budget)");

@@ -4,6 +4,7 @@
 // dicts of arrays. f16 tensors are NumPy's float16 both ways; NumPy has no bfloat16, so a bf16
 // tensor comes out of .numpy() as float32 (exactly: every bf16 value is an f32 one) and shares no
 // memory.
+#include <algorithm>
 #include <cstring>
 
 #include "python/bindings.h"
@@ -84,6 +85,12 @@ bool copy_if(const pb::array& a, DType dt, Tensor& out) {
   if (!pb::isinstance<pb::array_t<T>>(a)) return false;
   // Same dtype: forcecast changes only the layout (to C order).
   auto c = pb::array_t<T, pb::array::c_style | pb::array::forcecast>::ensure(a);
+  // ensure() answers null (the Python error cleared) when numpy cannot make the copy: a view that
+  // broadcasts a few values over a huge shape needs all of its bytes.
+  REGEN_CHECK(c, "cannot copy the ", pb::str(pb::tuple(a.attr("shape"))).cast<std::string>(),
+              " array to C order: numpy could not allocate its ",
+              format_bytes(static_cast<int64_t>(
+                  std::min<double>(static_cast<double>(a.size()) * sizeof(T), 9.2e18))));
   Shape shape(static_cast<size_t>(c.ndim()));
   for (size_t i = 0; i < shape.size(); ++i)
     shape[i] = static_cast<int64_t>(c.shape(static_cast<pb::ssize_t>(i)));

@@ -295,3 +295,16 @@ def test_bad_state_and_files(tmp_path):
     with pytest.raises(regen.Error, match="transformer-tiny.*resnet-tiny"):
         m.load(ckpt)
     assert sorted(os.listdir(tmp_path)) == ["damaged.json", "keep.safetensors", "t.safetensors"]
+
+
+def test_an_array_numpy_cannot_copy_is_refused_not_a_crash(tmp_path):
+    # A view that broadcasts one value over 4 TiB: numpy cannot make the C-order copy, and its
+    # null answer was once read as an array (a segmentation fault).
+    huge = np.broadcast_to(np.float32(0), (2**20, 2**20))
+    with pytest.raises((regen.Error, MemoryError)) as refused:
+        regen.tensor(huge)
+    if refused.type is regen.Error:  # else numpy's own MemoryError, where it raises one
+        assert "cannot copy the (1048576, 1048576) array to C order" in str(refused.value)
+    with pytest.raises((regen.Error, MemoryError)):
+        regen.save_safetensors(str(tmp_path / "x.safetensors"), {"a": huge})
+    assert not (tmp_path / "x.safetensors").exists()

@@ -29,3 +29,27 @@ def test_estimate_options_and_refusals():
         regen.estimate("resnet-tiny", 2, seq_len=64)
     with pytest.raises(regen.Error, match="unknown model option"):
         regen.estimate("resnet-tiny", 2, image=64)
+
+
+def test_estimate_counts_the_precision_asked_or_refuses():
+    # A mixed precision's terms come from its dry run: the closed forms count an fp32 step, so
+    # without compare the answer would be fp32's under another name.
+    for precision in ("bf16", "fp16"):
+        with pytest.raises(regen.Error, match=r"^estimate: precision='%s': the closed forms count "
+                                              r"an fp32 step; pass compare=True" % precision):
+            regen.estimate("resnet-tiny", 2, precision=precision)
+    fp32 = regen.estimate("resnet-tiny", 8, compare=True)["exact"]
+    bf16 = regen.estimate("resnet-tiny", 8, precision="bf16", compare=True)
+    assert set(bf16) == {"exact"}
+    assert bf16["exact"]["activations"] < fp32["activations"]
+    assert bf16["exact"]["parameters"] == fp32["parameters"]  # master weights stay fp32
+    # What one CPU step's estimate cannot count, and the training loop's options, are refused.
+    for kwargs, match in [
+        (dict(math="tf32"), r"^estimate: math='tf32' applies to CUDA devices"),
+        (dict(conv="cudnn"), r"^estimate: conv='cudnn' applies to CUDA devices"),
+        (dict(compress="bf16"), r"^estimate: compress='bf16' narrows what a remat plan retains"),
+        (dict(accumulate=4), r"^estimate: accumulate= applies to training"),
+        (dict(lr_schedule="cosine"), r"^estimate: lr_schedule= applies to training"),
+    ]:
+        with pytest.raises(regen.Error, match=match):
+            regen.estimate("resnet-tiny", 2, **kwargs)
