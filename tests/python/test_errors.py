@@ -163,6 +163,11 @@ def test_bad_plans(profile):
         regen.plan(None, "dp", "50%")
     with pytest.raises(TypeError):
         regen.plan("profile.json", "dp", "50%")
+    # A hand-made plan's label goes into plan.json, whose reader refuses an empty one.
+    for label in ("", "a b", "x\n"):
+        with pytest.raises(regen.Error, match=r"^make_plan: policy=.*: the plan's label must be a "
+                                              r"name"):
+            regen.make_plan(profile, np.zeros(profile.num_saved, dtype=bool), policy=label)
 
 
 def test_profile_of_another_model_is_refused(profile):
