@@ -479,22 +479,22 @@ TEST_CASE("remat: malformed profile and plan files give clear errors") {
         }).find("backward order runs node") != std::string::npos);
   // A backward order cut short (the planner would see fewer readers), counts that are not
   // integers (once truncated: 2.5 read as 2), no iteration, a device that does not exist.
-  CHECK(damaged([](nlohmann::json& j) {
-          auto& o = j["backward_order"];
-          o.erase(o.begin() + 1, o.end());
-        }).find("saves tensors for its backward but is not in the backward order") !=
-        std::string::npos);
-  CHECK(damaged([](nlohmann::json& j) {
-          j["batch"] = 2.5;
-        }).find("\"batch\" must be an integer, got 2.5") != std::string::npos);
-  CHECK(damaged([](nlohmann::json& j) {
-          j["batch"] = 1e30;
-        }).find("\"batch\" must be an integer, got 1e+30") != std::string::npos);
-  CHECK(damaged([](nlohmann::json& j) {
-          j["iterations"] = 0;
-        }).find("iterations must be at least 1, got 0") != std::string::npos);
-  CHECK(damaged([](nlohmann::json& j) { j["device"] = "tpu"; }).find("device 'tpu'") !=
-        std::string::npos);
+  using Edit = std::function<void(nlohmann::json&)>;
+  const std::pair<Edit, const char*> profile_edits[] = {
+      {[](nlohmann::json& j) {
+         auto& o = j["backward_order"];
+         o.erase(o.begin() + 1, o.end());
+       },
+       "saves tensors for its backward but is not in the backward order"},
+      {[](nlohmann::json& j) { j["batch"] = 2.5; }, "\"batch\" must be an integer, got 2.5"},
+      {[](nlohmann::json& j) { j["batch"] = 1e30; }, "\"batch\" must be an integer, got 1e+30"},
+      {[](nlohmann::json& j) { j["iterations"] = 0; }, "iterations must be at least 1, got 0"},
+      {[](nlohmann::json& j) { j["device"] = "tpu"; }, "device 'tpu'"},
+  };
+  for (const auto& [edit, want] : profile_edits) {
+    CAPTURE(want);
+    CHECK(damaged(edit).find(want) != std::string::npos);
+  }
   // The derived fields are written for readers.
   {
     const nlohmann::json j = nlohmann::json::parse(profile_to_json(profile));
@@ -527,16 +527,17 @@ TEST_CASE("remat: malformed profile and plan files give clear errors") {
     return error_of([&] { load_plan(plan_path, profile); });
   };
   save_plan(plan, profile, dir + "_good_plan.json");
-  CHECK(damaged_plan([](nlohmann::json& j) {
-          j["limit"] = 1e300;
-        }).find("limit must be an integer, got 1e+300") != std::string::npos);
-  CHECK(damaged_plan([](nlohmann::json& j) {
-          j["budget_bytes"] = 2.5;
-        }).find("budget_bytes must be an integer, got 2.5") != std::string::npos);
-  CHECK(damaged_plan([](nlohmann::json& j) {
-          j["decisions"][0]["saved"] = -1;
-        }).find("a decision names saved tensor -1, not one of the profile's 0 to") !=
-        std::string::npos);
+  const std::pair<Edit, const char*> plan_edits[] = {
+      {[](nlohmann::json& j) { j["limit"] = 1e300; }, "limit must be an integer, got 1e+300"},
+      {[](nlohmann::json& j) { j["budget_bytes"] = 2.5; },
+       "budget_bytes must be an integer, got 2.5"},
+      {[](nlohmann::json& j) { j["decisions"][0]["saved"] = -1; },
+       "a decision names saved tensor -1, not one of the profile's 0 to"},
+  };
+  for (const auto& [edit, want] : plan_edits) {
+    CAPTURE(want);
+    CHECK(damaged_plan(edit).find(want) != std::string::npos);
+  }
   std::remove((dir + "_good_plan.json").c_str());
   write_file_atomic(plan_path, "[1, 2]");
   CHECK(error_of([&] { load_plan(plan_path, profile); }).find("not a regen plan") !=
