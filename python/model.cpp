@@ -1112,18 +1112,17 @@ regen profile --op-timing.)doc");
          bool compare, const pb::kwargs& kw) {
         // Checked as Model's options are ("batch=0: must be a positive integer").
         SessionOptions f = options_from(model, batch_arg, "cpu", kw);
-        // The training loop's options change nothing of one step's memory: refused, as regen
+        // The training loop's options (train's keywords, and how a run splits its batch, holds
+        // out data or replays its steps) change nothing of one step's memory: refused, as regen
         // estimate has no flags for them.
+        const std::vector<std::string>& loop = train_keywords();
         for (const auto& [k, v] : kw) {
           const std::string key = pb::str(k);
-          for (const char* loop :
-               {"accumulate", "lr_schedule", "warmup_steps", "schedule_steps", "lr_step_size",
-                "lr_gamma", "lr_min", "clip_grad_norm", "eval_every", "eval_batches", "eval_batch",
-                "eval_split", "cuda_graph"}) {
-            REGEN_CHECK(key != loop, "estimate: ", key,
-                        "= applies to training, not to the memory of one step (regen estimate "
-                        "takes no such option)");
-          }
+          const bool training = std::find(loop.begin(), loop.end(), key) != loop.end() ||
+                                key == "accumulate" || key == "eval_split" || key == "cuda_graph";
+          REGEN_CHECK(!training, "estimate: ", key,
+                      "= applies to training, not to the memory of one step (regen estimate "
+                      "takes no such option)");
         }
         const int64_t batch = f.batch;
         f.validate();
