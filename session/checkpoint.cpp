@@ -629,9 +629,8 @@ void load_zero3_weights(Session& s, dist::DataParallel& dp, const SafetensorsFil
   for (const auto& kv : shards) sharded.insert(kv.first);
   for (const auto& [name, t] : file.tensors) {
     if (starts_with(name, kOptimizerPrefix)) continue;
-    const int64_t i = first_bad(t);
-    REGEN_CHECK(i < 0, what, " ", path, ": tensor '", name, "' holds ", value_at(t, i),
-                " at flat index ", i, " (weights must be finite)");
+    const std::string bad = first_non_finite(NamedTensors{{name, t}});
+    REGEN_CHECK(bad.empty(), what, " ", path, ": ", bad, " (weights must be finite)");
     if (starts_with(name, kShardPrefix)) {
       chunks[name.substr(std::string(kShardPrefix).size())] = t;
     } else if (sharded.count(name) == 0) {
