@@ -89,6 +89,9 @@ void check_all() {
         check_tile<T>(isa, nv, 37, rows, false, false);
         check_tile<T>(isa, nv, 37, rows, false, true);
         check_tile<T>(isa, nv, 5, rows, true, false);
+        // Depths past the AVX2 tile's slice (kSubTileDepth = 128): chains paused and resumed.
+        check_tile<T>(isa, nv, 256, rows, true, false);
+        check_tile<T>(isa, nv, 131, rows, false, true);
       }
 }
 

@@ -14,18 +14,20 @@
 namespace regen::cpu::packed::simd {
 
 // acc = rows [0, R) of an A panel (kMR per k) x vectors [0, SV) of a B panel (LDB per k), each
-// element one chain of fused multiply-adds over k in order. The sums live in a local array whose
-// loops are unrolled before GCC splits it into registers: summed straight into the caller's array
-// (indexed at run time there), with AVX2's 16 ymm registers GCC kept that array on the stack and
-// stored all of it on every k.
+// element one chain of fused multiply-adds over k in order; with `resume`, the chains go on from
+// the sums in acc (a chain paused in memory and resumed is the same chain, bit for bit). The sums
+// live in a local array whose loops are unrolled before GCC splits it into registers: summed
+// straight into the caller's array (indexed at run time there), with AVX2's 16 ymm registers GCC
+// kept that array on the stack and stored all of it on every k.
 template <class W, int R, int SV, int LDB, class T>
 __attribute__((always_inline)) inline void multiply_panels(int64_t kc, const T* a, const T* b,
+                                                           bool resume,
                                                            typename W::V (&acc)[R][SV]) {
   typename W::V sum[R][SV];
 #pragma GCC unroll 8
   for (int i = 0; i < R; ++i)
 #pragma GCC unroll 3
-    for (int v = 0; v < SV; ++v) sum[i][v] = W::zero();
+    for (int v = 0; v < SV; ++v) sum[i][v] = resume ? acc[i][v] : W::zero();
   for (int64_t k = 0; k < kc; ++k, a += kMR, b += LDB) {
     typename W::V bv[SV];
 #pragma GCC unroll 3
@@ -52,14 +54,12 @@ __attribute__((always_inline)) inline void multiply_panels(int64_t kc, const T* 
 }
 
 // Rows [r0, r0 + R) (those below `rows`) and the SV vectors from tile column c0 of C (row stride
-// ld, columns given by runs) = [C +] a_panel * b_panel [+ bias[row]]. Lanes outside the runs are
-// never touched (masked).
-template <class W, int R, int SV, int LDB, class T>
-void sub_tile(int64_t kc, const T* a, const T* b, int64_t r0, int64_t c0, const Run<T>* runs,
-              int nruns, int64_t rows, int64_t ld, bool accumulate, const T* bias) {
+// ld, columns given by runs) = [C +] acc [+ bias[row]]. Lanes outside the runs are never touched
+// (masked).
+template <class W, int R, int SV, class T>
+void store_sub_tile(const typename W::V (&acc)[R][SV], int64_t r0, int64_t c0, const Run<T>* runs,
+                    int nruns, int64_t rows, int64_t ld, bool accumulate, const T* bias) {
   constexpr int L = W::kWidth;
-  typename W::V acc[R][SV];
-  multiply_panels<W, R, SV, LDB>(kc, a + r0, b + c0, acc);
   for (int i = 0; i < R && r0 + i < rows; ++i) {
     for (int v = 0; v < SV; ++v) {
       typename W::V r = acc[i][v];
@@ -82,11 +82,19 @@ void sub_tile(int64_t kc, const T* a, const T* b, int64_t r0, int64_t c0, const 
   }
 }
 
+// Depth per pass when a tile runs as several sub-tiles (AVX2): each sub-tile reads its part of
+// the panels for this many k, its sums are put aside, and the next sub-tile goes; then the next
+// depth range resumes every chain. A 128-deep slice of the 8 x 48 panels (24 KB of B, 4 KB of A)
+// stays in the 32 KB L1 while the four sub-tiles read it, where a whole 256-deep panel (48 KB) was
+// read from L2 once per sub-tile: 2-5% less time for the f32 GEMM of the Transformer's shapes on
+// the AVX2 tile (docs/kernels.md). The same fused multiply-adds in the same order: the same bits.
+constexpr int64_t kSubTileDepth = 128;
+
 // The tile, NV 512-bit vectors wide (the packing unit), as sub-tiles of SubRows rows by at most
 // 3 of the ISA's vectors, each reading its part of the panels with their strides. With AVX-512
 // (SubRows = kMR, 3 zmm) that is the whole tile at once: 24 accumulators of the 32 registers.
 // With AVX2 (SubRows = 4, 3 ymm) it is four sub-tiles of 12 accumulators, 3 vectors of B and a
-// broadcast of A: all 16 registers.
+// broadcast of A: all 16 registers, by depth slices of kSubTileDepth.
 template <class W, int SubRows, int NV, class T>
 void tile(int64_t kc, const T* a, const T* b, const Run<T>* runs, int nruns, int64_t rows,
           int64_t ld, bool accumulate, const T* bias) {
@@ -96,11 +104,29 @@ void tile(int64_t kc, const T* a, const T* b, const Run<T>* runs, int nruns, int
   // chains, where two FMA pipes of latency 4 need 8 to stay busy.
   constexpr int first = Y <= kSubVectors ? Y : (Y + 1) / 2, second = Y - first;
   static_assert(first <= kSubVectors && second <= kSubVectors, "tile wider than two sub-tiles");
-  for (int64_t r0 = 0; r0 < rows; r0 += SubRows) {
-    sub_tile<W, SubRows, first, LDB>(kc, a, b, r0, 0, runs, nruns, rows, ld, accumulate, bias);
+  constexpr int kGroups = kMR / SubRows;
+  static_assert(kGroups * SubRows == kMR, "sub-tile rows must divide the panel's");
+  const int groups = static_cast<int>((rows + SubRows - 1) / SubRows);
+  // One sub-tile: the whole depth at once, the sums never leave the registers.
+  const int64_t slice = kGroups == 1 && second == 0 ? kc : kSubTileDepth;
+  typename W::V acc0[kGroups][SubRows][first];
+  typename W::V acc1[kGroups][SubRows][second > 0 ? second : 1];
+  for (int64_t k0 = 0; k0 < kc; k0 += slice) {
+    const int64_t n = kc - k0 < slice ? kc - k0 : slice;
+    const T* as = a + k0 * kMR;
+    const T* bs = b + k0 * LDB;
+    for (int g = 0; g < groups; ++g) {
+      multiply_panels<W, SubRows, first, LDB>(n, as + g * SubRows, bs, k0 > 0, acc0[g]);
+      if constexpr (second > 0) {
+        multiply_panels<W, SubRows, second, LDB>(n, as + g * SubRows, bs + first * L, k0 > 0,
+                                                 acc1[g]);
+      }
+    }
+  }
+  for (int g = 0; g < groups; ++g) {
+    store_sub_tile<W>(acc0[g], g * SubRows, 0, runs, nruns, rows, ld, accumulate, bias);
     if constexpr (second > 0) {
-      sub_tile<W, SubRows, second, LDB>(kc, a, b, r0, first * L, runs, nruns, rows, ld, accumulate,
-                                        bias);
+      store_sub_tile<W>(acc1[g], g * SubRows, first * L, runs, nruns, rows, ld, accumulate, bias);
     }
   }
 }

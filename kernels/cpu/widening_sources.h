@@ -49,6 +49,16 @@ struct WideningA {
       return;
     }
     if (trans) {  // each k's rows are contiguous in the source
+      if constexpr (std::is_same_v<E, float>) {
+        // A whole f32 panel: one fixed-size copy per k, which the compiler turns into a vector
+        // move; memcpy's call per 32 bytes cost a dW product (dy^T x) 3-5% of its time.
+        if (rows == kMR) {
+          for (int64_t k = 0; k < kc; ++k) {
+            std::memcpy(dst + k * kMR, p + (k0 + k) * ld + m0, sizeof(float) * kMR);
+          }
+          return;
+        }
+      }
       for (int64_t k = 0; k < kc; ++k) {
         float* d = dst + k * kMR;
         convert::widen_span(p + (k0 + k) * ld + m0, d, rows);
