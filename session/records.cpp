@@ -47,6 +47,10 @@ constexpr const char* kLowpAttentionThreadsNow = "from 2 MFLOP";
 // with other workspace and times where N > M.
 constexpr const char* kLowpStrips = "16-bit-gemm-strips";
 constexpr const char* kLowpStripsNow = "across the longer side";
+// On the CPU in every precision, how the attention runs its heads (kernels/cpu/attention.cpp,
+// heads_in_parallel): one at a time before, each product threaded, with other workspace and times.
+constexpr const char* kAttentionHeads = "attention-heads";
+constexpr const char* kAttentionHeadsNow = "in parallel up to 16 MFLOP a product";
 bool is_16_bit(const std::string& precision) {
   return precision == "bf16" || precision == "fp16";
 }
@@ -77,6 +81,7 @@ std::map<std::string, std::string> run_flags(const SessionOptions& o) {
       r[kWinogradTiles] = kWinogradTilesNow;
       if (is_16_bit(r["--precision"])) r[kWinogradTypes] = kWinogradTypesNow;
     }
+    r[kAttentionHeads] = kAttentionHeadsNow;
     if (is_16_bit(r["--precision"])) {
       r[kLowpAttentionThreads] = kLowpAttentionThreadsNow;
       r[kLowpStrips] = kLowpStripsNow;
@@ -169,11 +174,11 @@ void check_profile_run(const Profile& p, const SessionOptions& o, const std::str
   REGEN_CHECK(!has_head || p.run.empty() || p.run.count("--lm-head-recompute") != 0, what,
               " was made by a regen whose fused LM head (linear_cross_entropy) took other memory "
               "and time (from before --lm-head-recompute): its step is another's (profile again)");
-  // A setting of the 16-bit CPU kernels that changes only the steps with one of `ops`: dropped
-  // from the comparison when the profile has none of them, and taken as `before` for a 16-bit CPU
-  // profile written before it was recorded.
-  const auto lowp_cpu_setting = [&](const char* flag, std::initializer_list<const char*> ops,
-                                    const char* before) {
+  // A setting of the CPU kernels (the 16-bit ones when lowp) that changes only the steps with one
+  // of `ops`: dropped from the comparison when the profile has none of them, and taken as `before`
+  // for a CPU profile (a 16-bit one when lowp) written before it was recorded.
+  const auto cpu_setting = [&](const char* flag, std::initializer_list<const char*> ops,
+                               const char* before, bool lowp) {
     const bool has_op = std::any_of(p.nodes.begin(), p.nodes.end(), [&](const ProfileNode& n) {
       return std::any_of(ops.begin(), ops.end(), [&](const char* op) { return n.op == op; });
     });
@@ -182,14 +187,15 @@ void check_profile_run(const Profile& p, const SessionOptions& o, const std::str
                                     [&](const auto& kv) { return kv.first == flag; }),
                      recorded.end());
     } else if (p.run.count(flag) == 0 && !p.run.empty() && p.device == "cpu" &&
-               is_16_bit(profile_precision(p))) {
+               (!lowp || is_16_bit(profile_precision(p)))) {
       recorded.emplace_back(flag, before);
     }
   };
   // The attention's per-head products threaded from 4 MFLOP before; the 16-bit GEMMs that store
-  // 16 bits cut their products by rows.
-  lowp_cpu_setting(kLowpAttentionThreads, {"attention"}, "from 4 MFLOP");
-  lowp_cpu_setting(kLowpStrips, {"linear", "matmul", "bmm"}, "by rows");
+  // 16 bits cut their products by rows; the attention ran its heads one at a time.
+  cpu_setting(kLowpAttentionThreads, {"attention"}, "from 4 MFLOP", true);
+  cpu_setting(kLowpStrips, {"linear", "matmul", "bmm"}, "by rows", true);
+  cpu_setting(kAttentionHeads, {"attention"}, "one at a time", false);
   // Profiles written before --precision recorded the math mode (--math, or --tf32 before it), or
   // nothing: they ran in fp32 or tf32.
   if (p.run.count("--precision") == 0 && !p.run.empty()) {
@@ -251,6 +257,11 @@ void check_profile_run(const Profile& p, const SessionOptions& o, const std::str
     if (flag == kLowpAttentionThreads) {
       REGEN_FAIL(what, " was made by a regen whose 16-bit CPU attention ran its per-head products ",
                  "on several threads ", then, ", but this one's do ", here,
+                 ": its memory and times are another step's (profile again)");
+    }
+    if (flag == kAttentionHeads) {
+      REGEN_FAIL(what, " was made by a regen whose CPU attention ran its heads ", then,
+                 ", but this one's run ", here,
                  ": its memory and times are another step's (profile again)");
     }
     if (flag == kLowpStrips) {

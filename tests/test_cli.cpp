@@ -239,8 +239,14 @@ TEST_CASE("cli: mistakes in flags give one clear line and a non-zero exit") {
   // is refused from two small dry runs at once, where its own would take minutes.
   expect_failure(dir, tiny({"--batch", "100000000000"}),
                  {"--batch must be at most 16777216, got 100000000000"});
+  // Short sequences: the heads' attention requests one workspace whatever the batch, so the exact
+  // dry run answers at once. Causal sequences past 256 run their heads one at a time, a request
+  // each: there the size is grown from two small dry runs instead of minutes of requests.
   expect_failure(dir, tiny({"--batch", "16777216"}),
                  {"--batch 16777216 at --seq-len 16 is too large for memory",
+                  "exact, from a dry run", "use a smaller --batch"});
+  expect_failure(dir, tiny({"--batch", "16777216", "--seq-len", "512"}),
+                 {"--batch 16777216 at --seq-len 512 is too large for memory",
                   "grown from dry runs at batch 2 and 3", "use a smaller --batch"});
   expect_failure(dir, tiny({"--batch", "16777216", "--seq-len", "1000000"}),
                  {"--batch 16777216 at --seq-len 1000000 is too large", "dry run"});

@@ -280,6 +280,31 @@ TEST_CASE("16-bit CPU profiles record the attention's threading and the GEMMs' s
   }
 }
 
+TEST_CASE("CPU profiles record how the attention runs its heads, in every precision") {
+  for (const char* precision : {"fp32", "bf16"}) {
+    CAPTURE(precision);
+    SessionOptions o = tiny();
+    o.precision = precision;
+    Profile p;
+    p.device = "cpu";
+    p.run = run_flags(o);
+    CHECK(p.run.at("attention-heads") == "in parallel up to 16 MFLOP a product");
+    ProfileNode node;
+    node.op = "attention";
+    p.nodes.push_back(node);
+    CHECK_NOTHROW(check_profile_run(p, o, "the profile"));
+    // A profile from before the setting was recorded: its heads ran one at a time.
+    p.run.erase("attention-heads");
+    const std::string e = error_of([&] { check_profile_run(p, o, "the profile"); });
+    CHECK(has(e,
+              "the profile was made by a regen whose CPU attention ran its heads one at a "
+              "time, but this one's run in parallel up to 16 MFLOP a product"));
+    CHECK(has(e, "profile again"));
+    p.nodes.clear();  // no attention in its step: nothing to compare
+    CHECK_NOTHROW(check_profile_run(p, o, "the profile"));
+  }
+}
+
 TEST_CASE("precision: a training state records it") {
   SessionOptions o = tiny();
   CHECK(trajectory_options(o).at("precision") == "fp32");

@@ -783,6 +783,70 @@ TEST_CASE("attention: causal rows by blocks (S past 256) match the whole f64 pro
   for (int64_t d = 0; d < D; ++d) CHECK(f32.first[static_cast<size_t>(S * D + d)] == 0.0);
 }
 
+TEST_CASE("attention: heads in parallel give one thread's bits and the f64 products' values") {
+  // 4 B H S S Dh = 9.4 MFLOP: two threads run the heads (kernels/cpu/attention.cpp, head_threads);
+  // not causal, with padding, a row with no visible key and dropout.
+  const int64_t B = 2, S = 96, H = 4, Dh = 32, D = H * Dh;
+  std::vector<int32_t> pad(static_cast<size_t>(B * S), 0);
+  for (int64_t j = 80; j < S; ++j) pad[static_cast<size_t>(S + j)] = 1;
+  AttentionShape s = make_shape(B, S, H, Dh, false);
+  s.dropout_p = 0.1f;
+  s.seed = 3;
+  s.stream = 8;
+  const Tensor qkv16 = rand_t<float>({B, S, 3 * D}, 41, -2, 2).to(DType::bf16);
+  const Tensor dout16 = rand_t<float>({B, S, D}, 42).to(DType::bf16);
+  const Tensor qkv32 = qkv16.to(DType::f32), dout32 = dout16.to(DType::f32);
+  const Tensor qkv64 = qkv16.to(DType::f64), dout64 = dout16.to(DType::f64);
+  auto run = [&](auto zero, const Tensor& qkv, const Tensor& dout) {
+    using T = decltype(zero);
+    using Acc = typename accumulate_type<T>::type;
+    std::vector<T> out(static_cast<size_t>(B * S * D)), dqkv(static_cast<size_t>(B * S * 3 * D));
+    std::vector<Acc> lse(static_cast<size_t>(B * H * S));
+    cpu::attention_forward<T>(qkv.data<T>(), pad.data(), out.data(), lse.data(), s);
+    cpu::attention_backward<T>(dout.data<T>(), qkv.data<T>(), out.data(), lse.data(), pad.data(),
+                               dqkv.data(), s);
+    std::vector<double> r;
+    for (const T& x : out) r.push_back(static_cast<double>(x));
+    for (const Acc& x : lse) r.push_back(static_cast<double>(x));
+    for (const T& x : dqkv) r.push_back(static_cast<double>(x));
+    return r;
+  };
+  const auto as_floats = [](const std::vector<double>& v) {
+    return std::vector<float>(v.begin(), v.end());
+  };
+  const std::vector<double> ref = run(0.0, qkv64, dout64);
+  const size_t outs = static_cast<size_t>(B * S * D), lses = static_cast<size_t>(B * H * S);
+  std::vector<double> ref_out(ref.begin(), ref.begin() + outs);
+  std::vector<double> ref_grad(ref.begin() + outs + lses, ref.end());
+  double largest = 0;
+  for (double g : ref_grad) largest = std::max(largest, std::fabs(g));
+  std::vector<float> first_f32, first_b16;  // one thread's
+  for (int threads : {1, 2}) {
+    CAPTURE(threads);
+    const std::vector<float> f32 =
+        with_threads(threads, [&] { return as_floats(run(0.0f, qkv32, dout32)); });
+    const std::vector<float> b16 =
+        with_threads(threads, [&] { return as_floats(run(bfloat16(0.0f), qkv16, dout16)); });
+    if (threads == 1) {
+      const std::vector<double> o(f32.begin(), f32.begin() + outs);
+      const std::vector<double> g(f32.begin() + outs + lses, f32.end());
+      check_close(o, ref_out, 1e-5, 1e-4, "f32 heads out");
+      check_close(g, ref_grad, 1e-5, 1e-4, "f32 heads dqkv");
+      const std::vector<double> bo(b16.begin(), b16.begin() + outs);
+      const std::vector<double> bg(b16.begin() + outs + lses, b16.end());
+      check_close(bo, ref_out, 1e-4, 4e-3, "bf16 heads out");
+      check_close(bg, ref_grad, largest / 128, 4e-3, "bf16 heads dqkv");
+    }
+    if (threads == 1) {
+      first_f32 = f32;
+      first_b16 = b16;
+    } else {
+      CHECK(f32 == first_f32);  // the same bits on two threads as on one
+      CHECK(b16 == first_b16);
+    }
+  }
+}
+
 // ---- optimizers ---------------------------------------------------------------------------------
 
 namespace {

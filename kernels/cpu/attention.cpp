@@ -6,14 +6,16 @@
 // dropout on the probabilities from Philox, then out = P v written with heads merged. Backward
 // recomputes P from q, k and lse (nothing S x S lives between forward and backward).
 //
-// Threads: the (batch, head) loop runs on the calling thread and the row-wise work (softmax,
-// masks, dropout, dS) is split over rows with OpenMP. cpu::gemm takes its packing buffers from
-// the allocator on every call, so calling it from several threads at once would make the
-// allocator's request order depend on thread timing, and the remat simulator relies on that
-// order being reproducible. gemm threads itself when a product is large enough. The scratch is
-// one S x S buffer (two in backward), independent of the thread count. In a dry run (kernels.h,
-// kDryRunLaunchers) the buffers and every gemm's packing are requested in the same order, and the
-// row-wise work is skipped.
+// Threads: where a head's products are small (heads_in_parallel: at most 16 MFLOP, and not causal
+// past 256), the heads run in parallel, each on one thread, with every thread's scratch (its S x S
+// matrices and its products' packing, gemm_lowp with scratch) in one workspace requested before
+// the threads start: the allocator sees one request whatever the timing, and the remat simulator
+// relies on that order being reproducible (the size follows the thread count). Elsewhere the
+// (batch, head) loop runs on the calling thread, the row-wise work (softmax, masks, dropout, dS) is
+// split over rows with OpenMP, and each GEMM threads itself when large enough, taking its packing
+// buffers from the allocator on every call; the scratch is then one S x S buffer (two in
+// backward). In a dry run (kernels.h, kDryRunLaunchers) the same requests are made in the same
+// order, and nothing is computed.
 //
 // 16-bit qkv (bf16, f16): attention_forward_lowp / attention_backward_lowp below, f32 inside.
 //
@@ -24,6 +26,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <type_traits>
 
 #include "regen/core/philox.h"
@@ -81,10 +84,6 @@ HeadView head_view(const AttentionShape& s, int64_t b, int64_t h, const int32_t*
   return v;
 }
 
-inline bool masked(const HeadView& v, bool causal, int64_t i, int64_t j) {
-  return (v.key_pad && v.key_pad[j] != 0) || (causal && j > i);
-}
-
 // Forward, rows of one (batch, head): P (S, S) holds the scores (times score_scale, applied here
 // when it is not 1) and becomes the probabilities, dropped out; lse_bh: (S) the rows' logsumexp.
 // A is the type the scores are computed in (f32 for 16-bit tensors).
@@ -101,9 +100,14 @@ void forward_rows(A* P, A* lse_bh, const HeadView& v, const AttentionShape& s, A
     if (score_scale != A(1)) {
       for (int64_t j = 0; j < cols; ++j) row[j] *= score_scale;
     }
-    for (int64_t j = 0; j < cols; ++j) {
-      if (masked(v, s.causal, i, j)) row[j] = -INFINITY;
+    // Masked keys: padded ones, and (causal) those past the row. Tested in separate loops, for
+    // the reason given at ds_span.
+    if (v.key_pad) {
+      for (int64_t j = 0; j < cols; ++j) {
+        if (v.key_pad[j] != 0) row[j] = -INFINITY;
+      }
     }
+    if (s.causal) std::fill(row + std::min(cols, i + 1), row + cols, -INFINITY);
     const A mx = row_max(row, cols);
     if (mx == -INFINITY) {  // no visible key: output 0, and backward sees P = 0
       lse_bh[i] = -INFINITY;
@@ -161,8 +165,20 @@ void ds_span(A* a, A* bm, int64_t j0, int64_t j1, const int32_t* key_pad, A l, A
     }
     return;
   }
+  // Two loops, not one testing `key_pad &&` per key: GCC vectorized that test into a masked load
+  // from key_pad + j even when key_pad is null, and a masked-off load from an unmapped page costs
+  // a microcode assist per vector on AMD Zen 4 (half of this function's time, 2026-12-01).
+  if (key_pad) {
+    for (int64_t j = j0; j < j1; ++j) {
+      const A p = key_pad[j] != 0 ? A(0) : row_exp(a[j] - l);
+      const A m = words[j - j0] >= threshold ? keep_scale : A(0);
+      a[j] = p * m;
+      bm[j] = p * (bm[j] * m - row_term) * scale;
+    }
+    return;
+  }
   for (int64_t j = j0; j < j1; ++j) {
-    const A p = key_pad && key_pad[j] != 0 ? A(0) : row_exp(a[j] - l);
+    const A p = row_exp(a[j] - l);
     const A m = words[j - j0] >= threshold ? keep_scale : A(0);
     a[j] = p * m;
     bm[j] = p * (bm[j] * m - row_term) * scale;
@@ -223,6 +239,144 @@ void backward_rows(A* Am, A* Bm, const A* lse_bh, const T* dO, const T* O, const
 template <class E>
 void store_rows(const float* src, E* dst, int64_t rows, int64_t cols, int64_t ld) {
   for (int64_t i = 0; i < rows; ++i) convert::narrow_span(src + i * cols, dst + i * ld, cols);
+}
+
+// ---- Heads in parallel (f32, bf16, f16) ---------------------------------------------------------
+// Where a head's products are small (the seed Transformer's (128, 128, 64): 2 MFLOP), threading
+// each product costs more than it saves: a fork and a join per product and per row pass, halves
+// of a few hundred microseconds. There the heads run in parallel instead, each on one thread from
+// start to end (its products on that thread, kernels/cpu/gemm_lowp.h with scratch), and a head's
+// bits do not depend on which thread or how many. The scratch of every thread (its S x S
+// matrices, its f32 (S, Dh) buffer for 16-bit outputs, its products' packing) is one workspace
+// requested before the threads start, so the allocator sees one request whatever the timing; its
+// size follows the thread count, as the packed GEMM's own workspace does.
+constexpr double kHeadsParallelMaxFlops = 16e6;  // 2 S S Dh: S up to 353 at Dh = 64
+
+bool heads_in_parallel(const AttentionShape& s) {
+  return !causal_blocks(s) && 2.0 * static_cast<double>(s.S) * s.S * s.Dh <= kHeadsParallelMaxFlops;
+}
+
+int64_t round_up16(int64_t n) {
+  return (n + 15) / 16 * 16;  // keeps every part of a thread's scratch 64-byte aligned
+}
+
+// One thread's scratch: `matrices` S x S f32 matrices, an (S, Dh) f32 buffer when the outputs are
+// 16-bit, and the packing of the largest product (S x S over Dh, or S x Dh over S).
+struct HeadScratch {
+  int64_t matrix, buffer, packing;
+  int64_t floats(int matrices) const { return matrices * matrix + buffer + packing; }
+};
+HeadScratch head_scratch(const AttentionShape& s, bool wide_out) {
+  const int64_t S = s.S, Dh = s.Dh;
+  return {round_up16(S * S), wide_out ? 0 : round_up16(S * Dh),
+          round_up16(std::max(gemm_lowp_scratch(S, S, Dh), gemm_lowp_scratch(S, Dh, S)))};
+}
+
+// One thread where the whole call is small (transformer-tiny's heads: a fork and a join would cost
+// more than the products, and a join waits for a core that another process holds), as the packed
+// GEMM decides for one product (packed::kParallelFlops).
+int head_threads(const AttentionShape& s) {
+  const double flops = 4.0 * static_cast<double>(s.B) * s.H * s.S * s.S * s.Dh;  // QK^T and P v
+  if (omp_in_parallel() || flops < packed::kParallelFlops) return 1;
+  return static_cast<int>(
+      std::max<int64_t>(1, std::min<int64_t>(omp_get_max_threads(), s.B * s.H)));
+}
+
+// E: float, bfloat16 or float16; lse f32.
+template <class E>
+void attention_forward_heads(const E* qkv, const int32_t* key_pad, E* out, float* lse,
+                             const AttentionShape& s) {
+  constexpr bool wide = std::is_same_v<E, float>;
+  const int64_t S = s.S, Dh = s.Dh;
+  const DType dt = dtype_of<E>::value;
+  const uint64_t threshold = dropout_threshold(s.dropout_p);
+  const float keep_scale = s.dropout_p < 1.0f ? 1.0f / (1.0f - s.dropout_p) : 0.0f;
+  const HeadScratch hs = head_scratch(s, wide);
+  const int threads = head_threads(s);
+  const int64_t per_thread = hs.floats(1);
+  Workspace ws(Device::cpu(), static_cast<uint64_t>(threads * per_thread) * sizeof(float));
+  if (dry_run_active()) return;
+  const double serial = std::numeric_limits<double>::infinity();
+#pragma omp parallel for schedule(static) num_threads(threads)
+  for (int64_t bh = 0; bh < s.B * s.H; ++bh) {
+    float* const P = ws.as<float>() + omp_get_thread_num() * per_thread;
+    float* const o = P + hs.matrix;
+    float* const pack = o + hs.buffer;
+    const int64_t b = bh / s.H, h = bh % s.H;
+    const HeadView v = head_view(s, b, h, key_pad);
+    const E* q = qkv + v.qkv_offset;
+    const E* k = q + v.D;
+    const E* val = q + 2 * v.D;
+    gemm_lowp(false, true, S, S, Dh, dt, q, v.ld_qkv, dt, k, v.ld_qkv, nullptr, false, P, S, serial,
+              pack);
+    forward_rows<float>(P, lse + bh * S, v, s, s.scale, threshold, keep_scale, 0, S, S);
+    if constexpr (wide) {
+      gemm_lowp(false, false, S, Dh, S, DType::f32, P, S, dt, val, v.ld_qkv, nullptr, false,
+                out + v.out_offset, v.D, serial, pack);
+    } else {
+      gemm_lowp(false, false, S, Dh, S, DType::f32, P, S, dt, val, v.ld_qkv, nullptr, false, o, Dh,
+                serial, pack);
+      store_rows(o, out + v.out_offset, S, Dh, v.D);
+    }
+  }
+}
+
+template <class E>
+void attention_backward_heads(const E* dout, const E* qkv, const E* out, const float* lse,
+                              const int32_t* key_pad, E* dqkv, const AttentionShape& s) {
+  constexpr bool wide = std::is_same_v<E, float>;
+  const int64_t S = s.S, Dh = s.Dh;
+  const DType dt = dtype_of<E>::value, f = DType::f32;
+  const uint64_t threshold = dropout_threshold(s.dropout_p);
+  const float keep_scale = s.dropout_p < 1.0f ? 1.0f / (1.0f - s.dropout_p) : 0.0f;
+  const HeadScratch hs = head_scratch(s, wide);
+  const int threads = head_threads(s);
+  const int64_t per_thread = hs.floats(2);
+  Workspace ws(Device::cpu(), static_cast<uint64_t>(threads * per_thread) * sizeof(float));
+  if (dry_run_active()) return;
+  const double serial = std::numeric_limits<double>::infinity();
+#pragma omp parallel for schedule(static) num_threads(threads)
+  for (int64_t bh = 0; bh < s.B * s.H; ++bh) {
+    // A: scores, then P, then the dropped-out Pd that dV needs. Bm: dPd = dO v^T, then dS.
+    float* const A = ws.as<float>() + omp_get_thread_num() * per_thread;
+    float* const Bm = A + hs.matrix;
+    float* const g = Bm + hs.matrix;
+    float* const pack = g + hs.buffer;
+    const int64_t b = bh / s.H, h = bh % s.H;
+    const HeadView v = head_view(s, b, h, key_pad);
+    const E* q = qkv + v.qkv_offset;
+    const E* k = q + v.D;
+    const E* val = q + 2 * v.D;
+    const E* dO = dout + v.out_offset;
+    const E* O = out + v.out_offset;
+    E* dq = dqkv + v.qkv_offset;
+    E* dk = dq + v.D;
+    E* dv = dq + 2 * v.D;
+    gemm_lowp(false, true, S, S, Dh, dt, q, v.ld_qkv, dt, k, v.ld_qkv, nullptr, false, A, S, serial,
+              pack);
+    gemm_lowp(false, true, S, S, Dh, dt, dO, v.D, dt, val, v.ld_qkv, nullptr, false, Bm, S, serial,
+              pack);
+    backward_rows<float>(A, Bm, lse + bh * S, dO, O, v, s, s.scale, s.scale, threshold, keep_scale,
+                         0, S, S);
+    // dv = Pd^T dO, dq = dS k, dk = dS^T q: straight into dqkv (f32), or each through g.
+    if constexpr (wide) {
+      gemm_lowp(true, false, S, Dh, S, f, A, S, dt, dO, v.D, nullptr, false, dv, v.ld_qkv, serial,
+                pack);
+      gemm_lowp(false, false, S, Dh, S, f, Bm, S, dt, k, v.ld_qkv, nullptr, false, dq, v.ld_qkv,
+                serial, pack);
+      gemm_lowp(true, false, S, Dh, S, f, Bm, S, dt, q, v.ld_qkv, nullptr, false, dk, v.ld_qkv,
+                serial, pack);
+    } else {
+      gemm_lowp(true, false, S, Dh, S, f, A, S, dt, dO, v.D, nullptr, false, g, Dh, serial, pack);
+      store_rows(g, dv, S, Dh, v.ld_qkv);
+      gemm_lowp(false, false, S, Dh, S, f, Bm, S, dt, k, v.ld_qkv, nullptr, false, g, Dh, serial,
+                pack);
+      store_rows(g, dq, S, Dh, v.ld_qkv);
+      gemm_lowp(true, false, S, Dh, S, f, Bm, S, dt, q, v.ld_qkv, nullptr, false, g, Dh, serial,
+                pack);
+      store_rows(g, dk, S, Dh, v.ld_qkv);
+    }
+  }
 }
 
 // ---- 16-bit qkv (bf16, f16) ---------------------------------------------------------------------
@@ -465,6 +619,9 @@ void attention_backward_wide(const T* dout, const T* qkv, const T* out, const T*
 template <class T>
 void attention_forward(const T* qkv, const int32_t* key_pad, T* out,
                        typename accumulate_type<T>::type* lse, const AttentionShape& s) {
+  if constexpr (!std::is_same_v<T, double>) {
+    if (heads_in_parallel(s)) return attention_forward_heads(qkv, key_pad, out, lse, s);
+  }
   if constexpr (is_half_v<T>) {
     attention_forward_lowp(qkv, key_pad, out, lse, s);
   } else {
@@ -476,6 +633,11 @@ template <class T>
 void attention_backward(const T* dout, const T* qkv, const T* out,
                         const typename accumulate_type<T>::type* lse, const int32_t* key_pad,
                         T* dqkv, const AttentionShape& s) {
+  if constexpr (!std::is_same_v<T, double>) {
+    if (heads_in_parallel(s)) {
+      return attention_backward_heads(dout, qkv, out, lse, key_pad, dqkv, s);
+    }
+  }
   if constexpr (is_half_v<T>) {
     attention_backward_lowp(dout, qkv, out, lse, key_pad, dqkv, s);
   } else {

@@ -171,7 +171,8 @@ void gemm_lowp_store(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K
 
 void gemm_lowp(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, DType a_dtype,
                const void* A, int64_t lda, DType b_dtype, const void* B, int64_t ldb,
-               const float* bias, bool accumulate, float* C, int64_t ldc, double parallel_flops) {
+               const float* bias, bool accumulate, float* C, int64_t ldc, double parallel_flops,
+               float* scratch) {
   REGEN_CHECK(M >= 0 && N >= 0 && K >= 0, "gemm_lowp: negative size M=", M, " N=", N, " K=", K);
   REGEN_CHECK(lda >= (trans_a ? M : K) && ldb >= (trans_b ? K : N) && ldc >= N,
               "gemm_lowp: leading dimensions lda=", lda, " ldb=", ldb, " ldc=", ldc,
@@ -189,21 +190,27 @@ void gemm_lowp(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, DTyp
       const packed::WordTile<float> words{pairs, 2};
       packed::gemm<float>(M, N, even / 2, packed::PairWordsA{a16, lda, trans_a, K},
                           packed::PairWordsB{b16, ldb, trans_b, K}, bias, accumulate, c, &words,
-                          parallel_flops);
+                          parallel_flops, scratch);
       return;
     }
     const auto* a16 = static_cast<const bfloat16*>(A);
     const auto* b16 = static_cast<const bfloat16*>(B);
     packed::gemm<float>(M, N, even, packed::WideningA<bfloat16>{a16, lda, trans_a, true, K},
                         packed::WideningB<bfloat16>{b16, ldb, trans_b, true, K}, bias, accumulate,
-                        c, nullptr, parallel_flops);
+                        c, nullptr, parallel_flops, scratch);
     return;
   }
   with_source<packed::WideningA>("A", a_dtype, A, lda, trans_a, [&](const auto& a) {
     with_source<packed::WideningB>("B", b_dtype, B, ldb, trans_b, [&](const auto& b) {
-      packed::gemm<float>(M, N, K, a, b, bias, accumulate, c, nullptr, parallel_flops);
+      packed::gemm<float>(M, N, K, a, b, bias, accumulate, c, nullptr, parallel_flops, scratch);
     });
   });
+}
+
+int64_t gemm_lowp_scratch(int64_t M, int64_t N, int64_t K) {
+  // bf16 x bf16 packs K rounded up to even (as pairs, or widened with the pairs swapped): the
+  // most any dtype packs.
+  return packed::serial_scratch_elems<float>(M, N, K + K % 2);
 }
 
 }  // namespace regen::cpu

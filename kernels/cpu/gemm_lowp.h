@@ -30,10 +30,15 @@ namespace regen::cpu {
 // In a dry run (core/dry_run.h) the packing workspace is requested and nothing is computed.
 // A product of fewer than parallel_flops (2 M N K) runs on the calling thread alone; more, on
 // OpenMP's threads, each with its own packing workspace (the bits are the same either way).
+// With `scratch` (at least gemm_lowp_scratch(M, N, K) floats, 64-byte aligned), the product runs
+// on the calling thread alone, packs into scratch and requests no workspace (packed_gemm.h, gemm's
+// scratch): for products run on several threads at once. The same bits.
 void gemm_lowp(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, DType a_dtype,
                const void* A, int64_t lda, DType b_dtype, const void* B, int64_t ldb,
                const float* bias, bool accumulate, float* C, int64_t ldc,
-               double parallel_flops = 4e6 /* packed::kParallelFlops */);
+               double parallel_flops = 4e6 /* packed::kParallelFlops */, float* scratch = nullptr);
+// The floats gemm_lowp's scratch needs for a product of M x N over K, whatever the dtypes.
+int64_t gemm_lowp_scratch(int64_t M, int64_t N, int64_t K);
 
 // The same product stored in C's own dtype, rounded once per element:
 //   C (M, N) = round(alpha * op(A) op(B) + beta * C + bias[n])

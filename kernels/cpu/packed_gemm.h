@@ -29,6 +29,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <memory>
 
 #include "regen/core/dry_run.h"
 #include "regen/core/tensor.h"
@@ -139,10 +140,28 @@ struct WordTile {
 // whenever another process holds one of the cores. A product of fewer than parallel_flops
 // (2 M N K) runs on the calling thread alone.
 constexpr double kParallelFlops = 4e6;
+
+// The packing buffers, in elements, of a product of M x N over `depth` elements that runs on one
+// thread: what gemm requests as its workspace then, and what its `scratch` must hold.
+template <class T>
+int64_t serial_scratch_elems(int64_t M, int64_t N, int64_t depth) {
+  constexpr int L = kLanes<T>;
+  const int64_t row_panels = (M + kMR - 1) / kMR, col_vectors = (N + L - 1) / L;
+  const int64_t kc_max = std::min(depth, kKC);
+  return std::min<int64_t>(kMCPanels, row_panels) * kMR * kc_max +
+         std::min<int64_t>(col_vectors * L, kNC) * kc_max + kSlack<T>;
+}
+
+// With `scratch` (at least serial_scratch_elems(M, N, K * depth_per_word) elements, 64-byte
+// aligned), the product runs on the calling thread alone and packs into scratch: it requests no
+// workspace, so products can run on several threads at once, each with its own scratch, without
+// the allocator seeing requests in an order that depends on the threads (the attention's heads,
+// kernels/cpu/attention.cpp). In a dry run it then does nothing at all: the caller requested the
+// scratch. The same bits either way.
 template <class T, class SrcA, class SrcB>
 void gemm(int64_t M, int64_t N, int64_t K, const SrcA& a, const SrcB& b, const T* bias,
           bool accumulate, const CView<T>& c, const WordTile<T>* words = nullptr,
-          double parallel_flops = kParallelFlops) {
+          double parallel_flops = kParallelFlops, T* scratch = nullptr) {
   if (M <= 0 || N <= 0) return;
   if (K == 0) {  // C = bias (or unchanged when accumulating)
     if (accumulate || dry_run_active()) return;
@@ -159,7 +178,7 @@ void gemm(int64_t M, int64_t N, int64_t K, const SrcA& a, const SrcB& b, const T
   // dealt in whole vectors, rows in whole panels.
   const bool split_rows = M >= N;
   const int64_t extent = split_rows ? row_panels : col_vectors;
-  const int threads = small || omp_in_parallel()
+  const int threads = small || scratch || omp_in_parallel()
                           ? 1
                           : static_cast<int>(std::min<int64_t>(omp_get_max_threads(), extent));
   // When threads split the columns, all of them need all of A: it is packed once, together,
@@ -170,10 +189,15 @@ void gemm(int64_t M, int64_t N, int64_t K, const SrcA& a, const SrcB& b, const T
   const int64_t shared_elems = shared_a ? row_panels * kMR * depth : 0;
   const int64_t a_elems = shared_a ? 0 : std::min<int64_t>(kMCPanels, row_panels) * kMR * kc_max;
   const int64_t b_elems = std::min<int64_t>(col_vectors * L, kNC) * kc_max + kSlack<T>;
-  Workspace ws(Device::cpu(),
-               static_cast<uint64_t>(shared_elems + threads * (a_elems + b_elems)) * sizeof(T));
+  std::unique_ptr<Workspace> ws;
+  if (!scratch) {
+    ws = std::make_unique<Workspace>(
+        Device::cpu(),
+        static_cast<uint64_t>(shared_elems + threads * (a_elems + b_elems)) * sizeof(T));
+  }
   if (dry_run_active()) return;  // the dry path (kernels.h): the scratch, requested and unused
-  T* const shared = ws.as<T>();  // block pc, panel ip at shared + row_panels*kMR*pc + ip*kMR*kc
+  // block pc, panel ip at shared + row_panels*kMR*pc + ip*kMR*kc
+  T* const shared = scratch ? scratch : ws->as<T>();
   const TileFn<T> run_tile = words ? words->tile : tile_kernel<T>(tile_isa());
 #pragma omp parallel num_threads(threads)
   {
