@@ -733,6 +733,32 @@ TEST_CASE("attention: threaded rows match one thread and repeated runs are bit-i
               "attention S=70 out");
 }
 
+namespace {
+// One forward and backward of the CPU attention in T (qkv and dout hold T), widened to double:
+// out, the rows' lse and dqkv.
+struct AttentionPass {
+  std::vector<double> out, lse, grad;
+};
+template <class T>
+AttentionPass attention_pass(const Tensor& qkv, const Tensor& dout, const std::vector<int32_t>& pad,
+                             const AttentionShape& s) {
+  using Acc = typename accumulate_type<T>::type;
+  const int64_t D = s.H * s.Dh;
+  std::vector<T> out(static_cast<size_t>(s.B * s.S * D));
+  std::vector<T> dqkv(static_cast<size_t>(s.B * s.S * 3 * D));
+  std::vector<Acc> lse(static_cast<size_t>(s.B * s.H * s.S));
+  cpu::attention_forward<T>(qkv.data<T>(), pad.data(), out.data(), lse.data(), s);
+  cpu::attention_backward<T>(dout.data<T>(), qkv.data<T>(), out.data(), lse.data(), pad.data(),
+                             dqkv.data(), s);
+  const auto wide = [](const auto& v) {
+    std::vector<double> r;
+    for (const auto& x : v) r.push_back(static_cast<double>(x));
+    return r;
+  };
+  return {wide(out), wide(lse), wide(dqkv)};
+}
+}  // namespace
+
 TEST_CASE("attention: causal rows by blocks (S past 256) match the whole f64 products") {
   // S = 520: row blocks of 256, 256 and 8 (kernels/cpu/attention.cpp); key padding (a row of the
   // second batch sees no key) and dropout. The f32 and bf16 launchers run by row blocks, the f64
@@ -749,38 +775,21 @@ TEST_CASE("attention: causal rows by blocks (S past 256) match the whole f64 pro
   const Tensor dout16 = rand_t<float>({B, S, D}, 32).to(DType::bf16);
   const Tensor qkv32 = qkv16.to(DType::f32), dout32 = dout16.to(DType::f32);
   const Tensor qkv64 = qkv16.to(DType::f64), dout64 = dout16.to(DType::f64);
-  auto run = [&](auto zero, const Tensor& qkv, const Tensor& dout) {
-    using T = decltype(zero);
-    using Acc = typename accumulate_type<T>::type;
-    std::vector<T> out(static_cast<size_t>(B * S * D)), dqkv(static_cast<size_t>(B * S * 3 * D));
-    std::vector<Acc> lse(static_cast<size_t>(B * H * S));
-    cpu::attention_forward<T>(qkv.data<T>(), pad.data(), out.data(), lse.data(), s);
-    cpu::attention_backward<T>(dout.data<T>(), qkv.data<T>(), out.data(), lse.data(), pad.data(),
-                               dqkv.data(), s);
-    std::vector<double> o, g;
-    for (const T& x : out) o.push_back(static_cast<double>(static_cast<float>(x)));
-    for (const T& x : dqkv) g.push_back(static_cast<double>(static_cast<float>(x)));
-    if constexpr (std::is_same_v<T, double>) {
-      o.assign(out.begin(), out.end());
-      g.assign(dqkv.begin(), dqkv.end());
-    }
-    return std::make_pair(o, g);
-  };
-  const auto ref = run(0.0, qkv64, dout64);
-  const auto f32 = run(0.0f, qkv32, dout32);
-  const auto b16 = run(bfloat16(0.0f), qkv16, dout16);
+  const AttentionPass ref = attention_pass<double>(qkv64, dout64, pad, s);
+  const AttentionPass f32 = attention_pass<float>(qkv32, dout32, pad, s);
+  const AttentionPass b16 = attention_pass<bfloat16>(qkv16, dout16, pad, s);
   // f32: sums of up to 520 terms of size 1, rounded in f32 (2^-24 each).
-  check_close(f32.first, ref.first, 1e-5, 1e-4, "f32 causal blocks out");
-  check_close(f32.second, ref.second, 1e-5, 1e-4, "f32 causal blocks dqkv");
+  check_close(f32.out, ref.out, 1e-5, 1e-4, "f32 causal blocks out");
+  check_close(f32.grad, ref.grad, 1e-5, 1e-4, "f32 causal blocks dqkv");
   // bf16: the output rounded once to bf16 (2^-9 relative). The gradients also read that rounded
   // output (the softmax-backward row term <dO, O>), so their error scales with the largest
   // gradient, not with each element: 2^-7 of it (a few bf16 roundings), plus 2^-9 relative.
   double largest = 0;
-  for (double g : ref.second) largest = std::max(largest, std::fabs(g));
-  check_close(b16.first, ref.first, 1e-4, 4e-3, "bf16 causal blocks out");
-  check_close(b16.second, ref.second, largest / 128, 4e-3, "bf16 causal blocks dqkv");
+  for (double g : ref.grad) largest = std::max(largest, std::fabs(g));
+  check_close(b16.out, ref.out, 1e-4, 4e-3, "bf16 causal blocks out");
+  check_close(b16.grad, ref.grad, largest / 128, 4e-3, "bf16 causal blocks dqkv");
   // The row that sees no key: output 0 and no gradient through its query.
-  for (int64_t d = 0; d < D; ++d) CHECK(f32.first[static_cast<size_t>(S * D + d)] == 0.0);
+  for (int64_t d = 0; d < D; ++d) CHECK(f32.out[static_cast<size_t>(S * D + d)] == 0.0);
 }
 
 TEST_CASE("attention: heads in parallel give one thread's bits and the f64 products' values") {
@@ -796,55 +805,32 @@ TEST_CASE("attention: heads in parallel give one thread's bits and the f64 produ
   const Tensor qkv16 = rand_t<float>({B, S, 3 * D}, 41, -2, 2).to(DType::bf16);
   const Tensor dout16 = rand_t<float>({B, S, D}, 42).to(DType::bf16);
   const Tensor qkv32 = qkv16.to(DType::f32), dout32 = dout16.to(DType::f32);
-  const Tensor qkv64 = qkv16.to(DType::f64), dout64 = dout16.to(DType::f64);
-  auto run = [&](auto zero, const Tensor& qkv, const Tensor& dout) {
-    using T = decltype(zero);
-    using Acc = typename accumulate_type<T>::type;
-    std::vector<T> out(static_cast<size_t>(B * S * D)), dqkv(static_cast<size_t>(B * S * 3 * D));
-    std::vector<Acc> lse(static_cast<size_t>(B * H * S));
-    cpu::attention_forward<T>(qkv.data<T>(), pad.data(), out.data(), lse.data(), s);
-    cpu::attention_backward<T>(dout.data<T>(), qkv.data<T>(), out.data(), lse.data(), pad.data(),
-                               dqkv.data(), s);
-    std::vector<double> r;
-    for (const T& x : out) r.push_back(static_cast<double>(x));
-    for (const Acc& x : lse) r.push_back(static_cast<double>(x));
-    for (const T& x : dqkv) r.push_back(static_cast<double>(x));
+  const AttentionPass ref =
+      attention_pass<double>(qkv16.to(DType::f64), dout16.to(DType::f64), pad, s);
+  double largest = 0;
+  for (double g : ref.grad) largest = std::max(largest, std::fabs(g));
+  // Everything a pass returns, as floats: for bitwise comparisons.
+  const auto all = [](const AttentionPass& p) {
+    std::vector<float> r(p.out.begin(), p.out.end());
+    r.insert(r.end(), p.lse.begin(), p.lse.end());
+    r.insert(r.end(), p.grad.begin(), p.grad.end());
     return r;
   };
-  const auto as_floats = [](const std::vector<double>& v) {
-    return std::vector<float>(v.begin(), v.end());
-  };
-  const std::vector<double> ref = run(0.0, qkv64, dout64);
-  const size_t outs = static_cast<size_t>(B * S * D), lses = static_cast<size_t>(B * H * S);
-  std::vector<double> ref_out(ref.begin(), ref.begin() + outs);
-  std::vector<double> ref_grad(ref.begin() + outs + lses, ref.end());
-  double largest = 0;
-  for (double g : ref_grad) largest = std::max(largest, std::fabs(g));
-  std::vector<float> first_f32, first_b16;  // one thread's
-  for (int threads : {1, 2}) {
-    CAPTURE(threads);
-    const std::vector<float> f32 =
-        with_threads(threads, [&] { return as_floats(run(0.0f, qkv32, dout32)); });
-    const std::vector<float> b16 =
-        with_threads(threads, [&] { return as_floats(run(bfloat16(0.0f), qkv16, dout16)); });
-    if (threads == 1) {
-      const std::vector<double> o(f32.begin(), f32.begin() + outs);
-      const std::vector<double> g(f32.begin() + outs + lses, f32.end());
-      check_close(o, ref_out, 1e-5, 1e-4, "f32 heads out");
-      check_close(g, ref_grad, 1e-5, 1e-4, "f32 heads dqkv");
-      const std::vector<double> bo(b16.begin(), b16.begin() + outs);
-      const std::vector<double> bg(b16.begin() + outs + lses, b16.end());
-      check_close(bo, ref_out, 1e-4, 4e-3, "bf16 heads out");
-      check_close(bg, ref_grad, largest / 128, 4e-3, "bf16 heads dqkv");
-    }
-    if (threads == 1) {
-      first_f32 = f32;
-      first_b16 = b16;
-    } else {
-      CHECK(f32 == first_f32);  // the same bits on two threads as on one
-      CHECK(b16 == first_b16);
-    }
-  }
+  AttentionPass f32, b16;
+  with_threads(2, [&] {
+    f32 = attention_pass<float>(qkv32, dout32, pad, s);
+    b16 = attention_pass<bfloat16>(qkv16, dout16, pad, s);
+    return std::vector<float>();
+  });
+  check_close(f32.out, ref.out, 1e-5, 1e-4, "f32 heads out");
+  check_close(f32.grad, ref.grad, 1e-5, 1e-4, "f32 heads dqkv");
+  check_close(b16.out, ref.out, 1e-4, 4e-3, "bf16 heads out");
+  check_close(b16.grad, ref.grad, largest / 128, 4e-3, "bf16 heads dqkv");
+  // The same bits on one thread as on two.
+  CHECK(with_threads(1, [&] { return all(attention_pass<float>(qkv32, dout32, pad, s)); }) ==
+        all(f32));
+  CHECK(with_threads(1, [&] { return all(attention_pass<bfloat16>(qkv16, dout16, pad, s)); }) ==
+        all(b16));
 }
 
 // ---- optimizers ---------------------------------------------------------------------------------

@@ -282,6 +282,27 @@ int head_threads(const AttentionShape& s) {
       std::max<int64_t>(1, std::min<int64_t>(omp_get_max_threads(), s.B * s.H)));
 }
 
+// What both passes share: the dropout's threshold and scale, each thread's scratch (`matrices`
+// S x S matrices first) and the one workspace that holds every thread's, requested here, on the
+// calling thread.
+struct HeadsCall {
+  uint64_t threshold;
+  float keep_scale;
+  HeadScratch hs;
+  int threads;
+  int64_t per_thread;
+  Workspace ws;
+  HeadsCall(const AttentionShape& s, bool wide_out, int matrices)
+      : threshold(dropout_threshold(s.dropout_p)),
+        keep_scale(s.dropout_p < 1.0f ? 1.0f / (1.0f - s.dropout_p) : 0.0f),
+        hs(head_scratch(s, wide_out)),
+        threads(head_threads(s)),
+        per_thread(hs.floats(matrices)),
+        ws(Device::cpu(), static_cast<uint64_t>(threads * per_thread) * sizeof(float)) {}
+  // The calling thread's scratch (inside the parallel loop).
+  float* scratch() const { return ws.as<float>() + omp_get_thread_num() * per_thread; }
+};
+
 // E: float, bfloat16 or float16; lse f32.
 template <class E>
 void attention_forward_heads(const E* qkv, const int32_t* key_pad, E* out, float* lse,
@@ -289,19 +310,14 @@ void attention_forward_heads(const E* qkv, const int32_t* key_pad, E* out, float
   constexpr bool wide = std::is_same_v<E, float>;
   const int64_t S = s.S, Dh = s.Dh;
   const DType dt = dtype_of<E>::value;
-  const uint64_t threshold = dropout_threshold(s.dropout_p);
-  const float keep_scale = s.dropout_p < 1.0f ? 1.0f / (1.0f - s.dropout_p) : 0.0f;
-  const HeadScratch hs = head_scratch(s, wide);
-  const int threads = head_threads(s);
-  const int64_t per_thread = hs.floats(1);
-  Workspace ws(Device::cpu(), static_cast<uint64_t>(threads * per_thread) * sizeof(float));
+  const HeadsCall call(s, wide, 1);
   if (dry_run_active()) return;
   const double serial = std::numeric_limits<double>::infinity();
-#pragma omp parallel for schedule(static) num_threads(threads)
+#pragma omp parallel for schedule(static) num_threads(call.threads)
   for (int64_t bh = 0; bh < s.B * s.H; ++bh) {
-    float* const P = ws.as<float>() + omp_get_thread_num() * per_thread;
-    float* const o = P + hs.matrix;
-    float* const pack = o + hs.buffer;
+    float* const P = call.scratch();
+    float* const o = P + call.hs.matrix;
+    float* const pack = o + call.hs.buffer;
     const int64_t b = bh / s.H, h = bh % s.H;
     const HeadView v = head_view(s, b, h, key_pad);
     const E* q = qkv + v.qkv_offset;
@@ -309,7 +325,7 @@ void attention_forward_heads(const E* qkv, const int32_t* key_pad, E* out, float
     const E* val = q + 2 * v.D;
     gemm_lowp(false, true, S, S, Dh, dt, q, v.ld_qkv, dt, k, v.ld_qkv, nullptr, false, P, S, serial,
               pack);
-    forward_rows<float>(P, lse + bh * S, v, s, s.scale, threshold, keep_scale, 0, S, S);
+    forward_rows<float>(P, lse + bh * S, v, s, s.scale, call.threshold, call.keep_scale, 0, S, S);
     if constexpr (wide) {
       gemm_lowp(false, false, S, Dh, S, DType::f32, P, S, dt, val, v.ld_qkv, nullptr, false,
                 out + v.out_offset, v.D, serial, pack);
@@ -327,21 +343,16 @@ void attention_backward_heads(const E* dout, const E* qkv, const E* out, const f
   constexpr bool wide = std::is_same_v<E, float>;
   const int64_t S = s.S, Dh = s.Dh;
   const DType dt = dtype_of<E>::value, f = DType::f32;
-  const uint64_t threshold = dropout_threshold(s.dropout_p);
-  const float keep_scale = s.dropout_p < 1.0f ? 1.0f / (1.0f - s.dropout_p) : 0.0f;
-  const HeadScratch hs = head_scratch(s, wide);
-  const int threads = head_threads(s);
-  const int64_t per_thread = hs.floats(2);
-  Workspace ws(Device::cpu(), static_cast<uint64_t>(threads * per_thread) * sizeof(float));
+  const HeadsCall call(s, wide, 2);
   if (dry_run_active()) return;
   const double serial = std::numeric_limits<double>::infinity();
-#pragma omp parallel for schedule(static) num_threads(threads)
+#pragma omp parallel for schedule(static) num_threads(call.threads)
   for (int64_t bh = 0; bh < s.B * s.H; ++bh) {
     // A: scores, then P, then the dropped-out Pd that dV needs. Bm: dPd = dO v^T, then dS.
-    float* const A = ws.as<float>() + omp_get_thread_num() * per_thread;
-    float* const Bm = A + hs.matrix;
-    float* const g = Bm + hs.matrix;
-    float* const pack = g + hs.buffer;
+    float* const A = call.scratch();
+    float* const Bm = A + call.hs.matrix;
+    float* const g = Bm + call.hs.matrix;
+    float* const pack = g + call.hs.buffer;
     const int64_t b = bh / s.H, h = bh % s.H;
     const HeadView v = head_view(s, b, h, key_pad);
     const E* q = qkv + v.qkv_offset;
@@ -356,8 +367,8 @@ void attention_backward_heads(const E* dout, const E* qkv, const E* out, const f
               pack);
     gemm_lowp(false, true, S, S, Dh, dt, dO, v.D, dt, val, v.ld_qkv, nullptr, false, Bm, S, serial,
               pack);
-    backward_rows<float>(A, Bm, lse + bh * S, dO, O, v, s, s.scale, s.scale, threshold, keep_scale,
-                         0, S, S);
+    backward_rows<float>(A, Bm, lse + bh * S, dO, O, v, s, s.scale, s.scale, call.threshold,
+                         call.keep_scale, 0, S, S);
     // dv = Pd^T dO, dq = dS k, dk = dS^T q: straight into dqkv (f32), or each through g.
     if constexpr (wide) {
       gemm_lowp(true, false, S, Dh, S, f, A, S, dt, dO, v.D, nullptr, false, dv, v.ld_qkv, serial,
