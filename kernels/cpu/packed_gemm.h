@@ -141,15 +141,22 @@ struct WordTile {
 // (2 M N K) runs on the calling thread alone.
 constexpr double kParallelFlops = 4e6;
 
-// The packing buffers, in elements, of a product of M x N over `depth` elements that runs on one
-// thread: what gemm requests as its workspace then, and what its `scratch` must hold.
+// One thread's packing buffers, in elements, for a product of M x N over `depth` elements: its
+// block of A panels (when it packs its own) and its block of B panels.
+template <class T>
+int64_t a_block_elems(int64_t M, int64_t depth) {
+  return std::min<int64_t>(kMCPanels, (M + kMR - 1) / kMR) * kMR * std::min(depth, kKC);
+}
+template <class T>
+int64_t b_block_elems(int64_t N, int64_t depth) {
+  constexpr int L = kLanes<T>;
+  return std::min<int64_t>((N + L - 1) / L * L, kNC) * std::min(depth, kKC) + kSlack<T>;
+}
+// What a product that runs on one thread packs into: what gemm requests as its workspace then,
+// and what its `scratch` must hold.
 template <class T>
 int64_t serial_scratch_elems(int64_t M, int64_t N, int64_t depth) {
-  constexpr int L = kLanes<T>;
-  const int64_t row_panels = (M + kMR - 1) / kMR, col_vectors = (N + L - 1) / L;
-  const int64_t kc_max = std::min(depth, kKC);
-  return std::min<int64_t>(kMCPanels, row_panels) * kMR * kc_max +
-         std::min<int64_t>(col_vectors * L, kNC) * kc_max + kSlack<T>;
+  return a_block_elems<T>(M, depth) + b_block_elems<T>(N, depth);
 }
 
 // With `scratch` (at least serial_scratch_elems(M, N, K * depth_per_word) elements, 64-byte
@@ -185,10 +192,9 @@ void gemm(int64_t M, int64_t N, int64_t K, const SrcA& a, const SrcB& b, const T
   // before the threads part (the one barrier of the call), instead of once per thread.
   const bool shared_a = threads > 1 && !split_rows;
   // Sized for depth elements; packed words (per_word > 1) use the front of each part.
-  const int64_t kc_max = std::min(depth, kKC);
   const int64_t shared_elems = shared_a ? row_panels * kMR * depth : 0;
-  const int64_t a_elems = shared_a ? 0 : std::min<int64_t>(kMCPanels, row_panels) * kMR * kc_max;
-  const int64_t b_elems = std::min<int64_t>(col_vectors * L, kNC) * kc_max + kSlack<T>;
+  const int64_t a_elems = shared_a ? 0 : a_block_elems<T>(M, depth);
+  const int64_t b_elems = b_block_elems<T>(N, depth);
   std::unique_ptr<Workspace> ws;
   if (!scratch) {
     ws = std::make_unique<Workspace>(
