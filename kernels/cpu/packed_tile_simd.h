@@ -86,8 +86,9 @@ void store_sub_tile(const typename W::V (&acc)[R][SV], int64_t r0, int64_t c0, c
 // the panels for this many k, its sums are put aside, and the next sub-tile goes; then the next
 // depth range resumes every chain. A 128-deep slice of the 8 x 48 panels (24 KB of B, 4 KB of A)
 // stays in the 32 KB L1 while the four sub-tiles read it, where a whole 256-deep panel (48 KB) was
-// read from L2 once per sub-tile: 2-5% less time for the f32 GEMM of the Transformer's shapes on
-// the AVX2 tile (docs/kernels.md). The same fused multiply-adds in the same order: the same bits.
+// read from L2 once per sub-tile: 0.95-0.96x the time on the Transformer's long-depth products on
+// the AVX2 tile, about the same on the others (docs/kernels.md). The same fused multiply-adds in
+// the same order: the same bits.
 constexpr int64_t kSubTileDepth = 128;
 
 // The tile, NV 512-bit vectors wide (the packing unit), as sub-tiles of SubRows rows by at most
