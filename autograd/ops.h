@@ -62,6 +62,9 @@ struct PermuteAttrs {
 };
 struct LayerNormAttrs {
   double eps = 1e-5;
+  // f32, or the 16-bit dtype autocast was on with when an f32 x was recorded: backward then reads
+  // x's normalized form rounded to it (a hidden output) in place of x (docs/precision.md).
+  DType save_dtype = DType::f32;
 };
 struct AttentionAttrs {
   int64_t num_heads = 1;

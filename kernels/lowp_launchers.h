@@ -42,6 +42,18 @@ REGEN_LAUNCHER(layernorm_backward_lowp,
                (const T* dy, const T* x, const float* gamma, const float* mean, const float* rstd,
                 T* dx, float* dgamma, float* dbeta, int64_t M, int64_t N))
 
+// layernorm of an f32 x under autocast (LayerNormAttrs::save_dtype, autograd/ops.h): x, y, dy, dx
+// and every statistic in f32 as layernorm_forward/backward, and the normalized input
+// xhat = (x - mean) * rstd: (M, N) rounded once to T (bf16, f16), which backward reads in place of
+// x (half the bytes of the f32 x the op would otherwise save). The forward's y, mean and rstd are
+// layernorm_forward's bit for bit.
+REGEN_LAUNCHER(layernorm_forward_save_xhat,
+               (const float* x, const float* gamma, const float* beta, float* y, float* mean,
+                float* rstd, T* xhat, int64_t M, int64_t N, double eps))
+REGEN_LAUNCHER(layernorm_backward_xhat,
+               (const float* dy, const T* xhat, const float* gamma, const float* rstd, float* dx,
+                float* dgamma, float* dbeta, int64_t M, int64_t N))
+
 // rmsnorm: x, y, dy, dx in T; weight, rstd and dweight in f32. As rmsnorm_forward/backward
 // (autograd/ops_rmsnorm.cpp) otherwise.
 REGEN_LAUNCHER(rmsnorm_forward_lowp, (const T* x, const float* weight, T* y, float* rstd, int64_t M,

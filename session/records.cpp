@@ -51,6 +51,10 @@ constexpr const char* kLowpStripsNow = "across the longer side";
 // heads_in_parallel): one at a time before, each product threaded, with other workspace and times.
 constexpr const char* kAttentionHeads = "attention-heads";
 constexpr const char* kAttentionHeadsNow = "in parallel up to 16 MFLOP a product";
+// In bf16 or fp16 on every device, what a layer norm of an f32 input (a residual stream kept in
+// fp32) saves for backward (autograd/ops_layernorm.cpp): the f32 input before, with other memory.
+constexpr const char* kLayerNormSaves = "layernorm-16-bit-saves";
+constexpr const char* kLayerNormSavesNow = "normalized input";
 bool is_16_bit(const std::string& precision) {
   return precision == "bf16" || precision == "fp16";
 }
@@ -74,6 +78,7 @@ std::map<std::string, std::string> run_flags(const SessionOptions& o) {
   // The precision (fp32 on the CPU unless asked; it holds the CUDA math mode, --math, too).
   r["--precision"] = precision_name(resolve_precision(o, device));
   if (device.is_cuda()) r["--conv"] = o.conv;
+  if (is_16_bit(r["--precision"])) r[kLayerNormSaves] = kLayerNormSavesNow;
   // The CPU's 3x3 convolutions: Winograd or the direct GEMM (their workspace and time differ).
   if (device.is_cpu()) {
     r[kCpuConvVariable] = cpu::conv2d_algorithm();
@@ -196,6 +201,17 @@ void check_profile_run(const Profile& p, const SessionOptions& o, const std::str
   cpu_setting(kLowpAttentionThreads, {"attention"}, "from 4 MFLOP", true);
   cpu_setting(kLowpStrips, {"linear", "matmul", "bmm"}, "by rows", true);
   cpu_setting(kAttentionHeads, {"attention"}, "one at a time", false);
+  // A 16-bit layer norm of an f32 input saved that input, on every device, before.
+  const bool has_layernorm = std::any_of(p.nodes.begin(), p.nodes.end(),
+                                         [](const ProfileNode& n) { return n.op == "layernorm"; });
+  if (!has_layernorm) {
+    recorded.erase(std::remove_if(recorded.begin(), recorded.end(),
+                                  [](const auto& kv) { return kv.first == kLayerNormSaves; }),
+                   recorded.end());
+  } else if (p.run.count(kLayerNormSaves) == 0 && !p.run.empty() &&
+             is_16_bit(profile_precision(p))) {
+    recorded.emplace_back(kLayerNormSaves, "the f32 input");
+  }
   // Profiles written before --precision recorded the math mode (--math, or --tf32 before it), or
   // nothing: they ran in fp32 or tf32.
   if (p.run.count("--precision") == 0 && !p.run.empty()) {
@@ -258,6 +274,12 @@ void check_profile_run(const Profile& p, const SessionOptions& o, const std::str
       REGEN_FAIL(what, " was made by a regen whose 16-bit CPU attention ran its per-head products ",
                  "on several threads ", then, ", but this one's do ", here,
                  ": its memory and times are another step's (profile again)");
+    }
+    if (flag == kLayerNormSaves) {
+      REGEN_FAIL(what, " was made by a regen whose ", profile_precision(p),
+                 " layer norms of an f32 input saved ", then, " for backward, but this one's save ",
+                 "its ", here,
+                 " in 16 bits: its memory and times are another step's (profile again)");
     }
     if (flag == kAttentionHeads) {
       REGEN_FAIL(what, " was made by a regen whose CPU attention ran its heads ", then,

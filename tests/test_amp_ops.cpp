@@ -18,11 +18,13 @@
 #include <cmath>
 #include <cstdio>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "regen/autograd/ops.h"
 #include "regen/autograd/ops_unary.h"
+#include "regen/autograd/precision.h"
 #include "regen/autograd/tape.h"
 #include "regen/core/half.h"
 #include "regen/core/tensor.h"
@@ -370,6 +372,135 @@ TEST_CASE("amp ops: a 16-bit layernorm, rmsnorm and batchnorm2d save 16-bit x, f
     CHECK(rm.dtype() == DType::f32);
     CHECK(rv.to_vector<float>()[0] != 1.0f);
   }
+}
+
+// An f32 x under autocast (the Transformer's fp32 residual stream): layernorm computes in f32 as
+// without autocast, and saves, in place of x, xhat = (x - mean) * rstd rounded once to H. So its
+// output is the f32 op's bit for bit, the saved tensors are gamma, rstd and the H xhat, and the
+// gradients differ from the f32 op's only through xhat's rounding: xhat_H = xhat (1 + d), |d| <= u.
+// Then b = mean(g xhat) (g = dy gamma) moves by at most u mean|g xhat|, dgamma by u sum|dy xhat|,
+// dbeta not at all, and dx = rstd (g - a - xhat b) by at most rstd u |xhat| (|b| + 2 mean|g xhat|);
+// kF32Slack of the terms' magnitudes covers the f32 arithmetic's order.
+TEST_CASE_TEMPLATE("amp ops: an f32 layernorm under autocast saves xhat in 16 bits", H, bfloat16,
+                   float16) {
+  const double u = unit_roundoff<H>();
+  for (const int64_t N : {7, 48, 600}) {
+    CAPTURE(N);
+    const int64_t M = 10;
+    // Rows with a mean away from 0 (a residual stream's), scaled per row.
+    std::vector<float> xv = random_values(M * N, 11 + N, -2, 3);
+    for (int64_t r = 0; r < M; ++r) {
+      for (int64_t j = 0; j < N; ++j) xv[r * N + j] *= 0.5f + 0.25f * static_cast<float>(r);
+    }
+    const std::vector<float> gv = random_values(N, 12, 0.5, 1.5), bv = random_values(N, 13, -1, 1);
+    const std::vector<float> dyv = random_values(M * N, 14 + N, -1, 1);
+    struct Run {
+      Tensor y, dx, dg, db;
+      std::vector<DType> saved;
+    };
+    const auto run = [&](bool autocast) {
+      const Tensor x = from_vector<float>(xv, {M, N}).set_requires_grad(true);
+      const Tensor g = from_vector<float>(gv, {N}).set_requires_grad(true);
+      const Tensor b = from_vector<float>(bv, {N}).set_requires_grad(true);
+      Run r;
+      {
+        std::unique_ptr<AutocastScope> scope;
+        if (autocast) scope = std::make_unique<AutocastScope>(dtype_h<H>());
+        r.y = layernorm(x, g, b);
+      }
+      const Tape& tape = Tape::current();
+      for (int64_t v : tape.nodes().back().saved) r.saved.push_back(tape.value(v).dtype);
+      Tape::current().backward(r.y, from_vector<float>(dyv, {M, N}));
+      r.dx = x.grad();
+      r.dg = g.grad();
+      r.db = b.grad();
+      Tape::current().clear();
+      return r;
+    };
+    const Run f = run(false), h = run(true);
+    CHECK(f.saved == std::vector<DType>{DType::f32, DType::f32, DType::f32, DType::f32});
+    // gamma, rstd, xhat.
+    CHECK(h.saved == std::vector<DType>{DType::f32, DType::f32, dtype_h<H>()});
+    REQUIRE(h.y.dtype() == DType::f32);
+    REQUIRE(h.dx.dtype() == DType::f32);
+    CHECK(values(h.y) == values(f.y));
+    CHECK(values(h.db) == values(f.db));
+    // The bounds, from the f32 run's xhat (the same mean and rstd: the outputs agree).
+    std::vector<double> bx(M * N), bg(N, 0.0);
+    for (int64_t r = 0; r < M; ++r) {
+      double mu = 0, sq = 0;
+      for (int64_t j = 0; j < N; ++j) mu += xv[r * N + j];
+      mu /= N;
+      for (int64_t j = 0; j < N; ++j) sq += (xv[r * N + j] - mu) * (xv[r * N + j] - mu);
+      const double rs = 1.0 / std::sqrt(sq / N + 1e-5);
+      double mean_gx = 0, b = 0, mag = 0;
+      std::vector<double> xhat(N);
+      for (int64_t j = 0; j < N; ++j) {
+        xhat[j] = (xv[r * N + j] - mu) * rs;
+        const double gj = dyv[r * N + j] * gv[j];
+        mean_gx += std::fabs(gj * xhat[j]) / N;
+        b += gj * xhat[j] / N;
+        bg[j] += u * std::fabs(dyv[r * N + j] * xhat[j]);
+      }
+      for (int64_t j = 0; j < N; ++j) {
+        mag = std::max(mag,
+                       rs * (std::fabs(dyv[r * N + j] * gv[j]) + mean_gx + std::fabs(xhat[j] * b)));
+      }
+      for (int64_t j = 0; j < N; ++j) {
+        bx[r * N + j] =
+            rs * u * std::fabs(xhat[j]) * (std::fabs(b) + 2 * mean_gx) * 1.01 + kF32Slack * mag;
+      }
+    }
+    for (int64_t j = 0; j < N; ++j) bg[j] = bg[j] * 1.01 + kF32Slack * (1 + bg[j] / u);
+    check_within(values(h.dx), values(f.dx), bx, "dx");
+    check_within(values(h.dg), values(f.dg), bg, "dgamma");
+  }
+  // The kernels themselves: y, mean and rstd are layernorm_forward's bits; xhat is the f32
+  // (x - mean) * rstd rounded once; and backward from a given xhat matches a double reference.
+  const int64_t M = 9, N = 520;
+  const std::vector<float> x = random_values(M * N, 21, -3, 4), g = random_values(N, 22, 0.5, 2),
+                           b = random_values(N, 23, -1, 1), dy = random_values(M * N, 24, -1, 1);
+  std::vector<float> y0(M * N), m0(M), r0(M), y1(M * N), m1(M), r1(M);
+  std::vector<H> xs(M * N);
+  cpu::layernorm_forward<float>(x.data(), g.data(), b.data(), y0.data(), m0.data(), r0.data(), M, N,
+                                1e-5);
+  cpu::layernorm_forward_save_xhat<H>(x.data(), g.data(), b.data(), y1.data(), m1.data(), r1.data(),
+                                      xs.data(), M, N, 1e-5);
+  CHECK(y1 == y0);
+  CHECK(m1 == m0);
+  CHECK(r1 == r0);
+  int bad = 0;
+  for (int64_t i = 0; i < M * N; ++i) {
+    const float want = static_cast<float>(H((x[i] - m0[i / N]) * r0[i / N]));
+    if (static_cast<float>(xs[i]) != want) ++bad;
+  }
+  CHECK(bad == 0);
+  std::vector<float> dx(M * N), dg(N), db(N);
+  cpu::layernorm_backward_xhat<H>(dy.data(), xs.data(), g.data(), r1.data(), dx.data(), dg.data(),
+                                  db.data(), M, N);
+  std::vector<double> want_dx(M * N), want_dg(N, 0.0), want_db(N, 0.0), bdx(M * N), bdg(N);
+  for (int64_t r = 0; r < M; ++r) {
+    double a = 0, bb = 0, mag = 0;
+    for (int64_t j = 0; j < N; ++j) {
+      const double xh = static_cast<float>(xs[r * N + j]), gj = double(dy[r * N + j]) * g[j];
+      a += gj / N;
+      bb += gj * xh / N;
+      want_dg[j] += dy[r * N + j] * xh;
+      want_db[j] += dy[r * N + j];
+    }
+    for (int64_t j = 0; j < N; ++j) {
+      const double xh = static_cast<float>(xs[r * N + j]), gj = double(dy[r * N + j]) * g[j];
+      want_dx[r * N + j] = r1[r] * (gj - a - xh * bb);
+      mag = std::max(mag, r1[r] * (std::fabs(gj) + std::fabs(a) + std::fabs(xh * bb)));
+    }
+    for (int64_t j = 0; j < N; ++j) bdx[r * N + j] = kF32Slack * mag;
+  }
+  for (int64_t j = 0; j < N; ++j) bdg[j] = kF32Slack * M * 8;
+  std::vector<double> got_dx(dx.begin(), dx.end()), got_dg(dg.begin(), dg.end()),
+      got_db(db.begin(), db.end());
+  check_within(got_dx, want_dx, bdx, "kernel dx");
+  check_within(got_dg, want_dg, bdg, "kernel dgamma");
+  check_within(got_db, want_db, bdg, "kernel dbeta");
 }
 
 TEST_CASE("amp ops: mixes that are not allowed name the op and the dtypes") {

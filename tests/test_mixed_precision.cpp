@@ -305,6 +305,35 @@ TEST_CASE("CPU profiles record how the attention runs its heads, in every precis
   }
 }
 
+TEST_CASE("16-bit profiles record what a layer norm of an f32 input saves, on every device") {
+  SessionOptions o = tiny();
+  CHECK(run_flags(o).count("layernorm-16-bit-saves") == 0);  // fp32: not asked
+  for (const char* precision : {"bf16", "fp16"}) {
+    for (const char* device : {"cpu", "cuda"}) {
+      CAPTURE(precision);
+      CAPTURE(device);
+      o.precision = precision;
+      Profile p;
+      p.device = device;
+      p.run = run_flags(o);
+      CHECK(p.run.at("layernorm-16-bit-saves") == "normalized input");
+      ProfileNode node;
+      node.op = "layernorm";
+      p.nodes.push_back(node);
+      CHECK_NOTHROW(check_profile_run(p, o, "the profile"));
+      // A profile from before: its layer norms saved their f32 input.
+      p.run.erase("layernorm-16-bit-saves");
+      const std::string e = error_of([&] { check_profile_run(p, o, "the profile"); });
+      CHECK(has(e, std::string("the profile was made by a regen whose ") + precision +
+                       " layer norms of an f32 input saved the f32 input for backward, but this "
+                       "one's save its normalized input in 16 bits"));
+      CHECK(has(e, "profile again"));
+      p.nodes.clear();  // no layer norm in its step: nothing to compare
+      CHECK_NOTHROW(check_profile_run(p, o, "the profile"));
+    }
+  }
+}
+
 TEST_CASE("precision: a training state records it") {
   SessionOptions o = tiny();
   CHECK(trajectory_options(o).at("precision") == "fp32");
@@ -574,5 +603,12 @@ TEST_CASE("mixed precision: the dry profile of regen estimate --compare trains i
     CHECK(b16.optimizer_state == f32.optimizer_state);
     CHECK(b16.activations < f32.activations);
     CHECK(2 * b16.activations > f32.activations);
+    // The weight copies among them: none in f32; in bf16 some, and at most one 16-bit copy of
+    // each parameter (half its f32 bytes).
+    MESSAGE("bf16 weight copies ", b16.weight_copies, " of ", b16.parameters, " parameter bytes");
+    CHECK(f32.weight_copies == 0);
+    CHECK(b16.weight_copies > 0);
+    CHECK(2 * b16.weight_copies <= b16.parameters);
+    CHECK(b16.weight_copies < b16.activations);
   }
 }

@@ -119,6 +119,18 @@ void run(const Flags& f) {
         << (estimate_arch(c) == EstimateArch::transformer ? c.seq_len : 0) << ","
         << estimate_policy_name(o.policy) << "," << o.optimizer << ",scratch at peak,,"
         << exact.scratch_at_peak << ",\n";
+    csv << c.name << "," << estimate_arch_name(estimate_arch(c)) << "," << f.m.batch << ","
+        << (estimate_arch(c) == EstimateArch::resnet ? c.image_size : 0) << ","
+        << (estimate_arch(c) == EstimateArch::transformer ? c.seq_len : 0) << ","
+        << estimate_policy_name(o.policy) << "," << o.optimizer << ",weight copies,,"
+        << exact.weight_copies << ",\n";
+    if (exact.weight_copies > 0) {
+      std::printf(
+          "  of the activations, %s are 16-bit copies of weights (saved by the ops that "
+          "read them) and %s the forward's activations proper\n",
+          format_bytes(exact.weight_copies).c_str(),
+          format_bytes(exact.activations - exact.weight_copies).c_str());
+    }
     std::printf(
         "  exact: requested bytes of a dry run of the step (shapes only, no kernels); with the "
         "allocator's rounding the peak is %s allocated. 'backward' is what the peak holds beyond "

@@ -6,7 +6,9 @@
 // f16, with gamma, beta, mean, rstd, dgamma and dbeta in f32; they run the same template with the
 // arithmetic in f32 (acc_t) and round once per stored element; their rows are widened block by
 // block into f32 stack buffers (kernels/cpu/lowp_blocks.h) and run the same expressions as the
-// per-element loops, so the bits are those of converting element by element. Tests:
+// per-element loops, so the bits are those of converting element by element. An f32 x under
+// autocast (layernorm_forward_save_xhat / layernorm_backward_xhat, kernels/lowp_launchers.h) keeps
+// its normalized input rounded once to 16 bits for backward, in place of x. Tests:
 // tests/test_ops_nlp.cpp (values), tests/test_gradcheck_nlp.cpp, tests/test_amp_ops.cpp (16-bit
 // against f32).
 #include <omp.h>
@@ -16,6 +18,7 @@
 
 #include "regen/kernels/cpu/lowp_blocks.h"
 #include "regen/kernels/kernels.h"
+#include "regen/kernels/lowp_launchers.h"
 
 namespace regen::cpu {
 namespace {
@@ -29,9 +32,11 @@ constexpr bool kOutputPerElement = std::is_same<T, float16>::value;
 
 // T: the element type of x, y, dy, dx; P: of gamma, beta, the statistics and their gradients
 // (T, or f32 beside a 16-bit T). Arithmetic is in A = acc_t<T>.
-template <class T, class P>
+// S: the element type of xs, the normalized input kept for backward (bf16 or f16 beside an f32 x:
+// layernorm_forward_save_xhat), or float with xs null.
+template <class T, class P, class S = float>
 void layernorm_forward_impl(const T* x, const P* gamma, const P* beta, T* y, P* mean, P* rstd,
-                            int64_t M, int64_t N, double eps) {
+                            int64_t M, int64_t N, double eps, S* xs = nullptr) {
   using A = acc_t<T>;
 #pragma omp parallel for schedule(static) if (M * N > kParallelMin)
   for (int64_t r = 0; r < M; ++r) {
@@ -82,9 +87,24 @@ void layernorm_forward_impl(const T* x, const P* gamma, const P* beta, T* y, P* 
       const double rs = 1.0 / std::sqrt(sq / static_cast<double>(N) + eps);
       mu_t = static_cast<A>(mu);
       rs_t = static_cast<A>(rs);
-      for (int64_t j = 0; j < N; ++j) {
-        const A xhat = (A(xr[j]) - mu_t) * rs_t;
-        yr[j] = T((gamma ? xhat * A(gamma[j]) : xhat) + (beta ? A(beta[j]) : A(0)));
+      if constexpr (is_half_v<S>) {
+        // The same expressions, xhat also kept in a block and narrowed once per element.
+        float kept[lowp::kBlock];
+        S* xsr = xs + r * N;
+        for (int64_t j0 = 0; j0 < N; j0 += lowp::kBlock) {
+          const int64_t len = std::min(lowp::kBlock, N - j0);
+          for (int64_t j = j0; j < j0 + len; ++j) {
+            const A xhat = (A(xr[j]) - mu_t) * rs_t;
+            kept[j - j0] = xhat;
+            yr[j] = T((gamma ? xhat * A(gamma[j]) : xhat) + (beta ? A(beta[j]) : A(0)));
+          }
+          convert::narrow_span(kept, xsr + j0, len);
+        }
+      } else {
+        for (int64_t j = 0; j < N; ++j) {
+          const A xhat = (A(xr[j]) - mu_t) * rs_t;
+          yr[j] = T((gamma ? xhat * A(gamma[j]) : xhat) + (beta ? A(beta[j]) : A(0)));
+        }
       }
     }
     mean[r] = P(mu_t);
@@ -181,6 +201,58 @@ void layernorm_backward_impl(const T* dy, const T* x, const P* gamma, const P* m
     }
   }
 }
+// As layernorm_backward_impl for an f32 dy, dx and statistics, with the normalized input read from
+// xs (S: bf16, f16) instead of recomputed from x: g = dy * gamma, a = mean(g), b = mean(g * xhat),
+// dx = rstd * (g - a - xhat * b); dgamma = sum over rows of dy * xhat, dbeta of dy.
+template <class S>
+void layernorm_backward_xhat_impl(const float* dy, const S* xs, const float* gamma,
+                                  const float* rstd, float* dx, float* dgamma, float* dbeta,
+                                  int64_t M, int64_t N) {
+#pragma omp parallel for schedule(static) if (M * N > kParallelMin)
+  for (int64_t r = 0; r < M; ++r) {
+    const float* dyr = dy + r * N;
+    const S* xsr = xs + r * N;
+    float* dxr = dx + r * N;
+    const float rs = rstd[r];
+    double sum_g = 0, sum_gx = 0;
+    lowp::for_blocks(xsr, N, [&](int64_t j0, const float* xv, int64_t len) {
+      for (int64_t j = 0; j < len; ++j) {
+        const float g = gamma ? dyr[j0 + j] * gamma[j0 + j] : dyr[j0 + j];
+        sum_g += static_cast<double>(g);
+        sum_gx += static_cast<double>(g) * static_cast<double>(xv[j]);
+      }
+    });
+    const float a = static_cast<float>(sum_g / static_cast<double>(N));
+    const float b = static_cast<float>(sum_gx / static_cast<double>(N));
+    lowp::for_blocks(xsr, N, [&](int64_t j0, const float* xv, int64_t len) {
+      for (int64_t j = 0; j < len; ++j) {
+        const float g = gamma ? dyr[j0 + j] * gamma[j0 + j] : dyr[j0 + j];
+        dxr[j0 + j] = rs * (g - a - xv[j] * b);
+      }
+    });
+  }
+  if (!dgamma && !dbeta) return;
+  // Column sums over rows, each column summed in row order by one task.
+  const int64_t blocks = (N + kColumnBlock - 1) / kColumnBlock;
+#pragma omp parallel for schedule(static) if (M * N > kParallelMin && blocks > 1)
+  for (int64_t blk = 0; blk < blocks; ++blk) {
+    const int64_t c0 = blk * kColumnBlock, c1 = std::min(N, c0 + kColumnBlock);
+    double acc_g[kColumnBlock] = {0}, acc_b[kColumnBlock] = {0};
+    float xv[kColumnBlock];
+    for (int64_t r = 0; r < M; ++r) {
+      const float* dyr = dy + r * N + c0;
+      convert::widen_span(xs + r * N + c0, xv, c1 - c0);
+      for (int64_t c = 0; c < c1 - c0; ++c) {
+        acc_g[c] += static_cast<double>(dyr[c]) * static_cast<double>(xv[c]);
+        acc_b[c] += static_cast<double>(dyr[c]);
+      }
+    }
+    for (int64_t c = c0; c < c1; ++c) {
+      if (dgamma) dgamma[c] = static_cast<float>(acc_g[c - c0]);
+      if (dbeta) dbeta[c] = static_cast<float>(acc_b[c - c0]);
+    }
+  }
+}
 }  // namespace
 
 template <class T>
@@ -205,11 +277,27 @@ void layernorm_backward_lowp(const T* dy, const T* x, const float* gamma, const 
   layernorm_backward_impl<T, float>(dy, x, gamma, mean, rstd, dx, dgamma, dbeta, M, N);
 }
 
-#define REGEN_INSTANTIATE_LOWP(T)                                                           \
-  template void layernorm_forward_lowp<T>(const T*, const float*, const float*, T*, float*, \
-                                          float*, int64_t, int64_t, double);                \
-  template void layernorm_backward_lowp<T>(const T*, const T*, const float*, const float*,  \
-                                           const float*, T*, float*, float*, int64_t, int64_t);
+template <class T>
+void layernorm_forward_save_xhat(const float* x, const float* gamma, const float* beta, float* y,
+                                 float* mean, float* rstd, T* xhat, int64_t M, int64_t N,
+                                 double eps) {
+  layernorm_forward_impl<float, float, T>(x, gamma, beta, y, mean, rstd, M, N, eps, xhat);
+}
+template <class T>
+void layernorm_backward_xhat(const float* dy, const T* xhat, const float* gamma, const float* rstd,
+                             float* dx, float* dgamma, float* dbeta, int64_t M, int64_t N) {
+  layernorm_backward_xhat_impl<T>(dy, xhat, gamma, rstd, dx, dgamma, dbeta, M, N);
+}
+
+#define REGEN_INSTANTIATE_LOWP(T)                                                                \
+  template void layernorm_forward_lowp<T>(const T*, const float*, const float*, T*, float*,      \
+                                          float*, int64_t, int64_t, double);                     \
+  template void layernorm_backward_lowp<T>(const T*, const T*, const float*, const float*,       \
+                                           const float*, T*, float*, float*, int64_t, int64_t);  \
+  template void layernorm_forward_save_xhat<T>(const float*, const float*, const float*, float*, \
+                                               float*, float*, T*, int64_t, int64_t, double);    \
+  template void layernorm_backward_xhat<T>(const float*, const T*, const float*, const float*,   \
+                                           float*, float*, float*, int64_t, int64_t);
 REGEN_INSTANTIATE_LOWP(bfloat16)
 REGEN_INSTANTIATE_LOWP(float16)
 #undef REGEN_INSTANTIATE_LOWP

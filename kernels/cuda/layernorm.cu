@@ -2,7 +2,11 @@
 // 16-bit launchers layernorm_forward_lowp / layernorm_backward_lowp beside the op,
 // autograd/ops_layernorm.cpp, take the same two paths with 16-bit x, y, dy, dx and f32 gamma,
 // beta and statistics; CPU reference kernels/cpu/layernorm.cpp; test tests/cuda/test_cuda_ops.cpp;
-// timed by `regen bench kernels` against HBM bandwidth).
+// timed by `regen bench kernels` against HBM bandwidth). An f32 x under autocast
+// (layernorm_forward_save_xhat / layernorm_backward_xhat, kernels/lowp_launchers.h) runs the f32
+// kernels, the forward also storing xhat = (x - mean) * rstd rounded to 16 bits, and the backward
+// reading that xhat in place of x (mean unused): the same kernels with x's element type X apart
+// from dy's T.
 //
 // Fast path (rows of at most 1024 elements in whole 16-byte packs: N % 4 == 0 in f32, N % 8 == 0
 // in bf16/f16; 16-byte aligned pointers; the Transformer and GPT-2 cases): one warp per row, the
@@ -44,6 +48,23 @@ template <class T>
 __device__ __forceinline__ float elem(const Pack<T>& p, int e) {
   return static_cast<float>(p.e[e]);
 }
+// kN elements of X beside a pack of kN elements of T: the pack itself when X is T, or a 16-bit
+// xhat's 8 bytes beside four floats.
+template <class X, int kN>
+struct alignas(kN * sizeof(X)) Lanes {
+  X e[kN];
+};
+template <class T, class X>
+using LanesOf = Lanes<X, Pack<T>::kN>;
+// The normalized input at one element: from x, or read as stored (X differs from T: a saved xhat).
+template <class T, class X>
+__device__ __forceinline__ float xhat_of(X x, float mu, float rs) {
+  if constexpr (std::is_same<T, X>::value) {
+    return __fmul_rn(__fsub_rn(static_cast<float>(x), mu), rs);
+  } else {
+    return static_cast<float>(x);
+  }
+}
 // kN f32 values of gamma or beta beside a pack of T (one or two 128-bit loads).
 template <class T>
 struct alignas(16) Params {
@@ -65,10 +86,12 @@ __device__ __forceinline__ Params<T> load_params(const float* p, int idx, float 
 
 // x, y: (M, N) of T as (M, nvec) packs of kN; gamma, beta: (N) f32 or null; mean, rstd: (M).
 // Row sums in double, four elements at a time as ((a + b) + (c + d)).
-template <class T, int kMaxVec, int kWarps>
+// xs: (M, nvec) lanes of S, the rounded xhat (S 16-bit beside an f32 T), or null.
+template <class T, class S, int kMaxVec, int kWarps>
 __global__ void __launch_bounds__(kWarps * 32)
     ln_forward_warp_kernel(const Pack<T>* x, const float* gamma, const float* beta, Pack<T>* y,
-                           float* mean, float* rstd, int64_t M, int nvec, double eps) {
+                           float* mean, float* rstd, LanesOf<T, S>* xs, int64_t M, int nvec,
+                           double eps) {
   constexpr int kN = Pack<T>::kN;
   const int lane = threadIdx.x & 31;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
@@ -115,6 +138,12 @@ __global__ void __launch_bounds__(kWarps * 32)
         out.e[e] = T(ln_out(elem(v[k], e), mu_f, rs_f, g.e[e], b.e[e]));
       }
       y[row * nvec + idx] = out;
+      if (xs) {
+        LanesOf<T, S> kept;
+#pragma unroll
+        for (int e = 0; e < kN; ++e) kept.e[e] = S(__fmul_rn(__fsub_rn(elem(v[k], e), mu_f), rs_f));
+        xs[row * nvec + idx] = kept;
+      }
     }
   }
   if (lane == 0) {
@@ -125,9 +154,10 @@ __global__ void __launch_bounds__(kWarps * 32)
 
 // dy, x, dx: (M, nvec) packs of T; gamma: (N) f32 or null; mean, rstd: (M).
 // partial_g, partial_b: (gridDim.x, N) per-block column sums, or null when not wanted.
-template <class T, int kMaxVec, int kWarps>
+// x: lanes of X (X = T: x itself; a 16-bit X: the saved xhat, mean unused).
+template <class T, class X, int kMaxVec, int kWarps>
 __global__ void __launch_bounds__(kWarps * 32)
-    ln_backward_warp_kernel(const Pack<T>* dy, const Pack<T>* x, const float* gamma,
+    ln_backward_warp_kernel(const Pack<T>* dy, const LanesOf<T, X>* x, const float* gamma,
                             const float* mean, const float* rstd, Pack<T>* dx, float* partial_g,
                             float* partial_b, int64_t M, int nvec, int64_t rows_per_block) {
   constexpr int kN = Pack<T>::kN;
@@ -143,8 +173,9 @@ __global__ void __launch_bounds__(kWarps * 32)
     for (int e = 0; e < kN; ++e) acc_g[k][e] = acc_b[k][e] = 0.f;
   }
   for (int64_t row = r0 + warp; row < r1; row += kWarps) {
-    Pack<T> xv[kMaxVec], dv[kMaxVec];
-    const float mu = mean[row], rs = rstd[row];
+    LanesOf<T, X> xv[kMaxVec];
+    Pack<T> dv[kMaxVec];
+    const float mu = mean ? mean[row] : 0.f, rs = rstd[row];
     double sum_g = 0.0, sum_gx = 0.0;
 #pragma unroll
     for (int k = 0; k < kMaxVec; ++k) {
@@ -156,7 +187,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
         for (int e = 0; e < kN; ++e) {
           const float g = gamma ? __fmul_rn(elem(dv[k], e), gm.e[e]) : elem(dv[k], e);
-          const float xhat = __fmul_rn(__fsub_rn(elem(xv[k], e), mu), rs);
+          const float xhat = xhat_of<T, X>(xv[k].e[e], mu, rs);
           sum_g += static_cast<double>(g);
           sum_gx += static_cast<double>(g) * static_cast<double>(xhat);
         }
@@ -174,7 +205,7 @@ __global__ void __launch_bounds__(kWarps * 32)
         for (int e = 0; e < kN; ++e) {
           const float d = elem(dv[k], e);
           const float g = gamma ? __fmul_rn(d, gm.e[e]) : d;
-          const float xhat = __fmul_rn(__fsub_rn(elem(xv[k], e), mu), rs);
+          const float xhat = xhat_of<T, X>(xv[k].e[e], mu, rs);
           out.e[e] = T(ln_dx(g, a, xhat, b, rs));
           acc_g[k][e] += d * xhat;
           acc_b[k][e] += d;
@@ -260,10 +291,11 @@ __global__ void __launch_bounds__(32 * kSumLanes)
 // ---- General path: one block per row -----------------------------------------------------------
 
 // x, y: (M, N) of T (float, or 16-bit: widened on load, rounded once on store); one block per row.
-template <class T>
+// xs: (M, N) of S, the rounded xhat, or null.
+template <class T, class S>
 __global__ void __launch_bounds__(kBlockThreads)
     ln_forward_block_kernel(const T* x, const float* gamma, const float* beta, T* y, float* mean,
-                            float* rstd, int64_t N, double eps) {
+                            float* rstd, S* xs, int64_t N, double eps) {
   __shared__ double scratch[32];
   const int64_t row = blockIdx.x;
   const T* xr = x + row * N;
@@ -282,6 +314,7 @@ __global__ void __launch_bounds__(kBlockThreads)
   for (int64_t c = threadIdx.x; c < N; c += kBlockThreads) {
     yr[c] = T(ln_out(static_cast<float>(xr[c]), mu_f, rs_f, gamma ? gamma[c] : 1.0f,
                      beta ? beta[c] : 0.0f));
+    if (xs) xs[row * N + c] = S(__fmul_rn(__fsub_rn(static_cast<float>(xr[c]), mu_f), rs_f));
   }
   if (threadIdx.x == 0) {
     mean[row] = mu_f;
@@ -290,19 +323,21 @@ __global__ void __launch_bounds__(kBlockThreads)
 }
 
 // dy, x, dx: (M, N) of T; one block per row.
-template <class T>
+// x: (M, N) of X (x, or the saved xhat).
+template <class T, class X>
 __global__ void __launch_bounds__(kBlockThreads)
-    ln_backward_block_kernel(const T* dy, const T* x, const float* gamma, const float* mean,
+    ln_backward_block_kernel(const T* dy, const X* x, const float* gamma, const float* mean,
                              const float* rstd, T* dx, int64_t N) {
   __shared__ double scratch[32];
   const int64_t row = blockIdx.x;
-  const T *xr = x + row * N, *dyr = dy + row * N;
-  const float mu = mean[row], rs = rstd[row];
+  const X* xr = x + row * N;
+  const T* dyr = dy + row * N;
+  const float mu = mean ? mean[row] : 0.f, rs = rstd[row];
   double sum_g = 0.0, sum_gx = 0.0;
   for (int64_t c = threadIdx.x; c < N; c += kBlockThreads) {
     const float d = static_cast<float>(dyr[c]);
     const float g = gamma ? __fmul_rn(d, gamma[c]) : d;
-    const float xhat = __fmul_rn(__fsub_rn(static_cast<float>(xr[c]), mu), rs);
+    const float xhat = xhat_of<T, X>(xr[c], mu, rs);
     sum_g += static_cast<double>(g);
     sum_gx += static_cast<double>(g) * static_cast<double>(xhat);
   }
@@ -312,15 +347,15 @@ __global__ void __launch_bounds__(kBlockThreads)
   for (int64_t c = threadIdx.x; c < N; c += kBlockThreads) {
     const float d = static_cast<float>(dyr[c]);
     const float g = gamma ? __fmul_rn(d, gamma[c]) : d;
-    const float xhat = __fmul_rn(__fsub_rn(static_cast<float>(xr[c]), mu), rs);
+    const float xhat = xhat_of<T, X>(xr[c], mu, rs);
     dxr[c] = T(ln_dx(g, a, xhat, b, rs));
   }
 }
 
 // dgamma/dbeta partial column sums over a chunk of rows. Block (32, 8), grid (column tiles,
 // chunks). partial_g, partial_b: (chunks, N) doubles, or the outputs directly when chunks == 1.
-template <class T>
-__global__ void ln_param_partial_kernel(const T* dy, const T* x, const float* mean,
+template <class T, class X>
+__global__ void ln_param_partial_kernel(const T* dy, const X* x, const float* mean,
                                         const float* rstd, int64_t M, int64_t N,
                                         int64_t rows_per_chunk, double* partial_g,
                                         double* partial_b, float* dgamma, float* dbeta) {
@@ -332,7 +367,7 @@ __global__ void ln_param_partial_kernel(const T* dy, const T* x, const float* me
   if (c < N) {
     for (int64_t r = r0 + threadIdx.y; r < r1; r += 8) {
       const float d = static_cast<float>(dy[r * N + c]);
-      const float xhat = __fmul_rn(__fsub_rn(static_cast<float>(x[r * N + c]), mean[r]), rstd[r]);
+      const float xhat = xhat_of<T, X>(x[r * N + c], mean ? mean[r] : 0.f, rstd[r]);
       g += static_cast<double>(d) * static_cast<double>(xhat);
       b += static_cast<double>(d);
     }
@@ -391,22 +426,24 @@ void check_shape(const char* name, int64_t M, int64_t N) {
 
 namespace {
 // The warp path's forward: (4, 8 warps) packs per lane up to 128 packs a row, else (8, 4 warps).
-template <class T>
+// xs: the rounded xhat (S), or null (S = T).
+template <class T, class S>
 void forward_warp(const T* x, const float* gamma, const float* beta, T* y, float* mean, float* rstd,
-                  int64_t M, int64_t N, double eps) {
+                  S* xs, int64_t M, int64_t N, double eps) {
   const int nvec = static_cast<int>(N / Pack<T>::kN);
   const auto* xp = reinterpret_cast<const Pack<T>*>(x);
   auto* yp = reinterpret_cast<Pack<T>*>(y);
+  auto* sp = reinterpret_cast<LanesOf<T, S>*>(xs);
   if (nvec <= 32 * 4) {
     constexpr int kWarps = 8;
     const unsigned blocks = static_cast<unsigned>(detail::ceil_div(M, kWarps));
-    ln_forward_warp_kernel<T, 4, kWarps>
-        <<<blocks, kWarps * 32, 0, stream()>>>(xp, gamma, beta, yp, mean, rstd, M, nvec, eps);
+    ln_forward_warp_kernel<T, S, 4, kWarps>
+        <<<blocks, kWarps * 32, 0, stream()>>>(xp, gamma, beta, yp, mean, rstd, sp, M, nvec, eps);
   } else {
     constexpr int kWarps = 4;
     const unsigned blocks = static_cast<unsigned>(detail::ceil_div(M, kWarps));
-    ln_forward_warp_kernel<T, 8, kWarps>
-        <<<blocks, kWarps * 32, 0, stream()>>>(xp, gamma, beta, yp, mean, rstd, M, nvec, eps);
+    ln_forward_warp_kernel<T, S, 8, kWarps>
+        <<<blocks, kWarps * 32, 0, stream()>>>(xp, gamma, beta, yp, mean, rstd, sp, M, nvec, eps);
   }
 }
 }  // namespace
@@ -417,21 +454,22 @@ void layernorm_forward(const float* x, const float* gamma, const float* beta, fl
   check_shape("layernorm_forward", M, N);
   if (M == 0 || N == 0) return;
   if (fast_path<float>(N, {x, gamma, beta, y})) {
-    forward_warp(x, gamma, beta, y, mean, rstd, M, N, eps);
+    forward_warp<float, float>(x, gamma, beta, y, mean, rstd, nullptr, M, N, eps);
   } else {
-    ln_forward_block_kernel<float><<<static_cast<unsigned>(M), kBlockThreads, 0, stream()>>>(
-        x, gamma, beta, y, mean, rstd, N, eps);
+    ln_forward_block_kernel<float, float><<<static_cast<unsigned>(M), kBlockThreads, 0, stream()>>>(
+        x, gamma, beta, y, mean, rstd, nullptr, N, eps);
   }
   REGEN_CUDA_LAUNCH_CHECK("layernorm_forward");
 }
 
 namespace {
-template <class T>
-void backward_general(const T* dy, const T* x, const float* gamma, const float* mean,
+// X: x's element type (T), or the saved xhat's (16-bit beside an f32 T; mean null).
+template <class T, class X>
+void backward_general(const T* dy, const X* x, const float* gamma, const float* mean,
                       const float* rstd, T* dx, float* dgamma, float* dbeta, int64_t M, int64_t N);
 
-template <class T, int kMaxVec, int kWarps>
-void launch_backward_warp(const T* dy, const T* x, const float* gamma, const float* mean,
+template <class T, class X, int kMaxVec, int kWarps>
+void launch_backward_warp(const T* dy, const X* x, const float* gamma, const float* mean,
                           const float* rstd, T* dx, float* dgamma, float* dbeta, int64_t M,
                           int64_t N) {
   // The row partition depends only on M: blocks of rows_per_block rows, at most kMaxParts blocks.
@@ -445,10 +483,10 @@ void launch_backward_warp(const T* dy, const T* x, const float* gamma, const flo
   if (dry_run_active()) return;  // the dry path (kernels.h): the workspace, requested and unused
   float* partial_g = params ? ws.as<float>() : nullptr;
   float* partial_b = params ? partial_g + parts * N : nullptr;
-  ln_backward_warp_kernel<T, kMaxVec, kWarps>
+  ln_backward_warp_kernel<T, X, kMaxVec, kWarps>
       <<<static_cast<unsigned>(parts), kWarps * 32, 0, stream()>>>(
-          reinterpret_cast<const Pack<T>*>(dy), reinterpret_cast<const Pack<T>*>(x), gamma, mean,
-          rstd, reinterpret_cast<Pack<T>*>(dx), partial_g, partial_b, M,
+          reinterpret_cast<const Pack<T>*>(dy), reinterpret_cast<const LanesOf<T, X>*>(x), gamma,
+          mean, rstd, reinterpret_cast<Pack<T>*>(dx), partial_g, partial_b, M,
           static_cast<int>(N / Pack<T>::kN), rows_per_block);
   REGEN_CUDA_LAUNCH_CHECK("layernorm_backward");
   if (!params) return;
@@ -458,13 +496,13 @@ void launch_backward_warp(const T* dy, const T* x, const float* gamma, const flo
   REGEN_CUDA_LAUNCH_CHECK("layernorm_backward");
 }
 
-template <class T>
-void backward_warp(const T* dy, const T* x, const float* gamma, const float* mean,
+template <class T, class X>
+void backward_warp(const T* dy, const X* x, const float* gamma, const float* mean,
                    const float* rstd, T* dx, float* dgamma, float* dbeta, int64_t M, int64_t N) {
   if (N / Pack<T>::kN <= 32 * 4) {
-    launch_backward_warp<T, 4, 8>(dy, x, gamma, mean, rstd, dx, dgamma, dbeta, M, N);
+    launch_backward_warp<T, X, 4, 8>(dy, x, gamma, mean, rstd, dx, dgamma, dbeta, M, N);
   } else {
-    launch_backward_warp<T, 8, 4>(dy, x, gamma, mean, rstd, dx, dgamma, dbeta, M, N);
+    launch_backward_warp<T, X, 8, 4>(dy, x, gamma, mean, rstd, dx, dgamma, dbeta, M, N);
   }
 }
 }  // namespace
@@ -485,22 +523,22 @@ void layernorm_backward(const float* dy, const float* x, const float* gamma, con
     return;
   }
   if (fast_path<float>(N, {dy, x, gamma, dx})) {
-    backward_warp(dy, x, gamma, mean, rstd, dx, dgamma, dbeta, M, N);
+    backward_warp<float, float>(dy, x, gamma, mean, rstd, dx, dgamma, dbeta, M, N);
     return;
   }
-  backward_general(dy, x, gamma, mean, rstd, dx, dgamma, dbeta, M, N);
+  backward_general<float, float>(dy, x, gamma, mean, rstd, dx, dgamma, dbeta, M, N);
 }
 
 namespace {
 // The general path's backward (any N), for float and the 16-bit T: dx by one block per row, then
 // dgamma/dbeta by column chunks (a workspace of partials when there is more than one chunk: the
 // dry path requests it too).
-template <class T>
-void backward_general(const T* dy, const T* x, const float* gamma, const float* mean,
+template <class T, class X>
+void backward_general(const T* dy, const X* x, const float* gamma, const float* mean,
                       const float* rstd, T* dx, float* dgamma, float* dbeta, int64_t M, int64_t N) {
   const bool dry = dry_run_active();
   if (!dry && dx) {
-    ln_backward_block_kernel<T>
+    ln_backward_block_kernel<T, X>
         <<<static_cast<unsigned>(M), kBlockThreads, 0, stream()>>>(dy, x, gamma, mean, rstd, dx, N);
     REGEN_CUDA_LAUNCH_CHECK("layernorm_backward");
   }
@@ -516,7 +554,7 @@ void backward_general(const T* dy, const T* x, const float* gamma, const float* 
   double* partial_g = chunks > 1 ? ws.as<double>() : nullptr;
   double* partial_b = chunks > 1 ? partial_g + chunks * N : nullptr;
   const dim3 grid(static_cast<unsigned>(detail::ceil_div(N, 32)), static_cast<unsigned>(chunks));
-  ln_param_partial_kernel<T><<<grid, dim3(32, 8), 0, stream()>>>(
+  ln_param_partial_kernel<T, X><<<grid, dim3(32, 8), 0, stream()>>>(
       dy, x, mean, rstd, M, N, rows_per_chunk, partial_g, partial_b, dgamma, dbeta);
   REGEN_CUDA_LAUNCH_CHECK("layernorm_backward");
   if (chunks > 1) {
@@ -537,10 +575,10 @@ void layernorm_forward_lowp(const T* x, const float* gamma, const float* beta, T
   check_shape("layernorm_forward", M, N);
   if (M == 0 || N == 0) return;
   if (fast_path<T>(N, {x, gamma, beta, y})) {
-    forward_warp(x, gamma, beta, y, mean, rstd, M, N, eps);
+    forward_warp<T, T>(x, gamma, beta, y, mean, rstd, nullptr, M, N, eps);
   } else {
-    ln_forward_block_kernel<T><<<static_cast<unsigned>(M), kBlockThreads, 0, stream()>>>(
-        x, gamma, beta, y, mean, rstd, N, eps);
+    ln_forward_block_kernel<T, T><<<static_cast<unsigned>(M), kBlockThreads, 0, stream()>>>(
+        x, gamma, beta, y, mean, rstd, nullptr, N, eps);
   }
   REGEN_CUDA_LAUNCH_CHECK("layernorm_forward");
 }
@@ -557,16 +595,55 @@ void layernorm_backward_lowp(const T* dy, const T* x, const float* gamma, const 
     return;
   }
   if (dx && fast_path<T>(N, {dy, x, gamma, dx})) {
-    backward_warp(dy, x, gamma, mean, rstd, dx, dgamma, dbeta, M, N);
+    backward_warp<T, T>(dy, x, gamma, mean, rstd, dx, dgamma, dbeta, M, N);
     return;
   }
-  backward_general(dy, x, gamma, mean, rstd, dx, dgamma, dbeta, M, N);
+  backward_general<T, T>(dy, x, gamma, mean, rstd, dx, dgamma, dbeta, M, N);
 }
-#define REGEN_LAYERNORM_HALF(T)                                                             \
-  template void layernorm_forward_lowp<T>(const T*, const float*, const float*, T*, float*, \
-                                          float*, int64_t, int64_t, double);                \
-  template void layernorm_backward_lowp<T>(const T*, const T*, const float*, const float*,  \
-                                           const float*, T*, float*, float*, int64_t, int64_t);
+// An f32 x under autocast: the f32 kernels, the forward also storing xhat rounded to S (bf16 or
+// f16), the backward reading it in place of x.
+template <class S>
+void layernorm_forward_save_xhat(const float* x, const float* gamma, const float* beta, float* y,
+                                 float* mean, float* rstd, S* xhat, int64_t M, int64_t N,
+                                 double eps) {
+  check_shape("layernorm_forward", M, N);
+  if (M == 0 || N == 0) return;
+  if (fast_path<float>(N, {x, gamma, beta, y, xhat})) {
+    forward_warp<float, S>(x, gamma, beta, y, mean, rstd, xhat, M, N, eps);
+  } else {
+    ln_forward_block_kernel<float, S><<<static_cast<unsigned>(M), kBlockThreads, 0, stream()>>>(
+        x, gamma, beta, y, mean, rstd, xhat, N, eps);
+  }
+  REGEN_CUDA_LAUNCH_CHECK("layernorm_forward");
+}
+template <class S>
+void layernorm_backward_xhat(const float* dy, const S* xhat, const float* gamma, const float* rstd,
+                             float* dx, float* dgamma, float* dbeta, int64_t M, int64_t N) {
+  check_shape("layernorm_backward", M, N);
+  if (N == 0) return;
+  if (M == 0) {
+    if (dry_run_active()) return;
+    if (dgamma) fill(dgamma, N, 0.0f);
+    if (dbeta) fill(dbeta, N, 0.0f);
+    return;
+  }
+  const float* no_mean = nullptr;
+  if (dx && fast_path<float>(N, {dy, xhat, gamma, dx})) {
+    backward_warp<float, S>(dy, xhat, gamma, no_mean, rstd, dx, dgamma, dbeta, M, N);
+    return;
+  }
+  backward_general<float, S>(dy, xhat, gamma, no_mean, rstd, dx, dgamma, dbeta, M, N);
+}
+
+#define REGEN_LAYERNORM_HALF(T)                                                                  \
+  template void layernorm_forward_lowp<T>(const T*, const float*, const float*, T*, float*,      \
+                                          float*, int64_t, int64_t, double);                     \
+  template void layernorm_backward_lowp<T>(const T*, const T*, const float*, const float*,       \
+                                           const float*, T*, float*, float*, int64_t, int64_t);  \
+  template void layernorm_forward_save_xhat<T>(const float*, const float*, const float*, float*, \
+                                               float*, float*, T*, int64_t, int64_t, double);    \
+  template void layernorm_backward_xhat<T>(const float*, const T*, const float*, const float*,   \
+                                           float*, float*, float*, int64_t, int64_t);
 REGEN_LAYERNORM_HALF(bfloat16)
 REGEN_LAYERNORM_HALF(float16)
 #undef REGEN_LAYERNORM_HALF

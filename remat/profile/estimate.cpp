@@ -303,6 +303,12 @@ MemoryTerms measure_memory_terms(const Profile& p, EstimatePolicy policy) {
     if (root.leaf || s.category != Category::activation) continue;
     if (plan.decisions[static_cast<size_t>(s.index)] == Decision::retain) {
       t.activations += static_cast<int64_t>(s.bytes);
+      const ProfileNode& producer = p.nodes[static_cast<size_t>(root.producer)];
+      // A cast of a leaf with a backward: of a parameter (the batch's casts have none).
+      if (producer.op == "cast" && producer.bwd_rank >= 0 && !producer.inputs.empty() &&
+          p.values[static_cast<size_t>(producer.inputs[0])].leaf) {
+        t.weight_copies += static_cast<int64_t>(s.bytes);
+      }
     }
   }
   t.peak = plan.predicted.peak_requested;

@@ -52,6 +52,9 @@ struct MemoryTerms {
   // kernels' scratch (workspace category) allocated at that peak, part of `backward`.
   int64_t peak_allocated = 0;
   int64_t scratch_at_peak = 0;
+  // Measured only: the part of `activations` that is 16-bit copies of weights (autocast's casts
+  // of a parameter, saved by the op that reads them), not the forward's activations proper.
+  int64_t weight_copies = 0;
   int64_t persistent() const { return parameters + gradients + optimizer_state; }
 };
 

@@ -293,6 +293,23 @@ TEST_CASE(
               });
   }
 
+  // The layer norm of an f32 x under autocast, backward from its bf16 xhat: f32 rows in packs of 4
+  // on the warp path (N a multiple of 4 up to 1024, aligned), partials as layernorm_backward's.
+  for (const auto& mn : {std::pair<int64_t, int64_t>{300, 64}, {9, 512}, {300, 1030}, {9, 1030}}) {
+    const int64_t M = mn.first, N = mn.second;
+    const bool warp = N % 4 == 0 && N <= 1024;
+    cov.check(
+        "layernorm_backward_xhat", " bf16 " + std::to_string(M) + "x" + std::to_string(N),
+        warp || M > 256, [&](const auto& begin) {
+          Tensor dy = f32({M, N}), xhat = bf16({M, N}), g = f32({N});
+          Tensor rstd = ones({M}, DType::f32, kGpu), dx = f32({M, N}), dg = f32({N}), db = f32({N});
+          begin();
+          REGEN_LAUNCH(kGpu, bfloat16, layernorm_backward_xhat, dy.data<float>(),
+                       xhat.data<bfloat16>(), g.data<float>(), rstd.data<float>(), dx.data<float>(),
+                       dg.data<float>(), db.data<float>(), M, N);
+        });
+  }
+
   // Embedding: the bad-id flag; backward's keys, sort (CUB's scratch), marks and partial rows.
   for (const auto& shape : {std::array<int64_t, 3>{300, 50, 70}, {7, 5, 3}, {0, 5, 4}}) {
     const int64_t n = shape[0], V = shape[1], D = shape[2];
@@ -427,11 +444,15 @@ TEST_CASE("cuda dry run: a training step's dry run has the real step's peaks on 
     bool fused_head;     // Transformer: the preset's chunked head, or the full logits
     const char* conv;
     bool tf32;
+    const char* precision = "";  // --precision, or the math mode's
   };
   std::vector<Case> cases = {{"resnet-tiny", "sgd", 4, 32, true, "native", false},
                              {"resnet-tiny", "adamw", 3, 64, true, "native", true},
                              {"transformer-tiny", "adamw", 4, 0, true, "native", false},
-                             {"transformer-tiny", "sgd", 3, 0, false, "native", true}};
+                             {"transformer-tiny", "sgd", 3, 0, false, "native", true},
+                             // 16 bits: the layer norms save a 16-bit xhat of the f32 stream.
+                             {"transformer-tiny", "sgd", 4, 0, true, "native", false, "bf16"},
+                             {"resnet-tiny", "sgd", 2, 32, true, "native", false, "fp16"}};
 #ifdef REGEN_WITH_CUDNN
   cases.push_back({"resnet-tiny", "sgd", 4, 32, true, "cudnn", false});
   cases.push_back({"resnet-tiny", "adamw", 2, 64, true, "cudnn", true});
@@ -442,7 +463,8 @@ TEST_CASE("cuda dry run: a training step's dry run has the real step's peaks on 
                              std::to_string(c.batch) +
                              (c.image_size ? " --image-size " + std::to_string(c.image_size) : "") +
                              (c.fused_head ? "" : " --lm-head-chunk -1") + " --conv " + c.conv +
-                             (c.tf32 ? " --tf32" : "");
+                             (c.tf32 ? " --tf32" : "") +
+                             (*c.precision ? std::string(" --precision ") + c.precision : "");
     CAPTURE(what);
     SessionOptions m;
     m.model = c.model;
@@ -451,6 +473,7 @@ TEST_CASE("cuda dry run: a training step's dry run has the real step's peaks on 
     m.device = "cuda:0";
     m.conv = c.conv;
     m.tf32 = c.tf32;
+    m.precision = c.precision;
     if (c.image_size) m.model_options["image_size"] = static_cast<double>(c.image_size);
     if (!c.fused_head) m.model_options["lm_head_chunk"] = -1.0;
     kernels::prepare_device(kGpu);

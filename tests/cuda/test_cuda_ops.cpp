@@ -1861,10 +1861,11 @@ void half_gemm_case(Rng& rng, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
   });
 }
 
-// Layer and RMS norms with 16-bit x, dy, y, dx and f32 parameters and statistics. Row statistics
-// in double on both sides for layer norm (mean and rstd agree to f32 roundoff), in f32 on the GPU
-// for RMS norm's sum of squares (N f32 roundoffs); y and dx one 16-bit rounding apart; the f32
-// parameter gradients sum M terms.
+// Layer and RMS norms with 16-bit x, dy, y, dx and f32 parameters and statistics, and a layer norm
+// of an f32 x that keeps its normalized input in 16 bits (autocast's residual stream). Row
+// statistics in double on both sides for layer norm (mean and rstd agree to f32 roundoff), in f32
+// on the GPU for RMS norm's sum of squares (N f32 roundoffs); y and dx one 16-bit rounding apart;
+// the f32 parameter gradients sum M terms.
 template <class H>
 void half_norm_cases(Rng& rng, int64_t M, int64_t N) {
   const size_t n = static_cast<size_t>(M * N);
@@ -1895,6 +1896,33 @@ void half_norm_cases(Rng& rng, int64_t M, int64_t N) {
     c.run([&] {
       cuda::layernorm_forward_lowp(dxin, dgm, dbt, dy, om, orr, M, N, 1e-5);
       cuda::layernorm_backward_lowp(dg, dxin, dgm, dmean, drstd, odx, odg, odb, M, N);
+    });
+  }
+  {
+    // An f32 x under autocast: f32 y, dx and statistics as layernorm_forward/backward, and the
+    // normalized input kept in H (one rounding apart); backward from the CPU's xhat.
+    const auto xf = rng.uniform(n, 1.0f, 4.0f), dyf = rng.uniform(n);
+    std::vector<float> y(n), dx(n), mean(static_cast<size_t>(M)), rstd(mean.size()),
+        dgamma(gamma.size()), dbeta(gamma.size());
+    std::vector<H> xs(n);
+    cpu::layernorm_forward_save_xhat<H>(xf.data(), gamma.data(), beta.data(), y.data(), mean.data(),
+                                        rstd.data(), xs.data(), M, N, 1e-5);
+    cpu::layernorm_backward_xhat<H>(dyf.data(), xs.data(), gamma.data(), rstd.data(), dx.data(),
+                                    dgamma.data(), dbeta.data(), M, N);
+    Case c("layernorm_save_xhat" + tag);
+    const float *dxin = c.in(xf), *ddy = c.in(dyf), *dgm = c.in(gamma), *dbt = c.in(beta),
+                *drstd = c.in(rstd);
+    const H* dxs = c.in(xs);
+    float* oy = c.out("y", y, Tol{1e-5, 1e-5, 1e-11});
+    float* om = c.out("mean", mean, stat_tol);
+    float* orr = c.out("rstd", rstd, stat_tol);
+    H* oxs = c.out("xhat", xs, half_tol<H>(4, 8.0));
+    float* odx = c.out("dx", dx, Tol{2e-5, 1e-4, 1e-9});
+    float* odg = c.out("dgamma", dgamma, param_tol);
+    float* odb = c.out("dbeta", dbeta, param_tol);
+    c.run([&] {
+      cuda::layernorm_forward_save_xhat(dxin, dgm, dbt, oy, om, orr, oxs, M, N, 1e-5);
+      cuda::layernorm_backward_xhat(ddy, dxs, dgm, drstd, odx, odg, odb, M, N);
     });
   }
   {
