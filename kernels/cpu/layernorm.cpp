@@ -208,43 +208,58 @@ template <class S>
 void layernorm_backward_xhat_impl(const float* dy, const S* xs, const float* gamma,
                                   const float* rstd, float* dx, float* dgamma, float* dbeta,
                                   int64_t M, int64_t N) {
-#pragma omp parallel for schedule(static) if (M * N > kParallelMin)
-  for (int64_t r = 0; r < M; ++r) {
+  // bf16 widens inline (a shift) in the loops; f16 through blocks (lowp::kBlocksFor).
+  const auto row = [&](int64_t r, const float* xv) {
     const float* dyr = dy + r * N;
-    const S* xsr = xs + r * N;
     float* dxr = dx + r * N;
     const float rs = rstd[r];
     double sum_g = 0, sum_gx = 0;
-    lowp::for_blocks(xsr, N, [&](int64_t j0, const float* xv, int64_t len) {
-      for (int64_t j = 0; j < len; ++j) {
-        const float g = gamma ? dyr[j0 + j] * gamma[j0 + j] : dyr[j0 + j];
-        sum_g += static_cast<double>(g);
-        sum_gx += static_cast<double>(g) * static_cast<double>(xv[j]);
-      }
-    });
+    for (int64_t j = 0; j < N; ++j) {
+      const float g = gamma ? dyr[j] * gamma[j] : dyr[j];
+      sum_g += static_cast<double>(g);
+      sum_gx += static_cast<double>(g) * static_cast<double>(xv ? xv[j] : float(xs[r * N + j]));
+    }
     const float a = static_cast<float>(sum_g / static_cast<double>(N));
     const float b = static_cast<float>(sum_gx / static_cast<double>(N));
-    lowp::for_blocks(xsr, N, [&](int64_t j0, const float* xv, int64_t len) {
-      for (int64_t j = 0; j < len; ++j) {
-        const float g = gamma ? dyr[j0 + j] * gamma[j0 + j] : dyr[j0 + j];
-        dxr[j0 + j] = rs * (g - a - xv[j] * b);
+    for (int64_t j = 0; j < N; ++j) {
+      const float g = gamma ? dyr[j] * gamma[j] : dyr[j];
+      dxr[j] = rs * (g - a - (xv ? xv[j] : float(xs[r * N + j])) * b);
+    }
+  };
+#pragma omp parallel for schedule(static) if (M * N > kParallelMin)
+  for (int64_t r = 0; r < M; ++r) {
+    if constexpr (lowp::kBlocksFor<S>) {
+      if (N <= lowp::kRowMax) {
+        float xv[lowp::kRowMax];
+        convert::widen_span(xs + r * N, xv, N);
+        row(r, xv);
+        continue;
       }
-    });
+    }
+    row(r, nullptr);
   }
   if (!dgamma && !dbeta) return;
   // Column sums over rows, each column summed in row order by one task.
   const int64_t blocks = (N + kColumnBlock - 1) / kColumnBlock;
 #pragma omp parallel for schedule(static) if (M * N > kParallelMin && blocks > 1)
   for (int64_t blk = 0; blk < blocks; ++blk) {
-    const int64_t c0 = blk * kColumnBlock, c1 = std::min(N, c0 + kColumnBlock);
+    const int64_t c0 = blk * kColumnBlock, c1 = std::min(N, c0 + kColumnBlock), w = c1 - c0;
     double acc_g[kColumnBlock] = {0}, acc_b[kColumnBlock] = {0};
-    float xv[kColumnBlock];
     for (int64_t r = 0; r < M; ++r) {
       const float* dyr = dy + r * N + c0;
-      convert::widen_span(xs + r * N + c0, xv, c1 - c0);
-      for (int64_t c = 0; c < c1 - c0; ++c) {
-        acc_g[c] += static_cast<double>(dyr[c]) * static_cast<double>(xv[c]);
-        acc_b[c] += static_cast<double>(dyr[c]);
+      const S* xr = xs + r * N + c0;
+      if constexpr (lowp::kBlocksFor<S>) {
+        float xv[kColumnBlock];
+        convert::widen_span(xr, xv, w);
+        for (int64_t c = 0; c < w; ++c) {
+          acc_g[c] += static_cast<double>(dyr[c]) * static_cast<double>(xv[c]);
+          acc_b[c] += static_cast<double>(dyr[c]);
+        }
+      } else {
+        for (int64_t c = 0; c < w; ++c) {
+          acc_g[c] += static_cast<double>(dyr[c]) * static_cast<double>(float(xr[c]));
+          acc_b[c] += static_cast<double>(dyr[c]);
+        }
       }
     }
     for (int64_t c = c0; c < c1; ++c) {
