@@ -1971,6 +1971,17 @@ TEST_CASE("cli: counts bounded, numbers decimal, ignored flags refused, each nam
                  {"--offload activations", "no plan is made here", "--policy dp"});
   expect_failure(dir, tiny({"--transfer", "step:0.4"}),
                  {"--transfer step:0.4", "--offload is none"});
+  // ... and --offload under a planner that plans no offload (it would run without one).
+  expect_failure(dir, tiny({"--policy", "blocks", "--offload", "activations"}),
+                 {"--offload activations", "--policy blocks plans no offload and would ignore it",
+                  "give --policy dp or --policy milp, or drop --offload"});
+  // Empty output paths are refused before anything runs, on every command that writes one.
+  expect_failure(dir, {"estimate", "--model", "resnet-tiny", "--csv", ""},
+                 {"--csv", "is empty: give a file name"});
+  expect_failure(dir, {"bench", "train", "--model", "resnet-tiny", "--json", ""},
+                 {"--json", "is empty: give a file name"});
+  expect_failure(dir, {"bench", "ops", "--json", ""}, {"--json", "is empty: give a file name"});
+  expect_failure(dir, {"bench", "copy", "--json", ""}, {"--json", "is empty: give a file name"});
   expect_failure(dir, tiny({"--lr-schedule", "cosine", "--lr-gamma", "0.5"}),
                  {"--lr-gamma applies to --lr-schedule step, not to --lr-schedule cosine"});
   expect_failure(dir, tiny({"--lr-schedule", "cosine", "--lr-step-size", "2"}),

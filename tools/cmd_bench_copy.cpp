@@ -38,7 +38,8 @@ void setup(CLI::App& app) {
   app.add_option("--repeats", f->repeats, "timed copies per size and direction (the median)")
       ->check(integer_in(1, 1000))
       ->capture_default_str();
-  app.add_option("--json", f->json, "write the fitted transfer model here (for --transfer)");
+  app.add_option("--json", f->json, "write the fitted transfer model here (for --transfer)")
+      ->check(non_empty("a file name"));
   app.callback([f] {
     if (!f->json.empty()) check_output_path("--json", f->json);
     const Device device = resolve_device(f->device);

@@ -277,7 +277,8 @@ void setup(CLI::App& app) {
   app.add_option("--repeats", opt->repeats, "timed runs per case (median)")
       ->check(positive_integer(kIntMax))
       ->capture_default_str();
-  app.add_option("--json", opt->json, "also write the rows as JSON (for bench_ops_torch.py)");
+  app.add_option("--json", opt->json, "also write the rows as JSON (for bench_ops_torch.py)")
+      ->check(non_empty("a file name"));
   app.add_option("--only", opt->only, "only cases whose name contains this text");
   add_math_flags(app, opt->math, opt->tf32, kBenchMathHelp);
   app.callback([opt] {

@@ -348,7 +348,8 @@ void setup(CLI::App& app) {
                  "also write the figures to FILE (atomic): model, batch, math, device, threads, "
                  "the model's options (image_size, seq_len, ...), step_s (median), step_min_s, "
                  "step_max_s, step_ms, "
-                 "samples_per_s, peak_bytes");
+                 "samples_per_s, peak_bytes")
+      ->check(non_empty("a file name"));
   app.add_option("--cpu-conv", f->cpu_conv,
                  "the CPU's algorithm for 3x3 stride-1 convolutions (f32, bf16, f16), over the "
                  "variable "

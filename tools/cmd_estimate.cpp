@@ -156,7 +156,8 @@ void setup(CLI::App& app) {
                "also the exact terms, from a dry run of the step (shapes only, no kernels: "
                "milliseconds at usual sizes; a batch whose dry run would take minutes is "
                "refused), and each term's error");
-  app.add_option("--csv", f->csv, "write the terms (and with --compare the exact ones) as CSV");
+  app.add_option("--csv", f->csv, "write the terms (and with --compare the exact ones) as CSV")
+      ->check(non_empty("a file name"));
   app.callback([f] { run(*f); });
 }
 REGEN_COMMAND("estimate",

@@ -292,6 +292,9 @@ struct PlannerInfo {
   // - the planner whose lowest budget make_plan notes beside this one's plans that do not fit
   //   ("": its own; milp: dp's, which it meets, since searching below that takes solves).
   std::string lowest_noted_by = "";
+  // - it plans offloads (PlanOptions::offload; dp and milp): --offload other than none is refused
+  //   for a planner that would ignore it.
+  bool offloads = false;
 };
 // Adds a planner under its name: make_plan, RematPipeline::plan and every --policy flag then
 // know it. Throws regen::Error for a name already taken or not of the form above.

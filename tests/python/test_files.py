@@ -207,6 +207,9 @@ def test_a_failed_write_leaves_nothing_behind(tmp_path):
     (lambda m: m.train(1, budget_of="allocated"), r"^train: budget_of='allocated' applies to"),
     (lambda m: m.train(1, transfer="gbps:10"), r"^train: transfer='gbps:10' applies to"),
     (lambda m: m.train(1, policy="none", offload="all"), r"^train: offload='all' applies to"),
+    (lambda m: m.train(3, policy="blocks", offload="activations"),
+     r"^train: offload='activations' is what a planner may move to the host tier, but "
+     r"policy='blocks' plans no offload and would ignore it: give policy='dp' or policy='milp'"),
     (lambda m: m.train(2, policy="dp", offload="all", transfer="t.json", log="./t.json"),
      r"^train\(log='./t.json'\): './t.json' is the same file as transfer='t.json'"),
     (lambda m: m.train(1, budget="50%"), r"^train: budget='50%' needs a policy="),

@@ -353,6 +353,7 @@ PlannerInfo dp_planner() {
   info.help =
       "dynamic programme over the chain of blocks (Rotor, Rockmate): the fastest plan that fits";
   info.plan = plan_dp;
+  info.offloads = true;
   info.lowest = [](const Simulator& sim, const PlanOptions& options) {
     return plan_dp(sim, bytes_budget(dp_lowest(sim, options)), options);
   };

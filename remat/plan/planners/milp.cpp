@@ -110,6 +110,7 @@ PlannerInfo milp_planner() {
   info.slow = true;
   info.available = milp_available;
   info.lowest_noted_by = "dp";
+  info.offloads = true;
   return info;
 }
 
