@@ -1975,6 +1975,18 @@ TEST_CASE("cli: counts bounded, numbers decimal, ignored flags refused, each nam
   expect_failure(dir, tiny({"--policy", "blocks", "--offload", "activations"}),
                  {"--offload activations", "--policy blocks plans no offload and would ignore it",
                   "give --policy dp or --policy milp, or drop --offload"});
+  // eval runs no training step: the flags that only shape one are refused by name.
+  for (const std::vector<std::string>& flag :
+       std::vector<std::vector<std::string>>{{"--lr", "0.5"},
+                                             {"--optimizer", "adamw"},
+                                             {"--weight-decay", "0.1"},
+                                             {"--grad-norm", "on"},
+                                             {"--compress", "bf16"},
+                                             {"--masks", "off"}}) {
+    std::vector<std::string> args = {"eval", "--model", "resnet-tiny", "--load", "w.safetensors"};
+    args.insert(args.end(), flag.begin(), flag.end());
+    expect_failure(dir, args, {flag[0] + " applies to training, and eval runs no training step"});
+  }
   // Empty output paths are refused before anything runs, on every command that writes one.
   expect_failure(dir, {"estimate", "--model", "resnet-tiny", "--csv", ""},
                  {"--csv", "is empty: give a file name"});

@@ -240,16 +240,18 @@ TEST_CASE("profiles record how the fused LM head makes its gradients, and refuse
 
 namespace {
 
-// A setting of the 16-bit CPU kernels that a 16-bit CPU profile records (not an fp32 one), and a
-// profile with `op` from before it refused by `refusal`; without such a node it changes nothing.
+// A setting of the 16-bit kernels that a 16-bit profile (of `device`) records (not an fp32 one),
+// and a profile with `op` from before it refused by `refusal`; without such a node it changes
+// nothing.
 void check_lowp_cpu_setting(const std::string& precision, const std::string& flag,
                             const std::string& now, const std::string& op,
-                            const std::string& refusal) {
+                            const std::string& refusal, const std::string& device = "cpu") {
   CAPTURE(flag);
+  CAPTURE(device);
   SessionOptions o = tiny();
   o.precision = precision;
   Profile p;
-  p.device = "cpu";
+  p.device = device;
   p.run = run_flags(o);
   CHECK(p.run.at(flag) == now);
   CHECK(run_flags(tiny()).count(flag) == 0);  // fp32: not asked
@@ -306,30 +308,13 @@ TEST_CASE("CPU profiles record how the attention runs its heads, in every precis
 }
 
 TEST_CASE("16-bit profiles record what a layer norm of an f32 input saves, on every device") {
-  SessionOptions o = tiny();
-  CHECK(run_flags(o).count("layernorm-16-bit-saves") == 0);  // fp32: not asked
   for (const char* precision : {"bf16", "fp16"}) {
     for (const char* device : {"cpu", "cuda"}) {
-      CAPTURE(precision);
-      CAPTURE(device);
-      o.precision = precision;
-      Profile p;
-      p.device = device;
-      p.run = run_flags(o);
-      CHECK(p.run.at("layernorm-16-bit-saves") == "normalized input");
-      ProfileNode node;
-      node.op = "layernorm";
-      p.nodes.push_back(node);
-      CHECK_NOTHROW(check_profile_run(p, o, "the profile"));
-      // A profile from before: its layer norms saved their f32 input.
-      p.run.erase("layernorm-16-bit-saves");
-      const std::string e = error_of([&] { check_profile_run(p, o, "the profile"); });
-      CHECK(has(e, std::string("the profile was made by a regen whose ") + precision +
-                       " layer norms of an f32 input saved the f32 input for backward, but this "
-                       "one's save its normalized input in 16 bits"));
-      CHECK(has(e, "profile again"));
-      p.nodes.clear();  // no layer norm in its step: nothing to compare
-      CHECK_NOTHROW(check_profile_run(p, o, "the profile"));
+      check_lowp_cpu_setting(precision, "layernorm-16-bit-saves", "normalized input", "layernorm",
+                             std::string("the profile was made by a regen whose ") + precision +
+                                 " layer norms of an f32 input saved the f32 input for backward, "
+                                 "but this one's save its normalized input in 16 bits",
+                             device);
     }
   }
 }

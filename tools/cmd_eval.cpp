@@ -65,7 +65,18 @@ void setup(CLI::App& app) {
       ->check(non_empty("a file name"));
   app.add_option("--json", f->json, "also write the result to FILE (JSON)")
       ->check(non_empty("a file name"));
-  app.callback([f] { run(*f); });
+  // The model's flags are training's too; those that only shape a training step would be ignored
+  // here, so they are refused by name.
+  app.callback([f, &app] {
+    for (const char* flag :
+         {"--optimizer", "--lr", "--momentum", "--weight-decay", "--grad-norm", "--compress",
+          "--shard", "--bucket-size", "--masks", "--lm-head-recompute"}) {
+      REGEN_CHECK(app.count(flag) == 0, flag,
+                  " applies to training, and eval runs no training step (no optimizer, gradients, "
+                  "tape or saved tensors): drop it");
+    }
+    run(*f);
+  });
 }
 REGEN_COMMAND(
     "eval", "evaluate a checkpoint on the held-out split of its data (accuracy, loss, perplexity)",

@@ -448,18 +448,27 @@ void forward_warp(const T* x, const float* gamma, const float* beta, T* y, float
 }
 }  // namespace
 
+namespace {
+// Every forward launcher's body: y (T) from x (T), and xhat kept in S where xs is not null.
+template <class T, class S>
+void forward_launch(const T* x, const float* gamma, const float* beta, T* y, float* mean,
+                    float* rstd, S* xs, int64_t M, int64_t N, double eps) {
+  check_shape("layernorm_forward", M, N);
+  if (M == 0 || N == 0) return;
+  if (fast_path<T>(N, {x, gamma, beta, y, xs})) {
+    forward_warp<T, S>(x, gamma, beta, y, mean, rstd, xs, M, N, eps);
+  } else {
+    ln_forward_block_kernel<T, S><<<static_cast<unsigned>(M), kBlockThreads, 0, stream()>>>(
+        x, gamma, beta, y, mean, rstd, xs, N, eps);
+  }
+  REGEN_CUDA_LAUNCH_CHECK("layernorm_forward");
+}
+}  // namespace
+
 // x, y: (M, N); gamma, beta: (N) or null; mean, rstd: (M)
 void layernorm_forward(const float* x, const float* gamma, const float* beta, float* y, float* mean,
                        float* rstd, int64_t M, int64_t N, double eps) {
-  check_shape("layernorm_forward", M, N);
-  if (M == 0 || N == 0) return;
-  if (fast_path<float>(N, {x, gamma, beta, y})) {
-    forward_warp<float, float>(x, gamma, beta, y, mean, rstd, nullptr, M, N, eps);
-  } else {
-    ln_forward_block_kernel<float, float><<<static_cast<unsigned>(M), kBlockThreads, 0, stream()>>>(
-        x, gamma, beta, y, mean, rstd, nullptr, N, eps);
-  }
-  REGEN_CUDA_LAUNCH_CHECK("layernorm_forward");
+  forward_launch<float, float>(x, gamma, beta, y, mean, rstd, nullptr, M, N, eps);
 }
 
 namespace {
@@ -507,26 +516,34 @@ void backward_warp(const T* dy, const X* x, const float* gamma, const float* mea
 }
 }  // namespace
 
-// dy, x, dx: (M, N); gamma: (N) or null; mean, rstd: (M); dgamma, dbeta: (N) or null (written)
-void layernorm_backward(const float* dy, const float* x, const float* gamma, const float* mean,
-                        const float* rstd, float* dx, float* dgamma, float* dbeta, int64_t M,
-                        int64_t N) {
+namespace {
+// Every backward launcher's body: x of X (x itself, or a saved xhat with mean null). The dry path
+// (kernels.h): the partials' workspace of the path a real call takes (it depends on N and on the
+// pointers' alignment, which a dry run's addresses keep), no kernel.
+template <class T, class X>
+void backward_launch(const T* dy, const X* x, const float* gamma, const float* mean,
+                     const float* rstd, T* dx, float* dgamma, float* dbeta, int64_t M, int64_t N) {
   check_shape("layernorm_backward", M, N);
   if (N == 0) return;
-  // The dry path (kernels.h): the partials' workspace of the path a real call takes (it depends
-  // on N and on the pointers' alignment, which a dry run's addresses keep), no kernel.
-  const bool dry = dry_run_active();
   if (M == 0) {
-    if (dry) return;
+    if (dry_run_active()) return;
     if (dgamma) fill(dgamma, N, 0.0f);
     if (dbeta) fill(dbeta, N, 0.0f);
     return;
   }
-  if (fast_path<float>(N, {dy, x, gamma, dx})) {
-    backward_warp<float, float>(dy, x, gamma, mean, rstd, dx, dgamma, dbeta, M, N);
+  if (dx && fast_path<T>(N, {dy, x, gamma, dx})) {
+    backward_warp<T, X>(dy, x, gamma, mean, rstd, dx, dgamma, dbeta, M, N);
     return;
   }
-  backward_general<float, float>(dy, x, gamma, mean, rstd, dx, dgamma, dbeta, M, N);
+  backward_general<T, X>(dy, x, gamma, mean, rstd, dx, dgamma, dbeta, M, N);
+}
+}  // namespace
+
+// dy, x, dx: (M, N); gamma: (N) or null; mean, rstd: (M); dgamma, dbeta: (N) or null (written)
+void layernorm_backward(const float* dy, const float* x, const float* gamma, const float* mean,
+                        const float* rstd, float* dx, float* dgamma, float* dbeta, int64_t M,
+                        int64_t N) {
+  backward_launch<float, float>(dy, x, gamma, mean, rstd, dx, dgamma, dbeta, M, N);
 }
 
 namespace {
@@ -572,33 +589,13 @@ void backward_general(const T* dy, const X* x, const float* gamma, const float* 
 template <class T>
 void layernorm_forward_lowp(const T* x, const float* gamma, const float* beta, T* y, float* mean,
                             float* rstd, int64_t M, int64_t N, double eps) {
-  check_shape("layernorm_forward", M, N);
-  if (M == 0 || N == 0) return;
-  if (fast_path<T>(N, {x, gamma, beta, y})) {
-    forward_warp<T, T>(x, gamma, beta, y, mean, rstd, nullptr, M, N, eps);
-  } else {
-    ln_forward_block_kernel<T, T><<<static_cast<unsigned>(M), kBlockThreads, 0, stream()>>>(
-        x, gamma, beta, y, mean, rstd, nullptr, N, eps);
-  }
-  REGEN_CUDA_LAUNCH_CHECK("layernorm_forward");
+  forward_launch<T, T>(x, gamma, beta, y, mean, rstd, nullptr, M, N, eps);
 }
 template <class T>
 void layernorm_backward_lowp(const T* dy, const T* x, const float* gamma, const float* mean,
                              const float* rstd, T* dx, float* dgamma, float* dbeta, int64_t M,
                              int64_t N) {
-  check_shape("layernorm_backward", M, N);
-  if (N == 0) return;
-  if (M == 0) {
-    if (dry_run_active()) return;
-    if (dgamma) fill(dgamma, N, 0.0f);
-    if (dbeta) fill(dbeta, N, 0.0f);
-    return;
-  }
-  if (dx && fast_path<T>(N, {dy, x, gamma, dx})) {
-    backward_warp<T, T>(dy, x, gamma, mean, rstd, dx, dgamma, dbeta, M, N);
-    return;
-  }
-  backward_general<T, T>(dy, x, gamma, mean, rstd, dx, dgamma, dbeta, M, N);
+  backward_launch<T, T>(dy, x, gamma, mean, rstd, dx, dgamma, dbeta, M, N);
 }
 // An f32 x under autocast: the f32 kernels, the forward also storing xhat rounded to S (bf16 or
 // f16), the backward reading it in place of x.
@@ -606,33 +603,13 @@ template <class S>
 void layernorm_forward_save_xhat(const float* x, const float* gamma, const float* beta, float* y,
                                  float* mean, float* rstd, S* xhat, int64_t M, int64_t N,
                                  double eps) {
-  check_shape("layernorm_forward", M, N);
-  if (M == 0 || N == 0) return;
-  if (fast_path<float>(N, {x, gamma, beta, y, xhat})) {
-    forward_warp<float, S>(x, gamma, beta, y, mean, rstd, xhat, M, N, eps);
-  } else {
-    ln_forward_block_kernel<float, S><<<static_cast<unsigned>(M), kBlockThreads, 0, stream()>>>(
-        x, gamma, beta, y, mean, rstd, xhat, N, eps);
-  }
-  REGEN_CUDA_LAUNCH_CHECK("layernorm_forward");
+  forward_launch<float, S>(x, gamma, beta, y, mean, rstd, xhat, M, N, eps);
 }
 template <class S>
 void layernorm_backward_xhat(const float* dy, const S* xhat, const float* gamma, const float* rstd,
                              float* dx, float* dgamma, float* dbeta, int64_t M, int64_t N) {
-  check_shape("layernorm_backward", M, N);
-  if (N == 0) return;
-  if (M == 0) {
-    if (dry_run_active()) return;
-    if (dgamma) fill(dgamma, N, 0.0f);
-    if (dbeta) fill(dbeta, N, 0.0f);
-    return;
-  }
   const float* no_mean = nullptr;
-  if (dx && fast_path<float>(N, {dy, xhat, gamma, dx})) {
-    backward_warp<float, S>(dy, xhat, gamma, no_mean, rstd, dx, dgamma, dbeta, M, N);
-    return;
-  }
-  backward_general<float, S>(dy, xhat, gamma, no_mean, rstd, dx, dgamma, dbeta, M, N);
+  backward_launch<float, S>(dy, xhat, gamma, no_mean, rstd, dx, dgamma, dbeta, M, N);
 }
 
 #define REGEN_LAYERNORM_HALF(T)                                                                  \
