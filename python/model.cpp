@@ -990,6 +990,12 @@ refused on every rank when the rank count or the shard mode is not the saved one
             const int64_t v = limit.is_none()
                                   ? -1
                                   : int_arg("set_limit", "limit", limit, OptionRange::integers(0));
+            // Without a plan the steps run under no limit at all: a limit set then would be
+            // ignored by every step until a plan comes, so it is refused.
+            REGEN_CHECK(s.pipe().has_plan(),
+                        "set_limit: the limit replaces a plan's, and the Model has no plan: its "
+                        "steps run under no limit (call use_plan(), plan() or train(policy=...) "
+                        "first)");
             s.pipe().set_limit(v);
           },
           pb::arg("limit"),

@@ -222,6 +222,8 @@ def test_a_failed_write_leaves_nothing_behind(tmp_path):
     (lambda m: m.train(1, policy="dp", offload="disk"), r"^train: offload='disk'"),
     (lambda m: m.set_limit(-1), r"^set_limit: limit=-1: must be a non-negative integer$"),
     (lambda m: m.set_limit(2**70), r"^set_limit: limit=1180591620717411303424: must be at most"),
+    (lambda m: m.set_limit(1000), r"^set_limit: the limit replaces a plan's, and the Model has no "
+                                  r"plan: its steps run under no limit"),
 ])
 def test_arguments_the_command_line_checks(tmp_path, monkeypatch, call, match):
     monkeypatch.chdir(tmp_path)
