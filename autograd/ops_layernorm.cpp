@@ -29,16 +29,13 @@ void layernorm_fwd(OpContext& c) {
   if constexpr (std::is_same<T, float>::value) {
     if (save != DType::f32) {
       Tensor xhat = empty(x.shape(), save, x.device());
-      const double eps = c.attr<LayerNormAttrs>().eps;
-      if (save == DType::bf16) {
-        REGEN_LAUNCH(x.device(), bfloat16, layernorm_forward_save_xhat, x.data<float>(),
+      const auto launch = [&](auto s) {
+        using S = decltype(s);
+        REGEN_LAUNCH(x.device(), S, layernorm_forward_save_xhat, x.data<float>(),
                      gamma.data<float>(), beta.data<float>(), y.data<float>(), mean.data<float>(),
-                     rstd.data<float>(), xhat.data<bfloat16>(), M, N, eps);
-      } else {
-        REGEN_LAUNCH(x.device(), float16, layernorm_forward_save_xhat, x.data<float>(),
-                     gamma.data<float>(), beta.data<float>(), y.data<float>(), mean.data<float>(),
-                     rstd.data<float>(), xhat.data<float16>(), M, N, eps);
-      }
+                     rstd.data<float>(), xhat.data<S>(), M, N, c.attr<LayerNormAttrs>().eps);
+      };
+      save == DType::bf16 ? launch(bfloat16()) : launch(float16());
       c.outputs = {y, mean, rstd, xhat};
       return;
     }

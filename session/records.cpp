@@ -179,11 +179,12 @@ void check_profile_run(const Profile& p, const SessionOptions& o, const std::str
   REGEN_CHECK(!has_head || p.run.empty() || p.run.count("--lm-head-recompute") != 0, what,
               " was made by a regen whose fused LM head (linear_cross_entropy) took other memory "
               "and time (from before --lm-head-recompute): its step is another's (profile again)");
-  // A setting of the CPU kernels (the 16-bit ones when lowp) that changes only the steps with one
-  // of `ops`: dropped from the comparison when the profile has none of them, and taken as `before`
-  // for a CPU profile (a 16-bit one when lowp) written before it was recorded.
-  const auto cpu_setting = [&](const char* flag, std::initializer_list<const char*> ops,
-                               const char* before, bool lowp) {
+  // A setting of the kernels (the 16-bit ones when lowp) that changes only the steps with one of
+  // `ops`: dropped from the comparison when the profile has none of them, and taken as `before`
+  // for a profile (a 16-bit one when lowp; a CPU one when cpu_only) written before it was
+  // recorded.
+  const auto kernel_setting = [&](const char* flag, std::initializer_list<const char*> ops,
+                                  const char* before, bool lowp, bool cpu_only) {
     const bool has_op = std::any_of(p.nodes.begin(), p.nodes.end(), [&](const ProfileNode& n) {
       return std::any_of(ops.begin(), ops.end(), [&](const char* op) { return n.op == op; });
     });
@@ -191,27 +192,18 @@ void check_profile_run(const Profile& p, const SessionOptions& o, const std::str
       recorded.erase(std::remove_if(recorded.begin(), recorded.end(),
                                     [&](const auto& kv) { return kv.first == flag; }),
                      recorded.end());
-    } else if (p.run.count(flag) == 0 && !p.run.empty() && p.device == "cpu" &&
+    } else if (p.run.count(flag) == 0 && !p.run.empty() && (!cpu_only || p.device == "cpu") &&
                (!lowp || is_16_bit(profile_precision(p)))) {
       recorded.emplace_back(flag, before);
     }
   };
   // The attention's per-head products threaded from 4 MFLOP before; the 16-bit GEMMs that store
   // 16 bits cut their products by rows; the attention ran its heads one at a time.
-  cpu_setting(kLowpAttentionThreads, {"attention"}, "from 4 MFLOP", true);
-  cpu_setting(kLowpStrips, {"linear", "matmul", "bmm"}, "by rows", true);
-  cpu_setting(kAttentionHeads, {"attention"}, "one at a time", false);
-  // A 16-bit layer norm of an f32 input saved that input, on every device, before.
-  const bool has_layernorm = std::any_of(p.nodes.begin(), p.nodes.end(),
-                                         [](const ProfileNode& n) { return n.op == "layernorm"; });
-  if (!has_layernorm) {
-    recorded.erase(std::remove_if(recorded.begin(), recorded.end(),
-                                  [](const auto& kv) { return kv.first == kLayerNormSaves; }),
-                   recorded.end());
-  } else if (p.run.count(kLayerNormSaves) == 0 && !p.run.empty() &&
-             is_16_bit(profile_precision(p))) {
-    recorded.emplace_back(kLayerNormSaves, "the f32 input");
-  }
+  kernel_setting(kLowpAttentionThreads, {"attention"}, "from 4 MFLOP", true, true);
+  kernel_setting(kLowpStrips, {"linear", "matmul", "bmm"}, "by rows", true, true);
+  kernel_setting(kAttentionHeads, {"attention"}, "one at a time", false, true);
+  // A 16-bit layer norm of an f32 input saved that input before, on every device.
+  kernel_setting(kLayerNormSaves, {"layernorm"}, "the f32 input", true, false);
   // Profiles written before --precision recorded the math mode (--math, or --tf32 before it), or
   // nothing: they ran in fp32 or tf32.
   if (p.run.count("--precision") == 0 && !p.run.empty()) {

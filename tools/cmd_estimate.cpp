@@ -87,6 +87,13 @@ void run(const Flags& f) {
   std::ostringstream csv;
   csv << "model,family,batch,image_size,seq_len,policy,optimizer,term,closed_form_bytes,"
          "exact_bytes,error_pct\n";
+  // Every row's first seven columns.
+  std::ostringstream row_text;
+  row_text << c.name << "," << estimate_arch_name(estimate_arch(c)) << "," << f.m.batch << ","
+           << (estimate_arch(c) == EstimateArch::resnet ? c.image_size : 0) << ","
+           << (estimate_arch(c) == EstimateArch::transformer ? c.seq_len : 0) << ","
+           << estimate_policy_name(o.policy) << "," << o.optimizer << ",";
+  const std::string row = row_text.str();
   for (const auto& [name, member] : terms) {
     const int64_t a = est.*member;
     std::printf("  %-16s %14s", name, closed ? format_bytes(a).c_str() : "-");
@@ -99,31 +106,15 @@ void run(const Flags& f) {
       std::printf(" %14s %9s", format_bytes(b).c_str(), err.c_str());
     }
     std::printf("\n");
-    csv << c.name << "," << estimate_arch_name(estimate_arch(c)) << "," << f.m.batch << ","
-        << (estimate_arch(c) == EstimateArch::resnet ? c.image_size : 0) << ","
-        << (estimate_arch(c) == EstimateArch::transformer ? c.seq_len : 0) << ","
-        << estimate_policy_name(o.policy) << "," << o.optimizer << "," << name << ","
-        << (closed ? std::to_string(a) : "") << ","
+    csv << row << name << "," << (closed ? std::to_string(a) : "") << ","
         << (f.compare ? std::to_string(exact.*member) : "") << ","
         << (f.compare && !err.empty() && err != "-" ? err.substr(0, err.size() - 1) : "") << "\n";
   }
   if (f.compare) {
     // The allocated peak has no closed form here: the allocator's rounding comes on top.
-    csv << c.name << "," << estimate_arch_name(estimate_arch(c)) << "," << f.m.batch << ","
-        << (estimate_arch(c) == EstimateArch::resnet ? c.image_size : 0) << ","
-        << (estimate_arch(c) == EstimateArch::transformer ? c.seq_len : 0) << ","
-        << estimate_policy_name(o.policy) << "," << o.optimizer << ",peak allocated,,"
-        << exact.peak_allocated << ",\n";
-    csv << c.name << "," << estimate_arch_name(estimate_arch(c)) << "," << f.m.batch << ","
-        << (estimate_arch(c) == EstimateArch::resnet ? c.image_size : 0) << ","
-        << (estimate_arch(c) == EstimateArch::transformer ? c.seq_len : 0) << ","
-        << estimate_policy_name(o.policy) << "," << o.optimizer << ",scratch at peak,,"
-        << exact.scratch_at_peak << ",\n";
-    csv << c.name << "," << estimate_arch_name(estimate_arch(c)) << "," << f.m.batch << ","
-        << (estimate_arch(c) == EstimateArch::resnet ? c.image_size : 0) << ","
-        << (estimate_arch(c) == EstimateArch::transformer ? c.seq_len : 0) << ","
-        << estimate_policy_name(o.policy) << "," << o.optimizer << ",weight copies,,"
-        << exact.weight_copies << ",\n";
+    csv << row << "peak allocated,," << exact.peak_allocated << ",\n";
+    csv << row << "scratch at peak,," << exact.scratch_at_peak << ",\n";
+    csv << row << "weight copies,," << exact.weight_copies << ",\n";
     if (exact.weight_copies > 0) {
       std::printf(
           "  of the activations, %s are 16-bit copies of weights (saved by the ops that "
