@@ -83,18 +83,18 @@ void PlanRequest::validate(bool compress, bool given_plan) const {
                 setting("layout", "caching", style));
   }
   check_offload_request(offload, transfer, plans(), style);
-  if (offload != "none" && plans()) {
-    std::string offloading;
+  if (offload != "none" && plans() && !planner_info(policy).offloads) {
+    std::string offloading;  // the planners that do, for the message
     for (const std::string& name : remat_policy_names()) {
       const PlannerInfo* p = find_planner(name);
       if (p != nullptr && p->offloads) {
         offloading += (offloading.empty() ? "" : " or ") + setting("policy", name, style);
       }
     }
-    REGEN_CHECK(planner_info(policy).offloads, setting("offload", offload, style),
-                " is what a planner may move to the host tier, but ",
-                setting("policy", policy, style), " plans no offload and would ignore it: give ",
-                offloading, ", or drop ", option_name("offload", style));
+    REGEN_FAIL(setting("offload", offload, style),
+               " is what a planner may move to the host tier, but ",
+               setting("policy", policy, style), " plans no offload and would ignore it: give ",
+               offloading, ", or drop ", option_name("offload", style));
   }
 }
 
